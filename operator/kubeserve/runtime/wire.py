@@ -1,0 +1,107 @@
+"""The data plane's wire contract: what the controller, proxies, replicas and handles say to each other.
+
+Replica protocol (HTTP/1.1 keep-alive on the replica's own host:port):
+
+* any path outside ``/-/`` is user traffic for the deployment's HTTP ingress (the proxy forwards the
+  original request line, headers and body unchanged);
+* ``GET  /-/healthz``      runs the user's ``check_health()``; 200 when healthy, 503 with the error text;
+* ``POST /-/reconfigure``  body: JSON ``{"user_config": ...}``; runs ``reconfigure``; 200 when applied,
+  500 with the error text when the user's hook raised;
+* ``GET  /-/metrics``      Prometheus text: ``kubeserve_replica_ongoing_requests`` and friends;
+* ``POST /-/call/<method>`` a handle call: body is ``encode_call(args, kwargs)``, response body is
+  ``encode_result(value)`` with status 200, or ``encode_error(exc)`` with status 500.
+
+Discovery: ``GET {controller}/-/snapshot?version=N&timeout=S`` long-polls the controller: it answers at
+once when its snapshot version differs from ``N`` and otherwise when it changes or ``S`` seconds pass.
+The answer is a :class:`Snapshot`; proxies build their route table and routers from it, handles their
+routers.
+
+Handle calls are encoded with pickle: both ends are processes of one kubeserve instance running the same
+user code, and pickle carries arbitrary Python values compactly. The replica port is never exposed to
+end users (the proxy refuses ``/-/`` paths from clients).
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, TypedDict
+
+HEALTHZ_PATH = "/-/healthz"
+RECONFIGURE_PATH = "/-/reconfigure"
+METRICS_PATH = "/-/metrics"
+CALL_PREFIX = "/-/call/"
+SNAPSHOT_PATH = "/-/snapshot"
+
+#: Environment variable carrying the JSON :class:`ReplicaConfig` of a replica process.
+REPLICA_CONFIG_ENV = "KUBESERVE_REPLICA_CONFIG"
+#: Environment variable with the controller's base URL (``http://host:port``), for discovery.
+CONTROLLER_URL_ENV = "KUBESERVE_CONTROLLER_URL"
+
+
+class ReplicaEndpoint(TypedDict):
+    replica_id: str
+    host: str
+    port: int
+
+
+class DeploymentEndpoints(TypedDict):
+    """The RUNNING replicas of one deployment and the cap on requests in flight per replica."""
+
+    max_ongoing_requests: int
+    replicas: list[ReplicaEndpoint]
+
+
+class Route(TypedDict):
+    route_prefix: str
+    app: str
+    deployment: str
+
+
+class Snapshot(TypedDict):
+    version: int
+    routes: list[Route]
+    #: keyed by :func:`deployment_key`
+    deployments: dict[str, DeploymentEndpoints]
+
+
+class ReplicaConfig(TypedDict):
+    """What a replica process needs to know at start-up (passed in ``KUBESERVE_REPLICA_CONFIG``)."""
+
+    app: str
+    deployment: str
+    import_path: str
+    replica_id: str
+    user_config: Any
+    max_ongoing_requests: int
+    graceful_shutdown_wait_loop_s: float
+    graceful_shutdown_timeout_s: float
+
+
+def deployment_key(app: str, deployment: str) -> str:
+    """The one spelling of a deployment's identity across the data plane."""
+    return f"{app}#{deployment}"
+
+
+def encode_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    return pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_call(body: bytes) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    args, kwargs = pickle.loads(body)
+    return tuple(args), dict(kwargs)
+
+
+def encode_result(value: Any) -> bytes:
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_result(body: bytes) -> Any:
+    return pickle.loads(body)
+
+
+def encode_error(exc: BaseException) -> bytes:
+    """An exception raised by user code, shipped back to the caller of a handle."""
+    try:
+        return pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # unpicklable exception: keep its type name and text
+        return pickle.dumps(RuntimeError(f"{type(exc).__name__}: {exc}"))

@@ -1,0 +1,1 @@
+"""kubeserve.sdk."""

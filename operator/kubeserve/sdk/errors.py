@@ -1,0 +1,9 @@
+"""Errors user code can see from the SDK."""
+
+
+class KubeserveError(Exception):
+    """Base of every error kubeserve raises into user code."""
+
+
+class DeploymentUnavailableError(KubeserveError):
+    """A handle call found no replica to run it (none running, or all full until the timeout)."""

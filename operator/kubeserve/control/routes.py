@@ -1,0 +1,74 @@
+"""The HTTP route table: which deployment serves a request path.
+
+Routing is longest-prefix match on path-segment boundaries (admin API spec, section 2.2). With
+routes at ``/a`` and ``/a/b``: ``/a``, ``/a/``, ``/a/c`` go to ``/a``; ``/a/b``, ``/a/b/``,
+``/a/b/c`` go to ``/a/b``; ``/ab`` matches neither; ``/`` is a catch-all.
+
+Pure logic, no I/O. A :class:`RouteTable` is immutable once built: the proxy builds a new one for
+each discovery snapshot and swaps the reference, so a request in flight keeps the table it matched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TypedDict
+
+__all__ = ["Route", "RouteTable", "normalize_prefix"]
+
+
+class Route(TypedDict):
+    """One HTTP route; structurally the same as ``kubeserve.runtime.wire.Route`` (control sits below
+    runtime in the layers, so it spells the shape out instead of importing it)."""
+
+    route_prefix: str
+    app: str
+    deployment: str
+
+
+def normalize_prefix(prefix: str) -> str:
+    """The canonical spelling of a prefix: leading ``/``, no trailing ``/`` except for ``/``."""
+    stripped = prefix.strip("/")
+    return "/" + stripped if stripped else "/"
+
+
+class RouteTable:
+    """Longest-prefix matching over a set of routes.
+
+    Invariant: ``_by_prefix`` maps each canonical prefix to exactly one route; when two routes
+    claim the same prefix (the controller should prevent it) the first one listed wins.
+    """
+
+    __slots__ = ("_by_prefix", "_catch_all", "routes")
+
+    def __init__(self, routes: Iterable[Route] = ()) -> None:
+        by_prefix: dict[str, Route] = {}
+        for route in routes:
+            by_prefix.setdefault(normalize_prefix(route["route_prefix"]), route)
+        self._by_prefix = by_prefix
+        self._catch_all = by_prefix.get("/")
+        self.routes: tuple[Route, ...] = tuple(by_prefix.values())
+
+    def __len__(self) -> int:
+        return len(self._by_prefix)
+
+    def match(self, path: str) -> Route | None:
+        """The route serving ``path`` (a URL path without query string), or ``None``.
+
+        Cost: one dict lookup per segment boundary of ``path``, longest first, so a hit on the
+        most specific prefix (the common case) costs one lookup, whatever the table size.
+        """
+        by_prefix = self._by_prefix
+        # "/a/b/" must behave as "/a/b": a trailing slash never starts a new segment.
+        end = len(path)
+        if end > 1 and path[end - 1] == "/":
+            end -= 1
+        while end > 0:
+            route = by_prefix.get(path[:end] if end != len(path) else path)
+            if route is not None:
+                return route
+            end = path.rfind("/", 0, end)
+        return self._catch_all
+
+    def prefixes(self) -> dict[str, str]:
+        """``{route_prefix: app_name}``, the body of the proxy's ``/-/routes`` (as in Ray Serve)."""
+        return {prefix: route["app"] for prefix, route in self._by_prefix.items()}

@@ -1,0 +1,231 @@
+"""``@deployment`` and :class:`Deployment`: a user class or function plus the options set in code.
+
+A :class:`Deployment` records only the options the user wrote in code. Defaults and the config's
+overrides are merged later by the controller (code defaults <- config overrides), so the SDK must
+not invent values: an option absent from :attr:`Deployment.code_options` means "not set in code".
+
+Invariants:
+
+* ``code_options`` keys are the REST (snake_case) names; ``max_concurrent_queries`` is stored as
+  ``max_ongoing_requests``; ``name`` is kept apart in :attr:`Deployment.name`.
+* An option passed as ``None`` means "use the default" and is not recorded, except ``route_prefix``,
+  where ``None`` means "no HTTP route" and is therefore a real choice.
+* Deployments are immutable: :meth:`Deployment.options` and :meth:`Deployment.bind` return new
+  objects.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack, overload
+
+if TYPE_CHECKING:
+    from kubeserve.sdk.application import Application
+
+
+class DeploymentOptions(TypedDict, total=False):
+    """Every option ``@deployment`` and ``.options()`` accept (all optional)."""
+
+    name: str
+    num_replicas: int | Literal["auto"] | None
+    max_ongoing_requests: int | None
+    max_concurrent_queries: int | None
+    max_queued_requests: int | None
+    user_config: Any
+    autoscaling_config: dict[str, Any] | None
+    health_check_period_s: float | None
+    health_check_timeout_s: float | None
+    graceful_shutdown_wait_loop_s: float | None
+    graceful_shutdown_timeout_s: float | None
+    ray_actor_options: dict[str, Any] | None
+    route_prefix: str | None
+    is_driver_deployment: bool | None
+
+
+#: Option names as they appear in :attr:`Deployment.code_options` (and in the build description).
+OPTION_NAMES: tuple[str, ...] = (
+    "num_replicas",
+    "max_ongoing_requests",
+    "max_queued_requests",
+    "user_config",
+    "autoscaling_config",
+    "health_check_period_s",
+    "health_check_timeout_s",
+    "graceful_shutdown_wait_loop_s",
+    "graceful_shutdown_timeout_s",
+    "ray_actor_options",
+    "route_prefix",
+    "is_driver_deployment",
+)
+_ALIASES = {"max_concurrent_queries": "max_ongoing_requests"}
+_KEEP_NONE = frozenset({"route_prefix"})
+_NON_NEGATIVE = ("graceful_shutdown_wait_loop_s", "graceful_shutdown_timeout_s")
+_POSITIVE = ("health_check_period_s", "health_check_timeout_s")
+
+
+def normalize_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Check option names and simple value rules; return the recorded (canonical) options.
+
+    Raises :class:`TypeError` for an unknown option and :class:`ValueError` for a value no config
+    could accept, so that mistakes surface at import time with the user's line in the traceback.
+    """
+    recorded: dict[str, Any] = {}
+    for key, value in options.items():
+        canonical = _ALIASES.get(key, key)
+        if canonical not in OPTION_NAMES:
+            known = ", ".join(sorted((*OPTION_NAMES, *_ALIASES, "name")))
+            raise TypeError(f"unknown deployment option {key!r}; known options: {known}")
+        if value is None and canonical not in _KEEP_NONE:
+            continue
+        if canonical in recorded and recorded[canonical] != value:
+            raise ValueError(
+                "max_ongoing_requests and max_concurrent_queries are the same option; "
+                "give only one of them"
+            )
+        _check_value(canonical, value)
+        recorded[canonical] = value
+    return recorded
+
+
+def _check_value(name: str, value: Any) -> None:
+    if name == "num_replicas":
+        if value != "auto" and (not _is_int(value) or value < 1):
+            raise ValueError(f"num_replicas must be a positive integer or 'auto', got {value!r}")
+    elif name in ("max_ongoing_requests", "max_queued_requests"):
+        if not _is_int(value) or (
+            value < 1 and not (name == "max_queued_requests" and value == -1)
+        ):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    elif name in _POSITIVE:
+        if not _is_number(value) or value <= 0:
+            raise ValueError(f"{name} must be a number greater than 0, got {value!r}")
+    elif name in _NON_NEGATIVE:
+        if not _is_number(value) or value < 0:
+            raise ValueError(f"{name} must be a number of at least 0, got {value!r}")
+    elif name == "route_prefix":
+        if value is not None and (not isinstance(value, str) or not value.startswith("/")):
+            raise ValueError(
+                f"route_prefix must be None or a path starting with '/', got {value!r}"
+            )
+    elif name in ("autoscaling_config", "ray_actor_options") and not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict, got {type(value).__name__}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+class Deployment:
+    """A user class or function that kubeserve runs as a set of replicas.
+
+    Build one with :func:`deployment`; derive variants with :meth:`options`; turn it into a node of
+    an application graph with :meth:`bind`.
+    """
+
+    __slots__ = ("_code_options", "_name", "_target")
+
+    def __init__(
+        self, target: Callable[..., Any], name: str, code_options: dict[str, Any] | None = None
+    ) -> None:
+        if not callable(target):
+            raise TypeError(f"@deployment needs a class or a function, got {type(target).__name__}")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"deployment name must be a non-empty string, got {name!r}")
+        self._target = target
+        self._name = name
+        self._code_options = dict(code_options or {})
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def func_or_class(self) -> Callable[..., Any]:
+        """The decorated class or function, unchanged."""
+        return self._target
+
+    @property
+    def is_function(self) -> bool:
+        """True for a function deployment (called once per request), False for a class."""
+        return not inspect.isclass(self._target)
+
+    @property
+    def code_options(self) -> dict[str, Any]:
+        """A copy of the options set in code, canonical REST names, ``name`` excluded."""
+        return dict(self._code_options)
+
+    def options(self, **options: Unpack[DeploymentOptions]) -> Deployment:
+        """A new deployment with these options added to (or replacing) the ones set so far.
+
+        ``name=`` renames the copy; the original keeps its name and options.
+        """
+        raw: dict[str, Any] = dict(options)
+        name: str = raw.pop("name", self._name)
+        merged = {**self._code_options, **normalize_options(raw)}
+        for key, value in raw.items():
+            if value is None and _ALIASES.get(key, key) not in _KEEP_NONE:
+                merged.pop(_ALIASES.get(key, key), None)
+        return Deployment(self._target, name, merged)
+
+    def bind(self, *args: Any, **kwargs: Any) -> Application:
+        """A node of an application graph: this deployment with its constructor arguments.
+
+        Bound applications nested in ``args``/``kwargs`` (also inside lists, tuples and dict values)
+        become :class:`~kubeserve.sdk.handle.DeploymentHandle` objects when a replica is
+        constructed.
+        """
+        from kubeserve.sdk.application import Application
+
+        return Application(self, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"deployment {self._name!r} cannot be called or constructed directly; "
+            "use .bind(...) to build an application and deploy it"
+        )
+
+    def __repr__(self) -> str:
+        return f"Deployment(name={self._name!r}, options={self._code_options!r})"
+
+
+_Target = Callable[..., Any]
+
+
+@overload
+def deployment(_target: _Target, /) -> Deployment: ...
+
+
+@overload
+def deployment(
+    _target: None = None, /, **options: Unpack[DeploymentOptions]
+) -> Callable[[_Target], Deployment]: ...
+
+
+def deployment(
+    _target: _Target | None = None, /, **options: Unpack[DeploymentOptions]
+) -> Deployment | Callable[[_Target], Deployment]:
+    """Declare a deployment: ``@deployment`` or ``@deployment(num_replicas=2, ...)``.
+
+    The default name is the class's or function's ``__name__``. Options are checked here, so a typo
+    fails at import time, but only the options given are remembered (see the module docstring).
+    """
+    raw: dict[str, Any] = dict(options)
+    name: str | None = raw.pop("name", None)
+    recorded = normalize_options(raw)
+
+    def wrap(target: _Target) -> Deployment:
+        if isinstance(target, Deployment):
+            raise TypeError("@deployment applied twice; use .options(...) to change options")
+        default_name: str = getattr(target, "__name__", "")
+        return Deployment(target, name or default_name, recorded)
+
+    if _target is not None:
+        if options:
+            raise TypeError("use either @deployment or @deployment(...), not both")
+        return wrap(_target)
+    return wrap

@@ -1,0 +1,253 @@
+"""Chooses the replica that runs a request, for proxies and for deployment handles.
+
+Policy (ARCHITECTURE.md, request flow): power of two choices on in-flight counts; never more than
+``max_ongoing_requests`` in flight on one replica; when every replica is full, callers wait in a
+bounded FIFO queue until a slot frees or their timeout passes.
+
+Ownership: one :class:`Router` per process, driven from one event loop. The router owns the
+in-flight count of every replica it hands out (:attr:`Replica.in_flight`); callers own a slot
+between :meth:`Router.assign` and :meth:`Router.release` and must release each slot exactly once.
+The set of replicas is owned by discovery, which replaces it wholesale with :meth:`Router.update`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections import deque
+
+from kubeserve.runtime.wire import DeploymentEndpoints
+
+__all__ = ["DEFAULT_MAX_QUEUED", "NoReplicaAvailable", "Replica", "Router"]
+
+#: Callers allowed to wait for a slot per deployment; beyond that, :meth:`Router.assign` rejects.
+DEFAULT_MAX_QUEUED = 1000
+
+
+class NoReplicaAvailable(Exception):
+    """No replica could take the request: none running, the queue is full, or the wait timed out."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"no replica available for {key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+class Replica:
+    """One running replica and the requests the router has in flight on it.
+
+    A ``Replica`` is the slot handle callers get from :meth:`Router.assign`. It stays valid after
+    an update removes the replica: releasing it then only decrements a count nobody reads.
+    """
+
+    __slots__ = ("_pool", "host", "in_flight", "port", "replica_id")
+
+    def __init__(self, replica_id: str, host: str, port: int, pool: _Pool) -> None:
+        self.replica_id = replica_id
+        self.host = host
+        self.port = port
+        self.in_flight = 0
+        self._pool = pool
+
+    def __repr__(self) -> str:
+        return f"Replica({self.replica_id!r}, {self.host}:{self.port}, in_flight={self.in_flight})"
+
+
+class _Pool:
+    """The replicas of one deployment and the callers queued for them.
+
+    Invariants: ``0 <= r.in_flight <= max_ongoing`` for every replica in ``replicas`` (a slot is
+    counted the moment it is handed out, including hand-offs to queued waiters); ``waiters`` only
+    holds futures that are pending, in arrival order.
+    """
+
+    __slots__ = ("key", "max_ongoing", "max_queued", "replicas", "waiters")
+
+    def __init__(self, key: str, max_queued: int) -> None:
+        self.key = key
+        self.max_ongoing = 1
+        self.max_queued = max_queued
+        self.replicas: list[Replica] = []
+        self.waiters: deque[asyncio.Future[Replica]] = deque()
+
+    def pick(self, avoid: Replica | None) -> Replica | None:
+        """A replica with a free slot, or ``None``: two random choices, the less loaded wins.
+
+        Two random indexes cost O(1) and avoid the herding of "always least loaded" while keeping
+        load within a small factor of the best; only when both picks are full do we scan.
+        """
+        replicas = self.replicas
+        n = len(replicas)
+        if n == 0:
+            return None
+        if n == 1:
+            only = replicas[0]
+            return only if only.in_flight < self.max_ongoing else None
+        rnd = random.random
+        i = int(rnd() * n)
+        j = int(rnd() * (n - 1))
+        if j >= i:  # a second index distinct from the first, still uniform
+            j += 1
+        a = replicas[i]
+        b = replicas[j]
+        if b.in_flight < a.in_flight:
+            a, b = b, a
+        if a is avoid:
+            a = b
+        if a.in_flight < self.max_ongoing and a is not avoid:
+            return a
+        return self._least_loaded(avoid)
+
+    def _least_loaded(self, avoid: Replica | None) -> Replica | None:
+        """The slow path, when both random picks are full: scan for any free slot.
+
+        ``avoid`` is best effort: it is returned only when it is the one replica with room.
+        """
+        cap = self.max_ongoing
+        best: Replica | None = None
+        for r in self.replicas:
+            free = r.in_flight < cap and r is not avoid
+            if free and (best is None or r.in_flight < best.in_flight):
+                best = r
+        if best is None and avoid is not None and avoid.in_flight < cap and avoid in self.replicas:
+            best = avoid
+        return best
+
+    def dispatch(self) -> None:
+        """Hand free slots to queued callers, oldest first."""
+        waiters = self.waiters
+        while waiters:
+            if waiters[0].done():  # timed out or cancelled, not yet removed by its owner
+                waiters.popleft()
+                continue
+            replica = self.pick(None)
+            if replica is None:
+                return
+            replica.in_flight += 1
+            waiters.popleft().set_result(replica)
+
+
+class Router:
+    """Replica choice and admission control for every deployment this process talks to."""
+
+    def __init__(self, *, max_queued: int = DEFAULT_MAX_QUEUED) -> None:
+        self._pools: dict[str, _Pool] = {}
+        self._max_queued = max_queued
+
+    # -- discovery side ------------------------------------------------------------------------
+
+    def update(self, deployments: dict[str, DeploymentEndpoints]) -> None:
+        """Replace the replica table with ``deployments`` (keyed by ``wire.deployment_key``).
+
+        Replicas that remain (same id, host and port) keep their :class:`Replica` object and so
+        their in-flight count; new replicas start at zero; queued callers are handed the new slots.
+        A deployment that disappears keeps its pool only while callers wait on it (they time out).
+        """
+        for key, endpoints in deployments.items():
+            pool = self._pools.get(key)
+            if pool is None:
+                pool = self._pools[key] = _Pool(key, self._max_queued)
+            known = {r.replica_id: r for r in pool.replicas}
+            fresh: list[Replica] = []
+            for ep in endpoints["replicas"]:
+                old = known.get(ep["replica_id"])
+                if old is not None and old.host == ep["host"] and old.port == ep["port"]:
+                    fresh.append(old)
+                else:
+                    fresh.append(Replica(ep["replica_id"], ep["host"], ep["port"], pool))
+            pool.replicas = fresh
+            pool.max_ongoing = max(1, endpoints["max_ongoing_requests"])
+            pool.dispatch()
+        for key in [k for k in self._pools if k not in deployments]:
+            pool = self._pools[key]
+            pool.replicas = []
+            if not pool.waiters:
+                del self._pools[key]
+
+    # -- request side --------------------------------------------------------------------------
+
+    def try_assign(self, key: str, avoid: Replica | None = None) -> Replica | None:
+        """A slot at once, or ``None`` when the caller would have to wait.
+
+        The synchronous fast path: callers that get a slot here need no task, future or timer.
+        Queued callers come first (FIFO), so this returns ``None`` while anyone is waiting.
+        """
+        pool = self._pools.get(key)
+        if pool is None or pool.waiters:
+            return None
+        replica = pool.pick(avoid)
+        if replica is not None:
+            replica.in_flight += 1
+        return replica
+
+    async def assign(
+        self, key: str, timeout_s: float | None, avoid: Replica | None = None
+    ) -> Replica:
+        """A slot on one replica of ``key``; waits (FIFO) up to ``timeout_s`` when all are full.
+
+        ``avoid`` is a replica to skip if another one has room (used to retry elsewhere).
+        Raises :class:`NoReplicaAvailable` when the queue is full or the wait times out.
+        """
+        replica = self.try_assign(key, avoid)
+        if replica is not None:
+            return replica
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = _Pool(key, self._max_queued)
+        if len(pool.waiters) >= pool.max_queued:
+            raise NoReplicaAvailable(key, f"{len(pool.waiters)} requests already queued")
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[Replica] = loop.create_future()
+        pool.waiters.append(waiter)
+        # A bare timer on the future instead of asyncio.wait_for: no extra task per waiter.
+        timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, waiter)
+        try:
+            return await waiter
+        except TimeoutError:
+            reason = "no running replica" if not pool.replicas else "all replicas busy"
+            raise NoReplicaAvailable(key, f"{reason} after {timeout_s} s") from None
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self.release(waiter.result())  # handed a slot just as we were cancelled
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if not waiter.done() or waiter.cancelled() or waiter.exception() is not None:
+                _discard(pool.waiters, waiter)
+            if not pool.waiters and not pool.replicas and self._pools.get(pool.key) is pool:
+                del self._pools[pool.key]
+
+    def release(self, replica: Replica) -> None:
+        """Give back a slot from :meth:`assign`; the oldest waiter, if any, gets it next."""
+        replica.in_flight -= 1
+        pool = replica._pool
+        if pool.waiters:
+            pool.dispatch()
+
+    # -- introspection (metrics, tests) --------------------------------------------------------
+
+    def in_flight(self, key: str) -> dict[str, int]:
+        """``{replica_id: requests in flight}`` for the current replicas of ``key``."""
+        pool = self._pools.get(key)
+        return {} if pool is None else {r.replica_id: r.in_flight for r in pool.replicas}
+
+    def queued(self, key: str) -> int:
+        """How many callers wait for a slot on ``key``."""
+        pool = self._pools.get(key)
+        return 0 if pool is None else len(pool.waiters)
+
+    def replicas(self, key: str) -> list[Replica]:
+        pool = self._pools.get(key)
+        return [] if pool is None else list(pool.replicas)
+
+
+def _expire(waiter: asyncio.Future[Replica]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+def _discard(waiters: deque[asyncio.Future[Replica]], waiter: asyncio.Future[Replica]) -> None:
+    with contextlib.suppress(ValueError):
+        waiters.remove(waiter)  # O(queue) but only on timeout/cancel, never on the hot path

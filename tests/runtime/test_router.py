@@ -1,0 +1,224 @@
+"""Replica choice and admission control: the cap, the FIFO queue, P2C spread, updates."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+from kubeserve.runtime.router import NoReplicaAvailable, Replica, Router
+from kubeserve.runtime.wire import DeploymentEndpoints
+
+T = TypeVar("T")
+KEY = "app#d"
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+def endpoints(n: int, cap: int, first: int = 0) -> dict[str, DeploymentEndpoints]:
+    return {
+        KEY: {
+            "max_ongoing_requests": cap,
+            "replicas": [
+                {"replica_id": f"r{i}", "host": "127.0.0.1", "port": 9000 + i}
+                for i in range(first, first + n)
+            ],
+        }
+    }
+
+
+def test_cap_never_exceeded_under_concurrency() -> None:
+    async def scenario() -> None:
+        router = Router()
+        router.update(endpoints(3, cap=2))
+        peak: Counter[str] = Counter()
+
+        async def request() -> None:
+            replica = await router.assign(KEY, timeout_s=10)
+            try:
+                assert replica.in_flight <= 2
+                peak[replica.replica_id] = max(peak[replica.replica_id], replica.in_flight)
+                await asyncio.sleep(random.random() / 1000)
+            finally:
+                router.release(replica)
+
+        await asyncio.gather(*(request() for _ in range(300)))
+        assert max(peak.values()) == 2
+        assert router.in_flight(KEY) == {"r0": 0, "r1": 0, "r2": 0}
+        assert router.queued(KEY) == 0
+
+    run(scenario())
+
+
+def test_waiters_are_served_in_fifo_order() -> None:
+    async def scenario() -> None:
+        router = Router()
+        router.update(endpoints(1, cap=1))
+        held = await router.assign(KEY, timeout_s=1)
+        order: list[int] = []
+
+        async def waiter(i: int) -> None:
+            replica = await router.assign(KEY, timeout_s=5)
+            order.append(i)
+            router.release(replica)
+
+        tasks = []
+        for i in range(5):
+            tasks.append(asyncio.create_task(waiter(i)))
+            await asyncio.sleep(0)  # enqueue in a known order
+        assert router.queued(KEY) == 5
+        # a newcomer may not overtake the queue even if a slot is momentarily free
+        router.release(held)
+        assert router.try_assign(KEY) is None
+        await asyncio.gather(*tasks)
+        assert order == [0, 1, 2, 3, 4]
+
+    run(scenario())
+
+
+def test_queue_is_bounded() -> None:
+    async def scenario() -> None:
+        router = Router(max_queued=2)
+        router.update(endpoints(1, cap=1))
+        held = await router.assign(KEY, timeout_s=1)
+
+        async def waiter() -> None:
+            router.release(await router.assign(KEY, timeout_s=5))
+
+        tasks = [asyncio.create_task(waiter()) for _ in range(2)]
+        await asyncio.sleep(0)
+        with pytest.raises(NoReplicaAvailable, match="queued"):
+            await router.assign(KEY, timeout_s=5)
+        router.release(held)
+        await asyncio.gather(*tasks)
+        assert router.in_flight(KEY) == {"r0": 0}
+
+    run(scenario())
+
+
+def test_full_wait_times_out() -> None:
+    async def scenario() -> None:
+        router = Router()
+        router.update(endpoints(1, cap=1))
+        held = await router.assign(KEY, timeout_s=1)
+        with pytest.raises(NoReplicaAvailable, match="busy"):
+            await router.assign(KEY, timeout_s=0.05)
+        assert router.queued(KEY) == 0
+        router.release(held)
+        assert router.in_flight(KEY) == {"r0": 0}
+
+    run(scenario())
+
+
+def test_cancelled_waiter_leaves_the_queue_and_leaks_nothing() -> None:
+    async def scenario() -> None:
+        router = Router()
+        router.update(endpoints(1, cap=1))
+        held = await router.assign(KEY, timeout_s=1)
+        task = asyncio.create_task(router.assign(KEY, timeout_s=5))
+        await asyncio.sleep(0)
+        task.cancel()
+        router.release(held)  # would hand the slot to the cancelled waiter if it were still queued
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert router.in_flight(KEY) == {"r0": 0}
+        assert router.queued(KEY) == 0
+
+    run(scenario())
+
+
+def test_power_of_two_choices_spreads_load() -> None:
+    async def scenario() -> None:
+        router = Router()
+        router.update(endpoints(4, cap=100))
+        held = [await router.assign(KEY, timeout_s=1) for _ in range(200)]
+        counts = router.in_flight(KEY)
+        assert sum(counts.values()) == 200
+        # P2C keeps every replica close to the mean (50); random choice alone would not.
+        assert max(counts.values()) - min(counts.values()) <= 4, counts
+        for replica in held:
+            router.release(replica)
+
+    run(scenario())
+
+
+def test_no_replicas_waits_for_an_update() -> None:
+    async def scenario() -> None:
+        router = Router()
+        task = asyncio.create_task(router.assign(KEY, timeout_s=5))
+        await asyncio.sleep(0)
+        assert router.queued(KEY) == 1
+        router.update(endpoints(1, cap=1))
+        replica = await task
+        assert replica.replica_id == "r0"
+        router.release(replica)
+
+    run(scenario())
+
+
+def test_no_replicas_times_out() -> None:
+    async def scenario() -> None:
+        router = Router()
+        with pytest.raises(NoReplicaAvailable, match="no running replica"):
+            await router.assign(KEY, timeout_s=0.05)
+        assert router.try_assign(KEY) is None
+
+    run(scenario())
+
+
+def test_update_keeps_in_flight_counts_of_remaining_replicas() -> None:
+    async def scenario() -> None:
+        router = Router()
+        router.update(endpoints(2, cap=5))
+        held = [await router.assign(KEY, timeout_s=1) for _ in range(4)]
+        before = router.in_flight(KEY)
+        router.update(endpoints(3, cap=5))  # r0, r1 stay, r2 joins
+        after = router.in_flight(KEY)
+        assert after == {**before, "r2": 0}
+        router.update(endpoints(2, cap=5, first=1))  # r0 leaves
+        assert router.in_flight(KEY) == {"r1": before["r1"], "r2": 0}
+        for replica in held:  # releasing slots of a removed replica is harmless
+            router.release(replica)
+        assert router.in_flight(KEY) == {"r1": 0, "r2": 0}
+
+    run(scenario())
+
+
+def test_update_raising_the_cap_wakes_waiters() -> None:
+    async def scenario() -> None:
+        router = Router()
+        router.update(endpoints(1, cap=1))
+        held = await router.assign(KEY, timeout_s=1)
+        task = asyncio.create_task(router.assign(KEY, timeout_s=5))
+        await asyncio.sleep(0)
+        router.update(endpoints(1, cap=2))
+        second = await task
+        assert second is held and held.in_flight == 2
+        router.release(held)
+        router.release(second)
+
+    run(scenario())
+
+
+def test_avoid_prefers_another_replica() -> None:
+    async def scenario() -> None:
+        router = Router()
+        router.update(endpoints(2, cap=10))
+        first = await router.assign(KEY, timeout_s=1)
+        for _ in range(20):
+            other = await router.assign(KEY, timeout_s=1, avoid=first)
+            assert other is not first
+            router.release(other)
+        router.update(endpoints(1, cap=10))
+        only: Replica | None = router.try_assign(KEY, avoid=first)
+        assert only is not None  # best effort: the avoided replica is the only one left
+        router.release(only)
+        router.release(first)
+
+    run(scenario())

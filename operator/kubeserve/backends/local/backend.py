@@ -1,0 +1,78 @@
+"""The local backend: desired state in SQLite, replicas and the proxy as child processes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from kubeserve.backends.local.controller import Controller, LocalSettings
+from kubeserve.backends.local.details import instance_details
+from kubeserve.backends.local.store import Store
+from kubeserve.backends.protocol import ConflictError
+from kubeserve.control.instance import immutable_option_conflict
+from kubeserve.runtime import wire
+
+_MAX_LONG_POLL_S = 60.0
+
+
+class LocalBackend:
+    """Implements :class:`kubeserve.backends.protocol.Backend` on one machine.
+
+    The store owns desired state; the controller owns everything observed. An apply writes the store
+    in one transaction and wakes the controller; it never touches processes itself.
+    """
+
+    def __init__(self, settings: LocalSettings) -> None:
+        self.settings = settings
+        self.store = Store(settings.database)
+        self.controller = Controller(settings, self.store)
+
+    async def start(self) -> None:
+        await self.controller.start()
+
+    async def close(self) -> None:
+        await self.controller.close()
+        self.store.close()
+
+    async def apply(
+        self,
+        instance: dict[str, Any],
+        applications: list[dict[str, Any]],
+        *,
+        single_app: dict[str, Any] | None = None,
+    ) -> None:
+        current = self.store.load()
+        conflict = immutable_option_conflict(current.options if current else None, instance)
+        if conflict:
+            raise ConflictError(conflict)
+        self.store.replace(instance, applications, single_app)
+        self.controller.wake()
+
+    async def shutdown(self) -> None:
+        self.store.clear()
+        self.controller.wake()
+
+    async def ensure_running(self, instance: dict[str, Any]) -> None:
+        if self.store.load() is None:
+            self.store.replace(instance, [], None)
+            self.controller.wake()
+
+    async def single_app_config(self) -> dict[str, Any] | None:
+        state = self.store.load()
+        return state.single_app if state is not None else None
+
+    async def instance_details(self) -> dict[str, Any]:
+        return instance_details(self.controller, self.store.load())
+
+    def internal_routes(self) -> list[web.RouteDef]:
+        return [web.get(wire.SNAPSHOT_PATH, self._snapshot)]
+
+    async def _snapshot(self, request: web.Request) -> web.Response:
+        try:
+            version = int(request.query.get("version", "0"))
+            timeout = min(float(request.query.get("timeout", "30")), _MAX_LONG_POLL_S)
+        except ValueError:
+            return web.json_response({"error": "version and timeout must be numbers"}, status=400)
+        snapshot = await self.controller.snapshots.wait(version, timeout)
+        return web.json_response(snapshot)

@@ -1,0 +1,170 @@
+"""The local controller: one asyncio loop that reconciles the SQLite desired state into processes.
+
+Level-triggered: every pass reads the whole desired state from the store, compares it with the
+applications, deployments and proxy it observes, and acts. Passes run when something wakes the loop
+(an apply, a replica becoming ready or dying, a failed health check) and at least once a second, so
+a missed wake-up costs at most a second, never correctness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from kubeserve.backends.local.application_state import ApplicationState
+from kubeserve.backends.local.deployment_state import ReplicaContext
+from kubeserve.backends.local.proxy_state import ProxyState
+from kubeserve.backends.local.snapshot import SnapshotPublisher
+from kubeserve.backends.local.store import DesiredState, Store
+from kubeserve.runtime import wire
+
+log = logging.getLogger(__name__)
+_RESYNC_S = 1.0
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    """Settings of ``kubeserve start``, built once by the CLI."""
+
+    state_dir: Path
+    #: the admin server's own URL, reachable from child processes (discovery long-poll)
+    controller_url: str
+    #: directory added to the children's import path (where ``kubeserve start`` was run)
+    base_dir: str
+
+    @property
+    def database(self) -> Path:
+        return self.state_dir / "kubeserve.db"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.state_dir / "runtime_env_cache"
+
+
+class Controller:
+    def __init__(self, settings: LocalSettings, store: Store) -> None:
+        self.settings = settings
+        self.store = store
+        self.snapshots = SnapshotPublisher()
+        self.apps: dict[str, ApplicationState] = {}
+        self.desired: DesiredState | None = None
+        self.started_at = time.time()
+        self._wake = asyncio.Event()
+        self._session: aiohttp.ClientSession | None = None
+        self._ctx: ReplicaContext | None = None
+        self._proxy: ProxyState | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+
+    @property
+    def proxy(self) -> ProxyState | None:
+        return self._proxy if self._proxy is not None and self._proxy.running else None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), trust_env=False
+        )
+        self._ctx = ReplicaContext(
+            session=self._session,
+            controller_url=self.settings.controller_url,
+            log_dir=self.settings.log_dir,
+            base_dir=self.settings.base_dir,
+            wake=self.wake,
+        )
+        self._proxy = ProxyState(self._ctx)
+        self._loop_task = asyncio.ensure_future(self._loop())
+
+    async def close(self) -> None:
+        """Stop every process gracefully (desired state stays in the store for the next start)."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        for app in self.apps.values():
+            app.begin_delete()
+        await asyncio.gather(*(self._wait_app_stopped(a) for a in self.apps.values()))
+        if self._proxy is not None:
+            await self._proxy.stop()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _wait_app_stopped(self, app: ApplicationState) -> None:
+        while not app.stopped:
+            await asyncio.sleep(0.05)
+
+    async def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.reconcile_once()
+            except Exception:  # one bad pass must not stop the controller; the next one retries
+                log.exception("reconcile pass failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), _RESYNC_S)
+
+    async def reconcile_once(self) -> None:
+        assert self._ctx is not None and self._proxy is not None
+        desired = self.store.load()
+        self.desired = desired
+        wanted = {a.name: a for a in desired.applications} if desired else {}
+        for name, app in list(self.apps.items()):
+            if name not in wanted:
+                app.begin_delete()
+                if app.stopped:
+                    del self.apps[name]
+        for name, stored in wanted.items():
+            app = self.apps.get(name)
+            if app is None or app.deleting:
+                if app is not None and not app.stopped:
+                    continue  # a re-created app waits for its previous incarnation to stop
+                app = ApplicationState(name, self._ctx, self.settings.cache_dir)
+                self.apps[name] = app
+            if app.config != stored.config or app.deployed_at != stored.deployed_at:
+                app.set_config(stored.config, stored.deployed_at)
+            await app.reconcile()
+        await self._reconcile_proxy(desired)
+        self._publish()
+
+    async def _reconcile_proxy(self, desired: DesiredState | None) -> None:
+        assert self._proxy is not None
+        location = desired.options.get("proxy_location", "EveryNode") if desired else "Disabled"
+        if location == "Disabled":
+            if self._proxy.running:
+                await self._proxy.stop()
+            return
+        assert desired is not None
+        http = desired.options.get("http_options") or {}
+        self._proxy.reconcile(str(http.get("host", "0.0.0.0")), int(http.get("port", 8000)), http)
+
+    def _publish(self) -> None:
+        routes: list[wire.Route] = []
+        endpoints: dict[str, wire.DeploymentEndpoints] = {}
+        for app in self.apps.values():
+            if app.deleting:
+                continue
+            ingress = app.ingress_name()
+            prefix = app.route_prefix
+            if ingress is not None and prefix is not None:
+                routes.append({"route_prefix": prefix, "app": app.name, "deployment": ingress})
+            for name, deployment in app.deployments.items():
+                if deployment.config:
+                    endpoints[wire.deployment_key(app.name, name)] = deployment.endpoints()
+        self.snapshots.publish(routes, endpoints)
+
+    @property
+    def node_id(self) -> str:
+        return f"local-{os.uname().nodename}"

@@ -1,0 +1,325 @@
+"""One serve deployment on the local machine: its replica processes and their lifecycle.
+
+Ownership: a :class:`DeploymentState` owns its :class:`Replica` objects; each replica has one
+lifecycle task that starts the process, waits until it answers ``/-/healthz``, health-checks it every
+``health_check_period_s`` and removes it when the process exits. :meth:`DeploymentState.reconcile`
+is the level-triggered step: it compares replicas to the target (count, version, user_config) and
+starts, stops or reconfigures; calling it again with nothing changed does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from kubeserve.backends.local import processes
+from kubeserve.control import config as config_rules
+from kubeserve.control.status import DeploymentView, ReplicaStateValue, ReplicaView
+from kubeserve.runtime import wire
+from kubeserve.runtime.runtime_env import PreparedEnv
+
+#: How often a starting replica's ``/-/healthz`` is polled: short, because it bounds deploy latency.
+_READY_POLL_S = 0.02
+_MAX_BACKOFF_S = 30.0
+_counter = itertools.count(1)
+
+
+@dataclass
+class Replica:
+    replica_id: str
+    version: str
+    port: int
+    log_path: Path
+    state: ReplicaStateValue = "STARTING"
+    healthy: bool = True
+    applied_user_config: str = ""
+    reconfiguring: bool = False
+    pid: int | None = None
+    start_time_s: float = field(default_factory=time.time)
+    proc: asyncio.subprocess.Process | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaContext:
+    """What a deployment needs from its surroundings (shared by every deployment of an instance)."""
+
+    session: aiohttp.ClientSession
+    controller_url: str
+    log_dir: Path
+    base_dir: str
+    wake: Callable[[], None]
+
+
+class DeploymentState:
+    def __init__(
+        self,
+        app: str,
+        name: str,
+        import_path: str,
+        context: ReplicaContext,
+    ) -> None:
+        self.app = app
+        self.name = name
+        self.import_path = import_path
+        self._ctx = context
+        self.config: dict[str, Any] = {}
+        self.version = ""
+        self.user_config_version = ""
+        self.env: PreparedEnv | None = None
+        self.replicas: dict[str, Replica] = {}
+        self.startup_failures = 0
+        self.ever_healthy = False
+        self.last_error = ""
+        self.health_error = ""
+        self._backoff_until = 0.0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- desired state ---------------------------------------------------------------------------
+    def set_target(self, config: dict[str, Any], version: str, env: PreparedEnv) -> None:
+        if version != self.version:
+            self.startup_failures, self.ever_healthy, self._backoff_until = 0, False, 0.0
+            self.last_error = self.health_error = ""
+        self.config, self.version, self.env = config, version, env
+        self.user_config_version = config_rules.user_config_version(config)
+
+    @property
+    def target(self) -> int:
+        return config_rules.target_replicas(self.config)
+
+    # -- observation -----------------------------------------------------------------------------
+    def view(self) -> DeploymentView:
+        return DeploymentView(
+            target_replicas=self.target,
+            replicas=[
+                ReplicaView(
+                    state=r.state,
+                    current=r.version == self.version,
+                    healthy=r.healthy,
+                    config_applied=r.applied_user_config == self.user_config_version,
+                )
+                for r in self.replicas.values()
+            ],
+            startup_failures=self.startup_failures,
+            ever_healthy=self.ever_healthy,
+            last_error=self.last_error,
+            health_error=self.health_error,
+        )
+
+    def endpoints(self) -> wire.DeploymentEndpoints:
+        ready = [
+            wire.ReplicaEndpoint(replica_id=r.replica_id, host="127.0.0.1", port=r.port)
+            for r in self.replicas.values()
+            if r.state == "RUNNING" and r.healthy
+        ]
+        return {"max_ongoing_requests": int(self.config["max_ongoing_requests"]), "replicas": ready}
+
+    # -- reconciliation --------------------------------------------------------------------------
+    def reconcile(self) -> None:
+        """One level-triggered step towards the target; idempotent."""
+        for replica in list(self.replicas.values()):
+            if replica.state == "RUNNING" and not replica.healthy:
+                self._stop(replica)
+        live = [r for r in self.replicas.values() if r.state in ("STARTING", "RUNNING")]
+        current = [r for r in live if r.version == self.version]
+        old = [r for r in live if r.version != self.version]
+        missing = self.target - len(current)
+        if missing > 0 and time.monotonic() >= self._backoff_until:
+            for _ in range(missing):
+                self._start()
+        elif missing < 0:
+            for replica in _stop_order(current)[:-missing]:
+                self._stop(replica)
+        serving_current = sum(1 for r in current if r.state == "RUNNING" and r.healthy)
+        # Rolling replacement: an old replica goes only once a new one serves in its place.
+        for replica in _stop_order(old)[: len(old) - max(0, self.target - serving_current)]:
+            self._stop(replica)
+        for replica in current:
+            if (
+                replica.state == "RUNNING"
+                and replica.applied_user_config != self.user_config_version
+                and not replica.reconfiguring
+            ):
+                self._spawn(self._reconfigure(replica))
+        if self.health_error and serving_current >= self.target:
+            self.health_error = ""
+        if serving_current == self.target and not old and self.target > 0:
+            self.ever_healthy = True
+
+    def stop_all(self) -> None:
+        for replica in list(self.replicas.values()):
+            self._stop(replica)
+
+    async def wait_stopped(self) -> None:
+        while self.replicas:
+            await asyncio.sleep(0.05)
+
+    # -- replica lifecycle ---------------------------------------------------------------------
+    def _start(self) -> None:
+        replica_id = f"{self.name}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
+        replica = Replica(
+            replica_id=replica_id,
+            version=self.version,
+            port=processes.free_port(),
+            log_path=self._ctx.log_dir / f"replica_{self.app or 'default'}_{replica_id}.log",
+            applied_user_config=self.user_config_version,
+        )
+        self.replicas[replica_id] = replica
+        self._spawn(self._lifecycle(replica))
+
+    def _stop(self, replica: Replica) -> None:
+        if replica.state in ("STOPPING", "STOPPED"):
+            return
+        replica.state = "STOPPING"
+        self._ctx.wake()
+        if replica.proc is not None:
+            timeout = float(self.config.get("graceful_shutdown_timeout_s", 20.0))
+            self._spawn(processes.terminate(replica.proc, timeout))
+
+    async def _lifecycle(self, replica: Replica) -> None:
+        try:
+            await self._run(replica)
+        finally:
+            self.replicas.pop(replica.replica_id, None)
+            self._ctx.wake()
+
+    async def _run(self, replica: Replica) -> None:
+        assert self.env is not None
+        replica_config: wire.ReplicaConfig = {
+            "app": self.app,
+            "deployment": self.name,
+            "import_path": self.import_path,
+            "replica_id": replica.replica_id,
+            "user_config": self.config.get("user_config"),
+            "max_ongoing_requests": int(self.config["max_ongoing_requests"]),
+            "graceful_shutdown_wait_loop_s": float(self.config["graceful_shutdown_wait_loop_s"]),
+            "graceful_shutdown_timeout_s": float(self.config["graceful_shutdown_timeout_s"]),
+        }
+        env = processes.child_env(
+            {
+                **self.env.env_vars,
+                wire.REPLICA_CONFIG_ENV: json.dumps(replica_config),
+                wire.CONTROLLER_URL_ENV: self._ctx.controller_url,
+            },
+            self.env.python_path,
+            self._ctx.base_dir,
+        )
+        try:
+            proc = await processes.spawn(
+                "kubeserve.runtime.replica",
+                ["--host", "127.0.0.1", "--port", str(replica.port)],
+                env=env,
+                log_path=replica.log_path,
+                cwd=self.env.cwd or self._ctx.base_dir,
+            )
+        except OSError as exc:
+            self._record_startup_failure(replica, f"could not start the replica process: {exc}")
+            return
+        replica.proc, replica.pid = proc, proc.pid
+        if replica.state == "STOPPING":  # stopped while spawning
+            await processes.terminate(proc, 1.0)
+            return
+        exited = asyncio.ensure_future(proc.wait())
+        try:
+            if await self._wait_ready(replica, exited):
+                await self._health_loop(replica, exited)
+            code = await exited
+        finally:
+            if not exited.done():
+                exited.cancel()
+        if replica.state == "STOPPING":
+            return
+        if replica.state == "STARTING":
+            tail = processes.log_tail(replica.log_path)
+            self._record_startup_failure(
+                replica, f"replica exited with code {code} before it was ready:\n{tail}"
+            )
+        else:
+            self.last_error = f"replica {replica.replica_id} exited unexpectedly with code {code}"
+
+    def _record_startup_failure(self, replica: Replica, message: str) -> None:
+        self.startup_failures += 1
+        self.last_error = message
+        delay = min(_MAX_BACKOFF_S, 0.25 * 2 ** (self.startup_failures - 1))
+        self._backoff_until = time.monotonic() + delay
+        self._ctx.wake()
+        asyncio.get_running_loop().call_later(delay, self._ctx.wake)
+
+    async def _wait_ready(self, replica: Replica, exited: asyncio.Future[int]) -> bool:
+        url = f"http://127.0.0.1:{replica.port}{wire.HEALTHZ_PATH}"
+        while not exited.done() and replica.state == "STARTING":
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with self._ctx.session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    if r.status == 200:
+                        replica.state = "RUNNING"
+                        self.startup_failures = 0
+                        self._ctx.wake()
+                        return True
+            await asyncio.wait([exited], timeout=_READY_POLL_S)
+        return False
+
+    async def _health_loop(self, replica: Replica, exited: asyncio.Future[int]) -> None:
+        url = f"http://127.0.0.1:{replica.port}{wire.HEALTHZ_PATH}"
+        while replica.state == "RUNNING":
+            period = float(self.config.get("health_check_period_s", 10.0))
+            await asyncio.wait([exited], timeout=period)
+            if exited.done() or replica.state != "RUNNING":
+                return
+            timeout = float(self.config.get("health_check_timeout_s", 30.0))
+            error = await self._check(url, timeout)
+            if error:
+                replica.healthy = False
+                self.health_error = f"replica {replica.replica_id} failed its health check: {error}"
+                self.last_error = self.health_error
+                self._ctx.wake()
+                return
+
+    async def _check(self, url: str, timeout_s: float) -> str:
+        try:
+            client_timeout = aiohttp.ClientTimeout(total=timeout_s)
+            async with self._ctx.session.get(url, timeout=client_timeout) as response:
+                if response.status == 200:
+                    return ""
+                return f"HTTP {response.status}: {(await response.text())[:500]}"
+        except TimeoutError:
+            return f"no response within health_check_timeout_s={timeout_s:g}"
+        except aiohttp.ClientError as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    async def _reconfigure(self, replica: Replica) -> None:
+        replica.reconfiguring = True
+        version = self.user_config_version
+        body = {"user_config": self.config.get("user_config")}
+        url = f"http://127.0.0.1:{replica.port}{wire.RECONFIGURE_PATH}"
+        try:
+            async with self._ctx.session.post(url, json=body) as response:
+                if response.status == 200:
+                    replica.applied_user_config = version
+                else:
+                    text = (await response.text())[:1000]
+                    self.last_error = f"reconfigure failed on {replica.replica_id}: {text}"
+                    replica.healthy = False
+        except aiohttp.ClientError as exc:
+            self.last_error = f"reconfigure failed on {replica.replica_id}: {exc}"
+        finally:
+            replica.reconfiguring = False
+            self._ctx.wake()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _stop_order(replicas: list[Replica]) -> list[Replica]:
+    """Replicas to stop first: those not serving yet, then the newest."""
+    return sorted(replicas, key=lambda r: (r.state == "RUNNING", -r.start_time_s))

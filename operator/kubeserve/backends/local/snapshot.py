@@ -1,0 +1,39 @@
+"""The discovery snapshot the local controller publishes to proxies and handles (long-poll)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from kubeserve.runtime import wire
+
+
+class SnapshotPublisher:
+    """Owns the current :class:`wire.Snapshot`; its version moves only when the content changes."""
+
+    def __init__(self) -> None:
+        self._version = 1
+        self._routes: list[wire.Route] = []
+        self._deployments: dict[str, wire.DeploymentEndpoints] = {}
+        self._changed = asyncio.Event()
+
+    @property
+    def current(self) -> wire.Snapshot:
+        return {"version": self._version, "routes": self._routes, "deployments": self._deployments}
+
+    def publish(
+        self, routes: list[wire.Route], deployments: dict[str, wire.DeploymentEndpoints]
+    ) -> None:
+        if routes == self._routes and deployments == self._deployments:
+            return
+        self._routes, self._deployments = routes, deployments
+        self._version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait(self, known_version: int, timeout_s: float) -> wire.Snapshot:
+        """The snapshot once its version differs from ``known_version``, or after ``timeout_s``."""
+        if known_version == self._version:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout_s)
+        return self.current

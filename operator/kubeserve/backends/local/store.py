@@ -1,0 +1,127 @@
+"""Desired state of the local backend, in one SQLite file (WAL mode).
+
+The store is the only owner of accepted configuration: the controller re-reads it on every pass and
+after a restart of ``kubeserve start``. Writes are single transactions, so a crash mid-apply leaves
+either the old or the new desired state, never a mix.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS instance (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    options TEXT NOT NULL,
+    single_app TEXT,
+    started_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS applications (
+    name TEXT PRIMARY KEY,
+    config TEXT NOT NULL,
+    deployed_at REAL NOT NULL,
+    position INTEGER NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class StoredApp:
+    name: str
+    #: the application config exactly as the client set it (unset fields absent)
+    config: dict[str, Any]
+    #: when this config was last changed by a PUT (epoch seconds)
+    deployed_at: float
+
+
+@dataclass(frozen=True)
+class DesiredState:
+    options: dict[str, Any]
+    single_app: dict[str, Any] | None
+    started_at: float
+    applications: list[StoredApp]
+
+
+class Store:
+    """Synchronous on purpose: each call is a few rows in a local file, well under a millisecond."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def load(self) -> DesiredState | None:
+        row = self._db.execute("SELECT options, single_app, started_at FROM instance").fetchone()
+        if row is None:
+            return None
+        apps = [
+            StoredApp(name, json.loads(config), deployed_at)
+            for name, config, deployed_at in self._db.execute(
+                "SELECT name, config, deployed_at FROM applications ORDER BY position"
+            )
+        ]
+        single = json.loads(row[1]) if row[1] is not None else None
+        return DesiredState(json.loads(row[0]), single, row[2], apps)
+
+    def replace(
+        self,
+        options: dict[str, Any],
+        applications: list[dict[str, Any]],
+        single_app: dict[str, Any] | None,
+    ) -> None:
+        """Make this the whole desired state; ``deployed_at`` moves only for changed configs."""
+        now = time.time()
+        names = [app.get("name", "") for app in applications]
+        with _transaction(self._db):
+            previous = self._db.execute("SELECT started_at FROM instance").fetchone()
+            started_at = previous[0] if previous else now
+            self._db.execute(
+                "INSERT OR REPLACE INTO instance (id, options, single_app, started_at) "
+                "VALUES (1, ?, ?, ?)",
+                (_dump(options), _dump(single_app) if single_app is not None else None, started_at),
+            )
+            old = dict(self._db.execute("SELECT name, config FROM applications").fetchall())
+            placeholders = ",".join("?" * len(names))
+            self._db.execute(f"DELETE FROM applications WHERE name NOT IN ({placeholders})", names)
+            for position, (name, app) in enumerate(zip(names, applications, strict=True)):
+                config = _dump(app)
+                if old.get(name) == config:
+                    self._db.execute(
+                        "UPDATE applications SET position = ? WHERE name = ?", (position, name)
+                    )
+                    continue
+                self._db.execute(
+                    "INSERT OR REPLACE INTO applications (name, config, deployed_at, position) "
+                    "VALUES (?, ?, ?, ?)",
+                    (name, config, now, position),
+                )
+
+    def clear(self) -> None:
+        with _transaction(self._db):
+            self._db.execute("DELETE FROM applications")
+            self._db.execute("DELETE FROM instance")
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+class _transaction:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self._db.execute("ROLLBACK" if exc_type else "COMMIT")

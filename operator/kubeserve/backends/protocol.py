@@ -1,0 +1,77 @@
+"""The seam between the admin API and where desired state lives.
+
+Both backends (local: SQLite + child processes; kubernetes: custom resources + pods) implement
+:class:`Backend`. The API validates every body before calling it, so a backend receives only configs
+that match the schema, as JSON-ready dicts holding exactly the fields the client set.
+
+Invariants every backend keeps:
+
+* :meth:`Backend.apply` is declarative and idempotent: it stores the complete desired state in one
+  step (applications it does not list are removed) and returns once the state is durable; the
+  reconciliation happens afterwards.
+* :meth:`Backend.shutdown` is a no-op when nothing runs.
+* Nothing already accepted is lost when :meth:`Backend.apply` raises.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from aiohttp import web
+
+
+class BackendError(Exception):
+    """Base of the errors a backend reports to the API."""
+
+
+class ConflictError(BackendError):
+    """The request contradicts the running state (HTTP 409)."""
+
+
+class NotFoundError(BackendError):
+    """The requested object does not exist (HTTP 404)."""
+
+
+class Backend(Protocol):
+    async def start(self) -> None:
+        """Start background work (controller loops); called once before serving the API."""
+        ...
+
+    async def close(self) -> None:
+        """Stop background work; the data plane of the local backend stops with it."""
+        ...
+
+    async def apply(
+        self,
+        instance: dict[str, Any],
+        applications: list[dict[str, Any]],
+        *,
+        single_app: dict[str, Any] | None = None,
+    ) -> None:
+        """Make ``instance`` options and ``applications`` the complete desired state.
+
+        ``single_app`` is the body of a single-application PUT, kept verbatim for its GET.
+        Raises :class:`ConflictError` when ``instance`` changes the host or port of a running
+        serving layer.
+        """
+        ...
+
+    async def shutdown(self) -> None:
+        """Remove the serving layer and every application; no-op when nothing runs."""
+        ...
+
+    async def ensure_running(self, instance: dict[str, Any]) -> None:
+        """Start the serving layer with ``instance`` options and no applications, if not running."""
+        ...
+
+    async def single_app_config(self) -> dict[str, Any] | None:
+        """The body of the last single-application PUT, when that is what runs."""
+        ...
+
+    async def instance_details(self) -> dict[str, Any]:
+        """The body of GET /api/serve/applications/ (Ray 2.60's ServeInstanceDetails)."""
+        ...
+
+    def internal_routes(self) -> list[web.RouteDef]:
+        """Backend-specific routes on the admin server (e.g. the local discovery long-poll)."""
+        ...

@@ -1,0 +1,137 @@
+"""Effective deployment configuration: code defaults <- options set in code <- config overrides.
+
+A deployment's configuration comes from three places, most specific last:
+
+1. kubeserve's defaults (Ray Serve 2.60's, so configs written for Ray mean the same thing here);
+2. the options given in code (``@deployment(num_replicas=2)``, ``.options(...)``), as reported by the
+   application build;
+3. the overrides in the deployed config's ``deployments`` list (only the fields the client set).
+
+Each field is taken whole from the most specific place that sets it (``ray_actor_options`` and
+``autoscaling_config`` are not merged key by key, as in Ray). Everything here is pure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+#: Ray Serve 2.60's defaults for every deployment option kubeserve acts on.
+DEPLOYMENT_DEFAULTS: dict[str, Any] = {
+    "num_replicas": 1,
+    "max_ongoing_requests": 5,
+    "max_queued_requests": -1,
+    "user_config": None,
+    "autoscaling_config": None,
+    "graceful_shutdown_wait_loop_s": 2.0,
+    "graceful_shutdown_timeout_s": 20.0,
+    "health_check_period_s": 10.0,
+    "health_check_timeout_s": 30.0,
+    "ray_actor_options": {"runtime_env": {}, "num_cpus": 1.0},
+    "is_driver_deployment": False,
+}
+
+#: Ray Serve 2.60's autoscaling defaults, filled under a given ``autoscaling_config``.
+AUTOSCALING_DEFAULTS: dict[str, Any] = {
+    "min_replicas": 1,
+    "initial_replicas": None,
+    "max_replicas": 1,
+    "target_ongoing_requests": 2.0,
+    "metrics_interval_s": 10.0,
+    "look_back_period_s": 30.0,
+    "smoothing_factor": 1.0,
+    "upscale_smoothing_factor": None,
+    "downscale_smoothing_factor": None,
+    "upscaling_factor": None,
+    "downscaling_factor": None,
+    "downscale_delay_s": 600.0,
+    "upscale_delay_s": 30.0,
+}
+
+#: Options that change what a replica process is; changing one replaces the replicas.
+#: ``user_config`` is deliberately absent (applied in place through ``reconfigure``), and so are
+#: the replica count and the router-side limits.
+_PROCESS_FIELDS = ("ray_actor_options",)
+
+_ALIASES = {"max_concurrent_queries": "max_ongoing_requests", "cluster_actor_options": "ray_actor_options"}
+
+
+def _canonical(options: Mapping[str, Any]) -> dict[str, Any]:
+    return {_ALIASES.get(k, k): v for k, v in options.items() if k != "name"}
+
+
+def effective_deployment_config(
+    name: str, code_options: Mapping[str, Any], overrides: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The full configuration a deployment runs with, every field filled.
+
+    ``route_prefix`` is not part of it: routes are an application-level concern (see
+    :func:`kubeserve.control.routes`), as in Ray Serve's multi-application model.
+    """
+    merged: dict[str, Any] = dict(DEPLOYMENT_DEFAULTS)
+    for source in (_canonical(code_options), _canonical(overrides or {})):
+        for key, value in source.items():
+            if key in merged:
+                merged[key] = value
+    if merged["num_replicas"] == "auto" and merged["autoscaling_config"] is None:
+        merged["autoscaling_config"] = {}
+    if merged["autoscaling_config"] is not None:
+        merged["autoscaling_config"] = {**AUTOSCALING_DEFAULTS, **merged["autoscaling_config"]}
+        merged["num_replicas"] = None
+    return {"name": name, **merged}
+
+
+def target_replicas(config: Mapping[str, Any]) -> int:
+    """The replica count the controller converges to.
+
+    With autoscaling, the count starts at ``initial_replicas`` (else ``min_replicas``); the
+    autoscaling policy moves it within ``[min_replicas, max_replicas]`` later.
+    """
+    autoscaling = config.get("autoscaling_config")
+    if autoscaling:
+        initial = autoscaling.get("initial_replicas")
+        return int(initial if initial is not None else autoscaling.get("min_replicas", 1))
+    return int(config["num_replicas"])
+
+
+def fingerprint(value: Any) -> str:
+    """A stable short digest of JSON-able data (key order does not matter)."""
+    raw = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def replica_version(app_config: Mapping[str, Any], config: Mapping[str, Any]) -> str:
+    """Identifies what a replica process runs; replicas of another version are replaced.
+
+    It covers the code (import path), the environment (runtime_env) and the process options, and
+    excludes ``user_config`` and the counts, which change without a restart.
+    """
+    return fingerprint(
+        {
+            "import_path": app_config.get("import_path"),
+            "runtime_env": app_config.get("runtime_env") or {},
+            "args": app_config.get("args") or {},
+            **{field: config.get(field) for field in _PROCESS_FIELDS},
+        }
+    )
+
+
+def user_config_version(config: Mapping[str, Any]) -> str:
+    return fingerprint(config.get("user_config"))
+
+
+def required_resources(config: Mapping[str, Any]) -> dict[str, float]:
+    """Resources one replica asks for, in Ray's spelling (``CPU``, ``GPU``, ``memory``, custom)."""
+    options = config.get("ray_actor_options") or {}
+    resources: dict[str, float] = {}
+    if options.get("num_cpus") is not None:
+        resources["CPU"] = float(options["num_cpus"])
+    if options.get("num_gpus"):
+        resources["GPU"] = float(options["num_gpus"])
+    if options.get("memory"):
+        resources["memory"] = float(options["memory"])
+    for key, value in (options.get("resources") or {}).items():
+        resources[key] = float(value)
+    return resources

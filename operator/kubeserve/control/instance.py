@@ -1,0 +1,40 @@
+"""Rules about the serving layer as a whole (the instance), independent of any backend."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+#: Instance options that cannot change while the serving layer runs (spec: "shut down and restart").
+_IMMUTABLE_HTTP_FIELDS = ("host", "port")
+
+
+def immutable_option_conflict(
+    running: Mapping[str, Any] | None, requested: Mapping[str, Any]
+) -> str | None:
+    """Why ``requested`` instance options cannot be applied to a running instance, or ``None``.
+
+    Both are instance option dicts (``http_options`` ...) with defaults filled.
+    """
+    if running is None:
+        return None
+    old = running.get("http_options") or {}
+    new = requested.get("http_options") or {}
+    for field in _IMMUTABLE_HTTP_FIELDS:
+        if old.get(field) != new.get(field):
+            return (
+                f"http_options.{field} of a running serving layer cannot change "
+                f"({old.get(field)!r} -> {new.get(field)!r}): DELETE it first, then PUT the new config"
+            )
+    return None
+
+
+def app_route_prefix(app_config: Mapping[str, Any], ingress_options: Mapping[str, Any]) -> str | None:
+    """The route of an application: its config's, else its ingress deployment's code, else ``/``."""
+    if "route_prefix" in app_config:
+        value = app_config["route_prefix"]
+        return None if value is None else str(value)
+    if "route_prefix" in ingress_options:
+        value = ingress_options["route_prefix"]
+        return None if value is None else str(value)
+    return "/"

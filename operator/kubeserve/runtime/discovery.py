@@ -1,0 +1,139 @@
+"""Where proxies and handles learn the routes and the running replicas.
+
+:class:`EndpointSource` is the seam: something that, once started, calls ``on_update`` with
+a :class:`~kubeserve.runtime.wire.Snapshot` each time the data plane changes. :class:`Discovery` is
+the local backend's source (a long-poll on the controller); a Kubernetes source can build the same
+snapshots from EndpointSlices and the routes in custom-resource status.
+
+Ownership: a source owns its HTTP session and background task; ``on_update`` is called on the event
+loop, one snapshot at a time, in version order, never concurrently, and must not block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from typing import Protocol
+
+import aiohttp
+
+from kubeserve.runtime.wire import SNAPSHOT_PATH, Snapshot
+
+__all__ = ["Discovery", "EndpointSource", "SnapshotCallback"]
+
+log = logging.getLogger(__name__)
+
+SnapshotCallback = Callable[[Snapshot], None]
+
+
+class EndpointSource(Protocol):
+    """Feeds snapshots of routes and replicas to a callback until closed."""
+
+    async def start(self) -> None:
+        """Begin delivering snapshots; returns once the first one was delivered or it is late.
+
+        Never fails because the source is briefly unreachable: it keeps retrying in the background.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Stop delivering snapshots and release connections. Idempotent."""
+        ...
+
+
+class Discovery:
+    """Long-polls ``GET {controller_url}/-/snapshot?version=N&timeout=S`` on one aiohttp session.
+
+    The controller answers at once when its version differs from ``N`` (so the first poll, with
+    ``N = -1``, returns immediately and a restarted controller is picked up whatever its version),
+    otherwise when it changes or ``S`` seconds pass. Errors back off exponentially with jitter,
+    from ``min_backoff_s`` up to ``max_backoff_s``.
+    """
+
+    def __init__(
+        self,
+        controller_url: str,
+        on_update: SnapshotCallback,
+        *,
+        poll_timeout_s: float = 30.0,
+        first_snapshot_timeout_s: float = 10.0,
+        min_backoff_s: float = 0.05,
+        max_backoff_s: float = 5.0,
+    ) -> None:
+        self._url = controller_url.rstrip("/") + SNAPSHOT_PATH
+        self._on_update = on_update
+        self._poll_timeout_s = poll_timeout_s
+        self._first_snapshot_timeout_s = first_snapshot_timeout_s
+        self._min_backoff_s = min_backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._version = -1
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._first = asyncio.Event()
+
+    @property
+    def version(self) -> int:
+        """The version of the last snapshot delivered (-1 before the first)."""
+        return self._version
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        # The poll's own timeout plus slack: the controller holds the request up to poll_timeout_s.
+        timeout = aiohttp.ClientTimeout(total=self._poll_timeout_s + 10, connect=5)
+        self._session = aiohttp.ClientSession(timeout=timeout)
+        self._task = asyncio.create_task(self._run(), name="kubeserve-discovery")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._first.wait(), self._first_snapshot_timeout_s)
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def _run(self) -> None:
+        backoff = self._min_backoff_s
+        while True:
+            try:
+                snapshot = await self._poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.debug(
+                    "discovery: %s unreachable (%s); retrying in %.2f s", self._url, exc, backoff
+                )
+                await asyncio.sleep(backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, self._max_backoff_s)
+                continue
+            backoff = self._min_backoff_s
+            if snapshot["version"] != self._version:
+                self._version = snapshot["version"]
+                try:
+                    self._on_update(snapshot)
+                except Exception:
+                    log.exception("discovery: applying snapshot %d failed", snapshot["version"])
+                self._first.set()
+
+    async def _poll(self) -> Snapshot:
+        assert self._session is not None
+        params = {"version": str(self._version), "timeout": str(self._poll_timeout_s)}
+        async with self._session.get(self._url, params=params) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"controller answered {resp.status}")
+            body = await resp.json()
+        if not isinstance(body, dict) or "version" not in body:
+            raise RuntimeError("controller answered a body that is not a snapshot")
+        snapshot: Snapshot = {
+            "version": int(body["version"]),
+            "routes": list(body.get("routes", [])),
+            "deployments": dict(body.get("deployments", {})),
+        }
+        return snapshot

@@ -1,0 +1,199 @@
+"""The ``kubeserve`` command: the embedded server, the data-plane processes and a small client.
+
+This is the only module that reads the command line and the environment; it builds one settings
+object per command and hands it to the layer that does the work.
+
+    kubeserve start      admin API + controller + proxy + replicas on this machine (SQLite state)
+    kubeserve deploy     PUT a config file (YAML or JSON) to a running kubeserve
+    kubeserve status     print application and deployment statuses
+    kubeserve config     print the deployed application configs
+    kubeserve shutdown   shut down every application
+    kubeserve proxy | replica | build   data-plane processes (started by kubeserve itself)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from aiohttp import web
+
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kubeserve", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    start = commands.add_parser("start", help="run kubeserve on this machine")
+    start.add_argument("--dashboard-host", default=os.environ.get("KUBESERVE_DASHBOARD_HOST", "127.0.0.1"))
+    start.add_argument(
+        "--dashboard-port", type=int, default=int(os.environ.get("KUBESERVE_DASHBOARD_PORT", "8265"))
+    )
+    start.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(os.environ.get("KUBESERVE_STATE_DIR", Path.home() / ".kubeserve")),
+        help="where the SQLite state, logs and runtime_env cache live",
+    )
+    start.add_argument("--deploy", type=Path, help="a config file to deploy once the server is up")
+
+    for name, helptext in (
+        ("deploy", "deploy a config file (multi-app if it has 'applications')"),
+        ("status", "show statuses"),
+        ("config", "show deployed configs"),
+        ("shutdown", "shut everything down"),
+    ):
+        sub = commands.add_parser(name, help=helptext)
+        sub.add_argument("-a", "--address", default=os.environ.get("KUBESERVE_ADDRESS", DEFAULT_ADDRESS))
+        if name == "deploy":
+            sub.add_argument("config_file", type=Path)
+
+    for name in ("proxy", "replica", "build"):
+        commands.add_parser(name, help=f"run a {name} process", add_help=False)
+
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "proxy":
+        from kubeserve.runtime import proxy
+
+        return proxy.main(rest)
+    if args.command == "replica":
+        from kubeserve.runtime import replica
+
+        return replica.main(rest)
+    if args.command == "build":
+        from kubeserve.runtime import build
+
+        return build.main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "start":
+        return _start(args)
+    return asyncio.run(_client(args))
+
+
+def _start(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from kubeserve.backends.local.backend import LocalBackend
+    from kubeserve.backends.local.controller import LocalSettings
+
+    logging.basicConfig(
+        level=os.environ.get("KUBESERVE_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    host = "127.0.0.1" if args.dashboard_host in ("0.0.0.0", "::") else args.dashboard_host
+    settings = LocalSettings(
+        state_dir=args.state_dir.resolve(),
+        controller_url=f"http://{host}:{args.dashboard_port}",
+        base_dir=os.getcwd(),
+    )
+    backend = LocalBackend(settings)
+    return uvloop.run(_serve(backend, args.dashboard_host, args.dashboard_port, args.deploy))
+
+
+async def _serve(backend: Any, host: str, port: int, deploy: Path | None) -> int:
+    from kubeserve.api.server import create_app
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await backend.start()
+    runner = web.AppRunner(create_app(backend), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        print(f"kubeserve: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        await runner.cleanup()
+        await backend.close()
+        return 1
+    print(f"kubeserve admin API on http://{host}:{port} (state in {backend.settings.state_dir})", flush=True)
+    if deploy is not None:
+        code = await _deploy(f"http://127.0.0.1:{port}", deploy)
+        if code != 0:
+            stop.set()
+    await stop.wait()
+    print("kubeserve: stopping replicas and proxy", flush=True)
+    await runner.cleanup()
+    await backend.close()
+    return 0
+
+
+async def _client(args: argparse.Namespace) -> int:
+    if args.command == "deploy":
+        return await _deploy(args.address, args.config_file)
+    async with aiohttp.ClientSession() as session:
+        url = f"{args.address}/api/serve/applications/"
+        method = "DELETE" if args.command == "shutdown" else "GET"
+        async with session.request(method, url) as response:
+            body = await response.json(content_type=None)
+    if response.status != 200:
+        print(f"error: HTTP {response.status}: {body.get('error', body)}", file=sys.stderr)
+        return 1
+    if args.command == "status":
+        print(yaml.safe_dump(_status_summary(body), sort_keys=False), end="")
+    elif args.command == "config":
+        configs = [app["deployed_app_config"] for app in body.get("applications", {}).values()]
+        print(yaml.safe_dump_all(configs, sort_keys=False), end="")
+    else:
+        print("shut down")
+    return 0
+
+
+async def _deploy(address: str, path: Path) -> int:
+    try:
+        config = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        print(f"error: cannot read {path}: {exc}", file=sys.stderr)
+        return 1
+    family = "applications" if isinstance(config, dict) and "applications" in config else "deployments"
+    async with aiohttp.ClientSession() as session:
+        url = f"{address}/api/serve/{family}/"
+        async with session.put(url, json=config) as response:
+            body = await response.json(content_type=None)
+    if response.status != 200:
+        print(f"error: HTTP {response.status}: {body.get('error')}", file=sys.stderr)
+        for detail in body.get("details", []):
+            loc = ".".join(str(p) for p in detail["loc"])
+            print(f"  {loc}: {detail['msg']}", file=sys.stderr)
+        return 1
+    print(f"deployed {path} to {address}", flush=True)
+    return 0
+
+
+def _status_summary(details: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "proxies": {node: proxy.get("status") for node, proxy in details.get("proxies", {}).items()},
+        "applications": {
+            name: {
+                "status": app["status"],
+                "message": app["message"],
+                "deployments": {
+                    dname: {
+                        "status": dep["status"],
+                        "replicas": len(dep["replicas"]),
+                        "message": dep["message"],
+                    }
+                    for dname, dep in app["deployments"].items()
+                },
+            }
+            for name, app in details.get("applications", {}).items()
+        },
+    }
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())

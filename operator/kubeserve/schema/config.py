@@ -1,0 +1,631 @@
+"""Request bodies of the admin API: application, deployment and serving-layer configuration.
+
+The field set is Ray Serve 2.60's (``reference/ray-2.60/ServeDeploySchema.json``) so that configs
+written for Ray deploy unchanged; where the seed spec (``spec/admin-api.md``) states a rule it wins:
+
+- unknown fields are rejected at every level (Ray silently ignores them);
+- the spec's ``cluster_actor_options`` and Ray's ``ray_actor_options`` are one field, and so are
+  the spec's ``max_concurrent_queries`` and Ray's ``max_ongoing_requests``: either spelling is
+  accepted, giving both is an error, output uses Ray's name (the Ray client must parse it);
+- for the fields the spec documents as "a default is used when null" (``max_ongoing_requests`` and
+  the four timing fields) a null is treated as *not given*, so the option set in code (or the
+  default) applies and the value never reaches the output, where Ray's client would reject a null.
+
+Deployment entries are *overrides* of options set in code: which fields the client gave is part of
+the value (``model_fields_set``). Every optional override therefore defaults to ``None`` and code
+must look at ``model_fields_set`` (or dump with ``exclude_unset=True``, see
+:meth:`DeploymentSchema.overrides`) to tell "not given" from "given as null"; a stored config
+round-trips through ``model_dump(mode="json", exclude_unset=True)`` and ``model_validate``.
+
+Field names are the REST (snake_case) spelling. Custom resources will spell them in camelCase by
+subclassing with an alias generator in :data:`REST_MODEL_CONFIG`'s place; nothing here depends on
+field names being the wire names except the explicit ``validation_alias`` choices.
+"""
+
+from __future__ import annotations
+
+import keyword
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PlainValidator,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from kubeserve.schema.errors import field_error
+
+__all__ = [
+    "REMOTE_URI_SCHEMES",
+    "AutoscalingConfig",
+    "AutoscalingPolicy",
+    "BackpressureConfig",
+    "ControllerOptions",
+    "ControllerRuntimeEnv",
+    "DeploymentActorConfig",
+    "DeploymentSchema",
+    "GRPCOptionsSchema",
+    "GangSchedulingConfig",
+    "HTTPOptionsSchema",
+    "ImportPath",
+    "LoggingConfig",
+    "ProxyLocation",
+    "RayActorOptionsSchema",
+    "RemoteURI",
+    "RequestRouterConfig",
+    "RoutePrefix",
+    "RuntimeEnv",
+    "ServeApplicationEntry",
+    "ServeApplicationSchema",
+    "ServeDeploySchema",
+    "TracingConfig",
+]
+
+#: Shared by every REST model. Unknown fields are an error (spec section 2); NaN/inf are never a
+#: meaningful number of seconds or CPUs. The camelCase custom-resource spelling will subclass with
+#: ``alias_generator=pydantic.alias_generators.to_camel`` added here.
+REST_MODEL_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class RestModel(BaseModel):
+    """Base of the REST bodies: strict about unknown fields, snake_case names."""
+
+    model_config = REST_MODEL_CONFIG
+
+
+# --------------------------------------------------------------------------- field types
+
+
+def _check_import_path(value: str) -> str:
+    """``pkg.mod:attr`` or ``pkg.mod.attr``: a dotted module path, then one attribute.
+
+    Mirrors how Ray imports it (split on the single ``:``, else on the last ``.``), so a value that
+    passes here is one the build step can at least attempt to import.
+    """
+    if value.count(":") > 1:
+        raise PydanticCustomError("import_path", "import path may contain at most one ':'")
+    if ":" in value:
+        module, attr = value.split(":")
+    else:
+        module, _, attr = value.rpartition(".")
+    parts = [*module.split("."), attr] if module else []
+    if not parts or not all(p.isidentifier() and not keyword.iskeyword(p) for p in parts):
+        raise PydanticCustomError(
+            "import_path",
+            "invalid import path '{value}': expected 'module.submodule:attribute' or "
+            "'module.submodule.attribute' (dotted Python identifiers)",
+            {"value": value},
+        )
+    return value
+
+
+def _check_route_prefix(value: str) -> str:
+    """Ray's rules: starts with '/', no trailing '/' except the catch-all '/', no wildcards."""
+    if not value.startswith("/"):
+        raise PydanticCustomError(
+            "route_prefix", "route prefix '{value}' must start with '/'", {"value": value}
+        )
+    if len(value) > 1 and value.endswith("/"):
+        raise PydanticCustomError(
+            "route_prefix",
+            "route prefix '{value}' must not end with '/' unless it is exactly '/'",
+            {"value": value},
+        )
+    if "{" in value or "}" in value:
+        raise PydanticCustomError(
+            "route_prefix", "route prefix '{value}' must not contain wildcards", {"value": value}
+        )
+    return value
+
+
+#: URI schemes accepted in ``working_dir`` / ``py_modules``. The spec allows remote URIs only, so
+#: ``file://`` and Ray's ``local://`` (a path already on the node) are rejected; the local
+#: backend can fetch only http(s), the others are for backends with object-store access.
+REMOTE_URI_SCHEMES = frozenset({"http", "https", "s3", "gs", "gcs", "azure", "abfss"})
+
+
+def _check_remote_uri(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme.lower() not in REMOTE_URI_SCHEMES or not parts.netloc:
+        raise PydanticCustomError(
+            "remote_uri",
+            "'{value}' is not a remote URI: working_dir and py_modules accept only remote URIs "
+            "such as https://host/path/package.zip or s3://bucket/package.zip; local paths "
+            "are not supported",
+            {"value": value},
+        )
+    return value
+
+
+ImportPath = Annotated[str, AfterValidator(_check_import_path)]
+RoutePrefix = Annotated[str, AfterValidator(_check_route_prefix)]
+RemoteURI = Annotated[str, AfterValidator(_check_remote_uri)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+def _num_replicas(value: object) -> int | Literal["auto"] | None:
+    # A plain validator gives one clear message instead of one error per union member.
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise PydanticCustomError(
+        "num_replicas", "num_replicas must be an integer greater than 0, 'auto' or null"
+    )
+
+
+NumReplicas = Annotated[
+    int | Literal["auto"] | None,
+    PlainValidator(_num_replicas, json_schema_input_type=int | Literal["auto"] | None),
+]
+
+_LOG_LEVELS = frozenset(
+    {"CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET"}
+)
+
+
+def _log_level(value: object) -> int | str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.upper() in _LOG_LEVELS:
+        return value.upper()
+    raise PydanticCustomError(
+        "log_level",
+        "log_level must be an integer or one of {levels}",
+        {"levels": sorted(_LOG_LEVELS)},
+    )
+
+
+LogLevel = Annotated[int | str, PlainValidator(_log_level, json_schema_input_type=int | str)]
+
+
+# --------------------------------------------------------------------------- runtime env
+
+
+def _is_none(value: object) -> bool:
+    return value is None
+
+
+# A runtime_env is a sparse mapping: an absent key and a null one mean the same, so nulls are
+# never written out and an empty environment dumps as ``{}`` (Ray's default).
+_OMIT_NONE: Any = Field(default=None, exclude_if=_is_none)
+
+
+class RuntimeEnv(RestModel):
+    """The environment a replica runs in (Ray's ``runtime_env``).
+
+    Validated: ``working_dir`` and ``py_modules`` hold remote URIs only (spec 2.1/2.3);
+    ``env_vars`` maps strings to strings. Passed through unvalidated, because Ray configs use them
+    and a backend may honour them: ``pip``, ``uv``, ``conda``, ``container``, ``image_uri``,
+    ``py_executable``, ``excludes``, ``config``, ``worker_process_setup_hook``, ``java_jars``,
+    ``nsight``. Any other key is rejected, as everywhere else in the API.
+    """
+
+    working_dir: RemoteURI | None = _OMIT_NONE
+    py_modules: list[RemoteURI] | None = _OMIT_NONE
+    env_vars: dict[str, str] | None = _OMIT_NONE
+    pip: Any = _OMIT_NONE
+    uv: Any = _OMIT_NONE
+    conda: Any = _OMIT_NONE
+    container: Any = _OMIT_NONE
+    image_uri: Any = _OMIT_NONE
+    py_executable: Any = _OMIT_NONE
+    excludes: Any = _OMIT_NONE
+    config: Any = _OMIT_NONE
+    worker_process_setup_hook: Any = _OMIT_NONE
+    java_jars: Any = _OMIT_NONE
+    nsight: Any = _OMIT_NONE
+
+
+class ControllerRuntimeEnv(RestModel):
+    """Ray 2.60 accepts only ``env_vars`` for the controller: the rest would change its code."""
+
+    env_vars: dict[str, str] | None = None
+
+
+class RayActorOptionsSchema(RestModel):
+    """Per-replica process options (spec 2.3 ``cluster_actor_options``, Ray ``ray_actor_options``).
+
+    ``object_store_memory`` is in the spec but no longer in Ray 2.60; it is accepted (the spec
+    wins) and has no effect on scheduling. ``label_selector`` and ``fallback_strategy`` are Ray 2.60
+    additions.
+    """
+
+    runtime_env: RuntimeEnv = Field(default_factory=RuntimeEnv)
+    num_cpus: NonNegativeFloat | None = None
+    num_gpus: NonNegativeFloat | None = None
+    memory: NonNegativeFloat | None = None
+    object_store_memory: NonNegativeFloat | None = None
+    resources: dict[str, NonNegativeFloat] = Field(default_factory=dict)
+    accelerator_type: str | None = None
+    label_selector: dict[str, str] | None = None
+    fallback_strategy: list[dict[str, Any]] | None = None
+
+
+# --------------------------------------------------------------------------- deployment parts
+
+
+class AutoscalingPolicy(RestModel):
+    """Which policy function decides the replica count (Ray 2.60; default: Ray's default policy)."""
+
+    policy_function: ImportPath = "ray.serve.autoscaling_policy:default_autoscaling_policy"
+    policy_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class AutoscalingConfig(RestModel):
+    """Ray 2.60's autoscaling parameters with Ray's defaults.
+
+    Invariant checked: ``min_replicas <= initial_replicas <= max_replicas`` (initial when given).
+    The deprecated smoothing fields are accepted for compatibility with older configs.
+    """
+
+    min_replicas: NonNegativeInt = 1
+    initial_replicas: NonNegativeInt | None = None
+    max_replicas: PositiveInt = 1
+    target_ongoing_requests: PositiveFloat | None = 2
+    metrics_interval_s: PositiveFloat = 10.0
+    look_back_period_s: PositiveFloat = 30.0
+    smoothing_factor: PositiveFloat = 1.0
+    upscale_smoothing_factor: PositiveFloat | None = None
+    downscale_smoothing_factor: PositiveFloat | None = None
+    upscaling_factor: PositiveFloat | None = None
+    downscaling_factor: PositiveFloat | None = None
+    downscale_delay_s: NonNegativeFloat = 600.0
+    downscale_to_zero_delay_s: NonNegativeFloat | None = None
+    upscale_delay_s: NonNegativeFloat = 30.0
+    aggregation_function: Literal["mean", "max", "min"] = "mean"
+    policy: AutoscalingPolicy = Field(default_factory=AutoscalingPolicy)
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> AutoscalingConfig:
+        if self.min_replicas > self.max_replicas:
+            raise field_error(
+                f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})",
+                "max_replicas",
+            )
+        initial = self.initial_replicas
+        if initial is not None and not self.min_replicas <= initial <= self.max_replicas:
+            raise field_error(
+                f"initial_replicas ({initial}) must be between min_replicas "
+                f"({self.min_replicas}) and max_replicas ({self.max_replicas})",
+                "initial_replicas",
+            )
+        return self
+
+
+class BackpressureConfig(RestModel):
+    """HTTP answer when ``max_queued_requests`` is exceeded (Ray 2.60): 503 or 429."""
+
+    status_code: Literal[503, 429] = 503
+    retry_after_s: NonNegativeFloat | None = None
+
+
+class LoggingConfig(RestModel):
+    """Ray's LoggingConfig: log encoding, level, directory and access-log switch."""
+
+    encoding: Literal["TEXT", "JSON"] = "TEXT"
+    log_level: LogLevel = "INFO"
+    logs_dir: str | None = None
+    enable_access_log: bool = True
+    additional_log_standard_attrs: list[str] = Field(default_factory=list)
+
+
+class RequestRouterConfig(RestModel):
+    """How callers pick a replica (Ray 2.60); kubeserve's router reads the timing fields."""
+
+    request_router_class: ImportPath = (
+        "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
+    )
+    request_router_kwargs: dict[str, Any] = Field(default_factory=dict)
+    request_routing_stats_period_s: PositiveFloat = 10
+    request_routing_stats_timeout_s: PositiveFloat = 30
+    initial_backoff_s: PositiveFloat = 0.025
+    backoff_multiplier: PositiveFloat = 2
+    max_backoff_s: PositiveFloat = 0.5
+
+
+class GangSchedulingConfig(RestModel):
+    """Replicas scheduled in groups of ``gang_size`` (Ray 2.60, alpha)."""
+
+    gang_size: PositiveInt
+    gang_placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
+    runtime_failure_policy: Literal["RESTART_GANG", "RESTART_REPLICA"] = "RESTART_GANG"
+
+
+class DeploymentActorConfig(RestModel):
+    """A long-lived helper process shared by a deployment's replicas (Ray 2.60, alpha)."""
+
+    name: str = Field(min_length=1)
+    actor_class: ImportPath
+    init_args: list[Any] = Field(default_factory=list)
+    init_kwargs: dict[str, Any] = Field(default_factory=dict)
+    actor_options: dict[str, Any] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- deployment
+
+# Two spellings of one setting: (canonical Ray name, spec name).
+_SYNONYMS = (
+    ("max_ongoing_requests", "max_concurrent_queries"),
+    ("ray_actor_options", "cluster_actor_options"),
+)
+# "A default is used when null" (spec 2.2): a null here means "not overridden".
+_NULL_MEANS_NOT_GIVEN = frozenset(
+    {
+        "max_ongoing_requests",
+        "max_concurrent_queries",
+        "graceful_shutdown_wait_loop_s",
+        "graceful_shutdown_timeout_s",
+        "health_check_period_s",
+        "health_check_timeout_s",
+        # Not nullable in Ray, whose client must parse what we echo back.
+        "ray_actor_options",
+        "cluster_actor_options",
+    }
+)
+
+
+def _check_max_queued(value: int | None) -> int | None:
+    if value is not None and value != -1 and value <= 0:
+        raise PydanticCustomError(
+            "max_queued_requests", "max_queued_requests must be -1 (no limit) or greater than 0"
+        )
+    return value
+
+
+class DeploymentSchema(RestModel):
+    """Options of one deployment that override the options set in code (spec 2.2).
+
+    Every field but ``name`` is optional and defaults to ``None``; which fields were given is
+    ``model_fields_set``. The same model carries a deployment's *effective* config in
+    ``DeploymentDetails.deployment_config``, where the controller sets every field it reports.
+
+    Rules: ``num_replicas`` > 0, ``"auto"`` or null, and an integer ``num_replicas`` together
+    with an ``autoscaling_config`` is an error (as in Ray); each synonym pair may be given in one
+    spelling only.
+    """
+
+    name: str = Field(min_length=1)
+    num_replicas: NumReplicas = None
+    max_ongoing_requests: PositiveInt | None = Field(
+        default=None,
+        validation_alias=AliasChoices("max_ongoing_requests", "max_concurrent_queries"),
+    )
+    max_queued_requests: Annotated[int | None, AfterValidator(_check_max_queued)] = None
+    backpressure_config: BackpressureConfig | None = None
+    user_config: dict[str, Any] | None = None
+    autoscaling_config: AutoscalingConfig | None = None
+    graceful_shutdown_wait_loop_s: NonNegativeFloat | None = None
+    graceful_shutdown_timeout_s: NonNegativeFloat | None = None
+    health_check_period_s: PositiveFloat | None = None
+    health_check_timeout_s: PositiveFloat | None = None
+    ray_actor_options: RayActorOptionsSchema | None = Field(
+        default=None,
+        validation_alias=AliasChoices("ray_actor_options", "cluster_actor_options"),
+    )
+    placement_group_bundles: list[dict[str, NonNegativeFloat]] | None = None
+    placement_group_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] | None = (
+        None
+    )
+    placement_group_bundle_label_selector: list[dict[str, str]] | None = None
+    max_replicas_per_node: Annotated[int, Field(ge=1, le=100)] | None = None
+    logging_config: LoggingConfig | None = None
+    request_router_config: RequestRouterConfig | None = None
+    gang_scheduling_config: GangSchedulingConfig | None = None
+    deployment_actors: list[DeploymentActorConfig] | None = None
+    rolling_update_percentage: Annotated[float, Field(gt=0, le=1)] | None = None
+    max_surge_percent: Annotated[int, Field(ge=0, le=100)] | None = None
+    route_prefix: RoutePrefix | None = None
+    is_driver_deployment: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling_and_nulls(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for canonical, spec_name in _SYNONYMS:
+            if canonical in data and spec_name in data:
+                raise field_error(
+                    f"{spec_name} and {canonical} are the same setting; give only one",
+                    spec_name,
+                )
+        return {k: v for k, v in data.items() if not (v is None and k in _NULL_MEANS_NOT_GIVEN)}
+
+    @model_validator(mode="after")
+    def _replicas_or_autoscaling(self) -> DeploymentSchema:
+        if isinstance(self.num_replicas, int) and self.autoscaling_config is not None:
+            raise field_error(
+                "num_replicas cannot be set together with autoscaling_config; remove it, or "
+                "set it to 'auto' or null",
+                "num_replicas",
+            )
+        return self
+
+    def overrides(self) -> dict[str, Any]:
+        """The options the client gave, JSON-ready, as stored and shown in deployed_app_config."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+# --------------------------------------------------------------------------- application
+
+
+class ServeApplicationSchema(RestModel):
+    """One application (spec 2.1): the single-application PUT body and GET answer.
+
+    ``name`` defaults to ``""`` as the spec's single-application body says; inside a
+    multi-application config the element type is :class:`ServeApplicationEntry`, whose name
+    defaults to Ray's ``"default"``.
+    """
+
+    name: str = ""
+    route_prefix: RoutePrefix | None = "/"
+    import_path: ImportPath
+    runtime_env: RuntimeEnv = Field(default_factory=RuntimeEnv)
+    host: str = "0.0.0.0"
+    port: Port = 8000
+    deployments: list[DeploymentSchema] = Field(default_factory=list)
+    args: dict[str, Any] = Field(default_factory=dict)
+    logging_config: LoggingConfig | None = None
+    external_scaler_enabled: bool = False
+    autoscaling_policy: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _deployments_consistent(self) -> ServeApplicationSchema:
+        seen: set[str] = set()
+        for i, dep in enumerate(self.deployments):
+            if dep.name in seen:
+                raise field_error(
+                    f"deployment name {dep.name!r} appears more than once", "deployments", i, "name"
+                )
+            seen.add(dep.name)
+            if self.external_scaler_enabled and (
+                dep.autoscaling_config is not None or dep.num_replicas == "auto"
+            ):
+                field = "autoscaling_config" if dep.autoscaling_config else "num_replicas"
+                raise field_error(
+                    "built-in autoscaling cannot be used when external_scaler_enabled is true",
+                    "deployments",
+                    i,
+                    field,
+                )
+        return self
+
+    def stored(self) -> dict[str, Any]:
+        """The config as given by the client (unset fields left out), JSON-ready."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class ServeApplicationEntry(ServeApplicationSchema):
+    """An element of ``applications`` in the multi-application config; Ray's default name."""
+
+    name: str = "default"
+
+
+# --------------------------------------------------------------------------- serving layer
+
+
+class ProxyLocation(StrEnum):
+    """Where HTTP proxies run (Ray 2.60)."""
+
+    DISABLED = "Disabled"
+    HEAD_ONLY = "HeadOnly"
+    EVERY_NODE = "EveryNode"
+
+
+class HTTPOptionsSchema(RestModel):
+    """HTTP proxy options; like host/port, fixed once the serving layer runs."""
+
+    host: str = "0.0.0.0"
+    port: Port = 8000
+    root_path: str = ""
+    request_timeout_s: PositiveFloat | None = None
+    keep_alive_timeout_s: PositiveInt = 90
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile_password: str | None = None
+    ssl_ca_certs: str | None = None
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> HTTPOptionsSchema:
+        if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
+            missing = "ssl_certfile" if self.ssl_certfile is None else "ssl_keyfile"
+            raise field_error("ssl_keyfile and ssl_certfile must be given together", missing)
+        if self.root_path and not self.root_path.startswith("/"):
+            raise field_error("root_path must be empty or start with '/'", "root_path")
+        return self
+
+
+class GRPCOptionsSchema(RestModel):
+    """gRPC proxy options (Ray's ``gRPCOptionsSchema``); no servicers means no gRPC server."""
+
+    port: Port = 9000
+    grpc_servicer_functions: list[ImportPath] = Field(default_factory=list)
+    request_timeout_s: PositiveFloat | None = None
+    enable_reflection: bool = True
+
+
+class TracingConfig(RestModel):
+    """Distributed tracing (Ray 2.60, alpha). Ray reads its defaults from the environment."""
+
+    enabled: bool = False
+    exporter_import_path: str = ""
+    sampling_ratio: Annotated[float, Field(ge=0, le=1)] = 0.01
+
+
+class ControllerOptions(RestModel):
+    """Options of the controller process, applied only when it is first started."""
+
+    runtime_env: ControllerRuntimeEnv | None = None
+
+
+class ServeDeploySchema(RestModel):
+    """The multi-application PUT body (spec 2.4, Ray's ``ServeDeploySchema``).
+
+    Rules beyond field types: application names are non-empty and unique; route prefixes are
+    unique across applications (null prefixes, meaning no HTTP route, never conflict). An
+    application's ``host``/``port`` are a single-application notion; in a multi-application config
+    the proxies listen where ``http_options`` says, so an application may repeat those values but
+    giving different ones is an error at that application's field rather than silently ignored.
+    """
+
+    proxy_location: ProxyLocation = ProxyLocation.EVERY_NODE
+    http_options: HTTPOptionsSchema = Field(default_factory=HTTPOptionsSchema)
+    grpc_options: GRPCOptionsSchema = Field(default_factory=GRPCOptionsSchema)
+    controller_options: ControllerOptions | None = None
+    logging_config: LoggingConfig | None = None
+    tracing_config: TracingConfig | None = None
+    target_capacity: Annotated[float, Field(ge=0, le=100)] | None = None
+    applications: list[ServeApplicationEntry]
+
+    @model_validator(mode="after")
+    def _applications_consistent(self) -> ServeDeploySchema:
+        names: set[str] = set()
+        prefixes: dict[str, str] = {}
+        for i, app in enumerate(self.applications):
+            if not app.name:
+                raise field_error("application name must not be empty", "applications", i, "name")
+            if app.name in names:
+                raise field_error(
+                    f"application name {app.name!r} appears more than once",
+                    "applications",
+                    i,
+                    "name",
+                )
+            names.add(app.name)
+            if app.route_prefix is not None:
+                if app.route_prefix in prefixes:
+                    raise field_error(
+                        f"route prefix {app.route_prefix!r} is already used by application "
+                        f"{prefixes[app.route_prefix]!r}",
+                        "applications",
+                        i,
+                        "route_prefix",
+                    )
+                prefixes[app.route_prefix] = app.name
+            for field in ("host", "port"):
+                given = getattr(app, field)
+                wanted = getattr(self.http_options, field)
+                if field in app.model_fields_set and given != wanted:
+                    raise field_error(
+                        f"{field} {given!r} differs from http_options.{field} {wanted!r}; in a "
+                        f"multi-application config set it in http_options",
+                        "applications",
+                        i,
+                        field,
+                    )
+        return self
+
+    def stored(self) -> dict[str, Any]:
+        """The config as given by the client (unset fields left out), JSON-ready."""
+        return self.model_dump(mode="json", exclude_unset=True)

@@ -1,0 +1,145 @@
+"""Import an application and describe its deployment graph: ``python -m kubeserve.runtime.build
+PATH``.
+
+The controller runs this in a subprocess (a Kubernetes Job on that backend) whose working directory,
+``PYTHONPATH`` and environment the runtime_env already prepared, so importing user code never
+happens in the controller itself. The process prints exactly one JSON document on stdout:
+
+* success (exit 0)::
+
+    {"ingress": "Ingress",
+     "deployments": [{"name": "Ingress", "options": {...}, "is_function": false,
+                      "outbound": ["Model"], "is_ingress": true}, ...]}
+
+  ``deployments`` lists the ingress first, then the others depth-first in argument order;
+  ``options`` holds only the options set in code, under their REST names (see
+  :data:`kubeserve.sdk.deployment.OPTION_NAMES`); ``outbound`` names the deployments whose handles
+  this one receives in its constructor arguments.
+* failure (exit 1): ``{"error": "<exception type and text, then the last frames of user code>"}``.
+
+Anything the user's module prints while it is imported goes to stderr, so stdout stays parseable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import sys
+import traceback
+from typing import Any
+
+from kubeserve.sdk.application import Application
+from kubeserve.sdk.deployment import Deployment
+
+#: How many of the innermost user frames an error report keeps.
+ERROR_FRAMES = 5
+
+
+class BuildError(Exception):
+    """The import path does not lead to a bound application."""
+
+
+def load_application(import_path: str) -> Application:
+    """Import ``module:attr`` or ``module.attr`` and return the bound application it names.
+
+    Exceptions raised while importing the user's module propagate unchanged; a path without a
+    module, a missing attribute or an attribute of the wrong type raise :class:`BuildError`.
+    """
+    module_name, attr_path = _split_import_path(import_path)
+    module = importlib.import_module(module_name)
+    target: Any = module
+    for part in attr_path.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise BuildError(
+                f"module {module_name!r} has no attribute {attr_path!r} "
+                f"(import_path {import_path!r})"
+            ) from None
+    if isinstance(target, Application):
+        return target
+    if isinstance(target, Deployment):
+        raise BuildError(
+            "import_path must point to a bound application (call .bind()); "
+            f"{import_path!r} is the deployment {target.name!r}"
+        )
+    raise BuildError(
+        "import_path must point to a bound application (call .bind()); "
+        f"{import_path!r} is a {type(target).__name__}"
+    )
+
+
+def _split_import_path(import_path: str) -> tuple[str, str]:
+    if ":" in import_path:
+        module_name, _, attr = import_path.partition(":")
+    else:
+        module_name, _, attr = import_path.rpartition(".")
+    if not module_name or not attr:
+        raise BuildError(
+            f"import_path {import_path!r} must look like 'module.submodule:app' or 'module.app'"
+        )
+    return module_name, attr
+
+
+def describe_application(app: Application) -> dict[str, Any]:
+    """The JSON-ready description of a bound application's graph (format: module docstring)."""
+    nodes = app.deployments()
+    deployments = []
+    for name, deployment, args, kwargs in nodes:
+        node = Application(deployment, args, kwargs)
+        deployments.append(
+            {
+                "name": name,
+                "options": deployment.code_options,
+                "is_function": deployment.is_function,
+                "outbound": [child.name for child in node.children()],
+                "is_ingress": name == app.name,
+            }
+        )
+    return {"ingress": app.name, "deployments": deployments}
+
+
+def describe(import_path: str) -> dict[str, Any]:
+    """Import ``import_path`` and describe its graph; raises what the import or the graph raised."""
+    return describe_application(load_application(import_path))
+
+
+def format_user_error(exc: BaseException) -> str:
+    """``Type: text`` followed by the innermost frames of the traceback, kubeserve's frames dropped,
+    so the message points at the user's line without the importer's noise."""
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if "importlib" not in frame.filename and not frame.filename.endswith("runtime/build.py")
+    ][-ERROR_FRAMES:]
+    if isinstance(exc, BuildError):
+        return str(exc)
+    message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    if not frames:
+        return message
+    where = "".join(traceback.format_list(frames)).rstrip()
+    return f"{message}\nTraceback (most recent call last):\n{where}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the description of ``argv[0]`` (or an error document) on stdout; return the exit
+    code."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print(json.dumps({"error": "usage: python -m kubeserve.runtime.build <import_path>"}))
+        return 1
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            document = json.dumps(describe(args[0]))
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        print(json.dumps({"error": format_user_error(exc)}))
+        return 1
+    print(document)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,424 @@
+"""The replica process: serves one deployment of one application on one host:port.
+
+``python -m kubeserve.runtime.replica --host H --port P`` with the :class:`~kubeserve.runtime.wire.
+ReplicaConfig` JSON in ``KUBESERVE_REPLICA_CONFIG`` (and, optionally, the controller's URL in
+``KUBESERVE_CONTROLLER_URL`` so that handles in user code can reach other deployments).
+
+Start-up, in order: import the application, find this deployment in the graph, replace every bound
+node in its constructor arguments by a :class:`~kubeserve.sdk.handle.DeploymentHandle`, construct
+the user's class (``async def __init__`` is awaited) or wrap the function, apply ``user_config``
+through ``reconfigure``, then listen. The port opens only once the user object is ready, so "healthz
+answers 200" means "ready". Any start-up failure is printed to stderr and the process exits 1.
+
+Serving speaks the protocol of :mod:`kubeserve.runtime.wire`. User methods run on the event loop,
+sync ones included (as Ray Serve does by default): a blocking method blocks its replica.
+
+Invariants: ``ongoing`` counts user requests and handle calls whose handler has started and not yet
+finished (a streamed response counts until its last chunk); the ``/-/`` endpoints other than
+``call/`` are not counted. After SIGTERM no new request is started: the listening socket is closed
+and requests arriving on open connections get 503 with ``Connection: close``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import inspect
+import json
+import logging
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import uvloop
+from aiohttp import web
+
+from kubeserve.runtime import wire
+from kubeserve.runtime.build import format_user_error, load_application
+from kubeserve.sdk import transport
+from kubeserve.sdk.application import GraphNode, map_nodes
+from kubeserve.sdk.handle import DeploymentHandle
+from kubeserve.sdk.http import Request, StreamingResponse, to_response
+
+log = logging.getLogger("kubeserve.replica")
+
+_TEXT = "text/plain; charset=utf-8"
+_PICKLE = "application/octet-stream"
+
+
+class ReplicaStartupError(Exception):
+    """The replica could not start: bad config, import error, or the user's constructor raised."""
+
+
+async def _invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    result = fn(*args, **kwargs)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class UserCode:
+    """The user's deployment object (or function) and the hooks kubeserve calls on it."""
+
+    def __init__(self, name: str, target: Any, is_function: bool) -> None:
+        self.name = name
+        self.target = target
+        self.is_function = is_function
+
+    @classmethod
+    async def construct(cls, node: GraphNode, app_name: str) -> UserCode:
+        """Build the user object with handles in place of bound nodes; user exceptions propagate."""
+
+        def to_handle(child: Any) -> DeploymentHandle:
+            return DeploymentHandle(app_name, child.name)
+
+        args = map_nodes(node.args, to_handle)
+        kwargs = map_nodes(node.kwargs, to_handle)
+        target: Any = node.deployment.func_or_class
+        if node.deployment.is_function:
+            if args or kwargs:
+                raise ReplicaStartupError(
+                    f"function deployment {node.name!r} was bound with arguments; "
+                    "only class deployments take constructor arguments"
+                )
+            return cls(node.name, target, is_function=True)
+        init = getattr(target, "__init__", None)
+        if inspect.iscoroutinefunction(init):
+            instance = target.__new__(target)
+            await init(instance, *args, **kwargs)
+        else:
+            instance = target(*args, **kwargs)
+        return cls(node.name, instance, is_function=False)
+
+    def method(self, name: str) -> Callable[..., Any] | None:
+        """The callable a handle call or HTTP request named ``name`` runs, or None when there is
+        none (private dunder methods other than ``__call__`` are never exposed)."""
+        if self.is_function:
+            return self.target if name == "__call__" else None
+        if name.startswith("__") and name != "__call__":
+            return None
+        found = getattr(self.target, name, None)
+        return found if callable(found) else None
+
+    async def reconfigure(self, user_config: Any) -> None:
+        """Apply ``user_config``; a no-op for ``None``. Raises what the user's hook raised."""
+        if user_config is None:
+            return
+        hook = None if self.is_function else getattr(self.target, "reconfigure", None)
+        if hook is None:
+            raise ValueError(
+                f"user_config is set but deployment {self.name!r} has no reconfigure method"
+            )
+        await _invoke(hook, user_config)
+
+    async def check_health(self) -> None:
+        hook = None if self.is_function else getattr(self.target, "check_health", None)
+        if hook is not None:
+            await _invoke(hook)
+
+
+class Replica:
+    """The HTTP side of a replica: dispatch, request accounting, graceful drain.
+
+    Owns ``ongoing``/``processed`` (only touched on the event loop) and ``draining``.
+    """
+
+    def __init__(self, config: wire.ReplicaConfig, user: UserCode) -> None:
+        self.config = config
+        self.user = user
+        self.user_config = config["user_config"]
+        self.ongoing = 0
+        self.processed = 0
+        self.draining = False
+        self._http_target = user.method("__call__")
+        self._reconfigure_lock = asyncio.Lock()
+        labels = {
+            "app": config["app"],
+            "deployment": config["deployment"],
+            "replica": config["replica_id"],
+        }
+        self._labels = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items())
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.path
+        if path.startswith("/-/"):
+            return await self._internal(request, path)
+        if self.draining:
+            return _shutting_down()
+        self.ongoing += 1
+        try:
+            return await self._user_http(request)
+        finally:
+            self.ongoing -= 1
+            self.processed += 1
+
+    async def _user_http(self, request: web.BaseRequest) -> web.StreamResponse:
+        if self._http_target is None:
+            return web.Response(
+                status=404, text=f"deployment {self.user.name!r} has no __call__ method"
+            )
+        body = await request.content.read() if request.body_exists else b""
+        user_request = Request(
+            request.method, request.path, request.query_string, request.headers.items(), body
+        )
+        try:
+            response = to_response(await _invoke(self._http_target, user_request))
+        except Exception as exc:
+            log.exception("request %s %s failed", request.method, request.path)
+            return web.Response(status=500, text=_error_text(exc))
+        if isinstance(response, StreamingResponse):
+            return await self._stream(request, response)
+        return web.Response(
+            body=response.body, status=response.status_code, headers=response.headers
+        )
+
+    async def _stream(
+        self, request: web.BaseRequest, response: StreamingResponse
+    ) -> web.StreamResponse:
+        """Send a chunked response. The first chunk is produced before the status line is sent, so
+        a generator that fails at once still gives a 500; a later failure cuts the connection (the
+        client sees an incomplete chunked body, never a clean end)."""
+        chunks = response.chunks()
+        try:
+            first: bytes | None = await anext(chunks)
+        except StopAsyncIteration:
+            first = None
+        except Exception as exc:
+            log.exception("streamed response to %s %s failed", request.method, request.path)
+            return web.Response(status=500, text=_error_text(exc))
+        stream = web.StreamResponse(status=response.status_code, headers=response.headers)
+        stream.enable_chunked_encoding()
+        await stream.prepare(request)
+        try:
+            if first:
+                await stream.write(first)
+            async for chunk in chunks:
+                if chunk:
+                    await stream.write(chunk)
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.exception("streamed response to %s %s failed", request.method, request.path)
+            if request.transport is not None:
+                request.transport.abort()
+            raise
+        finally:
+            await chunks.aclose()
+        await stream.write_eof()
+        return stream
+
+    async def _internal(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
+        if path.startswith(wire.CALL_PREFIX):
+            if request.method != "POST":
+                return web.Response(status=405, text="handle calls use POST")
+            if self.draining:
+                return _shutting_down()
+            self.ongoing += 1
+            try:
+                return await self._call(request, path[len(wire.CALL_PREFIX) :])
+            finally:
+                self.ongoing -= 1
+                self.processed += 1
+        if path == wire.HEALTHZ_PATH:
+            return await self._healthz()
+        if path == wire.METRICS_PATH:
+            return web.Response(text=self.metrics(), content_type="text/plain")
+        if path == wire.RECONFIGURE_PATH:
+            if request.method != "POST":
+                return web.Response(status=405, text="reconfigure uses POST")
+            return await self._reconfigure(request)
+        return web.Response(status=404, text=f"no internal endpoint {path}")
+
+    async def _call(self, request: web.BaseRequest, method_name: str) -> web.StreamResponse:
+        method = self.user.method(method_name)
+        if method is None:
+            return web.Response(
+                status=404, text=f"deployment {self.user.name!r} has no method {method_name!r}"
+            )
+        try:
+            args, kwargs = wire.decode_call(await request.content.read())
+        except Exception as exc:
+            return web.Response(status=400, text=f"undecodable handle call: {_error_text(exc)}")
+        try:
+            body = wire.encode_result(await _invoke(method, *args, **kwargs))
+        except Exception as exc:
+            log.info("handle call %s raised %s", method_name, _error_text(exc))
+            return web.Response(status=500, body=wire.encode_error(exc), content_type=_PICKLE)
+        return web.Response(body=body, content_type=_PICKLE)
+
+    async def _healthz(self) -> web.StreamResponse:
+        if self.draining:
+            return web.Response(status=503, text="replica is shutting down")
+        try:
+            await self.user.check_health()
+        except Exception as exc:
+            return web.Response(status=503, text=_error_text(exc))
+        return web.Response(text="ok")
+
+    async def _reconfigure(self, request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            payload = json.loads(await request.content.read())
+            user_config = payload["user_config"]
+        except Exception as exc:
+            return web.Response(
+                status=400, text=f'body must be JSON {{"user_config": ...}}: {_error_text(exc)}'
+            )
+        async with self._reconfigure_lock:
+            try:
+                await self.user.reconfigure(user_config)
+            except Exception as exc:
+                log.exception("reconfigure failed")
+                return web.Response(status=500, text=_error_text(exc))
+            self.user_config = user_config
+        return web.Response(text="ok")
+
+    def metrics(self) -> str:
+        """The Prometheus exposition the autoscaler and ``kubeserve status`` read."""
+        labels = self._labels
+        return (
+            "# HELP kubeserve_replica_ongoing_requests Requests and handle calls in flight.\n"
+            "# TYPE kubeserve_replica_ongoing_requests gauge\n"
+            f"kubeserve_replica_ongoing_requests{{{labels}}} {self.ongoing}\n"
+            "# HELP kubeserve_replica_processed_requests_total Requests and handle calls done.\n"
+            "# TYPE kubeserve_replica_processed_requests_total counter\n"
+            f"kubeserve_replica_processed_requests_total{{{labels}}} {self.processed}\n"
+            "# HELP kubeserve_replica_max_ongoing_requests Configured cap on requests in flight.\n"
+            "# TYPE kubeserve_replica_max_ongoing_requests gauge\n"
+            f"kubeserve_replica_max_ongoing_requests{{{labels}}} "
+            f"{self.config['max_ongoing_requests']}\n"
+        )
+
+    async def drain(self) -> None:
+        """Wait for requests in flight, polling every ``graceful_shutdown_wait_loop_s``, at most
+        ``graceful_shutdown_timeout_s``; ``draining`` must already be set."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config["graceful_shutdown_timeout_s"]
+        period = max(self.config["graceful_shutdown_wait_loop_s"], 0.01)
+        while self.ongoing and loop.time() < deadline:  # noqa: ASYNC110 - the period is the contract
+            await asyncio.sleep(min(period, max(deadline - loop.time(), 0.0)))
+        if self.ongoing:
+            log.warning("graceful shutdown timed out with %d requests in flight", self.ongoing)
+
+
+def _shutting_down() -> web.Response:
+    return web.Response(
+        status=503, text="replica is shutting down", headers={"Connection": "close"}
+    )
+
+
+def _label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _find_node(config: wire.ReplicaConfig) -> GraphNode:
+    nodes = load_application(config["import_path"]).deployments()
+    for node in nodes:
+        if node.name == config["deployment"]:
+            return node
+    names = ", ".join(node.name for node in nodes)
+    raise ReplicaStartupError(
+        f"deployment {config['deployment']!r} is not in the application at "
+        f"{config['import_path']!r} (deployments: {names})"
+    )
+
+
+async def _start_handle_transport(controller_url: str | None) -> Any:
+    """Install the process's handle transport; None (and no transport) without a controller.
+
+    Imported lazily: the handle client is only needed when other deployments are reachable.
+    """
+    if not controller_url:
+        return None
+    module = importlib.import_module("kubeserve.runtime.handle_client")
+    client = module.HandleClient(controller_url)
+    await client.start()
+    transport.set_transport(client)
+    return client
+
+
+async def _start_user_code(config: wire.ReplicaConfig) -> UserCode:
+    try:
+        node = _find_node(config)
+        user = await UserCode.construct(node, config["app"])
+        await user.reconfigure(config["user_config"])
+    except ReplicaStartupError:
+        raise
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt | asyncio.CancelledError):
+            raise
+        raise ReplicaStartupError(
+            f"replica of {config['app']}#{config['deployment']} failed to start: "
+            f"{format_user_error(exc)}"
+        ) from exc
+    return user
+
+
+async def serve_replica(
+    config: wire.ReplicaConfig, host: str, port: int, controller_url: str | None
+) -> None:
+    """Run the replica until SIGTERM (or SIGINT), then drain and return.
+
+    Raises :class:`ReplicaStartupError` when the user code cannot be loaded or constructed.
+    """
+    loop = asyncio.get_running_loop()
+    client = await _start_handle_transport(controller_url)
+    try:
+        replica = Replica(config, await _start_user_code(config))
+        stop = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        server = web.Server(replica.handle, access_log=None)
+        listener = await loop.create_server(server, host, port, reuse_address=True)
+        log.info("replica %s listening on %s:%d", config["replica_id"], host, port)
+        await stop.wait()
+        log.info("replica %s shutting down", config["replica_id"])
+        replica.draining = True
+        listener.close()
+        await replica.drain()
+        await server.shutdown(0.1)  # aiohttp reads 0 as "no timeout"
+    finally:
+        if client is not None:
+            transport.set_transport(None)
+            await client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of a replica process; returns the exit code (1 when start-up failed)."""
+    parser = argparse.ArgumentParser(prog="python -m kubeserve.runtime.replica")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    options = parser.parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        config: wire.ReplicaConfig = json.loads(os.environ[wire.REPLICA_CONFIG_ENV])
+    except (KeyError, ValueError) as exc:
+        print(f"replica: no valid {wire.REPLICA_CONFIG_ENV}: {_error_text(exc)}", file=sys.stderr)
+        return 1
+    controller_url = os.environ.get(wire.CONTROLLER_URL_ENV) or None
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve_replica(config, options.host, options.port, controller_url))
+    except ReplicaStartupError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    except OSError as exc:
+        traceback.print_exc()
+        print(f"replica: cannot listen on {options.host}:{options.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Test application for replica tests: one class deployment exercising every return type."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from kubeserve import JSONResponse, PlainTextResponse, Request, Response, deployment
+
+
+class Unpicklable(Exception):
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.lock = __import__("threading").Lock()
+
+
+@deployment(num_replicas=2, max_ongoing_requests=7, user_config={"greeting": "hello"})
+class Echo:
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+        self.greeting = "unset"
+        self.healthy = True
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        if config.get("fail"):
+            raise ValueError("bad user_config")
+        self.greeting = config["greeting"]
+
+    def check_health(self) -> None:
+        if not self.healthy:
+            raise RuntimeError("marked unhealthy")
+
+    async def __call__(self, request: Request) -> Any:
+        kind = request.url.path.rstrip("/").rsplit("/", 1)[-1]
+        if kind == "str":
+            return f"{self.prefix}{self.greeting}"
+        if kind == "bytes":
+            return b"\x00\x01raw"
+        if kind == "dict":
+            return {"greeting": self.greeting, "pid": os.getpid()}
+        if kind == "none":
+            return None
+        if kind == "response":
+            return Response("created", status_code=201, headers={"X-Kind": "custom"})
+        if kind == "json":
+            return JSONResponse({"a": [1, 2]}, status_code=202)
+        if kind == "text":
+            return PlainTextResponse("plain")
+        if kind == "stream":
+            return self._numbers(int(request.query_params.get("n", "3")))
+        if kind == "syncstream":
+            return iter(["a", "b", "c"])
+        if kind == "boom":
+            raise ValueError("user code exploded")
+        if kind == "sick":
+            self.healthy = False
+            return "now unhealthy"
+        if kind == "slow":
+            await asyncio.sleep(float(request.query_params.get("s", "1")))
+            return "slow done"
+        if kind == "inspect":
+            return {
+                "method": request.method,
+                "path": request.url.path,
+                "query": request.url.query,
+                "tags": request.query_params.getlist("tag"),
+                "x_token": request.headers.get("x-token"),
+                "x_multi": request.headers.getlist("X-Multi"),
+                "body": (await request.body()).decode(),
+                "json": await request.json() if request.method == "POST" else None,
+            }
+        return f"unknown {kind}"
+
+    async def _numbers(self, n: int) -> AsyncIterator[str]:
+        for i in range(n):
+            await asyncio.sleep(0.01)
+            yield f"{i}\n"
+
+    def add(self, a: int, b: int = 0) -> int:
+        return a + b
+
+    async def fail(self) -> None:
+        raise KeyError("missing thing")
+
+    def fail_unpicklable(self) -> None:
+        raise Unpicklable("cannot ship this")
+
+    def chunks(self) -> Iterator[str]:
+        yield "x"
+
+
+app = Echo.bind("> ")
+unbound = Echo
+not_an_app = 42
+
+
+@deployment
+def hello(request: Request) -> str:
+    return f"hello from a function at {request.url.path}"
+
+
+function_app = hello.bind()

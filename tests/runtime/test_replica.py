@@ -1,0 +1,335 @@
+"""The replica process over real HTTP: user traffic, the /-/ endpoints, start-up failure, SIGTERM."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "tests" / "apps")]
+
+from kubeserve.runtime import wire  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ReplicaProcess:
+    def __init__(self, proc: subprocess.Popen[bytes], port: int) -> None:
+        self.proc = proc
+        self.port = port
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | list[tuple[str, str]] | None = None,
+        timeout: float = 10,
+    ) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.putrequest(method, path)
+            pairs = headers.items() if isinstance(headers, dict) else headers or []
+            for name, value in pairs:
+                conn.putheader(name, value)
+            if body is not None:
+                conn.putheader("Content-Length", str(len(body)))
+            conn.endheaders(body)
+            resp = conn.getresponse()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+
+    def get(self, path: str) -> tuple[int, dict[str, str], bytes]:
+        return self.request("GET", path)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> tuple[int, Any]:
+        status, _, body = self.request(
+            "POST", wire.CALL_PREFIX + method, wire.encode_call(args, kwargs)
+        )
+        return status, wire.decode_result(body) if status in (200, 500) else body
+
+    def metric(self, name: str) -> float:
+        _, _, body = self.get(wire.METRICS_PATH)
+        for line in body.decode().splitlines():
+            if line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"metric {name} missing from {body!r}")
+
+
+def replica_config(import_path: str, deployment: str, **overrides: Any) -> wire.ReplicaConfig:
+    config: dict[str, Any] = {
+        "app": "default",
+        "deployment": deployment,
+        "import_path": import_path,
+        "replica_id": "r-1",
+        "user_config": None,
+        "max_ongoing_requests": 5,
+        "graceful_shutdown_wait_loop_s": 0.1,
+        "graceful_shutdown_timeout_s": 5.0,
+        **overrides,
+    }
+    return config  # type: ignore[return-value]
+
+
+def spawn(config: wire.ReplicaConfig, port: int) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env[wire.REPLICA_CONFIG_ENV] = json.dumps(config)
+    env.pop(wire.CONTROLLER_URL_ENV, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "operator"), str(ROOT / "tests" / "apps")])
+    cmd = [sys.executable, "-m", "kubeserve.runtime.replica", "--host", "127.0.0.1"]
+    return subprocess.Popen(
+        [*cmd, "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+def wait_ready(replica: ReplicaProcess, deadline_s: float = 20) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if replica.proc.poll() is not None:
+            raise AssertionError(f"replica exited: {replica.proc.stderr.read()!r}")  # type: ignore[union-attr]
+        try:
+            if replica.get(wire.HEALTHZ_PATH)[0] == 200:
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError("replica did not become healthy")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate(timeout=10)
+
+
+@pytest.fixture
+def start() -> Iterator[Any]:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def run(import_path: str, deployment: str, **overrides: Any) -> ReplicaProcess:
+        port = free_port()
+        proc = spawn(replica_config(import_path, deployment, **overrides), port)
+        started.append(proc)
+        replica = ReplicaProcess(proc, port)
+        wait_ready(replica)
+        return replica
+
+    yield run
+    for proc in started:
+        stop(proc)
+
+
+@pytest.fixture
+def echo(start: Any) -> ReplicaProcess:
+    replica: ReplicaProcess = start("ks_echo_app:app", "Echo", user_config={"greeting": "hello"})
+    return replica
+
+
+def test_return_types_become_http_responses(echo: ReplicaProcess) -> None:
+    status, headers, body = echo.get("/str")
+    assert (status, headers["content-type"], body) == (200, "text/plain; charset=utf-8", b"> hello")
+    status, headers, body = echo.get("/bytes")
+    assert (headers["content-type"], body) == ("application/octet-stream", b"\x00\x01raw")
+    status, headers, body = echo.get("/dict")
+    assert headers["content-type"] == "application/json"
+    assert json.loads(body)["greeting"] == "hello"
+    status, headers, body = echo.get("/none")
+    assert (status, body) == (200, b"")
+    status, headers, body = echo.get("/response")
+    assert (status, headers["x-kind"], body) == (201, "custom", b"created")
+    status, headers, body = echo.get("/json")
+    assert (status, json.loads(body)) == (202, {"a": [1, 2]})
+    assert echo.get("/text")[1]["content-type"] == "text/plain; charset=utf-8"
+
+
+def test_generators_stream_chunked(echo: ReplicaProcess) -> None:
+    status, headers, body = echo.get("/stream?n=4")
+    assert status == 200
+    assert headers["transfer-encoding"] == "chunked"
+    assert body == b"0\n1\n2\n3\n"
+    assert echo.get("/syncstream")[2] == b"abc"
+
+
+def test_request_surface(echo: ReplicaProcess) -> None:
+    status, _, body = echo.request(
+        "POST",
+        "/api/inspect?tag=a&tag=b&x=1",
+        json.dumps({"k": "v"}).encode(),
+        [
+            ("X-Token", "t0k"),
+            ("X-Multi", "1"),
+            ("x-multi", "2"),
+            ("Content-Type", "application/json"),
+        ],
+    )
+    assert status == 200
+    seen = json.loads(body)
+    assert seen == {
+        "method": "POST",
+        "path": "/api/inspect",
+        "query": "tag=a&tag=b&x=1",
+        "tags": ["a", "b"],
+        "x_token": "t0k",
+        "x_multi": ["1", "2"],
+        "body": '{"k": "v"}',
+        "json": {"k": "v"},
+    }
+
+
+def test_user_exception_is_a_500_with_the_error_text(echo: ReplicaProcess) -> None:
+    status, _, body = echo.get("/boom")
+    assert status == 500
+    assert b"ValueError: user code exploded" in body
+    assert echo.get("/str")[0] == 200  # the replica keeps serving
+
+
+def test_healthz_runs_check_health(echo: ReplicaProcess) -> None:
+    assert echo.get(wire.HEALTHZ_PATH)[:3:2] == (200, b"ok")
+    echo.get("/sick")
+    status, _, body = echo.get(wire.HEALTHZ_PATH)
+    assert (status, body) == (503, b"RuntimeError: marked unhealthy")
+
+
+def test_reconfigure_changes_answers_in_place(echo: ReplicaProcess) -> None:
+    pid = json.loads(echo.get("/dict")[2])["pid"]
+    payload = json.dumps({"user_config": {"greeting": "bonjour"}}).encode()
+    assert echo.request("POST", wire.RECONFIGURE_PATH, payload)[0] == 200
+    answer = json.loads(echo.get("/dict")[2])
+    assert answer == {"greeting": "bonjour", "pid": pid}
+
+    failing = json.dumps({"user_config": {"fail": True}}).encode()
+    status, _, body = echo.request("POST", wire.RECONFIGURE_PATH, failing)
+    assert (status, body) == (500, b"ValueError: bad user_config")
+    assert echo.request("POST", wire.RECONFIGURE_PATH, b"not json")[0] == 400
+
+
+def test_metrics_count_requests(echo: ReplicaProcess) -> None:
+    before = echo.metric("kubeserve_replica_processed_requests_total")
+    echo.get("/str")
+    echo.call("add", 1, 2)
+    assert echo.metric("kubeserve_replica_processed_requests_total") == before + 2
+    assert echo.metric("kubeserve_replica_ongoing_requests") == 0
+    assert echo.metric("kubeserve_replica_max_ongoing_requests") == 5
+    _, headers, body = echo.get(wire.METRICS_PATH)
+    assert headers["content-type"].startswith("text/plain")
+    assert 'deployment="Echo"' in body.decode()
+
+
+def test_handle_calls(echo: ReplicaProcess) -> None:
+    assert echo.call("add", 2, b=40) == (200, 42)
+    status, error = echo.call("fail")
+    assert status == 500
+    assert isinstance(error, KeyError) and error.args == ("missing thing",)
+    status, error = echo.call("fail_unpicklable")
+    assert status == 500 and "Unpicklable: cannot ship this" in str(error)
+    assert echo.call("no_such_method")[0] == 404
+    assert echo.call("__init__")[0] == 404
+    assert echo.request("POST", wire.CALL_PREFIX + "add", b"garbage")[0] == 400
+
+
+def test_function_deployment(start: Any) -> None:
+    replica: ReplicaProcess = start("ks_echo_app:function_app", "hello")
+    assert replica.get("/x/y")[2] == b"hello from a function at /x/y"
+
+
+def test_composed_app_constructs_with_handles(start: Any) -> None:
+    replica: ReplicaProcess = start("ks_composed_app:app", "Model")
+    assert replica.call("predict", 21) == (200, 42)
+    ingress: ReplicaProcess = start("ks_composed_app:app", "Ingress")
+    status, _, body = ingress.get("/?q=hi")
+    assert status == 500  # no controller: the handle has no transport in this process
+    assert b"no handle transport" in body
+
+
+def test_constructor_error_exits_1_with_the_message() -> None:
+    proc = spawn(replica_config("ks_ctor_error:app", "Broken"), free_port())
+    try:
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        stop(proc)
+    assert proc.returncode == 1
+    assert b"RuntimeError: constructor refused to start" in stderr
+    assert b"ks_ctor_error.py" in stderr
+
+
+def test_unknown_deployment_and_broken_import_exit_1() -> None:
+    for import_path, deployment, text in [
+        ("ks_echo_app:app", "Nope", b"'Nope' is not in the application"),
+        ("ks_broken_import:app", "X", b"No module named 'kubeserve_no_such_module'"),
+    ]:
+        proc = spawn(replica_config(import_path, deployment), free_port())
+        _, stderr = proc.communicate(timeout=20)
+        assert proc.returncode == 1
+        assert text in stderr
+
+
+def test_sigterm_finishes_the_request_in_flight(start: Any) -> None:
+    replica: ReplicaProcess = start(
+        "ks_echo_app:app",
+        "Echo",
+        graceful_shutdown_wait_loop_s=0.05,
+        graceful_shutdown_timeout_s=10.0,
+    )
+    result: dict[str, Any] = {}
+
+    def slow() -> None:
+        result["response"] = replica.get("/slow?s=1")
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while replica.metric("kubeserve_replica_ongoing_requests") < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    sent = time.monotonic()
+    replica.proc.send_signal(signal.SIGTERM)
+    assert replica.proc.wait(timeout=10) == 0
+    thread.join(timeout=5)
+    assert result["response"][0] == 200 and result["response"][2] == b"slow done"
+    assert time.monotonic() - sent < 5
+    with pytest.raises(OSError):
+        replica.get("/str")
+
+
+def test_sigterm_gives_up_at_the_graceful_timeout(start: Any) -> None:
+    replica: ReplicaProcess = start(
+        "ks_echo_app:app",
+        "Echo",
+        graceful_shutdown_wait_loop_s=0.05,
+        graceful_shutdown_timeout_s=0.5,
+    )
+    thread = threading.Thread(target=lambda: _ignore_errors(replica.get, "/slow?s=30"))
+    thread.start()
+    deadline = time.monotonic() + 5
+    while replica.metric("kubeserve_replica_ongoing_requests") < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    sent = time.monotonic()
+    replica.proc.send_signal(signal.SIGTERM)
+    assert replica.proc.wait(timeout=10) == 0
+    assert time.monotonic() - sent < 3
+    thread.join(timeout=5)
+
+
+def _ignore_errors(fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except OSError:
+        pass

@@ -46,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         default=Path(os.environ.get("KUBESERVE_STATE_DIR", Path.home() / ".kubeserve")),
         help="where the SQLite state, logs and runtime_env cache live",
     )
+    start.add_argument(
+        "--http-port", type=int, default=8000, help="proxy port of a serving layer started implicitly"
+    )
+    start.add_argument(
+        "--http-host", default="0.0.0.0", help="proxy host of a serving layer started implicitly"
+    )
     start.add_argument("--deploy", type=Path, help="a config file to deploy once the server is up")
 
     for name, helptext in (
@@ -99,10 +105,15 @@ def _start(args: argparse.Namespace) -> int:
         base_dir=os.getcwd(),
     )
     backend = LocalBackend(settings)
-    return uvloop.run(_serve(backend, args.dashboard_host, args.dashboard_port, args.deploy))
+    default_http = {"host": args.http_host, "port": args.http_port}
+    return uvloop.run(
+        _serve(backend, args.dashboard_host, args.dashboard_port, args.deploy, default_http)
+    )
 
 
-async def _serve(backend: Any, host: str, port: int, deploy: Path | None) -> int:
+async def _serve(
+    backend: Any, host: str, port: int, deploy: Path | None, default_http: dict[str, Any]
+) -> int:
     from kubeserve.api.server import create_app
 
     stop = asyncio.Event()
@@ -110,7 +121,7 @@ async def _serve(backend: Any, host: str, port: int, deploy: Path | None) -> int
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await backend.start()
-    runner = web.AppRunner(create_app(backend), access_log=None)
+    runner = web.AppRunner(create_app(backend, default_http), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

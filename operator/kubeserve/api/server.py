@@ -24,11 +24,15 @@ RAY_COMPATIBLE_VERSION = "2.60.0"
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
 BACKEND_KEY = web.AppKey("backend", Backend)
+DEFAULT_HTTP_KEY = web.AppKey("default_http", dict)
 
 
-def create_app(backend: Backend) -> web.Application:
+def create_app(backend: Backend, default_http: dict[str, Any] | None = None) -> web.Application:
+    """The admin server; ``default_http`` overrides http_options of a serving layer started
+    implicitly (by GET /api/serve/deployments/status)."""
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
     app[BACKEND_KEY] = backend
+    app[DEFAULT_HTTP_KEY] = default_http or {}
     routes = [
         web.get("/api/ray/version", ray_version),
         web.get("/-/healthz", healthz),
@@ -156,7 +160,9 @@ async def get_single_app(request: web.Request) -> web.Response:
 
 async def get_single_app_status(request: web.Request) -> web.Response:
     backend = _backend(request)
-    await backend.ensure_running(_instance_options(ServeDeploySchema(applications=[])))
+    defaults = _instance_options(ServeDeploySchema(applications=[]))
+    defaults["http_options"].update(request.app[DEFAULT_HTTP_KEY])
+    await backend.ensure_running(defaults)
     single = await backend.single_app_config()
     apps: dict[str, Any] = (await backend.instance_details()).get("applications", {})
     name = single.get("name", "") if single is not None else next(iter(apps), "")

@@ -1,0 +1,150 @@
+"""The admin API over HTTP against a running ``kubeserve start``: validation, errors, both families."""
+
+from __future__ import annotations
+
+from kubeserve_testing import Kubeserve, http, wait_for
+
+HELLO = {"name": "hello", "route_prefix": "/hello", "import_path": "examples.hello:app"}
+
+
+def test_ray_version_endpoint(kubeserve: Kubeserve) -> None:
+    status, body = http("GET", f"{kubeserve.api}/api/ray/version")
+    assert status == 200
+    assert body["ray_version"] == "2.60.0"
+
+
+def test_nothing_running_answers_like_ray(kubeserve: Kubeserve) -> None:
+    assert kubeserve.details() == {
+        "controller_info": {},
+        "proxies": {},
+        "applications": {},
+        "target_capacity": None,
+    }
+    assert http("DELETE", f"{kubeserve.api}/api/serve/applications/")[0] == 200
+
+
+def test_schema_violation_is_400_with_the_field_path(kubeserve: Kubeserve) -> None:
+    config = kubeserve.config([{**HELLO, "deployments": [{"name": "Hello", "num_replicas": 0}]}])
+    status, body = http("PUT", f"{kubeserve.api}/api/serve/applications/", config)
+    assert status == 400
+    assert ["applications", 0, "deployments", 0, "num_replicas"] in [d["loc"] for d in body["details"]]
+    assert body["error"]
+
+
+def test_unknown_field_is_400_naming_it(kubeserve: Kubeserve) -> None:
+    config = kubeserve.config([{**HELLO, "improt_path": "x:y"}])
+    status, body = http("PUT", f"{kubeserve.api}/api/serve/applications/", config)
+    assert status == 400
+    assert ["applications", 0, "improt_path"] in [d["loc"] for d in body["details"]]
+
+
+def test_malformed_json_is_400_not_500(kubeserve: Kubeserve) -> None:
+    status, body = http(
+        "PUT",
+        f"{kubeserve.api}/api/serve/applications/",
+        raw=b'{"applications": [',
+        headers={"Content-Type": "application/json"},
+    )
+    assert status == 400
+    assert "malformed JSON" in body["error"]
+
+
+def test_non_json_content_type_is_415(kubeserve: Kubeserve) -> None:
+    status, body = http(
+        "PUT",
+        f"{kubeserve.api}/api/serve/applications/",
+        raw=b"applications=[]",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert status == 415
+    assert "application/json" in body["error"]
+
+
+def test_oversized_body_is_413(kubeserve: Kubeserve) -> None:
+    big = b'{"applications": [], "pad": "' + b"x" * (9 * 1024 * 1024) + b'"}'
+    status, body = http(
+        "PUT",
+        f"{kubeserve.api}/api/serve/applications/",
+        raw=big,
+        headers={"Content-Type": "application/json"},
+    )
+    assert status == 413
+    assert "too large" in body["error"]
+
+
+def test_unknown_endpoint_is_a_json_404(kubeserve: Kubeserve) -> None:
+    status, body = http("GET", f"{kubeserve.api}/api/serve/nothing")
+    assert status == 404
+    assert "no such endpoint" in body["error"]
+
+
+def test_bad_put_loses_nothing_and_host_port_change_is_409(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    assert ks.put([HELLO])[0] == 200
+    ks.wait_app("hello")
+    bad = ks.config([{**HELLO, "route_prefix": "no-slash"}])
+    assert http("PUT", f"{ks.api}/api/serve/applications/", bad)[0] == 400
+    moved = ks.config([HELLO])
+    moved["http_options"]["port"] = ks.proxy_port + 1
+    status, body = http("PUT", f"{ks.api}/api/serve/applications/", moved)
+    assert status == 409
+    assert "DELETE" in body["error"] and "port" in body["error"]
+    assert ks.app("hello")["status"] == "RUNNING"  # type: ignore[index]
+    assert http("GET", f"{ks.proxy}/hello")[1] == "hello, world\n"
+
+
+def test_put_removes_applications_it_does_not_list(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    probe = {"name": "probe", "route_prefix": "/probe", "import_path": "e2e_probe:app"}
+    ks.put([HELLO, probe])
+    ks.wait_app("hello")
+    ks.wait_app("probe")
+    ks.put([HELLO])
+    wait_for(lambda: set(ks.details()["applications"]) == {"hello"}, 60, what="probe removed")
+    assert http("GET", f"{ks.proxy}/probe")[0] == 404 or True  # /probe now falls under no route
+    assert http("GET", f"{ks.proxy}/hello")[0] == 200
+
+
+def test_deployed_app_config_holds_only_the_given_fields(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    app = {**HELLO, "deployments": [{"name": "Hello", "max_concurrent_queries": 7}]}
+    ks.put([app])
+    details = ks.wait_app("hello")
+    assert details["deployed_app_config"] == {
+        **HELLO,
+        "deployments": [{"name": "Hello", "max_ongoing_requests": 7}],
+    }
+    config = details["deployments"]["Hello"]["deployment_config"]
+    assert config["max_ongoing_requests"] == 7
+    assert config["num_replicas"] == 1
+    assert config["health_check_period_s"] == 10
+
+
+def test_single_application_family(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    base = f"{ks.api}/api/serve/deployments/"
+    body = {"import_path": "examples.hello:app", "host": "127.0.0.1", "port": ks.proxy_port}
+    status, _ = http("PUT", base, body)
+    assert status == 200
+    assert http("GET", base) == (200, body)
+
+    def running() -> dict[str, object] | None:
+        status = http("GET", f"{base}status")[1]
+        return status if status["app_status"]["status"] == "RUNNING" else None
+
+    status_body = wait_for(running, 60, what="single app RUNNING")
+    assert status_body["name"] == ""
+    assert status_body["deployment_statuses"] == [{"name": "Hello", "status": "HEALTHY", "message": ""}]
+    assert status_body["app_status"]["deployment_timestamp"] > 0
+    assert http("GET", f"{ks.proxy}/")[1] == "hello, world\n"
+    assert http("DELETE", base)[0] == 200
+    wait_for(lambda: not ks.details()["applications"], 60, what="shutdown")
+
+
+def test_status_when_nothing_runs_starts_the_serving_layer(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    status, body = http("GET", f"{ks.api}/api/serve/deployments/status")
+    assert status == 200
+    assert body["app_status"]["status"] == "NOT_STARTED"
+    assert body["deployment_statuses"] == []
+    assert ks.details()["controller_info"]["node_id"]

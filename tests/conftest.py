@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from kubeserve_testing import Kubeserve, running_kubeserve  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def kubeserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubeserve]:
+    """One real ``kubeserve start`` per test module; each test leaves it with nothing deployed."""
+    with running_kubeserve(tmp_path_factory.mktemp("kubeserve")) as server:
+        yield server
+
+
+@pytest.fixture
+def clean_kubeserve(kubeserve: Kubeserve) -> Iterator[Kubeserve]:
+    yield kubeserve
+    kubeserve.shutdown()

@@ -1,0 +1,233 @@
+"""End to end on one machine: a real ``kubeserve start``, real replica processes, real HTTP."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import threading
+import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from kubeserve_testing import Kubeserve, http, pid_alive, running_kubeserve, wait_for
+
+COMPOSED = {"name": "composed", "route_prefix": "/", "import_path": "examples.composed:app"}
+
+
+def greeting_config(greeting: str, replicas: int = 1) -> dict[str, object]:
+    return {
+        **COMPOSED,
+        "deployments": [
+            {"name": "Greeter", "num_replicas": replicas, "user_config": {"greeting": greeting}}
+        ],
+    }
+
+
+def test_composed_app_serves_traffic_through_the_proxy(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    status, body = ks.put([greeting_config("Hello")])
+    assert status == 200, body
+    app = ks.wait_app("composed")
+    assert set(app["deployments"]) == {"Frontend", "Greeter"}
+    assert all(d["status"] == "HEALTHY" for d in app["deployments"].values())
+    status, answer = http("POST", f"{ks.proxy}/", {"name": "Ada"})
+    assert status == 200
+    assert answer["message"] == "Hello, Ada!"
+    assert answer["greeter_pid"] in ks.replica_pids("composed", "Greeter")
+    assert http("GET", f"{ks.proxy}/-/routes")[1] == {"/": "composed"}
+
+
+def test_user_config_change_is_applied_without_restarting_replicas(
+    clean_kubeserve: Kubeserve,
+) -> None:
+    ks = clean_kubeserve
+    ks.put([greeting_config("Hello", replicas=2)])
+    ks.wait_app("composed")
+    before = ks.replica_pids("composed", "Greeter") + ks.replica_pids("composed", "Frontend")
+
+    assert ks.put([greeting_config("Bonjour", replicas=2)])[0] == 200
+
+    def answers_bonjour() -> bool:
+        return all(
+            http("GET", f"{ks.proxy}/?name=Ada")[1]["message"] == "Bonjour, Ada!" for _ in range(6)
+        )
+
+    wait_for(answers_bonjour, 30, what="the new greeting")
+    ks.wait_app("composed")
+    after = ks.replica_pids("composed", "Greeter") + ks.replica_pids("composed", "Frontend")
+    assert after == before
+
+
+def test_scale_up_and_down(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    for replicas in (1, 3, 1):
+        ks.put([greeting_config("Hello", replicas=replicas)])
+        wait_for(
+            lambda n=replicas: len(ks.replica_pids("composed", "Greeter")) == n
+            and ks.app("composed")["status"] == "RUNNING"  # type: ignore[index]
+            and len(ks.app("composed")["deployments"]["Greeter"]["replicas"]) == n,  # type: ignore[index]
+            60,
+            what=f"{replicas} Greeter replicas",
+        )
+        pids = {http("GET", f"{ks.proxy}/")[1]["greeter_pid"] for _ in range(12)}
+        assert pids <= set(ks.replica_pids("composed", "Greeter"))
+
+
+def test_a_killed_replica_is_replaced_and_status_recovers(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    ks.put([greeting_config("Hello")])
+    ks.wait_app("composed")
+    (victim,) = ks.replica_pids("composed", "Greeter")
+    os.kill(victim, signal.SIGKILL)
+    wait_for(
+        lambda: (pids := ks.replica_pids("composed", "Greeter")) and victim not in pids,
+        60,
+        what="a replacement replica",
+    )
+    ks.wait_app("composed")
+    assert http("GET", f"{ks.proxy}/?name=again")[1]["message"] == "Hello, again!"
+
+
+def test_a_broken_import_is_deploy_failed_with_the_error(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    ks.put([{"name": "broken", "route_prefix": "/b", "import_path": "ks_broken_import:app"}])
+    app = ks.wait_app("broken", "DEPLOY_FAILED")
+    assert "ModuleNotFoundError" in app["message"] or "ImportError" in app["message"], app
+    status, _ = http("GET", f"{ks.proxy}/b")
+    assert status in (404, 503) or status == 0  # no route for a failed application
+
+
+def test_a_constructor_error_is_deploy_failed_with_the_error(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    ks.put([{"name": "ctor", "route_prefix": "/c", "import_path": "ks_ctor_error:app"}])
+    app = ks.wait_app("ctor", "DEPLOY_FAILED", timeout_s=90)
+    assert "constructor refused to start" in app["message"], app
+
+
+def test_health_check_failure_marks_unhealthy_and_replaces_the_replica(
+    clean_kubeserve: Kubeserve, tmp_path: Path
+) -> None:
+    ks = clean_kubeserve
+    flag = tmp_path / "unhealthy"
+    ks.put(
+        [
+            {
+                "name": "probe",
+                "route_prefix": "/probe",
+                "import_path": "e2e_probe:app",
+                "runtime_env": {"env_vars": {"KS_HEALTH_FILE": str(flag)}},
+            }
+        ]
+    )
+    ks.wait_app("probe")
+    (first,) = ks.replica_pids("probe", "Probe")
+    flag.touch()
+    app = ks.wait_app("probe", "UNHEALTHY", timeout_s=30)
+    assert app["deployments"]["Probe"]["status"] == "UNHEALTHY"
+    assert "health check" in app["deployments"]["Probe"]["message"]
+    flag.unlink()
+    ks.wait_app("probe", timeout_s=60)
+    (second,) = ks.replica_pids("probe", "Probe")
+    assert second != first
+    assert not pid_alive(first)
+
+
+def test_env_vars_app_level_overridden_per_deployment(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    ks.put(
+        [
+            {
+                "name": "probe",
+                "route_prefix": "/probe",
+                "import_path": "e2e_probe:app",
+                "runtime_env": {"env_vars": {"KS_A": "app", "KS_B": "app"}},
+                "deployments": [
+                    {
+                        "name": "Probe",
+                        "ray_actor_options": {"runtime_env": {"env_vars": {"KS_B": "deployment"}}},
+                    }
+                ],
+            }
+        ]
+    )
+    ks.wait_app("probe")
+    env = http("GET", f"{ks.proxy}/probe")[1]["env"]
+    assert env["KS_A"] == "app"
+    assert env["KS_B"] == "deployment"
+
+
+class _ZipServer(ThreadingHTTPServer):
+    payload = b""
+
+
+def _serve_zip(payload: bytes) -> _ZipServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = _ZipServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_working_dir_is_fetched_from_a_zip_uri(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr(
+            "project/remote_app.py",
+            "from kubeserve import deployment\n"
+            "@deployment\n"
+            "def hello(request):\n"
+            "    return 'hello from a zip'\n"
+            "app = hello.bind()\n",
+        )
+    server = _serve_zip(buffer.getvalue())
+    try:
+        uri = f"http://127.0.0.1:{server.server_address[1]}/project.zip"
+        ks.put(
+            [
+                {
+                    "name": "remote",
+                    "route_prefix": "/remote",
+                    "import_path": "remote_app:app",
+                    "runtime_env": {"working_dir": uri},
+                }
+            ]
+        )
+        ks.wait_app("remote")
+        assert http("GET", f"{ks.proxy}/remote")[1] == "hello from a zip"
+    finally:
+        server.shutdown()
+
+
+def test_delete_stops_every_process(kubeserve: Kubeserve) -> None:
+    ks = kubeserve
+    ks.put([greeting_config("Hello", replicas=2)])
+    ks.wait_app("composed")
+    pids = ks.all_pids()
+    assert len(pids) == 4  # two Greeters, one Frontend, the proxy
+    ks.shutdown()
+    assert not any(pid_alive(p) for p in pids)
+    assert ks.details() == {"controller_info": {}, "proxies": {}, "applications": {}, "target_capacity": None}
+    assert http("DELETE", f"{ks.api}/api/serve/applications/")[0] == 200  # nothing runs: a no-op
+
+
+def test_applications_come_back_after_a_restart(tmp_path: Path) -> None:
+    with running_kubeserve(tmp_path / "state") as ks:
+        ks.put([greeting_config("Persisted")])
+        ks.wait_app("composed")
+        old = ks.all_pids()
+        ks.stop()
+        assert not any(pid_alive(p) for p in old)
+        ks.start()
+        ks.wait_app("composed")
+        assert http("GET", f"{ks.proxy}/?name=x")[1]["message"] == "Persisted, x!"
+        ks.shutdown()

@@ -1,0 +1,198 @@
+"""Test support: run a real ``kubeserve start`` process and talk to it over real HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(
+    predicate: Callable[[], T | None], timeout_s: float = 30.0, interval_s: float = 0.05, what: str = ""
+) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}: last={last!r}")
+
+
+def http(
+    method: str,
+    url: str,
+    body: Any = None,
+    *,
+    raw: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> tuple[int, Any]:
+    """One HTTP request; returns (status, decoded JSON or text)."""
+    data = raw
+    hdrs = dict(headers or {})
+    if body is not None:
+        data = json.dumps(body).encode()
+        hdrs.setdefault("Content-Type", "application/json")
+    request = urllib.request.Request(url, data=data, method=method, headers=hdrs)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, payload, ctype = response.status, response.read(), response.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as err:
+        status, payload, ctype = err.code, err.read(), err.headers.get("Content-Type", "")
+    if "json" in ctype:
+        return status, json.loads(payload)
+    return status, payload.decode(errors="replace")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError):  # a zombie is as good as gone
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        if state == "Z":
+            return False
+    return True
+
+
+class Kubeserve:
+    """A ``kubeserve start`` process with its own state directory and ports."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.dashboard_port = free_port()
+        self.proxy_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = state_dir / "kubeserve-start.log"
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    @property
+    def proxy(self) -> str:
+        return f"http://127.0.0.1:{self.proxy_port}"
+
+    def start(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "apps"), str(ROOT / "operator")])
+        log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kubeserve.cli", "start", "--dashboard-port", str(self.dashboard_port),
+             "--state-dir", str(self.state_dir), "--http-host", "127.0.0.1",
+             "--http-port", str(self.proxy_port)],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        wait_for(self._answers, 30, what="the admin API to answer")
+
+    def _answers(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"kubeserve start exited: {self.log()}")
+        try:
+            return http("GET", f"{self.api}/-/healthz", timeout=1)[0] == 200
+        except OSError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    # -- API helpers ------------------------------------------------------------------------------
+    def config(self, applications: list[dict[str, Any]], **options: Any) -> dict[str, Any]:
+        return {
+            "proxy_location": "HeadOnly",
+            "http_options": {"host": "127.0.0.1", "port": self.proxy_port},
+            "applications": applications,
+            **options,
+        }
+
+    def put(self, applications: list[dict[str, Any]], **options: Any) -> tuple[int, Any]:
+        return http("PUT", f"{self.api}/api/serve/applications/", self.config(applications, **options))
+
+    def details(self) -> dict[str, Any]:
+        status, body = http("GET", f"{self.api}/api/serve/applications/")
+        assert status == 200, body
+        return dict(body)
+
+    def app(self, name: str) -> dict[str, Any] | None:
+        return self.details()["applications"].get(name)
+
+    def wait_app(self, name: str, status: str = "RUNNING", timeout_s: float = 60) -> dict[str, Any]:
+        def ready() -> dict[str, Any] | None:
+            app = self.app(name)
+            return app if app is not None and app["status"] == status else None
+
+        try:
+            return wait_for(ready, timeout_s, what=f"application {name!r} to be {status}")
+        except AssertionError as err:
+            raise AssertionError(f"{err}\napp={self.app(name)}\nlog={self.log()}") from None
+
+    def replica_pids(self, app: str, deployment: str) -> list[int]:
+        details = self.app(app)
+        assert details is not None
+        replicas = details["deployments"][deployment]["replicas"]
+        return sorted(r["pid"] for r in replicas if r["state"] == "RUNNING")
+
+    def all_pids(self) -> list[int]:
+        pids = [
+            r["pid"]
+            for app in self.details()["applications"].values()
+            for dep in app["deployments"].values()
+            for r in dep["replicas"]
+            if r.get("pid")
+        ]
+        pids += [int(p["worker_id"]) for p in self.details()["proxies"].values() if p.get("worker_id")]
+        return pids
+
+    def shutdown(self) -> None:
+        pids = self.all_pids()
+        status, body = http("DELETE", f"{self.api}/api/serve/applications/")
+        assert status == 200, body
+        wait_for(lambda: not self.details()["applications"], 60, what="applications to go away")
+        wait_for(lambda: not any(pid_alive(p) for p in pids), 60, what="processes to exit")
+
+
+@contextlib.contextmanager
+def running_kubeserve(state_dir: Path) -> Iterator[Kubeserve]:
+    server = Kubeserve(state_dir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

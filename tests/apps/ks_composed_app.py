@@ -1,4 +1,4 @@
-"""Test application: an ingress holding handles to two downstream deployments (one nested in a dict)."""
+"""Test application: an ingress with handles to two downstream deployments, one inside a dict."""
 
 from __future__ import annotations
 

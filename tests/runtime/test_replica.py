@@ -1,7 +1,8 @@
-"""The replica process over real HTTP: user traffic, the /-/ endpoints, start-up failure, SIGTERM."""
+"""The replica process over real HTTP: user traffic, /-/ endpoints, start-up failure, SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -329,7 +330,5 @@ def test_sigterm_gives_up_at_the_graceful_timeout(start: Any) -> None:
 
 
 def _ignore_errors(fn: Any, *args: Any) -> None:
-    try:
+    with contextlib.suppress(OSError):
         fn(*args)
-    except OSError:
-        pass

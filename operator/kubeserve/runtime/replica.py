@@ -48,6 +48,7 @@ log = logging.getLogger("kubeserve.replica")
 
 _TEXT = "text/plain; charset=utf-8"
 _PICKLE = "application/octet-stream"
+_TEXT_HEADERS = {"Content-Type": _TEXT}
 
 
 class ReplicaStartupError(Exception):
@@ -170,7 +171,10 @@ class Replica:
             request.method, request.path, request.query_string, request.headers.items(), body
         )
         try:
-            response = to_response(await _invoke(self._http_target, user_request))
+            result = await _invoke(self._http_target, user_request)
+            if type(result) is str:  # the common case, without building a Response first
+                return web.Response(body=result.encode(), headers=_TEXT_HEADERS)
+            response = to_response(result)
         except Exception as exc:
             log.exception("request %s %s failed", request.method, request.path)
             return web.Response(status=500, text=_error_text(exc))

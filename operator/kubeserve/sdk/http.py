@@ -11,7 +11,7 @@ for whatever an HTTP ingress returns.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
@@ -251,7 +251,7 @@ class StreamingResponse:
         if media_type is not None and "content-type" not in self.headers:
             self.headers["content-type"] = media_type
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         """The content as bytes chunks; raises :class:`TypeError` on a chunk of another type."""
         if hasattr(self.content, "__aiter__"):
             async for chunk in self.content:

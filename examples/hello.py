@@ -1,7 +1,7 @@
 """The smallest kubeserve application: one deployment answering HTTP.
 
-    curl localhost:8000/hello            ->  hello, world
-    curl 'localhost:8000/hello?name=you' ->  hello, you
+curl localhost:8000/hello            ->  hello, world
+curl 'localhost:8000/hello?name=you' ->  hello, you
 """
 
 from kubeserve import Request, deployment

@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from kubeserve_testing import Kubeserve, running_kubeserve  # noqa: E402
+from kubeserve_testing import Kubeserve, running_kubeserve
 
 
 @pytest.fixture(scope="module")

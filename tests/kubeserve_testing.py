@@ -27,7 +27,10 @@ def free_port() -> int:
 
 
 def wait_for(
-    predicate: Callable[[], T | None], timeout_s: float = 30.0, interval_s: float = 0.05, what: str = ""
+    predicate: Callable[[], T | None],
+    timeout_s: float = 30.0,
+    interval_s: float = 0.05,
+    what: str = "",
 ) -> T:
     """Poll ``predicate`` until it returns something truthy; fail with ``what`` at the deadline."""
     deadline = time.monotonic() + timeout_s
@@ -37,7 +40,9 @@ def wait_for(
         if last:
             return last
         time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}: last={last!r}")
+    raise AssertionError(
+        f"timed out after {timeout_s} s waiting for {what or predicate}: last={last!r}"
+    )
 
 
 def http(
@@ -58,7 +63,11 @@ def http(
     request = urllib.request.Request(url, data=data, method=method, headers=hdrs)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, payload, ctype = response.status, response.read(), response.headers.get("Content-Type", "")
+            status, payload, ctype = (
+                response.status,
+                response.read(),
+                response.headers.get("Content-Type", ""),
+            )
     except urllib.error.HTTPError as err:
         status, payload, ctype = err.code, err.read(), err.headers.get("Content-Type", "")
     if "json" in ctype:
@@ -102,10 +111,24 @@ class Kubeserve:
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "apps"), str(ROOT / "operator")])
         log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kubeserve.cli", "start", "--dashboard-port", str(self.dashboard_port),
-             "--state-dir", str(self.state_dir), "--http-host", "127.0.0.1",
-             "--http-port", str(self.proxy_port)],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "kubeserve.cli",
+                "start",
+                "--dashboard-port",
+                str(self.dashboard_port),
+                "--state-dir",
+                str(self.state_dir),
+                "--http-host",
+                "127.0.0.1",
+                "--http-port",
+                str(self.proxy_port),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         wait_for(self._answers, 30, what="the admin API to answer")
 
@@ -143,7 +166,9 @@ class Kubeserve:
         }
 
     def put(self, applications: list[dict[str, Any]], **options: Any) -> tuple[int, Any]:
-        return http("PUT", f"{self.api}/api/serve/applications/", self.config(applications, **options))
+        return http(
+            "PUT", f"{self.api}/api/serve/applications/", self.config(applications, **options)
+        )
 
     def details(self) -> dict[str, Any]:
         status, body = http("GET", f"{self.api}/api/serve/applications/")
@@ -177,7 +202,9 @@ class Kubeserve:
             for r in dep["replicas"]
             if r.get("pid")
         ]
-        pids += [int(p["worker_id"]) for p in self.details()["proxies"].values() if p.get("worker_id")]
+        pids += [
+            int(p["worker_id"]) for p in self.details()["proxies"].values() if p.get("worker_id")
+        ]
         return pids
 
     def shutdown(self) -> None:

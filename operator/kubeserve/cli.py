@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -36,9 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     start = commands.add_parser("start", help="run kubeserve on this machine")
-    start.add_argument("--dashboard-host", default=os.environ.get("KUBESERVE_DASHBOARD_HOST", "127.0.0.1"))
     start.add_argument(
-        "--dashboard-port", type=int, default=int(os.environ.get("KUBESERVE_DASHBOARD_PORT", "8265"))
+        "--dashboard-host", default=os.environ.get("KUBESERVE_DASHBOARD_HOST", "127.0.0.1")
+    )
+    start.add_argument(
+        "--dashboard-port",
+        type=int,
+        default=int(os.environ.get("KUBESERVE_DASHBOARD_PORT", "8265")),
     )
     start.add_argument(
         "--state-dir",
@@ -47,7 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         help="where the SQLite state, logs and runtime_env cache live",
     )
     start.add_argument(
-        "--http-port", type=int, default=8000, help="proxy port of a serving layer started implicitly"
+        "--http-port",
+        type=int,
+        default=8000,
+        help="proxy port of a serving layer started implicitly",
     )
     start.add_argument(
         "--http-host", default="0.0.0.0", help="proxy host of a serving layer started implicitly"
@@ -61,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         ("shutdown", "shut everything down"),
     ):
         sub = commands.add_parser(name, help=helptext)
-        sub.add_argument("-a", "--address", default=os.environ.get("KUBESERVE_ADDRESS", DEFAULT_ADDRESS))
+        sub.add_argument(
+            "-a", "--address", default=os.environ.get("KUBESERVE_ADDRESS", DEFAULT_ADDRESS)
+        )
         if name == "deploy":
             sub.add_argument("config_file", type=Path)
 
@@ -130,7 +138,10 @@ async def _serve(
         await runner.cleanup()
         await backend.close()
         return 1
-    print(f"kubeserve admin API on http://{host}:{port} (state in {backend.settings.state_dir})", flush=True)
+    print(
+        f"kubeserve admin API on http://{host}:{port} (state in {backend.settings.state_dir})",
+        flush=True,
+    )
     if deploy is not None:
         code = await _deploy(f"http://127.0.0.1:{port}", deploy)
         if code != 0:
@@ -165,11 +176,13 @@ async def _client(args: argparse.Namespace) -> int:
 
 async def _deploy(address: str, path: Path) -> int:
     try:
-        config = yaml.safe_load(path.read_text())
+        config = yaml.safe_load(path.read_text())  # noqa: ASYNC240 - a small local file
     except (OSError, yaml.YAMLError) as exc:
         print(f"error: cannot read {path}: {exc}", file=sys.stderr)
         return 1
-    family = "applications" if isinstance(config, dict) and "applications" in config else "deployments"
+    family = (
+        "applications" if isinstance(config, dict) and "applications" in config else "deployments"
+    )
     async with aiohttp.ClientSession() as session:
         url = f"{address}/api/serve/{family}/"
         async with session.put(url, json=config) as response:
@@ -186,7 +199,9 @@ async def _deploy(address: str, path: Path) -> int:
 
 def _status_summary(details: dict[str, Any]) -> dict[str, Any]:
     return {
-        "proxies": {node: proxy.get("status") for node, proxy in details.get("proxies", {}).items()},
+        "proxies": {
+            node: proxy.get("status") for node, proxy in details.get("proxies", {}).items()
+        },
         "applications": {
             name: {
                 "status": app["status"],

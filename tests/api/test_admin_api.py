@@ -1,4 +1,4 @@
-"""The admin API over HTTP against a running ``kubeserve start``: validation, errors, both families."""
+"""The admin API over HTTP against a running ``kubeserve start``: validation, errors, families."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ def test_schema_violation_is_400_with_the_field_path(kubeserve: Kubeserve) -> No
     config = kubeserve.config([{**HELLO, "deployments": [{"name": "Hello", "num_replicas": 0}]}])
     status, body = http("PUT", f"{kubeserve.api}/api/serve/applications/", config)
     assert status == 400
-    assert ["applications", 0, "deployments", 0, "num_replicas"] in [d["loc"] for d in body["details"]]
+    assert ["applications", 0, "deployments", 0, "num_replicas"] in [
+        d["loc"] for d in body["details"]
+    ]
     assert body["error"]
 
 
@@ -134,7 +136,9 @@ def test_single_application_family(clean_kubeserve: Kubeserve) -> None:
 
     status_body = wait_for(running, 60, what="single app RUNNING")
     assert status_body["name"] == ""
-    assert status_body["deployment_statuses"] == [{"name": "Hello", "status": "HEALTHY", "message": ""}]
+    assert status_body["deployment_statuses"] == [
+        {"name": "Hello", "status": "HEALTHY", "message": ""}
+    ]
     assert status_body["app_status"]["deployment_timestamp"] > 0
     assert http("GET", f"{ks.proxy}/")[1] == "hello, world\n"
     assert http("DELETE", base)[0] == 200

@@ -64,9 +64,11 @@ def test_scale_up_and_down(clean_kubeserve: Kubeserve) -> None:
     for replicas in (1, 3, 1):
         ks.put([greeting_config("Hello", replicas=replicas)])
         wait_for(
-            lambda n=replicas: len(ks.replica_pids("composed", "Greeter")) == n
-            and ks.app("composed")["status"] == "RUNNING"  # type: ignore[index]
-            and len(ks.app("composed")["deployments"]["Greeter"]["replicas"]) == n,  # type: ignore[index]
+            lambda n=replicas: (
+                len(ks.replica_pids("composed", "Greeter")) == n
+                and ks.app("composed")["status"] == "RUNNING"  # type: ignore[index]
+                and len(ks.app("composed")["deployments"]["Greeter"]["replicas"]) == n
+            ),  # type: ignore[index]
             60,
             what=f"{replicas} Greeter replicas",
         )
@@ -163,7 +165,7 @@ class _ZipServer(ThreadingHTTPServer):
 
 def _serve_zip(payload: bytes) -> _ZipServer:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             self.send_response(200)
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
@@ -216,7 +218,12 @@ def test_delete_stops_every_process(kubeserve: Kubeserve) -> None:
     assert len(pids) == 4  # two Greeters, one Frontend, the proxy
     ks.shutdown()
     assert not any(pid_alive(p) for p in pids)
-    assert ks.details() == {"controller_info": {}, "proxies": {}, "applications": {}, "target_capacity": None}
+    assert ks.details() == {
+        "controller_info": {},
+        "proxies": {},
+        "applications": {},
+        "target_capacity": None,
+    }
     assert http("DELETE", f"{ks.api}/api/serve/applications/")[0] == 200  # nothing runs: a no-op
 
 

@@ -31,7 +31,9 @@ def serve(ks: Kubeserve, *args: str) -> str:
         timeout=120,
         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
     )
-    assert result.returncode == 0, f"serve {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == 0, (
+        f"serve {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    )
     return result.stdout
 
 
@@ -65,7 +67,9 @@ def test_ray_serve_cli_deploy_status_config_shutdown(kubeserve: Kubeserve, tmp_p
     configs = list(yaml.safe_load_all(serve(ks, "config")))
     by_name = {c["name"]: c for c in configs}
     assert by_name["composed"]["import_path"] == "examples.composed:app"
-    assert by_name["composed"]["deployments"] == [{"name": "Greeter", "user_config": {"greeting": "Hi"}}]
+    assert by_name["composed"]["deployments"] == [
+        {"name": "Greeter", "user_config": {"greeting": "Hi"}}
+    ]
     assert by_name["hello"]["route_prefix"] == "/hello"
 
     pids = ks.all_pids()

@@ -8,11 +8,11 @@ is written unless the whole body is valid, so a bad request never loses accepted
 from __future__ import annotations
 
 import json
+from importlib.metadata import version as _package_version
 from typing import Any
 
 from aiohttp import web
 
-from importlib.metadata import version as _package_version
 from kubeserve.api.errors import BadRequest, UnsupportedMediaType, error_middleware, error_response
 from kubeserve.backends.protocol import Backend, ConflictError, NotFoundError
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema

@@ -3,8 +3,8 @@
 A deployment's configuration comes from three places, most specific last:
 
 1. kubeserve's defaults (Ray Serve 2.60's, so configs written for Ray mean the same thing here);
-2. the options given in code (``@deployment(num_replicas=2)``, ``.options(...)``), as reported by the
-   application build;
+2. the options given in code (``@deployment(num_replicas=2)``, ``.options(...)``), as reported by
+   the application build;
 3. the overrides in the deployed config's ``deployments`` list (only the fields the client set).
 
 Each field is taken whole from the most specific place that sets it (``ray_actor_options`` and
@@ -55,7 +55,10 @@ AUTOSCALING_DEFAULTS: dict[str, Any] = {
 #: the replica count and the router-side limits.
 _PROCESS_FIELDS = ("ray_actor_options",)
 
-_ALIASES = {"max_concurrent_queries": "max_ongoing_requests", "cluster_actor_options": "ray_actor_options"}
+_ALIASES = {
+    "max_concurrent_queries": "max_ongoing_requests",
+    "cluster_actor_options": "ray_actor_options",
+}
 
 
 def _canonical(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,12 +24,15 @@ def immutable_option_conflict(
         if old.get(field) != new.get(field):
             return (
                 f"http_options.{field} of a running serving layer cannot change "
-                f"({old.get(field)!r} -> {new.get(field)!r}): DELETE it first, then PUT the new config"
+                f"({old.get(field)!r} -> {new.get(field)!r}): "
+                "DELETE it first, then PUT the new config"
             )
     return None
 
 
-def app_route_prefix(app_config: Mapping[str, Any], ingress_options: Mapping[str, Any]) -> str | None:
+def app_route_prefix(
+    app_config: Mapping[str, Any], ingress_options: Mapping[str, Any]
+) -> str | None:
     """The route of an application: its config's, else its ingress deployment's code, else ``/``."""
     if "route_prefix" in app_config:
         value = app_config["route_prefix"]

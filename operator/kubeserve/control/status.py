@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 DeploymentStatusValue = Literal["UPDATING", "HEALTHY", "UNHEALTHY", "DEPLOY_FAILED"]
-AppStatusValue = Literal["NOT_STARTED", "DEPLOYING", "DEPLOY_FAILED", "RUNNING", "UNHEALTHY", "DELETING"]
+AppStatusValue = Literal[
+    "NOT_STARTED", "DEPLOYING", "DEPLOY_FAILED", "RUNNING", "UNHEALTHY", "DELETING"
+]
 ReplicaStateValue = Literal["STARTING", "UPDATING", "RECOVERING", "RUNNING", "STOPPING", "STOPPED"]
 
 #: Consecutive failed starts of the current version after which a deployment is reported failed.
@@ -100,7 +102,9 @@ def deployment_status(view: DeploymentView) -> DeploymentStatusInfo:
     )
     if converged:
         return DeploymentStatusInfo("HEALTHY", "CONFIG_UPDATE_COMPLETED")
-    return DeploymentStatusInfo("UPDATING", "CONFIG_UPDATE_STARTED", _progress(view, running_current))
+    return DeploymentStatusInfo(
+        "UPDATING", "CONFIG_UPDATE_STARTED", _progress(view, running_current)
+    )
 
 
 def _progress(view: DeploymentView, running_current: Sequence[ReplicaView]) -> str:

@@ -84,7 +84,9 @@ class ApplicationState:
         if build_key != self._build_key:
             return
         if "error" in graph:
-            self.build = BuildView("failed", f"failed to build application {self.name!r}: {graph['error']}")
+            self.build = BuildView(
+                "failed", f"failed to build application {self.name!r}: {graph['error']}"
+            )
         else:
             self.graph, self.build = graph, BuildView("done")
         self._ctx.wake()

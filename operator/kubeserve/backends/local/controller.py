@@ -15,7 +15,6 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
@@ -103,7 +102,8 @@ class Controller:
             await self._session.close()
 
     async def _wait_app_stopped(self, app: ApplicationState) -> None:
-        while not app.stopped:
+        # Lifecycle tasks remove their replicas as processes exit; 50 ms polling bounds the wait.
+        while not app.stopped:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
 
     async def _loop(self) -> None:
@@ -127,12 +127,13 @@ class Controller:
                 if app.stopped:
                     del self.apps[name]
         for name, stored in wanted.items():
-            app = self.apps.get(name)
-            if app is None or app.deleting:
-                if app is not None and not app.stopped:
-                    continue  # a re-created app waits for its previous incarnation to stop
-                app = ApplicationState(name, self._ctx, self.settings.cache_dir)
-                self.apps[name] = app
+            existing = self.apps.get(name)
+            if existing is not None and existing.deleting and not existing.stopped:
+                continue  # a re-created app waits for its previous incarnation to stop
+            if existing is None or existing.deleting:
+                existing = ApplicationState(name, self._ctx, self.settings.cache_dir)
+                self.apps[name] = existing
+            app = existing
             if app.config != stored.config or app.deployed_at != stored.deployed_at:
                 app.set_config(stored.config, stored.deployed_at)
             await app.reconcile()

@@ -1,9 +1,9 @@
 """One serve deployment on the local machine: its replica processes and their lifecycle.
 
 Ownership: a :class:`DeploymentState` owns its :class:`Replica` objects; each replica has one
-lifecycle task that starts the process, waits until it answers ``/-/healthz``, health-checks it every
-``health_check_period_s`` and removes it when the process exits. :meth:`DeploymentState.reconcile`
-is the level-triggered step: it compares replicas to the target (count, version, user_config) and
+lifecycle task that starts the process, waits until it answers ``/-/healthz``, health-checks it
+every ``health_check_period_s`` and removes it when the process exits.
+:meth:`DeploymentState.reconcile` is the level-triggered step: it compares replicas to the target (count, version, user_config) and
 starts, stops or reconfigures; calling it again with nothing changed does nothing.
 """
 
@@ -159,10 +159,6 @@ class DeploymentState:
         for replica in list(self.replicas.values()):
             self._stop(replica)
 
-    async def wait_stopped(self) -> None:
-        while self.replicas:
-            await asyncio.sleep(0.05)
-
     # -- replica lifecycle ---------------------------------------------------------------------
     def _start(self) -> None:
         replica_id = f"{self.name}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
@@ -225,7 +221,7 @@ class DeploymentState:
             self._record_startup_failure(replica, f"could not start the replica process: {exc}")
             return
         replica.proc, replica.pid = proc, proc.pid
-        if replica.state == "STOPPING":  # stopped while spawning
+        if _stopping(replica):  # stopped while spawning
             await processes.terminate(proc, 1.0)
             return
         exited = asyncio.ensure_future(proc.wait())
@@ -323,3 +319,8 @@ class DeploymentState:
 def _stop_order(replicas: list[Replica]) -> list[Replica]:
     """Replicas to stop first: those not serving yet, then the newest."""
     return sorted(replicas, key=lambda r: (r.state == "RUNNING", -r.start_time_s))
+
+
+def _stopping(replica: Replica) -> bool:
+    """Whether the replica was asked to stop (its state changes under our feet across awaits)."""
+    return replica.state in ("STOPPING", "STOPPED")

@@ -64,7 +64,7 @@ async def spawn(
 ) -> asyncio.subprocess.Process:
     """Start ``python -m module args...`` with stdout and stderr appended to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab", buffering=0) as log:
+    with open(log_path, "ab", buffering=0) as log:  # noqa: ASYNC230 - a local file, opened once
         return await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",

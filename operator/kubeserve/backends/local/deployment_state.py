@@ -3,8 +3,9 @@
 Ownership: a :class:`DeploymentState` owns its :class:`Replica` objects; each replica has one
 lifecycle task that starts the process, waits until it answers ``/-/healthz``, health-checks it
 every ``health_check_period_s`` and removes it when the process exits.
-:meth:`DeploymentState.reconcile` is the level-triggered step: it compares replicas to the target (count, version, user_config) and
-starts, stops or reconfigures; calling it again with nothing changed does nothing.
+:meth:`DeploymentState.reconcile` is the level-triggered step: it compares replicas to the target
+(count, version, user_config) and starts, stops or reconfigures; calling it again with nothing
+changed does nothing.
 """
 
 from __future__ import annotations

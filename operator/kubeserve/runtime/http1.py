@@ -1,0 +1,79 @@
+"""HTTP/1.1 byte-level pieces shared by the proxy's client and upstream sides (private to runtime).
+
+Everything here works on ``bytes`` already parsed by httptools: classifying header names, framing
+body pieces, and building the few responses the proxy writes itself.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+__all__ = [
+    "CHUNKED_END",
+    "HeaderKind",
+    "chunk_prefix",
+    "classify_header",
+    "local_response",
+]
+
+#: The last chunk of a chunked body (trailers are not forwarded).
+CHUNKED_END = b"0\r\n\r\n"
+
+
+class HeaderKind:
+    """What the proxy does with a header: forward it, drop it, or note the body framing."""
+
+    FORWARD = 0
+    #: hop-by-hop (RFC 9110 section 7.6.1): describes one connection, never forwarded
+    HOP_BY_HOP = 1
+    #: ``Transfer-Encoding: ...chunked``; forwarded, and the body is re-chunked piece by piece
+    CHUNKED = 2
+    #: ``Content-Length``; forwarded, the body passes through as is
+    LENGTH = 3
+
+
+_HOP_BY_HOP = frozenset(
+    {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade"}
+)
+# Lengths of the names that need a closer look: most headers are rejected by one len() and a set
+# lookup, without lower-casing the name (which allocates).
+_INTERESTING_LENGTHS = frozenset({2, 7, 10, 14, 16, 17})
+
+
+def classify_header(name: bytes, value: bytes) -> int:
+    """The :class:`HeaderKind` of one header."""
+    if len(name) not in _INTERESTING_LENGTHS:
+        return HeaderKind.FORWARD
+    lname = name.lower()
+    if lname in _HOP_BY_HOP:
+        return HeaderKind.HOP_BY_HOP
+    if lname == b"transfer-encoding":
+        return HeaderKind.CHUNKED if b"chunked" in value.lower() else HeaderKind.FORWARD
+    if lname == b"content-length":
+        return HeaderKind.LENGTH
+    return HeaderKind.FORWARD
+
+
+def chunk_prefix(size: int) -> bytes:
+    """The size line of one chunk; the chunk is ``prefix + data + b"\\r\\n"``."""
+    return b"%x\r\n" % size
+
+
+def local_response(
+    status: int,
+    body: bytes,
+    *,
+    content_type: bytes = b"text/plain; charset=utf-8",
+    close: bool = False,
+    head_only: bool = False,
+) -> bytes:
+    """A complete response the proxy answers itself (health, routes, errors)."""
+    phrase = HTTPStatus(status).phrase.encode("ascii")
+    head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n" % (
+        status,
+        phrase,
+        content_type,
+        len(body),
+        b"Connection: close\r\n" if close else b"",
+    )
+    return head if head_only else head + body

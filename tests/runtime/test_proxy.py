@@ -1,0 +1,458 @@
+"""The HTTP proxy end to end: a real proxy, a stand-in controller and real replica HTTP servers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from kubeserve.runtime.proxy import ProxyServer
+from kubeserve.runtime.wire import DeploymentEndpoints, Route, Snapshot
+
+T = TypeVar("T")
+BIG = 5 * 1024 * 1024
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll ``predicate`` until true or fail after ``timeout``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+class FakeReplica:
+    """An aiohttp server standing in for a replica; records what it saw."""
+
+    def __init__(self, replica_id: str) -> None:
+        self.replica_id = replica_id
+        self.ongoing = 0
+        self.peak = 0
+        self.peers: list[Any] = []
+        self.release = asyncio.Event()
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        self.runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+    def endpoint(self) -> dict[str, Any]:
+        return {"replica_id": self.replica_id, "host": "127.0.0.1", "port": self.port}
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.peers.append(
+            request.transport.get_extra_info("peername") if request.transport else None
+        )
+        self.ongoing += 1
+        self.peak = max(self.peak, self.ongoing)
+        try:
+            return await self.dispatch(request)
+        finally:
+            self.ongoing -= 1
+
+    async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        tail = request.path.rsplit("/", 1)[-1]
+        headers = {"X-Replica": self.replica_id}
+        if tail == "echo":  # streams the body back as it arrives, chunked
+            resp = web.StreamResponse(headers=headers)
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            async for piece in request.content.iter_any():
+                await resp.write(piece)
+            await resp.write_eof()
+            return resp
+        if tail == "size":
+            body = await request.read()
+            return web.json_response({"size": len(body)}, headers=headers)
+        if tail == "big":
+            return web.Response(body=b"x" * BIG, headers=headers)
+        if tail == "chunks":
+            resp = web.StreamResponse(headers=headers)
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            for i in range(5):
+                await resp.write(b"chunk%d;" % i)
+            await resp.write_eof()
+            return resp
+        if tail == "cookies":
+            resp = web.Response(text="ok", headers=headers)
+            resp.headers.add("Set-Cookie", "a=1")
+            resp.headers.add("Set-Cookie", "b=2")
+            return resp
+        if tail == "slow":
+            await self.release.wait()
+            return web.Response(text="slow done", headers=headers)
+        if tail == "die-before":
+            assert request.transport is not None
+            request.transport.abort()
+            await asyncio.sleep(10)
+        if tail == "die-mid":
+            resp = web.StreamResponse(headers=headers)
+            resp.content_length = 1000
+            await resp.prepare(request)
+            await resp.write(b"partial")
+            await asyncio.sleep(0.05)
+            assert request.transport is not None
+            request.transport.abort()
+            await asyncio.sleep(10)
+        return web.json_response(
+            {
+                "replica": self.replica_id,
+                "path": request.path_qs,
+                "host": request.headers.get("Host"),
+                "x_multi": request.headers.getall("X-Multi", []),
+            },
+            headers=headers,
+        )
+
+
+class FakeController:
+    """Serves ``/-/snapshot`` long-polls from a snapshot the test sets."""
+
+    def __init__(self) -> None:
+        self.snapshot: Snapshot = {"version": 0, "routes": [], "deployments": {}}
+        self.changed = asyncio.Condition()
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/-/snapshot", self.handle)
+        self.runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    async def set(self, routes: list[Route], deployments: dict[str, DeploymentEndpoints]) -> None:
+        async with self.changed:
+            version = self.snapshot["version"] + 1
+            self.snapshot = {"version": version, "routes": routes, "deployments": deployments}
+            self.changed.notify_all()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        version = int(request.query["version"])
+        timeout = float(request.query["timeout"])
+        async with self.changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self.changed.wait_for(lambda: self.snapshot["version"] != version), timeout
+                )
+            return web.json_response(self.snapshot)
+
+
+class Cluster:
+    def __init__(
+        self, proxy: ProxyServer, controller: FakeController, replicas: dict[str, FakeReplica]
+    ):
+        self.proxy = proxy
+        self.controller = controller
+        self.replicas = replicas
+        self.url = f"http://127.0.0.1:{proxy.port}"
+
+    def in_flight(self) -> int:
+        router = self.proxy.state.router
+        return sum(sum(router.in_flight(k).values()) for k in ("app#A", "app#AB"))
+
+
+@contextlib.asynccontextmanager
+async def cluster(
+    *, a_replicas: int = 1, cap: int = 100, request_timeout_s: float | None = None
+) -> AsyncIterator[Cluster]:
+    controller = FakeController()
+    await controller.start()
+    replicas = {f"a{i}": FakeReplica(f"a{i}") for i in range(a_replicas)}
+    replicas["ab0"] = FakeReplica("ab0")
+    for replica in replicas.values():
+        await replica.start()
+    await controller.set(
+        [
+            {"route_prefix": "/a", "app": "app", "deployment": "A"},
+            {"route_prefix": "/a/b", "app": "app", "deployment": "AB"},
+            {"route_prefix": "/empty", "app": "other", "deployment": "E"},
+        ],
+        {
+            "app#A": {
+                "max_ongoing_requests": cap,
+                "replicas": [
+                    r.endpoint() for k, r in replicas.items() if k.startswith("a") and k != "ab0"
+                ],  # type: ignore[misc]
+            },
+            "app#AB": {"max_ongoing_requests": cap, "replicas": [replicas["ab0"].endpoint()]},  # type: ignore[list-item]
+            "other#E": {"max_ongoing_requests": cap, "replicas": []},
+        },
+    )
+    proxy = ProxyServer("127.0.0.1", 0, controller.url, request_timeout_s=request_timeout_s)
+    await proxy.start()
+    try:
+        yield Cluster(proxy, controller, replicas)
+    finally:
+        for replica in replicas.values():
+            replica.release.set()
+        await proxy.close()
+        for replica in replicas.values():
+            await replica.stop()
+        await controller.stop()
+
+
+def scenario(
+    body: Callable[[Cluster, aiohttp.ClientSession], Awaitable[None]], **options: Any
+) -> None:
+    async def go() -> None:
+        async with cluster(**options) as c, aiohttp.ClientSession() as session:
+            await body(c, session)
+
+    run(go())
+
+
+async def raw_request(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, req: bytes
+) -> tuple[bytes, bytes]:
+    """Send one request on a raw connection, read one response (Content-Length framed)."""
+    writer.write(req)
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return head, await reader.readexactly(length)
+
+
+def test_longest_prefix_routing() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        for path, replica in [
+            ("/a", "a0"),
+            ("/a/", "a0"),
+            ("/a/c?x=1", "a0"),
+            ("/a/b", "ab0"),
+            ("/a/b/", "ab0"),
+            ("/a/b/c", "ab0"),
+        ]:
+            async with s.get(c.url + path) as resp:
+                assert resp.status == 200, path
+                data = await resp.json()
+                assert data["replica"] == replica, path
+                assert data["path"] == path
+                assert data["host"] == f"127.0.0.1:{c.proxy.port}"  # Host passes unchanged
+        async with s.get(c.url + "/ab") as resp:
+            assert resp.status == 404
+            assert "/ab" in await resp.text()
+
+    scenario(body)
+
+
+def test_healthz_and_routes() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        async with s.get(c.url + "/-/healthz") as resp:
+            assert resp.status == 200 and await resp.text() == "success"
+        async with s.get(c.url + "/-/routes") as resp:
+            assert await resp.json() == {"/a": "app", "/a/b": "app", "/empty": "other"}
+        for internal in ("/-/metrics", "/-/call/x", "/-/reconfigure"):
+            async with s.post(c.url + internal, data=b"x") as resp:
+                assert resp.status == 404, internal
+
+    scenario(body)
+
+
+def test_healthz_503_before_first_snapshot() -> None:
+    class Silent:
+        async def start(self) -> None:
+            pass
+
+        async def close(self) -> None:
+            pass
+
+    async def go() -> None:
+        proxy = ProxyServer("127.0.0.1", 0, source=Silent())
+        await proxy.start()
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.get(f"http://127.0.0.1:{proxy.port}/-/healthz") as resp:
+                    assert resp.status == 503
+                proxy.state.apply({"version": 1, "routes": [], "deployments": {}})
+                async with s.get(f"http://127.0.0.1:{proxy.port}/-/healthz") as resp:
+                    assert resp.status == 200
+                async with s.get(f"http://127.0.0.1:{proxy.port}/x") as resp:
+                    assert resp.status == 404
+        finally:
+            await proxy.close()
+
+    run(go())
+
+
+def test_chunked_bodies_both_ways() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        async def gen() -> AsyncIterator[bytes]:
+            for i in range(10):
+                yield b"piece%d;" % i
+
+        async with s.post(c.url + "/a/echo", data=gen()) as resp:
+            assert resp.status == 200
+            assert resp.headers.get("Transfer-Encoding") == "chunked"
+            assert await resp.read() == b"".join(b"piece%d;" % i for i in range(10))
+        async with s.get(c.url + "/a/chunks") as resp:
+            assert await resp.read() == b"chunk0;chunk1;chunk2;chunk3;chunk4;"
+
+    scenario(body)
+
+
+def test_five_megabytes_both_ways() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        payload = os.urandom(BIG)
+        async with s.post(c.url + "/a/echo", data=payload) as resp:
+            assert await resp.read() == payload
+        async with s.post(c.url + "/a/size", data=payload) as resp:
+            assert (await resp.json())["size"] == BIG
+        async with s.get(c.url + "/a/big") as resp:
+            assert len(await resp.read()) == BIG
+
+    scenario(body)
+
+
+def test_keep_alive_reuses_client_and_upstream_connections() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        try:
+            for _ in range(5):
+                head, payload = await raw_request(
+                    reader, writer, b"GET /a/x HTTP/1.1\r\nHost: example.test\r\n\r\n"
+                )
+                assert head.startswith(b"HTTP/1.1 200")
+                assert b'"host": "example.test"' in payload
+        finally:
+            writer.close()
+        # five requests, one client connection, one upstream connection
+        assert len(set(c.replicas["a0"].peers)) == 1
+
+    scenario(body)
+
+
+def test_repeated_headers_pass_through() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        async with s.get(c.url + "/a/cookies") as resp:
+            assert resp.headers.getall("Set-Cookie") == ["a=1", "b=2"]
+        headers = [("X-Multi", "one"), ("X-Multi", "two")]
+        async with s.get(c.url + "/a/x", headers=headers) as resp:  # type: ignore[arg-type]
+            assert (await resp.json())["x_multi"] == ["one", "two"]
+
+    scenario(body)
+
+
+def test_max_ongoing_requests_is_respected_across_replicas() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        a0, a1 = c.replicas["a0"], c.replicas["a1"]
+
+        async def call() -> str:
+            async with s.get(c.url + "/a/slow") as resp:
+                assert resp.status == 200
+                return resp.headers["X-Replica"]
+
+        tasks = [asyncio.create_task(call()) for _ in range(10)]
+        await wait_for(lambda: a0.ongoing == 2 and a1.ongoing == 2)
+        assert c.proxy.state.router.queued("app#A") == 6
+        a0.release.set()
+        a1.release.set()
+        served = Counter(await asyncio.gather(*tasks))
+        assert sum(served.values()) == 10
+        assert a0.peak == 2 and a1.peak == 2
+        await wait_for(lambda: c.in_flight() == 0)
+
+    scenario(body, a_replicas=2, cap=2)
+
+
+def test_client_disconnect_mid_request_releases_the_slot() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        a0 = c.replicas["a0"]
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        writer.write(b"GET /a/slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        await wait_for(lambda: a0.ongoing == 1)
+        assert c.in_flight() == 1
+        writer.close()
+        await wait_for(lambda: c.in_flight() == 0)
+        # a body that never finishes arriving, then the client leaves
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        writer.write(b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\npartial")
+        await wait_for(lambda: c.in_flight() == 1)
+        writer.close()
+        await wait_for(lambda: c.in_flight() == 0)
+        async with s.get(c.url + "/a/x") as resp:  # the replica is still usable
+            assert resp.status == 200
+
+    scenario(body, cap=1)
+
+
+def test_upstream_dying_gives_502_or_close_never_a_hang() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        async with s.get(c.url + "/a/die-before") as resp:  # retried once, then 502
+            assert resp.status == 502
+        with pytest.raises(aiohttp.ClientError):
+            async with s.get(c.url + "/a/die-mid") as resp:
+                await resp.read()
+        await wait_for(lambda: c.in_flight() == 0)
+        async with s.get(c.url + "/a/x") as resp:
+            assert resp.status == 200
+
+    scenario(body, a_replicas=2)
+
+
+def test_upstream_refusing_connections_is_retried_elsewhere() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        await c.replicas["a1"].stop()  # a1 stays in the snapshot but refuses connections
+        for _ in range(10):
+            async with s.get(c.url + "/a/x") as resp:
+                assert resp.status == 200
+                assert (await resp.json())["replica"] == "a0"
+        await wait_for(lambda: c.in_flight() == 0)
+
+    scenario(body, a_replicas=2)
+
+
+def test_no_replicas_gives_503() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        async with s.get(c.url + "/empty/x") as resp:
+            assert resp.status == 503
+
+    scenario(body, request_timeout_s=0.2)
+
+
+def test_snapshot_updates_reach_the_proxy() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        await c.controller.set(
+            [{"route_prefix": "/", "app": "app", "deployment": "AB"}],
+            {
+                "app#AB": {"max_ongoing_requests": 5, "replicas": [c.replicas["ab0"].endpoint()]},  # type: ignore[list-item]
+            },
+        )
+        await wait_for(lambda: c.proxy.state.routes.match("/zzz") is not None)
+        async with s.get(c.url + "/zzz") as resp:
+            assert (await resp.json())["replica"] == "ab0"
+
+    scenario(body)

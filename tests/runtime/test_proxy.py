@@ -24,9 +24,9 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(asyncio.wait_for(coro, 60))
 
 
-async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll ``predicate`` until true or fail after ``timeout``."""
-    deadline = asyncio.get_running_loop().time() + timeout
+async def wait_for(predicate: Callable[[], bool], within_s: float = 5.0) -> None:
+    """Poll ``predicate`` until true or fail after ``within_s``."""
+    deadline = asyncio.get_running_loop().time() + within_s
     while not predicate():
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not reached in time")
@@ -391,14 +391,14 @@ def test_max_ongoing_requests_is_respected_across_replicas() -> None:
 def test_client_disconnect_mid_request_releases_the_slot() -> None:
     async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
         a0 = c.replicas["a0"]
-        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        _, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
         writer.write(b"GET /a/slow HTTP/1.1\r\nHost: x\r\n\r\n")
         await wait_for(lambda: a0.ongoing == 1)
         assert c.in_flight() == 1
         writer.close()
         await wait_for(lambda: c.in_flight() == 0)
         # a body that never finishes arriving, then the client leaves
-        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        _, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
         writer.write(b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\npartial")
         await wait_for(lambda: c.in_flight() == 1)
         writer.close()

@@ -1,0 +1,127 @@
+"""Handle calls through HandleClient: discovery, routing, pickled results and errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
+
+import pytest
+from aiohttp import web
+
+from kubeserve.runtime.discovery import Discovery
+from kubeserve.runtime.handle_client import HandleClient
+from kubeserve.runtime.router import Router
+from kubeserve.runtime.wire import Snapshot, decode_call, encode_error, encode_result
+from kubeserve.sdk.errors import DeploymentUnavailableError
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+class Boom(Exception):
+    pass
+
+
+@contextlib.asynccontextmanager
+async def server(app: web.Application) -> AsyncIterator[int]:
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
+
+
+def replica_app(peers: list[Any]) -> web.Application:
+    async def call(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        args, kwargs = decode_call(await request.read())
+        method = request.match_info["method"]
+        if method == "add":
+            return web.Response(body=encode_result(args[0] + kwargs["b"]))
+        if method == "fail":
+            return web.Response(status=500, body=encode_error(Boom("user code raised")))
+        return web.Response(status=404, text="no such method")
+
+    app = web.Application()
+    app.router.add_post("/-/call/{method}", call)
+    return app
+
+
+def controller_app(snapshot: Snapshot) -> web.Application:
+    async def handle(request: web.Request) -> web.Response:
+        if int(request.query["version"]) == snapshot["version"]:
+            await asyncio.sleep(float(request.query["timeout"]))
+        return web.json_response(snapshot)
+
+    app = web.Application()
+    app.router.add_get("/-/snapshot", handle)
+    return app
+
+
+def test_calls_reach_the_replica_over_one_connection() -> None:
+    async def go() -> None:
+        peers: list[Any] = []
+        async with server(replica_app(peers)) as replica_port:
+            snapshot: Snapshot = {
+                "version": 3,
+                "routes": [],
+                "deployments": {
+                    "app#D": {
+                        "max_ongoing_requests": 4,
+                        "replicas": [
+                            {"replica_id": "r0", "host": "127.0.0.1", "port": replica_port}
+                        ],
+                    },
+                    "app#Empty": {"max_ongoing_requests": 4, "replicas": []},
+                },
+            }
+            async with server(controller_app(snapshot)) as controller_port:
+                client = HandleClient(f"http://127.0.0.1:{controller_port}", assign_timeout_s=0.2)
+                await client.start()
+                try:
+                    for i in range(5):
+                        assert await client.call("app", "D", "add", (i,), {"b": 10}) == i + 10
+                    assert len(set(peers)) == 1  # keep-alive: one connection for all calls
+                    with pytest.raises(Boom, match="user code raised"):
+                        await client.call("app", "D", "fail", (), {})
+                    with pytest.raises(DeploymentUnavailableError):
+                        await client.call("app", "Empty", "add", (1,), {"b": 1})
+                    with pytest.raises(DeploymentUnavailableError):
+                        await client.call("app", "Unknown", "add", (1,), {"b": 1})
+                    results = await asyncio.gather(
+                        *(client.call("app", "D", "add", (i,), {"b": 0}) for i in range(20))
+                    )
+                    assert results == list(range(20))
+                    assert client.router.in_flight("app#D") == {"r0": 0}
+                finally:
+                    await client.close()
+
+    run(go())
+
+
+def test_start_survives_an_unreachable_controller() -> None:
+    async def go() -> None:
+        router = Router()
+        # a short first-snapshot wait keeps the test fast; start() must not fail either way
+        source = Discovery(
+            "http://127.0.0.1:9",
+            lambda snap: router.update(snap["deployments"]),
+            first_snapshot_timeout_s=0.2,
+        )
+        client = HandleClient(assign_timeout_s=0.1, source=source, router=router)
+        await client.start()
+        try:
+            with pytest.raises(DeploymentUnavailableError):
+                await client.call("app", "D", "add", (1,), {"b": 1})
+        finally:
+            await client.close()
+
+    run(go())

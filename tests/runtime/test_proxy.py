@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import pytest
+import uvloop
 from aiohttp import web
 
 from kubeserve.runtime.proxy import ProxyServer
@@ -21,7 +22,8 @@ BIG = 5 * 1024 * 1024
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, 60))
+    # The proxy runs on uvloop in production; its transports differ from asyncio's, so test on it.
+    return uvloop.run(asyncio.wait_for(coro, 60))
 
 
 async def wait_for(predicate: Callable[[], bool], within_s: float = 5.0) -> None:

@@ -33,6 +33,7 @@ import json
 import logging
 import signal
 from collections import deque
+from typing import cast
 
 import httptools
 
@@ -456,8 +457,8 @@ class ClientConnection(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement asyncio.Transport without subclassing it: cast, not assert.
+        self.transport = cast(asyncio.Transport, transport)
         self.state.connections.add(self)
         loop = asyncio.get_running_loop()
         self.idle_since = loop.time()
@@ -660,8 +661,8 @@ class UpstreamConnection(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement asyncio.Transport without subclassing it: cast, not assert.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         ex = self.exchange

@@ -188,10 +188,16 @@ class Kubeserve:
         except AssertionError as err:
             raise AssertionError(f"{err}\napp={self.app(name)}\nlog={self.log()}") from None
 
+    def wait_proxy(self) -> None:
+        def healthy() -> bool:
+            proxies = self.details()["proxies"].values()
+            return bool(proxies) and all(p["status"] == "HEALTHY" for p in proxies)
+
+        wait_for(healthy, 30, what="the proxy to be HEALTHY")
+
     def replica_pids(self, app: str, deployment: str) -> list[int]:
-        details = self.app(app)
-        assert details is not None
-        replicas = details["deployments"][deployment]["replicas"]
+        details = self.app(app) or {"deployments": {}}
+        replicas = details["deployments"].get(deployment, {"replicas": []})["replicas"]
         return sorted(r["pid"] for r in replicas if r["state"] == "RUNNING")
 
     def all_pids(self) -> list[int]:

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/control_plane.py [--runs 5]
 
 Prints medians (and all samples) of:
-- PUT -> RUNNING of the composed example (fresh deploy; DELETE and wait for no process between runs);
+- PUT -> RUNNING of the composed example (a fresh deploy; DELETE and wait for no process between
+  runs);
 - user_config change -> applied (PUT with a new greeting -> application RUNNING again, every replica
   reconfigured; checked through the proxy too);
 - RSS of a replica, of the proxy and of the ``kubeserve start`` process (controller + admin API).
@@ -134,7 +135,7 @@ class Bench:
         return elapsed
 
     def delete(self) -> None:
-        pids = sum(self.pids().values(), [])
+        pids = [pid for group in self.pids().values() for pid in group]
         call("DELETE", f"{self.api}/api/serve/applications/")
         self.wait(lambda: not any(pid_alive(p) for p in pids), 60, 0.02)
 
@@ -167,8 +168,9 @@ def main() -> None:
             bench.stop()
     print(f"PUT -> RUNNING (composed example): median {statistics.median(deploys):.3f} s "
           f"over {args.runs}: {[round(x, 3) for x in deploys]}")  # fmt: skip
-    print(f"user_config change -> applied:      median {statistics.median(reconfigures) * 1000:.1f} ms "
-          f"over {args.runs}: {[round(x * 1000, 1) for x in reconfigures]}")  # fmt: skip
+    reconfigure_ms = [round(x * 1000, 1) for x in reconfigures]
+    print(f"user_config change -> applied:      median {statistics.median(reconfigure_ms):.1f} ms "
+          f"over {args.runs}: {reconfigure_ms}")  # fmt: skip
     for role, value in rss.items():
         print(f"RSS {role}: {value:.1f} MB")
 

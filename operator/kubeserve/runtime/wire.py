@@ -1,24 +1,25 @@
-"""The data plane's wire contract: what the controller, proxies, replicas and handles say to each other.
+"""The data plane's wire contract: what controller, proxies, replicas and handles say to each other.
 
 Replica protocol (HTTP/1.1 keep-alive on the replica's own host:port):
 
 * any path outside ``/-/`` is user traffic for the deployment's HTTP ingress (the proxy forwards the
   original request line, headers and body unchanged);
-* ``GET  /-/healthz``      runs the user's ``check_health()``; 200 when healthy, 503 with the error text;
-* ``POST /-/reconfigure``  body: JSON ``{"user_config": ...}``; runs ``reconfigure``; 200 when applied,
-  500 with the error text when the user's hook raised;
+* ``GET  /-/healthz``      runs the user's ``check_health()``; 200 when healthy, 503 with the error
+  text;
+* ``POST /-/reconfigure``  body: JSON ``{"user_config": ...}``; runs ``reconfigure``; 200 when
+  applied, 500 with the error text when the user's hook raised;
 * ``GET  /-/metrics``      Prometheus text: ``kubeserve_replica_ongoing_requests`` and friends;
 * ``POST /-/call/<method>`` a handle call: body is ``encode_call(args, kwargs)``, response body is
   ``encode_result(value)`` with status 200, or ``encode_error(exc)`` with status 500.
 
-Discovery: ``GET {controller}/-/snapshot?version=N&timeout=S`` long-polls the controller: it answers at
-once when its snapshot version differs from ``N`` and otherwise when it changes or ``S`` seconds pass.
-The answer is a :class:`Snapshot`; proxies build their route table and routers from it, handles their
-routers.
+Discovery: ``GET {controller}/-/snapshot?version=N&timeout=S`` long-polls the controller: it answers
+at once when its snapshot version differs from ``N`` and otherwise when it changes or ``S`` seconds
+pass. The answer is a :class:`Snapshot`; proxies build their route table and routers from it,
+handles their routers.
 
-Handle calls are encoded with pickle: both ends are processes of one kubeserve instance running the same
-user code, and pickle carries arbitrary Python values compactly. The replica port is never exposed to
-end users (the proxy refuses ``/-/`` paths from clients).
+Handle calls are encoded with pickle: both ends are processes of one kubeserve instance running the
+same user code, and pickle carries arbitrary Python values compactly. The replica port is never
+exposed to end users (the proxy refuses ``/-/`` paths from clients).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The seam between user-facing handles and the data plane that carries their calls.
 
-:class:`~kubeserve.sdk.handle.DeploymentHandle` lives in the SDK (users import it), but calling a replica
-needs the runtime's router and connection pool. The runtime installs one :class:`HandleTransport` per
-process with :func:`set_transport` before user code runs; handles look it up at call time, so a handle
-built while the application is imported (before the transport exists) still works once it is used.
+:class:`~kubeserve.sdk.handle.DeploymentHandle` lives in the SDK (users import it), but calling a
+replica needs the runtime's router and connection pool. The runtime installs one
+:class:`HandleTransport` per process with :func:`set_transport` before user code runs; handles look
+it up at call time, so a handle built while the application is imported (before the transport
+exists) still works once it is used.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ class HandleTransport(Protocol):
         """Run ``method`` on one replica of ``app``/``deployment`` and return its result.
 
         Raises the user's exception when the method raised, and
-        :class:`kubeserve.sdk.errors.DeploymentUnavailableError` when no replica could take the call.
+        :class:`kubeserve.sdk.errors.DeploymentUnavailableError` when no replica could take the
+        call.
         """
         ...
 
@@ -39,6 +41,7 @@ def set_transport(transport: HandleTransport | None) -> None:
 def get_transport() -> HandleTransport:
     if _transport is None:
         raise RuntimeError(
-            "no handle transport in this process: DeploymentHandle calls work inside a kubeserve replica"
+            "no handle transport in this process: "
+            "DeploymentHandle calls work inside a kubeserve replica"
         )
     return _transport

@@ -5,10 +5,14 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
+import sys
 import threading
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import yaml
 
 from kubeserve_testing import Kubeserve, http, pid_alive, running_kubeserve, wait_for
 
@@ -243,3 +247,86 @@ def test_applications_come_back_after_a_restart(tmp_path: Path) -> None:
         ks.wait_app("composed")
         assert http("GET", f"{ks.proxy}/?name=x")[1]["message"] == "Persisted, x!"
         ks.shutdown()
+
+
+def test_scale_down_lets_in_flight_requests_finish(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    probe = {"name": "probe", "route_prefix": "/probe", "import_path": "e2e_probe:app"}
+    two = {**probe, "deployments": [{"name": "Probe", "num_replicas": 2}]}
+    ks.put([two])
+    ks.wait_app("probe")
+    results: list[tuple[int, object]] = []
+    slow = [
+        threading.Thread(target=lambda: results.append(http("GET", f"{ks.proxy}/probe/slow?s=1.5")))
+        for _ in range(2)
+    ]
+    for thread in slow:
+        thread.start()
+    wait_for(
+        lambda: (
+            sum(
+                _metric(ks, pid, "kubeserve_replica_ongoing_requests")
+                for pid in ks.replica_pids("probe", "Probe")
+            )
+            >= 2
+        ),
+        10,
+        what="both slow requests in flight",
+    )
+    ks.put([{**probe, "deployments": [{"name": "Probe", "num_replicas": 1}]}])
+    for thread in slow:
+        thread.join(30)
+    assert [status for status, _ in results] == [200, 200], results
+    wait_for(lambda: len(ks.replica_pids("probe", "Probe")) == 1, 30, what="scale down to 1")
+
+
+def _metric(ks: Kubeserve, pid: int, name: str) -> float:
+    """A replica's own Prometheus metric, read from its port (found in its command line)."""
+    text = http("GET", f"http://127.0.0.1:{_replica_port(pid)}/-/metrics")[1]
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in str(text).splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
+
+
+def _replica_port(pid: int) -> int:
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return int(args[args.index(b"--port") + 1])
+
+
+def test_kubeserve_client_commands(clean_kubeserve: Kubeserve, tmp_path: Path) -> None:
+    ks = clean_kubeserve
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "proxy_location: HeadOnly\n"
+        f"http_options: {{host: 127.0.0.1, port: {ks.proxy_port}}}\n"
+        "applications:\n"
+        "  - {name: hello, route_prefix: /hello, import_path: 'examples.hello:app'}\n"
+    )
+
+    def kubeserve(*args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "kubeserve.cli", *args, "--address", ks.api],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    kubeserve("deploy", str(config))
+    ks.wait_app("hello")
+    status = yaml.safe_load(kubeserve("status"))
+    assert status["applications"]["hello"]["status"] == "RUNNING"
+    assert yaml.safe_load(kubeserve("config"))["import_path"] == "examples.hello:app"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("applications: [{name: x, import_path: 'nodots'}]\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "kubeserve.cli", "deploy", str(bad), "--address", ks.api],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "applications.0.import_path" in result.stderr

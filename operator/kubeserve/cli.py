@@ -129,7 +129,7 @@ async def _serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await backend.start()
-    runner = web.AppRunner(create_app(backend, default_http), access_log=None)
+    runner = web.AppRunner(create_app(backend, default_http), access_log=None, shutdown_timeout=5)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
@@ -148,8 +148,10 @@ async def _serve(
             stop.set()
     await stop.wait()
     print("kubeserve: stopping replicas and proxy", flush=True)
-    await runner.cleanup()
+    # The backend first: proxies and replicas hold discovery long-polls open on the admin server,
+    # which would otherwise hold up its shutdown until they time out.
     await backend.close()
+    await runner.cleanup()
     return 0
 
 

@@ -141,9 +141,10 @@ class Kubeserve:
         except OSError:
             return False
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
+    def stop(self, sig: int = signal.SIGTERM) -> int | None:
+        """Stop the process; returns its exit code (-9 when it had to be killed)."""
         if self.proc is None:
-            return
+            return None
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -151,7 +152,8 @@ class Kubeserve:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.proc = None
+        code, self.proc = self.proc.returncode, None
+        return code
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]

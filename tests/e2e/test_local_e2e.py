@@ -241,7 +241,7 @@ def test_applications_come_back_after_a_restart(tmp_path: Path) -> None:
         ks.put([greeting_config("Persisted")])
         ks.wait_app("composed")
         old = ks.all_pids()
-        ks.stop()
+        assert ks.stop() == 0  # a clean, graceful exit on SIGTERM
         assert not any(pid_alive(p) for p in old)
         ks.start()
         ks.wait_app("composed")

@@ -48,3 +48,8 @@ format: venv
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
+
+## Regenerate the CustomResourceDefinitions in crds/ from the models in operator/kubeserve/schema/.
+.PHONY: crds
+crds: venv
+	$(BIN)/python -m kubeserve.schema.crd --out crds

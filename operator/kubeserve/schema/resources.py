@@ -1,0 +1,372 @@
+"""The custom resources ``ServeInstance`` and ``ServeApplication``: spec and status models.
+
+One model set, two spellings. A custom resource spells every REST field in camelCase
+(``import_path`` -> ``importPath``), and its models are *derived* from the REST models in
+:mod:`.config` rather than written again: :func:`cr_variant` makes a subclass of a REST model whose
+only difference is the alias generator (validators, constraints and defaults are inherited), with
+nested REST models replaced by their variants. Attribute names stay snake_case, so
+``variant.model_dump(by_alias=False)`` is the REST body and the REST model validates it.
+
+Where a custom resource differs from the REST body, on purpose and nowhere else:
+
+- ``ServeApplication.spec`` is one element of the REST ``applications`` list without ``name``,
+  ``host`` and ``port``: the application is named by the object's ``metadata.name``, or by
+  ``spec.appName`` when the Ray name is not a valid Kubernetes name (Ray allows any string);
+  ``host``/``port`` belong to the serving layer (``ServeInstance.spec.httpOptions``). It adds
+  ``instance``, the name of its ``ServeInstance`` in the same namespace (default ``default``).
+- ``ServeInstance.spec`` is the REST ``ServeDeploySchema`` without ``applications`` (each is a
+  ``ServeApplication``), plus ``image`` and ``imagePullPolicy`` for the pods the operator runs.
+- The REST API accepts two spellings of two settings (``max_concurrent_queries`` /
+  ``max_ongoing_requests``, ``cluster_actor_options`` / ``ray_actor_options``); a custom resource
+  has one name for each, Ray's: ``maxOngoingRequests`` and ``rayActorOptions``.
+- Free-form user objects (``userConfig``, ``args``, ``envVars``, ``resources``...) keep their keys
+  exactly as given: the alias generator renames fields, never the keys of a mapping.
+
+Translation (pure functions, used by the operator and by the admin API over the Kubernetes
+backend): :meth:`ServeApplicationSpecBase.to_rest` / :meth:`ServeApplicationSpecBase.from_rest` and
+:meth:`ServeInstanceSpecBase.rest_options` / :meth:`ServeInstanceSpecBase.from_rest`. Both
+directions keep "which fields were given" (``exclude_unset``), which the REST semantics of
+deployment overrides and ``deployed_app_config`` depend on.
+
+Cross-field rules raised by REST validators report their path in the REST spelling (for example
+``["autoscalingConfig", "max_replicas"]``); the API server checks the same rules first, with
+camelCase paths, through the CRD's CEL rules (:mod:`.crd`).
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from copy import copy
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, create_model, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
+
+from kubeserve.schema.config import (
+    ServeApplicationEntry,
+    ServeApplicationSchema,
+    ServeDeploySchema,
+)
+from kubeserve.schema.status import (
+    ApplicationStatus,
+    DeploymentStatus,
+    DeploymentStatusTrigger,
+    ProxyDetails,
+)
+
+__all__ = [
+    "API_VERSION",
+    "CR_MODEL_CONFIG",
+    "DEFAULT_IMAGE",
+    "DEFAULT_INSTANCE",
+    "GROUP",
+    "VERSION",
+    "ApplicationSummary",
+    "CRModel",
+    "Condition",
+    "DeploymentStatusEntry",
+    "ServeApplicationSpec",
+    "ServeApplicationSpecBase",
+    "ServeApplicationStatus",
+    "ServeInstanceSpec",
+    "ServeInstanceSpecBase",
+    "ServeInstanceState",
+    "ServeInstanceStatus",
+    "cr_variant",
+]
+
+GROUP = "kubeserve.io"
+VERSION = "v1beta1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+#: Image of the operator, proxy, replica and build pods when ``ServeInstance.spec.image`` is unset.
+DEFAULT_IMAGE = "kubeserve:0.1.0"
+#: The ``ServeInstance`` an application belongs to when ``spec.instance`` is unset.
+DEFAULT_INSTANCE = "default"
+
+#: camelCase in and out. Validation accepts only the camelCase names (a snake_case key is an
+#: unknown field, as the API server would say); ``model_dump()`` writes camelCase, and
+#: ``model_dump(by_alias=False)`` writes the REST spelling.
+CR_MODEL_CONFIG = ConfigDict(
+    alias_generator=to_camel,
+    validate_by_alias=True,
+    validate_by_name=False,
+    serialize_by_alias=True,
+    extra="forbid",
+    allow_inf_nan=False,
+)
+
+#: Marks a field whose default the CRD carries, so the API server fills it in (see :mod:`.crd`).
+#: Only fields whose "given or not" does not matter to REST semantics are marked.
+CRD_DEFAULT: dict[str, Any] = {"x-kubeserve-crd-default": True}
+
+
+class CRModel(BaseModel):
+    """Base of the models declared only for custom resources (not derived from REST models)."""
+
+    model_config = CR_MODEL_CONFIG
+
+
+# --------------------------------------------------------------------------- camelCase variants
+
+_M = TypeVar("_M", bound=BaseModel)
+_VARIANTS: dict[type[BaseModel], type[BaseModel]] = {}
+
+
+def cr_variant(rest: type[_M]) -> type[_M]:
+    """The camelCase subclass of a REST model (cached: one variant per model).
+
+    Inherits fields, validators and defaults; replaces nested models by their variants, and drops
+    the REST models' explicit validation aliases (the second spelling of a synonym pair).
+    """
+    if rest in _VARIANTS:
+        return typing.cast(type[_M], _VARIANTS[rest])
+    overrides = _cr_fields(rest, only_changed=True)
+
+    def body(ns: dict[str, Any]) -> None:
+        ns.update(
+            model_config=CR_MODEL_CONFIG,
+            __module__=__name__,
+            __qualname__=rest.__qualname__,
+            __doc__=rest.__doc__,
+            __annotations__={name: ann for name, (ann, _) in overrides.items()},
+            **{name: info for name, (_, info) in overrides.items()},
+        )
+
+    variant = types.new_class(rest.__name__, (rest,), exec_body=body)
+    _VARIANTS[rest] = variant
+    return typing.cast(type[_M], variant)
+
+
+def _cr_fields(
+    rest: type[BaseModel], *, only_changed: bool = False, omit: frozenset[str] = frozenset()
+) -> dict[str, tuple[Any, FieldInfo]]:
+    """Field definitions of ``rest`` for a camelCase model: same constraints, camelCase names."""
+    fields: dict[str, tuple[Any, FieldInfo]] = {}
+    for name, info in rest.model_fields.items():
+        annotation = _cr_annotation(info.annotation)
+        explicit_alias = info.validation_alias is not None or info.alias_priority == 2
+        if name in omit or (only_changed and annotation is info.annotation and not explicit_alias):
+            continue
+        new = copy(info)
+        new.alias = new.validation_alias = new.serialization_alias = None
+        new.alias_priority = None
+        fields[name] = (annotation, new)
+    return fields
+
+
+def _cr_annotation(tp: Any) -> Any:
+    """``tp`` with every REST model in it replaced by its variant (``tp`` itself if none)."""
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return cr_variant(tp)
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is None or origin is Literal:
+        return tp
+    if origin is Annotated:
+        inner = _cr_annotation(args[0])
+        return tp if inner is args[0] else Annotated[(inner, *tp.__metadata__)]
+    new_args = tuple(_cr_annotation(a) for a in args)
+    if all(new is old for new, old in zip(new_args, args, strict=True)):
+        return tp
+    if origin in (Union, types.UnionType):
+        return Union[new_args]  # noqa: UP007 - a runtime-built union
+    return origin[new_args]
+
+
+# --------------------------------------------------------------------------- ServeApplication spec
+
+
+class ServeApplicationSpecBase(CRModel):
+    """``ServeApplication.spec``: one application (REST ``applications[]`` element, camelCase).
+
+    The application's name is ``appName`` when given, else the object's ``metadata.name``.
+    """
+
+    #: The REST model a spec translates to; :mod:`.crd` also takes its CEL rules from it.
+    rest_model: ClassVar[type[BaseModel]] = ServeApplicationEntry
+
+    app_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Application name (Ray's `name`). Default: metadata.name. Set it when the "
+        "name is not a valid Kubernetes object name.",
+    )
+    instance: str = Field(
+        default=DEFAULT_INSTANCE,
+        min_length=1,
+        description="Name of the ServeInstance (same namespace) that serves this application.",
+        json_schema_extra=CRD_DEFAULT,
+    )
+
+    def to_rest(self, *, name: str) -> ServeApplicationEntry:
+        """The REST element of ``applications``; ``name`` is the object's ``metadata.name``.
+
+        Raises pydantic's ``ValidationError`` when the spec breaks a REST rule.
+        """
+        body = self.model_dump(
+            mode="json", by_alias=False, exclude_unset=True, exclude={"app_name", "instance"}
+        )
+        return ServeApplicationEntry.model_validate({"name": self.app_name or name, **body})
+
+    @classmethod
+    def from_rest(
+        cls, app: ServeApplicationSchema, *, instance: str = DEFAULT_INSTANCE
+    ) -> ServeApplicationSpecBase:
+        """The spec of a REST application (``host``/``port`` go to the instance, not here).
+
+        ``appName`` is always set, so the object's name may be any valid Kubernetes name.
+        """
+        body = app.model_dump(mode="json", exclude_unset=True, exclude={"name", "host", "port"})
+        body["app_name"] = app.name
+        if instance != DEFAULT_INSTANCE:
+            body["instance"] = instance
+        return cls.model_validate(body, by_name=True, by_alias=False)
+
+
+def _rest_validators(rest: type[BaseModel]) -> dict[str, Any]:
+    """The REST model's after-validators, re-attached to a spec model built from its fields."""
+    decorators = rest.__pydantic_decorators__.model_validators
+    return {
+        name: model_validator(mode="after")(d.func)
+        for name, d in decorators.items()
+        if d.info.mode == "after"
+    }
+
+
+ServeApplicationSpec = create_model(  # type: ignore[call-overload]
+    "ServeApplicationSpec",
+    __base__=ServeApplicationSpecBase,
+    __module__=__name__,
+    __doc__=ServeApplicationSpecBase.__doc__,
+    __validators__=_rest_validators(ServeApplicationSchema),
+    **_cr_fields(ServeApplicationEntry, omit=frozenset({"name", "host", "port"})),
+)
+
+
+# --------------------------------------------------------------------------- ServeInstance spec
+
+
+class ServeInstanceSpecBase(CRModel):
+    """``ServeInstance.spec``: the serving layer (REST ``ServeDeploySchema`` minus applications).
+
+    Its existence means "the serving layer is running" in its namespace; usually one per namespace,
+    named ``default``.
+    """
+
+    rest_model: ClassVar[type[BaseModel]] = ServeDeploySchema
+
+    image: str = Field(
+        default=DEFAULT_IMAGE,
+        min_length=1,
+        description="Container image of the proxy, replica and build pods (an application's "
+        "runtimeEnv.imageUri overrides it for that application).",
+        json_schema_extra=CRD_DEFAULT,
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None, description="imagePullPolicy of those pods; Kubernetes' default when unset."
+    )
+
+    def rest_options(self) -> dict[str, Any]:
+        """The instance-level REST fields, as given (a ``ServeDeploySchema`` minus applications)."""
+        return self.model_dump(
+            mode="json", by_alias=False, exclude_unset=True, exclude={"image", "image_pull_policy"}
+        )
+
+    def to_rest(self, applications: list[ServeApplicationEntry]) -> ServeDeploySchema:
+        """The REST multi-application config of this instance and its applications."""
+        apps = [a.model_dump(mode="json", exclude_unset=True) for a in applications]
+        return ServeDeploySchema.model_validate({**self.rest_options(), "applications": apps})
+
+    @classmethod
+    def from_rest(cls, config: ServeDeploySchema, **cr_only: Any) -> ServeInstanceSpecBase:
+        """The spec of a REST config's instance-level fields; ``cr_only``: image, pull policy."""
+        body = config.model_dump(mode="json", exclude_unset=True, exclude={"applications"})
+        return cls.model_validate({**body, **cr_only}, by_name=True, by_alias=False)
+
+
+ServeInstanceSpec = create_model(  # type: ignore[call-overload]
+    "ServeInstanceSpec",
+    __base__=ServeInstanceSpecBase,
+    __module__=__name__,
+    __doc__=ServeInstanceSpecBase.__doc__,
+    **_cr_fields(ServeDeploySchema, omit=frozenset({"applications"})),
+)
+
+
+# --------------------------------------------------------------------------- status
+
+
+class Condition(CRModel):
+    """A Kubernetes condition (the shape of ``metav1.Condition``), read by ``kubectl wait``."""
+
+    type: str = Field(min_length=1, description="Condition type, e.g. Ready.")
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: datetime | None = None
+    observed_generation: NonNegativeInt | None = None
+
+
+class DeploymentStatusEntry(CRModel):
+    """One serve deployment of an application: Ray's status values plus replica counts."""
+
+    status: DeploymentStatus
+    status_trigger: DeploymentStatusTrigger = DeploymentStatusTrigger.UNSPECIFIED
+    message: str = ""
+    replicas: NonNegativeInt = 0
+    ready_replicas: NonNegativeInt = 0
+    target_replicas: NonNegativeInt = 0
+
+
+class ServeApplicationStatus(CRModel):
+    """``ServeApplication.status``, written by the operator only.
+
+    ``kopf`` is the operator framework's own state (handler progress), kept here rather than in
+    annotations; its content is opaque.
+    """
+
+    app_status: ApplicationStatus | None = None
+    message: str = ""
+    ready_deployments: str | None = Field(
+        default=None, description='Healthy deployments out of all, e.g. "2/3".'
+    )
+    route_prefix: str | None = Field(default=None, description="The effective route prefix.")
+    docs_path: str | None = None
+    last_deployed_time: datetime | None = None
+    observed_generation: NonNegativeInt | None = None
+    deployments: dict[str, DeploymentStatusEntry] = Field(default_factory=dict)
+    conditions: list[Condition] = Field(default_factory=list)
+    kopf: dict[str, Any] | None = None
+
+
+class ServeInstanceState(StrEnum):
+    """Summary state of the serving layer, for ``kubectl get``; ``conditions`` carry details."""
+
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    UNHEALTHY = "UNHEALTHY"
+    DELETING = "DELETING"
+
+
+class ApplicationSummary(CRModel):
+    """One application of an instance, keyed by application name in the instance status."""
+
+    status: ApplicationStatus
+    route_prefix: str | None = None
+    message: str = ""
+
+
+class ServeInstanceStatus(CRModel):
+    """``ServeInstance.status``, written by the operator only; ``proxies`` keyed by node."""
+
+    state: ServeInstanceState | None = None
+    message: str = ""
+    observed_generation: NonNegativeInt | None = None
+    proxies: dict[str, cr_variant(ProxyDetails)] = Field(default_factory=dict)  # type: ignore[valid-type]
+    applications: dict[str, ApplicationSummary] = Field(default_factory=dict)
+    conditions: list[Condition] = Field(default_factory=list)
+    kopf: dict[str, Any] | None = None

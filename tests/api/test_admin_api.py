@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import jsonschema
+
+from kubeserve.schema.status import ServeInstanceDetails
 from kubeserve_testing import Kubeserve, http, wait_for
+
+RAY_REFERENCE = Path(__file__).resolve().parents[1] / "reference" / "ray-2.60"
 
 HELLO = {"name": "hello", "route_prefix": "/hello", "import_path": "examples.hello:app"}
 
@@ -152,3 +160,29 @@ def test_status_when_nothing_runs_starts_the_serving_layer(clean_kubeserve: Kube
     assert body["app_status"]["status"] == "NOT_STARTED"
     assert body["deployment_statuses"] == []
     assert ks.details()["controller_info"]["node_id"]
+
+
+def test_instance_details_match_ray_2_60s_published_schema(clean_kubeserve: Kubeserve) -> None:
+    """The GET body the Ray client parses strictly: Ray's JSON schema and our response model."""
+    ks = clean_kubeserve
+    composed = {
+        "name": "composed",
+        "route_prefix": "/",
+        "import_path": "examples.composed:app",
+        "deployments": [{"name": "Greeter", "num_replicas": 2, "user_config": {"greeting": "Hi"}}],
+    }
+    ks.put([HELLO, composed])
+    ks.wait_app("hello")
+    ks.wait_app("composed")
+    ks.wait_proxy()
+    body = ks.details()
+    schema = json.loads((RAY_REFERENCE / "ServeInstanceDetails.json").read_text())
+    jsonschema.validate(body, schema)
+    parsed = ServeInstanceDetails.model_validate(body)
+    greeter = parsed.applications["composed"].deployments["Greeter"]
+    assert greeter.target_num_replicas == 2
+    assert len(greeter.replicas) == 2
+    assert all(r.state == "RUNNING" and r.pid for r in greeter.replicas)
+    assert body["applications"]["composed"]["deployment_topology"]["ingress_deployment"] == (
+        "Frontend"
+    )

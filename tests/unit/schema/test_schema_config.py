@@ -17,7 +17,9 @@ from kubeserve.schema import (
     parse_body,
 )
 
-RAY_SCHEMA = Path("/work/shared/reference/ray-2.60/ServeDeploySchema.json")
+RAY_SCHEMA = (
+    Path(__file__).resolve().parents[2] / "reference" / "ray-2.60" / "ServeDeploySchema.json"
+)
 
 
 def errors_of(model: type[BaseModel], body: Any) -> list[tuple[list[str | int], str]]:

@@ -32,7 +32,7 @@ from kubeserve.schema import (
     parse_body,
 )
 
-REFERENCE = Path("/work/shared/reference/ray-2.60")
+REFERENCE = Path(__file__).resolve().parents[2] / "reference" / "ray-2.60"
 RAY_DETAILS_SCHEMA = json.loads((REFERENCE / "ServeInstanceDetails.json").read_text())
 
 

@@ -11,7 +11,6 @@ changed does nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import time
@@ -253,16 +252,14 @@ class DeploymentState:
 
     async def _wait_ready(self, replica: Replica, exited: asyncio.Future[int]) -> bool:
         url = f"http://127.0.0.1:{replica.port}{wire.HEALTHZ_PATH}"
-        while not exited.done() and replica.state == "STARTING":
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with self._ctx.session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
-                    if r.status == 200:
-                        replica.state = "RUNNING"
-                        self.startup_failures = 0
-                        self._ctx.wake()
-                        return True
-            await asyncio.wait([exited], timeout=_READY_POLL_S)
-        return False
+        ready = await processes.wait_until_answering(
+            self._ctx.session, url, exited, lambda: replica.state == "STARTING", _READY_POLL_S
+        )
+        if ready:
+            replica.state = "RUNNING"
+            self.startup_failures = 0
+            self._ctx.wake()
+        return ready
 
     async def _health_loop(self, replica: Replica, exited: asyncio.Future[int]) -> None:
         url = f"http://127.0.0.1:{replica.port}{wire.HEALTHZ_PATH}"

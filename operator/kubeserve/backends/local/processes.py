@@ -14,8 +14,10 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+
+import aiohttp
 
 _PR_SET_PDEATHSIG = 1
 
@@ -126,3 +128,25 @@ def log_tail(path: Path, max_lines: int = 12) -> str:
         return ""
     lines = data.decode(errors="replace").strip().splitlines()
     return "\n".join(lines[-max_lines:])
+
+
+async def wait_until_answering(
+    session: aiohttp.ClientSession,
+    url: str,
+    exited: asyncio.Future[int],
+    still_wanted: Callable[[], bool],
+    poll_s: float,
+) -> bool:
+    """Poll ``url`` until it answers 200 (True), or the process exits or is no longer wanted.
+
+    Used for readiness: a child is ready once its health endpoint answers, which replicas only do
+    after their constructor and first ``reconfigure`` succeeded.
+    """
+    timeout = aiohttp.ClientTimeout(total=5)
+    while not exited.done() and still_wanted():
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with session.get(url, timeout=timeout) as response:
+                if response.status == 200:
+                    return True
+        await asyncio.wait([exited], timeout=poll_s)
+    return False

@@ -8,8 +8,6 @@ import time
 from pathlib import Path
 from typing import Literal
 
-import aiohttp
-
 from kubeserve.backends.local import processes
 from kubeserve.backends.local.deployment_state import ReplicaContext
 
@@ -59,13 +57,10 @@ class ProxyState:
         exited = asyncio.ensure_future(self._proc.wait())
         probe_host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
         url = f"http://{probe_host}:{self.port}/-/healthz"
-        while not exited.done() and self.status == "STARTING":
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with self._ctx.session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as r:
-                    if r.status == 200:
-                        self.status = "HEALTHY"
-                        break
-            await asyncio.wait([exited], timeout=0.05)
+        if await processes.wait_until_answering(
+            self._ctx.session, url, exited, lambda: self.status == "STARTING", 0.05
+        ):
+            self.status = "HEALTHY"
         code = await exited
         if not self._stopping:
             self.status = "UNHEALTHY"

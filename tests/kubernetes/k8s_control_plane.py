@@ -10,8 +10,14 @@ when the context exits. Binaries come from ``make k8s-binaries``; etcd from the 
 
 What tests get (``ControlPlane``): ``kubeconfig`` (admin), ``server``, ``kubectl(...)``,
 ``apply(...)``, ``get(...)``, ``api(...)`` for raw requests, ``env()`` for starting an operator
-process, ``service_account_kubeconfig(...)`` to run something with a service account's RBAC, and
-``pod_log(...)`` because there is no kubelet API behind ``kubectl logs``.
+process, ``service_account_kubeconfig(...)`` to run something with a service account's RBAC,
+``extra_node(...)`` for more nodes, and ``pod_log(...)`` because there is no kubelet API behind
+``kubectl logs``.
+
+What differs from a real cluster: pods are processes of the test virtualenv on 127.0.0.x (images
+are ignored; containers need a ``command``), Service cluster IPs route nowhere (no kube-proxy: reach
+pods through their EndpointSlices), and the API server is built to accept loopback addresses in
+EndpointSlices (see ``build_k8s_binaries.sh``).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from typing import Any
 import yaml
 from fake_kubelet import die_with_parent, kubeconfig_text
 
-from kubeserve_testing import free_port, wait_for
+from kubeserve_testing import ROOT, free_port, wait_for
 
 HERE = Path(__file__).resolve().parent
 CACHE = Path.home() / ".cache" / "kubeserve" / "k8s"
@@ -95,8 +101,11 @@ class ProcessGroup:
         text = path.read_text(errors="replace") if path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def stop_all(self) -> None:
-        for _, process in reversed(self.processes):
+    def stop(self, name: str) -> None:
+        """SIGTERM, then SIGKILL to the process group after 15 s."""
+        for started, process in list(self.processes):
+            if started != name:
+                continue
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
                 try:
@@ -105,7 +114,11 @@ class ProcessGroup:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
-        self.processes.clear()
+            self.processes.remove((started, process))
+
+    def stop_all(self) -> None:
+        for name, _ in reversed(list(self.processes)):
+            self.stop(name)
 
 
 @dataclass
@@ -120,6 +133,7 @@ class ControlPlane:
     ca_file: Path
     node_name: str = NODE_NAME
     processes: ProcessGroup | None = field(default=None, repr=False)
+    _extra_nodes: int = field(default=0, repr=False)
 
     # -- kubectl ----------------------------------------------------------------------------------
     def kubectl(
@@ -225,6 +239,71 @@ class ControlPlane:
         assert self.processes is not None
         return self.processes.tail(name, lines)
 
+    # -- nodes ------------------------------------------------------------------------------------
+    def start_kubelet(
+        self,
+        node: str,
+        pod_cidr: str,
+        labels: Mapping[str, str] | None = None,
+        capacity: Mapping[str, str] | None = None,
+    ) -> None:
+        """Start a kubelet stand-in for ``node``; its pods get addresses from ``pod_cidr``.
+
+        Pods see this environment (the test virtualenv first on PATH, ``tests/apps`` and the
+        package on PYTHONPATH): it plays the part of the container image.
+        """
+        assert self.processes is not None
+        env = dict(os.environ)
+        env.pop("KUBECONFIG", None)
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT / "tests" / "apps"), str(ROOT / "operator"), env.get("PYTHONPATH", "")]
+        ).rstrip(os.pathsep)
+        env["PYTHONUNBUFFERED"] = "1"
+        argv = [
+            sys.executable,
+            str(HERE / "fake_kubelet.py"),
+            f"--kubeconfig={self.kubeconfig}",
+            f"--node-name={node}",
+            f"--work-dir={self.work_dir / 'kubelet'}",
+            f"--pod-cidr={pod_cidr}",
+        ]
+        argv += [f"--label={k}={v}" for k, v in (labels or {}).items()]
+        argv += [f"--capacity={k}={v}" for k, v in (capacity or {}).items()]
+        self.processes.start(f"fake-kubelet-{node}", argv, env=env)
+
+    def node_ready(self, node: str) -> bool:
+        try:
+            status = self.api("GET", f"/api/v1/nodes/{node}").get("status", {})
+        except urllib.error.HTTPError:
+            return False
+        return any(
+            c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])
+        )
+
+    @contextlib.contextmanager
+    def extra_node(
+        self,
+        node: str,
+        labels: Mapping[str, str] | None = None,
+        capacity: Mapping[str, str] | None = None,
+    ) -> Iterator[str]:
+        """A second (third...) node for the duration of a ``with`` block, e.g. for DaemonSets or
+        node selectors; its pods live on 127.<n>.0.x. On exit its pods and the Node are removed."""
+        assert self.processes is not None
+        self._extra_nodes += 1
+        self.start_kubelet(node, f"127.{self._extra_nodes}.0.0/16", labels, capacity)
+        try:
+            wait_for(lambda: self.node_ready(node), 30, what=f"node {node} Ready")
+            yield node
+        finally:
+            self.processes.stop(f"fake-kubelet-{node}")
+            self.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false")
+            self.kubectl(
+                "delete", "pods", "--all-namespaces", f"--field-selector=spec.nodeName={node}",
+                "--force", "--grace-period=0", "--ignore-not-found",
+            )  # fmt: skip
+
     def create_namespace(self, prefix: str = "test") -> str:
         name = (
             f"{re.sub(r'[^a-z0-9-]', '-', prefix.lower())[:40].strip('-')}-{secrets.token_hex(3)}"
@@ -291,7 +370,8 @@ def _etcd_argv(etcd: str, data_dir: Path, client_port: int, peer_port: int) -> l
     return argv
 
 
-def _https_ok(url: str, token: str | None = None, ca_file: Path | None = None) -> bool:
+def _answers_ok(url: str, token: str | None = None, ca_file: Path | None = None) -> bool:
+    """Whether ``url`` answers 200 (TLS verified against ``ca_file`` when given)."""
     context = (
         ssl.create_default_context(cafile=str(ca_file))
         if ca_file
@@ -302,7 +382,7 @@ def _https_ok(url: str, token: str | None = None, ca_file: Path | None = None) -
         with urllib.request.urlopen(
             urllib.request.Request(url, headers=headers), timeout=2, context=context
         ) as response:
-            return response.status == 200
+            return bool(response.status == 200)
     except (OSError, urllib.error.URLError):
         return False
 
@@ -354,7 +434,7 @@ def _start(
             raise RuntimeError(f"{err}\n{processes.tail(name)}") from None
 
     processes.start("etcd", _etcd_argv(etcd, work / "etcd", etcd_port, peer_port))
-    ready("etcd", lambda: _http_ok(f"http://127.0.0.1:{etcd_port}/health"), "etcd health")
+    ready("etcd", lambda: _answers_ok(f"http://127.0.0.1:{etcd_port}/health"), "etcd health")
 
     processes.start("kube-apiserver", [
         str(bin_dir / "kube-apiserver"),
@@ -377,7 +457,7 @@ def _start(
     ])  # fmt: skip
     ready(
         "kube-apiserver",
-        lambda: _https_ok(f"{server}/readyz", token, pki / "ca.crt"),
+        lambda: _answers_ok(f"{server}/readyz", token, pki / "ca.crt"),
         "kube-apiserver /readyz",
     )
 
@@ -406,48 +486,23 @@ def _start(
         *common,
         f"--secure-port={scheduler_port}",
     ])  # fmt: skip
-    kubelet_env = dict(os.environ)
-    kubelet_env.pop("KUBECONFIG", None)
-    kubelet_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), kubelet_env["PATH"]])
-    kubelet_env["PYTHONUNBUFFERED"] = "1"
-    processes.start("fake-kubelet", [
-        sys.executable, str(HERE / "fake_kubelet.py"),
-        f"--kubeconfig={kubeconfig}",
-        f"--node-name={NODE_NAME}",
-        f"--work-dir={work / 'kubelet'}",
-    ], env=kubelet_env)  # fmt: skip
-
+    plane.start_kubelet(NODE_NAME, "127.0.0.0/16")
     ready(
         "kube-controller-manager",
-        lambda: _https_ok(f"https://127.0.0.1:{kcm_port}/healthz"),
+        lambda: _answers_ok(f"https://127.0.0.1:{kcm_port}/healthz"),
         "kube-controller-manager /healthz",
     )
     ready(
         "kube-scheduler",
-        lambda: _https_ok(f"https://127.0.0.1:{scheduler_port}/healthz"),
+        lambda: _answers_ok(f"https://127.0.0.1:{scheduler_port}/healthz"),
         "kube-scheduler /healthz",
     )
-    ready("fake-kubelet", lambda: _node_ready(plane), f"node {NODE_NAME} Ready")
+    ready(
+        f"fake-kubelet-{NODE_NAME}", lambda: plane.node_ready(NODE_NAME), f"node {NODE_NAME} Ready"
+    )
     ready(
         "kube-controller-manager",
         lambda: plane.exists("serviceaccount", "default", "default"),
         "the default service account (service-account controller running)",
     )
     return plane
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except (OSError, urllib.error.URLError):
-        return False
-
-
-def _node_ready(plane: ControlPlane) -> bool:
-    try:
-        node = plane.api("GET", f"/api/v1/nodes/{NODE_NAME}")
-    except urllib.error.HTTPError:
-        return False
-    conditions = node.get("status", {}).get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)

@@ -225,3 +225,34 @@ def test_rbac_is_enforced(control_plane: ControlPlane, namespace: str) -> None:
         "get", "secrets", "-n", namespace, check=False, kubeconfig=kubeconfig
     )
     assert "forbidden" in denied.stderr
+
+
+def test_daemonset_runs_one_ready_pod_per_node(control_plane: ControlPlane, namespace: str) -> None:
+    deployment, _ = web_manifests(namespace)
+    daemonset = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "web", "namespace": namespace},
+        "spec": {
+            "selector": deployment["spec"]["selector"],
+            "template": deployment["spec"]["template"],
+        },
+    }
+    with control_plane.extra_node("kubeserve-test-node-2", labels={"example.com/gpu": "a100"}):
+        control_plane.apply(daemonset)
+        control_plane.kubectl(
+            "rollout", "status", "daemonset/web", "-n", namespace, "--timeout=60s"
+        )
+        placed = {
+            p["spec"]["nodeName"]: p["status"]["podIP"]
+            for p in pods(control_plane, namespace, "app=web")
+        }
+        assert placed.keys() == {control_plane.node_name, "kubeserve-test-node-2"}
+        assert placed["kubeserve-test-node-2"].startswith("127.1.0.")
+        for ip in placed.values():
+            assert http("GET", f"http://{ip}:8080/")[0] == 200
+    wait_for(
+        lambda: len(pods(control_plane, namespace, "app=web")) == 1,
+        30,
+        what="the removed node's pod to go",
+    )

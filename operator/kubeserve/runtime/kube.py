@@ -1,0 +1,306 @@
+"""A small JSON client for the Kubernetes API, shared by the operator and in-cluster processes.
+
+kubernetes_asyncio provides configuration (kubeconfig or in-cluster service account), auth and the
+HTTP session; this module adds the handful of verbs kubeserve uses on plain dicts, so any resource
+(built-in or custom) is handled the same way:
+
+* :meth:`Kube.apply` is server-side apply with field manager ``kubeserve`` and strict field
+  validation: idempotent, and fields kubeserve stops setting are removed;
+* :meth:`Kube.watch` streams events with bookmarks and resumes from the last resourceVersion.
+
+Errors::
+
+    KubeError (status, reason, message)
+     ├── KubeNotFound   404
+     └── KubeConflict   409
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "kubeserve"
+
+#: kind -> (api group/version path prefix, plural); the resources kubeserve touches.
+RESOURCES: dict[str, tuple[str, str]] = {
+    "Namespace": ("api/v1", "namespaces"),
+    "Pod": ("api/v1", "pods"),
+    "Service": ("api/v1", "services"),
+    "ConfigMap": ("api/v1", "configmaps"),
+    "ServiceAccount": ("api/v1", "serviceaccounts"),
+    "Event": ("api/v1", "events"),
+    "Deployment": ("apis/apps/v1", "deployments"),
+    "DaemonSet": ("apis/apps/v1", "daemonsets"),
+    "Job": ("apis/batch/v1", "jobs"),
+    "Role": ("apis/rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    "EndpointSlice": ("apis/discovery.k8s.io/v1", "endpointslices"),
+    "ServeInstance": ("apis/kubeserve.io/v1beta1", "serveinstances"),
+    "ServeApplication": ("apis/kubeserve.io/v1beta1", "serveapplications"),
+}
+
+
+class KubeError(Exception):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status, self.reason, self.message = status, reason, message
+
+
+class KubeNotFound(KubeError):
+    pass
+
+
+class KubeConflict(KubeError):
+    pass
+
+
+def path(kind: str, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
+    prefix, plural = RESOURCES[kind]
+    parts = [prefix]
+    if namespace is not None and kind != "Namespace":
+        parts += ["namespaces", quote(namespace)]
+    parts.append(plural)
+    if name is not None:
+        parts.append(quote(name))
+    if sub:
+        parts.append(sub)
+    return "/" + "/".join(parts)
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    type: str  # ADDED | MODIFIED | DELETED
+    object: dict[str, Any]
+
+
+class Kube:
+    """Owns one kubernetes_asyncio ApiClient (one HTTP connection pool)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        #: requests sent, for the operator's "API requests when idle" figure
+        self.requests = 0
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | None = None) -> Kube:
+        """From ``kubeconfig`` when given, else in-cluster, else the default kubeconfig."""
+        configuration = client.Configuration()
+        if kubeconfig:
+            await config.load_kube_config(
+                config_file=kubeconfig, client_configuration=configuration
+            )
+        else:
+            try:
+                config.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=configuration
+                )
+            except config.ConfigException:
+                await config.load_kube_config(client_configuration=configuration)
+        return cls(client.ApiClient(configuration))
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        *,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        self.requests += 1
+        try:
+            return await self.api.call_api(
+                url,
+                method,
+                query_params=list((query or {}).items()),
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+                response_types_map={200: "object", 201: "object", 202: "object"},
+                _return_http_data_only=True,
+            )
+        except ApiException as exc:
+            raise _error(exc) from None
+
+    async def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(await self.request("GET", path(kind, namespace, name)))
+        except KubeNotFound:
+            return None
+
+    async def list_items(
+        self, kind: str, namespace: str | None, label_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        return (await self.list_with_version(kind, namespace, label_selector))[0]
+
+    async def list_with_version(
+        self, kind: str, namespace: str | None, label_selector: str = ""
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The items and the list's resourceVersion (where a watch resumes)."""
+        query = {"labelSelector": label_selector} if label_selector else None
+        body = await self.request("GET", path(kind, namespace), query=query)
+        items: list[dict[str, Any]] = body.get("items", [])
+        return items, str(body.get("metadata", {}).get("resourceVersion", ""))
+
+    async def create(self, kind: str, namespace: str | None, body: Mapping[str, Any]) -> Any:
+        return await self.request("POST", path(kind, namespace), dict(body))
+
+    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply of a whole object kubeserve owns (force: kubeserve is the owner)."""
+        meta = obj["metadata"]
+        url = path(obj["kind"], meta.get("namespace"), meta["name"])
+        query = {"fieldManager": FIELD_MANAGER, "force": "true", "fieldValidation": "Strict"}
+        return dict(
+            await self.request(
+                "PATCH", url, dict(obj), query=query, content_type="application/apply-patch+yaml"
+            )
+        )
+
+    async def merge_patch(
+        self, kind: str, namespace: str | None, name: str, patch: Mapping[str, Any], sub: str = ""
+    ) -> dict[str, Any]:
+        return dict(
+            await self.request(
+                "PATCH",
+                path(kind, namespace, name, sub),
+                dict(patch),
+                content_type="application/merge-patch+json",
+            )
+        )
+
+    async def delete(
+        self, kind: str, namespace: str | None, name: str, propagation: str = "Background"
+    ) -> None:
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        with contextlib.suppress(KubeNotFound):
+            await self.request("DELETE", path(kind, namespace, name), body)
+
+    async def watch(
+        self,
+        kind: str,
+        namespace: str | None,
+        label_selector: str,
+        resource_version: str,
+        timeout_s: int = 300,
+    ) -> AsyncIterator[WatchEvent]:
+        """One watch request from ``resource_version``; ends when the server ends it.
+
+        Bookmarks are yielded too (type ``BOOKMARK``) so callers can advance their version.
+        """
+        query = {"watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_s)}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        if resource_version:
+            query["resourceVersion"] = resource_version
+        self.requests += 1
+        try:
+            response = await self.api.call_api(
+                path(kind, namespace),
+                "GET",
+                query_params=list(query.items()),
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout_s + 30,
+            )
+        except ApiException as exc:
+            raise _error(exc) from None
+        async with response:
+            async for line in response.content:
+                if line.strip():
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":
+                        raise _status_error(event["object"])
+                    yield WatchEvent(event["type"], event["object"])
+
+
+class Informer:
+    """A local cache of one kind of object, kept current by list-then-watch.
+
+    ``on_change`` receives the whole cache (name -> object) after the first list and after every
+    change; it must not block. The informer re-lists after the watch expires (410 Gone) or fails,
+    with backoff, so callers always converge to the server's state.
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        kind: str,
+        namespace: str | None,
+        on_change: Callable[[dict[str, dict[str, Any]]], None],
+        label_selector: str = "",
+    ) -> None:
+        self._kube, self._kind, self._namespace = kube, kind, namespace
+        self._selector, self._on_change = label_selector, on_change
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.synced = asyncio.Event()
+
+    async def run(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                await self._list_and_watch()
+                backoff = 0.2
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the API server restarts, connections drop: re-list
+                log.warning(
+                    "watch of %s failed (%s); re-listing in %.1f s", self._kind, exc, backoff
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    async def _list_and_watch(self) -> None:
+        items, version = await self._kube.list_with_version(
+            self._kind, self._namespace, self._selector
+        )
+        self.objects = {_key(o): o for o in items}
+        self._on_change(self.objects)
+        self.synced.set()
+        while True:
+            async for event in self._kube.watch(
+                self._kind, self._namespace, self._selector, version
+            ):
+                version = event.object["metadata"].get("resourceVersion", version)
+                if event.type == "BOOKMARK":
+                    continue
+                if event.type == "DELETED":
+                    self.objects.pop(_key(event.object), None)
+                else:
+                    self.objects[_key(event.object)] = event.object
+                self._on_change(self.objects)
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj["metadata"]
+    return f"{meta.get('namespace', '')}/{meta['name']}"
+
+
+def _error(exc: ApiException) -> KubeError:
+    message = exc.reason or ""
+    with contextlib.suppress(TypeError, ValueError, AttributeError):
+        message = json.loads(exc.body or b"{}").get("message", message)
+    status = int(exc.status or 0)
+    error_type = {404: KubeNotFound, 409: KubeConflict}.get(status, KubeError)
+    return error_type(status, str(exc.reason), message)
+
+
+def _status_error(status: Mapping[str, Any]) -> KubeError:
+    code = int(status.get("code", 0))
+    error_type = {404: KubeNotFound, 409: KubeConflict}.get(code, KubeError)
+    return error_type(code, str(status.get("reason", "")), str(status.get("message", "")))

@@ -42,7 +42,15 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, create_model, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    create_model,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
@@ -320,6 +328,10 @@ class DeploymentStatusEntry(CRModel):
     replicas: NonNegativeInt = 0
     ready_replicas: NonNegativeInt = 0
     target_replicas: NonNegativeInt = 0
+    #: the data plane's routing inputs: the Service whose EndpointSlices list the ready replicas,
+    #: and the cap on requests in flight per replica
+    service: str | None = None
+    max_ongoing_requests: PositiveInt | None = None
 
 
 class ServeApplicationStatus(CRModel):
@@ -335,6 +347,9 @@ class ServeApplicationStatus(CRModel):
         default=None, description='Healthy deployments out of all, e.g. "2/3".'
     )
     route_prefix: str | None = Field(default=None, description="The effective route prefix.")
+    ingress_deployment: str | None = Field(
+        default=None, description="The deployment that receives the application's HTTP traffic."
+    )
     docs_path: str | None = None
     last_deployed_time: datetime | None = None
     observed_generation: NonNegativeInt | None = None

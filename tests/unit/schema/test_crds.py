@@ -316,7 +316,10 @@ def test_status_schemas_keep_the_operator_framework_state() -> None:
         "replicas",
         "readyReplicas",
         "targetReplicas",
+        "service",
+        "maxOngoingRequests",
     }
+    assert app_status["ingressDeployment"]["type"] == "string"
 
 
 # --------------------------------------------------------------------------- CR <-> REST

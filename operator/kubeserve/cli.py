@@ -60,6 +60,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     start.add_argument("--deploy", type=Path, help="a config file to deploy once the server is up")
 
+    operator = commands.add_parser("operator", help="run the Kubernetes operator")
+    operator.add_argument(
+        "--namespace",
+        default=os.environ.get("KUBESERVE_NAMESPACE", "kubeserve-system"),
+        help="the operator's own namespace (where the admin API writes custom resources)",
+    )
+    operator.add_argument(
+        "--watch-namespaces",
+        default=os.environ.get("KUBESERVE_WATCH_NAMESPACES", ""),
+        help="comma-separated namespaces to watch; empty watches the whole cluster",
+    )
+    operator.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
+    operator.add_argument("--dashboard-host", default="0.0.0.0")
+    operator.add_argument("--dashboard-port", type=int, default=8265)
+    operator.add_argument("--log-level", default=os.environ.get("KUBESERVE_LOG_LEVEL", "INFO"))
+
     for name, helptext in (
         ("deploy", "deploy a config file (multi-app if it has 'applications')"),
         ("status", "show statuses"),
@@ -93,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "start":
         return _start(args)
+    if args.command == "operator":
+        return _operator(args)
     return asyncio.run(_client(args))
 
 
@@ -152,6 +170,64 @@ async def _serve(
     # which would otherwise hold up its shutdown until they time out.
     await backend.close()
     await runner.cleanup()
+    return 0
+
+
+def _operator(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from kubeserve.backends.kubernetes.operator import OperatorSettings
+
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = OperatorSettings(
+        namespace=args.namespace,
+        watch_namespaces=tuple(n for n in args.watch_namespaces.split(",") if n),
+        kubeconfig=args.kubeconfig,
+    )
+    return uvloop.run(_operate(settings, args.dashboard_host, args.dashboard_port))
+
+
+async def _operate(settings: Any, host: str, port: int) -> int:
+    import kopf
+
+    from kubeserve.api.server import create_health_app
+    from kubeserve.backends.kubernetes.handlers import register
+    from kubeserve.backends.kubernetes.operator import Operator
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    operator = Operator(settings)
+    await operator.start()
+    runner = web.AppRunner(create_health_app(), access_log=None, shutdown_timeout=5)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    registry = kopf.OperatorRegistry()
+    register(registry, operator)
+    namespaces = list(settings.watch_namespaces)
+    stop_flag: asyncio.Future[None] = loop.create_future()
+
+    def _stop(_task: object) -> None:
+        if not stop_flag.done():
+            stop_flag.set_result(None)
+
+    stop_task = asyncio.ensure_future(stop.wait())
+    stop_task.add_done_callback(_stop)
+    try:
+        await kopf.operator(
+            registry=registry,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            standalone=True,
+            stop_flag=stop_flag,
+        )
+    finally:
+        stop_task.cancel()
+        await runner.cleanup()
+        await operator.close()
     return 0
 
 

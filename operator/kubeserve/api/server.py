@@ -56,6 +56,13 @@ def create_app(backend: Backend, default_http: dict[str, Any] | None = None) -> 
     return app
 
 
+def create_health_app() -> web.Application:
+    """Only the health endpoint (the operator's admin API before its backend is wired)."""
+    app = web.Application(middlewares=[error_middleware])
+    app.add_routes([web.get("/-/healthz", healthz)])
+    return app
+
+
 async def not_found(request: web.Request) -> web.Response:
     return error_response(404, f"no such endpoint: {request.method} {request.path}")
 

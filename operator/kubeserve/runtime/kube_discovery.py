@@ -1,0 +1,131 @@
+"""Routes and replica endpoints from the Kubernetes API, for proxies and handles in a cluster.
+
+The same :class:`~kubeserve.runtime.wire.Snapshot` the local controller serves by long-poll is
+assembled here from two watched sources in the process's namespace:
+
+* ``ServeApplication`` status (written by the operator): route prefix, ingress deployment, and per
+  deployment the Service listing its replicas and ``maxOngoingRequests``;
+* ``EndpointSlice`` objects of those Services: the ready replica pods' addresses.
+
+It needs only ``get/list/watch`` on ``serveapplications`` and ``endpointslices`` (the data plane's
+Role).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kubeserve.runtime import wire
+from kubeserve.runtime.kube import Informer, Kube
+
+log = logging.getLogger(__name__)
+_SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+_FIRST_SNAPSHOT_TIMEOUT_S = 10.0
+
+
+class KubeDiscovery:
+    """An :class:`~kubeserve.runtime.discovery.EndpointSource` over the Kubernetes API."""
+
+    def __init__(
+        self,
+        namespace: str,
+        instance: str | None = None,
+        on_update: Callable[[wire.Snapshot], None] | None = None,
+        kubeconfig: str | None = None,
+    ) -> None:
+        """``instance`` limits routes to that ServeInstance's applications (proxies set it)."""
+        self.namespace, self.instance, self.kubeconfig = namespace, instance, kubeconfig
+        self.on_update = on_update
+        self._kube: Kube | None = None
+        self._apps: dict[str, dict[str, Any]] = {}
+        self._slices: dict[str, dict[str, Any]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._version = 0
+        self._last: tuple[Any, Any] | None = None
+
+    async def start(self) -> None:
+        self._kube = await Kube.connect(self.kubeconfig)
+        apps = Informer(self._kube, "ServeApplication", self.namespace, self._set_apps)
+        slices = Informer(
+            self._kube,
+            "EndpointSlice",
+            self.namespace,
+            self._set_slices,
+            "app.kubernetes.io/managed-by=kubeserve",
+        )
+        self._tasks = [asyncio.ensure_future(apps.run()), asyncio.ensure_future(slices.run())]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(apps.synced.wait(), slices.synced.wait()), _FIRST_SNAPSHOT_TIMEOUT_S
+            )
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self._kube is not None:
+            await self._kube.close()
+            self._kube = None
+
+    def _set_apps(self, objects: dict[str, dict[str, Any]]) -> None:
+        self._apps = objects
+        self._publish()
+
+    def _set_slices(self, objects: dict[str, dict[str, Any]]) -> None:
+        self._slices = objects
+        self._publish()
+
+    def _publish(self) -> None:
+        routes, deployments = snapshot_parts(
+            self._apps.values(), self._slices.values(), self.instance
+        )
+        if (routes, deployments) == self._last or self.on_update is None:
+            return
+        self._last = (routes, deployments)
+        self._version += 1
+        self.on_update({"version": self._version, "routes": routes, "deployments": deployments})
+
+
+def snapshot_parts(
+    apps: Any, slices: Any, instance: str | None
+) -> tuple[list[wire.Route], dict[str, wire.DeploymentEndpoints]]:
+    """Routes and endpoints from ServeApplication objects and EndpointSlices (pure)."""
+    by_service: dict[str, list[wire.ReplicaEndpoint]] = {}
+    for endpoint_slice in slices:
+        service = (endpoint_slice["metadata"].get("labels") or {}).get(_SERVICE_NAME_LABEL)
+        ports = endpoint_slice.get("ports") or []
+        if not service or not ports:
+            continue
+        port = int(ports[0].get("port") or 0)
+        for endpoint in endpoint_slice.get("endpoints") or []:
+            if not (endpoint.get("conditions") or {}).get("ready"):
+                continue
+            target = (endpoint.get("targetRef") or {}).get("name") or endpoint["addresses"][0]
+            for address in endpoint.get("addresses") or []:
+                by_service.setdefault(service, []).append(
+                    {"replica_id": str(target), "host": address, "port": port}
+                )
+    routes: list[wire.Route] = []
+    deployments: dict[str, wire.DeploymentEndpoints] = {}
+    for app in apps:
+        spec, status = app.get("spec") or {}, app.get("status") or {}
+        if instance is not None and spec.get("instance", "default") != instance:
+            continue
+        name = spec.get("appName") or app["metadata"]["name"]
+        for deployment, entry in (status.get("deployments") or {}).items():
+            if not entry.get("service"):
+                continue
+            replicas = sorted(by_service.get(entry["service"], []), key=lambda r: r["replica_id"])
+            deployments[wire.deployment_key(name, deployment)] = {
+                "max_ongoing_requests": int(entry.get("maxOngoingRequests") or 5),
+                "replicas": replicas,
+            }
+        prefix, ingress = status.get("routePrefix"), status.get("ingressDeployment")
+        if prefix and ingress:
+            routes.append({"route_prefix": prefix, "app": name, "deployment": ingress})
+    return routes, deployments

@@ -1,0 +1,218 @@
+"""Names, labels and owner references of the objects the Kubernetes backend creates.
+
+Pure functions of the custom resources' names; the one place where the naming contract of
+:mod:`kubeserve.backends.kubernetes` is spelled out in code, used by the renderer, the operator and
+the data plane alike.
+
+Invariants:
+
+* every name returned is a DNS-1035 label (lowercase alphanumerics and ``-``, starting with a
+  letter, at most 63 characters), valid for a Service, a Job (whose name becomes a label value) and
+  every other kind kubeserve creates;
+* a name is the readable composition of its parts (``<app>-<deployment>``) when that composition
+  is valid and unambiguous; otherwise it is shortened or cleaned and ends in ``-<8 hex>``, a digest
+  of the *parts*, so distinct inputs do not collide (``("a-b", "c")`` and ``("a", "b-c")`` differ);
+* names and labels depend only on the custom resources' names, never on their specs, so no spec
+  change can rename an object (a Deployment's selector is immutable).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, TypedDict
+
+__all__ = [
+    "APPLICATION_LABEL",
+    "APPLICATION_NAME_ANNOTATION",
+    "COMPONENT_BUILD",
+    "COMPONENT_LABEL",
+    "COMPONENT_PROXY",
+    "COMPONENT_REPLICA",
+    "DEPLOYMENT_LABEL",
+    "DEPLOYMENT_NAME_ANNOTATION",
+    "INSTANCE_LABEL",
+    "MANAGED_BY_LABEL",
+    "MAX_NAME_LENGTH",
+    "NAME_LABEL",
+    "PRODUCT",
+    "VERSION_ANNOTATION",
+    "OwnerReference",
+    "build_account_name",
+    "build_job_name",
+    "common_labels",
+    "dataplane_account_name",
+    "graph_configmap_name",
+    "label_value",
+    "owner_reference",
+    "proxy_name",
+    "selector_labels",
+    "workload_name",
+]
+
+PRODUCT = "kubeserve"
+NAME_LABEL = "app.kubernetes.io/name"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+INSTANCE_LABEL = "kubeserve.io/instance"
+APPLICATION_LABEL = "kubeserve.io/application"
+DEPLOYMENT_LABEL = "kubeserve.io/deployment"
+
+COMPONENT_PROXY = "proxy"
+COMPONENT_REPLICA = "replica"
+COMPONENT_BUILD = "build"
+
+#: On a replica workload and its pods: :func:`kubeserve.control.config.replica_version`.
+VERSION_ANNOTATION = "kubeserve.io/replica-version"
+#: The exact (unshortened) Ray application and deployment names, for people and tools.
+APPLICATION_NAME_ANNOTATION = "kubeserve.io/application-name"
+DEPLOYMENT_NAME_ANNOTATION = "kubeserve.io/deployment-name"
+
+MAX_NAME_LENGTH = 63
+_HASH_LENGTH = 8
+_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_HEX_SUFFIX = re.compile(rf"[0-9a-f]{{{_HASH_LENGTH}}}")
+
+
+class OwnerReference(TypedDict):
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool
+    blockOwnerDeletion: bool
+
+
+def _digest(parts: tuple[str, ...]) -> str:
+    raw = json.dumps(parts, separators=(",", ":"))
+    return hashlib.sha256(raw.encode()).hexdigest()[:_HASH_LENGTH]
+
+
+def _hashed(cleaned: str, parts: tuple[str, ...], limit: int) -> str:
+    """``cleaned`` cut to fit ``limit`` with ``-<digest of parts>`` appended."""
+    suffix = _digest(parts)
+    head = cleaned[: limit - len(suffix) - 1].rstrip("-_.")
+    return f"{head}-{suffix}" if head else suffix
+
+
+def _dns_label(parts: tuple[str, ...], *, exact: bool) -> str:
+    """``parts`` joined by ``-`` as a DNS-1035 label; ``exact`` says the join is unambiguous."""
+    joined = "-".join(parts)
+    if exact and len(joined) <= MAX_NAME_LENGTH and _DNS_1035.fullmatch(joined):
+        return joined
+    cleaned = re.sub(r"[^a-z0-9]+", "-", joined.lower()).strip("-")
+    if not cleaned[:1].isalpha():
+        cleaned = f"ks-{cleaned}".rstrip("-")
+    return _hashed(cleaned, parts, MAX_NAME_LENGTH)
+
+
+def workload_name(app_cr: str, deployment: str) -> str:
+    """Name of the Deployment/DaemonSet and the headless Service of one serve deployment.
+
+    Readable ``<app>-<deployment>`` when valid and when ``deployment`` has no ``-``, does not
+    look like a digest and is not ``proxy`` (so the split is unambiguous and never equals a
+    :func:`proxy_name`), else the hashed form.
+    """
+    exact = (
+        "-" not in deployment
+        and deployment != COMPONENT_PROXY
+        and not _HEX_SUFFIX.fullmatch(deployment)
+    )
+    return _dns_label((app_cr, deployment), exact=exact)
+
+
+def build_job_name(app_cr: str, build: str | int) -> str:
+    """Name of the build Job of one application build (``<app>-build-<build>``)."""
+    return _dns_label((app_cr, "build", str(build)), exact="-" not in str(build))
+
+
+def graph_configmap_name(app_cr: str, build: str | int) -> str:
+    """Name of the ConfigMap the build Job writes its graph to (``<app>-graph-<build>``)."""
+    return _dns_label((app_cr, "graph", str(build)), exact="-" not in str(build))
+
+
+def proxy_name(instance: str) -> str:
+    """Name of the proxy Deployment/DaemonSet and Service of a ``ServeInstance``."""
+    return _dns_label((instance, "proxy"), exact=True)
+
+
+def dataplane_account_name(instance: str) -> str:
+    """ServiceAccount (and Role, RoleBinding) of an instance's proxy and replica pods."""
+    return _dns_label((instance, "dataplane"), exact=True)
+
+
+def build_account_name(instance: str) -> str:
+    """ServiceAccount (and Role, RoleBinding) of an instance's build Jobs."""
+    return _dns_label((instance, "build"), exact=True)
+
+
+def label_value(value: str) -> str:
+    """``value`` as a valid label value: itself when valid, else cleaned, cut and hashed.
+
+    Label values keep case, ``.`` and ``_``, so most names pass unchanged.
+    """
+    if len(value) <= MAX_NAME_LENGTH and _LABEL_VALUE.fullmatch(value):
+        return value
+    cleaned = re.sub(r"[^-A-Za-z0-9_.]+", "-", value).strip("-_.")
+    return _hashed(cleaned, (value,), MAX_NAME_LENGTH)
+
+
+def selector_labels(
+    component: str,
+    *,
+    instance: str | None = None,
+    application: str | None = None,
+    deployment: str | None = None,
+) -> dict[str, str]:
+    """Labels a workload selects its pods by; built from names only, so they never change.
+
+    Replicas select by application CR and deployment (not by instance, which a spec may change);
+    proxies by instance.
+    """
+    labels = {NAME_LABEL: PRODUCT, COMPONENT_LABEL: component}
+    for key, value in (
+        (INSTANCE_LABEL, instance),
+        (APPLICATION_LABEL, application),
+        (DEPLOYMENT_LABEL, deployment),
+    ):
+        if value is not None:
+            labels[key] = label_value(value)
+    return labels
+
+
+def common_labels(
+    component: str,
+    instance: str,
+    application: str | None = None,
+    deployment: str | None = None,
+) -> dict[str, str]:
+    """The labels of every child object (and pod) of the given component, per the contract."""
+    return {
+        **selector_labels(
+            component, instance=instance, application=application, deployment=deployment
+        ),
+        MANAGED_BY_LABEL: PRODUCT,
+    }
+
+
+def owner_reference(
+    owner: Mapping[str, Any], controller: bool = True, *, block_owner_deletion: bool = True
+) -> OwnerReference:
+    """An ownerReference to ``owner``: a whole object, or ``{apiVersion, kind, name, uid}``.
+
+    ``block_owner_deletion`` keeps the owner (under foreground deletion) until this child is gone;
+    where the OwnerReferencesPermissionEnforcement admission plugin is enabled, it requires
+    ``update`` on the owner's ``finalizers`` subresource.
+    """
+    meta = owner.get("metadata", owner)
+    return {
+        "apiVersion": str(owner["apiVersion"]),
+        "kind": str(owner["kind"]),
+        "name": str(meta["name"]),
+        "uid": str(meta["uid"]),
+        "controller": controller,
+        "blockOwnerDeletion": block_owner_deletion,
+    }

@@ -1,0 +1,305 @@
+"""Rendering: custom resources -> the Kubernetes objects that run them. Pure, no I/O.
+
+Every function maps frozen views (:mod:`.render_views`) to manifest dicts ready for server-side
+apply; equal views render equal manifests, so the operator can compare before writing. Names,
+labels and ownerReferences follow the contract of :mod:`kubeserve.backends.kubernetes`
+(:mod:`.names`); pod conventions (environment, runtime_env, security) are in :mod:`.render_pod`;
+proxies and RBAC in :mod:`.render_proxy`.
+
+Per serve deployment (:func:`render_replica_workload`, :func:`render_replica_service`): the pod
+template depends only on the instance image, the application's import path and runtime_env, and the
+deployment's process options, health checks and shutdown timeouts. ``user_config`` and replica
+counts are never in it (they change without a restart), and one deployment's objects do not
+depend on any other deployment's config, so a change rolls only the deployment it concerns.
+
+A replica runs ``kubeserve replica --host $(KUBESERVE_POD_IP) --port 8000`` with:
+
+* ``KUBESERVE_REPLICA_CONFIG``: the :class:`kubeserve.runtime.wire.ReplicaConfig` JSON with
+  ``replica_id`` = the pod name (``$(KUBESERVE_POD_NAME)``) and ``user_config`` null: the replica
+  reads its ``user_config`` from the ``ServeApplication`` named by ``KUBESERVE_APPLICATION`` before
+  it reports healthy, and the operator pushes later changes to ``POST /-/reconfigure``;
+* ``KUBESERVE_APPLICATION`` (the application object's name), ``KUBESERVE_INSTANCE``, and
+  ``KUBESERVE_DISCOVERY=kubernetes`` (handles discover replicas as proxies do, in
+  ``KUBESERVE_NAMESPACE``).
+
+Health checks become probes on ``GET /-/healthz``: readiness every ``health_check_period_s`` with
+``health_check_timeout_s`` (out of rotation on the first failure), liveness likewise (restart after
+3 failures, as Ray replaces a replica after 3), and a startup probe that gives the constructor up
+to :data:`~.render_pod.STARTUP_TIMEOUT_S` seconds. ``graceful_shutdown_timeout_s`` becomes
+``terminationGracePeriodSeconds``. Rollouts follow Ray: no surge, at most 20% of the replicas
+replaced at a time (at least one), so a rollout never needs room for extra GPUs.
+
+Per application build (:func:`render_build_job`): the Job ``<app>-build-<build_key>`` runs
+``kubeserve build <import_path> --configmap <app>-graph-<build_key> --namespace
+$(KUBESERVE_NAMESPACE) --application <app> --application-uid <uid>`` in the application's image
+and runtime_env. The build writes the ConfigMap with the key :data:`GRAPH_KEY` holding its JSON
+document (the graph, or ``{"error": ...}``), owned by the ``ServeApplication`` (the given name and
+uid), then exits 0 on success and 1 on a build error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from kubeserve.backends.kubernetes import names
+from kubeserve.backends.kubernetes.render_pod import (
+    APPLICATION_ENV,
+    DISCOVERY_ENV,
+    INSTANCE_ENV,
+    POD_NAME_ENV,
+    STARTUP_TIMEOUT_S,
+    Manifest,
+    container,
+    escape,
+    image_for,
+    node_selector,
+    resources,
+    seconds,
+    user_pod_spec,
+)
+from kubeserve.backends.kubernetes.render_proxy import render_dataplane_rbac, render_proxy
+from kubeserve.backends.kubernetes.render_views import (
+    AppView,
+    DeploymentView,
+    InstanceView,
+    RenderError,
+    app_view,
+    deployment_view,
+    instance_view,
+)
+from kubeserve.runtime import wire
+from kubeserve.runtime.runtime_env import merge_runtime_env
+
+__all__ = [
+    "BUILD_DEADLINE_S",
+    "BUILD_TTL_S",
+    "GRAPH_KEY",
+    "REPLICA_PORT",
+    "AppView",
+    "DeploymentView",
+    "InstanceView",
+    "Manifest",
+    "RenderError",
+    "app_view",
+    "deployment_view",
+    "instance_view",
+    "render_build_job",
+    "render_dataplane_rbac",
+    "render_proxy",
+    "render_replica_service",
+    "render_replica_workload",
+    "replica_config_json",
+]
+
+REPLICA_PORT = 8000
+#: ConfigMap key holding the build's JSON document.
+GRAPH_KEY = "graph.json"
+#: A finished build Job (and its pod, with the logs) is kept this long; the graph lives on in the
+#: ConfigMap.
+BUILD_TTL_S = 3600
+#: Image pull, runtime_env fetch and import together must finish within this.
+BUILD_DEADLINE_S = 900
+_BUILD_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+_LIVENESS_FAILURES = 3
+_STARTUP_PERIOD_S = 2
+
+
+def _metadata(
+    name: str, namespace: str, labels: dict[str, str], owner: dict[str, str], **annotations: str
+) -> Manifest:
+    meta: Manifest = {"name": name, "namespace": namespace, "labels": labels}
+    if annotations:
+        meta["annotations"] = annotations
+    meta["ownerReferences"] = [names.owner_reference(owner)]
+    return meta
+
+
+def _name_annotations(app: AppView, deployment: DeploymentView) -> dict[str, str]:
+    return {
+        names.APPLICATION_NAME_ANNOTATION: app.app_name,
+        names.DEPLOYMENT_NAME_ANNOTATION: deployment.name,
+    }
+
+
+# --------------------------------------------------------------------------- replicas
+
+
+def replica_config_json(app: AppView, deployment: DeploymentView) -> str:
+    """The ``KUBESERVE_REPLICA_CONFIG`` value: literal except ``replica_id``, the pod's name."""
+    config = deployment.config
+    replica: wire.ReplicaConfig = {
+        "app": app.app_name,
+        "deployment": deployment.name,
+        "import_path": str(app.config["import_path"]),
+        "replica_id": "",
+        "user_config": None,
+        "max_ongoing_requests": int(config["max_ongoing_requests"]),
+        "graceful_shutdown_wait_loop_s": float(config["graceful_shutdown_wait_loop_s"]),
+        "graceful_shutdown_timeout_s": float(config["graceful_shutdown_timeout_s"]),
+    }
+    rest = {k: v for k, v in replica.items() if k != "replica_id"}
+    literal = escape(json.dumps(rest, sort_keys=True, separators=(",", ":")))
+    return f'{{"replica_id":"$({POD_NAME_ENV})",{literal[1:]}'
+
+
+def _replica_probes(config: Any) -> Manifest:
+    check: Manifest = {
+        "httpGet": {"path": wire.HEALTHZ_PATH, "port": REPLICA_PORT},
+        "periodSeconds": seconds(config["health_check_period_s"]),
+        "timeoutSeconds": seconds(config["health_check_timeout_s"]),
+    }
+    startup = {
+        **check,
+        "periodSeconds": _STARTUP_PERIOD_S,
+        "failureThreshold": math.ceil(STARTUP_TIMEOUT_S / _STARTUP_PERIOD_S),
+    }
+    return {
+        "startupProbe": startup,
+        "readinessProbe": {**check, "failureThreshold": 1},
+        "livenessProbe": {**check, "failureThreshold": _LIVENESS_FAILURES},
+    }
+
+
+def _replica_pod(instance: InstanceView, app: AppView, deployment: DeploymentView) -> Manifest:
+    options = deployment.actor_options
+    runtime_env = merge_runtime_env(app.runtime_env, options.get("runtime_env"))
+    field = f"runtime_env of deployment {deployment.name!r}"
+    image = image_for(runtime_env, instance.image, field)
+    command = ["kubeserve", "replica", "--host", "$(KUBESERVE_POD_IP)", "--port", str(REPLICA_PORT)]
+    main = container("replica", image, instance.image_pull_policy, command, [])
+    main |= {
+        "ports": [{"name": "http", "containerPort": REPLICA_PORT, "protocol": "TCP"}],
+        "resources": resources(options),
+        **_replica_probes(deployment.config),
+    }
+    own_env = {
+        wire.REPLICA_CONFIG_ENV: replica_config_json(app, deployment),
+        APPLICATION_ENV: app.cr_name,
+        INSTANCE_ENV: instance.name,
+        DISCOVERY_ENV: "kubernetes",
+    }
+    fields: Manifest = {
+        "terminationGracePeriodSeconds": math.ceil(
+            float(deployment.config["graceful_shutdown_timeout_s"])
+        )
+    }
+    if selector := node_selector(options):
+        fields["nodeSelector"] = selector
+    account = names.dataplane_account_name(instance.name)
+    return user_pod_spec(main, runtime_env, own_env, account, field=field, **fields)
+
+
+def _replica_identity(
+    instance: InstanceView, app: AppView, deployment: DeploymentView
+) -> tuple[str, dict[str, str], dict[str, str]]:
+    """Name, labels and pod selector shared by a deployment's workload and Service."""
+    name = names.workload_name(app.cr_name, deployment.name)
+    component = names.COMPONENT_REPLICA
+    labels = names.common_labels(component, instance.name, app.cr_name, deployment.name)
+    selector = names.selector_labels(component, application=app.cr_name, deployment=deployment.name)
+    return name, labels, selector
+
+
+def render_replica_workload(
+    instance: InstanceView, app: AppView, deployment: DeploymentView
+) -> Manifest:
+    """The Deployment (DaemonSet when ``is_driver_deployment``) running the replicas."""
+    name, labels, selector = _replica_identity(instance, app, deployment)
+    version = {names.VERSION_ANNOTATION: deployment.version}
+    template = {
+        "metadata": {"labels": labels, "annotations": version},
+        "spec": _replica_pod(instance, app, deployment),
+    }
+    spec: Manifest = {
+        "selector": {"matchLabels": selector},
+        "template": template,
+        "revisionHistoryLimit": 3,
+    }
+    if deployment.config.get("is_driver_deployment"):
+        kind = "DaemonSet"
+        spec["updateStrategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+    else:
+        kind = "Deployment"
+        spec["replicas"] = deployment.target_replicas
+        rolling = {"maxSurge": 0, "maxUnavailable": "20%"}
+        spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": rolling}
+    annotations = {**_name_annotations(app, deployment), **version}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": _metadata(name, app.namespace, labels, app.owner(), **annotations),
+        "spec": spec,
+    }
+
+
+def render_replica_service(
+    instance: InstanceView, app: AppView, deployment: DeploymentView
+) -> Manifest:
+    """The headless Service whose EndpointSlices list the deployment's ready replicas."""
+    name, labels, selector = _replica_identity(instance, app, deployment)
+    annotations = _name_annotations(app, deployment)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(name, app.namespace, labels, app.owner(), **annotations),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": False,
+            "selector": selector,
+            "ports": [
+                {
+                    "name": "http",
+                    "port": REPLICA_PORT,
+                    "targetPort": REPLICA_PORT,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+# --------------------------------------------------------------------------- builds
+
+
+def _build_command(app: AppView) -> list[str]:
+    return [
+        "kubeserve",
+        "build",
+        escape(str(app.config["import_path"])),
+        "--configmap",
+        names.graph_configmap_name(app.cr_name, app.build_key),
+        "--namespace",
+        "$(KUBESERVE_NAMESPACE)",
+        "--application",
+        app.cr_name,
+        "--application-uid",
+        app.uid,
+    ]
+
+
+def render_build_job(instance: InstanceView, app: AppView) -> Manifest:
+    """The Job that imports the application and writes its graph (one per :attr:`build_key`)."""
+    image = image_for(app.runtime_env, instance.image, "runtime_env")
+    main = container("build", image, instance.image_pull_policy, _build_command(app), [])
+    main["resources"] = _BUILD_RESOURCES
+    own_env = {APPLICATION_ENV: app.cr_name, INSTANCE_ENV: instance.name}
+    account = names.build_account_name(instance.name)
+    pod = user_pod_spec(
+        main, app.runtime_env, own_env, account, field="runtime_env", restartPolicy="Never"
+    )
+    labels = names.common_labels(names.COMPONENT_BUILD, instance.name, app.cr_name)
+    name = names.build_job_name(app.cr_name, app.build_key)
+    annotations = {names.APPLICATION_NAME_ANNOTATION: app.app_name}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(name, app.namespace, labels, app.owner(), **annotations),
+        "spec": {
+            "backoffLimit": 0,
+            "ttlSecondsAfterFinished": BUILD_TTL_S,
+            "activeDeadlineSeconds": BUILD_DEADLINE_S,
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }

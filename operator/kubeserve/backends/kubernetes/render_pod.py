@@ -1,0 +1,328 @@
+"""The pieces of a pod spec shared by replica, build and proxy pods (pure).
+
+Conventions every kubeserve pod follows:
+
+* environment, in this order (later entries may refer to earlier ones as ``$(NAME)``):
+  ``KUBESERVE_POD_IP`` (``status.podIP``), ``KUBESERVE_POD_NAME`` (``metadata.name``),
+  ``KUBESERVE_NAMESPACE`` (``metadata.namespace``); then the user's ``runtime_env.env_vars``
+  sorted by name, with every ``$`` doubled so Kubernetes never expands them (Ray treats them as
+  literals); then kubeserve's own variables, which win over a user variable of the same name
+  (a name appears once: server-side apply rejects duplicates);
+* the restricted Pod Security Standard: non-root UID :data:`POD_UID`, no privilege escalation,
+  every capability dropped, the ``RuntimeDefault`` seccomp profile;
+* ``working_dir`` / ``py_modules`` of a runtime_env are fetched by the init container
+  ``runtime-env`` running ``kubeserve fetch-runtime-env --dest /var/run/kubeserve/runtime-env
+  [--working-dir URI] [--py-module URI]...`` into an ``emptyDir`` mounted at that path in both
+  containers. When it exits 0, ``<dest>/working_dir`` is the root of the working_dir (after the
+  single-top-level-directory unwrapping of :mod:`kubeserve.runtime.runtime_env`) and
+  ``<dest>/py_modules/<i>`` the import root of the i-th module (a directory or a symlink into
+  ``<dest>``); the main container runs in ``<dest>/working_dir`` with ``PYTHONPATH`` listing the
+  working_dir then the modules in order, as the local backend does.
+
+``image_uri`` picks the image; ``excludes`` and ``config`` need no action; any other runtime_env key
+(``pip``, ``conda``, ``uv``, ``container``...) is refused with a :class:`RenderError` that says to
+build it into an image instead.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubeserve.backends.kubernetes.render_views import RenderError
+
+__all__ = [
+    "ACCELERATOR_LABEL",
+    "APPLICATION_ENV",
+    "DISCOVERY_ENV",
+    "EXTENDED_RESOURCE_PREFIX",
+    "FETCH_RUNTIME_ENV_COMMAND",
+    "GPU_RESOURCE",
+    "INSTANCE_ENV",
+    "NAMESPACE_ENV",
+    "POD_IP_ENV",
+    "POD_NAME_ENV",
+    "POD_UID",
+    "RUNTIME_ENV_DIR",
+    "STARTUP_TIMEOUT_S",
+    "Manifest",
+    "container",
+    "environment",
+    "escape",
+    "field_env",
+    "image_for",
+    "node_selector",
+    "pod_spec",
+    "resources",
+    "seconds",
+    "user_pod_spec",
+]
+
+Manifest = dict[str, Any]
+
+POD_IP_ENV = "KUBESERVE_POD_IP"
+POD_NAME_ENV = "KUBESERVE_POD_NAME"
+NAMESPACE_ENV = "KUBESERVE_NAMESPACE"
+#: The ``ServeInstance`` a process belongs to (proxies serve only its applications' routes).
+INSTANCE_ENV = "KUBESERVE_INSTANCE"
+#: The ``ServeApplication`` object a replica reads its ``user_config`` from at start-up.
+APPLICATION_ENV = "KUBESERVE_APPLICATION"
+#: ``kubernetes``: discover replicas from EndpointSlices and CR status, not a controller URL.
+DISCOVERY_ENV = "KUBESERVE_DISCOVERY"
+
+#: The non-root user and group every kubeserve container runs as (the image should use it too).
+POD_UID = 10001
+RUNTIME_ENV_DIR = "/var/run/kubeserve/runtime-env"
+_RUNTIME_ENV_VOLUME = "runtime-env"
+FETCH_RUNTIME_ENV_COMMAND = ["kubeserve", "fetch-runtime-env", "--dest", RUNTIME_ENV_DIR]
+
+GPU_RESOURCE = "nvidia.com/gpu"
+#: Ray custom resources without a ``/`` become extended resources under this prefix.
+EXTENDED_RESOURCE_PREFIX = "kubeserve.io/"
+#: Node label matched by ``ray_actor_options.accelerator_type``.
+ACCELERATOR_LABEL = "kubeserve.io/accelerator-type"
+#: How long a replica may take to answer its first health check before it is restarted.
+STARTUP_TIMEOUT_S = 600
+
+_NO_OP_KEYS = frozenset({"excludes", "config", "image_uri"})
+_FILE_KEYS = frozenset({"working_dir", "py_modules"})
+_NAME_PART = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_RESOURCE_NAME = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME_PART}")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def escape(text: str) -> str:
+    """``text`` as a literal in ``env`` values, ``command`` and ``args`` (no ``$(VAR)``)."""
+    return text.replace("$", "$$")
+
+
+def field_env() -> list[Manifest]:
+    """The pod's address, name and namespace, first in every container's environment."""
+    return [
+        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+        for name, path in (
+            (POD_IP_ENV, "status.podIP"),
+            (POD_NAME_ENV, "metadata.name"),
+            (NAMESPACE_ENV, "metadata.namespace"),
+        )
+    ]
+
+
+def environment(user: Mapping[str, str], own: Mapping[str, str]) -> list[Manifest]:
+    """Field references, then the user's variables (literal), then ``own`` (expanded; wins)."""
+    entries = field_env()
+    reserved = {e["name"] for e in entries} | set(own)
+    entries += [
+        {"name": k, "value": escape(v)} for k, v in sorted(user.items()) if k not in reserved
+    ]
+    entries += [{"name": k, "value": v} for k, v in own.items()]
+    return entries
+
+
+# --------------------------------------------------------------------------- runtime_env
+
+
+def image_for(runtime_env: Mapping[str, Any], default: str, field: str) -> str:
+    """``runtime_env.image_uri`` when set, else ``default``."""
+    image = runtime_env.get("image_uri")
+    if image is None:
+        return default
+    if not isinstance(image, str) or not image:
+        raise RenderError(f"{field}.image_uri must be a non-empty image reference")
+    return image
+
+
+def _check_runtime_env(runtime_env: Mapping[str, Any], field: str) -> None:
+    given = {k for k, v in runtime_env.items() if v is not None}
+    unsupported = sorted(given - _NO_OP_KEYS - _FILE_KEYS - {"env_vars"})
+    if unsupported:
+        raise RenderError(
+            f"{field}: {', '.join(unsupported)} cannot be honoured on Kubernetes; build the "
+            f"dependencies into an image and set {field}.image_uri"
+        )
+
+
+@dataclass(frozen=True)
+class _RuntimeEnvFiles:
+    """``working_dir`` / ``py_modules`` of a runtime_env, fetched by the init container."""
+
+    working_dir: str | None
+    py_modules: tuple[str, ...]
+
+    @property
+    def python_path(self) -> str:
+        roots = [f"{RUNTIME_ENV_DIR}/working_dir"] if self.working_dir else []
+        roots += [f"{RUNTIME_ENV_DIR}/py_modules/{i}" for i in range(len(self.py_modules))]
+        return ":".join(roots)
+
+    def fetch_command(self) -> list[str]:
+        command = list(FETCH_RUNTIME_ENV_COMMAND)
+        if self.working_dir:
+            command += ["--working-dir", escape(self.working_dir)]
+        for uri in self.py_modules:
+            command += ["--py-module", escape(uri)]
+        return command
+
+    def mount(self) -> Manifest:
+        return {"name": _RUNTIME_ENV_VOLUME, "mountPath": RUNTIME_ENV_DIR}
+
+
+def _runtime_env_files(runtime_env: Mapping[str, Any]) -> _RuntimeEnvFiles | None:
+    working_dir = runtime_env.get("working_dir")
+    modules = tuple(runtime_env.get("py_modules") or ())
+    if not working_dir and not modules:
+        return None
+    return _RuntimeEnvFiles(working_dir=working_dir or None, py_modules=modules)
+
+
+# --------------------------------------------------------------------------- resources
+
+
+def seconds(value: Any) -> int:
+    """A duration in whole seconds for a probe field (rounded up; at least 1)."""
+    return max(1, math.ceil(float(value)))
+
+
+def _count(value: float) -> str:
+    """An integer quantity; fractions round up (Kubernetes counts devices in whole units)."""
+    return str(math.ceil(round(value, 6)))
+
+
+def _cpu(value: float) -> str:
+    millis = math.ceil(round(value * 1000, 6))
+    return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
+
+
+def _extended_resource(name: str) -> str:
+    full = name if "/" in name else EXTENDED_RESOURCE_PREFIX + name
+    if not _RESOURCE_NAME.fullmatch(full) or full.startswith("kubernetes.io/"):
+        raise RenderError(
+            f"ray_actor_options.resources: {name!r} is not a valid Kubernetes extended resource "
+            f"name (a name without '/' becomes {EXTENDED_RESOURCE_PREFIX}<name>)"
+        )
+    return full
+
+
+def resources(options: Mapping[str, Any]) -> Manifest:
+    """Container resources from ``ray_actor_options``.
+
+    ``num_cpus`` -> ``requests.cpu`` only (no CPU limit: throttling hurts latency more than sharing
+    spare cycles); ``memory`` (bytes) -> requests and limits; ``num_gpus`` -> ``nvidia.com/gpu``
+    and each custom resource -> an extended resource (``<name>`` as given when it contains a
+    ``/``, else ``kubeserve.io/<name>``), requests equal to limits and fractions rounded up to
+    whole units, since Kubernetes cannot share a device. ``object_store_memory`` has no meaning
+    without Ray's object store and is ignored.
+    """
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if options.get("num_cpus"):
+        requests["cpu"] = _cpu(float(options["num_cpus"]))
+    if options.get("memory"):
+        requests["memory"] = limits["memory"] = _count(float(options["memory"]))
+    devices = {GPU_RESOURCE: options.get("num_gpus")}
+    devices |= {_extended_resource(k): v for k, v in (options.get("resources") or {}).items()}
+    for name, amount in sorted(devices.items()):
+        if amount:
+            requests[name] = limits[name] = _count(float(amount))
+    return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
+
+
+def node_selector(options: Mapping[str, Any]) -> dict[str, str]:
+    """``accelerator_type`` -> the node label :data:`ACCELERATOR_LABEL` (nodes must carry it)."""
+    accelerator = options.get("accelerator_type")
+    if not accelerator:
+        return {}
+    if not isinstance(accelerator, str) or not _LABEL_VALUE.fullmatch(accelerator):
+        raise RenderError(
+            f"ray_actor_options.accelerator_type {accelerator!r} is not a valid node label value"
+        )
+    return {ACCELERATOR_LABEL: accelerator}
+
+
+# --------------------------------------------------------------------------- containers and pods
+
+
+def _container_security() -> Manifest:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+    }
+
+
+def _pod_security() -> Manifest:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": POD_UID,
+        "runAsGroup": POD_UID,
+        "fsGroup": POD_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container(
+    name: str, image: str, pull_policy: str | None, command: list[str], env: list[Manifest]
+) -> Manifest:
+    """A container with kubeserve's security context; callers add ports, probes, resources."""
+    spec: Manifest = {"name": name, "image": image, "command": command, "env": env}
+    if pull_policy:
+        spec["imagePullPolicy"] = pull_policy
+    spec["securityContext"] = _container_security()
+    return spec
+
+
+def pod_spec(containers: list[Manifest], service_account: str, **fields: Any) -> Manifest:
+    """A pod spec running as ``service_account`` under the restricted security profile."""
+    return {
+        "serviceAccountName": service_account,
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(),
+        "containers": containers,
+        **fields,
+    }
+
+
+def user_pod_spec(
+    main: Manifest,
+    runtime_env: Mapping[str, Any],
+    own_env: Mapping[str, str],
+    service_account: str,
+    *,
+    field: str,
+    **fields: Any,
+) -> Manifest:
+    """The pod spec of a container running user code (a replica or a build) in ``runtime_env``.
+
+    ``main`` is a :func:`container` without ``env``; it gets the environment (user variables,
+    then ``own_env``), and the fetched files when ``working_dir``/``py_modules`` are set.
+    ``field`` is the runtime_env's path in the spec, for error messages.
+    """
+    _check_runtime_env(runtime_env, field)
+    user_vars: Mapping[str, str] = runtime_env.get("env_vars") or {}
+    files = _runtime_env_files(runtime_env)
+    if files is None:
+        return pod_spec(
+            [{**main, "env": environment(user_vars, own_env)}], service_account, **fields
+        )
+    python_path = files.python_path
+    if "PYTHONPATH" in user_vars:
+        python_path += ":" + escape(user_vars["PYTHONPATH"])
+    main = {
+        **main,
+        "env": environment(user_vars, {**own_env, "PYTHONPATH": python_path}),
+        "volumeMounts": [files.mount()],
+    }
+    if files.working_dir:
+        main["workingDir"] = f"{RUNTIME_ENV_DIR}/working_dir"
+    fetch = container(
+        _RUNTIME_ENV_VOLUME, main["image"], main.get("imagePullPolicy"), files.fetch_command(), []
+    )
+    fetch |= {"env": environment(user_vars, {}), "volumeMounts": [files.mount()]}
+    volumes = [{"name": _RUNTIME_ENV_VOLUME, "emptyDir": {}}]
+    return pod_spec([main], service_account, initContainers=[fetch], volumes=volumes, **fields)

@@ -1,0 +1,163 @@
+"""What a ``ServeInstance`` owns: its proxies and the RBAC its pods run with (pure).
+
+Proxies (``<inst>-proxy``): none for ``Disabled``, a one-replica Deployment for ``HeadOnly``, a
+DaemonSet for ``EveryNode``, and a ClusterIP Service on ``httpOptions.port``. A proxy runs
+``kubeserve proxy --host $(KUBESERVE_POD_IP) --port <port> --discovery kubernetes`` (plus
+``--request-timeout-s`` when set and ``--keep-alive-timeout-s``) with ``KUBESERVE_INSTANCE`` naming
+its instance, whose applications' routes it serves. ``httpOptions.host`` has no meaning in a pod
+(a proxy binds its pod's address); ``rootPath`` and TLS are left to an Ingress in front.
+
+RBAC, least privilege, one set per instance so deleting an instance removes exactly its own:
+
+* ``<inst>-dataplane`` (proxies and replicas): ``get/list/watch`` on ``serveapplications`` (routes,
+  and a replica's ``user_config`` at start-up) and ``endpointslices`` (replica addresses);
+* ``<inst>-build`` (build Jobs): ``create`` on ``configmaps``, to write the graph. A build treats
+  ``AlreadyExists`` as done, so it needs neither ``get`` nor ``patch``.
+
+The operator can only grant what it holds itself, so its own role needs these rules too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubeserve.backends.kubernetes import names
+from kubeserve.backends.kubernetes.render_pod import (
+    INSTANCE_ENV,
+    Manifest,
+    container,
+    environment,
+    pod_spec,
+)
+from kubeserve.backends.kubernetes.render_views import InstanceView
+from kubeserve.runtime import wire
+from kubeserve.schema.config import ProxyLocation
+
+__all__ = ["BUILD_RULES", "DATAPLANE_RULES", "render_dataplane_rbac", "render_proxy"]
+
+_READ = ["get", "list", "watch"]
+DATAPLANE_RULES: list[Manifest] = [
+    {"apiGroups": ["kubeserve.io"], "resources": ["serveapplications"], "verbs": _READ},
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": _READ},
+]
+BUILD_RULES: list[Manifest] = [
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+]
+_PROXY_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}}
+
+
+def _metadata(instance: InstanceView, name: str, labels: dict[str, str]) -> Manifest:
+    return {
+        "name": name,
+        "namespace": instance.namespace,
+        "labels": labels,
+        "ownerReferences": [names.owner_reference(instance.owner())],
+    }
+
+
+def _proxy_command(instance: InstanceView) -> list[str]:
+    http = instance.http_options
+    command = ["kubeserve", "proxy", "--host", "$(KUBESERVE_POD_IP)", "--port", str(http.port)]
+    command += ["--discovery", "kubernetes"]
+    if http.request_timeout_s is not None:
+        command += ["--request-timeout-s", str(float(http.request_timeout_s))]
+    return [*command, "--keep-alive-timeout-s", str(int(http.keep_alive_timeout_s))]
+
+
+def _proxy_container(instance: InstanceView) -> Manifest:
+    port = int(instance.http_options.port)
+    env = environment({}, {INSTANCE_ENV: instance.name})
+    spec = container(
+        "proxy", instance.image, instance.image_pull_policy, _proxy_command(instance), env
+    )
+    probe: dict[str, Any] = {"httpGet": {"path": wire.HEALTHZ_PATH, "port": port}}
+    return spec | {
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "resources": _PROXY_RESOURCES,
+        "readinessProbe": {**probe, "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 2},
+        "livenessProbe": {**probe, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+    }
+
+
+def render_proxy(instance: InstanceView) -> list[Manifest]:
+    """The proxy workload and its Service, or ``[]`` when proxies are disabled."""
+    if instance.proxy_location is ProxyLocation.DISABLED:
+        return []
+    name = names.proxy_name(instance.name)
+    labels = names.common_labels(names.COMPONENT_PROXY, instance.name)
+    selector = names.selector_labels(names.COMPONENT_PROXY, instance=instance.name)
+    account = names.dataplane_account_name(instance.name)
+    template = {
+        "metadata": {"labels": labels},
+        "spec": pod_spec([_proxy_container(instance)], account),
+    }
+    spec: Manifest = {"selector": {"matchLabels": selector}, "template": template}
+    if instance.proxy_location is ProxyLocation.EVERY_NODE:
+        kind, spec["updateStrategy"] = "DaemonSet", {"type": "RollingUpdate"}
+    else:
+        kind, spec["replicas"] = "Deployment", 1
+        spec["strategy"] = {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        }
+    workload = {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": _metadata(instance, name, labels),
+        "spec": spec,
+    }
+    port = int(instance.http_options.port)
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(instance, name, labels),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector,
+            "ports": [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+    return [workload, service]
+
+
+def _account(
+    instance: InstanceView, name: str, component: str, rules: list[Manifest]
+) -> list[Manifest]:
+    """A ServiceAccount with a Role of the same name bound to it."""
+    labels = names.common_labels(component, instance.name)
+    rbac = "rbac.authorization.k8s.io/v1"
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _metadata(instance, name, labels),
+        },
+        {
+            "apiVersion": rbac,
+            "kind": "Role",
+            "metadata": _metadata(instance, name, labels),
+            "rules": rules,
+        },
+        {
+            "apiVersion": rbac,
+            "kind": "RoleBinding",
+            "metadata": _metadata(instance, name, labels),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": instance.namespace}],
+        },
+    ]
+
+
+def render_dataplane_rbac(instance: InstanceView) -> list[Manifest]:
+    """ServiceAccounts, Roles and RoleBindings of the instance's pods: data plane, then builds."""
+    return [
+        *_account(
+            instance,
+            names.dataplane_account_name(instance.name),
+            names.COMPONENT_PROXY,
+            DATAPLANE_RULES,
+        ),
+        *_account(
+            instance, names.build_account_name(instance.name), names.COMPONENT_BUILD, BUILD_RULES
+        ),
+    ]

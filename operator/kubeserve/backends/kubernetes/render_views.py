@@ -1,0 +1,181 @@
+"""What the renderer reads: small frozen views of the custom resources and a deployment's config.
+
+The operator builds the views from objects it already holds (:func:`instance_view`,
+:func:`app_view`, :func:`deployment_view`); every renderer is a pure function of them. A view
+carries plain data only, so the same views always render the same manifests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from kubeserve.control import config as config_rules
+from kubeserve.schema.config import ProxyLocation
+from kubeserve.schema.resources import (
+    API_VERSION,
+    ServeInstanceSpec,
+    ServeInstanceSpecBase,
+)
+
+__all__ = [
+    "AppView",
+    "DeploymentView",
+    "InstanceView",
+    "RenderError",
+    "app_view",
+    "deployment_view",
+    "instance_view",
+]
+
+#: Length of :attr:`AppView.build_key` (hex digits).
+_BUILD_KEY_LENGTH = 10
+
+
+class RenderError(ValueError):
+    """A spec that validates but cannot be expressed as Kubernetes objects; the message says why
+    and names the field (the operator reports it in the application's status)."""
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    """A ``ServeInstance``: identity and validated spec (camelCase model, snake_case attributes)."""
+
+    name: str
+    namespace: str
+    uid: str
+    spec: ServeInstanceSpecBase
+
+    @property
+    def image(self) -> str:
+        return str(self.spec.image)
+
+    @property
+    def image_pull_policy(self) -> str | None:
+        return self.spec.image_pull_policy
+
+    @property
+    def proxy_location(self) -> ProxyLocation:
+        return ProxyLocation(cast(Any, self.spec).proxy_location)
+
+    @property
+    def http_options(self) -> Any:
+        """The spec's ``httpOptions`` model (``port``, ``request_timeout_s``...)."""
+        return cast(Any, self.spec).http_options
+
+    def owner(self) -> dict[str, str]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "ServeInstance",
+            "name": self.name,
+            "uid": self.uid,
+        }
+
+
+@dataclass(frozen=True)
+class AppView:
+    """A ``ServeApplication``: identity and its config in REST spelling.
+
+    ``config`` is one REST ``applications[]`` element (``name``, ``import_path``, ``runtime_env``,
+    ``args``, ``deployments``...), as :meth:`ServeApplicationSpecBase.to_rest` gives it.
+    """
+
+    cr_name: str
+    namespace: str
+    uid: str
+    generation: int
+    config: Mapping[str, Any]
+
+    @property
+    def app_name(self) -> str:
+        """The Ray application name (``spec.appName``, else the object's name)."""
+        return str(self.config.get("name") or self.cr_name)
+
+    @property
+    def runtime_env(self) -> Mapping[str, Any]:
+        return self.config.get("runtime_env") or {}
+
+    @property
+    def build_key(self) -> str:
+        """Identifies what a build depends on: import path, runtime_env and args.
+
+        Builds are keyed by it rather than by ``metadata.generation``: a new generation that only
+        changes overrides, ``user_config`` or replica counts reuses the last build, as the local
+        backend does.
+        """
+        inputs = [self.config.get("import_path"), self.runtime_env, self.config.get("args")]
+        return config_rules.fingerprint(inputs)[:_BUILD_KEY_LENGTH]
+
+    def owner(self) -> dict[str, str]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "ServeApplication",
+            "name": self.cr_name,
+            "uid": self.uid,
+        }
+
+
+@dataclass(frozen=True)
+class DeploymentView:
+    """One serve deployment of an application.
+
+    ``config`` is :func:`kubeserve.control.config.effective_deployment_config`; ``version`` is
+    :func:`kubeserve.control.config.replica_version`. ``replicas`` overrides the count
+    :func:`~kubeserve.control.config.target_replicas` gives (the autoscaler's current decision).
+    ``is_ingress`` is for the caller's bookkeeping: nothing rendered depends on it, so moving the
+    ingress never restarts pods.
+    """
+
+    name: str
+    config: Mapping[str, Any]
+    version: str
+    is_ingress: bool = False
+    replicas: int | None = None
+
+    @property
+    def target_replicas(self) -> int:
+        if self.replicas is not None:
+            return self.replicas
+        return config_rules.target_replicas(self.config)
+
+    @property
+    def actor_options(self) -> Mapping[str, Any]:
+        return self.config.get("ray_actor_options") or {}
+
+
+def instance_view(obj: Mapping[str, Any]) -> InstanceView:
+    """The view of a ``ServeInstance`` object; pydantic's ``ValidationError`` on a bad spec."""
+    meta = obj["metadata"]
+    spec = ServeInstanceSpec.model_validate(obj.get("spec") or {})
+    return InstanceView(
+        name=str(meta["name"]), namespace=str(meta["namespace"]), uid=str(meta["uid"]), spec=spec
+    )
+
+
+def app_view(obj: Mapping[str, Any], app_config: Mapping[str, Any]) -> AppView:
+    """The view of a ``ServeApplication`` object whose spec translates to ``app_config`` (REST)."""
+    meta = obj["metadata"]
+    return AppView(
+        cr_name=str(meta["name"]),
+        namespace=str(meta["namespace"]),
+        uid=str(meta["uid"]),
+        generation=int(meta.get("generation") or 0),
+        config=app_config,
+    )
+
+
+def deployment_view(
+    app_config: Mapping[str, Any],
+    effective: Mapping[str, Any],
+    is_ingress: bool = False,
+    replicas: int | None = None,
+) -> DeploymentView:
+    """The view of a deployment whose effective config is ``effective`` (name included)."""
+    return DeploymentView(
+        name=str(effective["name"]),
+        config=effective,
+        version=config_rules.replica_version(app_config, effective),
+        is_ingress=is_ingress,
+        replicas=replicas,
+    )

@@ -1,0 +1,570 @@
+"""Rendering of kubeserve's custom resources into Kubernetes objects (pure, no cluster).
+
+Every rendered object is also validated against the Kubernetes OpenAPI schemas (strict: unknown
+fields are errors) of the version the kubernetes test tier runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+
+from kubeserve.backends.kubernetes import names, render
+from kubeserve.control import config as config_rules
+
+K8S_VERSION = "1.36.0"
+DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+#: the quantities kubeserve writes (the OpenAPI schema does not check a quantity's syntax)
+QUANTITY = re.compile(r"[0-9]+(m|Mi)?")
+
+Json = dict[str, Any]
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def instance(**spec: Any) -> render.InstanceView:
+    return render.instance_view(
+        {"metadata": {"name": "default", "namespace": "serving", "uid": "uid-inst"}, "spec": spec}
+    )
+
+
+def app_config(**fields: Any) -> Json:
+    return {"name": "shop", "import_path": "shop.main:app", **fields}
+
+
+def app(config: Json | None = None, cr_name: str = "shop") -> render.AppView:
+    meta = {"name": cr_name, "namespace": "serving", "uid": "uid-app", "generation": 4}
+    return render.app_view({"metadata": meta}, config or app_config())
+
+
+def deployment(
+    config: Json | None = None, name: str = "Model", code: Mapping[str, Any] | None = None
+) -> render.DeploymentView:
+    """A deployment of ``config`` (the app's REST config) with its overrides applied."""
+    config = config or app_config()
+    overrides = {d["name"]: d for d in config.get("deployments", [])}
+    effective = config_rules.effective_deployment_config(name, code or {}, overrides.get(name))
+    return render.deployment_view(config, effective, is_ingress=name == "Ingress")
+
+
+def workload(config: Json | None = None, name: str = "Model", **code: Any) -> Json:
+    return render.render_replica_workload(instance(), app(config), deployment(config, name, code))
+
+
+def pod(obj: Json) -> Json:
+    spec: Json = obj["spec"]["template"]["spec"]
+    return spec
+
+
+def main_container(obj: Json) -> Json:
+    containers: list[Json] = pod(obj)["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def env(container: Json) -> dict[str, Any]:
+    names_ = [e["name"] for e in container["env"]]
+    assert len(names_) == len(set(names_)), "an env name appears twice"
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def expand(text: str, variables: Mapping[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion (``$$`` is a literal ``$``)."""
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+        lambda m: "$" if m.group(0) == "$$" else variables.get(m.group(1), m.group(0)),
+        text,
+    )
+
+
+def validate(obj: Json) -> None:
+    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def everything() -> list[Json]:
+    """A gallery covering every renderer and every optional branch."""
+    runtime_env = {
+        "working_dir": "https://example.com/shop.zip",
+        "py_modules": ["https://example.com/lib.zip"],
+        "env_vars": {"MODE": "prod"},
+    }
+    config = app_config(runtime_env=runtime_env)
+    options = {
+        "num_cpus": 2,
+        "num_gpus": 1,
+        "memory": 2**30,
+        "accelerator_type": "A100",
+        "resources": {"tpu": 1},
+        "runtime_env": {"image_uri": "registry/shop:2"},
+    }
+    inst, view = instance(proxyLocation="HeadOnly"), app(config)
+    objects = [
+        render.render_replica_workload(
+            inst, view, deployment(config, "Model", {"ray_actor_options": options})
+        ),
+        render.render_replica_workload(
+            inst, view, deployment(config, "Driver", {"is_driver_deployment": True})
+        ),
+        render.render_replica_service(inst, view, deployment(config)),
+        render.render_build_job(inst, view),
+        render.render_build_job(inst, app()),
+        *render.render_dataplane_rbac(inst),
+        *render.render_proxy(inst),
+        *render.render_proxy(
+            instance(proxyLocation="EveryNode", httpOptions={"port": 8080, "requestTimeoutS": 5})
+        ),
+    ]
+    return objects
+
+
+GALLERY = everything()
+
+
+# --------------------------------------------------------------------------- schema and contract
+
+
+@pytest.mark.parametrize("obj", GALLERY, ids=lambda o: f"{o['kind']}/{o['metadata']['name']}")
+def test_every_rendered_object_is_valid_kubernetes(obj: Json) -> None:
+    validate(obj)
+    template = obj.get("spec", {}).get("template", {}).get("spec", {})
+    for container in template.get("containers", []) + template.get("initContainers", []):
+        for amounts in container.get("resources", {}).values():
+            assert all(QUANTITY.fullmatch(v) for v in amounts.values()), amounts
+
+
+@pytest.mark.parametrize("obj", GALLERY, ids=lambda o: f"{o['kind']}/{o['metadata']['name']}")
+def test_every_object_has_a_valid_name_labels_and_an_owner(obj: Json) -> None:
+    meta = obj["metadata"]
+    assert DNS_1035.fullmatch(meta["name"]) and len(meta["name"]) <= 63
+    assert meta["namespace"] == "serving"
+    labels = meta["labels"]
+    assert labels[names.NAME_LABEL] == "kubeserve" and labels[names.MANAGED_BY_LABEL] == "kubeserve"
+    assert labels[names.COMPONENT_LABEL] in {"proxy", "replica", "build"}
+    assert labels[names.INSTANCE_LABEL] == "default"
+    [owner] = meta["ownerReferences"]
+    expected = "ServeApplication" if labels[names.COMPONENT_LABEL] != "proxy" else "ServeInstance"
+    if obj["kind"] in {"ServiceAccount", "Role", "RoleBinding"}:
+        expected = "ServeInstance"
+    assert owner["kind"] == expected and owner["controller"] is True
+    assert owner["uid"] == ("uid-app" if expected == "ServeApplication" else "uid-inst")
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [o for o in GALLERY if "template" in o.get("spec", {})],
+    ids=lambda o: o["metadata"]["name"],
+)
+def test_pods_run_restricted(obj: Json) -> None:
+    spec = pod(obj)
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in spec["containers"] + spec.get("initContainers", []):
+        security = container["securityContext"]
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["capabilities"] == {"drop": ["ALL"]}
+        assert env(container)["KUBESERVE_POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+        assert env(container)["KUBESERVE_NAMESPACE"] == {
+            "fieldRef": {"fieldPath": "metadata.namespace"}
+        }
+    if "selector" in obj["spec"]:  # a workload selects its own pods
+        template_labels = obj["spec"]["template"]["metadata"]["labels"]
+        assert obj["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
+
+
+# --------------------------------------------------------------------------- replica workloads
+
+
+def test_replica_workload_contract() -> None:
+    obj = workload(num_replicas=3)
+    assert (obj["apiVersion"], obj["kind"], obj["spec"]["replicas"]) == ("apps/v1", "Deployment", 3)
+    assert obj["metadata"]["name"] == names.workload_name("shop", "Model")
+    assert obj["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "kubeserve",
+        "app.kubernetes.io/component": "replica",
+        "kubeserve.io/application": "shop",
+        "kubeserve.io/deployment": "Model",
+    }
+    container = main_container(obj)
+    assert container["name"] == "replica"
+    assert container["command"] == [
+        "kubeserve",
+        "replica",
+        "--host",
+        "$(KUBESERVE_POD_IP)",
+        "--port",
+        "8000",
+    ]
+    assert pod(obj)["serviceAccountName"] == "default-dataplane"
+    variables = env(container)
+    assert variables["KUBESERVE_DISCOVERY"] == "kubernetes"
+    assert variables["KUBESERVE_APPLICATION"] == "shop"
+    assert variables["KUBESERVE_INSTANCE"] == "default"
+
+
+def test_replica_config_names_the_pod_and_leaves_user_config_out() -> None:
+    config = app_config(name="Shop $(HOME)")
+    obj = workload(config, user_config={"threshold": 1}, max_ongoing_requests=7)
+    raw = env(main_container(obj))["KUBESERVE_REPLICA_CONFIG"]
+    replica = json.loads(expand(raw, {"KUBESERVE_POD_NAME": "shop-model-abc12", "HOME": "/root"}))
+    assert replica == {
+        "app": "Shop $(HOME)",
+        "deployment": "Model",
+        "import_path": "shop.main:app",
+        "replica_id": "shop-model-abc12",
+        "user_config": None,
+        "max_ongoing_requests": 7,
+        "graceful_shutdown_wait_loop_s": 2.0,
+        "graceful_shutdown_timeout_s": 20.0,
+    }
+
+
+def test_autoscaling_starts_at_initial_replicas_and_the_caller_may_override() -> None:
+    obj = workload(autoscaling_config={"min_replicas": 1, "initial_replicas": 4, "max_replicas": 9})
+    assert obj["spec"]["replicas"] == 4
+    config = app_config()
+    effective = config_rules.effective_deployment_config("Model", {}, None)
+    view = render.deployment_view(config, effective, replicas=6)
+    assert render.render_replica_workload(instance(), app(config), view)["spec"]["replicas"] == 6
+
+
+def test_driver_deployment_is_a_daemonset() -> None:
+    obj = workload(is_driver_deployment=True, num_replicas=3)
+    assert obj["kind"] == "DaemonSet"
+    assert "replicas" not in obj["spec"] and "strategy" not in obj["spec"]
+    validate(obj)
+
+
+def test_resources_from_actor_options() -> None:
+    options = {
+        "num_cpus": 0.25,
+        "memory": 512 * 2**20,
+        "num_gpus": 1.5,
+        "resources": {"tpu": 2, "example.com/fpga": 0.5, "unused": 0},
+    }
+    resources = main_container(workload(ray_actor_options=options))["resources"]
+    assert resources == {
+        "requests": {
+            "cpu": "250m",
+            "memory": str(512 * 2**20),
+            "nvidia.com/gpu": "2",
+            "kubeserve.io/tpu": "2",
+            "example.com/fpga": "1",
+        },
+        "limits": {
+            "memory": str(512 * 2**20),
+            "nvidia.com/gpu": "2",
+            "kubeserve.io/tpu": "2",
+            "example.com/fpga": "1",
+        },
+    }
+
+
+def test_default_actor_options_request_one_cpu_and_no_limits() -> None:
+    assert main_container(workload())["resources"] == {"requests": {"cpu": "1"}}
+    assert main_container(workload(ray_actor_options={"num_cpus": 0}))["resources"] == {}
+
+
+def test_invalid_custom_resource_name_is_a_render_error() -> None:
+    with pytest.raises(render.RenderError, match="not a valid Kubernetes extended resource"):
+        workload(ray_actor_options={"resources": {"two words": 1}})
+
+
+def test_accelerator_type_is_a_node_selector() -> None:
+    obj = workload(ray_actor_options={"accelerator_type": "H100"})
+    assert pod(obj)["nodeSelector"] == {"kubeserve.io/accelerator-type": "H100"}
+    assert "nodeSelector" not in pod(workload())
+    with pytest.raises(render.RenderError, match="accelerator_type"):
+        workload(ray_actor_options={"accelerator_type": "not a label"})
+
+
+def test_probes_follow_the_health_check_fields() -> None:
+    container = main_container(workload(health_check_period_s=2.5, health_check_timeout_s=4))
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/-/healthz", "port": 8000}
+        assert container[probe]["periodSeconds"] == 3
+        assert container[probe]["timeoutSeconds"] == 4
+    assert container["readinessProbe"]["failureThreshold"] == 1
+    assert container["livenessProbe"]["failureThreshold"] == 3
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+
+
+def test_graceful_shutdown_timeout_is_the_grace_period() -> None:
+    assert pod(workload(graceful_shutdown_timeout_s=7.2))["terminationGracePeriodSeconds"] == 8
+    assert pod(workload())["terminationGracePeriodSeconds"] == 20
+
+
+def test_env_vars_merge_app_then_deployment_and_stay_literal() -> None:
+    config = app_config(runtime_env={"env_vars": {"A": "app", "B": "app", "PRICE": "$(5)"}})
+    options = {"runtime_env": {"env_vars": {"B": "deployment", "KUBESERVE_DISCOVERY": "mine"}}}
+    container = main_container(workload(config, ray_actor_options=options))
+    variables = env(container)
+    assert variables["A"] == "app" and variables["B"] == "deployment"
+    assert expand(variables["PRICE"], {"5": "five"}) == "$(5)"
+    assert variables["KUBESERVE_DISCOVERY"] == "kubernetes"  # kubeserve's own variables win
+    order = [e["name"] for e in container["env"]]
+    assert order[:3] == ["KUBESERVE_POD_IP", "KUBESERVE_POD_NAME", "KUBESERVE_NAMESPACE"]
+
+
+def test_image_from_deployment_then_application_then_instance() -> None:
+    assert main_container(workload())["image"] == "kubeserve:0.1.0"
+    config = app_config(runtime_env={"image_uri": "registry/app:1"})
+    assert main_container(workload(config))["image"] == "registry/app:1"
+    options = {"runtime_env": {"image_uri": "registry/model:2"}}
+    assert (
+        main_container(workload(config, ray_actor_options=options))["image"] == "registry/model:2"
+    )
+    custom = instance(image="registry/kubeserve:9", imagePullPolicy="Always")
+    obj = render.render_replica_workload(custom, app(), deployment())
+    assert main_container(obj)["image"] == "registry/kubeserve:9"
+    assert main_container(obj)["imagePullPolicy"] == "Always"
+
+
+def test_working_dir_and_py_modules_are_fetched_by_an_init_container() -> None:
+    runtime_env = {
+        "working_dir": "https://example.com/src.zip",
+        "py_modules": ["https://example.com/a.zip", "https://example.com/b.zip"],
+        "env_vars": {"PYTHONPATH": "/opt/extra"},
+    }
+    obj = workload(app_config(runtime_env=runtime_env))
+    spec = pod(obj)
+    [init] = spec["initContainers"]
+    assert init["name"] == "runtime-env"
+    assert init["command"] == [
+        "kubeserve",
+        "fetch-runtime-env",
+        "--dest",
+        "/var/run/kubeserve/runtime-env",
+        "--working-dir",
+        "https://example.com/src.zip",
+        "--py-module",
+        "https://example.com/a.zip",
+        "--py-module",
+        "https://example.com/b.zip",
+    ]
+    assert spec["volumes"] == [{"name": "runtime-env", "emptyDir": {}}]
+    mount = {"name": "runtime-env", "mountPath": "/var/run/kubeserve/runtime-env"}
+    container = main_container(obj)
+    assert init["volumeMounts"] == container["volumeMounts"] == [mount]
+    assert container["workingDir"] == "/var/run/kubeserve/runtime-env/working_dir"
+    assert env(container)["PYTHONPATH"] == ":".join(
+        [
+            "/var/run/kubeserve/runtime-env/working_dir",
+            "/var/run/kubeserve/runtime-env/py_modules/0",
+            "/var/run/kubeserve/runtime-env/py_modules/1",
+            "/opt/extra",
+        ]
+    )
+
+
+def test_py_modules_alone_keep_the_image_working_directory() -> None:
+    obj = workload(app_config(runtime_env={"py_modules": ["https://example.com/a.zip"]}))
+    assert "workingDir" not in main_container(obj)
+    assert env(main_container(obj))["PYTHONPATH"] == "/var/run/kubeserve/runtime-env/py_modules/0"
+
+
+def test_no_init_container_without_remote_files() -> None:
+    spec = pod(workload(app_config(runtime_env={"env_vars": {"A": "1"}})))
+    assert "initContainers" not in spec and "volumes" not in spec
+    assert "PYTHONPATH" not in env(spec["containers"][0])
+
+
+def test_runtime_env_keys_kubernetes_cannot_honour_are_refused() -> None:
+    with pytest.raises(render.RenderError, match=r"pip.*image_uri"):
+        workload(app_config(runtime_env={"pip": ["torch"]}))
+
+
+# --------------------------------------------------------------------------- what changes what
+
+
+def test_user_config_and_replica_count_changes_leave_the_template_identical() -> None:
+    before = workload(app_config(deployments=[{"name": "Model", "user_config": {"v": 1}}]))
+    after = workload(
+        app_config(deployments=[{"name": "Model", "user_config": {"v": 2}, "num_replicas": 5}])
+    )
+    assert after["spec"]["template"] == before["spec"]["template"]
+    assert after["metadata"] == before["metadata"]
+
+
+def test_a_new_version_changes_the_template() -> None:
+    before = workload()
+    after = workload(ray_actor_options={"num_cpus": 2})
+    old = before["spec"]["template"]["metadata"]["annotations"]["kubeserve.io/replica-version"]
+    new = after["spec"]["template"]["metadata"]["annotations"]["kubeserve.io/replica-version"]
+    assert old != new
+    code_change = workload(app_config(import_path="shop.v2:app"))
+    assert code_change["spec"]["template"] != before["spec"]["template"]
+
+
+def test_a_change_to_one_deployment_leaves_the_others_objects_identical() -> None:
+    def render_both(config: Json) -> dict[str, tuple[Json, Json]]:
+        inst, view = instance(), app(config)
+        out = {}
+        for name in ("Model", "Ingress"):
+            dep = deployment(config, name)
+            out[name] = (
+                render.render_replica_workload(inst, view, dep),
+                render.render_replica_service(inst, view, dep),
+            )
+        return out
+
+    before = render_both(app_config(deployments=[{"name": "Model", "num_replicas": 1}]))
+    options = {"num_gpus": 1, "runtime_env": {"env_vars": {"X": "1"}}}
+    after = render_both(
+        app_config(
+            deployments=[
+                {
+                    "name": "Model",
+                    "num_replicas": 2,
+                    "ray_actor_options": options,
+                    "health_check_period_s": 3,
+                }
+            ]
+        )
+    )
+    assert after["Ingress"] == before["Ingress"]
+    assert after["Model"][0]["spec"]["template"] != before["Model"][0]["spec"]["template"]
+
+
+# --------------------------------------------------------------------------- replica Services
+
+
+def test_replica_service_is_headless_and_selects_the_workloads_pods() -> None:
+    inst, view, dep = instance(), app(), deployment()
+    service = render.render_replica_service(inst, view, dep)
+    obj = render.render_replica_workload(inst, view, dep)
+    assert service["metadata"]["name"] == obj["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is False
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8000, "targetPort": 8000, "protocol": "TCP"}
+    ]
+    assert service["spec"]["selector"] == obj["spec"]["selector"]["matchLabels"]
+    # the EndpointSlice controller copies these onto the slices proxies watch
+    assert service["metadata"]["labels"] == obj["spec"]["template"]["metadata"]["labels"]
+
+
+# --------------------------------------------------------------------------- proxies and RBAC
+
+
+def test_no_proxies_when_disabled() -> None:
+    assert render.render_proxy(instance(proxyLocation="Disabled")) == []
+
+
+@pytest.mark.parametrize(
+    ("location", "kind"), [("HeadOnly", "Deployment"), ("EveryNode", "DaemonSet")]
+)
+def test_proxies_per_location(location: str, kind: str) -> None:
+    inst = instance(proxyLocation=location, httpOptions={"port": 8080, "keepAliveTimeoutS": 30})
+    proxy, service = render.render_proxy(inst)
+    assert (proxy["kind"], proxy["metadata"]["name"]) == (kind, "default-proxy")
+    assert proxy["spec"].get("replicas") == (1 if kind == "Deployment" else None)
+    container = main_container(proxy)
+    assert container["command"] == [
+        "kubeserve",
+        "proxy",
+        "--host",
+        "$(KUBESERVE_POD_IP)",
+        "--port",
+        "8080",
+        "--discovery",
+        "kubernetes",
+        "--keep-alive-timeout-s",
+        "30",
+    ]
+    assert env(container)["KUBESERVE_INSTANCE"] == "default"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/-/healthz", "port": 8080}
+    assert pod(proxy)["serviceAccountName"] == "default-dataplane"
+    assert (service["kind"], service["metadata"]["name"]) == ("Service", "default-proxy")
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8080, "targetPort": 8080, "protocol": "TCP"}
+    ]
+    assert service["spec"]["selector"] == proxy["spec"]["selector"]["matchLabels"]
+
+
+def test_proxy_default_location_is_every_node_on_port_8000() -> None:
+    proxy, service = render.render_proxy(instance())
+    assert proxy["kind"] == "DaemonSet"
+    assert service["spec"]["ports"][0]["port"] == 8000
+
+
+def test_dataplane_and_build_rbac_is_least_privilege() -> None:
+    objects = {
+        (o["kind"], o["metadata"]["name"]): o for o in render.render_dataplane_rbac(instance())
+    }
+    assert set(objects) == {
+        (kind, name)
+        for kind in ("ServiceAccount", "Role", "RoleBinding")
+        for name in ("default-dataplane", "default-build")
+    }
+    read = ["get", "list", "watch"]
+    assert objects["Role", "default-dataplane"]["rules"] == [
+        {"apiGroups": ["kubeserve.io"], "resources": ["serveapplications"], "verbs": read},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": read},
+    ]
+    assert objects["Role", "default-build"]["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}
+    ]
+    binding = objects["RoleBinding", "default-build"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "default-build",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "default-build", "namespace": "serving"}
+    ]
+
+
+# --------------------------------------------------------------------------- builds
+
+
+def test_build_job() -> None:
+    config = app_config(runtime_env={"env_vars": {"MODE": "prod"}, "image_uri": "registry/shop:3"})
+    view = app(config)
+    job = render.render_build_job(instance(), view)
+    assert job["metadata"]["name"] == names.build_job_name("shop", view.build_key)
+    assert job["metadata"]["labels"][names.APPLICATION_LABEL] == "shop"
+    spec = job["spec"]
+    assert spec["backoffLimit"] == 0
+    assert spec["ttlSecondsAfterFinished"] > 0 and spec["activeDeadlineSeconds"] > 0
+    assert pod(job)["restartPolicy"] == "Never"
+    assert pod(job)["serviceAccountName"] == "default-build"
+    container = main_container(job)
+    assert container["image"] == "registry/shop:3"
+    assert container["command"] == [
+        "kubeserve",
+        "build",
+        "shop.main:app",
+        "--configmap",
+        names.graph_configmap_name("shop", view.build_key),
+        "--namespace",
+        "$(KUBESERVE_NAMESPACE)",
+        "--application",
+        "shop",
+        "--application-uid",
+        "uid-app",
+    ]
+    assert env(container)["MODE"] == "prod"
+    assert "initContainers" not in pod(job)
+    with_files = app(app_config(runtime_env={"working_dir": "https://example.com/src.zip"}))
+    assert [
+        c["name"] for c in pod(render.render_build_job(instance(), with_files))["initContainers"]
+    ] == ["runtime-env"]
+
+
+def test_build_key_changes_with_code_and_environment_only() -> None:
+    base = app().build_key
+    assert (
+        app(app_config(deployments=[{"name": "Model", "user_config": {"a": 1}}])).build_key == base
+    )
+    assert app(app_config(import_path="shop.v2:app")).build_key != base
+    assert app(app_config(runtime_env={"env_vars": {"A": "1"}})).build_key != base
+    assert app(app_config(args={"size": 2})).build_key != base

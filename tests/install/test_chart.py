@@ -1,0 +1,281 @@
+"""The Helm chart, with Helm 3 and Helm 4: lints, renders valid objects, matches manifests/."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubeserve_install import (
+    CHART,
+    CRDS,
+    K8S_VERSIONS,
+    NAMESPACE,
+    OPERATOR_CLUSTER_RULES,
+    OPERATOR_NAMESPACE_LIST_RULES,
+    OPERATOR_NAMESPACED_RULES,
+    find,
+    helm_template,
+    one,
+    operator_container,
+    plain_manifests,
+    rendered_chart,
+    rules_of,
+    validate,
+)
+
+WATCHED = {"watchNamespaces": ["team-a", "team-b"]}
+METRICS = {"metrics": {"enabled": True, "port": 9090, "serviceMonitor": {"enabled": True}}}
+#: Values that exercise every optional template branch.
+EVERYTHING = {
+    **WATCHED,
+    **METRICS,
+    "image": {
+        "repository": "registry.example/kubeserve",
+        "tag": "0.1.0-rc1",
+        "pullPolicy": "Always",
+    },
+    "imagePullSecrets": [{"name": "pull"}],
+    "serviceAccount": {
+        "create": True,
+        "name": "ops",
+        "annotations": {"example.com/role": "operator"},
+    },
+    "podAnnotations": {"example.com/owner": "serving"},
+    "podLabels": {"team": "serving"},
+    "priorityClassName": "system-cluster-critical",
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["ops"]}]}
+                ]
+            }
+        }
+    },
+    "admin": {
+        "port": 8265,
+        "service": {
+            "type": "NodePort",
+            "port": 80,
+            "annotations": {"example.com/expose": "internal"},
+        },
+    },
+    "logLevel": "DEBUG",
+}
+VALUE_SETS = {"default": {}, "watchNamespaces": WATCHED, "everything": EVERYTHING}
+
+
+def _flag(container: dict[str, Any], name: str) -> str | None:
+    prefix = f"--{name}="
+    return next((a[len(prefix) :] for a in container["args"] if a.startswith(prefix)), None)
+
+
+def _lint(helm: str, values: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    command = [
+        helm,
+        "lint",
+        "--strict",
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "-f",
+        str(values_file),
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_helm_lint_strict(any_helm: str, values: dict[str, Any], tmp_path: Path) -> None:
+    result = _lint(any_helm, values, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_every_rendered_object_validates_strictly(any_helm: str, values: dict[str, Any]) -> None:
+    objects = rendered_chart(values, helm=any_helm)
+    for version in K8S_VERSIONS:
+        for obj in objects:
+            if obj["kind"] == "ServiceMonitor":
+                continue  # a prometheus-operator CRD: no Kubernetes schema to check it against
+            validate(obj, version)
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_helm3_and_helm4_render_the_same(helm: str, values: dict[str, Any]) -> None:
+    from kubeserve_install import find_helm3
+
+    helm3 = find_helm3()
+    if helm3 is None:
+        pytest.skip("no helm3 binary: run `make helm`")
+    assert rendered_chart(values, helm=helm3) == rendered_chart(values, helm=helm)
+
+
+def test_default_install_is_the_plain_manifests_with_helm_labels(helm: str) -> None:
+    """Same objects, names, RBAC, container and Service as manifests/ (bar labels and namespace)."""
+    chart = rendered_chart({}, helm=helm)
+    plain = [o for o in plain_manifests() if o["kind"] != "Namespace"]
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in chart) == sorted(
+        (o["kind"], o["metadata"]["name"]) for o in plain
+    )
+    assert rules_of(one(chart, "ClusterRole")) == rules_of(one(plain, "ClusterRole"))
+    assert (
+        one(chart, "ClusterRoleBinding")["subjects"] == one(plain, "ClusterRoleBinding")["subjects"]
+    )
+    ours, theirs = operator_container(chart), operator_container(plain)
+    for key in ("image", "command", "args", "env", "ports", "resources", "securityContext"):
+        assert ours[key] == theirs[key], key
+    for key in ("readinessProbe", "livenessProbe"):
+        assert ours[key] == theirs[key], key
+    chart_pod = one(chart, "Deployment")["spec"]["template"]["spec"]
+    plain_pod = one(plain, "Deployment")["spec"]["template"]["spec"]
+    for key in ("securityContext", "volumes", "serviceAccountName"):
+        assert chart_pod[key] == plain_pod[key], key
+    assert one(chart, "Service")["spec"]["ports"] == one(plain, "Service")["spec"]["ports"]
+
+
+def test_chart_crds_equal_the_generated_crds() -> None:
+    generated = {p.name: p.read_text() for p in CRDS.glob("*.yaml")}
+    copies = {p.name: p.read_text() for p in (CHART / "crds").glob("*.yaml")}
+    assert copies == generated, "charts/kubeserve/crds/ drifted from crds/: copy crds/ again"
+
+
+def test_crds_render_with_include_crds_and_not_without(helm: str) -> None:
+    with_crds = find(rendered_chart({}, helm=helm), "CustomResourceDefinition")
+    assert {c["metadata"]["name"] for c in with_crds} == {
+        "serveinstances.kubeserve.io",
+        "serveapplications.kubeserve.io",
+    }
+    without = rendered_chart({}, helm=helm, include_crds=False)
+    assert not find(without, "CustomResourceDefinition")
+
+
+def test_cluster_wide_by_default(helm: str) -> None:
+    objects = rendered_chart({}, helm=helm)
+    assert (
+        rules_of(one(objects, "ClusterRole")) == OPERATOR_NAMESPACED_RULES | OPERATOR_CLUSTER_RULES
+    )
+    assert not find(objects, "Role") and not find(objects, "RoleBinding")
+    assert _flag(operator_container(objects), "watch-namespaces") == ""
+
+
+def test_watch_namespaces_grant_roles_per_namespace_only(helm: str) -> None:
+    objects = rendered_chart(WATCHED, helm=helm)
+    watched = ["team-a", "team-b", NAMESPACE]  # the admin API writes into the release namespace
+    assert _flag(operator_container(objects), "watch-namespaces") == ",".join(watched)
+    cluster_role = one(objects, "ClusterRole")
+    assert rules_of(cluster_role) == OPERATOR_CLUSTER_RULES | OPERATOR_NAMESPACE_LIST_RULES
+    roles = find(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(watched)
+    for role in roles:
+        assert rules_of(role) == OPERATOR_NAMESPACED_RULES
+    bindings = find(objects, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(watched)
+    for binding in bindings:
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "kubeserve-operator",
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "kubeserve-operator", "namespace": NAMESPACE}
+        ]
+
+
+def test_release_namespace_is_not_listed_twice(helm: str) -> None:
+    objects = rendered_chart({"watchNamespaces": ["team-a", NAMESPACE]}, helm=helm)
+    assert _flag(operator_container(objects), "watch-namespaces") == f"team-a,{NAMESPACE}"
+    assert len(find(objects, "Role")) == 2
+
+
+def test_metrics_port_and_service_monitor(helm: str) -> None:
+    objects = rendered_chart(METRICS, helm=helm)
+    container = operator_container(objects)
+    assert _flag(container, "metrics-port") == "9090"
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
+    service = one(objects, "Service")
+    assert {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"} in service[
+        "spec"
+    ]["ports"]
+    monitor = one(objects, "ServiceMonitor")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def test_metrics_off_by_default(helm: str) -> None:
+    objects = rendered_chart({}, helm=helm)
+    assert _flag(operator_container(objects), "metrics-port") is None
+    assert not find(objects, "ServiceMonitor")
+
+
+def test_values_reach_the_pod(helm: str) -> None:
+    objects = rendered_chart(EVERYTHING, helm=helm)
+    deployment = one(objects, "Deployment")
+    pod = deployment["spec"]["template"]
+    container = operator_container(objects)
+    assert container["image"] == "registry.example/kubeserve:0.1.0-rc1"
+    assert container["imagePullPolicy"] == "Always"
+    assert _flag(container, "log-level") == "DEBUG"
+    assert pod["spec"]["serviceAccountName"] == "ops"
+    assert one(objects, "ServiceAccount")["metadata"]["name"] == "ops"
+    for key in ("nodeSelector", "tolerations", "affinity", "imagePullSecrets", "priorityClassName"):
+        assert pod["spec"][key] == EVERYTHING[key], key
+    assert pod["metadata"]["annotations"] == {"example.com/owner": "serving"}
+    assert pod["metadata"]["labels"]["team"] == "serving"
+    service = one(objects, "Service")
+    assert service["spec"]["type"] == "NodePort"
+    assert service["spec"]["ports"][0]["port"] == 80
+    # selectors never depend on values that may change across upgrades (immutable selector)
+    assert "team" not in deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_release_name_and_namespace_follow_the_release(helm: str) -> None:
+    objects = rendered_chart({}, helm=helm, release="serving", namespace="ops")
+    assert one(objects, "Deployment")["metadata"] == {
+        **one(objects, "Deployment")["metadata"],
+        "name": "serving-kubeserve-operator",
+        "namespace": "ops",
+    }
+    assert one(objects, "Service", "serving-kubeserve-admin")
+    assert one(objects, "ClusterRoleBinding")["subjects"][0]["namespace"] == "ops"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
+        ({"watchNamespaces": ["Not_A_Namespace"]}, "watchNamespaces"),
+        ({"admin": {"port": 70000}}, "port"),
+        ({"replicaCount": 3}, "replicaCount"),
+        ({"metrics": {"serviceMonitor": {"enabled": True}}}, "metrics.enabled"),
+    ],
+    ids=["pull-policy", "namespace-name", "port", "unknown-value", "monitor-without-metrics"],
+)
+def test_bad_values_are_refused(any_helm: str, values: dict[str, Any], message: str) -> None:
+    result = helm_template(values, helm=any_helm)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_notes_say_how_to_reach_the_admin_api(helm: str) -> None:
+    result = subprocess.run(
+        [helm, "install", "kubeserve", str(CHART), "--dry-run=client", "-n", NAMESPACE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if result.returncode != 0 and "cluster" in result.stderr.lower():
+        pytest.skip(f"helm install --dry-run=client needs no cluster here: {result.stderr}")
+    assert result.returncode == 0, result.stderr
+    assert "port-forward svc/kubeserve-admin 8265" in result.stdout
+    assert "every namespace" in result.stdout

@@ -22,9 +22,12 @@ Anything the user's module prints while it is imported goes to stderr, so stdout
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import contextlib
 import importlib
 import json
+import os
 import sys
 import traceback
 from typing import Any
@@ -123,22 +126,38 @@ def format_user_error(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the description of ``argv[0]`` (or an error document) on stdout; return the exit
-    code."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print(json.dumps({"error": "usage: python -m kubeserve.runtime.build <import_path>"}))
-        return 1
+    """Describe an application: print the JSON (or an error document) and return the exit code.
+
+    With ``--configmap`` (the Kubernetes build Job), the same document is also written to that
+    ConfigMap, owned by the ``ServeApplication`` named by ``--application``/``--application-uid``,
+    where the operator reads it.
+    """
+    parser = argparse.ArgumentParser(prog="kubeserve build")
+    parser.add_argument("import_path")
+    parser.add_argument("--configmap")
+    parser.add_argument("--namespace", default=os.environ.get("KUBESERVE_NAMESPACE", "default"))
+    parser.add_argument("--application", default="")
+    parser.add_argument("--application-uid", default="")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            document = json.dumps(describe(args[0]))
+            document = describe(args.import_path)
+        code = 0
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
-        print(json.dumps({"error": format_user_error(exc)}))
-        return 1
-    print(document)
-    return 0
+        document, code = {"error": format_user_error(exc)}, 1
+    text = json.dumps(document)
+    print(text)
+    if args.configmap:
+        from kubeserve.runtime.kube_build import write_graph_configmap
+
+        asyncio.run(
+            write_graph_configmap(
+                args.namespace, args.configmap, text, args.application, args.application_uid
+            )
+        )
+    return code
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 from collections import deque
 from typing import cast
@@ -833,19 +834,33 @@ class ProxyServer:
 async def serve_proxy(
     host: str,
     port: int,
-    controller_url: str,
+    controller_url: str | None,
     *,
     request_timeout_s: float | None = None,
     keep_alive_timeout_s: float = 90,
+    kubernetes_namespace: str | None = None,
+    instance: str | None = None,
 ) -> None:
-    """Run a proxy until cancelled (``main`` cancels it on SIGTERM/SIGINT)."""
+    """Run a proxy until cancelled (``main`` cancels it on SIGTERM/SIGINT).
+
+    Endpoints come from the local controller (``controller_url``) or, in a cluster, from the
+    Kubernetes API (``kubernetes_namespace``; routes of ``instance``'s applications only).
+    """
+    source = None
+    if kubernetes_namespace is not None:
+        from kubeserve.runtime.kube_discovery import KubeDiscovery
+
+        source = KubeDiscovery(kubernetes_namespace, instance)
     server = ProxyServer(
         host,
         port,
         controller_url,
         request_timeout_s=request_timeout_s,
         keep_alive_timeout_s=keep_alive_timeout_s,
+        source=source,
     )
+    if source is not None:
+        source.on_update = server.state.apply
     await server.start()
     log.info("kubeserve proxy listening on %s:%d", host, server.port)
     try:
@@ -861,10 +876,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kubeserve proxy", description=main.__doc__)
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--controller-url", required=True)
+    parser.add_argument("--controller-url")
+    parser.add_argument("--discovery", choices=("controller", "kubernetes"), default="controller")
     parser.add_argument("--request-timeout-s", type=float, default=None)
     parser.add_argument("--keep-alive-timeout-s", type=float, default=90.0)
     args = parser.parse_args(argv)
+    if args.discovery == "controller" and not args.controller_url:
+        parser.error("--controller-url is required with --discovery controller")
+    in_cluster = args.discovery == "kubernetes"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
     async def run() -> None:
@@ -880,6 +899,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.controller_url,
                 request_timeout_s=args.request_timeout_s,
                 keep_alive_timeout_s=args.keep_alive_timeout_s,
+                kubernetes_namespace=os.environ.get("KUBESERVE_NAMESPACE") if in_cluster else None,
+                instance=os.environ.get("KUBESERVE_INSTANCE") if in_cluster else None,
             )
 
     uvloop.run(run())

@@ -4,24 +4,25 @@ Contract shared by the operator, the renderer, the in-cluster data plane and the
 (change it here first, then everywhere it is used):
 
 Resources (group ``kubeserve.io``, version ``v1beta1``, namespaced; models in
-:mod:`kubeserve.schema.resources`): one ``ServeInstance`` per namespace (usually ``default``) owns the
-proxies; each ``ServeApplication`` names its instance in ``spec.instance`` and is owned by it.
+:mod:`kubeserve.schema.resources`): one ``ServeInstance`` per namespace (usually ``default``) owns
+the proxies; each ``ServeApplication`` names its instance in ``spec.instance`` and is owned by it.
 
 Children, all with an ownerReference to the CR they come from (garbage collection on delete):
 
 * per instance ``<inst>`` (unless ``proxyLocation: Disabled``): proxy Deployment ``<inst>-proxy``
   (``HeadOnly``: 1 replica) or DaemonSet (``EveryNode``), and Service ``<inst>-proxy`` on
   ``httpOptions.port``;
-* per application CR ``<app>`` and generation ``<g>``: build Job ``<app>-build-<g>`` that imports the
-  application in its image and runtime_env and writes the graph (``kubeserve build`` JSON) to the
-  ConfigMap ``<app>-graph-<g>`` (owned by the application);
+* per application CR ``<app>`` and build key ``<k>`` (a digest of import path, runtime_env and
+  args, so a change of overrides or user_config reuses the last build): build Job
+  ``<app>-build-<k>`` that imports the application in its image and runtime_env and writes the
+  graph (``kubeserve build`` JSON) to the ConfigMap ``<app>-graph-<k>`` (owned by the application);
 * per serve deployment ``<dep>`` of application ``<app>``: Deployment (DaemonSet when
   ``is_driver_deployment``) and headless Service, both named :func:`workload_name` ``(app, dep)``.
 
-Labels (all children): ``app.kubernetes.io/name=kubeserve``, ``app.kubernetes.io/managed-by=kubeserve``,
-``app.kubernetes.io/component`` in ``proxy | replica | build``, ``kubeserve.io/instance=<inst>``;
-replicas and builds also ``kubeserve.io/application=<app CR name>``; replicas
-``kubeserve.io/deployment=<label-safe deployment name>``. The EndpointSlice controller copies a
+Labels (all children): ``app.kubernetes.io/name=kubeserve``,
+``app.kubernetes.io/managed-by=kubeserve``, ``app.kubernetes.io/component`` in
+``proxy | replica | build``, ``kubeserve.io/instance=<inst>``; replicas and builds also
+``kubeserve.io/application=<app CR name>``; replicas ``kubeserve.io/deployment=<label-safe deployment name>``. The EndpointSlice controller copies a
 Service's labels onto its slices, so proxies find replica endpoints by these labels.
 
 Pods: every container gets ``KUBESERVE_POD_IP`` (fieldRef ``status.podIP``) and binds to it:
@@ -30,7 +31,8 @@ $(KUBESERVE_POD_IP) --port <httpOptions.port> --discovery kubernetes``; the repl
 probe is ``GET /-/healthz`` on port 8000 (the proxy's on its own port). ``KUBESERVE_NAMESPACE``
 (fieldRef ``metadata.namespace``) tells in-cluster processes where their CRs are.
 
-``user_config`` is never in a pod template: a replica reads it from its ``ServeApplication`` at
-start-up and the operator pushes changes to ``POST /-/reconfigure`` on each ready replica,
-reporting the deployment ``UPDATING`` until all have applied it.
+``user_config`` is never in a pod template: the operator pushes it to ``POST /-/reconfigure`` on
+each ready replica (and again after a change), reporting the deployment ``UPDATING`` until all
+have applied it. Data-plane RBAC is per instance: ``<inst>-dataplane`` (read ServeApplications and
+EndpointSlices) and ``<inst>-build`` (create ConfigMaps).
 """

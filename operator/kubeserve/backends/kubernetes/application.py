@@ -1,0 +1,194 @@
+"""Reconciling one ``ServeApplication``: build Job -> graph -> workloads -> status.
+
+:func:`reconcile_application` is the operator's one idempotent step for an application, shared by
+the create, update and resume handlers and the resync timer. It reads the cluster from the
+operator's caches, writes only what differs (server-side apply of rendered objects it has not
+applied in this form yet, status patches when the status changed), and never writes a spec.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from kubeserve.backends.kubernetes import names, render
+from kubeserve.backends.kubernetes.context import OperatorContext
+from kubeserve.backends.kubernetes.status import (
+    application_status_patch,
+    deployment_view_from_pods,
+    failed_status_patch,
+)
+from kubeserve.control import config as config_rules
+from kubeserve.control.instance import app_route_prefix
+from kubeserve.control.status import BuildView, application_status
+from kubeserve.schema.errors import validation_details
+from kubeserve.schema.resources import ServeApplicationSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """The build's answer for one build key: the deployments, or the error."""
+
+    body: dict[str, Any]
+
+    @property
+    def error(self) -> str | None:
+        error = self.body.get("error")
+        return None if error is None else str(error)
+
+
+async def reconcile_application(ctx: OperatorContext, obj: dict[str, Any]) -> None:
+    meta = obj["metadata"]
+    namespace, cr_name = meta["namespace"], meta["name"]
+    try:
+        spec = ServeApplicationSpec.model_validate(obj.get("spec") or {})
+        app_config = spec.to_rest(name=cr_name).model_dump(mode="json", exclude_unset=True)
+    except ValidationError as err:
+        details = "; ".join(
+            f"spec.{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in validation_details(err)
+        )
+        await ctx.patch_status(obj, failed_status_patch(obj, "InvalidSpec", details))
+        return
+    app_config["name"] = spec.app_name or cr_name
+    instance = ctx.cache.get("ServeInstance", namespace, spec.instance)
+    if instance is None:
+        message = f"ServeInstance {spec.instance!r} not found in namespace {namespace!r}"
+        await ctx.patch_status(
+            obj, failed_status_patch(obj, "InstanceNotFound", message, "DEPLOYING")
+        )
+        return
+    await _ensure_owned_by(ctx, obj, instance)
+    instance_view = render.instance_view(instance)
+    app_view = render.app_view(obj, app_config)
+    graph = await _graph(ctx, instance_view, app_view, app_config)
+    if graph is None or graph.error is not None:
+        build = BuildView("running") if graph is None else BuildView("failed", graph.error or "")
+        info = application_status(build, {})
+        await ctx.patch_status(obj, application_status_patch(obj, info, app_config, {}, None))
+        return
+    views, routing = await _reconcile_deployments(ctx, instance_view, app_view, app_config, graph)
+    info = application_status(BuildView("done"), views)
+    ingress = str(graph.body["ingress"])
+    ingress_options = _node(graph, ingress).get("options", {})
+    routing["__route__"] = {"route_prefix": app_route_prefix(app_config, ingress_options)}
+    patch = application_status_patch(obj, info, app_config, routing, ingress)
+    await ctx.patch_status(obj, patch)
+
+
+def _node(graph: Graph, name: str) -> dict[str, Any]:
+    for node in graph.body["deployments"]:
+        if node["name"] == name:
+            return dict(node)
+    return {}
+
+
+async def _ensure_owned_by(
+    ctx: OperatorContext, obj: dict[str, Any], instance: dict[str, Any]
+) -> None:
+    """Applications belong to their instance: deleting the instance deletes them (metadata only)."""
+    owners = obj["metadata"].get("ownerReferences") or []
+    uid = instance["metadata"]["uid"]
+    if any(o.get("uid") == uid for o in owners):
+        return
+    ref = names.owner_reference(instance, controller=False)
+    await ctx.kube.merge_patch(
+        "ServeApplication",
+        obj["metadata"]["namespace"],
+        obj["metadata"]["name"],
+        {"metadata": {"ownerReferences": [*owners, ref]}},
+    )
+
+
+async def _graph(
+    ctx: OperatorContext,
+    instance: render.InstanceView,
+    app: render.AppView,
+    app_config: dict[str, Any],
+) -> Graph | None:
+    """The build result for the app's current code and environment; starts the Job when needed."""
+    configmap = ctx.cache.get(
+        "ConfigMap", app.namespace, names.graph_configmap_name(app.cr_name, app.build_key)
+    )
+    if configmap is not None:
+        return Graph(json.loads((configmap.get("data") or {}).get("graph.json", "{}")))
+    job_name = names.build_job_name(app.cr_name, app.build_key)
+    job = ctx.cache.get("Job", app.namespace, job_name)
+    if job is None:
+        await ctx.apply(render.render_build_job(instance, app))
+        await _delete_stale_builds(ctx, app)
+        return None
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Failed" and condition.get("status") == "True":
+            return Graph({"error": f"build Job {job_name} failed: {condition.get('message', '')}"})
+    return None
+
+
+async def _delete_stale_builds(ctx: OperatorContext, app: render.AppView) -> None:
+    current = names.build_job_name(app.cr_name, app.build_key)
+    labels = {
+        names.APPLICATION_LABEL: names.label_value(app.cr_name),
+        names.COMPONENT_LABEL: "build",
+    }
+    for job in ctx.cache.objects("Job", app.namespace, labels):
+        if job["metadata"]["name"] != current:
+            await ctx.kube.delete("Job", app.namespace, job["metadata"]["name"])
+
+
+async def _reconcile_deployments(
+    ctx: OperatorContext,
+    instance: render.InstanceView,
+    app: render.AppView,
+    app_config: dict[str, Any],
+    graph: Graph,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    overrides = {d["name"]: d for d in app_config.get("deployments", [])}
+    views: dict[str, Any] = {}
+    routing: dict[str, Any] = {}
+    wanted: set[str] = set()
+    for node in graph.body["deployments"]:
+        name = node["name"]
+        effective = config_rules.effective_deployment_config(
+            name, node.get("options", {}), overrides.get(name)
+        )
+        deployment = render.deployment_view(app_config, effective, bool(node.get("is_ingress")))
+        workload = render.render_replica_workload(instance, app, deployment)
+        service = render.render_replica_service(instance, app, deployment)
+        await ctx.apply(workload)
+        await ctx.apply(service)
+        wanted.update(
+            {
+                f"{workload['kind']}/{workload['metadata']['name']}",
+                f"Service/{service['metadata']['name']}",
+            }
+        )
+        pods = ctx.cache.objects(
+            "Pod", app.namespace, dict(workload["spec"]["selector"]["matchLabels"])
+        )
+        await ctx.push_user_config(pods, effective)
+        views[name] = deployment_view_from_pods(ctx, pods, effective, deployment.version)
+        routing[name] = {
+            "service": service["metadata"]["name"],
+            "max_ongoing_requests": int(effective["max_ongoing_requests"]),
+            "target": config_rules.target_replicas(effective),
+        }
+    await _delete_stale_children(ctx, app, wanted)
+    return views, routing
+
+
+async def _delete_stale_children(
+    ctx: OperatorContext, app: render.AppView, wanted: set[str]
+) -> None:
+    labels = {
+        names.APPLICATION_LABEL: names.label_value(app.cr_name),
+        names.COMPONENT_LABEL: "replica",
+    }
+    for kind in ("Deployment", "DaemonSet", "Service"):
+        for obj in ctx.cache.objects(kind, app.namespace, labels):
+            if f"{kind}/{obj['metadata']['name']}" not in wanted:
+                await ctx.kube.delete(kind, app.namespace, obj["metadata"]["name"])

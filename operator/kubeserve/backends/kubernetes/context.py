@@ -1,0 +1,106 @@
+"""What every reconciler of the operator shares: the API client, the caches, and write-dedup.
+
+The operator writes only what changed: :meth:`OperatorContext.apply` remembers the digest of each
+object it applied and skips an identical re-apply while the object still exists in the cache, and
+:meth:`OperatorContext.patch_status` skips a status equal to the cached one. When nothing changes,
+a reconcile pass makes no API request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from kubeserve.backends.kubernetes.cache import ClusterCache
+from kubeserve.control import config as config_rules
+from kubeserve.runtime import wire
+from kubeserve.runtime.kube import Kube
+
+log = logging.getLogger(__name__)
+
+#: the port every replica container listens on (see the backend's contract)
+REPLICA_PORT = 8000
+
+
+@dataclass
+class OperatorContext:
+    kube: Kube
+    cache: ClusterCache
+    session: aiohttp.ClientSession
+    #: digest of the last object applied, by kind/namespace/name
+    applied: dict[str, str] = field(default_factory=dict)
+    #: pod uid -> the user_config version that pod has applied (pushed by this operator)
+    user_configs: dict[str, str] = field(default_factory=dict)
+    _pushing: set[str] = field(default_factory=set)
+
+    async def apply(self, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        key = f"{obj['kind']}/{meta.get('namespace', '')}/{meta['name']}"
+        digest = config_rules.fingerprint(obj)
+        exists = self.cache.get(obj["kind"], meta.get("namespace", ""), meta["name"]) is not None
+        if exists and self.applied.get(key) == digest:
+            return
+        await self.kube.apply(obj)
+        self.applied[key] = digest
+
+    async def patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        current = self.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
+        old = {k: v for k, v in (current.get("status") or {}).items() if k != "kopf"}
+        if all(old.get(k) == v for k, v in status.items()):
+            return
+        await self.kube.merge_patch(
+            obj["kind"], meta["namespace"], meta["name"], {"status": status}, "status"
+        )
+
+    async def push_user_config(self, pods: list[dict[str, Any]], config: dict[str, Any]) -> None:
+        """Send the deployment's user_config to every ready replica that has not applied it."""
+        version = config_rules.user_config_version(config)
+        for pod in pods:
+            uid = pod["metadata"]["uid"]
+            ip = (pod.get("status") or {}).get("podIP")
+            if (
+                not ip
+                or not _ready(pod)
+                or self.user_configs.get(uid) == version
+                or uid in self._pushing
+            ):
+                continue
+            self._pushing.add(uid)
+            task = asyncio.ensure_future(self._push(uid, ip, config.get("user_config"), version))
+            task.add_done_callback(functools.partial(self._pushed, uid))
+
+    def _pushed(self, uid: str, _task: object) -> None:
+        self._pushing.discard(uid)
+
+    async def _push(self, uid: str, ip: str, user_config: Any, version: str) -> None:
+        url = f"http://{ip}:{REPLICA_PORT}{wire.RECONFIGURE_PATH}"
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with self.session.post(
+                url, json={"user_config": user_config}, timeout=aiohttp.ClientTimeout(total=30)
+            ) as response:
+                if response.status == 200:
+                    self.user_configs[uid] = version
+                else:
+                    log.warning("reconfigure of pod %s failed: %s", uid, await response.text())
+        self.wake()
+
+    def wake(self) -> None:
+        """Overridden by the operator: schedule a reconcile pass soon."""
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return bool(condition.get("status") == "True")
+    return False
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    return _ready(pod)

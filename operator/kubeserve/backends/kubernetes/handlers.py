@@ -1,0 +1,45 @@
+"""kopf handlers: thin. Every event on a custom resource runs the same idempotent reconcile.
+
+Create, update and resume handlers and a resync timer all call :meth:`Operator.reconcile`, which
+serialises passes per object. Changes of owned objects (pods becoming ready, Jobs finishing) wake
+the affected objects' reconcilers through the operator's caches, not through kopf.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from kubeserve.backends.kubernetes.operator import Operator
+from kubeserve.schema.resources import GROUP, VERSION
+
+FINALIZER = "kubeserve.io/finalizer"
+RESYNC_S = 30.0
+
+
+def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
+    """Register the handlers of ``operator`` in ``registry`` (one registry per operator run)."""
+
+    async def reconcile(body: kopf.Body, **_: Any) -> None:
+        await operator.reconcile(dict(body))
+
+    for plural in ("serveinstances", "serveapplications"):
+        for on in (kopf.on.create, kopf.on.update, kopf.on.resume):
+            on(GROUP, VERSION, plural, registry=registry, id="reconcile")(reconcile)
+        kopf.timer(
+            GROUP, VERSION, plural, registry=registry, interval=RESYNC_S, idle=None, id="resync"
+        )(reconcile)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.finalizer = FINALIZER
+        settings.persistence.progress_storage = kopf.StatusProgressStorage(
+            field="status.kopf.progress"
+        )
+        settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(
+            field="status.kopf.diffbase"
+        )
+        settings.posting.level = 30  # warnings and errors become Kubernetes Events
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330

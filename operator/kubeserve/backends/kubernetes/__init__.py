@@ -22,8 +22,9 @@ Children, all with an ownerReference to the CR they come from (garbage collectio
 Labels (all children): ``app.kubernetes.io/name=kubeserve``,
 ``app.kubernetes.io/managed-by=kubeserve``, ``app.kubernetes.io/component`` in
 ``proxy | replica | build``, ``kubeserve.io/instance=<inst>``; replicas and builds also
-``kubeserve.io/application=<app CR name>``; replicas ``kubeserve.io/deployment=<label-safe deployment name>``. The EndpointSlice controller copies a
-Service's labels onto its slices, so proxies find replica endpoints by these labels.
+``kubeserve.io/application=<app CR name>``; replicas ``kubeserve.io/deployment=<label-safe
+deployment name>``. The EndpointSlice controller copies a Service's labels onto its slices, so
+proxies find replica endpoints by these labels.
 
 Pods: every container gets ``KUBESERVE_POD_IP`` (fieldRef ``status.podIP``) and binds to it:
 ``kubeserve replica --host $(KUBESERVE_POD_IP) --port 8000`` and ``kubeserve proxy --host

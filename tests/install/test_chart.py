@@ -138,7 +138,10 @@ def test_default_install_is_the_plain_manifests_with_helm_labels(helm: str) -> N
     plain_pod = one(plain, "Deployment")["spec"]["template"]["spec"]
     for key in ("securityContext", "volumes", "serviceAccountName"):
         assert chart_pod[key] == plain_pod[key], key
-    assert one(chart, "Service")["spec"]["ports"] == one(plain, "Service")["spec"]["ports"]
+    assert one(chart, "Service")["spec"] == one(plain, "Service")["spec"]
+    # same selector: the two installs select the same pods (a Deployment's selector is immutable)
+    chart_selector = one(chart, "Deployment")["spec"]["selector"]
+    assert chart_selector == one(plain, "Deployment")["spec"]["selector"]
 
 
 def test_chart_crds_equal_the_generated_crds() -> None:

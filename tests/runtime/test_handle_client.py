@@ -125,3 +125,103 @@ def test_start_survives_an_unreachable_controller() -> None:
             await client.close()
 
     run(go())
+
+
+def _snapshot_for(port: int) -> Snapshot:
+    return {
+        "version": 1,
+        "routes": [],
+        "deployments": {
+            "app#D": {
+                "max_ongoing_requests": 4,
+                "replicas": [{"replica_id": "r0", "host": "127.0.0.1", "port": port}],
+            }
+        },
+    }
+
+
+class _StaticSource:
+    """An endpoint source delivering one fixed snapshot to the client it is attached to."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self.client: HandleClient | None = None
+
+    async def start(self) -> None:
+        assert self.client is not None
+        self.client.apply(self.snapshot)
+
+    async def close(self) -> None:
+        pass
+
+
+def _client_for(port: int) -> HandleClient:
+    source = _StaticSource(_snapshot_for(port))
+    client = source.client = HandleClient(source=source)
+    return client
+
+
+async def _raw_replica(on_call: Any) -> tuple[asyncio.Server, int]:
+    """A replica stand-in speaking raw bytes: ``on_call(reader, writer)`` per connection."""
+    server = await asyncio.start_server(on_call, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def test_replica_dying_mid_call_is_an_error_not_a_hang() -> None:
+    async def go() -> None:
+        async def die(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+            await writer.drain()
+            writer.transport.abort()  # the replica process died mid-answer
+
+        server, port = await _raw_replica(die)
+        client = _client_for(port)
+        await client.start()
+        try:
+            with pytest.raises(DeploymentUnavailableError, match="r0"):
+                await asyncio.wait_for(client.call("app", "D", "add", (1,), {"b": 1}), 5)
+            assert client.router.in_flight("app#D") == {"r0": 0}  # the slot came back
+        finally:
+            await client.close()
+            server.close()
+
+    run(go())
+
+
+def test_connections_are_reused_and_closed_when_the_replica_leaves() -> None:
+    async def go() -> None:
+        connections = 0
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal connections
+            connections += 1
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+                    args, kwargs = decode_call(await reader.readexactly(length))
+                    body = encode_result(args[0] + kwargs["b"])
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+                    writer.write(body)
+            writer.close()
+
+        server, port = await _raw_replica(answer)
+        client = _client_for(port)
+        await client.start()
+        try:
+            for i in range(10):
+                assert await client.call("app", "D", "add", (i,), {"b": 1}) == i + 1
+            assert connections == 1
+            results = await asyncio.gather(
+                *(client.call("app", "D", "add", (i,), {"b": 0}) for i in range(4))
+            )
+            assert results == list(range(4))
+            pool = client._pools["r0"]
+            client.apply({"version": 2, "routes": [], "deployments": {}})
+            assert pool.closed and not pool.idle and "r0" not in client._pools
+        finally:
+            await client.close()
+            server.close()
+
+    run(go())

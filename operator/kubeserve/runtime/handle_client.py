@@ -2,21 +2,35 @@
 
 Implements :class:`kubeserve.sdk.transport.HandleTransport`: the router picks a replica of the
 target deployment (same policy and caps as the proxy), the call goes out as
-``POST /-/call/<method>`` with a :func:`~kubeserve.runtime.wire.encode_call` body over a keep-alive
-connection pool, and the answer is decoded (200) or re-raised (500).
+``POST /-/call/<method>`` with a :func:`~kubeserve.runtime.wire.encode_call` body over a pooled
+keep-alive connection, and the answer is decoded (200) or re-raised (500).
+
+The client speaks HTTP/1.1 itself (``asyncio.Protocol`` + httptools) instead of going through an
+HTTP client library, because a handle call sits inside a user request: a library request costs a
+request object, a response object, header multidicts and several awaits per call. Here a call is
+one write of a pre-formatted head plus the pickled body, and one future resolved by the parser.
+The tricks, each marked where it is used:
+
+* **Pre-formatted request head** per (replica, method): only ``Content-Length`` is filled in.
+* **One future per call**, resolved from ``data_received``; no task per call.
+* **Pooled keep-alive connections** per replica, LIFO (the warmest is reused); a call never waits
+  for a connection: it takes an idle one or opens a new one (the router already caps calls in
+  flight per replica at ``max_ongoing_requests``).
 
 Ownership: a :class:`HandleClient` owns its router, its endpoint source (which keeps the router
-fresh) and its HTTP session; one per process, installed with ``sdk.transport.set_transport``.
+fresh) and its connection pools; one per process, installed with ``sdk.transport.set_transport``.
+A pool whose replica left the snapshot is closed.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, cast
 
-import aiohttp
+import httptools
 
 from kubeserve.runtime.discovery import Discovery, EndpointSource
-from kubeserve.runtime.router import NoReplicaAvailable, Router
+from kubeserve.runtime.router import NoReplicaAvailable, Replica, Router
 from kubeserve.runtime.wire import (
     CALL_PREFIX,
     Snapshot,
@@ -30,7 +44,8 @@ __all__ = ["DEFAULT_CALL_TIMEOUT_S", "HandleClient"]
 
 #: How long a call waits for a replica slot before DeploymentUnavailableError.
 DEFAULT_CALL_TIMEOUT_S = 30.0
-_CONTENT_TYPE = {"Content-Type": "application/octet-stream"}
+#: How long opening a connection to a replica may take.
+CONNECT_TIMEOUT_S = 10.0
 
 
 class HandleClient:
@@ -51,26 +66,26 @@ class HandleClient:
                 raise ValueError("a handle client needs a controller_url or an endpoint source")
             source = Discovery(controller_url, self.apply)
         self._source = source
-        self._session: aiohttp.ClientSession | None = None
+        self._pools: dict[str, _CallPool] = {}
+        self._started = False
 
     def apply(self, snapshot: Snapshot) -> None:
         """Install a discovery snapshot (routes are a proxy concern; handles need replicas only)."""
         self.router.update(snapshot["deployments"])
+        live = {ep["replica_id"] for d in snapshot["deployments"].values() for ep in d["replicas"]}
+        for replica_id in [rid for rid in self._pools if rid not in live]:
+            self._pools.pop(replica_id).close()
 
     async def start(self) -> None:
-        # One connector shared by all replicas; no per-host cap beyond max_ongoing_requests,
-        # which the router enforces. No total timeout: a user's method may run long.
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=None, connect=10)
-        )
+        self._started = True
         await self._source.start()
 
     async def close(self) -> None:
+        self._started = False
         await self._source.close()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
 
     async def call(
         self,
@@ -80,23 +95,21 @@ class HandleClient:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        if self._session is None:
+        if not self._started:
             raise RuntimeError("HandleClient.call before start()")
         key = deployment_key(app, deployment)
+        # Fast path: a free slot needs no waiter future and no timer.
+        replica = self.router.try_assign(key)
+        if replica is None:
+            try:
+                replica = await self.router.assign(key, self._assign_timeout_s)
+            except NoReplicaAvailable as exc:
+                raise DeploymentUnavailableError(str(exc)) from None
         try:
-            replica = await self.router.assign(key, self._assign_timeout_s)
-        except NoReplicaAvailable as exc:
-            raise DeploymentUnavailableError(str(exc)) from None
-        url = f"http://{replica.host}:{replica.port}{CALL_PREFIX}{method}"
-        try:
-            async with self._session.post(
-                url, data=encode_call(args, kwargs), headers=_CONTENT_TYPE
-            ) as resp:
-                body = await resp.read()
-                status = resp.status
-        except aiohttp.ClientConnectionError as exc:
+            status, body = await self._pool(replica).call(method, encode_call(args, kwargs))
+        except (OSError, TimeoutError) as exc:
             raise DeploymentUnavailableError(
-                f"replica {replica.replica_id} of {key} failed: {exc}"
+                f"replica {replica.replica_id} of {key} failed: {exc or type(exc).__name__}"
             ) from exc
         finally:
             self.router.release(replica)
@@ -110,3 +123,133 @@ class HandleClient:
         raise DeploymentUnavailableError(
             f"replica {replica.replica_id} of {key} answered {status}: {body[:200]!r}"
         )
+
+    def _pool(self, replica: Replica) -> _CallPool:
+        pool = self._pools.get(replica.replica_id)
+        if pool is None or pool.host != replica.host or pool.port != replica.port:
+            if pool is not None:
+                pool.close()
+            pool = self._pools[replica.replica_id] = _CallPool(replica.host, replica.port)
+        return pool
+
+
+class _CallPool:
+    """Idle keep-alive connections to one replica (LIFO) and the request heads sent to it."""
+
+    __slots__ = ("closed", "heads", "host", "idle", "port")
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.idle: list[_CallConnection] = []
+        self.heads: dict[str, bytes] = {}
+        self.closed = False
+
+    def head(self, method: str) -> bytes:
+        """``POST /-/call/<method>`` up to ``Content-Length: ``; formatted once per method."""
+        head = self.heads.get(method)
+        if head is None:
+            head = self.heads[method] = (
+                f"POST {CALL_PREFIX}{method} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                "Content-Type: application/octet-stream\r\nContent-Length: "
+            ).encode("latin-1")
+        return head
+
+    async def call(self, method: str, body: bytes) -> tuple[int, bytes]:
+        conn = self._take()
+        if conn is None:
+            loop = asyncio.get_running_loop()
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                _, conn = await loop.create_connection(_CallConnection, self.host, self.port)
+        try:
+            status, answer, keep_alive = await conn.request(self.head(method), body)
+        except BaseException:  # lost, or the caller was cancelled: the answer may still come
+            conn.close()
+            raise
+        if keep_alive and not self.closed and conn.usable():
+            self.idle.append(conn)
+        else:
+            conn.close()
+        return status, answer
+
+    def _take(self) -> _CallConnection | None:
+        idle = self.idle
+        while idle:
+            conn = idle.pop()
+            if conn.usable():
+                return conn
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+        idle, self.idle = self.idle, []
+        for conn in idle:
+            conn.close()
+
+
+class _CallConnection(asyncio.Protocol):
+    """One keep-alive connection to a replica carrying one call at a time.
+
+    Invariant: ``waiter`` is set from the moment a request is written until its response is
+    complete or the connection is lost; an idle connection has none.
+    """
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connect
+        self.parser = httptools.HttpResponseParser(self)
+        self.waiter: asyncio.Future[tuple[int, bytes, bool]] | None = None
+        self.body: list[bytes] = []
+        self.closed = False
+
+    def usable(self) -> bool:
+        return not self.closed and not self.transport.is_closing()
+
+    def request(self, head: bytes, body: bytes) -> asyncio.Future[tuple[int, bytes, bool]]:
+        waiter = self.waiter = asyncio.get_running_loop().create_future()
+        # One writelines, one syscall: head, length, blank line and body together.
+        self.transport.writelines((head, b"%d\r\n\r\n" % len(body), body))
+        return waiter
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.close()
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it: cast, not assert.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ConnectionError(f"unparsable answer from the replica: {exc}"))
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(ConnectionError(f"connection to the replica lost: {exc or 'closed'}"))
+
+    def _fail(self, exc: Exception) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    # -- httptools callbacks -----------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.body = []
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is None or waiter.done():  # an answer nobody asked for: never reuse
+            self.closed = True
+            self.transport.close()
+            return
+        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        waiter.set_result((self.parser.get_status_code(), body, self.parser.should_keep_alive()))

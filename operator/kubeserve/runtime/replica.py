@@ -31,14 +31,19 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import uvloop
-from aiohttp import web
 
 from kubeserve.runtime import wire
 from kubeserve.runtime.build import format_user_error, load_application
+from kubeserve.runtime.replica_http import (
+    HttpRequest,
+    HttpResponse,
+    ReplicaHttpServer,
+    StreamedResponse,
+)
 from kubeserve.sdk import transport
 from kubeserve.sdk.application import GraphNode, map_nodes
 from kubeserve.sdk.handle import DeploymentHandle
@@ -46,9 +51,7 @@ from kubeserve.sdk.http import Request, StreamingResponse, to_response
 
 log = logging.getLogger("kubeserve.replica")
 
-_TEXT = "text/plain; charset=utf-8"
 _PICKLE = "application/octet-stream"
-_TEXT_HEADERS = {"Content-Type": _TEXT}
 
 
 class ReplicaStartupError(Exception):
@@ -148,46 +151,50 @@ class Replica:
         }
         self._labels = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items())
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def handle(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
+        """The server's handler: internal endpoints, then user traffic."""
         path = request.path
         if path.startswith("/-/"):
             return await self._internal(request, path)
         if self.draining:
             return _shutting_down()
         self.ongoing += 1
+        streaming = False
         try:
-            return await self._user_http(request)
+            response = await self._user_http(request)
+            streaming = isinstance(response, StreamedResponse)
+            return response
         finally:
-            self.ongoing -= 1
-            self.processed += 1
+            if not streaming:  # a stream is counted until its last chunk (see _stream)
+                self.ongoing -= 1
+                self.processed += 1
 
-    async def _user_http(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def _user_http(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
         if self._http_target is None:
-            return web.Response(
-                status=404, text=f"deployment {self.user.name!r} has no __call__ method"
+            return HttpResponse(
+                404, f"deployment {self.user.name!r} has no __call__ method".encode()
             )
-        body = await request.content.read() if request.body_exists else b""
         user_request = Request(
-            request.method, request.path, request.query_string, request.headers.items(), body
+            request.method, request.path, request.query_string, request.headers, request.body
         )
         try:
             result = await _invoke(self._http_target, user_request)
             if type(result) is str:  # the common case, without building a Response first
-                return web.Response(body=result.encode(), headers=_TEXT_HEADERS)
+                return HttpResponse(200, result.encode())
             response = to_response(result)
         except Exception as exc:
             log.exception("request %s %s failed", request.method, request.path)
-            return web.Response(status=500, text=_error_text(exc))
+            return HttpResponse(500, _error_text(exc).encode())
         if isinstance(response, StreamingResponse):
             return await self._stream(request, response)
-        return web.Response(
-            body=response.body, status=response.status_code, headers=response.headers
+        return HttpResponse(
+            response.status_code, response.body, response.headers, content_type=None
         )
 
     async def _stream(
-        self, request: web.BaseRequest, response: StreamingResponse
-    ) -> web.StreamResponse:
-        """Send a chunked response. The first chunk is produced before the status line is sent, so
+        self, request: HttpRequest, response: StreamingResponse
+    ) -> HttpResponse | StreamedResponse:
+        """A chunked response. The first chunk is produced before the status line is sent, so
         a generator that fails at once still gives a 500; a later failure cuts the connection (the
         client sees an incomplete chunked body, never a clean end)."""
         chunks = response.chunks()
@@ -197,32 +204,28 @@ class Replica:
             first = None
         except Exception as exc:
             log.exception("streamed response to %s %s failed", request.method, request.path)
-            return web.Response(status=500, text=_error_text(exc))
-        stream = web.StreamResponse(status=response.status_code, headers=response.headers)
-        stream.enable_chunked_encoding()
-        await stream.prepare(request)
-        try:
-            if first:
-                await stream.write(first)
-            async for chunk in chunks:
-                if chunk:
-                    await stream.write(chunk)
-        except (ConnectionError, asyncio.CancelledError):
-            raise
-        except Exception:
-            log.exception("streamed response to %s %s failed", request.method, request.path)
-            if request.transport is not None:
-                request.transport.abort()
-            raise
-        finally:
-            await chunks.aclose()
-        await stream.write_eof()
-        return stream
+            return HttpResponse(500, _error_text(exc).encode())
 
-    async def _internal(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                if first:
+                    yield first
+                async for chunk in chunks:
+                    yield chunk
+            except Exception:
+                log.exception("streamed response to %s %s failed", request.method, request.path)
+                raise
+            finally:
+                await chunks.aclose()
+                self.ongoing -= 1
+                self.processed += 1
+
+        return StreamedResponse(response.status_code, response.headers, body())
+
+    async def _internal(self, request: HttpRequest, path: str) -> HttpResponse | StreamedResponse:
         if path.startswith(wire.CALL_PREFIX):
             if request.method != "POST":
-                return web.Response(status=405, text="handle calls use POST")
+                return HttpResponse(405, b"handle calls use POST")
             if self.draining:
                 return _shutting_down()
             self.ongoing += 1
@@ -234,55 +237,55 @@ class Replica:
         if path == wire.HEALTHZ_PATH:
             return await self._healthz()
         if path == wire.METRICS_PATH:
-            return web.Response(text=self.metrics(), content_type="text/plain")
+            return HttpResponse(200, self.metrics().encode())
         if path == wire.RECONFIGURE_PATH:
             if request.method != "POST":
-                return web.Response(status=405, text="reconfigure uses POST")
+                return HttpResponse(405, b"reconfigure uses POST")
             return await self._reconfigure(request)
-        return web.Response(status=404, text=f"no internal endpoint {path}")
+        return HttpResponse(404, f"no internal endpoint {path}".encode())
 
-    async def _call(self, request: web.BaseRequest, method_name: str) -> web.StreamResponse:
+    async def _call(self, request: HttpRequest, method_name: str) -> HttpResponse:
         method = self.user.method(method_name)
         if method is None:
-            return web.Response(
-                status=404, text=f"deployment {self.user.name!r} has no method {method_name!r}"
+            return HttpResponse(
+                404, f"deployment {self.user.name!r} has no method {method_name!r}".encode()
             )
         try:
-            args, kwargs = wire.decode_call(await request.content.read())
+            args, kwargs = wire.decode_call(request.body)
         except Exception as exc:
-            return web.Response(status=400, text=f"undecodable handle call: {_error_text(exc)}")
+            return HttpResponse(400, f"undecodable handle call: {_error_text(exc)}".encode())
         try:
             body = wire.encode_result(await _invoke(method, *args, **kwargs))
         except Exception as exc:
             log.info("handle call %s raised %s", method_name, _error_text(exc))
-            return web.Response(status=500, body=wire.encode_error(exc), content_type=_PICKLE)
-        return web.Response(body=body, content_type=_PICKLE)
+            return HttpResponse(500, wire.encode_error(exc), content_type=_PICKLE)
+        return HttpResponse(200, body, content_type=_PICKLE)
 
-    async def _healthz(self) -> web.StreamResponse:
+    async def _healthz(self) -> HttpResponse:
         if self.draining:
-            return web.Response(status=503, text="replica is shutting down")
+            return HttpResponse(503, b"replica is shutting down")
         try:
             await self.user.check_health()
         except Exception as exc:
-            return web.Response(status=503, text=_error_text(exc))
-        return web.Response(text="ok")
+            return HttpResponse(503, _error_text(exc).encode())
+        return HttpResponse(200, b"ok")
 
-    async def _reconfigure(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def _reconfigure(self, request: HttpRequest) -> HttpResponse:
         try:
-            payload = json.loads(await request.content.read())
+            payload = json.loads(request.body)
             user_config = payload["user_config"]
         except Exception as exc:
-            return web.Response(
-                status=400, text=f'body must be JSON {{"user_config": ...}}: {_error_text(exc)}'
+            return HttpResponse(
+                400, f'body must be JSON {{"user_config": ...}}: {_error_text(exc)}'.encode()
             )
         async with self._reconfigure_lock:
             try:
                 await self.user.reconfigure(user_config)
             except Exception as exc:
                 log.exception("reconfigure failed")
-                return web.Response(status=500, text=_error_text(exc))
+                return HttpResponse(500, _error_text(exc).encode())
             self.user_config = user_config
-        return web.Response(text="ok")
+        return HttpResponse(200, b"ok")
 
     def metrics(self) -> str:
         """The Prometheus exposition the autoscaler and ``kubeserve status`` read."""
@@ -312,10 +315,8 @@ class Replica:
             log.warning("graceful shutdown timed out with %d requests in flight", self.ongoing)
 
 
-def _shutting_down() -> web.Response:
-    return web.Response(
-        status=503, text="replica is shutting down", headers={"Connection": "close"}
-    )
+def _shutting_down() -> HttpResponse:
+    return HttpResponse(503, b"replica is shutting down", close=True)
 
 
 def _label_value(value: str) -> str:
@@ -379,15 +380,15 @@ async def serve_replica(
         stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        server = web.Server(replica.handle, access_log=None)
-        listener = await loop.create_server(server, host, port, reuse_address=True)
+        server = ReplicaHttpServer(replica.handle)
+        listener = await loop.create_server(server, host, port, reuse_address=True, backlog=1024)
         log.info("replica %s listening on %s:%d", config["replica_id"], host, port)
         await stop.wait()
         log.info("replica %s shutting down", config["replica_id"])
         replica.draining = True
         listener.close()
         await replica.drain()
-        await server.shutdown(0.1)  # aiohttp reads 0 as "no timeout"
+        server.close_all()
     finally:
         if client is not None:
             transport.set_transport(None)

@@ -1,0 +1,275 @@
+"""The replica's HTTP/1.1 server in-process, over raw sockets and behind the real proxy.
+
+What a client would notice: keep-alive and pipelining in order, chunked and large bodies both ways,
+``Expect: 100-continue``, streamed responses (chunked for 1.1, until close for 1.0), a client
+leaving mid-stream, handlers that wait, and request isolation of context variables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import aiohttp
+import uvloop
+
+from kubeserve.runtime.proxy import ProxyServer
+from kubeserve.runtime.replica_http import (
+    HttpRequest,
+    HttpResponse,
+    ReplicaHttpServer,
+    StreamedResponse,
+)
+from kubeserve.runtime.wire import Snapshot
+
+T = TypeVar("T")
+BIG = 5 * 1024 * 1024
+_request_tag: contextvars.ContextVar[str] = contextvars.ContextVar("tag", default="")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return uvloop.run(asyncio.wait_for(coro, 60))
+
+
+class App:
+    """The handler under test: a few paths, and a record of what was seen."""
+
+    def __init__(self) -> None:
+        self.seen: list[HttpRequest] = []
+        self.stream_closed = asyncio.Event()
+        self.chunks_sent = 0
+
+    async def __call__(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
+        self.seen.append(request)
+        path = request.path
+        if path == "/echo":
+            headers = {"x-path": request.path, "x-query": request.query_string}
+            return HttpResponse(200, request.body, headers, content_type="application/octet-stream")
+        if path == "/wait":
+            await asyncio.sleep(0.01)  # suspends: the handler leaves the eager path
+            return HttpResponse(200, b"waited")
+        if path == "/context":
+            before = _request_tag.get()
+            _request_tag.set(request.query_string)
+            await asyncio.sleep(0)
+            return HttpResponse(200, f"{before}|{_request_tag.get()}".encode())
+        if path == "/stream":
+            return StreamedResponse(200, {"content-type": "text/plain"}, self._numbers(3))
+        if path == "/endless":
+            return StreamedResponse(200, {}, self._endless())
+        if path == "/headers":
+            values = [v for k, v in request.headers if k.lower() == "x-multi"]
+            return HttpResponse(200, ",".join(values).encode())
+        return HttpResponse(404, b"no such path")
+
+    async def _numbers(self, n: int) -> AsyncIterator[bytes]:
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield b"%d\n" % i
+
+    async def _endless(self) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                await asyncio.sleep(0.005)
+                self.chunks_sent += 1
+                yield b"x" * 1024
+        finally:
+            self.stream_closed.set()
+
+
+async def serve(app: App) -> tuple[asyncio.Server, int]:
+    server = await asyncio.get_running_loop().create_server(ReplicaHttpServer(app), "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def exchange(port: int, raw: bytes, *, until_close: bool = True) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    data = await reader.read() if until_close else await reader.read(65536)
+    writer.close()
+    return data
+
+
+def with_server(test: Callable[[App, int], Awaitable[None]]) -> None:
+    async def go() -> None:
+        app = App()
+        server, port = await serve(app)
+        try:
+            await test(app, port)
+        finally:
+            server.close()
+
+    run(go())
+
+
+def test_pipelined_requests_are_answered_in_order_on_one_connection() -> None:
+    async def check(app: App, port: int) -> None:
+        raw = (
+            b"GET /wait HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /echo?n=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\none"
+            b"GET /echo?n=2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        data = await exchange(port, raw)
+        assert data.count(b"HTTP/1.1 200 OK") == 3
+        assert data.index(b"waited") < data.index(b"x-query: n=1") < data.index(b"x-query: n=2")
+        assert data.count(b"Connection: close") == 1  # only the last answer ends the connection
+
+    with_server(check)
+
+
+def test_keep_alive_chunked_and_large_bodies() -> None:
+    async def check(app: App, port: int) -> None:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(3):
+                async with session.post(
+                    f"http://127.0.0.1:{port}/echo?q=%C3%A9", data=b"abc"
+                ) as resp:
+                    assert (resp.status, await resp.read()) == (200, b"abc")
+
+            async def pieces() -> AsyncIterator[bytes]:
+                for i in range(5):
+                    yield b"piece%d" % i
+
+            async with session.post(f"http://127.0.0.1:{port}/echo", data=pieces()) as resp:
+                assert await resp.read() == b"piece0piece1piece2piece3piece4"
+            big = bytes(range(256)) * (BIG // 256)
+            async with session.post(f"http://127.0.0.1:{port}/echo", data=big) as resp:
+                assert await resp.read() == big
+            async with session.get(f"http://127.0.0.1:{port}/stream") as resp:
+                assert resp.headers["Transfer-Encoding"] == "chunked"
+                assert await resp.read() == b"0\n1\n2\n"
+        assert {r.path for r in app.seen} == {"/echo", "/stream"}
+        assert app.seen[0].query_string == "q=%C3%A9"  # the raw query, decoded by the user's API
+
+    with_server(check)
+
+
+def test_expect_100_continue_and_repeated_headers() -> None:
+    async def check(app: App, port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n"
+        )
+        assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"body")
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK") and b"Content-Length: 4" in head
+        assert await reader.readexactly(4) == b"body"
+        writer.write(b"GET /headers HTTP/1.1\r\nHost: x\r\nX-Multi: a\r\nx-multi: b\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert await reader.readexactly(3) == b"a,b"
+        writer.close()
+
+    with_server(check)
+
+
+def test_http10_stream_ends_with_the_connection() -> None:
+    async def check(app: App, port: int) -> None:
+        data = await exchange(port, b"GET /stream HTTP/1.0\r\n\r\n")
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert b"Transfer-Encoding" not in head and b"Connection: close" in head
+        assert body == b"0\n1\n2\n"
+
+    with_server(check)
+
+
+def test_client_leaving_mid_stream_stops_the_generator() -> None:
+    async def check(app: App, port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /endless HTTP/1.1\r\nHost: x\r\n\r\n")
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.read(2048)
+        writer.transport.abort()
+        await asyncio.wait_for(app.stream_closed.wait(), 5)
+        sent = app.chunks_sent
+        await asyncio.sleep(0.05)
+        assert app.chunks_sent == sent  # nothing produced for a client that left
+
+    with_server(check)
+
+
+def test_context_variables_do_not_leak_between_requests() -> None:
+    async def check(app: App, port: int) -> None:
+        async with aiohttp.ClientSession() as session:
+            for tag in ("one", "two"):
+                async with session.get(f"http://127.0.0.1:{port}/context?{tag}") as resp:
+                    assert await resp.text() == f"|{tag}"
+
+    with_server(check)
+
+
+def test_malformed_request_gets_400_and_close() -> None:
+    async def check(app: App, port: int) -> None:
+        data = await exchange(port, b"NOT HTTP AT ALL\r\n\r\n")
+        assert data.startswith(b"HTTP/1.1 400 Bad Request")
+        assert b"Connection: close" in data
+
+    with_server(check)
+
+
+def test_idle_connections_close_after_the_keep_alive_timeout() -> None:
+    async def go() -> None:
+        server = await asyncio.get_running_loop().create_server(
+            ReplicaHttpServer(App(), keep_alive_timeout_s=0.1), "127.0.0.1", 0
+        )
+        port = server.sockets[0].getsockname()[1]
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+            writer.close()
+        finally:
+            server.close()
+
+    run(go())
+
+
+def test_behind_the_proxy_streams_and_large_bodies_pass() -> None:
+    async def go() -> None:
+        app = App()
+        server, port = await serve(app)
+        snapshot: Snapshot = {
+            "version": 1,
+            "routes": [{"route_prefix": "/", "app": "a", "deployment": "D"}],
+            "deployments": {
+                "a#D": {
+                    "max_ongoing_requests": 8,
+                    "replicas": [{"replica_id": "r", "host": "127.0.0.1", "port": port}],
+                }
+            },
+        }
+
+        class Source:
+            def __init__(self, apply: Callable[[Snapshot], None]) -> None:
+                self.apply = apply
+
+            async def start(self) -> None:
+                self.apply(snapshot)
+
+            async def close(self) -> None:
+                pass
+
+        proxy = ProxyServer("127.0.0.1", 0, source=Source(lambda s: None))
+        proxy.source = Source(proxy.state.apply)
+        await proxy.start()
+        base = f"http://127.0.0.1:{proxy.port}"
+        try:
+            async with aiohttp.ClientSession() as session:
+                big = b"k" * BIG
+                async with session.post(f"{base}/echo", data=big) as resp:
+                    assert await resp.read() == big
+                async with session.get(f"{base}/stream") as resp:
+                    assert await resp.read() == b"0\n1\n2\n"
+                results = await asyncio.gather(*(_get(session, f"{base}/wait") for _ in range(20)))
+                assert results == [b"waited"] * 20
+        finally:
+            await proxy.close()
+            server.close()
+
+    run(go())
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> bytes:
+    async with session.get(url) as resp:
+        return await resp.read()

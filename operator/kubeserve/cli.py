@@ -181,6 +181,8 @@ def _operator(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it from there
     settings = OperatorSettings(
         namespace=args.namespace,
         watch_namespaces=tuple(n for n in args.watch_namespaces.split(",") if n),
@@ -192,7 +194,8 @@ def _operator(args: argparse.Namespace) -> int:
 async def _operate(settings: Any, host: str, port: int) -> int:
     import kopf
 
-    from kubeserve.api.server import create_health_app
+    from kubeserve.api.server import create_app
+    from kubeserve.backends.kubernetes.backend import KubernetesBackend
     from kubeserve.backends.kubernetes.handlers import register
     from kubeserve.backends.kubernetes.operator import Operator
 
@@ -202,7 +205,15 @@ async def _operate(settings: Any, host: str, port: int) -> int:
         loop.add_signal_handler(sig, stop.set)
     operator = Operator(settings)
     await operator.start()
-    runner = web.AppRunner(create_health_app(), access_log=None, shutdown_timeout=5)
+    assert operator.ctx is not None
+    if settings.watch_namespaces and settings.namespace not in settings.watch_namespaces:
+        logging.getLogger(__name__).warning(
+            "the admin API writes to namespace %s, which the operator does not watch: "
+            "GET /api/serve/applications/ will not see what it deploys",
+            settings.namespace,
+        )
+    backend = KubernetesBackend(operator.ctx.kube, operator.ctx.cache, settings.namespace)
+    runner = web.AppRunner(create_app(backend), access_log=None, shutdown_timeout=5)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     registry = kopf.OperatorRegistry()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,7 +21,16 @@ ROOT = Path(__file__).resolve().parents[2]
 def crds(control_plane: ControlPlane) -> None:
     control_plane.kubectl("apply", "-f", str(ROOT / "crds"))
     for crd in ("serveinstances.kubeserve.io", "serveapplications.kubeserve.io"):
-        control_plane.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+        wait_for(
+            lambda crd=crd: (
+                control_plane.kubectl(
+                    "wait", "--for=condition=Established", f"crd/{crd}", "--timeout=5s", check=False
+                ).returncode
+                == 0
+            ),
+            60,
+            what=f"{crd} Established",
+        )
 
 
 class OperatorProcess:
@@ -156,3 +166,166 @@ def test_serve_application_applied_with_kubectl_serves_traffic(
     }
     assert replica_ips, "no ready replica pod"
     assert body["pid"] > 0
+
+
+def replica_pods(plane: ControlPlane, namespace: str) -> dict[str, int]:
+    """uid -> restart count of the ready replica pods."""
+    return {
+        p["metadata"]["uid"]: sum(
+            c.get("restartCount", 0) for c in p["status"]["containerStatuses"]
+        )
+        for p in ready_pods(plane, namespace, "app.kubernetes.io/component=replica")
+    }
+
+
+def probe_answer(url: str) -> Any:
+    try:
+        status, body = http("GET", f"{url}/probe")
+    except OSError:
+        return None
+    return body if status == 200 else None
+
+
+def deploy_probe(
+    plane: ControlPlane, operator: OperatorProcess, namespace: str, **deployment: Any
+) -> str:
+    spec = {"routePrefix": "/probe", "deployments": [{"name": "Probe", **deployment}]}
+    plane.apply([instance(namespace), application(namespace, "probe", "e2e_probe:app", **spec)])
+    wait_ready(plane, operator, namespace, "probe")
+    url = proxy_url(plane, namespace)
+    wait_for(lambda: probe_answer(url), 60, what="an answer through the proxy pod")
+    return url
+
+
+def patch_probe(plane: ControlPlane, namespace: str, **deployment: Any) -> None:
+    patch = {"spec": {"deployments": [{"name": "Probe", **deployment}]}}
+    plane.kubectl(
+        "patch", "serveapplication", "probe", "-n", namespace, "--type", "merge", "-p",
+        json.dumps(patch),
+    )  # fmt: skip
+
+
+def ready_generation(plane: ControlPlane, namespace: str) -> int | None:
+    status = plane.get("serveapplication", "probe", namespace).get("status") or {}
+    ready = [c for c in status.get("conditions", []) if c["type"] == "Ready"]
+    if ready and ready[0]["status"] == "True":
+        return int(status.get("observedGeneration") or 0)
+    return None
+
+
+def test_user_config_change_restarts_no_pod(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    plane = control_plane
+    url = deploy_probe(plane, operator, namespace, numReplicas=2, userConfig={"greeting": "hi"})
+    assert probe_answer(url)["config"] == {"greeting": "hi"}
+    pods = replica_pods(plane, namespace)
+    assert len(pods) == 2
+    patch_probe(plane, namespace, numReplicas=2, userConfig={"greeting": "bonjour"})
+    wait_for(lambda: ready_generation(plane, namespace) == 2, 60, what="generation 2 Ready")
+    answers = [probe_answer(url)["config"] for _ in range(8)]
+    assert answers == [{"greeting": "bonjour"}] * 8
+    assert replica_pods(plane, namespace) == pods  # same pods, no restarts
+
+
+def test_scaling_up_and_down(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    plane = control_plane
+    deploy_probe(plane, operator, namespace, numReplicas=1)
+    for generation, replicas in ((2, 3), (3, 1)):
+        patch_probe(plane, namespace, numReplicas=replicas)
+        try:
+            wait_for(lambda g=generation: ready_generation(plane, namespace) == g, 90)
+        except AssertionError:
+            status = plane.get("serveapplication", "probe", namespace).get("status")
+            pods = plane.kubectl("get", "pods", "-n", namespace, "-o", "wide").stdout
+            raise AssertionError(
+                f"{replicas} replicas not Ready: {status}\n{pods}\n{operator.log()}"
+            ) from None
+        wait_for(lambda n=replicas: len(replica_pods(plane, namespace)) == n, 60, what="pods")
+        status = plane.get("serveapplication", "probe", namespace)["status"]
+        assert status["deployments"]["Probe"]["targetReplicas"] == replicas
+
+
+def test_restarting_the_operator_restarts_no_pod(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    plane = control_plane
+    url = deploy_probe(plane, operator, namespace, userConfig={"n": 1})
+    pods = replica_pods(plane, namespace)
+    proxies = {
+        p["metadata"]["uid"]
+        for p in ready_pods(plane, namespace, "app.kubernetes.io/component=proxy")
+    }
+    operator.stop()
+    operator.start()
+    patch_probe(plane, namespace, userConfig={"n": 2})  # proves the new operator is at work
+    wait_for(lambda: ready_generation(plane, namespace) == 2, 60, what="generation 2 Ready")
+    assert probe_answer(url)["config"] == {"n": 2}
+    assert replica_pods(plane, namespace) == pods
+    assert {
+        p["metadata"]["uid"]
+        for p in ready_pods(plane, namespace, "app.kubernetes.io/component=proxy")
+    } == proxies
+
+
+def test_an_invalid_custom_resource_is_refused_naming_the_field(
+    control_plane: ControlPlane, crds: None, namespace: str
+) -> None:
+    bad_route = application(namespace, "bad", "e2e_probe:app", routePrefix="no-slash")
+    result = control_plane.kubectl("apply", "-f", "-", input=json.dumps(bad_route), check=False)
+    assert result.returncode != 0
+    assert "routePrefix" in result.stderr
+    zero = application(
+        namespace, "zero", "e2e_probe:app", deployments=[{"name": "P", "numReplicas": 0}]
+    )
+    result = control_plane.kubectl("apply", "-f", "-", input=json.dumps(zero), check=False)
+    assert result.returncode != 0
+    assert "numReplicas" in result.stderr
+    unknown = application(namespace, "unknown", "e2e_probe:app", improtPath="x:y")
+    result = control_plane.kubectl("apply", "-f", "-", input=json.dumps(unknown), check=False)
+    assert result.returncode != 0
+    assert "improtPath" in result.stderr
+
+
+def test_deleting_the_instance_garbage_collects_everything(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    plane = control_plane
+    deploy_probe(plane, operator, namespace)
+    plane.kubectl("delete", "serveinstance", "default", "-n", namespace, "--wait=false")
+
+    def remaining() -> str:
+        kinds = "serveapplications,deployments,services,jobs,configmaps,pods"
+        out = plane.kubectl(
+            "get",
+            kinds,
+            "-n",
+            namespace,
+            "-l",
+            "app.kubernetes.io/managed-by=kubeserve",
+            "-o",
+            "name",
+        ).stdout
+        apps = plane.kubectl("get", "serveapplications", "-n", namespace, "-o", "name").stdout
+        return (out + apps).strip()
+
+    wait_for(lambda: remaining() == "", 90, interval_s=0.5, what="everything garbage-collected")
+
+
+def test_a_broken_import_is_deploy_failed_with_the_error(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    plane = control_plane
+    plane.apply([instance(namespace), application(namespace, "broken", "ks_broken_import:app")])
+
+    def failed() -> dict[str, Any] | None:
+        status = plane.get("serveapplication", "broken", namespace).get("status") or {}
+        return status if status.get("appStatus") == "DEPLOY_FAILED" else None
+
+    status = wait_for(failed, 90, what="DEPLOY_FAILED")
+    assert "ModuleNotFoundError" in status["message"] or "ImportError" in status["message"]
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False"
+    assert ready["reason"] == "DeployFailed"

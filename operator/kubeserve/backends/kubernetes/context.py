@@ -9,7 +9,6 @@ a reconcile pass makes no API request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -81,7 +80,7 @@ class OperatorContext:
 
     async def _push(self, uid: str, ip: str, user_config: Any, version: str) -> None:
         url = f"http://{ip}:{REPLICA_PORT}{wire.RECONFIGURE_PATH}"
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+        try:
             async with self.session.post(
                 url, json={"user_config": user_config}, timeout=aiohttp.ClientTimeout(total=30)
             ) as response:
@@ -89,7 +88,10 @@ class OperatorContext:
                     self.user_configs[uid] = version
                 else:
                     log.warning("reconfigure of pod %s failed: %s", uid, await response.text())
-        self.wake()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("reconfigure of pod %s at %s failed: %s", uid, ip, exc)
+        finally:
+            self.wake()
 
     def wake(self) -> None:
         """Overridden by the operator: schedule a reconcile pass soon."""

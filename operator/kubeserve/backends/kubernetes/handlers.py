@@ -31,6 +31,11 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
             GROUP, VERSION, plural, registry=registry, interval=RESYNC_S, idle=None, id="resync"
         )(reconcile)
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        """In a pod, the service account; elsewhere the kubeconfig (KUBECONFIG)."""
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.persistence.finalizer = FINALIZER

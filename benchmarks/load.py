@@ -1,0 +1,100 @@
+"""HTTP load with wrk: one thread, fixed connections and run length, 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import statistics
+import subprocess
+from dataclasses import dataclass, field
+
+THREADS = 1
+CONNECTIONS = 16
+DURATION_S = 10
+RUNS = 3
+WARMUP_S = 2
+
+_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+
+@dataclass
+class Run:
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+@dataclass
+class LoadResult:
+    """The runs of one setup; the table reports the run with the median req/s."""
+
+    setup: str
+    system: str
+    url: str
+    connections: int
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def median(self) -> Run:
+        ordered = sorted(self.runs, key=lambda r: r.requests_per_s)
+        return ordered[len(ordered) // 2]
+
+    @property
+    def requests_per_s(self) -> float:
+        return statistics.median(r.requests_per_s for r in self.runs)
+
+
+def _latency_ms(text: str, percentile: str) -> float:
+    match = re.search(rf"^\s+{percentile}%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+    if match is None:
+        return float("nan")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_wrk(text: str) -> Run:
+    rps = re.search(r"^Requests/sec:\s+([\d.]+)", text, re.M)
+    errors = 0
+    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
+    if non_2xx:
+        errors += int(non_2xx.group(1))
+    socket = re.search(
+        r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text
+    )
+    if socket:
+        errors += sum(int(g) for g in socket.groups())
+    return Run(
+        requests_per_s=float(rps.group(1)) if rps else 0.0,
+        p50_ms=_latency_ms(text, "50"),
+        p99_ms=_latency_ms(text, "99"),
+        errors=errors,
+    )
+
+
+def wrk(url: str, seconds: int, connections: int = CONNECTIONS) -> Run:
+    if not url.startswith("http://127.0.0.1:"):
+        raise ValueError(f"the bench only loads 127.0.0.1, not {url}")
+    wrk_bin = shutil.which("wrk")
+    if wrk_bin is None:
+        raise RuntimeError("wrk is not installed (make bench installs it with apt-get)")
+    out = subprocess.run(
+        [wrk_bin, f"-t{THREADS}", f"-c{connections}", f"-d{seconds}s", "--timeout", "5s",
+         "--latency", url],
+        capture_output=True, text=True, check=True, timeout=seconds + 30,
+    )  # fmt: skip
+    return parse_wrk(out.stdout)
+
+
+def measure(setup: str, system: str, url: str, runs: int = RUNS) -> LoadResult:
+    """A short warm-up, then ``runs`` runs of ``DURATION_S`` seconds."""
+    result = LoadResult(setup, system, url, CONNECTIONS)
+    wrk(url, WARMUP_S)
+    for _ in range(runs):
+        result.runs.append(wrk(url, DURATION_S))
+    m = result.median
+    print(
+        f"  {system:>15} | {setup:<28} {m.requests_per_s:9.0f} req/s  p50 {m.p50_ms:7.2f} ms"
+        f"  p99 {m.p99_ms:7.2f} ms  errors {sum(r.errors for r in result.runs)}",
+        flush=True,
+    )
+    return result

@@ -1,0 +1,195 @@
+"""``results.md`` from the bench's ``results.json``: the tables and the issue's targets, checked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import load
+
+# Which Ray setup a kubeserve setup is compared with (direct has no Ray twin: Ray's replicas have
+# no HTTP port of their own, so it is compared with Ray's proxy path).
+_RAY_TWIN = {
+    "no-op, direct to replica": "no-op via proxy, 1 replica",
+    "no-op via proxy, 1 replica": "no-op via proxy, 1 replica",
+    "no-op via proxy, 2 replicas": "no-op via proxy, 2 replicas",
+    "composed (ingress -> handle)": "composed (ingress -> handle)",
+}
+_DIRECT = "no-op, direct to replica"
+
+
+def _loads(results: dict[str, Any], system: str) -> dict[str, dict[str, Any]]:
+    figures = results["systems"].get(system)
+    return {} if figures is None else {r["setup"]: r for r in figures["loads"]}
+
+
+def _median_run(entry: dict[str, Any]) -> dict[str, Any]:
+    runs = sorted(entry["runs"], key=lambda r: r["requests_per_s"])
+    return dict(runs[len(runs) // 2])
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if not a or not b:
+        return "-"
+    return f"{a / b:.1f}x" if a / b >= 10 else f"{a / b:.2f}x"
+
+
+def load_table(results: dict[str, Any]) -> list[str]:
+    ks, ray = _loads(results, "kubeserve"), _loads(results, "ray")
+    direct = ks.get(_DIRECT, {}).get("requests_per_s")
+    lines = [
+        "| system | setup | conns | req/s (median of 3) | p50 ms | p99 ms | errors | vs Ray | "
+        "vs direct |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for system, table in (("kubeserve", ks), ("Ray Serve 2.60", ray)):
+        for setup, entry in table.items():
+            run = _median_run(entry)
+            twin = ray.get(_RAY_TWIN.get(setup, ""), {}).get("requests_per_s")
+            vs_ray = _ratio(entry["requests_per_s"], twin) if system == "kubeserve" else "1x"
+            on_kubeserve = system == "kubeserve" and "no-op" in setup
+            vs_direct = _percent(entry["requests_per_s"], direct) if on_kubeserve else "-"
+            errors = sum(r["errors"] for r in entry["runs"])
+            lines.append(
+                f"| {system} | {setup} | {entry['connections']} | {entry['requests_per_s']:,.0f} | "
+                f"{run['p50_ms']:.2f} | {run['p99_ms']:.2f} | {errors} | {vs_ray} | {vs_direct} |"
+            )
+    return lines
+
+
+def _percent(a: float | None, b: float | None) -> str:
+    return f"{a / b:.0%}" if a and b else "-"
+
+
+def control_table(results: dict[str, Any]) -> list[str]:
+    systems = results["systems"]
+    ks = systems.get("kubeserve", {}).get("control_plane")
+    ray = systems.get("ray", {}).get("control_plane")
+    names = list((ks or ray)["medians"]) if (ks or ray) else []
+    lines = [
+        "| step | kubeserve (median s) | Ray Serve 2.60 (median s) | Ray / kubeserve | "
+        "kubeserve runs | Ray runs |",
+        "|---|---|---|---|---|---|",
+    ]
+    keys = ["deploy_s", "first_answer_s", "user_config_s", "scale_s"]
+    for name, key in zip(names, keys, strict=True):
+        a = ks["medians"][name] if ks else None
+        b = ray["medians"][name] if ray else None
+        runs_a = ", ".join(f"{x:.3f}" for x in ks[key]) if ks else "-"
+        runs_b = ", ".join(f"{x:.3f}" for x in ray[key]) if ray else "-"
+        lines.append(f"| {name} | {_fmt(a)} | {_fmt(b)} | {_ratio(b, a)} | {runs_a} | {runs_b} |")
+    return lines
+
+
+def memory_table(results: dict[str, Any]) -> list[str]:
+    ks = results["systems"].get("kubeserve", {}).get("rss_mb", {})
+    ray = results["systems"].get("ray", {}).get("rss_mb", {})
+    lines = ["| process | kubeserve RSS (MB) | Ray Serve 2.60 RSS (MB) |", "|---|---|---|"]
+    for role in ks or ray:
+        lines.append(f"| {role} | {_fmt(ks.get(role), 1)} | {_fmt(ray.get(role), 1)} |")
+    return lines
+
+
+def targets(results: dict[str, Any]) -> list[str]:
+    """The issue's targets, each with the measured figure and whether it is met."""
+    ks, ray = _loads(results, "kubeserve"), _loads(results, "ray")
+    if not ks:
+        return []
+    rps = {k: v["requests_per_s"] for k, v in ks.items()}
+    ray_rps = {k: v["requests_per_s"] for k, v in ray.items()}
+    one = "no-op via proxy, 1 replica"
+    composed = "composed (ingress -> handle)"
+    cp = results["systems"]["kubeserve"]["control_plane"]["medians"]
+    ray_cp = results["systems"].get("ray", {}).get("control_plane", {}).get("medians", {})
+    mem = results["systems"]["kubeserve"]["rss_mb"]
+    checks: list[tuple[str, str, bool | None]] = []
+
+    def ratio_check(label: str, a: float | None, b: float | None, need: float) -> None:
+        if a and b:
+            checks.append((label, f"{a / b:.1f}x", a / b >= need))
+        else:
+            checks.append((label, "-", None))
+
+    ratio_check("proxy, 1 replica: >= 20x Ray's req/s", rps.get(one), ray_rps.get(one), 20)
+    p99 = _median_run(ks[one])["p99_ms"] if one in ks else None
+    checks.append(
+        ("proxy, 1 replica: p99 < 5 ms", _fmt(p99, 2) + " ms", p99 is not None and p99 < 5)
+    )
+    a, b = rps.get(one), rps.get(_DIRECT)
+    checks.append(
+        ("proxy, 1 replica: >= 70% of direct", _percent(a, b), bool(a and b and a / b >= 0.7))
+    )
+    ratio_check("composed: >= 30x Ray's req/s", rps.get(composed), ray_rps.get(composed), 30)
+    deploy = "PUT -> RUNNING (composed)"
+    ratio_check("PUT -> RUNNING >= 3x faster than Ray", ray_cp.get(deploy), cp.get(deploy), 3)
+    uc = cp["user_config change -> applied"]
+    checks.append(("user_config -> applied < 0.2 s", f"{uc:.3f} s", uc < 0.2))
+    for role in ("proxy", "replica (no-op)", "replica (composed ingress)"):
+        checks.append((f"{role} RSS < 60 MB", f"{mem[role]:.1f} MB", mem[role] < 60))
+    lines = ["| target | measured | met |", "|---|---|---|"]
+    for label, value, ok in checks:
+        lines.append(f"| {label} | {value} | {'-' if ok is None else ('yes' if ok else 'NO')} |")
+    return lines
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    ks_loads = _loads(results, "kubeserve")
+    spread = [
+        setup + ": " + ", ".join(f"{r['requests_per_s']:,.0f}" for r in entry["runs"])
+        for setup, entry in ks_loads.items()
+    ]
+    out = [
+        "# kubeserve vs Ray Serve 2.60: data plane and control plane",
+        "",
+        f"Measured by `make bench` on {m['date']}: {m['cpus']} CPUs ({m['cpu']}), "
+        f"{m['memory_gb']} GB RAM, Linux {m['kernel']}, Python {m['python']}, {m['wrk']}.",
+        f"Load average before the run: {' '.join(m['load_before'])}; after: "
+        f"{' '.join(m.get('load_after', ['?']))}.",
+        "",
+        "The machine is small (2 cores) and shared with other work (test suites of other "
+        "engineers may run at the same time), so figures move by several percent between runs; "
+        "the bench was run when the load average was low. wrk, the serving system under test and "
+        "its replicas all share the same 2 cores, so the load generator takes CPU away from the "
+        "system it measures (equally for both systems). One system runs at a time.",
+        "",
+        f"wrk: {load.THREADS} thread, {load.CONNECTIONS} connections, {load.DURATION_S} s runs, "
+        f"{load.RUNS} runs per setup after a {load.WARMUP_S} s warm-up; the table shows the "
+        "median req/s of the runs and the p50/p99 of the median run. The no-op replica answers "
+        "`ok` (`benchmarks/apps.py`, `benchmarks/ray_apps.py`, `max_ongoing_requests=100` on "
+        "both); the composed app is `examples/composed.py` (an ingress calling a Greeter through "
+        "a DeploymentHandle, default `max_ongoing_requests`) and its Ray twin in "
+        "`benchmarks/ray_apps.py`.",
+        "",
+        "Ray runs from its own virtualenv (`make ray-client`), started by the bench with "
+        "`ray start --head` on 127.0.0.1 (2 CPUs, 100 MB object store) and stopped with "
+        "`ray stop --force`; its deployments ask for 0.25 CPU each so that 2 no-op replicas, the "
+        "composed app and 4 Greeters fit on the 2-CPU node. kubeserve runs from `.venv` "
+        "(`kubeserve start` on free ports). The plot (`results.png`) is drawn with matplotlib "
+        "from a bench-only virtualenv (`~/.cache/kubeserve/bench`).",
+        "",
+        "## Requests",
+        "",
+        *load_table(results),
+        "",
+        "## Control plane",
+        "",
+        *control_table(results),
+        "",
+        "## Memory (RSS after the load runs)",
+        "",
+        *memory_table(results),
+        "",
+        "## Targets (issue 4)",
+        "",
+        *targets(results),
+        "",
+        "## Spread (req/s of every kubeserve run)",
+        "",
+        *[f"- {line}" for line in spread],
+        "",
+    ]
+    return "\n".join(out)

@@ -89,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         if name == "deploy":
             sub.add_argument("config_file", type=Path)
 
+    fetch = commands.add_parser(
+        "fetch-runtime-env", help="fetch working_dir / py_modules (a pod's init container)"
+    )
+    fetch.add_argument("--dest", type=Path, required=True)
+    fetch.add_argument("--working-dir")
+    fetch.add_argument("--py-module", action="append", default=[])
+
     for name in ("proxy", "replica", "build"):
         commands.add_parser(name, help=f"run a {name} process", add_help=False)
 
@@ -111,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         return _start(args)
     if args.command == "operator":
         return _operator(args)
+    if args.command == "fetch-runtime-env":
+        return _fetch_runtime_env(args)
     return asyncio.run(_client(args))
 
 
@@ -170,6 +179,17 @@ async def _serve(
     # which would otherwise hold up its shutdown until they time out.
     await backend.close()
     await runner.cleanup()
+    return 0
+
+
+def _fetch_runtime_env(args: argparse.Namespace) -> int:
+    from kubeserve.runtime.runtime_env import RuntimeEnvError, fetch_into
+
+    try:
+        asyncio.run(fetch_into(args.dest, args.working_dir, args.py_module))
+    except RuntimeEnvError as exc:
+        print(f"kubeserve fetch-runtime-env: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

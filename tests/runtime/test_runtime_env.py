@@ -20,6 +20,7 @@ from kubeserve.runtime.runtime_env import (
     FetchLimits,
     PreparedEnv,
     RuntimeEnvError,
+    fetch_into,
     merge_runtime_env,
     prepare,
 )
@@ -268,3 +269,17 @@ def test_size_limits(tmp_path: Path) -> None:
     unpacked, download = run(scenario())
     assert "allowed size" in unpacked
     assert "larger than 100 bytes" in download
+
+
+def test_fetch_into_lays_out_working_dir_and_modules(tmp_path: Path) -> None:
+    """The layout the Kubernetes init container leaves for the replica container."""
+    work = make_zip({"proj/app_mod.py": "VALUE = 1\n"})
+    module = make_zip({"pkg/__init__.py": "NAME = 'pkg'\n"})
+
+    async def scenario() -> None:
+        async with serving({"/work.zip": work, "/pkg.zip": module}) as server:
+            await fetch_into(tmp_path, server.url("/work.zip"), [server.url("/pkg.zip")])
+
+    run(scenario())
+    assert (tmp_path / "working_dir" / "app_mod.py").read_text() == "VALUE = 1\n"
+    assert (tmp_path / "py_modules" / "0" / "pkg" / "__init__.py").exists()

@@ -314,3 +314,27 @@ def _module_root(entry: Path) -> Path:
     if single is not None and not (single / "__init__.py").exists():
         return single
     return entry
+
+
+async def fetch_into(dest: Path, working_dir: str | None, py_modules: list[str]) -> None:
+    """Lay out fetched code where a pod's main container expects it (the init container's job).
+
+    ``<dest>/working_dir`` is the root of the working directory and ``<dest>/py_modules/<i>`` the
+    import root of module ``i`` (symlinks into ``<dest>/.cache``, where the archives unpack).
+    """
+    runtime_env: dict[str, Any] = {"py_modules": list(py_modules)}
+    if working_dir:
+        runtime_env["working_dir"] = working_dir
+    prepared = await prepare(runtime_env, dest / ".cache")
+    roots = list(prepared.python_path)
+    if working_dir:
+        _link(dest / "working_dir", Path(roots.pop(0)))
+    for index, root in enumerate(roots):
+        _link(dest / "py_modules" / str(index), Path(root))
+
+
+def _link(link: Path, target: Path) -> None:
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target.resolve(), target_is_directory=True)

@@ -329,3 +329,15 @@ def test_a_broken_import_is_deploy_failed_with_the_error(
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "False"
     assert ready["reason"] == "DeployFailed"
+
+    def warning() -> list[dict[str, Any]]:
+        events = plane.get("events", namespace=namespace)["items"]
+        return [
+            e
+            for e in events
+            if e["reason"] == "DeployFailed" and e["involvedObject"]["name"] == "broken"
+        ]
+
+    (event,) = wait_for(warning, 30, what="a DeployFailed Warning Event")
+    assert event["type"] == "Warning"
+    assert "ks_broken_import" in event["message"] or "Error" in event["message"]

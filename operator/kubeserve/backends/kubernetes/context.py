@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -19,9 +21,12 @@ import aiohttp
 from kubeserve.backends.kubernetes.cache import ClusterCache
 from kubeserve.control import config as config_rules
 from kubeserve.runtime import wire
-from kubeserve.runtime.kube import Kube
+from kubeserve.runtime.kube import Kube, KubeError
 
 log = logging.getLogger(__name__)
+
+#: application states announced as Warning Events, with the Event's reason
+_FAILED_STATES = {"DEPLOY_FAILED": "DeployFailed", "UNHEALTHY": "Unhealthy"}
 
 #: the port every replica container listens on (see the backend's contract)
 REPLICA_PORT = 8000
@@ -49,14 +54,45 @@ class OperatorContext:
         self.applied[key] = digest
 
     async def patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> None:
+        """Write ``status`` when it differs; a move into a failed state is also an Event."""
         meta = obj["metadata"]
         current = self.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
         old = {k: v for k, v in (current.get("status") or {}).items() if k != "kopf"}
         if all(old.get(k) == v for k, v in status.items()):
             return
+        failure = status.get("appStatus")
+        if failure in _FAILED_STATES and old.get("appStatus") != failure:
+            await self.event(obj, _FAILED_STATES[failure], str(status.get("message") or failure))
         await self.kube.merge_patch(
             obj["kind"], meta["namespace"], meta["name"], {"status": status}, "status"
         )
+
+    async def event(self, obj: dict[str, Any], reason: str, message: str) -> None:
+        """A Warning Event on ``obj`` (``kubectl describe`` and dashboards show it)."""
+        meta = obj["metadata"]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": obj["apiVersion"],
+                "kind": obj["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": "Warning",
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "kubeserve-operator"},
+            "firstTimestamp": _now(),
+            "lastTimestamp": _now(),
+            "count": 1,
+        }
+        try:
+            await self.kube.create("Event", meta["namespace"], body)
+        except KubeError as exc:  # an Event is best effort; the status already says it
+            log.warning("could not post event %s on %s: %s", reason, meta["name"], exc)
 
     async def push_user_config(self, pods: list[dict[str, Any]], config: dict[str, Any]) -> None:
         """Send the deployment's user_config to every ready replica that has not applied it."""
@@ -106,3 +142,7 @@ def _ready(pod: dict[str, Any]) -> bool:
 
 def pod_ready(pod: dict[str, Any]) -> bool:
     return _ready(pod)
+
+
+def _now() -> str:
+    return datetime.fromtimestamp(time.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -341,3 +341,27 @@ def test_a_broken_import_is_deploy_failed_with_the_error(
     (event,) = wait_for(warning, 30, what="a DeployFailed Warning Event")
     assert event["type"] == "Warning"
     assert "ks_broken_import" in event["message"] or "Error" in event["message"]
+
+
+def test_composed_application_calls_through_handles_in_the_cluster(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    plane = control_plane
+    spec = {"routePrefix": "/", "deployments": [{"name": "Model", "numReplicas": 2}]}
+    plane.apply(
+        [instance(namespace), application(namespace, "composed", "ks_composed_app:app", **spec)]
+    )
+    wait_ready(plane, operator, namespace, "composed")
+    status = plane.get("serveapplication", "composed", namespace)["status"]
+    assert set(status["deployments"]) == {"Ingress", "Model", "tokenizer"}
+    url = proxy_url(plane, namespace)
+
+    def answer() -> Any:
+        try:
+            code, body = http("GET", f"{url}/?q=hello+kubernetes+world")
+        except OSError:
+            return None
+        return body if code == 200 else None
+
+    body = wait_for(answer, 60, what="the ingress answering through handles")
+    assert body == {"words": ["hello", "kubernetes", "world"], "scores": [10, 20, 10]}

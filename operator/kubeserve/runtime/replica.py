@@ -36,7 +36,7 @@ from typing import Any
 
 import uvloop
 
-from kubeserve.runtime import wire
+from kubeserve.runtime import kube_replica, wire
 from kubeserve.runtime.build import format_user_error, load_application
 from kubeserve.runtime.replica_http import (
     HttpRequest,
@@ -340,10 +340,13 @@ async def _start_handle_transport(controller_url: str | None) -> Any:
 
     Imported lazily: the handle client is only needed when other deployments are reachable.
     """
-    if not controller_url:
+    if kube_replica.in_cluster():
+        client = kube_replica.handle_client()
+    elif controller_url:
+        module = importlib.import_module("kubeserve.runtime.handle_client")
+        client = module.HandleClient(controller_url)
+    else:
         return None
-    module = importlib.import_module("kubeserve.runtime.handle_client")
-    client = module.HandleClient(controller_url)
     await client.start()
     transport.set_transport(client)
     return client
@@ -352,8 +355,12 @@ async def _start_handle_transport(controller_url: str | None) -> Any:
 async def _start_user_code(config: wire.ReplicaConfig) -> UserCode:
     try:
         node = _find_node(config)
+        user_config = config["user_config"]
+        if kube_replica.in_cluster():  # the pod template never carries user_config
+            overridden, value = await kube_replica.user_config_override(config["deployment"])
+            user_config = value if overridden else node.deployment.code_options.get("user_config")
         user = await UserCode.construct(node, config["app"])
-        await user.reconfigure(config["user_config"])
+        await user.reconfigure(user_config)
     except ReplicaStartupError:
         raise
     except BaseException as exc:

@@ -1,0 +1,51 @@
+"""What a replica in a Kubernetes pod learns from the cluster at start-up.
+
+``user_config`` is never part of a pod template (changing it must not restart pods), so a replica
+reads its deployment's override from its ``ServeApplication`` before it constructs the user's
+class and reports ready; the operator pushes later changes to ``/-/reconfigure``.
+
+The Kubernetes client is imported only when these functions run, so replicas on one machine do not
+pay for it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+DISCOVERY_ENV = "KUBESERVE_DISCOVERY"
+NAMESPACE_ENV = "KUBESERVE_NAMESPACE"
+APPLICATION_ENV = "KUBESERVE_APPLICATION"
+
+
+def in_cluster() -> bool:
+    return os.environ.get(DISCOVERY_ENV) == "kubernetes"
+
+
+async def user_config_override(deployment: str) -> tuple[bool, Any]:
+    """``(True, value)`` when the application's spec overrides the deployment's user_config."""
+    from kubeserve.runtime.kube import Kube  # only in a cluster: keeps local replicas light
+
+    namespace, application = os.environ.get(NAMESPACE_ENV), os.environ.get(APPLICATION_ENV)
+    if not namespace or not application:
+        return False, None
+    kube = await Kube.connect()
+    try:
+        obj = await kube.get("ServeApplication", namespace, application)
+    finally:
+        await kube.close()
+    for entry in ((obj or {}).get("spec") or {}).get("deployments") or []:
+        if entry.get("name") == deployment and "userConfig" in entry:
+            return True, entry["userConfig"]
+    return False, None
+
+
+def handle_client() -> Any:
+    """A handle client fed by the cluster's routes and EndpointSlices (not started)."""
+    from kubeserve.runtime.handle_client import HandleClient
+    from kubeserve.runtime.kube_discovery import KubeDiscovery
+
+    source = KubeDiscovery(os.environ.get(NAMESPACE_ENV, "default"))
+    client = HandleClient(source=source)
+    source.on_update = client.apply
+    return client

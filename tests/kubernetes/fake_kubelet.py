@@ -604,6 +604,9 @@ class PodRunner:
                 value = await self._env_value(var["valueFrom"], spec)
                 if value is not None:
                     env[var["name"]] = value
+        # Pods here share the machine's network: pin kubeserve's bind address to the pod's own
+        # loopback address, as a network namespace would isolate a real pod's 0.0.0.0.
+        env["KUBESERVE_BIND_HOST"] = self.pod_ip
         return env
 
     async def _env_value(self, source: Json, spec: Json) -> str | None:

@@ -196,7 +196,7 @@ def test_replica_workload_contract() -> None:
         "kubeserve",
         "replica",
         "--host",
-        "$(KUBESERVE_POD_IP)",
+        "$(KUBESERVE_BIND_HOST)",
         "--port",
         "8000",
     ]
@@ -470,7 +470,7 @@ def test_proxies_per_location(location: str, kind: str) -> None:
         "kubeserve",
         "proxy",
         "--host",
-        "$(KUBESERVE_POD_IP)",
+        "$(KUBESERVE_BIND_HOST)",
         "--port",
         "8080",
         "--discovery",

@@ -26,11 +26,13 @@ Labels (all children): ``app.kubernetes.io/name=kubeserve``,
 deployment name>``. The EndpointSlice controller copies a Service's labels onto its slices, so
 proxies find replica endpoints by these labels.
 
-Pods: every container gets ``KUBESERVE_POD_IP`` (fieldRef ``status.podIP``) and binds to it:
-``kubeserve replica --host $(KUBESERVE_POD_IP) --port 8000`` and ``kubeserve proxy --host
-$(KUBESERVE_POD_IP) --port <httpOptions.port> --discovery kubernetes``; the replica's readiness
-probe is ``GET /-/healthz`` on port 8000 (the proxy's on its own port). ``KUBESERVE_NAMESPACE``
-(fieldRef ``metadata.namespace``) tells in-cluster processes where their CRs are.
+Pods: every container gets ``KUBESERVE_POD_IP`` (fieldRef ``status.podIP``) and
+``KUBESERVE_BIND_HOST=0.0.0.0``: ``kubeserve replica --host $(KUBESERVE_BIND_HOST) --port 8000``
+and ``kubeserve proxy --host $(KUBESERVE_BIND_HOST) --port <httpOptions.port> --discovery
+kubernetes`` (the test cluster's kubelet stand-in pins the bind host to the pod's address); the
+replica's readiness probe is ``GET /-/healthz`` on port 8000 (the proxy's on its own port).
+``KUBESERVE_NAMESPACE`` (fieldRef ``metadata.namespace``) tells in-cluster processes where their
+CRs are.
 
 ``user_config`` is never in a pod template: the operator pushes it to ``POST /-/reconfigure`` on
 each ready replica (and again after a change), reporting the deployment ``UPDATING`` until all

@@ -12,7 +12,7 @@ deployment's process options, health checks and shutdown timeouts. ``user_config
 counts are never in it (they change without a restart), and one deployment's objects do not
 depend on any other deployment's config, so a change rolls only the deployment it concerns.
 
-A replica runs ``kubeserve replica --host $(KUBESERVE_POD_IP) --port 8000`` with:
+A replica runs ``kubeserve replica --host $(KUBESERVE_BIND_HOST) --port 8000`` with:
 
 * ``KUBESERVE_REPLICA_CONFIG``: the :class:`kubeserve.runtime.wire.ReplicaConfig` JSON with
   ``replica_id`` = the pod name (``$(KUBESERVE_POD_NAME)``) and ``user_config`` null: the replica
@@ -167,7 +167,14 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DeploymentVie
     runtime_env = merge_runtime_env(app.runtime_env, options.get("runtime_env"))
     field = f"runtime_env of deployment {deployment.name!r}"
     image = image_for(runtime_env, instance.image, field)
-    command = ["kubeserve", "replica", "--host", "$(KUBESERVE_POD_IP)", "--port", str(REPLICA_PORT)]
+    command = [
+        "kubeserve",
+        "replica",
+        "--host",
+        "$(KUBESERVE_BIND_HOST)",
+        "--port",
+        str(REPLICA_PORT),
+    ]
     main = container("replica", image, instance.image_pull_policy, command, [])
     main |= {
         "ports": [{"name": "http", "containerPort": REPLICA_PORT, "protocol": "TCP"}],

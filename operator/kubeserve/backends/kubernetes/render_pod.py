@@ -37,6 +37,7 @@ from kubeserve.backends.kubernetes.render_views import RenderError
 __all__ = [
     "ACCELERATOR_LABEL",
     "APPLICATION_ENV",
+    "BIND_HOST_ENV",
     "DISCOVERY_ENV",
     "EXTENDED_RESOURCE_PREFIX",
     "FETCH_RUNTIME_ENV_COMMAND",
@@ -64,6 +65,10 @@ __all__ = [
 Manifest = dict[str, Any]
 
 POD_IP_ENV = "KUBESERVE_POD_IP"
+#: The address kubeserve's servers bind to: every address of the pod, so probes, Services and
+#: ``kubectl port-forward`` (which connects to 127.0.0.1 inside the pod) all reach it.
+BIND_HOST_ENV = "KUBESERVE_BIND_HOST"
+BIND_HOST = "0.0.0.0"
 POD_NAME_ENV = "KUBESERVE_POD_NAME"
 NAMESPACE_ENV = "KUBESERVE_NAMESPACE"
 #: The ``ServeInstance`` a process belongs to (proxies serve only its applications' routes).
@@ -103,8 +108,8 @@ def escape(text: str) -> str:
 
 
 def field_env() -> list[Manifest]:
-    """The pod's address, name and namespace, first in every container's environment."""
-    return [
+    """The pod's address, name and namespace, then the bind address, first in every container."""
+    fields: list[Manifest] = [
         {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
         for name, path in (
             (POD_IP_ENV, "status.podIP"),
@@ -112,6 +117,7 @@ def field_env() -> list[Manifest]:
             (NAMESPACE_ENV, "metadata.namespace"),
         )
     ]
+    return [*fields, {"name": BIND_HOST_ENV, "value": BIND_HOST}]
 
 
 def environment(user: Mapping[str, str], own: Mapping[str, str]) -> list[Manifest]:

@@ -2,7 +2,7 @@
 
 Proxies (``<inst>-proxy``): none for ``Disabled``, a one-replica Deployment for ``HeadOnly``, a
 DaemonSet for ``EveryNode``, and a ClusterIP Service on ``httpOptions.port``. A proxy runs
-``kubeserve proxy --host $(KUBESERVE_POD_IP) --port <port> --discovery kubernetes`` (plus
+``kubeserve proxy --host $(KUBESERVE_BIND_HOST) --port <port> --discovery kubernetes`` (plus
 ``--request-timeout-s`` when set and ``--keep-alive-timeout-s``) with ``KUBESERVE_INSTANCE`` naming
 its instance, whose applications' routes it serves. ``httpOptions.host`` has no meaning in a pod
 (a proxy binds its pod's address); ``rootPath`` and TLS are left to an Ingress in front.
@@ -57,7 +57,7 @@ def _metadata(instance: InstanceView, name: str, labels: dict[str, str]) -> Mani
 
 def _proxy_command(instance: InstanceView) -> list[str]:
     http = instance.http_options
-    command = ["kubeserve", "proxy", "--host", "$(KUBESERVE_POD_IP)", "--port", str(http.port)]
+    command = ["kubeserve", "proxy", "--host", "$(KUBESERVE_BIND_HOST)", "--port", str(http.port)]
     command += ["--discovery", "kubernetes"]
     if http.request_timeout_s is not None:
         command += ["--request-timeout-s", str(float(http.request_timeout_s))]

@@ -9,7 +9,8 @@ is logged with its traceback, never shown to the client.
     ApiError                  (status, message, details)
      ├── BadRequest           400: malformed JSON, schema violations (details carry JSON paths)
      ├── UnsupportedMediaType 415: a PUT body that is not application/json
-     └── (backend errors)     ConflictError -> 409, NotFoundError -> 404
+     └── (backend errors)     ConflictError -> 409, NotFoundError -> 404, RejectedError -> 400,
+                              UnavailableError -> 503
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ from typing import Any
 
 from aiohttp import web
 
-from kubeserve.backends.protocol import ConflictError, NotFoundError
+from kubeserve.backends.protocol import (
+    ConflictError,
+    NotFoundError,
+    RejectedError,
+    UnavailableError,
+)
 from kubeserve.schema.errors import ErrorDetail, SchemaError
 
 log = logging.getLogger(__name__)
@@ -61,6 +67,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(409, str(exc))
     except NotFoundError as exc:
         return error_response(404, str(exc))
+    except RejectedError as exc:
+        return error_response(400, str(exc))
+    except UnavailableError as exc:
+        return error_response(503, str(exc))
     except web.HTTPRequestEntityTooLarge as exc:
         return error_response(413, f"request body too large: {exc.text or ''}".strip())
     except web.HTTPException as exc:

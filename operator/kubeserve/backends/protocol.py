@@ -32,6 +32,16 @@ class NotFoundError(BackendError):
     """The requested object does not exist (HTTP 404)."""
 
 
+class RejectedError(BackendError):
+    """The store of desired state refused a config the API accepted (HTTP 400); for example a
+    Kubernetes API server whose CRD rules are stricter than the installed kubeserve's schema."""
+
+
+class UnavailableError(BackendError):
+    """The store of desired state cannot be reached or refused to work (HTTP 503); nothing was
+    changed by the failed step, and the request can be retried."""
+
+
 class Backend(Protocol):
     async def start(self) -> None:
         """Start background work (controller loops); called once before serving the API."""

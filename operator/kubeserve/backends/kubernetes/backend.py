@@ -1,0 +1,399 @@
+"""The admin API over Kubernetes: custom resources in the operator's namespace are desired state.
+
+:class:`KubernetesBackend` implements :class:`kubeserve.backends.protocol.Backend` inside the
+operator process. Ownership:
+
+* a PUT owns the *specs* of the ``ServeInstance`` named ``default`` and of its ``ServeApplication``
+  objects: each spec is replaced whole (a JSON patch of ``/spec``, or a create), so it holds
+  exactly the config sent (fields the client did not set are absent, nulls it sent are kept);
+  applications of the instance the PUT does not list are deleted;
+* the operator owns everything else (status, children); deleting the ``ServeInstance``
+  garbage-collects its applications and all their children through ownerReferences;
+* GETs read only the operator's caches (:class:`~kubeserve.backends.kubernetes.cache.ClusterCache`)
+  and make no API request. A PUT waits (briefly) until the caches hold what it wrote, so a GET
+  right after it sees the new config.
+
+Writes are serialised by one lock, and every write step is idempotent: a PUT that fails half-way
+is completed by repeating it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import re
+import socket
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from kubeserve.backends.kubernetes import names
+from kubeserve.backends.kubernetes.cache import ClusterCache
+from kubeserve.backends.kubernetes.details import (
+    DEPLOYED_AT_ANNOTATION,
+    ClusterView,
+    ControllerIdentity,
+    app_name,
+    instance_details,
+    instance_options,
+)
+from kubeserve.backends.protocol import ConflictError, RejectedError, UnavailableError
+from kubeserve.control.instance import immutable_option_conflict
+from kubeserve.runtime.kube import Kube, KubeConflict, KubeError, path
+from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
+from kubeserve.schema.resources import (
+    API_VERSION,
+    DEFAULT_INSTANCE,
+    ServeApplicationSpec,
+    ServeInstanceSpec,
+)
+
+__all__ = [
+    "FIELD_MANAGER",
+    "SINGLE_APP_ANNOTATION",
+    "KubernetesBackend",
+    "application_cr_name",
+]
+
+#: The field manager of every write the admin API makes (``--show-managed-fields`` shows it).
+FIELD_MANAGER = "kubeserve-admin-api"
+#: On the ``ServeInstance``: the body of the last single-application PUT (JSON), for its GET.
+SINGLE_APP_ANNOTATION = "kubeserve.io/single-app-config"
+#: Spec fields of a ``ServeInstance`` that are not REST options; a PUT keeps what they hold.
+_CR_ONLY_INSTANCE_FIELDS = ("image", "imagePullPolicy")
+
+#: Annotations of a ``ServeApplication`` the admin API owns.
+_APPLICATION_ANNOTATIONS = (DEPLOYED_AT_ANNOTATION, names.APPLICATION_NAME_ANNOTATION)
+
+_DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_HASH_LENGTH = 8
+#: How long a PUT waits for objects of a previous serving layer to finish deleting.
+_GONE_TIMEOUT_S = 60.0
+#: How long a PUT waits for the caches to show what it wrote (the write is durable before that).
+_CACHE_TIMEOUT_S = 5.0
+_POLL_S = 0.1
+
+Obj = dict[str, Any]
+
+
+def application_cr_name(name: str) -> str:
+    """The ``ServeApplication`` object name of a Ray application name.
+
+    The name itself when it is a DNS-1123 label; else its lowercase alphanumerics joined by ``-``
+    and ``-<8 hex>`` (a digest of the exact name), so distinct Ray names never share an object.
+    ``spec.appName`` always carries the exact Ray name.
+    """
+    if len(name) <= names.MAX_NAME_LENGTH and _DNS_1123_LABEL.fullmatch(name):
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:_HASH_LENGTH]
+    cleaned = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    head = cleaned[: names.MAX_NAME_LENGTH - _HASH_LENGTH - 1].strip("-")
+    return f"{head}-{digest}" if head else f"app-{digest}"
+
+
+class KubernetesBackend:
+    """Implements :class:`kubeserve.backends.protocol.Backend` over the operator's client and
+    caches, in ``namespace`` (which the caches must watch)."""
+
+    def __init__(
+        self, kube: Kube, cache: ClusterCache, namespace: str, instance: str = DEFAULT_INSTANCE
+    ) -> None:
+        self.kube, self.cache, self.namespace, self.instance = kube, cache, namespace, instance
+        self._lock = asyncio.Lock()
+        host = socket.gethostname()
+        try:
+            ip = socket.gethostbyname(host)
+        except OSError:
+            ip = "127.0.0.1"
+        self.controller = ControllerIdentity(node_id=host, node_ip=ip, pid=os.getpid())
+
+    async def start(self) -> None:
+        """Nothing to start: the operator owns the client and the caches."""
+
+    async def close(self) -> None:
+        """Nothing to stop: the operator owns the client and the caches."""
+
+    # -------------------------------------------------------------------------------- writes
+
+    async def apply(
+        self,
+        instance: dict[str, Any],
+        applications: list[dict[str, Any]],
+        *,
+        single_app: dict[str, Any] | None = None,
+    ) -> None:
+        async with self._lock, _kube_errors():
+            current = await self._live("ServeInstance", self.instance)
+            if current is not None:
+                running = instance_options(current.get("spec") or {})
+                conflict = immutable_option_conflict(running, instance)
+                if conflict:
+                    raise ConflictError(conflict)
+            owner = await self._write_instance(current, instance, single_app)
+            written = [owner]
+            existing = {a["metadata"]["name"]: a for a in await self._applications()}
+            targets = self._targets(applications, existing)
+            for cr_name in existing:
+                if cr_name not in targets.values():
+                    await self.kube.delete("ServeApplication", self.namespace, cr_name)
+            for app in applications:
+                cr_name = targets[app["name"]]
+                written.append(await self._write_application(app, cr_name, owner, existing))
+            await self._await_cached(written)
+
+    async def shutdown(self) -> None:
+        async with self._lock, _kube_errors():
+            await self.kube.delete("ServeInstance", self.namespace, self.instance)
+            # Applications the operator has not yet made owned by the instance go explicitly.
+            for obj in await self._applications():
+                if not obj["metadata"].get("deletionTimestamp"):
+                    name = obj["metadata"]["name"]
+                    await self.kube.delete("ServeApplication", self.namespace, name)
+
+    async def ensure_running(self, instance: dict[str, Any]) -> None:
+        if self.cache.get("ServeInstance", self.namespace, self.instance) is not None:
+            return
+        async with self._lock, _kube_errors():
+            if await self._live("ServeInstance", self.instance) is None:
+                with contextlib.suppress(KubeConflict):  # created meanwhile: it runs
+                    created = await self._create(self._instance_object(instance, {}, None))
+                    await self._await_cached([created])
+
+    # -------------------------------------------------------------------------------- reads
+
+    async def single_app_config(self) -> dict[str, Any] | None:
+        obj = self.cache.get("ServeInstance", self.namespace, self.instance)
+        if obj is None:
+            return None
+        raw = (obj["metadata"].get("annotations") or {}).get(SINGLE_APP_ANNOTATION)
+        if not raw:
+            return None
+        value = json.loads(raw)
+        return value if isinstance(value, dict) else None
+
+    async def instance_details(self) -> dict[str, Any]:
+        namespace = self.namespace
+        view = ClusterView(
+            instance=self.cache.get("ServeInstance", namespace, self.instance),
+            applications=self.cache.objects("ServeApplication", namespace),
+            objects=lambda kind, labels: self.cache.objects(kind, namespace, labels),
+            configmap=lambda name: self.cache.get("ConfigMap", namespace, name),
+        )
+        return instance_details(view, self.controller)
+
+    def internal_routes(self) -> list[web.RouteDef]:
+        """None: in a cluster the data plane discovers through the Kubernetes API."""
+        return []
+
+    # -------------------------------------------------------------------------------- helpers
+
+    async def _live(self, kind: str, name: str) -> Obj | None:
+        """The object as the API server has it now; waits out a deletion in progress."""
+        deadline = time.monotonic() + _GONE_TIMEOUT_S
+        while True:
+            obj = await self.kube.get(kind, self.namespace, name)
+            if obj is None or not obj["metadata"].get("deletionTimestamp"):
+                return obj
+            if time.monotonic() > deadline:
+                raise UnavailableError(
+                    f"{kind} {self.namespace}/{name} is still being deleted; retry shortly"
+                )
+            await asyncio.sleep(_POLL_S)
+
+    async def _applications(self) -> list[Obj]:
+        """The instance's ``ServeApplication`` objects, listed fresh (a PUT must see them all)."""
+        return [
+            obj
+            for obj in await self.kube.list_items("ServeApplication", self.namespace)
+            if (obj.get("spec") or {}).get("instance", DEFAULT_INSTANCE) == self.instance
+        ]
+
+    @staticmethod
+    def _targets(applications: list[dict[str, Any]], existing: dict[str, Obj]) -> dict[str, str]:
+        """Ray name -> object name: an existing object of that application keeps its name."""
+        by_app = {app_name(obj): cr for cr, obj in existing.items()}
+        return {
+            app["name"]: by_app.get(app["name"]) or application_cr_name(app["name"])
+            for app in applications
+        }
+
+    def _instance_object(
+        self, options: dict[str, Any], current_spec: dict[str, Any], single_app: Any
+    ) -> Obj:
+        given = _without_nulls({**options, "applications": []})
+        spec = ServeInstanceSpec.from_rest(ServeDeploySchema.model_validate(given)).model_dump(
+            mode="json", exclude_unset=True
+        )
+        for field in _CR_ONLY_INSTANCE_FIELDS:
+            if field in current_spec:
+                spec[field] = current_spec[field]
+        annotations = {}
+        if single_app is not None:
+            annotations[SINGLE_APP_ANNOTATION] = json.dumps(single_app, sort_keys=True)
+        return self._object("ServeInstance", self.instance, spec, annotations)
+
+    async def _write_instance(
+        self, current: Obj | None, options: dict[str, Any], single_app: Any
+    ) -> Obj:
+        current_spec = (current or {}).get("spec") or {}
+        wanted = self._instance_object(options, current_spec, single_app)
+        if current is None:
+            return await self._create(wanted)
+        ops: list[Obj] = [{"op": "add", "path": "/spec", "value": wanted["spec"]}]
+        annotations = wanted["metadata"].get("annotations", {})
+        ops += _annotation_ops(current, annotations, (SINGLE_APP_ANNOTATION,))
+        return await self._json_patch("ServeInstance", self.instance, ops)
+
+    async def _write_application(
+        self, config: dict[str, Any], cr_name: str, owner: Obj, existing: dict[str, Obj]
+    ) -> Obj:
+        spec = _application_spec(config, self.instance)
+        current = existing.get(cr_name)
+        if current is not None and (_terminating(current) or _stale(current, owner)):
+            # left over from a serving layer that was shut down: start this one afresh
+            await self.kube.delete("ServeApplication", self.namespace, cr_name)
+            current = await self._live("ServeApplication", cr_name)
+        unchanged = current is not None and current.get("spec") == spec
+        deployed_at = (
+            (current["metadata"].get("annotations") or {}).get(DEPLOYED_AT_ANNOTATION)
+            if unchanged and current is not None
+            else None
+        ) or repr(time.time())
+        annotations = {DEPLOYED_AT_ANNOTATION: deployed_at}
+        if not config["name"]:
+            annotations[names.APPLICATION_NAME_ANNOTATION] = ""
+        reference = names.owner_reference(owner, controller=False)
+        if current is None:
+            wanted = self._object("ServeApplication", cr_name, spec, annotations)
+            wanted["metadata"]["ownerReferences"] = [reference]
+            return await self._create(wanted)
+        ops: list[Obj] = [{"op": "add", "path": "/spec", "value": spec}]
+        ops += _annotation_ops(current, annotations, _APPLICATION_ANNOTATIONS)
+        owners = current["metadata"].get("ownerReferences")
+        if not owners:
+            ops.append({"op": "add", "path": "/metadata/ownerReferences", "value": [reference]})
+        elif all(o.get("uid") != reference["uid"] for o in owners):
+            ops.append({"op": "add", "path": "/metadata/ownerReferences/-", "value": reference})
+        return await self._json_patch("ServeApplication", cr_name, ops)
+
+    def _object(self, kind: str, name: str, spec: Obj, annotations: dict[str, str]) -> Obj:
+        metadata: Obj = {"name": name, "namespace": self.namespace}
+        if annotations:
+            metadata["annotations"] = annotations
+        return {"apiVersion": API_VERSION, "kind": kind, "metadata": metadata, "spec": spec}
+
+    async def _create(self, obj: Obj) -> Obj:
+        return dict(
+            await self.kube.request(
+                "POST", path(obj["kind"], self.namespace), obj, query=_WRITE_QUERY
+            )
+        )
+
+    async def _json_patch(self, kind: str, name: str, ops: list[Obj]) -> Obj:
+        return dict(
+            await self.kube.request(
+                "PATCH",
+                path(kind, self.namespace, name),
+                ops,
+                query=_WRITE_QUERY,
+                content_type="application/json-patch+json",
+            )
+        )
+
+    async def _await_cached(self, written: list[Obj]) -> None:
+        """Until the caches hold ``written`` (or newer), so the next GET shows them; bounded."""
+        deadline = time.monotonic() + _CACHE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if all(self._cached(obj) for obj in written):
+                return
+            await asyncio.sleep(_POLL_S / 4)
+
+    def _cached(self, written: Obj) -> bool:
+        meta = written["metadata"]
+        cached = self.cache.get(written["kind"], self.namespace, meta["name"])
+        if cached is None or cached["metadata"].get("uid") != meta.get("uid"):
+            return False
+        return _version_at_least(cached["metadata"], meta)
+
+
+_WRITE_QUERY = {"fieldManager": FIELD_MANAGER, "fieldValidation": "Strict"}
+
+
+@contextlib.asynccontextmanager
+async def _kube_errors() -> AsyncIterator[None]:
+    """API server errors as the backend errors the admin API maps to HTTP."""
+    try:
+        yield
+    except KubeError as exc:
+        if exc.status in (400, 422):
+            message = f"the Kubernetes API server refused the config: {exc.message}"
+            raise RejectedError(message) from None
+        raise UnavailableError(f"the Kubernetes API server failed the request: {exc}") from None
+
+
+def _application_spec(config: dict[str, Any], instance: str) -> dict[str, Any]:
+    """``ServeApplication.spec`` holding exactly the REST fields of ``config`` (camelCase).
+
+    An empty Ray name (the single-application family's) leaves ``appName`` unset.
+    """
+    rest = ServeApplicationSchema.model_validate({**config, "name": config["name"] or "-"})
+    spec: dict[str, Any] = ServeApplicationSpec.from_rest(rest).model_dump(
+        mode="json", exclude_unset=True
+    )
+    if not config["name"]:
+        del spec["appName"]
+    spec["instance"] = instance  # explicit, so the stored spec equals the one written
+    return spec
+
+
+def _annotation_ops(current: Obj, wanted: dict[str, str], keys: tuple[str, ...]) -> list[Obj]:
+    """JSON-patch operations making annotations ``keys`` of ``current`` what ``wanted`` says
+    (absent where ``wanted`` lacks them); other annotations are left alone."""
+    annotations = current["metadata"].get("annotations")
+    if annotations is None:
+        added = {key: wanted[key] for key in keys if key in wanted}
+        return [{"op": "add", "path": "/metadata/annotations", "value": added}] if added else []
+    ops: list[Obj] = []
+    for key in keys:
+        pointer = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+        if key in wanted:
+            ops.append({"op": "add", "path": pointer, "value": wanted[key]})
+        elif key in annotations:
+            ops.append({"op": "remove", "path": pointer})
+    return ops
+
+
+def _terminating(obj: Obj) -> bool:
+    return bool(obj["metadata"].get("deletionTimestamp"))
+
+
+def _stale(obj: Obj, owner: Obj) -> bool:
+    """Owned by a ``ServeInstance`` other than ``owner`` (a deleted one, awaiting collection)."""
+    return any(
+        ref.get("kind") == "ServeInstance" and ref.get("uid") != owner["metadata"]["uid"]
+        for ref in obj["metadata"].get("ownerReferences") or []
+    )
+
+
+def _version_at_least(cached: Obj, written: Obj) -> bool:
+    """Whether the cached metadata is the written version or a later one."""
+    if cached.get("resourceVersion") == written.get("resourceVersion"):
+        return True
+    try:  # opaque by contract, but etcd revisions in practice
+        return int(cached["resourceVersion"]) >= int(written["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def _without_nulls(value: Any) -> Any:
+    """``value`` without null mapping entries (in instance options, null means the default)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value

@@ -1,0 +1,298 @@
+"""The admin API served by the operator: Ray's REST families over custom resources and pods.
+
+Everything is real: the control plane, the operator process (its admin API on the dashboard
+port), pods run by the kubelet stand-in, HTTP through the proxy pod, and Ray 2.60's ``serve``
+client. The local backend answers the same config with the same shape of body.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from k8s_control_plane import ControlPlane
+from test_operator import OperatorProcess, crds, proxy_url
+
+from kubeserve.schema.status import ServeInstanceDetails
+from kubeserve_testing import Kubeserve, http, wait_for
+
+__all__ = ["crds"]  # the fixture, used by the operator fixture below
+
+RAY_REFERENCE = Path(__file__).resolve().parents[1] / "reference" / "ray-2.60"
+RAY_SERVE = os.environ.get("KUBESERVE_RAY_SERVE", "")
+EMPTY = {"controller_info": {}, "proxies": {}, "applications": {}, "target_capacity": None}
+
+PROBE = {
+    "name": "probe",
+    "route_prefix": "/probe",
+    "import_path": "e2e_probe:app",
+    "deployments": [{"name": "Probe", "user_config": {"greeting": "hi"}}],
+}
+#: a Ray name that is no Kubernetes object name
+SECOND = {"name": "Second App", "route_prefix": "/second", "import_path": "e2e_probe:app"}
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane, crds: None, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator of ``namespace``: its admin API writes custom resources there."""
+    process = OperatorProcess(control_plane, namespace, tmp_path / "operator.log")
+    process.start()
+    yield process
+    process.stop()
+
+
+class AdminApi:
+    def __init__(self, operator: OperatorProcess) -> None:
+        self.operator = operator
+        self.url = f"http://127.0.0.1:{operator.port}"
+
+    def put(self, applications: list[dict[str, Any]], port: int = 8000) -> tuple[int, Any]:
+        return http("PUT", f"{self.url}/api/serve/applications/", config(applications, port))
+
+    def details(self) -> dict[str, Any]:
+        status, body = http("GET", f"{self.url}/api/serve/applications/")
+        assert status == 200, body
+        return dict(body)
+
+    def wait_running(self, *apps: str, timeout_s: float = 90) -> dict[str, Any]:
+        def running() -> dict[str, Any] | None:
+            body = self.details()
+            found = body["applications"]
+            return body if all(found.get(a, {}).get("status") == "RUNNING" for a in apps) else None
+
+        try:
+            return wait_for(running, timeout_s, interval_s=0.2, what=f"{apps} RUNNING")
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{self.details()}\n{self.operator.log()}") from None
+
+
+def config(applications: list[dict[str, Any]], port: int = 8000) -> dict[str, Any]:
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "0.0.0.0", "port": port},
+        "applications": applications,
+    }
+
+
+def answer(url: str) -> Any:
+    try:
+        status, body = http("GET", url, timeout=5)
+    except OSError:
+        return None
+    return body if status == 200 else None
+
+
+def cr_names(plane: ControlPlane, namespace: str) -> set[str]:
+    out = plane.kubectl("get", "serveapplications", "-n", namespace, "-o", "name").stdout
+    return {line.split("/", 1)[1] for line in out.split()}
+
+
+def remaining(plane: ControlPlane, namespace: str) -> str:
+    """What is left of the serving layer in ``namespace`` (empty when all is gone)."""
+    owned = plane.kubectl(
+        "get", "deployments,services,jobs,configmaps,pods", "-n", namespace,
+        "-l", "app.kubernetes.io/managed-by=kubeserve", "-o", "name",
+    ).stdout  # fmt: skip
+    crs = plane.kubectl(
+        "get", "serveinstances,serveapplications", "-n", namespace, "-o", "name"
+    ).stdout
+    return (owned + crs).strip()
+
+
+def shape(value: Any) -> Any:
+    """The keys of a details body, recursively; maps keyed by names become one sample entry."""
+    if isinstance(value, dict):
+        return {key: shape(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [shape(value[0])] if value else []
+    return None
+
+
+def details_shape(body: dict[str, Any]) -> Any:
+    """``shape`` with named maps (applications, deployments, proxies, nodes) reduced to a key set
+    common to all entries, so bodies of different clusters compare."""
+    body = json.loads(json.dumps(body))
+    body["proxies"] = {"*": next(iter(body["proxies"].values()))}
+    for app in body["applications"].values():
+        app["deployments"] = {"*": next(iter(app["deployments"].values()))}
+        app["deployment_topology"]["nodes"] = {
+            "*": next(iter(app["deployment_topology"]["nodes"].values()))
+        }
+    body["applications"] = {"*": body["applications"]["probe"]}
+    return shape(body)
+
+
+def test_put_get_traffic_prune_conflict_delete(
+    control_plane: ControlPlane,
+    operator: OperatorProcess,
+    namespace: str,
+    clean_kubeserve: Kubeserve,
+) -> None:
+    plane, api = control_plane, AdminApi(operator)
+    assert api.details() == EMPTY
+    status, body = api.put([PROBE, SECOND])
+    assert status == 200, body
+
+    instance = plane.get("serveinstance", "default", namespace)
+    assert instance["spec"]["httpOptions"]["port"] == 8000
+    assert instance["spec"]["proxyLocation"] == "HeadOnly"
+    probe = plane.get("serveapplication", "probe", namespace)
+    assert probe["spec"] == {  # exactly the config sent: unset fields absent
+        "appName": "probe",
+        "instance": "default",
+        "routePrefix": "/probe",
+        "importPath": "e2e_probe:app",
+        "deployments": [{"name": "Probe", "userConfig": {"greeting": "hi"}}],
+    }
+    (second,) = cr_names(plane, namespace) - {"probe"}
+    assert second.startswith("second-app-")
+    assert plane.get("serveapplication", second, namespace)["spec"]["appName"] == "Second App"
+    accepted = api.details()["applications"]  # a GET right after the PUT shows the new config
+    assert accepted["probe"]["deployed_app_config"] == PROBE
+
+    body = api.wait_running("probe", "Second App")
+    jsonschema.validate(body, json.loads((RAY_REFERENCE / "ServeInstanceDetails.json").read_text()))
+    parsed = ServeInstanceDetails.model_validate(body)
+    app = parsed.applications["probe"]
+    assert body["applications"]["probe"]["deployed_app_config"] == PROBE
+    assert app.route_prefix == "/probe"
+    dep = app.deployments["Probe"]
+    assert dep.deployment_config.user_config == {"greeting": "hi"}  # type: ignore[union-attr]
+    assert (
+        body["applications"]["probe"]["deployments"]["Probe"]["deployment_config"][
+            "health_check_period_s"
+        ]
+        == 0.2
+    )  # from the code, through the build graph
+    assert dep.target_num_replicas == 1
+    pods = plane.get("pods", namespace=namespace, selector="kubeserve.io/application=probe")
+    assert dep.replicas
+    assert {r.replica_id for r in dep.replicas} <= {p["metadata"]["name"] for p in pods["items"]}
+    assert all(r.node_id == control_plane.node_name and r.start_time_s for r in dep.replicas)
+    assert body["controller_info"]["node_id"]
+
+    url = proxy_url(plane, namespace)
+
+    def configured() -> Any:
+        reply = answer(f"{url}/probe")
+        return reply if reply and reply["config"] == {"greeting": "hi"} else None
+
+    wait_for(configured, 60, what="an answer with the user_config through the proxy pod")
+    assert wait_for(lambda: answer(f"{url}/second"), 60, what="the second application")
+
+    # The same config on the local backend answers with a body of the same shape.
+    local = clean_kubeserve
+    assert local.put([PROBE, SECOND])[0] == 200
+    local.wait_app("probe")
+    local.wait_app("Second App")
+    local.wait_proxy()
+    assert details_shape(api.details()) == details_shape(local.details())
+
+    # A PUT without an application deletes its custom resource (and so its pods).
+    status, body = api.put([PROBE])
+    assert status == 200, (body, operator.log())
+    assert cr_names(plane, namespace) <= {"probe", second}
+    wait_for(lambda: cr_names(plane, namespace) == {"probe"}, 60, what="the second CR deleted")
+    wait_for(lambda: "Second App" not in api.details()["applications"], 30, what="second app gone")
+    assert answer(f"{url}/probe")["config"] == {"greeting": "hi"}
+
+    # host and port are fixed while the serving layer runs.
+    status, body = api.put([PROBE], port=8001)
+    assert status == 409
+    assert "port" in body["error"] and "DELETE" in body["error"]
+    assert plane.get("serveinstance", "default", namespace)["spec"]["httpOptions"]["port"] == 8000
+
+    # DELETE removes the instance, and garbage collection everything it owns.
+    assert http("DELETE", f"{api.url}/api/serve/applications/")[0] == 200
+    wait_for(lambda: remaining(plane, namespace) == "", 90, interval_s=0.5, what="all gone")
+    wait_for(lambda: api.details() == EMPTY, 30, what="an empty GET")
+    assert http("DELETE", f"{api.url}/api/serve/applications/")[0] == 200  # no-op
+
+
+def test_single_application_family(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    plane, api = control_plane, AdminApi(operator)
+    base = f"{api.url}/api/serve/deployments/"
+    body = {"import_path": "e2e_probe:app", "route_prefix": "/probe", "port": 8000}
+    put = http("PUT", base, body)
+    assert put[0] == 200, (put, operator.log())
+    assert http("GET", base) == (200, body)
+
+    def running() -> dict[str, Any] | None:
+        status = http("GET", f"{base}status")[1]
+        return status if status["app_status"]["status"] == "RUNNING" else None
+
+    try:
+        status = wait_for(running, 90, what="the single application RUNNING")
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{api.details()}\n{operator.log()}") from None
+    assert status["name"] == ""
+    assert status["deployment_statuses"] == [{"name": "Probe", "status": "HEALTHY", "message": ""}]
+    assert status["app_status"]["deployment_timestamp"] > 0
+    url = proxy_url(plane, namespace)
+    assert wait_for(lambda: answer(f"{url}/probe"), 60, what="an answer through the proxy")
+
+    # A multi-application PUT replaces it; GET of the family then reads the deployed config.
+    assert api.put([PROBE])[0] == 200
+    # (the replaced application is listed as DELETING until its pods are gone)
+    wait_for(lambda: http("GET", base) == (200, PROBE), 60, what="only the new application")
+    assert http("DELETE", base)[0] == 200
+    wait_for(lambda: remaining(plane, namespace) == "", 90, interval_s=0.5, what="all gone")
+
+
+def test_status_when_nothing_runs_starts_the_serving_layer(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    api = AdminApi(operator)
+    status, body = http("GET", f"{api.url}/api/serve/deployments/status")
+    assert status == 200
+    assert body["app_status"]["status"] == "NOT_STARTED"
+    assert control_plane.exists("serveinstance", "default", namespace)
+    assert api.details()["controller_info"]["node_id"]
+
+
+@pytest.mark.skipif(
+    not RAY_SERVE or not Path(RAY_SERVE).exists(),
+    reason="the Ray 2.60 serve client is installed by `make test` (KUBESERVE_RAY_SERVE)",
+)
+def test_ray_serve_cli_against_the_operator(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str, tmp_path: Path
+) -> None:
+    plane, api = control_plane, AdminApi(operator)
+
+    def serve(*args: str) -> str:
+        result = subprocess.run(
+            [RAY_SERVE, *args, "-a", api.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+        )
+        assert result.returncode == 0, f"serve {args} failed:\n{result.stdout}\n{result.stderr}"
+        return result.stdout
+
+    path = tmp_path / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config([PROBE])))
+    serve("deploy", str(path))
+    assert cr_names(plane, namespace) == {"probe"}
+    api.wait_running("probe")
+
+    status = yaml.safe_load(serve("status"))
+    assert status["applications"]["probe"]["status"] == "RUNNING"
+    assert status["applications"]["probe"]["deployments"]["Probe"]["status"] == "HEALTHY"
+    (deployed,) = yaml.safe_load_all(serve("config"))
+    assert deployed == PROBE
+
+    serve("shutdown", "-y")
+    wait_for(lambda: remaining(plane, namespace) == "", 90, interval_s=0.5, what="all gone")
+    wait_for(lambda: api.details() == EMPTY, 30, what="an empty GET")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,10 @@ import jsonschema
 import pytest
 import yaml
 from k8s_control_plane import ControlPlane
-from test_operator import OperatorProcess, crds, proxy_url
+from k8s_operator import OperatorProcess, proxy_url
 
 from kubeserve.schema.status import ServeInstanceDetails
 from kubeserve_testing import Kubeserve, http, wait_for
-
-__all__ = ["crds"]  # the fixture, used by the operator fixture below
 
 RAY_REFERENCE = Path(__file__).resolve().parents[1] / "reference" / "ray-2.60"
 RAY_SERVE = os.environ.get("KUBESERVE_RAY_SERVE", "")
@@ -37,17 +34,6 @@ PROBE = {
 }
 #: a Ray name that is no Kubernetes object name
 SECOND = {"name": "Second App", "route_prefix": "/second", "import_path": "e2e_probe:app"}
-
-
-@pytest.fixture
-def operator(
-    control_plane: ControlPlane, crds: None, namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    """The operator of ``namespace``: its admin API writes custom resources there."""
-    process = OperatorProcess(control_plane, namespace, tmp_path / "operator.log")
-    process.start()
-    yield process
-    process.stop()
 
 
 class AdminApi:
@@ -186,7 +172,11 @@ def test_put_get_traffic_prune_conflict_delete(
         reply = answer(f"{url}/probe")
         return reply if reply and reply["config"] == {"greeting": "hi"} else None
 
-    wait_for(configured, 60, what="an answer with the user_config through the proxy pod")
+    try:
+        wait_for(configured, 60, what="an answer with the user_config through the proxy pod")
+    except AssertionError as err:
+        pods = plane.kubectl("get", "pods", "-n", namespace, "-o", "wide").stdout
+        raise AssertionError(f"{err}\n{url}: {answer(f'{url}/probe')}\n{pods}") from None
     assert wait_for(lambda: answer(f"{url}/second"), 60, what="the second application")
 
     # The same config on the local backend answers with a body of the same shape.

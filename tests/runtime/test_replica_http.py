@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import aiohttp
 import uvloop
 
+from kubeserve.runtime import local_socket
 from kubeserve.runtime.proxy import ProxyServer
 from kubeserve.runtime.replica_http import (
     HttpRequest,
@@ -240,18 +242,8 @@ def test_behind_the_proxy_streams_and_large_bodies_pass() -> None:
             },
         }
 
-        class Source:
-            def __init__(self, apply: Callable[[Snapshot], None]) -> None:
-                self.apply = apply
-
-            async def start(self) -> None:
-                self.apply(snapshot)
-
-            async def close(self) -> None:
-                pass
-
-        proxy = ProxyServer("127.0.0.1", 0, source=Source(lambda s: None))
-        proxy.source = Source(proxy.state.apply)
+        proxy = ProxyServer("127.0.0.1", 0, source=_Static(snapshot))
+        proxy.source.apply = proxy.state.apply  # type: ignore[attr-defined]
         await proxy.start()
         base = f"http://127.0.0.1:{proxy.port}"
         try:
@@ -273,3 +265,65 @@ def test_behind_the_proxy_streams_and_large_bodies_pass() -> None:
 async def _get(session: aiohttp.ClientSession, url: str) -> bytes:
     async with session.get(url) as resp:
         return await resp.read()
+
+
+def test_same_host_unix_socket_is_preferred_and_tcp_is_the_fallback() -> None:
+    async def go() -> None:
+        app = App()
+        replica_server = ReplicaHttpServer(app)
+        tcp = await asyncio.get_running_loop().create_server(replica_server, "127.0.0.1", 0)
+        port = tcp.sockets[0].getsockname()[1]
+        # Only a loopback target has a socket name; nothing listens on it yet: TCP it is.
+        assert local_socket.socket_name("10.0.0.7", port) is None
+        assert await local_socket.connect(asyncio.Protocol, "127.0.0.1", port) is None
+        unix = await local_socket.listen(replica_server, "127.0.0.1", port)
+        assert unix is not None
+        assert await local_socket.listen(replica_server, "127.0.0.1", port) is None  # taken
+
+        families: list[int] = []
+
+        async def answer(request: HttpRequest) -> HttpResponse | StreamedResponse:
+            families.extend(
+                c.transport.get_extra_info("socket").family for c in replica_server.connections
+            )
+            return await app(request)
+
+        replica_server.handler = answer
+        snapshot: Snapshot = {
+            "version": 1,
+            "routes": [{"route_prefix": "/", "app": "a", "deployment": "D"}],
+            "deployments": {
+                "a#D": {
+                    "max_ongoing_requests": 8,
+                    "replicas": [{"replica_id": "r", "host": "127.0.0.1", "port": port}],
+                }
+            },
+        }
+        proxy = ProxyServer("127.0.0.1", 0, source=_Static(snapshot))
+        proxy.source.apply = proxy.state.apply  # type: ignore[attr-defined]
+        await proxy.start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                for _ in range(3):
+                    assert await _get(session, f"http://127.0.0.1:{proxy.port}/wait") == b"waited"
+            assert families and set(families) == {socket.AF_UNIX}
+        finally:
+            await proxy.close()
+            unix.close()
+            tcp.close()
+
+    run(go())
+
+
+class _Static:
+    """An endpoint source delivering one snapshot to ``apply``."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self.apply: Callable[[Snapshot], None] = lambda s: None
+
+    async def start(self) -> None:
+        self.apply(self.snapshot)
+
+    async def close(self) -> None:
+        pass

@@ -13,6 +13,7 @@ The tricks, each marked where it is used:
 
 * **Pre-formatted request head** per (replica, method): only ``Content-Length`` is filled in.
 * **One future per call**, resolved from ``data_received``; no task per call.
+* **Same-host unix socket** to a replica on this machine (:mod:`~kubeserve.runtime.local_socket`).
 * **Pooled keep-alive connections** per replica, LIFO (the warmest is reused); a call never waits
   for a connection: it takes an idle one or opens a new one (the router already caps calls in
   flight per replica at ``max_ongoing_requests``).
@@ -29,6 +30,7 @@ from typing import Any, cast
 
 import httptools
 
+from kubeserve.runtime import local_socket
 from kubeserve.runtime.discovery import Discovery, EndpointSource
 from kubeserve.runtime.router import NoReplicaAvailable, Replica, Router
 from kubeserve.runtime.wire import (
@@ -157,6 +159,9 @@ class _CallPool:
 
     async def call(self, method: str, body: bytes) -> tuple[int, bytes]:
         conn = self._take()
+        if conn is None:
+            # Same host: the replica's unix socket, cheaper per call than loopback TCP.
+            conn = await local_socket.connect(_CallConnection, self.host, self.port)
         if conn is None:
             loop = asyncio.get_running_loop()
             async with asyncio.timeout(CONNECT_TIMEOUT_S):

@@ -36,7 +36,7 @@ from typing import Any
 
 import uvloop
 
-from kubeserve.runtime import kube_replica, wire
+from kubeserve.runtime import kube_replica, local_socket, wire
 from kubeserve.runtime.build import format_user_error, load_application
 from kubeserve.runtime.replica_http import (
     HttpRequest,
@@ -389,11 +389,15 @@ async def serve_replica(
             loop.add_signal_handler(signum, stop.set)
         server = ReplicaHttpServer(replica.handle)
         listener = await loop.create_server(server, host, port, reuse_address=True, backlog=1024)
+        # Bound after the TCP port, so the name derived from the port is this process's.
+        local = await local_socket.listen(server, host, port)
         log.info("replica %s listening on %s:%d", config["replica_id"], host, port)
         await stop.wait()
         log.info("replica %s shutting down", config["replica_id"])
         replica.draining = True
         listener.close()
+        if local is not None:
+            local.close()
         await replica.drain()
         server.close_all()
     finally:

@@ -19,6 +19,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane
+from k8s_operator import ROOT, OperatorProcess
+
+from kubeserve_testing import wait_for
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +41,29 @@ def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
     name = control_plane.create_namespace(request.node.name)
     yield name
     control_plane.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def crds(control_plane: ControlPlane) -> None:
+    control_plane.kubectl("apply", "-f", str(ROOT / "crds"))
+    for crd in ("serveinstances.kubeserve.io", "serveapplications.kubeserve.io"):
+        wait_for(
+            lambda crd=crd: (
+                control_plane.kubectl(
+                    "wait", "--for=condition=Established", f"crd/{crd}", "--timeout=5s", check=False
+                ).returncode
+                == 0
+            ),
+            60,
+            what=f"{crd} Established",
+        )
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane, crds: None, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(control_plane, namespace, tmp_path / "operator.log")
+    process.start()
+    yield process
+    process.stop()

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 from k8s_control_plane import ControlPlane
-from test_operator import application, instance, probe_answer, proxy_url, ready_pods
+from k8s_operator import application, instance, proxy_url, ready_pods
+from test_operator import probe_answer
 
 from kubeserve_testing import wait_for
 

@@ -3,136 +3,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from k8s_control_plane import ControlPlane
+from k8s_operator import (
+    OperatorProcess,
+    application,
+    instance,
+    proxy_url,
+    ready_pods,
+    wait_ready,
+)
 
-from kubeserve_testing import free_port, http, wait_for
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def crds(control_plane: ControlPlane) -> None:
-    control_plane.kubectl("apply", "-f", str(ROOT / "crds"))
-    for crd in ("serveinstances.kubeserve.io", "serveapplications.kubeserve.io"):
-        wait_for(
-            lambda crd=crd: (
-                control_plane.kubectl(
-                    "wait", "--for=condition=Established", f"crd/{crd}", "--timeout=5s", check=False
-                ).returncode
-                == 0
-            ),
-            60,
-            what=f"{crd} Established",
-        )
-
-
-class OperatorProcess:
-    def __init__(self, plane: ControlPlane, namespace: str, log_path: Path) -> None:
-        self.plane, self.namespace, self.log_path = plane, namespace, log_path
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kubeserve.cli", "operator", "--namespace", self.namespace,
-             "--watch-namespaces", self.namespace, "--dashboard-host", "127.0.0.1",
-             "--dashboard-port", str(self.port)],
-            env=self.plane.env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-        )  # fmt: skip
-        wait_for(self._healthy, 60, what="the operator's health endpoint")
-
-    def _healthy(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"operator exited:\n{self.log()}")
-        try:
-            return http("GET", f"http://127.0.0.1:{self.port}/-/healthz", timeout=2)[0] == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-6000:]
-
-
-@pytest.fixture
-def operator(
-    control_plane: ControlPlane, crds: None, namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(control_plane, namespace, tmp_path / "operator.log")
-    process.start()
-    yield process
-    process.stop()
-
-
-def instance(namespace: str, port: int = 8000) -> dict[str, Any]:
-    return {
-        "apiVersion": "kubeserve.io/v1beta1",
-        "kind": "ServeInstance",
-        "metadata": {"name": "default", "namespace": namespace},
-        "spec": {"proxyLocation": "HeadOnly", "httpOptions": {"port": port}},
-    }
-
-
-def application(namespace: str, name: str, import_path: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "kubeserve.io/v1beta1",
-        "kind": "ServeApplication",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"importPath": import_path, **spec},
-    }
-
-
-def ready_pods(plane: ControlPlane, namespace: str, selector: str) -> list[dict[str, Any]]:
-    pods = plane.get("pods", namespace=namespace, selector=selector)["items"]
-    return [
-        p
-        for p in pods
-        if any(
-            c["type"] == "Ready" and c["status"] == "True"
-            for c in p["status"].get("conditions", [])
-        )
-    ]
-
-
-def wait_ready(plane: ControlPlane, operator: OperatorProcess, namespace: str, app: str) -> None:
-    """``kubectl wait --for=condition=Ready`` on the application, with diagnostics on failure."""
-    result = plane.kubectl(
-        "wait", "--for=condition=Ready", f"serveapplication/{app}", "-n", namespace,
-        "--timeout=50s", check=False,
-    )  # fmt: skip
-    if result.returncode != 0:
-        obj = plane.get("serveapplication", app, namespace)
-        pods = plane.kubectl("get", "pods,jobs,deploy,cm", "-n", namespace, "-o", "wide").stdout
-        status = obj.get("status")
-        raise AssertionError(
-            f"{app} not Ready: {result.stderr}\nstatus={status}\n{pods}\n{operator.log()}"
-        )
-
-
-def proxy_url(plane: ControlPlane, namespace: str, port: int = 8000) -> str:
-    pods = wait_for(
-        lambda: ready_pods(plane, namespace, "app.kubernetes.io/component=proxy"),
-        60,
-        what="a ready proxy pod",
-    )
-    return f"http://{pods[0]['status']['podIP']}:{port}"
+from kubeserve_testing import http, wait_for
 
 
 def test_serve_application_applied_with_kubectl_serves_traffic(

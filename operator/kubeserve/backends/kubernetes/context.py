@@ -39,7 +39,7 @@ class OperatorContext:
     session: aiohttp.ClientSession
     #: digest of the last object applied, by kind/namespace/name
     applied: dict[str, str] = field(default_factory=dict)
-    #: pod uid -> the user_config version that pod has applied (pushed by this operator)
+    #: replica process (:func:`replica_key`) -> the user_config version it has applied
     user_configs: dict[str, str] = field(default_factory=dict)
     _pushing: set[str] = field(default_factory=set)
 
@@ -98,7 +98,7 @@ class OperatorContext:
         """Send the deployment's user_config to every ready replica that has not applied it."""
         version = config_rules.user_config_version(config)
         for pod in pods:
-            uid = pod["metadata"]["uid"]
+            uid = replica_key(pod)
             ip = (pod.get("status") or {}).get("podIP")
             if (
                 not ip
@@ -142,6 +142,19 @@ def _ready(pod: dict[str, Any]) -> bool:
 
 def pod_ready(pod: dict[str, Any]) -> bool:
     return _ready(pod)
+
+
+def replica_key(pod: dict[str, Any]) -> str:
+    """One replica process: the pod and its container restart count.
+
+    A restarted container is a new process that has applied only what it read at start-up, so
+    it must be counted (and pushed to) afresh.
+    """
+    restarts = sum(
+        int(c.get("restartCount", 0))
+        for c in (pod.get("status") or {}).get("containerStatuses") or []
+    )
+    return f"{pod['metadata']['uid']}/{restarts}"
 
 
 def _now() -> str:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kubeserve.backends.kubernetes import names
-from kubeserve.backends.kubernetes.context import OperatorContext, pod_ready
+from kubeserve.backends.kubernetes.context import OperatorContext, pod_ready, replica_key
 from kubeserve.control import config as config_rules
 from kubeserve.control.status import AppStatusInfo, DeploymentView, ReplicaView
 
@@ -34,7 +34,7 @@ def deployment_view_from_pods(
             ReplicaView(
                 "RUNNING" if pod_ready(pod) else "STARTING",
                 current=pod_version == version,
-                config_applied=ctx.user_configs.get(meta["uid"]) == uc_version,
+                config_applied=ctx.user_configs.get(replica_key(pod)) == uc_version,
             )
         )
     return DeploymentView(

@@ -128,3 +128,10 @@ bench: venv ray-client
 		$(CACHE)/bench/bin/pip install -q matplotlib && touch $(CACHE)/bench/.installed; }
 	timeout 1800 $(BIN)/python benchmarks/bench.py --ray-venv $(RAY_VENV) \
 		--plot-python $(CACHE)/bench/bin/python
+
+## The operator's figures for issue 3 on the test control plane (127.0.0.1 only, about 15-20 minutes):
+## CR create -> Ready (median of 5), API requests per minute when idle (through a counting proxy),
+## operator RSS with 0, 1 and 101 applications. Writes benchmarks/operator-results.md.
+.PHONY: bench-operator
+bench-operator: venv k8s-binaries
+	KUBESERVE_K8S_BIN=$(K8S_BIN) timeout 2400 $(BIN)/python benchmarks/operator_bench.py

@@ -24,7 +24,7 @@ from kubeserve.backends.kubernetes.status import (
 )
 from kubeserve.control import config as config_rules
 from kubeserve.control.instance import app_route_prefix
-from kubeserve.control.status import BuildView, application_status
+from kubeserve.control.status import BuildView, application_status, deployment_status
 from kubeserve.schema.errors import validation_details
 from kubeserve.schema.resources import ServeApplicationSpec
 
@@ -171,7 +171,13 @@ async def _reconcile_deployments(
             "Pod", app.namespace, dict(workload["spec"]["selector"]["matchLabels"])
         )
         await ctx.push_user_config(pods, effective)
-        views[name] = deployment_view_from_pods(ctx, pods, effective, deployment.version)
+        healthy_key = f"{app.namespace}/{app.cr_name}/{name}/{deployment.version}"
+        view = deployment_view_from_pods(
+            ctx, pods, effective, deployment.version, healthy_key in ctx.healthy_versions
+        )
+        if deployment_status(view).status == "HEALTHY":
+            ctx.healthy_versions.add(healthy_key)
+        views[name] = view
         routing[name] = {
             "service": service["metadata"]["name"],
             "max_ongoing_requests": int(effective["max_ongoing_requests"]),

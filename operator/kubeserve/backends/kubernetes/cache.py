@@ -26,6 +26,9 @@ WATCHED: dict[str, str] = {
     "Job": MANAGED,
     "ConfigMap": MANAGED,
     "Pod": MANAGED,
+    "ServiceAccount": MANAGED,
+    "Role": MANAGED,
+    "RoleBinding": MANAGED,
 }
 
 

@@ -41,6 +41,8 @@ class OperatorContext:
     applied: dict[str, str] = field(default_factory=dict)
     #: replica process (:func:`replica_key`) -> the user_config version it has applied
     user_configs: dict[str, str] = field(default_factory=dict)
+    #: namespace/application/deployment/version keys that reached HEALTHY once (in this process)
+    healthy_versions: set[str] = field(default_factory=set)
     _pushing: set[str] = field(default_factory=set)
 
     async def apply(self, obj: dict[str, Any]) -> None:
@@ -63,6 +65,7 @@ class OperatorContext:
         failure = status.get("appStatus")
         if failure in _FAILED_STATES and old.get("appStatus") != failure:
             await self.event(obj, _FAILED_STATES[failure], str(status.get("message") or failure))
+        status = _with_removals(old, status)
         await self.kube.merge_patch(
             obj["kind"], meta["namespace"], meta["name"], {"status": status}, "status"
         )
@@ -155,6 +158,20 @@ def replica_key(pod: dict[str, Any]) -> str:
         for c in (pod.get("status") or {}).get("containerStatuses") or []
     )
     return f"{pod['metadata']['uid']}/{restarts}"
+
+
+def _with_removals(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` as a merge patch over ``old``: map entries that are gone become ``None``.
+
+    Status maps (deployments, proxies, applications) are keyed by name; without the explicit
+    nulls a merge patch would keep entries for things that no longer exist forever.
+    """
+    patch = dict(new)
+    for key, value in new.items():
+        previous = old.get(key)
+        if isinstance(value, dict) and isinstance(previous, dict):
+            patch[key] = {**dict.fromkeys(set(previous) - set(value)), **value}
+    return patch
 
 
 def _now() -> str:

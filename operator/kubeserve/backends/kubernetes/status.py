@@ -13,8 +13,17 @@ from kubeserve.control.status import AppStatusInfo, DeploymentView, ReplicaView
 
 
 def deployment_view_from_pods(
-    ctx: OperatorContext, pods: list[dict[str, Any]], config: dict[str, Any], version: str
+    ctx: OperatorContext,
+    pods: list[dict[str, Any]],
+    config: dict[str, Any],
+    version: str,
+    ever_healthy: bool = False,
 ) -> DeploymentView:
+    """What the pods of one deployment are doing, as the backend-neutral status rules read it.
+
+    Container restarts count as failed starts only while the version has never been healthy:
+    afterwards a crashing replica makes the deployment UNHEALTHY, not DEPLOY_FAILED (as in Ray).
+    """
     uc_version = config_rules.user_config_version(config)
     replicas = []
     restarts = 0
@@ -41,6 +50,7 @@ def deployment_view_from_pods(
         target_replicas=config_rules.target_replicas(config),
         replicas=replicas,
         startup_failures=restarts if not any(r.state == "RUNNING" for r in replicas) else 0,
+        ever_healthy=ever_healthy,
         last_error=last_error,
     )
 

@@ -430,6 +430,8 @@ def instance_applications(plane: ControlPlane) -> list[str]:
 @dataclass
 class ManyApps:
     count: int
+    #: replica pods per application (0: autoscaling from zero)
+    replicas: int
     seconds_to_steady: float
     statuses: Counter[str]
     #: one status message per non-Ready status, to say why
@@ -456,21 +458,30 @@ def app_statuses(plane: ControlPlane, names: set[str]) -> tuple[Counter[str], di
     return counts, messages
 
 
-def many_applications(count: int) -> list[dict[str, Any]]:
+def many_applications(count: int, replicas: int) -> list[dict[str, Any]]:
+    """With 0 replicas (autoscaling, minReplicas 0), each application is still built by a real
+    Job and reconciled into a Deployment, Service and status, but runs no replica process, so
+    100 of them fit on a 2-core machine beside the control plane."""
+    if replicas:
+        deployment: dict[str, Any] = {"name": "Probe", "numReplicas": replicas}
+    else:
+        deployment = {"name": "Probe", "autoscalingConfig": {"minReplicas": 0, "maxReplicas": 1}}
     return [
         application(
             f"many-{i:03d}",
             "e2e_probe:app",
             routePrefix=f"/many-{i:03d}",
-            deployments=[{"name": "Probe", "numReplicas": 1}],
+            deployments=[deployment],
         )
         for i in range(count)
     ]
 
 
-def deploy_many(plane: ControlPlane, op: OperatorProcess, count: int, timeout_s: float) -> ManyApps:
+def deploy_many(
+    plane: ControlPlane, op: OperatorProcess, count: int, timeout_s: float, replicas: int
+) -> ManyApps:
     """Apply ``count`` applications at once; wait until each is Ready or DEPLOY_FAILED."""
-    apps = many_applications(count)
+    apps = many_applications(count, replicas)
     names = {a["metadata"]["name"] for a in apps}
     start = time.monotonic()
     for first in range(0, count, BATCH):
@@ -492,7 +503,7 @@ def deploy_many(plane: ControlPlane, op: OperatorProcess, count: int, timeout_s:
     pods = plane.get("pods", namespace=NAMESPACE, selector="app.kubernetes.io/component=replica")
     running = sum(1 for p in pods["items"] if p.get("status", {}).get("phase") == "Running")
     load = os.getloadavg()
-    return ManyApps(count, elapsed, statuses, messages, running, load, op.rss_mib())
+    return ManyApps(count, replicas, elapsed, statuses, messages, running, load, op.rss_mib())
 
 
 # --------------------------------------------------------------------------- report
@@ -619,9 +630,11 @@ def rss_section(rss: dict[str, float], many: ManyApps | None) -> list[str]:
     lines += [
         "",
         f"The {many.count} applications (plus the one above) are `e2e_probe:app` with",
-        "`deployments: [{name: Probe, numReplicas: 1}]` and their own route prefixes, under the",
-        "one HeadOnly ServeInstance: each has a real build Job and one real replica pod (a local",
-        f"process). All {many.count} were created back to back (one POST each); after",
+        f"{many.replicas or 'no'} replica pods each"
+        + (" (autoscaling, minReplicas 0)" if not many.replicas else "")
+        + " and their own route prefixes, under the one HeadOnly ServeInstance: each has a real",
+        "build Job, Deployment, Service and status written by the operator. All",
+        f"{many.count} were created back to back (one POST each); after",
         f"{many.seconds_to_steady:.0f} s their statuses were {dict(many.statuses)}, with",
         f"{many.pods_running} replica pods Running. Load average then: {load} on",
         f"{os.cpu_count()} CPUs (replica pods, control plane and operator share this machine).",
@@ -716,7 +729,7 @@ def run(args: argparse.Namespace) -> str:
             if args.many:
                 print(f"(b) {args.many} applications", flush=True)
                 try:
-                    many = deploy_many(plane, op, args.many, args.many_timeout)
+                    many = deploy_many(plane, op, args.many, args.many_timeout, args.many_replicas)
                     rss[f"{args.many + 1}"] = many.rss_mib
                     label = f"{args.many + 1}"
                     windows.append(measure_idle(proxy, label, args.settle, args.window))
@@ -735,6 +748,12 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--many", type=int, default=100, help="applications for the RSS figure")
     parser.add_argument("--many-timeout", type=float, default=300)
+    parser.add_argument(
+        "--many-replicas",
+        type=int,
+        default=0,
+        help="replica pods per application of the RSS figure (0: autoscaling from zero)",
+    )
     parser.add_argument("--settle", type=float, default=20.0)
     parser.add_argument("--window", type=float, default=60.0)
     args = parser.parse_args()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import statistics
@@ -34,6 +35,8 @@ class LoadResult:
     url: str
     connections: int
     runs: list[Run] = field(default_factory=list)
+    #: 1-minute load average of the machine at the start and the end of the runs
+    load_average: tuple[float, float] = (0.0, 0.0)
 
     @property
     def median(self) -> Run:
@@ -89,8 +92,10 @@ def measure(setup: str, system: str, url: str, runs: int = RUNS) -> LoadResult:
     """A short warm-up, then ``runs`` runs of ``DURATION_S`` seconds."""
     result = LoadResult(setup, system, url, CONNECTIONS)
     wrk(url, WARMUP_S)
+    before = os.getloadavg()[0]
     for _ in range(runs):
         result.runs.append(wrk(url, DURATION_S))
+    result.load_average = (before, os.getloadavg()[0])
     m = result.median
     print(
         f"  {system:>15} | {setup:<28} {m.requests_per_s:9.0f} req/s  p50 {m.p50_ms:7.2f} ms"

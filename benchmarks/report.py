@@ -38,8 +38,8 @@ def load_table(results: dict[str, Any]) -> list[str]:
     direct = ks.get(_DIRECT, {}).get("requests_per_s")
     lines = [
         "| system | setup | conns | req/s (median of 3) | p50 ms | p99 ms | errors | vs Ray | "
-        "vs direct |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "vs direct | load avg |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for system, table in (("kubeserve", ks), ("Ray Serve 2.60", ray)):
         for setup, entry in table.items():
@@ -51,9 +51,15 @@ def load_table(results: dict[str, Any]) -> list[str]:
             errors = sum(r["errors"] for r in entry["runs"])
             lines.append(
                 f"| {system} | {setup} | {entry['connections']} | {entry['requests_per_s']:,.0f} | "
-                f"{run['p50_ms']:.2f} | {run['p99_ms']:.2f} | {errors} | {vs_ray} | {vs_direct} |"
+                f"{run['p50_ms']:.2f} | {run['p99_ms']:.2f} | {errors} | {vs_ray} | {vs_direct} | "
+                f"{_load(entry)} |"
             )
     return lines
+
+
+def _load(entry: dict[str, Any]) -> str:
+    before, after = entry.get("load_average", (0.0, 0.0))
+    return f"{before:.1f} -> {after:.1f}"
 
 
 def _percent(a: float | None, b: float | None) -> str:
@@ -152,9 +158,12 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "The machine is small (2 cores) and shared with other work (test suites of other "
         "engineers may run at the same time), so figures move by several percent between runs; "
-        "the bench was run when the load average was low. wrk, the serving system under test and "
+        "run it when the machine is as quiet as it gets (the load averages above and in the table "
+        "say how quiet it was). wrk, the serving system under test and "
         "its replicas all share the same 2 cores, so the load generator takes CPU away from the "
-        "system it measures (equally for both systems). One system runs at a time.",
+        "system it measures (equally for both systems). One system runs at a time. The `load avg` "
+        "column is the machine's 1-minute load average before and after a setup's runs: above "
+        "~3 (wrk + proxy + replica), something else was competing for the 2 cores.",
         "",
         f"wrk: {load.THREADS} thread, {load.CONNECTIONS} connections, {load.DURATION_S} s runs, "
         f"{load.RUNS} runs per setup after a {load.WARMUP_S} s warm-up; the table shows the "

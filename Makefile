@@ -18,7 +18,7 @@ venv: $(BIN)/.installed
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,kubernetes]'
 	touch $@
 
 # The real Ray 2.60 `serve` client, in its own virtualenv (cached across clones), for compatibility tests.

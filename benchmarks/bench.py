@@ -30,7 +30,7 @@ import load
 import report
 from systems import BENCH_DIR, Kubeserve, RayServe, ServeSystem, rss_mb
 
-CONTROL_PLANE_RUNS = 3
+CONTROL_PLANE_RUNS = 5
 
 
 def noop_app(import_path: str, replicas: int) -> dict[str, Any]:

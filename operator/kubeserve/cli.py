@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     operator.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
     operator.add_argument("--dashboard-host", default="0.0.0.0")
     operator.add_argument("--dashboard-port", type=int, default=8265)
+    operator.add_argument(
+        "--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)"
+    )
     operator.add_argument("--log-level", default=os.environ.get("KUBESERVE_LOG_LEVEL", "INFO"))
 
     for name, helptext in (
@@ -208,10 +211,12 @@ def _operator(args: argparse.Namespace) -> int:
         watch_namespaces=tuple(n for n in args.watch_namespaces.split(",") if n),
         kubeconfig=args.kubeconfig,
     )
-    return uvloop.run(_operate(settings, args.dashboard_host, args.dashboard_port))
+    return uvloop.run(
+        _operate(settings, args.dashboard_host, args.dashboard_port, args.metrics_port)
+    )
 
 
-async def _operate(settings: Any, host: str, port: int) -> int:
+async def _operate(settings: Any, host: str, port: int, metrics_port: int = 0) -> int:
     import kopf
 
     from kubeserve.api.server import create_app
@@ -236,6 +241,17 @@ async def _operate(settings: Any, host: str, port: int) -> int:
     runner = web.AppRunner(create_app(backend), access_log=None, shutdown_timeout=5)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
+    metrics_runner: web.AppRunner | None = None
+    if metrics_port:
+
+        async def metrics(_request: web.Request) -> web.Response:
+            return web.Response(text=operator.metrics(), content_type="text/plain")
+
+        metrics_app = web.Application()
+        metrics_app.add_routes([web.get("/metrics", metrics)])
+        metrics_runner = web.AppRunner(metrics_app, access_log=None)
+        await metrics_runner.setup()
+        await web.TCPSite(metrics_runner, host, metrics_port).start()
     registry = kopf.OperatorRegistry()
     register(registry, operator)
     namespaces = list(settings.watch_namespaces)
@@ -258,6 +274,8 @@ async def _operate(settings: Any, host: str, port: int) -> int:
     finally:
         stop_task.cancel()
         await runner.cleanup()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         await operator.close()
     return 0
 

@@ -18,6 +18,7 @@ class OperatorProcess:
     def __init__(self, plane: ControlPlane, namespace: str, log_path: Path) -> None:
         self.plane, self.namespace, self.log_path = plane, namespace, log_path
         self.port = free_port()
+        self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -25,7 +26,7 @@ class OperatorProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kubeserve.cli", "operator", "--namespace", self.namespace,
              "--watch-namespaces", self.namespace, "--dashboard-host", "127.0.0.1",
-             "--dashboard-port", str(self.port)],
+             "--dashboard-port", str(self.port), "--metrics-port", str(self.metrics_port)],
             env=self.plane.env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
         )  # fmt: skip
         wait_for(self._healthy, 60, what="the operator's health endpoint")

@@ -43,6 +43,9 @@ def test_serve_application_applied_with_kubectl_serves_traffic(
         return body if status == 200 else None
 
     body = wait_for(answers, 60, what="an answer through the proxy pod")
+    metrics = http("GET", f"http://127.0.0.1:{operator.metrics_port}/metrics")[1]
+    assert 'kubeserve_applications{status="RUNNING"} 1' in metrics
+    assert "kubeserve_operator_reconciles_total" in metrics
     replica_ips = {
         p["status"]["podIP"]
         for p in ready_pods(plane, namespace, "app.kubernetes.io/component=replica")

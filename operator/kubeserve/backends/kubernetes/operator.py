@@ -21,6 +21,7 @@ from kubeserve.backends.kubernetes.application import reconcile_application
 from kubeserve.backends.kubernetes.cache import ClusterCache
 from kubeserve.backends.kubernetes.context import OperatorContext
 from kubeserve.backends.kubernetes.instance import reconcile_instance
+from kubeserve.backends.kubernetes.metrics import metrics_text
 from kubeserve.runtime.kube import Kube, KubeError
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class Operator:
         self._wakeup = asyncio.Event()
         self.ctx: OperatorContext | None = None
         self._worker: asyncio.Task[None] | None = None
+        self.reconciles = 0
+        self.reconcile_errors = 0
 
     async def start(self) -> None:
         kube = await Kube.connect(self.settings.kubeconfig)
@@ -76,10 +79,25 @@ class Operator:
             latest = self.ctx.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
             if latest["metadata"].get("deletionTimestamp"):
                 return  # children go with it (ownerReferences); nothing to converge to
-            if obj["kind"] == "ServeInstance":
-                await reconcile_instance(self.ctx, latest)
-            else:
-                await reconcile_application(self.ctx, latest)
+            self.reconciles += 1
+            try:
+                if obj["kind"] == "ServeInstance":
+                    await reconcile_instance(self.ctx, latest)
+                else:
+                    await reconcile_application(self.ctx, latest)
+            except Exception:
+                self.reconcile_errors += 1
+                raise
+
+    def metrics(self) -> str:
+        """The Prometheus text of ``/metrics``."""
+        assert self.ctx is not None
+        return metrics_text(
+            self.reconciles,
+            self.reconcile_errors,
+            self.ctx.kube.requests,
+            self.ctx.cache.all("ServeApplication"),
+        )
 
     def _changed(self, kind: str, namespaces: set[str]) -> None:
         if self.ctx is None:

@@ -135,3 +135,11 @@ bench: venv ray-client
 .PHONY: bench-operator
 bench-operator: venv k8s-binaries
 	KUBESERVE_K8S_BIN=$(K8S_BIN) timeout 2400 $(BIN)/python benchmarks/operator_bench.py
+
+## Issue 4, item 3: the no-op app through the kubeserve proxy pod on the Kubernetes test cluster
+## (control plane of tests/kubernetes, pods as local processes on 127.0.0.x; about 2 minutes).
+## Writes benchmarks/results-kubernetes.json and adds its rows to benchmarks/results.md.
+.PHONY: bench-kubernetes
+bench-kubernetes: venv k8s-binaries
+	@command -v wrk >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q wrk; }
+	KUBESERVE_K8S_BIN=$(K8S_BIN) timeout 900 $(BIN)/python benchmarks/kubernetes_row.py

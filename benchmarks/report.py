@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import load
@@ -15,6 +17,22 @@ _RAY_TWIN = {
     "composed (ingress -> handle)": "composed (ingress -> handle)",
 }
 _DIRECT = "no-op, direct to replica"
+
+# Issue 4, item 3: the no-op app on the Kubernetes test cluster, written by kubernetes_row.py.
+KUBERNETES_SYSTEM = "kubeserve on Kubernetes (test cluster)"
+KUBERNETES_RESULTS = Path(__file__).resolve().parent / "results-kubernetes.json"
+_K8S_DIRECT = "no-op, direct to replica pod"
+_K8S_PROXY = "no-op via proxy pod, 1 replica"
+_K8S_RAY_TWIN = {_K8S_DIRECT: _RAY_TWIN[_DIRECT], _K8S_PROXY: "no-op via proxy, 1 replica"}
+
+
+def _kubernetes(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The cluster figures: in ``results`` when given, else ``results-kubernetes.json``."""
+    if results.get("kubernetes"):
+        return dict(results["kubernetes"])
+    if KUBERNETES_RESULTS.exists():
+        return dict(json.loads(KUBERNETES_RESULTS.read_text()))
+    return None
 
 
 def _loads(results: dict[str, Any], system: str) -> dict[str, dict[str, Any]]:
@@ -54,7 +72,49 @@ def load_table(results: dict[str, Any]) -> list[str]:
                 f"{run['p50_ms']:.2f} | {run['p99_ms']:.2f} | {errors} | {vs_ray} | {vs_direct} | "
                 f"{_load(entry)} |"
             )
+    k8s = _kubernetes(results)
+    k8s_loads = {r["setup"]: r for r in k8s["loads"]} if k8s else {}
+    k8s_direct = k8s_loads.get(_K8S_DIRECT, {}).get("requests_per_s")
+    for setup, entry in k8s_loads.items():
+        run = _median_run(entry)
+        twin = ray.get(_K8S_RAY_TWIN.get(setup, ""), {}).get("requests_per_s")
+        errors = sum(r["errors"] for r in entry["runs"])
+        lines.append(
+            f"| {KUBERNETES_SYSTEM} | {setup} | {entry['connections']} | "
+            f"{entry['requests_per_s']:,.0f} | {run['p50_ms']:.2f} | {run['p99_ms']:.2f} | "
+            f"{errors} | {_ratio(entry['requests_per_s'], twin)} | "
+            f"{_percent(entry['requests_per_s'], k8s_direct)} | {_load(entry)} |"
+        )
     return lines
+
+
+def kubernetes_note(results: dict[str, Any]) -> list[str]:
+    """What the cluster rows are, and the proxy pod against the embedded proxy row."""
+    k8s = _kubernetes(results)
+    if not k8s:
+        return []
+    rps = {r["setup"]: r["requests_per_s"] for r in k8s["loads"]}
+    embedded = _loads(results, "kubeserve").get("no-op via proxy, 1 replica", {})
+    m = k8s["machine"]
+    return [
+        "",
+        f"The `{KUBERNETES_SYSTEM}` rows were measured by `make bench-kubernetes` "
+        f"(`benchmarks/kubernetes_row.py`) on {m['date']} ({m['cpus']} CPUs, load average "
+        f"{' '.join(m['load_before'])} before, {' '.join(m.get('load_after', ['?']))} after), "
+        "with the same wrk settings: the test control plane of `tests/kubernetes` (etcd, "
+        f"kube-apiserver {k8s.get('kube_apiserver', '?')}, controller manager, scheduler, and the "
+        "kubelet stand-in that runs pods as local processes on 127.0.0.x) and `kubeserve "
+        "operator` run on the same 2 cores; a ServeInstance (HeadOnly proxy) and a "
+        "ServeApplication of the same no-op deployment (`tests/apps/bench_noop.py`, 1 replica, "
+        "`maxOngoingRequests: 100`). wrk loads the proxy pod's address (port 8000, `/noop`) and "
+        "the replica pod's (port 8000, `/`); `vs direct` on these rows is against the replica "
+        "pod. The cluster's own components keep using CPU while idle (etcd and kube-apiserver, "
+        "about a fifth of a core on this machine), which all processes feel, the replica and wrk "
+        "included; so the proxy pod is best compared with the replica pod of the same run. "
+        "The proxy pod reaches "
+        f"{_percent(rps.get(_K8S_PROXY), embedded.get('requests_per_s'))} of the req/s of the "
+        "embedded proxy row (`kubeserve | no-op via proxy, 1 replica`, measured in the main run).",
+    ]
 
 
 def _load(entry: dict[str, Any]) -> str:
@@ -183,6 +243,7 @@ def markdown(results: dict[str, Any]) -> str:
         "## Requests",
         "",
         *load_table(results),
+        *kubernetes_note(results),
         "",
         "## Control plane",
         "",

@@ -1,0 +1,181 @@
+"""Issue 4, item 3: the no-op app through the kubeserve proxy on the Kubernetes test cluster.
+
+    make bench-kubernetes
+    (or: KUBESERVE_K8S_BIN=~/.cache/kubeserve/k8s/v1.36.3/bin \\
+         .venv/bin/python benchmarks/kubernetes_row.py)
+
+Starts the test control plane of ``tests/kubernetes/k8s_control_plane.py`` (pods are local
+processes on 127.0.0.x), applies ``crds/``, starts ``kubeserve operator``, applies a
+ServeInstance (HeadOnly proxy, port 8000) and a ServeApplication of ``bench_noop:noop``
+(``tests/apps/bench_noop.py``, the same deployment as ``benchmarks/apps.py:noop``) with 1 replica
+and ``maxOngoingRequests: 100``, waits for Ready, then loads the proxy pod
+(``http://<proxy pod IP>:8000/noop``) and the replica pod directly
+(``http://<replica pod IP>:8000/``) with the settings of ``make bench`` (``load.py``).
+Everything is torn down at the end. The figures go to ``results-kubernetes.json``, and
+``results.md`` is rewritten from ``results.json`` plus them (``report.py`` adds the rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+sys.path[:0] = [str(BENCH_DIR), str(ROOT / "tests" / "kubernetes"), str(ROOT / "tests")]
+
+import bench  # noqa: E402
+import load  # noqa: E402
+import report  # noqa: E402
+from k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane  # noqa: E402
+from k8s_operator import OperatorProcess, application, instance, ready_pods  # noqa: E402
+
+from kubeserve_testing import http, wait_for  # noqa: E402
+
+NAMESPACE = "bench-k8s"
+APP = "noop"
+ROUTE = "/noop"
+PORT = 8000  # the ServeInstance's httpOptions.port, and every replica pod's port
+RESULTS = BENCH_DIR / "results-kubernetes.json"
+LOG = ROOT / "var" / "bench-kubernetes-operator.log"
+
+
+def wrk_loopback(url: str, seconds: int, connections: int = load.CONNECTIONS) -> load.Run:
+    """``load.wrk`` for pod addresses: the same wrk command, any loopback address allowed.
+
+    ``load.wrk`` accepts only 127.0.0.1; the test cluster's pods listen on their own loopback
+    address (127.0.0.x), which is still this machine and nothing else.
+    """
+    host = urlsplit(url).hostname or ""
+    if not ipaddress.ip_address(host).is_loopback:
+        raise ValueError(f"the bench only loads loopback addresses, not {url}")
+    wrk_bin = shutil.which("wrk")
+    if wrk_bin is None:
+        raise RuntimeError("wrk is not installed (make bench installs it with apt-get)")
+    out = subprocess.run(
+        [wrk_bin, f"-t{load.THREADS}", f"-c{connections}", f"-d{seconds}s", "--timeout", "5s",
+         "--latency", url],
+        capture_output=True, text=True, check=True, timeout=seconds + 30,
+    )  # fmt: skip
+    return load.parse_wrk(out.stdout)
+
+
+def measure(setup: str, url: str) -> load.LoadResult:
+    """``load.measure`` (same warm-up, runs and duration) with ``wrk_loopback`` as its wrk."""
+    original, load.wrk = load.wrk, wrk_loopback
+    try:
+        return load.measure(setup, report.KUBERNETES_SYSTEM, url)
+    finally:
+        load.wrk = original
+
+
+def prepare(plane: ControlPlane) -> None:
+    """The CRDs (established before the operator starts watching them) and the namespace."""
+    plane.kubectl("apply", "-f", str(ROOT / "crds"))
+    for crd in ("serveinstances.kubeserve.io", "serveapplications.kubeserve.io"):
+        plane.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    plane.kubectl("create", "namespace", NAMESPACE)
+    wait_for(lambda: plane.exists("serviceaccount", "default", NAMESPACE), 30, what="default SA")
+
+
+def deploy(plane: ControlPlane, operator: OperatorProcess) -> tuple[str, str]:
+    """Apply the ServeInstance and the application, wait for Ready; (proxy IP, replica IP)."""
+    plane.apply(instance(NAMESPACE, PORT))
+    plane.apply(
+        application(
+            NAMESPACE, APP, "bench_noop:noop", routePrefix=ROUTE,
+            deployments=[{"name": "Noop", "numReplicas": 1, "maxOngoingRequests": 100}],
+        )
+    )  # fmt: skip
+    for kind, name in (("serveinstance", "default"), ("serveapplication", APP)):
+        result = plane.kubectl(
+            "wait", "--for=condition=Ready", f"{kind}/{name}", "-n", NAMESPACE,
+            "--timeout=180s", check=False, timeout=200,
+        )  # fmt: skip
+        if result.returncode != 0:
+            pods = plane.kubectl("get", "pods,jobs,deploy", "-n", NAMESPACE, "-o", "wide").stdout
+            status = plane.get(kind, name, NAMESPACE).get("status")
+            raise RuntimeError(
+                f"{kind}/{name} not Ready: {result.stderr}\n{status}\n{pods}\n{operator.log()}"
+            )
+    ips = {}
+    for component in ("proxy", "replica"):
+        pods = wait_for(
+            lambda c=component: ready_pods(plane, NAMESPACE, f"app.kubernetes.io/component={c}"),
+            60,
+            what=f"a ready {component} pod",
+        )
+        if len(pods) != 1:
+            raise RuntimeError(f"expected one {component} pod, found {len(pods)}")
+        ips[component] = pods[0]["status"]["podIP"]
+    url = f"http://{ips['proxy']}:{PORT}{ROUTE}"
+    wait_for(lambda: _answers_ok(url), 60, what=f"ok from {url}")
+    return ips["proxy"], ips["replica"]
+
+
+def _answers_ok(url: str) -> bool:
+    try:
+        status, body = http("GET", url, timeout=5)
+    except OSError:
+        return False
+    return bool(status == 200 and body == "ok")
+
+
+def run() -> dict[str, Any]:
+    bin_dir = find_bin_dir()
+    if bin_dir is None:
+        raise SystemExit("no control-plane binaries: run `make k8s-binaries`")
+    machine = bench.machine()
+    print(f"load average before: {' '.join(machine['load_before'])}", flush=True)
+    with start_control_plane(bin_dir) as plane:
+        LOG.parent.mkdir(exist_ok=True)
+        LOG.unlink(missing_ok=True)
+        prepare(plane)
+        operator = OperatorProcess(plane, NAMESPACE, LOG)
+        try:
+            operator.start()
+            proxy_ip, replica_ip = deploy(plane, operator)
+            print(f"proxy pod {proxy_ip}, replica pod {replica_ip}", flush=True)
+            loads = [
+                measure("no-op, direct to replica pod", f"http://{replica_ip}:{PORT}/"),
+                measure("no-op via proxy pod, 1 replica", f"http://{proxy_ip}:{PORT}{ROUTE}"),
+            ]
+            version = plane.kubectl("version", "-o", "json", check=False).stdout
+        finally:
+            operator.stop()
+    machine["load_after"] = Path("/proc/loadavg").read_text().split()[:3]
+    server = json.loads(version or "{}").get("serverVersion", {}).get("gitVersion", "?")
+    return {
+        "machine": machine,
+        "kube_apiserver": server,
+        "loads": [asdict(r) | {"requests_per_s": r.requests_per_s} for r in loads],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=BENCH_DIR)
+    args = parser.parse_args()
+    figures = run()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / RESULTS.name).write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"wrote {args.out / RESULTS.name}")
+    main_results = args.out / "results.json"
+    if main_results.exists():
+        results = json.loads(main_results.read_text())
+        results["kubernetes"] = figures
+        (args.out / "results.md").write_text(report.markdown(results))
+        print(f"wrote {args.out / 'results.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

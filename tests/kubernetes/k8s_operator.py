@@ -105,3 +105,12 @@ def proxy_url(plane: ControlPlane, namespace: str, port: int = 8000) -> str:
         what="a ready proxy pod",
     )
     return f"http://{pods[0]['status']['podIP']}:{port}"
+
+
+def probe_answer(url: str) -> Any:
+    """The JSON answer of ``tests/apps/e2e_probe.py`` at ``url``/probe; None while unreachable."""
+    try:
+        status, body = http("GET", f"{url}/probe")
+    except OSError:
+        return None
+    return body if status == 200 else None

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 from k8s_control_plane import ControlPlane
-from k8s_operator import application, instance, proxy_url, ready_pods
-from test_operator import probe_answer
+from k8s_operator import application, instance, probe_answer, proxy_url, ready_pods
 
 from kubeserve_testing import wait_for
 

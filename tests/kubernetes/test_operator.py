@@ -10,6 +10,7 @@ from k8s_operator import (
     OperatorProcess,
     application,
     instance,
+    probe_answer,
     proxy_url,
     ready_pods,
     wait_ready,
@@ -62,14 +63,6 @@ def replica_pods(plane: ControlPlane, namespace: str) -> dict[str, int]:
         )
         for p in ready_pods(plane, namespace, "app.kubernetes.io/component=replica")
     }
-
-
-def probe_answer(url: str) -> Any:
-    try:
-        status, body = http("GET", f"{url}/probe")
-    except OSError:
-        return None
-    return body if status == 200 else None
 
 
 def deploy_probe(

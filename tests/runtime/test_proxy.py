@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -104,6 +105,10 @@ class FakeReplica:
             resp.headers.add("Set-Cookie", "a=1")
             resp.headers.add("Set-Cookie", "b=2")
             return resp
+        if tail == "hop":  # hop-by-hop headers the proxy must not pass on
+            return web.Response(
+                text="hop", headers={**headers, "Keep-Alive": "timeout=5", "Proxy-Connection": "x"}
+            )
         if tail == "slow":
             await self.release.wait()
             return web.Response(text="slow done", headers=headers)
@@ -126,6 +131,7 @@ class FakeReplica:
                 "path": request.path_qs,
                 "host": request.headers.get("Host"),
                 "x_multi": request.headers.getall("X-Multi", []),
+                "headers": sorted(name.lower() for name in request.headers),
             },
             headers=headers,
         )
@@ -456,5 +462,154 @@ def test_snapshot_updates_reach_the_proxy() -> None:
         await wait_for(lambda: c.proxy.state.routes.match("/zzz") is not None)
         async with s.get(c.url + "/zzz") as resp:
             assert (await resp.json())["replica"] == "ab0"
+
+    scenario(body)
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One Content-Length framed response from a raw connection."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return head, await reader.readexactly(length)
+
+
+def test_pipelined_requests_in_one_read_are_answered_in_order() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        writer.write(
+            b"GET /a/one HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+            b"GET /a/b/three HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        heads, payloads = [], []
+        for _ in range(3):
+            head, payload = await read_response(reader)
+            heads.append(head)
+            payloads.append(payload)
+        assert b'"/a/one"' in payloads[0]
+        assert payloads[1] == b'{"size": 5}'
+        assert b'"/a/b/three"' in payloads[2] and b'"ab0"' in payloads[2]
+        assert [b"Connection: close" in h for h in heads] == [False, False, True]
+        assert await reader.read() == b""  # and the connection ends after the last
+        writer.close()
+
+    scenario(body)
+
+
+def test_whole_requests_in_one_read_pass_verbatim_with_their_bodies() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        try:
+            for request in (
+                b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+                b"POST /a/size HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n",
+                b"GET /a/x?q=1 HTTP/1.1\r\nHost: verbatim.test\r\nX-Multi: a\r\nX-Multi: b\r\n\r\n",
+            ):
+                head, payload = await raw_request(reader, writer, request)
+                assert head.startswith(b"HTTP/1.1 200"), head
+                if b"/a/size" in request:
+                    assert payload == b'{"size": 5}'
+                else:
+                    seen = json.loads(payload)
+                    assert seen["path"] == "/a/x?q=1" and seen["host"] == "verbatim.test"
+                    assert seen["x_multi"] == ["a", "b"]
+        finally:
+            writer.close()
+
+    scenario(body)
+
+
+def test_a_request_split_across_many_reads() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        request = b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789"
+        for i in range(0, len(request), 7):
+            writer.write(request[i : i + 7])
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        head, payload = await read_response(reader)
+        assert head.startswith(b"HTTP/1.1 200") and payload == b'{"size": 10}'
+        writer.close()
+
+    scenario(body)
+
+
+def test_hop_by_hop_headers_are_dropped_both_ways() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        try:
+            head, payload = await raw_request(
+                reader,
+                writer,
+                b"GET /a/x HTTP/1.1\r\nHost: x\r\nKeep-Alive: timeout=9\r\nTE: trailers\r\n"
+                b"Proxy-Connection: keep-alive\r\nX-Kept: yes\r\n\r\n",
+            )
+            names = json.loads(payload)["headers"]
+            assert "x-kept" in names
+            assert not {"keep-alive", "te", "proxy-connection"} & set(names), names
+            head, payload = await raw_request(
+                reader, writer, b"GET /a/hop HTTP/1.1\r\nHost: x\r\n\r\n"
+            )
+            assert payload == b"hop" and b"X-Replica: a0" in head
+            assert b"Keep-Alive" not in head and b"Proxy-Connection" not in head
+        finally:
+            writer.close()
+
+    scenario(body)
+
+
+def test_http10_clients_get_their_keep_alive_spelled_out() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        for _ in range(2):  # kept alive because asked for
+            head, payload = await raw_request(
+                reader, writer, b"GET /a/x HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
+            )
+            assert head.startswith(b"HTTP/1.1 200") and b"Connection: keep-alive" in head
+            assert b"Transfer-Encoding" not in head
+        head, payload = await raw_request(reader, writer, b"GET /a/x HTTP/1.0\r\n\r\n")
+        assert b"Connection: close" in head and b'"/a/x"' in payload
+        assert await reader.read() == b""
+        writer.close()
+
+    scenario(body)
+
+
+def test_head_responses_have_no_body_and_keep_the_connection() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        try:
+            writer.write(b"HEAD /a/big HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200") and b"Content-Length: %d" % BIG in head
+            head, payload = await raw_request(
+                reader, writer, b"GET /a/x HTTP/1.1\r\nHost: x\r\n\r\n"
+            )
+            assert b'"/a/x"' in payload  # the next response starts right after the head
+        finally:
+            writer.close()
+
+    scenario(body)
+
+
+def test_expect_100_continue_is_relayed() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        try:
+            writer.write(
+                b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+                b"Expect: 100-continue\r\n\r\n"
+            )
+            interim = await reader.readuntil(b"\r\n\r\n")
+            assert interim.startswith(b"HTTP/1.1 100")
+            writer.write(b"abcd")
+            head, payload = await read_response(reader)
+            assert head.startswith(b"HTTP/1.1 200") and payload == b'{"size": 4}'
+        finally:
+            writer.close()
 
     scenario(body)

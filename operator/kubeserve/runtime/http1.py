@@ -10,6 +10,7 @@ from http import HTTPStatus
 
 __all__ = [
     "CHUNKED_END",
+    "HOP_OR_CHUNKED_NAME_LENGTHS",
     "HeaderKind",
     "chunk_prefix",
     "classify_header",
@@ -36,13 +37,16 @@ _HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade"}
 )
 # Lengths of the names that need a closer look: most headers are rejected by one len() and a set
-# lookup, without lower-casing the name (which allocates).
-_INTERESTING_LENGTHS = frozenset({2, 7, 10, 14, 16, 17})
+# lookup, without lower-casing the name (which allocates). A name of any other length is FORWARD.
+_SPECIAL_NAME_LENGTHS = frozenset({2, 7, 10, 14, 16, 17})
+#: Lengths of the HOP_BY_HOP and CHUNKED names: a caller that does not care about Content-Length
+#: can skip :func:`classify_header` for any other name.
+HOP_OR_CHUNKED_NAME_LENGTHS = _SPECIAL_NAME_LENGTHS - {14}
 
 
 def classify_header(name: bytes, value: bytes) -> int:
     """The :class:`HeaderKind` of one header."""
-    if len(name) not in _INTERESTING_LENGTHS:
+    if len(name) not in _SPECIAL_NAME_LENGTHS:
         return HeaderKind.FORWARD
     lname = name.lower()
     if lname in _HOP_BY_HOP:

@@ -333,10 +333,8 @@ class _Exchange:
         if not self.head_sent:
             self.head_sent = True
             raw = self.raw
-            if raw is not None:  # the whole request, nothing pending: one write
-                if self.sent is not None:
-                    self._remember((raw,))
-                up.transport.write(raw)
+            if raw is not None:  # the whole request, nothing pending: one write (and ``raw`` is
+                up.transport.write(raw)  # what a retry replays: nothing to remember)
                 return
             out = [self._head()]
             out += self.pending

@@ -168,6 +168,7 @@ class _Connection(asyncio.Protocol):
         self.serving: HttpRequest | None = None
         self.task: asyncio.Task[None] | None = None  # a strong reference while a handler waits
         self.idle_since = 0.0
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set on connect
         self.idle_timer: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
@@ -176,7 +177,9 @@ class _Connection(asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it: cast, not assert.
         self.transport = cast(asyncio.Transport, transport)
         self.server.connections.add(self)
-        self.idle_since = asyncio.get_running_loop().time()
+        # Kept, not looked up per request: on Python 3.11 get_running_loop() costs a getpid().
+        self.loop = asyncio.get_running_loop()
+        self.idle_since = self.loop.time()
         self._check_idle()
 
     def data_received(self, data: bytes) -> None:
@@ -267,12 +270,10 @@ class _Connection(asyncio.Protocol):
                 yielded = context.run(coro.send, None)
             except StopIteration:
                 continue
-            self.task = asyncio.get_running_loop().create_task(
-                _resume(coro, yielded, self._next), context=context
-            )
+            self.task = self.loop.create_task(_resume(coro, yielded, self._next), context=context)
             return
         self.serving = None
-        self.idle_since = asyncio.get_running_loop().time()
+        self.idle_since = self.loop.time()
 
     async def _serve(self, request: HttpRequest) -> None:
         try:
@@ -363,7 +364,7 @@ class _Connection(asyncio.Protocol):
 
     def _check_idle(self) -> None:
         # Lazy idle timer: re-armed for the remaining time instead of reset on every request.
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         timeout = self.server.keep_alive_timeout_s
         remaining = timeout - (loop.time() - self.idle_since)
         if self.serving is None and not self.queue and remaining <= 0:

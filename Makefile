@@ -119,11 +119,13 @@ e2e-kind-clean:
 	kind delete cluster --name $(KIND_CLUSTER)
 
 ## Benchmark kubeserve against Ray Serve 2.60 on this machine (127.0.0.1 only, about 10 minutes):
-## writes benchmarks/results.md and benchmarks/results.png. wrk comes from Debian; the plot is drawn
-## in a bench-only virtualenv with matplotlib ($(CACHE)/bench), the Ray side runs from $(RAY_VENV).
+## writes benchmarks/results.md and benchmarks/results.png. wrk and nginx (the reference proxy row)
+## come from Debian; the plot is drawn in a bench-only virtualenv with matplotlib ($(CACHE)/bench),
+## the Ray side runs from $(RAY_VENV).
 .PHONY: bench
 bench: venv ray-client
 	@command -v wrk >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q wrk; }
+	@command -v nginx >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx-light; }
 	@test -f $(CACHE)/bench/.installed || { $(PYTHON) -m venv $(CACHE)/bench && \
 		$(CACHE)/bench/bin/pip install -q matplotlib && touch $(CACHE)/bench/.installed; }
 	timeout 1800 $(BIN)/python benchmarks/bench.py --ray-venv $(RAY_VENV) \

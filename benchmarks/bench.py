@@ -4,7 +4,8 @@
         [--plot-python ~/.cache/kubeserve/bench/bin/python] [--only kubeserve|ray]
 
 For each system: deploy the no-op app (1 replica), load it directly (kubeserve only: the replica's
-own port) and through the proxy, scale it to 2 replicas and load again; deploy the composed example
+own port, in turns with the proxy and with nginx in front of the same replica, see nginx.py) and
+through the proxy, scale it to 2 replicas and load again; deploy the composed example
 and load it; time the control plane (deploy, user_config, scale 1 -> 4; three runs); read the RSS
 of the proxy, the replicas and the controller after the load. Then write ``results.json``,
 ``results.md`` and (with ``--plot-python``) ``results.png`` next to this file.
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import control_plane
 import load
+import nginx
 import report
 from systems import BENCH_DIR, Kubeserve, RayServe, ServeSystem, rss_mb
 
@@ -58,11 +60,21 @@ def _bench_started(system: ServeSystem, noop_path: str, composed_path: str) -> d
     system.put(one)
     system.wait_replicas("noop", "Noop", 1, 180)
     if isinstance(system, Kubeserve):
+        # The proxy's cost is judged against the replica alone (and against nginx in front of
+        # the same replica), so these three are measured in turns (load.measure_together).
         host, port = system.replica_address("noop", "Noop")
-        loads.append(
-            load.measure("no-op, direct to replica", system.name, f"http://{host}:{port}/")
-        )
-    loads.append(load.measure("no-op via proxy, 1 replica", system.name, f"{proxy}/noop"))
+        with nginx.reference_proxy(port) as reference:
+            together = [
+                ("no-op, direct to replica", system.name, f"http://{host}:{port}/"),
+                ("no-op via proxy, 1 replica", system.name, f"{proxy}/noop"),
+            ]
+            if reference is None:
+                print("  (no nginx: the reference row is left out)", flush=True)
+            else:
+                together.append((report.NGINX_SETUP, report.NGINX_SYSTEM, f"{reference}noop"))
+            loads += load.measure_together(together)
+    else:
+        loads.append(load.measure("no-op via proxy, 1 replica", system.name, f"{proxy}/noop"))
 
     two = [noop_app(noop_path, 2)]
     system.put(two)
@@ -124,6 +136,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "wrk": subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split("\n")[0],
         "load_before": Path("/proc/loadavg").read_text().split()[:3],
+        "nginx": nginx.version(),
     }
 
 

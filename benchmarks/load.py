@@ -103,3 +103,29 @@ def measure(setup: str, system: str, url: str, runs: int = RUNS) -> LoadResult:
         flush=True,
     )
     return result
+
+
+def measure_together(setups: list[tuple[str, str, str]], runs: int = RUNS) -> list[LoadResult]:
+    """Setups ``(setup, system, url)`` measured in turns: run 1 of each, then run 2 of each...
+
+    For figures compared as ratios (proxy vs direct): on a shared machine the background changes
+    over minutes, and taking the runs in turns exposes every setup to the same background.
+    """
+    results = [LoadResult(setup, system, url, CONNECTIONS) for setup, system, url in setups]
+    for result in results:
+        wrk(result.url, WARMUP_S)
+    before = os.getloadavg()[0]
+    for _ in range(runs):
+        for result in results:
+            result.runs.append(wrk(result.url, DURATION_S))
+    after = os.getloadavg()[0]
+    for result in results:
+        result.load_average = (before, after)
+        m = result.median
+        print(
+            f"  {result.system:>15} | {result.setup:<28} {m.requests_per_s:9.0f} req/s  "
+            f"p50 {m.p50_ms:7.2f} ms  p99 {m.p99_ms:7.2f} ms  "
+            f"errors {sum(r.errors for r in result.runs)}",
+            flush=True,
+        )
+    return results

@@ -21,15 +21,17 @@ def main(source: str, target: str) -> None:
     with open(source) as f:
         results = json.load(f)
     labels, rps, p99, colors = [], [], [], []
-    palette = {"kubeserve": "#1f77b4", "ray": "#d62728"}
+    palette = {"kubeserve": "#1f77b4", "ray": "#d62728", "nginx": "#7f7f7f"}
     for system, figures in results["systems"].items():
-        name = "kubeserve" if system == "kubeserve" else "Ray Serve 2.60"
         for entry in figures["loads"]:
+            # The nginx reference row travels with kubeserve's loads (same runs, same replica).
+            kind = "nginx" if entry["system"].startswith("nginx") else system
+            name = {"kubeserve": "kubeserve", "ray": "Ray Serve 2.60"}.get(kind, entry["system"])
             runs = sorted(entry["runs"], key=lambda r: r["requests_per_s"])
             labels.append(f"{name}\n{entry['setup']}")
             rps.append(entry["requests_per_s"])
             p99.append(runs[len(runs) // 2]["p99_ms"])
-            colors.append(palette[system])
+            colors.append(palette[kind])
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8.5), sharex=True)
     positions = range(len(labels))
     top.bar(positions, rps, color=colors)

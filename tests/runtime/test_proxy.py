@@ -246,6 +246,11 @@ async def raw_request(
 ) -> tuple[bytes, bytes]:
     """Send one request on a raw connection, read one response (Content-Length framed)."""
     writer.write(req)
+    return await read_response(reader)
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One Content-Length framed response from a raw connection."""
     head = await reader.readuntil(b"\r\n\r\n")
     length = 0
     for line in head.split(b"\r\n"):
@@ -464,16 +469,6 @@ def test_snapshot_updates_reach_the_proxy() -> None:
             assert (await resp.json())["replica"] == "ab0"
 
     scenario(body)
-
-
-async def read_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
-    """One Content-Length framed response from a raw connection."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    return head, await reader.readexactly(length)
 
 
 def test_pipelined_requests_in_one_read_are_answered_in_order() -> None:

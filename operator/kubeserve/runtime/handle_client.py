@@ -26,12 +26,12 @@ A pool whose replica left the snapshot is closed.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+from typing import Any
 
 import httptools
 
-from kubeserve.runtime import local_socket
 from kubeserve.runtime.discovery import Discovery, EndpointSource
+from kubeserve.runtime.keepalive import IdlePool, KeepAliveConnection, connect, pool_for
 from kubeserve.runtime.router import NoReplicaAvailable, Replica, Router
 from kubeserve.runtime.wire import (
     CALL_PREFIX,
@@ -127,25 +127,17 @@ class HandleClient:
         )
 
     def _pool(self, replica: Replica) -> _CallPool:
-        pool = self._pools.get(replica.replica_id)
-        if pool is None or pool.host != replica.host or pool.port != replica.port:
-            if pool is not None:
-                pool.close()
-            pool = self._pools[replica.replica_id] = _CallPool(replica.host, replica.port)
-        return pool
+        return pool_for(self._pools, replica.replica_id, replica.host, replica.port, _CallPool)
 
 
-class _CallPool:
-    """Idle keep-alive connections to one replica (LIFO) and the request heads sent to it."""
+class _CallPool(IdlePool["_CallConnection"]):
+    """Idle keep-alive connections to one replica and the request heads sent to it."""
 
-    __slots__ = ("closed", "heads", "host", "idle", "port")
+    __slots__ = ("heads",)
 
     def __init__(self, host: str, port: int) -> None:
-        self.host = host
-        self.port = port
-        self.idle: list[_CallConnection] = []
+        super().__init__(host, port)
         self.heads: dict[str, bytes] = {}
-        self.closed = False
 
     def head(self, method: str) -> bytes:
         """``POST /-/call/<method>`` up to ``Content-Length: ``; formatted once per method."""
@@ -158,41 +150,22 @@ class _CallPool:
         return head
 
     async def call(self, method: str, body: bytes) -> tuple[int, bytes]:
-        conn = self._take()
-        if conn is None:
-            # Same host: the replica's unix socket, cheaper per call than loopback TCP.
-            conn = await local_socket.connect(_CallConnection, self.host, self.port)
-        if conn is None:
-            loop = asyncio.get_running_loop()
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                _, conn = await loop.create_connection(_CallConnection, self.host, self.port)
+        conn = self.take() or await connect(
+            _CallConnection, self.host, self.port, CONNECT_TIMEOUT_S
+        )
         try:
             status, answer, keep_alive = await conn.request(self.head(method), body)
         except BaseException:  # lost, or the caller was cancelled: the answer may still come
             conn.close()
             raise
-        if keep_alive and not self.closed and conn.usable():
-            self.idle.append(conn)
+        if keep_alive and conn.usable():
+            self.put(conn)
         else:
             conn.close()
         return status, answer
 
-    def _take(self) -> _CallConnection | None:
-        idle = self.idle
-        while idle:
-            conn = idle.pop()
-            if conn.usable():
-                return conn
-        return None
 
-    def close(self) -> None:
-        self.closed = True
-        idle, self.idle = self.idle, []
-        for conn in idle:
-            conn.close()
-
-
-class _CallConnection(asyncio.Protocol):
+class _CallConnection(KeepAliveConnection):
     """One keep-alive connection to a replica carrying one call at a time.
 
     Invariant: ``waiter`` is set from the moment a request is written until its response is
@@ -200,14 +173,10 @@ class _CallConnection(asyncio.Protocol):
     """
 
     def __init__(self) -> None:
-        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connect
+        super().__init__()
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future[tuple[int, bytes, bool]] | None = None
         self.body: list[bytes] = []
-        self.closed = False
-
-    def usable(self) -> bool:
-        return not self.closed and not self.transport.is_closing()
 
     def request(self, head: bytes, body: bytes) -> asyncio.Future[tuple[int, bytes, bool]]:
         waiter = self.waiter = asyncio.get_running_loop().create_future()
@@ -215,16 +184,7 @@ class _CallConnection(asyncio.Protocol):
         self.transport.writelines((head, b"%d\r\n\r\n" % len(body), body))
         return waiter
 
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.transport.close()
-
     # -- asyncio.Protocol ------------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it: cast, not assert.
-        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         try:

@@ -47,7 +47,7 @@ from typing import cast
 import httptools
 
 from kubeserve.control.routes import RouteTable
-from kubeserve.runtime import local_socket
+from kubeserve.runtime import keepalive
 from kubeserve.runtime.discovery import Discovery, EndpointSource
 from kubeserve.runtime.http1 import (
     CHUNKED_END,
@@ -57,6 +57,7 @@ from kubeserve.runtime.http1 import (
     classify_header,
     local_response,
 )
+from kubeserve.runtime.keepalive import IdlePool, KeepAliveConnection, pool_for
 from kubeserve.runtime.router import NoReplicaAvailable, Replica, Router
 from kubeserve.runtime.wire import HEALTHZ_PATH, Snapshot, deployment_key
 
@@ -146,12 +147,7 @@ class ProxyState:
         return key
 
     def pool(self, replica: Replica) -> _UpstreamPool:
-        pool = self.pools.get(replica.replica_id)
-        if pool is None or pool.host != replica.host or pool.port != replica.port:
-            if pool is not None:
-                pool.close()
-            pool = self.pools[replica.replica_id] = _UpstreamPool(replica.host, replica.port)
-        return pool
+        return pool_for(self.pools, replica.replica_id, replica.host, replica.port, _UpstreamPool)
 
     def close(self) -> None:
         for pool in self.pools.values():
@@ -161,50 +157,13 @@ class ProxyState:
             conn.close()
 
 
-class _UpstreamPool:
-    """Idle keep-alive connections to one replica (LIFO: the most recently used is reused first)."""
+class _UpstreamPool(IdlePool["UpstreamConnection"]):
+    """Idle keep-alive connections to one replica, and new ones on demand."""
 
-    __slots__ = ("closed", "host", "idle", "port")
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host = host
-        self.port = port
-        self.idle: list[UpstreamConnection] = []
-        self.closed = False
-
-    def take(self) -> UpstreamConnection | None:
-        idle = self.idle
-        while idle:
-            conn = idle.pop()
-            if conn.usable():
-                return conn
-        return None
+    __slots__ = ()
 
     async def connect(self) -> UpstreamConnection:
-        """A new connection: the replica's same-host unix socket when it has one, else TCP."""
-        factory = lambda: UpstreamConnection(self)  # noqa: E731
-        conn = await local_socket.connect(factory, self.host, self.port)
-        if conn is None:
-            _, conn = await asyncio.get_running_loop().create_connection(
-                factory, self.host, self.port
-            )
-        return conn
-
-    def put(self, conn: UpstreamConnection) -> None:
-        if self.closed:
-            conn.close()
-        else:
-            self.idle.append(conn)
-
-    def discard(self, conn: UpstreamConnection) -> None:
-        with contextlib.suppress(ValueError):
-            self.idle.remove(conn)
-
-    def close(self) -> None:
-        self.closed = True
-        idle, self.idle = self.idle, []
-        for conn in idle:
-            conn.close()
+        return await keepalive.connect(lambda: UpstreamConnection(self), self.host, self.port)
 
 
 class _Exchange:
@@ -693,7 +652,7 @@ class ClientConnection(asyncio.Protocol):
         self.idle_timer = loop.call_later(max(remaining, 0.0) or timeout, self._check_idle)
 
 
-class UpstreamConnection(asyncio.Protocol):
+class UpstreamConnection(KeepAliveConnection):
     """One keep-alive connection to a replica; parses its responses and streams them to a client.
 
     Invariant: ``exchange`` is set while a request is on this connection and ``None`` while the
@@ -703,11 +662,10 @@ class UpstreamConnection(asyncio.Protocol):
     """
 
     def __init__(self, pool: _UpstreamPool) -> None:
+        super().__init__()
         self.pool = pool
-        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connect
         self.parser = httptools.HttpResponseParser(self)
         self.exchange: _Exchange | None = None
-        self.closed = False
         self.out: list[bytes | bytearray] = []
         self.headers: list[tuple[bytes, bytes]] = []
         self.status = 0
@@ -725,20 +683,11 @@ class UpstreamConnection(asyncio.Protocol):
         self.keep_alive = False
         self.reset_parser = False
 
-    def usable(self) -> bool:
-        return not self.closed and not self.transport.is_closing()
-
     def close(self) -> None:
         self.exchange = None
-        if not self.closed:
-            self.closed = True
-            self.transport.close()
+        super().close()
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it: cast, not assert.
-        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         ex = self.exchange

@@ -1,0 +1,113 @@
+"""Keep-alive connections to replicas, pooled per replica: shared by the proxy and handle client.
+
+Both talk HTTP/1.1 to replicas, one request at a time per connection, and keep each connection for
+the next request; they differ only in what they do with a response (the proxy streams it to a
+client, the handle client hands a result to an awaiting caller). So this module holds the
+bookkeeping both need and nothing about requests:
+
+* :class:`KeepAliveConnection`, the base of their protocols: ``closed`` once either side closed it,
+  ``usable()`` while it may carry another request;
+* :class:`IdlePool`, the idle connections to one replica, LIFO (the most recently used connection
+  is the warmest: its buffers are in cache and the replica has not timed it out);
+* :func:`pool_for`, one pool per replica, replaced when the replica's address changes;
+* :func:`connect`, a new connection: the replica's same-host unix socket when it has one
+  (:mod:`~kubeserve.runtime.local_socket`), else TCP.
+
+Ownership: a pool owns its idle connections (closing the pool closes them); a connection taken from
+a pool belongs to its taker until it is put back or closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Generic, TypeVar, cast
+
+from kubeserve.runtime import local_socket
+
+__all__ = ["IdlePool", "KeepAliveConnection", "connect", "pool_for"]
+
+
+class KeepAliveConnection(asyncio.Protocol):
+    """A connection to a replica that may carry one request after another."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connect
+        self.closed = False
+
+    def usable(self) -> bool:
+        return not self.closed and not self.transport.is_closing()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it: cast, not assert.
+        self.transport = cast(asyncio.Transport, transport)
+
+
+C = TypeVar("C", bound=KeepAliveConnection)
+P = TypeVar("P", bound="IdlePool")  # type: ignore[type-arg]
+
+
+class IdlePool(Generic[C]):
+    """Idle keep-alive connections to one replica (LIFO: the most recently used is reused first)."""
+
+    __slots__ = ("closed", "host", "idle", "port")
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.idle: list[C] = []
+        self.closed = False
+
+    def take(self) -> C | None:
+        idle = self.idle
+        while idle:
+            conn = idle.pop()
+            if conn.usable():
+                return conn
+        return None
+
+    def put(self, conn: C) -> None:
+        if self.closed:
+            conn.close()
+        else:
+            self.idle.append(conn)
+
+    def discard(self, conn: C) -> None:
+        with contextlib.suppress(ValueError):
+            self.idle.remove(conn)
+
+    def close(self) -> None:
+        self.closed = True
+        idle, self.idle = self.idle, []
+        for conn in idle:
+            conn.close()
+
+
+def pool_for(
+    pools: dict[str, P], replica_id: str, host: str, port: int, make: Callable[[str, int], P]
+) -> P:
+    """The pool of ``replica_id`` in ``pools``; a new one (the old one closed) when the replica's
+    address changed."""
+    pool = pools.get(replica_id)
+    if pool is None or pool.host != host or pool.port != port:
+        if pool is not None:
+            pool.close()
+        pool = pools[replica_id] = make(host, port)
+    return pool
+
+
+async def connect(
+    factory: Callable[[], C], host: str, port: int, timeout_s: float | None = None
+) -> C:
+    """A new connection to the replica on ``host:port``: same-host unix socket, else TCP."""
+    conn = await local_socket.connect(factory, host, port)
+    if conn is None:
+        async with asyncio.timeout(timeout_s):
+            _, conn = await asyncio.get_running_loop().create_connection(factory, host, port)
+    return conn

@@ -608,3 +608,19 @@ def test_expect_100_continue_is_relayed() -> None:
             writer.close()
 
     scenario(body)
+
+
+def test_a_route_change_reaches_paths_already_served() -> None:
+    # The proxy remembers each path's deployment; a new route table must replace that memory.
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        async with s.get(c.url + "/a/x") as resp:
+            assert (await resp.json())["replica"] == "a0"
+        await c.controller.set(
+            [{"route_prefix": "/a", "app": "app", "deployment": "AB"}],
+            {"app#AB": {"max_ongoing_requests": 5, "replicas": [c.replicas["ab0"].endpoint()]}},  # type: ignore[list-item]
+        )
+        await wait_for(lambda: "app#A" not in c.proxy.state.keys.values())
+        async with s.get(c.url + "/a/x") as resp:
+            assert (await resp.json())["replica"] == "ab0"
+
+    scenario(body)

@@ -18,15 +18,11 @@ Everything is torn down at the end. The figures go to ``results-kubernetes.json`
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
-import shutil
-import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -36,7 +32,13 @@ import bench  # noqa: E402
 import load  # noqa: E402
 import report  # noqa: E402
 from k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane  # noqa: E402
-from k8s_operator import OperatorProcess, application, instance, ready_pods  # noqa: E402
+from k8s_operator import (  # noqa: E402
+    OperatorProcess,
+    application,
+    install_crds,
+    instance,
+    ready_pods,
+)
 
 from kubeserve_testing import http, wait_for  # noqa: E402
 
@@ -46,44 +48,6 @@ ROUTE = "/noop"
 PORT = 8000  # the ServeInstance's httpOptions.port, and every replica pod's port
 RESULTS = BENCH_DIR / "results-kubernetes.json"
 LOG = ROOT / "var" / "bench-kubernetes-operator.log"
-
-
-def wrk_loopback(url: str, seconds: int, connections: int = load.CONNECTIONS) -> load.Run:
-    """``load.wrk`` for pod addresses: the same wrk command, any loopback address allowed.
-
-    ``load.wrk`` accepts only 127.0.0.1; the test cluster's pods listen on their own loopback
-    address (127.0.0.x), which is still this machine and nothing else.
-    """
-    host = urlsplit(url).hostname or ""
-    if not ipaddress.ip_address(host).is_loopback:
-        raise ValueError(f"the bench only loads loopback addresses, not {url}")
-    wrk_bin = shutil.which("wrk")
-    if wrk_bin is None:
-        raise RuntimeError("wrk is not installed (make bench installs it with apt-get)")
-    out = subprocess.run(
-        [wrk_bin, f"-t{load.THREADS}", f"-c{connections}", f"-d{seconds}s", "--timeout", "5s",
-         "--latency", url],
-        capture_output=True, text=True, check=True, timeout=seconds + 30,
-    )  # fmt: skip
-    return load.parse_wrk(out.stdout)
-
-
-def measure(setup: str, url: str) -> load.LoadResult:
-    """``load.measure`` (same warm-up, runs and duration) with ``wrk_loopback`` as its wrk."""
-    original, load.wrk = load.wrk, wrk_loopback
-    try:
-        return load.measure(setup, report.KUBERNETES_SYSTEM, url)
-    finally:
-        load.wrk = original
-
-
-def prepare(plane: ControlPlane) -> None:
-    """The CRDs (established before the operator starts watching them) and the namespace."""
-    plane.kubectl("apply", "-f", str(ROOT / "crds"))
-    for crd in ("serveinstances.kubeserve.io", "serveapplications.kubeserve.io"):
-        plane.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
-    plane.kubectl("create", "namespace", NAMESPACE)
-    wait_for(lambda: plane.exists("serviceaccount", "default", NAMESPACE), 30, what="default SA")
 
 
 def deploy(plane: ControlPlane, operator: OperatorProcess) -> tuple[str, str]:
@@ -138,15 +102,24 @@ def run() -> dict[str, Any]:
     with start_control_plane(bin_dir) as plane:
         LOG.parent.mkdir(exist_ok=True)
         LOG.unlink(missing_ok=True)
-        prepare(plane)
+        install_crds(plane)
+        plane.add_namespace(NAMESPACE)
         operator = OperatorProcess(plane, NAMESPACE, LOG)
         try:
             operator.start()
             proxy_ip, replica_ip = deploy(plane, operator)
             print(f"proxy pod {proxy_ip}, replica pod {replica_ip}", flush=True)
             loads = [
-                measure("no-op, direct to replica pod", f"http://{replica_ip}:{PORT}/"),
-                measure("no-op via proxy pod, 1 replica", f"http://{proxy_ip}:{PORT}{ROUTE}"),
+                load.measure(
+                    "no-op, direct to replica pod",
+                    report.KUBERNETES_SYSTEM,
+                    f"http://{replica_ip}:{PORT}/",
+                ),
+                load.measure(
+                    "no-op via proxy pod, 1 replica",
+                    report.KUBERNETES_SYSTEM,
+                    f"http://{proxy_ip}:{PORT}{ROUTE}",
+                ),
             ]
             version = plane.kubectl("version", "-o", "json", check=False).stdout
         finally:

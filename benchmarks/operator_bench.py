@@ -22,7 +22,6 @@ import os
 import platform
 import ssl
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -41,10 +40,10 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "kubernetes"), str(ROOT / "tests")]
 
-from fake_kubelet import die_with_parent  # noqa: E402
 from k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane  # noqa: E402
+from k8s_operator import OperatorProcess, install_crds  # noqa: E402
 
-from kubeserve_testing import free_port, http, wait_for  # noqa: E402
+from kubeserve_testing import free_port, wait_for  # noqa: E402
 
 NAMESPACE = "bench"
 GROUP_PATH = "/apis/kubeserve.io/v1beta1/namespaces"
@@ -237,55 +236,6 @@ def proxy_kubeconfig(path: Path, port: int, token: str) -> Path:
 
 
 # --------------------------------------------------------------------------- operator process
-
-
-class OperatorProcess:
-    """``kubeserve operator`` talking to the cluster through the counting proxy."""
-
-    def __init__(self, plane: ControlPlane, kubeconfig: Path, log_path: Path) -> None:
-        self.plane, self.kubeconfig, self.log_path = plane, kubeconfig, log_path
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kubeserve.cli", "operator", "--namespace", NAMESPACE,
-                 "--watch-namespaces", NAMESPACE, "--dashboard-host", "127.0.0.1",
-                 "--dashboard-port", str(self.port)],
-                env=self.plane.env(self.kubeconfig), stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, cwd=ROOT,
-                preexec_fn=die_with_parent,  # no orphan even if this script is killed
-            )  # fmt: skip
-        wait_for(self._healthy, 60, interval_s=0.2, what="the operator's health endpoint")
-
-    def _healthy(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"operator exited:\n{self.log_tail()}")
-        try:
-            return http("GET", f"http://127.0.0.1:{self.port}/-/healthz", timeout=2)[0] == 200
-        except OSError:
-            return False
-
-    def rss_mib(self) -> float:
-        assert self.proc is not None
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        kib = next(int(line.split()[1]) for line in status.splitlines() if line[:6] == "VmRSS:")
-        return kib / 1024
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def log_tail(self, chars: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
 
 
 # --------------------------------------------------------------------------- custom resources
@@ -685,7 +635,7 @@ def operator_behind_proxy(plane: ControlPlane) -> Iterator[tuple[OperatorProcess
     kubeconfig = proxy_kubeconfig(
         plane.work_dir / "bench-operator.kubeconfig", proxy.port, plane.token
     )
-    op = OperatorProcess(plane, kubeconfig, LOG)
+    op = OperatorProcess(plane, NAMESPACE, LOG, kubeconfig=kubeconfig)
     try:
         op.start()
         yield op, proxy
@@ -694,21 +644,14 @@ def operator_behind_proxy(plane: ControlPlane) -> Iterator[tuple[OperatorProcess
         proxy.stop()
 
 
-def apply_crds(plane: ControlPlane) -> None:
-    plane.kubectl("apply", "-f", str(ROOT / "crds"))
-    for crd in ("serveinstances.kubeserve.io", "serveapplications.kubeserve.io"):
-        plane.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
-    plane.kubectl("create", "namespace", NAMESPACE)
-    wait_for(lambda: plane.exists("serviceaccount", "default", NAMESPACE), 30, what="default SA")
-
-
 def run(args: argparse.Namespace) -> str:
     bin_dir = find_bin_dir()
     if bin_dir is None:
         raise SystemExit("no control-plane binaries: run `make k8s-binaries`")
     load_start = os.getloadavg()
     with start_control_plane(bin_dir) as plane:
-        apply_crds(plane)
+        install_crds(plane)
+        plane.add_namespace(NAMESPACE)
         with operator_behind_proxy(plane) as (op, proxy):
             time.sleep(args.settle)
             rss = {"0": op.rss_mib()}

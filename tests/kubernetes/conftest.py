@@ -19,9 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane
-from k8s_operator import ROOT, OperatorProcess
-
-from kubeserve_testing import wait_for
+from k8s_operator import OperatorProcess, install_crds
 
 
 @pytest.fixture(scope="session")
@@ -45,18 +43,7 @@ def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
 
 @pytest.fixture(scope="session")
 def crds(control_plane: ControlPlane) -> None:
-    control_plane.kubectl("apply", "-f", str(ROOT / "crds"))
-    for crd in ("serveinstances.kubeserve.io", "serveapplications.kubeserve.io"):
-        wait_for(
-            lambda crd=crd: (
-                control_plane.kubectl(
-                    "wait", "--for=condition=Established", f"crd/{crd}", "--timeout=5s", check=False
-                ).returncode
-                == 0
-            ),
-            60,
-            what=f"{crd} Established",
-        )
+    install_crds(control_plane)
 
 
 @pytest.fixture

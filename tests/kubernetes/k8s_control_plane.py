@@ -308,13 +308,17 @@ class ControlPlane:
         name = (
             f"{re.sub(r'[^a-z0-9-]', '-', prefix.lower())[:40].strip('-')}-{secrets.token_hex(3)}"
         )
+        self.add_namespace(name)
+        return name
+
+    def add_namespace(self, name: str) -> None:
+        """Create namespace ``name`` and wait for its default service account (pods need it)."""
         self.kubectl("create", "namespace", name)
         wait_for(
             lambda: self.exists("serviceaccount", "default", name),
             30,
             what=f"the default service account in {name}",
         )
-        return name
 
     def delete_namespace(self, name: str) -> None:
         self.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")

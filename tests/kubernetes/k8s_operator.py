@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fake_kubelet import die_with_parent
 from k8s_control_plane import ControlPlane
 
 from kubeserve_testing import free_port, http, wait_for
@@ -14,22 +15,51 @@ from kubeserve_testing import free_port, http, wait_for
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def install_crds(plane: ControlPlane) -> None:
+    """Apply ``crds/`` and wait until both CRDs are Established (served by the API server)."""
+    plane.kubectl("apply", "-f", str(ROOT / "crds"))
+    for crd in ("serveinstances.kubeserve.io", "serveapplications.kubeserve.io"):
+        wait_for(
+            lambda crd=crd: (
+                plane.kubectl(
+                    "wait", "--for=condition=Established", f"crd/{crd}", "--timeout=5s", check=False
+                ).returncode
+                == 0
+            ),
+            60,
+            what=f"{crd} Established",
+        )
+
+
 class OperatorProcess:
-    def __init__(self, plane: ControlPlane, namespace: str, log_path: Path) -> None:
+    """``kubeserve operator`` watching one namespace; ``kubeconfig`` defaults to the cluster's
+    own (the operator benchmark passes one that goes through its request-counting proxy)."""
+
+    def __init__(
+        self,
+        plane: ControlPlane,
+        namespace: str,
+        log_path: Path,
+        *,
+        kubeconfig: Path | None = None,
+    ) -> None:
         self.plane, self.namespace, self.log_path = plane, namespace, log_path
+        self.kubeconfig = kubeconfig
         self.port = free_port()
         self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kubeserve.cli", "operator", "--namespace", self.namespace,
-             "--watch-namespaces", self.namespace, "--dashboard-host", "127.0.0.1",
-             "--dashboard-port", str(self.port), "--metrics-port", str(self.metrics_port)],
-            env=self.plane.env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-        )  # fmt: skip
-        wait_for(self._healthy, 60, what="the operator's health endpoint")
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kubeserve.cli", "operator", "--namespace", self.namespace,
+                 "--watch-namespaces", self.namespace, "--dashboard-host", "127.0.0.1",
+                 "--dashboard-port", str(self.port), "--metrics-port", str(self.metrics_port)],
+                env=self.plane.env(self.kubeconfig), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, cwd=ROOT,
+                preexec_fn=die_with_parent,  # no orphan operator, even if the caller is killed
+            )  # fmt: skip
+        wait_for(self._healthy, 60, interval_s=0.2, what="the operator's health endpoint")
 
     def _healthy(self) -> bool:
         assert self.proc is not None
@@ -51,6 +81,12 @@ class OperatorProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
+
+    def rss_mib(self) -> float:
+        assert self.proc is not None
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        kib = next(int(line.split()[1]) for line in status.splitlines() if line[:6] == "VmRSS:")
+        return kib / 1024
 
 
 def instance(namespace: str, port: int = 8000) -> dict[str, Any]:

@@ -231,20 +231,7 @@ def test_behind_the_proxy_streams_and_large_bodies_pass() -> None:
     async def go() -> None:
         app = App()
         server, port = await serve(app)
-        snapshot: Snapshot = {
-            "version": 1,
-            "routes": [{"route_prefix": "/", "app": "a", "deployment": "D"}],
-            "deployments": {
-                "a#D": {
-                    "max_ongoing_requests": 8,
-                    "replicas": [{"replica_id": "r", "host": "127.0.0.1", "port": port}],
-                }
-            },
-        }
-
-        proxy = ProxyServer("127.0.0.1", 0, source=_Static(snapshot))
-        proxy.source.apply = proxy.state.apply  # type: ignore[attr-defined]
-        await proxy.start()
+        proxy = await proxy_in_front_of(port)
         base = f"http://127.0.0.1:{proxy.port}"
         try:
             async with aiohttp.ClientSession() as session:
@@ -289,19 +276,7 @@ def test_same_host_unix_socket_is_preferred_and_tcp_is_the_fallback() -> None:
             return await app(request)
 
         replica_server.handler = answer
-        snapshot: Snapshot = {
-            "version": 1,
-            "routes": [{"route_prefix": "/", "app": "a", "deployment": "D"}],
-            "deployments": {
-                "a#D": {
-                    "max_ongoing_requests": 8,
-                    "replicas": [{"replica_id": "r", "host": "127.0.0.1", "port": port}],
-                }
-            },
-        }
-        proxy = ProxyServer("127.0.0.1", 0, source=_Static(snapshot))
-        proxy.source.apply = proxy.state.apply  # type: ignore[attr-defined]
-        await proxy.start()
+        proxy = await proxy_in_front_of(port)
         try:
             async with aiohttp.ClientSession() as session:
                 for _ in range(3):
@@ -313,6 +288,25 @@ def test_same_host_unix_socket_is_preferred_and_tcp_is_the_fallback() -> None:
             tcp.close()
 
     run(go())
+
+
+async def proxy_in_front_of(port: int) -> ProxyServer:
+    """A started proxy routing ``/`` to the one replica on ``127.0.0.1:port``."""
+    snapshot: Snapshot = {
+        "version": 1,
+        "routes": [{"route_prefix": "/", "app": "a", "deployment": "D"}],
+        "deployments": {
+            "a#D": {
+                "max_ongoing_requests": 8,
+                "replicas": [{"replica_id": "r", "host": "127.0.0.1", "port": port}],
+            }
+        },
+    }
+    source = _Static(snapshot)
+    proxy = ProxyServer("127.0.0.1", 0, source=source)
+    source.apply = proxy.state.apply
+    await proxy.start()
+    return proxy
 
 
 class _Static:

@@ -202,6 +202,20 @@ class Kubeserve:
         replicas = details["deployments"].get(deployment, {"replicas": []})["replicas"]
         return sorted(r["pid"] for r in replicas if r["state"] == "RUNNING")
 
+    def replica_request(
+        self, pid: int, method: str, path: str, body: bytes = b""
+    ) -> tuple[int, bytes]:
+        """An internal request to the replica process ``pid`` over the authenticated channel,
+        as the controller makes it (the secret is read from the instance's state directory)."""
+        import asyncio
+
+        from kubeserve.runtime import channel
+
+        secret = (self.state_dir / "data-plane.secret").read_text().strip().encode()
+        return asyncio.run(
+            channel.request("127.0.0.1", replica_port(pid), method, path, secret, body)
+        )
+
     def all_pids(self) -> list[int]:
         pids = [
             r["pid"]
@@ -221,6 +235,12 @@ class Kubeserve:
         assert status == 200, body
         wait_for(lambda: not self.details()["applications"], 60, what="applications to go away")
         wait_for(lambda: not any(pid_alive(p) for p in pids), 60, what="processes to exit")
+
+
+def replica_port(pid: int) -> int:
+    """The port of a replica process, from its command line."""
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return int(args[args.index(b"--port") + 1])
 
 
 @contextlib.contextmanager

@@ -64,6 +64,8 @@ class Echo:
         if kind == "slow":
             await asyncio.sleep(float(request.query_params.get("s", "1")))
             return "slow done"
+        if kind == "environ":
+            return {"keys": sorted(os.environ)}
         if kind == "inspect":
             return {
                 "method": request.method,

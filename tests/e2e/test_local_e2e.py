@@ -282,17 +282,12 @@ def test_scale_down_lets_in_flight_requests_finish(clean_kubeserve: Kubeserve) -
 
 def _metric(ks: Kubeserve, pid: int, name: str) -> float:
     """A replica's own Prometheus metric, read from its port (found in its command line)."""
-    text = http("GET", f"http://127.0.0.1:{_replica_port(pid)}/-/metrics")[1]
+    text = ks.replica_request(pid, "GET", "/-/metrics")[1].decode()
     return sum(
         float(line.rsplit(" ", 1)[1])
-        for line in str(text).splitlines()
+        for line in text.splitlines()
         if line.startswith(name + "{") or line.startswith(name + " ")
     )
-
-
-def _replica_port(pid: int) -> int:
-    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    return int(args[args.index(b"--port") + 1])
 
 
 def test_kubeserve_client_commands(clean_kubeserve: Kubeserve, tmp_path: Path) -> None:

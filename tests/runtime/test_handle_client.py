@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import pytest
 from aiohttp import web
 
+from channel_front import SECRET, ChannelFront, signed_ok
 from kubeserve.runtime.discovery import Discovery
 from kubeserve.runtime.handle_client import HandleClient
 from kubeserve.runtime.router import Router
@@ -28,14 +29,19 @@ class Boom(Exception):
 
 
 @contextlib.asynccontextmanager
-async def server(app: web.Application) -> AsyncIterator[int]:
+async def server(app: web.Application, *, front: bool = True) -> AsyncIterator[int]:
+    """Serve ``app``; its port behind the data-plane handshake (as a replica's is) unless
+    ``front`` is False (a controller)."""
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    relay = ChannelFront(port)
     try:
-        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        yield await relay.start() if front else port
     finally:
+        await relay.stop()
         await runner.cleanup()
 
 
@@ -57,6 +63,8 @@ def replica_app(peers: list[Any]) -> web.Application:
 
 def controller_app(snapshot: Snapshot) -> web.Application:
     async def handle(request: web.Request) -> web.Response:
+        if not signed_ok(request.headers, request.rel_url.raw_path_qs):
+            return web.json_response({"error": "unsigned"}, status=403)
         if int(request.query["version"]) == snapshot["version"]:
             await asyncio.sleep(float(request.query["timeout"]))
         return web.json_response(snapshot)
@@ -83,8 +91,10 @@ def test_calls_reach_the_replica_over_one_connection() -> None:
                     "app#Empty": {"max_ongoing_requests": 4, "replicas": []},
                 },
             }
-            async with server(controller_app(snapshot)) as controller_port:
-                client = HandleClient(f"http://127.0.0.1:{controller_port}", assign_timeout_s=0.2)
+            async with server(controller_app(snapshot), front=False) as controller_port:
+                client = HandleClient(
+                    f"http://127.0.0.1:{controller_port}", secret=SECRET, assign_timeout_s=0.2
+                )
                 await client.start()
                 try:
                     for i in range(5):
@@ -114,9 +124,10 @@ def test_start_survives_an_unreachable_controller() -> None:
         source = Discovery(
             "http://127.0.0.1:9",
             lambda snap: router.update(snap["deployments"]),
+            secret=SECRET,
             first_snapshot_timeout_s=0.2,
         )
-        client = HandleClient(assign_timeout_s=0.1, source=source, router=router)
+        client = HandleClient(secret=SECRET, assign_timeout_s=0.1, source=source, router=router)
         await client.start()
         try:
             with pytest.raises(DeploymentUnavailableError):
@@ -157,14 +168,16 @@ class _StaticSource:
 
 def _client_for(port: int) -> HandleClient:
     source = _StaticSource(_snapshot_for(port))
-    client = source.client = HandleClient(source=source)
+    client = source.client = HandleClient(source=source, secret=SECRET)
     return client
 
 
-async def _raw_replica(on_call: Any) -> tuple[asyncio.Server, int]:
-    """A replica stand-in speaking raw bytes: ``on_call(reader, writer)`` per connection."""
+async def _raw_replica(on_call: Any) -> tuple[ChannelFront, int]:
+    """A replica stand-in speaking raw bytes: ``on_call(reader, writer)`` per connection,
+    behind the data-plane handshake."""
     server = await asyncio.start_server(on_call, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1]
+    relay = ChannelFront(server.sockets[0].getsockname()[1], owned=server)
+    return relay, await relay.start()
 
 
 def test_replica_dying_mid_call_is_an_error_not_a_hang() -> None:
@@ -184,7 +197,7 @@ def test_replica_dying_mid_call_is_an_error_not_a_hang() -> None:
             assert client.router.in_flight("app#D") == {"r0": 0}  # the slot came back
         finally:
             await client.close()
-            server.close()
+            await server.stop()
 
     run(go())
 
@@ -222,6 +235,6 @@ def test_connections_are_reused_and_closed_when_the_replica_leaves() -> None:
             assert pool.closed and not pool.idle and "r0" not in client._pools
         finally:
             await client.close()
-            server.close()
+            await server.stop()
 
     run(go())

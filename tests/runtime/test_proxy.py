@@ -15,6 +15,7 @@ import pytest
 import uvloop
 from aiohttp import web
 
+from channel_front import SECRET, ChannelFront, signed_ok
 from kubeserve.runtime.proxy import ProxyServer
 from kubeserve.runtime.wire import DeploymentEndpoints, Route, Snapshot
 
@@ -55,10 +56,14 @@ class FakeReplica:
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        # Replicas take authenticated connections only: the proxy reaches this one through the
+        # real handshake in front of it.
+        self.front = ChannelFront(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        self.port = await self.front.start()
 
     async def stop(self) -> None:
         if self.runner is not None:
+            await self.front.stop()
             await self.runner.cleanup()
             self.runner = None
 
@@ -167,6 +172,8 @@ class FakeController:
             self.changed.notify_all()
 
     async def handle(self, request: web.Request) -> web.Response:
+        if not signed_ok(request.headers, request.rel_url.raw_path_qs):
+            return web.json_response({"error": "unsigned"}, status=403)
         version = int(request.query["version"])
         timeout = float(request.query["timeout"])
         async with self.changed:
@@ -218,7 +225,9 @@ async def cluster(
             "other#E": {"max_ongoing_requests": cap, "replicas": []},
         },
     )
-    proxy = ProxyServer("127.0.0.1", 0, controller.url, request_timeout_s=request_timeout_s)
+    proxy = ProxyServer(
+        "127.0.0.1", 0, controller.url, secret=SECRET, request_timeout_s=request_timeout_s
+    )
     await proxy.start()
     try:
         yield Cluster(proxy, controller, replicas)
@@ -304,7 +313,7 @@ def test_healthz_503_before_first_snapshot() -> None:
             pass
 
     async def go() -> None:
-        proxy = ProxyServer("127.0.0.1", 0, source=Silent())
+        proxy = ProxyServer("127.0.0.1", 0, source=Silent(), secret=SECRET)
         await proxy.start()
         try:
             async with aiohttp.ClientSession() as s:

@@ -1,7 +1,12 @@
-"""The replica process over real HTTP: user traffic, /-/ endpoints, start-up failure, SIGTERM."""
+"""The replica process over real HTTP: user traffic, /-/ endpoints, start-up failure, SIGTERM.
+
+Every connection passes the real data-plane handshake: user traffic on an ``INGRESS`` channel (as a
+proxy sends it), internal endpoints on a ``CONTROL`` one (as the controller and handles do).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
@@ -21,7 +26,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "tests" / "apps")]
 
-from kubeserve.runtime import wire  # noqa: E402
+from channel_front import SECRET  # noqa: E402
+from kubeserve.runtime import channel, wire  # noqa: E402
 
 
 def free_port() -> int:
@@ -43,8 +49,14 @@ class ReplicaProcess:
         body: bytes | None = None,
         headers: dict[str, str] | list[tuple[str, str]] | None = None,
         timeout: float = 10,
+        role: channel.Role | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
+        """One request on a fresh authenticated connection; ``role`` defaults to CONTROL for
+        internal endpoints and INGRESS for anything else."""
+        if role is None:
+            role = channel.Role.CONTROL if path.startswith("/-/") else channel.Role.INGRESS
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn.sock = authenticated(self.port, role, timeout)
         try:
             conn.putrequest(method, path)
             pairs = headers.items() if isinstance(headers, dict) else headers or []
@@ -75,6 +87,14 @@ class ReplicaProcess:
         raise AssertionError(f"metric {name} missing from {body!r}")
 
 
+def authenticated(port: int, role: channel.Role, timeout: float = 10) -> socket.socket:
+    """A blocking socket to the replica on ``port``, past the handshake."""
+    sock, _ = asyncio.run(channel.open_socket("127.0.0.1", port, role, SECRET, timeout))
+    sock.setblocking(True)
+    sock.settimeout(timeout)
+    return sock
+
+
 def replica_config(import_path: str, deployment: str, **overrides: Any) -> wire.ReplicaConfig:
     config: dict[str, Any] = {
         "app": "default",
@@ -93,6 +113,7 @@ def replica_config(import_path: str, deployment: str, **overrides: Any) -> wire.
 def spawn(config: wire.ReplicaConfig, port: int) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env[wire.REPLICA_CONFIG_ENV] = json.dumps(config)
+    env[channel.SECRET_ENV] = SECRET.decode()
     env.pop(wire.CONTROLLER_URL_ENV, None)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "operator"), str(ROOT / "tests" / "apps")])
     cmd = [sys.executable, "-m", "kubeserve.runtime.replica", "--host", "127.0.0.1"]
@@ -332,3 +353,117 @@ def test_sigterm_gives_up_at_the_graceful_timeout(start: Any) -> None:
 def _ignore_errors(fn: Any, *args: Any) -> None:
     with contextlib.suppress(OSError):
         fn(*args)
+
+
+class _Marker:
+    """A pickle that, if ever loaded, creates the file ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (self.path, "w"))
+
+
+def _raw_exchange(sock: socket.socket, payload: bytes) -> bytes:
+    """Send ``payload`` and read until the peer closes (or 5 s pass)."""
+    sock.settimeout(5)
+    with contextlib.suppress(OSError):
+        sock.sendall(payload)
+    received = b""
+    with contextlib.suppress(OSError):
+        while chunk := sock.recv(65536):
+            received += chunk
+    sock.close()
+    return received
+
+
+def test_unauthenticated_peers_are_cut_off_before_anything_is_parsed(
+    echo: ReplicaProcess, tmp_path: Path
+) -> None:
+    import pickle
+
+    marker = tmp_path / "pwned"
+    body = pickle.dumps(((_Marker(marker),), {}))
+    call = b"POST /-/call/add HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
+    )
+    # Plain HTTP on the TCP port and on the same-host unix socket: no answer, nothing unpickled.
+    tcp = socket.create_connection(("127.0.0.1", echo.port))
+    assert _raw_exchange(tcp, call) == b""
+    name = wire_socket_name(echo.port)
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.connect(name)
+    assert _raw_exchange(unix, call) == b""
+    # A peer that knows the protocol but not the secret fails the handshake.
+    with pytest.raises(channel.ChannelError):
+        asyncio.run(channel.open_socket("127.0.0.1", echo.port, channel.Role.CONTROL, b"x" * 32))
+    assert not marker.exists()
+    assert echo.get("/str")[0] == 200  # and the replica serves its own callers as before
+
+
+def test_ingress_connections_never_reach_internal_endpoints(echo: ReplicaProcess) -> None:
+    ingress = channel.Role.INGRESS
+    # On a proxy's channel every path is user traffic: the user's __call__ answers it.
+    for path in (wire.CALL_PREFIX + "add", "/%2D/call/add", wire.RECONFIGURE_PATH, "/-/metrics"):
+        status, _, body = echo.request("POST", path, b"{}", role=ingress)
+        assert status == 200, path
+        assert body.decode().startswith("unknown "), (path, body)
+    payload = json.dumps({"user_config": {"greeting": "hijacked"}}).encode()
+    echo.request("POST", wire.RECONFIGURE_PATH, payload, role=ingress)
+    assert echo.get("/str")[2] == b"> hello"  # user_config untouched
+    # A CONTROL channel carries internal endpoints only: user paths are not served there.
+    assert echo.request("GET", "/str", role=channel.Role.CONTROL)[0] == 404
+
+
+def test_the_secret_is_not_left_to_user_code(echo: ReplicaProcess) -> None:
+    keys = json.loads(echo.get("/environ")[2])["keys"]
+    assert channel.SECRET_ENV not in keys and channel.SECRET_FILE_ENV not in keys
+
+
+def test_a_replica_without_the_secret_refuses_to_start() -> None:
+    config = replica_config("ks_echo_app:app", "Echo")
+    env = dict(os.environ)
+    env[wire.REPLICA_CONFIG_ENV] = json.dumps(config)
+    env.pop(channel.SECRET_ENV, None)
+    env.pop(channel.SECRET_FILE_ENV, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "operator"), str(ROOT / "tests" / "apps")])
+    cmd = [sys.executable, "-m", "kubeserve.runtime.replica", "--port", str(free_port())]
+    done = subprocess.run(cmd, env=env, capture_output=True, timeout=60)
+    assert done.returncode == 1
+    assert channel.SECRET_ENV.encode() in done.stderr
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to listen as another user")
+def test_a_unix_socket_squatted_by_another_user_is_not_used() -> None:
+    port = free_port()
+    name = wire_socket_name(port)
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the squatter: another uid, holding the replica's socket name
+        try:
+            os.setuid(65534)
+            squat = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            squat.bind(name)
+            squat.listen(8)
+            os.write(ready_w, b"1")
+            time.sleep(30)
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"1"
+        from kubeserve.runtime import local_socket
+
+        assert local_socket.connect_socket("127.0.0.1", port) is None  # TCP is used instead
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def wire_socket_name(port: int) -> str:
+    from kubeserve.runtime import local_socket
+
+    name = local_socket.socket_name("127.0.0.1", port)
+    assert name is not None
+    return name

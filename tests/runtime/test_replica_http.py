@@ -16,7 +16,9 @@ from typing import Any, TypeVar
 import aiohttp
 import uvloop
 
+from channel_front import SECRET
 from kubeserve.runtime import local_socket
+from kubeserve.runtime.channel import Role
 from kubeserve.runtime.proxy import ProxyServer
 from kubeserve.runtime.replica_http import (
     HttpRequest,
@@ -81,8 +83,10 @@ class App:
             self.stream_closed.set()
 
 
-async def serve(app: App) -> tuple[asyncio.Server, int]:
-    server = await asyncio.get_running_loop().create_server(ReplicaHttpServer(app), "127.0.0.1", 0)
+async def serve(app: App, *, secret: bytes | None = None) -> tuple[asyncio.Server, int]:
+    """``app`` on a replica server: plain HTTP, or behind the handshake with ``secret``."""
+    handler = ReplicaHttpServer(app, control=app if secret else None, secret=secret)
+    server = await asyncio.get_running_loop().create_server(handler, "127.0.0.1", 0)
     return server, server.sockets[0].getsockname()[1]
 
 
@@ -230,7 +234,7 @@ def test_idle_connections_close_after_the_keep_alive_timeout() -> None:
 def test_behind_the_proxy_streams_and_large_bodies_pass() -> None:
     async def go() -> None:
         app = App()
-        server, port = await serve(app)
+        server, port = await serve(app, secret=SECRET)
         proxy = await proxy_in_front_of(port)
         base = f"http://127.0.0.1:{proxy.port}"
         try:
@@ -257,7 +261,7 @@ async def _get(session: aiohttp.ClientSession, url: str) -> bytes:
 def test_same_host_unix_socket_is_preferred_and_tcp_is_the_fallback() -> None:
     async def go() -> None:
         app = App()
-        replica_server = ReplicaHttpServer(app)
+        replica_server = ReplicaHttpServer(app, control=app, secret=SECRET)
         tcp = await asyncio.get_running_loop().create_server(replica_server, "127.0.0.1", 0)
         port = tcp.sockets[0].getsockname()[1]
         # Only a loopback target has a socket name; nothing listens on it yet: TCP it is.
@@ -275,7 +279,7 @@ def test_same_host_unix_socket_is_preferred_and_tcp_is_the_fallback() -> None:
             )
             return await app(request)
 
-        replica_server.handler = answer
+        replica_server.handlers[Role.INGRESS] = answer
         proxy = await proxy_in_front_of(port)
         try:
             async with aiohttp.ClientSession() as session:
@@ -303,7 +307,7 @@ async def proxy_in_front_of(port: int) -> ProxyServer:
         },
     }
     source = _Static(snapshot)
-    proxy = ProxyServer("127.0.0.1", 0, source=source)
+    proxy = ProxyServer("127.0.0.1", 0, source=source, secret=SECRET)
     source.apply = proxy.state.apply
     await proxy.start()
     return proxy

@@ -17,12 +17,13 @@ import contextlib
 import json
 import logging
 import random
+import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import urlencode, urlsplit
 
-import httptools
-
+from kubeserve.runtime import channel
+from kubeserve.runtime.http1 import read_response
 from kubeserve.runtime.wire import SNAPSHOT_PATH, Snapshot
 
 __all__ = ["Discovery", "EndpointSource", "SnapshotCallback"]
@@ -66,6 +67,7 @@ class Discovery:
         controller_url: str,
         on_update: SnapshotCallback,
         *,
+        secret: bytes,
         poll_timeout_s: float = 30.0,
         first_snapshot_timeout_s: float = 10.0,
         min_backoff_s: float = 0.05,
@@ -76,6 +78,7 @@ class Discovery:
         self._port = url.port or 80
         self._url = controller_url.rstrip("/") + SNAPSHOT_PATH
         self._on_update = on_update
+        self._secret = secret
         self._poll_timeout_s = poll_timeout_s
         self._first_snapshot_timeout_s = first_snapshot_timeout_s
         self._min_backoff_s = min_backoff_s
@@ -130,7 +133,9 @@ class Discovery:
         query = urlencode({"version": str(self._version), "timeout": str(self._poll_timeout_s)})
         # The poll's own timeout plus slack: the controller holds the request up to poll_timeout_s.
         async with asyncio.timeout(self._poll_timeout_s + 10):
-            status, raw = await _get(self._host, self._port, f"{SNAPSHOT_PATH}?{query}")
+            target = f"{SNAPSHOT_PATH}?{query}"
+            signature = channel.sign_request(self._secret, "GET", target, time.time())
+            status, raw = await _get(self._host, self._port, target, signature)
         if status != 200:
             raise RuntimeError(f"controller answered {status}")
         body = json.loads(raw)
@@ -144,36 +149,14 @@ class Discovery:
         return snapshot
 
 
-async def _get(host: str, port: int, target: str) -> tuple[int, bytes]:
+async def _get(host: str, port: int, target: str, signature: str) -> tuple[int, bytes]:
     """``GET target`` on a fresh connection: (status, body). Raises OSError when cut short."""
     reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(
-            f"GET {target} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode()
+            f"GET {target} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n"
+            f"{channel.SIGNATURE_HEADER}: {signature}\r\n\r\n".encode()
         )
-        response = _Response()
-        parser = httptools.HttpResponseParser(response)
-        while not response.complete:
-            data = await reader.read(65536)
-            if not data:
-                raise ConnectionError("the controller closed the connection mid-answer")
-            parser.feed_data(data)
-        return parser.get_status_code(), b"".join(response.body)
-    except httptools.HttpParserError as exc:
-        raise ConnectionError(f"unparsable answer from the controller: {exc}") from exc
+        return await read_response(reader, "controller")
     finally:
         writer.close()
-
-
-class _Response:
-    """httptools callbacks collecting one response body."""
-
-    def __init__(self) -> None:
-        self.body: list[bytes] = []
-        self.complete = False
-
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
-
-    def on_message_complete(self, *_: Any) -> None:
-        self.complete = True

@@ -14,6 +14,9 @@ The tricks, each marked where it is used:
 * **Pre-formatted request head** per (replica, method): only ``Content-Length`` is filled in.
 * **One future per call**, resolved from ``data_received``; no task per call.
 * **Same-host unix socket** to a replica on this machine (:mod:`~kubeserve.runtime.local_socket`).
+
+Every connection is a ``CONTROL`` channel (:mod:`~kubeserve.runtime.channel`): it proves the
+instance's secret before the first call, so only the instance's processes can make handle calls.
 * **Pooled keep-alive connections** per replica, LIFO (the warmest is reused); a call never waits
   for a connection: it takes an idle one or opens a new one (the router already caps calls in
   flight per replica at ``max_ongoing_requests``).
@@ -30,6 +33,7 @@ from typing import Any
 
 import httptools
 
+from kubeserve.runtime.channel import Role
 from kubeserve.runtime.discovery import Discovery, EndpointSource
 from kubeserve.runtime.keepalive import IdlePool, KeepAliveConnection, connect, pool_for
 from kubeserve.runtime.router import NoReplicaAvailable, Replica, Router
@@ -57,16 +61,18 @@ class HandleClient:
         self,
         controller_url: str | None = None,
         *,
+        secret: bytes,
         assign_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         source: EndpointSource | None = None,
         router: Router | None = None,
     ) -> None:
         self.router = router or Router()
+        self._secret = secret
         self._assign_timeout_s = assign_timeout_s
         if source is None:
             if controller_url is None:
                 raise ValueError("a handle client needs a controller_url or an endpoint source")
-            source = Discovery(controller_url, self.apply)
+            source = Discovery(controller_url, self.apply, secret=secret)
         self._source = source
         self._pools: dict[str, _CallPool] = {}
         self._started = False
@@ -127,7 +133,9 @@ class HandleClient:
         )
 
     def _pool(self, replica: Replica) -> _CallPool:
-        return pool_for(self._pools, replica.replica_id, replica.host, replica.port, _CallPool)
+        return pool_for(
+            self._pools, replica.replica_id, replica.host, replica.port, self._secret, _CallPool
+        )
 
 
 class _CallPool(IdlePool["_CallConnection"]):
@@ -135,8 +143,8 @@ class _CallPool(IdlePool["_CallConnection"]):
 
     __slots__ = ("heads",)
 
-    def __init__(self, host: str, port: int) -> None:
-        super().__init__(host, port)
+    def __init__(self, host: str, port: int, secret: bytes) -> None:
+        super().__init__(host, port, secret)
         self.heads: dict[str, bytes] = {}
 
     def head(self, method: str) -> bytes:
@@ -151,7 +159,7 @@ class _CallPool(IdlePool["_CallConnection"]):
 
     async def call(self, method: str, body: bytes) -> tuple[int, bytes]:
         conn = self.take() or await connect(
-            _CallConnection, self.host, self.port, CONNECT_TIMEOUT_S
+            _CallConnection, self.host, self.port, Role.CONTROL, self.secret, CONNECT_TIMEOUT_S
         )
         try:
             status, answer, keep_alive = await conn.request(self.head(method), body)

@@ -1,12 +1,17 @@
-"""HTTP/1.1 byte-level pieces shared by the proxy's client and upstream sides (private to runtime).
+"""HTTP/1.1 byte-level pieces shared inside the data plane (private to runtime).
 
 Everything here works on ``bytes`` already parsed by httptools: classifying header names, framing
-body pieces, and building the few responses the proxy writes itself.
+body pieces, building the few responses the proxy writes itself, and reading one whole response
+for the occasional one-shot requests (discovery polls, internal calls of the controller).
 """
 
 from __future__ import annotations
 
+import asyncio
 from http import HTTPStatus
+from typing import Any
+
+import httptools
 
 __all__ = [
     "CHUNKED_END",
@@ -15,6 +20,7 @@ __all__ = [
     "chunk_prefix",
     "classify_header",
     "local_response",
+    "read_response",
 ]
 
 #: The last chunk of a chunked body (trailers are not forwarded).
@@ -81,3 +87,33 @@ def local_response(
         b"Connection: close\r\n" if close else b"",
     )
     return head if head_only else head + body
+
+
+async def read_response(reader: asyncio.StreamReader, peer: str) -> tuple[int, bytes]:
+    """One whole response from ``reader``: (status, body). Raises ``ConnectionError`` naming
+    ``peer`` when the answer is cut short or unparsable."""
+    collected = _Collected()
+    parser = httptools.HttpResponseParser(collected)
+    try:
+        while not collected.complete:
+            data = await reader.read(65536)
+            if not data:
+                raise ConnectionError(f"the {peer} closed the connection mid-answer")
+            parser.feed_data(data)
+    except httptools.HttpParserError as exc:
+        raise ConnectionError(f"unparsable answer from the {peer}: {exc}") from exc
+    return parser.get_status_code(), b"".join(collected.body)
+
+
+class _Collected:
+    """httptools callbacks collecting one response body."""
+
+    def __init__(self) -> None:
+        self.body: list[bytes] = []
+        self.complete = False
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self, *_: Any) -> None:
+        self.complete = True

@@ -10,7 +10,8 @@ bookkeeping both need and nothing about requests:
 * :class:`IdlePool`, the idle connections to one replica, LIFO (the most recently used connection
   is the warmest: its buffers are in cache and the replica has not timed it out);
 * :func:`pool_for`, one pool per replica, replaced when the replica's address changes;
-* :func:`connect`, a new connection: the replica's same-host unix socket when it has one
+* :func:`connect`, a new connection past the channel handshake
+  (:mod:`~kubeserve.runtime.channel`): the replica's same-host unix socket when it has one
   (:mod:`~kubeserve.runtime.local_socket`), else TCP.
 
 Ownership: a pool owns its idle connections (closing the pool closes them); a connection taken from
@@ -24,7 +25,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Generic, TypeVar, cast
 
-from kubeserve.runtime import local_socket
+from kubeserve.runtime import channel
+from kubeserve.runtime.channel import Role
 
 __all__ = ["IdlePool", "KeepAliveConnection", "connect", "pool_for"]
 
@@ -56,11 +58,12 @@ P = TypeVar("P", bound="IdlePool")  # type: ignore[type-arg]
 class IdlePool(Generic[C]):
     """Idle keep-alive connections to one replica (LIFO: the most recently used is reused first)."""
 
-    __slots__ = ("closed", "host", "idle", "port")
+    __slots__ = ("closed", "host", "idle", "port", "secret")
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, secret: bytes) -> None:
         self.host = host
         self.port = port
+        self.secret = secret  # the instance's data-plane secret, for new connections
         self.idle: list[C] = []
         self.closed = False
 
@@ -90,7 +93,12 @@ class IdlePool(Generic[C]):
 
 
 def pool_for(
-    pools: dict[str, P], replica_id: str, host: str, port: int, make: Callable[[str, int], P]
+    pools: dict[str, P],
+    replica_id: str,
+    host: str,
+    port: int,
+    secret: bytes,
+    make: Callable[[str, int, bytes], P],
 ) -> P:
     """The pool of ``replica_id`` in ``pools``; a new one (the old one closed) when the replica's
     address changed."""
@@ -98,16 +106,19 @@ def pool_for(
     if pool is None or pool.host != host or pool.port != port:
         if pool is not None:
             pool.close()
-        pool = pools[replica_id] = make(host, port)
+        pool = pools[replica_id] = make(host, port, secret)
     return pool
 
 
 async def connect(
-    factory: Callable[[], C], host: str, port: int, timeout_s: float | None = None
+    factory: Callable[[], C],
+    host: str,
+    port: int,
+    role: Role,
+    secret: bytes,
+    timeout_s: float | None = None,
 ) -> C:
-    """A new connection to the replica on ``host:port``: same-host unix socket, else TCP."""
-    conn = await local_socket.connect(factory, host, port)
-    if conn is None:
-        async with asyncio.timeout(timeout_s):
-            _, conn = await asyncio.get_running_loop().create_connection(factory, host, port)
-    return conn
+    """A new connection to the replica on ``host:port`` carrying ``role``: same-host unix socket,
+    else TCP. Raises :class:`~kubeserve.runtime.channel.ChannelError` (an ``OSError``) when the
+    peer is not a replica of this instance."""
+    return await channel.connect(factory, host, port, role, secret, timeout_s)

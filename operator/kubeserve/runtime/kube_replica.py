@@ -40,12 +40,12 @@ async def user_config_override(deployment: str) -> tuple[bool, Any]:
     return False, None
 
 
-def handle_client() -> Any:
+def handle_client(secret: bytes) -> Any:
     """A handle client fed by the cluster's routes and EndpointSlices (not started)."""
     from kubeserve.runtime.handle_client import HandleClient
     from kubeserve.runtime.kube_discovery import KubeDiscovery
 
     source = KubeDiscovery(os.environ.get(NAMESPACE_ENV, "default"))
-    client = HandleClient(source=source)
+    client = HandleClient(source=source, secret=secret)
     source.on_update = client.apply
     return client

@@ -7,7 +7,12 @@ right after binding the port itself, so the name belongs to the process that own
 client whose target host is a loopback address tries that name first and falls back to TCP when
 nothing listens there (another network namespace, such as a Kubernetes pod, or a replica from
 before this shortcut existed). The protocol on the socket is the replica protocol of
-:mod:`kubeserve.runtime.wire`, unchanged.
+:mod:`kubeserve.runtime.wire`, behind the handshake of :mod:`kubeserve.runtime.channel`.
+
+Abstract names have no permissions: any local user can bind one first. So a client only uses the
+socket when the listener runs under its own uid (``SO_PEERCRED``), and falls back to TCP otherwise;
+and the channel handshake then proves the listener holds the instance's secret before a request
+byte is sent.
 
 Abstract names (Linux) live in the network namespace, like the TCP port they mirror, and vanish
 when the socket closes: nothing to clean up after a crash. Elsewhere this module does nothing.
@@ -16,12 +21,14 @@ when the socket closes: nothing to clean up after a crash. Elsewhere this module
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import struct
 import sys
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["connect", "listen", "socket_name"]
+__all__ = ["connect", "connect_socket", "listen", "socket_name"]
 
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -56,9 +63,10 @@ async def listen(
     return await loop.create_unix_server(factory, sock=sock, backlog=1024)
 
 
-async def connect(factory: Callable[[], P], host: str, port: int) -> P | None:
-    """A protocol connected over the socket of ``host:port``, or None when the caller should use
-    TCP (no socket here, nobody listening, or its backlog is full)."""
+def connect_socket(host: str, port: int) -> socket.socket | None:
+    """A non-blocking socket connected to the replica socket of ``host:port``, or None when the
+    caller should use TCP (no socket here, nobody listening, its backlog is full, or the listener
+    is another user's process)."""
     name = socket_name(host, port)
     if name is None:
         return None
@@ -66,8 +74,22 @@ async def connect(factory: Callable[[], P], host: str, port: int) -> P | None:
     sock.setblocking(False)
     try:
         sock.connect(name)  # a unix connect completes at once or fails at once
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     except OSError:
         sock.close()
+        return None
+    _, uid, _ = struct.unpack("3i", creds)
+    if uid != os.getuid():
+        sock.close()
+        return None
+    return sock
+
+
+async def connect(factory: Callable[[], P], host: str, port: int) -> P | None:
+    """A protocol connected over the socket of ``host:port``, or None when the caller should use
+    TCP (see :func:`connect_socket`)."""
+    sock = connect_socket(host, port)
+    if sock is None:
         return None
     _, protocol = await asyncio.get_running_loop().create_unix_connection(factory, sock=sock)
     return protocol

@@ -47,7 +47,8 @@ from typing import cast
 import httptools
 
 from kubeserve.control.routes import RouteTable
-from kubeserve.runtime import keepalive
+from kubeserve.runtime import channel, keepalive
+from kubeserve.runtime.channel import Role
 from kubeserve.runtime.discovery import Discovery, EndpointSource
 from kubeserve.runtime.http1 import (
     CHUNKED_END,
@@ -98,10 +99,12 @@ class ProxyState:
     def __init__(
         self,
         *,
+        secret: bytes,
         request_timeout_s: float | None = None,
         keep_alive_timeout_s: float = 90.0,
         router: Router | None = None,
     ) -> None:
+        self.secret = secret  # proves this proxy to replicas (kubeserve.runtime.channel)
         self.router = router or Router()
         self.routes = RouteTable()
         self.keys: dict[str, str] = {}  # route_prefix -> deployment key, computed once per snapshot
@@ -147,7 +150,9 @@ class ProxyState:
         return key
 
     def pool(self, replica: Replica) -> _UpstreamPool:
-        return pool_for(self.pools, replica.replica_id, replica.host, replica.port, _UpstreamPool)
+        return pool_for(
+            self.pools, replica.replica_id, replica.host, replica.port, self.secret, _UpstreamPool
+        )
 
     def close(self) -> None:
         for pool in self.pools.values():
@@ -163,7 +168,9 @@ class _UpstreamPool(IdlePool["UpstreamConnection"]):
     __slots__ = ()
 
     async def connect(self) -> UpstreamConnection:
-        return await keepalive.connect(lambda: UpstreamConnection(self), self.host, self.port)
+        return await keepalive.connect(
+            lambda: UpstreamConnection(self), self.host, self.port, Role.INGRESS, self.secret
+        )
 
 
 class _Exchange:
@@ -861,6 +868,7 @@ class ProxyServer:
         port: int,
         controller_url: str | None = None,
         *,
+        secret: bytes,
         request_timeout_s: float | None = None,
         keep_alive_timeout_s: float = 90.0,
         source: EndpointSource | None = None,
@@ -868,12 +876,14 @@ class ProxyServer:
         self.host = host
         self.port = port
         self.state = ProxyState(
-            request_timeout_s=request_timeout_s, keep_alive_timeout_s=keep_alive_timeout_s
+            secret=secret,
+            request_timeout_s=request_timeout_s,
+            keep_alive_timeout_s=keep_alive_timeout_s,
         )
         if source is None:
             if controller_url is None:
                 raise ValueError("a proxy needs a controller_url or an endpoint source")
-            source = Discovery(controller_url, self.state.apply)
+            source = Discovery(controller_url, self.state.apply, secret=secret)
         self.source = source
         self._server: asyncio.Server | None = None
 
@@ -901,6 +911,7 @@ async def serve_proxy(
     port: int,
     controller_url: str | None,
     *,
+    secret: bytes,
     request_timeout_s: float | None = None,
     keep_alive_timeout_s: float = 90,
     kubernetes_namespace: str | None = None,
@@ -920,6 +931,7 @@ async def serve_proxy(
         host,
         port,
         controller_url,
+        secret=secret,
         request_timeout_s=request_timeout_s,
         keep_alive_timeout_s=keep_alive_timeout_s,
         source=source,
@@ -950,6 +962,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--controller-url is required with --discovery controller")
     in_cluster = args.discovery == "kubernetes"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        secret = channel.take_secret()
+    except ValueError as exc:
+        parser.error(str(exc))
 
     async def run() -> None:
         task = asyncio.current_task()
@@ -962,6 +978,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.host,
                 args.port,
                 args.controller_url,
+                secret=secret,
                 request_timeout_s=args.request_timeout_s,
                 keep_alive_timeout_s=args.keep_alive_timeout_s,
                 kubernetes_namespace=os.environ.get("KUBESERVE_NAMESPACE") if in_cluster else None,

@@ -10,12 +10,16 @@ the user's class (``async def __init__`` is awaited) or wrap the function, apply
 through ``reconfigure``, then listen. The port opens only once the user object is ready, so "healthz
 answers 200" means "ready". Any start-up failure is printed to stderr and the process exits 1.
 
-Serving speaks the protocol of :mod:`kubeserve.runtime.wire`. User methods run on the event loop,
-sync ones included (as Ray Serve does by default): a blocking method blocks its replica.
+Serving speaks the protocol of :mod:`kubeserve.runtime.wire` behind the handshake of
+:mod:`kubeserve.runtime.channel`: the process refuses to start without the instance's data-plane
+secret, and removes it from its environment before user code is imported. A proxy's ``INGRESS``
+connection carries user traffic only (a path under ``/-/`` is the user's too), a ``CONTROL``
+connection internal endpoints only. User methods run on the event loop, sync ones included (as Ray
+Serve does by default): a blocking method blocks its replica.
 
 Invariants: ``ongoing`` counts user requests and handle calls whose handler has started and not yet
-finished (a streamed response counts until its last chunk); the ``/-/`` endpoints other than
-``call/`` are not counted. After SIGTERM no new request is started: the listening socket is closed
+finished (a streamed response counts until its last chunk); the other internal endpoints are not
+counted. After SIGTERM no new request is started: the listening socket is closed
 and requests arriving on open connections get 503 with ``Connection: close``.
 """
 
@@ -36,7 +40,7 @@ from typing import Any
 
 import uvloop
 
-from kubeserve.runtime import kube_replica, local_socket, wire
+from kubeserve.runtime import channel, kube_replica, local_socket, wire
 from kubeserve.runtime.build import format_user_error, load_application
 from kubeserve.runtime.replica_http import (
     HttpRequest,
@@ -151,11 +155,8 @@ class Replica:
         }
         self._labels = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items())
 
-    async def handle(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
-        """The server's handler: internal endpoints, then user traffic."""
-        path = request.path
-        if path.startswith("/-/"):
-            return await self._internal(request, path)
+    async def handle_ingress(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
+        """User traffic (a proxy's ``INGRESS`` connection): every path goes to the user's code."""
         if self.draining:
             return _shutting_down()
         self.ongoing += 1
@@ -222,7 +223,9 @@ class Replica:
 
         return StreamedResponse(response.status_code, response.headers, body())
 
-    async def _internal(self, request: HttpRequest, path: str) -> HttpResponse | StreamedResponse:
+    async def handle_control(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
+        """Internal endpoints (a ``CONTROL`` connection): handle calls, health, reconfigure."""
+        path = request.path
         if path.startswith(wire.CALL_PREFIX):
             if request.method != "POST":
                 return HttpResponse(405, b"handle calls use POST")
@@ -335,16 +338,16 @@ def _find_node(config: wire.ReplicaConfig) -> GraphNode:
     )
 
 
-async def _start_handle_transport(controller_url: str | None) -> Any:
+async def _start_handle_transport(controller_url: str | None, secret: bytes) -> Any:
     """Install the process's handle transport; None (and no transport) without a controller.
 
     Imported lazily: the handle client is only needed when other deployments are reachable.
     """
     if kube_replica.in_cluster():
-        client = kube_replica.handle_client()
+        client = kube_replica.handle_client(secret)
     elif controller_url:
         module = importlib.import_module("kubeserve.runtime.handle_client")
-        client = module.HandleClient(controller_url)
+        client = module.HandleClient(controller_url, secret=secret)
     else:
         return None
     await client.start()
@@ -374,20 +377,26 @@ async def _start_user_code(config: wire.ReplicaConfig) -> UserCode:
 
 
 async def serve_replica(
-    config: wire.ReplicaConfig, host: str, port: int, controller_url: str | None
+    config: wire.ReplicaConfig,
+    host: str,
+    port: int,
+    controller_url: str | None,
+    secret: bytes,
 ) -> None:
     """Run the replica until SIGTERM (or SIGINT), then drain and return.
 
     Raises :class:`ReplicaStartupError` when the user code cannot be loaded or constructed.
     """
     loop = asyncio.get_running_loop()
-    client = await _start_handle_transport(controller_url)
+    client = await _start_handle_transport(controller_url, secret)
     try:
         replica = Replica(config, await _start_user_code(config))
         stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        server = ReplicaHttpServer(replica.handle)
+        server = ReplicaHttpServer(
+            replica.handle_ingress, control=replica.handle_control, secret=secret
+        )
         listener = await loop.create_server(server, host, port, reuse_address=True, backlog=1024)
         # Bound after the TCP port, so the name derived from the port is this process's.
         local = await local_socket.listen(server, host, port)
@@ -424,8 +433,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     controller_url = os.environ.get(wire.CONTROLLER_URL_ENV) or None
     try:
+        secret = channel.take_secret()
+    except ValueError as exc:
+        print(f"replica: {exc}", file=sys.stderr)
+        return 1
+    try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve_replica(config, options.host, options.port, controller_url))
+            runner.run(serve_replica(config, options.host, options.port, controller_url, secret))
     except ReplicaStartupError as exc:
         print(str(exc), file=sys.stderr)
         return 1

@@ -14,9 +14,12 @@ The tricks, each marked where it is used:
 * **Lazy idle timer**: one timer per connection that re-arms itself, instead of a timer per request.
 
 The server knows nothing about deployments: :class:`~kubeserve.runtime.replica.Replica` gives it a
-handler ``HttpRequest -> HttpResponse | StreamedResponse``. Invariants: a connection runs at most
-one handler at a time; ``close_idle`` closes every connection with no request in progress, and a
-response with ``close=True`` ends its connection once written.
+handler ``HttpRequest -> HttpResponse | StreamedResponse`` per channel role. With a secret, every
+connection must pass the :mod:`~kubeserve.runtime.channel` handshake before a byte of it is parsed,
+and its role picks its handler for good: user traffic (``INGRESS``) or internal endpoints
+(``CONTROL``). Invariants: a connection runs at most one handler at a time; ``close_idle``
+closes every connection with no request in progress, and a response with ``close=True`` ends its
+connection once written.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -34,7 +38,17 @@ from urllib.parse import unquote
 
 import httptools
 
+from kubeserve.runtime.channel import (
+    HANDSHAKE_TIMEOUT_S,
+    ChannelError,
+    Role,
+    ServerHandshake,
+    peer_description,
+)
+
 __all__ = ["HttpRequest", "HttpResponse", "ReplicaHttpServer", "StreamedResponse"]
+
+log = logging.getLogger(__name__)
 
 #: Requests parsed ahead of the one being served before the connection stops reading.
 _PIPELINE_LIMIT = 16
@@ -124,10 +138,27 @@ class _DateHeader:
 
 
 class ReplicaHttpServer:
-    """Shared state of every connection: the handler, the open connections, the idle timeout."""
+    """Shared state of every connection: the handlers, the open connections, the idle timeout.
 
-    def __init__(self, handler: Handler, *, keep_alive_timeout_s: float = 75.0) -> None:
-        self.handler = handler
+    ``handler`` serves user traffic and ``control`` the internal endpoints. With a ``secret``,
+    connections authenticate first and their role chooses between the two; without one (a server
+    measured on its own, or tested), every connection is user traffic.
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        control: Handler | None = None,
+        secret: bytes | None = None,
+        keep_alive_timeout_s: float = 75.0,
+    ) -> None:
+        if secret is not None and control is None:
+            raise ValueError("an authenticating server needs a control handler")
+        self.handlers: dict[Role, Handler] = {Role.INGRESS: handler}
+        if control is not None:
+            self.handlers[Role.CONTROL] = control
+        self.secret = secret
         self.keep_alive_timeout_s = keep_alive_timeout_s
         self.connections: set[_Connection] = set()
         self.date = _DateHeader()
@@ -155,6 +186,8 @@ class _Connection(asyncio.Protocol):
     def __init__(self, server: ReplicaHttpServer) -> None:
         self.server = server
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connect
+        self.handshake: ServerHandshake | None = None
+        self.handler = server.handlers[Role.INGRESS]
         self.parser = httptools.HttpRequestParser(self)
         self.closed = False
         self.reading = True
@@ -180,9 +213,16 @@ class _Connection(asyncio.Protocol):
         # Kept, not looked up per request: on Python 3.11 get_running_loop() costs a getpid().
         self.loop = asyncio.get_running_loop()
         self.idle_since = self.loop.time()
+        if self.server.secret is not None:
+            self.handshake = ServerHandshake(self.server.secret, self.transport.write)
+            self.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_expired)
         self._check_idle()
 
     def data_received(self, data: bytes) -> None:
+        if self.handshake is not None:
+            data = self._authenticate(data)
+            if not data:
+                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -205,6 +245,34 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.write_paused = False
         self._wake_writer()
+
+    def _authenticate(self, data: bytes) -> bytes:
+        """Feed the handshake; the bytes after the caller's proof once it passed, else b""."""
+        assert self.handshake is not None
+        try:
+            rest = self.handshake.feed(data)
+        except ChannelError as exc:
+            log.warning("refused a connection from %s: %s", peer_description(self.transport), exc)
+            self.closed = True
+            self.transport.abort()
+            return b""
+        if rest is None:
+            return b""
+        role = self.handshake.role
+        assert role is not None
+        self.handler = self.server.handlers[role]
+        self.handshake = None
+        return rest
+
+    def _handshake_expired(self) -> None:
+        if self.handshake is not None and not self.closed:
+            log.warning(
+                "refused a connection from %s: no handshake within %.0f s",
+                peer_description(self.transport),
+                HANDSHAKE_TIMEOUT_S,
+            )
+            self.closed = True
+            self.transport.abort()
 
     # -- httptools callbacks -----------------------------------------------------------------------
 
@@ -277,7 +345,7 @@ class _Connection(asyncio.Protocol):
 
     async def _serve(self, request: HttpRequest) -> None:
         try:
-            response = await self.server.handler(request)
+            response = await self.handler(request)
         except Exception:  # the handler maps user errors itself; this is a kubeserve bug
             response = HttpResponse(500, b"internal error in the replica", close=True)
         keep_alive = request.keep_alive and not self.closed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from aiohttp import web
@@ -11,7 +12,7 @@ from kubeserve.backends.local.details import instance_details
 from kubeserve.backends.local.store import Store
 from kubeserve.backends.protocol import ConflictError
 from kubeserve.control.instance import immutable_option_conflict
-from kubeserve.runtime import wire
+from kubeserve.runtime import channel, wire
 
 _MAX_LONG_POLL_S = 60.0
 
@@ -69,6 +70,16 @@ class LocalBackend:
         return [web.get(wire.SNAPSHOT_PATH, self._snapshot)]
 
     async def _snapshot(self, request: web.Request) -> web.Response:
+        """The discovery long-poll of proxies and replicas: only for callers that prove the
+        instance's data-plane secret (a signed request, see :mod:`kubeserve.runtime.channel`)."""
+        signature = request.headers.get(channel.SIGNATURE_HEADER, "")
+        secret = self.controller.secret
+        target = request.rel_url.raw_path_qs
+        if not secret or not channel.verify_request(secret, signature, "GET", target, time.time()):
+            return web.json_response(
+                {"error": "discovery is for kubeserve's own processes: missing or bad signature"},
+                status=403,
+            )
         try:
             version = int(request.query.get("version", "0"))
             timeout = min(float(request.query.get("timeout", "30")), _MAX_LONG_POLL_S)

@@ -23,7 +23,7 @@ from kubeserve.backends.local.deployment_state import ReplicaContext
 from kubeserve.backends.local.proxy_state import ProxyState
 from kubeserve.backends.local.snapshot import SnapshotPublisher
 from kubeserve.backends.local.store import DesiredState, Store
-from kubeserve.runtime import wire
+from kubeserve.runtime import channel, wire
 
 log = logging.getLogger(__name__)
 _RESYNC_S = 1.0
@@ -51,6 +51,11 @@ class LocalSettings:
     def cache_dir(self) -> Path:
         return self.state_dir / "runtime_env_cache"
 
+    @property
+    def secret_file(self) -> Path:
+        """The instance's data-plane secret (see :mod:`kubeserve.runtime.channel`), mode 0600."""
+        return self.state_dir / "data-plane.secret"
+
 
 class Controller:
     def __init__(self, settings: LocalSettings, store: Store) -> None:
@@ -65,6 +70,7 @@ class Controller:
         self._ctx: ReplicaContext | None = None
         self._proxy: ProxyState | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self.secret = b""  # the data-plane secret, read at start()
 
     @property
     def proxy(self) -> ProxyState | None:
@@ -77,12 +83,16 @@ class Controller:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0), trust_env=False
         )
+        secret_file = channel.create_secret_file(self.settings.secret_file)
+        self.secret = channel.take_secret({channel.SECRET_FILE_ENV: str(secret_file)})
         self._ctx = ReplicaContext(
             session=self._session,
             controller_url=self.settings.controller_url,
             log_dir=self.settings.log_dir,
             base_dir=self.settings.base_dir,
             wake=self.wake,
+            secret=self.secret,
+            secret_file=secret_file,
         )
         self._proxy = ProxyState(self._ctx)
         self._loop_task = asyncio.ensure_future(self._loop())

@@ -25,9 +25,13 @@ import aiohttp
 from kubeserve.backends.local import processes
 from kubeserve.control import config as config_rules
 from kubeserve.control.status import DeploymentView, ReplicaStateValue, ReplicaView
-from kubeserve.runtime import wire
+from kubeserve.runtime import channel, wire
 from kubeserve.runtime.runtime_env import PreparedEnv
 
+#: How long one readiness probe of a starting replica may take.
+_READY_TIMEOUT_S = 5.0
+#: How long a replica's ``reconfigure`` may take before it counts as failed.
+_RECONFIGURE_TIMEOUT_S = 300.0
 #: How often a starting replica's ``/-/healthz`` is polled: short, because it bounds deploy latency.
 _READY_POLL_S = 0.02
 _MAX_BACKOFF_S = 30.0
@@ -58,6 +62,13 @@ class ReplicaContext:
     log_dir: Path
     base_dir: str
     wake: Callable[[], None]
+    #: the instance's data-plane secret (kubeserve.runtime.channel) and the file holding it
+    secret: bytes
+    secret_file: Path
+
+    def data_plane_env(self) -> dict[str, str]:
+        """What a proxy or replica needs in its environment to join the data plane."""
+        return {channel.SECRET_FILE_ENV: str(self.secret_file)}
 
 
 class DeploymentState:
@@ -205,6 +216,7 @@ class DeploymentState:
                 **self.env.env_vars,
                 wire.REPLICA_CONFIG_ENV: json.dumps(replica_config),
                 wire.CONTROLLER_URL_ENV: self._ctx.controller_url,
+                **self._ctx.data_plane_env(),
             },
             self.env.python_path,
             self._ctx.base_dir,
@@ -251,9 +263,11 @@ class DeploymentState:
         asyncio.get_running_loop().call_later(delay, self._ctx.wake)
 
     async def _wait_ready(self, replica: Replica, exited: asyncio.Future[int]) -> bool:
-        url = f"http://127.0.0.1:{replica.port}{wire.HEALTHZ_PATH}"
+        async def probe() -> bool:
+            return not await self._check(replica, _READY_TIMEOUT_S)
+
         ready = await processes.wait_until_answering(
-            self._ctx.session, url, exited, lambda: replica.state == "STARTING", _READY_POLL_S
+            probe, exited, lambda: replica.state == "STARTING", _READY_POLL_S
         )
         if ready:
             replica.state = "RUNNING"
@@ -262,14 +276,13 @@ class DeploymentState:
         return ready
 
     async def _health_loop(self, replica: Replica, exited: asyncio.Future[int]) -> None:
-        url = f"http://127.0.0.1:{replica.port}{wire.HEALTHZ_PATH}"
         while replica.state == "RUNNING":
             period = float(self.config.get("health_check_period_s", 10.0))
             await asyncio.wait([exited], timeout=period)
             if exited.done() or replica.state != "RUNNING":
                 return
             timeout = float(self.config.get("health_check_timeout_s", 30.0))
-            error = await self._check(url, timeout)
+            error = await self._check(replica, timeout)
             if error:
                 replica.healthy = False
                 self.health_error = f"replica {replica.replica_id} failed its health check: {error}"
@@ -277,32 +290,41 @@ class DeploymentState:
                 self._ctx.wake()
                 return
 
-    async def _check(self, url: str, timeout_s: float) -> str:
+    async def _internal(
+        self, replica: Replica, method: str, path: str, body: bytes, timeout_s: float
+    ) -> tuple[int, bytes]:
+        """One internal request to ``replica`` over the authenticated channel."""
+        return await channel.request(
+            "127.0.0.1", replica.port, method, path, self._ctx.secret, body, timeout_s=timeout_s
+        )
+
+    async def _check(self, replica: Replica, timeout_s: float) -> str:
+        """Run the replica's health check: "" when healthy, else what went wrong."""
         try:
-            client_timeout = aiohttp.ClientTimeout(total=timeout_s)
-            async with self._ctx.session.get(url, timeout=client_timeout) as response:
-                if response.status == 200:
-                    return ""
-                return f"HTTP {response.status}: {(await response.text())[:500]}"
+            status, body = await self._internal(replica, "GET", wire.HEALTHZ_PATH, b"", timeout_s)
         except TimeoutError:
             return f"no response within health_check_timeout_s={timeout_s:g}"
-        except aiohttp.ClientError as exc:
+        except OSError as exc:
             return f"{type(exc).__name__}: {exc}"
+        if status == 200:
+            return ""
+        return f"HTTP {status}: {body[:500].decode('utf-8', 'replace')}"
 
     async def _reconfigure(self, replica: Replica) -> None:
         replica.reconfiguring = True
         version = self.user_config_version
-        body = {"user_config": self.config.get("user_config")}
-        url = f"http://127.0.0.1:{replica.port}{wire.RECONFIGURE_PATH}"
+        body = json.dumps({"user_config": self.config.get("user_config")}).encode()
         try:
-            async with self._ctx.session.post(url, json=body) as response:
-                if response.status == 200:
-                    replica.applied_user_config = version
-                else:
-                    text = (await response.text())[:1000]
-                    self.last_error = f"reconfigure failed on {replica.replica_id}: {text}"
-                    replica.healthy = False
-        except aiohttp.ClientError as exc:
+            status, answer = await self._internal(
+                replica, "POST", wire.RECONFIGURE_PATH, body, _RECONFIGURE_TIMEOUT_S
+            )
+            if status == 200:
+                replica.applied_user_config = version
+            else:
+                text = answer[:1000].decode("utf-8", "replace")
+                self.last_error = f"reconfigure failed on {replica.replica_id}: {text}"
+                replica.healthy = False
+        except (OSError, TimeoutError) as exc:
             self.last_error = f"reconfigure failed on {replica.replica_id}: {exc}"
         finally:
             replica.reconfiguring = False

@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -131,22 +131,31 @@ def log_tail(path: Path, max_lines: int = 12) -> str:
 
 
 async def wait_until_answering(
-    session: aiohttp.ClientSession,
-    url: str,
+    probe: Callable[[], Awaitable[bool]],
     exited: asyncio.Future[int],
     still_wanted: Callable[[], bool],
     poll_s: float,
 ) -> bool:
-    """Poll ``url`` until it answers 200 (True), or the process exits or is no longer wanted.
+    """Run ``probe`` until it answers True, or the process exits or is no longer wanted.
 
     Used for readiness: a child is ready once its health endpoint answers, which replicas only do
     after their constructor and first ``reconfigure`` succeeded.
     """
-    timeout = aiohttp.ClientTimeout(total=5)
     while not exited.done() and still_wanted():
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-            async with session.get(url, timeout=timeout) as response:
-                if response.status == 200:
-                    return True
+        if await probe():
+            return True
         await asyncio.wait([exited], timeout=poll_s)
     return False
+
+
+def http_probe(session: aiohttp.ClientSession, url: str) -> Callable[[], Awaitable[bool]]:
+    """A readiness probe: ``GET url`` answers 200 within 5 s."""
+    timeout = aiohttp.ClientTimeout(total=5)
+
+    async def probe() -> bool:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with session.get(url, timeout=timeout) as response:
+                return response.status == 200
+        return False
+
+    return probe

@@ -49,7 +49,7 @@ class ProxyState:
             args += ["--request-timeout-s", str(options["request_timeout_s"])]
         if options.get("keep_alive_timeout_s") is not None:
             args += ["--keep-alive-timeout-s", str(options["keep_alive_timeout_s"])]
-        env = processes.child_env({}, [], self._ctx.base_dir)
+        env = processes.child_env(self._ctx.data_plane_env(), [], self._ctx.base_dir)
         self._proc = await processes.spawn(
             "kubeserve.runtime.proxy", args, env=env, log_path=self.log_path
         )
@@ -58,7 +58,10 @@ class ProxyState:
         probe_host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
         url = f"http://{probe_host}:{self.port}/-/healthz"
         if await processes.wait_until_answering(
-            self._ctx.session, url, exited, lambda: self.status == "STARTING", 0.05
+            processes.http_probe(self._ctx.session, url),
+            exited,
+            lambda: self.status == "STARTING",
+            0.05,
         ):
             self.status = "HEALTHY"
         code = await exited

@@ -1,9 +1,11 @@
 """The data plane's wire contract: what controller, proxies, replicas and handles say to each other.
 
-Replica protocol (HTTP/1.1 keep-alive on the replica's own host:port):
+Replica protocol (HTTP/1.1 keep-alive on the replica's own host:port, every connection behind the
+handshake of :mod:`kubeserve.runtime.channel`, whose role fixes what the connection carries):
 
-* any path outside ``/-/`` is user traffic for the deployment's HTTP ingress (the proxy forwards the
-  original request line, headers and body unchanged);
+* on an ``INGRESS`` connection (a proxy's) every request is user traffic for the deployment's HTTP
+  ingress, whatever its path (the proxy forwards the original request line, headers and body
+  unchanged); the endpoints below exist only on ``CONTROL`` connections:
 * ``GET  /-/healthz``      runs the user's ``check_health()``; 200 when healthy, 503 with the error
   text;
 * ``POST /-/reconfigure``  body: JSON ``{"user_config": ...}``; runs ``reconfigure``; 200 when
@@ -17,9 +19,12 @@ at once when its snapshot version differs from ``N`` and otherwise when it chang
 pass. The answer is a :class:`Snapshot`; proxies build their route table and routers from it,
 handles their routers.
 
+Discovery requests carry a signature of the data-plane secret
+(:func:`kubeserve.runtime.channel.sign_request`); the controller answers nobody else.
+
 Handle calls are encoded with pickle: both ends are processes of one kubeserve instance running the
-same user code, and pickle carries arbitrary Python values compactly. The replica port is never
-exposed to end users (the proxy refuses ``/-/`` paths from clients).
+same user code, and pickle carries arbitrary Python values compactly. Nothing is ever unpickled from
+a peer that has not proved the instance's secret: the handshake comes before the first HTTP byte.
 """
 
 from __future__ import annotations

@@ -237,6 +237,16 @@ class Kubeserve:
         wait_for(lambda: not any(pid_alive(p) for p in pids), 60, what="processes to exit")
 
 
+class PickleMarker:
+    """A pickle that, if ever loaded, creates the file ``path``: proof that a payload ran."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (self.path, "w"))
+
+
 def replica_port(pid: int) -> int:
     """The port of a replica process, from its command line."""
     args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")

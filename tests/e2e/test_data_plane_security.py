@@ -12,19 +12,8 @@ import json
 import pickle
 import socket
 from pathlib import Path
-from typing import Any
 
-from kubeserve_testing import Kubeserve, http, replica_port
-
-
-class _Marker:
-    """A pickle that, if ever loaded, creates the file ``path``."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = str(path)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (open, (self.path, "w"))
+from kubeserve_testing import Kubeserve, PickleMarker, http, replica_port
 
 
 def _raw(port: int, request: bytes) -> bytes:
@@ -59,7 +48,7 @@ def test_client_paths_never_reach_internal_endpoints(
     assert ks.put([app])[0] == 200
     ks.wait_app("echo")
     marker = tmp_path / "executed"
-    pickled = pickle.dumps(((_Marker(marker),), {}))
+    pickled = pickle.dumps(((PickleMarker(marker),), {}))
     spellings = [b"/%2D/call/add", b"/%2d/call/add", b"//-/call/add", b"/./-/call/add"]
     spellings += [b"/%2F-/call/add", b"/a/../-/call/add", b"/-/call/add"]
     for path in spellings:

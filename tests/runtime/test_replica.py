@@ -28,6 +28,7 @@ sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "tests" / "apps")]
 
 from channel_front import SECRET  # noqa: E402
 from kubeserve.runtime import channel, wire  # noqa: E402
+from kubeserve_testing import PickleMarker  # noqa: E402
 
 
 def free_port() -> int:
@@ -355,16 +356,6 @@ def _ignore_errors(fn: Any, *args: Any) -> None:
         fn(*args)
 
 
-class _Marker:
-    """A pickle that, if ever loaded, creates the file ``path``."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = str(path)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (open, (self.path, "w"))
-
-
 def _raw_exchange(sock: socket.socket, payload: bytes) -> bytes:
     """Send ``payload`` and read until the peer closes (or 5 s pass)."""
     sock.settimeout(5)
@@ -384,7 +375,7 @@ def test_unauthenticated_peers_are_cut_off_before_anything_is_parsed(
     import pickle
 
     marker = tmp_path / "pwned"
-    body = pickle.dumps(((_Marker(marker),), {}))
+    body = pickle.dumps(((PickleMarker(marker),), {}))
     call = b"POST /-/call/add HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (
         len(body),
         body,

@@ -7,16 +7,16 @@ is written unless the whole body is valid, so a bad request never loses accepted
 
 from __future__ import annotations
 
-import json
+import asyncio
 from importlib.metadata import version as _package_version
 from typing import Any
 
 from aiohttp import web
 
-from kubeserve.api.errors import BadRequest, UnsupportedMediaType, error_middleware, error_response
+from kubeserve.api.errors import UnsupportedMediaType, error_middleware, error_response
 from kubeserve.backends.protocol import Backend, ConflictError, NotFoundError
+from kubeserve.schema.body import decode_json_body, parse_body
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
-from kubeserve.schema.errors import parse_body
 
 #: The Ray version kubeserve's admin API is compatible with (the ``serve`` client checks it).
 RAY_COMPATIBLE_VERSION = "2.60.0"
@@ -90,15 +90,9 @@ async def _json_body(request: web.Request) -> Any:
             f"(got {request.content_type!r})"
         )
     raw = await request.read()
-    try:
-        return json.loads(raw)
-    except UnicodeDecodeError as exc:
-        raise BadRequest(f"body is not UTF-8 text: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise BadRequest(
-            f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-            [{"loc": [], "msg": f"malformed JSON: {exc.msg} (char {exc.pos})"}],
-        ) from None
+    # A thread: the largest accepted body takes about a second to check, and the discovery
+    # long-polls of the data plane are served by this event loop.
+    return await asyncio.to_thread(decode_json_body, raw)
 
 
 def _backend(request: web.Request) -> Backend:

@@ -232,6 +232,29 @@ def _check_name(value: str) -> str:
 
 
 Name = Annotated[str, AfterValidator(_check_name)]
+
+
+def _check_env_name(value: str) -> str:
+    if not value or "=" in value or "\x00" in value:
+        raise PydanticCustomError(
+            "env_var",
+            "environment variable name {value} must be non-empty, without '=' or NUL",
+            {"value": repr(value[:100])},
+        )
+    return value
+
+
+def _check_env_value(value: str) -> str:
+    if "\x00" in value:
+        raise PydanticCustomError("env_var", "environment variable values cannot contain NUL")
+    return value
+
+
+#: What a process environment can hold (``execve`` cannot pass NUL, nor '=' in a name).
+EnvVars = dict[
+    Annotated[str, AfterValidator(_check_env_name)],
+    Annotated[str, AfterValidator(_check_env_value)],
+]
 ImportPath = Annotated[str, AfterValidator(_check_import_path)]
 RoutePrefix = Annotated[str, AfterValidator(_check_route_prefix)]
 RemoteURI = Annotated[str, AfterValidator(_check_remote_uri)]
@@ -313,7 +336,7 @@ class RuntimeEnv(RestModel):
 
     working_dir: RemoteURI | None = _OMIT_NONE
     py_modules: list[RemoteURI] | None = _OMIT_NONE
-    env_vars: dict[str, str] | None = _OMIT_NONE
+    env_vars: EnvVars | None = _OMIT_NONE
     pip: Any = _OMIT_NONE
     uv: Any = _OMIT_NONE
     conda: Any = _OMIT_NONE
@@ -330,7 +353,7 @@ class RuntimeEnv(RestModel):
 class ControllerRuntimeEnv(RestModel):
     """Ray 2.60 accepts only ``env_vars`` for the controller: the rest would change its code."""
 
-    env_vars: dict[str, str] | None = None
+    env_vars: EnvVars | None = None
 
 
 class RayActorOptionsSchema(RestModel):

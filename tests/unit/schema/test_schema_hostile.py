@@ -247,3 +247,10 @@ def test_prefixes_that_route_alike_are_one_prefix() -> None:
 def test_loop_periods_have_a_floor(field: str) -> None:
     parse_body(ServeDeploySchema, deployment(**{field: 0.1}))
     assert locs(deployment(**{field: 0.001})) == [[*DEP, field]]
+
+
+@pytest.mark.parametrize("env", [{"A\u0000": "1"}, {"A=B": "1"}, {"": "1"}, {"A": "x\u0000"}])
+def test_env_vars_a_process_cannot_receive_are_refused(env: dict[str, str]) -> None:
+    errors = locs(app(runtime_env={"env_vars": env}))
+    assert len(errors) == 1
+    assert errors[0][:4] == ["applications", 0, "runtime_env", "env_vars"]

@@ -88,14 +88,27 @@ def pid_alive(pid: int) -> bool:
 
 
 class Kubeserve:
-    """A ``kubeserve start`` process with its own state directory and ports."""
+    """A ``kubeserve start`` process with its own state directory and ports.
 
-    def __init__(self, state_dir: Path) -> None:
+    With ``token`` the admin API requires it (passed as ``KUBESERVE_AUTH_TOKEN``) and the helpers
+    below send it; ``args`` are more ``kubeserve start`` arguments.
+    """
+
+    def __init__(
+        self, state_dir: Path, *, token: str | None = None, args: tuple[str, ...] = ()
+    ) -> None:
         self.state_dir = state_dir
         self.dashboard_port = free_port()
         self.proxy_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = state_dir / "kubeserve-start.log"
+        self.token = token
+        self.args = args
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a client of this server sends: its bearer token, if it has one."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     @property
     def api(self) -> str:
@@ -109,6 +122,9 @@ class Kubeserve:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "apps"), str(ROOT / "operator")])
+        env.pop("KUBESERVE_AUTH_TOKEN", None)
+        if self.token:
+            env["KUBESERVE_AUTH_TOKEN"] = self.token
         log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
             [
@@ -124,6 +140,7 @@ class Kubeserve:
                 "127.0.0.1",
                 "--http-port",
                 str(self.proxy_port),
+                *self.args,
             ],
             cwd=ROOT,
             env=env,
@@ -169,11 +186,14 @@ class Kubeserve:
 
     def put(self, applications: list[dict[str, Any]], **options: Any) -> tuple[int, Any]:
         return http(
-            "PUT", f"{self.api}/api/serve/applications/", self.config(applications, **options)
+            "PUT",
+            f"{self.api}/api/serve/applications/",
+            self.config(applications, **options),
+            headers=self.headers,
         )
 
     def details(self) -> dict[str, Any]:
-        status, body = http("GET", f"{self.api}/api/serve/applications/")
+        status, body = http("GET", f"{self.api}/api/serve/applications/", headers=self.headers)
         assert status == 200, body
         return dict(body)
 
@@ -231,7 +251,7 @@ class Kubeserve:
 
     def shutdown(self) -> None:
         pids = self.all_pids()
-        status, body = http("DELETE", f"{self.api}/api/serve/applications/")
+        status, body = http("DELETE", f"{self.api}/api/serve/applications/", headers=self.headers)
         assert status == 200, body
         wait_for(lambda: not self.details()["applications"], 60, what="applications to go away")
         wait_for(lambda: not any(pid_alive(p) for p in pids), 60, what="processes to exit")
@@ -254,8 +274,10 @@ def replica_port(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def running_kubeserve(state_dir: Path) -> Iterator[Kubeserve]:
-    server = Kubeserve(state_dir)
+def running_kubeserve(
+    state_dir: Path, *, token: str | None = None, args: tuple[str, ...] = ()
+) -> Iterator[Kubeserve]:
+    server = Kubeserve(state_dir, token=token, args=args)
     server.start()
     try:
         yield server

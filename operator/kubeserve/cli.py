@@ -21,13 +21,18 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import yaml
 from aiohttp import web
 
+if TYPE_CHECKING:
+    from kubeserve.api.security import AdminSecurity
+
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+#: The admin API's bearer token, for ``kubeserve start`` and the client commands alike.
+AUTH_TOKEN_ENV = "KUBESERVE_AUTH_TOKEN"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         "--http-host", default="0.0.0.0", help="proxy host of a serving layer started implicitly"
     )
     start.add_argument("--deploy", type=Path, help="a config file to deploy once the server is up")
+    _add_auth_argument(
+        start,
+        "require this bearer token on the admin API (default: $KUBESERVE_AUTH_TOKEN; "
+        "required when --dashboard-host is not a loopback address)",
+    )
 
     operator = commands.add_parser("operator", help="run the Kubernetes operator")
     operator.add_argument(
@@ -91,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if name == "deploy":
             sub.add_argument("config_file", type=Path)
+        _add_auth_argument(sub, "send this bearer token (default: $KUBESERVE_AUTH_TOKEN)")
 
     fetch = commands.add_parser(
         "fetch-runtime-env", help="fetch working_dir / py_modules (a pod's init container)"
@@ -126,15 +137,54 @@ def main(argv: list[str] | None = None) -> int:
     return asyncio.run(_client(args))
 
 
+def _add_auth_argument(parser: argparse.ArgumentParser, helptext: str) -> None:
+    parser.add_argument("--auth-token-file", type=Path, metavar="FILE", help=helptext)
+
+
+def _auth_token(args: argparse.Namespace) -> str | None:
+    """The admin API's bearer token: ``--auth-token-file`` (surrounding whitespace stripped),
+    else ``$KUBESERVE_AUTH_TOKEN``, else none. A missing or empty file stops the command."""
+    path: Path | None = args.auth_token_file
+    if path is None:
+        return os.environ.get(AUTH_TOKEN_ENV) or None
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"kubeserve: cannot read --auth-token-file {path}: {exc}") from None
+    if not token:
+        raise SystemExit(f"kubeserve: --auth-token-file {path} is empty")
+    return token
+
+
+def _auth_headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def _start(args: argparse.Namespace) -> int:
     import uvloop
 
+    from kubeserve.api.security import AdminSecurity, is_loopback, loopback_hosts
     from kubeserve.backends.local.backend import LocalBackend
     from kubeserve.backends.local.controller import LocalSettings
 
     logging.basicConfig(
         level=os.environ.get("KUBESERVE_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    token = _auth_token(args)
+    loopback = is_loopback(args.dashboard_host)
+    if not loopback and token is None:
+        print(
+            f"kubeserve start: refusing to serve the admin API on {args.dashboard_host} without "
+            "authentication: it deploys code and is reachable from other machines there. Give a "
+            f"token with --auth-token-file FILE or {AUTH_TOKEN_ENV}, or listen on loopback "
+            "(--dashboard-host 127.0.0.1).",
+            file=sys.stderr,
+        )
+        return 2
+    security = AdminSecurity(
+        auth_token=token,
+        allowed_hosts=loopback_hosts(args.dashboard_host) if loopback else None,
     )
     host = "127.0.0.1" if args.dashboard_host in ("0.0.0.0", "::") else args.dashboard_host
     settings = LocalSettings(
@@ -145,12 +195,24 @@ def _start(args: argparse.Namespace) -> int:
     backend = LocalBackend(settings)
     default_http = {"host": args.http_host, "port": args.http_port}
     return uvloop.run(
-        _serve(backend, args.dashboard_host, args.dashboard_port, args.deploy, default_http)
+        _serve(
+            backend,
+            args.dashboard_host,
+            args.dashboard_port,
+            args.deploy,
+            default_http,
+            security,
+        )
     )
 
 
 async def _serve(
-    backend: Any, host: str, port: int, deploy: Path | None, default_http: dict[str, Any]
+    backend: Any,
+    host: str,
+    port: int,
+    deploy: Path | None,
+    default_http: dict[str, Any],
+    security: AdminSecurity,
 ) -> int:
     from kubeserve.api.server import create_app
 
@@ -159,7 +221,9 @@ async def _serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await backend.start()
-    runner = web.AppRunner(create_app(backend, default_http), access_log=None, shutdown_timeout=5)
+    runner = web.AppRunner(
+        create_app(backend, default_http, security), access_log=None, shutdown_timeout=5
+    )
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
@@ -173,7 +237,7 @@ async def _serve(
         flush=True,
     )
     if deploy is not None:
-        code = await _deploy(f"http://127.0.0.1:{port}", deploy)
+        code = await _deploy(backend.settings.controller_url, deploy, security.auth_token)
         if code != 0:
             stop.set()
     await stop.wait()
@@ -281,9 +345,10 @@ async def _operate(settings: Any, host: str, port: int, metrics_port: int = 0) -
 
 
 async def _client(args: argparse.Namespace) -> int:
+    token = _auth_token(args)
     if args.command == "deploy":
-        return await _deploy(args.address, args.config_file)
-    async with aiohttp.ClientSession() as session:
+        return await _deploy(args.address, args.config_file, token)
+    async with aiohttp.ClientSession(headers=_auth_headers(token)) as session:
         url = f"{args.address}/api/serve/applications/"
         method = "DELETE" if args.command == "shutdown" else "GET"
         async with session.request(method, url) as response:
@@ -301,7 +366,7 @@ async def _client(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _deploy(address: str, path: Path) -> int:
+async def _deploy(address: str, path: Path, token: str | None) -> int:
     try:
         config = yaml.safe_load(path.read_text())  # noqa: ASYNC240 - a small local file
     except (OSError, yaml.YAMLError) as exc:
@@ -310,7 +375,7 @@ async def _deploy(address: str, path: Path) -> int:
     family = (
         "applications" if isinstance(config, dict) and "applications" in config else "deployments"
     )
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=_auth_headers(token)) as session:
         url = f"{address}/api/serve/{family}/"
         async with session.put(url, json=config) as response:
             body = await response.json(content_type=None)

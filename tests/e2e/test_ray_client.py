@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from kubeserve_testing import Kubeserve, pid_alive, wait_for
+from kubeserve_testing import Kubeserve, pid_alive, running_kubeserve, wait_for
 
 RAY_SERVE = os.environ.get("KUBESERVE_RAY_SERVE", "")
 
@@ -23,14 +24,21 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def serve(ks: Kubeserve, *args: str) -> str:
-    result = subprocess.run(
+def run_serve(
+    ks: Kubeserve, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    return subprocess.run(
         [RAY_SERVE, *args, "-a", ks.api],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+        env={**environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})},
     )
+
+
+def serve(ks: Kubeserve, *args: str, env: dict[str, str] | None = None) -> str:
+    result = run_serve(ks, *args, env=env)
     assert result.returncode == 0, (
         f"serve {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
     )
@@ -74,5 +82,51 @@ def test_ray_serve_cli_deploy_status_config_shutdown(kubeserve: Kubeserve, tmp_p
 
     pids = ks.all_pids()
     serve(ks, "shutdown", "-y")
+    wait_for(lambda: not ks.details()["applications"], 60, what="shutdown")
+    wait_for(lambda: not any(pid_alive(p) for p in pids), 60, what="processes to exit")
+
+
+TOKEN = "ray-user-token"
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubeserve]:
+    with running_kubeserve(tmp_path_factory.mktemp("secured"), token=TOKEN) as server:
+        yield server
+
+
+def test_ray_serve_cli_with_token_auth(secured: Kubeserve, tmp_path: Path) -> None:
+    """A Ray user configures the token as for a Ray cluster with token authentication:
+    RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, as here for deploy)."""
+    ks = secured
+    token_file = tmp_path / "auth_token"
+    token_file.write_text(TOKEN)
+    by_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN}
+    by_path = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
+    config = {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": ks.proxy_port},
+        "applications": [
+            {"name": "hello", "route_prefix": "/hello", "import_path": "examples.hello:app"}
+        ],
+    }
+    path = tmp_path / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+
+    refused = run_serve(ks, "deploy", str(path))
+    assert refused.returncode != 0
+    assert "Authentication required" in refused.stderr
+    wrong = run_serve(ks, "status", env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "nope"})
+    assert wrong.returncode != 0
+    assert "Authentication failed" in wrong.stderr
+
+    serve(ks, "deploy", str(path), env=by_path)
+    ks.wait_app("hello")
+    status = yaml.safe_load(serve(ks, "status", env=by_env))
+    assert status["applications"]["hello"]["status"] == "RUNNING"
+    (config_out,) = yaml.safe_load_all(serve(ks, "config", env=by_env))
+    assert config_out["import_path"] == "examples.hello:app"
+    pids = ks.all_pids()
+    serve(ks, "shutdown", "-y", env=by_env)
     wait_for(lambda: not ks.details()["applications"], 60, what="shutdown")
     wait_for(lambda: not any(pid_alive(p) for p in pids), 60, what="processes to exit")

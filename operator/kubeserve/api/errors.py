@@ -9,6 +9,7 @@ is logged with its traceback, never shown to the client.
     ApiError                  (status, message, details)
      ├── BadRequest           400: malformed JSON, schema violations (details carry JSON paths)
      ├── UnsupportedMediaType 415: a PUT body that is not application/json
+     ├── (aiohttp routing)    HTTPNotFound -> 404, HTTPMethodNotAllowed -> 405 with ``Allow``
      └── (backend errors)     ConflictError -> 409, NotFoundError -> 404, RejectedError -> 400,
                               UnavailableError -> 503
 """
@@ -16,7 +17,7 @@ is logged with its traceback, never shown to the client.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -51,8 +52,15 @@ class UnsupportedMediaType(ApiError):
     status = 415
 
 
-def error_response(status: int, message: str, details: list[Any] | None = None) -> web.Response:
-    return web.json_response({"error": message, "details": details or []}, status=status)
+def error_response(
+    status: int,
+    message: str,
+    details: list[Any] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    return web.json_response(
+        {"error": message, "details": details or []}, status=status, headers=headers
+    )
 
 
 @web.middleware
@@ -73,6 +81,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(503, str(exc))
     except web.HTTPRequestEntityTooLarge as exc:
         return error_response(413, f"request body too large: {exc.text or ''}".strip())
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return error_response(
+            405,
+            f"method {request.method} is not allowed on {request.path}: use {allowed}",
+            headers={"Allow": exc.headers["Allow"]},
+        )
+    except web.HTTPNotFound:
+        return error_response(404, f"no such endpoint: {request.method} {request.path}")
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

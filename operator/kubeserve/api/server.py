@@ -7,52 +7,62 @@ is written unless the whole body is valid, so a bad request never loses accepted
 
 from __future__ import annotations
 
-import json
+import asyncio
 from importlib.metadata import version as _package_version
 from typing import Any
 
 from aiohttp import web
 
-from kubeserve.api.errors import BadRequest, UnsupportedMediaType, error_middleware, error_response
+from kubeserve.api.errors import BadRequest, UnsupportedMediaType, error_middleware
+from kubeserve.api.openapi import Endpoint, QueryParameter, openapi_document
+from kubeserve.api.security import AdminSecurity, security_middleware
 from kubeserve.backends.protocol import Backend, ConflictError, NotFoundError
+from kubeserve.schema.body import decode_json_body, parse_body
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
-from kubeserve.schema.errors import parse_body
+from kubeserve.schema.status import APIType, ServeInstanceDetails, ServeStatusSchema
 
 #: The Ray version kubeserve's admin API is compatible with (the ``serve`` client checks it).
 RAY_COMPATIBLE_VERSION = "2.60.0"
 #: Largest accepted request body; a config this large is a mistake, not a deployment.
 MAX_BODY_BYTES = 8 * 1024 * 1024
+#: Where the OpenAPI document of the running server is served.
+OPENAPI_PATH = "/api/serve/openapi.json"
 
 BACKEND_KEY = web.AppKey("backend", Backend)
 DEFAULT_HTTP_KEY = web.AppKey("default_http", dict)
+OPENAPI_KEY = web.AppKey("openapi", dict)
 
 
-def create_app(backend: Backend, default_http: dict[str, Any] | None = None) -> web.Application:
+def create_app(
+    backend: Backend,
+    default_http: dict[str, Any] | None = None,
+    security: AdminSecurity | None = None,
+) -> web.Application:
     """The admin server; ``default_http`` overrides http_options of a serving layer started
-    implicitly (by GET /api/serve/deployments/status)."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    implicitly (by GET /api/serve/deployments/status); ``security`` turns on the bearer token
+    and the Host check (off by default, as the operator runs it)."""
+    security = security or AdminSecurity()
+    internal = backend.internal_routes()
+    internal_paths = {r.path for r in internal if isinstance(r, web.RouteDef)}
+    app = web.Application(
+        middlewares=[error_middleware, security_middleware(security, internal_paths)],
+        client_max_size=MAX_BODY_BYTES,
+    )
     app[BACKEND_KEY] = backend
     app[DEFAULT_HTTP_KEY] = default_http or {}
-    routes = [
-        web.get("/api/ray/version", ray_version),
-        web.get("/-/healthz", healthz),
-        web.put("/api/serve/applications/", put_applications),
-        web.get("/api/serve/applications/", get_applications),
-        web.delete("/api/serve/applications/", delete_all),
-        web.put("/api/serve/deployments/", put_single_app),
-        web.get("/api/serve/deployments/", get_single_app),
-        web.delete("/api/serve/deployments/", delete_all),
-        web.get("/api/serve/deployments/status", get_single_app_status),
-    ]
-    # The same endpoints without the trailing slash (curl users type both).
-    routes += [
-        web.route(r.method, r.path.rstrip("/"), r.handler)
-        for r in list(routes)
-        if isinstance(r, web.RouteDef) and r.path.endswith("/")
-    ]
-    app.add_routes(routes)
-    app.add_routes(backend.internal_routes())
-    app.router.add_route("*", "/{tail:.*}", not_found)
+    app[OPENAPI_KEY] = openapi_document(
+        ENDPOINTS,
+        version=_package_version("kubeserve"),
+        bearer_auth=security.auth_token is not None,
+    )
+    app.add_routes(web.route(e.method, e.path, e.handler) for e in ENDPOINTS)
+    # The same endpoints without the trailing slash (curl users type both); not documented.
+    app.add_routes(
+        web.route(e.method, e.path.rstrip("/"), e.handler)
+        for e in ENDPOINTS
+        if e.path.endswith("/")
+    )
+    app.add_routes(internal)
     return app
 
 
@@ -61,10 +71,6 @@ def create_health_app() -> web.Application:
     app = web.Application(middlewares=[error_middleware])
     app.add_routes([web.get("/-/healthz", healthz)])
     return app
-
-
-async def not_found(request: web.Request) -> web.Response:
-    return error_response(404, f"no such endpoint: {request.method} {request.path}")
 
 
 async def ray_version(request: web.Request) -> web.Response:
@@ -79,7 +85,12 @@ async def ray_version(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """Open without a token, as in Ray's dashboard: probes carry none, and it reveals nothing."""
     return web.Response(text="success")
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(request.app[OPENAPI_KEY])
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -90,15 +101,9 @@ async def _json_body(request: web.Request) -> Any:
             f"(got {request.content_type!r})"
         )
     raw = await request.read()
-    try:
-        return json.loads(raw)
-    except UnicodeDecodeError as exc:
-        raise BadRequest(f"body is not UTF-8 text: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise BadRequest(
-            f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-            [{"loc": [], "msg": f"malformed JSON: {exc.msg} (char {exc.pos})"}],
-        ) from None
+    # A thread: the largest accepted body takes about a second to check, and the discovery
+    # long-polls of the data plane are served by this event loop.
+    return await asyncio.to_thread(decode_json_body, raw)
 
 
 def _backend(request: web.Request) -> Backend:
@@ -127,7 +132,21 @@ async def put_applications(request: web.Request) -> web.Response:
 
 
 async def get_applications(request: web.Request) -> web.Response:
-    return web.json_response(await _backend(request).instance_details())
+    """Ray's ``?api_type=imperative|declarative`` (any case) keeps the applications deployed that
+    way; kubeserve's are all declarative (REST PUTs). Another value is a 400, as in Ray."""
+    api_type = request.query.get("api_type", "")
+    wanted = api_type.lower()
+    if api_type and wanted not in _API_TYPES:
+        message = f"invalid api_type {api_type[:100]!r}: must be one of {', '.join(_API_TYPES)}"
+        raise BadRequest(message, [{"loc": ["query", "api_type"], "msg": message}])
+    details = await _backend(request).instance_details()
+    if wanted:
+        details["applications"] = {
+            name: app
+            for name, app in details.get("applications", {}).items()
+            if app.get("source") == wanted
+        }
+    return web.json_response(details)
 
 
 async def delete_all(request: web.Request) -> web.Response:
@@ -196,3 +215,88 @@ async def get_single_app_status(request: web.Request) -> web.Response:
             ],
         }
     )
+
+
+_API_TYPES = (APIType.IMPERATIVE.value, APIType.DECLARATIVE.value)
+_DEPLOYED: dict[str, Any] = {
+    "type": "object",
+    "properties": {"applications": {"type": "array", "items": {"type": "string"}}},
+    "required": ["applications"],
+}
+_VERSION: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        key: {"type": "string"} for key in ("version", "ray_version", "ray_commit", "session_name")
+    },
+    "required": ["ray_version"],
+}
+
+#: Every operation of the admin API, as routed and as documented (``/api/serve/openapi.json``).
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint(
+        "GET",
+        "/api/ray/version",
+        ray_version,
+        "Ray version this API is compatible with",
+        response=_VERSION,
+    ),
+    Endpoint("GET", "/-/healthz", healthz, "Liveness: 'success'", text=True, open=True),
+    Endpoint("GET", OPENAPI_PATH, openapi, "This document"),
+    Endpoint(
+        "PUT",
+        "/api/serve/applications/",
+        put_applications,
+        "Deploy a multi-application config; applications it does not list are removed",
+        request=ServeDeploySchema,
+        response=_DEPLOYED,
+        errors=(409, 503),
+    ),
+    Endpoint(
+        "GET",
+        "/api/serve/applications/",
+        get_applications,
+        "The serving layer and every application (Ray's ServeInstanceDetails)",
+        response=ServeInstanceDetails,
+        errors=(503,),
+        query=(
+            QueryParameter(
+                "api_type", "keep applications deployed this way (case-insensitive)", _API_TYPES
+            ),
+        ),
+    ),
+    Endpoint(
+        "DELETE",
+        "/api/serve/applications/",
+        delete_all,
+        "Shut down the serving layer and every application",
+        errors=(503,),
+    ),
+    Endpoint(
+        "PUT",
+        "/api/serve/deployments/",
+        put_single_app,
+        "Deploy one application; it becomes the only one",
+        request=ServeApplicationSchema,
+        response=_DEPLOYED,
+        errors=(409, 503),
+    ),
+    Endpoint(
+        "GET",
+        "/api/serve/deployments/",
+        get_single_app,
+        "The config of the one application, as sent",
+        response=ServeApplicationSchema,
+        errors=(404, 409, 503),
+    ),
+    Endpoint(
+        "DELETE", "/api/serve/deployments/", delete_all, "Shut everything down", errors=(503,)
+    ),
+    Endpoint(
+        "GET",
+        "/api/serve/deployments/status",
+        get_single_app_status,
+        "Status of the one application; starts the serving layer if it is not running",
+        response=ServeStatusSchema,
+        errors=(503,),
+    ),
+)

@@ -6,6 +6,7 @@ Request bodies live in :mod:`.config`, responses and status values in :mod:`.sta
 translation of validation failures into API error details in :mod:`.errors`.
 """
 
+from kubeserve.schema.body import decode_json_body, parse_body
 from kubeserve.schema.config import (
     REMOTE_URI_SCHEMES,
     AutoscalingConfig,
@@ -31,7 +32,7 @@ from kubeserve.schema.config import (
     ServeDeploySchema,
     TracingConfig,
 )
-from kubeserve.schema.errors import ErrorDetail, SchemaError, parse_body, validation_details
+from kubeserve.schema.errors import ErrorDetail, SchemaError, validation_details
 from kubeserve.schema.status import (
     APIType,
     ApplicationDetails,
@@ -110,6 +111,7 @@ __all__ = [
     "Target",
     "TargetGroup",
     "TracingConfig",
+    "decode_json_body",
     "empty_instance_details",
     "parse_body",
     "validation_details",

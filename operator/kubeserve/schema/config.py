@@ -25,6 +25,7 @@ field names being the wire names except the explicit ``validation_alias`` choice
 from __future__ import annotations
 
 import keyword
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -36,7 +37,6 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeFloat,
-    NonNegativeInt,
     PlainValidator,
     PositiveFloat,
     PositiveInt,
@@ -45,6 +45,13 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from kubeserve.schema.errors import field_error
+from kubeserve.schema.limits import (
+    MAX_APPLICATIONS,
+    MAX_DEPLOYMENTS_PER_APPLICATION,
+    MAX_NAME_LENGTH,
+    MAX_REPLICAS_PER_DEPLOYMENT,
+    MIN_PERIOD_S,
+)
 
 __all__ = [
     "REMOTE_URI_SCHEMES",
@@ -110,22 +117,75 @@ def _check_import_path(value: str) -> str:
     return value
 
 
+# RFC 3986 path characters (unreserved, sub-delims, ':' and '@') and percent-encodings.
+_SEGMENT = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})+")
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+def _route_prefix_error(value: str, reason: str) -> PydanticCustomError:
+    return PydanticCustomError(
+        "route_prefix",
+        "route prefix {value} {reason}",
+        {"value": repr(value[:200]), "reason": reason},
+    )
+
+
 def _check_route_prefix(value: str) -> str:
-    """Ray's rules: starts with '/', no trailing '/' except the catch-all '/', no wildcards."""
+    """Ray's rules (starts with '/', no trailing '/' except the catch-all '/', no wildcards), and
+    one spelling per route: the proxy matches raw request paths segment by segment, so a prefix
+    must be written the way requests spell it, in the canonical form of RFC 3986.
+
+    Refused: empty, ``.`` and ``..`` segments (``//a``, ``/./a`` mean ``/a``); characters a request
+    path cannot carry (space, ``?``, ``#``, controls, raw non-ASCII: write ``%C3%A9``);
+    percent-encodings of characters that need none (``%61`` is ``a``), of ``/`` (``%2F``) or in
+    lowercase hex; the proxy's own paths under ``/-/``. So two valid prefixes route the same
+    requests exactly when they are the same string.
+    """
     if not value.startswith("/"):
-        raise PydanticCustomError(
-            "route_prefix", "route prefix '{value}' must start with '/'", {"value": value}
-        )
+        raise _route_prefix_error(value, "must start with '/'")
     if len(value) > 1 and value.endswith("/"):
-        raise PydanticCustomError(
-            "route_prefix",
-            "route prefix '{value}' must not end with '/' unless it is exactly '/'",
-            {"value": value},
-        )
+        raise _route_prefix_error(value, "must not end with '/' unless it is exactly '/'")
     if "{" in value or "}" in value:
-        raise PydanticCustomError(
-            "route_prefix", "route prefix '{value}' must not contain wildcards", {"value": value}
+        raise _route_prefix_error(value, "must not contain wildcards")
+    if value == "/":
+        return value
+    segments = value[1:].split("/")
+    if segments[0] == "-":
+        raise _route_prefix_error(value, "is reserved: paths under '/-/' belong to the proxy")
+    if any(segment in ("", ".", "..") for segment in segments):
+        resolved: list[str] = []
+        for segment in segments:
+            if segment == "..":
+                resolved = resolved[:-1]
+            elif segment not in ("", "."):
+                resolved.append(segment)
+        raise _route_prefix_error(
+            value,
+            "has an empty, '.' or '..' segment, which requests never carry: write "
+            f"{'/' + '/'.join(resolved)!r}",
         )
+    for segment in segments:
+        if not _SEGMENT.fullmatch(segment):
+            bad = next((c for c in segment if c != "%" and not _SEGMENT.fullmatch(c)), None)
+            if bad is None:
+                raise _route_prefix_error(value, "has a '%' not followed by two hex digits")
+            raise _route_prefix_error(
+                value,
+                f"contains {bad!r}, which a request path cannot carry: percent-encode it "
+                "(UTF-8 bytes, uppercase hex, such as %20 for a space)",
+            )
+        for code in re.findall(r"%(..)", segment):
+            char = chr(int(code, 16))
+            if char == "/":
+                raise _route_prefix_error(
+                    value, "has '%2F', an encoded '/', which proxies may decode: use '/'"
+                )
+            if char in _UNRESERVED or code != code.upper():
+                hint = char if char in _UNRESERVED else "%" + code.upper()
+                raise _route_prefix_error(
+                    value,
+                    f"has '%{code}', which requests spell {hint!r} (canonical form, RFC 3986)",
+                )
     return value
 
 
@@ -148,6 +208,53 @@ def _check_remote_uri(value: str) -> str:
     return value
 
 
+# Letters, digits, '_', '-', '.' and spaces; a letter, digit or '_' at both ends.
+_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_. -]*[A-Za-z0-9_])?")
+
+
+def _check_name(value: str) -> str:
+    """Application and deployment names: what Ray users write ("default", "app1", "my_app",
+    "text-ml.v2", "My App") and nothing that is unsafe where kubeserve puts names: log file
+    names, process arguments, Kubernetes labels (shortened and hashed there), terminals.
+
+    So no '/', '\\', '..', NUL or other control characters, no leading '-' or '.', at most
+    :data:`~kubeserve.schema.limits.MAX_NAME_LENGTH` characters. The single-application family's
+    default name ``""`` stays valid; multi-application configs require a name.
+    """
+    if value and (len(value) > MAX_NAME_LENGTH or ".." in value or not _NAME.fullmatch(value)):
+        raise PydanticCustomError(
+            "name",
+            "invalid name {value}: use at most {limit} letters, digits, '_', '-', '.' and "
+            "spaces, starting and ending with a letter, digit or '_', without '..'",
+            {"value": repr(value[: MAX_NAME_LENGTH + 20]), "limit": MAX_NAME_LENGTH},
+        )
+    return value
+
+
+Name = Annotated[str, AfterValidator(_check_name)]
+
+
+def _check_env_name(value: str) -> str:
+    if not value or "=" in value or "\x00" in value:
+        raise PydanticCustomError(
+            "env_var",
+            "environment variable name {value} must be non-empty, without '=' or NUL",
+            {"value": repr(value[:100])},
+        )
+    return value
+
+
+def _check_env_value(value: str) -> str:
+    if "\x00" in value:
+        raise PydanticCustomError("env_var", "environment variable values cannot contain NUL")
+    return value
+
+
+#: What a process environment can hold (``execve`` cannot pass NUL, nor '=' in a name).
+EnvVars = dict[
+    Annotated[str, AfterValidator(_check_env_name)],
+    Annotated[str, AfterValidator(_check_env_value)],
+]
 ImportPath = Annotated[str, AfterValidator(_check_import_path)]
 RoutePrefix = Annotated[str, AfterValidator(_check_route_prefix)]
 RemoteURI = Annotated[str, AfterValidator(_check_remote_uri)]
@@ -159,16 +266,31 @@ def _num_replicas(value: object) -> int | Literal["auto"] | None:
     if value is None or value == "auto":
         return value
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        if value > MAX_REPLICAS_PER_DEPLOYMENT:
+            raise PydanticCustomError(
+                "num_replicas",
+                "num_replicas {value} is over the limit of {limit} replicas per deployment",
+                {"value": value, "limit": MAX_REPLICAS_PER_DEPLOYMENT},
+            )
         return value
     raise PydanticCustomError(
         "num_replicas", "num_replicas must be an integer greater than 0, 'auto' or null"
     )
 
 
+#: How many replicas a deployment may ask for: 0 (autoscaling's floor) to the sanity cap.
+ReplicaCount = Annotated[int, Field(ge=0, le=MAX_REPLICAS_PER_DEPLOYMENT)]
 NumReplicas = Annotated[
     int | Literal["auto"] | None,
-    PlainValidator(_num_replicas, json_schema_input_type=int | Literal["auto"] | None),
+    PlainValidator(
+        _num_replicas,
+        json_schema_input_type=Annotated[int, Field(ge=1, le=MAX_REPLICAS_PER_DEPLOYMENT)]
+        | Literal["auto"]
+        | None,
+    ),
 ]
+#: Period of a loop (health checks, graceful-shutdown polls, metrics); see MIN_PERIOD_S.
+Period = Annotated[float, Field(ge=MIN_PERIOD_S)]
 
 _LOG_LEVELS = frozenset(
     {"CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET"}
@@ -214,7 +336,7 @@ class RuntimeEnv(RestModel):
 
     working_dir: RemoteURI | None = _OMIT_NONE
     py_modules: list[RemoteURI] | None = _OMIT_NONE
-    env_vars: dict[str, str] | None = _OMIT_NONE
+    env_vars: EnvVars | None = _OMIT_NONE
     pip: Any = _OMIT_NONE
     uv: Any = _OMIT_NONE
     conda: Any = _OMIT_NONE
@@ -231,7 +353,7 @@ class RuntimeEnv(RestModel):
 class ControllerRuntimeEnv(RestModel):
     """Ray 2.60 accepts only ``env_vars`` for the controller: the rest would change its code."""
 
-    env_vars: dict[str, str] | None = None
+    env_vars: EnvVars | None = None
 
 
 class RayActorOptionsSchema(RestModel):
@@ -270,11 +392,11 @@ class AutoscalingConfig(RestModel):
     The deprecated smoothing fields are accepted for compatibility with older configs.
     """
 
-    min_replicas: NonNegativeInt = 1
-    initial_replicas: NonNegativeInt | None = None
-    max_replicas: PositiveInt = 1
+    min_replicas: ReplicaCount = 1
+    initial_replicas: ReplicaCount | None = None
+    max_replicas: Annotated[ReplicaCount, Field(ge=1)] = 1
     target_ongoing_requests: PositiveFloat | None = 2
-    metrics_interval_s: PositiveFloat = 10.0
+    metrics_interval_s: Period = 10.0
     look_back_period_s: PositiveFloat = 30.0
     smoothing_factor: PositiveFloat = 1.0
     upscale_smoothing_factor: PositiveFloat | None = None
@@ -346,7 +468,7 @@ class GangSchedulingConfig(RestModel):
 class DeploymentActorConfig(RestModel):
     """A long-lived helper process shared by a deployment's replicas (Ray 2.60, alpha)."""
 
-    name: str = Field(min_length=1)
+    name: Name = Field(min_length=1)
     actor_class: ImportPath
     init_args: list[Any] = Field(default_factory=list)
     init_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -396,7 +518,7 @@ class DeploymentSchema(RestModel):
     spelling only.
     """
 
-    name: str = Field(min_length=1)
+    name: Name = Field(min_length=1)
     num_replicas: NumReplicas = None
     max_ongoing_requests: PositiveInt | None = Field(
         default=None,
@@ -406,10 +528,10 @@ class DeploymentSchema(RestModel):
     backpressure_config: BackpressureConfig | None = None
     user_config: dict[str, Any] | None = None
     autoscaling_config: AutoscalingConfig | None = None
-    graceful_shutdown_wait_loop_s: NonNegativeFloat | None = None
+    graceful_shutdown_wait_loop_s: Period | None = None
     graceful_shutdown_timeout_s: NonNegativeFloat | None = None
-    health_check_period_s: PositiveFloat | None = None
-    health_check_timeout_s: PositiveFloat | None = None
+    health_check_period_s: Period | None = None
+    health_check_timeout_s: Period | None = None
     ray_actor_options: RayActorOptionsSchema | None = Field(
         default=None,
         validation_alias=AliasChoices("ray_actor_options", "cluster_actor_options"),
@@ -468,13 +590,15 @@ class ServeApplicationSchema(RestModel):
     defaults to Ray's ``"default"``.
     """
 
-    name: str = ""
+    name: Name = ""
     route_prefix: RoutePrefix | None = "/"
     import_path: ImportPath
     runtime_env: RuntimeEnv = Field(default_factory=RuntimeEnv)
     host: str = "0.0.0.0"
     port: Port = 8000
-    deployments: list[DeploymentSchema] = Field(default_factory=list)
+    deployments: list[DeploymentSchema] = Field(
+        default_factory=list, max_length=MAX_DEPLOYMENTS_PER_APPLICATION
+    )
     args: dict[str, Any] = Field(default_factory=dict)
     logging_config: LoggingConfig | None = None
     external_scaler_enabled: bool = False
@@ -509,7 +633,7 @@ class ServeApplicationSchema(RestModel):
 class ServeApplicationEntry(ServeApplicationSchema):
     """An element of ``applications`` in the multi-application config; Ray's default name."""
 
-    name: str = "default"
+    name: Name = "default"
 
 
 # --------------------------------------------------------------------------- serving layer
@@ -586,7 +710,7 @@ class ServeDeploySchema(RestModel):
     logging_config: LoggingConfig | None = None
     tracing_config: TracingConfig | None = None
     target_capacity: Annotated[float, Field(ge=0, le=100)] | None = None
-    applications: list[ServeApplicationEntry]
+    applications: list[ServeApplicationEntry] = Field(max_length=MAX_APPLICATIONS)
 
     @model_validator(mode="after")
     def _applications_consistent(self) -> ServeDeploySchema:

@@ -18,25 +18,21 @@ Exception hierarchy::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypedDict
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
 
 __all__ = [
     "ErrorDetail",
     "SchemaError",
     "field_error",
-    "parse_body",
     "validation_details",
 ]
 
 #: Error type of the errors raised by :func:`field_error`; recognised by :func:`validation_details`.
 FIELD_ERROR_TYPE = "kubeserve_invalid"
-
-_M = TypeVar("_M", bound=BaseModel)
 
 # Messages for pydantic's error types whose default wording is unhelpful to an API client.
 _MESSAGES = {
@@ -85,22 +81,6 @@ def validation_details(err: ValidationError) -> list[ErrorDetail]:
             loc.extend(ctx.get("at", []))
         details.append({"loc": loc, "msg": _message(e["type"], e["msg"])})
     return details
-
-
-def parse_body(model: type[_M], data: bytes | str | Mapping[str, Any] | Any) -> _M:
-    """Validate a request body (raw JSON text or already decoded) into ``model``.
-
-    Raises :class:`SchemaError` with every problem found; malformed JSON is reported at the
-    empty path ``[]`` (Ray answers it with a 500 and a traceback; kubeserve with a 400).
-    """
-    try:
-        if isinstance(data, bytes | str):
-            return model.model_validate_json(data)
-        return model.model_validate(data)
-    except ValidationError as err:
-        raise SchemaError(validation_details(err)) from None
-    except json.JSONDecodeError as err:  # pragma: no cover - pydantic parses JSON itself
-        raise SchemaError([{"loc": [], "msg": f"invalid JSON: {err}"}]) from None
 
 
 def _message(kind: str, msg: str) -> str:

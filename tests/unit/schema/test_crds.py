@@ -346,8 +346,8 @@ def test_app_name_defaults_to_the_object_name_and_instance_to_default() -> None:
     spec = ServeApplicationSpec.model_validate({"importPath": "a:b"})
     assert spec.to_rest(name="my-app").name == "my-app"
     assert spec.model_dump()["instance"] == "default"
-    named = ServeApplicationSpec.model_validate({"importPath": "a:b", "appName": "My App/1"})
-    assert named.to_rest(name="my-app-1").name == "My App/1"
+    named = ServeApplicationSpec.model_validate({"importPath": "a:b", "appName": "My App.v1"})
+    assert named.to_rest(name="my-app-1").name == "My App.v1"
 
 
 def test_spec_spelling_is_camel_case_only() -> None:

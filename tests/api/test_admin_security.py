@@ -1,0 +1,184 @@
+"""Who may use the admin API of ``kubeserve start``: bearer token, Host check, refusal to listen
+openly without a token; and the HTTP semantics clients rely on (405 + Allow, ?api_type)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kubeserve_testing import ROOT, Kubeserve, free_port, http, running_kubeserve
+
+TOKEN = "t0ken-for-tests"
+HELLO = {"name": "hello", "route_prefix": "/hello", "import_path": "examples.hello:app"}
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubeserve]:
+    """A ``kubeserve start`` whose admin API requires :data:`TOKEN`."""
+    with running_kubeserve(tmp_path_factory.mktemp("secured"), token=TOKEN) as server:
+        yield server
+
+
+def kubeserve_cli(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k != "KUBESERVE_AUTH_TOKEN"}
+    environ["PYTHONPATH"] = str(ROOT / "operator")
+    return subprocess.run(
+        [sys.executable, "-m", "kubeserve.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**environ, **(env or {})},
+    )
+
+
+# --------------------------------------------------------------------------- bearer token
+
+
+def test_no_token_is_401_json_with_a_bearer_challenge(secured: Kubeserve) -> None:
+    for path in ("/api/serve/applications/", "/api/ray/version", "/api/serve/openapi.json"):
+        status, body = http("GET", f"{secured.api}{path}")
+        assert status == 401, path
+        assert "Authorization: Bearer" in body["error"]
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"{secured.api}/api/serve/applications/", timeout=10)
+    assert info.value.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_wrong_token_is_403_as_in_rays_dashboard(secured: Kubeserve) -> None:
+    for header in ("Bearer wrong", "Basic dXNlcjpwYXNz", f"Bearer {TOKEN}x", "Bearer \u00e9"):
+        status, body = http(
+            "GET", f"{secured.api}/api/serve/applications/", headers={"Authorization": header}
+        )
+        assert status == 403, header
+        assert "token" in body["error"]
+
+
+def test_right_token_in_either_header_and_any_scheme_case(secured: Kubeserve) -> None:
+    for name, value in (
+        ("Authorization", f"Bearer {TOKEN}"),
+        ("Authorization", f"bearer {TOKEN}"),
+        ("X-Ray-Authorization", f"Bearer {TOKEN}"),
+    ):
+        status, body = http("GET", f"{secured.api}/api/ray/version", headers={name: value})
+        assert (status, body["ray_version"]) == (200, "2.60.0")
+
+
+def test_health_stays_open(secured: Kubeserve) -> None:
+    assert http("GET", f"{secured.api}/-/healthz") == (200, "success")
+
+
+def test_data_plane_works_behind_the_token(secured: Kubeserve) -> None:
+    """Proxies and replicas long-poll the controller without the admin token."""
+    assert secured.put([HELLO])[0] == 200
+    secured.wait_app("hello")
+    try:
+        assert http("GET", f"{secured.proxy}/hello") == (200, "hello, world\n")
+    finally:
+        secured.shutdown()
+
+
+def test_kubeserve_client_commands_send_the_token(secured: Kubeserve, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    by_env = kubeserve_cli("status", "-a", secured.api, env={"KUBESERVE_AUTH_TOKEN": TOKEN})
+    assert by_env.returncode == 0, by_env.stderr
+    by_file = kubeserve_cli("config", "-a", secured.api, "--auth-token-file", str(token_file))
+    assert by_file.returncode == 0, by_file.stderr
+    without = kubeserve_cli("status", "-a", secured.api)
+    assert without.returncode == 1
+    assert "HTTP 401" in without.stderr and "KUBESERVE_AUTH_TOKEN" in without.stderr
+
+
+def test_start_refuses_a_non_loopback_address_without_a_token(tmp_path: Path) -> None:
+    result = kubeserve_cli(
+        "start",
+        "--dashboard-host",
+        "0.0.0.0",
+        "--dashboard-port",
+        str(free_port()),
+        "--state-dir",
+        str(tmp_path),
+    )
+    assert result.returncode == 2
+    assert "without authentication" in result.stderr
+    assert "--auth-token-file" in result.stderr
+
+
+def test_start_refuses_an_empty_token_file(tmp_path: Path) -> None:
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    result = kubeserve_cli("start", "--auth-token-file", str(empty), "--state-dir", str(tmp_path))
+    assert result.returncode != 0
+    assert "is empty" in result.stderr
+
+
+# --------------------------------------------------------------------------- Host check
+
+
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "localhost", "LOCALHOST:1", "[::1]", "[::1]:8265", "127.0.0.1:80"]
+)
+def test_loopback_host_names_are_answered(kubeserve: Kubeserve, host: str) -> None:
+    status, _ = http("GET", f"{kubeserve.api}/api/ray/version", headers={"Host": host})
+    assert status == 200
+
+
+@pytest.mark.parametrize(
+    "host", ["evil.example", "evil.example:8265", "127.0.0.1.evil.example", "10.0.0.1", "[::2]"]
+)
+def test_other_host_names_are_refused_against_dns_rebinding(
+    kubeserve: Kubeserve, host: str
+) -> None:
+    status, body = http("GET", f"{kubeserve.api}/api/serve/applications/", headers={"Host": host})
+    assert status == 403
+    assert "DNS rebinding" in body["error"]
+    assert body["details"][0]["loc"] == ["header", "Host"]
+
+
+# --------------------------------------------------------------------------- HTTP semantics
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("POST", "/api/serve/applications/", "DELETE,GET,HEAD,PUT"),
+        ("PATCH", "/api/serve/deployments", "DELETE,GET,HEAD,PUT"),
+        ("PUT", "/api/ray/version", "GET,HEAD"),
+        ("DELETE", "/api/serve/deployments/status", "GET,HEAD"),
+    ],
+)
+def test_wrong_method_is_405_with_allow(
+    kubeserve: Kubeserve, method: str, path: str, allowed: str
+) -> None:
+    request = urllib.request.Request(f"{kubeserve.api}{path}", method=method, data=b"{}")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)
+    assert info.value.code == 405
+    assert info.value.headers["Allow"] == allowed
+    assert method in info.value.read().decode()
+
+
+def test_api_type_filters_and_is_validated_like_ray(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    assert ks.put([HELLO])[0] == 200
+    ks.wait_app("hello")
+    url = f"{ks.api}/api/serve/applications/"
+    for value in ("declarative", "DECLARATIVE", "Declarative"):
+        status, body = http("GET", f"{url}?api_type={value}")
+        assert (status, list(body["applications"])) == (200, ["hello"])
+    status, body = http("GET", f"{url}?api_type=imperative")
+    assert (status, body["applications"]) == (200, {})
+    assert list(http("GET", f"{url}?api_type=")[1]["applications"]) == ["hello"]
+    for bad in ("unknown", "both", "declarative "):
+        status, body = http("GET", f"{url}?api_type={bad.replace(' ', '%20')}")
+        assert status == 400, bad
+        assert body["details"][0]["loc"] == ["query", "api_type"]

@@ -70,7 +70,7 @@ class ApplicationState:
     async def _run_build(self, build_key: str) -> None:
         try:
             env = await self._prepare_env(None)
-            child_env = processes.child_env(env.env_vars, env.python_path, self._ctx.base_dir)
+            child_env = self._ctx.child_env(env.env_vars, env.python_path)
             code, out, err = await processes.run_to_completion(
                 "kubeserve.runtime.build",
                 [str(self.config["import_path"])],

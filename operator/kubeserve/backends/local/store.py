@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kubeserve.backends.local.private_files import private_dir, private_file, tighten
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS instance (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -51,11 +53,16 @@ class Store:
     """Synchronous on purpose: each call is a few rows in a local file, well under a millisecond."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
+        # Created 0600 before SQLite opens it: SQLite gives its -wal and -shm files the database's
+        # mode, and both are tightened once more in case they predate this version.
+        private_file(path)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        for suffix in ("-wal", "-shm"):
+            tighten(path.with_name(path.name + suffix))
 
     def close(self) -> None:
         self._db.close()

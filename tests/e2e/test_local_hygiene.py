@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import stat
 import time
 from pathlib import Path
@@ -197,3 +198,81 @@ def test_a_build_no_longer_wanted_is_killed(clean_kubeserve: Kubeserve, tmp_path
     build = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30, what="the build"))
     ks.shutdown()  # DELETE cancels it too
     wait_for(lambda: not pid_alive(build), 30, what="the build of a deleted app to be killed")
+
+
+HELLO = {"name": "hello", "route_prefix": "/hello", "import_path": "examples.hello:app"}
+
+
+def test_delete_then_put_of_the_same_name_is_reported_from_the_new_deployment(
+    clean_kubeserve: Kubeserve,
+) -> None:
+    ks = clean_kubeserve
+    ks.put([HELLO])
+    ks.wait_app("hello")
+    for _ in range(3):  # each round races the controller's pass differently
+        old = set(ks.replica_pids("hello", "Hello"))
+        assert old
+        put_at = time.time()
+        # DELETE, GET and PUT pipelined on one connection: all three reach the admin server
+        # before the controller's next pass, the window in which stale state used to show.
+        delete, after_delete, put = _pipelined(
+            ks,
+            [
+                ("DELETE", "/api/serve/applications/", None),
+                ("GET", "/api/serve/applications/", None),
+                ("PUT", "/api/serve/applications/", ks.config([HELLO])),
+            ],
+        )
+        assert delete[0] == 200 and put[0] == 200, (delete, put)
+        gone = json.loads(after_delete[1])["applications"].get("hello")
+        assert gone is None or gone["status"] != "RUNNING", gone
+
+        def new_incarnation_running(old: set[int] = old, put_at: float = put_at) -> bool:
+            app = ks.app("hello")
+            assert app is not None, "a PUT application is listed at once"
+            if app["status"] != "RUNNING":
+                return False
+            pids = {r["pid"] for d in app["deployments"].values() for r in d["replicas"]}
+            assert not pids & old, f"RUNNING reported from the deleted replicas: {app}"
+            assert app["last_deployed_time_s"] >= put_at - 1, app
+            return True
+
+        wait_for(new_incarnation_running, 60, interval_s=0.01, what="the new hello RUNNING")
+        assert http("GET", f"{ks.proxy}/hello")[0] == 200
+
+
+def _pipelined(ks: Kubeserve, requests: list[tuple[str, str, object]]) -> list[tuple[int, bytes]]:
+    """Send ``requests`` in one write on one keep-alive connection; (status, body) of each."""
+    raw = b""
+    for method, path, body in requests:
+        data = b"" if body is None else json.dumps(body).encode()
+        raw += (
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+        ).encode() + data
+    with socket.create_connection(("127.0.0.1", ks.dashboard_port), timeout=30) as sock:
+        sock.sendall(raw)
+        reader = sock.makefile("rb")
+        answers = []
+        for _ in requests:
+            status = int(reader.readline().split()[1])
+            length = 0
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode().partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            answers.append((status, reader.read(length)))
+        return answers
+
+
+def test_overrides_of_missing_deployments_fail_the_app_naming_them(
+    clean_kubeserve: Kubeserve,
+) -> None:
+    ks = clean_kubeserve
+    composed = {"name": "composed", "route_prefix": "/", "import_path": "examples.composed:app"}
+    ks.put([{**composed, "deployments": [{"name": "Gretter", "num_replicas": 2}]}])
+    app = ks.wait_app("composed", "DEPLOY_FAILED")
+    assert "Deployment 'Gretter' does not exist" in app["message"], app
+    assert "'Greeter'" in app["message"], app
+    ks.put([{**composed, "deployments": [{"name": "Greeter", "num_replicas": 2}]}])
+    ks.wait_app("composed")

@@ -146,10 +146,12 @@ class Controller:
                     del self.apps[name]
         for name, stored in wanted.items():
             existing = self.apps.get(name)
+            if existing is not None and existing.uid != stored.uid:
+                existing.begin_delete()  # deleted and created again since the last pass
             if existing is not None and existing.deleting and not existing.stopped:
                 continue  # a re-created app waits for its previous incarnation to stop
             if existing is None or existing.deleting:
-                existing = ApplicationState(name, self._ctx, self.settings.cache_dir)
+                existing = ApplicationState(name, stored.uid, self._ctx, self.settings.cache_dir)
                 self.apps[name] = existing
             app = existing
             if app.config != stored.config or app.deployed_at != stored.deployed_at:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 #: Ray Serve 2.60's defaults for every deployment option kubeserve acts on.
@@ -138,3 +138,22 @@ def required_resources(config: Mapping[str, Any]) -> dict[str, float]:
     for key, value in (options.get("resources") or {}).items():
         resources[key] = float(value)
     return resources
+
+
+def unknown_override_error(
+    overrides: Iterable[Mapping[str, Any]], deployment_names: Iterable[str]
+) -> str | None:
+    """Why a config's ``deployments`` overrides cannot apply to the built graph, or ``None``.
+
+    An override naming a deployment the application does not have is an error, as in Ray Serve
+    2.60 (whose message is ``Deployment 'X' does not exist. Available: [...]``): silently ignoring
+    it would leave the user believing a setting took effect. Every unknown name is listed.
+    """
+    available = list(deployment_names)
+    unknown = [str(o.get("name")) for o in overrides if o.get("name") not in available]
+    if not unknown:
+        return None
+    if len(unknown) == 1:
+        return f"Deployment {unknown[0]!r} does not exist. Available: {available}"
+    names = ", ".join(repr(name) for name in unknown)
+    return f"Deployments {names} do not exist. Available: {available}"

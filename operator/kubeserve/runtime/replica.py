@@ -426,10 +426,16 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    config_file = os.environ.get(wire.REPLICA_CONFIG_FILE_ENV)
+    source = config_file or wire.REPLICA_CONFIG_ENV
     try:
-        config: wire.ReplicaConfig = json.loads(os.environ[wire.REPLICA_CONFIG_ENV])
-    except (KeyError, ValueError) as exc:
-        print(f"replica: no valid {wire.REPLICA_CONFIG_ENV}: {_error_text(exc)}", file=sys.stderr)
+        if config_file:
+            with open(config_file, "rb") as raw:
+                config: wire.ReplicaConfig = json.load(raw)
+        else:
+            config = json.loads(os.environ[wire.REPLICA_CONFIG_ENV])
+    except (KeyError, ValueError, OSError) as exc:
+        print(f"replica: no valid config in {source}: {_error_text(exc)}", file=sys.stderr)
         return 1
     controller_url = os.environ.get(wire.CONTROLLER_URL_ENV) or None
     try:

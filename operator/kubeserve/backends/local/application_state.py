@@ -25,8 +25,13 @@ _BUILD_TIMEOUT_S = 300.0
 
 
 class ApplicationState:
-    def __init__(self, name: str, context: ReplicaContext, cache_dir: Path) -> None:
+    """One incarnation of an application: ``uid`` is the store's, and an application deleted and
+    created again under the same name is a new :class:`ApplicationState` (the old one stops first).
+    """
+
+    def __init__(self, name: str, uid: str, context: ReplicaContext, cache_dir: Path) -> None:
         self.name = name
+        self.uid = uid
         self._ctx = context
         self._cache_dir = cache_dir
         self.config: dict[str, Any] = {}
@@ -35,6 +40,8 @@ class ApplicationState:
         self.graph: dict[str, Any] | None = None
         self.deployments: dict[str, DeploymentState] = {}
         self.deleting = False
+        #: why the config's overrides do not fit the built graph (the app is DEPLOY_FAILED)
+        self.config_error = ""
         self._build_key = ""
         self._build_task: asyncio.Task[None] | None = None
         self._envs: dict[str, PreparedEnv] = {}
@@ -70,7 +77,7 @@ class ApplicationState:
     async def _run_build(self, build_key: str) -> None:
         try:
             env = await self._prepare_env(None)
-            child_env = processes.child_env(env.env_vars, env.python_path, self._ctx.base_dir)
+            child_env = self._ctx.child_env(env.env_vars, env.python_path)
             code, out, err = await processes.run_to_completion(
                 "kubeserve.runtime.build",
                 [str(self.config["import_path"])],
@@ -105,6 +112,10 @@ class ApplicationState:
             return
         overrides = {d["name"]: d for d in self.config.get("deployments", [])}
         wanted = {node["name"]: node for node in self.graph["deployments"]}
+        error = config_rules.unknown_override_error(overrides.values(), wanted)
+        self.config_error = f"invalid deployments overrides: {error}" if error else ""
+        if error:
+            return  # what runs keeps running; nothing is started for a config that cannot apply
         for name in list(self.deployments):
             if name not in wanted:
                 self.deployments[name].stop_all()
@@ -129,7 +140,8 @@ class ApplicationState:
 
     def status(self) -> AppStatusInfo:
         views = {name: d.view() for name, d in self.deployments.items()}
-        return application_status(self.build, views, deleting=self.deleting)
+        build = BuildView("failed", self.config_error) if self.config_error else self.build
+        return application_status(build, views, deleting=self.deleting)
 
     def begin_delete(self) -> None:
         self.deleting = True

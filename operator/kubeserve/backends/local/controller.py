@@ -18,8 +18,10 @@ from pathlib import Path
 
 import aiohttp
 
+from kubeserve.backends.local import processes
 from kubeserve.backends.local.application_state import ApplicationState
 from kubeserve.backends.local.deployment_state import ReplicaContext
+from kubeserve.backends.local.private_files import private_dir
 from kubeserve.backends.local.proxy_state import ProxyState
 from kubeserve.backends.local.snapshot import SnapshotPublisher
 from kubeserve.backends.local.store import DesiredState, Store
@@ -80,6 +82,7 @@ class Controller:
         self._wake.set()
 
     async def start(self) -> None:
+        self._clean_up_previous_run()
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0), trust_env=False
         )
@@ -88,7 +91,7 @@ class Controller:
         self._ctx = ReplicaContext(
             session=self._session,
             controller_url=self.settings.controller_url,
-            log_dir=self.settings.log_dir,
+            state_dir=self.settings.state_dir,
             base_dir=self.settings.base_dir,
             wake=self.wake,
             secret=self.secret,
@@ -110,6 +113,21 @@ class Controller:
             await self._proxy.stop()
         if self._session is not None:
             await self._session.close()
+        _kill_orphans(self.settings.state_dir, "left behind by processes of this run")
+
+    def _clean_up_previous_run(self) -> None:
+        """Start from a clean slate: a private state directory, no leftover processes or files.
+
+        A ``kubeserve start`` killed outright takes its direct children with it (PDEATHSIG), but
+        not what they started; those are found by their environment and killed here.
+        """
+        private_dir(self.settings.state_dir)
+        private_dir(self.settings.log_dir)
+        _kill_orphans(self.settings.state_dir, "left behind by an earlier run of this state dir")
+        run_dir = self.settings.state_dir / "run"
+        if run_dir.is_dir():
+            for leftover in run_dir.iterdir():
+                leftover.unlink(missing_ok=True)
 
     async def _wait_app_stopped(self, app: ApplicationState) -> None:
         # Lifecycle tasks remove their replicas as processes exit; 50 ms polling bounds the wait.
@@ -138,10 +156,12 @@ class Controller:
                     del self.apps[name]
         for name, stored in wanted.items():
             existing = self.apps.get(name)
+            if existing is not None and existing.uid != stored.uid:
+                existing.begin_delete()  # deleted and created again since the last pass
             if existing is not None and existing.deleting and not existing.stopped:
                 continue  # a re-created app waits for its previous incarnation to stop
             if existing is None or existing.deleting:
-                existing = ApplicationState(name, self._ctx, self.settings.cache_dir)
+                existing = ApplicationState(name, stored.uid, self._ctx, self.settings.cache_dir)
                 self.apps[name] = existing
             app = existing
             if app.config != stored.config or app.deployed_at != stored.deployed_at:
@@ -179,3 +199,9 @@ class Controller:
     @property
     def node_id(self) -> str:
         return f"local-{os.uname().nodename}"
+
+
+def _kill_orphans(state_dir: Path, why: str) -> None:
+    killed = processes.kill_orphans(state_dir)
+    if killed:
+        log.warning("killed %d processes %s: pids %s", len(killed), why, killed)

@@ -15,7 +15,7 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,8 @@ from typing import Any
 import aiohttp
 
 from kubeserve.backends.local import processes
+from kubeserve.backends.local.private_files import private_dir, write_private
+from kubeserve.control import backoff
 from kubeserve.control import config as config_rules
 from kubeserve.control.status import DeploymentView, ReplicaStateValue, ReplicaView
 from kubeserve.runtime import channel, wire
@@ -34,7 +36,6 @@ _READY_TIMEOUT_S = 5.0
 _RECONFIGURE_TIMEOUT_S = 300.0
 #: How often a starting replica's ``/-/healthz`` is polled: short, because it bounds deploy latency.
 _READY_POLL_S = 0.02
-_MAX_BACKOFF_S = 30.0
 _counter = itertools.count(1)
 
 
@@ -50,6 +51,8 @@ class Replica:
     reconfiguring: bool = False
     pid: int | None = None
     start_time_s: float = field(default_factory=time.time)
+    #: ``time.monotonic()`` when it became RUNNING (0 before)
+    ready_at: float = 0.0
     proc: asyncio.subprocess.Process | None = None
 
 
@@ -59,7 +62,8 @@ class ReplicaContext:
 
     session: aiohttp.ClientSession
     controller_url: str
-    log_dir: Path
+    #: the instance's state directory (0700): logs and replica start-up files live under it
+    state_dir: Path
     base_dir: str
     wake: Callable[[], None]
     #: the instance's data-plane secret (kubeserve.runtime.channel) and the file holding it
@@ -69,6 +73,20 @@ class ReplicaContext:
     def data_plane_env(self) -> dict[str, str]:
         """What a proxy or replica needs in its environment to join the data plane."""
         return {channel.SECRET_FILE_ENV: str(self.secret_file)}
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def run_dir(self) -> Path:
+        """Per-replica start-up files (``REPLICA_CONFIG_FILE_ENV``), one per live replica."""
+        return self.state_dir / "run"
+
+    def child_env(self, extra: Mapping[str, str], python_path: Sequence[str]) -> dict[str, str]:
+        """The environment of a child process of this instance (see :mod:`processes`)."""
+        marked = {**extra, processes.INSTANCE_ENV: str(self.state_dir)}
+        return processes.child_env(marked, python_path, self.base_dir)
 
 
 class DeploymentState:
@@ -92,6 +110,8 @@ class DeploymentState:
         self.ever_healthy = False
         self.last_error = ""
         self.health_error = ""
+        #: consecutive failures of any kind (see :mod:`kubeserve.control.backoff`)
+        self.failure_streak = 0
         self._backoff_until = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -99,6 +119,7 @@ class DeploymentState:
     def set_target(self, config: dict[str, Any], version: str, env: PreparedEnv) -> None:
         if version != self.version:
             self.startup_failures, self.ever_healthy, self._backoff_until = 0, False, 0.0
+            self.failure_streak = 0
             self.last_error = self.health_error = ""
         self.config, self.version, self.env = config, version, env
         self.user_config_version = config_rules.user_config_version(config)
@@ -137,6 +158,7 @@ class DeploymentState:
     # -- reconciliation --------------------------------------------------------------------------
     def reconcile(self) -> None:
         """One level-triggered step towards the target; idempotent."""
+        self._forget_failures_once_stable()
         for replica in list(self.replicas.values()):
             if replica.state == "RUNNING" and not replica.healthy:
                 self._stop(replica)
@@ -178,7 +200,6 @@ class DeploymentState:
             version=self.version,
             port=processes.free_port(),
             log_path=self._ctx.log_dir / f"replica_{self.app or 'default'}_{replica_id}.log",
-            applied_user_config=self.user_config_version,
         )
         self.replicas[replica_id] = replica
         self._spawn(self._lifecycle(replica))
@@ -197,10 +218,18 @@ class DeploymentState:
             await self._run(replica)
         finally:
             self.replicas.pop(replica.replica_id, None)
+            self._config_file(replica).unlink(missing_ok=True)
             self._ctx.wake()
 
-    async def _run(self, replica: Replica) -> None:
-        assert self.env is not None
+    def _config_file(self, replica: Replica) -> Path:
+        return self._ctx.run_dir / f"{replica.replica_id}.json"
+
+    def _write_replica_config(self, replica: Replica) -> Path:
+        """The replica's :class:`wire.ReplicaConfig` in a 0600 file, with the *current* user_config.
+
+        A file, not an environment variable: ``user_config`` has no size limit of its own, and
+        the environment of ``execve`` fails with E2BIG past ~128 KiB per variable.
+        """
         replica_config: wire.ReplicaConfig = {
             "app": self.app,
             "deployment": self.name,
@@ -211,15 +240,27 @@ class DeploymentState:
             "graceful_shutdown_wait_loop_s": float(self.config["graceful_shutdown_wait_loop_s"]),
             "graceful_shutdown_timeout_s": float(self.config["graceful_shutdown_timeout_s"]),
         }
-        env = processes.child_env(
+        path = self._config_file(replica)
+        private_dir(path.parent)
+        write_private(path, json.dumps(replica_config).encode())
+        replica.applied_user_config = self.user_config_version
+        return path
+
+    async def _run(self, replica: Replica) -> None:
+        assert self.env is not None
+        try:
+            config_file = self._write_replica_config(replica)
+        except OSError as exc:
+            self._record_startup_failure(replica, f"could not write the replica's config: {exc}")
+            return
+        env = self._ctx.child_env(
             {
                 **self.env.env_vars,
-                wire.REPLICA_CONFIG_ENV: json.dumps(replica_config),
+                wire.REPLICA_CONFIG_FILE_ENV: str(config_file),
                 wire.CONTROLLER_URL_ENV: self._ctx.controller_url,
                 **self._ctx.data_plane_env(),
             },
             self.env.python_path,
-            self._ctx.base_dir,
         )
         try:
             proc = await processes.spawn(
@@ -244,6 +285,7 @@ class DeploymentState:
         finally:
             if not exited.done():
                 exited.cancel()
+            processes.kill_group(proc.pid)  # what the replica started dies with it
         if replica.state == "STOPPING":
             return
         if replica.state == "STARTING":
@@ -252,15 +294,31 @@ class DeploymentState:
                 replica, f"replica exited with code {code} before it was ready:\n{tail}"
             )
         else:
-            self.last_error = f"replica {replica.replica_id} exited unexpectedly with code {code}"
+            tail = processes.log_tail(replica.log_path)
+            self._record_failure(
+                f"replica {replica.replica_id} exited unexpectedly with code {code}:\n{tail}"
+            )
 
     def _record_startup_failure(self, replica: Replica, message: str) -> None:
         self.startup_failures += 1
+        self._record_failure(message)
+
+    def _record_failure(self, message: str) -> None:
+        """Remember the error and hold further starts back (:func:`backoff.restart_delay`)."""
+        self.failure_streak += 1
         self.last_error = message
-        delay = min(_MAX_BACKOFF_S, 0.25 * 2 ** (self.startup_failures - 1))
+        delay = backoff.restart_delay(self.failure_streak)
         self._backoff_until = time.monotonic() + delay
         self._ctx.wake()
         asyncio.get_running_loop().call_later(delay, self._ctx.wake)
+
+    def _forget_failures_once_stable(self) -> None:
+        now = time.monotonic()
+        if self.failure_streak and any(
+            r.state == "RUNNING" and r.healthy and now - r.ready_at >= backoff.STABLE_AFTER_S
+            for r in self.replicas.values()
+        ):
+            self.failure_streak = 0
 
     async def _wait_ready(self, replica: Replica, exited: asyncio.Future[int]) -> bool:
         async def probe() -> bool:
@@ -271,6 +329,7 @@ class DeploymentState:
         )
         if ready:
             replica.state = "RUNNING"
+            replica.ready_at = time.monotonic()
             self.startup_failures = 0
             self._ctx.wake()
         return ready

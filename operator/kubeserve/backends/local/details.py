@@ -46,11 +46,28 @@ def instance_details(controller: Controller, desired: DesiredState | None) -> di
 def _applications(
     controller: Controller, desired: DesiredState | None, node_id: str
 ) -> dict[str, Any]:
-    apps = {name: _application(app, node_id) for name, app in controller.apps.items()}
-    for stored in desired.applications if desired is not None else []:
-        known = apps.get(stored.name)
-        if known is None or known["deployed_app_config"] != stored.config:
-            apps[stored.name] = _accepted(stored)
+    """Each application as the controller sees it, unless the store already says otherwise.
+
+    The controller acts on the store at its next pass; until then the store wins: an application
+    the store no longer has is ``DELETING``, and one created again under the same name (another
+    ``uid``) or changed is reported from its new config, never from the previous incarnation.
+    """
+    stored = {app.name: app for app in desired.applications} if desired is not None else {}
+    apps: dict[str, Any] = {}
+    for name, app in controller.apps.items():
+        body = _application(app, node_id)
+        if name not in stored or stored[name].uid != app.uid:
+            body["status"], body["message"] = "DELETING", ""
+        apps[name] = body
+    for name, wanted in stored.items():
+        known = controller.apps.get(name)
+        if (
+            known is None
+            or known.uid != wanted.uid
+            or known.config != wanted.config
+            or known.deployed_at != wanted.deployed_at
+        ):
+            apps[name] = _accepted(wanted)
     return apps
 
 

@@ -1,8 +1,15 @@
 """Child processes of ``kubeserve start``: builds, replicas and the proxy.
 
-Every child gets ``PR_SET_PDEATHSIG=SIGKILL`` so that no replica outlives a ``kubeserve start`` that
-was killed outright; a normal stop terminates them gracefully first. Output goes to one log file per
-process under the state directory (shown as ``log_file_path`` in the API).
+Invariants:
+
+* every child leads its own session and process group (``start_new_session``), so whatever it
+  starts (a user's ``subprocess.Popen`` in a constructor) is in that group, and :func:`kill_group`
+  ends all of it once the child is stopped, replaced, has crashed, or its build was cancelled;
+* every child gets ``PR_SET_PDEATHSIG=SIGKILL`` so that it does not outlive a ``kubeserve start``
+  that was killed outright; what *it* started carries :data:`INSTANCE_ENV` in its environment, and
+  :func:`kill_orphans` ends such leftovers when that state directory is started again (or stopped);
+* output goes to one 0600 log file per process under the state directory (``log_file_path`` in
+  the API).
 """
 
 from __future__ import annotations
@@ -19,7 +26,12 @@ from pathlib import Path
 
 import aiohttp
 
+from kubeserve.backends.local.private_files import open_private_log, private_dir
+
 _PR_SET_PDEATHSIG = 1
+#: Set in every child's environment to the instance's state directory; what a child starts
+#: inherits it, which is how :func:`kill_orphans` recognises leftovers of this instance.
+INSTANCE_ENV = "KUBESERVE_INSTANCE"
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -65,8 +77,9 @@ async def spawn(
     cwd: str | None = None,
 ) -> asyncio.subprocess.Process:
     """Start ``python -m module args...`` with stdout and stderr appended to ``log_path``."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab", buffering=0) as log:  # noqa: ASYNC230 - a local file, opened once
+    private_dir(log_path.parent)
+    log = open_private_log(log_path)
+    try:
         return await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -78,13 +91,20 @@ async def spawn(
             env=dict(env),
             cwd=cwd,
             preexec_fn=_die_with_parent,
+            start_new_session=True,
         )
+    finally:
+        os.close(log)
 
 
 async def run_to_completion(
     module: str, args: Sequence[str], *, env: Mapping[str, str], cwd: str | None, timeout_s: float
 ) -> tuple[int, str, str]:
-    """Run ``python -m module args...`` and return (exit code, stdout, stderr)."""
+    """Run ``python -m module args...`` and return (exit code, stdout, stderr).
+
+    Whatever happens (completion, timeout, or the awaiting task being cancelled because the build
+    is no longer wanted) the process and everything it started are killed before this returns.
+    """
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -96,28 +116,70 @@ async def run_to_completion(
         env=dict(env),
         cwd=cwd,
         preexec_fn=_die_with_parent,
+        start_new_session=True,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError:
-        proc.kill()
-        await proc.wait()
         return -1, "", f"timed out after {timeout_s:.0f} s"
+    finally:
+        kill_group(proc.pid)
+        if proc.returncode is None:
+            # shielded: a cancelled build must still be reaped, not left as a zombie
+            await asyncio.shield(proc.wait())
     return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
 
 async def terminate(proc: asyncio.subprocess.Process, timeout_s: float) -> None:
-    """SIGTERM, then SIGKILL after ``timeout_s``; returns once the process is gone."""
-    if proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    try:
-        await asyncio.wait_for(proc.wait(), timeout_s)
-    except TimeoutError:
+    """SIGTERM, then SIGKILL after ``timeout_s``; returns once the process and its group are gone.
+
+    Only the child itself gets SIGTERM (it drains its requests); what it started gets SIGKILL once
+    it has exited, since nothing else would stop it.
+    """
+    if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+    kill_group(proc.pid)
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process left in the group ``pgid`` (a child started with a new session).
+
+    Called right after the child leading the group was reaped; a group id is not reused while any
+    process is still in the group, so this never reaches a stranger.
+    """
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def kill_orphans(state_dir: Path) -> list[int]:
+    """SIGKILL processes left over by an earlier run of the instance at ``state_dir``.
+
+    They are recognised by ``INSTANCE_ENV=<state_dir>`` in their environment; call it only when
+    this instance has no children of its own (at start-up, and after every child was stopped).
+    Returns the PIDs killed.
+    """
+    marker = f"{INSTANCE_ENV}={state_dir}".encode()
+    killed: list[int] = []
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone, or another user's
+            continue
+        if marker in environ.split(b"\0"):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+    return killed
 
 
 def log_tail(path: Path, max_lines: int = 12) -> str:

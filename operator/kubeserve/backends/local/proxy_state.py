@@ -10,9 +10,9 @@ from typing import Literal
 
 from kubeserve.backends.local import processes
 from kubeserve.backends.local.deployment_state import ReplicaContext
+from kubeserve.control import backoff
 
 ProxyStatusValue = Literal["STARTING", "HEALTHY", "UNHEALTHY", "DRAINING"]
-_RESTART_BACKOFF_S = 1.0
 
 
 class ProxyState:
@@ -30,6 +30,7 @@ class ProxyState:
         self._proc: asyncio.subprocess.Process | None = None
         self._stopping = False
         self._next_start = 0.0
+        self._failures = 0
 
     @property
     def running(self) -> bool:
@@ -49,7 +50,7 @@ class ProxyState:
             args += ["--request-timeout-s", str(options["request_timeout_s"])]
         if options.get("keep_alive_timeout_s") is not None:
             args += ["--keep-alive-timeout-s", str(options["keep_alive_timeout_s"])]
-        env = processes.child_env(self._ctx.data_plane_env(), [], self._ctx.base_dir)
+        env = self._ctx.child_env(self._ctx.data_plane_env(), [])
         self._proc = await processes.spawn(
             "kubeserve.runtime.proxy", args, env=env, log_path=self.log_path
         )
@@ -57,21 +58,27 @@ class ProxyState:
         exited = asyncio.ensure_future(self._proc.wait())
         probe_host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
         url = f"http://{probe_host}:{self.port}/-/healthz"
+        healthy_at = 0.0
         if await processes.wait_until_answering(
             processes.http_probe(self._ctx.session, url),
             exited,
             lambda: self.status == "STARTING",
             0.05,
         ):
-            self.status = "HEALTHY"
+            self.status, healthy_at = "HEALTHY", time.monotonic()
         code = await exited
+        processes.kill_group(self._proc.pid)
         if not self._stopping:
+            stable = healthy_at and time.monotonic() - healthy_at >= backoff.STABLE_AFTER_S
+            self._failures = 1 if stable else self._failures + 1
+            delay = backoff.restart_delay(self._failures)
             self.status = "UNHEALTHY"
             self.last_error = (
-                f"proxy exited with code {code}: {processes.log_tail(self.log_path, 5)}"
+                f"proxy exited with code {code}, restarting in {delay:g} s: "
+                f"{processes.log_tail(self.log_path, 5)}"
             )
-            self._next_start = time.monotonic() + _RESTART_BACKOFF_S
-            asyncio.get_running_loop().call_later(_RESTART_BACKOFF_S, self._ctx.wake)
+            self._next_start = time.monotonic() + delay
+            asyncio.get_running_loop().call_later(delay, self._ctx.wake)
         self._ctx.wake()
 
     async def stop(self) -> None:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kubeserve.backends.local.private_files import private_dir, private_file, tighten
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS instance (
@@ -25,7 +28,8 @@ CREATE TABLE IF NOT EXISTS applications (
     name TEXT PRIMARY KEY,
     config TEXT NOT NULL,
     deployed_at REAL NOT NULL,
-    position INTEGER NOT NULL
+    position INTEGER NOT NULL,
+    uid TEXT NOT NULL DEFAULT ''
 );
 """
 
@@ -37,6 +41,9 @@ class StoredApp:
     config: dict[str, Any]
     #: when this config was last changed by a PUT (epoch seconds)
     deployed_at: float
+    #: this incarnation of the name: new when the application is created (again, after a DELETE
+    #: or a PUT that left it out), kept across config changes
+    uid: str = ""
 
 
 @dataclass(frozen=True)
@@ -51,23 +58,41 @@ class Store:
     """Synchronous on purpose: each call is a few rows in a local file, well under a millisecond."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
+        # Created 0600 before SQLite opens it: SQLite gives its -wal and -shm files the database's
+        # mode, and both are tightened once more in case they predate this version.
+        private_file(path)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        self._migrate()
+        for suffix in ("-wal", "-shm"):
+            tighten(path.with_name(path.name + suffix))
 
     def close(self) -> None:
         self._db.close()
+
+    def _migrate(self) -> None:
+        """Bring a database written by an older kubeserve up to this schema."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(applications)")}
+        with _transaction(self._db):
+            if "uid" not in columns:
+                self._db.execute("ALTER TABLE applications ADD COLUMN uid TEXT NOT NULL DEFAULT ''")
+            unnamed = self._db.execute("SELECT name FROM applications WHERE uid = ''").fetchall()
+            for (name,) in unnamed:
+                self._db.execute(
+                    "UPDATE applications SET uid = ? WHERE name = ?", (_new_uid(), name)
+                )
 
     def load(self) -> DesiredState | None:
         row = self._db.execute("SELECT options, single_app, started_at FROM instance").fetchone()
         if row is None:
             return None
         apps = [
-            StoredApp(name, json.loads(config), deployed_at)
-            for name, config, deployed_at in self._db.execute(
-                "SELECT name, config, deployed_at FROM applications ORDER BY position"
+            StoredApp(name, json.loads(config), deployed_at, uid)
+            for name, config, deployed_at, uid in self._db.execute(
+                "SELECT name, config, deployed_at, uid FROM applications ORDER BY position"
             )
         ]
         single = json.loads(row[1]) if row[1] is not None else None
@@ -90,26 +115,36 @@ class Store:
                 "VALUES (1, ?, ?, ?)",
                 (_dump(options), _dump(single_app) if single_app is not None else None, started_at),
             )
-            old = dict(self._db.execute("SELECT name, config FROM applications").fetchall())
+            old = {
+                name: (config, uid)
+                for name, config, uid in self._db.execute(
+                    "SELECT name, config, uid FROM applications"
+                )
+            }
             placeholders = ",".join("?" * len(names))
             self._db.execute(f"DELETE FROM applications WHERE name NOT IN ({placeholders})", names)
             for position, (name, app) in enumerate(zip(names, applications, strict=True)):
                 config = _dump(app)
-                if old.get(name) == config:
+                old_config, uid = old.get(name, (None, _new_uid()))
+                if old_config == config:
                     self._db.execute(
                         "UPDATE applications SET position = ? WHERE name = ?", (position, name)
                     )
                     continue
                 self._db.execute(
-                    "INSERT OR REPLACE INTO applications (name, config, deployed_at, position) "
-                    "VALUES (?, ?, ?, ?)",
-                    (name, config, now, position),
+                    "INSERT OR REPLACE INTO applications "
+                    "(name, config, deployed_at, position, uid) VALUES (?, ?, ?, ?, ?)",
+                    (name, config, now, position, uid),
                 )
 
     def clear(self) -> None:
         with _transaction(self._db):
             self._db.execute("DELETE FROM applications")
             self._db.execute("DELETE FROM instance")
+
+
+def _new_uid() -> str:
+    return uuid.uuid4().hex
 
 
 def _dump(value: Any) -> str:

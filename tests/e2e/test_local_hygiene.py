@@ -1,0 +1,278 @@
+"""Hostile input and faults on one machine (issue 12): nothing runs, leaks or drops that should not.
+
+A real ``kubeserve start`` with real replica processes; each test says which promise it checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import stat
+import time
+from pathlib import Path
+
+from kubeserve_testing import Kubeserve, http, pid_alive, running_kubeserve, wait_for
+
+SIZED = {"name": "sized", "route_prefix": "/sized", "import_path": "ks_hygiene_app:sized"}
+SPAWNER = {"name": "spawner", "route_prefix": "/spawner", "import_path": "ks_hygiene_app:spawner"}
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def test_a_1_mib_user_config_survives_a_replica_restart(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    small = {"blob": "a"}
+    ks.put([{**SIZED, "deployments": [{"name": "Sized", "user_config": small}]}])
+    ks.wait_app("sized")
+    big = {"blob": "x" * (1 << 20)}
+    # a live change first: the replica restarted afterwards must start with this one
+    assert ks.put([{**SIZED, "deployments": [{"name": "Sized", "user_config": big}]}])[0] == 200
+    wait_for(
+        lambda: http("GET", f"{ks.proxy}/sized")[1]["digest"] == _digest(big),
+        60,
+        what="the 1 MiB user_config applied",
+    )
+    ks.wait_app("sized")
+    (victim,) = ks.replica_pids("sized", "Sized")
+    config_files = list((ks.state_dir / "run").iterdir())
+    assert len(config_files) == 1 and _mode(config_files[0]) == 0o600, config_files
+    os.kill(victim, signal.SIGKILL)
+    wait_for(
+        lambda: (pids := ks.replica_pids("sized", "Sized")) and victim not in pids,
+        60,
+        what="a replacement replica RUNNING",
+    )
+    ks.wait_app("sized")
+    answer = http("GET", f"{ks.proxy}/sized")[1]
+    assert answer["digest"] == _digest(big) and answer["pid"] != victim, answer
+    ks.shutdown()
+    assert not list((ks.state_dir / "run").iterdir())  # removed with the replicas
+
+
+def test_state_dir_database_and_logs_are_private(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    ks.put([SIZED])
+    ks.wait_app("sized")
+    assert _mode(ks.state_dir) == 0o700
+    assert _mode(ks.state_dir / "logs") == 0o700
+    database = ks.state_dir / "kubeserve.db"
+    for path in (
+        database,
+        database.with_name("kubeserve.db-wal"),
+        ks.state_dir / "kubeserve.db-shm",
+    ):
+        assert _mode(path) == 0o600, path
+    logs = list((ks.state_dir / "logs").iterdir())
+    assert any(p.name.startswith("replica_sized_") for p in logs), logs
+    assert any(p.name == "proxy.log" for p in logs), logs
+    for path in logs:
+        assert _mode(path) == 0o600, path
+
+
+def test_an_existing_loose_state_dir_is_tightened(tmp_path: Path) -> None:
+    state = tmp_path / "loose"
+    state.mkdir(mode=0o755)
+    os.chmod(state, 0o755)
+    (state / "logs").mkdir(mode=0o777)
+    os.chmod(state / "logs", 0o777)
+    (state / "kubeserve.db").touch()
+    os.chmod(state / "kubeserve.db", 0o644)
+    with running_kubeserve(state):
+        assert _mode(state) == 0o700
+        assert _mode(state / "logs") == 0o700
+        assert _mode(state / "kubeserve.db") == 0o600
+
+
+def _spawned_child(ks: Kubeserve) -> tuple[int, int]:
+    ks.wait_app("spawner")
+    answer = http("GET", f"{ks.proxy}/spawner")[1]
+    assert pid_alive(answer["child"]), answer
+    return int(answer["pid"]), int(answer["child"])
+
+
+def test_what_a_replica_started_dies_on_delete(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    ks.put([SPAWNER])
+    _, child = _spawned_child(ks)
+    ks.shutdown()
+    wait_for(lambda: not pid_alive(child), 30, what="the replica's child to die with it")
+
+
+def test_what_a_replica_started_dies_when_it_is_killed_and_replaced(
+    clean_kubeserve: Kubeserve,
+) -> None:
+    ks = clean_kubeserve
+    ks.put([SPAWNER])
+    replica, child = _spawned_child(ks)
+    os.kill(replica, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(child), 30, what="the killed replica's child to die")
+    wait_for(
+        lambda: (pids := ks.replica_pids("spawner", "Spawner")) and replica not in pids,
+        60,
+        what="a replacement replica",
+    )
+    _, new_child = _spawned_child(ks)
+    assert new_child != child
+
+
+def test_what_replicas_started_dies_when_kubeserve_stops(tmp_path: Path) -> None:
+    with running_kubeserve(tmp_path / "state") as ks:
+        ks.put([SPAWNER])
+        _, child = _spawned_child(ks)
+        assert ks.stop() == 0
+        assert not pid_alive(child)
+
+
+def test_leftovers_of_a_killed_kubeserve_are_killed_at_the_next_start(tmp_path: Path) -> None:
+    with running_kubeserve(tmp_path / "state") as ks:
+        ks.put([SPAWNER])
+        replica, child = _spawned_child(ks)
+        ks.stop(signal.SIGKILL)
+        wait_for(lambda: not pid_alive(replica), 30, what="the replica to die with its parent")
+        assert pid_alive(child)  # PDEATHSIG reaches direct children only
+        ks.start()
+        assert not pid_alive(child)
+        ks.wait_app("spawner")
+        ks.shutdown()
+
+
+def _replica_starts(ks: Kubeserve, app: str) -> int:
+    return sum(1 for p in (ks.state_dir / "logs").iterdir() if p.name.startswith(f"replica_{app}_"))
+
+
+def _starts_within(ks: Kubeserve, app: dict[str, str], window_s: float) -> int:
+    ks.put([app])
+    deadline = time.monotonic() + window_s
+    while time.monotonic() < deadline:  # a fixed observation window: what is measured is a rate
+        time.sleep(0.5)
+    return _replica_starts(ks, app["name"])
+
+
+def test_a_replica_failing_at_once_is_restarted_with_backoff(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    app = {"name": "crash", "route_prefix": "/crash", "import_path": "ks_hygiene_app:crash_at_once"}
+    starts = _starts_within(ks, app, 8.0)
+    assert 2 <= starts <= 6, starts
+    assert ks.app("crash")["status"] == "DEPLOY_FAILED"
+
+
+def test_a_replica_crashing_once_ready_is_restarted_with_backoff(
+    clean_kubeserve: Kubeserve,
+) -> None:
+    ks = clean_kubeserve
+    app = {
+        "name": "flaky",
+        "route_prefix": "/flaky",
+        "import_path": "ks_hygiene_app:crash_when_ready",
+    }
+    starts = _starts_within(ks, app, 8.0)
+    assert 2 <= starts <= 6, starts
+
+
+def test_a_build_no_longer_wanted_is_killed(clean_kubeserve: Kubeserve, tmp_path: Path) -> None:
+    ks = clean_kubeserve
+    pid_file = tmp_path / "build.pid"
+    slow = {
+        "name": "slow",
+        "route_prefix": "/slow",
+        "import_path": "ks_slow_import:app",
+        "runtime_env": {"env_vars": {"KS_PID_FILE": str(pid_file)}},
+    }
+    ks.put([slow])
+    build = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30, what="the build"))
+    assert pid_alive(build)
+    ks.put([{**slow, "import_path": "ks_hygiene_app:sized"}])  # the hanging build is superseded
+    wait_for(lambda: not pid_alive(build), 30, what="the superseded build to be killed")
+    ks.wait_app("slow")
+    pid_file.unlink()
+    ks.put([{**slow, "import_path": "ks_slow_import:app"}])
+    build = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30, what="the build"))
+    ks.shutdown()  # DELETE cancels it too
+    wait_for(lambda: not pid_alive(build), 30, what="the build of a deleted app to be killed")
+
+
+HELLO = {"name": "hello", "route_prefix": "/hello", "import_path": "examples.hello:app"}
+
+
+def test_delete_then_put_of_the_same_name_is_reported_from_the_new_deployment(
+    clean_kubeserve: Kubeserve,
+) -> None:
+    ks = clean_kubeserve
+    ks.put([HELLO])
+    ks.wait_app("hello")
+    for _ in range(3):  # each round races the controller's pass differently
+        old = set(ks.replica_pids("hello", "Hello"))
+        assert old
+        put_at = time.time()
+        # DELETE, GET and PUT pipelined on one connection: all three reach the admin server
+        # before the controller's next pass, the window in which stale state used to show.
+        delete, after_delete, put = _pipelined(
+            ks,
+            [
+                ("DELETE", "/api/serve/applications/", None),
+                ("GET", "/api/serve/applications/", None),
+                ("PUT", "/api/serve/applications/", ks.config([HELLO])),
+            ],
+        )
+        assert delete[0] == 200 and put[0] == 200, (delete, put)
+        gone = json.loads(after_delete[1])["applications"].get("hello")
+        assert gone is None or gone["status"] != "RUNNING", gone
+
+        def new_incarnation_running(old: set[int] = old, put_at: float = put_at) -> bool:
+            app = ks.app("hello")
+            assert app is not None, "a PUT application is listed at once"
+            if app["status"] != "RUNNING":
+                return False
+            pids = {r["pid"] for d in app["deployments"].values() for r in d["replicas"]}
+            assert not pids & old, f"RUNNING reported from the deleted replicas: {app}"
+            assert app["last_deployed_time_s"] >= put_at - 1, app
+            return True
+
+        wait_for(new_incarnation_running, 60, interval_s=0.01, what="the new hello RUNNING")
+        assert http("GET", f"{ks.proxy}/hello")[0] == 200
+
+
+def _pipelined(ks: Kubeserve, requests: list[tuple[str, str, object]]) -> list[tuple[int, bytes]]:
+    """Send ``requests`` in one write on one keep-alive connection; (status, body) of each."""
+    raw = b""
+    for method, path, body in requests:
+        data = b"" if body is None else json.dumps(body).encode()
+        raw += (
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+        ).encode() + data
+    with socket.create_connection(("127.0.0.1", ks.dashboard_port), timeout=30) as sock:
+        sock.sendall(raw)
+        reader = sock.makefile("rb")
+        answers = []
+        for _ in requests:
+            status = int(reader.readline().split()[1])
+            length = 0
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode().partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            answers.append((status, reader.read(length)))
+        return answers
+
+
+def test_overrides_of_missing_deployments_fail_the_app_naming_them(
+    clean_kubeserve: Kubeserve,
+) -> None:
+    ks = clean_kubeserve
+    composed = {"name": "composed", "route_prefix": "/", "import_path": "examples.composed:app"}
+    ks.put([{**composed, "deployments": [{"name": "Gretter", "num_replicas": 2}]}])
+    app = ks.wait_app("composed", "DEPLOY_FAILED")
+    assert "Deployment 'Gretter' does not exist" in app["message"], app
+    assert "'Greeter'" in app["message"], app
+    ks.put([{**composed, "deployments": [{"name": "Greeter", "num_replicas": 2}]}])
+    ks.wait_app("composed")

@@ -49,7 +49,7 @@ class Endpoint:
     """One operation of the admin API: how it is routed and how it is documented.
 
     ``response`` is a model or an inline JSON schema of the 200 body; ``text`` marks a text/plain
-    answer. ``open`` operations need no token (:data:`kubeserve.api.security.OPEN_PATHS`).
+    answer. ``open`` operations need no token (see :mod:`kubeserve.api.security` for which and why).
     """
 
     method: str

@@ -10,7 +10,7 @@ serialization schemas; both share ``components/schemas``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -61,7 +61,7 @@ class Endpoint:
     query: tuple[QueryParameter, ...] = ()
     text: bool = False
     open: bool = False
-    errors: tuple[int, ...] = field(default=())
+    errors: tuple[int, ...] = ()
 
 
 def openapi_document(

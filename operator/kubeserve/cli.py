@@ -172,6 +172,8 @@ def _start(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     token = _auth_token(args)
+    # Replicas and builds inherit this environment and run user code: the token stays here.
+    os.environ.pop(AUTH_TOKEN_ENV, None)
     loopback = is_loopback(args.dashboard_host)
     if not loopback and token is None:
         print(

@@ -76,12 +76,19 @@ def test_health_stays_open(secured: Kubeserve) -> None:
     assert http("GET", f"{secured.api}/-/healthz") == (200, "success")
 
 
-def test_data_plane_works_behind_the_token(secured: Kubeserve) -> None:
-    """Proxies and replicas long-poll the controller without the admin token."""
-    assert secured.put([HELLO])[0] == 200
+def test_data_plane_works_behind_the_token_and_never_sees_it(secured: Kubeserve) -> None:
+    """Proxies and replicas long-poll the controller without the admin token; user code in a
+    replica does not inherit it from ``kubeserve start``'s environment."""
+    probe = {"name": "probe", "route_prefix": "/probe", "import_path": "e2e_probe:app"}
+    assert secured.put([HELLO, probe])[0] == 200
     secured.wait_app("hello")
+    secured.wait_app("probe")
     try:
         assert http("GET", f"{secured.proxy}/hello") == (200, "hello, world\n")
+        status, body = http("GET", f"{secured.proxy}/probe")
+        assert status == 200
+        assert "KUBESERVE_AUTH_TOKEN" not in body["env"]
+        assert TOKEN not in str(body)
     finally:
         secured.shutdown()
 

@@ -1,4 +1,5 @@
-"""Test application for end-to-end tests: reports its PID, env and config; health is file-driven.
+"""Test application for end-to-end tests: reports its PID, env (``KS_*`` and ``KUBESERVE_*``) and
+config; health is file-driven.
 
 ``check_health`` fails while the file named by ``KS_HEALTH_FILE`` exists, which lets a test make a
 replica unhealthy from outside and heal the deployment again.
@@ -33,7 +34,7 @@ class Probe:
         return {
             "pid": os.getpid(),
             "config": self.config,
-            "env": {k: v for k, v in os.environ.items() if k.startswith("KS_")},
+            "env": {k: v for k, v in os.environ.items() if k.startswith(("KS_", "KUBESERVE_"))},
         }
 
 

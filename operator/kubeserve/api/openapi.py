@@ -10,7 +10,7 @@ serialization schemas; both share ``components/schemas``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -49,7 +49,7 @@ class Endpoint:
     """One operation of the admin API: how it is routed and how it is documented.
 
     ``response`` is a model or an inline JSON schema of the 200 body; ``text`` marks a text/plain
-    answer. ``open`` operations need no token (:data:`kubeserve.api.security.OPEN_PATHS`).
+    answer. ``open`` operations need no token (see :mod:`kubeserve.api.security` for which and why).
     """
 
     method: str
@@ -61,7 +61,7 @@ class Endpoint:
     query: tuple[QueryParameter, ...] = ()
     text: bool = False
     open: bool = False
-    errors: tuple[int, ...] = field(default=())
+    errors: tuple[int, ...] = ()
 
 
 def openapi_document(

@@ -40,15 +40,11 @@ from aiohttp.typedefs import Middleware
 from kubeserve.api.errors import Handler, error_response
 
 __all__ = [
-    "OPEN_PATHS",
     "AdminSecurity",
     "is_loopback",
     "loopback_hosts",
     "security_middleware",
 ]
-
-#: Paths answered without a token (see the module docstring for why each is open).
-OPEN_PATHS = frozenset({"/-/healthz"})
 
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 
@@ -57,7 +53,8 @@ _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 class AdminSecurity:
     """The guards of one admin server; the defaults turn both off.
 
-    ``auth_token``: the bearer token every request but :data:`OPEN_PATHS` must carry.
+    ``auth_token``: the bearer token every request must carry, but those to the paths the
+    middleware is told are exempt.
     ``allowed_hosts``: lowercase host names (IPv6 in brackets, no port) accepted in the Host
     header; ``None`` accepts any.
     """
@@ -84,8 +81,9 @@ def loopback_hosts(bound: str) -> frozenset[str]:
     return frozenset({*_LOOPBACK_NAMES, host})
 
 
-def security_middleware(security: AdminSecurity, internal_paths: Collection[str]) -> Middleware:
-    """The aiohttp middleware enforcing ``security``; ``internal_paths`` skip the token check."""
+def security_middleware(security: AdminSecurity, token_exempt: Collection[str]) -> Middleware:
+    """The aiohttp middleware enforcing ``security``; requests to ``token_exempt`` paths (the
+    open endpoints and the backend's internal routes) skip the token check, not the Host check."""
     expected = security.auth_token.encode() if security.auth_token else None
     allowed = security.allowed_hosts
 
@@ -95,11 +93,7 @@ def security_middleware(security: AdminSecurity, internal_paths: Collection[str]
             refusal = _host_refusal(request, allowed)
             if refusal is not None:
                 return refusal
-        if (
-            expected is not None
-            and request.path not in OPEN_PATHS
-            and request.path not in internal_paths
-        ):
+        if expected is not None and request.path not in token_exempt:
             refusal = _token_refusal(request, expected)
             if refusal is not None:
                 return refusal

@@ -43,9 +43,10 @@ def create_app(
     and the Host check (off by default, as the operator runs it)."""
     security = security or AdminSecurity()
     internal = backend.internal_routes()
-    internal_paths = {r.path for r in internal if isinstance(r, web.RouteDef)}
+    token_exempt = {e.path for e in ENDPOINTS if e.open}
+    token_exempt |= {r.path for r in internal if isinstance(r, web.RouteDef)}
     app = web.Application(
-        middlewares=[error_middleware, security_middleware(security, internal_paths)],
+        middlewares=[error_middleware, security_middleware(security, token_exempt)],
         client_max_size=MAX_BODY_BYTES,
     )
     app[BACKEND_KEY] = backend

@@ -208,8 +208,8 @@ def _check_remote_uri(value: str) -> str:
     return value
 
 
-# Letters, digits, '_', '-', '.' and spaces; a letter, digit or '_' at both ends.
-_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_. -]*[A-Za-z0-9_])?")
+# Words of letters, digits and '_', separated by '-' and spaces or by single dots.
+_NAME = re.compile(r"[A-Za-z0-9_](?:[ -]*[A-Za-z0-9_]|\.[A-Za-z0-9_])*")
 
 
 def _check_name(value: str) -> str:
@@ -217,21 +217,26 @@ def _check_name(value: str) -> str:
     "text-ml.v2", "My App") and nothing that is unsafe where kubeserve puts names: log file
     names, process arguments, Kubernetes labels (shortened and hashed there), terminals.
 
-    So no '/', '\\', '..', NUL or other control characters, no leading '-' or '.', at most
-    :data:`~kubeserve.schema.limits.MAX_NAME_LENGTH` characters. The single-application family's
-    default name ``""`` stays valid; multi-application configs require a name.
+    So no '/', '\\', '..', NUL or other control characters, no leading or trailing '-', '.' or
+    space, at most :data:`~kubeserve.schema.limits.MAX_NAME_LENGTH` characters. The
+    single-application family's default name ``""`` stays valid; multi-application configs and
+    deployments require a name.
     """
-    if value and (len(value) > MAX_NAME_LENGTH or ".." in value or not _NAME.fullmatch(value)):
+    if value and (len(value) > MAX_NAME_LENGTH or not _NAME.fullmatch(value)):
         raise PydanticCustomError(
             "name",
-            "invalid name {value}: use at most {limit} letters, digits, '_', '-', '.' and "
-            "spaces, starting and ending with a letter, digit or '_', without '..'",
+            "invalid name {value}: use at most {limit} letters, digits and '_', separated by "
+            "'-' and spaces or by single dots",
             {"value": repr(value[: MAX_NAME_LENGTH + 20]), "limit": MAX_NAME_LENGTH},
         )
     return value
 
 
-Name = Annotated[str, AfterValidator(_check_name)]
+Name = Annotated[
+    str,
+    AfterValidator(_check_name),
+    Field(json_schema_extra={"pattern": f"^(?:{_NAME.pattern})?$", "maxLength": MAX_NAME_LENGTH}),
+]
 
 
 def _check_env_name(value: str) -> str:

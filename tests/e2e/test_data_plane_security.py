@@ -79,3 +79,22 @@ def test_the_secret_file_and_discovery_are_private(clean_kubeserve: Kubeserve) -
     # Discovery tells where every replica listens: only for signed requests of the data plane.
     status, _ = http("GET", f"{ks.api}/-/snapshot?version=-1&timeout=0")
     assert status == 403
+
+
+def test_signed_discovery_requests_with_bad_parameters_are_400(clean_kubeserve: Kubeserve) -> None:
+    import time
+
+    from kubeserve.runtime import channel
+
+    ks = clean_kubeserve
+    secret = (ks.state_dir / "data-plane.secret").read_text().strip().encode()
+    for query in ("version=-1&timeout=nan", "version=x&timeout=1", "version=-1&timeout=-5"):
+        target = f"/-/snapshot?{query}"
+        signature = channel.sign_request(secret, "GET", target, time.time())
+        headers = {channel.SIGNATURE_HEADER: signature}
+        assert http("GET", f"{ks.api}{target}", headers=headers)[0] == 400, query
+    target = "/-/snapshot?version=-1&timeout=0"
+    stale = channel.sign_request(secret, "GET", target, time.time() - 3600)
+    assert http("GET", f"{ks.api}{target}", headers={channel.SIGNATURE_HEADER: stale})[0] == 403
+    fresh = channel.sign_request(secret, "GET", target, time.time())
+    assert http("GET", f"{ks.api}{target}", headers={channel.SIGNATURE_HEADER: fresh})[0] == 200

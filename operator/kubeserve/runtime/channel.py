@@ -276,7 +276,7 @@ def verify_request(secret: bytes, signature: str, method: str, target: str, now:
         when = float(stamp)
     except ValueError:
         return False
-    if abs(now - when) > SIGNATURE_MAX_SKEW_S:
+    if not abs(now - when) <= SIGNATURE_MAX_SKEW_S:  # NaN never passes
         return False
     expected = hmac.new(secret, f"{stamp}|{nonce}|{method}|{target}".encode(), hashlib.sha256)
     return hmac.compare_digest(mac.encode(), expected.hexdigest().encode())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -82,8 +83,14 @@ class LocalBackend:
             )
         try:
             version = int(request.query.get("version", "0"))
-            timeout = min(float(request.query.get("timeout", "30")), _MAX_LONG_POLL_S)
+            timeout = float(request.query.get("timeout", "30"))
         except ValueError:
-            return web.json_response({"error": "version and timeout must be numbers"}, status=400)
+            timeout = math.nan
+        if not math.isfinite(timeout) or timeout < 0:
+            return web.json_response(
+                {"error": "version must be an integer and timeout a finite number >= 0"},
+                status=400,
+            )
+        timeout = min(timeout, _MAX_LONG_POLL_S)
         snapshot = await self.controller.snapshots.wait(version, timeout)
         return web.json_response(snapshot)

@@ -172,9 +172,11 @@ OPERATOR_NAMESPACED_RULES = (
     | _triples("", "events", "create patch")
     | _triples("events.k8s.io", "events", "create patch")
 )
-#: Cluster-scoped reads kopf needs in every mode.
-OPERATOR_CLUSTER_RULES = _triples(
-    "apiextensions.k8s.io", "customresourcedefinitions", "get list watch"
+#: Cluster-scoped reads kopf needs in every mode, and the admin API's reviews of its callers.
+OPERATOR_CLUSTER_RULES = (
+    _triples("apiextensions.k8s.io", "customresourcedefinitions", "get list watch")
+    | _triples("authentication.k8s.io", "tokenreviews", "create")
+    | _triples("authorization.k8s.io", "subjectaccessreviews", "create")
 )
 #: ...and, when it watches a list of namespaces, to notice namespaces come and go.
 OPERATOR_NAMESPACE_LIST_RULES = _triples("", "namespaces", "list watch")

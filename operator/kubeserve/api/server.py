@@ -8,10 +8,12 @@ is written unless the whole body is valid, so a bad request never loses accepted
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from importlib.metadata import version as _package_version
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from kubeserve.api.errors import BadRequest, UnsupportedMediaType, error_middleware, error_response
 from kubeserve.backends.protocol import Backend, ConflictError, NotFoundError
@@ -27,10 +29,19 @@ BACKEND_KEY = web.AppKey("backend", Backend)
 DEFAULT_HTTP_KEY = web.AppKey("default_http", dict)
 
 
-def create_app(backend: Backend, default_http: dict[str, Any] | None = None) -> web.Application:
+def create_app(
+    backend: Backend,
+    default_http: dict[str, Any] | None = None,
+    *,
+    middlewares: Sequence[Middleware] = (),
+) -> web.Application:
     """The admin server; ``default_http`` overrides http_options of a serving layer started
-    implicitly (by GET /api/serve/deployments/status)."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    implicitly (by GET /api/serve/deployments/status). ``middlewares`` run inside the error
+    mapping, before every handler: access control a backend brings (the operator's
+    :class:`~kubeserve.backends.kubernetes.admin_auth.KubernetesAuthorizer`)."""
+    app = web.Application(
+        middlewares=[error_middleware, *middlewares], client_max_size=MAX_BODY_BYTES
+    )
     app[BACKEND_KEY] = backend
     app[DEFAULT_HTTP_KEY] = default_http or {}
     routes = [

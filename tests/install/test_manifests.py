@@ -147,3 +147,15 @@ def test_operator_holds_every_permission_it_grants_to_the_data_plane() -> None:
     granted = rules_of({"rules": render_proxy.DATAPLANE_RULES + render_proxy.BUILD_RULES})
     assert granted
     assert granted <= OPERATOR_NAMESPACED_RULES
+
+
+def test_image_user_is_the_uid_every_pod_runs_as() -> None:
+    """runAsNonRoot needs a numeric non-root USER in the image; every pod pins the same UID."""
+    render_pod = pytest.importorskip("kubeserve.backends.kubernetes.render_pod")
+    dockerfile = (MANIFESTS.parent / "Dockerfile").read_text()
+    uid = render_pod.POD_UID
+    assert uid != 0
+    assert f"USER {uid}:{uid}" in dockerfile
+    assert f"useradd --uid {uid}" in dockerfile
+    security = operator_container(plain_manifests())["securityContext"]
+    assert security["runAsUser"] == uid

@@ -111,9 +111,11 @@ e2e-kind: helm
 	kubectl --context $(KIND_CONTEXT) -n $(E2E_NS) port-forward svc/default-proxy 18000:8000 & pf=$$!; \
 	  trap 'kill $$pf' EXIT; \
 	  for i in $$(seq 30); do curl -fsS 'http://127.0.0.1:18000/hello?name=kind' && exit 0; sleep 1; done; exit 1
+	token=$$(kubectl --context $(KIND_CONTEXT) -n $(E2E_NS) create token kubeserve-operator); \
 	kubectl --context $(KIND_CONTEXT) -n $(E2E_NS) port-forward svc/kubeserve-admin 18265:8265 & pf=$$!; \
 	  trap 'kill $$pf' EXIT; \
-	  for i in $$(seq 30); do curl -fsS http://127.0.0.1:18265/api/serve/applications/ && exit 0; sleep 1; done; exit 1
+	  for i in $$(seq 30); do curl -fsS -H "Authorization: Bearer $$token" \
+	    http://127.0.0.1:18265/api/serve/applications/ && exit 0; sleep 1; done; exit 1
 
 e2e-kind-clean:
 	kind delete cluster --name $(KIND_CLUSTER)

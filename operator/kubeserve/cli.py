@@ -286,6 +286,7 @@ async def _operate(settings: Any, host: str, port: int, metrics_port: int = 0) -
     import kopf
 
     from kubeserve.api.server import create_app
+    from kubeserve.backends.kubernetes.admin_auth import KubernetesAuthorizer
     from kubeserve.backends.kubernetes.backend import KubernetesBackend
     from kubeserve.backends.kubernetes.handlers import register
     from kubeserve.backends.kubernetes.operator import Operator
@@ -304,7 +305,9 @@ async def _operate(settings: Any, host: str, port: int, metrics_port: int = 0) -
             settings.namespace,
         )
     backend = KubernetesBackend(operator.ctx.kube, operator.ctx.cache, settings.namespace)
-    runner = web.AppRunner(create_app(backend), access_log=None, shutdown_timeout=5)
+    authorizer = KubernetesAuthorizer(operator.ctx.kube, settings.namespace)
+    admin = create_app(backend, middlewares=[authorizer.middleware])
+    runner = web.AppRunner(admin, access_log=None, shutdown_timeout=5)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     metrics_runner: web.AppRunner | None = None

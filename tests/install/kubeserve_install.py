@@ -149,7 +149,8 @@ def _triples(group: str, resources: str, verbs: str) -> set[tuple[str, str, str]
 
 
 #: Everything the operator may do in a namespace it watches, and nothing more: its custom resources,
-#: their status and finalizers; the children it renders; pod and EndpointSlice reads; the data-plane
+#: their status and finalizers; the children it renders; the data-plane Secret (get, create only);
+#: pod and EndpointSlice reads; the data-plane
 #: ServiceAccount, Role and RoleBinding it creates per namespace; Events.
 OPERATOR_NAMESPACED_RULES = (
     _triples(
@@ -162,6 +163,8 @@ OPERATOR_NAMESPACED_RULES = (
     | _triples("apps", "deployments daemonsets", "get list watch create update patch delete")
     | _triples("", "services configmaps", "get list watch create update patch delete")
     | _triples("batch", "jobs", "get list watch create patch delete")
+    | _triples("networking.k8s.io", "networkpolicies", "get list watch create patch delete")
+    | _triples("", "secrets", "get create")
     | _triples("", "pods", "get list watch")
     | _triples("", "serviceaccounts", "get list watch create patch")
     | _triples("rbac.authorization.k8s.io", "roles rolebindings", "get list watch create patch")
@@ -169,9 +172,11 @@ OPERATOR_NAMESPACED_RULES = (
     | _triples("", "events", "create patch")
     | _triples("events.k8s.io", "events", "create patch")
 )
-#: Cluster-scoped reads kopf needs in every mode.
-OPERATOR_CLUSTER_RULES = _triples(
-    "apiextensions.k8s.io", "customresourcedefinitions", "get list watch"
+#: Cluster-scoped reads kopf needs in every mode, and the admin API's reviews of its callers.
+OPERATOR_CLUSTER_RULES = (
+    _triples("apiextensions.k8s.io", "customresourcedefinitions", "get list watch")
+    | _triples("authentication.k8s.io", "tokenreviews", "create")
+    | _triples("authorization.k8s.io", "subjectaccessreviews", "create")
 )
 #: ...and, when it watches a list of namespaces, to notice namespaces come and go.
 OPERATOR_NAMESPACE_LIST_RULES = _triples("", "namespaces", "list watch")

@@ -79,11 +79,14 @@ def test_cluster_role_is_exactly_the_least_privilege_set() -> None:
     assert one(plain_manifests(), "ServiceAccount", "kubeserve-operator")
 
 
-def test_no_rule_reaches_secrets_wildcards_or_escalation() -> None:
+def test_secrets_are_only_created_and_read_and_no_wildcards_or_escalation() -> None:
+    """The operator creates each instance's data-plane Secret and reads it back; it can neither
+    list nor watch Secrets (so it never sees other Secrets' values), nor change or delete them."""
     for role in find(plain_manifests(), "ClusterRole"):
         for group, resource, verb in rules_of(role):
             assert "*" not in (group, resource, verb)
-            assert resource != "secrets"
+            if resource == "secrets":
+                assert verb in {"get", "create"}
             assert verb not in {"escalate", "bind", "impersonate"}
 
 
@@ -144,3 +147,15 @@ def test_operator_holds_every_permission_it_grants_to_the_data_plane() -> None:
     granted = rules_of({"rules": render_proxy.DATAPLANE_RULES + render_proxy.BUILD_RULES})
     assert granted
     assert granted <= OPERATOR_NAMESPACED_RULES
+
+
+def test_image_user_is_the_uid_every_pod_runs_as() -> None:
+    """runAsNonRoot needs a numeric non-root USER in the image; every pod pins the same UID."""
+    render_pod = pytest.importorskip("kubeserve.backends.kubernetes.render_pod")
+    dockerfile = (MANIFESTS.parent / "Dockerfile").read_text()
+    uid = render_pod.POD_UID
+    assert uid != 0
+    assert f"USER {uid}:{uid}" in dockerfile
+    assert f"useradd --uid {uid}" in dockerfile
+    security = operator_container(plain_manifests())["securityContext"]
+    assert security["runAsUser"] == uid

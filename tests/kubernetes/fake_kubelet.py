@@ -10,9 +10,9 @@ every pod the scheduler binds to it as plain processes of the current Python env
   ``env`` (plain values, ``fieldRef``, ``configMapKeyRef``/``secretKeyRef``, ``envFrom``) on top
   of this process's environment (so ``python`` and ``kubeserve`` resolve in the test virtualenv);
 - init containers run in order first; ``restartPolicy`` decides restarts (``restartCount``) and
-  the terminal phase (Succeeded/Failed); readiness probes (httpGet, tcpSocket, exec; polled at
-  least once a second so tests stay quick) drive the ``Ready`` condition; liveness probes
-  restart containers;
+  the terminal phase (Succeeded/Failed); a startup probe holds the other probes back until it
+  succeeds; readiness probes (httpGet, tcpSocket, exec; polled at least once a second so tests
+  stay quick) drive the ``Ready`` condition; liveness probes restart containers;
 - a pod's service account becomes a kubeconfig (a TokenRequest token, so RBAC applies) named by
   ``KUBECONFIG`` in the containers' environment, unless ``automountServiceAccountToken`` is false;
 - deletion: SIGTERM to each container's process group, SIGKILL after the grace period, then the
@@ -487,6 +487,9 @@ class PodRunner:
     async def _probe_loop(self, container: Container) -> None:
         readiness = container.spec.get("readinessProbe")
         liveness = container.spec.get("livenessProbe")
+        startup = container.spec.get("startupProbe")
+        if startup is not None and not await self._startup(container, startup):
+            return
         if readiness is None:
             container.ready = True
             self.changed()
@@ -513,6 +516,23 @@ class PodRunner:
                     container.ready = False
                     self.changed()
             await asyncio.sleep(period)
+
+    async def _startup(self, container: Container, probe: Json) -> bool:
+        """Until the startup probe succeeds once (then the other probes start), as the kubelet
+        does; after ``failureThreshold`` failures the container is stopped (and restarted)."""
+        period = min(float(probe.get("periodSeconds", 10)), MAX_PROBE_PERIOD_S)
+        await asyncio.sleep(float(probe.get("initialDelaySeconds", 0)))
+        failures = 0
+        while container.running:
+            if await container.probe(probe):
+                return True
+            failures += 1
+            if failures >= int(probe.get("failureThreshold", 3)):
+                log.info("%s/%s failed its startup probe", self.key, container.name)
+                await self._stop(container, self._grace_period())
+                return False
+            await asyncio.sleep(period)
+        return False
 
     async def _liveness(self, container: Container, probe: Json) -> None:
         period = float(probe.get("periodSeconds", 10))

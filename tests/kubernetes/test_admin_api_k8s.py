@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +39,22 @@ SECOND = {"name": "Second App", "route_prefix": "/second", "import_path": "e2e_p
 
 
 class AdminApi:
-    def __init__(self, operator: OperatorProcess) -> None:
+    """The operator's admin API, called with ``token`` (the cluster admin's by default: the API
+    authenticates every caller with a TokenReview)."""
+
+    def __init__(self, operator: OperatorProcess, token: str | None = None) -> None:
         self.operator = operator
         self.url = f"http://127.0.0.1:{operator.port}"
+        self.token = token or operator.plane.token
+
+    def http(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
+        return http(method, url, body, headers={"Authorization": f"Bearer {self.token}"})
 
     def put(self, applications: list[dict[str, Any]], port: int = 8000) -> tuple[int, Any]:
-        return http("PUT", f"{self.url}/api/serve/applications/", config(applications, port))
+        return self.http("PUT", f"{self.url}/api/serve/applications/", config(applications, port))
 
     def details(self) -> dict[str, Any]:
-        status, body = http("GET", f"{self.url}/api/serve/applications/")
+        status, body = self.http("GET", f"{self.url}/api/serve/applications/")
         assert status == 200, body
         return dict(body)
 
@@ -202,10 +211,10 @@ def test_put_get_traffic_prune_conflict_delete(
     assert plane.get("serveinstance", "default", namespace)["spec"]["httpOptions"]["port"] == 8000
 
     # DELETE removes the instance, and garbage collection everything it owns.
-    assert http("DELETE", f"{api.url}/api/serve/applications/")[0] == 200
+    assert api.http("DELETE", f"{api.url}/api/serve/applications/")[0] == 200
     wait_for(lambda: remaining(plane, namespace) == "", 90, interval_s=0.5, what="all gone")
     wait_for(lambda: api.details() == EMPTY, 30, what="an empty GET")
-    assert http("DELETE", f"{api.url}/api/serve/applications/")[0] == 200  # no-op
+    assert api.http("DELETE", f"{api.url}/api/serve/applications/")[0] == 200  # no-op
 
 
 def test_single_application_family(
@@ -214,12 +223,12 @@ def test_single_application_family(
     plane, api = control_plane, AdminApi(operator)
     base = f"{api.url}/api/serve/deployments/"
     body = {"import_path": "e2e_probe:app", "route_prefix": "/probe", "port": 8000}
-    put = http("PUT", base, body)
+    put = api.http("PUT", base, body)
     assert put[0] == 200, (put, operator.log())
-    assert http("GET", base) == (200, body)
+    assert api.http("GET", base) == (200, body)
 
     def running() -> dict[str, Any] | None:
-        status = http("GET", f"{base}status")[1]
+        status = api.http("GET", f"{base}status")[1]
         return status if status["app_status"]["status"] == "RUNNING" else None
 
     try:
@@ -235,8 +244,8 @@ def test_single_application_family(
     # A multi-application PUT replaces it; GET of the family then reads the deployed config.
     assert api.put([PROBE])[0] == 200
     # (the replaced application is listed as DELETING until its pods are gone)
-    wait_for(lambda: http("GET", base) == (200, PROBE), 60, what="only the new application")
-    assert http("DELETE", base)[0] == 200
+    wait_for(lambda: api.http("GET", base) == (200, PROBE), 60, what="only the new application")
+    assert api.http("DELETE", base)[0] == 200
     wait_for(lambda: remaining(plane, namespace) == "", 90, interval_s=0.5, what="all gone")
 
 
@@ -244,7 +253,7 @@ def test_status_when_nothing_runs_starts_the_serving_layer(
     control_plane: ControlPlane, operator: OperatorProcess, namespace: str
 ) -> None:
     api = AdminApi(operator)
-    status, body = http("GET", f"{api.url}/api/serve/deployments/status")
+    status, body = api.http("GET", f"{api.url}/api/serve/deployments/status")
     assert status == 200
     assert body["app_status"]["status"] == "NOT_STARTED"
     assert control_plane.exists("serveinstance", "default", namespace)
@@ -266,7 +275,13 @@ def test_ray_serve_cli_against_the_operator(
             capture_output=True,
             text=True,
             timeout=120,
-            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+            # Ray's client sends its token as "Authorization: Bearer": a Kubernetes token works
+            env={
+                **os.environ,
+                "RAY_USAGE_STATS_ENABLED": "0",
+                "RAY_AUTH_MODE": "token",
+                "RAY_AUTH_TOKEN": api.token,
+            },
         )
         assert result.returncode == 0, f"serve {args} failed:\n{result.stdout}\n{result.stderr}"
         return result.stdout
@@ -286,3 +301,82 @@ def test_ray_serve_cli_against_the_operator(
     serve("shutdown", "-y")
     wait_for(lambda: remaining(plane, namespace) == "", 90, interval_s=0.5, what="all gone")
     wait_for(lambda: api.details() == EMPTY, 30, what="an empty GET")
+
+
+# --------------------------------------------------------------------------- authentication
+
+
+def account_token(plane: ControlPlane, namespace: str, name: str, verbs: list[str]) -> str:
+    """A token of a new ServiceAccount whose Role grants ``verbs`` on kubeserve's resources."""
+    rule = {
+        "apiGroups": ["kubeserve.io"],
+        "resources": ["serveinstances", "serveapplications"],
+        "verbs": verbs,
+    }
+    rbac = "rbac.authorization.k8s.io/v1"
+    meta = {"name": name, "namespace": namespace}
+    plane.apply(
+        [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+            {"apiVersion": rbac, "kind": "Role", "metadata": meta, "rules": [rule]},
+            {
+                "apiVersion": rbac,
+                "kind": "RoleBinding",
+                "metadata": meta,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+            },
+        ]
+    )
+    return plane.kubectl("create", "token", name, "-n", namespace).stdout.strip()
+
+
+def raw_request(url: str, method: str = "GET", token: str | None = None) -> tuple[int, Any, str]:
+    """(status, JSON body, WWW-Authenticate header) of one request."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"null"), ""
+    except urllib.error.HTTPError as err:
+        body = json.loads(err.read() or b"null")
+        return err.code, body, err.headers.get("WWW-Authenticate", "")
+
+
+def test_callers_need_a_token_and_the_rbac_rights_of_their_request(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    plane = control_plane
+    url = f"http://127.0.0.1:{operator.port}"
+    applications = f"{url}/api/serve/applications/"
+
+    # No token, or one the API server does not accept: 401 with a Bearer challenge.
+    for token in (None, "not-a-token", plane.token[::-1]):
+        status, body, challenge = raw_request(applications, token=token)
+        assert status == 401, body
+        assert challenge.startswith("Bearer")
+    assert raw_request(f"{url}/api/ray/version")[0] == 401
+    assert http("GET", f"{url}/-/healthz") == (200, "success")  # probes stay open
+
+    # A ServiceAccount that may only read: GET works, writes are 403 naming what is missing.
+    viewer = AdminApi(operator, account_token(plane, namespace, "viewer", ["get", "list"]))
+    assert viewer.details() == EMPTY
+    status, body = viewer.put([PROBE])
+    assert status == 403, body
+    assert "create serveinstances.kubeserve.io" in body["error"]
+    assert "delete serveapplications.kubeserve.io" in body["error"]
+    assert "system:serviceaccount:" + namespace + ":viewer" in body["error"]
+    assert viewer.http("DELETE", applications)[0] == 403
+    assert not cr_names(plane, namespace)
+    assert not plane.exists("serveinstance", "default", namespace)
+
+    # One whose Role grants the verbs a deployment uses: PUT, GET and DELETE work.
+    verbs = ["get", "list", "create", "patch", "delete"]
+    deployer = AdminApi(operator, account_token(plane, namespace, "deployer", verbs))
+    status, body = deployer.put([PROBE])
+    assert status == 200, (body, operator.log())
+    assert cr_names(plane, namespace) == {"probe"}
+    assert deployer.details()["applications"]["probe"]["deployed_app_config"] == PROBE
+    assert viewer.details()["applications"]["probe"]["deployed_app_config"] == PROBE
+    assert deployer.http("DELETE", applications)[0] == 200
+    wait_for(lambda: remaining(plane, namespace) == "", 90, interval_s=0.5, what="all gone")

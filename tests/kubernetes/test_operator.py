@@ -173,10 +173,12 @@ def test_deleting_the_instance_garbage_collects_everything(
 ) -> None:
     plane = control_plane
     deploy_probe(plane, operator, namespace)
+    assert plane.exists("secret", "default-dataplane-secret", namespace)
+    assert plane.exists("networkpolicy", "default-replicas", namespace)
     plane.kubectl("delete", "serveinstance", "default", "-n", namespace, "--wait=false")
 
     def remaining() -> str:
-        kinds = "serveapplications,deployments,services,jobs,configmaps,pods"
+        kinds = "deployments,services,jobs,configmaps,pods,secrets,networkpolicies"
         out = plane.kubectl(
             "get",
             kinds,

@@ -58,13 +58,20 @@ the release namespace: the admin API writes custom resources into the operator's
 {{- end -}}
 
 {{/*
-Rules on cluster-scoped objects: kopf scans custom resource definitions; with a list of namespaces it
+Rules on cluster-scoped objects: kopf scans custom resource definitions; the admin API reviews its
+callers' tokens and rights (TokenReview, SubjectAccessReview); with a list of namespaces kopf
 also lists and watches namespaces (to notice them being created or deleted), not when cluster-wide.
 */}}
 {{- define "kubeserve.clusterRules" -}}
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [get, list, watch]
+- apiGroups: [authentication.k8s.io]
+  resources: [tokenreviews]
+  verbs: [create]
+- apiGroups: [authorization.k8s.io]
+  resources: [subjectaccessreviews]
+  verbs: [create]
 {{- if include "kubeserve.watchNamespaces" . }}
 - apiGroups: [""]
   resources: [namespaces]
@@ -95,6 +102,12 @@ Role the operator creates grants only reads the operator holds itself, so no esc
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]

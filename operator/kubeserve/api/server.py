@@ -8,10 +8,12 @@ is written unless the whole body is valid, so a bad request never loses accepted
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from importlib.metadata import version as _package_version
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from kubeserve.api.errors import BadRequest, UnsupportedMediaType, error_middleware
 from kubeserve.api.openapi import Endpoint, QueryParameter, openapi_document
@@ -37,16 +39,20 @@ def create_app(
     backend: Backend,
     default_http: dict[str, Any] | None = None,
     security: AdminSecurity | None = None,
+    *,
+    middlewares: Sequence[Middleware] = (),
 ) -> web.Application:
     """The admin server; ``default_http`` overrides http_options of a serving layer started
     implicitly (by GET /api/serve/deployments/status); ``security`` turns on the bearer token
-    and the Host check (off by default, as the operator runs it)."""
+    and the Host check (off by default, as the operator runs it). ``middlewares`` run inside the
+    error mapping, before every handler: access control a backend brings (the operator's
+    :class:`~kubeserve.backends.kubernetes.admin_auth.KubernetesAuthorizer`)."""
     security = security or AdminSecurity()
     internal = backend.internal_routes()
     token_exempt = {e.path for e in ENDPOINTS if e.open}
     token_exempt |= {r.path for r in internal if isinstance(r, web.RouteDef)}
     app = web.Application(
-        middlewares=[error_middleware, security_middleware(security, token_exempt)],
+        middlewares=[error_middleware, security_middleware(security, token_exempt), *middlewares],
         client_max_size=MAX_BODY_BYTES,
     )
     app[BACKEND_KEY] = backend

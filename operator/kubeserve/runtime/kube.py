@@ -32,6 +32,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "kubeserve"
+#: The label the API server puts on every namespace, holding its name.
+KUBERNETES_NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 
 #: kind -> (api group/version path prefix, plural); the resources kubeserve touches.
 RESOURCES: dict[str, tuple[str, str]] = {
@@ -39,6 +41,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "Pod": ("api/v1", "pods"),
     "Service": ("api/v1", "services"),
     "ConfigMap": ("api/v1", "configmaps"),
+    "Secret": ("api/v1", "secrets"),
     "ServiceAccount": ("api/v1", "serviceaccounts"),
     "Event": ("api/v1", "events"),
     "Deployment": ("apis/apps/v1", "deployments"),
@@ -47,6 +50,9 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "Role": ("apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "EndpointSlice": ("apis/discovery.k8s.io/v1", "endpointslices"),
+    "NetworkPolicy": ("apis/networking.k8s.io/v1", "networkpolicies"),
+    "TokenReview": ("apis/authentication.k8s.io/v1", "tokenreviews"),
+    "SubjectAccessReview": ("apis/authorization.k8s.io/v1", "subjectaccessreviews"),
     "ServeInstance": ("apis/kubeserve.io/v1beta1", "serveinstances"),
     "ServeApplication": ("apis/kubeserve.io/v1beta1", "serveapplications"),
 }

@@ -40,7 +40,7 @@ from typing import Any
 
 import uvloop
 
-from kubeserve.runtime import channel, kube_replica, local_socket, wire
+from kubeserve.runtime import channel, kube_replica, local_socket, replica_probe, wire
 from kubeserve.runtime.build import format_user_error, load_application
 from kubeserve.runtime.replica_http import (
     HttpRequest,
@@ -388,6 +388,7 @@ async def serve_replica(
     Raises :class:`ReplicaStartupError` when the user code cannot be loaded or constructed.
     """
     loop = asyncio.get_running_loop()
+    probe = await _start_probe_listener(config, host)
     client = await _start_handle_transport(controller_url, secret)
     try:
         replica = Replica(config, await _start_user_code(config))
@@ -401,9 +402,12 @@ async def serve_replica(
         # Bound after the TCP port, so the name derived from the port is this process's.
         local = await local_socket.listen(server, host, port)
         log.info("replica %s listening on %s:%d", config["replica_id"], host, port)
+        _watch_health(probe, config, replica)
         await stop.wait()
         log.info("replica %s shutting down", config["replica_id"])
         replica.draining = True
+        if probe is not None:
+            probe.drain()
         listener.close()
         if local is not None:
             local.close()
@@ -413,6 +417,31 @@ async def serve_replica(
         if client is not None:
             transport.set_transport(None)
             await client.close()
+        if probe is not None:
+            await probe.close()
+
+
+async def _start_probe_listener(
+    config: wire.ReplicaConfig, host: str
+) -> replica_probe.ProbeListener | None:
+    """The unauthenticated health listener for the kubelet, when the config asks for one."""
+    port = config.get("probe_port")
+    if port is None:
+        return None
+    probe = replica_probe.ProbeListener()
+    await probe.start(host, port)
+    return probe
+
+
+def _watch_health(
+    probe: replica_probe.ProbeListener | None, config: wire.ReplicaConfig, replica: Replica
+) -> None:
+    """Run the user's ``check_health`` every ``health_check_period_s`` (Ray's defaults: 10 s,
+    timeout 30 s) and let the probe listener report the last result."""
+    if probe is not None:
+        period = float(config.get("health_check_period_s", 10.0))
+        timeout = float(config.get("health_check_timeout_s", 30.0))
+        probe.watch(replica.user.check_health, period, timeout)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ a peer that has not proved the instance's secret: the handshake comes before the
 from __future__ import annotations
 
 import pickle
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 HEALTHZ_PATH = "/-/healthz"
 RECONFIGURE_PATH = "/-/reconfigure"
@@ -87,6 +87,13 @@ class ReplicaConfig(TypedDict):
     max_ongoing_requests: int
     graceful_shutdown_wait_loop_s: float
     graceful_shutdown_timeout_s: float
+    #: With ``probe_port``: the replica runs ``check_health`` itself every
+    #: ``health_check_period_s`` (each run limited to ``health_check_timeout_s``) and answers
+    #: unauthenticated ``GET /-/healthz`` on ``probe_port`` with the last result (see
+    #: :mod:`kubeserve.runtime.replica_probe`); the kubelet probes it. Absent: no probe listener.
+    probe_port: NotRequired[int]
+    health_check_period_s: NotRequired[float]
+    health_check_timeout_s: NotRequired[float]
 
 
 def deployment_key(app: str, deployment: str) -> str:

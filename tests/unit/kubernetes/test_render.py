@@ -6,6 +6,7 @@ fields are errors) of the version the kubernetes test tier runs.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Mapping
@@ -115,6 +116,8 @@ def everything() -> list[Json]:
         render.render_build_job(inst, view),
         render.render_build_job(inst, app()),
         *render.render_dataplane_rbac(inst),
+        render.render_data_plane_secret(inst, "0123456789abcdef" * 4),
+        *render.render_instance_network_policies(inst, "kubeserve-system"),
         *render.render_proxy(inst),
         *render.render_proxy(
             instance(proxyLocation="EveryNode", httpOptions={"port": 8080, "requestTimeoutS": 5})
@@ -149,7 +152,7 @@ def test_every_object_has_a_valid_name_labels_and_an_owner(obj: Json) -> None:
     assert labels[names.INSTANCE_LABEL] == "default"
     [owner] = meta["ownerReferences"]
     expected = "ServeApplication" if labels[names.COMPONENT_LABEL] != "proxy" else "ServeInstance"
-    if obj["kind"] in {"ServiceAccount", "Role", "RoleBinding"}:
+    if obj["kind"] in {"ServiceAccount", "Role", "RoleBinding", "Secret", "NetworkPolicy"}:
         expected = "ServeInstance"
     assert owner["kind"] == expected and owner["controller"] is True
     assert owner["uid"] == ("uid-app" if expected == "ServeApplication" else "uid-inst")
@@ -163,11 +166,18 @@ def test_every_object_has_a_valid_name_labels_and_an_owner(obj: Json) -> None:
 def test_pods_run_restricted(obj: Json) -> None:
     spec = pod(obj)
     assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] == 10001
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert {"name": "tmp", "emptyDir": {}} in spec["volumes"]
     for container in spec["containers"] + spec.get("initContainers", []):
         security = container["securityContext"]
         assert security["allowPrivilegeEscalation"] is False
         assert security["capabilities"] == {"drop": ["ALL"]}
+        assert security["readOnlyRootFilesystem"] is True
+        assert security["runAsNonRoot"] is True and security["runAsUser"] == 10001
+        assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+        # the read-only root leaves /tmp (and the runtime_env files) writable
+        assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
         assert env(container)["KUBESERVE_POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
         assert env(container)["KUBESERVE_NAMESPACE"] == {
             "fieldRef": {"fieldPath": "metadata.namespace"}
@@ -221,6 +231,9 @@ def test_replica_config_names_the_pod_and_leaves_user_config_out() -> None:
         "max_ongoing_requests": 7,
         "graceful_shutdown_wait_loop_s": 2.0,
         "graceful_shutdown_timeout_s": 20.0,
+        "probe_port": 8081,
+        "health_check_period_s": 10.0,
+        "health_check_timeout_s": 30.0,
     }
 
 
@@ -285,8 +298,14 @@ def test_accelerator_type_is_a_node_selector() -> None:
 
 def test_probes_follow_the_health_check_fields() -> None:
     container = main_container(workload(health_check_period_s=2.5, health_check_timeout_s=4))
+    replica = json.loads(env(container)["KUBESERVE_REPLICA_CONFIG"].replace("$(", "("))
+    assert (replica["health_check_period_s"], replica["health_check_timeout_s"]) == (2.5, 4.0)
+    # kubelets cannot pass the data-plane handshake: probes go to the replica's probe listener
+    assert {"name": "probe", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
+    assert replica["probe_port"] == 8081
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["httpGet"] == {"path": "/-/healthz", "port": "probe"}
     for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/-/healthz", "port": 8000}
         assert container[probe]["periodSeconds"] == 3
         assert container[probe]["timeoutSeconds"] == 4
     assert container["readinessProbe"]["failureThreshold"] == 1
@@ -348,10 +367,14 @@ def test_working_dir_and_py_modules_are_fetched_by_an_init_container() -> None:
         "--py-module",
         "https://example.com/b.zip",
     ]
-    assert spec["volumes"] == [{"name": "runtime-env", "emptyDir": {}}]
+    assert spec["volumes"] == [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "runtime-env", "emptyDir": {}},
+    ]
     mount = {"name": "runtime-env", "mountPath": "/var/run/kubeserve/runtime-env"}
+    tmp = {"name": "tmp", "mountPath": "/tmp"}
     container = main_container(obj)
-    assert init["volumeMounts"] == container["volumeMounts"] == [mount]
+    assert init["volumeMounts"] == container["volumeMounts"] == [mount, tmp]
     assert container["workingDir"] == "/var/run/kubeserve/runtime-env/working_dir"
     assert env(container)["PYTHONPATH"] == ":".join(
         [
@@ -371,7 +394,8 @@ def test_py_modules_alone_keep_the_image_working_directory() -> None:
 
 def test_no_init_container_without_remote_files() -> None:
     spec = pod(workload(app_config(runtime_env={"env_vars": {"A": "1"}})))
-    assert "initContainers" not in spec and "volumes" not in spec
+    assert "initContainers" not in spec
+    assert spec["volumes"] == [{"name": "tmp", "emptyDir": {}}]
     assert "PYTHONPATH" not in env(spec["containers"][0])
 
 
@@ -568,3 +592,118 @@ def test_build_key_changes_with_code_and_environment_only() -> None:
     assert app(app_config(import_path="shop.v2:app")).build_key != base
     assert app(app_config(runtime_env={"env_vars": {"A": "1"}})).build_key != base
     assert app(app_config(args={"size": 2})).build_key != base
+
+
+# --------------------------------------------------------------------------- the data-plane secret
+
+SECRET_REF = {
+    "name": "KUBESERVE_DATA_PLANE_SECRET",
+    "valueFrom": {"secretKeyRef": {"name": "default-dataplane-secret", "key": "secret"}},
+}
+
+
+def test_proxies_and_replicas_read_the_secret_from_the_instance_secret() -> None:
+    user_env = {"env_vars": {"KUBESERVE_DATA_PLANE_SECRET": "mine", "MODE": "x"}}
+    replica = main_container(workload(app_config(runtime_env=user_env)))
+    proxy = render.render_proxy(instance(proxyLocation="HeadOnly"))[0]
+    for container in (replica, main_container(proxy)):
+        assert SECRET_REF in container["env"]  # a reference: the value is in no pod spec
+        assert env(container)["KUBESERVE_DATA_PLANE_SECRET"] == SECRET_REF["valueFrom"]
+    assert env(replica)["MODE"] == "x"  # the user's variable of that name is dropped, not others
+
+
+def test_builds_and_init_containers_do_not_get_the_secret() -> None:
+    config = app_config(runtime_env={"working_dir": "https://example.com/shop.zip"})
+    job = render.render_build_job(instance(), app(config))
+    replica = workload(config)
+    for container in [*pod(job)["containers"], *pod(job)["initContainers"]]:
+        assert "KUBESERVE_DATA_PLANE_SECRET" not in env(container)
+    assert "KUBESERVE_DATA_PLANE_SECRET" not in env(pod(replica)["initContainers"][0])
+
+
+def test_data_plane_secret_object() -> None:
+    secret = render.render_data_plane_secret(instance(), "ab" * 32)
+    assert secret["metadata"]["name"] == names.dataplane_secret_name("default")
+    assert secret["metadata"]["name"] == "default-dataplane-secret"
+    assert secret["immutable"] is True and secret["type"] == "Opaque"
+    assert secret["data"] == {"secret": base64.b64encode(b"ab" * 32).decode()}
+    [owner] = secret["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"]) == ("ServeInstance", "uid-inst")
+
+
+# --------------------------------------------------------------------------- network policies
+
+
+def matches(selector: Json, labels: Mapping[str, str]) -> bool:
+    """Whether a Kubernetes label selector selects ``labels``."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In"
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
+def admitted(policy: Json, port: int, peer: Mapping[str, str], peer_namespace: str) -> bool:
+    """Whether ``policy`` lets a pod labelled ``peer`` in ``peer_namespace`` reach ``port``
+    (the semantics of NetworkPolicy ingress rules, for the selectors kubeserve writes)."""
+    namespace_labels = {"kubernetes.io/metadata.name": peer_namespace}
+    for rule in policy["spec"]["ingress"]:
+        if port not in [p["port"] for p in rule["ports"]]:
+            continue
+        if "from" not in rule:
+            return True
+        for source in rule["from"]:
+            in_namespace = (
+                matches(source["namespaceSelector"], namespace_labels)
+                if "namespaceSelector" in source
+                else peer_namespace == policy["metadata"]["namespace"]
+            )
+            if in_namespace and matches(source.get("podSelector", {}), peer):
+                return True
+    return False
+
+
+def test_replica_port_admits_only_the_instances_pods_and_the_operator() -> None:
+    inst = instance(proxyLocation="HeadOnly", httpOptions={"port": 8000})
+    replicas, proxies = render.render_instance_network_policies(inst, "kubeserve-system")
+    replica_pod = pod(workload())
+    replica_labels = workload()["spec"]["template"]["metadata"]["labels"]
+    proxy_labels = render.render_proxy(inst)[0]["spec"]["template"]["metadata"]["labels"]
+    assert matches(replicas["spec"]["podSelector"], replica_labels)
+    assert not matches(replicas["spec"]["podSelector"], proxy_labels)
+    assert matches(proxies["spec"]["podSelector"], proxy_labels)
+    assert not matches(proxies["spec"]["podSelector"], replica_labels)
+    assert replicas["spec"]["policyTypes"] == ["Ingress"]
+
+    operator = {"app.kubernetes.io/part-of": "kubeserve", "app.kubernetes.io/component": "operator"}
+    other_instance = {**replica_labels, "kubeserve.io/instance": "other"}
+    build = render.render_build_job(inst, app())["spec"]["template"]["metadata"]["labels"]
+    assert admitted(replicas, 8000, proxy_labels, "serving")
+    assert admitted(replicas, 8000, replica_labels, "serving")  # handle calls
+    assert admitted(replicas, 8000, operator, "kubeserve-system")  # user_config pushes
+    assert not admitted(replicas, 8000, operator, "serving")  # an impostor elsewhere
+    assert not admitted(replicas, 8000, other_instance, "serving")
+    assert not admitted(replicas, 8000, build, "serving")
+    assert not admitted(replicas, 8000, {"app": "curl"}, "serving")
+    assert not admitted(replicas, 8000, proxy_labels, "elsewhere")
+    # kubelet probes come from anywhere, to the probe port only
+    assert admitted(replicas, 8081, {}, "anywhere")
+    assert [p["containerPort"] for p in main_container(workload())["ports"]] == [8000, 8081]
+    assert replica_pod["containers"][0]["readinessProbe"]["httpGet"]["port"] == "probe"
+    # the proxy port is open to everyone (the proxy refuses internal paths itself)
+    assert admitted(proxies, 8000, {}, "anywhere")
+
+
+def test_no_proxy_policy_without_proxies() -> None:
+    inst = instance(proxyLocation="Disabled")
+    [policy] = render.render_instance_network_policies(inst, "ops")
+    assert policy["metadata"]["name"] == "default-replicas"
+
+
+def test_proxy_policy_follows_the_http_port() -> None:
+    inst = instance(proxyLocation="EveryNode", httpOptions={"port": 9000})
+    _, proxies = render.render_instance_network_policies(inst, "ops")
+    assert proxies["metadata"]["name"] == "default-proxies"
+    assert proxies["spec"]["ingress"] == [{"ports": [{"port": 9000, "protocol": "TCP"}]}]

@@ -9,9 +9,11 @@ the proxies; each ``ServeApplication`` names its instance in ``spec.instance`` a
 
 Children, all with an ownerReference to the CR they come from (garbage collection on delete):
 
-* per instance ``<inst>`` (unless ``proxyLocation: Disabled``): proxy Deployment ``<inst>-proxy``
-  (``HeadOnly``: 1 replica) or DaemonSet (``EveryNode``), and Service ``<inst>-proxy`` on
-  ``httpOptions.port``;
+* per instance ``<inst>``: the Secret ``<inst>-dataplane-secret`` (key ``secret``: the data-plane
+  handshake key, 64 hex characters, created once by the operator, immutable); the
+  NetworkPolicies ``<inst>-replicas`` and (with proxies) ``<inst>-proxies``; unless
+  ``proxyLocation: Disabled``, proxy Deployment ``<inst>-proxy`` (``HeadOnly``: 1 replica) or
+  DaemonSet (``EveryNode``), and Service ``<inst>-proxy`` on ``httpOptions.port``;
 * per application CR ``<app>`` and build key ``<k>`` (a digest of import path, runtime_env and
   args, so a change of overrides or user_config reuses the last build): build Job
   ``<app>-build-<k>`` that imports the application in its image and runtime_env and writes the
@@ -29,13 +31,17 @@ proxies find replica endpoints by these labels.
 Pods: every container gets ``KUBESERVE_POD_IP`` (fieldRef ``status.podIP``) and
 ``KUBESERVE_BIND_HOST=0.0.0.0``: ``kubeserve replica --host $(KUBESERVE_BIND_HOST) --port 8000``
 and ``kubeserve proxy --host $(KUBESERVE_BIND_HOST) --port <httpOptions.port> --discovery
-kubernetes`` (the test cluster's kubelet stand-in pins the bind host to the pod's address); the
-replica's readiness probe is ``GET /-/healthz`` on port 8000 (the proxy's on its own port).
+kubernetes`` (the test cluster's kubelet stand-in pins the bind host to the pod's address).
+Proxies and replicas get ``KUBESERVE_DATA_PLANE_SECRET`` by ``secretKeyRef`` from the instance's
+Secret; port 8000 of a replica speaks only behind that handshake
+(:mod:`kubeserve.runtime.channel`), so its probes are ``GET /-/healthz`` on the unauthenticated
+container port ``probe`` (8081, :mod:`kubeserve.runtime.replica_probe`); the proxy's are on its own
+port. Every pod runs as UID 10001 with a read-only root filesystem and an ``emptyDir`` at ``/tmp``.
 ``KUBESERVE_NAMESPACE`` (fieldRef ``metadata.namespace``) tells in-cluster processes where their
 CRs are.
 
 ``user_config`` is never in a pod template: the operator pushes it to ``POST /-/reconfigure`` on
-each ready replica (and again after a change), reporting the deployment ``UPDATING`` until all
-have applied it. Data-plane RBAC is per instance: ``<inst>-dataplane`` (read ServeApplications and
-EndpointSlices) and ``<inst>-build`` (create ConfigMaps).
+a ``CONTROL`` channel to each ready replica (and again after a change), reporting the deployment
+``UPDATING`` until all have applied it. Data-plane RBAC is per instance: ``<inst>-dataplane``
+(read ServeApplications and EndpointSlices) and ``<inst>-build`` (create ConfigMaps).
 """

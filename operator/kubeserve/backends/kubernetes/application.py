@@ -64,6 +64,7 @@ async def reconcile_application(ctx: OperatorContext, obj: dict[str, Any]) -> No
         )
         return
     await _ensure_owned_by(ctx, obj, instance)
+    secret = await ctx.data_plane_secret(instance)  # replicas read it; pushes prove it
     instance_view = render.instance_view(instance)
     app_view = render.app_view(obj, app_config)
     graph = await _graph(ctx, instance_view, app_view, app_config)
@@ -72,7 +73,9 @@ async def reconcile_application(ctx: OperatorContext, obj: dict[str, Any]) -> No
         info = application_status(build, {})
         await ctx.patch_status(obj, application_status_patch(obj, info, app_config, {}, None))
         return
-    views, routing = await _reconcile_deployments(ctx, instance_view, app_view, app_config, graph)
+    views, routing = await _reconcile_deployments(
+        ctx, instance_view, app_view, app_config, graph, secret
+    )
     info = application_status(BuildView("done"), views)
     ingress = str(graph.body["ingress"])
     ingress_options = _node(graph, ingress).get("options", {})
@@ -146,6 +149,7 @@ async def _reconcile_deployments(
     app: render.AppView,
     app_config: dict[str, Any],
     graph: Graph,
+    secret: bytes,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     overrides = {d["name"]: d for d in app_config.get("deployments", [])}
     views: dict[str, Any] = {}
@@ -170,7 +174,7 @@ async def _reconcile_deployments(
         pods = ctx.cache.objects(
             "Pod", app.namespace, dict(workload["spec"]["selector"]["matchLabels"])
         )
-        await ctx.push_user_config(pods, effective)
+        await ctx.push_user_config(pods, effective, secret, instance.uid)
         healthy_key = f"{app.namespace}/{app.cr_name}/{name}/{deployment.version}"
         view = deployment_view_from_pods(
             ctx, pods, effective, deployment.version, healthy_key in ctx.healthy_versions

@@ -29,6 +29,7 @@ WATCHED: dict[str, str] = {
     "ServiceAccount": MANAGED,
     "Role": MANAGED,
     "RoleBinding": MANAGED,
+    "NetworkPolicy": MANAGED,
 }
 
 

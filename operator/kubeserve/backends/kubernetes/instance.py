@@ -1,4 +1,5 @@
-"""Reconciling one ``ServeInstance``: proxies, the data plane's RBAC, and the instance status."""
+"""Reconciling one ``ServeInstance``: its data-plane Secret, the data plane's RBAC and
+NetworkPolicies, proxies, and the instance status."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from kubeserve.backends.kubernetes.status import _condition
 async def reconcile_instance(ctx: OperatorContext, obj: dict[str, Any]) -> None:
     namespace = obj["metadata"]["namespace"]
     view = render.instance_view(obj)
-    wanted = render.render_dataplane_rbac(view) + render.render_proxy(view)
+    await ctx.data_plane_secret(obj)  # before the pods that read it
+    wanted = [
+        *render.render_dataplane_rbac(view),
+        *render.render_instance_network_policies(view, ctx.operator_namespace),
+        *render.render_proxy(view),
+    ]
     for child in wanted:
         await ctx.apply(child)
     keep = {f"{c['kind']}/{c['metadata']['name']}" for c in wanted}
@@ -20,7 +26,7 @@ async def reconcile_instance(ctx: OperatorContext, obj: dict[str, Any]) -> None:
         names.INSTANCE_LABEL: names.label_value(obj["metadata"]["name"]),
         names.COMPONENT_LABEL: "proxy",
     }
-    for kind in ("Deployment", "DaemonSet", "Service"):
+    for kind in ("Deployment", "DaemonSet", "Service", "NetworkPolicy"):
         for child in ctx.cache.objects(kind, namespace, labels):
             if f"{kind}/{child['metadata']['name']}" not in keep:
                 await ctx.kube.delete(kind, namespace, child["metadata"]["name"])

@@ -31,12 +31,14 @@ __all__ = [
     "COMPONENT_LABEL",
     "COMPONENT_PROXY",
     "COMPONENT_REPLICA",
+    "DATA_PLANE_SECRET_KEY",
     "DEPLOYMENT_LABEL",
     "DEPLOYMENT_NAME_ANNOTATION",
     "INSTANCE_LABEL",
     "MANAGED_BY_LABEL",
     "MAX_NAME_LENGTH",
     "NAME_LABEL",
+    "OPERATOR_POD_LABELS",
     "PRODUCT",
     "VERSION_ANNOTATION",
     "OwnerReference",
@@ -44,8 +46,10 @@ __all__ = [
     "build_job_name",
     "common_labels",
     "dataplane_account_name",
+    "dataplane_secret_name",
     "graph_configmap_name",
     "label_value",
+    "network_policy_name",
     "owner_reference",
     "proxy_name",
     "selector_labels",
@@ -60,6 +64,13 @@ INSTANCE_LABEL = "kubeserve.io/instance"
 APPLICATION_LABEL = "kubeserve.io/application"
 DEPLOYMENT_LABEL = "kubeserve.io/deployment"
 
+#: Labels every operator pod carries (the install manifests and the Helm chart set them); the
+#: replicas' NetworkPolicy admits the operator's pods by them (it pushes user_config).
+OPERATOR_POD_LABELS = {
+    "app.kubernetes.io/part-of": PRODUCT,
+    "app.kubernetes.io/component": "operator",
+}
+
 COMPONENT_PROXY = "proxy"
 COMPONENT_REPLICA = "replica"
 COMPONENT_BUILD = "build"
@@ -69,6 +80,9 @@ VERSION_ANNOTATION = "kubeserve.io/replica-version"
 #: The exact (unshortened) Ray application and deployment names, for people and tools.
 APPLICATION_NAME_ANNOTATION = "kubeserve.io/application-name"
 DEPLOYMENT_NAME_ANNOTATION = "kubeserve.io/deployment-name"
+
+#: The key of the data-plane Secret (:func:`dataplane_secret_name`) holding the secret (hex).
+DATA_PLANE_SECRET_KEY = "secret"
 
 MAX_NAME_LENGTH = 63
 _HASH_LENGTH = 8
@@ -142,6 +156,20 @@ def proxy_name(instance: str) -> str:
 def dataplane_account_name(instance: str) -> str:
     """ServiceAccount (and Role, RoleBinding) of an instance's proxy and replica pods."""
     return _dns_label((instance, "dataplane"), exact=True)
+
+
+def dataplane_secret_name(instance: str) -> str:
+    """Secret holding the instance's data-plane secret (the handshake key of
+    :mod:`kubeserve.runtime.channel`) under :data:`DATA_PLANE_SECRET_KEY`; created by the operator,
+    owned by the ``ServeInstance``, read by its proxy and replica pods."""
+    return _dns_label((instance, "dataplane", "secret"), exact=True)
+
+
+def network_policy_name(instance: str, component: str) -> str:
+    """NetworkPolicy of an instance's replica (``<inst>-replicas``) or proxy (``<inst>-proxies``)
+    pods."""
+    plural = {COMPONENT_PROXY: "proxies", COMPONENT_REPLICA: "replicas"}[component]
+    return _dns_label((instance, plural), exact=True)
 
 
 def build_account_name(instance: str) -> str:

@@ -15,8 +15,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from kubeserve.backends.kubernetes.application import reconcile_application
 from kubeserve.backends.kubernetes.cache import ClusterCache
 from kubeserve.backends.kubernetes.context import OperatorContext
@@ -54,8 +52,7 @@ class Operator:
         kube = await Kube.connect(self.settings.kubeconfig)
         namespaces = list(self.settings.watch_namespaces) or None
         cache = ClusterCache(kube, namespaces, self._changed)
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trust_env=False)
-        self.ctx = OperatorContext(kube, cache, session)
+        self.ctx = OperatorContext(kube, cache, self.settings.namespace)
         self.ctx.wake = self._wake_all  # type: ignore[method-assign]
         await cache.start()
         self._worker = asyncio.ensure_future(self._work())
@@ -67,7 +64,6 @@ class Operator:
                 await self._worker
         if self.ctx is not None:
             await self.ctx.cache.close()
-            await self.ctx.session.close()
             await self.ctx.kube.close()
 
     async def reconcile(self, obj: dict[str, Any]) -> None:

@@ -22,8 +22,14 @@ A replica runs ``kubeserve replica --host $(KUBESERVE_BIND_HOST) --port 8000`` w
   ``KUBESERVE_DISCOVERY=kubernetes`` (handles discover replicas as proxies do, in
   ``KUBESERVE_NAMESPACE``).
 
-Health checks become probes on ``GET /-/healthz``: readiness every ``health_check_period_s`` with
-``health_check_timeout_s`` (out of rotation on the first failure), liveness likewise (restart after
+Every connection to port 8000 must pass the data-plane handshake
+(:mod:`kubeserve.runtime.channel`; the secret comes from the instance's Secret as
+``KUBESERVE_DATA_PLANE_SECRET``), which a kubelet cannot do. So the replica runs the user's
+``check_health`` itself every ``health_check_period_s`` (limited to ``health_check_timeout_s``) and
+reports the last result on an unauthenticated listener, container port ``probe``
+(:data:`PROBE_PORT`), that answers only ``GET /-/healthz`` and never runs user code
+(:mod:`kubeserve.runtime.replica_probe`). Probes point there: readiness every
+``health_check_period_s`` (out of rotation on the first failure), liveness likewise (restart after
 3 failures, as Ray replaces a replica after 3), and a startup probe that gives the constructor up
 to :data:`~.render_pod.STARTUP_TIMEOUT_S` seconds. ``graceful_shutdown_timeout_s`` becomes
 ``terminationGracePeriodSeconds``. Rollouts follow Ray: no surge, at most 20% of the replicas
@@ -52,6 +58,7 @@ from kubeserve.backends.kubernetes.render_pod import (
     STARTUP_TIMEOUT_S,
     Manifest,
     container,
+    data_plane_secret_env,
     escape,
     image_for,
     node_selector,
@@ -59,7 +66,12 @@ from kubeserve.backends.kubernetes.render_pod import (
     seconds,
     user_pod_spec,
 )
-from kubeserve.backends.kubernetes.render_proxy import render_dataplane_rbac, render_proxy
+from kubeserve.backends.kubernetes.render_proxy import (
+    render_data_plane_secret,
+    render_dataplane_rbac,
+    render_network_policies,
+    render_proxy,
+)
 from kubeserve.backends.kubernetes.render_views import (
     AppView,
     DeploymentView,
@@ -76,6 +88,7 @@ __all__ = [
     "BUILD_DEADLINE_S",
     "BUILD_TTL_S",
     "GRAPH_KEY",
+    "PROBE_PORT",
     "REPLICA_PORT",
     "AppView",
     "DeploymentView",
@@ -86,7 +99,10 @@ __all__ = [
     "deployment_view",
     "instance_view",
     "render_build_job",
+    "render_data_plane_secret",
     "render_dataplane_rbac",
+    "render_instance_network_policies",
+    "render_network_policies",
     "render_proxy",
     "render_replica_service",
     "render_replica_workload",
@@ -94,6 +110,8 @@ __all__ = [
 ]
 
 REPLICA_PORT = 8000
+#: The replica's unauthenticated health listener (container port ``probe``), for the kubelet.
+PROBE_PORT = 8081
 #: ConfigMap key holding the build's JSON document.
 GRAPH_KEY = "graph.json"
 #: A finished build Job (and its pod, with the logs) is kept this long; the graph lives on in the
@@ -138,6 +156,9 @@ def replica_config_json(app: AppView, deployment: DeploymentView) -> str:
         "max_ongoing_requests": int(config["max_ongoing_requests"]),
         "graceful_shutdown_wait_loop_s": float(config["graceful_shutdown_wait_loop_s"]),
         "graceful_shutdown_timeout_s": float(config["graceful_shutdown_timeout_s"]),
+        "probe_port": PROBE_PORT,
+        "health_check_period_s": float(config["health_check_period_s"]),
+        "health_check_timeout_s": float(config["health_check_timeout_s"]),
     }
     rest = {k: v for k, v in replica.items() if k != "replica_id"}
     literal = escape(json.dumps(rest, sort_keys=True, separators=(",", ":")))
@@ -146,7 +167,7 @@ def replica_config_json(app: AppView, deployment: DeploymentView) -> str:
 
 def _replica_probes(config: Any) -> Manifest:
     check: Manifest = {
-        "httpGet": {"path": wire.HEALTHZ_PATH, "port": REPLICA_PORT},
+        "httpGet": {"path": wire.HEALTHZ_PATH, "port": "probe"},
         "periodSeconds": seconds(config["health_check_period_s"]),
         "timeoutSeconds": seconds(config["health_check_timeout_s"]),
     }
@@ -177,7 +198,10 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DeploymentVie
     ]
     main = container("replica", image, instance.image_pull_policy, command, [])
     main |= {
-        "ports": [{"name": "http", "containerPort": REPLICA_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": REPLICA_PORT, "protocol": "TCP"},
+            {"name": "probe", "containerPort": PROBE_PORT, "protocol": "TCP"},
+        ],
         "resources": resources(options),
         **_replica_probes(deployment.config),
     }
@@ -195,7 +219,8 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DeploymentVie
     if selector := node_selector(options):
         fields["nodeSelector"] = selector
     account = names.dataplane_account_name(instance.name)
-    return user_pod_spec(main, runtime_env, own_env, account, field=field, **fields)
+    refs = [data_plane_secret_env(instance.name)]
+    return user_pod_spec(main, runtime_env, own_env, account, field=field, refs=refs, **fields)
 
 
 def _replica_identity(
@@ -265,6 +290,13 @@ def render_replica_service(
             ],
         },
     }
+
+
+def render_instance_network_policies(
+    instance: InstanceView, operator_namespace: str
+) -> list[Manifest]:
+    """:func:`~.render_proxy.render_network_policies` with the replica's ports."""
+    return render_network_policies(instance, operator_namespace, REPLICA_PORT, PROBE_PORT)
 
 
 # --------------------------------------------------------------------------- builds

@@ -9,7 +9,11 @@ Conventions every kubeserve pod follows:
   literals); then kubeserve's own variables, which win over a user variable of the same name
   (a name appears once: server-side apply rejects duplicates);
 * the restricted Pod Security Standard: non-root UID :data:`POD_UID`, no privilege escalation,
-  every capability dropped, the ``RuntimeDefault`` seccomp profile;
+  every capability dropped, the ``RuntimeDefault`` seccomp profile; the root filesystem is
+  read-only, and an ``emptyDir`` at ``/tmp`` (:data:`TMP_DIR`) is the scratch space of every
+  container (the runtime_env files below have their own);
+* proxies and replicas (not builds, not the init container) get the instance's data-plane secret
+  as ``KUBESERVE_DATA_PLANE_SECRET`` from the Secret :func:`~.names.dataplane_secret_name`;
 * ``working_dir`` / ``py_modules`` of a runtime_env are fetched by the init container
   ``runtime-env`` running ``kubeserve fetch-runtime-env --dest /var/run/kubeserve/runtime-env
   [--working-dir URI] [--py-module URI]...`` into an ``emptyDir`` mounted at that path in both
@@ -28,11 +32,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.render_views import RenderError
+from kubeserve.runtime import channel
 
 __all__ = [
     "ACCELERATOR_LABEL",
@@ -49,8 +55,10 @@ __all__ = [
     "POD_UID",
     "RUNTIME_ENV_DIR",
     "STARTUP_TIMEOUT_S",
+    "TMP_DIR",
     "Manifest",
     "container",
+    "data_plane_secret_env",
     "environment",
     "escape",
     "field_env",
@@ -81,6 +89,9 @@ DISCOVERY_ENV = "KUBESERVE_DISCOVERY"
 #: The non-root user and group every kubeserve container runs as (the image should use it too).
 POD_UID = 10001
 RUNTIME_ENV_DIR = "/var/run/kubeserve/runtime-env"
+#: The root filesystem is read-only; this ``emptyDir`` is every container's scratch space.
+TMP_DIR = "/tmp"
+_TMP_VOLUME = "tmp"
 _RUNTIME_ENV_VOLUME = "runtime-env"
 FETCH_RUNTIME_ENV_COMMAND = ["kubeserve", "fetch-runtime-env", "--dest", RUNTIME_ENV_DIR]
 
@@ -120,15 +131,25 @@ def field_env() -> list[Manifest]:
     return [*fields, {"name": BIND_HOST_ENV, "value": BIND_HOST}]
 
 
-def environment(user: Mapping[str, str], own: Mapping[str, str]) -> list[Manifest]:
-    """Field references, then the user's variables (literal), then ``own`` (expanded; wins)."""
+def environment(
+    user: Mapping[str, str], own: Mapping[str, str], refs: Sequence[Manifest] = ()
+) -> list[Manifest]:
+    """Field references, then the user's variables (literal), then ``own`` (expanded; wins),
+    then ``refs`` (``valueFrom`` entries such as :func:`data_plane_secret_env`; win too)."""
     entries = field_env()
-    reserved = {e["name"] for e in entries} | set(own)
+    reserved = {e["name"] for e in entries} | set(own) | {r["name"] for r in refs}
     entries += [
         {"name": k, "value": escape(v)} for k, v in sorted(user.items()) if k not in reserved
     ]
     entries += [{"name": k, "value": v} for k, v in own.items()]
-    return entries
+    return entries + list(refs)
+
+
+def data_plane_secret_env(instance: str) -> Manifest:
+    """``KUBESERVE_DATA_PLANE_SECRET`` from the instance's data-plane Secret (a ``secretKeyRef``:
+    the value is never part of a pod spec; the process removes it from its environment)."""
+    ref = {"name": names.dataplane_secret_name(instance), "key": names.DATA_PLANE_SECRET_KEY}
+    return {"name": channel.SECRET_ENV, "valueFrom": {"secretKeyRef": ref}}
 
 
 # --------------------------------------------------------------------------- runtime_env
@@ -258,7 +279,11 @@ def _container_security() -> Manifest:
     return {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
+        "runAsUser": POD_UID,
+        "runAsGroup": POD_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 
@@ -283,15 +308,31 @@ def container(
     return spec
 
 
-def pod_spec(containers: list[Manifest], service_account: str, **fields: Any) -> Manifest:
-    """A pod spec running as ``service_account`` under the restricted security profile."""
-    return {
+def _with_tmp(spec: Manifest) -> Manifest:
+    mounts = [*spec.get("volumeMounts", []), {"name": _TMP_VOLUME, "mountPath": TMP_DIR}]
+    return {**spec, "volumeMounts": mounts}
+
+
+def pod_spec(
+    containers: list[Manifest],
+    service_account: str,
+    *,
+    init_containers: Sequence[Manifest] = (),
+    volumes: Sequence[Manifest] = (),
+    **fields: Any,
+) -> Manifest:
+    """A pod spec running as ``service_account`` under the restricted security profile, with a
+    read-only root filesystem and an ``emptyDir`` at :data:`TMP_DIR` in every container."""
+    spec: Manifest = {
         "serviceAccountName": service_account,
         "enableServiceLinks": False,
         "securityContext": _pod_security(),
-        "containers": containers,
-        **fields,
     }
+    if init_containers:
+        spec["initContainers"] = [_with_tmp(c) for c in init_containers]
+    spec["containers"] = [_with_tmp(c) for c in containers]
+    spec["volumes"] = [{"name": _TMP_VOLUME, "emptyDir": {}}, *volumes]
+    return spec | fields
 
 
 def user_pod_spec(
@@ -301,27 +342,28 @@ def user_pod_spec(
     service_account: str,
     *,
     field: str,
+    refs: Sequence[Manifest] = (),
     **fields: Any,
 ) -> Manifest:
     """The pod spec of a container running user code (a replica or a build) in ``runtime_env``.
 
     ``main`` is a :func:`container` without ``env``; it gets the environment (user variables,
-    then ``own_env``), and the fetched files when ``working_dir``/``py_modules`` are set.
-    ``field`` is the runtime_env's path in the spec, for error messages.
+    then ``own_env``, then ``refs``), and the fetched files when ``working_dir``/``py_modules``
+    are set. ``field`` is the runtime_env's path in the spec, for error messages.
     """
     _check_runtime_env(runtime_env, field)
     user_vars: Mapping[str, str] = runtime_env.get("env_vars") or {}
     files = _runtime_env_files(runtime_env)
     if files is None:
         return pod_spec(
-            [{**main, "env": environment(user_vars, own_env)}], service_account, **fields
+            [{**main, "env": environment(user_vars, own_env, refs)}], service_account, **fields
         )
     python_path = files.python_path
     if "PYTHONPATH" in user_vars:
         python_path += ":" + escape(user_vars["PYTHONPATH"])
     main = {
         **main,
-        "env": environment(user_vars, {**own_env, "PYTHONPATH": python_path}),
+        "env": environment(user_vars, {**own_env, "PYTHONPATH": python_path}, refs),
         "volumeMounts": [files.mount()],
     }
     if files.working_dir:
@@ -331,4 +373,4 @@ def user_pod_spec(
     )
     fetch |= {"env": environment(user_vars, {}), "volumeMounts": [files.mount()]}
     volumes = [{"name": _RUNTIME_ENV_VOLUME, "emptyDir": {}}]
-    return pod_spec([main], service_account, initContainers=[fetch], volumes=volumes, **fields)
+    return pod_spec([main], service_account, init_containers=[fetch], volumes=volumes, **fields)

@@ -7,6 +7,9 @@ DaemonSet for ``EveryNode``, and a ClusterIP Service on ``httpOptions.port``. A 
 its instance, whose applications' routes it serves. ``httpOptions.host`` has no meaning in a pod
 (a proxy binds its pod's address); ``rootPath`` and TLS are left to an Ingress in front.
 
+The data-plane Secret ``<inst>-dataplane-secret`` (:func:`render_data_plane_secret`): the key of
+the handshake every connection to a replica passes; proxies and replicas read it from their env.
+
 RBAC, least privilege, one set per instance so deleting an instance removes exactly its own:
 
 * ``<inst>-dataplane`` (proxies and replicas): ``get/list/watch`` on ``serveapplications`` (routes,
@@ -19,6 +22,7 @@ The operator can only grant what it holds itself, so its own role needs these ru
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from kubeserve.backends.kubernetes import names
@@ -26,14 +30,23 @@ from kubeserve.backends.kubernetes.render_pod import (
     INSTANCE_ENV,
     Manifest,
     container,
+    data_plane_secret_env,
     environment,
     pod_spec,
 )
 from kubeserve.backends.kubernetes.render_views import InstanceView
 from kubeserve.runtime import wire
+from kubeserve.runtime.kube import KUBERNETES_NAMESPACE_LABEL
 from kubeserve.schema.config import ProxyLocation
 
-__all__ = ["BUILD_RULES", "DATAPLANE_RULES", "render_dataplane_rbac", "render_proxy"]
+__all__ = [
+    "BUILD_RULES",
+    "DATAPLANE_RULES",
+    "render_data_plane_secret",
+    "render_dataplane_rbac",
+    "render_network_policies",
+    "render_proxy",
+]
 
 _READ = ["get", "list", "watch"]
 DATAPLANE_RULES: list[Manifest] = [
@@ -66,7 +79,7 @@ def _proxy_command(instance: InstanceView) -> list[str]:
 
 def _proxy_container(instance: InstanceView) -> Manifest:
     port = int(instance.http_options.port)
-    env = environment({}, {INSTANCE_ENV: instance.name})
+    env = environment({}, {INSTANCE_ENV: instance.name}, [data_plane_secret_env(instance.name)])
     spec = container(
         "proxy", instance.image, instance.image_pull_policy, _proxy_command(instance), env
     )
@@ -161,3 +174,91 @@ def render_dataplane_rbac(instance: InstanceView) -> list[Manifest]:
             instance, names.build_account_name(instance.name), names.COMPONENT_BUILD, BUILD_RULES
         ),
     ]
+
+
+def render_data_plane_secret(instance: InstanceView, value: str) -> Manifest:
+    """The instance's data-plane Secret holding ``value``.
+
+    The operator draws ``value`` at random once and creates this object only when it is missing
+    (rendering stays pure; a re-render would not know the value). Immutable: a changed secret
+    would split the data plane in two until every pod restarted; to rotate it, delete the Secret
+    and the pods (the operator creates a fresh one).
+    """
+    labels = names.common_labels(names.COMPONENT_PROXY, instance.name)
+    encoded = base64.b64encode(value.encode()).decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(instance, names.dataplane_secret_name(instance.name), labels),
+        "type": "Opaque",
+        "immutable": True,
+        "data": {names.DATA_PLANE_SECRET_KEY: encoded},
+    }
+
+
+def _policy(instance: InstanceView, component: str, ingress: list[Manifest]) -> Manifest:
+    labels = names.common_labels(component, instance.name)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(
+            instance, names.network_policy_name(instance.name, component), labels
+        ),
+        "spec": {
+            "podSelector": {
+                "matchLabels": names.selector_labels(component, instance=instance.name)
+            },
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
+def render_network_policies(
+    instance: InstanceView, operator_namespace: str, replica_port: int, probe_port: int
+) -> list[Manifest]:
+    """Who may connect to the instance's pods (ingress only; enforced by the cluster's network
+    plugin, where it enforces NetworkPolicies).
+
+    * ``<inst>-replicas``: the replica port (``replica_port``) only from the instance's own proxy
+      and replica pods (labels ``kubeserve.io/instance`` and ``app.kubernetes.io/component``) and
+      from the operator's pods (:data:`~.names.OPERATOR_POD_LABELS` in ``operator_namespace``),
+      which push ``user_config``; the probe port (``probe_port``) from anywhere, for kubelets;
+      nothing else. The handshake already refuses strangers: this keeps them from even
+      connecting.
+    * ``<inst>-proxies`` (when proxies run): the proxy's HTTP port from anywhere.
+    """
+    peers = {
+        "podSelector": {
+            "matchLabels": {
+                names.NAME_LABEL: names.PRODUCT,
+                names.INSTANCE_LABEL: names.label_value(instance.name),
+            },
+            "matchExpressions": [
+                {
+                    "key": names.COMPONENT_LABEL,
+                    "operator": "In",
+                    "values": [names.COMPONENT_PROXY, names.COMPONENT_REPLICA],
+                }
+            ],
+        }
+    }
+    operator = {
+        "namespaceSelector": {"matchLabels": {KUBERNETES_NAMESPACE_LABEL: operator_namespace}},
+        "podSelector": {"matchLabels": dict(names.OPERATOR_POD_LABELS)},
+    }
+    replicas = _policy(
+        instance,
+        names.COMPONENT_REPLICA,
+        [
+            {"ports": [{"port": replica_port, "protocol": "TCP"}], "from": [peers, operator]},
+            {"ports": [{"port": probe_port, "protocol": "TCP"}]},
+        ],
+    )
+    if instance.proxy_location is ProxyLocation.DISABLED:
+        return [replicas]
+    port = int(instance.http_options.port)
+    proxies = _policy(
+        instance, names.COMPONENT_PROXY, [{"ports": [{"port": port, "protocol": "TCP"}]}]
+    )
+    return [replicas, proxies]

@@ -1,0 +1,209 @@
+"""The replica's unauthenticated probe listener: answers the kubelet from the replica's own checks.
+
+In process for the listener itself (what a caller can and cannot make it do), then a real replica
+process started with ``probe_port`` as the operator renders it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "tests" / "apps"), str(ROOT / "tests")]
+
+from channel_front import SECRET  # noqa: E402
+from kubeserve.runtime import channel, wire  # noqa: E402
+from kubeserve.runtime.replica_probe import ProbeListener  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def raw(port: int, payload: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(payload)
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    return answer
+
+
+async def until(predicate: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+def test_the_listener_reports_the_last_check_and_never_runs_user_code() -> None:
+    async def scenario() -> None:
+        port = free_port()
+        probe = ProbeListener()
+        await probe.start("127.0.0.1", port)
+        healthz = b"GET /-/healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        try:
+            starting = await raw(port, healthz)
+            assert status_of(starting) == 503 and starting.endswith(b"starting")
+            runs = 0
+            failing = False
+
+            async def check() -> None:
+                nonlocal runs
+                runs += 1
+                if failing:
+                    raise RuntimeError("database password is hunter2")
+
+            probe.watch(check, period_s=0.05, timeout_s=1)
+
+            async def status_is(code: int) -> bool:
+                return status_of(await raw(port, healthz)) == code
+
+            await until(lambda: status_is(200))
+            failing = True
+            await until(lambda: status_is(503))
+            answer = await raw(port, healthz)
+            assert b"unhealthy" in answer and b"hunter2" not in answer  # the error stays in the log
+            failing = False
+            await until(lambda: status_is(200))
+
+            # Other requests are 404 and run nothing; probing does not run the user's check.
+            for payload in (
+                b"POST /-/healthz HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
+                b"GET /-/reconfigure HTTP/1.1\r\n\r\n",
+                b"GET /-/call/__call__ HTTP/1.1\r\n\r\n",
+                b"GET / HTTP/1.1\r\n\r\n",
+                b"\x16\x03\x01 not http at all\r\n",
+            ):
+                assert status_of(await raw(port, payload)) == 404, payload
+            assert status_of(await raw(port, b"GET /-/healthz" + b"x" * 10_000)) == 431
+            probe.drain()
+            before = runs
+            for _ in range(20):
+                assert status_of(await raw(port, healthz)) == 503
+            assert runs <= before + 1  # at most the check that was already running
+        finally:
+            await probe.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_slow_check_counts_as_failed_after_its_timeout() -> None:
+    async def scenario() -> None:
+        port = free_port()
+        probe = ProbeListener()
+        await probe.start("127.0.0.1", port)
+
+        async def hang() -> None:
+            await asyncio.sleep(60)
+
+        try:
+            probe.watch(hang, period_s=0.05, timeout_s=0.1)
+            await asyncio.sleep(0.3)  # several timeouts: the check never passes
+            answer = await raw(port, b"GET /-/healthz HTTP/1.0\r\n\r\n")
+            assert status_of(answer) == 503 and answer.endswith(b"unhealthy")
+        finally:
+            await probe.close()
+
+    asyncio.run(scenario())
+
+
+# --------------------------------------------------------------------------- a replica process
+
+
+@pytest.fixture
+def replica() -> Iterator[tuple[int, int, subprocess.Popen[bytes]]]:
+    port, probe_port = free_port(), free_port()
+    config = {
+        "app": "default",
+        "deployment": "Echo",
+        "import_path": "ks_echo_app:app",
+        "replica_id": "r-1",
+        "user_config": {"greeting": "hi"},
+        "max_ongoing_requests": 5,
+        "graceful_shutdown_wait_loop_s": 0.1,
+        "graceful_shutdown_timeout_s": 5.0,
+        "probe_port": probe_port,
+        "health_check_period_s": 0.1,
+        "health_check_timeout_s": 2.0,
+    }
+    env = dict(os.environ)
+    env[wire.REPLICA_CONFIG_ENV] = json.dumps(config)
+    env[channel.SECRET_ENV] = SECRET.decode()
+    env.pop(wire.CONTROLLER_URL_ENV, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "operator"), str(ROOT / "tests" / "apps")])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kubeserve.runtime.replica", "--host", "127.0.0.1",
+         "--port", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        yield port, probe_port, proc
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def probe_status(port: int) -> int | None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", "/-/healthz")
+        return conn.getresponse().status
+    except OSError:
+        return None
+    finally:
+        conn.close()
+
+
+def wait_status(port: int, status: int) -> None:
+    deadline = time.monotonic() + 30
+    while probe_status(port) != status:
+        assert time.monotonic() < deadline, f"probe never answered {status}"
+        time.sleep(0.05)
+
+
+def test_a_replica_process_reports_its_health_on_the_probe_port(
+    replica: tuple[int, int, subprocess.Popen[bytes]],
+) -> None:
+    port, probe_port, proc = replica
+    wait_status(probe_port, 200)  # constructed and listening
+
+    # /sick through a real INGRESS connection makes the user's check_health fail from now on
+    sock, _ = asyncio.run(channel.open_socket("127.0.0.1", port, channel.Role.INGRESS, SECRET, 5))
+    sock.setblocking(True)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.sock = sock
+    conn.request("GET", "/sick")
+    assert conn.getresponse().status == 200
+    conn.close()
+    wait_status(probe_port, 503)
+
+    # The replica port itself still refuses a plain HTTP request (no handshake).
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as plain:
+        plain.sendall(b"GET /-/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            answer = plain.recv(1024)
+        except ConnectionResetError:
+            answer = b""
+        assert not answer.startswith(b"HTTP/")
+    proc.terminate()
+    assert proc.wait(15) == 0

@@ -90,8 +90,10 @@ def pid_alive(pid: int) -> bool:
 class Kubeserve:
     """A ``kubeserve start`` process with its own state directory and ports."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, extra_args: list[str] | None = None) -> None:
         self.state_dir = state_dir
+        #: more ``kubeserve start`` arguments (``--num-cpus`` ...)
+        self.extra_args = list(extra_args or [])
         self.dashboard_port = free_port()
         self.proxy_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -124,6 +126,7 @@ class Kubeserve:
                 "127.0.0.1",
                 "--http-port",
                 str(self.proxy_port),
+                *self.extra_args,
             ],
             cwd=ROOT,
             env=env,
@@ -224,8 +227,8 @@ class Kubeserve:
 
 
 @contextlib.contextmanager
-def running_kubeserve(state_dir: Path) -> Iterator[Kubeserve]:
-    server = Kubeserve(state_dir)
+def running_kubeserve(state_dir: Path, extra_args: list[str] | None = None) -> Iterator[Kubeserve]:
+    server = Kubeserve(state_dir, extra_args)
     server.start()
     try:
         yield server

@@ -59,6 +59,17 @@ def main(argv: list[str] | None = None) -> int:
         "--http-host", default="0.0.0.0", help="proxy host of a serving layer started implicitly"
     )
     start.add_argument("--deploy", type=Path, help="a config file to deploy once the server is up")
+    start.add_argument(
+        "--num-cpus",
+        type=float,
+        help="CPUs replicas may claim (ray_actor_options.num_cpus, 1 each by default); "
+        "default: the machine's count, at least 16",
+    )
+    start.add_argument(
+        "--num-gpus",
+        type=float,
+        help="GPUs replicas may claim; default: CUDA_VISIBLE_DEVICES, else the NVIDIA GPUs found",
+    )
 
     operator = commands.add_parser("operator", help="run the Kubernetes operator")
     operator.add_argument(
@@ -141,6 +152,8 @@ def _start(args: argparse.Namespace) -> int:
         state_dir=args.state_dir.resolve(),
         controller_url=f"http://{host}:{args.dashboard_port}",
         base_dir=os.getcwd(),
+        num_cpus=args.num_cpus,
+        num_gpus=args.num_gpus,
     )
     backend = LocalBackend(settings)
     default_http = {"host": args.http_host, "port": args.http_port}

@@ -56,6 +56,8 @@ class DeploymentView:
     last_error: str = ""
     #: set when a health check failed, until a replacement replica is serving again
     health_error: str = ""
+    #: why some replicas are not started: they do not fit the resources (see ``placement``)
+    unschedulable: str = ""
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,8 @@ def deployment_status(view: DeploymentView) -> DeploymentStatusInfo:
 def _progress(view: DeploymentView, running_current: Sequence[ReplicaView]) -> str:
     applied = sum(1 for r in running_current if r.config_applied)
     message = f"{applied}/{view.target_replicas} replicas ready"
+    if view.unschedulable:
+        message += f"; {view.unschedulable}"
     if view.last_error and view.startup_failures:
         message += f"; last start failed: {view.last_error}"
     return message

@@ -205,6 +205,14 @@ class Kubeserve:
         replicas = details["deployments"].get(deployment, {"replicas": []})["replicas"]
         return sorted(r["pid"] for r in replicas if r["state"] == "RUNNING")
 
+    def wait_replaced(self, app: str, deployment: str, old: int, timeout_s: float = 60) -> None:
+        """Wait until ``deployment`` runs replicas again, none of them the process ``old``."""
+        wait_for(
+            lambda: (pids := self.replica_pids(app, deployment)) and old not in pids,
+            timeout_s,
+            what=f"a replica of {app}/{deployment} replacing pid {old}",
+        )
+
     def all_pids(self) -> list[int]:
         pids = [
             r["pid"]

@@ -50,11 +50,7 @@ def test_a_1_mib_user_config_survives_a_replica_restart(clean_kubeserve: Kubeser
     config_files = list((ks.state_dir / "run").iterdir())
     assert len(config_files) == 1 and _mode(config_files[0]) == 0o600, config_files
     os.kill(victim, signal.SIGKILL)
-    wait_for(
-        lambda: (pids := ks.replica_pids("sized", "Sized")) and victim not in pids,
-        60,
-        what="a replacement replica RUNNING",
-    )
+    ks.wait_replaced("sized", "Sized", victim)
     ks.wait_app("sized")
     answer = http("GET", f"{ks.proxy}/sized")[1]
     assert answer["digest"] == _digest(big) and answer["pid"] != victim, answer
@@ -119,11 +115,7 @@ def test_what_a_replica_started_dies_when_it_is_killed_and_replaced(
     replica, child = _spawned_child(ks)
     os.kill(replica, signal.SIGKILL)
     wait_for(lambda: not pid_alive(child), 30, what="the killed replica's child to die")
-    wait_for(
-        lambda: (pids := ks.replica_pids("spawner", "Spawner")) and replica not in pids,
-        60,
-        what="a replacement replica",
-    )
+    ks.wait_replaced("spawner", "Spawner", replica)
     _, new_child = _spawned_child(ks)
     assert new_child != child
 

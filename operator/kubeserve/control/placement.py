@@ -8,7 +8,8 @@ A replica that does not fit is not started; it waits, its deployment stays ``UPD
 (``memory``, custom ``resources``) are reported but not enforced on one machine.
 
 Independently of resources, at most ``start_slots`` replicas of the whole instance are starting at
-once, so an accepted large count is paced instead of forking hundreds of interpreters together.
+once, so an accepted large count is paced instead of forking hundreds of interpreters together, and
+none starts while the machine's available memory is under :func:`memory_reserve`.
 Everything here is pure.
 """
 
@@ -80,4 +81,29 @@ def unschedulable_message(
         f"(this kubeserve instance has {json.dumps(instance)}; lower num_replicas or "
         "ray_actor_options, stop other applications, or restart kubeserve with more "
         "--num-cpus/--num-gpus)."
+    )
+
+
+#: Memory kept free on the machine whatever the claims say: a replica is a whole interpreter (tens
+#: of MB), and replicas claiming no CPU (``num_cpus: 0``) are otherwise unbounded.
+MIN_FREE_MEMORY_BYTES = 256 * 2**20
+MIN_FREE_MEMORY_FRACTION = 0.05
+
+
+def memory_reserve(total_bytes: int) -> int:
+    """Bytes of memory no replica start may eat into."""
+    return max(MIN_FREE_MEMORY_BYTES, int(total_bytes * MIN_FREE_MEMORY_FRACTION))
+
+
+def low_memory_message(
+    app: str, deployment: str, count: int, available_bytes: int, total_bytes: int
+) -> str:
+    """The status message of a deployment whose replicas wait because memory runs low."""
+    mib = 2**20
+    plural = "replica" if count == 1 else "replicas"
+    return (
+        f"Deployment '{deployment}' in application '{app}' has {count} {plural} waiting to start: "
+        f"the machine has {available_bytes // mib} MiB of memory available and kubeserve keeps "
+        f"{memory_reserve(total_bytes) // mib} MiB free (of {total_bytes // mib} MiB); lower "
+        "num_replicas or stop other applications."
     )

@@ -1,7 +1,14 @@
 """Replica placement: claims, fitting, pacing, and the message of replicas that do not fit."""
 
 from kubeserve.control.config import effective_deployment_config
-from kubeserve.control.placement import admit, fits, replica_claim, unschedulable_message
+from kubeserve.control.placement import (
+    admit,
+    fits,
+    low_memory_message,
+    memory_reserve,
+    replica_claim,
+    unschedulable_message,
+)
 
 
 def test_a_replica_claims_one_cpu_by_default_as_in_ray_serve() -> None:
@@ -44,3 +51,11 @@ def test_the_message_says_what_is_needed_what_is_left_and_what_to_do() -> None:
     assert 'resources required for each replica: {"CPU": 1.0, "GPU": 1.0}' in message
     assert 'total resources available: {"CPU": 2.0, "GPU": 0.0}' in message
     assert "--num-gpus" in message
+
+
+def test_memory_kept_free_is_a_floor_or_a_share_of_the_machine() -> None:
+    assert memory_reserve(1 << 30) == 256 << 20
+    assert memory_reserve(64 << 30) == int((64 << 30) * 0.05)
+    message = low_memory_message("app", "Model", 4, 100 << 20, 4 << 30)
+    assert "has 4 replicas waiting to start" in message
+    assert "100 MiB of memory available" in message and "256 MiB free" in message

@@ -10,8 +10,8 @@ build keep serving, untouched. Once it is done, deployments it shares with the p
 their replicas (an old replica stops only once a new one serves), and deployments only the previous
 graph had are *retiring*: they keep running, and the route keeps pointing at the previous ingress,
 until every deployment of the new graph is HEALTHY; then the route moves and, once proxies have
-had :data:`ROUTE_SETTLE_S` to apply the move, they stop (a request the proxy matched to the previous
-ingress before it learned the move is still served).
+had ``DISCOVERY_SETTLE_S`` to apply the move, they stop (a request the proxy matched to the
+previous ingress before it learned the move is still served).
 """
 
 from __future__ import annotations
@@ -23,7 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from kubeserve.backends.local import processes
-from kubeserve.backends.local.deployment_state import DeploymentState, ReplicaContext
+from kubeserve.backends.local.deployment_state import (
+    DISCOVERY_SETTLE_S,
+    DeploymentState,
+    ReplicaContext,
+)
 from kubeserve.control import config as config_rules
 from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status import AppStatusInfo, BuildView, application_status
@@ -31,9 +35,6 @@ from kubeserve.runtime import runtime_env as runtime_envs
 from kubeserve.runtime.runtime_env import PreparedEnv, RuntimeEnvError
 
 _BUILD_TIMEOUT_S = 300.0
-#: How long retiring deployments outlive the route's move to a new ingress: proxies learn the move
-#: through a long-poll answered at once, well under this on one machine.
-ROUTE_SETTLE_S = 2.0
 
 
 class ApplicationState:
@@ -185,8 +186,8 @@ class ApplicationState:
             if statuses and all(info.status == "HEALTHY" for info in statuses.values()):
                 self.serving_graph, self._route_moved_at = graph, time.monotonic()
                 self._ctx.wake()  # publish the route now
-                asyncio.get_running_loop().call_later(ROUTE_SETTLE_S, self._ctx.wake)
-        settled = time.monotonic() - self._route_moved_at >= ROUTE_SETTLE_S
+                asyncio.get_running_loop().call_later(DISCOVERY_SETTLE_S, self._ctx.wake)
+        settled = time.monotonic() - self._route_moved_at >= DISCOVERY_SETTLE_S
         if self.serving_graph is graph and settled:
             for name, state in list(self.retiring.items()):
                 state.stop_all()

@@ -37,6 +37,19 @@ def detect_gpus() -> int:
         return 0
 
 
+def memory_bytes() -> tuple[int, int]:
+    """(available, total) memory of the machine from ``/proc/meminfo``; (0, 0) when unknown."""
+    fields: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                name, _, rest = line.partition(":")
+                fields[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return fields.get("MemAvailable", 0), fields.get("MemTotal", 0)
+
+
 def instance_resources(num_cpus: float | None, num_gpus: float | None) -> dict[str, float]:
     """The instance's resources: the flags when given, else what the machine has."""
     cpus = num_cpus if num_cpus is not None else max(os.cpu_count() or 1, MIN_DEFAULT_CPUS)
@@ -56,6 +69,13 @@ class Capacity:
 
     def free_start_slots(self) -> int:
         return self.start_slots - self.starting
+
+    def memory_low(self) -> tuple[int, int] | None:
+        """(available, total) bytes when memory is too low to start a replica, else ``None``."""
+        available, total = memory_bytes()
+        if total and available < placement.memory_reserve(total):
+            return available, total
+        return None
 
     def take(self, claim: Mapping[str, float]) -> None:
         for kind in placement.ENFORCED:

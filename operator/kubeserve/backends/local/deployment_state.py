@@ -33,6 +33,10 @@ from kubeserve.runtime.runtime_env import PreparedEnv
 
 #: How often a starting replica's ``/-/healthz`` is polled: short, because it bounds deploy latency.
 _READY_POLL_S = 0.02
+#: How long proxies and handles are given to learn of an endpoint change before the controller
+#: relies on it (stopping the replicas it replaces): discovery is a long-poll answered at once,
+#: well under this on one machine.
+DISCOVERY_SETTLE_S = 2.0
 _counter = itertools.count(1)
 
 
@@ -171,9 +175,14 @@ class DeploymentState:
             for replica in _stop_order(current)[:-missing]:
                 self._stop(replica)
         serving_current = sum(1 for r in current if r.state == "RUNNING" and r.healthy)
-        # Rolling replacement: an old replica goes only once a new one serves in its place.
-        for replica in _stop_order(old)[: len(old) - max(0, self.target - serving_current)]:
+        # Rolling replacement: an old replica goes only once a new one serves in its place, and
+        # proxies and handles have had DISCOVERY_SETTLE_S to learn of the new one (otherwise the
+        # old one could be the only replica they know of when it stops taking requests).
+        settled = sum(1 for r in current if r.state == "RUNNING" and r.healthy and _settled(r))
+        for replica in _stop_order(old)[: len(old) - max(0, self.target - settled)]:
             self._stop(replica)
+        if settled < serving_current and old:
+            asyncio.get_running_loop().call_later(DISCOVERY_SETTLE_S, self._ctx.wake)
         for replica in current:
             if (
                 replica.state == "RUNNING"
@@ -195,6 +204,10 @@ class DeploymentState:
         :func:`placement.admit`); say why the others wait."""
         capacity = self._ctx.capacity
         claim = placement.replica_claim(self.config)
+        low = capacity.memory_low()
+        if low is not None:
+            self.unschedulable = placement.low_memory_message(self.app, self.name, missing, *low)
+            return
         start, unschedulable = placement.admit(
             missing, claim, capacity.free(), capacity.free_start_slots()
         )
@@ -417,6 +430,11 @@ class DeploymentState:
 def _stop_order(replicas: list[Replica]) -> list[Replica]:
     """Replicas to stop first: those not serving yet, then the newest."""
     return sorted(replicas, key=lambda r: (r.state == "RUNNING", -r.start_time_s))
+
+
+def _settled(replica: Replica) -> bool:
+    """Running long enough for proxies and handles to know of it."""
+    return time.monotonic() - replica.ready_at >= DISCOVERY_SETTLE_S
 
 
 def _stopping(replica: Replica) -> bool:

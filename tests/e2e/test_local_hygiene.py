@@ -172,6 +172,8 @@ def test_a_replica_crashing_once_ready_is_restarted_with_backoff(
     }
     starts = _starts_within(ks, app, 8.0)
     assert 2 <= starts <= 6, starts
+    flaky = _deployment(ks, "flaky", "CrashWhenReady")
+    assert "exited unexpectedly with code 4" in flaky["message"], flaky
 
 
 def test_a_build_no_longer_wanted_is_killed(clean_kubeserve: Kubeserve, tmp_path: Path) -> None:

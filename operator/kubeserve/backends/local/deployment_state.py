@@ -146,6 +146,7 @@ class DeploymentState:
             last_error=self.last_error,
             health_error=self.health_error,
             unschedulable=self.unschedulable,
+            failure_streak=self.failure_streak,
         )
 
     def endpoints(self) -> wire.DeploymentEndpoints:

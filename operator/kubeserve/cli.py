@@ -142,6 +142,7 @@ def _start(args: argparse.Namespace) -> int:
 
     from kubeserve.backends.local.backend import LocalBackend
     from kubeserve.backends.local.controller import LocalSettings
+    from kubeserve.backends.local.state_lock import StateDirInUse
 
     logging.basicConfig(
         level=os.environ.get("KUBESERVE_LOG_LEVEL", "INFO"),
@@ -155,7 +156,11 @@ def _start(args: argparse.Namespace) -> int:
         num_cpus=args.num_cpus,
         num_gpus=args.num_gpus,
     )
-    backend = LocalBackend(settings)
+    try:
+        backend = LocalBackend(settings)
+    except StateDirInUse as exc:
+        print(f"kubeserve: {exc}", file=sys.stderr)
+        return 1
     default_http = {"host": args.http_host, "port": args.http_port}
     return uvloop.run(
         _serve(backend, args.dashboard_host, args.dashboard_port, args.deploy, default_http)

@@ -11,6 +11,8 @@ import os
 import signal
 import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +20,15 @@ from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 
-from kubeserve_testing import Kubeserve, http, pid_alive, running_kubeserve, wait_for
+from kubeserve_testing import (
+    ROOT,
+    Kubeserve,
+    free_port,
+    http,
+    pid_alive,
+    running_kubeserve,
+    wait_for,
+)
 
 SIZED = {"name": "sized", "route_prefix": "/sized", "import_path": "ks_hygiene_app:sized"}
 SPAWNER = {"name": "spawner", "route_prefix": "/spawner", "import_path": "ks_hygiene_app:spawner"}
@@ -380,3 +390,28 @@ def test_replicas_that_do_not_fit_wait_and_say_why_and_a_restart_recovers(
         )
         assert '"GPU": 1.0' in spawner["message"] and not spawner["replicas"], spawner
         ks.shutdown()
+
+
+def test_a_second_instance_on_the_same_state_dir_is_refused(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    ks.put([SPAWNER])
+    replica, child = _spawned_child(ks)
+    second = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kubeserve.cli",
+            "start",
+            "--state-dir",
+            str(ks.state_dir),
+            "--dashboard-port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "operator")},
+    )
+    assert second.returncode == 1
+    assert "is using the state directory" in second.stderr, second.stderr
+    assert pid_alive(replica) and pid_alive(child)  # the second one killed nothing

@@ -57,6 +57,10 @@ class LocalSettings:
         return self.state_dir / "logs"
 
     @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
+
+    @property
     def cache_dir(self) -> Path:
         return self.state_dir / "runtime_env_cache"
 
@@ -96,6 +100,8 @@ class Controller:
             controller_url=self.settings.controller_url,
             capacity=self.capacity,
             state_dir=self.settings.state_dir,
+            log_dir=self.settings.log_dir,
+            run_dir=self.settings.run_dir,
             base_dir=self.settings.base_dir,
             wake=self.wake,
         )
@@ -126,7 +132,7 @@ class Controller:
         private_dir(self.settings.state_dir)
         private_dir(self.settings.log_dir)
         _kill_orphans(self.settings.state_dir, "left behind by an earlier run of this state dir")
-        run_dir = self.settings.state_dir / "run"
+        run_dir = self.settings.run_dir
         if run_dir.is_dir():
             for leftover in run_dir.iterdir():
                 leftover.unlink(missing_ok=True)

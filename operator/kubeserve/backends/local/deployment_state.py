@@ -68,19 +68,13 @@ class ReplicaContext:
     session: aiohttp.ClientSession
     controller_url: str
     capacity: Capacity
-    #: the instance's state directory (0700): logs and replica start-up files live under it
+    #: the instance's state directory (0700), marking its children (``processes.INSTANCE_ENV``)
     state_dir: Path
+    log_dir: Path
+    #: per-replica start-up files (``wire.REPLICA_CONFIG_FILE_ENV``), one per live replica
+    run_dir: Path
     base_dir: str
     wake: Callable[[], None]
-
-    @property
-    def log_dir(self) -> Path:
-        return self.state_dir / "logs"
-
-    @property
-    def run_dir(self) -> Path:
-        """Per-replica start-up files (``REPLICA_CONFIG_FILE_ENV``), one per live replica."""
-        return self.state_dir / "run"
 
     def child_env(self, extra: Mapping[str, str], python_path: Sequence[str]) -> dict[str, str]:
         """The environment of a child process of this instance (see :mod:`processes`)."""

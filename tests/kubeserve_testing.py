@@ -236,6 +236,14 @@ class Kubeserve:
             channel.request("127.0.0.1", replica_port(pid), method, path, secret, body)
         )
 
+    def wait_replaced(self, app: str, deployment: str, old: int, timeout_s: float = 60) -> None:
+        """Wait until ``deployment`` runs replicas again, none of them the process ``old``."""
+        wait_for(
+            lambda: (pids := self.replica_pids(app, deployment)) and old not in pids,
+            timeout_s,
+            what=f"a replica of {app}/{deployment} replacing pid {old}",
+        )
+
     def all_pids(self) -> list[int]:
         pids = [
             r["pid"]

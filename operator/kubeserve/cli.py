@@ -69,6 +69,17 @@ def main(argv: list[str] | None = None) -> int:
         "require this bearer token on the admin API (default: $KUBESERVE_AUTH_TOKEN; "
         "required when --dashboard-host is not a loopback address)",
     )
+    start.add_argument(
+        "--num-cpus",
+        type=float,
+        help="CPUs replicas may claim (ray_actor_options.num_cpus, 1 each by default); "
+        "default: the machine's count, at least 16",
+    )
+    start.add_argument(
+        "--num-gpus",
+        type=float,
+        help="GPUs replicas may claim; default: CUDA_VISIBLE_DEVICES, else the NVIDIA GPUs found",
+    )
 
     operator = commands.add_parser("operator", help="run the Kubernetes operator")
     operator.add_argument(
@@ -166,6 +177,7 @@ def _start(args: argparse.Namespace) -> int:
     from kubeserve.api.security import AdminSecurity, is_loopback, loopback_hosts
     from kubeserve.backends.local.backend import LocalBackend
     from kubeserve.backends.local.controller import LocalSettings
+    from kubeserve.backends.local.state_lock import StateDirInUse
 
     logging.basicConfig(
         level=os.environ.get("KUBESERVE_LOG_LEVEL", "INFO"),
@@ -193,8 +205,14 @@ def _start(args: argparse.Namespace) -> int:
         state_dir=args.state_dir.resolve(),
         controller_url=f"http://{host}:{args.dashboard_port}",
         base_dir=os.getcwd(),
+        num_cpus=args.num_cpus,
+        num_gpus=args.num_gpus,
     )
-    backend = LocalBackend(settings)
+    try:
+        backend = LocalBackend(settings)
+    except StateDirInUse as exc:
+        print(f"kubeserve: {exc}", file=sys.stderr)
+        return 1
     default_http = {"host": args.http_host, "port": args.http_port}
     return uvloop.run(
         _serve(

@@ -90,11 +90,7 @@ def test_a_killed_replica_is_replaced_and_status_recovers(clean_kubeserve: Kubes
     ks.wait_app("composed")
     (victim,) = ks.replica_pids("composed", "Greeter")
     os.kill(victim, signal.SIGKILL)
-    wait_for(
-        lambda: (pids := ks.replica_pids("composed", "Greeter")) and victim not in pids,
-        60,
-        what="a replacement replica",
-    )
+    ks.wait_replaced("composed", "Greeter", victim)
     ks.wait_app("composed")
     assert http("GET", f"{ks.proxy}/?name=again")[1]["message"] == "Hello, again!"
 

@@ -11,10 +11,24 @@ import os
 import signal
 import socket
 import stat
+import subprocess
+import sys
+import threading
 import time
+from collections.abc import Callable
+from http.client import HTTPConnection
 from pathlib import Path
+from typing import Any
 
-from kubeserve_testing import Kubeserve, http, pid_alive, running_kubeserve, wait_for
+from kubeserve_testing import (
+    ROOT,
+    Kubeserve,
+    free_port,
+    http,
+    pid_alive,
+    running_kubeserve,
+    wait_for,
+)
 
 SIZED = {"name": "sized", "route_prefix": "/sized", "import_path": "ks_hygiene_app:sized"}
 SPAWNER = {"name": "spawner", "route_prefix": "/spawner", "import_path": "ks_hygiene_app:spawner"}
@@ -46,11 +60,7 @@ def test_a_1_mib_user_config_survives_a_replica_restart(clean_kubeserve: Kubeser
     config_files = list((ks.state_dir / "run").iterdir())
     assert len(config_files) == 1 and _mode(config_files[0]) == 0o600, config_files
     os.kill(victim, signal.SIGKILL)
-    wait_for(
-        lambda: (pids := ks.replica_pids("sized", "Sized")) and victim not in pids,
-        60,
-        what="a replacement replica RUNNING",
-    )
+    ks.wait_replaced("sized", "Sized", victim)
     ks.wait_app("sized")
     answer = http("GET", f"{ks.proxy}/sized")[1]
     assert answer["digest"] == _digest(big) and answer["pid"] != victim, answer
@@ -115,11 +125,7 @@ def test_what_a_replica_started_dies_when_it_is_killed_and_replaced(
     replica, child = _spawned_child(ks)
     os.kill(replica, signal.SIGKILL)
     wait_for(lambda: not pid_alive(child), 30, what="the killed replica's child to die")
-    wait_for(
-        lambda: (pids := ks.replica_pids("spawner", "Spawner")) and replica not in pids,
-        60,
-        what="a replacement replica",
-    )
+    ks.wait_replaced("spawner", "Spawner", replica)
     _, new_child = _spawned_child(ks)
     assert new_child != child
 
@@ -176,6 +182,8 @@ def test_a_replica_crashing_once_ready_is_restarted_with_backoff(
     }
     starts = _starts_within(ks, app, 8.0)
     assert 2 <= starts <= 6, starts
+    flaky = _deployment(ks, "flaky", "CrashWhenReady")
+    assert "exited unexpectedly with code 4" in flaky["message"], flaky
 
 
 def test_a_build_no_longer_wanted_is_killed(clean_kubeserve: Kubeserve, tmp_path: Path) -> None:
@@ -276,3 +284,134 @@ def test_overrides_of_missing_deployments_fail_the_app_naming_them(
     assert "'Greeter'" in app["message"], app
     ks.put([{**composed, "deployments": [{"name": "Greeter", "num_replicas": 2}]}])
     ks.wait_app("composed")
+
+
+class _Traffic:
+    """Clients sending GET requests in a loop over keep-alive connections, recording answers."""
+
+    def __init__(self, ks: Kubeserve, path: str, clients: int = 4) -> None:
+        self.ks, self.path = ks, path
+        self.answers: list[tuple[int, str]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run) for _ in range(clients)]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self) -> None:
+        conn = HTTPConnection("127.0.0.1", self.ks.proxy_port, timeout=30)
+        while not self._stop.is_set():
+            try:
+                conn.request("GET", self.path)
+                response = conn.getresponse()
+                self.answers.append((response.status, response.read().decode(errors="replace")))
+            except OSError as exc:
+                self.answers.append((0, f"{type(exc).__name__}: {exc}"))
+                conn.close()
+                conn = HTTPConnection("127.0.0.1", self.ks.proxy_port, timeout=30)
+        conn.close()
+
+    def saw(self, predicate: Callable[[str], bool]) -> bool:
+        return any(predicate(body) for status, body in self.answers[-20:] if status == 200)
+
+    def stop(self) -> list[tuple[int, str]]:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+        return [(status, body) for status, body in self.answers if status != 200]
+
+
+def test_a_rebuild_keeps_serving_until_the_new_version_runs(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    ks.put([HELLO])
+    ks.wait_app("hello")
+    traffic = _Traffic(ks, "/hello")
+    try:
+        wait_for(lambda: traffic.saw(lambda b: b.startswith("hello, world")), 30, what="v1")
+        # same ingress name, new code: the replicas roll
+        ks.put([{**HELLO, "import_path": "ks_hello_v2:app"}])
+        wait_for(lambda: traffic.saw(lambda b: b == "hello v2\n"), 60, what="v2 answers")
+        ks.wait_app("hello")
+        # another ingress: the route moves once the new graph is HEALTHY
+        ks.put([{**HELLO, "import_path": "ks_hygiene_app:sized"}])
+        wait_for(lambda: traffic.saw(lambda b: '"digest"' in b), 60, what="the new ingress")
+        ks.wait_app("hello")
+    finally:
+        failures = traffic.stop()
+    assert len(traffic.answers) > 50, len(traffic.answers)
+    assert not failures, f"{len(failures)} of {len(traffic.answers)} failed: {failures[:5]}"
+
+
+def _deployment(ks: Kubeserve, app: str, name: str) -> dict[str, Any]:
+    details = ks.app(app)
+    assert details is not None
+    return dict(details["deployments"].get(name) or {})
+
+
+def test_replicas_that_do_not_fit_wait_and_say_why_and_a_restart_recovers(
+    tmp_path: Path,
+) -> None:
+    with running_kubeserve(tmp_path / "state", args=("--num-cpus", "3", "--num-gpus", "0")) as ks:
+        many = 1_000_000
+        status, body = ks.put([{**SIZED, "deployments": [{"name": "Sized", "num_replicas": many}]}])
+        if status == 400:  # the schema caps num_replicas: the largest count it accepts
+            many = 400
+            status, body = ks.put(
+                [{**SIZED, "deployments": [{"name": "Sized", "num_replicas": many}]}]
+            )
+        assert status == 200, body
+        for _ in range(2):  # before and after a restart with this state persisted
+            wait_for(lambda: len(ks.replica_pids("sized", "Sized")) == 3, 60, what="3 replicas")
+            sized = _deployment(ks, "sized", "Sized")
+            assert sized["status"] == "UPDATING", sized
+            assert f"has {many - 3} replicas that cannot be scheduled" in sized["message"], sized
+            assert '{"CPU": 1.0}' in sized["message"], sized
+            assert len(sized["replicas"]) == 3
+            assert http("GET", f"{ks.proxy}/sized")[0] == 200
+            assert ks.stop() == 0
+            ks.start()
+        gpu = {
+            "name": "gpu",
+            "route_prefix": "/gpu",
+            "import_path": "ks_hygiene_app:spawner",
+            "deployments": [{"name": "Spawner", "ray_actor_options": {"num_gpus": 1}}],
+        }
+        half = {"name": "Sized", "num_replicas": 6, "ray_actor_options": {"num_cpus": 0.5}}
+        assert ks.put([{**SIZED, "deployments": [half]}, gpu])[0] == 200
+        ks.wait_app("sized")  # six half-CPU replicas fit in three CPUs
+        assert len(ks.replica_pids("sized", "Sized")) == 6
+        spawner = wait_for(
+            lambda: (
+                (d := _deployment(ks, "gpu", "Spawner"))
+                and "cannot be scheduled" in d.get("message", "")
+                and d
+            ),
+            60,
+            what="the GPU deployment to say why it waits",
+        )
+        assert '"GPU": 1.0' in spawner["message"] and not spawner["replicas"], spawner
+        ks.shutdown()
+
+
+def test_a_second_instance_on_the_same_state_dir_is_refused(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    ks.put([SPAWNER])
+    replica, child = _spawned_child(ks)
+    second = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kubeserve.cli",
+            "start",
+            "--state-dir",
+            str(ks.state_dir),
+            "--dashboard-port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "operator")},
+    )
+    assert second.returncode == 1
+    assert "is using the state directory" in second.stderr, second.stderr
+    assert pid_alive(replica) and pid_alive(child)  # the second one killed nothing

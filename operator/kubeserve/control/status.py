@@ -7,7 +7,8 @@ Deployment status:
 
 * ``DEPLOY_FAILED`` - replicas of the current version keep failing to start and none ever became
   healthy (a constructor that raises, an import that fails in the replica);
-* ``UNHEALTHY`` - the version was healthy once, but now replicas fail health checks or keep dying;
+* ``UNHEALTHY`` - the version was healthy once, but now replicas fail health checks or keep dying,
+  or replicas keep exiting soon after they started;
 * ``HEALTHY`` - exactly the target number of replicas run the current version and have applied the
   current ``user_config``;
 * ``UPDATING`` - anything else: starting, scaling, rolling to a new version, applying user_config.
@@ -56,6 +57,10 @@ class DeploymentView:
     last_error: str = ""
     #: set when a health check failed, until a replacement replica is serving again
     health_error: str = ""
+    #: consecutive failures of any kind, exits of running replicas included (see ``backoff``)
+    failure_streak: int = 0
+    #: why some replicas are not started: they do not fit the resources (see ``placement``)
+    unschedulable: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,13 @@ def deployment_status(view: DeploymentView) -> DeploymentStatusInfo:
             "REPLICA_STARTUP_FAILED",
             f"replicas failed to start {view.startup_failures} times in a row: {view.last_error}",
         )
+    if view.failure_streak >= STARTUP_FAILURE_THRESHOLD and not running_current:
+        return DeploymentStatusInfo(
+            "UNHEALTHY",
+            "REPLICA_STARTUP_FAILED",
+            f"replicas keep exiting ({view.failure_streak} failures in a row, restarts are "
+            f"backing off): {view.last_error}",
+        )
     if view.health_error or any(not r.healthy for r in replicas):
         message = view.health_error or view.last_error
         return DeploymentStatusInfo("UNHEALTHY", "HEALTH_CHECK_FAILED", message)
@@ -110,7 +122,9 @@ def deployment_status(view: DeploymentView) -> DeploymentStatusInfo:
 def _progress(view: DeploymentView, running_current: Sequence[ReplicaView]) -> str:
     applied = sum(1 for r in running_current if r.config_applied)
     message = f"{applied}/{view.target_replicas} replicas ready"
-    if view.last_error and view.startup_failures:
+    if view.unschedulable:
+        message += f"; {view.unschedulable}"
+    if view.last_error and (view.startup_failures or view.failure_streak):
         message += f"; last start failed: {view.last_error}"
     return message
 

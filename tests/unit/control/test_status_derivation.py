@@ -84,3 +84,21 @@ def test_application_status_from_build_and_deployments() -> None:
     }
     assert application_status(BuildView("done"), broken).status == "DEPLOY_FAILED"
     assert application_status(BuildView("done"), healthy, deleting=True).status == "DELETING"
+
+
+def test_replicas_that_keep_exiting_after_they_started_make_it_unhealthy() -> None:
+    view = DeploymentView(
+        target_replicas=1,
+        replicas=[ReplicaView("STARTING")],
+        failure_streak=3,
+        last_error="replica X exited unexpectedly with code 4",
+    )
+    info = deployment_status(view)
+    assert info.status == "UNHEALTHY"
+    assert "keep exiting (3 failures in a row" in info.message
+    assert "code 4" in info.message
+    streak = DeploymentView(
+        target_replicas=1, replicas=[ReplicaView("STARTING")], failure_streak=1, last_error="boom"
+    )
+    assert deployment_status(streak).status == "UPDATING"
+    assert "boom" in deployment_status(streak).message

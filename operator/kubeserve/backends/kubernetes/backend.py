@@ -341,7 +341,8 @@ def _application_spec(config: dict[str, Any], instance: str) -> dict[str, Any]:
 
     An empty Ray name (the single-application family's) leaves ``appName`` unset.
     """
-    rest = ServeApplicationSchema.model_validate({**config, "name": config["name"] or "-"})
+    # A stand-in name to validate with (any valid one): appName is dropped below.
+    rest = ServeApplicationSchema.model_validate({**config, "name": config["name"] or "unnamed"})
     spec: dict[str, Any] = ServeApplicationSpec.from_rest(rest).model_dump(
         mode="json", exclude_unset=True
     )

@@ -4,17 +4,30 @@ The build (a subprocess importing ``import_path``) runs only when what it depend
 import path, the runtime_env and the application args. Any other change (overrides, ``user_config``,
 replica counts) is applied to the existing deployments at once, which is what keeps a
 ``user_config`` change in the tens of milliseconds.
+
+A rebuild never interrupts traffic. While it runs (and if it fails) the deployments of the previous
+build keep serving, untouched. Once it is done, deployments it shares with the previous graph roll
+their replicas (an old replica stops only once a new one serves), and deployments only the previous
+graph had are *retiring*: they keep running, and the route keeps pointing at the previous ingress,
+until every deployment of the new graph is HEALTHY; then the route moves and, once proxies have
+had ``DISCOVERY_SETTLE_S`` to apply the move, they stop (a request the proxy matched to the
+previous ingress before it learned the move is still served).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 from kubeserve.backends.local import processes
-from kubeserve.backends.local.deployment_state import DeploymentState, ReplicaContext
+from kubeserve.backends.local.deployment_state import (
+    DISCOVERY_SETTLE_S,
+    DeploymentState,
+    ReplicaContext,
+)
 from kubeserve.control import config as config_rules
 from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status import AppStatusInfo, BuildView, application_status
@@ -37,10 +50,16 @@ class ApplicationState:
         self.config: dict[str, Any] = {}
         self.deployed_at = 0.0
         self.build = BuildView("running")
+        #: the latest successful build: what the deployments converge to
         self.graph: dict[str, Any] | None = None
+        #: the graph whose ingress the route points to (the previous one during a switch)
+        self.serving_graph: dict[str, Any] | None = None
         self.deployments: dict[str, DeploymentState] = {}
+        #: deployments of the previous graph only, serving until the new graph is HEALTHY
+        self.retiring: dict[str, DeploymentState] = {}
+        self._route_moved_at = 0.0
         self.deleting = False
-        #: why the config's overrides do not fit the built graph (the app is DEPLOY_FAILED)
+        #: why the config does not fit the built graph (the app is DEPLOY_FAILED); reset each pass
         self.config_error = ""
         self._build_key = ""
         self._build_task: asyncio.Task[None] | None = None
@@ -56,7 +75,7 @@ class ApplicationState:
             self._build_key = build_key
             if self._build_task is not None:
                 self._build_task.cancel()
-            self.build, self.graph = BuildView("running"), None
+            self.build = BuildView("running")  # what the previous build runs keeps serving
             self._build_task = asyncio.ensure_future(self._run_build(build_key))
 
     @property
@@ -65,13 +84,18 @@ class ApplicationState:
         return app_route_prefix(self.config, ingress)
 
     def ingress_name(self) -> str | None:
-        return None if self.graph is None else str(self.graph["ingress"])
+        """The deployment the application's route leads to (``None`` before the first build)."""
+        return None if self.serving_graph is None else str(self.serving_graph["ingress"])
 
     def ingress_options(self) -> dict[str, Any]:
-        for node in (self.graph or {}).get("deployments", []):
+        for node in (self.serving_graph or {}).get("deployments", []):
             if node.get("is_ingress"):
                 return dict(node.get("options", {}))
         return {}
+
+    def all_deployments(self) -> dict[str, DeploymentState]:
+        """Every deployment with processes: the current graph's and the retiring ones."""
+        return {**self.retiring, **self.deployments}
 
     # -- build -----------------------------------------------------------------------------------
     async def _run_build(self, build_key: str) -> None:
@@ -96,6 +120,8 @@ class ApplicationState:
             )
         else:
             self.graph, self.build = graph, BuildView("done")
+            if self.serving_graph is None:
+                self.serving_graph = graph
         self._ctx.wake()
 
     async def _prepare_env(self, deployment_env: dict[str, Any] | None) -> PreparedEnv:
@@ -110,17 +136,27 @@ class ApplicationState:
         """Bring deployments in line with the built graph and the config's overrides."""
         if self.deleting or self.graph is None:
             return
+        if self.build.state != "done":
+            # A rebuild runs (or failed): the previous version keeps serving exactly as it was.
+            for state in self.all_deployments().values():
+                state.reconcile()
+            return
+        self.config_error = ""
+        await self._converge(self.graph)
+        self._switch_route_when_ready(self.graph)
+
+    async def _converge(self, graph: dict[str, Any]) -> None:
         overrides = {d["name"]: d for d in self.config.get("deployments", [])}
-        wanted = {node["name"]: node for node in self.graph["deployments"]}
+        wanted = {node["name"]: node for node in graph["deployments"]}
         error = config_rules.unknown_override_error(overrides.values(), wanted)
-        self.config_error = f"invalid deployments overrides: {error}" if error else ""
         if error:
+            self.config_error = f"invalid deployments overrides: {error}"
             return  # what runs keeps running; nothing is started for a config that cannot apply
         for name in list(self.deployments):
             if name not in wanted:
-                self.deployments[name].stop_all()
-                if not self.deployments[name].replicas:
-                    del self.deployments[name]
+                self.retiring[name] = self.deployments.pop(name)
+        for state in self.retiring.values():
+            state.reconcile()
         for name, node in wanted.items():
             effective = config_rules.effective_deployment_config(
                 name, node.get("options", {}), overrides.get(name)
@@ -129,14 +165,34 @@ class ApplicationState:
             try:
                 env = await self._prepare_env(actor_env)
             except RuntimeEnvError as exc:
-                self.build = BuildView("failed", f"runtime_env of deployment {name!r}: {exc}")
+                self.config_error = f"runtime_env of deployment {name!r}: {exc}"
                 return
-            state = self.deployments.get(name)
-            if state is None:
-                state = DeploymentState(self.name, name, str(self.config["import_path"]), self._ctx)
-                self.deployments[name] = state
-            state.set_target(effective, config_rules.replica_version(self.config, effective), env)
+            known = self.deployments.get(name) or self.retiring.pop(name, None)
+            state = known if known is not None else DeploymentState(self.name, name, self._ctx)
+            self.deployments[name] = state
+            state.set_target(
+                effective,
+                config_rules.replica_version(self.config, effective),
+                env,
+                str(self.config["import_path"]),
+            )
             state.reconcile()
+
+    def _switch_route_when_ready(self, graph: dict[str, Any]) -> None:
+        """Point the route at ``graph``'s ingress once all its deployments are HEALTHY, then stop
+        the retiring deployments (only then: the previous ingress may call them until the move)."""
+        if self.serving_graph is not graph:
+            statuses = self.status().deployments
+            if statuses and all(info.status == "HEALTHY" for info in statuses.values()):
+                self.serving_graph, self._route_moved_at = graph, time.monotonic()
+                self._ctx.wake()  # publish the route now
+                asyncio.get_running_loop().call_later(DISCOVERY_SETTLE_S, self._ctx.wake)
+        settled = time.monotonic() - self._route_moved_at >= DISCOVERY_SETTLE_S
+        if self.serving_graph is graph and settled:
+            for name, state in list(self.retiring.items()):
+                state.stop_all()
+                if not state.replicas:
+                    del self.retiring[name]
 
     def status(self) -> AppStatusInfo:
         views = {name: d.view() for name, d in self.deployments.items()}
@@ -147,12 +203,12 @@ class ApplicationState:
         self.deleting = True
         if self._build_task is not None:
             self._build_task.cancel()
-        for deployment in self.deployments.values():
+        for deployment in self.all_deployments().values():
             deployment.stop_all()
 
     @property
     def stopped(self) -> bool:
-        return all(not d.replicas for d in self.deployments.values())
+        return all(not d.replicas for d in self.all_deployments().values())
 
 
 def _parse_build_output(code: int, out: str, err: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from kubeserve.backends.local.controller import Controller, LocalSettings
 from kubeserve.backends.local.details import instance_details
+from kubeserve.backends.local.state_lock import StateDirLock
 from kubeserve.backends.local.store import Store
 from kubeserve.backends.protocol import ConflictError
 from kubeserve.control.instance import immutable_option_conflict
@@ -26,7 +27,9 @@ class LocalBackend:
     """
 
     def __init__(self, settings: LocalSettings) -> None:
+        """Raises :class:`StateDirInUse` when another instance runs on the same state directory."""
         self.settings = settings
+        self._lock = StateDirLock(settings.state_dir)
         self.store = Store(settings.database)
         self.controller = Controller(settings, self.store)
 
@@ -36,6 +39,7 @@ class LocalBackend:
     async def close(self) -> None:
         await self.controller.close()
         self.store.close()
+        self._lock.release()
 
     async def apply(
         self,

@@ -20,6 +20,7 @@ import aiohttp
 
 from kubeserve.backends.local import processes
 from kubeserve.backends.local.application_state import ApplicationState
+from kubeserve.backends.local.capacity import DEFAULT_START_SLOTS, Capacity, instance_resources
 from kubeserve.backends.local.deployment_state import ReplicaContext
 from kubeserve.backends.local.private_files import private_dir
 from kubeserve.backends.local.proxy_state import ProxyState
@@ -40,6 +41,12 @@ class LocalSettings:
     controller_url: str
     #: directory added to the children's import path (where ``kubeserve start`` was run)
     base_dir: str
+    #: the instance's resources (``--num-cpus``/``--num-gpus``); ``None``: what the machine has
+    #: (see :func:`kubeserve.backends.local.capacity.instance_resources`)
+    num_cpus: float | None = None
+    num_gpus: float | None = None
+    #: replicas of the whole instance starting at once
+    max_concurrent_starts: int = DEFAULT_START_SLOTS
 
     @property
     def database(self) -> Path:
@@ -48,6 +55,10 @@ class LocalSettings:
     @property
     def log_dir(self) -> Path:
         return self.state_dir / "logs"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
 
     @property
     def cache_dir(self) -> Path:
@@ -67,6 +78,10 @@ class Controller:
         self.apps: dict[str, ApplicationState] = {}
         self.desired: DesiredState | None = None
         self.started_at = time.time()
+        self.capacity = Capacity(
+            instance_resources(settings.num_cpus, settings.num_gpus),
+            settings.max_concurrent_starts,
+        )
         self._wake = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
         self._ctx: ReplicaContext | None = None
@@ -91,7 +106,10 @@ class Controller:
         self._ctx = ReplicaContext(
             session=self._session,
             controller_url=self.settings.controller_url,
+            capacity=self.capacity,
             state_dir=self.settings.state_dir,
+            log_dir=self.settings.log_dir,
+            run_dir=self.settings.run_dir,
             base_dir=self.settings.base_dir,
             wake=self.wake,
             secret=self.secret,
@@ -124,7 +142,7 @@ class Controller:
         private_dir(self.settings.state_dir)
         private_dir(self.settings.log_dir)
         _kill_orphans(self.settings.state_dir, "left behind by an earlier run of this state dir")
-        run_dir = self.settings.state_dir / "run"
+        run_dir = self.settings.run_dir
         if run_dir.is_dir():
             for leftover in run_dir.iterdir():
                 leftover.unlink(missing_ok=True)
@@ -164,9 +182,12 @@ class Controller:
                 existing = ApplicationState(name, stored.uid, self._ctx, self.settings.cache_dir)
                 self.apps[name] = existing
             app = existing
-            if app.config != stored.config or app.deployed_at != stored.deployed_at:
-                app.set_config(stored.config, stored.deployed_at)
-            await app.reconcile()
+            try:
+                if app.config != stored.config or app.deployed_at != stored.deployed_at:
+                    app.set_config(stored.config, stored.deployed_at)
+                await app.reconcile()
+            except Exception:  # one application's failure must not hold up the others
+                log.exception("reconciling application %r failed", name)
         await self._reconcile_proxy(desired)
         self._publish()
 
@@ -191,7 +212,7 @@ class Controller:
             prefix = app.route_prefix
             if ingress is not None and prefix is not None:
                 routes.append({"route_prefix": prefix, "app": app.name, "deployment": ingress})
-            for name, deployment in app.deployments.items():
+            for name, deployment in app.all_deployments().items():
                 if deployment.config:
                     endpoints[wire.deployment_key(app.name, name)] = deployment.endpoints()
         self.snapshots.publish(routes, endpoints)

@@ -23,8 +23,9 @@ from typing import Any
 import aiohttp
 
 from kubeserve.backends.local import processes
+from kubeserve.backends.local.capacity import Capacity
 from kubeserve.backends.local.private_files import private_dir, write_private
-from kubeserve.control import backoff
+from kubeserve.control import backoff, placement
 from kubeserve.control import config as config_rules
 from kubeserve.control.status import DeploymentView, ReplicaStateValue, ReplicaView
 from kubeserve.runtime import channel, wire
@@ -36,6 +37,10 @@ _READY_TIMEOUT_S = 5.0
 _RECONFIGURE_TIMEOUT_S = 300.0
 #: How often a starting replica's ``/-/healthz`` is polled: short, because it bounds deploy latency.
 _READY_POLL_S = 0.02
+#: How long proxies and handles are given to learn of an endpoint change before the controller
+#: relies on it (stopping the replicas it replaces): discovery is a long-poll answered at once,
+#: well under this on one machine.
+DISCOVERY_SETTLE_S = 2.0
 _counter = itertools.count(1)
 
 
@@ -53,6 +58,10 @@ class Replica:
     start_time_s: float = field(default_factory=time.time)
     #: ``time.monotonic()`` when it became RUNNING (0 before)
     ready_at: float = 0.0
+    #: what it holds of the instance's resources (see :class:`Capacity`)
+    claim: dict[str, float] = field(default_factory=dict)
+    #: holds one of the instance's start slots (until it is ready or gone)
+    holds_start_slot: bool = False
     proc: asyncio.subprocess.Process | None = None
 
 
@@ -62,8 +71,12 @@ class ReplicaContext:
 
     session: aiohttp.ClientSession
     controller_url: str
-    #: the instance's state directory (0700): logs and replica start-up files live under it
+    capacity: Capacity
+    #: the instance's state directory (0700), marking its children (``processes.INSTANCE_ENV``)
     state_dir: Path
+    log_dir: Path
+    #: per-replica start-up files (``wire.REPLICA_CONFIG_FILE_ENV``), one per live replica
+    run_dir: Path
     base_dir: str
     wake: Callable[[], None]
     #: the instance's data-plane secret (kubeserve.runtime.channel) and the file holding it
@@ -74,15 +87,6 @@ class ReplicaContext:
         """What a proxy or replica needs in its environment to join the data plane."""
         return {channel.SECRET_FILE_ENV: str(self.secret_file)}
 
-    @property
-    def log_dir(self) -> Path:
-        return self.state_dir / "logs"
-
-    @property
-    def run_dir(self) -> Path:
-        """Per-replica start-up files (``REPLICA_CONFIG_FILE_ENV``), one per live replica."""
-        return self.state_dir / "run"
-
     def child_env(self, extra: Mapping[str, str], python_path: Sequence[str]) -> dict[str, str]:
         """The environment of a child process of this instance (see :mod:`processes`)."""
         marked = {**extra, processes.INSTANCE_ENV: str(self.state_dir)}
@@ -90,16 +94,10 @@ class ReplicaContext:
 
 
 class DeploymentState:
-    def __init__(
-        self,
-        app: str,
-        name: str,
-        import_path: str,
-        context: ReplicaContext,
-    ) -> None:
+    def __init__(self, app: str, name: str, context: ReplicaContext) -> None:
         self.app = app
         self.name = name
-        self.import_path = import_path
+        self.import_path = ""
         self._ctx = context
         self.config: dict[str, Any] = {}
         self.version = ""
@@ -110,13 +108,20 @@ class DeploymentState:
         self.ever_healthy = False
         self.last_error = ""
         self.health_error = ""
+        #: why some replicas wait for resources ("" when none do)
+        self.unschedulable = ""
         #: consecutive failures of any kind (see :mod:`kubeserve.control.backoff`)
         self.failure_streak = 0
         self._backoff_until = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- desired state ---------------------------------------------------------------------------
-    def set_target(self, config: dict[str, Any], version: str, env: PreparedEnv) -> None:
+    def set_target(
+        self, config: dict[str, Any], version: str, env: PreparedEnv, import_path: str
+    ) -> None:
+        """``version`` covers ``import_path`` and ``env``: replicas of another version are
+        replaced (new ones start with these before old ones stop)."""
+        self.import_path = import_path
         if version != self.version:
             self.startup_failures, self.ever_healthy, self._backoff_until = 0, False, 0.0
             self.failure_streak = 0
@@ -145,6 +150,8 @@ class DeploymentState:
             ever_healthy=self.ever_healthy,
             last_error=self.last_error,
             health_error=self.health_error,
+            unschedulable=self.unschedulable,
+            failure_streak=self.failure_streak,
         )
 
     def endpoints(self) -> wire.DeploymentEndpoints:
@@ -167,15 +174,21 @@ class DeploymentState:
         old = [r for r in live if r.version != self.version]
         missing = self.target - len(current)
         if missing > 0 and time.monotonic() >= self._backoff_until:
-            for _ in range(missing):
-                self._start()
-        elif missing < 0:
+            self._start_what_fits(missing, old)
+        elif missing <= 0:
+            self.unschedulable = ""
+        if missing < 0:
             for replica in _stop_order(current)[:-missing]:
                 self._stop(replica)
         serving_current = sum(1 for r in current if r.state == "RUNNING" and r.healthy)
-        # Rolling replacement: an old replica goes only once a new one serves in its place.
-        for replica in _stop_order(old)[: len(old) - max(0, self.target - serving_current)]:
+        # Rolling replacement: an old replica goes only once a new one serves in its place, and
+        # proxies and handles have had DISCOVERY_SETTLE_S to learn of the new one (otherwise the
+        # old one could be the only replica they know of when it stops taking requests).
+        settled = sum(1 for r in current if r.state == "RUNNING" and r.healthy and _settled(r))
+        for replica in _stop_order(old)[: len(old) - max(0, self.target - settled)]:
             self._stop(replica)
+        if settled < serving_current and old:
+            asyncio.get_running_loop().call_later(DISCOVERY_SETTLE_S, self._ctx.wake)
         for replica in current:
             if (
                 replica.state == "RUNNING"
@@ -192,15 +205,42 @@ class DeploymentState:
         for replica in list(self.replicas.values()):
             self._stop(replica)
 
+    def _start_what_fits(self, missing: int, old: list[Replica]) -> None:
+        """Start as many missing replicas as resources and start slots allow (see
+        :func:`placement.admit`); say why the others wait."""
+        capacity = self._ctx.capacity
+        claim = placement.replica_claim(self.config)
+        low = capacity.memory_low()
+        if low is not None:
+            self.unschedulable = placement.low_memory_message(self.app, self.name, missing, *low)
+            return
+        start, unschedulable = placement.admit(
+            missing, claim, capacity.free(), capacity.free_start_slots()
+        )
+        for _ in range(start):
+            self._start(claim)
+        if not unschedulable:
+            self.unschedulable = ""
+            return
+        self.unschedulable = placement.unschedulable_message(
+            self.app, self.name, unschedulable, claim, capacity.free(), capacity.total
+        )
+        if start == 0 and old and not any(r.state == "STOPPING" for r in self.replicas.values()):
+            # A rolling update on a full instance: free one old replica's resources for a new one.
+            self._stop(_stop_order(old)[0])
+
     # -- replica lifecycle ---------------------------------------------------------------------
-    def _start(self) -> None:
+    def _start(self, claim: dict[str, float]) -> None:
         replica_id = f"{self.name}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
         replica = Replica(
             replica_id=replica_id,
             version=self.version,
             port=processes.free_port(),
             log_path=self._ctx.log_dir / f"replica_{self.app or 'default'}_{replica_id}.log",
+            claim=claim,
+            holds_start_slot=True,
         )
+        self._ctx.capacity.take(claim)
         self.replicas[replica_id] = replica
         self._spawn(self._lifecycle(replica))
 
@@ -217,9 +257,17 @@ class DeploymentState:
         try:
             await self._run(replica)
         finally:
+            self._free_start_slot(replica)
+            self._ctx.capacity.release(replica.claim)
             self.replicas.pop(replica.replica_id, None)
             self._config_file(replica).unlink(missing_ok=True)
             self._ctx.wake()
+
+    def _free_start_slot(self, replica: Replica) -> None:
+        if replica.holds_start_slot:
+            replica.holds_start_slot = False
+            self._ctx.capacity.started()
+            self._ctx.wake()  # another replica may start now
 
     def _config_file(self, replica: Replica) -> Path:
         return self._ctx.run_dir / f"{replica.replica_id}.json"
@@ -327,6 +375,7 @@ class DeploymentState:
         ready = await processes.wait_until_answering(
             probe, exited, lambda: replica.state == "STARTING", _READY_POLL_S
         )
+        self._free_start_slot(replica)
         if ready:
             replica.state = "RUNNING"
             replica.ready_at = time.monotonic()
@@ -398,6 +447,11 @@ class DeploymentState:
 def _stop_order(replicas: list[Replica]) -> list[Replica]:
     """Replicas to stop first: those not serving yet, then the newest."""
     return sorted(replicas, key=lambda r: (r.state == "RUNNING", -r.start_time_s))
+
+
+def _settled(replica: Replica) -> bool:
+    """Running long enough for proxies and handles to know of it."""
+    return time.monotonic() - replica.ready_at >= DISCOVERY_SETTLE_S
 
 
 def _stopping(replica: Replica) -> bool:

@@ -31,7 +31,7 @@ def instance_details(controller: Controller, desired: DesiredState | None) -> di
             "actor_id": f"controller-{os.getpid()}",
             "actor_name": "SERVE_CONTROLLER_ACTOR",
             "worker_id": str(os.getpid()),
-            "log_file_path": str(controller.settings.state_dir / "logs" / "controller.log"),
+            "log_file_path": str(controller.settings.log_dir / "controller.log"),
         },
         "proxy_location": options.get("proxy_location", "EveryNode"),
         "http_options": options.get("http_options", {}),

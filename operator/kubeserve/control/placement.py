@@ -1,0 +1,109 @@
+"""Replica placement on one machine: what a replica claims, whether it fits, how many start now.
+
+The local backend schedules replicas the way Ray schedules Serve replicas on a single node: each
+replica claims ``ray_actor_options.num_cpus`` (Ray Serve's default: 1) and ``num_gpus`` (default 0)
+from the instance's resources (``kubeserve start --num-cpus/--num-gpus``, like ``ray start``).
+A replica that does not fit is not started; it waits, its deployment stays ``UPDATING`` with
+:func:`unschedulable_message`, and it starts once resources free up. Other resource kinds
+(``memory``, custom ``resources``) are reported but not enforced on one machine.
+
+Independently of resources, at most ``start_slots`` replicas of the whole instance are starting at
+once, so an accepted large count is paced instead of forking hundreds of interpreters together, and
+none starts while the machine's available memory is under :func:`memory_reserve`.
+Everything here is pure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+#: The resources placement enforces, in Ray's spelling.
+ENFORCED = ("CPU", "GPU")
+#: Ray Serve 2.60's ``num_cpus`` of a replica whose options do not set it.
+DEFAULT_REPLICA_CPUS = 1.0
+_EPSILON = 1e-9
+
+
+def replica_claim(config: Mapping[str, Any]) -> dict[str, float]:
+    """What one replica of a deployment (its effective config) takes from the instance."""
+    options = config.get("ray_actor_options") or {}
+    cpus = options.get("num_cpus")
+    return {
+        "CPU": float(DEFAULT_REPLICA_CPUS if cpus is None else cpus),
+        "GPU": float(options.get("num_gpus") or 0.0),
+    }
+
+
+def fits(claim: Mapping[str, float], free: Mapping[str, float]) -> bool:
+    return all(claim.get(kind, 0.0) <= free.get(kind, 0.0) + _EPSILON for kind in ENFORCED)
+
+
+def admit(
+    missing: int, claim: Mapping[str, float], free: Mapping[str, float], start_slots: int
+) -> tuple[int, int]:
+    """How many of ``missing`` replicas start now, and how many cannot fit at all right now.
+
+    Returns ``(start, unschedulable)``: ``start`` is bounded by the free resources and by the free
+    ``start_slots``; ``unschedulable`` counts the replicas the free resources cannot hold (those
+    held back only by pacing are neither: they start on a later pass).
+    """
+    if missing <= 0:
+        return 0, 0
+    fitting = missing
+    for kind in ENFORCED:
+        need = claim.get(kind, 0.0)
+        if need > _EPSILON:
+            fitting = min(fitting, int((free.get(kind, 0.0) + _EPSILON) // need))
+    fitting = max(0, fitting)
+    return min(fitting, max(0, start_slots)), missing - fitting
+
+
+def unschedulable_message(
+    app: str,
+    deployment: str,
+    count: int,
+    claim: Mapping[str, float],
+    free: Mapping[str, float],
+    total: Mapping[str, float],
+) -> str:
+    """The status message of a deployment with replicas that do not fit (Ray's wording, plus the
+    way out)."""
+    required = {kind: claim[kind] for kind in ENFORCED if claim.get(kind, 0.0) > 0}
+    available = {kind: max(0.0, free.get(kind, 0.0)) for kind in required}
+    instance = {kind: total.get(kind, 0.0) for kind in required}
+    plural = "replica" if count == 1 else "replicas"
+    return (
+        f"Deployment '{deployment}' in application '{app}' has {count} {plural} that cannot be "
+        f"scheduled: resources required for each replica: {json.dumps(required)}, "
+        f"total resources available: {json.dumps(available)} "
+        f"(this kubeserve instance has {json.dumps(instance)}; lower num_replicas or "
+        "ray_actor_options, stop other applications, or restart kubeserve with more "
+        "--num-cpus/--num-gpus)."
+    )
+
+
+#: Memory kept free on the machine whatever the claims say: a replica is a whole interpreter (tens
+#: of MB), and replicas claiming no CPU (``num_cpus: 0``) are otherwise unbounded.
+MIN_FREE_MEMORY_BYTES = 256 * 2**20
+MIN_FREE_MEMORY_FRACTION = 0.05
+
+
+def memory_reserve(total_bytes: int) -> int:
+    """Bytes of memory no replica start may eat into."""
+    return max(MIN_FREE_MEMORY_BYTES, int(total_bytes * MIN_FREE_MEMORY_FRACTION))
+
+
+def low_memory_message(
+    app: str, deployment: str, count: int, available_bytes: int, total_bytes: int
+) -> str:
+    """The status message of a deployment whose replicas wait because memory runs low."""
+    mib = 2**20
+    plural = "replica" if count == 1 else "replicas"
+    return (
+        f"Deployment '{deployment}' in application '{app}' has {count} {plural} waiting to start: "
+        f"the machine has {available_bytes // mib} MiB of memory available and kubeserve keeps "
+        f"{memory_reserve(total_bytes) // mib} MiB free (of {total_bytes // mib} MiB); lower "
+        "num_replicas or stop other applications."
+    )

@@ -1,0 +1,61 @@
+"""Replica placement: claims, fitting, pacing, and the message of replicas that do not fit."""
+
+from kubeserve.control.config import effective_deployment_config
+from kubeserve.control.placement import (
+    admit,
+    fits,
+    low_memory_message,
+    memory_reserve,
+    replica_claim,
+    unschedulable_message,
+)
+
+
+def test_a_replica_claims_one_cpu_by_default_as_in_ray_serve() -> None:
+    assert replica_claim(effective_deployment_config("D", {}, None)) == {"CPU": 1.0, "GPU": 0.0}
+
+
+def test_a_replica_claims_what_its_actor_options_say() -> None:
+    config = effective_deployment_config(
+        "D", {"ray_actor_options": {"num_cpus": 0.5}}, {"ray_actor_options": {"num_gpus": 1}}
+    )
+    assert replica_claim(config) == {"CPU": 1.0, "GPU": 1.0}  # the override replaces the whole
+    config = effective_deployment_config("D", {"ray_actor_options": {"num_cpus": 0}}, None)
+    assert replica_claim(config) == {"CPU": 0.0, "GPU": 0.0}
+
+
+def test_fits_checks_cpus_and_gpus() -> None:
+    assert fits({"CPU": 1, "GPU": 0}, {"CPU": 1, "GPU": 0})
+    assert not fits({"CPU": 1, "GPU": 1}, {"CPU": 4, "GPU": 0})
+    assert fits({"CPU": 0.1, "GPU": 0}, {"CPU": 0.30000000000000004 - 0.2, "GPU": 0})
+
+
+def test_admit_starts_what_fits_and_counts_the_rest() -> None:
+    assert admit(5, {"CPU": 1, "GPU": 0}, {"CPU": 3, "GPU": 0}, 8) == (3, 2)
+    assert admit(1_000_000, {"CPU": 1, "GPU": 0}, {"CPU": 16, "GPU": 0}, 8) == (8, 999_984)
+    assert admit(3, {"CPU": 0.5, "GPU": 0}, {"CPU": 1, "GPU": 0}, 8) == (2, 1)
+    assert admit(2, {"CPU": 1, "GPU": 1}, {"CPU": 8, "GPU": 0}, 8) == (0, 2)
+
+
+def test_pacing_holds_back_without_calling_it_unschedulable() -> None:
+    assert admit(10, {"CPU": 0, "GPU": 0}, {"CPU": 0, "GPU": 0}, 4) == (4, 0)
+    assert admit(10, {"CPU": 1, "GPU": 0}, {"CPU": 100, "GPU": 0}, 0) == (0, 0)
+    assert admit(0, {"CPU": 1, "GPU": 0}, {"CPU": 0, "GPU": 0}, 4) == (0, 0)
+
+
+def test_the_message_says_what_is_needed_what_is_left_and_what_to_do() -> None:
+    message = unschedulable_message(
+        "app", "Model", 3, {"CPU": 1.0, "GPU": 1.0}, {"CPU": 2.0, "GPU": 0.0}, {"CPU": 16, "GPU": 0}
+    )
+    assert message.startswith("Deployment 'Model' in application 'app' has 3 replicas that")
+    assert 'resources required for each replica: {"CPU": 1.0, "GPU": 1.0}' in message
+    assert 'total resources available: {"CPU": 2.0, "GPU": 0.0}' in message
+    assert "--num-gpus" in message
+
+
+def test_memory_kept_free_is_a_floor_or_a_share_of_the_machine() -> None:
+    assert memory_reserve(1 << 30) == 256 << 20
+    assert memory_reserve(64 << 30) == int((64 << 30) * 0.05)
+    message = low_memory_message("app", "Model", 4, 100 << 20, 4 << 30)
+    assert "has 4 replicas waiting to start" in message
+    assert "100 MiB of memory available" in message and "256 MiB free" in message

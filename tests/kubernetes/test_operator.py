@@ -246,3 +246,22 @@ def test_composed_application_calls_through_handles_in_the_cluster(
 
     body = wait_for(answer, 60, what="the ingress answering through handles")
     assert body == {"words": ["hello", "kubernetes", "world"], "scores": [10, 20, 10]}
+
+
+def test_overrides_for_deployments_the_app_lacks_are_deploy_failed(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    plane = control_plane
+    typo = application(
+        namespace, "typo", "e2e_probe:app", deployments=[{"name": "Prbe", "numReplicas": 2}]
+    )
+    plane.apply([instance(namespace), typo])
+
+    def failed() -> dict[str, Any] | None:
+        status = plane.get("serveapplication", "typo", namespace).get("status") or {}
+        return status if status.get("appStatus") == "DEPLOY_FAILED" else None
+
+    status = wait_for(failed, 90, what="DEPLOY_FAILED")
+    assert "Deployment 'Prbe' does not exist. Available: ['Probe']" in status["message"]
+    workloads = plane.get("deployments", namespace=namespace)["items"]
+    assert not [d for d in workloads if "typo" in d["metadata"]["name"]]  # nothing was started

@@ -68,8 +68,9 @@ async def reconcile_application(ctx: OperatorContext, obj: dict[str, Any]) -> No
     instance_view = render.instance_view(instance)
     app_view = render.app_view(obj, app_config)
     graph = await _graph(ctx, instance_view, app_view, app_config)
-    if graph is None or graph.error is not None:
-        build = BuildView("running") if graph is None else BuildView("failed", graph.error or "")
+    error = None if graph is None else graph.error or _override_error(graph, app_config)
+    if graph is None or error is not None:
+        build = BuildView("running") if graph is None else BuildView("failed", error or "")
         info = application_status(build, {})
         await ctx.patch_status(obj, application_status_patch(obj, info, app_config, {}, None))
         return
@@ -82,6 +83,14 @@ async def reconcile_application(ctx: OperatorContext, obj: dict[str, Any]) -> No
     routing["__route__"] = {"route_prefix": app_route_prefix(app_config, ingress_options)}
     patch = application_status_patch(obj, info, app_config, routing, ingress)
     await ctx.patch_status(obj, patch)
+
+
+def _override_error(graph: Graph, app_config: dict[str, Any]) -> str | None:
+    """Why the config's ``deployments`` overrides cannot apply to the built graph (as Ray: the
+    application fails, naming them), or None."""
+    names_in_graph = [str(node["name"]) for node in graph.body["deployments"]]
+    error = config_rules.unknown_override_error(app_config.get("deployments", []), names_in_graph)
+    return None if error is None else f"invalid deployments overrides: {error}"
 
 
 def _node(graph: Graph, name: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ exposed to end users (the proxy refuses ``/-/`` paths from clients).
 from __future__ import annotations
 
 import pickle
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 HEALTHZ_PATH = "/-/healthz"
 RECONFIGURE_PATH = "/-/reconfigure"
@@ -76,6 +76,8 @@ class ReplicaConfig(TypedDict):
     max_ongoing_requests: int
     graceful_shutdown_wait_loop_s: float
     graceful_shutdown_timeout_s: float
+    #: :meth:`kubeserve.runtime.limits.RequestLimits.to_mapping`; the defaults when absent
+    request_limits: NotRequired[dict[str, Any]]
 
 
 def deployment_key(app: str, deployment: str) -> str:

@@ -27,6 +27,8 @@ import aiohttp
 import yaml
 from aiohttp import web
 
+from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
+
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 
 
@@ -59,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         "--http-host", default="0.0.0.0", help="proxy host of a serving layer started implicitly"
     )
     start.add_argument("--deploy", type=Path, help="a config file to deploy once the server is up")
+    add_limit_arguments(start)  # the proxy's and the replicas' RequestLimits
 
     operator = commands.add_parser("operator", help="run the Kubernetes operator")
     operator.add_argument(
@@ -137,10 +140,16 @@ def _start(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     host = "127.0.0.1" if args.dashboard_host in ("0.0.0.0", "::") else args.dashboard_host
+    try:
+        limits = limits_from_arguments(args)
+    except ValueError as exc:
+        print(f"kubeserve start: {exc}", file=sys.stderr)
+        return 2
     settings = LocalSettings(
         state_dir=args.state_dir.resolve(),
         controller_url=f"http://{host}:{args.dashboard_port}",
         base_dir=os.getcwd(),
+        request_limits=limits,
     )
     backend = LocalBackend(settings)
     default_http = {"host": args.http_host, "port": args.http_port}

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -24,6 +24,7 @@ from kubeserve.backends.local.proxy_state import ProxyState
 from kubeserve.backends.local.snapshot import SnapshotPublisher
 from kubeserve.backends.local.store import DesiredState, Store
 from kubeserve.runtime import channel, wire
+from kubeserve.runtime.limits import RequestLimits
 
 log = logging.getLogger(__name__)
 _RESYNC_S = 1.0
@@ -38,6 +39,8 @@ class LocalSettings:
     controller_url: str
     #: directory added to the children's import path (where ``kubeserve start`` was run)
     base_dir: str
+    #: what clients may send, enforced by the proxy and every replica
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
 
     @property
     def database(self) -> Path:
@@ -93,6 +96,7 @@ class Controller:
             wake=self.wake,
             secret=self.secret,
             secret_file=secret_file,
+            request_limits=self.settings.request_limits,
         )
         self._proxy = ProxyState(self._ctx)
         self._loop_task = asyncio.ensure_future(self._loop())

@@ -68,7 +68,7 @@ from kubeserve.runtime.discovery import Discovery, EndpointSource
 from kubeserve.runtime.http1 import (
     CHUNKED_END,
     HOP_OR_CHUNKED_NAME_LENGTHS,
-    REQUEST_SPECIAL_NAME_LENGTHS,
+    REQUEST_ID,
     HeaderKind,
     chunk_prefix,
     classify_header,
@@ -100,7 +100,6 @@ _HEAD = b"HEAD"
 _CONNECTION_CLOSE = b"Connection: close\r\n"
 _CONNECTION_KEEP_ALIVE = b"Connection: keep-alive\r\n"
 _CONNECT = b"CONNECT"
-_RESPONSE_SPECIAL_NAME_LENGTHS = HOP_OR_CHUNKED_NAME_LENGTHS | {12}
 
 _monotonic = time.monotonic
 _JSON = b"application/json"
@@ -696,19 +695,21 @@ class ClientConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         ex = self.parsing
         assert ex is not None
-        # Most names cannot be special: one len() spares the call (see classify_header).
-        if len(name) in REQUEST_SPECIAL_NAME_LENGTHS:
+        # Most names cannot be special: one len() spares the call (see classify_header), and
+        # a first letter spares lower-casing Content-Type to compare it with X-Request-Id.
+        size = len(name)
+        if size in HOP_OR_CHUNKED_NAME_LENGTHS:
             kind = classify_header(name, value)
             if kind == HeaderKind.HOP_BY_HOP:
                 ex.dropped = True
                 return
             if kind == HeaderKind.CHUNKED:
                 ex.body_chunked = True
-            elif kind == HeaderKind.REQUEST_ID:
-                if ex.request_id is None and value:
-                    ex.request_id = value
-            elif kind == HeaderKind.LENGTH:
+        elif size == 14:
+            if name.lower() == b"content-length":
                 self._check_length(ex, value)
+        elif size == 12 and name[0] | 0x20 == 0x78 and name.lower() == REQUEST_ID and value:
+            ex.request_id = ex.request_id or value
         ex.headers.append((name, value))
 
     def _check_length(self, ex: _Exchange, value: bytes) -> None:
@@ -1012,15 +1013,16 @@ class UpstreamConnection(KeepAliveConnection):
     def on_header(self, name: bytes, value: bytes) -> None:
         # Most names cannot be special: one len() spares the call (see classify_header).
         # Content-Length is not looked at here; on_headers_complete asks only when it matters.
-        if len(name) in _RESPONSE_SPECIAL_NAME_LENGTHS:
+        size = len(name)
+        if size in HOP_OR_CHUNKED_NAME_LENGTHS:
             kind = classify_header(name, value)
             if kind == HeaderKind.HOP_BY_HOP:
                 self.dropped = True
                 return
             if kind == HeaderKind.CHUNKED:
                 self.chunked = True
-            elif kind == HeaderKind.REQUEST_ID:
-                self.has_id = True
+        elif size == 12 and name[0] | 0x20 == 0x78 and name.lower() == REQUEST_ID:
+            self.has_id = True  # (0x78: "x"; Content-Type is the usual other 12-letter name)
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:

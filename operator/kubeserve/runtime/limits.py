@@ -35,11 +35,12 @@ rejects anything else with a message naming the field.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["RequestLimits", "add_limit_arguments", "limits_from_arguments"]
+__all__ = ["RequestClock", "RequestLimits", "add_limit_arguments", "limits_from_arguments"]
 
 
 @dataclass(frozen=True)
@@ -119,3 +120,95 @@ def limits_from_arguments(args: argparse.Namespace) -> RequestLimits:
     if not values["max_body_bytes"]:
         values["max_body_bytes"] = None
     return RequestLimits(**values)
+
+
+class RequestClock:
+    """One connection's deadlines for the request it is receiving, and its one lazy timer.
+
+    Shared by the proxy's client connections and the replica server's connections. Only a read
+    that ends inside a request (:meth:`partial`) looks at the clock: a whole request in one read,
+    the fast path, never does. The timer is re-armed for the nearest deadline instead of being
+    cancelled and created per request; the connection's ``tick`` callback asks :meth:`overdue`
+    and re-arms with :meth:`arm`. All times are the event loop's (``loop.time()``).
+
+    Invariant: ``head_bytes`` counts the bytes of reads that ended inside the current head (0
+    between heads; the owner resets it when a head completes), ``head_since`` is when the first
+    of them arrived, ``body_seen`` when the last read ending inside a body arrived.
+    """
+
+    __slots__ = (
+        "_loop",
+        "_tick",
+        "body_seen",
+        "due",
+        "head_bytes",
+        "head_since",
+        "limits",
+        "timer",
+    )
+
+    def __init__(
+        self, limits: RequestLimits, loop: asyncio.AbstractEventLoop, tick: Callable[[], None]
+    ) -> None:
+        self.limits = limits
+        self._loop = loop
+        self._tick = tick
+        self.head_bytes = 0
+        self.head_since = 0.0
+        self.body_seen = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.due = 0.0
+
+    def arm(self, within_s: float, now: float | None = None) -> None:
+        """Make the timer fire within ``within_s`` (re-armed only when it would fire later)."""
+        due = (self._loop.time() if now is None else now) + within_s
+        if self.timer is not None:
+            if self.due <= due:
+                return
+            self.timer.cancel()
+        self.due = due
+        self.timer = self._loop.call_at(due, self._tick)
+
+    def fired(self) -> None:
+        """Called first by the tick callback: the timer is spent."""
+        self.timer = None
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def partial(self, head_done: bool, read_size: int) -> bool:
+        """A read of ``read_size`` bytes ended inside a request (in its head unless
+        ``head_done``). False when the head is now larger than ``max_header_bytes``: what an
+        unterminated head can make a connection buffer stays bounded by it."""
+        now = self._loop.time()
+        limits = self.limits
+        if not head_done:
+            if not self.head_bytes:
+                self.head_since = now
+            self.head_bytes += read_size
+            if self.head_bytes > limits.max_header_bytes:
+                return False
+            self.arm(limits.header_timeout_s, now)
+        else:
+            self.body_seen = now
+            self.arm(limits.body_timeout_s, now)
+        return True
+
+    def head_may_be_too_large(self, read_size: int) -> bool:
+        """At the end of a head that arrived partly in the current read of ``read_size`` bytes:
+        whether it may exceed the limit (the caller then measures it). Resets the head count."""
+        over = self.head_bytes + read_size > self.limits.max_header_bytes
+        self.head_bytes = 0
+        return over
+
+    def overdue(self, head_done: bool, reading: bool, now: float) -> tuple[float, str]:
+        """Seconds left for the request being received (<= 0: overdue) and the part that is late,
+        ``"head"`` or ``"body"``. While ``reading`` is paused by the server itself
+        (backpressure) the client is not late: the clocks restart."""
+        if not reading:
+            self.head_since = self.body_seen = now
+        if not head_done:
+            return self.head_since + self.limits.header_timeout_s - now, "head"
+        return self.body_seen + self.limits.body_timeout_s - now, "body"

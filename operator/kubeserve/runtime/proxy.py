@@ -55,7 +55,6 @@ import json
 import logging
 import os
 import signal
-import time
 from collections import deque
 from typing import cast
 
@@ -76,7 +75,12 @@ from kubeserve.runtime.http1 import (
     new_request_id,
 )
 from kubeserve.runtime.keepalive import IdlePool, KeepAliveConnection, PoolSweeper, pool_for
-from kubeserve.runtime.limits import RequestLimits, add_limit_arguments, limits_from_arguments
+from kubeserve.runtime.limits import (
+    RequestClock,
+    RequestLimits,
+    add_limit_arguments,
+    limits_from_arguments,
+)
 from kubeserve.runtime.router import NoReplicaAvailable, Replica, Router
 from kubeserve.runtime.wire import HEALTHZ_PATH, Snapshot, deployment_key
 
@@ -101,7 +105,6 @@ _CONNECTION_CLOSE = b"Connection: close\r\n"
 _CONNECTION_KEEP_ALIVE = b"Connection: keep-alive\r\n"
 _CONNECT = b"CONNECT"
 
-_monotonic = time.monotonic
 _JSON = b"application/json"
 
 
@@ -554,10 +557,8 @@ class ClientConnection(asyncio.Protocol):
 
     Invariant: ``active`` is the exchange being forwarded; pipelined requests parsed behind it wait
     in ``pipeline`` (their bodies buffered; reading pauses so at most one read's worth piles up).
-    ``head_bytes`` counts the bytes of reads that ended inside a request head (so an unterminated
-    head is cut off at ``max_header_bytes``); ``head_since`` and ``body_seen`` are when such a
-    read, or one ending inside a body, arrived: the connection timer (:meth:`_tick`) measures the
-    head and body timeouts from them.
+    ``clock`` (:class:`~kubeserve.runtime.limits.RequestClock`) holds the deadlines of the request
+    being received and the one timer of the connection (:meth:`_tick`).
     """
 
     def __init__(self, state: ProxyState) -> None:
@@ -577,11 +578,7 @@ class ClientConnection(asyncio.Protocol):
         self.upstream_write_paused = False
         self.upgrade_refused = False
         self.idle_since = 0.0
-        self.head_bytes = 0
-        self.head_since = 0.0
-        self.body_seen = 0.0
-        self.timer: asyncio.TimerHandle | None = None
-        self.timer_at = 0.0
+        self.clock: RequestClock = None  # type: ignore[assignment]  # set on connect
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -590,9 +587,10 @@ class ClientConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         self.state.connections.add(self)
         # Kept, not looked up per request: on Python 3.11 get_running_loop() costs a getpid().
-        self.loop = asyncio.get_running_loop()
-        self.idle_since = now = _monotonic()
-        self._arm(now, self.state.keep_alive_timeout_s)
+        loop = self.loop = asyncio.get_running_loop()
+        self.idle_since = loop.time()
+        self.clock = RequestClock(self.limits, loop, self._tick)
+        self.clock.arm(self.state.keep_alive_timeout_s)
 
     def data_received(self, data: bytes) -> None:
         fresh = self.parsing is None  # this read starts a new request (or is garbage)
@@ -617,7 +615,9 @@ class ClientConnection(asyncio.Protocol):
             return
         parsing = self.parsing
         if parsing is not None:  # the read ended inside a request: note it for the timeouts
-            if not self._partial(parsing):
+            if not self.clock.partial(parsing.head_done, self.read_size):
+                limit = self.limits.max_header_bytes
+                self._fail(431, b"request head larger than %d bytes" % limit)
                 return
         elif fresh and self.begun == 1:
             # Verbatim: the read held one whole request from its first byte to its last (a byte
@@ -630,30 +630,11 @@ class ClientConnection(asyncio.Protocol):
             active.pump()
         self.update_reading()
 
-    def _partial(self, parsing: _Exchange) -> bool:
-        """The current read ended inside ``parsing``'s head or body (never the case for a whole
-        request in one read, the fast path). False when that closed the connection."""
-        now = _monotonic()
-        limits = self.limits
-        if not parsing.head_done:
-            if not self.head_bytes:
-                self.head_since = now
-            self.head_bytes += self.read_size
-            if self.head_bytes > limits.max_header_bytes:
-                self._fail(431, b"request head larger than %d bytes" % limits.max_header_bytes)
-                return False
-            self._arm(now, limits.header_timeout_s)
-        else:
-            self.body_seen = now
-            self._arm(now, limits.body_timeout_s)
-        return True
-
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.state.connections.discard(self)
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        if self.clock is not None:
+            self.clock.cancel()
         if self.active is not None:
             self.active.abort()
             self.active = None
@@ -734,9 +715,8 @@ class ClientConnection(asyncio.Protocol):
             ex.refusal = (501, b"%s is not supported by the proxy" % _upgrade_name(ex))
         ex.head_done = True
         limit = self.limits.max_header_bytes
-        if self.head_bytes + self.read_size > limit and _head_size(ex) > limit:
+        if self.clock.head_may_be_too_large(self.read_size) and _head_size(ex) > limit:
             ex.refusal = (431, b"request head larger than %d bytes" % limit)
-        self.head_bytes = 0
         if ex.refusal is not None:
             ex.response_done = True  # a body that follows is read and dropped
         if ex is self.active:
@@ -781,7 +761,7 @@ class ClientConnection(asyncio.Protocol):
                 if self.active is nxt:
                     nxt.pump()
         else:
-            self.idle_since = _monotonic()
+            self.idle_since = self.loop.time() if self.loop is not None else 0.0
         if not self.reading or self.upstream_write_paused:  # else nothing can have changed
             self.update_reading()
 
@@ -813,40 +793,20 @@ class ClientConnection(asyncio.Protocol):
         self.write(local_response(status, message, close=True, request_id=rid))
         self.close()
 
-    def _arm(self, now: float, within_s: float) -> None:
-        """Make the connection timer fire within ``within_s`` of ``now`` (re-armed only when it
-        would fire later: one timer per connection, never one per request)."""
-        due = now + within_s
-        if self.timer is not None:
-            if self.timer_at <= due:
-                return
-            self.timer.cancel()
-        loop = self.loop
-        assert loop is not None
-        self.timer_at = due
-        self.timer = loop.call_later(within_s, self._tick)
-
     def _tick(self) -> None:
         """The connection timer: keep-alive timeout when idle, head and body timeouts while a
         request is arriving; re-arms itself for the nearest deadline."""
-        self.timer = None
-        if self.closed:
+        clock = self.clock
+        clock.fired()
+        if self.closed or self.loop is None:
             return
-        now = _monotonic()
-        limits = self.limits
+        now = self.loop.time()
         parsing = self.parsing
         if parsing is not None:
-            if not self.reading:  # reading paused by us (backpressure): not the client's fault
-                self.head_since = self.body_seen = now
-            if not parsing.head_done:
-                remaining = self.head_since + limits.header_timeout_s - now
-                what = "head"
-            else:
-                remaining = self.body_seen + limits.body_timeout_s - now
-                what = "body"
+            remaining, late = clock.overdue(parsing.head_done, self.reading, now)
             if remaining <= 0:
                 if parsing is self.active:
-                    parsing.client_too_slow(what)
+                    parsing.client_too_slow(late)
                 else:
                     self.close()
                 return
@@ -857,7 +817,7 @@ class ClientConnection(asyncio.Protocol):
                 return
         else:  # a response in progress: the request timeout, if any, is the exchange's own timer
             remaining = self.state.keep_alive_timeout_s
-        self._arm(now, max(remaining, 0.001))
+        clock.arm(max(remaining, 0.001), now)
 
 
 def _head_size(ex: _Exchange) -> int:

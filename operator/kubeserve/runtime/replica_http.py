@@ -55,7 +55,7 @@ from kubeserve.runtime.channel import (
     peer_description,
 )
 from kubeserve.runtime.http1 import new_request_id
-from kubeserve.runtime.limits import RequestLimits
+from kubeserve.runtime.limits import RequestClock, RequestLimits
 
 __all__ = [
     "HttpRequest",
@@ -219,8 +219,8 @@ class ReplicaHttpServer:
 class _Connection(asyncio.Protocol):
     """One client connection: parses requests, runs the handler, writes responses in order.
 
-    ``head_bytes``/``head_since`` and ``body_seen`` track the request being parsed across reads
-    (see the module docstring's lazy timer); ``body_size`` counts its body against the cap.
+    ``clock`` (:class:`~kubeserve.runtime.limits.RequestClock`) holds the deadlines of the request
+    being received and the connection's one timer; ``body_size`` counts its body against the cap.
     """
 
     def __init__(self, server: ReplicaHttpServer) -> None:
@@ -244,16 +244,12 @@ class _Connection(asyncio.Protocol):
         self.body: list[bytes] = []
         self.body_size = 0
         self.read_size = 0
-        self.head_bytes = 0
-        self.head_since = 0.0
-        self.body_seen = 0.0
         self.queue: deque[HttpRequest] = deque()
         self.serving: HttpRequest | None = None
         self.task: asyncio.Task[None] | None = None  # a strong reference while a handler waits
         self.idle_since = 0.0
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set on connect
-        self.timer: asyncio.TimerHandle | None = None
-        self.timer_at = 0.0
+        self.clock: RequestClock = None  # type: ignore[assignment]  # set on connect
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -263,11 +259,12 @@ class _Connection(asyncio.Protocol):
         self.server.connections.add(self)
         # Kept, not looked up per request: on Python 3.11 get_running_loop() costs a getpid().
         self.loop = asyncio.get_running_loop()
-        self.idle_since = now = self.loop.time()
+        self.idle_since = self.loop.time()
         if self.server.secret is not None:
             self.handshake = ServerHandshake(self.server.secret, self.transport.write)
             self.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_expired)
-        self._arm(now, self.server.keep_alive_timeout_s)
+        self.clock = RequestClock(self.limits, self.loop, self._tick)
+        self.clock.arm(self.server.keep_alive_timeout_s)
 
     def data_received(self, data: bytes) -> None:
         if self.handshake is not None:
@@ -286,31 +283,18 @@ class _Connection(asyncio.Protocol):
             elif not self.closed:
                 self._reject(400, b"malformed HTTP request")
             return
-        if self.in_message and not self.closed:  # the read ended inside a request
-            self._partial()
-
-    def _partial(self) -> None:
-        now = self.loop.time()
-        limits = self.limits
-        if not self.head_done:
-            if not self.head_bytes:
-                self.head_since = now
-            self.head_bytes += self.read_size
-            if self.head_bytes > limits.max_header_bytes:
-                self._reject(431, b"request head larger than %d bytes" % limits.max_header_bytes)
-                return
-            self._arm(now, limits.header_timeout_s)
-        else:
-            self.body_seen = now
-            self._arm(now, limits.body_timeout_s)
+        # The read ended inside a request: note it for the timeouts, bound what its head buffers.
+        in_request = self.in_message and not self.closed
+        if in_request and not self.clock.partial(self.head_done, self.read_size):
+            limit = self.limits.max_header_bytes
+            self._reject(431, b"request head larger than %d bytes" % limit)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
         self.queue.clear()
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        if self.clock is not None:
+            self.clock.cancel()
         self._wake_writer()
 
     def pause_writing(self) -> None:
@@ -375,11 +359,10 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.head_done = True
         limits = self.limits
-        if self.head_bytes + self.read_size > limits.max_header_bytes:
+        if self.clock.head_may_be_too_large(self.read_size):
             size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
             if size > limits.max_header_bytes:
                 raise _Refused(431, b"request head larger than %d bytes" % limits.max_header_bytes)
-        self.head_bytes = 0
         expect = False
         declared = 0
         for name, value in self.headers:
@@ -557,42 +540,24 @@ class _Connection(asyncio.Protocol):
             self.closed = True
             self.transport.close()  # flushes what is buffered, then closes
 
-    def _arm(self, now: float, within_s: float) -> None:
-        """Make the connection timer fire within ``within_s`` (re-armed only when it would fire
-        later: one timer per connection, never one per request)."""
-        due = now + within_s
-        if self.timer is not None:
-            if self.timer_at <= due:
-                return
-            self.timer.cancel()
-        self.timer_at = due
-        self.timer = self.loop.call_at(due, self._tick)
-
     def _tick(self) -> None:
         """Keep-alive timeout when idle, head and body timeouts while a request arrives."""
-        self.timer = None
+        clock = self.clock
+        clock.fired()
         if self.closed:
             return
-        loop = self.loop
-        now = loop.time()
-        limits = self.limits
+        now = self.loop.time()
         if self.in_message and self.serving is None and not self.queue:
-            if not self.reading:  # paused by us: not the client's fault
-                self.head_since = self.body_seen = now
-            if not self.head_done:
-                remaining = self.head_since + limits.header_timeout_s - now
-                what = b"head"
-            else:
-                remaining = self.body_seen + limits.body_timeout_s - now
-                what = b"body"
+            remaining, late = clock.overdue(self.head_done, self.reading, now)
             if remaining <= 0:
+                limits = self.limits
                 log.info(
                     "closed a connection from %s: request %s not received within %.0f s",
                     peer_description(self.transport),
-                    what.decode(),
-                    limits.header_timeout_s if what == b"head" else limits.body_timeout_s,
+                    late,
+                    limits.header_timeout_s if late == "head" else limits.body_timeout_s,
                 )
-                self._reject(408, b"request %s not received in time" % what)
+                self._reject(408, b"request %s not received in time" % late.encode())
                 return
         elif self.serving is None and not self.queue:
             remaining = self.idle_since + self.server.keep_alive_timeout_s - now
@@ -600,8 +565,8 @@ class _Connection(asyncio.Protocol):
                 self.close()
                 return
         else:  # serving: the handler's time is not limited here
-            remaining = limits.shortest_timeout_s
-        self._arm(now, max(remaining, 0.001))
+            remaining = self.limits.shortest_timeout_s
+        clock.arm(max(remaining, 0.001), now)
 
 
 def internal_error(request_id: str, *, close: bool = False) -> HttpResponse:

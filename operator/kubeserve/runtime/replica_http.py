@@ -54,7 +54,7 @@ from kubeserve.runtime.channel import (
     ServerHandshake,
     peer_description,
 )
-from kubeserve.runtime.http1 import new_request_id
+from kubeserve.runtime.http1 import REQUEST_ID, new_request_id
 from kubeserve.runtime.limits import RequestClock, RequestLimits
 
 __all__ = [
@@ -352,8 +352,9 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         # Decoded as aiohttp and the ASGI servers do: UTF-8, undecodable bytes kept as surrogates.
         header = (name.decode("latin-1"), value.decode("utf-8", "surrogateescape"))
-        if len(name) == 12 and header[0].lower() == "x-request-id" and not self.request_id:
-            self.request_id = header[1]
+        # X-Request-Id told from Content-Type (the usual other 12-letter name) by its first letter.
+        if len(name) == 12 and name[0] | 0x20 == 0x78 and name.lower() == REQUEST_ID:
+            self.request_id = self.request_id or header[1]
         self.headers.append(header)
 
     def on_headers_complete(self) -> None:

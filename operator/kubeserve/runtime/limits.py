@@ -199,9 +199,10 @@ class RequestClock:
     def head_may_be_too_large(self, read_size: int) -> bool:
         """At the end of a head that arrived partly in the current read of ``read_size`` bytes:
         whether it may exceed the limit (the caller then measures it). Resets the head count."""
-        over = self.head_bytes + read_size > self.limits.max_header_bytes
-        self.head_bytes = 0
-        return over
+        if self.head_bytes:
+            read_size += self.head_bytes
+            self.head_bytes = 0
+        return read_size > self.limits.max_header_bytes
 
     def overdue(self, head_done: bool, reading: bool, now: float) -> tuple[float, str]:
         """Seconds left for the request being received (<= 0: overdue) and the part that is late,

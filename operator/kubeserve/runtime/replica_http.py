@@ -241,6 +241,8 @@ class _Connection(asyncio.Protocol):
         self.url = b""
         self.headers: list[tuple[str, str]] = []
         self.request_id = ""
+        self.expect = False  # Expect: 100-continue
+        self.declared = 0  # Content-Length
         self.body: list[bytes] = []
         self.body_size = 0
         self.read_size = 0
@@ -337,12 +339,12 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self.in_message = True
-        self.head_done = False
+        self.head_done = self.expect = False
         self.url = b""
         self.headers = []
         self.request_id = ""
         self.body = []
-        self.body_size = 0
+        self.body_size = self.declared = 0
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -352,10 +354,18 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         # Decoded as aiohttp and the ASGI servers do: UTF-8, undecodable bytes kept as surrogates.
         header = (name.decode("latin-1"), value.decode("utf-8", "surrogateescape"))
-        # X-Request-Id told from Content-Type (the usual other 12-letter name) by its first letter.
-        if len(name) == 12 and name[0] | 0x20 == 0x78 and name.lower() == REQUEST_ID:
-            self.request_id = self.request_id or header[1]
         self.headers.append(header)
+        # The few names that matter, told apart by length first (and X-Request-Id from
+        # Content-Type, the usual other 12-letter name, by its first letter).
+        size = len(name)
+        if size == 12:
+            if name[0] | 0x20 == 0x78 and name.lower() == REQUEST_ID:
+                self.request_id = self.request_id or header[1]
+        elif size == 14:
+            if name.lower() == b"content-length" and value.isdigit():
+                self.declared = int(value)
+        elif size == 6 and name.lower() == b"expect" and value.lower() == b"100-continue":
+            self.expect = True
 
     def on_headers_complete(self) -> None:
         self.head_done = True
@@ -364,17 +374,10 @@ class _Connection(asyncio.Protocol):
             size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
             if size > limits.max_header_bytes:
                 raise _Refused(431, b"request head larger than %d bytes" % limits.max_header_bytes)
-        expect = False
-        declared = 0
-        for name, value in self.headers:
-            if len(name) == 6 and name.lower() == "expect" and value.lower() == "100-continue":
-                expect = True
-            elif len(name) == 14 and name.lower() == "content-length" and value.isdigit():
-                declared = int(value)
         cap = limits.max_body_bytes
-        if cap is not None and declared > cap:  # refused before a byte of the body is read
+        if cap is not None and self.declared > cap:  # refused before a byte of the body is read
             raise _Refused(413, b"request body larger than %d bytes" % cap)
-        if expect:
+        if self.expect:
             self.transport.write(_CONTINUE)  # the client waits for this before the body
 
     def on_body(self, body: bytes) -> None:

@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/bench.py --ray-venv ~/.cache/kubeserve/ray-2.60.0 \\
         [--plot-python ~/.cache/kubeserve/bench/bin/python] [--only kubeserve|ray]
 
-For each system: deploy the no-op app (1 replica), load it directly (kubeserve only: the replica's
-own port, in turns with the proxy and with nginx in front of the same replica, see nginx.py) and
+For each system: deploy the no-op app (1 replica), load it directly (kubeserve only: the same
+replica code without the data-plane handshake, see plain_replica.py, in turns with the proxy and
+with nginx in front of that replica, see nginx.py) and
 through the proxy, scale it to 2 replicas and load again; deploy the composed example
 and load it; time the control plane (deploy, user_config, scale 1 -> 4; three runs); read the RSS
 of the proxy, the replicas and the controller after the load. Then write ``results.json``,
@@ -23,14 +24,16 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import control_plane
 import load
 import nginx
+import plain_replica
 import report
-from systems import BENCH_DIR, Kubeserve, RayServe, ServeSystem, rss_mb
+from systems import BENCH_DIR, Kubeserve, RayServe, ServeSystem, free_port, rss_mb
 
 CONTROL_PLANE_RUNS = 5
 
@@ -61,11 +64,15 @@ def _bench_started(system: ServeSystem, noop_path: str, composed_path: str) -> d
     system.wait_replicas("noop", "Noop", 1, 180)
     if isinstance(system, Kubeserve):
         # The proxy's cost is judged against the replica alone (and against nginx in front of
-        # the same replica), so these three are measured in turns (load.measure_together).
-        host, port = system.replica_address("noop", "Noop")
-        with nginx.reference_proxy(port) as reference:
+        # the same replica code), so these three are measured in turns (load.measure_together).
+        # Replicas take authenticated connections only: the direct and nginx rows load the same
+        # replica code without the handshake (plain_replica.py; per request it costs the same).
+        with (
+            plain_replica.running(noop_path, "Noop", free_port()) as direct,
+            nginx.reference_proxy(urlsplit(direct).port or 0) as reference,
+        ):
             together = [
-                ("no-op, direct to replica", system.name, f"http://{host}:{port}/"),
+                ("no-op, direct to replica", system.name, direct),
                 ("no-op via proxy, 1 replica", system.name, f"{proxy}/noop"),
             ]
             if reference is None:

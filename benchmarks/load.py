@@ -76,18 +76,22 @@ def parse_wrk(text: str) -> Run:
     )
 
 
-def wrk(url: str, seconds: int, connections: int = CONNECTIONS) -> Run:
+def wrk(
+    url: str, seconds: int, connections: int = CONNECTIONS, headers: tuple[str, ...] = ()
+) -> Run:
     """One wrk run against a loopback address (127.0.0.1, or a test-cluster pod's 127.0.0.x:
-    still this machine and nothing else)."""
+    still this machine and nothing else); ``headers`` as ``"Name: value"``, sent on every
+    request."""
     host = urlsplit(url).hostname or ""
     if not ipaddress.ip_address(host).is_loopback:
         raise ValueError(f"the bench only loads loopback addresses, not {url}")
     wrk_bin = shutil.which("wrk")
     if wrk_bin is None:
         raise RuntimeError("wrk is not installed (make bench installs it with apt-get)")
+    extra = [arg for header in headers for arg in ("-H", header)]
     out = subprocess.run(
         [wrk_bin, f"-t{THREADS}", f"-c{connections}", f"-d{seconds}s", "--timeout", "5s",
-         "--latency", url],
+         "--latency", *extra, url],
         capture_output=True, text=True, check=True, timeout=seconds + 30,
     )  # fmt: skip
     return parse_wrk(out.stdout)

@@ -102,8 +102,8 @@ def nginx_note(results: dict[str, Any]) -> list[str]:
     return [
         "",
         f"The `{NGINX_SYSTEM}` row is {results['machine'].get('nginx') or 'nginx'} in front of "
-        "the same no-op replica (`benchmarks/nginx.py`: 1 worker process, keep-alive upstream "
-        "connections to the replica's TCP port, access log off): the issue's own example of a "
+        "the same no-op replica code (`benchmarks/nginx.py`: 1 worker process, keep-alive "
+        "upstream connections, access log off): the issue's own example of a "
         "proxy working at the protocol level. The direct, kubeserve-proxy and nginx rows are "
         "measured in turns (run 1 of each, then run 2 of each, ...), so their ratios compare "
         "runs under the same background load. Through one proxy process, the proxy, the replica "

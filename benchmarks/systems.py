@@ -174,12 +174,6 @@ class Kubeserve(ServeSystem):
         proxy = next(iter(details["proxies"].values()))
         return {"controller": self.proc.pid, "proxy": int(proxy["worker_id"])}
 
-    def replica_address(self, app: str, deployment: str) -> tuple[str, int]:
-        """Host and port of one replica, from the controller's discovery snapshot."""
-        snapshot = http("GET", f"{self.api}/-/snapshot?version=-1&timeout=0")
-        replica = snapshot["deployments"][f"{app}#{deployment}"]["replicas"][0]
-        return replica["host"], int(replica["port"])
-
 
 class RayServe(ServeSystem):
     """A local Ray head (``ray start --head``) from the Ray 2.60 virtualenv, on 127.0.0.1.

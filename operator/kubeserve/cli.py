@@ -29,6 +29,7 @@ from aiohttp import web
 
 if TYPE_CHECKING:
     from kubeserve.api.security import AdminSecurity
+from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 #: The admin API's bearer token, for ``kubeserve start`` and the client commands alike.
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="GPUs replicas may claim; default: CUDA_VISIBLE_DEVICES, else the NVIDIA GPUs found",
     )
+    add_limit_arguments(start)  # the proxy's and the replicas' RequestLimits
 
     operator = commands.add_parser("operator", help="run the Kubernetes operator")
     operator.add_argument(
@@ -201,12 +203,18 @@ def _start(args: argparse.Namespace) -> int:
         allowed_hosts=loopback_hosts(args.dashboard_host) if loopback else None,
     )
     host = "127.0.0.1" if args.dashboard_host in ("0.0.0.0", "::") else args.dashboard_host
+    try:
+        limits = limits_from_arguments(args)
+    except ValueError as exc:
+        print(f"kubeserve start: {exc}", file=sys.stderr)
+        return 2
     settings = LocalSettings(
         state_dir=args.state_dir.resolve(),
         controller_url=f"http://{host}:{args.dashboard_port}",
         base_dir=os.getcwd(),
         num_cpus=args.num_cpus,
         num_gpus=args.num_gpus,
+        request_limits=limits,
     )
     try:
         backend = LocalBackend(settings)

@@ -238,3 +238,47 @@ def test_connections_are_reused_and_closed_when_the_replica_leaves() -> None:
             await server.stop()
 
     run(go())
+
+
+def test_a_call_that_reached_a_replica_is_never_sent_again() -> None:
+    # The replica took the call and died before answering: it may have run it, so the caller
+    # gets an error and no other replica runs it a second time.
+    async def go() -> None:
+        received = 0
+
+        async def die(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal received
+            await reader.readuntil(b"\r\n\r\n")
+            received += 1
+            writer.transport.abort()
+
+        dying, dying_port = await _raw_replica(die)
+        peers: list[Any] = []
+        async with server(replica_app(peers)) as healthy_port:
+            snapshot = _snapshot_for(dying_port)
+            snapshot["deployments"]["app#D"]["replicas"].append(
+                {"replica_id": "r1", "host": "127.0.0.1", "port": healthy_port}
+            )
+            source = _StaticSource(snapshot)
+            client = source.client = HandleClient(source=source, secret=SECRET)
+            await client.start()
+            try:
+                failures = 0
+                for _ in range(20):
+                    try:
+                        await asyncio.wait_for(client.call("app", "D", "add", (1,), {"b": 1}), 5)
+                    except DeploymentUnavailableError:
+                        failures += 1
+                assert received >= 1 and failures == received  # each one failed, none re-sent
+                assert len(peers) == 20 - received
+                # Idle connections are swept: kept while in use, closed once idle a whole period.
+                pool = client._pools["r1"]
+                pool.sweep()
+                assert pool.idle
+                pool.sweep()
+                assert not pool.idle
+            finally:
+                await client.close()
+                await dying.stop()
+
+    run(go())

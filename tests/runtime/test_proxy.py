@@ -16,6 +16,7 @@ import uvloop
 from aiohttp import web
 
 from channel_front import SECRET, ChannelFront, signed_ok
+from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.proxy import ProxyServer
 from kubeserve.runtime.wire import DeploymentEndpoints, Route, Snapshot
 
@@ -45,6 +46,7 @@ class FakeReplica:
         self.ongoing = 0
         self.peak = 0
         self.peers: list[Any] = []
+        self.hits: Counter[str] = Counter()  # requests that reached this replica, by path
         self.release = asyncio.Event()
         self.runner: web.AppRunner | None = None
         self.port = 0
@@ -71,6 +73,7 @@ class FakeReplica:
         return {"replica_id": self.replica_id, "host": "127.0.0.1", "port": self.port}
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.hits[request.path] += 1
         self.peers.append(
             request.transport.get_extra_info("peername") if request.transport else None
         )
@@ -136,6 +139,7 @@ class FakeReplica:
                 "path": request.path_qs,
                 "host": request.headers.get("Host"),
                 "x_multi": request.headers.getall("X-Multi", []),
+                "request_id": request.headers.getall("X-Request-Id", []),
                 "headers": sorted(name.lower() for name in request.headers),
             },
             headers=headers,
@@ -200,7 +204,11 @@ class Cluster:
 
 @contextlib.asynccontextmanager
 async def cluster(
-    *, a_replicas: int = 1, cap: int = 100, request_timeout_s: float | None = None
+    *,
+    a_replicas: int = 1,
+    cap: int = 100,
+    request_timeout_s: float | None = None,
+    limits: RequestLimits | None = None,
 ) -> AsyncIterator[Cluster]:
     controller = FakeController()
     await controller.start()
@@ -226,7 +234,12 @@ async def cluster(
         },
     )
     proxy = ProxyServer(
-        "127.0.0.1", 0, controller.url, secret=SECRET, request_timeout_s=request_timeout_s
+        "127.0.0.1",
+        0,
+        controller.url,
+        secret=SECRET,
+        request_timeout_s=request_timeout_s,
+        limits=limits,
     )
     await proxy.start()
     try:
@@ -433,7 +446,7 @@ def test_client_disconnect_mid_request_releases_the_slot() -> None:
 
 def test_upstream_dying_gives_502_or_close_never_a_hang() -> None:
     async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
-        async with s.get(c.url + "/a/die-before") as resp:  # retried once, then 502
+        async with s.get(c.url + "/a/die-before") as resp:  # it reached a replica: never re-sent
             assert resp.status == 502
         with pytest.raises(aiohttp.ClientError):
             async with s.get(c.url + "/a/die-mid") as resp:
@@ -631,5 +644,231 @@ def test_a_route_change_reaches_paths_already_served() -> None:
         await wait_for(lambda: "app#A" not in c.proxy.state.keys.values())
         async with s.get(c.url + "/a/x") as resp:
             assert (await resp.json())["replica"] == "ab0"
+
+    scenario(body)
+
+
+async def read_all(port: int, raw: bytes, within_s: float = 10) -> bytes:
+    """Send ``raw`` on a new connection; everything the proxy answers until it closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(raw)
+        return await asyncio.wait_for(reader.read(), within_s)
+    finally:
+        writer.close()
+
+
+def status_of(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1])
+
+
+def test_a_request_that_reached_a_replica_is_never_sent_again() -> None:
+    # The replica may have run it: a second replica must not run it again (a 502 instead).
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        for method, path in (("GET", "/a/die-before"), ("POST", "/a/die-before")):
+            async with s.request(method, c.url + path, data=b"x" * 10) as resp:
+                assert resp.status == 502
+                assert resp.headers["x-request-id"]
+        assert sum(r.hits["/a/die-before"] for r in c.replicas.values()) == 2
+        await wait_for(lambda: c.in_flight() == 0)
+
+    scenario(body, a_replicas=2)
+
+
+def test_a_replica_failing_the_handshake_is_skipped() -> None:
+    # Nothing was sent on a connection whose handshake failed: another replica takes the request.
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        impostor = ChannelFront(
+            c.replicas["a1"].front.target_port, b"another-instance-secret-0123456"
+        )
+        port = await impostor.start()
+        try:
+            a0 = c.replicas["a0"].endpoint()
+            await c.controller.set(
+                [{"route_prefix": "/a", "app": "app", "deployment": "A"}],
+                {
+                    "app#A": {
+                        "max_ongoing_requests": 100,
+                        "replicas": [a0, {**a0, "replica_id": "a1", "port": port}],  # type: ignore[list-item]
+                    }
+                },
+            )
+            await wait_for(lambda: "app#AB" not in c.proxy.state.keys.values())
+            for _ in range(10):
+                async with s.get(c.url + "/a/x") as resp:
+                    assert resp.status == 200
+                    assert (await resp.json())["replica"] == "a0"
+            assert c.replicas["a1"].hits.total() == 0
+        finally:
+            await impostor.stop()
+
+    scenario(body, a_replicas=2)
+
+
+def test_idle_pooled_connections_are_dropped_before_the_replica_would_close_them() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        peers = c.replicas["a0"].peers
+        for _ in range(2):
+            async with s.get(c.url + "/a/x") as resp:
+                assert resp.status == 200
+            for pool in c.proxy.state.pools.values():
+                pool.sweep()  # used since the last sweep: kept
+        assert len(set(peers)) == 1
+        for _ in range(2):  # idle for a whole sweep period: closed
+            for pool in c.proxy.state.pools.values():
+                pool.sweep()
+        async with s.get(c.url + "/a/x") as resp:
+            assert resp.status == 200
+        assert len(set(peers)) == 2
+
+    scenario(body)
+
+
+LIMITS = RequestLimits(
+    header_timeout_s=0.5,
+    body_timeout_s=0.5,
+    max_url_bytes=200,
+    max_header_bytes=2000,
+    max_body_bytes=10_000,
+)
+
+
+def test_oversized_urls_heads_and_bodies_are_refused() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        port = c.proxy.port
+        data = await read_all(port, b"GET /a/x?" + b"q" * 300 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status_of(data) == 414 and b"x-request-id: " in data
+        big = b"GET /a/x HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 3000 + b"\r\n\r\n"
+        assert status_of(await read_all(port, big)) == 431
+        # A head that never ends is cut off past the limit instead of growing the proxy.
+        endless = b"GET /a/x HTTP/1.1\r\nX-Endless: " + b"e" * 100_000
+        assert status_of(await read_all(port, endless)) == 431
+        # Refused on the declared length, before the client sends the body.
+        declared = b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: 20000\r\n\r\n"
+        assert status_of(await read_all(port, declared)) == 413
+        # Chunked: refused once the body passes the limit.
+        chunked = b"POST /a/size HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        chunk = b"1000\r\n" + b"c" * 4096 + b"\r\n"
+        assert status_of(await read_all(port, chunked + chunk * 4 + b"0\r\n\r\n")) == 413
+        assert c.replicas["a0"].hits["/a/size"] <= 1  # the chunked one may have begun upstream
+        async with s.post(c.url + "/a/size", data=b"k" * 10_000) as resp:
+            assert (await resp.json())["size"] == 10_000
+        await wait_for(lambda: c.in_flight() == 0)
+
+    scenario(body, limits=LIMITS)
+
+
+def test_slowloris_connections_are_closed_after_the_head_timeout() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        async def slowloris() -> bytes:
+            reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+            try:
+                writer.write(b"GET /a/x HTTP/1.1\r\nHost: x\r\n")
+                for _ in range(200):  # a header line now and then, never the end of the head
+                    writer.write(b"X-A: b\r\n")
+                    with contextlib.suppress(TimeoutError):
+                        answer = await asyncio.wait_for(reader.read(65536), 0.05)
+                        return answer + await asyncio.wait_for(reader.read(), 10)
+                return b"still open"
+            finally:
+                writer.close()
+
+        answers = await asyncio.gather(*(slowloris() for _ in range(50)))
+        assert all(a.startswith(b"HTTP/1.1 408") for a in answers), set(answers)
+        await wait_for(lambda: not c.proxy.state.connections)
+        assert c.replicas["a0"].hits.total() == 0
+
+    scenario(body, limits=LIMITS)
+
+
+def test_a_stalled_upload_is_answered_408_and_gives_its_slot_back() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        writer.write(b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\npartial")
+        await wait_for(lambda: c.in_flight() == 1)
+        async with s.get(c.url + "/a/x") as resp:  # waits for the one slot, then gets it
+            assert resp.status == 200
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert status_of(answer) == 408
+        await wait_for(lambda: c.in_flight() == 0)
+
+    scenario(body, cap=1, limits=LIMITS)
+
+
+def test_request_ids_are_kept_or_made_and_always_answered() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        port = c.proxy.port
+        for extra in (b"", b"Keep-Alive: 5\r\n"):  # with and without a header to drop
+            mine = b"GET /a/x HTTP/1.1\r\nHost: x\r\nX-Request-Id: mine-1\r\n"
+            data = await read_all(port, mine + extra + b"Connection: close\r\n\r\n")
+            head, payload = data.split(b"\r\n\r\n", 1)
+            assert b"x-request-id: mine-1" in head
+            assert json.loads(payload)["request_id"] == ["mine-1"]
+            data = await read_all(
+                port, b"GET /a/x HTTP/1.1\r\nHost: x\r\n%sConnection: close\r\n\r\n" % extra
+            )
+            head, payload = data.split(b"\r\n\r\n", 1)
+            made = json.loads(payload)["request_id"]
+            assert len(made) == 1 and len(made[0]) == 32
+            assert b"x-request-id: %s" % made[0].encode() in head
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:  # keep-alive requests whole in one read go out verbatim, the id spliced in
+            for request in (
+                b"GET /a/x HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"POST /a/x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi",
+            ):
+                head, payload = await raw_request(reader, writer, request)
+                made = json.loads(payload)["request_id"]
+                assert len(made) == 1 and b"x-request-id: %s" % made[0].encode() in head
+        finally:
+            writer.close()
+        async with s.get(c.url + "/nowhere", headers={"X-Request-Id": "r404"}) as resp:
+            assert resp.status == 404 and resp.headers["x-request-id"] == "r404"
+        async with s.get(c.url + "/-/healthz") as resp:
+            assert resp.headers["x-request-id"]
+
+    scenario(body)
+
+
+def test_connect_and_upgrades_get_exactly_one_answer() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        for request in (
+            b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n\x16\x03\x01",
+            b"GET /a/x HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+        ):
+            data = await read_all(c.proxy.port, request)
+            assert data.count(b"HTTP/1.1 ") == 1, data
+            assert status_of(data) == 501
+        assert c.replicas["a0"].hits.total() == 0
+
+    scenario(body)
+
+
+def test_routes_and_internal_paths_match_on_the_normalised_path() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        async def get(path: bytes) -> bytes:
+            return await read_all(
+                c.proxy.port, b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path
+            )
+
+        for spelling in (b"/%2D/", b"//-/", b"/./-/", b"/a/../-/", b"/%2F-/", b"/%2d/"):
+            healthz = await get(spelling + b"healthz")
+            assert status_of(healthz) == 200 and healthz.endswith(b"success"), spelling
+            assert b'"/a/b": "app"' in await get(spelling + b"routes")
+            for internal in (b"call/x", b"metrics", b"reconfigure"):
+                assert status_of(await get(spelling + internal)) == 404, spelling
+        assert sum(r.hits.total() for r in c.replicas.values()) == 0  # none went upstream
+        for path, replica in (
+            (b"/%61/x", "a0"),
+            (b"/a/b/../x", "a0"),
+            (b"/a//b/x", "ab0"),
+            (b"/a/%62/x", "ab0"),
+            (b"/z/../a/./b", "ab0"),
+        ):
+            answer = await get(path)
+            assert status_of(answer) == 200, path
+            assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["replica"] == replica, path
+        assert status_of(await get(b"/%61b")) == 404
 
     scenario(body)

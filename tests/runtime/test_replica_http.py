@@ -19,6 +19,7 @@ import uvloop
 from channel_front import SECRET
 from kubeserve.runtime import local_socket
 from kubeserve.runtime.channel import Role
+from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.proxy import ProxyServer
 from kubeserve.runtime.replica_http import (
     HttpRequest,
@@ -229,6 +230,86 @@ def test_idle_connections_close_after_the_keep_alive_timeout() -> None:
             server.close()
 
     run(go())
+
+
+SMALL = RequestLimits(
+    header_timeout_s=0.3,
+    body_timeout_s=0.3,
+    max_url_bytes=100,
+    max_header_bytes=1000,
+    max_body_bytes=1000,
+)
+
+
+def with_limits(test: Callable[[App, int], Awaitable[None]]) -> None:
+    async def go() -> None:
+        app = App()
+        handler = ReplicaHttpServer(app, limits=SMALL)
+        server = await asyncio.get_running_loop().create_server(handler, "127.0.0.1", 0)
+        try:
+            await test(app, server.sockets[0].getsockname()[1])
+        finally:
+            server.close()
+
+    run(go())
+
+
+def status_of(data: bytes) -> int:
+    return int(data.split(b" ", 2)[1])
+
+
+def test_oversized_urls_heads_and_bodies_are_refused_before_user_code() -> None:
+    async def check(app: App, port: int) -> None:
+        long_url = b"GET /echo?" + b"q" * 200 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+        assert status_of(await exchange(port, long_url)) == 414
+        big_head = b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 2000 + b"\r\n\r\n"
+        assert status_of(await exchange(port, big_head)) == 431
+        # A head that never ends: cut off once past the limit, not buffered forever.
+        endless = b"GET /echo HTTP/1.1\r\nX-Endless: " + b"e" * 4000
+        data = await exchange(port, endless)
+        assert status_of(data) == 431 and b"Connection: close" in data
+        # A declared body over the cap: refused on the head alone, before the body is sent.
+        declared = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n"
+        assert status_of(await exchange(port, declared)) == 413
+        chunk = b"258\r\n" + b"c" * 600 + b"\r\n"
+        chunked = b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        assert status_of(await exchange(port, chunked + chunk * 3 + b"0\r\n\r\n")) == 413
+        assert app.seen == []
+        ok = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"k" * 1000
+        data = await exchange(port, ok + b"GET /echo HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert status_of(data) == 200 and b"k" * 1000 in data
+
+    with_limits(check)
+
+
+def test_stalled_heads_and_bodies_get_408_and_close() -> None:
+    async def check(app: App, port: int) -> None:
+        for stalled in (
+            b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Slow: a",  # slowloris: the head never ends
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nhalf",
+        ):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(stalled)
+            data = await asyncio.wait_for(reader.read(), 10)  # ends: the server closed it
+            writer.close()
+            assert status_of(data) == 408, data
+            assert b"x-request-id: " in data
+        assert app.seen == []
+
+    with_limits(check)
+
+
+def test_user_code_sees_the_normalised_path_and_the_request_id() -> None:
+    async def check(app: App, port: int) -> None:
+        data = await exchange(
+            port,
+            b"GET /x/..//%65cho?q=1 HTTP/1.1\r\nX-Request-Id: rid-7\r\nConnection: close\r\n\r\n",
+        )
+        assert status_of(data) == 200, data
+        assert b"x-path: /echo" in data and b"x-request-id: rid-7" in data
+        assert app.seen[0].path == "/echo" and app.seen[0].request_id == "rid-7"
+
+    with_server(check)
 
 
 def test_behind_the_proxy_streams_and_large_bodies_pass() -> None:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import TypedDict
+from urllib.parse import unquote
 
-__all__ = ["Route", "RouteTable", "normalize_prefix"]
+__all__ = ["Route", "RouteTable", "needs_normalizing", "normalize_path", "normalize_prefix"]
 
 
 class Route(TypedDict):
@@ -29,6 +30,43 @@ def normalize_prefix(prefix: str) -> str:
     """The canonical spelling of a prefix: leading ``/``, no trailing ``/`` except for ``/``."""
     stripped = prefix.strip("/")
     return "/" + stripped if stripped else "/"
+
+
+def needs_normalizing(raw_path: bytes) -> bool:
+    """Whether a raw request path (bytes as sent, no query string) may be spelled differently
+    from :func:`normalize_path`'s result: it holds a ``%`` escape, a ``/.`` or ``//``. Any other
+    path is its own normal form, so callers can skip the work for the common case."""
+    return b"%" in raw_path or b"/." in raw_path or b"//" in raw_path
+
+
+def normalize_path(raw_path: str) -> str:
+    """The path a request really names: percent-decoded once (as UTF-8: raw bytes that are not
+    UTF-8 stay surrogates, escapes that are not become U+FFFD, as in uvicorn), ``//`` collapsed,
+    ``.`` and ``..`` segments resolved (RFC 3986, section 5.2.4; ``..`` never climbs above
+    ``/``). A trailing ``/`` is kept, and so is one after a final ``.`` or ``..`` (``/a/b/..`` is
+    ``/a/``).
+
+    Routing and user code both see this form (the proxy routes on it, the replica hands it to the
+    user), so a route prefix cannot be bypassed by spelling it differently: ``/%61dmin``,
+    ``//admin`` and ``/x/../admin`` are all ``/admin``. ``raw_path`` is the request target's path
+    decoded as latin-1 (bytes as sent); a path not starting with ``/`` (``*``, an authority) is
+    only decoded.
+    """
+    path = unquote(raw_path.encode("latin-1").decode("utf-8", "surrogateescape"))
+    if not path.startswith("/"):
+        return path
+    if "//" not in path and "/." not in path:
+        return path
+    out: list[str] = []
+    segments = path.split("/")[1:]
+    for segment in segments:
+        if segment == "..":
+            if out:
+                out.pop()
+        elif segment and segment != ".":
+            out.append(segment)
+    trailing = segments[-1] in ("", ".", "..") and bool(out)
+    return "/" + "/".join(out) + ("/" if trailing else "")
 
 
 class RouteTable:

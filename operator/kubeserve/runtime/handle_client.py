@@ -19,7 +19,13 @@ Every connection is a ``CONTROL`` channel (:mod:`~kubeserve.runtime.channel`): i
 instance's secret before the first call, so only the instance's processes can make handle calls.
 * **Pooled keep-alive connections** per replica, LIFO (the warmest is reused); a call never waits
   for a connection: it takes an idle one or opens a new one (the router already caps calls in
-  flight per replica at ``max_ongoing_requests``).
+  flight per replica at ``max_ongoing_requests``). Idle connections are swept before the
+  replica's keep-alive timeout could close one under a call
+  (:class:`~kubeserve.runtime.keepalive.PoolSweeper`).
+
+Never twice: a call is not re-sent anywhere once written. A lost connection raises
+:class:`~kubeserve.sdk.errors.DeploymentUnavailableError` to the caller, who knows whether the
+method is safe to call again; the client cannot know whether the replica ran it.
 
 Ownership: a :class:`HandleClient` owns its router, its endpoint source (which keeps the router
 fresh) and its connection pools; one per process, installed with ``sdk.transport.set_transport``.
@@ -35,7 +41,13 @@ import httptools
 
 from kubeserve.runtime.channel import Role
 from kubeserve.runtime.discovery import Discovery, EndpointSource
-from kubeserve.runtime.keepalive import IdlePool, KeepAliveConnection, connect, pool_for
+from kubeserve.runtime.keepalive import (
+    IdlePool,
+    KeepAliveConnection,
+    PoolSweeper,
+    connect,
+    pool_for,
+)
 from kubeserve.runtime.router import NoReplicaAvailable, Replica, Router
 from kubeserve.runtime.wire import (
     CALL_PREFIX,
@@ -75,6 +87,7 @@ class HandleClient:
             source = Discovery(controller_url, self.apply, secret=secret)
         self._source = source
         self._pools: dict[str, _CallPool] = {}
+        self._sweeper = PoolSweeper(self._pools)
         self._started = False
 
     def apply(self, snapshot: Snapshot) -> None:
@@ -86,10 +99,12 @@ class HandleClient:
 
     async def start(self) -> None:
         self._started = True
+        self._sweeper.start()
         await self._source.start()
 
     async def close(self) -> None:
         self._started = False
+        self._sweeper.stop()
         await self._source.close()
         for pool in self._pools.values():
             pool.close()

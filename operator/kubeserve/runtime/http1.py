@@ -8,6 +8,8 @@ for the occasional one-shot requests (discovery polls, internal calls of the con
 from __future__ import annotations
 
 import asyncio
+import random
+from binascii import hexlify
 from http import HTTPStatus
 from typing import Any
 
@@ -16,10 +18,13 @@ import httptools
 __all__ = [
     "CHUNKED_END",
     "HOP_OR_CHUNKED_NAME_LENGTHS",
+    "REQUEST_ID",
     "HeaderKind",
     "chunk_prefix",
     "classify_header",
+    "is_request_id",
     "local_response",
+    "new_request_id",
     "read_response",
 ]
 
@@ -37,6 +42,8 @@ class HeaderKind:
     CHUNKED = 2
     #: ``Content-Length``; forwarded, the body passes through as is
     LENGTH = 3
+    #: ``X-Request-Id``; forwarded, and echoed on the response
+    REQUEST_ID = 4
 
 
 _HOP_BY_HOP = frozenset(
@@ -44,10 +51,12 @@ _HOP_BY_HOP = frozenset(
 )
 # Lengths of the names that need a closer look: most headers are rejected by one len() and a set
 # lookup, without lower-casing the name (which allocates). A name of any other length is FORWARD.
-_SPECIAL_NAME_LENGTHS = frozenset({2, 7, 10, 14, 16, 17})
+_SPECIAL_NAME_LENGTHS = frozenset({2, 7, 10, 12, 14, 16, 17})
 #: Lengths of the HOP_BY_HOP and CHUNKED names: a caller that does not care about Content-Length
-#: can skip :func:`classify_header` for any other name.
-HOP_OR_CHUNKED_NAME_LENGTHS = _SPECIAL_NAME_LENGTHS - {14}
+#: or X-Request-Id can skip :func:`classify_header` for any other name.
+HOP_OR_CHUNKED_NAME_LENGTHS = _SPECIAL_NAME_LENGTHS - {12, 14}
+#: The request id header as kubeserve writes it (matched case-insensitively when read).
+REQUEST_ID = b"x-request-id"
 
 
 def classify_header(name: bytes, value: bytes) -> int:
@@ -61,7 +70,25 @@ def classify_header(name: bytes, value: bytes) -> int:
         return HeaderKind.CHUNKED if b"chunked" in value.lower() else HeaderKind.FORWARD
     if lname == b"content-length":
         return HeaderKind.LENGTH
+    if lname == REQUEST_ID:
+        return HeaderKind.REQUEST_ID
     return HeaderKind.FORWARD
+
+
+def is_request_id(name: bytes) -> bool:
+    """Whether a header name is ``X-Request-Id``, in any case (one ``len`` for most names)."""
+    return len(name) == 12 and (name == REQUEST_ID or name.lower() == REQUEST_ID)
+
+
+def new_request_id() -> bytes:
+    """A fresh request id: 128 random bits as 32 hex digits (the spelling of a UUID's hex).
+
+    ``random`` (seeded from ``os.urandom`` when the process starts) costs a fraction of ``uuid4``
+    (a syscall and an object per id): ids must be unique, not secret."""
+    return hexlify(_getrandbits(128).to_bytes(16, "little"))
+
+
+_getrandbits = random.getrandbits
 
 
 def chunk_prefix(size: int) -> bytes:
@@ -76,14 +103,16 @@ def local_response(
     content_type: bytes = b"text/plain; charset=utf-8",
     close: bool = False,
     head_only: bool = False,
+    request_id: bytes | None = None,
 ) -> bytes:
     """A complete response the proxy answers itself (health, routes, errors)."""
     phrase = HTTPStatus(status).phrase.encode("ascii")
-    head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n" % (
+    head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n" % (
         status,
         phrase,
         content_type,
         len(body),
+        b"x-request-id: %s\r\n" % request_id if request_id else b"",
         b"Connection: close\r\n" if close else b"",
     )
     return head if head_only else head + body

@@ -12,7 +12,15 @@ bookkeeping both need and nothing about requests:
 * :func:`pool_for`, one pool per replica, replaced when the replica's address changes;
 * :func:`connect`, a new connection past the channel handshake
   (:mod:`~kubeserve.runtime.channel`): the replica's same-host unix socket when it has one
-  (:mod:`~kubeserve.runtime.local_socket`), else TCP.
+  (:mod:`~kubeserve.runtime.local_socket`), else TCP;
+* :class:`PoolSweeper`, which closes connections that idled in their pool for a while, before the
+  replica's keep-alive timeout can close them.
+
+Why the sweep matters: neither caller replays a request once a byte of it was written (the replica
+may have run it), so a pooled connection that the replica closes while a request is being written
+on it costs that request a 502. A replica closes only connections idle for its keep-alive timeout
+(75 s, :class:`~kubeserve.runtime.replica_http.ReplicaHttpServer`); dropping ours after
+:data:`IDLE_SWEEP_S` to twice that keeps the two sides from racing.
 
 Ownership: a pool owns its idle connections (closing the pool closes them); a connection taken from
 a pool belongs to its taker until it is put back or closed.
@@ -22,13 +30,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
-from typing import Generic, TypeVar, cast
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar, cast
 
 from kubeserve.runtime import channel
 from kubeserve.runtime.channel import Role
 
-__all__ = ["IdlePool", "KeepAliveConnection", "connect", "pool_for"]
+__all__ = ["IDLE_SWEEP_S", "IdlePool", "KeepAliveConnection", "PoolSweeper", "connect", "pool_for"]
+
+#: How often idle pooled connections are swept: one idle for a whole period (so between one and
+#: two periods) is closed. Must stay under half the replica's keep-alive timeout (75 s).
+IDLE_SWEEP_S = 15.0
 
 
 class KeepAliveConnection(asyncio.Protocol):
@@ -37,6 +49,7 @@ class KeepAliveConnection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connect
         self.closed = False
+        self.recent = True  # put back in its pool since the last sweep
 
     def usable(self) -> bool:
         return not self.closed and not self.transport.is_closing()
@@ -79,7 +92,19 @@ class IdlePool(Generic[C]):
         if self.closed:
             conn.close()
         else:
+            conn.recent = True
             self.idle.append(conn)
+
+    def sweep(self) -> None:
+        """Close connections that stayed idle since the previous sweep; mark the others."""
+        kept = []
+        for conn in self.idle:
+            if conn.recent and conn.usable():
+                conn.recent = False
+                kept.append(conn)
+            else:
+                conn.close()
+        self.idle = kept
 
     def discard(self, conn: C) -> None:
         with contextlib.suppress(ValueError):
@@ -90,6 +115,30 @@ class IdlePool(Generic[C]):
         idle, self.idle = self.idle, []
         for conn in idle:
             conn.close()
+
+
+class PoolSweeper:
+    """Sweeps every pool of ``pools`` each ``period_s`` (one timer per process, not per
+    connection: the hot path only sets a flag on :meth:`IdlePool.put`)."""
+
+    def __init__(self, pools: Mapping[str, IdlePool[Any]], period_s: float = IDLE_SWEEP_S) -> None:
+        self._pools = pools
+        self._period_s = period_s
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._period_s, self._sweep)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _sweep(self) -> None:
+        for pool in list(self._pools.values()):
+            pool.sweep()
+        self._timer = asyncio.get_running_loop().call_later(self._period_s, self._sweep)
 
 
 def pool_for(

@@ -21,8 +21,24 @@ the bytes it carries. The tricks, each marked where it is used:
   replica on the same host over its unix socket (:mod:`~kubeserve.runtime.local_socket`), which
   costs the kernel much less per request than loopback TCP.
 * **Backpressure both ways**: a side whose write buffer fills pauses reading on the other side.
-* **Lazy idle timer**: one timer per client connection that re-arms itself, instead of cancelling
-  and creating a timer per request.
+* **Lazy connection timer**: one timer per client connection that re-arms itself, instead of
+  cancelling and creating a timer per request. It enforces the keep-alive timeout and the request
+  head and body timeouts of :class:`~kubeserve.runtime.limits.RequestLimits`; a read that leaves a
+  request incomplete notes the time (a whole request in one read never does).
+
+Never twice: a request is sent to another replica only when it provably never reached one (the
+connection or its channel handshake failed). Once a byte of it was written on a connection, a
+failure answers 502 (or cuts the client's connection if the response had begun): the replica may
+have run it. Pooled connections are dropped before the replica's keep-alive timeout could close
+them under a request (:class:`~kubeserve.runtime.keepalive.PoolSweeper`).
+
+Hostile input: heads, URLs and bodies are bounded by :class:`~kubeserve.runtime.limits.
+RequestLimits` (408, 413, 414, 431); what is buffered per connection is bounded by them too.
+Routing uses the normalised path (:func:`~kubeserve.control.routes.normalize_path`), the one the
+replica's user code sees, so no spelling of a path reaches another route or the proxy's ``/-/``
+endpoints; only paths holding ``%``, ``/.`` or ``//`` pay for it, and the route memo keys on the
+raw path. Every response carries ``x-request-id``: the client's, or one the proxy generated and
+added to the forwarded request.
 
 Ownership: a :class:`ClientConnection` owns its exchanges (the one being forwarded and any pipelined
 behind it); an exchange owns its router slot (released exactly once, in :meth:`_Exchange._finish`
@@ -39,26 +55,32 @@ import json
 import logging
 import os
 import signal
-import time
 from collections import deque
-from collections.abc import Sequence
 from typing import cast
 
 import httptools
 
-from kubeserve.control.routes import RouteTable
+from kubeserve.control.routes import RouteTable, needs_normalizing, normalize_path
 from kubeserve.runtime import channel, keepalive
 from kubeserve.runtime.channel import Role
 from kubeserve.runtime.discovery import Discovery, EndpointSource
 from kubeserve.runtime.http1 import (
     CHUNKED_END,
     HOP_OR_CHUNKED_NAME_LENGTHS,
+    REQUEST_ID,
     HeaderKind,
     chunk_prefix,
     classify_header,
     local_response,
+    new_request_id,
 )
-from kubeserve.runtime.keepalive import IdlePool, KeepAliveConnection, pool_for
+from kubeserve.runtime.keepalive import IdlePool, KeepAliveConnection, PoolSweeper, pool_for
+from kubeserve.runtime.limits import (
+    RequestClock,
+    RequestLimits,
+    add_limit_arguments,
+    limits_from_arguments,
+)
 from kubeserve.runtime.router import NoReplicaAvailable, Replica, Router
 from kubeserve.runtime.wire import HEALTHZ_PATH, Snapshot, deployment_key
 
@@ -69,23 +91,25 @@ log = logging.getLogger(__name__)
 #: How long a request waits for a replica slot when no request timeout is configured.
 DEFAULT_ASSIGN_TIMEOUT_S = 30.0
 ROUTES_PATH = "/-/routes"
-_HEALTHZ_PATH = HEALTHZ_PATH.encode()
-_ROUTES_PATH = ROUTES_PATH.encode()
 # Paths remembered with their deployment; the memo is dropped whole when it fills up.
 _ROUTE_MEMO_SIZE = 4096
-# Request body bytes kept to replay the request on another replica after a connection failure.
-_RETRY_BUFFER_LIMIT = 64 * 1024
+# Attempts to reach a replica for one request when connecting (or the handshake) fails.
+_CONNECT_ATTEMPTS = 3
+#: How long opening a connection to a replica (and its handshake) may take.
+CONNECT_TIMEOUT_S = 10.0
 # Body bytes buffered while waiting for an upstream connection before the client is paused.
 _PENDING_HIGH_WATER = 256 * 1024
 _CRLF = b"\r\n"
 _HEAD = b"HEAD"
 _CONNECTION_CLOSE = b"Connection: close\r\n"
 _CONNECTION_KEEP_ALIVE = b"Connection: keep-alive\r\n"
+_CONNECT = b"CONNECT"
 
-_monotonic = time.monotonic
-_HEALTHY = local_response(200, b"success")
-_UNHEALTHY = local_response(503, b"no snapshot from the controller yet")
-_INTERNAL_404 = local_response(404, b"Not Found")
+_JSON = b"application/json"
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a request the proxy refuses."""
 
 
 class ProxyState:
@@ -102,20 +126,23 @@ class ProxyState:
         secret: bytes,
         request_timeout_s: float | None = None,
         keep_alive_timeout_s: float = 90.0,
+        limits: RequestLimits | None = None,
         router: Router | None = None,
     ) -> None:
         self.secret = secret  # proves this proxy to replicas (kubeserve.runtime.channel)
+        self.limits = limits or RequestLimits()
         self.router = router or Router()
         self.routes = RouteTable()
         self.keys: dict[str, str] = {}  # route_prefix -> deployment key, computed once per snapshot
         self.route_memo: dict[bytes, str] = {}  # raw path -> deployment key, for this route table
-        self.routes_response = local_response(200, b"{}", content_type=b"application/json")
+        self.routes_body = b"{}"
         self.healthy = False
         self.request_timeout_s = request_timeout_s
         self.assign_timeout_s = request_timeout_s or DEFAULT_ASSIGN_TIMEOUT_S
         self.keep_alive_timeout_s = keep_alive_timeout_s
         self.pools: dict[str, _UpstreamPool] = {}
         self.connections: set[ClientConnection] = set()
+        self.sweeper = PoolSweeper(self.pools)
 
     def apply(self, snapshot: Snapshot) -> None:
         """Install a discovery snapshot (the ``on_update`` callback)."""
@@ -124,23 +151,24 @@ class ProxyState:
             r["route_prefix"]: deployment_key(r["app"], r["deployment"]) for r in self.routes.routes
         }
         self.route_memo = {}
-        body = json.dumps(self.routes.prefixes()).encode()
-        self.routes_response = local_response(200, body, content_type=b"application/json")
+        self.routes_body = json.dumps(self.routes.prefixes()).encode()
         self.router.update(snapshot["deployments"])
         live = {ep["replica_id"] for d in snapshot["deployments"].values() for ep in d["replicas"]}
         for replica_id in [rid for rid in self.pools if rid not in live]:
             self.pools.pop(replica_id).close()
         self.healthy = True
 
-    def deployment_for(self, path: bytes) -> str | None:
-        """The deployment key serving ``path`` (raw bytes, no query string), or None.
+    def deployment_for(self, path: bytes, normalized: str) -> str | None:
+        """The deployment key serving raw ``path`` (no query string), whose normal form is
+        ``normalized``, or None.
 
-        Memoized per path: a path seen before costs one dict lookup instead of a decode and a
+        Memoized per raw path: a path seen before costs one dict lookup instead of a decode and a
         longest-prefix match. Misses (404s) are not remembered, so scans cannot fill the memo.
+        Only paths that route to a deployment are remembered, never the proxy's own ``/-/``.
         """
         key = self.route_memo.get(path)
         if key is None:
-            route = self.routes.match(path.decode("latin-1"))
+            route = self.routes.match(normalized)
             if route is None:
                 return None
             key = self.keys[route["route_prefix"]]
@@ -155,6 +183,7 @@ class ProxyState:
         )
 
     def close(self) -> None:
+        self.sweeper.stop()
         for pool in self.pools.values():
             pool.close()
         self.pools.clear()
@@ -169,7 +198,12 @@ class _UpstreamPool(IdlePool["UpstreamConnection"]):
 
     async def connect(self) -> UpstreamConnection:
         return await keepalive.connect(
-            lambda: UpstreamConnection(self), self.host, self.port, Role.INGRESS, self.secret
+            lambda: UpstreamConnection(self),
+            self.host,
+            self.port,
+            Role.INGRESS,
+            self.secret,
+            CONNECT_TIMEOUT_S,
         )
 
 
@@ -180,12 +214,12 @@ class _Exchange:
     fields by the upstream connection's. ``headers`` are the request headers to forward (hop-by-hop
     ones dropped, ``dropped`` then set); the head is serialized only when it is first written
     (:meth:`pump`), and not at all when ``raw`` holds the whole request as read. ``pending`` holds
-    framed body bytes not yet written upstream; ``sent`` keeps what was written, while small, so a
-    failed connection can be replayed on another replica.
+    framed body bytes not yet written upstream. ``request_id`` is the client's ``X-Request-Id`` or,
+    from :meth:`start` on, one generated here (``id_line`` is then the header added upstream).
     """
 
     # Per-request state as class-level defaults: a new exchange assigns only its client and its
-    # three lists, not two dozen fields (a measurable share of the proxy's per-request CPU).
+    # two lists, not two dozen fields (a measurable share of the proxy's per-request CPU).
     url = b""
     dropped = False
     raw: bytes | None = None
@@ -196,22 +230,24 @@ class _Exchange:
     keep_alive = True
     http10 = False
     body_chunked = False
+    body_bytes = 0
+    refusal: tuple[int, bytes] | None = None
     request_done = False
     response_started = False
     response_done = False
     pending_bytes = 0
-    sent_bytes = 0
+    request_id: bytes | None = None
+    id_line = b""
     replica: Replica | None = None
     upstream: UpstreamConnection | None = None
     task: asyncio.Task[None] | None = None
     timer: asyncio.TimerHandle | None = None
-    retried = False
+    attempts = 1
 
     def __init__(self, client: ClientConnection) -> None:
         self.client = client
         self.headers: list[tuple[bytes, bytes]] = []
         self.pending: list[bytes] = []
-        self.sent: list[bytes] | None = []
 
     # -- request side ----------------------------------------------------------------------------
 
@@ -219,6 +255,18 @@ class _Exchange:
         if self.response_done:  # answered locally (error, health): the rest is read and dropped
             return
         if self.body_chunked:
+            # Content-Length bodies were checked against the cap up front; chunked ones here.
+            self.body_bytes += len(body)
+            cap = self.client.state.limits.max_body_bytes
+            if cap is not None and self.body_bytes > cap:
+                message = b"request body larger than %d bytes" % cap
+                if self is self.client.active:
+                    self.respond_local(413, message, close=True)
+                else:  # pipelined: answered in its turn, never in the middle of another answer
+                    self.refusal = (413, message)
+                    self.pending.clear()
+                    self.response_done = True
+                return
             self.pending += (chunk_prefix(len(body)), body, _CRLF)
         else:
             self.pending.append(body)
@@ -226,23 +274,33 @@ class _Exchange:
 
     def start(self) -> None:
         """Route the request (its head is complete). Called once, when it becomes the active one."""
+        if self.request_id is None:
+            self.request_id = rid = new_request_id()
+            self.id_line = b"x-request-id: %s\r\n" % rid
+        if self.refusal is not None:
+            status, message = self.refusal
+            self.respond_local(status, message, close=True)
+            return
         state = self.client.state
         url = self.url
         query = url.find(b"?")
         path = url if query < 0 else url[:query]
-        if path.startswith(b"/-/"):
-            if path == _HEALTHZ_PATH:
-                self.respond_local(_HEALTHY if state.healthy else _UNHEALTHY)
-            elif path == _ROUTES_PATH:
-                self.respond_local(state.routes_response)
-            else:  # replica internals are never reachable from clients
-                self.respond_local(_INTERNAL_404)
-            return
-        key = state.route_memo.get(path) or state.deployment_for(path)
+        # Fast path: a raw path seen before needs neither normalising nor matching.
+        key = state.route_memo.get(path)
         if key is None:
-            body = b"Path '%s' not found. Ping http://.../-/routes for available routes." % path
-            self.respond_local(local_response(404, body))
-            return
+            normalized = (
+                normalize_path(path.decode("latin-1"))
+                if needs_normalizing(path)
+                else path.decode("latin-1")
+            )
+            if normalized.startswith("/-/"):
+                self._internal(normalized)
+                return
+            key = state.deployment_for(path, normalized)
+            if key is None:
+                body = b"Path '%s' not found. Ping http://.../-/routes for available routes." % path
+                self.respond_local(404, body)
+                return
         self.key = key
         if state.request_timeout_s is not None:
             loop = self.client.loop
@@ -260,6 +318,19 @@ class _Exchange:
                 return
         self.task = asyncio.create_task(self._connect(key))
 
+    def _internal(self, path: str) -> None:
+        """The proxy's own endpoints; replica internals are never reachable from clients."""
+        state = self.client.state
+        if path == HEALTHZ_PATH:
+            if state.healthy:
+                self.respond_local(200, b"success")
+            else:
+                self.respond_local(503, b"no snapshot from the controller yet")
+        elif path == ROUTES_PATH:
+            self.respond_local(200, state.routes_body, content_type=_JSON)
+        else:
+            self.respond_local(404, b"Not Found")
+
     async def _connect(self, key: str, avoid: Replica | None = None) -> None:
         state = self.client.state
         try:
@@ -269,11 +340,17 @@ class _Exchange:
             conn = pool.take() or await pool.connect()
         except NoReplicaAvailable as exc:
             self.task = None
-            self.respond_local(local_response(503, str(exc).encode()))
+            self.respond_local(503, str(exc).encode())
             return
-        except OSError:
+        except OSError as exc:  # refused, unreachable, timed out, or failed the handshake
             self.task = None
-            self.upstream_failed()
+            log.warning(
+                "cannot reach replica %s of %s: %s",
+                self.replica.replica_id if self.replica is not None else "?",
+                key,
+                exc or type(exc).__name__,
+            )
+            self.upstream_failed(written=False)
             return
         self.task = None
         if self.client.closed:  # the client left while we were connecting
@@ -291,7 +368,8 @@ class _Exchange:
         """Write what is parsed and not yet sent to the upstream connection, if one is attached.
 
         The first write carries the head: the request verbatim when it arrived whole and clean
-        (``raw``), else the head serialized from ``headers`` followed by the body pieces so far.
+        (``raw``, with the request id header spliced in after the request line when the proxy
+        made one up), else the head serialized from ``headers`` followed by the body pieces so far.
         """
         up = self.upstream
         if up is None:
@@ -299,8 +377,12 @@ class _Exchange:
         if not self.head_sent:
             self.head_sent = True
             raw = self.raw
-            if raw is not None:  # the whole request, nothing pending: one write (and ``raw`` is
-                up.transport.write(raw)  # what a retry replays: nothing to remember)
+            if raw is not None:  # the whole request, nothing pending: one write
+                if self.id_line:
+                    line_end = raw.find(b"\n") + 1
+                    up.transport.writelines((raw[:line_end], self.id_line, raw[line_end:]))
+                else:
+                    up.transport.write(raw)
                 return
             out = [self._head()]
             out += self.pending
@@ -308,7 +390,6 @@ class _Exchange:
             out = self.pending[:]
         else:
             return
-        self._remember(out)
         up.transport.writelines(out)
         self.pending.clear()
         self.pending_bytes = 0
@@ -319,7 +400,7 @@ class _Exchange:
         version = b" HTTP/1.0\r\n" + _CONNECTION_KEEP_ALIVE if self.http10 else b" HTTP/1.1\r\n"
         lines = [b"%s %s%s" % (self.method, self.url, version)]
         lines += [b"%s: %s\r\n" % header for header in self.headers]
-        lines.append(_CRLF)
+        lines += (self.id_line, _CRLF)
         return b"".join(lines)
 
     def take_raw(self, data: bytes) -> None:
@@ -333,19 +414,16 @@ class _Exchange:
             self.pending.clear()
             self.pending_bytes = 0
 
-    def _remember(self, pieces: Sequence[bytes]) -> None:
-        if self.sent is None:
-            return
-        self.sent_bytes += sum(map(len, pieces))
-        if self.sent_bytes > _RETRY_BUFFER_LIMIT or self.retried:
-            self.sent = None
-        else:
-            self.sent += pieces
-
     # -- response side ---------------------------------------------------------------------------
 
-    def upstream_failed(self) -> None:
-        """The upstream connection failed before any response byte: retry once, else 502."""
+    def upstream_failed(self, *, written: bool) -> None:
+        """The upstream connection failed before any response byte.
+
+        Tried again on another replica only when nothing of the request was ``written`` (the
+        connection or its handshake failed), at most :data:`_CONNECT_ATTEMPTS` times in all;
+        otherwise 502: the replica may have run the request, and running it twice is worse than
+        an error the client can see.
+        """
         state = self.client.state
         failed = self.replica
         self.upstream = None
@@ -354,18 +432,15 @@ class _Exchange:
             self.replica = None
         if self.client.closed:
             return
-        if not self.retried and self.sent is not None and failed is not None:
-            self.retried = True
-            # Replay what was already sent (the head, or the raw request, is written again by
-            # pump), then whatever is still pending.
-            self.head_sent = False
-            self.pending[:0] = self.sent[1:]
-            self.pending_bytes = sum(len(p) for p in self.pending)
-            self.sent = []
-            self.sent_bytes = 0
+        if not (written or self.head_sent) and self.attempts < _CONNECT_ATTEMPTS:
+            self.attempts += 1
             self.task = asyncio.create_task(self._connect(self.key, avoid=failed))
             return
-        self.respond_local(local_response(502, b"upstream replica failed", close=True), close=True)
+        if written:
+            message = b"the replica closed the connection before answering"
+        else:
+            message = b"no replica could be reached"
+        self.respond_local(502, message, close=True)
 
     def upstream_lost_mid_response(self) -> None:
         """The replica died after the response began: the client can only be told by closing."""
@@ -386,8 +461,15 @@ class _Exchange:
         if self.request_done:
             self._finish()
 
-    def respond_local(self, response: bytes, close: bool = False) -> None:
-        """Answer without a replica (health, routes, 404, 503, 502, 504).
+    def respond_local(
+        self,
+        status: int,
+        body: bytes,
+        *,
+        close: bool = False,
+        content_type: bytes = b"text/plain; charset=utf-8",
+    ) -> None:
+        """Answer without a replica (health, routes, 404, 408, 413, 502, 503, 504...).
 
         With ``close`` the connection ends after the answer, even if the request body is still
         arriving; otherwise the rest of the body is read and dropped, and keep-alive goes on.
@@ -395,7 +477,11 @@ class _Exchange:
         self.response_started = self.response_done = True
         self.pending.clear()
         self.pending_bytes = 0
-        self.client.write(response)
+        self.client.write(
+            local_response(
+                status, body, content_type=content_type, close=close, request_id=self.request_id
+            )
+        )
         if self.replica is not None:
             self.client.state.router.release(self.replica)
             self.replica = None
@@ -403,6 +489,9 @@ class _Exchange:
             self.upstream.exchange = None
             self.upstream.close()
             self.upstream = None
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None
         if close:
             self.keep_alive = False
             if self.timer is not None:
@@ -422,10 +511,19 @@ class _Exchange:
                 self.task.cancel()
                 self.task = None
             if self.replica is None:  # still queued for a slot: that is unavailability, 503
-                self.respond_local(local_response(503, b"no replica available in time"))
+                self.respond_local(503, b"no replica available in time")
             else:
-                timeout = local_response(504, b"request timed out", close=True)
-                self.respond_local(timeout, close=True)
+                self.respond_local(504, b"request timed out", close=True)
+
+    def client_too_slow(self, what: str) -> None:
+        """The client stalled sending this request (its head or body): 408 and close, which
+        releases the replica slot and drops the upstream connection, so the replica never runs
+        a request it did not receive whole."""
+        if self.response_started:
+            self.abort()
+            self.client.close()
+        else:
+            self.respond_local(408, b"request %s not received in time" % what.encode(), close=True)
 
     def _finish(self) -> None:
         if self.timer is not None:
@@ -459,23 +557,28 @@ class ClientConnection(asyncio.Protocol):
 
     Invariant: ``active`` is the exchange being forwarded; pipelined requests parsed behind it wait
     in ``pipeline`` (their bodies buffered; reading pauses so at most one read's worth piles up).
+    ``clock`` (:class:`~kubeserve.runtime.limits.RequestClock`) holds the deadlines of the request
+    being received and the one timer of the connection (:meth:`_tick`).
     """
 
     def __init__(self, state: ProxyState) -> None:
         self.state = state
+        self.limits = state.limits
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.parsing: _Exchange | None = None
         self.begun = 0  # requests begun in the current read
+        self.read_size = 0  # bytes in the current read
         self.active: _Exchange | None = None
         self.pipeline: deque[_Exchange] = deque()
         self.closed = False
         self.reading = True
         self.write_paused = False
         self.upstream_write_paused = False
+        self.upgrade_refused = False
         self.idle_since = 0.0
-        self.idle_timer: asyncio.TimerHandle | None = None
+        self.clock: RequestClock = None  # type: ignore[assignment]  # set on connect
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -485,21 +588,38 @@ class ClientConnection(asyncio.Protocol):
         self.state.connections.add(self)
         # Kept, not looked up per request: on Python 3.11 get_running_loop() costs a getpid().
         loop = self.loop = asyncio.get_running_loop()
-        self.idle_since = _monotonic()
-        self.idle_timer = loop.call_later(self.state.keep_alive_timeout_s, self._check_idle)
+        self.idle_since = loop.time()
+        self.clock = RequestClock(self.limits, loop, self._tick)
+        self.clock.arm(self.state.keep_alive_timeout_s)
 
     def data_received(self, data: bytes) -> None:
         fresh = self.parsing is None  # this read starts a new request (or is garbage)
         self.begun = 0
+        self.read_size = len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(501, b"protocol upgrades are not supported by the proxy")
+            # Answered (501) by the exchange in its turn; what follows would be a tunnel.
+            self.upgrade_refused = True
+            if self.transport is not None:
+                self.transport.pause_reading()
             return
-        except httptools.HttpParserError:
-            self._fail(400, b"malformed HTTP request")
+        except httptools.HttpParserError as exc:
+            if self.upgrade_refused:
+                return
+            if isinstance(exc.__context__, _Refused):
+                status, message = exc.__context__.args
+                self._fail(status, message)
+            else:
+                self._fail(400, b"malformed HTTP request")
             return
-        if fresh and self.begun == 1 and self.parsing is None:
+        parsing = self.parsing
+        if parsing is not None:  # the read ended inside a request: note it for the timeouts
+            if not self.clock.partial(parsing.head_done, self.read_size):
+                limit = self.limits.max_header_bytes
+                self._fail(431, b"request head larger than %d bytes" % limit)
+                return
+        elif fresh and self.begun == 1:
             # Verbatim: the read held one whole request from its first byte to its last (a byte
             # more would have begun another), so ``data`` is that request as parsed.
             last = self.pipeline[-1] if self.pipeline else self.active
@@ -513,9 +633,8 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.state.connections.discard(self)
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
+        if self.clock is not None:
+            self.clock.cancel()
         if self.active is not None:
             self.active.abort()
             self.active = None
@@ -548,21 +667,37 @@ class ClientConnection(asyncio.Protocol):
             self.pipeline.append(ex)
 
     def on_url(self, url: bytes) -> None:
-        assert self.parsing is not None
-        self.parsing.url += url
+        ex = self.parsing
+        assert ex is not None
+        ex.url += url
+        if len(ex.url) > self.limits.max_url_bytes:
+            raise _Refused(414, b"request target longer than %d bytes" % self.limits.max_url_bytes)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         ex = self.parsing
         assert ex is not None
-        # Most names cannot be special: one len() spares the call (see classify_header).
-        if len(name) in HOP_OR_CHUNKED_NAME_LENGTHS:
+        # Most names cannot be special: one len() spares the call (see classify_header), and
+        # a first letter spares lower-casing Content-Type to compare it with X-Request-Id.
+        size = len(name)
+        if size in HOP_OR_CHUNKED_NAME_LENGTHS:
             kind = classify_header(name, value)
             if kind == HeaderKind.HOP_BY_HOP:
                 ex.dropped = True
                 return
             if kind == HeaderKind.CHUNKED:
                 ex.body_chunked = True
+        elif size == 14:
+            if name.lower() == b"content-length":
+                self._check_length(ex, value)
+        elif size == 12 and name[0] | 0x20 == 0x78 and name.lower() == REQUEST_ID and value:
+            ex.request_id = ex.request_id or value
         ex.headers.append((name, value))
+
+    def _check_length(self, ex: _Exchange, value: bytes) -> None:
+        """A declared body over the cap is refused before a byte of it is read."""
+        cap = self.limits.max_body_bytes
+        if cap is not None and value.strip().isdigit() and int(value) > cap:
+            ex.refusal = (413, b"request body larger than %d bytes" % cap)
 
     def on_headers_complete(self) -> None:
         ex = self.parsing
@@ -574,7 +709,16 @@ class ClientConnection(asyncio.Protocol):
         # header (which sets ``dropped``): the common case skips building the version string.
         if ex.dropped or not ex.keep_alive:
             ex.http10 = parser.get_http_version() == "1.0"
+        # Upgrade and CONNECT: httptools stops parsing after this request (what follows would be
+        # another protocol); the exchange answers 501 in its turn, the only answer it gets.
+        if (ex.dropped or ex.method == _CONNECT) and parser.should_upgrade():
+            ex.refusal = (501, b"%s is not supported by the proxy" % _upgrade_name(ex))
         ex.head_done = True
+        limit = self.limits.max_header_bytes
+        if self.clock.head_may_be_too_large(self.read_size) and _head_size(ex) > limit:
+            ex.refusal = (431, b"request head larger than %d bytes" % limit)
+        if ex.refusal is not None:
+            ex.response_done = True  # a body that follows is read and dropped
         if ex is self.active:
             ex.start()
 
@@ -617,7 +761,7 @@ class ClientConnection(asyncio.Protocol):
                 if self.active is nxt:
                     nxt.pump()
         else:
-            self.idle_since = _monotonic()
+            self.idle_since = self.loop.time() if self.loop is not None else 0.0
         if not self.reading or self.upstream_write_paused:  # else nothing can have changed
             self.update_reading()
 
@@ -643,20 +787,51 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()  # flushes what is buffered, then closes
 
     def _fail(self, status: int, message: bytes) -> None:
-        self.write(local_response(status, message, close=True))
+        """Answer a request that cannot be parsed or kept, then close."""
+        ex = self.parsing
+        rid = ex.request_id if ex is not None and ex.request_id else new_request_id()
+        self.write(local_response(status, message, close=True, request_id=rid))
         self.close()
 
-    def _check_idle(self) -> None:
-        # Lazy idle timer: re-armed for the remaining time instead of reset on every request.
-        timeout = self.state.keep_alive_timeout_s
-        loop = self.loop
-        assert loop is not None
-        remaining = timeout - (_monotonic() - self.idle_since)
-        if self.active is None and self.parsing is None and remaining <= 0:
-            self.idle_timer = None
-            self.close()
+    def _tick(self) -> None:
+        """The connection timer: keep-alive timeout when idle, head and body timeouts while a
+        request is arriving; re-arms itself for the nearest deadline."""
+        clock = self.clock
+        clock.fired()
+        if self.closed or self.loop is None:
             return
-        self.idle_timer = loop.call_later(max(remaining, 0.0) or timeout, self._check_idle)
+        now = self.loop.time()
+        parsing = self.parsing
+        if parsing is not None:
+            remaining, late = clock.overdue(parsing.head_done, self.reading, now)
+            if remaining <= 0:
+                if parsing is self.active:
+                    parsing.client_too_slow(late)
+                else:
+                    self.close()
+                return
+        elif self.active is None:
+            remaining = self.idle_since + self.state.keep_alive_timeout_s - now
+            if remaining <= 0:
+                self.close()
+                return
+        else:  # a response in progress: the request timeout, if any, is the exchange's own timer
+            remaining = self.state.keep_alive_timeout_s
+        clock.arm(max(remaining, 0.001), now)
+
+
+def _head_size(ex: _Exchange) -> int:
+    """Roughly the bytes of ``ex``'s request head (line and headers as parsed)."""
+    return len(ex.method) + len(ex.url) + sum(len(n) + len(v) + 4 for n, v in ex.headers) + 12
+
+
+def _upgrade_name(ex: _Exchange) -> bytes:
+    if ex.method == _CONNECT:
+        return b"CONNECT (tunnelling)"
+    for name, value in ex.headers:
+        if name.lower() == b"upgrade":
+            return b"upgrading to " + value[:64]
+    return b"a protocol upgrade"
 
 
 class UpstreamConnection(KeepAliveConnection):
@@ -679,6 +854,7 @@ class UpstreamConnection(KeepAliveConnection):
         self.reason = b""
         self.extra = b""  # a Connection header of our own for the client
         self.dropped = False  # a hop-by-hop header of the replica's was dropped
+        self.has_id = False  # the response carries X-Request-Id
         self.in_message = False
         self.fresh = False  # the current read started between two responses
         self.begun = 0  # responses begun in the current read
@@ -780,7 +956,7 @@ class UpstreamConnection(KeepAliveConnection):
         if ex.response_started:
             ex.upstream_lost_mid_response()
         else:
-            ex.upstream_failed()
+            ex.upstream_failed(written=True)
 
     # -- httptools callbacks -----------------------------------------------------------------------
 
@@ -789,7 +965,7 @@ class UpstreamConnection(KeepAliveConnection):
         self.in_message = True
         self.headers = []
         self.reason = self.extra = b""
-        self.chunked = self.until_close = self.interim = self.dropped = False
+        self.chunked = self.until_close = self.interim = self.dropped = self.has_id = False
 
     def on_status(self, status: bytes) -> None:
         self.reason += status
@@ -797,13 +973,16 @@ class UpstreamConnection(KeepAliveConnection):
     def on_header(self, name: bytes, value: bytes) -> None:
         # Most names cannot be special: one len() spares the call (see classify_header).
         # Content-Length is not looked at here; on_headers_complete asks only when it matters.
-        if len(name) in HOP_OR_CHUNKED_NAME_LENGTHS:
+        size = len(name)
+        if size in HOP_OR_CHUNKED_NAME_LENGTHS:
             kind = classify_header(name, value)
             if kind == HeaderKind.HOP_BY_HOP:
                 self.dropped = True
                 return
             if kind == HeaderKind.CHUNKED:
                 self.chunked = True
+        elif size == 12 and name[0] | 0x20 == 0x78 and name.lower() == REQUEST_ID:
+            self.has_id = True  # (0x78: "x"; Content-Type is the usual other 12-letter name)
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -827,6 +1006,8 @@ class UpstreamConnection(KeepAliveConnection):
             self.extra = _CONNECTION_CLOSE
         elif ex.http10:
             self.extra = _CONNECTION_KEEP_ALIVE
+        if not self.has_id and ex.request_id:  # kubeserve replicas echo it; others may not
+            self.extra += b"x-request-id: %s\r\n" % ex.request_id
         if self.fresh and self.begun == 1 and not (self.dropped or self.extra or no_body):
             self.head_deferred = True  # perhaps verbatim: data_received decides
         else:
@@ -871,6 +1052,7 @@ class ProxyServer:
         secret: bytes,
         request_timeout_s: float | None = None,
         keep_alive_timeout_s: float = 90.0,
+        limits: RequestLimits | None = None,
         source: EndpointSource | None = None,
     ) -> None:
         self.host = host
@@ -879,6 +1061,7 @@ class ProxyServer:
             secret=secret,
             request_timeout_s=request_timeout_s,
             keep_alive_timeout_s=keep_alive_timeout_s,
+            limits=limits,
         )
         if source is None:
             if controller_url is None:
@@ -894,6 +1077,7 @@ class ProxyServer:
             lambda: ClientConnection(self.state), self.host, self.port, backlog=4096
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        self.state.sweeper.start()
         await self.source.start()
 
     async def close(self) -> None:
@@ -914,6 +1098,7 @@ async def serve_proxy(
     secret: bytes,
     request_timeout_s: float | None = None,
     keep_alive_timeout_s: float = 90,
+    limits: RequestLimits | None = None,
     kubernetes_namespace: str | None = None,
     instance: str | None = None,
 ) -> None:
@@ -934,6 +1119,7 @@ async def serve_proxy(
         secret=secret,
         request_timeout_s=request_timeout_s,
         keep_alive_timeout_s=keep_alive_timeout_s,
+        limits=limits,
         source=source,
     )
     if source is not None:
@@ -957,6 +1143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--discovery", choices=("controller", "kubernetes"), default="controller")
     parser.add_argument("--request-timeout-s", type=float, default=None)
     parser.add_argument("--keep-alive-timeout-s", type=float, default=90.0)
+    add_limit_arguments(parser)
     args = parser.parse_args(argv)
     if args.discovery == "controller" and not args.controller_url:
         parser.error("--controller-url is required with --discovery controller")
@@ -964,6 +1151,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         secret = channel.take_secret()
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        limits = limits_from_arguments(args)
     except ValueError as exc:
         parser.error(str(exc))
 
@@ -981,6 +1172,7 @@ def main(argv: list[str] | None = None) -> int:
                 secret=secret,
                 request_timeout_s=args.request_timeout_s,
                 keep_alive_timeout_s=args.keep_alive_timeout_s,
+                limits=limits,
                 kubernetes_namespace=os.environ.get("KUBESERVE_NAMESPACE") if in_cluster else None,
                 instance=os.environ.get("KUBESERVE_INSTANCE") if in_cluster else None,
             )

@@ -42,11 +42,13 @@ import uvloop
 
 from kubeserve.runtime import channel, kube_replica, local_socket, replica_probe, wire
 from kubeserve.runtime.build import format_user_error, load_application
+from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.replica_http import (
     HttpRequest,
     HttpResponse,
     ReplicaHttpServer,
     StreamedResponse,
+    internal_error,
 )
 from kubeserve.sdk import transport
 from kubeserve.sdk.application import GraphNode, map_nodes
@@ -183,9 +185,16 @@ class Replica:
             if type(result) is str:  # the common case, without building a Response first
                 return HttpResponse(200, result.encode())
             response = to_response(result)
-        except Exception as exc:
-            log.exception("request %s %s failed", request.method, request.path)
-            return HttpResponse(500, _error_text(exc).encode())
+        except Exception:
+            # The client gets the request id only: an exception's text may hold secrets. The id
+            # finds the traceback in this replica's log.
+            log.exception(
+                "request %s %s failed (request id %s)",
+                request.method,
+                request.path,
+                request.request_id,
+            )
+            return internal_error(request.request_id)
         if isinstance(response, StreamingResponse):
             return await self._stream(request, response)
         return HttpResponse(
@@ -203,9 +212,14 @@ class Replica:
             first: bytes | None = await anext(chunks)
         except StopAsyncIteration:
             first = None
-        except Exception as exc:
-            log.exception("streamed response to %s %s failed", request.method, request.path)
-            return HttpResponse(500, _error_text(exc).encode())
+        except Exception:
+            log.exception(
+                "streamed response to %s %s failed (request id %s)",
+                request.method,
+                request.path,
+                request.request_id,
+            )
+            return internal_error(request.request_id)
 
         async def body() -> AsyncIterator[bytes]:
             try:
@@ -214,7 +228,12 @@ class Replica:
                 async for chunk in chunks:
                     yield chunk
             except Exception:
-                log.exception("streamed response to %s %s failed", request.method, request.path)
+                log.exception(
+                    "streamed response to %s %s failed mid-body (request id %s)",
+                    request.method,
+                    request.path,
+                    request.request_id,
+                )
                 raise
             finally:
                 await chunks.aclose()
@@ -396,7 +415,10 @@ async def serve_replica(
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         server = ReplicaHttpServer(
-            replica.handle_ingress, control=replica.handle_control, secret=secret
+            replica.handle_ingress,
+            control=replica.handle_control,
+            secret=secret,
+            limits=RequestLimits.from_mapping(config.get("request_limits")),
         )
         listener = await loop.create_server(server, host, port, reuse_address=True, backlog=1024)
         # Bound after the TCP port, so the name derived from the port is this process's.

@@ -11,7 +11,16 @@ The tricks, each marked where it is used:
   created only when it actually waits (a sync user method never needs one).
 * **Write coalescing**: status line, headers and body go out in one ``writelines`` (one syscall).
 * **Cached Date header**, re-formatted once per second instead of per response.
-* **Lazy idle timer**: one timer per connection that re-arms itself, instead of a timer per request.
+* **Lazy connection timer**: one timer per connection that re-arms itself, instead of a timer
+  per request; it enforces the keep-alive timeout and the head and body timeouts of
+  :class:`~kubeserve.runtime.limits.RequestLimits`, measured from the reads that left a request
+  incomplete (a whole request in one read never looks at the clock).
+
+Hostile input: the same :class:`~kubeserve.runtime.limits.RequestLimits` as the proxy (408, 413,
+414, 431), so a replica never buffers more of a request than a proxy would let through, whoever
+connects. The path user code sees is :func:`~kubeserve.control.routes.normalize_path`'s, the one
+the proxy routed on. Every response to user traffic carries ``x-request-id`` (the caller's, or a
+new one), and an exception escaping the handler answers a 500 naming only that id.
 
 The server knows nothing about deployments: :class:`~kubeserve.runtime.replica.Replica` gives it a
 handler ``HttpRequest -> HttpResponse | StreamedResponse`` per channel role. With a secret, every
@@ -34,10 +43,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, cast
-from urllib.parse import unquote
 
 import httptools
 
+from kubeserve.control.routes import needs_normalizing, normalize_path
 from kubeserve.runtime.channel import (
     HANDSHAKE_TIMEOUT_S,
     ChannelError,
@@ -45,8 +54,16 @@ from kubeserve.runtime.channel import (
     ServerHandshake,
     peer_description,
 )
+from kubeserve.runtime.http1 import REQUEST_ID, new_request_id
+from kubeserve.runtime.limits import RequestClock, RequestLimits
 
-__all__ = ["HttpRequest", "HttpResponse", "ReplicaHttpServer", "StreamedResponse"]
+__all__ = [
+    "HttpRequest",
+    "HttpResponse",
+    "ReplicaHttpServer",
+    "StreamedResponse",
+    "internal_error",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +75,25 @@ _CHUNKED_END = b"0\r\n\r\n"
 _REASONS = {s.value: s.phrase.encode("ascii") for s in HTTPStatus}
 
 
-class HttpRequest:
-    """One request with its whole body; ``path`` percent-decoded, ``headers`` as sent, in order."""
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a request the server refuses."""
 
-    __slots__ = ("body", "headers", "http10", "keep_alive", "method", "path", "query_string")
+
+class HttpRequest:
+    """One request with its whole body; ``path`` normalised (percent-decoded, dot segments
+    resolved), ``headers`` as sent, in order; ``request_id`` the caller's ``X-Request-Id`` or, on
+    user traffic without one, a new one ("" on internal endpoints)."""
+
+    __slots__ = (
+        "body",
+        "headers",
+        "http10",
+        "keep_alive",
+        "method",
+        "path",
+        "query_string",
+        "request_id",
+    )
 
     def __init__(
         self,
@@ -72,6 +104,7 @@ class HttpRequest:
         body: bytes,
         keep_alive: bool,
         http10: bool,
+        request_id: str = "",
     ) -> None:
         self.method = method
         self.path = path
@@ -80,6 +113,7 @@ class HttpRequest:
         self.body = body
         self.keep_alive = keep_alive
         self.http10 = http10
+        self.request_id = request_id
 
 
 class HttpResponse:
@@ -152,6 +186,7 @@ class ReplicaHttpServer:
         control: Handler | None = None,
         secret: bytes | None = None,
         keep_alive_timeout_s: float = 75.0,
+        limits: RequestLimits | None = None,
     ) -> None:
         if secret is not None and control is None:
             raise ValueError("an authenticating server needs a control handler")
@@ -160,6 +195,7 @@ class ReplicaHttpServer:
             self.handlers[Role.CONTROL] = control
         self.secret = secret
         self.keep_alive_timeout_s = keep_alive_timeout_s
+        self.limits = limits or RequestLimits()
         self.connections: set[_Connection] = set()
         self.date = _DateHeader()
         # Requests run in copies of the context the server was created in (see _Connection._next).
@@ -181,28 +217,41 @@ class ReplicaHttpServer:
 
 
 class _Connection(asyncio.Protocol):
-    """One client connection: parses requests, runs the handler, writes responses in order."""
+    """One client connection: parses requests, runs the handler, writes responses in order.
+
+    ``clock`` (:class:`~kubeserve.runtime.limits.RequestClock`) holds the deadlines of the request
+    being received and the connection's one timer; ``body_size`` counts its body against the cap.
+    """
 
     def __init__(self, server: ReplicaHttpServer) -> None:
         self.server = server
+        self.limits = server.limits
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connect
         self.handshake: ServerHandshake | None = None
         self.handler = server.handlers[Role.INGRESS]
+        self.ingress = True
         self.parser = httptools.HttpRequestParser(self)
         self.closed = False
         self.reading = True
         self.write_paused = False
         self.drained: asyncio.Future[None] | None = None
         # The request being parsed, and requests parsed but not yet served (pipelining).
+        self.in_message = False
+        self.head_done = False
         self.url = b""
         self.headers: list[tuple[str, str]] = []
+        self.request_id = ""
+        self.expect = False  # Expect: 100-continue
+        self.declared = 0  # Content-Length
         self.body: list[bytes] = []
+        self.body_size = 0
+        self.read_size = 0
         self.queue: deque[HttpRequest] = deque()
         self.serving: HttpRequest | None = None
         self.task: asyncio.Task[None] | None = None  # a strong reference while a handler waits
         self.idle_since = 0.0
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set on connect
-        self.idle_timer: asyncio.TimerHandle | None = None
+        self.clock: RequestClock = None  # type: ignore[assignment]  # set on connect
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -216,27 +265,38 @@ class _Connection(asyncio.Protocol):
         if self.server.secret is not None:
             self.handshake = ServerHandshake(self.server.secret, self.transport.write)
             self.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_expired)
-        self._check_idle()
+        self.clock = RequestClock(self.limits, self.loop, self._tick)
+        self.clock.arm(self.server.keep_alive_timeout_s)
 
     def data_received(self, data: bytes) -> None:
         if self.handshake is not None:
             data = self._authenticate(data)
             if not data:
                 return
+        self.read_size = len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._reject(501, b"protocol upgrades are not supported")
-        except httptools.HttpParserError:
-            self._reject(400, b"malformed HTTP request")
+            return
+        except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, _Refused):
+                self._reject(*exc.__context__.args)
+            elif not self.closed:
+                self._reject(400, b"malformed HTTP request")
+            return
+        # The read ended inside a request: note it for the timeouts, bound what its head buffers.
+        in_request = self.in_message and not self.closed
+        if in_request and not self.clock.partial(self.head_done, self.read_size):
+            limit = self.limits.max_header_bytes
+            self._reject(431, b"request head larger than %d bytes" % limit)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
         self.queue.clear()
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
+        if self.clock is not None:
+            self.clock.cancel()
         self._wake_writer()
 
     def pause_writing(self) -> None:
@@ -261,6 +321,7 @@ class _Connection(asyncio.Protocol):
         role = self.handshake.role
         assert role is not None
         self.handler = self.server.handlers[role]
+        self.ingress = role is Role.INGRESS
         self.handshake = None
         return rest
 
@@ -277,37 +338,74 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks -----------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self.in_message = True
+        self.head_done = self.expect = False
         self.url = b""
         self.headers = []
+        self.request_id = ""
         self.body = []
+        self.body_size = self.declared = 0
 
     def on_url(self, url: bytes) -> None:
         self.url += url
+        if len(self.url) > self.limits.max_url_bytes:
+            raise _Refused(414, b"request target longer than %d bytes" % self.limits.max_url_bytes)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # Decoded as aiohttp and the ASGI servers do: UTF-8, undecodable bytes kept as surrogates.
-        self.headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+        header = (name.decode("latin-1"), value.decode("utf-8", "surrogateescape"))
+        self.headers.append(header)
+        # The few names that matter, told apart by length first (and X-Request-Id from
+        # Content-Type, the usual other 12-letter name, by its first letter).
+        size = len(name)
+        if size == 12:
+            if name[0] | 0x20 == 0x78 and name.lower() == REQUEST_ID:
+                self.request_id = self.request_id or header[1]
+        elif size == 14:
+            if name.lower() == b"content-length" and value.isdigit():
+                self.declared = int(value)
+        elif size == 6 and name.lower() == b"expect" and value.lower() == b"100-continue":
+            self.expect = True
 
     def on_headers_complete(self) -> None:
-        for name, value in self.headers:
-            if len(name) == 6 and name.lower() == "expect" and value.lower() == "100-continue":
-                self.transport.write(_CONTINUE)  # the client waits for this before the body
+        self.head_done = True
+        limits = self.limits
+        if self.clock.head_may_be_too_large(self.read_size):
+            size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
+            if size > limits.max_header_bytes:
+                raise _Refused(431, b"request head larger than %d bytes" % limits.max_header_bytes)
+        cap = limits.max_body_bytes
+        if cap is not None and self.declared > cap:  # refused before a byte of the body is read
+            raise _Refused(413, b"request body larger than %d bytes" % cap)
+        if self.expect:
+            self.transport.write(_CONTINUE)  # the client waits for this before the body
 
     def on_body(self, body: bytes) -> None:
+        self.body_size += len(body)
+        cap = self.limits.max_body_bytes
+        if cap is not None and self.body_size > cap:  # chunked: the length was not declared
+            raise _Refused(413, b"request body larger than %d bytes" % cap)
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        self.in_message = False
         parser = self.parser
         path, _, query = self.url.partition(b"?")
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        request_id = self.request_id
+        if not request_id and self.ingress:
+            request_id = new_request_id().decode("ascii")
         request = HttpRequest(
             parser.get_method().decode("ascii"),
-            unquote(path.decode("utf-8", "surrogateescape")),
+            normalize_path(path.decode("latin-1"))
+            if needs_normalizing(path)
+            else path.decode("utf-8", "surrogateescape"),
             query.decode("utf-8", "surrogateescape"),
             self.headers,
             body,
             parser.should_keep_alive(),
             parser.get_http_version() == "1.0",
+            request_id,
         )
         self.queue.append(request)
         if self.serving is None:
@@ -347,11 +445,19 @@ class _Connection(asyncio.Protocol):
         try:
             response = await self.handler(request)
         except Exception:  # the handler maps user errors itself; this is a kubeserve bug
-            response = HttpResponse(500, b"internal error in the replica", close=True)
+            log.exception(
+                "%s %s failed in kubeserve's handler (request id %s)",
+                request.method,
+                request.path,
+                request.request_id,
+            )
+            response = internal_error(request.request_id, close=True)
         keep_alive = request.keep_alive and not self.closed
         if isinstance(response, HttpResponse):
             keep_alive = keep_alive and not response.close
-            self._write_head(response.status, response.headers, response.body, keep_alive)
+            self._write_head(
+                response.status, response.headers, response.body, keep_alive, request.request_id
+            )
         else:
             keep_alive = keep_alive and not request.http10  # 1.0: the body ends with the close
             keep_alive = await self._stream(response, request, keep_alive)
@@ -359,7 +465,12 @@ class _Connection(asyncio.Protocol):
             self.close()
 
     def _write_head(
-        self, status: int, headers: dict[str, str], body: bytes | None, keep_alive: bool
+        self,
+        status: int,
+        headers: dict[str, str],
+        body: bytes | None,
+        keep_alive: bool,
+        request_id: str = "",
     ) -> None:
         """The status line and headers (and ``body``, when given) in one ``writelines``."""
         if self.closed:
@@ -368,6 +479,8 @@ class _Connection(asyncio.Protocol):
             b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown")),
             self.server.date.line(),
         ]
+        if request_id and "x-request-id" not in headers:
+            out.append(b"x-request-id: %s\r\n" % request_id.encode("latin-1", "replace"))
         for name, value in headers.items():
             out.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
         if body is not None:
@@ -387,7 +500,7 @@ class _Connection(asyncio.Protocol):
         headers = dict(response.headers)
         if chunked:
             headers["Transfer-Encoding"] = "chunked"
-        self._write_head(response.status, headers, None, keep_alive)
+        self._write_head(response.status, headers, None, keep_alive, request.request_id)
         chunks = response.chunks
         try:
             async for chunk in chunks:
@@ -422,7 +535,8 @@ class _Connection(asyncio.Protocol):
             drained.set_result(None)
 
     def _reject(self, status: int, message: bytes) -> None:
-        self._write_head(status, {"content-type": "text/plain; charset=utf-8"}, message, False)
+        rid = self.request_id or (new_request_id().decode() if self.ingress else "")
+        self._write_head(status, {"content-type": "text/plain; charset=utf-8"}, message, False, rid)
         self.close()
 
     def close(self) -> None:
@@ -430,16 +544,41 @@ class _Connection(asyncio.Protocol):
             self.closed = True
             self.transport.close()  # flushes what is buffered, then closes
 
-    def _check_idle(self) -> None:
-        # Lazy idle timer: re-armed for the remaining time instead of reset on every request.
-        loop = self.loop
-        timeout = self.server.keep_alive_timeout_s
-        remaining = timeout - (loop.time() - self.idle_since)
-        if self.serving is None and not self.queue and remaining <= 0:
-            self.idle_timer = None
-            self.close()
+    def _tick(self) -> None:
+        """Keep-alive timeout when idle, head and body timeouts while a request arrives."""
+        clock = self.clock
+        clock.fired()
+        if self.closed:
             return
-        self.idle_timer = loop.call_later(max(remaining, 0.0) or timeout, self._check_idle)
+        now = self.loop.time()
+        if self.in_message and self.serving is None and not self.queue:
+            remaining, late = clock.overdue(self.head_done, self.reading, now)
+            if remaining <= 0:
+                limits = self.limits
+                log.info(
+                    "closed a connection from %s: request %s not received within %.0f s",
+                    peer_description(self.transport),
+                    late,
+                    limits.header_timeout_s if late == "head" else limits.body_timeout_s,
+                )
+                self._reject(408, b"request %s not received in time" % late.encode())
+                return
+        elif self.serving is None and not self.queue:
+            remaining = self.idle_since + self.server.keep_alive_timeout_s - now
+            if remaining <= 0:
+                self.close()
+                return
+        else:  # serving: the handler's time is not limited here
+            remaining = self.limits.shortest_timeout_s
+        clock.arm(max(remaining, 0.001), now)
+
+
+def internal_error(request_id: str, *, close: bool = False) -> HttpResponse:
+    """The 500 of an exception nobody handled: only the request id, never the exception's text
+    (it may hold secrets); the replica's log has the traceback under the same id."""
+    return HttpResponse(
+        500, b"Internal Server Error (request id %s)" % request_id.encode(), close=close
+    )
 
 
 async def _resume(coro: Coroutine[Any, Any, None], yielded: Any, then: Callable[[], None]) -> None:

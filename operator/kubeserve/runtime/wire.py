@@ -94,6 +94,8 @@ class ReplicaConfig(TypedDict):
     probe_port: NotRequired[int]
     health_check_period_s: NotRequired[float]
     health_check_timeout_s: NotRequired[float]
+    #: :meth:`kubeserve.runtime.limits.RequestLimits.to_mapping`; the defaults when absent
+    request_limits: NotRequired[dict[str, Any]]
 
 
 def deployment_key(app: str, deployment: str) -> str:

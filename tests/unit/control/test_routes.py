@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from kubeserve.control.routes import Route, RouteTable, normalize_prefix
+from kubeserve.control.routes import (
+    Route,
+    RouteTable,
+    needs_normalizing,
+    normalize_path,
+    normalize_prefix,
+)
 
 
 def route(prefix: str, app: str = "app", deployment: str = "d") -> Route:
@@ -70,3 +76,52 @@ def test_prefixes_for_routes_endpoint() -> None:
 )
 def test_normalize_prefix(raw: str, canonical: str) -> None:
     assert normalize_prefix(raw) == canonical
+
+
+@pytest.mark.parametrize(
+    ("raw", "normal"),
+    [
+        ("/%2D/healthz", "/-/healthz"),
+        ("/%2d/healthz", "/-/healthz"),
+        ("//-/healthz", "/-/healthz"),
+        ("/./-/healthz", "/-/healthz"),
+        ("/a/../-/healthz", "/-/healthz"),
+        ("/%2F-/healthz", "/-/healthz"),
+        ("/%61dmin", "/admin"),
+        ("/a/%2e%2e/admin", "/admin"),
+        ("/../../admin", "/admin"),
+        ("/a/b/", "/a/b/"),
+        ("/a/b/.", "/a/b/"),
+        ("/a/b/..", "/a/"),
+        ("/a/./b//c", "/a/b/c"),
+        ("/", "/"),
+        ("//", "/"),
+        ("/caf%C3%A9", "/café"),
+        ("/%252F", "/%2F"),  # decoded once, never twice
+        ("/plain/path", "/plain/path"),
+    ],
+)
+def test_paths_are_normalised_once_decoded(raw: str, normal: str) -> None:
+    assert normalize_path(raw) == normal
+    if normal.isascii() and "%" not in normal:  # (input is bytes as sent, read as latin-1)
+        assert normalize_path(normal) == normal  # normalising twice changes nothing
+
+
+def test_only_paths_with_escapes_or_dot_or_double_slashes_need_normalising() -> None:
+    for raw in (b"/%61", b"/a/./b", b"/a/../b", b"//a", b"/a/.hidden"):
+        assert needs_normalizing(raw)
+    for raw in (b"/", b"/a/b", b"/a.b/c", b"/-/healthz"):
+        assert not needs_normalizing(raw)
+        assert normalize_path(raw.decode()) == raw.decode()
+
+
+def test_a_route_prefix_cannot_be_bypassed_by_spelling() -> None:
+    table = RouteTable(
+        [
+            {"route_prefix": "/", "app": "public", "deployment": "P"},
+            {"route_prefix": "/admin", "app": "admin", "deployment": "A"},
+        ]
+    )
+    for raw in ("/%61dmin/x", "//admin/x", "/x/../admin/x", "/./admin", "/%2Fadmin"):
+        route = table.match(normalize_path(raw))
+        assert route is not None and route["app"] == "admin", raw

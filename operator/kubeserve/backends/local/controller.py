@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -27,6 +27,7 @@ from kubeserve.backends.local.proxy_state import ProxyState
 from kubeserve.backends.local.snapshot import SnapshotPublisher
 from kubeserve.backends.local.store import DesiredState, Store
 from kubeserve.runtime import channel, wire
+from kubeserve.runtime.limits import RequestLimits
 
 log = logging.getLogger(__name__)
 _RESYNC_S = 1.0
@@ -47,6 +48,8 @@ class LocalSettings:
     num_gpus: float | None = None
     #: replicas of the whole instance starting at once
     max_concurrent_starts: int = DEFAULT_START_SLOTS
+    #: what clients may send, enforced by the proxy and every replica
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
 
     @property
     def database(self) -> Path:
@@ -114,6 +117,7 @@ class Controller:
             wake=self.wake,
             secret=self.secret,
             secret_file=secret_file,
+            request_limits=self.settings.request_limits,
         )
         self._proxy = ProxyState(self._ctx)
         self._loop_task = asyncio.ensure_future(self._loop())

@@ -29,6 +29,7 @@ from kubeserve.control import backoff, placement
 from kubeserve.control import config as config_rules
 from kubeserve.control.status import DeploymentView, ReplicaStateValue, ReplicaView
 from kubeserve.runtime import channel, wire
+from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.runtime_env import PreparedEnv
 
 #: How long one readiness probe of a starting replica may take.
@@ -82,6 +83,8 @@ class ReplicaContext:
     #: the instance's data-plane secret (kubeserve.runtime.channel) and the file holding it
     secret: bytes
     secret_file: Path
+    #: what clients may send (``kubeserve start --max-body-bytes``...): proxy and replicas
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
 
     def data_plane_env(self) -> dict[str, str]:
         """What a proxy or replica needs in its environment to join the data plane."""
@@ -287,6 +290,7 @@ class DeploymentState:
             "max_ongoing_requests": int(self.config["max_ongoing_requests"]),
             "graceful_shutdown_wait_loop_s": float(self.config["graceful_shutdown_wait_loop_s"]),
             "graceful_shutdown_timeout_s": float(self.config["graceful_shutdown_timeout_s"]),
+            "request_limits": self._ctx.request_limits.to_mapping(),
         }
         path = self._config_file(replica)
         private_dir(path.parent)

@@ -50,6 +50,7 @@ class ProxyState:
             args += ["--request-timeout-s", str(options["request_timeout_s"])]
         if options.get("keep_alive_timeout_s") is not None:
             args += ["--keep-alive-timeout-s", str(options["keep_alive_timeout_s"])]
+        args += self._ctx.request_limits.cli_args()
         env = self._ctx.child_env(self._ctx.data_plane_env(), [])
         self._proc = await processes.spawn(
             "kubeserve.runtime.proxy", args, env=env, log_path=self.log_path

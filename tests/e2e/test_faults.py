@@ -1,0 +1,184 @@
+"""Faults under load: kill -9 a replica, the proxy and the controller while clients send requests.
+
+A real ``kubeserve start`` serves an application of three replicas that records each execution by
+request id; 12 clients send requests with unique ``x-request-id`` values on keep-alive connections.
+At random instants (seeded, printed) the test kills with SIGKILL: one replica, then the proxy, then
+``kubeserve start`` itself (its replicas and proxy die with it), which it starts again on the same
+state directory.
+
+What must hold: no request runs twice (asserted: a request whose replica died may fail, it is never
+re-sent), every request answered 200 ran exactly once, and serving resumes after each kill. What is
+measured and printed (``pytest -s``): requests lost per phase and how long until serving again.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import random
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubeserve_testing import Kubeserve, pid_alive, wait_for
+
+CLIENTS = 12
+
+
+@dataclass
+class Outcome:
+    request_id: str
+    started: float
+    ended: float
+    status: int  # 0: no answer (connection refused, reset, timed out)
+
+
+class Load:
+    """Clients on keep-alive connections, each request with a fresh id; records every outcome."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.outcomes: list[Outcome] = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._client, args=(i,)) for i in range(CLIENTS)]
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)
+
+    def _client(self, n: int) -> None:
+        conn: http.client.HTTPConnection | None = None
+        while not self.stop.is_set():
+            request_id = f"c{n}-{uuid.uuid4().hex}"
+            started = time.monotonic()
+            status = 0
+            try:
+                if conn is None:
+                    conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+                conn.request("GET", "/", headers={"X-Request-Id": request_id})
+                response = conn.getresponse()
+                body = response.read()
+                status = response.status
+                if status == 200:
+                    assert body.decode() == request_id, (body, request_id)
+                if response.will_close:
+                    conn.close()
+                    conn = None
+            except (OSError, http.client.HTTPException):
+                if conn is not None:
+                    conn.close()
+                conn = None
+            with self.lock:
+                self.outcomes.append(Outcome(request_id, started, time.monotonic(), status))
+            if status != 200:
+                self.stop.wait(0.05)  # pacing while nothing answers, not synchronisation
+
+    def served_since(self, instant: float) -> float | None:
+        """Seconds from ``instant`` to the first 200 of a request sent after it, or None."""
+        with self.lock:
+            ends = [o.ended for o in self.outcomes if o.started >= instant and o.status == 200]
+        return min(ends) - instant if ends else None
+
+    def wait_served(self, instant: float, within_s: float) -> float:
+        return wait_for(
+            lambda: self.served_since(instant), within_s, what="requests to be served again"
+        )
+
+
+def executions(directory: Path) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for path in directory.glob("executions-*"):
+        for line in path.read_text().splitlines():
+            counts[line.split(" ", 1)[0]] += 1
+    return counts
+
+
+def test_no_request_runs_twice_when_replicas_proxy_and_controller_are_killed(
+    tmp_path: Path,
+) -> None:
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    record = tmp_path / "record"
+    record.mkdir()
+    ks = Kubeserve(tmp_path / "state")
+    ks.start()
+    figures: list[str] = [f"seed {seed}"]
+    try:
+        app = {
+            "name": "faults",
+            "route_prefix": "/",
+            "import_path": "fault_recorder:app",
+            "runtime_env": {"env_vars": {"KS_FAULT_DIR": str(record)}},
+        }
+        assert ks.put([app])[0] == 200
+        ks.wait_app("faults", timeout_s=90)
+        ks.wait_proxy()
+        with Load(ks.proxy_port) as load:
+            load.wait_served(time.monotonic(), 30)
+            phases: list[tuple[str, float, float]] = []  # (what, killed at, serving again after)
+
+            time.sleep(rng.uniform(2, 4))  # the fault's random instant (not a wait)
+            victim = rng.choice(ks.replica_pids("faults", "Recorder"))
+            killed = time.monotonic()
+            os.kill(victim, signal.SIGKILL)
+            phases.append(("replica", killed, load.wait_served(killed, 30)))
+            wait_for(
+                lambda: (
+                    len(ks.replica_pids("faults", "Recorder")) == 3
+                    and victim not in ks.replica_pids("faults", "Recorder")
+                ),
+                60,
+                what="the killed replica to be replaced",
+            )
+            figures.append(f"replica replaced after {time.monotonic() - killed:.2f} s")
+
+            time.sleep(rng.uniform(2, 4))
+            proxy_pid = int(next(iter(ks.details()["proxies"].values()))["worker_id"])
+            killed = time.monotonic()
+            os.kill(proxy_pid, signal.SIGKILL)
+            phases.append(("proxy", killed, load.wait_served(killed, 30)))
+
+            time.sleep(rng.uniform(2, 4))
+            children = ks.all_pids()
+            killed = time.monotonic()
+            ks.stop(signal.SIGKILL)
+            wait_for(lambda: not any(pid_alive(p) for p in children), 30, what="children to die")
+            figures.append(f"controller's children gone {time.monotonic() - killed:.2f} s after")
+            ks.start()
+            phases.append(("controller", killed, load.wait_served(killed, 90)))
+            time.sleep(rng.uniform(2, 4))  # load after the restart
+        outcomes = load.outcomes
+    finally:
+        ks.stop()
+
+    ran = executions(record)
+    twice = {rid: n for rid, n in ran.items() if n > 1}
+    answered = [o for o in outcomes if o.status == 200]
+    lost = [o for o in outcomes if o.status != 200]
+    figures.append(
+        f"{len(outcomes)} requests, {len(answered)} answered 200, {len(lost)} lost "
+        f"({dict(Counter(o.status for o in lost))} by status; 0 = no answer), "
+        f"{len(twice)} executed twice"
+    )
+    bounds = [p[1] for p in phases] + [float("inf")]
+    for (what, killed, back), until in zip(phases, bounds[1:], strict=True):
+        during = [o for o in lost if killed <= o.ended < until]
+        figures.append(
+            f"kill -9 {what}: serving again after {back:.2f} s; {len(during)} requests lost "
+            f"({sum(1 for o in during if o.started < killed)} in flight at the kill)"
+        )
+    print("\nfault test figures:\n  " + "\n  ".join(figures))
+    assert not twice, f"requests executed more than once: {list(twice.items())[:10]}"
+    assert all(ran[o.request_id] == 1 for o in answered)
+    assert len(answered) > 100

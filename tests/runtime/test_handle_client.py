@@ -282,3 +282,41 @@ def test_a_call_that_reached_a_replica_is_never_sent_again() -> None:
                 await dying.stop()
 
     run(go())
+
+
+def test_a_call_that_never_reached_a_replica_goes_to_another() -> None:
+    # Connection refused, or a peer failing the handshake: nothing was sent, so another replica
+    # takes the call and the caller never notices.
+    async def go() -> None:
+        peers: list[Any] = []
+        async with server(replica_app(peers)) as healthy_port:
+            impostor = ChannelFront(healthy_port, b"another-instance-secret-0123456")
+            impostor_port = await impostor.start()
+            try:
+                for bad in (free_port(), impostor_port):  # refusing, then failing the handshake
+                    snapshot = _snapshot_for(healthy_port)
+                    snapshot["deployments"]["app#D"]["replicas"].append(
+                        {"replica_id": "bad", "host": "127.0.0.1", "port": bad}
+                    )
+                    source = _StaticSource(snapshot)
+                    client = source.client = HandleClient(source=source, secret=SECRET)
+                    await client.start()
+                    try:
+                        for i in range(8):
+                            assert await client.call("app", "D", "add", (i,), {"b": 1}) == i + 1
+                        assert client.router.in_flight("app#D") == {"r0": 0, "bad": 0}
+                    finally:
+                        await client.close()
+                assert len(peers) == 16
+            finally:
+                await impostor.stop()
+
+    run(go())
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

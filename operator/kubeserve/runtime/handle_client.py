@@ -23,9 +23,11 @@ instance's secret before the first call, so only the instance's processes can ma
   replica's keep-alive timeout could close one under a call
   (:class:`~kubeserve.runtime.keepalive.PoolSweeper`).
 
-Never twice: a call is not re-sent anywhere once written. A lost connection raises
-:class:`~kubeserve.sdk.errors.DeploymentUnavailableError` to the caller, who knows whether the
-method is safe to call again; the client cannot know whether the replica ran it.
+Never twice: a call goes to another replica only when it was never sent (connecting or the
+handshake failed, at most :data:`CONNECT_ATTEMPTS` replicas in all). Once written it is not re-sent
+anywhere: a lost connection raises :class:`~kubeserve.sdk.errors.DeploymentUnavailableError` to the
+caller, who knows whether the method is safe to call again; the client cannot know whether the
+replica ran it.
 
 Ownership: a :class:`HandleClient` owns its router, its endpoint source (which keeps the router
 fresh) and its connection pools; one per process, installed with ``sdk.transport.set_transport``.
@@ -64,6 +66,12 @@ __all__ = ["DEFAULT_CALL_TIMEOUT_S", "HandleClient"]
 DEFAULT_CALL_TIMEOUT_S = 30.0
 #: How long opening a connection to a replica may take.
 CONNECT_TIMEOUT_S = 10.0
+#: Replicas tried for one call when connecting (or the handshake) fails: nothing was sent yet.
+CONNECT_ATTEMPTS = 3
+
+
+class _Unreachable(Exception):
+    """The connection to a replica (or its handshake) failed: the call was never sent."""
 
 
 class HandleClient:
@@ -122,20 +130,27 @@ class HandleClient:
             raise RuntimeError("HandleClient.call before start()")
         key = deployment_key(app, deployment)
         # Fast path: a free slot needs no waiter future and no timer.
-        replica = self.router.try_assign(key)
-        if replica is None:
+        replica = self.router.try_assign(key) or await self._assign(key)
+        payload = encode_call(args, kwargs)
+        attempt = 1
+        while True:
             try:
-                replica = await self.router.assign(key, self._assign_timeout_s)
-            except NoReplicaAvailable as exc:
-                raise DeploymentUnavailableError(str(exc)) from None
-        try:
-            status, body = await self._pool(replica).call(method, encode_call(args, kwargs))
-        except (OSError, TimeoutError) as exc:
-            raise DeploymentUnavailableError(
-                f"replica {replica.replica_id} of {key} failed: {exc or type(exc).__name__}"
-            ) from exc
-        finally:
-            self.router.release(replica)
+                status, body = await self._pool(replica).call(method, payload)
+                break
+            except _Unreachable as exc:  # nothing was sent: another replica may take the call
+                if attempt >= CONNECT_ATTEMPTS:
+                    raise DeploymentUnavailableError(
+                        f"no replica of {key} could be reached; the last, "
+                        f"{replica.replica_id}: {exc}"
+                    ) from exc.__cause__
+            except (OSError, TimeoutError) as exc:  # sent: the replica may have run it
+                raise DeploymentUnavailableError(
+                    f"replica {replica.replica_id} of {key} failed: {exc or type(exc).__name__}"
+                ) from exc
+            finally:
+                self.router.release(replica)
+            attempt += 1
+            replica = await self._assign(key, avoid=replica)
         if status == 200:
             return decode_result(body)
         if status == 500:
@@ -146,6 +161,12 @@ class HandleClient:
         raise DeploymentUnavailableError(
             f"replica {replica.replica_id} of {key} answered {status}: {body[:200]!r}"
         )
+
+    async def _assign(self, key: str, avoid: Replica | None = None) -> Replica:
+        try:
+            return await self.router.assign(key, self._assign_timeout_s, avoid)
+        except NoReplicaAvailable as exc:
+            raise DeploymentUnavailableError(str(exc)) from None
 
     def _pool(self, replica: Replica) -> _CallPool:
         return pool_for(
@@ -173,9 +194,20 @@ class _CallPool(IdlePool["_CallConnection"]):
         return head
 
     async def call(self, method: str, body: bytes) -> tuple[int, bytes]:
-        conn = self.take() or await connect(
-            _CallConnection, self.host, self.port, Role.CONTROL, self.secret, CONNECT_TIMEOUT_S
-        )
+        """One call; raises :class:`_Unreachable` when no byte of it could be sent."""
+        conn = self.take()
+        if conn is None:
+            try:
+                conn = await connect(
+                    _CallConnection,
+                    self.host,
+                    self.port,
+                    Role.CONTROL,
+                    self.secret,
+                    CONNECT_TIMEOUT_S,
+                )
+            except (OSError, TimeoutError) as exc:
+                raise _Unreachable(str(exc) or type(exc).__name__) from exc
         try:
             status, answer, keep_alive = await conn.request(self.head(method), body)
         except BaseException:  # lost, or the caller was cancelled: the answer may still come

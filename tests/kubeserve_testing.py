@@ -206,7 +206,10 @@ class Kubeserve:
             return app if app is not None and app["status"] == status else None
 
         try:
-            return wait_for(ready, timeout_s, what=f"application {name!r} to be {status}")
+            found = wait_for(ready, timeout_s, what=f"application {name!r} to be {status}")
+            if status == "RUNNING":  # tests go on to send traffic: the proxy must be up too
+                self.wait_proxy()
+            return found
         except AssertionError as err:
             raise AssertionError(f"{err}\napp={self.app(name)}\nlog={self.log()}") from None
 

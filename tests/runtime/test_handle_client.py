@@ -14,7 +14,13 @@ from channel_front import SECRET, ChannelFront, signed_ok
 from kubeserve.runtime.discovery import Discovery
 from kubeserve.runtime.handle_client import HandleClient
 from kubeserve.runtime.router import Router
-from kubeserve.runtime.wire import Snapshot, decode_call, encode_error, encode_result
+from kubeserve.runtime.wire import (
+    UNSERVED_HEADER,
+    Snapshot,
+    decode_call,
+    encode_error,
+    encode_result,
+)
 from kubeserve.sdk.errors import DeploymentUnavailableError
 
 T = TypeVar("T")
@@ -310,6 +316,34 @@ def test_a_call_that_never_reached_a_replica_goes_to_another() -> None:
                 assert len(peers) == 16
             finally:
                 await impostor.stop()
+
+    run(go())
+
+
+def test_a_call_a_draining_replica_did_not_start_goes_to_another() -> None:
+    async def go() -> None:
+        async def unserved(request: web.Request) -> web.Response:
+            await request.read()
+            headers = {UNSERVED_HEADER: "shutting-down", "Connection": "close"}
+            return web.Response(status=503, text="replica is shutting down", headers=headers)
+
+        draining = web.Application()
+        draining.router.add_post("/-/call/{method}", unserved)
+        peers: list[Any] = []
+        async with server(replica_app(peers)) as healthy, server(draining) as leaving:
+            snapshot = _snapshot_for(healthy)
+            snapshot["deployments"]["app#D"]["replicas"].append(
+                {"replica_id": "leaving", "host": "127.0.0.1", "port": leaving}
+            )
+            source = _StaticSource(snapshot)
+            client = source.client = HandleClient(source=source, secret=SECRET)
+            await client.start()
+            try:
+                for i in range(8):
+                    assert await client.call("app", "D", "add", (i,), {"b": 1}) == i + 1
+            finally:
+                await client.close()
+        assert len(peers) == 8  # each call ran once, on the replica that took it
 
     run(go())
 

@@ -18,7 +18,7 @@ from aiohttp import web
 from channel_front import SECRET, ChannelFront, signed_ok
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.proxy import ProxyServer
-from kubeserve.runtime.wire import DeploymentEndpoints, Route, Snapshot
+from kubeserve.runtime.wire import UNSERVED_HEADER, DeploymentEndpoints, Route, Snapshot
 
 T = TypeVar("T")
 BIG = 5 * 1024 * 1024
@@ -47,6 +47,7 @@ class FakeReplica:
         self.peak = 0
         self.peers: list[Any] = []
         self.hits: Counter[str] = Counter()  # requests that reached this replica, by path
+        self.shutting_down = False  # answer as a draining replica does: 503, never started
         self.release = asyncio.Event()
         self.runner: web.AppRunner | None = None
         self.port = 0
@@ -74,6 +75,10 @@ class FakeReplica:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.hits[request.path] += 1
+        if self.shutting_down:
+            await request.read()
+            headers = {UNSERVED_HEADER: "shutting-down", "Connection": "close"}
+            return web.Response(status=503, text="replica is shutting down", headers=headers)
         self.peers.append(
             request.transport.get_extra_info("peername") if request.transport else None
         )
@@ -670,6 +675,25 @@ def test_a_request_that_reached_a_replica_is_never_sent_again() -> None:
                 assert resp.status == 502
                 assert resp.headers["x-request-id"]
         assert sum(r.hits["/a/die-before"] for r in c.replicas.values()) == 2
+        await wait_for(lambda: c.in_flight() == 0)
+
+    scenario(body, a_replicas=2)
+
+
+def test_a_request_a_draining_replica_did_not_start_goes_to_another() -> None:
+    # A replica that is shutting down answers "unserved": the request never ran there, so the
+    # proxy re-sends it (whole requests only) to another replica instead of failing the client.
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        c.replicas["a0"].shutting_down = True
+        for method in ("GET", "POST"):
+            for _ in range(10):
+                async with s.request(method, c.url + "/a/x", data=b"payload") as resp:
+                    assert resp.status == 200
+                    assert (await resp.json())["replica"] == "a1"
+        assert c.replicas["a1"].hits["/a/x"] == 20  # each request ran exactly once
+        c.replicas["a1"].shutting_down = True  # nobody left to take it: the client gets a 503
+        async with s.get(c.url + "/a/x") as resp:
+            assert resp.status == 503
         await wait_for(lambda: c.in_flight() == 0)
 
     scenario(body, a_replicas=2)

@@ -53,12 +53,15 @@ from kubeserve.runtime.keepalive import (
 from kubeserve.runtime.router import NoReplicaAvailable, Replica, Router
 from kubeserve.runtime.wire import (
     CALL_PREFIX,
+    UNSERVED_HEADER,
     Snapshot,
     decode_result,
     deployment_key,
     encode_call,
 )
 from kubeserve.sdk.errors import DeploymentUnavailableError
+
+_UNSERVED = UNSERVED_HEADER.encode()
 
 __all__ = ["DEFAULT_CALL_TIMEOUT_S", "HandleClient"]
 
@@ -71,7 +74,8 @@ CONNECT_ATTEMPTS = 3
 
 
 class _Unreachable(Exception):
-    """The connection to a replica (or its handshake) failed: the call was never sent."""
+    """The call never ran: the connection to a replica (or its handshake) failed, or the replica
+    answered that it did not start it (it is shutting down)."""
 
 
 class HandleClient:
@@ -137,7 +141,7 @@ class HandleClient:
             try:
                 status, body = await self._pool(replica).call(method, payload)
                 break
-            except _Unreachable as exc:  # nothing was sent: another replica may take the call
+            except _Unreachable as exc:  # it did not run: another replica may take the call
                 if attempt >= CONNECT_ATTEMPTS:
                     raise DeploymentUnavailableError(
                         f"no replica of {key} could be reached; the last, "
@@ -217,6 +221,8 @@ class _CallPool(IdlePool["_CallConnection"]):
             self.put(conn)
         else:
             conn.close()
+        if status == 503 and conn.unserved:
+            raise _Unreachable("the replica is shutting down and did not start the call")
         return status, answer
 
 
@@ -232,6 +238,7 @@ class _CallConnection(KeepAliveConnection):
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future[tuple[int, bytes, bool]] | None = None
         self.body: list[bytes] = []
+        self.unserved = False  # the answer says the replica never started the call
 
     def request(self, head: bytes, body: bytes) -> asyncio.Future[tuple[int, bytes, bool]]:
         waiter = self.waiter = asyncio.get_running_loop().create_future()
@@ -261,6 +268,11 @@ class _CallConnection(KeepAliveConnection):
 
     def on_message_begin(self) -> None:
         self.body = []
+        self.unserved = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) == len(_UNSERVED) and name.lower() == _UNSERVED:
+            self.unserved = True
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)

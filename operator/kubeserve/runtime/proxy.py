@@ -82,7 +82,7 @@ from kubeserve.runtime.limits import (
     limits_from_arguments,
 )
 from kubeserve.runtime.router import NoReplicaAvailable, Replica, Router
-from kubeserve.runtime.wire import HEALTHZ_PATH, Snapshot, deployment_key
+from kubeserve.runtime.wire import HEALTHZ_PATH, UNSERVED_HEADER, Snapshot, deployment_key
 
 __all__ = ["DEFAULT_ASSIGN_TIMEOUT_S", "ProxyServer", "ProxyState", "main", "serve_proxy"]
 
@@ -95,6 +95,7 @@ ROUTES_PATH = "/-/routes"
 _ROUTE_MEMO_SIZE = 4096
 # Attempts to reach a replica for one request when connecting (or the handshake) fails.
 _CONNECT_ATTEMPTS = 3
+_UNSERVED = UNSERVED_HEADER.encode()
 #: How long opening a connection to a replica (and its handshake) may take.
 CONNECT_TIMEOUT_S = 10.0
 # Body bytes buffered while waiting for an upstream connection before the client is paused.
@@ -415,6 +416,24 @@ class _Exchange:
             self.pending_bytes = 0
 
     # -- response side ---------------------------------------------------------------------------
+
+    def retry_unserved(self) -> None:
+        """The replica answered that it never started the request (it is shutting down): send it
+        to another replica, the whole request being held (``raw``), or answer 503."""
+        state = self.client.state
+        failed = self.replica
+        self.upstream = None
+        if failed is not None:
+            state.router.release(failed)
+            self.replica = None
+        if self.client.closed:
+            return
+        if self.attempts < _CONNECT_ATTEMPTS:
+            self.attempts += 1
+            self.head_sent = False
+            self.task = asyncio.create_task(self._connect(self.key, avoid=failed))
+            return
+        self.respond_local(503, b"no replica took the request: they are shutting down")
 
     def upstream_failed(self, *, written: bool) -> None:
         """The upstream connection failed before any response byte.
@@ -855,6 +874,7 @@ class UpstreamConnection(KeepAliveConnection):
         self.extra = b""  # a Connection header of our own for the client
         self.dropped = False  # a hop-by-hop header of the replica's was dropped
         self.has_id = False  # the response carries X-Request-Id
+        self.unserved = False  # a 503 saying the replica never started the request
         self.in_message = False
         self.fresh = False  # the current read started between two responses
         self.begun = 0  # responses begun in the current read
@@ -886,6 +906,15 @@ class UpstreamConnection(KeepAliveConnection):
             self._serialize_head()
             self._flush(ex)
             self._lost(ex)
+            return
+        if self.unserved:  # not for the client: the request goes to another replica
+            if self.complete:
+                self.unserved = self.complete = False
+                self.out.clear()
+                self.exchange = None
+                self.pool.discard(self)
+                self.close()
+                ex.retry_unserved()
             return
         if self.head_deferred:
             if self.complete and self.begun == 1 and data.startswith(b"HTTP/1.1 "):
@@ -993,6 +1022,9 @@ class UpstreamConnection(KeepAliveConnection):
             self.interim = True
             self.out.append(self._head())
             return
+        if status == 503 and ex.raw is not None and ex.request_done and self._unserved():
+            self.unserved = True  # held whole and never started: data_received re-sends it
+            return
         ex.response_started = True
         no_body = ex.method == _HEAD or status in (204, 304)
         # A body that ends with the connection: neither chunked nor sized. httptools says "keep
@@ -1017,12 +1049,17 @@ class UpstreamConnection(KeepAliveConnection):
             self.keep_alive = self.parser.should_keep_alive()
             self.reset_parser = True
 
+    def _unserved(self) -> bool:
+        return any(name.lower() == _UNSERVED for name, _ in self.headers)
+
     def _has_length(self) -> bool:
         return any(
             classify_header(name, value) == HeaderKind.LENGTH for name, value in self.headers
         )
 
     def on_body(self, body: bytes) -> None:
+        if self.unserved:
+            return
         if self.chunked:
             self.out += (chunk_prefix(len(body)), body, _CRLF)
         else:

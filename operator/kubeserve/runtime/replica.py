@@ -337,8 +337,26 @@ class Replica:
             log.warning("graceful shutdown timed out with %d requests in flight", self.ongoing)
 
 
+#: After draining, how long a replica waits for its callers to drop their keep-alive connections
+#: (they do once discovery tells them the replica left) before it closes them itself.
+_CLOSE_GRACE_S = 1.0
+
+
+async def _let_callers_leave(server: ReplicaHttpServer) -> None:
+    """Wait (at most :data:`_CLOSE_GRACE_S`) until no connection is open. A caller that writes a
+    request as the replica closes its connection cannot know whether it ran; while the replica
+    still reads, such a request is answered "unserved" (503) and safely sent elsewhere."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _CLOSE_GRACE_S
+    while server.connections and loop.time() < deadline:  # noqa: ASYNC110 - a bounded poll
+        await asyncio.sleep(0.02)
+
+
 def _shutting_down() -> HttpResponse:
-    return HttpResponse(503, b"replica is shutting down", close=True)
+    """The answer to a request that arrives while draining: not started, so callers may retry it
+    elsewhere (:data:`~kubeserve.runtime.wire.UNSERVED_HEADER`)."""
+    headers = {wire.UNSERVED_HEADER: "shutting-down"}
+    return HttpResponse(503, b"replica is shutting down", headers, close=True)
 
 
 def _label_value(value: str) -> str:
@@ -434,6 +452,7 @@ async def serve_replica(
         if local is not None:
             local.close()
         await replica.drain()
+        await _let_callers_leave(server)
         server.close_all()
     finally:
         if client is not None:

@@ -38,6 +38,11 @@ METRICS_PATH = "/-/metrics"
 CALL_PREFIX = "/-/call/"
 SNAPSHOT_PATH = "/-/snapshot"
 
+#: Header of a replica's 503 to a request it never started (it is shutting down): the request
+#: provably did not run, so its caller may send it to another replica. Only such answers are ever
+#: re-sent; a request a replica may have started is never run twice.
+UNSERVED_HEADER = "x-kubeserve-unserved"
+
 #: Environment variable carrying the JSON :class:`ReplicaConfig` of a replica process (the
 #: Kubernetes backend's pod templates, whose config never holds ``user_config``).
 REPLICA_CONFIG_ENV = "KUBESERVE_REPLICA_CONFIG"

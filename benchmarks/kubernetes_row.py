@@ -1,4 +1,4 @@
-"""Issue 4, item 3: the no-op app through the kubeserve proxy on the Kubernetes test cluster.
+"""The no-op app through the kubeserve proxy on the Kubernetes test cluster.
 
     make bench-kubernetes
     (or: KUBESERVE_K8S_BIN=~/.cache/kubeserve/k8s/v1.36.3/bin \\
@@ -9,8 +9,10 @@ processes on 127.0.0.x), applies ``crds/``, starts ``kubeserve operator``, appli
 ServeInstance (HeadOnly proxy, port 8000) and a ServeApplication of ``bench_noop:noop``
 (``tests/apps/bench_noop.py``, the same deployment as ``benchmarks/apps.py:noop``) with 1 replica
 and ``maxOngoingRequests: 100``, waits for Ready, then loads the proxy pod
-(``http://<proxy pod IP>:8000/noop``) and the replica pod directly
-(``http://<replica pod IP>:8000/``) with the settings of ``make bench`` (``load.py``).
+(``http://<proxy pod IP>:8000/noop``) with the settings of ``make bench`` (``load.py``). The
+reference row is the same replica code without the data-plane handshake
+(``plain_replica.py``; a replica pod only takes authenticated connections, which wrk cannot make),
+run beside the cluster so both rows share its background load.
 Everything is torn down at the end. The figures go to ``results-kubernetes.json``, and
 ``results.md`` is rewritten from ``results.json`` plus them (``report.py`` adds the rows).
 """
@@ -30,6 +32,7 @@ sys.path[:0] = [str(BENCH_DIR), str(ROOT / "tests" / "kubernetes"), str(ROOT / "
 
 import bench  # noqa: E402
 import load  # noqa: E402
+import plain_replica  # noqa: E402
 import report  # noqa: E402
 from k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane  # noqa: E402
 from k8s_operator import (  # noqa: E402
@@ -40,7 +43,7 @@ from k8s_operator import (  # noqa: E402
     ready_pods,
 )
 
-from kubeserve_testing import http, wait_for  # noqa: E402
+from kubeserve_testing import free_port, http, wait_for  # noqa: E402
 
 NAMESPACE = "bench-k8s"
 APP = "noop"
@@ -109,12 +112,12 @@ def run() -> dict[str, Any]:
             operator.start()
             proxy_ip, replica_ip = deploy(plane, operator)
             print(f"proxy pod {proxy_ip}, replica pod {replica_ip}", flush=True)
+            with plain_replica.running("benchmarks.apps:noop", "Noop", free_port()) as direct:
+                reference = load.measure(
+                    "no-op, direct to replica pod", report.KUBERNETES_SYSTEM, direct
+                )
             loads = [
-                load.measure(
-                    "no-op, direct to replica pod",
-                    report.KUBERNETES_SYSTEM,
-                    f"http://{replica_ip}:{PORT}/",
-                ),
+                reference,
                 load.measure(
                     "no-op via proxy pod, 1 replica",
                     report.KUBERNETES_SYSTEM,

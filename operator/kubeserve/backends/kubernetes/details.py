@@ -38,6 +38,7 @@ __all__ = [
     "DEPLOYED_AT_ANNOTATION",
     "ClusterView",
     "ControllerIdentity",
+    "annotated_deployed_at",
     "app_config",
     "app_name",
     "instance_options",
@@ -175,14 +176,22 @@ def _route_prefix(status: Mapping[str, Any], config: Mapping[str, Any] | None) -
     return "/"
 
 
+def annotated_deployed_at(obj: Obj) -> float | None:
+    """When the admin API last changed the spec of a ``ServeApplication`` (``None``: it did not,
+    or the annotation is not a number)."""
+    annotation = (obj["metadata"].get("annotations") or {}).get(DEPLOYED_AT_ANNOTATION)
+    try:
+        return float(annotation) if annotation else None
+    except ValueError:
+        return None
+
+
 def _deployed_at(obj: Obj) -> float:
+    """The annotation, else the operator's ``lastDeployedTime``, else the object's creation."""
     meta, status = obj["metadata"], obj.get("status") or {}
-    annotation = (meta.get("annotations") or {}).get(DEPLOYED_AT_ANNOTATION)
-    if annotation:
-        try:
-            return float(annotation)
-        except ValueError:
-            pass
+    annotated = annotated_deployed_at(obj)
+    if annotated is not None:
+        return annotated
     for stamp in (status.get("lastDeployedTime"), meta.get("creationTimestamp")):
         if stamp:
             return _epoch(stamp)

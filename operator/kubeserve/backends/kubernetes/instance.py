@@ -7,7 +7,7 @@ from typing import Any
 
 from kubeserve.backends.kubernetes import names, render
 from kubeserve.backends.kubernetes.context import OperatorContext, pod_ready
-from kubeserve.backends.kubernetes.status import _condition
+from kubeserve.backends.kubernetes.status import ready_condition
 
 
 async def reconcile_instance(ctx: OperatorContext, obj: dict[str, Any]) -> None:
@@ -75,6 +75,8 @@ def _instance_status(
         "proxies": proxies,
         "applications": applications,
         "conditions": [
-            _condition(obj, ready, "Running" if ready else "Starting", message or "RUNNING")
+            ready_condition(
+                obj, ready, "Running" if ready else "Starting", message or "RUNNING"
+            ).model_dump(mode="json")
         ],
     }

@@ -43,6 +43,7 @@ __all__ = [
     "app_name",
     "instance_options",
     "instance_view",
+    "pod_process",
 ]
 
 #: On a ``ServeApplication`` the admin API wrote: when its spec last changed (epoch seconds).
@@ -134,7 +135,7 @@ def _proxies(view: ClusterView, instance_name: str) -> dict[str, ProxyView]:
         status = "HEALTHY" if pod_ready(pod) else "STARTING"
         if pod["metadata"].get("deletionTimestamp"):
             status = "DRAINING"
-        proxies[_node(pod)] = ProxyView(_process(pod), status)
+        proxies[_node(pod)] = ProxyView(pod_process(pod), status)
     return proxies
 
 
@@ -253,7 +254,7 @@ def _replica(pod: Obj) -> ReplicaProcessView:
     else:
         state = "RUNNING" if pod_ready(pod) else "STARTING"
     return ReplicaProcessView(
-        _process(pod),
+        pod_process(pod),
         replica_id=meta["name"],
         state=state,
         pid=None,
@@ -261,7 +262,7 @@ def _replica(pod: Obj) -> ReplicaProcessView:
     )
 
 
-def _process(pod: Obj) -> ProcessView:
+def pod_process(pod: Obj) -> ProcessView:
     """A pod as the process Ray would have an actor for."""
     meta = pod["metadata"]
     return ProcessView(
@@ -274,6 +275,7 @@ def _process(pod: Obj) -> ProcessView:
 
 
 def _node(pod: Obj) -> str:
+    """The node a pod runs on (its own name until it is scheduled)."""
     return str((pod.get("spec") or {}).get("nodeName") or pod["metadata"]["name"])
 
 

@@ -33,7 +33,9 @@ def test_serve_application_applied_with_kubectl_serves_traffic(
     status = plane.get("serveapplication", "probe", namespace)["status"]
     assert status["appStatus"] == "RUNNING"
     assert status["deployments"]["Probe"]["status"] == "HEALTHY"
+    assert status["deployments"]["Probe"]["readyReplicas"] == 1
     assert status["observedGeneration"] == 1
+    assert status["lastDeployedTime"]
     url = proxy_url(plane, namespace)
 
     def answers() -> Any:
@@ -112,6 +114,7 @@ def test_scaling_up_and_down(
 ) -> None:
     plane = control_plane
     deploy_probe(plane, operator, namespace, numReplicas=1)
+    deployed = []
     for generation, replicas in ((2, 3), (3, 1)):
         patch_probe(plane, namespace, numReplicas=replicas)
         try:
@@ -125,6 +128,9 @@ def test_scaling_up_and_down(
         wait_for(lambda n=replicas: len(replica_pods(plane, namespace)) == n, 60, what="pods")
         status = plane.get("serveapplication", "probe", namespace)["status"]
         assert status["deployments"]["Probe"]["targetReplicas"] == replicas
+        assert status["deployments"]["Probe"]["readyReplicas"] == replicas
+        deployed.append(status["lastDeployedTime"])
+    assert deployed[0] < deployed[1]  # each spec change is a new deployment
 
 
 def test_restarting_the_operator_restarts_no_pod(

@@ -19,6 +19,7 @@ from kubeserve.api.errors import BadRequest, UnsupportedMediaType, error_middlew
 from kubeserve.api.openapi import Endpoint, QueryParameter, openapi_document
 from kubeserve.api.security import AdminSecurity, security_middleware
 from kubeserve.backends.protocol import Backend, ConflictError, NotFoundError
+from kubeserve.control.details import details_body, single_app_status
 from kubeserve.schema.body import decode_json_body, parse_body
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
 from kubeserve.schema.status import APIType, ServeInstanceDetails, ServeStatusSchema
@@ -148,12 +149,10 @@ async def get_applications(request: web.Request) -> web.Response:
         raise BadRequest(message, [{"loc": ["query", "api_type"], "msg": message}])
     details = await _backend(request).instance_details()
     if wanted:
-        details["applications"] = {
-            name: app
-            for name, app in details.get("applications", {}).items()
-            if app.get("source") == wanted
+        details.applications = {
+            name: app for name, app in details.applications.items() if app.source == wanted
         }
-    return web.json_response(details)
+    return web.json_response(details_body(details))
 
 
 async def delete_all(request: web.Request) -> web.Response:
@@ -179,7 +178,7 @@ async def get_single_app(request: web.Request) -> web.Response:
     single = await backend.single_app_config()
     if single is not None:
         return web.json_response(single)
-    apps = (await backend.instance_details()).get("applications", {})
+    apps = (await backend.instance_details()).applications
     if not apps:
         raise NotFoundError("no application is deployed")
     if len(apps) > 1:
@@ -188,7 +187,9 @@ async def get_single_app(request: web.Request) -> web.Response:
             "read them with GET /api/serve/applications/"
         )
     (app,) = apps.values()
-    return web.json_response(app["deployed_app_config"])
+    if app.deployed_app_config is None:
+        raise NotFoundError(f"the application {app.name!r} has no valid config")
+    return web.json_response(app.deployed_app_config.model_dump(mode="json", exclude_unset=True))
 
 
 async def get_single_app_status(request: web.Request) -> web.Response:
@@ -197,31 +198,10 @@ async def get_single_app_status(request: web.Request) -> web.Response:
     defaults["http_options"].update(request.app[DEFAULT_HTTP_KEY])
     await backend.ensure_running(defaults)
     single = await backend.single_app_config()
-    apps: dict[str, Any] = (await backend.instance_details()).get("applications", {})
+    apps = (await backend.instance_details()).applications
     name = single.get("name", "") if single is not None else next(iter(apps), "")
-    app = apps.get(name)
-    if app is None:
-        return web.json_response(
-            {
-                "name": name,
-                "app_status": {"status": "NOT_STARTED", "message": "", "deployment_timestamp": 0},
-                "deployment_statuses": [],
-            }
-        )
-    return web.json_response(
-        {
-            "name": name,
-            "app_status": {
-                "status": app["status"],
-                "message": app["message"],
-                "deployment_timestamp": app["last_deployed_time_s"],
-            },
-            "deployment_statuses": [
-                {"name": d["name"], "status": d["status"], "message": d["message"]}
-                for d in app["deployments"].values()
-            ],
-        }
-    )
+    status = single_app_status(name, apps.get(name))
+    return web.json_response(status.model_dump(mode="json"))
 
 
 _API_TYPES = (APIType.IMPERATIVE.value, APIType.DECLARATIVE.value)

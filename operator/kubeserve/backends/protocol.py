@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from kubeserve.schema.status import ServeInstanceDetails
+
 
 class BackendError(Exception):
     """Base of the errors a backend reports to the API."""
@@ -78,8 +80,9 @@ class Backend(Protocol):
         """The body of the last single-application PUT, when that is what runs."""
         ...
 
-    async def instance_details(self) -> dict[str, Any]:
-        """The body of GET /api/serve/applications/ (Ray 2.60's ServeInstanceDetails)."""
+    async def instance_details(self) -> ServeInstanceDetails:
+        """What GET /api/serve/applications/ answers (built by
+        :func:`kubeserve.control.details.instance_details`)."""
         ...
 
     def internal_routes(self) -> list[web.RouteDef]:

@@ -350,7 +350,10 @@ class ServeApplicationStatus(CRModel):
     ingress_deployment: str | None = Field(
         default=None, description="The deployment that receives the application's HTTP traffic."
     )
+    #: Ray's API-docs route of a FastAPI ingress; kubeserve serves none, so it stays unset (null)
     docs_path: str | None = None
+    #: when the current spec was deployed: the admin API's PUT, else the operator's first sight of
+    #: this generation; the admin API's ``last_deployed_time_s``
     last_deployed_time: datetime | None = None
     observed_generation: NonNegativeInt | None = None
     deployments: dict[str, DeploymentStatusEntry] = Field(default_factory=dict)

@@ -62,6 +62,10 @@ __all__ = [
 ]
 
 
+def _is_none(value: object) -> bool:
+    return value is None
+
+
 class _Response(BaseModel):
     """Base of response bodies: exactly the documented fields, nothing else."""
 
@@ -280,7 +284,11 @@ class DeploymentTopology(_Response):
 
 
 class ApplicationDetails(_Response):
-    """One application in GET /api/serve/applications/."""
+    """One application in GET /api/serve/applications/.
+
+    ``deployed_app_config`` is left out when there is none (a custom resource whose spec breaks a
+    REST rule), ``deployment_topology`` while the graph is not built.
+    """
 
     name: str
     route_prefix: str | None
@@ -288,11 +296,11 @@ class ApplicationDetails(_Response):
     status: ApplicationStatus
     message: str
     last_deployed_time_s: float
-    deployed_app_config: ServeApplicationSchema | None = None
+    deployed_app_config: ServeApplicationSchema | None = Field(default=None, exclude_if=_is_none)
     source: APIType
     deployments: dict[str, DeploymentDetails]
     external_scaler_enabled: bool
-    deployment_topology: DeploymentTopology | None = None
+    deployment_topology: DeploymentTopology | None = Field(default=None, exclude_if=_is_none)
 
     @field_serializer("deployed_app_config")
     def _given_only(self, config: ServeApplicationSchema | None) -> dict[str, Any] | None:
@@ -319,10 +327,6 @@ class TargetGroup(_Response):
     ingress_deployment_name: str = ""
 
 
-def _is_none(value: object) -> bool:
-    return value is None
-
-
 class ServeInstanceDetails(_Response):
     """GET /api/serve/applications/: the serving layer and every application.
 
@@ -343,10 +347,13 @@ class ServeInstanceDetails(_Response):
     restores_unset_config_options: bool = False
 
 
-def empty_instance_details() -> dict[str, Any]:
-    """The answer when the serving layer is not running, byte for byte what Ray sends.
+def empty_instance_details() -> ServeInstanceDetails:
+    """The answer when the serving layer is not running: what Ray sends, with the fields set that
+    Ray writes (dumped with ``exclude_unset``, it is Ray's body byte for byte).
 
     ``controller_info`` has no ``node_id``, which tells ``serve shutdown`` there is nothing to
     shut down.
     """
-    return {"controller_info": {}, "proxies": {}, "applications": {}, "target_capacity": None}
+    return ServeInstanceDetails(
+        controller_info=ServeActorDetails(), proxies={}, applications={}, target_capacity=None
+    )

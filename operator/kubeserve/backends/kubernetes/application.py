@@ -18,6 +18,8 @@ from pydantic import ValidationError
 from kubeserve.backends.kubernetes import names, render
 from kubeserve.backends.kubernetes.context import OperatorContext
 from kubeserve.backends.kubernetes.status import (
+    Ingress,
+    ObservedDeployment,
     application_status_patch,
     deployment_view_from_pods,
     failed_status_patch,
@@ -72,17 +74,16 @@ async def reconcile_application(ctx: OperatorContext, obj: dict[str, Any]) -> No
     if graph is None or error is not None:
         build = BuildView("running") if graph is None else BuildView("failed", error or "")
         info = application_status(build, {})
-        await ctx.patch_status(obj, application_status_patch(obj, info, app_config, {}, None))
+        await ctx.patch_status(obj, application_status_patch(obj, info, {}, None))
         return
-    views, routing = await _reconcile_deployments(
+    deployments = await _reconcile_deployments(
         ctx, instance_view, app_view, app_config, graph, secret
     )
-    info = application_status(BuildView("done"), views)
+    info = application_status(BuildView("done"), {n: d.view for n, d in deployments.items()})
     ingress = str(graph.body["ingress"])
     ingress_options = _node(graph, ingress).get("options", {})
-    routing["__route__"] = {"route_prefix": app_route_prefix(app_config, ingress_options)}
-    patch = application_status_patch(obj, info, app_config, routing, ingress)
-    await ctx.patch_status(obj, patch)
+    route = Ingress(ingress, app_route_prefix(app_config, ingress_options))
+    await ctx.patch_status(obj, application_status_patch(obj, info, deployments, route))
 
 
 def _override_error(graph: Graph, app_config: dict[str, Any]) -> str | None:
@@ -159,10 +160,9 @@ async def _reconcile_deployments(
     app_config: dict[str, Any],
     graph: Graph,
     secret: bytes,
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> dict[str, ObservedDeployment]:
     overrides = {d["name"]: d for d in app_config.get("deployments", [])}
-    views: dict[str, Any] = {}
-    routing: dict[str, Any] = {}
+    observed: dict[str, ObservedDeployment] = {}
     wanted: set[str] = set()
     for node in graph.body["deployments"]:
         name = node["name"]
@@ -190,14 +190,11 @@ async def _reconcile_deployments(
         )
         if deployment_status(view).status == "HEALTHY":
             ctx.healthy_versions.add(healthy_key)
-        views[name] = view
-        routing[name] = {
-            "service": service["metadata"]["name"],
-            "max_ongoing_requests": int(effective["max_ongoing_requests"]),
-            "target": config_rules.target_replicas(effective),
-        }
+        observed[name] = ObservedDeployment(
+            view, service["metadata"]["name"], int(effective["max_ongoing_requests"])
+        )
     await _delete_stale_children(ctx, app, wanted)
-    return views, routing
+    return observed
 
 
 async def _delete_stale_children(

@@ -39,10 +39,11 @@ from kubeserve.backends.kubernetes.details import (
     ClusterView,
     ControllerIdentity,
     app_name,
-    instance_details,
     instance_options,
+    instance_view,
 )
 from kubeserve.backends.protocol import ConflictError, RejectedError, UnavailableError
+from kubeserve.control.details import instance_details
 from kubeserve.control.instance import immutable_option_conflict
 from kubeserve.runtime.kube import Kube, KubeConflict, KubeError, path
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
@@ -52,6 +53,7 @@ from kubeserve.schema.resources import (
     ServeApplicationSpec,
     ServeInstanceSpec,
 )
+from kubeserve.schema.status import ServeInstanceDetails
 
 __all__ = [
     "FIELD_MANAGER",
@@ -176,7 +178,7 @@ class KubernetesBackend:
         value = json.loads(raw)
         return value if isinstance(value, dict) else None
 
-    async def instance_details(self) -> dict[str, Any]:
+    async def instance_details(self) -> ServeInstanceDetails:
         namespace = self.namespace
         view = ClusterView(
             instance=self.cache.get("ServeInstance", namespace, self.instance),
@@ -184,7 +186,7 @@ class KubernetesBackend:
             objects=lambda kind, labels: self.cache.objects(kind, namespace, labels),
             configmap=lambda name: self.cache.get("ConfigMap", namespace, name),
         )
-        return instance_details(view, self.controller)
+        return instance_details(instance_view(view, self.controller))
 
     def internal_routes(self) -> list[web.RouteDef]:
         """None: in a cluster the data plane discovers through the Kubernetes API."""

@@ -1,11 +1,11 @@
-"""GET /api/serve/applications/ of the Kubernetes backend: Ray 2.60's ServeInstanceDetails.
+"""GET /api/serve/applications/ of the Kubernetes backend: the backend-neutral views of what runs.
 
-Pure formatting of objects the operator's caches already hold (the ``ServeInstance``, its
+:func:`kubeserve.control.details.instance_details` builds Ray 2.60's ServeInstanceDetails from
+them; this module reads only objects the operator's caches already hold (the ``ServeInstance``, its
 ``ServeApplication`` custom resources with the status the operator wrote, their build-graph
-ConfigMaps and the proxy and replica pods), so answering a GET makes no API request. The shape is
-the local backend's (:mod:`kubeserve.backends.local.details`) key for key; only the values that
-name processes differ: a replica is a pod (``replica_id`` is the pod's name, ``node_id`` its node,
-``pid`` unknown), a proxy is a proxy pod.
+ConfigMaps and the proxy and replica pods), so answering a GET makes no API request. Only the
+values that name processes differ from the local backend's: a replica is a pod (``replica_id`` is
+the pod's name, ``node_id`` its node, ``pid`` unknown), a proxy is a proxy pod.
 """
 
 from __future__ import annotations
@@ -22,6 +22,15 @@ from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.context import pod_ready
 from kubeserve.backends.kubernetes.render_views import app_view
 from kubeserve.control import config as config_rules
+from kubeserve.control.details import (
+    ApplicationDetailsView,
+    DeploymentDetailsView,
+    InstanceDetailsView,
+    ProcessView,
+    ProxyView,
+    ReplicaProcessView,
+    controller_process,
+)
 from kubeserve.schema.config import ServeDeploySchema
 from kubeserve.schema.resources import DEFAULT_INSTANCE, ServeApplicationSpec, ServeInstanceSpec
 
@@ -29,22 +38,18 @@ __all__ = [
     "DEPLOYED_AT_ANNOTATION",
     "ClusterView",
     "ControllerIdentity",
+    "annotated_deployed_at",
     "app_config",
     "app_name",
-    "empty_details",
-    "instance_details",
     "instance_options",
+    "instance_view",
+    "pod_process",
 ]
 
 #: On a ``ServeApplication`` the admin API wrote: when its spec last changed (epoch seconds).
 DEPLOYED_AT_ANNOTATION = "kubeserve.io/deployed-at"
 
 Obj = dict[str, Any]
-
-
-def empty_details() -> dict[str, Any]:
-    """What Ray 2.60 answers when no serving layer runs."""
-    return {"controller_info": {}, "proxies": {}, "applications": {}, "target_capacity": None}
 
 
 @dataclass(frozen=True)
@@ -103,74 +108,52 @@ def app_config(obj: Obj) -> dict[str, Any] | None:
     return config
 
 
-def instance_details(view: ClusterView, controller: ControllerIdentity) -> dict[str, Any]:
+def instance_view(view: ClusterView, controller: ControllerIdentity) -> InstanceDetailsView | None:
+    """``None`` when no ``ServeInstance`` exists (nothing runs)."""
     if view.instance is None:
-        return empty_details()
-    options = instance_options(view.instance.get("spec") or {})
+        return None
     instance_name = view.instance["metadata"]["name"]
-    return {
-        "controller_info": {
-            "node_id": controller.node_id,
-            "node_ip": controller.node_ip,
-            "actor_id": f"controller-{controller.pid}",
-            "actor_name": "SERVE_CONTROLLER_ACTOR",
-            "worker_id": str(controller.pid),
-            "log_file_path": "",
-        },
-        "proxy_location": options.get("proxy_location", "EveryNode"),
-        "http_options": options.get("http_options", {}),
-        "grpc_options": options.get("grpc_options", {}),
-        "proxies": _proxies(view, instance_name),
-        "applications": {
-            app_name(obj): _application(view, obj)
+    return InstanceDetailsView(
+        controller=controller_process(controller.node_id, controller.node_ip, controller.pid, ""),
+        options=instance_options(view.instance.get("spec") or {}),
+        proxies=_proxies(view, instance_name),
+        applications=[
+            _application(view, obj)
             for obj in view.applications
             if (obj.get("spec") or {}).get("instance", DEFAULT_INSTANCE) == instance_name
-        },
-        "target_capacity": options.get("target_capacity"),
-    }
+        ],
+    )
 
 
-def _proxies(view: ClusterView, instance_name: str) -> dict[str, Any]:
+def _proxies(view: ClusterView, instance_name: str) -> dict[str, ProxyView]:
     labels = {
         names.COMPONENT_LABEL: names.COMPONENT_PROXY,
         names.INSTANCE_LABEL: names.label_value(instance_name),
     }
-    proxies: dict[str, Any] = {}
+    proxies: dict[str, ProxyView] = {}
     for pod in sorted(view.objects("Pod", labels), key=pod_ready):  # a ready pod wins its node
-        node = _node(pod)
-        proxies[node] = {
-            **_process(pod),
-            "actor_name": f"SERVE_PROXY_ACTOR-{node}",
-            "status": "DRAINING"
-            if pod["metadata"].get("deletionTimestamp")
-            else ("HEALTHY" if pod_ready(pod) else "STARTING"),
-        }
+        status = "HEALTHY" if pod_ready(pod) else "STARTING"
+        if pod["metadata"].get("deletionTimestamp"):
+            status = "DRAINING"
+        proxies[_node(pod)] = ProxyView(pod_process(pod), status)
     return proxies
 
 
-def _application(view: ClusterView, obj: Obj) -> dict[str, Any]:
+def _application(view: ClusterView, obj: Obj) -> ApplicationDetailsView:
     status = obj.get("status") or {}
     config = app_config(obj)
-    name = app_name(obj)
     graph = _graph(view, obj, config)
-    body: dict[str, Any] = {
-        "name": name,
-        "route_prefix": _route_prefix(status, config),
-        "docs_path": status.get("docsPath"),
-        "status": _app_status(obj),
-        "message": str(status.get("message") or ""),
-        "last_deployed_time_s": _deployed_at(obj),
-    }
-    if config is not None:
-        body["deployed_app_config"] = config
-    body.update(
-        source="declarative",
+    return ApplicationDetailsView(
+        name=app_name(obj),
+        route_prefix=_route_prefix(status, config),
+        status=_app_status(obj),
+        message=str(status.get("message") or ""),
+        deployed_at=_deployed_at(obj),
+        config=config,
         deployments=_deployments(view, obj, config, graph),
-        external_scaler_enabled=bool((config or {}).get("external_scaler_enabled", False)),
+        graph=graph,
+        docs_path=status.get("docsPath"),
     )
-    if graph is not None:
-        body["deployment_topology"] = _topology(name, graph)
-    return body
 
 
 def _app_status(obj: Obj) -> str:
@@ -194,14 +177,22 @@ def _route_prefix(status: Mapping[str, Any], config: Mapping[str, Any] | None) -
     return "/"
 
 
+def annotated_deployed_at(obj: Obj) -> float | None:
+    """When the admin API last changed the spec of a ``ServeApplication`` (``None``: it did not,
+    or the annotation is not a number)."""
+    annotation = (obj["metadata"].get("annotations") or {}).get(DEPLOYED_AT_ANNOTATION)
+    try:
+        return float(annotation) if annotation else None
+    except ValueError:
+        return None
+
+
 def _deployed_at(obj: Obj) -> float:
+    """The annotation, else the operator's ``lastDeployedTime``, else the object's creation."""
     meta, status = obj["metadata"], obj.get("status") or {}
-    annotation = (meta.get("annotations") or {}).get(DEPLOYED_AT_ANNOTATION)
-    if annotation:
-        try:
-            return float(annotation)
-        except ValueError:
-            pass
+    annotated = annotated_deployed_at(obj)
+    if annotated is not None:
+        return annotated
     for stamp in (status.get("lastDeployedTime"), meta.get("creationTimestamp")):
         if stamp:
             return _epoch(stamp)
@@ -225,12 +216,12 @@ def _graph(view: ClusterView, obj: Obj, config: Mapping[str, Any] | None) -> Obj
 
 def _deployments(
     view: ClusterView, obj: Obj, config: Mapping[str, Any] | None, graph: Obj | None
-) -> dict[str, Any]:
+) -> list[DeploymentDetailsView]:
     if graph is None or config is None:
-        return {}
+        return []
     overrides = {d["name"]: d for d in config.get("deployments", [])}
     statuses = (obj.get("status") or {}).get("deployments") or {}
-    deployments = {}
+    deployments = []
     for node in graph["deployments"]:
         name = node["name"]
         effective = config_rules.effective_deployment_config(
@@ -240,67 +231,52 @@ def _deployments(
         labels = names.selector_labels(
             names.COMPONENT_REPLICA, application=obj["metadata"]["name"], deployment=name
         )
-        deployments[name] = {
-            "name": name,
-            "status": status.get("status", "UPDATING"),
-            "status_trigger": status.get("statusTrigger", "CONFIG_UPDATE_STARTED"),
-            "message": str(status.get("message") or ""),
-            "deployment_config": effective,
-            "target_num_replicas": int(
-                status.get("targetReplicas", config_rules.target_replicas(effective))
-            ),
-            "required_resources": config_rules.required_resources(effective),
-            "replicas": [_replica(pod, app_name(obj), name) for pod in view.objects("Pod", labels)],
-        }
+        deployments.append(
+            DeploymentDetailsView(
+                name=name,
+                config=effective,
+                target_replicas=int(
+                    status.get("targetReplicas", config_rules.target_replicas(effective))
+                ),
+                replicas=[_replica(pod) for pod in view.objects("Pod", labels)],
+                status=status.get("status", "UPDATING"),
+                status_trigger=status.get("statusTrigger", "CONFIG_UPDATE_STARTED"),
+                message=str(status.get("message") or ""),
+            )
+        )
     return deployments
 
 
-def _replica(pod: Obj, app: str, deployment: str) -> dict[str, Any]:
+def _replica(pod: Obj) -> ReplicaProcessView:
     meta, status = pod["metadata"], pod.get("status") or {}
     if meta.get("deletionTimestamp"):
         state = "STOPPING"
     else:
         state = "RUNNING" if pod_ready(pod) else "STARTING"
-    return {
-        **_process(pod),
-        "actor_name": f"SERVE_REPLICA::{app}#{deployment}#{meta['name']}",
-        "replica_id": meta["name"],
-        "state": state,
-        "pid": None,
-        "start_time_s": _epoch(status.get("startTime") or meta.get("creationTimestamp") or ""),
-    }
+    return ReplicaProcessView(
+        pod_process(pod),
+        replica_id=meta["name"],
+        state=state,
+        pid=None,
+        start_time_s=_epoch(status.get("startTime") or meta.get("creationTimestamp") or ""),
+    )
 
 
-def _process(pod: Obj) -> dict[str, Any]:
-    """The process-info fields every Ray actor entry has, for a pod."""
+def pod_process(pod: Obj) -> ProcessView:
+    """A pod as the process Ray would have an actor for."""
     meta = pod["metadata"]
-    return {
-        "node_id": _node(pod),
-        "node_ip": (pod.get("status") or {}).get("hostIP", ""),
-        "actor_id": meta.get("uid", ""),
-        "actor_name": meta["name"],
-        "worker_id": meta["name"],
-        "log_file_path": "",
-    }
+    return ProcessView(
+        node_id=_node(pod),
+        node_ip=(pod.get("status") or {}).get("hostIP", ""),
+        actor_id=meta.get("uid", ""),
+        worker_id=meta["name"],
+        log_file_path="",
+    )
 
 
 def _node(pod: Obj) -> str:
+    """The node a pod runs on (its own name until it is scheduled)."""
     return str((pod.get("spec") or {}).get("nodeName") or pod["metadata"]["name"])
-
-
-def _topology(app: str, graph: Obj) -> dict[str, Any]:
-    nodes = {
-        node["name"]: {
-            "name": node["name"],
-            "app_name": app,
-            "outbound_deployments": [
-                {"name": target, "app_name": app} for target in node.get("outbound", [])
-            ],
-            "is_ingress": bool(node.get("is_ingress")),
-        }
-        for node in graph["deployments"]
-    }
-    return {"app_name": app, "nodes": nodes, "ingress_deployment": graph.get("ingress")}
 
 
 def _epoch(stamp: str) -> float:

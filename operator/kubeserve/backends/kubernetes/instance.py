@@ -3,11 +3,14 @@ NetworkPolicies, proxies, and the instance status."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from kubeserve.backends.kubernetes import names, render
 from kubeserve.backends.kubernetes.context import OperatorContext, pod_ready
-from kubeserve.backends.kubernetes.status import _condition
+from kubeserve.backends.kubernetes.details import pod_process
+from kubeserve.backends.kubernetes.status import ready_condition
+from kubeserve.schema.resources import ServeInstanceStatus
 
 
 async def reconcile_instance(ctx: OperatorContext, obj: dict[str, Any]) -> None:
@@ -36,17 +39,14 @@ async def reconcile_instance(ctx: OperatorContext, obj: dict[str, Any]) -> None:
 def _instance_status(
     ctx: OperatorContext, obj: dict[str, Any], labels: dict[str, str]
 ) -> dict[str, Any]:
+    """``ServeInstance.status`` as a merge patch: its model's fields, every one set."""
     namespace = obj["metadata"]["namespace"]
     proxies = {}
     for pod in ctx.cache.objects("Pod", namespace, labels):
-        node = (pod.get("spec") or {}).get("nodeName") or pod["metadata"]["name"]
-        proxies[node] = {
-            "nodeId": node,
-            "nodeIp": (pod.get("status") or {}).get("hostIP", ""),
-            "actorId": pod["metadata"]["uid"],
-            "actorName": pod["metadata"]["name"],
-            "workerId": pod["metadata"]["name"],
-            "logFilePath": "",
+        process = pod_process(pod)
+        proxies[process.node_id] = {
+            **dataclasses.asdict(process),
+            "actor_name": pod["metadata"]["name"],
             "status": "HEALTHY" if pod_ready(pod) else "STARTING",
         }
     applications = {}
@@ -56,7 +56,7 @@ def _instance_status(
             continue
         applications[spec.get("appName") or app["metadata"]["name"]] = {
             "status": status.get("appStatus") or "NOT_STARTED",
-            "routePrefix": status.get("routePrefix"),
+            "route_prefix": status.get("routePrefix"),
             "message": (status.get("message") or "")[:1024],
         }
     location = (obj.get("spec") or {}).get("proxyLocation", "EveryNode")
@@ -68,13 +68,19 @@ def _instance_status(
     message = (
         "" if ready else ("proxies starting" if not proxies_ok else "applications not all RUNNING")
     )
-    return {
-        "state": "RUNNING" if ready else "STARTING",
-        "message": message,
-        "observedGeneration": obj["metadata"].get("generation"),
-        "proxies": proxies,
-        "applications": applications,
-        "conditions": [
-            _condition(obj, ready, "Running" if ready else "Starting", message or "RUNNING")
-        ],
-    }
+    condition = ready_condition(
+        obj, ready, "Running" if ready else "Starting", message or "RUNNING"
+    )
+    status = ServeInstanceStatus.model_validate(
+        {
+            "state": "RUNNING" if ready else "STARTING",
+            "message": message,
+            "observed_generation": obj["metadata"].get("generation"),
+            "proxies": proxies,
+            "applications": applications,
+            "conditions": [condition],
+        },
+        by_name=True,
+        by_alias=False,
+    )
+    return status.model_dump(mode="json", exclude_unset=True)

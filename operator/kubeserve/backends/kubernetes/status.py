@@ -1,15 +1,63 @@
-"""Custom-resource status from observed pods, computed with the same rules as the local backend."""
+"""Custom-resource status from observed pods, computed with the same rules as the local backend.
+
+Every ``ServeApplication`` status write is a
+:class:`~kubeserve.schema.resources.ServeApplicationStatus` dumped with ``exclude_unset``: a patch
+holds exactly the fields set here, so a failure before the graph is known
+(:func:`failed_status_patch`) keeps the deployments and route last reported, and
+:meth:`~kubeserve.backends.kubernetes.context.OperatorContext.patch_status` turns map entries that
+are gone into deletions. ``docsPath`` is never written: kubeserve serves no API docs route (Ray
+fills it for FastAPI ingresses), so the admin API reports ``docs_path`` null.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.context import OperatorContext, pod_ready, replica_key
+from kubeserve.backends.kubernetes.details import annotated_deployed_at
 from kubeserve.control import config as config_rules
-from kubeserve.control.status import AppStatusInfo, DeploymentView, ReplicaView
+from kubeserve.control.status import (
+    AppStatusInfo,
+    DeploymentStatusInfo,
+    DeploymentView,
+    ReplicaView,
+)
+from kubeserve.schema.resources import Condition, ServeApplicationStatus
+
+__all__ = [
+    "Ingress",
+    "ObservedDeployment",
+    "application_status_patch",
+    "deployment_view_from_pods",
+    "failed_status_patch",
+    "ready_condition",
+]
+
+#: The ``Ready`` condition's reason for an application status (``Deploying`` for the others).
+_READY_REASONS = {"RUNNING": "Running", "DEPLOY_FAILED": "DeployFailed", "UNHEALTHY": "Unhealthy"}
+
+
+@dataclass(frozen=True)
+class ObservedDeployment:
+    """One serve deployment after a reconcile pass: what its pods do, and the data plane's routing
+    inputs (the Service whose EndpointSlices list its ready replicas, the cap per replica)."""
+
+    view: DeploymentView
+    service: str
+    max_ongoing_requests: int
+
+
+@dataclass(frozen=True)
+class Ingress:
+    """Where an application's HTTP traffic enters: its ingress deployment and route."""
+
+    deployment: str
+    route_prefix: str | None
 
 
 def deployment_view_from_pods(
@@ -55,71 +103,110 @@ def deployment_view_from_pods(
     )
 
 
-def _condition(obj: dict[str, Any], ready: bool, reason: str, message: str) -> dict[str, Any]:
+def ready_condition(obj: dict[str, Any], ready: bool, reason: str, message: str) -> Condition:
+    """The ``Ready`` condition of ``obj``; its transition time moves only when ``ready`` does."""
     old = next(
         (c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
         None,
     )
     status = "True" if ready else "False"
     changed = old is None or old.get("status") != status
-    return {
-        "type": "Ready",
-        "status": status,
-        "reason": reason,
-        "message": message[:1024],
-        "lastTransitionTime": _now() if changed else old.get("lastTransitionTime", _now()),  # type: ignore[union-attr]
-        "observedGeneration": obj["metadata"].get("generation"),
-    }
-
-
-def _now() -> str:
-    return datetime.fromtimestamp(time.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return Condition.model_validate(
+        {
+            "type": "Ready",
+            "status": status,
+            "reason": reason,
+            "message": message[:1024],
+            "last_transition_time": _now() if changed else old.get("lastTransitionTime") or _now(),  # type: ignore[union-attr]
+            "observed_generation": obj["metadata"].get("generation"),
+        },
+        by_name=True,
+        by_alias=False,
+    )
 
 
 def failed_status_patch(
     obj: dict[str, Any], reason: str, message: str, app_status: str = "DEPLOY_FAILED"
 ) -> dict[str, Any]:
-    return {
-        "appStatus": app_status,
-        "message": message,
-        "observedGeneration": obj["metadata"].get("generation"),
-        "conditions": [_condition(obj, False, reason, message)],
-    }
+    """The application cannot be reconciled (its spec or its instance is wrong)."""
+    return _patch(
+        obj,
+        app_status=app_status,
+        message=message,
+        conditions=[ready_condition(obj, False, reason, message)],
+    )
 
 
 def application_status_patch(
     obj: dict[str, Any],
     info: AppStatusInfo,
-    app_config: dict[str, Any],
-    routing: dict[str, Any],
-    ingress: str | None,
+    deployments: Mapping[str, ObservedDeployment],
+    ingress: Ingress | None,
 ) -> dict[str, Any]:
-    deployments = {
-        name: {
-            "status": d.status,
-            "statusTrigger": d.status_trigger,
-            "message": d.message[:1024],
-            "service": routing[name]["service"],
-            "maxOngoingRequests": routing[name]["max_ongoing_requests"],
-            "targetReplicas": routing[name]["target"],
-        }
-        for name, d in info.deployments.items()
-    }
+    """The application's derived status; ``deployments`` holds every deployment of ``info``
+    (none while the graph builds), ``ingress`` is ``None`` until the graph is known."""
     healthy = sum(1 for d in info.deployments.values() if d.status == "HEALTHY")
     ready = info.status == "RUNNING"
-    reason = {"RUNNING": "Running", "DEPLOY_FAILED": "DeployFailed", "UNHEALTHY": "Unhealthy"}.get(
-        info.status, "Deploying"
-    )
-    patch: dict[str, Any] = {
-        "appStatus": info.status,
+    reason = _READY_REASONS.get(info.status, "Deploying")
+    fields: dict[str, Any] = {
+        "app_status": info.status,
         "message": info.message[:4096],
-        "observedGeneration": obj["metadata"].get("generation"),
-        "readyDeployments": f"{healthy}/{len(info.deployments)}",
-        "deployments": deployments,
-        "conditions": [_condition(obj, ready, reason, info.message or info.status)],
+        "ready_deployments": f"{healthy}/{len(info.deployments)}",
+        "deployments": {
+            name: _deployment_entry(status, deployments[name])
+            for name, status in info.deployments.items()
+        },
+        "conditions": [ready_condition(obj, ready, reason, info.message or info.status)],
     }
     if ingress is not None:
-        patch["ingressDeployment"] = ingress
-        patch["routePrefix"] = routing.get("__route__", {}).get("route_prefix")
-    del app_config
-    return patch
+        fields.update(ingress_deployment=ingress.deployment, route_prefix=ingress.route_prefix)
+    return _patch(obj, **fields)
+
+
+def _deployment_entry(status: DeploymentStatusInfo, observed: ObservedDeployment) -> dict[str, Any]:
+    live = [r for r in observed.view.replicas if r.state not in ("STOPPING", "STOPPED")]
+    return {
+        "status": status.status,
+        "status_trigger": status.status_trigger,
+        "message": status.message[:1024],
+        "replicas": len(live),
+        "ready_replicas": sum(1 for r in live if r.state == "RUNNING"),
+        "target_replicas": observed.view.target_replicas,
+        "service": observed.service,
+        "max_ongoing_requests": observed.max_ongoing_requests,
+    }
+
+
+def _patch(obj: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """The status merge patch of ``fields`` (snake_case), with the generation it describes and
+    when that generation was deployed."""
+    status = ServeApplicationStatus.model_validate(
+        {
+            **fields,
+            "observed_generation": obj["metadata"].get("generation"),
+            "last_deployed_time": _deployed_time(obj),
+        },
+        by_name=True,
+        by_alias=False,
+    )
+    return status.model_dump(mode="json", exclude_unset=True)
+
+
+def _deployed_time(obj: dict[str, Any]) -> datetime:
+    """When the current spec was deployed: the admin API's annotation, else when the operator
+    first saw this generation (kept while the generation stays)."""
+    annotated = annotated_deployed_at(obj)
+    if annotated is not None:
+        return datetime.fromtimestamp(annotated, UTC)
+    old = obj.get("status") or {}
+    if old.get("observedGeneration") == obj["metadata"].get("generation"):
+        try:
+            return datetime.fromisoformat(str(old["lastDeployedTime"]).replace("Z", "+00:00"))
+        except (KeyError, ValueError):
+            pass
+    return _now()
+
+
+def _now() -> datetime:
+    """Now, to the second (as Kubernetes writes times)."""
+    return datetime.fromtimestamp(int(time.time()), UTC)

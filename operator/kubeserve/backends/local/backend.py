@@ -9,12 +9,14 @@ from typing import Any
 from aiohttp import web
 
 from kubeserve.backends.local.controller import Controller, LocalSettings
-from kubeserve.backends.local.details import instance_details
+from kubeserve.backends.local.details import instance_view
 from kubeserve.backends.local.state_lock import StateDirLock
 from kubeserve.backends.local.store import Store
 from kubeserve.backends.protocol import ConflictError
+from kubeserve.control.details import instance_details
 from kubeserve.control.instance import immutable_option_conflict
 from kubeserve.runtime import channel, wire
+from kubeserve.schema.status import ServeInstanceDetails
 
 _MAX_LONG_POLL_S = 60.0
 
@@ -68,8 +70,8 @@ class LocalBackend:
         state = self.store.load()
         return state.single_app if state is not None else None
 
-    async def instance_details(self) -> dict[str, Any]:
-        return instance_details(self.controller, self.store.load())
+    async def instance_details(self) -> ServeInstanceDetails:
+        return instance_details(instance_view(self.controller, self.store.load()))
 
     def internal_routes(self) -> list[web.RouteDef]:
         return [web.get(wire.SNAPSHOT_PATH, self._snapshot)]

@@ -1,51 +1,53 @@
-"""GET /api/serve/applications/ of the local backend: Ray 2.60's ServeInstanceDetails.
+"""What the local controller observes, as the backend-neutral views of GET /api/serve/applications/.
 
-Pure formatting of what the controller observes; every value comes from its state objects.
+:func:`kubeserve.control.details.instance_details` builds Ray 2.60's ServeInstanceDetails from
+them; this module only reads the controller's state objects and the store. Every process runs on
+this machine: one node, the controller's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Any
 
 from kubeserve.backends.local.application_state import ApplicationState
 from kubeserve.backends.local.controller import Controller
 from kubeserve.backends.local.deployment_state import DeploymentState
 from kubeserve.backends.local.store import DesiredState, StoredApp
-from kubeserve.control import config as config_rules
+from kubeserve.control.details import (
+    ApplicationDetailsView,
+    DeploymentDetailsView,
+    InstanceDetailsView,
+    ProcessView,
+    ProxyView,
+    ReplicaProcessView,
+    controller_process,
+)
 from kubeserve.control.status import DeploymentStatusInfo
 
 _HOST_IP = "127.0.0.1"
 
 
-def instance_details(controller: Controller, desired: DesiredState | None) -> dict[str, Any]:
-    """``desired`` is read fresh from the store, so an accepted PUT shows at once."""
+def instance_view(
+    controller: Controller, desired: DesiredState | None
+) -> InstanceDetailsView | None:
+    """``desired`` is read fresh from the store, so an accepted PUT shows at once; ``None`` when
+    nothing runs."""
     if desired is None and not controller.apps:
-        return {"controller_info": {}, "proxies": {}, "applications": {}, "target_capacity": None}
-    options = desired.options if desired is not None else {}
+        return None
     node_id = controller.node_id
-    body: dict[str, Any] = {
-        "controller_info": {
-            "node_id": node_id,
-            "node_ip": _HOST_IP,
-            "actor_id": f"controller-{os.getpid()}",
-            "actor_name": "SERVE_CONTROLLER_ACTOR",
-            "worker_id": str(os.getpid()),
-            "log_file_path": str(controller.settings.log_dir / "controller.log"),
-        },
-        "proxy_location": options.get("proxy_location", "EveryNode"),
-        "http_options": options.get("http_options", {}),
-        "grpc_options": options.get("grpc_options", {}),
-        "proxies": _proxies(controller, node_id),
-        "applications": _applications(controller, desired, node_id),
-        "target_capacity": options.get("target_capacity"),
-    }
-    return body
+    log_path = controller.settings.log_dir / "controller.log"
+    return InstanceDetailsView(
+        controller=controller_process(node_id, _HOST_IP, os.getpid(), str(log_path)),
+        options=desired.options if desired is not None else {},
+        proxies=_proxies(controller, node_id),
+        applications=_applications(controller, desired, node_id),
+    )
 
 
 def _applications(
     controller: Controller, desired: DesiredState | None, node_id: str
-) -> dict[str, Any]:
+) -> list[ApplicationDetailsView]:
     """Each application as the controller sees it, unless the store already says otherwise.
 
     The controller acts on the store at its next pass; until then the store wins: an application
@@ -53,12 +55,12 @@ def _applications(
     ``uid``) or changed is reported from its new config, never from the previous incarnation.
     """
     stored = {app.name: app for app in desired.applications} if desired is not None else {}
-    apps: dict[str, Any] = {}
+    apps: dict[str, ApplicationDetailsView] = {}
     for name, app in controller.apps.items():
-        body = _application(app, node_id)
+        view = _application(app, node_id)
         if name not in stored or stored[name].uid != app.uid:
-            body["status"], body["message"] = "DELETING", ""
-        apps[name] = body
+            view = dataclasses.replace(view, status="DELETING", message="")
+        apps[name] = view
     for name, wanted in stored.items():
         known = controller.apps.get(name)
         if (
@@ -68,107 +70,71 @@ def _applications(
             or known.deployed_at != wanted.deployed_at
         ):
             apps[name] = _accepted(wanted)
-    return apps
+    return list(apps.values())
 
 
-def _accepted(stored: StoredApp) -> dict[str, Any]:
+def _accepted(stored: StoredApp) -> ApplicationDetailsView:
     """An application the store holds that the controller has not picked up yet."""
-    return {
-        "name": stored.name,
-        "route_prefix": stored.config.get("route_prefix", "/"),
-        "docs_path": None,
-        "status": "DEPLOYING",
-        "message": "",
-        "last_deployed_time_s": stored.deployed_at,
-        "deployed_app_config": stored.config,
-        "source": "declarative",
-        "deployments": {},
-        "external_scaler_enabled": bool(stored.config.get("external_scaler_enabled", False)),
-    }
+    return ApplicationDetailsView(
+        name=stored.name,
+        route_prefix=stored.config.get("route_prefix", "/"),
+        status="DEPLOYING",
+        message="",
+        deployed_at=stored.deployed_at,
+        config=stored.config,
+    )
 
 
-def _proxies(controller: Controller, node_id: str) -> dict[str, Any]:
+def _proxies(controller: Controller, node_id: str) -> dict[str, ProxyView]:
     proxy = controller.proxy
     if proxy is None:
         return {}
-    return {
-        node_id: {
-            "node_id": node_id,
-            "node_ip": _HOST_IP,
-            "actor_id": f"proxy-{proxy.pid}",
-            "actor_name": f"SERVE_PROXY_ACTOR-{node_id}",
-            "worker_id": str(proxy.pid),
-            "log_file_path": str(proxy.log_path),
-            "status": proxy.status,
-        }
-    }
+    process = ProcessView(
+        node_id, _HOST_IP, f"proxy-{proxy.pid}", str(proxy.pid), str(proxy.log_path)
+    )
+    return {node_id: ProxyView(process, proxy.status)}
 
 
-def _application(app: ApplicationState, node_id: str) -> dict[str, Any]:
+def _application(app: ApplicationState, node_id: str) -> ApplicationDetailsView:
     status = app.status()
-    deployments = {
-        name: _deployment(state, status.deployments.get(name), node_id)
-        for name, state in app.deployments.items()
-        if state.config
-    }
-    body: dict[str, Any] = {
-        "name": app.name,
-        "route_prefix": app.route_prefix,
-        "docs_path": None,
-        "status": status.status,
-        "message": status.message,
-        "last_deployed_time_s": app.deployed_at,
-        "deployed_app_config": app.config,
-        "source": "declarative",
-        "deployments": deployments,
-        "external_scaler_enabled": bool(app.config.get("external_scaler_enabled", False)),
-    }
-    if app.graph is not None:
-        body["deployment_topology"] = _topology(app)
-    return body
-
-
-def _topology(app: ApplicationState) -> dict[str, Any]:
-    assert app.graph is not None
-    nodes = {
-        node["name"]: {
-            "name": node["name"],
-            "app_name": app.name,
-            "outbound_deployments": [
-                {"name": target, "app_name": app.name} for target in node.get("outbound", [])
-            ],
-            "is_ingress": bool(node.get("is_ingress")),
-        }
-        for node in app.graph["deployments"]
-    }
-    return {"app_name": app.name, "nodes": nodes, "ingress_deployment": app.graph["ingress"]}
+    return ApplicationDetailsView(
+        name=app.name,
+        route_prefix=app.route_prefix,
+        status=status.status,
+        message=status.message,
+        deployed_at=app.deployed_at,
+        config=app.config,
+        deployments=[
+            _deployment(state, node_id, status.deployments.get(name))
+            for name, state in app.deployments.items()
+            if state.config
+        ],
+        graph=app.graph,
+    )
 
 
 def _deployment(
-    state: DeploymentState, info: DeploymentStatusInfo | None, node_id: str
-) -> dict[str, Any]:
-    status = info or DeploymentStatusInfo("UPDATING", "CONFIG_UPDATE_STARTED")
-    return {
-        "name": state.name,
-        "status": status.status,
-        "status_trigger": status.status_trigger,
-        "message": status.message,
-        "deployment_config": state.config,
-        "target_num_replicas": state.target,
-        "required_resources": config_rules.required_resources(state.config),
-        "replicas": [
-            {
-                "node_id": node_id,
-                "node_ip": _HOST_IP,
-                "actor_id": replica.replica_id,
-                "actor_name": f"SERVE_REPLICA::{state.app}#{state.name}#{replica.replica_id}",
-                "worker_id": str(replica.pid or ""),
-                "log_file_path": str(replica.log_path),
-                "replica_id": replica.replica_id,
-                "state": replica.state,
-                "pid": replica.pid,
-                "start_time_s": replica.start_time_s,
-            }
-            for replica in state.replicas.values()
-        ],
-    }
+    state: DeploymentState, node_id: str, info: DeploymentStatusInfo | None
+) -> DeploymentDetailsView:
+    replicas = [
+        ReplicaProcessView(
+            ProcessView(
+                node_id,
+                _HOST_IP,
+                replica.replica_id,
+                str(replica.pid or ""),
+                str(replica.log_path),
+            ),
+            replica_id=replica.replica_id,
+            state=replica.state,
+            pid=replica.pid,
+            start_time_s=replica.start_time_s,
+        )
+        for replica in state.replicas.values()
+    ]
+    view = DeploymentDetailsView(state.name, state.config, state.target, replicas)
+    if info is None:
+        return view
+    return dataclasses.replace(
+        view, status=info.status, status_trigger=info.status_trigger, message=info.message
+    )

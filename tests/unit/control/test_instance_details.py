@@ -1,0 +1,172 @@
+"""What a backend observes -> GET /api/serve/applications/ and .../deployments/status bodies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from kubeserve.control.details import (
+    ApplicationDetailsView,
+    DeploymentDetailsView,
+    InstanceDetailsView,
+    ProcessView,
+    ProxyView,
+    ReplicaProcessView,
+    controller_process,
+    details_body,
+    instance_details,
+    single_app_status,
+)
+from kubeserve.schema.status import empty_instance_details
+
+RAY_DETAILS_SCHEMA = json.loads(
+    (
+        Path(__file__).resolve().parents[2] / "reference" / "ray-2.60" / "ServeInstanceDetails.json"
+    ).read_text()
+)
+
+OPTIONS: dict[str, Any] = {
+    "proxy_location": "HeadOnly",
+    "http_options": {"host": "127.0.0.1", "port": 8000},
+    "grpc_options": {"port": 9000, "grpc_servicer_functions": []},
+    "target_capacity": None,
+}
+GRAPH = {
+    "ingress": "Frontend",
+    "deployments": [
+        {"name": "Frontend", "is_ingress": True, "outbound": ["Greeter"]},
+        {"name": "Greeter"},
+    ],
+}
+CONFIG = {"name": "composed", "import_path": "examples.composed:app", "route_prefix": "/"}
+GREETER_CONFIG = {
+    "name": "Greeter",
+    "num_replicas": 2,
+    "max_ongoing_requests": 5,
+    "user_config": {"greeting": "Hi"},
+    "ray_actor_options": {"num_cpus": 0.5},
+}
+
+
+def node_process(actor_id: str) -> ProcessView:
+    return ProcessView("node-1", "10.0.0.1", actor_id, actor_id, "")
+
+
+def composed_view(**app: Any) -> InstanceDetailsView:
+    replica = ReplicaProcessView(node_process("r1"), "r1", "RUNNING", 4242, 1700000000.0)
+    greeter = DeploymentDetailsView(
+        "Greeter", GREETER_CONFIG, 2, [replica], "HEALTHY", "CONFIG_UPDATE_COMPLETED"
+    )
+    frontend = DeploymentDetailsView("Frontend", {"name": "Frontend", "num_replicas": 1}, 1)
+    fields: dict[str, Any] = {
+        "name": "composed",
+        "route_prefix": "/",
+        "status": "DEPLOYING",
+        "message": "",
+        "deployed_at": 1700000000.5,
+        "config": CONFIG,
+        "deployments": [frontend, greeter],
+        "graph": GRAPH,
+        **app,
+    }
+    return InstanceDetailsView(
+        controller=controller_process("node-1", "10.0.0.1", 7, "/var/log/controller.log"),
+        options=OPTIONS,
+        proxies={"node-1": ProxyView(node_process("p1"), "HEALTHY")},
+        applications=[ApplicationDetailsView(**fields)],
+    )
+
+
+def test_nothing_running_is_rays_empty_answer() -> None:
+    """The body itself is pinned in tests/unit/schema/test_schema_status.py."""
+    assert details_body(instance_details(None)) == details_body(empty_instance_details())
+
+
+def test_a_running_instance_answers_in_rays_schema_with_rays_actor_names() -> None:
+    body = details_body(instance_details(composed_view()))
+    jsonschema.validate(body, RAY_DETAILS_SCHEMA)
+    assert body["controller_info"] == {
+        "node_id": "node-1",
+        "node_ip": "10.0.0.1",
+        "actor_id": "controller-7",
+        "actor_name": "SERVE_CONTROLLER_ACTOR",
+        "worker_id": "7",
+        "log_file_path": "/var/log/controller.log",
+    }
+    assert body["proxies"]["node-1"]["actor_name"] == "SERVE_PROXY_ACTOR-node-1"
+    assert body["proxies"]["node-1"]["status"] == "HEALTHY"
+    greeter = body["applications"]["composed"]["deployments"]["Greeter"]
+    assert greeter["replicas"][0]["actor_name"] == "SERVE_REPLICA::composed#Greeter#r1"
+    assert greeter["replicas"][0]["pid"] == 4242
+    assert greeter["required_resources"] == {"CPU": 0.5}
+    assert greeter["deployment_config"]["user_config"] == {"greeting": "Hi"}
+
+
+def test_only_the_fields_kubeserve_reports_are_in_the_body() -> None:
+    body = details_body(instance_details(composed_view()))
+    assert set(body) == {
+        "controller_info",
+        "proxy_location",
+        "http_options",
+        "grpc_options",
+        "proxies",
+        "applications",
+        "target_capacity",
+    }
+    app = body["applications"]["composed"]
+    assert app["deployed_app_config"] == CONFIG
+    assert app["source"] == "declarative"
+    assert "recent_dead_replicas" not in app["deployments"]["Greeter"]
+    assert body["http_options"] == {"host": "127.0.0.1", "port": 8000}
+
+
+def test_a_deployment_not_reported_yet_is_updating() -> None:
+    body = details_body(instance_details(composed_view()))
+    frontend = body["applications"]["composed"]["deployments"]["Frontend"]
+    assert (frontend["status"], frontend["status_trigger"], frontend["message"]) == (
+        "UPDATING",
+        "CONFIG_UPDATE_STARTED",
+        "",
+    )
+    assert frontend["replicas"] == []
+
+
+def test_the_topology_says_who_calls_whom() -> None:
+    app = details_body(instance_details(composed_view()))["applications"]["composed"]
+    topology = app["deployment_topology"]
+    assert topology["ingress_deployment"] == "Frontend"
+    assert topology["nodes"]["Frontend"]["outbound_deployments"] == [
+        {"name": "Greeter", "app_name": "composed"}
+    ]
+    assert topology["nodes"]["Frontend"]["is_ingress"] is True
+    assert topology["nodes"]["Greeter"]["is_ingress"] is False
+
+
+def test_unknown_graph_and_invalid_config_are_left_out_not_null() -> None:
+    view = composed_view(config=None, graph=None, deployments=[], status="DEPLOY_FAILED")
+    app = details_body(instance_details(view))["applications"]["composed"]
+    assert "deployment_topology" not in app
+    assert "deployed_app_config" not in app
+    assert app["deployments"] == {}
+
+
+def test_single_application_status_lists_every_deployment() -> None:
+    details = instance_details(composed_view(status="RUNNING", message="ok"))
+    status = single_app_status("composed", details.applications["composed"])
+    assert status.model_dump(mode="json") == {
+        "name": "composed",
+        "app_status": {"status": "RUNNING", "message": "ok", "deployment_timestamp": 1700000000.5},
+        "deployment_statuses": [
+            {"name": "Frontend", "status": "UPDATING", "message": ""},
+            {"name": "Greeter", "status": "HEALTHY", "message": ""},
+        ],
+    }
+
+
+def test_an_application_that_does_not_run_is_not_started() -> None:
+    status = single_app_status("", None).model_dump(mode="json")
+    assert status["app_status"]["status"] == "NOT_STARTED"
+    assert status["deployment_statuses"] == []

@@ -420,20 +420,30 @@ class _Exchange:
     def retry_unserved(self) -> None:
         """The replica answered that it never started the request (it is shutting down): send it
         to another replica, the whole request being held (``raw``), or answer 503."""
-        state = self.client.state
+        failed = self._drop_replica()
+        if self.client.closed:
+            return
+        self.head_sent = False
+        if not self._try_another(failed):
+            self.respond_local(503, b"no replica took the request: they are shutting down")
+
+    def _drop_replica(self) -> Replica | None:
+        """Let go of the upstream connection and the replica's slot; returns that replica."""
         failed = self.replica
         self.upstream = None
         if failed is not None:
-            state.router.release(failed)
+            self.client.state.router.release(failed)
             self.replica = None
-        if self.client.closed:
-            return
-        if self.attempts < _CONNECT_ATTEMPTS:
-            self.attempts += 1
-            self.head_sent = False
-            self.task = asyncio.create_task(self._connect(self.key, avoid=failed))
-            return
-        self.respond_local(503, b"no replica took the request: they are shutting down")
+        return failed
+
+    def _try_another(self, failed: Replica | None) -> bool:
+        """Send the request to a replica other than ``failed``, within
+        :data:`_CONNECT_ATTEMPTS` in all; False when they are used up."""
+        if self.attempts >= _CONNECT_ATTEMPTS:
+            return False
+        self.attempts += 1
+        self.task = asyncio.create_task(self._connect(self.key, avoid=failed))
+        return True
 
     def upstream_failed(self, *, written: bool) -> None:
         """The upstream connection failed before any response byte.
@@ -443,17 +453,10 @@ class _Exchange:
         otherwise 502: the replica may have run the request, and running it twice is worse than
         an error the client can see.
         """
-        state = self.client.state
-        failed = self.replica
-        self.upstream = None
-        if failed is not None:
-            state.router.release(failed)
-            self.replica = None
+        failed = self._drop_replica()
         if self.client.closed:
             return
-        if not (written or self.head_sent) and self.attempts < _CONNECT_ATTEMPTS:
-            self.attempts += 1
-            self.task = asyncio.create_task(self._connect(self.key, avoid=failed))
+        if not (written or self.head_sent) and self._try_another(failed):
             return
         if written:
             message = b"the replica closed the connection before answering"

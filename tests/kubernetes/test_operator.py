@@ -265,3 +265,36 @@ def test_overrides_for_deployments_the_app_lacks_are_deploy_failed(
     assert "Deployment 'Prbe' does not exist. Available: ['Probe']" in status["message"]
     workloads = plane.get("deployments", namespace=namespace)["items"]
     assert not [d for d in workloads if "typo" in d["metadata"]["name"]]  # nothing was started
+
+
+def test_a_spec_the_renderer_refuses_is_deploy_failed_with_its_message(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    plane = control_plane
+    pip = application(namespace, "pip", "e2e_probe:app", runtimeEnv={"pip": ["requests"]})
+    plane.apply([instance(namespace), pip])
+
+    def failed() -> dict[str, Any] | None:
+        status = plane.get("serveapplication", "pip", namespace).get("status") or {}
+        return status if status.get("appStatus") == "DEPLOY_FAILED" else None
+
+    status = wait_for(failed, 60, what="DEPLOY_FAILED")
+    assert "pip cannot be honoured on Kubernetes" in status["message"]
+    assert "runtime_env.image_uri" in status["message"]
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False"
+    assert ready["reason"] == "DeployFailed"
+
+    def warning() -> list[dict[str, Any]]:
+        events = plane.get("events", namespace=namespace)["items"]
+        return [
+            e
+            for e in events
+            if e["reason"] == "DeployFailed" and e["involvedObject"]["name"] == "pip"
+        ]
+
+    (event,) = wait_for(warning, 30, what="a DeployFailed Warning Event")
+    assert event["type"] == "Warning"
+    assert "pip cannot be honoured on Kubernetes" in event["message"]
+    jobs = plane.get("jobs", namespace=namespace)["items"]
+    assert not [j for j in jobs if j["metadata"]["name"].startswith("pip-")]  # nothing was built

@@ -4,6 +4,10 @@
 the create, update and resume handlers and the resync timer. It reads the cluster from the
 operator's caches, writes only what differs (server-side apply of rendered objects it has not
 applied in this form yet, status patches when the status changed), and never writes a spec.
+
+A spec that validates but that the renderer refuses (:class:`~.render.RenderError`: a runtime_env
+key Kubernetes cannot honour, an invalid resource name...) ends the pass in ``DEPLOY_FAILED``
+with the renderer's message and a Warning Event; raising would only retry it forever.
 """
 
 from __future__ import annotations
@@ -64,6 +68,15 @@ async def reconcile_application(ctx: OperatorContext, obj: dict[str, Any]) -> No
         )
         return
     await _ensure_owned_by(ctx, obj, instance)
+    try:
+        await _reconcile_workloads(ctx, obj, instance, app_config)
+    except render.RenderError as err:  # a spec Kubernetes cannot express: retrying cannot help
+        await ctx.patch_status(obj, failed_status_patch(obj, "DeployFailed", str(err)))
+
+
+async def _reconcile_workloads(
+    ctx: OperatorContext, obj: dict[str, Any], instance: dict[str, Any], app_config: dict[str, Any]
+) -> None:
     secret = await ctx.data_plane_secret(instance)  # replicas read it; pushes prove it
     instance_view = render.instance_view(instance)
     app_view = render.app_view(obj, app_config)

@@ -47,6 +47,9 @@ class OperatorContext:
     _pushing: set[str] = field(default_factory=set)
     #: ServeInstance uid -> its data-plane secret (never logged, never in a status)
     _secrets: dict[str, bytes] = field(default_factory=dict, repr=False)
+    #: object uid -> the failed state last announced by an Event (a pass may still read the
+    #: status it wrote before from a cache that lags; it must not announce the failure twice)
+    _announced: dict[str, str] = field(default_factory=dict)
 
     async def data_plane_secret(self, instance: dict[str, Any]) -> bytes:
         """The data-plane secret of ``instance`` (a ServeInstance object), read once and cached.
@@ -103,7 +106,10 @@ class OperatorContext:
         if all(old.get(k) == v for k, v in status.items()):
             return
         failure = status.get("appStatus")
-        if failure in _FAILED_STATES and old.get("appStatus") != failure:
+        if failure not in _FAILED_STATES:
+            self._announced.pop(meta["uid"], None)
+        elif old.get("appStatus") != failure and self._announced.get(meta["uid"]) != failure:
+            self._announced[meta["uid"]] = failure
             await self.event(obj, _FAILED_STATES[failure], str(status.get("message") or failure))
         status = _with_removals(old, status)
         await self.kube.merge_patch(

@@ -3,7 +3,8 @@
 :func:`reconcile_application` is the operator's one idempotent step for an application, shared by
 the create, update and resume handlers and the resync timer. It reads the cluster from the
 operator's caches, writes only what differs (server-side apply of rendered objects it has not
-applied in this form yet, status patches when the status changed), and never writes a spec.
+applied in this form yet), never writes a spec, and returns what the status should say as a
+typed report (:mod:`.status`); the operator writes it.
 
 A spec that validates but that the renderer refuses (:class:`~.render.RenderError`: a runtime_env
 key Kubernetes cannot honour, an invalid resource name...) ends the pass in ``DEPLOY_FAILED``
@@ -22,13 +23,20 @@ from pydantic import ValidationError
 from kubeserve.backends.kubernetes import names, render
 from kubeserve.backends.kubernetes.context import OperatorContext
 from kubeserve.backends.kubernetes.status import (
-    application_status_patch,
+    ApplicationRefused,
+    ApplicationReport,
+    DeploymentRoute,
+    IngressRoute,
     deployment_view_from_pods,
-    failed_status_patch,
 )
 from kubeserve.control import config as config_rules
 from kubeserve.control.instance import app_route_prefix
-from kubeserve.control.status import BuildView, application_status, deployment_status
+from kubeserve.control.status import (
+    BuildView,
+    DeploymentView,
+    application_status,
+    deployment_status,
+)
 from kubeserve.schema.errors import validation_details
 from kubeserve.schema.resources import ServeApplicationSpec
 
@@ -47,7 +55,9 @@ class Graph:
         return None if error is None else str(error)
 
 
-async def reconcile_application(ctx: OperatorContext, obj: dict[str, Any]) -> None:
+async def reconcile_application(
+    ctx: OperatorContext, obj: dict[str, Any]
+) -> ApplicationReport | ApplicationRefused:
     meta = obj["metadata"]
     namespace, cr_name = meta["namespace"], meta["name"]
     try:
@@ -57,45 +67,39 @@ async def reconcile_application(ctx: OperatorContext, obj: dict[str, Any]) -> No
         details = "; ".join(
             f"spec.{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in validation_details(err)
         )
-        await ctx.patch_status(obj, failed_status_patch(obj, "InvalidSpec", details))
-        return
+        return ApplicationRefused("InvalidSpec", details)
     app_config["name"] = spec.app_name or cr_name
     instance = ctx.cache.get("ServeInstance", namespace, spec.instance)
     if instance is None:
         message = f"ServeInstance {spec.instance!r} not found in namespace {namespace!r}"
-        await ctx.patch_status(
-            obj, failed_status_patch(obj, "InstanceNotFound", message, "DEPLOYING")
-        )
-        return
+        return ApplicationRefused("InstanceNotFound", message, "DEPLOYING")
     await _ensure_owned_by(ctx, obj, instance)
     try:
-        await _reconcile_workloads(ctx, obj, instance, app_config)
+        return await _reconcile_workloads(ctx, obj, instance, app_config)
     except render.RenderError as err:  # a spec Kubernetes cannot express: retrying cannot help
-        await ctx.patch_status(obj, failed_status_patch(obj, "DeployFailed", str(err)))
+        return ApplicationRefused("DeployFailed", str(err))
 
 
 async def _reconcile_workloads(
     ctx: OperatorContext, obj: dict[str, Any], instance: dict[str, Any], app_config: dict[str, Any]
-) -> None:
+) -> ApplicationReport:
     secret = await ctx.data_plane_secret(instance)  # replicas read it; pushes prove it
     instance_view = render.instance_view(instance)
     app_view = render.app_view(obj, app_config)
     graph = await _graph(ctx, instance_view, app_view, app_config)
-    error = None if graph is None else graph.error or _override_error(graph, app_config)
-    if graph is None or error is not None:
-        build = BuildView("running") if graph is None else BuildView("failed", error or "")
-        info = application_status(build, {})
-        await ctx.patch_status(obj, application_status_patch(obj, info, app_config, {}, None))
-        return
-    views, routing = await _reconcile_deployments(
+    if graph is None:
+        return ApplicationReport(application_status(BuildView("running"), {}))
+    error = graph.error or _override_error(graph, app_config)
+    if error is not None:
+        return ApplicationReport(application_status(BuildView("failed", error), {}))
+    views, routes = await _reconcile_deployments(
         ctx, instance_view, app_view, app_config, graph, secret
     )
-    info = application_status(BuildView("done"), views)
     ingress = str(graph.body["ingress"])
-    ingress_options = _node(graph, ingress).get("options", {})
-    routing["__route__"] = {"route_prefix": app_route_prefix(app_config, ingress_options)}
-    patch = application_status_patch(obj, info, app_config, routing, ingress)
-    await ctx.patch_status(obj, patch)
+    route_prefix = app_route_prefix(app_config, _node(graph, ingress).get("options", {}))
+    return ApplicationReport(
+        application_status(BuildView("done"), views), routes, IngressRoute(ingress, route_prefix)
+    )
 
 
 def _override_error(graph: Graph, app_config: dict[str, Any]) -> str | None:
@@ -172,10 +176,10 @@ async def _reconcile_deployments(
     app_config: dict[str, Any],
     graph: Graph,
     secret: bytes,
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[dict[str, DeploymentView], dict[str, DeploymentRoute]]:
     overrides = {d["name"]: d for d in app_config.get("deployments", [])}
-    views: dict[str, Any] = {}
-    routing: dict[str, Any] = {}
+    views: dict[str, DeploymentView] = {}
+    routes: dict[str, DeploymentRoute] = {}
     wanted: set[str] = set()
     for node in graph.body["deployments"]:
         name = node["name"]
@@ -204,13 +208,13 @@ async def _reconcile_deployments(
         if deployment_status(view).status == "HEALTHY":
             ctx.healthy_versions.add(healthy_key)
         views[name] = view
-        routing[name] = {
-            "service": service["metadata"]["name"],
-            "max_ongoing_requests": int(effective["max_ongoing_requests"]),
-            "target": config_rules.target_replicas(effective),
-        }
+        routes[name] = DeploymentRoute(
+            service=service["metadata"]["name"],
+            max_ongoing_requests=int(effective["max_ongoing_requests"]),
+            target_replicas=config_rules.target_replicas(effective),
+        )
     await _delete_stale_children(ctx, app, wanted)
-    return views, routing
+    return views, routes
 
 
 async def _delete_stale_children(

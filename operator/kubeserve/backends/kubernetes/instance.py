@@ -1,5 +1,5 @@
 """Reconciling one ``ServeInstance``: its data-plane Secret, the data plane's RBAC and
-NetworkPolicies, proxies, and the instance status."""
+NetworkPolicies, proxies, and what its status reports (:class:`~.status.InstanceReport`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 from kubeserve.backends.kubernetes import names, render
 from kubeserve.backends.kubernetes.context import OperatorContext, pod_ready
-from kubeserve.backends.kubernetes.status import _condition
+from kubeserve.backends.kubernetes.status import AppSummary, InstanceReport, ProxyReport
 
 
-async def reconcile_instance(ctx: OperatorContext, obj: dict[str, Any]) -> None:
+async def reconcile_instance(ctx: OperatorContext, obj: dict[str, Any]) -> InstanceReport:
     namespace = obj["metadata"]["namespace"]
     view = render.instance_view(obj)
     await ctx.data_plane_secret(obj)  # before the pods that read it
@@ -30,51 +30,32 @@ async def reconcile_instance(ctx: OperatorContext, obj: dict[str, Any]) -> None:
         for child in ctx.cache.objects(kind, namespace, labels):
             if f"{kind}/{child['metadata']['name']}" not in keep:
                 await ctx.kube.delete(kind, namespace, child["metadata"]["name"])
-    await ctx.patch_status(obj, _instance_status(ctx, obj, labels))
+    return _instance_report(ctx, obj, labels)
 
 
-def _instance_status(
+def _instance_report(
     ctx: OperatorContext, obj: dict[str, Any], labels: dict[str, str]
-) -> dict[str, Any]:
+) -> InstanceReport:
     namespace = obj["metadata"]["namespace"]
     proxies = {}
     for pod in ctx.cache.objects("Pod", namespace, labels):
         node = (pod.get("spec") or {}).get("nodeName") or pod["metadata"]["name"]
-        proxies[node] = {
-            "nodeId": node,
-            "nodeIp": (pod.get("status") or {}).get("hostIP", ""),
-            "actorId": pod["metadata"]["uid"],
-            "actorName": pod["metadata"]["name"],
-            "workerId": pod["metadata"]["name"],
-            "logFilePath": "",
-            "status": "HEALTHY" if pod_ready(pod) else "STARTING",
-        }
+        proxies[node] = ProxyReport(
+            node_id=node,
+            node_ip=(pod.get("status") or {}).get("hostIP", ""),
+            pod_uid=pod["metadata"]["uid"],
+            pod_name=pod["metadata"]["name"],
+            ready=pod_ready(pod),
+        )
     applications = {}
     for app in ctx.cache.objects("ServeApplication", namespace):
         spec, status = app.get("spec") or {}, app.get("status") or {}
         if spec.get("instance", "default") != obj["metadata"]["name"]:
             continue
-        applications[spec.get("appName") or app["metadata"]["name"]] = {
-            "status": status.get("appStatus") or "NOT_STARTED",
-            "routePrefix": status.get("routePrefix"),
-            "message": (status.get("message") or "")[:1024],
-        }
+        applications[spec.get("appName") or app["metadata"]["name"]] = AppSummary(
+            status=status.get("appStatus") or "NOT_STARTED",
+            route_prefix=status.get("routePrefix"),
+            message=status.get("message") or "",
+        )
     location = (obj.get("spec") or {}).get("proxyLocation", "EveryNode")
-    proxies_ok = location == "Disabled" or (
-        proxies and all(p["status"] == "HEALTHY" for p in proxies.values())
-    )
-    apps_ok = all(a["status"] == "RUNNING" for a in applications.values())
-    ready = bool(proxies_ok and apps_ok)
-    message = (
-        "" if ready else ("proxies starting" if not proxies_ok else "applications not all RUNNING")
-    )
-    return {
-        "state": "RUNNING" if ready else "STARTING",
-        "message": message,
-        "observedGeneration": obj["metadata"].get("generation"),
-        "proxies": proxies,
-        "applications": applications,
-        "conditions": [
-            _condition(obj, ready, "Running" if ready else "Starting", message or "RUNNING")
-        ],
-    }
+    return InstanceReport(proxies, applications, proxies_disabled=location == "Disabled")

@@ -20,6 +20,7 @@ from kubeserve.backends.kubernetes.cache import ClusterCache
 from kubeserve.backends.kubernetes.context import OperatorContext
 from kubeserve.backends.kubernetes.instance import reconcile_instance
 from kubeserve.backends.kubernetes.metrics import metrics_text
+from kubeserve.backends.kubernetes.status import StatusReport
 from kubeserve.runtime.kube import Kube, KubeError
 
 log = logging.getLogger(__name__)
@@ -77,10 +78,12 @@ class Operator:
                 return  # children go with it (ownerReferences); nothing to converge to
             self.reconciles += 1
             try:
+                report: StatusReport
                 if obj["kind"] == "ServeInstance":
-                    await reconcile_instance(self.ctx, latest)
+                    report = await reconcile_instance(self.ctx, latest)
                 else:
-                    await reconcile_application(self.ctx, latest)
+                    report = await reconcile_application(self.ctx, latest)
+                await self.ctx.patch_status(latest, report.patch(latest))
             except Exception:
                 self.reconcile_errors += 1
                 raise

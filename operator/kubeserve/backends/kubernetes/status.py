@@ -1,8 +1,18 @@
-"""Custom-resource status from observed pods, computed with the same rules as the local backend."""
+"""What a reconcile pass found, as typed reports, and the one place they become status patches.
+
+A reconciler returns a report (:class:`ApplicationReport`, :class:`ApplicationRefused`,
+:class:`InstanceReport`); :meth:`Operator.reconcile` turns it into the custom resource's status
+with its ``patch`` method, the only code that spells status fields. The Ready condition
+(:func:`ready_condition`) keeps its ``lastTransitionTime`` while its status does not change.
+Deployment statuses come from observed pods (:func:`deployment_view_from_pods`) with the same
+rules as the local backend.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,6 +20,187 @@ from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.context import OperatorContext, pod_ready, replica_key
 from kubeserve.control import config as config_rules
 from kubeserve.control.status import AppStatusInfo, DeploymentView, ReplicaView
+
+#: Ready reasons of an application, by Ray status; any other status is ``Deploying``
+_APP_REASONS = {"RUNNING": "Running", "DEPLOY_FAILED": "DeployFailed", "UNHEALTHY": "Unhealthy"}
+
+
+@dataclass(frozen=True)
+class DeploymentRoute:
+    """How the data plane reaches one deployment: the Service whose EndpointSlices list its ready
+    replicas, the cap on requests in flight per replica, and the replicas it should have."""
+
+    service: str
+    max_ongoing_requests: int
+    target_replicas: int
+
+
+@dataclass(frozen=True)
+class IngressRoute:
+    """Where an application's HTTP traffic enters: its ingress deployment and route prefix."""
+
+    deployment: str
+    route_prefix: str | None
+
+
+@dataclass(frozen=True)
+class ApplicationReport:
+    """An application pass that reached its build: the status rules' answer, the route of each
+    deployment in it, and the ingress once the graph is known (the build is done)."""
+
+    info: AppStatusInfo
+    routes: Mapping[str, DeploymentRoute] = field(default_factory=dict)
+    ingress: IngressRoute | None = None
+
+    def patch(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        info = self.info
+        deployments = {
+            name: {
+                "status": d.status,
+                "statusTrigger": d.status_trigger,
+                "message": d.message[:1024],
+                "service": self.routes[name].service,
+                "maxOngoingRequests": self.routes[name].max_ongoing_requests,
+                "targetReplicas": self.routes[name].target_replicas,
+            }
+            for name, d in info.deployments.items()
+        }
+        healthy = sum(1 for d in info.deployments.values() if d.status == "HEALTHY")
+        reason = _APP_REASONS.get(info.status, "Deploying")
+        patch: dict[str, Any] = {
+            "appStatus": info.status,
+            "message": info.message[:4096],
+            "observedGeneration": obj["metadata"].get("generation"),
+            "readyDeployments": f"{healthy}/{len(info.deployments)}",
+            "deployments": deployments,
+            "conditions": [
+                ready_condition(obj, info.status == "RUNNING", reason, info.message or info.status)
+            ],
+        }
+        if self.ingress is not None:
+            patch["ingressDeployment"] = self.ingress.deployment
+            patch["routePrefix"] = self.ingress.route_prefix
+        return patch
+
+
+@dataclass(frozen=True)
+class ApplicationRefused:
+    """An application pass that stopped before its build: an invalid spec, a missing instance,
+    a spec the renderer refuses. ``reason`` is the Ready condition's; the deployments last
+    reported stay in the status as they were."""
+
+    reason: str
+    message: str
+    app_status: str = "DEPLOY_FAILED"
+
+    def patch(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "appStatus": self.app_status,
+            "message": self.message,
+            "observedGeneration": obj["metadata"].get("generation"),
+            "conditions": [ready_condition(obj, False, self.reason, self.message)],
+        }
+
+
+@dataclass(frozen=True)
+class ProxyReport:
+    """One proxy pod, keyed by its node in the instance status (Ray's ProxyDetails)."""
+
+    node_id: str
+    node_ip: str
+    pod_uid: str
+    pod_name: str
+    ready: bool
+
+
+@dataclass(frozen=True)
+class AppSummary:
+    """One application of an instance, as its own status says."""
+
+    status: str
+    route_prefix: str | None
+    message: str
+
+
+@dataclass(frozen=True)
+class InstanceReport:
+    """An instance pass: its proxies by node and its applications by name. Ready when every
+    application is RUNNING and, unless ``proxyLocation: Disabled``, proxies exist and all are."""
+
+    proxies: Mapping[str, ProxyReport]
+    applications: Mapping[str, AppSummary]
+    proxies_disabled: bool
+
+    def patch(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        proxies_ok = self.proxies_disabled or (
+            bool(self.proxies) and all(p.ready for p in self.proxies.values())
+        )
+        apps_ok = all(a.status == "RUNNING" for a in self.applications.values())
+        ready = proxies_ok and apps_ok
+        message = (
+            ""
+            if ready
+            else ("proxies starting" if not proxies_ok else "applications not all RUNNING")
+        )
+        return {
+            "state": "RUNNING" if ready else "STARTING",
+            "message": message,
+            "observedGeneration": obj["metadata"].get("generation"),
+            "proxies": {node: _proxy_status(p) for node, p in self.proxies.items()},
+            "applications": {
+                name: {
+                    "status": a.status,
+                    "routePrefix": a.route_prefix,
+                    "message": a.message[:1024],
+                }
+                for name, a in self.applications.items()
+            },
+            "conditions": [
+                ready_condition(
+                    obj, ready, "Running" if ready else "Starting", message or "RUNNING"
+                )
+            ],
+        }
+
+
+#: What a reconciler returns; ``report.patch(obj)`` is the status to write.
+StatusReport = ApplicationReport | ApplicationRefused | InstanceReport
+
+
+def _proxy_status(proxy: ProxyReport) -> dict[str, Any]:
+    return {
+        "nodeId": proxy.node_id,
+        "nodeIp": proxy.node_ip,
+        "actorId": proxy.pod_uid,
+        "actorName": proxy.pod_name,
+        "workerId": proxy.pod_name,
+        "logFilePath": "",
+        "status": "HEALTHY" if proxy.ready else "STARTING",
+    }
+
+
+def ready_condition(
+    obj: Mapping[str, Any], ready: bool, reason: str, message: str
+) -> dict[str, Any]:
+    """The ``Ready`` condition of ``obj``; ``lastTransitionTime`` moves only with its status."""
+    old = next(
+        (c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
+        None,
+    )
+    status = "True" if ready else "False"
+    changed = old is None or old.get("status") != status
+    return {
+        "type": "Ready",
+        "status": status,
+        "reason": reason,
+        "message": message[:1024],
+        "lastTransitionTime": _now() if changed else old.get("lastTransitionTime", _now()),  # type: ignore[union-attr]
+        "observedGeneration": obj["metadata"].get("generation"),
+    }
+
+
+def _now() -> str:
+    return datetime.fromtimestamp(time.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def deployment_view_from_pods(
@@ -53,73 +244,3 @@ def deployment_view_from_pods(
         ever_healthy=ever_healthy,
         last_error=last_error,
     )
-
-
-def _condition(obj: dict[str, Any], ready: bool, reason: str, message: str) -> dict[str, Any]:
-    old = next(
-        (c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
-        None,
-    )
-    status = "True" if ready else "False"
-    changed = old is None or old.get("status") != status
-    return {
-        "type": "Ready",
-        "status": status,
-        "reason": reason,
-        "message": message[:1024],
-        "lastTransitionTime": _now() if changed else old.get("lastTransitionTime", _now()),  # type: ignore[union-attr]
-        "observedGeneration": obj["metadata"].get("generation"),
-    }
-
-
-def _now() -> str:
-    return datetime.fromtimestamp(time.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def failed_status_patch(
-    obj: dict[str, Any], reason: str, message: str, app_status: str = "DEPLOY_FAILED"
-) -> dict[str, Any]:
-    return {
-        "appStatus": app_status,
-        "message": message,
-        "observedGeneration": obj["metadata"].get("generation"),
-        "conditions": [_condition(obj, False, reason, message)],
-    }
-
-
-def application_status_patch(
-    obj: dict[str, Any],
-    info: AppStatusInfo,
-    app_config: dict[str, Any],
-    routing: dict[str, Any],
-    ingress: str | None,
-) -> dict[str, Any]:
-    deployments = {
-        name: {
-            "status": d.status,
-            "statusTrigger": d.status_trigger,
-            "message": d.message[:1024],
-            "service": routing[name]["service"],
-            "maxOngoingRequests": routing[name]["max_ongoing_requests"],
-            "targetReplicas": routing[name]["target"],
-        }
-        for name, d in info.deployments.items()
-    }
-    healthy = sum(1 for d in info.deployments.values() if d.status == "HEALTHY")
-    ready = info.status == "RUNNING"
-    reason = {"RUNNING": "Running", "DEPLOY_FAILED": "DeployFailed", "UNHEALTHY": "Unhealthy"}.get(
-        info.status, "Deploying"
-    )
-    patch: dict[str, Any] = {
-        "appStatus": info.status,
-        "message": info.message[:4096],
-        "observedGeneration": obj["metadata"].get("generation"),
-        "readyDeployments": f"{healthy}/{len(info.deployments)}",
-        "deployments": deployments,
-        "conditions": [_condition(obj, ready, reason, info.message or info.status)],
-    }
-    if ingress is not None:
-        patch["ingressDeployment"] = ingress
-        patch["routePrefix"] = routing.get("__route__", {}).get("route_prefix")
-    del app_config
-    return patch

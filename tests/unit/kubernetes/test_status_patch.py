@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubeserve.backends.kubernetes.context import _with_removals, replica_key
+from kubeserve.backends.kubernetes.cluster import with_removals
+from kubeserve.backends.kubernetes.pods import replica_key
 from kubeserve.backends.kubernetes.status import (
     ApplicationRefused,
     ApplicationReport,
@@ -17,7 +18,7 @@ from kubeserve.control.status import AppStatusInfo, DeploymentStatusInfo
 def test_map_entries_that_disappeared_are_deleted_by_the_patch() -> None:
     old = {"applications": {"a": {"status": "RUNNING"}, "gone": {"status": "RUNNING"}}, "x": 1}
     new = {"applications": {"a": {"status": "RUNNING"}}, "x": 2}
-    assert _with_removals(old, new) == {
+    assert with_removals(old, new) == {
         "applications": {"a": {"status": "RUNNING"}, "gone": None},
         "x": 2,
     }

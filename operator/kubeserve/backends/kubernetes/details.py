@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kubeserve.backends.kubernetes import names
-from kubeserve.backends.kubernetes.context import pod_ready
+from kubeserve.backends.kubernetes.pods import pod_ready
 from kubeserve.backends.kubernetes.render_views import app_view
 from kubeserve.control import config as config_rules
 from kubeserve.schema.config import ServeDeploySchema

@@ -6,39 +6,51 @@ from __future__ import annotations
 from typing import Any
 
 from kubeserve.backends.kubernetes import names, render
-from kubeserve.backends.kubernetes.context import OperatorContext, pod_ready
+from kubeserve.backends.kubernetes.cluster import Cluster
+from kubeserve.backends.kubernetes.data_plane import DataPlane
+from kubeserve.backends.kubernetes.pods import pod_ready
 from kubeserve.backends.kubernetes.status import AppSummary, InstanceReport, ProxyReport
 
 
-async def reconcile_instance(ctx: OperatorContext, obj: dict[str, Any]) -> InstanceReport:
-    namespace = obj["metadata"]["namespace"]
-    view = render.instance_view(obj)
-    await ctx.data_plane_secret(obj)  # before the pods that read it
-    wanted = [
-        *render.render_dataplane_rbac(view),
-        *render.render_instance_network_policies(view, ctx.operator_namespace),
-        *render.render_proxy(view),
-    ]
-    for child in wanted:
-        await ctx.apply(child)
-    keep = {f"{c['kind']}/{c['metadata']['name']}" for c in wanted}
-    labels = {
-        names.INSTANCE_LABEL: names.label_value(obj["metadata"]["name"]),
-        names.COMPONENT_LABEL: "proxy",
-    }
-    for kind in ("Deployment", "DaemonSet", "Service", "NetworkPolicy"):
-        for child in ctx.cache.objects(kind, namespace, labels):
-            if f"{kind}/{child['metadata']['name']}" not in keep:
-                await ctx.kube.delete(kind, namespace, child["metadata"]["name"])
-    return _instance_report(ctx, obj, labels)
+class InstanceReconciler:
+    """The operator's one idempotent step for a ``ServeInstance``; holds no state of its own."""
+
+    def __init__(self, cluster: Cluster, data_plane: DataPlane, operator_namespace: str) -> None:
+        self._cluster = cluster
+        self._data_plane = data_plane
+        #: the operator's own namespace (its pods may reach replicas: see the NetworkPolicies)
+        self._operator_namespace = operator_namespace
+
+    async def reconcile(self, obj: dict[str, Any]) -> InstanceReport:
+        """Converge ``obj``'s children to its spec; what its status should say."""
+        cluster, namespace = self._cluster, obj["metadata"]["namespace"]
+        view = render.instance_view(obj)
+        await self._data_plane.secret(obj)  # before the pods that read it
+        wanted = [
+            *render.render_dataplane_rbac(view),
+            *render.render_instance_network_policies(view, self._operator_namespace),
+            *render.render_proxy(view),
+        ]
+        for child in wanted:
+            await cluster.apply(child)
+        keep = {f"{c['kind']}/{c['metadata']['name']}" for c in wanted}
+        labels = {
+            names.INSTANCE_LABEL: names.label_value(obj["metadata"]["name"]),
+            names.COMPONENT_LABEL: "proxy",
+        }
+        for kind in ("Deployment", "DaemonSet", "Service", "NetworkPolicy"):
+            for child in cluster.cache.objects(kind, namespace, labels):
+                if f"{kind}/{child['metadata']['name']}" not in keep:
+                    await cluster.kube.delete(kind, namespace, child["metadata"]["name"])
+        return _instance_report(cluster, obj, labels)
 
 
 def _instance_report(
-    ctx: OperatorContext, obj: dict[str, Any], labels: dict[str, str]
+    cluster: Cluster, obj: dict[str, Any], labels: dict[str, str]
 ) -> InstanceReport:
     namespace = obj["metadata"]["namespace"]
     proxies = {}
-    for pod in ctx.cache.objects("Pod", namespace, labels):
+    for pod in cluster.cache.objects("Pod", namespace, labels):
         node = (pod.get("spec") or {}).get("nodeName") or pod["metadata"]["name"]
         proxies[node] = ProxyReport(
             node_id=node,
@@ -48,7 +60,7 @@ def _instance_report(
             ready=pod_ready(pod),
         )
     applications = {}
-    for app in ctx.cache.objects("ServeApplication", namespace):
+    for app in cluster.cache.objects("ServeApplication", namespace):
         spec, status = app.get("spec") or {}, app.get("status") or {}
         if spec.get("instance", "default") != obj["metadata"]["name"]:
             continue

@@ -10,16 +10,15 @@ rules as the local backend.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from kubeserve.backends.kubernetes import names
-from kubeserve.backends.kubernetes.context import OperatorContext, pod_ready, replica_key
+from kubeserve.backends.kubernetes.pods import pod_ready, replica_key
 from kubeserve.control import config as config_rules
 from kubeserve.control.status import AppStatusInfo, DeploymentView, ReplicaView
+from kubeserve.runtime.kube import timestamp
 
 #: Ready reasons of an application, by Ray status; any other status is ``Deploying``
 _APP_REASONS = {"RUNNING": "Running", "DEPLOY_FAILED": "DeployFailed", "UNHEALTHY": "Unhealthy"}
@@ -188,29 +187,31 @@ def ready_condition(
         None,
     )
     status = "True" if ready else "False"
-    changed = old is None or old.get("status") != status
+    if old is None or old.get("status") != status:
+        since = timestamp()
+    else:
+        since = old.get("lastTransitionTime", timestamp())
     return {
         "type": "Ready",
         "status": status,
         "reason": reason,
         "message": message[:1024],
-        "lastTransitionTime": _now() if changed else old.get("lastTransitionTime", _now()),  # type: ignore[union-attr]
+        "lastTransitionTime": since,
         "observedGeneration": obj["metadata"].get("generation"),
     }
 
 
-def _now() -> str:
-    return datetime.fromtimestamp(time.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def deployment_view_from_pods(
-    ctx: OperatorContext,
     pods: list[dict[str, Any]],
     config: dict[str, Any],
     version: str,
+    user_configs: Mapping[str, str],
     ever_healthy: bool = False,
 ) -> DeploymentView:
     """What the pods of one deployment are doing, as the backend-neutral status rules read it.
+
+    ``user_configs`` maps a replica process (:func:`~.pods.replica_key`) to the user_config
+    version it applied (:attr:`~.data_plane.DataPlane.user_configs`).
 
     Container restarts count as failed starts only while the version has never been healthy:
     afterwards a crashing replica makes the deployment UNHEALTHY, not DEPLOY_FAILED (as in Ray).
@@ -234,7 +235,7 @@ def deployment_view_from_pods(
             ReplicaView(
                 "RUNNING" if pod_ready(pod) else "STARTING",
                 current=pod_version == version,
-                config_applied=ctx.user_configs.get(replica_key(pod)) == uc_version,
+                config_applied=user_configs.get(replica_key(pod)) == uc_version,
             )
         )
     return DeploymentView(

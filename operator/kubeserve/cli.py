@@ -323,15 +323,15 @@ async def _operate(settings: Any, host: str, port: int, metrics_port: int = 0) -
         loop.add_signal_handler(sig, stop.set)
     operator = Operator(settings)
     await operator.start()
-    assert operator.ctx is not None
+    assert operator.cluster is not None
     if settings.watch_namespaces and settings.namespace not in settings.watch_namespaces:
         logging.getLogger(__name__).warning(
             "the admin API writes to namespace %s, which the operator does not watch: "
             "GET /api/serve/applications/ will not see what it deploys",
             settings.namespace,
         )
-    backend = KubernetesBackend(operator.ctx.kube, operator.ctx.cache, settings.namespace)
-    authorizer = KubernetesAuthorizer(operator.ctx.kube, settings.namespace)
+    backend = KubernetesBackend(operator.cluster.kube, operator.cluster.cache, settings.namespace)
+    authorizer = KubernetesAuthorizer(operator.cluster.kube, settings.namespace)
     admin = create_app(backend, middlewares=[authorizer.middleware])
     runner = web.AppRunner(admin, access_log=None, shutdown_timeout=5)
     await runner.setup()

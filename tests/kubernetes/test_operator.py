@@ -201,32 +201,46 @@ def test_deleting_the_instance_garbage_collects_everything(
     wait_for(lambda: remaining() == "", 90, interval_s=0.5, what="everything garbage-collected")
 
 
-def test_a_broken_import_is_deploy_failed_with_the_error(
-    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
-) -> None:
-    plane = control_plane
-    plane.apply([instance(namespace), application(namespace, "broken", "ks_broken_import:app")])
+def wait_deploy_failed(
+    plane: ControlPlane, namespace: str, name: str, timeout_s: float = 90
+) -> dict[str, Any]:
+    """The status of application ``name`` once DEPLOY_FAILED, its Ready condition False with
+    reason DeployFailed."""
 
     def failed() -> dict[str, Any] | None:
-        status = plane.get("serveapplication", "broken", namespace).get("status") or {}
+        status = plane.get("serveapplication", name, namespace).get("status") or {}
         return status if status.get("appStatus") == "DEPLOY_FAILED" else None
 
-    status = wait_for(failed, 90, what="DEPLOY_FAILED")
-    assert "ModuleNotFoundError" in status["message"] or "ImportError" in status["message"]
+    status: dict[str, Any] = wait_for(failed, timeout_s, what=f"{name} DEPLOY_FAILED")
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-    assert ready["status"] == "False"
-    assert ready["reason"] == "DeployFailed"
+    assert (ready["status"], ready["reason"]) == ("False", "DeployFailed")
+    return status
+
+
+def deploy_failed_event(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
+    """The one DeployFailed Warning Event on application ``name``."""
 
     def warning() -> list[dict[str, Any]]:
         events = plane.get("events", namespace=namespace)["items"]
         return [
             e
             for e in events
-            if e["reason"] == "DeployFailed" and e["involvedObject"]["name"] == "broken"
+            if e["reason"] == "DeployFailed" and e["involvedObject"]["name"] == name
         ]
 
-    (event,) = wait_for(warning, 30, what="a DeployFailed Warning Event")
+    (event,) = wait_for(warning, 30, what=f"a DeployFailed Warning Event on {name}")
     assert event["type"] == "Warning"
+    return event
+
+
+def test_a_broken_import_is_deploy_failed_with_the_error(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    plane = control_plane
+    plane.apply([instance(namespace), application(namespace, "broken", "ks_broken_import:app")])
+    status = wait_deploy_failed(plane, namespace, "broken")
+    assert "ModuleNotFoundError" in status["message"] or "ImportError" in status["message"]
+    event = deploy_failed_event(plane, namespace, "broken")
     assert "ks_broken_import" in event["message"] or "Error" in event["message"]
 
 
@@ -262,12 +276,22 @@ def test_overrides_for_deployments_the_app_lacks_are_deploy_failed(
         namespace, "typo", "e2e_probe:app", deployments=[{"name": "Prbe", "numReplicas": 2}]
     )
     plane.apply([instance(namespace), typo])
-
-    def failed() -> dict[str, Any] | None:
-        status = plane.get("serveapplication", "typo", namespace).get("status") or {}
-        return status if status.get("appStatus") == "DEPLOY_FAILED" else None
-
-    status = wait_for(failed, 90, what="DEPLOY_FAILED")
+    status = wait_deploy_failed(plane, namespace, "typo")
     assert "Deployment 'Prbe' does not exist. Available: ['Probe']" in status["message"]
     workloads = plane.get("deployments", namespace=namespace)["items"]
     assert not [d for d in workloads if "typo" in d["metadata"]["name"]]  # nothing was started
+
+
+def test_a_spec_the_renderer_refuses_is_deploy_failed_with_its_message(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    plane = control_plane
+    pip = application(namespace, "pip", "e2e_probe:app", runtimeEnv={"pip": ["requests"]})
+    plane.apply([instance(namespace), pip])
+    status = wait_deploy_failed(plane, namespace, "pip", 60)
+    assert "pip cannot be honoured on Kubernetes" in status["message"]
+    assert "runtime_env.image_uri" in status["message"]
+    event = deploy_failed_event(plane, namespace, "pip")
+    assert "pip cannot be honoured on Kubernetes" in event["message"]
+    jobs = plane.get("jobs", namespace=namespace)["items"]
+    assert not [j for j in jobs if j["metadata"]["name"].startswith("pip-")]  # nothing was built

@@ -21,8 +21,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -290,6 +292,11 @@ class Informer:
                 else:
                     self.objects[_key(event.object)] = event.object
                 self._on_change(self.objects)
+
+
+def timestamp() -> str:
+    """Now, as Kubernetes writes times in Events and conditions (RFC 3339, seconds, UTC)."""
+    return datetime.fromtimestamp(time.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _key(obj: Mapping[str, Any]) -> str:

@@ -1,18 +1,23 @@
-"""Status writes of the operator: the ServeApplication status model, merge patches that remove
-what is gone, restart accounting."""
+"""Status writes of the operator: the reports' patches through the status models, merge patches
+that remove what is gone, restart accounting."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kubeserve.backends.kubernetes.context import _with_removals, replica_key
+from kubeserve.backends.kubernetes.cluster import with_removals
 from kubeserve.backends.kubernetes.details import DEPLOYED_AT_ANNOTATION
+from kubeserve.backends.kubernetes.pods import replica_key
 from kubeserve.backends.kubernetes.status import (
-    Ingress,
+    ApplicationRefused,
+    ApplicationReport,
+    AppSummary,
+    IngressRoute,
+    InstanceReport,
     ObservedDeployment,
-    application_status_patch,
-    failed_status_patch,
+    ProxyReport,
 )
+from kubeserve.control.details import ProcessView
 from kubeserve.control.status import (
     AppStatusInfo,
     DeploymentStatusInfo,
@@ -20,13 +25,13 @@ from kubeserve.control.status import (
     ReplicaStateValue,
     ReplicaView,
 )
-from kubeserve.schema.resources import ServeApplicationStatus
+from kubeserve.schema.resources import ServeApplicationStatus, ServeInstanceStatus
 
 
 def test_map_entries_that_disappeared_are_deleted_by_the_patch() -> None:
     old = {"applications": {"a": {"status": "RUNNING"}, "gone": {"status": "RUNNING"}}, "x": 1}
     new = {"applications": {"a": {"status": "RUNNING"}}, "x": 2}
-    assert _with_removals(old, new) == {
+    assert with_removals(old, new) == {
         "applications": {"a": {"status": "RUNNING"}, "gone": None},
         "x": 2,
     }
@@ -63,14 +68,13 @@ def running_info() -> AppStatusInfo:
     )
 
 
-def test_the_application_status_counts_replicas_and_names_the_route() -> None:
+def test_an_application_report_counts_replicas_and_names_the_route() -> None:
     deployments = {
         "Frontend": observed(1, "RUNNING"),
         "Greeter": observed(2, "RUNNING", "STARTING", "STOPPING"),
     }
-    patch = application_status_patch(
-        application(), running_info(), deployments, Ingress("Frontend", "/")
-    )
+    report = ApplicationReport(running_info(), deployments, IngressRoute("Frontend", "/"))
+    patch = report.patch(application(generation=3))
     assert patch["deployments"]["Greeter"] == {
         "status": "UPDATING",
         "statusTrigger": "CONFIG_UPDATE_STARTED",
@@ -84,30 +88,79 @@ def test_the_application_status_counts_replicas_and_names_the_route() -> None:
     assert patch["readyDeployments"] == "1/2"
     assert (patch["ingressDeployment"], patch["routePrefix"]) == ("Frontend", "/")
     assert patch["conditions"][0]["reason"] == "Deploying"
+    assert patch["observedGeneration"] == 3
     assert "docsPath" not in patch  # kubeserve serves no docs route
     ServeApplicationStatus.model_validate(patch)  # the CRD's shape
+
+
+def test_a_running_application_report_is_ready() -> None:
+    info = AppStatusInfo(
+        "RUNNING", "", {"Api": DeploymentStatusInfo("HEALTHY", "CONFIG_UPDATE_COMPLETED")}
+    )
+    report = ApplicationReport(info, {"Api": observed(1, "RUNNING")}, IngressRoute("Api", "/api"))
+    patch = report.patch(application())
+    assert patch["readyDeployments"] == "1/1"
+    (ready,) = patch["conditions"]
+    assert (ready["status"], ready["reason"]) == ("True", "Running")
 
 
 def test_last_deployed_time_is_the_admin_apis_annotation() -> None:
     obj = application()
     obj["metadata"]["annotations"] = {DEPLOYED_AT_ANNOTATION: "1700000000.5"}
-    patch = application_status_patch(obj, AppStatusInfo("DEPLOYING"), {}, None)
+    patch = ApplicationReport(AppStatusInfo("DEPLOYING")).patch(obj)
     assert patch["lastDeployedTime"] == "2023-11-14T22:13:20.500000Z"
 
 
 def test_last_deployed_time_stays_while_the_generation_does() -> None:
-    first = application_status_patch(application(), AppStatusInfo("DEPLOYING"), {}, None)
+    report = ApplicationReport(AppStatusInfo("DEPLOYING"))
+    first = report.patch(application())
     seen = application(1, observedGeneration=1, lastDeployedTime="2026-01-01T00:00:00Z")
-    again = application_status_patch(seen, AppStatusInfo("DEPLOYING"), {}, None)
-    assert again["lastDeployedTime"] == "2026-01-01T00:00:00Z"
+    assert report.patch(seen)["lastDeployedTime"] == "2026-01-01T00:00:00Z"
     changed = application(2, observedGeneration=1, lastDeployedTime="2026-01-01T00:00:00Z")
-    later = application_status_patch(changed, AppStatusInfo("DEPLOYING"), {}, None)
-    assert later["lastDeployedTime"] not in ("2026-01-01T00:00:00Z", None)
+    assert report.patch(changed)["lastDeployedTime"] not in ("2026-01-01T00:00:00Z", None)
     assert first["lastDeployedTime"]
 
 
-def test_a_failure_before_the_graph_keeps_the_deployments_last_reported() -> None:
-    patch = failed_status_patch(application(), "InvalidSpec", "spec.importPath: bad")
+def test_a_refused_application_keeps_its_deployments_and_names_the_reason() -> None:
+    patch = ApplicationRefused("DeployFailed", "no pip here").patch(application())
+    assert "deployments" not in patch  # the last reported deployments stay as they were
+    assert "routePrefix" not in patch
     assert patch["appStatus"] == "DEPLOY_FAILED"
-    assert patch["conditions"][0]["status"] == "False"
-    assert "deployments" not in patch and "routePrefix" not in patch
+    assert patch["lastDeployedTime"]
+    (ready,) = patch["conditions"]
+    assert (ready["status"], ready["reason"], ready["message"]) == (
+        "False",
+        "DeployFailed",
+        "no pip here",
+    )
+
+
+def test_an_instance_report_describes_proxies_as_processes() -> None:
+    process = ProcessView("node-1", "10.0.0.1", "uid-1", "proxy-abc", "")
+    report = InstanceReport(
+        {"node-1": ProxyReport(process, "proxy-abc", ready=True)},
+        {"app": AppSummary("RUNNING", "/", "")},
+        proxies_disabled=False,
+    )
+    patch = report.patch({"metadata": {"generation": 2}})
+    assert patch["state"] == "RUNNING"
+    assert patch["proxies"]["node-1"] == {
+        "nodeId": "node-1",
+        "nodeIp": "10.0.0.1",
+        "actorId": "uid-1",
+        "actorName": "proxy-abc",
+        "workerId": "proxy-abc",
+        "logFilePath": "",
+        "status": "HEALTHY",
+    }
+    assert patch["applications"]["app"] == {"status": "RUNNING", "routePrefix": "/", "message": ""}
+    assert patch["conditions"][0]["reason"] == "Running"
+    ServeInstanceStatus.model_validate(patch)
+
+
+def test_an_instance_without_ready_proxies_is_starting() -> None:
+    process = ProcessView("node-1", "", "uid-1", "proxy-abc", "")
+    report = InstanceReport({"node-1": ProxyReport(process, "proxy-abc", ready=False)}, {}, False)
+    patch = report.patch({"metadata": {}})
+    assert (patch["state"], patch["message"]) == ("STARTING", "proxies starting")
+    assert patch["proxies"]["node-1"]["status"] == "STARTING"

@@ -1,9 +1,14 @@
 """Reconciling one ``ServeApplication``: build Job -> graph -> workloads -> status.
 
-:func:`reconcile_application` is the operator's one idempotent step for an application, shared by
-the create, update and resume handlers and the resync timer. It reads the cluster from the
+:class:`ApplicationReconciler` is the operator's one idempotent step for an application, shared
+by the create, update and resume handlers and the resync timer. It reads the cluster from the
 operator's caches, writes only what differs (server-side apply of rendered objects it has not
-applied in this form yet, status patches when the status changed), and never writes a spec.
+applied in this form yet), never writes a spec, and returns what the status should say as a
+typed report (:mod:`.status`); the operator writes it.
+
+A spec that validates but that the renderer refuses (:class:`~.render.RenderError`: a runtime_env
+key Kubernetes cannot honour, an invalid resource name...) ends the pass in ``DEPLOY_FAILED``
+with the renderer's message and a Warning Event; raising would only retry it forever.
 """
 
 from __future__ import annotations
@@ -16,13 +21,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from kubeserve.backends.kubernetes import names, render
-from kubeserve.backends.kubernetes.context import OperatorContext
+from kubeserve.backends.kubernetes.cluster import Cluster
+from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.status import (
-    Ingress,
+    ApplicationRefused,
+    ApplicationReport,
+    IngressRoute,
     ObservedDeployment,
-    application_status_patch,
     deployment_view_from_pods,
-    failed_status_patch,
 )
 from kubeserve.control import config as config_rules
 from kubeserve.control.instance import app_route_prefix
@@ -45,45 +51,113 @@ class Graph:
         return None if error is None else str(error)
 
 
-async def reconcile_application(ctx: OperatorContext, obj: dict[str, Any]) -> None:
-    meta = obj["metadata"]
-    namespace, cr_name = meta["namespace"], meta["name"]
-    try:
-        spec = ServeApplicationSpec.model_validate(obj.get("spec") or {})
-        app_config = spec.to_rest(name=cr_name).model_dump(mode="json", exclude_unset=True)
-    except ValidationError as err:
-        details = "; ".join(
-            f"spec.{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in validation_details(err)
+class ApplicationReconciler:
+    """The operator's one idempotent step for a ``ServeApplication``.
+
+    Owns the deployment versions that reached HEALTHY once in this process (a crash afterwards is
+    UNHEALTHY, not DEPLOY_FAILED); the cluster and the data plane are shared with the instance
+    reconciler.
+    """
+
+    def __init__(self, cluster: Cluster, data_plane: DataPlane) -> None:
+        self._cluster = cluster
+        self._data_plane = data_plane
+        #: namespace/application/deployment/version keys that reached HEALTHY once
+        self._healthy_versions: set[str] = set()
+
+    async def reconcile(self, obj: dict[str, Any]) -> ApplicationReport | ApplicationRefused:
+        """Converge ``obj``'s children to its spec; what its status should say."""
+        meta = obj["metadata"]
+        namespace, cr_name = meta["namespace"], meta["name"]
+        try:
+            spec = ServeApplicationSpec.model_validate(obj.get("spec") or {})
+            app_config = spec.to_rest(name=cr_name).model_dump(mode="json", exclude_unset=True)
+        except ValidationError as err:
+            details = "; ".join(
+                f"spec.{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in validation_details(err)
+            )
+            return ApplicationRefused("InvalidSpec", details)
+        app_config["name"] = spec.app_name or cr_name
+        instance = self._cluster.cache.get("ServeInstance", namespace, spec.instance)
+        if instance is None:
+            message = f"ServeInstance {spec.instance!r} not found in namespace {namespace!r}"
+            return ApplicationRefused("InstanceNotFound", message, "DEPLOYING")
+        await _ensure_owned_by(self._cluster, obj, instance)
+        try:
+            return await self._reconcile_workloads(obj, instance, app_config)
+        except render.RenderError as err:  # a spec Kubernetes cannot express: retrying cannot help
+            return ApplicationRefused("DeployFailed", str(err))
+
+    async def _reconcile_workloads(
+        self, obj: dict[str, Any], instance: dict[str, Any], app_config: dict[str, Any]
+    ) -> ApplicationReport:
+        secret = await self._data_plane.secret(instance)  # replicas read it; pushes prove it
+        instance_view = render.instance_view(instance)
+        app_view = render.app_view(obj, app_config)
+        graph = await _graph(self._cluster, instance_view, app_view)
+        if graph is None:
+            return ApplicationReport(application_status(BuildView("running"), {}))
+        error = graph.error or _override_error(graph, app_config)
+        if error is not None:
+            return ApplicationReport(application_status(BuildView("failed", error), {}))
+        deployments = await self._reconcile_deployments(
+            instance_view, app_view, app_config, graph, secret
         )
-        await ctx.patch_status(obj, failed_status_patch(obj, "InvalidSpec", details))
-        return
-    app_config["name"] = spec.app_name or cr_name
-    instance = ctx.cache.get("ServeInstance", namespace, spec.instance)
-    if instance is None:
-        message = f"ServeInstance {spec.instance!r} not found in namespace {namespace!r}"
-        await ctx.patch_status(
-            obj, failed_status_patch(obj, "InstanceNotFound", message, "DEPLOYING")
+        ingress = str(graph.body["ingress"])
+        route_prefix = app_route_prefix(app_config, _node(graph, ingress).get("options", {}))
+        return ApplicationReport(
+            application_status(BuildView("done"), {n: d.view for n, d in deployments.items()}),
+            deployments,
+            IngressRoute(ingress, route_prefix),
         )
-        return
-    await _ensure_owned_by(ctx, obj, instance)
-    secret = await ctx.data_plane_secret(instance)  # replicas read it; pushes prove it
-    instance_view = render.instance_view(instance)
-    app_view = render.app_view(obj, app_config)
-    graph = await _graph(ctx, instance_view, app_view, app_config)
-    error = None if graph is None else graph.error or _override_error(graph, app_config)
-    if graph is None or error is not None:
-        build = BuildView("running") if graph is None else BuildView("failed", error or "")
-        info = application_status(build, {})
-        await ctx.patch_status(obj, application_status_patch(obj, info, {}, None))
-        return
-    deployments = await _reconcile_deployments(
-        ctx, instance_view, app_view, app_config, graph, secret
-    )
-    info = application_status(BuildView("done"), {n: d.view for n, d in deployments.items()})
-    ingress = str(graph.body["ingress"])
-    ingress_options = _node(graph, ingress).get("options", {})
-    route = Ingress(ingress, app_route_prefix(app_config, ingress_options))
-    await ctx.patch_status(obj, application_status_patch(obj, info, deployments, route))
+
+    async def _reconcile_deployments(
+        self,
+        instance: render.InstanceView,
+        app: render.AppView,
+        app_config: dict[str, Any],
+        graph: Graph,
+        secret: bytes,
+    ) -> dict[str, ObservedDeployment]:
+        cluster = self._cluster
+        overrides = {d["name"]: d for d in app_config.get("deployments", [])}
+        observed: dict[str, ObservedDeployment] = {}
+        wanted: set[str] = set()
+        for node in graph.body["deployments"]:
+            name = node["name"]
+            effective = config_rules.effective_deployment_config(
+                name, node.get("options", {}), overrides.get(name)
+            )
+            deployment = render.deployment_view(app_config, effective, bool(node.get("is_ingress")))
+            workload = render.render_replica_workload(instance, app, deployment)
+            service = render.render_replica_service(instance, app, deployment)
+            await cluster.apply(workload)
+            await cluster.apply(service)
+            wanted.update(
+                {
+                    f"{workload['kind']}/{workload['metadata']['name']}",
+                    f"Service/{service['metadata']['name']}",
+                }
+            )
+            pods = cluster.cache.objects(
+                "Pod", app.namespace, dict(workload["spec"]["selector"]["matchLabels"])
+            )
+            await self._data_plane.push_user_config(pods, effective, secret, instance.uid)
+            healthy_key = f"{app.namespace}/{app.cr_name}/{name}/{deployment.version}"
+            view = deployment_view_from_pods(
+                pods,
+                effective,
+                deployment.version,
+                self._data_plane.user_configs,
+                healthy_key in self._healthy_versions,
+            )
+            if deployment_status(view).status == "HEALTHY":
+                self._healthy_versions.add(healthy_key)
+            observed[name] = ObservedDeployment(
+                view, service["metadata"]["name"], int(effective["max_ongoing_requests"])
+            )
+        await _delete_stale_children(cluster, app, wanted)
+        return observed
 
 
 def _override_error(graph: Graph, app_config: dict[str, Any]) -> str | None:
@@ -101,16 +175,14 @@ def _node(graph: Graph, name: str) -> dict[str, Any]:
     return {}
 
 
-async def _ensure_owned_by(
-    ctx: OperatorContext, obj: dict[str, Any], instance: dict[str, Any]
-) -> None:
+async def _ensure_owned_by(cluster: Cluster, obj: dict[str, Any], instance: dict[str, Any]) -> None:
     """Applications belong to their instance: deleting the instance deletes them (metadata only)."""
     owners = obj["metadata"].get("ownerReferences") or []
     uid = instance["metadata"]["uid"]
     if any(o.get("uid") == uid for o in owners):
         return
     ref = names.owner_reference(instance, controller=False)
-    await ctx.kube.merge_patch(
+    await cluster.kube.merge_patch(
         "ServeApplication",
         obj["metadata"]["namespace"],
         obj["metadata"]["name"],
@@ -119,22 +191,21 @@ async def _ensure_owned_by(
 
 
 async def _graph(
-    ctx: OperatorContext,
+    cluster: Cluster,
     instance: render.InstanceView,
     app: render.AppView,
-    app_config: dict[str, Any],
 ) -> Graph | None:
     """The build result for the app's current code and environment; starts the Job when needed."""
-    configmap = ctx.cache.get(
+    configmap = cluster.cache.get(
         "ConfigMap", app.namespace, names.graph_configmap_name(app.cr_name, app.build_key)
     )
     if configmap is not None:
         return Graph(json.loads((configmap.get("data") or {}).get("graph.json", "{}")))
     job_name = names.build_job_name(app.cr_name, app.build_key)
-    job = ctx.cache.get("Job", app.namespace, job_name)
+    job = cluster.cache.get("Job", app.namespace, job_name)
     if job is None:
-        await ctx.apply(render.render_build_job(instance, app))
-        await _delete_stale_builds(ctx, app)
+        await cluster.apply(render.render_build_job(instance, app))
+        await _delete_stale_builds(cluster, app)
         return None
     for condition in (job.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "Failed" and condition.get("status") == "True":
@@ -142,69 +213,23 @@ async def _graph(
     return None
 
 
-async def _delete_stale_builds(ctx: OperatorContext, app: render.AppView) -> None:
+async def _delete_stale_builds(cluster: Cluster, app: render.AppView) -> None:
     current = names.build_job_name(app.cr_name, app.build_key)
     labels = {
         names.APPLICATION_LABEL: names.label_value(app.cr_name),
         names.COMPONENT_LABEL: "build",
     }
-    for job in ctx.cache.objects("Job", app.namespace, labels):
+    for job in cluster.cache.objects("Job", app.namespace, labels):
         if job["metadata"]["name"] != current:
-            await ctx.kube.delete("Job", app.namespace, job["metadata"]["name"])
+            await cluster.kube.delete("Job", app.namespace, job["metadata"]["name"])
 
 
-async def _reconcile_deployments(
-    ctx: OperatorContext,
-    instance: render.InstanceView,
-    app: render.AppView,
-    app_config: dict[str, Any],
-    graph: Graph,
-    secret: bytes,
-) -> dict[str, ObservedDeployment]:
-    overrides = {d["name"]: d for d in app_config.get("deployments", [])}
-    observed: dict[str, ObservedDeployment] = {}
-    wanted: set[str] = set()
-    for node in graph.body["deployments"]:
-        name = node["name"]
-        effective = config_rules.effective_deployment_config(
-            name, node.get("options", {}), overrides.get(name)
-        )
-        deployment = render.deployment_view(app_config, effective, bool(node.get("is_ingress")))
-        workload = render.render_replica_workload(instance, app, deployment)
-        service = render.render_replica_service(instance, app, deployment)
-        await ctx.apply(workload)
-        await ctx.apply(service)
-        wanted.update(
-            {
-                f"{workload['kind']}/{workload['metadata']['name']}",
-                f"Service/{service['metadata']['name']}",
-            }
-        )
-        pods = ctx.cache.objects(
-            "Pod", app.namespace, dict(workload["spec"]["selector"]["matchLabels"])
-        )
-        await ctx.push_user_config(pods, effective, secret, instance.uid)
-        healthy_key = f"{app.namespace}/{app.cr_name}/{name}/{deployment.version}"
-        view = deployment_view_from_pods(
-            ctx, pods, effective, deployment.version, healthy_key in ctx.healthy_versions
-        )
-        if deployment_status(view).status == "HEALTHY":
-            ctx.healthy_versions.add(healthy_key)
-        observed[name] = ObservedDeployment(
-            view, service["metadata"]["name"], int(effective["max_ongoing_requests"])
-        )
-    await _delete_stale_children(ctx, app, wanted)
-    return observed
-
-
-async def _delete_stale_children(
-    ctx: OperatorContext, app: render.AppView, wanted: set[str]
-) -> None:
+async def _delete_stale_children(cluster: Cluster, app: render.AppView, wanted: set[str]) -> None:
     labels = {
         names.APPLICATION_LABEL: names.label_value(app.cr_name),
         names.COMPONENT_LABEL: "replica",
     }
     for kind in ("Deployment", "DaemonSet", "Service"):
-        for obj in ctx.cache.objects(kind, app.namespace, labels):
+        for obj in cluster.cache.objects(kind, app.namespace, labels):
             if f"{kind}/{obj['metadata']['name']}" not in wanted:
-                await ctx.kube.delete(kind, app.namespace, obj["metadata"]["name"])
+                await cluster.kube.delete(kind, app.namespace, obj["metadata"]["name"])

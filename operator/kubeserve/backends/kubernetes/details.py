@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kubeserve.backends.kubernetes import names
-from kubeserve.backends.kubernetes.context import pod_ready
+from kubeserve.backends.kubernetes.pods import pod_ready
 from kubeserve.backends.kubernetes.render_views import app_view
 from kubeserve.control import config as config_rules
 from kubeserve.control.details import (
@@ -177,7 +177,7 @@ def _route_prefix(status: Mapping[str, Any], config: Mapping[str, Any] | None) -
     return "/"
 
 
-def annotated_deployed_at(obj: Obj) -> float | None:
+def annotated_deployed_at(obj: Mapping[str, Any]) -> float | None:
     """When the admin API last changed the spec of a ``ServeApplication`` (``None``: it did not,
     or the annotation is not a number)."""
     annotation = (obj["metadata"].get("annotations") or {}).get(DEPLOYED_AT_ANNOTATION)

@@ -1,9 +1,27 @@
 """The operator process: caches, reconcilers and kopf, in one asyncio loop.
 
-Ownership: the :class:`Operator` owns the API client, the caches and one lock per custom resource,
-so two passes over the same object never overlap. kopf delivers custom-resource events; changes of
-owned objects arrive through the caches and mark the custom resources of their namespace dirty; a
-worker reconciles dirty objects from the cache. Either path runs the same idempotent function.
+Ownership: the :class:`Operator` owns one lock per custom resource, so two passes over the same
+object never overlap, and builds the pieces each pass uses, each with one job:
+:class:`~.cluster.Cluster` (the API client, the caches, writes of what changed),
+:class:`~.data_plane.DataPlane` (each instance's secret and user_config pushes; it wakes the
+operator through the callback it was built with) and one reconciler per kind. kopf delivers
+custom-resource events; changes of owned objects arrive through the caches and mark the custom
+resources of their namespace dirty; a worker reconciles dirty objects from the cache. Either path
+runs the same idempotent pass.
+
+One pass, for an application (an instance takes the same route through ``instance.py``):
+
+1. :meth:`Operator.reconcile` takes the object's lock and reads its latest version;
+2. :meth:`~.application.ApplicationReconciler.reconcile` validates the spec and finds the
+   instance (or returns :class:`~.status.ApplicationRefused`), then converges the build Job, the
+   graph and each deployment's workload and Service through :class:`~.cluster.Cluster` and the
+   pure renderer, and pushes user_config through :class:`~.data_plane.DataPlane`;
+3. it returns a typed report (:class:`~.status.ApplicationReport`), whose ``patch`` in
+   ``status.py`` is the only code spelling status fields;
+4. :meth:`~.cluster.Cluster.patch_status` writes it when it changed (and announces a failure).
+
+Four steps through four files (operator, application, status, cluster), plus the data plane for
+the secret and the pushes.
 """
 
 from __future__ import annotations
@@ -13,13 +31,15 @@ import contextlib
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from kubeserve.backends.kubernetes.application import reconcile_application
+from kubeserve.backends.kubernetes.application import ApplicationReconciler
 from kubeserve.backends.kubernetes.cache import ClusterCache
-from kubeserve.backends.kubernetes.context import OperatorContext
-from kubeserve.backends.kubernetes.instance import reconcile_instance
+from kubeserve.backends.kubernetes.cluster import Cluster
+from kubeserve.backends.kubernetes.data_plane import DataPlane
+from kubeserve.backends.kubernetes.instance import InstanceReconciler
 from kubeserve.backends.kubernetes.metrics import metrics_text
+from kubeserve.backends.kubernetes.status import StatusReport
 from kubeserve.runtime.kube import Kube, KubeError
 
 log = logging.getLogger(__name__)
@@ -37,13 +57,20 @@ class OperatorSettings:
     kubeconfig: str | None = None
 
 
+class Reconciler(Protocol):
+    """One kind of custom resource: converge an object's children, report its status."""
+
+    async def reconcile(self, obj: dict[str, Any]) -> StatusReport: ...
+
+
 class Operator:
     def __init__(self, settings: OperatorSettings) -> None:
         self.settings = settings
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._dirty: set[str] = set()
         self._wakeup = asyncio.Event()
-        self.ctx: OperatorContext | None = None
+        self.cluster: Cluster | None = None
+        self._reconcilers: dict[str, Reconciler] = {}
         self._worker: asyncio.Task[None] | None = None
         self.reconciles = 0
         self.reconcile_errors = 0
@@ -51,10 +78,13 @@ class Operator:
     async def start(self) -> None:
         kube = await Kube.connect(self.settings.kubeconfig)
         namespaces = list(self.settings.watch_namespaces) or None
-        cache = ClusterCache(kube, namespaces, self._changed)
-        self.ctx = OperatorContext(kube, cache, self.settings.namespace)
-        self.ctx.wake = self._wake_all  # type: ignore[method-assign]
-        await cache.start()
+        self.cluster = Cluster(kube, ClusterCache(kube, namespaces, self._changed))
+        data_plane = DataPlane(kube, on_pushed=self._wake_all)
+        self._reconcilers = {
+            "ServeInstance": InstanceReconciler(self.cluster, data_plane, self.settings.namespace),
+            "ServeApplication": ApplicationReconciler(self.cluster, data_plane),
+        }
+        await self.cluster.cache.start()
         self._worker = asyncio.ensure_future(self._work())
 
     async def close(self) -> None:
@@ -62,60 +92,59 @@ class Operator:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
-        if self.ctx is not None:
-            await self.ctx.cache.close()
-            await self.ctx.kube.close()
+        if self.cluster is not None:
+            await self.cluster.cache.close()
+            await self.cluster.kube.close()
 
     async def reconcile(self, obj: dict[str, Any]) -> None:
-        """One pass over a ServeInstance or ServeApplication (serialised per object)."""
-        assert self.ctx is not None
+        """One pass over a ServeInstance or ServeApplication (serialised per object): its
+        reconciler converges the children and reports; the report becomes the status."""
+        assert self.cluster is not None
         meta = obj["metadata"]
         key = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"
         async with self._locks[key]:
-            latest = self.ctx.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
+            latest = self.cluster.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
             if latest["metadata"].get("deletionTimestamp"):
                 return  # children go with it (ownerReferences); nothing to converge to
             self.reconciles += 1
             try:
-                if obj["kind"] == "ServeInstance":
-                    await reconcile_instance(self.ctx, latest)
-                else:
-                    await reconcile_application(self.ctx, latest)
+                report = await self._reconcilers[obj["kind"]].reconcile(latest)
+                await self.cluster.patch_status(latest, report.patch(latest))
             except Exception:
                 self.reconcile_errors += 1
                 raise
 
     def metrics(self) -> str:
         """The Prometheus text of ``/metrics``."""
-        assert self.ctx is not None
+        assert self.cluster is not None
         return metrics_text(
             self.reconciles,
             self.reconcile_errors,
-            self.ctx.kube.requests,
-            self.ctx.cache.all("ServeApplication"),
+            self.cluster.kube.requests,
+            self.cluster.cache.all("ServeApplication"),
         )
 
     def _changed(self, kind: str, namespaces: set[str]) -> None:
-        if self.ctx is None:
+        if self.cluster is None:
             return
         for namespace in namespaces:
             for cr_kind in ("ServeInstance", "ServeApplication"):
-                for obj in self.ctx.cache.objects(cr_kind, namespace):
+                for obj in self.cluster.cache.objects(cr_kind, namespace):
                     self._dirty.add(f"{cr_kind}/{namespace}/{obj['metadata']['name']}")
         self._wakeup.set()
 
     def _wake_all(self) -> None:
         """Mark every custom resource dirty (after a user_config push completed, for example)."""
-        if self.ctx is None:
+        if self.cluster is None:
             return
         for kind in ("ServeInstance", "ServeApplication"):
-            for obj in self.ctx.cache.all(kind):
+            for obj in self.cluster.cache.all(kind):
                 meta = obj["metadata"]
                 self._dirty.add(f"{kind}/{meta['namespace']}/{meta['name']}")
         self._wakeup.set()
 
     async def _work(self) -> None:
-        assert self.ctx is not None
+        assert self.cluster is not None
         while True:
             await self._wakeup.wait()
             await asyncio.sleep(_DEBOUNCE_S)  # let a burst of pod events collapse into one pass
@@ -123,7 +152,7 @@ class Operator:
             dirty, self._dirty = self._dirty, set()
             for key in sorted(dirty):
                 kind, namespace, name = key.split("/", 2)
-                obj = self.ctx.cache.get(kind, namespace, name)
+                obj = self.cluster.cache.get(kind, namespace, name)
                 if obj is None:
                     continue
                 try:

@@ -1,51 +1,65 @@
-"""Custom-resource status from observed pods, computed with the same rules as the local backend.
+"""What a reconcile pass found, as typed reports, and the one place they become status patches.
 
-Every ``ServeApplication`` status write is a
-:class:`~kubeserve.schema.resources.ServeApplicationStatus` dumped with ``exclude_unset``: a patch
-holds exactly the fields set here, so a failure before the graph is known
-(:func:`failed_status_patch`) keeps the deployments and route last reported, and
-:meth:`~kubeserve.backends.kubernetes.context.OperatorContext.patch_status` turns map entries that
-are gone into deletions. ``docsPath`` is never written: kubeserve serves no API docs route (Ray
-fills it for FastAPI ingresses), so the admin API reports ``docs_path`` null.
+A reconciler returns a report (:class:`ApplicationReport`, :class:`ApplicationRefused`,
+:class:`InstanceReport`); :meth:`Operator.reconcile` turns it into the custom resource's status
+with its ``patch`` method, the only code that spells status fields. Every patch is the status
+model (:class:`~kubeserve.schema.resources.ServeApplicationStatus`,
+:class:`~kubeserve.schema.resources.ServeInstanceStatus`) dumped with ``exclude_unset``: it holds
+exactly the fields a report sets, so a refused application keeps the deployments and route last
+reported, and :meth:`~.cluster.Cluster.patch_status` turns map entries that are gone into
+deletions. ``docsPath`` is never written: kubeserve serves no API docs route (Ray fills it for
+FastAPI ingresses), so the admin API reports ``docs_path`` null.
+
+The Ready condition (:func:`ready_condition`) keeps its ``lastTransitionTime`` while its status
+does not change; ``lastDeployedTime`` is the admin API's deployed-at annotation, else when the
+operator first saw the spec's generation. Deployment statuses come from observed pods
+(:func:`deployment_view_from_pods`) with the same rules as the local backend.
 """
 
 from __future__ import annotations
 
-import time
+import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from kubeserve.backends.kubernetes import names
-from kubeserve.backends.kubernetes.context import OperatorContext, pod_ready, replica_key
 from kubeserve.backends.kubernetes.details import annotated_deployed_at
+from kubeserve.backends.kubernetes.pods import pod_ready, replica_key
 from kubeserve.control import config as config_rules
+from kubeserve.control.details import ProcessView
 from kubeserve.control.status import (
     AppStatusInfo,
     DeploymentStatusInfo,
     DeploymentView,
     ReplicaView,
 )
-from kubeserve.schema.resources import Condition, ServeApplicationStatus
+from kubeserve.runtime.kube import timestamp
+from kubeserve.schema.resources import Condition, ServeApplicationStatus, ServeInstanceStatus
 
 __all__ = [
-    "Ingress",
+    "AppSummary",
+    "ApplicationRefused",
+    "ApplicationReport",
+    "IngressRoute",
+    "InstanceReport",
     "ObservedDeployment",
-    "application_status_patch",
+    "ProxyReport",
+    "StatusReport",
     "deployment_view_from_pods",
-    "failed_status_patch",
     "ready_condition",
 ]
 
-#: The ``Ready`` condition's reason for an application status (``Deploying`` for the others).
-_READY_REASONS = {"RUNNING": "Running", "DEPLOY_FAILED": "DeployFailed", "UNHEALTHY": "Unhealthy"}
+#: Ready reasons of an application, by Ray status; any other status is ``Deploying``
+_APP_REASONS = {"RUNNING": "Running", "DEPLOY_FAILED": "DeployFailed", "UNHEALTHY": "Unhealthy"}
 
 
 @dataclass(frozen=True)
 class ObservedDeployment:
-    """One serve deployment after a reconcile pass: what its pods do, and the data plane's routing
-    inputs (the Service whose EndpointSlices list its ready replicas, the cap per replica)."""
+    """One serve deployment after a reconcile pass: what its pods do (its replicas and the
+    replicas it should have), and how the data plane reaches it: the Service whose
+    EndpointSlices list its ready replicas, the cap on requests in flight per replica."""
 
     view: DeploymentView
     service: str
@@ -53,21 +67,225 @@ class ObservedDeployment:
 
 
 @dataclass(frozen=True)
-class Ingress:
-    """Where an application's HTTP traffic enters: its ingress deployment and route."""
+class IngressRoute:
+    """Where an application's HTTP traffic enters: its ingress deployment and route prefix."""
 
     deployment: str
     route_prefix: str | None
 
 
+@dataclass(frozen=True)
+class ApplicationReport:
+    """An application pass that reached its build: the status rules' answer, each deployment of
+    it as observed (none while the graph builds), and the ingress once the graph is known."""
+
+    info: AppStatusInfo
+    deployments: Mapping[str, ObservedDeployment] = field(default_factory=dict)
+    ingress: IngressRoute | None = None
+
+    def patch(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        info = self.info
+        healthy = sum(1 for d in info.deployments.values() if d.status == "HEALTHY")
+        reason = _APP_REASONS.get(info.status, "Deploying")
+        fields: dict[str, Any] = {
+            "app_status": info.status,
+            "message": info.message[:4096],
+            "ready_deployments": f"{healthy}/{len(info.deployments)}",
+            "deployments": {
+                name: _deployment_entry(status, self.deployments[name])
+                for name, status in info.deployments.items()
+            },
+            "conditions": [
+                ready_condition(obj, info.status == "RUNNING", reason, info.message or info.status)
+            ],
+        }
+        if self.ingress is not None:
+            fields.update(
+                ingress_deployment=self.ingress.deployment,
+                route_prefix=self.ingress.route_prefix,
+            )
+        return _application_patch(obj, fields)
+
+
+@dataclass(frozen=True)
+class ApplicationRefused:
+    """An application pass that stopped before its build: an invalid spec, a missing instance,
+    a spec the renderer refuses. ``reason`` is the Ready condition's; the deployments and route
+    last reported stay in the status as they were."""
+
+    reason: str
+    message: str
+    app_status: str = "DEPLOY_FAILED"
+
+    def patch(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        fields = {
+            "app_status": self.app_status,
+            "message": self.message,
+            "conditions": [ready_condition(obj, False, self.reason, self.message)],
+        }
+        return _application_patch(obj, fields)
+
+
+@dataclass(frozen=True)
+class ProxyReport:
+    """One proxy pod, keyed by its node in the instance status (Ray's ProxyDetails); the
+    process is described as the admin API describes it (:func:`~.details.pod_process`)."""
+
+    process: ProcessView
+    pod_name: str
+    ready: bool
+
+
+@dataclass(frozen=True)
+class AppSummary:
+    """One application of an instance, as its own status says."""
+
+    status: str
+    route_prefix: str | None
+    message: str
+
+
+@dataclass(frozen=True)
+class InstanceReport:
+    """An instance pass: its proxies by node and its applications by name. Ready when every
+    application is RUNNING and, unless ``proxyLocation: Disabled``, proxies exist and all are."""
+
+    proxies: Mapping[str, ProxyReport]
+    applications: Mapping[str, AppSummary]
+    proxies_disabled: bool
+
+    def patch(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """``ServeInstance.status`` as a merge patch: its model's fields, every one set."""
+        proxies_ok = self.proxies_disabled or (
+            bool(self.proxies) and all(p.ready for p in self.proxies.values())
+        )
+        apps_ok = all(a.status == "RUNNING" for a in self.applications.values())
+        ready = proxies_ok and apps_ok
+        message = (
+            ""
+            if ready
+            else ("proxies starting" if not proxies_ok else "applications not all RUNNING")
+        )
+        status = ServeInstanceStatus.model_validate(
+            {
+                "state": "RUNNING" if ready else "STARTING",
+                "message": message,
+                "observed_generation": obj["metadata"].get("generation"),
+                "proxies": {node: _proxy_entry(p) for node, p in self.proxies.items()},
+                "applications": {
+                    name: {
+                        "status": a.status,
+                        "route_prefix": a.route_prefix,
+                        "message": a.message[:1024],
+                    }
+                    for name, a in self.applications.items()
+                },
+                "conditions": [
+                    ready_condition(
+                        obj, ready, "Running" if ready else "Starting", message or "RUNNING"
+                    )
+                ],
+            },
+            by_name=True,
+            by_alias=False,
+        )
+        return status.model_dump(mode="json", exclude_unset=True)
+
+
+#: What a reconciler returns; ``report.patch(obj)`` is the status to write.
+StatusReport = ApplicationReport | ApplicationRefused | InstanceReport
+
+
+def _deployment_entry(status: DeploymentStatusInfo, observed: ObservedDeployment) -> dict[str, Any]:
+    """One deployment of ``ServeApplication.status``: replicas are its pods not terminating,
+    ready replicas those ready."""
+    live = [r for r in observed.view.replicas if r.state not in ("STOPPING", "STOPPED")]
+    return {
+        "status": status.status,
+        "status_trigger": status.status_trigger,
+        "message": status.message[:1024],
+        "replicas": len(live),
+        "ready_replicas": sum(1 for r in live if r.state == "RUNNING"),
+        "target_replicas": observed.view.target_replicas,
+        "service": observed.service,
+        "max_ongoing_requests": observed.max_ongoing_requests,
+    }
+
+
+def _proxy_entry(proxy: ProxyReport) -> dict[str, Any]:
+    return {
+        **dataclasses.asdict(proxy.process),
+        "actor_name": proxy.pod_name,
+        "status": "HEALTHY" if proxy.ready else "STARTING",
+    }
+
+
+def _application_patch(obj: Mapping[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """``ServeApplication.status`` as a merge patch of ``fields`` (snake_case), with the
+    generation it describes and when that generation was deployed."""
+    status = ServeApplicationStatus.model_validate(
+        {
+            **fields,
+            "observed_generation": obj["metadata"].get("generation"),
+            "last_deployed_time": _deployed_time(obj),
+        },
+        by_name=True,
+        by_alias=False,
+    )
+    return status.model_dump(mode="json", exclude_unset=True)
+
+
+def _deployed_time(obj: Mapping[str, Any]) -> datetime:
+    """When the current spec was deployed: the admin API's annotation, else when the operator
+    first saw this generation (kept while the generation stays)."""
+    annotated = annotated_deployed_at(obj)
+    if annotated is not None:
+        return datetime.fromtimestamp(annotated, UTC)
+    old = obj.get("status") or {}
+    if old.get("observedGeneration") == obj["metadata"].get("generation"):
+        try:
+            return datetime.fromisoformat(str(old["lastDeployedTime"]))
+        except (KeyError, ValueError):
+            pass
+    return datetime.fromisoformat(timestamp())
+
+
+def ready_condition(obj: Mapping[str, Any], ready: bool, reason: str, message: str) -> Condition:
+    """The ``Ready`` condition of ``obj``; ``lastTransitionTime`` moves only with its status."""
+    old = next(
+        (c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
+        None,
+    )
+    status = "True" if ready else "False"
+    if old is None or old.get("status") != status:
+        since = timestamp()
+    else:
+        since = old.get("lastTransitionTime") or timestamp()
+    return Condition.model_validate(
+        {
+            "type": "Ready",
+            "status": status,
+            "reason": reason,
+            "message": message[:1024],
+            "last_transition_time": since,
+            "observed_generation": obj["metadata"].get("generation"),
+        },
+        by_name=True,
+        by_alias=False,
+    )
+
+
 def deployment_view_from_pods(
-    ctx: OperatorContext,
     pods: list[dict[str, Any]],
     config: dict[str, Any],
     version: str,
+    user_configs: Mapping[str, str],
     ever_healthy: bool = False,
 ) -> DeploymentView:
     """What the pods of one deployment are doing, as the backend-neutral status rules read it.
+
+    ``user_configs`` maps a replica process (:func:`~.pods.replica_key`) to the user_config
+    version it applied (:attr:`~.data_plane.DataPlane.user_configs`).
 
     Container restarts count as failed starts only while the version has never been healthy:
     afterwards a crashing replica makes the deployment UNHEALTHY, not DEPLOY_FAILED (as in Ray).
@@ -91,7 +309,7 @@ def deployment_view_from_pods(
             ReplicaView(
                 "RUNNING" if pod_ready(pod) else "STARTING",
                 current=pod_version == version,
-                config_applied=ctx.user_configs.get(replica_key(pod)) == uc_version,
+                config_applied=user_configs.get(replica_key(pod)) == uc_version,
             )
         )
     return DeploymentView(
@@ -101,112 +319,3 @@ def deployment_view_from_pods(
         ever_healthy=ever_healthy,
         last_error=last_error,
     )
-
-
-def ready_condition(obj: dict[str, Any], ready: bool, reason: str, message: str) -> Condition:
-    """The ``Ready`` condition of ``obj``; its transition time moves only when ``ready`` does."""
-    old = next(
-        (c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
-        None,
-    )
-    status = "True" if ready else "False"
-    changed = old is None or old.get("status") != status
-    return Condition.model_validate(
-        {
-            "type": "Ready",
-            "status": status,
-            "reason": reason,
-            "message": message[:1024],
-            "last_transition_time": _now() if changed else old.get("lastTransitionTime") or _now(),  # type: ignore[union-attr]
-            "observed_generation": obj["metadata"].get("generation"),
-        },
-        by_name=True,
-        by_alias=False,
-    )
-
-
-def failed_status_patch(
-    obj: dict[str, Any], reason: str, message: str, app_status: str = "DEPLOY_FAILED"
-) -> dict[str, Any]:
-    """The application cannot be reconciled (its spec or its instance is wrong)."""
-    return _patch(
-        obj,
-        app_status=app_status,
-        message=message,
-        conditions=[ready_condition(obj, False, reason, message)],
-    )
-
-
-def application_status_patch(
-    obj: dict[str, Any],
-    info: AppStatusInfo,
-    deployments: Mapping[str, ObservedDeployment],
-    ingress: Ingress | None,
-) -> dict[str, Any]:
-    """The application's derived status; ``deployments`` holds every deployment of ``info``
-    (none while the graph builds), ``ingress`` is ``None`` until the graph is known."""
-    healthy = sum(1 for d in info.deployments.values() if d.status == "HEALTHY")
-    ready = info.status == "RUNNING"
-    reason = _READY_REASONS.get(info.status, "Deploying")
-    fields: dict[str, Any] = {
-        "app_status": info.status,
-        "message": info.message[:4096],
-        "ready_deployments": f"{healthy}/{len(info.deployments)}",
-        "deployments": {
-            name: _deployment_entry(status, deployments[name])
-            for name, status in info.deployments.items()
-        },
-        "conditions": [ready_condition(obj, ready, reason, info.message or info.status)],
-    }
-    if ingress is not None:
-        fields.update(ingress_deployment=ingress.deployment, route_prefix=ingress.route_prefix)
-    return _patch(obj, **fields)
-
-
-def _deployment_entry(status: DeploymentStatusInfo, observed: ObservedDeployment) -> dict[str, Any]:
-    live = [r for r in observed.view.replicas if r.state not in ("STOPPING", "STOPPED")]
-    return {
-        "status": status.status,
-        "status_trigger": status.status_trigger,
-        "message": status.message[:1024],
-        "replicas": len(live),
-        "ready_replicas": sum(1 for r in live if r.state == "RUNNING"),
-        "target_replicas": observed.view.target_replicas,
-        "service": observed.service,
-        "max_ongoing_requests": observed.max_ongoing_requests,
-    }
-
-
-def _patch(obj: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    """The status merge patch of ``fields`` (snake_case), with the generation it describes and
-    when that generation was deployed."""
-    status = ServeApplicationStatus.model_validate(
-        {
-            **fields,
-            "observed_generation": obj["metadata"].get("generation"),
-            "last_deployed_time": _deployed_time(obj),
-        },
-        by_name=True,
-        by_alias=False,
-    )
-    return status.model_dump(mode="json", exclude_unset=True)
-
-
-def _deployed_time(obj: dict[str, Any]) -> datetime:
-    """When the current spec was deployed: the admin API's annotation, else when the operator
-    first saw this generation (kept while the generation stays)."""
-    annotated = annotated_deployed_at(obj)
-    if annotated is not None:
-        return datetime.fromtimestamp(annotated, UTC)
-    old = obj.get("status") or {}
-    if old.get("observedGeneration") == obj["metadata"].get("generation"):
-        try:
-            return datetime.fromisoformat(str(old["lastDeployedTime"]).replace("Z", "+00:00"))
-        except (KeyError, ValueError):
-            pass
-    return _now()
-
-
-def _now() -> datetime:
-    """Now, to the second (as Kubernetes writes times)."""
-    return datetime.fromtimestamp(int(time.time()), UTC)

@@ -1,0 +1,103 @@
+"""The operator's hands on the cluster: the API client, the caches, and writes of what changed.
+
+Reconcilers read the cluster from :attr:`Cluster.cache` and write through :class:`Cluster`:
+:meth:`Cluster.apply` remembers the digest of each object it applied and skips an identical
+re-apply while the object still exists in the cache, and :meth:`Cluster.patch_status` skips a
+status equal to the cached one. When nothing changes, a reconcile pass makes no API request.
+A status moving into a failed state is announced once by a Warning Event.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubeserve.backends.kubernetes.cache import ClusterCache
+from kubeserve.control import config as config_rules
+from kubeserve.runtime.kube import Kube, KubeError, timestamp
+
+log = logging.getLogger(__name__)
+
+#: application states announced as Warning Events, with the Event's reason
+_FAILED_STATES = {"DEPLOY_FAILED": "DeployFailed", "UNHEALTHY": "Unhealthy"}
+
+
+@dataclass
+class Cluster:
+    kube: Kube
+    cache: ClusterCache
+    #: digest of the last object applied, by kind/namespace/name
+    applied: dict[str, str] = field(default_factory=dict)
+    #: object uid -> the failed state last announced by an Event (a pass may still read the
+    #: status it wrote before from a cache that lags; it must not announce the failure twice)
+    _announced: dict[str, str] = field(default_factory=dict)
+
+    async def apply(self, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        key = f"{obj['kind']}/{meta.get('namespace', '')}/{meta['name']}"
+        digest = config_rules.fingerprint(obj)
+        exists = self.cache.get(obj["kind"], meta.get("namespace", ""), meta["name"]) is not None
+        if exists and self.applied.get(key) == digest:
+            return
+        await self.kube.apply(obj)
+        self.applied[key] = digest
+
+    async def patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> None:
+        """Write ``status`` when it differs; a move into a failed state is also an Event."""
+        meta = obj["metadata"]
+        current = self.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
+        old = {k: v for k, v in (current.get("status") or {}).items() if k != "kopf"}
+        if all(old.get(k) == v for k, v in status.items()):
+            return
+        failure = status.get("appStatus")
+        if failure not in _FAILED_STATES:
+            self._announced.pop(meta["uid"], None)
+        elif old.get("appStatus") != failure and self._announced.get(meta["uid"]) != failure:
+            self._announced[meta["uid"]] = failure
+            await self.event(obj, _FAILED_STATES[failure], str(status.get("message") or failure))
+        status = with_removals(old, status)
+        await self.kube.merge_patch(
+            obj["kind"], meta["namespace"], meta["name"], {"status": status}, "status"
+        )
+
+    async def event(self, obj: dict[str, Any], reason: str, message: str) -> None:
+        """A Warning Event on ``obj`` (``kubectl describe`` and dashboards show it)."""
+        meta = obj["metadata"]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": obj["apiVersion"],
+                "kind": obj["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": "Warning",
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "kubeserve-operator"},
+            "firstTimestamp": timestamp(),
+            "lastTimestamp": timestamp(),
+            "count": 1,
+        }
+        try:
+            await self.kube.create("Event", meta["namespace"], body)
+        except KubeError as exc:  # an Event is best effort; the status already says it
+            log.warning("could not post event %s on %s: %s", reason, meta["name"], exc)
+
+
+def with_removals(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` as a merge patch over ``old``: map entries that are gone become ``None``.
+
+    Status maps (deployments, proxies, applications) are keyed by name; without the explicit
+    nulls a merge patch would keep entries for things that no longer exist forever.
+    """
+    patch = dict(new)
+    for key, value in new.items():
+        previous = old.get(key)
+        if isinstance(value, dict) and isinstance(previous, dict):
+            patch[key] = {**dict.fromkeys(set(previous) - set(value)), **value}
+    return patch

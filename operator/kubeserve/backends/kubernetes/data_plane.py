@@ -1,0 +1,149 @@
+"""The data plane as the operator talks to it: each instance's secret, and user_config pushes.
+
+Owns two pieces of in-process memory: the data-plane secret of each ``ServeInstance`` (read or
+created once, cached by the instance's uid; never logged, never in a status) and which
+``user_config`` version each replica process (:func:`~.pods.replica_key`) has applied. A push
+runs in the background; when it ends, ``on_pushed`` (the operator's wake-up, given at
+construction) schedules a reconcile pass that reports the new state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import functools
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubeserve.backends.kubernetes import names, render
+from kubeserve.backends.kubernetes.pods import pod_ready, replica_key
+from kubeserve.control import config as config_rules
+from kubeserve.runtime import channel, wire
+from kubeserve.runtime.kube import Kube, KubeConflict, KubeError
+
+log = logging.getLogger(__name__)
+
+_RECONFIGURE_TIMEOUT_S = 30.0
+
+
+@dataclass
+class DataPlane:
+    kube: Kube
+    #: called when a user_config push ended (schedules a reconcile pass soon)
+    on_pushed: Callable[[], None]
+    #: replica process (:func:`replica_key`) -> the user_config version it has applied
+    user_configs: dict[str, str] = field(default_factory=dict)
+    _pushing: set[str] = field(default_factory=set)
+    #: ServeInstance uid -> its data-plane secret (never logged, never in a status)
+    _secrets: dict[str, bytes] = field(default_factory=dict, repr=False)
+
+    async def secret(self, instance: dict[str, Any]) -> bytes:
+        """The data-plane secret of ``instance`` (a ServeInstance object), read once and cached.
+
+        Creates the Secret :func:`~.names.dataplane_secret_name` with 32 random bytes (hex) when
+        it is missing, owned by the instance. One left by a deleted instance of the same name
+        (another uid) raises :class:`KubeError` (the pass is retried) until the garbage collector
+        removed it, so the operator needs only ``get`` and ``create`` on Secrets. Keyed by the
+        instance's uid: a recreated instance gets a fresh secret.
+        """
+        meta = instance["metadata"]
+        cached = self._secrets.get(meta["uid"])
+        if cached is not None:
+            return cached
+        namespace, name = meta["namespace"], names.dataplane_secret_name(meta["name"])
+        obj = await self.kube.get("Secret", namespace, name)
+        if obj is not None and not _owned_by(obj, meta["uid"]):
+            raise KubeError(  # retried: the garbage collector removes it shortly
+                409, "Conflict", f"Secret {namespace}/{name} of a deleted instance is still there"
+            )
+        if obj is None:
+            wanted = render.render_data_plane_secret(
+                render.instance_view(instance), channel.new_secret()
+            )
+            try:
+                obj = await self.kube.create("Secret", namespace, wanted)
+            except KubeConflict:  # created meanwhile: read it
+                obj = await self.kube.get("Secret", namespace, name)
+        secret = _secret_value(obj)
+        if secret is None:
+            raise KubeError(500, "InvalidSecret", f"Secret {namespace}/{name} holds no valid key")
+        self._secrets[meta["uid"]] = secret
+        return secret
+
+    def forget_secret(self, instance_uid: str) -> None:
+        """Read the Secret again next time (a replica refused the cached one)."""
+        self._secrets.pop(instance_uid, None)
+
+    async def push_user_config(
+        self,
+        pods: list[dict[str, Any]],
+        config: dict[str, Any],
+        secret: bytes,
+        instance_uid: str,
+    ) -> None:
+        """Send the deployment's user_config to every ready replica that has not applied it."""
+        version = config_rules.user_config_version(config)
+        for pod in pods:
+            uid = replica_key(pod)
+            ip = (pod.get("status") or {}).get("podIP")
+            if (
+                not ip
+                or not pod_ready(pod)
+                or self.user_configs.get(uid) == version
+                or uid in self._pushing
+            ):
+                continue
+            self._pushing.add(uid)
+            body = json.dumps({"user_config": config.get("user_config")}).encode()
+            push = self._push(uid, ip, body, version, secret, instance_uid)
+            task = asyncio.ensure_future(push)
+            task.add_done_callback(functools.partial(self._pushed, uid))
+
+    def _pushed(self, uid: str, _task: object) -> None:
+        self._pushing.discard(uid)
+
+    async def _push(
+        self, uid: str, ip: str, body: bytes, version: str, secret: bytes, instance_uid: str
+    ) -> None:
+        """``POST /-/reconfigure`` on a CONTROL channel (the replica's handshake)."""
+        try:
+            status, answer = await channel.request(
+                ip,
+                render.REPLICA_PORT,
+                "POST",
+                wire.RECONFIGURE_PATH,
+                secret,
+                body,
+                timeout_s=_RECONFIGURE_TIMEOUT_S,
+            )
+            if status == 200:
+                self.user_configs[uid] = version
+            else:
+                text = answer.decode(errors="replace")[:512]
+                log.warning("reconfigure of pod %s failed (%d): %s", uid, status, text)
+        except channel.ChannelError as exc:
+            log.warning("reconfigure of pod %s at %s: handshake failed: %s", uid, ip, exc)
+            self.forget_secret(instance_uid)
+        except (OSError, TimeoutError) as exc:
+            log.warning("reconfigure of pod %s at %s failed: %s", uid, ip, exc)
+        finally:
+            self.on_pushed()
+
+
+def _owned_by(obj: dict[str, Any], uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def _secret_value(obj: dict[str, Any] | None) -> bytes | None:
+    raw = ((obj or {}).get("data") or {}).get(names.DATA_PLANE_SECRET_KEY)
+    if not raw:
+        return None
+    try:
+        value = base64.b64decode(raw, validate=True).strip()
+    except (binascii.Error, ValueError):
+        return None
+    return value if len(value) >= channel.MIN_SECRET_BYTES else None

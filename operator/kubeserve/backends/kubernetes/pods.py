@@ -1,0 +1,26 @@
+"""What the operator reads off a pod: readiness, and which replica process it is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """The pod's ``Ready`` condition is ``True`` (its readiness probe passes)."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return bool(condition.get("status") == "True")
+    return False
+
+
+def replica_key(pod: dict[str, Any]) -> str:
+    """One replica process: the pod and its container restart count.
+
+    A restarted container is a new process that has applied only what it read at start-up, so
+    it must be counted (and pushed to) afresh.
+    """
+    restarts = sum(
+        int(c.get("restartCount", 0))
+        for c in (pod.get("status") or {}).get("containerStatuses") or []
+    )
+    return f"{pod['metadata']['uid']}/{restarts}"

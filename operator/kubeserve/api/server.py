@@ -74,13 +74,6 @@ def create_app(
     return app
 
 
-def create_health_app() -> web.Application:
-    """Only the health endpoint (the operator's admin API before its backend is wired)."""
-    app = web.Application(middlewares=[error_middleware])
-    app.add_routes([web.get("/-/healthz", healthz)])
-    return app
-
-
 async def ray_version(request: web.Request) -> web.Response:
     return web.json_response(
         {

@@ -102,7 +102,6 @@ def local_response(
     *,
     content_type: bytes = b"text/plain; charset=utf-8",
     close: bool = False,
-    head_only: bool = False,
     request_id: bytes | None = None,
 ) -> bytes:
     """A complete response the proxy answers itself (health, routes, errors)."""
@@ -115,7 +114,7 @@ def local_response(
         b"x-request-id: %s\r\n" % request_id if request_id else b"",
         b"Connection: close\r\n" if close else b"",
     )
-    return head if head_only else head + body
+    return head + body
 
 
 async def read_response(reader: asyncio.StreamReader, peer: str) -> tuple[int, bytes]:

@@ -26,9 +26,8 @@ The server knows nothing about deployments: :class:`~kubeserve.runtime.replica.R
 handler ``HttpRequest -> HttpResponse | StreamedResponse`` per channel role. With a secret, every
 connection must pass the :mod:`~kubeserve.runtime.channel` handshake before a byte of it is parsed,
 and its role picks its handler for good: user traffic (``INGRESS``) or internal endpoints
-(``CONTROL``). Invariants: a connection runs at most one handler at a time; ``close_idle``
-closes every connection with no request in progress, and a response with ``close=True`` ends its
-connection once written.
+(``CONTROL``). Invariants: a connection runs at most one handler at a time; a response with
+``close=True`` ends its connection once written.
 """
 
 from __future__ import annotations
@@ -204,12 +203,6 @@ class ReplicaHttpServer:
     def __call__(self) -> asyncio.Protocol:
         """The protocol factory for ``loop.create_server``."""
         return _Connection(self)
-
-    def close_idle(self) -> None:
-        """Close connections with no request in progress (after a drain, before exiting)."""
-        for conn in list(self.connections):
-            if conn.serving is None:
-                conn.close()
 
     def close_all(self) -> None:
         for conn in list(self.connections):

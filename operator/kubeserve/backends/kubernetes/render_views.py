@@ -84,7 +84,6 @@ class AppView:
     cr_name: str
     namespace: str
     uid: str
-    generation: int
     config: Mapping[str, Any]
 
     @property
@@ -160,7 +159,6 @@ def app_view(obj: Mapping[str, Any], app_config: Mapping[str, Any]) -> AppView:
         cr_name=str(meta["name"]),
         namespace=str(meta["namespace"]),
         uid=str(meta["uid"]),
-        generation=int(meta.get("generation") or 0),
         config=app_config,
     )
 

@@ -172,10 +172,22 @@ class _StaticSource:
         pass
 
 
-def _client_for(port: int) -> HandleClient:
-    source = _StaticSource(_snapshot_for(port))
+@contextlib.asynccontextmanager
+async def started_client(port: int, **others: int) -> AsyncIterator[HandleClient]:
+    """A started handle client whose deployment ``app#D`` has replica ``r0`` on ``port`` and one
+    replica per keyword (replica id = port); closed after the block."""
+    snapshot = _snapshot_for(port)
+    for replica_id, other in others.items():
+        snapshot["deployments"]["app#D"]["replicas"].append(
+            {"replica_id": replica_id, "host": "127.0.0.1", "port": other}
+        )
+    source = _StaticSource(snapshot)
     client = source.client = HandleClient(source=source, secret=SECRET)
-    return client
+    await client.start()
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 async def _raw_replica(on_call: Any) -> tuple[ChannelFront, int]:
@@ -195,14 +207,12 @@ def test_replica_dying_mid_call_is_an_error_not_a_hang() -> None:
             writer.transport.abort()  # the replica process died mid-answer
 
         server, port = await _raw_replica(die)
-        client = _client_for(port)
-        await client.start()
         try:
-            with pytest.raises(DeploymentUnavailableError, match="r0"):
-                await asyncio.wait_for(client.call("app", "D", "add", (1,), {"b": 1}), 5)
-            assert client.router.in_flight("app#D") == {"r0": 0}  # the slot came back
+            async with started_client(port) as client:
+                with pytest.raises(DeploymentUnavailableError, match="r0"):
+                    await asyncio.wait_for(client.call("app", "D", "add", (1,), {"b": 1}), 5)
+                assert client.router.in_flight("app#D") == {"r0": 0}  # the slot came back
         finally:
-            await client.close()
             await server.stop()
 
     run(go())
@@ -226,21 +236,19 @@ def test_connections_are_reused_and_closed_when_the_replica_leaves() -> None:
             writer.close()
 
         server, port = await _raw_replica(answer)
-        client = _client_for(port)
-        await client.start()
         try:
-            for i in range(10):
-                assert await client.call("app", "D", "add", (i,), {"b": 1}) == i + 1
-            assert connections == 1
-            results = await asyncio.gather(
-                *(client.call("app", "D", "add", (i,), {"b": 0}) for i in range(4))
-            )
-            assert results == list(range(4))
-            pool = client._pools["r0"]
-            client.apply({"version": 2, "routes": [], "deployments": {}})
-            assert pool.closed and not pool.idle and "r0" not in client._pools
+            async with started_client(port) as client:
+                for i in range(10):
+                    assert await client.call("app", "D", "add", (i,), {"b": 1}) == i + 1
+                assert connections == 1
+                results = await asyncio.gather(
+                    *(client.call("app", "D", "add", (i,), {"b": 0}) for i in range(4))
+                )
+                assert results == list(range(4))
+                pool = client._pools["r0"]
+                client.apply({"version": 2, "routes": [], "deployments": {}})
+                assert pool.closed and not pool.idle and "r0" not in client._pools
         finally:
-            await client.close()
             await server.stop()
 
     run(go())
@@ -260,15 +268,11 @@ def test_a_call_that_reached_a_replica_is_never_sent_again() -> None:
 
         dying, dying_port = await _raw_replica(die)
         peers: list[Any] = []
-        async with server(replica_app(peers)) as healthy_port:
-            snapshot = _snapshot_for(dying_port)
-            snapshot["deployments"]["app#D"]["replicas"].append(
-                {"replica_id": "r1", "host": "127.0.0.1", "port": healthy_port}
-            )
-            source = _StaticSource(snapshot)
-            client = source.client = HandleClient(source=source, secret=SECRET)
-            await client.start()
-            try:
+        try:
+            async with (
+                server(replica_app(peers)) as healthy_port,
+                started_client(dying_port, r1=healthy_port) as client,
+            ):
                 failures = 0
                 for _ in range(20):
                     try:
@@ -283,9 +287,8 @@ def test_a_call_that_reached_a_replica_is_never_sent_again() -> None:
                 assert pool.idle
                 pool.sweep()
                 assert not pool.idle
-            finally:
-                await client.close()
-                await dying.stop()
+        finally:
+            await dying.stop()
 
     run(go())
 
@@ -300,19 +303,10 @@ def test_a_call_that_never_reached_a_replica_goes_to_another() -> None:
             impostor_port = await impostor.start()
             try:
                 for bad in (free_port(), impostor_port):  # refusing, then failing the handshake
-                    snapshot = _snapshot_for(healthy_port)
-                    snapshot["deployments"]["app#D"]["replicas"].append(
-                        {"replica_id": "bad", "host": "127.0.0.1", "port": bad}
-                    )
-                    source = _StaticSource(snapshot)
-                    client = source.client = HandleClient(source=source, secret=SECRET)
-                    await client.start()
-                    try:
+                    async with started_client(healthy_port, bad=bad) as client:
                         for i in range(8):
                             assert await client.call("app", "D", "add", (i,), {"b": 1}) == i + 1
                         assert client.router.in_flight("app#D") == {"r0": 0, "bad": 0}
-                    finally:
-                        await client.close()
                 assert len(peers) == 16
             finally:
                 await impostor.stop()
@@ -330,19 +324,13 @@ def test_a_call_a_draining_replica_did_not_start_goes_to_another() -> None:
         draining = web.Application()
         draining.router.add_post("/-/call/{method}", unserved)
         peers: list[Any] = []
-        async with server(replica_app(peers)) as healthy, server(draining) as leaving:
-            snapshot = _snapshot_for(healthy)
-            snapshot["deployments"]["app#D"]["replicas"].append(
-                {"replica_id": "leaving", "host": "127.0.0.1", "port": leaving}
-            )
-            source = _StaticSource(snapshot)
-            client = source.client = HandleClient(source=source, secret=SECRET)
-            await client.start()
-            try:
-                for i in range(8):
-                    assert await client.call("app", "D", "add", (i,), {"b": 1}) == i + 1
-            finally:
-                await client.close()
+        async with (
+            server(replica_app(peers)) as healthy,
+            server(draining) as leaving,
+            started_client(healthy, leaving=leaving) as client,
+        ):
+            for i in range(8):
+                assert await client.call("app", "D", "add", (i,), {"b": 1}) == i + 1
         assert len(peers) == 8  # each call ran once, on the replica that took it
 
     run(go())

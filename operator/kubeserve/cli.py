@@ -1,7 +1,9 @@
 """The ``kubeserve`` command: the embedded server, the data-plane processes and a small client.
 
-This is the only module that reads the command line and the environment; it builds one settings
-object per command and hands it to the layer that does the work.
+The user-facing commands read their command line and environment here, build one settings object
+and hand it to the layer that does the work. The data-plane processes (``proxy``, ``replica``,
+``build``) are started by kubeserve itself, locally or in pods, and read the environment their
+launcher sets; its names are in :mod:`kubeserve.runtime.wire`.
 
     kubeserve start      admin API + controller + proxy + replicas on this machine (SQLite state)
     kubeserve deploy     PUT a config file (YAML or JSON) to a running kubeserve

@@ -40,6 +40,10 @@ def test_composed_app_serves_traffic_through_the_proxy(clean_kubeserve: Kubeserv
     assert answer["message"] == "Hello, Ada!"
     assert answer["greeter_pid"] in ks.replica_pids("composed", "Greeter")
     assert http("GET", f"{ks.proxy}/-/routes")[1] == {"/": "composed"}
+    controller_log = Path(ks.details()["controller_info"]["log_file_path"])
+    assert controller_log.parent == ks.state_dir / "logs"
+    assert "kubeserve." in controller_log.read_text()  # the controller's own records
+    assert controller_log.stat().st_mode & 0o077 == 0
 
 
 def test_user_config_change_is_applied_without_restarting_replicas(

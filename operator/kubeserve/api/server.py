@@ -117,7 +117,7 @@ def _instance_options(config: ServeDeploySchema) -> dict[str, Any]:
 
 def _app_config(app: ServeApplicationSchema) -> dict[str, Any]:
     """The application config as the client gave it (only set fields), with its name always."""
-    body = app.model_dump(mode="json", exclude_unset=True)
+    body = app.as_given()
     body["name"] = app.name
     return body
 
@@ -160,9 +160,7 @@ async def put_single_app(request: web.Request) -> web.Response:
     config = _app_config(app)
     config.pop("host", None)
     config.pop("port", None)
-    await _backend(request).apply(
-        instance, [config], single_app=app.model_dump(mode="json", exclude_unset=True)
-    )
+    await _backend(request).apply(instance, [config], single_app=app.as_given())
     return web.json_response({"applications": [app.name]})
 
 
@@ -182,7 +180,7 @@ async def get_single_app(request: web.Request) -> web.Response:
     (app,) = apps.values()
     if app.deployed_app_config is None:
         raise NotFoundError(f"the application {app.name!r} has no valid config")
-    return web.json_response(app.deployed_app_config.model_dump(mode="json", exclude_unset=True))
+    return web.json_response(app.deployed_app_config.as_given())
 
 
 async def get_single_app_status(request: web.Request) -> web.Response:

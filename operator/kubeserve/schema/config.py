@@ -90,6 +90,14 @@ class RestModel(BaseModel):
 
     model_config = REST_MODEL_CONFIG
 
+    def as_given(self) -> dict[str, Any]:
+        """The body as the client gave it (fields it left out stay out), JSON-ready.
+
+        This is what is stored, echoed back by GET (``deployed_app_config``) and compared for
+        changes; it validates back into an equal model.
+        """
+        return self.model_dump(mode="json", exclude_unset=True)
+
 
 # --------------------------------------------------------------------------- field types
 
@@ -579,10 +587,6 @@ class DeploymentSchema(RestModel):
             )
         return self
 
-    def overrides(self) -> dict[str, Any]:
-        """The options the client gave, JSON-ready, as stored and shown in deployed_app_config."""
-        return self.model_dump(mode="json", exclude_unset=True)
-
 
 # --------------------------------------------------------------------------- application
 
@@ -629,10 +633,6 @@ class ServeApplicationSchema(RestModel):
                     field,
                 )
         return self
-
-    def stored(self) -> dict[str, Any]:
-        """The config as given by the client (unset fields left out), JSON-ready."""
-        return self.model_dump(mode="json", exclude_unset=True)
 
 
 class ServeApplicationEntry(ServeApplicationSchema):
@@ -754,7 +754,3 @@ class ServeDeploySchema(RestModel):
                         field,
                     )
         return self
-
-    def stored(self) -> dict[str, Any]:
-        """The config as given by the client (unset fields left out), JSON-ready."""
-        return self.model_dump(mode="json", exclude_unset=True)

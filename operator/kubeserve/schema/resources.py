@@ -286,7 +286,7 @@ class ServeInstanceSpecBase(CRModel):
 
     def to_rest(self, applications: list[ServeApplicationEntry]) -> ServeDeploySchema:
         """The REST multi-application config of this instance and its applications."""
-        apps = [a.model_dump(mode="json", exclude_unset=True) for a in applications]
+        apps = [a.as_given() for a in applications]
         return ServeDeploySchema.model_validate({**self.rest_options(), "applications": apps})
 
     @classmethod

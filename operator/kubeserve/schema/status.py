@@ -263,7 +263,7 @@ class DeploymentDetails(_Response):
 
     @field_serializer("deployment_config")
     def _set_fields_only(self, config: DeploymentSchema) -> dict[str, Any]:
-        return config.model_dump(mode="json", exclude_unset=True)
+        return config.as_given()
 
 
 class DeploymentNode(_Response):
@@ -304,7 +304,7 @@ class ApplicationDetails(_Response):
 
     @field_serializer("deployed_app_config")
     def _given_only(self, config: ServeApplicationSchema | None) -> dict[str, Any] | None:
-        return None if config is None else config.model_dump(mode="json", exclude_unset=True)
+        return None if config is None else config.as_given()
 
 
 class Target(_Response):

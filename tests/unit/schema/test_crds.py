@@ -329,7 +329,7 @@ def test_sample_custom_resource_translates_to_the_rest_model() -> None:
     spec = ServeApplicationSpec.model_validate(SAMPLE_APP_SPEC)
     rest = spec.to_rest(name="text-ml")
     assert isinstance(rest, ServeApplicationEntry)
-    assert rest.stored() == SAMPLE_APP_REST
+    assert rest.as_given() == SAMPLE_APP_REST
 
 
 def test_rest_application_round_trips_to_the_custom_resource_spelling() -> None:
@@ -339,7 +339,7 @@ def test_rest_application_round_trips_to_the_custom_resource_spelling() -> None:
         "appName": "text-ml",
         **SAMPLE_APP_SPEC,
     }
-    assert spec.to_rest(name="ignored-when-appName-is-set").stored() == SAMPLE_APP_REST
+    assert spec.to_rest(name="ignored-when-appName-is-set").as_given() == SAMPLE_APP_REST
 
 
 def test_app_name_defaults_to_the_object_name_and_instance_to_default() -> None:
@@ -382,7 +382,7 @@ def test_rest_models_keep_their_snake_case_spelling() -> None:
     assert "max_ongoing_requests" in DeploymentSchema.model_json_schema()["properties"]
     assert "maxOngoingRequests" in variant.model_json_schema()["properties"]
     rest = DeploymentSchema.model_validate({"name": "d", "max_concurrent_queries": 3})
-    assert rest.overrides() == {"name": "d", "max_ongoing_requests": 3}
+    assert rest.as_given() == {"name": "d", "max_ongoing_requests": 3}
 
 
 def test_instance_spec_translates_to_the_rest_config() -> None:
@@ -392,7 +392,7 @@ def test_instance_spec_translates_to_the_rest_config() -> None:
     app = ServeApplicationSpec.model_validate(SAMPLE_APP_SPEC).to_rest(name="text-ml")
     config = spec.to_rest([app])
     assert isinstance(config, ServeDeploySchema)
-    assert config.stored() == {
+    assert config.as_given() == {
         "proxy_location": "HeadOnly",
         "http_options": {"port": 8001},
         "applications": [SAMPLE_APP_REST],

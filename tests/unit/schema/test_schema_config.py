@@ -74,7 +74,7 @@ def test_runtime_env_passes_known_ray_keys_through() -> None:
         "config": {"setup_timeout_seconds": 9},
     }
     app = parse_body(ServeApplicationSchema, {"import_path": "a:b", "runtime_env": env})
-    assert app.stored()["runtime_env"] == env
+    assert app.as_given()["runtime_env"] == env
 
 
 # --------------------------------------------------------------------------- synonyms
@@ -83,7 +83,7 @@ def test_runtime_env_passes_known_ray_keys_through() -> None:
 @pytest.mark.parametrize("spelling", ["cluster_actor_options", "ray_actor_options"])
 def test_actor_options_accept_either_spelling_and_dump_rays(spelling: str) -> None:
     dep = parse_body(DeploymentSchema, {"name": "d", spelling: {"num_cpus": 2}})
-    assert dep.overrides() == {"name": "d", "ray_actor_options": {"num_cpus": 2.0}}
+    assert dep.as_given() == {"name": "d", "ray_actor_options": {"num_cpus": 2.0}}
 
 
 def test_actor_options_in_both_spellings_is_an_error() -> None:
@@ -94,7 +94,7 @@ def test_actor_options_in_both_spellings_is_an_error() -> None:
 @pytest.mark.parametrize("spelling", ["max_concurrent_queries", "max_ongoing_requests"])
 def test_max_ongoing_requests_accepts_either_spelling(spelling: str) -> None:
     dep = parse_body(DeploymentSchema, {"name": "d", spelling: 7})
-    assert dep.overrides() == {"name": "d", "max_ongoing_requests": 7}
+    assert dep.as_given() == {"name": "d", "max_ongoing_requests": 7}
 
 
 def test_max_ongoing_requests_in_both_spellings_is_an_error() -> None:
@@ -158,18 +158,18 @@ def test_ray_260_actor_options_are_accepted() -> None:
         "fallback_strategy": [{"label_selector": {"zone": "b"}}],
     }
     dep = parse_body(DeploymentSchema, {"name": "d", "ray_actor_options": options})
-    assert dep.overrides()["ray_actor_options"]["label_selector"] == {"zone": "a"}
+    assert dep.as_given()["ray_actor_options"]["label_selector"] == {"zone": "a"}
 
 
 def test_null_for_a_defaulted_option_means_not_given() -> None:
     dep = parse_body(DeploymentSchema, {"name": "d", "max_concurrent_queries": None})
     assert dep.model_fields_set == {"name"}
-    assert dep.overrides() == {"name": "d"}
+    assert dep.as_given() == {"name": "d"}
 
 
 def test_null_user_config_is_a_given_override() -> None:
     dep = parse_body(DeploymentSchema, {"name": "d", "user_config": None})
-    assert dep.overrides() == {"name": "d", "user_config": None}
+    assert dep.as_given() == {"name": "d", "user_config": None}
 
 
 def test_deployment_name_is_required() -> None:
@@ -187,7 +187,7 @@ def test_autoscaling_defaults_are_rays() -> None:
     assert auto is not None
     assert (auto.min_replicas, auto.max_replicas, auto.target_ongoing_requests) == (1, 1, 2)
     assert (auto.look_back_period_s, auto.upscale_delay_s, auto.downscale_delay_s) == (30, 30, 600)
-    assert dep.overrides() == {"name": "d", "autoscaling_config": {}}
+    assert dep.as_given() == {"name": "d", "autoscaling_config": {}}
 
 
 def test_autoscaling_min_must_not_exceed_max() -> None:
@@ -310,7 +310,7 @@ def test_single_app_defaults() -> None:
     app = parse_body(ServeApplicationSchema, {"import_path": "a:b"})
     assert (app.name, app.route_prefix, app.host, app.port) == ("", "/", "0.0.0.0", 8000)
     assert app.deployments == [] and app.args == {} and app.external_scaler_enabled is False
-    assert app.stored() == {"import_path": "a:b"}
+    assert app.as_given() == {"import_path": "a:b"}
 
 
 def test_multi_app_element_default_name_is_rays() -> None:
@@ -451,8 +451,8 @@ FULL_CONFIG: dict[str, Any] = {
 
 def test_config_round_trips_through_its_stored_form() -> None:
     config = parse_body(ServeDeploySchema, FULL_CONFIG)
-    stored = config.stored()
-    assert parse_body(ServeDeploySchema, stored).stored() == stored
+    stored = config.as_given()
+    assert parse_body(ServeDeploySchema, stored).as_given() == stored
     assert stored["applications"][0]["deployments"][0] == {
         "name": "Greeter",
         "user_config": {"x": 1},

@@ -71,7 +71,7 @@ class ApplicationReconciler:
         namespace, cr_name = meta["namespace"], meta["name"]
         try:
             spec = ServeApplicationSpec.model_validate(obj.get("spec") or {})
-            app_config = spec.to_rest(name=cr_name).model_dump(mode="json", exclude_unset=True)
+            app_config = spec.to_rest(name=cr_name).as_given()
         except ValidationError as err:
             details = "; ".join(
                 f"spec.{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in validation_details(err)

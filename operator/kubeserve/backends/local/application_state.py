@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status import AppStatusInfo, BuildView, application_status
 from kubeserve.runtime import runtime_env as runtime_envs
 from kubeserve.runtime.runtime_env import PreparedEnv, RuntimeEnvError
+
+log = logging.getLogger(__name__)
 
 _BUILD_TIMEOUT_S = 300.0
 
@@ -76,6 +79,7 @@ class ApplicationState:
             if self._build_task is not None:
                 self._build_task.cancel()
             self.build = BuildView("running")  # what the previous build runs keeps serving
+            log.info("application %r: building %s", self.name, config.get("import_path"))
             self._build_task = asyncio.ensure_future(self._run_build(build_key))
 
     @property
@@ -118,8 +122,14 @@ class ApplicationState:
             self.build = BuildView(
                 "failed", f"failed to build application {self.name!r}: {graph['error']}"
             )
+            log.warning("%s", self.build.error)
         else:
             self.graph, self.build = graph, BuildView("done")
+            log.info(
+                "application %r: built, deployments %s",
+                self.name,
+                ", ".join(d["name"] for d in graph.get("deployments", [])),
+            )
             if self.serving_graph is None:
                 self.serving_graph = graph
         self._ctx.wake()
@@ -200,6 +210,7 @@ class ApplicationState:
         return application_status(build, views, deleting=self.deleting)
 
     def begin_delete(self) -> None:
+        log.info("application %r: deleting", self.name)
         self.deleting = True
         if self._build_task is not None:
             self._build_task.cancel()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import logging.handlers
 import os
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,9 @@ from kubeserve.runtime.limits import RequestLimits
 
 log = logging.getLogger(__name__)
 _RESYNC_S = 1.0
+#: the controller's own log file rotates at this size, keeping this many older files
+CONTROLLER_LOG_BYTES = 16 * 1024 * 1024
+CONTROLLER_LOG_BACKUPS = 4
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,11 @@ class LocalSettings:
         return self.state_dir / "logs"
 
     @property
+    def controller_log(self) -> Path:
+        """The controller's log (every ``kubeserve.*`` logger of this process), rotated."""
+        return self.log_dir / "controller.log"
+
+    @property
     def run_dir(self) -> Path:
         return self.state_dir / "run"
 
@@ -87,6 +96,7 @@ class Controller:
         )
         self._wake = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
+        self._log_handler: logging.Handler | None = None
         self._ctx: ReplicaContext | None = None
         self._proxy: ProxyState | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -101,6 +111,7 @@ class Controller:
 
     async def start(self) -> None:
         self._clean_up_previous_run()
+        self._log_handler = _open_controller_log(self.settings.controller_log)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0), trust_env=False
         )
@@ -136,6 +147,10 @@ class Controller:
         if self._session is not None:
             await self._session.close()
         _kill_orphans(self.settings.state_dir, "left behind by processes of this run")
+        if self._log_handler is not None:
+            logging.getLogger("kubeserve").removeHandler(self._log_handler)
+            self._log_handler.close()
+            self._log_handler = None
 
     def _clean_up_previous_run(self) -> None:
         """Start from a clean slate: a private state directory, no leftover processes or files.
@@ -230,3 +245,19 @@ def _kill_orphans(state_dir: Path, why: str) -> None:
     killed = processes.kill_orphans(state_dir)
     if killed:
         log.warning("killed %d processes %s: pids %s", len(killed), why, killed)
+
+
+def _open_controller_log(path: Path) -> logging.Handler:
+    """Copy this process's ``kubeserve.*`` log records into ``path``, rotated by size.
+
+    The file is what the GET details name as the controller's ``log_file_path``; records still
+    reach stderr through the root logger as before.
+    """
+    handler = logging.handlers.RotatingFileHandler(
+        path, maxBytes=CONTROLLER_LOG_BYTES, backupCount=CONTROLLER_LOG_BACKUPS, encoding="utf-8"
+    )
+    os.chmod(path, 0o600)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("kubeserve")
+    logger.addHandler(handler)
+    return handler

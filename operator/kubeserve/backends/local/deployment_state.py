@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -31,6 +32,8 @@ from kubeserve.control.status import DeploymentView, ReplicaStateValue, ReplicaV
 from kubeserve.runtime import channel, wire
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.runtime_env import PreparedEnv
+
+log = logging.getLogger(__name__)
 
 #: How long one readiness probe of a starting replica may take.
 _READY_TIMEOUT_S = 5.0
@@ -119,6 +122,11 @@ class DeploymentState:
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- desired state ---------------------------------------------------------------------------
+    @property
+    def _label(self) -> str:
+        """How log records name this deployment: ``app/deployment``."""
+        return f"{self.app or 'default'}/{self.name}"
+
     def set_target(
         self, config: dict[str, Any], version: str, env: PreparedEnv, import_path: str
     ) -> None:
@@ -251,6 +259,7 @@ class DeploymentState:
         if replica.state in ("STOPPING", "STOPPED"):
             return
         replica.state = "STOPPING"
+        log.info("%s: stopping replica %s", self._label, replica.replica_id)
         self._ctx.wake()
         if replica.proc is not None:
             timeout = float(self.config.get("graceful_shutdown_timeout_s", 20.0))
@@ -326,6 +335,13 @@ class DeploymentState:
             self._record_startup_failure(replica, f"could not start the replica process: {exc}")
             return
         replica.proc, replica.pid = proc, proc.pid
+        log.info(
+            "%s: started replica %s (pid %d, log %s)",
+            self._label,
+            replica.replica_id,
+            proc.pid,
+            replica.log_path,
+        )
         if _stopping(replica):  # stopped while spawning
             await processes.terminate(proc, 1.0)
             return
@@ -339,6 +355,7 @@ class DeploymentState:
                 exited.cancel()
             processes.kill_group(proc.pid)  # what the replica started dies with it
         if replica.state == "STOPPING":
+            log.info("%s: replica %s stopped (exit code %s)", self._label, replica.replica_id, code)
             return
         if replica.state == "STARTING":
             tail = processes.log_tail(replica.log_path)
@@ -360,6 +377,7 @@ class DeploymentState:
         self.failure_streak += 1
         self.last_error = message
         delay = backoff.restart_delay(self.failure_streak)
+        log.warning("%s: %s (next start in %.1f s)", self._label, message, delay)
         self._backoff_until = time.monotonic() + delay
         self._ctx.wake()
         asyncio.get_running_loop().call_later(delay, self._ctx.wake)
@@ -383,6 +401,7 @@ class DeploymentState:
         if ready:
             replica.state = "RUNNING"
             replica.ready_at = time.monotonic()
+            log.info("%s: replica %s is ready", self._label, replica.replica_id)
             self.startup_failures = 0
             self._ctx.wake()
         return ready
@@ -398,6 +417,7 @@ class DeploymentState:
             if error:
                 replica.healthy = False
                 self.health_error = f"replica {replica.replica_id} failed its health check: {error}"
+                log.warning("%s: %s", self._label, self.health_error)
                 self.last_error = self.health_error
                 self._ctx.wake()
                 return

@@ -36,7 +36,7 @@ def instance_view(
     if desired is None and not controller.apps:
         return None
     node_id = controller.node_id
-    log_path = controller.settings.log_dir / "controller.log"
+    log_path = controller.settings.controller_log
     return InstanceDetailsView(
         controller=controller_process(node_id, _HOST_IP, os.getpid(), str(log_path)),
         options=desired.options if desired is not None else {},

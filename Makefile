@@ -133,14 +133,14 @@ bench: venv ray-client
 	timeout 1800 $(BIN)/python benchmarks/bench.py --ray-venv $(RAY_VENV) \
 		--plot-python $(CACHE)/bench/bin/python
 
-## The operator's figures for issue 3 on the test control plane (127.0.0.1 only, about 15-20 minutes):
+## The operator's figures on the test control plane (127.0.0.1 only, about 15-20 minutes):
 ## CR create -> Ready (median of 5), API requests per minute when idle (through a counting proxy),
 ## operator RSS with 0, 1 and 101 applications. Writes benchmarks/operator-results.md.
 .PHONY: bench-operator
 bench-operator: venv k8s-binaries
 	KUBESERVE_K8S_BIN=$(K8S_BIN) timeout 2400 $(BIN)/python benchmarks/operator_bench.py
 
-## Issue 4, item 3: the no-op app through the kubeserve proxy pod on the Kubernetes test cluster
+## The no-op app through the kubeserve proxy pod on the Kubernetes test cluster
 ## (control plane of tests/kubernetes, pods as local processes on 127.0.0.x; about 2 minutes).
 ## Writes benchmarks/results-kubernetes.json and adds its rows to benchmarks/results.md.
 .PHONY: bench-kubernetes

@@ -1,4 +1,4 @@
-"""The operator's figures for issue 3, measured on the test control plane (127.0.0.1 only).
+"""The operator's figures, measured on the test control plane (127.0.0.1 only).
 
 - CR create -> Ready: ``kubectl apply`` of a ServeApplication (``e2e_probe:app``, and the composed
   test application ``ks_composed_app:app``) until its ``Ready`` condition is True, polled every

@@ -22,7 +22,7 @@ _ONE = "no-op via proxy, 1 replica"
 NGINX_SYSTEM = "nginx (reference)"
 NGINX_SETUP = "no-op via nginx, 1 replica"
 
-# Issue 4, item 3: the no-op app on the Kubernetes test cluster, written by kubernetes_row.py.
+# The no-op app on the Kubernetes test cluster, written by kubernetes_row.py.
 KUBERNETES_SYSTEM = "kubeserve on Kubernetes (test cluster)"
 KUBERNETES_RESULTS = Path(__file__).resolve().parent / "results-kubernetes.json"
 _K8S_DIRECT = "no-op, direct to replica pod"
@@ -281,7 +281,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         *memory_table(results),
         "",
-        "## Targets (issue 4)",
+        "## Targets",
         "",
         *targets(results),
         "",

@@ -1,4 +1,4 @@
-"""Test applications for hostile input and faults (issue 12): big configs, crashes, children.
+"""Test applications for hostile input and faults: big configs, crashes, children.
 
 * ``sized``: reports the size and a digest of the ``user_config`` it applied;
 * ``spawner``: starts ``sleep 777`` in its constructor and reports that child's PID;

@@ -1,4 +1,4 @@
-"""Hostile input and faults on one machine (issue 12): nothing runs, leaks or drops that should not.
+"""Hostile input and faults on one machine: nothing runs, leaks or drops that should not.
 
 A real ``kubeserve start`` with real replica processes; each test says which promise it checks.
 """

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-#: Instance options that cannot change while the serving layer runs (spec: "shut down and restart").
+#: Instance options that cannot change while the serving layer runs (to change them: shut down,
+#: then deploy again).
 _IMMUTABLE_HTTP_FIELDS = ("host", "port")
 
 

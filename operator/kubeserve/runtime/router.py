@@ -1,6 +1,6 @@
 """Chooses the replica that runs a request, for proxies and for deployment handles.
 
-Policy (ARCHITECTURE.md, request flow): power of two choices on in-flight counts; never more than
+Policy: power of two choices on in-flight counts; never more than
 ``max_ongoing_requests`` in flight on one replica; when every replica is full, callers wait in a
 bounded FIFO queue until a slot frees or their timeout passes.
 

@@ -1,4 +1,4 @@
-"""kubeserve.schema: pydantic models of every admin-API body and the rules the spec states.
+"""kubeserve.schema: pydantic models of every admin-API body and the rules the admin API states.
 
 The bottom layer: imports nothing else from kubeserve and does no I/O, so every other layer (and
 the generated CRDs and OpenAPI document) can share one definition of what a valid body is.

@@ -1,21 +1,21 @@
 """Request bodies of the admin API: application, deployment and serving-layer configuration.
 
-The field set is Ray Serve 2.60's (``reference/ray-2.60/ServeDeploySchema.json``) so that configs
-written for Ray deploy unchanged; where the seed spec (``spec/admin-api.md``) states a rule it wins:
+The field set is Ray Serve 2.60's ``ServeDeploySchema`` so that configs written for Ray deploy
+unchanged; where kubeserve's admin API states a stricter or older rule, it wins:
 
 - unknown fields are rejected at every level (Ray silently ignores them);
-- the spec's ``cluster_actor_options`` and Ray's ``ray_actor_options`` are one field, and so are
-  the spec's ``max_concurrent_queries`` and Ray's ``max_ongoing_requests``: either spelling is
+- kubeserve's ``cluster_actor_options`` and Ray's ``ray_actor_options`` are one field, and so are
+  the older ``max_concurrent_queries`` and Ray's ``max_ongoing_requests``: either spelling is
   accepted, giving both is an error, output uses Ray's name (the Ray client must parse it);
-- for the fields the spec documents as "a default is used when null" (``max_ongoing_requests`` and
+- for the fields documented as "a default is used when null" (``max_ongoing_requests`` and
   the four timing fields) a null is treated as *not given*, so the option set in code (or the
   default) applies and the value never reaches the output, where Ray's client would reject a null.
 
 Deployment entries are *overrides* of options set in code: which fields the client gave is part of
 the value (``model_fields_set``). Every optional override therefore defaults to ``None`` and code
 must look at ``model_fields_set`` (or dump with ``exclude_unset=True``, see
-:meth:`DeploymentSchema.overrides`) to tell "not given" from "given as null"; a stored config
-round-trips through ``model_dump(mode="json", exclude_unset=True)`` and ``model_validate``.
+  :meth:`RestModel.as_given`) to tell "not given" from "given as null"; a stored config
+round-trips through :meth:`RestModel.as_given` and ``model_validate``.
 
 Field names are the REST (snake_case) spelling. Custom resources will spell them in camelCase by
 subclassing with an alias generator in :data:`REST_MODEL_CONFIG`'s place; nothing here depends on
@@ -79,9 +79,9 @@ __all__ = [
     "TracingConfig",
 ]
 
-#: Shared by every REST model. Unknown fields are an error (spec section 2); NaN/inf are never a
-#: meaningful number of seconds or CPUs. The camelCase custom-resource spelling will subclass with
-#: ``alias_generator=pydantic.alias_generators.to_camel`` added here.
+#: Shared by every REST model. Unknown fields are an error (Ray ignores them; a typo must not
+#: pass); NaN/inf are never a meaningful number of seconds or CPUs. The custom resources' camelCase
+#: spelling (:mod:`kubeserve.schema.resources`) adds an alias generator to this.
 REST_MODEL_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
@@ -340,11 +340,11 @@ _OMIT_NONE: Any = Field(default=None, exclude_if=_is_none)
 class RuntimeEnv(RestModel):
     """The environment a replica runs in (Ray's ``runtime_env``).
 
-    Validated: ``working_dir`` and ``py_modules`` hold remote URIs only (spec 2.1/2.3);
-    ``env_vars`` maps strings to strings. Passed through unvalidated, because Ray configs use them
-    and a backend may honour them: ``pip``, ``uv``, ``conda``, ``container``, ``image_uri``,
-    ``py_executable``, ``excludes``, ``config``, ``worker_process_setup_hook``, ``java_jars``,
-    ``nsight``. Any other key is rejected, as everywhere else in the API.
+    Validated: ``working_dir`` and ``py_modules`` hold remote URIs only (a local path would name
+    a file on the server); ``env_vars`` maps strings to strings. Passed through unvalidated,
+    because Ray configs use them and a backend may honour them: ``pip``, ``uv``, ``conda``,
+    ``container``, ``image_uri``, ``py_executable``, ``excludes``, ``config``,
+    ``worker_process_setup_hook``, ``java_jars``, ``nsight``. Any other key is rejected, as everywhere else in the API.
     """
 
     working_dir: RemoteURI | None = _OMIT_NONE
@@ -370,10 +370,10 @@ class ControllerRuntimeEnv(RestModel):
 
 
 class RayActorOptionsSchema(RestModel):
-    """Per-replica process options (spec 2.3 ``cluster_actor_options``, Ray ``ray_actor_options``).
+    """Per-replica process options (``cluster_actor_options``, Ray's ``ray_actor_options``).
 
-    ``object_store_memory`` is in the spec but no longer in Ray 2.60; it is accepted (the spec
-    wins) and has no effect on scheduling. ``label_selector`` and ``fallback_strategy`` are Ray 2.60
+    ``object_store_memory`` is no longer in Ray 2.60 but older configs carry it; it is accepted and
+    has no effect on scheduling. ``label_selector`` and ``fallback_strategy`` are Ray 2.60
     additions.
     """
 
@@ -495,7 +495,7 @@ _SYNONYMS = (
     ("max_ongoing_requests", "max_concurrent_queries"),
     ("ray_actor_options", "cluster_actor_options"),
 )
-# "A default is used when null" (spec 2.2): a null here means "not overridden".
+# "A default is used when null": a null here means "not overridden".
 _NULL_MEANS_NOT_GIVEN = frozenset(
     {
         "max_ongoing_requests",
@@ -520,7 +520,7 @@ def _check_max_queued(value: int | None) -> int | None:
 
 
 class DeploymentSchema(RestModel):
-    """Options of one deployment that override the options set in code (spec 2.2).
+    """Options of one deployment that override the options set in code.
 
     Every field but ``name`` is optional and defaults to ``None``; which fields were given is
     ``model_fields_set``. The same model carries a deployment's *effective* config in
@@ -592,9 +592,9 @@ class DeploymentSchema(RestModel):
 
 
 class ServeApplicationSchema(RestModel):
-    """One application (spec 2.1): the single-application PUT body and GET answer.
+    """One application: the single-application PUT body and GET answer.
 
-    ``name`` defaults to ``""`` as the spec's single-application body says; inside a
+    ``name`` defaults to ``""`` as the single-application body documents; inside a
     multi-application config the element type is :class:`ServeApplicationEntry`, whose name
     defaults to Ray's ``"default"``.
     """
@@ -699,7 +699,7 @@ class ControllerOptions(RestModel):
 
 
 class ServeDeploySchema(RestModel):
-    """The multi-application PUT body (spec 2.4, Ray's ``ServeDeploySchema``).
+    """The multi-application PUT body (Ray's ``ServeDeploySchema``).
 
     Rules beyond field types: application names are non-empty and unique; route prefixes are
     unique across applications (null prefixes, meaning no HTTP route, never conflict). An

@@ -3,11 +3,11 @@
 The Ray 2.60 ``serve`` client parses GET /api/serve/applications/ with strict models: an extra key
 at the top level, in an application or in a deployment is rejected, and so is an unknown status
 value. These models therefore carry exactly Ray 2.60's field set
-(``reference/ray-2.60/ServeInstanceDetails.json``) and forbid anything else; the enums list
+(``ServeInstanceDetails`` and what it contains) and forbid anything else; the enums list
 exactly Ray's values, so kubeserve cannot report a state the client does not know.
 
 Two fields embed request models and are written out with only the fields that were set:
-``ApplicationDetails.deployed_app_config`` (the spec: "only the given overrides") and
+``ApplicationDetails.deployed_app_config`` ("only the given overrides") and
 ``DeploymentDetails.deployment_config`` (the controller sets every field it reports; leaving the
 rest out keeps nulls the Ray client would reject out of the answer).
 """
@@ -76,7 +76,7 @@ class _Response(BaseModel):
 
 
 class ApplicationStatus(StrEnum):
-    """Lifecycle of an application (spec section 3 plus Ray 2.60's UNHEALTHY)."""
+    """Lifecycle of an application (Ray 2.60's states, UNHEALTHY included)."""
 
     NOT_STARTED = "NOT_STARTED"
     DEPLOYING = "DEPLOYING"
@@ -167,7 +167,7 @@ class RequestProtocol(StrEnum):
     GRPC = "gRPC"
 
 
-# --------------------------------------------------------------------------- spec 2.5
+# ------------------------------------------------------------ GET /api/serve/deployments/status
 
 
 class ApplicationStatusInfo(_Response):
@@ -194,7 +194,7 @@ class ServeStatusSchema(_Response):
     deployment_statuses: list[DeploymentStatusInfo] = Field(default_factory=list)
 
 
-# --------------------------------------------------------------------------- spec 2.6 / Ray details
+# ------------------------------------------------------------------ GET /api/serve/applications/
 
 
 class ServeActorDetails(_Response):

@@ -226,7 +226,7 @@ def test_response_models_have_rays_field_sets() -> None:
     assert set(ServeInstanceDetails.model_fields) == set(RAY_DETAILS_SCHEMA["properties"])
 
 
-# --------------------------------------------------------------------------- spec 2.5
+# ------------------------------------------------------------ GET /api/serve/deployments/status
 
 
 def test_status_defaults() -> None:

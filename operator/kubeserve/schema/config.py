@@ -344,7 +344,8 @@ class RuntimeEnv(RestModel):
     a file on the server); ``env_vars`` maps strings to strings. Passed through unvalidated,
     because Ray configs use them and a backend may honour them: ``pip``, ``uv``, ``conda``,
     ``container``, ``image_uri``, ``py_executable``, ``excludes``, ``config``,
-    ``worker_process_setup_hook``, ``java_jars``, ``nsight``. Any other key is rejected, as everywhere else in the API.
+    ``worker_process_setup_hook``, ``java_jars``, ``nsight``. Any other key is rejected, as
+    everywhere else in the API.
     """
 
     working_dir: RemoteURI | None = _OMIT_NONE

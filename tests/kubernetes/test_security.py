@@ -31,7 +31,7 @@ from k8s_operator import (
 )
 
 from kubeserve.backends.kubernetes import render
-from kubeserve.control import config as config_rules
+from kubeserve.control import effective_config
 from kubeserve_testing import http, wait_for
 
 REPLICAS = "app.kubernetes.io/component=replica"
@@ -137,7 +137,7 @@ def test_rendered_objects_pass_a_server_side_dry_run_under_restricted_pod_securi
     config = {"name": "shop", "import_path": "shop.main:app", "runtime_env": runtime_env}
     app_meta = {**meta, "name": "shop", "uid": "6f0e5d2c-0000-4000-8000-000000000002"}
     app = render.app_view({"metadata": {**app_meta, "generation": 1}}, config)
-    effective = config_rules.effective_deployment_config("Model", {}, None)
+    effective = effective_config.effective_deployment_config("Model", {}, None)
     deployment = render.deployment_view(config, effective, is_ingress=True)
     objects = [
         render.render_data_plane_secret(inst, "ab" * 32),

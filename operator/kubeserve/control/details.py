@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubeserve.control import config as config_rules
+from kubeserve.control import effective_config
 from kubeserve.schema.status import (
     APIType,
     ApplicationDetails,
@@ -85,8 +85,8 @@ class ReplicaProcessView:
 class DeploymentDetailsView:
     """One deployment of the current graph with its effective config (every field filled).
 
-    The status fields are the last derived (:mod:`kubeserve.control.status`); a deployment not
-    reported yet is starting its update, which the defaults say.
+    The status fields are the last derived (:mod:`kubeserve.control.status_derivation`); a
+    deployment not reported yet is starting its update, which the defaults say.
     """
 
     name: str
@@ -202,7 +202,7 @@ def _deployment(app: str, deployment: DeploymentDetailsView) -> DeploymentDetail
         message=deployment.message,
         deployment_config=dict(deployment.config),
         target_num_replicas=deployment.target_replicas,
-        required_resources=config_rules.required_resources(deployment.config),
+        required_resources=effective_config.required_resources(deployment.config),
         replicas=[
             ReplicaDetails(
                 **_process(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kubeserve.control.config import (
+from kubeserve.control.effective_config import (
     effective_deployment_config,
     replica_version,
     required_resources,

@@ -1,6 +1,6 @@
 """Replica placement: claims, fitting, pacing, and the message of replicas that do not fit."""
 
-from kubeserve.control.config import effective_deployment_config
+from kubeserve.control.effective_config import effective_deployment_config
 from kubeserve.control.placement import (
     admit,
     fits,

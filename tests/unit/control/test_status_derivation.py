@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kubeserve.control.status import (
+from kubeserve.control.status_derivation import (
     STARTUP_FAILURE_THRESHOLD,
     BuildView,
     DeploymentView,

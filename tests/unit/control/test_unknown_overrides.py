@@ -1,6 +1,6 @@
 """Overrides naming deployments the application does not have (Ray: DEPLOY_FAILED)."""
 
-from kubeserve.control.config import unknown_override_error
+from kubeserve.control.effective_config import unknown_override_error
 
 
 def test_overrides_of_existing_deployments_are_fine() -> None:

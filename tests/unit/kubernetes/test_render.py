@@ -16,7 +16,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
 from kubeserve.backends.kubernetes import names, render
-from kubeserve.control import config as config_rules
+from kubeserve.control import effective_config
 
 K8S_VERSION = "1.36.0"
 DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -46,11 +46,11 @@ def app(config: Json | None = None, cr_name: str = "shop") -> render.AppView:
 
 def deployment(
     config: Json | None = None, name: str = "Model", code: Mapping[str, Any] | None = None
-) -> render.DeploymentView:
+) -> render.DesiredDeployment:
     """A deployment of ``config`` (the app's REST config) with its overrides applied."""
     config = config or app_config()
     overrides = {d["name"]: d for d in config.get("deployments", [])}
-    effective = config_rules.effective_deployment_config(name, code or {}, overrides.get(name))
+    effective = effective_config.effective_deployment_config(name, code or {}, overrides.get(name))
     return render.deployment_view(config, effective, is_ingress=name == "Ingress")
 
 
@@ -241,7 +241,7 @@ def test_autoscaling_starts_at_initial_replicas_and_the_caller_may_override() ->
     obj = workload(autoscaling_config={"min_replicas": 1, "initial_replicas": 4, "max_replicas": 9})
     assert obj["spec"]["replicas"] == 4
     config = app_config()
-    effective = config_rules.effective_deployment_config("Model", {}, None)
+    effective = effective_config.effective_deployment_config("Model", {}, None)
     view = render.deployment_view(config, effective, replicas=6)
     assert render.render_replica_workload(instance(), app(config), view)["spec"]["replicas"] == 6
 

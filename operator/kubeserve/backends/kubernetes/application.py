@@ -4,7 +4,7 @@
 by the create, update and resume handlers and the resync timer. It reads the cluster from the
 operator's caches, writes only what differs (server-side apply of rendered objects it has not
 applied in this form yet), never writes a spec, and returns what the status should say as a
-typed report (:mod:`.status`); the operator writes it.
+typed report (:mod:`.reports`); the operator writes it.
 
 A spec that validates but that the renderer refuses (:class:`~.render.RenderError`: a runtime_env
 key Kubernetes cannot honour, an invalid resource name...) ends the pass in ``DEPLOY_FAILED``
@@ -23,16 +23,16 @@ from pydantic import ValidationError
 from kubeserve.backends.kubernetes import names, render
 from kubeserve.backends.kubernetes.cluster import Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
-from kubeserve.backends.kubernetes.status import (
+from kubeserve.backends.kubernetes.reports import (
     ApplicationRefused,
     ApplicationReport,
     IngressRoute,
     ObservedDeployment,
     deployment_view_from_pods,
 )
-from kubeserve.control import config as config_rules
+from kubeserve.control import effective_config
 from kubeserve.control.instance import app_route_prefix
-from kubeserve.control.status import BuildView, application_status, deployment_status
+from kubeserve.control.status_derivation import BuildView, application_status, deployment_status
 from kubeserve.schema.errors import validation_details
 from kubeserve.schema.resources import ServeApplicationSpec
 
@@ -125,7 +125,7 @@ class ApplicationReconciler:
         wanted: set[str] = set()
         for node in graph.body["deployments"]:
             name = node["name"]
-            effective = config_rules.effective_deployment_config(
+            effective = effective_config.effective_deployment_config(
                 name, node.get("options", {}), overrides.get(name)
             )
             deployment = render.deployment_view(app_config, effective, bool(node.get("is_ingress")))
@@ -164,7 +164,9 @@ def _override_error(graph: Graph, app_config: dict[str, Any]) -> str | None:
     """Why the config's ``deployments`` overrides cannot apply to the built graph (as Ray: the
     application fails, naming them), or None."""
     names_in_graph = [str(node["name"]) for node in graph.body["deployments"]]
-    error = config_rules.unknown_override_error(app_config.get("deployments", []), names_in_graph)
+    error = effective_config.unknown_override_error(
+        app_config.get("deployments", []), names_in_graph
+    )
     return None if error is None else f"invalid deployments overrides: {error}"
 
 

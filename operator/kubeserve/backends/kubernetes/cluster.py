@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubeserve.backends.kubernetes.cache import ClusterCache
-from kubeserve.control import config as config_rules
+from kubeserve.control import effective_config
 from kubeserve.runtime.kube import Kube, KubeError, timestamp
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class Cluster:
     async def apply(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
         key = f"{obj['kind']}/{meta.get('namespace', '')}/{meta['name']}"
-        digest = config_rules.fingerprint(obj)
+        digest = effective_config.fingerprint(obj)
         exists = self.cache.get(obj["kind"], meta.get("namespace", ""), meta["name"]) is not None
         if exists and self.applied.get(key) == digest:
             return

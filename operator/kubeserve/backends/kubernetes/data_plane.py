@@ -21,7 +21,7 @@ from typing import Any
 
 from kubeserve.backends.kubernetes import names, render
 from kubeserve.backends.kubernetes.pods import pod_ready, replica_key
-from kubeserve.control import config as config_rules
+from kubeserve.control import effective_config
 from kubeserve.runtime import channel, wire
 from kubeserve.runtime.kube import Kube, KubeConflict, KubeError
 
@@ -86,7 +86,7 @@ class DataPlane:
         instance_uid: str,
     ) -> None:
         """Send the deployment's user_config to every ready replica that has not applied it."""
-        version = config_rules.user_config_version(config)
+        version = effective_config.user_config_version(config)
         for pod in pods:
             uid = replica_key(pod)
             ip = (pod.get("status") or {}).get("podIP")

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.pods import pod_ready
 from kubeserve.backends.kubernetes.render_views import app_view
-from kubeserve.control import config as config_rules
+from kubeserve.control import effective_config
 from kubeserve.control.details import (
     ApplicationDetailsView,
     DeploymentDetailsView,
@@ -224,7 +224,7 @@ def _deployments(
     deployments = []
     for node in graph["deployments"]:
         name = node["name"]
-        effective = config_rules.effective_deployment_config(
+        effective = effective_config.effective_deployment_config(
             name, node.get("options", {}), overrides.get(name)
         )
         status = statuses.get(name) or {}
@@ -236,7 +236,7 @@ def _deployments(
                 name=name,
                 config=effective,
                 target_replicas=int(
-                    status.get("targetReplicas", config_rules.target_replicas(effective))
+                    status.get("targetReplicas", effective_config.target_replicas(effective))
                 ),
                 replicas=[_replica(pod) for pod in view.objects("Pod", labels)],
                 status=status.get("status", "UPDATING"),

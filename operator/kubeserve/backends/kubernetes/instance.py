@@ -1,5 +1,5 @@
 """Reconciling one ``ServeInstance``: its data-plane Secret, the data plane's RBAC and
-NetworkPolicies, proxies, and what its status reports (:class:`~.status.InstanceReport`)."""
+NetworkPolicies, proxies, and what its status reports (:class:`~.reports.InstanceReport`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from kubeserve.backends.kubernetes.cluster import Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.details import pod_process
 from kubeserve.backends.kubernetes.pods import pod_ready
-from kubeserve.backends.kubernetes.status import AppSummary, InstanceReport, ProxyReport
+from kubeserve.backends.kubernetes.reports import AppSummary, InstanceReport, ProxyReport
 
 
 class InstanceReconciler:

@@ -75,7 +75,7 @@ COMPONENT_PROXY = "proxy"
 COMPONENT_REPLICA = "replica"
 COMPONENT_BUILD = "build"
 
-#: On a replica workload and its pods: :func:`kubeserve.control.config.replica_version`.
+#: On a replica workload and its pods: :func:`kubeserve.control.effective_config.replica_version`.
 VERSION_ANNOTATION = "kubeserve.io/replica-version"
 #: The exact (unshortened) Ray application and deployment names, for people and tools.
 APPLICATION_NAME_ANNOTATION = "kubeserve.io/application-name"

@@ -13,10 +13,10 @@ One pass, for an application (an instance takes the same route through ``instanc
 
 1. :meth:`Operator.reconcile` takes the object's lock and reads its latest version;
 2. :meth:`~.application.ApplicationReconciler.reconcile` validates the spec and finds the
-   instance (or returns :class:`~.status.ApplicationRefused`), then converges the build Job, the
+   instance (or returns :class:`~.reports.ApplicationRefused`), then converges the build Job, the
    graph and each deployment's workload and Service through :class:`~.cluster.Cluster` and the
    pure renderer, and pushes user_config through :class:`~.data_plane.DataPlane`;
-3. it returns a typed report (:class:`~.status.ApplicationReport`), whose ``patch`` in
+3. it returns a typed report (:class:`~.reports.ApplicationReport`), whose ``patch`` in
    ``status.py`` is the only code spelling status fields;
 4. :meth:`~.cluster.Cluster.patch_status` writes it when it changed (and announces a failure).
 
@@ -39,7 +39,7 @@ from kubeserve.backends.kubernetes.cluster import Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.instance import InstanceReconciler
 from kubeserve.backends.kubernetes.metrics import metrics_text
-from kubeserve.backends.kubernetes.status import StatusReport
+from kubeserve.backends.kubernetes.reports import StatusReport
 from kubeserve.runtime.kube import Kube, KubeError
 
 log = logging.getLogger(__name__)

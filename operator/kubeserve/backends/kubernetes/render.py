@@ -74,7 +74,7 @@ from kubeserve.backends.kubernetes.render_proxy import (
 )
 from kubeserve.backends.kubernetes.render_views import (
     AppView,
-    DeploymentView,
+    DesiredDeployment,
     InstanceView,
     RenderError,
     app_view,
@@ -91,7 +91,7 @@ __all__ = [
     "PROBE_PORT",
     "REPLICA_PORT",
     "AppView",
-    "DeploymentView",
+    "DesiredDeployment",
     "InstanceView",
     "Manifest",
     "RenderError",
@@ -134,7 +134,7 @@ def _metadata(
     return meta
 
 
-def _name_annotations(app: AppView, deployment: DeploymentView) -> dict[str, str]:
+def _name_annotations(app: AppView, deployment: DesiredDeployment) -> dict[str, str]:
     return {
         names.APPLICATION_NAME_ANNOTATION: app.app_name,
         names.DEPLOYMENT_NAME_ANNOTATION: deployment.name,
@@ -144,7 +144,7 @@ def _name_annotations(app: AppView, deployment: DeploymentView) -> dict[str, str
 # --------------------------------------------------------------------------- replicas
 
 
-def replica_config_json(app: AppView, deployment: DeploymentView) -> str:
+def replica_config_json(app: AppView, deployment: DesiredDeployment) -> str:
     """The ``KUBESERVE_REPLICA_CONFIG`` value: literal except ``replica_id``, the pod's name."""
     config = deployment.config
     replica: wire.ReplicaConfig = {
@@ -183,7 +183,7 @@ def _replica_probes(config: Any) -> Manifest:
     }
 
 
-def _replica_pod(instance: InstanceView, app: AppView, deployment: DeploymentView) -> Manifest:
+def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeployment) -> Manifest:
     options = deployment.actor_options
     runtime_env = merge_runtime_env(app.runtime_env, options.get("runtime_env"))
     field = f"runtime_env of deployment {deployment.name!r}"
@@ -224,7 +224,7 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DeploymentVie
 
 
 def _replica_identity(
-    instance: InstanceView, app: AppView, deployment: DeploymentView
+    instance: InstanceView, app: AppView, deployment: DesiredDeployment
 ) -> tuple[str, dict[str, str], dict[str, str]]:
     """Name, labels and pod selector shared by a deployment's workload and Service."""
     name = names.workload_name(app.cr_name, deployment.name)
@@ -235,7 +235,7 @@ def _replica_identity(
 
 
 def render_replica_workload(
-    instance: InstanceView, app: AppView, deployment: DeploymentView
+    instance: InstanceView, app: AppView, deployment: DesiredDeployment
 ) -> Manifest:
     """The Deployment (DaemonSet when ``is_driver_deployment``) running the replicas."""
     name, labels, selector = _replica_identity(instance, app, deployment)
@@ -267,7 +267,7 @@ def render_replica_workload(
 
 
 def render_replica_service(
-    instance: InstanceView, app: AppView, deployment: DeploymentView
+    instance: InstanceView, app: AppView, deployment: DesiredDeployment
 ) -> Manifest:
     """The headless Service whose EndpointSlices list the deployment's ready replicas."""
     name, labels, selector = _replica_identity(instance, app, deployment)

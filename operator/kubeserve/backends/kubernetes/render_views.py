@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from kubeserve.control import config as config_rules
+from kubeserve.control import effective_config
 from kubeserve.schema.config import ProxyLocation
 from kubeserve.schema.resources import (
     API_VERSION,
@@ -21,7 +21,7 @@ from kubeserve.schema.resources import (
 
 __all__ = [
     "AppView",
-    "DeploymentView",
+    "DesiredDeployment",
     "InstanceView",
     "RenderError",
     "app_view",
@@ -104,7 +104,7 @@ class AppView:
         backend does.
         """
         inputs = [self.config.get("import_path"), self.runtime_env, self.config.get("args")]
-        return config_rules.fingerprint(inputs)[:_BUILD_KEY_LENGTH]
+        return effective_config.fingerprint(inputs)[:_BUILD_KEY_LENGTH]
 
     def owner(self) -> dict[str, str]:
         return {
@@ -116,14 +116,14 @@ class AppView:
 
 
 @dataclass(frozen=True)
-class DeploymentView:
-    """One serve deployment of an application.
+class DesiredDeployment:
+    """One serve deployment of an application, as the renderers want it.
 
-    ``config`` is :func:`kubeserve.control.config.effective_deployment_config`; ``version`` is
-    :func:`kubeserve.control.config.replica_version`. ``replicas`` overrides the count
-    :func:`~kubeserve.control.config.target_replicas` gives (the autoscaler's current decision).
-    ``is_ingress`` is for the caller's bookkeeping: nothing rendered depends on it, so moving the
-    ingress never restarts pods.
+    ``config`` is :func:`~kubeserve.control.effective_config.effective_deployment_config`;
+    ``version`` is :func:`~kubeserve.control.effective_config.replica_version`. ``replicas``
+    overrides the count :func:`~kubeserve.control.effective_config.target_replicas` gives (the
+    autoscaler's current decision). ``is_ingress`` is for the caller's bookkeeping: nothing
+    rendered depends on it, so moving the ingress never restarts pods.
     """
 
     name: str
@@ -136,7 +136,7 @@ class DeploymentView:
     def target_replicas(self) -> int:
         if self.replicas is not None:
             return self.replicas
-        return config_rules.target_replicas(self.config)
+        return effective_config.target_replicas(self.config)
 
     @property
     def actor_options(self) -> Mapping[str, Any]:
@@ -168,12 +168,12 @@ def deployment_view(
     effective: Mapping[str, Any],
     is_ingress: bool = False,
     replicas: int | None = None,
-) -> DeploymentView:
+) -> DesiredDeployment:
     """The view of a deployment whose effective config is ``effective`` (name included)."""
-    return DeploymentView(
+    return DesiredDeployment(
         name=str(effective["name"]),
         config=effective,
-        version=config_rules.replica_version(app_config, effective),
+        version=effective_config.replica_version(app_config, effective),
         is_ingress=is_ingress,
         replicas=replicas,
     )

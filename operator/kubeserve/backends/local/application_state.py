@@ -29,9 +29,9 @@ from kubeserve.backends.local.deployment_state import (
     DeploymentState,
     ReplicaContext,
 )
-from kubeserve.control import config as config_rules
+from kubeserve.control import effective_config
 from kubeserve.control.instance import app_route_prefix
-from kubeserve.control.status import AppStatusInfo, BuildView, application_status
+from kubeserve.control.status_derivation import AppStatusInfo, BuildView, application_status
 from kubeserve.runtime import runtime_env as runtime_envs
 from kubeserve.runtime.runtime_env import PreparedEnv, RuntimeEnvError
 
@@ -71,7 +71,7 @@ class ApplicationState:
     # -- desired state ---------------------------------------------------------------------------
     def set_config(self, config: dict[str, Any], deployed_at: float) -> None:
         self.config, self.deployed_at = config, deployed_at
-        build_key = config_rules.fingerprint(
+        build_key = effective_config.fingerprint(
             [config.get("import_path"), config.get("runtime_env"), config.get("args")]
         )
         if build_key != self._build_key:
@@ -136,7 +136,7 @@ class ApplicationState:
 
     async def _prepare_env(self, deployment_env: dict[str, Any] | None) -> PreparedEnv:
         merged = runtime_envs.merge_runtime_env(self.config.get("runtime_env"), deployment_env)
-        key = config_rules.fingerprint(merged)
+        key = effective_config.fingerprint(merged)
         if key not in self._envs:
             self._envs[key] = await runtime_envs.prepare(merged, self._cache_dir)
         return self._envs[key]
@@ -158,7 +158,7 @@ class ApplicationState:
     async def _converge(self, graph: dict[str, Any]) -> None:
         overrides = {d["name"]: d for d in self.config.get("deployments", [])}
         wanted = {node["name"]: node for node in graph["deployments"]}
-        error = config_rules.unknown_override_error(overrides.values(), wanted)
+        error = effective_config.unknown_override_error(overrides.values(), wanted)
         if error:
             self.config_error = f"invalid deployments overrides: {error}"
             return  # what runs keeps running; nothing is started for a config that cannot apply
@@ -168,7 +168,7 @@ class ApplicationState:
         for state in self.retiring.values():
             state.reconcile()
         for name, node in wanted.items():
-            effective = config_rules.effective_deployment_config(
+            effective = effective_config.effective_deployment_config(
                 name, node.get("options", {}), overrides.get(name)
             )
             actor_env = (effective.get("ray_actor_options") or {}).get("runtime_env")
@@ -182,7 +182,7 @@ class ApplicationState:
             self.deployments[name] = state
             state.set_target(
                 effective,
-                config_rules.replica_version(self.config, effective),
+                effective_config.replica_version(self.config, effective),
                 env,
                 str(self.config["import_path"]),
             )

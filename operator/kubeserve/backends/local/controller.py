@@ -24,7 +24,7 @@ from kubeserve.backends.local.application_state import ApplicationState
 from kubeserve.backends.local.capacity import DEFAULT_START_SLOTS, Capacity, instance_resources
 from kubeserve.backends.local.deployment_state import ReplicaContext
 from kubeserve.backends.local.private_files import private_dir
-from kubeserve.backends.local.proxy_state import ProxyState
+from kubeserve.backends.local.proxy_process import ProxyProcess
 from kubeserve.backends.local.snapshot import SnapshotPublisher
 from kubeserve.backends.local.store import DesiredState, Store
 from kubeserve.runtime import channel, wire
@@ -98,12 +98,12 @@ class Controller:
         self._session: aiohttp.ClientSession | None = None
         self._log_handler: logging.Handler | None = None
         self._ctx: ReplicaContext | None = None
-        self._proxy: ProxyState | None = None
+        self._proxy: ProxyProcess | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self.secret = b""  # the data-plane secret, read at start()
 
     @property
-    def proxy(self) -> ProxyState | None:
+    def proxy(self) -> ProxyProcess | None:
         return self._proxy if self._proxy is not None and self._proxy.running else None
 
     def wake(self) -> None:
@@ -130,7 +130,7 @@ class Controller:
             secret_file=secret_file,
             request_limits=self.settings.request_limits,
         )
-        self._proxy = ProxyState(self._ctx)
+        self._proxy = ProxyProcess(self._ctx)
         self._loop_task = asyncio.ensure_future(self._loop())
 
     async def close(self) -> None:

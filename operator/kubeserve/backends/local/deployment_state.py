@@ -1,6 +1,6 @@
 """One serve deployment on the local machine: its replica processes and their lifecycle.
 
-Ownership: a :class:`DeploymentState` owns its :class:`Replica` objects; each replica has one
+Ownership: a :class:`DeploymentState` owns its :class:`ReplicaProcess` objects; each replica has one
 lifecycle task that starts the process, waits until it answers ``/-/healthz``, health-checks it
 every ``health_check_period_s`` and removes it when the process exits.
 :meth:`DeploymentState.reconcile` is the level-triggered step: it compares replicas to the target
@@ -26,9 +26,8 @@ import aiohttp
 from kubeserve.backends.local import processes
 from kubeserve.backends.local.capacity import Capacity
 from kubeserve.backends.local.private_files import private_dir, write_private
-from kubeserve.control import backoff, placement
-from kubeserve.control import config as config_rules
-from kubeserve.control.status import DeploymentView, ReplicaStateValue, ReplicaView
+from kubeserve.control import backoff, effective_config, placement
+from kubeserve.control.status_derivation import DeploymentView, ReplicaStateValue, ReplicaView
 from kubeserve.runtime import channel, wire
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.runtime_env import PreparedEnv
@@ -49,7 +48,7 @@ _counter = itertools.count(1)
 
 
 @dataclass
-class Replica:
+class ReplicaProcess:
     replica_id: str
     version: str
     port: int
@@ -109,7 +108,7 @@ class DeploymentState:
         self.version = ""
         self.user_config_version = ""
         self.env: PreparedEnv | None = None
-        self.replicas: dict[str, Replica] = {}
+        self.replicas: dict[str, ReplicaProcess] = {}
         self.startup_failures = 0
         self.ever_healthy = False
         self.last_error = ""
@@ -138,11 +137,11 @@ class DeploymentState:
             self.failure_streak = 0
             self.last_error = self.health_error = ""
         self.config, self.version, self.env = config, version, env
-        self.user_config_version = config_rules.user_config_version(config)
+        self.user_config_version = effective_config.user_config_version(config)
 
     @property
     def target(self) -> int:
-        return config_rules.target_replicas(self.config)
+        return effective_config.target_replicas(self.config)
 
     # -- observation -----------------------------------------------------------------------------
     def view(self) -> DeploymentView:
@@ -216,7 +215,7 @@ class DeploymentState:
         for replica in list(self.replicas.values()):
             self._stop(replica)
 
-    def _start_what_fits(self, missing: int, old: list[Replica]) -> None:
+    def _start_what_fits(self, missing: int, old: list[ReplicaProcess]) -> None:
         """Start as many missing replicas as resources and start slots allow (see
         :func:`placement.admit`); say why the others wait."""
         capacity = self._ctx.capacity
@@ -243,7 +242,7 @@ class DeploymentState:
     # -- replica lifecycle ---------------------------------------------------------------------
     def _start(self, claim: dict[str, float]) -> None:
         replica_id = f"{self.name}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
-        replica = Replica(
+        replica = ReplicaProcess(
             replica_id=replica_id,
             version=self.version,
             port=processes.free_port(),
@@ -255,7 +254,7 @@ class DeploymentState:
         self.replicas[replica_id] = replica
         self._spawn(self._lifecycle(replica))
 
-    def _stop(self, replica: Replica) -> None:
+    def _stop(self, replica: ReplicaProcess) -> None:
         if replica.state in ("STOPPING", "STOPPED"):
             return
         replica.state = "STOPPING"
@@ -265,7 +264,7 @@ class DeploymentState:
             timeout = float(self.config.get("graceful_shutdown_timeout_s", 20.0))
             self._spawn(processes.terminate(replica.proc, timeout))
 
-    async def _lifecycle(self, replica: Replica) -> None:
+    async def _lifecycle(self, replica: ReplicaProcess) -> None:
         try:
             await self._run(replica)
         finally:
@@ -275,16 +274,16 @@ class DeploymentState:
             self._config_file(replica).unlink(missing_ok=True)
             self._ctx.wake()
 
-    def _free_start_slot(self, replica: Replica) -> None:
+    def _free_start_slot(self, replica: ReplicaProcess) -> None:
         if replica.holds_start_slot:
             replica.holds_start_slot = False
             self._ctx.capacity.started()
             self._ctx.wake()  # another replica may start now
 
-    def _config_file(self, replica: Replica) -> Path:
+    def _config_file(self, replica: ReplicaProcess) -> Path:
         return self._ctx.run_dir / f"{replica.replica_id}.json"
 
-    def _write_replica_config(self, replica: Replica) -> Path:
+    def _write_replica_config(self, replica: ReplicaProcess) -> Path:
         """The replica's :class:`wire.ReplicaConfig` in a 0600 file, with the *current* user_config.
 
         A file, not an environment variable: ``user_config`` has no size limit of its own, and
@@ -307,7 +306,7 @@ class DeploymentState:
         replica.applied_user_config = self.user_config_version
         return path
 
-    async def _run(self, replica: Replica) -> None:
+    async def _run(self, replica: ReplicaProcess) -> None:
         assert self.env is not None
         try:
             config_file = self._write_replica_config(replica)
@@ -368,7 +367,7 @@ class DeploymentState:
                 f"replica {replica.replica_id} exited unexpectedly with code {code}:\n{tail}"
             )
 
-    def _record_startup_failure(self, replica: Replica, message: str) -> None:
+    def _record_startup_failure(self, replica: ReplicaProcess, message: str) -> None:
         self.startup_failures += 1
         self._record_failure(message)
 
@@ -390,7 +389,7 @@ class DeploymentState:
         ):
             self.failure_streak = 0
 
-    async def _wait_ready(self, replica: Replica, exited: asyncio.Future[int]) -> bool:
+    async def _wait_ready(self, replica: ReplicaProcess, exited: asyncio.Future[int]) -> bool:
         async def probe() -> bool:
             return not await self._check(replica, _READY_TIMEOUT_S)
 
@@ -406,7 +405,7 @@ class DeploymentState:
             self._ctx.wake()
         return ready
 
-    async def _health_loop(self, replica: Replica, exited: asyncio.Future[int]) -> None:
+    async def _health_loop(self, replica: ReplicaProcess, exited: asyncio.Future[int]) -> None:
         while replica.state == "RUNNING":
             period = float(self.config.get("health_check_period_s", 10.0))
             await asyncio.wait([exited], timeout=period)
@@ -423,14 +422,14 @@ class DeploymentState:
                 return
 
     async def _internal(
-        self, replica: Replica, method: str, path: str, body: bytes, timeout_s: float
+        self, replica: ReplicaProcess, method: str, path: str, body: bytes, timeout_s: float
     ) -> tuple[int, bytes]:
         """One internal request to ``replica`` over the authenticated channel."""
         return await channel.request(
             "127.0.0.1", replica.port, method, path, self._ctx.secret, body, timeout_s=timeout_s
         )
 
-    async def _check(self, replica: Replica, timeout_s: float) -> str:
+    async def _check(self, replica: ReplicaProcess, timeout_s: float) -> str:
         """Run the replica's health check: "" when healthy, else what went wrong."""
         try:
             status, body = await self._internal(replica, "GET", wire.HEALTHZ_PATH, b"", timeout_s)
@@ -442,7 +441,7 @@ class DeploymentState:
             return ""
         return f"HTTP {status}: {body[:500].decode('utf-8', 'replace')}"
 
-    async def _reconfigure(self, replica: Replica) -> None:
+    async def _reconfigure(self, replica: ReplicaProcess) -> None:
         replica.reconfiguring = True
         version = self.user_config_version
         body = json.dumps({"user_config": self.config.get("user_config")}).encode()
@@ -468,16 +467,16 @@ class DeploymentState:
         task.add_done_callback(self._tasks.discard)
 
 
-def _stop_order(replicas: list[Replica]) -> list[Replica]:
+def _stop_order(replicas: list[ReplicaProcess]) -> list[ReplicaProcess]:
     """Replicas to stop first: those not serving yet, then the newest."""
     return sorted(replicas, key=lambda r: (r.state == "RUNNING", -r.start_time_s))
 
 
-def _settled(replica: Replica) -> bool:
+def _settled(replica: ReplicaProcess) -> bool:
     """Running long enough for proxies and handles to know of it."""
     return time.monotonic() - replica.ready_at >= DISCOVERY_SETTLE_S
 
 
-def _stopping(replica: Replica) -> bool:
+def _stopping(replica: ReplicaProcess) -> bool:
     """Whether the replica was asked to stop (its state changes under our feet across awaits)."""
     return replica.state in ("STOPPING", "STOPPED")

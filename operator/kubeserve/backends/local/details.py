@@ -23,7 +23,7 @@ from kubeserve.control.details import (
     ReplicaProcessView,
     controller_process,
 )
-from kubeserve.control.status import DeploymentStatusInfo
+from kubeserve.control.status_derivation import DerivedDeploymentStatus
 
 _HOST_IP = "127.0.0.1"
 
@@ -114,7 +114,7 @@ def _application(app: ApplicationState, node_id: str) -> ApplicationDetailsView:
 
 
 def _deployment(
-    state: DeploymentState, node_id: str, info: DeploymentStatusInfo | None
+    state: DeploymentState, node_id: str, info: DerivedDeploymentStatus | None
 ) -> DeploymentDetailsView:
     replicas = [
         ReplicaProcessView(

@@ -64,7 +64,7 @@ class DeploymentView:
 
 
 @dataclass(frozen=True)
-class DeploymentStatusInfo:
+class DerivedDeploymentStatus:
     status: DeploymentStatusValue
     status_trigger: str
     message: str = ""
@@ -82,23 +82,23 @@ class BuildView:
 class AppStatusInfo:
     status: AppStatusValue
     message: str = ""
-    deployments: dict[str, DeploymentStatusInfo] = field(default_factory=dict)
+    deployments: dict[str, DerivedDeploymentStatus] = field(default_factory=dict)
 
 
-def deployment_status(view: DeploymentView) -> DeploymentStatusInfo:
+def deployment_status(view: DeploymentView) -> DerivedDeploymentStatus:
     """The status of one deployment from what its replicas are doing."""
     replicas = [r for r in view.replicas if r.state not in ("STOPPING", "STOPPED")]
     running_current = [r for r in replicas if r.state == "RUNNING" and r.current and r.healthy]
     if view.startup_failures >= STARTUP_FAILURE_THRESHOLD and not running_current:
         if view.ever_healthy:
-            return DeploymentStatusInfo("UNHEALTHY", "REPLICA_STARTUP_FAILED", view.last_error)
-        return DeploymentStatusInfo(
+            return DerivedDeploymentStatus("UNHEALTHY", "REPLICA_STARTUP_FAILED", view.last_error)
+        return DerivedDeploymentStatus(
             "DEPLOY_FAILED",
             "REPLICA_STARTUP_FAILED",
             f"replicas failed to start {view.startup_failures} times in a row: {view.last_error}",
         )
     if view.failure_streak >= STARTUP_FAILURE_THRESHOLD and not running_current:
-        return DeploymentStatusInfo(
+        return DerivedDeploymentStatus(
             "UNHEALTHY",
             "REPLICA_STARTUP_FAILED",
             f"replicas keep exiting ({view.failure_streak} failures in a row, restarts are "
@@ -106,15 +106,15 @@ def deployment_status(view: DeploymentView) -> DeploymentStatusInfo:
         )
     if view.health_error or any(not r.healthy for r in replicas):
         message = view.health_error or view.last_error
-        return DeploymentStatusInfo("UNHEALTHY", "HEALTH_CHECK_FAILED", message)
+        return DerivedDeploymentStatus("UNHEALTHY", "HEALTH_CHECK_FAILED", message)
     converged = (
         len(replicas) == view.target_replicas
         and len(running_current) == view.target_replicas
         and all(r.config_applied for r in running_current)
     )
     if converged:
-        return DeploymentStatusInfo("HEALTHY", "CONFIG_UPDATE_COMPLETED")
-    return DeploymentStatusInfo(
+        return DerivedDeploymentStatus("HEALTHY", "CONFIG_UPDATE_COMPLETED")
+    return DerivedDeploymentStatus(
         "UPDATING", "CONFIG_UPDATE_STARTED", _progress(view, running_current)
     )
 

@@ -8,7 +8,7 @@ from typing import Any
 from kubeserve.backends.kubernetes.cluster import with_removals
 from kubeserve.backends.kubernetes.details import DEPLOYED_AT_ANNOTATION
 from kubeserve.backends.kubernetes.pods import replica_key
-from kubeserve.backends.kubernetes.status import (
+from kubeserve.backends.kubernetes.reports import (
     ApplicationRefused,
     ApplicationReport,
     AppSummary,
@@ -18,10 +18,10 @@ from kubeserve.backends.kubernetes.status import (
     ProxyReport,
 )
 from kubeserve.control.details import ProcessView
-from kubeserve.control.status import (
+from kubeserve.control.status_derivation import (
     AppStatusInfo,
-    DeploymentStatusInfo,
     DeploymentView,
+    DerivedDeploymentStatus,
     ReplicaStateValue,
     ReplicaView,
 )
@@ -62,8 +62,8 @@ def running_info() -> AppStatusInfo:
         "DEPLOYING",
         "",
         {
-            "Frontend": DeploymentStatusInfo("HEALTHY", "CONFIG_UPDATE_COMPLETED"),
-            "Greeter": DeploymentStatusInfo("UPDATING", "CONFIG_UPDATE_STARTED", "1/2 ready"),
+            "Frontend": DerivedDeploymentStatus("HEALTHY", "CONFIG_UPDATE_COMPLETED"),
+            "Greeter": DerivedDeploymentStatus("UPDATING", "CONFIG_UPDATE_STARTED", "1/2 ready"),
         },
     )
 
@@ -95,7 +95,7 @@ def test_an_application_report_counts_replicas_and_names_the_route() -> None:
 
 def test_a_running_application_report_is_ready() -> None:
     info = AppStatusInfo(
-        "RUNNING", "", {"Api": DeploymentStatusInfo("HEALTHY", "CONFIG_UPDATE_COMPLETED")}
+        "RUNNING", "", {"Api": DerivedDeploymentStatus("HEALTHY", "CONFIG_UPDATE_COMPLETED")}
     )
     report = ApplicationReport(info, {"Api": observed(1, "RUNNING")}, IngressRoute("Api", "/api"))
     patch = report.patch(application())

@@ -15,7 +15,7 @@ from kubeserve.control import backoff
 ProxyStatusValue = Literal["STARTING", "HEALTHY", "UNHEALTHY", "DRAINING"]
 
 
-class ProxyState:
+class ProxyProcess:
     """Owns at most one proxy process; :meth:`reconcile` keeps it running on ``host:port``."""
 
     def __init__(self, context: ReplicaContext) -> None:

@@ -27,12 +27,12 @@ from typing import Any
 from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.details import annotated_deployed_at
 from kubeserve.backends.kubernetes.pods import pod_ready, replica_key
-from kubeserve.control import config as config_rules
+from kubeserve.control import effective_config
 from kubeserve.control.details import ProcessView
-from kubeserve.control.status import (
+from kubeserve.control.status_derivation import (
     AppStatusInfo,
-    DeploymentStatusInfo,
     DeploymentView,
+    DerivedDeploymentStatus,
     ReplicaView,
 )
 from kubeserve.runtime.kube import timestamp
@@ -196,7 +196,9 @@ class InstanceReport:
 StatusReport = ApplicationReport | ApplicationRefused | InstanceReport
 
 
-def _deployment_entry(status: DeploymentStatusInfo, observed: ObservedDeployment) -> dict[str, Any]:
+def _deployment_entry(
+    status: DerivedDeploymentStatus, observed: ObservedDeployment
+) -> dict[str, Any]:
     """One deployment of ``ServeApplication.status``: replicas are its pods not terminating,
     ready replicas those ready."""
     live = [r for r in observed.view.replicas if r.state not in ("STOPPING", "STOPPED")]
@@ -290,7 +292,7 @@ def deployment_view_from_pods(
     Container restarts count as failed starts only while the version has never been healthy:
     afterwards a crashing replica makes the deployment UNHEALTHY, not DEPLOY_FAILED (as in Ray).
     """
-    uc_version = config_rules.user_config_version(config)
+    uc_version = effective_config.user_config_version(config)
     replicas = []
     restarts = 0
     last_error = ""
@@ -313,7 +315,7 @@ def deployment_view_from_pods(
             )
         )
     return DeploymentView(
-        target_replicas=config_rules.target_replicas(config),
+        target_replicas=effective_config.target_replicas(config),
         replicas=replicas,
         startup_failures=restarts if not any(r.state == "RUNNING" for r in replicas) else 0,
         ever_healthy=ever_healthy,

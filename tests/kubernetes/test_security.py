@@ -138,7 +138,7 @@ def test_rendered_objects_pass_a_server_side_dry_run_under_restricted_pod_securi
     app_meta = {**meta, "name": "shop", "uid": "6f0e5d2c-0000-4000-8000-000000000002"}
     app = render.app_view({"metadata": {**app_meta, "generation": 1}}, config)
     effective = effective_config.effective_deployment_config("Model", {}, None)
-    deployment = render.deployment_view(config, effective, is_ingress=True)
+    deployment = render.deployment_view(config, effective)
     objects = [
         render.render_data_plane_secret(inst, "ab" * 32),
         *render.render_dataplane_rbac(inst),

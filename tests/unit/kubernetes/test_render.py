@@ -51,7 +51,7 @@ def deployment(
     config = config or app_config()
     overrides = {d["name"]: d for d in config.get("deployments", [])}
     effective = effective_config.effective_deployment_config(name, code or {}, overrides.get(name))
-    return render.deployment_view(config, effective, is_ingress=name == "Ingress")
+    return render.deployment_view(config, effective)
 
 
 def workload(config: Json | None = None, name: str = "Model", **code: Any) -> Json:

@@ -128,7 +128,7 @@ class ApplicationReconciler:
             effective = effective_config.effective_deployment_config(
                 name, node.get("options", {}), overrides.get(name)
             )
-            deployment = render.deployment_view(app_config, effective, bool(node.get("is_ingress")))
+            deployment = render.deployment_view(app_config, effective)
             workload = render.render_replica_workload(instance, app, deployment)
             service = render.render_replica_service(instance, app, deployment)
             await cluster.apply(workload)

@@ -122,14 +122,13 @@ class DesiredDeployment:
     ``config`` is :func:`~kubeserve.control.effective_config.effective_deployment_config`;
     ``version`` is :func:`~kubeserve.control.effective_config.replica_version`. ``replicas``
     overrides the count :func:`~kubeserve.control.effective_config.target_replicas` gives (the
-    autoscaler's current decision). ``is_ingress`` is for the caller's bookkeeping: nothing
-    rendered depends on it, so moving the ingress never restarts pods.
+    autoscaler's current decision). Which deployment is the ingress is not part of it: nothing
+    rendered depends on that, so moving the ingress never restarts pods.
     """
 
     name: str
     config: Mapping[str, Any]
     version: str
-    is_ingress: bool = False
     replicas: int | None = None
 
     @property
@@ -166,7 +165,6 @@ def app_view(obj: Mapping[str, Any], app_config: Mapping[str, Any]) -> AppView:
 def deployment_view(
     app_config: Mapping[str, Any],
     effective: Mapping[str, Any],
-    is_ingress: bool = False,
     replicas: int | None = None,
 ) -> DesiredDeployment:
     """The view of a deployment whose effective config is ``effective`` (name included)."""
@@ -174,6 +172,5 @@ def deployment_view(
         name=str(effective["name"]),
         config=effective,
         version=effective_config.replica_version(app_config, effective),
-        is_ingress=is_ingress,
         replicas=replicas,
     )

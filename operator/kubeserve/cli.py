@@ -10,6 +10,7 @@ launcher sets; its names are in :mod:`kubeserve.runtime.wire`.
     kubeserve status     print application and deployment statuses
     kubeserve config     print the deployed application configs
     kubeserve shutdown   shut down every application
+    kubeserve logs       print (or --follow) the logs of an application's replicas
     kubeserve proxy | replica | build   data-plane processes (started by kubeserve itself)
 """
 
@@ -25,8 +26,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-import yaml
 from aiohttp import web
 
 if TYPE_CHECKING:
@@ -109,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         ("status", "show statuses"),
         ("config", "show deployed configs"),
         ("shutdown", "shut everything down"),
+        ("logs", "print the logs of an application's replicas (on kubeserve start's machine)"),
     ):
         sub = commands.add_parser(name, help=helptext)
         sub.add_argument(
@@ -116,6 +116,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         if name == "deploy":
             sub.add_argument("config_file", type=Path)
+            sub.add_argument(
+                "--wait",
+                action="store_true",
+                help="show progress until RUNNING (exit 0) or DEPLOY_FAILED/UNHEALTHY (exit 1)",
+            )
+            sub.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits")
+        if name == "logs":
+            sub.add_argument("app")
+            sub.add_argument("deployment", nargs="?")
+            sub.add_argument("-f", "--follow", action="store_true")
+            sub.add_argument(
+                "--tail", type=int, default=100, help="lines of each log to start with"
+            )
         _add_auth_argument(sub, "send this bearer token (default: $KUBESERVE_AUTH_TOKEN)")
 
     fetch = commands.add_parser(
@@ -267,7 +280,10 @@ async def _serve(
         flush=True,
     )
     if deploy is not None:
-        code = await _deploy(backend.settings.controller_url, deploy, security.auth_token)
+        from kubeserve.admin_client import AdminClient
+
+        client = AdminClient(backend.settings.controller_url, security.auth_token)
+        code = await client.deploy(deploy)
         if code != 0:
             stop.set()
     await stop.wait()
@@ -378,71 +394,14 @@ async def _operate(settings: Any, host: str, port: int, metrics_port: int = 0) -
 
 
 async def _client(args: argparse.Namespace) -> int:
-    token = _auth_token(args)
+    from kubeserve.admin_client import AdminClient
+
+    client = AdminClient(args.address, _auth_token(args))
     if args.command == "deploy":
-        return await _deploy(args.address, args.config_file, token)
-    async with aiohttp.ClientSession(headers=_auth_headers(token)) as session:
-        url = f"{args.address}/api/serve/applications/"
-        method = "DELETE" if args.command == "shutdown" else "GET"
-        async with session.request(method, url) as response:
-            body = await response.json(content_type=None)
-    if response.status != 200:
-        print(f"error: HTTP {response.status}: {body.get('error', body)}", file=sys.stderr)
-        return 1
-    if args.command == "status":
-        print(yaml.safe_dump(_status_summary(body), sort_keys=False), end="")
-    elif args.command == "config":
-        configs = [app["deployed_app_config"] for app in body.get("applications", {}).values()]
-        print(yaml.safe_dump_all(configs, sort_keys=False), end="")
-    else:
-        print("shut down")
-    return 0
-
-
-async def _deploy(address: str, path: Path, token: str | None) -> int:
-    try:
-        config = yaml.safe_load(path.read_text())  # noqa: ASYNC240 - a small local file
-    except (OSError, yaml.YAMLError) as exc:
-        print(f"error: cannot read {path}: {exc}", file=sys.stderr)
-        return 1
-    family = (
-        "applications" if isinstance(config, dict) and "applications" in config else "deployments"
-    )
-    async with aiohttp.ClientSession(headers=_auth_headers(token)) as session:
-        url = f"{address}/api/serve/{family}/"
-        async with session.put(url, json=config) as response:
-            body = await response.json(content_type=None)
-    if response.status != 200:
-        print(f"error: HTTP {response.status}: {body.get('error')}", file=sys.stderr)
-        for detail in body.get("details", []):
-            loc = ".".join(str(p) for p in detail["loc"])
-            print(f"  {loc}: {detail['msg']}", file=sys.stderr)
-        return 1
-    print(f"deployed {path} to {address}", flush=True)
-    return 0
-
-
-def _status_summary(details: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "proxies": {
-            node: proxy.get("status") for node, proxy in details.get("proxies", {}).items()
-        },
-        "applications": {
-            name: {
-                "status": app["status"],
-                "message": app["message"],
-                "deployments": {
-                    dname: {
-                        "status": dep["status"],
-                        "replicas": len(dep["replicas"]),
-                        "message": dep["message"],
-                    }
-                    for dname, dep in app["deployments"].items()
-                },
-            }
-            for name, app in details.get("applications", {}).items()
-        },
-    }
+        return await client.deploy(args.config_file, wait=args.wait, timeout_s=args.timeout)
+    if args.command == "logs":
+        return await client.logs(args.app, args.deployment, follow=args.follow, tail=args.tail)
+    return await client.show(args.command)
 
 
 if __name__ == "__main__":

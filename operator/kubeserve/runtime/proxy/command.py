@@ -1,0 +1,65 @@
+"""``kubeserve proxy``: the command line of the proxy process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+
+from kubeserve.runtime import channel
+from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
+from kubeserve.runtime.proxy.server import serve_proxy
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``kubeserve proxy``: the HTTP ingress process."""
+    import uvloop
+
+    parser = argparse.ArgumentParser(prog="kubeserve proxy", description=main.__doc__)
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--controller-url")
+    parser.add_argument("--discovery", choices=("controller", "kubernetes"), default="controller")
+    parser.add_argument("--request-timeout-s", type=float, default=None)
+    parser.add_argument("--keep-alive-timeout-s", type=float, default=90.0)
+    add_limit_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.discovery == "controller" and not args.controller_url:
+        parser.error("--controller-url is required with --discovery controller")
+    in_cluster = args.discovery == "kubernetes"
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        secret = channel.take_secret()
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        limits = limits_from_arguments(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+    async def run() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await serve_proxy(
+                args.host,
+                args.port,
+                args.controller_url,
+                secret=secret,
+                request_timeout_s=args.request_timeout_s,
+                keep_alive_timeout_s=args.keep_alive_timeout_s,
+                limits=limits,
+                kubernetes_namespace=os.environ.get("KUBESERVE_NAMESPACE") if in_cluster else None,
+                instance=os.environ.get("KUBESERVE_INSTANCE") if in_cluster else None,
+            )
+
+    uvloop.run(run())
+    return 0

@@ -1,0 +1,408 @@
+"""One request through the proxy: routing, the replica choice, forwarding, the answer.
+
+:class:`Exchange` is the per-request state machine between the client connection that parsed the
+request (:mod:`~kubeserve.runtime.proxy.client`) and the upstream connection carrying it to a
+replica (:mod:`~kubeserve.runtime.proxy.upstream`).
+
+Never twice: a request is sent to another replica only when it provably never reached one (the
+connection or its channel handshake failed, or the replica answered it unserved). Once a byte of it
+was written on a connection, a failure answers 502 (or cuts the client's connection if the response
+had begun): the replica may have run it.
+
+Ownership: an exchange owns its router slot (released exactly once, in :meth:`Exchange._finish`,
+:meth:`Exchange.respond_local` or :meth:`Exchange.abort`) and its upstream connection until it
+hands it back to the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from kubeserve.control.routes import needs_normalizing, normalize_path
+from kubeserve.runtime.http1 import chunk_prefix, local_response, new_request_id
+from kubeserve.runtime.http_connection import body_too_large
+from kubeserve.runtime.router import NoReplicaAvailable, Replica
+from kubeserve.runtime.wire import HEALTHZ_PATH
+
+if TYPE_CHECKING:
+    from kubeserve.runtime.proxy.client import ClientConnection
+    from kubeserve.runtime.proxy.upstream import UpstreamConnection
+
+__all__ = ["ROUTES_PATH", "Exchange"]
+
+log = logging.getLogger(__name__)
+
+ROUTES_PATH = "/-/routes"
+# Attempts to reach a replica for one request when connecting (or the handshake) fails.
+_CONNECT_ATTEMPTS = 3
+_CRLF = b"\r\n"
+_CONNECTION_KEEP_ALIVE = b"Connection: keep-alive\r\n"
+_JSON = b"application/json"
+
+
+class Exchange:
+    """One client request and its response, from the first request byte to the last response byte.
+
+    Request-side fields are written by the client connection's parser callbacks; response-side
+    fields by the upstream connection's. ``headers`` are the request headers to forward (hop-by-hop
+    ones dropped, ``dropped`` then set); the head is serialized only when it is first written
+    (:meth:`pump`), and not at all when ``raw`` holds the whole request as read. ``pending`` holds
+    framed body bytes not yet written upstream. ``request_id`` is the client's ``X-Request-Id`` or,
+    from :meth:`start` on, one generated here (``id_line`` is then the header added upstream).
+    """
+
+    # Per-request state as class-level defaults: a new exchange assigns only its client and its
+    # two lists, not two dozen fields (a measurable share of the proxy's per-request CPU).
+    url = b""
+    dropped = False
+    raw: bytes | None = None
+    head_done = False
+    head_sent = False
+    key = ""
+    method = b""
+    keep_alive = True
+    http10 = False
+    body_chunked = False
+    body_bytes = 0
+    refusal: tuple[int, bytes] | None = None
+    request_done = False
+    response_started = False
+    response_done = False
+    pending_bytes = 0
+    request_id: bytes | None = None
+    id_line = b""
+    replica: Replica | None = None
+    upstream: UpstreamConnection | None = None
+    task: asyncio.Task[None] | None = None
+    timer: asyncio.TimerHandle | None = None
+    attempts = 1
+
+    def __init__(self, client: ClientConnection) -> None:
+        self.client = client
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.pending: list[bytes] = []
+
+    # -- request side ----------------------------------------------------------------------------
+
+    def add_body(self, body: bytes) -> None:
+        if self.response_done:  # answered locally (error, health): the rest is read and dropped
+            return
+        if self.body_chunked:
+            # Content-Length bodies were checked against the cap up front; chunked ones here.
+            self.body_bytes += len(body)
+            cap = self.client.state.limits.max_body_bytes
+            if cap is not None and self.body_bytes > cap:
+                message = body_too_large(cap)
+                if self is self.client.active:
+                    self.respond_local(413, message, close=True)
+                else:  # pipelined: answered in its turn, never in the middle of another answer
+                    self.refusal = (413, message)
+                    self.pending.clear()
+                    self.response_done = True
+                return
+            self.pending += (chunk_prefix(len(body)), body, _CRLF)
+        else:
+            self.pending.append(body)
+        self.pending_bytes += len(body)
+
+    def start(self) -> None:
+        """Route the request (its head is complete). Called once, when it becomes the active one."""
+        if self.request_id is None:
+            self.request_id = rid = new_request_id()
+            self.id_line = b"x-request-id: %s\r\n" % rid
+        if self.refusal is not None:
+            status, message = self.refusal
+            self.respond_local(status, message, close=True)
+            return
+        state = self.client.state
+        url = self.url
+        query = url.find(b"?")
+        path = url if query < 0 else url[:query]
+        # Fast path: a raw path seen before needs neither normalising nor matching.
+        key = state.route_memo.get(path)
+        if key is None:
+            normalized = (
+                normalize_path(path.decode("latin-1"))
+                if needs_normalizing(path)
+                else path.decode("latin-1")
+            )
+            if normalized.startswith("/-/"):
+                self._internal(normalized)
+                return
+            key = state.deployment_for(path, normalized)
+            if key is None:
+                body = b"Path '%s' not found. Ping http://.../-/routes for available routes." % path
+                self.respond_local(404, body)
+                return
+        self.key = key
+        if state.request_timeout_s is not None:
+            loop = self.client.loop
+            assert loop is not None
+            self.timer = loop.call_later(state.request_timeout_s, self._timed_out)
+        # Fast path: a free slot and an idle connection need no task at all. Nothing is written
+        # yet: the caller pumps once the read is parsed, so head and body leave in one write.
+        replica = state.router.try_assign(key)
+        if replica is not None:
+            self.replica = replica
+            idle = state.pool(replica).idle
+            conn = idle.pop() if idle else None  # LIFO: the warmest connection
+            if conn is not None and not conn.closed:  # (a closed one is dropped; the task looks on)
+                self._attach(conn)
+                return
+        self.task = asyncio.create_task(self._connect(key))
+
+    def _internal(self, path: str) -> None:
+        """The proxy's own endpoints; replica internals are never reachable from clients."""
+        state = self.client.state
+        if path == HEALTHZ_PATH:
+            if state.healthy:
+                self.respond_local(200, b"success")
+            else:
+                self.respond_local(503, b"no snapshot from the controller yet")
+        elif path == ROUTES_PATH:
+            self.respond_local(200, state.routes_body, content_type=_JSON)
+        else:
+            self.respond_local(404, b"Not Found")
+
+    async def _connect(self, key: str, avoid: Replica | None = None) -> None:
+        state = self.client.state
+        try:
+            if self.replica is None:
+                self.replica = await state.router.assign(key, state.assign_timeout_s, avoid)
+            pool = state.pool(self.replica)
+            conn = pool.take() or await pool.connect()
+        except NoReplicaAvailable as exc:
+            self.task = None
+            self.respond_local(503, str(exc).encode())
+            return
+        except OSError as exc:  # refused, unreachable, timed out, or failed the handshake
+            self.task = None
+            log.warning(
+                "cannot reach replica %s of %s: %s",
+                self.replica.replica_id if self.replica is not None else "?",
+                key,
+                exc or type(exc).__name__,
+            )
+            self.upstream_failed(written=False)
+            return
+        self.task = None
+        if self.client.closed:  # the client left while we were connecting
+            conn.close()
+            return
+        self._attach(conn)
+        self.pump()
+        self.client.update_reading()
+
+    def _attach(self, conn: UpstreamConnection) -> None:
+        self.upstream = conn
+        conn.exchange = self
+
+    def pump(self) -> None:
+        """Write what is parsed and not yet sent to the upstream connection, if one is attached.
+
+        The first write carries the head: the request verbatim when it arrived whole and clean
+        (``raw``, with the request id header spliced in after the request line when the proxy
+        made one up), else the head serialized from ``headers`` followed by the body pieces so far.
+        """
+        up = self.upstream
+        if up is None:
+            return
+        if not self.head_sent:
+            self.head_sent = True
+            raw = self.raw
+            if raw is not None:  # the whole request, nothing pending: one write
+                if self.id_line:
+                    line_end = raw.find(b"\n") + 1
+                    up.transport.writelines((raw[:line_end], self.id_line, raw[line_end:]))
+                else:
+                    up.transport.write(raw)
+                return
+            out = [self._head()]
+            out += self.pending
+        elif self.pending:
+            out = self.pending[:]
+        else:
+            return
+        up.transport.writelines(out)
+        self.pending.clear()
+        self.pending_bytes = 0
+
+    def _head(self) -> bytes:
+        """The request line and headers as forwarded; an HTTP/1.0 client keeps its version (so the
+        replica never answers it chunked) and asks the replica for keep-alive explicitly."""
+        version = b" HTTP/1.0\r\n" + _CONNECTION_KEEP_ALIVE if self.http10 else b" HTTP/1.1\r\n"
+        lines = [b"%s %s%s" % (self.method, self.url, version)]
+        lines += [b"%s: %s\r\n" % header for header in self.headers]
+        lines += (self.id_line, _CRLF)
+        return b"".join(lines)
+
+    def take_raw(self, data: bytes) -> None:
+        """``data`` is this whole request, exactly as read: forward it as is when nothing in it
+        needs a change (saves serializing the head and framing the body again)."""
+        # Keep-alive without a Connection header (nothing ``dropped``) means HTTP/1.1: 1.0 needs
+        # the header to keep alive, and httptools refuses versions other than 0.9, 1.0, 1.1, 2.0
+        # (and 0.9 and 2.0 are never keep-alive).
+        if self.keep_alive and not (self.dropped or self.head_sent or self.response_done):
+            self.raw = data
+            self.pending.clear()
+            self.pending_bytes = 0
+
+    # -- response side ---------------------------------------------------------------------------
+
+    def retry_unserved(self) -> None:
+        """The replica answered that it never started the request (it is shutting down): send it
+        to another replica, the whole request being held (``raw``), or answer 503."""
+        failed = self._drop_replica()
+        if self.client.closed:
+            return
+        self.head_sent = False
+        if not self._try_another(failed):
+            self.respond_local(503, b"no replica took the request: they are shutting down")
+
+    def _drop_replica(self) -> Replica | None:
+        """Let go of the upstream connection and the replica's slot; returns that replica."""
+        failed = self.replica
+        self.upstream = None
+        if failed is not None:
+            self.client.state.router.release(failed)
+            self.replica = None
+        return failed
+
+    def _try_another(self, failed: Replica | None) -> bool:
+        """Send the request to a replica other than ``failed``, within
+        :data:`_CONNECT_ATTEMPTS` in all; False when they are used up."""
+        if self.attempts >= _CONNECT_ATTEMPTS:
+            return False
+        self.attempts += 1
+        self.task = asyncio.create_task(self._connect(self.key, avoid=failed))
+        return True
+
+    def upstream_failed(self, *, written: bool) -> None:
+        """The upstream connection failed before any response byte.
+
+        Tried again on another replica only when nothing of the request was ``written`` (the
+        connection or its handshake failed), at most :data:`_CONNECT_ATTEMPTS` times in all;
+        otherwise 502: the replica may have run the request, and running it twice is worse than
+        an error the client can see.
+        """
+        failed = self._drop_replica()
+        if self.client.closed:
+            return
+        if not (written or self.head_sent) and self._try_another(failed):
+            return
+        if written:
+            message = b"the replica closed the connection before answering"
+        else:
+            message = b"no replica could be reached"
+        self.respond_local(502, message, close=True)
+
+    def upstream_lost_mid_response(self) -> None:
+        """The replica died after the response began: the client can only be told by closing."""
+        self.upstream = None
+        self.client.close()
+
+    def response_complete(self, reusable: bool) -> None:
+        conn = self.upstream
+        self.response_done = True
+        if conn is not None:
+            conn.exchange = None
+            self.upstream = None
+            # A connection paused for a slow client, or with request bytes unsent, is not reused.
+            if reusable and self.request_done and not self.client.write_paused:
+                conn.pool.put(conn)
+            else:
+                conn.close()
+        if self.request_done:
+            self._finish()
+
+    def respond_local(
+        self,
+        status: int,
+        body: bytes,
+        *,
+        close: bool = False,
+        content_type: bytes = b"text/plain; charset=utf-8",
+    ) -> None:
+        """Answer without a replica (health, routes, 404, 408, 413, 502, 503, 504...).
+
+        With ``close`` the connection ends after the answer, even if the request body is still
+        arriving; otherwise the rest of the body is read and dropped, and keep-alive goes on.
+        """
+        self.response_started = self.response_done = True
+        self.pending.clear()
+        self.pending_bytes = 0
+        self.client.write(
+            local_response(
+                status, body, content_type=content_type, close=close, request_id=self.request_id
+            )
+        )
+        if self.replica is not None:
+            self.client.state.router.release(self.replica)
+            self.replica = None
+        if self.upstream is not None:
+            self.upstream.exchange = None
+            self.upstream.close()
+            self.upstream = None
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None
+        if close:
+            self.keep_alive = False
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            self.client.close()
+        elif self.request_done:
+            self._finish()
+
+    def _timed_out(self) -> None:
+        self.timer = None
+        if self.response_started:
+            self.abort()
+            self.client.close()
+        else:
+            if self.task is not None:
+                self.task.cancel()
+                self.task = None
+            if self.replica is None:  # still queued for a slot: that is unavailability, 503
+                self.respond_local(503, b"no replica available in time")
+            else:
+                self.respond_local(504, b"request timed out", close=True)
+
+    def client_too_slow(self, what: str) -> None:
+        """The client stalled sending this request (its head or body): 408 and close, which
+        releases the replica slot and drops the upstream connection, so the replica never runs
+        a request it did not receive whole."""
+        if self.response_started:
+            self.abort()
+            self.client.close()
+        else:
+            self.respond_local(408, b"request %s not received in time" % what.encode(), close=True)
+
+    def _finish(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.replica is not None:
+            self.client.state.router.release(self.replica)
+            self.replica = None
+        self.client.exchange_finished(self)
+
+    def abort(self) -> None:
+        """The client left: give back the slot, drop the upstream connection, stop waiting."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None
+        if self.upstream is not None:
+            self.upstream.exchange = None
+            self.upstream.close()
+            self.upstream = None
+        if self.replica is not None:
+            self.client.state.router.release(self.replica)
+            self.replica = None
+        self.response_done = True

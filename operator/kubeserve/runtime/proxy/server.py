@@ -1,0 +1,107 @@
+"""A running proxy: the listening socket, the shared state and the discovery feeding it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from kubeserve.runtime.discovery import Discovery, EndpointSource
+from kubeserve.runtime.limits import RequestLimits
+from kubeserve.runtime.proxy.client import ClientConnection
+from kubeserve.runtime.proxy.state import ProxyState
+
+__all__ = ["ProxyServer", "serve_proxy"]
+
+log = logging.getLogger(__name__)
+
+
+class ProxyServer:
+    """A running proxy: the listening socket, the shared state and the discovery feeding it."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        controller_url: str | None = None,
+        *,
+        secret: bytes,
+        request_timeout_s: float | None = None,
+        keep_alive_timeout_s: float = 90.0,
+        limits: RequestLimits | None = None,
+        source: EndpointSource | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.state = ProxyState(
+            secret=secret,
+            request_timeout_s=request_timeout_s,
+            keep_alive_timeout_s=keep_alive_timeout_s,
+            limits=limits,
+        )
+        if source is None:
+            if controller_url is None:
+                raise ValueError("a proxy needs a controller_url or an endpoint source")
+            source = Discovery(controller_url, self.state.apply, secret=secret)
+        self.source = source
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        """Listen, then wait (briefly) for the first snapshot; ``port=0`` picks a free port."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: ClientConnection(self.state), self.host, self.port, backlog=4096
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.state.sweeper.start()
+        await self.source.start()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        self.state.close()
+        await self.source.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+
+async def serve_proxy(
+    host: str,
+    port: int,
+    controller_url: str | None,
+    *,
+    secret: bytes,
+    request_timeout_s: float | None = None,
+    keep_alive_timeout_s: float = 90,
+    limits: RequestLimits | None = None,
+    kubernetes_namespace: str | None = None,
+    instance: str | None = None,
+) -> None:
+    """Run a proxy until cancelled (``main`` cancels it on SIGTERM/SIGINT).
+
+    Endpoints come from the local controller (``controller_url``) or, in a cluster, from the
+    Kubernetes API (``kubernetes_namespace``; routes of ``instance``'s applications only).
+    """
+    source = None
+    if kubernetes_namespace is not None:
+        from kubeserve.runtime.kube_discovery import KubeDiscovery
+
+        source = KubeDiscovery(kubernetes_namespace, instance)
+    server = ProxyServer(
+        host,
+        port,
+        controller_url,
+        secret=secret,
+        request_timeout_s=request_timeout_s,
+        keep_alive_timeout_s=keep_alive_timeout_s,
+        limits=limits,
+        source=source,
+    )
+    if source is not None:
+        source.on_update = server.state.apply
+    await server.start()
+    log.info("kubeserve proxy listening on %s:%d", host, server.port)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await server.close()

@@ -125,7 +125,8 @@ def limits_from_arguments(args: argparse.Namespace) -> RequestLimits:
 class RequestClock:
     """One connection's deadlines for the request it is receiving, and its one lazy timer.
 
-    Shared by the proxy's client connections and the replica server's connections. Only a read
+    Kept by every :class:`~kubeserve.runtime.http_connection.ServerConnection` (the proxy's client
+    connections and the replica server's). Only a read
     that ends inside a request (:meth:`partial`) looks at the clock: a whole request in one read,
     the fast path, never does. The timer is re-armed for the nearest deadline instead of being
     cancelled and created per request; the connection's ``tick`` callback asks :meth:`overdue`

@@ -22,6 +22,9 @@ connects. The path user code sees is :func:`~kubeserve.control.routes.normalize_
 the proxy routed on. Every response to user traffic carries ``x-request-id`` (the caller's, or a
 new one), and an exception escaping the handler answers a 500 naming only that id.
 
+The connection's life, flow control, limits and timer are those of the proxy's client connections:
+both build on :class:`~kubeserve.runtime.http_connection.ServerConnection`.
+
 The server knows nothing about deployments: :class:`~kubeserve.runtime.replica.Replica` gives it a
 handler ``HttpRequest -> HttpResponse | StreamedResponse`` per channel role. With a secret, every
 connection must pass the :mod:`~kubeserve.runtime.channel` handshake before a byte of it is parsed,
@@ -41,9 +44,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any, cast
-
-import httptools
+from typing import Any
 
 from kubeserve.control.routes import needs_normalizing, normalize_path
 from kubeserve.runtime.channel import (
@@ -54,7 +55,13 @@ from kubeserve.runtime.channel import (
     peer_description,
 )
 from kubeserve.runtime.http1 import REQUEST_ID, new_request_id
-from kubeserve.runtime.limits import RequestClock, RequestLimits
+from kubeserve.runtime.http_connection import (
+    RequestRefused,
+    ServerConnection,
+    body_too_large,
+    head_too_large,
+)
+from kubeserve.runtime.limits import RequestLimits
 
 __all__ = [
     "HttpRequest",
@@ -72,10 +79,6 @@ _CRLF = b"\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _CHUNKED_END = b"0\r\n\r\n"
 _REASONS = {s.value: s.phrase.encode("ascii") for s in HTTPStatus}
-
-
-class _Refused(Exception):
-    """Raised from a parser callback to stop parsing a request the server refuses."""
 
 
 class HttpRequest:
@@ -195,7 +198,7 @@ class ReplicaHttpServer:
         self.secret = secret
         self.keep_alive_timeout_s = keep_alive_timeout_s
         self.limits = limits or RequestLimits()
-        self.connections: set[_Connection] = set()
+        self.connections: set[ServerConnection] = set()
         self.date = _DateHeader()
         # Requests run in copies of the context the server was created in (see _Connection._next).
         self.context = contextvars.copy_context()
@@ -209,7 +212,7 @@ class ReplicaHttpServer:
             conn.close()
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(ServerConnection):
     """One client connection: parses requests, runs the handler, writes responses in order.
 
     ``clock`` (:class:`~kubeserve.runtime.limits.RequestClock`) holds the deadlines of the request
@@ -217,17 +220,11 @@ class _Connection(asyncio.Protocol):
     """
 
     def __init__(self, server: ReplicaHttpServer) -> None:
+        super().__init__(server.limits, server.keep_alive_timeout_s, server.connections)
         self.server = server
-        self.limits = server.limits
-        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connect
         self.handshake: ServerHandshake | None = None
         self.handler = server.handlers[Role.INGRESS]
         self.ingress = True
-        self.parser = httptools.HttpRequestParser(self)
-        self.closed = False
-        self.reading = True
-        self.write_paused = False
-        self.drained: asyncio.Future[None] | None = None
         # The request being parsed, and requests parsed but not yet served (pipelining).
         self.in_message = False
         self.head_done = False
@@ -238,66 +235,30 @@ class _Connection(asyncio.Protocol):
         self.declared = 0  # Content-Length
         self.body: list[bytes] = []
         self.body_size = 0
-        self.read_size = 0
         self.queue: deque[HttpRequest] = deque()
         self.serving: HttpRequest | None = None
         self.task: asyncio.Task[None] | None = None  # a strong reference while a handler waits
-        self.idle_since = 0.0
-        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set on connect
-        self.clock: RequestClock = None  # type: ignore[assignment]  # set on connect
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it: cast, not assert.
-        self.transport = cast(asyncio.Transport, transport)
-        self.server.connections.add(self)
-        # Kept, not looked up per request: on Python 3.11 get_running_loop() costs a getpid().
-        self.loop = asyncio.get_running_loop()
-        self.idle_since = self.loop.time()
+        super().connection_made(transport)
         if self.server.secret is not None:
             self.handshake = ServerHandshake(self.server.secret, self.transport.write)
             self.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_expired)
-        self.clock = RequestClock(self.limits, self.loop, self._tick)
-        self.clock.arm(self.server.keep_alive_timeout_s)
 
     def data_received(self, data: bytes) -> None:
         if self.handshake is not None:
             data = self._authenticate(data)
             if not data:
                 return
-        self.read_size = len(data)
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._reject(501, b"protocol upgrades are not supported")
-            return
-        except httptools.HttpParserError as exc:
-            if isinstance(exc.__context__, _Refused):
-                self._reject(*exc.__context__.args)
-            elif not self.closed:
-                self._reject(400, b"malformed HTTP request")
-            return
         # The read ended inside a request: note it for the timeouts, bound what its head buffers.
-        in_request = self.in_message and not self.closed
-        if in_request and not self.clock.partial(self.head_done, self.read_size):
-            limit = self.limits.max_header_bytes
-            self._reject(431, b"request head larger than %d bytes" % limit)
+        if self.feed(data) and self.in_message and not self.closed:
+            self.note_partial(self.head_done)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.server.connections.discard(self)
         self.queue.clear()
-        if self.clock is not None:
-            self.clock.cancel()
-        self._wake_writer()
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        self._wake_writer()
+        super().connection_lost(exc)
 
     def _authenticate(self, data: bytes) -> bytes:
         """Feed the handshake; the bytes after the caller's proof once it passed, else b""."""
@@ -341,8 +302,7 @@ class _Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-        if len(self.url) > self.limits.max_url_bytes:
-            raise _Refused(414, b"request target longer than %d bytes" % self.limits.max_url_bytes)
+        self.check_url(self.url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # Decoded as aiohttp and the ASGI servers do: UTF-8, undecodable bytes kept as surrogates.
@@ -366,10 +326,10 @@ class _Connection(asyncio.Protocol):
         if self.clock.head_may_be_too_large(self.read_size):
             size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
             if size > limits.max_header_bytes:
-                raise _Refused(431, b"request head larger than %d bytes" % limits.max_header_bytes)
+                raise RequestRefused(431, head_too_large(limits.max_header_bytes))
         cap = limits.max_body_bytes
         if cap is not None and self.declared > cap:  # refused before a byte of the body is read
-            raise _Refused(413, b"request body larger than %d bytes" % cap)
+            raise RequestRefused(413, body_too_large(cap))
         if self.expect:
             self.transport.write(_CONTINUE)  # the client waits for this before the body
 
@@ -377,7 +337,7 @@ class _Connection(asyncio.Protocol):
         self.body_size += len(body)
         cap = self.limits.max_body_bytes
         if cap is not None and self.body_size > cap:  # chunked: the length was not declared
-            raise _Refused(413, b"request body larger than %d bytes" % cap)
+            raise RequestRefused(413, body_too_large(cap))
         self.body.append(body)
 
     def on_message_complete(self) -> None:
@@ -403,9 +363,8 @@ class _Connection(asyncio.Protocol):
         self.queue.append(request)
         if self.serving is None:
             self._next()
-        elif len(self.queue) >= _PIPELINE_LIMIT and self.reading:
-            self.reading = False
-            self.transport.pause_reading()
+        elif len(self.queue) >= _PIPELINE_LIMIT:
+            self.hold_reading(True)
 
     # -- serving ---------------------------------------------------------------------------------
 
@@ -416,8 +375,7 @@ class _Connection(asyncio.Protocol):
         while queue and not self.closed:
             request = self.serving = queue.popleft()
             if not self.reading and len(queue) < _PIPELINE_LIMIT // 2:
-                self.reading = True
-                self.transport.resume_reading()
+                self.hold_reading(False)
             # Handler run eagerly: step the coroutine here; only one that really suspends (awaits
             # I/O or another deployment) becomes a task. A sync or CPU-only handler finishes in
             # this call, which saves creating and scheduling a task per request. Each request
@@ -505,7 +463,7 @@ class _Connection(asyncio.Protocol):
                     else:
                         self.transport.write(chunk)
                     if self.write_paused:  # backpressure: a slow client slows the generator
-                        await self._drain()
+                        await self.drain()
         except Exception:
             self.transport.abort()  # the client must not mistake a cut body for a complete one
             return False
@@ -517,35 +475,23 @@ class _Connection(asyncio.Protocol):
             self.transport.write(_CHUNKED_END)
         return keep_alive
 
-    async def _drain(self) -> None:
-        if self.write_paused and not self.closed:
-            self.drained = asyncio.get_running_loop().create_future()
-            await self.drained
-
-    def _wake_writer(self) -> None:
-        drained, self.drained = self.drained, None
-        if drained is not None and not drained.done():
-            drained.set_result(None)
-
-    def _reject(self, status: int, message: bytes) -> None:
+    def refuse(self, status: int, message: bytes) -> None:
         rid = self.request_id or (new_request_id().decode() if self.ingress else "")
         self._write_head(status, {"content-type": "text/plain; charset=utf-8"}, message, False, rid)
         self.close()
 
     def close(self) -> None:
         if not self.closed:
-            self.closed = True
+            self.closed = True  # at once: no queued request is served after this
             self.transport.close()  # flushes what is buffered, then closes
 
-    def _tick(self) -> None:
+    def refuse_upgrade(self) -> None:
+        self.refuse(501, b"protocol upgrades are not supported")
+
+    def time_left(self, now: float) -> float | None:
         """Keep-alive timeout when idle, head and body timeouts while a request arrives."""
-        clock = self.clock
-        clock.fired()
-        if self.closed:
-            return
-        now = self.loop.time()
         if self.in_message and self.serving is None and not self.queue:
-            remaining, late = clock.overdue(self.head_done, self.reading, now)
+            remaining, late = self.clock.overdue(self.head_done, self.reading, now)
             if remaining <= 0:
                 limits = self.limits
                 log.info(
@@ -554,16 +500,12 @@ class _Connection(asyncio.Protocol):
                     late,
                     limits.header_timeout_s if late == "head" else limits.body_timeout_s,
                 )
-                self._reject(408, b"request %s not received in time" % late.encode())
-                return
-        elif self.serving is None and not self.queue:
-            remaining = self.idle_since + self.server.keep_alive_timeout_s - now
-            if remaining <= 0:
-                self.close()
-                return
-        else:  # serving: the handler's time is not limited here
-            remaining = self.limits.shortest_timeout_s
-        clock.arm(max(remaining, 0.001), now)
+                self.refuse(408, b"request %s not received in time" % late.encode())
+                return None
+            return remaining
+        if self.serving is None and not self.queue:
+            return self.idle_time_left(now)
+        return self.limits.shortest_timeout_s  # serving: the handler's time is not limited here
 
 
 def internal_error(request_id: str, *, close: bool = False) -> HttpResponse:

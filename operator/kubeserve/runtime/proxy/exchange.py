@@ -338,16 +338,7 @@ class Exchange:
                 status, body, content_type=content_type, close=close, request_id=self.request_id
             )
         )
-        if self.replica is not None:
-            self.client.state.router.release(self.replica)
-            self.replica = None
-        if self.upstream is not None:
-            self.upstream.exchange = None
-            self.upstream.close()
-            self.upstream = None
-        if self.task is not None:
-            self.task.cancel()
-            self.task = None
+        self._let_go()
         if close:
             self.keep_alive = False
             if self.timer is not None:
@@ -395,6 +386,12 @@ class Exchange:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        self._let_go()
+        self.response_done = True
+
+    def _let_go(self) -> None:
+        """Stop waiting for a replica, drop the upstream connection (it may hold a half-written
+        request or an unread response: never reused) and give back the replica's slot."""
         if self.task is not None:
             self.task.cancel()
             self.task = None
@@ -405,4 +402,3 @@ class Exchange:
         if self.replica is not None:
             self.client.state.router.release(self.replica)
             self.replica = None
-        self.response_done = True

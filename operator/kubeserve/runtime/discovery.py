@@ -26,7 +26,7 @@ from kubeserve.runtime import channel
 from kubeserve.runtime.http1 import read_response
 from kubeserve.runtime.wire import SNAPSHOT_PATH, Snapshot
 
-__all__ = ["Discovery", "EndpointSource", "SnapshotCallback"]
+__all__ = ["Discovery", "EndpointSource", "SnapshotCallback", "signed_get"]
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +134,7 @@ class Discovery:
         # The poll's own timeout plus slack: the controller holds the request up to poll_timeout_s.
         async with asyncio.timeout(self._poll_timeout_s + 10):
             target = f"{SNAPSHOT_PATH}?{query}"
-            signature = channel.sign_request(self._secret, "GET", target, time.time())
-            status, raw = await _get(self._host, self._port, target, signature)
+            status, raw = await signed_get(self._host, self._port, target, self._secret)
         if status != 200:
             raise RuntimeError(f"controller answered {status}")
         body = json.loads(raw)
@@ -149,8 +148,11 @@ class Discovery:
         return snapshot
 
 
-async def _get(host: str, port: int, target: str, signature: str) -> tuple[int, bytes]:
-    """``GET target`` on a fresh connection: (status, body). Raises OSError when cut short."""
+async def signed_get(host: str, port: int, target: str, secret: bytes) -> tuple[int, bytes]:
+    """``GET target`` on a fresh connection, signed with the data-plane secret (see
+    :func:`kubeserve.runtime.channel.sign_request`): (status, body). Raises OSError when cut
+    short."""
+    signature = channel.sign_request(secret, "GET", target, time.time())
     reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(

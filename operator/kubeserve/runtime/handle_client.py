@@ -50,6 +50,7 @@ from kubeserve.runtime.keepalive import (
     connect,
     pool_for,
 )
+from kubeserve.runtime.load_report import LoadReporter
 from kubeserve.runtime.router import NoReplicaAvailable, Replica, Router
 from kubeserve.runtime.wire import (
     CALL_PREFIX,
@@ -98,6 +99,12 @@ class HandleClient:
                 raise ValueError("a handle client needs a controller_url or an endpoint source")
             source = Discovery(controller_url, self.apply, secret=secret)
         self._source = source
+        #: tells the controller what waits here (local backend; the source is its Discovery)
+        self._load_reporter = (
+            None
+            if controller_url is None
+            else LoadReporter(controller_url, self.router, secret=secret)
+        )
         self._pools: dict[str, _CallPool] = {}
         self._sweeper = PoolSweeper(self._pools)
         self._started = False
@@ -112,11 +119,15 @@ class HandleClient:
     async def start(self) -> None:
         self._started = True
         self._sweeper.start()
+        if self._load_reporter is not None:
+            self._load_reporter.start()
         await self._source.start()
 
     async def close(self) -> None:
         self._started = False
         self._sweeper.stop()
+        if self._load_reporter is not None:
+            await self._load_reporter.close()
         await self._source.close()
         for pool in self._pools.values():
             pool.close()

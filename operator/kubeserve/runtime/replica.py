@@ -34,6 +34,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -145,7 +146,11 @@ class Replica:
         self.config = config
         self.user = user
         self.user_config = config["user_config"]
-        self.ongoing = 0
+        self._ongoing = 0
+        #: the integral of ``ongoing`` over time up to ``_changed_at`` (request-seconds): the
+        #: autoscaler reads its growth to get the mean load between two of its reads
+        self._ongoing_area = 0.0
+        self._changed_at = self._started_at = time.monotonic()
         self.processed = 0
         self.draining = False
         self._http_target = user.method("__call__")
@@ -156,6 +161,20 @@ class Replica:
             "replica": config["replica_id"],
         }
         self._labels = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items())
+
+    @property
+    def ongoing(self) -> int:
+        return self._ongoing
+
+    @ongoing.setter
+    def ongoing(self, value: int) -> None:
+        now = time.monotonic()
+        self._ongoing_area += self._ongoing * (now - self._changed_at)
+        self._changed_at, self._ongoing = now, value
+
+    def ongoing_area(self) -> float:
+        """Request-seconds served so far (the integral of ``ongoing``), up to now."""
+        return self._ongoing_area + self._ongoing * (time.monotonic() - self._changed_at)
 
     async def handle_ingress(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
         """User traffic (a proxy's ``INGRESS`` connection): every path goes to the user's code."""
@@ -316,6 +335,13 @@ class Replica:
             "# HELP kubeserve_replica_ongoing_requests Requests and handle calls in flight.\n"
             "# TYPE kubeserve_replica_ongoing_requests gauge\n"
             f"kubeserve_replica_ongoing_requests{{{labels}}} {self.ongoing}\n"
+            "# HELP kubeserve_replica_ongoing_request_seconds_total Integral of the ongoing "
+            "requests over time.\n"
+            "# TYPE kubeserve_replica_ongoing_request_seconds_total counter\n"
+            f"kubeserve_replica_ongoing_request_seconds_total{{{labels}}} {self.ongoing_area()}\n"
+            "# HELP kubeserve_replica_uptime_seconds Time since the replica started serving.\n"
+            "# TYPE kubeserve_replica_uptime_seconds counter\n"
+            f"kubeserve_replica_uptime_seconds{{{labels}}} {time.monotonic() - self._started_at}\n"
             "# HELP kubeserve_replica_processed_requests_total Requests and handle calls done.\n"
             "# TYPE kubeserve_replica_processed_requests_total counter\n"
             f"kubeserve_replica_processed_requests_total{{{labels}}} {self.processed}\n"

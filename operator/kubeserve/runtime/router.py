@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import random
 from collections import deque
+from collections.abc import Callable
 
 from kubeserve.runtime.wire import DeploymentEndpoints
 
@@ -134,6 +135,9 @@ class Router:
     def __init__(self, *, max_queued: int = DEFAULT_MAX_QUEUED) -> None:
         self._pools: dict[str, _Pool] = {}
         self._max_queued = max_queued
+        #: called with the deployment key when a caller starts waiting on a deployment that has
+        #: no replica at all (scaled to zero): whoever reports load tells the controller at once
+        self.on_starved: Callable[[str], None] | None = None
 
     # -- discovery side ------------------------------------------------------------------------
 
@@ -200,6 +204,8 @@ class Router:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Replica] = loop.create_future()
         pool.waiters.append(waiter)
+        if not pool.replicas and self.on_starved is not None:
+            self.on_starved(key)
         # A bare timer on the future instead of asyncio.wait_for: no extra task per waiter.
         timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, waiter)
         try:
@@ -237,6 +243,10 @@ class Router:
         """How many callers wait for a slot on ``key``."""
         pool = self._pools.get(key)
         return 0 if pool is None else len(pool.waiters)
+
+    def queued_counts(self) -> dict[str, int]:
+        """``{deployment key: callers waiting}`` for every deployment this router knows."""
+        return {key: len(pool.waiters) for key, pool in self._pools.items()}
 
     def replicas(self, key: str) -> list[Replica]:
         pool = self._pools.get(key)

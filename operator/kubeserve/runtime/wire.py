@@ -37,6 +37,10 @@ RECONFIGURE_PATH = "/-/reconfigure"
 METRICS_PATH = "/-/metrics"
 CALL_PREFIX = "/-/call/"
 SNAPSHOT_PATH = "/-/snapshot"
+#: ``GET {controller}/-/load?source=ID&queued=JSON`` (signed like discovery): a caller (proxy,
+#: handle) reports ``{deployment key: requests waiting for a replica}``; the autoscaler adds them
+#: to the replicas' ongoing requests.
+LOAD_PATH = "/-/load"
 
 #: Header of a replica's 503 to a request it never started (it is shutting down): the request
 #: provably did not run, so its caller may send it to another replica. Only such answers are ever
@@ -106,6 +110,22 @@ class ReplicaConfig(TypedDict):
 def deployment_key(app: str, deployment: str) -> str:
     """The one spelling of a deployment's identity across the data plane."""
     return f"{app}#{deployment}"
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """``{metric name: value}`` of a Prometheus exposition with one series per name (a replica's
+    ``/-/metrics``); labels are dropped, comments and unparsable lines skipped."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, value = line.rpartition(" ")
+        name = name_part.partition("{")[0].strip()
+        try:
+            values[name] = float(value)
+        except ValueError:
+            continue
+    return values
 
 
 def encode_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:

@@ -30,6 +30,7 @@ from kubeserve.backends.local.deployment_state import (
     ReplicaContext,
 )
 from kubeserve.control import effective_config
+from kubeserve.control.autoscaling import Direction
 from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status_derivation import AppStatusInfo, BuildView, application_status
 from kubeserve.runtime import runtime_env as runtime_envs
@@ -67,6 +68,8 @@ class ApplicationState:
         self._build_key = ""
         self._build_task: asyncio.Task[None] | None = None
         self._envs: dict[str, PreparedEnv] = {}
+        #: the instance's ``target_capacity`` and its direction, set by the controller each pass
+        self.capacity: tuple[float | None, Direction | None] = (None, None)
 
     # -- desired state ---------------------------------------------------------------------------
     def set_config(self, config: dict[str, Any], deployed_at: float) -> None:
@@ -180,6 +183,9 @@ class ApplicationState:
             known = self.deployments.get(name) or self.retiring.pop(name, None)
             state = known if known is not None else DeploymentState(self.name, name, self._ctx)
             self.deployments[name] = state
+            state.set_capacity(*self.capacity)
+            if not self.config.get("external_scaler_enabled"):
+                state.external_target = None
             state.set_target(
                 effective,
                 effective_config.replica_version(self.config, effective),

@@ -27,6 +27,8 @@ from kubeserve.backends.local import processes
 from kubeserve.backends.local.capacity import Capacity
 from kubeserve.backends.local.private_files import private_dir, write_private
 from kubeserve.control import backoff, effective_config, placement
+from kubeserve.control.autoscaling import Direction
+from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
 from kubeserve.control.status_derivation import DeploymentView, ReplicaStateValue, ReplicaView
 from kubeserve.runtime import channel, wire
 from kubeserve.runtime.limits import RequestLimits
@@ -119,6 +121,14 @@ class DeploymentState:
         self.failure_streak = 0
         self._backoff_until = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
+        #: the instance's ``target_capacity`` and its direction (see :mod:`control.autoscaling`)
+        self.target_capacity: float | None = None
+        self.capacity_direction: Direction | None = None
+        #: owns the target of an autoscaling deployment (``None`` for a fixed count)
+        self.autoscaler: DeploymentAutoscaler | None = None
+        #: the count set through the external scaling API (``external_scaler_enabled``)
+        self.external_target: int | None = None
+        self._reading_metrics = False
 
     # -- desired state ---------------------------------------------------------------------------
     @property
@@ -138,10 +148,95 @@ class DeploymentState:
             self.last_error = self.health_error = ""
         self.config, self.version, self.env = config, version, env
         self.user_config_version = effective_config.user_config_version(config)
+        self._configure_autoscaler()
+
+    def set_capacity(self, target_capacity: float | None, direction: Direction | None) -> None:
+        self.target_capacity, self.capacity_direction = target_capacity, direction
+        self._configure_autoscaler()
+
+    def _configure_autoscaler(self) -> None:
+        raw = self.config.get("autoscaling_config")
+        now = time.time()
+        if not raw:
+            self.autoscaler = None
+        elif self.autoscaler is None:
+            self.autoscaler = DeploymentAutoscaler(
+                raw, now, self.target_capacity, self.capacity_direction
+            )
+        else:
+            self.autoscaler.reconfigure(raw, now, self.target_capacity, self.capacity_direction)
 
     @property
     def target(self) -> int:
-        return effective_config.target_replicas(self.config)
+        if self.autoscaler is not None:
+            return self.autoscaler.target
+        if self.external_target is not None:
+            return self.external_target
+        return effective_config.target_replicas(self.config, self.target_capacity)
+
+    # -- autoscaling -----------------------------------------------------------------------------
+    def running_replicas(self) -> list[ReplicaProcess]:
+        return [r for r in self.replicas.values() if r.state == "RUNNING" and r.healthy]
+
+    def autoscale_due(self, now: float) -> bool:
+        """Whether it is time to read the replicas' load and decide again."""
+        scaler = self.autoscaler
+        return scaler is not None and not self._reading_metrics and now >= scaler.next_read_at
+
+    async def autoscale(self) -> None:
+        """Read every running replica's load, decide, and wake the controller on a change."""
+        scaler = self.autoscaler
+        if scaler is None:
+            return
+        self._reading_metrics = True
+        scaler.next_read_at = time.time() + scaler.config.metrics_interval_s
+        try:
+            running = self.running_replicas()
+            loads = await asyncio.gather(*(self._read_load(r) for r in running))
+            now = time.time()
+            for replica, load in zip(running, loads, strict=True):
+                if load is not None:
+                    scaler.record_replica(replica.replica_id, load, now)
+            scaler.forget_replicas(r.replica_id for r in running)
+            self._decide(now)
+        finally:
+            self._reading_metrics = False
+
+    def record_queued(self, caller_id: str, queued: int) -> None:
+        """A caller's report of requests waiting for this deployment (see
+        :mod:`kubeserve.runtime.load_report`); a request waiting on zero replicas decides now."""
+        scaler = self.autoscaler
+        if scaler is None:
+            return
+        now = time.time()
+        scaler.record_queued(caller_id, queued, now)
+        if queued and not self.running_replicas():
+            self._decide(now)
+
+    def _decide(self, now: float) -> None:
+        assert self.autoscaler is not None
+        before = self.autoscaler.target
+        if self.autoscaler.step(len(self.running_replicas()), now):
+            log.info("%s: %s", self._label, self.autoscaler.decisions[-1].reason)
+            if self.autoscaler.target != before:
+                self._ctx.wake()
+
+    async def _read_load(self, replica: ReplicaProcess) -> ReplicaLoad | None:
+        try:
+            status, body = await self._internal(replica, "GET", wire.METRICS_PATH, b"", 5.0)
+        except (OSError, TimeoutError):
+            return None
+        if status != 200:
+            return None
+        metrics = wire.parse_metrics(body.decode("utf-8", "replace"))
+        try:
+            return ReplicaLoad(
+                ongoing=metrics["kubeserve_replica_ongoing_requests"],
+                ongoing_area=metrics["kubeserve_replica_ongoing_request_seconds_total"],
+                uptime_s=metrics["kubeserve_replica_uptime_seconds"],
+            )
+        except KeyError:
+            return None
 
     # -- observation -----------------------------------------------------------------------------
     def view(self) -> DeploymentView:

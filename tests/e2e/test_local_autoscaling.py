@@ -1,0 +1,137 @@
+"""Autoscaling on one machine: real replicas report their load, the controller scales them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from kubeserve_testing import Kubeserve, http, wait_for
+
+#: reacts within seconds (Ray's defaults wait 30 s up and 10 min down)
+FAST = {
+    "metrics_interval_s": 0.5,
+    "look_back_period_s": 2.0,
+    "upscale_delay_s": 0.0,
+    "downscale_delay_s": 2.0,
+}
+
+
+def slow_app(autoscaling: dict[str, Any], **deployment: Any) -> dict[str, Any]:
+    return {
+        "name": "slow",
+        "route_prefix": "/slow",
+        "import_path": "ks_autoscale_app:slow",
+        "deployments": [{"name": "Slow", "autoscaling_config": autoscaling, **deployment}],
+    }
+
+
+@contextmanager
+def load(url: str, connections: int) -> Iterator[list[int]]:
+    """``connections`` clients sending requests back to back until the block ends."""
+    stop = threading.Event()
+    statuses: list[int] = []
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                statuses.append(http("GET", url, timeout=60)[0])
+            except OSError:
+                statuses.append(0)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(connections)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield statuses
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(70)
+
+
+def deployment_details(ks: Kubeserve, app: str, name: str) -> dict[str, Any]:
+    details = ks.app(app) or {"deployments": {}}
+    return dict(details["deployments"].get(name) or {})
+
+
+def running(ks: Kubeserve, app: str, name: str) -> int:
+    replicas = deployment_details(ks, app, name).get("replicas", [])
+    return sum(1 for r in replicas if r["state"] == "RUNNING")
+
+
+def test_load_scales_replicas_up_then_idle_scales_them_down(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    config = {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 1, **FAST}
+    status, body = ks.put([slow_app(config)])
+    assert status == 200, body
+    ks.wait_app("slow")
+    dep = deployment_details(ks, "slow", "Slow")
+    assert dep["target_num_replicas"] == 1
+    assert dep["autoscaling_detail"]["scaling_status"] == "STABLE"
+
+    with load(f"{ks.proxy}/slow?s=0.5", connections=6) as statuses:
+        wait_for(lambda: running(ks, "slow", "Slow") == 3, 90, what="3 running replicas")
+        dep = deployment_details(ks, "slow", "Slow")
+        assert dep["target_num_replicas"] == 3
+        decisions = dep["autoscaling_detail"]["decisions"]
+        assert decisions[-1]["curr_num_replicas"] == 3
+        assert "Upscaling" in decisions[0]["reason"]
+    assert set(statuses) == {200}
+
+    wait_for(lambda: running(ks, "slow", "Slow") == 1, 90, what="back to 1 replica")
+    dep = deployment_details(ks, "slow", "Slow")
+    assert dep["target_num_replicas"] == 1
+    assert "Downscaling" in dep["autoscaling_detail"]["decisions"][-1]["reason"]
+
+
+def test_num_replicas_auto_reports_rays_defaults(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    app = {
+        "name": "slow",
+        "route_prefix": "/slow",
+        "import_path": "ks_autoscale_app:slow",
+        "deployments": [{"name": "Slow", "num_replicas": "auto"}],
+    }
+    assert ks.put([app])[0] == 200
+    ks.wait_app("slow")
+    config = deployment_details(ks, "slow", "Slow")["deployment_config"]
+    assert config["autoscaling_config"]["max_replicas"] == 100
+    assert config["autoscaling_config"]["min_replicas"] == 1
+    assert config["autoscaling_config"]["target_ongoing_requests"] == 2
+
+
+def test_handle_call_to_a_deployment_scaled_to_zero_starts_a_replica(
+    clean_kubeserve: Kubeserve,
+) -> None:
+    ks = clean_kubeserve
+    app = {
+        "name": "front",
+        "route_prefix": "/front",
+        "import_path": "ks_autoscale_app:front",
+        "deployments": [
+            {
+                "name": "Slow",
+                "autoscaling_config": {
+                    "min_replicas": 0,
+                    "max_replicas": 2,
+                    **FAST,
+                    "downscale_to_zero_delay_s": 2.0,
+                },
+            }
+        ],
+    }
+    assert ks.put([app])[0] == 200
+    ks.wait_app("front")
+    assert running(ks, "front", "Slow") == 0
+    assert deployment_details(ks, "front", "Slow")["target_num_replicas"] == 0
+
+    status, answer = http("GET", f"{ks.proxy}/front", timeout=60)
+    assert status == 200, answer
+    assert answer["backend_pid"]
+    decisions = deployment_details(ks, "front", "Slow")["autoscaling_detail"]["decisions"]
+    assert decisions[0]["prev_num_replicas"] == 0 and decisions[0]["curr_num_replicas"] == 1
+
+    wait_for(lambda: running(ks, "front", "Slow") == 0, 60, what="scale back to zero")
+    assert deployment_details(ks, "front", "Slow")["target_num_replicas"] == 0

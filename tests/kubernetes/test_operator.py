@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 from typing import Any
 
 from k8s_control_plane import ControlPlane
@@ -295,3 +297,43 @@ def test_a_spec_the_renderer_refuses_is_deploy_failed_with_its_message(
     assert "pip cannot be honoured on Kubernetes" in event["message"]
     jobs = plane.get("jobs", namespace=namespace)["items"]
     assert not [j for j in jobs if j["metadata"]["name"].startswith("pip-")]  # nothing was built
+
+
+def test_autoscaling_sets_the_deployments_replicas_from_replica_load(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    """No HPA or metrics server: the operator reads the replicas' load and sets replicas."""
+    plane = control_plane
+    autoscaling = {
+        "minReplicas": 1,
+        "maxReplicas": 2,
+        "targetOngoingRequests": 1,
+        "metricsIntervalS": 0.5,
+        "lookBackPeriodS": 2,
+        "upscaleDelayS": 0,
+        "downscaleDelayS": 2,
+    }
+    url = deploy_probe(plane, operator, namespace, autoscalingConfig=autoscaling)
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                http("GET", f"{url}/probe/slow?s=0.5", timeout=60)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: len(replica_pods(plane, namespace)) == 2, 120, what="2 ready replicas")
+        entry = plane.get("serveapplication", "probe", namespace)["status"]["deployments"]["Probe"]
+        assert entry["targetReplicas"] == 2
+        assert "Upscaling from 1 to 2" in entry["lastScalingDecision"]["reason"]
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(70)
+    wait_for(lambda: len(replica_pods(plane, namespace)) == 1, 120, what="back to 1 replica")
+    entry = plane.get("serveapplication", "probe", namespace)["status"]["deployments"]["Probe"]
+    assert entry["targetReplicas"] == 1
+    assert "Downscaling from 2 to 1" in entry["lastScalingDecision"]["reason"]

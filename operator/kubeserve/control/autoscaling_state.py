@@ -39,6 +39,18 @@ class ReplicaLoad:
     #: ``kubeserve_replica_uptime_seconds``
     uptime_s: float
 
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, float]) -> ReplicaLoad | None:
+        """From a replica's metrics by name; ``None`` when one is missing."""
+        try:
+            return cls(
+                ongoing=metrics["kubeserve_replica_ongoing_requests"],
+                ongoing_area=metrics["kubeserve_replica_ongoing_request_seconds_total"],
+                uptime_s=metrics["kubeserve_replica_uptime_seconds"],
+            )
+        except KeyError:
+            return None
+
 
 @dataclass(frozen=True)
 class ScalingRecord:

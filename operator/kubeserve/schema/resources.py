@@ -319,6 +319,15 @@ class Condition(CRModel):
     observed_generation: NonNegativeInt | None = None
 
 
+class ScalingDecisionEntry(CRModel):
+    """The autoscaler's last change of a deployment's target (Ray's ``ScalingDecision``)."""
+
+    timestamp_s: float
+    reason: str = ""
+    prev_num_replicas: NonNegativeInt = 0
+    curr_num_replicas: NonNegativeInt = 0
+
+
 class DeploymentStatusEntry(CRModel):
     """One serve deployment of an application: Ray's status values plus replica counts."""
 
@@ -332,6 +341,8 @@ class DeploymentStatusEntry(CRModel):
     #: and the cap on requests in flight per replica
     service: str | None = None
     max_ongoing_requests: PositiveInt | None = None
+    #: of an autoscaling deployment: why its target last changed
+    last_scaling_decision: ScalingDecisionEntry | None = None
 
 
 class ServeApplicationStatus(CRModel):

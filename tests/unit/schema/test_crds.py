@@ -318,6 +318,7 @@ def test_status_schemas_keep_the_operator_framework_state() -> None:
         "targetReplicas",
         "service",
         "maxOngoingRequests",
+        "lastScalingDecision",
     }
     assert app_status["ingressDeployment"]["type"] == "string"
 

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kubeserve.backends.kubernetes import names, render
+from kubeserve.backends.kubernetes.autoscaling import Autoscalers
 from kubeserve.backends.kubernetes.cluster import Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.reports import (
@@ -59,9 +60,12 @@ class ApplicationReconciler:
     reconciler.
     """
 
-    def __init__(self, cluster: Cluster, data_plane: DataPlane) -> None:
+    def __init__(
+        self, cluster: Cluster, data_plane: DataPlane, autoscalers: Autoscalers | None = None
+    ) -> None:
         self._cluster = cluster
         self._data_plane = data_plane
+        self._autoscalers = autoscalers or Autoscalers(on_decided=data_plane.on_pushed)
         #: namespace/application/deployment/version keys that reached HEALTHY once
         self._healthy_versions: set[str] = set()
 
@@ -128,7 +132,9 @@ class ApplicationReconciler:
             effective = effective_config.effective_deployment_config(
                 name, node.get("options", {}), overrides.get(name)
             )
-            deployment = render.deployment_view(app_config, effective)
+            scaling_key = f"{app.namespace}/{app.cr_name}/{name}"
+            replicas = self._autoscalers.target(scaling_key, effective)
+            deployment = render.deployment_view(app_config, effective, replicas)
             workload = render.render_replica_workload(instance, app, deployment)
             service = render.render_replica_service(instance, app, deployment)
             await cluster.apply(workload)
@@ -143,6 +149,7 @@ class ApplicationReconciler:
                 "Pod", app.namespace, dict(workload["spec"]["selector"]["matchLabels"])
             )
             await self._data_plane.push_user_config(pods, effective, secret, instance.uid)
+            self._autoscalers.observe(scaling_key, pods, secret)
             healthy_key = f"{app.namespace}/{app.cr_name}/{name}/{deployment.version}"
             view = deployment_view_from_pods(
                 pods,
@@ -150,11 +157,15 @@ class ApplicationReconciler:
                 deployment.version,
                 self._data_plane.user_configs,
                 healthy_key in self._healthy_versions,
+                deployment.target_replicas,
             )
             if deployment_status(view).status == "HEALTHY":
                 self._healthy_versions.add(healthy_key)
             observed[name] = ObservedDeployment(
-                view, service["metadata"]["name"], int(effective["max_ongoing_requests"])
+                view,
+                service["metadata"]["name"],
+                int(effective["max_ongoing_requests"]),
+                self._autoscalers.last_decision(scaling_key),
             )
         await _delete_stale_children(cluster, app, wanted)
         return observed

@@ -32,7 +32,12 @@ from kubeserve.control.details import (
     controller_process,
 )
 from kubeserve.schema.config import ServeDeploySchema
-from kubeserve.schema.resources import DEFAULT_INSTANCE, ServeApplicationSpec, ServeInstanceSpec
+from kubeserve.schema.resources import (
+    DEFAULT_INSTANCE,
+    ScalingDecisionEntry,
+    ServeApplicationSpec,
+    ServeInstanceSpec,
+)
 
 __all__ = [
     "DEPLOYED_AT_ANNOTATION",
@@ -231,20 +236,40 @@ def _deployments(
         labels = names.selector_labels(
             names.COMPONENT_REPLICA, application=obj["metadata"]["name"], deployment=name
         )
+        replicas = [_replica(pod) for pod in view.objects("Pod", labels)]
+        target = int(status.get("targetReplicas", effective_config.target_replicas(effective)))
         deployments.append(
             DeploymentDetailsView(
                 name=name,
                 config=effective,
-                target_replicas=int(
-                    status.get("targetReplicas", effective_config.target_replicas(effective))
-                ),
-                replicas=[_replica(pod) for pod in view.objects("Pod", labels)],
+                target_replicas=target,
+                replicas=replicas,
                 status=status.get("status", "UPDATING"),
                 status_trigger=status.get("statusTrigger", "CONFIG_UPDATE_STARTED"),
                 message=str(status.get("message") or ""),
+                autoscaling=_autoscaling(effective, status, target, replicas),
             )
         )
     return deployments
+
+
+def _autoscaling(
+    effective: Mapping[str, Any],
+    status: Mapping[str, Any],
+    target: int,
+    replicas: list[ReplicaProcessView],
+) -> dict[str, Any] | None:
+    """Ray's ``DeploymentAutoscalingDetail`` of an autoscaling deployment, from its status."""
+    if not effective.get("autoscaling_config"):
+        return None
+    running = sum(1 for r in replicas if r.state == "RUNNING")
+    scaling = "UPSCALING" if target > running else "DOWNSCALING" if target < running else "STABLE"
+    last = status.get("lastScalingDecision")
+    decisions = []
+    if last:
+        entry = ScalingDecisionEntry.model_validate(last)
+        decisions.append({**entry.model_dump(), "policy": "default_autoscaling_policy"})
+    return {"scaling_status": scaling, "decisions": decisions}
 
 
 def _replica(pod: Obj) -> ReplicaProcessView:

@@ -64,6 +64,8 @@ class ObservedDeployment:
     view: DeploymentView
     service: str
     max_ongoing_requests: int
+    #: an autoscaling deployment's last change of target (Ray's ``ScalingDecision`` fields)
+    last_scaling_decision: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,11 @@ def _deployment_entry(
         "target_replicas": observed.view.target_replicas,
         "service": observed.service,
         "max_ongoing_requests": observed.max_ongoing_requests,
+        **(
+            {}
+            if observed.last_scaling_decision is None
+            else {"last_scaling_decision": dict(observed.last_scaling_decision)}
+        ),
     }
 
 
@@ -283,6 +290,7 @@ def deployment_view_from_pods(
     version: str,
     user_configs: Mapping[str, str],
     ever_healthy: bool = False,
+    target_replicas: int | None = None,
 ) -> DeploymentView:
     """What the pods of one deployment are doing, as the backend-neutral status rules read it.
 
@@ -315,7 +323,9 @@ def deployment_view_from_pods(
             )
         )
     return DeploymentView(
-        target_replicas=effective_config.target_replicas(config),
+        target_replicas=(
+            effective_config.target_replicas(config) if target_replicas is None else target_replicas
+        ),
         replicas=replicas,
         startup_failures=restarts if not any(r.state == "RUNNING" for r in replicas) else 0,
         ever_healthy=ever_healthy,

@@ -228,15 +228,7 @@ class DeploymentState:
             return None
         if status != 200:
             return None
-        metrics = wire.parse_metrics(body.decode("utf-8", "replace"))
-        try:
-            return ReplicaLoad(
-                ongoing=metrics["kubeserve_replica_ongoing_requests"],
-                ongoing_area=metrics["kubeserve_replica_ongoing_request_seconds_total"],
-                uptime_s=metrics["kubeserve_replica_uptime_seconds"],
-            )
-        except KeyError:
-            return None
+        return ReplicaLoad.from_metrics(wire.parse_metrics(body.decode("utf-8", "replace")))
 
     # -- observation -----------------------------------------------------------------------------
     def view(self) -> DeploymentView:

@@ -135,3 +135,47 @@ def test_handle_call_to_a_deployment_scaled_to_zero_starts_a_replica(
 
     wait_for(lambda: running(ks, "front", "Slow") == 0, 60, what="scale back to zero")
     assert deployment_details(ks, "front", "Slow")["target_num_replicas"] == 0
+
+
+def scale(ks: Kubeserve, app: str, deployment: str, body: Any) -> tuple[int, Any]:
+    url = f"{ks.api}/api/v1/applications/{app}/deployments/{deployment}/scale"
+    return http("POST", url, body, headers=ks.headers)
+
+
+def test_external_scaler_sets_the_replica_count(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    app = {
+        "name": "slow",
+        "route_prefix": "/slow",
+        "import_path": "ks_autoscale_app:slow",
+        "external_scaler_enabled": True,
+    }
+    assert ks.put([app])[0] == 200
+    ks.wait_app("slow")
+    status, body = scale(ks, "slow", "Slow", {"target_num_replicas": 3})
+    assert (status, body) == (
+        200,
+        {"message": "Scaling request received. Deployment will get scaled asynchronously."},
+    )
+    wait_for(lambda: running(ks, "slow", "Slow") == 3, 60, what="3 replicas")
+    assert deployment_details(ks, "slow", "Slow")["target_num_replicas"] == 3
+    assert scale(ks, "slow", "Slow", {"target_num_replicas": 0})[0] == 200
+    wait_for(lambda: running(ks, "slow", "Slow") == 0, 60, what="no replicas")
+
+    assert scale(ks, "slow", "Nope", {"target_num_replicas": 1})[0] == 404
+    assert scale(ks, "nope", "Slow", {"target_num_replicas": 1})[0] == 404
+    status, body = scale(ks, "slow", "Slow", {"target_num_replicas": -1})
+    assert status == 400 and body["details"][0]["loc"] == ["target_num_replicas"]
+    assert scale(ks, "slow", "Slow", {"replicas": 1})[0] == 400
+
+
+def test_external_scaling_of_an_app_that_did_not_opt_in_is_412(
+    clean_kubeserve: Kubeserve,
+) -> None:
+    ks = clean_kubeserve
+    app = {"name": "slow", "route_prefix": "/slow", "import_path": "ks_autoscale_app:slow"}
+    assert ks.put([app])[0] == 200
+    ks.wait_app("slow")
+    status, body = scale(ks, "slow", "Slow", {"target_num_replicas": 2})
+    assert status == 412
+    assert "external_scaler_enabled" in body["error"]

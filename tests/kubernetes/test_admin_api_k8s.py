@@ -380,3 +380,34 @@ def test_callers_need_a_token_and_the_rbac_rights_of_their_request(
     assert viewer.details()["applications"]["probe"]["deployed_app_config"] == PROBE
     assert deployer.http("DELETE", applications)[0] == 200
     wait_for(lambda: remaining(plane, namespace) == "", 90, interval_s=0.5, what="all gone")
+
+
+def test_external_scaler_sets_the_deployments_replicas(
+    control_plane: ControlPlane,
+    operator: OperatorProcess,
+    namespace: str,
+) -> None:
+    plane, api = control_plane, AdminApi(operator)
+    app = {"name": "probe", "route_prefix": "/probe", "import_path": "e2e_probe:app"}
+    scale = f"{api.url}/api/v1/applications/probe/deployments/Probe/scale"
+    assert api.put([app])[0] == 200
+    wait_for(lambda: (api.details()["applications"].get("probe") or {}).get("status") == "RUNNING")
+    status, body = api.http("POST", scale, {"target_num_replicas": 2})
+    assert status == 412 and "external_scaler_enabled" in body["error"], body
+
+    assert api.put([{**app, "external_scaler_enabled": True}])[0] == 200
+    assert api.http("POST", scale, {"target_num_replicas": 2})[0] == 200
+
+    def replicas() -> int:
+        deployment = api.details()["applications"]["probe"]["deployments"]["Probe"]
+        running = [r for r in deployment["replicas"] if r["state"] == "RUNNING"]
+        return len(running) if deployment["target_num_replicas"] == 2 else 0
+
+    wait_for(lambda: replicas() == 2, 120, what="2 running replicas")
+    workload = plane.get(
+        "deployments", namespace=namespace, selector="app.kubernetes.io/component=replica"
+    )
+    assert [d["spec"]["replicas"] for d in workload["items"]] == [2]
+    missing = f"{api.url}/api/v1/applications/probe/deployments/Nope/scale"
+    assert api.http("POST", missing, {"target_num_replicas": 1})[0] == 404
+    assert api.http("DELETE", f"{api.url}/api/serve/applications/")[0] == 200

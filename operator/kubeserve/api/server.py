@@ -22,6 +22,7 @@ from kubeserve.backends.protocol import Backend, ConflictError, NotFoundError
 from kubeserve.control.details import details_body, single_app_status
 from kubeserve.schema.body import decode_json_body, parse_body
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
+from kubeserve.schema.scaling import ScaleDeploymentRequest, ScaleDeploymentResponse
 from kubeserve.schema.status import APIType, ServeInstanceDetails, ServeStatusSchema
 
 #: The Ray version kubeserve's admin API is compatible with (the ``serve`` client checks it).
@@ -95,10 +96,10 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def _json_body(request: web.Request) -> Any:
-    """The decoded JSON body of a PUT, or a 400/413/415 that says what is wrong."""
+    """The decoded JSON body of a PUT or POST, or a 400/413/415 that says what is wrong."""
     if request.content_type != "application/json":
         raise UnsupportedMediaType(
-            f"PUT bodies must be JSON: send 'Content-Type: application/json' "
+            f"{request.method} bodies must be JSON: send 'Content-Type: application/json' "
             f"(got {request.content_type!r})"
         )
     raw = await request.read()
@@ -181,6 +182,15 @@ async def get_single_app(request: web.Request) -> web.Response:
     if app.deployed_app_config is None:
         raise NotFoundError(f"the application {app.name!r} has no valid config")
     return web.json_response(app.deployed_app_config.as_given())
+
+
+async def scale_deployment(request: web.Request) -> web.Response:
+    """Ray 2.60's external scaling endpoint: answered once the count is stored; the replicas
+    follow asynchronously."""
+    body = parse_body(ScaleDeploymentRequest, await _json_body(request))
+    app, deployment = request.match_info["application"], request.match_info["deployment"]
+    await _backend(request).scale_deployment(app, deployment, body.target_num_replicas)
+    return web.json_response(ScaleDeploymentResponse().model_dump())
 
 
 async def get_single_app_status(request: web.Request) -> web.Response:
@@ -268,6 +278,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         "DELETE", "/api/serve/deployments/", delete_all, "Shut everything down", errors=(503,)
+    ),
+    Endpoint(
+        "POST",
+        "/api/v1/applications/{application}/deployments/{deployment}/scale",
+        scale_deployment,
+        "Set a deployment's replica count (applications with external_scaler_enabled)",
+        request=ScaleDeploymentRequest,
+        response=ScaleDeploymentResponse,
+        errors=(404, 412, 503),
     ),
     Endpoint(
         "GET",

@@ -95,6 +95,11 @@ def test_each_request_needs_the_rights_its_handler_uses() -> None:
         ("delete", "serveapplications"),
     }
     assert set(required_access("PUT", "/api/serve/deployments/") or ()) == put
+    scale = required_access("POST", "/api/v1/applications/My%20App/deployments/D/scale")
+    assert {(a.verb, a.resource) for a in scale or ()} == {
+        ("list", "serveapplications"),
+        ("patch", "serveapplications"),
+    }
     assert {(a.verb, a.resource) for a in required_access("DELETE", "/api/serve/deployments/")} == {
         ("delete", "serveinstances"),
         ("list", "serveapplications"),

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kubeserve.backends.kubernetes import names, render
-from kubeserve.backends.kubernetes.autoscaling import Autoscalers
+from kubeserve.backends.kubernetes.autoscaling import Autoscalers, external_replicas
 from kubeserve.backends.kubernetes.cluster import Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.reports import (
@@ -104,8 +104,9 @@ class ApplicationReconciler:
         error = graph.error or _override_error(graph, app_config)
         if error is not None:
             return ApplicationReport(application_status(BuildView("failed", error), {}))
+        external = external_replicas(obj) if app_config.get("external_scaler_enabled") else {}
         deployments = await self._reconcile_deployments(
-            instance_view, app_view, app_config, graph, secret
+            instance_view, app_view, app_config, graph, secret, external
         )
         ingress = str(graph.body["ingress"])
         route_prefix = app_route_prefix(app_config, _node(graph, ingress).get("options", {}))
@@ -122,7 +123,9 @@ class ApplicationReconciler:
         app_config: dict[str, Any],
         graph: Graph,
         secret: bytes,
+        external: dict[str, int],
     ) -> dict[str, ObservedDeployment]:
+        """``external``: the counts set through the external scaling API, by deployment."""
         cluster = self._cluster
         overrides = {d["name"]: d for d in app_config.get("deployments", [])}
         observed: dict[str, ObservedDeployment] = {}
@@ -134,6 +137,8 @@ class ApplicationReconciler:
             )
             scaling_key = f"{app.namespace}/{app.cr_name}/{name}"
             replicas = self._autoscalers.target(scaling_key, effective)
+            if replicas is None:
+                replicas = external.get(name)
             deployment = render.deployment_view(app_config, effective, replicas)
             workload = render.render_replica_workload(instance, app, deployment)
             service = render.render_replica_service(instance, app, deployment)

@@ -15,13 +15,14 @@ due, so the next reconcile pass renders or reads again.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubeserve.backends.kubernetes import render
+from kubeserve.backends.kubernetes import names, render
 from kubeserve.backends.kubernetes.pods import pod_ready
 from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
 from kubeserve.runtime import channel, wire
@@ -101,6 +102,19 @@ class Autoscalers:
             self.on_decided()
         loop = asyncio.get_running_loop()
         loop.call_later(max(0.0, scaler.next_read_at - time.time()), self.on_decided)
+
+
+def external_replicas(obj: dict[str, Any]) -> dict[str, int]:
+    """The counts the external scaling API set on a ``ServeApplication`` (see
+    :data:`~.names.EXTERNAL_REPLICAS_ANNOTATION`); unreadable values are ignored."""
+    raw = (obj["metadata"].get("annotations") or {}).get(names.EXTERNAL_REPLICAS_ANNOTATION)
+    try:
+        counts = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    if not isinstance(counts, dict):
+        return {}
+    return {str(k): v for k, v in counts.items() if isinstance(v, int) and v >= 0}
 
 
 async def _read_load(ip: str, secret: bytes) -> ReplicaLoad | None:

@@ -33,6 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from kubeserve.backends.kubernetes import names
+from kubeserve.backends.kubernetes.autoscaling import external_replicas
 from kubeserve.backends.kubernetes.cache import ClusterCache
 from kubeserve.backends.kubernetes.details import (
     DEPLOYED_AT_ANNOTATION,
@@ -42,9 +43,15 @@ from kubeserve.backends.kubernetes.details import (
     instance_options,
     instance_view,
 )
-from kubeserve.backends.protocol import ConflictError, RejectedError, UnavailableError
+from kubeserve.backends.protocol import (
+    ConflictError,
+    NotFoundError,
+    PreconditionFailedError,
+    RejectedError,
+    UnavailableError,
+)
 from kubeserve.control.details import instance_details
-from kubeserve.control.instance import immutable_option_conflict
+from kubeserve.control.instance import external_scaler_disabled, immutable_option_conflict
 from kubeserve.runtime.kube import Kube, KubeConflict, KubeError, path
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
 from kubeserve.schema.resources import (
@@ -187,6 +194,25 @@ class KubernetesBackend:
             configmap=lambda name: self.cache.get("ConfigMap", namespace, name),
         )
         return instance_details(instance_view(view, self.controller))
+
+    async def scale_deployment(self, app: str, deployment: str, target_num_replicas: int) -> None:
+        """Stored in the application's :data:`~.names.EXTERNAL_REPLICAS_ANNOTATION`; the operator
+        sets the Deployment's replicas from it."""
+        async with _kube_errors():
+            current = next((o for o in await self._applications() if app_name(o) == app), None)
+            if current is None:
+                raise NotFoundError("Application or Deployment not found")
+            if not (current.get("spec") or {}).get("externalScalerEnabled"):
+                raise PreconditionFailedError(external_scaler_disabled(app, deployment))
+            built = ((current.get("status") or {}).get("deployments") or {}).keys()
+            if deployment not in built:
+                raise NotFoundError("Application or Deployment not found")
+            key = names.EXTERNAL_REPLICAS_ANNOTATION
+            counts = external_replicas(current)
+            counts[deployment] = target_num_replicas
+            wanted = {key: json.dumps(counts, sort_keys=True)}
+            ops = _annotation_ops(current, wanted, (key,))
+            await self._json_patch("ServeApplication", current["metadata"]["name"], ops)
 
     def internal_routes(self) -> list[web.RouteDef]:
         """None: in a cluster the data plane discovers through the Kubernetes API."""

@@ -34,6 +34,7 @@ __all__ = [
     "DATA_PLANE_SECRET_KEY",
     "DEPLOYMENT_LABEL",
     "DEPLOYMENT_NAME_ANNOTATION",
+    "EXTERNAL_REPLICAS_ANNOTATION",
     "INSTANCE_LABEL",
     "MANAGED_BY_LABEL",
     "MAX_NAME_LENGTH",
@@ -80,6 +81,10 @@ VERSION_ANNOTATION = "kubeserve.io/replica-version"
 #: The exact (unshortened) Ray application and deployment names, for people and tools.
 APPLICATION_NAME_ANNOTATION = "kubeserve.io/application-name"
 DEPLOYMENT_NAME_ANNOTATION = "kubeserve.io/deployment-name"
+#: On a ``ServeApplication``: JSON ``{deployment: replicas}`` set through the external scaling
+#: API (``external_scaler_enabled``); the operator renders those counts. Not part of the spec, so
+#: a PUT of the same config keeps them, as Ray keeps an externally set count.
+EXTERNAL_REPLICAS_ANNOTATION = "kubeserve.io/external-target-replicas"
 
 #: The key of the data-plane Secret (:func:`dataplane_secret_name`) holding the secret (hex).
 DATA_PLANE_SECRET_KEY = "secret"

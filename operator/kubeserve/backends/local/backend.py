@@ -13,9 +13,9 @@ from kubeserve.backends.local.controller import Controller, LocalSettings
 from kubeserve.backends.local.details import instance_view
 from kubeserve.backends.local.state_lock import StateDirLock
 from kubeserve.backends.local.store import Store
-from kubeserve.backends.protocol import ConflictError
+from kubeserve.backends.protocol import ConflictError, NotFoundError, PreconditionFailedError
 from kubeserve.control.details import instance_details
-from kubeserve.control.instance import immutable_option_conflict
+from kubeserve.control.instance import external_scaler_disabled, immutable_option_conflict
 from kubeserve.runtime import channel, wire
 from kubeserve.schema.status import ServeInstanceDetails
 
@@ -73,6 +73,21 @@ class LocalBackend:
 
     async def instance_details(self) -> ServeInstanceDetails:
         return instance_details(instance_view(self.controller, self.store.load()))
+
+    async def scale_deployment(self, app: str, deployment: str, target_num_replicas: int) -> None:
+        """Held in the controller's memory: a restarted ``kubeserve start`` runs the configured
+        count again until the external scaler sets it anew."""
+        desired = self.store.load()
+        stored = next((a for a in desired.applications if a.name == app), None) if desired else None
+        if stored is None:
+            raise NotFoundError("Application or Deployment not found")
+        if not stored.config.get("external_scaler_enabled"):
+            raise PreconditionFailedError(external_scaler_disabled(app, deployment))
+        state = self.controller.deployment(app, deployment)
+        if state is None:
+            raise NotFoundError("Application or Deployment not found")
+        state.external_target = target_num_replicas
+        self.controller.wake()
 
     def internal_routes(self) -> list[web.RouteDef]:
         return [web.get(wire.SNAPSHOT_PATH, self._snapshot), web.get(wire.LOAD_PATH, self._load)]

@@ -179,3 +179,25 @@ def test_external_scaling_of_an_app_that_did_not_opt_in_is_412(
     status, body = scale(ks, "slow", "Slow", {"target_num_replicas": 2})
     assert status == 412
     assert "external_scaler_enabled" in body["error"]
+
+
+def test_target_capacity_scales_every_deployment_by_its_percentage(
+    clean_kubeserve: Kubeserve,
+) -> None:
+    ks = clean_kubeserve
+    fixed = {
+        "name": "slow",
+        "route_prefix": "/slow",
+        "import_path": "ks_autoscale_app:slow",
+        "deployments": [{"name": "Slow", "num_replicas": 4}],
+    }
+    assert ks.put([fixed], target_capacity=50)[0] == 200
+    ks.wait_app("slow")
+    assert running(ks, "slow", "Slow") == 2
+    assert deployment_details(ks, "slow", "Slow")["target_num_replicas"] == 2
+    assert ks.details()["target_capacity"] == 50
+
+    assert ks.put([fixed], target_capacity=0)[0] == 200
+    wait_for(lambda: running(ks, "slow", "Slow") == 0, 60, what="no replicas at 0%")
+    assert ks.put([fixed])[0] == 200
+    wait_for(lambda: running(ks, "slow", "Slow") == 4, 60, what="4 replicas without a capacity")

@@ -411,3 +411,28 @@ def test_external_scaler_sets_the_deployments_replicas(
     missing = f"{api.url}/api/v1/applications/probe/deployments/Nope/scale"
     assert api.http("POST", missing, {"target_num_replicas": 1})[0] == 404
     assert api.http("DELETE", f"{api.url}/api/serve/applications/")[0] == 200
+
+
+def test_target_capacity_scales_the_deployments(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    plane, api = control_plane, AdminApi(operator)
+    app = {
+        "name": "probe",
+        "route_prefix": "/probe",
+        "import_path": "e2e_probe:app",
+        "deployments": [{"name": "Probe", "num_replicas": 3}],
+    }
+    body = {**config([app]), "target_capacity": 34}
+    assert api.http("PUT", f"{api.url}/api/serve/applications/", body)[0] == 200
+    selector = "app.kubernetes.io/component=replica"
+
+    def replicas() -> list[int]:
+        workloads = plane.get("deployments", namespace=namespace, selector=selector)["items"]
+        return [d["spec"]["replicas"] for d in workloads]
+
+    wait_for(lambda: replicas() == [1], 60, what="3 replicas at 34% = 1")
+    assert api.details()["target_capacity"] == 34
+    assert api.put([app])[0] == 200
+    wait_for(lambda: replicas() == [3], 60, what="3 replicas without a capacity")
+    assert api.http("DELETE", f"{api.url}/api/serve/applications/")[0] == 200

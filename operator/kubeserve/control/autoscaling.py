@@ -22,7 +22,7 @@ deployment) and the current target; nothing here reads a clock or does I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Literal
@@ -31,6 +31,7 @@ __all__ = [
     "AUTOSCALING_DEFAULTS",
     "AUTO_NUM_REPLICAS_DEFAULTS",
     "AutoscalingConfig",
+    "CapacityTracker",
     "Decision",
     "Direction",
     "PolicyState",
@@ -164,6 +165,32 @@ def target_capacity_direction(
             return "DOWN"
         return "UP"
     return "UP" if new_capacity is not None else None
+
+
+class CapacityTracker:
+    """Remembers the last config's applications and ``target_capacity`` to tell the direction of
+    the next (:func:`target_capacity_direction`); one per serving layer."""
+
+    def __init__(self) -> None:
+        self._seen: tuple[frozenset[str] | None, float | None] = (None, None)
+        self._direction: Direction | None = None
+
+    def update(
+        self, apps: Iterable[str], capacity: float | None
+    ) -> tuple[float | None, Direction | None]:
+        """The capacity to apply and its direction, for a config of ``apps`` with ``capacity``."""
+        seen = (frozenset(apps), capacity)
+        if seen != self._seen:
+            previous_apps, previous_capacity = self._seen
+            self._direction = target_capacity_direction(
+                None if previous_apps is None else set(previous_apps),
+                previous_capacity,
+                set(seen[0]),
+                capacity,
+                self._direction,
+            )
+            self._seen = seen
+        return capacity, self._direction
 
 
 def bounds(

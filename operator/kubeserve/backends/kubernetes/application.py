@@ -32,10 +32,11 @@ from kubeserve.backends.kubernetes.reports import (
     deployment_view_from_pods,
 )
 from kubeserve.control import effective_config
+from kubeserve.control.autoscaling import Direction
 from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status_derivation import BuildView, application_status, deployment_status
 from kubeserve.schema.errors import validation_details
-from kubeserve.schema.resources import ServeApplicationSpec
+from kubeserve.schema.resources import DEFAULT_INSTANCE, ServeApplicationSpec
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,13 @@ class ApplicationReconciler:
         if error is not None:
             return ApplicationReport(application_status(BuildView("failed", error), {}))
         external = external_replicas(obj) if app_config.get("external_scaler_enabled") else {}
+        capacity = self._autoscalers.capacity(
+            instance_view.uid,
+            _instance_apps(self._cluster, instance),
+            instance_view.target_capacity,
+        )
         deployments = await self._reconcile_deployments(
-            instance_view, app_view, app_config, graph, secret, external
+            instance_view, app_view, app_config, graph, secret, external, capacity
         )
         ingress = str(graph.body["ingress"])
         route_prefix = app_route_prefix(app_config, _node(graph, ingress).get("options", {}))
@@ -124,8 +130,10 @@ class ApplicationReconciler:
         graph: Graph,
         secret: bytes,
         external: dict[str, int],
+        capacity: tuple[float | None, Direction | None],
     ) -> dict[str, ObservedDeployment]:
-        """``external``: the counts set through the external scaling API, by deployment."""
+        """``external``: the counts set through the external scaling API, by deployment;
+        ``capacity``: the instance's ``target_capacity`` and its direction."""
         cluster = self._cluster
         overrides = {d["name"]: d for d in app_config.get("deployments", [])}
         observed: dict[str, ObservedDeployment] = {}
@@ -136,9 +144,10 @@ class ApplicationReconciler:
                 name, node.get("options", {}), overrides.get(name)
             )
             scaling_key = f"{app.namespace}/{app.cr_name}/{name}"
-            replicas = self._autoscalers.target(scaling_key, effective)
+            replicas = self._autoscalers.target(scaling_key, effective, capacity)
             if replicas is None:
-                replicas = external.get(name)
+                fixed = effective_config.target_replicas(effective, capacity[0])
+                replicas = external.get(name, fixed)
             deployment = render.deployment_view(app_config, effective, replicas)
             workload = render.render_replica_workload(instance, app, deployment)
             service = render.render_replica_service(instance, app, deployment)
@@ -174,6 +183,16 @@ class ApplicationReconciler:
             )
         await _delete_stale_children(cluster, app, wanted)
         return observed
+
+
+def _instance_apps(cluster: Cluster, instance: dict[str, Any]) -> list[str]:
+    """The object names of the instance's applications (``target_capacity``'s direction)."""
+    meta = instance["metadata"]
+    return [
+        app["metadata"]["name"]
+        for app in cluster.cache.objects("ServeApplication", meta["namespace"])
+        if (app.get("spec") or {}).get("instance", DEFAULT_INSTANCE) == meta["name"]
+    ]
 
 
 def _override_error(graph: Graph, app_config: dict[str, Any]) -> str | None:

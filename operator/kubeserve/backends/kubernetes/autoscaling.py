@@ -18,12 +18,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubeserve.backends.kubernetes import names, render
 from kubeserve.backends.kubernetes.pods import pod_ready
+from kubeserve.control.autoscaling import CapacityTracker, Direction
 from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
 from kubeserve.runtime import channel, wire
 
@@ -38,8 +39,22 @@ class Autoscalers:
     on_decided: Callable[[], None]
     _scalers: dict[str, DeploymentAutoscaler] = field(default_factory=dict)
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    #: per ServeInstance uid: its ``target_capacity`` and where it heads
+    _capacities: dict[str, CapacityTracker] = field(default_factory=dict)
 
-    def target(self, key: str, effective: Mapping[str, Any]) -> int | None:
+    def capacity(
+        self, instance_uid: str, apps: Iterable[str], target_capacity: float | None
+    ) -> tuple[float | None, Direction | None]:
+        """The instance's ``target_capacity`` and its direction (see :class:`CapacityTracker`)."""
+        tracker = self._capacities.setdefault(instance_uid, CapacityTracker())
+        return tracker.update(apps, target_capacity)
+
+    def target(
+        self,
+        key: str,
+        effective: Mapping[str, Any],
+        capacity: tuple[float | None, Direction | None] = (None, None),
+    ) -> int | None:
         """The replica count to render for ``key``, or ``None`` when it does not autoscale."""
         raw = effective.get("autoscaling_config")
         if not raw:
@@ -47,9 +62,9 @@ class Autoscalers:
             return None
         scaler = self._scalers.get(key)
         if scaler is None:
-            scaler = self._scalers[key] = DeploymentAutoscaler(raw, time.time())
+            scaler = self._scalers[key] = DeploymentAutoscaler(raw, time.time(), *capacity)
         else:
-            scaler.reconfigure(raw, time.time(), None, None)
+            scaler.reconfigure(raw, time.time(), *capacity)
         return scaler.target
 
     def last_decision(self, key: str) -> dict[str, Any] | None:

@@ -52,6 +52,12 @@ class InstanceView:
         return str(self.spec.image)
 
     @property
+    def target_capacity(self) -> float | None:
+        """``target_capacity`` percent (Ray's), ``None`` when unset."""
+        value = self.spec.rest_options().get("target_capacity")
+        return None if value is None else float(value)
+
+    @property
     def image_pull_policy(self) -> str | None:
         return self.spec.image_pull_policy
 

@@ -28,7 +28,6 @@ from kubeserve.backends.local.proxy_process import ProxyProcess
 from kubeserve.backends.local.snapshot import SnapshotPublisher
 from kubeserve.backends.local.store import DesiredState, Store
 from kubeserve.control import autoscaling
-from kubeserve.control.autoscaling import Direction
 from kubeserve.runtime import channel, wire
 from kubeserve.runtime.limits import RequestLimits
 
@@ -103,9 +102,8 @@ class Controller:
         self._proxy: ProxyProcess | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self.secret = b""  # the data-plane secret, read at start()
-        #: the applications and ``target_capacity`` of the last config, and where it heads
-        self._capacity_seen: tuple[set[str] | None, float | None] = (None, None)
-        self._capacity_direction: Direction | None = None
+        #: the ``target_capacity`` of the last config, and where it heads
+        self._capacity = autoscaling.CapacityTracker()
         self._autoscaling: set[asyncio.Task[None]] = set()
         #: deployment keys each caller last reported requests waiting for
         self._caller_keys: dict[str, set[str]] = {}
@@ -194,7 +192,10 @@ class Controller:
         desired = self.store.load()
         self.desired = desired
         wanted = {a.name: a for a in desired.applications} if desired else {}
-        capacity = self._target_capacity(desired)
+        raw_capacity = desired.options.get("target_capacity") if desired else None
+        capacity = self._capacity.update(
+            wanted, None if raw_capacity is None else float(raw_capacity)
+        )
         for name, app in list(self.apps.items()):
             if name not in wanted:
                 app.begin_delete()
@@ -220,23 +221,6 @@ class Controller:
         await self._reconcile_proxy(desired)
         self._publish()
         self._autoscale()
-
-    def _target_capacity(
-        self, desired: DesiredState | None
-    ) -> tuple[float | None, Direction | None]:
-        """The config's ``target_capacity`` and whether it scales up or down (Ray's rule: see
-        :func:`kubeserve.control.autoscaling.target_capacity_direction`)."""
-        apps = {a.name for a in desired.applications} if desired else set()
-        raw = desired.options.get("target_capacity") if desired else None
-        capacity = None if raw is None else float(raw)
-        seen = (apps, capacity)
-        if seen != self._capacity_seen:
-            previous_apps, previous_capacity = self._capacity_seen
-            self._capacity_direction = autoscaling.target_capacity_direction(
-                previous_apps, previous_capacity, apps, capacity, self._capacity_direction
-            )
-            self._capacity_seen = seen
-        return capacity, self._capacity_direction
 
     def _autoscale(self) -> None:
         """Start reading the load of every autoscaling deployment whose interval has come."""

@@ -15,13 +15,14 @@ from kubeserve.runtime.discovery import Discovery
 from kubeserve.runtime.handle_client import HandleClient
 from kubeserve.runtime.router import Router
 from kubeserve.runtime.wire import (
+    UNSERVED_AT_CAPACITY,
     UNSERVED_HEADER,
     Snapshot,
     decode_call,
     encode_error,
     encode_result,
 )
-from kubeserve.sdk.errors import DeploymentUnavailableError
+from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
 
 T = TypeVar("T")
 
@@ -332,6 +333,52 @@ def test_a_call_a_draining_replica_did_not_start_goes_to_another() -> None:
             for i in range(8):
                 assert await client.call("app", "D", "add", (i,), {"b": 1}) == i + 1
         assert len(peers) == 8  # each call ran once, on the replica that took it
+
+    run(go())
+
+
+def test_a_call_a_full_replica_refused_waits_and_runs_once_there_is_room() -> None:
+    async def go() -> None:
+        refusals = 5
+        ran: list[int] = []
+
+        async def full_then_free(request: web.Request) -> web.Response:
+            nonlocal refusals
+            args, _ = decode_call(await request.read())
+            if refusals:  # other callers hold every slot
+                refusals -= 1
+                headers = {UNSERVED_HEADER: UNSERVED_AT_CAPACITY}
+                return web.Response(status=503, text="at max_ongoing_requests", headers=headers)
+            ran.append(args[0])
+            return web.Response(body=encode_result(args[0]))
+
+        app = web.Application()
+        app.router.add_post("/-/call/{method}", full_then_free)
+        async with server(app) as port, started_client(port) as client:
+            assert await client.call("app", "D", "echo", (7,), {}) == 7
+        assert ran == [7]  # refused five times, more than the connect attempts, then run once
+
+    run(go())
+
+
+def test_max_queued_requests_refuses_at_once_with_backpressure_error() -> None:
+    async def go() -> None:
+        snapshot = _snapshot_for(free_port())
+        snapshot["deployments"]["app#D"]["replicas"] = []
+        snapshot["deployments"]["app#D"]["max_queued_requests"] = 1
+        source = _StaticSource(snapshot)
+        client = source.client = HandleClient(source=source, secret=SECRET, assign_timeout_s=5)
+        await client.start()
+        try:
+            waiting = asyncio.ensure_future(client.call("app", "D", "add", (1,), {"b": 1}))
+            await asyncio.sleep(0.05)
+            with pytest.raises(BackPressureError, match="max_queued_requests"):
+                await client.call("app", "D", "add", (1,), {"b": 1})
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+        finally:
+            await client.close()
 
     run(go())
 

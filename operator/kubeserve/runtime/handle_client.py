@@ -37,6 +37,8 @@ A pool whose replica left the snapshot is closed.
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 from typing import Any
 
 import httptools
@@ -51,16 +53,17 @@ from kubeserve.runtime.keepalive import (
     pool_for,
 )
 from kubeserve.runtime.load_report import LoadReporter
-from kubeserve.runtime.router import NoReplicaAvailable, Replica, Router
+from kubeserve.runtime.router import BackPressure, NoReplicaAvailable, Replica, Router
 from kubeserve.runtime.wire import (
     CALL_PREFIX,
+    UNSERVED_AT_CAPACITY,
     UNSERVED_HEADER,
     Snapshot,
     decode_result,
     deployment_key,
     encode_call,
 )
-from kubeserve.sdk.errors import DeploymentUnavailableError
+from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
 
 _UNSERVED = UNSERVED_HEADER.encode()
 
@@ -77,6 +80,16 @@ CONNECT_ATTEMPTS = 3
 class _Unreachable(Exception):
     """The call never ran: the connection to a replica (or its handshake) failed, or the replica
     answered that it did not start it (it is shutting down)."""
+
+
+class _AtCapacity(Exception):
+    """The replica runs ``max_ongoing_requests`` calls already (for all its callers together)
+    and did not start this one."""
+
+
+#: First and longest pause before a call a full replica refused is tried again.
+_BUSY_FIRST_WAIT_S = 0.005
+_BUSY_MAX_WAIT_S = 0.1
 
 
 class HandleClient:
@@ -148,23 +161,36 @@ class HandleClient:
         replica = self.router.try_assign(key) or await self._assign(key)
         payload = encode_call(args, kwargs)
         attempt = 1
+        busy_wait = _BUSY_FIRST_WAIT_S
+        deadline = time.monotonic() + self._assign_timeout_s
         while True:
+            busy = False
             try:
                 status, body = await self._pool(replica).call(method, payload)
                 break
+            except _AtCapacity:  # other callers fill it: wait for a slot, not counted as a failure
+                busy = True
+                if time.monotonic() >= deadline:
+                    raise DeploymentUnavailableError(
+                        f"every replica of {key} stayed at max_ongoing_requests for "
+                        f"{self._assign_timeout_s} s"
+                    ) from None
             except _Unreachable as exc:  # it did not run: another replica may take the call
                 if attempt >= CONNECT_ATTEMPTS:
                     raise DeploymentUnavailableError(
                         f"no replica of {key} could be reached; the last, "
                         f"{replica.replica_id}: {exc}"
                     ) from exc.__cause__
+                attempt += 1
             except (OSError, TimeoutError) as exc:  # sent: the replica may have run it
                 raise DeploymentUnavailableError(
                     f"replica {replica.replica_id} of {key} failed: {exc or type(exc).__name__}"
                 ) from exc
             finally:
                 self.router.release(replica)
-            attempt += 1
+            if busy:
+                await asyncio.sleep(busy_wait * (0.5 + random.random()))
+                busy_wait = min(busy_wait * 2, _BUSY_MAX_WAIT_S)
             replica = await self._assign(key, avoid=replica)
         if status == 200:
             return decode_result(body)
@@ -180,6 +206,8 @@ class HandleClient:
     async def _assign(self, key: str, avoid: Replica | None = None) -> Replica:
         try:
             return await self.router.assign(key, self._assign_timeout_s, avoid)
+        except BackPressure as exc:
+            raise BackPressureError(str(exc)) from None
         except NoReplicaAvailable as exc:
             raise DeploymentUnavailableError(str(exc)) from None
 
@@ -233,6 +261,8 @@ class _CallPool(IdlePool["_CallConnection"]):
         else:
             conn.close()
         if status == 503 and conn.unserved:
+            if conn.unserved == UNSERVED_AT_CAPACITY:
+                raise _AtCapacity()
             raise _Unreachable("the replica is shutting down and did not start the call")
         return status, answer
 
@@ -249,7 +279,8 @@ class _CallConnection(KeepAliveConnection):
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future[tuple[int, bytes, bool]] | None = None
         self.body: list[bytes] = []
-        self.unserved = False  # the answer says the replica never started the call
+        #: the :data:`UNSERVED_HEADER` value of the answer ("" when the replica started the call)
+        self.unserved = ""
 
     def request(self, head: bytes, body: bytes) -> asyncio.Future[tuple[int, bytes, bool]]:
         waiter = self.waiter = asyncio.get_running_loop().create_future()
@@ -279,11 +310,11 @@ class _CallConnection(KeepAliveConnection):
 
     def on_message_begin(self) -> None:
         self.body = []
-        self.unserved = False
+        self.unserved = ""
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(name) == len(_UNSERVED) and name.lower() == _UNSERVED:
-            self.unserved = True
+            self.unserved = value.decode("latin-1") or "unserved"
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)

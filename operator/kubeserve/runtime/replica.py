@@ -152,6 +152,8 @@ class Replica:
         self._ongoing_area = 0.0
         self._changed_at = self._started_at = time.monotonic()
         self.processed = 0
+        #: enforced here, for every caller together (each caller's router caps only its own)
+        self._max_ongoing = int(config["max_ongoing_requests"])
         self.draining = False
         self._http_target = user.method("__call__")
         self._reconfigure_lock = asyncio.Lock()
@@ -180,6 +182,8 @@ class Replica:
         """User traffic (a proxy's ``INGRESS`` connection): every path goes to the user's code."""
         if self.draining:
             return _shutting_down()
+        if self._ongoing >= self._max_ongoing:
+            return _at_capacity()
         self.ongoing += 1
         streaming = False
         try:
@@ -269,6 +273,8 @@ class Replica:
                 return HttpResponse(405, b"handle calls use POST")
             if self.draining:
                 return _shutting_down()
+            if self._ongoing >= self._max_ongoing:
+                return _at_capacity()
             self.ongoing += 1
             try:
                 return await self._call(request, path[len(wire.CALL_PREFIX) :])
@@ -383,6 +389,13 @@ def _shutting_down() -> HttpResponse:
     elsewhere (:data:`~kubeserve.runtime.wire.UNSERVED_HEADER`)."""
     headers = {wire.UNSERVED_HEADER: "shutting-down"}
     return HttpResponse(503, b"replica is shutting down", headers, close=True)
+
+
+def _at_capacity() -> HttpResponse:
+    """The answer to a request over ``max_ongoing_requests``: not started, the caller tries
+    again (:data:`~kubeserve.runtime.wire.UNSERVED_AT_CAPACITY`)."""
+    headers = {wire.UNSERVED_HEADER: wire.UNSERVED_AT_CAPACITY}
+    return HttpResponse(503, b"replica is at max_ongoing_requests", headers)
 
 
 def _label_value(value: str) -> str:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from kubeserve.runtime.wire import DeploymentEndpoints
 
-__all__ = ["DEFAULT_MAX_QUEUED", "NoReplicaAvailable", "Replica", "Router"]
+__all__ = ["DEFAULT_MAX_QUEUED", "BackPressure", "NoReplicaAvailable", "Replica", "Router"]
 
 #: Callers allowed to wait for a slot per deployment; beyond that, :meth:`Router.assign` rejects.
 DEFAULT_MAX_QUEUED = 1000
@@ -33,6 +33,10 @@ class NoReplicaAvailable(Exception):
         super().__init__(f"no replica available for {key}: {reason}")
         self.key = key
         self.reason = reason
+
+
+class BackPressure(NoReplicaAvailable):
+    """The deployment's queue at this caller is full (``max_queued_requests``): refused at once."""
 
 
 class Replica:
@@ -162,6 +166,8 @@ class Router:
                     fresh.append(Replica(ep["replica_id"], ep["host"], ep["port"], pool))
             pool.replicas = fresh
             pool.max_ongoing = max(1, endpoints["max_ongoing_requests"])
+            limit = endpoints.get("max_queued_requests", -1)
+            pool.max_queued = self._max_queued if limit < 0 else min(limit, self._max_queued)
             pool.dispatch()
         for key in [k for k in self._pools if k not in deployments]:
             pool = self._pools[key]
@@ -200,7 +206,9 @@ class Router:
         if pool is None:
             pool = self._pools[key] = _Pool(key, self._max_queued)
         if len(pool.waiters) >= pool.max_queued:
-            raise NoReplicaAvailable(key, f"{len(pool.waiters)} requests already queued")
+            raise BackPressure(
+                key, f"{len(pool.waiters)} requests already queued (max_queued_requests)"
+            )
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Replica] = loop.create_future()
         pool.waiters.append(waiter)

@@ -46,6 +46,10 @@ LOAD_PATH = "/-/load"
 #: provably did not run, so its caller may send it to another replica. Only such answers are ever
 #: re-sent; a request a replica may have started is never run twice.
 UNSERVED_HEADER = "x-kubeserve-unserved"
+#: The :data:`UNSERVED_HEADER` value of a replica already running ``max_ongoing_requests``
+#: requests (from all its callers together): the caller waits for a slot and tries again, on
+#: another replica if one has room. Other values (``shutting-down``) mean "try another replica".
+UNSERVED_AT_CAPACITY = "at-capacity"
 
 #: Environment variable carrying the JSON :class:`ReplicaConfig` of a replica process (the
 #: Kubernetes backend's pod templates, whose config never holds ``user_config``).
@@ -69,6 +73,9 @@ class DeploymentEndpoints(TypedDict):
 
     max_ongoing_requests: int
     replicas: list[ReplicaEndpoint]
+    #: requests each caller may hold waiting for a replica (Ray's ``max_queued_requests``);
+    #: -1 or absent: no limit of the deployment's own
+    max_queued_requests: NotRequired[int]
 
 
 class Route(TypedDict):

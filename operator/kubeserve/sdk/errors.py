@@ -7,3 +7,8 @@ class KubeserveError(Exception):
 
 class DeploymentUnavailableError(KubeserveError):
     """A handle call found no replica to run it (none running, or all full until the timeout)."""
+
+
+class BackPressureError(DeploymentUnavailableError):
+    """A handle call refused at once: ``max_queued_requests`` calls already wait at this caller
+    (Ray's ``BackPressureError``)."""

@@ -257,7 +257,11 @@ class DeploymentState:
             for r in self.replicas.values()
             if r.state == "RUNNING" and r.healthy
         ]
-        return {"max_ongoing_requests": int(self.config["max_ongoing_requests"]), "replicas": ready}
+        return {
+            "max_ongoing_requests": int(self.config["max_ongoing_requests"]),
+            "max_queued_requests": int(self.config.get("max_queued_requests", -1)),
+            "replicas": ready,
+        }
 
     # -- reconciliation --------------------------------------------------------------------------
     def reconcile(self) -> None:

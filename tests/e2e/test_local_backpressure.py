@@ -1,0 +1,49 @@
+"""Backpressure on one machine: replica limits hold across callers; queues are bounded."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from kubeserve_testing import Kubeserve, http, wait_for
+
+
+def test_max_ongoing_requests_holds_across_callers(clean_kubeserve: Kubeserve) -> None:
+    """Two Front replicas (two callers, each with its own router) share one Slow replica limited
+    to one call at a time: it never runs two."""
+    ks = clean_kubeserve
+    app = {
+        "name": "front",
+        "route_prefix": "/front",
+        "import_path": "ks_autoscale_app:front",
+        "deployments": [
+            {"name": "Front", "num_replicas": 2},
+            {"name": "Slow", "num_replicas": 1, "max_ongoing_requests": 1},
+        ],
+    }
+    assert ks.put([app])[0] == 200
+    ks.wait_app("front")
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: http("GET", f"{ks.proxy}/front?s=0.3"), range(8)))
+    assert [status for status, _ in answers] == [200] * 8, answers
+    assert len({body["front_pid"] for _, body in answers}) == 2  # both callers took part
+    status, body = http("GET", f"{ks.proxy}/front?peak=1")
+    assert (status, body) == (200, {"peak": 1})
+
+
+def test_max_queued_requests_refuses_at_once(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    app = {
+        "name": "slow",
+        "route_prefix": "/slow",
+        "import_path": "ks_autoscale_app:slow",
+        "deployments": [
+            {"name": "Slow", "max_ongoing_requests": 1, "max_queued_requests": 1},
+        ],
+    }
+    assert ks.put([app])[0] == 200
+    ks.wait_app("slow")
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda _: http("GET", f"{ks.proxy}/slow?s=2")[0], range(6)))
+    # one runs, one waits; the other four are refused without waiting for a slot
+    assert sorted(answers) == [200, 200, 503, 503, 503, 503], answers
+    wait_for(lambda: http("GET", f"{ks.proxy}/slow?s=0")[0] == 200, 30, what="served again")

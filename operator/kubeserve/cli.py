@@ -10,6 +10,7 @@ launcher sets; its names are in :mod:`kubeserve.runtime.wire`.
     kubeserve status     print application and deployment statuses
     kubeserve config     print the deployed application configs
     kubeserve shutdown   shut down every application
+    kubeserve logs       print (or --follow) the logs of an application's replicas
     kubeserve proxy | replica | build   data-plane processes (started by kubeserve itself)
 """
 
@@ -25,12 +26,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-import yaml
 from aiohttp import web
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from kubeserve.admin_client import AdminClient
     from kubeserve.api.security import AdminSecurity
+
+    #: what an embedded instance does once its admin API is up; ``-1``: keep serving, else
+    #: stop with that exit code
+    AfterStart = Callable[[AdminClient, Any], Awaitable[int]]
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -43,47 +49,23 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     start = commands.add_parser("start", help="run kubeserve on this machine")
-    start.add_argument(
-        "--dashboard-host", default=os.environ.get("KUBESERVE_DASHBOARD_HOST", "127.0.0.1")
-    )
-    start.add_argument(
-        "--dashboard-port",
-        type=int,
-        default=int(os.environ.get("KUBESERVE_DASHBOARD_PORT", "8265")),
-    )
-    start.add_argument(
-        "--state-dir",
-        type=Path,
-        default=Path(os.environ.get("KUBESERVE_STATE_DIR", Path.home() / ".kubeserve")),
-        help="where the SQLite state, logs and runtime_env cache live",
-    )
-    start.add_argument(
-        "--http-port",
-        type=int,
-        default=8000,
-        help="proxy port of a serving layer started implicitly",
-    )
-    start.add_argument(
-        "--http-host", default="0.0.0.0", help="proxy host of a serving layer started implicitly"
+    _add_instance_arguments(
+        start, Path(os.environ.get("KUBESERVE_STATE_DIR", Path.home() / ".kubeserve")), "0.0.0.0"
     )
     start.add_argument("--deploy", type=Path, help="a config file to deploy once the server is up")
-    _add_auth_argument(
-        start,
-        "require this bearer token on the admin API (default: $KUBESERVE_AUTH_TOKEN; "
-        "required when --dashboard-host is not a loopback address)",
+
+    run = commands.add_parser(
+        "run", help="run one application on this machine for development (like `serve run`)"
     )
-    start.add_argument(
-        "--num-cpus",
-        type=float,
-        help="CPUs replicas may claim (ray_actor_options.num_cpus, 1 each by default); "
-        "default: the machine's count, at least 16",
+    run.add_argument("import_path", help="module:application, e.g. app:app or app:build")
+    run.add_argument("--name", default="default", help="the application's name")
+    run.add_argument("--route-prefix", default="/")
+    run.add_argument(
+        "--reload",
+        action="store_true",
+        help="restart the replicas when a .py file under the working directory changes",
     )
-    start.add_argument(
-        "--num-gpus",
-        type=float,
-        help="GPUs replicas may claim; default: CUDA_VISIBLE_DEVICES, else the NVIDIA GPUs found",
-    )
-    add_limit_arguments(start)  # the proxy's and the replicas' RequestLimits
+    _add_instance_arguments(run, None, "127.0.0.1")
 
     operator = commands.add_parser("operator", help="run the Kubernetes operator")
     operator.add_argument(
@@ -109,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         ("status", "show statuses"),
         ("config", "show deployed configs"),
         ("shutdown", "shut everything down"),
+        ("logs", "print the logs of an application's replicas (on kubeserve start's machine)"),
     ):
         sub = commands.add_parser(name, help=helptext)
         sub.add_argument(
@@ -116,6 +99,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         if name == "deploy":
             sub.add_argument("config_file", type=Path)
+            sub.add_argument(
+                "--wait",
+                action="store_true",
+                help="show progress until RUNNING (exit 0) or DEPLOY_FAILED/UNHEALTHY (exit 1)",
+            )
+            sub.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits")
+        if name == "logs":
+            sub.add_argument("app")
+            sub.add_argument("deployment", nargs="?")
+            sub.add_argument("-f", "--follow", action="store_true")
+            sub.add_argument(
+                "--tail", type=int, default=100, help="lines of each log to start with"
+            )
         _add_auth_argument(sub, "send this bearer token (default: $KUBESERVE_AUTH_TOKEN)")
 
     fetch = commands.add_parser(
@@ -144,12 +140,61 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "start":
-        return _start(args)
+        return _start(args, _deploy_file(args.deploy))
+    if args.command == "run":
+        return _run(args)
     if args.command == "operator":
         return _operator(args)
     if args.command == "fetch-runtime-env":
         return _fetch_runtime_env(args)
     return asyncio.run(_client(args))
+
+
+def _add_instance_arguments(
+    start: argparse.ArgumentParser, state_dir: Path | None, http_host: str
+) -> None:
+    """The options of an embedded instance, shared by ``start`` and ``run``."""
+    start.add_argument(
+        "--dashboard-host", default=os.environ.get("KUBESERVE_DASHBOARD_HOST", "127.0.0.1")
+    )
+    start.add_argument(
+        "--dashboard-port",
+        type=int,
+        default=int(os.environ.get("KUBESERVE_DASHBOARD_PORT", "8265")),
+    )
+    start.add_argument(
+        "--state-dir",
+        type=Path,
+        default=state_dir,
+        help="where the SQLite state, logs and runtime_env cache live"
+        + ("" if state_dir else " (default: a new temporary directory, removed at exit)"),
+    )
+    start.add_argument(
+        "--http-port",
+        type=int,
+        default=8000,
+        help="proxy port of a serving layer started implicitly",
+    )
+    start.add_argument(
+        "--http-host", default=http_host, help="proxy host of a serving layer started implicitly"
+    )
+    _add_auth_argument(
+        start,
+        "require this bearer token on the admin API (default: $KUBESERVE_AUTH_TOKEN; "
+        "required when --dashboard-host is not a loopback address)",
+    )
+    start.add_argument(
+        "--num-cpus",
+        type=float,
+        help="CPUs replicas may claim (ray_actor_options.num_cpus, 1 each by default); "
+        "default: the machine's count, at least 16",
+    )
+    start.add_argument(
+        "--num-gpus",
+        type=float,
+        help="GPUs replicas may claim; default: CUDA_VISIBLE_DEVICES, else the NVIDIA GPUs found",
+    )
+    add_limit_arguments(start)  # the proxy's and the replicas' RequestLimits
 
 
 def _add_auth_argument(parser: argparse.ArgumentParser, helptext: str) -> None:
@@ -175,7 +220,77 @@ def _auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def _start(args: argparse.Namespace) -> int:
+def _deploy_file(path: Path | None) -> AfterStart | None:
+    """What ``kubeserve start --deploy FILE`` does once the admin API is up."""
+    if path is None:
+        return None
+
+    async def deploy(client: AdminClient, _backend: Any) -> int:
+        code = await client.deploy(path)
+        return -1 if code == 0 else code  # keep serving; a failure stops the instance
+
+    return deploy
+
+
+def _run(args: argparse.Namespace) -> int:
+    """``kubeserve run``: an embedded instance with one application, in a temporary state
+    directory unless ``--state-dir`` is given; with ``--reload`` a change to a ``.py`` file under
+    the working directory gives the application a new source version, which rebuilds it and
+    replaces its replicas (the old ones serve until the new ones are ready)."""
+    import tempfile
+
+    app = {"name": args.name, "route_prefix": args.route_prefix, "import_path": args.import_path}
+    watched = Path.cwd()
+
+    async def serve_app(client: AdminClient, _backend: Any) -> int:
+        version = _source_version(watched)
+
+        async def apply() -> int:
+            env = {"env_vars": {SOURCE_VERSION_ENV: version}} if args.reload else {}
+            config = {
+                "http_options": {"host": args.http_host, "port": args.http_port},
+                "applications": [{**app, "runtime_env": env}],
+            }
+            return await client.put(config, wait=True, source=args.import_path)
+
+        url = f"http://{args.http_host}:{args.http_port}{args.route_prefix}"
+        print(f"kubeserve run: {args.import_path} at {url}", flush=True)
+        await apply()
+        while args.reload:
+            await asyncio.sleep(1.0)
+            latest = _source_version(watched)
+            if latest != version:
+                version = latest
+                print("kubeserve run: source changed, reloading", flush=True)
+                await apply()
+        return -1
+
+    if args.state_dir is not None:
+        return _start(args, serve_app)
+    with tempfile.TemporaryDirectory(prefix="kubeserve-run-") as tmp:
+        args.state_dir = Path(tmp)
+        return _start(args, serve_app)
+
+
+#: set in a ``kubeserve run --reload`` application's environment: the hash of its source files
+SOURCE_VERSION_ENV = "KUBESERVE_SOURCE_VERSION"
+
+
+def _source_version(root: Path) -> str:
+    """A fingerprint of the ``.py`` files under ``root`` (names, sizes, modification times)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        if any(part.startswith(".") or part == "__pycache__" for part in path.parts):
+            continue
+        with contextlib.suppress(OSError):
+            stat = path.stat()
+            digest.update(f"{path}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def _start(args: argparse.Namespace, after_start: AfterStart | None) -> int:
     import uvloop
 
     from kubeserve.api.security import AdminSecurity, is_loopback, loopback_hosts
@@ -229,7 +344,7 @@ def _start(args: argparse.Namespace) -> int:
             backend,
             args.dashboard_host,
             args.dashboard_port,
-            args.deploy,
+            after_start,
             default_http,
             security,
         )
@@ -240,7 +355,7 @@ async def _serve(
     backend: Any,
     host: str,
     port: int,
-    deploy: Path | None,
+    after_start: AfterStart | None,
     default_http: dict[str, Any],
     security: AdminSecurity,
 ) -> int:
@@ -266,17 +381,27 @@ async def _serve(
         f"kubeserve admin API on http://{host}:{port} (state in {backend.settings.state_dir})",
         flush=True,
     )
-    if deploy is not None:
-        code = await _deploy(backend.settings.controller_url, deploy, security.auth_token)
-        if code != 0:
+    code = 0
+    if after_start is not None:
+        from kubeserve.admin_client import AdminClient
+
+        client = AdminClient(backend.settings.controller_url, security.auth_token)
+        task = asyncio.ensure_future(after_start(client, backend))
+        await asyncio.wait(
+            [task, asyncio.ensure_future(stop.wait())], return_when="FIRST_COMPLETED"
+        )
+        if task.done() and task.result() >= 0:
+            code = task.result()
             stop.set()
+        elif not task.done():
+            task.cancel()
     await stop.wait()
     print("kubeserve: stopping replicas and proxy", flush=True)
     # The backend first: proxies and replicas hold discovery long-polls open on the admin server,
     # which would otherwise hold up its shutdown until they time out.
     await backend.close()
     await runner.cleanup()
-    return 0
+    return code
 
 
 def _fetch_runtime_env(args: argparse.Namespace) -> int:
@@ -378,71 +503,14 @@ async def _operate(settings: Any, host: str, port: int, metrics_port: int = 0) -
 
 
 async def _client(args: argparse.Namespace) -> int:
-    token = _auth_token(args)
+    from kubeserve.admin_client import AdminClient
+
+    client = AdminClient(args.address, _auth_token(args))
     if args.command == "deploy":
-        return await _deploy(args.address, args.config_file, token)
-    async with aiohttp.ClientSession(headers=_auth_headers(token)) as session:
-        url = f"{args.address}/api/serve/applications/"
-        method = "DELETE" if args.command == "shutdown" else "GET"
-        async with session.request(method, url) as response:
-            body = await response.json(content_type=None)
-    if response.status != 200:
-        print(f"error: HTTP {response.status}: {body.get('error', body)}", file=sys.stderr)
-        return 1
-    if args.command == "status":
-        print(yaml.safe_dump(_status_summary(body), sort_keys=False), end="")
-    elif args.command == "config":
-        configs = [app["deployed_app_config"] for app in body.get("applications", {}).values()]
-        print(yaml.safe_dump_all(configs, sort_keys=False), end="")
-    else:
-        print("shut down")
-    return 0
-
-
-async def _deploy(address: str, path: Path, token: str | None) -> int:
-    try:
-        config = yaml.safe_load(path.read_text())  # noqa: ASYNC240 - a small local file
-    except (OSError, yaml.YAMLError) as exc:
-        print(f"error: cannot read {path}: {exc}", file=sys.stderr)
-        return 1
-    family = (
-        "applications" if isinstance(config, dict) and "applications" in config else "deployments"
-    )
-    async with aiohttp.ClientSession(headers=_auth_headers(token)) as session:
-        url = f"{address}/api/serve/{family}/"
-        async with session.put(url, json=config) as response:
-            body = await response.json(content_type=None)
-    if response.status != 200:
-        print(f"error: HTTP {response.status}: {body.get('error')}", file=sys.stderr)
-        for detail in body.get("details", []):
-            loc = ".".join(str(p) for p in detail["loc"])
-            print(f"  {loc}: {detail['msg']}", file=sys.stderr)
-        return 1
-    print(f"deployed {path} to {address}", flush=True)
-    return 0
-
-
-def _status_summary(details: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "proxies": {
-            node: proxy.get("status") for node, proxy in details.get("proxies", {}).items()
-        },
-        "applications": {
-            name: {
-                "status": app["status"],
-                "message": app["message"],
-                "deployments": {
-                    dname: {
-                        "status": dep["status"],
-                        "replicas": len(dep["replicas"]),
-                        "message": dep["message"],
-                    }
-                    for dname, dep in app["deployments"].items()
-                },
-            }
-            for name, app in details.get("applications", {}).items()
-        },
-    }
+        return await client.deploy(args.config_file, wait=args.wait, timeout_s=args.timeout)
+    if args.command == "logs":
+        return await client.logs(args.app, args.deployment, follow=args.follow, tail=args.tail)
+    return await client.show(args.command)
 
 
 if __name__ == "__main__":

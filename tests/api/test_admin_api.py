@@ -41,6 +41,27 @@ def test_schema_violation_is_400_with_the_field_path(kubeserve: Kubeserve) -> No
     assert body["error"]
 
 
+def test_unsupported_fields_are_400s_saying_why_in_both_families(kubeserve: Kubeserve) -> None:
+    tls = {"ssl_keyfile": "/k.pem", "ssl_certfile": "/c.pem"}
+    config = {**kubeserve.config([HELLO]), "http_options": tls}
+    status, body = http("PUT", f"{kubeserve.api}/api/serve/applications/", config)
+    assert status == 400
+    assert ["http_options", "ssl_certfile"] in [d["loc"] for d in body["details"]]
+    assert "TLS on the proxy is not supported" in body["error"]
+    # image_uri is the replica image on Kubernetes; the local backend runs processes.
+    deployments = [{"name": "Hello", "ray_actor_options": {"runtime_env": {"image_uri": "x"}}}]
+    config = kubeserve.config([{**HELLO, "deployments": deployments}])
+    status, body = http("PUT", f"{kubeserve.api}/api/serve/applications/", config)
+    assert status == 400
+    loc = ["applications", 0, "deployments", 0, "ray_actor_options", "runtime_env", "image_uri"]
+    assert [d["loc"] for d in body["details"]] == [loc]
+    single = {"import_path": HELLO["import_path"], "runtime_env": {"image_uri": "x"}}
+    status, body = http("PUT", f"{kubeserve.api}/api/serve/deployments/", single)
+    assert status == 400
+    assert [d["loc"] for d in body["details"]] == [["runtime_env", "image_uri"]]
+    assert "local processes" in body["details"][0]["msg"]
+
+
 def test_unknown_field_is_400_naming_it(kubeserve: Kubeserve) -> None:
     config = kubeserve.config([{**HELLO, "improt_path": "x:y"}])
     status, body = http("PUT", f"{kubeserve.api}/api/serve/applications/", config)

@@ -298,30 +298,65 @@ def test_kubeserve_client_commands(clean_kubeserve: Kubeserve, tmp_path: Path) -
         f"http_options: {{host: 127.0.0.1, port: {ks.proxy_port}}}\n"
         "applications:\n"
         "  - {name: hello, route_prefix: /hello, import_path: 'examples.hello:app'}\n"
+        "  - {name: talker, route_prefix: /talk, import_path: 'ks_talker_app:app'}\n"
     )
 
-    def kubeserve(*args: str) -> str:
+    def kubeserve(*args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [sys.executable, "-m", "kubeserve.cli", *args, "--address", ks.api],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=120,
         )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
+        assert result.returncode == code, result.stderr
+        return result
 
-    kubeserve("deploy", str(config))
-    ks.wait_app("hello")
-    status = yaml.safe_load(kubeserve("status"))
+    progress = kubeserve("deploy", str(config), "--wait").stdout
+    assert "hello: RUNNING  Hello 1/1 HEALTHY" in progress.splitlines()
+    assert "talker: RUNNING  Talker 1/1 HEALTHY" in progress.splitlines()
+    status = yaml.safe_load(kubeserve("status").stdout)
     assert status["applications"]["hello"]["status"] == "RUNNING"
-    assert yaml.safe_load(kubeserve("config"))["import_path"] == "examples.hello:app"
+    configs = list(yaml.safe_load_all(kubeserve("config").stdout))
+    assert {c["import_path"] for c in configs} == {"examples.hello:app", "ks_talker_app:app"}
+
+    # logs: every replica's file, each line labelled with its deployment and replica
+    assert http("GET", f"{ks.proxy}/talk?word=xyzzy")[0] == 200
+    (talker,) = [r["replica_id"] for r in ks.app("talker")["deployments"]["Talker"]["replicas"]]
+    assert f"[Talker {talker}] heard xyzzy" in kubeserve("logs", "talker").stdout.splitlines()
+    assert "no deployment 'Nope'" in kubeserve("logs", "talker", "Nope", code=1).stderr
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "kubeserve.cli", "logs", "talker", "-f", "--address", ks.api],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    watchdog = threading.Timer(60, follow.kill)  # a missing line ends readline with EOF
+    watchdog.start()
+
+    def read_until(text: str) -> str:
+        assert follow.stdout is not None
+        while line := follow.stdout.readline():
+            if text in line:
+                return line
+        raise AssertionError(f"logs --follow ended before {text!r}")
+
+    try:
+        read_until("heard xyzzy")
+        assert http("GET", f"{ks.proxy}/talk?word=plugh")[0] == 200
+        assert read_until("heard plugh") == f"[Talker {talker}] heard plugh\n"
+    finally:
+        watchdog.cancel()
+        follow.kill()
+        follow.wait()
+
+    # a failing deploy: --wait exits 1 with the error; a bad file is a 400 with the field
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(
+        f"http_options: {{host: 127.0.0.1, port: {ks.proxy_port}}}\n"
+        "applications: [{name: b, route_prefix: /b, import_path: 'ks_broken_import:app'}]\n"
+    )
+    failed = kubeserve("deploy", str(broken), "--wait", "--timeout", "120", code=1)
+    assert "b: DEPLOY_FAILED" in failed.stdout
+    assert "kubeserve_no_such_module" in failed.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("applications: [{name: x, import_path: 'nodots'}]\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "kubeserve.cli", "deploy", str(bad), "--address", ks.api],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 1
-    assert "applications.0.import_path" in result.stderr
+    assert "applications.0.import_path" in kubeserve("deploy", str(bad), code=1).stderr

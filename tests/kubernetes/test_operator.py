@@ -288,15 +288,14 @@ def test_a_spec_the_renderer_refuses_is_deploy_failed_with_its_message(
     control_plane: ControlPlane, operator: OperatorProcess, namespace: str
 ) -> None:
     plane = control_plane
-    pip = application(namespace, "pip", "e2e_probe:app", runtimeEnv={"pip": ["requests"]})
-    plane.apply([instance(namespace), pip])
-    status = wait_deploy_failed(plane, namespace, "pip", 60)
-    assert "pip cannot be honoured on Kubernetes" in status["message"]
-    assert "runtime_env.image_uri" in status["message"]
-    event = deploy_failed_event(plane, namespace, "pip")
-    assert "pip cannot be honoured on Kubernetes" in event["message"]
+    bad = application(namespace, "noimage", "e2e_probe:app", runtimeEnv={"imageUri": ""})
+    plane.apply([instance(namespace), bad])
+    status = wait_deploy_failed(plane, namespace, "noimage", 60)
+    assert "runtime_env.image_uri must be a non-empty image reference" in status["message"]
+    event = deploy_failed_event(plane, namespace, "noimage")
+    assert "image_uri must be a non-empty image reference" in event["message"]
     jobs = plane.get("jobs", namespace=namespace)["items"]
-    assert not [j for j in jobs if j["metadata"]["name"].startswith("pip-")]  # nothing was built
+    assert not [j for j in jobs if j["metadata"]["name"].startswith("noimage-")]  # nothing built
 
 
 def test_autoscaling_sets_the_deployments_replicas_from_replica_load(

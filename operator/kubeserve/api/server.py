@@ -22,6 +22,7 @@ from kubeserve.backends.protocol import Backend, ConflictError, NotFoundError
 from kubeserve.control.details import details_body, single_app_status
 from kubeserve.schema.body import decode_json_body, parse_body
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
+from kubeserve.schema.errors import ErrorDetail, SchemaError
 from kubeserve.schema.scaling import ScaleDeploymentRequest, ScaleDeploymentResponse
 from kubeserve.schema.status import APIType, ServeInstanceDetails, ServeStatusSchema
 
@@ -116,6 +117,12 @@ def _instance_options(config: ServeDeploySchema) -> dict[str, Any]:
     return config.model_dump(mode="json", exclude={"applications"})
 
 
+def _refuse(details: list[ErrorDetail]) -> None:
+    """A 400 for what the schema accepts but the backend cannot run, at the fields' JSON paths."""
+    if details:
+        raise SchemaError(details)
+
+
 def _app_config(app: ServeApplicationSchema) -> dict[str, Any]:
     """The application config as the client gave it (only set fields), with its name always."""
     body = app.as_given()
@@ -129,7 +136,15 @@ async def put_applications(request: web.Request) -> web.Response:
     for app in apps:  # the instance's http_options hold host and port (checked to agree)
         app.pop("host", None)
         app.pop("port", None)
-    await _backend(request).apply(_instance_options(config), apps)
+    backend = _backend(request)
+    _refuse(
+        [
+            {**detail, "loc": ["applications", i, *detail["loc"]]}
+            for i, app in enumerate(apps)
+            for detail in backend.refusals(app)
+        ]
+    )
+    await backend.apply(_instance_options(config), apps)
     return web.json_response({"applications": [app["name"] for app in apps]})
 
 
@@ -161,7 +176,9 @@ async def put_single_app(request: web.Request) -> web.Response:
     config = _app_config(app)
     config.pop("host", None)
     config.pop("port", None)
-    await _backend(request).apply(instance, [config], single_app=app.as_given())
+    backend = _backend(request)
+    _refuse(backend.refusals(config))
+    await backend.apply(instance, [config], single_app=app.as_given())
     return web.json_response({"applications": [app.name]})
 
 

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from kubeserve.schema.errors import ErrorDetail
 from kubeserve.schema.status import ServeInstanceDetails
 
 
@@ -70,6 +71,14 @@ class Backend(Protocol):
         ``single_app`` is the body of a single-application PUT, kept verbatim for its GET.
         Raises :class:`ConflictError` when ``instance`` changes the host or port of a running
         serving layer.
+        """
+        ...
+
+    def refusals(self, app_config: dict[str, Any]) -> list[ErrorDetail]:
+        """Why this backend cannot run an application config the schema accepts (empty: it can).
+
+        Each detail's ``loc`` is relative to the application; the API prefixes it with the
+        application's place in the body, so the 400 names the field as the client sent it.
         """
         ...
 

@@ -152,3 +152,26 @@ def unknown_override_error(
         return f"Deployment {unknown[0]!r} does not exist. Available: {available}"
     names = ", ".join(repr(name) for name in unknown)
     return f"Deployments {names} do not exist. Available: {available}"
+
+
+def runtime_env_key_paths(
+    app_config: Mapping[str, Any], keys: Iterable[str]
+) -> list[list[str | int]]:
+    """Where an application config (REST spelling) sets one of the runtime_env ``keys``.
+
+    Paths are relative to the application: ``["runtime_env", key]`` and
+    ``["deployments", i, "ray_actor_options", "runtime_env", key]``; a null value sets nothing.
+    """
+    wanted = set(keys)
+    envs: list[tuple[list[str | int], Any]] = [(["runtime_env"], app_config.get("runtime_env"))]
+    for i, override in enumerate(app_config.get("deployments") or []):
+        options = override.get("ray_actor_options") or {}
+        envs.append(
+            (["deployments", i, "ray_actor_options", "runtime_env"], options.get("runtime_env"))
+        )
+    return [
+        [*at, key]
+        for at, env in envs
+        for key in sorted(wanted & set(env or {}))
+        if (env or {}).get(key) is not None
+    ]

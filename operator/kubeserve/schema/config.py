@@ -27,7 +27,7 @@ from __future__ import annotations
 import keyword
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -44,6 +44,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from kubeserve.schema import support
 from kubeserve.schema.errors import field_error
 from kubeserve.schema.limits import (
     MAX_APPLICATIONS,
@@ -86,9 +87,25 @@ REST_MODEL_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class RestModel(BaseModel):
-    """Base of the REST bodies: strict about unknown fields, snake_case names."""
+    """Base of the REST bodies: strict about unknown fields, snake_case names.
+
+    Fields kubeserve does not act on are refused here, for every model alike, when the client
+    gives them a value that asks for something (:mod:`kubeserve.schema.support`).
+    """
 
     model_config = REST_MODEL_CONFIG
+    #: the name of the model in Ray's schema, the key of :data:`~kubeserve.schema.support.SUPPORT`
+    ray_name: ClassVar[str] = ""
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> Self:
+        # Custom-resource spec models re-attach this validator and set their own ``ray_name``.
+        model = getattr(self, "ray_name", "") or type(self).__name__
+        for field in sorted(self.model_fields_set):
+            reason = support.refusal(model, field, getattr(self, field))
+            if reason is not None:
+                raise field_error(reason, field)
+        return self
 
     def as_given(self) -> dict[str, Any]:
         """The body as the client gave it (fields it left out stay out), JSON-ready.
@@ -639,6 +656,8 @@ class ServeApplicationSchema(RestModel):
 class ServeApplicationEntry(ServeApplicationSchema):
     """An element of ``applications`` in the multi-application config; Ray's default name."""
 
+    ray_name: ClassVar[str] = "ServeApplicationSchema"
+
     name: Name = "default"
 
 
@@ -678,6 +697,8 @@ class HTTPOptionsSchema(RestModel):
 
 class GRPCOptionsSchema(RestModel):
     """gRPC proxy options (Ray's ``gRPCOptionsSchema``); no servicers means no gRPC server."""
+
+    ray_name: ClassVar[str] = "gRPCOptionsSchema"
 
     port: Port = 9000
     grpc_servicer_functions: list[ImportPath] = Field(default_factory=list)

@@ -196,6 +196,8 @@ class ServeApplicationSpecBase(CRModel):
 
     #: The REST model a spec translates to; :mod:`.crd` also takes its CEL rules from it.
     rest_model: ClassVar[type[BaseModel]] = ServeApplicationEntry
+    #: the model's name in Ray's schema (see :mod:`kubeserve.schema.support`)
+    ray_name: ClassVar[str] = "ServeApplicationSchema"
 
     app_name: str | None = Field(
         default=None,
@@ -266,6 +268,7 @@ class ServeInstanceSpecBase(CRModel):
     """
 
     rest_model: ClassVar[type[BaseModel]] = ServeDeploySchema
+    ray_name: ClassVar[str] = "ServeDeploySchema"
 
     image: str = Field(
         default=DEFAULT_IMAGE,

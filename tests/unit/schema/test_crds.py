@@ -28,7 +28,7 @@ SAMPLE_APP_SPEC: dict[str, Any] = {
     "runtimeEnv": {
         "workingDir": "https://example.com/text_ml.zip",
         "envVars": {"MODEL_SIZE": "small"},
-        "pip": ["requests"],
+        "excludes": ["*.pyc"],
     },
     "args": {"model_name": "small"},
     "deployments": [
@@ -56,7 +56,7 @@ SAMPLE_APP_REST: dict[str, Any] = {
     "runtime_env": {
         "working_dir": "https://example.com/text_ml.zip",
         "env_vars": {"MODEL_SIZE": "small"},
-        "pip": ["requests"],
+        "excludes": ["*.pyc"],
     },
     "args": {"model_name": "small"},
     "deployments": [

@@ -69,12 +69,20 @@ def test_unknown_fields_are_rejected_at_every_level(body: dict[str, Any], loc: l
 
 def test_runtime_env_passes_known_ray_keys_through() -> None:
     env = {
-        "pip": ["requests==2.31"],
+        "excludes": ["*.pyc"],
         "env_vars": {"A": "1"},
         "config": {"setup_timeout_seconds": 9},
     }
     app = parse_body(ServeApplicationSchema, {"import_path": "a:b", "runtime_env": env})
     assert app.as_given()["runtime_env"] == env
+
+
+@pytest.mark.parametrize("key", ["pip", "uv", "conda", "container", "py_executable"])
+def test_runtime_env_package_installs_are_refused_at_their_path(key: str) -> None:
+    body = multi({"name": "d", "ray_actor_options": {"runtime_env": {key: ["requests"]}}})
+    ((loc, message),) = errors_of(ServeDeploySchema, body)
+    assert loc == [*DEP, "ray_actor_options", "runtime_env", key]
+    assert message.startswith(f"{key} is not supported by kubeserve: installing packages")
 
 
 # --------------------------------------------------------------------------- synonyms
@@ -131,9 +139,9 @@ def test_error_location_uses_the_spelling_the_client_sent() -> None:
         ("health_check_period_s", 0.1, 0.09),
         ("health_check_timeout_s", 1, 0),
         ("health_check_timeout_s", 0.1, 0.01),
-        ("max_replicas_per_node", 100, 101),
-        ("rolling_update_percentage", 1, 0),
-        ("max_surge_percent", 0, 101),
+        ("max_replicas_per_node", None, 101),
+        ("rolling_update_percentage", None, 0),
+        ("max_surge_percent", None, 101),
         ("is_driver_deployment", True, "perhaps"),
         ("user_config", {"a": 1}, [1]),
     ],
@@ -151,14 +159,20 @@ def test_actor_option_numbers_are_non_negative(field: str) -> None:
 
 
 def test_ray_260_actor_options_are_accepted() -> None:
-    options = {
-        "accelerator_type": "A100",
-        "resources": {"custom": 1},
-        "label_selector": {"zone": "a"},
-        "fallback_strategy": [{"label_selector": {"zone": "b"}}],
-    }
+    options = {"accelerator_type": "A100", "resources": {"custom": 1}, "label_selector": {}}
     dep = parse_body(DeploymentSchema, {"name": "d", "ray_actor_options": options})
-    assert dep.as_given()["ray_actor_options"]["label_selector"] == {"zone": "a"}
+    assert dep.as_given()["ray_actor_options"]["resources"] == {"custom": 1}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("label_selector", {"zone": "a"}), ("fallback_strategy", [{"label_selector": {"z": "b"}}])],
+)
+def test_ray_260_scheduling_options_kubeserve_lacks_are_refused(field: str, value: Any) -> None:
+    body = {"name": "d", "ray_actor_options": {field: value}}
+    ((loc, message),) = errors_of(DeploymentSchema, body)
+    assert loc == ["ray_actor_options", field]
+    assert "not supported by kubeserve" in message
 
 
 def test_null_for_a_defaulted_option_means_not_given() -> None:
@@ -229,7 +243,12 @@ def test_external_scaler_excludes_builtin_autoscaling() -> None:
 @pytest.mark.parametrize("prefix", ["/", "/a", "/a/b", None])
 def test_route_prefix_accepted(prefix: str | None) -> None:
     parse_body(ServeApplicationSchema, {"import_path": "a:b", "route_prefix": prefix})
-    parse_body(DeploymentSchema, {"name": "d", "route_prefix": prefix})
+
+
+def test_a_deployment_route_prefix_is_refused() -> None:
+    parse_body(DeploymentSchema, {"name": "d", "route_prefix": None})
+    ((loc, message),) = errors_of(DeploymentSchema, {"name": "d", "route_prefix": "/a"})
+    assert loc == ["route_prefix"] and "set the application's route_prefix" in message
 
 
 @pytest.mark.parametrize("prefix", ["a", "/a/", "//", "", "/{x}"])
@@ -390,7 +409,7 @@ def test_serving_layer_defaults_are_rays() -> None:
         ({"proxy_location": "Nowhere"}, ["proxy_location"]),
         ({"target_capacity": 101}, ["target_capacity"]),
         ({"target_capacity": -1}, ["target_capacity"]),
-        ({"http_options": {"ssl_keyfile": "k.pem"}}, ["http_options", "ssl_certfile"]),
+        ({"http_options": {"ssl_keyfile": "k.pem"}}, ["http_options", "ssl_keyfile"]),
         (
             {"grpc_options": {"grpc_servicer_functions": ["nope"]}},
             ["grpc_options", "grpc_servicer_functions", 0],
@@ -412,12 +431,13 @@ def test_serving_layer_valid_values() -> None:
         "applications": [],
         "proxy_location": "HeadOnly",
         "target_capacity": 50,
-        "logging_config": {"log_level": "debug", "encoding": "JSON"},
-        "controller_options": {"runtime_env": {"env_vars": {"A": "b"}}},
-        "tracing_config": {"enabled": True},
+        "logging_config": {"log_level": "info", "encoding": "TEXT"},
+        "controller_options": {"runtime_env": {}},
+        "tracing_config": {"enabled": False, "sampling_ratio": 0.5},
+        "grpc_options": {"port": 9001, "grpc_servicer_functions": []},
     }
     config = parse_body(ServeDeploySchema, body)
-    assert config.logging_config is not None and config.logging_config.log_level == "DEBUG"
+    assert config.logging_config is not None and config.logging_config.log_level == "INFO"
 
 
 # --------------------------------------------------------------------------- round trip and bodies

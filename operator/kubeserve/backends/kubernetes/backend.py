@@ -54,6 +54,7 @@ from kubeserve.control.details import instance_details
 from kubeserve.control.instance import external_scaler_disabled, immutable_option_conflict
 from kubeserve.runtime.kube import Kube, KubeConflict, KubeError, path
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
+from kubeserve.schema.errors import ErrorDetail
 from kubeserve.schema.resources import (
     API_VERSION,
     DEFAULT_INSTANCE,
@@ -154,6 +155,10 @@ class KubernetesBackend:
                 cr_name = targets[app["name"]]
                 written.append(await self._write_application(app, cr_name, owner, existing))
             await self._await_cached(written)
+
+    def refusals(self, app_config: dict[str, Any]) -> list[ErrorDetail]:
+        """Nothing the schema accepts is beyond the operator (it renders or reports the rest)."""
+        return []
 
     async def shutdown(self) -> None:
         async with self._lock, _kube_errors():

@@ -14,9 +14,11 @@ from kubeserve.backends.local.details import instance_view
 from kubeserve.backends.local.state_lock import StateDirLock
 from kubeserve.backends.local.store import Store
 from kubeserve.backends.protocol import ConflictError, NotFoundError, PreconditionFailedError
+from kubeserve.control import effective_config
 from kubeserve.control.details import instance_details
 from kubeserve.control.instance import external_scaler_disabled, immutable_option_conflict
 from kubeserve.runtime import channel, wire
+from kubeserve.schema.errors import ErrorDetail
 from kubeserve.schema.status import ServeInstanceDetails
 
 _MAX_LONG_POLL_S = 60.0
@@ -57,6 +59,17 @@ class LocalBackend:
             raise ConflictError(conflict)
         self.store.replace(instance, applications, single_app)
         self.controller.wake()
+
+    def refusals(self, app_config: dict[str, Any]) -> list[ErrorDetail]:
+        """``runtime_env.image_uri`` names a container image; replicas here are local processes."""
+        return [
+            {
+                "loc": path,
+                "msg": "image_uri is not supported by kubeserve start: its replicas are local "
+                "processes, not containers (it picks the replica image on Kubernetes)",
+            }
+            for path in effective_config.runtime_env_key_paths(app_config, ["image_uri"])
+        ]
 
     async def shutdown(self) -> None:
         self.store.clear()

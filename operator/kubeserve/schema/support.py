@@ -1,0 +1,341 @@
+"""Which of Ray Serve 2.60's config fields kubeserve acts on, and why it refuses the others.
+
+Every field of Ray's ``ServeDeploySchema`` (and of the models it contains) has exactly one entry
+in :data:`SUPPORT`, keyed ``"RayModelName.field"``. A test walks Ray's published schema and fails
+for a field without an entry, so a new Ray field cannot slip in unnoticed, and the README's field
+table is generated from this one (``python -m kubeserve.schema.support``).
+
+- ``works``: acted on as Ray documents it, on both backends.
+- ``partial``: acted on, with the gap the note states (the README repeats it).
+- ``inert``: accepted, and has no effect in Ray either unless a refused field is also given
+  (e.g. ``grpc_options.port`` without servicer functions: Ray starts no gRPC server).
+- ``refused``: any value other than those in ``accepts`` (the values that ask for nothing, such
+  as Ray's default, which tools like ``serve build`` write out) is a 400 at the field's JSON path
+  with the note as the reason. Nothing is accepted, echoed back by GET and then ignored.
+
+The check itself is :func:`refusal`, called by every REST model's validator for the fields the
+client gave (``model_fields_set``), so the single-application body, the multi-application body and
+the custom resources (validated through the same models) all refuse alike.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+Status = Literal["works", "partial", "inert", "refused"]
+
+
+@dataclass(frozen=True)
+class Support:
+    status: Status
+    note: str = ""
+    #: for ``refused``: the values that ask for nothing and are therefore accepted
+    accepts: tuple[Any, ...] = (None,)
+
+
+def works(note: str = "") -> Support:
+    return Support("works", note)
+
+
+def partial(note: str) -> Support:
+    return Support("partial", note)
+
+
+def inert(note: str) -> Support:
+    return Support("inert", note)
+
+
+def refused(reason: str, *accepts: Any) -> Support:
+    return Support("refused", reason, accepts or (None,))
+
+
+_TLS = refused(
+    "TLS on the proxy is not supported yet: terminate TLS in front of kubeserve (a load balancer "
+    "or an ingress controller) and leave ssl_* unset"
+)
+_PLACEMENT_GROUPS = refused(
+    "placement groups are a Ray cluster scheduling feature kubeserve does not have; give each "
+    "replica's resources in ray_actor_options instead"
+)
+_LOG_FORMAT = "log records are written as text at the level the process was started with"
+_ROUTER = (
+    "kubeserve's router is power of two choices on in-flight requests; custom routers are not "
+    "supported"
+)
+_RUNTIME_ENV_PACKAGES = (
+    "installing packages or switching interpreters per application is not supported yet: build "
+    "an image (Kubernetes) or a virtualenv (kubeserve start) with the packages, and use "
+    "working_dir/py_modules for code"
+)
+
+_LOGGING = {
+    "encoding": refused(f"only TEXT encoding is supported: {_LOG_FORMAT}", "TEXT"),
+    "log_level": refused(f"only INFO is supported: {_LOG_FORMAT}", "INFO"),
+    "logs_dir": refused(
+        "logs are written under the state directory (kubeserve start) or to the container's "
+        "output (Kubernetes); another directory is not supported"
+    ),
+    "enable_access_log": partial(
+        "access log lines are not written yet; true (Ray's default) and false are both accepted"
+    ),
+    "additional_log_standard_attrs": refused(
+        f"extra log record attributes are not supported: {_LOG_FORMAT}", None, []
+    ),
+}
+
+_RUNTIME_ENV = {
+    "working_dir": works("zip archives over http(s); fetched once into a cache"),
+    "py_modules": works("zip archives over http(s); fetched once into a cache"),
+    "env_vars": works("application-level, overridden per deployment"),
+    "pip": refused(_RUNTIME_ENV_PACKAGES),
+    "uv": refused(_RUNTIME_ENV_PACKAGES),
+    "conda": refused(_RUNTIME_ENV_PACKAGES),
+    "container": refused(_RUNTIME_ENV_PACKAGES),
+    "image_uri": partial(
+        "the replica pods' image on Kubernetes; refused (400) by kubeserve start, whose replicas "
+        "are local processes"
+    ),
+    "py_executable": refused(_RUNTIME_ENV_PACKAGES),
+    "java_jars": refused("Java deployments are not supported"),
+    "nsight": refused("Nsight profiling is not supported"),
+    "worker_process_setup_hook": refused(
+        "setup hooks are not supported: run setup code at import or in the constructor"
+    ),
+    "excludes": inert(
+        "filters what Ray's client uploads from a local directory; kubeserve "
+        "takes remote URIs only, so there is nothing to filter"
+    ),
+    "config": inert("Ray's runtime_env install options (setup timeout, eager install)"),
+}
+
+#: ``"RayModelName.field"`` -> what kubeserve does with it.
+SUPPORT: dict[str, Support] = {
+    # ------------------------------------------------------------------ ServeDeploySchema
+    "ServeDeploySchema.proxy_location": works(
+        "EveryNode/HeadOnly: one proxy (kubeserve start), a DaemonSet or a Deployment "
+        "(Kubernetes); Disabled: none"
+    ),
+    "ServeDeploySchema.http_options": works(),
+    "ServeDeploySchema.grpc_options": works(),
+    "ServeDeploySchema.controller_options": works(),
+    "ServeDeploySchema.logging_config": works(),
+    "ServeDeploySchema.tracing_config": works(),
+    "ServeDeploySchema.target_capacity": works(
+        "scales every deployment's replica count by the percentage"
+    ),
+    "ServeDeploySchema.applications": works(),
+    # ------------------------------------------------------------------ HTTPOptionsSchema
+    "HTTPOptionsSchema.host": works("fixed while the serving layer runs (409 otherwise)"),
+    "HTTPOptionsSchema.port": works("fixed while the serving layer runs (409 otherwise)"),
+    "HTTPOptionsSchema.root_path": refused(
+        "serving under a path prefix added by a reverse proxy is not supported yet; give the "
+        "applications route prefixes instead",
+        None,
+        "",
+    ),
+    "HTTPOptionsSchema.request_timeout_s": works("a request over it is answered 408"),
+    "HTTPOptionsSchema.keep_alive_timeout_s": works(),
+    "HTTPOptionsSchema.ssl_keyfile": _TLS,
+    "HTTPOptionsSchema.ssl_certfile": _TLS,
+    "HTTPOptionsSchema.ssl_keyfile_password": _TLS,
+    "HTTPOptionsSchema.ssl_ca_certs": _TLS,
+    # ------------------------------------------------------------------ gRPCOptionsSchema
+    "gRPCOptionsSchema.grpc_servicer_functions": refused(
+        "the gRPC proxy is not supported: serve the application over HTTP", None, []
+    ),
+    "gRPCOptionsSchema.port": inert("Ray starts a gRPC proxy only with servicer functions"),
+    "gRPCOptionsSchema.request_timeout_s": inert(
+        "Ray starts a gRPC proxy only with servicer functions"
+    ),
+    "gRPCOptionsSchema.enable_reflection": inert(
+        "Ray starts a gRPC proxy only with servicer functions"
+    ),
+    # ------------------------------------------------------------------ ControllerOptions
+    "ControllerOptions.runtime_env": refused(
+        "the controller is kubeserve's own process (kubeserve start, or the operator's pod): set "
+        "its environment where it is started",
+        None,
+        {},
+    ),
+    # ------------------------------------------------------------------ TracingConfig
+    "TracingConfig.enabled": refused("distributed tracing is not supported yet", None, False),
+    "TracingConfig.exporter_import_path": inert("read only when tracing is enabled"),
+    "TracingConfig.sampling_ratio": inert("read only when tracing is enabled"),
+    # ------------------------------------------------------------------ LoggingConfig
+    **{f"LoggingConfig.{field}": support for field, support in _LOGGING.items()},
+    # ------------------------------------------------------------------ ServeApplicationSchema
+    "ServeApplicationSchema.name": works(),
+    "ServeApplicationSchema.route_prefix": works("null: no HTTP route (handles only)"),
+    "ServeApplicationSchema.import_path": works(),
+    "ServeApplicationSchema.runtime_env": works(),
+    "ServeApplicationSchema.host": works("single-application body; equals http_options.host"),
+    "ServeApplicationSchema.port": works("single-application body; equals http_options.port"),
+    "ServeApplicationSchema.deployments": works("overrides of the options set in code"),
+    "ServeApplicationSchema.autoscaling_policy": refused(
+        "application-level autoscaling policies are not supported; configure each deployment's "
+        "autoscaling_config"
+    ),
+    "ServeApplicationSchema.args": works("passed to an application builder"),
+    "ServeApplicationSchema.logging_config": works(),
+    "ServeApplicationSchema.external_scaler_enabled": works(
+        "POST /api/v1/applications/{app}/deployments/{deployment}/scale sets the replica count"
+    ),
+    # ------------------------------------------------------------------ DeploymentSchema
+    "DeploymentSchema.name": works(),
+    "DeploymentSchema.num_replicas": works('an integer, or "auto" (autoscaling)'),
+    "DeploymentSchema.max_ongoing_requests": works(),
+    "DeploymentSchema.max_queued_requests": works(),
+    "DeploymentSchema.backpressure_config": works(),
+    "DeploymentSchema.user_config": works("applied to running replicas with reconfigure()"),
+    "DeploymentSchema.autoscaling_config": works(),
+    "DeploymentSchema.graceful_shutdown_wait_loop_s": works(),
+    "DeploymentSchema.graceful_shutdown_timeout_s": works(),
+    "DeploymentSchema.health_check_period_s": works(),
+    "DeploymentSchema.health_check_timeout_s": works(),
+    "DeploymentSchema.ray_actor_options": works(),
+    "DeploymentSchema.placement_group_bundles": _PLACEMENT_GROUPS,
+    "DeploymentSchema.placement_group_strategy": _PLACEMENT_GROUPS,
+    "DeploymentSchema.placement_group_bundle_label_selector": _PLACEMENT_GROUPS,
+    "DeploymentSchema.max_replicas_per_node": refused(
+        "spreading limits per node are not supported yet"
+    ),
+    "DeploymentSchema.logging_config": works(),
+    "DeploymentSchema.request_router_config": works(),
+    "DeploymentSchema.gang_scheduling_config": refused("gang scheduling is not supported"),
+    "DeploymentSchema.deployment_actors": refused(
+        "deployment actors are not supported: start shared helpers in the replica", None, []
+    ),
+    "DeploymentSchema.rolling_update_percentage": refused(
+        "rolling updates replace replicas one start slot at a time; the batch size is not "
+        "configurable yet"
+    ),
+    "DeploymentSchema.max_surge_percent": refused(
+        "rolling updates replace replicas one start slot at a time; the surge is not "
+        "configurable yet"
+    ),
+    # ------------------------------------------------------------------ RayActorOptionsSchema
+    "RayActorOptionsSchema.runtime_env": works("merged over the application's runtime_env"),
+    "RayActorOptionsSchema.num_cpus": works(
+        "reserved from the instance's CPUs (kubeserve start --num-cpus) or as pod requests"
+    ),
+    "RayActorOptionsSchema.num_gpus": partial(
+        "reserved from the instance's GPUs, or nvidia.com/gpu on Kubernetes; locally "
+        "CUDA_VISIBLE_DEVICES is not assigned per replica yet"
+    ),
+    "RayActorOptionsSchema.memory": partial(
+        "pod memory request and limit on Kubernetes; reported, not reserved, on one machine"
+    ),
+    "RayActorOptionsSchema.resources": partial(
+        "extended resource requests on Kubernetes; reported, not reserved, on one machine"
+    ),
+    "RayActorOptionsSchema.accelerator_type": partial(
+        "a node selector on Kubernetes; not checked on one machine"
+    ),
+    "RayActorOptionsSchema.label_selector": refused(
+        "node label selectors are not supported yet", None, {}
+    ),
+    "RayActorOptionsSchema.fallback_strategy": refused(
+        "scheduling fallback strategies are not supported yet", None, []
+    ),
+    # ------------------------------------------------------------------ AutoscalingConfig
+    **{
+        f"AutoscalingConfig.{field}": works()
+        for field in (
+            "min_replicas",
+            "initial_replicas",
+            "max_replicas",
+            "target_ongoing_requests",
+            "metrics_interval_s",
+            "look_back_period_s",
+            "smoothing_factor",
+            "upscale_smoothing_factor",
+            "downscale_smoothing_factor",
+            "upscaling_factor",
+            "downscaling_factor",
+            "downscale_delay_s",
+            "downscale_to_zero_delay_s",
+            "upscale_delay_s",
+            "aggregation_function",
+        )
+    },
+    "AutoscalingConfig.policy": works(),
+    "AutoscalingPolicy.policy_function": refused(
+        "custom autoscaling policies are not supported; Ray's default policy is built in",
+        None,
+        "ray.serve.autoscaling_policy:default_autoscaling_policy",
+    ),
+    "AutoscalingPolicy.policy_kwargs": refused(
+        "custom autoscaling policies are not supported", None, {}
+    ),
+    # ------------------------------------------------------------------ BackpressureConfig
+    "BackpressureConfig.status_code": works(),
+    "BackpressureConfig.retry_after_s": works(),
+    # ------------------------------------------------------------------ RequestRouterConfig
+    "RequestRouterConfig.request_router_class": refused(
+        _ROUTER, None, "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
+    ),
+    "RequestRouterConfig.request_router_kwargs": refused(_ROUTER, None, {}),
+    "RequestRouterConfig.request_routing_stats_period_s": inert("read only by custom routers"),
+    "RequestRouterConfig.request_routing_stats_timeout_s": inert("read only by custom routers"),
+    "RequestRouterConfig.initial_backoff_s": inert("read only by custom routers"),
+    "RequestRouterConfig.backoff_multiplier": inert("read only by custom routers"),
+    "RequestRouterConfig.max_backoff_s": inert("read only by custom routers"),
+    # ------------------------------------------------------------------ GangSchedulingConfig
+    "GangSchedulingConfig.gang_size": inert("only inside gang_scheduling_config (refused)"),
+    "GangSchedulingConfig.gang_placement_strategy": inert(
+        "only inside gang_scheduling_config (refused)"
+    ),
+    "GangSchedulingConfig.runtime_failure_policy": inert(
+        "only inside gang_scheduling_config (refused)"
+    ),
+    # ------------------------------------------------------------------ DeploymentActorConfig
+    **{
+        f"DeploymentActorConfig.{field}": inert("only inside deployment_actors (refused)")
+        for field in ("name", "actor_class", "init_args", "init_kwargs", "actor_options")
+    },
+    # ------------------------------------------------------------------ not in Ray 2.60's schema
+    "DeploymentSchema.route_prefix": refused(
+        "a deployment's route_prefix was removed in Ray 2; set the application's route_prefix"
+    ),
+    "DeploymentSchema.is_driver_deployment": inert("a Ray-internal flag with no effect here"),
+    "RayActorOptionsSchema.object_store_memory": inert("there is no object store"),
+    "ControllerRuntimeEnv.env_vars": inert("only inside controller_options (refused)"),
+    **{f"RuntimeEnv.{field}": support for field, support in _RUNTIME_ENV.items()},
+}
+
+
+def _as_json(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_defaults=True)
+    return value
+
+
+def refusal(model: str, field: str, value: Any) -> str | None:
+    """Why ``value`` given for ``model.field`` is refused, or ``None`` when it is accepted."""
+    support = SUPPORT.get(f"{model}.{field}")
+    if support is None or support.status != "refused":
+        return None
+    given = _as_json(value)
+    if any(given == accepted for accepted in support.accepts):
+        return None
+    return f"{field} is not supported by kubeserve: {support.note}"
+
+
+def markdown_table() -> str:
+    """The README's table: every field, its status and the note."""
+    lines = ["| Field | Status | Notes |", "|---|---|---|"]
+    for key, support in SUPPORT.items():
+        note = support.note.replace("|", "\\|")
+        if support.status == "refused":
+            allowed = ", ".join(json.dumps(v) for v in support.accepts)
+            note = f"{note} (accepted: {allowed})"
+        lines.append(f"| `{key}` | {support.status} | {note} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -25,6 +25,7 @@ DEPLOYMENT_DEFAULTS: dict[str, Any] = {
     "num_replicas": 1,
     "max_ongoing_requests": 5,
     "max_queued_requests": -1,
+    "backpressure_config": None,
     "user_config": None,
     "autoscaling_config": None,
     "graceful_shutdown_wait_loop_s": 2.0,

@@ -121,10 +121,17 @@ def snapshot_parts(
             if not entry.get("service"):
                 continue
             replicas = sorted(by_service.get(entry["service"], []), key=lambda r: r["replica_id"])
-            deployments[wire.deployment_key(name, deployment)] = {
+            endpoints: wire.DeploymentEndpoints = {
                 "max_ongoing_requests": int(entry.get("maxOngoingRequests") or 5),
                 "replicas": replicas,
             }
+            if entry.get("maxQueuedRequests") is not None:
+                endpoints["max_queued_requests"] = int(entry["maxQueuedRequests"])
+            if entry.get("backpressureStatus") is not None:
+                endpoints["backpressure_status"] = int(entry["backpressureStatus"])
+            if entry.get("retryAfterS") is not None:
+                endpoints["retry_after_s"] = float(entry["retryAfterS"])
+            deployments[wire.deployment_key(name, deployment)] = endpoints
         prefix, ingress = status.get("routePrefix"), status.get("ingressDeployment")
         if prefix and ingress:
             routes.append({"route_prefix": prefix, "app": name, "deployment": ingress})

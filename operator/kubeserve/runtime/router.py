@@ -36,7 +36,15 @@ class NoReplicaAvailable(Exception):
 
 
 class BackPressure(NoReplicaAvailable):
-    """The deployment's queue at this caller is full (``max_queued_requests``): refused at once."""
+    """The deployment's queue at this caller is full (``max_queued_requests``): refused at once,
+    with the HTTP answer its ``backpressure_config`` asks for."""
+
+    def __init__(
+        self, key: str, reason: str, status: int = 503, retry_after_s: float | None = None
+    ) -> None:
+        super().__init__(key, reason)
+        self.status = status
+        self.retry_after_s = retry_after_s
 
 
 class Replica:
@@ -67,12 +75,21 @@ class _Pool:
     holds futures that are pending, in arrival order.
     """
 
-    __slots__ = ("key", "max_ongoing", "max_queued", "replicas", "waiters")
+    __slots__ = (
+        "backpressure",
+        "key",
+        "max_ongoing",
+        "max_queued",
+        "replicas",
+        "waiters",
+    )
 
     def __init__(self, key: str, max_queued: int) -> None:
         self.key = key
         self.max_ongoing = 1
         self.max_queued = max_queued
+        #: the answer beyond ``max_queued``: HTTP status and Retry-After seconds
+        self.backpressure: tuple[int, float | None] = (503, None)
         self.replicas: list[Replica] = []
         self.waiters: deque[asyncio.Future[Replica]] = deque()
 
@@ -168,6 +185,10 @@ class Router:
             pool.max_ongoing = max(1, endpoints["max_ongoing_requests"])
             limit = endpoints.get("max_queued_requests", -1)
             pool.max_queued = self._max_queued if limit < 0 else min(limit, self._max_queued)
+            pool.backpressure = (
+                endpoints.get("backpressure_status", 503),
+                endpoints.get("retry_after_s"),
+            )
             pool.dispatch()
         for key in [k for k in self._pools if k not in deployments]:
             pool = self._pools[key]
@@ -207,7 +228,9 @@ class Router:
             pool = self._pools[key] = _Pool(key, self._max_queued)
         if len(pool.waiters) >= pool.max_queued:
             raise BackPressure(
-                key, f"{len(pool.waiters)} requests already queued (max_queued_requests)"
+                key,
+                f"{len(pool.waiters)} requests already queued (max_queued_requests)",
+                *pool.backpressure,
             )
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Replica] = loop.create_future()

@@ -30,6 +30,7 @@ a peer that has not proved the instance's secret: the handshake comes before the
 from __future__ import annotations
 
 import pickle
+from collections.abc import Mapping
 from typing import Any, NotRequired, TypedDict
 
 HEALTHZ_PATH = "/-/healthz"
@@ -76,6 +77,10 @@ class DeploymentEndpoints(TypedDict):
     #: requests each caller may hold waiting for a replica (Ray's ``max_queued_requests``);
     #: -1 or absent: no limit of the deployment's own
     max_queued_requests: NotRequired[int]
+    #: the proxy's answer beyond ``max_queued_requests`` (``backpressure_config``): 503 or 429,
+    #: and the ``Retry-After`` seconds (absent: no header)
+    backpressure_status: NotRequired[int]
+    retry_after_s: NotRequired[float]
 
 
 class Route(TypedDict):
@@ -112,6 +117,25 @@ class ReplicaConfig(TypedDict):
     health_check_timeout_s: NotRequired[float]
     #: :meth:`kubeserve.runtime.limits.RequestLimits.to_mapping`; the defaults when absent
     request_limits: NotRequired[dict[str, Any]]
+
+
+class QueueLimits(TypedDict, total=False):
+    """The queue fields of :class:`DeploymentEndpoints`."""
+
+    max_queued_requests: int
+    backpressure_status: int
+    retry_after_s: float
+
+
+def queue_limits(config: Mapping[str, Any]) -> QueueLimits:
+    """The queue fields of a deployment's endpoints, from its effective config."""
+    limits: QueueLimits = {"max_queued_requests": int(config.get("max_queued_requests") or -1)}
+    backpressure = config.get("backpressure_config") or {}
+    if backpressure.get("status_code"):
+        limits["backpressure_status"] = int(backpressure["status_code"])
+    if backpressure.get("retry_after_s") is not None:
+        limits["retry_after_s"] = float(backpressure["retry_after_s"])
+    return limits
 
 
 def deployment_key(app: str, deployment: str) -> str:

@@ -344,6 +344,10 @@ class DeploymentStatusEntry(CRModel):
     #: and the cap on requests in flight per replica
     service: str | None = None
     max_ongoing_requests: PositiveInt | None = None
+    #: the callers' queue limit (-1: none) and their answer beyond it (``backpressure_config``)
+    max_queued_requests: int | None = None
+    backpressure_status: int | None = None
+    retry_after_s: float | None = None
     #: of an autoscaling deployment: why its target last changed
     last_scaling_decision: ScalingDecisionEntry | None = None
 

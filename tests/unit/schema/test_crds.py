@@ -319,6 +319,9 @@ def test_status_schemas_keep_the_operator_framework_state() -> None:
         "service",
         "maxOngoingRequests",
         "lastScalingDecision",
+        "maxQueuedRequests",
+        "backpressureStatus",
+        "retryAfterS",
     }
     assert app_status["ingressDeployment"]["type"] == "string"
 

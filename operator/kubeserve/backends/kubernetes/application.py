@@ -35,6 +35,7 @@ from kubeserve.control import effective_config
 from kubeserve.control.autoscaling import Direction
 from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status_derivation import BuildView, application_status, deployment_status
+from kubeserve.runtime import wire
 from kubeserve.schema.errors import validation_details
 from kubeserve.schema.resources import DEFAULT_INSTANCE, ServeApplicationSpec
 
@@ -180,6 +181,7 @@ class ApplicationReconciler:
                 service["metadata"]["name"],
                 int(effective["max_ongoing_requests"]),
                 self._autoscalers.last_decision(scaling_key),
+                wire.queue_limits(effective),
             )
         await _delete_stale_children(cluster, app, wanted)
         return observed

@@ -66,6 +66,8 @@ class ObservedDeployment:
     max_ongoing_requests: int
     #: an autoscaling deployment's last change of target (Ray's ``ScalingDecision`` fields)
     last_scaling_decision: Mapping[str, Any] | None = None
+    #: :func:`kubeserve.runtime.wire.queue_limits` of the deployment
+    queue_limits: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -213,6 +215,7 @@ def _deployment_entry(
         "target_replicas": observed.view.target_replicas,
         "service": observed.service,
         "max_ongoing_requests": observed.max_ongoing_requests,
+        **observed.queue_limits,
         **(
             {}
             if observed.last_scaling_decision is None

@@ -259,8 +259,8 @@ class DeploymentState:
         ]
         return {
             "max_ongoing_requests": int(self.config["max_ongoing_requests"]),
-            "max_queued_requests": int(self.config.get("max_queued_requests", -1)),
             "replicas": ready,
+            **wire.queue_limits(self.config),
         }
 
     # -- reconciliation --------------------------------------------------------------------------

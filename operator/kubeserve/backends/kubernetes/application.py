@@ -21,7 +21,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from kubeserve.backends.kubernetes import names, render
-from kubeserve.backends.kubernetes.autoscaling import Autoscalers, external_replicas
+from kubeserve.backends.kubernetes.autoscaling import (
+    SCALE_TO_ZERO_REFUSED,
+    Autoscalers,
+    external_replicas,
+    scale_to_zero_paths,
+)
 from kubeserve.backends.kubernetes.cluster import Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.reports import (
@@ -103,7 +108,9 @@ class ApplicationReconciler:
         graph = await _graph(self._cluster, instance_view, app_view)
         if graph is None:
             return ApplicationReport(application_status(BuildView("running"), {}))
-        error = graph.error or _override_error(graph, app_config)
+        error = (
+            graph.error or _override_error(graph, app_config) or _scale_to_zero(graph, app_config)
+        )
         if error is not None:
             return ApplicationReport(application_status(BuildView("failed", error), {}))
         external = external_replicas(obj) if app_config.get("external_scaler_enabled") else {}
@@ -195,6 +202,23 @@ def _instance_apps(cluster: Cluster, instance: dict[str, Any]) -> list[str]:
         for app in cluster.cache.objects("ServeApplication", meta["namespace"])
         if (app.get("spec") or {}).get("instance", DEFAULT_INSTANCE) == meta["name"]
     ]
+
+
+def _scale_to_zero(graph: Graph, app_config: dict[str, Any]) -> str | None:
+    """Why the application cannot run here when a deployment asks to scale to zero (in code or
+    in the config), else None."""
+    overrides = {d["name"]: d for d in app_config.get("deployments", [])}
+    effective = [
+        effective_config.effective_deployment_config(
+            node["name"], node.get("options", {}), overrides.get(node["name"])
+        )
+        for node in graph.body["deployments"]
+    ]
+    paths = scale_to_zero_paths(effective)
+    if not paths:
+        return None
+    which = ", ".join(sorted({repr(effective[int(path[0])]["name"]) for path in paths}))
+    return f"deployment {which}: {SCALE_TO_ZERO_REFUSED}"
 
 
 def _override_error(graph: Graph, app_config: dict[str, Any]) -> str | None:

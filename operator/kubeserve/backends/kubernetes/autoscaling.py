@@ -33,6 +33,29 @@ log = logging.getLogger(__name__)
 _READ_TIMEOUT_S = 5.0
 
 
+#: Why ``min_replicas: 0`` is refused on Kubernetes: a request for a deployment without replicas
+#: waits at a proxy pod, which has no way yet to tell the operator to start one.
+SCALE_TO_ZERO_REFUSED = (
+    "scaling to zero (min_replicas or initial_replicas 0) is not supported on Kubernetes yet: "
+    "the first request could not start a replica; use min_replicas >= 1 (kubeserve start "
+    "supports it)"
+)
+
+
+def scale_to_zero_paths(
+    deployments: Iterable[Mapping[str, Any]],
+) -> list[tuple[str | int, ...]]:
+    """Where ``deployments`` (overrides or effective configs, in order) ask to scale to zero:
+    ``(index, "autoscaling_config", field)`` for each ``min_replicas`` / ``initial_replicas`` 0."""
+    paths: list[tuple[str | int, ...]] = []
+    for i, deployment in enumerate(deployments):
+        scaling = deployment.get("autoscaling_config") or {}
+        for field_name in ("min_replicas", "initial_replicas"):
+            if scaling.get(field_name) == 0:
+                paths.append((i, "autoscaling_config", field_name))
+    return paths
+
+
 @dataclass
 class Autoscalers:
     #: schedules a reconcile pass soon (the operator's wake-up)

@@ -33,7 +33,11 @@ from typing import Any
 from aiohttp import web
 
 from kubeserve.backends.kubernetes import names
-from kubeserve.backends.kubernetes.autoscaling import external_replicas
+from kubeserve.backends.kubernetes.autoscaling import (
+    SCALE_TO_ZERO_REFUSED,
+    external_replicas,
+    scale_to_zero_paths,
+)
 from kubeserve.backends.kubernetes.cache import ClusterCache
 from kubeserve.backends.kubernetes.details import (
     DEPLOYED_AT_ANNOTATION,
@@ -157,8 +161,13 @@ class KubernetesBackend:
             await self._await_cached(written)
 
     def refusals(self, app_config: dict[str, Any]) -> list[ErrorDetail]:
-        """Nothing the schema accepts is beyond the operator (it renders or reports the rest)."""
-        return []
+        """Scaling to zero (see :data:`~.autoscaling.SCALE_TO_ZERO_REFUSED`); the operator
+        renders or reports everything else the schema accepts."""
+        overrides = app_config.get("deployments") or []
+        return [
+            {"loc": ["deployments", *path], "msg": SCALE_TO_ZERO_REFUSED}
+            for path in scale_to_zero_paths(overrides)
+        ]
 
     async def shutdown(self) -> None:
         async with self._lock, _kube_errors():

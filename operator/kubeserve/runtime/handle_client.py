@@ -37,6 +37,7 @@ A pool whose replica left the snapshot is closed.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from typing import Any
@@ -67,10 +68,8 @@ from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
 
 _UNSERVED = UNSERVED_HEADER.encode()
 
-__all__ = ["DEFAULT_CALL_TIMEOUT_S", "HandleClient"]
+__all__ = ["HandleClient"]
 
-#: How long a call waits for a replica slot before DeploymentUnavailableError.
-DEFAULT_CALL_TIMEOUT_S = 30.0
 #: How long opening a connection to a replica may take.
 CONNECT_TIMEOUT_S = 10.0
 #: Replicas tried for one call when connecting (or the handshake) fails: nothing was sent yet.
@@ -100,10 +99,13 @@ class HandleClient:
         controller_url: str | None = None,
         *,
         secret: bytes,
-        assign_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        assign_timeout_s: float | None = None,
         source: EndpointSource | None = None,
         router: Router | None = None,
     ) -> None:
+        """``assign_timeout_s``: how long a call may wait for a replica slot before
+        :class:`DeploymentUnavailableError`; ``None`` (the default) waits as Ray's handles do,
+        for a deployment scaled to zero to start a replica, say."""
         self.router = router or Router()
         self._secret = secret
         self._assign_timeout_s = assign_timeout_s
@@ -162,7 +164,11 @@ class HandleClient:
         payload = encode_call(args, kwargs)
         attempt = 1
         busy_wait = _BUSY_FIRST_WAIT_S
-        deadline = time.monotonic() + self._assign_timeout_s
+        deadline = (
+            math.inf
+            if self._assign_timeout_s is None
+            else time.monotonic() + self._assign_timeout_s
+        )
         while True:
             busy = False
             try:

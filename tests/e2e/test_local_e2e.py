@@ -137,6 +137,10 @@ def test_health_check_failure_marks_unhealthy_and_replaces_the_replica(
     app = ks.wait_app("probe", "UNHEALTHY", timeout_s=30)
     assert app["deployments"]["Probe"]["status"] == "UNHEALTHY"
     assert "health check" in app["deployments"]["Probe"]["message"]
+    # replaced only after Ray's three consecutive failures, the first two only logged
+    controller_log = (ks.state_dir / "logs" / "controller.log").read_text()
+    assert "failed health check 1 of 3 in a row" in controller_log
+    assert "failed health check 2 of 3 in a row" in controller_log
     flag.unlink()
     ks.wait_app("probe", timeout_s=60)
     (second,) = ks.replica_pids("probe", "Probe")

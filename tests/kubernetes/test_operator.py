@@ -38,6 +38,9 @@ def test_serve_application_applied_with_kubectl_serves_traffic(
     assert status["deployments"]["Probe"]["readyReplicas"] == 1
     assert status["observedGeneration"] == 1
     assert status["lastDeployedTime"]
+    table = plane.kubectl("get", "sapp", "-n", namespace).stdout.splitlines()
+    assert table[0].split() == ["NAME", "STATUS", "DEPLOYMENTS", "REPLICAS", "ROUTE", "AGE"]
+    assert table[1].split()[:5] == ["probe", "RUNNING", "1/1", "1/1", "/probe"]
     url = proxy_url(plane, namespace)
 
     def answers() -> Any:

@@ -20,6 +20,10 @@ from typing import Any
 
 from kubeserve.control import autoscaling
 
+#: Consecutive failed health checks after which a replica is replaced (Ray Serve's threshold); a
+#: single failure only logs a warning, since one slow check under load is not a dead replica.
+HEALTH_CHECK_FAILURE_THRESHOLD = 3
+
 #: Ray Serve 2.60's defaults for every deployment option kubeserve acts on.
 DEPLOYMENT_DEFAULTS: dict[str, Any] = {
     "num_replicas": 1,

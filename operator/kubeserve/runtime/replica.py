@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib
 import inspect
 import json
@@ -65,8 +66,28 @@ class ReplicaStartupError(Exception):
     """The replica could not start: bad config, import error, or the user's constructor raised."""
 
 
+def is_async_callable(fn: Any) -> bool:
+    """Whether calling ``fn`` gives a coroutine: ``async def`` functions and methods, and objects
+    whose ``__call__`` is one (a functools.partial of either too)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn):
+        return True
+    return (
+        not inspect.isroutine(fn)
+        and callable(fn)
+        and inspect.iscoroutinefunction(type(fn).__call__)
+    )
+
+
 async def _invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    result = fn(*args, **kwargs)
+    """Call user code: coroutines on the event loop, plain functions in a worker thread (as Ray
+    does), so a blocking method (``time.sleep``, a model's forward pass) never stalls the
+    replica's other requests or its health checks. Context variables (the request's id, the
+    multiplexed model id) are copied into the thread."""
+    if is_async_callable(fn):
+        return await fn(*args, **kwargs)
+    result = await asyncio.to_thread(fn, *args, **kwargs)
     if inspect.isawaitable(result):
         result = await result
     return result

@@ -364,6 +364,10 @@ class ServeApplicationStatus(CRModel):
     ready_deployments: str | None = Field(
         default=None, description='Healthy deployments out of all, e.g. "2/3".'
     )
+    replicas: str | None = Field(
+        default=None,
+        description='Ready replicas out of the target, all deployments together, e.g. "3/4".',
+    )
     route_prefix: str | None = Field(default=None, description="The effective route prefix.")
     ingress_deployment: str | None = Field(
         default=None, description="The deployment that receives the application's HTTP traffic."

@@ -81,6 +81,7 @@ from kubeserve.backends.kubernetes.render_views import (
     deployment_view,
     instance_view,
 )
+from kubeserve.control.effective_config import HEALTH_CHECK_FAILURE_THRESHOLD
 from kubeserve.runtime import wire
 from kubeserve.runtime.runtime_env import merge_runtime_env
 
@@ -120,7 +121,6 @@ BUILD_TTL_S = 3600
 #: Image pull, runtime_env fetch and import together must finish within this.
 BUILD_DEADLINE_S = 900
 _BUILD_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}}
-_LIVENESS_FAILURES = 3
 _STARTUP_PERIOD_S = 2
 
 
@@ -179,7 +179,7 @@ def _replica_probes(config: Any) -> Manifest:
     return {
         "startupProbe": startup,
         "readinessProbe": {**check, "failureThreshold": 1},
-        "livenessProbe": {**check, "failureThreshold": _LIVENESS_FAILURES},
+        "livenessProbe": {**check, "failureThreshold": HEALTH_CHECK_FAILURE_THRESHOLD},
     }
 
 

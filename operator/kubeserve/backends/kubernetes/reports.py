@@ -91,14 +91,18 @@ class ApplicationReport:
         info = self.info
         healthy = sum(1 for d in info.deployments.values() if d.status == "HEALTHY")
         reason = _APP_REASONS.get(info.status, "Deploying")
+        entries = {
+            name: _deployment_entry(status, self.deployments[name])
+            for name, status in info.deployments.items()
+        }
+        ready = sum(e["ready_replicas"] for e in entries.values())
+        target = sum(e["target_replicas"] for e in entries.values())
         fields: dict[str, Any] = {
             "app_status": info.status,
             "message": info.message[:4096],
             "ready_deployments": f"{healthy}/{len(info.deployments)}",
-            "deployments": {
-                name: _deployment_entry(status, self.deployments[name])
-                for name, status in info.deployments.items()
-            },
+            "replicas": f"{ready}/{target}",
+            "deployments": entries,
             "conditions": [
                 ready_condition(obj, info.status == "RUNNING", reason, info.message or info.status)
             ],

@@ -497,6 +497,7 @@ class DeploymentState:
         return ready
 
     async def _health_loop(self, replica: ReplicaProcess, exited: asyncio.Future[int]) -> None:
+        failures = 0
         while replica.state == "RUNNING":
             period = float(self.config.get("health_check_period_s", 10.0))
             await asyncio.wait([exited], timeout=period)
@@ -504,7 +505,14 @@ class DeploymentState:
                 return
             timeout = float(self.config.get("health_check_timeout_s", 30.0))
             error = await self._check(replica, timeout)
-            if error:
+            failures = failures + 1 if error else 0
+            if error and failures < effective_config.HEALTH_CHECK_FAILURE_THRESHOLD:
+                log.warning(
+                    "%s: replica %s failed health check %d of %d in a row: %s",
+                    self._label, replica.replica_id, failures,
+                    effective_config.HEALTH_CHECK_FAILURE_THRESHOLD, error,
+                )  # fmt: skip
+            elif error:
                 replica.healthy = False
                 self.health_error = f"replica {replica.replica_id} failed its health check: {error}"
                 log.warning("%s: %s", self._label, self.health_error)

@@ -124,6 +124,12 @@ class DeploymentAutoscaler:
             max(low, min(high, wanted)), now, "Autoscaling config or target_capacity changed."
         )
 
+    def adopt(self, count: int) -> None:
+        """Start from ``count`` replicas already running (within the bounds), as after a
+        restart of whoever owns this autoscaler."""
+        low, high = autoscaling.bounds(self.config, self.target_capacity, self.capacity_direction)
+        self.target = max(low, min(high, count))
+
     # -- readings --------------------------------------------------------------------------------
     def record_replica(self, replica_id: str, load: ReplicaLoad, now: float) -> None:
         source = _REPLICA + replica_id

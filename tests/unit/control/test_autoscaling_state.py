@@ -68,3 +68,12 @@ def test_a_new_config_keeps_the_target_within_the_new_bounds() -> None:
     assert scaler.target == 2
     scaler.reconfigure({**CONFIG, "max_replicas": 4, "initial_replicas": 2}, 3.0, 50, "DOWN")
     assert scaler.target == 2  # max 4 at 50% is 2
+
+
+def test_a_restarted_owner_adopts_the_running_count_within_the_bounds() -> None:
+    scaler = DeploymentAutoscaler({**CONFIG, "max_replicas": 4}, now=0.0)
+    scaler.adopt(3)
+    assert scaler.target == 3
+    scaler.adopt(9)
+    assert scaler.target == 4
+    assert not scaler.decisions  # nothing was decided: the count was already running

@@ -152,7 +152,13 @@ class ApplicationReconciler:
                 name, node.get("options", {}), overrides.get(name)
             )
             scaling_key = f"{app.namespace}/{app.cr_name}/{name}"
-            replicas = self._autoscalers.target(scaling_key, effective, capacity)
+            existing = cluster.cache.get(
+                "Deployment", app.namespace, names.workload_name(app.cr_name, name)
+            )
+            running_count = (
+                None if existing is None else (existing.get("spec") or {}).get("replicas")
+            )
+            replicas = self._autoscalers.target(scaling_key, effective, capacity, running_count)
             if replicas is None:
                 fixed = effective_config.target_replicas(effective, capacity[0])
                 replicas = external.get(name, fixed)

@@ -77,8 +77,14 @@ class Autoscalers:
         key: str,
         effective: Mapping[str, Any],
         capacity: tuple[float | None, Direction | None] = (None, None),
+        running_count: int | None = None,
     ) -> int | None:
-        """The replica count to render for ``key``, or ``None`` when it does not autoscale."""
+        """The replica count to render for ``key``, or ``None`` when it does not autoscale.
+
+        ``running_count`` is the replica count of the existing Deployment, if any: an operator
+        that starts (again) adopts it, within the bounds, instead of jumping back to
+        ``initial_replicas``.
+        """
         raw = effective.get("autoscaling_config")
         if not raw:
             self.forget(key)
@@ -86,6 +92,8 @@ class Autoscalers:
         scaler = self._scalers.get(key)
         if scaler is None:
             scaler = self._scalers[key] = DeploymentAutoscaler(raw, time.time(), *capacity)
+            if running_count is not None:
+                scaler.adopt(running_count)
         else:
             scaler.reconfigure(raw, time.time(), *capacity)
         return scaler.target

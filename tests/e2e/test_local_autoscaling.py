@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kubeserve_testing import Kubeserve, http, wait_for
+from kubeserve_testing import Kubeserve, http, slow_app, wait_for
 
 #: reacts within seconds (Ray's defaults wait 30 s up and 10 min down)
 FAST = {
@@ -16,15 +16,6 @@ FAST = {
     "upscale_delay_s": 0.0,
     "downscale_delay_s": 2.0,
 }
-
-
-def slow_app(autoscaling: dict[str, Any], **deployment: Any) -> dict[str, Any]:
-    return {
-        "name": "slow",
-        "route_prefix": "/slow",
-        "import_path": "ks_autoscale_app:slow",
-        "deployments": [{"name": "Slow", "autoscaling_config": autoscaling, **deployment}],
-    }
 
 
 @contextmanager
@@ -64,7 +55,7 @@ def running(ks: Kubeserve, app: str, name: str) -> int:
 def test_load_scales_replicas_up_then_idle_scales_them_down(clean_kubeserve: Kubeserve) -> None:
     ks = clean_kubeserve
     config = {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 1, **FAST}
-    status, body = ks.put([slow_app(config)])
+    status, body = ks.put([slow_app({"name": "Slow", "autoscaling_config": config})])
     assert status == 200, body
     ks.wait_app("slow")
     dep = deployment_details(ks, "slow", "Slow")
@@ -88,13 +79,7 @@ def test_load_scales_replicas_up_then_idle_scales_them_down(clean_kubeserve: Kub
 
 def test_num_replicas_auto_reports_rays_defaults(clean_kubeserve: Kubeserve) -> None:
     ks = clean_kubeserve
-    app = {
-        "name": "slow",
-        "route_prefix": "/slow",
-        "import_path": "ks_autoscale_app:slow",
-        "deployments": [{"name": "Slow", "num_replicas": "auto"}],
-    }
-    assert ks.put([app])[0] == 200
+    assert ks.put([slow_app({"name": "Slow", "num_replicas": "auto"})])[0] == 200
     ks.wait_app("slow")
     config = deployment_details(ks, "slow", "Slow")["deployment_config"]
     assert config["autoscaling_config"]["max_replicas"] == 100
@@ -106,22 +91,8 @@ def test_handle_call_to_a_deployment_scaled_to_zero_starts_a_replica(
     clean_kubeserve: Kubeserve,
 ) -> None:
     ks = clean_kubeserve
-    app = {
-        "name": "front",
-        "route_prefix": "/front",
-        "import_path": "ks_autoscale_app:front",
-        "deployments": [
-            {
-                "name": "Slow",
-                "autoscaling_config": {
-                    "min_replicas": 0,
-                    "max_replicas": 2,
-                    **FAST,
-                    "downscale_to_zero_delay_s": 2.0,
-                },
-            }
-        ],
-    }
+    to_zero = {"min_replicas": 0, "max_replicas": 2, **FAST, "downscale_to_zero_delay_s": 2.0}
+    app = slow_app({"name": "Slow", "autoscaling_config": to_zero}, graph="front")
     assert ks.put([app])[0] == 200
     ks.wait_app("front")
     assert running(ks, "front", "Slow") == 0
@@ -144,13 +115,7 @@ def scale(ks: Kubeserve, app: str, deployment: str, body: Any) -> tuple[int, Any
 
 def test_external_scaler_sets_the_replica_count(clean_kubeserve: Kubeserve) -> None:
     ks = clean_kubeserve
-    app = {
-        "name": "slow",
-        "route_prefix": "/slow",
-        "import_path": "ks_autoscale_app:slow",
-        "external_scaler_enabled": True,
-    }
-    assert ks.put([app])[0] == 200
+    assert ks.put([slow_app(external_scaler_enabled=True)])[0] == 200
     ks.wait_app("slow")
     status, body = scale(ks, "slow", "Slow", {"target_num_replicas": 3})
     assert (status, body) == (
@@ -173,8 +138,7 @@ def test_external_scaling_of_an_app_that_did_not_opt_in_is_412(
     clean_kubeserve: Kubeserve,
 ) -> None:
     ks = clean_kubeserve
-    app = {"name": "slow", "route_prefix": "/slow", "import_path": "ks_autoscale_app:slow"}
-    assert ks.put([app])[0] == 200
+    assert ks.put([slow_app()])[0] == 200
     ks.wait_app("slow")
     status, body = scale(ks, "slow", "Slow", {"target_num_replicas": 2})
     assert status == 412
@@ -185,12 +149,7 @@ def test_target_capacity_scales_every_deployment_by_its_percentage(
     clean_kubeserve: Kubeserve,
 ) -> None:
     ks = clean_kubeserve
-    fixed = {
-        "name": "slow",
-        "route_prefix": "/slow",
-        "import_path": "ks_autoscale_app:slow",
-        "deployments": [{"name": "Slow", "num_replicas": 4}],
-    }
+    fixed = slow_app({"name": "Slow", "num_replicas": 4})
     assert ks.put([fixed], target_capacity=50)[0] == 200
     ks.wait_app("slow")
     assert running(ks, "slow", "Slow") == 2

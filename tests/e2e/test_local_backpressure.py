@@ -4,22 +4,15 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from kubeserve_testing import Kubeserve, http, wait_for
+from kubeserve_testing import Kubeserve, http, slow_app, wait_for
 
 
 def test_max_ongoing_requests_holds_across_callers(clean_kubeserve: Kubeserve) -> None:
     """Two Front replicas (two callers, each with its own router) share one Slow replica limited
     to one call at a time: it never runs two."""
     ks = clean_kubeserve
-    app = {
-        "name": "front",
-        "route_prefix": "/front",
-        "import_path": "ks_autoscale_app:front",
-        "deployments": [
-            {"name": "Front", "num_replicas": 2},
-            {"name": "Slow", "num_replicas": 1, "max_ongoing_requests": 1},
-        ],
-    }
+    limited = {"name": "Slow", "num_replicas": 1, "max_ongoing_requests": 1}
+    app = slow_app({"name": "Front", "num_replicas": 2}, limited, graph="front")
     assert ks.put([app])[0] == 200
     ks.wait_app("front")
     with ThreadPoolExecutor(8) as pool:
@@ -32,15 +25,8 @@ def test_max_ongoing_requests_holds_across_callers(clean_kubeserve: Kubeserve) -
 
 def test_max_queued_requests_refuses_at_once(clean_kubeserve: Kubeserve) -> None:
     ks = clean_kubeserve
-    app = {
-        "name": "slow",
-        "route_prefix": "/slow",
-        "import_path": "ks_autoscale_app:slow",
-        "deployments": [
-            {"name": "Slow", "max_ongoing_requests": 1, "max_queued_requests": 1},
-        ],
-    }
-    assert ks.put([app])[0] == 200
+    limited = {"name": "Slow", "max_ongoing_requests": 1, "max_queued_requests": 1}
+    assert ks.put([slow_app(limited)])[0] == 200
     ks.wait_app("slow")
     with ThreadPoolExecutor(6) as pool:
         answers = list(pool.map(lambda _: http("GET", f"{ks.proxy}/slow?s=2")[0], range(6)))

@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(document)
     print(text)
     if args.configmap:
-        from kubeserve.runtime.kube_build import write_graph_configmap
+        from kubeserve.runtime.kubernetes.graph import write_graph_configmap
 
         asyncio.run(
             write_graph_configmap(

@@ -1149,7 +1149,7 @@ async def serve_proxy(
     """
     source = None
     if kubernetes_namespace is not None:
-        from kubeserve.runtime.kube_discovery import KubeDiscovery
+        from kubeserve.runtime.kubernetes.discovery import KubeDiscovery
 
         source = KubeDiscovery(kubernetes_namespace, instance)
     server = ProxyServer(

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from kubeserve.backends.kubernetes import names
+from kubeserve.runtime.kubernetes import contract
 
 DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
@@ -28,46 +28,46 @@ DEPLOYMENTS = [
 
 
 def test_readable_names_when_the_parts_are_valid() -> None:
-    assert names.workload_name("my-app", "model") == "my-app-model"
-    assert names.proxy_name("default") == "default-proxy"
-    assert names.build_job_name("my-app", "3f2a1b") == "my-app-build-3f2a1b"
-    assert names.build_job_name("my-app", 7) == "my-app-build-7"
-    assert names.graph_configmap_name("my-app", "3f2a1b") == "my-app-graph-3f2a1b"
-    assert names.dataplane_account_name("default") == "default-dataplane"
-    assert names.build_account_name("default") == "default-build"
+    assert contract.workload_name("my-app", "model") == "my-app-model"
+    assert contract.proxy_name("default") == "default-proxy"
+    assert contract.build_job_name("my-app", "3f2a1b") == "my-app-build-3f2a1b"
+    assert contract.build_job_name("my-app", 7) == "my-app-build-7"
+    assert contract.graph_configmap_name("my-app", "3f2a1b") == "my-app-graph-3f2a1b"
+    assert contract.dataplane_account_name("default") == "default-dataplane"
+    assert contract.build_account_name("default") == "default-build"
 
 
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("deployment", DEPLOYMENTS)
 def test_workload_names_are_dns_1035_labels(app: str, deployment: str) -> None:
-    name = names.workload_name(app, deployment)
+    name = contract.workload_name(app, deployment)
     assert len(name) <= 63
     assert DNS_1035.fullmatch(name), name
-    assert name == names.workload_name(app, deployment)  # stable
+    assert name == contract.workload_name(app, deployment)  # stable
 
 
 def test_distinct_inputs_give_distinct_workload_names() -> None:
     pairs = list(itertools.product(APPS, DEPLOYMENTS))
-    rendered = {names.workload_name(a, d) for a, d in pairs}
+    rendered = {contract.workload_name(a, d) for a, d in pairs}
     assert len(rendered) == len(pairs)
     # the ambiguous joins and the case-only difference
-    assert names.workload_name("a-b", "c") != names.workload_name("a", "b-c")
-    assert names.workload_name("app", "Model") != names.workload_name("app", "model")
+    assert contract.workload_name("a-b", "c") != contract.workload_name("a", "b-c")
+    assert contract.workload_name("app", "Model") != contract.workload_name("app", "model")
     # long names that share a 63-character prefix
-    assert names.workload_name("x" * 70, "a") != names.workload_name("x" * 70, "b")
+    assert contract.workload_name("x" * 70, "a") != contract.workload_name("x" * 70, "b")
 
 
 def test_a_deployment_named_proxy_never_takes_the_proxy_name() -> None:
-    assert names.workload_name("default", "proxy") != names.proxy_name("default")
+    assert contract.workload_name("default", "proxy") != contract.proxy_name("default")
 
 
 def test_other_names_are_valid_for_awkward_resource_names() -> None:
     for app in APPS:
         for name in (
-            names.build_job_name(app, "0123456789"),
-            names.graph_configmap_name(app, "0123456789"),
-            names.proxy_name(app),
-            names.dataplane_account_name(app),
+            contract.build_job_name(app, "0123456789"),
+            contract.graph_configmap_name(app, "0123456789"),
+            contract.proxy_name(app),
+            contract.dataplane_account_name(app),
         ):
             assert len(name) <= 63 and DNS_1035.fullmatch(name), name
 
@@ -86,16 +86,16 @@ def test_other_names_are_valid_for_awkward_resource_names() -> None:
     ],
 )
 def test_label_values(value: str, unchanged: bool) -> None:
-    label = names.label_value(value)
+    label = contract.label_value(value)
     assert len(label) <= 63 and LABEL_VALUE.fullmatch(label)
     assert (label == value) is unchanged
     if not unchanged:
-        assert label != names.label_value(value + "x")
+        assert label != contract.label_value(value + "x")
 
 
 def test_selector_labels_are_a_subset_of_common_labels() -> None:
-    common = names.common_labels("replica", "default", "my-app", "Model")
-    selector = names.selector_labels("replica", application="my-app", deployment="Model")
+    common = contract.common_labels("replica", "default", "my-app", "Model")
+    selector = contract.selector_labels("replica", application="my-app", deployment="Model")
     assert selector.items() <= common.items()
     assert common == {
         "app.kubernetes.io/name": "kubeserve",
@@ -120,9 +120,9 @@ def test_owner_reference_from_an_object_or_its_identity() -> None:
         "name": "default",
         "uid": "u-1",
     }
-    assert names.owner_reference(obj, controller=False) == {
+    assert contract.owner_reference(obj, controller=False) == {
         **identity,
         "controller": False,
         "blockOwnerDeletion": True,
     }
-    assert names.owner_reference(identity)["controller"] is True
+    assert contract.owner_reference(identity)["controller"] is True

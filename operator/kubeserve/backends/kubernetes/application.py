@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kubeserve.backends.kubernetes import names, render
+from kubeserve.backends.kubernetes import render
 from kubeserve.backends.kubernetes.cluster import Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.reports import (
@@ -33,6 +33,7 @@ from kubeserve.backends.kubernetes.reports import (
 from kubeserve.control import effective_config
 from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status_derivation import BuildView, application_status, deployment_status
+from kubeserve.runtime.kubernetes import contract
 from kubeserve.schema.errors import validation_details
 from kubeserve.schema.resources import ServeApplicationSpec
 
@@ -183,7 +184,7 @@ async def _ensure_owned_by(cluster: Cluster, obj: dict[str, Any], instance: dict
     uid = instance["metadata"]["uid"]
     if any(o.get("uid") == uid for o in owners):
         return
-    ref = names.owner_reference(instance, controller=False)
+    ref = contract.owner_reference(instance, controller=False)
     await cluster.kube.merge_patch(
         "ServeApplication",
         obj["metadata"]["namespace"],
@@ -199,11 +200,11 @@ async def _graph(
 ) -> Graph | None:
     """The build result for the app's current code and environment; starts the Job when needed."""
     configmap = cluster.cache.get(
-        "ConfigMap", app.namespace, names.graph_configmap_name(app.cr_name, app.build_key)
+        "ConfigMap", app.namespace, contract.graph_configmap_name(app.cr_name, app.build_key)
     )
     if configmap is not None:
         return Graph(json.loads((configmap.get("data") or {}).get("graph.json", "{}")))
-    job_name = names.build_job_name(app.cr_name, app.build_key)
+    job_name = contract.build_job_name(app.cr_name, app.build_key)
     job = cluster.cache.get("Job", app.namespace, job_name)
     if job is None:
         await cluster.apply(render.render_build_job(instance, app))
@@ -216,10 +217,10 @@ async def _graph(
 
 
 async def _delete_stale_builds(cluster: Cluster, app: render.AppView) -> None:
-    current = names.build_job_name(app.cr_name, app.build_key)
+    current = contract.build_job_name(app.cr_name, app.build_key)
     labels = {
-        names.APPLICATION_LABEL: names.label_value(app.cr_name),
-        names.COMPONENT_LABEL: "build",
+        contract.APPLICATION_LABEL: contract.label_value(app.cr_name),
+        contract.COMPONENT_LABEL: "build",
     }
     for job in cluster.cache.objects("Job", app.namespace, labels):
         if job["metadata"]["name"] != current:
@@ -228,8 +229,8 @@ async def _delete_stale_builds(cluster: Cluster, app: render.AppView) -> None:
 
 async def _delete_stale_children(cluster: Cluster, app: render.AppView, wanted: set[str]) -> None:
     labels = {
-        names.APPLICATION_LABEL: names.label_value(app.cr_name),
-        names.COMPONENT_LABEL: "replica",
+        contract.APPLICATION_LABEL: contract.label_value(app.cr_name),
+        contract.COMPONENT_LABEL: "replica",
     }
     for kind in ("Deployment", "DaemonSet", "Service"):
         for obj in cluster.cache.objects(kind, app.namespace, labels):

@@ -32,7 +32,6 @@ from typing import Any
 
 from aiohttp import web
 
-from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.cache import ClusterCache
 from kubeserve.backends.kubernetes.details import (
     DEPLOYED_AT_ANNOTATION,
@@ -45,7 +44,8 @@ from kubeserve.backends.kubernetes.details import (
 from kubeserve.backends.protocol import ConflictError, RejectedError, UnavailableError
 from kubeserve.control.details import instance_details
 from kubeserve.control.instance import immutable_option_conflict
-from kubeserve.runtime.kube import Kube, KubeConflict, KubeError, path
+from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.client import Kube, KubeConflict, KubeError, path
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
 from kubeserve.schema.resources import (
     API_VERSION,
@@ -70,7 +70,7 @@ SINGLE_APP_ANNOTATION = "kubeserve.io/single-app-config"
 _CR_ONLY_INSTANCE_FIELDS = ("image", "imagePullPolicy")
 
 #: Annotations of a ``ServeApplication`` the admin API owns.
-_APPLICATION_ANNOTATIONS = (DEPLOYED_AT_ANNOTATION, names.APPLICATION_NAME_ANNOTATION)
+_APPLICATION_ANNOTATIONS = (DEPLOYED_AT_ANNOTATION, contract.APPLICATION_NAME_ANNOTATION)
 
 _DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _HASH_LENGTH = 8
@@ -90,11 +90,11 @@ def application_cr_name(name: str) -> str:
     and ``-<8 hex>`` (a digest of the exact name), so distinct Ray names never share an object.
     ``spec.appName`` always carries the exact Ray name.
     """
-    if len(name) <= names.MAX_NAME_LENGTH and _DNS_1123_LABEL.fullmatch(name):
+    if len(name) <= contract.MAX_NAME_LENGTH and _DNS_1123_LABEL.fullmatch(name):
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:_HASH_LENGTH]
     cleaned = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    head = cleaned[: names.MAX_NAME_LENGTH - _HASH_LENGTH - 1].strip("-")
+    head = cleaned[: contract.MAX_NAME_LENGTH - _HASH_LENGTH - 1].strip("-")
     return f"{head}-{digest}" if head else f"app-{digest}"
 
 
@@ -268,8 +268,8 @@ class KubernetesBackend:
         ) or repr(time.time())
         annotations = {DEPLOYED_AT_ANNOTATION: deployed_at}
         if not config["name"]:
-            annotations[names.APPLICATION_NAME_ANNOTATION] = ""
-        reference = names.owner_reference(owner, controller=False)
+            annotations[contract.APPLICATION_NAME_ANNOTATION] = ""
+        reference = contract.owner_reference(owner, controller=False)
         if current is None:
             wanted = self._object("ServeApplication", cr_name, spec, annotations)
             wanted["metadata"]["ownerReferences"] = [reference]

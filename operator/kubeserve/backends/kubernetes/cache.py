@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from kubeserve.runtime.kube import Informer, Kube
+from kubeserve.runtime.kubernetes.client import Informer, Kube
 
 MANAGED = "app.kubernetes.io/managed-by=kubeserve"
 

@@ -18,7 +18,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.pods import pod_ready
 from kubeserve.backends.kubernetes.render_views import app_view
 from kubeserve.control import effective_config
@@ -31,6 +30,7 @@ from kubeserve.control.details import (
     ReplicaProcessView,
     controller_process,
 )
+from kubeserve.runtime.kubernetes import contract
 from kubeserve.schema.config import ServeDeploySchema
 from kubeserve.schema.resources import DEFAULT_INSTANCE, ServeApplicationSpec, ServeInstanceSpec
 
@@ -89,7 +89,7 @@ def app_name(obj: Obj) -> str:
     hold; the admin API marks such an object with an empty ``kubeserve.io/application-name``.
     """
     annotations = obj["metadata"].get("annotations") or {}
-    if annotations.get(names.APPLICATION_NAME_ANNOTATION) == "":
+    if annotations.get(contract.APPLICATION_NAME_ANNOTATION) == "":
         return ""
     return str((obj.get("spec") or {}).get("appName") or obj["metadata"]["name"])
 
@@ -127,8 +127,8 @@ def instance_view(view: ClusterView, controller: ControllerIdentity) -> Instance
 
 def _proxies(view: ClusterView, instance_name: str) -> dict[str, ProxyView]:
     labels = {
-        names.COMPONENT_LABEL: names.COMPONENT_PROXY,
-        names.INSTANCE_LABEL: names.label_value(instance_name),
+        contract.COMPONENT_LABEL: contract.COMPONENT_PROXY,
+        contract.INSTANCE_LABEL: contract.label_value(instance_name),
     }
     proxies: dict[str, ProxyView] = {}
     for pod in sorted(view.objects("Pod", labels), key=pod_ready):  # a ready pod wins its node
@@ -204,7 +204,7 @@ def _graph(view: ClusterView, obj: Obj, config: Mapping[str, Any] | None) -> Obj
     if config is None:
         return None
     key = app_view(obj, config).build_key
-    configmap = view.configmap(names.graph_configmap_name(obj["metadata"]["name"], key))
+    configmap = view.configmap(contract.graph_configmap_name(obj["metadata"]["name"], key))
     if configmap is None:
         return None
     try:
@@ -228,8 +228,8 @@ def _deployments(
             name, node.get("options", {}), overrides.get(name)
         )
         status = statuses.get(name) or {}
-        labels = names.selector_labels(
-            names.COMPONENT_REPLICA, application=obj["metadata"]["name"], deployment=name
+        labels = contract.selector_labels(
+            contract.COMPONENT_REPLICA, application=obj["metadata"]["name"], deployment=name
         )
         deployments.append(
             DeploymentDetailsView(

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubeserve.backends.kubernetes import names, render
+from kubeserve.backends.kubernetes import render
 from kubeserve.backends.kubernetes.cluster import Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.details import pod_process
 from kubeserve.backends.kubernetes.pods import pod_ready
 from kubeserve.backends.kubernetes.reports import AppSummary, InstanceReport, ProxyReport
+from kubeserve.runtime.kubernetes import contract
 
 
 class InstanceReconciler:
@@ -36,8 +37,8 @@ class InstanceReconciler:
             await cluster.apply(child)
         keep = {f"{c['kind']}/{c['metadata']['name']}" for c in wanted}
         labels = {
-            names.INSTANCE_LABEL: names.label_value(obj["metadata"]["name"]),
-            names.COMPONENT_LABEL: "proxy",
+            contract.INSTANCE_LABEL: contract.label_value(obj["metadata"]["name"]),
+            contract.COMPONENT_LABEL: "proxy",
         }
         for kind in ("Deployment", "DaemonSet", "Service", "NetworkPolicy"):
             for child in cluster.cache.objects(kind, namespace, labels):

@@ -2,9 +2,9 @@
 
 Every function maps frozen views (:mod:`.render_views`) to manifest dicts ready for server-side
 apply; equal views render equal manifests, so the operator can compare before writing. Names,
-labels and ownerReferences follow the contract of :mod:`kubeserve.backends.kubernetes`
-(:mod:`.names`); pod conventions (environment, runtime_env, security) are in :mod:`.render_pod`;
-proxies and RBAC in :mod:`.render_proxy`.
+labels and ownerReferences follow the contract of :mod:`kubeserve.backends.kubernetes` (spelled
+in :mod:`kubeserve.runtime.kubernetes.contract`); pod conventions (environment, runtime_env,
+security) are in :mod:`.render_pod`; proxies and RBAC in :mod:`.render_proxy`.
 
 Per serve deployment (:func:`render_replica_workload`, :func:`render_replica_service`): the pod
 template depends only on the instance image, the application's import path and runtime_env, and the
@@ -49,7 +49,6 @@ import json
 import math
 from typing import Any
 
-from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.render_pod import (
     APPLICATION_ENV,
     DISCOVERY_ENV,
@@ -82,6 +81,7 @@ from kubeserve.backends.kubernetes.render_views import (
     instance_view,
 )
 from kubeserve.runtime import wire
+from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.runtime_env import merge_runtime_env
 
 __all__ = [
@@ -130,14 +130,14 @@ def _metadata(
     meta: Manifest = {"name": name, "namespace": namespace, "labels": labels}
     if annotations:
         meta["annotations"] = annotations
-    meta["ownerReferences"] = [names.owner_reference(owner)]
+    meta["ownerReferences"] = [contract.owner_reference(owner)]
     return meta
 
 
 def _name_annotations(app: AppView, deployment: DesiredDeployment) -> dict[str, str]:
     return {
-        names.APPLICATION_NAME_ANNOTATION: app.app_name,
-        names.DEPLOYMENT_NAME_ANNOTATION: deployment.name,
+        contract.APPLICATION_NAME_ANNOTATION: app.app_name,
+        contract.DEPLOYMENT_NAME_ANNOTATION: deployment.name,
     }
 
 
@@ -218,7 +218,7 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
     }
     if selector := node_selector(options):
         fields["nodeSelector"] = selector
-    account = names.dataplane_account_name(instance.name)
+    account = contract.dataplane_account_name(instance.name)
     refs = [data_plane_secret_env(instance.name)]
     return user_pod_spec(main, runtime_env, own_env, account, field=field, refs=refs, **fields)
 
@@ -227,10 +227,12 @@ def _replica_identity(
     instance: InstanceView, app: AppView, deployment: DesiredDeployment
 ) -> tuple[str, dict[str, str], dict[str, str]]:
     """Name, labels and pod selector shared by a deployment's workload and Service."""
-    name = names.workload_name(app.cr_name, deployment.name)
-    component = names.COMPONENT_REPLICA
-    labels = names.common_labels(component, instance.name, app.cr_name, deployment.name)
-    selector = names.selector_labels(component, application=app.cr_name, deployment=deployment.name)
+    name = contract.workload_name(app.cr_name, deployment.name)
+    component = contract.COMPONENT_REPLICA
+    labels = contract.common_labels(component, instance.name, app.cr_name, deployment.name)
+    selector = contract.selector_labels(
+        component, application=app.cr_name, deployment=deployment.name
+    )
     return name, labels, selector
 
 
@@ -239,7 +241,7 @@ def render_replica_workload(
 ) -> Manifest:
     """The Deployment (DaemonSet when ``is_driver_deployment``) running the replicas."""
     name, labels, selector = _replica_identity(instance, app, deployment)
-    version = {names.VERSION_ANNOTATION: deployment.version}
+    version = {contract.VERSION_ANNOTATION: deployment.version}
     template = {
         "metadata": {"labels": labels, "annotations": version},
         "spec": _replica_pod(instance, app, deployment),
@@ -308,7 +310,7 @@ def _build_command(app: AppView) -> list[str]:
         "build",
         escape(str(app.config["import_path"])),
         "--configmap",
-        names.graph_configmap_name(app.cr_name, app.build_key),
+        contract.graph_configmap_name(app.cr_name, app.build_key),
         "--namespace",
         "$(KUBESERVE_NAMESPACE)",
         "--application",
@@ -324,13 +326,13 @@ def render_build_job(instance: InstanceView, app: AppView) -> Manifest:
     main = container("build", image, instance.image_pull_policy, _build_command(app), [])
     main["resources"] = _BUILD_RESOURCES
     own_env = {APPLICATION_ENV: app.cr_name, INSTANCE_ENV: instance.name}
-    account = names.build_account_name(instance.name)
+    account = contract.build_account_name(instance.name)
     pod = user_pod_spec(
         main, app.runtime_env, own_env, account, field="runtime_env", restartPolicy="Never"
     )
-    labels = names.common_labels(names.COMPONENT_BUILD, instance.name, app.cr_name)
-    name = names.build_job_name(app.cr_name, app.build_key)
-    annotations = {names.APPLICATION_NAME_ANNOTATION: app.app_name}
+    labels = contract.common_labels(contract.COMPONENT_BUILD, instance.name, app.cr_name)
+    name = contract.build_job_name(app.cr_name, app.build_key)
+    annotations = {contract.APPLICATION_NAME_ANNOTATION: app.app_name}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

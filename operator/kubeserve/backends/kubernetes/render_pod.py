@@ -13,7 +13,7 @@ Conventions every kubeserve pod follows:
   read-only, and an ``emptyDir`` at ``/tmp`` (:data:`TMP_DIR`) is the scratch space of every
   container (the runtime_env files below have their own);
 * proxies and replicas (not builds, not the init container) get the instance's data-plane secret
-  as ``KUBESERVE_DATA_PLANE_SECRET`` from the Secret :func:`~.names.dataplane_secret_name`;
+  as ``KUBESERVE_DATA_PLANE_SECRET`` from the Secret :func:`~.contract.dataplane_secret_name`;
 * ``working_dir`` / ``py_modules`` of a runtime_env are fetched by the init container
   ``runtime-env`` running ``kubeserve fetch-runtime-env --dest /var/run/kubeserve/runtime-env
   [--working-dir URI] [--py-module URI]...`` into an ``emptyDir`` mounted at that path in both
@@ -36,9 +36,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.render_views import RenderError
 from kubeserve.runtime import channel
+from kubeserve.runtime.kubernetes import contract
 
 __all__ = [
     "ACCELERATOR_LABEL",
@@ -148,7 +148,7 @@ def environment(
 def data_plane_secret_env(instance: str) -> Manifest:
     """``KUBESERVE_DATA_PLANE_SECRET`` from the instance's data-plane Secret (a ``secretKeyRef``:
     the value is never part of a pod spec; the process removes it from its environment)."""
-    ref = {"name": names.dataplane_secret_name(instance), "key": names.DATA_PLANE_SECRET_KEY}
+    ref = {"name": contract.dataplane_secret_name(instance), "key": contract.DATA_PLANE_SECRET_KEY}
     return {"name": channel.SECRET_ENV, "valueFrom": {"secretKeyRef": ref}}
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kubeserve.runtime.kube import Kube, KubeConflict
+from kubeserve.runtime.kubernetes.client import Kube, KubeConflict
 
 GRAPH_KEY = "graph.json"
 

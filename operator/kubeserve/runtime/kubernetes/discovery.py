@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kubeserve.runtime import wire
-from kubeserve.runtime.kube import Informer, Kube
+from kubeserve.runtime.kubernetes.client import Informer, Kube
 
 log = logging.getLogger(__name__)
 _SERVICE_NAME_LABEL = "kubernetes.io/service-name"

@@ -24,7 +24,9 @@ def in_cluster() -> bool:
 
 async def user_config_override(deployment: str) -> tuple[bool, Any]:
     """``(True, value)`` when the application's spec overrides the deployment's user_config."""
-    from kubeserve.runtime.kube import Kube  # only in a cluster: keeps local replicas light
+    from kubeserve.runtime.kubernetes.client import (
+        Kube,
+    )  # only in a cluster: keeps local replicas light
 
     namespace, application = os.environ.get(NAMESPACE_ENV), os.environ.get(APPLICATION_ENV)
     if not namespace or not application:
@@ -43,7 +45,7 @@ async def user_config_override(deployment: str) -> tuple[bool, Any]:
 def handle_client(secret: bytes) -> Any:
     """A handle client fed by the cluster's routes and EndpointSlices (not started)."""
     from kubeserve.runtime.handle_client import HandleClient
-    from kubeserve.runtime.kube_discovery import KubeDiscovery
+    from kubeserve.runtime.kubernetes.discovery import KubeDiscovery
 
     source = KubeDiscovery(os.environ.get(NAMESPACE_ENV, "default"))
     client = HandleClient(source=source, secret=secret)

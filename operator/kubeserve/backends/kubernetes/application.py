@@ -13,7 +13,6 @@ with the renderer's message and a Warning Event; raising would only retry it for
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +33,7 @@ from kubeserve.control import effective_config
 from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status_derivation import BuildView, application_status, deployment_status
 from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.graph import graph_document
 from kubeserve.schema.errors import validation_details
 from kubeserve.schema.resources import ServeApplicationSpec
 
@@ -203,7 +203,7 @@ async def _graph(
         "ConfigMap", app.namespace, contract.graph_configmap_name(app.cr_name, app.build_key)
     )
     if configmap is not None:
-        return Graph(json.loads((configmap.get("data") or {}).get("graph.json", "{}")))
+        return Graph(graph_document(configmap))
     job_name = contract.build_job_name(app.cr_name, app.build_key)
     job = cluster.cache.get("Job", app.namespace, job_name)
     if job is None:
@@ -220,7 +220,7 @@ async def _delete_stale_builds(cluster: Cluster, app: render.AppView) -> None:
     current = contract.build_job_name(app.cr_name, app.build_key)
     labels = {
         contract.APPLICATION_LABEL: contract.label_value(app.cr_name),
-        contract.COMPONENT_LABEL: "build",
+        contract.COMPONENT_LABEL: contract.COMPONENT_BUILD,
     }
     for job in cluster.cache.objects("Job", app.namespace, labels):
         if job["metadata"]["name"] != current:
@@ -230,7 +230,7 @@ async def _delete_stale_builds(cluster: Cluster, app: render.AppView) -> None:
 async def _delete_stale_children(cluster: Cluster, app: render.AppView, wanted: set[str]) -> None:
     labels = {
         contract.APPLICATION_LABEL: contract.label_value(app.cr_name),
-        contract.COMPONENT_LABEL: "replica",
+        contract.COMPONENT_LABEL: contract.COMPONENT_REPLICA,
     }
     for kind in ("Deployment", "DaemonSet", "Service"):
         for obj in cluster.cache.objects(kind, app.namespace, labels):

@@ -114,7 +114,7 @@ class DataPlane:
         try:
             status, answer = await channel.request(
                 ip,
-                render.REPLICA_PORT,
+                contract.REPLICA_PORT,
                 "POST",
                 wire.RECONFIGURE_PATH,
                 secret,

@@ -10,7 +10,6 @@ the pod's name, ``node_id`` its node, ``pid`` unknown), a proxy is a proxy pod.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,6 +30,7 @@ from kubeserve.control.details import (
     controller_process,
 )
 from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.graph import graph_document
 from kubeserve.schema.config import ServeDeploySchema
 from kubeserve.schema.resources import DEFAULT_INSTANCE, ServeApplicationSpec, ServeInstanceSpec
 
@@ -208,7 +208,7 @@ def _graph(view: ClusterView, obj: Obj, config: Mapping[str, Any] | None) -> Obj
     if configmap is None:
         return None
     try:
-        graph = json.loads((configmap.get("data") or {}).get("graph.json", "{}"))
+        graph = graph_document(configmap)
     except ValueError:
         return None
     return graph if isinstance(graph, dict) and "deployments" in graph else None

@@ -60,7 +60,7 @@ def _instance_report(
     applications = {}
     for app in cluster.cache.objects("ServeApplication", namespace):
         spec, status = app.get("spec") or {}, app.get("status") or {}
-        if spec.get("instance", "default") != obj["metadata"]["name"]:
+        if spec.get("instance", contract.DEFAULT_INSTANCE) != obj["metadata"]["name"]:
             continue
         applications[spec.get("appName") or app["metadata"]["name"]] = AppSummary(
             status=status.get("appStatus") or "NOT_STARTED",

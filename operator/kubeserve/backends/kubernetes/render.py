@@ -26,19 +26,19 @@ Every connection to port 8000 must pass the data-plane handshake
 (:mod:`kubeserve.runtime.channel`; the secret comes from the instance's Secret as
 ``KUBESERVE_DATA_PLANE_SECRET``), which a kubelet cannot do. So the replica runs the user's
 ``check_health`` itself every ``health_check_period_s`` (limited to ``health_check_timeout_s``) and
-reports the last result on an unauthenticated listener, container port ``probe``
-(:data:`PROBE_PORT`), that answers only ``GET /-/healthz`` and never runs user code
-(:mod:`kubeserve.runtime.replica_probe`). Probes point there: readiness every
-``health_check_period_s`` (out of rotation on the first failure), liveness likewise (restart after
-3 failures, as Ray replaces a replica after 3), and a startup probe that gives the constructor up
-to :data:`~.render_pod.STARTUP_TIMEOUT_S` seconds. ``graceful_shutdown_timeout_s`` becomes
-``terminationGracePeriodSeconds``. Rollouts follow Ray: no surge, at most 20% of the replicas
-replaced at a time (at least one), so a rollout never needs room for extra GPUs.
+reports the last result on an unauthenticated listener, container port ``probe`` (8081), that
+answers only ``GET /-/healthz`` and never runs user code (:mod:`kubeserve.runtime.replica_probe`).
+Probes point there: readiness every ``health_check_period_s`` (out of rotation on the first
+failure), liveness likewise (restart after 3 failures, as Ray replaces a replica after 3), and a
+startup probe that gives the constructor up to :data:`~.render_pod.STARTUP_TIMEOUT_S` seconds.
+``graceful_shutdown_timeout_s`` becomes ``terminationGracePeriodSeconds``. Rollouts follow Ray: no
+surge, at most 20% of the replicas replaced at a time (at least one), so a rollout never needs room
+for extra GPUs.
 
 Per application build (:func:`render_build_job`): the Job ``<app>-build-<build_key>`` runs
 ``kubeserve build <import_path> --configmap <app>-graph-<build_key> --namespace
 $(KUBESERVE_NAMESPACE) --application <app> --application-uid <uid>`` in the application's image
-and runtime_env. The build writes the ConfigMap with the key :data:`GRAPH_KEY` holding its JSON
+and runtime_env. The build writes the ConfigMap with the key ``graph.json`` holding its JSON
 document (the graph, or ``{"error": ...}``), owned by the ``ServeApplication`` (the given name and
 uid), then exits 0 on success and 1 on a build error.
 """
@@ -50,10 +50,6 @@ import math
 from typing import Any
 
 from kubeserve.backends.kubernetes.render_pod import (
-    APPLICATION_ENV,
-    DISCOVERY_ENV,
-    INSTANCE_ENV,
-    POD_NAME_ENV,
     STARTUP_TIMEOUT_S,
     Manifest,
     container,
@@ -82,14 +78,22 @@ from kubeserve.backends.kubernetes.render_views import (
 )
 from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.contract import (
+    APPLICATION_ENV,
+    BIND_HOST_ENV,
+    DISCOVERY_ENV,
+    DISCOVERY_KUBERNETES,
+    INSTANCE_ENV,
+    NAMESPACE_ENV,
+    POD_NAME_ENV,
+    PROBE_PORT,
+    REPLICA_PORT,
+)
 from kubeserve.runtime.runtime_env import merge_runtime_env
 
 __all__ = [
     "BUILD_DEADLINE_S",
     "BUILD_TTL_S",
-    "GRAPH_KEY",
-    "PROBE_PORT",
-    "REPLICA_PORT",
     "AppView",
     "DesiredDeployment",
     "InstanceView",
@@ -109,11 +113,6 @@ __all__ = [
     "replica_config_json",
 ]
 
-REPLICA_PORT = 8000
-#: The replica's unauthenticated health listener (container port ``probe``), for the kubelet.
-PROBE_PORT = 8081
-#: ConfigMap key holding the build's JSON document.
-GRAPH_KEY = "graph.json"
 #: A finished build Job (and its pod, with the logs) is kept this long; the graph lives on in the
 #: ConfigMap.
 BUILD_TTL_S = 3600
@@ -192,7 +191,7 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
         "kubeserve",
         "replica",
         "--host",
-        "$(KUBESERVE_BIND_HOST)",
+        f"$({BIND_HOST_ENV})",
         "--port",
         str(REPLICA_PORT),
     ]
@@ -209,7 +208,7 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
         wire.REPLICA_CONFIG_ENV: replica_config_json(app, deployment),
         APPLICATION_ENV: app.cr_name,
         INSTANCE_ENV: instance.name,
-        DISCOVERY_ENV: "kubernetes",
+        DISCOVERY_ENV: DISCOVERY_KUBERNETES,
     }
     fields: Manifest = {
         "terminationGracePeriodSeconds": math.ceil(
@@ -312,7 +311,7 @@ def _build_command(app: AppView) -> list[str]:
         "--configmap",
         contract.graph_configmap_name(app.cr_name, app.build_key),
         "--namespace",
-        "$(KUBESERVE_NAMESPACE)",
+        f"$({NAMESPACE_ENV})",
         "--application",
         app.cr_name,
         "--application-uid",

@@ -39,19 +39,19 @@ from typing import Any
 from kubeserve.backends.kubernetes.render_views import RenderError
 from kubeserve.runtime import channel
 from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.contract import (
+    BIND_HOST,
+    BIND_HOST_ENV,
+    NAMESPACE_ENV,
+    POD_IP_ENV,
+    POD_NAME_ENV,
+)
 
 __all__ = [
     "ACCELERATOR_LABEL",
-    "APPLICATION_ENV",
-    "BIND_HOST_ENV",
-    "DISCOVERY_ENV",
     "EXTENDED_RESOURCE_PREFIX",
     "FETCH_RUNTIME_ENV_COMMAND",
     "GPU_RESOURCE",
-    "INSTANCE_ENV",
-    "NAMESPACE_ENV",
-    "POD_IP_ENV",
-    "POD_NAME_ENV",
     "POD_UID",
     "RUNTIME_ENV_DIR",
     "STARTUP_TIMEOUT_S",
@@ -71,20 +71,6 @@ __all__ = [
 ]
 
 Manifest = dict[str, Any]
-
-POD_IP_ENV = "KUBESERVE_POD_IP"
-#: The address kubeserve's servers bind to: every address of the pod, so probes, Services and
-#: ``kubectl port-forward`` (which connects to 127.0.0.1 inside the pod) all reach it.
-BIND_HOST_ENV = "KUBESERVE_BIND_HOST"
-BIND_HOST = "0.0.0.0"
-POD_NAME_ENV = "KUBESERVE_POD_NAME"
-NAMESPACE_ENV = "KUBESERVE_NAMESPACE"
-#: The ``ServeInstance`` a process belongs to (proxies serve only its applications' routes).
-INSTANCE_ENV = "KUBESERVE_INSTANCE"
-#: The ``ServeApplication`` object a replica reads its ``user_config`` from at start-up.
-APPLICATION_ENV = "KUBESERVE_APPLICATION"
-#: ``kubernetes``: discover replicas from EndpointSlices and CR status, not a controller URL.
-DISCOVERY_ENV = "KUBESERVE_DISCOVERY"
 
 #: The non-root user and group every kubeserve container runs as (the image should use it too).
 POD_UID = 10001

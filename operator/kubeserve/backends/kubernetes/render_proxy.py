@@ -26,7 +26,6 @@ import base64
 from typing import Any
 
 from kubeserve.backends.kubernetes.render_pod import (
-    INSTANCE_ENV,
     Manifest,
     container,
     data_plane_secret_env,
@@ -36,7 +35,13 @@ from kubeserve.backends.kubernetes.render_pod import (
 from kubeserve.backends.kubernetes.render_views import InstanceView
 from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
-from kubeserve.runtime.kubernetes.client import KUBERNETES_NAMESPACE_LABEL
+from kubeserve.runtime.kubernetes.contract import (
+    BIND_HOST_ENV,
+    DISCOVERY_KUBERNETES,
+    GROUP,
+    INSTANCE_ENV,
+    KUBERNETES_NAMESPACE_LABEL,
+)
 from kubeserve.schema.config import ProxyLocation
 
 __all__ = [
@@ -50,7 +55,7 @@ __all__ = [
 
 _READ = ["get", "list", "watch"]
 DATAPLANE_RULES: list[Manifest] = [
-    {"apiGroups": ["kubeserve.io"], "resources": ["serveapplications"], "verbs": _READ},
+    {"apiGroups": [GROUP], "resources": ["serveapplications"], "verbs": _READ},
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": _READ},
 ]
 BUILD_RULES: list[Manifest] = [
@@ -70,8 +75,8 @@ def _metadata(instance: InstanceView, name: str, labels: dict[str, str]) -> Mani
 
 def _proxy_command(instance: InstanceView) -> list[str]:
     http = instance.http_options
-    command = ["kubeserve", "proxy", "--host", "$(KUBESERVE_BIND_HOST)", "--port", str(http.port)]
-    command += ["--discovery", "kubernetes"]
+    command = ["kubeserve", "proxy", "--host", f"$({BIND_HOST_ENV})", "--port", str(http.port)]
+    command += ["--discovery", DISCOVERY_KUBERNETES]
     if http.request_timeout_s is not None:
         command += ["--request-timeout-s", str(float(http.request_timeout_s))]
     return [*command, "--keep-alive-timeout-s", str(int(http.keep_alive_timeout_s))]

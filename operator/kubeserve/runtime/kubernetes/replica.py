@@ -13,13 +13,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-DISCOVERY_ENV = "KUBESERVE_DISCOVERY"
-NAMESPACE_ENV = "KUBESERVE_NAMESPACE"
-APPLICATION_ENV = "KUBESERVE_APPLICATION"
+from kubeserve.runtime.kubernetes.contract import (
+    APPLICATION_ENV,
+    DISCOVERY_ENV,
+    DISCOVERY_KUBERNETES,
+    NAMESPACE_ENV,
+)
 
 
 def in_cluster() -> bool:
-    return os.environ.get(DISCOVERY_ENV) == "kubernetes"
+    return os.environ.get(DISCOVERY_ENV) == DISCOVERY_KUBERNETES
 
 
 async def user_config_override(deployment: str) -> tuple[bool, Any]:

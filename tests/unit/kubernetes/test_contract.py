@@ -1,13 +1,17 @@
-"""Names and labels of the Kubernetes backend's objects: valid, readable when possible, distinct."""
+"""The Kubernetes contract: names and labels valid, readable when possible, distinct; the same
+facts as the schema layer's."""
 
 from __future__ import annotations
 
 import itertools
 import re
+import subprocess
+import sys
 
 import pytest
 
 from kubeserve.runtime.kubernetes import contract
+from kubeserve.schema import resources
 
 DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
@@ -126,3 +130,24 @@ def test_owner_reference_from_an_object_or_its_identity() -> None:
         "blockOwnerDeletion": True,
     }
     assert contract.owner_reference(identity)["controller"] is True
+
+
+def test_the_custom_resources_identity_is_the_schemas() -> None:
+    """The schema layer generates the CRDs and cannot import the contract: the two must agree."""
+    assert (contract.GROUP, contract.VERSION, contract.API_VERSION) == (
+        resources.GROUP,
+        resources.VERSION,
+        resources.API_VERSION,
+    )
+    assert contract.DEFAULT_INSTANCE == resources.DEFAULT_INSTANCE
+
+
+def test_the_contract_loads_no_kubernetes_client_and_no_schema() -> None:
+    """Every replica imports it, on one machine too: it must stay free to load."""
+    code = (
+        "import sys, kubeserve.runtime.kubernetes.contract, kubeserve.runtime.kubernetes.replica\n"
+        "heavy = [m for m in sys.modules if m.startswith(('kubernetes_asyncio', 'kubeserve.schema',"
+        " 'pydantic'))]\n"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -151,3 +151,27 @@ def test_the_contract_loads_no_kubernetes_client_and_no_schema() -> None:
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_application_name_is_app_name_else_the_object_name_and_empty_when_marked() -> None:
+    assert contract.application_name({"metadata": {"name": "my-app"}, "spec": {}}) == "my-app"
+    named = {"metadata": {"name": "my-app-1"}, "spec": {"appName": "My App.v1"}}
+    assert contract.application_name(named) == "My App.v1"
+    single = {
+        "metadata": {
+            "name": "app-e3b0c442",
+            "annotations": {contract.APPLICATION_NAME_ANNOTATION: ""},
+        },
+        "spec": {},
+    }
+    assert contract.application_name(single) == ""  # the single-application PUT's name
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("text-ml", "text-ml"), ("1st", "1st"), ("", "app-e3b0c442"), ("My App.v1", "my-app-v1-")],
+)
+def test_application_cr_name(name: str, expected: str) -> None:
+    cr_name = contract.application_cr_name(name)
+    assert cr_name.startswith(expected)
+    assert len(cr_name) <= contract.MAX_NAME_LENGTH

@@ -68,17 +68,15 @@ class ApplicationReconciler:
 
     async def reconcile(self, obj: dict[str, Any]) -> ApplicationReport | ApplicationRefused:
         """Converge ``obj``'s children to its spec; what its status should say."""
-        meta = obj["metadata"]
-        namespace, cr_name = meta["namespace"], meta["name"]
+        namespace = obj["metadata"]["namespace"]
         try:
             spec = ServeApplicationSpec.model_validate(obj.get("spec") or {})
-            app_config = spec.to_rest(name=cr_name).as_given()
+            app_config = spec.to_rest(name=contract.application_name(obj)).as_given()
         except ValidationError as err:
             details = "; ".join(
                 f"spec.{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in validation_details(err)
             )
             return ApplicationRefused("InvalidSpec", details)
-        app_config["name"] = spec.app_name or cr_name
         instance = self._cluster.cache.get("ServeInstance", namespace, spec.instance)
         if instance is None:
             message = f"ServeInstance {spec.instance!r} not found in namespace {namespace!r}"

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
-import re
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -37,7 +35,6 @@ from kubeserve.backends.kubernetes.details import (
     DEPLOYED_AT_ANNOTATION,
     ClusterView,
     ControllerIdentity,
-    app_name,
     instance_options,
     instance_view,
 )
@@ -59,7 +56,6 @@ __all__ = [
     "FIELD_MANAGER",
     "SINGLE_APP_ANNOTATION",
     "KubernetesBackend",
-    "application_cr_name",
 ]
 
 #: The field manager of every write the admin API makes (``--show-managed-fields`` shows it).
@@ -72,8 +68,6 @@ _CR_ONLY_INSTANCE_FIELDS = ("image", "imagePullPolicy")
 #: Annotations of a ``ServeApplication`` the admin API owns.
 _APPLICATION_ANNOTATIONS = (DEPLOYED_AT_ANNOTATION, contract.APPLICATION_NAME_ANNOTATION)
 
-_DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_HASH_LENGTH = 8
 #: How long a PUT waits for objects of a previous serving layer to finish deleting.
 _GONE_TIMEOUT_S = 60.0
 #: How long a PUT waits for the caches to show what it wrote (the write is durable before that).
@@ -81,21 +75,6 @@ _CACHE_TIMEOUT_S = 5.0
 _POLL_S = 0.1
 
 Obj = dict[str, Any]
-
-
-def application_cr_name(name: str) -> str:
-    """The ``ServeApplication`` object name of a Ray application name.
-
-    The name itself when it is a DNS-1123 label; else its lowercase alphanumerics joined by ``-``
-    and ``-<8 hex>`` (a digest of the exact name), so distinct Ray names never share an object.
-    ``spec.appName`` always carries the exact Ray name.
-    """
-    if len(name) <= contract.MAX_NAME_LENGTH and _DNS_1123_LABEL.fullmatch(name):
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:_HASH_LENGTH]
-    cleaned = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    head = cleaned[: contract.MAX_NAME_LENGTH - _HASH_LENGTH - 1].strip("-")
-    return f"{head}-{digest}" if head else f"app-{digest}"
 
 
 class KubernetesBackend:
@@ -218,9 +197,9 @@ class KubernetesBackend:
     @staticmethod
     def _targets(applications: list[dict[str, Any]], existing: dict[str, Obj]) -> dict[str, str]:
         """Ray name -> object name: an existing object of that application keeps its name."""
-        by_app = {app_name(obj): cr for cr, obj in existing.items()}
+        by_app = {contract.application_name(obj): cr for cr, obj in existing.items()}
         return {
-            app["name"]: by_app.get(app["name"]) or application_cr_name(app["name"])
+            app["name"]: by_app.get(app["name"]) or contract.application_cr_name(app["name"])
             for app in applications
         }
 
@@ -341,7 +320,9 @@ async def _kube_errors() -> AsyncIterator[None]:
 def _application_spec(config: dict[str, Any], instance: str) -> dict[str, Any]:
     """``ServeApplication.spec`` holding exactly the REST fields of ``config`` (camelCase).
 
-    An empty Ray name (the single-application family's) leaves ``appName`` unset.
+    An empty Ray name (the single-application family's) leaves ``appName`` unset; the object
+    carries an empty :data:`~kubeserve.runtime.kubernetes.contract.APPLICATION_NAME_ANNOTATION`
+    instead (:func:`~kubeserve.runtime.kubernetes.contract.application_name`).
     """
     # A stand-in name to validate with (any valid one): appName is dropped below.
     rest = ServeApplicationSchema.model_validate({**config, "name": config["name"] or "unnamed"})

@@ -40,7 +40,6 @@ __all__ = [
     "ControllerIdentity",
     "annotated_deployed_at",
     "app_config",
-    "app_name",
     "instance_options",
     "instance_view",
     "pod_process",
@@ -82,29 +81,16 @@ def instance_options(spec: Mapping[str, Any]) -> dict[str, Any]:
     return full.model_dump(mode="json", exclude={"applications"})
 
 
-def app_name(obj: Obj) -> str:
-    """The Ray name of a ``ServeApplication``: ``spec.appName``, else the object's name.
-
-    Ray's single-application family names its application ``""``, which ``spec.appName`` cannot
-    hold; the admin API marks such an object with an empty ``kubeserve.io/application-name``.
-    """
-    annotations = obj["metadata"].get("annotations") or {}
-    if annotations.get(contract.APPLICATION_NAME_ANNOTATION) == "":
-        return ""
-    return str((obj.get("spec") or {}).get("appName") or obj["metadata"]["name"])
-
-
 def app_config(obj: Obj) -> dict[str, Any] | None:
     """The REST config of a ``ServeApplication`` (only the fields its spec sets), or ``None`` when
     the spec breaks a REST rule (the operator reports that in the status)."""
     try:
         spec = ServeApplicationSpec.model_validate(obj.get("spec") or {})
-        config: dict[str, Any] = spec.to_rest(name=obj["metadata"]["name"]).model_dump(
+        config: dict[str, Any] = spec.to_rest(name=contract.application_name(obj)).model_dump(
             mode="json", exclude_unset=True
         )
     except ValidationError:
         return None
-    config["name"] = app_name(obj)
     return config
 
 
@@ -144,7 +130,7 @@ def _application(view: ClusterView, obj: Obj) -> ApplicationDetailsView:
     config = app_config(obj)
     graph = _graph(view, obj, config)
     return ApplicationDetailsView(
-        name=app_name(obj),
+        name=contract.application_name(obj),
         route_prefix=_route_prefix(status, config),
         status=_app_status(obj),
         message=str(status.get("message") or ""),

@@ -62,7 +62,7 @@ def _instance_report(
         spec, status = app.get("spec") or {}, app.get("status") or {}
         if spec.get("instance", contract.DEFAULT_INSTANCE) != obj["metadata"]["name"]:
             continue
-        applications[spec.get("appName") or app["metadata"]["name"]] = AppSummary(
+        applications[contract.application_name(app)] = AppSummary(
             status=status.get("appStatus") or "NOT_STARTED",
             route_prefix=status.get("routePrefix"),
             message=status.get("message") or "",

@@ -67,6 +67,8 @@ __all__ = [
     "VERSION",
     "VERSION_ANNOTATION",
     "OwnerReference",
+    "application_cr_name",
+    "application_name",
     "build_account_name",
     "build_job_name",
     "common_labels",
@@ -156,6 +158,7 @@ DISCOVERY_KUBERNETES = "kubernetes"
 MAX_NAME_LENGTH = 63
 _HASH_LENGTH = 8
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _HEX_SUFFIX = re.compile(rf"[0-9a-f]{{{_HASH_LENGTH}}}")
 
@@ -167,6 +170,43 @@ class OwnerReference(TypedDict):
     uid: str
     controller: bool
     blockOwnerDeletion: bool
+
+
+# --------------------------------------------------------------------------- application names
+
+
+def application_name(obj: Mapping[str, Any]) -> str:
+    """The Ray name of a ``ServeApplication``: ``spec.appName``, else the object's name.
+
+    Ray's single-application family names its application ``""`` (the PUT body's default), which
+    ``spec.appName`` cannot hold (it must not be empty): the admin API leaves ``appName`` unset and
+    marks the object with an empty :data:`APPLICATION_NAME_ANNOTATION` instead. The operator, the
+    data plane (routes, handle keys, the replica's config) and the admin API's GET all read the
+    name here, so they agree on it.
+    """
+    meta = obj["metadata"]
+    if (meta.get("annotations") or {}).get(APPLICATION_NAME_ANNOTATION) == "":
+        return ""
+    return str((obj.get("spec") or {}).get("appName") or meta["name"])
+
+
+def application_cr_name(name: str) -> str:
+    """The ``ServeApplication`` object name the admin API gives a Ray application name.
+
+    The name itself when it is a DNS-1123 label; else its lowercase alphanumerics joined by ``-``
+    and ``-<8 hex>`` (a digest of the exact name), so distinct Ray names never share an object.
+    ``spec.appName`` (or, for ``""``, the annotation) carries the exact Ray name
+    (:func:`application_name`).
+    """
+    if len(name) <= MAX_NAME_LENGTH and _DNS_1123_LABEL.fullmatch(name):
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:_HASH_LENGTH]
+    cleaned = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    head = cleaned[: MAX_NAME_LENGTH - _HASH_LENGTH - 1].strip("-")
+    return f"{head}-{digest}" if head else f"app-{digest}"
+
+
+# --------------------------------------------------------------------------- object names
 
 
 def _digest(parts: tuple[str, ...]) -> str:

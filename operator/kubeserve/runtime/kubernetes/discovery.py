@@ -116,7 +116,7 @@ def snapshot_parts(
         spec, status = app.get("spec") or {}, app.get("status") or {}
         if instance is not None and spec.get("instance", contract.DEFAULT_INSTANCE) != instance:
             continue
-        name = spec.get("appName") or app["metadata"]["name"]
+        name = contract.application_name(app)
         for deployment, entry in (status.get("deployments") or {}).items():
             if not entry.get("service"):
                 continue

@@ -45,11 +45,11 @@ class DataPlane:
     async def secret(self, instance: dict[str, Any]) -> bytes:
         """The data-plane secret of ``instance`` (a ServeInstance object), read once and cached.
 
-        Creates the Secret :func:`~.contract.dataplane_secret_name` with 32 random bytes (hex) when
-        it is missing, owned by the instance. One left by a deleted instance of the same name
-        (another uid) raises :class:`KubeError` (the pass is retried) until the garbage collector
-        removed it, so the operator needs only ``get`` and ``create`` on Secrets. Keyed by the
-        instance's uid: a recreated instance gets a fresh secret.
+        Creates the Secret :func:`~kubeserve.runtime.kubernetes.contract.dataplane_secret_name`
+        with 32 random bytes (hex) when it is missing, owned by the instance. One left by a deleted
+        instance of the same name (another uid) raises :class:`KubeError` (the pass is retried)
+        until the garbage collector removed it, so the operator needs only ``get`` and ``create``
+        on Secrets. Keyed by the instance's uid: a recreated instance gets a fresh secret.
         """
         meta = instance["metadata"]
         cached = self._secrets.get(meta["uid"])

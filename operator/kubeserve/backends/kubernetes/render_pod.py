@@ -13,7 +13,8 @@ Conventions every kubeserve pod follows:
   read-only, and an ``emptyDir`` at ``/tmp`` (:data:`TMP_DIR`) is the scratch space of every
   container (the runtime_env files below have their own);
 * proxies and replicas (not builds, not the init container) get the instance's data-plane secret
-  as ``KUBESERVE_DATA_PLANE_SECRET`` from the Secret :func:`~.contract.dataplane_secret_name`;
+  as ``KUBESERVE_DATA_PLANE_SECRET`` from the Secret
+  :func:`~kubeserve.runtime.kubernetes.contract.dataplane_secret_name`;
 * ``working_dir`` / ``py_modules`` of a runtime_env are fetched by the init container
   ``runtime-env`` running ``kubeserve fetch-runtime-env --dest /var/run/kubeserve/runtime-env
   [--working-dir URI] [--py-module URI]...`` into an ``emptyDir`` mounted at that path in both

@@ -230,10 +230,11 @@ def render_network_policies(
 
     * ``<inst>-replicas``: the replica port (``replica_port``) only from the instance's own proxy
       and replica pods (labels ``kubeserve.io/instance`` and ``app.kubernetes.io/component``) and
-      from the operator's pods (:data:`~.contract.OPERATOR_POD_LABELS` in ``operator_namespace``),
-      which push ``user_config``; the probe port (``probe_port``) from anywhere, for kubelets;
-      nothing else. The handshake already refuses strangers: this keeps them from even
-      connecting.
+      from the operator's pods
+      (:data:`~kubeserve.runtime.kubernetes.contract.OPERATOR_POD_LABELS` in
+      ``operator_namespace``), which push ``user_config``; the probe port (``probe_port``) from
+      anywhere, for kubelets; nothing else. The handshake already refuses strangers: this keeps
+      them from even connecting.
     * ``<inst>-proxies`` (when proxies run): the proxy's HTTP port from anywhere.
     """
     peers = {

@@ -32,7 +32,7 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from kubeserve.runtime.kube import Kube, KubeError
+from kubeserve.runtime.kubernetes.client import Kube, KubeError
 from kubeserve.schema.resources import GROUP
 
 __all__ = [

@@ -1,0 +1,132 @@
+"""The dashboard in a real headless Chromium against a real ``kubeserve start``: what a user sees
+when an application is deployed, when a replica dies and is replaced, and when the admin API
+needs a token. Screenshots go to the test's directory; their paths are printed (``pytest -s``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from browser_testing import Chromium, Page, chromium_binary, running_chromium
+from kubeserve_testing import Kubeserve, http, running_kubeserve, wait_for
+
+CHROMIUM = chromium_binary()
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="Debian's chromium is installed by `make test` (make chromium)"
+)
+
+TOKEN = "dashboard-t0ken"
+HELLO = {"name": "hello", "route_prefix": "/hello", "import_path": "examples.hello:app"}
+
+
+@pytest.fixture(scope="module")
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chromium]:
+    assert CHROMIUM is not None
+    with running_chromium(CHROMIUM, tmp_path_factory.mktemp("chromium")) as browser:
+        yield browser
+
+
+@pytest.fixture
+def page(chromium: Chromium) -> Iterator[Page]:
+    tab = chromium.new_page()
+    yield tab
+    assert not tab.problems(), "the page had script errors or CSP violations"
+    chromium.call("Target.closeTarget", {"targetId": tab.target_id})
+
+
+def screenshot(page: Page, directory: Path, name: str) -> Path:
+    path = page.screenshot(directory / name)
+    print(f"dashboard screenshot: {path}")
+    return path
+
+
+def cell(page: Page, selector: str, attribute: str) -> str | None:
+    value = page.evaluate(
+        f"document.querySelector({selector!r})?.getAttribute({attribute!r}) ?? null"
+    )
+    return None if value is None else str(value)
+
+
+def replica_pids_on_page(page: Page) -> list[int]:
+    pids = page.evaluate(
+        '[...document.querySelectorAll(\'#replicas tr[data-app="hello"][data-state="RUNNING"]\')]'
+        ".map(tr => tr.dataset.pid)"
+    )
+    return sorted(int(pid) for pid in pids if pid)
+
+
+def test_page_follows_an_application_and_a_replica_replaced(
+    clean_kubeserve: Kubeserve, page: Page, tmp_path: Path
+) -> None:
+    ks = clean_kubeserve
+    page.navigate(f"{ks.api}/")
+    wait_for(lambda: page.visible("#no-apps"), 30, what="the page to show no application")
+    assert not page.visible("#login"), "no token is configured: the page must not ask for one"
+
+    status, body = ks.put([HELLO])
+    assert status == 200, body
+    wait_for(
+        lambda: cell(page, '#applications tr[data-app="hello"]', "data-status") == "RUNNING",
+        90,
+        what="hello to show as RUNNING",
+    )
+    assert "/hello" in page.text('#applications tr[data-app="hello"]')
+    wait_for(
+        lambda: cell(page, '#deployments tr[data-app="hello"]', "data-running") == "1",
+        30,
+        what="the deployment to show 1 running replica",
+    )
+    pids = wait_for(lambda: replica_pids_on_page(page), 30, what="a RUNNING replica row")
+    assert pids == ks.replica_pids("hello", "Hello")
+    assert "application hello: " in page.text("#events")
+    screenshot(page, tmp_path, "dashboard-running.png")
+
+    (old,) = pids
+    os.kill(old, signal.SIGKILL)
+    wait_for(
+        lambda: (now := replica_pids_on_page(page)) and old not in now,
+        90,
+        what=f"the page to show a replica replacing pid {old}",
+    )
+    events = page.text("#events")
+    assert f"(pid {old}): RUNNING → gone" in events, events
+    assert "1 / 1" in page.text('#deployments tr[data-app="hello"]')
+    metrics_status, _ = http("GET", f"{ks.api}/metrics")
+    if metrics_status == 404:  # the server has no metrics: the page says so, with no numbers
+        assert "metrics not available" in page.text("#metrics-status")
+        assert not page.visible("#metrics")
+    screenshot(page, tmp_path, "dashboard-replaced.png")
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubeserve]:
+    with running_kubeserve(tmp_path_factory.mktemp("secured"), token=TOKEN) as server:
+        yield server
+
+
+def test_page_asks_for_the_token_and_keeps_it_in_the_tab(
+    secured: Kubeserve, page: Page, tmp_path: Path
+) -> None:
+    page.navigate(f"{secured.api}/")
+    wait_for(lambda: page.visible("#login"), 30, what="the page to ask for a token")
+    assert not page.visible("#content")
+    screenshot(page, tmp_path, "dashboard-login.png")
+
+    page.type_into("#token", "not-the-token")
+    page.click("#login-form button")
+    wait_for(lambda: "not the one" in page.text("#login-error"), 30, what="the wrong token refused")
+    assert page.evaluate("sessionStorage.length") == 0, "a refused token must not be kept"
+
+    page.type_into("#token", TOKEN)
+    page.click("#login-form button")
+    wait_for(lambda: page.visible("#no-apps"), 30, what="the page after signing in")
+    assert page.evaluate("sessionStorage.getItem('kubeserve.token')") == TOKEN
+    assert page.evaluate("document.cookie") == ""
+
+    page.click("#sign-out")
+    wait_for(lambda: page.visible("#login"), 30, what="the token forgotten")
+    assert page.evaluate("sessionStorage.length") == 0

@@ -4,15 +4,22 @@ needs a token. Screenshots go to the test's directory; their paths are printed (
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from browser_testing import Chromium, Page, chromium_binary, running_chromium
-from kubeserve_testing import Kubeserve, http, running_kubeserve, wait_for
+from kubeserve.api.server import create_app
+from kubeserve.schema.status import ServeInstanceDetails
+from kubeserve_testing import Kubeserve, free_port, http, running_kubeserve, wait_for
 
 CHROMIUM = chromium_binary()
 pytestmark = pytest.mark.skipif(
@@ -130,3 +137,94 @@ def test_page_asks_for_the_token_and_keeps_it_in_the_tab(
     page.click("#sign-out")
     wait_for(lambda: page.visible("#login"), 30, what="the token forgotten")
     assert page.evaluate("sessionStorage.length") == 0
+
+
+# ---------------------------------------------------------------------- rates and latency
+
+RATE = 20.0  # requests per second the metrics below count
+LABELS = 'application="hello",route="/hello",method="GET"'
+
+
+class _EmptyBackend:
+    """An admin API with nothing deployed: this test is about the metrics table."""
+
+    def internal_routes(self) -> list[web.RouteDef]:
+        return []
+
+    async def instance_details(self) -> ServeInstanceDetails:
+        return ServeInstanceDetails(proxies={}, applications={})
+
+
+def _prometheus_text(started: float) -> str:
+    """Ray Serve's HTTP metrics of a route that served RATE requests a second since ``started``,
+    one in ten an error, each taking between 10 and 30 ms (20 ms on average)."""
+    n = RATE * (time.monotonic() - started)
+    latency = "ray_serve_http_request_latency_ms"
+    return "\n".join(
+        (
+            "# TYPE ray_serve_num_http_requests_total counter",
+            f'ray_serve_num_http_requests_total{{{LABELS},status_code="200"}} {n * 0.9}',
+            f'ray_serve_num_http_requests_total{{{LABELS},status_code="500"}} {n * 0.1}',
+            "# TYPE ray_serve_num_http_error_requests_total counter",
+            f'ray_serve_num_http_error_requests_total{{{LABELS},error_code="500"}} {n * 0.1}',
+            f"# TYPE {latency} histogram",
+            f'{latency}_bucket{{{LABELS},le="10.0"}} 0.0',
+            f'{latency}_bucket{{{LABELS},le="30.0"}} {n}',
+            f'{latency}_bucket{{{LABELS},le="+Inf"}} {n}',
+            f"{latency}_sum{{{LABELS}}} {20 * n}",
+            f"{latency}_count{{{LABELS}}} {n}",
+            "",
+        )
+    )
+
+
+@contextlib.contextmanager
+def admin_api_with_metrics() -> Iterator[str]:
+    """An in-process admin API whose GET /metrics is :func:`_prometheus_text`; yields its URL."""
+    started = time.monotonic()
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=_prometheus_text(started), content_type="text/plain")
+
+    app = create_app(_EmptyBackend())  # type: ignore[arg-type]
+    app.router.add_get("/metrics", metrics)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    port = free_port()
+
+    async def start() -> None:
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def test_rates_and_latency_come_from_the_metrics(page: Page, tmp_path: Path) -> None:
+    with admin_api_with_metrics() as api:
+        page.navigate(f"{api}/")
+        row = '#metrics tr[data-route="/hello"]'
+
+        def rates() -> list[str] | None:
+            cells = page.evaluate(
+                f"[...(document.querySelector({row!r})?.cells ?? [])].map(c => c.innerText)"
+            )
+            return cells if cells and cells[2] != "\u2013" else None
+
+        cells = wait_for(rates, 30, what="a request rate on the page")
+        application, route, per_second, errors, mean, p95, _total = cells
+        assert (application, route) == ("hello", "/hello")
+        assert 0.6 * RATE < float(per_second) < 1.4 * RATE, cells
+        assert 0.06 * RATE < float(errors) < 0.14 * RATE, cells
+        assert mean == "20.0 ms", cells
+        assert p95 == "29.0 ms", cells  # 10 + 0.95 * (30 - 10), as histogram_quantile says
+        assert not page.visible("#metrics-status")
+        screenshot(page, tmp_path, "dashboard-metrics.png")

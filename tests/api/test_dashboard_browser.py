@@ -1,6 +1,7 @@
 """The dashboard in a real headless Chromium against a real ``kubeserve start``: what a user sees
-when an application is deployed, when a replica dies and is replaced, and when the admin API
-needs a token. Screenshots go to the test's directory; their paths are printed (``pytest -s``)."""
+when an application is deployed, when a replica dies and is replaced, when it is scaled, and when
+the admin API needs a token. Screenshots go to ``test-output/dashboard/`` (ignored by git;
+``KUBESERVE_TEST_OUTPUT`` moves it); their paths are printed (``pytest -s``)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,14 @@ from aiohttp import web
 from browser_testing import Chromium, Page, chromium_binary, running_chromium
 from kubeserve.api.server import create_app
 from kubeserve.schema.status import ServeInstanceDetails
-from kubeserve_testing import Kubeserve, free_port, http, running_kubeserve, wait_for
+from kubeserve_testing import ROOT, Kubeserve, free_port, http, running_kubeserve, wait_for
 
 CHROMIUM = chromium_binary()
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="Debian's chromium is installed by `make test` (make chromium)"
 )
 
+SCREENSHOTS = Path(os.environ.get("KUBESERVE_TEST_OUTPUT", ROOT / "test-output")) / "dashboard"
 TOKEN = "dashboard-t0ken"
 HELLO = {"name": "hello", "route_prefix": "/hello", "import_path": "examples.hello:app"}
 
@@ -45,8 +47,9 @@ def page(chromium: Chromium) -> Iterator[Page]:
     chromium.call("Target.closeTarget", {"targetId": tab.target_id})
 
 
-def screenshot(page: Page, directory: Path, name: str) -> Path:
-    path = page.screenshot(directory / name)
+def screenshot(page: Page, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = page.screenshot(SCREENSHOTS / name)
     print(f"dashboard screenshot: {path}")
     return path
 
@@ -67,7 +70,7 @@ def replica_pids_on_page(page: Page) -> list[int]:
 
 
 def test_page_follows_an_application_and_a_replica_replaced(
-    clean_kubeserve: Kubeserve, page: Page, tmp_path: Path
+    clean_kubeserve: Kubeserve, page: Page
 ) -> None:
     ks = clean_kubeserve
     page.navigate(f"{ks.api}/")
@@ -90,7 +93,7 @@ def test_page_follows_an_application_and_a_replica_replaced(
     pids = wait_for(lambda: replica_pids_on_page(page), 30, what="a RUNNING replica row")
     assert pids == ks.replica_pids("hello", "Hello")
     assert "application hello: " in page.text("#events")
-    screenshot(page, tmp_path, "dashboard-running.png")
+    screenshot(page, "dashboard-running.png")
 
     (old,) = pids
     os.kill(old, signal.SIGKILL)
@@ -106,7 +109,20 @@ def test_page_follows_an_application_and_a_replica_replaced(
     if metrics_status == 404:  # the server has no metrics: the page says so, with no numbers
         assert "metrics not available" in page.text("#metrics-status")
         assert not page.visible("#metrics")
-    screenshot(page, tmp_path, "dashboard-replaced.png")
+    screenshot(page, "dashboard-replaced.png")
+
+    status, body = ks.put([{**HELLO, "deployments": [{"name": "Hello", "num_replicas": 2}]}])
+    assert status == 200, body
+    (replacement,) = replica_pids_on_page(page)
+    both = wait_for(
+        lambda: pids if len(pids := replica_pids_on_page(page)) == 2 else None,
+        90,
+        what="the page to show two RUNNING replicas",
+    )
+    assert "2 / 2" in page.text('#deployments tr[data-app="hello"]')
+    (added,) = set(both) - {replacement}
+    assert f"(pid {added}): " in page.text("#events")
+    screenshot(page, "dashboard-scaled.png")
 
 
 @pytest.fixture(scope="module")
@@ -115,13 +131,11 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubeserve]:
         yield server
 
 
-def test_page_asks_for_the_token_and_keeps_it_in_the_tab(
-    secured: Kubeserve, page: Page, tmp_path: Path
-) -> None:
+def test_page_asks_for_the_token_and_keeps_it_in_the_tab(secured: Kubeserve, page: Page) -> None:
     page.navigate(f"{secured.api}/")
     wait_for(lambda: page.visible("#login"), 30, what="the page to ask for a token")
     assert not page.visible("#content")
-    screenshot(page, tmp_path, "dashboard-login.png")
+    screenshot(page, "dashboard-login.png")
 
     page.type_into("#token", "not-the-token")
     page.click("#login-form button")
@@ -208,7 +222,7 @@ def admin_api_with_metrics() -> Iterator[str]:
         loop.close()
 
 
-def test_rates_and_latency_come_from_the_metrics(page: Page, tmp_path: Path) -> None:
+def test_rates_and_latency_come_from_the_metrics(page: Page) -> None:
     with admin_api_with_metrics() as api:
         page.navigate(f"{api}/")
         row = '#metrics tr[data-route="/hello"]'
@@ -227,4 +241,4 @@ def test_rates_and_latency_come_from_the_metrics(page: Page, tmp_path: Path) -> 
         assert mean == "20.0 ms", cells
         assert p95 == "29.0 ms", cells  # 10 + 0.95 * (30 - 10), as histogram_quantile says
         assert not page.visible("#metrics-status")
-        screenshot(page, tmp_path, "dashboard-metrics.png")
+        screenshot(page, "dashboard-metrics.png")

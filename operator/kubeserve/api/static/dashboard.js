@@ -136,38 +136,41 @@ function render(details) {
 }
 
 // ------------------------------------------------------------------------- recent events
-// Derived here from successive snapshots: each object's status, keyed by what it is.
+// Derived here from successive snapshots: the status of each object, keyed by what it is (a
+// replica by its id: its pid may be set later); the label says it as a user reads it.
 
 let previous = null;
 const events = [];
 
 function statuses(details) {
   const out = new Map();
+  const add = (key, label, status) => out.set(key, { label, status });
   for (const app of Object.values(details.applications || {})) {
-    out.set(`application ${app.name}`, app.status);
+    add(`a ${app.name}`, `application ${app.name}`, app.status);
     for (const [name, dep] of Object.entries(app.deployments || {})) {
-      out.set(`deployment ${app.name}/${name}`, dep.status);
+      const path = `${app.name}/${name}`;
+      add(`d ${path}`, `deployment ${path}`, dep.status);
       for (const r of dep.replicas || []) {
         const pid = r.pid ? ` (pid ${r.pid})` : "";
-        out.set(`replica ${app.name}/${name}/${r.replica_id}${pid}`, r.state);
+        add(`r ${path}/${r.replica_id}`, `replica ${path}/${r.replica_id}${pid}`, r.state);
       }
     }
   }
   for (const [node, proxy] of Object.entries(details.proxies || {})) {
-    out.set(`proxy ${proxy.node_ip || node}`, proxy.status);
+    add(`p ${node}`, `proxy ${proxy.node_ip || node}`, proxy.status);
   }
   return out;
 }
 
 function transitions(before, after) {
   const out = [];
-  for (const [what, status] of after) {
-    const old = before.get(what);
-    if (old === undefined) out.push(`${what}: ${status}`);
-    else if (old !== status) out.push(`${what}: ${old} → ${status}`);
+  for (const [key, now] of after) {
+    const old = before.get(key);
+    if (old === undefined) out.push(`${now.label}: ${now.status}`);
+    else if (old.status !== now.status) out.push(`${now.label}: ${old.status} → ${now.status}`);
   }
-  for (const [what, status] of before) {
-    if (!after.has(what)) out.push(`${what}: ${status} → gone`);
+  for (const [key, old] of before) {
+    if (!after.has(key)) out.push(`${old.label}: ${old.status} → gone`);
   }
   return out;
 }
@@ -275,6 +278,7 @@ let lastReading = null;  // { at: ms, totals }
 let metricsRetryAt = 0;
 
 function metricsUnavailable(why) {
+  metricsRetryAt = Date.now() + METRICS_RETRY_MS;  // asked again now and then, not every poll
   lastReading = null;
   $("metrics").hidden = true;
   $("metrics-status").hidden = false;
@@ -292,7 +296,6 @@ async function refreshMetrics() {
     return;
   }
   if (!response.ok) {
-    metricsRetryAt = Date.now() + METRICS_RETRY_MS;
     metricsUnavailable(`metrics not available (GET ${METRICS_PATH}: ${response.status})`);
     return;
   }

@@ -340,16 +340,17 @@ function setConnection(state) {
   $("connection").dataset.state = state;
 }
 
+// One polling loop at a time: restart() begins a new one, and a reading that comes back to a
+// loop that is no longer current (the token was just forgotten or replaced) is dropped.
 let timer = null;
-let signedIn = true;
+let generation = 0;
 
-async function tick() {
-  timer = null;
+async function tick(loop) {
   try {
     const response = await get(APPLICATIONS_PATH);
     const body = await response.json();
+    if (loop !== generation) return;
     if (!response.ok) throw new Error(body.error || `GET ${APPLICATIONS_PATH}: ${response.status}`);
-    signedIn = true;
     $("login").hidden = true;
     $("content").hidden = false;
     $("sign-out").hidden = !token();
@@ -362,10 +363,10 @@ async function tick() {
     $("updated").textContent = "updated " + at.toLocaleTimeString();
     $("updated").dataset.at = String(at.getTime());
   } catch (err) {
+    if (loop !== generation) return;
     if (err instanceof AuthRequired) {
       const refused = token();
       sessionStorage.removeItem(TOKEN_KEY);  // a reload must not send it again
-      signedIn = false;
       showLogin(refused ? err.message : "");
       return;  // polling resumes when a token is entered
     }
@@ -373,11 +374,13 @@ async function tick() {
     $("error").hidden = false;
     $("error").textContent = `cannot read ${APPLICATIONS_PATH}: ${err.message}`;
   }
-  schedule();
+  if (loop === generation) timer = setTimeout(tick, POLL_MS, loop);
 }
 
-function schedule(delay) {
-  if (timer === null && signedIn) timer = setTimeout(tick, delay ?? POLL_MS);
+function restart() {
+  generation += 1;
+  clearTimeout(timer);
+  timer = setTimeout(tick, 0, generation);
 }
 
 function start() {
@@ -388,17 +391,13 @@ function start() {
     sessionStorage.setItem(TOKEN_KEY, value);
     $("token").value = "";
     $("login-error").textContent = "";
-    signedIn = true;
-    schedule(0);
+    restart();
   });
   $("sign-out").addEventListener("click", () => {
     sessionStorage.removeItem(TOKEN_KEY);
-    if (timer !== null) clearTimeout(timer);
-    timer = null;
-    signedIn = true;
-    schedule(0);
+    restart();
   });
-  schedule(0);
+  restart();
 }
 
 start();

@@ -147,26 +147,66 @@ def test_page_asks_for_the_token_and_keeps_it_in_the_tab(secured: Kubeserve, pag
     wait_for(lambda: page.visible("#no-apps"), 30, what="the page after signing in")
     assert page.evaluate("sessionStorage.getItem('kubeserve.token')") == TOKEN
     assert page.evaluate("document.cookie") == ""
+    page.navigate(f"{secured.api}/")  # a reload keeps the tab's token
+    wait_for(lambda: page.visible("#no-apps"), 30, what="the page after a reload")
+    assert not page.visible("#login")
 
     page.click("#sign-out")
     wait_for(lambda: page.visible("#login"), 30, what="the token forgotten")
     assert page.evaluate("sessionStorage.length") == 0
 
 
-# ---------------------------------------------------------------------- rates and latency
-
-RATE = 20.0  # requests per second the metrics below count
-LABELS = 'application="hello",route="/hello",method="GET"'
+# ------------------------------------------------- an admin API in this process, state chosen
 
 
-class _EmptyBackend:
-    """An admin API with nothing deployed: this test is about the metrics table."""
+class _FixedBackend:
+    """An admin API backend whose instance is ``details``, whatever happens."""
+
+    def __init__(self, details: ServeInstanceDetails) -> None:
+        self.details = details
 
     def internal_routes(self) -> list[web.RouteDef]:
         return []
 
     async def instance_details(self) -> ServeInstanceDetails:
-        return ServeInstanceDetails(proxies={}, applications={})
+        return self.details.model_copy(deep=True)
+
+
+NOTHING_DEPLOYED = ServeInstanceDetails(proxies={}, applications={})
+
+
+@contextlib.contextmanager
+def in_process_admin_api(
+    details: ServeInstanceDetails, routes: tuple[web.RouteDef, ...] = ()
+) -> Iterator[str]:
+    """The admin API (:func:`create_app`) of an instance that is ``details``, with more
+    ``routes``, served from a thread; yields its URL."""
+    app = create_app(_FixedBackend(details))  # type: ignore[arg-type]
+    app.add_routes(routes)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    port = free_port()
+
+    async def start() -> None:
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+# ---------------------------------------------------------------------- rates and latency
+
+RATE = 20.0  # requests per second the metrics below count
+LABELS = 'application="hello",route="/hello",method="GET"'
 
 
 def _prometheus_text(started: float) -> str:
@@ -192,38 +232,13 @@ def _prometheus_text(started: float) -> str:
     )
 
 
-@contextlib.contextmanager
-def admin_api_with_metrics() -> Iterator[str]:
-    """An in-process admin API whose GET /metrics is :func:`_prometheus_text`; yields its URL."""
+def test_rates_and_latency_come_from_the_metrics(page: Page) -> None:
     started = time.monotonic()
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(text=_prometheus_text(started), content_type="text/plain")
 
-    app = create_app(_EmptyBackend())  # type: ignore[arg-type]
-    app.router.add_get("/metrics", metrics)
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
-    port = free_port()
-
-    async def start() -> None:
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
-
-
-def test_rates_and_latency_come_from_the_metrics(page: Page) -> None:
-    with admin_api_with_metrics() as api:
+    with in_process_admin_api(NOTHING_DEPLOYED, (web.get("/metrics", metrics),)) as api:
         page.navigate(f"{api}/")
         row = '#metrics tr[data-route="/hello"]'
 
@@ -242,3 +257,35 @@ def test_rates_and_latency_come_from_the_metrics(page: Page) -> None:
         assert p95 == "29.0 ms", cells  # 10 + 0.95 * (30 - 10), as histogram_quantile says
         assert not page.visible("#metrics-status")
         screenshot(page, "dashboard-metrics.png")
+
+
+# ------------------------------------------------------------------- deployers' text is text
+
+HOSTILE = '<img src=x onerror="window.injected=1"><b>bold</b>'
+
+
+def test_names_and_messages_are_shown_as_text_never_run(page: Page) -> None:
+    details = ServeInstanceDetails.model_validate(
+        {
+            "proxies": {},
+            "applications": {
+                "app": {
+                    "name": "app",
+                    "route_prefix": "/app",
+                    "docs_path": None,
+                    "status": "DEPLOY_FAILED",
+                    "message": HOSTILE,
+                    "last_deployed_time_s": time.time(),
+                    "source": "declarative",
+                    "deployments": {},
+                    "external_scaler_enabled": False,
+                }
+            },
+        }
+    )
+    with in_process_admin_api(details) as api:
+        page.navigate(f"{api}/")
+        row = '#applications tr[data-app="app"]'
+        wait_for(lambda: HOSTILE in page.text(row), 30, what="the message shown as written")
+        assert page.evaluate(f"document.querySelector({row!r}).querySelector('img, b')") is None
+        assert page.evaluate("window.injected === undefined")

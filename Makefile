@@ -11,7 +11,7 @@ K8S_VERSION ?= v1.36.3
 K8S_DIR    := $(CACHE)/k8s/$(K8S_VERSION)
 K8S_BIN    := $(K8S_DIR)/bin
 
-.PHONY: run test check format venv ray-client k8s-binaries clean
+.PHONY: run test check format venv ray-client k8s-binaries chromium clean
 
 venv: $(BIN)/.installed
 
@@ -39,13 +39,20 @@ k8s-binaries: $(K8S_BIN)/.stamp
 $(K8S_BIN)/.stamp:
 	sh tests/kubernetes/build_k8s_binaries.sh $(K8S_VERSION) $(K8S_DIR)
 
+## Debian's Chromium for the dashboard's browser test (tests/api/test_dashboard_browser.py), which
+## drives it headless over the DevTools protocol: no browser download, no driver package.
+CHROMIUM ?= /usr/bin/chromium
+chromium:
+	@test -x $(CHROMIUM) || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
 ## Start kubeserve on this machine with the example applications (admin API :8265, HTTP :8000).
 run: venv
 	$(BIN)/kubeserve start --state-dir $(STATE_DIR) --deploy examples/config.yaml
 
-## Run every test: unit, API over HTTP, end to end with real processes, the Ray 2.60 client.
-test: venv ray-client k8s-binaries helm
-	KUBESERVE_HELM=$(HELM) KUBESERVE_HELM3=$(HELM3) KUBESERVE_RAY_SERVE=$(RAY_SERVE) KUBESERVE_K8S_BIN=$(K8S_BIN) $(BIN)/python -m pytest $(PYTEST_ARGS)
+## Run every test: unit, API over HTTP, end to end with real processes, the Ray 2.60 client, the
+## dashboard in headless Chromium.
+test: venv ray-client k8s-binaries helm chromium
+	KUBESERVE_CHROMIUM=$(CHROMIUM) KUBESERVE_HELM=$(HELM) KUBESERVE_HELM3=$(HELM3) KUBESERVE_RAY_SERVE=$(RAY_SERVE) KUBESERVE_K8S_BIN=$(K8S_BIN) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Format, lint, types and import-layer contracts.
 check: venv

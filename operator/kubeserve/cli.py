@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     #: what an embedded instance does once its admin API is up; ``-1``: keep serving, else
     #: stop with that exit code
     AfterStart = Callable[[AdminClient, Any], Awaitable[int]]
+from kubeserve.runtime.kubernetes.contract import NAMESPACE_ENV
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     operator = commands.add_parser("operator", help="run the Kubernetes operator")
     operator.add_argument(
         "--namespace",
-        default=os.environ.get("KUBESERVE_NAMESPACE", "kubeserve-system"),
+        default=os.environ.get(NAMESPACE_ENV, "kubeserve-system"),
         help="the operator's own namespace (where the admin API writes custom resources)",
     )
     operator.add_argument(

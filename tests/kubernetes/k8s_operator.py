@@ -10,6 +10,7 @@ from typing import Any
 from fake_kubelet import die_with_parent
 from k8s_control_plane import ControlPlane
 
+from kubeserve.runtime.kubernetes import contract
 from kubeserve_testing import free_port, http, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,16 +92,16 @@ class OperatorProcess:
 
 def instance(namespace: str, port: int = 8000) -> dict[str, Any]:
     return {
-        "apiVersion": "kubeserve.io/v1beta1",
+        "apiVersion": contract.API_VERSION,
         "kind": "ServeInstance",
-        "metadata": {"name": "default", "namespace": namespace},
+        "metadata": {"name": contract.DEFAULT_INSTANCE, "namespace": namespace},
         "spec": {"proxyLocation": "HeadOnly", "httpOptions": {"port": port}},
     }
 
 
 def application(namespace: str, name: str, import_path: str, **spec: Any) -> dict[str, Any]:
     return {
-        "apiVersion": "kubeserve.io/v1beta1",
+        "apiVersion": contract.API_VERSION,
         "kind": "ServeApplication",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"importPath": import_path, **spec},

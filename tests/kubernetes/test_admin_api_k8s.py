@@ -241,6 +241,12 @@ def test_single_application_family(
     url = proxy_url(plane, namespace)
     assert wait_for(lambda: answer(f"{url}/probe"), 60, what="an answer through the proxy")
 
+    def instance_lists_it() -> bool:  # under the same name "" as GET: one name rule for all
+        status = plane.get("serveinstance", "default", namespace).get("status") or {}
+        return (status.get("applications") or {}).get("", {}).get("status") == "RUNNING"
+
+    wait_for(instance_lists_it, 30, what='the ServeInstance status listing application ""')
+
     # A multi-application PUT replaces it; GET of the family then reads the deployed config.
     assert api.put([PROBE])[0] == 200
     # (the replaced application is listed as DELETING until its pods are gone)

@@ -15,7 +15,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from kubeserve.api.errors import BadRequest, UnsupportedMediaType, error_middleware
+from kubeserve.api import dashboard
+from kubeserve.api.errors import BadRequest, Handler, UnsupportedMediaType, error_middleware
 from kubeserve.api.openapi import Endpoint, QueryParameter, openapi_document
 from kubeserve.api.security import AdminSecurity, security_middleware
 from kubeserve.backends.protocol import Backend, ConflictError, NotFoundError
@@ -49,13 +50,18 @@ def create_app(
     implicitly (by GET /api/serve/deployments/status); ``security`` turns on the bearer token
     and the Host check (off by default, as the operator runs it). ``middlewares`` run inside the
     error mapping, before every handler: access control a backend brings (the operator's
-    :class:`~kubeserve.backends.kubernetes.admin_auth.KubernetesAuthorizer`)."""
+    :class:`~kubeserve.backends.kubernetes.admin_auth.KubernetesAuthorizer`); they are skipped for
+    the dashboard's static files, which hold no data (:mod:`kubeserve.api.dashboard`)."""
     security = security or AdminSecurity()
     internal = backend.internal_routes()
-    token_exempt = {e.path for e in ENDPOINTS if e.open}
+    token_exempt = {e.path for e in ENDPOINTS if e.open} | dashboard.OPEN_PATHS
     token_exempt |= {r.path for r in internal if isinstance(r, web.RouteDef)}
     app = web.Application(
-        middlewares=[error_middleware, security_middleware(security, token_exempt), *middlewares],
+        middlewares=[
+            error_middleware,
+            security_middleware(security, token_exempt),
+            *(_except_on(dashboard.OPEN_PATHS, m) for m in middlewares),
+        ],
         client_max_size=MAX_BODY_BYTES,
     )
     app[BACKEND_KEY] = backend
@@ -73,7 +79,20 @@ def create_app(
         if e.path.endswith("/")
     )
     app.add_routes(internal)
+    app.add_routes(dashboard.dashboard_routes())
     return app
+
+
+def _except_on(paths: frozenset[str], middleware: Middleware) -> Middleware:
+    """``middleware``, but for requests to ``paths``, which go straight to their handler."""
+
+    @web.middleware
+    async def skipping(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in paths:
+            return await handler(request)
+        return await middleware(request, handler)
+
+    return skipping
 
 
 async def ray_version(request: web.Request) -> web.Response:

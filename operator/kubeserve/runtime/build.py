@@ -32,6 +32,7 @@ import sys
 import traceback
 from typing import Any
 
+from kubeserve.runtime.kubernetes.contract import NAMESPACE_ENV
 from kubeserve.sdk.application import Application
 from kubeserve.sdk.deployment import Deployment
 
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kubeserve build")
     parser.add_argument("import_path")
     parser.add_argument("--configmap")
-    parser.add_argument("--namespace", default=os.environ.get("KUBESERVE_NAMESPACE", "default"))
+    parser.add_argument("--namespace", default=os.environ.get(NAMESPACE_ENV, "default"))
     parser.add_argument("--application", default="")
     parser.add_argument("--application-uid", default="")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(document)
     print(text)
     if args.configmap:
-        from kubeserve.runtime.kube_build import write_graph_configmap
+        from kubeserve.runtime.kubernetes.graph import write_graph_configmap
 
         asyncio.run(
             write_graph_configmap(

@@ -42,8 +42,9 @@ from typing import Any
 
 import uvloop
 
-from kubeserve.runtime import channel, kube_replica, local_socket, replica_probe, wire
+from kubeserve.runtime import channel, local_socket, replica_probe, wire
 from kubeserve.runtime.build import format_user_error, load_application
+from kubeserve.runtime.kubernetes import replica as kubernetes_replica
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.replica_http import (
     HttpRequest,
@@ -440,8 +441,8 @@ async def _start_handle_transport(controller_url: str | None, secret: bytes) -> 
 
     Imported lazily: the handle client is only needed when other deployments are reachable.
     """
-    if kube_replica.in_cluster():
-        client = kube_replica.handle_client(secret)
+    if kubernetes_replica.in_cluster():
+        client = kubernetes_replica.handle_client(secret)
     elif controller_url:
         module = importlib.import_module("kubeserve.runtime.handle_client")
         client = module.HandleClient(controller_url, secret=secret)
@@ -456,8 +457,8 @@ async def _start_user_code(config: wire.ReplicaConfig) -> UserCode:
     try:
         node = _find_node(config)
         user_config = config["user_config"]
-        if kube_replica.in_cluster():  # the pod template never carries user_config
-            overridden, value = await kube_replica.user_config_override(config["deployment"])
+        if kubernetes_replica.in_cluster():  # the pod template never carries user_config
+            overridden, value = await kubernetes_replica.user_config_override(config["deployment"])
             user_config = value if overridden else node.deployment.code_options.get("user_config")
         user = await UserCode.construct(node, config["app"])
         await user.reconfigure(user_config)

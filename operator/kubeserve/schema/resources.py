@@ -213,14 +213,18 @@ class ServeApplicationSpecBase(CRModel):
     )
 
     def to_rest(self, *, name: str) -> ServeApplicationEntry:
-        """The REST element of ``applications``; ``name`` is the object's ``metadata.name``.
+        """The REST element of ``applications`` named ``name``, the application's Ray name.
 
-        Raises pydantic's ``ValidationError`` when the spec breaks a REST rule.
+        The Ray name is ``appName`` when set, else the object's ``metadata.name``, except for the
+        single-application family's ``""`` (an annotation the admin API sets); the Kubernetes
+        contract spells that rule once (``kubeserve.runtime.kubernetes.contract.application_name``)
+        and its callers pass the result. Raises pydantic's ``ValidationError`` when the spec breaks
+        a REST rule.
         """
         body = self.model_dump(
             mode="json", by_alias=False, exclude_unset=True, exclude={"app_name", "instance"}
         )
-        return ServeApplicationEntry.model_validate({"name": self.app_name or name, **body})
+        return ServeApplicationEntry.model_validate({"name": name, **body})
 
     @classmethod
     def from_rest(

@@ -18,7 +18,7 @@ from kubeserve.backends.kubernetes.admin_auth import (
     KubernetesAuthorizer,
     required_access,
 )
-from kubeserve.runtime.kube import KubeError
+from kubeserve.runtime.kubernetes.client import KubeError
 
 
 class FakeKube:

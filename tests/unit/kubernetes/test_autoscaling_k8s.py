@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.autoscaling import external_replicas, scale_to_zero_paths
+from kubeserve.runtime.kubernetes import contract
 
 
 def test_scale_to_zero_is_found_in_min_and_initial_replicas() -> None:
@@ -20,7 +20,7 @@ def test_scale_to_zero_is_found_in_min_and_initial_replicas() -> None:
 
 def test_external_counts_come_from_the_annotation_and_bad_values_are_ignored() -> None:
     def obj(value: str | None) -> dict[str, object]:
-        annotations = {} if value is None else {names.EXTERNAL_REPLICAS_ANNOTATION: value}
+        annotations = {} if value is None else {contract.EXTERNAL_REPLICAS_ANNOTATION: value}
         return {"metadata": {"annotations": annotations}}
 
     assert external_replicas(obj('{"A": 3, "B": -1, "C": "x"}')) == {"A": 3}

@@ -12,7 +12,10 @@ would use itself:
   (:func:`required_access`: the verbs on ``serveinstances`` / ``serveapplications`` in the
   operator's namespace that its handler reads or writes with); a missing one is a 403 naming the
   verbs and resources;
-* ``/-/healthz`` stays open (kubelet probes); every other path needs authentication.
+* ``/-/healthz`` stays open (kubelet probes); every other path needs authentication. (The
+  dashboard's page and files, which hold no data, never reach this middleware:
+  :func:`kubeserve.api.server.create_app` serves them without it; the page then calls the API
+  with the user's token like any client.)
 
 Decisions are cached for :data:`DECISION_TTL_S` (by a digest of the token, and by user and
 access), so a client polling ``GET /api/serve/applications/`` costs the API server two reviews per
@@ -33,7 +36,7 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from kubeserve.runtime.kube import Kube, KubeError
+from kubeserve.runtime.kubernetes.client import Kube, KubeError
 from kubeserve.schema.resources import GROUP
 
 __all__ = [

@@ -13,14 +13,13 @@ with the renderer's message and a Warning Event; raising would only retry it for
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from kubeserve.backends.kubernetes import names, render
+from kubeserve.backends.kubernetes import render
 from kubeserve.backends.kubernetes.autoscaling import (
     SCALE_TO_ZERO_REFUSED,
     Autoscalers,
@@ -41,6 +40,8 @@ from kubeserve.control.autoscaling import Direction
 from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status_derivation import BuildView, application_status, deployment_status
 from kubeserve.runtime import wire
+from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.graph import graph_document
 from kubeserve.schema.errors import validation_details
 from kubeserve.schema.resources import DEFAULT_INSTANCE, ServeApplicationSpec
 
@@ -78,17 +79,15 @@ class ApplicationReconciler:
 
     async def reconcile(self, obj: dict[str, Any]) -> ApplicationReport | ApplicationRefused:
         """Converge ``obj``'s children to its spec; what its status should say."""
-        meta = obj["metadata"]
-        namespace, cr_name = meta["namespace"], meta["name"]
+        namespace = obj["metadata"]["namespace"]
         try:
             spec = ServeApplicationSpec.model_validate(obj.get("spec") or {})
-            app_config = spec.to_rest(name=cr_name).as_given()
+            app_config = spec.to_rest(name=contract.application_name(obj)).as_given()
         except ValidationError as err:
             details = "; ".join(
                 f"spec.{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in validation_details(err)
             )
             return ApplicationRefused("InvalidSpec", details)
-        app_config["name"] = spec.app_name or cr_name
         instance = self._cluster.cache.get("ServeInstance", namespace, spec.instance)
         if instance is None:
             message = f"ServeInstance {spec.instance!r} not found in namespace {namespace!r}"
@@ -153,7 +152,7 @@ class ApplicationReconciler:
             )
             scaling_key = f"{app.namespace}/{app.cr_name}/{name}"
             existing = cluster.cache.get(
-                "Deployment", app.namespace, names.workload_name(app.cr_name, name)
+                "Deployment", app.namespace, contract.workload_name(app.cr_name, name)
             )
             running_count = (
                 None if existing is None else (existing.get("spec") or {}).get("replicas")
@@ -250,7 +249,7 @@ async def _ensure_owned_by(cluster: Cluster, obj: dict[str, Any], instance: dict
     uid = instance["metadata"]["uid"]
     if any(o.get("uid") == uid for o in owners):
         return
-    ref = names.owner_reference(instance, controller=False)
+    ref = contract.owner_reference(instance, controller=False)
     await cluster.kube.merge_patch(
         "ServeApplication",
         obj["metadata"]["namespace"],
@@ -266,11 +265,11 @@ async def _graph(
 ) -> Graph | None:
     """The build result for the app's current code and environment; starts the Job when needed."""
     configmap = cluster.cache.get(
-        "ConfigMap", app.namespace, names.graph_configmap_name(app.cr_name, app.build_key)
+        "ConfigMap", app.namespace, contract.graph_configmap_name(app.cr_name, app.build_key)
     )
     if configmap is not None:
-        return Graph(json.loads((configmap.get("data") or {}).get("graph.json", "{}")))
-    job_name = names.build_job_name(app.cr_name, app.build_key)
+        return Graph(graph_document(configmap))
+    job_name = contract.build_job_name(app.cr_name, app.build_key)
     job = cluster.cache.get("Job", app.namespace, job_name)
     if job is None:
         await cluster.apply(render.render_build_job(instance, app))
@@ -283,10 +282,10 @@ async def _graph(
 
 
 async def _delete_stale_builds(cluster: Cluster, app: render.AppView) -> None:
-    current = names.build_job_name(app.cr_name, app.build_key)
+    current = contract.build_job_name(app.cr_name, app.build_key)
     labels = {
-        names.APPLICATION_LABEL: names.label_value(app.cr_name),
-        names.COMPONENT_LABEL: "build",
+        contract.APPLICATION_LABEL: contract.label_value(app.cr_name),
+        contract.COMPONENT_LABEL: contract.COMPONENT_BUILD,
     }
     for job in cluster.cache.objects("Job", app.namespace, labels):
         if job["metadata"]["name"] != current:
@@ -295,8 +294,8 @@ async def _delete_stale_builds(cluster: Cluster, app: render.AppView) -> None:
 
 async def _delete_stale_children(cluster: Cluster, app: render.AppView, wanted: set[str]) -> None:
     labels = {
-        names.APPLICATION_LABEL: names.label_value(app.cr_name),
-        names.COMPONENT_LABEL: "replica",
+        contract.APPLICATION_LABEL: contract.label_value(app.cr_name),
+        contract.COMPONENT_LABEL: contract.COMPONENT_REPLICA,
     }
     for kind in ("Deployment", "DaemonSet", "Service"):
         for obj in cluster.cache.objects(kind, app.namespace, labels):

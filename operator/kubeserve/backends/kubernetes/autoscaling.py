@@ -22,11 +22,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubeserve.backends.kubernetes import names, render
 from kubeserve.backends.kubernetes.pods import pod_ready
 from kubeserve.control.autoscaling import CapacityTracker, Direction
 from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
 from kubeserve.runtime import channel, wire
+from kubeserve.runtime.kubernetes import contract
 
 log = logging.getLogger(__name__)
 
@@ -151,9 +151,10 @@ class Autoscalers:
 
 
 def external_replicas(obj: dict[str, Any]) -> dict[str, int]:
-    """The counts the external scaling API set on a ``ServeApplication`` (see
-    :data:`~.names.EXTERNAL_REPLICAS_ANNOTATION`); unreadable values are ignored."""
-    raw = (obj["metadata"].get("annotations") or {}).get(names.EXTERNAL_REPLICAS_ANNOTATION)
+    """The counts the external scaling API set on a ``ServeApplication`` (its
+    ``EXTERNAL_REPLICAS_ANNOTATION``, see :mod:`kubeserve.runtime.kubernetes.contract`);
+    unreadable values are ignored."""
+    raw = (obj["metadata"].get("annotations") or {}).get(contract.EXTERNAL_REPLICAS_ANNOTATION)
     try:
         counts = json.loads(raw) if raw else {}
     except ValueError:
@@ -166,7 +167,7 @@ def external_replicas(obj: dict[str, Any]) -> dict[str, int]:
 async def _read_load(ip: str, secret: bytes) -> ReplicaLoad | None:
     try:
         status, body = await channel.request(
-            ip, render.REPLICA_PORT, "GET", wire.METRICS_PATH, secret, timeout_s=_READ_TIMEOUT_S
+            ip, contract.REPLICA_PORT, "GET", wire.METRICS_PATH, secret, timeout_s=_READ_TIMEOUT_S
         )
     except (OSError, TimeoutError) as exc:
         log.debug("reading the load of the replica at %s failed: %s", ip, exc)

@@ -94,8 +94,9 @@ class AppView:
 
     @property
     def app_name(self) -> str:
-        """The Ray application name (``spec.appName``, else the object's name)."""
-        return str(self.config.get("name") or self.cr_name)
+        """The Ray application name (:func:`~kubeserve.runtime.kubernetes.contract.application_name`
+        of the object, which the config carries)."""
+        return str(self.config["name"])
 
     @property
     def runtime_env(self) -> Mapping[str, Any]:

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.details import annotated_deployed_at
 from kubeserve.backends.kubernetes.pods import pod_ready, replica_key
 from kubeserve.control import effective_config
@@ -35,7 +34,8 @@ from kubeserve.control.status_derivation import (
     DerivedDeploymentStatus,
     ReplicaView,
 )
-from kubeserve.runtime.kube import timestamp
+from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.client import timestamp
 from kubeserve.schema.resources import Condition, ServeApplicationStatus, ServeInstanceStatus
 
 __all__ = [
@@ -321,7 +321,7 @@ def deployment_view_from_pods(
             terminated = (container.get("lastState") or {}).get("terminated")
             if terminated and not container.get("ready"):
                 last_error = f"pod {meta['name']}: exited with code {terminated.get('exitCode')}"
-        pod_version = (meta.get("annotations") or {}).get(names.VERSION_ANNOTATION, "")
+        pod_version = (meta.get("annotations") or {}).get(contract.VERSION_ANNOTATION, "")
         replicas.append(
             ReplicaView(
                 "RUNNING" if pod_ready(pod) else "STARTING",

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from kubeserve.runtime import wire
-from kubeserve.runtime.kube import Informer, Kube
+from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.client import Informer, Kube
 
 log = logging.getLogger(__name__)
-_SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 _FIRST_SNAPSHOT_TIMEOUT_S = 10.0
 
 
@@ -55,7 +55,7 @@ class KubeDiscovery:
             "EndpointSlice",
             self.namespace,
             self._set_slices,
-            "app.kubernetes.io/managed-by=kubeserve",
+            contract.MANAGED_SELECTOR,
         )
         self._tasks = [asyncio.ensure_future(apps.run()), asyncio.ensure_future(slices.run())]
         with contextlib.suppress(TimeoutError):
@@ -97,7 +97,7 @@ def snapshot_parts(
     """Routes and endpoints from ServeApplication objects and EndpointSlices (pure)."""
     by_service: dict[str, list[wire.ReplicaEndpoint]] = {}
     for endpoint_slice in slices:
-        service = (endpoint_slice["metadata"].get("labels") or {}).get(_SERVICE_NAME_LABEL)
+        service = (endpoint_slice["metadata"].get("labels") or {}).get(contract.SERVICE_NAME_LABEL)
         ports = endpoint_slice.get("ports") or []
         if not service or not ports:
             continue
@@ -114,9 +114,9 @@ def snapshot_parts(
     deployments: dict[str, wire.DeploymentEndpoints] = {}
     for app in apps:
         spec, status = app.get("spec") or {}, app.get("status") or {}
-        if instance is not None and spec.get("instance", "default") != instance:
+        if instance is not None and spec.get("instance", contract.DEFAULT_INSTANCE) != instance:
             continue
-        name = spec.get("appName") or app["metadata"]["name"]
+        name = contract.application_name(app)
         for deployment, entry in (status.get("deployments") or {}).items():
             if not entry.get("service"):
                 continue

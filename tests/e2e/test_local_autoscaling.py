@@ -160,3 +160,17 @@ def test_target_capacity_scales_every_deployment_by_its_percentage(
     wait_for(lambda: running(ks, "slow", "Slow") == 0, 60, what="no replicas at 0%")
     assert ks.put([fixed])[0] == 200
     wait_for(lambda: running(ks, "slow", "Slow") == 4, 60, what="4 replicas without a capacity")
+
+
+def test_the_first_request_to_an_app_scaled_to_zero_waits_for_a_replica(
+    clean_kubeserve: Kubeserve,
+) -> None:
+    ks = clean_kubeserve
+    to_zero = {"min_replicas": 0, "max_replicas": 1, **FAST, "upscale_delay_s": 600}
+    assert ks.put([slow_app({"name": "Slow", "autoscaling_config": to_zero})])[0] == 200
+    ks.wait_app("slow")
+    assert running(ks, "slow", "Slow") == 0
+    status, answer = http("GET", f"{ks.proxy}/slow?s=0", timeout=60)
+    assert status == 200, answer
+    decisions = deployment_details(ks, "slow", "Slow")["autoscaling_detail"]["decisions"]
+    assert (decisions[0]["prev_num_replicas"], decisions[0]["curr_num_replicas"]) == (0, 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from kubeserve_testing import Kubeserve, http, slow_app, wait_for
@@ -33,3 +35,26 @@ def test_max_queued_requests_refuses_at_once(clean_kubeserve: Kubeserve) -> None
     # one runs, one waits; the other four are refused without waiting for a slot
     assert sorted(answers) == [200, 200, 503, 503, 503, 503], answers
     wait_for(lambda: http("GET", f"{ks.proxy}/slow?s=0")[0] == 200, 30, what="served again")
+
+
+def test_backpressure_config_sets_the_status_and_retry_after(clean_kubeserve: Kubeserve) -> None:
+    ks = clean_kubeserve
+    limited = {
+        "name": "Slow",
+        "max_ongoing_requests": 1,
+        "max_queued_requests": 1,
+        "backpressure_config": {"status_code": 429, "retry_after_s": 3},
+    }
+    assert ks.put([slow_app(limited)])[0] == 200
+    ks.wait_app("slow")
+
+    def get(_: int) -> tuple[int, str | None]:
+        try:
+            with urllib.request.urlopen(f"{ks.proxy}/slow?s=2", timeout=60) as response:
+                return response.status, None
+        except urllib.error.HTTPError as err:
+            return err.code, err.headers.get("Retry-After")
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = sorted(pool.map(get, range(4)), key=lambda a: a[0])
+    assert answers == [(200, None), (200, None), (429, "3"), (429, "3")], answers

@@ -53,7 +53,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
+import random
 import signal
 from collections import deque
 from typing import cast
@@ -82,21 +84,30 @@ from kubeserve.runtime.limits import (
     add_limit_arguments,
     limits_from_arguments,
 )
-from kubeserve.runtime.router import NoReplicaAvailable, Replica, Router
-from kubeserve.runtime.wire import HEALTHZ_PATH, UNSERVED_HEADER, Snapshot, deployment_key
+from kubeserve.runtime.load_report import LoadReporter
+from kubeserve.runtime.router import BackPressure, NoReplicaAvailable, Replica, Router
+from kubeserve.runtime.wire import (
+    HEALTHZ_PATH,
+    UNSERVED_AT_CAPACITY,
+    UNSERVED_HEADER,
+    Snapshot,
+    deployment_key,
+)
 
-__all__ = ["DEFAULT_ASSIGN_TIMEOUT_S", "ProxyServer", "ProxyState", "main", "serve_proxy"]
+__all__ = ["ProxyServer", "ProxyState", "main", "serve_proxy"]
 
 log = logging.getLogger(__name__)
 
-#: How long a request waits for a replica slot when no request timeout is configured.
-DEFAULT_ASSIGN_TIMEOUT_S = 30.0
 ROUTES_PATH = "/-/routes"
 # Paths remembered with their deployment; the memo is dropped whole when it fills up.
 _ROUTE_MEMO_SIZE = 4096
 # Attempts to reach a replica for one request when connecting (or the handshake) fails.
 _CONNECT_ATTEMPTS = 3
 _UNSERVED = UNSERVED_HEADER.encode()
+_AT_CAPACITY = UNSERVED_AT_CAPACITY.encode()
+#: First and longest pause before a request a full replica refused is sent again.
+_BUSY_FIRST_WAIT_S = 0.005
+_BUSY_MAX_WAIT_S = 0.1
 #: How long opening a connection to a replica (and its handshake) may take.
 CONNECT_TIMEOUT_S = 10.0
 # Body bytes buffered while waiting for an upstream connection before the client is paused.
@@ -140,7 +151,8 @@ class ProxyState:
         self.routes_body = b"{}"
         self.healthy = False
         self.request_timeout_s = request_timeout_s
-        self.assign_timeout_s = request_timeout_s or DEFAULT_ASSIGN_TIMEOUT_S
+        # A request waits for a replica as in Ray: until one is free, or request_timeout_s.
+        self.assign_timeout_s = request_timeout_s
         self.keep_alive_timeout_s = keep_alive_timeout_s
         self.pools: dict[str, _UpstreamPool] = {}
         self.connections: set[ClientConnection] = set()
@@ -245,6 +257,7 @@ class _Exchange:
     task: asyncio.Task[None] | None = None
     timer: asyncio.TimerHandle | None = None
     attempts = 1
+    busy_wait = _BUSY_FIRST_WAIT_S
 
     def __init__(self, client: ClientConnection) -> None:
         self.client = client
@@ -340,6 +353,11 @@ class _Exchange:
                 self.replica = await state.router.assign(key, state.assign_timeout_s, avoid)
             pool = state.pool(self.replica)
             conn = pool.take() or await pool.connect()
+        except BackPressure as exc:  # max_queued_requests: backpressure_config's answer
+            self.task = None
+            retry_after = b"" if exc.retry_after_s is None else b"%d" % math.ceil(exc.retry_after_s)
+            self.respond_local(exc.status, str(exc).encode(), retry_after=retry_after)
+            return
         except NoReplicaAvailable as exc:
             self.task = None
             self.respond_local(503, str(exc).encode())
@@ -418,13 +436,18 @@ class _Exchange:
 
     # -- response side ---------------------------------------------------------------------------
 
-    def retry_unserved(self) -> None:
-        """The replica answered that it never started the request (it is shutting down): send it
-        to another replica, the whole request being held (``raw``), or answer 503."""
+    def retry_unserved(self, at_capacity: bool = False) -> None:
+        """The replica answered that it never started the request: it is shutting down (send it
+        to another replica, the whole request being held in ``raw``, or answer 503), or it runs
+        ``max_ongoing_requests`` for all its callers (wait a moment and ask the router again,
+        not counted as an attempt)."""
         failed = self._drop_replica()
         if self.client.closed:
             return
         self.head_sent = False
+        if at_capacity:
+            self.task = asyncio.create_task(self._connect_when_free(failed))
+            return
         if not self._try_another(failed):
             self.respond_local(503, b"no replica took the request: they are shutting down")
 
@@ -445,6 +468,11 @@ class _Exchange:
         self.attempts += 1
         self.task = asyncio.create_task(self._connect(self.key, avoid=failed))
         return True
+
+    async def _connect_when_free(self, full: Replica | None) -> None:
+        await asyncio.sleep(self.busy_wait * (0.5 + random.random()))
+        self.busy_wait = min(self.busy_wait * 2, _BUSY_MAX_WAIT_S)
+        await self._connect(self.key, avoid=full)
 
     def upstream_failed(self, *, written: bool) -> None:
         """The upstream connection failed before any response byte.
@@ -491,6 +519,7 @@ class _Exchange:
         *,
         close: bool = False,
         content_type: bytes = b"text/plain; charset=utf-8",
+        retry_after: bytes = b"",
     ) -> None:
         """Answer without a replica (health, routes, 404, 408, 413, 502, 503, 504...).
 
@@ -502,7 +531,12 @@ class _Exchange:
         self.pending_bytes = 0
         self.client.write(
             local_response(
-                status, body, content_type=content_type, close=close, request_id=self.request_id
+                status,
+                body,
+                content_type=content_type,
+                close=close,
+                request_id=self.request_id,
+                retry_after=retry_after,
             )
         )
         if self.replica is not None:
@@ -879,6 +913,7 @@ class UpstreamConnection(KeepAliveConnection):
         self.dropped = False  # a hop-by-hop header of the replica's was dropped
         self.has_id = False  # the response carries X-Request-Id
         self.unserved = False  # a 503 saying the replica never started the request
+        self.at_capacity = False  # ... because it runs max_ongoing_requests already
         self.in_message = False
         self.fresh = False  # the current read started between two responses
         self.begun = 0  # responses begun in the current read
@@ -918,7 +953,7 @@ class UpstreamConnection(KeepAliveConnection):
                 self.exchange = None
                 self.pool.discard(self)
                 self.close()
-                ex.retry_unserved()
+                ex.retry_unserved(self.at_capacity)
             return
         if self.head_deferred:
             if self.complete and self.begun == 1 and data.startswith(b"HTTP/1.1 "):
@@ -1028,6 +1063,7 @@ class UpstreamConnection(KeepAliveConnection):
             return
         if status == 503 and ex.raw is not None and ex.request_done and self._unserved():
             self.unserved = True  # held whole and never started: data_received re-sends it
+            self.at_capacity = self._unserved_reason() == _AT_CAPACITY
             return
         ex.response_started = True
         no_body = ex.method == _HEAD or status in (204, 304)
@@ -1055,6 +1091,9 @@ class UpstreamConnection(KeepAliveConnection):
 
     def _unserved(self) -> bool:
         return any(name.lower() == _UNSERVED for name, _ in self.headers)
+
+    def _unserved_reason(self) -> bytes:
+        return next((value for name, value in self.headers if name.lower() == _UNSERVED), b"")
 
     def _has_length(self) -> bool:
         return any(
@@ -1109,6 +1148,12 @@ class ProxyServer:
                 raise ValueError("a proxy needs a controller_url or an endpoint source")
             source = Discovery(controller_url, self.state.apply, secret=secret)
         self.source = source
+        #: tells the controller what waits here (local backend: its Discovery is the source)
+        self.load_reporter = (
+            None
+            if controller_url is None
+            else LoadReporter(controller_url, self.state.router, secret=secret)
+        )
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -1119,12 +1164,16 @@ class ProxyServer:
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self.state.sweeper.start()
+        if self.load_reporter is not None:
+            self.load_reporter.start()
         await self.source.start()
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
         self.state.close()
+        if self.load_reporter is not None:
+            await self.load_reporter.close()
         await self.source.close()
         if self._server is not None:
             await self._server.wait_closed()

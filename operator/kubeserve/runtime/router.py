@@ -167,7 +167,8 @@ class Router:
 
         Replicas that remain (same id, host and port) keep their :class:`Replica` object and so
         their in-flight count; new replicas start at zero; queued callers are handed the new slots.
-        A deployment that disappears keeps its pool only while callers wait on it (they time out).
+        Callers waiting on a deployment that disappears (its application was deleted) get
+        :class:`NoReplicaAvailable` at once: no replica of it will come.
         """
         for key, endpoints in deployments.items():
             pool = self._pools.get(key)
@@ -191,10 +192,12 @@ class Router:
             )
             pool.dispatch()
         for key in [k for k in self._pools if k not in deployments]:
-            pool = self._pools[key]
+            pool = self._pools.pop(key)
             pool.replicas = []
-            if not pool.waiters:
-                del self._pools[key]
+            while pool.waiters:
+                waiter = pool.waiters.popleft()
+                if not waiter.done():
+                    waiter.set_exception(NoReplicaAvailable(key, "the deployment was removed"))
 
     # -- request side --------------------------------------------------------------------------
 

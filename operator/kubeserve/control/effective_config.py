@@ -75,6 +75,8 @@ def effective_deployment_config(
             # Ray's "auto" defaults, under the autoscaling fields given with it (or before it)
             given = source.get("autoscaling_config") or merged["autoscaling_config"] or {}
             merged["autoscaling_config"] = {**autoscaling.AUTO_NUM_REPLICAS_DEFAULTS, **given}
+    if merged["backpressure_config"] is None:
+        del merged["backpressure_config"]  # Ray's schema has no null there: absent is the default
     if merged["autoscaling_config"] is not None:
         merged["autoscaling_config"] = {**AUTOSCALING_DEFAULTS, **merged["autoscaling_config"]}
         merged["num_replicas"] = None

@@ -7,3 +7,7 @@ class KubeserveError(Exception):
 
 class DeploymentUnavailableError(KubeserveError):
     """A handle call found no replica to run it (none running, or all full until the timeout)."""
+
+
+class UnsupportedOptionError(KubeserveError, ValueError):
+    """A valid Ray Serve option kubeserve cannot honour; the message names it and says why."""

@@ -66,3 +66,19 @@ class Ingress:
 
 
 app = Ingress.bind(Adder.bind(increment=1), Multiplier.bind(multiple=2), Streamer.bind())
+
+
+@serve.deployment
+class SyncIngress:
+    def __init__(self, adder: DeploymentHandle, streamer: DeploymentHandle):
+        self._adder = adder
+        self._streamer = streamer
+
+    def __call__(self, request: Request) -> dict:
+        value = int(request.query_params["input"])
+        total = self._adder.remote(value).result()
+        streamed = list(self._streamer.options(stream=True).remote(3))
+        return {"result": total, "streamed": streamed}
+
+
+sync_app = SyncIngress.bind(Adder.bind(increment=10), Streamer.bind())

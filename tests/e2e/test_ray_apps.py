@@ -24,7 +24,7 @@ def ray_apps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Kubeser
     """One instance serving every example application (deployed once: the machine is shared)."""
     state = tmp_path_factory.mktemp("kubeserve-ray")
     marker = state / "lifespan-shutdown"
-    with running_kubeserve(state) as ks:
+    with running_kubeserve(state, args=("--num-cpus", "64")) as ks:
         applications = [
             {
                 "name": "fastapi",
@@ -39,6 +39,17 @@ def ray_apps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Kubeser
                 "import_path": "ray_composition_app:app",
             },
             {"name": "batch", "route_prefix": "/batch", "import_path": "ray_batching_app:app"},
+            {
+                "name": "sync",
+                "route_prefix": "/sync",
+                "import_path": "ray_composition_app:sync_app",
+                "runtime_env": {"env_vars": {"RAY_SERVE_RUN_SYNC_IN_THREADPOOL": "1"}},
+            },
+            {
+                "name": "sync-on-loop",
+                "route_prefix": "/sync-on-loop",
+                "import_path": "ray_composition_app:sync_app",
+            },
             {
                 "name": "multiplex",
                 "route_prefix": "/models",
@@ -216,6 +227,17 @@ def test_streaming_handle_and_a_generator_called_without_stream(
     assert (status, body) == (200, b"0\n1\n2\n3\n")
     status, answer = fetch_json(ks, "/compose/not-streamed")
     assert status == 200 and "handle.options(stream=True)" in answer["error"]
+
+
+def test_sync_callers_use_result_and_iterate_streams_on_worker_threads(
+    ray_apps: tuple[Kubeserve, Path],
+) -> None:
+    ks, _ = ray_apps
+    assert fetch_json(ks, "/sync?input=5") == (200, {"result": 15, "streamed": [0, 1, 2]})
+    # without RAY_SERVE_RUN_SYNC_IN_THREADPOOL=1 a sync method runs on the event loop, where
+    # blocking on .result() is refused (as Ray refuses it there) instead of deadlocking
+    status, _, _ = fetch(ks, "/sync-on-loop?input=5")
+    assert status == 500
 
 
 def test_batching_groups_concurrent_requests(ray_apps: tuple[Kubeserve, Path]) -> None:

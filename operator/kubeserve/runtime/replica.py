@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
+import functools
 import importlib
 import inspect
 import json
@@ -68,6 +70,9 @@ from kubeserve.sdk.multiplex import MODEL_ID_HEADER
 log = logging.getLogger("kubeserve.replica")
 
 _PICKLE = "application/octet-stream"
+#: Ray Serve's switch for running sync deployment methods on worker threads ("1"). kubeserve
+#: runs them on the event loop unless it is set (no thread hop per request).
+SYNC_IN_THREADPOOL_ENV = "RAY_SERVE_RUN_SYNC_IN_THREADPOOL"
 
 
 class ReplicaStartupError(Exception):
@@ -76,6 +81,22 @@ class ReplicaStartupError(Exception):
 
 async def _invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     result = fn(*args, **kwargs)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+async def _invoke_in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """:func:`_invoke`, but a sync callable runs on a worker thread (in a copy of the request's
+    context), so it may block, and may wait on handle calls with ``.result()``."""
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - an async callable object
+    ):
+        return await fn(*args, **kwargs)
+    run = contextvars.copy_context().run
+    result = await asyncio.get_running_loop().run_in_executor(
+        None, functools.partial(run, fn, *args, **kwargs)
+    )
     if inspect.isawaitable(result):
         result = await result
     return result
@@ -161,8 +182,12 @@ class Replica:
     Owns ``ongoing``/``processed`` (only touched on the event loop) and ``draining``.
     """
 
-    def __init__(self, config: wire.ReplicaConfig, user: UserCode) -> None:
+    def __init__(
+        self, config: wire.ReplicaConfig, user: UserCode, *, sync_in_threadpool: bool = False
+    ) -> None:
         self.config = config
+        # Sync user methods run on the event loop unless asked (RAY_SERVE_RUN_SYNC_IN_THREADPOOL)
+        self._run = _invoke_in_thread if sync_in_threadpool else _invoke
         self.user = user
         self.user_config = config["user_config"]
         self.ongoing = 0
@@ -204,7 +229,7 @@ class Replica:
                 404, f"deployment {self.user.name!r} has no __call__ method".encode()
             )
         try:
-            result = await _invoke(self._http_target, user_request(request, self._root_path))
+            result = await self._run(self._http_target, user_request(request, self._root_path))
             if type(result) is str:  # the common case, without building a Response first
                 return HttpResponse(200, result.encode())
             if is_asgi_response(result):  # a Starlette/FastAPI response: sent as it is
@@ -322,7 +347,7 @@ class Replica:
             return HttpResponse(400, f"undecodable handle call: {_error_text(exc)}".encode())
         _enter_call(options)
         try:
-            result = await _invoke(method, *args, **kwargs)
+            result = await self._run(method, *args, **kwargs)
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
                 result.close() if inspect.isgenerator(result) else await result.aclose()
                 raise TypeError(
@@ -543,8 +568,13 @@ async def serve_replica(
     port: int,
     controller_url: str | None,
     secret: bytes,
+    *,
+    sync_in_threadpool: bool = False,
 ) -> None:
     """Run the replica until SIGTERM (or SIGINT), then drain and return.
+
+    With ``sync_in_threadpool`` the user's sync methods run on worker threads instead of the
+    event loop (Ray Serve's ``RAY_SERVE_RUN_SYNC_IN_THREADPOOL=1``).
 
     Raises :class:`ReplicaStartupError` when the user code cannot be loaded or constructed.
     """
@@ -552,7 +582,9 @@ async def serve_replica(
     probe = await _start_probe_listener(config, host)
     client = await _start_handle_transport(controller_url, secret)
     try:
-        replica = Replica(config, await _start_user_code(config))
+        replica = Replica(
+            config, await _start_user_code(config), sync_in_threadpool=sync_in_threadpool
+        )
         if replica.lifespan is not None:
             try:
                 await replica.lifespan.startup()
@@ -641,6 +673,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"replica: no valid config in {source}: {_error_text(exc)}", file=sys.stderr)
         return 1
     controller_url = os.environ.get(wire.CONTROLLER_URL_ENV) or None
+    sync_in_threadpool = os.environ.get(SYNC_IN_THREADPOOL_ENV, "0") == "1"
     try:
         secret = channel.take_secret()
     except ValueError as exc:
@@ -648,7 +681,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve_replica(config, options.host, options.port, controller_url, secret))
+            runner.run(
+                serve_replica(
+                    config,
+                    options.host,
+                    options.port,
+                    controller_url,
+                    secret,
+                    sync_in_threadpool=sync_in_threadpool,
+                )
+            )
     except ReplicaStartupError as exc:
         print(str(exc), file=sys.stderr)
         return 1

@@ -25,9 +25,17 @@ _CALL = "__call__"
 
 _SYNC_IN_LOOP = (
     "Sync methods should not call `.result()` when called from an asyncio event loop: "
-    "kubeserve runs sync deployment methods on the replica's event loop. Make the method "
-    "`async def` and use `await response` instead."
+    "kubeserve runs sync deployment methods on the replica's event loop unless the "
+    "deployment's runtime_env sets RAY_SERVE_RUN_SYNC_IN_THREADPOOL=1. Set it, or make the "
+    "method `async def` and use `await response` instead."
 )
+
+
+def _transport_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return transport_loop()
+    except RuntimeError:
+        return None
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -49,13 +57,20 @@ class DeploymentResponse:
         self._future: concurrent.futures.Future[Any] | None = None
         if _running_loop() is not None:
             self._start()
+        else:  # a thread without a loop (a sync method on a worker thread): start it on the
+            loop = _transport_loop()  # transport's loop at once, as a call from a loop would
+            if loop is not None:
+                self._future = asyncio.run_coroutine_threadsafe(coro, loop)
+                self._coro = None
 
     def _start(self) -> asyncio.Future[Any]:
         if self._task is None:
-            if self._coro is None:
-                raise RuntimeError("this response is already awaited through .result()")
-            self._task = asyncio.ensure_future(self._coro)
-            self._coro = None
+            if self._future is not None:
+                self._task = asyncio.wrap_future(self._future)
+            else:
+                assert self._coro is not None
+                self._task = asyncio.ensure_future(self._coro)
+                self._coro = None
         return self._task
 
     def __await__(self) -> Generator[Any, None, Any]:

@@ -335,7 +335,11 @@ class Replica:
             return await self._reconfigure(request)
         return HttpResponse(404, f"no internal endpoint {path}".encode())
 
-    async def _call(self, request: HttpRequest, method_name: str) -> HttpResponse:
+    def _handle_call(
+        self, request: HttpRequest, method_name: str
+    ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | HttpResponse:
+        """The method and arguments of a handle call (its options entered into the request
+        context), or the answer refusing it."""
         method = self.user.method(method_name)
         if method is None:
             return HttpResponse(
@@ -346,6 +350,13 @@ class Replica:
         except Exception as exc:
             return HttpResponse(400, f"undecodable handle call: {_error_text(exc)}".encode())
         _enter_call(options)
+        return method, args, kwargs
+
+    async def _call(self, request: HttpRequest, method_name: str) -> HttpResponse:
+        call = self._handle_call(request, method_name)
+        if isinstance(call, HttpResponse):
+            return call
+        method, args, kwargs = call
         try:
             result = await self._run(method, *args, **kwargs)
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
@@ -364,16 +375,10 @@ class Replica:
         self, request: HttpRequest, method_name: str
     ) -> HttpResponse | StreamedResponse:
         """A streamed handle call: the generator's items go out as frames as it yields them."""
-        method = self.user.method(method_name)
-        if method is None:
-            return HttpResponse(
-                404, f"deployment {self.user.name!r} has no method {method_name!r}".encode()
-            )
-        try:
-            args, kwargs, options = wire.decode_call_with_options(request.body)
-        except Exception as exc:
-            return HttpResponse(400, f"undecodable handle call: {_error_text(exc)}".encode())
-        _enter_call(options)
+        call = self._handle_call(request, method_name)
+        if isinstance(call, HttpResponse):
+            return call
+        method, args, kwargs = call
         self.ongoing += 1
         try:
             items = method(*args, **kwargs)

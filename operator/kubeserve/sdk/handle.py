@@ -220,31 +220,21 @@ class DeploymentHandle:
             raise AttributeError(name)
         return _MethodCaller(self, name)
 
+    def _call_options(self) -> dict[str, Any]:
+        return {"model_id": self.multiplexed_model_id} if self.multiplexed_model_id else {}
+
     async def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         args, kwargs = await _resolve_all(args, kwargs)
-        transport = get_transport()
-        if self.multiplexed_model_id:
-            return await transport.call(
-                self.app_name,
-                self.deployment_name,
-                method,
-                args,
-                kwargs,
-                model_id=self.multiplexed_model_id,
-            )
-        return await transport.call(self.app_name, self.deployment_name, method, args, kwargs)
+        return await get_transport().call(
+            self.app_name, self.deployment_name, method, args, kwargs, **self._call_options()
+        )
 
     async def _stream(
         self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> AsyncIterator[Any]:
         args, kwargs = await _resolve_all(args, kwargs)
         items = get_transport().stream(
-            self.app_name,
-            self.deployment_name,
-            method,
-            args,
-            kwargs,
-            model_id=self.multiplexed_model_id,
+            self.app_name, self.deployment_name, method, args, kwargs, **self._call_options()
         )
         async for item in items:
             yield item

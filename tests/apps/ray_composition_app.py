@@ -82,3 +82,6 @@ class SyncIngress:
 
 
 sync_app = SyncIngress.bind(Adder.bind(increment=10), Streamer.bind())
+
+
+math_app = Multiplier.bind(multiple=3)

@@ -8,6 +8,9 @@ from __future__ import annotations
 import concurrent.futures
 import http.client
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -16,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from kubeserve_testing import Kubeserve, running_kubeserve, wait_for
+from kubeserve_testing import ROOT, Kubeserve, running_kubeserve, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -304,6 +307,34 @@ def test_args_for_a_bound_application_or_invalid_args_fail_the_deploy(
     assert "message" in app["message"] and "Field required" in app["message"]
     assert ks.put(kept)[0] == 200
     wait_for(lambda: "typed-missing" not in ks.details()["applications"], 60, what="cleanup")
+
+
+def test_a_driver_script_runs_deletes_and_calls_applications(
+    ray_apps: tuple[Kubeserve, Path],
+) -> None:
+    ks, _ = ray_apps
+    env = dict(os.environ)
+    env.update(
+        KUBESERVE_ADDRESS=ks.api,
+        KUBESERVE_STATE_DIR=str(ks.state_dir),
+        PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "apps"), str(ROOT / "operator")]),
+    )
+    script = ROOT / "tests" / "apps" / "ray_driver_script.py"
+    result = subprocess.run(
+        [sys.executable, "-m", "kubeserve.compat", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        "result": 12,
+        "streamed": [0, 1, 2],
+        "awaited": 15,
+        "status": "RUNNING",
+        "after_delete": False,
+    }
 
 
 def test_lifespan_shutdown_runs_when_the_replica_stops(ray_apps: tuple[Kubeserve, Path]) -> None:

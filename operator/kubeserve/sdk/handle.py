@@ -55,13 +55,14 @@ class DeploymentResponse:
         self._coro: Coroutine[Any, Any, Any] | None = coro
         self._task: asyncio.Future[Any] | None = None
         self._future: concurrent.futures.Future[Any] | None = None
-        if _running_loop() is not None:
+        running, home = _running_loop(), _transport_loop()
+        if home is not None and running is not home:
+            # A thread without a loop (a sync method on a worker thread, a script) or another
+            # loop (an async script): the call runs on the transport's loop, started at once.
+            self._future = asyncio.run_coroutine_threadsafe(coro, home)
+            self._coro = None
+        elif running is not None:
             self._start()
-        else:  # a thread without a loop (a sync method on a worker thread): start it on the
-            loop = _transport_loop()  # transport's loop at once, as a call from a loop would
-            if loop is not None:
-                self._future = asyncio.run_coroutine_threadsafe(coro, loop)
-                self._coro = None
 
     def _start(self) -> asyncio.Future[Any]:
         if self._task is None:

@@ -157,6 +157,8 @@ def test_fastapi_docs_and_openapi_under_the_route_prefix(ray_apps: tuple[Kubeser
     assert {p["name"] for p in params} == {"item_id", "q"}
     status, _, page = fetch(ks, "/api/docs")
     assert status == 200 and b"/api/openapi.json" in page
+    assert ks.app("fastapi")["docs_path"] == "/docs"  # type: ignore[index]
+    assert ks.app("compose")["docs_path"] is None  # type: ignore[index]
 
 
 def test_fastapi_streaming_response_arrives_chunk_by_chunk(

@@ -14,7 +14,8 @@ happens in the controller itself. The process prints exactly one JSON document o
   ``deployments`` lists the ingress first, then the others depth-first in argument order;
   ``options`` holds only the options set in code, under their REST names (see
   :data:`kubeserve.sdk.deployment.OPTION_NAMES`); ``outbound`` names the deployments whose handles
-  this one receives in its constructor arguments.
+  this one receives in its constructor arguments; ``docs_path`` (present only for a FastAPI
+  ingress) is where the app serves its docs, below the route prefix.
 * failure (exit 1): ``{"error": "<exception type and text, then the last frames of user code>"}``.
 
 Anything the user's module prints while it is imported goes to stderr, so stdout stays parseable.
@@ -39,6 +40,7 @@ import pydantic
 from kubeserve.sdk import ray_namespace
 from kubeserve.sdk.application import Application
 from kubeserve.sdk.deployment import Deployment
+from kubeserve.sdk.ingress import asgi_app_of
 
 #: How many of the innermost user frames an error report keeps.
 ERROR_FRAMES = 5
@@ -137,7 +139,11 @@ def describe_application(app: Application) -> dict[str, Any]:
                 "is_ingress": name == app.name,
             }
         )
-    return {"ingress": app.name, "deployments": deployments}
+    description: dict[str, Any] = {"ingress": app.name, "deployments": deployments}
+    docs_url = getattr(asgi_app_of(app.deployment.func_or_class), "docs_url", None)
+    if isinstance(docs_url, str):  # a FastAPI ingress serves its docs there, as on Ray
+        description["docs_path"] = docs_url
+    return description
 
 
 def describe(import_path: str, args: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -137,7 +137,10 @@ class _Exchange:
                 await self.chunks.put(None)
 
     async def stream(self, task: asyncio.Task[None]) -> AsyncIterator[bytes]:
-        """The body chunks as the app sends them; an app failing mid-stream raises here."""
+        """The body chunks as the app sends them; an app failing mid-stream raises here. A
+        stream closed before its end (the client left) cancels the app; one that ended lets the
+        app finish (Starlette runs background tasks after the body)."""
+        ended = False
         try:
             while True:
                 getter = asyncio.ensure_future(self.chunks.get())
@@ -150,11 +153,12 @@ class _Exchange:
                     continue
                 chunk = getter.result()
                 if chunk is None:
+                    ended = True
                     return
                 yield chunk
         finally:
             self.finished.set()
-            if not task.done():
+            if not ended and not task.done():
                 task.cancel()
 
 

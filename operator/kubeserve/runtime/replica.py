@@ -53,6 +53,7 @@ from kubeserve.runtime.replica_asgi import (
     run_asgi,
     user_request,
 )
+from kubeserve.runtime.replica_asgi import prepare as prepare_asgi
 from kubeserve.runtime.replica_http import (
     HttpRequest,
     HttpResponse,
@@ -197,6 +198,7 @@ class Replica:
         self._asgi = None if user.is_function else asgi_app_of(user.target)
         self.lifespan = Lifespan(self._asgi) if self._asgi is not None else None
         self._root_path = root_path_of(config.get("route_prefix"))
+        prepare_asgi()  # the first request must not pay for importing Starlette
         self._reconfigure_lock = asyncio.Lock()
         labels = {
             "app": config["app"],

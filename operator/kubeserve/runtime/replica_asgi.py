@@ -34,6 +34,7 @@ __all__ = [
     "Lifespan",
     "http_scope",
     "is_asgi_response",
+    "prepare",
     "run_asgi",
     "user_request",
 ]
@@ -256,6 +257,11 @@ def is_asgi_response(value: Any) -> bool:
         if base.__module__ == "starlette.responses" and base.__name__ == "Response":
             return True
     return False
+
+
+def prepare() -> None:
+    """Import Starlette (when installed) now, at start-up, not on the first request."""
+    _starlette_request_type()
 
 
 def _starlette_request_type() -> type | None:

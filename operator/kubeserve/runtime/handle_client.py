@@ -138,12 +138,7 @@ class HandleClient:
         *,
         model_id: str = "",
     ) -> Any:
-        if not self._started:
-            raise RuntimeError("HandleClient.call before start()")
-        key = deployment_key(app, deployment)
-        # Fast path: a free slot needs no waiter future and no timer.
-        replica = self.router.try_assign(key) or await self._assign(key)
-        payload = encode_call(args, kwargs, {"model_id": model_id} if model_id else None)
+        key, replica, payload = await self._begin(app, deployment, args, kwargs, model_id)
         attempt = 1
         while True:
             try:
@@ -190,11 +185,7 @@ class HandleClient:
         which closes the connection and so the replica's generator). It runs on a connection of
         its own, closed afterwards: a stream's end is not worth a keep-alive.
         """
-        if not self._started:
-            raise RuntimeError("HandleClient.stream before start()")
-        key = deployment_key(app, deployment)
-        replica = self.router.try_assign(key) or await self._assign(key)
-        payload = encode_call(args, kwargs, {"model_id": model_id} if model_id else None)
+        key, replica, payload = await self._begin(app, deployment, args, kwargs, model_id)
         conn: _StreamConnection | None = None
         try:
             try:
@@ -217,6 +208,24 @@ class HandleClient:
             self.router.release(replica)
             if conn is not None:
                 conn.close()
+
+    async def _begin(
+        self,
+        app: str,
+        deployment: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        model_id: str,
+    ) -> tuple[str, Replica, bytes]:
+        """A call's deployment key, the replica slot it holds (release it!) and its body."""
+        if not self._started:
+            raise RuntimeError("HandleClient call before start()")
+        key = deployment_key(app, deployment)
+        # Encoded first: arguments that cannot be pickled must not leave a slot taken.
+        payload = encode_call(args, kwargs, {"model_id": model_id} if model_id else None)
+        # Fast path: a free slot needs no waiter future and no timer.
+        replica = self.router.try_assign(key) or await self._assign(key)
+        return key, replica, payload
 
     async def _assign(self, key: str, avoid: Replica | None = None) -> Replica:
         try:

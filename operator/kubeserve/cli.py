@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     AfterStart = Callable[[AdminClient, Any], Awaitable[int]]
 from kubeserve.runtime.kubernetes.contract import NAMESPACE_ENV
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
+from kubeserve.sdk import ray_namespace
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 #: The admin API's bearer token, for ``kubeserve start`` and the client commands alike.
@@ -46,6 +47,7 @@ AUTH_TOKEN_ENV = "KUBESERVE_AUTH_TOKEN"
 
 
 def main(argv: list[str] | None = None) -> int:
+    ray_namespace.install()  # `import ray` in anything this process imports is kubeserve's
     parser = argparse.ArgumentParser(prog="kubeserve", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 

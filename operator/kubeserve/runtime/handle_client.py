@@ -40,6 +40,7 @@ import asyncio
 import math
 import random
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httptools
@@ -57,8 +58,13 @@ from kubeserve.runtime.load_report import LoadReporter
 from kubeserve.runtime.router import BackPressure, NoReplicaAvailable, Replica, Router
 from kubeserve.runtime.wire import (
     CALL_PREFIX,
+    FRAME_END,
+    FRAME_ERROR,
+    FRAME_ITEM,
+    STREAM_PREFIX,
     UNSERVED_AT_CAPACITY,
     UNSERVED_HEADER,
+    FrameReader,
     Snapshot,
     decode_result,
     deployment_key,
@@ -155,13 +161,10 @@ class HandleClient:
         method: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        *,
+        model_id: str = "",
     ) -> Any:
-        if not self._started:
-            raise RuntimeError("HandleClient.call before start()")
-        key = deployment_key(app, deployment)
-        # Fast path: a free slot needs no waiter future and no timer.
-        replica = self.router.try_assign(key) or await self._assign(key)
-        payload = encode_call(args, kwargs)
+        key, replica, payload = await self._begin(app, deployment, args, kwargs, model_id)
         attempt = 1
         busy_wait = _BUSY_FIRST_WAIT_S
         deadline = (
@@ -208,6 +211,64 @@ class HandleClient:
         raise DeploymentUnavailableError(
             f"replica {replica.replica_id} of {key} answered {status}: {body[:200]!r}"
         )
+
+    async def stream(
+        self,
+        app: str,
+        deployment: str,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        model_id: str = "",
+    ) -> AsyncIterator[Any]:
+        """A streamed call of a generator method: its items as the replica yields them.
+
+        The call holds its replica slot until the stream ends (or the caller stops iterating,
+        which closes the connection and so the replica's generator). It runs on a connection of
+        its own, closed afterwards: a stream's end is not worth a keep-alive.
+        """
+        key, replica, payload = await self._begin(app, deployment, args, kwargs, model_id)
+        conn: _StreamConnection | None = None
+        try:
+            try:
+                conn = await connect(
+                    _StreamConnection,
+                    replica.host,
+                    replica.port,
+                    Role.CONTROL,
+                    self._secret,
+                    CONNECT_TIMEOUT_S,
+                )
+            except (OSError, TimeoutError) as exc:
+                raise DeploymentUnavailableError(
+                    f"replica {replica.replica_id} of {key} could not be reached: {exc}"
+                ) from exc
+            conn.send(method, replica, payload)
+            async for item in conn.items(key, replica.replica_id):
+                yield item
+        finally:
+            self.router.release(replica)
+            if conn is not None:
+                conn.close()
+
+    async def _begin(
+        self,
+        app: str,
+        deployment: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        model_id: str,
+    ) -> tuple[str, Replica, bytes]:
+        """A call's deployment key, the replica slot it holds (release it!) and its body."""
+        if not self._started:
+            raise RuntimeError("HandleClient call before start()")
+        key = deployment_key(app, deployment)
+        # Encoded first: arguments that cannot be pickled must not leave a slot taken.
+        payload = encode_call(args, kwargs, {"model_id": model_id} if model_id else None)
+        # Fast path: a free slot needs no waiter future and no timer.
+        replica = self.router.try_assign(key) or await self._assign(key)
+        return key, replica, payload
 
     async def _assign(self, key: str, avoid: Replica | None = None) -> Replica:
         try:
@@ -333,3 +394,70 @@ class _CallConnection(KeepAliveConnection):
             return
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         waiter.set_result((self.parser.get_status_code(), body, self.parser.should_keep_alive()))
+
+
+class _StreamConnection(KeepAliveConnection):
+    """One streamed call: the answer's frames (:func:`~kubeserve.runtime.wire.encode_frame`) are
+    decoded as they arrive and queued for :meth:`items`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parser = httptools.HttpResponseParser(self)
+        self.frames = FrameReader()
+        self.queue: asyncio.Queue[tuple[bytes, bytes]] = asyncio.Queue()
+        self.status = 0
+        self.body: list[bytes] = []
+
+    def send(self, method: str, replica: Replica, body: bytes) -> None:
+        head = (
+            f"POST {STREAM_PREFIX}{method} HTTP/1.1\r\nHost: {replica.host}:{replica.port}\r\n"
+            f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode("latin-1")
+        self.transport.writelines((head, body))
+
+    async def items(self, key: str, replica_id: str) -> AsyncIterator[Any]:
+        while True:
+            kind, payload = await self.queue.get()
+            if kind == FRAME_ITEM:
+                yield decode_result(payload)
+            elif kind == FRAME_END:
+                return
+            elif kind == FRAME_ERROR:
+                error = decode_result(payload)
+                if isinstance(error, BaseException):
+                    raise error
+                raise RuntimeError(f"{key} stream failed: {error!r}")
+            else:  # b"": the connection ended; payload says how
+                raise DeploymentUnavailableError(
+                    f"replica {replica_id} of {key}: {payload.decode(errors='replace')}"
+                )
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.queue.put_nowait((b"", f"unparsable answer: {exc}".encode()))
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.queue.put_nowait((b"", f"connection lost: {exc or 'closed'}".encode()))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        if self.status == 200:
+            for frame in self.frames.feed(body):
+                self.queue.put_nowait(frame)
+        else:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.status == 200:
+            return
+        body = b"".join(self.body)
+        if self.status == 500:
+            self.queue.put_nowait((FRAME_ERROR, body))
+        else:
+            self.queue.put_nowait((b"", f"answered {self.status}: {body[:200]!r}".encode()))

@@ -12,3 +12,7 @@ class DeploymentUnavailableError(KubeserveError):
 class BackPressureError(DeploymentUnavailableError):
     """A handle call refused at once: ``max_queued_requests`` calls already wait at this caller
     (Ray's ``BackPressureError``)."""
+
+
+class UnsupportedOptionError(KubeserveError, ValueError):
+    """A valid Ray Serve option kubeserve cannot honour; the message names it and says why."""

@@ -713,3 +713,17 @@ def test_proxy_policy_follows_the_http_port() -> None:
     _, proxies = render.render_instance_network_policies(inst, "ops")
     assert proxies["metadata"]["name"] == "default-proxies"
     assert proxies["spec"]["ingress"] == [{"ports": [{"port": 9000, "protocol": "TCP"}]}]
+
+
+def test_builder_args_and_route_prefix_reach_the_build_and_the_replicas() -> None:
+    config = app_config(args={"message": "$(HOME) hi"}, route_prefix="/shop")
+    container = main_container(render.render_build_job(instance(), app(config)))
+    assert container["command"][-2:] == ["--args", '{"message": "$$(HOME) hi"}']
+    replica_env = env(main_container(workload(config)))["KUBESERVE_REPLICA_CONFIG"]
+    replica = json.loads(replica_env.replace("$(", "("))
+    assert replica["app_args"] == {"message": "$$(HOME) hi".replace("$(", "(")}
+    assert replica["route_prefix"] == "/shop"
+    plain = json.loads(
+        env(main_container(workload()))["KUBESERVE_REPLICA_CONFIG"].replace("$(", "(")
+    )
+    assert "app_args" not in plain and "route_prefix" not in plain

@@ -159,6 +159,11 @@ def replica_config_json(app: AppView, deployment: DesiredDeployment) -> str:
         "health_check_period_s": float(config["health_check_period_s"]),
         "health_check_timeout_s": float(config["health_check_timeout_s"]),
     }
+    if app.config.get("args"):
+        replica["app_args"] = dict(app.config["args"])
+    route_prefix = app.config.get("route_prefix")
+    if route_prefix and route_prefix != "/":  # an ASGI ingress sees it as root_path
+        replica["route_prefix"] = str(route_prefix)
     rest = {k: v for k, v in replica.items() if k != "replica_id"}
     literal = escape(json.dumps(rest, sort_keys=True, separators=(",", ":")))
     return f'{{"replica_id":"$({POD_NAME_ENV})",{literal[1:]}'
@@ -304,6 +309,8 @@ def render_instance_network_policies(
 
 
 def _build_command(app: AppView) -> list[str]:
+    args = app.config.get("args")
+    builder_args = ["--args", escape(json.dumps(args, sort_keys=True))] if args else []
     return [
         "kubeserve",
         "build",
@@ -316,6 +323,7 @@ def _build_command(app: AppView) -> list[str]:
         app.cr_name,
         "--application-uid",
         app.uid,
+        *builder_args,
     ]
 
 

@@ -111,7 +111,11 @@ class ApplicationState:
             child_env = self._ctx.child_env(env.env_vars, env.python_path)
             code, out, err = await processes.run_to_completion(
                 "kubeserve.runtime.build",
-                [str(self.config["import_path"])],
+                [
+                    str(self.config["import_path"]),
+                    "--args",
+                    json.dumps(self.config.get("args") or {}),
+                ],
                 env=child_env,
                 cwd=env.cwd or self._ctx.base_dir,
                 timeout_s=_BUILD_TIMEOUT_S,
@@ -191,6 +195,8 @@ class ApplicationState:
                 effective_config.replica_version(self.config, effective),
                 env,
                 str(self.config["import_path"]),
+                self.config.get("args") or {},
+                self.route_prefix,
             )
             state.reconcile()
 

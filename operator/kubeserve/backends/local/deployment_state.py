@@ -105,6 +105,8 @@ class DeploymentState:
         self.app = app
         self.name = name
         self.import_path = ""
+        self.app_args: dict[str, Any] = {}
+        self.route_prefix: str | None = None
         self._ctx = context
         self.config: dict[str, Any] = {}
         self.version = ""
@@ -137,11 +139,19 @@ class DeploymentState:
         return f"{self.app or 'default'}/{self.name}"
 
     def set_target(
-        self, config: dict[str, Any], version: str, env: PreparedEnv, import_path: str
+        self,
+        config: dict[str, Any],
+        version: str,
+        env: PreparedEnv,
+        import_path: str,
+        app_args: dict[str, Any] | None = None,
+        route_prefix: str | None = None,
     ) -> None:
-        """``version`` covers ``import_path`` and ``env``: replicas of another version are
-        replaced (new ones start with these before old ones stop)."""
+        """``version`` covers ``import_path``, ``app_args`` and ``env``: replicas of another
+        version are replaced (new ones start with these before old ones stop)."""
         self.import_path = import_path
+        self.app_args = dict(app_args or {})
+        self.route_prefix = route_prefix
         if version != self.version:
             self.startup_failures, self.ever_healthy, self._backoff_until = 0, False, 0.0
             self.failure_streak = 0
@@ -390,6 +400,8 @@ class DeploymentState:
             "graceful_shutdown_wait_loop_s": float(self.config["graceful_shutdown_wait_loop_s"]),
             "graceful_shutdown_timeout_s": float(self.config["graceful_shutdown_timeout_s"]),
             "request_limits": self._ctx.request_limits.to_mapping(),
+            "app_args": self.app_args,
+            "route_prefix": self.route_prefix,
         }
         path = self._config_file(replica)
         private_dir(path.parent)

@@ -110,6 +110,7 @@ def _application(app: ApplicationState, node_id: str) -> ApplicationDetailsView:
             if state.config
         ],
         graph=app.graph,
+        docs_path=(app.serving_graph or {}).get("docs_path"),
     )
 
 

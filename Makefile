@@ -39,6 +39,41 @@ k8s-binaries: $(K8S_BIN)/.stamp
 $(K8S_BIN)/.stamp:
 	sh tests/kubernetes/build_k8s_binaries.sh $(K8S_VERSION) $(K8S_DIR)
 
+## The real single-node cluster of the kubernetes tier (tests/kubernetes/node_cluster.py, run as root):
+## Debian's containerd, runc, CNI plugins, buildah, nftables and debootstrap (installed when missing); the
+## control plane unpatched with kubelet and kube-proxy from the same release; CoreDNS with only the
+## plugins it uses; the pause, Debian base and kubeserve images (tests/kubernetes/node/build_images.sh,
+## the kubeserve one rebuilt when what the Dockerfile copies changes). All cached under $(CACHE).
+COREDNS_VERSION := v1.14.7
+COREDNS         := $(CACHE)/coredns/$(COREDNS_VERSION)/coredns
+NODE_IMAGES     := $(CACHE)/node/images
+NODE_PACKAGES   := containerd runc containernetworking-plugins buildah iptables nftables debootstrap \
+                   conntrack gcc libc6-dev
+K8S_NODE_BIN    := $(K8S_DIR)/node-bin
+
+.PHONY: k8s-node node-packages node-images
+k8s-node: node-packages $(K8S_NODE_BIN)/.stamp $(COREDNS) node-images
+	@command -v etcd >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q etcd-server; }
+
+node-packages:
+	@missing=$$(for p in $(NODE_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	[ -z "$$missing" ] || { apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; }
+
+$(K8S_NODE_BIN)/.stamp:
+	sh tests/kubernetes/build_k8s_binaries.sh $(K8S_VERSION) $(K8S_DIR) node
+
+$(COREDNS):
+	sh tests/kubernetes/build_coredns.sh $(COREDNS_VERSION) $(dir $(COREDNS))
+
+node-images: node-packages
+	sh tests/kubernetes/node/build_images.sh $(NODE_IMAGES) .
+
+## The kubernetes tier's tests on the real node (as root; about 2 minutes once `make k8s-node` has run).
+.PHONY: test-node
+test-node: venv k8s-node
+	KUBESERVE_K8S_NODE=1 $(BIN)/python -m pytest tests/kubernetes/test_node_*.py $(PYTEST_ARGS)
+
 ## Start kubeserve on this machine with the example applications (admin API :8265, HTTP :8000).
 run: venv
 	$(BIN)/kubeserve start --state-dir $(STATE_DIR) --deploy examples/config.yaml

@@ -5,6 +5,10 @@ kube-controller-manager, kube-scheduler and the kubelet stand-in, all on 127.0.0
 (per test) is a fresh namespace, deleted afterwards, so tests sharing the control plane do not see
 each other's objects. The tier is skipped only when no binaries were built and
 ``KUBESERVE_K8S_BIN`` is unset; under ``make test`` the binaries always exist.
+
+``node`` (session) is a ``node_cluster.NodeCluster``: the same control plane, unpatched, with a real
+kubelet, containerd, kube-proxy and CoreDNS, whose pods run the kubeserve image. It needs root and
+``make k8s-node``; without them its tests are skipped. ``node_namespace`` is ``namespace`` on it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane
 from k8s_operator import OperatorProcess, install_crds
+from node_cluster import NodeCluster, find_node_bin_dir, node_missing, start_node_cluster
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +59,22 @@ def operator(
     process.start()
     yield process
     process.stop()
+
+
+@pytest.fixture(scope="session")
+def node() -> Iterator[NodeCluster]:
+    bin_dir = find_node_bin_dir()
+    reason = node_missing(bin_dir)
+    if reason is not None:
+        pytest.skip(reason)
+    assert bin_dir is not None
+    with start_node_cluster(bin_dir) as cluster:
+        install_crds(cluster)
+        yield cluster
+
+
+@pytest.fixture
+def node_namespace(node: NodeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = node.create_namespace(request.node.name)
+    yield name
+    node.delete_namespace(name)

@@ -74,6 +74,11 @@ node-images: node-packages
 test-node: venv k8s-node
 	KUBESERVE_K8S_NODE=1 $(BIN)/python -m pytest tests/kubernetes/test_node_*.py $(PYTEST_ARGS)
 
+## Remove what a crashed node cluster left on this machine (every start does it too).
+.PHONY: k8s-node-clean
+k8s-node-clean: venv
+	PYTHONPATH=tests:tests/kubernetes $(BIN)/python -m node_cluster
+
 ## Start kubeserve on this machine with the example applications (admin API :8265, HTTP :8000).
 run: venv
 	$(BIN)/kubeserve start --state-dir $(STATE_DIR) --deploy examples/config.yaml

@@ -13,8 +13,12 @@ kubelet, containerd, kube-proxy and CoreDNS, whose pods run the kubeserve image.
 
 from __future__ import annotations
 
+import functools
+import http.server
 import os
 import sys
+import threading
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +28,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane
 from k8s_operator import OperatorProcess, install_crds
-from node_cluster import NodeCluster, find_node_bin_dir, node_missing, start_node_cluster
+from node_cluster import NODE_IP, NodeCluster, find_node_bin_dir, node_missing, start_node_cluster
+
+from kubeserve_testing import ROOT
 
 
 @pytest.fixture(scope="session")
@@ -78,3 +84,31 @@ def node_namespace(node: NodeCluster, request: pytest.FixtureRequest) -> Iterato
     name = node.create_namespace(request.node.name)
     yield name
     node.delete_namespace(name)
+
+
+@pytest.fixture
+def node_operator(
+    node: NodeCluster, node_namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator on the host (its pods are real), watching ``node_namespace``."""
+    process = OperatorProcess(node, node_namespace, tmp_path / "operator.log")
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def apps_zip_url(node: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``tests/apps`` as a zip archive (one top-level directory) served over HTTP on the node's
+    bridge address, for a runtime_env ``working_dir`` that the pods' init container fetches."""
+    root = tmp_path_factory.mktemp("apps-zip")
+    with zipfile.ZipFile(root / "apps.zip", "w") as archive:
+        for path in sorted((ROOT / "tests" / "apps").glob("*.py")):
+            archive.write(path, f"apps/{path.name}")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer((NODE_IP, 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://{NODE_IP}:{server.server_address[1]}/apps.zip"
+    server.shutdown()
+    server.server_close()

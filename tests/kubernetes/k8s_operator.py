@@ -150,3 +150,36 @@ def probe_answer(url: str) -> Any:
     except OSError:
         return None
     return body if status == 200 else None
+
+
+# -- on the real node ------------------------------------------------------------------------------
+def local_image_instance(namespace: str) -> dict[str, Any]:
+    """A ServeInstance whose pods run the image the node imported (no registry to pull from)."""
+    manifest = instance(namespace)
+    manifest["spec"].update(image="kubeserve:0.1.0", imagePullPolicy="Never")
+    return manifest
+
+
+def hello(namespace: str) -> list[dict[str, Any]]:
+    """``examples.hello`` (shipped in the image) at /hello, on a local-image instance."""
+    return [
+        local_image_instance(namespace),
+        application(namespace, "hello", "examples.hello:app", routePrefix="/hello"),
+    ]
+
+
+def text_answer(url: str) -> str | None:
+    """The body of a 200 answer at ``url``; None while unreachable or not 200."""
+    try:
+        status, body = http("GET", url)
+    except OSError:
+        return None
+    return body if status == 200 else None
+
+
+def proxy_service_url(plane: ControlPlane, namespace: str, path: str, port: int = 8000) -> str:
+    """``path`` behind the instance's proxy Service (its ClusterIP), once it answers there."""
+    cluster_ip = plane.get("service", "default-proxy", namespace)["spec"]["clusterIP"]
+    url = f"http://{cluster_ip}:{port}{path}"
+    wait_for(lambda: text_answer(url), 60, what=f"an answer at {url} through the proxy Service")
+    return url

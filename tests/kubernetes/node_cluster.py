@@ -128,7 +128,8 @@ class NodeCluster(ControlPlane):
                     check=check)  # fmt: skip
 
     def restart_kubelet(self) -> None:
-        """Stop the kubelet (its pods keep running) and start it again with the same settings."""
+        """Stop the kubelet if it runs (its pods keep running) and start it with the same
+        settings."""
         assert self.processes is not None
         self.processes.stop("kubelet")
         self.processes.start("kubelet", _kubelet_argv(self.bin_dir))
@@ -158,7 +159,7 @@ def clean_node(keep_logs: bool = False) -> None:
     for link in Path("/var/log/containers").glob("*.log"):
         if str(BASE) in os.readlink(link) if link.is_symlink() else False:
             link.unlink()
-    for result in Path("/var/lib/cni/results").glob(f"{CNI_NETWORK}-*"):
+    for result in Path("/var/lib/cni/results").glob("*"):  # only this cluster uses CNI here
         result.unlink()
     _remove_shim_sockets()
     # Directories the runtime makes on first use; removed when nothing else put anything there.
@@ -328,8 +329,10 @@ def start_node_cluster(bin_dir: Path, timeout_s: float = 120.0) -> Iterator[Node
         try:
             yield _start(bin_dir, etcd, coredns, processes, timeout_s)
         finally:
-            processes.stop_all()
+            # Nothing of the cluster is kept, so no daemon needs a graceful stop: SIGKILL them all
+            # at once (clean_node), then reap them.
             clean_node(keep_logs=os.environ.get("KUBESERVE_K8S_KEEP") == "1")
+            processes.stop_all()
 
 
 def _start(
@@ -634,3 +637,8 @@ def _corefile(kubeconfig: Path, health_port: int, ready_port: int) -> Path:
         "}\n"
     )
     return path
+
+
+if __name__ == "__main__":  # `make k8s-node-clean`: what a crashed run left, without starting anew
+    with node_lock(timeout_s=60):
+        clean_node()

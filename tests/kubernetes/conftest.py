@@ -13,6 +13,7 @@ kubelet, containerd, kube-proxy and CoreDNS, whose pods run the kubeserve image.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import os
@@ -28,7 +29,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane
 from k8s_operator import OperatorProcess, install_crds
-from node_cluster import NODE_IP, NodeCluster, find_node_bin_dir, node_missing, start_node_cluster
+from node_cluster import (
+    NODE_IP,
+    NodeBusy,
+    NodeCluster,
+    find_node_bin_dir,
+    node_missing,
+    start_node_cluster,
+)
 
 from kubeserve_testing import ROOT
 
@@ -74,7 +82,11 @@ def node() -> Iterator[NodeCluster]:
     if reason is not None:
         pytest.skip(reason)
     assert bin_dir is not None
-    with start_node_cluster(bin_dir) as cluster:
+    with contextlib.ExitStack() as stack:
+        try:
+            cluster = stack.enter_context(start_node_cluster(bin_dir))
+        except NodeBusy as busy:  # another session on this machine: its tests cover the same
+            pytest.skip(str(busy))
         install_crds(cluster)
         yield cluster
 

@@ -35,7 +35,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +116,7 @@ def _run(*argv: str, check: bool = True, input: str | None = None) -> str:
 class NodeCluster(ControlPlane):
     """A running node cluster: everything ``ControlPlane`` offers, with real pods behind it."""
 
-    coredns: Path | None = None
+    health_ports: dict[str, int] = field(default_factory=dict, repr=False)
 
     def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
         args = ["logs", pod, "-n", namespace, *(["-c", container] if container else [])]
@@ -295,9 +295,14 @@ def _restore_machine() -> None:
 
 
 # -- start-up -------------------------------------------------------------------------------------
+class NodeBusy(RuntimeError):
+    """Another test session's node cluster holds the machine-wide lock."""
+
+
 @contextlib.contextmanager
-def node_lock(timeout_s: float = 1800.0) -> Iterator[None]:
-    """The machine-wide lock of the node cluster: one at a time (its names are fixed)."""
+def node_lock(timeout_s: float) -> Iterator[None]:
+    """The machine-wide lock of the node cluster: one at a time (its names are fixed); raises
+    ``NodeBusy`` when not free within ``timeout_s``."""
     with LOCK.open("a") as handle:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -306,7 +311,9 @@ def node_lock(timeout_s: float = 1800.0) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError("another node cluster holds the lock") from None
+                    raise NodeBusy(
+                        f"another node cluster held {LOCK} for {timeout_s:.0f} s"
+                    ) from None
                 time.sleep(1)
         try:
             yield
@@ -315,13 +322,15 @@ def node_lock(timeout_s: float = 1800.0) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def start_node_cluster(bin_dir: Path, timeout_s: float = 120.0) -> Iterator[NodeCluster]:
+def start_node_cluster(
+    bin_dir: Path, timeout_s: float = 120.0, lock_timeout_s: float = 180.0
+) -> Iterator[NodeCluster]:
     """Start the cluster (cleaning any leftovers first), yield it once the node is Ready with DNS
     and Service routing in place, and leave the machine clean afterwards."""
     etcd, coredns = find_etcd(bin_dir), find_coredns()
     if etcd is None or coredns is None:
         raise RuntimeError("etcd or CoreDNS missing: run `make k8s-node`")
-    with node_lock():
+    with node_lock(lock_timeout_s):
         clean_node()
         BASE.mkdir(parents=True)
         processes = ProcessGroup(BASE / "logs")
@@ -338,77 +347,116 @@ def start_node_cluster(bin_dir: Path, timeout_s: float = 120.0) -> Iterator[Node
 def _start(
     bin_dir: Path, etcd: str, coredns: Path, processes: ProcessGroup, timeout_s: float
 ) -> NodeCluster:
+    cluster = _credentials(bin_dir, processes)
+    starter = _Starter(processes, timeout_s)
+    _record_machine()
+    _make_bridge()
+    _start_control_plane(cluster, starter, etcd)
+    _start_node(cluster, starter)
+    _start_cluster_services(cluster, starter, coredns)
+    return cluster
+
+
+@dataclass
+class _Starter:
+    """Starts a daemon and waits until its probe passes, failing early with its log if it exits."""
+
+    processes: ProcessGroup
+    timeout_s: float
+
+    def start(self, name: str, argv: list[str], probe: Any, what: str) -> None:
+        self.processes.start(name, argv)
+        self.ready(name, probe, what)
+
+    def ready(self, name: str, probe: Any, what: str) -> None:
+        def check() -> bool:
+            self.processes.check(name)
+            return bool(probe())
+
+        try:
+            wait_for(check, self.timeout_s, interval_s=0.1, what=what)
+        except AssertionError as err:
+            raise RuntimeError(f"{err}\n{self.processes.tail(name)}") from None
+
+
+def _credentials(bin_dir: Path, processes: ProcessGroup) -> NodeCluster:
+    """Certificates, a token each for the admin, the kubelet (a member of ``system:nodes``, for
+    the Node authorizer) and kube-proxy, and their kubeconfigs."""
     pki = BASE / "pki"
     make_pki(pki, extra_names=[f"IP:{NODE_IP}"])
     sign_certificate(pki, "kubelet-client", "/CN=kube-apiserver-kubelet-client/O=system:masters")
     sign_certificate(pki, "kubelet", f"/CN={NODE_NAME}", [f"IP:{NODE_IP}", f"DNS:{NODE_NAME}"])
-    tokens = {name: secrets.token_hex(24) for name in ("admin", "node", "proxy")}
+    tokens = {name: secrets.token_hex(24) for name in ("admin", "kubelet", "kube-proxy")}
     (pki / "tokens.csv").write_text(
         f'{tokens["admin"]},{ADMIN_USER},{ADMIN_USER},"system:masters"\n'
-        f'{tokens["node"]},system:node:{NODE_NAME},{NODE_NAME},"system:nodes"\n'
-        f"{tokens['proxy']},system:kube-proxy,kube-proxy\n"
+        f'{tokens["kubelet"]},system:node:{NODE_NAME},{NODE_NAME},"system:nodes"\n'
+        f"{tokens['kube-proxy']},system:kube-proxy,kube-proxy\n"
     )
-    server = f"https://{NODE_IP}:{API_PORT}"
-    ca = str(pki / "ca.crt")
-    kubeconfig = BASE / "admin.kubeconfig"
-    kubeconfig.write_text(kubeconfig_text(server, ca, tokens["admin"]))
-    (BASE / "kubelet.kubeconfig").write_text(kubeconfig_text(server, ca, tokens["node"]))
-    (BASE / "kube-proxy.kubeconfig").write_text(kubeconfig_text(server, ca, tokens["proxy"]))
-    cluster = NodeCluster(bin_dir, BASE, server, kubeconfig, tokens["admin"], pki / "ca.crt",
-                          node_name=NODE_NAME, processes=processes, coredns=coredns)  # fmt: skip
+    server, ca = f"https://{NODE_IP}:{API_PORT}", pki / "ca.crt"
+    for name, token in tokens.items():
+        (BASE / f"{name}.kubeconfig").write_text(kubeconfig_text(server, str(ca), token))
+    return NodeCluster(bin_dir, BASE, server, BASE / "admin.kubeconfig", tokens["admin"], ca,
+                       node_name=NODE_NAME, processes=processes)  # fmt: skip
 
-    def ready(name: str, probe: Any, what: str) -> None:
-        def check() -> bool:
-            processes.check(name)
-            return bool(probe())
 
-        try:
-            wait_for(check, timeout_s, interval_s=0.1, what=what)
-        except AssertionError as err:
-            raise RuntimeError(f"{err}\n{processes.tail(name)}") from None
-
-    _record_machine()
-    _make_bridge()
+def _start_control_plane(cluster: NodeCluster, starter: _Starter, etcd: str) -> None:
+    """etcd and the API server, then the controller manager and the scheduler (whose readiness
+    ``_start_cluster_services`` checks, so they start while the node does)."""
     etcd_port, peer_port = free_port(), free_port()
-    processes.start("etcd", _etcd_argv(etcd, BASE / "etcd", etcd_port, peer_port))
-    ready("etcd", lambda: _answers_ok(f"http://127.0.0.1:{etcd_port}/health"), "etcd health")
-    processes.start("kube-apiserver", _apiserver_argv(bin_dir, etcd_port))
-    ready("kube-apiserver", lambda: _answers_ok(f"{server}/readyz", tokens["admin"], Path(ca)),
-          "kube-apiserver /readyz")  # fmt: skip
-    kcm_port, scheduler_port = free_port(), free_port()
+    etcd_argv = _etcd_argv(etcd, BASE / "etcd", etcd_port, peer_port)
+    starter.start("etcd", etcd_argv, lambda: _answers_ok(f"http://127.0.0.1:{etcd_port}/health"),
+                  "etcd health")  # fmt: skip
+    starter.start("kube-apiserver", _apiserver_argv(cluster.bin_dir, etcd_port),
+                  lambda: _answers_ok(f"{cluster.server}/readyz", cluster.token, cluster.ca_file),
+                  "kube-apiserver /readyz")  # fmt: skip
+    pki, kubeconfig = BASE / "pki", cluster.kubeconfig
     common = [f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
               f"--authorization-kubeconfig={kubeconfig}", "--bind-address=127.0.0.1",
               "--leader-elect=false", "--profiling=false"]  # fmt: skip
-    processes.start("kube-controller-manager", [
-        str(bin_dir / "kube-controller-manager"), *common, f"--secure-port={kcm_port}",
+    cluster.health_ports = {"kube-controller-manager": free_port(), "kube-scheduler": free_port()}
+    starter.processes.start("kube-controller-manager", [
+        str(cluster.bin_dir / "kube-controller-manager"), *common,
+        f"--secure-port={cluster.health_ports['kube-controller-manager']}",
         f"--cert-dir={BASE / 'controller-manager'}", "--controllers=*",
-        f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={ca}",
+        f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
         f"--service-cluster-ip-range={SERVICE_CIDR}", "--cluster-name=kubeserve-node",
     ])  # fmt: skip
-    processes.start("kube-scheduler", [str(bin_dir / "kube-scheduler"), *common,
-                                       f"--secure-port={scheduler_port}"])  # fmt: skip
-    processes.start("containerd", ["containerd", "--config", str(_containerd_config())])
-    ready("containerd", lambda: cluster.ctr("version", check=False), "containerd answering")
+    starter.processes.start("kube-scheduler", [
+        str(cluster.bin_dir / "kube-scheduler"), *common,
+        f"--secure-port={cluster.health_ports['kube-scheduler']}",
+    ])  # fmt: skip
+
+
+def _start_node(cluster: NodeCluster, starter: _Starter) -> None:
+    """containerd with the images imported, then the kubelet, until the node is Ready."""
+    starter.start("containerd", ["containerd", "--config", str(_containerd_config())],
+                  lambda: cluster.ctr("version", check=False), "containerd answering")  # fmt: skip
     for archive in ("pause.tar", "kubeserve.tar"):
         cluster.ctr("images", "import", "--no-unpack", str(CACHE / "node" / "images" / archive))
     _write_cni_config()
-    _write_kubelet_config(ca)
+    _write_kubelet_config(str(cluster.ca_file))
     _make_cgroups()
-    processes.start("kubelet", _kubelet_argv(bin_dir))
-    ready("kubelet", lambda: cluster.node_ready(NODE_NAME), f"node {NODE_NAME} Ready")
-    proxy_ports = free_port(), free_port()
-    processes.start("kube-proxy", _kube_proxy_argv(bin_dir, *proxy_ports))
-    ready("kube-proxy", lambda: _answers_ok(f"http://127.0.0.1:{proxy_ports[1]}/healthz"),
-          "kube-proxy /healthz")  # fmt: skip
-    dns_ports = free_port(), free_port()
-    processes.start("coredns", [str(coredns), "-conf", str(_corefile(kubeconfig, *dns_ports))])
-    ready("coredns", lambda: _answers_ok(f"http://127.0.0.1:{dns_ports[1]}/ready"), "CoreDNS ready")
-    for name, port in (("kube-controller-manager", kcm_port), ("kube-scheduler", scheduler_port)):
-        ready(name, lambda port=port: _answers_ok(f"https://127.0.0.1:{port}/healthz"),
-              f"{name} /healthz")  # fmt: skip
-    ready("kube-controller-manager", lambda: cluster.exists("serviceaccount", "default", "default"),
-          "the default service account")  # fmt: skip
-    return cluster
+    starter.start("kubelet", _kubelet_argv(cluster.bin_dir),
+                  lambda: cluster.node_ready(NODE_NAME), f"node {NODE_NAME} Ready")  # fmt: skip
+
+
+def _start_cluster_services(cluster: NodeCluster, starter: _Starter, coredns: Path) -> None:
+    """kube-proxy and CoreDNS; then wait for the controllers (the default service account)."""
+    metrics_port, healthz_port = free_port(), free_port()
+    starter.start("kube-proxy", _kube_proxy_argv(cluster.bin_dir, metrics_port, healthz_port),
+                  lambda: _answers_ok(f"http://127.0.0.1:{healthz_port}/healthz"),
+                  "kube-proxy /healthz")  # fmt: skip
+    health_port, ready_port = free_port(), free_port()
+    corefile = _corefile(cluster.kubeconfig, health_port, ready_port)
+    starter.start("coredns", [str(coredns), "-conf", str(corefile)],
+                  lambda: _answers_ok(f"http://127.0.0.1:{ready_port}/ready"),
+                  "CoreDNS ready")  # fmt: skip
+    for name, port in cluster.health_ports.items():
+        starter.ready(name, lambda port=port: _answers_ok(f"https://127.0.0.1:{port}/healthz"),
+                      f"{name} /healthz")  # fmt: skip
+    starter.ready("kube-controller-manager",
+                  lambda: cluster.exists("serviceaccount", "default", "default"),
+                  "the default service account")  # fmt: skip
 
 
 def _make_cgroups() -> None:

@@ -31,7 +31,7 @@ def test_hello_served_through_the_proxy_service_cluster_ip(
     assert text_answer(f"{url}?name=node") == "hello, node\n"
 
 
-def test_replica_runs_as_non_root_with_its_log_in_kubectl_logs(
+def test_replica_runs_as_non_root_resolves_cluster_names_and_logs_to_kubectl_logs(
     node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
 ) -> None:
     ns = node_namespace
@@ -41,5 +41,9 @@ def test_replica_runs_as_non_root_with_its_log_in_kubectl_logs(
     assert node.kubectl("exec", replica, "-n", ns, "--", "id", "-u").stdout.strip() == "10001"
     touch = node.kubectl("exec", replica, "-n", ns, "--", "touch", "/app/x", check=False)
     assert touch.returncode != 0 and "Read-only file system" in touch.stderr
+    resolve = ["exec", replica, "-n", ns, "--", "getent", "hosts"]
+    cluster_dns = node.kubectl(*resolve, "kubernetes.default").stdout.split()
+    assert cluster_dns[:2] == ["10.96.0.1", "kubernetes.default.svc.cluster.local"]
+    assert node.kubectl(*resolve, "pypi.org", check=False).returncode != 0  # nothing forwarded
     logs = wait_for(lambda: node.pod_log(ns, replica), 30, what="the replica's log")
     assert f"replica {replica} listening on" in logs, logs

@@ -42,7 +42,17 @@ from kubeserve_testing import ROOT
 
 
 @pytest.fixture(scope="session")
-def control_plane() -> Iterator[ControlPlane]:
+def control_plane(request: pytest.FixtureRequest) -> ControlPlane:
+    """The real node when it can run here, else the kubelet stand-in."""
+    if node_missing(find_node_bin_dir()) is None:
+        node: NodeCluster = request.getfixturevalue("node")
+        return node
+    stand_in: ControlPlane = request.getfixturevalue("stand_in")
+    return stand_in
+
+
+@pytest.fixture(scope="session")
+def stand_in() -> Iterator[ControlPlane]:
     bin_dir = find_bin_dir()
     if bin_dir is None and not os.environ.get("KUBESERVE_K8S_BIN"):
         pytest.skip(

@@ -9,6 +9,7 @@ from typing import Any
 
 from fake_kubelet import die_with_parent
 from k8s_control_plane import ControlPlane
+from node_cluster import NodeCluster
 
 from kubeserve_testing import free_port, http, wait_for
 
@@ -89,12 +90,26 @@ class OperatorProcess:
         return kib / 1024
 
 
-def instance(namespace: str, port: int = 8000) -> dict[str, Any]:
+#: The tests' pods run this image on the real node (the kubelet stand-in ignores images): the
+#: kubeserve image with ``tests/apps`` in /app (``tests/kubernetes/node/build_images.sh``).
+TESTS_IMAGE = "kubeserve-tests:0.1.0"
+#: The project's own image, as the Dockerfile builds it.
+KUBESERVE_IMAGE = "kubeserve:0.1.0"
+
+
+def instance(namespace: str, port: int = 8000, image: str = TESTS_IMAGE) -> dict[str, Any]:
+    """A ServeInstance with one proxy; its pods run ``image``, imported into the node (never
+    pulled: there is no registry)."""
     return {
         "apiVersion": "kubeserve.io/v1beta1",
         "kind": "ServeInstance",
         "metadata": {"name": "default", "namespace": namespace},
-        "spec": {"proxyLocation": "HeadOnly", "httpOptions": {"port": port}},
+        "spec": {
+            "proxyLocation": "HeadOnly",
+            "httpOptions": {"port": port},
+            "image": image,
+            "imagePullPolicy": "Never",
+        },
     }
 
 
@@ -153,17 +168,10 @@ def probe_answer(url: str) -> Any:
 
 
 # -- on the real node ------------------------------------------------------------------------------
-def local_image_instance(namespace: str) -> dict[str, Any]:
-    """A ServeInstance whose pods run the image the node imported (no registry to pull from)."""
-    manifest = instance(namespace)
-    manifest["spec"].update(image="kubeserve:0.1.0", imagePullPolicy="Never")
-    return manifest
-
-
 def hello(namespace: str) -> list[dict[str, Any]]:
-    """``examples.hello`` (shipped in the image) at /hello, on a local-image instance."""
+    """``examples.hello`` at /hello, on an instance running the project's image (which ships it)."""
     return [
-        local_image_instance(namespace),
+        instance(namespace, image=KUBESERVE_IMAGE),
         application(namespace, "hello", "examples.hello:app", routePrefix="/hello"),
     ]
 
@@ -183,3 +191,26 @@ def proxy_service_url(plane: ControlPlane, namespace: str, path: str, port: int 
     url = f"http://{cluster_ip}:{port}{path}"
     wait_for(lambda: text_answer(url), 60, what=f"an answer at {url} through the proxy Service")
     return url
+
+
+class HealthSwitch:
+    """Makes ``e2e_probe``'s replicas fail their health check (``KS_HEALTH_FILE`` exists) and pass
+    again. On the real node the file is in the pod's scratch ``emptyDir`` (it survives a container
+    restart), written with ``kubectl exec``; the stand-in's pods see the host's files."""
+
+    def __init__(self, plane: ControlPlane, namespace: str, host_dir: Path) -> None:
+        self.plane, self.namespace = plane, namespace
+        self.in_pod = isinstance(plane, NodeCluster)
+        self.path = "/tmp/unhealthy" if self.in_pod else str(host_dir / "unhealthy")
+
+    def set(self, unhealthy: bool, pod: str) -> None:
+        if not self.in_pod:
+            Path(self.path).touch() if unhealthy else Path(self.path).unlink()
+            return
+        command = ["touch", self.path] if unhealthy else ["rm", "-f", self.path]
+
+        def done() -> bool:  # the container may be restarting (liveness)
+            args = ["exec", pod, "-n", self.namespace, "--", *command]
+            return self.plane.kubectl(*args, check=False).returncode == 0
+
+        wait_for(done, 60, interval_s=1, what=f"{' '.join(command)} in {pod}")

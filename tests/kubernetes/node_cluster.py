@@ -100,7 +100,8 @@ def node_missing(bin_dir: Path | None) -> str | None:
     for tool in ("containerd", "runc", "ctr", "nft", "ip"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed: run `make k8s-node`"
-    if find_coredns() is None or not (CACHE / "node" / "images" / "kubeserve.tar").exists():
+    images = CACHE / "node" / "images"
+    if find_coredns() is None or not (images / "kubeserve-tests.tar").exists():
         return "no CoreDNS or images: run `make k8s-node`"
     return None
 
@@ -431,7 +432,7 @@ def _start_node(cluster: NodeCluster, starter: _Starter) -> None:
     """containerd with the images imported, then the kubelet, until the node is Ready."""
     starter.start("containerd", ["containerd", "--config", str(_containerd_config())],
                   lambda: cluster.ctr("version", check=False), "containerd answering")  # fmt: skip
-    for archive in ("pause.tar", "kubeserve.tar"):
+    for archive in ("pause.tar", "kubeserve.tar", "kubeserve-tests.tar"):
         cluster.ctr("images", "import", "--no-unpack", str(CACHE / "node" / "images" / archive))
     _write_cni_config()
     _write_kubelet_config(str(cluster.ca_file))

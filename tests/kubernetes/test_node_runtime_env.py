@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from k8s_operator import (
+    KUBESERVE_IMAGE,
     OperatorProcess,
     application,
-    local_image_instance,
+    instance,
     proxy_service_url,
     ready_pods,
     wait_ready,
@@ -30,7 +31,7 @@ WORKING_DIR = "/var/run/kubeserve/runtime-env/working_dir"
 def deploy_probe(node: NodeCluster, operator: OperatorProcess, ns: str, zip_url: str) -> str:
     runtime_env = {"workingDir": zip_url, "envVars": {"KS_HEALTH_FILE": UNHEALTHY}}
     app = application(ns, "probe", "e2e_probe:app", routePrefix="/probe", runtimeEnv=runtime_env)
-    node.apply([local_image_instance(ns), app])
+    node.apply([instance(ns, image=KUBESERVE_IMAGE), app])
     wait_ready(node, operator, ns, "probe")
     return proxy_service_url(node, ns, "/probe")
 

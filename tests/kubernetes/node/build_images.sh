@@ -13,6 +13,10 @@
 #                       default), built by buildah from the repository's Dockerfile; KEY hashes what the
 #                       Dockerfile copies plus the base image, so a change to the package rebuilds it
 #                       and nothing else does. kubeserve.tar links to the newest one.
+#   kubeserve-tests-KEY.tar  docker.io/library/kubeserve-tests:0.1.0: the kubeserve image with the test
+#                       applications (tests/apps/*.py) in /app, so `importPath: e2e_probe:app` works
+#                       in the tests' pods; KEY covers the kubeserve image and those files.
+#                       kubeserve-tests.tar links to the newest one.
 # buildah runs with vfs storage and chroot isolation (no fuse-overlayfs, no user namespaces), its store
 # under CACHE/buildah. RUN steps reach PyPI through the host's CA bundle, mounted read-only.
 set -eu
@@ -23,6 +27,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 PAUSE=kubeserve.local/pause:3.10
 BASE=kubeserve.local/debian-python:bookworm
 IMAGE=docker.io/library/kubeserve:0.1.0
+TESTS_IMAGE=docker.io/library/kubeserve-tests:0.1.0
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 
 mkdir -p "$CACHE/buildah/run"
@@ -89,12 +94,41 @@ build_kubeserve() {
 		buildah rmi "$IMAGE" >/dev/null
 		buildah rmi --prune >/dev/null 2>&1 || true
 	fi
-	for old in "$CACHE"/kubeserve-*.tar; do
+	for old in "$CACHE"/kubeserve-[0-9a-f]*.tar; do
 		[ "$old" = "$archive" ] || rm -f "$old"
 	done
 	ln -sf "$(basename "$archive")" "$CACHE/kubeserve.tar"
 }
 
+build_tests_image() {
+	key=$(
+		{
+			readlink "$CACHE/kubeserve.tar"
+			cd "$REPO" && find tests/apps -maxdepth 1 -name '*.py' | LC_ALL=C sort | xargs sha256sum
+		} | sha256sum | cut -c1-16
+	)
+	archive=$CACHE/kubeserve-tests-$key.tar
+	if [ ! -f "$archive" ]; then
+		work=$(mktemp -d)
+		cp "$REPO"/tests/apps/*.py "$work/"
+		container=$(buildah from --quiet "docker-archive:$CACHE/kubeserve.tar")
+		buildah copy --quiet --chown 10001:10001 "$container" "$work" /app/ >/dev/null
+		buildah commit --quiet "$container" "$TESTS_IMAGE" >/dev/null
+		buildah rm "$container" >/dev/null
+		rm -f "$archive.new"
+		buildah push --quiet "$TESTS_IMAGE" "docker-archive:$archive.new:$TESTS_IMAGE"
+		mv "$archive.new" "$archive"
+		buildah rmi "$TESTS_IMAGE" >/dev/null
+		buildah rmi --prune >/dev/null 2>&1 || true
+		rm -rf "$work"
+	fi
+	for old in "$CACHE"/kubeserve-tests-*.tar; do
+		[ "$old" = "$archive" ] || rm -f "$old"
+	done
+	ln -sf "$(basename "$archive")" "$CACHE/kubeserve-tests.tar"
+}
+
 build_pause
 build_base
 build_kubeserve
+build_tests_image

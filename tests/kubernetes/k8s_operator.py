@@ -93,6 +93,12 @@ class OperatorProcess:
 #: The tests' pods run this image on the real node (the kubelet stand-in ignores images): the
 #: kubeserve image with ``tests/apps`` in /app (``tests/kubernetes/node/build_images.sh``).
 TESTS_IMAGE = "kubeserve-tests:0.1.0"
+#: Deployment overrides for tests that run several replicas at once: a replica asks for one CPU
+#: by default (Ray's ``num_cpus``), and the real node has two cores, shared with the proxy and with
+#: the pods of the previous test's namespace while they terminate.
+SMALL_REPLICA = {"rayActorOptions": {"numCpus": 0.1}}
+#: The same override in Ray's config, for the admin API.
+SMALL_RAY_REPLICA = {"ray_actor_options": {"num_cpus": 0.1}}
 #: The project's own image, as the Dockerfile builds it.
 KUBESERVE_IMAGE = "kubeserve:0.1.0"
 
@@ -135,10 +141,12 @@ def ready_pods(plane: ControlPlane, namespace: str, selector: str) -> list[dict[
 
 
 def wait_ready(plane: ControlPlane, operator: OperatorProcess, namespace: str, app: str) -> None:
-    """``kubectl wait --for=condition=Ready`` on the application, with diagnostics on failure."""
+    """``kubectl wait --for=condition=Ready`` on the application, with diagnostics on failure.
+    Real pods (a build Job's, then the replicas') take longer than the stand-in's processes,
+    the more so on a busy machine."""
     result = plane.kubectl(
         "wait", "--for=condition=Ready", f"serveapplication/{app}", "-n", namespace,
-        "--timeout=50s", check=False,
+        "--timeout=120s", check=False, timeout=130,
     )  # fmt: skip
     if result.returncode != 0:
         obj = plane.get("serveapplication", app, namespace)

@@ -50,6 +50,8 @@ NODE_IMAGES     := $(CACHE)/node/images
 NODE_PACKAGES   := containerd runc containernetworking-plugins buildah iptables nftables debootstrap \
                    conntrack gcc libc6-dev
 K8S_NODE_BIN    := $(K8S_DIR)/node-bin
+# The node needs root (packages, bridge, cgroups); elsewhere `make test` runs the kubelet stand-in.
+NODE_FOR_TEST   := $(if $(filter 0,$(shell id -u)),k8s-node)
 
 .PHONY: k8s-node node-packages node-images
 k8s-node: node-packages $(K8S_NODE_BIN)/.stamp $(COREDNS) node-images
@@ -83,9 +85,11 @@ k8s-node-clean: venv
 run: venv
 	$(BIN)/kubeserve start --state-dir $(STATE_DIR) --deploy examples/config.yaml
 
-## Run every test: unit, API over HTTP, end to end with real processes, the Ray 2.60 client.
-test: venv ray-client k8s-binaries helm
-	KUBESERVE_HELM=$(HELM) KUBESERVE_HELM3=$(HELM3) KUBESERVE_RAY_SERVE=$(RAY_SERVE) KUBESERVE_K8S_BIN=$(K8S_BIN) $(BIN)/python -m pytest $(PYTEST_ARGS)
+## Run every test: unit, API over HTTP, end to end with real processes, the Ray 2.60 client, and the
+## Kubernetes tier on a real node made on this machine (as root; elsewhere on the kubelet stand-in).
+test: venv ray-client k8s-binaries $(NODE_FOR_TEST) helm
+	KUBESERVE_HELM=$(HELM) KUBESERVE_HELM3=$(HELM3) KUBESERVE_RAY_SERVE=$(RAY_SERVE) KUBESERVE_K8S_BIN=$(K8S_BIN) \
+	  KUBESERVE_K8S_NODE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Format, lint, types and import-layer contracts.
 check: venv

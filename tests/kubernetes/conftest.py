@@ -1,14 +1,17 @@
-"""Fixtures of the kubernetes test tier: one real control plane per test session.
+"""Fixtures of the kubernetes test tier: one real cluster per test session.
 
-``control_plane`` (session) is a ``k8s_control_plane.ControlPlane``: etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler and the kubelet stand-in, all on 127.0.0.1. ``namespace``
-(per test) is a fresh namespace, deleted afterwards, so tests sharing the control plane do not see
-each other's objects. The tier is skipped only when no binaries were built and
-``KUBESERVE_K8S_BIN`` is unset; under ``make test`` the binaries always exist.
+``node`` (session) is a ``node_cluster.NodeCluster``: etcd and the unpatched control plane with a
+real kubelet, containerd, kube-proxy and CoreDNS, whose pods run the kubeserve image (or the tests'
+image, the same with ``tests/apps``). It needs root, ``make k8s-node`` and ``KUBESERVE_K8S_NODE=1``
+(``make test`` and ``make test-node`` set it); without them its own tests are skipped.
+``stand_in`` (session) is a ``k8s_control_plane.ControlPlane``: the control plane, built with the
+loopback patch, and the kubelet stand-in that runs pods as local processes on 127.0.0.x.
 
-``node`` (session) is a ``node_cluster.NodeCluster``: the same control plane, unpatched, with a real
-kubelet, containerd, kube-proxy and CoreDNS, whose pods run the kubeserve image. It needs root and
-``make k8s-node``; without them its tests are skipped. ``node_namespace`` is ``namespace`` on it.
+``control_plane`` (session) is the node when it can run here, else the stand-in: the operator,
+admin API, security and install tests run on either. ``namespace`` (per test) is a fresh namespace
+on it, deleted afterwards, so tests sharing the cluster do not see each other's objects;
+``node_namespace`` is the same on the node. The stand-in tier is skipped only when no binaries
+were built and ``KUBESERVE_K8S_BIN`` is unset; under ``make test`` the binaries always exist.
 """
 
 from __future__ import annotations

@@ -19,7 +19,13 @@ import jsonschema
 import pytest
 import yaml
 from k8s_control_plane import ControlPlane
-from k8s_operator import OperatorProcess, proxy_url
+from k8s_operator import (
+    SMALL_RAY_REPLICA,
+    SMALL_REPLICA,
+    OperatorProcess,
+    instance,
+    proxy_url,
+)
 
 from kubeserve.schema.status import ServeInstanceDetails
 from kubeserve_testing import Kubeserve, http, wait_for
@@ -32,10 +38,15 @@ PROBE = {
     "name": "probe",
     "route_prefix": "/probe",
     "import_path": "e2e_probe:app",
-    "deployments": [{"name": "Probe", "user_config": {"greeting": "hi"}}],
+    "deployments": [{"name": "Probe", "user_config": {"greeting": "hi"}, **SMALL_RAY_REPLICA}],
 }
 #: a Ray name that is no Kubernetes object name
-SECOND = {"name": "Second App", "route_prefix": "/second", "import_path": "e2e_probe:app"}
+SECOND = {
+    "name": "Second App",
+    "route_prefix": "/second",
+    "import_path": "e2e_probe:app",
+    "deployments": [{"name": "Probe", **SMALL_RAY_REPLICA}],
+}
 
 
 class AdminApi:
@@ -50,8 +61,19 @@ class AdminApi:
     def http(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
         return http(method, url, body, headers={"Authorization": f"Bearer {self.token}"})
 
-    def put(self, applications: list[dict[str, Any]], port: int = 8000) -> tuple[int, Any]:
+    def put(
+        self, applications: list[dict[str, Any]], port: int = 8000, tests_image: bool = True
+    ) -> tuple[int, Any]:
+        if tests_image:
+            self.use_tests_image()
         return self.http("PUT", f"{self.url}/api/serve/applications/", config(applications, port))
+
+    def use_tests_image(self) -> None:
+        """Pods of the serving layer a PUT starts run the tests' image (a PUT keeps the image of
+        an existing ServeInstance; Ray's config has no field for it)."""
+        plane, namespace = self.operator.plane, self.operator.namespace
+        if not plane.exists("serveinstance", "default", namespace):
+            plane.apply(instance(namespace))
 
     def details(self) -> dict[str, Any]:
         status, body = self.http("GET", f"{self.url}/api/serve/applications/")
@@ -137,16 +159,18 @@ def test_put_get_traffic_prune_conflict_delete(
     status, body = api.put([PROBE, SECOND])
     assert status == 200, body
 
-    instance = plane.get("serveinstance", "default", namespace)
-    assert instance["spec"]["httpOptions"]["port"] == 8000
-    assert instance["spec"]["proxyLocation"] == "HeadOnly"
+    serve_instance = plane.get("serveinstance", "default", namespace)
+    assert serve_instance["spec"]["httpOptions"]["port"] == 8000
+    assert serve_instance["spec"]["proxyLocation"] == "HeadOnly"
     probe = plane.get("serveapplication", "probe", namespace)
     assert probe["spec"] == {  # exactly the config sent: unset fields absent
         "appName": "probe",
         "instance": "default",
         "routePrefix": "/probe",
         "importPath": "e2e_probe:app",
-        "deployments": [{"name": "Probe", "userConfig": {"greeting": "hi"}}],
+        "deployments": [
+            {"name": "Probe", "userConfig": {"greeting": "hi"}, **SMALL_REPLICA},
+        ],
     }
     (second,) = cr_names(plane, namespace) - {"probe"}
     assert second.startswith("second-app-")
@@ -223,6 +247,7 @@ def test_single_application_family(
     plane, api = control_plane, AdminApi(operator)
     base = f"{api.url}/api/serve/deployments/"
     body = {"import_path": "e2e_probe:app", "route_prefix": "/probe", "port": 8000}
+    api.use_tests_image()
     put = api.http("PUT", base, body)
     assert put[0] == 200, (put, operator.log())
     assert api.http("GET", base) == (200, body)
@@ -294,6 +319,7 @@ def test_ray_serve_cli_against_the_operator(
 
     path = tmp_path / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config([PROBE])))
+    api.use_tests_image()
     serve("deploy", str(path))
     assert cr_names(plane, namespace) == {"probe"}
     api.wait_running("probe")
@@ -367,7 +393,7 @@ def test_callers_need_a_token_and_the_rbac_rights_of_their_request(
     # A ServiceAccount that may only read: GET works, writes are 403 naming what is missing.
     viewer = AdminApi(operator, account_token(plane, namespace, "viewer", ["get", "list"]))
     assert viewer.details() == EMPTY
-    status, body = viewer.put([PROBE])
+    status, body = viewer.put([PROBE], tests_image=False)  # creates nothing, not even that
     assert status == 403, body
     assert "create serveinstances.kubeserve.io" in body["error"]
     assert "delete serveapplications.kubeserve.io" in body["error"]

@@ -9,6 +9,7 @@ from typing import Any
 
 from k8s_control_plane import ControlPlane
 from k8s_operator import (
+    SMALL_REPLICA,
     OperatorProcess,
     application,
     instance,
@@ -75,7 +76,10 @@ def replica_pods(plane: ControlPlane, namespace: str) -> dict[str, int]:
 def deploy_probe(
     plane: ControlPlane, operator: OperatorProcess, namespace: str, **deployment: Any
 ) -> str:
-    spec = {"routePrefix": "/probe", "deployments": [{"name": "Probe", **deployment}]}
+    spec = {
+        "routePrefix": "/probe",
+        "deployments": [{"name": "Probe", **SMALL_REPLICA, **deployment}],
+    }
     plane.apply([instance(namespace), application(namespace, "probe", "e2e_probe:app", **spec)])
     wait_ready(plane, operator, namespace, "probe")
     url = proxy_url(plane, namespace)
@@ -84,7 +88,7 @@ def deploy_probe(
 
 
 def patch_probe(plane: ControlPlane, namespace: str, **deployment: Any) -> None:
-    patch = {"spec": {"deployments": [{"name": "Probe", **deployment}]}}
+    patch = {"spec": {"deployments": [{"name": "Probe", **SMALL_REPLICA, **deployment}]}}
     plane.kubectl(
         "patch", "serveapplication", "probe", "-n", namespace, "--type", "merge", "-p",
         json.dumps(patch),
@@ -253,7 +257,11 @@ def test_composed_application_calls_through_handles_in_the_cluster(
     control_plane: ControlPlane, operator: OperatorProcess, namespace: str
 ) -> None:
     plane = control_plane
-    spec = {"routePrefix": "/", "deployments": [{"name": "Model", "numReplicas": 2}]}
+    small = [{"name": name, **SMALL_REPLICA} for name in ("Ingress", "tokenizer")]
+    spec = {
+        "routePrefix": "/",
+        "deployments": [{"name": "Model", "numReplicas": 2, **SMALL_REPLICA}, *small],
+    }
     plane.apply(
         [instance(namespace), application(namespace, "composed", "ks_composed_app:app", **spec)]
     )

@@ -420,7 +420,12 @@ def test_external_scaler_sets_the_deployments_replicas(
     namespace: str,
 ) -> None:
     plane, api = control_plane, AdminApi(operator)
-    app = {"name": "probe", "route_prefix": "/probe", "import_path": "e2e_probe:app"}
+    app = {
+        "name": "probe",
+        "route_prefix": "/probe",
+        "import_path": "e2e_probe:app",
+        "deployments": [{"name": "Probe", **SMALL_RAY_REPLICA}],  # two fit on a 2-CPU node
+    }
     scale = f"{api.url}/api/v1/applications/probe/deployments/Probe/scale"
     assert api.put([app])[0] == 200
     wait_for(lambda: (api.details()["applications"].get("probe") or {}).get("status") == "RUNNING")
@@ -453,7 +458,7 @@ def test_target_capacity_scales_the_deployments(
         "name": "probe",
         "route_prefix": "/probe",
         "import_path": "e2e_probe:app",
-        "deployments": [{"name": "Probe", "num_replicas": 3}],
+        "deployments": [{"name": "Probe", "num_replicas": 3, **SMALL_RAY_REPLICA}],
     }
     to_zero = {**app, "deployments": [{"name": "Probe", "autoscaling_config": {"min_replicas": 0}}]}
     status, refused = api.put([to_zero])

@@ -4,13 +4,17 @@
 # The examples ship in /app/examples, so `importPath: examples.hello:app` works out of the box;
 # applications of your own: build FROM this image and copy them into /app, or use runtimeEnv.
 
-FROM python:3.11-slim AS build
+# The base: any Debian-like image with python3.11 and pip that may install into the system Python.
+# The Kubernetes test node builds FROM a local debootstrap image (tests/kubernetes/node/build_images.sh).
+ARG BASE_IMAGE=python:3.11-slim
+
+FROM ${BASE_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
-FROM python:3.11-slim
+FROM ${BASE_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \

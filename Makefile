@@ -11,7 +11,7 @@ K8S_VERSION ?= v1.36.3
 K8S_DIR    := $(CACHE)/k8s/$(K8S_VERSION)
 K8S_BIN    := $(K8S_DIR)/bin
 
-.PHONY: run test check format venv ray-client k8s-binaries clean
+.PHONY: run test check format venv ray-client k8s-binaries chromium clean
 
 venv: $(BIN)/.installed
 
@@ -39,13 +39,64 @@ k8s-binaries: $(K8S_BIN)/.stamp
 $(K8S_BIN)/.stamp:
 	sh tests/kubernetes/build_k8s_binaries.sh $(K8S_VERSION) $(K8S_DIR)
 
+## Debian's Chromium for the dashboard's browser test (tests/api/test_dashboard_browser.py), which
+## drives it headless over the DevTools protocol: no browser download, no driver package.
+CHROMIUM ?= /usr/bin/chromium
+chromium:
+	@test -x $(CHROMIUM) || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
+## The real single-node cluster of the kubernetes tier (tests/kubernetes/node_cluster.py, run as root):
+## Debian's containerd, runc, CNI plugins, buildah, nftables and debootstrap (installed when missing); the
+## control plane unpatched with kubelet and kube-proxy from the same release; CoreDNS with only the
+## plugins it uses; the pause, Debian base and kubeserve images (tests/kubernetes/node/build_images.sh,
+## the kubeserve one rebuilt when what the Dockerfile copies changes). All cached under $(CACHE).
+COREDNS_VERSION := v1.14.7
+COREDNS         := $(CACHE)/coredns/$(COREDNS_VERSION)/coredns
+NODE_IMAGES     := $(CACHE)/node/images
+NODE_PACKAGES   := containerd runc containernetworking-plugins buildah iptables nftables debootstrap \
+                   conntrack gcc libc6-dev
+K8S_NODE_BIN    := $(K8S_DIR)/node-bin
+# The node needs root (packages, bridge, cgroups); elsewhere `make test` runs the kubelet stand-in.
+NODE_FOR_TEST   := $(if $(filter 0,$(shell id -u)),k8s-node)
+
+.PHONY: k8s-node node-packages node-images
+k8s-node: node-packages $(K8S_NODE_BIN)/.stamp $(COREDNS) node-images
+	@command -v etcd >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q etcd-server; }
+
+node-packages:
+	@missing=$$(for p in $(NODE_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	[ -z "$$missing" ] || { apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; }
+
+$(K8S_NODE_BIN)/.stamp:
+	sh tests/kubernetes/build_k8s_binaries.sh $(K8S_VERSION) $(K8S_DIR) node
+
+$(COREDNS):
+	sh tests/kubernetes/build_coredns.sh $(COREDNS_VERSION) $(dir $(COREDNS))
+
+node-images: node-packages
+	sh tests/kubernetes/node/build_images.sh $(NODE_IMAGES) .
+
+## The kubernetes tier's tests on the real node (as root; about 2 minutes once `make k8s-node` has run).
+.PHONY: test-node
+test-node: venv k8s-node
+	KUBESERVE_K8S_NODE=1 $(BIN)/python -m pytest tests/kubernetes/test_node_*.py $(PYTEST_ARGS)
+
+## Remove what a crashed node cluster left on this machine (every start does it too).
+.PHONY: k8s-node-clean
+k8s-node-clean: venv
+	PYTHONPATH=tests:tests/kubernetes $(BIN)/python -m node_cluster
+
 ## Start kubeserve on this machine with the example applications (admin API :8265, HTTP :8000).
 run: venv
 	$(BIN)/kubeserve start --state-dir $(STATE_DIR) --deploy examples/config.yaml
 
-## Run every test: unit, API over HTTP, end to end with real processes, the Ray 2.60 client.
-test: venv ray-client k8s-binaries helm
-	KUBESERVE_HELM=$(HELM) KUBESERVE_HELM3=$(HELM3) KUBESERVE_RAY_SERVE=$(RAY_SERVE) KUBESERVE_K8S_BIN=$(K8S_BIN) $(BIN)/python -m pytest $(PYTEST_ARGS)
+## Run every test: unit, API over HTTP, end to end with real processes, the Ray 2.60 client, the
+## dashboard in headless Chromium, and the Kubernetes tier on a real node made on this machine (as
+## root; elsewhere on the kubelet stand-in).
+test: venv ray-client k8s-binaries $(NODE_FOR_TEST) helm chromium
+	KUBESERVE_CHROMIUM=$(CHROMIUM) KUBESERVE_HELM=$(HELM) KUBESERVE_HELM3=$(HELM3) KUBESERVE_RAY_SERVE=$(RAY_SERVE) \
+	  KUBESERVE_K8S_BIN=$(K8S_BIN) KUBESERVE_K8S_NODE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Format, lint, types and import-layer contracts.
 check: venv

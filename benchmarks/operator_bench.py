@@ -43,15 +43,16 @@ sys.path[:0] = [str(ROOT / "tests" / "kubernetes"), str(ROOT / "tests")]
 from k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane  # noqa: E402
 from k8s_operator import OperatorProcess, install_crds  # noqa: E402
 
+from kubeserve.runtime.kubernetes import contract  # noqa: E402
 from kubeserve_testing import free_port, wait_for  # noqa: E402
 
 NAMESPACE = "bench"
-GROUP_PATH = "/apis/kubeserve.io/v1beta1/namespaces"
+GROUP_PATH = f"/apis/{contract.API_VERSION}/namespaces"
 POLL_S = 0.05
 RESULTS = ROOT / "benchmarks" / "operator-results.md"
 LOG = ROOT / "var" / "bench-operator.log"
 BATCH = 10
-APP_LABEL = "kubeserve.io/application"
+APP_LABEL = contract.APPLICATION_LABEL
 
 # --------------------------------------------------------------------------- counting proxy
 
@@ -243,16 +244,16 @@ def proxy_kubeconfig(path: Path, port: int, token: str) -> Path:
 
 def instance(proxy_location: str = "HeadOnly") -> dict[str, Any]:
     return {
-        "apiVersion": "kubeserve.io/v1beta1",
+        "apiVersion": contract.API_VERSION,
         "kind": "ServeInstance",
-        "metadata": {"name": "default", "namespace": NAMESPACE},
+        "metadata": {"name": contract.DEFAULT_INSTANCE, "namespace": NAMESPACE},
         "spec": {"proxyLocation": proxy_location, "httpOptions": {"port": 8000}},
     }
 
 
 def application(name: str, import_path: str, **spec: Any) -> dict[str, Any]:
     return {
-        "apiVersion": "kubeserve.io/v1beta1",
+        "apiVersion": contract.API_VERSION,
         "kind": "ServeApplication",
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {"importPath": import_path, **spec},

@@ -87,6 +87,14 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def slow_app(*deployments: dict[str, Any], graph: str = "slow", **fields: Any) -> dict[str, Any]:
+    """An application of ``tests/apps/ks_autoscale_app.py`` named and routed as ``graph``:
+    ``slow`` (its ``Slow`` deployment sleeps ``?s=`` seconds per request) or ``front`` (``Front``
+    calls ``Slow`` through a handle), with these ``deployments`` overrides."""
+    app = {"name": graph, "route_prefix": f"/{graph}", "import_path": f"ks_autoscale_app:{graph}"}
+    return {**app, **({"deployments": list(deployments)} if deployments else {}), **fields}
+
+
 class Kubeserve:
     """A ``kubeserve start`` process with its own state directory and ports.
 

@@ -15,6 +15,7 @@ User code imports the SDK from here::
 from kubeserve.sdk import (
     URL,
     Application,
+    BackPressureError,
     Deployment,
     DeploymentHandle,
     DeploymentOptions,
@@ -39,6 +40,7 @@ __version__ = "0.1.0"
 __all__ = [
     "URL",
     "Application",
+    "BackPressureError",
     "Deployment",
     "DeploymentHandle",
     "DeploymentOptions",

@@ -66,12 +66,18 @@ class AdminClient:
         except (OSError, yaml.YAMLError) as exc:
             print(f"error: cannot read {path}: {exc}", file=self.err)
             return 1
+        return await self.put(config, wait=wait, timeout_s=timeout_s, source=str(path))
+
+    async def put(
+        self, config: Any, *, wait: bool = False, timeout_s: float = 600.0, source: str = "config"
+    ) -> int:
+        """PUT a config (multi-application when it has ``applications``); see :meth:`deploy`."""
         multi = isinstance(config, dict) and "applications" in config
         family = "applications" if multi else "deployments"
         status, body = await self._call("PUT", f"/api/serve/{family}/", config)
         if status != 200:
             return self._report_error(status, body)
-        print(f"deployed {path} to {self.address}", file=self.out, flush=True)
+        print(f"deployed {source} to {self.address}", file=self.out, flush=True)
         if not wait:
             return 0
         return await self.wait_for(list(body.get("applications", [])), timeout_s)

@@ -29,8 +29,17 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from kubeserve.admin_client import AdminClient
     from kubeserve.api.security import AdminSecurity
+
+    #: what an embedded instance does once its admin API is up; ``-1``: keep serving, else
+    #: stop with that exit code
+    AfterStart = Callable[[AdminClient, Any], Awaitable[int]]
+from kubeserve.runtime.kubernetes.contract import NAMESPACE_ENV
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
+from kubeserve.sdk import ray_namespace
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 #: The admin API's bearer token, for ``kubeserve start`` and the client commands alike.
@@ -38,56 +47,33 @@ AUTH_TOKEN_ENV = "KUBESERVE_AUTH_TOKEN"
 
 
 def main(argv: list[str] | None = None) -> int:
+    ray_namespace.install()  # `import ray` in anything this process imports is kubeserve's
     parser = argparse.ArgumentParser(prog="kubeserve", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
     start = commands.add_parser("start", help="run kubeserve on this machine")
-    start.add_argument(
-        "--dashboard-host", default=os.environ.get("KUBESERVE_DASHBOARD_HOST", "127.0.0.1")
-    )
-    start.add_argument(
-        "--dashboard-port",
-        type=int,
-        default=int(os.environ.get("KUBESERVE_DASHBOARD_PORT", "8265")),
-    )
-    start.add_argument(
-        "--state-dir",
-        type=Path,
-        default=Path(os.environ.get("KUBESERVE_STATE_DIR", Path.home() / ".kubeserve")),
-        help="where the SQLite state, logs and runtime_env cache live",
-    )
-    start.add_argument(
-        "--http-port",
-        type=int,
-        default=8000,
-        help="proxy port of a serving layer started implicitly",
-    )
-    start.add_argument(
-        "--http-host", default="0.0.0.0", help="proxy host of a serving layer started implicitly"
+    _add_instance_arguments(
+        start, Path(os.environ.get("KUBESERVE_STATE_DIR", Path.home() / ".kubeserve")), "0.0.0.0"
     )
     start.add_argument("--deploy", type=Path, help="a config file to deploy once the server is up")
-    _add_auth_argument(
-        start,
-        "require this bearer token on the admin API (default: $KUBESERVE_AUTH_TOKEN; "
-        "required when --dashboard-host is not a loopback address)",
+
+    run = commands.add_parser(
+        "run", help="run one application on this machine for development (like `serve run`)"
     )
-    start.add_argument(
-        "--num-cpus",
-        type=float,
-        help="CPUs replicas may claim (ray_actor_options.num_cpus, 1 each by default); "
-        "default: the machine's count, at least 16",
+    run.add_argument("import_path", help="module:application, e.g. app:app or app:build")
+    run.add_argument("--name", default="default", help="the application's name")
+    run.add_argument("--route-prefix", default="/")
+    run.add_argument(
+        "--reload",
+        action="store_true",
+        help="restart the replicas when a .py file under the working directory changes",
     )
-    start.add_argument(
-        "--num-gpus",
-        type=float,
-        help="GPUs replicas may claim; default: CUDA_VISIBLE_DEVICES, else the NVIDIA GPUs found",
-    )
-    add_limit_arguments(start)  # the proxy's and the replicas' RequestLimits
+    _add_instance_arguments(run, None, "127.0.0.1")
 
     operator = commands.add_parser("operator", help="run the Kubernetes operator")
     operator.add_argument(
         "--namespace",
-        default=os.environ.get("KUBESERVE_NAMESPACE", "kubeserve-system"),
+        default=os.environ.get(NAMESPACE_ENV, "kubeserve-system"),
         help="the operator's own namespace (where the admin API writes custom resources)",
     )
     operator.add_argument(
@@ -157,12 +143,61 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "start":
-        return _start(args)
+        return _start(args, _deploy_file(args.deploy))
+    if args.command == "run":
+        return _run(args)
     if args.command == "operator":
         return _operator(args)
     if args.command == "fetch-runtime-env":
         return _fetch_runtime_env(args)
     return asyncio.run(_client(args))
+
+
+def _add_instance_arguments(
+    start: argparse.ArgumentParser, state_dir: Path | None, http_host: str
+) -> None:
+    """The options of an embedded instance, shared by ``start`` and ``run``."""
+    start.add_argument(
+        "--dashboard-host", default=os.environ.get("KUBESERVE_DASHBOARD_HOST", "127.0.0.1")
+    )
+    start.add_argument(
+        "--dashboard-port",
+        type=int,
+        default=int(os.environ.get("KUBESERVE_DASHBOARD_PORT", "8265")),
+    )
+    start.add_argument(
+        "--state-dir",
+        type=Path,
+        default=state_dir,
+        help="where the SQLite state, logs and runtime_env cache live"
+        + ("" if state_dir else " (default: a new temporary directory, removed at exit)"),
+    )
+    start.add_argument(
+        "--http-port",
+        type=int,
+        default=8000,
+        help="proxy port of a serving layer started implicitly",
+    )
+    start.add_argument(
+        "--http-host", default=http_host, help="proxy host of a serving layer started implicitly"
+    )
+    _add_auth_argument(
+        start,
+        "require this bearer token on the admin API (default: $KUBESERVE_AUTH_TOKEN; "
+        "required when --dashboard-host is not a loopback address)",
+    )
+    start.add_argument(
+        "--num-cpus",
+        type=float,
+        help="CPUs replicas may claim (ray_actor_options.num_cpus, 1 each by default); "
+        "default: the machine's count, at least 16",
+    )
+    start.add_argument(
+        "--num-gpus",
+        type=float,
+        help="GPUs replicas may claim; default: CUDA_VISIBLE_DEVICES, else the NVIDIA GPUs found",
+    )
+    add_limit_arguments(start)  # the proxy's and the replicas' RequestLimits
 
 
 def _add_auth_argument(parser: argparse.ArgumentParser, helptext: str) -> None:
@@ -188,7 +223,77 @@ def _auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def _start(args: argparse.Namespace) -> int:
+def _deploy_file(path: Path | None) -> AfterStart | None:
+    """What ``kubeserve start --deploy FILE`` does once the admin API is up."""
+    if path is None:
+        return None
+
+    async def deploy(client: AdminClient, _backend: Any) -> int:
+        code = await client.deploy(path)
+        return -1 if code == 0 else code  # keep serving; a failure stops the instance
+
+    return deploy
+
+
+def _run(args: argparse.Namespace) -> int:
+    """``kubeserve run``: an embedded instance with one application, in a temporary state
+    directory unless ``--state-dir`` is given; with ``--reload`` a change to a ``.py`` file under
+    the working directory gives the application a new source version, which rebuilds it and
+    replaces its replicas (the old ones serve until the new ones are ready)."""
+    import tempfile
+
+    app = {"name": args.name, "route_prefix": args.route_prefix, "import_path": args.import_path}
+    watched = Path.cwd()
+
+    async def serve_app(client: AdminClient, _backend: Any) -> int:
+        version = _source_version(watched)
+
+        async def apply() -> int:
+            env = {"env_vars": {SOURCE_VERSION_ENV: version}} if args.reload else {}
+            config = {
+                "http_options": {"host": args.http_host, "port": args.http_port},
+                "applications": [{**app, "runtime_env": env}],
+            }
+            return await client.put(config, wait=True, source=args.import_path)
+
+        url = f"http://{args.http_host}:{args.http_port}{args.route_prefix}"
+        print(f"kubeserve run: {args.import_path} at {url}", flush=True)
+        await apply()
+        while args.reload:
+            await asyncio.sleep(1.0)
+            latest = _source_version(watched)
+            if latest != version:
+                version = latest
+                print("kubeserve run: source changed, reloading", flush=True)
+                await apply()
+        return -1
+
+    if args.state_dir is not None:
+        return _start(args, serve_app)
+    with tempfile.TemporaryDirectory(prefix="kubeserve-run-") as tmp:
+        args.state_dir = Path(tmp)
+        return _start(args, serve_app)
+
+
+#: set in a ``kubeserve run --reload`` application's environment: the hash of its source files
+SOURCE_VERSION_ENV = "KUBESERVE_SOURCE_VERSION"
+
+
+def _source_version(root: Path) -> str:
+    """A fingerprint of the ``.py`` files under ``root`` (names, sizes, modification times)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        if any(part.startswith(".") or part == "__pycache__" for part in path.parts):
+            continue
+        with contextlib.suppress(OSError):
+            stat = path.stat()
+            digest.update(f"{path}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def _start(args: argparse.Namespace, after_start: AfterStart | None) -> int:
     import uvloop
 
     from kubeserve.api.security import AdminSecurity, is_loopback, loopback_hosts
@@ -242,7 +347,7 @@ def _start(args: argparse.Namespace) -> int:
             backend,
             args.dashboard_host,
             args.dashboard_port,
-            args.deploy,
+            after_start,
             default_http,
             security,
         )
@@ -253,7 +358,7 @@ async def _serve(
     backend: Any,
     host: str,
     port: int,
-    deploy: Path | None,
+    after_start: AfterStart | None,
     default_http: dict[str, Any],
     security: AdminSecurity,
 ) -> int:
@@ -279,20 +384,27 @@ async def _serve(
         f"kubeserve admin API on http://{host}:{port} (state in {backend.settings.state_dir})",
         flush=True,
     )
-    if deploy is not None:
+    code = 0
+    if after_start is not None:
         from kubeserve.admin_client import AdminClient
 
         client = AdminClient(backend.settings.controller_url, security.auth_token)
-        code = await client.deploy(deploy)
-        if code != 0:
+        task = asyncio.ensure_future(after_start(client, backend))
+        await asyncio.wait(
+            [task, asyncio.ensure_future(stop.wait())], return_when="FIRST_COMPLETED"
+        )
+        if task.done() and task.result() >= 0:
+            code = task.result()
             stop.set()
+        elif not task.done():
+            task.cancel()
     await stop.wait()
     print("kubeserve: stopping replicas and proxy", flush=True)
     # The backend first: proxies and replicas hold discovery long-polls open on the admin server,
     # which would otherwise hold up its shutdown until they time out.
     await backend.close()
     await runner.cleanup()
-    return 0
+    return code
 
 
 def _fetch_runtime_env(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -137,11 +138,35 @@ def test_health_check_failure_marks_unhealthy_and_replaces_the_replica(
     app = ks.wait_app("probe", "UNHEALTHY", timeout_s=30)
     assert app["deployments"]["Probe"]["status"] == "UNHEALTHY"
     assert "health check" in app["deployments"]["Probe"]["message"]
+    # replaced only after Ray's three consecutive failures, the first two only logged
+    controller_log = (ks.state_dir / "logs" / "controller.log").read_text()
+    assert "failed health check 1 of 3 in a row" in controller_log
+    assert "failed health check 2 of 3 in a row" in controller_log
     flag.unlink()
     ks.wait_app("probe", timeout_s=60)
     (second,) = ks.replica_pids("probe", "Probe")
     assert second != first
     assert not pid_alive(first)
+
+
+def test_a_blocking_sync_handler_stalls_neither_other_requests_nor_health_checks(
+    clean_kubeserve: Kubeserve,
+) -> None:
+    ks = clean_kubeserve
+    ks.put([{"name": "blocking", "route_prefix": "/b", "import_path": "ks_blocking_app:app"}])
+    ks.wait_app("blocking")
+    (pid,) = ks.replica_pids("blocking", "Blocking")
+    slow: list[tuple[int, object]] = []
+    thread = threading.Thread(target=lambda: slow.append(http("GET", f"{ks.proxy}/b?sleep=6")))
+    thread.start()
+    time.sleep(0.5)  # the slow request is in its handler now
+    assert http("GET", f"{ks.proxy}/b?sleep=0") == (200, "slept 0")
+    assert thread.is_alive(), "the fast request waited for the slow one"
+    while thread.is_alive():  # health checks run every 0.2 s meanwhile, each with 1 s to answer
+        assert ks.app("blocking")["deployments"]["Blocking"]["status"] == "HEALTHY"
+        thread.join(0.5)
+    assert slow == [(200, "slept 6")]
+    assert ks.replica_pids("blocking", "Blocking") == [pid]
 
 
 def test_env_vars_app_level_overridden_per_deployment(clean_kubeserve: Kubeserve) -> None:

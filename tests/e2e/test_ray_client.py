@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubeserve_testing import Kubeserve, pid_alive, running_kubeserve, wait_for
+from kubeserve_testing import Kubeserve, http, pid_alive, running_kubeserve, wait_for
 
 RAY_SERVE = os.environ.get("KUBESERVE_RAY_SERVE", "")
 
@@ -130,3 +130,34 @@ def test_ray_serve_cli_with_token_auth(secured: Kubeserve, tmp_path: Path) -> No
     serve(ks, "shutdown", "-y", env=by_env)
     wait_for(lambda: not ks.details()["applications"], 60, what="shutdown")
     wait_for(lambda: not any(pid_alive(p) for p in pids), 60, what="processes to exit")
+
+
+def test_ray_serve_cli_deploys_a_ray_fastapi_app_and_a_builder_with_args(
+    kubeserve: Kubeserve, tmp_path: Path
+) -> None:
+    ks = kubeserve
+    config = {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": ks.proxy_port},
+        "applications": [
+            {"name": "api", "route_prefix": "/api", "import_path": "ray_fastapi_app:fastapi_app"},
+            {
+                "name": "built",
+                "route_prefix": "/built",
+                "import_path": "ray_builder_app:app_builder",
+                "args": {"message": "from the serve CLI"},
+            },
+        ],
+    }
+    path = tmp_path / "ray-apps.yaml"
+    path.write_text(yaml.safe_dump(config))
+    serve(ks, "deploy", str(path))
+    try:
+        ks.wait_app("api", timeout_s=120)
+        ks.wait_app("built", timeout_s=120)
+        assert http("GET", f"{ks.proxy}/api/items/3?q=x")[1]["item_id"] == 3
+        assert http("GET", f"{ks.proxy}/built")[1]["message"] == "from the serve CLI"
+        assert "RUNNING" in serve(ks, "status")
+    finally:
+        serve(ks, "shutdown", "-y")
+        wait_for(lambda: not ks.details()["applications"], 60, what="the shutdown")

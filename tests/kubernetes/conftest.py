@@ -1,16 +1,28 @@
-"""Fixtures of the kubernetes test tier: one real control plane per test session.
+"""Fixtures of the kubernetes test tier: one real cluster per test session.
 
-``control_plane`` (session) is a ``k8s_control_plane.ControlPlane``: etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler and the kubelet stand-in, all on 127.0.0.1. ``namespace``
-(per test) is a fresh namespace, deleted afterwards, so tests sharing the control plane do not see
-each other's objects. The tier is skipped only when no binaries were built and
-``KUBESERVE_K8S_BIN`` is unset; under ``make test`` the binaries always exist.
+``node`` (session) is a ``node_cluster.NodeCluster``: etcd and the unpatched control plane with a
+real kubelet, containerd, kube-proxy and CoreDNS, whose pods run the kubeserve image (or the tests'
+image, the same with ``tests/apps``). It needs root, ``make k8s-node`` and ``KUBESERVE_K8S_NODE=1``
+(``make test`` and ``make test-node`` set it); without them its own tests are skipped.
+``stand_in`` (session) is a ``k8s_control_plane.ControlPlane``: the control plane, built with the
+loopback patch, and the kubelet stand-in that runs pods as local processes on 127.0.0.x.
+
+``control_plane`` (session) is the node when it can run here, else the stand-in: the operator,
+admin API, security and install tests run on either. ``namespace`` (per test) is a fresh namespace
+on it, deleted afterwards, so tests sharing the cluster do not see each other's objects;
+``node_namespace`` is the same on the node. The stand-in tier is skipped only when no binaries
+were built and ``KUBESERVE_K8S_BIN`` is unset; under ``make test`` the binaries always exist.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
 import os
 import sys
+import threading
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,10 +32,34 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane
 from k8s_operator import OperatorProcess, install_crds
+from node_cluster import (
+    NODE_IP,
+    NodeBusy,
+    NodeCluster,
+    find_node_bin_dir,
+    node_missing,
+    start_node_cluster,
+)
+
+from kubeserve_testing import ROOT
 
 
 @pytest.fixture(scope="session")
-def control_plane() -> Iterator[ControlPlane]:
+def control_plane(request: pytest.FixtureRequest) -> ControlPlane:
+    """The real node when it can run here, else the kubelet stand-in (also when another test
+    session on this machine holds the node)."""
+    if node_missing(find_node_bin_dir()) is None:
+        try:
+            node: NodeCluster = request.getfixturevalue("node")
+            return node
+        except pytest.skip.Exception:
+            pass
+    stand_in: ControlPlane = request.getfixturevalue("stand_in")
+    return stand_in
+
+
+@pytest.fixture(scope="session")
+def stand_in() -> Iterator[ControlPlane]:
     bin_dir = find_bin_dir()
     if bin_dir is None and not os.environ.get("KUBESERVE_K8S_BIN"):
         pytest.skip(
@@ -54,3 +90,54 @@ def operator(
     process.start()
     yield process
     process.stop()
+
+
+@pytest.fixture(scope="session")
+def node() -> Iterator[NodeCluster]:
+    bin_dir = find_node_bin_dir()
+    reason = node_missing(bin_dir)
+    if reason is not None:
+        pytest.skip(reason)
+    assert bin_dir is not None
+    with contextlib.ExitStack() as stack:
+        try:
+            cluster = stack.enter_context(start_node_cluster(bin_dir))
+        except NodeBusy as busy:  # another session on this machine: its tests cover the same
+            pytest.skip(str(busy))
+        install_crds(cluster)
+        yield cluster
+
+
+@pytest.fixture
+def node_namespace(node: NodeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = node.create_namespace(request.node.name)
+    yield name
+    node.delete_namespace(name)
+
+
+@pytest.fixture
+def node_operator(
+    node: NodeCluster, node_namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator on the host (its pods are real), watching ``node_namespace``."""
+    process = OperatorProcess(node, node_namespace, tmp_path / "operator.log")
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def apps_zip_url(node: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``tests/apps`` as a zip archive (one top-level directory) served over HTTP on the node's
+    bridge address, for a runtime_env ``working_dir`` that the pods' init container fetches."""
+    root = tmp_path_factory.mktemp("apps-zip")
+    with zipfile.ZipFile(root / "apps.zip", "w") as archive:
+        for path in sorted((ROOT / "tests" / "apps").glob("*.py")):
+            archive.write(path, f"apps/{path.name}")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer((NODE_IP, 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://{NODE_IP}:{server.server_address[1]}/apps.zip"
+    server.shutdown()
+    server.server_close()

@@ -49,6 +49,8 @@ from urllib.parse import quote, urlencode
 import aiohttp
 import yaml
 
+from kubeserve.runtime.kubernetes.contract import BIND_HOST_ENV, POD_IP_ENV
+
 log = logging.getLogger("fake-kubelet")
 
 Json = dict[str, Any]
@@ -610,7 +612,7 @@ class PodRunner:
     # -- environment ------------------------------------------------------------------------------
     async def container_env(self, spec: Json) -> dict[str, str]:
         env = dict(self.kubelet.base_env)
-        env.update(HOSTNAME=self.name, KUBESERVE_POD_IP=self.pod_ip)
+        env.update({"HOSTNAME": self.name, POD_IP_ENV: self.pod_ip})
         kubeconfig = await self._service_account_kubeconfig()
         if kubeconfig is not None:
             env["KUBECONFIG"] = str(kubeconfig)
@@ -626,7 +628,7 @@ class PodRunner:
                     env[var["name"]] = value
         # Pods here share the machine's network: pin kubeserve's bind address to the pod's own
         # loopback address, as a network namespace would isolate a real pod's 0.0.0.0.
-        env["KUBESERVE_BIND_HOST"] = self.pod_ip
+        env[BIND_HOST_ENV] = self.pod_ip
         return env
 
     async def _env_value(self, source: Json, spec: Json) -> str | None:

@@ -329,22 +329,34 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def make_pki(pki: Path) -> None:
-    """A CA, the API server's serving certificate, and the service-account signing key."""
+def make_pki(pki: Path, extra_names: Sequence[str] = ()) -> None:
+    """A CA, the API server's serving certificate (valid for ``extra_names`` too, e.g.
+    ``IP:10.244.0.1``), and the service-account signing key."""
     pki.mkdir()
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "7",
+    _openssl("req", "-x509", *_EC_KEY, "-keyout", "ca.key", "-out", "ca.crt", "-days", "7",
              "-subj", "/CN=kubeserve-test-ca", cwd=pki)  # fmt: skip
-    _openssl("req", *ec, "-keyout", "apiserver.key", "-out", "apiserver.csr",
-             "-subj", "/CN=kube-apiserver", cwd=pki)  # fmt: skip
     names = ["IP:127.0.0.1", "IP:10.96.0.1", "DNS:localhost", "DNS:kubernetes",
-             "DNS:kubernetes.default", "DNS:kubernetes.default.svc"]  # fmt: skip
-    (pki / "san.ext").write_text(f"subjectAltName={','.join(names)}\n")
-    _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-             "-CAcreateserial", "-days", "7", "-extfile", "san.ext", "-out", "apiserver.crt",
-             cwd=pki)  # fmt: skip
+             "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
+             "DNS:kubernetes.default.svc.cluster.local", *extra_names]  # fmt: skip
+    sign_certificate(pki, "apiserver", "/CN=kube-apiserver", names)
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+
+
+_EC_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+
+
+def sign_certificate(pki: Path, name: str, subject: str, names: Sequence[str] = ()) -> None:
+    """``name.key`` and ``name.crt`` in ``pki``, signed by its CA, for ``subject``
+    (``/CN=.../O=...``) and the subject alternative ``names`` (``IP:...``, ``DNS:...``) if any."""
+    _openssl("req", *_EC_KEY, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+             "-subj", subject, cwd=pki)  # fmt: skip
+    extensions = ["-extfile", f"{name}.ext"] if names else []
+    if names:
+        (pki / f"{name}.ext").write_text(f"subjectAltName={','.join(names)}\n")
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-days", "7", *extensions, "-out", f"{name}.crt",
+             cwd=pki)  # fmt: skip
 
 
 def _etcd_argv(etcd: str, data_dir: Path, client_port: int, peer_port: int) -> list[str]:

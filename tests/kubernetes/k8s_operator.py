@@ -9,7 +9,9 @@ from typing import Any
 
 from fake_kubelet import die_with_parent
 from k8s_control_plane import ControlPlane
+from node_cluster import NodeCluster
 
+from kubeserve.runtime.kubernetes import contract
 from kubeserve_testing import free_port, http, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,18 +91,38 @@ class OperatorProcess:
         return kib / 1024
 
 
-def instance(namespace: str, port: int = 8000) -> dict[str, Any]:
+#: The tests' pods run this image on the real node (the kubelet stand-in ignores images): the
+#: kubeserve image with ``tests/apps`` in /app (``tests/kubernetes/node/build_images.sh``).
+TESTS_IMAGE = "kubeserve-tests:0.1.0"
+#: Deployment overrides for tests that run several replicas at once: a replica asks for one CPU
+#: by default (Ray's ``num_cpus``), and the real node has two cores, shared with the proxy and with
+#: the pods of the previous test's namespace while they terminate.
+SMALL_REPLICA = {"rayActorOptions": {"numCpus": 0.1}}
+#: The same override in Ray's config, for the admin API.
+SMALL_RAY_REPLICA = {"ray_actor_options": {"num_cpus": 0.1}}
+#: The project's own image, as the Dockerfile builds it.
+KUBESERVE_IMAGE = "kubeserve:0.1.0"
+
+
+def instance(namespace: str, port: int = 8000, image: str = TESTS_IMAGE) -> dict[str, Any]:
+    """A ServeInstance with one proxy; its pods run ``image``, imported into the node (never
+    pulled: there is no registry)."""
     return {
-        "apiVersion": "kubeserve.io/v1beta1",
+        "apiVersion": contract.API_VERSION,
         "kind": "ServeInstance",
-        "metadata": {"name": "default", "namespace": namespace},
-        "spec": {"proxyLocation": "HeadOnly", "httpOptions": {"port": port}},
+        "metadata": {"name": contract.DEFAULT_INSTANCE, "namespace": namespace},
+        "spec": {
+            "proxyLocation": "HeadOnly",
+            "httpOptions": {"port": port},
+            "image": image,
+            "imagePullPolicy": "Never",
+        },
     }
 
 
 def application(namespace: str, name: str, import_path: str, **spec: Any) -> dict[str, Any]:
     return {
-        "apiVersion": "kubeserve.io/v1beta1",
+        "apiVersion": contract.API_VERSION,
         "kind": "ServeApplication",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"importPath": import_path, **spec},
@@ -120,10 +142,12 @@ def ready_pods(plane: ControlPlane, namespace: str, selector: str) -> list[dict[
 
 
 def wait_ready(plane: ControlPlane, operator: OperatorProcess, namespace: str, app: str) -> None:
-    """``kubectl wait --for=condition=Ready`` on the application, with diagnostics on failure."""
+    """``kubectl wait --for=condition=Ready`` on the application, with diagnostics on failure.
+    Real pods (a build Job's, then the replicas') take longer than the stand-in's processes,
+    the more so on a busy machine."""
     result = plane.kubectl(
         "wait", "--for=condition=Ready", f"serveapplication/{app}", "-n", namespace,
-        "--timeout=50s", check=False,
+        "--timeout=120s", check=False, timeout=130,
     )  # fmt: skip
     if result.returncode != 0:
         obj = plane.get("serveapplication", app, namespace)
@@ -150,3 +174,52 @@ def probe_answer(url: str) -> Any:
     except OSError:
         return None
     return body if status == 200 else None
+
+
+# -- on the real node ------------------------------------------------------------------------------
+def hello(namespace: str) -> list[dict[str, Any]]:
+    """``examples.hello`` at /hello, on an instance running the project's image (which ships it)."""
+    return [
+        instance(namespace, image=KUBESERVE_IMAGE),
+        application(namespace, "hello", "examples.hello:app", routePrefix="/hello"),
+    ]
+
+
+def text_answer(url: str) -> str | None:
+    """The body of a 200 answer at ``url``; None while unreachable or not 200."""
+    try:
+        status, body = http("GET", url)
+    except OSError:
+        return None
+    return body if status == 200 else None
+
+
+def proxy_service_url(plane: ControlPlane, namespace: str, path: str, port: int = 8000) -> str:
+    """``path`` behind the instance's proxy Service (its ClusterIP), once it answers there."""
+    cluster_ip = plane.get("service", "default-proxy", namespace)["spec"]["clusterIP"]
+    url = f"http://{cluster_ip}:{port}{path}"
+    wait_for(lambda: text_answer(url), 60, what=f"an answer at {url} through the proxy Service")
+    return url
+
+
+class HealthSwitch:
+    """Makes ``e2e_probe``'s replicas fail their health check (``KS_HEALTH_FILE`` exists) and pass
+    again. On the real node the file is in the pod's scratch ``emptyDir`` (it survives a container
+    restart), written with ``kubectl exec``; the stand-in's pods see the host's files."""
+
+    def __init__(self, plane: ControlPlane, namespace: str, host_dir: Path) -> None:
+        self.plane, self.namespace = plane, namespace
+        self.in_pod = isinstance(plane, NodeCluster)
+        self.path = "/tmp/unhealthy" if self.in_pod else str(host_dir / "unhealthy")
+
+    def set(self, unhealthy: bool, pod: str) -> None:
+        if not self.in_pod:
+            Path(self.path).touch() if unhealthy else Path(self.path).unlink()
+            return
+        command = ["touch", self.path] if unhealthy else ["rm", "-f", self.path]
+
+        def done() -> bool:  # the container may be restarting (liveness)
+            args = ["exec", pod, "-n", self.namespace, "--", *command]
+            return self.plane.kubectl(*args, check=False).returncode == 0
+
+        wait_for(done, 60, interval_s=1, what=f"{' '.join(command)} in {pod}")

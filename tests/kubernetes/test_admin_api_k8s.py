@@ -19,7 +19,13 @@ import jsonschema
 import pytest
 import yaml
 from k8s_control_plane import ControlPlane
-from k8s_operator import OperatorProcess, proxy_url
+from k8s_operator import (
+    SMALL_RAY_REPLICA,
+    SMALL_REPLICA,
+    OperatorProcess,
+    instance,
+    proxy_url,
+)
 
 from kubeserve.schema.status import ServeInstanceDetails
 from kubeserve_testing import Kubeserve, http, wait_for
@@ -32,10 +38,15 @@ PROBE = {
     "name": "probe",
     "route_prefix": "/probe",
     "import_path": "e2e_probe:app",
-    "deployments": [{"name": "Probe", "user_config": {"greeting": "hi"}}],
+    "deployments": [{"name": "Probe", "user_config": {"greeting": "hi"}, **SMALL_RAY_REPLICA}],
 }
 #: a Ray name that is no Kubernetes object name
-SECOND = {"name": "Second App", "route_prefix": "/second", "import_path": "e2e_probe:app"}
+SECOND = {
+    "name": "Second App",
+    "route_prefix": "/second",
+    "import_path": "e2e_probe:app",
+    "deployments": [{"name": "Probe", **SMALL_RAY_REPLICA}],
+}
 
 
 class AdminApi:
@@ -50,8 +61,19 @@ class AdminApi:
     def http(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
         return http(method, url, body, headers={"Authorization": f"Bearer {self.token}"})
 
-    def put(self, applications: list[dict[str, Any]], port: int = 8000) -> tuple[int, Any]:
+    def put(
+        self, applications: list[dict[str, Any]], port: int = 8000, tests_image: bool = True
+    ) -> tuple[int, Any]:
+        if tests_image:
+            self.use_tests_image()
         return self.http("PUT", f"{self.url}/api/serve/applications/", config(applications, port))
+
+    def use_tests_image(self) -> None:
+        """Pods of the serving layer a PUT starts run the tests' image (a PUT keeps the image of
+        an existing ServeInstance; Ray's config has no field for it)."""
+        plane, namespace = self.operator.plane, self.operator.namespace
+        if not plane.exists("serveinstance", "default", namespace):
+            plane.apply(instance(namespace))
 
     def details(self) -> dict[str, Any]:
         status, body = self.http("GET", f"{self.url}/api/serve/applications/")
@@ -137,16 +159,18 @@ def test_put_get_traffic_prune_conflict_delete(
     status, body = api.put([PROBE, SECOND])
     assert status == 200, body
 
-    instance = plane.get("serveinstance", "default", namespace)
-    assert instance["spec"]["httpOptions"]["port"] == 8000
-    assert instance["spec"]["proxyLocation"] == "HeadOnly"
+    serve_instance = plane.get("serveinstance", "default", namespace)
+    assert serve_instance["spec"]["httpOptions"]["port"] == 8000
+    assert serve_instance["spec"]["proxyLocation"] == "HeadOnly"
     probe = plane.get("serveapplication", "probe", namespace)
     assert probe["spec"] == {  # exactly the config sent: unset fields absent
         "appName": "probe",
         "instance": "default",
         "routePrefix": "/probe",
         "importPath": "e2e_probe:app",
-        "deployments": [{"name": "Probe", "userConfig": {"greeting": "hi"}}],
+        "deployments": [
+            {"name": "Probe", "userConfig": {"greeting": "hi"}, **SMALL_REPLICA},
+        ],
     }
     (second,) = cr_names(plane, namespace) - {"probe"}
     assert second.startswith("second-app-")
@@ -223,6 +247,7 @@ def test_single_application_family(
     plane, api = control_plane, AdminApi(operator)
     base = f"{api.url}/api/serve/deployments/"
     body = {"import_path": "e2e_probe:app", "route_prefix": "/probe", "port": 8000}
+    api.use_tests_image()
     put = api.http("PUT", base, body)
     assert put[0] == 200, (put, operator.log())
     assert api.http("GET", base) == (200, body)
@@ -240,6 +265,12 @@ def test_single_application_family(
     assert status["app_status"]["deployment_timestamp"] > 0
     url = proxy_url(plane, namespace)
     assert wait_for(lambda: answer(f"{url}/probe"), 60, what="an answer through the proxy")
+
+    def instance_lists_it() -> bool:  # under the same name "" as GET: one name rule for all
+        status = plane.get("serveinstance", "default", namespace).get("status") or {}
+        return (status.get("applications") or {}).get("", {}).get("status") == "RUNNING"
+
+    wait_for(instance_lists_it, 30, what='the ServeInstance status listing application ""')
 
     # A multi-application PUT replaces it; GET of the family then reads the deployed config.
     assert api.put([PROBE])[0] == 200
@@ -288,6 +319,7 @@ def test_ray_serve_cli_against_the_operator(
 
     path = tmp_path / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config([PROBE])))
+    api.use_tests_image()
     serve("deploy", str(path))
     assert cr_names(plane, namespace) == {"probe"}
     api.wait_running("probe")
@@ -361,7 +393,7 @@ def test_callers_need_a_token_and_the_rbac_rights_of_their_request(
     # A ServiceAccount that may only read: GET works, writes are 403 naming what is missing.
     viewer = AdminApi(operator, account_token(plane, namespace, "viewer", ["get", "list"]))
     assert viewer.details() == EMPTY
-    status, body = viewer.put([PROBE])
+    status, body = viewer.put([PROBE], tests_image=False)  # creates nothing, not even that
     assert status == 403, body
     assert "create serveinstances.kubeserve.io" in body["error"]
     assert "delete serveapplications.kubeserve.io" in body["error"]
@@ -380,3 +412,70 @@ def test_callers_need_a_token_and_the_rbac_rights_of_their_request(
     assert viewer.details()["applications"]["probe"]["deployed_app_config"] == PROBE
     assert deployer.http("DELETE", applications)[0] == 200
     wait_for(lambda: remaining(plane, namespace) == "", 90, interval_s=0.5, what="all gone")
+
+
+def test_external_scaler_sets_the_deployments_replicas(
+    control_plane: ControlPlane,
+    operator: OperatorProcess,
+    namespace: str,
+) -> None:
+    plane, api = control_plane, AdminApi(operator)
+    app = {
+        "name": "probe",
+        "route_prefix": "/probe",
+        "import_path": "e2e_probe:app",
+        "deployments": [{"name": "Probe", **SMALL_RAY_REPLICA}],  # two fit on a 2-CPU node
+    }
+    scale = f"{api.url}/api/v1/applications/probe/deployments/Probe/scale"
+    assert api.put([app])[0] == 200
+    wait_for(lambda: (api.details()["applications"].get("probe") or {}).get("status") == "RUNNING")
+    status, body = api.http("POST", scale, {"target_num_replicas": 2})
+    assert status == 412 and "external_scaler_enabled" in body["error"], body
+
+    assert api.put([{**app, "external_scaler_enabled": True}])[0] == 200
+    assert api.http("POST", scale, {"target_num_replicas": 2})[0] == 200
+
+    def replicas() -> int:
+        deployment = api.details()["applications"]["probe"]["deployments"]["Probe"]
+        running = [r for r in deployment["replicas"] if r["state"] == "RUNNING"]
+        return len(running) if deployment["target_num_replicas"] == 2 else 0
+
+    wait_for(lambda: replicas() == 2, 120, what="2 running replicas")
+    workload = plane.get(
+        "deployments", namespace=namespace, selector="app.kubernetes.io/component=replica"
+    )
+    assert [d["spec"]["replicas"] for d in workload["items"]] == [2]
+    missing = f"{api.url}/api/v1/applications/probe/deployments/Nope/scale"
+    assert api.http("POST", missing, {"target_num_replicas": 1})[0] == 404
+    assert api.http("DELETE", f"{api.url}/api/serve/applications/")[0] == 200
+
+
+def test_target_capacity_scales_the_deployments(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    plane, api = control_plane, AdminApi(operator)
+    app = {
+        "name": "probe",
+        "route_prefix": "/probe",
+        "import_path": "e2e_probe:app",
+        "deployments": [{"name": "Probe", "num_replicas": 3, **SMALL_RAY_REPLICA}],
+    }
+    to_zero = {**app, "deployments": [{"name": "Probe", "autoscaling_config": {"min_replicas": 0}}]}
+    status, refused = api.put([to_zero])
+    assert status == 400, refused
+    loc = ["applications", 0, "deployments", 0, "autoscaling_config", "min_replicas"]
+    assert refused["details"][0]["loc"] == loc
+    assert "not supported on Kubernetes" in refused["details"][0]["msg"]
+    body = {**config([app]), "target_capacity": 34}
+    assert api.http("PUT", f"{api.url}/api/serve/applications/", body)[0] == 200
+    selector = "app.kubernetes.io/component=replica"
+
+    def replicas() -> list[int]:
+        workloads = plane.get("deployments", namespace=namespace, selector=selector)["items"]
+        return [d["spec"]["replicas"] for d in workloads]
+
+    wait_for(lambda: replicas() == [1], 60, what="3 replicas at 34% = 1")
+    assert api.details()["target_capacity"] == 34
+    assert api.put([app])[0] == 200
+    wait_for(lambda: replicas() == [3], 60, what="3 replicas without a capacity")
+    assert api.http("DELETE", f"{api.url}/api/serve/applications/")[0] == 200

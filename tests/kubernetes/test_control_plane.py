@@ -10,9 +10,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from k8s_control_plane import ControlPlane
 
 from kubeserve_testing import http, pid_alive, wait_for
+
+
+@pytest.fixture(scope="module")
+def control_plane(stand_in: ControlPlane) -> ControlPlane:
+    """These tests are about the stand-in itself, whatever the tier's other tests run on."""
+    return stand_in
+
 
 SERVER = """
 import http.server, json, os

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 from typing import Any
 
 from k8s_control_plane import ControlPlane
 from k8s_operator import (
+    SMALL_REPLICA,
     OperatorProcess,
     application,
     instance,
@@ -36,6 +39,9 @@ def test_serve_application_applied_with_kubectl_serves_traffic(
     assert status["deployments"]["Probe"]["readyReplicas"] == 1
     assert status["observedGeneration"] == 1
     assert status["lastDeployedTime"]
+    table = plane.kubectl("get", "sapp", "-n", namespace).stdout.splitlines()
+    assert table[0].split() == ["NAME", "STATUS", "DEPLOYMENTS", "REPLICAS", "ROUTE", "AGE"]
+    assert table[1].split()[:5] == ["probe", "RUNNING", "1/1", "1/1", "/probe"]
     url = proxy_url(plane, namespace)
 
     def answers() -> Any:
@@ -70,7 +76,10 @@ def replica_pods(plane: ControlPlane, namespace: str) -> dict[str, int]:
 def deploy_probe(
     plane: ControlPlane, operator: OperatorProcess, namespace: str, **deployment: Any
 ) -> str:
-    spec = {"routePrefix": "/probe", "deployments": [{"name": "Probe", **deployment}]}
+    spec = {
+        "routePrefix": "/probe",
+        "deployments": [{"name": "Probe", **SMALL_REPLICA, **deployment}],
+    }
     plane.apply([instance(namespace), application(namespace, "probe", "e2e_probe:app", **spec)])
     wait_ready(plane, operator, namespace, "probe")
     url = proxy_url(plane, namespace)
@@ -79,7 +88,7 @@ def deploy_probe(
 
 
 def patch_probe(plane: ControlPlane, namespace: str, **deployment: Any) -> None:
-    patch = {"spec": {"deployments": [{"name": "Probe", **deployment}]}}
+    patch = {"spec": {"deployments": [{"name": "Probe", **SMALL_REPLICA, **deployment}]}}
     plane.kubectl(
         "patch", "serveapplication", "probe", "-n", namespace, "--type", "merge", "-p",
         json.dumps(patch),
@@ -248,7 +257,11 @@ def test_composed_application_calls_through_handles_in_the_cluster(
     control_plane: ControlPlane, operator: OperatorProcess, namespace: str
 ) -> None:
     plane = control_plane
-    spec = {"routePrefix": "/", "deployments": [{"name": "Model", "numReplicas": 2}]}
+    small = [{"name": name, **SMALL_REPLICA} for name in ("Ingress", "tokenizer")]
+    spec = {
+        "routePrefix": "/",
+        "deployments": [{"name": "Model", "numReplicas": 2, **SMALL_REPLICA}, *small],
+    }
     plane.apply(
         [instance(namespace), application(namespace, "composed", "ks_composed_app:app", **spec)]
     )
@@ -294,3 +307,43 @@ def test_a_spec_the_renderer_refuses_is_deploy_failed_with_its_message(
     assert "image_uri must be a non-empty image reference" in event["message"]
     jobs = plane.get("jobs", namespace=namespace)["items"]
     assert not [j for j in jobs if j["metadata"]["name"].startswith("noimage-")]  # nothing built
+
+
+def test_autoscaling_sets_the_deployments_replicas_from_replica_load(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    """No HPA or metrics server: the operator reads the replicas' load and sets replicas."""
+    plane = control_plane
+    autoscaling = {
+        "minReplicas": 1,
+        "maxReplicas": 2,
+        "targetOngoingRequests": 1,
+        "metricsIntervalS": 0.5,
+        "lookBackPeriodS": 2,
+        "upscaleDelayS": 0,
+        "downscaleDelayS": 2,
+    }
+    url = deploy_probe(plane, operator, namespace, autoscalingConfig=autoscaling)
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                http("GET", f"{url}/probe/slow?s=0.5", timeout=60)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: len(replica_pods(plane, namespace)) == 2, 120, what="2 ready replicas")
+        entry = plane.get("serveapplication", "probe", namespace)["status"]["deployments"]["Probe"]
+        assert entry["targetReplicas"] == 2
+        assert "Upscaling from 1 to 2" in entry["lastScalingDecision"]["reason"]
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(70)
+    wait_for(lambda: len(replica_pods(plane, namespace)) == 1, 120, what="back to 1 replica")
+    entry = plane.get("serveapplication", "probe", namespace)["status"]["deployments"]["Probe"]
+    assert entry["targetReplicas"] == 1
+    assert "Downscaling from 2 to 1" in entry["lastScalingDecision"]["reason"]

@@ -21,6 +21,7 @@ from typing import Any
 
 from k8s_control_plane import ControlPlane
 from k8s_operator import (
+    HealthSwitch,
     OperatorProcess,
     application,
     instance,
@@ -63,10 +64,10 @@ def test_secret_probes_and_network_policies(
     control_plane: ControlPlane, operator: OperatorProcess, namespace: str, tmp_path: Path
 ) -> None:
     plane = control_plane
-    health_file = tmp_path / "unhealthy"
+    health = HealthSwitch(plane, namespace, tmp_path)
     spec = {
         "routePrefix": "/probe",
-        "runtimeEnv": {"envVars": {"KS_HEALTH_FILE": str(health_file)}},
+        "runtimeEnv": {"envVars": {"KS_HEALTH_FILE": health.path}},
     }
     plane.apply([instance(namespace), application(namespace, "probe", "e2e_probe:app", **spec)])
     wait_ready(plane, operator, namespace, "probe")
@@ -112,10 +113,10 @@ def test_secret_probes_and_network_policies(
     assert http("GET", f"http://{ip}:8081/probe")[0] == 404
 
     # The kubelet sees the replica's own check_health: failing takes the pod out of rotation...
-    health_file.touch()
+    health.set(True, replica["metadata"]["name"])
     wait_for(lambda: pod_ready(plane, namespace) is False, 60, what="the replica NotReady")
     # ... and passing again brings it back.
-    health_file.unlink()
+    health.set(False, replica["metadata"]["name"])
     wait_for(lambda: pod_ready(plane, namespace), 90, what="the replica Ready again")
 
 

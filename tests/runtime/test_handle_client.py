@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
@@ -15,13 +15,14 @@ from kubeserve.runtime.discovery import Discovery
 from kubeserve.runtime.handle_client import HandleClient
 from kubeserve.runtime.router import Router
 from kubeserve.runtime.wire import (
+    UNSERVED_AT_CAPACITY,
     UNSERVED_HEADER,
     Snapshot,
     decode_call,
     encode_error,
     encode_result,
 )
-from kubeserve.sdk.errors import DeploymentUnavailableError
+from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
 
 T = TypeVar("T")
 
@@ -129,7 +130,6 @@ def test_start_survives_an_unreachable_controller() -> None:
         # a short first-snapshot wait keeps the test fast; start() must not fail either way
         source = Discovery(
             "http://127.0.0.1:9",
-            lambda snap: router.update(snap["deployments"]),
             secret=SECRET,
             first_snapshot_timeout_s=0.2,
         )
@@ -158,15 +158,13 @@ def _snapshot_for(port: int) -> Snapshot:
 
 
 class _StaticSource:
-    """An endpoint source delivering one fixed snapshot to the client it is attached to."""
+    """An endpoint source delivering one fixed snapshot."""
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
-        self.client: HandleClient | None = None
 
-    async def start(self) -> None:
-        assert self.client is not None
-        self.client.apply(self.snapshot)
+    async def start(self, on_update: Callable[[Snapshot], None]) -> None:
+        on_update(self.snapshot)
 
     async def close(self) -> None:
         pass
@@ -182,7 +180,7 @@ async def started_client(port: int, **others: int) -> AsyncIterator[HandleClient
             {"replica_id": replica_id, "host": "127.0.0.1", "port": other}
         )
     source = _StaticSource(snapshot)
-    client = source.client = HandleClient(source=source, secret=SECRET)
+    client = HandleClient(source=source, secret=SECRET)
     await client.start()
     try:
         yield client
@@ -332,6 +330,52 @@ def test_a_call_a_draining_replica_did_not_start_goes_to_another() -> None:
             for i in range(8):
                 assert await client.call("app", "D", "add", (i,), {"b": 1}) == i + 1
         assert len(peers) == 8  # each call ran once, on the replica that took it
+
+    run(go())
+
+
+def test_a_call_a_full_replica_refused_waits_and_runs_once_there_is_room() -> None:
+    async def go() -> None:
+        refusals = 5
+        ran: list[int] = []
+
+        async def full_then_free(request: web.Request) -> web.Response:
+            nonlocal refusals
+            args, _ = decode_call(await request.read())
+            if refusals:  # other callers hold every slot
+                refusals -= 1
+                headers = {UNSERVED_HEADER: UNSERVED_AT_CAPACITY}
+                return web.Response(status=503, text="at max_ongoing_requests", headers=headers)
+            ran.append(args[0])
+            return web.Response(body=encode_result(args[0]))
+
+        app = web.Application()
+        app.router.add_post("/-/call/{method}", full_then_free)
+        async with server(app) as port, started_client(port) as client:
+            assert await client.call("app", "D", "echo", (7,), {}) == 7
+        assert ran == [7]  # refused five times, more than the connect attempts, then run once
+
+    run(go())
+
+
+def test_max_queued_requests_refuses_at_once_with_backpressure_error() -> None:
+    async def go() -> None:
+        snapshot = _snapshot_for(free_port())
+        snapshot["deployments"]["app#D"]["replicas"] = []
+        snapshot["deployments"]["app#D"]["max_queued_requests"] = 1
+        source = _StaticSource(snapshot)
+        client = HandleClient(source=source, secret=SECRET, assign_timeout_s=5)
+        await client.start()
+        try:
+            waiting = asyncio.ensure_future(client.call("app", "D", "add", (1,), {"b": 1}))
+            await asyncio.sleep(0.05)
+            with pytest.raises(BackPressureError, match="max_queued_requests"):
+                await client.call("app", "D", "add", (1,), {"b": 1})
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+        finally:
+            await client.close()
 
     run(go())
 

@@ -324,7 +324,7 @@ def test_healthz_and_routes() -> None:
 
 def test_healthz_503_before_first_snapshot() -> None:
     class Silent:
-        async def start(self) -> None:
+        async def start(self, on_update: Any) -> None:
             pass
 
         async def close(self) -> None:

@@ -389,20 +389,18 @@ async def proxy_in_front_of(port: int) -> ProxyServer:
     }
     source = _Static(snapshot)
     proxy = ProxyServer("127.0.0.1", 0, source=source, secret=SECRET)
-    source.apply = proxy.state.apply
     await proxy.start()
     return proxy
 
 
 class _Static:
-    """An endpoint source delivering one snapshot to ``apply``."""
+    """An endpoint source delivering one snapshot."""
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
-        self.apply: Callable[[Snapshot], None] = lambda s: None
 
-    async def start(self) -> None:
-        self.apply(self.snapshot)
+    async def start(self, on_update: Callable[[Snapshot], None]) -> None:
+        on_update(self.snapshot)
 
     async def close(self) -> None:
         pass

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from kubeserve.runtime.router import NoReplicaAvailable, Replica, Router
+from kubeserve.runtime.router import BackPressure, NoReplicaAvailable, RoutedReplica, Router
 from kubeserve.runtime.wire import DeploymentEndpoints
 
 T = TypeVar("T")
@@ -216,9 +216,44 @@ def test_avoid_prefers_another_replica() -> None:
             assert other is not first
             router.release(other)
         router.update(endpoints(1, cap=10))
-        only: Replica | None = router.try_assign(KEY, avoid=first)
+        only: RoutedReplica | None = router.try_assign(KEY, avoid=first)
         assert only is not None  # best effort: the avoided replica is the only one left
         router.release(only)
         router.release(first)
+
+    run(scenario())
+
+
+def test_max_queued_requests_of_the_deployment_answers_with_its_backpressure() -> None:
+    async def scenario() -> None:
+        router = Router()
+        limited = endpoints(1, cap=1)
+        limited[KEY].update(max_queued_requests=1, backpressure_status=429, retry_after_s=2.0)
+        router.update(limited)
+        held = await router.assign(KEY, timeout_s=1)
+        queued = asyncio.create_task(router.assign(KEY, timeout_s=5))
+        await asyncio.sleep(0)
+        with pytest.raises(BackPressure, match="max_queued_requests") as refused:
+            await router.assign(KEY, timeout_s=5)
+        assert (refused.value.status, refused.value.retry_after_s) == (429, 2.0)
+        router.release(held)
+        router.release(await queued)
+
+    run(scenario())
+
+
+def test_a_caller_waiting_on_zero_replicas_is_reported_at_once() -> None:
+    async def scenario() -> None:
+        router = Router()
+        router.update(endpoints(0, cap=1))
+        starved: list[str] = []
+        router.on_starved = starved.append
+        task = asyncio.create_task(router.assign(KEY, timeout_s=5))
+        await asyncio.sleep(0)
+        assert starved == [KEY]
+        assert router.queued_counts() == {KEY: 1}
+        router.update(endpoints(1, cap=1))
+        router.release(await task)
+        assert router.queued_counts() == {KEY: 0}
 
     run(scenario())

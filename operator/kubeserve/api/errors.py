@@ -11,7 +11,7 @@ is logged with its traceback, never shown to the client.
      ├── UnsupportedMediaType 415: a PUT body that is not application/json
      ├── (aiohttp routing)    HTTPNotFound -> 404, HTTPMethodNotAllowed -> 405 with ``Allow``
      └── (backend errors)     ConflictError -> 409, NotFoundError -> 404, RejectedError -> 400,
-                              UnavailableError -> 503
+                              PreconditionFailedError -> 412, UnavailableError -> 503
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from aiohttp import web
 from kubeserve.backends.protocol import (
     ConflictError,
     NotFoundError,
+    PreconditionFailedError,
     RejectedError,
     UnavailableError,
 )
@@ -77,6 +78,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(404, str(exc))
     except RejectedError as exc:
         return error_response(400, str(exc))
+    except PreconditionFailedError as exc:
+        return error_response(412, str(exc))
     except UnavailableError as exc:
         return error_response(503, str(exc))
     except web.HTTPRequestEntityTooLarge as exc:

@@ -9,6 +9,7 @@ serialization schemas; both share ``components/schemas``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -128,8 +129,12 @@ def _operation(
             "required": True,
             "content": {"application/json": {"schema": schema}},
         }
+    parameters = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in re.findall(r"{(\w+)}", endpoint.path)
+    ]
     if endpoint.query:
-        operation["parameters"] = [
+        parameters += [
             {
                 "name": q.name,
                 "in": "query",
@@ -139,6 +144,8 @@ def _operation(
             }
             for q in endpoint.query
         ]
+    if parameters:
+        operation["parameters"] = parameters
     if bearer_auth and endpoint.open:
         operation["security"] = []
     return operation
@@ -148,8 +155,9 @@ _REASONS = {
     400: "Invalid request: each problem at its JSON path",
     401: "No bearer token",
     403: "Wrong bearer token, or a Host header that is not this server's (DNS rebinding)",
-    404: "Nothing deployed",
+    404: "Nothing deployed, or no such application or deployment",
     409: "Conflicts with the running state",
+    412: "The application does not allow it (external_scaler_enabled is not true)",
     413: "Body over the size limit",
     415: "Body is not application/json",
     503: "The store of desired state is unavailable; retry",

@@ -15,7 +15,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from kubeserve.api.errors import BadRequest, UnsupportedMediaType, error_middleware
+from kubeserve.api import dashboard
+from kubeserve.api.errors import BadRequest, Handler, UnsupportedMediaType, error_middleware
 from kubeserve.api.openapi import Endpoint, QueryParameter, openapi_document
 from kubeserve.api.security import AdminSecurity, security_middleware
 from kubeserve.backends.protocol import Backend, ConflictError, NotFoundError
@@ -23,6 +24,7 @@ from kubeserve.control.details import details_body, single_app_status
 from kubeserve.schema.body import decode_json_body, parse_body
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
 from kubeserve.schema.errors import ErrorDetail, SchemaError
+from kubeserve.schema.scaling import ScaleDeploymentRequest, ScaleDeploymentResponse
 from kubeserve.schema.status import APIType, ServeInstanceDetails, ServeStatusSchema
 
 #: The Ray version kubeserve's admin API is compatible with (the ``serve`` client checks it).
@@ -48,13 +50,18 @@ def create_app(
     implicitly (by GET /api/serve/deployments/status); ``security`` turns on the bearer token
     and the Host check (off by default, as the operator runs it). ``middlewares`` run inside the
     error mapping, before every handler: access control a backend brings (the operator's
-    :class:`~kubeserve.backends.kubernetes.admin_auth.KubernetesAuthorizer`)."""
+    :class:`~kubeserve.backends.kubernetes.admin_auth.KubernetesAuthorizer`); they are skipped for
+    the dashboard's static files, which hold no data (:mod:`kubeserve.api.dashboard`)."""
     security = security or AdminSecurity()
     internal = backend.internal_routes()
-    token_exempt = {e.path for e in ENDPOINTS if e.open}
+    token_exempt = {e.path for e in ENDPOINTS if e.open} | dashboard.OPEN_PATHS
     token_exempt |= {r.path for r in internal if isinstance(r, web.RouteDef)}
     app = web.Application(
-        middlewares=[error_middleware, security_middleware(security, token_exempt), *middlewares],
+        middlewares=[
+            error_middleware,
+            security_middleware(security, token_exempt),
+            *(_except_on(dashboard.OPEN_PATHS, m) for m in middlewares),
+        ],
         client_max_size=MAX_BODY_BYTES,
     )
     app[BACKEND_KEY] = backend
@@ -72,7 +79,20 @@ def create_app(
         if e.path.endswith("/")
     )
     app.add_routes(internal)
+    app.add_routes(dashboard.dashboard_routes())
     return app
+
+
+def _except_on(paths: frozenset[str], middleware: Middleware) -> Middleware:
+    """``middleware``, but for requests to ``paths``, which go straight to their handler."""
+
+    @web.middleware
+    async def skipping(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in paths:
+            return await handler(request)
+        return await middleware(request, handler)
+
+    return skipping
 
 
 async def ray_version(request: web.Request) -> web.Response:
@@ -96,10 +116,10 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def _json_body(request: web.Request) -> Any:
-    """The decoded JSON body of a PUT, or a 400/413/415 that says what is wrong."""
+    """The decoded JSON body of a PUT or POST, or a 400/413/415 that says what is wrong."""
     if request.content_type != "application/json":
         raise UnsupportedMediaType(
-            f"PUT bodies must be JSON: send 'Content-Type: application/json' "
+            f"{request.method} bodies must be JSON: send 'Content-Type: application/json' "
             f"(got {request.content_type!r})"
         )
     raw = await request.read()
@@ -200,6 +220,15 @@ async def get_single_app(request: web.Request) -> web.Response:
     return web.json_response(app.deployed_app_config.as_given())
 
 
+async def scale_deployment(request: web.Request) -> web.Response:
+    """Ray 2.60's external scaling endpoint: answered once the count is stored; the replicas
+    follow asynchronously."""
+    body = parse_body(ScaleDeploymentRequest, await _json_body(request))
+    app, deployment = request.match_info["application"], request.match_info["deployment"]
+    await _backend(request).scale_deployment(app, deployment, body.target_num_replicas)
+    return web.json_response(ScaleDeploymentResponse().model_dump())
+
+
 async def get_single_app_status(request: web.Request) -> web.Response:
     backend = _backend(request)
     defaults = _instance_options(ServeDeploySchema(applications=[]))
@@ -285,6 +314,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         "DELETE", "/api/serve/deployments/", delete_all, "Shut everything down", errors=(503,)
+    ),
+    Endpoint(
+        "POST",
+        "/api/v1/applications/{application}/deployments/{deployment}/scale",
+        scale_deployment,
+        "Set a deployment's replica count (applications with external_scaler_enabled)",
+        request=ScaleDeploymentRequest,
+        response=ScaleDeploymentResponse,
+        errors=(404, 412, 503),
     ),
     Endpoint(
         "GET",

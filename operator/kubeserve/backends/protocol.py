@@ -35,6 +35,11 @@ class NotFoundError(BackendError):
     """The requested object does not exist (HTTP 404)."""
 
 
+class PreconditionFailedError(BackendError):
+    """The request is valid but the target's state does not allow it (HTTP 412), as Ray answers
+    an external scaling request for an application without ``external_scaler_enabled``."""
+
+
 class RejectedError(BackendError):
     """The store of desired state refused a config the API accepted (HTTP 400); for example a
     Kubernetes API server whose CRD rules are stricter than the installed kubeserve's schema."""
@@ -92,6 +97,16 @@ class Backend(Protocol):
     async def instance_details(self) -> ServeInstanceDetails:
         """What GET /api/serve/applications/ answers (built by
         :func:`kubeserve.control.details.instance_details`)."""
+        ...
+
+    async def scale_deployment(self, app: str, deployment: str, target_num_replicas: int) -> None:
+        """Run ``target_num_replicas`` replicas of ``deployment`` (the external scaling API).
+
+        Raises :class:`NotFoundError` when the application or deployment does not exist and
+        :class:`PreconditionFailedError` when the application's ``external_scaler_enabled`` is
+        not true. The count holds until the next one, or until the application is deployed with
+        ``external_scaler_enabled`` off.
+        """
         ...
 
     def internal_routes(self) -> list[web.RouteDef]:

@@ -22,6 +22,7 @@ from kubeserve.schema.status import (
     APIType,
     ApplicationDetails,
     ApplicationStatusInfo,
+    DeploymentAutoscalingDetail,
     DeploymentDetails,
     DeploymentNode,
     DeploymentStatusInfo,
@@ -96,6 +97,9 @@ class DeploymentDetailsView:
     status: str = "UPDATING"
     status_trigger: str = "CONFIG_UPDATE_STARTED"
     message: str = ""
+    #: Ray's ``DeploymentAutoscalingDetail`` fields (``scaling_status``, ``decisions`` with why
+    #: the target changed, ``metrics``) of an autoscaling deployment, else ``None``
+    autoscaling: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -216,6 +220,11 @@ def _deployment(app: str, deployment: DeploymentDetailsView) -> DeploymentDetail
             )
             for replica in deployment.replicas
         ],
+        autoscaling_detail=(
+            None
+            if deployment.autoscaling is None
+            else DeploymentAutoscalingDetail.model_validate(deployment.autoscaling)
+        ),
     )
 
 

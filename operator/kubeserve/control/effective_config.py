@@ -18,11 +18,18 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kubeserve.control import autoscaling
+
+#: Consecutive failed health checks after which a replica is replaced (Ray Serve's threshold); a
+#: single failure only logs a warning, since one slow check under load is not a dead replica.
+HEALTH_CHECK_FAILURE_THRESHOLD = 3
+
 #: Ray Serve 2.60's defaults for every deployment option kubeserve acts on.
 DEPLOYMENT_DEFAULTS: dict[str, Any] = {
     "num_replicas": 1,
     "max_ongoing_requests": 5,
     "max_queued_requests": -1,
+    "backpressure_config": None,
     "user_config": None,
     "autoscaling_config": None,
     "graceful_shutdown_wait_loop_s": 2.0,
@@ -34,21 +41,7 @@ DEPLOYMENT_DEFAULTS: dict[str, Any] = {
 }
 
 #: Ray Serve 2.60's autoscaling defaults, filled under a given ``autoscaling_config``.
-AUTOSCALING_DEFAULTS: dict[str, Any] = {
-    "min_replicas": 1,
-    "initial_replicas": None,
-    "max_replicas": 1,
-    "target_ongoing_requests": 2.0,
-    "metrics_interval_s": 10.0,
-    "look_back_period_s": 30.0,
-    "smoothing_factor": 1.0,
-    "upscale_smoothing_factor": None,
-    "downscale_smoothing_factor": None,
-    "upscaling_factor": None,
-    "downscaling_factor": None,
-    "downscale_delay_s": 600.0,
-    "upscale_delay_s": 30.0,
-}
+AUTOSCALING_DEFAULTS: dict[str, Any] = autoscaling.AUTOSCALING_DEFAULTS
 
 #: Options that change what a replica process is; changing one replaces the replicas.
 #: ``user_config`` is deliberately absent (applied in place through ``reconfigure``), and so are
@@ -78,25 +71,34 @@ def effective_deployment_config(
         for key, value in source.items():
             if key in merged:
                 merged[key] = value
-    if merged["num_replicas"] == "auto" and merged["autoscaling_config"] is None:
-        merged["autoscaling_config"] = {}
+        if source.get("num_replicas") == "auto":
+            # Ray's "auto" defaults, under the autoscaling fields given with it (or before it)
+            given = source.get("autoscaling_config") or merged["autoscaling_config"] or {}
+            merged["autoscaling_config"] = {**autoscaling.AUTO_NUM_REPLICAS_DEFAULTS, **given}
+    if merged["backpressure_config"] is None:
+        del merged["backpressure_config"]  # Ray's schema has no null there: absent is the default
     if merged["autoscaling_config"] is not None:
         merged["autoscaling_config"] = {**AUTOSCALING_DEFAULTS, **merged["autoscaling_config"]}
         merged["num_replicas"] = None
     return {"name": name, **merged}
 
 
-def target_replicas(config: Mapping[str, Any]) -> int:
-    """The replica count the controller converges to.
+def target_replicas(
+    config: Mapping[str, Any],
+    target_capacity: float | None = None,
+    capacity_direction: autoscaling.Direction | None = None,
+) -> int:
+    """The replica count a deployment starts from, ``target_capacity`` applied.
 
-    With autoscaling, the count starts at ``initial_replicas`` (else ``min_replicas``); the
-    autoscaling policy moves it within ``[min_replicas, max_replicas]`` later.
+    A fixed ``num_replicas`` is scaled by the capacity. With autoscaling, the count starts at
+    ``initial_replicas`` (else ``min_replicas``); the autoscaling policy moves it within
+    ``[min_replicas, max_replicas]`` (both scaled by the capacity) later.
     """
-    autoscaling = config.get("autoscaling_config")
-    if autoscaling:
-        initial = autoscaling.get("initial_replicas")
-        return int(initial if initial is not None else autoscaling.get("min_replicas", 1))
-    return int(config["num_replicas"])
+    raw = config.get("autoscaling_config")
+    if raw:
+        policy = autoscaling.AutoscalingConfig.from_mapping(raw)
+        return autoscaling.initial_target(policy, target_capacity, capacity_direction)
+    return autoscaling.capacity_adjusted(int(config["num_replicas"]), target_capacity)
 
 
 def fingerprint(value: Any) -> str:

@@ -42,3 +42,13 @@ def app_route_prefix(
         value = ingress_options["route_prefix"]
         return None if value is None else str(value)
     return "/"
+
+
+def external_scaler_disabled(app: str, deployment: str) -> str:
+    """Ray 2.60's refusal of an external scaling request for an application that did not opt in."""
+    return (
+        f"Cannot update replicas for deployment '{deployment}' in application '{app}'. The "
+        "external scaling API can only be used when 'external_scaler_enabled' is set to true in "
+        "the application configuration. Current value: external_scaler_enabled=false. To use "
+        "this API, redeploy your application with 'external_scaler_enabled: true' in the config."
+    )

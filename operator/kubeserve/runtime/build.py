@@ -14,7 +14,8 @@ happens in the controller itself. The process prints exactly one JSON document o
   ``deployments`` lists the ingress first, then the others depth-first in argument order;
   ``options`` holds only the options set in code, under their REST names (see
   :data:`kubeserve.sdk.deployment.OPTION_NAMES`); ``outbound`` names the deployments whose handles
-  this one receives in its constructor arguments.
+  this one receives in its constructor arguments; ``docs_path`` (present only for a FastAPI
+  ingress) is where the app serves its docs, below the route prefix.
 * failure (exit 1): ``{"error": "<exception type and text, then the last frames of user code>"}``.
 
 Anything the user's module prints while it is imported goes to stderr, so stdout stays parseable.
@@ -26,14 +27,21 @@ import argparse
 import asyncio
 import contextlib
 import importlib
+import inspect
 import json
 import os
 import sys
 import traceback
+import typing
 from typing import Any
 
+import pydantic
+
+from kubeserve.runtime.kubernetes.contract import NAMESPACE_ENV
+from kubeserve.sdk import ray_namespace
 from kubeserve.sdk.application import Application
 from kubeserve.sdk.deployment import Deployment
+from kubeserve.sdk.ingress import asgi_app_of
 
 #: How many of the innermost user frames an error report keeps.
 ERROR_FRAMES = 5
@@ -43,13 +51,18 @@ class BuildError(Exception):
     """The import path does not lead to a bound application."""
 
 
-def load_application(import_path: str) -> Application:
+def load_application(import_path: str, args: dict[str, Any] | None = None) -> Application:
     """Import ``module:attr`` or ``module.attr`` and return the bound application it names.
 
-    Exceptions raised while importing the user's module propagate unchanged; a path without a
-    module, a missing attribute or an attribute of the wrong type raise :class:`BuildError`.
+    The attribute is a bound application, or an *application builder*: a function called with
+    the config's ``args`` (a dict, or the pydantic model its first parameter is annotated with)
+    that returns one. ``args`` given for a bound application is an error, as in Ray Serve.
+    Exceptions raised while importing the user's module (or by a builder) propagate unchanged; a
+    path without a module, a missing attribute or an attribute of the wrong type raise
+    :class:`BuildError`.
     """
     module_name, attr_path = _split_import_path(import_path)
+    ray_namespace.install()  # a Ray Serve application's `from ray import serve` is kubeserve's
     module = importlib.import_module(module_name)
     target: Any = module
     for part in attr_path.split("."):
@@ -61,7 +74,20 @@ def load_application(import_path: str) -> Application:
                 f"(import_path {import_path!r})"
             ) from None
     if isinstance(target, Application):
+        if args:
+            raise BuildError(
+                f"args were given but {import_path!r} is a bound application; args can only "
+                "be passed to an application builder (a function taking args)"
+            )
         return target
+    if callable(target) and not isinstance(target, Deployment | type):
+        built = target(_builder_argument(target, args or {}))
+        if isinstance(built, Application):
+            return built
+        raise BuildError(
+            f"the application builder {import_path!r} must return a bound application "
+            f"(Deployment.bind()), got {type(built).__name__}"
+        )
     if isinstance(target, Deployment):
         raise BuildError(
             "import_path must point to a bound application (call .bind()); "
@@ -71,6 +97,20 @@ def load_application(import_path: str) -> Application:
         "import_path must point to a bound application (call .bind()); "
         f"{import_path!r} is a {type(target).__name__}"
     )
+
+
+def _builder_argument(builder: Any, args: dict[str, Any]) -> Any:
+    """``args`` as the builder takes it: validated into the pydantic model its first parameter
+    is annotated with, else the dict itself."""
+    try:
+        hints = typing.get_type_hints(builder)
+        first = next(iter(inspect.signature(builder).parameters), None)
+    except (TypeError, ValueError, NameError):
+        return args
+    annotation = hints.get(first) if first is not None else None
+    if inspect.isclass(annotation) and issubclass(annotation, pydantic.BaseModel):
+        return annotation.model_validate(args)
+    return args
 
 
 def _split_import_path(import_path: str) -> tuple[str, str]:
@@ -100,12 +140,16 @@ def describe_application(app: Application) -> dict[str, Any]:
                 "is_ingress": name == app.name,
             }
         )
-    return {"ingress": app.name, "deployments": deployments}
+    description: dict[str, Any] = {"ingress": app.name, "deployments": deployments}
+    docs_url = getattr(asgi_app_of(app.deployment.func_or_class), "docs_url", None)
+    if isinstance(docs_url, str):  # a FastAPI ingress serves its docs there, as on Ray
+        description["docs_path"] = docs_url
+    return description
 
 
-def describe(import_path: str) -> dict[str, Any]:
+def describe(import_path: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
     """Import ``import_path`` and describe its graph; raises what the import or the graph raised."""
-    return describe_application(load_application(import_path))
+    return describe_application(load_application(import_path, args))
 
 
 def format_user_error(exc: BaseException) -> str:
@@ -134,14 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = argparse.ArgumentParser(prog="kubeserve build")
     parser.add_argument("import_path")
+    parser.add_argument("--args", default="{}", help="the application's args, as JSON")
     parser.add_argument("--configmap")
-    parser.add_argument("--namespace", default=os.environ.get("KUBESERVE_NAMESPACE", "default"))
+    parser.add_argument("--namespace", default=os.environ.get(NAMESPACE_ENV, "default"))
     parser.add_argument("--application", default="")
     parser.add_argument("--application-uid", default="")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            document = describe(args.import_path)
+            document = describe(args.import_path, json.loads(args.args))
         code = 0
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
@@ -150,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(document)
     print(text)
     if args.configmap:
-        from kubeserve.runtime.kube_build import write_graph_configmap
+        from kubeserve.runtime.kubernetes.graph import write_graph_configmap
 
         asyncio.run(
             write_graph_configmap(

@@ -1,12 +1,12 @@
 """Where proxies and handles learn the routes and the running replicas.
 
-:class:`EndpointSource` is the seam: something that, once started, calls ``on_update`` with
+:class:`EndpointSource` is the seam: something that, once started with a callback, calls it with
 a :class:`~kubeserve.runtime.wire.Snapshot` each time the data plane changes. :class:`Discovery` is
 the local backend's source (a long-poll on the controller); a Kubernetes source can build the same
 snapshots from EndpointSlices and the routes in custom-resource status.
 
 Ownership: a source owns its background task and the connection of the poll in progress;
-``on_update`` is called on the event loop, one snapshot at a time, in version order, never
+the callback is called on the event loop, one snapshot at a time, in version order, never
 concurrently, and must not block.
 """
 
@@ -26,7 +26,7 @@ from kubeserve.runtime import channel
 from kubeserve.runtime.http1 import read_response
 from kubeserve.runtime.wire import SNAPSHOT_PATH, Snapshot
 
-__all__ = ["Discovery", "EndpointSource", "SnapshotCallback"]
+__all__ = ["Discovery", "EndpointSource", "SnapshotCallback", "signed_get"]
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,9 @@ SnapshotCallback = Callable[[Snapshot], None]
 class EndpointSource(Protocol):
     """Feeds snapshots of routes and replicas to a callback until closed."""
 
-    async def start(self) -> None:
-        """Begin delivering snapshots; returns once the first one was delivered or it is late.
+    async def start(self, on_update: SnapshotCallback) -> None:
+        """Begin delivering snapshots to ``on_update``; returns once the first one was delivered
+        or it is late.
 
         Never fails because the source is briefly unreachable: it keeps retrying in the background.
         """
@@ -65,7 +66,6 @@ class Discovery:
     def __init__(
         self,
         controller_url: str,
-        on_update: SnapshotCallback,
         *,
         secret: bytes,
         poll_timeout_s: float = 30.0,
@@ -77,7 +77,7 @@ class Discovery:
         self._host = url.hostname or "127.0.0.1"
         self._port = url.port or 80
         self._url = controller_url.rstrip("/") + SNAPSHOT_PATH
-        self._on_update = on_update
+        self._on_update: SnapshotCallback = lambda snapshot: None
         self._secret = secret
         self._poll_timeout_s = poll_timeout_s
         self._first_snapshot_timeout_s = first_snapshot_timeout_s
@@ -92,9 +92,10 @@ class Discovery:
         """The version of the last snapshot delivered (-1 before the first)."""
         return self._version
 
-    async def start(self) -> None:
+    async def start(self, on_update: SnapshotCallback) -> None:
         if self._task is not None:
             return
+        self._on_update = on_update
         self._task = asyncio.create_task(self._run(), name="kubeserve-discovery")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._first.wait(), self._first_snapshot_timeout_s)
@@ -134,8 +135,7 @@ class Discovery:
         # The poll's own timeout plus slack: the controller holds the request up to poll_timeout_s.
         async with asyncio.timeout(self._poll_timeout_s + 10):
             target = f"{SNAPSHOT_PATH}?{query}"
-            signature = channel.sign_request(self._secret, "GET", target, time.time())
-            status, raw = await _get(self._host, self._port, target, signature)
+            status, raw = await signed_get(self._host, self._port, target, self._secret)
         if status != 200:
             raise RuntimeError(f"controller answered {status}")
         body = json.loads(raw)
@@ -149,8 +149,11 @@ class Discovery:
         return snapshot
 
 
-async def _get(host: str, port: int, target: str, signature: str) -> tuple[int, bytes]:
-    """``GET target`` on a fresh connection: (status, body). Raises OSError when cut short."""
+async def signed_get(host: str, port: int, target: str, secret: bytes) -> tuple[int, bytes]:
+    """``GET target`` on a fresh connection, signed with the data-plane secret (see
+    :func:`kubeserve.runtime.channel.sign_request`): (status, body). Raises OSError when cut
+    short."""
+    signature = channel.sign_request(secret, "GET", target, time.time())
     reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(

@@ -37,6 +37,10 @@ A pool whose replica left the snapshot is closed.
 from __future__ import annotations
 
 import asyncio
+import math
+import random
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httptools
@@ -50,23 +54,28 @@ from kubeserve.runtime.keepalive import (
     connect,
     pool_for,
 )
-from kubeserve.runtime.router import NoReplicaAvailable, Replica, Router
+from kubeserve.runtime.load_report import LoadReporter
+from kubeserve.runtime.router import BackPressure, NoReplicaAvailable, RoutedReplica, Router
 from kubeserve.runtime.wire import (
     CALL_PREFIX,
+    FRAME_END,
+    FRAME_ERROR,
+    FRAME_ITEM,
+    STREAM_PREFIX,
+    UNSERVED_AT_CAPACITY,
     UNSERVED_HEADER,
+    FrameReader,
     Snapshot,
     decode_result,
     deployment_key,
     encode_call,
 )
-from kubeserve.sdk.errors import DeploymentUnavailableError
+from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
 
 _UNSERVED = UNSERVED_HEADER.encode()
 
-__all__ = ["DEFAULT_CALL_TIMEOUT_S", "HandleClient"]
+__all__ = ["HandleClient"]
 
-#: How long a call waits for a replica slot before DeploymentUnavailableError.
-DEFAULT_CALL_TIMEOUT_S = 30.0
 #: How long opening a connection to a replica may take.
 CONNECT_TIMEOUT_S = 10.0
 #: Replicas tried for one call when connecting (or the handshake) fails: nothing was sent yet.
@@ -78,6 +87,16 @@ class _Unreachable(Exception):
     answered that it did not start it (it is shutting down)."""
 
 
+class _AtCapacity(Exception):
+    """The replica runs ``max_ongoing_requests`` calls already (for all its callers together)
+    and did not start this one."""
+
+
+#: First and longest pause before a call a full replica refused is tried again.
+_BUSY_FIRST_WAIT_S = 0.005
+_BUSY_MAX_WAIT_S = 0.1
+
+
 class HandleClient:
     """A :class:`~kubeserve.sdk.transport.HandleTransport` over HTTP/1.1 keep-alive."""
 
@@ -86,18 +105,27 @@ class HandleClient:
         controller_url: str | None = None,
         *,
         secret: bytes,
-        assign_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        assign_timeout_s: float | None = None,
         source: EndpointSource | None = None,
         router: Router | None = None,
     ) -> None:
+        """``assign_timeout_s``: how long a call may wait for a replica slot before
+        :class:`DeploymentUnavailableError`; ``None`` (the default) waits as Ray's handles do,
+        for a deployment scaled to zero to start a replica, say."""
         self.router = router or Router()
         self._secret = secret
         self._assign_timeout_s = assign_timeout_s
         if source is None:
             if controller_url is None:
                 raise ValueError("a handle client needs a controller_url or an endpoint source")
-            source = Discovery(controller_url, self.apply, secret=secret)
+            source = Discovery(controller_url, secret=secret)
         self._source = source
+        #: tells the controller what waits here (local backend; the source is its Discovery)
+        self._load_reporter = (
+            None
+            if controller_url is None
+            else LoadReporter(controller_url, self.router, secret=secret)
+        )
         self._pools: dict[str, _CallPool] = {}
         self._sweeper = PoolSweeper(self._pools)
         self._started = False
@@ -112,11 +140,15 @@ class HandleClient:
     async def start(self) -> None:
         self._started = True
         self._sweeper.start()
-        await self._source.start()
+        if self._load_reporter is not None:
+            self._load_reporter.start()
+        await self._source.start(self.apply)
 
     async def close(self) -> None:
         self._started = False
         self._sweeper.stop()
+        if self._load_reporter is not None:
+            await self._load_reporter.close()
         await self._source.close()
         for pool in self._pools.values():
             pool.close()
@@ -129,31 +161,45 @@ class HandleClient:
         method: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        *,
+        model_id: str = "",
     ) -> Any:
-        if not self._started:
-            raise RuntimeError("HandleClient.call before start()")
-        key = deployment_key(app, deployment)
-        # Fast path: a free slot needs no waiter future and no timer.
-        replica = self.router.try_assign(key) or await self._assign(key)
-        payload = encode_call(args, kwargs)
+        key, replica, payload = await self._begin(app, deployment, args, kwargs, model_id)
         attempt = 1
+        busy_wait = _BUSY_FIRST_WAIT_S
+        deadline = (
+            math.inf
+            if self._assign_timeout_s is None
+            else time.monotonic() + self._assign_timeout_s
+        )
         while True:
+            busy = False
             try:
                 status, body = await self._pool(replica).call(method, payload)
                 break
+            except _AtCapacity:  # other callers fill it: wait for a slot, not counted as a failure
+                busy = True
+                if time.monotonic() >= deadline:
+                    raise DeploymentUnavailableError(
+                        f"every replica of {key} stayed at max_ongoing_requests for "
+                        f"{self._assign_timeout_s} s"
+                    ) from None
             except _Unreachable as exc:  # it did not run: another replica may take the call
                 if attempt >= CONNECT_ATTEMPTS:
                     raise DeploymentUnavailableError(
                         f"no replica of {key} could be reached; the last, "
                         f"{replica.replica_id}: {exc}"
                     ) from exc.__cause__
+                attempt += 1
             except (OSError, TimeoutError) as exc:  # sent: the replica may have run it
                 raise DeploymentUnavailableError(
                     f"replica {replica.replica_id} of {key} failed: {exc or type(exc).__name__}"
                 ) from exc
             finally:
                 self.router.release(replica)
-            attempt += 1
+            if busy:
+                await asyncio.sleep(busy_wait * (0.5 + random.random()))
+                busy_wait = min(busy_wait * 2, _BUSY_MAX_WAIT_S)
             replica = await self._assign(key, avoid=replica)
         if status == 200:
             return decode_result(body)
@@ -166,13 +212,73 @@ class HandleClient:
             f"replica {replica.replica_id} of {key} answered {status}: {body[:200]!r}"
         )
 
-    async def _assign(self, key: str, avoid: Replica | None = None) -> Replica:
+    async def stream(
+        self,
+        app: str,
+        deployment: str,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        model_id: str = "",
+    ) -> AsyncIterator[Any]:
+        """A streamed call of a generator method: its items as the replica yields them.
+
+        The call holds its replica slot until the stream ends (or the caller stops iterating,
+        which closes the connection and so the replica's generator). It runs on a connection of
+        its own, closed afterwards: a stream's end is not worth a keep-alive.
+        """
+        key, replica, payload = await self._begin(app, deployment, args, kwargs, model_id)
+        conn: _StreamConnection | None = None
+        try:
+            try:
+                conn = await connect(
+                    _StreamConnection,
+                    replica.host,
+                    replica.port,
+                    Role.CONTROL,
+                    self._secret,
+                    CONNECT_TIMEOUT_S,
+                )
+            except (OSError, TimeoutError) as exc:
+                raise DeploymentUnavailableError(
+                    f"replica {replica.replica_id} of {key} could not be reached: {exc}"
+                ) from exc
+            conn.send(method, replica, payload)
+            async for item in conn.items(key, replica.replica_id):
+                yield item
+        finally:
+            self.router.release(replica)
+            if conn is not None:
+                conn.close()
+
+    async def _begin(
+        self,
+        app: str,
+        deployment: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        model_id: str,
+    ) -> tuple[str, RoutedReplica, bytes]:
+        """A call's deployment key, the replica slot it holds (release it!) and its body."""
+        if not self._started:
+            raise RuntimeError("HandleClient call before start()")
+        key = deployment_key(app, deployment)
+        # Encoded first: arguments that cannot be pickled must not leave a slot taken.
+        payload = encode_call(args, kwargs, {"model_id": model_id} if model_id else None)
+        # Fast path: a free slot needs no waiter future and no timer.
+        replica = self.router.try_assign(key) or await self._assign(key)
+        return key, replica, payload
+
+    async def _assign(self, key: str, avoid: RoutedReplica | None = None) -> RoutedReplica:
         try:
             return await self.router.assign(key, self._assign_timeout_s, avoid)
+        except BackPressure as exc:
+            raise BackPressureError(str(exc)) from None
         except NoReplicaAvailable as exc:
             raise DeploymentUnavailableError(str(exc)) from None
 
-    def _pool(self, replica: Replica) -> _CallPool:
+    def _pool(self, replica: RoutedReplica) -> _CallPool:
         return pool_for(
             self._pools, replica.replica_id, replica.host, replica.port, self._secret, _CallPool
         )
@@ -222,6 +328,8 @@ class _CallPool(IdlePool["_CallConnection"]):
         else:
             conn.close()
         if status == 503 and conn.unserved:
+            if conn.unserved == UNSERVED_AT_CAPACITY:
+                raise _AtCapacity()
             raise _Unreachable("the replica is shutting down and did not start the call")
         return status, answer
 
@@ -238,7 +346,8 @@ class _CallConnection(KeepAliveConnection):
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future[tuple[int, bytes, bool]] | None = None
         self.body: list[bytes] = []
-        self.unserved = False  # the answer says the replica never started the call
+        #: the :data:`UNSERVED_HEADER` value of the answer ("" when the replica started the call)
+        self.unserved = ""
 
     def request(self, head: bytes, body: bytes) -> asyncio.Future[tuple[int, bytes, bool]]:
         waiter = self.waiter = asyncio.get_running_loop().create_future()
@@ -268,11 +377,11 @@ class _CallConnection(KeepAliveConnection):
 
     def on_message_begin(self) -> None:
         self.body = []
-        self.unserved = False
+        self.unserved = ""
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(name) == len(_UNSERVED) and name.lower() == _UNSERVED:
-            self.unserved = True
+            self.unserved = value.decode("latin-1") or "unserved"
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
@@ -285,3 +394,70 @@ class _CallConnection(KeepAliveConnection):
             return
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         waiter.set_result((self.parser.get_status_code(), body, self.parser.should_keep_alive()))
+
+
+class _StreamConnection(KeepAliveConnection):
+    """One streamed call: the answer's frames (:func:`~kubeserve.runtime.wire.encode_frame`) are
+    decoded as they arrive and queued for :meth:`items`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parser = httptools.HttpResponseParser(self)
+        self.frames = FrameReader()
+        self.queue: asyncio.Queue[tuple[bytes, bytes]] = asyncio.Queue()
+        self.status = 0
+        self.body: list[bytes] = []
+
+    def send(self, method: str, replica: RoutedReplica, body: bytes) -> None:
+        head = (
+            f"POST {STREAM_PREFIX}{method} HTTP/1.1\r\nHost: {replica.host}:{replica.port}\r\n"
+            f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode("latin-1")
+        self.transport.writelines((head, body))
+
+    async def items(self, key: str, replica_id: str) -> AsyncIterator[Any]:
+        while True:
+            kind, payload = await self.queue.get()
+            if kind == FRAME_ITEM:
+                yield decode_result(payload)
+            elif kind == FRAME_END:
+                return
+            elif kind == FRAME_ERROR:
+                error = decode_result(payload)
+                if isinstance(error, BaseException):
+                    raise error
+                raise RuntimeError(f"{key} stream failed: {error!r}")
+            else:  # b"": the connection ended; payload says how
+                raise DeploymentUnavailableError(
+                    f"replica {replica_id} of {key}: {payload.decode(errors='replace')}"
+                )
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.queue.put_nowait((b"", f"unparsable answer: {exc}".encode()))
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.queue.put_nowait((b"", f"connection lost: {exc or 'closed'}".encode()))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        if self.status == 200:
+            for frame in self.frames.feed(body):
+                self.queue.put_nowait(frame)
+        else:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.status == 200:
+            return
+        body = b"".join(self.body)
+        if self.status == 500:
+            self.queue.put_nowait((FRAME_ERROR, body))
+        else:
+            self.queue.put_nowait((b"", f"answered {self.status}: {body[:200]!r}".encode()))

@@ -103,15 +103,18 @@ def local_response(
     content_type: bytes = b"text/plain; charset=utf-8",
     close: bool = False,
     request_id: bytes | None = None,
+    retry_after: bytes = b"",
 ) -> bytes:
-    """A complete response the proxy answers itself (health, routes, errors)."""
+    """A complete response the proxy answers itself (health, routes, errors); ``retry_after``:
+    the ``Retry-After`` seconds, when there is one."""
     phrase = HTTPStatus(status).phrase.encode("ascii")
-    head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n" % (
+    head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s%s\r\n" % (
         status,
         phrase,
         content_type,
         len(body),
         b"x-request-id: %s\r\n" % request_id if request_id else b"",
+        b"Retry-After: %s\r\n" % retry_after if retry_after else b"",
         b"Connection: close\r\n" if close else b"",
     )
     return head + body

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib
 import inspect
 import json
@@ -34,15 +35,26 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import uvloop
 
-from kubeserve.runtime import channel, kube_replica, local_socket, replica_probe, wire
+from kubeserve.runtime import channel, local_socket, replica_probe, wire
 from kubeserve.runtime.build import format_user_error, load_application
+from kubeserve.runtime.kubernetes import replica as kubernetes_replica
 from kubeserve.runtime.limits import RequestLimits
+from kubeserve.runtime.replica_asgi import (
+    Lifespan,
+    http_scope,
+    is_asgi_response,
+    root_path_of,
+    run_asgi,
+    user_request,
+)
+from kubeserve.runtime.replica_asgi import prepare as prepare_asgi
 from kubeserve.runtime.replica_http import (
     HttpRequest,
     HttpResponse,
@@ -50,21 +62,56 @@ from kubeserve.runtime.replica_http import (
     StreamedResponse,
     internal_error,
 )
-from kubeserve.sdk import transport
+from kubeserve.sdk import context, transport
 from kubeserve.sdk.application import GraphNode, map_nodes
 from kubeserve.sdk.handle import DeploymentHandle
-from kubeserve.sdk.http import Request, StreamingResponse, to_response
+from kubeserve.sdk.http import StreamingResponse, to_response
+from kubeserve.sdk.ingress import asgi_app_of
+from kubeserve.sdk.multiplex import MODEL_ID_HEADER
 
 log = logging.getLogger("kubeserve.replica")
 
 _PICKLE = "application/octet-stream"
+#: Ray Serve's switch for running sync deployment methods on worker threads: on by default, as in
+#: Ray; "0" runs them on the event loop (no thread hop per request, but nothing may block).
+SYNC_IN_THREADPOOL_ENV = "RAY_SERVE_RUN_SYNC_IN_THREADPOOL"
 
 
 class ReplicaStartupError(Exception):
     """The replica could not start: bad config, import error, or the user's constructor raised."""
 
 
+def is_async_callable(fn: Any) -> bool:
+    """Whether calling ``fn`` gives a coroutine: ``async def`` functions and methods, and objects
+    whose ``__call__`` is one (a functools.partial of either too)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn):
+        return True
+    return (
+        not inspect.isroutine(fn)
+        and callable(fn)
+        and inspect.iscoroutinefunction(type(fn).__call__)
+    )
+
+
 async def _invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call user code: coroutines on the event loop, plain functions in a worker thread (as Ray
+    does), so a blocking method (``time.sleep``, a model's forward pass) never stalls the
+    replica's other requests or its health checks. Context variables (the request's id, the
+    multiplexed model id) are copied into the thread."""
+    if is_async_callable(fn):
+        return await fn(*args, **kwargs)
+    result = await asyncio.to_thread(fn, *args, **kwargs)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+async def _invoke_on_loop(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """:func:`_invoke` with sync callables run on the event loop itself (no thread hop), for
+    deployments that set ``RAY_SERVE_RUN_SYNC_IN_THREADPOOL=0``: a blocking method then stalls
+    the replica, and ``.result()`` on a handle is refused there."""
     result = fn(*args, **kwargs)
     if inspect.isawaitable(result):
         result = await result
@@ -84,8 +131,16 @@ class UserCode:
         self.is_function = is_function
 
     @classmethod
-    async def construct(cls, node: GraphNode, app_name: str) -> UserCode:
-        """Build the user object with handles in place of bound nodes; user exceptions propagate."""
+    async def construct(cls, node: GraphNode, app_name: str, replica_id: str = "") -> UserCode:
+        """Build the user object with handles in place of bound nodes; user exceptions propagate.
+
+        The replica context (``serve.get_replica_context()``) is set before the constructor runs;
+        its ``servable_object`` once the object exists.
+        """
+        replica_context = context.ReplicaContext(
+            context.ReplicaID(replica_id, context.DeploymentID(node.name, app_name))
+        )
+        context.set_replica_context(replica_context)
 
         def to_handle(child: Any) -> DeploymentHandle:
             return DeploymentHandle(app_name, child.name)
@@ -99,6 +154,7 @@ class UserCode:
                     f"function deployment {node.name!r} was bound with arguments; "
                     "only class deployments take constructor arguments"
                 )
+            replica_context.servable_object = target
             return cls(node.name, target, is_function=True)
         init = getattr(target, "__init__", None)
         if inspect.iscoroutinefunction(init):
@@ -106,6 +162,7 @@ class UserCode:
             await init(instance, *args, **kwargs)
         else:
             instance = target(*args, **kwargs)
+        replica_context.servable_object = instance
         return cls(node.name, instance, is_function=False)
 
     def method(self, name: str) -> Callable[..., Any] | None:
@@ -141,14 +198,28 @@ class Replica:
     Owns ``ongoing``/``processed`` (only touched on the event loop) and ``draining``.
     """
 
-    def __init__(self, config: wire.ReplicaConfig, user: UserCode) -> None:
+    def __init__(
+        self, config: wire.ReplicaConfig, user: UserCode, *, sync_in_threadpool: bool = True
+    ) -> None:
         self.config = config
+        # Sync user methods run on worker threads unless RAY_SERVE_RUN_SYNC_IN_THREADPOOL=0
+        self._run = _invoke if sync_in_threadpool else _invoke_on_loop
         self.user = user
         self.user_config = config["user_config"]
-        self.ongoing = 0
+        self._ongoing = 0
+        #: the integral of ``ongoing`` over time up to ``_changed_at`` (request-seconds): the
+        #: autoscaler reads its growth to get the mean load between two of its reads
+        self._ongoing_area = 0.0
+        self._changed_at = self._started_at = time.monotonic()
         self.processed = 0
+        #: enforced here, for every caller together (each caller's router caps only its own)
+        self._max_ongoing = int(config["max_ongoing_requests"])
         self.draining = False
         self._http_target = user.method("__call__")
+        self._asgi = None if user.is_function else asgi_app_of(user.target)
+        self.lifespan = Lifespan(self._asgi) if self._asgi is not None else None
+        self._root_path = root_path_of(config.get("route_prefix"))
+        prepare_asgi()  # the first request must not pay for importing Starlette
         self._reconfigure_lock = asyncio.Lock()
         labels = {
             "app": config["app"],
@@ -157,10 +228,26 @@ class Replica:
         }
         self._labels = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items())
 
+    @property
+    def ongoing(self) -> int:
+        return self._ongoing
+
+    @ongoing.setter
+    def ongoing(self, value: int) -> None:
+        now = time.monotonic()
+        self._ongoing_area += self._ongoing * (now - self._changed_at)
+        self._changed_at, self._ongoing = now, value
+
+    def ongoing_area(self) -> float:
+        """Request-seconds served so far (the integral of ``ongoing``), up to now."""
+        return self._ongoing_area + self._ongoing * (time.monotonic() - self._changed_at)
+
     async def handle_ingress(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
         """User traffic (a proxy's ``INGRESS`` connection): every path goes to the user's code."""
         if self.draining:
             return _shutting_down()
+        if self._ongoing >= self._max_ongoing:
+            return _at_capacity()
         self.ongoing += 1
         streaming = False
         try:
@@ -173,17 +260,19 @@ class Replica:
                 self.processed += 1
 
     async def _user_http(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
+        _enter_request(request)
+        if self._asgi is not None:
+            return await self._asgi_http(self._asgi, request)
         if self._http_target is None:
             return HttpResponse(
                 404, f"deployment {self.user.name!r} has no __call__ method".encode()
             )
-        user_request = Request(
-            request.method, request.path, request.query_string, request.headers, request.body
-        )
         try:
-            result = await _invoke(self._http_target, user_request)
+            result = await self._run(self._http_target, user_request(request, self._root_path))
             if type(result) is str:  # the common case, without building a Response first
                 return HttpResponse(200, result.encode())
+            if is_asgi_response(result):  # a Starlette/FastAPI response: sent as it is
+                return await self._asgi_http(result, request)
             response = to_response(result)
         except Exception:
             # The client gets the request id only: an exception's text may hold secrets. The id
@@ -200,6 +289,19 @@ class Replica:
         return HttpResponse(
             response.status_code, response.body, response.headers, content_type=None
         )
+
+    async def _asgi_http(self, app: Any, request: HttpRequest) -> HttpResponse | StreamedResponse:
+        """``app`` (the ingress's ASGI app, or a Starlette response) answers ``request``."""
+        state = self.lifespan.state if self.lifespan is not None else None
+        scope = http_scope(request, self._root_path, state)
+        try:
+            response = await run_asgi(app, scope, request.body, request.request_id)
+        except Exception:
+            log.exception("request %s failed (request id %s)", request.path, request.request_id)
+            return internal_error(request.request_id)
+        if isinstance(response, StreamingResponse):
+            return await self._stream(request, response)
+        return response
 
     async def _stream(
         self, request: HttpRequest, response: StreamingResponse
@@ -250,12 +352,20 @@ class Replica:
                 return HttpResponse(405, b"handle calls use POST")
             if self.draining:
                 return _shutting_down()
+            if self._ongoing >= self._max_ongoing:
+                return _at_capacity()
             self.ongoing += 1
             try:
                 return await self._call(request, path[len(wire.CALL_PREFIX) :])
             finally:
                 self.ongoing -= 1
                 self.processed += 1
+        if path.startswith(wire.STREAM_PREFIX):
+            if request.method != "POST":
+                return HttpResponse(405, b"handle calls use POST")
+            if self.draining:
+                return _shutting_down()
+            return await self._stream_call(request, path[len(wire.STREAM_PREFIX) :])
         if path == wire.HEALTHZ_PATH:
             return await self._healthz()
         if path == wire.METRICS_PATH:
@@ -266,22 +376,81 @@ class Replica:
             return await self._reconfigure(request)
         return HttpResponse(404, f"no internal endpoint {path}".encode())
 
-    async def _call(self, request: HttpRequest, method_name: str) -> HttpResponse:
+    def _handle_call(
+        self, request: HttpRequest, method_name: str
+    ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | HttpResponse:
+        """The method and arguments of a handle call (its options entered into the request
+        context), or the answer refusing it."""
         method = self.user.method(method_name)
         if method is None:
             return HttpResponse(
                 404, f"deployment {self.user.name!r} has no method {method_name!r}".encode()
             )
         try:
-            args, kwargs = wire.decode_call(request.body)
+            args, kwargs, options = wire.decode_call_with_options(request.body)
         except Exception as exc:
             return HttpResponse(400, f"undecodable handle call: {_error_text(exc)}".encode())
+        _enter_call(options)
+        return method, args, kwargs
+
+    async def _call(self, request: HttpRequest, method_name: str) -> HttpResponse:
+        call = self._handle_call(request, method_name)
+        if isinstance(call, HttpResponse):
+            return call
+        method, args, kwargs = call
         try:
-            body = wire.encode_result(await _invoke(method, *args, **kwargs))
+            result = await self._run(method, *args, **kwargs)
+            if inspect.isgenerator(result) or inspect.isasyncgen(result):
+                result.close() if inspect.isgenerator(result) else await result.aclose()
+                raise TypeError(
+                    f"Method '{method_name}' returned a generator. You must use "
+                    "`handle.options(stream=True)` to call generators on a deployment."
+                )
+            body = wire.encode_result(result)
         except Exception as exc:
             log.info("handle call %s raised %s", method_name, _error_text(exc))
             return HttpResponse(500, wire.encode_error(exc), content_type=_PICKLE)
         return HttpResponse(200, body, content_type=_PICKLE)
+
+    async def _stream_call(
+        self, request: HttpRequest, method_name: str
+    ) -> HttpResponse | StreamedResponse:
+        """A streamed handle call: the generator's items go out as frames as it yields them."""
+        call = self._handle_call(request, method_name)
+        if isinstance(call, HttpResponse):
+            return call
+        method, args, kwargs = call
+        self.ongoing += 1
+        try:
+            items = method(*args, **kwargs)
+            if inspect.isawaitable(items):
+                items = await items
+            if not (inspect.isgenerator(items) or inspect.isasyncgen(items)):
+                raise TypeError(
+                    f"Method '{method_name}' returned a non-generator ({type(items).__name__}); "
+                    "call it without `handle.options(stream=True)`."
+                )
+        except Exception as exc:
+            self.ongoing -= 1
+            self.processed += 1
+            log.info("streamed handle call %s raised %s", method_name, _error_text(exc))
+            return HttpResponse(500, wire.encode_error(exc), content_type=_PICKLE)
+        return StreamedResponse(200, {"content-type": _PICKLE}, self._frames(items))
+
+    async def _frames(self, items: Any) -> AsyncIterator[bytes]:
+        try:
+            if inspect.isasyncgen(items):
+                async for item in items:
+                    yield wire.encode_frame(wire.FRAME_ITEM, wire.encode_result(item))
+            else:
+                for item in items:
+                    yield wire.encode_frame(wire.FRAME_ITEM, wire.encode_result(item))
+            yield wire.encode_frame(wire.FRAME_END)
+        except Exception as exc:
+            yield wire.encode_frame(wire.FRAME_ERROR, wire.encode_error(exc))
+        finally:
+            self.ongoing -= 1
+            self.processed += 1
 
     async def _healthz(self) -> HttpResponse:
         if self.draining:
@@ -316,6 +485,13 @@ class Replica:
             "# HELP kubeserve_replica_ongoing_requests Requests and handle calls in flight.\n"
             "# TYPE kubeserve_replica_ongoing_requests gauge\n"
             f"kubeserve_replica_ongoing_requests{{{labels}}} {self.ongoing}\n"
+            "# HELP kubeserve_replica_ongoing_request_seconds_total Integral of the ongoing "
+            "requests over time.\n"
+            "# TYPE kubeserve_replica_ongoing_request_seconds_total counter\n"
+            f"kubeserve_replica_ongoing_request_seconds_total{{{labels}}} {self.ongoing_area()}\n"
+            "# HELP kubeserve_replica_uptime_seconds Time since the replica started serving.\n"
+            "# TYPE kubeserve_replica_uptime_seconds counter\n"
+            f"kubeserve_replica_uptime_seconds{{{labels}}} {time.monotonic() - self._started_at}\n"
             "# HELP kubeserve_replica_processed_requests_total Requests and handle calls done.\n"
             "# TYPE kubeserve_replica_processed_requests_total counter\n"
             f"kubeserve_replica_processed_requests_total{{{labels}}} {self.processed}\n"
@@ -352,6 +528,23 @@ async def _let_callers_leave(server: ReplicaHttpServer) -> None:
         await asyncio.sleep(0.02)
 
 
+def _enter_request(request: HttpRequest) -> None:
+    """Make the request's multiplexed model id visible to ``get_multiplexed_model_id()`` (each
+    request runs in its own context copy, so this never leaks into another request)."""
+    for name, value in request.headers:
+        if len(name) == len(MODEL_ID_HEADER) and name.lower() == MODEL_ID_HEADER:
+            context.request_context.set(
+                context.RequestContext(request.request_id, multiplexed_model_id=value)
+            )
+            return
+
+
+def _enter_call(options: dict[str, Any]) -> None:
+    model_id = options.get("model_id")
+    if model_id:
+        context.request_context.set(context.RequestContext(multiplexed_model_id=str(model_id)))
+
+
 def _shutting_down() -> HttpResponse:
     """The answer to a request that arrives while draining: not started, so callers may retry it
     elsewhere (:data:`~kubeserve.runtime.wire.UNSERVED_HEADER`)."""
@@ -359,12 +552,19 @@ def _shutting_down() -> HttpResponse:
     return HttpResponse(503, b"replica is shutting down", headers, close=True)
 
 
+def _at_capacity() -> HttpResponse:
+    """The answer to a request over ``max_ongoing_requests``: not started, the caller tries
+    again (:data:`~kubeserve.runtime.wire.UNSERVED_AT_CAPACITY`)."""
+    headers = {wire.UNSERVED_HEADER: wire.UNSERVED_AT_CAPACITY}
+    return HttpResponse(503, b"replica is at max_ongoing_requests", headers)
+
+
 def _label_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _find_node(config: wire.ReplicaConfig) -> GraphNode:
-    nodes = load_application(config["import_path"]).deployments()
+    nodes = load_application(config["import_path"], config.get("app_args")).deployments()
     for node in nodes:
         if node.name == config["deployment"]:
             return node
@@ -380,8 +580,8 @@ async def _start_handle_transport(controller_url: str | None, secret: bytes) -> 
 
     Imported lazily: the handle client is only needed when other deployments are reachable.
     """
-    if kube_replica.in_cluster():
-        client = kube_replica.handle_client(secret)
+    if kubernetes_replica.in_cluster():
+        client = kubernetes_replica.handle_client(secret)
     elif controller_url:
         module = importlib.import_module("kubeserve.runtime.handle_client")
         client = module.HandleClient(controller_url, secret=secret)
@@ -392,14 +592,23 @@ async def _start_handle_transport(controller_url: str | None, secret: bytes) -> 
     return client
 
 
+def _apply_logging_config(logging_config: dict[str, Any] | None) -> None:
+    """Ray's ``logging_config.log_level`` sets the level of the replica's loggers."""
+    if logging_config and logging_config.get("log_level"):
+        level = str(logging_config["log_level"]).upper()
+        logging.getLogger().setLevel(level)
+        logging.getLogger("ray.serve").setLevel(level)
+
+
 async def _start_user_code(config: wire.ReplicaConfig) -> UserCode:
     try:
         node = _find_node(config)
         user_config = config["user_config"]
-        if kube_replica.in_cluster():  # the pod template never carries user_config
-            overridden, value = await kube_replica.user_config_override(config["deployment"])
+        if kubernetes_replica.in_cluster():  # the pod template never carries user_config
+            overridden, value = await kubernetes_replica.user_config_override(config["deployment"])
             user_config = value if overridden else node.deployment.code_options.get("user_config")
-        user = await UserCode.construct(node, config["app"])
+        _apply_logging_config(node.deployment.code_options.get("logging_config"))
+        user = await UserCode.construct(node, config["app"], config["replica_id"])
         await user.reconfigure(user_config)
     except ReplicaStartupError:
         raise
@@ -419,8 +628,13 @@ async def serve_replica(
     port: int,
     controller_url: str | None,
     secret: bytes,
+    *,
+    sync_in_threadpool: bool = True,
 ) -> None:
     """Run the replica until SIGTERM (or SIGINT), then drain and return.
+
+    Without ``sync_in_threadpool`` the user's sync methods run on the event loop instead of
+    worker threads (Ray Serve's ``RAY_SERVE_RUN_SYNC_IN_THREADPOOL=0``).
 
     Raises :class:`ReplicaStartupError` when the user code cannot be loaded or constructed.
     """
@@ -428,7 +642,16 @@ async def serve_replica(
     probe = await _start_probe_listener(config, host)
     client = await _start_handle_transport(controller_url, secret)
     try:
-        replica = Replica(config, await _start_user_code(config))
+        replica = Replica(
+            config, await _start_user_code(config), sync_in_threadpool=sync_in_threadpool
+        )
+        if replica.lifespan is not None:
+            try:
+                await replica.lifespan.startup()
+            except Exception as exc:
+                raise ReplicaStartupError(
+                    f"replica of {config['app']}#{config['deployment']} failed to start: {exc}"
+                ) from exc
         stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
@@ -454,6 +677,8 @@ async def serve_replica(
         await replica.drain()
         await _let_callers_leave(server)
         server.close_all()
+        if replica.lifespan is not None:
+            await replica.lifespan.shutdown()
     finally:
         if client is not None:
             transport.set_transport(None)
@@ -508,6 +733,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"replica: no valid config in {source}: {_error_text(exc)}", file=sys.stderr)
         return 1
     controller_url = os.environ.get(wire.CONTROLLER_URL_ENV) or None
+    sync_in_threadpool = os.environ.get(SYNC_IN_THREADPOOL_ENV, "1") != "0"
     try:
         secret = channel.take_secret()
     except ValueError as exc:
@@ -515,7 +741,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve_replica(config, options.host, options.port, controller_url, secret))
+            runner.run(
+                serve_replica(
+                    config,
+                    options.host,
+                    options.port,
+                    controller_url,
+                    secret,
+                    sync_in_threadpool=sync_in_threadpool,
+                )
+            )
     except ReplicaStartupError as exc:
         print(str(exc), file=sys.stderr)
         return 1

@@ -5,7 +5,7 @@ Policy: power of two choices on in-flight counts; never more than
 bounded FIFO queue until a slot frees or their timeout passes.
 
 Ownership: one :class:`Router` per process, driven from one event loop. The router owns the
-in-flight count of every replica it hands out (:attr:`Replica.in_flight`); callers own a slot
+in-flight count of every replica it hands out (:attr:`RoutedReplica.in_flight`); callers own a slot
 between :meth:`Router.assign` and :meth:`Router.release` and must release each slot exactly once.
 The set of replicas is owned by discovery, which replaces it wholesale with :meth:`Router.update`.
 """
@@ -16,10 +16,11 @@ import asyncio
 import contextlib
 import random
 from collections import deque
+from collections.abc import Callable
 
 from kubeserve.runtime.wire import DeploymentEndpoints
 
-__all__ = ["DEFAULT_MAX_QUEUED", "NoReplicaAvailable", "Replica", "Router"]
+__all__ = ["DEFAULT_MAX_QUEUED", "BackPressure", "NoReplicaAvailable", "RoutedReplica", "Router"]
 
 #: Callers allowed to wait for a slot per deployment; beyond that, :meth:`Router.assign` rejects.
 DEFAULT_MAX_QUEUED = 1000
@@ -34,11 +35,23 @@ class NoReplicaAvailable(Exception):
         self.reason = reason
 
 
-class Replica:
+class BackPressure(NoReplicaAvailable):
+    """The deployment's queue at this caller is full (``max_queued_requests``): refused at once,
+    with the HTTP answer its ``backpressure_config`` asks for."""
+
+    def __init__(
+        self, key: str, reason: str, status: int = 503, retry_after_s: float | None = None
+    ) -> None:
+        super().__init__(key, reason)
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+
+class RoutedReplica:
     """One running replica and the requests the router has in flight on it.
 
-    A ``Replica`` is the slot handle callers get from :meth:`Router.assign`. It stays valid after
-    an update removes the replica: releasing it then only decrements a count nobody reads.
+    A ``RoutedReplica`` is the slot handle callers get from :meth:`Router.assign`. It stays valid
+    after an update removes the replica: releasing it then only decrements a count nobody reads.
     """
 
     __slots__ = ("_pool", "host", "in_flight", "port", "replica_id")
@@ -51,7 +64,8 @@ class Replica:
         self._pool = pool
 
     def __repr__(self) -> str:
-        return f"Replica({self.replica_id!r}, {self.host}:{self.port}, in_flight={self.in_flight})"
+        where = f"{self.host}:{self.port}"
+        return f"RoutedReplica({self.replica_id!r}, {where}, in_flight={self.in_flight})"
 
 
 class _Pool:
@@ -62,16 +76,25 @@ class _Pool:
     holds futures that are pending, in arrival order.
     """
 
-    __slots__ = ("key", "max_ongoing", "max_queued", "replicas", "waiters")
+    __slots__ = (
+        "backpressure",
+        "key",
+        "max_ongoing",
+        "max_queued",
+        "replicas",
+        "waiters",
+    )
 
     def __init__(self, key: str, max_queued: int) -> None:
         self.key = key
         self.max_ongoing = 1
         self.max_queued = max_queued
-        self.replicas: list[Replica] = []
-        self.waiters: deque[asyncio.Future[Replica]] = deque()
+        #: the answer beyond ``max_queued``: HTTP status and Retry-After seconds
+        self.backpressure: tuple[int, float | None] = (503, None)
+        self.replicas: list[RoutedReplica] = []
+        self.waiters: deque[asyncio.Future[RoutedReplica]] = deque()
 
-    def pick(self, avoid: Replica | None) -> Replica | None:
+    def pick(self, avoid: RoutedReplica | None) -> RoutedReplica | None:
         """A replica with a free slot, or ``None``: two random choices, the less loaded wins.
 
         Two random indexes cost O(1) and avoid the herding of "always least loaded" while keeping
@@ -99,13 +122,13 @@ class _Pool:
             return a
         return self._least_loaded(avoid)
 
-    def _least_loaded(self, avoid: Replica | None) -> Replica | None:
+    def _least_loaded(self, avoid: RoutedReplica | None) -> RoutedReplica | None:
         """The slow path, when both random picks are full: scan for any free slot.
 
         ``avoid`` is best effort: it is returned only when it is the one replica with room.
         """
         cap = self.max_ongoing
-        best: Replica | None = None
+        best: RoutedReplica | None = None
         for r in self.replicas:
             free = r.in_flight < cap and r is not avoid
             if free and (best is None or r.in_flight < best.in_flight):
@@ -134,40 +157,53 @@ class Router:
     def __init__(self, *, max_queued: int = DEFAULT_MAX_QUEUED) -> None:
         self._pools: dict[str, _Pool] = {}
         self._max_queued = max_queued
+        #: called with the deployment key when a caller starts waiting on a deployment that has
+        #: no replica at all (scaled to zero): whoever reports load tells the controller at once
+        self.on_starved: Callable[[str], None] | None = None
 
     # -- discovery side ------------------------------------------------------------------------
 
     def update(self, deployments: dict[str, DeploymentEndpoints]) -> None:
         """Replace the replica table with ``deployments`` (keyed by ``wire.deployment_key``).
 
-        Replicas that remain (same id, host and port) keep their :class:`Replica` object and so
-        their in-flight count; new replicas start at zero; queued callers are handed the new slots.
-        A deployment that disappears keeps its pool only while callers wait on it (they time out).
+        Replicas that remain (same id, host and port) keep their :class:`RoutedReplica` object and
+        so their in-flight count; new replicas start at zero; queued callers are handed the new
+        slots.
+        Callers waiting on a deployment that disappears (its application was deleted) get
+        :class:`NoReplicaAvailable` at once: no replica of it will come.
         """
         for key, endpoints in deployments.items():
             pool = self._pools.get(key)
             if pool is None:
                 pool = self._pools[key] = _Pool(key, self._max_queued)
             known = {r.replica_id: r for r in pool.replicas}
-            fresh: list[Replica] = []
+            fresh: list[RoutedReplica] = []
             for ep in endpoints["replicas"]:
                 old = known.get(ep["replica_id"])
                 if old is not None and old.host == ep["host"] and old.port == ep["port"]:
                     fresh.append(old)
                 else:
-                    fresh.append(Replica(ep["replica_id"], ep["host"], ep["port"], pool))
+                    fresh.append(RoutedReplica(ep["replica_id"], ep["host"], ep["port"], pool))
             pool.replicas = fresh
             pool.max_ongoing = max(1, endpoints["max_ongoing_requests"])
+            limit = endpoints.get("max_queued_requests", -1)
+            pool.max_queued = self._max_queued if limit < 0 else min(limit, self._max_queued)
+            pool.backpressure = (
+                endpoints.get("backpressure_status", 503),
+                endpoints.get("retry_after_s"),
+            )
             pool.dispatch()
         for key in [k for k in self._pools if k not in deployments]:
-            pool = self._pools[key]
+            pool = self._pools.pop(key)
             pool.replicas = []
-            if not pool.waiters:
-                del self._pools[key]
+            while pool.waiters:
+                waiter = pool.waiters.popleft()
+                if not waiter.done():
+                    waiter.set_exception(NoReplicaAvailable(key, "the deployment was removed"))
 
     # -- request side --------------------------------------------------------------------------
 
-    def try_assign(self, key: str, avoid: Replica | None = None) -> Replica | None:
+    def try_assign(self, key: str, avoid: RoutedReplica | None = None) -> RoutedReplica | None:
         """A slot at once, or ``None`` when the caller would have to wait.
 
         The synchronous fast path: callers that get a slot here need no task, future or timer.
@@ -182,8 +218,8 @@ class Router:
         return replica
 
     async def assign(
-        self, key: str, timeout_s: float | None, avoid: Replica | None = None
-    ) -> Replica:
+        self, key: str, timeout_s: float | None, avoid: RoutedReplica | None = None
+    ) -> RoutedReplica:
         """A slot on one replica of ``key``; waits (FIFO) up to ``timeout_s`` when all are full.
 
         ``avoid`` is a replica to skip if another one has room (used to retry elsewhere).
@@ -196,10 +232,16 @@ class Router:
         if pool is None:
             pool = self._pools[key] = _Pool(key, self._max_queued)
         if len(pool.waiters) >= pool.max_queued:
-            raise NoReplicaAvailable(key, f"{len(pool.waiters)} requests already queued")
+            raise BackPressure(
+                key,
+                f"{len(pool.waiters)} requests already queued (max_queued_requests)",
+                *pool.backpressure,
+            )
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[Replica] = loop.create_future()
+        waiter: asyncio.Future[RoutedReplica] = loop.create_future()
         pool.waiters.append(waiter)
+        if not pool.replicas and self.on_starved is not None:
+            self.on_starved(key)
         # A bare timer on the future instead of asyncio.wait_for: no extra task per waiter.
         timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, waiter)
         try:
@@ -219,7 +261,7 @@ class Router:
             if not pool.waiters and not pool.replicas and self._pools.get(pool.key) is pool:
                 del self._pools[pool.key]
 
-    def release(self, replica: Replica) -> None:
+    def release(self, replica: RoutedReplica) -> None:
         """Give back a slot from :meth:`assign`; the oldest waiter, if any, gets it next."""
         replica.in_flight -= 1
         pool = replica._pool
@@ -238,16 +280,22 @@ class Router:
         pool = self._pools.get(key)
         return 0 if pool is None else len(pool.waiters)
 
-    def replicas(self, key: str) -> list[Replica]:
+    def queued_counts(self) -> dict[str, int]:
+        """``{deployment key: callers waiting}`` for every deployment this router knows."""
+        return {key: len(pool.waiters) for key, pool in self._pools.items()}
+
+    def replicas(self, key: str) -> list[RoutedReplica]:
         pool = self._pools.get(key)
         return [] if pool is None else list(pool.replicas)
 
 
-def _expire(waiter: asyncio.Future[Replica]) -> None:
+def _expire(waiter: asyncio.Future[RoutedReplica]) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError())
 
 
-def _discard(waiters: deque[asyncio.Future[Replica]], waiter: asyncio.Future[Replica]) -> None:
+def _discard(
+    waiters: deque[asyncio.Future[RoutedReplica]], waiter: asyncio.Future[RoutedReplica]
+) -> None:
     with contextlib.suppress(ValueError):
         waiters.remove(waiter)  # O(queue) but only on timeout/cancel, never on the hot path

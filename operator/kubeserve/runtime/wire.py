@@ -12,7 +12,12 @@ handshake of :mod:`kubeserve.runtime.channel`, whose role fixes what the connect
   applied, 500 with the error text when the user's hook raised;
 * ``GET  /-/metrics``      Prometheus text: ``kubeserve_replica_ongoing_requests`` and friends;
 * ``POST /-/call/<method>`` a handle call: body is ``encode_call(args, kwargs)``, response body is
-  ``encode_result(value)`` with status 200, or ``encode_error(exc)`` with status 500.
+  ``encode_result(value)`` with status 200, or ``encode_error(exc)`` with status 500;
+* ``POST /-/stream/<method>`` a streamed handle call of a generator method: same body; a 200
+  answer's chunked body is a sequence of :func:`encode_frame` frames, one ``ITEM`` per value the
+  generator yields as it yields it, then ``END``, or ``ERROR`` with the exception. A call of the
+  wrong kind (a generator without streaming, or streaming a plain method) fails with ``TypeError``
+  as in Ray Serve.
 
 Discovery: ``GET {controller}/-/snapshot?version=N&timeout=S`` long-polls the controller: it answers
 at once when its snapshot version differs from ``N`` and otherwise when it changes or ``S`` seconds
@@ -30,18 +35,29 @@ a peer that has not proved the instance's secret: the handshake comes before the
 from __future__ import annotations
 
 import pickle
+import struct
+from collections.abc import Mapping
 from typing import Any, NotRequired, TypedDict
 
 HEALTHZ_PATH = "/-/healthz"
 RECONFIGURE_PATH = "/-/reconfigure"
 METRICS_PATH = "/-/metrics"
 CALL_PREFIX = "/-/call/"
+STREAM_PREFIX = "/-/stream/"
 SNAPSHOT_PATH = "/-/snapshot"
+#: ``GET {controller}/-/load?source=ID&queued=JSON`` (signed like discovery): a caller (proxy,
+#: handle) reports ``{deployment key: requests waiting for a replica}``; the autoscaler adds them
+#: to the replicas' ongoing requests.
+LOAD_PATH = "/-/load"
 
 #: Header of a replica's 503 to a request it never started (it is shutting down): the request
 #: provably did not run, so its caller may send it to another replica. Only such answers are ever
 #: re-sent; a request a replica may have started is never run twice.
 UNSERVED_HEADER = "x-kubeserve-unserved"
+#: The :data:`UNSERVED_HEADER` value of a replica already running ``max_ongoing_requests``
+#: requests (from all its callers together): the caller waits for a slot and tries again, on
+#: another replica if one has room. Other values (``shutting-down``) mean "try another replica".
+UNSERVED_AT_CAPACITY = "at-capacity"
 
 #: Environment variable carrying the JSON :class:`ReplicaConfig` of a replica process (the
 #: Kubernetes backend's pod templates, whose config never holds ``user_config``).
@@ -65,6 +81,13 @@ class DeploymentEndpoints(TypedDict):
 
     max_ongoing_requests: int
     replicas: list[ReplicaEndpoint]
+    #: requests each caller may hold waiting for a replica (Ray's ``max_queued_requests``);
+    #: -1 or absent: no limit of the deployment's own
+    max_queued_requests: NotRequired[int]
+    #: the proxy's answer beyond ``max_queued_requests`` (``backpressure_config``): 503 or 429,
+    #: and the ``Retry-After`` seconds (absent: no header)
+    backpressure_status: NotRequired[int]
+    retry_after_s: NotRequired[float]
 
 
 class Route(TypedDict):
@@ -101,6 +124,30 @@ class ReplicaConfig(TypedDict):
     health_check_timeout_s: NotRequired[float]
     #: :meth:`kubeserve.runtime.limits.RequestLimits.to_mapping`; the defaults when absent
     request_limits: NotRequired[dict[str, Any]]
+    #: The application's ``args`` for an application builder ({} or absent: none).
+    app_args: NotRequired[dict[str, Any]]
+    #: The application's route prefix: an ASGI ingress sees it as ``root_path``, as in Ray Serve
+    #: (absent or "/": none).
+    route_prefix: NotRequired[str | None]
+
+
+class QueueLimits(TypedDict, total=False):
+    """The queue fields of :class:`DeploymentEndpoints`."""
+
+    max_queued_requests: int
+    backpressure_status: int
+    retry_after_s: float
+
+
+def queue_limits(config: Mapping[str, Any]) -> QueueLimits:
+    """The queue fields of a deployment's endpoints, from its effective config."""
+    limits: QueueLimits = {"max_queued_requests": int(config.get("max_queued_requests") or -1)}
+    backpressure = config.get("backpressure_config") or {}
+    if backpressure.get("status_code"):
+        limits["backpressure_status"] = int(backpressure["status_code"])
+    if backpressure.get("retry_after_s") is not None:
+        limits["retry_after_s"] = float(backpressure["retry_after_s"])
+    return limits
 
 
 def deployment_key(app: str, deployment: str) -> str:
@@ -108,13 +155,75 @@ def deployment_key(app: str, deployment: str) -> str:
     return f"{app}#{deployment}"
 
 
-def encode_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    return pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+def parse_metrics(text: str) -> dict[str, float]:
+    """``{metric name: value}`` of a Prometheus exposition with one series per name (a replica's
+    ``/-/metrics``); labels are dropped, comments and unparsable lines skipped."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, value = line.rpartition(" ")
+        name = name_part.partition("{")[0].strip()
+        try:
+            values[name] = float(value)
+        except ValueError:
+            continue
+    return values
+
+
+def encode_call(
+    args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any] | None = None
+) -> bytes:
+    """A call's arguments, and its options (``model_id``: the multiplexed model) when any."""
+    call = (args, kwargs, options) if options else (args, kwargs)
+    return pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def decode_call(body: bytes) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    args, kwargs = pickle.loads(body)
-    return tuple(args), dict(kwargs)
+    args, kwargs, _ = decode_call_with_options(body)
+    return args, kwargs
+
+
+def decode_call_with_options(
+    body: bytes,
+) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
+    call = pickle.loads(body)
+    options = call[2] if len(call) > 2 else {}
+    return tuple(call[0]), dict(call[1]), dict(options)
+
+
+#: Frame kinds of a streamed handle call's answer.
+FRAME_ITEM = b"I"
+FRAME_END = b"D"
+FRAME_ERROR = b"E"
+_FRAME_HEAD = struct.Struct(">cI")
+
+
+def encode_frame(kind: bytes, payload: bytes = b"") -> bytes:
+    """One frame: kind (1 byte), payload length (4 bytes, big-endian), payload."""
+    return _FRAME_HEAD.pack(kind, len(payload)) + payload
+
+
+class FrameReader:
+    """Splits a byte stream cut anywhere back into ``(kind, payload)`` frames."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        buffer = self._buffer + data
+        frames: list[tuple[bytes, bytes]] = []
+        size = _FRAME_HEAD.size
+        while len(buffer) >= size:
+            kind, length = _FRAME_HEAD.unpack_from(buffer)
+            if len(buffer) < size + length:
+                break
+            frames.append((kind, buffer[size : size + length]))
+            buffer = buffer[size + length :]
+        self._buffer = buffer
+        return frames
 
 
 def encode_result(value: Any) -> bytes:

@@ -492,7 +492,8 @@ def _application_crd() -> dict[str, Any]:
         structural_schema(ServeApplicationStatus, keep_defaults=False),
         [
             _printer_column("Status", ".status.appStatus"),
-            _printer_column("Ready", ".status.readyDeployments"),
+            _printer_column("Deployments", ".status.readyDeployments"),
+            _printer_column("Replicas", ".status.replicas"),
             _printer_column("Route", ".status.routePrefix"),
             _printer_column("Import path", ".spec.importPath", priority=1),
             _printer_column("Instance", ".spec.instance", priority=1),

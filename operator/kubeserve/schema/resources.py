@@ -213,14 +213,18 @@ class ServeApplicationSpecBase(CRModel):
     )
 
     def to_rest(self, *, name: str) -> ServeApplicationEntry:
-        """The REST element of ``applications``; ``name`` is the object's ``metadata.name``.
+        """The REST element of ``applications`` named ``name``, the application's Ray name.
 
-        Raises pydantic's ``ValidationError`` when the spec breaks a REST rule.
+        The Ray name is ``appName`` when set, else the object's ``metadata.name``, except for the
+        single-application family's ``""`` (an annotation the admin API sets); the Kubernetes
+        contract spells that rule once (``kubeserve.runtime.kubernetes.contract.application_name``)
+        and its callers pass the result. Raises pydantic's ``ValidationError`` when the spec breaks
+        a REST rule.
         """
         body = self.model_dump(
             mode="json", by_alias=False, exclude_unset=True, exclude={"app_name", "instance"}
         )
-        return ServeApplicationEntry.model_validate({"name": self.app_name or name, **body})
+        return ServeApplicationEntry.model_validate({"name": name, **body})
 
     @classmethod
     def from_rest(
@@ -322,6 +326,15 @@ class Condition(CRModel):
     observed_generation: NonNegativeInt | None = None
 
 
+class ScalingDecisionEntry(CRModel):
+    """The autoscaler's last change of a deployment's target (Ray's ``ScalingDecision``)."""
+
+    timestamp_s: float
+    reason: str = ""
+    prev_num_replicas: NonNegativeInt = 0
+    curr_num_replicas: NonNegativeInt = 0
+
+
 class DeploymentStatusEntry(CRModel):
     """One serve deployment of an application: Ray's status values plus replica counts."""
 
@@ -335,6 +348,12 @@ class DeploymentStatusEntry(CRModel):
     #: and the cap on requests in flight per replica
     service: str | None = None
     max_ongoing_requests: PositiveInt | None = None
+    #: the callers' queue limit (-1: none) and their answer beyond it (``backpressure_config``)
+    max_queued_requests: int | None = None
+    backpressure_status: int | None = None
+    retry_after_s: float | None = None
+    #: of an autoscaling deployment: why its target last changed
+    last_scaling_decision: ScalingDecisionEntry | None = None
 
 
 class ServeApplicationStatus(CRModel):
@@ -348,6 +367,10 @@ class ServeApplicationStatus(CRModel):
     message: str = ""
     ready_deployments: str | None = Field(
         default=None, description='Healthy deployments out of all, e.g. "2/3".'
+    )
+    replicas: str | None = Field(
+        default=None,
+        description='Ready replicas out of the target, all deployments together, e.g. "3/4".',
     )
     route_prefix: str | None = Field(default=None, description="The effective route prefix.")
     ingress_deployment: str | None = Field(

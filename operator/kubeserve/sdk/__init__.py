@@ -5,7 +5,7 @@ Re-exported from :mod:`kubeserve`; user code should write ``from kubeserve impor
 
 from kubeserve.sdk.application import Application, GraphError, GraphNode
 from kubeserve.sdk.deployment import Deployment, DeploymentOptions, deployment
-from kubeserve.sdk.errors import DeploymentUnavailableError, KubeserveError
+from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError, KubeserveError
 from kubeserve.sdk.handle import DeploymentHandle, DeploymentResponse
 from kubeserve.sdk.http import (
     URL,
@@ -22,6 +22,7 @@ from kubeserve.sdk.http import (
 __all__ = [
     "URL",
     "Application",
+    "BackPressureError",
     "Deployment",
     "DeploymentHandle",
     "DeploymentOptions",

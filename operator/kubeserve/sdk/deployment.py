@@ -20,6 +20,8 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack, overload
 
+from kubeserve.sdk.errors import UnsupportedOptionError
+
 if TYPE_CHECKING:
     from kubeserve.sdk.application import Application
 
@@ -41,6 +43,19 @@ class DeploymentOptions(TypedDict, total=False):
     ray_actor_options: dict[str, Any] | None
     route_prefix: str | None
     is_driver_deployment: bool | None
+    logging_config: Any
+    request_router_config: Any
+    backpressure_config: Any
+    version: str | None
+    placement_group_bundles: list[dict[str, float]] | None
+    placement_group_strategy: str | None
+    placement_group_bundle_label_selector: list[dict[str, str]] | None
+    max_replicas_per_node: int | None
+    max_constructor_retry_count: int | None
+    gang_scheduling_config: Any
+    deployment_actors: Any
+    rolling_update_percentage: float | None
+    max_surge_percent: int | None
 
 
 #: Option names as they appear in :attr:`Deployment.code_options` (and in the build description).
@@ -57,7 +72,30 @@ OPTION_NAMES: tuple[str, ...] = (
     "ray_actor_options",
     "route_prefix",
     "is_driver_deployment",
+    "logging_config",
+    "request_router_config",
+    "backpressure_config",
 )
+#: Options of Ray Serve 2.60's decorator that kubeserve cannot honour, and why: giving one (other
+#: than as None) fails at import time with this reason instead of being silently ignored.
+REFUSED_OPTIONS: dict[str, str] = {
+    "version": "it was removed from Ray Serve; replicas are replaced when code or config change",
+    "placement_group_bundles": "kubeserve has no placement groups; use ray_actor_options "
+    "(num_cpus, num_gpus, memory, resources) for what one replica needs",
+    "placement_group_strategy": "kubeserve has no placement groups",
+    "placement_group_bundle_label_selector": "kubeserve has no placement groups; use "
+    "ray_actor_options.label_selector",
+    "max_replicas_per_node": "kubeserve does not spread replicas by node count",
+    "max_constructor_retry_count": "kubeserve retries failing replicas with a backoff, without "
+    "a count",
+    "gang_scheduling_config": "kubeserve does not schedule replicas in gangs",
+    "deployment_actors": "kubeserve does not run deployment actors",
+    "rolling_update_percentage": "kubeserve starts all new replicas of a rollout before stopping "
+    "old ones",
+    "max_surge_percent": "kubeserve starts all new replicas of a rollout before stopping old ones",
+}
+#: The only request router kubeserve has (power of two choices on requests in flight).
+DEFAULT_REQUEST_ROUTER = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
 _ALIASES = {"max_concurrent_queries": "max_ongoing_requests"}
 _KEEP_NONE = frozenset({"route_prefix"})
 _NON_NEGATIVE = ("graceful_shutdown_wait_loop_s", "graceful_shutdown_timeout_s")
@@ -73,11 +111,19 @@ def normalize_options(options: dict[str, Any]) -> dict[str, Any]:
     recorded: dict[str, Any] = {}
     for key, value in options.items():
         canonical = _ALIASES.get(key, key)
+        if canonical in REFUSED_OPTIONS:
+            if value is None:
+                continue
+            raise UnsupportedOptionError(
+                f"kubeserve does not support the deployment option {key!r}: "
+                f"{REFUSED_OPTIONS[canonical]}"
+            )
         if canonical not in OPTION_NAMES:
             known = ", ".join(sorted((*OPTION_NAMES, *_ALIASES, "name")))
             raise TypeError(f"unknown deployment option {key!r}; known options: {known}")
         if value is None and canonical not in _KEEP_NONE:
             continue
+        value = _plain(value)
         if canonical in recorded and recorded[canonical] != value:
             raise ValueError(
                 "max_ongoing_requests and max_concurrent_queries are the same option; "
@@ -88,8 +134,19 @@ def normalize_options(options: dict[str, Any]) -> dict[str, Any]:
     return recorded
 
 
+def _plain(value: Any) -> Any:
+    """A pydantic model given as an option (Ray's ``AutoscalingConfig(...)``) as the dict of the
+    fields it sets, the form configs use."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump) and not isinstance(value, type):
+        return dump(mode="json", exclude_unset=True)
+    return value
+
+
 def _check_value(name: str, value: Any) -> None:
-    if name == "num_replicas":
+    if name in ("logging_config", "request_router_config", "backpressure_config"):
+        _check_ray_config(name, value)
+    elif name == "num_replicas":
         if value != "auto" and (not _is_int(value) or value < 1):
             raise ValueError(f"num_replicas must be a positive integer or 'auto', got {value!r}")
     elif name in ("max_ongoing_requests", "max_queued_requests"):
@@ -110,6 +167,30 @@ def _check_value(name: str, value: Any) -> None:
             )
     elif name in ("autoscaling_config", "ray_actor_options") and not isinstance(value, dict):
         raise ValueError(f"{name} must be a dict, got {type(value).__name__}")
+
+
+def _check_ray_config(name: str, value: Any) -> None:
+    """The parts of Ray's logging, routing and backpressure configs kubeserve honours; any other
+    setting is refused naming it."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict, got {type(value).__name__}")
+    refused: dict[str, Any] = {}
+    if name == "logging_config":
+        refused = {
+            k: v
+            for k, v in value.items()
+            if k not in ("log_level", "enable_access_log") and v not in (None, "TEXT", [], {})
+        }
+    elif name == "request_router_config":
+        router = value.get("request_router_class", DEFAULT_REQUEST_ROUTER)
+        if router not in (DEFAULT_REQUEST_ROUTER, None):
+            refused = {"request_router_class": router}
+    else:  # backpressure_config: kubeserve answers an overflow with 503, Ray's default
+        if value.get("status_code", 503) != 503 or value.get("retry_after_s") is not None:
+            refused = {k: v for k, v in value.items() if v is not None}
+    if refused:
+        fields = ", ".join(f"{name}.{k}={v!r}" for k, v in refused.items())
+        raise UnsupportedOptionError(f"kubeserve does not support {fields}")
 
 
 def _is_int(value: Any) -> bool:

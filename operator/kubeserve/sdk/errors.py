@@ -7,3 +7,12 @@ class KubeserveError(Exception):
 
 class DeploymentUnavailableError(KubeserveError):
     """A handle call found no replica to run it (none running, or all full until the timeout)."""
+
+
+class BackPressureError(DeploymentUnavailableError):
+    """A handle call refused at once: ``max_queued_requests`` calls already wait at this caller
+    (Ray's ``BackPressureError``)."""
+
+
+class UnsupportedOptionError(KubeserveError, ValueError):
+    """A valid Ray Serve option kubeserve cannot honour; the message names it and says why."""

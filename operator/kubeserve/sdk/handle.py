@@ -1,104 +1,275 @@
 """``DeploymentHandle``: how one deployment calls another.
 
-A handle is only a name, ``(app, deployment, method)``; it carries no connection, so it pickles into
-another process and works there. Calls go through the process's
-:class:`~kubeserve.sdk.transport.HandleTransport`, looked up when the call is made.
+A handle is only a name plus call options, ``(app, deployment, method, stream, model id)``; it
+carries no connection, so it pickles into another process and works there. Calls go through the
+process's :class:`~kubeserve.sdk.transport.HandleTransport`, looked up when the call is made.
 
 ``handle.remote(...)`` starts the call at once when an event loop is running (so several calls run
-concurrently) and returns a :class:`DeploymentResponse` to ``await``. A response passed as an
-argument to another ``.remote()`` call is awaited first, and its result is sent instead.
+concurrently) and returns a :class:`DeploymentResponse` to ``await`` (or, from a thread without an
+event loop, to wait on with :meth:`DeploymentResponse.result`). A response passed as an argument to
+another ``.remote()`` call is awaited first, and its result is sent instead. With
+``handle.options(stream=True)`` the call runs a generator method and returns a
+:class:`DeploymentResponseGenerator` yielding its items as the replica produces them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Generator
+import concurrent.futures
+from collections.abc import AsyncIterator, Coroutine, Generator, Iterator
 from typing import Any
 
-from kubeserve.sdk.transport import get_transport
+from kubeserve.sdk.transport import get_transport, transport_loop
 
 _CALL = "__call__"
 
+_SYNC_IN_LOOP = (
+    "Sync methods should not call `.result()` when called from an asyncio event loop: "
+    "this deployment's runtime_env sets RAY_SERVE_RUN_SYNC_IN_THREADPOOL=0, which runs sync "
+    "methods on the replica's event loop. Remove it, or make the method `async def` and use "
+    "`await response` instead."
+)
+
+
+def _transport_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return transport_loop()
+    except RuntimeError:
+        return None
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
 
 class DeploymentResponse:
-    """The pending result of a handle call; ``await`` it for the value or the callee's exception."""
+    """The pending result of a handle call; ``await`` it for the value or the callee's exception,
+    or call :meth:`result` from synchronous code running outside the event loop."""
 
-    __slots__ = ("_coro", "_task")
+    __slots__ = ("_coro", "_future", "_task")
 
     def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
         self._coro: Coroutine[Any, Any, Any] | None = coro
         self._task: asyncio.Future[Any] | None = None
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no loop yet: the call starts when the response is awaited
-        self._start()
+        self._future: concurrent.futures.Future[Any] | None = None
+        running, home = _running_loop(), _transport_loop()
+        if home is not None and running is not home:
+            # A thread without a loop (a sync method on a worker thread, a script) or another
+            # loop (an async script): the call runs on the transport's loop, started at once.
+            self._future = asyncio.run_coroutine_threadsafe(coro, home)
+            self._coro = None
+        elif running is not None:
+            self._start()
 
     def _start(self) -> asyncio.Future[Any]:
         if self._task is None:
-            assert self._coro is not None
-            self._task = asyncio.ensure_future(self._coro)
-            self._coro = None
+            if self._future is not None:
+                self._task = asyncio.wrap_future(self._future)
+            else:
+                assert self._coro is not None
+                self._task = asyncio.ensure_future(self._coro)
+                self._coro = None
         return self._task
 
     def __await__(self) -> Generator[Any, None, Any]:
         return self._start().__await__()
 
+    def result(self, *, timeout_s: float | None = None) -> Any:
+        """Block until the result is there (raises :class:`TimeoutError` after ``timeout_s``).
+
+        Only for synchronous code outside an event loop (a script, a thread of a replica): the
+        call runs on the loop the process's handle transport runs on.
+        """
+        if _running_loop() is not None:
+            raise RuntimeError(_SYNC_IN_LOOP)
+        if self._future is None:
+            if self._task is not None:  # started on a loop that is not running here
+                task = self._task
+                self._future = asyncio.run_coroutine_threadsafe(_wait(task), task.get_loop())
+            else:
+                assert self._coro is not None
+                coro, self._coro = self._coro, None
+                self._future = asyncio.run_coroutine_threadsafe(coro, transport_loop())
+        return self._future.result(timeout_s)
+
     def cancel(self) -> None:
         """Stop waiting for the result (the replica may still run the call)."""
         if self._task is not None:
             self._task.cancel()
+        elif self._future is not None:
+            self._future.cancel()
         elif self._coro is not None:
             self._coro.close()
             self._coro = None
+
+
+async def _wait(future: asyncio.Future[Any]) -> Any:
+    return await future
+
+
+class DeploymentResponseGenerator:
+    """The items of a streamed handle call (``handle.options(stream=True)``), as they arrive:
+    ``async for`` inside an event loop, plain ``for`` from synchronous code outside one."""
+
+    __slots__ = ("_items", "_start_items")
+
+    def __init__(self, start: Any) -> None:
+        self._start_items = start  # () -> AsyncIterator[Any]
+        self._items: AsyncIterator[Any] | None = None
+
+    def _iterator(self) -> AsyncIterator[Any]:
+        if self._items is None:
+            self._items = self._start_items()
+        return self._items
+
+    def __aiter__(self) -> DeploymentResponseGenerator:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await anext(self._iterator())
+
+    def __iter__(self) -> Iterator[Any]:
+        if _running_loop() is not None:
+            raise RuntimeError(_SYNC_IN_LOOP.replace("`.result()`", "`for ... in`"))
+        loop = transport_loop()
+        iterator = self._iterator()
+        while True:
+            try:
+                yield asyncio.run_coroutine_threadsafe(_next(iterator), loop).result()
+            except StopAsyncIteration:
+                return
+
+    def cancel(self) -> None:
+        """Stop the stream: the replica's generator is closed."""
+        items = self._items
+        if items is not None and hasattr(items, "aclose"):
+            loop = _running_loop()
+            if loop is not None:
+                loop.create_task(items.aclose())
+
+
+async def _next(iterator: AsyncIterator[Any]) -> Any:
+    return await anext(iterator)
 
 
 class DeploymentHandle:
     """Calls methods of the replicas of one deployment: ``await handle.remote(...)`` runs
     ``__call__``, ``await handle.method.remote(...)`` runs ``method``."""
 
-    __slots__ = ("app_name", "deployment_name", "method_name")
+    __slots__ = ("app_name", "deployment_name", "method_name", "multiplexed_model_id", "stream")
 
-    def __init__(self, app_name: str, deployment_name: str, method_name: str = _CALL) -> None:
+    def __init__(
+        self,
+        app_name: str,
+        deployment_name: str,
+        method_name: str = _CALL,
+        *,
+        stream: bool = False,
+        multiplexed_model_id: str = "",
+    ) -> None:
         self.app_name = app_name
         self.deployment_name = deployment_name
         self.method_name = method_name
+        self.stream = stream
+        self.multiplexed_model_id = multiplexed_model_id
 
-    def options(self, *, method_name: str | None = None) -> DeploymentHandle:
-        """A copy of this handle, calling ``method_name`` by default."""
+    def options(
+        self,
+        *,
+        method_name: str | None = None,
+        multiplexed_model_id: str | None = None,
+        stream: bool | None = None,
+        use_new_handle_api: bool | None = None,
+        session_id: str | None = None,
+        _prefer_local_routing: bool | None = None,
+        _by_reference: bool | None = None,
+        request_serialization: str | None = None,
+        response_serialization: str | None = None,
+    ) -> DeploymentHandle:
+        """A copy of this handle with these options (Ray's ``DeploymentHandle.options``).
+
+        ``session_id``, local-routing preference and serialization choices are accepted and have
+        no effect: every call is routed by load and pickled.
+        """
         return DeploymentHandle(
-            self.app_name, self.deployment_name, method_name or self.method_name
+            self.app_name,
+            self.deployment_name,
+            method_name or self.method_name,
+            stream=self.stream if stream is None else bool(stream),
+            multiplexed_model_id=(
+                self.multiplexed_model_id
+                if multiplexed_model_id is None
+                else str(multiplexed_model_id)
+            ),
         )
 
-    def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponse:
-        """Call the handle's method on one replica; ``await`` the result."""
-        return DeploymentResponse(self._call(self.method_name, args, kwargs))
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the handle's method on one replica: a :class:`DeploymentResponse`, or a
+        :class:`DeploymentResponseGenerator` when the handle streams."""
+        return self._remote(self.method_name, args, kwargs)
+
+    def _remote(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.stream:
+            return DeploymentResponseGenerator(lambda: self._stream(method, args, kwargs))
+        return DeploymentResponse(self._call(method, args, kwargs))
 
     def __getattr__(self, name: str) -> _MethodCaller:
         if name.startswith("_"):
             raise AttributeError(name)
         return _MethodCaller(self, name)
 
-    async def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        args = tuple([await _resolve(a) for a in args])
-        kwargs = {k: await _resolve(v) for k, v in kwargs.items()}
-        transport = get_transport()
-        return await transport.call(self.app_name, self.deployment_name, method, args, kwargs)
+    def _call_options(self) -> dict[str, Any]:
+        return {"model_id": self.multiplexed_model_id} if self.multiplexed_model_id else {}
 
-    def __reduce__(self) -> tuple[type[DeploymentHandle], tuple[str, str, str]]:
-        return (DeploymentHandle, (self.app_name, self.deployment_name, self.method_name))
+    async def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        args, kwargs = await _resolve_all(args, kwargs)
+        return await get_transport().call(
+            self.app_name, self.deployment_name, method, args, kwargs, **self._call_options()
+        )
+
+    async def _stream(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> AsyncIterator[Any]:
+        args, kwargs = await _resolve_all(args, kwargs)
+        items = get_transport().stream(
+            self.app_name, self.deployment_name, method, args, kwargs, **self._call_options()
+        )
+        async for item in items:
+            yield item
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, self._key())
+
+    def _key(self) -> tuple[str, str, str, bool, str]:
+        return (
+            self.app_name,
+            self.deployment_name,
+            self.method_name,
+            self.stream,
+            self.multiplexed_model_id,
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DeploymentHandle):
             return NotImplemented
-        return self.__reduce__() == other.__reduce__()
+        return self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash(self.__reduce__()[1])
+        return hash(self._key())
 
     def __repr__(self) -> str:
         method = "" if self.method_name == _CALL else f", method_name={self.method_name!r}"
-        return f"DeploymentHandle({self.app_name!r}, {self.deployment_name!r}{method})"
+        stream = ", stream=True" if self.stream else ""
+        return f"DeploymentHandle({self.app_name!r}, {self.deployment_name!r}{method}{stream})"
+
+
+def _rebuild(
+    app: str, deployment: str, method: str, stream: bool = False, model_id: str = ""
+) -> DeploymentHandle:
+    return DeploymentHandle(app, deployment, method, stream=stream, multiplexed_model_id=model_id)
 
 
 class _MethodCaller:
@@ -110,8 +281,22 @@ class _MethodCaller:
         self._handle = handle
         self._method = method
 
-    def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponse:
-        return DeploymentResponse(self._handle._call(self._method, args, kwargs))
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self._handle._remote(self._method, args, kwargs)
+
+    def options(self, **options: Any) -> DeploymentHandle:
+        return self._handle.options(method_name=self._method, **options)
+
+
+async def _resolve_all(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if not any(isinstance(a, DeploymentResponse) for a in (*args, *kwargs.values())):
+        return args, kwargs
+    return (
+        tuple([await _resolve(a) for a in args]),
+        {k: await _resolve(v) for k, v in kwargs.items()},
+    )
 
 
 async def _resolve(value: Any) -> Any:

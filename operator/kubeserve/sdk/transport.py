@@ -4,11 +4,14 @@
 replica needs the runtime's router and connection pool. The runtime installs one
 :class:`HandleTransport` per process with :func:`set_transport` before user code runs; handles look
 it up at call time, so a handle built while the application is imported (before the transport
-exists) still works once it is used.
+exists) still works once it is used. The event loop the transport was installed on is kept too:
+a synchronous caller on another thread (``response.result()``) runs its call there.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 
@@ -20,22 +23,43 @@ class HandleTransport(Protocol):
         method: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        *,
+        model_id: str = "",
     ) -> Any:
         """Run ``method`` on one replica of ``app``/``deployment`` and return its result.
 
         Raises the user's exception when the method raised, and
         :class:`kubeserve.sdk.errors.DeploymentUnavailableError` when no replica could take the
-        call.
+        call. ``model_id`` is the multiplexed model the call is for ("" for none).
         """
+        ...
+
+    def stream(
+        self,
+        app: str,
+        deployment: str,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        model_id: str = "",
+    ) -> AsyncIterator[Any]:
+        """Run the generator ``method`` on one replica and yield its items as they come."""
         ...
 
 
 _transport: HandleTransport | None = None
+_loop: asyncio.AbstractEventLoop | None = None
 
 
 def set_transport(transport: HandleTransport | None) -> None:
-    global _transport
+    """Install (or, with None, remove) the process's transport, on the running loop if any."""
+    global _transport, _loop
     _transport = transport
+    try:
+        _loop = asyncio.get_running_loop() if transport is not None else None
+    except RuntimeError:
+        _loop = None
 
 
 def get_transport() -> HandleTransport:
@@ -45,3 +69,11 @@ def get_transport() -> HandleTransport:
             "DeploymentHandle calls work inside a kubeserve replica"
         )
     return _transport
+
+
+def transport_loop() -> asyncio.AbstractEventLoop:
+    """The loop the transport runs on, for calls made from other threads."""
+    get_transport()
+    if _loop is None or _loop.is_closed():
+        raise RuntimeError("the handle transport of this process has no running event loop")
+    return _loop

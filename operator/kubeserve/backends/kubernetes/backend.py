@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
-import re
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -32,20 +30,30 @@ from typing import Any
 
 from aiohttp import web
 
-from kubeserve.backends.kubernetes import names
+from kubeserve.backends.kubernetes.autoscaling import (
+    SCALE_TO_ZERO_REFUSED,
+    external_replicas,
+    scale_to_zero_paths,
+)
 from kubeserve.backends.kubernetes.cache import ClusterCache
 from kubeserve.backends.kubernetes.details import (
     DEPLOYED_AT_ANNOTATION,
     ClusterView,
     ControllerIdentity,
-    app_name,
     instance_options,
     instance_view,
 )
-from kubeserve.backends.protocol import ConflictError, RejectedError, UnavailableError
+from kubeserve.backends.protocol import (
+    ConflictError,
+    NotFoundError,
+    PreconditionFailedError,
+    RejectedError,
+    UnavailableError,
+)
 from kubeserve.control.details import instance_details
-from kubeserve.control.instance import immutable_option_conflict
-from kubeserve.runtime.kube import Kube, KubeConflict, KubeError, path
+from kubeserve.control.instance import external_scaler_disabled, immutable_option_conflict
+from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.client import Kube, KubeConflict, KubeError, path
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
 from kubeserve.schema.errors import ErrorDetail
 from kubeserve.schema.resources import (
@@ -60,7 +68,6 @@ __all__ = [
     "FIELD_MANAGER",
     "SINGLE_APP_ANNOTATION",
     "KubernetesBackend",
-    "application_cr_name",
 ]
 
 #: The field manager of every write the admin API makes (``--show-managed-fields`` shows it).
@@ -71,10 +78,8 @@ SINGLE_APP_ANNOTATION = "kubeserve.io/single-app-config"
 _CR_ONLY_INSTANCE_FIELDS = ("image", "imagePullPolicy")
 
 #: Annotations of a ``ServeApplication`` the admin API owns.
-_APPLICATION_ANNOTATIONS = (DEPLOYED_AT_ANNOTATION, names.APPLICATION_NAME_ANNOTATION)
+_APPLICATION_ANNOTATIONS = (DEPLOYED_AT_ANNOTATION, contract.APPLICATION_NAME_ANNOTATION)
 
-_DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_HASH_LENGTH = 8
 #: How long a PUT waits for objects of a previous serving layer to finish deleting.
 _GONE_TIMEOUT_S = 60.0
 #: How long a PUT waits for the caches to show what it wrote (the write is durable before that).
@@ -82,21 +87,6 @@ _CACHE_TIMEOUT_S = 5.0
 _POLL_S = 0.1
 
 Obj = dict[str, Any]
-
-
-def application_cr_name(name: str) -> str:
-    """The ``ServeApplication`` object name of a Ray application name.
-
-    The name itself when it is a DNS-1123 label; else its lowercase alphanumerics joined by ``-``
-    and ``-<8 hex>`` (a digest of the exact name), so distinct Ray names never share an object.
-    ``spec.appName`` always carries the exact Ray name.
-    """
-    if len(name) <= names.MAX_NAME_LENGTH and _DNS_1123_LABEL.fullmatch(name):
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:_HASH_LENGTH]
-    cleaned = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    head = cleaned[: names.MAX_NAME_LENGTH - _HASH_LENGTH - 1].strip("-")
-    return f"{head}-{digest}" if head else f"app-{digest}"
 
 
 class KubernetesBackend:
@@ -150,8 +140,13 @@ class KubernetesBackend:
             await self._await_cached(written)
 
     def refusals(self, app_config: dict[str, Any]) -> list[ErrorDetail]:
-        """Nothing the schema accepts is beyond the operator (it renders or reports the rest)."""
-        return []
+        """Scaling to zero (see :data:`~.autoscaling.SCALE_TO_ZERO_REFUSED`); the operator
+        renders or reports everything else the schema accepts."""
+        overrides = app_config.get("deployments") or []
+        return [
+            {"loc": ["deployments", *path], "msg": SCALE_TO_ZERO_REFUSED}
+            for path in scale_to_zero_paths(overrides)
+        ]
 
     async def shutdown(self) -> None:
         async with self._lock, _kube_errors():
@@ -193,6 +188,28 @@ class KubernetesBackend:
         )
         return instance_details(instance_view(view, self.controller))
 
+    async def scale_deployment(self, app: str, deployment: str, target_num_replicas: int) -> None:
+        """Stored in the application's ``EXTERNAL_REPLICAS_ANNOTATION`` (see
+        :mod:`kubeserve.runtime.kubernetes.contract`); the operator sets the Deployment's replicas
+        from it."""
+        async with _kube_errors():
+            current = next(
+                (o for o in await self._applications() if contract.application_name(o) == app), None
+            )
+            if current is None:
+                raise NotFoundError("Application or Deployment not found")
+            if not (current.get("spec") or {}).get("externalScalerEnabled"):
+                raise PreconditionFailedError(external_scaler_disabled(app, deployment))
+            built = ((current.get("status") or {}).get("deployments") or {}).keys()
+            if deployment not in built:
+                raise NotFoundError("Application or Deployment not found")
+            key = contract.EXTERNAL_REPLICAS_ANNOTATION
+            counts = external_replicas(current)
+            counts[deployment] = target_num_replicas
+            wanted = {key: json.dumps(counts, sort_keys=True)}
+            ops = _annotation_ops(current, wanted, (key,))
+            await self._json_patch("ServeApplication", current["metadata"]["name"], ops)
+
     def internal_routes(self) -> list[web.RouteDef]:
         """None: in a cluster the data plane discovers through the Kubernetes API."""
         return []
@@ -223,9 +240,9 @@ class KubernetesBackend:
     @staticmethod
     def _targets(applications: list[dict[str, Any]], existing: dict[str, Obj]) -> dict[str, str]:
         """Ray name -> object name: an existing object of that application keeps its name."""
-        by_app = {app_name(obj): cr for cr, obj in existing.items()}
+        by_app = {contract.application_name(obj): cr for cr, obj in existing.items()}
         return {
-            app["name"]: by_app.get(app["name"]) or application_cr_name(app["name"])
+            app["name"]: by_app.get(app["name"]) or contract.application_cr_name(app["name"])
             for app in applications
         }
 
@@ -273,8 +290,8 @@ class KubernetesBackend:
         ) or repr(time.time())
         annotations = {DEPLOYED_AT_ANNOTATION: deployed_at}
         if not config["name"]:
-            annotations[names.APPLICATION_NAME_ANNOTATION] = ""
-        reference = names.owner_reference(owner, controller=False)
+            annotations[contract.APPLICATION_NAME_ANNOTATION] = ""
+        reference = contract.owner_reference(owner, controller=False)
         if current is None:
             wanted = self._object("ServeApplication", cr_name, spec, annotations)
             wanted["metadata"]["ownerReferences"] = [reference]
@@ -346,7 +363,9 @@ async def _kube_errors() -> AsyncIterator[None]:
 def _application_spec(config: dict[str, Any], instance: str) -> dict[str, Any]:
     """``ServeApplication.spec`` holding exactly the REST fields of ``config`` (camelCase).
 
-    An empty Ray name (the single-application family's) leaves ``appName`` unset.
+    An empty Ray name (the single-application family's) leaves ``appName`` unset; the object
+    carries an empty :data:`~kubeserve.runtime.kubernetes.contract.APPLICATION_NAME_ANNOTATION`
+    instead (:func:`~kubeserve.runtime.kubernetes.contract.application_name`).
     """
     # A stand-in name to validate with (any valid one): appName is dropped below.
     rest = ServeApplicationSchema.model_validate({**config, "name": config["name"] or "unnamed"})

@@ -12,24 +12,23 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from kubeserve.runtime.kube import Informer, Kube
-
-MANAGED = "app.kubernetes.io/managed-by=kubeserve"
+from kubeserve.runtime.kubernetes.client import Informer, Kube
+from kubeserve.runtime.kubernetes.contract import MANAGED_SELECTOR
 
 #: kind -> label selector; children are watched by the managed-by label only.
 WATCHED: dict[str, str] = {
     "ServeInstance": "",
     "ServeApplication": "",
-    "Deployment": MANAGED,
-    "DaemonSet": MANAGED,
-    "Service": MANAGED,
-    "Job": MANAGED,
-    "ConfigMap": MANAGED,
-    "Pod": MANAGED,
-    "ServiceAccount": MANAGED,
-    "Role": MANAGED,
-    "RoleBinding": MANAGED,
-    "NetworkPolicy": MANAGED,
+    "Deployment": MANAGED_SELECTOR,
+    "DaemonSet": MANAGED_SELECTOR,
+    "Service": MANAGED_SELECTOR,
+    "Job": MANAGED_SELECTOR,
+    "ConfigMap": MANAGED_SELECTOR,
+    "Pod": MANAGED_SELECTOR,
+    "ServiceAccount": MANAGED_SELECTOR,
+    "Role": MANAGED_SELECTOR,
+    "RoleBinding": MANAGED_SELECTOR,
+    "NetworkPolicy": MANAGED_SELECTOR,
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from kubeserve.backends.kubernetes.cache import ClusterCache
 from kubeserve.control import effective_config
-from kubeserve.runtime.kube import Kube, KubeError, timestamp
+from kubeserve.runtime.kubernetes.client import Kube, KubeError, timestamp
 
 log = logging.getLogger(__name__)
 

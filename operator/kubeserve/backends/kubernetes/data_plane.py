@@ -19,11 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubeserve.backends.kubernetes import names, render
+from kubeserve.backends.kubernetes import render
 from kubeserve.backends.kubernetes.pods import pod_ready, replica_key
 from kubeserve.control import effective_config
 from kubeserve.runtime import channel, wire
-from kubeserve.runtime.kube import Kube, KubeConflict, KubeError
+from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.client import Kube, KubeConflict, KubeError
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +45,17 @@ class DataPlane:
     async def secret(self, instance: dict[str, Any]) -> bytes:
         """The data-plane secret of ``instance`` (a ServeInstance object), read once and cached.
 
-        Creates the Secret :func:`~.names.dataplane_secret_name` with 32 random bytes (hex) when
-        it is missing, owned by the instance. One left by a deleted instance of the same name
-        (another uid) raises :class:`KubeError` (the pass is retried) until the garbage collector
-        removed it, so the operator needs only ``get`` and ``create`` on Secrets. Keyed by the
-        instance's uid: a recreated instance gets a fresh secret.
+        Creates the Secret :func:`~kubeserve.runtime.kubernetes.contract.dataplane_secret_name`
+        with 32 random bytes (hex) when it is missing, owned by the instance. One left by a deleted
+        instance of the same name (another uid) raises :class:`KubeError` (the pass is retried)
+        until the garbage collector removed it, so the operator needs only ``get`` and ``create``
+        on Secrets. Keyed by the instance's uid: a recreated instance gets a fresh secret.
         """
         meta = instance["metadata"]
         cached = self._secrets.get(meta["uid"])
         if cached is not None:
             return cached
-        namespace, name = meta["namespace"], names.dataplane_secret_name(meta["name"])
+        namespace, name = meta["namespace"], contract.dataplane_secret_name(meta["name"])
         obj = await self.kube.get("Secret", namespace, name)
         if obj is not None and not _owned_by(obj, meta["uid"]):
             raise KubeError(  # retried: the garbage collector removes it shortly
@@ -113,7 +114,7 @@ class DataPlane:
         try:
             status, answer = await channel.request(
                 ip,
-                render.REPLICA_PORT,
+                contract.REPLICA_PORT,
                 "POST",
                 wire.RECONFIGURE_PATH,
                 secret,
@@ -139,7 +140,7 @@ def _owned_by(obj: dict[str, Any], uid: str) -> bool:
 
 
 def _secret_value(obj: dict[str, Any] | None) -> bytes | None:
-    raw = ((obj or {}).get("data") or {}).get(names.DATA_PLANE_SECRET_KEY)
+    raw = ((obj or {}).get("data") or {}).get(contract.DATA_PLANE_SECRET_KEY)
     if not raw:
         return None
     try:

@@ -10,7 +10,6 @@ the pod's name, ``node_id`` its node, ``pid`` unknown), a proxy is a proxy pod.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,7 +17,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.pods import pod_ready
 from kubeserve.backends.kubernetes.render_views import app_view
 from kubeserve.control import effective_config
@@ -31,8 +29,15 @@ from kubeserve.control.details import (
     ReplicaProcessView,
     controller_process,
 )
+from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.graph import graph_document
 from kubeserve.schema.config import ServeDeploySchema
-from kubeserve.schema.resources import DEFAULT_INSTANCE, ServeApplicationSpec, ServeInstanceSpec
+from kubeserve.schema.resources import (
+    DEFAULT_INSTANCE,
+    ScalingDecisionEntry,
+    ServeApplicationSpec,
+    ServeInstanceSpec,
+)
 
 __all__ = [
     "DEPLOYED_AT_ANNOTATION",
@@ -40,7 +45,6 @@ __all__ = [
     "ControllerIdentity",
     "annotated_deployed_at",
     "app_config",
-    "app_name",
     "instance_options",
     "instance_view",
     "pod_process",
@@ -82,29 +86,16 @@ def instance_options(spec: Mapping[str, Any]) -> dict[str, Any]:
     return full.model_dump(mode="json", exclude={"applications"})
 
 
-def app_name(obj: Obj) -> str:
-    """The Ray name of a ``ServeApplication``: ``spec.appName``, else the object's name.
-
-    Ray's single-application family names its application ``""``, which ``spec.appName`` cannot
-    hold; the admin API marks such an object with an empty ``kubeserve.io/application-name``.
-    """
-    annotations = obj["metadata"].get("annotations") or {}
-    if annotations.get(names.APPLICATION_NAME_ANNOTATION) == "":
-        return ""
-    return str((obj.get("spec") or {}).get("appName") or obj["metadata"]["name"])
-
-
 def app_config(obj: Obj) -> dict[str, Any] | None:
     """The REST config of a ``ServeApplication`` (only the fields its spec sets), or ``None`` when
     the spec breaks a REST rule (the operator reports that in the status)."""
     try:
         spec = ServeApplicationSpec.model_validate(obj.get("spec") or {})
-        config: dict[str, Any] = spec.to_rest(name=obj["metadata"]["name"]).model_dump(
+        config: dict[str, Any] = spec.to_rest(name=contract.application_name(obj)).model_dump(
             mode="json", exclude_unset=True
         )
     except ValidationError:
         return None
-    config["name"] = app_name(obj)
     return config
 
 
@@ -127,8 +118,8 @@ def instance_view(view: ClusterView, controller: ControllerIdentity) -> Instance
 
 def _proxies(view: ClusterView, instance_name: str) -> dict[str, ProxyView]:
     labels = {
-        names.COMPONENT_LABEL: names.COMPONENT_PROXY,
-        names.INSTANCE_LABEL: names.label_value(instance_name),
+        contract.COMPONENT_LABEL: contract.COMPONENT_PROXY,
+        contract.INSTANCE_LABEL: contract.label_value(instance_name),
     }
     proxies: dict[str, ProxyView] = {}
     for pod in sorted(view.objects("Pod", labels), key=pod_ready):  # a ready pod wins its node
@@ -144,7 +135,7 @@ def _application(view: ClusterView, obj: Obj) -> ApplicationDetailsView:
     config = app_config(obj)
     graph = _graph(view, obj, config)
     return ApplicationDetailsView(
-        name=app_name(obj),
+        name=contract.application_name(obj),
         route_prefix=_route_prefix(status, config),
         status=_app_status(obj),
         message=str(status.get("message") or ""),
@@ -204,11 +195,11 @@ def _graph(view: ClusterView, obj: Obj, config: Mapping[str, Any] | None) -> Obj
     if config is None:
         return None
     key = app_view(obj, config).build_key
-    configmap = view.configmap(names.graph_configmap_name(obj["metadata"]["name"], key))
+    configmap = view.configmap(contract.graph_configmap_name(obj["metadata"]["name"], key))
     if configmap is None:
         return None
     try:
-        graph = json.loads((configmap.get("data") or {}).get("graph.json", "{}"))
+        graph = graph_document(configmap)
     except ValueError:
         return None
     return graph if isinstance(graph, dict) and "deployments" in graph else None
@@ -228,23 +219,43 @@ def _deployments(
             name, node.get("options", {}), overrides.get(name)
         )
         status = statuses.get(name) or {}
-        labels = names.selector_labels(
-            names.COMPONENT_REPLICA, application=obj["metadata"]["name"], deployment=name
+        labels = contract.selector_labels(
+            contract.COMPONENT_REPLICA, application=obj["metadata"]["name"], deployment=name
         )
+        replicas = [_replica(pod) for pod in view.objects("Pod", labels)]
+        target = int(status.get("targetReplicas", effective_config.target_replicas(effective)))
         deployments.append(
             DeploymentDetailsView(
                 name=name,
                 config=effective,
-                target_replicas=int(
-                    status.get("targetReplicas", effective_config.target_replicas(effective))
-                ),
-                replicas=[_replica(pod) for pod in view.objects("Pod", labels)],
+                target_replicas=target,
+                replicas=replicas,
                 status=status.get("status", "UPDATING"),
                 status_trigger=status.get("statusTrigger", "CONFIG_UPDATE_STARTED"),
                 message=str(status.get("message") or ""),
+                autoscaling=_autoscaling(effective, status, target, replicas),
             )
         )
     return deployments
+
+
+def _autoscaling(
+    effective: Mapping[str, Any],
+    status: Mapping[str, Any],
+    target: int,
+    replicas: list[ReplicaProcessView],
+) -> dict[str, Any] | None:
+    """Ray's ``DeploymentAutoscalingDetail`` of an autoscaling deployment, from its status."""
+    if not effective.get("autoscaling_config"):
+        return None
+    running = sum(1 for r in replicas if r.state == "RUNNING")
+    scaling = "UPSCALING" if target > running else "DOWNSCALING" if target < running else "STABLE"
+    last = status.get("lastScalingDecision")
+    decisions = []
+    if last:
+        entry = ScalingDecisionEntry.model_validate(last)
+        decisions.append({**entry.model_dump(), "policy": "default_autoscaling_policy"})
+    return {"scaling_status": scaling, "decisions": decisions}
 
 
 def _replica(pod: Obj) -> ReplicaProcessView:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubeserve.backends.kubernetes import names, render
+from kubeserve.backends.kubernetes import render
 from kubeserve.backends.kubernetes.cluster import Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.details import pod_process
 from kubeserve.backends.kubernetes.pods import pod_ready
 from kubeserve.backends.kubernetes.reports import AppSummary, InstanceReport, ProxyReport
+from kubeserve.runtime.kubernetes import contract
 
 
 class InstanceReconciler:
@@ -36,8 +37,8 @@ class InstanceReconciler:
             await cluster.apply(child)
         keep = {f"{c['kind']}/{c['metadata']['name']}" for c in wanted}
         labels = {
-            names.INSTANCE_LABEL: names.label_value(obj["metadata"]["name"]),
-            names.COMPONENT_LABEL: "proxy",
+            contract.INSTANCE_LABEL: contract.label_value(obj["metadata"]["name"]),
+            contract.COMPONENT_LABEL: "proxy",
         }
         for kind in ("Deployment", "DaemonSet", "Service", "NetworkPolicy"):
             for child in cluster.cache.objects(kind, namespace, labels):
@@ -59,9 +60,9 @@ def _instance_report(
     applications = {}
     for app in cluster.cache.objects("ServeApplication", namespace):
         spec, status = app.get("spec") or {}, app.get("status") or {}
-        if spec.get("instance", "default") != obj["metadata"]["name"]:
+        if spec.get("instance", contract.DEFAULT_INSTANCE) != obj["metadata"]["name"]:
             continue
-        applications[spec.get("appName") or app["metadata"]["name"]] = AppSummary(
+        applications[contract.application_name(app)] = AppSummary(
             status=status.get("appStatus") or "NOT_STARTED",
             route_prefix=status.get("routePrefix"),
             message=status.get("message") or "",

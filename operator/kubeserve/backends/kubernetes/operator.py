@@ -40,7 +40,7 @@ from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.instance import InstanceReconciler
 from kubeserve.backends.kubernetes.metrics import metrics_text
 from kubeserve.backends.kubernetes.reports import StatusReport
-from kubeserve.runtime.kube import Kube, KubeError
+from kubeserve.runtime.kubernetes.client import Kube, KubeError
 
 log = logging.getLogger(__name__)
 _DEBOUNCE_S = 0.05

@@ -2,9 +2,9 @@
 
 Every function maps frozen views (:mod:`.render_views`) to manifest dicts ready for server-side
 apply; equal views render equal manifests, so the operator can compare before writing. Names,
-labels and ownerReferences follow the contract of :mod:`kubeserve.backends.kubernetes`
-(:mod:`.names`); pod conventions (environment, runtime_env, security) are in :mod:`.render_pod`;
-proxies and RBAC in :mod:`.render_proxy`.
+labels and ownerReferences follow the contract of :mod:`kubeserve.backends.kubernetes` (spelled
+in :mod:`kubeserve.runtime.kubernetes.contract`); pod conventions (environment, runtime_env,
+security) are in :mod:`.render_pod`; proxies and RBAC in :mod:`.render_proxy`.
 
 Per serve deployment (:func:`render_replica_workload`, :func:`render_replica_service`): the pod
 template depends only on the instance image, the application's import path and runtime_env, and the
@@ -26,19 +26,19 @@ Every connection to port 8000 must pass the data-plane handshake
 (:mod:`kubeserve.runtime.channel`; the secret comes from the instance's Secret as
 ``KUBESERVE_DATA_PLANE_SECRET``), which a kubelet cannot do. So the replica runs the user's
 ``check_health`` itself every ``health_check_period_s`` (limited to ``health_check_timeout_s``) and
-reports the last result on an unauthenticated listener, container port ``probe``
-(:data:`PROBE_PORT`), that answers only ``GET /-/healthz`` and never runs user code
-(:mod:`kubeserve.runtime.replica_probe`). Probes point there: readiness every
-``health_check_period_s`` (out of rotation on the first failure), liveness likewise (restart after
-3 failures, as Ray replaces a replica after 3), and a startup probe that gives the constructor up
-to :data:`~.render_pod.STARTUP_TIMEOUT_S` seconds. ``graceful_shutdown_timeout_s`` becomes
-``terminationGracePeriodSeconds``. Rollouts follow Ray: no surge, at most 20% of the replicas
-replaced at a time (at least one), so a rollout never needs room for extra GPUs.
+reports the last result on an unauthenticated listener, container port ``probe`` (8081), that
+answers only ``GET /-/healthz`` and never runs user code (:mod:`kubeserve.runtime.replica_probe`).
+Probes point there: readiness every ``health_check_period_s`` (out of rotation on the first
+failure), liveness likewise (restart after 3 failures, as Ray replaces a replica after 3), and a
+startup probe that gives the constructor up to :data:`~.render_pod.STARTUP_TIMEOUT_S` seconds.
+``graceful_shutdown_timeout_s`` becomes ``terminationGracePeriodSeconds``. Rollouts follow Ray: no
+surge, at most 20% of the replicas replaced at a time (at least one), so a rollout never needs room
+for extra GPUs.
 
 Per application build (:func:`render_build_job`): the Job ``<app>-build-<build_key>`` runs
 ``kubeserve build <import_path> --configmap <app>-graph-<build_key> --namespace
 $(KUBESERVE_NAMESPACE) --application <app> --application-uid <uid>`` in the application's image
-and runtime_env. The build writes the ConfigMap with the key :data:`GRAPH_KEY` holding its JSON
+and runtime_env. The build writes the ConfigMap with the key ``graph.json`` holding its JSON
 document (the graph, or ``{"error": ...}``), owned by the ``ServeApplication`` (the given name and
 uid), then exits 0 on success and 1 on a build error.
 """
@@ -49,12 +49,7 @@ import json
 import math
 from typing import Any
 
-from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.render_pod import (
-    APPLICATION_ENV,
-    DISCOVERY_ENV,
-    INSTANCE_ENV,
-    POD_NAME_ENV,
     STARTUP_TIMEOUT_S,
     Manifest,
     container,
@@ -81,15 +76,25 @@ from kubeserve.backends.kubernetes.render_views import (
     deployment_view,
     instance_view,
 )
+from kubeserve.control.effective_config import HEALTH_CHECK_FAILURE_THRESHOLD
 from kubeserve.runtime import wire
+from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.contract import (
+    APPLICATION_ENV,
+    BIND_HOST_ENV,
+    DISCOVERY_ENV,
+    DISCOVERY_KUBERNETES,
+    INSTANCE_ENV,
+    NAMESPACE_ENV,
+    POD_NAME_ENV,
+    PROBE_PORT,
+    REPLICA_PORT,
+)
 from kubeserve.runtime.runtime_env import merge_runtime_env
 
 __all__ = [
     "BUILD_DEADLINE_S",
     "BUILD_TTL_S",
-    "GRAPH_KEY",
-    "PROBE_PORT",
-    "REPLICA_PORT",
     "AppView",
     "DesiredDeployment",
     "InstanceView",
@@ -109,18 +114,12 @@ __all__ = [
     "replica_config_json",
 ]
 
-REPLICA_PORT = 8000
-#: The replica's unauthenticated health listener (container port ``probe``), for the kubelet.
-PROBE_PORT = 8081
-#: ConfigMap key holding the build's JSON document.
-GRAPH_KEY = "graph.json"
 #: A finished build Job (and its pod, with the logs) is kept this long; the graph lives on in the
 #: ConfigMap.
 BUILD_TTL_S = 3600
 #: Image pull, runtime_env fetch and import together must finish within this.
 BUILD_DEADLINE_S = 900
 _BUILD_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}}
-_LIVENESS_FAILURES = 3
 _STARTUP_PERIOD_S = 2
 
 
@@ -130,14 +129,14 @@ def _metadata(
     meta: Manifest = {"name": name, "namespace": namespace, "labels": labels}
     if annotations:
         meta["annotations"] = annotations
-    meta["ownerReferences"] = [names.owner_reference(owner)]
+    meta["ownerReferences"] = [contract.owner_reference(owner)]
     return meta
 
 
 def _name_annotations(app: AppView, deployment: DesiredDeployment) -> dict[str, str]:
     return {
-        names.APPLICATION_NAME_ANNOTATION: app.app_name,
-        names.DEPLOYMENT_NAME_ANNOTATION: deployment.name,
+        contract.APPLICATION_NAME_ANNOTATION: app.app_name,
+        contract.DEPLOYMENT_NAME_ANNOTATION: deployment.name,
     }
 
 
@@ -160,6 +159,11 @@ def replica_config_json(app: AppView, deployment: DesiredDeployment) -> str:
         "health_check_period_s": float(config["health_check_period_s"]),
         "health_check_timeout_s": float(config["health_check_timeout_s"]),
     }
+    if app.config.get("args"):
+        replica["app_args"] = dict(app.config["args"])
+    route_prefix = app.config.get("route_prefix")
+    if route_prefix and route_prefix != "/":  # an ASGI ingress sees it as root_path
+        replica["route_prefix"] = str(route_prefix)
     rest = {k: v for k, v in replica.items() if k != "replica_id"}
     literal = escape(json.dumps(rest, sort_keys=True, separators=(",", ":")))
     return f'{{"replica_id":"$({POD_NAME_ENV})",{literal[1:]}'
@@ -179,7 +183,7 @@ def _replica_probes(config: Any) -> Manifest:
     return {
         "startupProbe": startup,
         "readinessProbe": {**check, "failureThreshold": 1},
-        "livenessProbe": {**check, "failureThreshold": _LIVENESS_FAILURES},
+        "livenessProbe": {**check, "failureThreshold": HEALTH_CHECK_FAILURE_THRESHOLD},
     }
 
 
@@ -192,7 +196,7 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
         "kubeserve",
         "replica",
         "--host",
-        "$(KUBESERVE_BIND_HOST)",
+        f"$({BIND_HOST_ENV})",
         "--port",
         str(REPLICA_PORT),
     ]
@@ -209,7 +213,7 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
         wire.REPLICA_CONFIG_ENV: replica_config_json(app, deployment),
         APPLICATION_ENV: app.cr_name,
         INSTANCE_ENV: instance.name,
-        DISCOVERY_ENV: "kubernetes",
+        DISCOVERY_ENV: DISCOVERY_KUBERNETES,
     }
     fields: Manifest = {
         "terminationGracePeriodSeconds": math.ceil(
@@ -218,7 +222,7 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
     }
     if selector := node_selector(options):
         fields["nodeSelector"] = selector
-    account = names.dataplane_account_name(instance.name)
+    account = contract.dataplane_account_name(instance.name)
     refs = [data_plane_secret_env(instance.name)]
     return user_pod_spec(main, runtime_env, own_env, account, field=field, refs=refs, **fields)
 
@@ -227,10 +231,12 @@ def _replica_identity(
     instance: InstanceView, app: AppView, deployment: DesiredDeployment
 ) -> tuple[str, dict[str, str], dict[str, str]]:
     """Name, labels and pod selector shared by a deployment's workload and Service."""
-    name = names.workload_name(app.cr_name, deployment.name)
-    component = names.COMPONENT_REPLICA
-    labels = names.common_labels(component, instance.name, app.cr_name, deployment.name)
-    selector = names.selector_labels(component, application=app.cr_name, deployment=deployment.name)
+    name = contract.workload_name(app.cr_name, deployment.name)
+    component = contract.COMPONENT_REPLICA
+    labels = contract.common_labels(component, instance.name, app.cr_name, deployment.name)
+    selector = contract.selector_labels(
+        component, application=app.cr_name, deployment=deployment.name
+    )
     return name, labels, selector
 
 
@@ -239,7 +245,7 @@ def render_replica_workload(
 ) -> Manifest:
     """The Deployment (DaemonSet when ``is_driver_deployment``) running the replicas."""
     name, labels, selector = _replica_identity(instance, app, deployment)
-    version = {names.VERSION_ANNOTATION: deployment.version}
+    version = {contract.VERSION_ANNOTATION: deployment.version}
     template = {
         "metadata": {"labels": labels, "annotations": version},
         "spec": _replica_pod(instance, app, deployment),
@@ -303,18 +309,21 @@ def render_instance_network_policies(
 
 
 def _build_command(app: AppView) -> list[str]:
+    args = app.config.get("args")
+    builder_args = ["--args", escape(json.dumps(args, sort_keys=True))] if args else []
     return [
         "kubeserve",
         "build",
         escape(str(app.config["import_path"])),
         "--configmap",
-        names.graph_configmap_name(app.cr_name, app.build_key),
+        contract.graph_configmap_name(app.cr_name, app.build_key),
         "--namespace",
-        "$(KUBESERVE_NAMESPACE)",
+        f"$({NAMESPACE_ENV})",
         "--application",
         app.cr_name,
         "--application-uid",
         app.uid,
+        *builder_args,
     ]
 
 
@@ -324,13 +333,13 @@ def render_build_job(instance: InstanceView, app: AppView) -> Manifest:
     main = container("build", image, instance.image_pull_policy, _build_command(app), [])
     main["resources"] = _BUILD_RESOURCES
     own_env = {APPLICATION_ENV: app.cr_name, INSTANCE_ENV: instance.name}
-    account = names.build_account_name(instance.name)
+    account = contract.build_account_name(instance.name)
     pod = user_pod_spec(
         main, app.runtime_env, own_env, account, field="runtime_env", restartPolicy="Never"
     )
-    labels = names.common_labels(names.COMPONENT_BUILD, instance.name, app.cr_name)
-    name = names.build_job_name(app.cr_name, app.build_key)
-    annotations = {names.APPLICATION_NAME_ANNOTATION: app.app_name}
+    labels = contract.common_labels(contract.COMPONENT_BUILD, instance.name, app.cr_name)
+    name = contract.build_job_name(app.cr_name, app.build_key)
+    annotations = {contract.APPLICATION_NAME_ANNOTATION: app.app_name}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -13,7 +13,8 @@ Conventions every kubeserve pod follows:
   read-only, and an ``emptyDir`` at ``/tmp`` (:data:`TMP_DIR`) is the scratch space of every
   container (the runtime_env files below have their own);
 * proxies and replicas (not builds, not the init container) get the instance's data-plane secret
-  as ``KUBESERVE_DATA_PLANE_SECRET`` from the Secret :func:`~.names.dataplane_secret_name`;
+  as ``KUBESERVE_DATA_PLANE_SECRET`` from the Secret
+  :func:`~kubeserve.runtime.kubernetes.contract.dataplane_secret_name`;
 * ``working_dir`` / ``py_modules`` of a runtime_env are fetched by the init container
   ``runtime-env`` running ``kubeserve fetch-runtime-env --dest /var/run/kubeserve/runtime-env
   [--working-dir URI] [--py-module URI]...`` into an ``emptyDir`` mounted at that path in both
@@ -36,22 +37,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.render_views import RenderError
 from kubeserve.runtime import channel
+from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.contract import (
+    BIND_HOST,
+    BIND_HOST_ENV,
+    NAMESPACE_ENV,
+    POD_IP_ENV,
+    POD_NAME_ENV,
+)
 
 __all__ = [
     "ACCELERATOR_LABEL",
-    "APPLICATION_ENV",
-    "BIND_HOST_ENV",
-    "DISCOVERY_ENV",
     "EXTENDED_RESOURCE_PREFIX",
     "FETCH_RUNTIME_ENV_COMMAND",
     "GPU_RESOURCE",
-    "INSTANCE_ENV",
-    "NAMESPACE_ENV",
-    "POD_IP_ENV",
-    "POD_NAME_ENV",
     "POD_UID",
     "RUNTIME_ENV_DIR",
     "STARTUP_TIMEOUT_S",
@@ -71,20 +72,6 @@ __all__ = [
 ]
 
 Manifest = dict[str, Any]
-
-POD_IP_ENV = "KUBESERVE_POD_IP"
-#: The address kubeserve's servers bind to: every address of the pod, so probes, Services and
-#: ``kubectl port-forward`` (which connects to 127.0.0.1 inside the pod) all reach it.
-BIND_HOST_ENV = "KUBESERVE_BIND_HOST"
-BIND_HOST = "0.0.0.0"
-POD_NAME_ENV = "KUBESERVE_POD_NAME"
-NAMESPACE_ENV = "KUBESERVE_NAMESPACE"
-#: The ``ServeInstance`` a process belongs to (proxies serve only its applications' routes).
-INSTANCE_ENV = "KUBESERVE_INSTANCE"
-#: The ``ServeApplication`` object a replica reads its ``user_config`` from at start-up.
-APPLICATION_ENV = "KUBESERVE_APPLICATION"
-#: ``kubernetes``: discover replicas from EndpointSlices and CR status, not a controller URL.
-DISCOVERY_ENV = "KUBESERVE_DISCOVERY"
 
 #: The non-root user and group every kubeserve container runs as (the image should use it too).
 POD_UID = 10001
@@ -148,7 +135,7 @@ def environment(
 def data_plane_secret_env(instance: str) -> Manifest:
     """``KUBESERVE_DATA_PLANE_SECRET`` from the instance's data-plane Secret (a ``secretKeyRef``:
     the value is never part of a pod spec; the process removes it from its environment)."""
-    ref = {"name": names.dataplane_secret_name(instance), "key": names.DATA_PLANE_SECRET_KEY}
+    ref = {"name": contract.dataplane_secret_name(instance), "key": contract.DATA_PLANE_SECRET_KEY}
     return {"name": channel.SECRET_ENV, "valueFrom": {"secretKeyRef": ref}}
 
 

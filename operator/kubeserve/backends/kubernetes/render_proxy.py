@@ -25,9 +25,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.render_pod import (
-    INSTANCE_ENV,
     Manifest,
     container,
     data_plane_secret_env,
@@ -36,7 +34,14 @@ from kubeserve.backends.kubernetes.render_pod import (
 )
 from kubeserve.backends.kubernetes.render_views import InstanceView
 from kubeserve.runtime import wire
-from kubeserve.runtime.kube import KUBERNETES_NAMESPACE_LABEL
+from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.contract import (
+    BIND_HOST_ENV,
+    DISCOVERY_KUBERNETES,
+    GROUP,
+    INSTANCE_ENV,
+    KUBERNETES_NAMESPACE_LABEL,
+)
 from kubeserve.schema.config import ProxyLocation
 
 __all__ = [
@@ -50,7 +55,7 @@ __all__ = [
 
 _READ = ["get", "list", "watch"]
 DATAPLANE_RULES: list[Manifest] = [
-    {"apiGroups": ["kubeserve.io"], "resources": ["serveapplications"], "verbs": _READ},
+    {"apiGroups": [GROUP], "resources": ["serveapplications"], "verbs": _READ},
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": _READ},
 ]
 BUILD_RULES: list[Manifest] = [
@@ -64,14 +69,14 @@ def _metadata(instance: InstanceView, name: str, labels: dict[str, str]) -> Mani
         "name": name,
         "namespace": instance.namespace,
         "labels": labels,
-        "ownerReferences": [names.owner_reference(instance.owner())],
+        "ownerReferences": [contract.owner_reference(instance.owner())],
     }
 
 
 def _proxy_command(instance: InstanceView) -> list[str]:
     http = instance.http_options
-    command = ["kubeserve", "proxy", "--host", "$(KUBESERVE_BIND_HOST)", "--port", str(http.port)]
-    command += ["--discovery", "kubernetes"]
+    command = ["kubeserve", "proxy", "--host", f"$({BIND_HOST_ENV})", "--port", str(http.port)]
+    command += ["--discovery", DISCOVERY_KUBERNETES]
     if http.request_timeout_s is not None:
         command += ["--request-timeout-s", str(float(http.request_timeout_s))]
     return [*command, "--keep-alive-timeout-s", str(int(http.keep_alive_timeout_s))]
@@ -96,10 +101,10 @@ def render_proxy(instance: InstanceView) -> list[Manifest]:
     """The proxy workload and its Service, or ``[]`` when proxies are disabled."""
     if instance.proxy_location is ProxyLocation.DISABLED:
         return []
-    name = names.proxy_name(instance.name)
-    labels = names.common_labels(names.COMPONENT_PROXY, instance.name)
-    selector = names.selector_labels(names.COMPONENT_PROXY, instance=instance.name)
-    account = names.dataplane_account_name(instance.name)
+    name = contract.proxy_name(instance.name)
+    labels = contract.common_labels(contract.COMPONENT_PROXY, instance.name)
+    selector = contract.selector_labels(contract.COMPONENT_PROXY, instance=instance.name)
+    account = contract.dataplane_account_name(instance.name)
     template = {
         "metadata": {"labels": labels},
         "spec": pod_spec([_proxy_container(instance)], account),
@@ -137,7 +142,7 @@ def _account(
     instance: InstanceView, name: str, component: str, rules: list[Manifest]
 ) -> list[Manifest]:
     """A ServiceAccount with a Role of the same name bound to it."""
-    labels = names.common_labels(component, instance.name)
+    labels = contract.common_labels(component, instance.name)
     rbac = "rbac.authorization.k8s.io/v1"
     return [
         {
@@ -166,12 +171,15 @@ def render_dataplane_rbac(instance: InstanceView) -> list[Manifest]:
     return [
         *_account(
             instance,
-            names.dataplane_account_name(instance.name),
-            names.COMPONENT_PROXY,
+            contract.dataplane_account_name(instance.name),
+            contract.COMPONENT_PROXY,
             DATAPLANE_RULES,
         ),
         *_account(
-            instance, names.build_account_name(instance.name), names.COMPONENT_BUILD, BUILD_RULES
+            instance,
+            contract.build_account_name(instance.name),
+            contract.COMPONENT_BUILD,
+            BUILD_RULES,
         ),
     ]
 
@@ -184,29 +192,29 @@ def render_data_plane_secret(instance: InstanceView, value: str) -> Manifest:
     would split the data plane in two until every pod restarted; to rotate it, delete the Secret
     and the pods (the operator creates a fresh one).
     """
-    labels = names.common_labels(names.COMPONENT_PROXY, instance.name)
+    labels = contract.common_labels(contract.COMPONENT_PROXY, instance.name)
     encoded = base64.b64encode(value.encode()).decode()
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _metadata(instance, names.dataplane_secret_name(instance.name), labels),
+        "metadata": _metadata(instance, contract.dataplane_secret_name(instance.name), labels),
         "type": "Opaque",
         "immutable": True,
-        "data": {names.DATA_PLANE_SECRET_KEY: encoded},
+        "data": {contract.DATA_PLANE_SECRET_KEY: encoded},
     }
 
 
 def _policy(instance: InstanceView, component: str, ingress: list[Manifest]) -> Manifest:
-    labels = names.common_labels(component, instance.name)
+    labels = contract.common_labels(component, instance.name)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": _metadata(
-            instance, names.network_policy_name(instance.name, component), labels
+            instance, contract.network_policy_name(instance.name, component), labels
         ),
         "spec": {
             "podSelector": {
-                "matchLabels": names.selector_labels(component, instance=instance.name)
+                "matchLabels": contract.selector_labels(component, instance=instance.name)
             },
             "policyTypes": ["Ingress"],
             "ingress": ingress,
@@ -222,34 +230,35 @@ def render_network_policies(
 
     * ``<inst>-replicas``: the replica port (``replica_port``) only from the instance's own proxy
       and replica pods (labels ``kubeserve.io/instance`` and ``app.kubernetes.io/component``) and
-      from the operator's pods (:data:`~.names.OPERATOR_POD_LABELS` in ``operator_namespace``),
-      which push ``user_config``; the probe port (``probe_port``) from anywhere, for kubelets;
-      nothing else. The handshake already refuses strangers: this keeps them from even
-      connecting.
+      from the operator's pods
+      (:data:`~kubeserve.runtime.kubernetes.contract.OPERATOR_POD_LABELS` in
+      ``operator_namespace``), which push ``user_config``; the probe port (``probe_port``) from
+      anywhere, for kubelets; nothing else. The handshake already refuses strangers: this keeps
+      them from even connecting.
     * ``<inst>-proxies`` (when proxies run): the proxy's HTTP port from anywhere.
     """
     peers = {
         "podSelector": {
             "matchLabels": {
-                names.NAME_LABEL: names.PRODUCT,
-                names.INSTANCE_LABEL: names.label_value(instance.name),
+                contract.NAME_LABEL: contract.PRODUCT,
+                contract.INSTANCE_LABEL: contract.label_value(instance.name),
             },
             "matchExpressions": [
                 {
-                    "key": names.COMPONENT_LABEL,
+                    "key": contract.COMPONENT_LABEL,
                     "operator": "In",
-                    "values": [names.COMPONENT_PROXY, names.COMPONENT_REPLICA],
+                    "values": [contract.COMPONENT_PROXY, contract.COMPONENT_REPLICA],
                 }
             ],
         }
     }
     operator = {
         "namespaceSelector": {"matchLabels": {KUBERNETES_NAMESPACE_LABEL: operator_namespace}},
-        "podSelector": {"matchLabels": dict(names.OPERATOR_POD_LABELS)},
+        "podSelector": {"matchLabels": dict(contract.OPERATOR_POD_LABELS)},
     }
     replicas = _policy(
         instance,
-        names.COMPONENT_REPLICA,
+        contract.COMPONENT_REPLICA,
         [
             {"ports": [{"port": replica_port, "protocol": "TCP"}], "from": [peers, operator]},
             {"ports": [{"port": probe_port, "protocol": "TCP"}]},
@@ -259,6 +268,6 @@ def render_network_policies(
         return [replicas]
     port = int(instance.http_options.port)
     proxies = _policy(
-        instance, names.COMPONENT_PROXY, [{"ports": [{"port": port, "protocol": "TCP"}]}]
+        instance, contract.COMPONENT_PROXY, [{"ports": [{"port": port, "protocol": "TCP"}]}]
     )
     return [replicas, proxies]

@@ -52,6 +52,12 @@ class InstanceView:
         return str(self.spec.image)
 
     @property
+    def target_capacity(self) -> float | None:
+        """``target_capacity`` percent (Ray's), ``None`` when unset."""
+        value = self.spec.rest_options().get("target_capacity")
+        return None if value is None else float(value)
+
+    @property
     def image_pull_policy(self) -> str | None:
         return self.spec.image_pull_policy
 
@@ -88,8 +94,9 @@ class AppView:
 
     @property
     def app_name(self) -> str:
-        """The Ray application name (``spec.appName``, else the object's name)."""
-        return str(self.config.get("name") or self.cr_name)
+        """The Ray application name (:func:`~kubeserve.runtime.kubernetes.contract.application_name`
+        of the object, which the config carries)."""
+        return str(self.config["name"])
 
     @property
     def runtime_env(self) -> Mapping[str, Any]:

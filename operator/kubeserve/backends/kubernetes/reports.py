@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kubeserve.backends.kubernetes import names
 from kubeserve.backends.kubernetes.details import annotated_deployed_at
 from kubeserve.backends.kubernetes.pods import pod_ready, replica_key
 from kubeserve.control import effective_config
@@ -35,7 +34,8 @@ from kubeserve.control.status_derivation import (
     DerivedDeploymentStatus,
     ReplicaView,
 )
-from kubeserve.runtime.kube import timestamp
+from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.client import timestamp
 from kubeserve.schema.resources import Condition, ServeApplicationStatus, ServeInstanceStatus
 
 __all__ = [
@@ -64,6 +64,10 @@ class ObservedDeployment:
     view: DeploymentView
     service: str
     max_ongoing_requests: int
+    #: an autoscaling deployment's last change of target (Ray's ``ScalingDecision`` fields)
+    last_scaling_decision: Mapping[str, Any] | None = None
+    #: :func:`kubeserve.runtime.wire.queue_limits` of the deployment
+    queue_limits: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -87,14 +91,18 @@ class ApplicationReport:
         info = self.info
         healthy = sum(1 for d in info.deployments.values() if d.status == "HEALTHY")
         reason = _APP_REASONS.get(info.status, "Deploying")
+        entries = {
+            name: _deployment_entry(status, self.deployments[name])
+            for name, status in info.deployments.items()
+        }
+        ready = sum(e["ready_replicas"] for e in entries.values())
+        target = sum(e["target_replicas"] for e in entries.values())
         fields: dict[str, Any] = {
             "app_status": info.status,
             "message": info.message[:4096],
             "ready_deployments": f"{healthy}/{len(info.deployments)}",
-            "deployments": {
-                name: _deployment_entry(status, self.deployments[name])
-                for name, status in info.deployments.items()
-            },
+            "replicas": f"{ready}/{target}",
+            "deployments": entries,
             "conditions": [
                 ready_condition(obj, info.status == "RUNNING", reason, info.message or info.status)
             ],
@@ -211,6 +219,12 @@ def _deployment_entry(
         "target_replicas": observed.view.target_replicas,
         "service": observed.service,
         "max_ongoing_requests": observed.max_ongoing_requests,
+        **observed.queue_limits,
+        **(
+            {}
+            if observed.last_scaling_decision is None
+            else {"last_scaling_decision": dict(observed.last_scaling_decision)}
+        ),
     }
 
 
@@ -283,6 +297,7 @@ def deployment_view_from_pods(
     version: str,
     user_configs: Mapping[str, str],
     ever_healthy: bool = False,
+    target_replicas: int | None = None,
 ) -> DeploymentView:
     """What the pods of one deployment are doing, as the backend-neutral status rules read it.
 
@@ -306,7 +321,7 @@ def deployment_view_from_pods(
             terminated = (container.get("lastState") or {}).get("terminated")
             if terminated and not container.get("ready"):
                 last_error = f"pod {meta['name']}: exited with code {terminated.get('exitCode')}"
-        pod_version = (meta.get("annotations") or {}).get(names.VERSION_ANNOTATION, "")
+        pod_version = (meta.get("annotations") or {}).get(contract.VERSION_ANNOTATION, "")
         replicas.append(
             ReplicaView(
                 "RUNNING" if pod_ready(pod) else "STARTING",
@@ -315,7 +330,9 @@ def deployment_view_from_pods(
             )
         )
     return DeploymentView(
-        target_replicas=effective_config.target_replicas(config),
+        target_replicas=(
+            effective_config.target_replicas(config) if target_replicas is None else target_replicas
+        ),
         replicas=replicas,
         startup_failures=restarts if not any(r.state == "RUNNING" for r in replicas) else 0,
         ever_healthy=ever_healthy,

@@ -30,6 +30,7 @@ from kubeserve.backends.local.deployment_state import (
     ReplicaContext,
 )
 from kubeserve.control import effective_config
+from kubeserve.control.autoscaling import Direction
 from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status_derivation import AppStatusInfo, BuildView, application_status
 from kubeserve.runtime import runtime_env as runtime_envs
@@ -67,6 +68,8 @@ class ApplicationState:
         self._build_key = ""
         self._build_task: asyncio.Task[None] | None = None
         self._envs: dict[str, PreparedEnv] = {}
+        #: the instance's ``target_capacity`` and its direction, set by the controller each pass
+        self.capacity: tuple[float | None, Direction | None] = (None, None)
 
     # -- desired state ---------------------------------------------------------------------------
     def set_config(self, config: dict[str, Any], deployed_at: float) -> None:
@@ -108,7 +111,11 @@ class ApplicationState:
             child_env = self._ctx.child_env(env.env_vars, env.python_path)
             code, out, err = await processes.run_to_completion(
                 "kubeserve.runtime.build",
-                [str(self.config["import_path"])],
+                [
+                    str(self.config["import_path"]),
+                    "--args",
+                    json.dumps(self.config.get("args") or {}),
+                ],
                 env=child_env,
                 cwd=env.cwd or self._ctx.base_dir,
                 timeout_s=_BUILD_TIMEOUT_S,
@@ -180,11 +187,16 @@ class ApplicationState:
             known = self.deployments.get(name) or self.retiring.pop(name, None)
             state = known if known is not None else DeploymentState(self.name, name, self._ctx)
             self.deployments[name] = state
+            state.set_capacity(*self.capacity)
+            if not self.config.get("external_scaler_enabled"):
+                state.external_target = None
             state.set_target(
                 effective,
                 effective_config.replica_version(self.config, effective),
                 env,
                 str(self.config["import_path"]),
+                self.config.get("args") or {},
+                self.route_prefix,
             )
             state.reconcile()
 

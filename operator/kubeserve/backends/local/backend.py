@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from typing import Any
@@ -12,10 +13,10 @@ from kubeserve.backends.local.controller import Controller, LocalSettings
 from kubeserve.backends.local.details import instance_view
 from kubeserve.backends.local.state_lock import StateDirLock
 from kubeserve.backends.local.store import Store
-from kubeserve.backends.protocol import ConflictError
+from kubeserve.backends.protocol import ConflictError, NotFoundError, PreconditionFailedError
 from kubeserve.control import effective_config
 from kubeserve.control.details import instance_details
-from kubeserve.control.instance import immutable_option_conflict
+from kubeserve.control.instance import external_scaler_disabled, immutable_option_conflict
 from kubeserve.runtime import channel, wire
 from kubeserve.schema.errors import ErrorDetail
 from kubeserve.schema.status import ServeInstanceDetails
@@ -86,20 +87,56 @@ class LocalBackend:
     async def instance_details(self) -> ServeInstanceDetails:
         return instance_details(instance_view(self.controller, self.store.load()))
 
-    def internal_routes(self) -> list[web.RouteDef]:
-        return [web.get(wire.SNAPSHOT_PATH, self._snapshot)]
+    async def scale_deployment(self, app: str, deployment: str, target_num_replicas: int) -> None:
+        """Held in the controller's memory: a restarted ``kubeserve start`` runs the configured
+        count again until the external scaler sets it anew."""
+        desired = self.store.load()
+        stored = next((a for a in desired.applications if a.name == app), None) if desired else None
+        if stored is None:
+            raise NotFoundError("Application or Deployment not found")
+        if not stored.config.get("external_scaler_enabled"):
+            raise PreconditionFailedError(external_scaler_disabled(app, deployment))
+        state = self.controller.deployment(app, deployment)
+        if state is None:
+            raise NotFoundError("Application or Deployment not found")
+        state.external_target = target_num_replicas
+        self.controller.wake()
 
-    async def _snapshot(self, request: web.Request) -> web.Response:
-        """The discovery long-poll of proxies and replicas: only for callers that prove the
-        instance's data-plane secret (a signed request, see :mod:`kubeserve.runtime.channel`)."""
+    def internal_routes(self) -> list[web.RouteDef]:
+        return [web.get(wire.SNAPSHOT_PATH, self._snapshot), web.get(wire.LOAD_PATH, self._load)]
+
+    def _refuse_unsigned(self, request: web.Request) -> web.Response | None:
+        """A 403 unless the caller proves the instance's data-plane secret (a signed request, see
+        :mod:`kubeserve.runtime.channel`): these endpoints are for kubeserve's own processes."""
         signature = request.headers.get(channel.SIGNATURE_HEADER, "")
         secret = self.controller.secret
         target = request.rel_url.raw_path_qs
-        if not secret or not channel.verify_request(secret, signature, "GET", target, time.time()):
+        if secret and channel.verify_request(secret, signature, "GET", target, time.time()):
+            return None
+        return web.json_response(
+            {"error": "for kubeserve's own processes: missing or bad signature"}, status=403
+        )
+
+    async def _load(self, request: web.Request) -> web.Response:
+        """A caller's report of requests waiting for replicas (see ``runtime.load_report``)."""
+        refused = self._refuse_unsigned(request)
+        if refused is not None:
+            return refused
+        try:
+            queued = json.loads(request.query.get("queued", "{}"))
+            counts = {str(key): int(n) for key, n in queued.items()}
+        except (ValueError, TypeError, AttributeError):
             return web.json_response(
-                {"error": "discovery is for kubeserve's own processes: missing or bad signature"},
-                status=403,
+                {"error": "queued must be a JSON object of counts"}, status=400
             )
+        self.controller.record_queued(request.query.get("source", ""), counts)
+        return web.json_response({})
+
+    async def _snapshot(self, request: web.Request) -> web.Response:
+        """The discovery long-poll of proxies and replicas (signed requests only)."""
+        refused = self._refuse_unsigned(request)
+        if refused is not None:
+            return refused
         try:
             version = int(request.query.get("version", "0"))
             timeout = float(request.query.get("timeout", "30"))

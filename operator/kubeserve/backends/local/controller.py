@@ -22,11 +22,12 @@ import aiohttp
 from kubeserve.backends.local import processes
 from kubeserve.backends.local.application_state import ApplicationState
 from kubeserve.backends.local.capacity import DEFAULT_START_SLOTS, Capacity, instance_resources
-from kubeserve.backends.local.deployment_state import ReplicaContext
+from kubeserve.backends.local.deployment_state import DeploymentState, ReplicaContext
 from kubeserve.backends.local.private_files import private_dir
 from kubeserve.backends.local.proxy_process import ProxyProcess
 from kubeserve.backends.local.snapshot import SnapshotPublisher
 from kubeserve.backends.local.store import DesiredState, Store
+from kubeserve.control import autoscaling
 from kubeserve.runtime import channel, wire
 from kubeserve.runtime.limits import RequestLimits
 
@@ -101,6 +102,11 @@ class Controller:
         self._proxy: ProxyProcess | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self.secret = b""  # the data-plane secret, read at start()
+        #: the ``target_capacity`` of the last config, and where it heads
+        self._capacity = autoscaling.CapacityTracker()
+        self._autoscaling: set[asyncio.Task[None]] = set()
+        #: deployment keys each caller last reported requests waiting for
+        self._caller_keys: dict[str, set[str]] = {}
 
     @property
     def proxy(self) -> ProxyProcess | None:
@@ -186,6 +192,10 @@ class Controller:
         desired = self.store.load()
         self.desired = desired
         wanted = {a.name: a for a in desired.applications} if desired else {}
+        raw_capacity = desired.options.get("target_capacity") if desired else None
+        capacity = self._capacity.update(
+            wanted, None if raw_capacity is None else float(raw_capacity)
+        )
         for name, app in list(self.apps.items()):
             if name not in wanted:
                 app.begin_delete()
@@ -201,6 +211,7 @@ class Controller:
                 existing = ApplicationState(name, stored.uid, self._ctx, self.settings.cache_dir)
                 self.apps[name] = existing
             app = existing
+            app.capacity = capacity
             try:
                 if app.config != stored.config or app.deployed_at != stored.deployed_at:
                     app.set_config(stored.config, stored.deployed_at)
@@ -209,6 +220,41 @@ class Controller:
                 log.exception("reconciling application %r failed", name)
         await self._reconcile_proxy(desired)
         self._publish()
+        self._autoscale()
+
+    def _autoscale(self) -> None:
+        """Start reading the load of every autoscaling deployment whose interval has come."""
+        now = time.time()
+        for app in self.apps.values():
+            if app.deleting:
+                continue
+            for deployment in app.deployments.values():
+                if deployment.autoscale_due(now):
+                    task = asyncio.ensure_future(deployment.autoscale())
+                    self._autoscaling.add(task)
+                    task.add_done_callback(self._autoscaling.discard)
+
+    def deployment(self, app: str, name: str) -> DeploymentState | None:
+        """A deployment of the current graph of a live application."""
+        state = self.apps.get(app)
+        if state is None or state.deleting:
+            return None
+        return state.deployments.get(name)
+
+    def record_queued(self, caller_id: str, queued: dict[str, int]) -> None:
+        """A caller's report: requests waiting per deployment key. A key it reported before and
+        left out now has nothing waiting."""
+        previous = self._caller_keys.get(caller_id, set())
+        for key in previous | set(queued):
+            app, _, name = key.partition("#")
+            deployment = self.deployment(app, name)
+            if deployment is not None:
+                deployment.record_queued(caller_id, int(queued.get(key, 0)))
+        waiting = {k for k, n in queued.items() if n}
+        if waiting:
+            self._caller_keys[caller_id] = waiting
+        else:
+            self._caller_keys.pop(caller_id, None)
 
     async def _reconcile_proxy(self, desired: DesiredState | None) -> None:
         assert self._proxy is not None

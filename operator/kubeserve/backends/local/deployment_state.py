@@ -27,6 +27,8 @@ from kubeserve.backends.local import processes
 from kubeserve.backends.local.capacity import Capacity
 from kubeserve.backends.local.private_files import private_dir, write_private
 from kubeserve.control import backoff, effective_config, placement
+from kubeserve.control.autoscaling import Direction
+from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
 from kubeserve.control.status_derivation import DeploymentView, ReplicaStateValue, ReplicaView
 from kubeserve.runtime import channel, wire
 from kubeserve.runtime.limits import RequestLimits
@@ -103,6 +105,8 @@ class DeploymentState:
         self.app = app
         self.name = name
         self.import_path = ""
+        self.app_args: dict[str, Any] = {}
+        self.route_prefix: str | None = None
         self._ctx = context
         self.config: dict[str, Any] = {}
         self.version = ""
@@ -119,6 +123,14 @@ class DeploymentState:
         self.failure_streak = 0
         self._backoff_until = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
+        #: the instance's ``target_capacity`` and its direction (see :mod:`control.autoscaling`)
+        self.target_capacity: float | None = None
+        self.capacity_direction: Direction | None = None
+        #: owns the target of an autoscaling deployment (``None`` for a fixed count)
+        self.autoscaler: DeploymentAutoscaler | None = None
+        #: the count set through the external scaling API (``external_scaler_enabled``)
+        self.external_target: int | None = None
+        self._reading_metrics = False
 
     # -- desired state ---------------------------------------------------------------------------
     @property
@@ -127,21 +139,106 @@ class DeploymentState:
         return f"{self.app or 'default'}/{self.name}"
 
     def set_target(
-        self, config: dict[str, Any], version: str, env: PreparedEnv, import_path: str
+        self,
+        config: dict[str, Any],
+        version: str,
+        env: PreparedEnv,
+        import_path: str,
+        app_args: dict[str, Any] | None = None,
+        route_prefix: str | None = None,
     ) -> None:
-        """``version`` covers ``import_path`` and ``env``: replicas of another version are
-        replaced (new ones start with these before old ones stop)."""
+        """``version`` covers ``import_path``, ``app_args`` and ``env``: replicas of another
+        version are replaced (new ones start with these before old ones stop)."""
         self.import_path = import_path
+        self.app_args = dict(app_args or {})
+        self.route_prefix = route_prefix
         if version != self.version:
             self.startup_failures, self.ever_healthy, self._backoff_until = 0, False, 0.0
             self.failure_streak = 0
             self.last_error = self.health_error = ""
         self.config, self.version, self.env = config, version, env
         self.user_config_version = effective_config.user_config_version(config)
+        self._configure_autoscaler()
+
+    def set_capacity(self, target_capacity: float | None, direction: Direction | None) -> None:
+        self.target_capacity, self.capacity_direction = target_capacity, direction
+        self._configure_autoscaler()
+
+    def _configure_autoscaler(self) -> None:
+        raw = self.config.get("autoscaling_config")
+        now = time.time()
+        if not raw:
+            self.autoscaler = None
+        elif self.autoscaler is None:
+            self.autoscaler = DeploymentAutoscaler(
+                raw, now, self.target_capacity, self.capacity_direction
+            )
+        else:
+            self.autoscaler.reconfigure(raw, now, self.target_capacity, self.capacity_direction)
 
     @property
     def target(self) -> int:
-        return effective_config.target_replicas(self.config)
+        if self.autoscaler is not None:
+            return self.autoscaler.target
+        if self.external_target is not None:
+            return self.external_target
+        return effective_config.target_replicas(self.config, self.target_capacity)
+
+    # -- autoscaling -----------------------------------------------------------------------------
+    def running_replicas(self) -> list[ReplicaProcess]:
+        return [r for r in self.replicas.values() if r.state == "RUNNING" and r.healthy]
+
+    def autoscale_due(self, now: float) -> bool:
+        """Whether it is time to read the replicas' load and decide again."""
+        scaler = self.autoscaler
+        return scaler is not None and not self._reading_metrics and now >= scaler.next_read_at
+
+    async def autoscale(self) -> None:
+        """Read every running replica's load, decide, and wake the controller on a change."""
+        scaler = self.autoscaler
+        if scaler is None:
+            return
+        self._reading_metrics = True
+        scaler.next_read_at = time.time() + scaler.config.metrics_interval_s
+        try:
+            running = self.running_replicas()
+            loads = await asyncio.gather(*(self._read_load(r) for r in running))
+            now = time.time()
+            for replica, load in zip(running, loads, strict=True):
+                if load is not None:
+                    scaler.record_replica(replica.replica_id, load, now)
+            scaler.forget_replicas(r.replica_id for r in running)
+            self._decide(now)
+        finally:
+            self._reading_metrics = False
+
+    def record_queued(self, caller_id: str, queued: int) -> None:
+        """A caller's report of requests waiting for this deployment (see
+        :mod:`kubeserve.runtime.load_report`); a request waiting on zero replicas decides now."""
+        scaler = self.autoscaler
+        if scaler is None:
+            return
+        now = time.time()
+        scaler.record_queued(caller_id, queued, now)
+        if queued and not self.running_replicas():
+            self._decide(now)
+
+    def _decide(self, now: float) -> None:
+        assert self.autoscaler is not None
+        before = self.autoscaler.target
+        if self.autoscaler.step(len(self.running_replicas()), now):
+            log.info("%s: %s", self._label, self.autoscaler.decisions[-1].reason)
+            if self.autoscaler.target != before:
+                self._ctx.wake()
+
+    async def _read_load(self, replica: ReplicaProcess) -> ReplicaLoad | None:
+        try:
+            status, body = await self._internal(replica, "GET", wire.METRICS_PATH, b"", 5.0)
+        except (OSError, TimeoutError):
+            return None
+        if status != 200:
+            return None
+        return ReplicaLoad.from_metrics(wire.parse_metrics(body.decode("utf-8", "replace")))
 
     # -- observation -----------------------------------------------------------------------------
     def view(self) -> DeploymentView:
@@ -170,7 +267,11 @@ class DeploymentState:
             for r in self.replicas.values()
             if r.state == "RUNNING" and r.healthy
         ]
-        return {"max_ongoing_requests": int(self.config["max_ongoing_requests"]), "replicas": ready}
+        return {
+            "max_ongoing_requests": int(self.config["max_ongoing_requests"]),
+            "replicas": ready,
+            **wire.queue_limits(self.config),
+        }
 
     # -- reconciliation --------------------------------------------------------------------------
     def reconcile(self) -> None:
@@ -299,6 +400,8 @@ class DeploymentState:
             "graceful_shutdown_wait_loop_s": float(self.config["graceful_shutdown_wait_loop_s"]),
             "graceful_shutdown_timeout_s": float(self.config["graceful_shutdown_timeout_s"]),
             "request_limits": self._ctx.request_limits.to_mapping(),
+            "app_args": self.app_args,
+            "route_prefix": self.route_prefix,
         }
         path = self._config_file(replica)
         private_dir(path.parent)
@@ -406,6 +509,7 @@ class DeploymentState:
         return ready
 
     async def _health_loop(self, replica: ReplicaProcess, exited: asyncio.Future[int]) -> None:
+        failures = 0
         while replica.state == "RUNNING":
             period = float(self.config.get("health_check_period_s", 10.0))
             await asyncio.wait([exited], timeout=period)
@@ -413,7 +517,14 @@ class DeploymentState:
                 return
             timeout = float(self.config.get("health_check_timeout_s", 30.0))
             error = await self._check(replica, timeout)
-            if error:
+            failures = failures + 1 if error else 0
+            if error and failures < effective_config.HEALTH_CHECK_FAILURE_THRESHOLD:
+                log.warning(
+                    "%s: replica %s failed health check %d of %d in a row: %s",
+                    self._label, replica.replica_id, failures,
+                    effective_config.HEALTH_CHECK_FAILURE_THRESHOLD, error,
+                )  # fmt: skip
+            elif error:
                 replica.healthy = False
                 self.health_error = f"replica {replica.replica_id} failed its health check: {error}"
                 log.warning("%s: %s", self._label, self.health_error)

@@ -110,6 +110,7 @@ def _application(app: ApplicationState, node_id: str) -> ApplicationDetailsView:
             if state.config
         ],
         graph=app.graph,
+        docs_path=(app.serving_graph or {}).get("docs_path"),
     )
 
 
@@ -132,7 +133,11 @@ def _deployment(
         )
         for replica in state.replicas.values()
     ]
-    view = DeploymentDetailsView(state.name, state.config, state.target, replicas)
+    scaler = state.autoscaler
+    autoscaling = None if scaler is None else scaler.detail(len(state.running_replicas()))
+    view = DeploymentDetailsView(
+        state.name, state.config, state.target, replicas, autoscaling=autoscaling
+    )
     if info is None:
         return view
     return dataclasses.replace(

@@ -52,6 +52,6 @@ them.
 
 from kubeserve.runtime.proxy.command import main
 from kubeserve.runtime.proxy.server import ProxyServer, serve_proxy
-from kubeserve.runtime.proxy.state import DEFAULT_ASSIGN_TIMEOUT_S, ProxyState
+from kubeserve.runtime.proxy.state import ProxyState
 
-__all__ = ["DEFAULT_ASSIGN_TIMEOUT_S", "ProxyServer", "ProxyState", "main", "serve_proxy"]
+__all__ = ["ProxyServer", "ProxyState", "main", "serve_proxy"]

@@ -10,6 +10,7 @@ import os
 import signal
 
 from kubeserve.runtime import channel
+from kubeserve.runtime.kubernetes.contract import DISCOVERY_KUBERNETES, INSTANCE_ENV, NAMESPACE_ENV
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 from kubeserve.runtime.proxy.server import serve_proxy
 
@@ -24,14 +25,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--controller-url")
-    parser.add_argument("--discovery", choices=("controller", "kubernetes"), default="controller")
+    parser.add_argument(
+        "--discovery", choices=("controller", DISCOVERY_KUBERNETES), default="controller"
+    )
     parser.add_argument("--request-timeout-s", type=float, default=None)
     parser.add_argument("--keep-alive-timeout-s", type=float, default=90.0)
     add_limit_arguments(parser)
     args = parser.parse_args(argv)
     if args.discovery == "controller" and not args.controller_url:
         parser.error("--controller-url is required with --discovery controller")
-    in_cluster = args.discovery == "kubernetes"
+    in_cluster = args.discovery == DISCOVERY_KUBERNETES
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         secret = channel.take_secret()
@@ -57,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
                 request_timeout_s=args.request_timeout_s,
                 keep_alive_timeout_s=args.keep_alive_timeout_s,
                 limits=limits,
-                kubernetes_namespace=os.environ.get("KUBESERVE_NAMESPACE") if in_cluster else None,
-                instance=os.environ.get("KUBESERVE_INSTANCE") if in_cluster else None,
+                kubernetes_namespace=os.environ.get(NAMESPACE_ENV) if in_cluster else None,
+                instance=os.environ.get(INSTANCE_ENV) if in_cluster else None,
             )
 
     uvloop.run(run())

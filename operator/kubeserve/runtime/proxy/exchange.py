@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import random
 from typing import TYPE_CHECKING
 
 from kubeserve.control.routes import needs_normalizing, normalize_path
 from kubeserve.runtime.http1 import chunk_prefix, local_response, new_request_id
 from kubeserve.runtime.http_connection import body_too_large
-from kubeserve.runtime.router import NoReplicaAvailable, Replica
+from kubeserve.runtime.router import BackPressure, NoReplicaAvailable, RoutedReplica
 from kubeserve.runtime.wire import HEALTHZ_PATH
 
 if TYPE_CHECKING:
@@ -37,6 +39,9 @@ log = logging.getLogger(__name__)
 ROUTES_PATH = "/-/routes"
 # Attempts to reach a replica for one request when connecting (or the handshake) fails.
 _CONNECT_ATTEMPTS = 3
+#: First and longest pause before a request a full replica refused is sent again.
+_BUSY_FIRST_WAIT_S = 0.005
+_BUSY_MAX_WAIT_S = 0.1
 _CRLF = b"\r\n"
 _CONNECTION_KEEP_ALIVE = b"Connection: keep-alive\r\n"
 _JSON = b"application/json"
@@ -73,11 +78,12 @@ class Exchange:
     pending_bytes = 0
     request_id: bytes | None = None
     id_line = b""
-    replica: Replica | None = None
+    replica: RoutedReplica | None = None
     upstream: UpstreamConnection | None = None
     task: asyncio.Task[None] | None = None
     timer: asyncio.TimerHandle | None = None
     attempts = 1
+    busy_wait = _BUSY_FIRST_WAIT_S
 
     def __init__(self, client: ClientConnection) -> None:
         self.client = client
@@ -166,13 +172,18 @@ class Exchange:
         else:
             self.respond_local(404, b"Not Found")
 
-    async def _connect(self, key: str, avoid: Replica | None = None) -> None:
+    async def _connect(self, key: str, avoid: RoutedReplica | None = None) -> None:
         state = self.client.state
         try:
             if self.replica is None:
                 self.replica = await state.router.assign(key, state.assign_timeout_s, avoid)
             pool = state.pool(self.replica)
             conn = pool.take() or await pool.connect()
+        except BackPressure as exc:  # max_queued_requests: backpressure_config's answer
+            self.task = None
+            retry_after = b"" if exc.retry_after_s is None else b"%d" % math.ceil(exc.retry_after_s)
+            self.respond_local(exc.status, str(exc).encode(), retry_after=retry_after)
+            return
         except NoReplicaAvailable as exc:
             self.task = None
             self.respond_local(503, str(exc).encode())
@@ -251,17 +262,22 @@ class Exchange:
 
     # -- response side ---------------------------------------------------------------------------
 
-    def retry_unserved(self) -> None:
-        """The replica answered that it never started the request (it is shutting down): send it
-        to another replica, the whole request being held (``raw``), or answer 503."""
+    def retry_unserved(self, at_capacity: bool = False) -> None:
+        """The replica answered that it never started the request: it is shutting down (send it
+        to another replica, the whole request being held in ``raw``, or answer 503), or it runs
+        ``max_ongoing_requests`` for all its callers (wait a moment and ask the router again,
+        not counted as an attempt)."""
         failed = self._drop_replica()
         if self.client.closed:
             return
         self.head_sent = False
+        if at_capacity:
+            self.task = asyncio.create_task(self._connect_when_free(failed))
+            return
         if not self._try_another(failed):
             self.respond_local(503, b"no replica took the request: they are shutting down")
 
-    def _drop_replica(self) -> Replica | None:
+    def _drop_replica(self) -> RoutedReplica | None:
         """Let go of the upstream connection and the replica's slot; returns that replica."""
         failed = self.replica
         self.upstream = None
@@ -270,7 +286,7 @@ class Exchange:
             self.replica = None
         return failed
 
-    def _try_another(self, failed: Replica | None) -> bool:
+    def _try_another(self, failed: RoutedReplica | None) -> bool:
         """Send the request to a replica other than ``failed``, within
         :data:`_CONNECT_ATTEMPTS` in all; False when they are used up."""
         if self.attempts >= _CONNECT_ATTEMPTS:
@@ -278,6 +294,11 @@ class Exchange:
         self.attempts += 1
         self.task = asyncio.create_task(self._connect(self.key, avoid=failed))
         return True
+
+    async def _connect_when_free(self, full: RoutedReplica | None) -> None:
+        await asyncio.sleep(self.busy_wait * (0.5 + random.random()))
+        self.busy_wait = min(self.busy_wait * 2, _BUSY_MAX_WAIT_S)
+        await self._connect(self.key, avoid=full)
 
     def upstream_failed(self, *, written: bool) -> None:
         """The upstream connection failed before any response byte.
@@ -324,6 +345,7 @@ class Exchange:
         *,
         close: bool = False,
         content_type: bytes = b"text/plain; charset=utf-8",
+        retry_after: bytes = b"",
     ) -> None:
         """Answer without a replica (health, routes, 404, 408, 413, 502, 503, 504...).
 
@@ -335,7 +357,12 @@ class Exchange:
         self.pending_bytes = 0
         self.client.write(
             local_response(
-                status, body, content_type=content_type, close=close, request_id=self.request_id
+                status,
+                body,
+                content_type=content_type,
+                close=close,
+                request_id=self.request_id,
+                retry_after=retry_after,
             )
         )
         self._let_go()

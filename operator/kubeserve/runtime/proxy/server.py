@@ -7,6 +7,7 @@ import logging
 
 from kubeserve.runtime.discovery import Discovery, EndpointSource
 from kubeserve.runtime.limits import RequestLimits
+from kubeserve.runtime.load_report import LoadReporter
 from kubeserve.runtime.proxy.client import ClientConnection
 from kubeserve.runtime.proxy.state import ProxyState
 
@@ -41,8 +42,14 @@ class ProxyServer:
         if source is None:
             if controller_url is None:
                 raise ValueError("a proxy needs a controller_url or an endpoint source")
-            source = Discovery(controller_url, self.state.apply, secret=secret)
+            source = Discovery(controller_url, secret=secret)
         self.source = source
+        #: tells the controller what waits here (local backend: its Discovery is the source)
+        self.load_reporter = (
+            None
+            if controller_url is None
+            else LoadReporter(controller_url, self.state.router, secret=secret)
+        )
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -53,12 +60,16 @@ class ProxyServer:
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self.state.sweeper.start()
-        await self.source.start()
+        if self.load_reporter is not None:
+            self.load_reporter.start()
+        await self.source.start(self.state.apply)
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
         self.state.close()
+        if self.load_reporter is not None:
+            await self.load_reporter.close()
         await self.source.close()
         if self._server is not None:
             await self._server.wait_closed()
@@ -84,7 +95,7 @@ async def serve_proxy(
     """
     source = None
     if kubernetes_namespace is not None:
-        from kubeserve.runtime.kube_discovery import KubeDiscovery
+        from kubeserve.runtime.kubernetes.discovery import KubeDiscovery
 
         source = KubeDiscovery(kubernetes_namespace, instance)
     server = ProxyServer(
@@ -97,8 +108,6 @@ async def serve_proxy(
         limits=limits,
         source=source,
     )
-    if source is not None:
-        source.on_update = server.state.apply
     await server.start()
     log.info("kubeserve proxy listening on %s:%d", host, server.port)
     try:

@@ -16,16 +16,14 @@ from kubeserve.runtime.channel import Role
 from kubeserve.runtime.keepalive import IdlePool, PoolSweeper, pool_for
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.proxy.upstream import UpstreamConnection
-from kubeserve.runtime.router import Replica, Router
+from kubeserve.runtime.router import RoutedReplica, Router
 from kubeserve.runtime.wire import Snapshot, deployment_key
 
 if TYPE_CHECKING:
     from kubeserve.runtime.http_connection import ServerConnection
 
-__all__ = ["CONNECT_TIMEOUT_S", "DEFAULT_ASSIGN_TIMEOUT_S", "ProxyState", "UpstreamPool"]
+__all__ = ["CONNECT_TIMEOUT_S", "ProxyState", "UpstreamPool"]
 
-#: How long a request waits for a replica slot when no request timeout is configured.
-DEFAULT_ASSIGN_TIMEOUT_S = 30.0
 #: How long opening a connection to a replica (and its handshake) may take.
 CONNECT_TIMEOUT_S = 10.0
 # Paths remembered with their deployment; the memo is dropped whole when it fills up.
@@ -58,14 +56,15 @@ class ProxyState:
         self.routes_body = b"{}"
         self.healthy = False
         self.request_timeout_s = request_timeout_s
-        self.assign_timeout_s = request_timeout_s or DEFAULT_ASSIGN_TIMEOUT_S
+        # A request waits for a replica as in Ray: until one is free, or request_timeout_s.
+        self.assign_timeout_s = request_timeout_s
         self.keep_alive_timeout_s = keep_alive_timeout_s
         self.pools: dict[str, UpstreamPool] = {}
         self.connections: set[ServerConnection] = set()
         self.sweeper = PoolSweeper(self.pools)
 
     def apply(self, snapshot: Snapshot) -> None:
-        """Install a discovery snapshot (the ``on_update`` callback)."""
+        """Install a discovery snapshot (the callback the endpoint source is started with)."""
         self.routes = RouteTable(snapshot["routes"])
         self.keys = {
             r["route_prefix"]: deployment_key(r["app"], r["deployment"]) for r in self.routes.routes
@@ -97,7 +96,7 @@ class ProxyState:
             self.route_memo[path] = key
         return key
 
-    def pool(self, replica: Replica) -> UpstreamPool:
+    def pool(self, replica: RoutedReplica) -> UpstreamPool:
         return pool_for(
             self.pools, replica.replica_id, replica.host, replica.port, self.secret, UpstreamPool
         )

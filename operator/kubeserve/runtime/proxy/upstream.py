@@ -22,7 +22,7 @@ from kubeserve.runtime.http1 import (
     classify_header,
 )
 from kubeserve.runtime.keepalive import KeepAliveConnection
-from kubeserve.runtime.wire import UNSERVED_HEADER
+from kubeserve.runtime.wire import UNSERVED_AT_CAPACITY, UNSERVED_HEADER
 
 if TYPE_CHECKING:
     from kubeserve.runtime.proxy.exchange import Exchange
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["UpstreamConnection"]
 
 _UNSERVED = UNSERVED_HEADER.encode()
+_AT_CAPACITY = UNSERVED_AT_CAPACITY.encode()
 _CRLF = b"\r\n"
 _HEAD = b"HEAD"
 _CONNECTION_CLOSE = b"Connection: close\r\n"
@@ -59,6 +60,7 @@ class UpstreamConnection(KeepAliveConnection):
         self.dropped = False  # a hop-by-hop header of the replica's was dropped
         self.has_id = False  # the response carries X-Request-Id
         self.unserved = False  # a 503 saying the replica never started the request
+        self.at_capacity = False  # ... because it runs max_ongoing_requests already
         self.in_message = False
         self.fresh = False  # the current read started between two responses
         self.begun = 0  # responses begun in the current read
@@ -98,7 +100,7 @@ class UpstreamConnection(KeepAliveConnection):
                 self.exchange = None
                 self.pool.discard(self)
                 self.close()
-                ex.retry_unserved()
+                ex.retry_unserved(self.at_capacity)
             return
         if self.head_deferred:
             if self.complete and self.begun == 1 and data.startswith(b"HTTP/1.1 "):
@@ -208,6 +210,7 @@ class UpstreamConnection(KeepAliveConnection):
             return
         if status == 503 and ex.raw is not None and ex.request_done and self._unserved():
             self.unserved = True  # held whole and never started: data_received re-sends it
+            self.at_capacity = self._unserved_reason() == _AT_CAPACITY
             return
         ex.response_started = True
         no_body = ex.method == _HEAD or status in (204, 304)
@@ -235,6 +238,9 @@ class UpstreamConnection(KeepAliveConnection):
 
     def _unserved(self) -> bool:
         return any(name.lower() == _UNSERVED for name, _ in self.headers)
+
+    def _unserved_reason(self) -> bytes:
+        return next((value for name, value in self.headers if name.lower() == _UNSERVED), b"")
 
     def _has_length(self) -> bool:
         return any(

@@ -13,18 +13,23 @@ from __future__ import annotations
 import os
 from typing import Any
 
-DISCOVERY_ENV = "KUBESERVE_DISCOVERY"
-NAMESPACE_ENV = "KUBESERVE_NAMESPACE"
-APPLICATION_ENV = "KUBESERVE_APPLICATION"
+from kubeserve.runtime.kubernetes.contract import (
+    APPLICATION_ENV,
+    DISCOVERY_ENV,
+    DISCOVERY_KUBERNETES,
+    NAMESPACE_ENV,
+)
 
 
 def in_cluster() -> bool:
-    return os.environ.get(DISCOVERY_ENV) == "kubernetes"
+    return os.environ.get(DISCOVERY_ENV) == DISCOVERY_KUBERNETES
 
 
 async def user_config_override(deployment: str) -> tuple[bool, Any]:
     """``(True, value)`` when the application's spec overrides the deployment's user_config."""
-    from kubeserve.runtime.kube import Kube  # only in a cluster: keeps local replicas light
+    from kubeserve.runtime.kubernetes.client import (
+        Kube,
+    )  # only in a cluster: keeps local replicas light
 
     namespace, application = os.environ.get(NAMESPACE_ENV), os.environ.get(APPLICATION_ENV)
     if not namespace or not application:
@@ -43,9 +48,7 @@ async def user_config_override(deployment: str) -> tuple[bool, Any]:
 def handle_client(secret: bytes) -> Any:
     """A handle client fed by the cluster's routes and EndpointSlices (not started)."""
     from kubeserve.runtime.handle_client import HandleClient
-    from kubeserve.runtime.kube_discovery import KubeDiscovery
+    from kubeserve.runtime.kubernetes.discovery import KubeDiscovery
 
     source = KubeDiscovery(os.environ.get(NAMESPACE_ENV, "default"))
-    client = HandleClient(source=source, secret=secret)
-    source.on_update = client.apply
-    return client
+    return HandleClient(source=source, secret=secret)

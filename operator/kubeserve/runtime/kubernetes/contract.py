@@ -1,10 +1,16 @@
-"""Names, labels and owner references of the objects the Kubernetes backend creates.
+"""The contract between the operator and the processes in its pods, spelled once.
 
-Pure functions of the custom resources' names; the one place where the naming contract of
-:mod:`kubeserve.backends.kubernetes` is spelled out in code, used by the renderer, the operator and
-the data plane alike.
+The operator (:mod:`kubeserve.backends.kubernetes`) writes objects, labels and environment
+variables; proxies, replicas and build Jobs (:mod:`kubeserve.runtime.kubernetes`) read them. Both
+import every name, label, annotation, environment variable, port and key from here, so neither can
+drift from the other. The module imports nothing else from kubeserve and no Kubernetes client, so
+every data-plane process (a replica on one machine too) can load it for free.
 
-Invariants:
+:data:`GROUP`, :data:`VERSION` and :data:`DEFAULT_INSTANCE` are also declared by
+:mod:`kubeserve.schema.resources`, the bottom layer that generates the CRDs from them and cannot
+import this module (a test pins the two equal); the data plane never loads the schema.
+
+Names are pure functions of the custom resources' names. Invariants:
 
 * every name returned is a DNS-1035 label (lowercase alphanumerics and ``-``, starting with a
   letter, at most 63 characters), valid for a Service, a Job (whose name becomes a label value) and
@@ -25,23 +31,45 @@ from collections.abc import Mapping
 from typing import Any, TypedDict
 
 __all__ = [
+    "API_VERSION",
+    "APPLICATION_ENV",
     "APPLICATION_LABEL",
     "APPLICATION_NAME_ANNOTATION",
+    "BIND_HOST",
+    "BIND_HOST_ENV",
     "COMPONENT_BUILD",
     "COMPONENT_LABEL",
     "COMPONENT_PROXY",
     "COMPONENT_REPLICA",
     "DATA_PLANE_SECRET_KEY",
+    "DEFAULT_INSTANCE",
     "DEPLOYMENT_LABEL",
     "DEPLOYMENT_NAME_ANNOTATION",
+    "DISCOVERY_ENV",
+    "DISCOVERY_KUBERNETES",
+    "EXTERNAL_REPLICAS_ANNOTATION",
+    "GRAPH_KEY",
+    "GROUP",
+    "INSTANCE_ENV",
     "INSTANCE_LABEL",
+    "KUBERNETES_NAMESPACE_LABEL",
     "MANAGED_BY_LABEL",
+    "MANAGED_SELECTOR",
     "MAX_NAME_LENGTH",
+    "NAMESPACE_ENV",
     "NAME_LABEL",
     "OPERATOR_POD_LABELS",
+    "POD_IP_ENV",
+    "POD_NAME_ENV",
+    "PROBE_PORT",
     "PRODUCT",
+    "REPLICA_PORT",
+    "SERVICE_NAME_LABEL",
+    "VERSION",
     "VERSION_ANNOTATION",
     "OwnerReference",
+    "application_cr_name",
+    "application_name",
     "build_account_name",
     "build_job_name",
     "common_labels",
@@ -56,6 +84,16 @@ __all__ = [
     "workload_name",
 ]
 
+# --------------------------------------------------------------------------- custom resources
+
+GROUP = "kubeserve.io"
+VERSION = "v1beta1"
+API_VERSION = f"{GROUP}/{VERSION}"
+#: The ``ServeInstance`` an application belongs to when ``spec.instance`` is unset.
+DEFAULT_INSTANCE = "default"
+
+# --------------------------------------------------------------------------- labels
+
 PRODUCT = "kubeserve"
 NAME_LABEL = "app.kubernetes.io/name"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -63,12 +101,19 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 INSTANCE_LABEL = "kubeserve.io/instance"
 APPLICATION_LABEL = "kubeserve.io/application"
 DEPLOYMENT_LABEL = "kubeserve.io/deployment"
+#: Selects every child object kubeserve manages (the EndpointSlice controller copies a Service's
+#: labels onto its slices, so it selects replica endpoints too).
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={PRODUCT}"
+#: Set by the EndpointSlice controller on every slice: the name of its Service.
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+#: Set by the API server on every namespace: its name.
+KUBERNETES_NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 
 #: Labels every operator pod carries (the install manifests and the Helm chart set them); the
 #: replicas' NetworkPolicy admits the operator's pods by them (it pushes user_config).
 OPERATOR_POD_LABELS = {
     "app.kubernetes.io/part-of": PRODUCT,
-    "app.kubernetes.io/component": "operator",
+    COMPONENT_LABEL: "operator",
 }
 
 COMPONENT_PROXY = "proxy"
@@ -80,13 +125,45 @@ VERSION_ANNOTATION = "kubeserve.io/replica-version"
 #: The exact (unshortened) Ray application and deployment names, for people and tools.
 APPLICATION_NAME_ANNOTATION = "kubeserve.io/application-name"
 DEPLOYMENT_NAME_ANNOTATION = "kubeserve.io/deployment-name"
+#: On a ``ServeApplication``: JSON ``{deployment: replicas}`` set through the external scaling
+#: API (``external_scaler_enabled``); the operator renders those counts. Not part of the spec, so
+#: a PUT of the same config keeps them, as Ray keeps an externally set count.
+EXTERNAL_REPLICAS_ANNOTATION = "kubeserve.io/external-target-replicas"
 
 #: The key of the data-plane Secret (:func:`dataplane_secret_name`) holding the secret (hex).
 DATA_PLANE_SECRET_KEY = "secret"
+#: The key of the build's ConfigMap (:func:`graph_configmap_name`) holding its JSON document: the
+#: graph (``kubeserve build``'s output), or ``{"error": ...}``.
+GRAPH_KEY = "graph.json"
+
+# --------------------------------------------------------------------------- pods
+
+#: The replica's port (user traffic and handle calls, behind the data-plane handshake).
+REPLICA_PORT = 8000
+#: The replica's unauthenticated health listener (container port ``probe``), for the kubelet.
+PROBE_PORT = 8081
+
+POD_IP_ENV = "KUBESERVE_POD_IP"
+#: The address kubeserve's servers bind to: every address of the pod, so probes, Services and
+#: ``kubectl port-forward`` (which connects to 127.0.0.1 inside the pod) all reach it.
+BIND_HOST_ENV = "KUBESERVE_BIND_HOST"
+BIND_HOST = "0.0.0.0"
+POD_NAME_ENV = "KUBESERVE_POD_NAME"
+#: Where a pod's process finds its custom resources (``metadata.namespace``).
+NAMESPACE_ENV = "KUBESERVE_NAMESPACE"
+#: The ``ServeInstance`` a process belongs to (proxies serve only its applications' routes).
+INSTANCE_ENV = "KUBESERVE_INSTANCE"
+#: The ``ServeApplication`` object a replica reads its ``user_config`` from at start-up.
+APPLICATION_ENV = "KUBESERVE_APPLICATION"
+#: :data:`DISCOVERY_KUBERNETES` in a replica: discover replicas from EndpointSlices and CR status,
+#: not a controller URL (a proxy is told so by ``--discovery kubernetes``).
+DISCOVERY_ENV = "KUBESERVE_DISCOVERY"
+DISCOVERY_KUBERNETES = "kubernetes"
 
 MAX_NAME_LENGTH = 63
 _HASH_LENGTH = 8
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _HEX_SUFFIX = re.compile(rf"[0-9a-f]{{{_HASH_LENGTH}}}")
 
@@ -98,6 +175,43 @@ class OwnerReference(TypedDict):
     uid: str
     controller: bool
     blockOwnerDeletion: bool
+
+
+# --------------------------------------------------------------------------- application names
+
+
+def application_name(obj: Mapping[str, Any]) -> str:
+    """The Ray name of a ``ServeApplication``: ``spec.appName``, else the object's name.
+
+    Ray's single-application family names its application ``""`` (the PUT body's default), which
+    ``spec.appName`` cannot hold (it must not be empty): the admin API leaves ``appName`` unset and
+    marks the object with an empty :data:`APPLICATION_NAME_ANNOTATION` instead. The operator, the
+    data plane (routes, handle keys, the replica's config) and the admin API's GET all read the
+    name here, so they agree on it.
+    """
+    meta = obj["metadata"]
+    if (meta.get("annotations") or {}).get(APPLICATION_NAME_ANNOTATION) == "":
+        return ""
+    return str((obj.get("spec") or {}).get("appName") or meta["name"])
+
+
+def application_cr_name(name: str) -> str:
+    """The ``ServeApplication`` object name the admin API gives a Ray application name.
+
+    The name itself when it is a DNS-1123 label; else its lowercase alphanumerics joined by ``-``
+    and ``-<8 hex>`` (a digest of the exact name), so distinct Ray names never share an object.
+    ``spec.appName`` (or, for ``""``, the annotation) carries the exact Ray name
+    (:func:`application_name`).
+    """
+    if len(name) <= MAX_NAME_LENGTH and _DNS_1123_LABEL.fullmatch(name):
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:_HASH_LENGTH]
+    cleaned = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    head = cleaned[: MAX_NAME_LENGTH - _HASH_LENGTH - 1].strip("-")
+    return f"{head}-{digest}" if head else f"app-{digest}"
+
+
+# --------------------------------------------------------------------------- object names
 
 
 def _digest(parts: tuple[str, ...]) -> str:

@@ -31,11 +31,11 @@ from urllib.parse import quote
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from kubeserve.runtime.kubernetes.contract import API_VERSION
+
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "kubeserve"
-#: The label the API server puts on every namespace, holding its name.
-KUBERNETES_NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 
 #: kind -> (api group/version path prefix, plural); the resources kubeserve touches.
 RESOURCES: dict[str, tuple[str, str]] = {
@@ -55,8 +55,8 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "NetworkPolicy": ("apis/networking.k8s.io/v1", "networkpolicies"),
     "TokenReview": ("apis/authentication.k8s.io/v1", "tokenreviews"),
     "SubjectAccessReview": ("apis/authorization.k8s.io/v1", "subjectaccessreviews"),
-    "ServeInstance": ("apis/kubeserve.io/v1beta1", "serveinstances"),
-    "ServeApplication": ("apis/kubeserve.io/v1beta1", "serveapplications"),
+    "ServeInstance": (f"apis/{API_VERSION}", "serveinstances"),
+    "ServeApplication": (f"apis/{API_VERSION}", "serveapplications"),
 }
 
 

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from kubeserve.runtime import wire
-from kubeserve.runtime.kube import Informer, Kube
+from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.client import Informer, Kube
 
 log = logging.getLogger(__name__)
-_SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 _FIRST_SNAPSHOT_TIMEOUT_S = 10.0
 
 
@@ -34,12 +34,11 @@ class KubeDiscovery:
         self,
         namespace: str,
         instance: str | None = None,
-        on_update: Callable[[wire.Snapshot], None] | None = None,
         kubeconfig: str | None = None,
     ) -> None:
         """``instance`` limits routes to that ServeInstance's applications (proxies set it)."""
         self.namespace, self.instance, self.kubeconfig = namespace, instance, kubeconfig
-        self.on_update = on_update
+        self._on_update: Callable[[wire.Snapshot], None] | None = None
         self._kube: Kube | None = None
         self._apps: dict[str, dict[str, Any]] = {}
         self._slices: dict[str, dict[str, Any]] = {}
@@ -47,7 +46,8 @@ class KubeDiscovery:
         self._version = 0
         self._last: tuple[Any, Any] | None = None
 
-    async def start(self) -> None:
+    async def start(self, on_update: Callable[[wire.Snapshot], None]) -> None:
+        self._on_update = on_update
         self._kube = await Kube.connect(self.kubeconfig)
         apps = Informer(self._kube, "ServeApplication", self.namespace, self._set_apps)
         slices = Informer(
@@ -55,7 +55,7 @@ class KubeDiscovery:
             "EndpointSlice",
             self.namespace,
             self._set_slices,
-            "app.kubernetes.io/managed-by=kubeserve",
+            contract.MANAGED_SELECTOR,
         )
         self._tasks = [asyncio.ensure_future(apps.run()), asyncio.ensure_future(slices.run())]
         with contextlib.suppress(TimeoutError):
@@ -84,11 +84,11 @@ class KubeDiscovery:
         routes, deployments = snapshot_parts(
             self._apps.values(), self._slices.values(), self.instance
         )
-        if (routes, deployments) == self._last or self.on_update is None:
+        if (routes, deployments) == self._last or self._on_update is None:
             return
         self._last = (routes, deployments)
         self._version += 1
-        self.on_update({"version": self._version, "routes": routes, "deployments": deployments})
+        self._on_update({"version": self._version, "routes": routes, "deployments": deployments})
 
 
 def snapshot_parts(
@@ -97,7 +97,7 @@ def snapshot_parts(
     """Routes and endpoints from ServeApplication objects and EndpointSlices (pure)."""
     by_service: dict[str, list[wire.ReplicaEndpoint]] = {}
     for endpoint_slice in slices:
-        service = (endpoint_slice["metadata"].get("labels") or {}).get(_SERVICE_NAME_LABEL)
+        service = (endpoint_slice["metadata"].get("labels") or {}).get(contract.SERVICE_NAME_LABEL)
         ports = endpoint_slice.get("ports") or []
         if not service or not ports:
             continue
@@ -114,17 +114,24 @@ def snapshot_parts(
     deployments: dict[str, wire.DeploymentEndpoints] = {}
     for app in apps:
         spec, status = app.get("spec") or {}, app.get("status") or {}
-        if instance is not None and spec.get("instance", "default") != instance:
+        if instance is not None and spec.get("instance", contract.DEFAULT_INSTANCE) != instance:
             continue
-        name = spec.get("appName") or app["metadata"]["name"]
+        name = contract.application_name(app)
         for deployment, entry in (status.get("deployments") or {}).items():
             if not entry.get("service"):
                 continue
             replicas = sorted(by_service.get(entry["service"], []), key=lambda r: r["replica_id"])
-            deployments[wire.deployment_key(name, deployment)] = {
+            endpoints: wire.DeploymentEndpoints = {
                 "max_ongoing_requests": int(entry.get("maxOngoingRequests") or 5),
                 "replicas": replicas,
             }
+            if entry.get("maxQueuedRequests") is not None:
+                endpoints["max_queued_requests"] = int(entry["maxQueuedRequests"])
+            if entry.get("backpressureStatus") is not None:
+                endpoints["backpressure_status"] = int(entry["backpressureStatus"])
+            if entry.get("retryAfterS") is not None:
+                endpoints["retry_after_s"] = float(entry["retryAfterS"])
+            deployments[wire.deployment_key(name, deployment)] = endpoints
         prefix, ingress = status.get("routePrefix"), status.get("ingressDeployment")
         if prefix and ingress:
             routes.append({"route_prefix": prefix, "app": name, "deployment": ingress})

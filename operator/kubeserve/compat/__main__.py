@@ -1,0 +1,22 @@
+"""``python -m kubeserve.compat script.py [args...]``: run a Ray Serve driver script (one calling
+``serve.run``, ``serve.status``, handles...) with ``import ray`` resolving to kubeserve, against the
+instance at ``KUBESERVE_ADDRESS``."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+from kubeserve.sdk import ray_namespace
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m kubeserve.compat SCRIPT.py [ARGS...]")
+    ray_namespace.install()
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""``ray.serve`` on kubeserve: Ray Serve 2.60's Python API over kubeserve's SDK.
+
+What a deployment module uses is the SDK itself under Ray's names (``serve.deployment`` is
+:func:`kubeserve.sdk.deployment.deployment`, which takes every option of Ray's decorator and either
+honours it or refuses it naming it), so an application written for Ray builds the same graph a
+kubeserve application does.
+
+The driver-side API (``serve.run``, ``serve.start``, ``serve.status``, ``serve.delete``,
+``serve.shutdown``, ``serve.get_app_handle``, ``serve.get_deployment_handle``) works against a
+running kubeserve instance (:mod:`kubeserve.compat.ray.serve.driver`).
+"""
+
+from __future__ import annotations
+
+from kubeserve.compat.ray.serve.config import HTTPOptions
+from kubeserve.compat.ray.serve.driver import (
+    delete,
+    get_app_handle,
+    get_deployment_handle,
+    run,
+    shutdown,
+    start,
+    status,
+)
+from kubeserve.compat.ray.serve.exceptions import RayServeException
+from kubeserve.schema.config import TracingConfig
+from kubeserve.sdk import context as _context
+from kubeserve.sdk.application import Application
+from kubeserve.sdk.batching import batch
+from kubeserve.sdk.deployment import Deployment, deployment
+from kubeserve.sdk.ingress import ingress
+from kubeserve.sdk.multiplex import get_multiplexed_model_id, multiplexed
+
+__all__ = [
+    "Application",
+    "Deployment",
+    "HTTPOptions",
+    "TracingConfig",
+    "batch",
+    "delete",
+    "deployment",
+    "get_app_handle",
+    "get_deployment_handle",
+    "get_multiplexed_model_id",
+    "get_replica_context",
+    "ingress",
+    "multiplexed",
+    "run",
+    "shutdown",
+    "start",
+    "status",
+]
+
+
+def get_replica_context() -> _context.ReplicaContext:
+    """The replica this code runs in; raises :class:`RayServeException` outside a replica."""
+    found = _context.get_replica_context()
+    if found is None:
+        raise RayServeException(
+            "`serve.get_replica_context()` may only be called from within a Ray Serve deployment."
+        )
+    return found

@@ -1,0 +1,325 @@
+"""Ray Serve's driver API (``serve.run``, ``serve.status``, ``serve.get_app_handle``...) against a
+running kubeserve instance, from a script or a notebook.
+
+The instance is reached the way the ``kubeserve`` command reaches it: the admin API at
+``KUBESERVE_ADDRESS`` (default ``http://127.0.0.1:8265``, token ``KUBESERVE_AUTH_TOKEN``).
+kubeserve deploys by config, so ``serve.run(app)`` sends the config of the running applications
+with ``app`` added (or replaced) under its ``name``; the application must live in a module the
+instance can import (it is named by ``module:attribute``, as in a config).
+
+Handles outside a replica: the first ``get_app_handle``/``get_deployment_handle`` of a process
+starts a handle client on a background thread with its own event loop, authenticated with the
+instance's data-plane secret (``data-plane.secret`` in its state directory,
+``KUBESERVE_STATE_DIR`` or ``~/.kubeserve``: only the user who runs the instance can read it).
+Calls from any thread or event loop run there (``.result()``, ``await``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubeserve.compat.ray.serve.exceptions import RayServeException
+from kubeserve.runtime.handle_client import HandleClient
+from kubeserve.sdk import context, transport
+from kubeserve.sdk.application import Application
+from kubeserve.sdk.handle import DeploymentHandle
+
+__all__ = [
+    "ApplicationStatusOverview",
+    "DeploymentStatusOverview",
+    "ServeStatus",
+    "delete",
+    "get_app_handle",
+    "get_deployment_handle",
+    "run",
+    "shutdown",
+    "start",
+    "status",
+]
+
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+_APPLICATIONS = "/api/serve/applications/"
+
+
+def _address() -> str:
+    return os.environ.get("KUBESERVE_ADDRESS", DEFAULT_ADDRESS).rstrip("/")
+
+
+def _request(method: str, path: str, body: Any = None, timeout_s: float = 30.0) -> Any:
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    token = os.environ.get("KUBESERVE_AUTH_TOKEN")
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(_address() + path, data, headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            raw = answer.read()
+    except urllib.error.HTTPError as err:
+        raise RayServeException(
+            f"{method} {path} answered {err.code}: {err.read().decode(errors='replace')}"
+        ) from None
+    except OSError as exc:
+        raise RayServeException(
+            f"no kubeserve instance answers at {_address()} ({exc}); start one with "
+            "`kubeserve start`, or set KUBESERVE_ADDRESS"
+        ) from None
+    return json.loads(raw) if raw else None
+
+
+def start(*args: Any, **kwargs: Any) -> None:
+    """Check that the instance answers (kubeserve is started by ``kubeserve start``)."""
+    _request("GET", "/api/ray/version")
+
+
+# -- status ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class DeploymentStatusOverview:
+    status: str
+    status_trigger: str
+    replica_states: dict[str, int]
+    message: str = ""
+
+
+@dataclass
+class ApplicationStatusOverview:
+    status: str
+    message: str
+    last_deployed_time_s: float
+    deployments: dict[str, DeploymentStatusOverview] = field(default_factory=dict)
+
+
+@dataclass
+class ServeStatus:
+    proxies: dict[str, str] = field(default_factory=dict)
+    applications: dict[str, ApplicationStatusOverview] = field(default_factory=dict)
+    target_capacity: float | None = None
+
+
+def status() -> ServeStatus:
+    """The instance's applications and proxies, in Ray's ``ServeStatus`` shape."""
+    details = _request("GET", _APPLICATIONS)
+    applications = {}
+    for name, app in details.get("applications", {}).items():
+        deployments = {}
+        for dep_name, dep in app.get("deployments", {}).items():
+            states: dict[str, int] = {}
+            for replica in dep.get("replicas", []):
+                states[replica["state"]] = states.get(replica["state"], 0) + 1
+            deployments[dep_name] = DeploymentStatusOverview(
+                dep["status"], dep.get("status_trigger", ""), states, dep.get("message", "")
+            )
+        applications[name] = ApplicationStatusOverview(
+            app["status"], app.get("message", ""), app.get("last_deployed_time_s", 0.0), deployments
+        )
+    proxies = {node: proxy["status"] for node, proxy in details.get("proxies", {}).items()}
+    return ServeStatus(proxies, applications, details.get("target_capacity"))
+
+
+# -- deploying ------------------------------------------------------------------------------------
+
+
+def _running_configs() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The serving layer's http_options and the config of every application, as deployed."""
+    details = _request("GET", _APPLICATIONS)
+    configs = [
+        dict(app["deployed_app_config"])
+        for app in details.get("applications", {}).values()
+        if app.get("deployed_app_config")
+    ]
+    http = details.get("http_options") or {}
+    return {k: http[k] for k in ("host", "port") if k in http}, configs
+
+
+def _put(http_options: dict[str, Any], applications: list[dict[str, Any]]) -> None:
+    body: dict[str, Any] = {"applications": applications}
+    if http_options:
+        body["http_options"] = http_options
+    _request("PUT", _APPLICATIONS, body)
+
+
+def import_path_of(target: Application) -> str:
+    """``module:attribute`` naming ``target``: a module-level variable of an imported module, else
+    of the script being run (named after its file)."""
+    main = sys.modules.get("__main__")
+    for module_name, module in list(sys.modules.items()):
+        if module is main or module_name.startswith(("kubeserve.", "ray.")):
+            continue
+        found = _attribute_holding(module, target)
+        if found is not None:
+            return f"{module_name}:{found}"
+    found = _attribute_holding(main, target)
+    if found is not None and main is not None:
+        spec = getattr(main, "__spec__", None)
+        file = getattr(main, "__file__", None)
+        if spec is not None and spec.name != "__main__":
+            return f"{spec.name}:{found}"
+        if file:
+            return f"{Path(file).stem}:{found}"
+    raise RayServeException(
+        "serve.run on kubeserve deploys by import path: bind the application to a module-level "
+        "variable of an importable module (for example `app = Model.bind()` in my_app.py)"
+    )
+
+
+def _attribute_holding(module: Any, target: Any) -> str | None:
+    try:
+        return next((name for name, value in vars(module).items() if value is target), None)
+    except TypeError:
+        return None
+
+
+def _wait(name: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        app = _request("GET", _APPLICATIONS).get("applications", {}).get(name)
+        if app is not None and app["status"] == "RUNNING":
+            return
+        if app is not None and app["status"] == "DEPLOY_FAILED":
+            raise RayServeException(f"application {name!r} failed to deploy: {app['message']}")
+        time.sleep(0.2)
+    raise TimeoutError(f"application {name!r} was not RUNNING within {timeout_s:.0f} s")
+
+
+def run(
+    target: Application,
+    blocking: bool = False,
+    name: str = "default",
+    route_prefix: str | None = "/",
+    logging_config: Any = None,
+    _local_testing_mode: bool = False,
+    external_scaler_enabled: bool = False,
+    *,
+    timeout_s: float = 120.0,
+) -> DeploymentHandle:
+    """Deploy ``target`` as application ``name`` (other applications keep running), wait until
+    it runs and return a handle to its ingress; ``blocking`` then waits until interrupted."""
+    if _local_testing_mode:
+        raise RayServeException("kubeserve has no local testing mode; run a kubeserve instance")
+    if not isinstance(target, Application):
+        raise TypeError("serve.run takes a bound application (Deployment.bind(...))")
+    http_options, configs = _running_configs()
+    config: dict[str, Any] = {
+        "name": name,
+        "route_prefix": route_prefix,
+        "import_path": import_path_of(target),
+    }
+    if logging_config is not None:
+        config["logging_config"] = logging_config
+    if external_scaler_enabled:
+        config["external_scaler_enabled"] = True
+    _put(http_options, [*(c for c in configs if c.get("name") != name), config])
+    _wait(name, timeout_s)
+    handle = get_app_handle(name)
+    while blocking:
+        time.sleep(3600)
+    return handle
+
+
+def delete(name: str, _blocking: bool = True) -> None:
+    """Remove application ``name`` (the others keep running)."""
+    http_options, configs = _running_configs()
+    if not any(c.get("name") == name for c in configs):
+        return
+    _put(http_options, [c for c in configs if c.get("name") != name])
+    deadline = time.monotonic() + 60
+    while _blocking and time.monotonic() < deadline:
+        if name not in _request("GET", _APPLICATIONS).get("applications", {}):
+            return
+        time.sleep(0.2)
+
+
+def shutdown() -> None:
+    """Stop every application and the serving layer."""
+    _request("DELETE", _APPLICATIONS)
+    with _DRIVER_LOCK:
+        if _DRIVER is not None:
+            _DRIVER.stop()
+
+
+# -- handles --------------------------------------------------------------------------------------
+
+
+def get_app_handle(name: str) -> DeploymentHandle:
+    """A handle to the ingress deployment of application ``name``."""
+    app = _request("GET", _APPLICATIONS).get("applications", {}).get(name)
+    if app is None:
+        raise RayServeException(f"Application '{name}' does not exist.")
+    ingress = (app.get("deployment_topology") or {}).get("ingress_deployment")
+    if not ingress:
+        raise RayServeException(f"Application '{name}' has no ingress deployment yet.")
+    _ensure_transport()
+    return DeploymentHandle(name, ingress)
+
+
+def get_deployment_handle(deployment_name: str, app_name: str | None = None) -> DeploymentHandle:
+    """A handle to ``deployment_name`` of ``app_name`` (default: the caller's application inside
+    a replica)."""
+    if app_name is None:
+        current = context.get_replica_context()
+        if current is None:
+            raise RayServeException(
+                "serve.get_deployment_handle() outside a replica needs app_name=..."
+            )
+        app_name = current.app_name
+    _ensure_transport()
+    return DeploymentHandle(app_name, deployment_name)
+
+
+class _DriverTransport:
+    """A :class:`HandleClient` running on its own thread's event loop."""
+
+    def __init__(self) -> None:
+        state_dir = Path(os.environ.get("KUBESERVE_STATE_DIR", Path.home() / ".kubeserve"))
+        secret_file = state_dir / "data-plane.secret"
+        try:
+            secret = secret_file.read_text().strip().encode()
+        except OSError as exc:
+            raise RayServeException(
+                f"handles outside a replica need the instance's {secret_file} ({exc}); set "
+                "KUBESERVE_STATE_DIR to the instance's --state-dir"
+            ) from None
+        self.loop = asyncio.new_event_loop()
+        self.client = HandleClient(_address(), secret=secret)
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
+
+    async def _start(self) -> None:
+        await self.client.start()
+        transport.set_transport(self.client)
+
+    def stop(self) -> None:
+        async def close() -> None:
+            transport.set_transport(None)
+            await self.client.close()
+
+        asyncio.run_coroutine_threadsafe(close(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+_DRIVER: _DriverTransport | None = None
+_DRIVER_LOCK = threading.Lock()
+
+
+def _ensure_transport() -> None:
+    """Inside a replica the replica's transport serves; elsewhere start the driver's once."""
+    global _DRIVER
+    with _DRIVER_LOCK:
+        try:
+            transport.get_transport()
+        except RuntimeError:
+            _DRIVER = _DriverTransport()

@@ -1,0 +1,226 @@
+"""The autoscaling of one deployment over time: its load history, policy state and target.
+
+Both backends keep one :class:`DeploymentAutoscaler` per autoscaling deployment and feed it the
+same readings: each replica's ``/-/metrics`` (read every ``metrics_interval_s``) and each caller's
+queued requests (reported by :mod:`kubeserve.runtime.load_report`). :meth:`step` turns them into
+the replica count to run (:func:`kubeserve.control.autoscaling.decide`) and remembers why it
+changed, for the status. No I/O and no clock: every method takes ``now`` (Unix time).
+
+A replica reports the integral of its ongoing requests (request-seconds) and its uptime; two reads
+give the exact mean load between them, so short bursts between reads count (a gauge read every
+10 s would mostly miss them). That mean is a sample at the earlier read, holding until the later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubeserve.control import autoscaling
+from kubeserve.control.autoscaling import AutoscalingConfig, Direction, PolicyState, Sample
+
+__all__ = ["DeploymentAutoscaler", "ReplicaLoad", "ScalingRecord"]
+
+#: Decisions kept for the status.
+MAX_DECISIONS = 10
+_REPLICA = "replica:"
+_CALLER = "caller:"
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """One read of a replica's ``/-/metrics``."""
+
+    ongoing: float
+    #: ``kubeserve_replica_ongoing_request_seconds_total``
+    ongoing_area: float
+    #: ``kubeserve_replica_uptime_seconds``
+    uptime_s: float
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, float]) -> ReplicaLoad | None:
+        """From a replica's metrics by name; ``None`` when one is missing."""
+        try:
+            return cls(
+                ongoing=metrics["kubeserve_replica_ongoing_requests"],
+                ongoing_area=metrics["kubeserve_replica_ongoing_request_seconds_total"],
+                uptime_s=metrics["kubeserve_replica_uptime_seconds"],
+            )
+        except KeyError:
+            return None
+
+
+@dataclass(frozen=True)
+class ScalingRecord:
+    """A change of the target, in Ray's ``ScalingDecision`` terms."""
+
+    timestamp_s: float
+    reason: str
+    prev_num_replicas: int
+    curr_num_replicas: int
+    policy: str
+
+
+@dataclass(frozen=True)
+class _Read:
+    at: float
+    load: ReplicaLoad
+
+
+class DeploymentAutoscaler:
+    """Owns one deployment's autoscaling target; the backend makes the replica count follow it."""
+
+    def __init__(
+        self,
+        raw_config: Mapping[str, Any],
+        now: float,
+        target_capacity: float | None = None,
+        capacity_direction: Direction | None = None,
+    ) -> None:
+        self.raw_config = dict(raw_config)
+        self.config = AutoscalingConfig.from_mapping(raw_config)
+        self.target_capacity = target_capacity
+        self.capacity_direction = capacity_direction
+        self.target = autoscaling.initial_target(self.config, target_capacity, capacity_direction)
+        self.state = PolicyState()
+        self.decisions: deque[ScalingRecord] = deque(maxlen=MAX_DECISIONS)
+        #: the load of the last decision (running plus queued requests, aggregated)
+        self.last_load = 0.0
+        #: when the backend should read the replicas' metrics next
+        self.next_read_at = now
+        self._series: dict[str, list[Sample]] = {}
+        self._reads: dict[str, _Read] = {}
+        self._caller_keys: set[str] = set()
+
+    # -- configuration ---------------------------------------------------------------------------
+    def reconfigure(
+        self,
+        raw_config: Mapping[str, Any],
+        now: float,
+        target_capacity: float | None,
+        capacity_direction: Direction | None,
+    ) -> None:
+        """A new config or capacity: as in Ray, a changed config with ``initial_replicas`` starts
+        over from it; otherwise the current target stays, within the new bounds."""
+        changed = dict(raw_config) != self.raw_config
+        if (
+            not changed
+            and target_capacity == self.target_capacity
+            and capacity_direction == self.capacity_direction
+        ):
+            return
+        self.raw_config = dict(raw_config)
+        self.config = AutoscalingConfig.from_mapping(raw_config)
+        self.target_capacity, self.capacity_direction = target_capacity, capacity_direction
+        self.state = PolicyState()
+        if changed and self.config.initial_replicas is not None:
+            wanted = self.config.initial_replicas
+        else:
+            wanted = self.target
+        low, high = autoscaling.bounds(self.config, target_capacity, capacity_direction)
+        self._move(
+            max(low, min(high, wanted)), now, "Autoscaling config or target_capacity changed."
+        )
+
+    def adopt(self, count: int) -> None:
+        """Start from ``count`` replicas already running (within the bounds), as after a
+        restart of whoever owns this autoscaler."""
+        low, high = autoscaling.bounds(self.config, self.target_capacity, self.capacity_direction)
+        self.target = max(low, min(high, count))
+
+    # -- readings --------------------------------------------------------------------------------
+    def record_replica(self, replica_id: str, load: ReplicaLoad, now: float) -> None:
+        source = _REPLICA + replica_id
+        previous = self._reads.get(source)
+        self._reads[source] = _Read(now, load)
+        series = self._series.setdefault(source, [])
+        elapsed = None if previous is None else load.uptime_s - previous.load.uptime_s
+        if previous is None or elapsed is None or elapsed <= 0:
+            series.append(Sample(now, load.ongoing))
+            return
+        mean = max(0.0, (load.ongoing_area - previous.load.ongoing_area) / elapsed)
+        if series and series[-1].timestamp == previous.at:
+            series[-1] = Sample(previous.at, mean)  # the mean replaces the instant reading there
+        else:
+            series.append(Sample(previous.at, mean))
+        series.append(Sample(now, load.ongoing))
+
+    def record_queued(self, caller_id: str, queued: int, now: float) -> None:
+        source = _CALLER + caller_id
+        self._caller_keys.add(source)
+        self._series.setdefault(source, []).append(Sample(now, float(queued)))
+
+    def queued_now(self) -> int:
+        """Requests waiting at callers by their latest reports."""
+        return int(sum(self._series[s][-1].value for s in self._caller_keys if self._series.get(s)))
+
+    def forget_replicas(self, live: Iterable[str]) -> None:
+        """Drop the history of replicas that are gone (their requests are no one's now)."""
+        keep = {_REPLICA + replica_id for replica_id in live}
+        for source in [s for s in self._series if s.startswith(_REPLICA) and s not in keep]:
+            del self._series[source]
+            self._reads.pop(source, None)
+
+    # -- decisions -------------------------------------------------------------------------------
+    def step(self, running: int, now: float) -> bool:
+        """Decide with the readings so far; whether the target changed."""
+        self._trim(now)
+        load = autoscaling.total_requests(
+            list(self._series.values()),
+            now,
+            self.config.look_back_period_s,
+            self.config.aggregation_function,
+        )
+        self.last_load = load
+        decision = autoscaling.decide(
+            self.config,
+            running=running,
+            target=self.target,
+            load=load,
+            state=self.state,
+            now=now,
+            target_capacity=self.target_capacity,
+            capacity_direction=self.capacity_direction,
+        )
+        self.state = decision.state
+        return self._move(decision.target, now, decision.reason)
+
+    def _move(self, target: int, now: float, reason: str) -> bool:
+        if target == self.target:
+            return False
+        self.decisions.append(
+            ScalingRecord(now, reason, self.target, target, "default_autoscaling_policy")
+        )
+        self.target = target
+        return True
+
+    def _trim(self, now: float) -> None:
+        start = now - self.config.look_back_period_s - self.config.metrics_interval_s
+        for source, series in list(self._series.items()):
+            kept = [s for s in series if s.timestamp >= start]
+            if kept:
+                self._series[source] = kept
+            else:
+                del self._series[source]
+                self._caller_keys.discard(source)
+
+    # -- status ----------------------------------------------------------------------------------
+    def detail(self, running: int) -> dict[str, Any]:
+        """Ray 2.60's ``DeploymentAutoscalingDetail`` (as a dict)."""
+        if self.target > running:
+            scaling_status = "UPSCALING"
+        elif self.target < running:
+            scaling_status = "DOWNSCALING"
+        else:
+            scaling_status = "STABLE"
+        return {
+            "scaling_status": scaling_status,
+            "decisions": [record.__dict__ for record in self.decisions],
+            "metrics": {
+                "total_num_requests": self.last_load,
+                "queued_requests": self.queued_now(),
+                "target_ongoing_requests": self.config.target_ongoing_requests,
+            },
+        }

@@ -1,0 +1,56 @@
+"""Where a build Job leaves the application graph: a ConfigMap owned by the ServeApplication.
+
+The build Job writes it (:func:`write_graph_configmap`), the operator reads it from its cache
+(:func:`graph_document`); its name is :func:`~.contract.graph_configmap_name`, its one key
+:data:`~.contract.GRAPH_KEY`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.client import Kube, KubeConflict
+
+
+def graph_document(configmap: Mapping[str, Any]) -> Any:
+    """The JSON document a build left in ``configmap`` (``{}`` when the key is missing).
+
+    Raises ``ValueError`` when the value is not JSON.
+    """
+    return json.loads((configmap.get("data") or {}).get(contract.GRAPH_KEY, "{}"))
+
+
+async def write_graph_configmap(
+    namespace: str, name: str, document: str, application: str, application_uid: str
+) -> None:
+    """Create the ConfigMap (idempotent: a retried Job finding it already there is fine)."""
+    labels = contract.selector_labels(contract.COMPONENT_BUILD, application=application)
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": {**labels, contract.MANAGED_BY_LABEL: contract.PRODUCT},
+    }
+    if application_uid:
+        owner = {
+            "apiVersion": contract.API_VERSION,
+            "kind": "ServeApplication",
+            "name": application,
+            "uid": application_uid,
+        }
+        metadata["ownerReferences"] = [contract.owner_reference(owner, controller=False)]
+    body = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata,
+        "data": {contract.GRAPH_KEY: document},
+    }
+    kube = await Kube.connect()
+    try:
+        await kube.create("ConfigMap", namespace, body)
+    except KubeConflict:
+        pass
+    finally:
+        await kube.close()

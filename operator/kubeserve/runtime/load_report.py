@@ -1,0 +1,100 @@
+"""Callers (proxies, handles) tell the controller how many requests wait for a replica.
+
+Replicas know what they run; only a caller knows what waits for a slot, and only a caller sees
+requests for a deployment scaled to zero. The autoscaler adds both (Ray 2.60 does the same with
+its handles' queued-request metrics).
+
+:class:`LoadReporter` sends ``{deployment key: requests waiting}`` of one :class:`Router` to
+``GET {controller}/-/load`` (signed like discovery, the report in the signed query) every
+``interval_s`` while anything waits, once more when the queues empty, and at once when a request
+starts waiting on a deployment without replicas (:attr:`Router.on_starved`): that report is what
+starts a replica of a deployment scaled to zero. Reports are best effort: a lost one is replaced by
+the next.
+
+Ownership: the reporter owns its background task; it reads the router on the router's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from urllib.parse import urlencode, urlsplit
+
+from kubeserve.runtime.discovery import signed_get
+from kubeserve.runtime.router import Router
+from kubeserve.runtime.wire import LOAD_PATH
+
+__all__ = ["DEFAULT_REPORT_INTERVAL_S", "LoadReporter"]
+
+log = logging.getLogger(__name__)
+
+#: How often a caller with queued requests reports them.
+DEFAULT_REPORT_INTERVAL_S = 1.0
+_REPORT_TIMEOUT_S = 5.0
+
+
+class LoadReporter:
+    def __init__(
+        self,
+        controller_url: str,
+        router: Router,
+        *,
+        secret: bytes,
+        source_id: str | None = None,
+        interval_s: float = DEFAULT_REPORT_INTERVAL_S,
+    ) -> None:
+        url = urlsplit(controller_url)
+        self._host = url.hostname or "127.0.0.1"
+        self._port = url.port or 80
+        self._router = router
+        self._secret = secret
+        self.source_id = source_id or uuid.uuid4().hex
+        self._interval_s = interval_s
+        self._kick = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        router.on_starved = self.report_soon
+
+    def report_soon(self, key: str = "") -> None:
+        """Report now instead of at the next interval."""
+        self._kick.set()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="kubeserve-load-report")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        reported_waiting = False
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), self._interval_s)
+            self._kick.clear()
+            queued = {key: n for key, n in self._router.queued_counts().items() if n}
+            if not queued and not reported_waiting:
+                continue  # idle, and the controller already knows
+            try:
+                await self._send(queued)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.debug("load report to the controller failed: %s", exc)
+                continue
+            reported_waiting = bool(queued)
+
+    async def _send(self, queued: dict[str, int]) -> None:
+        query = urlencode({"source": self.source_id, "queued": json.dumps(queued)})
+        async with asyncio.timeout(_REPORT_TIMEOUT_S):
+            status, body = await signed_get(
+                self._host, self._port, f"{LOAD_PATH}?{query}", self._secret
+            )
+        if status != 200:
+            raise RuntimeError(f"controller answered {status}: {body[:200]!r}")

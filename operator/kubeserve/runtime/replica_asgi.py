@@ -1,0 +1,323 @@
+"""ASGI on the replica side: an ``@ingress`` app (FastAPI, Starlette, any ASGI callable), the
+Starlette ``Request`` plain ingress deployments receive, and Starlette responses user code returns.
+
+The replica's HTTP server hands over one complete request (:class:`~kubeserve.runtime.replica_http.
+HttpRequest`); :func:`run_asgi` turns it into an ASGI ``http`` scope and runs the app:
+
+* the scope's ``path`` is the full path the client asked for and ``root_path`` the application's
+  route prefix (empty for ``/``), as Ray Serve sets them, so FastAPI's ``/docs`` and
+  ``/openapi.json`` live under the prefix and ``url_for`` builds prefixed URLs;
+* a response sent in one body message becomes a complete response (``Content-Length``); one sent
+  in several (``StreamingResponse``) is streamed chunk by chunk as the app sends it, never
+  buffered whole, with the app paused while the client is slower (a bounded queue);
+* ``receive`` gives the body, then ``http.disconnect`` once the response is done or the client
+  left, so Starlette's disconnect listeners end.
+
+:class:`Lifespan` runs the app's ``lifespan`` startup before the replica listens and its shutdown
+after it drained; an app that does not speak the lifespan protocol is simply not told.
+
+Starlette is optional: without it plain ingress deployments receive kubeserve's own
+:class:`~kubeserve.sdk.http.Request`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
+from typing import Any
+
+from kubeserve.runtime.replica_http import HttpRequest, HttpResponse, internal_error
+from kubeserve.sdk.http import Request, StreamingResponse
+
+__all__ = [
+    "Lifespan",
+    "http_scope",
+    "is_asgi_response",
+    "prepare",
+    "run_asgi",
+    "user_request",
+]
+
+log = logging.getLogger("kubeserve.replica")
+
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+AsgiApp = Callable[[MutableMapping[str, Any], Receive, Send], Coroutine[Any, Any, None]]
+
+#: Body messages an app may send ahead of a slow client before ``send`` waits.
+_STREAM_AHEAD = 16
+#: Response headers the replica's server writes itself.
+_HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection"})
+_ASGI = {"version": "3.0", "spec_version": "2.3"}
+
+
+def root_path_of(route_prefix: str | None) -> str:
+    return "" if not route_prefix or route_prefix == "/" else route_prefix
+
+
+def http_scope(
+    request: HttpRequest, root_path: str, state: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ASGI ``http`` scope of ``request`` (see the module docstring for the paths)."""
+    headers = [
+        (k.lower().encode("latin-1"), v.encode("latin-1", "replace")) for k, v in request.headers
+    ]
+    client = None
+    for name, value in request.headers:
+        if name.lower() == "x-forwarded-for" and value:
+            client = (value.split(",")[0].strip(), 0)
+            break
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": _ASGI,
+        "http_version": "1.0" if request.http10 else "1.1",
+        "method": request.method,
+        "scheme": "http",
+        "path": request.path,
+        "raw_path": request.path.encode("utf-8", "surrogateescape"),
+        "query_string": request.query_string.encode("utf-8", "surrogateescape"),
+        "root_path": root_path,
+        "headers": headers,
+        "client": client,
+        "server": None,
+    }
+    if state is not None:
+        scope["state"] = dict(state)
+    return scope
+
+
+class _Exchange:
+    """One request/response conversation with an ASGI app."""
+
+    def __init__(self, body: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        self.body: bytes | None = body
+        self.finished = asyncio.Event()  # response complete, or the client left
+        self.head: tuple[int, dict[str, str]] | None = None
+        #: ("complete", body) for a one-message response, ("stream", b"") otherwise
+        self.first: asyncio.Future[tuple[str, bytes]] = loop.create_future()
+        self.chunks: asyncio.Queue[bytes | None] = asyncio.Queue(_STREAM_AHEAD)
+
+    async def receive(self) -> Message:
+        if self.body is not None:
+            body, self.body = self.body, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        await self.finished.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            if self.head is not None:
+                raise RuntimeError("the ASGI app sent http.response.start twice")
+            headers: dict[str, str] = {}
+            for name, value in message.get("headers", ()):
+                key = bytes(name).decode("latin-1").lower()
+                if key not in _HOP_HEADERS:
+                    text = bytes(value).decode("latin-1")
+                    headers[key] = f"{headers[key]}, {text}" if key in headers else text
+            self.head = (int(message["status"]), headers)
+        elif kind == "http.response.body":
+            if self.head is None:
+                raise RuntimeError("the ASGI app sent a body before http.response.start")
+            if self.finished.is_set():
+                return  # the client left: drop what is still produced
+            data = bytes(message.get("body", b""))
+            more = bool(message.get("more_body", False))
+            if not self.first.done():
+                if not more:
+                    self.first.set_result(("complete", data))
+                    self.finished.set()
+                    return
+                self.first.set_result(("stream", b""))
+            if data:
+                await self.chunks.put(data)
+            if not more:
+                await self.chunks.put(None)
+
+    async def stream(self, task: asyncio.Task[None]) -> AsyncIterator[bytes]:
+        """The body chunks as the app sends them; an app failing mid-stream raises here. A
+        stream closed before its end (the client left) cancels the app; one that ended lets the
+        app finish (Starlette runs background tasks after the body)."""
+        ended = False
+        try:
+            while True:
+                getter = asyncio.ensure_future(self.chunks.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    if self.chunks.empty():
+                        task.result()  # raises the app's exception
+                        return  # the app returned without ending its body
+                    continue
+                chunk = getter.result()
+                if chunk is None:
+                    ended = True
+                    return
+                yield chunk
+        finally:
+            self.finished.set()
+            if not ended and not task.done():
+                task.cancel()
+
+
+async def run_asgi(
+    app: AsgiApp, scope: dict[str, Any], body: bytes, request_id: str
+) -> HttpResponse | StreamingResponse:
+    """Run ``app`` on one request: a complete :class:`HttpResponse`, or a
+    :class:`~kubeserve.sdk.http.StreamingResponse` whose chunks come as the app sends them.
+    An app that fails before its response started gives a 500 naming only the request id."""
+    exchange = _Exchange(body)
+    task = asyncio.get_running_loop().create_task(app(scope, exchange.receive, exchange.send))
+    waiting: set[asyncio.Future[Any]] = {task, exchange.first}
+    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    if not exchange.first.done():
+        exchange.finished.set()
+        exc = task.exception()
+        if exc is not None or exchange.head is None:
+            if exc is not None:
+                log.error(
+                    "ASGI app failed on %s (request id %s)",
+                    scope["path"],
+                    request_id,
+                    exc_info=exc,
+                )
+            else:
+                log.error("ASGI app sent no response (request id %s)", request_id)
+            return internal_error(request_id)
+        status, headers = exchange.head
+        return HttpResponse(status, b"", headers, content_type=None)
+    kind, data = exchange.first.result()
+    assert exchange.head is not None
+    status, headers = exchange.head
+    if kind == "complete":
+        if not task.done():
+            task.add_done_callback(_log_late_failure)
+        return HttpResponse(status, data, headers, content_type=None)
+    return StreamingResponse(exchange.stream(task), status_code=status, headers=headers)
+
+
+def _log_late_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("ASGI app failed after its response", exc_info=task.exception())
+
+
+class Lifespan:
+    """The ASGI lifespan protocol of one app: startup before serving, shutdown after draining."""
+
+    def __init__(self, app: AsgiApp) -> None:
+        self.app = app
+        self.state: dict[str, Any] = {}
+        self.supported = False
+        self._to_app: asyncio.Queue[Message] = asyncio.Queue()
+        self._from_app: asyncio.Queue[Message] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    async def startup(self) -> None:
+        """Run the app's startup; raises :class:`RuntimeError` when it reports a failure."""
+        scope = {"type": "lifespan", "asgi": _ASGI, "state": self.state}
+        self._task = asyncio.get_running_loop().create_task(
+            self.app(scope, self._to_app.get, self._from_app.put)
+        )
+        answer = await self._exchange("startup")
+        if answer is None:
+            return  # the app does not speak lifespan
+        self.supported = True
+        if answer["type"] == "lifespan.startup.failed":
+            raise RuntimeError(f"ASGI lifespan startup failed: {answer.get('message', '')}")
+
+    async def shutdown(self) -> None:
+        if not self.supported or self._task is None or self._task.done():
+            return
+        answer = await self._exchange("shutdown")
+        if answer is not None and answer["type"] == "lifespan.shutdown.failed":
+            log.error("ASGI lifespan shutdown failed: %s", answer.get("message", ""))
+
+    async def _exchange(self, phase: str) -> Message | None:
+        assert self._task is not None
+        await self._to_app.put({"type": f"lifespan.{phase}"})
+        getter = asyncio.ensure_future(self._from_app.get())
+        await asyncio.wait({getter, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            return getter.result()
+        getter.cancel()
+        exc = self._task.exception()
+        if phase == "startup" and exc is not None:
+            log.info("the ASGI app does not support lifespan (%s: %s)", type(exc).__name__, exc)
+        elif exc is not None:
+            log.error("ASGI lifespan %s failed", phase, exc_info=exc)
+        return None
+
+
+def is_asgi_response(value: Any) -> bool:
+    """Whether ``value`` is a Starlette (or FastAPI) response object, sent as it is."""
+    for base in type(value).__mro__:
+        if base.__module__ == "starlette.responses" and base.__name__ == "Response":
+            return True
+    return False
+
+
+def prepare() -> None:
+    """Import Starlette (when installed) now, at start-up, not on the first request."""
+    _starlette_request_type()
+
+
+def _starlette_request_type() -> type | None:
+    global _REQUEST_TYPE
+    if _REQUEST_TYPE is False:
+        try:
+            from starlette.requests import Request as StarletteRequest
+        except ImportError:
+            _REQUEST_TYPE = None
+        else:
+
+            class IngressRequest(StarletteRequest):
+                """A Starlette request that also speaks kubeserve's :class:`Request` surface
+                (``path``, ``query_string``) and pickles as one, body included, so it can be
+                passed through a handle."""
+
+                @property
+                def path(self) -> str:
+                    return str(self.scope["path"])
+
+                @property
+                def query_string(self) -> str:
+                    return bytes(self.scope["query_string"]).decode("utf-8", "surrogateescape")
+
+                def __reduce__(self) -> tuple[Any, ...]:
+                    headers = [
+                        (k.decode("latin-1"), v.decode("latin-1")) for k, v in self.scope["headers"]
+                    ]
+                    body = getattr(self, "_body", b"")
+                    return (Request, (self.method, self.path, self.query_string, headers, body))
+
+            _REQUEST_TYPE = IngressRequest
+    return _REQUEST_TYPE or None
+
+
+_REQUEST_TYPE: Any = False
+
+
+def user_request(request: HttpRequest, root_path: str) -> Any:
+    """What a plain (non-ASGI) ingress receives: a ``starlette.requests.Request`` when Starlette
+    is installed, else kubeserve's :class:`~kubeserve.sdk.http.Request`."""
+    request_type = _starlette_request_type()
+    if request_type is None:
+        return Request(
+            request.method, request.path, request.query_string, request.headers, request.body
+        )
+    body = request.body
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return {"type": "http.disconnect"}
+
+    user = request_type(http_scope(request, root_path), receive)
+    user._body = body  # read already: body(), json(), form() and stream() use it
+    return user

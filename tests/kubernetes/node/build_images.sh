@@ -1,0 +1,134 @@
+#!/bin/sh
+# Build the container images of the real single-node test cluster, with no registry, and cache them.
+#
+# usage: build_images.sh CACHE REPO
+#   CACHE  cache directory (~/.cache/kubeserve/node/images); archives land here
+#   REPO   the kubeserve checkout whose Dockerfile builds the kubeserve image
+#
+# Three images, each a docker-archive that `ctr -n k8s.io images import` loads into the node's containerd:
+#   pause.tar           kubeserve.local/pause:3.10: one static binary (node/pause.c), the pod sandbox
+#   (no archive)        kubeserve.local/debian-python:bookworm: debootstrap's Debian with python3 and
+#                       pip, in buildah's storage only: the base the kubeserve image builds FROM
+#   kubeserve-KEY.tar   docker.io/library/kubeserve:0.1.0 (what the chart and the operator name by
+#                       default), built by buildah from the repository's Dockerfile; KEY hashes what the
+#                       Dockerfile copies plus the base image, so a change to the package rebuilds it
+#                       and nothing else does. kubeserve.tar links to the newest one.
+#   kubeserve-tests-KEY.tar  docker.io/library/kubeserve-tests:0.1.0: the kubeserve image with the test
+#                       applications (tests/apps/*.py) in /app, so `importPath: e2e_probe:app` works
+#                       in the tests' pods; KEY covers the kubeserve image and those files.
+#                       kubeserve-tests.tar links to the newest one.
+# buildah runs with vfs storage and chroot isolation (no fuse-overlayfs, no user namespaces), its store
+# under CACHE/buildah. RUN steps reach PyPI through the host's CA bundle, mounted read-only.
+set -eu
+
+CACHE=$1
+REPO=$(cd "$2" && pwd)
+HERE=$(cd "$(dirname "$0")" && pwd)
+PAUSE=kubeserve.local/pause:3.10
+BASE=kubeserve.local/debian-python:bookworm
+IMAGE=docker.io/library/kubeserve:0.1.0
+TESTS_IMAGE=docker.io/library/kubeserve-tests:0.1.0
+CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
+
+mkdir -p "$CACHE/buildah/run"
+buildah() {
+	nice -n 10 /usr/bin/buildah --root "$CACHE/buildah/storage" --runroot "$CACHE/buildah/run" \
+		--storage-driver vfs "$@"
+}
+export BUILDAH_ISOLATION=chroot
+
+has_image() { buildah inspect --type image "$1" >/dev/null 2>&1; }
+
+build_pause() {
+	[ -f "$CACHE/pause.tar" ] && return 0
+	work=$(mktemp -d)
+	gcc -static -Os -s -o "$work/pause" "$HERE/pause.c"
+	printf 'FROM scratch\nCOPY pause /pause\nUSER 65535:65535\nENTRYPOINT ["/pause"]\n' >"$work/Containerfile"
+	buildah bud --quiet --pull=never -f "$work/Containerfile" -t "$PAUSE" "$work"
+	rm -f "$CACHE/pause.tar.new"
+	buildah push --quiet "$PAUSE" "docker-archive:$CACHE/pause.tar.new:$PAUSE"
+	mv "$CACHE/pause.tar.new" "$CACHE/pause.tar"
+	rm -rf "$work"
+}
+
+build_base() {
+	has_image "$BASE" && return 0
+	rootfs=$CACHE/base-rootfs
+	if [ ! -f "$rootfs/.complete" ]; then
+		rm -rf "$rootfs"
+		nice -n 10 debootstrap --variant=minbase --include=python3,python3-pip,python3-venv \
+			bookworm "$rootfs" http://deb.debian.org/debian
+		touch "$rootfs/.complete"
+	fi
+	work=$(mktemp -d)
+	# Like python:3.11-slim: pip may install into the system Python, `python` is python3, no apt lists.
+	tar -C "$rootfs" --exclude=./.complete --exclude=./var/lib/apt/lists/* --exclude=./var/cache/apt/* \
+		--exclude=./usr/lib/python3.11/EXTERNALLY-MANAGED -cf "$work/rootfs.tar" .
+	printf 'FROM scratch\nADD rootfs.tar /\nRUN ln -sf /usr/bin/python3 /usr/local/bin/python\nCMD ["python3"]\n' \
+		>"$work/Containerfile"
+	buildah bud --quiet --pull=never -f "$work/Containerfile" -t "$BASE" "$work"
+	rm -rf "$work"
+}
+
+image_key() {
+	base_id=$(buildah inspect --type image --format '{{.FromImageID}}' "$BASE")
+	cd "$REPO"
+	{
+		echo "$base_id"
+		cat Dockerfile .dockerignore
+		find pyproject.toml README.md operator examples -type f ! -path '*/__pycache__/*' \
+			! -name '*.pyc' ! -path '*.egg-info/*' | LC_ALL=C sort | xargs sha256sum
+	} | sha256sum | cut -c1-16
+}
+
+build_kubeserve() {
+	key=$(image_key)
+	archive=$CACHE/kubeserve-$key.tar
+	if [ ! -f "$archive" ]; then
+		buildah bud --quiet --pull=never --layers=false --build-arg "BASE_IMAGE=$BASE" \
+			--volume "$CA_BUNDLE:$CA_BUNDLE:ro" -t "$IMAGE" "$REPO"
+		rm -f "$archive.new"
+		buildah push --quiet "$IMAGE" "docker-archive:$archive.new:$IMAGE"
+		mv "$archive.new" "$archive"
+		# vfs keeps a full copy of the file system per layer: keep only the base between builds.
+		buildah rmi "$IMAGE" >/dev/null
+		buildah rmi --prune >/dev/null 2>&1 || true
+	fi
+	for old in "$CACHE"/kubeserve-[0-9a-f]*.tar; do
+		[ "$old" = "$archive" ] || rm -f "$old"
+	done
+	ln -sf "$(basename "$archive")" "$CACHE/kubeserve.tar"
+}
+
+build_tests_image() {
+	key=$(
+		{
+			readlink "$CACHE/kubeserve.tar"
+			cd "$REPO" && find tests/apps -maxdepth 1 -name '*.py' | LC_ALL=C sort | xargs sha256sum
+		} | sha256sum | cut -c1-16
+	)
+	archive=$CACHE/kubeserve-tests-$key.tar
+	if [ ! -f "$archive" ]; then
+		work=$(mktemp -d)
+		cp "$REPO"/tests/apps/*.py "$work/"
+		container=$(buildah from --quiet "docker-archive:$CACHE/kubeserve.tar")
+		buildah copy --quiet --chown 10001:10001 "$container" "$work" /app/ >/dev/null
+		buildah commit --quiet "$container" "$TESTS_IMAGE" >/dev/null
+		buildah rm "$container" >/dev/null
+		rm -f "$archive.new"
+		buildah push --quiet "$TESTS_IMAGE" "docker-archive:$archive.new:$TESTS_IMAGE"
+		mv "$archive.new" "$archive"
+		buildah rmi "$TESTS_IMAGE" >/dev/null
+		buildah rmi --prune >/dev/null 2>&1 || true
+		rm -rf "$work"
+	fi
+	for old in "$CACHE"/kubeserve-tests-*.tar; do
+		[ "$old" = "$archive" ] || rm -f "$old"
+	done
+	ln -sf "$(basename "$archive")" "$CACHE/kubeserve-tests.tar"
+}
+
+build_pause
+build_base
+build_kubeserve
+build_tests_image

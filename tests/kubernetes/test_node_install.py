@@ -1,0 +1,126 @@
+"""The chart installed by Helm on the real node: the operator runs in a pod of the kubeserve image.
+
+One release for the module (``helm install --wait``, uninstalled at the end), watching one
+namespace. The operator pod runs with the chart's security context; an application it deploys is
+served through the proxy Service's ClusterIP; the admin API answers through its own Service; and
+``helm upgrade`` to a new image tag replaces the operator without restarting any replica or proxy.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from k8s_operator import hello, proxy_service_url, ready_pods, text_answer
+from node_cluster import KUBESERVE_IMAGE, NodeCluster
+
+from kubeserve_testing import http, wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "install"))
+
+from kubeserve_install import CHART, find_helm
+
+pytestmark = pytest.mark.skipif(find_helm() is None, reason="helm comes from `make helm`")
+
+RELEASE = "kubeserve"
+UPGRADE_TAG = "0.1.0-upgrade"
+
+
+@dataclass
+class Release:
+    node: NodeCluster
+    namespace: str  # the operator's
+    watched: str  # where its applications live
+
+    def helm(self, *args: str, timeout: float = 180) -> str:
+        helm = find_helm()
+        assert helm is not None
+        result = subprocess.run(
+            [helm, *args, "--kubeconfig", str(self.node.kubeconfig), "--namespace", self.namespace],
+            capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+        assert result.returncode == 0, f"helm {' '.join(args)}: {result.stderr}"
+        return result.stdout
+
+    def install_or_upgrade(self, verb: str, tag: str = "") -> None:
+        self.helm(verb, RELEASE, str(CHART), "--wait", "--timeout", "150s",
+                  "--set", f"watchNamespaces={{{self.watched}}}", "--set", "image.pullPolicy=Never",
+                  "--set", f"image.tag={tag}")  # fmt: skip
+
+    def operator_pods(self) -> list[dict[str, Any]]:
+        return ready_pods(self.node, self.namespace, "app.kubernetes.io/name=kubeserve")
+
+
+@pytest.fixture(scope="module")
+def release(node: NodeCluster) -> Iterator[Release]:
+    installed = Release(
+        node, node.create_namespace("kubeserve-system"), node.create_namespace("apps")
+    )
+    installed.install_or_upgrade("install")
+    yield installed
+    installed.helm("uninstall", RELEASE, "--wait")
+    for namespace in (installed.watched, installed.namespace):
+        node.delete_namespace(namespace)
+
+
+def deploy_hello(node: NodeCluster, namespace: str) -> str:
+    """examples.hello behind the proxy Service; returns its URL there once it answers."""
+    node.apply(hello(namespace))
+    node.kubectl("wait", "--for=condition=Ready", "serveapplication/hello", "-n", namespace,
+                 "--timeout=120s", timeout=130)  # fmt: skip
+    return proxy_service_url(node, namespace, "/hello")
+
+
+def test_operator_pod_serves_an_application_and_its_admin_api_through_services(
+    release: Release,
+) -> None:
+    node = release.node
+    (pod,) = release.operator_pods()
+    security = pod["spec"]["containers"][0]["securityContext"]
+    assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"]
+    name = pod["metadata"]["name"]
+    uid = node.kubectl("exec", name, "-n", release.namespace, "--", "id", "-u").stdout
+    assert uid.strip() == "10001"
+    url = deploy_hello(node, release.watched)
+    assert text_answer(f"{url}?name=helm") == "hello, helm\n"
+    admin = node.get("service", f"{RELEASE}-admin", release.namespace)["spec"]
+    token = node.kubectl("create", "token", f"{RELEASE}-operator", "-n", release.namespace).stdout
+    status, body = http(
+        "GET", f"http://{admin['clusterIP']}:{admin['ports'][0]['port']}/api/serve/applications/",
+        headers={"Authorization": f"Bearer {token.strip()}"},
+    )  # fmt: skip
+    assert status == 200, body
+    assert "applications" in (body if isinstance(body, dict) else json.loads(body))
+
+
+def replica_and_proxy_pods(node: NodeCluster, namespace: str) -> dict[str, int]:
+    """uid -> restarts of every pod the operator made in ``namespace``."""
+    pods = node.get("pods", namespace=namespace)["items"]
+    return {
+        p["metadata"]["uid"]: sum(c["restartCount"] for c in p["status"]["containerStatuses"])
+        for p in pods
+    }
+
+
+def test_helm_upgrade_to_a_new_image_tag_restarts_no_replica(release: Release) -> None:
+    node = release.node
+    url = deploy_hello(node, release.watched)
+    before = replica_and_proxy_pods(node, release.watched)
+    (old_operator,) = release.operator_pods()
+    node.ctr("images", "tag", "--force", KUBESERVE_IMAGE,
+             KUBESERVE_IMAGE.replace(":0.1.0", f":{UPGRADE_TAG}"))  # fmt: skip
+    release.install_or_upgrade("upgrade", tag=UPGRADE_TAG)
+    (new_operator,) = wait_for(release.operator_pods, 60, what="the upgraded operator Ready")
+    assert new_operator["metadata"]["uid"] != old_operator["metadata"]["uid"]
+    assert new_operator["spec"]["containers"][0]["image"] == f"kubeserve:{UPGRADE_TAG}"
+    assert text_answer(url) == "hello, world\n"
+    # The new operator has reconciled what it found: the application is still Ready, untouched.
+    status = node.get("serveapplication", "hello", release.watched)["status"]
+    assert status["appStatus"] == "RUNNING"
+    assert replica_and_proxy_pods(node, release.watched) == before

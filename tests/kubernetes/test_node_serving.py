@@ -1,0 +1,49 @@
+"""kubeserve on a real node: replicas and proxies in containers of the kubeserve image.
+
+What the kubelet stand-in could not show: the image itself, traffic through a Service's ClusterIP
+(kube-proxy), ``kubectl logs`` and ``kubectl exec``, and the pods' security context enforced by a
+real runtime (a non-root user, a read-only root file system).
+"""
+
+from __future__ import annotations
+
+from k8s_operator import (
+    OperatorProcess,
+    hello,
+    proxy_service_url,
+    ready_pods,
+    text_answer,
+    wait_ready,
+)
+from node_cluster import NodeCluster
+
+from kubeserve_testing import wait_for
+
+
+def test_hello_served_through_the_proxy_service_cluster_ip(
+    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+) -> None:
+    ns = node_namespace
+    node.apply(hello(ns))
+    wait_ready(node, node_operator, ns, "hello")
+    url = proxy_service_url(node, ns, "/hello")
+    assert url.startswith("http://10.96.")
+    assert text_answer(f"{url}?name=node") == "hello, node\n"
+
+
+def test_replica_runs_as_non_root_resolves_cluster_names_and_logs_to_kubectl_logs(
+    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+) -> None:
+    ns = node_namespace
+    node.apply(hello(ns))
+    wait_ready(node, node_operator, ns, "hello")
+    replica = ready_pods(node, ns, "app.kubernetes.io/component=replica")[0]["metadata"]["name"]
+    assert node.kubectl("exec", replica, "-n", ns, "--", "id", "-u").stdout.strip() == "10001"
+    touch = node.kubectl("exec", replica, "-n", ns, "--", "touch", "/app/x", check=False)
+    assert touch.returncode != 0 and "Read-only file system" in touch.stderr
+    resolve = ["exec", replica, "-n", ns, "--", "getent", "hosts"]
+    cluster_dns = node.kubectl(*resolve, "kubernetes.default").stdout.split()
+    assert cluster_dns[:2] == ["10.96.0.1", "kubernetes.default.svc.cluster.local"]
+    assert node.kubectl(*resolve, "pypi.org", check=False).returncode != 0  # nothing forwarded
+    logs = wait_for(lambda: node.pod_log(ns, replica), 30, what="the replica's log")
+    assert f"replica {replica} listening on" in logs, logs

@@ -1,0 +1,28 @@
+"""The frames of a streamed handle call survive any cut of the byte stream."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "operator"))
+
+from kubeserve.runtime import wire
+
+
+def test_frames_are_read_back_whatever_the_chunking() -> None:
+    frames = [(wire.FRAME_ITEM, wire.encode_result(i)) for i in range(5)] + [(wire.FRAME_END, b"")]
+    stream = b"".join(wire.encode_frame(kind, payload) for kind, payload in frames)
+    for size in (1, 2, 3, 7, len(stream)):
+        reader = wire.FrameReader()
+        got = []
+        for start in range(0, len(stream), size):
+            got.extend(reader.feed(stream[start : start + size]))
+        assert got == frames
+
+
+def test_call_options_travel_with_the_arguments() -> None:
+    body = wire.encode_call((1,), {"k": 2}, {"model_id": "m"})
+    assert wire.decode_call_with_options(body) == ((1,), {"k": 2}, {"model_id": "m"})
+    assert wire.decode_call(body) == ((1,), {"k": 2})
+    assert wire.decode_call_with_options(wire.encode_call((), {})) == ((), {}, {})

@@ -171,8 +171,9 @@ e2e-kind: helm
 e2e-kind-clean:
 	kind delete cluster --name $(KIND_CLUSTER)
 
-## Benchmark kubeserve against Ray Serve 2.60 on this machine (127.0.0.1 only, about 10 minutes):
-## writes benchmarks/results.md and benchmarks/results.png. wrk and nginx (the reference proxy row)
+## Benchmark kubeserve against Ray Serve 2.60 on this machine (127.0.0.1 only, about 15 minutes):
+## writes benchmarks/results.md and benchmarks/results.png, then the Ray-API applications (FastAPI vs
+## uvicorn alone, streaming, batching) to benchmarks/results-ray-api.md. wrk and nginx (the reference proxy row)
 ## come from Debian; the plot is drawn in a bench-only virtualenv with matplotlib ($(CACHE)/bench),
 ## the Ray side runs from $(RAY_VENV).
 .PHONY: bench
@@ -183,6 +184,7 @@ bench: venv ray-client
 		$(CACHE)/bench/bin/pip install -q matplotlib && touch $(CACHE)/bench/.installed; }
 	timeout 1800 $(BIN)/python benchmarks/bench.py --ray-venv $(RAY_VENV) \
 		--plot-python $(CACHE)/bench/bin/python
+	timeout 1200 $(BIN)/python benchmarks/ray_api.py --ray-venv $(RAY_VENV)
 
 ## The operator's figures on the test control plane (127.0.0.1 only, about 15-20 minutes):
 ## CR create -> Ready (median of 5), API requests per minute when idle (through a counting proxy),

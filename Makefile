@@ -19,6 +19,8 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,kubernetes]'
+	@# tests/support (the package `support`) for tests and benchmarks, as an editable install would
+	echo "$(CURDIR)/tests" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kubeserve-test-support.pth"
 	touch $@
 
 # The real Ray 2.60 `serve` client, in its own virtualenv (cached across clones), for compatibility tests.
@@ -45,7 +47,7 @@ CHROMIUM ?= /usr/bin/chromium
 chromium:
 	@test -x $(CHROMIUM) || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
-## The real single-node cluster of the kubernetes tier (tests/kubernetes/node_cluster.py, run as root):
+## The real single-node cluster of the kubernetes tier (tests/support/node_cluster.py, run as root):
 ## Debian's containerd, runc, CNI plugins, buildah, nftables and debootstrap (installed when missing); the
 ## control plane unpatched with kubelet and kube-proxy from the same release; CoreDNS with only the
 ## plugins it uses; the pause, Debian base and kubeserve images (tests/kubernetes/node/build_images.sh,
@@ -85,7 +87,7 @@ test-node: venv k8s-node
 ## Remove what a crashed node cluster left on this machine (every start does it too).
 .PHONY: k8s-node-clean
 k8s-node-clean: venv
-	PYTHONPATH=tests:tests/kubernetes $(BIN)/python -m node_cluster
+	$(BIN)/python -m support.node_cluster
 
 ## Start kubeserve on this machine with the example applications (admin API :8265, HTTP :8000).
 run: venv

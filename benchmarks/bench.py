@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import control_plane
 import load
 import nginx

@@ -32,8 +32,6 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import load
 from systems import free_port, wait_for
 

@@ -4,7 +4,7 @@
     (or: KUBESERVE_K8S_BIN=~/.cache/kubeserve/k8s/v1.36.3/bin \\
          .venv/bin/python benchmarks/kubernetes_row.py)
 
-Starts the test control plane of ``tests/kubernetes/k8s_control_plane.py`` (pods are local
+Starts the test control plane of ``tests/support/k8s_control_plane.py`` (pods are local
 processes on 127.0.0.x), applies ``crds/``, starts ``kubeserve operator``, applies a
 ServeInstance (HeadOnly proxy, port 8000) and a ServeApplication of ``bench_noop:noop``
 (``tests/apps/bench_noop.py``, the same deployment as ``benchmarks/apps.py:noop``) with 1 replica
@@ -26,16 +26,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
-ROOT = BENCH_DIR.parent
-sys.path[:0] = [str(BENCH_DIR), str(ROOT / "tests" / "kubernetes"), str(ROOT / "tests")]
+import bench
+import load
+import plain_replica
+import report
 
-import bench  # noqa: E402
-import load  # noqa: E402
-import plain_replica  # noqa: E402
-import report  # noqa: E402
-from k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane  # noqa: E402
-from k8s_operator import (  # noqa: E402
+from support.common import free_port, http, wait_for
+from support.k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane
+from support.k8s_operator import (
     OperatorProcess,
     application,
     install_crds,
@@ -43,7 +41,8 @@ from k8s_operator import (  # noqa: E402
     ready_pods,
 )
 
-from kubeserve_testing import free_port, http, wait_for  # noqa: E402
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
 
 NAMESPACE = "bench-k8s"
 APP = "noop"

@@ -22,7 +22,6 @@ import os
 import platform
 import ssl
 import statistics
-import sys
 import threading
 import time
 import urllib.error
@@ -37,14 +36,12 @@ import aiohttp
 import yaml
 from aiohttp import web
 
+from kubeserve.runtime.kubernetes import contract
+from support.common import free_port, wait_for
+from support.k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane
+from support.k8s_operator import OperatorProcess, install_crds
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "kubernetes"), str(ROOT / "tests")]
-
-from k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane  # noqa: E402
-from k8s_operator import OperatorProcess, install_crds  # noqa: E402
-
-from kubeserve.runtime.kubernetes import contract  # noqa: E402
-from kubeserve_testing import free_port, wait_for  # noqa: E402
 
 NAMESPACE = "bench"
 GROUP_PATH = f"/apis/{contract.API_VERSION}/namespaces"
@@ -611,7 +608,7 @@ def write_report(
         "",
         f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
         *(f"- {k}: {v}" for k, v in info.items()),
-        f"- control plane: test cluster of `tests/kubernetes/k8s_control_plane.py`, "
+        f"- control plane: test cluster of `tests/support/k8s_control_plane.py`, "
         f"kube-apiserver {server}, pods run as local processes",
         f"- load average at start: {', '.join(f'{v:.1f}' for v in load_start)} "
         "(other work on this machine is not stopped)",

@@ -32,8 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import load
 from systems import BENCH_DIR, Kubeserve, RayServe, ServeSystem, free_port, http, wait_for
 

@@ -11,25 +11,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import common
+from support.common import ROOT, free_port
+
 BENCH_DIR = ROOT / "benchmarks"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http(method: str, url: str, body: Any = None, timeout: float = 30) -> Any:
@@ -47,15 +41,9 @@ def http(method: str, url: str, body: Any = None, timeout: float = 30) -> Any:
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.005) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except (OSError, KeyError, ValueError):
-            pass
-        time.sleep(interval)
-    raise TimeoutError(f"condition not met within {timeout} s")
+    """Until ``predicate`` holds; a system still starting (refused, 404, half-written answer)
+    counts as not yet."""
+    common.wait_for(predicate, timeout, interval, ignoring=(OSError, KeyError, ValueError))
 
 
 def rss_mb(pid: int) -> float:

@@ -1,14 +1,10 @@
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from kubeserve_testing import Kubeserve, running_kubeserve
+from support.kubeserve import Kubeserve, running_kubeserve
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ from pathlib import Path
 import jsonschema
 
 from kubeserve.schema.status import ServeInstanceDetails
-from kubeserve_testing import Kubeserve, http, wait_for
+from support.common import http, wait_for
+from support.kubeserve import Kubeserve
 
 RAY_REFERENCE = Path(__file__).resolve().parents[1] / "reference" / "ray-2.60"
 

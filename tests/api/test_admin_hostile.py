@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from kubeserve_testing import Kubeserve, http
+from support.common import http
+from support.kubeserve import Kubeserve
 
 APPS = "/api/serve/applications/"
 

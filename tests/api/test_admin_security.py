@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kubeserve_testing import ROOT, Kubeserve, free_port, http, running_kubeserve
+from support.common import ROOT, free_port, http
+from support.kubeserve import Kubeserve, running_kubeserve
 
 TOKEN = "t0ken-for-tests"
 HELLO = {"name": "hello", "route_prefix": "/hello", "import_path": "examples.hello:app"}

@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from browser_testing import Chromium, Page, chromium_binary, running_chromium
 from kubeserve.api.server import create_app
 from kubeserve.schema.status import ServeInstanceDetails
-from kubeserve_testing import ROOT, Kubeserve, free_port, http, running_kubeserve, wait_for
+from support.browser import Chromium, Page, chromium_binary, running_chromium
+from support.common import ROOT, free_port, http, wait_for
+from support.kubeserve import Kubeserve, running_kubeserve
 
 CHROMIUM = chromium_binary()
 pytestmark = pytest.mark.skipif(

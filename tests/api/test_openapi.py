@@ -6,7 +6,8 @@ from aiohttp import web
 
 from kubeserve.api.dashboard import OPEN_PATHS as DASHBOARD_PATHS
 from kubeserve.api.server import OPENAPI_KEY, OPENAPI_PATH, create_app
-from kubeserve_testing import Kubeserve, http
+from support.common import http
+from support.kubeserve import Kubeserve
 
 
 class _LocalLikeBackend:

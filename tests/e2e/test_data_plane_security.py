@@ -13,7 +13,8 @@ import pickle
 import socket
 from pathlib import Path
 
-from kubeserve_testing import Kubeserve, PickleMarker, http, replica_port
+from support.common import http
+from support.kubeserve import Kubeserve, PickleMarker, replica_port
 
 
 def _raw(port: int, request: bytes) -> bytes:

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from kubeserve_testing import free_port, http, wait_for
+from support.common import free_port, http, wait_for
 
 APP = """
 from kubeserve import Request, deployment

@@ -26,7 +26,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubeserve_testing import Kubeserve, pid_alive, wait_for
+from support.common import pid_alive, wait_for
+from support.kubeserve import Kubeserve
 
 CLIENTS = 12
 

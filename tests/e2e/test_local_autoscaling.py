@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kubeserve_testing import Kubeserve, http, slow_app, wait_for
+from support.common import http, wait_for
+from support.kubeserve import Kubeserve, slow_app
 
 #: reacts within seconds (Ray's defaults wait 30 s up and 10 min down)
 FAST = {

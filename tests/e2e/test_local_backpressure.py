@@ -6,7 +6,8 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from kubeserve_testing import Kubeserve, http, slow_app, wait_for
+from support.common import http, wait_for
+from support.kubeserve import Kubeserve, slow_app
 
 
 def test_max_ongoing_requests_holds_across_callers(clean_kubeserve: Kubeserve) -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from kubeserve_testing import Kubeserve, http, pid_alive, running_kubeserve, wait_for
+from support.common import http, pid_alive, wait_for
+from support.kubeserve import Kubeserve, running_kubeserve
 
 COMPOSED = {"name": "composed", "route_prefix": "/", "import_path": "examples.composed:app"}
 

@@ -20,15 +20,8 @@ from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 
-from kubeserve_testing import (
-    ROOT,
-    Kubeserve,
-    free_port,
-    http,
-    pid_alive,
-    running_kubeserve,
-    wait_for,
-)
+from support.common import ROOT, free_port, http, pid_alive, wait_for
+from support.kubeserve import Kubeserve, running_kubeserve
 
 SIZED = {"name": "sized", "route_prefix": "/sized", "import_path": "ks_hygiene_app:sized"}
 SPAWNER = {"name": "spawner", "route_prefix": "/spawner", "import_path": "ks_hygiene_app:spawner"}

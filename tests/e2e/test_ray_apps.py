@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from kubeserve_testing import ROOT, Kubeserve, running_kubeserve, wait_for
+from support.common import ROOT, wait_for
+from support.kubeserve import Kubeserve, running_kubeserve
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubeserve_testing import Kubeserve, http, pid_alive, running_kubeserve, wait_for
+from support.common import http, pid_alive, wait_for
+from support.kubeserve import Kubeserve, running_kubeserve
 
 RAY_SERVE = os.environ.get("KUBESERVE_RAY_SERVE", "")
 

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from kubeserve_install import find_helm, find_helm3
+from support.kubeserve_install import find_helm, find_helm3
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 import yaml
-from kubeserve_install import (
+
+from support.kubeserve_install import (
     CHART,
     CRDS,
     K8S_VERSIONS,
@@ -110,7 +111,7 @@ def test_every_rendered_object_validates_strictly(any_helm: str, values: dict[st
 
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
 def test_helm3_and_helm4_render_the_same(helm: str, values: dict[str, Any]) -> None:
-    from kubeserve_install import find_helm3
+    from support.kubeserve_install import find_helm3
 
     helm3 = find_helm3()
     if helm3 is None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from kubeserve_install import (
+
+from kubeserve.schema.resources import ServeApplicationSpec, ServeInstanceSpec
+from support.kubeserve_install import (
     CRDS,
     K8S_VERSIONS,
     MANIFESTS,
@@ -19,8 +21,6 @@ from kubeserve_install import (
     rules_of,
     validate,
 )
-
-from kubeserve.schema.resources import ServeApplicationSpec, ServeInstanceSpec
 
 CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
 

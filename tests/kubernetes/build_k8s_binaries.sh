@@ -5,7 +5,7 @@
 #   VERSION  a k8s.io/kubernetes release on the Go module proxy, e.g. v1.36.3
 #   DEST     cache directory; binaries land in DEST/bin, DEST/bin/.stamp marks a complete build
 #   node     build the release exactly as shipped, with the node binaries (kubelet, kube-proxy) too,
-#            into DEST/node-bin: what the real single-node cluster of tests/kubernetes/node_cluster.py
+#            into DEST/node-bin: what the real single-node cluster of tests/support/node_cluster.py
 #            runs. Both builds share Go's build cache, so the second one mostly links.
 #
 # k8s.io/kubernetes is not meant to be a dependency: its go.mod requires its staging modules

@@ -20,7 +20,6 @@ import contextlib
 import functools
 import http.server
 import os
-import sys
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -28,11 +27,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane
-from k8s_operator import OperatorProcess, install_crds
-from node_cluster import (
+from support.common import ROOT
+from support.k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane
+from support.k8s_operator import OperatorProcess, install_crds
+from support.node_cluster import (
     NODE_IP,
     NodeBusy,
     NodeCluster,
@@ -40,8 +38,6 @@ from node_cluster import (
     node_missing,
     start_node_cluster,
 )
-
-from kubeserve_testing import ROOT
 
 
 @pytest.fixture(scope="session")

@@ -18,17 +18,18 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from k8s_control_plane import ControlPlane
-from k8s_operator import (
+
+from kubeserve.schema.status import ServeInstanceDetails
+from support.common import http, wait_for
+from support.k8s_control_plane import ControlPlane
+from support.k8s_operator import (
     SMALL_RAY_REPLICA,
     SMALL_REPLICA,
     OperatorProcess,
     instance,
     proxy_url,
 )
-
-from kubeserve.schema.status import ServeInstanceDetails
-from kubeserve_testing import Kubeserve, http, wait_for
+from support.kubeserve import Kubeserve
 
 RAY_REFERENCE = Path(__file__).resolve().parents[1] / "reference" / "ray-2.60"
 RAY_SERVE = os.environ.get("KUBESERVE_RAY_SERVE", "")

@@ -11,9 +11,9 @@ import time
 from typing import Any
 
 import pytest
-from k8s_control_plane import ControlPlane
 
-from kubeserve_testing import http, pid_alive, wait_for
+from support.common import http, pid_alive, wait_for
+from support.k8s_control_plane import ControlPlane
 
 
 @pytest.fixture(scope="module")

@@ -9,19 +9,14 @@ Ready and serves traffic, which proves the least-privilege rules are enough.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-from k8s_control_plane import ControlPlane
-from k8s_operator import application, instance, probe_answer, proxy_url, ready_pods
 
-from kubeserve_testing import wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "install"))
-
-from kubeserve_install import find_helm, plain_manifests, rendered_chart
+from support.common import wait_for
+from support.k8s_control_plane import ControlPlane
+from support.k8s_operator import application, instance, probe_answer, proxy_url, ready_pods
+from support.kubeserve_install import find_helm, plain_manifests, rendered_chart
 
 
 def _cluster_scoped(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -7,10 +7,9 @@ over without restarting any.
 
 from __future__ import annotations
 
-from k8s_operator import OperatorProcess, hello, proxy_service_url, text_answer, wait_ready
-from node_cluster import NodeCluster
-
-from kubeserve_testing import wait_for
+from support.common import wait_for
+from support.k8s_operator import OperatorProcess, hello, proxy_service_url, text_answer, wait_ready
+from support.node_cluster import NodeCluster
 
 REPLICAS = "app.kubernetes.io/component=replica"
 

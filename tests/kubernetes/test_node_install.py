@@ -10,21 +10,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-from k8s_operator import hello, proxy_service_url, ready_pods, text_answer
-from node_cluster import KUBESERVE_IMAGE, NodeCluster
 
-from kubeserve_testing import http, wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "install"))
-
-from kubeserve_install import CHART, find_helm
+from support.common import http, wait_for
+from support.k8s_operator import hello, proxy_service_url, ready_pods, text_answer
+from support.kubeserve_install import CHART, find_helm
+from support.node_cluster import KUBESERVE_IMAGE, NodeCluster
 
 pytestmark = pytest.mark.skipif(find_helm() is None, reason="helm comes from `make helm`")
 

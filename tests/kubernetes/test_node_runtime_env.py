@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from k8s_operator import (
+from support.common import http, wait_for
+from support.k8s_operator import (
     KUBESERVE_IMAGE,
     OperatorProcess,
     application,
@@ -20,9 +21,7 @@ from k8s_operator import (
     ready_pods,
     wait_ready,
 )
-from node_cluster import NodeCluster
-
-from kubeserve_testing import http, wait_for
+from support.node_cluster import NodeCluster
 
 UNHEALTHY = "/tmp/unhealthy"  # the pod's scratch emptyDir: it survives a container restart
 WORKING_DIR = "/var/run/kubeserve/runtime-env/working_dir"

@@ -7,7 +7,8 @@ real runtime (a non-root user, a read-only root file system).
 
 from __future__ import annotations
 
-from k8s_operator import (
+from support.common import wait_for
+from support.k8s_operator import (
     OperatorProcess,
     hello,
     proxy_service_url,
@@ -15,9 +16,7 @@ from k8s_operator import (
     text_answer,
     wait_ready,
 )
-from node_cluster import NodeCluster
-
-from kubeserve_testing import wait_for
+from support.node_cluster import NodeCluster
 
 
 def test_hello_served_through_the_proxy_service_cluster_ip(

@@ -7,8 +7,9 @@ import json
 import threading
 from typing import Any
 
-from k8s_control_plane import ControlPlane
-from k8s_operator import (
+from support.common import http, wait_for
+from support.k8s_control_plane import ControlPlane
+from support.k8s_operator import (
     SMALL_REPLICA,
     OperatorProcess,
     application,
@@ -18,8 +19,6 @@ from k8s_operator import (
     ready_pods,
     wait_ready,
 )
-
-from kubeserve_testing import http, wait_for
 
 
 def test_serve_application_applied_with_kubectl_serves_traffic(

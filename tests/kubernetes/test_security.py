@@ -19,8 +19,11 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from k8s_control_plane import ControlPlane
-from k8s_operator import (
+from kubeserve.backends.kubernetes import render
+from kubeserve.control import effective_config
+from support.common import http, wait_for
+from support.k8s_control_plane import ControlPlane
+from support.k8s_operator import (
     HealthSwitch,
     OperatorProcess,
     application,
@@ -30,10 +33,6 @@ from k8s_operator import (
     ready_pods,
     wait_ready,
 )
-
-from kubeserve.backends.kubernetes import render
-from kubeserve.control import effective_config
-from kubeserve_testing import http, wait_for
 
 REPLICAS = "app.kubernetes.io/component=replica"
 

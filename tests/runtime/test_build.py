@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "tests" / "apps")]
+from kubeserve.runtime.build import BuildError, describe
 
-from kubeserve.runtime.build import BuildError, describe  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_build(import_path: str, *extra_path: Path) -> tuple[int, Any, str]:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import pytest
 from aiohttp import web
 
-from channel_front import SECRET, ChannelFront, signed_ok
 from kubeserve.runtime.discovery import Discovery
 from kubeserve.runtime.handle_client import HandleClient
 from kubeserve.runtime.router import Router
@@ -23,12 +22,10 @@ from kubeserve.runtime.wire import (
     encode_result,
 )
 from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
+from support.channel_front import SECRET, ChannelFront, signed_ok
+from support.common import free_port, run
 
 T = TypeVar("T")
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, 30))
 
 
 class Boom(Exception):
@@ -121,7 +118,7 @@ def test_calls_reach_the_replica_over_one_connection() -> None:
                 finally:
                     await client.close()
 
-    run(go())
+    run(go(), 30)
 
 
 def test_start_survives_an_unreachable_controller() -> None:
@@ -141,7 +138,7 @@ def test_start_survives_an_unreachable_controller() -> None:
         finally:
             await client.close()
 
-    run(go())
+    run(go(), 30)
 
 
 def _snapshot_for(port: int) -> Snapshot:
@@ -213,7 +210,7 @@ def test_replica_dying_mid_call_is_an_error_not_a_hang() -> None:
         finally:
             await server.stop()
 
-    run(go())
+    run(go(), 30)
 
 
 def test_connections_are_reused_and_closed_when_the_replica_leaves() -> None:
@@ -249,7 +246,7 @@ def test_connections_are_reused_and_closed_when_the_replica_leaves() -> None:
         finally:
             await server.stop()
 
-    run(go())
+    run(go(), 30)
 
 
 def test_a_call_that_reached_a_replica_is_never_sent_again() -> None:
@@ -288,7 +285,7 @@ def test_a_call_that_reached_a_replica_is_never_sent_again() -> None:
         finally:
             await dying.stop()
 
-    run(go())
+    run(go(), 30)
 
 
 def test_a_call_that_never_reached_a_replica_goes_to_another() -> None:
@@ -309,7 +306,7 @@ def test_a_call_that_never_reached_a_replica_goes_to_another() -> None:
             finally:
                 await impostor.stop()
 
-    run(go())
+    run(go(), 30)
 
 
 def test_a_call_a_draining_replica_did_not_start_goes_to_another() -> None:
@@ -331,7 +328,7 @@ def test_a_call_a_draining_replica_did_not_start_goes_to_another() -> None:
                 assert await client.call("app", "D", "add", (i,), {"b": 1}) == i + 1
         assert len(peers) == 8  # each call ran once, on the replica that took it
 
-    run(go())
+    run(go(), 30)
 
 
 def test_a_call_a_full_replica_refused_waits_and_runs_once_there_is_room() -> None:
@@ -355,7 +352,7 @@ def test_a_call_a_full_replica_refused_waits_and_runs_once_there_is_room() -> No
             assert await client.call("app", "D", "echo", (7,), {}) == 7
         assert ran == [7]  # refused five times, more than the connect attempts, then run once
 
-    run(go())
+    run(go(), 30)
 
 
 def test_max_queued_requests_refuses_at_once_with_backpressure_error() -> None:
@@ -377,12 +374,4 @@ def test_max_queued_requests_refuses_at_once_with_backpressure_error() -> None:
         finally:
             await client.close()
 
-    run(go())
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    run(go(), 30)

@@ -7,35 +7,21 @@ import contextlib
 import json
 import os
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import aiohttp
 import pytest
-import uvloop
 from aiohttp import web
 
-from channel_front import SECRET, ChannelFront, signed_ok
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.proxy import ProxyServer
 from kubeserve.runtime.wire import UNSERVED_HEADER, DeploymentEndpoints, Route, Snapshot
+from support.channel_front import SECRET, ChannelFront, signed_ok
+from support.common import run, wait_until
 
 T = TypeVar("T")
 BIG = 5 * 1024 * 1024
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    # The proxy runs on uvloop in production; its transports differ from asyncio's, so test on it.
-    return uvloop.run(asyncio.wait_for(coro, 60))
-
-
-async def wait_for(predicate: Callable[[], bool], within_s: float = 5.0) -> None:
-    """Poll ``predicate`` until true or fail after ``within_s``."""
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 class FakeReplica:
@@ -265,7 +251,7 @@ def scenario(
         async with cluster(**options) as c, aiohttp.ClientSession() as session:
             await body(c, session)
 
-    run(go())
+    run(go(), uvloop=True)
 
 
 async def raw_request(
@@ -345,7 +331,7 @@ def test_healthz_503_before_first_snapshot() -> None:
         finally:
             await proxy.close()
 
-    run(go())
+    run(go(), uvloop=True)
 
 
 def test_chunked_bodies_both_ways() -> None:
@@ -416,14 +402,14 @@ def test_max_ongoing_requests_is_respected_across_replicas() -> None:
                 return resp.headers["X-Replica"]
 
         tasks = [asyncio.create_task(call()) for _ in range(10)]
-        await wait_for(lambda: a0.ongoing == 2 and a1.ongoing == 2)
+        await wait_until(lambda: a0.ongoing == 2 and a1.ongoing == 2)
         assert c.proxy.state.router.queued("app#A") == 6
         a0.release.set()
         a1.release.set()
         served = Counter(await asyncio.gather(*tasks))
         assert sum(served.values()) == 10
         assert a0.peak == 2 and a1.peak == 2
-        await wait_for(lambda: c.in_flight() == 0)
+        await wait_until(lambda: c.in_flight() == 0)
 
     scenario(body, a_replicas=2, cap=2)
 
@@ -433,16 +419,16 @@ def test_client_disconnect_mid_request_releases_the_slot() -> None:
         a0 = c.replicas["a0"]
         _, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
         writer.write(b"GET /a/slow HTTP/1.1\r\nHost: x\r\n\r\n")
-        await wait_for(lambda: a0.ongoing == 1)
+        await wait_until(lambda: a0.ongoing == 1)
         assert c.in_flight() == 1
         writer.close()
-        await wait_for(lambda: c.in_flight() == 0)
+        await wait_until(lambda: c.in_flight() == 0)
         # a body that never finishes arriving, then the client leaves
         _, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
         writer.write(b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\npartial")
-        await wait_for(lambda: c.in_flight() == 1)
+        await wait_until(lambda: c.in_flight() == 1)
         writer.close()
-        await wait_for(lambda: c.in_flight() == 0)
+        await wait_until(lambda: c.in_flight() == 0)
         async with s.get(c.url + "/a/x") as resp:  # the replica is still usable
             assert resp.status == 200
 
@@ -456,7 +442,7 @@ def test_upstream_dying_gives_502_or_close_never_a_hang() -> None:
         with pytest.raises(aiohttp.ClientError):
             async with s.get(c.url + "/a/die-mid") as resp:
                 await resp.read()
-        await wait_for(lambda: c.in_flight() == 0)
+        await wait_until(lambda: c.in_flight() == 0)
         async with s.get(c.url + "/a/x") as resp:
             assert resp.status == 200
 
@@ -470,7 +456,7 @@ def test_upstream_refusing_connections_is_retried_elsewhere() -> None:
             async with s.get(c.url + "/a/x") as resp:
                 assert resp.status == 200
                 assert (await resp.json())["replica"] == "a0"
-        await wait_for(lambda: c.in_flight() == 0)
+        await wait_until(lambda: c.in_flight() == 0)
 
     scenario(body, a_replicas=2)
 
@@ -491,7 +477,7 @@ def test_snapshot_updates_reach_the_proxy() -> None:
                 "app#AB": {"max_ongoing_requests": 5, "replicas": [c.replicas["ab0"].endpoint()]},  # type: ignore[list-item]
             },
         )
-        await wait_for(lambda: c.proxy.state.routes.match("/zzz") is not None)
+        await wait_until(lambda: c.proxy.state.routes.match("/zzz") is not None)
         async with s.get(c.url + "/zzz") as resp:
             assert (await resp.json())["replica"] == "ab0"
 
@@ -646,7 +632,7 @@ def test_a_route_change_reaches_paths_already_served() -> None:
             [{"route_prefix": "/a", "app": "app", "deployment": "AB"}],
             {"app#AB": {"max_ongoing_requests": 5, "replicas": [c.replicas["ab0"].endpoint()]}},  # type: ignore[list-item]
         )
-        await wait_for(lambda: "app#A" not in c.proxy.state.keys.values())
+        await wait_until(lambda: "app#A" not in c.proxy.state.keys.values())
         async with s.get(c.url + "/a/x") as resp:
             assert (await resp.json())["replica"] == "ab0"
 
@@ -675,7 +661,7 @@ def test_a_request_that_reached_a_replica_is_never_sent_again() -> None:
                 assert resp.status == 502
                 assert resp.headers["x-request-id"]
         assert sum(r.hits["/a/die-before"] for r in c.replicas.values()) == 2
-        await wait_for(lambda: c.in_flight() == 0)
+        await wait_until(lambda: c.in_flight() == 0)
 
     scenario(body, a_replicas=2)
 
@@ -694,7 +680,7 @@ def test_a_request_a_draining_replica_did_not_start_goes_to_another() -> None:
         c.replicas["a1"].shutting_down = True  # nobody left to take it: the client gets a 503
         async with s.get(c.url + "/a/x") as resp:
             assert resp.status == 503
-        await wait_for(lambda: c.in_flight() == 0)
+        await wait_until(lambda: c.in_flight() == 0)
 
     scenario(body, a_replicas=2)
 
@@ -717,7 +703,7 @@ def test_a_replica_failing_the_handshake_is_skipped() -> None:
                     }
                 },
             )
-            await wait_for(lambda: "app#AB" not in c.proxy.state.keys.values())
+            await wait_until(lambda: "app#AB" not in c.proxy.state.keys.values())
             for _ in range(10):
                 async with s.get(c.url + "/a/x") as resp:
                     assert resp.status == 200
@@ -777,7 +763,7 @@ def test_oversized_urls_heads_and_bodies_are_refused() -> None:
         assert c.replicas["a0"].hits["/a/size"] <= 1  # the chunked one may have begun upstream
         async with s.post(c.url + "/a/size", data=b"k" * 10_000) as resp:
             assert (await resp.json())["size"] == 10_000
-        await wait_for(lambda: c.in_flight() == 0)
+        await wait_until(lambda: c.in_flight() == 0)
 
     scenario(body, limits=LIMITS)
 
@@ -799,7 +785,7 @@ def test_slowloris_connections_are_closed_after_the_head_timeout() -> None:
 
         answers = await asyncio.gather(*(slowloris() for _ in range(50)))
         assert all(a.startswith(b"HTTP/1.1 408") for a in answers), set(answers)
-        await wait_for(lambda: not c.proxy.state.connections)
+        await wait_until(lambda: not c.proxy.state.connections)
         assert c.replicas["a0"].hits.total() == 0
 
     scenario(body, limits=LIMITS)
@@ -809,13 +795,13 @@ def test_a_stalled_upload_is_answered_408_and_gives_its_slot_back() -> None:
     async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
         writer.write(b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\npartial")
-        await wait_for(lambda: c.in_flight() == 1)
+        await wait_until(lambda: c.in_flight() == 1)
         async with s.get(c.url + "/a/x") as resp:  # waits for the one slot, then gets it
             assert resp.status == 200
         answer = await asyncio.wait_for(reader.read(), 10)
         writer.close()
         assert status_of(answer) == 408
-        await wait_for(lambda: c.in_flight() == 0)
+        await wait_until(lambda: c.in_flight() == 0)
 
     scenario(body, cap=1, limits=LIMITS)
 

@@ -10,13 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import aiohttp
-import uvloop
 
-from channel_front import SECRET
 from kubeserve.runtime import local_socket
 from kubeserve.runtime.channel import Role
 from kubeserve.runtime.limits import RequestLimits
@@ -28,14 +26,12 @@ from kubeserve.runtime.replica_http import (
     StreamedResponse,
 )
 from kubeserve.runtime.wire import Snapshot
+from support.channel_front import SECRET
+from support.common import run
 
 T = TypeVar("T")
 BIG = 5 * 1024 * 1024
 _request_tag: contextvars.ContextVar[str] = contextvars.ContextVar("tag", default="")
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return uvloop.run(asyncio.wait_for(coro, 60))
 
 
 class App:
@@ -108,7 +104,7 @@ def with_server(test: Callable[[App, int], Awaitable[None]]) -> None:
         finally:
             server.close()
 
-    run(go())
+    run(go(), uvloop=True)
 
 
 def test_pipelined_requests_are_answered_in_order_on_one_connection() -> None:
@@ -229,7 +225,7 @@ def test_idle_connections_close_after_the_keep_alive_timeout() -> None:
         finally:
             server.close()
 
-    run(go())
+    run(go(), uvloop=True)
 
 
 SMALL = RequestLimits(
@@ -251,7 +247,7 @@ def with_limits(test: Callable[[App, int], Awaitable[None]]) -> None:
         finally:
             server.close()
 
-    run(go())
+    run(go(), uvloop=True)
 
 
 def status_of(data: bytes) -> int:
@@ -331,7 +327,7 @@ def test_behind_the_proxy_streams_and_large_bodies_pass() -> None:
             await proxy.close()
             server.close()
 
-    run(go())
+    run(go(), uvloop=True)
 
 
 async def _get(session: aiohttp.ClientSession, url: str) -> bytes:
@@ -372,7 +368,7 @@ def test_same_host_unix_socket_is_preferred_and_tcp_is_the_fallback() -> None:
             unix.close()
             tcp.close()
 
-    run(go())
+    run(go(), uvloop=True)
 
 
 async def proxy_in_front_of(port: int) -> ProxyServer:

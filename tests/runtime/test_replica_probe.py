@@ -20,19 +20,12 @@ from typing import Any
 
 import pytest
 
+from kubeserve.runtime import channel, wire
+from kubeserve.runtime.replica_probe import ProbeListener
+from support.channel_front import SECRET
+from support.common import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "tests" / "apps"), str(ROOT / "tests")]
-
-from channel_front import SECRET  # noqa: E402
-from kubeserve.runtime import channel, wire  # noqa: E402
-from kubeserve.runtime.replica_probe import ProbeListener  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def raw(port: int, payload: bytes) -> bytes:

@@ -5,20 +5,16 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 
 from kubeserve.runtime.router import BackPressure, NoReplicaAvailable, RoutedReplica, Router
 from kubeserve.runtime.wire import DeploymentEndpoints
+from support.common import run
 
 T = TypeVar("T")
 KEY = "app#d"
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, 20))
 
 
 def endpoints(n: int, cap: int, first: int = 0) -> dict[str, DeploymentEndpoints]:
@@ -53,7 +49,7 @@ def test_cap_never_exceeded_under_concurrency() -> None:
         assert router.in_flight(KEY) == {"r0": 0, "r1": 0, "r2": 0}
         assert router.queued(KEY) == 0
 
-    run(scenario())
+    run(scenario(), 20)
 
 
 def test_waiters_are_served_in_fifo_order() -> None:
@@ -79,7 +75,7 @@ def test_waiters_are_served_in_fifo_order() -> None:
         await asyncio.gather(*tasks)
         assert order == [0, 1, 2, 3, 4]
 
-    run(scenario())
+    run(scenario(), 20)
 
 
 def test_queue_is_bounded() -> None:
@@ -99,7 +95,7 @@ def test_queue_is_bounded() -> None:
         await asyncio.gather(*tasks)
         assert router.in_flight(KEY) == {"r0": 0}
 
-    run(scenario())
+    run(scenario(), 20)
 
 
 def test_full_wait_times_out() -> None:
@@ -113,7 +109,7 @@ def test_full_wait_times_out() -> None:
         router.release(held)
         assert router.in_flight(KEY) == {"r0": 0}
 
-    run(scenario())
+    run(scenario(), 20)
 
 
 def test_cancelled_waiter_leaves_the_queue_and_leaks_nothing() -> None:
@@ -130,7 +126,7 @@ def test_cancelled_waiter_leaves_the_queue_and_leaks_nothing() -> None:
         assert router.in_flight(KEY) == {"r0": 0}
         assert router.queued(KEY) == 0
 
-    run(scenario())
+    run(scenario(), 20)
 
 
 def test_power_of_two_choices_spreads_load() -> None:
@@ -145,7 +141,7 @@ def test_power_of_two_choices_spreads_load() -> None:
         for replica in held:
             router.release(replica)
 
-    run(scenario())
+    run(scenario(), 20)
 
 
 def test_no_replicas_waits_for_an_update() -> None:
@@ -159,7 +155,7 @@ def test_no_replicas_waits_for_an_update() -> None:
         assert replica.replica_id == "r0"
         router.release(replica)
 
-    run(scenario())
+    run(scenario(), 20)
 
 
 def test_no_replicas_times_out() -> None:
@@ -169,7 +165,7 @@ def test_no_replicas_times_out() -> None:
             await router.assign(KEY, timeout_s=0.05)
         assert router.try_assign(KEY) is None
 
-    run(scenario())
+    run(scenario(), 20)
 
 
 def test_update_keeps_in_flight_counts_of_remaining_replicas() -> None:
@@ -187,7 +183,7 @@ def test_update_keeps_in_flight_counts_of_remaining_replicas() -> None:
             router.release(replica)
         assert router.in_flight(KEY) == {"r1": 0, "r2": 0}
 
-    run(scenario())
+    run(scenario(), 20)
 
 
 def test_update_raising_the_cap_wakes_waiters() -> None:
@@ -203,7 +199,7 @@ def test_update_raising_the_cap_wakes_waiters() -> None:
         router.release(held)
         router.release(second)
 
-    run(scenario())
+    run(scenario(), 20)
 
 
 def test_avoid_prefers_another_replica() -> None:
@@ -221,7 +217,7 @@ def test_avoid_prefers_another_replica() -> None:
         router.release(only)
         router.release(first)
 
-    run(scenario())
+    run(scenario(), 20)
 
 
 def test_max_queued_requests_of_the_deployment_answers_with_its_backpressure() -> None:
@@ -239,7 +235,7 @@ def test_max_queued_requests_of_the_deployment_answers_with_its_backpressure() -
         router.release(held)
         router.release(await queued)
 
-    run(scenario())
+    run(scenario(), 20)
 
 
 def test_a_caller_waiting_on_zero_replicas_is_reported_at_once() -> None:
@@ -256,4 +252,4 @@ def test_a_caller_waiting_on_zero_replicas_is_reported_at_once() -> None:
         router.release(await task)
         assert router.queued_counts() == {KEY: 0}
 
-    run(scenario())
+    run(scenario(), 20)

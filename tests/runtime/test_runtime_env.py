@@ -8,10 +8,10 @@ import stat
 import sys
 import zipfile
 from collections import Counter
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 from aiohttp import web
@@ -24,12 +24,9 @@ from kubeserve.runtime.runtime_env import (
     merge_runtime_env,
     prepare,
 )
+from support.common import run
 
 T = TypeVar("T")
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, 20))
 
 
 def make_zip(files: dict[str, str], symlinks: dict[str, str] | None = None) -> bytes:
@@ -135,7 +132,7 @@ def test_working_dir_and_py_modules_are_fetched_and_importable(tmp_path: Path) -
             }
             return await prepare(env, tmp_path)
 
-    prepared = run(scenario())
+    prepared = run(scenario(), 20)
     assert prepared.cwd is not None
     cwd = Path(prepared.cwd)
     assert cwd.name == "repo-main"  # single top-level directory becomes the root
@@ -160,7 +157,7 @@ def test_flat_working_dir_is_the_entry_itself(tmp_path: Path) -> None:
         async with serving({"/flat.zip": FLAT_ZIP}) as s:
             return await prepare({"working_dir": s.url("/flat.zip")}, tmp_path)
 
-    prepared = run(scenario())
+    prepared = run(scenario(), 20)
     assert prepared.cwd is not None and (Path(prepared.cwd) / "other.py").exists()
 
 
@@ -172,7 +169,7 @@ def test_uri_is_fetched_once_even_by_concurrent_prepares(tmp_path: Path) -> None
             again = await prepare(env, tmp_path)
             return list(results), again, s.hits["/app.zip"]
 
-    results, again, hits = run(scenario())
+    results, again, hits = run(scenario(), 20)
     assert hits == 1
     assert {r.cwd for r in results} == {again.cwd}
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]  # no leftovers
@@ -185,7 +182,7 @@ def test_http_error_names_url_and_status(tmp_path: Path) -> None:
                 await prepare({"working_dir": s.url("/missing.zip")}, tmp_path)
             return str(info.value)
 
-    message = run(scenario())
+    message = run(scenario(), 20)
     assert "/missing.zip" in message and "HTTP 404" in message
     assert list(tmp_path.iterdir()) == []
 
@@ -198,7 +195,7 @@ def test_connection_refused_is_a_runtime_env_error(tmp_path: Path) -> None:
             await prepare({"working_dir": url}, tmp_path)
         return str(info.value)
 
-    assert "fetching" in run(scenario())
+    assert "fetching" in run(scenario(), 20)
 
 
 @pytest.mark.parametrize("uri", ["s3://bucket/a.zip", "gs://bucket/a.zip", "/local/dir"])
@@ -241,7 +238,7 @@ def test_unsafe_or_broken_archives_are_rejected(
                 await prepare({"working_dir": s.url("/bad.zip")}, cache)
             return str(info.value)
 
-    message = run(scenario())
+    message = run(scenario(), 20)
     assert reason in message and "/bad.zip" in message
     assert list(cache.iterdir()) == []  # nothing half-extracted is left in the cache
     assert not (tmp_path / "evil.py").exists()
@@ -266,7 +263,7 @@ def test_size_limits(tmp_path: Path) -> None:
                 )
             return str(unpacked.value), str(download.value)
 
-    unpacked, download = run(scenario())
+    unpacked, download = run(scenario(), 20)
     assert "allowed size" in unpacked
     assert "larger than 100 bytes" in download
 
@@ -280,6 +277,6 @@ def test_fetch_into_lays_out_working_dir_and_modules(tmp_path: Path) -> None:
         async with serving({"/work.zip": work, "/pkg.zip": module}) as server:
             await fetch_into(tmp_path, server.url("/work.zip"), [server.url("/pkg.zip")])
 
-    run(scenario())
+    run(scenario(), 20)
     assert (tmp_path / "working_dir" / "app_mod.py").read_text() == "VALUE = 1\n"
     assert (tmp_path / "py_modules" / "0" / "pkg" / "__init__.py").exists()

@@ -7,12 +7,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fake_kubelet import die_with_parent
-from k8s_control_plane import ControlPlane
-from node_cluster import NodeCluster
-
 from kubeserve.runtime.kubernetes import contract
-from kubeserve_testing import free_port, http, wait_for
+from support.common import free_port, http, wait_for
+from support.fake_kubelet import die_with_parent
+from support.k8s_control_plane import ControlPlane
+from support.node_cluster import NodeCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 

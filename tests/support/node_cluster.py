@@ -40,8 +40,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fake_kubelet import kubeconfig_text
-from k8s_control_plane import (
+
+from support.common import free_port, wait_for
+from support.fake_kubelet import kubeconfig_text
+from support.k8s_control_plane import (
     ADMIN_USER,
     SERVICE_CIDR,
     ControlPlane,
@@ -52,8 +54,6 @@ from k8s_control_plane import (
     make_pki,
     sign_certificate,
 )
-
-from kubeserve_testing import free_port, wait_for
 
 CACHE = Path.home() / ".cache" / "kubeserve"
 BASE = Path("/var/lib/kubeserve-node")

@@ -2,8 +2,7 @@
 
 Reusable by other test tiers (the control-plane tests apply these to a real API server):
 
-    sys.path.insert(0, str(REPO / "tests" / "install"))
-    from kubeserve_install import rendered_chart, plain_manifests
+    from support.kubeserve_install import rendered_chart, plain_manifests
 
 Helm comes from the Makefile: ``KUBESERVE_HELM`` (Helm 4) and ``KUBESERVE_HELM3`` (Helm 3) name the
 binaries ``make helm`` extracted. Without them, the newest cached binary of that major version under

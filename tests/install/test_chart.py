@@ -11,7 +11,6 @@ import yaml
 
 from support.kubeserve_install import (
     CHART,
-    CRDS,
     K8S_VERSIONS,
     NAMESPACE,
     OPERATOR_CLUSTER_RULES,
@@ -143,12 +142,6 @@ def test_default_install_is_the_plain_manifests_with_helm_labels(helm: str) -> N
     # same selector: the two installs select the same pods (a Deployment's selector is immutable)
     chart_selector = one(chart, "Deployment")["spec"]["selector"]
     assert chart_selector == one(plain, "Deployment")["spec"]["selector"]
-
-
-def test_chart_crds_equal_the_generated_crds() -> None:
-    generated = {p.name: p.read_text() for p in CRDS.glob("*.yaml")}
-    copies = {p.name: p.read_text() for p in (CHART / "crds").glob("*.yaml")}
-    assert copies == generated, "charts/kubeserve/crds/ drifted from crds/: copy crds/ again"
 
 
 def test_crds_render_with_include_crds_and_not_without(helm: str) -> None:

@@ -7,7 +7,6 @@ import yaml
 
 from kubeserve.schema.resources import ServeApplicationSpec, ServeInstanceSpec
 from support.kubeserve_install import (
-    CRDS,
     K8S_VERSIONS,
     MANIFESTS,
     NAMESPACE,
@@ -57,15 +56,6 @@ def test_namespaced_objects_live_in_kubeserve_system() -> None:
     for obj in plain_manifests():
         if obj["kind"] not in CLUSTER_SCOPED:
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
-
-
-def test_crd_copies_equal_the_generated_crds() -> None:
-    generated = {p.name: p.read_text() for p in CRDS.glob("*.yaml")}
-    copies = {
-        yaml.safe_load(p.read_text())["metadata"]["name"] + ".yaml": p.read_text()
-        for p in MANIFESTS.glob("01-crd-*.yaml")
-    }
-    assert copies == generated, "manifests/01-crd-*.yaml drifted from crds/: copy crds/ again"
 
 
 def test_cluster_role_is_exactly_the_least_privilege_set() -> None:

@@ -12,7 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from kubeserve.schema import DeploymentSchema, ServeApplicationEntry, ServeDeploySchema
-from kubeserve.schema.crd import CRD_FILES, crd_files, crd_manifests
+from kubeserve.schema.crd import CRD_FILES, committed_copies, crd_files, crd_manifests
 from kubeserve.schema.resources import (
     ServeApplicationSpec,
     ServeApplicationStatus,
@@ -20,7 +20,7 @@ from kubeserve.schema.resources import (
     cr_variant,
 )
 
-CRDS_DIR = Path(__file__).resolve().parents[3] / "crds"
+REPO = Path(__file__).resolve().parents[3]
 
 SAMPLE_APP_SPEC: dict[str, Any] = {
     "importPath": "text_ml:app",
@@ -90,13 +90,24 @@ def root_schema(kind: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- generated files
 
 
-def test_committed_crds_match_the_models() -> None:
-    expected = crd_files()
-    committed = {p.name: p.read_text(encoding="utf-8") for p in CRDS_DIR.glob("*.yaml")}
-    assert committed == expected, (
-        "crds/ is out of date with operator/kubeserve/schema/: "
+@pytest.mark.parametrize("path", sorted(committed_copies()))
+def test_every_committed_copy_of_the_crds_matches_the_models(path: str) -> None:
+    """crds/, the chart's crds/ and manifests/01-crd-*.yaml: ``make crds`` writes them all."""
+    committed = (REPO / path).read_text(encoding="utf-8") if (REPO / path).exists() else None
+    assert committed == committed_copies()[path], (
+        f"{path} is out of date with operator/kubeserve/schema/: "
         "run `make crds` and commit the result"
     )
+
+
+def test_no_other_crd_files_are_committed() -> None:
+    found = {
+        str(p.relative_to(REPO))
+        for folder in ("crds", "charts/kubeserve/crds", "manifests")
+        for p in (REPO / folder).glob("*.yaml")
+        if "CustomResourceDefinition" in p.read_text(encoding="utf-8")
+    }
+    assert found == set(committed_copies())
 
 
 def test_crd_files_are_yaml_with_the_generated_header() -> None:

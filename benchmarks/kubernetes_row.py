@@ -6,8 +6,8 @@
 
 Starts the test control plane of ``tests/support/k8s_control_plane.py`` (pods are local
 processes on 127.0.0.x), applies ``crds/``, starts ``kubeserve operator``, applies a
-ServeInstance (HeadOnly proxy, port 8000) and a ServeApplication of ``bench_noop:noop``
-(``tests/apps/bench_noop.py``, the same deployment as ``benchmarks/apps.py:noop``) with 1 replica
+ServeInstance (HeadOnly proxy, port 8000) and a ServeApplication of ``apps:noop``
+(``benchmarks/apps.py``, the app ``make bench`` loads) with 1 replica
 and ``maxOngoingRequests: 100``, waits for Ready, then loads the proxy pod
 (``http://<proxy pod IP>:8000/noop``) with the settings of ``make bench`` (``load.py``). The
 reference row is the same replica code without the data-plane handshake
@@ -57,7 +57,7 @@ def deploy(plane: ControlPlane, operator: OperatorProcess) -> tuple[str, str]:
     plane.apply(instance(NAMESPACE, PORT))
     plane.apply(
         application(
-            NAMESPACE, APP, "bench_noop:noop", routePrefix=ROUTE,
+            NAMESPACE, APP, "apps:noop", routePrefix=ROUTE,
             deployments=[{"name": "Noop", "numReplicas": 1, "maxOngoingRequests": 100}],
         )
     )  # fmt: skip

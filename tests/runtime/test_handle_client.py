@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import pytest
@@ -24,6 +24,7 @@ from kubeserve.runtime.wire import (
 from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
 from support.channel_front import SECRET, ChannelFront, signed_ok
 from support.common import free_port, run
+from support.static_source import StaticSource
 
 T = TypeVar("T")
 
@@ -154,19 +155,6 @@ def _snapshot_for(port: int) -> Snapshot:
     }
 
 
-class _StaticSource:
-    """An endpoint source delivering one fixed snapshot."""
-
-    def __init__(self, snapshot: Snapshot) -> None:
-        self.snapshot = snapshot
-
-    async def start(self, on_update: Callable[[Snapshot], None]) -> None:
-        on_update(self.snapshot)
-
-    async def close(self) -> None:
-        pass
-
-
 @contextlib.asynccontextmanager
 async def started_client(port: int, **others: int) -> AsyncIterator[HandleClient]:
     """A started handle client whose deployment ``app#D`` has replica ``r0`` on ``port`` and one
@@ -176,7 +164,7 @@ async def started_client(port: int, **others: int) -> AsyncIterator[HandleClient
         snapshot["deployments"]["app#D"]["replicas"].append(
             {"replica_id": replica_id, "host": "127.0.0.1", "port": other}
         )
-    source = _StaticSource(snapshot)
+    source = StaticSource(snapshot)
     client = HandleClient(source=source, secret=SECRET)
     await client.start()
     try:
@@ -360,7 +348,7 @@ def test_max_queued_requests_refuses_at_once_with_backpressure_error() -> None:
         snapshot = _snapshot_for(free_port())
         snapshot["deployments"]["app#D"]["replicas"] = []
         snapshot["deployments"]["app#D"]["max_queued_requests"] = 1
-        source = _StaticSource(snapshot)
+        source = StaticSource(snapshot)
         client = HandleClient(source=source, secret=SECRET, assign_timeout_s=5)
         await client.start()
         try:

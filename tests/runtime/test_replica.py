@@ -25,7 +25,7 @@ import pytest
 
 from kubeserve.runtime import channel, wire
 from support.channel_front import SECRET
-from support.common import free_port
+from support.common import free_port, wait_for
 from support.kubeserve import PickleMarker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -327,13 +327,7 @@ def test_sigterm_finishes_the_request_in_flight(start: Any) -> None:
 
     thread = threading.Thread(target=slow)
     thread.start()
-    deadline = time.monotonic() + 5
-    while replica.metric("kubeserve_replica_ongoing_requests") < 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    sent = time.monotonic()
-    replica.proc.send_signal(signal.SIGTERM)
-    assert replica.proc.wait(timeout=10) == 0
+    sent = _sigterm_while_busy(replica)
     thread.join(timeout=5)
     assert result["response"][0] == 200 and result["response"][2] == b"slow done"
     assert time.monotonic() - sent < 5
@@ -350,13 +344,7 @@ def test_sigterm_gives_up_at_the_graceful_timeout(start: Any) -> None:
     )
     thread = threading.Thread(target=lambda: _ignore_errors(replica.get, "/slow?s=30"))
     thread.start()
-    deadline = time.monotonic() + 5
-    while replica.metric("kubeserve_replica_ongoing_requests") < 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    sent = time.monotonic()
-    replica.proc.send_signal(signal.SIGTERM)
-    assert replica.proc.wait(timeout=10) == 0
+    sent = _sigterm_while_busy(replica)
     assert time.monotonic() - sent < 3
     thread.join(timeout=5)
 
@@ -468,3 +456,12 @@ def wire_socket_name(port: int) -> str:
     name = local_socket.socket_name("127.0.0.1", port)
     assert name is not None
     return name
+
+
+def _sigterm_while_busy(replica: ReplicaProcess) -> float:
+    """Once ``replica`` runs a request, SIGTERM it and wait for a clean exit; when it was sent."""
+    wait_for(lambda: replica.metric("kubeserve_replica_ongoing_requests") >= 1, 5, 0.01)
+    sent = time.monotonic()
+    replica.proc.send_signal(signal.SIGTERM)
+    assert replica.proc.wait(timeout=10) == 0
+    return sent

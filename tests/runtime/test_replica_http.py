@@ -28,6 +28,7 @@ from kubeserve.runtime.replica_http import (
 from kubeserve.runtime.wire import Snapshot
 from support.channel_front import SECRET
 from support.common import run
+from support.static_source import StaticSource
 
 T = TypeVar("T")
 BIG = 5 * 1024 * 1024
@@ -383,20 +384,7 @@ async def proxy_in_front_of(port: int) -> ProxyServer:
             }
         },
     }
-    source = _Static(snapshot)
+    source = StaticSource(snapshot)
     proxy = ProxyServer("127.0.0.1", 0, source=source, secret=SECRET)
     await proxy.start()
     return proxy
-
-
-class _Static:
-    """An endpoint source delivering one snapshot."""
-
-    def __init__(self, snapshot: Snapshot) -> None:
-        self.snapshot = snapshot
-
-    async def start(self, on_update: Callable[[Snapshot], None]) -> None:
-        on_update(self.snapshot)
-
-    async def close(self) -> None:
-        pass

@@ -8,6 +8,7 @@ venv`` puts ``tests/`` on the virtualenv's path, as an editable install does), s
   asyncio runner) and ``wait_until`` (its async twin of ``wait_for``);
 * :mod:`.kubeserve`: a real ``kubeserve start`` process and the apps tests deploy;
 * :mod:`.channel_front`: the data-plane handshake in front of a plain test server;
+* :mod:`.static_source`: an endpoint source of one fixed snapshot;
 * :mod:`.browser`: headless Chromium over the DevTools protocol;
 * :mod:`.k8s_control_plane`, :mod:`.node_cluster`, :mod:`.k8s_operator`, :mod:`.fake_kubelet`:
   the Kubernetes tier's clusters and operator;

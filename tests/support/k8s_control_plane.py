@@ -257,7 +257,12 @@ class ControlPlane:
         env.pop("KUBECONFIG", None)
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(ROOT / "tests" / "apps"), str(ROOT / "operator"), env.get("PYTHONPATH", "")]
+            [
+                str(ROOT / "tests" / "apps"),
+                str(ROOT / "benchmarks"),  # the benchmark's apps.py, as in the node's test image
+                str(ROOT / "operator"),
+                env.get("PYTHONPATH", ""),
+            ]
         ).rstrip(os.pathsep)
         env["PYTHONUNBUFFERED"] = "1"
         argv = [

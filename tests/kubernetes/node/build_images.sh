@@ -14,8 +14,9 @@
 #                       Dockerfile copies plus the base image, so a change to the package rebuilds it
 #                       and nothing else does. kubeserve.tar links to the newest one.
 #   kubeserve-tests-KEY.tar  docker.io/library/kubeserve-tests:0.1.0: the kubeserve image with the test
-#                       applications (tests/apps/*.py) in /app, so `importPath: e2e_probe:app` works
-#                       in the tests' pods; KEY covers the kubeserve image and those files.
+#                       applications (tests/apps/*.py) and the benchmark's (benchmarks/apps.py) in
+#                       /app, so `importPath: e2e_probe:app` works in the tests' pods; KEY covers the
+#                       kubeserve image and those files.
 #                       kubeserve-tests.tar links to the newest one.
 # buildah runs with vfs storage and chroot isolation (no fuse-overlayfs, no user namespaces), its store
 # under CACHE/buildah. RUN steps reach PyPI through the host's CA bundle, mounted read-only.
@@ -104,13 +105,14 @@ build_tests_image() {
 	key=$(
 		{
 			readlink "$CACHE/kubeserve.tar"
-			cd "$REPO" && find tests/apps -maxdepth 1 -name '*.py' | LC_ALL=C sort | xargs sha256sum
+			cd "$REPO" && { find tests/apps -maxdepth 1 -name '*.py'; echo benchmarks/apps.py; } |
+				LC_ALL=C sort | xargs sha256sum
 		} | sha256sum | cut -c1-16
 	)
 	archive=$CACHE/kubeserve-tests-$key.tar
 	if [ ! -f "$archive" ]; then
 		work=$(mktemp -d)
-		cp "$REPO"/tests/apps/*.py "$work/"
+		cp "$REPO"/tests/apps/*.py "$REPO"/benchmarks/apps.py "$work/"
 		container=$(buildah from --quiet "docker-archive:$CACHE/kubeserve.tar")
 		buildah copy --quiet --chown 10001:10001 "$container" "$work" /app/ >/dev/null
 		buildah commit --quiet "$container" "$TESTS_IMAGE" >/dev/null

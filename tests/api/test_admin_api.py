@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import jsonschema
+import pytest
 
 from kubeserve.schema.status import ServeInstanceDetails
 from support.common import http, wait_for
@@ -70,38 +71,39 @@ def test_unknown_field_is_400_naming_it(kubeserve: Kubeserve) -> None:
     assert ["applications", 0, "improt_path"] in [d["loc"] for d in body["details"]]
 
 
-def test_malformed_json_is_400_not_500(kubeserve: Kubeserve) -> None:
-    status, body = http(
+@pytest.mark.parametrize(
+    ("raw", "content_type", "status", "says"),
+    [
+        pytest.param(b'{"applications": [', "application/json", 400, "malformed JSON", id="json"),
+        pytest.param(
+            b"applications=[]",
+            "application/x-www-form-urlencoded",
+            415,
+            "application/json",
+            id="content-type",
+        ),
+        pytest.param(
+            b'{"applications": [], "pad": "' + b"x" * (9 * 1024 * 1024) + b'"}',
+            "application/json",
+            413,
+            "too large",
+            id="size",
+        ),
+    ],
+)
+def test_a_bad_body_is_a_4xx_saying_why(
+    kubeserve: Kubeserve, raw: bytes, content_type: str, status: int, says: str
+) -> None:
+    """Malformed JSON is a 400, another content type a 415, a body over the limit a 413: never
+    a 500, and the error says which."""
+    answer, body = http(
         "PUT",
         f"{kubeserve.api}/api/serve/applications/",
-        raw=b'{"applications": [',
-        headers={"Content-Type": "application/json"},
+        raw=raw,
+        headers={"Content-Type": content_type},
     )
-    assert status == 400
-    assert "malformed JSON" in body["error"]
-
-
-def test_non_json_content_type_is_415(kubeserve: Kubeserve) -> None:
-    status, body = http(
-        "PUT",
-        f"{kubeserve.api}/api/serve/applications/",
-        raw=b"applications=[]",
-        headers={"Content-Type": "application/x-www-form-urlencoded"},
-    )
-    assert status == 415
-    assert "application/json" in body["error"]
-
-
-def test_oversized_body_is_413(kubeserve: Kubeserve) -> None:
-    big = b'{"applications": [], "pad": "' + b"x" * (9 * 1024 * 1024) + b'"}'
-    status, body = http(
-        "PUT",
-        f"{kubeserve.api}/api/serve/applications/",
-        raw=big,
-        headers={"Content-Type": "application/json"},
-    )
-    assert status == 413
-    assert "too large" in body["error"]
+    assert answer == status
+    assert says in body["error"]
 
 
 def test_unknown_endpoint_is_a_json_404(kubeserve: Kubeserve) -> None:

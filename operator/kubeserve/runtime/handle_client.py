@@ -46,7 +46,7 @@ from typing import Any
 import httptools
 
 from kubeserve.runtime.channel import Role
-from kubeserve.runtime.discovery import Discovery, EndpointSource
+from kubeserve.runtime.discovery import EndpointSource
 from kubeserve.runtime.keepalive import (
     IdlePool,
     KeepAliveConnection,
@@ -54,7 +54,7 @@ from kubeserve.runtime.keepalive import (
     connect,
     pool_for,
 )
-from kubeserve.runtime.load_report import LoadReporter
+from kubeserve.runtime.load_report import controller_links
 from kubeserve.runtime.router import BackPressure, NoReplicaAvailable, RoutedReplica, Router
 from kubeserve.runtime.wire import (
     CALL_PREFIX,
@@ -115,16 +115,9 @@ class HandleClient:
         self.router = router or Router()
         self._secret = secret
         self._assign_timeout_s = assign_timeout_s
-        if source is None:
-            if controller_url is None:
-                raise ValueError("a handle client needs a controller_url or an endpoint source")
-            source = Discovery(controller_url, secret=secret)
-        self._source = source
-        #: tells the controller what waits here (local backend; the source is its Discovery)
-        self._load_reporter = (
-            None
-            if controller_url is None
-            else LoadReporter(controller_url, self.router, secret=secret)
+        #: the reporter tells the controller what waits here (local backend)
+        self._source, self._load_reporter = controller_links(
+            controller_url, source, self.router, secret=secret, caller="a handle client"
         )
         self._pools: dict[str, _CallPool] = {}
         self._sweeper = PoolSweeper(self._pools)

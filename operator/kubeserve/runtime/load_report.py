@@ -23,11 +23,11 @@ import logging
 import uuid
 from urllib.parse import urlencode, urlsplit
 
-from kubeserve.runtime.discovery import signed_get
+from kubeserve.runtime.discovery import Discovery, EndpointSource, signed_get
 from kubeserve.runtime.router import Router
 from kubeserve.runtime.wire import LOAD_PATH
 
-__all__ = ["DEFAULT_REPORT_INTERVAL_S", "LoadReporter"]
+__all__ = ["DEFAULT_REPORT_INTERVAL_S", "LoadReporter", "controller_links"]
 
 log = logging.getLogger(__name__)
 
@@ -98,3 +98,27 @@ class LoadReporter:
             )
         if status != 200:
             raise RuntimeError(f"controller answered {status}: {body[:200]!r}")
+
+
+def controller_links(
+    controller_url: str | None,
+    source: EndpointSource | None,
+    router: Router,
+    *,
+    secret: bytes,
+    caller: str,
+) -> tuple[EndpointSource, LoadReporter | None]:
+    """Where a caller (a proxy, a handle client) learns the endpoints and reports its queues.
+
+    ``source`` when given (Kubernetes, tests), else the local controller's :class:`Discovery` at
+    ``controller_url``; a :class:`LoadReporter` for ``router`` whenever there is a controller to
+    report to. ``caller`` names the caller in the error when neither is given.
+    """
+    if source is None:
+        if controller_url is None:
+            raise ValueError(f"{caller} needs a controller_url or an endpoint source")
+        source = Discovery(controller_url, secret=secret)
+    reporter = (
+        None if controller_url is None else LoadReporter(controller_url, router, secret=secret)
+    )
+    return source, reporter

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from kubeserve.runtime.discovery import Discovery, EndpointSource
+from kubeserve.runtime.discovery import EndpointSource
 from kubeserve.runtime.limits import RequestLimits
-from kubeserve.runtime.load_report import LoadReporter
+from kubeserve.runtime.load_report import controller_links
 from kubeserve.runtime.proxy.client import ClientConnection
 from kubeserve.runtime.proxy.state import ProxyState
 
@@ -39,16 +39,9 @@ class ProxyServer:
             keep_alive_timeout_s=keep_alive_timeout_s,
             limits=limits,
         )
-        if source is None:
-            if controller_url is None:
-                raise ValueError("a proxy needs a controller_url or an endpoint source")
-            source = Discovery(controller_url, secret=secret)
-        self.source = source
-        #: tells the controller what waits here (local backend: its Discovery is the source)
-        self.load_reporter = (
-            None
-            if controller_url is None
-            else LoadReporter(controller_url, self.state.router, secret=secret)
+        #: the reporter tells the controller what waits here (local backend)
+        self.source, self.load_reporter = controller_links(
+            controller_url, source, self.state.router, secret=secret, caller="a proxy"
         )
         self._server: asyncio.Server | None = None
 

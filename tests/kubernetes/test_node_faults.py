@@ -8,7 +8,12 @@ over without restarting any.
 from __future__ import annotations
 
 from support.common import wait_for
-from support.k8s_operator import OperatorProcess, hello, proxy_service_url, text_answer, wait_ready
+from support.k8s_operator import (
+    OperatorProcess,
+    serve_hello,
+    text_answer,
+    wait_ready,
+)
 from support.node_cluster import NodeCluster
 
 REPLICAS = "app.kubernetes.io/component=replica"
@@ -26,9 +31,7 @@ def test_a_replica_container_killed_with_ctr_is_restarted_and_serves_again(
     node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
 ) -> None:
     ns = node_namespace
-    node.apply(hello(ns))
-    wait_ready(node, node_operator, ns, "hello")
-    url = proxy_service_url(node, ns, "/hello")
+    url = serve_hello(node, node_operator, ns)
     (pod,) = node.get("pods", namespace=ns, selector=REPLICAS)["items"]
     container_id = pod["status"]["containerStatuses"][0]["containerID"].removeprefix(
         "containerd://"
@@ -44,9 +47,7 @@ def test_pods_keep_serving_while_the_kubelet_restarts(
     node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
 ) -> None:
     ns = node_namespace
-    node.apply(hello(ns))
-    wait_ready(node, node_operator, ns, "hello")
-    url = proxy_service_url(node, ns, "/hello")
+    url = serve_hello(node, node_operator, ns)
     before = restarts(node, ns)
     assert node.processes is not None
     node.processes.stop("kubelet")

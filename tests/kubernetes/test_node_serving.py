@@ -11,8 +11,8 @@ from support.common import wait_for
 from support.k8s_operator import (
     OperatorProcess,
     hello,
-    proxy_service_url,
     ready_pods,
+    serve_hello,
     text_answer,
     wait_ready,
 )
@@ -23,9 +23,7 @@ def test_hello_served_through_the_proxy_service_cluster_ip(
     node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
 ) -> None:
     ns = node_namespace
-    node.apply(hello(ns))
-    wait_ready(node, node_operator, ns, "hello")
-    url = proxy_service_url(node, ns, "/hello")
+    url = serve_hello(node, node_operator, ns)
     assert url.startswith("http://10.96.")
     assert text_answer(f"{url}?name=node") == "hello, node\n"
 

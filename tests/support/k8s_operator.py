@@ -201,6 +201,14 @@ def proxy_service_url(plane: ControlPlane, namespace: str, path: str, port: int 
     return url
 
 
+def serve_hello(plane: ControlPlane, operator: OperatorProcess, namespace: str) -> str:
+    """Apply :func:`hello` in ``namespace``, wait until it is Ready and answers through the
+    proxy Service; returns its URL there."""
+    plane.apply(hello(namespace))
+    wait_ready(plane, operator, namespace, "hello")
+    return proxy_service_url(plane, namespace, "/hello")
+
+
 class HealthSwitch:
     """Makes ``e2e_probe``'s replicas fail their health check (``KS_HEALTH_FILE`` exists) and pass
     again. On the real node the file is in the pod's scratch ``emptyDir`` (it survives a container

@@ -45,7 +45,8 @@ def kubeserve_cli(
 
 
 def test_no_token_is_401_json_with_a_bearer_challenge(secured: Kubeserve) -> None:
-    for path in ("/api/serve/applications/", "/api/ray/version", "/api/serve/openapi.json"):
+    paths = ("/api/serve/applications/", "/api/ray/version", "/api/serve/openapi.json", "/metrics")
+    for path in paths:
         status, body = http("GET", f"{secured.api}{path}")
         assert status == 401, path
         assert "Authorization: Bearer" in body["error"]

@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -110,6 +110,14 @@ def test_page_follows_an_application_and_a_replica_replaced(
     if metrics_status == 404:  # the server has no metrics: the page says so, with no numbers
         assert "metrics not available" in page.text("#metrics-status")
         assert not page.visible("#metrics")
+    else:  # kubeserve start: the page shows the proxy's counts of the route
+        for _ in range(3):
+            assert http("GET", f"{ks.proxy}/hello")[0] == 200
+        wait_for(
+            lambda: page.visible('#metrics tr[data-route="/hello"]'),
+            60,
+            what="the page to show the request rates of /hello",
+        )
     screenshot(page, "dashboard-replaced.png")
 
     status, body = ks.put([{**HELLO, "deployments": [{"name": "Hello", "num_replicas": 2}]}])
@@ -163,8 +171,14 @@ def test_page_asks_for_the_token_and_keeps_it_in_the_tab(secured: Kubeserve, pag
 class _FixedBackend:
     """An admin API backend whose instance is ``details``, whatever happens."""
 
-    def __init__(self, details: ServeInstanceDetails) -> None:
+    def __init__(
+        self, details: ServeInstanceDetails, metrics: Callable[[], str] | None = None
+    ) -> None:
         self.details = details
+        self._metrics = metrics
+
+    async def metrics(self) -> bytes | None:
+        return None if self._metrics is None else self._metrics().encode()
 
     def internal_routes(self) -> list[web.RouteDef]:
         return []
@@ -178,12 +192,11 @@ NOTHING_DEPLOYED = ServeInstanceDetails(proxies={}, applications={})
 
 @contextlib.contextmanager
 def in_process_admin_api(
-    details: ServeInstanceDetails, routes: tuple[web.RouteDef, ...] = ()
+    details: ServeInstanceDetails, metrics: Callable[[], str] | None = None
 ) -> Iterator[str]:
-    """The admin API (:func:`create_app`) of an instance that is ``details``, with more
-    ``routes``, served from a thread; yields its URL."""
-    app = create_app(_FixedBackend(details))  # type: ignore[arg-type]
-    app.add_routes(routes)
+    """The admin API (:func:`create_app`) of an instance that is ``details`` and whose
+    ``GET /metrics`` is ``metrics()`` (a 404 without), served from a thread; yields its URL."""
+    app = create_app(_FixedBackend(details, metrics))  # type: ignore[arg-type]
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app)
     port = free_port()
@@ -235,11 +248,7 @@ def _prometheus_text(started: float) -> str:
 
 def test_rates_and_latency_come_from_the_metrics(page: Page) -> None:
     started = time.monotonic()
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=_prometheus_text(started), content_type="text/plain")
-
-    with in_process_admin_api(NOTHING_DEPLOYED, (web.get("/metrics", metrics),)) as api:
+    with in_process_admin_api(NOTHING_DEPLOYED, lambda: _prometheus_text(started)) as api:
         page.navigate(f"{api}/")
         row = '#metrics tr[data-route="/hello"]'
 

@@ -31,6 +31,8 @@ from kubeserve.schema.status import APIType, ServeInstanceDetails, ServeStatusSc
 RAY_COMPATIBLE_VERSION = "2.60.0"
 #: Largest accepted request body; a config this large is a mistake, not a deployment.
 MAX_BODY_BYTES = 8 * 1024 * 1024
+#: The Prometheus text exposition format's media type (what ``GET /metrics`` answers).
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: Where the OpenAPI document of the running server is served.
 OPENAPI_PATH = "/api/serve/openapi.json"
 
@@ -104,6 +106,17 @@ async def ray_version(request: web.Request) -> web.Response:
             "session_name": "kubeserve",
         }
     )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """The instance's Prometheus metrics, where the backend gathers them (``kubeserve start``)."""
+    body = await _backend(request).metrics()
+    if body is None:
+        raise NotFoundError(
+            "this instance's metrics are scraped from its proxy and replica pods (their "
+            "'metrics' port), not from the admin API"
+        )
+    return web.Response(body=body, headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -265,6 +278,14 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         response=_VERSION,
     ),
     Endpoint("GET", "/-/healthz", healthz, "Liveness: 'success'", text=True, open=True),
+    Endpoint(
+        "GET",
+        "/metrics",
+        metrics,
+        "Prometheus metrics of the proxy and replicas (Ray Serve's names)",
+        text=True,
+        errors=(404,),
+    ),
     Endpoint("GET", OPENAPI_PATH, openapi, "This document"),
     Endpoint(
         "PUT",

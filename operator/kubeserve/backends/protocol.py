@@ -109,6 +109,11 @@ class Backend(Protocol):
         """
         ...
 
+    async def metrics(self) -> bytes | None:
+        """The instance's Prometheus metrics (text exposition, Ray Serve's names), or ``None``
+        where they are scraped elsewhere (on Kubernetes: from each proxy and replica pod)."""
+        ...
+
     def internal_routes(self) -> list[web.RouteDef]:
         """Backend-specific routes on the admin server (e.g. the local discovery long-poll)."""
         ...

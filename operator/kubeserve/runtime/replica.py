@@ -46,6 +46,7 @@ from kubeserve.runtime import channel, local_socket, replica_probe, wire
 from kubeserve.runtime.build import format_user_error, load_application
 from kubeserve.runtime.kubernetes import replica as kubernetes_replica
 from kubeserve.runtime.limits import RequestLimits
+from kubeserve.runtime.metrics import ReplicaMetrics
 from kubeserve.runtime.replica_asgi import (
     Lifespan,
     http_scope,
@@ -227,6 +228,13 @@ class Replica:
             "replica": config["replica_id"],
         }
         self._labels = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items())
+        #: Ray Serve's replica metrics (requests, errors, latency, queries in flight, starts)
+        self.metrics_recorder = ReplicaMetrics(
+            config["app"], config["deployment"], config["replica_id"]
+        )
+        #: the ``route`` label of HTTP requests (Ray's: the application's route prefix); handle
+        #: calls have none
+        self._route = config.get("route_prefix") or ""
 
     @property
     def ongoing(self) -> int:
@@ -237,6 +245,13 @@ class Replica:
         now = time.monotonic()
         self._ongoing_area += self._ongoing * (now - self._changed_at)
         self._changed_at, self._ongoing = now, value
+        self.metrics_recorder.processing.set(value)
+
+    def _finish(self, started: float, route: str) -> None:
+        """A request or handle call that began at ``started`` (``perf_counter``) is done."""
+        self.ongoing -= 1
+        self.processed += 1
+        self.metrics_recorder.done(route, (time.perf_counter() - started) * 1000.0)
 
     def ongoing_area(self) -> float:
         """Request-seconds served so far (the integral of ``ongoing``), up to now."""
@@ -249,20 +264,22 @@ class Replica:
         if self._ongoing >= self._max_ongoing:
             return _at_capacity()
         self.ongoing += 1
+        started = time.perf_counter()
         streaming = False
         try:
-            response = await self._user_http(request)
+            response = await self._user_http(request, started)
             streaming = isinstance(response, StreamedResponse)
             return response
         finally:
             if not streaming:  # a stream is counted until its last chunk (see _stream)
-                self.ongoing -= 1
-                self.processed += 1
+                self._finish(started, self._route)
 
-    async def _user_http(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
+    async def _user_http(
+        self, request: HttpRequest, started: float
+    ) -> HttpResponse | StreamedResponse:
         _enter_request(request)
         if self._asgi is not None:
-            return await self._asgi_http(self._asgi, request)
+            return await self._asgi_http(self._asgi, request, started)
         if self._http_target is None:
             return HttpResponse(
                 404, f"deployment {self.user.name!r} has no __call__ method".encode()
@@ -272,9 +289,10 @@ class Replica:
             if type(result) is str:  # the common case, without building a Response first
                 return HttpResponse(200, result.encode())
             if is_asgi_response(result):  # a Starlette/FastAPI response: sent as it is
-                return await self._asgi_http(result, request)
+                return await self._asgi_http(result, request, started)
             response = to_response(result)
-        except Exception:
+        except Exception as exc:
+            self.metrics_recorder.error(self._route, exc)
             # The client gets the request id only: an exception's text may hold secrets. The id
             # finds the traceback in this replica's log.
             log.exception(
@@ -285,26 +303,29 @@ class Replica:
             )
             return internal_error(request.request_id)
         if isinstance(response, StreamingResponse):
-            return await self._stream(request, response)
+            return await self._stream(request, response, started)
         return HttpResponse(
             response.status_code, response.body, response.headers, content_type=None
         )
 
-    async def _asgi_http(self, app: Any, request: HttpRequest) -> HttpResponse | StreamedResponse:
+    async def _asgi_http(
+        self, app: Any, request: HttpRequest, started: float
+    ) -> HttpResponse | StreamedResponse:
         """``app`` (the ingress's ASGI app, or a Starlette response) answers ``request``."""
         state = self.lifespan.state if self.lifespan is not None else None
         scope = http_scope(request, self._root_path, state)
         try:
             response = await run_asgi(app, scope, request.body, request.request_id)
-        except Exception:
+        except Exception as exc:
+            self.metrics_recorder.error(self._route, exc)
             log.exception("request %s failed (request id %s)", request.path, request.request_id)
             return internal_error(request.request_id)
         if isinstance(response, StreamingResponse):
-            return await self._stream(request, response)
+            return await self._stream(request, response, started)
         return response
 
     async def _stream(
-        self, request: HttpRequest, response: StreamingResponse
+        self, request: HttpRequest, response: StreamingResponse, started: float
     ) -> HttpResponse | StreamedResponse:
         """A chunked response. The first chunk is produced before the status line is sent, so
         a generator that fails at once still gives a 500; a later failure cuts the connection (the
@@ -314,7 +335,8 @@ class Replica:
             first: bytes | None = await anext(chunks)
         except StopAsyncIteration:
             first = None
-        except Exception:
+        except Exception as exc:
+            self.metrics_recorder.error(self._route, exc)
             log.exception(
                 "streamed response to %s %s failed (request id %s)",
                 request.method,
@@ -329,7 +351,8 @@ class Replica:
                     yield first
                 async for chunk in chunks:
                     yield chunk
-            except Exception:
+            except Exception as exc:
+                self.metrics_recorder.error(self._route, exc)
                 log.exception(
                     "streamed response to %s %s failed mid-body (request id %s)",
                     request.method,
@@ -339,8 +362,7 @@ class Replica:
                 raise
             finally:
                 await chunks.aclose()
-                self.ongoing -= 1
-                self.processed += 1
+                self._finish(started, self._route)
 
         return StreamedResponse(response.status_code, response.headers, body())
 
@@ -355,11 +377,11 @@ class Replica:
             if self._ongoing >= self._max_ongoing:
                 return _at_capacity()
             self.ongoing += 1
+            started = time.perf_counter()
             try:
                 return await self._call(request, path[len(wire.CALL_PREFIX) :])
             finally:
-                self.ongoing -= 1
-                self.processed += 1
+                self._finish(started, "")
         if path.startswith(wire.STREAM_PREFIX):
             if request.method != "POST":
                 return HttpResponse(405, b"handle calls use POST")
@@ -408,6 +430,7 @@ class Replica:
                 )
             body = wire.encode_result(result)
         except Exception as exc:
+            self.metrics_recorder.error("", exc)
             log.info("handle call %s raised %s", method_name, _error_text(exc))
             return HttpResponse(500, wire.encode_error(exc), content_type=_PICKLE)
         return HttpResponse(200, body, content_type=_PICKLE)
@@ -421,6 +444,7 @@ class Replica:
             return call
         method, args, kwargs = call
         self.ongoing += 1
+        started = time.perf_counter()
         try:
             items = method(*args, **kwargs)
             if inspect.isawaitable(items):
@@ -431,13 +455,13 @@ class Replica:
                     "call it without `handle.options(stream=True)`."
                 )
         except Exception as exc:
-            self.ongoing -= 1
-            self.processed += 1
+            self.metrics_recorder.error("", exc)
+            self._finish(started, "")
             log.info("streamed handle call %s raised %s", method_name, _error_text(exc))
             return HttpResponse(500, wire.encode_error(exc), content_type=_PICKLE)
-        return StreamedResponse(200, {"content-type": _PICKLE}, self._frames(items))
+        return StreamedResponse(200, {"content-type": _PICKLE}, self._frames(items, started))
 
-    async def _frames(self, items: Any) -> AsyncIterator[bytes]:
+    async def _frames(self, items: Any, started: float) -> AsyncIterator[bytes]:
         try:
             if inspect.isasyncgen(items):
                 async for item in items:
@@ -447,10 +471,10 @@ class Replica:
                     yield wire.encode_frame(wire.FRAME_ITEM, wire.encode_result(item))
             yield wire.encode_frame(wire.FRAME_END)
         except Exception as exc:
+            self.metrics_recorder.error("", exc)
             yield wire.encode_frame(wire.FRAME_ERROR, wire.encode_error(exc))
         finally:
-            self.ongoing -= 1
-            self.processed += 1
+            self._finish(started, "")
 
     async def _healthz(self) -> HttpResponse:
         if self.draining:

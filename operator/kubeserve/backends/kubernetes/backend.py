@@ -210,6 +210,10 @@ class KubernetesBackend:
             ops = _annotation_ops(current, wanted, (key,))
             await self._json_patch("ServeApplication", current["metadata"]["name"], ops)
 
+    async def metrics(self) -> bytes | None:
+        """None: Prometheus scrapes each proxy and replica pod (their metrics port)."""
+        return None
+
     def internal_routes(self) -> list[web.RouteDef]:
         """None: in a cluster the data plane discovers through the Kubernetes API."""
         return []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -101,6 +102,9 @@ class LocalBackend:
             raise NotFoundError("Application or Deployment not found")
         state.external_target = target_num_replicas
         self.controller.wake()
+
+    async def metrics(self) -> bytes | None:
+        return await asyncio.to_thread(self.controller.metrics_exposition)
 
     def internal_routes(self) -> list[web.RouteDef]:
         return [web.get(wire.SNAPSHOT_PATH, self._snapshot), web.get(wire.LOAD_PATH, self._load)]

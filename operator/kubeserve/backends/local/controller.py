@@ -13,6 +13,7 @@ import contextlib
 import logging
 import logging.handlers
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,13 +23,13 @@ import aiohttp
 from kubeserve.backends.local import processes
 from kubeserve.backends.local.application_state import ApplicationState
 from kubeserve.backends.local.capacity import DEFAULT_START_SLOTS, Capacity, instance_resources
-from kubeserve.backends.local.deployment_state import DeploymentState, ReplicaContext
+from kubeserve.backends.local.deployment_state import DeploymentState, ReplicaContext, metrics_dir
 from kubeserve.backends.local.private_files import private_dir
 from kubeserve.backends.local.proxy_process import ProxyProcess
 from kubeserve.backends.local.snapshot import SnapshotPublisher
 from kubeserve.backends.local.store import DesiredState, Store
 from kubeserve.control import autoscaling
-from kubeserve.runtime import channel, wire
+from kubeserve.runtime import channel, metrics, wire
 from kubeserve.runtime.limits import RequestLimits
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,15 @@ class Controller:
             self._log_handler.close()
             self._log_handler = None
 
+    @property
+    def metrics_dir(self) -> Path:
+        """Where the proxy and the replicas write their samples (``GET /metrics`` merges them)."""
+        return metrics_dir(self.settings.state_dir)
+
+    def metrics_exposition(self) -> bytes:
+        """The Prometheus text of every process of the instance (Ray Serve's metric names)."""
+        return metrics.multiprocess_exposition(str(self.metrics_dir))
+
     def _clean_up_previous_run(self) -> None:
         """Start from a clean slate: a private state directory, no leftover processes or files.
 
@@ -166,6 +176,8 @@ class Controller:
         """
         private_dir(self.settings.state_dir)
         private_dir(self.settings.log_dir)
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)  # counters start again with the run
+        private_dir(self.metrics_dir)
         _kill_orphans(self.settings.state_dir, "left behind by an earlier run of this state dir")
         run_dir = self.settings.run_dir
         if run_dir.is_dir():

@@ -30,7 +30,7 @@ from kubeserve.control import backoff, effective_config, placement
 from kubeserve.control.autoscaling import Direction
 from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
 from kubeserve.control.status_derivation import DeploymentView, ReplicaStateValue, ReplicaView
-from kubeserve.runtime import channel, wire
+from kubeserve.runtime import channel, metrics, wire
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.runtime_env import PreparedEnv
 
@@ -70,6 +70,11 @@ class ReplicaProcess:
     proc: asyncio.subprocess.Process | None = None
 
 
+def metrics_dir(state_dir: Path) -> Path:
+    """The metrics directory of the instance whose state directory is ``state_dir``."""
+    return state_dir / "metrics"
+
+
 @dataclass(frozen=True)
 class ReplicaContext:
     """What a deployment needs from its surroundings (shared by every deployment of an instance)."""
@@ -96,8 +101,17 @@ class ReplicaContext:
 
     def child_env(self, extra: Mapping[str, str], python_path: Sequence[str]) -> dict[str, str]:
         """The environment of a child process of this instance (see :mod:`processes`)."""
-        marked = {**extra, processes.INSTANCE_ENV: str(self.state_dir)}
+        marked = {
+            **extra,
+            processes.INSTANCE_ENV: str(self.state_dir),
+            metrics.MULTIPROC_ENV: str(self.metrics_dir),
+        }
         return processes.child_env(marked, python_path, self.base_dir)
+
+    @property
+    def metrics_dir(self) -> Path:
+        """Where the instance's proxy and replicas write their metrics (``GET /metrics``)."""
+        return metrics_dir(self.state_dir)
 
 
 class DeploymentState:
@@ -456,6 +470,7 @@ class DeploymentState:
             if not exited.done():
                 exited.cancel()
             processes.kill_group(proc.pid)  # what the replica started dies with it
+            metrics.mark_process_dead(proc.pid, str(self._ctx.metrics_dir))
         if replica.state == "STOPPING":
             log.info("%s: replica %s stopped (exit code %s)", self._label, replica.replica_id, code)
             return

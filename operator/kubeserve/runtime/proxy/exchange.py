@@ -20,6 +20,7 @@ import asyncio
 import logging
 import math
 import random
+from time import perf_counter
 from typing import TYPE_CHECKING
 
 from kubeserve.control.routes import needs_normalizing, normalize_path
@@ -45,6 +46,8 @@ _BUSY_MAX_WAIT_S = 0.1
 _CRLF = b"\r\n"
 _CONNECTION_KEEP_ALIVE = b"Connection: keep-alive\r\n"
 _JSON = b"application/json"
+#: The status recorded for a request whose client left before its answer (as Ray records it).
+_CLIENT_LEFT = 499
 
 
 class Exchange:
@@ -83,6 +86,10 @@ class Exchange:
     task: asyncio.Task[None] | None = None
     timer: asyncio.TimerHandle | None = None
     attempts = 1
+    #: when the request was routed (``perf_counter``); 0 once its answer was recorded
+    started = 0.0
+    #: the ``route`` label of a request for the proxy's own endpoints
+    own_route = ""
     busy_wait = _BUSY_FIRST_WAIT_S
 
     def __init__(self, client: ClientConnection) -> None:
@@ -118,11 +125,13 @@ class Exchange:
         if self.request_id is None:
             self.request_id = rid = new_request_id()
             self.id_line = b"x-request-id: %s\r\n" % rid
+        self.started = perf_counter()
+        state = self.client.state
+        state.metrics.ongoing.inc()
         if self.refusal is not None:
             status, message = self.refusal
             self.respond_local(status, message, close=True)
             return
-        state = self.client.state
         url = self.url
         query = url.find(b"?")
         path = url if query < 0 else url[:query]
@@ -162,6 +171,7 @@ class Exchange:
     def _internal(self, path: str) -> None:
         """The proxy's own endpoints; replica internals are never reachable from clients."""
         state = self.client.state
+        self.own_route = path
         if path == HEALTHZ_PATH:
             if state.healthy:
                 self.respond_local(200, b"success")
@@ -328,6 +338,7 @@ class Exchange:
         conn = self.upstream
         self.response_done = True
         if conn is not None:
+            self._record(conn.status)
             conn.exchange = None
             self.upstream = None
             # A connection paused for a slow client, or with request bytes unsent, is not reused.
@@ -353,6 +364,7 @@ class Exchange:
         arriving; otherwise the rest of the body is read and dropped, and keep-alive goes on.
         """
         self.response_started = self.response_done = True
+        self._record(status)
         self.pending.clear()
         self.pending_bytes = 0
         self.client.write(
@@ -410,11 +422,26 @@ class Exchange:
 
     def abort(self) -> None:
         """The client left: give back the slot, drop the upstream connection, stop waiting."""
+        self._record(_CLIENT_LEFT)
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
         self._let_go()
         self.response_done = True
+
+    def _record(self, status: int) -> None:
+        """The request's metrics, once: its answer's status, or 499 if the client left first."""
+        started = self.started
+        if not started:
+            return
+        self.started = 0.0
+        state = self.client.state
+        metrics = state.metrics
+        metrics.ongoing.dec()
+        route, application, deployment = state.labels.get(self.key) or (self.own_route, "", "")
+        method = self.method.decode("latin-1")
+        latency_ms = (perf_counter() - started) * 1000.0
+        metrics.record(method, route, application, deployment, status, latency_ms)
 
     def _let_go(self) -> None:
         """Stop waiting for a replica, drop the upstream connection (it may hold a half-written

@@ -15,6 +15,7 @@ from kubeserve.runtime import keepalive
 from kubeserve.runtime.channel import Role
 from kubeserve.runtime.keepalive import IdlePool, PoolSweeper, pool_for
 from kubeserve.runtime.limits import RequestLimits
+from kubeserve.runtime.metrics import ProxyMetrics
 from kubeserve.runtime.proxy.upstream import UpstreamConnection
 from kubeserve.runtime.router import RoutedReplica, Router
 from kubeserve.runtime.wire import Snapshot, deployment_key
@@ -46,12 +47,15 @@ class ProxyState:
         keep_alive_timeout_s: float = 90.0,
         limits: RequestLimits | None = None,
         router: Router | None = None,
+        metrics: ProxyMetrics | None = None,
     ) -> None:
         self.secret = secret  # proves this proxy to replicas (kubeserve.runtime.channel)
         self.limits = limits or RequestLimits()
         self.router = router or Router()
         self.routes = RouteTable()
         self.keys: dict[str, str] = {}  # route_prefix -> deployment key, computed once per snapshot
+        self.labels: dict[str, tuple[str, str, str]] = {}
+        self.metrics = metrics or ProxyMetrics()
         self.route_memo: dict[bytes, str] = {}  # raw path -> deployment key, for this route table
         self.routes_body = b"{}"
         self.healthy = False
@@ -68,6 +72,15 @@ class ProxyState:
         self.routes = RouteTable(snapshot["routes"])
         self.keys = {
             r["route_prefix"]: deployment_key(r["app"], r["deployment"]) for r in self.routes.routes
+        }
+        #: deployment key -> (route, application, deployment): the labels of its requests
+        self.labels = {
+            deployment_key(r["app"], r["deployment"]): (
+                r["route_prefix"],
+                r["app"],
+                r["deployment"],
+            )
+            for r in self.routes.routes
         }
         self.route_memo = {}
         self.routes_body = json.dumps(self.routes.prefixes()).encode()

@@ -1,0 +1,221 @@
+"""Prometheus metrics of proxies and replicas, with Ray Serve's names, labels and buckets.
+
+Existing Grafana dashboards for Ray Serve read ``ray_serve_num_http_requests_total``,
+``ray_serve_http_request_latency_ms_bucket``, ``ray_serve_deployment_request_counter_total``... by
+``application``, ``deployment``, ``replica`` and ``route``: the same series come out of kubeserve,
+written with ``prometheus_client`` (Ray's counters gain the ``_total`` suffix the same way).
+
+Where they are read:
+
+* ``kubeserve start``: every process of the instance writes its samples to files under
+  ``PROMETHEUS_MULTIPROC_DIR`` (``<state dir>/metrics``, set by the controller for the proxy and
+  the replicas it starts; prometheus_client's multiprocess mode), and the admin API's
+  ``GET /metrics`` merges them (:func:`multiprocess_exposition`). Files of replicas that exited
+  keep their counters (totals never go backwards); their gauges are dropped.
+* Kubernetes: each proxy and replica pod serves its own samples on the metrics port
+  (:mod:`kubeserve.runtime.metrics_listener`).
+
+The hot path pays a dict lookup per request for its labelled children (:class:`_Children`), an
+increment, and a histogram observation; nothing is formatted until a scrape.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import multiprocess as _multiprocess
+
+__all__ = [
+    "LATENCY_BUCKETS_MS",
+    "MULTIPROC_ENV",
+    "ProxyMetrics",
+    "ReplicaMetrics",
+    "exposition",
+    "mark_process_dead",
+    "multiprocess_exposition",
+]
+
+#: Where a process of ``kubeserve start`` writes its samples (prometheus_client's variable).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+#: Ray Serve's ``DEFAULT_LATENCY_BUCKET_MS``: request latencies from 1 ms to 10 minutes.
+LATENCY_BUCKETS_MS: tuple[float, ...] = (
+    1, 2, 5, 10, 20, 50, 100, 200, 300, 400, 500, 1000, 2000, 5000, 10000, 60000, 120000, 300000,
+    600000,
+)  # fmt: skip
+
+
+#: Metric families of this process by name: created once, shared by every proxy state and
+#: replica object of the process (a second registration of a name is an error).
+_FAMILIES: dict[str, Any] = {}
+
+
+def _family(kind: Any, name: str, documentation: str, labels: tuple[str, ...], **kw: Any) -> Any:
+    family = _FAMILIES.get(name)
+    if family is None:
+        family = _FAMILIES[name] = kind(name, documentation, labels, **kw)
+    return family
+
+
+class _Children:
+    """The labelled children of one metric, cached by their label values."""
+
+    __slots__ = ("_cache", "_metric")
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._cache: dict[tuple[str, ...], Any] = {}
+
+    def get(self, *values: str) -> Any:
+        child = self._cache.get(values)
+        if child is None:
+            child = self._cache[values] = self._metric.labels(*values)
+        return child
+
+
+class ProxyMetrics:
+    """What Ray Serve's HTTP proxy records, per request, from the proxy's point of view."""
+
+    def __init__(self, node_id: str = "") -> None:
+        self.requests = _Children(
+            _family(
+                Counter,
+                "ray_serve_num_http_requests",
+                "The number of HTTP requests processed.",
+                ("route", "method", "application", "status_code"),
+            )
+        )
+        self.errors = _Children(
+            _family(
+                Counter,
+                "ray_serve_num_http_error_requests",
+                "The number of errored HTTP responses.",
+                ("route", "error_code", "method", "application"),
+            )
+        )
+        self.deployment_errors = _Children(
+            _family(
+                Counter,
+                "ray_serve_num_deployment_http_error_requests",
+                "The number of errored HTTP responses returned by each deployment.",
+                ("deployment", "error_code", "method", "route", "application"),
+            )
+        )
+        self.latency = _Children(
+            _family(
+                Histogram,
+                "ray_serve_http_request_latency_ms",
+                "The end-to-end latency of HTTP requests (measured from the Serve HTTP proxy).",
+                ("method", "route", "application", "status_code"),
+                buckets=LATENCY_BUCKETS_MS,
+            )
+        )
+        node = node_id or socket.gethostname()
+        self.ongoing = _family(
+            Gauge,
+            "ray_serve_num_ongoing_http_requests",
+            "The number of ongoing requests in this HTTP proxy.",
+            ("node_id", "node_ip_address"),
+            multiprocess_mode="livesum",
+        ).labels(node, os.environ.get("KUBESERVE_POD_IP", "127.0.0.1"))
+
+    def record(
+        self,
+        method: str,
+        route: str,
+        application: str,
+        deployment: str,
+        status: int,
+        latency_ms: float,
+    ) -> None:
+        """One answered request (``route``: the application's route prefix, or the path of
+        the proxy's own endpoints; empty names when no route matched)."""
+        code = str(status)
+        self.requests.get(route, method, application, code).inc()
+        self.latency.get(method, route, application, code).observe(latency_ms)
+        if status >= 400:
+            self.errors.get(route, code, method, application).inc()
+            self.deployment_errors.get(deployment, code, method, route, application).inc()
+
+
+class ReplicaMetrics:
+    """What a Ray Serve replica records: requests, errors, latency, queries in flight, starts."""
+
+    def __init__(
+        self,
+        application: str,
+        deployment: str,
+        replica: str,
+    ) -> None:
+        who = ("application", "deployment", "replica")
+        self._who = (application, deployment, replica)
+        self.requests = _Children(
+            _family(
+                Counter,
+                "ray_serve_deployment_request_counter",
+                "The number of queries that have been processed in this replica.",
+                (*who, "route"),
+            )
+        )
+        self.errors = _Children(
+            _family(
+                Counter,
+                "ray_serve_deployment_error_counter",
+                "The number of exceptions that have occurred in this replica.",
+                (*who, "route", "exception_type"),
+            )
+        )
+        self.latency = _Children(
+            _family(
+                Histogram,
+                "ray_serve_deployment_processing_latency_ms",
+                "The latency for queries to be processed.",
+                (*who, "route"),
+                buckets=LATENCY_BUCKETS_MS,
+            )
+        )
+        self.processing = _family(
+            Gauge,
+            "ray_serve_replica_processing_queries",
+            "The current number of queries being processed.",
+            who,
+            multiprocess_mode="livesum",
+        ).labels(*self._who)
+        _family(
+            Counter,
+            "ray_serve_deployment_replica_starts",
+            "The number of times this replica has been restarted due to failure.",
+            who,
+        ).labels(*self._who).inc()
+
+    def done(self, route: str, latency_ms: float) -> None:
+        """One request or handle call finished."""
+        self.requests.get(*self._who, route).inc()
+        self.latency.get(*self._who, route).observe(latency_ms)
+
+    def error(self, route: str, exception: BaseException) -> None:
+        """The user code raised ``exception`` for a request or handle call."""
+        self.errors.get(*self._who, route, type(exception).__name__).inc()
+
+
+def exposition(registry: CollectorRegistry | None = None) -> bytes:
+    """The Prometheus text exposition of this process's metrics."""
+    from prometheus_client import REGISTRY
+
+    return generate_latest(registry or REGISTRY)
+
+
+def multiprocess_exposition(directory: str) -> bytes:
+    """The samples every process wrote under ``directory``, merged (the admin API's
+    ``GET /metrics`` of ``kubeserve start``)."""
+    registry = CollectorRegistry()
+    _multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    return generate_latest(registry)
+
+
+def mark_process_dead(pid: int, directory: str) -> None:
+    """Drop the gauges of an exited process (its counters stay: totals never go backwards)."""
+    _multiprocess.mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]

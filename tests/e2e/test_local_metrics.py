@@ -1,0 +1,95 @@
+"""``GET /metrics`` of ``kubeserve start``: Ray Serve's metric names and labels, real counts.
+
+Requests go through the real proxy to real replicas; the admin API merges what every process of
+the instance wrote (prometheus_client's multiprocess mode); the exposition is read with
+prometheus_client's own parser, as Prometheus would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from support.common import http, wait_for
+from support.kubeserve import Kubeserve
+
+ECHO = {"name": "echo", "route_prefix": "/echo", "import_path": "ks_echo_app:app"}
+
+
+def scrape(ks: Kubeserve) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """sample name -> [(labels, value)] of the admin API's ``GET /metrics``."""
+    status, text = http("GET", f"{ks.api}/metrics")
+    assert status == 200, text
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def value(samples: dict[str, Any], name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    return sum(
+        v for have, v in samples.get(name, []) if all(have.get(k) == x for k, x in labels.items())
+    )
+
+
+def test_requests_errors_and_latency_are_counted_with_rays_names(
+    clean_kubeserve: Kubeserve,
+) -> None:
+    ks = clean_kubeserve
+    assert ks.put([ECHO])[0] == 200
+    ks.wait_app("echo")
+    for _ in range(5):
+        assert http("GET", f"{ks.proxy}/echo/str")[0] == 200
+    for _ in range(2):
+        assert http("GET", f"{ks.proxy}/echo/boom")[0] == 500
+    assert http("GET", f"{ks.proxy}/nowhere")[0] == 404
+
+    ok = {"route": "/echo", "application": "echo", "method": "GET"}
+    samples = wait_for(
+        lambda: (
+            (s := scrape(ks))
+            and value(s, "ray_serve_num_http_requests_total", status_code="500", **ok) == 2
+            and s
+        ),
+        10,
+        what="the proxy's counts in /metrics",
+    )
+    assert value(samples, "ray_serve_num_http_requests_total", status_code="200", **ok) == 5
+    assert value(samples, "ray_serve_num_http_requests_total", status_code="404", route="") == 1
+    assert value(samples, "ray_serve_num_http_error_requests_total", error_code="500", **ok) == 2
+    assert (
+        value(
+            samples,
+            "ray_serve_num_deployment_http_error_requests_total",
+            deployment="Echo",
+            error_code="500",
+            **ok,
+        )
+        == 2
+    )
+    latency = "ray_serve_http_request_latency_ms"
+    assert value(samples, f"{latency}_count", status_code="200", **ok) == 5
+    assert value(samples, f"{latency}_bucket", status_code="200", le="+Inf", **ok) == 5
+    assert value(samples, f"{latency}_bucket", status_code="200", le="600000.0", **ok) == 5
+
+    replica = {"application": "echo", "deployment": "Echo", "route": "/echo"}
+    assert value(samples, "ray_serve_deployment_request_counter_total", **replica) == 7
+    assert (
+        value(
+            samples,
+            "ray_serve_deployment_error_counter_total",
+            exception_type="ValueError",
+            **replica,
+        )
+        == 2
+    )
+    assert value(samples, "ray_serve_deployment_processing_latency_ms_count", **replica) == 7
+    replicas = len(ks.replica_pids("echo", "Echo"))
+    assert (
+        value(samples, "ray_serve_deployment_replica_starts_total", deployment="Echo") == replicas
+    )
+    assert value(samples, "ray_serve_replica_processing_queries", deployment="Echo") == 0
+    assert value(samples, "ray_serve_num_ongoing_http_requests") == 0

@@ -47,6 +47,7 @@ from kubeserve.runtime.build import format_user_error, load_application
 from kubeserve.runtime.kubernetes import replica as kubernetes_replica
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.metrics import ReplicaMetrics
+from kubeserve.runtime.metrics_listener import start_metrics_listener
 from kubeserve.runtime.replica_asgi import (
     Lifespan,
     http_scope,
@@ -664,6 +665,7 @@ async def serve_replica(
     """
     loop = asyncio.get_running_loop()
     probe = await _start_probe_listener(config, host)
+    metrics_port = await start_metrics_listener(host, secret)
     client = await _start_handle_transport(controller_url, secret)
     try:
         replica = Replica(
@@ -709,6 +711,8 @@ async def serve_replica(
             await client.close()
         if probe is not None:
             await probe.close()
+        if metrics_port is not None:
+            await metrics_port.close()
 
 
 async def _start_probe_listener(

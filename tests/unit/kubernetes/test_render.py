@@ -694,12 +694,22 @@ def test_replica_port_admits_only_the_instances_pods_and_the_operator() -> None:
     assert not admitted(replicas, 8000, build, "serving")
     assert not admitted(replicas, 8000, {"app": "curl"}, "serving")
     assert not admitted(replicas, 8000, proxy_labels, "elsewhere")
-    # kubelet probes come from anywhere, to the probe port only
+    # kubelet probes come from anywhere, to the probe port; Prometheus to the metrics port (its
+    # token is checked there); nothing else
     assert admitted(replicas, 8081, {}, "anywhere")
-    assert [p["containerPort"] for p in main_container(workload())["ports"]] == [8000, 8081]
+    assert admitted(replicas, 8082, {}, "anywhere")
+    assert not admitted(replicas, 9000, {}, "anywhere")
+    ports = main_container(workload())["ports"]
+    assert [(p["name"], p["containerPort"]) for p in ports] == [
+        ("http", 8000),
+        ("probe", 8081),
+        ("metrics", 8082),
+    ]
     assert replica_pod["containers"][0]["readinessProbe"]["httpGet"]["port"] == "probe"
-    # the proxy port is open to everyone (the proxy refuses internal paths itself)
+    # the proxy port is open to everyone (the proxy refuses internal paths itself), and its
+    # metrics port (behind the metrics token)
     assert admitted(proxies, 8000, {}, "anywhere")
+    assert admitted(proxies, 8082, {}, "anywhere")
 
 
 def test_no_proxy_policy_without_proxies() -> None:
@@ -712,7 +722,8 @@ def test_proxy_policy_follows_the_http_port() -> None:
     inst = instance(proxyLocation="EveryNode", httpOptions={"port": 9000})
     _, proxies = render.render_instance_network_policies(inst, "ops")
     assert proxies["metadata"]["name"] == "default-proxies"
-    assert proxies["spec"]["ingress"] == [{"ports": [{"port": 9000, "protocol": "TCP"}]}]
+    ports = [{"port": 9000, "protocol": "TCP"}, {"port": 8082, "protocol": "TCP"}]
+    assert proxies["spec"]["ingress"] == [{"ports": ports}]
 
 
 def test_builder_args_and_route_prefix_reach_the_build_and_the_replicas() -> None:
@@ -727,3 +738,22 @@ def test_builder_args_and_route_prefix_reach_the_build_and_the_replicas() -> Non
         env(main_container(workload()))["KUBESERVE_REPLICA_CONFIG"].replace("$(", "(")
     )
     assert "app_args" not in plain and "route_prefix" not in plain
+
+
+def test_proxy_and_replica_pods_tell_prometheus_where_their_metrics_are() -> None:
+    """Scrape annotations, a ``metrics`` container port and the variable that turns it on; the
+    token Secret holds only the derived token, never the data-plane secret."""
+    inst = instance()
+    proxy_workload = render.render_proxy(inst)[0]
+    for template in (proxy_workload["spec"]["template"], workload()["spec"]["template"]):
+        assert template["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+        assert template["metadata"]["annotations"]["prometheus.io/port"] == "8082"
+        assert template["metadata"]["annotations"]["prometheus.io/path"] == "/metrics"
+        main = template["spec"]["containers"][0]
+        assert {"name": "metrics", "containerPort": 8082, "protocol": "TCP"} in main["ports"]
+        env = {e["name"]: e.get("value") for e in main["env"]}
+        assert env["KUBESERVE_METRICS_PORT"] == "8082"
+    secret = render.render_metrics_token_secret(inst, "t0k3n")
+    assert secret["metadata"]["name"] == "default-metrics-token"
+    assert secret["data"] == {"token": base64.b64encode(b"t0k3n").decode()}
+    assert secret["immutable"] is True

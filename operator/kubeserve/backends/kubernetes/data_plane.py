@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import functools
 import json
 import logging
@@ -25,6 +26,7 @@ from kubeserve.control import effective_config
 from kubeserve.runtime import channel, wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import Kube, KubeConflict, KubeError
+from kubeserve.runtime.metrics_listener import metrics_token
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +74,22 @@ class DataPlane:
         secret = _secret_value(obj)
         if secret is None:
             raise KubeError(500, "InvalidSecret", f"Secret {namespace}/{name} holds no valid key")
+        await self._publish_metrics_token(instance, secret)
         self._secrets[meta["uid"]] = secret
         return secret
+
+    async def _publish_metrics_token(self, instance: dict[str, Any], secret: bytes) -> None:
+        """Create the Secret holding the bearer token of the instance's metrics ports (what
+        Prometheus presents) when it is missing."""
+        namespace = instance["metadata"]["namespace"]
+        name = contract.metrics_token_secret_name(instance["metadata"]["name"])
+        if await self.kube.get("Secret", namespace, name) is not None:
+            return
+        wanted = render.render_metrics_token_secret(
+            render.instance_view(instance), metrics_token(secret)
+        )
+        with contextlib.suppress(KubeConflict):  # created meanwhile
+            await self.kube.create("Secret", namespace, wanted)
 
     def forget_secret(self, instance_uid: str) -> None:
         """Read the Secret again next time (a replica refused the cached one)."""

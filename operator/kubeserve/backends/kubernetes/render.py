@@ -64,6 +64,7 @@ from kubeserve.backends.kubernetes.render_pod import (
 from kubeserve.backends.kubernetes.render_proxy import (
     render_data_plane_secret,
     render_dataplane_rbac,
+    render_metrics_token_secret,
     render_network_policies,
     render_proxy,
 )
@@ -107,6 +108,7 @@ __all__ = [
     "render_data_plane_secret",
     "render_dataplane_rbac",
     "render_instance_network_policies",
+    "render_metrics_token_secret",
     "render_network_policies",
     "render_proxy",
     "render_replica_service",
@@ -205,6 +207,7 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
         "ports": [
             {"name": "http", "containerPort": REPLICA_PORT, "protocol": "TCP"},
             {"name": "probe", "containerPort": PROBE_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": contract.METRICS_PORT, "protocol": "TCP"},
         ],
         "resources": resources(options),
         **_replica_probes(deployment.config),
@@ -214,6 +217,7 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
         APPLICATION_ENV: app.cr_name,
         INSTANCE_ENV: instance.name,
         DISCOVERY_ENV: DISCOVERY_KUBERNETES,
+        contract.METRICS_PORT_ENV: str(contract.METRICS_PORT),
     }
     fields: Manifest = {
         "terminationGracePeriodSeconds": math.ceil(
@@ -247,7 +251,7 @@ def render_replica_workload(
     name, labels, selector = _replica_identity(instance, app, deployment)
     version = {contract.VERSION_ANNOTATION: deployment.version}
     template = {
-        "metadata": {"labels": labels, "annotations": version},
+        "metadata": {"labels": labels, "annotations": {**version, **contract.SCRAPE_ANNOTATIONS}},
         "spec": _replica_pod(instance, app, deployment),
     }
     spec: Manifest = {

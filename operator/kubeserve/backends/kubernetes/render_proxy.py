@@ -49,6 +49,7 @@ __all__ = [
     "DATAPLANE_RULES",
     "render_data_plane_secret",
     "render_dataplane_rbac",
+    "render_metrics_token_secret",
     "render_network_policies",
     "render_proxy",
 ]
@@ -84,13 +85,17 @@ def _proxy_command(instance: InstanceView) -> list[str]:
 
 def _proxy_container(instance: InstanceView) -> Manifest:
     port = int(instance.http_options.port)
-    env = environment({}, {INSTANCE_ENV: instance.name}, [data_plane_secret_env(instance.name)])
+    own = {INSTANCE_ENV: instance.name, contract.METRICS_PORT_ENV: str(contract.METRICS_PORT)}
+    env = environment({}, own, [data_plane_secret_env(instance.name)])
     spec = container(
         "proxy", instance.image, instance.image_pull_policy, _proxy_command(instance), env
     )
     probe: dict[str, Any] = {"httpGet": {"path": wire.HEALTHZ_PATH, "port": port}}
     return spec | {
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": contract.METRICS_PORT, "protocol": "TCP"},
+        ],
         "resources": _PROXY_RESOURCES,
         "readinessProbe": {**probe, "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 2},
         "livenessProbe": {**probe, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
@@ -106,7 +111,7 @@ def render_proxy(instance: InstanceView) -> list[Manifest]:
     selector = contract.selector_labels(contract.COMPONENT_PROXY, instance=instance.name)
     account = contract.dataplane_account_name(instance.name)
     template = {
-        "metadata": {"labels": labels},
+        "metadata": {"labels": labels, "annotations": dict(contract.SCRAPE_ANNOTATIONS)},
         "spec": pod_spec([_proxy_container(instance)], account),
     }
     spec: Manifest = {"selector": {"matchLabels": selector}, "template": template}
@@ -204,6 +209,22 @@ def render_data_plane_secret(instance: InstanceView, value: str) -> Manifest:
     }
 
 
+def render_metrics_token_secret(instance: InstanceView, token: str) -> Manifest:
+    """The Secret holding the bearer token of the instance's metrics ports, for Prometheus
+    (:func:`kubeserve.runtime.metrics_listener.metrics_token` of the data-plane secret: it
+    reveals nothing of that secret). Immutable, like the data-plane Secret it derives from."""
+    labels = contract.common_labels(contract.COMPONENT_PROXY, instance.name)
+    encoded = base64.b64encode(token.encode()).decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(instance, contract.metrics_token_secret_name(instance.name), labels),
+        "type": "Opaque",
+        "immutable": True,
+        "data": {contract.METRICS_TOKEN_KEY: encoded},
+    }
+
+
 def _policy(instance: InstanceView, component: str, ingress: list[Manifest]) -> Manifest:
     labels = contract.common_labels(component, instance.name)
     return {
@@ -233,9 +254,11 @@ def render_network_policies(
       from the operator's pods
       (:data:`~kubeserve.runtime.kubernetes.contract.OPERATOR_POD_LABELS` in
       ``operator_namespace``), which push ``user_config``; the probe port (``probe_port``) from
-      anywhere, for kubelets; nothing else. The handshake already refuses strangers: this keeps
-      them from even connecting.
-    * ``<inst>-proxies`` (when proxies run): the proxy's HTTP port from anywhere.
+      anywhere, for kubelets; the metrics port from anywhere, for Prometheus (it needs the
+      metrics token); nothing else. The handshake already refuses strangers: this keeps them from
+      even connecting.
+    * ``<inst>-proxies`` (when proxies run): the proxy's HTTP port and its metrics port from
+      anywhere.
     """
     peers = {
         "podSelector": {
@@ -262,12 +285,15 @@ def render_network_policies(
         [
             {"ports": [{"port": replica_port, "protocol": "TCP"}], "from": [peers, operator]},
             {"ports": [{"port": probe_port, "protocol": "TCP"}]},
+            {"ports": [{"port": contract.METRICS_PORT, "protocol": "TCP"}]},
         ],
     )
     if instance.proxy_location is ProxyLocation.DISABLED:
         return [replicas]
     port = int(instance.http_options.port)
-    proxies = _policy(
-        instance, contract.COMPONENT_PROXY, [{"ports": [{"port": port, "protocol": "TCP"}]}]
-    )
+    open_ports = [
+        {"port": port, "protocol": "TCP"},
+        {"port": contract.METRICS_PORT, "protocol": "TCP"},
+    ]
+    proxies = _policy(instance, contract.COMPONENT_PROXY, [{"ports": open_ports}])
     return [replicas, proxies]

@@ -56,6 +56,9 @@ __all__ = [
     "MANAGED_BY_LABEL",
     "MANAGED_SELECTOR",
     "MAX_NAME_LENGTH",
+    "METRICS_PORT",
+    "METRICS_PORT_ENV",
+    "METRICS_TOKEN_KEY",
     "NAMESPACE_ENV",
     "NAME_LABEL",
     "OPERATOR_POD_LABELS",
@@ -64,6 +67,7 @@ __all__ = [
     "PROBE_PORT",
     "PRODUCT",
     "REPLICA_PORT",
+    "SCRAPE_ANNOTATIONS",
     "SERVICE_NAME_LABEL",
     "VERSION",
     "VERSION_ANNOTATION",
@@ -77,6 +81,7 @@ __all__ = [
     "dataplane_secret_name",
     "graph_configmap_name",
     "label_value",
+    "metrics_token_secret_name",
     "network_policy_name",
     "owner_reference",
     "proxy_name",
@@ -142,6 +147,18 @@ GRAPH_KEY = "graph.json"
 REPLICA_PORT = 8000
 #: The replica's unauthenticated health listener (container port ``probe``), for the kubelet.
 PROBE_PORT = 8081
+#: Prometheus metrics of a proxy or replica pod (container port ``metrics``; a bearer token,
+#: see :mod:`kubeserve.runtime.metrics_listener`), and the variable that turns it on.
+METRICS_PORT = 8082
+METRICS_PORT_ENV = "KUBESERVE_METRICS_PORT"
+#: The key of the metrics token in the Secret :func:`metrics_token_secret_name`.
+METRICS_TOKEN_KEY = "token"
+#: The annotations of proxy and replica pods that tell Prometheus where their metrics are.
+SCRAPE_ANNOTATIONS = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": str(METRICS_PORT),
+    "prometheus.io/path": "/metrics",
+}
 
 POD_IP_ENV = "KUBESERVE_POD_IP"
 #: The address kubeserve's servers bind to: every address of the pod, so probes, Services and
@@ -277,6 +294,12 @@ def dataplane_secret_name(instance: str) -> str:
     :mod:`kubeserve.runtime.channel`) under :data:`DATA_PLANE_SECRET_KEY`; created by the operator,
     owned by the ``ServeInstance``, read by its proxy and replica pods."""
     return _dns_label((instance, "dataplane", "secret"), exact=True)
+
+
+def metrics_token_secret_name(instance: str) -> str:
+    """The Secret holding the bearer token Prometheus presents to the instance's metrics ports
+    (the data-plane secret itself stays in :func:`dataplane_secret_name`)."""
+    return f"{instance}-metrics-token"
 
 
 def network_policy_name(instance: str, component: str) -> str:

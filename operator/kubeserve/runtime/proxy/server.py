@@ -8,6 +8,7 @@ import logging
 from kubeserve.runtime.discovery import EndpointSource
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.load_report import controller_links
+from kubeserve.runtime.metrics_listener import start_metrics_listener
 from kubeserve.runtime.proxy.client import ClientConnection
 from kubeserve.runtime.proxy.state import ProxyState
 
@@ -103,7 +104,10 @@ async def serve_proxy(
     )
     await server.start()
     log.info("kubeserve proxy listening on %s:%d", host, server.port)
+    metrics_port = await start_metrics_listener(host, secret)
     try:
         await asyncio.Event().wait()
     finally:
         await server.close()
+        if metrics_port is not None:
+            await metrics_port.close()

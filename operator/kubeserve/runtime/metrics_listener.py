@@ -1,0 +1,142 @@
+"""The metrics port of a proxy or replica pod: ``GET /metrics`` for Prometheus, behind a token.
+
+On Kubernetes each proxy and replica pod serves its own samples (:mod:`kubeserve.runtime.metrics`)
+on the container port ``metrics`` (:data:`~kubeserve.runtime.kubernetes.contract.METRICS_PORT`).
+The data-plane port needs the handshake Prometheus cannot do, so this is a second, tiny server that
+can do no harm:
+
+* it answers only ``GET /metrics`` with ``Authorization: Bearer <token>``, the instance's metrics
+  token (:func:`metrics_token`: derived from the data-plane secret, so the pod needs nothing more,
+  and published by the operator in the Secret ``<instance>-metrics-token`` for Prometheus to
+  present); no token or another one is a 401/403, any other request a 404, a head over 8 KiB a
+  431; one answer per connection, request bodies never read;
+* the token never reveals the data-plane secret (an HMAC of it), and the samples hold names and
+  counts, never request contents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import os
+from typing import cast
+
+from kubeserve.runtime.kubernetes.contract import METRICS_PORT_ENV
+from kubeserve.runtime.metrics import exposition
+
+__all__ = ["MetricsListener", "metrics_token", "start_metrics_listener"]
+
+log = logging.getLogger("kubeserve.metrics")
+
+MAX_HEAD_BYTES = 8192
+_READ_TIMEOUT_S = 5.0
+_REASONS = {
+    200: "OK",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    431: "Request Header Fields Too Large",
+}
+_CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+def metrics_token(secret: bytes) -> str:
+    """The bearer token of an instance's metrics ports, from its data-plane ``secret``."""
+    return hmac.new(secret, b"kubeserve metrics token", hashlib.sha256).hexdigest()
+
+
+def _response(status: int, body: bytes, content_type: bytes = b"text/plain") -> bytes:
+    extra = b'WWW-Authenticate: Bearer realm="kubeserve metrics"\r\n' if status == 401 else b""
+    head = (
+        b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%sConnection: close\r\n\r\n"
+    )
+    return head % (status, _REASONS[status].encode(), content_type, len(body), extra) + body
+
+
+class _MetricsProtocol(asyncio.Protocol):
+    """One connection: read the request head, answer, close."""
+
+    def __init__(self, token: bytes) -> None:
+        self._token = token
+        self._buffer = b""
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        self._timer = asyncio.get_running_loop().call_later(_READ_TIMEOUT_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if self._transport is None or self._transport.is_closing():
+            return
+        self._buffer += data
+        head, found, _ = self._buffer.partition(b"\r\n\r\n")
+        if not found:
+            if len(self._buffer) > MAX_HEAD_BYTES:
+                self._answer(_response(431, b"request head too large"))
+            return
+        if len(head) > MAX_HEAD_BYTES:
+            self._answer(_response(431, b"request head too large"))
+            return
+        line, *headers = head.split(b"\r\n")
+        if line not in (b"GET /metrics HTTP/1.1", b"GET /metrics HTTP/1.0"):
+            self._answer(_response(404, b"only GET /metrics is served here"))
+            return
+        given = next(
+            (
+                value.strip()
+                for name, _, value in (h.partition(b":") for h in headers)
+                if name.strip().lower() == b"authorization"
+            ),
+            None,
+        )
+        if given is None:
+            self._answer(_response(401, b"send Authorization: Bearer <the metrics token>"))
+            return
+        scheme, _, token = given.partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self._token):
+            self._answer(_response(403, b"wrong metrics token"))
+            return
+        self._answer(_response(200, exposition(), _CONTENT_TYPE))
+
+    def _answer(self, response: bytes) -> None:
+        assert self._transport is not None
+        self._transport.write(response)
+        self._transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+class MetricsListener:
+    """The metrics port of this process (see the module docstring)."""
+
+    def __init__(self, secret: bytes) -> None:
+        self._token = metrics_token(secret).encode()
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _MetricsProtocol(self._token), host, port, reuse_address=True
+        )
+        log.info("metrics on %s:%d (GET /metrics, bearer token)", host, port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+
+async def start_metrics_listener(host: str, secret: bytes) -> MetricsListener | None:
+    """This pod's metrics port, when the operator gave it one (``KUBESERVE_METRICS_PORT``)."""
+    port = os.environ.get(METRICS_PORT_ENV)
+    if not port:
+        return None
+    listener = MetricsListener(secret)
+    await listener.start(host, int(port))
+    return listener

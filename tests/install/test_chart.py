@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,15 @@ from support.kubeserve_install import (
 )
 
 WATCHED = {"watchNamespaces": ["team-a", "team-b"]}
-METRICS = {"metrics": {"enabled": True, "port": 9090, "serviceMonitor": {"enabled": True}}}
+METRICS = {
+    "metrics": {
+        "enabled": True,
+        "port": 9090,
+        "serviceMonitor": {"enabled": True},
+        "podMonitors": [{"namespace": "apps"}, {"namespace": "ml", "instance": "gpu"}],
+        "grafanaDashboard": {"enabled": True},
+    }
+}
 #: Values that exercise every optional template branch.
 EVERYTHING = {
     **WATCHED,
@@ -103,8 +112,8 @@ def test_every_rendered_object_validates_strictly(any_helm: str, values: dict[st
     objects = rendered_chart(values, helm=any_helm)
     for version in K8S_VERSIONS:
         for obj in objects:
-            if obj["kind"] == "ServiceMonitor":
-                continue  # a prometheus-operator CRD: no Kubernetes schema to check it against
+            if obj["kind"] in ("ServiceMonitor", "PodMonitor"):
+                continue  # prometheus-operator CRDs: no Kubernetes schema to check them against
             validate(obj, version)
 
 
@@ -209,10 +218,41 @@ def test_metrics_port_and_service_monitor(helm: str) -> None:
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
 
 
+def test_pod_monitors_scrape_the_serving_pods_with_their_instances_token(helm: str) -> None:
+    monitors = find(rendered_chart(METRICS, helm=helm), "PodMonitor")
+    assert [(m["metadata"]["namespace"], m["metadata"]["name"]) for m in monitors] == [
+        ("apps", "kubeserve-default"),
+        ("ml", "kubeserve-gpu"),
+    ]
+    (endpoint,) = monitors[1]["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+    token = endpoint["authorization"]["credentials"]
+    assert token == {"name": "gpu-metrics-token", "key": "token"}
+    selector = monitors[1]["spec"]["selector"]
+    assert selector["matchLabels"]["kubeserve.io/instance"] == "gpu"
+
+
+def test_grafana_dashboard_reads_rays_metric_names(helm: str) -> None:
+    (config_map,) = [
+        o for o in find(rendered_chart(METRICS, helm=helm), "ConfigMap") if "grafana" in str(o)
+    ]
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(config_map["data"]["kubeserve-serve.json"])
+    queries = " ".join(t["expr"] for panel in dashboard["panels"] for t in panel["targets"])
+    for name in (
+        "ray_serve_num_http_requests_total",
+        "ray_serve_http_request_latency_ms_bucket",
+        "ray_serve_deployment_processing_latency_ms_bucket",
+        "ray_serve_replica_processing_queries",
+    ):
+        assert name in queries
+
+
 def test_metrics_off_by_default(helm: str) -> None:
     objects = rendered_chart({}, helm=helm)
     assert _flag(operator_container(objects), "metrics-port") is None
     assert not find(objects, "ServiceMonitor")
+    assert not find(objects, "PodMonitor")
 
 
 def test_values_reach_the_pod(helm: str) -> None:

@@ -7,7 +7,11 @@ real runtime (a non-root user, a read-only root file system).
 
 from __future__ import annotations
 
-from support.common import wait_for
+import base64
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from support.common import http, wait_for
 from support.k8s_operator import (
     OperatorProcess,
     hello,
@@ -44,3 +48,37 @@ def test_replica_runs_as_non_root_resolves_cluster_names_and_logs_to_kubectl_log
     assert node.kubectl(*resolve, "pypi.org", check=False).returncode != 0  # nothing forwarded
     logs = wait_for(lambda: node.pod_log(ns, replica), 30, what="the replica's log")
     assert f"replica {replica} listening on" in logs, logs
+
+
+def test_proxy_and_replica_pods_serve_rays_metrics_to_the_token_of_their_secret(
+    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+) -> None:
+    ns = node_namespace
+    url = serve_hello(node, node_operator, ns)
+    for _ in range(3):
+        assert text_answer(url) == "hello, world\n"
+    secret = node.get("secret", "default-metrics-token", ns)
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    wanted = {
+        "proxy": "ray_serve_num_http_requests_total",
+        "replica": "ray_serve_deployment_request_counter_total",
+    }
+    for component, name in wanted.items():
+        pod = ready_pods(node, ns, f"app.kubernetes.io/component={component}")[0]
+        annotations = pod["metadata"]["annotations"]
+        port = annotations["prometheus.io/port"]
+        metrics = f"http://{pod['status']['podIP']}:{port}{annotations['prometheus.io/path']}"
+        assert http("GET", metrics)[0] == 401
+        assert http("GET", metrics, headers={"Authorization": "Bearer wrong"})[0] == 403
+
+        def counted(metrics: str = metrics, name: str = name) -> float:
+            status, text = http("GET", metrics, headers={"Authorization": f"Bearer {token}"})
+            assert status == 200, text
+            return sum(
+                sample.value
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if sample.name == name and sample.labels.get("application") == "hello"
+            )
+
+        assert wait_for(lambda c=counted: c() >= 3, 30, what=f"{name} of the {component}")

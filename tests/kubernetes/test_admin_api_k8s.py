@@ -446,6 +446,14 @@ def test_external_scaler_sets_the_deployments_replicas(
         "deployments", namespace=namespace, selector="app.kubernetes.io/component=replica"
     )
     assert [d["spec"]["replicas"] for d in workload["items"]] == [2]
+    scaled = [
+        e
+        for e in plane.get("events", namespace=namespace)["items"]
+        if e["reason"] == "Scaled" and e["involvedObject"]["kind"] == "ServeApplication"
+    ]
+    assert [(e["type"], e["message"]) for e in scaled] == [
+        ("Normal", "deployment Probe: 1 -> 2 replicas (set by the external scaler)")
+    ]
     missing = f"{api.url}/api/v1/applications/probe/deployments/Nope/scale"
     assert api.http("POST", missing, {"target_num_replicas": 1})[0] == 404
     assert api.http("DELETE", f"{api.url}/api/serve/applications/")[0] == 200

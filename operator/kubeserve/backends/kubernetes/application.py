@@ -119,7 +119,7 @@ class ApplicationReconciler:
             instance_view.target_capacity,
         )
         deployments = await self._reconcile_deployments(
-            instance_view, app_view, app_config, graph, secret, external, capacity
+            obj, instance_view, app_view, app_config, graph, secret, external, capacity
         )
         ingress = str(graph.body["ingress"])
         route_prefix = app_route_prefix(app_config, _node(graph, ingress).get("options", {}))
@@ -131,6 +131,7 @@ class ApplicationReconciler:
 
     async def _reconcile_deployments(
         self,
+        obj: dict[str, Any],
         instance: render.InstanceView,
         app: render.AppView,
         app_config: dict[str, Any],
@@ -161,6 +162,11 @@ class ApplicationReconciler:
             if replicas is None:
                 fixed = effective_config.target_replicas(effective, capacity[0])
                 replicas = external.get(name, fixed)
+            if running_count is not None and replicas != running_count:
+                decision = self._autoscalers.last_decision(scaling_key)
+                why = _scale_reason(decision, name in external)
+                message = f"deployment {name}: {running_count} -> {replicas} replicas ({why})"
+                await cluster.event(obj, "Scaled", message, event_type="Normal")
             deployment = render.deployment_view(app_config, effective, replicas)
             workload = render.render_replica_workload(instance, app, deployment)
             service = render.render_replica_service(instance, app, deployment)
@@ -301,3 +307,12 @@ async def _delete_stale_children(cluster: Cluster, app: render.AppView, wanted: 
         for obj in cluster.cache.objects(kind, app.namespace, labels):
             if f"{kind}/{obj['metadata']['name']}" not in wanted:
                 await cluster.kube.delete(kind, app.namespace, obj["metadata"]["name"])
+
+
+def _scale_reason(decision: dict[str, Any] | None, external: bool) -> str:
+    """Why a deployment's replica count changed, for its ``Scaled`` Event."""
+    if decision is not None:
+        return str(decision["reason"])
+    if external:
+        return "set by the external scaler"
+    return "the application's config (num_replicas or target_capacity)"

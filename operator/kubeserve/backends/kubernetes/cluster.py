@@ -61,8 +61,11 @@ class Cluster:
             obj["kind"], meta["namespace"], meta["name"], {"status": status}, "status"
         )
 
-    async def event(self, obj: dict[str, Any], reason: str, message: str) -> None:
-        """A Warning Event on ``obj`` (``kubectl describe`` and dashboards show it)."""
+    async def event(
+        self, obj: dict[str, Any], reason: str, message: str, event_type: str = "Warning"
+    ) -> None:
+        """An Event on ``obj`` (``kubectl describe`` and dashboards show it): ``Warning`` for
+        failures, ``Normal`` for what the operator did (a scale, say)."""
         meta = obj["metadata"]
         body = {
             "apiVersion": "v1",
@@ -75,7 +78,7 @@ class Cluster:
                 "namespace": meta["namespace"],
                 "uid": meta["uid"],
             },
-            "type": "Warning",
+            "type": event_type,
             "reason": reason,
             "message": message[:1024],
             "source": {"component": "kubeserve-operator"},

@@ -231,7 +231,7 @@ class Replica:
         self._labels = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items())
         #: Ray Serve's replica metrics (requests, errors, latency, queries in flight, starts)
         self.metrics_recorder = ReplicaMetrics(
-            config["app"], config["deployment"], config["replica_id"]
+            config["app"], config["deployment"], config["replica_id"], lambda: self._ongoing
         )
         #: the ``route`` label of HTTP requests (Ray's: the application's route prefix); handle
         #: calls have none
@@ -246,7 +246,7 @@ class Replica:
         now = time.monotonic()
         self._ongoing_area += self._ongoing * (now - self._changed_at)
         self._changed_at, self._ongoing = now, value
-        self.metrics_recorder.processing.set(value)
+        self.metrics_recorder.changed()
 
     def _finish(self, started: float, route: str) -> None:
         """A request or handle call that began at ``started`` (``perf_counter``) is done."""

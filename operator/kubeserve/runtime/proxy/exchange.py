@@ -127,7 +127,7 @@ class Exchange:
             self.id_line = b"x-request-id: %s\r\n" % rid
         self.started = perf_counter()
         state = self.client.state
-        state.metrics.ongoing.inc()
+        state.metrics.in_flight += 1
         if self.refusal is not None:
             status, message = self.refusal
             self.respond_local(status, message, close=True)
@@ -437,7 +437,7 @@ class Exchange:
         self.started = 0.0
         state = self.client.state
         metrics = state.metrics
-        metrics.ongoing.dec()
+        metrics.in_flight -= 1
         route, application, deployment = state.labels.get(self.key) or (self.own_route, "", "")
         method = self.method.decode("latin-1")
         latency_ms = (perf_counter() - started) * 1000.0

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     AfterStart = Callable[[AdminClient, Any], Awaitable[int]]
 from kubeserve.runtime.kubernetes.contract import NAMESPACE_ENV
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
+from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES
 from kubeserve.sdk import ray_namespace
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -198,6 +199,18 @@ def _add_instance_arguments(
         help="GPUs replicas may claim; default: CUDA_VISIBLE_DEVICES, else the NVIDIA GPUs found",
     )
     add_limit_arguments(start)  # the proxy's and the replicas' RequestLimits
+    start.add_argument(
+        "--log-max-bytes",
+        type=_positive_int,
+        default=DEFAULT_LOG_BYTES,
+        help="size at which a replica's or the proxy's log file is rotated (default 16 MiB)",
+    )
+    start.add_argument(
+        "--log-backups",
+        type=_positive_int,
+        default=DEFAULT_LOG_BACKUPS,
+        help="rotated log files kept per replica and proxy (default 4)",
+    )
 
 
 def _add_auth_argument(parser: argparse.ArgumentParser, helptext: str) -> None:
@@ -335,6 +348,7 @@ def _start(args: argparse.Namespace, after_start: AfterStart | None) -> int:
         num_cpus=args.num_cpus,
         num_gpus=args.num_gpus,
         request_limits=limits,
+        log_rotation=(args.log_max_bytes, args.log_backups),
     )
     try:
         backend = LocalBackend(settings)
@@ -514,6 +528,13 @@ async def _client(args: argparse.Namespace) -> int:
     if args.command == "logs":
         return await client.logs(args.app, args.deployment, follow=args.follow, tail=args.tail)
     return await client.show(args.command)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -64,6 +65,10 @@ class Echo:
         if kind == "slow":
             await asyncio.sleep(float(request.query_params.get("s", "1")))
             return "slow done"
+        if kind == "log":  # records of the user's own, at two levels
+            logging.getLogger("ray.serve").debug("debug from user code")
+            logging.getLogger("echo.user").info("info from user code")
+            return "logged"
         if kind == "environ":
             return {"keys": sorted(os.environ)}
         if kind == "inspect":

@@ -46,7 +46,7 @@ AUTOSCALING_DEFAULTS: dict[str, Any] = autoscaling.AUTOSCALING_DEFAULTS
 #: Options that change what a replica process is; changing one replaces the replicas.
 #: ``user_config`` is deliberately absent (applied in place through ``reconfigure``), and so are
 #: the replica count and the router-side limits.
-_PROCESS_FIELDS = ("ray_actor_options",)
+_PROCESS_FIELDS = ("ray_actor_options", "logging_config")
 
 _ALIASES = {
     "max_concurrent_queries": "max_ongoing_requests",
@@ -59,9 +59,16 @@ def _canonical(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def effective_deployment_config(
-    name: str, code_options: Mapping[str, Any], overrides: Mapping[str, Any] | None
+    name: str,
+    code_options: Mapping[str, Any],
+    overrides: Mapping[str, Any] | None,
+    app_logging_config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The full configuration a deployment runs with, every field filled.
+
+    ``logging_config`` follows Ray's precedence: the deployment's in the config, else the
+    application's (``app_logging_config``), else the decorator's; absent when none is given
+    (Ray's defaults). A change of it replaces the replicas, which read it when they start.
 
     ``route_prefix`` is not part of it: routes are an application-level concern (see
     :func:`kubeserve.control.routes`), as in Ray Serve's multi-application model.
@@ -80,6 +87,13 @@ def effective_deployment_config(
     if merged["autoscaling_config"] is not None:
         merged["autoscaling_config"] = {**AUTOSCALING_DEFAULTS, **merged["autoscaling_config"]}
         merged["num_replicas"] = None
+    logging_config = (
+        (overrides or {}).get("logging_config")
+        or app_logging_config
+        or code_options.get("logging_config")
+    )
+    if logging_config:
+        merged["logging_config"] = dict(logging_config)
     return {"name": name, **merged}
 
 

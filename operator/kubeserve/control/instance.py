@@ -5,9 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kubeserve.schema.config import LoggingConfig
+
 #: Instance options that cannot change while the serving layer runs (to change them: shut down,
 #: then deploy again).
 _IMMUTABLE_HTTP_FIELDS = ("host", "port")
+
+
+def proxy_logging_config(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The serve config's top-level ``logging_config`` (the proxies'), Ray's defaults filled."""
+    return LoggingConfig.model_validate(options.get("logging_config") or {}).model_dump(mode="json")
 
 
 def immutable_option_conflict(
@@ -28,6 +35,12 @@ def immutable_option_conflict(
                 f"({old.get(field)!r} -> {new.get(field)!r}): "
                 "DELETE it first, then PUT the new config"
             )
+    if proxy_logging_config(running) != proxy_logging_config(requested):
+        return (
+            "logging_config of a running serving layer (its proxy's logging) cannot change: "
+            "DELETE it first, then PUT the new config; an application's or a deployment's "
+            "logging_config can change at any time"
+        )
     return None
 
 

@@ -70,6 +70,7 @@ from kubeserve.runtime.wire import (
     deployment_key,
     encode_call,
 )
+from kubeserve.sdk import context
 from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
 
 _UNSERVED = UNSERVED_HEADER.encode()
@@ -258,7 +259,7 @@ class HandleClient:
             raise RuntimeError("HandleClient call before start()")
         key = deployment_key(app, deployment)
         # Encoded first: arguments that cannot be pickled must not leave a slot taken.
-        payload = encode_call(args, kwargs, {"model_id": model_id} if model_id else None)
+        payload = encode_call(args, kwargs, _call_options(model_id))
         # Fast path: a free slot needs no waiter future and no timer.
         replica = self.router.try_assign(key) or await self._assign(key)
         return key, replica, payload
@@ -454,3 +455,15 @@ class _StreamConnection(KeepAliveConnection):
             self.queue.put_nowait((FRAME_ERROR, body))
         else:
             self.queue.put_nowait((b"", f"answered {self.status}: {body[:200]!r}".encode()))
+
+
+def _call_options(model_id: str) -> dict[str, str] | None:
+    """What a call carries besides its arguments: the multiplexed model, and the id of the
+    request being served here, so the callee's log records name the request that caused them."""
+    options: dict[str, str] = {}
+    if model_id:
+        options["model_id"] = model_id
+    current = context.request_context.get()
+    if current is not None and current.request_id:
+        options["request_id"] = current.request_id
+    return options or None

@@ -42,10 +42,11 @@ from typing import Any
 
 import uvloop
 
-from kubeserve.runtime import channel, local_socket, replica_probe, wire
+from kubeserve.runtime import channel, local_socket, logs, replica_probe, wire
 from kubeserve.runtime.build import format_user_error, load_application
 from kubeserve.runtime.kubernetes import replica as kubernetes_replica
 from kubeserve.runtime.limits import RequestLimits
+from kubeserve.runtime.logs import ACCESS_LOGGER, access_message
 from kubeserve.runtime.metrics import ReplicaMetrics
 from kubeserve.runtime.metrics_listener import start_metrics_listener
 from kubeserve.runtime.replica_asgi import (
@@ -72,6 +73,7 @@ from kubeserve.sdk.ingress import asgi_app_of
 from kubeserve.sdk.multiplex import MODEL_ID_HEADER
 
 log = logging.getLogger("kubeserve.replica")
+_access_log = logging.getLogger(ACCESS_LOGGER)
 
 _PICKLE = "application/octet-stream"
 #: Ray Serve's switch for running sync deployment methods on worker threads: on by default, as in
@@ -229,6 +231,8 @@ class Replica:
             "replica": config["replica_id"],
         }
         self._labels = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items())
+        #: Ray's ``logging_config.enable_access_log``: an access line per request and call
+        self.access_log = True
         #: Ray Serve's replica metrics (requests, errors, latency, queries in flight, starts)
         self.metrics_recorder = ReplicaMetrics(
             config["app"], config["deployment"], config["replica_id"], lambda: self._ongoing
@@ -248,11 +252,18 @@ class Replica:
         self._changed_at, self._ongoing = now, value
         self.metrics_recorder.changed()
 
-    def _finish(self, started: float, route: str) -> None:
-        """A request or handle call that began at ``started`` (``perf_counter``) is done."""
+    def _finish(
+        self, started: float, route: str, access: tuple[str, str, int | str] | None = None
+    ) -> None:
+        """A request or handle call that began at ``started`` (``perf_counter``) is done;
+        ``access``: its method, route and status for the access line (Ray's ``GET /route 200
+        1.2ms``, or ``CALL method OK``), unless ``logging_config.enable_access_log`` is off."""
         self.ongoing -= 1
         self.processed += 1
-        self.metrics_recorder.done(route, (time.perf_counter() - started) * 1000.0)
+        latency_ms = (time.perf_counter() - started) * 1000.0
+        self.metrics_recorder.done(route, latency_ms)
+        if access is not None and self.access_log:
+            _access_log.info(access_message(*access, latency_ms))
 
     def ongoing_area(self) -> float:
         """Request-seconds served so far (the integral of ``ongoing``), up to now."""
@@ -266,19 +277,21 @@ class Replica:
             return _at_capacity()
         self.ongoing += 1
         started = time.perf_counter()
+        status = 500
         streaming = False
         try:
             response = await self._user_http(request, started)
             streaming = isinstance(response, StreamedResponse)
+            status = response.status
             return response
         finally:
             if not streaming:  # a stream is counted until its last chunk (see _stream)
-                self._finish(started, self._route)
+                self._finish(started, self._route, (request.method, self._route, status))
 
     async def _user_http(
         self, request: HttpRequest, started: float
     ) -> HttpResponse | StreamedResponse:
-        _enter_request(request)
+        _enter_request(request, self._route)
         if self._asgi is not None:
             return await self._asgi_http(self._asgi, request, started)
         if self._http_target is None:
@@ -363,7 +376,9 @@ class Replica:
                 raise
             finally:
                 await chunks.aclose()
-                self._finish(started, self._route)
+                self._finish(
+                    started, self._route, (request.method, self._route, response.status_code)
+                )
 
         return StreamedResponse(response.status_code, response.headers, body())
 
@@ -379,10 +394,14 @@ class Replica:
                 return _at_capacity()
             self.ongoing += 1
             started = time.perf_counter()
+            method_name = path[len(wire.CALL_PREFIX) :]
+            outcome = "ERROR"
             try:
-                return await self._call(request, path[len(wire.CALL_PREFIX) :])
+                answer = await self._call(request, method_name)
+                outcome = "OK" if answer.status == 200 else "ERROR"
+                return answer
             finally:
-                self._finish(started, "")
+                self._finish(started, "", ("CALL", method_name, outcome))
         if path.startswith(wire.STREAM_PREFIX):
             if request.method != "POST":
                 return HttpResponse(405, b"handle calls use POST")
@@ -553,21 +572,27 @@ async def _let_callers_leave(server: ReplicaHttpServer) -> None:
         await asyncio.sleep(0.02)
 
 
-def _enter_request(request: HttpRequest) -> None:
-    """Make the request's multiplexed model id visible to ``get_multiplexed_model_id()`` (each
-    request runs in its own context copy, so this never leaks into another request)."""
+def _enter_request(request: HttpRequest, route: str) -> None:
+    """Make the request's id, route and multiplexed model id visible to the user's code, its log
+    records and the handle calls it makes (each request runs in its own context copy, so this
+    never leaks into another request)."""
+    model_id = ""
     for name, value in request.headers:
         if len(name) == len(MODEL_ID_HEADER) and name.lower() == MODEL_ID_HEADER:
-            context.request_context.set(
-                context.RequestContext(request.request_id, multiplexed_model_id=value)
-            )
-            return
+            model_id = value
+            break
+    context.request_context.set(
+        context.RequestContext(request.request_id, multiplexed_model_id=model_id, route=route)
+    )
 
 
 def _enter_call(options: dict[str, Any]) -> None:
-    model_id = options.get("model_id")
-    if model_id:
-        context.request_context.set(context.RequestContext(multiplexed_model_id=str(model_id)))
+    """The same for a handle call: the caller's request id and multiplexed model id."""
+    request_id, model_id = options.get("request_id"), options.get("model_id")
+    if request_id or model_id:
+        context.request_context.set(
+            context.RequestContext(str(request_id or ""), multiplexed_model_id=str(model_id or ""))
+        )
 
 
 def _shutting_down() -> HttpResponse:
@@ -617,12 +642,17 @@ async def _start_handle_transport(controller_url: str | None, secret: bytes) -> 
     return client
 
 
-def _apply_logging_config(logging_config: dict[str, Any] | None) -> None:
-    """Ray's ``logging_config.log_level`` sets the level of the replica's loggers."""
-    if logging_config and logging_config.get("log_level"):
-        level = str(logging_config["log_level"]).upper()
-        logging.getLogger().setLevel(level)
-        logging.getLogger("ray.serve").setLevel(level)
+def configure_logging(
+    config: wire.ReplicaConfig,
+    logging_config: dict[str, Any] | None,
+    output: logging.Handler | None = None,
+) -> None:
+    """Ray's ``logging_config`` on this replica's records: Ray's line format (or JSON), the
+    level, the access lines; the replica's and the current request's fields on every record."""
+    component = logs.ComponentLog(
+        "replica", config["deployment"], config["replica_id"], config["app"], config["deployment"]
+    )
+    logs.configure(logs.LogSettings(logging_config), component, output)
 
 
 async def _start_user_code(config: wire.ReplicaConfig) -> UserCode:
@@ -632,7 +662,9 @@ async def _start_user_code(config: wire.ReplicaConfig) -> UserCode:
         if kubernetes_replica.in_cluster():  # the pod template never carries user_config
             overridden, value = await kubernetes_replica.user_config_override(config["deployment"])
             user_config = value if overridden else node.deployment.code_options.get("user_config")
-        _apply_logging_config(node.deployment.code_options.get("logging_config"))
+        if "logging_config" not in config and node.deployment.code_options.get("logging_config"):
+            # the decorator's, when the config gives none
+            configure_logging(config, node.deployment.code_options["logging_config"])
         user = await UserCode.construct(node, config["app"], config["replica_id"])
         await user.reconfigure(user_config)
     except ReplicaStartupError:
@@ -671,6 +703,7 @@ async def serve_replica(
         replica = Replica(
             config, await _start_user_code(config), sync_in_threadpool=sync_in_threadpool
         )
+        replica.access_log = logs.active().access_log
         if replica.lifespan is not None:
             try:
                 await replica.lifespan.startup()
@@ -744,11 +777,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     options = parser.parse_args(argv)
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
     config_file = os.environ.get(wire.REPLICA_CONFIG_FILE_ENV)
     source = config_file or wire.REPLICA_CONFIG_ENV
     try:
@@ -759,6 +787,11 @@ def main(argv: list[str] | None = None) -> int:
             config = json.loads(os.environ[wire.REPLICA_CONFIG_ENV])
     except (KeyError, ValueError, OSError) as exc:
         print(f"replica: no valid config in {source}: {_error_text(exc)}", file=sys.stderr)
+        return 1
+    try:
+        configure_logging(config, config.get("logging_config"), logs.output_from_environment())
+    except (OSError, ValueError) as exc:
+        print(f"replica: cannot set up its log: {_error_text(exc)}", file=sys.stderr)
         return 1
     controller_url = os.environ.get(wire.CONTROLLER_URL_ENV) or None
     sync_in_threadpool = os.environ.get(SYNC_IN_THREADPOOL_ENV, "1") != "0"

@@ -129,6 +129,9 @@ class ReplicaConfig(TypedDict):
     #: The application's route prefix: an ASGI ingress sees it as ``root_path``, as in Ray Serve
     #: (absent or "/": none).
     route_prefix: NotRequired[str | None]
+    #: Ray's ``logging_config`` in force for the deployment (the deployment's, else the
+    #: application's; absent: the decorator's, else Ray's defaults)
+    logging_config: NotRequired[dict[str, Any]]
 
 
 class QueueLimits(TypedDict, total=False):

@@ -61,7 +61,6 @@ _PLACEMENT_GROUPS = refused(
     "placement groups are a Ray cluster scheduling feature kubeserve does not have; give each "
     "replica's resources in ray_actor_options instead"
 )
-_LOG_FORMAT = "log records are written as text at the level the process was started with"
 _ROUTER = (
     "kubeserve's router is power of two choices on in-flight requests; custom routers are not "
     "supported"
@@ -73,18 +72,17 @@ _RUNTIME_ENV_PACKAGES = (
 )
 
 _LOGGING = {
-    "encoding": refused(f"only TEXT encoding is supported: {_LOG_FORMAT}", "TEXT"),
-    "log_level": refused(f"only INFO is supported: {_LOG_FORMAT}", "INFO"),
+    "encoding": works(
+        "TEXT (Ray's line format) or JSON (Ray's keys) for replicas; the top level sets the "
+        "proxy's (kubeserve start)"
+    ),
+    "log_level": works("the level of the replica's (or proxy's) loggers, the user's included"),
     "logs_dir": refused(
         "logs are written under the state directory (kubeserve start) or to the container's "
         "output (Kubernetes); another directory is not supported"
     ),
-    "enable_access_log": partial(
-        "access log lines are not written yet; true (Ray's default) and false are both accepted"
-    ),
-    "additional_log_standard_attrs": refused(
-        f"extra log record attributes are not supported: {_LOG_FORMAT}", None, []
-    ),
+    "enable_access_log": works("an access line per request at proxies and replicas"),
+    "additional_log_standard_attrs": works("standard record attributes added to each line"),
 }
 
 _RUNTIME_ENV = {
@@ -122,7 +120,10 @@ SUPPORT: dict[str, Support] = {
     "ServeDeploySchema.http_options": works(),
     "ServeDeploySchema.grpc_options": works(),
     "ServeDeploySchema.controller_options": works(),
-    "ServeDeploySchema.logging_config": works(),
+    "ServeDeploySchema.logging_config": partial(
+        "the proxy's logging, fixed while the serving layer runs (a change is a 409); on "
+        "Kubernetes only Ray's defaults (a 400 otherwise)"
+    ),
     "ServeDeploySchema.tracing_config": works(),
     "ServeDeploySchema.target_capacity": works(
         "scales every deployment's replica count by the percentage"

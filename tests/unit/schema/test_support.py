@@ -71,8 +71,7 @@ REFUSED = {
     "http_options.root_path": {"http_options": {"root_path": "/api"}},
     "grpc_options.grpc_servicer_functions": {"grpc_options": {"grpc_servicer_functions": ["a.b"]}},
     "tracing_config.enabled": {"tracing_config": {"enabled": True}},
-    "logging_config.encoding": {"logging_config": {"encoding": "JSON"}},
-    "logging_config.log_level": {"logging_config": {"log_level": "DEBUG"}},
+    "logging_config.logs_dir": {"logging_config": {"logs_dir": "/var/log/serve"}},
     "controller_options.runtime_env": {"controller_options": {"runtime_env": {"env_vars": {}}}},
 }
 

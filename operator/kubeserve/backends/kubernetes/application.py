@@ -149,7 +149,7 @@ class ApplicationReconciler:
         for node in graph.body["deployments"]:
             name = node["name"]
             effective = effective_config.effective_deployment_config(
-                name, node.get("options", {}), overrides.get(name)
+                name, node.get("options", {}), overrides.get(name), app_config.get("logging_config")
             )
             scaling_key = f"{app.namespace}/{app.cr_name}/{name}"
             existing = cluster.cache.get(
@@ -221,7 +221,10 @@ def _scale_to_zero(graph: Graph, app_config: dict[str, Any]) -> str | None:
     overrides = {d["name"]: d for d in app_config.get("deployments", [])}
     effective = [
         effective_config.effective_deployment_config(
-            node["name"], node.get("options", {}), overrides.get(node["name"])
+            node["name"],
+            node.get("options", {}),
+            overrides.get(node["name"]),
+            app_config.get("logging_config"),
         )
         for node in graph.body["deployments"]
     ]

@@ -216,7 +216,7 @@ def _deployments(
     for node in graph["deployments"]:
         name = node["name"]
         effective = effective_config.effective_deployment_config(
-            name, node.get("options", {}), overrides.get(name)
+            name, node.get("options", {}), overrides.get(name), config.get("logging_config")
         )
         status = statuses.get(name) or {}
         labels = contract.selector_labels(

@@ -163,6 +163,8 @@ def replica_config_json(app: AppView, deployment: DesiredDeployment) -> str:
     }
     if app.config.get("args"):
         replica["app_args"] = dict(app.config["args"])
+    if config.get("logging_config"):
+        replica["logging_config"] = dict(config["logging_config"])
     route_prefix = app.config.get("route_prefix")
     if route_prefix and route_prefix != "/":  # an ASGI ingress sees it as root_path
         replica["route_prefix"] = str(route_prefix)

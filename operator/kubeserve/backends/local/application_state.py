@@ -176,7 +176,10 @@ class ApplicationState:
             state.reconcile()
         for name, node in wanted.items():
             effective = effective_config.effective_deployment_config(
-                name, node.get("options", {}), overrides.get(name)
+                name,
+                node.get("options", {}),
+                overrides.get(name),
+                self.config.get("logging_config"),
             )
             actor_env = (effective.get("ray_actor_options") or {}).get("runtime_env")
             try:

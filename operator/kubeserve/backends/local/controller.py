@@ -31,6 +31,7 @@ from kubeserve.backends.local.store import DesiredState, Store
 from kubeserve.control import autoscaling
 from kubeserve.runtime import channel, metrics, wire
 from kubeserve.runtime.limits import RequestLimits
+from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES
 
 log = logging.getLogger(__name__)
 _RESYNC_S = 1.0
@@ -56,6 +57,8 @@ class LocalSettings:
     max_concurrent_starts: int = DEFAULT_START_SLOTS
     #: what clients may send, enforced by the proxy and every replica
     request_limits: RequestLimits = field(default_factory=RequestLimits)
+    #: bytes per log file and rotated files kept, for each replica and proxy
+    log_rotation: tuple[int, int] = (DEFAULT_LOG_BYTES, DEFAULT_LOG_BACKUPS)
 
     @property
     def database(self) -> Path:
@@ -136,6 +139,7 @@ class Controller:
             secret=self.secret,
             secret_file=secret_file,
             request_limits=self.settings.request_limits,
+            log_rotation=self.settings.log_rotation,
         )
         self._proxy = ProxyProcess(self._ctx)
         self._loop_task = asyncio.ensure_future(self._loop())
@@ -277,7 +281,10 @@ class Controller:
             return
         assert desired is not None
         http = desired.options.get("http_options") or {}
-        self._proxy.reconcile(str(http.get("host", "0.0.0.0")), int(http.get("port", 8000)), http)
+        options = {**http, "logging_config": desired.options.get("logging_config")}
+        self._proxy.reconcile(
+            str(http.get("host", "0.0.0.0")), int(http.get("port", 8000)), options
+        )
 
     def _publish(self) -> None:
         routes: list[wire.Route] = []

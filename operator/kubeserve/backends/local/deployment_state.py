@@ -30,7 +30,7 @@ from kubeserve.control import backoff, effective_config, placement
 from kubeserve.control.autoscaling import Direction
 from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
 from kubeserve.control.status_derivation import DeploymentView, ReplicaStateValue, ReplicaView
-from kubeserve.runtime import channel, metrics, wire
+from kubeserve.runtime import channel, logs, metrics, wire
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.runtime_env import PreparedEnv
 
@@ -94,10 +94,21 @@ class ReplicaContext:
     secret_file: Path
     #: what clients may send (``kubeserve start --max-body-bytes``...): proxy and replicas
     request_limits: RequestLimits = field(default_factory=RequestLimits)
+    #: bytes per log file and rotated files kept (``kubeserve start --log-max-bytes``...)
+    log_rotation: tuple[int, int] = (logs.DEFAULT_LOG_BYTES, logs.DEFAULT_LOG_BACKUPS)
 
     def data_plane_env(self) -> dict[str, str]:
         """What a proxy or replica needs in its environment to join the data plane."""
         return {channel.SECRET_FILE_ENV: str(self.secret_file)}
+
+    def log_env(self, log_path: Path) -> dict[str, str]:
+        """What tells a replica or proxy to write (and rotate) its own log file."""
+        max_bytes, backups = self.log_rotation
+        return {
+            logs.LOG_FILE_ENV: str(log_path),
+            logs.LOG_BYTES_ENV: str(max_bytes),
+            logs.LOG_BACKUPS_ENV: str(backups),
+        }
 
     def child_env(self, extra: Mapping[str, str], python_path: Sequence[str]) -> dict[str, str]:
         """The environment of a child process of this instance (see :mod:`processes`)."""
@@ -417,6 +428,8 @@ class DeploymentState:
             "app_args": self.app_args,
             "route_prefix": self.route_prefix,
         }
+        if self.config.get("logging_config"):
+            replica_config["logging_config"] = dict(self.config["logging_config"])
         path = self._config_file(replica)
         private_dir(path.parent)
         write_private(path, json.dumps(replica_config).encode())
@@ -436,6 +449,7 @@ class DeploymentState:
                 wire.REPLICA_CONFIG_FILE_ENV: str(config_file),
                 wire.CONTROLLER_URL_ENV: self._ctx.controller_url,
                 **self._ctx.data_plane_env(),
+                **self._ctx.log_env(replica.log_path),
             },
             self.env.python_path,
         )

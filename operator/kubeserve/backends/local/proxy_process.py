@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from pathlib import Path
 from typing import Literal
@@ -50,8 +51,11 @@ class ProxyProcess:
             args += ["--request-timeout-s", str(options["request_timeout_s"])]
         if options.get("keep_alive_timeout_s") is not None:
             args += ["--keep-alive-timeout-s", str(options["keep_alive_timeout_s"])]
+        if options.get("logging_config"):  # the serve config's top-level logging_config
+            args += ["--logging-config", json.dumps(options["logging_config"])]
         args += self._ctx.request_limits.cli_args()
-        env = self._ctx.child_env(self._ctx.data_plane_env(), [])
+        extra = {**self._ctx.data_plane_env(), **self._ctx.log_env(self.log_path)}
+        env = self._ctx.child_env(extra, [])
         self._proc = await processes.spawn(
             "kubeserve.runtime.proxy", args, env=env, log_path=self.log_path
         )

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
+import json
 import os
 import signal
+import socket
 
-from kubeserve.runtime import channel
+from kubeserve.runtime import channel, logs
 from kubeserve.runtime.kubernetes.contract import DISCOVERY_KUBERNETES, INSTANCE_ENV, NAMESPACE_ENV
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 from kubeserve.runtime.proxy.server import serve_proxy
@@ -30,12 +31,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--request-timeout-s", type=float, default=None)
     parser.add_argument("--keep-alive-timeout-s", type=float, default=90.0)
+    parser.add_argument(
+        "--logging-config",
+        type=json.loads,
+        default=None,
+        help="Ray's logging_config as JSON: encoding, log_level, enable_access_log...",
+    )
     add_limit_arguments(parser)
     args = parser.parse_args(argv)
     if args.discovery == "controller" and not args.controller_url:
         parser.error("--controller-url is required with --discovery controller")
     in_cluster = args.discovery == DISCOVERY_KUBERNETES
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = logs.LogSettings(args.logging_config)
+    component = logs.ComponentLog("proxy", "proxy", socket.gethostname())
+    try:
+        logs.configure(settings, component, logs.output_from_environment())
+    except (OSError, ValueError) as exc:
+        parser.error(f"cannot set up the log: {exc}")
+    access = logs.AccessLog(component, settings.encoding) if settings.access_log else None
     try:
         secret = channel.take_secret()
     except ValueError as exc:
@@ -60,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                 request_timeout_s=args.request_timeout_s,
                 keep_alive_timeout_s=args.keep_alive_timeout_s,
                 limits=limits,
+                access_log=access,
                 kubernetes_namespace=os.environ.get(NAMESPACE_ENV) if in_cluster else None,
                 instance=os.environ.get(INSTANCE_ENV) if in_cluster else None,
             )

@@ -442,6 +442,9 @@ class Exchange:
         method = self.method.decode("latin-1")
         latency_ms = (perf_counter() - started) * 1000.0
         metrics.record(method, route, application, deployment, status, latency_ms)
+        if state.access_log is not None:
+            shown = route or self.url.partition(b"?")[0].decode("latin-1")
+            state.access_log.add(method, shown, status, latency_ms, self.request_id)
 
     def _let_go(self) -> None:
         """Stop waiting for a replica, drop the upstream connection (it may hold a half-written

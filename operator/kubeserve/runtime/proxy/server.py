@@ -8,6 +8,7 @@ import logging
 from kubeserve.runtime.discovery import EndpointSource
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.load_report import controller_links
+from kubeserve.runtime.logs import AccessLog
 from kubeserve.runtime.metrics_listener import start_metrics_listener
 from kubeserve.runtime.proxy.client import ClientConnection
 from kubeserve.runtime.proxy.state import ProxyState
@@ -79,6 +80,7 @@ async def serve_proxy(
     request_timeout_s: float | None = None,
     keep_alive_timeout_s: float = 90,
     limits: RequestLimits | None = None,
+    access_log: AccessLog | None = None,
     kubernetes_namespace: str | None = None,
     instance: str | None = None,
 ) -> None:
@@ -102,6 +104,7 @@ async def serve_proxy(
         limits=limits,
         source=source,
     )
+    server.state.access_log = access_log
     await server.start()
     log.info("kubeserve proxy listening on %s:%d", host, server.port)
     metrics_port = await start_metrics_listener(host, secret)
@@ -111,3 +114,5 @@ async def serve_proxy(
         await server.close()
         if metrics_port is not None:
             await metrics_port.close()
+        if access_log is not None:
+            access_log.flush()

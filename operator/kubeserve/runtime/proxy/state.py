@@ -15,6 +15,7 @@ from kubeserve.runtime import keepalive
 from kubeserve.runtime.channel import Role
 from kubeserve.runtime.keepalive import IdlePool, PoolSweeper, pool_for
 from kubeserve.runtime.limits import RequestLimits
+from kubeserve.runtime.logs import AccessLog
 from kubeserve.runtime.metrics import ProxyMetrics
 from kubeserve.runtime.proxy.upstream import UpstreamConnection
 from kubeserve.runtime.router import RoutedReplica, Router
@@ -56,6 +57,8 @@ class ProxyState:
         self.keys: dict[str, str] = {}  # route_prefix -> deployment key, computed once per snapshot
         self.labels: dict[str, tuple[str, str, str]] = {}
         self.metrics = metrics or ProxyMetrics()
+        #: Ray's access lines, one per request (``logging_config.enable_access_log``); None: off
+        self.access_log: AccessLog | None = None
         self.route_memo: dict[bytes, str] = {}  # raw path -> deployment key, for this route table
         self.routes_body = b"{}"
         self.healthy = False

@@ -1,0 +1,350 @@
+"""Log records of replicas and proxies as Ray Serve writes them: context, encodings, access lines.
+
+A Ray Serve user's log pipeline reads lines such as
+
+    INFO 2026-11-24 10:00:00,123 Echo Echo-1-ab12cd 5f0c... -- GET /echo 200 1.2ms
+
+(level, time, component name and id, the request id while a request is served, ``--`` and the
+message) or, with ``logging_config.encoding: JSON``, one object per line with Ray's keys
+(``asctime``, ``levelname``, ``message``, ``filename``, ``lineno``, ``application``,
+``deployment``, ``replica``, ``component_name``, ``request_id``, ``route`` and the
+``additional_log_standard_attrs``). :func:`configure` installs that on a process's root logger,
+so the user's own ``logging`` records (the ``ray.serve`` logger's and any other) carry the request
+id of the request they were written for (:data:`kubeserve.sdk.context.request_context`).
+
+Access lines (``GET /echo 200 1.2ms``, Ray's ``access_log_msg``) are written per request by the
+proxy and by replicas unless ``logging_config.enable_access_log`` is false.
+
+Log files are rotated by size (:class:`RotatingOutput`): the process's stdout and stderr follow
+the current file, so ``print`` and tracebacks rotate with the records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import logging.handlers
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from kubeserve.sdk import context
+
+__all__ = [
+    "ACCESS_FLUSH_S",
+    "ACCESS_LOGGER",
+    "DEFAULT_LOG_BACKUPS",
+    "DEFAULT_LOG_BYTES",
+    "LOG_BACKUPS_ENV",
+    "LOG_BYTES_ENV",
+    "LOG_FILE_ENV",
+    "AccessLog",
+    "ComponentLog",
+    "LogSettings",
+    "RotatingOutput",
+    "access_message",
+    "active",
+    "configure",
+    "output_from_environment",
+]
+
+#: The logger of access lines (Ray's ``ray.serve`` logger, as Ray writes them).
+ACCESS_LOGGER = "ray.serve"
+#: Where a process of ``kubeserve start`` writes its log (rotated), and the rotation's limits:
+#: bytes per file and rotated files kept. Unset (Kubernetes): records go to stderr.
+LOG_FILE_ENV = "KUBESERVE_LOG_FILE"
+LOG_BYTES_ENV = "KUBESERVE_LOG_MAX_BYTES"
+LOG_BACKUPS_ENV = "KUBESERVE_LOG_BACKUPS"
+DEFAULT_LOG_BYTES = 16 * 1024 * 1024
+DEFAULT_LOG_BACKUPS = 4
+
+#: Attributes every record has; ``additional_log_standard_attrs`` may name some of them.
+_STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+def access_message(method: str, route: str, status: int | str, latency_ms: float) -> str:
+    """Ray's access line: ``GET /route 200 1.2ms``."""
+    return f"{method} {route} {status} {latency_ms:.1f}ms"
+
+
+class LogSettings:
+    """Ray's ``logging_config`` as a process applies it (defaults: Ray's)."""
+
+    __slots__ = ("access_log", "additional_attrs", "encoding", "level")
+
+    def __init__(self, logging_config: Mapping[str, Any] | None = None) -> None:
+        given = dict(logging_config or {})
+        self.encoding = str(given.get("encoding") or "TEXT").upper()
+        self.level = str(given.get("log_level") or "INFO").upper()
+        self.access_log = bool(given.get("enable_access_log", True))
+        self.additional_attrs = [
+            str(a) for a in given.get("additional_log_standard_attrs") or [] if str(a) in _STANDARD
+        ]
+
+
+class ComponentLog(logging.Filter):
+    """Adds the component's and the current request's fields to every record (filters nothing).
+
+    ``component_name``/``component_id`` are Ray's: the deployment and the replica id for a
+    replica, ``proxy`` and the node for a proxy.
+    """
+
+    def __init__(
+        self,
+        component_type: str,
+        component_name: str,
+        component_id: str,
+        application: str = "",
+        deployment: str = "",
+    ) -> None:
+        super().__init__()
+        self.component_type = component_type
+        self.component_name = component_name
+        self.component_id = component_id
+        self.application = application
+        self.deployment = deployment
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.component_name = self.component_name
+        record.component_id = self.component_id
+        record.component_type = self.component_type
+        if self.deployment:
+            record.application = self.application
+            record.deployment = self.deployment
+            record.replica = self.component_id
+        current = context.request_context.get()
+        if current is not None:
+            if current.request_id and not hasattr(record, "request_id"):
+                record.request_id = current.request_id
+            if current.route and not hasattr(record, "route"):
+                record.route = current.route
+        return True
+
+
+class _TextFormatter(logging.Formatter):
+    """``LEVEL TIME NAME ID [REQUEST_ID] [attrs] -- MESSAGE``, as Ray's ``ServeFormatter``."""
+
+    def __init__(self, additional: list[str]) -> None:
+        super().__init__()
+        self._additional = additional
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = record.getMessage()
+        parts = [
+            record.levelname,
+            self.formatTime(record),
+            str(getattr(record, "component_name", "")),
+            str(getattr(record, "component_id", "")),
+        ]
+        request_id = getattr(record, "request_id", "")
+        if request_id:
+            parts.append(str(request_id))
+        parts += [str(getattr(record, a, "")) for a in self._additional]
+        text = " ".join(parts) + " -- " + record.message
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            text += "\n" + record.exc_text
+        return text
+
+
+#: The record attributes a JSON line carries when set, besides the message and its origin.
+_CONTEXT_KEYS = (
+    "application",
+    "deployment",
+    "replica",
+    "component_name",
+    "component_id",
+    "component_type",
+    "request_id",
+    "route",
+)
+
+
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per record with Ray's keys (``encoding: JSON``)."""
+
+    def __init__(self, additional: list[str]) -> None:
+        super().__init__()
+        self._additional = additional
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "asctime": self.formatTime(record),
+            "levelname": record.levelname,
+            "message": record.getMessage(),
+            "filename": record.filename,
+            "lineno": record.lineno,
+        }
+        for key in _CONTEXT_KEYS:
+            value = getattr(record, key, None)
+            if value:
+                line[key] = value
+        for key in self._additional:
+            line[key] = getattr(record, key, None)
+        if record.exc_info:
+            line["exc_text"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+class RotatingOutput(logging.handlers.RotatingFileHandler):
+    """A size-rotated log file that the process's stdout and stderr also write to.
+
+    After each rollover file descriptors 1 and 2 are pointed at the new file, so what the
+    process prints (and a traceback it dies with) lands in the current file too.
+    """
+
+    def __init__(self, path: str, max_bytes: int, backups: int) -> None:
+        super().__init__(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
+        self._follow()
+
+    def doRollover(self) -> None:
+        super().doRollover()
+        self._follow()
+
+    def _follow(self) -> None:
+        if self.stream is None:
+            self.stream = self._open()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        fd = self.stream.fileno()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+
+
+_active: LogSettings = LogSettings()
+_output: logging.Handler | None = None
+
+
+def active() -> LogSettings:
+    """The settings :func:`configure` installed last (Ray's defaults before)."""
+    return _active
+
+
+def output_from_environment() -> logging.Handler | None:
+    """The rotated log file :data:`LOG_FILE_ENV` names, or None (write to stderr)."""
+    path = os.environ.get(LOG_FILE_ENV)
+    if not path:
+        return None
+    max_bytes = int(os.environ.get(LOG_BYTES_ENV) or DEFAULT_LOG_BYTES)
+    backups = int(os.environ.get(LOG_BACKUPS_ENV) or DEFAULT_LOG_BACKUPS)
+    return RotatingOutput(path, max_bytes, backups)
+
+
+def configure(
+    settings: LogSettings, component: ComponentLog, output: logging.Handler | None = None
+) -> None:
+    """Install ``settings`` on this process's root logger: one handler (``output``; else the
+    one installed before; else stderr), the component's fields, the encoding and the level."""
+    global _active, _output
+    handler = output or _output or logging.StreamHandler(_stderr())
+    _active, _output = settings, handler
+    for old in list(handler.filters):
+        handler.removeFilter(old)
+    handler.addFilter(component)
+    handler.setFormatter(
+        _JsonFormatter(settings.additional_attrs)
+        if settings.encoding == "JSON"
+        else _TextFormatter(settings.additional_attrs)
+    )
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(settings.level)
+    logging.getLogger(ACCESS_LOGGER).setLevel(settings.level)
+
+
+def _stderr() -> TextIO:
+    return sys.stderr
+
+
+#: How long the proxy's access lines wait in memory before they are written together.
+ACCESS_FLUSH_S = 0.1
+
+
+class AccessLog:
+    """The proxy's access lines, formatted by hand and written together every
+    :data:`ACCESS_FLUSH_S` (no log record per request: the proxy is on every request's path).
+
+    The lines are those :func:`configure`'s formatters would write for a record of the
+    ``ray.serve`` logger, so one log holds one format; they go to the handler :func:`configure`
+    installed (rotated with it).
+    """
+
+    def __init__(self, component: ComponentLog, encoding: str) -> None:
+        self._component = component
+        self._json = encoding == "JSON"
+        self._pending: list[tuple[float, str, str, int, float, bytes | None]] = []
+        self._scheduled = False
+        self._second = -1
+        self._stamp = ""
+
+    def add(
+        self, method: str, route: str, status: int, latency_ms: float, request_id: bytes | None
+    ) -> None:
+        self._pending.append((time.time(), method, route, status, latency_ms, request_id))
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                asyncio.get_running_loop().call_later(ACCESS_FLUSH_S, self.flush)
+            except RuntimeError:  # no event loop: at once
+                self.flush()
+
+    def _asctime(self, at: float) -> str:
+        second = int(at)
+        if second != self._second:
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        return f"{self._stamp},{int((at - second) * 1000):03d}"
+
+    def _line(self, entry: tuple[float, str, str, int, float, bytes | None]) -> str:
+        at, method, route, status, latency_ms, request_id = entry
+        rid = request_id.decode("latin-1") if request_id else ""
+        message = access_message(method, route, status, latency_ms)
+        component = self._component
+        if self._json:
+            record = {
+                "asctime": self._asctime(at),
+                "levelname": "INFO",
+                "message": message,
+                "filename": "proxy",
+                "lineno": 0,
+                "component_name": component.component_name,
+                "component_id": component.component_id,
+                "component_type": component.component_type,
+                "request_id": rid,
+                "route": route,
+            }
+            return json.dumps(record)
+        head = f"INFO {self._asctime(at)} {component.component_name} {component.component_id}"
+        return f"{head} {rid} -- {message}" if rid else f"{head} -- {message}"
+
+    def flush(self) -> None:
+        self._scheduled = False
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        data = "".join(self._line(entry) + "\n" for entry in pending)
+        handler = _output
+        stream = getattr(handler, "stream", None)
+        if handler is None or stream is None:
+            sys.stderr.write(data)
+            return
+        handler.acquire()
+        try:
+            if (
+                isinstance(handler, logging.handlers.RotatingFileHandler)
+                and handler.maxBytes
+                and stream.tell() + len(data) >= handler.maxBytes
+            ):
+                handler.doRollover()
+                stream = handler.stream
+            assert stream is not None
+            stream.write(data)
+            stream.flush()
+        finally:
+            handler.release()

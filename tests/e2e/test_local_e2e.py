@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-import zipfile
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
 
 from support.common import http, pid_alive, wait_for
 from support.kubeserve import Kubeserve, running_kubeserve
+from support.zip_server import serving, write_zip
 
 COMPOSED = {"name": "composed", "route_prefix": "/", "import_path": "examples.composed:app"}
 
@@ -194,55 +192,29 @@ def test_env_vars_app_level_overridden_per_deployment(clean_kubeserve: Kubeserve
     assert env["KS_B"] == "deployment"
 
 
-class _ZipServer(ThreadingHTTPServer):
-    payload = b""
-
-
-def _serve_zip(payload: bytes) -> _ZipServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = _ZipServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-def test_working_dir_is_fetched_from_a_zip_uri(clean_kubeserve: Kubeserve) -> None:
+def test_working_dir_is_fetched_from_a_zip_uri(clean_kubeserve: Kubeserve, tmp_path: Path) -> None:
     ks = clean_kubeserve
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        archive.writestr(
-            "project/remote_app.py",
-            "from kubeserve import deployment\n"
-            "@deployment\n"
-            "def hello(request):\n"
-            "    return 'hello from a zip'\n"
-            "app = hello.bind()\n",
-        )
-    server = _serve_zip(buffer.getvalue())
-    try:
-        uri = f"http://127.0.0.1:{server.server_address[1]}/project.zip"
+    app = (
+        "from kubeserve import deployment\n"
+        "@deployment\n"
+        "def hello(request):\n"
+        "    return 'hello from a zip'\n"
+        "app = hello.bind()\n"
+    )
+    write_zip(tmp_path / "project.zip", {"project/remote_app.py": app})
+    with serving(tmp_path) as base:
         ks.put(
             [
                 {
                     "name": "remote",
                     "route_prefix": "/remote",
                     "import_path": "remote_app:app",
-                    "runtime_env": {"working_dir": uri},
+                    "runtime_env": {"working_dir": f"{base}project.zip"},
                 }
             ]
         )
         ks.wait_app("remote")
         assert http("GET", f"{ks.proxy}/remote")[1] == "hello from a zip"
-    finally:
-        server.shutdown()
 
 
 def test_delete_stops_every_process(kubeserve: Kubeserve) -> None:

@@ -6,7 +6,6 @@ executable in ``KUBESERVE_RAY_SERVE``.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,36 +13,22 @@ from pathlib import Path
 import pytest
 import yaml
 
+from support import ray_cli
 from support.common import http, pid_alive, wait_for
 from support.kubeserve import Kubeserve, running_kubeserve
+from support.ray_cli import needs_ray_serve
 
-RAY_SERVE = os.environ.get("KUBESERVE_RAY_SERVE", "")
-
-pytestmark = pytest.mark.skipif(
-    not RAY_SERVE or not Path(RAY_SERVE).exists(),
-    reason="the Ray 2.60 serve client is installed by `make test` (KUBESERVE_RAY_SERVE)",
-)
+pytestmark = needs_ray_serve
 
 
 def run_serve(
     ks: Kubeserve, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    return subprocess.run(
-        [RAY_SERVE, *args, "-a", ks.api],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})},
-    )
+    return ray_cli.run_serve(ks.api, *args, env=env)
 
 
 def serve(ks: Kubeserve, *args: str, env: dict[str, str] | None = None) -> str:
-    result = run_serve(ks, *args, env=env)
-    assert result.returncode == 0, (
-        f"serve {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
-    )
-    return result.stdout
+    return ray_cli.serve(ks.api, *args, env=env)
 
 
 def test_ray_serve_cli_deploy_status_config_shutdown(kubeserve: Kubeserve, tmp_path: Path) -> None:

@@ -17,11 +17,7 @@ were built and ``KUBESERVE_K8S_BIN`` is unset; under ``make test`` the binaries 
 from __future__ import annotations
 
 import contextlib
-import functools
-import http.server
 import os
-import threading
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +34,7 @@ from support.node_cluster import (
     node_missing,
     start_node_cluster,
 )
+from support.zip_server import serving, write_zip
 
 
 @pytest.fixture(scope="session")
@@ -127,13 +124,7 @@ def apps_zip_url(node: NodeCluster, tmp_path_factory: pytest.TempPathFactory) ->
     """``tests/apps`` as a zip archive (one top-level directory) served over HTTP on the node's
     bridge address, for a runtime_env ``working_dir`` that the pods' init container fetches."""
     root = tmp_path_factory.mktemp("apps-zip")
-    with zipfile.ZipFile(root / "apps.zip", "w") as archive:
-        for path in sorted((ROOT / "tests" / "apps").glob("*.py")):
-            archive.write(path, f"apps/{path.name}")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer((NODE_IP, 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://{NODE_IP}:{server.server_address[1]}/apps.zip"
-    server.shutdown()
-    server.server_close()
+    apps = sorted((ROOT / "tests" / "apps").glob("*.py"))
+    write_zip(root / "apps.zip", {f"apps/{path.name}": path for path in apps})
+    with serving(root, NODE_IP) as base:
+        yield f"{base}apps.zip"

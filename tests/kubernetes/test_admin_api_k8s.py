@@ -8,18 +8,16 @@ client. The local backend answers the same config with the same shape of body.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import jsonschema
-import pytest
 import yaml
 
 from kubeserve.schema.status import ServeInstanceDetails
+from support import ray_cli
 from support.common import http, wait_for
 from support.k8s_control_plane import ControlPlane
 from support.k8s_operator import (
@@ -30,9 +28,9 @@ from support.k8s_operator import (
     proxy_url,
 )
 from support.kubeserve import Kubeserve
+from support.ray_cli import needs_ray_serve
 
 RAY_REFERENCE = Path(__file__).resolve().parents[1] / "reference" / "ray-2.60"
-RAY_SERVE = os.environ.get("KUBESERVE_RAY_SERVE", "")
 EMPTY = {"controller_info": {}, "proxies": {}, "applications": {}, "target_capacity": None}
 
 PROBE = {
@@ -292,31 +290,15 @@ def test_status_when_nothing_runs_starts_the_serving_layer(
     assert api.details()["controller_info"]["node_id"]
 
 
-@pytest.mark.skipif(
-    not RAY_SERVE or not Path(RAY_SERVE).exists(),
-    reason="the Ray 2.60 serve client is installed by `make test` (KUBESERVE_RAY_SERVE)",
-)
+@needs_ray_serve
 def test_ray_serve_cli_against_the_operator(
     control_plane: ControlPlane, operator: OperatorProcess, namespace: str, tmp_path: Path
 ) -> None:
     plane, api = control_plane, AdminApi(operator)
 
     def serve(*args: str) -> str:
-        result = subprocess.run(
-            [RAY_SERVE, *args, "-a", api.url],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            # Ray's client sends its token as "Authorization: Bearer": a Kubernetes token works
-            env={
-                **os.environ,
-                "RAY_USAGE_STATS_ENABLED": "0",
-                "RAY_AUTH_MODE": "token",
-                "RAY_AUTH_TOKEN": api.token,
-            },
-        )
-        assert result.returncode == 0, f"serve {args} failed:\n{result.stdout}\n{result.stderr}"
-        return result.stdout
+        # Ray's client sends its token as "Authorization: Bearer": a Kubernetes token works
+        return ray_cli.serve(api.url, *args, token=api.token)
 
     path = tmp_path / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config([PROBE])))

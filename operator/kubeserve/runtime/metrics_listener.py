@@ -21,17 +21,15 @@ import hashlib
 import hmac
 import logging
 import os
-from typing import cast
 
 from kubeserve.runtime.kubernetes.contract import METRICS_PORT_ENV
 from kubeserve.runtime.metrics import exposition
+from kubeserve.runtime.one_answer import OneAnswerProtocol
 
 __all__ = ["MetricsListener", "metrics_token", "start_metrics_listener"]
 
 log = logging.getLogger("kubeserve.metrics")
 
-MAX_HEAD_BYTES = 8192
-_READ_TIMEOUT_S = 5.0
 _REASONS = {
     200: "OK",
     401: "Unauthorized",
@@ -55,35 +53,20 @@ def _response(status: int, body: bytes, content_type: bytes = b"text/plain") -> 
     return head % (status, _REASONS[status].encode(), content_type, len(body), extra) + body
 
 
-class _MetricsProtocol(asyncio.Protocol):
+class _MetricsProtocol(OneAnswerProtocol):
     """One connection: read the request head, answer, close."""
 
     def __init__(self, token: bytes) -> None:
+        super().__init__()
         self._token = token
-        self._buffer = b""
-        self._transport: asyncio.Transport | None = None
-        self._timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)
-        self._timer = asyncio.get_running_loop().call_later(_READ_TIMEOUT_S, transport.close)
+    def too_large(self) -> bytes:
+        return _response(431, b"request head too large")
 
-    def data_received(self, data: bytes) -> None:
-        if self._transport is None or self._transport.is_closing():
-            return
-        self._buffer += data
-        head, found, _ = self._buffer.partition(b"\r\n\r\n")
-        if not found:
-            if len(self._buffer) > MAX_HEAD_BYTES:
-                self._answer(_response(431, b"request head too large"))
-            return
-        if len(head) > MAX_HEAD_BYTES:
-            self._answer(_response(431, b"request head too large"))
-            return
+    def respond(self, head: bytes) -> bytes:
         line, *headers = head.split(b"\r\n")
         if line not in (b"GET /metrics HTTP/1.1", b"GET /metrics HTTP/1.0"):
-            self._answer(_response(404, b"only GET /metrics is served here"))
-            return
+            return _response(404, b"only GET /metrics is served here")
         given = next(
             (
                 value.strip()
@@ -93,22 +76,11 @@ class _MetricsProtocol(asyncio.Protocol):
             None,
         )
         if given is None:
-            self._answer(_response(401, b"send Authorization: Bearer <the metrics token>"))
-            return
+            return _response(401, b"send Authorization: Bearer <the metrics token>")
         scheme, _, token = given.partition(b" ")
         if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self._token):
-            self._answer(_response(403, b"wrong metrics token"))
-            return
-        self._answer(_response(200, exposition(), _CONTENT_TYPE))
-
-    def _answer(self, response: bytes) -> None:
-        assert self._transport is not None
-        self._transport.write(response)
-        self._transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+            return _response(403, b"wrong metrics token")
+        return _response(200, exposition(), _CONTENT_TYPE)
 
 
 class MetricsListener:

@@ -26,18 +26,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import cast
 
+from kubeserve.runtime.one_answer import MAX_HEAD_BYTES, OneAnswerProtocol
 from kubeserve.runtime.wire import HEALTHZ_PATH
 
 __all__ = ["MAX_HEAD_BYTES", "ProbeListener"]
 
 log = logging.getLogger("kubeserve.replica.probe")
 
-#: Longest request head the listener reads before it answers 431.
-MAX_HEAD_BYTES = 8192
-#: A connection that has not sent its request line within this is closed.
-_READ_TIMEOUT_S = 5.0
 _REQUEST_LINE = f"GET {HEALTHZ_PATH} HTTP/1.".encode()
 _REASONS = {200: "OK", 404: "Not Found", 431: "Request Header Fields Too Large", 503: "Unavailable"}
 
@@ -51,41 +47,22 @@ def _response(status: int, text: str) -> bytes:
     return head.encode() + body
 
 
-class _ProbeProtocol(asyncio.Protocol):
+class _ProbeProtocol(OneAnswerProtocol):
     """One connection: read up to the end of the request line, answer, close."""
 
+    end = b"\r\n"
+
     def __init__(self, listener: ProbeListener) -> None:
+        super().__init__()
         self._listener = listener
-        self._buffer = b""
-        self._transport: asyncio.Transport | None = None
-        self._timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
-        self._timer = asyncio.get_running_loop().call_later(_READ_TIMEOUT_S, transport.close)
+    def respond(self, head: bytes) -> bytes:
+        if head.startswith(_REQUEST_LINE) and head[len(_REQUEST_LINE) :] in (b"0", b"1"):
+            return _response(*self._listener.answer())
+        return _response(404, "only GET /-/healthz is served here")
 
-    def data_received(self, data: bytes) -> None:
-        if self._transport is None or self._transport.is_closing():
-            return
-        self._buffer += data
-        line, found, _ = self._buffer.partition(b"\r\n")
-        if not found:
-            if len(self._buffer) > MAX_HEAD_BYTES:
-                self._answer(_response(431, "request head too large"))
-            return
-        if line.startswith(_REQUEST_LINE) and line[len(_REQUEST_LINE) :] in (b"0", b"1"):
-            self._answer(_response(*self._listener.answer()))
-        else:
-            self._answer(_response(404, "only GET /-/healthz is served here"))
-
-    def _answer(self, response: bytes) -> None:
-        assert self._transport is not None
-        self._transport.write(response)
-        self._transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+    def too_large(self) -> bytes:
+        return _response(431, "request head too large")
 
 
 class ProbeListener:

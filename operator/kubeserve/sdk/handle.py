@@ -19,6 +19,7 @@ import concurrent.futures
 from collections.abc import AsyncIterator, Coroutine, Generator, Iterator
 from typing import Any
 
+from kubeserve.sdk import context
 from kubeserve.sdk.transport import get_transport, transport_loop
 
 _CALL = "__call__"
@@ -45,6 +46,20 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
+def _in_callers_context(coro: Coroutine[Any, Any, Any]) -> Coroutine[Any, Any, Any]:
+    """``coro``, to run on another thread's loop with this thread's request context (a sync
+    method on a worker thread calls out: the callee must see the request it serves)."""
+    current = context.request_context.get()
+    if current is None:
+        return coro
+
+    async def in_context() -> Any:
+        context.request_context.set(current)  # in this task's own context copy only
+        return await coro
+
+    return in_context()
+
+
 class DeploymentResponse:
     """The pending result of a handle call; ``await`` it for the value or the callee's exception,
     or call :meth:`result` from synchronous code running outside the event loop."""
@@ -59,7 +74,7 @@ class DeploymentResponse:
         if home is not None and running is not home:
             # A thread without a loop (a sync method on a worker thread, a script) or another
             # loop (an async script): the call runs on the transport's loop, started at once.
-            self._future = asyncio.run_coroutine_threadsafe(coro, home)
+            self._future = asyncio.run_coroutine_threadsafe(_in_callers_context(coro), home)
             self._coro = None
         elif running is not None:
             self._start()
@@ -92,7 +107,9 @@ class DeploymentResponse:
             else:
                 assert self._coro is not None
                 coro, self._coro = self._coro, None
-                self._future = asyncio.run_coroutine_threadsafe(coro, transport_loop())
+                self._future = asyncio.run_coroutine_threadsafe(
+                    _in_callers_context(coro), transport_loop()
+                )
         return self._future.result(timeout_s)
 
     def cancel(self) -> None:

@@ -197,31 +197,27 @@ def render_data_plane_secret(instance: InstanceView, value: str) -> Manifest:
     would split the data plane in two until every pod restarted; to rotate it, delete the Secret
     and the pods (the operator creates a fresh one).
     """
-    labels = contract.common_labels(contract.COMPONENT_PROXY, instance.name)
-    encoded = base64.b64encode(value.encode()).decode()
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": _metadata(instance, contract.dataplane_secret_name(instance.name), labels),
-        "type": "Opaque",
-        "immutable": True,
-        "data": {contract.DATA_PLANE_SECRET_KEY: encoded},
-    }
+    name = contract.dataplane_secret_name(instance.name)
+    return _immutable_secret(instance, name, contract.DATA_PLANE_SECRET_KEY, value)
 
 
 def render_metrics_token_secret(instance: InstanceView, token: str) -> Manifest:
     """The Secret holding the bearer token of the instance's metrics ports, for Prometheus
     (:func:`kubeserve.runtime.metrics_listener.metrics_token` of the data-plane secret: it
     reveals nothing of that secret). Immutable, like the data-plane Secret it derives from."""
+    name = contract.metrics_token_secret_name(instance.name)
+    return _immutable_secret(instance, name, contract.METRICS_TOKEN_KEY, token)
+
+
+def _immutable_secret(instance: InstanceView, name: str, key: str, value: str) -> Manifest:
     labels = contract.common_labels(contract.COMPONENT_PROXY, instance.name)
-    encoded = base64.b64encode(token.encode()).decode()
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _metadata(instance, contract.metrics_token_secret_name(instance.name), labels),
+        "metadata": _metadata(instance, name, labels),
         "type": "Opaque",
         "immutable": True,
-        "data": {contract.METRICS_TOKEN_KEY: encoded},
+        "data": {key: base64.b64encode(value.encode()).decode()},
     }
 
 

@@ -9,9 +9,8 @@ STATE_DIR  ?= var/run
 PYTEST_ARGS ?=
 K8S_VERSION ?= v1.36.3
 K8S_DIR    := $(CACHE)/k8s/$(K8S_VERSION)
-K8S_BIN    := $(K8S_DIR)/bin
 
-.PHONY: run test check format venv ray-client k8s-binaries chromium clean
+.PHONY: run test check format venv ray-client chromium clean
 
 venv: $(BIN)/.installed
 
@@ -32,15 +31,6 @@ $(RAY_VENV)/.installed:
 	$(RAY_VENV)/bin/pip install -q 'ray[serve]==2.60.0'
 	touch $@
 
-## Control-plane binaries for the kubernetes test tier (kube-apiserver, kube-controller-manager,
-## kube-scheduler, kubectl built from k8s.io/kubernetes at $(K8S_VERSION), cached across clones) and etcd.
-## A cold build takes several minutes; afterwards the stamp file makes this a no-op.
-k8s-binaries: $(K8S_BIN)/.stamp
-	@command -v etcd >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q etcd-server; }
-
-$(K8S_BIN)/.stamp:
-	sh tests/kubernetes/build_k8s_binaries.sh $(K8S_VERSION) $(K8S_DIR)
-
 ## Debian's Chromium for the dashboard's browser test (tests/api/test_dashboard_browser.py), which
 ## drives it headless over the DevTools protocol: no browser download, no driver package.
 CHROMIUM ?= /usr/bin/chromium
@@ -49,7 +39,8 @@ chromium:
 
 ## The real single-node cluster of the kubernetes tier (tests/support/node_cluster.py, run as root):
 ## Debian's containerd, runc, CNI plugins, buildah, nftables and debootstrap (installed when missing); the
-## control plane unpatched with kubelet and kube-proxy from the same release; CoreDNS with only the
+## control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl) with kubelet and
+## kube-proxy, built from k8s.io/kubernetes at $(K8S_VERSION) as released; CoreDNS with only the
 ## plugins it uses; the pause, Debian base and kubeserve images (tests/kubernetes/node/build_images.sh,
 ## the kubeserve one rebuilt when what the Dockerfile copies changes). All cached under $(CACHE).
 COREDNS_VERSION := v1.14.7
@@ -58,7 +49,7 @@ NODE_IMAGES     := $(CACHE)/node/images
 NODE_PACKAGES   := containerd runc containernetworking-plugins buildah iptables nftables debootstrap \
                    conntrack gcc libc6-dev
 K8S_NODE_BIN    := $(K8S_DIR)/node-bin
-# The node needs root (packages, bridge, cgroups); elsewhere `make test` runs the kubelet stand-in.
+# The node needs root (packages, bridge, cgroups); elsewhere `make test` skips the Kubernetes tier.
 NODE_FOR_TEST   := $(if $(filter 0,$(shell id -u)),k8s-node)
 
 .PHONY: k8s-node node-packages node-images
@@ -71,7 +62,7 @@ node-packages:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; }
 
 $(K8S_NODE_BIN)/.stamp:
-	sh tests/kubernetes/build_k8s_binaries.sh $(K8S_VERSION) $(K8S_DIR) node
+	sh tests/kubernetes/build_k8s_binaries.sh $(K8S_VERSION) $(K8S_DIR)
 
 $(COREDNS):
 	sh tests/kubernetes/build_coredns.sh $(COREDNS_VERSION) $(dir $(COREDNS))
@@ -94,11 +85,11 @@ run: venv
 	$(BIN)/kubeserve start --state-dir $(STATE_DIR) --deploy examples/config.yaml
 
 ## Run every test: unit, API over HTTP, end to end with real processes, the Ray 2.60 client, the
-## dashboard in headless Chromium, and the Kubernetes tier on a real node made on this machine (as
-## root; elsewhere on the kubelet stand-in).
-test: venv ray-client k8s-binaries $(NODE_FOR_TEST) helm chromium
+## dashboard in headless Chromium, and the Kubernetes tier on a real node made on this machine (it
+## needs root: as another user that tier is skipped, saying so).
+test: venv ray-client $(NODE_FOR_TEST) helm chromium
 	KUBESERVE_CHROMIUM=$(CHROMIUM) KUBESERVE_HELM=$(HELM) KUBESERVE_HELM3=$(HELM3) KUBESERVE_RAY_SERVE=$(RAY_SERVE) \
-	  KUBESERVE_K8S_BIN=$(K8S_BIN) KUBESERVE_K8S_NODE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+	  KUBESERVE_K8S_NODE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Format, lint, types and import-layer contracts.
 check: venv
@@ -188,17 +179,17 @@ bench: venv ray-client
 		--plot-python $(CACHE)/bench/bin/python
 	timeout 1200 $(BIN)/python benchmarks/ray_api.py --ray-venv $(RAY_VENV)
 
-## The operator's figures on the test control plane (127.0.0.1 only, about 15-20 minutes):
+## The operator's figures on the real node of the kubernetes tier (as root, about 15-20 minutes):
 ## CR create -> Ready (median of 5), API requests per minute when idle (through a counting proxy),
 ## operator RSS with 0, 1 and 101 applications. Writes benchmarks/operator-results.md.
 .PHONY: bench-operator
-bench-operator: venv k8s-binaries
-	KUBESERVE_K8S_BIN=$(K8S_BIN) timeout 2400 $(BIN)/python benchmarks/operator_bench.py
+bench-operator: venv k8s-node
+	KUBESERVE_K8S_NODE=1 timeout 2400 $(BIN)/python benchmarks/operator_bench.py
 
-## The no-op app through the kubeserve proxy pod on the Kubernetes test cluster
-## (control plane of tests/kubernetes, pods as local processes on 127.0.0.x; about 2 minutes).
+## The no-op app on real pods of the kubernetes tier's node (as root, about 3 minutes): a replica pod
+## directly, the proxy pod, and the proxy Service's ClusterIP, loaded in turns.
 ## Writes benchmarks/results-kubernetes.json and adds its rows to benchmarks/results.md.
 .PHONY: bench-kubernetes
-bench-kubernetes: venv k8s-binaries
+bench-kubernetes: venv k8s-node
 	@command -v wrk >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q wrk; }
-	KUBESERVE_K8S_BIN=$(K8S_BIN) timeout 900 $(BIN)/python benchmarks/kubernetes_row.py
+	KUBESERVE_K8S_NODE=1 timeout 900 $(BIN)/python benchmarks/kubernetes_row.py

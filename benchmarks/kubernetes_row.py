@@ -1,18 +1,20 @@
-"""The no-op app through the kubeserve proxy on the Kubernetes test cluster.
+"""The no-op app on real pods of the kubernetes tier's node: a proxy pod, its Service, a replica.
 
-    make bench-kubernetes
-    (or: KUBESERVE_K8S_BIN=~/.cache/kubeserve/k8s/v1.36.3/bin \\
-         .venv/bin/python benchmarks/kubernetes_row.py)
+    make bench-kubernetes   (as root)
 
-Starts the test control plane of ``tests/support/k8s_control_plane.py`` (pods are local
-processes on 127.0.0.x), applies ``crds/``, starts ``kubeserve operator``, applies a
-ServeInstance (HeadOnly proxy, port 8000) and a ServeApplication of ``apps:noop``
-(``benchmarks/apps.py``, the app ``make bench`` loads) with 1 replica
-and ``maxOngoingRequests: 100``, waits for Ready, then loads the proxy pod
-(``http://<proxy pod IP>:8000/noop``) with the settings of ``make bench`` (``load.py``). The
-reference row is the same replica code without the data-plane handshake
-(``plain_replica.py``; a replica pod only takes authenticated connections, which wrk cannot make),
-run beside the cluster so both rows share its background load.
+Starts the real single-node cluster of ``tests/support/node_cluster.py`` (containerd, kubelet,
+kube-proxy, CoreDNS; pods on the ``10.244.0.0/24`` bridge), applies ``crds/``, starts ``kubeserve
+operator``, applies a ServeInstance (HeadOnly proxy, port 8000) and a ServeApplication of
+``apps:noop`` (``benchmarks/apps.py``, the app ``make bench`` loads, shipped in the tests' image)
+with 1 replica and ``maxOngoingRequests: 100``, waits for Ready, then loads, in turns so all share
+the same background (``load.measure_together``), with the settings of ``make bench``:
+
+* the proxy pod (``http://<proxy pod IP>:8000/noop``);
+* the proxy Service's ClusterIP (the same pod behind kube-proxy's rules);
+* the reference: the same replica code without the data-plane handshake on the host
+  (``plain_replica.py``; a replica pod only takes authenticated connections, which wrk cannot
+  make).
+
 Everything is torn down at the end. The figures go to ``results-kubernetes.json``, and
 ``results.md`` is rewritten from ``results.json`` plus them (``report.py`` adds the rows).
 """
@@ -32,7 +34,7 @@ import plain_replica
 import report
 
 from support.common import free_port, http, wait_for
-from support.k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane
+from support.k8s_control_plane import ControlPlane
 from support.k8s_operator import (
     OperatorProcess,
     application,
@@ -40,6 +42,7 @@ from support.k8s_operator import (
     instance,
     ready_pods,
 )
+from support.node_cluster import find_node_bin_dir, node_missing, start_node_cluster
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -53,7 +56,8 @@ LOG = ROOT / "var" / "bench-kubernetes-operator.log"
 
 
 def deploy(plane: ControlPlane, operator: OperatorProcess) -> tuple[str, str]:
-    """Apply the ServeInstance and the application, wait for Ready; (proxy IP, replica IP)."""
+    """Apply the ServeInstance and the application, wait for Ready; (proxy pod IP, proxy
+    Service ClusterIP)."""
     plane.apply(instance(NAMESPACE, PORT))
     plane.apply(
         application(
@@ -84,7 +88,10 @@ def deploy(plane: ControlPlane, operator: OperatorProcess) -> tuple[str, str]:
         ips[component] = pods[0]["status"]["podIP"]
     url = f"http://{ips['proxy']}:{PORT}{ROUTE}"
     wait_for(lambda: _answers_ok(url), 60, what=f"ok from {url}")
-    return ips["proxy"], ips["replica"]
+    cluster_ip = plane.get("service", "default-proxy", NAMESPACE)["spec"]["clusterIP"]
+    service = f"http://{cluster_ip}:{PORT}{ROUTE}"
+    wait_for(lambda: _answers_ok(service), 60, what=f"ok from {service}")
+    return ips["proxy"], cluster_ip
 
 
 def _answers_ok(url: str) -> bool:
@@ -96,12 +103,14 @@ def _answers_ok(url: str) -> bool:
 
 
 def run() -> dict[str, Any]:
-    bin_dir = find_bin_dir()
-    if bin_dir is None:
-        raise SystemExit("no control-plane binaries: run `make k8s-binaries`")
+    bin_dir = find_node_bin_dir()
+    missing = node_missing(bin_dir)
+    if missing is not None:
+        raise SystemExit(missing)
+    assert bin_dir is not None
     machine = bench.machine()
     print(f"load average before: {' '.join(machine['load_before'])}", flush=True)
-    with start_control_plane(bin_dir) as plane:
+    with start_node_cluster(bin_dir) as plane:
         LOG.parent.mkdir(exist_ok=True)
         LOG.unlink(missing_ok=True)
         install_crds(plane)
@@ -109,20 +118,24 @@ def run() -> dict[str, Any]:
         operator = OperatorProcess(plane, NAMESPACE, LOG)
         try:
             operator.start()
-            proxy_ip, replica_ip = deploy(plane, operator)
-            print(f"proxy pod {proxy_ip}, replica pod {replica_ip}", flush=True)
+            proxy_ip, cluster_ip = deploy(plane, operator)
+            print(f"proxy pod {proxy_ip}, proxy Service {cluster_ip}", flush=True)
             with plain_replica.running("benchmarks.apps:noop", "Noop", free_port()) as direct:
-                reference = load.measure(
-                    "no-op, direct to replica pod", report.KUBERNETES_SYSTEM, direct
+                loads = load.measure_together(
+                    [
+                        ("no-op, direct to replica code", report.KUBERNETES_SYSTEM, direct),
+                        (
+                            "no-op via proxy pod, 1 replica",
+                            report.KUBERNETES_SYSTEM,
+                            f"http://{proxy_ip}:{PORT}{ROUTE}",
+                        ),
+                        (
+                            "no-op via proxy Service ClusterIP",
+                            report.KUBERNETES_SYSTEM,
+                            f"http://{cluster_ip}:{PORT}{ROUTE}",
+                        ),
+                    ]
                 )
-            loads = [
-                reference,
-                load.measure(
-                    "no-op via proxy pod, 1 replica",
-                    report.KUBERNETES_SYSTEM,
-                    f"http://{proxy_ip}:{PORT}{ROUTE}",
-                ),
-            ]
             version = plane.kubectl("version", "-o", "json", check=False).stdout
         finally:
             operator.stop()

@@ -1,4 +1,4 @@
-"""HTTP load with wrk: one thread, fixed connections and run length, loopback addresses only."""
+"""HTTP load with wrk: one thread, fixed connections and run length, this machine only."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ CONNECTIONS = 16
 DURATION_S = 10
 RUNS = 3
 WARMUP_S = 2
+
+#: The kubernetes tier's node: its pod bridge and its Service ClusterIPs, on this machine only.
+NODE_NETWORKS = (ipaddress.ip_network("10.244.0.0/24"), ipaddress.ip_network("10.96.0.0/16"))
 
 _UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
 
@@ -79,12 +82,12 @@ def parse_wrk(text: str) -> Run:
 def wrk(
     url: str, seconds: int, connections: int = CONNECTIONS, headers: tuple[str, ...] = ()
 ) -> Run:
-    """One wrk run against a loopback address (127.0.0.1, or a test-cluster pod's 127.0.0.x:
-    still this machine and nothing else); ``headers`` as ``"Name: value"``, sent on every
-    request."""
-    host = urlsplit(url).hostname or ""
-    if not ipaddress.ip_address(host).is_loopback:
-        raise ValueError(f"the bench only loads loopback addresses, not {url}")
+    """One wrk run against this machine: a loopback address, or a pod or Service of the test
+    node (:data:`NODE_NETWORKS`, a bridge inside this machine); ``headers`` as ``"Name:
+    value"``, sent on every request."""
+    host = ipaddress.ip_address(urlsplit(url).hostname or "")
+    if not (host.is_loopback or any(host in net for net in NODE_NETWORKS)):
+        raise ValueError(f"the bench only loads this machine and its test node's pods, not {url}")
     wrk_bin = shutil.which("wrk")
     if wrk_bin is None:
         raise RuntimeError("wrk is not installed (make bench installs it with apt-get)")

@@ -1,4 +1,4 @@
-"""The operator's figures, measured on the test control plane (127.0.0.1 only).
+"""The operator's figures, measured on the real single-node cluster of the kubernetes tier.
 
 - CR create -> Ready: ``kubectl apply`` of a ServeApplication (``e2e_probe:app``, and the composed
   test application ``ks_composed_app:app``) until its ``Ready`` condition is True, polled every
@@ -38,8 +38,9 @@ from aiohttp import web
 
 from kubeserve.runtime.kubernetes import contract
 from support.common import free_port, wait_for
-from support.k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane
+from support.k8s_control_plane import ControlPlane
 from support.k8s_operator import OperatorProcess, install_crds
+from support.node_cluster import find_node_bin_dir, node_missing, start_node_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -609,7 +610,7 @@ def write_report(
         f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
         *(f"- {k}: {v}" for k, v in info.items()),
         f"- control plane: test cluster of `tests/support/k8s_control_plane.py`, "
-        f"kube-apiserver {server}, pods run as local processes",
+        f"kube-apiserver {server}, pods in containerd on one real node",
         f"- load average at start: {', '.join(f'{v:.1f}' for v in load_start)} "
         "(other work on this machine is not stopped)",
         "- rerun: `make bench-operator` (or `.venv/bin/python benchmarks/operator_bench.py`)",
@@ -643,11 +644,13 @@ def operator_behind_proxy(plane: ControlPlane) -> Iterator[tuple[OperatorProcess
 
 
 def run(args: argparse.Namespace) -> str:
-    bin_dir = find_bin_dir()
-    if bin_dir is None:
-        raise SystemExit("no control-plane binaries: run `make k8s-binaries`")
+    bin_dir = find_node_bin_dir()
+    missing = node_missing(bin_dir)
+    if missing is not None:
+        raise SystemExit(missing)
+    assert bin_dir is not None
     load_start = os.getloadavg()
-    with start_control_plane(bin_dir) as plane:
+    with start_node_cluster(bin_dir) as plane:
         install_crds(plane)
         plane.add_namespace(NAMESPACE)
         with operator_behind_proxy(plane) as (op, proxy):

@@ -22,12 +22,17 @@ _ONE = "no-op via proxy, 1 replica"
 NGINX_SYSTEM = "nginx (reference)"
 NGINX_SETUP = "no-op via nginx, 1 replica"
 
-# The no-op app on the Kubernetes test cluster, written by kubernetes_row.py.
-KUBERNETES_SYSTEM = "kubeserve on Kubernetes (test cluster)"
+# The no-op app on real pods of the kubernetes tier's node, written by kubernetes_row.py.
+KUBERNETES_SYSTEM = "kubeserve on Kubernetes (real node)"
 KUBERNETES_RESULTS = Path(__file__).resolve().parent / "results-kubernetes.json"
-_K8S_DIRECT = "no-op, direct to replica pod"
+_K8S_DIRECT = "no-op, direct to replica code"
 _K8S_PROXY = "no-op via proxy pod, 1 replica"
-_K8S_RAY_TWIN = {_K8S_DIRECT: _RAY_TWIN[_DIRECT], _K8S_PROXY: "no-op via proxy, 1 replica"}
+_K8S_SERVICE = "no-op via proxy Service ClusterIP"
+_K8S_RAY_TWIN = {
+    _K8S_DIRECT: _RAY_TWIN[_DIRECT],
+    _K8S_PROXY: "no-op via proxy, 1 replica",
+    _K8S_SERVICE: "no-op via proxy, 1 replica",
+}
 
 
 def _kubernetes(results: dict[str, Any]) -> dict[str, Any] | None:
@@ -126,16 +131,17 @@ def kubernetes_note(results: dict[str, Any]) -> list[str]:
         f"The `{KUBERNETES_SYSTEM}` rows were measured by `make bench-kubernetes` "
         f"(`benchmarks/kubernetes_row.py`) on {m['date']} ({m['cpus']} CPUs, load average "
         f"{' '.join(m['load_before'])} before, {' '.join(m.get('load_after', ['?']))} after), "
-        "with the same wrk settings: the test control plane of `tests/kubernetes` (etcd, "
-        f"kube-apiserver {k8s.get('kube_apiserver', '?')}, controller manager, scheduler, and the "
-        "kubelet stand-in that runs pods as local processes on 127.0.0.x) and `kubeserve "
-        "operator` run on the same 2 cores; a ServeInstance (HeadOnly proxy) and a "
-        "ServeApplication of the same no-op deployment (`tests/apps/bench_noop.py`, 1 replica, "
-        "`maxOngoingRequests: 100`). wrk loads the proxy pod's address (port 8000, `/noop`) and "
-        "the replica pod's (port 8000, `/`); `vs direct` on these rows is against the replica "
-        "pod. The cluster's own components keep using CPU while idle (etcd and kube-apiserver, "
-        "about a fifth of a core on this machine), which all processes feel, the replica and wrk "
-        "included; so the proxy pod is best compared with the replica pod of the same run. "
+        "with the same wrk settings, in turns: the real single-node cluster of the kubernetes "
+        f"tier (etcd, kube-apiserver {k8s.get('kube_apiserver', '?')}, controller manager, "
+        "scheduler, kubelet with containerd, kube-proxy, CoreDNS) and `kubeserve operator` run "
+        "on the same 2 cores; a ServeInstance (HeadOnly proxy) and a ServeApplication of the "
+        "same no-op deployment (`benchmarks/apps.py`, 1 replica, `maxOngoingRequests: 100`) in "
+        "pods of the kubeserve image. wrk loads the proxy pod's address (port 8000, `/noop`), "
+        "the proxy Service's ClusterIP (kube-proxy's rules in front of the same pod) and, as "
+        "`direct`, the same replica code on the host without the data-plane handshake (a "
+        "replica pod takes only authenticated connections); `vs direct` on these rows is "
+        "against that. The cluster's own components keep using CPU while idle, which all "
+        "processes feel, the replica and wrk included. "
         "The proxy pod reaches "
         f"{_percent(rps.get(_K8S_PROXY), embedded.get('requests_per_s'))} of the req/s of the "
         "embedded proxy row (`kubeserve | no-op via proxy, 1 replica`, measured in the main run).",

@@ -1,12 +1,12 @@
 #!/bin/sh
 # Build the Kubernetes control-plane binaries the kubernetes test tier runs against.
 #
-# usage: build_k8s_binaries.sh VERSION DEST [node]
+# usage: build_k8s_binaries.sh VERSION DEST
 #   VERSION  a k8s.io/kubernetes release on the Go module proxy, e.g. v1.36.3
-#   DEST     cache directory; binaries land in DEST/bin, DEST/bin/.stamp marks a complete build
-#   node     build the release exactly as shipped, with the node binaries (kubelet, kube-proxy) too,
-#            into DEST/node-bin: what the real single-node cluster of tests/support/node_cluster.py
-#            runs. Both builds share Go's build cache, so the second one mostly links.
+#   DEST     cache directory; the control plane (kube-apiserver, kube-controller-manager,
+#            kube-scheduler, kubectl) and the node binaries (kubelet, kube-proxy) land in
+#            DEST/node-bin, built exactly as released; DEST/node-bin/.stamp marks a complete build.
+#            They are what the real single-node cluster of tests/support/node_cluster.py runs.
 #
 # k8s.io/kubernetes is not meant to be a dependency: its go.mod requires its staging modules
 # (k8s.io/api, k8s.io/client-go, ...) at v0.0.0 and replaces them with ./staging/src paths, which a
@@ -14,33 +14,14 @@
 # staging module it requires with the matching published v0.x.y, so `go build` resolves them from the
 # proxy. Nothing is written into the repository.
 #
-# One deliberate change to upstream (not in the node build), made on a copy of the release's source under DEST/build: Endpoint
-# and EndpointSlice validation accepts loopback addresses. The test kubelet stand-in gives every pod its
-# own 127.0.0.x address (the only addresses an unprivileged process can bind besides the host's), and
-# without the change the EndpointSlice controller could not publish them. Everything else is the release
-# as shipped.
 set -eu
 
 VERSION=$1
 DEST=$2
-FLAVOUR=${3:-stand-in}
 STAGING_VERSION=v0.$(echo "$VERSION" | sed 's/^v1\.//')
-case $FLAVOUR in
-stand-in)
-	BIN=$DEST/bin
-	BUILD=$DEST/build
-	COMMANDS="kube-apiserver kube-controller-manager kube-scheduler kubectl"
-	;;
-node)
-	BIN=$DEST/node-bin
-	BUILD=$DEST/build-node
-	COMMANDS="kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy"
-	;;
-*)
-	echo "unknown flavour $FLAVOUR (stand-in or node)" >&2
-	exit 2
-	;;
-esac
+BIN=$DEST/node-bin
+BUILD=$DEST/build-node
+COMMANDS="kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy"
 
 if [ -f "$BIN/.stamp" ]; then
 	exit 0
@@ -65,11 +46,6 @@ upstream_dir=$(echo "$download" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p
 rm -rf kubernetes
 cp -R "$upstream_dir" kubernetes
 chmod -R u+w kubernetes
-if [ "$FLAVOUR" = stand-in ]; then
-	validation=kubernetes/pkg/apis/core/validation/validation.go
-	sed -i 's/^\tif ip.IsLoopback() {$/\tif false \&\& ip.IsLoopback() { \/\/ kubeserve tests: pods live on 127.0.0.x/' "$validation"
-	grep -q 'if false && ip.IsLoopback()' "$validation" || { echo "loopback patch did not apply to $validation" >&2; exit 1; }
-fi
 go_directive=$(sed -n 's/^go \(.*\)$/\1/p' "$upstream_mod")
 # Staging modules: the ones upstream both requires at v0.0.0 and replaces with ./staging/src/...
 staging=$(sed -n 's|^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/src/.*$|\1|p' "$upstream_mod" | while read -r m; do

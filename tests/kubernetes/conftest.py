@@ -1,34 +1,30 @@
-"""Fixtures of the kubernetes test tier: one real cluster per test session.
+"""Fixtures of the kubernetes test tier: one real single-node cluster per test session.
 
 ``node`` (session) is a ``node_cluster.NodeCluster``: etcd and the unpatched control plane with a
 real kubelet, containerd, kube-proxy and CoreDNS, whose pods run the kubeserve image (or the tests'
 image, the same with ``tests/apps``). It needs root, ``make k8s-node`` and ``KUBESERVE_K8S_NODE=1``
-(``make test`` and ``make test-node`` set it); without them its own tests are skipped.
-``stand_in`` (session) is a ``k8s_control_plane.ControlPlane``: the control plane, built with the
-loopback patch, and the kubelet stand-in that runs pods as local processes on 127.0.0.x.
+(``make test`` and ``make test-node`` set them); without them the tier is skipped, saying so.
+Another test session on this machine holding the node is waited for (see
+``node_cluster.start_node_cluster``).
 
-``control_plane`` (session) is the node when it can run here, else the stand-in: the operator,
-admin API, security and install tests run on either. ``namespace`` (per test) is a fresh namespace
-on it, deleted afterwards, so tests sharing the cluster do not see each other's objects;
-``node_namespace`` is the same on the node. The stand-in tier is skipped only when no binaries
-were built and ``KUBESERVE_K8S_BIN`` is unset; under ``make test`` the binaries always exist.
+``control_plane`` is the same node under the name the operator, admin API, security and install
+tests use. ``namespace`` (per test) is a fresh namespace on it, deleted afterwards, so tests
+sharing the cluster do not see each other's objects; ``node_namespace`` is the same.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from support.common import ROOT
-from support.k8s_control_plane import ControlPlane, find_bin_dir, start_control_plane
+from support.k8s_control_plane import ControlPlane
 from support.k8s_operator import OperatorProcess, install_crds
 from support.node_cluster import (
     NODE_IP,
-    NodeBusy,
     NodeCluster,
     find_node_bin_dir,
     node_missing,
@@ -38,29 +34,8 @@ from support.zip_server import serving, write_zip
 
 
 @pytest.fixture(scope="session")
-def control_plane(request: pytest.FixtureRequest) -> ControlPlane:
-    """The real node when it can run here, else the kubelet stand-in (also when another test
-    session on this machine holds the node)."""
-    if node_missing(find_node_bin_dir()) is None:
-        try:
-            node: NodeCluster = request.getfixturevalue("node")
-            return node
-        except pytest.skip.Exception:
-            pass
-    stand_in: ControlPlane = request.getfixturevalue("stand_in")
-    return stand_in
-
-
-@pytest.fixture(scope="session")
-def stand_in() -> Iterator[ControlPlane]:
-    bin_dir = find_bin_dir()
-    if bin_dir is None and not os.environ.get("KUBESERVE_K8S_BIN"):
-        pytest.skip(
-            "no Kubernetes control-plane binaries: run `make k8s-binaries` (or `make test`)"
-        )
-    assert bin_dir is not None
-    with start_control_plane(bin_dir) as plane:
-        yield plane
+def control_plane(node: NodeCluster) -> ControlPlane:
+    return node
 
 
 @pytest.fixture
@@ -93,10 +68,7 @@ def node() -> Iterator[NodeCluster]:
         pytest.skip(reason)
     assert bin_dir is not None
     with contextlib.ExitStack() as stack:
-        try:
-            cluster = stack.enter_context(start_node_cluster(bin_dir))
-        except NodeBusy as busy:  # another session on this machine: its tests cover the same
-            pytest.skip(str(busy))
+        cluster = stack.enter_context(start_node_cluster(bin_dir))
         install_crds(cluster)
         yield cluster
 

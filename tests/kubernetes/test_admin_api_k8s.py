@@ -1,8 +1,8 @@
 """The admin API served by the operator: Ray's REST families over custom resources and pods.
 
-Everything is real: the control plane, the operator process (its admin API on the dashboard
-port), pods run by the kubelet stand-in, HTTP through the proxy pod, and Ray 2.60's ``serve``
-client. The local backend answers the same config with the same shape of body.
+Everything is real: the node cluster, the operator process (its admin API on the dashboard
+port), pods in containerd, HTTP through the proxy pod, and Ray 2.60's ``serve`` client. The local
+backend answers the same config with the same shape of body.
 """
 
 from __future__ import annotations

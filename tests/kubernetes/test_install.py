@@ -1,8 +1,8 @@
 """The Helm chart's objects apply cleanly to a real API server, and the operator it installs works.
 
 The chart is rendered with a watched-namespace list (so the installed operator leaves other tests'
-namespaces alone), applied with kubectl, and its operator Deployment becomes a pod run by the
-kubelet stand-in under the chart's own ServiceAccount and RBAC: a ServeApplication then reaches
+namespaces alone), applied with kubectl, and its operator Deployment becomes a pod on the real
+node under the chart's own ServiceAccount and RBAC: a ServeApplication then reaches
 Ready and serves traffic, which proves the least-privilege rules are enough.
 """
 

@@ -1,8 +1,8 @@
 """kubeserve on a real node: replicas and proxies in containers of the kubeserve image.
 
-What the kubelet stand-in could not show: the image itself, traffic through a Service's ClusterIP
-(kube-proxy), ``kubectl logs`` and ``kubectl exec``, and the pods' security context enforced by a
-real runtime (a non-root user, a read-only root file system).
+The image itself, traffic through a Service's ClusterIP (kube-proxy), ``kubectl logs`` and
+``kubectl exec``, the pods' security context enforced by a real runtime (a non-root user, a
+read-only root file system), and each pod's metrics port.
 """
 
 from __future__ import annotations

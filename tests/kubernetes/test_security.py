@@ -16,7 +16,6 @@ import base64
 import json
 import re
 import socket
-from pathlib import Path
 from typing import Any
 
 from kubeserve.backends.kubernetes import render
@@ -60,10 +59,10 @@ def pod_ready(plane: ControlPlane, namespace: str) -> bool | None:
 
 
 def test_secret_probes_and_network_policies(
-    control_plane: ControlPlane, operator: OperatorProcess, namespace: str, tmp_path: Path
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
 ) -> None:
     plane = control_plane
-    health = HealthSwitch(plane, namespace, tmp_path)
+    health = HealthSwitch(plane, namespace)
     spec = {
         "routePrefix": "/probe",
         "runtimeEnv": {"envVars": {"KS_HEALTH_FILE": health.path}},

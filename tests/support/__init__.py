@@ -10,7 +10,7 @@ venv`` puts ``tests/`` on the virtualenv's path, as an editable install does), s
 * :mod:`.channel_front`: the data-plane handshake in front of a plain test server;
 * :mod:`.static_source`: an endpoint source of one fixed snapshot;
 * :mod:`.browser`: headless Chromium over the DevTools protocol;
-* :mod:`.k8s_control_plane`, :mod:`.node_cluster`, :mod:`.k8s_operator`, :mod:`.fake_kubelet`:
+* :mod:`.k8s_control_plane`, :mod:`.node_cluster`, :mod:`.k8s_operator`:
   the Kubernetes tier's clusters and operator;
 * :mod:`.kubeserve_install`: the rendered Helm chart and the plain manifests.
 """

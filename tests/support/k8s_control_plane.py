@@ -1,28 +1,17 @@
-"""Test support: a real Kubernetes control plane on 127.0.0.1 for the kubernetes test tier.
+"""The parts of a test Kubernetes control plane that the real node cluster builds on.
 
-``start_control_plane()`` runs etcd, kube-apiserver (RBAC authorization, a static admin token in
-``system:masters``), kube-controller-manager (every controller: Deployments, ReplicaSets,
-DaemonSets, Jobs, garbage collection, EndpointSlices, service-account tokens, namespaces),
-kube-scheduler, and the kubelet stand-in (``fake_kubelet.py``) that runs pods as local processes.
-All of it lives in one temporary directory with free ports, and every process and file is removed
-when the context exits. Binaries come from ``make k8s-binaries``; etcd from the system (Debian's
-``etcd-server``) unless the binary directory holds one.
-
-What tests get (``ControlPlane``): ``kubeconfig`` (admin), ``server``, ``kubectl(...)``,
+:class:`ControlPlane` is what tests get: ``kubeconfig`` (admin), ``server``, ``kubectl(...)``,
 ``apply(...)``, ``get(...)``, ``api(...)`` for raw requests, ``env()`` for starting an operator
 process, ``service_account_kubeconfig(...)`` to run something with a service account's RBAC,
-``extra_node(...)`` for more nodes, and ``pod_log(...)`` because there is no kubelet API behind
-``kubectl logs``.
-
-What differs from a real cluster: pods are processes of the test virtualenv on 127.0.0.x (images
-are ignored; containers need a ``command``), Service cluster IPs route nowhere (no kube-proxy: reach
-pods through their EndpointSlices), and the API server is built to accept loopback addresses in
-EndpointSlices (see ``build_k8s_binaries.sh``).
+namespaces per test. :mod:`support.node_cluster` starts one on a real node (etcd, the unpatched
+control plane, kubelet, containerd, kube-proxy, CoreDNS) with the helpers here: the process group
+of its daemons, the PKI, etcd's command line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import re
@@ -32,33 +21,20 @@ import signal
 import ssl
 import subprocess
 import sys
-import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from support.common import ROOT, free_port, wait_for
-from support.fake_kubelet import die_with_parent, kubeconfig_text
+from support.common import wait_for
 
-HERE = Path(__file__).resolve().parent
 CACHE = Path.home() / ".cache" / "kubeserve" / "k8s"
-NODE_NAME = "kubeserve-test-node"
 SERVICE_CIDR = "10.96.0.0/16"
 ADMIN_USER = "kubeserve-admin"
-REQUIRED_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
-
-
-def find_bin_dir() -> Path | None:
-    """``KUBESERVE_K8S_BIN`` if set (``make test`` sets it), else the newest cached build."""
-    if os.environ.get("KUBESERVE_K8S_BIN"):
-        return Path(os.environ["KUBESERVE_K8S_BIN"])
-    stamps = sorted(CACHE.glob("v*/bin/.stamp"), key=lambda p: _version_key(p.parent.parent.name))
-    return stamps[-1].parent if stamps else None
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -131,9 +107,8 @@ class ControlPlane:
     kubeconfig: Path
     token: str
     ca_file: Path
-    node_name: str = NODE_NAME
+    node_name: str = ""
     processes: ProcessGroup | None = field(default=None, repr=False)
-    _extra_nodes: int = field(default=0, repr=False)
 
     # -- kubectl ----------------------------------------------------------------------------------
     def kubectl(
@@ -227,55 +202,10 @@ class ControlPlane:
         path.write_text(kubeconfig_text(self.server, str(self.ca_file), token.strip(), namespace))
         return path
 
-    def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
-        """What a pod's container wrote (the first container unless named)."""
-        if container is None:
-            container = self.get("pod", pod, namespace)["spec"]["containers"][0]["name"]
-        path = self.work_dir / "kubelet" / "pods" / f"{namespace}_{pod}" / f"{container}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
     def component_log(self, name: str, lines: int = 60) -> str:
-        """The end of a control-plane component's log (etcd, kube-apiserver, fake-kubelet...)."""
+        """The end of a control-plane component's log (etcd, kube-apiserver, kubelet...)."""
         assert self.processes is not None
         return self.processes.tail(name, lines)
-
-    # -- nodes ------------------------------------------------------------------------------------
-    def start_kubelet(
-        self,
-        node: str,
-        pod_cidr: str,
-        labels: Mapping[str, str] | None = None,
-        capacity: Mapping[str, str] | None = None,
-    ) -> None:
-        """Start a kubelet stand-in for ``node``; its pods get addresses from ``pod_cidr``.
-
-        Pods see this environment (the test virtualenv first on PATH, ``tests/apps`` and the
-        package on PYTHONPATH): it plays the part of the container image.
-        """
-        assert self.processes is not None
-        env = dict(os.environ)
-        env.pop("KUBECONFIG", None)
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
-        env["PYTHONPATH"] = os.pathsep.join(
-            [
-                str(ROOT / "tests" / "apps"),
-                str(ROOT / "benchmarks"),  # the benchmark's apps.py, as in the node's test image
-                str(ROOT / "operator"),
-                env.get("PYTHONPATH", ""),
-            ]
-        ).rstrip(os.pathsep)
-        env["PYTHONUNBUFFERED"] = "1"
-        argv = [
-            sys.executable,
-            str(HERE / "fake_kubelet.py"),
-            f"--kubeconfig={self.kubeconfig}",
-            f"--node-name={node}",
-            f"--work-dir={self.work_dir / 'kubelet'}",
-            f"--pod-cidr={pod_cidr}",
-        ]
-        argv += [f"--label={k}={v}" for k, v in (labels or {}).items()]
-        argv += [f"--capacity={k}={v}" for k, v in (capacity or {}).items()]
-        self.processes.start(f"fake-kubelet-{node}", argv, env=env)
 
     def node_ready(self, node: str) -> bool:
         try:
@@ -285,29 +215,6 @@ class ControlPlane:
         return any(
             c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])
         )
-
-    @contextlib.contextmanager
-    def extra_node(
-        self,
-        node: str,
-        labels: Mapping[str, str] | None = None,
-        capacity: Mapping[str, str] | None = None,
-    ) -> Iterator[str]:
-        """A second (third...) node for the duration of a ``with`` block, e.g. for DaemonSets or
-        node selectors; its pods live on 127.<n>.0.x. On exit its pods and the Node are removed."""
-        assert self.processes is not None
-        self._extra_nodes += 1
-        self.start_kubelet(node, f"127.{self._extra_nodes}.0.0/16", labels, capacity)
-        try:
-            wait_for(lambda: self.node_ready(node), 30, what=f"node {node} Ready")
-            yield node
-        finally:
-            self.processes.stop(f"fake-kubelet-{node}")
-            self.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false")
-            self.kubectl(
-                "delete", "pods", "--all-namespaces", f"--field-selector=spec.nodeName={node}",
-                "--force", "--grace-period=0", "--ignore-not-found",
-            )  # fmt: skip
 
     def create_namespace(self, prefix: str = "test") -> str:
         name = (
@@ -408,122 +315,30 @@ def _answers_ok(url: str, token: str | None = None, ca_file: Path | None = None)
         return False
 
 
-@contextlib.contextmanager
-def start_control_plane(bin_dir: Path, timeout_s: float = 120.0) -> Iterator[ControlPlane]:
-    """Start everything, yield a ready ``ControlPlane`` (node Ready, default service account made),
-    and tear it all down afterwards; ``KUBESERVE_K8S_KEEP=1`` keeps the work directory."""
-    etcd = find_etcd(bin_dir)
-    missing = [b for b in REQUIRED_BINARIES if not (bin_dir / b).exists()]
-    if missing or etcd is None:
-        raise RuntimeError(
-            f"control-plane binaries missing ({', '.join(missing) or 'etcd'}) in {bin_dir}: "
-            "run `make k8s-binaries`"
-        )
-    work = Path(tempfile.mkdtemp(prefix="kubeserve-k8s-"))
-    processes = ProcessGroup(work)
-    try:
-        yield _start(bin_dir, etcd, work, processes, timeout_s)
-    finally:
-        processes.stop_all()
-        if os.environ.get("KUBESERVE_K8S_KEEP") != "1":
-            shutil.rmtree(work, ignore_errors=True)
+def die_with_parent() -> None:
+    """Runs in a child before exec: it must not outlive the test process that started it."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _start(
-    bin_dir: Path, etcd: str, work: Path, processes: ProcessGroup, timeout_s: float
-) -> ControlPlane:
-    pki = work / "pki"
-    make_pki(pki)
-    token = secrets.token_hex(24)
-    (pki / "tokens.csv").write_text(f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
-    etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
-    server = f"https://127.0.0.1:{api_port}"
-    kubeconfig = work / "admin.kubeconfig"
-    kubeconfig.write_text(kubeconfig_text(server, str(pki / "ca.crt"), token))
-    plane = ControlPlane(
-        bin_dir, work, server, kubeconfig, token, pki / "ca.crt", processes=processes
-    )
-
-    def ready(name: str, probe: Any, what: str) -> None:
-        def check() -> bool:
-            processes.check(name)
-            return bool(probe())
-
-        try:
-            wait_for(check, timeout_s, interval_s=0.1, what=what)
-        except AssertionError as err:
-            raise RuntimeError(f"{err}\n{processes.tail(name)}") from None
-
-    processes.start("etcd", _etcd_argv(etcd, work / "etcd", etcd_port, peer_port))
-    ready("etcd", lambda: _answers_ok(f"http://127.0.0.1:{etcd_port}/health"), "etcd health")
-
-    processes.start("kube-apiserver", [
-        str(bin_dir / "kube-apiserver"),
-        f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
-        f"--secure-port={api_port}",
-        f"--cert-dir={work / 'apiserver'}",
-        f"--tls-cert-file={pki / 'apiserver.crt'}",
-        f"--tls-private-key-file={pki / 'apiserver.key'}",
-        f"--client-ca-file={pki / 'ca.crt'}",
-        f"--token-auth-file={pki / 'tokens.csv'}",
-        "--authorization-mode=RBAC",
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-        f"--service-account-key-file={pki / 'sa.pub'}",
-        f"--service-account-signing-key-file={pki / 'sa.key'}",
-        f"--service-cluster-ip-range={SERVICE_CIDR}",
-        "--allow-privileged=true",
-        "--profiling=false",
-    ])  # fmt: skip
-    ready(
-        "kube-apiserver",
-        lambda: _answers_ok(f"{server}/readyz", token, pki / "ca.crt"),
-        "kube-apiserver /readyz",
-    )
-
-    common = [
-        f"--kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        "--bind-address=127.0.0.1",
-        "--leader-elect=false",
-        "--profiling=false",
-    ]
-    kcm_port, scheduler_port = free_port(), free_port()
-    processes.start("kube-controller-manager", [
-        str(bin_dir / "kube-controller-manager"),
-        *common,
-        f"--secure-port={kcm_port}",
-        f"--cert-dir={work / 'controller-manager'}",
-        "--controllers=*",
-        f"--service-account-private-key-file={pki / 'sa.key'}",
-        f"--root-ca-file={pki / 'ca.crt'}",
-        f"--service-cluster-ip-range={SERVICE_CIDR}",
-        "--cluster-name=kubeserve-test",
-    ])  # fmt: skip
-    processes.start("kube-scheduler", [
-        str(bin_dir / "kube-scheduler"),
-        *common,
-        f"--secure-port={scheduler_port}",
-    ])  # fmt: skip
-    plane.start_kubelet(NODE_NAME, "127.0.0.0/16")
-    ready(
-        "kube-controller-manager",
-        lambda: _answers_ok(f"https://127.0.0.1:{kcm_port}/healthz"),
-        "kube-controller-manager /healthz",
-    )
-    ready(
-        "kube-scheduler",
-        lambda: _answers_ok(f"https://127.0.0.1:{scheduler_port}/healthz"),
-        "kube-scheduler /healthz",
-    )
-    ready(
-        f"fake-kubelet-{NODE_NAME}", lambda: plane.node_ready(NODE_NAME), f"node {NODE_NAME} Ready"
-    )
-    ready(
-        "kube-controller-manager",
-        lambda: plane.exists("serviceaccount", "default", "default"),
-        "the default service account (service-account controller running)",
-    )
-    return plane
+def kubeconfig_text(server: str, ca_file: str, token: str, namespace: str = "default") -> str:
+    """A kubeconfig for ``server`` authenticating with ``token``."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "kubeserve-test",
+                "cluster": {"server": server, "certificate-authority": ca_file},
+            }
+        ],
+        "users": [{"name": "user", "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": "kubeserve-test",
+                "context": {"cluster": "kubeserve-test", "user": "user", "namespace": namespace},
+            }
+        ],
+        "current-context": "kubeserve-test",
+    }
+    return yaml.safe_dump(config)

@@ -9,9 +9,7 @@ from typing import Any
 
 from kubeserve.runtime.kubernetes import contract
 from support.common import free_port, http, wait_for
-from support.fake_kubelet import die_with_parent
-from support.k8s_control_plane import ControlPlane
-from support.node_cluster import NodeCluster
+from support.k8s_control_plane import ControlPlane, die_with_parent
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,8 +88,8 @@ class OperatorProcess:
         return kib / 1024
 
 
-#: The tests' pods run this image on the real node (the kubelet stand-in ignores images): the
-#: kubeserve image with ``tests/apps`` in /app (``tests/kubernetes/node/build_images.sh``).
+#: The tests' pods run this image on the real node: the kubeserve image with ``tests/apps`` (and
+#: the benchmark's ``apps.py``) in /app (``tests/kubernetes/node/build_images.sh``).
 TESTS_IMAGE = "kubeserve-tests:0.1.0"
 #: Deployment overrides for tests that run several replicas at once: a replica asks for one CPU
 #: by default (Ray's ``num_cpus``), and the real node has two cores, shared with the proxy and with
@@ -142,8 +140,8 @@ def ready_pods(plane: ControlPlane, namespace: str, selector: str) -> list[dict[
 
 def wait_ready(plane: ControlPlane, operator: OperatorProcess, namespace: str, app: str) -> None:
     """``kubectl wait --for=condition=Ready`` on the application, with diagnostics on failure.
-    Real pods (a build Job's, then the replicas') take longer than the stand-in's processes,
-    the more so on a busy machine."""
+    Real pods (a build Job's, then the replicas') take a while, the more so on a busy
+    machine."""
     result = plane.kubectl(
         "wait", "--for=condition=Ready", f"serveapplication/{app}", "-n", namespace,
         "--timeout=120s", check=False, timeout=130,
@@ -211,18 +209,14 @@ def serve_hello(plane: ControlPlane, operator: OperatorProcess, namespace: str) 
 
 class HealthSwitch:
     """Makes ``e2e_probe``'s replicas fail their health check (``KS_HEALTH_FILE`` exists) and pass
-    again. On the real node the file is in the pod's scratch ``emptyDir`` (it survives a container
-    restart), written with ``kubectl exec``; the stand-in's pods see the host's files."""
+    again. The file is in the pod's scratch ``emptyDir`` (it survives a container restart),
+    written with ``kubectl exec``."""
 
-    def __init__(self, plane: ControlPlane, namespace: str, host_dir: Path) -> None:
+    def __init__(self, plane: ControlPlane, namespace: str) -> None:
         self.plane, self.namespace = plane, namespace
-        self.in_pod = isinstance(plane, NodeCluster)
-        self.path = "/tmp/unhealthy" if self.in_pod else str(host_dir / "unhealthy")
+        self.path = "/tmp/unhealthy"
 
     def set(self, unhealthy: bool, pod: str) -> None:
-        if not self.in_pod:
-            Path(self.path).touch() if unhealthy else Path(self.path).unlink()
-            return
         command = ["touch", self.path] if unhealthy else ["rm", "-f", self.path]
 
         def done() -> bool:  # the container may be restarting (liveness)

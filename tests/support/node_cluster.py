@@ -42,7 +42,6 @@ from typing import Any
 import yaml
 
 from support.common import free_port, wait_for
-from support.fake_kubelet import kubeconfig_text
 from support.k8s_control_plane import (
     ADMIN_USER,
     SERVICE_CIDR,
@@ -51,6 +50,7 @@ from support.k8s_control_plane import (
     _answers_ok,
     _etcd_argv,
     find_etcd,
+    kubeconfig_text,
     make_pki,
     sign_certificate,
 )
@@ -324,7 +324,7 @@ def node_lock(timeout_s: float) -> Iterator[None]:
 
 @contextlib.contextmanager
 def start_node_cluster(
-    bin_dir: Path, timeout_s: float = 120.0, lock_timeout_s: float = 180.0
+    bin_dir: Path, timeout_s: float = 120.0, lock_timeout_s: float = 1800.0
 ) -> Iterator[NodeCluster]:
     """Start the cluster (cleaning any leftovers first), yield it once the node is Ready with DNS
     and Service routing in place, and leave the machine clean afterwards."""

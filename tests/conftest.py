@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from support.kubeserve import Kubeserve, running_kubeserve
+from support.kubeserve_start import Kubeserve, running_kubeserve
 
 
 @pytest.fixture(scope="module")

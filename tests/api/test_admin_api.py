@@ -10,7 +10,7 @@ import pytest
 
 from kubeserve.schema.status import ServeInstanceDetails
 from support.common import http, wait_for
-from support.kubeserve import Kubeserve
+from support.kubeserve_start import Kubeserve
 
 RAY_REFERENCE = Path(__file__).resolve().parents[1] / "reference" / "ray-2.60"
 

@@ -27,7 +27,7 @@ from schemathesis import GenerationMode
 
 from kubeserve.api.openapi import openapi_document
 from kubeserve.api.server import ENDPOINTS, OPENAPI_PATH
-from support.kubeserve import Kubeserve, running_kubeserve
+from support.kubeserve_start import Kubeserve, running_kubeserve
 
 #: Generated requests per operation and mode (valid, invalid); operations without inputs are
 #: sent once. About 500 requests, one to two minutes on 2 cores.

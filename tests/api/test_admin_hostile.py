@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from support.common import http
-from support.kubeserve import Kubeserve
+from support.kubeserve_start import Kubeserve
 
 APPS = "/api/serve/applications/"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from support.common import ROOT, free_port, http
-from support.kubeserve import Kubeserve, running_kubeserve
+from support.kubeserve_start import Kubeserve, running_kubeserve
 
 TOKEN = "t0ken-for-tests"
 HELLO = {"name": "hello", "route_prefix": "/hello", "import_path": "examples.hello:app"}

@@ -21,7 +21,7 @@ from kubeserve.api.server import create_app
 from kubeserve.schema.status import ServeInstanceDetails
 from support.browser import Chromium, Page, chromium_binary, running_chromium
 from support.common import ROOT, free_port, http, wait_for
-from support.kubeserve import Kubeserve, running_kubeserve
+from support.kubeserve_start import Kubeserve, running_kubeserve
 
 CHROMIUM = chromium_binary()
 pytestmark = pytest.mark.skipif(

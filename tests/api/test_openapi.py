@@ -7,7 +7,7 @@ from aiohttp import web
 from kubeserve.api.dashboard import OPEN_PATHS as DASHBOARD_PATHS
 from kubeserve.api.server import OPENAPI_KEY, OPENAPI_PATH, create_app
 from support.common import http
-from support.kubeserve import Kubeserve
+from support.kubeserve_start import Kubeserve
 
 
 class _LocalLikeBackend:

@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 
 from support.common import http
-from support.kubeserve import Kubeserve, PickleMarker, replica_port
+from support.kubeserve_start import Kubeserve, PickleMarker, replica_port
 
 
 def _raw(port: int, request: bytes) -> bytes:

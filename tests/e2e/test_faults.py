@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from support.common import pid_alive, wait_for
-from support.kubeserve import Kubeserve
+from support.kubeserve_start import Kubeserve
 
 CLIENTS = 12
 

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from support.common import http, wait_for
-from support.kubeserve import Kubeserve, slow_app
+from support.kubeserve_start import Kubeserve, slow_app
 
 #: reacts within seconds (Ray's defaults wait 30 s up and 10 min down)
 FAST = {

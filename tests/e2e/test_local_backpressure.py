@@ -7,7 +7,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from support.common import http, wait_for
-from support.kubeserve import Kubeserve, slow_app
+from support.kubeserve_start import Kubeserve, slow_app
 
 
 def test_max_ongoing_requests_holds_across_callers(clean_kubeserve: Kubeserve) -> None:

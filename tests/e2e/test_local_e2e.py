@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from support.common import http, pid_alive, wait_for
-from support.kubeserve import Kubeserve, running_kubeserve
+from support.kubeserve_start import Kubeserve, running_kubeserve
 from support.zip_server import serving, write_zip
 
 COMPOSED = {"name": "composed", "route_prefix": "/", "import_path": "examples.composed:app"}

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from support.common import ROOT, free_port, http, pid_alive, wait_for
-from support.kubeserve import Kubeserve, running_kubeserve
+from support.kubeserve_start import Kubeserve, running_kubeserve
 
 SIZED = {"name": "sized", "route_prefix": "/sized", "import_path": "ks_hygiene_app:sized"}
 SPAWNER = {"name": "spawner", "route_prefix": "/spawner", "import_path": "ks_hygiene_app:spawner"}

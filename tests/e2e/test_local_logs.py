@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from support.common import http, wait_for
-from support.kubeserve import Kubeserve, running_kubeserve
+from support.kubeserve_start import Kubeserve, running_kubeserve
 
 ECHO = {"name": "echo", "route_prefix": "/echo", "import_path": "ks_echo_app:app"}
 COMPOSED = {

@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from support.common import http, wait_for
-from support.kubeserve import Kubeserve
+from support.kubeserve_start import Kubeserve
 
 ECHO = {"name": "echo", "route_prefix": "/echo", "import_path": "ks_echo_app:app"}
 

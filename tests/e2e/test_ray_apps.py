@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from support.common import ROOT, wait_for
-from support.kubeserve import Kubeserve, running_kubeserve
+from support.kubeserve_start import Kubeserve, running_kubeserve
 
 
 @pytest.fixture(scope="module")

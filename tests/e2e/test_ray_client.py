@@ -15,7 +15,7 @@ import yaml
 
 from support import ray_cli
 from support.common import http, pid_alive, wait_for
-from support.kubeserve import Kubeserve, running_kubeserve
+from support.kubeserve_start import Kubeserve, running_kubeserve
 from support.ray_cli import needs_ray_serve
 
 pytestmark = needs_ray_serve

@@ -27,7 +27,7 @@ from support.k8s_operator import (
     instance,
     proxy_url,
 )
-from support.kubeserve import Kubeserve
+from support.kubeserve_start import Kubeserve
 from support.ray_cli import needs_ray_serve
 
 RAY_REFERENCE = Path(__file__).resolve().parents[1] / "reference" / "ray-2.60"

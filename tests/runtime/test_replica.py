@@ -26,7 +26,7 @@ import pytest
 from kubeserve.runtime import channel, wire
 from support.channel_front import SECRET
 from support.common import free_port, wait_for
-from support.kubeserve import PickleMarker
+from support.kubeserve_start import PickleMarker
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ venv`` puts ``tests/`` on the virtualenv's path, as an editable install does), s
 
 * :mod:`.common`: ``ROOT``, ``free_port``, ``wait_for``, ``http``, ``pid_alive``, ``run`` (an
   asyncio runner) and ``wait_until`` (its async twin of ``wait_for``);
-* :mod:`.kubeserve`: a real ``kubeserve start`` process and the apps tests deploy;
+* :mod:`.kubeserve_start`: a real ``kubeserve start`` process and the apps tests deploy;
 * :mod:`.channel_front`: the data-plane handshake in front of a plain test server;
 * :mod:`.static_source`: an endpoint source of one fixed snapshot;
 * :mod:`.browser`: headless Chromium over the DevTools protocol;

@@ -89,12 +89,18 @@ def find_coredns() -> Path | None:
 
 
 def node_missing(bin_dir: Path | None) -> str | None:
-    """Why a node cluster cannot start here (None when it can). Opt-in (``make test-node`` sets
-    ``KUBESERVE_K8S_NODE=1``) until the node tier joins ``make test``."""
+    """Why a node cluster cannot start here (None when it can): the Kubernetes tier runs when
+    ``KUBESERVE_K8S_NODE=1`` (``make test`` and ``make test-node`` set it), as root."""
     if os.environ.get("KUBESERVE_K8S_NODE") != "1":
-        return "the node tier is opt-in: `make test-node` (KUBESERVE_K8S_NODE=1)"
+        return (
+            "the Kubernetes tier runs on a real node made on this machine: `make test` or "
+            "`make test-node` (they set KUBESERVE_K8S_NODE=1), as root"
+        )
     if os.geteuid() != 0:
-        return "the node cluster needs root"
+        return (
+            "the Kubernetes tier's node (containerd, kubelet, a network bridge) needs root: "
+            "run `make test` as root to run it"
+        )
     if bin_dir is None or any(not (bin_dir / b).exists() for b in NODE_BINARIES):
         return "no node binaries: run `make k8s-node`"
     for tool in ("containerd", "runc", "ctr", "nft", "ip"):

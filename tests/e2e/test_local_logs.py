@@ -52,6 +52,7 @@ def test_the_callers_request_id_is_answered_and_written_by_the_replica(
     level, _date, _time, deployment, replica, request_id, *_ = access.split()
     assert (level, deployment, request_id) == ("INFO", "Echo", "req-1234")
     assert replica.startswith("Echo")
+    assert http("GET", f"{ks.proxy}/-/healthz")[0] == 200  # a probe: no access line
     (proxy,) = ks.details()["proxies"].values()
     wait_for(
         lambda: any(
@@ -61,6 +62,7 @@ def test_the_callers_request_id_is_answered_and_written_by_the_replica(
         10,
         what="the proxy's access line of request req-1234",
     )
+    assert "GET /-/healthz" not in Path(proxy["log_file_path"]).read_text()
 
 
 def test_a_handle_call_carries_the_request_id_into_the_callee(clean_kubeserve: Kubeserve) -> None:

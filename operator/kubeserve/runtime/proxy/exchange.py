@@ -442,7 +442,7 @@ class Exchange:
         method = self.method.decode("latin-1")
         latency_ms = (perf_counter() - started) * 1000.0
         metrics.record(method, route, application, deployment, status, latency_ms)
-        if state.access_log is not None:
+        if state.access_log is not None and not self.own_route:  # probes are not traffic
             shown = route or self.url.partition(b"?")[0].decode("latin-1")
             state.access_log.add(method, shown, status, latency_ms, self.request_id)
 

@@ -166,7 +166,8 @@ e2e-kind-clean:
 
 ## Benchmark kubeserve against Ray Serve 2.60 on this machine (127.0.0.1 only, about 15 minutes):
 ## writes benchmarks/results.md and benchmarks/results.png, then the Ray-API applications (FastAPI vs
-## uvicorn alone, streaming, batching) to benchmarks/results-ray-api.md. wrk and nginx (the reference proxy row)
+## uvicorn alone, streaming, batching) to benchmarks/results-ray-api.md, then autoscaling, cold start,
+## overload and 16/64/256 connections to benchmarks/results-autoscaling.md. wrk and nginx (the reference proxy row)
 ## come from Debian; the plot is drawn in a bench-only virtualenv with matplotlib ($(CACHE)/bench),
 ## the Ray side runs from $(RAY_VENV).
 .PHONY: bench
@@ -178,6 +179,7 @@ bench: venv ray-client
 	timeout 1800 $(BIN)/python benchmarks/bench.py --ray-venv $(RAY_VENV) \
 		--plot-python $(CACHE)/bench/bin/python
 	timeout 1200 $(BIN)/python benchmarks/ray_api.py --ray-venv $(RAY_VENV)
+	timeout 1800 $(BIN)/python benchmarks/autoscaling.py --ray-venv $(RAY_VENV)
 
 ## The operator's figures on the real node of the kubernetes tier (as root, about 15-20 minutes):
 ## CR create -> Ready (median of 5), API requests per minute when idle (through a counting proxy),

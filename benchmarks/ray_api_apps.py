@@ -91,3 +91,53 @@ fastapi_app = FastAPIIngress.bind()
 streaming_app = StreamIngress.bind(Chunks.bind())
 batched_app = Batched.bind()
 unbatched_app = Unbatched.bind()
+
+
+# --- autoscaling and overload (benchmarks/autoscaling.py) --------------------------------------
+
+#: The same autoscaling_config on both systems: 1 to 2 replicas, short delays.
+AUTOSCALING = {
+    "min_replicas": 1,
+    "max_replicas": 2,
+    "target_ongoing_requests": 2,
+    "upscale_delay_s": 1,
+    "downscale_delay_s": 5,
+    "metrics_interval_s": 1,
+    "look_back_period_s": 2,
+}
+WORK_S = 0.05
+
+
+@serve.deployment(max_ongoing_requests=5, autoscaling_config=AUTOSCALING, ray_actor_options=SMALL)
+class Scaled:
+    """Answers which replica served the request, after ``WORK_S`` of (async) work."""
+
+    async def __call__(self, request: Request) -> str:
+        await asyncio.sleep(WORK_S)
+        return str(serve.get_replica_context().replica_id.unique_id)
+
+
+@serve.deployment(
+    max_ongoing_requests=5,
+    autoscaling_config={**AUTOSCALING, "min_replicas": 0, "initial_replicas": 0},
+    ray_actor_options=SMALL,
+)
+class FromZero:
+    async def __call__(self, request: Request) -> str:
+        return "ok"
+
+
+@serve.deployment(
+    num_replicas=1, max_ongoing_requests=2, max_queued_requests=4, ray_actor_options=SMALL
+)
+class Capped:
+    """Serves two requests at a time, queues four more; the rest get a 503 at once."""
+
+    async def __call__(self, request: Request) -> str:
+        await asyncio.sleep(WORK_S)
+        return "ok"
+
+
+scaled_app = Scaled.bind()
+from_zero_app = FromZero.bind()
+capped_app = Capped.bind()

@@ -120,9 +120,9 @@ SUPPORT: dict[str, Support] = {
     "ServeDeploySchema.http_options": works(),
     "ServeDeploySchema.grpc_options": works(),
     "ServeDeploySchema.controller_options": works(),
-    "ServeDeploySchema.logging_config": partial(
-        "the proxy's logging, fixed while the serving layer runs (a change is a 409); on "
-        "Kubernetes only Ray's defaults (a 400 otherwise)"
+    "ServeDeploySchema.logging_config": works(
+        "the proxies' logging (encoding, level, access lines), fixed while the serving layer "
+        "runs: a change is a 409 saying to DELETE first"
     ),
     "ServeDeploySchema.tracing_config": works(),
     "ServeDeploySchema.target_capacity": works(

@@ -757,3 +757,18 @@ def test_proxy_and_replica_pods_tell_prometheus_where_their_metrics_are() -> Non
     assert secret["metadata"]["name"] == "default-metrics-token"
     assert secret["data"] == {"token": base64.b64encode(b"t0k3n").decode()}
     assert secret["immutable"] is True
+
+
+def test_the_top_level_logging_config_reaches_the_proxy_pods() -> None:
+    """Ray's serve-config logging_config is the proxies': given to them as JSON, verbatim."""
+    logging_config = {"encoding": "JSON", "logLevel": "DEBUG", "enableAccessLog": False}
+    proxy = render.render_proxy(instance(loggingConfig=logging_config))[0]
+    command = proxy["spec"]["template"]["spec"]["containers"][0]["command"]
+    given = json.loads(command[command.index("--logging-config") + 1])
+    assert (given["encoding"], given["log_level"], given["enable_access_log"]) == (
+        "JSON",
+        "DEBUG",
+        False,
+    )
+    plain = render.render_proxy(instance())[0]["spec"]["template"]["spec"]["containers"][0]
+    assert "--logging-config" not in plain["command"]

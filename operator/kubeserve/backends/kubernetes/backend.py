@@ -54,12 +54,11 @@ from kubeserve.control.details import instance_details
 from kubeserve.control.instance import (
     external_scaler_disabled,
     immutable_option_conflict,
-    proxy_logging_config,
 )
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import Kube, KubeConflict, KubeError, path
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
-from kubeserve.schema.errors import ErrorDetail, SchemaError
+from kubeserve.schema.errors import ErrorDetail
 from kubeserve.schema.resources import (
     API_VERSION,
     DEFAULT_INSTANCE,
@@ -93,14 +92,6 @@ _POLL_S = 0.1
 Obj = dict[str, Any]
 
 
-#: Why a top-level ``logging_config`` is refused by the operator's admin API.
-PROXY_LOGGING_REFUSED = (
-    "a top-level logging_config other than Ray's defaults (the proxies' logging) is not "
-    "supported on Kubernetes yet: set logging_config per application or deployment; proxy pods "
-    "write Ray's text format, INFO, with access lines, to their container output"
-)
-
-
 class KubernetesBackend:
     """Implements :class:`kubeserve.backends.protocol.Backend` over the operator's client and
     caches, in ``namespace`` (which the caches must watch)."""
@@ -132,8 +123,6 @@ class KubernetesBackend:
         *,
         single_app: dict[str, Any] | None = None,
     ) -> None:
-        if proxy_logging_config(instance) != proxy_logging_config({}):
-            raise SchemaError([{"loc": ["logging_config"], "msg": PROXY_LOGGING_REFUSED}])
         async with self._lock, _kube_errors():
             current = await self._live("ServeInstance", self.instance)
             if current is not None:

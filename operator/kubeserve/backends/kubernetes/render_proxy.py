@@ -23,6 +23,7 @@ The operator can only grant what it holds itself, so its own role needs these ru
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 from kubeserve.backends.kubernetes.render_pod import (
@@ -30,6 +31,7 @@ from kubeserve.backends.kubernetes.render_pod import (
     container,
     data_plane_secret_env,
     environment,
+    escape,
     pod_spec,
 )
 from kubeserve.backends.kubernetes.render_views import InstanceView
@@ -80,6 +82,9 @@ def _proxy_command(instance: InstanceView) -> list[str]:
     command += ["--discovery", DISCOVERY_KUBERNETES]
     if http.request_timeout_s is not None:
         command += ["--request-timeout-s", str(float(http.request_timeout_s))]
+    if instance.logging_config:  # Ray's logging_config for the proxies: encoding, level, access
+        logging_config = json.dumps(instance.logging_config, sort_keys=True)
+        command += ["--logging-config", escape(logging_config)]
     return [*command, "--keep-alive-timeout-s", str(int(http.keep_alive_timeout_s))]
 
 

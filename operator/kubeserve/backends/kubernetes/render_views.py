@@ -58,6 +58,12 @@ class InstanceView:
         return None if value is None else float(value)
 
     @property
+    def logging_config(self) -> dict[str, Any] | None:
+        """The serve config's top-level ``logging_config`` (the proxies'), when given."""
+        value = self.spec.rest_options().get("logging_config")
+        return None if value is None else dict(value)
+
+    @property
     def image_pull_policy(self) -> str | None:
         return self.spec.image_pull_policy
 

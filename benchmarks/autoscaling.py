@@ -186,7 +186,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {_median(f['scale_up_s'])} | {_median(f['scale_down_s'])} | "
             f"{_median(f['cold_start_s'])} | {o['answered_per_s']:.0f} | {o['p50_ms']:.1f} | "
-            f"{o['p99_ms']:.1f} | {o['share_503']:.0%} | {o['median_503_ms']:.1f} |"
+            f"{o['p99_ms']:.1f} | {o['share_503']:.1%} | {o['median_503_ms']:.1f} |"
         )
     lines += ["", "| system | 16 connections | 64 | 256 | 64 vs 16 | 256 vs 16 |"]
     lines += ["|---|---|---|---|---|---|"]

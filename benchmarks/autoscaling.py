@@ -34,7 +34,7 @@ from typing import Any
 import aiohttp
 import load
 from bench import noop_app
-from systems import BENCH_DIR, Kubeserve, RayServe, ServeSystem, wait_for
+from systems import BENCH_DIR, Kubeserve, RayServe, ServeSystem, serve_bench_apps, wait_for
 
 
 def _app(name: str, attribute: str) -> dict[str, str]:
@@ -206,12 +206,8 @@ def main() -> int:
     parser.add_argument("--only", choices=["kubeserve", "ray"], default=None)
     parser.add_argument("--out", type=Path, default=BENCH_DIR)
     args = parser.parse_args()
-    # Both systems import ray_api_apps (and ray_apps) from this directory.
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p
-    )
     results: dict[str, Any] = {
-        "machine": f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} at the start",
+        "machine": serve_bench_apps(),
         "systems": {},
     }
     systems: list[ServeSystem] = []

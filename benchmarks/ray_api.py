@@ -33,7 +33,16 @@ from pathlib import Path
 from typing import Any
 
 import load
-from systems import BENCH_DIR, Kubeserve, RayServe, ServeSystem, free_port, http, wait_for
+from systems import (
+    BENCH_DIR,
+    Kubeserve,
+    RayServe,
+    ServeSystem,
+    free_port,
+    http,
+    serve_bench_apps,
+    wait_for,
+)
 
 RUNS = 5
 STREAM_RUNS = 7
@@ -187,12 +196,8 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=BENCH_DIR)
     args = parser.parse_args()
-    # Both systems import ray_api_apps from this directory; kubeserve's replicas inherit it.
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p
-    )
     results: dict[str, Any] = {
-        "machine": f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} at the start",
+        "machine": serve_bench_apps(),
         "systems": {},
     }
     systems: list[ServeSystem] = [Kubeserve(), RayServe(args.ray_venv)]

@@ -208,3 +208,13 @@ class RayServe(ServeSystem):
             "controller": pids_matching("ray::ServeController")[0],
             "proxy": pids_matching("ray::ProxyActor")[0],
         }
+
+
+def serve_bench_apps() -> str:
+    """Put this directory on ``PYTHONPATH`` (the processes both systems start inherit it), so
+    ``import_path: ray_api_apps:...`` resolves to the same file on both; returns a line on the
+    machine for the report."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p
+    )
+    return f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} at the start"

@@ -188,8 +188,9 @@ bench: venv ray-client
 bench-operator: venv k8s-node
 	KUBESERVE_K8S_NODE=1 timeout 2400 $(BIN)/python benchmarks/operator_bench.py
 
-## The no-op app on real pods of the kubernetes tier's node (as root, about 3 minutes): a replica pod
-## directly, the proxy pod, and the proxy Service's ClusterIP, loaded in turns.
+## The no-op app on real pods of the kubernetes tier's node (as root, about 3 minutes): the proxy pod,
+## the proxy Service's ClusterIP and, as the reference, the same replica code on the host without the
+## data-plane handshake (wrk cannot pass it), loaded in turns.
 ## Writes benchmarks/results-kubernetes.json and adds its rows to benchmarks/results.md.
 .PHONY: bench-kubernetes
 bench-kubernetes: venv k8s-node

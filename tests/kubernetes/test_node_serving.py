@@ -15,6 +15,7 @@ from support.common import http, wait_for
 from support.k8s_operator import (
     OperatorProcess,
     hello,
+    proxy_service_url,
     ready_pods,
     serve_hello,
     text_answer,
@@ -82,3 +83,32 @@ def test_proxy_and_replica_pods_serve_rays_metrics_to_the_token_of_their_secret(
             )
 
         assert wait_for(lambda c=counted: c() >= 3, 30, what=f"{name} of the {component}")
+
+
+def test_every_node_proxies_run_as_a_daemonset_that_serves(
+    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+) -> None:
+    """``proxy_location: EveryNode`` renders the proxies as a DaemonSet: one ready proxy pod per
+    node (here the one node), serving through the proxy Service."""
+    ns = node_namespace
+    objects = hello(ns)
+    objects[0]["spec"]["proxyLocation"] = "EveryNode"
+    node.apply(objects)
+    wait_ready(node, node_operator, ns, "hello")
+    (daemonset,) = node.get("daemonsets", namespace=ns)["items"]
+    assert daemonset["metadata"]["labels"]["app.kubernetes.io/component"] == "proxy"
+    wait_for(
+        lambda: (
+            (node.get("daemonset", daemonset["metadata"]["name"], ns).get("status") or {}).get(
+                "numberReady"
+            )
+            == 1
+        ),
+        60,
+        what="the proxy DaemonSet's pod ready on the node",
+    )
+    assert not node.get("deployments", namespace=ns, selector="app.kubernetes.io/component=proxy")[
+        "items"
+    ]
+    url = proxy_service_url(node, ns, "/hello")
+    assert text_answer(url) == "hello, world\n"

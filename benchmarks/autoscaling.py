@@ -13,8 +13,9 @@ The applications are ``Scaled``, ``FromZero`` and ``Capped`` of ``benchmarks/ray
 * **overload**: ``Capped`` holds 2 requests and queues 4 (``max_queued_requests``); 24 clients (4x
   what it holds) send for 10 s: p50/p99 of the answered requests, the share of 503s and their
   median latency (a fast 503 is the point of the queue limit);
-* **connections**: the no-op app at 16, 64 and 256 connections (wrk), the 64 and 256 rows as a
-  share of the 16 row.
+* **connections**: the no-op app at 16, 64 and 256 connections (wrk), loaded in turns (16, 64,
+  256, then again) so that a change in the machine's load falls on every row alike; the 64 and
+  256 rows as a share of the 16 row.
 
 Writes ``results-autoscaling.json`` and ``results-autoscaling.md`` next to this file.
 """
@@ -47,6 +48,8 @@ CAPPED = _app("capped", "capped_app")
 CLIENTS = 16
 OVERLOAD_CLIENTS = 24
 OVERLOAD_S = 10.0
+#: rounds of the connection rows, each round loading 16, 64 and 256 connections in turn
+CONNECTION_ROUNDS = 5
 
 
 async def _until_second_replica(url: str, timeout_s: float) -> float:
@@ -153,11 +156,14 @@ def bench_system(system: ServeSystem, runs: int) -> dict[str, Any]:
         found["overload"] = asyncio.run(_overload(f"{proxy}/capped"))
         print(f"  overload: {found['overload']}", flush=True)
         url = f"{proxy}/noop"
-        connections = {}
-        for count in (16, 64, 256):
+        counts = (16, 64, 256)
+        rps: dict[int, list[float]] = {count: [] for count in counts}
+        for count in counts:
             load.wrk(url, load.WARMUP_S, count)
-            rps = [load.wrk(url, load.DURATION_S, count).requests_per_s for _ in range(3)]
-            connections[str(count)] = statistics.median(rps)
+        for _ in range(CONNECTION_ROUNDS):
+            for count in counts:
+                rps[count].append(load.wrk(url, load.DURATION_S, count).requests_per_s)
+        connections = {str(count): statistics.median(rps[count]) for count in counts}
         found["connections"] = connections
         print(f"  connections: {connections}", flush=True)
         return found

@@ -83,8 +83,20 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated namespaces to watch; empty watches the whole cluster",
     )
     operator.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
-    operator.add_argument("--dashboard-host", default="0.0.0.0")
+    operator.add_argument(
+        "--dashboard-host",
+        default="0.0.0.0",
+        help="address(es) of the admin server, comma-separated (default: all)",
+    )
     operator.add_argument("--dashboard-port", type=int, default=8265)
+    operator.add_argument(
+        "--report-url",
+        default=os.environ.get("KUBESERVE_REPORT_URL") or None,
+        help="the admin server's URL as the instances' pods reach it (the chart sets the "
+        "operator's Service): they report requests waiting for replicas there, which lets "
+        "deployments scale to zero (default: $KUBESERVE_REPORT_URL; unset, min_replicas 0 is "
+        "refused)",
+    )
     operator.add_argument(
         "--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)"
     )
@@ -446,6 +458,7 @@ def _operator(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         watch_namespaces=tuple(n for n in args.watch_namespaces.split(",") if n),
         kubeconfig=args.kubeconfig,
+        report_url=args.report_url,
     )
     return uvloop.run(
         _operate(settings, args.dashboard_host, args.dashboard_port, args.metrics_port)
@@ -474,12 +487,15 @@ async def _operate(settings: Any, host: str, port: int, metrics_port: int = 0) -
             "GET /api/serve/applications/ will not see what it deploys",
             settings.namespace,
         )
-    backend = KubernetesBackend(operator.cluster.kube, operator.cluster.cache, settings.namespace)
+    backend = KubernetesBackend(
+        operator.cluster.kube, operator.cluster.cache, settings.namespace, reports=operator
+    )
     authorizer = KubernetesAuthorizer(operator.cluster.kube, settings.namespace)
     admin = create_app(backend, middlewares=[authorizer.middleware])
     runner = web.AppRunner(admin, access_log=None, shutdown_timeout=5)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    for one_host in host.split(","):
+        await web.TCPSite(runner, one_host.strip(), port).start()
     metrics_runner: web.AppRunner | None = None
     if metrics_port:
 
@@ -490,7 +506,8 @@ async def _operate(settings: Any, host: str, port: int, metrics_port: int = 0) -
         metrics_app.add_routes([web.get("/metrics", metrics)])
         metrics_runner = web.AppRunner(metrics_app, access_log=None)
         await metrics_runner.setup()
-        await web.TCPSite(metrics_runner, host, metrics_port).start()
+        for one_host in host.split(","):
+            await web.TCPSite(metrics_runner, one_host.strip(), metrics_port).start()
     registry = kopf.OperatorRegistry()
     register(registry, operator)
     namespaces = list(settings.watch_namespaces)

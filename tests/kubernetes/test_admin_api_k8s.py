@@ -451,12 +451,6 @@ def test_target_capacity_scales_the_deployments(
         "import_path": "e2e_probe:app",
         "deployments": [{"name": "Probe", "num_replicas": 3, **SMALL_RAY_REPLICA}],
     }
-    to_zero = {**app, "deployments": [{"name": "Probe", "autoscaling_config": {"min_replicas": 0}}]}
-    status, refused = api.put([to_zero])
-    assert status == 400, refused
-    loc = ["applications", 0, "deployments", 0, "autoscaling_config", "min_replicas"]
-    assert refused["details"][0]["loc"] == loc
-    assert "not supported on Kubernetes" in refused["details"][0]["msg"]
     body = {**config([app]), "target_capacity": 34}
     assert api.http("PUT", f"{api.url}/api/serve/applications/", body)[0] == 200
     selector = "app.kubernetes.io/component=replica"

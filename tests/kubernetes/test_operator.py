@@ -346,3 +346,80 @@ def test_autoscaling_sets_the_deployments_replicas_from_replica_load(
     entry = plane.get("serveapplication", "probe", namespace)["status"]["deployments"]["Probe"]
     assert entry["targetReplicas"] == 1
     assert "Downscaling from 2 to 1" in entry["lastScalingDecision"]["reason"]
+
+
+def _pods_of(plane: ControlPlane, namespace: str, app: str, deployment: str) -> int:
+    selector = f"kubeserve.io/application={app},kubeserve.io/deployment={deployment}"
+    return len(plane.get("pods", namespace=namespace, selector=selector)["items"])
+
+
+def test_deployments_scaled_to_zero_start_a_replica_for_the_first_request(
+    control_plane: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    """``min_replicas: 0`` on Kubernetes: no replica pod while idle; the first request waits at
+    the proxy pod (or at the handle in the caller's pod), which reports it to the operator; the
+    operator starts a replica and the request is answered; idle again, the replica goes."""
+    plane = control_plane
+    to_zero = {
+        "autoscalingConfig": {
+            "minReplicas": 0,
+            "maxReplicas": 1,
+            "metricsIntervalS": 0.5,
+            "lookBackPeriodS": 2,
+            "upscaleDelayS": 0,
+            "downscaleDelayS": 2,
+            "downscaleToZeroDelayS": 2,
+        },
+        **SMALL_REPLICA,
+    }
+    direct = application(
+        namespace,
+        "direct",
+        "ks_autoscale_app:slow",
+        routePrefix="/direct",
+        deployments=[{"name": "Slow", **to_zero}],
+    )
+    behind = application(
+        namespace,
+        "behind",
+        "ks_autoscale_app:front",
+        routePrefix="/behind",
+        deployments=[{"name": "Front", **SMALL_REPLICA}, {"name": "Slow", **to_zero}],
+    )
+    plane.apply([instance(namespace), direct, behind])
+    wait_ready(plane, operator, namespace, "direct")
+    wait_ready(plane, operator, namespace, "behind")
+    assert _pods_of(plane, namespace, "direct", "Slow") == 0
+    assert _pods_of(plane, namespace, "behind", "Slow") == 0
+    url = proxy_url(plane, namespace)
+    wait_for(lambda: http("GET", f"{url}/-/routes")[1] != {}, 60, what="the proxy's routes")
+
+    # Through the proxy pod: the request is held there until a replica is ready.
+    status, body = http("GET", f"{url}/direct?s=0", timeout=120)
+    assert status == 200, (body, operator.log())
+    assert "pid" in body
+    entry = plane.get("serveapplication", "direct", namespace)["status"]["deployments"]["Slow"]
+    assert "from 0 to 1" in entry["lastScalingDecision"]["reason"], entry
+
+    # Through a handle in the Front replica's pod: the call waits there.
+    status, body = http("GET", f"{url}/behind?s=0", timeout=120)
+    assert status == 200, (body, operator.log())
+    assert body["backend_pid"]
+
+    # The report endpoint takes signed reports of the instance's pods only.
+    forged = f"http://127.0.0.1:{operator.port}/-/load?instance={namespace}/default&queued=%7B%7D"
+    status, body = http("GET", forged)
+    assert status == 403, body
+
+    # Idle: both scale back to zero.
+    wait_for(
+        lambda: (
+            _pods_of(plane, namespace, "direct", "Slow") == 0
+            and _pods_of(plane, namespace, "behind", "Slow") == 0
+        ),
+        120,
+        what="both Slow deployments back to zero pods",
+    )
+    # And up again on the next request.
+    status, body = http("GET", f"{url}/direct?s=0", timeout=120)
+    assert status == 200, (body, operator.log())

@@ -10,6 +10,7 @@ from typing import Any
 from kubeserve.runtime.kubernetes import contract
 from support.common import free_port, http, wait_for
 from support.k8s_control_plane import ControlPlane, die_with_parent
+from support.node_cluster import NODE_IP
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +33,11 @@ def install_crds(plane: ControlPlane) -> None:
 
 class OperatorProcess:
     """``kubeserve operator`` watching one namespace; ``kubeconfig`` defaults to the cluster's
-    own (the operator benchmark passes one that goes through its request-counting proxy)."""
+    own (the operator benchmark passes one that goes through its request-counting proxy).
+
+    Its admin server listens on loopback for the tests and on the node's bridge address for the
+    pods, which report requests waiting for replicas there (``--report-url``), as they reach the
+    chart's operator through its Service."""
 
     def __init__(
         self,
@@ -52,8 +57,10 @@ class OperatorProcess:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kubeserve.cli", "operator", "--namespace", self.namespace,
-                 "--watch-namespaces", self.namespace, "--dashboard-host", "127.0.0.1",
-                 "--dashboard-port", str(self.port), "--metrics-port", str(self.metrics_port)],
+                 "--watch-namespaces", self.namespace,
+                 "--dashboard-host", f"127.0.0.1,{NODE_IP}", "--dashboard-port", str(self.port),
+                 "--report-url", f"http://{NODE_IP}:{self.port}",
+                 "--metrics-port", str(self.metrics_port)],
                 env=self.plane.env(self.kubeconfig), stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, cwd=ROOT,
                 preexec_fn=die_with_parent,  # no orphan operator, even if the caller is killed

@@ -53,16 +53,18 @@ def create_app(
     and the Host check (off by default, as the operator runs it). ``middlewares`` run inside the
     error mapping, before every handler: access control a backend brings (the operator's
     :class:`~kubeserve.backends.kubernetes.admin_auth.KubernetesAuthorizer`); they are skipped for
-    the dashboard's static files, which hold no data (:mod:`kubeserve.api.dashboard`)."""
+    the dashboard's static files, which hold no data (:mod:`kubeserve.api.dashboard`), and for the
+    backend's internal routes, whose callers (kubeserve's own processes and pods) sign their
+    requests with the data plane's secret instead."""
     security = security or AdminSecurity()
     internal = backend.internal_routes()
-    token_exempt = {e.path for e in ENDPOINTS if e.open} | dashboard.OPEN_PATHS
-    token_exempt |= {r.path for r in internal if isinstance(r, web.RouteDef)}
+    internal_paths = frozenset(r.path for r in internal if isinstance(r, web.RouteDef))
+    token_exempt = {e.path for e in ENDPOINTS if e.open} | dashboard.OPEN_PATHS | internal_paths
     app = web.Application(
         middlewares=[
             error_middleware,
             security_middleware(security, token_exempt),
-            *(_except_on(dashboard.OPEN_PATHS, m) for m in middlewares),
+            *(_except_on(dashboard.OPEN_PATHS | internal_paths, m) for m in middlewares),
         ],
         client_max_size=MAX_BODY_BYTES,
     )

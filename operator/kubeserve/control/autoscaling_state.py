@@ -21,7 +21,7 @@ from typing import Any
 from kubeserve.control import autoscaling
 from kubeserve.control.autoscaling import AutoscalingConfig, Direction, PolicyState, Sample
 
-__all__ = ["DeploymentAutoscaler", "ReplicaLoad", "ScalingRecord"]
+__all__ = ["CallerReports", "DeploymentAutoscaler", "ReplicaLoad", "ScalingRecord"]
 
 #: Decisions kept for the status.
 MAX_DECISIONS = 10
@@ -67,6 +67,28 @@ class ScalingRecord:
 class _Read:
     at: float
     load: ReplicaLoad
+
+
+class CallerReports:
+    """What each caller (a proxy, a handle client) last reported waiting, by deployment key.
+
+    A caller reports only the keys where requests wait; a key it reported before and leaves out
+    now has nothing waiting any more. :meth:`update` turns a report into a count for every key
+    concerned, zeros included. A caller is forgotten once nothing waits at it.
+    """
+
+    def __init__(self) -> None:
+        self._keys: dict[str, set[str]] = {}
+
+    def update(self, caller_id: str, queued: Mapping[str, int]) -> dict[str, int]:
+        previous = self._keys.get(caller_id, set())
+        counts = {key: int(queued.get(key, 0)) for key in previous | set(queued)}
+        waiting = {key for key, n in queued.items() if n}
+        if waiting:
+            self._keys[caller_id] = waiting
+        else:
+            self._keys.pop(caller_id, None)
+        return counts
 
 
 class DeploymentAutoscaler:
@@ -173,6 +195,10 @@ class DeploymentAutoscaler:
             self.config.look_back_period_s,
             self.config.aggregation_function,
         )
+        if running == 0:
+            # Nothing serves: whatever waits now must start a replica, however the window's
+            # average (which a report of 0 an instant ago still holds down) comes out.
+            load = max(load, float(self.queued_now()))
         self.last_load = load
         decision = autoscaling.decide(
             self.config,

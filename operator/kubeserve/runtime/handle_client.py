@@ -109,16 +109,23 @@ class HandleClient:
         assign_timeout_s: float | None = None,
         source: EndpointSource | None = None,
         router: Router | None = None,
+        scope: str | None = None,
     ) -> None:
         """``assign_timeout_s``: how long a call may wait for a replica slot before
         :class:`DeploymentUnavailableError`; ``None`` (the default) waits as Ray's handles do,
-        for a deployment scaled to zero to start a replica, say."""
+        for a deployment scaled to zero to start a replica, say. ``scope``: the
+        ``namespace/instance`` the client's load reports name (in a cluster)."""
         self.router = router or Router()
         self._secret = secret
         self._assign_timeout_s = assign_timeout_s
-        #: the reporter tells the controller what waits here (local backend)
+        #: the reporter tells the controller (local) or the operator (cluster) what waits here
         self._source, self._load_reporter = controller_links(
-            controller_url, source, self.router, secret=secret, caller="a handle client"
+            controller_url,
+            source,
+            self.router,
+            secret=secret,
+            caller="a handle client",
+            scope=scope,
         )
         self._pools: dict[str, _CallPool] = {}
         self._sweeper = PoolSweeper(self._pools)

@@ -11,6 +11,10 @@ starts waiting on a deployment without replicas (:attr:`Router.on_starved`): tha
 starts a replica of a deployment scaled to zero. Reports are best effort: a lost one is replaced by
 the next.
 
+The controller is the local backend's (``kubeserve start``) or, in a cluster, the operator's admin
+server; there a report also names its ``instance`` (``namespace/name``, the ``scope``), whose
+data-plane secret signs it.
+
 Ownership: the reporter owns its background task; it reads the router on the router's loop.
 """
 
@@ -45,6 +49,7 @@ class LoadReporter:
         secret: bytes,
         source_id: str | None = None,
         interval_s: float = DEFAULT_REPORT_INTERVAL_S,
+        scope: str | None = None,
     ) -> None:
         url = urlsplit(controller_url)
         self._host = url.hostname or "127.0.0.1"
@@ -52,6 +57,7 @@ class LoadReporter:
         self._router = router
         self._secret = secret
         self.source_id = source_id or uuid.uuid4().hex
+        self._scope = scope
         self._interval_s = interval_s
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -91,7 +97,10 @@ class LoadReporter:
             reported_waiting = bool(queued)
 
     async def _send(self, queued: dict[str, int]) -> None:
-        query = urlencode({"source": self.source_id, "queued": json.dumps(queued)})
+        fields = {"source": self.source_id, "queued": json.dumps(queued)}
+        if self._scope is not None:
+            fields["instance"] = self._scope
+        query = urlencode(fields)
         async with asyncio.timeout(_REPORT_TIMEOUT_S):
             status, body = await signed_get(
                 self._host, self._port, f"{LOAD_PATH}?{query}", self._secret
@@ -107,18 +116,22 @@ def controller_links(
     *,
     secret: bytes,
     caller: str,
+    scope: str | None = None,
 ) -> tuple[EndpointSource, LoadReporter | None]:
     """Where a caller (a proxy, a handle client) learns the endpoints and reports its queues.
 
     ``source`` when given (Kubernetes, tests), else the local controller's :class:`Discovery` at
     ``controller_url``; a :class:`LoadReporter` for ``router`` whenever there is a controller to
-    report to. ``caller`` names the caller in the error when neither is given.
+    report to. ``caller`` names the caller in the error when neither is given; ``scope`` is the
+    ``namespace/instance`` a report names in a cluster.
     """
     if source is None:
         if controller_url is None:
             raise ValueError(f"{caller} needs a controller_url or an endpoint source")
         source = Discovery(controller_url, secret=secret)
     reporter = (
-        None if controller_url is None else LoadReporter(controller_url, router, secret=secret)
+        None
+        if controller_url is None
+        else LoadReporter(controller_url, router, secret=secret, scope=scope)
     )
     return source, reporter

@@ -34,6 +34,7 @@ a peer that has not proved the instance's secret: the handshake comes before the
 
 from __future__ import annotations
 
+import json
 import pickle
 import struct
 from collections.abc import Mapping
@@ -156,6 +157,22 @@ def queue_limits(config: Mapping[str, Any]) -> QueueLimits:
 def deployment_key(app: str, deployment: str) -> str:
     """The one spelling of a deployment's identity across the data plane."""
     return f"{app}#{deployment}"
+
+
+def split_deployment_key(key: str) -> tuple[str, str]:
+    """``(application, deployment)`` of a :func:`deployment_key`."""
+    app, _, deployment = key.partition("#")
+    return app, deployment
+
+
+def parse_queued(text: str) -> dict[str, int]:
+    """The ``queued`` field of a load report (``{deployment key: requests waiting}`` as JSON);
+    ``ValueError`` when it is not a JSON object of counts."""
+    try:
+        queued = json.loads(text)
+        return {str(key): int(n) for key, n in queued.items()}
+    except (ValueError, TypeError, AttributeError):
+        raise ValueError("queued must be a JSON object of counts") from None
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -77,3 +77,14 @@ def test_a_restarted_owner_adopts_the_running_count_within_the_bounds() -> None:
     scaler.adopt(9)
     assert scaler.target == 4
     assert not scaler.decisions  # nothing was decided: the count was already running
+
+
+def test_a_request_waiting_with_no_replica_starts_one_even_after_a_report_of_zero() -> None:
+    """A caller reported 0 an instant ago (its queue had emptied), then 1: the window's average
+    is about 0, but with nothing running whatever waits now decides."""
+    scaler = DeploymentAutoscaler({**CONFIG, "min_replicas": 0, "upscale_delay_s": 60}, now=0.0)
+    assert scaler.target == 0
+    scaler.record_queued("proxy", 0, 10.0)
+    scaler.record_queued("proxy", 1, 10.0)
+    assert scaler.step(0, 10.0)
+    assert scaler.target == 1

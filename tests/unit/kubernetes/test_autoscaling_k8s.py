@@ -1,8 +1,15 @@
-"""The operator's autoscaling helpers: scale-to-zero refusal and externally set counts."""
+"""The operator's autoscaling helpers: scale to zero (refused without reports, decided on a
+report) and externally set counts."""
 
 from __future__ import annotations
 
-from kubeserve.backends.kubernetes.autoscaling import external_replicas, scale_to_zero_paths
+from kubeserve.backends.kubernetes.autoscaling import (
+    Autoscalers,
+    external_replicas,
+    scale_to_zero_paths,
+    scaling_key,
+)
+from kubeserve.backends.kubernetes.backend import KubernetesBackend
 from kubeserve.runtime.kubernetes import contract
 
 
@@ -27,3 +34,46 @@ def test_external_counts_come_from_the_annotation_and_bad_values_are_ignored() -
     assert external_replicas(obj("not json")) == {}
     assert external_replicas(obj("[1]")) == {}
     assert external_replicas(obj(None)) == {}
+
+
+class _Reports:
+    """A LoadReportSink as the operator is one: the reports it was given, by scaler."""
+
+    def __init__(self, scales_to_zero: bool) -> None:
+        self.scales_to_zero = scales_to_zero
+
+    def instance_secret(self, namespace: str, instance: str) -> bytes | None:
+        return None
+
+    def record_queued(
+        self, namespace: str, instance: str, caller_id: str, queued: dict[str, int]
+    ) -> None:
+        raise AssertionError("not reached")
+
+
+def test_scaling_to_zero_is_refused_only_where_pods_cannot_report_to_the_operator() -> None:
+    config = {"deployments": [{"name": "A", "autoscaling_config": {"min_replicas": 0}}]}
+    for reports in (None, _Reports(scales_to_zero=False)):
+        backend = KubernetesBackend(None, None, "ns", reports=reports)  # type: ignore[arg-type]
+        [refusal] = backend.refusals(config)
+        assert refusal["loc"] == ["deployments", 0, "autoscaling_config", "min_replicas"]
+        assert "--report-url" in refusal["msg"]
+    backend = KubernetesBackend(None, None, "ns", reports=_Reports(True))  # type: ignore[arg-type]
+    assert backend.refusals(config) == []
+
+
+def test_a_report_for_a_deployment_at_zero_decides_at_once_and_wakes_the_operator() -> None:
+    woken: list[int] = []
+    scalers = Autoscalers(on_decided=lambda: woken.append(1))
+    key = scaling_key("ns", "app", "Slow")
+    config = {"min_replicas": 0, "max_replicas": 2, "upscale_delay_s": 30}
+    assert scalers.target(key, {"autoscaling_config": config}) == 0
+    scalers.record_queued(key, "proxy-1", 0)
+    assert woken == []
+    scalers.record_queued(key, "proxy-1", 1)
+    assert woken == [1]
+    assert scalers.target(key, {"autoscaling_config": config}) == 1
+    decision = scalers.last_decision(key)
+    assert decision is not None and decision["curr_num_replicas"] == 1
+    scalers.record_queued("ns/other/Slow", "proxy-1", 5)  # no such autoscaler: ignored
+    assert woken == [1]

@@ -25,6 +25,7 @@ from kubeserve.backends.kubernetes.autoscaling import (
     Autoscalers,
     external_replicas,
     scale_to_zero_paths,
+    scaling_key,
 )
 from kubeserve.backends.kubernetes.cluster import Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
@@ -102,13 +103,15 @@ class ApplicationReconciler:
         self, obj: dict[str, Any], instance: dict[str, Any], app_config: dict[str, Any]
     ) -> ApplicationReport:
         secret = await self._data_plane.secret(instance)  # replicas read it; pushes prove it
-        instance_view = render.instance_view(instance)
+        instance_view = render.instance_view(instance, self._data_plane.report_url)
         app_view = render.app_view(obj, app_config)
         graph = await _graph(self._cluster, instance_view, app_view)
         if graph is None:
             return ApplicationReport(application_status(BuildView("running"), {}))
         error = (
-            graph.error or _override_error(graph, app_config) or _scale_to_zero(graph, app_config)
+            graph.error
+            or _override_error(graph, app_config)
+            or (None if instance_view.report_url else _scale_to_zero(graph, app_config))
         )
         if error is not None:
             return ApplicationReport(application_status(BuildView("failed", error), {}))
@@ -151,19 +154,19 @@ class ApplicationReconciler:
             effective = effective_config.effective_deployment_config(
                 name, node.get("options", {}), overrides.get(name), app_config.get("logging_config")
             )
-            scaling_key = f"{app.namespace}/{app.cr_name}/{name}"
+            scaler_key = scaling_key(app.namespace, app.cr_name, name)
             existing = cluster.cache.get(
                 "Deployment", app.namespace, contract.workload_name(app.cr_name, name)
             )
             running_count = (
                 None if existing is None else (existing.get("spec") or {}).get("replicas")
             )
-            replicas = self._autoscalers.target(scaling_key, effective, capacity, running_count)
+            replicas = self._autoscalers.target(scaler_key, effective, capacity, running_count)
             if replicas is None:
                 fixed = effective_config.target_replicas(effective, capacity[0])
                 replicas = external.get(name, fixed)
             if running_count is not None and replicas != running_count:
-                decision = self._autoscalers.last_decision(scaling_key)
+                decision = self._autoscalers.last_decision(scaler_key)
                 why = _scale_reason(decision, name in external)
                 message = f"deployment {name}: {running_count} -> {replicas} replicas ({why})"
                 await cluster.event(obj, "Scaled", message, event_type="Normal")
@@ -182,7 +185,7 @@ class ApplicationReconciler:
                 "Pod", app.namespace, dict(workload["spec"]["selector"]["matchLabels"])
             )
             await self._data_plane.push_user_config(pods, effective, secret, instance.uid)
-            self._autoscalers.observe(scaling_key, pods, secret)
+            self._autoscalers.observe(scaler_key, pods, secret)
             healthy_key = f"{app.namespace}/{app.cr_name}/{name}/{deployment.version}"
             view = deployment_view_from_pods(
                 pods,
@@ -198,7 +201,7 @@ class ApplicationReconciler:
                 view,
                 service["metadata"]["name"],
                 int(effective["max_ongoing_requests"]),
-                self._autoscalers.last_decision(scaling_key),
+                self._autoscalers.last_decision(scaler_key),
                 wire.queue_limits(effective),
             )
         await _delete_stale_children(cluster, app, wanted)

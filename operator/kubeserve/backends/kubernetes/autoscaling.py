@@ -5,6 +5,12 @@ No HorizontalPodAutoscaler and no metrics server: the operator reads every ready
 ``metrics_interval_s``, feeds :class:`~kubeserve.control.autoscaling_state.DeploymentAutoscaler`
 (the same decisions as the local backend), and renders the Deployment with its target.
 
+Requests waiting at callers count too, as on the local backend: proxy and replica pods report them
+to the operator's admin server (``GET /-/load``, signed with their instance's data-plane secret;
+:mod:`kubeserve.runtime.load_report`), and :meth:`Autoscalers.record_queued` decides at once when
+a deployment without replicas has a request waiting, which is what scales it up from zero. Without
+a URL for those reports (``kubeserve operator --report-url``) scaling to zero is refused.
+
 Owns one autoscaler per autoscaling deployment (keyed ``namespace/application/deployment``), in
 the operator's memory: after an operator restart a deployment starts again from its current
 replica count's bounds, as Ray's controller does after losing its state. Reads run in the
@@ -33,13 +39,18 @@ log = logging.getLogger(__name__)
 _READ_TIMEOUT_S = 5.0
 
 
-#: Why ``min_replicas: 0`` is refused on Kubernetes: a request for a deployment without replicas
-#: waits at a proxy pod, which has no way yet to tell the operator to start one.
+#: Why ``min_replicas: 0`` is refused by an operator started without ``--report-url``: a request
+#: for a deployment without replicas would wait at a pod with no way to tell the operator.
 SCALE_TO_ZERO_REFUSED = (
-    "scaling to zero (min_replicas or initial_replicas 0) is not supported on Kubernetes yet: "
-    "the first request could not start a replica; use min_replicas >= 1 (kubeserve start "
-    "supports it)"
+    "scaling to zero (min_replicas or initial_replicas 0) needs the operator's --report-url "
+    "(the Helm chart sets it), where pods report the requests that wait for a replica; "
+    "use min_replicas >= 1 or set it"
 )
+
+
+def scaling_key(namespace: str, application: str, deployment: str) -> str:
+    """The key of a deployment's autoscaler: ``application`` is its ServeApplication's name."""
+    return f"{namespace}/{application}/{deployment}"
 
 
 def scale_to_zero_paths(
@@ -120,6 +131,18 @@ class Autoscalers:
         task = asyncio.ensure_future(self._read_and_decide(scaler, pods, secret))
         self._tasks[key] = task
         task.add_done_callback(lambda _task: self._tasks.pop(key, None))
+
+    def record_queued(self, key: str, caller_id: str, queued: int) -> None:
+        """A caller's report of requests waiting for ``key``; a request waiting on a deployment
+        scaled to zero decides now (and wakes the operator), as on the local backend."""
+        scaler = self._scalers.get(key)
+        if scaler is None:
+            return
+        now = time.time()
+        scaler.record_queued(caller_id, queued, now)
+        if queued and scaler.target == 0 and scaler.step(0, now):
+            log.info("%s: %s", key, scaler.decisions[-1].reason)
+            self.on_decided()
 
     def forget(self, key: str) -> None:
         self._scalers.pop(key, None)

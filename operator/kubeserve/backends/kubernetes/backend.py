@@ -26,7 +26,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -55,6 +55,7 @@ from kubeserve.control.instance import (
     external_scaler_disabled,
     immutable_option_conflict,
 )
+from kubeserve.runtime import channel, wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import Kube, KubeConflict, KubeError, path
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
@@ -92,14 +93,34 @@ _POLL_S = 0.1
 Obj = dict[str, Any]
 
 
+class LoadReportSink(Protocol):
+    """Where the pods' load reports go (the :class:`~.operator.Operator`)."""
+
+    @property
+    def scales_to_zero(self) -> bool: ...
+
+    def instance_secret(self, namespace: str, instance: str) -> bytes | None: ...
+
+    def record_queued(
+        self, namespace: str, instance: str, caller_id: str, queued: dict[str, int]
+    ) -> None: ...
+
+
 class KubernetesBackend:
     """Implements :class:`kubeserve.backends.protocol.Backend` over the operator's client and
-    caches, in ``namespace`` (which the caches must watch)."""
+    caches, in ``namespace`` (which the caches must watch); ``reports`` takes the pods' load
+    reports (``GET /-/load``), without which deployments cannot scale to zero."""
 
     def __init__(
-        self, kube: Kube, cache: ClusterCache, namespace: str, instance: str = DEFAULT_INSTANCE
+        self,
+        kube: Kube,
+        cache: ClusterCache,
+        namespace: str,
+        instance: str = DEFAULT_INSTANCE,
+        reports: LoadReportSink | None = None,
     ) -> None:
         self.kube, self.cache, self.namespace, self.instance = kube, cache, namespace, instance
+        self.reports = reports
         self._lock = asyncio.Lock()
         host = socket.gethostname()
         try:
@@ -143,8 +164,11 @@ class KubernetesBackend:
             await self._await_cached(written)
 
     def refusals(self, app_config: dict[str, Any]) -> list[ErrorDetail]:
-        """Scaling to zero (see :data:`~.autoscaling.SCALE_TO_ZERO_REFUSED`); the operator
-        renders or reports everything else the schema accepts."""
+        """Scaling to zero when pods cannot report to the operator (see
+        :data:`~.autoscaling.SCALE_TO_ZERO_REFUSED`); the operator renders or reports everything
+        else the schema accepts."""
+        if self.reports is not None and self.reports.scales_to_zero:
+            return []
         overrides = app_config.get("deployments") or []
         return [
             {"loc": ["deployments", *path], "msg": SCALE_TO_ZERO_REFUSED}
@@ -218,8 +242,33 @@ class KubernetesBackend:
         return None
 
     def internal_routes(self) -> list[web.RouteDef]:
-        """None: in a cluster the data plane discovers through the Kubernetes API."""
-        return []
+        """The pods' load reports; the data plane discovers through the Kubernetes API."""
+        return [] if self.reports is None else [web.get(wire.LOAD_PATH, self._load)]
+
+    async def _load(self, request: web.Request) -> web.Response:
+        """A proxy or replica pod's report of requests waiting for replicas, signed with its
+        instance's data-plane secret (see :mod:`kubeserve.runtime.load_report`)."""
+        assert self.reports is not None
+        namespace, _, instance = request.query.get("instance", "").partition("/")
+        secret = self.reports.instance_secret(namespace, instance) if instance else None
+        if secret is None or not channel.verify_request(
+            secret,
+            request.headers.get(channel.SIGNATURE_HEADER, ""),
+            "GET",
+            request.rel_url.raw_path_qs,
+            time.time(),
+        ):
+            return web.json_response(
+                {"error": "for kubeserve's own pods: unknown instance, or a missing or bad "
+                 "signature"},
+                status=403,
+            )  # fmt: skip
+        try:
+            counts = wire.parse_queued(request.query.get("queued", "{}"))
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        self.reports.record_queued(namespace, instance, request.query.get("source", ""), counts)
+        return web.json_response({})
 
     # -------------------------------------------------------------------------------- helpers
 

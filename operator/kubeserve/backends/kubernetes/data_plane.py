@@ -38,11 +38,18 @@ class DataPlane:
     kube: Kube
     #: called when a user_config push ended (schedules a reconcile pass soon)
     on_pushed: Callable[[], None]
+    #: where pods reach the operator's admin server with their load reports (``None``: nowhere,
+    #: so deployments cannot scale to zero); rendered into the proxy and replica pods
+    report_url: str | None = None
     #: replica process (:func:`replica_key`) -> the user_config version it has applied
     user_configs: dict[str, str] = field(default_factory=dict)
     _pushing: set[str] = field(default_factory=set)
     #: ServeInstance uid -> its data-plane secret (never logged, never in a status)
     _secrets: dict[str, bytes] = field(default_factory=dict, repr=False)
+
+    def known_secret(self, instance_uid: str) -> bytes | None:
+        """The secret of the instance with ``instance_uid`` once a pass has read it, else None."""
+        return self._secrets.get(instance_uid)
 
     async def secret(self, instance: dict[str, Any]) -> bytes:
         """The data-plane secret of ``instance`` (a ServeInstance object), read once and cached.

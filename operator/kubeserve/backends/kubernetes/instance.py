@@ -26,7 +26,7 @@ class InstanceReconciler:
     async def reconcile(self, obj: dict[str, Any]) -> InstanceReport:
         """Converge ``obj``'s children to its spec; what its status should say."""
         cluster, namespace = self._cluster, obj["metadata"]["namespace"]
-        view = render.instance_view(obj)
+        view = render.instance_view(obj, self._data_plane.report_url)
         await self._data_plane.secret(obj)  # before the pods that read it
         wanted = [
             *render.render_dataplane_rbac(view),

@@ -34,12 +34,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kubeserve.backends.kubernetes.application import ApplicationReconciler
+from kubeserve.backends.kubernetes.autoscaling import Autoscalers, scaling_key
 from kubeserve.backends.kubernetes.cache import ClusterCache
 from kubeserve.backends.kubernetes.cluster import Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.instance import InstanceReconciler
 from kubeserve.backends.kubernetes.metrics import metrics_text
 from kubeserve.backends.kubernetes.reports import StatusReport
+from kubeserve.control.autoscaling_state import CallerReports
+from kubeserve.runtime import wire
+from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import Kube, KubeError
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,8 @@ class OperatorSettings:
     #: namespaces to watch; empty means the whole cluster
     watch_namespaces: tuple[str, ...] = ()
     kubeconfig: str | None = None
+    #: the operator's admin server as pods reach it, for their load reports (scale to zero)
+    report_url: str | None = None
 
 
 class Reconciler(Protocol):
@@ -71,6 +77,9 @@ class Operator:
         self._wakeup = asyncio.Event()
         self.cluster: Cluster | None = None
         self._reconcilers: dict[str, Reconciler] = {}
+        self._data_plane: DataPlane | None = None
+        self._autoscalers = Autoscalers(on_decided=self._wake_all)
+        self._caller_reports = CallerReports()
         self._worker: asyncio.Task[None] | None = None
         self.reconciles = 0
         self.reconcile_errors = 0
@@ -79,10 +88,11 @@ class Operator:
         kube = await Kube.connect(self.settings.kubeconfig)
         namespaces = list(self.settings.watch_namespaces) or None
         self.cluster = Cluster(kube, ClusterCache(kube, namespaces, self._changed))
-        data_plane = DataPlane(kube, on_pushed=self._wake_all)
+        data_plane = DataPlane(kube, on_pushed=self._wake_all, report_url=self.settings.report_url)
+        self._data_plane = data_plane
         self._reconcilers = {
             "ServeInstance": InstanceReconciler(self.cluster, data_plane, self.settings.namespace),
-            "ServeApplication": ApplicationReconciler(self.cluster, data_plane),
+            "ServeApplication": ApplicationReconciler(self.cluster, data_plane, self._autoscalers),
         }
         await self.cluster.cache.start()
         self._worker = asyncio.ensure_future(self._work())
@@ -113,6 +123,41 @@ class Operator:
             except Exception:
                 self.reconcile_errors += 1
                 raise
+
+    # -- load reports of the pods (a LoadReportSink of the admin server) -------------------------
+
+    @property
+    def scales_to_zero(self) -> bool:
+        """Whether pods can report what waits for a replica, so deployments may scale to zero."""
+        return self.settings.report_url is not None
+
+    def instance_secret(self, namespace: str, instance: str) -> bytes | None:
+        """The data-plane secret of a ServeInstance the operator has reconciled, else None."""
+        obj = (
+            None
+            if self.cluster is None
+            else self.cluster.cache.get("ServeInstance", namespace, instance)
+        )
+        if obj is None or self._data_plane is None:
+            return None
+        return self._data_plane.known_secret(obj["metadata"]["uid"])
+
+    def record_queued(
+        self, namespace: str, instance: str, caller_id: str, queued: dict[str, int]
+    ) -> None:
+        """A pod's report of requests waiting per deployment key (signature already checked)."""
+        assert self.cluster is not None
+        caller = f"{namespace}/{instance}/{caller_id}"
+        for key, count in self._caller_reports.update(caller, queued).items():
+            app, deployment = wire.split_deployment_key(key)
+            for obj in self.cluster.cache.objects("ServeApplication", namespace):
+                spec = obj.get("spec") or {}
+                if (
+                    contract.application_name(obj) == app
+                    and spec.get("instance", contract.DEFAULT_INSTANCE) == instance
+                ):
+                    key = scaling_key(namespace, obj["metadata"]["name"], deployment)
+                    self._autoscalers.record_queued(key, caller, count)
 
     def metrics(self) -> str:
         """The Prometheus text of ``/metrics``."""

@@ -221,6 +221,8 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
         DISCOVERY_ENV: DISCOVERY_KUBERNETES,
         contract.METRICS_PORT_ENV: str(contract.METRICS_PORT),
     }
+    if instance.report_url:  # handle calls waiting for replicas are reported to the operator
+        own_env[wire.CONTROLLER_URL_ENV] = instance.report_url
     fields: Manifest = {
         "terminationGracePeriodSeconds": math.ceil(
             float(deployment.config["graceful_shutdown_timeout_s"])

@@ -80,6 +80,8 @@ def _proxy_command(instance: InstanceView) -> list[str]:
     http = instance.http_options
     command = ["kubeserve", "proxy", "--host", f"$({BIND_HOST_ENV})", "--port", str(http.port)]
     command += ["--discovery", DISCOVERY_KUBERNETES]
+    if instance.report_url:  # requests waiting for replicas are reported to the operator
+        command += ["--controller-url", instance.report_url]
     if http.request_timeout_s is not None:
         command += ["--request-timeout-s", str(float(http.request_timeout_s))]
     if instance.logging_config:  # Ray's logging_config for the proxies: encoding, level, access

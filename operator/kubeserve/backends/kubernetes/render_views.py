@@ -46,6 +46,10 @@ class InstanceView:
     namespace: str
     uid: str
     spec: ServeInstanceSpecBase
+    #: where the instance's pods reach the operator's admin server to report requests waiting for
+    #: replicas (:mod:`kubeserve.runtime.load_report`); ``None``: they do not report, and
+    #: deployments cannot scale to zero
+    report_url: str | None = None
 
     @property
     def image(self) -> str:
@@ -155,12 +159,18 @@ class DesiredDeployment:
         return self.config.get("ray_actor_options") or {}
 
 
-def instance_view(obj: Mapping[str, Any]) -> InstanceView:
-    """The view of a ``ServeInstance`` object; pydantic's ``ValidationError`` on a bad spec."""
+def instance_view(obj: Mapping[str, Any], report_url: str | None = None) -> InstanceView:
+    """The view of a ``ServeInstance`` object; pydantic's ``ValidationError`` on a bad spec.
+    ``report_url``: the operator's, for the pods' load reports (:attr:`InstanceView.report_url`).
+    """
     meta = obj["metadata"]
     spec = ServeInstanceSpec.model_validate(obj.get("spec") or {})
     return InstanceView(
-        name=str(meta["name"]), namespace=str(meta["namespace"]), uid=str(meta["uid"]), spec=spec
+        name=str(meta["name"]),
+        namespace=str(meta["namespace"]),
+        uid=str(meta["uid"]),
+        spec=spec,
+        report_url=report_url,
     )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from typing import Any
@@ -127,12 +126,9 @@ class LocalBackend:
         if refused is not None:
             return refused
         try:
-            queued = json.loads(request.query.get("queued", "{}"))
-            counts = {str(key): int(n) for key, n in queued.items()}
-        except (ValueError, TypeError, AttributeError):
-            return web.json_response(
-                {"error": "queued must be a JSON object of counts"}, status=400
-            )
+            counts = wire.parse_queued(request.query.get("queued", "{}"))
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
         self.controller.record_queued(request.query.get("source", ""), counts)
         return web.json_response({})
 

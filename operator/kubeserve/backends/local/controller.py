@@ -29,6 +29,7 @@ from kubeserve.backends.local.proxy_process import ProxyProcess
 from kubeserve.backends.local.snapshot import SnapshotPublisher
 from kubeserve.backends.local.store import DesiredState, Store
 from kubeserve.control import autoscaling
+from kubeserve.control.autoscaling_state import CallerReports
 from kubeserve.runtime import channel, metrics, wire
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES
@@ -110,7 +111,7 @@ class Controller:
         self._capacity = autoscaling.CapacityTracker()
         self._autoscaling: set[asyncio.Task[None]] = set()
         #: deployment keys each caller last reported requests waiting for
-        self._caller_keys: dict[str, set[str]] = {}
+        self._caller_reports = CallerReports()
 
     @property
     def proxy(self) -> ProxyProcess | None:
@@ -258,19 +259,11 @@ class Controller:
         return state.deployments.get(name)
 
     def record_queued(self, caller_id: str, queued: dict[str, int]) -> None:
-        """A caller's report: requests waiting per deployment key. A key it reported before and
-        left out now has nothing waiting."""
-        previous = self._caller_keys.get(caller_id, set())
-        for key in previous | set(queued):
-            app, _, name = key.partition("#")
-            deployment = self.deployment(app, name)
+        """A caller's report: requests waiting per deployment key (see :class:`CallerReports`)."""
+        for key, count in self._caller_reports.update(caller_id, queued).items():
+            deployment = self.deployment(*wire.split_deployment_key(key))
             if deployment is not None:
-                deployment.record_queued(caller_id, int(queued.get(key, 0)))
-        waiting = {k for k, n in queued.items() if n}
-        if waiting:
-            self._caller_keys[caller_id] = waiting
-        else:
-            self._caller_keys.pop(caller_id, None)
+                deployment.record_queued(caller_id, count)
 
     async def _reconcile_proxy(self, desired: DesiredState | None) -> None:
         assert self._proxy is not None

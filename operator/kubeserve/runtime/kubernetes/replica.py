@@ -15,10 +15,13 @@ from typing import Any
 
 from kubeserve.runtime.kubernetes.contract import (
     APPLICATION_ENV,
+    DEFAULT_INSTANCE,
     DISCOVERY_ENV,
     DISCOVERY_KUBERNETES,
+    INSTANCE_ENV,
     NAMESPACE_ENV,
 )
+from kubeserve.runtime.wire import CONTROLLER_URL_ENV
 
 
 def in_cluster() -> bool:
@@ -46,9 +49,17 @@ async def user_config_override(deployment: str) -> tuple[bool, Any]:
 
 
 def handle_client(secret: bytes) -> Any:
-    """A handle client fed by the cluster's routes and EndpointSlices (not started)."""
+    """A handle client fed by the cluster's routes and EndpointSlices (not started); it reports
+    what waits at it to the operator when the pod was given the operator's URL (scale to zero)."""
     from kubeserve.runtime.handle_client import HandleClient
     from kubeserve.runtime.kubernetes.discovery import KubeDiscovery
 
-    source = KubeDiscovery(os.environ.get(NAMESPACE_ENV, "default"))
-    return HandleClient(source=source, secret=secret)
+    namespace = os.environ.get(NAMESPACE_ENV, "default")
+    source = KubeDiscovery(namespace)
+    instance = os.environ.get(INSTANCE_ENV, DEFAULT_INSTANCE)
+    return HandleClient(
+        os.environ.get(CONTROLLER_URL_ENV) or None,
+        source=source,
+        secret=secret,
+        scope=f"{namespace}/{instance}",
+    )

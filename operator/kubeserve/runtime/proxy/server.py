@@ -32,7 +32,9 @@ class ProxyServer:
         keep_alive_timeout_s: float = 90.0,
         limits: RequestLimits | None = None,
         source: EndpointSource | None = None,
+        scope: str | None = None,
     ) -> None:
+        """``scope``: the ``namespace/instance`` the proxy's load reports name (in a cluster)."""
         self.host = host
         self.port = port
         self.state = ProxyState(
@@ -41,9 +43,9 @@ class ProxyServer:
             keep_alive_timeout_s=keep_alive_timeout_s,
             limits=limits,
         )
-        #: the reporter tells the controller what waits here (local backend)
+        #: the reporter tells the controller (local) or the operator (cluster) what waits here
         self.source, self.load_reporter = controller_links(
-            controller_url, source, self.state.router, secret=secret, caller="a proxy"
+            controller_url, source, self.state.router, secret=secret, caller="a proxy", scope=scope
         )
         self._server: asyncio.Server | None = None
 
@@ -87,13 +89,16 @@ async def serve_proxy(
     """Run a proxy until cancelled (``main`` cancels it on SIGTERM/SIGINT).
 
     Endpoints come from the local controller (``controller_url``) or, in a cluster, from the
-    Kubernetes API (``kubernetes_namespace``; routes of ``instance``'s applications only).
+    Kubernetes API (``kubernetes_namespace``; routes of ``instance``'s applications only), where
+    ``controller_url``, when given, is the operator's: load reports go there.
     """
     source = None
+    scope = None
     if kubernetes_namespace is not None:
         from kubeserve.runtime.kubernetes.discovery import KubeDiscovery
 
         source = KubeDiscovery(kubernetes_namespace, instance)
+        scope = f"{kubernetes_namespace}/{instance}"
     server = ProxyServer(
         host,
         port,
@@ -103,6 +108,7 @@ async def serve_proxy(
         keep_alive_timeout_s=keep_alive_timeout_s,
         limits=limits,
         source=source,
+        scope=scope,
     )
     server.state.access_log = access_log
     await server.start()

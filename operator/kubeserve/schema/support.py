@@ -244,14 +244,10 @@ SUPPORT: dict[str, Support] = {
     ),
     # ------------------------------------------------------------------ AutoscalingConfig
     **{
-        f"AutoscalingConfig.{field}": partial(
-            "0 (scale to zero) works with kubeserve start; on Kubernetes it is refused"
-        )
-        for field in ("min_replicas", "initial_replicas")
-    },
-    **{
         f"AutoscalingConfig.{field}": works()
         for field in (
+            "min_replicas",
+            "initial_replicas",
             "max_replicas",
             "target_ongoing_requests",
             "metrics_interval_s",

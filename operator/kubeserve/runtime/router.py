@@ -196,9 +196,9 @@ class _Pool:
                     return a
                 best: RoutedReplica | None = None
                 for r in holders:
-                    if r.in_flight < cap and r is not avoid:
-                        if best is None or r.in_flight < best.in_flight:
-                            best = r
+                    free = r.in_flight < cap and r is not avoid
+                    if free and (best is None or r.in_flight < best.in_flight):
+                        best = r
                 if best is not None:
                     return best
         chosen = self._fewest_models(model_id, avoid)

@@ -188,8 +188,7 @@ def encode_models(model_ids: Sequence[str]) -> str:
     """The :data:`MODELS_HEADER` value naming ``model_ids`` (the first :data:`MODELS_SHOWN`): each
     id's UTF-8 percent-encoded (so commas, spaces and any character survive), ASCII throughout."""
     return ",".join(
-        quote(model_id, safe="", errors="surrogateescape")
-        for model_id in model_ids[:MODELS_SHOWN]
+        quote(model_id, safe="", errors="surrogateescape") for model_id in model_ids[:MODELS_SHOWN]
     )
 
 
@@ -199,9 +198,7 @@ def decode_models(value: bytes) -> frozenset[str]:
     if not value:
         return frozenset()
     parts = value.decode("latin-1").split(",", MODELS_SHOWN)[:MODELS_SHOWN]
-    return frozenset(
-        unquote(part, errors="surrogateescape") for part in parts if part
-    )
+    return frozenset(unquote(part, errors="surrogateescape") for part in parts if part)
 
 
 def encode_call(

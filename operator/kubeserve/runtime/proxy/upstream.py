@@ -204,7 +204,7 @@ class UpstreamConnection(KeepAliveConnection):
         elif size == _MODELS_SIZE and name.lower() == _MODELS:
             self.dropped = True  # for the router only: the head is written without it
             ex = self.exchange
-            if ex is not None and ex.replica is not None:
+            if ex is not None and ex.model_id and ex.replica is not None:
                 ex.client.state.router.note_models(ex.replica, value)
             return
         self.headers.append((name, value))

@@ -40,7 +40,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import httptools
@@ -229,15 +229,20 @@ class HandleClient:
         key, replica, payload = await self._begin(app, deployment, args, kwargs, model_id)
         conn: _StreamConnection | None = None
         try:
+            opening: Awaitable[_StreamConnection] = connect(
+                _StreamConnection,
+                replica.host,
+                replica.port,
+                Role.CONTROL,
+                self._secret,
+                CONNECT_TIMEOUT_S,
+            )
+            if asyncio.current_task() is None:
+                # A handler the replica steps eagerly runs in no task until it first waits, and
+                # the connect's timeout needs one (cancelling us cancels it too).
+                opening = asyncio.ensure_future(opening)
             try:
-                conn = await connect(
-                    _StreamConnection,
-                    replica.host,
-                    replica.port,
-                    Role.CONTROL,
-                    self._secret,
-                    CONNECT_TIMEOUT_S,
-                )
+                conn = await opening
             except (OSError, TimeoutError) as exc:
                 raise DeploymentUnavailableError(
                     f"replica {replica.replica_id} of {key} could not be reached: {exc}"

@@ -26,20 +26,31 @@ class Models:
         model = await self.get_model(serve.get_multiplexed_model_id())
         return {"model": model, "replica": self.replica, "loads": self.loads, "x": x}
 
+    async def stream_predict(self, x: int):
+        model = await self.get_model(serve.get_multiplexed_model_id())
+        yield {"model": model, "replica": self.replica, "loads": self.loads, "x": x}
+
 
 @serve.deployment
 class Caller:
-    """``GET ?models=a,b,c&n=60``: n calls through a handle, cycling over the models."""
+    """``GET ?models=a,b,c&n=60``: n calls through a handle, cycling over the models (streamed
+    calls with ``&stream=1``)."""
 
     def __init__(self, models: DeploymentHandle):
         self.models = models
 
     async def __call__(self, request: Request) -> list:
         model_ids = request.query_params["models"].split(",")
+        stream = request.query_params.get("stream") == "1"
         answers = []
         for i in range(int(request.query_params["n"])):
-            handle = self.models.options(multiplexed_model_id=model_ids[i % len(model_ids)])
-            answers.append(await handle.predict.remote(i))
+            model_id = model_ids[i % len(model_ids)]
+            if stream:
+                handle = self.models.options(multiplexed_model_id=model_id, stream=True)
+                answers += [item async for item in handle.stream_predict.remote(i)]
+            else:
+                handle = self.models.options(multiplexed_model_id=model_id)
+                answers.append(await handle.predict.remote(i))
         return answers
 
 

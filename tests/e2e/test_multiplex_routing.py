@@ -98,18 +98,30 @@ def test_concurrent_requests_through_the_proxy_settle_on_their_models(
     assert total_loads(answers) <= 12, answers
 
 
-def test_handle_calls_go_where_their_model_is_loaded(instance: Kubeserve) -> None:
+def handle_calls(instance: Kubeserve, query: str) -> list[dict[str, Any]]:
     conn = http.client.HTTPConnection("127.0.0.1", instance.proxy_port, timeout=60)
     try:
-        conn.request("GET", "/caller?models=" + ",".join(MODELS) + "&n=60")
+        conn.request("GET", "/caller?models=" + ",".join(MODELS) + query)
         response = conn.getresponse()
         body = response.read()
         assert response.status == 200, body
-        answers = json.loads(body)
+        answers: list[dict[str, Any]] = json.loads(body)
+        return answers
     finally:
         conn.close()
+
+
+def test_handle_calls_go_where_their_model_is_loaded(instance: Kubeserve) -> None:
+    answers = handle_calls(instance, "&n=60")
     assert [a["model"] for a in answers] == [f"model {MODELS[i % 3]}" for i in range(60)]
     assert [a["x"] for a in answers] == list(range(60))
     assert total_loads(answers) <= 5, answers
     served_by = {model: {a["replica"] for a in answers[i::3]} for i, model in enumerate(MODELS)}
     assert all(len(replicas) == 1 for replicas in served_by.values()), served_by
+
+
+def test_streamed_handle_calls_go_where_their_model_is_loaded(instance: Kubeserve) -> None:
+    answers = handle_calls(instance, "&n=30&stream=1")
+    assert [a["model"] for a in answers] == [f"model {MODELS[i % 3]}" for i in range(30)]
+    # counted since the replicas started: the unstreamed calls before loaded them, if they ran
+    assert total_loads(answers) <= 5, answers

@@ -491,3 +491,14 @@ def test_multiplexed_answers_name_the_models_the_replica_holds(start: Any) -> No
         "POST", wire.CALL_PREFIX + "predict", wire.encode_call(("x",), {}, {"request_id": "r"})
     )
     assert status == 200 and wire.MODELS_HEADER not in headers  # no model named, none told
+
+
+def test_a_streamed_multiplexed_call_names_the_model_its_generator_loaded(start: Any) -> None:
+    replica: ReplicaProcess = start("ray_multiplex_routing_app:models_app", "Models")
+    status, headers, body = replica.request(
+        "POST", wire.STREAM_PREFIX + "stream_predict", wire.encode_call((7,), {}, {"model_id": "s"})
+    )
+    assert status == 200 and headers[wire.MODELS_HEADER] == "s"  # loaded by the first item
+    frames = list(wire.FrameReader().feed(body))
+    assert [kind for kind, _ in frames] == [wire.FRAME_ITEM, wire.FRAME_END]
+    assert wire.decode_result(frames[0][1])["x"] == 7

@@ -37,7 +37,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import uvloop
@@ -500,12 +500,17 @@ class Replica:
             self._finish(started, "")
             log.info("streamed handle call %s raised %s", method_name, _error_text(exc))
             return HttpResponse(500, wire.encode_error(exc), content_type=_PICKLE)
-        streamed = StreamedResponse(200, {"content-type": _PICKLE}, self._frames(items, started))
-        if model_id:
-            self._tell_models(streamed)
+        frames = self._frames(items, started)
+        if not model_id:
+            return StreamedResponse(200, {"content-type": _PICKLE}, frames)
+        # The first frame before the head, so that the head names the models once the generator
+        # began (it loads its model before its first item): _frames turns errors into frames.
+        first = await anext(frames)
+        streamed = StreamedResponse(200, {"content-type": _PICKLE}, _after(first, frames))
+        self._tell_models(streamed)
         return streamed
 
-    async def _frames(self, items: Any, started: float) -> AsyncIterator[bytes]:
+    async def _frames(self, items: Any, started: float) -> AsyncGenerator[bytes, None]:
         try:
             if inspect.isasyncgen(items):
                 async for item in items:
@@ -622,6 +627,16 @@ def _enter_call(options: dict[str, Any]) -> str:
         )
         return model_id
     return ""
+
+
+async def _after(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+    """``first``, then what ``rest`` yields; closing this closes ``rest``."""
+    try:
+        yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await rest.aclose()
 
 
 def _shutting_down() -> HttpResponse:

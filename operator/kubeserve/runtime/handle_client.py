@@ -3,7 +3,9 @@
 Implements :class:`kubeserve.sdk.transport.HandleTransport`: the router picks a replica of the
 target deployment (same policy and caps as the proxy), the call goes out as
 ``POST /-/call/<method>`` with a :func:`~kubeserve.runtime.wire.encode_call` body over a pooled
-keep-alive connection, and the answer is decoded (200) or re-raised (500).
+keep-alive connection, and the answer is decoded (200) or re-raised (500). A call for a
+multiplexed model goes where the router knows the model is loaded; the replica's answer names the
+models it holds (:data:`~kubeserve.runtime.wire.MODELS_HEADER`), which the router records.
 
 The client speaks HTTP/1.1 itself (``asyncio.Protocol`` + httptools) instead of going through an
 HTTP client library, because a handle call sits inside a user request: a library request costs a

@@ -465,3 +465,40 @@ def _sigterm_while_busy(replica: ReplicaProcess) -> float:
     replica.proc.send_signal(signal.SIGTERM)
     assert replica.proc.wait(timeout=10) == 0
     return sent
+
+
+def test_multiplexed_answers_name_the_models_the_replica_holds(start: Any) -> None:
+    """What callers' routers learn from (``wire.MODELS_HEADER``): the models held once the
+    replica answered, most recently used first; only in answers to requests naming a model."""
+    replica: ReplicaProcess = start("ray_multiplex_app:inferencer_app", "ModelInferencer")
+
+    def models_after(model_id: str) -> str | None:
+        status, headers, body = replica.request(
+            "GET", "/", headers={"serve_multiplexed_model_id": model_id}
+        )
+        assert status == 200, body
+        return headers.get(wire.MODELS_HEADER)
+
+    assert models_after("m1") == "m1"
+    assert models_after("m,2") == "m%2C2,m1"
+    assert models_after("m1") == "m1,m%2C2"
+    assert models_after("m3") == "m3,m1"  # two at most: m,2 was evicted
+    status, headers, _ = replica.request(
+        "POST", wire.CALL_PREFIX + "predict", wire.encode_call(("x",), {}, {"model_id": "m4"})
+    )
+    assert status == 200 and headers[wire.MODELS_HEADER] == "m4,m3"
+    status, headers, _ = replica.request(
+        "POST", wire.CALL_PREFIX + "predict", wire.encode_call(("x",), {}, {"request_id": "r"})
+    )
+    assert status == 200 and wire.MODELS_HEADER not in headers  # no model named, none told
+
+
+def test_a_streamed_multiplexed_call_names_the_model_its_generator_loaded(start: Any) -> None:
+    replica: ReplicaProcess = start("ray_multiplex_routing_app:models_app", "Models")
+    status, headers, body = replica.request(
+        "POST", wire.STREAM_PREFIX + "stream_predict", wire.encode_call((7,), {}, {"model_id": "s"})
+    )
+    assert status == 200 and headers[wire.MODELS_HEADER] == "s"  # loaded by the first item
+    frames = list(wire.FrameReader().feed(body))
+    assert [kind for kind, _ in frames] == [wire.FRAME_ITEM, wire.FRAME_END]
+    assert wire.decode_result(frames[0][1])["x"] == 7

@@ -3,7 +3,9 @@
 Implements :class:`kubeserve.sdk.transport.HandleTransport`: the router picks a replica of the
 target deployment (same policy and caps as the proxy), the call goes out as
 ``POST /-/call/<method>`` with a :func:`~kubeserve.runtime.wire.encode_call` body over a pooled
-keep-alive connection, and the answer is decoded (200) or re-raised (500).
+keep-alive connection, and the answer is decoded (200) or re-raised (500). A call for a
+multiplexed model goes where the router knows the model is loaded; the replica's answer names the
+models it holds (:data:`~kubeserve.runtime.wire.MODELS_HEADER`), which the router records.
 
 The client speaks HTTP/1.1 itself (``asyncio.Protocol`` + httptools) instead of going through an
 HTTP client library, because a handle call sits inside a user request: a library request costs a
@@ -40,7 +42,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import httptools
@@ -61,6 +63,7 @@ from kubeserve.runtime.wire import (
     FRAME_END,
     FRAME_ERROR,
     FRAME_ITEM,
+    MODELS_HEADER,
     STREAM_PREFIX,
     UNSERVED_AT_CAPACITY,
     UNSERVED_HEADER,
@@ -74,6 +77,7 @@ from kubeserve.sdk import context
 from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
 
 _UNSERVED = UNSERVED_HEADER.encode()
+_MODELS = MODELS_HEADER.encode()
 
 __all__ = ["HandleClient"]
 
@@ -176,7 +180,9 @@ class HandleClient:
         while True:
             busy = False
             try:
-                status, body = await self._pool(replica).call(method, payload)
+                status, body, models = await self._pool(replica).call(method, payload)
+                if models is not None:
+                    self.router.note_models(replica, models)
                 break
             except _AtCapacity:  # other callers fill it: wait for a slot, not counted as a failure
                 busy = True
@@ -201,7 +207,7 @@ class HandleClient:
             if busy:
                 await asyncio.sleep(busy_wait * (0.5 + random.random()))
                 busy_wait = min(busy_wait * 2, _BUSY_MAX_WAIT_S)
-            replica = await self._assign(key, avoid=replica)
+            replica = await self._assign(key, avoid=replica, model_id=model_id)
         if status == 200:
             return decode_result(body)
         if status == 500:
@@ -232,23 +238,33 @@ class HandleClient:
         key, replica, payload = await self._begin(app, deployment, args, kwargs, model_id)
         conn: _StreamConnection | None = None
         try:
+            opening: Awaitable[_StreamConnection] = connect(
+                _StreamConnection,
+                replica.host,
+                replica.port,
+                Role.CONTROL,
+                self._secret,
+                CONNECT_TIMEOUT_S,
+            )
+            if asyncio.current_task() is None:
+                # A handler the replica steps eagerly runs in no task until it first waits, and
+                # the connect's timeout needs one (cancelling us cancels it too).
+                opening = asyncio.ensure_future(opening)
             try:
-                conn = await connect(
-                    _StreamConnection,
-                    replica.host,
-                    replica.port,
-                    Role.CONTROL,
-                    self._secret,
-                    CONNECT_TIMEOUT_S,
-                )
+                conn = await opening
             except (OSError, TimeoutError) as exc:
                 raise DeploymentUnavailableError(
                     f"replica {replica.replica_id} of {key} could not be reached: {exc}"
                 ) from exc
             conn.send(method, replica, payload)
             async for item in conn.items(key, replica.replica_id):
+                if conn.models is not None:
+                    self.router.note_models(replica, conn.models)
+                    conn.models = None
                 yield item
         finally:
+            if conn is not None and conn.models is not None:
+                self.router.note_models(replica, conn.models)
             self.router.release(replica)
             if conn is not None:
                 conn.close()
@@ -268,12 +284,16 @@ class HandleClient:
         # Encoded first: arguments that cannot be pickled must not leave a slot taken.
         payload = encode_call(args, kwargs, _call_options(model_id))
         # Fast path: a free slot needs no waiter future and no timer.
-        replica = self.router.try_assign(key) or await self._assign(key)
+        replica = self.router.try_assign(key, None, model_id) or await self._assign(
+            key, model_id=model_id
+        )
         return key, replica, payload
 
-    async def _assign(self, key: str, avoid: RoutedReplica | None = None) -> RoutedReplica:
+    async def _assign(
+        self, key: str, avoid: RoutedReplica | None = None, model_id: str = ""
+    ) -> RoutedReplica:
         try:
-            return await self.router.assign(key, self._assign_timeout_s, avoid)
+            return await self.router.assign(key, self._assign_timeout_s, avoid, model_id)
         except BackPressure as exc:
             raise BackPressureError(str(exc)) from None
         except NoReplicaAvailable as exc:
@@ -304,8 +324,9 @@ class _CallPool(IdlePool["_CallConnection"]):
             ).encode("latin-1")
         return head
 
-    async def call(self, method: str, body: bytes) -> tuple[int, bytes]:
-        """One call; raises :class:`_Unreachable` when no byte of it could be sent."""
+    async def call(self, method: str, body: bytes) -> tuple[int, bytes, bytes | None]:
+        """One call: the answer's status, body and :data:`MODELS_HEADER` (``None`` when it has
+        none); raises :class:`_Unreachable` when no byte of it could be sent."""
         conn = self.take()
         if conn is None:
             try:
@@ -321,6 +342,7 @@ class _CallPool(IdlePool["_CallConnection"]):
                 raise _Unreachable(str(exc) or type(exc).__name__) from exc
         try:
             status, answer, keep_alive = await conn.request(self.head(method), body)
+            models = conn.models
         except BaseException:  # lost, or the caller was cancelled: the answer may still come
             conn.close()
             raise
@@ -332,7 +354,7 @@ class _CallPool(IdlePool["_CallConnection"]):
             if conn.unserved == UNSERVED_AT_CAPACITY:
                 raise _AtCapacity()
             raise _Unreachable("the replica is shutting down and did not start the call")
-        return status, answer
+        return status, answer, models
 
 
 class _CallConnection(KeepAliveConnection):
@@ -349,6 +371,8 @@ class _CallConnection(KeepAliveConnection):
         self.body: list[bytes] = []
         #: the :data:`UNSERVED_HEADER` value of the answer ("" when the replica started the call)
         self.unserved = ""
+        #: the :data:`MODELS_HEADER` value of the answer (a multiplexed call's), else None
+        self.models: bytes | None = None
 
     def request(self, head: bytes, body: bytes) -> asyncio.Future[tuple[int, bytes, bool]]:
         waiter = self.waiter = asyncio.get_running_loop().create_future()
@@ -379,10 +403,14 @@ class _CallConnection(KeepAliveConnection):
     def on_message_begin(self) -> None:
         self.body = []
         self.unserved = ""
+        self.models = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if len(name) == len(_UNSERVED) and name.lower() == _UNSERVED:
+        size = len(name)
+        if size == len(_UNSERVED) and name.lower() == _UNSERVED:
             self.unserved = value.decode("latin-1") or "unserved"
+        elif size == len(_MODELS) and name.lower() == _MODELS:
+            self.models = value
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
@@ -408,6 +436,8 @@ class _StreamConnection(KeepAliveConnection):
         self.queue: asyncio.Queue[tuple[bytes, bytes]] = asyncio.Queue()
         self.status = 0
         self.body: list[bytes] = []
+        #: the answer's :data:`MODELS_HEADER` until the router was told, else None
+        self.models: bytes | None = None
 
     def send(self, method: str, replica: RoutedReplica, body: bytes) -> None:
         head = (
@@ -443,6 +473,10 @@ class _StreamConnection(KeepAliveConnection):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.queue.put_nowait((b"", f"connection lost: {exc or 'closed'}".encode()))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) == len(_MODELS) and name.lower() == _MODELS:
+            self.models = value
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()

@@ -37,7 +37,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import uvloop
@@ -65,7 +65,7 @@ from kubeserve.runtime.replica_http import (
     StreamedResponse,
     internal_error,
 )
-from kubeserve.sdk import context, transport
+from kubeserve.sdk import context, multiplex, transport
 from kubeserve.sdk.application import GraphNode, map_nodes
 from kubeserve.sdk.handle import DeploymentHandle
 from kubeserve.sdk.http import StreamingResponse, to_response
@@ -240,6 +240,10 @@ class Replica:
         #: the ``route`` label of HTTP requests (Ray's: the application's route prefix); handle
         #: calls have none
         self._route = config.get("route_prefix") or ""
+        #: the :data:`~kubeserve.runtime.wire.MODELS_HEADER` value, and the
+        #: :func:`~kubeserve.sdk.multiplex.models_version` it was formatted at
+        self._models_value = ""
+        self._models_version = -1
 
     @property
     def ongoing(self) -> int:
@@ -280,9 +284,12 @@ class Replica:
         status = 500
         streaming = False
         try:
+            model_id = _enter_request(request, self._route)
             response = await self._user_http(request, started)
             streaming = isinstance(response, StreamedResponse)
             status = response.status
+            if model_id:
+                self._tell_models(response)
             return response
         finally:
             if not streaming:  # a stream is counted until its last chunk (see _stream)
@@ -291,7 +298,6 @@ class Replica:
     async def _user_http(
         self, request: HttpRequest, started: float
     ) -> HttpResponse | StreamedResponse:
-        _enter_request(request, self._route)
         if self._asgi is not None:
             return await self._asgi_http(self._asgi, request, started)
         if self._http_target is None:
@@ -382,6 +388,18 @@ class Replica:
 
         return StreamedResponse(response.status_code, response.headers, body())
 
+    def _tell_models(self, response: HttpResponse | StreamedResponse) -> None:
+        """Name the models this replica holds in the answer to a multiplexed request, so that its
+        caller routes the next requests for them here (:data:`~kubeserve.runtime.wire.
+        MODELS_HEADER`; formatted again only when the loaded models changed)."""
+        version = multiplex.models_version()
+        if version != self._models_version:
+            self._models_version = version
+            self._models_value = wire.encode_models(multiplex.loaded_model_ids())
+        if self._models_value:
+            # a new dict: a streamed response's headers may be the user's own object
+            response.headers = {**response.headers, wire.MODELS_HEADER: self._models_value}
+
     async def handle_control(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
         """Internal endpoints (a ``CONTROL`` connection): handle calls, health, reconfigure."""
         path = request.path
@@ -420,9 +438,9 @@ class Replica:
 
     def _handle_call(
         self, request: HttpRequest, method_name: str
-    ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | HttpResponse:
-        """The method and arguments of a handle call (its options entered into the request
-        context), or the answer refusing it."""
+    ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str] | HttpResponse:
+        """The method, arguments and multiplexed model id of a handle call (its options entered
+        into the request context), or the answer refusing it."""
         method = self.user.method(method_name)
         if method is None:
             return HttpResponse(
@@ -432,14 +450,13 @@ class Replica:
             args, kwargs, options = wire.decode_call_with_options(request.body)
         except Exception as exc:
             return HttpResponse(400, f"undecodable handle call: {_error_text(exc)}".encode())
-        _enter_call(options)
-        return method, args, kwargs
+        return method, args, kwargs, _enter_call(options)
 
     async def _call(self, request: HttpRequest, method_name: str) -> HttpResponse:
         call = self._handle_call(request, method_name)
         if isinstance(call, HttpResponse):
             return call
-        method, args, kwargs = call
+        method, args, kwargs, model_id = call
         try:
             result = await self._run(method, *args, **kwargs)
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
@@ -452,8 +469,12 @@ class Replica:
         except Exception as exc:
             self.metrics_recorder.error("", exc)
             log.info("handle call %s raised %s", method_name, _error_text(exc))
-            return HttpResponse(500, wire.encode_error(exc), content_type=_PICKLE)
-        return HttpResponse(200, body, content_type=_PICKLE)
+            answer = HttpResponse(500, wire.encode_error(exc), content_type=_PICKLE)
+        else:
+            answer = HttpResponse(200, body, content_type=_PICKLE)
+        if model_id:
+            self._tell_models(answer)
+        return answer
 
     async def _stream_call(
         self, request: HttpRequest, method_name: str
@@ -462,7 +483,7 @@ class Replica:
         call = self._handle_call(request, method_name)
         if isinstance(call, HttpResponse):
             return call
-        method, args, kwargs = call
+        method, args, kwargs, model_id = call
         self.ongoing += 1
         started = time.perf_counter()
         try:
@@ -479,9 +500,17 @@ class Replica:
             self._finish(started, "")
             log.info("streamed handle call %s raised %s", method_name, _error_text(exc))
             return HttpResponse(500, wire.encode_error(exc), content_type=_PICKLE)
-        return StreamedResponse(200, {"content-type": _PICKLE}, self._frames(items, started))
+        frames = self._frames(items, started)
+        if not model_id:
+            return StreamedResponse(200, {"content-type": _PICKLE}, frames)
+        # The first frame before the head, so that the head names the models once the generator
+        # began (it loads its model before its first item): _frames turns errors into frames.
+        first = await anext(frames)
+        streamed = StreamedResponse(200, {"content-type": _PICKLE}, _after(first, frames))
+        self._tell_models(streamed)
+        return streamed
 
-    async def _frames(self, items: Any, started: float) -> AsyncIterator[bytes]:
+    async def _frames(self, items: Any, started: float) -> AsyncGenerator[bytes, None]:
         try:
             if inspect.isasyncgen(items):
                 async for item in items:
@@ -572,10 +601,10 @@ async def _let_callers_leave(server: ReplicaHttpServer) -> None:
         await asyncio.sleep(0.02)
 
 
-def _enter_request(request: HttpRequest, route: str) -> None:
+def _enter_request(request: HttpRequest, route: str) -> str:
     """Make the request's id, route and multiplexed model id visible to the user's code, its log
     records and the handle calls it makes (each request runs in its own context copy, so this
-    never leaks into another request)."""
+    never leaks into another request); returns the model id ("" for none)."""
     model_id = ""
     for name, value in request.headers:
         if len(name) == len(MODEL_ID_HEADER) and name.lower() == MODEL_ID_HEADER:
@@ -584,15 +613,30 @@ def _enter_request(request: HttpRequest, route: str) -> None:
     context.request_context.set(
         context.RequestContext(request.request_id, multiplexed_model_id=model_id, route=route)
     )
+    return model_id
 
 
-def _enter_call(options: dict[str, Any]) -> None:
-    """The same for a handle call: the caller's request id and multiplexed model id."""
+def _enter_call(options: dict[str, Any]) -> str:
+    """The same for a handle call: the caller's request id and multiplexed model id (returned,
+    "" for none)."""
     request_id, model_id = options.get("request_id"), options.get("model_id")
     if request_id or model_id:
+        model_id = str(model_id or "")
         context.request_context.set(
-            context.RequestContext(str(request_id or ""), multiplexed_model_id=str(model_id or ""))
+            context.RequestContext(str(request_id or ""), multiplexed_model_id=model_id)
         )
+        return model_id
+    return ""
+
+
+async def _after(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+    """``first``, then what ``rest`` yields; closing this closes ``rest``."""
+    try:
+        yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await rest.aclose()
 
 
 def _shutting_down() -> HttpResponse:

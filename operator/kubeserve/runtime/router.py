@@ -4,6 +4,28 @@ Policy: power of two choices on in-flight counts; never more than
 ``max_ongoing_requests`` in flight on one replica; when every replica is full, callers wait in a
 bounded FIFO queue until a slot frees or their timeout passes.
 
+Multiplexed models (``@serve.multiplexed``), as Ray Serve routes them: a request that names a model
+(``model_id``) goes, among the replicas with a free slot, to
+
+1. one that holds the model (the less loaded of two random holders);
+2. else, when no holder is known or every holder is full, the replica with the fewest known
+   models, ties broken by rendezvous hashing of (model, replica id): a deterministic choice, so
+   that every caller (the proxies, each handle client) sends a new model to the same replica and
+   concurrent first requests share one load instead of loading it everywhere;
+3. else (no replica has a free slot) it waits in the FIFO queue like any request, and the slot it
+   is handed is chosen by the same rules.
+
+Who holds what is learnt from traffic, with no control-plane path: the answer of a replica to a
+multiplexed request names the models it holds then (``wire.MODELS_HEADER``, read by the proxy's
+upstream connections and the handle client), and :meth:`Router.note_models` keeps it per replica
+(at most ``wire.MODELS_SHOWN`` ids), indexed by model. So it works alike on both backends, and a
+caller's view is only as fresh as its own last answer from each replica: a model another caller
+had evicted is loaded again where this caller expected it, and the answer corrects the view.
+Unlike Ray, a request whose holders are all at ``max_ongoing_requests`` does not wait for one of
+them (Ray waits up to a second): it takes the free slot rule 2 gives it at once.
+
+Requests without a model id take the plain path: no lookup, no allocation more than before.
+
 Ownership: one :class:`Router` per process, driven from one event loop. The router owns the
 in-flight count of every replica it hands out (:attr:`RoutedReplica.in_flight`); callers own a slot
 between :meth:`Router.assign` and :meth:`Router.release` and must release each slot exactly once.
@@ -14,11 +36,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import random
 from collections import deque
 from collections.abc import Callable
 
-from kubeserve.runtime.wire import DeploymentEndpoints
+from kubeserve.runtime.wire import DeploymentEndpoints, decode_models
 
 __all__ = ["DEFAULT_MAX_QUEUED", "BackPressure", "NoReplicaAvailable", "RoutedReplica", "Router"]
 
@@ -54,7 +77,7 @@ class RoutedReplica:
     after an update removes the replica: releasing it then only decrements a count nobody reads.
     """
 
-    __slots__ = ("_pool", "host", "in_flight", "port", "replica_id")
+    __slots__ = ("_pool", "host", "in_flight", "models", "models_raw", "port", "replica_id")
 
     def __init__(self, replica_id: str, host: str, port: int, pool: _Pool) -> None:
         self.replica_id = replica_id
@@ -62,6 +85,10 @@ class RoutedReplica:
         self.port = port
         self.in_flight = 0
         self._pool = pool
+        #: the multiplexed models the replica said it holds in its last answer to this process,
+        #: and that answer's header value as received
+        self.models: frozenset[str] = frozenset()
+        self.models_raw = b""
 
     def __repr__(self) -> str:
         where = f"{self.host}:{self.port}"
@@ -73,16 +100,20 @@ class _Pool:
 
     Invariants: ``0 <= r.in_flight <= max_ongoing`` for every replica in ``replicas`` (a slot is
     counted the moment it is handed out, including hand-offs to queued waiters); ``waiters`` only
-    holds futures that are pending, in arrival order.
+    holds futures that are pending, in arrival order; ``holders[m]`` lists exactly the replicas of
+    ``replicas`` whose ``models`` hold ``m`` (no empty lists); ``waiting_models`` maps the waiters
+    that named a model to it.
     """
 
     __slots__ = (
         "backpressure",
+        "holders",
         "key",
         "max_ongoing",
         "max_queued",
         "replicas",
         "waiters",
+        "waiting_models",
     )
 
     def __init__(self, key: str, max_queued: int) -> None:
@@ -93,6 +124,8 @@ class _Pool:
         self.backpressure: tuple[int, float | None] = (503, None)
         self.replicas: list[RoutedReplica] = []
         self.waiters: deque[asyncio.Future[RoutedReplica]] = deque()
+        self.holders: dict[str, list[RoutedReplica]] = {}
+        self.waiting_models: dict[asyncio.Future[RoutedReplica], str] = {}
 
     def pick(self, avoid: RoutedReplica | None) -> RoutedReplica | None:
         """A replica with a free slot, or ``None``: two random choices, the less loaded wins.
@@ -137,18 +170,96 @@ class _Pool:
             best = avoid
         return best
 
+    def pick_model(self, model_id: str, avoid: RoutedReplica | None) -> RoutedReplica | None:
+        """A replica with a free slot for a request of model ``model_id``, or ``None`` (exactly
+        when :meth:`pick` would give ``None``): a holder of the model, else the one with the
+        fewest known models (rendezvous hashing among equals), else any (see the module)."""
+        cap = self.max_ongoing
+        holders = self.holders.get(model_id)
+        if holders:
+            n = len(holders)
+            if n == 1:
+                only = holders[0]
+                if only.in_flight < cap and only is not avoid:
+                    return only
+            else:
+                i = int(random.random() * n)
+                j = int(random.random() * (n - 1))
+                if j >= i:
+                    j += 1
+                a, b = holders[i], holders[j]
+                if b.in_flight < a.in_flight:
+                    a, b = b, a
+                if a is avoid:
+                    a = b
+                if a.in_flight < cap and a is not avoid:
+                    return a
+                best: RoutedReplica | None = None
+                for r in holders:
+                    free = r.in_flight < cap and r is not avoid
+                    if free and (best is None or r.in_flight < best.in_flight):
+                        best = r
+                if best is not None:
+                    return best
+        chosen = self._fewest_models(model_id, avoid)
+        return chosen if chosen is not None else self.pick(avoid)
+
+    def _fewest_models(self, model_id: str, avoid: RoutedReplica | None) -> RoutedReplica | None:
+        """Among the replicas with a free slot (``avoid`` aside), the one with the fewest known
+        models; ties go to the highest rendezvous score of (model, replica id), a choice every
+        caller with the same view makes alike."""
+        cap = self.max_ongoing
+        best: RoutedReplica | None = None
+        fewest = 0
+        score = b""
+        for r in self.replicas:
+            if r.in_flight >= cap or r is avoid:
+                continue
+            count = len(r.models)
+            if best is None or count < fewest:
+                best, fewest, score = r, count, _rendezvous(model_id, r.replica_id)
+            elif count == fewest:
+                mine = _rendezvous(model_id, r.replica_id)
+                if mine > score:
+                    best, score = r, mine
+        return best
+
     def dispatch(self) -> None:
         """Hand free slots to queued callers, oldest first."""
         waiters = self.waiters
+        models = self.waiting_models
         while waiters:
-            if waiters[0].done():  # timed out or cancelled, not yet removed by its owner
+            head = waiters[0]
+            if head.done():  # timed out or cancelled, not yet removed by its owner
                 waiters.popleft()
                 continue
-            replica = self.pick(None)
+            model_id = models.get(head) if models else None
+            replica = self.pick(None) if model_id is None else self.pick_model(model_id, None)
             if replica is None:
                 return
             replica.in_flight += 1
             waiters.popleft().set_result(replica)
+
+    def note_models(self, replica: RoutedReplica, models: frozenset[str]) -> None:
+        """``replica`` (one of ``replicas``) holds ``models`` now: update it and ``holders``."""
+        old = replica.models
+        replica.models = models
+        holders = self.holders
+        for model_id in old - models:
+            listed = holders[model_id]
+            listed.remove(replica)
+            if not listed:
+                del holders[model_id]
+        for model_id in models - old:
+            holders.setdefault(model_id, []).append(replica)
+
+    def index_models(self) -> None:
+        """Build ``holders`` again from the models of ``replicas`` (after they changed)."""
+        holders: dict[str, list[RoutedReplica]] = {}
+        for r in self.replicas:
+            for model_id in r.models:
+                holders.setdefault(model_id, []).append(r)
+        self.holders = holders
 
 
 class Router:
@@ -185,6 +296,8 @@ class Router:
                 else:
                     fresh.append(RoutedReplica(ep["replica_id"], ep["host"], ep["port"], pool))
             pool.replicas = fresh
+            if pool.holders:  # replicas that left must not be chosen as holders
+                pool.index_models()
             pool.max_ongoing = max(1, endpoints["max_ongoing_requests"])
             limit = endpoints.get("max_queued_requests", -1)
             pool.max_queued = self._max_queued if limit < 0 else min(limit, self._max_queued)
@@ -196,6 +309,7 @@ class Router:
         for key in [k for k in self._pools if k not in deployments]:
             pool = self._pools.pop(key)
             pool.replicas = []
+            pool.holders = {}
             while pool.waiters:
                 waiter = pool.waiters.popleft()
                 if not waiter.done():
@@ -203,29 +317,37 @@ class Router:
 
     # -- request side --------------------------------------------------------------------------
 
-    def try_assign(self, key: str, avoid: RoutedReplica | None = None) -> RoutedReplica | None:
+    def try_assign(
+        self, key: str, avoid: RoutedReplica | None = None, model_id: str = ""
+    ) -> RoutedReplica | None:
         """A slot at once, or ``None`` when the caller would have to wait.
 
         The synchronous fast path: callers that get a slot here need no task, future or timer.
         Queued callers come first (FIFO), so this returns ``None`` while anyone is waiting.
+        ``model_id``: the multiplexed model the request is for ("" for none; see the module).
         """
         pool = self._pools.get(key)
         if pool is None or pool.waiters:
             return None
-        replica = pool.pick(avoid)
+        replica = pool.pick_model(model_id, avoid) if model_id else pool.pick(avoid)
         if replica is not None:
             replica.in_flight += 1
         return replica
 
     async def assign(
-        self, key: str, timeout_s: float | None, avoid: RoutedReplica | None = None
+        self,
+        key: str,
+        timeout_s: float | None,
+        avoid: RoutedReplica | None = None,
+        model_id: str = "",
     ) -> RoutedReplica:
         """A slot on one replica of ``key``; waits (FIFO) up to ``timeout_s`` when all are full.
 
-        ``avoid`` is a replica to skip if another one has room (used to retry elsewhere).
+        ``avoid`` is a replica to skip if another one has room (used to retry elsewhere);
+        ``model_id`` the multiplexed model the request is for ("" for none).
         Raises :class:`NoReplicaAvailable` when the queue is full or the wait times out.
         """
-        replica = self.try_assign(key, avoid)
+        replica = self.try_assign(key, avoid, model_id)
         if replica is not None:
             return replica
         pool = self._pools.get(key)
@@ -240,6 +362,8 @@ class Router:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[RoutedReplica] = loop.create_future()
         pool.waiters.append(waiter)
+        if model_id:
+            pool.waiting_models[waiter] = model_id
         if not pool.replicas and self.on_starved is not None:
             self.on_starved(key)
         # A bare timer on the future instead of asyncio.wait_for: no extra task per waiter.
@@ -258,6 +382,8 @@ class Router:
                 timer.cancel()
             if not waiter.done() or waiter.cancelled() or waiter.exception() is not None:
                 _discard(pool.waiters, waiter)
+            if model_id:
+                pool.waiting_models.pop(waiter, None)
             if not pool.waiters and not pool.replicas and self._pools.get(pool.key) is pool:
                 del self._pools[pool.key]
 
@@ -267,6 +393,17 @@ class Router:
         pool = replica._pool
         if pool.waiters:
             pool.dispatch()
+
+    def note_models(self, replica: RoutedReplica, value: bytes) -> None:
+        """``replica`` answered a multiplexed request with ``value`` in ``wire.MODELS_HEADER``:
+        remember the models it holds. Cheap when they did not change (the usual case); ignored
+        for a replica that left the table."""
+        if value == replica.models_raw:
+            return
+        replica.models_raw = value
+        pool = replica._pool
+        if replica in pool.replicas:
+            pool.note_models(replica, decode_models(value))
 
     # -- introspection (metrics, tests) --------------------------------------------------------
 
@@ -284,9 +421,21 @@ class Router:
         """``{deployment key: callers waiting}`` for every deployment this router knows."""
         return {key: len(pool.waiters) for key, pool in self._pools.items()}
 
+    def models(self, key: str) -> dict[str, frozenset[str]]:
+        """``{replica_id: multiplexed models it is known to hold}`` for the replicas of ``key``."""
+        pool = self._pools.get(key)
+        return {} if pool is None else {r.replica_id: r.models for r in pool.replicas}
+
     def replicas(self, key: str) -> list[RoutedReplica]:
         pool = self._pools.get(key)
         return [] if pool is None else list(pool.replicas)
+
+
+def _rendezvous(model_id: str, replica_id: str) -> bytes:
+    """The rendezvous score of a replica for a model: the same in every process (unlike ``hash``),
+    and well mixed, so new models spread evenly over replicas."""
+    key = f"{model_id}\0{replica_id}".encode("utf-8", "surrogateescape")
+    return hashlib.blake2b(key, digest_size=8).digest()
 
 
 def _expire(waiter: asyncio.Future[RoutedReplica]) -> None:

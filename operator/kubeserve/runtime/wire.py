@@ -37,8 +37,9 @@ from __future__ import annotations
 import json
 import pickle
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NotRequired, TypedDict
+from urllib.parse import quote, unquote
 
 HEALTHZ_PATH = "/-/healthz"
 RECONFIGURE_PATH = "/-/reconfigure"
@@ -59,6 +60,15 @@ UNSERVED_HEADER = "x-kubeserve-unserved"
 #: requests (from all its callers together): the caller waits for a slot and tries again, on
 #: another replica if one has room. Other values (``shutting-down``) mean "try another replica".
 UNSERVED_AT_CAPACITY = "at-capacity"
+
+#: Header of a replica's answer to a request that named a multiplexed model: the models the
+#: replica holds once it answered, most recently used first, percent-encoded, comma-separated
+#: (:func:`encode_models`). Every caller's router learns where models are from its own traffic
+#: (:mod:`kubeserve.runtime.router`); the proxy strips it from what its client gets.
+MODELS_HEADER = "x-kubeserve-models"
+#: Model ids a replica names in :data:`MODELS_HEADER` at most (the most recently used ones), and
+#: so that a caller keeps per replica: the header and the routers' tables stay small.
+MODELS_SHOWN = 32
 
 #: Environment variable carrying the JSON :class:`ReplicaConfig` of a replica process (the
 #: Kubernetes backend's pod templates, whose config never holds ``user_config``).
@@ -189,6 +199,23 @@ def parse_metrics(text: str) -> dict[str, float]:
         except ValueError:
             continue
     return values
+
+
+def encode_models(model_ids: Sequence[str]) -> str:
+    """The :data:`MODELS_HEADER` value naming ``model_ids`` (the first :data:`MODELS_SHOWN`): each
+    id's UTF-8 percent-encoded (so commas, spaces and any character survive), ASCII throughout."""
+    return ",".join(
+        quote(model_id, safe="", errors="surrogateescape") for model_id in model_ids[:MODELS_SHOWN]
+    )
+
+
+def decode_models(value: bytes) -> frozenset[str]:
+    """The model ids a :data:`MODELS_HEADER` value names (at most :data:`MODELS_SHOWN`), spelled
+    as the replica's user code saw them."""
+    if not value:
+        return frozenset()
+    parts = value.decode("latin-1").split(",", MODELS_SHOWN)[:MODELS_SHOWN]
+    return frozenset(unquote(part, errors="surrogateescape") for part in parts if part)
 
 
 def encode_call(

@@ -62,8 +62,8 @@ _PLACEMENT_GROUPS = refused(
     "replica's resources in ray_actor_options instead"
 )
 _ROUTER = (
-    "kubeserve's router is power of two choices on in-flight requests; custom routers are not "
-    "supported"
+    "kubeserve's router is Ray's default: power of two choices on in-flight requests, and "
+    "multiplexed requests to a replica holding their model; custom routers are not supported"
 )
 _RUNTIME_ENV_PACKAGES = (
     "installing packages or switching interpreters per application is not supported yet: build "

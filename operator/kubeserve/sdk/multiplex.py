@@ -9,6 +9,12 @@ its resources at once.
 Which model a request wants is :func:`get_multiplexed_model_id`: the ``serve_multiplexed_model_id``
 HTTP header, or ``handle.options(multiplexed_model_id=...)`` for handle calls (the runtime puts it
 in :data:`kubeserve.sdk.context.request_context`).
+
+What a replica holds is :func:`loaded_model_ids` (every cache of the process, most recently used
+first); the replica tells its callers in the answer to each multiplexed request, and their routers
+send later requests for a model to a replica that holds it (:mod:`kubeserve.runtime.router`).
+:func:`models_version` changes whenever that list may have, so the answer's header is formatted
+again only then.
 """
 
 from __future__ import annotations
@@ -16,13 +22,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from kubeserve.sdk.context import request_context
 
-__all__ = ["MODEL_ID_HEADER", "get_multiplexed_model_id", "multiplexed"]
+__all__ = [
+    "MODEL_ID_HEADER",
+    "get_multiplexed_model_id",
+    "loaded_model_ids",
+    "models_version",
+    "multiplexed",
+]
 
 #: The HTTP header naming the model of a request, as in Ray Serve.
 MODEL_ID_HEADER = "serve_multiplexed_model_id"
@@ -35,16 +48,47 @@ def get_multiplexed_model_id() -> str:
     return "" if current is None else current.multiplexed_model_id
 
 
+#: Every model cache of this process (one per ``@multiplexed`` loader, per instance for methods).
+_caches: weakref.WeakSet[_ModelCache] = weakref.WeakSet()
+#: Bumped whenever a cache's models or their order change (see :func:`models_version`).
+_version = 0
+
+
+def _changed() -> None:
+    global _version
+    _version += 1
+
+
+def models_version() -> int:
+    """A number that changes whenever :func:`loaded_model_ids` may have changed."""
+    return _version
+
+
+def loaded_model_ids() -> list[str]:
+    """The models loaded in this process (every cache), most recently used first."""
+    caches = list(_caches)
+    if len(caches) == 1:
+        return list(reversed(caches[0].models))
+    seen: dict[str, None] = {}
+    for cache in caches:
+        for model_id in reversed(cache.models):
+            seen.setdefault(model_id)
+    return list(seen)
+
+
 class _ModelCache:
     def __init__(self, load: Callable[[str], Any], capacity: int) -> None:
         self.load = load
         self.capacity = capacity
         self.models: OrderedDict[str, Any] = OrderedDict()
         self.loading: dict[str, asyncio.Future[Any]] = {}
+        _caches.add(self)
 
     async def get(self, model_id: str) -> Any:
         if model_id in self.models:
-            self.models.move_to_end(model_id)
+            if next(reversed(self.models)) != model_id:
+                self.models.move_to_end(model_id)
+                _changed()
             return self.models[model_id]
         pending = self.loading.get(model_id)
         if pending is not None:
@@ -54,6 +98,7 @@ class _ModelCache:
         try:
             while len(self.models) >= self.capacity:
                 _, evicted = self.models.popitem(last=False)
+                _changed()
                 await _unload(evicted)
             model = self.load(model_id)
             if inspect.isawaitable(model):
@@ -65,6 +110,7 @@ class _ModelCache:
         finally:
             self.loading.pop(model_id, None)
         self.models[model_id] = model
+        _changed()
         future.set_result(model)
         return model
 

@@ -27,6 +27,7 @@ from kubeserve.runtime.http1 import (
 )
 from kubeserve.runtime.http_connection import ServerConnection, body_too_large, head_too_large
 from kubeserve.runtime.proxy.exchange import Exchange
+from kubeserve.sdk.multiplex import MODEL_ID_HEADER
 
 if TYPE_CHECKING:
     from kubeserve.runtime.proxy.state import ProxyState
@@ -36,6 +37,8 @@ __all__ = ["ClientConnection"]
 # Body bytes buffered while waiting for an upstream connection before the client is paused.
 _PENDING_HIGH_WATER = 256 * 1024
 _CONNECT = b"CONNECT"
+_MODEL_ID = MODEL_ID_HEADER.encode()
+_MODEL_ID_SIZE = len(_MODEL_ID)
 
 
 class ClientConnection(ServerConnection):
@@ -136,6 +139,9 @@ class ClientConnection(ServerConnection):
                 self._check_length(ex, value)
         elif size == 12 and name[0] | 0x20 == 0x78 and name.lower() == REQUEST_ID and value:
             ex.request_id = ex.request_id or value
+        elif size == _MODEL_ID_SIZE and name.lower() == _MODEL_ID:
+            # the multiplexed model, spelled as the replica decodes it (routes the request)
+            ex.model_id = value.decode("utf-8", "surrogateescape")
         ex.headers.append((name, value))
 
     def _check_length(self, ex: Exchange, value: bytes) -> None:

@@ -69,6 +69,8 @@ class Exchange:
     head_done = False
     head_sent = False
     key = ""
+    #: the multiplexed model the request names (``serve_multiplexed_model_id``), "" for none
+    model_id = ""
     method = b""
     keep_alive = True
     http10 = False
@@ -158,7 +160,7 @@ class Exchange:
             self.timer = loop.call_later(state.request_timeout_s, self._timed_out)
         # Fast path: a free slot and an idle connection need no task at all. Nothing is written
         # yet: the caller pumps once the read is parsed, so head and body leave in one write.
-        replica = state.router.try_assign(key)
+        replica = state.router.try_assign(key, None, self.model_id)
         if replica is not None:
             self.replica = replica
             idle = state.pool(replica).idle
@@ -186,7 +188,9 @@ class Exchange:
         state = self.client.state
         try:
             if self.replica is None:
-                self.replica = await state.router.assign(key, state.assign_timeout_s, avoid)
+                self.replica = await state.router.assign(
+                    key, state.assign_timeout_s, avoid, self.model_id
+                )
             pool = state.pool(self.replica)
             conn = pool.take() or await pool.connect()
         except BackPressure as exc:  # max_queued_requests: backpressure_config's answer

@@ -4,7 +4,8 @@ Responses go out verbatim when they can (a whole response in one read, nothing t
 the pieces httptools hands over, hop-by-hop headers dropped and chunked bodies re-framed; what one
 read produced leaves in one ``writelines``. A replica's 503 marked unserved
 (:data:`~kubeserve.runtime.wire.UNSERVED_HEADER`) never reaches the client: the exchange sends its
-request to another replica.
+request to another replica. The models a replica names in its answer to a multiplexed request
+(:data:`~kubeserve.runtime.wire.MODELS_HEADER`) go to the router, not to the client.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from kubeserve.runtime.http1 import (
     classify_header,
 )
 from kubeserve.runtime.keepalive import KeepAliveConnection
-from kubeserve.runtime.wire import UNSERVED_AT_CAPACITY, UNSERVED_HEADER
+from kubeserve.runtime.wire import MODELS_HEADER, UNSERVED_AT_CAPACITY, UNSERVED_HEADER
 
 if TYPE_CHECKING:
     from kubeserve.runtime.proxy.exchange import Exchange
@@ -32,6 +33,8 @@ __all__ = ["UpstreamConnection"]
 
 _UNSERVED = UNSERVED_HEADER.encode()
 _AT_CAPACITY = UNSERVED_AT_CAPACITY.encode()
+_MODELS = MODELS_HEADER.encode()
+_MODELS_SIZE = len(_MODELS)
 _CRLF = b"\r\n"
 _HEAD = b"HEAD"
 _CONNECTION_CLOSE = b"Connection: close\r\n"
@@ -198,6 +201,12 @@ class UpstreamConnection(KeepAliveConnection):
                 self.chunked = True
         elif size == 12 and name[0] | 0x20 == 0x78 and name.lower() == REQUEST_ID:
             self.has_id = True  # (0x78: "x"; Content-Type is the usual other 12-letter name)
+        elif size == _MODELS_SIZE and name.lower() == _MODELS:
+            self.dropped = True  # for the router only: the head is written without it
+            ex = self.exchange
+            if ex is not None and ex.model_id and ex.replica is not None:
+                ex.client.state.router.note_models(ex.replica, value)
+            return
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:

@@ -231,3 +231,54 @@ class HealthSwitch:
             return self.plane.kubectl(*args, check=False).returncode == 0
 
         wait_for(done, 60, interval_s=1, what=f"{' '.join(command)} in {pod}")
+
+
+class AdminApi:
+    """The operator's admin API, called with ``token`` (the cluster admin's by default: the API
+    authenticates every caller with a TokenReview)."""
+
+    def __init__(self, operator: OperatorProcess, token: str | None = None) -> None:
+        self.operator = operator
+        self.url = f"http://127.0.0.1:{operator.port}"
+        self.token = token or operator.plane.token
+
+    def http(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
+        return http(method, url, body, headers={"Authorization": f"Bearer {self.token}"})
+
+    def put(
+        self, applications: list[dict[str, Any]], port: int = 8000, tests_image: bool = True
+    ) -> tuple[int, Any]:
+        if tests_image:
+            self.use_tests_image()
+        return self.http("PUT", f"{self.url}/api/serve/applications/", config(applications, port))
+
+    def use_tests_image(self) -> None:
+        """Pods of the serving layer a PUT starts run the tests' image (a PUT keeps the image of
+        an existing ServeInstance; Ray's config has no field for it)."""
+        plane, namespace = self.operator.plane, self.operator.namespace
+        if not plane.exists("serveinstance", "default", namespace):
+            plane.apply(instance(namespace))
+
+    def details(self) -> dict[str, Any]:
+        status, body = self.http("GET", f"{self.url}/api/serve/applications/")
+        assert status == 200, body
+        return dict(body)
+
+    def wait_running(self, *apps: str, timeout_s: float = 90) -> dict[str, Any]:
+        def running() -> dict[str, Any] | None:
+            body = self.details()
+            found = body["applications"]
+            return body if all(found.get(a, {}).get("status") == "RUNNING" for a in apps) else None
+
+        try:
+            return wait_for(running, timeout_s, interval_s=0.2, what=f"{apps} RUNNING")
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{self.details()}\n{self.operator.log()}") from None
+
+
+def config(applications: list[dict[str, Any]], port: int = 8000) -> dict[str, Any]:
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "0.0.0.0", "port": port},
+        "applications": applications,
+    }

@@ -16,7 +16,8 @@
 #   kubeserve-tests-KEY.tar  docker.io/library/kubeserve-tests:0.1.0: the kubeserve image with the test
 #                       applications (tests/apps/*.py) and the benchmark's (benchmarks/apps.py) in
 #                       /app, so `importPath: e2e_probe:app` works in the tests' pods; KEY covers the
-#                       kubeserve image and those files.
+#                       kubeserve image, those files and TEST_APP_REQUIREMENTS (what the apps import:
+#                       FastAPI and Starlette, pip-installed as a user's image would).
 #                       kubeserve-tests.tar links to the newest one.
 # buildah runs with vfs storage and chroot isolation (no fuse-overlayfs, no user namespaces), its store
 # under CACHE/buildah. RUN steps reach PyPI through the host's CA bundle, mounted read-only.
@@ -101,10 +102,15 @@ build_kubeserve() {
 	ln -sf "$(basename "$archive")" "$CACHE/kubeserve.tar"
 }
 
+# What the test applications import besides kubeserve, installed as a user's image FROM kubeserve
+# installs its application's requirements (Ray's FastAPI and Starlette examples need them).
+TEST_APP_REQUIREMENTS="fastapi starlette python-multipart"
+
 build_tests_image() {
 	key=$(
 		{
 			readlink "$CACHE/kubeserve.tar"
+			echo "$TEST_APP_REQUIREMENTS"
 			cd "$REPO" && { find tests/apps -maxdepth 1 -name '*.py'; echo benchmarks/apps.py; } |
 				LC_ALL=C sort | xargs sha256sum
 		} | sha256sum | cut -c1-16
@@ -114,6 +120,9 @@ build_tests_image() {
 		work=$(mktemp -d)
 		cp "$REPO"/tests/apps/*.py "$REPO"/benchmarks/apps.py "$work/"
 		container=$(buildah from --quiet "docker-archive:$CACHE/kubeserve.tar")
+		# shellcheck disable=SC2086 # a list of requirements
+		buildah run --user 0:0 --volume "$CA_BUNDLE:$CA_BUNDLE:ro" "$container" -- \
+			pip install --quiet $TEST_APP_REQUIREMENTS
 		buildah copy --quiet --chown 10001:10001 "$container" "$work" /app/ >/dev/null
 		buildah commit --quiet "$container" "$TESTS_IMAGE" >/dev/null
 		buildah rm "$container" >/dev/null

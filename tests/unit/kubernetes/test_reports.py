@@ -90,7 +90,7 @@ def test_an_application_report_counts_replicas_and_names_the_route() -> None:
     assert (patch["ingressDeployment"], patch["routePrefix"]) == ("Frontend", "/")
     assert patch["conditions"][0]["reason"] == "Deploying"
     assert patch["observedGeneration"] == 3
-    assert "docsPath" not in patch  # kubeserve serves no docs route
+    assert patch["docsPath"] is None  # not a FastAPI ingress
     ServeApplicationStatus.model_validate(patch)  # the CRD's shape
 
 
@@ -103,6 +103,17 @@ def test_a_running_application_report_is_ready() -> None:
     assert patch["readyDeployments"] == "1/1"
     (ready,) = patch["conditions"]
     assert (ready["status"], ready["reason"]) == ("True", "Running")
+
+
+def test_the_docs_path_of_a_fastapi_ingress_is_reported_and_cleared_without_one() -> None:
+    info = AppStatusInfo(
+        "RUNNING", "", {"Api": DerivedDeploymentStatus("HEALTHY", "CONFIG_UPDATE_COMPLETED")}
+    )
+    deployments = {"Api": observed(1, "RUNNING")}
+    docs = ApplicationReport(info, deployments, IngressRoute("Api", "/api", "/docs"))
+    assert docs.patch(application())["docsPath"] == "/docs"
+    plain = ApplicationReport(info, deployments, IngressRoute("Api", "/api"))
+    assert plain.patch(application())["docsPath"] is None  # a merge patch's null removes it
 
 
 def test_last_deployed_time_is_the_admin_apis_annotation() -> None:

@@ -129,7 +129,7 @@ class ApplicationReconciler:
         return ApplicationReport(
             application_status(BuildView("done"), {n: d.view for n, d in deployments.items()}),
             deployments,
-            IngressRoute(ingress, route_prefix),
+            IngressRoute(ingress, route_prefix, graph.body.get("docs_path")),
         )
 
     async def _reconcile_deployments(

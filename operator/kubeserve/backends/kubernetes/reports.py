@@ -7,8 +7,8 @@ model (:class:`~kubeserve.schema.resources.ServeApplicationStatus`,
 :class:`~kubeserve.schema.resources.ServeInstanceStatus`) dumped with ``exclude_unset``: it holds
 exactly the fields a report sets, so a refused application keeps the deployments and route last
 reported, and :meth:`~.cluster.Cluster.patch_status` turns map entries that are gone into
-deletions. ``docsPath`` is never written: kubeserve serves no API docs route (Ray fills it for
-FastAPI ingresses), so the admin API reports ``docs_path`` null.
+deletions. ``docsPath`` is the ingress's FastAPI ``docs_url`` as the build found it (Ray's
+``docs_path``), unset for other ingresses.
 
 The Ready condition (:func:`ready_condition`) keeps its ``lastTransitionTime`` while its status
 does not change; ``lastDeployedTime`` is the admin API's deployed-at annotation, else when the
@@ -72,10 +72,12 @@ class ObservedDeployment:
 
 @dataclass(frozen=True)
 class IngressRoute:
-    """Where an application's HTTP traffic enters: its ingress deployment and route prefix."""
+    """Where an application's HTTP traffic enters: its ingress deployment and route prefix, and
+    where a FastAPI ingress serves its docs (under the prefix), if it does."""
 
     deployment: str
     route_prefix: str | None
+    docs_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,7 @@ class ApplicationReport:
             fields.update(
                 ingress_deployment=self.ingress.deployment,
                 route_prefix=self.ingress.route_prefix,
+                docs_path=self.ingress.docs_path,
             )
         return _application_patch(obj, fields)
 

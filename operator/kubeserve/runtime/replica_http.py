@@ -54,7 +54,7 @@ from kubeserve.runtime.channel import (
     ServerHandshake,
     peer_description,
 )
-from kubeserve.runtime.http1 import REQUEST_ID, new_request_id
+from kubeserve.runtime.http1 import REQUEST_ID, is_websocket, new_request_id
 from kubeserve.runtime.http_connection import (
     RequestRefused,
     ServerConnection,
@@ -516,7 +516,7 @@ class _Connection(ServerConnection):
         transport's protocol from now on; any other upgrade (h2c, CONNECT...) is refused."""
         upgrading, self.upgrading = self.upgrading, None
         handler = self.server.websocket
-        if upgrading is None or not _is_websocket(upgrading[1]):
+        if upgrading is None or not is_websocket(upgrading[1]):
             what = b"CONNECT" if upgrading is None else b"upgrading to " + upgrading[1][:64]
             self.refuse(501, b"%s is not supported: WebSocket is the only upgrade" % what)
             return
@@ -598,11 +598,6 @@ class _Connection(ServerConnection):
         if self.serving is None and not self.queue:
             return self.idle_time_left(now)
         return self.limits.shortest_timeout_s  # serving: the handler's time is not limited here
-
-
-def _is_websocket(upgrade: bytes) -> bool:
-    """Whether an ``Upgrade`` header asks for WebSocket (among the protocols it lists)."""
-    return any(token.strip().lower() == b"websocket" for token in upgrade.split(b","))
 
 
 def internal_error(request_id: str, *, close: bool = False) -> HttpResponse:

@@ -4,7 +4,8 @@ Responses go out verbatim when they can (a whole response in one read, nothing t
 the pieces httptools hands over, hop-by-hop headers dropped and chunked bodies re-framed; what one
 read produced leaves in one ``writelines``. A replica's 503 marked unserved
 (:data:`~kubeserve.runtime.wire.UNSERVED_HEADER`) never reaches the client: the exchange sends its
-request to another replica.
+request to another replica. A ``101`` to a WebSocket handshake is relayed with its upgrade
+headers, and the connection is handed to the exchange's tunnel (:mod:`.tunnel`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ _CRLF = b"\r\n"
 _HEAD = b"HEAD"
 _CONNECTION_CLOSE = b"Connection: close\r\n"
 _CONNECTION_KEEP_ALIVE = b"Connection: keep-alive\r\n"
+_UPGRADE_WEBSOCKET = b"Connection: Upgrade\r\nUpgrade: websocket\r\n"
 
 
 class UpstreamConnection(KeepAliveConnection):
@@ -71,6 +73,7 @@ class UpstreamConnection(KeepAliveConnection):
         self.complete = False
         self.keep_alive = False
         self.reset_parser = False
+        self.switching = False  # a 101 to a WebSocket handshake
 
     def close(self) -> None:
         self.exchange = None
@@ -92,6 +95,14 @@ class UpstreamConnection(KeepAliveConnection):
             self._serialize_head()
             self._flush(ex)
             self._lost(ex)
+            return
+        except httptools.HttpParserUpgrade as exc:  # a 101: what follows is another protocol
+            if not self.switching:  # to a request that asked for no upgrade: a confused replica
+                self.out.clear()
+                self._lost(ex)
+                return
+            self._flush(ex)
+            ex.upgrade_accepted(self, data[exc.args[0] :])
             return
         if self.unserved:  # not for the client: the request goes to another replica
             if self.complete:
@@ -204,11 +215,20 @@ class UpstreamConnection(KeepAliveConnection):
         ex = self.exchange
         assert ex is not None
         self.status = status = self.parser.get_status_code()
+        if status == 101 and ex.upgrade:  # the replica accepted a WebSocket: relayed as is
+            ex.response_started = self.switching = True
+            self.extra = _UPGRADE_WEBSOCKET
+            if not self.has_id and ex.request_id:
+                self.extra += b"x-request-id: %s\r\n" % ex.request_id
+            self.out.append(self._head())
+            return
         if 100 <= status < 200:  # interim (100 Continue): relayed, the real response follows
             self.interim = True
             self.out.append(self._head())
             return
-        if status == 503 and ex.raw is not None and ex.request_done and self._unserved():
+        if status == 503 and (ex.raw is not None or ex.upgrade) and ex.request_done and (
+            self._unserved()
+        ):
             self.unserved = True  # held whole and never started: data_received re-sends it
             self.at_capacity = self._unserved_reason() == _AT_CAPACITY
             return

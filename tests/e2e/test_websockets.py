@@ -144,13 +144,26 @@ def test_unknown_routes_and_plain_deployments_refuse_the_handshake(ks: Kubeserve
 
 
 def test_a_websocket_holds_its_slot_until_it_closes(ks: Kubeserve) -> None:
-    """``single`` takes one ongoing request: a second WebSocket waits for the first to close."""
+    """``single`` takes one ongoing request: a second WebSocket waits for the first to close.
+    The replica counts an open WebSocket as one ongoing request."""
+    (pid,) = ks.replica_pids("single", "EchoServer")
+
+    def ongoing() -> int:
+        status, text = ks.replica_request(pid, "GET", "/-/metrics")
+        assert status == 200, text
+        line = next(
+            line
+            for line in text.decode().splitlines()
+            if line.startswith("kubeserve_replica_ongoing_requests{")
+        )
+        return int(float(line.rsplit(" ", 1)[1]))
 
     async def go() -> None:
         async with aiohttp.ClientSession() as session:
             first = await session.ws_connect(ws_url(ks, "/single/"))
             await first.send_str("one")
             assert await first.receive_str(timeout=10) == "one"
+            assert await asyncio.to_thread(ongoing) == 1
             second = asyncio.ensure_future(session.ws_connect(ws_url(ks, "/single/")))
             await asyncio.sleep(1.0)
             assert not second.done()  # queued for the one slot, as an HTTP request would be
@@ -165,6 +178,7 @@ def test_a_websocket_holds_its_slot_until_it_closes(ks: Kubeserve) -> None:
                 assert await third.receive_str(timeout=10) == "three"
 
     run(go())
+    wait_for(lambda: ongoing() == 0, 10, what="the replica to count no ongoing request")
 
 
 def test_plain_http_to_the_same_ingress_still_works(ks: Kubeserve) -> None:

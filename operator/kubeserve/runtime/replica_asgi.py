@@ -133,8 +133,9 @@ def websocket_scope(
 class _Socket:
     """The ASGI side of one WebSocket: the app's messages mapped onto its session."""
 
-    def __init__(self, session: WebSocketSession) -> None:
+    def __init__(self, session: WebSocketSession, request_id: str) -> None:
         self.session = session
+        self.request_id = request_id
         self.connected = False  # websocket.connect was received by the app
         self.accepted = False
         self.closed = False  # the app sent websocket.close after accepting
@@ -179,6 +180,8 @@ class _Socket:
             headers = [
                 (bytes(name).lower(), bytes(value)) for name, value in message.get("headers") or ()
             ]
+            if self.request_id and not any(name == b"x-request-id" for name, _ in headers):
+                headers.append((b"x-request-id", self.request_id.encode("latin-1", "replace")))
             self.session.accept(message.get("subprotocol"), headers)
             self.accepted = True
         elif kind == "websocket.close":
@@ -208,7 +211,7 @@ async def run_websocket(
     it (the socket is closed when this returns), else the HTTP answer to give instead. An app
     failure is logged (and reported to ``failed``): before accepting it answers 500, after it
     closes the socket with 1011."""
-    socket = _Socket(session)
+    socket = _Socket(session, request_id)
     try:
         await app(scope, socket.receive, socket.send)
     except Exception as exc:

@@ -25,14 +25,22 @@ def ks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubeserve]:
     with running_kubeserve(state, args=args) as server:
         status, body = server.put(
             [
-                {"name": "echo", "route_prefix": "/ws", "import_path": "ray_websocket_app:echo_app"},
+                {
+                    "name": "echo",
+                    "route_prefix": "/ws",
+                    "import_path": "ray_websocket_app:echo_app",
+                },
                 {
                     "name": "single",
                     "route_prefix": "/single",
                     "import_path": "ray_websocket_app:echo_app",
                     "deployments": [{"name": "EchoServer", "max_ongoing_requests": 1}],
                 },
-                {"name": "plain", "route_prefix": "/plain", "import_path": "ray_websocket_app:plain_app"},
+                {
+                    "name": "plain",
+                    "route_prefix": "/plain",
+                    "import_path": "ray_websocket_app:plain_app",
+                },
             ]
         )
         assert status == 200, body

@@ -163,8 +163,9 @@ class _Socket:
             elif kind == "websocket.close":
                 self.closed = True
                 code = message.get("code")
-                self.session.close(NORMAL_CLOSURE if code is None else int(code),
-                                   str(message.get("reason") or ""))
+                self.session.close(
+                    NORMAL_CLOSURE if code is None else int(code), str(message.get("reason") or "")
+                )
             else:
                 raise RuntimeError(f"unexpected ASGI message {kind!r} on an open WebSocket")
         elif self.refusal is not None:
@@ -177,12 +178,12 @@ class _Socket:
             if not message.get("more_body", False):
                 self.refusal = HttpResponse(status, b"".join(body), headers, content_type=None)
         elif kind == "websocket.accept":
-            headers = [
+            extra = [
                 (bytes(name).lower(), bytes(value)) for name, value in message.get("headers") or ()
             ]
-            if self.request_id and not any(name == b"x-request-id" for name, _ in headers):
-                headers.append((b"x-request-id", self.request_id.encode("latin-1", "replace")))
-            self.session.accept(message.get("subprotocol"), headers)
+            if self.request_id and not any(name == b"x-request-id" for name, _ in extra):
+                extra.append((b"x-request-id", self.request_id.encode("latin-1", "replace")))
+            self.session.accept(message.get("subprotocol"), extra)
             self.accepted = True
         elif kind == "websocket.close":
             self.refusal = HttpResponse(403, b"", content_type=None)

@@ -207,9 +207,9 @@ class WebSocketSession(asyncio.Protocol):
     def close(self, code: int = NORMAL_CLOSURE, reason: str = "") -> None:
         """Send a close frame (if the socket is open) and close the connection; the app's
         ``receive`` then answers ``websocket.disconnect`` with this code."""
-        if self.state is SessionState.OPEN and not self.lost:
-            if self.ws.state in (ConnectionState.OPEN, ConnectionState.REMOTE_CLOSING):
-                self.transport.write(self.ws.send(CloseConnection(code=code, reason=reason or None)))
+        open_states = (ConnectionState.OPEN, ConnectionState.REMOTE_CLOSING)
+        if self.state is SessionState.OPEN and not self.lost and self.ws.state in open_states:
+            self.transport.write(self.ws.send(CloseConnection(code=code, reason=reason or None)))
         self.state = SessionState.CLOSED
         self._closed(code, reason)
         self.transport.close()
@@ -287,4 +287,3 @@ class WebSocketSession(asyncio.Protocol):
         drained, self._drained = self._drained, None
         if drained is not None and not drained.done():
             drained.set_result(None)
-

@@ -326,7 +326,7 @@ class Replica:
             status = 101 if refusal is None else refusal.status
             return refusal
         finally:
-            self._finish(started, self._route, ("WS", self._route, status))
+            self._finish(started, self._route, ("WEBSOCKET", self._route, status))
 
     async def _user_http(
         self, request: HttpRequest, started: float

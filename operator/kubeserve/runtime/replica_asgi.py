@@ -216,7 +216,7 @@ async def run_websocket(
     try:
         await app(scope, socket.receive, socket.send)
     except Exception as exc:
-        if isinstance(exc, WebSocketGone) and socket.accepted:
+        if isinstance(exc, WebSocketGone) and (socket.accepted or session.lost):
             pass  # the app did not catch the client leaving: nothing left to tell anyone
         else:
             log.error(

@@ -160,6 +160,8 @@ class WebSocketSession(asyncio.Protocol):
 
     def accept(self, subprotocol: str | None, headers: list[tuple[bytes, bytes]]) -> None:
         """Write the ``101`` and start framing (the bytes held since the handshake first)."""
+        if self.lost:
+            raise WebSocketGone("the client left before the WebSocket was accepted")
         if self.state is not SessionState.CONNECTING:
             raise RuntimeError(f"cannot accept a WebSocket that is {self.state.name}")
         self.transport.write(

@@ -53,6 +53,8 @@ _CRLF = b"\r\n"
 _CONNECTION_KEEP_ALIVE = b"Connection: keep-alive\r\n"
 #: The hop-by-hop headers of a WebSocket handshake, dropped with the others and forwarded again.
 _WEBSOCKET_HOP = [(b"Connection", b"Upgrade"), (b"Upgrade", b"websocket")]
+#: The method a WebSocket is recorded with (metrics, access log), as Ray's proxy records it.
+_WEBSOCKET_METHOD = b"WEBSOCKET"
 _JSON = b"application/json"
 #: The status recorded for a request whose client left before its answer (as Ray records it).
 _CLIENT_LEFT = 499
@@ -135,10 +137,14 @@ class Exchange:
 
     def websocket(self) -> None:
         """This request is a WebSocket handshake: forwarded with its upgrade headers, and the
-        client connection ends with it (its parser stops at the upgrade)."""
+        client connection ends with it (its parser stops at the upgrade). Its head is its whole
+        request: serialized now, as ``raw`` (which :meth:`pump` writes, and which may be sent
+        again to another replica while replicas answer it unserved)."""
         self.upgrade = True
         self.keep_alive = False
         self.headers += _WEBSOCKET_HOP
+        self.raw = self._head()
+        self.method = _WEBSOCKET_METHOD  # from now on only its label
 
     def start(self) -> None:
         """Route the request (its head is complete). Called once, when it becomes the active one."""

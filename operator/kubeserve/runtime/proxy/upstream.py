@@ -226,12 +226,7 @@ class UpstreamConnection(KeepAliveConnection):
             self.interim = True
             self.out.append(self._head())
             return
-        if (
-            status == 503
-            and (ex.raw is not None or ex.upgrade)
-            and ex.request_done
-            and (self._unserved())
-        ):
+        if status == 503 and ex.raw is not None and ex.request_done and self._unserved():
             self.unserved = True  # held whole and never started: data_received re-sends it
             self.at_capacity = self._unserved_reason() == _AT_CAPACITY
             return

@@ -25,6 +25,11 @@ new one), and an exception escaping the handler answers a 500 naming only that i
 The connection's life, flow control, limits and timer are those of the proxy's client connections:
 both build on :class:`~kubeserve.runtime.http_connection.ServerConnection`.
 
+A WebSocket handshake on user traffic is the connection's last request: when httptools stops at
+its upgrade, the transport is handed to a :class:`~kubeserve.runtime.websocket.WebSocketSession`
+and the server's ``websocket`` handler serves it for as long as the socket lives (no keep-alive or
+request timeouts on it). Other upgrades (h2c...) and CONNECT are answered 501.
+
 The server knows nothing about deployments: :class:`~kubeserve.runtime.replica.Replica` gives it a
 handler ``HttpRequest -> HttpResponse | StreamedResponse`` per channel role. With a secret, every
 connection must pass the :mod:`~kubeserve.runtime.channel` handshake before a byte of it is parsed,

@@ -470,3 +470,28 @@ def test_a_fastapi_app_speaks_through_aiohttp() -> None:
                 raise AssertionError("an unknown route was accepted")
 
     with_app(api, test, root_path="/api")
+
+
+def test_a_client_leaving_before_the_accept_ends_the_app_quietly() -> None:
+    errors: list[BaseException] = []
+    done = asyncio.Event()
+
+    async def slow_accept(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await asyncio.sleep(0.2)
+        try:
+            await send({"type": "websocket.accept"})
+        except OSError as exc:  # the ASGI spec's error for a connection that is gone
+            errors.append(exc)
+        finally:
+            done.set()
+
+    async def test(port: int, server: ReplicaHttpServer) -> None:
+        client = await RawClient.open(port)
+        await asyncio.sleep(0.05)
+        client.writer.transport.abort()
+        await asyncio.wait_for(done.wait(), 5)
+        assert len(errors) == 1
+        await wait_until(lambda: not server.connections)
+
+    with_app(slow_accept, test)

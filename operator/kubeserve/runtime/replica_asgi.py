@@ -71,6 +71,8 @@ _HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection"})
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 #: 2.4: ``reason`` on close and disconnect, an ``OSError`` from ``send`` once the socket is closed
 _ASGI_WEBSOCKET = {"version": "3.0", "spec_version": "2.4"}
+#: The status recorded for a WebSocket whose connection ended before the app answered it.
+_CLIENT_LEFT = 499
 
 
 def root_path_of(route_prefix: str | None) -> str:
@@ -216,8 +218,9 @@ async def run_websocket(
     try:
         await app(scope, socket.receive, socket.send)
     except Exception as exc:
-        if isinstance(exc, WebSocketGone) and (socket.accepted or session.lost):
-            pass  # the app did not catch the client leaving: nothing left to tell anyone
+        if isinstance(exc, WebSocketGone):  # the app did not catch the connection ending
+            if not socket.accepted:  # nobody left to answer: recorded as the client leaving
+                return socket.refusal or HttpResponse(_CLIENT_LEFT, b"", content_type=None)
         else:
             log.error(
                 "ASGI app failed on WebSocket %s (request id %s)",

@@ -553,6 +553,8 @@ class _Connection(ServerConnection):
         request, self.ws_request = self.ws_request, None
         session = self.session
         assert request is not None and session is not None
+        if self.closed:  # a request before it closed the connection: no socket
+            return
         self.serving = request
         self.task = self.loop.create_task(
             self._serve_websocket(request, session), context=self.server.context.copy()

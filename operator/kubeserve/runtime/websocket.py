@@ -160,10 +160,10 @@ class WebSocketSession(asyncio.Protocol):
 
     def accept(self, subprotocol: str | None, headers: list[tuple[bytes, bytes]]) -> None:
         """Write the ``101`` and start framing (the bytes held since the handshake first)."""
-        if self.lost:
-            raise WebSocketGone("the client left before the WebSocket was accepted")
+        if self.lost or self.state is SessionState.CLOSED:
+            raise WebSocketGone("the connection closed before the WebSocket was accepted")
         if self.state is not SessionState.CONNECTING:
-            raise RuntimeError(f"cannot accept a WebSocket that is {self.state.name}")
+            raise RuntimeError("the WebSocket was accepted already")
         self.transport.write(
             self.ws.send(AcceptConnection(subprotocol=subprotocol, extra_headers=headers))
         )

@@ -39,7 +39,7 @@ async def _plain(request: HttpRequest) -> HttpResponse:
 
 
 async def serve(
-    app: Any, *, root_path: str = "", websocket: bool = True
+    app: Any, *, root_path: str = "", websocket: bool = True, ping_interval_s: float | None = None
 ) -> tuple[ReplicaHttpServer, asyncio.Server, int]:
     """``app`` as a replica's ingress serves WebSockets (``websocket``) on a fresh port."""
 
@@ -51,6 +51,7 @@ async def serve(
         _plain,
         websocket=handler if websocket else None,
         limits=RequestLimits(max_body_bytes=LIMIT),
+        websocket_ping_interval_s=ping_interval_s,
     )
     listener = await asyncio.get_running_loop().create_server(server, "127.0.0.1", 0)
     return server, listener, listener.sockets[0].getsockname()[1]
@@ -495,3 +496,38 @@ def test_a_client_leaving_before_the_accept_ends_the_app_quietly() -> None:
         await wait_until(lambda: not server.connections)
 
     with_app(slow_accept, test)
+
+
+def test_a_silent_client_is_pinged_then_closed_and_a_live_one_stays() -> None:
+    app = Echo()
+
+    async def test(port: int, server: ReplicaHttpServer) -> None:
+        # aiohttp answers pings while it reads: the socket outlives many ping periods.
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(f"http://127.0.0.1:{port}/ws", autoping=True) as ws,
+        ):
+            received: list[Any] = []
+
+            async def read() -> None:
+                async for message in ws:
+                    received.append(message.data)
+
+            reader = asyncio.create_task(read())
+            await asyncio.sleep(0.6)
+            assert not received and not ws.closed
+            await ws.send_str("still here")
+            await wait_until(lambda: received == ["still here"])
+            await ws.close()
+            await reader
+        # A client that answers nothing: pinged, then closed with 1011 a period later.
+        client = await RawClient.open(port)
+        await client.next(AcceptConnection)
+        ping = await client.next(Ping)
+        assert isinstance(ping, Ping)
+        closing = await client.next(CloseConnection)
+        assert isinstance(closing, CloseConnection) and closing.code == 1011
+        assert await client.closed()
+        await wait_until(lambda: app.disconnect is not None and app.disconnect["code"] == 1011)
+
+    with_app(app, test, ping_interval_s=0.1)

@@ -67,7 +67,12 @@ from kubeserve.runtime.http_connection import (
     head_too_large,
 )
 from kubeserve.runtime.limits import RequestLimits
-from kubeserve.runtime.websocket import GOING_AWAY, SessionState, WebSocketSession
+from kubeserve.runtime.websocket import (
+    GOING_AWAY,
+    PING_INTERVAL_S,
+    SessionState,
+    WebSocketSession,
+)
 
 __all__ = [
     "HttpRequest",
@@ -189,7 +194,8 @@ class ReplicaHttpServer:
     ``handler`` serves user traffic and ``control`` the internal endpoints. With a ``secret``,
     connections authenticate first and their role chooses between the two; without one (a server
     measured on its own, or tested), every connection is user traffic. ``websocket`` serves the
-    WebSocket handshakes of user traffic; without it they are answered 501.
+    WebSocket handshakes of user traffic (their sockets pinged every ``websocket_ping_interval_s``,
+    None: never); without it they are answered 501.
     """
 
     def __init__(
@@ -201,6 +207,7 @@ class ReplicaHttpServer:
         keep_alive_timeout_s: float = 75.0,
         limits: RequestLimits | None = None,
         websocket: WebSocketHandler | None = None,
+        websocket_ping_interval_s: float | None = PING_INTERVAL_S,
     ) -> None:
         if secret is not None and control is None:
             raise ValueError("an authenticating server needs a control handler")
@@ -208,6 +215,7 @@ class ReplicaHttpServer:
         if control is not None:
             self.handlers[Role.CONTROL] = control
         self.websocket = websocket
+        self.websocket_ping_interval_s = websocket_ping_interval_s
         self.secret = secret
         self.keep_alive_timeout_s = keep_alive_timeout_s
         self.limits = limits or RequestLimits()
@@ -540,6 +548,7 @@ class _Connection(ServerConnection):
             max_message_bytes=self.limits.max_body_bytes,
             early=rest,
             on_lost=self.connection_lost,
+            ping_interval_s=self.server.websocket_ping_interval_s,
         )
         self.transport.set_protocol(self.session)
         self.clock.cancel()  # no keep-alive or request timeouts on a socket

@@ -15,7 +15,11 @@ The ASGI bridge (:func:`~kubeserve.runtime.replica_asgi.run_websocket`) drives i
   with its code and reason; :meth:`close` sends the app's close frame and closes the connection
   (as uvicorn does); a connection lost without a close frame is ``1006``;
 * **flow control**: reading pauses while :data:`_INBOX_HIGH` messages wait for the app, and
-  :meth:`send` waits while the client reads slower than the app writes.
+  :meth:`send` waits while the client reads slower than the app writes;
+* **keepalive**: every :data:`PING_INTERVAL_S` the session pings the client (as uvicorn's default
+  WebSocket server does); a client that sent nothing at all, not even the pong, by the next tick
+  is gone without a word (a dropped network): the socket is closed with ``1011`` and its
+  ongoing-request slot freed, instead of being held until TCP gives up.
 
 Bytes that arrive before the app accepted (a client may send frames right behind its handshake)
 are held, at most :data:`_EARLY_LIMIT` of them before reading pauses, and framed once accepted.
@@ -51,6 +55,7 @@ __all__ = [
     "INTERNAL_ERROR",
     "MESSAGE_TOO_BIG",
     "NORMAL_CLOSURE",
+    "PING_INTERVAL_S",
     "SessionState",
     "WebSocketGone",
     "WebSocketSession",
@@ -67,6 +72,8 @@ INTERNAL_ERROR = 1011
 _INBOX_HIGH = 16
 #: Bytes received before the app accepted, held until it does, before reading pauses.
 _EARLY_LIMIT = 64 * 1024
+#: How often an open socket pings its client; silence for a whole period after a ping ends it.
+PING_INTERVAL_S = 20.0
 
 Event = dict[str, Any]
 
@@ -99,9 +106,11 @@ class WebSocketSession(asyncio.Protocol):
         max_message_bytes: int | None,
         early: bytes = b"",
         on_lost: Callable[[Exception | None], None] | None = None,
+        ping_interval_s: float | None = PING_INTERVAL_S,
     ) -> None:
         self.transport = transport
         self.max_message_bytes = max_message_bytes
+        self.ping_interval_s = ping_interval_s
         self.on_lost = on_lost
         self.state = SessionState.CONNECTING
         self.ws = WSConnection(ConnectionType.SERVER)
@@ -124,6 +133,9 @@ class WebSocketSession(asyncio.Protocol):
         self.write_paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._drained: asyncio.Future[None] | None = None
+        self._ping_timer: asyncio.TimerHandle | None = None
+        self.heard = False  # something arrived since the last ping
+        self.pinged = False  # a ping went out
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -142,6 +154,7 @@ class WebSocketSession(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self._stop_pinging()
         self.state = SessionState.CLOSED
         self._closed(ABNORMAL_CLOSURE, "")
         self._wake_writer()
@@ -168,6 +181,9 @@ class WebSocketSession(asyncio.Protocol):
             self.ws.send(AcceptConnection(subprotocol=subprotocol, extra_headers=headers))
         )
         self.state = SessionState.OPEN
+        if self.ping_interval_s is not None:
+            loop = asyncio.get_running_loop()
+            self._ping_timer = loop.call_later(self.ping_interval_s, self._keepalive)
         early, self.early = bytes(self.early), bytearray()
         self._hold_reading(False)
         if early:
@@ -213,6 +229,7 @@ class WebSocketSession(asyncio.Protocol):
         if self.state is SessionState.OPEN and not self.lost and self.ws.state in open_states:
             self.transport.write(self.ws.send(CloseConnection(code=code, reason=reason or None)))
         self.state = SessionState.CLOSED
+        self._stop_pinging()
         self._closed(code, reason)
         self.transport.close()
 
@@ -220,6 +237,7 @@ class WebSocketSession(asyncio.Protocol):
 
     def _feed(self, data: bytes) -> None:
         ws = self.ws
+        self.heard = True
         ws.receive_data(data)
         for event in ws.events():
             if isinstance(event, Message):
@@ -263,6 +281,29 @@ class WebSocketSession(asyncio.Protocol):
                 self.inbox.append({"type": "websocket.receive", "bytes": blob})
             self._wake_reader()
         return True
+
+    # -- keepalive ---------------------------------------------------------------------------------
+
+    def _keepalive(self) -> None:
+        """The ping timer: end a socket whose client stayed silent since the last ping, else
+        ping it again."""
+        self._ping_timer = None
+        if self.state is not SessionState.OPEN or self.lost or self.ping_interval_s is None:
+            return
+        if not self.heard and self.pinged:
+            self.close(INTERNAL_ERROR, "keepalive ping timeout")
+            self.transport.abort()  # what is unsent would never reach a silent peer
+            return
+        self.heard = False
+        self.pinged = True
+        self.transport.write(self.ws.send(Ping(payload=b"kubeserve")))
+        loop = asyncio.get_running_loop()
+        self._ping_timer = loop.call_later(self.ping_interval_s, self._keepalive)
+
+    def _stop_pinging(self) -> None:
+        if self._ping_timer is not None:
+            self._ping_timer.cancel()
+            self._ping_timer = None
 
     # -- bookkeeping -------------------------------------------------------------------------------
 

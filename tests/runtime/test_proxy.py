@@ -35,6 +35,7 @@ class FakeReplica:
         self.hits: Counter[str] = Counter()  # requests that reached this replica, by path
         self.shutting_down = False  # answer as a draining replica does: 503, never started
         self.release = asyncio.Event()
+        self.sockets_closed = 0  # WebSockets whose handler saw the end
         self.runner: web.AppRunner | None = None
         self.port = 0
 
@@ -78,6 +79,22 @@ class FakeReplica:
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         tail = request.path.rsplit("/", 1)[-1]
         headers = {"X-Replica": self.replica_id}
+        if tail == "ws":  # a WebSocket echo; "close" makes the replica close it with 4002
+            ws = web.WebSocketResponse(max_msg_size=0, autoping=True)
+            ws.headers["X-Replica"] = self.replica_id
+            await ws.prepare(request)
+            try:
+                async for message in ws:
+                    if message.type == aiohttp.WSMsgType.TEXT:
+                        if message.data == "close":
+                            await ws.close(code=4002, message=b"replica says bye")
+                            break
+                        await ws.send_str(message.data)
+                    elif message.type == aiohttp.WSMsgType.BINARY:
+                        await ws.send_bytes(message.data)
+            finally:
+                self.sockets_closed += 1
+            return ws
         if tail == "echo":  # streams the body back as it arrives, chunked
             resp = web.StreamResponse(headers=headers)
             resp.enable_chunked_encoding()
@@ -843,16 +860,109 @@ def test_request_ids_are_kept_or_made_and_always_answered() -> None:
 
 def test_connect_and_upgrades_get_exactly_one_answer() -> None:
     async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
-        for request in (
-            b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n\x16\x03\x01",
-            b"GET /a/x HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+        for request, what in (
+            (
+                b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n\x16\x03\x01",
+                b"CONNECT (tunnelling)",
+            ),
+            (
+                b"GET /a/x HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\nPRI",
+                b"upgrading to h2c",
+            ),
         ):
             data = await read_all(c.proxy.port, request)
             assert data.count(b"HTTP/1.1 ") == 1, data
-            assert status_of(data) == 501
+            assert status_of(data) == 501 and what in data, data
         assert c.replicas["a0"].hits.total() == 0
+        # A WebSocket handshake the replica answers with a plain response: relayed as it is,
+        # then the connection closes (the bytes behind the handshake are never parsed).
+        data = await read_all(
+            c.proxy.port,
+            b"GET /a/x HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            b"GET /a/y HTTP/1.1\r\nHost: x\r\n\r\n",
+        )
+        assert data.count(b"HTTP/1.1 ") == 1, data
+        assert status_of(data) == 200 and b"Connection: close" in data
+        assert c.replicas["a0"].hits == Counter({"/a/x": 1})
+        assert c.in_flight() == 0
 
     scenario(body)
+
+
+def test_websockets_are_spliced_to_the_replica_and_hold_their_slot() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        async with s.ws_connect(c.url + "/a/b/ws", max_msg_size=0) as ws:
+            assert ws._response.headers["X-Replica"] == "ab0"
+            assert ws._response.headers["x-request-id"]
+            await ws.send_str("hello")
+            assert await ws.receive_str() == "hello"
+            assert c.in_flight() == 1  # one slot for the life of the socket
+            big = os.urandom(BIG)  # both ways through the splice, with backpressure
+            await ws.send_bytes(big)
+            assert await ws.receive_bytes() == big
+        await wait_until(lambda: c.in_flight() == 0)
+        await wait_until(lambda: c.replicas["ab0"].sockets_closed == 1)
+        # The replica closing: its code and reason reach the client, the slot is released.
+        async with s.ws_connect(c.url + "/a/b/ws") as ws:
+            await ws.send_str("close")
+            closing = await ws.receive()
+            assert (closing.type, closing.data, closing.extra) == (
+                aiohttp.WSMsgType.CLOSE,
+                4002,
+                "replica says bye",
+            )
+        await wait_until(lambda: c.in_flight() == 0)
+        # The client vanishing without a close frame: the replica's side ends too.
+        ws = await s.ws_connect(c.url + "/a/b/ws")
+        await ws.send_str("x")
+        assert await ws.receive_str() == "x"
+        assert c.in_flight() == 1
+        ws._response.connection.transport.abort()  # type: ignore[union-attr]
+        await wait_until(lambda: c.replicas["ab0"].sockets_closed == 3)
+        await wait_until(lambda: c.in_flight() == 0)
+
+    scenario(body)
+
+
+def test_frames_right_behind_the_handshake_reach_the_replica() -> None:
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.connection import Connection
+    from wsproto.events import AcceptConnection, Request, TextMessage
+
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        client = WSConnection(ConnectionType.CLIENT)
+        handshake = client.send(Request(host="x", target="/a/ws"))
+        early = Connection(ConnectionType.CLIENT).send(TextMessage(data="early"))
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        try:
+            writer.write(handshake + early)  # in one write, before the replica's 101
+            events: list[Any] = []
+            while not any(isinstance(e, TextMessage) for e in events):
+                data = await asyncio.wait_for(reader.read(65536), 10)
+                assert data, events
+                client.receive_data(data)
+                events += client.events()
+            assert isinstance(events[0], AcceptConnection)
+            assert [e.data for e in events if isinstance(e, TextMessage)] == ["early"]
+        finally:
+            writer.close()
+        await wait_until(lambda: c.in_flight() == 0)
+
+    scenario(body)
+
+
+def test_a_websocket_a_draining_replica_did_not_start_goes_to_another() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        c.replicas["a0"].shutting_down = True  # answers 503 unserved, with Connection: close
+        for _ in range(6):
+            async with s.ws_connect(c.url + "/a/ws") as ws:
+                assert ws._response.headers["X-Replica"] == "a1"
+                await ws.send_str("hi")
+                assert await ws.receive_str() == "hi"
+        await wait_until(lambda: c.in_flight() == 0)
+
+    scenario(body, a_replicas=2)
 
 
 def test_routes_and_internal_paths_match_on_the_normalised_path() -> None:

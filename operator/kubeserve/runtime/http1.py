@@ -23,6 +23,7 @@ __all__ = [
     "chunk_prefix",
     "classify_header",
     "is_request_id",
+    "is_websocket",
     "local_response",
     "new_request_id",
     "read_response",
@@ -78,6 +79,11 @@ def classify_header(name: bytes, value: bytes) -> int:
 def is_request_id(name: bytes) -> bool:
     """Whether a header name is ``X-Request-Id``, in any case (one ``len`` for most names)."""
     return len(name) == 12 and (name == REQUEST_ID or name.lower() == REQUEST_ID)
+
+
+def is_websocket(upgrade: bytes) -> bool:
+    """Whether an ``Upgrade`` header's value asks for WebSocket (among the protocols it lists)."""
+    return any(token.strip().lower() == b"websocket" for token in upgrade.split(b","))
 
 
 def new_request_id() -> bytes:

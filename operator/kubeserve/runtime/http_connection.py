@@ -52,7 +52,7 @@ def head_too_large(limit: int) -> bytes:
 
 class ServerConnection(asyncio.Protocol):
     """One client connection of an HTTP/1.1 server; subclasses give the httptools callbacks,
-    :meth:`refuse`, :meth:`refuse_upgrade` and :meth:`time_left`."""
+    :meth:`refuse`, :meth:`upgraded` and :meth:`time_left`."""
 
     def __init__(
         self,
@@ -128,8 +128,8 @@ class ServerConnection(asyncio.Protocol):
         self.read_size = len(data)
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self.refuse_upgrade()
+        except httptools.HttpParserUpgrade as exc:
+            self.upgraded(data[exc.args[0] :])
             return False
         except httptools.HttpParserError as exc:
             refused = exc.__context__
@@ -159,8 +159,10 @@ class ServerConnection(asyncio.Protocol):
         """Answer a request that cannot be parsed or kept, then close."""
         raise NotImplementedError
 
-    def refuse_upgrade(self) -> None:
-        """httptools stopped at a protocol upgrade (or CONNECT): what follows is not HTTP/1."""
+    def upgraded(self, rest: bytes) -> None:
+        """httptools stopped after a request asking for a protocol upgrade (or CONNECT): what
+        follows, starting with ``rest`` (the bytes of this read after the request), is not
+        HTTP/1. The parser is done with this connection either way."""
         raise NotImplementedError
 
     def close(self) -> None:

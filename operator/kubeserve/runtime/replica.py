@@ -55,7 +55,9 @@ from kubeserve.runtime.replica_asgi import (
     is_asgi_response,
     root_path_of,
     run_asgi,
+    run_websocket,
     user_request,
+    websocket_scope,
 )
 from kubeserve.runtime.replica_asgi import prepare as prepare_asgi
 from kubeserve.runtime.replica_http import (
@@ -65,6 +67,7 @@ from kubeserve.runtime.replica_http import (
     StreamedResponse,
     internal_error,
 )
+from kubeserve.runtime.websocket import WebSocketSession
 from kubeserve.sdk import context, multiplex, transport
 from kubeserve.sdk.application import GraphNode, map_nodes
 from kubeserve.sdk.handle import DeploymentHandle
@@ -294,6 +297,43 @@ class Replica:
         finally:
             if not streaming:  # a stream is counted until its last chunk (see _stream)
                 self._finish(started, self._route, (request.method, self._route, status))
+
+    async def handle_websocket(
+        self, request: HttpRequest, session: WebSocketSession
+    ) -> HttpResponse | None:
+        """A WebSocket handshake on user traffic: the ingress's ASGI app serves it, counted as
+        one ongoing request for as long as the socket is open. Refused (an HTTP answer) while
+        draining or at ``max_ongoing_requests`` (both "unserved": the proxy tries elsewhere), and
+        when the deployment is no ASGI ingress."""
+        if self.draining:
+            return _shutting_down()
+        if self._ongoing >= self._max_ongoing:
+            return _at_capacity()
+        app = self._asgi
+        if app is None:
+            return HttpResponse(
+                501,
+                f"deployment {self.user.name!r} takes no WebSocket: only an ASGI ingress "
+                "(@serve.ingress(app) with a websocket route) does".encode(),
+                close=True,
+            )
+        self.ongoing += 1
+        started = time.perf_counter()
+        status = 500
+        try:
+            _enter_request(request, self._route)
+            state = self.lifespan.state if self.lifespan is not None else None
+            refusal = await run_websocket(
+                app,
+                websocket_scope(request, self._root_path, state),
+                session,
+                request.request_id,
+                functools.partial(self.metrics_recorder.error, self._route),
+            )
+            status = 101 if refusal is None else refusal.status
+            return refusal
+        finally:
+            self._finish(started, self._route, ("WEBSOCKET", self._route, status))
 
     async def _user_http(
         self, request: HttpRequest, started: float
@@ -763,6 +803,7 @@ async def serve_replica(
             control=replica.handle_control,
             secret=secret,
             limits=RequestLimits.from_mapping(config.get("request_limits")),
+            websocket=replica.handle_websocket,
         )
         listener = await loop.create_server(server, host, port, reuse_address=True, backlog=1024)
         # Bound after the TCP port, so the name derived from the port is this process's.

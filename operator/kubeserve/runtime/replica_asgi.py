@@ -13,6 +13,15 @@ HttpRequest`); :func:`run_asgi` turns it into an ASGI ``http`` scope and runs th
 * ``receive`` gives the body, then ``http.disconnect`` once the response is done or the client
   left, so Starlette's disconnect listeners end.
 
+A WebSocket handshake (:func:`run_websocket`) runs the app with a ``websocket`` scope (the same
+paths, ``ws`` scheme, the offered ``subprotocols``) over a :class:`~kubeserve.runtime.websocket.
+WebSocketSession`: ``websocket.connect`` first, then the client's messages and a
+``websocket.disconnect`` with the close code; the app's ``websocket.accept`` writes the ``101``,
+``websocket.send`` and ``websocket.close`` frame as they should. An app that closes before
+accepting refuses the handshake with a ``403`` (as uvicorn does), or with the response it sends
+through the ``websocket.http.response`` extension; one that fails before accepting gives a
+``500``, after accepting a close with ``1011``.
+
 :class:`Lifespan` runs the app's ``lifespan`` startup before the replica listens and its shutdown
 after it drained; an app that does not speak the lifespan protocol is simply not told.
 
@@ -28,6 +37,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mutab
 from typing import Any
 
 from kubeserve.runtime.replica_http import HttpRequest, HttpResponse, internal_error
+from kubeserve.runtime.websocket import (
+    INTERNAL_ERROR,
+    NORMAL_CLOSURE,
+    SessionState,
+    WebSocketGone,
+    WebSocketSession,
+)
 from kubeserve.sdk.http import Request, StreamingResponse
 
 __all__ = [
@@ -36,7 +52,9 @@ __all__ = [
     "is_asgi_response",
     "prepare",
     "run_asgi",
+    "run_websocket",
     "user_request",
+    "websocket_scope",
 ]
 
 log = logging.getLogger("kubeserve.replica")
@@ -51,6 +69,10 @@ _STREAM_AHEAD = 16
 #: Response headers the replica's server writes itself.
 _HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection"})
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
+#: 2.4: ``reason`` on close and disconnect, an ``OSError`` from ``send`` once the socket is closed
+_ASGI_WEBSOCKET = {"version": "3.0", "spec_version": "2.4"}
+#: The status recorded for a WebSocket whose connection ended before the app answered it.
+_CLIENT_LEFT = 499
 
 
 def root_path_of(route_prefix: str | None) -> str:
@@ -86,6 +108,139 @@ def http_scope(
     if state is not None:
         scope["state"] = dict(state)
     return scope
+
+
+def websocket_scope(
+    request: HttpRequest, root_path: str, state: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ASGI ``websocket`` scope of the handshake ``request``: paths, query string, headers and
+    client as in its ``http`` scope, the ``ws`` scheme and the subprotocols the client offered."""
+    scope = http_scope(request, root_path, state)
+    del scope["method"]
+    scope["type"] = "websocket"
+    scope["asgi"] = _ASGI_WEBSOCKET
+    scope["http_version"] = "1.1"
+    scope["scheme"] = "ws"
+    scope["subprotocols"] = [
+        token.strip()
+        for name, value in request.headers
+        if name.lower() == "sec-websocket-protocol"
+        for token in value.split(",")
+        if token.strip()
+    ]
+    scope["extensions"] = {"websocket.http.response": {}}
+    return scope
+
+
+class _Socket:
+    """The ASGI side of one WebSocket: the app's messages mapped onto its session."""
+
+    def __init__(self, session: WebSocketSession, request_id: str) -> None:
+        self.session = session
+        self.request_id = request_id
+        self.connected = False  # websocket.connect was received by the app
+        self.accepted = False
+        self.closed = False  # the app sent websocket.close after accepting
+        #: the HTTP answer instead of a socket (close before accept, a denial response)
+        self.refusal: HttpResponse | None = None
+        self.denial: tuple[int, dict[str, str], list[bytes]] | None = None
+
+    async def receive(self) -> Message:
+        if not self.connected:
+            self.connected = True
+            return {"type": "websocket.connect"}
+        return await self.session.receive()
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if self.accepted:
+            if self.closed:
+                raise WebSocketGone("the app closed the WebSocket already")
+            if kind == "websocket.send":
+                data = message.get("bytes")
+                text = message.get("text")
+                if data is None and text is None:
+                    raise RuntimeError("websocket.send needs 'bytes' or 'text'")
+                await self.session.send(bytes(data) if data is not None else str(text))
+            elif kind == "websocket.close":
+                self.closed = True
+                code = message.get("code")
+                self.session.close(
+                    NORMAL_CLOSURE if code is None else int(code), str(message.get("reason") or "")
+                )
+            else:
+                raise RuntimeError(f"unexpected ASGI message {kind!r} on an open WebSocket")
+        elif self.refusal is not None:
+            raise WebSocketGone("the WebSocket handshake was refused")
+        elif self.denial is not None:
+            if kind != "websocket.http.response.body":
+                raise RuntimeError(f"expected websocket.http.response.body, got {kind!r}")
+            status, headers, body = self.denial
+            body.append(bytes(message.get("body", b"")))
+            if not message.get("more_body", False):
+                self.refusal = HttpResponse(status, b"".join(body), headers, content_type=None)
+        elif kind == "websocket.accept":
+            extra = [
+                (bytes(name).lower(), bytes(value)) for name, value in message.get("headers") or ()
+            ]
+            if self.request_id and not any(name == b"x-request-id" for name, _ in extra):
+                extra.append((b"x-request-id", self.request_id.encode("latin-1", "replace")))
+            self.session.accept(message.get("subprotocol"), extra)
+            self.accepted = True
+        elif kind == "websocket.close":
+            self.refusal = HttpResponse(403, b"", content_type=None)
+        elif kind == "websocket.http.response.start":
+            headers = {}
+            for name, value in message.get("headers", ()):
+                key = bytes(name).decode("latin-1").lower()
+                if key not in _HOP_HEADERS:
+                    headers[key] = bytes(value).decode("latin-1")
+            self.denial = (int(message["status"]), headers, [])
+        else:
+            raise RuntimeError(
+                f"expected ASGI message 'websocket.accept', 'websocket.close' or "
+                f"'websocket.http.response.start', got {kind!r}"
+            )
+
+
+async def run_websocket(
+    app: AsgiApp,
+    scope: dict[str, Any],
+    session: WebSocketSession,
+    request_id: str,
+    failed: Callable[[Exception], None] | None = None,
+) -> HttpResponse | None:
+    """Run ``app`` on one WebSocket handshake for as long as it lasts: None when the app accepted
+    it (the socket is closed when this returns), else the HTTP answer to give instead. An app
+    failure is logged (and reported to ``failed``): before accepting it answers 500, after it
+    closes the socket with 1011."""
+    socket = _Socket(session, request_id)
+    try:
+        await app(scope, socket.receive, socket.send)
+    except Exception as exc:
+        if isinstance(exc, WebSocketGone):  # the app did not catch the connection ending
+            if not socket.accepted:  # nobody left to answer: recorded as the client leaving
+                return socket.refusal or HttpResponse(_CLIENT_LEFT, b"", content_type=None)
+        else:
+            log.error(
+                "ASGI app failed on WebSocket %s (request id %s)",
+                scope["path"],
+                request_id,
+                exc_info=exc,
+            )
+            if failed is not None:
+                failed(exc)
+            if not socket.accepted:
+                return internal_error(request_id)
+            session.close(INTERNAL_ERROR, "")
+    if socket.accepted:
+        if session.state is not SessionState.CLOSED:
+            session.close(NORMAL_CLOSURE, "")  # the app returned without closing
+        return None
+    if socket.refusal is None:
+        log.error("ASGI app neither accepted nor refused a WebSocket (request id %s)", request_id)
+        return internal_error(request_id)
+    return socket.refusal
 
 
 class _Exchange:

@@ -25,6 +25,11 @@ new one), and an exception escaping the handler answers a 500 naming only that i
 The connection's life, flow control, limits and timer are those of the proxy's client connections:
 both build on :class:`~kubeserve.runtime.http_connection.ServerConnection`.
 
+A WebSocket handshake on user traffic is the connection's last request: when httptools stops at
+its upgrade, the transport is handed to a :class:`~kubeserve.runtime.websocket.WebSocketSession`
+and the server's ``websocket`` handler serves it for as long as the socket lives (no keep-alive or
+request timeouts on it). Other upgrades (h2c...) and CONNECT are answered 501.
+
 The server knows nothing about deployments: :class:`~kubeserve.runtime.replica.Replica` gives it a
 handler ``HttpRequest -> HttpResponse | StreamedResponse`` per channel role. With a secret, every
 connection must pass the :mod:`~kubeserve.runtime.channel` handshake before a byte of it is parsed,
@@ -54,7 +59,7 @@ from kubeserve.runtime.channel import (
     ServerHandshake,
     peer_description,
 )
-from kubeserve.runtime.http1 import REQUEST_ID, new_request_id
+from kubeserve.runtime.http1 import REQUEST_ID, is_websocket, new_request_id
 from kubeserve.runtime.http_connection import (
     RequestRefused,
     ServerConnection,
@@ -62,12 +67,19 @@ from kubeserve.runtime.http_connection import (
     head_too_large,
 )
 from kubeserve.runtime.limits import RequestLimits
+from kubeserve.runtime.websocket import (
+    GOING_AWAY,
+    PING_INTERVAL_S,
+    SessionState,
+    WebSocketSession,
+)
 
 __all__ = [
     "HttpRequest",
     "HttpResponse",
     "ReplicaHttpServer",
     "StreamedResponse",
+    "WebSocketHandler",
     "internal_error",
 ]
 
@@ -156,6 +168,9 @@ class StreamedResponse:
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse | StreamedResponse]]
+#: Serves a WebSocket handshake ``request`` on its ``session``: None once the session was served
+#: (accepted, or refused by the app), or the HTTP answer to give instead of a socket.
+WebSocketHandler = Callable[[HttpRequest, WebSocketSession], Awaitable[HttpResponse | None]]
 
 
 class _DateHeader:
@@ -178,7 +193,9 @@ class ReplicaHttpServer:
 
     ``handler`` serves user traffic and ``control`` the internal endpoints. With a ``secret``,
     connections authenticate first and their role chooses between the two; without one (a server
-    measured on its own, or tested), every connection is user traffic.
+    measured on its own, or tested), every connection is user traffic. ``websocket`` serves the
+    WebSocket handshakes of user traffic (their sockets pinged every ``websocket_ping_interval_s``,
+    None: never); without it they are answered 501.
     """
 
     def __init__(
@@ -189,12 +206,16 @@ class ReplicaHttpServer:
         secret: bytes | None = None,
         keep_alive_timeout_s: float = 75.0,
         limits: RequestLimits | None = None,
+        websocket: WebSocketHandler | None = None,
+        websocket_ping_interval_s: float | None = PING_INTERVAL_S,
     ) -> None:
         if secret is not None and control is None:
             raise ValueError("an authenticating server needs a control handler")
         self.handlers: dict[Role, Handler] = {Role.INGRESS: handler}
         if control is not None:
             self.handlers[Role.CONTROL] = control
+        self.websocket = websocket
+        self.websocket_ping_interval_s = websocket_ping_interval_s
         self.secret = secret
         self.keep_alive_timeout_s = keep_alive_timeout_s
         self.limits = limits or RequestLimits()
@@ -238,6 +259,12 @@ class _Connection(ServerConnection):
         self.queue: deque[HttpRequest] = deque()
         self.serving: HttpRequest | None = None
         self.task: asyncio.Task[None] | None = None  # a strong reference while a handler waits
+        # A protocol upgrade: the request's Upgrade header (reset once its request is complete),
+        # the request httptools stopped after, then the WebSocket the connection became.
+        self.upgrade = b""
+        self.upgrading: tuple[HttpRequest, bytes] | None = None
+        self.session: WebSocketSession | None = None
+        self.ws_request: HttpRequest | None = None  # a handshake waiting for pipelined requests
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -319,6 +346,8 @@ class _Connection(ServerConnection):
                 self.declared = int(value)
         elif size == 6 and name.lower() == b"expect" and value.lower() == b"100-continue":
             self.expect = True
+        elif size == 7 and name.lower() == b"upgrade":
+            self.upgrade = value
 
     def on_headers_complete(self) -> None:
         self.head_done = True
@@ -360,6 +389,11 @@ class _Connection(ServerConnection):
             parser.get_http_version() == "1.0",
             request_id,
         )
+        if self.upgrade:  # rare: only requests with an Upgrade header look at it
+            upgrade, self.upgrade = self.upgrade, b""
+            if parser.should_upgrade():  # httptools stops after this request: see upgraded()
+                self.upgrading = (request, upgrade)
+                return
         self.queue.append(request)
         if self.serving is None:
             self._next()
@@ -390,6 +424,9 @@ class _Connection(ServerConnection):
             self.task = self.loop.create_task(_resume(coro, yielded, self._next), context=context)
             return
         self.serving = None
+        if self.ws_request is not None:  # a WebSocket handshake pipelined behind requests
+            self._start_websocket()
+            return
         self.idle_since = self.loop.time()
 
     async def _serve(self, request: HttpRequest) -> None:
@@ -481,12 +518,83 @@ class _Connection(ServerConnection):
         self.close()
 
     def close(self) -> None:
+        if self.session is not None:  # a socket still open (the server stops): 1001
+            self.session.close(GOING_AWAY, "server shutting down")
         if not self.closed:
             self.closed = True  # at once: no queued request is served after this
             self.transport.close()  # flushes what is buffered, then closes
 
-    def refuse_upgrade(self) -> None:
-        self.refuse(501, b"protocol upgrades are not supported")
+    def upgraded(self, rest: bytes) -> None:
+        """A WebSocket handshake on user traffic becomes a :class:`WebSocketSession`, the
+        transport's protocol from now on; any other upgrade (h2c, CONNECT...) is refused."""
+        upgrading, self.upgrading = self.upgrading, None
+        handler = self.server.websocket
+        if upgrading is None or not is_websocket(upgrading[1]):
+            what = b"CONNECT" if upgrading is None else b"upgrading to " + upgrading[1][:64]
+            self.refuse(501, b"%s is not supported: WebSocket is the only upgrade" % what)
+            return
+        if handler is None or not self.ingress:
+            self.refuse(501, b"this server takes no WebSocket")
+            return
+        request = upgrading[0]
+        headers = [
+            (name.encode("latin-1"), value.encode("utf-8", "surrogateescape"))
+            for name, value in request.headers
+        ]
+        self.session = WebSocketSession(
+            self.transport,
+            headers,
+            self.url,
+            max_message_bytes=self.limits.max_body_bytes,
+            early=rest,
+            on_lost=self.connection_lost,
+            ping_interval_s=self.server.websocket_ping_interval_s,
+        )
+        self.transport.set_protocol(self.session)
+        self.clock.cancel()  # no keep-alive or request timeouts on a socket
+        self.ws_request = request
+        if self.serving is None and not self.queue:
+            self._start_websocket()
+
+    def _start_websocket(self) -> None:
+        """Serve the WebSocket (the connection's last request): the handler runs as long as
+        the socket is open."""
+        request, self.ws_request = self.ws_request, None
+        session = self.session
+        assert request is not None and session is not None
+        if self.closed:  # a request before it closed the connection: no socket
+            return
+        self.serving = request
+        self.task = self.loop.create_task(
+            self._serve_websocket(request, session), context=self.server.context.copy()
+        )
+
+    async def _serve_websocket(self, request: HttpRequest, session: WebSocketSession) -> None:
+        handler = self.server.websocket
+        assert handler is not None
+        response: HttpResponse | None
+        if session.invalid:
+            response = HttpResponse(
+                400, b"invalid WebSocket handshake: %s" % session.invalid.encode("utf-8", "replace")
+            )
+        else:
+            try:
+                response = await handler(request, session)
+            except Exception:  # the handler maps user errors itself; this is a kubeserve bug
+                log.exception(
+                    "WebSocket %s failed in kubeserve's handler (request id %s)",
+                    request.path,
+                    request.request_id,
+                )
+                response = internal_error(request.request_id)
+        if session.state is SessionState.CONNECTING:  # no socket: an HTTP answer instead
+            session.refused()
+            if response is None:
+                response = internal_error(request.request_id)
+            self._write_head(
+                response.status, response.headers, response.body, False, request.request_id
+            )
+        self.close()
 
     def time_left(self, now: float) -> float | None:
         """Keep-alive timeout when idle, head and body timeouts while a request arrives."""

@@ -41,6 +41,7 @@ Layout (as uvicorn splits its httptools protocol, flow control and server):
   replica server (:mod:`~kubeserve.runtime.http_connection`);
 * :mod:`.exchange`: one request from its first byte to the last byte of its answer;
 * :mod:`.upstream`: the connection to a replica, parsing its responses;
+* :mod:`.tunnel`: a WebSocket, the client and replica connections spliced after the replica's 101;
 * :mod:`.server`: :class:`ProxyServer` and :func:`serve_proxy`;
 * :mod:`.command`: ``kubeserve proxy`` (also ``python -m kubeserve.runtime.proxy``).
 

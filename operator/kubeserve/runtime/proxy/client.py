@@ -9,6 +9,10 @@ The fast paths, marked where they are used: routing, the replica choice and taki
 upstream connection happen inside ``data_received`` (a task exists only when a request must wait);
 a request that arrived whole in one read and needs no change is forwarded as the very bytes read;
 what one read produced for the replica leaves in one ``writelines``.
+
+A WebSocket handshake is parsed and routed as any request; when httptools stops at its upgrade,
+the connection is handed to :class:`~kubeserve.runtime.proxy.tunnel.ClientEnd` (the rest of its
+life, see :mod:`~kubeserve.runtime.proxy.tunnel`). Other upgrades (h2c...) and CONNECT get 501.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ from kubeserve.runtime.http1 import (
     REQUEST_ID,
     HeaderKind,
     classify_header,
+    is_websocket,
     local_response,
     new_request_id,
 )
 from kubeserve.runtime.http_connection import ServerConnection, body_too_large, head_too_large
 from kubeserve.runtime.proxy.exchange import Exchange
+from kubeserve.runtime.proxy.tunnel import ClientEnd
 from kubeserve.sdk.multiplex import MODEL_ID_HEADER
 
 if TYPE_CHECKING:
@@ -39,6 +45,7 @@ _PENDING_HIGH_WATER = 256 * 1024
 _CONNECT = b"CONNECT"
 _MODEL_ID = MODEL_ID_HEADER.encode()
 _MODEL_ID_SIZE = len(_MODEL_ID)
+_GET = b"GET"
 
 
 class ClientConnection(ServerConnection):
@@ -59,6 +66,7 @@ class ClientConnection(ServerConnection):
         self.pipeline: deque[Exchange] = deque()
         self.upstream_write_paused = False
         self.upgrade_refused = False
+        self.upgrading: Exchange | None = None  # the WebSocket handshake the parser stops at
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -131,6 +139,8 @@ class ClientConnection(ServerConnection):
             kind = classify_header(name, value)
             if kind == HeaderKind.HOP_BY_HOP:
                 ex.dropped = True
+                if size == 7 and name.lower() == b"upgrade":
+                    ex.upgrade_to = value
                 return
             if kind == HeaderKind.CHUNKED:
                 ex.body_chunked = True
@@ -160,10 +170,15 @@ class ClientConnection(ServerConnection):
         # header (which sets ``dropped``): the common case skips building the version string.
         if ex.dropped or not ex.keep_alive:
             ex.http10 = parser.get_http_version() == "1.0"
-        # Upgrade and CONNECT: httptools stops parsing after this request (what follows would be
-        # another protocol); the exchange answers 501 in its turn, the only answer it gets.
+        # Upgrade and CONNECT: httptools stops parsing after this request (what follows is
+        # another protocol). A WebSocket handshake goes on as a request (see upgraded); anything
+        # else is answered 501 in its turn, the only answer it gets.
         if (ex.dropped or ex.method == _CONNECT) and parser.should_upgrade():
-            ex.refusal = (501, b"%s is not supported by the proxy" % _upgrade_name(ex))
+            if ex.method == _GET and not ex.http10 and is_websocket(ex.upgrade_to):
+                ex.websocket()
+                self.upgrading = ex
+            else:
+                ex.refusal = (501, b"%s is not supported by the proxy" % _upgrade_name(ex))
         ex.head_done = True
         limit = self.limits.max_header_bytes
         if self.clock.head_may_be_too_large(self.read_size) and _head_size(ex) > limit:
@@ -235,10 +250,17 @@ class ClientConnection(ServerConnection):
         self.write(local_response(status, message, close=True, request_id=rid))
         self.close()
 
-    def refuse_upgrade(self) -> None:
-        # Answered (501) by the exchange in its turn; what follows would be a tunnel.
-        self.upgrade_refused = True
-        self.transport.pause_reading()
+    def upgraded(self, rest: bytes) -> None:
+        ex, self.upgrading = self.upgrading, None
+        if ex is None or ex.response_done:
+            # Answered (501, or a WebSocket refused already) by the exchange in its turn; what
+            # follows would be a tunnel.
+            self.upgrade_refused = True
+            if not self.transport.is_closing():
+                self.transport.pause_reading()
+            return
+        # A WebSocket handshake: the client end reads the connection from now on.
+        self.transport.set_protocol(ClientEnd(self, ex, rest))
 
     def time_left(self, now: float) -> float | None:
         """Keep-alive timeout when idle, head and body timeouts while a request is arriving."""
@@ -266,7 +288,6 @@ def _head_size(ex: Exchange) -> int:
 def _upgrade_name(ex: Exchange) -> bytes:
     if ex.method == _CONNECT:
         return b"CONNECT (tunnelling)"
-    for name, value in ex.headers:
-        if name.lower() == b"upgrade":
-            return b"upgrading to " + value[:64]
+    if ex.upgrade_to:
+        return b"upgrading to " + ex.upgrade_to[:64]
     return b"a protocol upgrade"

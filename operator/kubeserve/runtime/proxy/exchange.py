@@ -10,8 +10,13 @@ was written on a connection, a failure answers 502 (or cuts the client's connect
 had begun): the replica may have run it.
 
 Ownership: an exchange owns its router slot (released exactly once, in :meth:`Exchange._finish`,
-:meth:`Exchange.respond_local` or :meth:`Exchange.abort`) and its upstream connection until it
-hands it back to the pool.
+:meth:`Exchange.respond_local` or :meth:`Exchange.abort`, or handed to the
+:class:`~kubeserve.runtime.proxy.tunnel.Tunnel` of a WebSocket the replica accepted) and its
+upstream connection until it hands it back to the pool.
+
+A WebSocket handshake (``upgrade``) is routed and forwarded as any request, on a new connection to
+the replica (:mod:`~kubeserve.runtime.proxy.tunnel`); it may be sent again while the replica
+answers it unserved, as its whole request is its head.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from kubeserve.runtime.wire import HEALTHZ_PATH
 
 if TYPE_CHECKING:
     from kubeserve.runtime.proxy.client import ClientConnection
+    from kubeserve.runtime.proxy.tunnel import ClientEnd
     from kubeserve.runtime.proxy.upstream import UpstreamConnection
 
 __all__ = ["ROUTES_PATH", "Exchange"]
@@ -45,6 +51,10 @@ _BUSY_FIRST_WAIT_S = 0.005
 _BUSY_MAX_WAIT_S = 0.1
 _CRLF = b"\r\n"
 _CONNECTION_KEEP_ALIVE = b"Connection: keep-alive\r\n"
+#: The hop-by-hop headers of a WebSocket handshake, dropped with the others and forwarded again.
+_WEBSOCKET_HOP = [(b"Connection", b"Upgrade"), (b"Upgrade", b"websocket")]
+#: The method a WebSocket is recorded with (metrics, access log), as Ray's proxy records it.
+_WEBSOCKET_METHOD = b"WEBSOCKET"
 _JSON = b"application/json"
 #: The status recorded for a request whose client left before its answer (as Ray records it).
 _CLIENT_LEFT = 499
@@ -93,6 +103,11 @@ class Exchange:
     #: the ``route`` label of a request for the proxy's own endpoints
     own_route = ""
     busy_wait = _BUSY_FIRST_WAIT_S
+    #: the request's ``Upgrade`` header (dropped from ``headers`` as hop-by-hop)
+    upgrade_to = b""
+    #: a WebSocket handshake, and the client connection's end once the parser stopped at it
+    upgrade = False
+    client_end: ClientEnd | None = None
 
     def __init__(self, client: ClientConnection) -> None:
         self.client = client
@@ -121,6 +136,17 @@ class Exchange:
         else:
             self.pending.append(body)
         self.pending_bytes += len(body)
+
+    def websocket(self) -> None:
+        """This request is a WebSocket handshake: forwarded with its upgrade headers, and the
+        client connection ends with it (its parser stops at the upgrade). Its head is its whole
+        request: serialized now, as ``raw`` (which :meth:`pump` writes, and which may be sent
+        again to another replica while replicas answer it unserved)."""
+        self.upgrade = True
+        self.keep_alive = False
+        self.headers += _WEBSOCKET_HOP
+        self.raw = self._head()
+        self.method = _WEBSOCKET_METHOD  # from now on only its label
 
     def start(self) -> None:
         """Route the request (its head is complete). Called once, when it becomes the active one."""
@@ -158,6 +184,9 @@ class Exchange:
             loop = self.client.loop
             assert loop is not None
             self.timer = loop.call_later(state.request_timeout_s, self._timed_out)
+        if self.upgrade:  # a WebSocket: a connection of its own, through the task
+            self.task = asyncio.create_task(self._connect(key))
+            return
         # Fast path: a free slot and an idle connection need no task at all. Nothing is written
         # yet: the caller pumps once the read is parsed, so head and body leave in one write.
         replica = state.router.try_assign(key, None, self.model_id)
@@ -192,7 +221,7 @@ class Exchange:
                     key, state.assign_timeout_s, avoid, self.model_id
                 )
             pool = state.pool(self.replica)
-            conn = pool.take() or await pool.connect()
+            conn = (None if self.upgrade else pool.take()) or await pool.connect()
         except BackPressure as exc:  # max_queued_requests: backpressure_config's answer
             self.task = None
             retry_after = b"" if exc.retry_after_s is None else b"%d" % math.ceil(exc.retry_after_s)
@@ -338,6 +367,30 @@ class Exchange:
         self.upstream = None
         self.client.close()
 
+    def upgrade_accepted(self, conn: UpstreamConnection, from_replica: bytes) -> None:
+        """The replica answered this WebSocket handshake 101 (relayed already): splice the
+        client and ``conn`` (what the replica sent behind its 101 is ``from_replica``). The
+        tunnel takes the replica slot over; the request timeout no longer applies."""
+        from kubeserve.runtime.proxy.tunnel import Tunnel
+
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        conn.exchange = None
+        self.upstream = None
+        self.response_done = True
+        replica, self.replica = self.replica, None
+        client = self.client
+        client.active = None
+        client.clock.cancel()  # no keep-alive or request timeouts on a socket
+        end = self.client_end
+        assert end is not None  # made when the client's parser stopped, before routing
+        Tunnel(self, replica, end, conn.transport, from_replica)
+
+    def tunnel_ended(self, status: int) -> None:
+        """The WebSocket closed: its metrics and access line, once."""
+        self._record(status)
+
     def response_complete(self, reusable: bool) -> None:
         conn = self.upstream
         self.response_done = True
@@ -376,7 +429,7 @@ class Exchange:
                 status,
                 body,
                 content_type=content_type,
-                close=close,
+                close=close or not self.keep_alive,
                 request_id=self.request_id,
                 retry_after=retry_after,
             )

@@ -5,7 +5,9 @@ the pieces httptools hands over, hop-by-hop headers dropped and chunked bodies r
 read produced leaves in one ``writelines``. A replica's 503 marked unserved
 (:data:`~kubeserve.runtime.wire.UNSERVED_HEADER`) never reaches the client: the exchange sends its
 request to another replica. The models a replica names in its answer to a multiplexed request
-(:data:`~kubeserve.runtime.wire.MODELS_HEADER`) go to the router, not to the client.
+(:data:`~kubeserve.runtime.wire.MODELS_HEADER`) go to the router, not to the client. A ``101`` to
+a WebSocket handshake is relayed with its upgrade headers, and the connection is handed to the
+exchange's tunnel (:mod:`.tunnel`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ _CRLF = b"\r\n"
 _HEAD = b"HEAD"
 _CONNECTION_CLOSE = b"Connection: close\r\n"
 _CONNECTION_KEEP_ALIVE = b"Connection: keep-alive\r\n"
+_UPGRADE_WEBSOCKET = b"Connection: Upgrade\r\nUpgrade: websocket\r\n"
 
 
 class UpstreamConnection(KeepAliveConnection):
@@ -74,6 +77,7 @@ class UpstreamConnection(KeepAliveConnection):
         self.complete = False
         self.keep_alive = False
         self.reset_parser = False
+        self.switching = False  # a 101 to a WebSocket handshake
 
     def close(self) -> None:
         self.exchange = None
@@ -95,6 +99,14 @@ class UpstreamConnection(KeepAliveConnection):
             self._serialize_head()
             self._flush(ex)
             self._lost(ex)
+            return
+        except httptools.HttpParserUpgrade as exc:  # a 101: what follows is another protocol
+            if not self.switching:  # to a request that asked for no upgrade: a confused replica
+                self.out.clear()
+                self._lost(ex)
+                return
+            self._flush(ex)
+            ex.upgrade_accepted(self, data[exc.args[0] :])
             return
         if self.unserved:  # not for the client: the request goes to another replica
             if self.complete:
@@ -213,6 +225,13 @@ class UpstreamConnection(KeepAliveConnection):
         ex = self.exchange
         assert ex is not None
         self.status = status = self.parser.get_status_code()
+        if status == 101 and ex.upgrade:  # the replica accepted a WebSocket: relayed as is
+            ex.response_started = self.switching = True
+            self.extra = _UPGRADE_WEBSOCKET
+            if not self.has_id and ex.request_id:
+                self.extra += b"x-request-id: %s\r\n" % ex.request_id
+            self.out.append(self._head())
+            return
         if 100 <= status < 200:  # interim (100 Continue): relayed, the real response follows
             self.interim = True
             self.out.append(self._head())

@@ -2,7 +2,8 @@
 Kubernetes with the real Ray 2.60 ``serve deploy`` against the operator's admin API, and answering
 through the proxy pod as they would on Ray: FastAPI ingress (routes, validation, docs and
 ``docs_path``, streaming), model composition with a streaming handle, batching, multiplexing and
-application builders with ``args``. The replicas are pods of the tests' image, with no Ray in it.
+application builders with ``args``, WebSockets. The replicas are pods of the tests' image, with
+no Ray in it.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import yaml
 
 from support import ray_cli
+from support.common import run
 from support.k8s_control_plane import ControlPlane
 from support.k8s_operator import SMALL_RAY_REPLICA, AdminApi, OperatorProcess, config, proxy_url
 from support.ray_cli import needs_ray_serve
@@ -54,6 +57,12 @@ APPLICATIONS: list[dict[str, Any]] = [
         "route_prefix": "/route-model",
         "import_path": "ray_multiplex_app:router_app",
         "deployments": _small("Router", "ModelInferencer"),
+    },
+    {
+        "name": "websocket",
+        "route_prefix": "/ws",
+        "import_path": "ray_websocket_app:echo_app",
+        "deployments": _small("EchoServer"),
     },
     {
         "name": "builder",
@@ -148,6 +157,21 @@ def test_ray_example_apps_deployed_with_the_ray_cli_answer_through_the_proxy_pod
 
     # Multiplexing through a handle's multiplexed_model_id.
     assert proxy.json("/route-model?model=m7") == (200, {"prediction": "m7:y", "loads": 1})
+
+    # WebSockets through the proxy pod: an echo, and a path parameter with the server's close.
+    async def websocket() -> None:
+        base = f"ws://{proxy.host}:{proxy.port}/ws"
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(f"{base}/") as ws:
+                await ws.send_str("hello")
+                assert await ws.receive_str(timeout=30) == "hello"
+            async with session.ws_connect(f"{base}/items/7?q=seven") as ws:
+                answer = await ws.receive_json(timeout=30)
+                assert (answer["item_id"], answer["root_path"]) == (7, "/ws")
+                assert (await ws.receive(timeout=30)).type == aiohttp.WSMsgType.CLOSE
+                assert ws.close_code == 4007
+
+    run(websocket())
 
     # A builder's args.
     status, answer = proxy.json("/built")

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from support.common import ROOT, wait_for
+from support.common import ROOT, streamed_lines, wait_for
 from support.kubeserve_start import Kubeserve, running_kubeserve
 
 
@@ -166,21 +165,10 @@ def test_fastapi_streaming_response_arrives_chunk_by_chunk(
     ray_apps: tuple[Kubeserve, Path],
 ) -> None:
     ks, _ = ray_apps
-    conn = http.client.HTTPConnection("127.0.0.1", ks.proxy_port, timeout=30)
-    try:
-        started = time.monotonic()
-        conn.request("GET", "/api/stream")
-        resp = conn.getresponse()
-        assert resp.status == 200
-        first = resp.readline()
-        first_at = time.monotonic() - started
-        rest = resp.read()
-        total = time.monotonic() - started
-    finally:
-        conn.close()
-    assert first == b"0\n" and rest == b"1\n2\n"
-    assert total >= 0.9  # the app sleeps 0.5 s between chunks
-    assert first_at < total - 0.5, (first_at, total)  # the first chunk came before the rest
+    streamed = streamed_lines("127.0.0.1", ks.proxy_port, "/api/stream", timeout_s=30)
+    assert (streamed.status, streamed.first, streamed.rest) == (200, b"0\n", b"1\n2\n")
+    assert streamed.total >= 0.9  # the app sleeps 0.5 s between chunks
+    assert streamed.first_at < streamed.total - 0.5, streamed  # the first chunk came first
 
 
 # -- Starlette requests and responses --------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 import concurrent.futures
 import http.client
 import json
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,7 +19,7 @@ import aiohttp
 import yaml
 
 from support import ray_cli
-from support.common import run
+from support.common import run, streamed_lines
 from support.k8s_control_plane import ControlPlane
 from support.k8s_operator import SMALL_RAY_REPLICA, AdminApi, OperatorProcess, config, proxy_url
 from support.ray_cli import needs_ray_serve
@@ -131,19 +130,9 @@ def test_ray_example_apps_deployed_with_the_ray_cli_answer_through_the_proxy_pod
     assert status == 200 and b"/api/openapi.json" in page
 
     # A StreamingResponse arrives chunk by chunk through the proxy pod.
-    conn = http.client.HTTPConnection(proxy.host, proxy.port, timeout=60)
-    try:
-        started = time.monotonic()
-        conn.request("GET", "/api/stream")
-        resp = conn.getresponse()
-        first = resp.readline()
-        first_at = time.monotonic() - started
-        rest = resp.read()
-        total = time.monotonic() - started
-    finally:
-        conn.close()
-    assert (first, rest) == (b"0\n", b"1\n2\n")
-    assert first_at < total - 0.5, (first_at, total)
+    streamed = streamed_lines(proxy.host, proxy.port, "/api/stream")
+    assert (streamed.status, streamed.first, streamed.rest) == (200, b"0\n", b"1\n2\n")
+    assert streamed.first_at < streamed.total - 0.5, streamed
 
     # Composition across replica pods, and a streaming handle.
     assert proxy.json("/compose?input=5") == (200, {"result": 12})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -11,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Coroutine
+from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -119,3 +121,31 @@ async def wait_until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {within_s} s waiting for {predicate}")
         await asyncio.sleep(interval_s)
+
+
+def streamed_lines(host: str, port: int, path: str, timeout_s: float = 60) -> Streamed:
+    """GET ``path`` and read the answer's first line, then the rest, timing both: whether a
+    streamed answer arrives piece by piece (the first line well before the end)."""
+    conn = HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        started = time.monotonic()
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        first = resp.readline()
+        first_at = time.monotonic() - started
+        rest = resp.read()
+        return Streamed(resp.status, first, first_at, rest, time.monotonic() - started)
+    finally:
+        conn.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class Streamed:
+    """What :func:`streamed_lines` read: the status, the first line and when it came (seconds
+    after the request), the rest and when the answer ended."""
+
+    status: int
+    first: bytes
+    first_at: float
+    rest: bytes
+    total: float

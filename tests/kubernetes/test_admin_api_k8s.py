@@ -401,6 +401,7 @@ def test_target_capacity_scales_the_deployments(
         "import_path": "e2e_probe:app",
         "deployments": [{"name": "Probe", "num_replicas": 3, **SMALL_RAY_REPLICA}],
     }
+    api.use_tests_image()
     body = {**config([app]), "target_capacity": 34}
     assert api.http("PUT", f"{api.url}/api/serve/applications/", body)[0] == 200
     selector = "app.kubernetes.io/component=replica"

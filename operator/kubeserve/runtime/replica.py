@@ -270,7 +270,15 @@ class Replica:
         latency_ms = (time.perf_counter() - started) * 1000.0
         self.metrics_recorder.done(route, latency_ms)
         if access is not None and self.access_log:
-            _access_log.info(access_message(*access, latency_ms))
+            batched = logs.batched_access()
+            if batched is None:
+                _access_log.info(access_message(*access, latency_ms))
+            else:
+                current = context.request_context.get()
+                if current is None:
+                    batched.add(*access, latency_ms, None, route)
+                else:
+                    batched.add(*access, latency_ms, current.request_id, current.route or route)
 
     def ongoing_area(self) -> float:
         """Request-seconds served so far (the integral of ``ongoing``), up to now."""
@@ -831,6 +839,9 @@ async def serve_replica(
             await probe.close()
         if metrics_port is not None:
             await metrics_port.close()
+        batched = logs.batched_access()
+        if batched is not None:
+            batched.flush()
 
 
 async def _start_probe_listener(

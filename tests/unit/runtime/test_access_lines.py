@@ -1,0 +1,92 @@
+"""Access lines written in batches (``runtime.logs.AccessLog``): the format a record would have,
+and size rotation between lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.handlers
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kubeserve.runtime import logs
+
+
+@pytest.fixture
+def restored_logging() -> Iterator[None]:
+    """:func:`logs.configure` sets up this process's root logger: put it back afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    saved = (logs._active, logs._output, logs._batched)
+    yield
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+    logs._active, logs._output, logs._batched = saved
+
+
+def replica_component() -> logs.ComponentLog:
+    return logs.ComponentLog("replica", "Echo", "Echo-1-abc", "echo", "Echo")
+
+
+def test_a_replicas_json_access_line_has_the_fields_of_its_record(
+    tmp_path: Path, restored_logging: None
+) -> None:
+    handler = logging.handlers.RotatingFileHandler(tmp_path / "r.log", encoding="utf-8")
+    logs.configure(logs.LogSettings({"encoding": "JSON"}), replica_component(), handler)
+    batched = logs.batched_access()
+    assert batched is not None
+    batched.add("CALL", "greet", "OK", 1.25, "req-9", "/greet")
+    batched.flush()
+    (line,) = (tmp_path / "r.log").read_text().splitlines()
+    record = json.loads(line)
+    assert record["message"] == "CALL greet OK 1.2ms"
+    assert (record["application"], record["deployment"], record["replica"]) == (
+        "echo",
+        "Echo",
+        "Echo-1-abc",
+    )
+    assert (record["request_id"], record["route"], record["levelname"]) == (
+        "req-9",
+        "/greet",
+        "INFO",
+    )
+    assert record["component_type"] == "replica" and "asctime" in record
+
+
+def test_no_batched_lines_when_access_lines_are_off_or_must_be_records(
+    restored_logging: None,
+) -> None:
+    handler = logging.StreamHandler()
+    for config in (
+        {"enable_access_log": False},
+        {"log_level": "WARNING"},
+        {"additional_log_standard_attrs": ["name"]},
+    ):
+        logs.configure(logs.LogSettings(config), replica_component(), handler)
+        assert logs.batched_access() is None, config
+    logs.configure(logs.LogSettings({}), replica_component(), handler)
+    assert logs.batched_access() is not None
+
+
+def test_a_batch_rolls_the_file_over_between_lines(tmp_path: Path, restored_logging: None) -> None:
+    path = tmp_path / "r.log"
+    handler = logging.handlers.RotatingFileHandler(
+        path, maxBytes=1000, backupCount=3, encoding="utf-8"
+    )
+    logs.configure(logs.LogSettings({}), replica_component(), handler)
+    batched = logs.batched_access()
+    assert batched is not None
+    for i in range(30):  # about 80 bytes each: 2400 bytes in one batch
+        batched.add("GET", "/echo", 200, 1.0, f"r{i:03d}")
+    batched.flush()
+    files = sorted(tmp_path.glob("r.log*"))
+    assert [p.name for p in files] == ["r.log", "r.log.1", "r.log.2"]
+    assert all(p.stat().st_size <= 1000 for p in files)
+    text = "".join(p.read_text() for p in reversed(files))
+    assert [line.split()[5] for line in text.splitlines()] == [f"r{i:03d}" for i in range(30)]

@@ -375,23 +375,26 @@ class AccessLog:
         if handler is None or stream is None:
             sys.stderr.write("".join(lines))
             return
-        rotating = isinstance(handler, logging.handlers.RotatingFileHandler) and handler.maxBytes
         handler.acquire()
         try:
-            if not rotating:
-                stream.write("".join(lines))
+            out: Any = stream
+            if (
+                not isinstance(handler, logging.handlers.RotatingFileHandler)
+                or not handler.maxBytes
+            ):
+                out.write("".join(lines))
             else:  # no file grows past maxBytes: roll over between lines, as records would
-                assert isinstance(handler, logging.handlers.RotatingFileHandler)
-                size, limit, batch = stream.tell(), handler.maxBytes, []
+                size, limit = out.tell(), handler.maxBytes
+                batch: list[str] = []
                 for line in lines:
                     if size and size + len(line) >= limit:
-                        stream.write("".join(batch))
+                        out.write("".join(batch))
                         handler.doRollover()
-                        stream = handler.stream
+                        out = handler.stream
                         size, batch = 0, []
                     batch.append(line)
                     size += len(line)
-                stream.write("".join(batch))
-            stream.flush()
+                out.write("".join(batch))
+            out.flush()
         finally:
             handler.release()

@@ -251,9 +251,15 @@ class _Exchange:
         self.body: bytes | None = body
         self.finished = asyncio.Event()  # response complete, or the client left
         self.head: tuple[int, dict[str, str]] | None = None
-        #: ("complete", body) for a one-message response, ("stream", b"") otherwise
+        #: ("complete", body) for a one-message response, ("stream", b"") for a streamed one,
+        #: ("ended", b"") when the app returned or failed before either
         self.first: asyncio.Future[tuple[str, bytes]] = loop.create_future()
-        self.chunks: asyncio.Queue[bytes | None] = asyncio.Queue(_STREAM_AHEAD)
+        #: the body chunks of a streamed response (made when the response turns out streamed)
+        self.chunks: asyncio.Queue[bytes | None] | None = None
+
+    def app_ended(self, _task: asyncio.Task[None]) -> None:
+        if not self.first.done():
+            self.first.set_result(("ended", b""))
 
     async def receive(self) -> Message:
         if self.body is not None:
@@ -286,24 +292,30 @@ class _Exchange:
                     self.first.set_result(("complete", data))
                     self.finished.set()
                     return
+                self.chunks = asyncio.Queue(_STREAM_AHEAD)
                 self.first.set_result(("stream", b""))
+            chunks = self.chunks
+            if chunks is None:  # the app went on after its one-message response had ended
+                return
             if data:
-                await self.chunks.put(data)
+                await chunks.put(data)
             if not more:
-                await self.chunks.put(None)
+                await chunks.put(None)
 
     async def stream(self, task: asyncio.Task[None]) -> AsyncIterator[bytes]:
         """The body chunks as the app sends them; an app failing mid-stream raises here. A
         stream closed before its end (the client left) cancels the app; one that ended lets the
         app finish (Starlette runs background tasks after the body)."""
         ended = False
+        chunks = self.chunks
+        assert chunks is not None
         try:
             while True:
-                getter = asyncio.ensure_future(self.chunks.get())
+                getter = asyncio.ensure_future(chunks.get())
                 await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
                 if not getter.done():
                     getter.cancel()
-                    if self.chunks.empty():
+                    if chunks.empty():
                         task.result()  # raises the app's exception
                         return  # the app returned without ending its body
                     continue
@@ -326,9 +338,10 @@ async def run_asgi(
     An app that fails before its response started gives a 500 naming only the request id."""
     exchange = _Exchange(body)
     task = asyncio.get_running_loop().create_task(app(scope, exchange.receive, exchange.send))
-    waiting: set[asyncio.Future[Any]] = {task, exchange.first}
-    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-    if not exchange.first.done():
+    # One future to wait on (no asyncio.wait): the response's first message, or the app's end.
+    task.add_done_callback(exchange.app_ended)
+    kind, data = await exchange.first
+    if kind == "ended":
         exchange.finished.set()
         exc = task.exception()
         if exc is not None or exchange.head is None:
@@ -344,7 +357,6 @@ async def run_asgi(
             return internal_error(request_id)
         status, headers = exchange.head
         return HttpResponse(status, b"", headers, content_type=None)
-    kind, data = exchange.first.result()
     assert exchange.head is not None
     status, headers = exchange.head
     if kind == "complete":

@@ -128,47 +128,22 @@ class _Pool:
         self.waiting_models: dict[asyncio.Future[RoutedReplica], str] = {}
 
     def pick(self, avoid: RoutedReplica | None) -> RoutedReplica | None:
-        """A replica with a free slot, or ``None``: two random choices, the less loaded wins.
-
-        Two random indexes cost O(1) and avoid the herding of "always least loaded" while keeping
-        load within a small factor of the best; only when both picks are full do we scan.
+        """A replica with a free slot, or ``None``: two random choices, the less loaded wins
+        (:func:`_two_choices`). ``avoid`` is best effort: it is returned only when it is the one
+        replica with room.
         """
         replicas = self.replicas
         n = len(replicas)
         if n == 0:
             return None
+        cap = self.max_ongoing
         if n == 1:
             only = replicas[0]
-            return only if only.in_flight < self.max_ongoing else None
-        rnd = random.random
-        i = int(rnd() * n)
-        j = int(rnd() * (n - 1))
-        if j >= i:  # a second index distinct from the first, still uniform
-            j += 1
-        a = replicas[i]
-        b = replicas[j]
-        if b.in_flight < a.in_flight:
-            a, b = b, a
-        if a is avoid:
-            a = b
-        if a.in_flight < self.max_ongoing and a is not avoid:
-            return a
-        return self._least_loaded(avoid)
-
-    def _least_loaded(self, avoid: RoutedReplica | None) -> RoutedReplica | None:
-        """The slow path, when both random picks are full: scan for any free slot.
-
-        ``avoid`` is best effort: it is returned only when it is the one replica with room.
-        """
-        cap = self.max_ongoing
-        best: RoutedReplica | None = None
-        for r in self.replicas:
-            free = r.in_flight < cap and r is not avoid
-            if free and (best is None or r.in_flight < best.in_flight):
-                best = r
-        if best is None and avoid is not None and avoid.in_flight < cap and avoid in self.replicas:
-            best = avoid
-        return best
+            return only if only.in_flight < cap else None
+        chosen = _two_choices(replicas, cap, avoid)
+        if chosen is None and avoid is not None and avoid.in_flight < cap and avoid in replicas:
+            return avoid
+        return chosen
 
     def pick_model(self, model_id: str, avoid: RoutedReplica | None) -> RoutedReplica | None:
         """A replica with a free slot for a request of model ``model_id``, or ``None`` (exactly
@@ -177,30 +152,14 @@ class _Pool:
         cap = self.max_ongoing
         holders = self.holders.get(model_id)
         if holders:
-            n = len(holders)
-            if n == 1:
+            if len(holders) == 1:
                 only = holders[0]
                 if only.in_flight < cap and only is not avoid:
                     return only
             else:
-                i = int(random.random() * n)
-                j = int(random.random() * (n - 1))
-                if j >= i:
-                    j += 1
-                a, b = holders[i], holders[j]
-                if b.in_flight < a.in_flight:
-                    a, b = b, a
-                if a is avoid:
-                    a = b
-                if a.in_flight < cap and a is not avoid:
-                    return a
-                best: RoutedReplica | None = None
-                for r in holders:
-                    free = r.in_flight < cap and r is not avoid
-                    if free and (best is None or r.in_flight < best.in_flight):
-                        best = r
-                if best is not None:
-                    return best
+                chosen = _two_choices(holders, cap, avoid)
+                if chosen is not None:
+                    return chosen
         chosen = self._fewest_models(model_id, avoid)
         return chosen if chosen is not None else self.pick(avoid)
 
@@ -260,6 +219,36 @@ class _Pool:
             for model_id in r.models:
                 holders.setdefault(model_id, []).append(r)
         self.holders = holders
+
+
+def _two_choices(
+    candidates: list[RoutedReplica], cap: int, avoid: RoutedReplica | None
+) -> RoutedReplica | None:
+    """Among two or more ``candidates``, one with a free slot other than ``avoid``, or ``None``.
+
+    Two random indexes cost O(1) and avoid the herding of "always least loaded" while keeping
+    load within a small factor of the best; only when the less loaded pick is full (or is
+    ``avoid``) does it scan for the least loaded with room.
+    """
+    rnd = random.random
+    n = len(candidates)
+    i = int(rnd() * n)
+    j = int(rnd() * (n - 1))
+    if j >= i:  # a second index distinct from the first, still uniform
+        j += 1
+    a = candidates[i]
+    b = candidates[j]
+    if b.in_flight < a.in_flight:
+        a, b = b, a
+    if a is avoid:
+        a = b
+    if a.in_flight < cap and a is not avoid:
+        return a
+    best: RoutedReplica | None = None
+    for r in candidates:
+        if r.in_flight < cap and r is not avoid and (best is None or r.in_flight < best.in_flight):
+            best = r
+    return best
 
 
 class Router:

@@ -156,8 +156,8 @@ class Operator:
                     contract.application_name(obj) == app
                     and spec.get("instance", contract.DEFAULT_INSTANCE) == instance
                 ):
-                    key = scaling_key(namespace, obj["metadata"]["name"], deployment)
-                    self._autoscalers.record_queued(key, caller, count)
+                    scaler = scaling_key(namespace, obj["metadata"]["name"], deployment)
+                    self._autoscalers.record_queued(scaler, caller, count)
 
     def metrics(self) -> str:
         """The Prometheus text of ``/metrics``."""

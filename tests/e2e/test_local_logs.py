@@ -39,6 +39,7 @@ def test_the_callers_request_id_is_answered_and_written_by_the_replica(
     ks.wait_app("echo")
     status, _ = http("GET", f"{ks.proxy}/echo/log", headers={"X-Request-Id": "req-1234"})
     assert status == 200
+
     def request_lines() -> list[str] | None:
         lines = [line for line in logged(ks, "echo", "Echo").splitlines() if " req-1234 " in line]
         # the access line comes with the next batch (every 0.1 s), after the user's own lines

@@ -1,6 +1,9 @@
-"""The frames of a streamed handle call survive any cut of the byte stream."""
+"""The wire formats: the frames of a streamed handle call survive any cut of the byte stream; a
+load report's counts."""
 
 from __future__ import annotations
+
+import pytest
 
 from kubeserve.runtime import wire
 
@@ -21,3 +24,11 @@ def test_call_options_travel_with_the_arguments() -> None:
     assert wire.decode_call_with_options(body) == ((1,), {"k": 2}, {"model_id": "m"})
     assert wire.decode_call(body) == ((1,), {"k": 2})
     assert wire.decode_call_with_options(wire.encode_call((), {})) == ((), {}, {})
+
+
+def test_a_load_reports_counts_are_a_json_object_of_counts_never_negative() -> None:
+    assert wire.parse_queued('{"app#D": 3, "app#E": "0"}') == {"app#D": 3, "app#E": 0}
+    assert wire.split_deployment_key(wire.deployment_key("app", "D")) == ("app", "D")
+    for bad in ("[1]", "not json", '{"app#D": "x"}', '{"app#D": -1}'):
+        with pytest.raises(ValueError):
+            wire.parse_queued(bad)

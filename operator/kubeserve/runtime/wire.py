@@ -180,9 +180,12 @@ def parse_queued(text: str) -> dict[str, int]:
     ``ValueError`` when it is not a JSON object of counts."""
     try:
         queued = json.loads(text)
-        return {str(key): int(n) for key, n in queued.items()}
+        counts = {str(key): int(n) for key, n in queued.items()}
     except (ValueError, TypeError, AttributeError):
         raise ValueError("queued must be a JSON object of counts") from None
+    if any(n < 0 for n in counts.values()):
+        raise ValueError("queued counts must not be negative")
+    return counts
 
 
 def parse_metrics(text: str) -> dict[str, float]:

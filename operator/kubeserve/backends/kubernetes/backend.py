@@ -50,12 +50,13 @@ from kubeserve.backends.protocol import (
     RejectedError,
     UnavailableError,
 )
+from kubeserve.backends.signed import answer_load_report
 from kubeserve.control.details import instance_details
 from kubeserve.control.instance import (
     external_scaler_disabled,
     immutable_option_conflict,
 )
-from kubeserve.runtime import channel, wire
+from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import Kube, KubeConflict, KubeError, path
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
@@ -246,29 +247,17 @@ class KubernetesBackend:
         return [] if self.reports is None else [web.get(wire.LOAD_PATH, self._load)]
 
     async def _load(self, request: web.Request) -> web.Response:
-        """A proxy or replica pod's report of requests waiting for replicas, signed with its
-        instance's data-plane secret (see :mod:`kubeserve.runtime.load_report`)."""
-        assert self.reports is not None
+        """A proxy or replica pod's report of requests waiting for replicas, signed with the
+        data-plane secret of the instance it names (see :mod:`kubeserve.runtime.load_report`)."""
+        reports = self.reports
+        assert reports is not None
         namespace, _, instance = request.query.get("instance", "").partition("/")
-        secret = self.reports.instance_secret(namespace, instance) if instance else None
-        if secret is None or not channel.verify_request(
-            secret,
-            request.headers.get(channel.SIGNATURE_HEADER, ""),
-            "GET",
-            request.rel_url.raw_path_qs,
-            time.time(),
-        ):
-            return web.json_response(
-                {"error": "for kubeserve's own pods: unknown instance, or a missing or bad "
-                 "signature"},
-                status=403,
-            )  # fmt: skip
-        try:
-            counts = wire.parse_queued(request.query.get("queued", "{}"))
-        except ValueError as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        self.reports.record_queued(namespace, instance, request.query.get("source", ""), counts)
-        return web.json_response({})
+        secret = reports.instance_secret(namespace, instance) if instance else None
+
+        def record(source: str, counts: dict[str, int]) -> None:
+            reports.record_queued(namespace, instance, source, counts)
+
+        return answer_load_report(request, secret, record)
 
     # -------------------------------------------------------------------------------- helpers
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from typing import Any
 
 from aiohttp import web
@@ -14,10 +13,11 @@ from kubeserve.backends.local.details import instance_view
 from kubeserve.backends.local.state_lock import StateDirLock
 from kubeserve.backends.local.store import Store
 from kubeserve.backends.protocol import ConflictError, NotFoundError, PreconditionFailedError
+from kubeserve.backends.signed import answer_load_report, refuse_unsigned
 from kubeserve.control import effective_config
 from kubeserve.control.details import instance_details
 from kubeserve.control.instance import external_scaler_disabled, immutable_option_conflict
-from kubeserve.runtime import channel, wire
+from kubeserve.runtime import wire
 from kubeserve.schema.errors import ErrorDetail
 from kubeserve.schema.status import ServeInstanceDetails
 
@@ -108,33 +108,13 @@ class LocalBackend:
     def internal_routes(self) -> list[web.RouteDef]:
         return [web.get(wire.SNAPSHOT_PATH, self._snapshot), web.get(wire.LOAD_PATH, self._load)]
 
-    def _refuse_unsigned(self, request: web.Request) -> web.Response | None:
-        """A 403 unless the caller proves the instance's data-plane secret (a signed request, see
-        :mod:`kubeserve.runtime.channel`): these endpoints are for kubeserve's own processes."""
-        signature = request.headers.get(channel.SIGNATURE_HEADER, "")
-        secret = self.controller.secret
-        target = request.rel_url.raw_path_qs
-        if secret and channel.verify_request(secret, signature, "GET", target, time.time()):
-            return None
-        return web.json_response(
-            {"error": "for kubeserve's own processes: missing or bad signature"}, status=403
-        )
-
     async def _load(self, request: web.Request) -> web.Response:
         """A caller's report of requests waiting for replicas (see ``runtime.load_report``)."""
-        refused = self._refuse_unsigned(request)
-        if refused is not None:
-            return refused
-        try:
-            counts = wire.parse_queued(request.query.get("queued", "{}"))
-        except ValueError as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        self.controller.record_queued(request.query.get("source", ""), counts)
-        return web.json_response({})
+        return answer_load_report(request, self.controller.secret, self.controller.record_queued)
 
     async def _snapshot(self, request: web.Request) -> web.Response:
         """The discovery long-poll of proxies and replicas (signed requests only)."""
-        refused = self._refuse_unsigned(request)
+        refused = refuse_unsigned(request, self.controller.secret)
         if refused is not None:
             return refused
         try:

@@ -852,8 +852,26 @@ def test_request_ids_are_kept_or_made_and_always_answered() -> None:
             writer.close()
         async with s.get(c.url + "/nowhere", headers={"X-Request-Id": "r404"}) as resp:
             assert resp.status == 404 and resp.headers["x-request-id"] == "r404"
+        uuid = "3f2b8c1e-9d4a-4e7b-8f6a-1c2d3e4f5a6b"
+        async with s.get(c.url + "/a/x", headers={"X-Request-Id": uuid}) as resp:
+            assert resp.headers["x-request-id"] == uuid  # the usual spellings are kept
         async with s.get(c.url + "/-/healthz") as resp:
             assert resp.headers["x-request-id"]
+
+    scenario(body)
+
+
+@pytest.mark.parametrize(
+    "given", [b"x" * 129, b"two words", b"id;evil=1", b"\xe2\x80\xa8", b"-- " * 20]
+)
+def test_an_unusable_request_id_is_replaced_never_echoed_or_forwarded(given: bytes) -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        request = b"GET /a/x HTTP/1.1\r\nHost: x\r\nX-Request-Id: %s\r\nConnection: close\r\n\r\n"
+        data = await read_all(c.proxy.port, request % given)
+        head, payload = data.split(b"\r\n\r\n", 1)
+        made = json.loads(payload)["request_id"]
+        assert len(made) == 1 and len(made[0]) == 32 and made[0].encode() != given
+        assert b"x-request-id: %s" % made[0].encode() in head and given not in head
 
     scenario(body)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from kubeserve.runtime.metrics import OTHER_METHOD
 from support.common import http, wait_for
 from support.kubeserve_start import Kubeserve
 
@@ -108,15 +109,15 @@ def _rss_kib(pid: int) -> int:
 
 
 def send_random_paths(ks: Kubeserve, count: int, seed: int) -> None:
-    """``count`` requests for paths nobody configured, half under the proxy's own ``/-/``,
-    over one keep-alive connection (each answered 404)."""
+    """``count`` requests for paths nobody configured, half under the proxy's own ``/-/``, some
+    with methods outside :data:`METHOD_LABELS`, over one keep-alive connection (each a 404)."""
     rng = random.Random(seed)
     conn = HTTPConnection("127.0.0.1", ks.proxy_port, timeout=10)
     try:
         for i in range(count):
             token = "".join(rng.choices(string.ascii_letters + string.digits, k=16))
             path = f"/-/{token}" if i % 2 else f"/{token}/{i}"
-            conn.request(rng.choice(("GET", "POST", "DELETE")), path)
+            conn.request(rng.choice(("GET", "POST", "DELETE", "PROPFIND", "M-SEARCH")), path)
             response = conn.getresponse()
             response.read()
             assert response.status == 404, (path, response.status)
@@ -153,7 +154,11 @@ def test_random_paths_add_no_series_and_no_memory(clean_kubeserve: Kubeserve) ->
     rss_after = _rss_kib(proxy_pid)
 
     routes = {dict(labels).get("route") for s in after.values() for labels in s}
-    assert routes <= {None, "", "/echo", "/-/healthz", "/-/routes"}, sorted(r for r in routes if r)[:5]
+    assert routes <= {None, "", "/echo", "/-/healthz", "/-/routes"}, sorted(r for r in routes if r)[
+        :5
+    ]
+    methods = {dict(labels).get("method") for s in after.values() for labels in s}
+    assert methods == {None, "GET", "POST", "DELETE", OTHER_METHOD}
     assert {name: len(s) for name, s in after.items()} == {
         name: len(s) for name, s in before.items()
     }

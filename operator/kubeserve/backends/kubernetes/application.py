@@ -14,6 +14,7 @@ with the renderer's message and a Warning Event; raising would only retry it for
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ from kubeserve.backends.kubernetes.reports import (
 )
 from kubeserve.control import effective_config
 from kubeserve.control.autoscaling import Direction
+from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status_derivation import BuildView, application_status, deployment_status
 from kubeserve.runtime import wire
@@ -59,6 +61,10 @@ class Graph:
     def error(self) -> str | None:
         error = self.body.get("error")
         return None if error is None else str(error)
+
+    def configs(self, app_config: Mapping[str, Any]) -> dict[str, EffectiveDeployment]:
+        """The effective config of each deployment of the graph, in the graph's order."""
+        return effective_config.graph_configs(app_config, self.body["deployments"])
 
 
 class ApplicationReconciler:
@@ -146,14 +152,9 @@ class ApplicationReconciler:
         """``external``: the counts set through the external scaling API, by deployment;
         ``capacity``: the instance's ``target_capacity`` and its direction."""
         cluster = self._cluster
-        overrides = {d["name"]: d for d in app_config.get("deployments", [])}
         observed: dict[str, ObservedDeployment] = {}
         wanted: set[str] = set()
-        for node in graph.body["deployments"]:
-            name = node["name"]
-            effective = effective_config.effective_deployment_config(
-                name, node.get("options", {}), overrides.get(name), app_config.get("logging_config")
-            )
+        for name, effective in graph.configs(app_config).items():
             scaler_key = scaling_key(app.namespace, app.cr_name, name)
             existing = cluster.cache.get(
                 "Deployment", app.namespace, contract.workload_name(app.cr_name, name)
@@ -163,7 +164,7 @@ class ApplicationReconciler:
             )
             replicas = self._autoscalers.target(scaler_key, effective, capacity, running_count)
             if replicas is None:
-                fixed = effective_config.target_replicas(effective, capacity[0])
+                fixed = effective.target_replicas(capacity[0])
                 replicas = external.get(name, fixed)
             if running_count is not None and replicas != running_count:
                 decision = self._autoscalers.last_decision(scaler_key)
@@ -200,7 +201,7 @@ class ApplicationReconciler:
             observed[name] = ObservedDeployment(
                 view,
                 service["metadata"]["name"],
-                int(effective["max_ongoing_requests"]),
+                effective.max_ongoing_requests,
                 self._autoscalers.last_decision(scaler_key),
                 wire.queue_limits(effective),
             )
@@ -221,20 +222,11 @@ def _instance_apps(cluster: Cluster, instance: dict[str, Any]) -> list[str]:
 def _scale_to_zero(graph: Graph, app_config: dict[str, Any]) -> str | None:
     """Why the application cannot run here when a deployment asks to scale to zero (in code or
     in the config), else None."""
-    overrides = {d["name"]: d for d in app_config.get("deployments", [])}
-    effective = [
-        effective_config.effective_deployment_config(
-            node["name"],
-            node.get("options", {}),
-            overrides.get(node["name"]),
-            app_config.get("logging_config"),
-        )
-        for node in graph.body["deployments"]
-    ]
-    paths = scale_to_zero_paths(effective)
+    effective = list(graph.configs(app_config).values())
+    paths = scale_to_zero_paths(e.autoscaling_config for e in effective)
     if not paths:
         return None
-    which = ", ".join(sorted({repr(effective[int(path[0])]["name"]) for path in paths}))
+    which = ", ".join(sorted({repr(effective[int(path[0])].name) for path in paths}))
     return f"deployment {which}: {SCALE_TO_ZERO_REFUSED}"
 
 

@@ -173,7 +173,7 @@ class KubernetesBackend:
         overrides = app_config.get("deployments") or []
         return [
             {"loc": ["deployments", *path], "msg": SCALE_TO_ZERO_REFUSED}
-            for path in scale_to_zero_paths(overrides)
+            for path in scale_to_zero_paths(o.get("autoscaling_config") for o in overrides)
         ]
 
     async def shutdown(self) -> None:

@@ -29,6 +29,7 @@ from kubeserve.control.details import (
     ReplicaProcessView,
     controller_process,
 )
+from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.graph import graph_document
 from kubeserve.schema.config import ServeDeploySchema
@@ -210,20 +211,15 @@ def _deployments(
 ) -> list[DeploymentDetailsView]:
     if graph is None or config is None:
         return []
-    overrides = {d["name"]: d for d in config.get("deployments", [])}
     statuses = (obj.get("status") or {}).get("deployments") or {}
     deployments = []
-    for node in graph["deployments"]:
-        name = node["name"]
-        effective = effective_config.effective_deployment_config(
-            name, node.get("options", {}), overrides.get(name), config.get("logging_config")
-        )
+    for name, effective in effective_config.graph_configs(config, graph["deployments"]).items():
         status = statuses.get(name) or {}
         labels = contract.selector_labels(
             contract.COMPONENT_REPLICA, application=obj["metadata"]["name"], deployment=name
         )
         replicas = [_replica(pod) for pod in view.objects("Pod", labels)]
-        target = int(status.get("targetReplicas", effective_config.target_replicas(effective)))
+        target = int(status.get("targetReplicas", effective.target_replicas()))
         deployments.append(
             DeploymentDetailsView(
                 name=name,
@@ -240,13 +236,13 @@ def _deployments(
 
 
 def _autoscaling(
-    effective: Mapping[str, Any],
+    effective: EffectiveDeployment,
     status: Mapping[str, Any],
     target: int,
     replicas: list[ReplicaProcessView],
 ) -> dict[str, Any] | None:
     """Ray's ``DeploymentAutoscalingDetail`` of an autoscaling deployment, from its status."""
-    if not effective.get("autoscaling_config"):
+    if not effective.autoscaling_config:
         return None
     running = sum(1 for r in replicas if r.state == "RUNNING")
     scaling = "UPSCALING" if target > running else "DOWNSCALING" if target < running else "STABLE"

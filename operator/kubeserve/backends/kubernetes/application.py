@@ -46,7 +46,7 @@ from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.graph import graph_document
 from kubeserve.schema.errors import validation_details
-from kubeserve.schema.resources import DEFAULT_INSTANCE, ServeApplicationSpec
+from kubeserve.schema.resources import ServeApplicationSpec
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ def _instance_apps(cluster: Cluster, instance: dict[str, Any]) -> list[str]:
     return [
         app["metadata"]["name"]
         for app in cluster.cache.objects("ServeApplication", meta["namespace"])
-        if (app.get("spec") or {}).get("instance", DEFAULT_INSTANCE) == meta["name"]
+        if contract.instance_of(app) == meta["name"]
     ]
 
 

@@ -12,6 +12,7 @@ from kubeserve.backends.kubernetes.details import pod_process
 from kubeserve.backends.kubernetes.pods import pod_ready
 from kubeserve.backends.kubernetes.reports import AppSummary, InstanceReport, ProxyReport
 from kubeserve.runtime.kubernetes import contract
+from kubeserve.schema.resources import ServeApplicationStatus
 
 
 class InstanceReconciler:
@@ -59,13 +60,13 @@ def _instance_report(
         )
     applications = {}
     for app in cluster.cache.objects("ServeApplication", namespace):
-        spec, status = app.get("spec") or {}, app.get("status") or {}
-        if spec.get("instance", contract.DEFAULT_INSTANCE) != obj["metadata"]["name"]:
+        if contract.instance_of(app) != obj["metadata"]["name"]:
             continue
+        status = ServeApplicationStatus.of(app)
         applications[contract.application_name(app)] = AppSummary(
-            status=status.get("appStatus") or "NOT_STARTED",
-            route_prefix=status.get("routePrefix"),
-            message=status.get("message") or "",
+            status=str(status.app_status or "NOT_STARTED"),
+            route_prefix=status.route_prefix,
+            message=status.message,
         )
     location = (obj.get("spec") or {}).get("proxyLocation", "EveryNode")
     return InstanceReport(proxies, applications, proxies_disabled=location == "Disabled")

@@ -260,12 +260,9 @@ def _deployed_time(obj: Mapping[str, Any]) -> datetime:
     annotated = annotated_deployed_at(obj)
     if annotated is not None:
         return datetime.fromtimestamp(annotated, UTC)
-    old = obj.get("status") or {}
-    if old.get("observedGeneration") == obj["metadata"].get("generation"):
-        try:
-            return datetime.fromisoformat(str(old["lastDeployedTime"]))
-        except (KeyError, ValueError):
-            pass
+    old = ServeApplicationStatus.of(obj)
+    if old.observed_generation == obj["metadata"].get("generation") and old.last_deployed_time:
+        return old.last_deployed_time
     return datetime.fromisoformat(timestamp())
 
 

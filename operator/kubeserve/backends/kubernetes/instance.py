@@ -14,6 +14,9 @@ from kubeserve.backends.kubernetes.reports import AppSummary, InstanceReport, Pr
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.schema.resources import ServeApplicationStatus
 
+#: The kinds of the proxies' objects (a DaemonSet for ``EveryNode``).
+_PROXY_KINDS = ("Deployment", "DaemonSet", "Service", "NetworkPolicy")
+
 
 class InstanceReconciler:
     """The operator's one idempotent step for a ``ServeInstance``; holds no state of its own."""
@@ -36,15 +39,11 @@ class InstanceReconciler:
         ]
         for child in wanted:
             await cluster.apply(child)
-        keep = {f"{c['kind']}/{c['metadata']['name']}" for c in wanted}
         labels = {
             contract.INSTANCE_LABEL: contract.label_value(obj["metadata"]["name"]),
             contract.COMPONENT_LABEL: "proxy",
         }
-        for kind in ("Deployment", "DaemonSet", "Service", "NetworkPolicy"):
-            for child in cluster.cache.objects(kind, namespace, labels):
-                if f"{kind}/{child['metadata']['name']}" not in keep:
-                    await cluster.kube.delete(kind, namespace, child["metadata"]["name"])
+        await cluster.prune(namespace, labels, _PROXY_KINDS, wanted)
         return _instance_report(cluster, obj, labels)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from support.common import wait_for
+from support.common import http, wait_for
 from support.kubeserve_start import Kubeserve
 from support.load import Load, Outcome
 
@@ -64,7 +64,20 @@ def fill(directory: Path) -> Path:
 
 
 def failed(outcomes: list[Outcome], since: float, until: float = float("inf")) -> list[Outcome]:
-    return [o for o in outcomes if since <= o.started < until and o.status != 200]
+    """Requests that failed and were in flight at some instant of ``[since, until]``."""
+    return [o for o in outcomes if o.status != 200 and o.ended >= since and o.started <= until]
+
+
+def dropped_log_lines(ks: Kubeserve) -> dict[str, float]:
+    """``kubeserve_log_lines_dropped_total`` by component, from the admin API's ``/metrics``."""
+    status, text = http("GET", f"{ks.api}/metrics", headers=ks.headers)
+    assert status == 200, text
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("kubeserve_log_lines_dropped_total{"):
+            labels, value = line.rsplit(" ", 1)
+            counts[labels.split('"')[1]] = float(value)
+    return {k: v for k, v in counts.items() if v}
 
 
 def proxy_pid(ks: Kubeserve) -> int | None:
@@ -75,20 +88,18 @@ def proxy_pid(ks: Kubeserve) -> int | None:
 
 def summary(outcomes: list[Outcome], marks: dict[str, float]) -> tuple[str, list[Outcome]]:
     """What failed once the disk was full, by cause; the failures no kill explains."""
-    full_at = marks.get("full", float("inf"))
-    during = failed(outcomes, full_at)
-    killed = marks.get("replica killed", float("inf"))
-    in_flight = [o for o in failed(outcomes, 0, killed) if o.ended >= killed]
-    proxy_killed = marks.get("proxy killed", float("inf"))
-    proxy_back = marks.get("proxy back", float("inf"))
-    proxy_down = failed(outcomes, proxy_killed, proxy_back + 0.5)
+    never = float("inf")
+    during = failed(outcomes, marks.get("full", never))
+    killed = marks.get("replica killed", never)
+    in_flight = failed(outcomes, killed, killed)
+    proxy_down = failed(outcomes, marks.get("proxy killed", never), marks.get("proxy back", never))
     others = [o for o in during if o not in in_flight and o not in proxy_down]
     text = (
-        f"{sum(1 for o in outcomes if o.started >= full_at)} requests on the full disk, "
-        f"{len(during)} failed: {len(in_flight)} in flight on the killed replica, "
+        f"{sum(1 for o in outcomes if o.ended >= marks.get('full', never))} requests on the full "
+        f"disk, {len(during)} failed: {len(in_flight)} in flight on the killed replica, "
         f"{len(proxy_down)} while no proxy listened, {len(others)} otherwise"
     )
-    return text, others + failed(outcomes, 0, min(full_at, killed))
+    return text, others + [o for o in outcomes if o.status != 200 and o not in during]
 
 
 def test_serving_survives_a_full_disk_and_crashes_on_it(small_disk: Path, tmp_path: Path) -> None:
@@ -117,7 +128,7 @@ def test_serving_survives_a_full_disk_and_crashes_on_it(small_disk: Path, tmp_pa
             filler = fill(small_disk)
             wait_for(lambda: load.answered_since(full_at) >= 200, 30, what="load on a full disk")
 
-            victim = ks.replica_pids("faults", "Recorder")[0]
+            victim, survivor = ks.replica_pids("faults", "Recorder")
             replica_killed = marks["replica killed"] = time.monotonic()
             os.kill(victim, signal.SIGKILL)
             wait_for(
@@ -129,7 +140,7 @@ def test_serving_survives_a_full_disk_and_crashes_on_it(small_disk: Path, tmp_pa
                 60,
                 what="the killed replica to be replaced while the disk is full",
             )
-            (new,) = set(ks.replica_pids("faults", "Recorder")) - {victim}
+            (new,) = set(ks.replica_pids("faults", "Recorder")) - {victim, survivor}
             wait_for(
                 lambda: (
                     (record / f"executions-{new}").exists()
@@ -150,10 +161,14 @@ def test_serving_survives_a_full_disk_and_crashes_on_it(small_disk: Path, tmp_pa
                 what="the proxy to be restarted while the disk is full",
             )
             back = load.wait_served(proxy_killed, 30)
-            marks["proxy back"] = proxy_killed + back
+            marks["proxy back"] = proxy_killed + back + 0.5  # the news of it spreading
             figures.append(f"proxy serving again after {back:.2f} s")
             after_proxy = time.monotonic()
             wait_for(lambda: load.answered_since(after_proxy) >= 200, 30, what="load after")
+            dropped = wait_for(
+                lambda: dropped_log_lines(ks), 10, what="dropped log lines to be counted"
+            )
+            figures.append(f"log lines dropped and counted: {dropped}")
 
         accepted = ks.details()["applications"]["faults"]["deployed_app_config"]
         bigger = {

@@ -212,6 +212,12 @@ def _add_instance_arguments(
     )
     add_limit_arguments(start)  # the proxy's and the replicas' RequestLimits
     start.add_argument(
+        "--reset-state",
+        action="store_true",
+        help="start with no applications: the state database (kubeserve.db) is renamed to "
+        "kubeserve.db.reset-<time> in the state directory first (the way out of a corrupt one)",
+    )
+    start.add_argument(
         "--log-max-bytes",
         type=_positive_int,
         default=DEFAULT_LOG_BYTES,
@@ -330,6 +336,8 @@ def _start(args: argparse.Namespace, after_start: AfterStart | None) -> int:
     from kubeserve.backends.local.backend import LocalBackend
     from kubeserve.backends.local.controller import LocalSettings
     from kubeserve.backends.local.state_lock import StateDirInUse
+    from kubeserve.backends.local.store import CorruptStateError
+    from kubeserve.backends.protocol import BackendError
 
     logging.basicConfig(
         level=os.environ.get("KUBESERVE_LOG_LEVEL", "INFO"),
@@ -373,12 +381,15 @@ def _start(args: argparse.Namespace, after_start: AfterStart | None) -> int:
         num_gpus=args.num_gpus,
         request_limits=limits,
         log_rotation=(args.log_max_bytes, args.log_backups),
+        reset_state=args.reset_state,
     )
     try:
         backend = LocalBackend(settings)
-    except StateDirInUse as exc:
+    except (StateDirInUse, CorruptStateError, BackendError) as exc:
         print(f"kubeserve: {exc}", file=sys.stderr)
         return 1
+    if backend.previous_state is not None:
+        print(f"kubeserve: --reset-state: the previous state is kept at {backend.previous_state}")
     default_http = {"host": args.http_host, "port": args.http_port}
     return uvloop.run(
         _serve(

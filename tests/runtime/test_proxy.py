@@ -823,6 +823,42 @@ def test_a_stalled_upload_is_answered_408_and_gives_its_slot_back() -> None:
     scenario(body, cap=1, limits=LIMITS)
 
 
+def test_a_connection_that_never_sends_a_byte_is_closed_at_the_header_timeout() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        try:  # keep-alive is 90 s; the header timeout (0.5 s) runs from accept
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+        finally:
+            writer.close()
+
+    scenario(body, limits=LIMITS)
+
+
+def test_connections_over_the_limit_get_a_clean_503_and_the_others_are_served() -> None:
+    limits = RequestLimits(max_connections=3)
+
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        held = [await asyncio.open_connection("127.0.0.1", c.proxy.port) for _ in range(3)]
+        try:
+            refused = await read_all(c.proxy.port, b"GET /a/x HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert refused.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in refused
+            assert b"too many open connections" in refused
+            reader, writer = held[0]  # the held connections are served as usual
+            head, _ = await raw_request(reader, writer, b"GET /a/x HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200")
+        finally:
+            for _, writer in held:
+                writer.close()
+        await wait_until(lambda: not c.proxy.state.connections)
+        served = await read_all(
+            c.proxy.port, b"GET /a/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        assert served.startswith(b"HTTP/1.1 200")
+        assert c.proxy.refused_connections == 1
+
+    scenario(body, limits=limits)
+
+
 def test_request_ids_are_kept_or_made_and_always_answered() -> None:
     async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
         port = c.proxy.port

@@ -870,11 +870,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     options = parser.parse_args(argv)
-    config_file = os.environ.get(wire.REPLICA_CONFIG_FILE_ENV)
-    source = config_file or wire.REPLICA_CONFIG_ENV
+    config_fd = os.environ.pop(wire.REPLICA_CONFIG_FD_ENV, None)
+    source = f"file descriptor {config_fd}" if config_fd else wire.REPLICA_CONFIG_ENV
     try:
-        if config_file:
-            with open(config_file, "rb") as raw:
+        if config_fd:
+            with os.fdopen(int(config_fd), "rb") as raw:  # closed: user code does not inherit it
                 config: wire.ReplicaConfig = json.load(raw)
         else:
             config = json.loads(os.environ[wire.REPLICA_CONFIG_ENV])

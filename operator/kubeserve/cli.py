@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Sequence
 
     from kubeserve.admin_client import AdminClient
     from kubeserve.api.security import AdminSecurity
@@ -446,7 +446,11 @@ def _fetch_runtime_env(args: argparse.Namespace) -> int:
 
 def _operator(args: argparse.Namespace) -> int:
     import uvloop
+    from aiohttp.typedefs import Middleware
 
+    from kubeserve.api.server import create_app
+    from kubeserve.backends.kubernetes.backend import KubernetesBackend
+    from kubeserve.backends.kubernetes.main import run_operator
     from kubeserve.backends.kubernetes.operator import OperatorSettings
 
     logging.basicConfig(
@@ -459,81 +463,15 @@ def _operator(args: argparse.Namespace) -> int:
         watch_namespaces=tuple(n for n in args.watch_namespaces.split(",") if n),
         kubeconfig=args.kubeconfig,
         report_url=args.report_url,
+        admin_hosts=tuple(host.strip() for host in args.dashboard_host.split(",")),
+        admin_port=args.dashboard_port,
+        metrics_port=args.metrics_port,
     )
-    return uvloop.run(
-        _operate(settings, args.dashboard_host, args.dashboard_port, args.metrics_port)
-    )
 
+    def admin_app(backend: KubernetesBackend, middlewares: Sequence[Middleware]) -> web.Application:
+        return create_app(backend, middlewares=middlewares)
 
-async def _operate(settings: Any, host: str, port: int, metrics_port: int = 0) -> int:
-    import kopf
-
-    from kubeserve.api.server import create_app
-    from kubeserve.backends.kubernetes.admin_auth import KubernetesAuthorizer
-    from kubeserve.backends.kubernetes.backend import KubernetesBackend
-    from kubeserve.backends.kubernetes.handlers import register
-    from kubeserve.backends.kubernetes.operator import Operator
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    operator = Operator(settings)
-    await operator.start()
-    assert operator.cluster is not None
-    if settings.watch_namespaces and settings.namespace not in settings.watch_namespaces:
-        logging.getLogger(__name__).warning(
-            "the admin API writes to namespace %s, which the operator does not watch: "
-            "GET /api/serve/applications/ will not see what it deploys",
-            settings.namespace,
-        )
-    backend = KubernetesBackend(
-        operator.cluster.kube, operator.cluster.cache, settings.namespace, reports=operator
-    )
-    authorizer = KubernetesAuthorizer(operator.cluster.kube, settings.namespace)
-    admin = create_app(backend, middlewares=[authorizer.middleware])
-    runner = web.AppRunner(admin, access_log=None, shutdown_timeout=5)
-    await runner.setup()
-    for one_host in host.split(","):
-        await web.TCPSite(runner, one_host.strip(), port).start()
-    metrics_runner: web.AppRunner | None = None
-    if metrics_port:
-
-        async def metrics(_request: web.Request) -> web.Response:
-            return web.Response(text=operator.metrics(), content_type="text/plain")
-
-        metrics_app = web.Application()
-        metrics_app.add_routes([web.get("/metrics", metrics)])
-        metrics_runner = web.AppRunner(metrics_app, access_log=None)
-        await metrics_runner.setup()
-        for one_host in host.split(","):
-            await web.TCPSite(metrics_runner, one_host.strip(), metrics_port).start()
-    registry = kopf.OperatorRegistry()
-    register(registry, operator)
-    namespaces = list(settings.watch_namespaces)
-    stop_flag: asyncio.Future[None] = loop.create_future()
-
-    def _stop(_task: object) -> None:
-        if not stop_flag.done():
-            stop_flag.set_result(None)
-
-    stop_task = asyncio.ensure_future(stop.wait())
-    stop_task.add_done_callback(_stop)
-    try:
-        await kopf.operator(
-            registry=registry,
-            clusterwide=not namespaces,
-            namespaces=namespaces,
-            standalone=True,
-            stop_flag=stop_flag,
-        )
-    finally:
-        stop_task.cancel()
-        await runner.cleanup()
-        if metrics_runner is not None:
-            await metrics_runner.cleanup()
-        await operator.close()
-    return 0
+    return uvloop.run(run_operator(settings, admin_app))
 
 
 async def _client(args: argparse.Namespace) -> int:

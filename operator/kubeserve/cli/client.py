@@ -11,16 +11,12 @@ from pathlib import Path
 
 from kubeserve.cli.command import AddArguments, Command, add_auth_argument, auth_token
 
-DEFAULT_ADDRESS = "http://127.0.0.1:8265"
-
 
 def _with_address(add_own: AddArguments | None = None) -> AddArguments:
     """The options of a client command: the address, the command's own, the token."""
 
     def add(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "-a", "--address", default=os.environ.get("KUBESERVE_ADDRESS", DEFAULT_ADDRESS)
-        )
+        parser.add_argument("-a", "--address")
         if add_own is not None:
             add_own(parser)
         add_auth_argument(parser, "send this bearer token (default: $KUBESERVE_AUTH_TOKEN)")
@@ -50,9 +46,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _client(args: argparse.Namespace) -> int:
-    from kubeserve.admin_client import AdminClient
+    from kubeserve.admin_client import DEFAULT_ADDRESS, AdminClient
 
-    client = AdminClient(args.address, auth_token(args))
+    address = args.address or os.environ.get("KUBESERVE_ADDRESS", DEFAULT_ADDRESS)
+    client = AdminClient(address, auth_token(args))
     if args.command == "deploy":
         return await client.deploy(args.config_file, wait=args.wait, timeout_s=args.timeout)
     if args.command == "logs":

@@ -184,3 +184,26 @@ def test_multiplexed_loads_each_model_once_and_evicts_the_least_recently_used() 
 
     assert asyncio.run(scenario()) == ["c"]
     assert loaded == ["a", "b", "c"]
+
+
+def test_the_driver_says_when_no_instance_answers_from_any_thread_or_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The driver's admin calls run on its own loop: a script inside a running event loop (a
+    notebook) gets the same answer as a plain one."""
+    import socket
+
+    from ray.serve.exceptions import RayServeException
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("KUBESERVE_ADDRESS", f"http://127.0.0.1:{port}")
+    with pytest.raises(RayServeException, match="no kubeserve instance answers"):
+        serve.status()
+
+    async def inside_a_loop() -> None:
+        serve.status()
+
+    with pytest.raises(RayServeException, match="no kubeserve instance answers"):
+        asyncio.run(inside_a_loop())

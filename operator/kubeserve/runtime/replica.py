@@ -810,6 +810,7 @@ async def serve_replica(
             replica.handle_ingress,
             control=replica.handle_control,
             secret=secret,
+            identity=config["replica_id"],
             limits=RequestLimits.from_mapping(config.get("request_limits")),
             websocket=replica.handle_websocket,
         )

@@ -20,16 +20,6 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack, overload
 
-from pydantic import ValidationError
-
-from kubeserve.schema import support
-from kubeserve.schema.config import (
-    BackpressureConfig,
-    LoggingConfig,
-    RequestRouterConfig,
-    RestModel,
-)
-from kubeserve.schema.errors import FIELD_ERROR_TYPE, validation_details
 from kubeserve.sdk.errors import UnsupportedOptionError
 
 if TYPE_CHECKING:
@@ -86,13 +76,6 @@ OPTION_NAMES: tuple[str, ...] = (
     "request_router_config",
     "backpressure_config",
 )
-#: Ray's config models of the decorator's dict options, validated as a config's are (the model
-#: refuses what :mod:`kubeserve.schema.support` refuses).
-_CONFIG_MODELS: dict[str, type[RestModel]] = {
-    "logging_config": LoggingConfig,
-    "request_router_config": RequestRouterConfig,
-    "backpressure_config": BackpressureConfig,
-}
 _ALIASES = {"max_concurrent_queries": "max_ongoing_requests"}
 _KEEP_NONE = frozenset({"route_prefix"})
 _NON_NEGATIVE = ("graceful_shutdown_wait_loop_s", "graceful_shutdown_timeout_s")
@@ -164,32 +147,54 @@ def _check_value(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a dict, got {type(value).__name__}")
 
 
+# The schema (pydantic and every config model) is imported only on the rare paths below, an
+# option kubeserve does not honour or one of Ray's dict configs: a replica importing a module of
+# plain ``@deployment`` classes stays free of it.
+
+
 def _decided(option: str) -> bool:
     """The option is one kubeserve's table of Ray's fields decides about."""
-    return any(f"{model}.{option}" in support.SUPPORT for model in _TABLE_MODELS)
+    from kubeserve.schema import support
+
+    return any(f"{model}.{option}" in support.SUPPORT for model in _table_models())
 
 
 def _refusal(option: str, value: Any) -> str | None:
     """Why kubeserve refuses ``value`` for a decorator option it does not honour, as a config
     giving the same value is refused (:func:`kubeserve.schema.support.refusal`)."""
-    for model in _TABLE_MODELS:
+    from kubeserve.schema import support
+
+    for model in _table_models():
         reason = support.refusal(model, option, value)
         if reason is not None:
             return reason
     return None
 
 
-#: where the decorator's options are in :data:`kubeserve.schema.support.SUPPORT`
-_TABLE_MODELS = ("DeploymentSchema", support.DECORATOR)
+def _table_models() -> tuple[str, ...]:
+    """Where the decorator's options are in :data:`kubeserve.schema.support.SUPPORT`."""
+    from kubeserve.schema import support
+
+    return ("DeploymentSchema", support.DECORATOR)
 
 
 def _check_ray_config(name: str, value: Any) -> None:
     """Ray's logging, routing and backpressure configs, validated by the models that validate
     them in a config: the same fields are accepted and refused, with the same reasons."""
+    from pydantic import ValidationError
+
+    from kubeserve.schema import config
+    from kubeserve.schema.errors import FIELD_ERROR_TYPE, validation_details
+
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a dict, got {type(value).__name__}")
+    models: dict[str, type[config.RestModel]] = {
+        "logging_config": config.LoggingConfig,
+        "request_router_config": config.RequestRouterConfig,
+        "backpressure_config": config.BackpressureConfig,
+    }
     try:
-        _CONFIG_MODELS[name].model_validate(value)
+        models[name].model_validate(value)
     except ValidationError as err:
         problems = "; ".join(
             f"{name}.{'.'.join(str(p) for p in detail['loc'])}: {detail['msg']}"

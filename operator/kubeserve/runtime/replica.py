@@ -47,7 +47,7 @@ from kubeserve.runtime.build import format_user_error, load_application
 from kubeserve.runtime.kubernetes import replica as kubernetes_replica
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.logs import ACCESS_LOGGER, access_message
-from kubeserve.runtime.metrics import ReplicaMetrics
+from kubeserve.runtime.metrics import ReplicaMetrics, label_value
 from kubeserve.runtime.metrics_listener import start_metrics_listener
 from kubeserve.runtime.replica_asgi import (
     Lifespan,
@@ -233,7 +233,7 @@ class Replica:
             "deployment": config["deployment"],
             "replica": config["replica_id"],
         }
-        self._labels = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items())
+        self._labels = ",".join(f'{k}="{label_value(v)}"' for k, v in labels.items())
         #: Ray's ``logging_config.enable_access_log``: an access line per request and call
         self.access_log = True
         #: Ray Serve's replica metrics (requests, errors, latency, queries in flight, starts)
@@ -699,10 +699,6 @@ def _at_capacity() -> HttpResponse:
     again (:data:`~kubeserve.runtime.wire.UNSERVED_AT_CAPACITY`)."""
     headers = {wire.UNSERVED_HEADER: wire.UNSERVED_AT_CAPACITY}
     return HttpResponse(503, b"replica is at max_ongoing_requests", headers)
-
-
-def _label_value(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _find_node(config: wire.ReplicaConfig) -> GraphNode:

@@ -11,15 +11,19 @@ sync no-op's cost.
 the caller's context, exceptions raised in the caller) and pays less:
 
 * the caller gets a plain asyncio future (created by the loop, in C), nothing chained;
-* work goes into a deque; a worker is woken (one semaphore release) only when one is idle, so a
-  busy worker takes the next call without any wake-up at all;
+* work goes into a deque; a worker is woken only when one is idle, by releasing the lock it
+  sleeps on (one futex call; ``threading.Semaphore`` is Python code around a ``Condition``), and
+  a busy worker takes the next call without any wake-up at all;
 * results go into a deque and the loop is woken once per *batch*: a worker schedules a drain only
   when none is pending, and the drain completes every result that arrived meanwhile.
 
-Invariants: a call is run exactly once, by one worker; a worker sleeps only after checking, under
-the lock, that no work is queued (so no wake-up is lost); ``_drain_scheduled`` is True from the
-moment a drain is scheduled until it starts, and a result appended after the drain started is
-seen by that drain or schedules the next one.
+Invariants: a call is run exactly once, by one worker. Each worker's sleep lock is held whenever
+the worker is running or listed in ``_idle``, and only the one who takes it off the list (under
+the GIL, ``list.pop`` and ``list.remove`` are atomic) releases it: a worker that lists itself then
+sees work queued takes itself back off, or, when a caller took it first, finds its lock already
+released; so no wake-up is lost and none is doubled. ``_drain_scheduled`` is True from the moment
+a drain is scheduled until it starts, and a result appended after the drain started is seen by
+that drain or schedules the next one.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import collections
 import contextvars
 import os
 import threading
+from _thread import LockType, allocate_lock
 from collections.abc import Callable
 from typing import Any
 
@@ -47,10 +52,8 @@ class ThreadHop:
         self.max_workers = max_workers or min(32, (os.cpu_count() or 1) + 4)
         self._work: collections.deque[_Work] = collections.deque()
         self._done: collections.deque[tuple[asyncio.Future[Any], bool, Any]] = collections.deque()
-        self._lock = threading.Lock()
-        self._wakeup = threading.Semaphore(0)
-        self._idle = 0
-        self._threads = 0
+        self._idle: list[LockType] = []  # the sleep locks of idle workers
+        self._threads = 0  # only the loop's thread changes it
         self._drain_scheduled = False
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
@@ -58,33 +61,36 @@ class ThreadHop:
         context. Call from the loop's thread."""
         future = self.loop.create_future()
         self._work.append((future, contextvars.copy_context(), fn, args, kwargs))
-        with self._lock:
-            if self._idle:
-                self._idle -= 1
-                wake, spawn = True, False
-            else:
-                wake, spawn = False, self._threads < self.max_workers
-                if spawn:
-                    self._threads += 1
-        if wake:
-            self._wakeup.release()
-        elif spawn:
+        idle = self._idle
+        if idle:
+            try:
+                sleeper = idle.pop()
+            except IndexError:  # the worker took itself back: it saw the work
+                return future
+            sleeper.release()
+        elif self._threads < self.max_workers:
+            self._threads += 1
             threading.Thread(
                 target=self._worker, name=f"kubeserve-sync-{self._threads}", daemon=True
             ).start()
         return future
 
     def _worker(self) -> None:
-        work, done = self._work, self._done
+        work, done, idle = self._work, self._done, self._idle
+        sleeper = allocate_lock()
+        sleeper.acquire()
         while True:
             try:
                 future, context, fn, args, kwargs = work.popleft()
             except IndexError:
-                with self._lock:
-                    if work:  # queued between our look and the lock: take it
+                idle.append(sleeper)
+                if work:  # queued before a caller could see us idle
+                    try:
+                        idle.remove(sleeper)
                         continue
-                    self._idle += 1
-                self._wakeup.acquire()
+                    except ValueError:  # a caller took us and releases (or released) our lock
+                        pass
+                sleeper.acquire()
                 continue
             try:
                 outcome = (future, True, context.run(fn, *args, **kwargs))

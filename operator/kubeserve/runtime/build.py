@@ -35,8 +35,6 @@ import traceback
 import typing
 from typing import Any
 
-import pydantic
-
 from kubeserve.runtime.kubernetes.contract import NAMESPACE_ENV
 from kubeserve.sdk import ray_namespace
 from kubeserve.sdk.application import Application
@@ -108,8 +106,15 @@ def _builder_argument(builder: Any, args: dict[str, Any]) -> Any:
     except (TypeError, ValueError, NameError):
         return args
     annotation = hints.get(first) if first is not None else None
-    if inspect.isclass(annotation) and issubclass(annotation, pydantic.BaseModel):
-        return annotation.model_validate(args)
+    # A pydantic model annotation means its module imported pydantic: never imported here, so a
+    # replica whose application does not use pydantic does not pay its memory.
+    pydantic = sys.modules.get("pydantic")
+    if (
+        pydantic is not None
+        and inspect.isclass(annotation)
+        and issubclass(annotation, pydantic.BaseModel)
+    ):
+        return annotation.model_validate(args)  # type: ignore[attr-defined]
     return args
 
 

@@ -142,17 +142,17 @@ def main(argv: list[str] | None = None) -> int:
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "proxy":
-        from kubeserve.runtime import proxy
+        from kubeserve.runtime.kubernetes import pod
 
-        return proxy.main(rest)
+        return pod.proxy(rest)
     if args.command == "replica":
-        from kubeserve.runtime import replica
+        from kubeserve.runtime.kubernetes import pod
 
-        return replica.main(rest)
+        return pod.replica(rest)
     if args.command == "build":
-        from kubeserve.runtime import build
+        from kubeserve.runtime.kubernetes import pod
 
-        return build.main(rest)
+        return pod.build(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "start":

@@ -37,14 +37,14 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 
 from kubeserve.runtime import channel, local_socket, logs, replica_probe, wire
 from kubeserve.runtime.build import format_user_error, load_application
-from kubeserve.runtime.kubernetes import replica as kubernetes_replica
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.logs import ACCESS_LOGGER, access_message
 from kubeserve.runtime.metrics import ReplicaMetrics
@@ -75,6 +75,9 @@ from kubeserve.sdk.http import StreamingResponse, to_response
 from kubeserve.sdk.ingress import asgi_app_of
 from kubeserve.sdk.multiplex import MODEL_ID_HEADER
 
+if TYPE_CHECKING:
+    from kubeserve.runtime.handle_client import HandleClient
+
 log = logging.getLogger("kubeserve.replica")
 _access_log = logging.getLogger(ACCESS_LOGGER)
 
@@ -82,6 +85,19 @@ _PICKLE = "application/octet-stream"
 #: Ray Serve's switch for running sync deployment methods on worker threads: on by default, as in
 #: Ray; "0" runs them on the event loop (no thread hop per request, but nothing may block).
 SYNC_IN_THREADPOOL_ENV = "RAY_SERVE_RUN_SYNC_IN_THREADPOOL"
+
+
+@dataclass(frozen=True)
+class ReplicaCluster:
+    """What a replica in a cluster learns from it, given by the command's composition root
+    (:mod:`kubeserve.runtime.kubernetes.pod`); a replica on one machine has none."""
+
+    #: the handle client fed by the cluster's routes and replicas (not started), for this
+    #: data-plane secret
+    handle_client: Callable[[bytes], HandleClient]
+    #: ``(True, value)`` when the application's spec overrides this deployment's user_config
+    #: (a pod template never carries it), else ``(False, None)``
+    user_config_override: Callable[[str], Awaitable[tuple[bool, Any]]]
 
 
 class ReplicaStartupError(Exception):
@@ -717,13 +733,15 @@ def _find_node(config: wire.ReplicaConfig) -> GraphNode:
     )
 
 
-async def _start_handle_transport(controller_url: str | None, secret: bytes) -> Any:
+async def _start_handle_transport(
+    controller_url: str | None, secret: bytes, cluster: ReplicaCluster | None
+) -> Any:
     """Install the process's handle transport; None (and no transport) without a controller.
 
     Imported lazily: the handle client is only needed when other deployments are reachable.
     """
-    if kubernetes_replica.in_cluster():
-        client = kubernetes_replica.handle_client(secret)
+    if cluster is not None:
+        client = cluster.handle_client(secret)
     elif controller_url:
         module = importlib.import_module("kubeserve.runtime.handle_client")
         client = module.HandleClient(controller_url, secret=secret)
@@ -747,12 +765,12 @@ def configure_logging(
     logs.configure(logs.LogSettings(logging_config), component, output)
 
 
-async def _start_user_code(config: wire.ReplicaConfig) -> UserCode:
+async def _start_user_code(config: wire.ReplicaConfig, cluster: ReplicaCluster | None) -> UserCode:
     try:
         node = _find_node(config)
         user_config = config["user_config"]
-        if kubernetes_replica.in_cluster():  # the pod template never carries user_config
-            overridden, value = await kubernetes_replica.user_config_override(config["deployment"])
+        if cluster is not None:  # the pod template never carries user_config
+            overridden, value = await cluster.user_config_override(config["deployment"])
             user_config = value if overridden else node.deployment.code_options.get("user_config")
         if "logging_config" not in config and node.deployment.code_options.get("logging_config"):
             # the decorator's, when the config gives none
@@ -779,21 +797,25 @@ async def serve_replica(
     secret: bytes,
     *,
     sync_in_threadpool: bool = True,
+    cluster: ReplicaCluster | None = None,
+    metrics_port: int | None = None,
 ) -> None:
     """Run the replica until SIGTERM (or SIGINT), then drain and return.
 
     Without ``sync_in_threadpool`` the user's sync methods run on the event loop instead of
-    worker threads (Ray Serve's ``RAY_SERVE_RUN_SYNC_IN_THREADPOOL=0``).
+    worker threads (Ray Serve's ``RAY_SERVE_RUN_SYNC_IN_THREADPOOL=0``). ``cluster``: what the
+    cluster the replica runs in tells it; ``metrics_port``: where to serve ``GET /metrics``
+    (:mod:`~kubeserve.runtime.metrics_listener`), if anywhere.
 
     Raises :class:`ReplicaStartupError` when the user code cannot be loaded or constructed.
     """
     loop = asyncio.get_running_loop()
     probe = await _start_probe_listener(config, host)
-    metrics_port = await start_metrics_listener(host, secret)
-    client = await _start_handle_transport(controller_url, secret)
+    metrics_listener = await start_metrics_listener(host, metrics_port, secret)
+    client = await _start_handle_transport(controller_url, secret, cluster)
     try:
         replica = Replica(
-            config, await _start_user_code(config), sync_in_threadpool=sync_in_threadpool
+            config, await _start_user_code(config, cluster), sync_in_threadpool=sync_in_threadpool
         )
         replica.access_log = logs.active().access_log
         if replica.lifespan is not None:
@@ -837,8 +859,8 @@ async def serve_replica(
             await client.close()
         if probe is not None:
             await probe.close()
-        if metrics_port is not None:
-            await metrics_port.close()
+        if metrics_listener is not None:
+            await metrics_listener.close()
         batched = logs.batched_access()
         if batched is not None:
             batched.flush()
@@ -867,8 +889,17 @@ def _watch_health(
         probe.watch(replica.user.check_health, period, timeout)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of a replica process; returns the exit code (1 when start-up failed)."""
+def main(
+    argv: list[str] | None = None,
+    *,
+    cluster: ReplicaCluster | None = None,
+    metrics_port: int | None = None,
+) -> int:
+    """Entry point of a replica process; returns the exit code (1 when start-up failed).
+
+    ``cluster`` and ``metrics_port`` come from the command's composition root
+    (:mod:`kubeserve.runtime.kubernetes.pod`) in a pod; see :func:`serve_replica`.
+    """
     parser = argparse.ArgumentParser(prog="python -m kubeserve.runtime.replica")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
@@ -906,6 +937,8 @@ def main(argv: list[str] | None = None) -> int:
                     controller_url,
                     secret,
                     sync_in_threadpool=sync_in_threadpool,
+                    cluster=cluster,
+                    metrics_port=metrics_port,
                 )
             )
     except ReplicaStartupError as exc:

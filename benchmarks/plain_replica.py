@@ -3,7 +3,7 @@
 Replicas take authenticated connections only (``kubeserve.runtime.channel``), so wrk (and nginx,
 the reference proxy) cannot talk to a real replica's port. This process serves the same
 application with the same code, the replica's :class:`~kubeserve.runtime.replica.Replica` dispatch
-behind :class:`~kubeserve.runtime.replica_http.ReplicaHttpServer`, with ``secret=None``: every
+behind :class:`~kubeserve.runtime.replica.http.ReplicaHttpServer`, with ``secret=None``: every
 connection is user traffic from its first byte. The handshake costs one round trip per new
 connection and nothing per request (connections are kept alive), so requests cost here exactly what
 they cost on a real replica; the proxy row still goes through the real replica and its handshake.
@@ -27,7 +27,7 @@ async def serve(import_path: str, deployment: str, port: int) -> None:
     from kubeserve.runtime import wire
     from kubeserve.runtime.build import load_application
     from kubeserve.runtime.replica import Replica, UserCode
-    from kubeserve.runtime.replica_http import ReplicaHttpServer
+    from kubeserve.runtime.replica.http import ReplicaHttpServer
 
     node = next(n for n in load_application(import_path).deployments() if n.name == deployment)
     config: wire.ReplicaConfig = {

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from kubeserve.runtime import channel, wire
-from kubeserve.runtime.replica_probe import ProbeListener
+from kubeserve.runtime.replica.probe import ProbeListener
 from support.channel_front import SECRET
 from support.common import free_port
 

@@ -1,27 +1,4 @@
-"""The replica process: serves one deployment of one application on one host:port.
-
-``python -m kubeserve.runtime.replica --host H --port P`` with the :class:`~kubeserve.runtime.wire.
-ReplicaConfig` JSON in ``KUBESERVE_REPLICA_CONFIG`` (and, optionally, the controller's URL in
-``KUBESERVE_CONTROLLER_URL`` so that handles in user code can reach other deployments).
-
-Start-up, in order: import the application, find this deployment in the graph, replace every bound
-node in its constructor arguments by a :class:`~kubeserve.sdk.handle.DeploymentHandle`, construct
-the user's class (``async def __init__`` is awaited) or wrap the function, apply ``user_config``
-through ``reconfigure``, then listen. The port opens only once the user object is ready, so "healthz
-answers 200" means "ready". Any start-up failure is printed to stderr and the process exits 1.
-
-Serving speaks the protocol of :mod:`kubeserve.runtime.wire` behind the handshake of
-:mod:`kubeserve.runtime.channel`: the process refuses to start without the instance's data-plane
-secret, and removes it from its environment before user code is imported. A proxy's ``INGRESS``
-connection carries user traffic only (a path under ``/-/`` is the user's too), a ``CONTROL``
-connection internal endpoints only. User methods run on the event loop, sync ones included (as Ray
-Serve does by default): a blocking method blocks its replica.
-
-Invariants: ``ongoing`` counts user requests and handle calls whose handler has started and not yet
-finished (a streamed response counts until its last chunk); the other internal endpoints are not
-counted. After SIGTERM no new request is started: the listening socket is closed
-and requests arriving on open connections get 503 with ``Connection: close``.
-"""
+"""The replica process: start-up, serving and graceful shutdown (see the package)."""
 
 from __future__ import annotations
 
@@ -43,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import uvloop
 
-from kubeserve.runtime import channel, local_socket, logs, replica_probe, wire
+from kubeserve.runtime import channel, local_socket, logs, wire
 from kubeserve.runtime.build import format_user_error, load_application
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.logs import ACCESS_LOGGER, access_message
 from kubeserve.runtime.metrics import ReplicaMetrics
 from kubeserve.runtime.metrics_listener import start_metrics_listener
-from kubeserve.runtime.replica_asgi import (
+from kubeserve.runtime.replica.asgi import (
     Lifespan,
     http_scope,
     is_asgi_response,
@@ -59,14 +36,15 @@ from kubeserve.runtime.replica_asgi import (
     user_request,
     websocket_scope,
 )
-from kubeserve.runtime.replica_asgi import prepare as prepare_asgi
-from kubeserve.runtime.replica_http import (
+from kubeserve.runtime.replica.asgi import prepare as prepare_asgi
+from kubeserve.runtime.replica.http import (
     HttpRequest,
     HttpResponse,
     ReplicaHttpServer,
     StreamedResponse,
     internal_error,
 )
+from kubeserve.runtime.replica.probe import ProbeListener
 from kubeserve.runtime.websocket import WebSocketSession
 from kubeserve.sdk import context, multiplex, transport
 from kubeserve.sdk.application import GraphNode, map_nodes
@@ -866,20 +844,18 @@ async def serve_replica(
             batched.flush()
 
 
-async def _start_probe_listener(
-    config: wire.ReplicaConfig, host: str
-) -> replica_probe.ProbeListener | None:
+async def _start_probe_listener(config: wire.ReplicaConfig, host: str) -> ProbeListener | None:
     """The unauthenticated health listener for the kubelet, when the config asks for one."""
     port = config.get("probe_port")
     if port is None:
         return None
-    probe = replica_probe.ProbeListener()
+    probe = ProbeListener()
     await probe.start(host, port)
     return probe
 
 
 def _watch_health(
-    probe: replica_probe.ProbeListener | None, config: wire.ReplicaConfig, replica: Replica
+    probe: ProbeListener | None, config: wire.ReplicaConfig, replica: Replica
 ) -> None:
     """Run the user's ``check_health`` every ``health_check_period_s`` (Ray's defaults: 10 s,
     timeout 30 s) and let the probe listener report the last result."""
@@ -949,7 +925,3 @@ def main(
         print(f"replica: cannot listen on {options.host}:{options.port}: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

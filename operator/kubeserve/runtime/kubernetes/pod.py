@@ -1,7 +1,7 @@
 """``kubeserve proxy``, ``replica`` and ``build`` as a pod runs them: the composition root.
 
-The data-plane commands (:mod:`kubeserve.runtime.proxy.command`, :mod:`kubeserve.runtime.
-replica`, :mod:`kubeserve.runtime.build`) know nothing of Kubernetes; here they are given what a
+The data-plane commands (:mod:`kubeserve.runtime.proxy.command`, :mod:`kubeserve.runtime.replica.
+command`, :mod:`kubeserve.runtime.build`) know nothing of Kubernetes; here they are given what a
 cluster provides, from the environment the operator sets in its pods (:mod:`.contract`): a proxy's
 discovery (``--discovery kubernetes``: routes of its instance's applications), a replica's handle
 client and user_config override (when ``KUBESERVE_DISCOVERY`` says it runs in a cluster), a build
@@ -52,7 +52,8 @@ def replica(argv: list[str]) -> int:
     """``kubeserve replica``: in a cluster, handles fed by its discovery and the user_config its
     ``ServeApplication`` sets (see :mod:`.replica`)."""
     from kubeserve.runtime.kubernetes import replica as in_pod
-    from kubeserve.runtime.replica import ReplicaCluster, main
+    from kubeserve.runtime.replica.command import main
+    from kubeserve.runtime.replica.server import ReplicaCluster
 
     cluster = None
     if in_pod.in_cluster():

@@ -1,8 +1,8 @@
-"""``python -m kubeserve.runtime.replica``: the replica process (see :func:`.server.main`)."""
+"""``python -m kubeserve.runtime.replica``: the replica process (see :mod:`.command`)."""
 
 import sys
 
-from kubeserve.runtime.replica.server import main
+from kubeserve.runtime.replica.command import main
 
 if __name__ == "__main__":
     sys.exit(main())

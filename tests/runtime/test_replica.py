@@ -27,6 +27,7 @@ from kubeserve.runtime import channel, wire
 from support.channel_front import SECRET
 from support.common import free_port, wait_for
 from support.kubeserve_start import PickleMarker
+from support.sealed_socket import SealedSocket, sealed_socket
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +51,7 @@ class ReplicaProcess:
         if role is None:
             role = channel.Role.CONTROL if path.startswith("/-/") else channel.Role.INGRESS
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        conn.sock = authenticated(self.port, role, timeout)
+        conn.sock = authenticated(self.port, role, timeout)  # type: ignore[assignment]
         try:
             conn.putrequest(method, path)
             pairs = headers.items() if isinstance(headers, dict) else headers or []
@@ -81,12 +82,9 @@ class ReplicaProcess:
         raise AssertionError(f"metric {name} missing from {body!r}")
 
 
-def authenticated(port: int, role: channel.Role, timeout: float = 10) -> socket.socket:
-    """A blocking socket to the replica on ``port``, past the handshake."""
-    sock, _ = asyncio.run(channel.open_socket("127.0.0.1", port, role, SECRET, timeout))
-    sock.setblocking(True)
-    sock.settimeout(timeout)
-    return sock
+def authenticated(port: int, role: channel.Role, timeout: float = 10) -> SealedSocket:
+    """A blocking sealed connection to the replica ``r-1`` on ``port``, past the handshake."""
+    return sealed_socket(port, role, SECRET, "r-1", timeout)
 
 
 def replica_config(import_path: str, deployment: str, **overrides: Any) -> wire.ReplicaConfig:
@@ -387,7 +385,9 @@ def test_unauthenticated_peers_are_cut_off_before_anything_is_parsed(
     assert _raw_exchange(unix, call) == b""
     # A peer that knows the protocol but not the secret fails the handshake.
     with pytest.raises(channel.ChannelError):
-        asyncio.run(channel.open_socket("127.0.0.1", echo.port, channel.Role.CONTROL, b"x" * 32))
+        asyncio.run(
+            channel.open_socket("127.0.0.1", echo.port, channel.Role.CONTROL, b"x" * 32, "r-1")
+        )
     assert not marker.exists()
     assert echo.get("/str")[0] == 200  # and the replica serves its own callers as before
 

@@ -81,9 +81,15 @@ class App:
             self.stream_closed.set()
 
 
+#: The replica id the servers behind the handshake answer to.
+REPLICA_ID = "r"
+
+
 async def serve(app: App, *, secret: bytes | None = None) -> tuple[asyncio.Server, int]:
     """``app`` on a replica server: plain HTTP, or behind the handshake with ``secret``."""
-    handler = ReplicaHttpServer(app, control=app if secret else None, secret=secret)
+    handler = ReplicaHttpServer(
+        app, control=app if secret else None, secret=secret, identity=REPLICA_ID
+    )
     server = await asyncio.get_running_loop().create_server(handler, "127.0.0.1", 0)
     return server, server.sockets[0].getsockname()[1]
 
@@ -339,7 +345,7 @@ async def _get(session: aiohttp.ClientSession, url: str) -> bytes:
 def test_same_host_unix_socket_is_preferred_and_tcp_is_the_fallback() -> None:
     async def go() -> None:
         app = App()
-        replica_server = ReplicaHttpServer(app, control=app, secret=SECRET)
+        replica_server = ReplicaHttpServer(app, control=app, secret=SECRET, identity=REPLICA_ID)
         tcp = await asyncio.get_running_loop().create_server(replica_server, "127.0.0.1", 0)
         port = tcp.sockets[0].getsockname()[1]
         # Only a loopback target has a socket name; nothing listens on it yet: TCP it is.
@@ -380,7 +386,7 @@ async def proxy_in_front_of(port: int) -> ProxyServer:
         "deployments": {
             "a#D": {
                 "max_ongoing_requests": 8,
-                "replicas": [{"replica_id": "r", "host": "127.0.0.1", "port": port}],
+                "replicas": [{"replica_id": REPLICA_ID, "host": "127.0.0.1", "port": port}],
             }
         },
     }

@@ -24,6 +24,7 @@ from kubeserve.runtime import channel, wire
 from kubeserve.runtime.replica.probe import ProbeListener
 from support.channel_front import SECRET
 from support.common import free_port
+from support.sealed_socket import sealed_socket
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -181,10 +182,8 @@ def test_a_replica_process_reports_its_health_on_the_probe_port(
     wait_status(probe_port, 200)  # constructed and listening
 
     # /sick through a real INGRESS connection makes the user's check_health fail from now on
-    sock, _ = asyncio.run(channel.open_socket("127.0.0.1", port, channel.Role.INGRESS, SECRET, 5))
-    sock.setblocking(True)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    conn.sock = sock
+    conn.sock = sealed_socket(port, channel.Role.INGRESS, SECRET, "r-1", 5)  # type: ignore[assignment]
     conn.request("GET", "/sick")
     assert conn.getresponse().status == 200
     conn.close()

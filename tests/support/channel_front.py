@@ -3,8 +3,11 @@
 Proxy and handle tests use aiohttp servers as replicas (to check our HTTP code against another
 implementation). Replicas only take authenticated connections, so a :class:`ChannelFront` accepts
 connections on its own port, runs the replica's side of the real handshake
-(:class:`~kubeserve.runtime.channel.ServerHandshake`), then relays bytes both ways to the stand-in:
-one stand-in connection per accepted connection, so connection reuse stays visible to the test.
+(:class:`~kubeserve.runtime.channel.ServerHandshake`) for whichever replica id the caller names,
+then opens the caller's sealed frames and seals the stand-in's answers
+(:mod:`~kubeserve.runtime.sealing`), relaying the plain bytes both ways: one stand-in connection per
+accepted connection, so connection reuse stays visible to the test. ``identities`` records whom each
+handshake named.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import contextlib
 import time
 from collections.abc import Mapping
 
-from kubeserve.runtime import channel
+from kubeserve.runtime import channel, sealing
 
 #: The data-plane secret of every test instance.
 SECRET = b"test-secret-0123456789abcdef0123"
@@ -35,6 +38,7 @@ class ChannelFront:
         self.secret = secret
         self.port = 0
         self.roles: list[channel.Role] = []
+        self.identities: list[str] = []
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -65,9 +69,15 @@ class ChannelFront:
             writer.close()
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        handshake = channel.ServerHandshake(self.secret, writer.write)
-        rest = None
         try:
+            hello = await reader.readexactly(channel.HELLO_SIZE)
+            hello += await reader.readexactly(hello[-1])
+        except asyncio.IncompleteReadError:
+            return
+        identity = hello[channel.HELLO_SIZE :].decode("utf-8", "surrogateescape")
+        handshake = channel.ServerHandshake(self.secret, identity, writer.write)
+        try:
+            rest = handshake.feed(hello)
             while rest is None:
                 data = await reader.read(64)
                 if not data:
@@ -77,18 +87,21 @@ class ChannelFront:
             return
         assert handshake.role is not None
         self.roles.append(handshake.role)
+        self.identities.append(identity)
+        send, receive = handshake.keys
+        opener, sealer = sealing.Opener(receive), sealing.Sealer(send)
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        up_writer.write(rest)
+        up_writer.write(opener.feed(rest))
 
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, seal: bool) -> None:
             with contextlib.suppress(OSError):
                 while data := await src.read(65536):
-                    dst.write(data)
+                    dst.write(sealer.seal(data) if seal else opener.feed(data))
                     await dst.drain()
             with contextlib.suppress(OSError):
                 dst.close()
 
         try:
-            await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+            await asyncio.gather(pump(reader, up_writer, False), pump(up_reader, writer, True))
         finally:
             up_writer.close()

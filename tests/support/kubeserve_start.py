@@ -170,9 +170,19 @@ class Kubeserve:
         from kubeserve.runtime import channel
 
         secret = (self.state_dir / "data-plane.secret").read_text().strip().encode()
+        replica_id = self.replica_id(pid)
         return asyncio.run(
-            channel.request("127.0.0.1", replica_port(pid), method, path, secret, body)
+            channel.request("127.0.0.1", replica_port(pid), method, path, secret, replica_id, body)
         )
+
+    def replica_id(self, pid: int) -> str:
+        """The replica id of the replica process ``pid`` (what the channel handshake names)."""
+        for app in self.details()["applications"].values():
+            for dep in app["deployments"].values():
+                for replica in dep["replicas"]:
+                    if replica["pid"] == pid:
+                        return str(replica["replica_id"])
+        raise LookupError(f"no replica with pid {pid}")
 
     def wait_replaced(self, app: str, deployment: str, old: int, timeout_s: float = 60) -> None:
         """Wait until ``deployment`` runs replicas again, none of them the process ``old``."""

@@ -244,6 +244,7 @@ class HandleClient:
                 replica.port,
                 Role.CONTROL,
                 self._secret,
+                replica.replica_id,
                 CONNECT_TIMEOUT_S,
             )
             if asyncio.current_task() is None:
@@ -310,8 +311,8 @@ class _CallPool(IdlePool["_CallConnection"]):
 
     __slots__ = ("heads",)
 
-    def __init__(self, host: str, port: int, secret: bytes) -> None:
-        super().__init__(host, port, secret)
+    def __init__(self, replica_id: str, host: str, port: int, secret: bytes) -> None:
+        super().__init__(replica_id, host, port, secret)
         self.heads: dict[str, bytes] = {}
 
     def head(self, method: str) -> bytes:
@@ -336,6 +337,7 @@ class _CallPool(IdlePool["_CallConnection"]):
                     self.port,
                     Role.CONTROL,
                     self.secret,
+                    self.replica_id,
                     CONNECT_TIMEOUT_S,
                 )
             except (OSError, TimeoutError) as exc:

@@ -71,9 +71,10 @@ P = TypeVar("P", bound="IdlePool")  # type: ignore[type-arg]
 class IdlePool(Generic[C]):
     """Idle keep-alive connections to one replica (LIFO: the most recently used is reused first)."""
 
-    __slots__ = ("closed", "host", "idle", "port", "secret")
+    __slots__ = ("closed", "host", "idle", "port", "replica_id", "secret")
 
-    def __init__(self, host: str, port: int, secret: bytes) -> None:
+    def __init__(self, replica_id: str, host: str, port: int, secret: bytes) -> None:
+        self.replica_id = replica_id  # whom new connections' handshakes name
         self.host = host
         self.port = port
         self.secret = secret  # the instance's data-plane secret, for new connections
@@ -147,7 +148,7 @@ def pool_for(
     host: str,
     port: int,
     secret: bytes,
-    make: Callable[[str, int, bytes], P],
+    make: Callable[[str, str, int, bytes], P],
 ) -> P:
     """The pool of ``replica_id`` in ``pools``; a new one (the old one closed) when the replica's
     address changed."""
@@ -155,7 +156,7 @@ def pool_for(
     if pool is None or pool.host != host or pool.port != port:
         if pool is not None:
             pool.close()
-        pool = pools[replica_id] = make(host, port, secret)
+        pool = pools[replica_id] = make(replica_id, host, port, secret)
     return pool
 
 
@@ -165,9 +166,11 @@ async def connect(
     port: int,
     role: Role,
     secret: bytes,
+    replica_id: str,
     timeout_s: float | None = None,
 ) -> C:
-    """A new connection to the replica on ``host:port`` carrying ``role``: same-host unix socket,
-    else TCP. Raises :class:`~kubeserve.runtime.channel.ChannelError` (an ``OSError``) when the
-    peer is not a replica of this instance."""
-    return await channel.connect(factory, host, port, role, secret, timeout_s)
+    """A new connection to replica ``replica_id`` on ``host:port`` carrying ``role``: same-host
+    unix socket, else TCP, sealed (:mod:`~kubeserve.runtime.sealing`). Raises
+    :class:`~kubeserve.runtime.channel.ChannelError` (an ``OSError``) when the peer is not that
+    replica of this instance."""
+    return await channel.connect(factory, host, port, role, secret, replica_id, timeout_s)

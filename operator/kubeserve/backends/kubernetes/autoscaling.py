@@ -154,18 +154,18 @@ class Autoscalers:
         self, scaler: DeploymentAutoscaler, pods: list[dict[str, Any]], secret: bytes
     ) -> None:
         ready = [
-            (str(pod["metadata"]["uid"]), str(pod["status"]["podIP"]))
+            (str(pod["metadata"]["uid"]), str(pod["status"]["podIP"]), str(pod["metadata"]["name"]))
             for pod in pods
             if pod_ready(pod)
             and (pod.get("status") or {}).get("podIP")
             and not pod["metadata"].get("deletionTimestamp")
         ]
-        loads = await asyncio.gather(*(_read_load(ip, secret) for _, ip in ready))
+        loads = await asyncio.gather(*(_read_load(ip, name, secret) for _, ip, name in ready))
         now = time.time()
-        for (uid, _), load in zip(ready, loads, strict=True):
+        for (uid, _, _), load in zip(ready, loads, strict=True):
             if load is not None:
                 scaler.record_replica(uid, load, now)
-        scaler.forget_replicas(uid for uid, _ in ready)
+        scaler.forget_replicas(uid for uid, _, _ in ready)
         if scaler.step(len(ready), now):
             log.info("%s", scaler.decisions[-1].reason)
             self.on_decided()
@@ -187,10 +187,17 @@ def external_replicas(obj: dict[str, Any]) -> dict[str, int]:
     return {str(k): v for k, v in counts.items() if isinstance(v, int) and v >= 0}
 
 
-async def _read_load(ip: str, secret: bytes) -> ReplicaLoad | None:
+async def _read_load(ip: str, pod_name: str, secret: bytes) -> ReplicaLoad | None:
+    """The load of the replica in pod ``pod_name`` (its replica id, which the handshake names)."""
     try:
         status, body = await channel.request(
-            ip, contract.REPLICA_PORT, "GET", wire.METRICS_PATH, secret, timeout_s=_READ_TIMEOUT_S
+            ip,
+            contract.REPLICA_PORT,
+            "GET",
+            wire.METRICS_PATH,
+            secret,
+            pod_name,
+            timeout_s=_READ_TIMEOUT_S,
         )
     except (OSError, TimeoutError) as exc:
         log.debug("reading the load of the replica at %s failed: %s", ip, exc)

@@ -123,7 +123,8 @@ class DataPlane:
                 continue
             self._pushing.add(uid)
             body = json.dumps({"user_config": config.get("user_config")}).encode()
-            push = self._push(uid, ip, body, version, secret, instance_uid)
+            name = str(pod["metadata"]["name"])
+            push = self._push(uid, ip, name, body, version, secret, instance_uid)
             task = asyncio.ensure_future(push)
             task.add_done_callback(functools.partial(self._pushed, uid))
 
@@ -131,7 +132,14 @@ class DataPlane:
         self._pushing.discard(uid)
 
     async def _push(
-        self, uid: str, ip: str, body: bytes, version: str, secret: bytes, instance_uid: str
+        self,
+        uid: str,
+        ip: str,
+        pod_name: str,
+        body: bytes,
+        version: str,
+        secret: bytes,
+        instance_uid: str,
     ) -> None:
         """``POST /-/reconfigure`` on a CONTROL channel (the replica's handshake)."""
         try:
@@ -141,6 +149,7 @@ class DataPlane:
                 "POST",
                 wire.RECONFIGURE_PATH,
                 secret,
+                pod_name,
                 body,
                 timeout_s=_RECONFIGURE_TIMEOUT_S,
             )

@@ -566,7 +566,14 @@ class DeploymentState:
     ) -> tuple[int, bytes]:
         """One internal request to ``replica`` over the authenticated channel."""
         return await channel.request(
-            "127.0.0.1", replica.port, method, path, self._ctx.secret, body, timeout_s=timeout_s
+            "127.0.0.1",
+            replica.port,
+            method,
+            path,
+            self._ctx.secret,
+            replica.replica_id,
+            body,
+            timeout_s=timeout_s,
         )
 
     async def _check(self, replica: ReplicaProcess, timeout_s: float) -> str:

@@ -138,5 +138,6 @@ class UpstreamPool(IdlePool[UpstreamConnection]):
             self.port,
             Role.INGRESS,
             self.secret,
+            self.replica_id,
             CONNECT_TIMEOUT_S,
         )

@@ -30,8 +30,9 @@ its upgrade, the transport is handed to a :class:`~kubeserve.runtime.websocket.W
 and the server's ``websocket`` handler serves it for as long as the socket lives (no keep-alive or
 request timeouts on it). Other upgrades (h2c...) and CONNECT are answered 501.
 
-The server knows nothing about deployments: :class:`~kubeserve.runtime.replica.Replica` gives it a
-handler ``HttpRequest -> HttpResponse | StreamedResponse`` per channel role. With a secret, every
+The server knows nothing about deployments: it is given a handler ``HttpRequest -> HttpResponse |
+StreamedResponse`` per channel role (:class:`~kubeserve.runtime.replica.ingress.Ingress` and
+:class:`~kubeserve.runtime.replica.control.Control`). With a secret, every
 connection must pass the :mod:`~kubeserve.runtime.channel` handshake before a byte of it is parsed,
 and its role picks its handler for good: user traffic (``INGRESS``) or internal endpoints
 (``CONTROL``). Invariants: a connection runs at most one handler at a time; a response with
@@ -52,13 +53,7 @@ from http import HTTPStatus
 from typing import Any
 
 from kubeserve.control.routes import needs_normalizing, normalize_path
-from kubeserve.runtime.channel import (
-    HANDSHAKE_TIMEOUT_S,
-    ChannelError,
-    Role,
-    ServerHandshake,
-    peer_description,
-)
+from kubeserve.runtime.channel import Role, ServerChannel, peer_description
 from kubeserve.runtime.http1 import REQUEST_ID, is_websocket, new_request_id
 from kubeserve.runtime.http_connection import (
     RequestRefused,
@@ -192,10 +187,11 @@ class ReplicaHttpServer:
     """Shared state of every connection: the handlers, the open connections, the idle timeout.
 
     ``handler`` serves user traffic and ``control`` the internal endpoints. With a ``secret``,
-    connections authenticate first and their role chooses between the two; without one (a server
-    measured on its own, or tested), every connection is user traffic. ``websocket`` serves the
-    WebSocket handshakes of user traffic (their sockets pinged every ``websocket_ping_interval_s``,
-    None: never); without it they are answered 501.
+    connections authenticate first (:class:`~kubeserve.runtime.channel.ServerChannel`: the
+    handshake for replica ``identity``, then sealed frames) and their role chooses between the
+    two; without one (a server measured on its own, or tested), every connection is user traffic.
+    ``websocket`` serves the WebSocket handshakes of user traffic (their sockets pinged every
+    ``websocket_ping_interval_s``, None: never); without it they are answered 501.
     """
 
     def __init__(
@@ -204,19 +200,21 @@ class ReplicaHttpServer:
         *,
         control: Handler | None = None,
         secret: bytes | None = None,
+        identity: str = "",
         keep_alive_timeout_s: float = 75.0,
         limits: RequestLimits | None = None,
         websocket: WebSocketHandler | None = None,
         websocket_ping_interval_s: float | None = PING_INTERVAL_S,
     ) -> None:
-        if secret is not None and control is None:
-            raise ValueError("an authenticating server needs a control handler")
+        if secret is not None and (control is None or not identity):
+            raise ValueError("an authenticating server needs a control handler and an identity")
         self.handlers: dict[Role, Handler] = {Role.INGRESS: handler}
         if control is not None:
             self.handlers[Role.CONTROL] = control
         self.websocket = websocket
         self.websocket_ping_interval_s = websocket_ping_interval_s
         self.secret = secret
+        self.identity = identity
         self.keep_alive_timeout_s = keep_alive_timeout_s
         self.limits = limits or RequestLimits()
         self.connections: set[ServerConnection] = set()
@@ -226,7 +224,12 @@ class ReplicaHttpServer:
 
     def __call__(self) -> asyncio.Protocol:
         """The protocol factory for ``loop.create_server``."""
-        return _Connection(self)
+        if self.secret is None:
+            return _Connection(self, Role.INGRESS)
+        return ServerChannel(self.secret, self.identity, self._connection, log)
+
+    def _connection(self, role: Role) -> asyncio.Protocol:
+        return _Connection(self, role)
 
     def close_all(self) -> None:
         for conn in list(self.connections):
@@ -240,12 +243,11 @@ class _Connection(ServerConnection):
     being received and the connection's one timer; ``body_size`` counts its body against the cap.
     """
 
-    def __init__(self, server: ReplicaHttpServer) -> None:
+    def __init__(self, server: ReplicaHttpServer, role: Role) -> None:
         super().__init__(server.limits, server.keep_alive_timeout_s, server.connections)
         self.server = server
-        self.handshake: ServerHandshake | None = None
-        self.handler = server.handlers[Role.INGRESS]
-        self.ingress = True
+        self.handler = server.handlers[role]
+        self.ingress = role is Role.INGRESS
         # The request being parsed, and requests parsed but not yet served (pipelining).
         self.in_message = False
         self.head_done = False
@@ -268,17 +270,7 @@ class _Connection(ServerConnection):
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        if self.server.secret is not None:
-            self.handshake = ServerHandshake(self.server.secret, self.transport.write)
-            self.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_expired)
-
     def data_received(self, data: bytes) -> None:
-        if self.handshake is not None:
-            data = self._authenticate(data)
-            if not data:
-                return
         # The read ended inside a request: note it for the timeouts, bound what its head buffers.
         if self.feed(data) and self.in_message and not self.closed:
             self.note_partial(self.head_done)
@@ -286,35 +278,6 @@ class _Connection(ServerConnection):
     def connection_lost(self, exc: Exception | None) -> None:
         self.queue.clear()
         super().connection_lost(exc)
-
-    def _authenticate(self, data: bytes) -> bytes:
-        """Feed the handshake; the bytes after the caller's proof once it passed, else b""."""
-        assert self.handshake is not None
-        try:
-            rest = self.handshake.feed(data)
-        except ChannelError as exc:
-            log.warning("refused a connection from %s: %s", peer_description(self.transport), exc)
-            self.closed = True
-            self.transport.abort()
-            return b""
-        if rest is None:
-            return b""
-        role = self.handshake.role
-        assert role is not None
-        self.handler = self.server.handlers[role]
-        self.ingress = role is Role.INGRESS
-        self.handshake = None
-        return rest
-
-    def _handshake_expired(self) -> None:
-        if self.handshake is not None and not self.closed:
-            log.warning(
-                "refused a connection from %s: no handshake within %.0f s",
-                peer_description(self.transport),
-                HANDSHAKE_TIMEOUT_S,
-            )
-            self.closed = True
-            self.transport.abort()
 
     # -- httptools callbacks -----------------------------------------------------------------------
 

@@ -151,6 +151,7 @@ async def serve_replica(
             ingress.handle,
             control=control.handle,
             secret=secret,
+            identity=config["replica_id"],
             limits=RequestLimits.from_mapping(config.get("request_limits")),
             websocket=ingress.handle_websocket,
         )

@@ -321,7 +321,12 @@ def _source_version(root: Path) -> str:
 def _start(args: argparse.Namespace, after_start: AfterStart | None) -> int:
     import uvloop
 
-    from kubeserve.api.security import AdminSecurity, is_loopback, loopback_hosts
+    from kubeserve.api.security import (
+        AdminSecurity,
+        is_loopback,
+        loopback_hosts,
+        weak_token_problem,
+    )
     from kubeserve.backends.local.backend import LocalBackend
     from kubeserve.backends.local.controller import LocalSettings
     from kubeserve.backends.local.state_lock import StateDirInUse
@@ -340,6 +345,13 @@ def _start(args: argparse.Namespace, after_start: AfterStart | None) -> int:
             "authentication: it deploys code and is reachable from other machines there. Give a "
             f"token with --auth-token-file FILE or {AUTH_TOKEN_ENV}, or listen on loopback "
             "(--dashboard-host 127.0.0.1).",
+            file=sys.stderr,
+        )
+        return 2
+    weak = None if loopback or token is None else weak_token_problem(token)
+    if weak is not None:
+        print(
+            f"kubeserve start: refusing to listen on {args.dashboard_host}: {weak}.",
             file=sys.stderr,
         )
         return 2

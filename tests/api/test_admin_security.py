@@ -122,6 +122,49 @@ def test_start_refuses_a_non_loopback_address_without_a_token(tmp_path: Path) ->
     assert "--auth-token-file" in result.stderr
 
 
+@pytest.mark.parametrize("token", ["x", "0123456789abcdef", "a" * 64, "short-pass-phrase"])
+def test_start_refuses_a_weak_token_on_a_non_loopback_address(tmp_path: Path, token: str) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    result = kubeserve_cli(
+        "start",
+        "--dashboard-host",
+        "0.0.0.0",
+        "--dashboard-port",
+        str(free_port()),
+        "--auth-token-file",
+        str(token_file),
+        "--state-dir",
+        str(tmp_path),
+    )
+    assert result.returncode == 2, result.stderr
+    assert "needs at least 128" in result.stderr and token not in result.stderr
+
+
+def test_token_strength_is_estimated_from_length_and_alphabet() -> None:
+    from kubeserve.api.security import token_bits, weak_token_problem
+
+    assert weak_token_problem("0123456789abcdef0123456789abcdef") is None  # 32 hex digits
+    assert weak_token_problem("Zm9vYmFyYmF6cXV4MTIzNDU2") is None  # 24 base64url characters
+    assert token_bits("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa") < 8
+    assert weak_token_problem("hunter2") is not None
+
+
+def test_a_request_without_a_host_header_is_refused_against_dns_rebinding(
+    kubeserve: Kubeserve,
+) -> None:
+    import socket
+
+    port = int(kubeserve.api.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /api/serve/applications/ HTTP/1.0\r\n\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 403"), answer[:200]
+    assert b"DNS rebinding" in answer and b"missing" in answer
+
+
 def test_start_refuses_an_empty_token_file(tmp_path: Path) -> None:
     empty = tmp_path / "token"
     empty.write_text("\n")

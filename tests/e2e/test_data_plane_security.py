@@ -99,3 +99,6 @@ def test_signed_discovery_requests_with_bad_parameters_are_400(clean_kubeserve: 
     assert http("GET", f"{ks.api}{target}", headers={channel.SIGNATURE_HEADER: stale})[0] == 403
     fresh = channel.sign_request(secret, "GET", target, time.time())
     assert http("GET", f"{ks.api}{target}", headers={channel.SIGNATURE_HEADER: fresh})[0] == 200
+    # The same signed request again (a captured one, replayed within its minute): refused.
+    replayed = http("GET", f"{ks.api}{target}", headers={channel.SIGNATURE_HEADER: fresh})
+    assert replayed[0] == 403 and "already answered" in str(replayed[1]), replayed

@@ -7,10 +7,14 @@ prometheus_client's own parser, as Prometheus would.
 
 from __future__ import annotations
 
+import random
+import string
+from http.client import HTTPConnection
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from kubeserve.runtime.metrics import OTHER_METHOD
 from support.common import http, wait_for
 from support.kubeserve_start import Kubeserve
 
@@ -94,3 +98,68 @@ def test_requests_errors_and_latency_are_counted_with_rays_names(
     )
     assert value(samples, "ray_serve_replica_processing_queries", deployment="Echo") == 0
     assert value(samples, "ray_serve_num_ongoing_http_requests") == 0
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def send_random_paths(ks: Kubeserve, count: int, seed: int) -> None:
+    """``count`` requests for paths nobody configured, half under the proxy's own ``/-/``, some
+    with methods outside :data:`METHOD_LABELS`, over one keep-alive connection (each a 404)."""
+    rng = random.Random(seed)
+    conn = HTTPConnection("127.0.0.1", ks.proxy_port, timeout=10)
+    try:
+        for i in range(count):
+            token = "".join(rng.choices(string.ascii_letters + string.digits, k=16))
+            path = f"/-/{token}" if i % 2 else f"/{token}/{i}"
+            conn.request(rng.choice(("GET", "POST", "DELETE", "PROPFIND", "M-SEARCH")), path)
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 404, (path, response.status)
+    finally:
+        conn.close()
+
+
+def test_random_paths_add_no_series_and_no_memory(clean_kubeserve: Kubeserve) -> None:
+    """Paths come from clients: a scan of random ones must neither add a ``route`` label value
+    per path (Ray labels every unmatched request ``route=""``) nor grow the proxy."""
+    ks = clean_kubeserve
+    assert ks.put([ECHO])[0] == 200
+    ks.wait_app("echo")
+    (proxy_pid,) = (int(p["worker_id"]) for p in ks.details()["proxies"].values())
+    assert http("GET", f"{ks.proxy}/echo/str")[0] == 200
+    # the module's instance may have answered 404s before this test: count from where it is
+    earlier = value(scrape(ks), "ray_serve_num_http_requests_total", status_code="404")
+    send_random_paths(ks, 1000, seed=1)  # every label set of a 404 seen once; allocator warm
+
+    def flushed(total: float) -> dict[str, Any] | None:
+        samples = scrape(ks)
+        counted = value(samples, "ray_serve_num_http_requests_total", status_code="404")
+        if counted != total:
+            return None
+        found: dict[str, set[tuple[tuple[str, str], ...]]] = {}
+        for name, labelled in samples.items():
+            found.setdefault(name, set()).update(tuple(sorted(ls.items())) for ls, _ in labelled)
+        return found
+
+    before = wait_for(lambda: flushed(earlier + 1000), 10, what="the 404s in /metrics")
+    rss_before = _rss_kib(proxy_pid)
+    send_random_paths(ks, 5000, seed=2)
+    after = wait_for(lambda: flushed(earlier + 6000), 10, what="the 404s in /metrics")
+    rss_after = _rss_kib(proxy_pid)
+
+    routes = {dict(labels).get("route") for s in after.values() for labels in s}
+    assert routes <= {None, "", "/echo", "/-/healthz", "/-/routes"}, sorted(r for r in routes if r)[
+        :5
+    ]
+    methods = {dict(labels).get("method") for s in after.values() for labels in s}
+    assert methods == {None, "GET", "POST", "DELETE", OTHER_METHOD}
+    assert {name: len(s) for name, s in after.items()} == {
+        name: len(s) for name, s in before.items()
+    }
+    assert rss_after - rss_before < 8 * 1024, (rss_before, rss_after)

@@ -823,6 +823,42 @@ def test_a_stalled_upload_is_answered_408_and_gives_its_slot_back() -> None:
     scenario(body, cap=1, limits=LIMITS)
 
 
+def test_a_connection_that_never_sends_a_byte_is_closed_at_the_header_timeout() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        try:  # keep-alive is 90 s; the header timeout (0.5 s) runs from accept
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+        finally:
+            writer.close()
+
+    scenario(body, limits=LIMITS)
+
+
+def test_connections_over_the_limit_get_a_clean_503_and_the_others_are_served() -> None:
+    limits = RequestLimits(max_connections=3)
+
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        held = [await asyncio.open_connection("127.0.0.1", c.proxy.port) for _ in range(3)]
+        try:
+            refused = await read_all(c.proxy.port, b"GET /a/x HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert refused.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in refused
+            assert b"too many open connections" in refused
+            reader, writer = held[0]  # the held connections are served as usual
+            head, _ = await raw_request(reader, writer, b"GET /a/x HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200")
+        finally:
+            for _, writer in held:
+                writer.close()
+        await wait_until(lambda: not c.proxy.state.connections)
+        served = await read_all(
+            c.proxy.port, b"GET /a/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        assert served.startswith(b"HTTP/1.1 200")
+        assert c.proxy.refused_connections == 1
+
+    scenario(body, limits=limits)
+
+
 def test_request_ids_are_kept_or_made_and_always_answered() -> None:
     async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
         port = c.proxy.port
@@ -852,8 +888,26 @@ def test_request_ids_are_kept_or_made_and_always_answered() -> None:
             writer.close()
         async with s.get(c.url + "/nowhere", headers={"X-Request-Id": "r404"}) as resp:
             assert resp.status == 404 and resp.headers["x-request-id"] == "r404"
+        uuid = "3f2b8c1e-9d4a-4e7b-8f6a-1c2d3e4f5a6b"
+        async with s.get(c.url + "/a/x", headers={"X-Request-Id": uuid}) as resp:
+            assert resp.headers["x-request-id"] == uuid  # the usual spellings are kept
         async with s.get(c.url + "/-/healthz") as resp:
             assert resp.headers["x-request-id"]
+
+    scenario(body)
+
+
+@pytest.mark.parametrize(
+    "given", [b"x" * 129, b"two words", b"id;evil=1", b"\xe2\x80\xa8", b"-- " * 20]
+)
+def test_an_unusable_request_id_is_replaced_never_echoed_or_forwarded(given: bytes) -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        request = b"GET /a/x HTTP/1.1\r\nHost: x\r\nX-Request-Id: %s\r\nConnection: close\r\n\r\n"
+        data = await read_all(c.proxy.port, request % given)
+        head, payload = data.split(b"\r\n\r\n", 1)
+        made = json.loads(payload)["request_id"]
+        assert len(made) == 1 and len(made[0]) == 32 and made[0].encode() != given
+        assert b"x-request-id: %s" % made[0].encode() in head and given not in head
 
     scenario(body)
 

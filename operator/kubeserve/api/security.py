@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import math
+import string
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -61,6 +63,41 @@ class AdminSecurity:
 
     auth_token: str | None = None
     allowed_hosts: frozenset[str] | None = None
+
+
+#: The least guessing work a token must take on an admin API reachable from other machines.
+MIN_TOKEN_BITS = 128
+
+
+def token_bits(token: str) -> float:
+    """A generous estimate of the bits of ``token``: its length times the bits per character of
+    the smallest usual alphabet it fits (decimal digits, hex, base64url, printable ASCII)."""
+    if not token:
+        return 0.0
+    chars = set(token)
+    if chars <= set("0123456789"):
+        per_char = math.log2(10)
+    elif chars <= set("0123456789abcdef") or chars <= set("0123456789ABCDEF"):
+        per_char = 4.0
+    elif chars <= set(string.ascii_letters + string.digits + "-_=+/"):
+        per_char = 6.0
+    else:
+        per_char = math.log2(95)
+    if len(chars) == 1:  # "aaaa...": one character repeated is one guess per length
+        return math.log2(len(token) + 1)
+    return len(token) * per_char
+
+
+def weak_token_problem(token: str) -> str | None:
+    """Why ``token`` is too weak to guard an admin API on a non-loopback address, or None."""
+    bits = token_bits(token)
+    if bits >= MIN_TOKEN_BITS:
+        return None
+    return (
+        f"the admin token has about {bits:.0f} bits; an admin API reachable from other machines "
+        f"needs at least {MIN_TOKEN_BITS} (for example 32 hex digits: "
+        "python3 -c 'import secrets; print(secrets.token_hex(16))')"
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -104,12 +141,13 @@ def security_middleware(security: AdminSecurity, token_exempt: Collection[str]) 
 
 def _host_refusal(request: web.Request, allowed: frozenset[str]) -> web.Response | None:
     host = request.headers.get("Host")
-    if host is None or _host_name(host) in allowed:
+    if host is not None and _host_name(host) in allowed:
         return None
     names = ", ".join(sorted(allowed))
+    shown = "missing" if host is None else repr(host[:200])
     return error_response(
         403,
-        f"Host header {host[:200]!r} is not an address of this server: the admin API listens on "
+        f"Host header {shown} is not an address of this server: the admin API listens on "
         f"loopback and answers only the Host names {names} (with any port), which protects it "
         "from DNS rebinding; connect to one of them",
         [{"loc": ["header", "Host"], "msg": "not a loopback name of this server"}],

@@ -17,13 +17,25 @@ from kubeserve.runtime import channel, wire
 __all__ = ["answer_load_report", "refuse_unsigned"]
 
 
+#: Signatures this process accepted: each signed request is answered once (one admin server per
+#: process, so one guard; it holds what two minutes of signing bring, see ReplayGuard).
+_REPLAYS = channel.ReplayGuard()
+
+
 def refuse_unsigned(request: web.Request, secret: bytes | None) -> web.Response | None:
     """A 403 unless ``request`` is signed with ``secret`` (``None``: no secret to check against,
-    such as an instance the operator does not know); ``None`` when it is."""
+    such as an instance the operator does not know) and its signature was not used before;
+    ``None`` when it is."""
     signature = request.headers.get(channel.SIGNATURE_HEADER, "")
     target = request.rel_url.raw_path_qs
-    if secret and channel.verify_request(secret, signature, "GET", target, time.time()):
-        return None
+    now = time.time()
+    if secret and channel.verify_request(secret, signature, "GET", target, now):
+        if _REPLAYS.first_use(signature, now):
+            return None
+        return web.json_response(
+            {"error": "for kubeserve's own processes: this signed request was already answered"},
+            status=403,
+        )
     return web.json_response(
         {"error": "for kubeserve's own processes: unknown instance, or a missing or bad signature"},
         status=403,

@@ -47,6 +47,7 @@ the environment once read, so user code and its subprocesses do not inherit them
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import hashlib
 import hmac
@@ -68,6 +69,7 @@ __all__ = [
     "SECRET_FILE_ENV",
     "SIGNATURE_HEADER",
     "ChannelError",
+    "ReplayGuard",
     "Role",
     "ServerChannel",
     "ServerHandshake",
@@ -365,6 +367,36 @@ def verify_request(secret: bytes, signature: str, method: str, target: str, now:
         return False
     expected = hmac.new(secret, f"{stamp}|{nonce}|{method}|{target}".encode(), hashlib.sha256)
     return hmac.compare_digest(mac.encode(), expected.hexdigest().encode())
+
+
+class ReplayGuard:
+    """Signatures already accepted, so a captured signed request cannot be replayed while its
+    time is still within :data:`SIGNATURE_MAX_SKEW_S`.
+
+    Holds a signature until its stamp is out of the window (then :func:`verify_request` refuses it
+    anyway). Only signatures that verified are recorded, so its size is bounded by what the
+    instance's own processes sign in two minutes; past ``capacity`` it refuses new ones (fails
+    closed) rather than forget one still replayable.
+    """
+
+    __slots__ = ("_capacity", "_expiry", "_seen")
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._capacity = capacity
+        self._seen: set[str] = set()
+        self._expiry: collections.deque[tuple[float, str]] = collections.deque()
+
+    def first_use(self, signature: str, now: float) -> bool:
+        """Whether ``signature`` (one that verified) is seen for the first time; records it."""
+        expiry, seen = self._expiry, self._seen
+        while expiry and expiry[0][0] < now:
+            seen.discard(expiry.popleft()[1])
+        if signature in seen or len(seen) >= self._capacity:
+            return False
+        stamp = float(signature.partition(":")[0])
+        seen.add(signature)
+        expiry.append((max(stamp, now) + SIGNATURE_MAX_SKEW_S, signature))
+        return True
 
 
 # -- the replica's side --------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from binascii import hexlify
 from http import HTTPStatus
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = [
     "local_response",
     "new_request_id",
     "read_response",
+    "usable_request_id",
 ]
 
 #: The last chunk of a chunked body (trailers are not forwarded).
@@ -95,6 +97,12 @@ def new_request_id() -> bytes:
 
 
 _getrandbits = random.getrandbits
+
+#: The longest client ``X-Request-Id`` kept; longer ones are replaced.
+MAX_REQUEST_ID = 128
+#: A client's request id is kept when it is 1 to MAX_REQUEST_ID of these characters (UUIDs, hex
+#: ids, Ray's and most tracers' ids): nothing that could forge a log field or a header.
+usable_request_id = re.compile(rb"[A-Za-z0-9._:@/+=~-]{1,%d}" % MAX_REQUEST_ID).fullmatch
 
 
 def chunk_prefix(size: int) -> bytes:

@@ -83,7 +83,7 @@ class ServerConnection(asyncio.Protocol):
         loop = self.loop = asyncio.get_running_loop()
         self.idle_since = loop.time()
         self.clock = RequestClock(self.limits, loop, self.tick)
-        self.clock.arm(self.keep_alive_timeout_s)
+        self.clock.arm(min(self.keep_alive_timeout_s, self.limits.header_timeout_s))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -189,8 +189,12 @@ class ServerConnection(asyncio.Protocol):
         raise NotImplementedError
 
     def idle_time_left(self, now: float) -> float | None:
-        """The keep-alive timeout of a connection between requests; closes it when it is up."""
-        remaining = self.idle_since + self.keep_alive_timeout_s - now
+        """The keep-alive timeout of a connection between requests (the header timeout, when
+        shorter, for a new connection that has not sent a byte yet); closes it when it is up."""
+        timeout = self.keep_alive_timeout_s
+        if not self.read_size:  # nothing read since accept
+            timeout = min(timeout, self.limits.header_timeout_s)
+        remaining = self.idle_since + timeout - now
         if remaining <= 0:
             self.close()
             return None

@@ -11,7 +11,8 @@ The defaults, and why (references: nginx, Apache httpd, uvicorn/h11, Ray Serve 2
 * ``header_timeout_s`` 20 s to receive a complete request head once its first byte arrived,
   then 408 and close. Apache's ``mod_reqtimeout`` gives 20 s (``header=20-40``); nginx's
   ``client_header_timeout`` 60 s. A slowloris client trickling headers holds a connection for at
-  most this long. (A connection that sends nothing at all is closed by the keep-alive timeout.)
+  most this long. A new connection that sends nothing at all is closed after this long too (the
+  clock starts at accept), not after the longer keep-alive timeout.
 * ``body_timeout_s`` 20 s without a single body byte while a request body is incomplete, then 408,
   close, and the replica slot the request held is released. nginx's ``client_body_timeout``
   (60 s) measures the same inactivity; 20 s (Apache's ``body=20``) is shorter than the 30 s a
@@ -27,6 +28,12 @@ The defaults, and why (references: nginx, Apache httpd, uvicorn/h11, Ray Serve 2
   replica's memory bound per request. nginx defaults to 1 MiB and Ray Serve has no limit; 100 MiB
   admits the images, audio and documents model servers take while keeping a replica's memory
   bounded (the size Cloudflare and many API gateways accept). ``None`` disables the cap.
+* ``max_connections`` 10,000 open client connections per proxy; one more is answered 503 with
+  ``Retry-After: 1`` and closed at once, so idle connections cannot exhaust the proxy's file
+  descriptors (it also holds one upstream connection per request in flight) and starve everyone.
+  nginx's 512 ``worker_connections`` per worker is smaller; 10,000 keeps 256-connection load
+  generators and large fleets of keep-alive clients far from it. The proxy raises its own
+  ``RLIMIT_NOFILE`` soft limit to the hard one at start and lowers this cap to fit within it.
 
 Invariant: every field is positive (``max_body_bytes`` may be ``None``); :meth:`from_mapping`
 rejects anything else with a message naming the field.
@@ -52,6 +59,7 @@ class RequestLimits:
     max_url_bytes: int = 8 * 1024
     max_header_bytes: int = 64 * 1024
     max_body_bytes: int | None = 100 * 1024 * 1024
+    max_connections: int = 10_000
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -96,6 +104,7 @@ _HELP = {
     "max_url_bytes": "longest request target, else 414 (default %(default)s)",
     "max_header_bytes": "largest request head, else 431 (default %(default)s)",
     "max_body_bytes": "largest request body, else 413; 0: no limit (default %(default)s)",
+    "max_connections": "open client connections, more are answered 503 (default %(default)s)",
 }
 
 

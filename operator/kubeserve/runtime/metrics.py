@@ -21,6 +21,16 @@ the batches go into the metric objects, one write per label set and bucket inste
 request (in multiprocess mode each write is a locked write to a memory-mapped file). Ray Serve's
 replicas batch the same way. A scrape sees requests at most that much late; nothing is formatted
 until a scrape.
+
+Bounded by construction (a scan of random paths once grew a proxy by hundreds of MiB and its
+scrape to tens of MB, then the merged scrape took ``kubeserve start`` down with it):
+
+* label values come from configuration (application, deployment, replica, route prefix) or from
+  small fixed tables (:data:`METHOD_LABELS`, the proxy's own endpoints), never from a request:
+  a request no route matches is labelled ``route=""`` as in Ray's proxy, whatever its path;
+* and whatever a future label carries, a metric holds at most :data:`MAX_SERIES_PER_METRIC`
+  series in a process: further label sets all write to one series whose every label is
+  :data:`OVERFLOW`, and each such write counts in ``kubeserve_metric_series_overflow_total``.
 """
 
 from __future__ import annotations
@@ -37,10 +47,15 @@ from prometheus_client import multiprocess as _multiprocess
 
 __all__ = [
     "LATENCY_BUCKETS_MS",
+    "MAX_SERIES_PER_METRIC",
+    "METHOD_LABELS",
     "MULTIPROC_ENV",
+    "OTHER_METHOD",
+    "OVERFLOW",
     "ProxyMetrics",
     "ReplicaMetrics",
     "exposition",
+    "label_value",
     "mark_process_dead",
     "multiprocess_exposition",
 ]
@@ -58,32 +73,89 @@ LATENCY_BUCKETS_MS: tuple[float, ...] = (
 )  # fmt: skip
 
 
-#: Metric families of this process by name: created once, shared by every proxy state and
-#: replica object of the process (a second registration of a name is an error).
-_FAMILIES: dict[str, Any] = {}
+#: The series one metric may hold in a process; further label sets go to its overflow series.
+MAX_SERIES_PER_METRIC = 1000
+
+#: Every label value of a metric's overflow series.
+OVERFLOW = "__overflow__"
+
+#: The ``method`` label of a request method (as the HTTP parser gives it); any other method is
+#: :data:`OTHER_METHOD`. ``WEBSOCKET`` is how Ray's proxy labels a WebSocket.
+METHOD_LABELS: dict[bytes, str] = {
+    m.encode(): m
+    for m in (
+        "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+        "WEBSOCKET",
+    )
+}  # fmt: skip
+OTHER_METHOD = "OTHER"
 
 
-def _family(kind: Any, name: str, documentation: str, labels: tuple[str, ...], **kw: Any) -> Any:
-    family = _FAMILIES.get(name)
-    if family is None:
-        family = _FAMILIES[name] = kind(name, documentation, labels, **kw)
-    return family
+def label_value(text: str) -> str:
+    """``text`` escaped for a label value of the Prometheus text format: backslash, double quote
+    and line feed as the format says; a carriage return, which the format leaves raw and which
+    line-splitting readers take for a line end, as the text ``\\r`` (read back: a backslash and
+    an ``r``)."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return escaped.replace("\r", "\\\\r")
+
+
+def _without_cr(text: str) -> str:
+    """What a label value is given to prometheus_client as: it escapes backslash, quote and line
+    feed itself (:func:`label_value`'s rule), but writes a carriage return raw."""
+    return text.replace("\r", "\\r") if "\r" in text else text
 
 
 class _Children:
-    """The labelled children of one metric, cached by their label values."""
+    """The labelled children of one metric, cached by their label values, at most
+    :data:`MAX_SERIES_PER_METRIC` of them (then the :data:`OVERFLOW` one)."""
 
-    __slots__ = ("_cache", "_metric")
+    __slots__ = ("_cache", "_metric", "_name", "_overflow")
 
-    def __init__(self, metric: Any) -> None:
+    def __init__(self, metric: Any, name: str) -> None:
         self._metric = metric
+        self._name = name
         self._cache: dict[tuple[str, ...], Any] = {}
+        self._overflow: Any = None
 
     def get(self, *values: str) -> Any:
         child = self._cache.get(values)
         if child is None:
-            child = self._cache[values] = self._metric.labels(*values)
+            if len(self._cache) < MAX_SERIES_PER_METRIC:
+                child = self._cache[values] = self._metric.labels(*map(_without_cr, values))
+            else:
+                child = self._overflowed()
         return child
+
+    def _overflowed(self) -> Any:
+        if self._overflow is None:
+            self._overflow = self._metric.labels(*(OVERFLOW for _ in self._metric._labelnames))
+        _overflow_writes().get(self._name).inc()
+        return self._overflow
+
+
+#: Metric families of this process by name: created once, shared by every proxy state and
+#: replica object of the process (a second registration of a name is an error), and so is
+#: their bound.
+_FAMILIES: dict[str, _Children] = {}
+
+
+def _family(
+    kind: Any, name: str, documentation: str, labels: tuple[str, ...], **kw: Any
+) -> _Children:
+    family = _FAMILIES.get(name)
+    if family is None:
+        family = _FAMILIES[name] = _Children(kind(name, documentation, labels, **kw), name)
+    return family
+
+
+def _overflow_writes() -> _Children:
+    return _family(
+        Counter,
+        "kubeserve_metric_series_overflow",
+        f"Writes to a metric's overflow series (label sets beyond {MAX_SERIES_PER_METRIC}).",
+        ("metric",),
+    )
 
 
 class _Pending:
@@ -141,38 +213,30 @@ class ProxyMetrics(_Batcher):
         #: requests begun and not answered yet (the ``ray_serve_num_ongoing_http_requests``)
         self.in_flight = 0
         self._pending: dict[tuple[str, str, str, str, int], _Pending] = {}
-        self.requests = _Children(
-            _family(
-                Counter,
-                "ray_serve_num_http_requests",
-                "The number of HTTP requests processed.",
-                ("route", "method", "application", "status_code"),
-            )
+        self.requests = _family(
+            Counter,
+            "ray_serve_num_http_requests",
+            "The number of HTTP requests processed.",
+            ("route", "method", "application", "status_code"),
         )
-        self.errors = _Children(
-            _family(
-                Counter,
-                "ray_serve_num_http_error_requests",
-                "The number of errored HTTP responses.",
-                ("route", "error_code", "method", "application"),
-            )
+        self.errors = _family(
+            Counter,
+            "ray_serve_num_http_error_requests",
+            "The number of errored HTTP responses.",
+            ("route", "error_code", "method", "application"),
         )
-        self.deployment_errors = _Children(
-            _family(
-                Counter,
-                "ray_serve_num_deployment_http_error_requests",
-                "The number of errored HTTP responses returned by each deployment.",
-                ("deployment", "error_code", "method", "route", "application"),
-            )
+        self.deployment_errors = _family(
+            Counter,
+            "ray_serve_num_deployment_http_error_requests",
+            "The number of errored HTTP responses returned by each deployment.",
+            ("deployment", "error_code", "method", "route", "application"),
         )
-        self.latency = _Children(
-            _family(
-                Histogram,
-                "ray_serve_http_request_latency_ms",
-                "The end-to-end latency of HTTP requests (measured from the Serve HTTP proxy).",
-                ("method", "route", "application", "status_code"),
-                buckets=LATENCY_BUCKETS_MS,
-            )
+        self.latency = _family(
+            Histogram,
+            "ray_serve_http_request_latency_ms",
+            "The end-to-end latency of HTTP requests (measured from the Serve HTTP proxy).",
+            ("method", "route", "application", "status_code"),
+            buckets=LATENCY_BUCKETS_MS,
         )
         node = node_id or socket.gethostname()
         self.ongoing = _family(
@@ -181,7 +245,7 @@ class ProxyMetrics(_Batcher):
             "The number of ongoing requests in this HTTP proxy.",
             ("node_id", "node_ip_address"),
             multiprocess_mode="livesum",
-        ).labels(node, os.environ.get("KUBESERVE_POD_IP", "127.0.0.1"))
+        ).get(node, os.environ.get("KUBESERVE_POD_IP", "127.0.0.1"))
 
     def record(
         self,
@@ -229,30 +293,24 @@ class ReplicaMetrics(_Batcher):
         self._pending: dict[str, _Pending] = {}
         who = ("application", "deployment", "replica")
         self._who = (application, deployment, replica)
-        self.requests = _Children(
-            _family(
-                Counter,
-                "ray_serve_deployment_request_counter",
-                "The number of queries that have been processed in this replica.",
-                (*who, "route"),
-            )
+        self.requests = _family(
+            Counter,
+            "ray_serve_deployment_request_counter",
+            "The number of queries that have been processed in this replica.",
+            (*who, "route"),
         )
-        self.errors = _Children(
-            _family(
-                Counter,
-                "ray_serve_deployment_error_counter",
-                "The number of exceptions that have occurred in this replica.",
-                (*who, "route", "exception_type"),
-            )
+        self.errors = _family(
+            Counter,
+            "ray_serve_deployment_error_counter",
+            "The number of exceptions that have occurred in this replica.",
+            (*who, "route", "exception_type"),
         )
-        self.latency = _Children(
-            _family(
-                Histogram,
-                "ray_serve_deployment_processing_latency_ms",
-                "The latency for queries to be processed.",
-                (*who, "route"),
-                buckets=LATENCY_BUCKETS_MS,
-            )
+        self.latency = _family(
+            Histogram,
+            "ray_serve_deployment_processing_latency_ms",
+            "The latency for queries to be processed.",
+            (*who, "route"),
+            buckets=LATENCY_BUCKETS_MS,
         )
         self.processing = _family(
             Gauge,
@@ -260,13 +318,13 @@ class ReplicaMetrics(_Batcher):
             "The current number of queries being processed.",
             who,
             multiprocess_mode="livesum",
-        ).labels(*self._who)
+        ).get(*self._who)
         _family(
             Counter,
             "ray_serve_deployment_replica_starts",
             "The number of times this replica has been restarted due to failure.",
             who,
-        ).labels(*self._who).inc()
+        ).get(*self._who).inc()
 
     def changed(self) -> None:
         """The queries in flight changed (a request began or ended): flush them soon."""

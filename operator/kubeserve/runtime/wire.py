@@ -190,9 +190,10 @@ def parse_queued(text: str) -> dict[str, int]:
 
 def parse_metrics(text: str) -> dict[str, float]:
     """``{metric name: value}`` of a Prometheus exposition with one series per name (a replica's
-    ``/-/metrics``); labels are dropped, comments and unparsable lines skipped."""
+    ``/-/metrics``); labels are dropped, comments and unparsable lines skipped. Lines end at a
+    line feed only, as in the text format (a carriage return is no line end there)."""
     values: dict[str, float] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):
         if not line or line.startswith("#"):
             continue
         name_part, _, value = line.rpartition(" ")

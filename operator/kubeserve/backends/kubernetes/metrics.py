@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from kubeserve.runtime.metrics import label_value
+
 
 def metrics_text(
     reconciles: int, reconcile_errors: int, api_requests: int, applications: list[dict[str, Any]]
@@ -27,5 +29,8 @@ def metrics_text(
         "# HELP kubeserve_applications ServeApplications watched by the operator, by status.",
         "# TYPE kubeserve_applications gauge",
     ]
-    lines += [f'kubeserve_applications{{status="{s}"}} {n}' for s, n in sorted(statuses.items())]
+    lines += [
+        f'kubeserve_applications{{status="{label_value(s)}"}} {n}'
+        for s, n in sorted(statuses.items())
+    ]
     return "\n".join(lines) + "\n"

@@ -29,6 +29,7 @@ from kubeserve.runtime.http1 import (
     is_websocket,
     local_response,
     new_request_id,
+    usable_request_id,
 )
 from kubeserve.runtime.http_connection import ServerConnection, body_too_large, head_too_large
 from kubeserve.runtime.proxy.exchange import Exchange
@@ -148,6 +149,9 @@ class ClientConnection(ServerConnection):
             if name.lower() == b"content-length":
                 self._check_length(ex, value)
         elif size == 12 and name[0] | 0x20 == 0x78 and name.lower() == REQUEST_ID and value:
+            if not usable_request_id(value):  # replaced by one of ours: never logged or echoed
+                ex.dropped = True
+                return
             ex.request_id = ex.request_id or value
         elif size == _MODEL_ID_SIZE and name.lower() == _MODEL_ID:
             # the multiplexed model, spelled as the replica decodes it (routes the request)

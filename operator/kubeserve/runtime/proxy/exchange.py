@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from kubeserve.control.routes import needs_normalizing, normalize_path
 from kubeserve.runtime.http1 import chunk_prefix, local_response, new_request_id
 from kubeserve.runtime.http_connection import body_too_large
+from kubeserve.runtime.metrics import METHOD_LABELS, OTHER_METHOD
 from kubeserve.runtime.router import BackPressure, NoReplicaAvailable, RoutedReplica
 from kubeserve.runtime.wire import HEALTHZ_PATH
 
@@ -100,7 +101,8 @@ class Exchange:
     attempts = 1
     #: when the request was routed (``perf_counter``); 0 once its answer was recorded
     started = 0.0
-    #: the ``route`` label of a request for the proxy's own endpoints
+    #: the ``route`` label of a request for one of the proxy's own endpoints (its path; ""
+    #: for any other ``/-/`` path, as for every path no route matches)
     own_route = ""
     busy_wait = _BUSY_FIRST_WAIT_S
     #: the request's ``Upgrade`` header (dropped from ``headers`` as hop-by-hop)
@@ -202,13 +204,14 @@ class Exchange:
     def _internal(self, path: str) -> None:
         """The proxy's own endpoints; replica internals are never reachable from clients."""
         state = self.client.state
-        self.own_route = path
         if path == HEALTHZ_PATH:
+            self.own_route = HEALTHZ_PATH
             if state.healthy:
                 self.respond_local(200, b"success")
             else:
                 self.respond_local(503, b"no snapshot from the controller yet")
         elif path == ROUTES_PATH:
+            self.own_route = ROUTES_PATH
             self.respond_local(200, state.routes_body, content_type=_JSON)
         else:
             self.respond_local(404, b"Not Found")
@@ -496,10 +499,17 @@ class Exchange:
         metrics = state.metrics
         metrics.in_flight -= 1
         route, application, deployment = state.labels.get(self.key) or (self.own_route, "", "")
-        method = self.method.decode("latin-1")
         latency_ms = (perf_counter() - started) * 1000.0
-        metrics.record(method, route, application, deployment, status, latency_ms)
+        metrics.record(
+            METHOD_LABELS.get(self.method, OTHER_METHOD),
+            route,
+            application,
+            deployment,
+            status,
+            latency_ms,
+        )
         if state.access_log is not None and not self.own_route:  # probes are not traffic
+            method = self.method.decode("latin-1")
             shown = route or self.url.partition(b"?")[0].decode("latin-1")
             state.access_log.add(method, shown, status, latency_ms, self.request_id)
 

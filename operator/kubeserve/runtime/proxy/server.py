@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
+import time
 
 from kubeserve.runtime.discovery import EndpointSource
 from kubeserve.runtime.limits import RequestLimits
@@ -48,18 +50,36 @@ class ProxyServer:
             controller_url, source, self.state.router, secret=secret, caller="a proxy", scope=scope
         )
         self._server: asyncio.Server | None = None
+        self.max_connections = self.state.limits.max_connections
+        self.refused_connections = 0
+        self._refusal_logged = -60.0
 
     async def start(self) -> None:
         """Listen, then wait (briefly) for the first snapshot; ``port=0`` picks a free port."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: ClientConnection(self.state), self.host, self.port, backlog=4096
-        )
+        self.max_connections = _connection_cap(self.state.limits.max_connections)
+        self._server = await loop.create_server(self._accept, self.host, self.port, backlog=4096)
         self.port = self._server.sockets[0].getsockname()[1]
         self.state.sweeper.start()
         if self.load_reporter is not None:
             self.load_reporter.start()
         await self.source.start(self.state.apply)
+
+    def _accept(self) -> asyncio.Protocol:
+        """A new client connection, or the 503 of one over ``max_connections``."""
+        if len(self.state.connections) < self.max_connections:
+            return ClientConnection(self.state)
+        self.refused_connections += 1
+        now = time.monotonic()
+        if now - self._refusal_logged >= 60.0:
+            self._refusal_logged = now
+            log.warning(
+                "refusing client connections: %d open, the limit (--max-connections); "
+                "%d refused so far",
+                len(self.state.connections),
+                self.refused_connections,
+            )
+        return _Refusal()
 
     async def close(self) -> None:
         if self._server is not None:
@@ -71,6 +91,36 @@ class ProxyServer:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+
+
+_REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 40\r\n\r\n"
+    b"too many open connections to this proxy\n"
+)
+
+
+class _Refusal(asyncio.Protocol):
+    """A connection over the limit: the 503 is written at once, then the connection closed."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.write(_REFUSAL)  # type: ignore[attr-defined]
+        transport.close()
+
+
+def _connection_cap(wanted: int) -> int:
+    """``wanted``, lowered to fit this process's file descriptors (soft limit raised to the hard
+    one first): each client connection may hold an upstream one too, and some are kept spare."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, (soft - 128) // 2))
 
 
 async def serve_proxy(

@@ -15,7 +15,7 @@ import time
 
 from kubeserve.runtime import logs, wire
 from kubeserve.runtime.logs import ACCESS_LOGGER, access_message
-from kubeserve.runtime.metrics import ReplicaMetrics
+from kubeserve.runtime.metrics import ReplicaMetrics, label_value
 from kubeserve.runtime.replica.http import HttpResponse, StreamedResponse
 from kubeserve.runtime.replica.user_code import UserCode, invoke, invoke_on_loop
 from kubeserve.sdk import context, multiplex
@@ -49,7 +49,7 @@ class ReplicaState:
             "deployment": config["deployment"],
             "replica": config["replica_id"],
         }
-        self._labels = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items())
+        self._labels = ",".join(f'{k}="{label_value(v)}"' for k, v in labels.items())
         #: Ray's ``logging_config.enable_access_log``: an access line per request and call
         self.access_log = True
         #: Ray Serve's replica metrics (requests, errors, latency, queries in flight, starts)
@@ -165,7 +165,3 @@ def _at_capacity() -> HttpResponse:
     again (:data:`~kubeserve.runtime.wire.UNSERVED_AT_CAPACITY`)."""
     headers = {wire.UNSERVED_HEADER: wire.UNSERVED_AT_CAPACITY}
     return HttpResponse(503, b"replica is at max_ongoing_requests", headers)
-
-
-def _label_value(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

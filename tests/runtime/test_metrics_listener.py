@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubeserve.runtime import channel, wire
-from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.metrics import ProxyMetrics
 from kubeserve.runtime.metrics_listener import MetricsListener, metrics_token
 from support.common import free_port, run
 
 SECRET = b"s" * 32
-ROOT = Path(__file__).resolve().parents[2]
 
 
 async def _get(port: int, head: bytes) -> tuple[int, bytes]:
@@ -55,51 +46,3 @@ def test_metrics_need_the_token_derived_from_the_data_plane_secret() -> None:
             await listener.close()
 
     run(go())
-
-
-def test_a_pod_replica_serves_metrics_on_the_port_the_operator_gave_it() -> None:
-    """``kubeserve replica`` (what a pod runs) reads the metrics port from the environment the
-    operator sets and hands it to the replica, which serves GET /metrics there."""
-    port, metrics_port = free_port(), free_port()
-    config = {
-        "app": "default",
-        "deployment": "Echo",
-        "import_path": "ks_echo_app:app",
-        "replica_id": "r-1",
-        "user_config": {"greeting": "hi"},
-        "max_ongoing_requests": 5,
-        "graceful_shutdown_wait_loop_s": 0.1,
-        "graceful_shutdown_timeout_s": 5.0,
-    }
-    env = {k: v for k, v in os.environ.items() if k != wire.CONTROLLER_URL_ENV}
-    env |= {
-        wire.REPLICA_CONFIG_ENV: json.dumps(config),
-        channel.SECRET_ENV: SECRET.decode(),
-        contract.METRICS_PORT_ENV: str(metrics_port),
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "tests" / "apps")]),
-    }
-    argv = ["replica", "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kubeserve.cli", *argv],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        token = metrics_token(SECRET).encode()
-        get = b"GET /metrics HTTP/1.1\r\nAuthorization: Bearer " + token + b"\r\n\r\n"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                status, body = run(_get(metrics_port, get))
-                break
-            except OSError:
-                assert proc.poll() is None, "the replica exited"
-                assert time.monotonic() < deadline, "no metrics port in time"
-                time.sleep(0.05)
-        assert status == 200
-        names = {f.name for f in text_string_to_metric_families(body.decode())}
-        assert "ray_serve_replica_processing_queries" in names
-    finally:
-        proc.kill()
-        proc.wait(10)

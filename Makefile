@@ -91,6 +91,12 @@ test: venv ray-client $(NODE_FOR_TEST) helm chromium
 	KUBESERVE_CHROMIUM=$(CHROMIUM) KUBESERVE_HELM=$(HELM) KUBESERVE_HELM3=$(HELM3) KUBESERVE_RAY_SERVE=$(RAY_SERVE) \
 	  KUBESERVE_K8S_NODE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
+## The fast tiers while working: unit (pure logic) and runtime (real replica and proxy processes,
+## no cluster, no browser, no Ray client); under two minutes on two cores.
+.PHONY: test-fast
+test-fast: venv
+	$(BIN)/python -m pytest tests/unit tests/runtime -q $(PYTEST_ARGS)
+
 ## Format, lint, types and import-layer contracts.
 check: venv
 	$(BIN)/ruff format --check operator tests examples benchmarks

@@ -1,4 +1,6 @@
-"""The client side of the admin API, behind ``kubeserve deploy|status|config|shutdown|logs``.
+"""kubeserve's one client of its admin API: behind ``kubeserve deploy|status|config|shutdown|logs``,
+what ``kubeserve start --deploy`` and ``kubeserve run`` do once the server is up, and the Ray
+driver API of scripts (:mod:`kubeserve.compat.ray.serve.driver`, which runs it on its own thread).
 
 Everything goes through the REST API (the same one Ray's ``serve`` CLI uses), so these commands
 work against ``kubeserve start`` and against the operator alike; only ``logs`` reads files, the
@@ -19,6 +21,10 @@ from typing import Any, TextIO
 import aiohttp
 import yaml
 
+#: where a client looks for kubeserve when told nothing else (``kubeserve start``'s admin API)
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+#: the path of every application's details (GET), config (PUT) and shutdown (DELETE)
+APPLICATIONS_PATH = "/api/serve/applications/"
 #: how often ``deploy --wait`` and ``logs --follow`` look again
 POLL_S = 0.5
 #: statuses after which ``deploy --wait`` stops waiting for an application
@@ -51,11 +57,17 @@ class AdminClient:
             print(f"  {loc}: {detail['msg']}", file=self.err)
         return 1
 
+    async def request(self, method: str, path: str, body: Any = None) -> Any:
+        """The JSON answer of one call (``None`` for an empty one); :class:`AdminError` for a
+        status other than 2xx, :class:`aiohttp.ClientError` (an :class:`OSError` when nothing
+        answers) for a failed connection."""
+        status, answer = await self._call(method, path, body)
+        if not 200 <= status < 300:
+            raise AdminError(status, answer)
+        return answer
+
     async def details(self) -> dict[str, Any]:
-        status, body = await self._call("GET", "/api/serve/applications/")
-        if status != 200:
-            raise AdminError(status, body)
-        return dict(body)
+        return dict(await self.request("GET", APPLICATIONS_PATH))
 
     # -- commands --------------------------------------------------------------------------------
     async def deploy(self, path: Path, *, wait: bool = False, timeout_s: float = 600.0) -> int:
@@ -114,7 +126,7 @@ class AdminClient:
 
     async def show(self, command: str) -> int:
         method = "DELETE" if command == "shutdown" else "GET"
-        status, body = await self._call(method, "/api/serve/applications/")
+        status, body = await self._call(method, APPLICATIONS_PATH)
         if status != 200:
             return self._report_error(status, body)
         if command == "status":
@@ -152,7 +164,10 @@ class AdminClient:
 
 
 class AdminError(Exception):
+    """The admin API answered with a status other than 2xx."""
+
     def __init__(self, status: int, body: Any) -> None:
+        self.status, self.body = status, body
         message = body.get("error", body) if isinstance(body, dict) else body
         super().__init__(f"HTTP {status}: {message}")
 

@@ -138,7 +138,8 @@ def test_start_refuses_a_weak_token_on_a_non_loopback_address(tmp_path: Path, to
         str(tmp_path),
     )
     assert result.returncode == 2, result.stderr
-    assert "needs at least 128" in result.stderr and token not in result.stderr
+    assert "needs at least 128" in result.stderr
+    assert len(token) < 2 or token not in result.stderr  # never echoed
 
 
 def test_token_strength_is_estimated_from_length_and_alphabet() -> None:
@@ -161,7 +162,7 @@ def test_a_request_without_a_host_header_is_refused_against_dns_rebinding(
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk
-    assert answer.startswith(b"HTTP/1.1 403"), answer[:200]
+    assert answer.split(b" ", 2)[1] == b"403", answer[:200]
     assert b"DNS rebinding" in answer and b"missing" in answer
 
 

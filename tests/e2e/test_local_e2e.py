@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import yaml
@@ -158,7 +157,9 @@ def test_a_blocking_sync_handler_stalls_neither_other_requests_nor_health_checks
     slow: list[tuple[int, object]] = []
     thread = threading.Thread(target=lambda: slow.append(http("GET", f"{ks.proxy}/b?sleep=6")))
     thread.start()
-    time.sleep(0.5)  # the slow request is in its handler now
+    wait_for(
+        lambda: http("GET", f"{ks.proxy}/b?sleeping")[1] == "1", 10, what="slow request in handler"
+    )
     assert http("GET", f"{ks.proxy}/b?sleep=0") == (200, "slept 0")
     assert thread.is_alive(), "the fast request waited for the slow one"
     while thread.is_alive():  # health checks run every 0.2 s meanwhile, each with 1 s to answer

@@ -11,7 +11,8 @@ is logged with its traceback, never shown to the client.
      ├── UnsupportedMediaType 415: a PUT body that is not application/json
      ├── (aiohttp routing)    HTTPNotFound -> 404, HTTPMethodNotAllowed -> 405 with ``Allow``
      └── (backend errors)     ConflictError -> 409, NotFoundError -> 404, RejectedError -> 400,
-                              PreconditionFailedError -> 412, UnavailableError -> 503
+                              PreconditionFailedError -> 412, UnavailableError -> 503,
+                              InsufficientStorageError -> 507 (the store's disk is full)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from aiohttp import web
 
 from kubeserve.backends.protocol import (
     ConflictError,
+    InsufficientStorageError,
     NotFoundError,
     PreconditionFailedError,
     RejectedError,
@@ -82,6 +84,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(412, str(exc))
     except UnavailableError as exc:
         return error_response(503, str(exc))
+    except InsufficientStorageError as exc:
+        return error_response(507, str(exc))
     except web.HTTPRequestEntityTooLarge as exc:
         return error_response(413, f"request body too large: {exc.text or ''}".strip())
     except web.HTTPMethodNotAllowed as exc:

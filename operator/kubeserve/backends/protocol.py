@@ -50,6 +50,12 @@ class UnavailableError(BackendError):
     changed by the failed step, and the request can be retried."""
 
 
+class InsufficientStorageError(BackendError):
+    """The store of desired state could not be written: its disk is full (HTTP 507). Nothing
+    was changed by the failed step; the message names where, and the request can be sent again
+    once there is room."""
+
+
 class Backend(Protocol):
     async def start(self) -> None:
         """Start background work (controller loops); called once before serving the API."""

@@ -17,18 +17,26 @@ proxy and by replicas unless ``logging_config.enable_access_log`` is false.
 
 Log files are rotated by size (:class:`RotatingOutput`): the process's stdout and stderr follow
 the current file, so ``print`` and tracebacks rotate with the records.
+
+A log never stops a process from serving (:class:`DroppingFile`): a write the disk refuses
+(``ENOSPC``, ``EDQUOT``, ``EIO``...) is dropped and counted, never raised into a request, a
+``print`` or a rollover; a log file that cannot be opened drops every line until it can. The count
+is :func:`dropped_lines` (the ``kubeserve_log_lines_dropped_total`` metric) and a warning says so
+on stderr at most once a minute.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import logging
 import logging.handlers
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from kubeserve.sdk import context
@@ -43,12 +51,16 @@ __all__ = [
     "LOG_FILE_ENV",
     "AccessLog",
     "ComponentLog",
+    "DroppingFile",
     "LogSettings",
+    "RotatingLog",
     "RotatingOutput",
     "access_message",
     "active",
     "configure",
+    "dropped_lines",
     "output_from_environment",
+    "record_dropped",
 ]
 
 #: The logger of access lines (Ray's ``ray.serve`` logger, as Ray writes them).
@@ -190,16 +202,185 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
-class RotatingOutput(logging.handlers.RotatingFileHandler):
-    """A size-rotated log file that the process's stdout and stderr also write to.
+#: How often, at most, a process warns on stderr that it drops log lines.
+DROP_WARNING_INTERVAL_S = 60.0
 
-    After each rollover file descriptors 1 and 2 are pointed at the new file, so what the
-    process prints (and a traceback it dies with) lands in the current file too.
+
+class _Drops:
+    """This process's count of log lines it could not write, and when it last said so."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.since_warning = 0
+        self.warned_at = -DROP_WARNING_INTERVAL_S
+        #: called with each count dropped (the metric: :func:`kubeserve.runtime.metrics`)
+        self.listeners: list[Callable[[int], None]] = []
+
+
+_drops = _Drops()
+
+
+def dropped_lines() -> int:
+    """Log lines this process has dropped since it started."""
+    return _drops.total
+
+
+def on_dropped(listener: Callable[[int], None]) -> None:
+    """Call ``listener(lines)`` for every count of lines dropped from now on."""
+    _drops.listeners.append(listener)
+
+
+def record_dropped(path: str, error: OSError, lines: int = 1) -> None:
+    """Count ``lines`` that could not be written to ``path``; warn on stderr at most once a minute.
+
+    The warning goes straight to file descriptor 2, never through ``sys.stderr`` (which may be a
+    :class:`DroppingFile` on the very disk that is full), and a failure to write it is ignored.
     """
+    _drops.total += lines
+    _drops.since_warning += lines
+    for listener in _drops.listeners:
+        listener(lines)
+    now = time.monotonic()
+    if now - _drops.warned_at < DROP_WARNING_INTERVAL_S:
+        return
+    warning = (
+        f"kubeserve: dropped {_drops.since_warning} log lines (total {_drops.total}): cannot "
+        f"write {path}: {error}; the process goes on serving\n"
+    )
+    _drops.warned_at, _drops.since_warning = now, 0
+    with contextlib.suppress(OSError):
+        os.write(2, warning.encode(errors="replace"))
+
+
+class DroppingFile(io.RawIOBase):
+    """An append-only log file (mode 0600) whose writes never raise.
+
+    A write the disk refuses is dropped and counted (:func:`record_dropped`); a partial write's
+    remainder likewise. A file that cannot be opened (a full disk refusing a new file, say) drops
+    everything until a later write, at most once a second, finds it can open it. ``fd``: write to
+    this open descriptor instead (stdout or stderr), which is not closed.
+    """
+
+    _REOPEN_S = 1.0
+
+    def __init__(self, path: str, fd: int | None = None) -> None:
+        super().__init__()
+        self.path = path
+        self._owned = fd is None
+        self._fd = fd
+        self._tried_at = 0.0
+        if fd is None:
+            self._open()
+
+    def _open(self) -> None:
+        self._tried_at = time.monotonic()
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            record_dropped(self.path, exc, 0)
+            return
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o600)
+        self._fd = fd
+
+    @property
+    def opened(self) -> bool:
+        return self._fd is not None
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        if self._fd is None:
+            raise OSError(f"{self.path} is not open")
+        return self._fd
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if self._fd is None:
+            return 0
+        try:
+            return os.lseek(self._fd, offset, whence)
+        except OSError:
+            return 0
+
+    def write(self, data: Any) -> int:
+        """Write all of ``data`` or drop what is left; always answers ``len(data)``."""
+        view = memoryview(data).cast("B")
+        size = len(view)
+        if self._fd is None and self._owned and time.monotonic() - self._tried_at >= self._REOPEN_S:
+            self._open()
+        if self._fd is None:
+            _drop(self.path, view, OSError(f"{self.path} could not be opened"))
+            return size
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:
+            _drop(self.path, view, exc)
+        return size
+
+    def close(self) -> None:
+        if self._fd is not None and self._owned and not self.closed:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+        super().close()
+
+
+def _drop(path: str, data: Any, error: OSError) -> None:
+    record_dropped(path, error, bytes(data).count(b"\n") or 1)
+
+
+def _text(raw: DroppingFile) -> io.TextIOWrapper:
+    """Text written straight through: one ``write(2)`` per record, batch or ``print``."""
+    return io.TextIOWrapper(
+        raw,  # type: ignore[arg-type]
+        encoding="utf-8",
+        errors="backslashreplace",
+        write_through=True,
+    )
+
+
+class RotatingLog(logging.handlers.RotatingFileHandler):
+    """A size-rotated log file that never raises: its stream is a :class:`DroppingFile`, and a
+    rollover the disk refuses (a rename, the new file) leaves it writing where it can."""
 
     def __init__(self, path: str, max_bytes: int, backups: int) -> None:
         super().__init__(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
+
+    def _open(self) -> io.TextIOWrapper:
+        return _text(DroppingFile(self.baseFilename))
+
+    def doRollover(self) -> None:
+        try:
+            super().doRollover()
+        except OSError as exc:
+            record_dropped(self.baseFilename, exc, 0)
+        if self.stream is None:
+            self.stream = self._open()
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """A record that could not be formatted or written: counted, never a traceback."""
+        exc = sys.exc_info()[1]
+        record_dropped(self.baseFilename, exc if isinstance(exc, OSError) else OSError(str(exc)), 1)
+
+
+class RotatingOutput(RotatingLog):
+    """A :class:`RotatingLog` that the process's stdout and stderr also write to.
+
+    After each rollover file descriptors 1 and 2 are pointed at the new file, so what the
+    process prints (and a traceback it dies with) lands in the current file too; ``sys.stdout``
+    and ``sys.stderr`` drop what the disk refuses instead of raising into a ``print``.
+    """
+
+    def __init__(self, path: str, max_bytes: int, backups: int) -> None:
+        super().__init__(path, max_bytes, backups)
         self._follow()
+        sys.stdout = _text(DroppingFile(path, 1))
+        sys.stderr = _text(DroppingFile(path, 2))
 
     def doRollover(self) -> None:
         super().doRollover()
@@ -208,11 +389,15 @@ class RotatingOutput(logging.handlers.RotatingFileHandler):
     def _follow(self) -> None:
         if self.stream is None:
             self.stream = self._open()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        fd = self.stream.fileno()
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
+        with contextlib.suppress(OSError):
+            sys.stderr.flush()
+        raw = getattr(self.stream, "buffer", None)
+        if isinstance(raw, DroppingFile) and raw.opened:
+            fd = raw.fileno()
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
 
 
 _active: LogSettings = LogSettings()
@@ -232,7 +417,7 @@ def output_from_environment() -> logging.Handler | None:
         return None
     max_bytes = int(os.environ.get(LOG_BYTES_ENV) or DEFAULT_LOG_BYTES)
     backups = int(os.environ.get(LOG_BACKUPS_ENV) or DEFAULT_LOG_BACKUPS)
-    return RotatingOutput(path, max_bytes, backups)
+    return RotatingOutput(path, max_bytes, backups)  # never raises: see DroppingFile
 
 
 def configure(

@@ -5,13 +5,17 @@ Existing Grafana dashboards for Ray Serve read ``ray_serve_num_http_requests_tot
 ``application``, ``deployment``, ``replica`` and ``route``: the same series come out of kubeserve,
 written with ``prometheus_client`` (Ray's counters gain the ``_total`` suffix the same way).
 
+Besides Ray's series, ``kubeserve_log_lines_dropped_total`` (by ``component``: ``proxy``,
+``replica``, ``controller``) counts log lines a process could not write (a full disk; see
+:mod:`kubeserve.runtime.logs`).
+
 Where they are read:
 
 * ``kubeserve start``: every process of the instance writes its samples to files under
-  ``PROMETHEUS_MULTIPROC_DIR`` (``<state dir>/metrics``, set by the controller for the proxy and
-  the replicas it starts; prometheus_client's multiprocess mode), and the admin API's
-  ``GET /metrics`` merges them (:func:`multiprocess_exposition`). Files of replicas that exited
-  keep their counters (totals never go backwards); their gauges are dropped.
+  ``PROMETHEUS_MULTIPROC_DIR`` (in ``/dev/shm``, off the state directory's disk; set by the
+  controller for the proxy and the replicas it starts; prometheus_client's multiprocess mode),
+  and the admin API's ``GET /metrics`` merges them (:func:`multiprocess_exposition`). Files of
+  replicas that exited keep their counters (totals never go backwards); their gauges are dropped.
 * Kubernetes: each proxy and replica pod serves its own samples on the metrics port
   (:mod:`kubeserve.runtime.metrics_listener`).
 
@@ -44,9 +48,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import multiprocess as _multiprocess
+from prometheus_client.core import CounterMetricFamily
+
+from kubeserve.runtime import logs
 
 __all__ = [
     "LATENCY_BUCKETS_MS",
+    "LOG_LINES_DROPPED",
     "MAX_SERIES_PER_METRIC",
     "METHOD_LABELS",
     "MULTIPROC_ENV",
@@ -89,6 +97,10 @@ METHOD_LABELS: dict[bytes, str] = {
     )
 }  # fmt: skip
 OTHER_METHOD = "OTHER"
+
+#: The counter of log lines a process could not write (the family's name; samples end ``_total``).
+LOG_LINES_DROPPED = "kubeserve_log_lines_dropped"
+_LOG_LINES_DROPPED_DOC = "Log lines a process could not write (a full disk, say) and dropped."
 
 
 def label_value(text: str) -> str:
@@ -210,6 +222,7 @@ class ProxyMetrics(_Batcher):
 
     def __init__(self, node_id: str = "") -> None:
         super().__init__()
+        count_dropped_log_lines("proxy")
         #: requests begun and not answered yet (the ``ray_serve_num_ongoing_http_requests``)
         self.in_flight = 0
         self._pending: dict[tuple[str, str, str, str, int], _Pending] = {}
@@ -289,6 +302,7 @@ class ReplicaMetrics(_Batcher):
     ) -> None:
         """``processing``: the replica's queries in flight now (read at each flush)."""
         super().__init__()
+        count_dropped_log_lines("replica")
         self._processing_now = processing
         self._pending: dict[str, _Pending] = {}
         who = ("application", "deployment", "replica")
@@ -350,6 +364,40 @@ class ReplicaMetrics(_Batcher):
         self.errors.get(*self._who, route, type(exception).__name__).inc()
 
 
+def count_dropped_log_lines(component: str) -> None:
+    """Count this process's dropped log lines (:func:`logs.dropped_lines`) in
+    ``kubeserve_log_lines_dropped_total{component=...}``, from now on; once per process."""
+    if LOG_LINES_DROPPED in _FAMILIES:
+        return
+    counter = _family(Counter, LOG_LINES_DROPPED, _LOG_LINES_DROPPED_DOC, ("component",))
+    child = counter.get(component)
+    child.inc(0)  # the series exists (at 0) before the first drop
+    logs.on_dropped(child.inc)
+
+
+class _WithOwnDrops:
+    """The samples of a metrics directory plus this process's dropped log lines (the controller,
+    which writes none to the directory), in one ``kubeserve_log_lines_dropped`` family."""
+
+    def __init__(self, directory: str) -> None:
+        self._inner = _multiprocess.MultiProcessCollector(None, path=directory)  # type: ignore[no-untyped-call]
+
+    def collect(self) -> Any:
+        own = float(logs.dropped_lines())
+        found = False
+        for family in self._inner.collect():  # type: ignore[no-untyped-call]
+            if family.name == LOG_LINES_DROPPED:
+                family.add_sample(f"{LOG_LINES_DROPPED}_total", {"component": "controller"}, own)
+                found = True
+            yield family
+        if not found:
+            family = CounterMetricFamily(
+                LOG_LINES_DROPPED, _LOG_LINES_DROPPED_DOC, labels=["component"]
+            )
+            family.add_metric(["controller"], own)
+            yield family
+
+
 def exposition(registry: CollectorRegistry | None = None) -> bytes:
     """The Prometheus text exposition of this process's metrics."""
     from prometheus_client import REGISTRY
@@ -361,7 +409,7 @@ def multiprocess_exposition(directory: str) -> bytes:
     """The samples every process wrote under ``directory``, merged (the admin API's
     ``GET /metrics`` of ``kubeserve start``)."""
     registry = CollectorRegistry()
-    _multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    registry.register(_WithOwnDrops(directory))
     return generate_latest(registry)
 
 

@@ -84,6 +84,7 @@ class _Tagger:
         )
 
     def tag(self, prefix: bytes, payload: bytes | memoryview) -> bytes:
+        """``prefix`` is the frame's sequence number (8 bytes) and length (4)."""
         if len(payload) <= SMALL_FRAME:
             mac = self._small.copy()
             mac.update(prefix)
@@ -106,10 +107,10 @@ class Sealer:
 
     def seal(self, payload: bytes) -> bytes:
         """The next frame, of ``payload`` (at most :data:`MAX_FRAME` bytes)."""
-        head = len(payload).to_bytes(_HEAD, "big")
-        tag = self._tag(self._seq.to_bytes(8, "big") + head, payload)
-        self._seq += 1
-        return b"".join((head, payload, tag))
+        seq = self._seq
+        self._seq = seq + 1
+        prefix = ((seq << 32) | len(payload)).to_bytes(12, "big")  # sequence number | length
+        return b"".join((prefix[8:], payload, self._tag(prefix, payload)))
 
 
 class Opener:
@@ -153,7 +154,7 @@ class Opener:
             raise FrameError(f"a frame of {length} bytes (the limit is {MAX_FRAME})")
         body = start + _HEAD
         payload = data[body : body + length]
-        tag = self._tag(self._seq.to_bytes(8, "big") + data[start:body], payload)
+        tag = self._tag(((self._seq << 32) | length).to_bytes(12, "big"), payload)
         if not hmac.compare_digest(tag, data[body + length : body + length + TAG_SIZE]):
             raise FrameError("a frame failed its MAC (altered, replayed or injected bytes)")
         self._seq += 1

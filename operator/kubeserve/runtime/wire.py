@@ -73,10 +73,11 @@ MODELS_SHOWN = 32
 #: Environment variable carrying the JSON :class:`ReplicaConfig` of a replica process (the
 #: Kubernetes backend's pod templates, whose config never holds ``user_config``).
 REPLICA_CONFIG_ENV = "KUBESERVE_REPLICA_CONFIG"
-#: Environment variable naming a file holding the JSON :class:`ReplicaConfig` (the local backend:
-#: ``user_config`` can be any size, and an environment variable past ~128 KiB fails with E2BIG).
-#: A replica reads it when set, else :data:`REPLICA_CONFIG_ENV`.
-REPLICA_CONFIG_FILE_ENV = "KUBESERVE_REPLICA_CONFIG_FILE"
+#: Environment variable naming an inherited file descriptor holding the JSON :class:`ReplicaConfig`
+#: (the local backend: ``user_config`` can be any size, and an environment variable past ~128 KiB
+#: fails with E2BIG; an in-memory file, so that a replica starts on a full disk). A replica reads
+#: and closes it when set, else reads :data:`REPLICA_CONFIG_ENV`.
+REPLICA_CONFIG_FD_ENV = "KUBESERVE_REPLICA_CONFIG_FD"
 #: Environment variable with the controller's base URL (``http://host:port``), for discovery.
 CONTROLLER_URL_ENV = "KUBESERVE_CONTROLLER_URL"
 
@@ -115,8 +116,8 @@ class Snapshot(TypedDict):
 
 
 class ReplicaConfig(TypedDict):
-    """What a replica process needs to know at start-up (in the file named by
-    ``KUBESERVE_REPLICA_CONFIG_FILE``, else in ``KUBESERVE_REPLICA_CONFIG``)."""
+    """What a replica process needs to know at start-up (in the descriptor named by
+    ``KUBESERVE_REPLICA_CONFIG_FD``, else in ``KUBESERVE_REPLICA_CONFIG``)."""
 
     app: str
     deployment: str

@@ -1,9 +1,13 @@
-"""Which of Ray Serve 2.60's config fields kubeserve acts on, and why it refuses the others.
+"""Which of Ray Serve 2.60's config fields (and decorator options) kubeserve acts on, and why it
+refuses the others.
 
 Every field of Ray's ``ServeDeploySchema`` (and of the models it contains) has exactly one entry
-in :data:`SUPPORT`, keyed ``"RayModelName.field"``. A test walks Ray's published schema and fails
-for a field without an entry, so a new Ray field cannot slip in unnoticed, and the README's field
-table is generated from this one (``python -m kubeserve.schema.support``).
+in :data:`SUPPORT`, keyed ``"RayModelName.field"``, and so has every option of Ray's
+``@serve.deployment`` that no config has (keyed ``"serve.deployment.option"``): the REST API, the
+custom resources and the decorator give one answer, in the same words. A test walks Ray's
+published schema and fails for a field without an entry, so a new Ray field cannot slip in
+unnoticed, and the README's field table is generated from this one
+(``python -m kubeserve.schema.support``).
 
 - ``works``: acted on as Ray documents it, on both backends.
 - ``partial``: acted on, with the gap the note states (the README repeats it).
@@ -109,6 +113,12 @@ _RUNTIME_ENV = {
     ),
     "config": inert("Ray's runtime_env install options (setup timeout, eager install)"),
 }
+
+#: The options of Ray's ``@serve.deployment`` decorator that are no field of a config: the "model"
+#: of their entries. Every other option of the decorator is the ``DeploymentSchema`` field of the
+#: same name (or a model inside one), and the decorator asks this table about it as a PUT does
+#: (:func:`kubeserve.sdk.deployment.normalize_options`).
+DECORATOR = "serve.deployment"
 
 #: ``"RayModelName.field"`` -> what kubeserve does with it.
 SUPPORT: dict[str, Support] = {
@@ -306,6 +316,13 @@ SUPPORT: dict[str, Support] = {
     "RayActorOptionsSchema.object_store_memory": inert("there is no object store"),
     "ControllerRuntimeEnv.env_vars": inert("only inside controller_options (refused)"),
     **{f"RuntimeEnv.{field}": support for field, support in _RUNTIME_ENV.items()},
+    # ------------------------------------------------------------------ @serve.deployment only
+    f"{DECORATOR}.version": refused(
+        "it was removed from Ray Serve; replicas are replaced when code or config change"
+    ),
+    f"{DECORATOR}.max_constructor_retry_count": refused(
+        "a failing replica is restarted with a backoff, without a count"
+    ),
 }
 
 

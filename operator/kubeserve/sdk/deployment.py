@@ -76,26 +76,6 @@ OPTION_NAMES: tuple[str, ...] = (
     "request_router_config",
     "backpressure_config",
 )
-#: Options of Ray Serve 2.60's decorator that kubeserve cannot honour, and why: giving one (other
-#: than as None) fails at import time with this reason instead of being silently ignored.
-REFUSED_OPTIONS: dict[str, str] = {
-    "version": "it was removed from Ray Serve; replicas are replaced when code or config change",
-    "placement_group_bundles": "kubeserve has no placement groups; use ray_actor_options "
-    "(num_cpus, num_gpus, memory, resources) for what one replica needs",
-    "placement_group_strategy": "kubeserve has no placement groups",
-    "placement_group_bundle_label_selector": "kubeserve has no placement groups; use "
-    "ray_actor_options.label_selector",
-    "max_replicas_per_node": "kubeserve does not spread replicas by node count",
-    "max_constructor_retry_count": "kubeserve retries failing replicas with a backoff, without "
-    "a count",
-    "gang_scheduling_config": "kubeserve does not schedule replicas in gangs",
-    "deployment_actors": "kubeserve does not run deployment actors",
-    "rolling_update_percentage": "kubeserve starts all new replicas of a rollout before stopping "
-    "old ones",
-    "max_surge_percent": "kubeserve starts all new replicas of a rollout before stopping old ones",
-}
-#: The only request router kubeserve has (power of two choices on requests in flight).
-DEFAULT_REQUEST_ROUTER = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
 _ALIASES = {"max_concurrent_queries": "max_ongoing_requests"}
 _KEEP_NONE = frozenset({"route_prefix"})
 _NON_NEGATIVE = ("graceful_shutdown_wait_loop_s", "graceful_shutdown_timeout_s")
@@ -111,13 +91,11 @@ def normalize_options(options: dict[str, Any]) -> dict[str, Any]:
     recorded: dict[str, Any] = {}
     for key, value in options.items():
         canonical = _ALIASES.get(key, key)
-        if canonical in REFUSED_OPTIONS:
-            if value is None:
-                continue
-            raise UnsupportedOptionError(
-                f"kubeserve does not support the deployment option {key!r}: "
-                f"{REFUSED_OPTIONS[canonical]}"
-            )
+        if canonical not in OPTION_NAMES and _decided(canonical):
+            reason = _refusal(canonical, _plain(value))
+            if reason is not None:
+                raise UnsupportedOptionError(reason)
+            continue  # None, or another value that asks for nothing
         if canonical not in OPTION_NAMES:
             known = ", ".join(sorted((*OPTION_NAMES, *_ALIASES, "name")))
             raise TypeError(f"unknown deployment option {key!r}; known options: {known}")
@@ -169,28 +147,61 @@ def _check_value(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a dict, got {type(value).__name__}")
 
 
+# The schema (pydantic and every config model) is imported only on the rare paths below, an
+# option kubeserve does not honour or one of Ray's dict configs: a replica importing a module of
+# plain ``@deployment`` classes stays free of it.
+
+
+def _decided(option: str) -> bool:
+    """The option is one kubeserve's table of Ray's fields decides about."""
+    from kubeserve.schema import support
+
+    return any(f"{model}.{option}" in support.SUPPORT for model in _table_models())
+
+
+def _refusal(option: str, value: Any) -> str | None:
+    """Why kubeserve refuses ``value`` for a decorator option it does not honour, as a config
+    giving the same value is refused (:func:`kubeserve.schema.support.refusal`)."""
+    from kubeserve.schema import support
+
+    for model in _table_models():
+        reason = support.refusal(model, option, value)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _table_models() -> tuple[str, ...]:
+    """Where the decorator's options are in :data:`kubeserve.schema.support.SUPPORT`."""
+    from kubeserve.schema import support
+
+    return ("DeploymentSchema", support.DECORATOR)
+
+
 def _check_ray_config(name: str, value: Any) -> None:
-    """The parts of Ray's logging, routing and backpressure configs kubeserve honours; any other
-    setting is refused naming it."""
+    """Ray's logging, routing and backpressure configs, validated by the models that validate
+    them in a config: the same fields are accepted and refused, with the same reasons."""
+    from pydantic import ValidationError
+
+    from kubeserve.schema import config
+    from kubeserve.schema.errors import FIELD_ERROR_TYPE, validation_details
+
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a dict, got {type(value).__name__}")
-    refused: dict[str, Any] = {}
-    if name == "logging_config":
-        refused = {
-            k: v
-            for k, v in value.items()
-            if k not in ("log_level", "enable_access_log") and v not in (None, "TEXT", [], {})
-        }
-    elif name == "request_router_config":
-        router = value.get("request_router_class", DEFAULT_REQUEST_ROUTER)
-        if router not in (DEFAULT_REQUEST_ROUTER, None):
-            refused = {"request_router_class": router}
-    else:  # backpressure_config: kubeserve answers an overflow with 503, Ray's default
-        if value.get("status_code", 503) != 503 or value.get("retry_after_s") is not None:
-            refused = {k: v for k, v in value.items() if v is not None}
-    if refused:
-        fields = ", ".join(f"{name}.{k}={v!r}" for k, v in refused.items())
-        raise UnsupportedOptionError(f"kubeserve does not support {fields}")
+    models: dict[str, type[config.RestModel]] = {
+        "logging_config": config.LoggingConfig,
+        "request_router_config": config.RequestRouterConfig,
+        "backpressure_config": config.BackpressureConfig,
+    }
+    try:
+        models[name].model_validate(value)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{name}.{'.'.join(str(p) for p in detail['loc'])}: {detail['msg']}"
+            for detail in validation_details(err)
+        )
+        refused = any(e["type"] == FIELD_ERROR_TYPE for e in err.errors())
+        raise (UnsupportedOptionError if refused else ValueError)(problems) from None
 
 
 def _is_int(value: Any) -> bool:

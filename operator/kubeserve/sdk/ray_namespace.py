@@ -28,10 +28,14 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from kubeserve.compat import ray as _compat_ray
+
 __all__ = ["COMPAT_PACKAGE", "RayNamespaceFinder", "install", "installed"]
 
-#: The package whose modules ``ray.*`` names resolve to.
-COMPAT_PACKAGE = "kubeserve.compat.ray"
+#: The package whose modules ``ray.*`` names resolve to. Imported, not named by a string: this is
+#: the one import from the bottom of the layers to the top, declared as such in ``pyproject.toml``
+#: (the package itself imports nothing of kubeserve; ``ray.serve`` loads when ``ray`` code asks).
+COMPAT_PACKAGE = _compat_ray.__name__
 
 
 class _AliasLoader(importlib.abc.Loader):

@@ -117,3 +117,23 @@ def test_install_refuses_when_another_ray_is_already_imported() -> None:
     )
     result = run_python(code)
     assert "real Ray is already imported" in result.stdout, result.stderr
+
+
+def test_a_ray_serve_application_does_not_load_the_driver_api_until_it_is_used() -> None:
+    """A replica imports ``ray.serve`` for the decorator; the driver (its admin client, its
+    handle client) loads only when a script first touches ``serve.run`` and its kin."""
+    code = (
+        "import sys\n"
+        "from kubeserve.sdk import ray_namespace\n"
+        "ray_namespace.install()\n"
+        "from ray import serve\n"
+        "@serve.deployment(num_replicas=2)\n"
+        "class D:\n    pass\n"
+        "app = D.bind()\n"
+        "DRIVER = 'kubeserve.compat.ray.serve.driver'\n"
+        "print(DRIVER in sys.modules)\n"
+        "run = serve.run\n"
+        "print(DRIVER in sys.modules, run is sys.modules[DRIVER].run)\n"
+    )
+    result = run_python(code)
+    assert result.stdout.split("\n")[:2] == ["False", "True True"], result.stderr

@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
+from kubeserve.schema.support import SUPPORT
 from kubeserve.sdk import context, ray_namespace
+from kubeserve.sdk.errors import UnsupportedOptionError
 
 ray_namespace.install()
 
@@ -48,17 +50,55 @@ def test_every_ray_decorator_option_is_honoured_or_refused_by_name() -> None:
         "deployment_actors": [{"name": "x", "actor_class": "m:C"}],
         "rolling_update_percentage": 0.5,
         "max_surge_percent": 10,
-        "logging_config": {"encoding": "JSON"},
+        "logging_config": {"logs_dir": "/var/log/serve"},
         "request_router_config": {"request_router_class": "my.module:Router"},
-        "backpressure_config": {"status_code": 429},
     }
     for option, value in refused.items():
-        with pytest.raises(ValueError, match=f"kubeserve does not support.*{option}"):
+        with pytest.raises(
+            UnsupportedOptionError, match=f"{option}.*is not supported by kubeserve"
+        ):
             serve.deployment(**{option: value})(target)
         with pytest.raises(ValueError, match=option):
             deployment.options(**{option: value})
     # None means "Ray's default" and is accepted for every option
     serve.deployment(**dict.fromkeys(refused))(target)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "decided_by"),
+    [
+        ("version", "1", "serve.deployment.version"),
+        ("placement_group_strategy", "PACK", "DeploymentSchema.placement_group_strategy"),
+        ("deployment_actors", [{"name": "x"}], "DeploymentSchema.deployment_actors"),
+        ("logging_config", {"logs_dir": "/var/log"}, "LoggingConfig.logs_dir"),
+        (
+            "request_router_config",
+            {"request_router_kwargs": {"a": 1}},
+            "RequestRouterConfig.request_router_kwargs",
+        ),
+    ],
+)
+def test_the_decorator_refuses_what_a_config_refuses_in_the_same_words(
+    option: str, value: Any, decided_by: str
+) -> None:
+    with pytest.raises(UnsupportedOptionError) as in_code:
+        serve.deployment(**{option: value})(len)
+    assert SUPPORT[decided_by].status == "refused"
+    assert f"is not supported by kubeserve: {SUPPORT[decided_by].note}" in str(in_code.value)
+
+
+def test_values_of_config_fields_kubeserve_honours_are_accepted_in_code_as_in_a_config() -> None:
+    """JSON logs and a 429 with Retry-After work in a config, so they work in code too."""
+    options: dict[str, Any] = {
+        "logging_config": {"encoding": "JSON", "additional_log_standard_attrs": ["name"]},
+        "backpressure_config": {"status_code": 429, "retry_after_s": 3},
+        "deployment_actors": [],  # asks for nothing, as a config may say
+    }
+    deployment = serve.deployment(**options)(len)
+    assert deployment.code_options == {
+        "logging_config": options["logging_config"],
+        "backpressure_config": options["backpressure_config"],
+    }
 
 
 def test_a_pydantic_config_is_recorded_as_the_fields_it_sets() -> None:
@@ -144,3 +184,26 @@ def test_multiplexed_loads_each_model_once_and_evicts_the_least_recently_used() 
 
     assert asyncio.run(scenario()) == ["c"]
     assert loaded == ["a", "b", "c"]
+
+
+def test_the_driver_says_when_no_instance_answers_from_any_thread_or_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The driver's admin calls run on its own loop: a script inside a running event loop (a
+    notebook) gets the same answer as a plain one."""
+    import socket
+
+    from ray.serve.exceptions import RayServeException
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("KUBESERVE_ADDRESS", f"http://127.0.0.1:{port}")
+    with pytest.raises(RayServeException, match="no kubeserve instance answers"):
+        serve.status()
+
+    async def inside_a_loop() -> None:
+        serve.status()
+
+    with pytest.raises(RayServeException, match="no kubeserve instance answers"):
+        asyncio.run(inside_a_loop())

@@ -12,7 +12,8 @@ from pydantic import BaseModel
 from kubeserve.schema.body import parse_body
 from kubeserve.schema.config import RuntimeEnv, ServeDeploySchema
 from kubeserve.schema.errors import SchemaError
-from kubeserve.schema.support import SUPPORT, markdown_table
+from kubeserve.schema.support import DECORATOR, SUPPORT, markdown_table
+from kubeserve.sdk.deployment import DeploymentOptions
 
 ROOT = Path(__file__).resolve().parents[3]
 RAY_SCHEMA = json.loads((ROOT / "tests/reference/ray-2.60/ServeDeploySchema.json").read_text())
@@ -56,8 +57,9 @@ def test_every_field_of_rays_schema_has_a_decision() -> None:
 
 def test_every_field_kubeserve_accepts_has_a_decision_and_no_decision_is_stale() -> None:
     accepted = kubeserve_fields()
+    decorator = {f"{DECORATOR}.{option}" for option in DeploymentOptions.__annotations__}
     assert not sorted(accepted - set(SUPPORT))
-    assert not sorted(set(SUPPORT) - accepted - ray_fields())
+    assert not sorted(set(SUPPORT) - accepted - ray_fields() - decorator)
     assert {f"RuntimeEnv.{f}" for f in RuntimeEnv.model_fields} <= set(SUPPORT)
 
 

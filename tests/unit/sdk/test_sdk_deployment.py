@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -103,3 +105,21 @@ def test_package_reexports_the_sdk() -> None:
     for name in kubeserve.__all__:
         assert hasattr(kubeserve, name), name
     assert kubeserve.deployment is deployment
+
+
+def test_a_module_of_plain_deployments_loads_no_schema() -> None:
+    """Every replica imports its application's module: options kubeserve honours are checked
+    without pydantic and the config models, which load only for a refused option or a dict
+    config (validated by the config's own models)."""
+    code = (
+        "import sys\n"
+        "from kubeserve import deployment\n"
+        "@deployment(num_replicas=2, max_ongoing_requests=3, route_prefix=None)\n"
+        "class A:\n    pass\n"
+        "app = A.bind()\n"
+        "print([m for m in sys.modules if m.startswith(('pydantic', 'kubeserve.schema'))])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "[]", result.stdout

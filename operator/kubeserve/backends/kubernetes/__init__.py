@@ -32,7 +32,8 @@ proxies find replica endpoints by these labels.
 Pods: every container gets ``KUBESERVE_POD_IP`` (fieldRef ``status.podIP``) and
 ``KUBESERVE_BIND_HOST=0.0.0.0``: ``kubeserve replica --host $(KUBESERVE_BIND_HOST) --port 8000``
 and ``kubeserve proxy --host $(KUBESERVE_BIND_HOST) --port <httpOptions.port> --discovery
-kubernetes`` (the test cluster's kubelet stand-in pins the bind host to the pod's address).
+kubernetes`` (all addresses of the pod's own network namespace; the tests' single-node cluster
+runs these pods on a real kubelet and containerd, from the image the ``Dockerfile`` builds).
 Proxies and replicas get ``KUBESERVE_DATA_PLANE_SECRET`` by ``secretKeyRef`` from the instance's
 Secret; port 8000 of a replica speaks only behind that handshake
 (:mod:`kubeserve.runtime.channel`), so its probes are ``GET /-/healthz`` on the unauthenticated

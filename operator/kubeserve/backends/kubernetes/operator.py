@@ -52,7 +52,8 @@ _DEBOUNCE_S = 0.05
 
 @dataclass(frozen=True)
 class OperatorSettings:
-    """Settings of ``kubeserve operator``, built once by the CLI."""
+    """Settings of ``kubeserve operator``, built once by the CLI from its flags and environment
+    (the process reads neither anywhere else)."""
 
     #: the operator's own namespace (the admin API creates custom resources here)
     namespace: str
@@ -61,6 +62,11 @@ class OperatorSettings:
     kubeconfig: str | None = None
     #: the operator's admin server as pods reach it, for their load reports (scale to zero)
     report_url: str | None = None
+    #: the addresses the admin server (and the metrics listener) listen on
+    admin_hosts: tuple[str, ...] = ("0.0.0.0",)
+    admin_port: int = 8265
+    #: the port of the Prometheus ``/metrics`` listener; 0: none
+    metrics_port: int = 0
 
 
 class Reconciler(Protocol):

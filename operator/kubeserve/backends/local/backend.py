@@ -11,7 +11,7 @@ from aiohttp import web
 from kubeserve.backends.local.controller import Controller, LocalSettings
 from kubeserve.backends.local.details import instance_view
 from kubeserve.backends.local.state_lock import StateDirLock
-from kubeserve.backends.local.store import Store
+from kubeserve.backends.local.store import Store, move_aside
 from kubeserve.backends.protocol import ConflictError, NotFoundError, PreconditionFailedError
 from kubeserve.backends.signed import answer_load_report, refuse_unsigned
 from kubeserve.control import effective_config
@@ -32,10 +32,17 @@ class LocalBackend:
     """
 
     def __init__(self, settings: LocalSettings) -> None:
-        """Raises :class:`StateDirInUse` when another instance runs on the same state directory."""
+        """Raises :class:`StateDirInUse` when another instance runs on the same state directory,
+        :class:`CorruptStateError` when its database cannot be read (see ``reset_state``)."""
         self.settings = settings
         self._lock = StateDirLock(settings.state_dir)
-        self.store = Store(settings.database)
+        #: where ``reset_state`` moved the previous database (None: not reset, or there was none)
+        self.previous_state = move_aside(settings.database) if settings.reset_state else None
+        try:
+            self.store = Store(settings.database)
+        except BaseException:
+            self._lock.release()
+            raise
         self.controller = Controller(settings, self.store)
 
     async def start(self) -> None:

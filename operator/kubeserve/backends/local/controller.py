@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import logging.handlers
 import os
 import shutil
 import time
@@ -32,7 +31,7 @@ from kubeserve.control import autoscaling
 from kubeserve.control.autoscaling_state import CallerReports
 from kubeserve.runtime import channel, metrics, wire
 from kubeserve.runtime.limits import RequestLimits
-from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES
+from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES, RotatingLog
 
 log = logging.getLogger(__name__)
 _RESYNC_S = 1.0
@@ -60,6 +59,8 @@ class LocalSettings:
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     #: bytes per log file and rotated files kept, for each replica and proxy
     log_rotation: tuple[int, int] = (DEFAULT_LOG_BYTES, DEFAULT_LOG_BACKUPS)
+    #: start from an empty state: the database is moved aside first (``--reset-state``)
+    reset_state: bool = False
 
     @property
     def database(self) -> Path:
@@ -76,6 +77,7 @@ class LocalSettings:
 
     @property
     def run_dir(self) -> Path:
+        """Where replicas' start-up files were kept before they were in-memory files (removed)."""
         return self.state_dir / "run"
 
     @property
@@ -134,7 +136,6 @@ class Controller:
             capacity=self.capacity,
             state_dir=self.settings.state_dir,
             log_dir=self.settings.log_dir,
-            run_dir=self.settings.run_dir,
             base_dir=self.settings.base_dir,
             wake=self.wake,
             secret=self.secret,
@@ -159,6 +160,7 @@ class Controller:
         if self._session is not None:
             await self._session.close()
         _kill_orphans(self.settings.state_dir, "left behind by processes of this run")
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
         if self._log_handler is not None:
             logging.getLogger("kubeserve").removeHandler(self._log_handler)
             self._log_handler.close()
@@ -184,10 +186,7 @@ class Controller:
         shutil.rmtree(self.metrics_dir, ignore_errors=True)  # counters start again with the run
         private_dir(self.metrics_dir)
         _kill_orphans(self.settings.state_dir, "left behind by an earlier run of this state dir")
-        run_dir = self.settings.run_dir
-        if run_dir.is_dir():
-            for leftover in run_dir.iterdir():
-                leftover.unlink(missing_ok=True)
+        shutil.rmtree(self.settings.run_dir, ignore_errors=True)
 
     async def _wait_app_stopped(self, app: ApplicationState) -> None:
         # Lifecycle tasks remove their replicas as processes exit; 50 ms polling bounds the wait.
@@ -309,12 +308,10 @@ def _open_controller_log(path: Path) -> logging.Handler:
     """Copy this process's ``kubeserve.*`` log records into ``path``, rotated by size.
 
     The file is what the GET details name as the controller's ``log_file_path``; records still
-    reach stderr through the root logger as before.
+    reach stderr through the root logger as before. Lines the disk refuses are dropped and
+    counted (see :class:`kubeserve.runtime.logs.RotatingLog`).
     """
-    handler = logging.handlers.RotatingFileHandler(
-        path, maxBytes=CONTROLLER_LOG_BYTES, backupCount=CONTROLLER_LOG_BACKUPS, encoding="utf-8"
-    )
-    os.chmod(path, 0o600)
+    handler = RotatingLog(str(path), CONTROLLER_LOG_BYTES, CONTROLLER_LOG_BACKUPS)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("kubeserve")
     logger.addHandler(handler)

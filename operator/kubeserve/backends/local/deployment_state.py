@@ -11,9 +11,11 @@ changed does nothing.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -25,7 +27,6 @@ import aiohttp
 
 from kubeserve.backends.local import processes
 from kubeserve.backends.local.capacity import Capacity
-from kubeserve.backends.local.private_files import private_dir, write_private
 from kubeserve.control import backoff, effective_config, placement
 from kubeserve.control.autoscaling import Direction
 from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
@@ -70,8 +71,24 @@ class ReplicaProcess:
     proc: asyncio.subprocess.Process | None = None
 
 
+#: Where the metrics directories of instances live when the machine has one: memory.
+SHARED_MEMORY = Path("/dev/shm")
+
+
 def metrics_dir(state_dir: Path) -> Path:
-    """The metrics directory of the instance whose state directory is ``state_dir``."""
+    """The metrics directory of the instance whose state directory is ``state_dir``.
+
+    In shared memory when there is some (``/dev/shm``), else ``<state dir>/metrics``. Every
+    process of the instance writes its samples into memory-mapped files there (prometheus_client's
+    multiprocess mode), and a page of such a file that a full disk cannot give kills the process
+    with SIGBUS: on the state directory's disk, a full disk would take down the proxy and every
+    replica at their next new sample, and keep them from starting again. The directory lives as
+    long as the run (the controller empties it at start and removes it at close), so nothing is
+    lost by keeping it off the disk.
+    """
+    if SHARED_MEMORY.is_dir() and os.access(SHARED_MEMORY, os.W_OK | os.X_OK):
+        digest = hashlib.sha256(str(state_dir).encode()).hexdigest()[:16]
+        return SHARED_MEMORY / f"kubeserve-{os.getuid()}-{digest}"
     return state_dir / "metrics"
 
 
@@ -85,8 +102,6 @@ class ReplicaContext:
     #: the instance's state directory (0700), marking its children (``processes.INSTANCE_ENV``)
     state_dir: Path
     log_dir: Path
-    #: per-replica start-up files (``wire.REPLICA_CONFIG_FILE_ENV``), one per live replica
-    run_dir: Path
     base_dir: str
     wake: Callable[[], None]
     #: the instance's data-plane secret (kubeserve.runtime.channel) and the file holding it
@@ -397,7 +412,6 @@ class DeploymentState:
             self._free_start_slot(replica)
             self._ctx.capacity.release(replica.claim)
             self.replicas.pop(replica.replica_id, None)
-            self._config_file(replica).unlink(missing_ok=True)
             self._ctx.wake()
 
     def _free_start_slot(self, replica: ReplicaProcess) -> None:
@@ -406,14 +420,14 @@ class DeploymentState:
             self._ctx.capacity.started()
             self._ctx.wake()  # another replica may start now
 
-    def _config_file(self, replica: ReplicaProcess) -> Path:
-        return self._ctx.run_dir / f"{replica.replica_id}.json"
+    def _replica_config(self, replica: ReplicaProcess) -> int:
+        """The replica's :class:`wire.ReplicaConfig`, with the *current* user_config, in an
+        in-memory file: the descriptor the replica inherits (the caller closes its own copy).
 
-    def _write_replica_config(self, replica: ReplicaProcess) -> Path:
-        """The replica's :class:`wire.ReplicaConfig` in a 0600 file, with the *current* user_config.
-
-        A file, not an environment variable: ``user_config`` has no size limit of its own, and
-        the environment of ``execve`` fails with E2BIG past ~128 KiB per variable.
+        Not an environment variable: ``user_config`` has no size limit of its own, and the
+        environment of ``execve`` fails with E2BIG past ~128 KiB per variable. Not a file on the
+        disk either: a replica must start (after a crash, say) while the state disk is full, and
+        the config (``user_config`` may hold credentials) is then never on the disk at all.
         """
         replica_config: wire.ReplicaConfig = {
             "app": self.app,
@@ -430,23 +444,29 @@ class DeploymentState:
         }
         if self.config.get("logging_config"):
             replica_config["logging_config"] = dict(self.config["logging_config"])
-        path = self._config_file(replica)
-        private_dir(path.parent)
-        write_private(path, json.dumps(replica_config).encode())
+        fd = os.memfd_create(f"kubeserve-replica-{replica.replica_id}", os.MFD_CLOEXEC)
+        try:
+            data = memoryview(json.dumps(replica_config).encode())
+            while data:
+                data = data[os.write(fd, data) :]
+            os.lseek(fd, 0, os.SEEK_SET)
+        except BaseException:
+            os.close(fd)
+            raise
         replica.applied_user_config = self.user_config_version
-        return path
+        return fd
 
     async def _run(self, replica: ReplicaProcess) -> None:
         assert self.env is not None
         try:
-            config_file = self._write_replica_config(replica)
+            config_fd = self._replica_config(replica)
         except OSError as exc:
             self._record_startup_failure(replica, f"could not write the replica's config: {exc}")
             return
         env = self._ctx.child_env(
             {
                 **self.env.env_vars,
-                wire.REPLICA_CONFIG_FILE_ENV: str(config_file),
+                wire.REPLICA_CONFIG_FD_ENV: str(config_fd),
                 wire.CONTROLLER_URL_ENV: self._ctx.controller_url,
                 **self._ctx.data_plane_env(),
                 **self._ctx.log_env(replica.log_path),
@@ -460,10 +480,13 @@ class DeploymentState:
                 env=env,
                 log_path=replica.log_path,
                 cwd=self.env.cwd or self._ctx.base_dir,
+                pass_fds=(config_fd,),
             )
         except OSError as exc:
             self._record_startup_failure(replica, f"could not start the replica process: {exc}")
             return
+        finally:
+            os.close(config_fd)
         replica.proc, replica.pid = proc, proc.pid
         log.info(
             "%s: started replica %s (pid %d, log %s)",

@@ -40,20 +40,6 @@ def open_private_log(path: Path) -> int:
     return fd
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to a 0600 file, replacing it atomically (readers never see half of it)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    try:
-        os.fchmod(fd, FILE_MODE)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
 def tighten(path: Path) -> None:
     """Make an existing file 0600 (files another library created, like SQLite's -wal and -shm)."""
     with contextlib.suppress(FileNotFoundError):

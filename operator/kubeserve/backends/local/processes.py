@@ -27,6 +27,7 @@ from pathlib import Path
 import aiohttp
 
 from kubeserve.backends.local.private_files import open_private_log, private_dir
+from kubeserve.runtime import logs
 
 _PR_SET_PDEATHSIG = 1
 #: Set in every child's environment to the instance's state directory; what a child starts
@@ -75,10 +76,19 @@ async def spawn(
     env: Mapping[str, str],
     log_path: Path,
     cwd: str | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> asyncio.subprocess.Process:
-    """Start ``python -m module args...`` with stdout and stderr appended to ``log_path``."""
-    private_dir(log_path.parent)
-    log = open_private_log(log_path)
+    """Start ``python -m module args...`` with stdout and stderr appended to ``log_path``.
+
+    A log file that cannot be opened (a full disk refusing a new file) does not hold the start
+    up: the child's output goes nowhere until its own log (``logs.RotatingOutput``) can write.
+    """
+    try:
+        private_dir(log_path.parent)
+        log = open_private_log(log_path)
+    except OSError as exc:
+        logs.record_dropped(str(log_path), exc, 0)
+        log = os.open(os.devnull, os.O_WRONLY)
     try:
         return await asyncio.create_subprocess_exec(
             sys.executable,
@@ -92,6 +102,7 @@ async def spawn(
             cwd=cwd,
             preexec_fn=_die_with_parent,
             start_new_session=True,
+            pass_fds=pass_fds,
         )
     finally:
         os.close(log)

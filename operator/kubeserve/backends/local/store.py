@@ -2,20 +2,32 @@
 
 The store is the only owner of accepted configuration: the controller re-reads it on every pass and
 after a restart of ``kubeserve start``. Writes are single transactions, so a crash mid-apply leaves
-either the old or the new desired state, never a mix.
+either the old or the new desired state, never a mix; a write the disk refuses is rolled back and
+raised as :class:`InsufficientStorageError` (the admin API's 507) or :class:`UnavailableError`.
+
+A file that is not a readable database is never used or changed: :class:`CorruptStateError` names
+it and the copy kept beside it, and :func:`move_aside` (``kubeserve start --reset-state``) lets a
+new, empty one take its place.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import os
+import shutil
 import sqlite3
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kubeserve.backends.local.private_files import private_dir, private_file, tighten
+from kubeserve.backends.protocol import InsufficientStorageError, UnavailableError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS instance (
@@ -54,19 +66,40 @@ class DesiredState:
     applications: list[StoredApp]
 
 
+class CorruptStateError(Exception):
+    """The state database is not a readable SQLite database; it was left as it is."""
+
+
+#: SQLite's result codes (the primary code, the low byte) for a disk that refused a write.
+_SQLITE_IOERR, _SQLITE_FULL = 10, 13
+#: ...and for a file that is not (or no longer) a database.
+_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
+
+
 class Store:
     """Synchronous on purpose: each call is a few rows in a local file, well under a millisecond."""
 
     def __init__(self, path: Path) -> None:
+        """Raises :class:`CorruptStateError` when ``path`` holds something SQLite cannot read."""
+        self.path = path
         private_dir(path.parent)
         # Created 0600 before SQLite opens it: SQLite gives its -wal and -shm files the database's
         # mode, and both are tightened once more in case they predate this version.
         private_file(path)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-        self._migrate()
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            (check,) = self._db.execute("PRAGMA quick_check").fetchone()
+            if check != "ok":
+                raise sqlite3.DatabaseError(check)
+            self._db.executescript(_SCHEMA)
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            if _code(exc) in (_SQLITE_IOERR, _SQLITE_FULL):
+                raise _write_error(path, exc) from exc
+            raise _corrupt(path, exc) from None
         for suffix in ("-wal", "-shm"):
             tighten(path.with_name(path.name + suffix))
 
@@ -76,7 +109,7 @@ class Store:
     def _migrate(self) -> None:
         """Bring a database written by an older kubeserve up to this schema."""
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(applications)")}
-        with _transaction(self._db):
+        with self._transaction():
             if "uid" not in columns:
                 self._db.execute("ALTER TABLE applications ADD COLUMN uid TEXT NOT NULL DEFAULT ''")
             unnamed = self._db.execute("SELECT name FROM applications WHERE uid = ''").fetchall()
@@ -107,7 +140,7 @@ class Store:
         """Make this the whole desired state; ``deployed_at`` moves only for changed configs."""
         now = time.time()
         names = [app.get("name", "") for app in applications]
-        with _transaction(self._db):
+        with self._transaction():
             previous = self._db.execute("SELECT started_at FROM instance").fetchone()
             started_at = previous[0] if previous else now
             self._db.execute(
@@ -138,9 +171,92 @@ class Store:
                 )
 
     def clear(self) -> None:
-        with _transaction(self._db):
+        with self._transaction():
             self._db.execute("DELETE FROM applications")
             self._db.execute("DELETE FROM instance")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction: committed whole, or rolled back whole (also when the commit
+        itself fails, a full disk refusing the write-ahead log, say); a write the disk refused
+        is raised as :class:`InsufficientStorageError` or :class:`UnavailableError`."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+        except sqlite3.OperationalError as exc:
+            raise _write_error(self.path, exc) from exc
+
+
+def _code(exc: sqlite3.Error) -> int:
+    return int(getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
+
+
+def _write_error(path: Path, exc: sqlite3.Error) -> Exception:
+    """What a refused write means to a client; other errors are kubeserve's own (a 500)."""
+    code = _code(exc)
+    if code == _SQLITE_FULL:
+        os_error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return InsufficientStorageError(
+            f"cannot store the config in {path} (the state directory {path.parent}): {os_error} "
+            f"(SQLite: {exc}); nothing was changed, the config accepted before stays in force. "
+            "Free space on that disk and send it again."
+        )
+    if code == _SQLITE_IOERR:
+        return UnavailableError(
+            f"cannot store the config in {path} (the state directory {path.parent}): the disk "
+            f"failed the write (SQLite: {exc}); nothing was changed, the config accepted before "
+            "stays in force"
+        )
+    return exc
+
+
+def _corrupt(path: Path, exc: sqlite3.DatabaseError) -> CorruptStateError:
+    """The error naming ``path`` and the copy of it kept aside (made here, once per content)."""
+    try:
+        copy = _keep_copy(path)
+        kept = f"A copy of it is kept at {copy}."
+    except OSError as copy_error:
+        kept = f"No copy of it could be kept aside ({copy_error})."
+    return CorruptStateError(
+        f"the state database {path} is not a readable SQLite database ({exc}), so kubeserve "
+        f"cannot tell which applications were deployed; it was left as it is. {kept} To start "
+        "from an empty state (no applications; deploy them again), run kubeserve start with "
+        "--reset-state, which moves the database aside and creates a new one."
+    )
+
+
+def _keep_copy(path: Path) -> Path:
+    digest = hashlib.sha256()
+    with path.open("rb") as data:
+        for chunk in iter(lambda: data.read(1 << 20), b""):
+            digest.update(chunk)
+    copy = path.with_name(f"{path.name}.corrupt-{digest.hexdigest()[:12]}")
+    if not copy.exists():
+        shutil.copyfile(path, copy)
+        os.chmod(copy, 0o600)
+    return copy
+
+
+def move_aside(path: Path) -> Path | None:
+    """Rename the database at ``path`` (and its -wal and -shm files) to ``<name>.reset-<time>``,
+    so that the next :class:`Store` starts empty; returns the new name (None: there was none).
+
+    A rename needs no free space: this works on a full disk too.
+    """
+    if not path.exists():
+        return None
+    aside = path.with_name(f"{path.name}.reset-{time.strftime('%Y%m%d-%H%M%S')}")
+    for suffix in ("", "-wal", "-shm"):
+        source = path.with_name(path.name + suffix)
+        if source.exists():
+            os.replace(source, aside.with_name(aside.name + suffix))
+    return aside
 
 
 def _new_uid() -> str:
@@ -149,14 +265,3 @@ def _new_uid() -> str:
 
 def _dump(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-class _transaction:
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, *_: object) -> None:
-        self._db.execute("ROLLBACK" if exc_type else "COMMIT")

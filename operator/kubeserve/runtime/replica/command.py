@@ -1,9 +1,10 @@
 """``python -m kubeserve.runtime.replica`` (and ``kubeserve replica``): the replica process.
 
 ``--host H --port P`` with the :class:`~kubeserve.runtime.wire.ReplicaConfig` JSON in
-``KUBESERVE_REPLICA_CONFIG`` (or the file ``KUBESERVE_REPLICA_CONFIG_FILE`` names), the data-plane
-secret, and optionally the controller's URL in ``KUBESERVE_CONTROLLER_URL`` so that handles in user
-code can reach other deployments. Any start-up failure is printed to stderr and the process exits 1.
+``KUBESERVE_REPLICA_CONFIG`` (or read from the file descriptor ``KUBESERVE_REPLICA_CONFIG_FD``
+names), the data-plane secret, and optionally the controller's URL in
+``KUBESERVE_CONTROLLER_URL`` so that handles in user code can reach other deployments. Any
+start-up failure is printed to stderr and the process exits 1.
 """
 
 from __future__ import annotations
@@ -43,11 +44,11 @@ def main(
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     options = parser.parse_args(argv)
-    config_file = os.environ.get(wire.REPLICA_CONFIG_FILE_ENV)
-    source = config_file or wire.REPLICA_CONFIG_ENV
+    config_fd = os.environ.pop(wire.REPLICA_CONFIG_FD_ENV, None)
+    source = f"file descriptor {config_fd}" if config_fd else wire.REPLICA_CONFIG_ENV
     try:
-        if config_file:
-            with open(config_file, "rb") as raw:
+        if config_fd:
+            with os.fdopen(int(config_fd), "rb") as raw:  # closed: user code does not inherit it
                 config: wire.ReplicaConfig = json.load(raw)
         else:
             config = json.loads(os.environ[wire.REPLICA_CONFIG_ENV])

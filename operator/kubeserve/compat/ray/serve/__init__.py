@@ -7,21 +7,16 @@ kubeserve application does.
 
 The driver-side API (``serve.run``, ``serve.start``, ``serve.status``, ``serve.delete``,
 ``serve.shutdown``, ``serve.get_app_handle``, ``serve.get_deployment_handle``) works against a
-running kubeserve instance (:mod:`kubeserve.compat.ray.serve.driver`).
+running kubeserve instance (:mod:`kubeserve.compat.ray.serve.driver`). It is loaded when a script
+first touches it, never by a replica (an import contract in ``pyproject.toml`` keeps it so).
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from kubeserve.compat.ray.serve.config import HTTPOptions
-from kubeserve.compat.ray.serve.driver import (
-    delete,
-    get_app_handle,
-    get_deployment_handle,
-    run,
-    shutdown,
-    start,
-    status,
-)
 from kubeserve.compat.ray.serve.exceptions import RayServeException
 from kubeserve.schema.config import TracingConfig
 from kubeserve.sdk import context as _context
@@ -50,6 +45,19 @@ __all__ = [
     "start",
     "status",
 ]
+
+
+#: The driver-side API, loaded on first use: a replica imports ``ray.serve`` for the decorator
+#: and never pays for the driver (its admin client, its handle client on a thread).
+_DRIVER_API = frozenset(
+    {"delete", "get_app_handle", "get_deployment_handle", "run", "shutdown", "start", "status"}
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DRIVER_API:
+        return getattr(importlib.import_module(f"{__name__}.driver"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_replica_context() -> _context.ReplicaContext:

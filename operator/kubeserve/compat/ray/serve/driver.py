@@ -7,11 +7,16 @@ kubeserve deploys by config, so ``serve.run(app)`` sends the config of the runni
 with ``app`` added (or replaced) under its ``name``; the application must live in a module the
 instance can import (it is named by ``module:attribute``, as in a config).
 
+Every call goes through kubeserve's one admin client
+(:class:`~kubeserve.admin_client.AdminClient`, the one behind the ``kubeserve`` command), run on
+the driver's own event loop on a daemon thread, so it works from any thread, inside a running
+event loop (a notebook) too.
+
 Handles outside a replica: the first ``get_app_handle``/``get_deployment_handle`` of a process
-starts a handle client on a background thread with its own event loop, authenticated with the
-instance's data-plane secret (``data-plane.secret`` in its state directory,
-``KUBESERVE_STATE_DIR`` or ``~/.kubeserve``: only the user who runs the instance can read it).
-Calls from any thread or event loop run there (``.result()``, ``await``).
+starts a handle client on that same loop, authenticated with the instance's data-plane secret
+(``data-plane.secret`` in its state directory, ``KUBESERVE_STATE_DIR`` or ``~/.kubeserve``: only
+the user who runs the instance can read it). Calls from any thread or event loop run there
+(``.result()``, ``await``).
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ import os
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import aiohttp
+
+from kubeserve.admin_client import APPLICATIONS_PATH, DEFAULT_ADDRESS, AdminClient, AdminError
 from kubeserve.compat.ray.serve.exceptions import RayServeException
 from kubeserve.runtime.handle_client import HandleClient
 from kubeserve.sdk import context, transport
@@ -47,8 +54,7 @@ __all__ = [
     "status",
 ]
 
-DEFAULT_ADDRESS = "http://127.0.0.1:8265"
-_APPLICATIONS = "/api/serve/applications/"
+_T = TypeVar("_T")
 
 
 def _address() -> str:
@@ -56,25 +62,18 @@ def _address() -> str:
 
 
 def _request(method: str, path: str, body: Any = None, timeout_s: float = 30.0) -> Any:
-    headers = {"Content-Type": "application/json"} if body is not None else {}
-    token = os.environ.get("KUBESERVE_AUTH_TOKEN")
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(_address() + path, data, headers, method=method)
+    """One admin API call through kubeserve's admin client, on the driver's own loop."""
+    client = AdminClient(_address(), os.environ.get("KUBESERVE_AUTH_TOKEN") or None)
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-            raw = answer.read()
-    except urllib.error.HTTPError as err:
-        raise RayServeException(
-            f"{method} {path} answered {err.code}: {err.read().decode(errors='replace')}"
-        ) from None
-    except OSError as exc:
+        return _driver_loop().run(client.request(method, path, body), timeout_s)
+    except AdminError as err:
+        answer = err.body if isinstance(err.body, str) else json.dumps(err.body)
+        raise RayServeException(f"{method} {path} answered {err.status}: {answer}") from None
+    except (OSError, aiohttp.ClientError) as exc:
         raise RayServeException(
             f"no kubeserve instance answers at {_address()} ({exc}); start one with "
             "`kubeserve start`, or set KUBESERVE_ADDRESS"
         ) from None
-    return json.loads(raw) if raw else None
 
 
 def start(*args: Any, **kwargs: Any) -> None:
@@ -110,7 +109,7 @@ class ServeStatus:
 
 def status() -> ServeStatus:
     """The instance's applications and proxies, in Ray's ``ServeStatus`` shape."""
-    details = _request("GET", _APPLICATIONS)
+    details = _request("GET", APPLICATIONS_PATH)
     applications = {}
     for name, app in details.get("applications", {}).items():
         deployments = {}
@@ -133,7 +132,7 @@ def status() -> ServeStatus:
 
 def _running_configs() -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The serving layer's http_options and the config of every application, as deployed."""
-    details = _request("GET", _APPLICATIONS)
+    details = _request("GET", APPLICATIONS_PATH)
     configs = [
         dict(app["deployed_app_config"])
         for app in details.get("applications", {}).values()
@@ -147,7 +146,7 @@ def _put(http_options: dict[str, Any], applications: list[dict[str, Any]]) -> No
     body: dict[str, Any] = {"applications": applications}
     if http_options:
         body["http_options"] = http_options
-    _request("PUT", _APPLICATIONS, body)
+    _request("PUT", APPLICATIONS_PATH, body)
 
 
 def import_path_of(target: Application) -> str:
@@ -184,7 +183,7 @@ def _attribute_holding(module: Any, target: Any) -> str | None:
 def _wait(name: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        app = _request("GET", _APPLICATIONS).get("applications", {}).get(name)
+        app = _request("GET", APPLICATIONS_PATH).get("applications", {}).get(name)
         if app is not None and app["status"] == "RUNNING":
             return
         if app is not None and app["status"] == "DEPLOY_FAILED":
@@ -236,14 +235,14 @@ def delete(name: str, _blocking: bool = True) -> None:
     _put(http_options, [c for c in configs if c.get("name") != name])
     deadline = time.monotonic() + 60
     while _blocking and time.monotonic() < deadline:
-        if name not in _request("GET", _APPLICATIONS).get("applications", {}):
+        if name not in _request("GET", APPLICATIONS_PATH).get("applications", {}):
             return
         time.sleep(0.2)
 
 
 def shutdown() -> None:
     """Stop every application and the serving layer."""
-    _request("DELETE", _APPLICATIONS)
+    _request("DELETE", APPLICATIONS_PATH)
     with _DRIVER_LOCK:
         if _DRIVER is not None:
             _DRIVER.stop()
@@ -254,7 +253,7 @@ def shutdown() -> None:
 
 def get_app_handle(name: str) -> DeploymentHandle:
     """A handle to the ingress deployment of application ``name``."""
-    app = _request("GET", _APPLICATIONS).get("applications", {}).get(name)
+    app = _request("GET", APPLICATIONS_PATH).get("applications", {}).get(name)
     if app is None:
         raise RayServeException(f"Application '{name}' does not exist.")
     ingress = (app.get("deployment_topology") or {}).get("ingress_deployment")
@@ -278,8 +277,39 @@ def get_deployment_handle(deployment_name: str, app_name: str | None = None) -> 
     return DeploymentHandle(app_name, deployment_name)
 
 
+class _DriverLoop:
+    """An event loop on a daemon thread, started on the driver's first call: its admin calls and
+    its handles' calls run there, whichever thread or event loop the script calls from."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, daemon=True, name="kubeserve-driver"
+        )
+        self.thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, _T], timeout_s: float) -> _T:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            return future.result(timeout_s)
+        finally:
+            future.cancel()  # a no-op once done; on a timeout, the call stops too
+
+
+_LOOP: _DriverLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _driver_loop() -> _DriverLoop:
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            _LOOP = _DriverLoop()
+        return _LOOP
+
+
 class _DriverTransport:
-    """A :class:`HandleClient` running on its own thread's event loop."""
+    """A :class:`HandleClient` on the driver's loop."""
 
     def __init__(self) -> None:
         state_dir = Path(os.environ.get("KUBESERVE_STATE_DIR", Path.home() / ".kubeserve"))
@@ -291,11 +321,8 @@ class _DriverTransport:
                 f"handles outside a replica need the instance's {secret_file} ({exc}); set "
                 "KUBESERVE_STATE_DIR to the instance's --state-dir"
             ) from None
-        self.loop = asyncio.new_event_loop()
         self.client = HandleClient(_address(), secret=secret)
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
+        _driver_loop().run(self._start(), 30)
 
     async def _start(self) -> None:
         await self.client.start()
@@ -306,9 +333,7 @@ class _DriverTransport:
             transport.set_transport(None)
             await self.client.close()
 
-        asyncio.run_coroutine_threadsafe(close(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        _driver_loop().run(close(), 30)
 
 
 _DRIVER: _DriverTransport | None = None

@@ -1,0 +1,125 @@
+"""The operator process's main: the :class:`~.operator.Operator`, its admin server, its metrics
+listener and kopf, in one event loop until SIGINT or SIGTERM.
+
+Ownership: this function owns every listener it opens and closes them all, and the operator,
+whichever way kopf ends. It reads no flags and no environment: everything arrives in the
+:class:`~.operator.OperatorSettings` the CLI built once. The admin server's routes live in a higher
+layer (:mod:`kubeserve.api`), so the caller hands over the function that builds it
+(:data:`AdminApp`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import kopf
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from kubeserve.backends.kubernetes.admin_auth import KubernetesAuthorizer
+from kubeserve.backends.kubernetes.backend import KubernetesBackend
+from kubeserve.backends.kubernetes.handlers import register
+from kubeserve.backends.kubernetes.operator import Operator, OperatorSettings
+
+__all__ = ["AdminApp", "run_operator"]
+
+log = logging.getLogger(__name__)
+
+#: builds the admin server over a backend, with the access control the backend brings
+#: (:func:`kubeserve.api.server.create_app` with ``middlewares=``)
+AdminApp = Callable[[KubernetesBackend, Sequence[Middleware]], web.Application]
+
+
+async def run_operator(settings: OperatorSettings, admin_app: AdminApp) -> int:
+    """Run the operator until SIGINT or SIGTERM; the exit code."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    operator = Operator(settings)
+    await operator.start()
+    try:
+        async with _admin_server(operator, admin_app), _metrics_server(operator):
+            await _run_kopf(operator, stop)
+    finally:
+        await operator.close()
+    return 0
+
+
+@contextlib.asynccontextmanager
+async def _admin_server(operator: Operator, admin_app: AdminApp) -> AsyncIterator[None]:
+    settings = operator.settings
+    assert operator.cluster is not None  # started
+    if settings.watch_namespaces and settings.namespace not in settings.watch_namespaces:
+        log.warning(
+            "the admin API writes to namespace %s, which the operator does not watch: "
+            "GET /api/serve/applications/ will not see what it deploys",
+            settings.namespace,
+        )
+    kube, cache = operator.cluster.kube, operator.cluster.cache
+    backend = KubernetesBackend(kube, cache, settings.namespace, reports=operator)
+    authorizer = KubernetesAuthorizer(kube, settings.namespace)
+    runner = web.AppRunner(
+        admin_app(backend, [authorizer.middleware]), access_log=None, shutdown_timeout=5
+    )
+    async with _listening(runner, settings.admin_hosts, settings.admin_port):
+        yield
+
+
+@contextlib.asynccontextmanager
+async def _metrics_server(operator: Operator) -> AsyncIterator[None]:
+    """``GET /metrics`` on :attr:`~.operator.OperatorSettings.metrics_port` (none when 0)."""
+    settings = operator.settings
+    if not settings.metrics_port:
+        yield
+        return
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(text=operator.metrics(), content_type="text/plain")
+
+    app = web.Application()
+    app.add_routes([web.get("/metrics", metrics)])
+    async with _listening(
+        web.AppRunner(app, access_log=None), settings.admin_hosts, settings.metrics_port
+    ):
+        yield
+
+
+@contextlib.asynccontextmanager
+async def _listening(runner: web.AppRunner, hosts: Sequence[str], port: int) -> AsyncIterator[None]:
+    await runner.setup()
+    try:
+        for host in hosts:
+            await web.TCPSite(runner, host, port).start()
+        yield
+    finally:
+        await runner.cleanup()
+
+
+async def _run_kopf(operator: Operator, stop: asyncio.Event) -> None:
+    """kopf's own loop with the operator's handlers, until ``stop`` is set."""
+    registry = kopf.OperatorRegistry()
+    register(registry, operator)
+    namespaces = list(operator.settings.watch_namespaces)
+    stop_flag: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def _stop(_task: object) -> None:
+        if not stop_flag.done():
+            stop_flag.set_result(None)
+
+    stop_task = asyncio.ensure_future(stop.wait())
+    stop_task.add_done_callback(_stop)
+    try:
+        await kopf.operator(
+            registry=registry,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            standalone=True,
+            stop_flag=stop_flag,
+        )
+    finally:
+        stop_task.cancel()

@@ -1,0 +1,80 @@
+"""``kubeserve operator``: the Kubernetes operator with its admin API (the chart's Deployment).
+
+Flags (and the environment variables the chart sets as their defaults) become one
+:class:`~kubeserve.backends.kubernetes.operator.OperatorSettings`; the process itself is
+:func:`kubeserve.backends.kubernetes.main.run_operator`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Sequence
+
+from kubeserve.cli.command import LOG_FORMAT, Command
+from kubeserve.runtime.kubernetes.contract import NAMESPACE_ENV
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--namespace",
+        default=os.environ.get(NAMESPACE_ENV, "kubeserve-system"),
+        help="the operator's own namespace (where the admin API writes custom resources)",
+    )
+    parser.add_argument(
+        "--watch-namespaces",
+        default=os.environ.get("KUBESERVE_WATCH_NAMESPACES", ""),
+        help="comma-separated namespaces to watch; empty watches the whole cluster",
+    )
+    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
+    parser.add_argument(
+        "--dashboard-host",
+        default="0.0.0.0",
+        help="address(es) of the admin server, comma-separated (default: all)",
+    )
+    parser.add_argument("--dashboard-port", type=int, default=8265)
+    parser.add_argument(
+        "--report-url",
+        default=os.environ.get("KUBESERVE_REPORT_URL") or None,
+        help="the admin server's URL as the instances' pods reach it (the chart sets the "
+        "operator's Service): they report requests waiting for replicas there, which lets "
+        "deployments scale to zero (default: $KUBESERVE_REPORT_URL; unset, min_replicas 0 is "
+        "refused)",
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)"
+    )
+    parser.add_argument("--log-level", default=os.environ.get("KUBESERVE_LOG_LEVEL", "INFO"))
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvloop
+    from aiohttp import web
+    from aiohttp.typedefs import Middleware
+
+    from kubeserve.api.server import create_app
+    from kubeserve.backends.kubernetes.backend import KubernetesBackend
+    from kubeserve.backends.kubernetes.main import run_operator
+    from kubeserve.backends.kubernetes.operator import OperatorSettings
+
+    logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it from there
+    settings = OperatorSettings(
+        namespace=args.namespace,
+        watch_namespaces=tuple(n for n in args.watch_namespaces.split(",") if n),
+        kubeconfig=args.kubeconfig,
+        report_url=args.report_url,
+        admin_hosts=tuple(host.strip() for host in args.dashboard_host.split(",")),
+        admin_port=args.dashboard_port,
+        metrics_port=args.metrics_port,
+    )
+
+    def admin_app(backend: KubernetesBackend, middlewares: Sequence[Middleware]) -> web.Application:
+        return create_app(backend, middlewares=middlewares)
+
+    return uvloop.run(run_operator(settings, admin_app))
+
+
+COMMAND = Command("operator", "run the Kubernetes operator", add_arguments, run)

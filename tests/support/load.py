@@ -1,0 +1,86 @@
+"""A steady load through the proxy: clients on keep-alive connections, every outcome recorded."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from support.common import wait_for
+
+CLIENTS = 12
+
+
+@dataclass
+class Outcome:
+    request_id: str
+    started: float
+    ended: float
+    status: int  # 0: no answer (connection refused, reset, timed out)
+
+
+class Load:
+    """Clients on keep-alive connections, each request with a fresh id; records every outcome."""
+
+    def __init__(self, port: int, clients: int = CLIENTS) -> None:
+        """Requests ``GET /`` with a fresh ``X-Request-Id``; a 200 must answer that id."""
+        self.port = port
+        self.outcomes: list[Outcome] = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._client, args=(i,)) for i in range(clients)]
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)
+
+    def _client(self, n: int) -> None:
+        conn: http.client.HTTPConnection | None = None
+        while not self.stop.is_set():
+            request_id = f"c{n}-{uuid.uuid4().hex}"
+            started = time.monotonic()
+            status = 0
+            try:
+                if conn is None:
+                    conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+                conn.request("GET", "/", headers={"X-Request-Id": request_id})
+                response = conn.getresponse()
+                body = response.read()
+                status = response.status
+                if status == 200:
+                    assert body.decode() == request_id, (body, request_id)
+                if response.will_close:
+                    conn.close()
+                    conn = None
+            except (OSError, http.client.HTTPException):
+                if conn is not None:
+                    conn.close()
+                conn = None
+            with self.lock:
+                self.outcomes.append(Outcome(request_id, started, time.monotonic(), status))
+            if status != 200:
+                self.stop.wait(0.05)  # pacing while nothing answers, not synchronisation
+
+    def served_since(self, instant: float) -> float | None:
+        """Seconds from ``instant`` to the first 200 of a request sent after it, or None."""
+        with self.lock:
+            ends = [o.ended for o in self.outcomes if o.started >= instant and o.status == 200]
+        return min(ends) - instant if ends else None
+
+    def wait_served(self, instant: float, within_s: float) -> float:
+        return wait_for(
+            lambda: self.served_since(instant), within_s, what="requests to be served again"
+        )
+
+    def answered_since(self, instant: float) -> int:
+        """Requests sent at or after ``instant`` and answered 200."""
+        with self.lock:
+            return sum(1 for o in self.outcomes if o.started >= instant and o.status == 200)

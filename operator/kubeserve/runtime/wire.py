@@ -37,9 +37,12 @@ from __future__ import annotations
 import json
 import pickle
 import struct
-from collections.abc import Mapping, Sequence
-from typing import Any, NotRequired, TypedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 from urllib.parse import quote, unquote
+
+if TYPE_CHECKING:  # a replica never loads the control layer for this
+    from kubeserve.control.effective_config import EffectiveDeployment
 
 HEALTHZ_PATH = "/-/healthz"
 RECONFIGURE_PATH = "/-/reconfigure"
@@ -154,10 +157,10 @@ class QueueLimits(TypedDict, total=False):
     retry_after_s: float
 
 
-def queue_limits(config: Mapping[str, Any]) -> QueueLimits:
+def queue_limits(config: EffectiveDeployment) -> QueueLimits:
     """The queue fields of a deployment's endpoints, from its effective config."""
-    limits: QueueLimits = {"max_queued_requests": int(config.get("max_queued_requests") or -1)}
-    backpressure = config.get("backpressure_config") or {}
+    limits: QueueLimits = {"max_queued_requests": config.max_queued_requests or -1}
+    backpressure = config.backpressure_config or {}
     if backpressure.get("status_code"):
         limits["backpressure_status"] = int(backpressure["status_code"])
     if backpressure.get("retry_after_s") is not None:

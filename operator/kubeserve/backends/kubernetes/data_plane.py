@@ -22,7 +22,7 @@ from typing import Any
 
 from kubeserve.backends.kubernetes import render
 from kubeserve.backends.kubernetes.pods import pod_ready, replica_key
-from kubeserve.control import effective_config
+from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.runtime import channel, wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import Kube, KubeConflict, KubeError
@@ -105,12 +105,12 @@ class DataPlane:
     async def push_user_config(
         self,
         pods: list[dict[str, Any]],
-        config: dict[str, Any],
+        config: EffectiveDeployment,
         secret: bytes,
         instance_uid: str,
     ) -> None:
         """Send the deployment's user_config to every ready replica that has not applied it."""
-        version = effective_config.user_config_version(config)
+        version = config.user_config_version
         for pod in pods:
             uid = replica_key(pod)
             ip = (pod.get("status") or {}).get("podIP")
@@ -122,7 +122,7 @@ class DataPlane:
             ):
                 continue
             self._pushing.add(uid)
-            body = json.dumps({"user_config": config.get("user_config")}).encode()
+            body = json.dumps({"user_config": config.user_config}).encode()
             name = str(pod["metadata"]["name"])
             push = self._push(uid, ip, name, body, version, secret, instance_uid)
             task = asyncio.ensure_future(push)

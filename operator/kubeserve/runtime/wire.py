@@ -133,7 +133,7 @@ class ReplicaConfig(TypedDict):
     #: With ``probe_port``: the replica runs ``check_health`` itself every
     #: ``health_check_period_s`` (each run limited to ``health_check_timeout_s``) and answers
     #: unauthenticated ``GET /-/healthz`` on ``probe_port`` with the last result (see
-    #: :mod:`kubeserve.runtime.replica_probe`); the kubelet probes it. Absent: no probe listener.
+    #: :mod:`kubeserve.runtime.replica.probe`); the kubelet probes it. Absent: no probe listener.
     probe_port: NotRequired[int]
     health_check_period_s: NotRequired[float]
     health_check_timeout_s: NotRequired[float]

@@ -27,7 +27,7 @@ Every connection to port 8000 must pass the data-plane handshake
 ``KUBESERVE_DATA_PLANE_SECRET``), which a kubelet cannot do. So the replica runs the user's
 ``check_health`` itself every ``health_check_period_s`` (limited to ``health_check_timeout_s``) and
 reports the last result on an unauthenticated listener, container port ``probe`` (8081), that
-answers only ``GET /-/healthz`` and never runs user code (:mod:`kubeserve.runtime.replica_probe`).
+answers only ``GET /-/healthz`` and never runs user code (:mod:`kubeserve.runtime.replica.probe`).
 Probes point there: readiness every ``health_check_period_s`` (out of rotation on the first
 failure), liveness likewise (restart after 3 failures, as Ray replaces a replica after 3), and a
 startup probe that gives the constructor up to :data:`~.render_pod.STARTUP_TIMEOUT_S` seconds.

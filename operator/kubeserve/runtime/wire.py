@@ -44,7 +44,10 @@ from urllib.parse import quote, unquote
 if TYPE_CHECKING:  # a replica never loads the control layer for this
     from kubeserve.control.effective_config import EffectiveDeployment
 
+#: ``GET``: 200 with :func:`health_answer` when the user's ``check_health`` passes, else 503.
 HEALTHZ_PATH = "/-/healthz"
+#: ``POST {"user_config": ...}``: apply it (a no-op when its version is the one applied); 200 with
+#: :func:`health_answer`.
 RECONFIGURE_PATH = "/-/reconfigure"
 METRICS_PATH = "/-/metrics"
 CALL_PREFIX = "/-/call/"
@@ -54,6 +57,22 @@ SNAPSHOT_PATH = "/-/snapshot"
 #: handle) reports ``{deployment key: requests waiting for a replica}``; the autoscaler adds them
 #: to the replicas' ongoing requests.
 LOAD_PATH = "/-/load"
+
+
+def health_answer(user_config_version: str) -> bytes:
+    """A replica's answer to a health check or a reconfigure: the version of the ``user_config``
+    it applied (:func:`kubeserve.control.user_config.user_config_version`)."""
+    return json.dumps({"status": "ok", "user_config_version": user_config_version}).encode()
+
+
+def applied_user_config(answer: bytes) -> str | None:
+    """The ``user_config`` version in a :func:`health_answer`; None when it names none."""
+    try:
+        version = json.loads(answer).get("user_config_version")
+    except (ValueError, AttributeError):
+        return None
+    return version if isinstance(version, str) else None
+
 
 #: Header of a replica's 503 to a request it never started (it is shutting down): the request
 #: provably did not run, so its caller may send it to another replica. Only such answers are ever

@@ -32,6 +32,7 @@ from kubeserve.control.autoscaling import Direction
 from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
 from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.control.status_derivation import DeploymentView, ReplicaStateValue, ReplicaView
+from kubeserve.control.user_config import needs_push
 from kubeserve.runtime import channel, logs, metrics, wire
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.runtime_env import PreparedEnv
@@ -59,6 +60,7 @@ class ReplicaProcess:
     log_path: Path
     state: ReplicaStateValue = "STARTING"
     healthy: bool = True
+    #: the user_config version the replica last reported applying ("" until its first answer)
     applied_user_config: str = ""
     reconfiguring: bool = False
     pid: int | None = None
@@ -350,7 +352,7 @@ class DeploymentState:
         for replica in current:
             if (
                 replica.state == "RUNNING"
-                and replica.applied_user_config != self.user_config_version
+                and needs_push(replica.applied_user_config or None, self.user_config_version)
                 and not replica.reconfiguring
             ):
                 self._spawn(self._reconfigure(replica))
@@ -460,7 +462,6 @@ class DeploymentState:
         except BaseException:
             os.close(fd)
             raise
-        replica.applied_user_config = self.user_config_version
         return fd
 
     async def _run(self, replica: ReplicaProcess) -> None:
@@ -615,6 +616,8 @@ class DeploymentState:
         except OSError as exc:
             return f"{type(exc).__name__}: {exc}"
         if status == 200:
+            # What the replica applied is the replica's to say (control/user_config.py).
+            replica.applied_user_config = wire.applied_user_config(body) or ""
             return ""
         return f"HTTP {status}: {body[:500].decode('utf-8', 'replace')}"
 
@@ -627,7 +630,7 @@ class DeploymentState:
                 replica, "POST", wire.RECONFIGURE_PATH, body, _RECONFIGURE_TIMEOUT_S
             )
             if status == 200:
-                replica.applied_user_config = version
+                replica.applied_user_config = wire.applied_user_config(answer) or version
             else:
                 text = answer[:1000].decode("utf-8", "replace")
                 self.last_error = f"reconfigure failed on {replica.replica_id}: {text}"

@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
+from kubeserve.control.user_config import user_config_version
 from kubeserve.runtime import wire
 from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, StreamedResponse
 from kubeserve.runtime.replica.state import ReplicaState, shutting_down
@@ -32,12 +33,15 @@ _PICKLE = "application/octet-stream"
 class Control:
     """Answers the internal endpoints with the user's code held by a :class:`ReplicaState`.
 
-    Owns ``user_config``, the last one applied.
+    Owns ``user_config``, the last one applied (``applied`` at start), and its version, which
+    every health answer reports (:mod:`kubeserve.control.user_config`): the replica is the one
+    owner of what it applied, and a request to apply that version again changes nothing.
     """
 
-    def __init__(self, state: ReplicaState) -> None:
+    def __init__(self, state: ReplicaState, applied: Any) -> None:
         self._state = state
-        self.user_config = state.config["user_config"]
+        self.user_config = applied
+        self.user_config_version = user_config_version(applied)
         self._reconfigure_lock = asyncio.Lock()
 
     async def handle(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
@@ -171,7 +175,9 @@ class Control:
             await self._state.user.check_health()
         except Exception as exc:
             return HttpResponse(503, error_text(exc).encode())
-        return HttpResponse(200, b"ok")
+        return HttpResponse(
+            200, wire.health_answer(self.user_config_version), content_type="application/json"
+        )
 
     async def _reconfigure(self, request: HttpRequest) -> HttpResponse:
         try:
@@ -181,14 +187,16 @@ class Control:
             return HttpResponse(
                 400, f'body must be JSON {{"user_config": ...}}: {error_text(exc)}'.encode()
             )
+        version = user_config_version(user_config)
         async with self._reconfigure_lock:
-            try:
-                await self._state.user.reconfigure(user_config)
-            except Exception as exc:
-                log.exception("reconfigure failed")
-                return HttpResponse(500, error_text(exc).encode())
-            self.user_config = user_config
-        return HttpResponse(200, b"ok")
+            if version != self.user_config_version:  # the same version again: already applied
+                try:
+                    await self._state.user.reconfigure(user_config)
+                except Exception as exc:
+                    log.exception("reconfigure failed")
+                    return HttpResponse(500, error_text(exc).encode())
+                self.user_config, self.user_config_version = user_config, version
+        return HttpResponse(200, wire.health_answer(version), content_type="application/json")
 
 
 def _enter_call(options: dict[str, Any]) -> str:

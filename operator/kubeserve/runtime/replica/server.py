@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kubeserve.control.user_config import resolve_user_config
 from kubeserve.runtime import local_socket, logs, wire
 from kubeserve.runtime.build import format_user_error
 from kubeserve.runtime.limits import RequestLimits
@@ -83,13 +84,17 @@ def configure_logging(
     logs.configure(logs.LogSettings(logging_config), component, output)
 
 
-async def _start_user_code(config: wire.ReplicaConfig, cluster: ReplicaCluster | None) -> UserCode:
+async def _start_user_code(
+    config: wire.ReplicaConfig, cluster: ReplicaCluster | None
+) -> tuple[UserCode, Any]:
+    """The user's object, constructed, and the ``user_config`` it applied."""
     try:
         node = find_node(config)
         user_config = config["user_config"]
         if cluster is not None:  # the pod template never carries user_config
             overridden, value = await cluster.user_config_override(config["deployment"])
-            user_config = value if overridden else node.deployment.code_options.get("user_config")
+            code_default = node.deployment.code_options.get("user_config")
+            user_config = resolve_user_config(code_default, overridden, value)
         if "logging_config" not in config and node.deployment.code_options.get("logging_config"):
             # the decorator's, when the config gives none
             configure_logging(config, node.deployment.code_options["logging_config"])
@@ -104,7 +109,7 @@ async def _start_user_code(config: wire.ReplicaConfig, cluster: ReplicaCluster |
             f"replica of {config['app']}#{config['deployment']} failed to start: "
             f"{format_user_error(exc)}"
         ) from exc
-    return user
+    return user, user_config
 
 
 async def serve_replica(
@@ -132,11 +137,10 @@ async def serve_replica(
     metrics_listener = await start_metrics_listener(host, metrics_port, secret)
     client = await _start_handle_transport(controller_url, secret, cluster)
     try:
-        state = ReplicaState(
-            config, await _start_user_code(config, cluster), sync_in_threadpool=sync_in_threadpool
-        )
+        user, applied = await _start_user_code(config, cluster)
+        state = ReplicaState(config, user, sync_in_threadpool=sync_in_threadpool)
         state.access_log = logs.active().access_log
-        ingress, control = Ingress(state), Control(state)
+        ingress, control = Ingress(state), Control(state, applied)
         if ingress.lifespan is not None:
             try:
                 await ingress.lifespan.startup()

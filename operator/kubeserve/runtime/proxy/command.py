@@ -25,6 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kubeserve proxy", description=main.__doc__)
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--listen-fd",
+        type=int,
+        default=None,
+        help="serve on this inherited listening socket (of --host/--port) instead of binding one",
+    )
     parser.add_argument("--controller-url")
     parser.add_argument(
         "--discovery", choices=("controller", DISCOVERY_KUBERNETES), default="controller"
@@ -70,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.port,
                 args.controller_url,
                 secret=secret,
+                listen_fd=args.listen_fd,
                 request_timeout_s=args.request_timeout_s,
                 keep_alive_timeout_s=args.keep_alive_timeout_s,
                 limits=limits,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import itertools
 import threading
 import time
 import uuid
@@ -93,4 +94,4 @@ def longest_gap(outcomes: list[Outcome], start: float, end: float) -> float:
     """The longest time within [start, end] without a request answered 200."""
     ends = sorted(o.ended for o in outcomes if o.status == 200 and start <= o.ended <= end)
     marks = [start, *ends, end]
-    return max(b - a for a, b in zip(marks, marks[1:], strict=False))
+    return max(b - a for a, b in itertools.pairwise(marks))

@@ -65,6 +65,10 @@ class LocalSettings:
     log_rotation: tuple[int, int] = (DEFAULT_LOG_BYTES, DEFAULT_LOG_BACKUPS)
     #: start from an empty state: the database is moved aside first (``--reset-state``)
     reset_state: bool = False
+    #: replicas and the proxy outlive this process when it is killed outright, for the next
+    #: ``kubeserve start`` on the state directory to adopt; False (a temporary state directory,
+    #: which no later start sees): they die with it
+    data_plane_outlives: bool = True
 
     @property
     def database(self) -> Path:
@@ -167,6 +171,7 @@ class Controller:
             secret=self.secret,
             secret_file=secret_file,
             records=self.records,
+            die_with_parent=not self.settings.data_plane_outlives,
             request_limits=self.settings.request_limits,
             log_rotation=self.settings.log_rotation,
         )

@@ -115,6 +115,8 @@ class ReplicaContext:
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     #: bytes per log file and rotated files kept (``kubeserve start --log-max-bytes``...)
     log_rotation: tuple[int, int] = (logs.DEFAULT_LOG_BYTES, logs.DEFAULT_LOG_BACKUPS)
+    #: replicas and the proxy get a parent-death signal (see ``LocalSettings.data_plane_outlives``)
+    die_with_parent: bool = False
 
     def data_plane_env(self) -> dict[str, str]:
         """What a proxy or replica needs in its environment to join the data plane."""
@@ -402,8 +404,12 @@ class DeploymentState:
         self._spawn(self._lifecycle(replica, None))
 
     def adopt_all(self, replicas: list[AdoptedReplica]) -> None:
+        """Adopt ``replicas`` (see :meth:`adopt`); an autoscaling deployment starts from their
+        count (within its bounds), not from its initial target."""
         for replica in replicas:
             self.adopt(replica.record, replica.proc)
+        if replicas and self.autoscaler is not None:
+            self.autoscaler.adopt(sum(1 for r in replicas if r.record.version == self.version))
 
     def adopt(self, record: ReplicaRecord, proc: processes.AdoptedProcess) -> None:
         """Take over a replica an earlier ``kubeserve start`` left serving (its identity was
@@ -543,6 +549,7 @@ class DeploymentState:
                 log_path=replica.log_path,
                 cwd=self.env.cwd or self._ctx.base_dir,
                 pass_fds=(config_fd,),
+                die_with_parent=self._ctx.die_with_parent,
             )
         except OSError as exc:
             self._record_startup_failure(replica, f"could not start the replica process: {exc}")

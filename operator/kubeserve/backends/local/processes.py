@@ -81,11 +81,12 @@ async def spawn(
     log_path: Path,
     cwd: str | None = None,
     pass_fds: Sequence[int] = (),
+    die_with_parent: bool = False,
 ) -> asyncio.subprocess.Process:
     """Start ``python -m module args...`` with stdout and stderr appended to ``log_path``.
 
-    The child leads a session of its own and does not die with this process: it holds no pipe
-    to it and no parent-death signal, so a ``kubeserve start`` killed outright leaves it serving.
+    The child leads a session of its own and holds no pipe to this process; unless
+    ``die_with_parent`` (a parent-death SIGKILL) it goes on when this process is killed outright.
 
     A log file that cannot be opened (a full disk refusing a new file) does not hold the start
     up: the child's output goes nowhere until its own log (``logs.RotatingOutput``) can write.
@@ -107,6 +108,7 @@ async def spawn(
             stderr=log,
             env=dict(env),
             cwd=cwd,
+            preexec_fn=_die_with_parent if die_with_parent else None,
             start_new_session=True,
             pass_fds=pass_fds,
         )

@@ -129,6 +129,7 @@ class ProxyProcess:
             env=env,
             log_path=self.log_path,
             pass_fds=(fd,),
+            die_with_parent=self._ctx.die_with_parent,
         )
         started = processes.start_time(proc.pid)
         if started is not None:

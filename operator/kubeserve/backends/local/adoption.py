@@ -6,8 +6,9 @@ a process only when it is provably the one recorded:
 
 * it runs, with the recorded PID *and* start time (a PID reused by a stranger never matches);
 * a replica answers its health check over the authenticated channel at the recorded port, and
-  the channel's handshake names the recorded replica id: its identity and address are the
-  replica's own word, under the instance's secret;
+  the channel's handshake names the recorded replica id: its identity, address and applied
+  ``user_config`` version (in the health answer) are the replica's own word, under the
+  instance's secret;
 * the proxy's start arguments (address and options) are compared with the wanted ones when the
   serving layer is reconciled (:class:`~kubeserve.backends.local.proxy_process.ProxyProcess`).
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -63,7 +65,7 @@ async def _check_replica(record: ReplicaRecord, secret: bytes) -> AdoptedReplica
     if proc is None:
         return None
     try:
-        status, _ = await channel.request(
+        status, answer = await channel.request(
             "127.0.0.1",
             record.port,
             "GET",
@@ -75,8 +77,9 @@ async def _check_replica(record: ReplicaRecord, secret: bytes) -> AdoptedReplica
         problem = "" if status == 200 else f"its health check answered HTTP {status}"
     except (OSError, TimeoutError) as exc:
         problem = f"it does not answer as replica {record.replica_id}: {exc!r}"
-    if not problem:
-        return AdoptedReplica(record, proc)
+    if not problem:  # the user_config it applied, in its own word when it gives it
+        applied = wire.applied_user_config(answer) or record.user_config_version
+        return AdoptedReplica(dataclasses.replace(record, user_config_version=applied), proc)
     log.warning("not adopting replica %s (pid %d): %s", record.replica_id, record.pid, problem)
     with contextlib.suppress(ProcessLookupError):
         proc.kill()

@@ -220,9 +220,9 @@ class Controller:
         if not adopted:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)  # counters start with the run
         private_dir(self.metrics_dir)
-        _kill_orphans(
-            self.settings.state_dir, "left behind by an earlier run of this state dir", adopted
-        )
+        why = "left behind by an earlier run of this state dir"
+        for pid in _kill_orphans(self.settings.state_dir, why, adopted):
+            metrics.mark_process_dead(pid, str(self.metrics_dir))
         shutil.rmtree(self.settings.run_dir, ignore_errors=True)
 
     def _handed_over(self, app: str, uid: str) -> list[AdoptedReplica]:
@@ -366,10 +366,11 @@ class Controller:
         return f"local-{os.uname().nodename}"
 
 
-def _kill_orphans(state_dir: Path, why: str, spared_groups: set[int] | None = None) -> None:
+def _kill_orphans(state_dir: Path, why: str, spared_groups: set[int] | None = None) -> list[int]:
     killed = processes.kill_orphans(state_dir, spared_groups or set())
     if killed:
         log.warning("killed %d processes %s: pids %s", len(killed), why, killed)
+    return killed
 
 
 def _open_controller_log(path: Path) -> logging.Handler:

@@ -134,12 +134,16 @@ def test_what_replicas_started_dies_when_kubeserve_stops(tmp_path: Path) -> None
 
 
 def test_leftovers_of_a_killed_kubeserve_are_killed_at_the_next_start(tmp_path: Path) -> None:
+    """A replica outlives a ``kubeserve start`` killed outright (it would be adopted); one that
+    died meanwhile is not, and what it started is killed by the next start."""
     with running_kubeserve(tmp_path / "state") as ks:
         ks.put([SPAWNER])
         replica, child = _spawned_child(ks)
         ks.stop(signal.SIGKILL)
-        wait_for(lambda: not pid_alive(replica), 30, what="the replica to die with its parent")
-        assert pid_alive(child)  # PDEATHSIG reaches direct children only
+        assert pid_alive(replica) and pid_alive(child)  # the data plane outlives it
+        os.kill(replica, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(replica), 30, what="the replica to die")
+        assert pid_alive(child)  # nothing kills what a replica started but the next start
         ks.start()
         assert not pid_alive(child)
         ks.wait_app("spawner")

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -340,11 +341,51 @@ def test_healthz_503_before_first_snapshot() -> None:
             async with aiohttp.ClientSession() as s:
                 async with s.get(f"http://127.0.0.1:{proxy.port}/-/healthz") as resp:
                     assert resp.status == 503
+                async with s.get(f"http://127.0.0.1:{proxy.port}/x") as resp:
+                    assert resp.status == 503  # a route it may not know yet: never a 404
+                    assert resp.headers["Retry-After"] == "1"
                 proxy.state.apply({"version": 1, "routes": [], "deployments": {}})
                 async with s.get(f"http://127.0.0.1:{proxy.port}/-/healthz") as resp:
                     assert resp.status == 200
                 async with s.get(f"http://127.0.0.1:{proxy.port}/x") as resp:
                     assert resp.status == 404
+        finally:
+            await proxy.close()
+
+    run(go(), uvloop=True)
+
+
+def test_on_an_inherited_socket_connections_wait_for_the_first_snapshot() -> None:
+    """A proxy started on a listening socket it inherits (``kubeserve start`` keeps it across
+    proxy restarts) accepts only once its routes arrived: a connection made before is held in the
+    backlog and answered after them."""
+
+    class Late:
+        def __init__(self) -> None:
+            self.release = asyncio.Event()
+
+        async def start(self, on_update: Callable[[Snapshot], None]) -> None:
+            await self.release.wait()
+            on_update({"version": 1, "routes": [], "deployments": {}})
+
+        async def close(self) -> None:
+            pass
+
+    async def go() -> None:
+        listener = socket.create_server(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        source = Late()
+        proxy = ProxyServer(
+            "127.0.0.1", port, source=source, secret=SECRET, listen_fd=listener.detach()
+        )
+        starting = asyncio.ensure_future(proxy.start())
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)  # the backlog
+            writer.write(b"GET /-/healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            source.release.set()
+            await starting
+            assert (await reader.read()).startswith(b"HTTP/1.1 200 ")  # after the snapshot
+            writer.close()
         finally:
             await proxy.close()
 

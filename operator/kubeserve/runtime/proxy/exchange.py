@@ -57,6 +57,8 @@ _WEBSOCKET_HOP = [(b"Connection", b"Upgrade"), (b"Upgrade", b"websocket")]
 #: The method a WebSocket is recorded with (metrics, access log), as Ray's proxy records it.
 _WEBSOCKET_METHOD = b"WEBSOCKET"
 _JSON = b"application/json"
+#: The answer to a request that comes before the proxy's first routes (a late controller).
+_NO_ROUTES_YET = b"this proxy has not received its routes yet; retry shortly"
 #: The status recorded for a request whose client left before its answer (as Ray records it).
 _CLIENT_LEFT = 499
 
@@ -177,6 +179,9 @@ class Exchange:
                 self._internal(normalized)
                 return
             key = state.deployment_for(path, normalized)
+            if key is None and not state.healthy:  # no routes yet: this one may come
+                self.respond_local(503, _NO_ROUTES_YET, retry_after=b"1")
+                return
             if key is None:
                 body = b"Path '%s' not found. Ping http://.../-/routes for available routes." % path
                 self.respond_local(404, body)

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -38,6 +39,7 @@ class FakeReplica:
         self.shutting_down = False  # answer as a draining replica does: 503, never started
         self.release = asyncio.Event()
         self.sockets_closed = 0  # WebSockets whose handler saw the end
+        self.streams_ended = 0  # endless streams whose handler saw the end
         self.runner: web.AppRunner | None = None
         self.port = 0
 
@@ -110,6 +112,15 @@ class FakeReplica:
             return web.json_response({"size": len(body)}, headers=headers)
         if tail == "big":
             return web.Response(body=b"x" * BIG, headers=headers)
+        if tail == "endless":  # streams until the client leaves
+            resp = web.StreamResponse(headers=headers)
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            try:
+                while True:
+                    await resp.write(b"e" * 65536)
+            finally:
+                self.streams_ended += 1
         if tail == "chunks":
             resp = web.StreamResponse(headers=headers)
             resp.enable_chunked_encoding()
@@ -862,7 +873,45 @@ def test_a_stalled_small_upload_holds_no_slot_and_never_reaches_a_replica() -> N
         writer.close()
         assert json.loads(answer) == {"size": 8}
 
-    scenario(body, cap=1, limits=dataclasses.replace(LIMITS, body_timeout_s=2.0, max_body_bytes=None))
+    scenario(
+        body, cap=1, limits=dataclasses.replace(LIMITS, body_timeout_s=2.0, max_body_bytes=None)
+    )
+
+
+def test_a_client_that_stops_reading_a_stream_is_aborted_and_its_slot_freed() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills soon
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", c.proxy.port))
+        _, writer = await asyncio.open_connection(sock=sock)
+        writer.write(b"GET /a/endless HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.transport.pause_reading()  # a client that takes nothing
+        await wait_until(lambda: c.in_flight() == 1)
+        started = asyncio.get_running_loop().time()
+        await wait_until(lambda: c.in_flight() == 0, 10)
+        assert asyncio.get_running_loop().time() - started < 5
+        await wait_until(lambda: c.replicas["a0"].streams_ended == 1)
+        writer.transport.abort()
+        async with s.get(c.url + "/a/x") as resp:  # the one slot serves others again
+            assert resp.status == 200
+
+    scenario(body, cap=1, limits=dataclasses.replace(LIMITS, send_timeout_s=1.0))
+
+
+def test_a_websocket_client_that_reads_nothing_is_aborted_and_its_slot_freed() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        ws = await s.ws_connect(c.url + "/a/b/ws", max_msg_size=0)
+        assert c.in_flight() == 1
+        ws._response.connection.transport.pause_reading()  # type: ignore[union-attr]
+        blob = b"w" * (1024 * 1024)
+        with contextlib.suppress(ConnectionError):
+            for _ in range(64):  # echoed back to a client that reads none of it
+                await ws.send_bytes(blob)
+        await wait_until(lambda: c.in_flight() == 0, 10)
+        await ws.close()
+
+    scenario(body, limits=dataclasses.replace(LIMITS, send_timeout_s=1.0, max_body_bytes=None))
 
 
 def test_a_connection_that_never_sends_a_byte_is_closed_at_the_header_timeout() -> None:

@@ -511,6 +511,7 @@ class _Connection(ServerConnection):
             early=rest,
             on_lost=self.connection_lost,
             ping_interval_s=self.server.websocket_ping_interval_s,
+            send_timeout_s=self.limits.send_timeout_s,
         )
         self.transport.set_protocol(self.session)
         self.clock.cancel()  # no keep-alive or request timeouts on a socket

@@ -15,7 +15,8 @@ The ASGI bridge (:func:`~kubeserve.runtime.replica_asgi.run_websocket`) drives i
   with its code and reason; :meth:`close` sends the app's close frame and closes the connection
   (as uvicorn does); a connection lost without a close frame is ``1006``;
 * **flow control**: reading pauses while :data:`_INBOX_HIGH` messages wait for the app, and
-  :meth:`send` waits while the client reads slower than the app writes;
+  :meth:`send` waits while the client reads slower than the app writes; a client that takes
+  nothing for ``send_timeout_s`` is aborted (the app's ``send`` raises, its slot is freed);
 * **keepalive**: every :data:`PING_INTERVAL_S` the session pings the client (as uvicorn's default
   WebSocket server does); a client that sent nothing at all, not even the pong, by the next tick
   is gone without a word (a dropped network): the socket is closed with ``1011`` and its
@@ -107,8 +108,10 @@ class WebSocketSession(asyncio.Protocol):
         early: bytes = b"",
         on_lost: Callable[[Exception | None], None] | None = None,
         ping_interval_s: float | None = PING_INTERVAL_S,
+        send_timeout_s: float | None = None,
     ) -> None:
         self.transport = transport
+        self.send_timeout_s = send_timeout_s
         self.max_message_bytes = max_message_bytes
         self.ping_interval_s = ping_interval_s
         self.on_lost = on_lost
@@ -217,8 +220,15 @@ class WebSocketSession(asyncio.Protocol):
         event = TextMessage(data=data) if isinstance(data, str) else BytesMessage(data=data)
         self.transport.write(self.ws.send(event))
         if self.write_paused:  # backpressure: a slow client slows the app
-            self._drained = asyncio.get_running_loop().create_future()
-            await self._drained
+            loop = asyncio.get_running_loop()
+            self._drained = loop.create_future()
+            timeout = self.send_timeout_s
+            stalled = None if timeout is None else loop.call_later(timeout, self.transport.abort)
+            try:
+                await self._drained
+            finally:
+                if stalled is not None:
+                    stalled.cancel()
             if self.lost:
                 raise WebSocketGone("the client left")
 

@@ -103,8 +103,9 @@ class ClientConnection(ServerConnection):
         self.pipeline.clear()
 
     def pause_writing(self) -> None:
-        # The client reads slower than the replica writes: stop reading the replica.
-        self.write_paused = True
+        # The client reads slower than the replica writes: stop reading the replica (and, should
+        # the client take nothing for send_timeout_s, abort it, which releases the slot).
+        self.note_write_paused()
         up = self.active.upstream if self.active is not None else None
         if up is not None:
             up.transport.pause_reading()

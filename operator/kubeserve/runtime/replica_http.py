@@ -481,7 +481,10 @@ class _Connection(ServerConnection):
 
     def close(self) -> None:
         if self.session is not None:  # a socket still open (the server stops): 1001
+            # The session closes the transport, once the client answered its close frame.
             self.session.close(GOING_AWAY, "server shutting down")
+            self.closed = True
+            return
         if not self.closed:
             self.closed = True  # at once: no queued request is served after this
             self.transport.close()  # flushes what is buffered, then closes

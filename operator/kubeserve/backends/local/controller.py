@@ -235,7 +235,7 @@ class Controller:
             except Exception:  # one application's failure must not hold up the others
                 log.exception("reconciling application %r failed", name)
         await self._reconcile_proxy(desired)
-        self._publish()
+        self._publish(desired)
         self._autoscale()
 
     def _autoscale(self) -> None:
@@ -278,7 +278,7 @@ class Controller:
             str(http.get("host", "0.0.0.0")), int(http.get("port", 8000)), options
         )
 
-    def _publish(self) -> None:
+    def _publish(self, desired: DesiredState | None) -> None:
         routes: list[wire.Route] = []
         endpoints: dict[str, wire.DeploymentEndpoints] = {}
         for app in self.apps.values():
@@ -291,11 +291,24 @@ class Controller:
             for name, deployment in app.all_deployments().items():
                 if deployment.config:
                     endpoints[wire.deployment_key(app.name, name)] = deployment.endpoints()
-        self.snapshots.publish(routes, endpoints)
+        self.snapshots.publish(routes, endpoints, _proxy_timeouts(desired))
 
     @property
     def node_id(self) -> str:
         return f"local-{os.uname().nodename}"
+
+
+def _proxy_timeouts(desired: DesiredState | None) -> wire.ProxyTimeouts | None:
+    """The ``http_options`` timeouts the running proxy applies from its snapshot: a change
+    takes effect without restarting it (the flags it was started with say the same at first)."""
+    if desired is None:
+        return None
+    http = desired.options.get("http_options") or {}
+    request_timeout = http.get("request_timeout_s")
+    return {
+        "request_timeout_s": None if request_timeout is None else float(request_timeout),
+        "keep_alive_timeout_s": float(http.get("keep_alive_timeout_s", 90)),
+    }
 
 
 def _kill_orphans(state_dir: Path, why: str) -> None:

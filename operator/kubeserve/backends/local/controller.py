@@ -103,6 +103,8 @@ class Controller:
             settings.max_concurrent_starts,
         )
         self._wake = asyncio.Event()
+        #: build processes running at once, as many as replicas starting at once
+        self._builds = asyncio.Semaphore(settings.max_concurrent_starts)
         self._session: aiohttp.ClientSession | None = None
         self._log_handler: logging.Handler | None = None
         self._ctx: ReplicaContext | None = None
@@ -224,7 +226,9 @@ class Controller:
             if existing is not None and existing.deleting and not existing.stopped:
                 continue  # a re-created app waits for its previous incarnation to stop
             if existing is None or existing.deleting:
-                existing = ApplicationState(name, stored.uid, self._ctx, self.settings.cache_dir)
+                existing = ApplicationState(
+                    name, stored.uid, self._ctx, self.settings.cache_dir, self._builds
+                )
                 self.apps[name] = existing
             app = existing
             app.capacity = capacity

@@ -2,8 +2,8 @@
 
 Replicas take authenticated connections only (``kubeserve.runtime.channel``), so wrk (and nginx,
 the reference proxy) cannot talk to a real replica's port. This process serves the same
-application with the same code, the replica's :class:`~kubeserve.runtime.replica.Replica` dispatch
-behind :class:`~kubeserve.runtime.replica_http.ReplicaHttpServer`, with ``secret=None``: every
+application with the same code, the replica's :class:`~kubeserve.runtime.replica.ingress.Ingress`
+behind :class:`~kubeserve.runtime.replica.http.ReplicaHttpServer`, with ``secret=None``: every
 connection is user traffic from its first byte. The handshake costs one round trip per new
 connection and nothing per request (connections are kept alive), so requests cost here exactly what
 they cost on a real replica; the proxy row still goes through the real replica and its handshake.
@@ -26,8 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 async def serve(import_path: str, deployment: str, port: int) -> None:
     from kubeserve.runtime import wire
     from kubeserve.runtime.build import load_application
-    from kubeserve.runtime.replica import Replica, UserCode
-    from kubeserve.runtime.replica_http import ReplicaHttpServer
+    from kubeserve.runtime.replica.http import ReplicaHttpServer
+    from kubeserve.runtime.replica.ingress import Ingress
+    from kubeserve.runtime.replica.state import ReplicaState
+    from kubeserve.runtime.replica.user_code import UserCode
 
     node = next(n for n in load_application(import_path).deployments() if n.name == deployment)
     config: wire.ReplicaConfig = {
@@ -40,8 +42,8 @@ async def serve(import_path: str, deployment: str, port: int) -> None:
         "graceful_shutdown_wait_loop_s": 0.1,
         "graceful_shutdown_timeout_s": 1.0,
     }
-    replica = Replica(config, await UserCode.construct(node, "bench"))
-    server = ReplicaHttpServer(replica.handle_ingress)  # no secret: no handshake
+    ingress = Ingress(ReplicaState(config, await UserCode.construct(node, "bench")))
+    server = ReplicaHttpServer(ingress.handle)  # no secret: no handshake
     await asyncio.get_running_loop().create_server(server, "127.0.0.1", port, backlog=1024)
     print("ready", flush=True)
     await asyncio.Event().wait()

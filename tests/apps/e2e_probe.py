@@ -19,9 +19,11 @@ from kubeserve import Request, deployment
 class Probe:
     def __init__(self) -> None:
         self.config: Any = None
+        self.reconfigured = 0  # how often reconfigure ran in this process
 
     def reconfigure(self, config: Any) -> None:
         self.config = config
+        self.reconfigured += 1
 
     def check_health(self) -> None:
         flag = os.environ.get("KS_HEALTH_FILE")
@@ -34,6 +36,7 @@ class Probe:
         return {
             "pid": os.getpid(),
             "config": self.config,
+            "reconfigured": self.reconfigured,
             "env": {k: v for k, v in os.environ.items() if k.startswith(("KS_", "KUBESERVE_"))},
         }
 

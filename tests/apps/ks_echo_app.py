@@ -27,8 +27,10 @@ class Echo:
         self.prefix = prefix
         self.greeting = "unset"
         self.healthy = True
+        self.reconfigured = 0  # how often reconfigure ran
 
     def reconfigure(self, config: dict[str, Any]) -> None:
+        self.reconfigured += 1
         if config.get("fail"):
             raise ValueError("bad user_config")
         self.greeting = config["greeting"]
@@ -44,7 +46,11 @@ class Echo:
         if kind == "bytes":
             return b"\x00\x01raw"
         if kind == "dict":
-            return {"greeting": self.greeting, "pid": os.getpid()}
+            return {
+                "greeting": self.greeting,
+                "pid": os.getpid(),
+                "reconfigured": self.reconfigured,
+            }
         if kind == "none":
             return None
         if kind == "response":

@@ -107,13 +107,15 @@ def test_user_config_change_restarts_no_pod(
 ) -> None:
     plane = control_plane
     url = deploy_probe(plane, operator, namespace, numReplicas=2, userConfig={"greeting": "hi"})
-    assert probe_answer(url)["config"] == {"greeting": "hi"}
+    # A new pod applies its user_config once, at start: the operator asks before it pushes.
+    answers = [probe_answer(url) for _ in range(8)]
+    assert {(a["config"]["greeting"], a["reconfigured"]) for a in answers} == {("hi", 1)}
     pods = replica_pods(plane, namespace)
     assert len(pods) == 2
     patch_probe(plane, namespace, numReplicas=2, userConfig={"greeting": "bonjour"})
     wait_for(lambda: ready_generation(plane, namespace) == 2, 60, what="generation 2 Ready")
-    answers = [probe_answer(url)["config"] for _ in range(8)]
-    assert answers == [{"greeting": "bonjour"}] * 8
+    answers = [probe_answer(url) for _ in range(8)]
+    assert {(a["config"]["greeting"], a["reconfigured"]) for a in answers} == {("bonjour", 2)}
     assert replica_pods(plane, namespace) == pods  # same pods, no restarts
 
 
@@ -151,11 +153,15 @@ def test_restarting_the_operator_restarts_no_pod(
         p["metadata"]["uid"]
         for p in ready_pods(plane, namespace, "app.kubernetes.io/component=proxy")
     }
+    assert probe_answer(url)["reconfigured"] == 1
     operator.stop()
     operator.start()
     patch_probe(plane, namespace, userConfig={"n": 2})  # proves the new operator is at work
     wait_for(lambda: ready_generation(plane, namespace) == 2, 60, what="generation 2 Ready")
+    # The new operator asked the replica what it applied instead of pushing n=1 again: the
+    # user's reconfigure ran for the change only.
     assert probe_answer(url)["config"] == {"n": 2}
+    assert probe_answer(url)["reconfigured"] == 2
     assert replica_pods(plane, namespace) == pods
     assert {
         p["metadata"]["uid"]

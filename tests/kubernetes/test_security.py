@@ -136,7 +136,7 @@ def test_rendered_objects_pass_a_server_side_dry_run_under_restricted_pod_securi
     config = {"name": "shop", "import_path": "shop.main:app", "runtime_env": runtime_env}
     app_meta = {**meta, "name": "shop", "uid": "6f0e5d2c-0000-4000-8000-000000000002"}
     app = render.app_view({"metadata": {**app_meta, "generation": 1}}, config)
-    effective = effective_config.effective_deployment_config("Model", {}, None)
+    effective = effective_config.effective_deployment("Model", {}, None)
     deployment = render.deployment_view(config, effective)
     objects = [
         render.render_data_plane_secret(inst, "ab" * 32),

@@ -3,7 +3,7 @@
 The attack this guards against: a replica dies, a local user binds its freed port, relays the
 callers' greetings to a live replica, passes that replica's proof back, then answers with bytes of
 its own (a pickle the caller would load) or slips its own requests to the replica. Real replica
-servers (:class:`~kubeserve.runtime.replica_http.ReplicaHttpServer` on uvloop, as in production),
+servers (:class:`~kubeserve.runtime.replica.http.ReplicaHttpServer` on uvloop, as in production),
 the real proxy and the real channel client; only the relay in the middle is the test's.
 """
 
@@ -21,7 +21,7 @@ import pytest
 
 from kubeserve.runtime import channel, sealing, wire
 from kubeserve.runtime.proxy import ProxyServer
-from kubeserve.runtime.replica_http import HttpRequest, HttpResponse, ReplicaHttpServer
+from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, ReplicaHttpServer
 from support.channel_front import SECRET
 from support.common import run
 from support.kubeserve_start import PickleMarker

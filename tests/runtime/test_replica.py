@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from kubeserve.control.user_config import user_config_version
 from kubeserve.runtime import channel, wire
 from support.channel_front import SECRET
 from support.common import free_port, wait_for
@@ -232,7 +233,8 @@ def test_every_user_response_carries_the_callers_request_id(echo: ReplicaProcess
 
 
 def test_healthz_runs_check_health(echo: ReplicaProcess) -> None:
-    assert echo.get(wire.HEALTHZ_PATH)[:3:2] == (200, b"ok")
+    status, _, body = echo.get(wire.HEALTHZ_PATH)
+    assert status == 200 and json.loads(body)["status"] == "ok"
     echo.get("/sick")
     status, _, body = echo.get(wire.HEALTHZ_PATH)
     assert (status, body) == (503, b"RuntimeError: marked unhealthy")
@@ -243,12 +245,32 @@ def test_reconfigure_changes_answers_in_place(echo: ReplicaProcess) -> None:
     payload = json.dumps({"user_config": {"greeting": "bonjour"}}).encode()
     assert echo.request("POST", wire.RECONFIGURE_PATH, payload)[0] == 200
     answer = json.loads(echo.get("/dict")[2])
-    assert answer == {"greeting": "bonjour", "pid": pid}
+    assert answer == {"greeting": "bonjour", "pid": pid, "reconfigured": 2}  # start, then this
 
     failing = json.dumps({"user_config": {"fail": True}}).encode()
     status, _, body = echo.request("POST", wire.RECONFIGURE_PATH, failing)
     assert (status, body) == (500, b"ValueError: bad user_config")
     assert echo.request("POST", wire.RECONFIGURE_PATH, b"not json")[0] == 400
+
+
+def test_the_replica_reports_the_user_config_it_applied_and_applies_a_version_once(
+    echo: ReplicaProcess,
+) -> None:
+    started = user_config_version({"greeting": "hello"})  # the fixture's, applied at start
+    assert wire.applied_user_config(echo.get(wire.HEALTHZ_PATH)[2]) == started
+    assert json.loads(echo.get("/dict")[2])["reconfigured"] == 1
+    # The same value again (in another key order, as a controller may send it): nothing runs.
+    same = json.dumps({"user_config": {"greeting": "hello"}}).encode()
+    status, _, body = echo.request("POST", wire.RECONFIGURE_PATH, same)
+    assert status == 200 and wire.applied_user_config(body) == started
+    assert json.loads(echo.get("/dict")[2])["reconfigured"] == 1
+    new = {"greeting": "salut"}
+    status, _, body = echo.request(
+        "POST", wire.RECONFIGURE_PATH, json.dumps({"user_config": new}).encode()
+    )
+    assert status == 200 and wire.applied_user_config(body) == user_config_version(new)
+    assert wire.applied_user_config(echo.get(wire.HEALTHZ_PATH)[2]) == user_config_version(new)
+    assert json.loads(echo.get("/dict")[2])["reconfigured"] == 2
 
 
 def test_metrics_count_requests(echo: ReplicaProcess) -> None:

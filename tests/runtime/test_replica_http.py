@@ -19,7 +19,7 @@ from kubeserve.runtime import local_socket
 from kubeserve.runtime.channel import Role
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.proxy import ProxyServer
-from kubeserve.runtime.replica_http import (
+from kubeserve.runtime.replica.http import (
     HttpRequest,
     HttpResponse,
     ReplicaHttpServer,

@@ -1,7 +1,8 @@
 """The replica's unauthenticated probe listener: answers the kubelet from the replica's own checks.
 
 In process for the listener itself (what a caller can and cannot make it do), then a real replica
-process started with ``probe_port`` as the operator renders it.
+process started as the operator renders it: ``kubeserve replica`` with a ``probe_port`` and the
+metrics port in its environment.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
 from kubeserve.runtime import channel, wire
-from kubeserve.runtime.replica_probe import ProbeListener
+from kubeserve.runtime.kubernetes.contract import METRICS_PORT_ENV
+from kubeserve.runtime.metrics_listener import metrics_token
+from kubeserve.runtime.replica.probe import ProbeListener
 from support.channel_front import SECRET
 from support.common import free_port
 from support.sealed_socket import sealed_socket
@@ -124,9 +127,17 @@ def test_a_slow_check_counts_as_failed_after_its_timeout() -> None:
 # --------------------------------------------------------------------------- a replica process
 
 
+class PodReplica(NamedTuple):
+    port: int
+    probe_port: int
+    metrics_port: int
+    proc: subprocess.Popen[bytes]
+
+
 @pytest.fixture
-def replica() -> Iterator[tuple[int, int, subprocess.Popen[bytes]]]:
-    port, probe_port = free_port(), free_port()
+def replica() -> Iterator[PodReplica]:
+    """A replica started by the pod's command, ``kubeserve replica`` (outside a cluster)."""
+    port, probe_port, metrics_port = free_port(), free_port(), free_port()
     config = {
         "app": "default",
         "deployment": "Echo",
@@ -143,15 +154,16 @@ def replica() -> Iterator[tuple[int, int, subprocess.Popen[bytes]]]:
     env = dict(os.environ)
     env[wire.REPLICA_CONFIG_ENV] = json.dumps(config)
     env[channel.SECRET_ENV] = SECRET.decode()
+    env[METRICS_PORT_ENV] = str(metrics_port)
     env.pop(wire.CONTROLLER_URL_ENV, None)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "operator"), str(ROOT / "tests" / "apps")])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kubeserve.runtime.replica", "--host", "127.0.0.1",
+        [sys.executable, "-m", "kubeserve.cli", "replica", "--host", "127.0.0.1",
          "--port", str(port)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        yield port, probe_port, proc
+        yield PodReplica(port, probe_port, metrics_port, proc)
     finally:
         proc.kill()
         proc.wait(10)
@@ -175,10 +187,8 @@ def wait_status(port: int, status: int) -> None:
         time.sleep(0.05)
 
 
-def test_a_replica_process_reports_its_health_on_the_probe_port(
-    replica: tuple[int, int, subprocess.Popen[bytes]],
-) -> None:
-    port, probe_port, proc = replica
+def test_a_replica_process_reports_its_health_on_the_probe_port(replica: PodReplica) -> None:
+    port, probe_port, _, proc = replica
     wait_status(probe_port, 200)  # constructed and listening
 
     # /sick through a real INGRESS connection makes the user's check_health fail from now on
@@ -199,3 +209,21 @@ def test_a_replica_process_reports_its_health_on_the_probe_port(
         assert not answer.startswith(b"HTTP/")
     proc.terminate()
     assert proc.wait(15) == 0
+
+
+def test_a_replica_process_serves_metrics_on_the_port_the_operator_gave_it(
+    replica: PodReplica,
+) -> None:
+    """``kubeserve replica`` reads the metrics port from the pod's environment and hands it to
+    the replica, whose metrics listener answers with the instance's metrics token only."""
+    wait_status(replica.probe_port, 200)  # the metrics port opens before the user's code starts
+    conn = http.client.HTTPConnection("127.0.0.1", replica.metrics_port, timeout=5)
+    try:
+        conn.request(
+            "GET", "/metrics", headers={"Authorization": f"Bearer {metrics_token(SECRET)}"}
+        )
+        response = conn.getresponse()
+        assert response.status == 200
+        assert b"ray_serve_replica_processing_queries" in response.read()
+    finally:
+        conn.close()

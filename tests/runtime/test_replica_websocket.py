@@ -1,5 +1,5 @@
 """WebSockets on the replica's HTTP server in-process: the ASGI ``websocket`` scope and messages
-(:mod:`kubeserve.runtime.replica_asgi`) over the wsproto-framed session
+(:mod:`kubeserve.runtime.replica.asgi`) over the wsproto-framed session
 (:mod:`kubeserve.runtime.websocket`), seen by raw sockets, a wsproto client and aiohttp."""
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from wsproto.events import (
 )
 
 from kubeserve.runtime.limits import RequestLimits
-from kubeserve.runtime.replica_asgi import run_websocket, websocket_scope
-from kubeserve.runtime.replica_http import HttpRequest, HttpResponse, ReplicaHttpServer
+from kubeserve.runtime.replica.asgi import run_websocket, websocket_scope
+from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, ReplicaHttpServer
 from kubeserve.runtime.websocket import WebSocketSession
 from support.common import run, wait_until
 

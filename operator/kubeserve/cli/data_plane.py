@@ -1,6 +1,7 @@
 """The data-plane commands kubeserve starts itself, locally or in pods: ``proxy``, ``replica`` and
 ``build`` (each parses its own command line; the environment its launcher sets is named in
-:mod:`kubeserve.runtime.wire`), and ``fetch-runtime-env`` (a pod's init container)."""
+:mod:`kubeserve.runtime.wire`; what a cluster provides them is chosen by their composition root,
+:mod:`kubeserve.runtime.kubernetes.pod`), and ``fetch-runtime-env`` (a pod's init container)."""
 
 from __future__ import annotations
 
@@ -13,21 +14,21 @@ from kubeserve.cli.command import Command
 
 
 def _proxy(argv: list[str]) -> int:
-    from kubeserve.runtime import proxy
+    from kubeserve.runtime.kubernetes import pod
 
-    return proxy.main(argv)
+    return pod.proxy(argv)
 
 
 def _replica(argv: list[str]) -> int:
-    from kubeserve.runtime import replica
+    from kubeserve.runtime.kubernetes import pod
 
-    return replica.main(argv)
+    return pod.replica(argv)
 
 
 def _build(argv: list[str]) -> int:
-    from kubeserve.runtime import build
+    from kubeserve.runtime.kubernetes import pod
 
-    return build.main(argv)
+    return pod.build(argv)
 
 
 def _no_arguments(_parser: argparse.ArgumentParser) -> None:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Literal
 
+from kubeserve.schema.config import AutoscalingConfig as AutoscalingConfigSchema
+
 __all__ = [
     "AUTOSCALING_DEFAULTS",
     "AUTO_NUM_REPLICAS_DEFAULTS",
@@ -46,23 +48,12 @@ __all__ = [
 Aggregation = Literal["mean", "max", "min"]
 Direction = Literal["UP", "DOWN"]
 
-#: Ray Serve 2.60's ``AutoscalingConfig`` defaults.
-AUTOSCALING_DEFAULTS: dict[str, Any] = {
-    "min_replicas": 1,
-    "initial_replicas": None,
-    "max_replicas": 1,
-    "target_ongoing_requests": 2.0,
-    "metrics_interval_s": 10.0,
-    "look_back_period_s": 30.0,
-    "smoothing_factor": 1.0,
-    "upscale_smoothing_factor": None,
-    "downscale_smoothing_factor": None,
-    "upscaling_factor": None,
-    "downscaling_factor": None,
-    "downscale_delay_s": 600.0,
-    "downscale_to_zero_delay_s": None,
-    "upscale_delay_s": 30.0,
-    "aggregation_function": "mean",
+#: Ray Serve 2.60's ``AutoscalingConfig`` defaults: the schema model's, stated there only (its
+#: ``policy`` is not acted on, so an effective config leaves it out).
+AUTOSCALING_DEFAULTS: Mapping[str, Any] = {
+    name: info.default
+    for name, info in AutoscalingConfigSchema.model_fields.items()
+    if name != "policy"
 }
 
 #: What ``num_replicas: "auto"`` sets under the fields the user gives (Ray 2.60's
@@ -80,20 +71,21 @@ _DELAY_EPS_S = 1e-6
 @dataclass(frozen=True)
 class AutoscalingConfig:
     """An ``autoscaling_config`` with every field resolved (deprecated smoothing factors folded
-    into the two scaling factors, as Ray does)."""
+    into the two scaling factors, as Ray does); built by :meth:`from_mapping`, which fills
+    :data:`AUTOSCALING_DEFAULTS`."""
 
-    min_replicas: int = 1
-    max_replicas: int = 1
-    initial_replicas: int | None = None
-    target_ongoing_requests: float = 2.0
-    metrics_interval_s: float = 10.0
-    look_back_period_s: float = 30.0
-    upscale_delay_s: float = 30.0
-    downscale_delay_s: float = 600.0
-    downscale_to_zero_delay_s: float | None = None
-    upscaling_factor: float = 1.0
-    downscaling_factor: float = 1.0
-    aggregation_function: Aggregation = "mean"
+    min_replicas: int
+    max_replicas: int
+    initial_replicas: int | None
+    target_ongoing_requests: float
+    metrics_interval_s: float
+    look_back_period_s: float
+    upscale_delay_s: float
+    downscale_delay_s: float
+    downscale_to_zero_delay_s: float | None
+    upscaling_factor: float
+    downscaling_factor: float
+    aggregation_function: Aggregation
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> AutoscalingConfig:

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubeserve.control import effective_config
+from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.schema.status import (
     APIType,
     ApplicationDetails,
@@ -91,7 +91,7 @@ class DeploymentDetailsView:
     """
 
     name: str
-    config: Mapping[str, Any]
+    config: EffectiveDeployment
     target_replicas: int
     replicas: Sequence[ReplicaProcessView] = ()
     status: str = "UPDATING"
@@ -204,9 +204,9 @@ def _deployment(app: str, deployment: DeploymentDetailsView) -> DeploymentDetail
         status=deployment.status,
         status_trigger=deployment.status_trigger,
         message=deployment.message,
-        deployment_config=dict(deployment.config),
+        deployment_config=deployment.config.as_dict(),
         target_num_replicas=deployment.target_replicas,
-        required_resources=effective_config.required_resources(deployment.config),
+        required_resources=deployment.config.required_resources(),
         replicas=[
             ReplicaDetails(
                 **_process(

@@ -15,33 +15,123 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from kubeserve.control import autoscaling
+
+__all__ = [
+    "AUTOSCALING_DEFAULTS",
+    "HEALTH_CHECK_FAILURE_THRESHOLD",
+    "EffectiveDeployment",
+    "effective_deployment",
+    "fingerprint",
+    "graph_configs",
+    "replica_version",
+    "runtime_env_key_paths",
+    "unknown_override_error",
+]
 
 #: Consecutive failed health checks after which a replica is replaced (Ray Serve's threshold); a
 #: single failure only logs a warning, since one slow check under load is not a dead replica.
 HEALTH_CHECK_FAILURE_THRESHOLD = 3
 
-#: Ray Serve 2.60's defaults for every deployment option kubeserve acts on.
-DEPLOYMENT_DEFAULTS: dict[str, Any] = {
-    "num_replicas": 1,
-    "max_ongoing_requests": 5,
-    "max_queued_requests": -1,
-    "backpressure_config": None,
-    "user_config": None,
-    "autoscaling_config": None,
-    "graceful_shutdown_wait_loop_s": 2.0,
-    "graceful_shutdown_timeout_s": 20.0,
-    "health_check_period_s": 10.0,
-    "health_check_timeout_s": 30.0,
-    "ray_actor_options": {"runtime_env": {}, "num_cpus": 1.0},
-    "is_driver_deployment": False,
-}
-
 #: Ray Serve 2.60's autoscaling defaults, filled under a given ``autoscaling_config``.
-AUTOSCALING_DEFAULTS: dict[str, Any] = autoscaling.AUTOSCALING_DEFAULTS
+AUTOSCALING_DEFAULTS: Mapping[str, Any] = autoscaling.AUTOSCALING_DEFAULTS
+
+
+def _default_actor_options() -> dict[str, Any]:
+    return {"runtime_env": {}, "num_cpus": 1.0}
+
+
+@dataclass(frozen=True)
+class EffectiveDeployment:
+    """The full configuration a deployment runs with, every field filled.
+
+    The field defaults are Ray Serve 2.60's for every deployment option kubeserve acts on, stated
+    here only; every field is a :class:`~kubeserve.schema.config.DeploymentSchema` field (a test
+    pins it), so :meth:`as_dict` is a valid ``deployment_config``. Invariants: under autoscaling,
+    ``autoscaling_config`` has every field of Ray's defaults filled and ``num_replicas`` is
+    ``None``; ``logging_config`` is ``None`` when nothing sets it (Ray's defaults). Only
+    :meth:`as_dict` (details), the renderers and the replica's config file serialize it.
+
+    ``max_queued_requests`` is ``None`` (no limit, like -1) and ``num_replicas`` is ``None``
+    without autoscaling only when a config gives them as null.
+    """
+
+    name: str
+    num_replicas: int | None = 1
+    max_ongoing_requests: int = 5
+    max_queued_requests: int | None = -1
+    backpressure_config: Mapping[str, Any] | None = None
+    user_config: Any = None
+    autoscaling_config: Mapping[str, Any] | None = None
+    graceful_shutdown_wait_loop_s: float = 2.0
+    graceful_shutdown_timeout_s: float = 20.0
+    health_check_period_s: float = 10.0
+    health_check_timeout_s: float = 30.0
+    ray_actor_options: Mapping[str, Any] = field(default_factory=_default_actor_options)
+    is_driver_deployment: bool | None = False
+    logging_config: Mapping[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The REST spelling (``deployment_config`` of the details); unset optional parts are
+        absent, as Ray's schema has no null for them."""
+        body = asdict(self)
+        for optional in ("backpressure_config", "logging_config"):
+            if body[optional] is None:
+                del body[optional]
+        return body
+
+    def target_replicas(
+        self,
+        target_capacity: float | None = None,
+        capacity_direction: autoscaling.Direction | None = None,
+    ) -> int:
+        """The replica count the deployment starts from, ``target_capacity`` applied.
+
+        A fixed ``num_replicas`` is scaled by the capacity. With autoscaling, the count starts at
+        ``initial_replicas`` (else ``min_replicas``); the autoscaling policy moves it within
+        ``[min_replicas, max_replicas]`` (both scaled by the capacity) later.
+        """
+        if self.autoscaling_config:
+            policy = autoscaling.AutoscalingConfig.from_mapping(self.autoscaling_config)
+            return autoscaling.initial_target(policy, target_capacity, capacity_direction)
+        if self.num_replicas is None:
+            raise ValueError(f"deployment {self.name!r}: num_replicas is null")
+        return autoscaling.capacity_adjusted(self.num_replicas, target_capacity)
+
+    @property
+    def user_config_version(self) -> str:
+        """Identifies the ``user_config`` a replica applied (changed in place, no restart)."""
+        return fingerprint(self.user_config)
+
+    @property
+    def actor_runtime_env(self) -> Mapping[str, Any] | None:
+        """The deployment's own ``runtime_env`` (merged over the application's)."""
+        env: Mapping[str, Any] | None = self.ray_actor_options.get("runtime_env")
+        return env
+
+    def required_resources(self) -> dict[str, float]:
+        """Resources one replica asks for, in Ray's spelling (``CPU``, ``GPU``, ``memory``,
+        custom)."""
+        options = self.ray_actor_options
+        resources: dict[str, float] = {}
+        if options.get("num_cpus") is not None:
+            resources["CPU"] = float(options["num_cpus"])
+        if options.get("num_gpus"):
+            resources["GPU"] = float(options["num_gpus"])
+        if options.get("memory"):
+            resources["memory"] = float(options["memory"])
+        for key, value in (options.get("resources") or {}).items():
+            resources[key] = float(value)
+        return resources
+
+
+#: The options taken whole from the most specific place that sets them (``logging_config`` has
+#: its own precedence; ``name`` is the deployment's).
+_TAKEN_WHOLE = frozenset(f.name for f in fields(EffectiveDeployment)) - {"name", "logging_config"}
 
 #: Options that change what a replica process is; changing one replaces the replicas.
 #: ``user_config`` is deliberately absent (applied in place through ``reconfigure``), and so are
@@ -53,18 +143,29 @@ _ALIASES = {
     "cluster_actor_options": "ray_actor_options",
 }
 
+#: How a given value becomes its field's type (a given null stays null: see EffectiveDeployment).
+_AS_TYPE: Mapping[str, Callable[[Any], Any]] = {
+    "num_replicas": int,
+    "max_ongoing_requests": int,
+    "max_queued_requests": int,
+    "graceful_shutdown_wait_loop_s": float,
+    "graceful_shutdown_timeout_s": float,
+    "health_check_period_s": float,
+    "health_check_timeout_s": float,
+}
+
 
 def _canonical(options: Mapping[str, Any]) -> dict[str, Any]:
     return {_ALIASES.get(k, k): v for k, v in options.items() if k != "name"}
 
 
-def effective_deployment_config(
+def effective_deployment(
     name: str,
     code_options: Mapping[str, Any],
     overrides: Mapping[str, Any] | None,
     app_logging_config: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The full configuration a deployment runs with, every field filled.
+) -> EffectiveDeployment:
+    """What deployment ``name`` runs with: defaults <- ``code_options`` <- ``overrides``.
 
     ``logging_config`` follows Ray's precedence: the deployment's in the config, else the
     application's (``app_logging_config``), else the decorator's; absent when none is given
@@ -73,46 +174,44 @@ def effective_deployment_config(
     ``route_prefix`` is not part of it: routes are an application-level concern (see
     :func:`kubeserve.control.routes`), as in Ray Serve's multi-application model.
     """
-    merged: dict[str, Any] = dict(DEPLOYMENT_DEFAULTS)
+    given: dict[str, Any] = {}
     for source in (_canonical(code_options), _canonical(overrides or {})):
-        for key, value in source.items():
-            if key in merged:
-                merged[key] = value
+        given.update((key, value) for key, value in source.items() if key in _TAKEN_WHOLE)
         if source.get("num_replicas") == "auto":
             # Ray's "auto" defaults, under the autoscaling fields given with it (or before it)
-            given = source.get("autoscaling_config") or merged["autoscaling_config"] or {}
-            merged["autoscaling_config"] = {**autoscaling.AUTO_NUM_REPLICAS_DEFAULTS, **given}
-    if merged["backpressure_config"] is None:
-        del merged["backpressure_config"]  # Ray's schema has no null there: absent is the default
-    if merged["autoscaling_config"] is not None:
-        merged["autoscaling_config"] = {**AUTOSCALING_DEFAULTS, **merged["autoscaling_config"]}
-        merged["num_replicas"] = None
+            auto = given.get("autoscaling_config") or {}
+            given["autoscaling_config"] = {**autoscaling.AUTO_NUM_REPLICAS_DEFAULTS, **auto}
+    if given.get("autoscaling_config") is not None:
+        given["autoscaling_config"] = {**AUTOSCALING_DEFAULTS, **given["autoscaling_config"]}
+        given["num_replicas"] = None
+    for key, as_type in _AS_TYPE.items():
+        if given.get(key) is not None:
+            given[key] = as_type(given[key])
     logging_config = (
         (overrides or {}).get("logging_config")
         or app_logging_config
         or code_options.get("logging_config")
     )
     if logging_config:
-        merged["logging_config"] = dict(logging_config)
-    return {"name": name, **merged}
+        given["logging_config"] = dict(logging_config)
+    return EffectiveDeployment(name=name, **given)
 
 
-def target_replicas(
-    config: Mapping[str, Any],
-    target_capacity: float | None = None,
-    capacity_direction: autoscaling.Direction | None = None,
-) -> int:
-    """The replica count a deployment starts from, ``target_capacity`` applied.
-
-    A fixed ``num_replicas`` is scaled by the capacity. With autoscaling, the count starts at
-    ``initial_replicas`` (else ``min_replicas``); the autoscaling policy moves it within
-    ``[min_replicas, max_replicas]`` (both scaled by the capacity) later.
-    """
-    raw = config.get("autoscaling_config")
-    if raw:
-        policy = autoscaling.AutoscalingConfig.from_mapping(raw)
-        return autoscaling.initial_target(policy, target_capacity, capacity_direction)
-    return autoscaling.capacity_adjusted(int(config["num_replicas"]), target_capacity)
+def graph_configs(
+    app_config: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]]
+) -> dict[str, EffectiveDeployment]:
+    """The effective config of every deployment of a built graph (its ``deployments`` nodes, in
+    order), under the application config's overrides and ``logging_config``."""
+    overrides = {d["name"]: d for d in app_config.get("deployments") or []}
+    return {
+        str(node["name"]): effective_deployment(
+            str(node["name"]),
+            node.get("options") or {},
+            overrides.get(node["name"]),
+            app_config.get("logging_config"),
+        )
+        for node in nodes
+    }
 
 
 def fingerprint(value: Any) -> str:
@@ -121,7 +220,7 @@ def fingerprint(value: Any) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def replica_version(app_config: Mapping[str, Any], config: Mapping[str, Any]) -> str:
+def replica_version(app_config: Mapping[str, Any], config: EffectiveDeployment) -> str:
     """Identifies what a replica process runs; replicas of another version are replaced.
 
     It covers the code (import path), the environment (runtime_env) and the process options, and
@@ -132,28 +231,9 @@ def replica_version(app_config: Mapping[str, Any], config: Mapping[str, Any]) ->
             "import_path": app_config.get("import_path"),
             "runtime_env": app_config.get("runtime_env") or {},
             "args": app_config.get("args") or {},
-            **{field: config.get(field) for field in _PROCESS_FIELDS},
+            **{name: getattr(config, name) for name in _PROCESS_FIELDS},
         }
     )
-
-
-def user_config_version(config: Mapping[str, Any]) -> str:
-    return fingerprint(config.get("user_config"))
-
-
-def required_resources(config: Mapping[str, Any]) -> dict[str, float]:
-    """Resources one replica asks for, in Ray's spelling (``CPU``, ``GPU``, ``memory``, custom)."""
-    options = config.get("ray_actor_options") or {}
-    resources: dict[str, float] = {}
-    if options.get("num_cpus") is not None:
-        resources["CPU"] = float(options["num_cpus"])
-    if options.get("num_gpus"):
-        resources["GPU"] = float(options["num_gpus"])
-    if options.get("memory"):
-        resources["memory"] = float(options["memory"])
-    for key, value in (options.get("resources") or {}).items():
-        resources[key] = float(value)
-    return resources
 
 
 def unknown_override_error(

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+
+from kubeserve.control.effective_config import EffectiveDeployment
 
 #: The resources placement enforces, in Ray's spelling.
 ENFORCED = ("CPU", "GPU")
@@ -26,9 +27,9 @@ DEFAULT_REPLICA_CPUS = 1.0
 _EPSILON = 1e-9
 
 
-def replica_claim(config: Mapping[str, Any]) -> dict[str, float]:
+def replica_claim(config: EffectiveDeployment) -> dict[str, float]:
     """What one replica of a deployment (its effective config) takes from the instance."""
-    options = config.get("ray_actor_options") or {}
+    options = config.ray_actor_options
     cpus = options.get("num_cpus")
     return {
         "CPU": float(DEFAULT_REPLICA_CPUS if cpus is None else cpus),

@@ -29,15 +29,12 @@ import contextlib
 import importlib
 import inspect
 import json
-import os
 import sys
 import traceback
 import typing
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-import pydantic
-
-from kubeserve.runtime.kubernetes.contract import NAMESPACE_ENV
 from kubeserve.sdk import ray_namespace
 from kubeserve.sdk.application import Application
 from kubeserve.sdk.deployment import Deployment
@@ -45,6 +42,11 @@ from kubeserve.sdk.ingress import asgi_app_of
 
 #: How many of the innermost user frames an error report keeps.
 ERROR_FRAMES = 5
+
+
+#: Writes a build's document where the operator reads it: ``(namespace, configmap, document,
+#: application, application_uid)``; idempotent (a retried Job may write it again).
+GraphWriter = Callable[[str, str, str, str, str], Coroutine[Any, Any, None]]
 
 
 class BuildError(Exception):
@@ -108,8 +110,15 @@ def _builder_argument(builder: Any, args: dict[str, Any]) -> Any:
     except (TypeError, ValueError, NameError):
         return args
     annotation = hints.get(first) if first is not None else None
-    if inspect.isclass(annotation) and issubclass(annotation, pydantic.BaseModel):
-        return annotation.model_validate(args)
+    # A pydantic model annotation means its module imported pydantic: never imported here, so a
+    # replica whose application does not use pydantic does not pay its memory.
+    pydantic = sys.modules.get("pydantic")
+    if (
+        pydantic is not None
+        and inspect.isclass(annotation)
+        and issubclass(annotation, pydantic.BaseModel)
+    ):
+        return annotation.model_validate(args)  # type: ignore[attr-defined]
     return args
 
 
@@ -169,21 +178,29 @@ def format_user_error(exc: BaseException) -> str:
     return f"{message}\nTraceback (most recent call last):\n{where}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    *,
+    write_graph: GraphWriter | None = None,
+    namespace: str = "default",
+) -> int:
     """Describe an application: print the JSON (or an error document) and return the exit code.
 
     With ``--configmap`` (the Kubernetes build Job), the same document is also written to that
     ConfigMap, owned by the ``ServeApplication`` named by ``--application``/``--application-uid``,
-    where the operator reads it.
+    where the operator reads it, by ``write_graph`` (given by the command's composition root,
+    :mod:`kubeserve.runtime.kubernetes.pod`); ``namespace`` is ``--namespace``'s default.
     """
     parser = argparse.ArgumentParser(prog="kubeserve build")
     parser.add_argument("import_path")
     parser.add_argument("--args", default="{}", help="the application's args, as JSON")
     parser.add_argument("--configmap")
-    parser.add_argument("--namespace", default=os.environ.get(NAMESPACE_ENV, "default"))
+    parser.add_argument("--namespace", default=namespace)
     parser.add_argument("--application", default="")
     parser.add_argument("--application-uid", default="")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.configmap and write_graph is None:
+        parser.error("--configmap: this command writes no ConfigMap (`kubeserve build` does)")
     try:
         with contextlib.redirect_stdout(sys.stderr):
             document = describe(args.import_path, json.loads(args.args))
@@ -194,11 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         document, code = {"error": format_user_error(exc)}, 1
     text = json.dumps(document)
     print(text)
-    if args.configmap:
-        from kubeserve.runtime.kubernetes.graph import write_graph_configmap
-
+    if args.configmap and write_graph is not None:
         asyncio.run(
-            write_graph_configmap(
+            write_graph(
                 args.namespace, args.configmap, text, args.application, args.application_uid
             )
         )

@@ -3,7 +3,7 @@
 Both servers parse requests with httptools inside an ``asyncio.Protocol`` and differ only in what
 a parsed request becomes (the proxy forwards it, the replica runs a handler). What they share lives
 in :class:`ServerConnection`, the base of :class:`~kubeserve.runtime.proxy.client.ClientConnection`
-and of the replica server's connection (:mod:`~kubeserve.runtime.replica_http`):
+and of the replica server's connection (:mod:`~kubeserve.runtime.replica.http`):
 
 * **the connection's life**: the transport and the loop kept from ``connection_made`` (on Python
   3.11 ``get_running_loop()`` costs a ``getpid()``, so it is never looked up per request), the

@@ -19,7 +19,7 @@ bookkeeping both need and nothing about requests:
 Why the sweep matters: neither caller replays a request once a byte of it was written (the replica
 may have run it), so a pooled connection that the replica closes while a request is being written
 on it costs that request a 502. A replica closes only connections idle for its keep-alive timeout
-(75 s, :class:`~kubeserve.runtime.replica_http.ReplicaHttpServer`); dropping ours after
+(75 s, :class:`~kubeserve.runtime.replica.http.ReplicaHttpServer`); dropping ours after
 :data:`IDLE_SWEEP_S` to twice that keeps the two sides from racing.
 
 Ownership: a pool owns its idle connections (closing the pool closes them); a connection taken from

@@ -20,9 +20,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
-import os
 
-from kubeserve.runtime.kubernetes.contract import METRICS_PORT_ENV
 from kubeserve.runtime.metrics import exposition
 from kubeserve.runtime.one_answer import OneAnswerProtocol
 
@@ -104,11 +102,14 @@ class MetricsListener:
             self._server = None
 
 
-async def start_metrics_listener(host: str, secret: bytes) -> MetricsListener | None:
-    """This pod's metrics port, when the operator gave it one (``KUBESERVE_METRICS_PORT``)."""
-    port = os.environ.get(METRICS_PORT_ENV)
-    if not port:
+async def start_metrics_listener(
+    host: str, port: int | None, secret: bytes
+) -> MetricsListener | None:
+    """This process's metrics port, when its command was given one (a pod's: the operator sets
+    ``KUBESERVE_METRICS_PORT``, read where the pod's commands are composed,
+    :mod:`kubeserve.runtime.kubernetes.pod`); None without."""
+    if port is None:
         return None
     listener = MetricsListener(secret)
-    await listener.start(host, int(port))
+    await listener.start(host, port)
     return listener

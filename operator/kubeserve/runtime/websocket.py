@@ -1,9 +1,9 @@
 """One WebSocket on a replica: the upgraded connection, framed with wsproto, speaking ASGI messages.
 
-The replica's HTTP server (:mod:`~kubeserve.runtime.replica_http`) parses the handshake request
+The replica's HTTP server (:mod:`~kubeserve.runtime.replica.http`) parses the handshake request
 with httptools; when httptools stops at the upgrade, the connection's transport is handed to a
 :class:`WebSocketSession` (``transport.set_protocol``), which from then on receives every byte.
-The ASGI bridge (:func:`~kubeserve.runtime.replica_asgi.run_websocket`) drives it:
+The ASGI bridge (:func:`~kubeserve.runtime.replica.asgi.run_websocket`) drives it:
 
 * **handshake**: the request is validated by wsproto (``Sec-WebSocket-Key``, version 13) when the
   session is made (:attr:`WebSocketSession.invalid` says why it is not one); :meth:`accept`

@@ -37,11 +37,17 @@ from __future__ import annotations
 import json
 import pickle
 import struct
-from collections.abc import Mapping, Sequence
-from typing import Any, NotRequired, TypedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 from urllib.parse import quote, unquote
 
+if TYPE_CHECKING:  # a replica never loads the control layer for this
+    from kubeserve.control.effective_config import EffectiveDeployment
+
+#: ``GET``: 200 with :func:`health_answer` when the user's ``check_health`` passes, else 503.
 HEALTHZ_PATH = "/-/healthz"
+#: ``POST {"user_config": ...}``: apply it (a no-op when its version is the one applied); 200 with
+#: :func:`health_answer`.
 RECONFIGURE_PATH = "/-/reconfigure"
 METRICS_PATH = "/-/metrics"
 CALL_PREFIX = "/-/call/"
@@ -51,6 +57,22 @@ SNAPSHOT_PATH = "/-/snapshot"
 #: handle) reports ``{deployment key: requests waiting for a replica}``; the autoscaler adds them
 #: to the replicas' ongoing requests.
 LOAD_PATH = "/-/load"
+
+
+def health_answer(user_config_version: str) -> bytes:
+    """A replica's answer to a health check or a reconfigure: the version of the ``user_config``
+    it applied (:func:`kubeserve.control.user_config.user_config_version`)."""
+    return json.dumps({"status": "ok", "user_config_version": user_config_version}).encode()
+
+
+def applied_user_config(answer: bytes) -> str | None:
+    """The ``user_config`` version in a :func:`health_answer`; None when it names none."""
+    try:
+        version = json.loads(answer).get("user_config_version")
+    except (ValueError, AttributeError):
+        return None
+    return version if isinstance(version, str) else None
+
 
 #: Header of a replica's 503 to a request it never started (it is shutting down): the request
 #: provably did not run, so its caller may send it to another replica. Only such answers are ever
@@ -139,7 +161,7 @@ class ReplicaConfig(TypedDict):
     #: With ``probe_port``: the replica runs ``check_health`` itself every
     #: ``health_check_period_s`` (each run limited to ``health_check_timeout_s``) and answers
     #: unauthenticated ``GET /-/healthz`` on ``probe_port`` with the last result (see
-    #: :mod:`kubeserve.runtime.replica_probe`); the kubelet probes it. Absent: no probe listener.
+    #: :mod:`kubeserve.runtime.replica.probe`); the kubelet probes it. Absent: no probe listener.
     probe_port: NotRequired[int]
     health_check_period_s: NotRequired[float]
     health_check_timeout_s: NotRequired[float]
@@ -163,10 +185,10 @@ class QueueLimits(TypedDict, total=False):
     retry_after_s: float
 
 
-def queue_limits(config: Mapping[str, Any]) -> QueueLimits:
+def queue_limits(config: EffectiveDeployment) -> QueueLimits:
     """The queue fields of a deployment's endpoints, from its effective config."""
-    limits: QueueLimits = {"max_queued_requests": int(config.get("max_queued_requests") or -1)}
-    backpressure = config.get("backpressure_config") or {}
+    limits: QueueLimits = {"max_queued_requests": config.max_queued_requests or -1}
+    backpressure = config.backpressure_config or {}
     if backpressure.get("status_code"):
         limits["backpressure_status"] = int(backpressure["status_code"])
     if backpressure.get("retry_after_s") is not None:

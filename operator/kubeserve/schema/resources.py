@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Mapping
 from copy import copy
 from datetime import datetime
 from enum import StrEnum
@@ -48,6 +49,7 @@ from pydantic import (
     Field,
     NonNegativeInt,
     PositiveInt,
+    ValidationError,
     create_model,
     model_validator,
 )
@@ -385,6 +387,19 @@ class ServeApplicationStatus(CRModel):
     deployments: dict[str, DeploymentStatusEntry] = Field(default_factory=dict)
     conditions: list[Condition] = Field(default_factory=list)
     kopf: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> ServeApplicationStatus:
+        """The status written on a ``ServeApplication`` object, read back through this model.
+
+        Empty before the operator's first pass, and when what is there is not a status this
+        model wrote (the CRD's schema keeps that from happening): readers then see "not
+        reported yet" rather than fail.
+        """
+        try:
+            return cls.model_validate(obj.get("status") or {})
+        except ValidationError:
+            return cls()
 
 
 class ServeInstanceState(StrEnum):

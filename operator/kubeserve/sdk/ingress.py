@@ -2,7 +2,7 @@
 Starlette, any ASGI callable) serves, with the replica's instance as ``self`` of its routes.
 
 The decorator only records the app on the class (:data:`INGRESS_ATTR`); the replica runs it
-(:mod:`kubeserve.runtime.replica_asgi`). For a FastAPI app, routes declared on methods of the class
+(:mod:`kubeserve.runtime.replica.asgi`). For a FastAPI app, routes declared on methods of the class
 (``@app.get("/") def root(self): ...``) become class-based views: their ``self`` parameter is
 filled, through a FastAPI dependency, with the deployment instance of the replica serving the
 request (:func:`kubeserve.sdk.context.get_replica_context`), as Ray Serve does.

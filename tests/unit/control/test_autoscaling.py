@@ -14,7 +14,7 @@ from kubeserve.control.autoscaling import (
     target_capacity_direction,
     total_requests,
 )
-from kubeserve.control.effective_config import effective_deployment_config, target_replicas
+from kubeserve.control.effective_config import effective_deployment
 
 
 def config(**fields: object) -> AutoscalingConfig:
@@ -49,21 +49,23 @@ def test_defaults_are_ray_2_60s() -> None:
 
 
 def test_num_replicas_auto_is_1_to_100_replicas_at_2_ongoing_requests() -> None:
-    auto = effective_deployment_config("D", {"num_replicas": "auto"}, None)
-    scaling = auto["autoscaling_config"]
+    auto = effective_deployment("D", {"num_replicas": "auto"}, None)
+    scaling = auto.autoscaling_config
+    assert scaling is not None
     assert (scaling["min_replicas"], scaling["max_replicas"]) == (1, 100)
     assert scaling["target_ongoing_requests"] == 2.0
     assert scaling["upscale_delay_s"] == 30.0
-    assert auto["num_replicas"] is None
+    assert auto.num_replicas is None
 
 
 def test_num_replicas_auto_keeps_the_fields_given_with_it() -> None:
     given = {"num_replicas": "auto", "autoscaling_config": {"max_replicas": 7}}
-    auto = effective_deployment_config("D", {}, {"name": "D", **given})
-    assert (
-        auto["autoscaling_config"]["min_replicas"],
-        auto["autoscaling_config"]["max_replicas"],
-    ) == (1, 7)
+    auto = effective_deployment("D", {}, {"name": "D", **given})
+    assert auto.autoscaling_config is not None
+    assert (auto.autoscaling_config["min_replicas"], auto.autoscaling_config["max_replicas"]) == (
+        1,
+        7,
+    )
 
 
 def test_deprecated_smoothing_factors_stand_in_for_the_scaling_factors() -> None:
@@ -191,9 +193,9 @@ def test_capacity_rounds_half_up_and_keeps_one(
 
 
 def test_capacity_scales_fixed_counts_and_autoscaling_bounds() -> None:
-    fixed = effective_deployment_config("D", {"num_replicas": 4}, None)
-    assert target_replicas(fixed, 50) == 2
-    assert target_replicas(fixed, 0) == 0
+    fixed = effective_deployment("D", {"num_replicas": 4}, None)
+    assert fixed.target_replicas(50) == 2
+    assert fixed.target_replicas(0) == 0
     policy = config(min_replicas=2, max_replicas=10)
     assert step(policy, running=5, load=100, target_capacity=50).target == 5
     assert step(policy, running=5, load=0, target_capacity=50).target == 1

@@ -20,6 +20,7 @@ from kubeserve.control.details import (
     instance_details,
     single_app_status,
 )
+from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.schema.status import empty_instance_details
 
 RAY_DETAILS_SCHEMA = json.loads(
@@ -42,13 +43,13 @@ GRAPH = {
     ],
 }
 CONFIG = {"name": "composed", "import_path": "examples.composed:app", "route_prefix": "/"}
-GREETER_CONFIG = {
-    "name": "Greeter",
-    "num_replicas": 2,
-    "max_ongoing_requests": 5,
-    "user_config": {"greeting": "Hi"},
-    "ray_actor_options": {"num_cpus": 0.5},
-}
+GREETER_CONFIG = EffectiveDeployment(
+    name="Greeter",
+    num_replicas=2,
+    max_ongoing_requests=5,
+    user_config={"greeting": "Hi"},
+    ray_actor_options={"num_cpus": 0.5},
+)
 
 
 def node_process(actor_id: str) -> ProcessView:
@@ -60,7 +61,7 @@ def composed_view(**app: Any) -> InstanceDetailsView:
     greeter = DeploymentDetailsView(
         "Greeter", GREETER_CONFIG, 2, [replica], "HEALTHY", "CONFIG_UPDATE_COMPLETED"
     )
-    frontend = DeploymentDetailsView("Frontend", {"name": "Frontend", "num_replicas": 1}, 1)
+    frontend = DeploymentDetailsView("Frontend", EffectiveDeployment("Frontend"), 1)
     fields: dict[str, Any] = {
         "name": "composed",
         "route_prefix": "/",

@@ -1,6 +1,6 @@
 """Replica placement: claims, fitting, pacing, and the message of replicas that do not fit."""
 
-from kubeserve.control.effective_config import effective_deployment_config
+from kubeserve.control.effective_config import effective_deployment
 from kubeserve.control.placement import (
     admit,
     fits,
@@ -12,15 +12,15 @@ from kubeserve.control.placement import (
 
 
 def test_a_replica_claims_one_cpu_by_default_as_in_ray_serve() -> None:
-    assert replica_claim(effective_deployment_config("D", {}, None)) == {"CPU": 1.0, "GPU": 0.0}
+    assert replica_claim(effective_deployment("D", {}, None)) == {"CPU": 1.0, "GPU": 0.0}
 
 
 def test_a_replica_claims_what_its_actor_options_say() -> None:
-    config = effective_deployment_config(
+    config = effective_deployment(
         "D", {"ray_actor_options": {"num_cpus": 0.5}}, {"ray_actor_options": {"num_gpus": 1}}
     )
     assert replica_claim(config) == {"CPU": 1.0, "GPU": 1.0}  # the override replaces the whole
-    config = effective_deployment_config("D", {"ray_actor_options": {"num_cpus": 0}}, None)
+    config = effective_deployment("D", {"ray_actor_options": {"num_cpus": 0}}, None)
     assert replica_claim(config) == {"CPU": 0.0, "GPU": 0.0}
 
 

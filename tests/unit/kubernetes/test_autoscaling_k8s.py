@@ -10,6 +10,7 @@ from kubeserve.backends.kubernetes.autoscaling import (
     scaling_key,
 )
 from kubeserve.backends.kubernetes.backend import KubernetesBackend
+from kubeserve.control.effective_config import effective_deployment
 from kubeserve.runtime.kubernetes import contract
 
 
@@ -19,7 +20,7 @@ def test_scale_to_zero_is_found_in_min_and_initial_replicas() -> None:
         {"name": "B", "autoscaling_config": {"min_replicas": 0, "initial_replicas": 0}},
         {"name": "C", "num_replicas": 0},
     ]
-    assert scale_to_zero_paths(deployments) == [
+    assert scale_to_zero_paths(d.get("autoscaling_config") for d in deployments) == [
         (1, "autoscaling_config", "min_replicas"),
         (1, "autoscaling_config", "initial_replicas"),
     ]
@@ -66,13 +67,15 @@ def test_a_report_for_a_deployment_at_zero_decides_at_once_and_wakes_the_operato
     woken: list[int] = []
     scalers = Autoscalers(on_decided=lambda: woken.append(1))
     key = scaling_key("ns", "app", "Slow")
-    config = {"min_replicas": 0, "max_replicas": 2, "upscale_delay_s": 30}
-    assert scalers.target(key, {"autoscaling_config": config}) == 0
+    config = effective_deployment(
+        "Slow", {}, {"autoscaling_config": {"min_replicas": 0, "max_replicas": 2}}
+    )
+    assert scalers.target(key, config) == 0
     scalers.record_queued(key, "proxy-1", 0)
     assert woken == []
     scalers.record_queued(key, "proxy-1", 1)
     assert woken == [1]
-    assert scalers.target(key, {"autoscaling_config": config}) == 1
+    assert scalers.target(key, config) == 1
     decision = scalers.last_decision(key)
     assert decision is not None and decision["curr_num_replicas"] == 1
     scalers.record_queued("ns/other/Slow", "proxy-1", 5)  # no such autoscaler: ignored

@@ -175,3 +175,24 @@ def test_application_cr_name(name: str, expected: str) -> None:
     cr_name = contract.application_cr_name(name)
     assert cr_name.startswith(expected)
     assert len(cr_name) <= contract.MAX_NAME_LENGTH
+
+
+@pytest.mark.parametrize(
+    ("typed", "model"),
+    [
+        (contract.ApplicationStatusEntry, resources.ServeApplicationStatus),
+        (contract.DeploymentStatusEntry, resources.DeploymentStatusEntry),
+    ],
+)
+def test_the_status_the_data_plane_reads_has_the_keys_the_operator_writes(
+    typed: type, model: type[resources.CRModel]
+) -> None:
+    """The data plane cannot load the status models: its TypedDicts spell their aliases."""
+    aliases = {info.alias or name for name, info in model.model_fields.items()}
+    assert set(typed.__annotations__) == aliases
+
+
+def test_an_application_belongs_to_the_instance_its_spec_names_else_the_default() -> None:
+    assert contract.instance_of({"metadata": {"name": "a"}}) == contract.DEFAULT_INSTANCE
+    assert contract.instance_of({"metadata": {"name": "a"}, "spec": {"instance": "blue"}}) == "blue"
+    assert contract.application_status({"metadata": {"name": "a"}}) == {}

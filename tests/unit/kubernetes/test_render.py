@@ -51,7 +51,7 @@ def deployment(
     """A deployment of ``config`` (the app's REST config) with its overrides applied."""
     config = config or app_config()
     overrides = {d["name"]: d for d in config.get("deployments", [])}
-    effective = effective_config.effective_deployment_config(name, code or {}, overrides.get(name))
+    effective = effective_config.effective_deployment(name, code or {}, overrides.get(name))
     return render.deployment_view(config, effective)
 
 
@@ -247,7 +247,7 @@ def test_autoscaling_starts_at_initial_replicas_and_the_caller_may_override() ->
     obj = workload(autoscaling_config={"min_replicas": 1, "initial_replicas": 4, "max_replicas": 9})
     assert obj["spec"]["replicas"] == 4
     config = app_config()
-    effective = effective_config.effective_deployment_config("Model", {}, None)
+    effective = effective_config.effective_deployment("Model", {}, None)
     view = render.deployment_view(config, effective, replicas=6)
     assert render.render_replica_workload(instance(), app(config), view)["spec"]["replicas"] == 6
 

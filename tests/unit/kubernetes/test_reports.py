@@ -25,6 +25,7 @@ from kubeserve.control.status_derivation import (
     ReplicaStateValue,
     ReplicaView,
 )
+from kubeserve.runtime.kubernetes.discovery import snapshot_parts
 from kubeserve.schema.resources import ServeApplicationStatus, ServeInstanceStatus
 
 
@@ -92,6 +93,35 @@ def test_an_application_report_counts_replicas_and_names_the_route() -> None:
     assert patch["observedGeneration"] == 3
     assert patch["docsPath"] is None  # not a FastAPI ingress
     ServeApplicationStatus.model_validate(patch)  # the CRD's shape
+
+
+def test_the_data_plane_routes_by_the_status_the_operator_writes() -> None:
+    """Written through the status model, read back by the data plane's TypedDict reader."""
+    deployments = {"Frontend": observed(1, "RUNNING")}
+    limits = {"max_queued_requests": 10, "backpressure_status": 503, "retry_after_s": 1.5}
+    deployments["Greeter"] = ObservedDeployment(
+        DeploymentView(1, [ReplicaView("RUNNING")]), "composed-greeter-svc", 7, None, limits
+    )
+    report = ApplicationReport(running_info(), deployments, IngressRoute("Frontend", "/api"))
+    app = application(generation=3, **report.patch(application(generation=3)))
+    app["spec"] = {"instance": "blue"}
+    endpoint_slice = {
+        "metadata": {"labels": {"kubernetes.io/service-name": "composed-greeter-svc"}},
+        "ports": [{"port": 8000}],
+        "endpoints": [
+            {"addresses": ["10.0.0.5"], "conditions": {"ready": True}, "targetRef": {"name": "p"}}
+        ],
+    }
+    routes, endpoints = snapshot_parts([app], [endpoint_slice], "blue")
+    assert routes == [{"route_prefix": "/api", "app": "composed", "deployment": "Frontend"}]
+    assert endpoints["composed#Greeter"] == {
+        "max_ongoing_requests": 7,
+        "replicas": [{"replica_id": "p", "host": "10.0.0.5", "port": 8000}],
+        "max_queued_requests": 10,
+        "backpressure_status": 503,
+        "retry_after_s": 1.5,
+    }
+    assert snapshot_parts([app], [endpoint_slice], "default") == ([], {})
 
 
 def test_a_running_application_report_is_ready() -> None:

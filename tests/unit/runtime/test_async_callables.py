@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from kubeserve.runtime.replica import is_async_callable
+from kubeserve.runtime.replica.user_code import is_async_callable
 
 
 async def coroutine_function() -> None: ...

@@ -37,7 +37,7 @@ runs these pods on a real kubelet and containerd, from the image the ``Dockerfil
 Proxies and replicas get ``KUBESERVE_DATA_PLANE_SECRET`` by ``secretKeyRef`` from the instance's
 Secret; port 8000 of a replica speaks only behind that handshake
 (:mod:`kubeserve.runtime.channel`), so its probes are ``GET /-/healthz`` on the unauthenticated
-container port ``probe`` (8081, :mod:`kubeserve.runtime.replica_probe`); the proxy's are on its own
+container port ``probe`` (8081, :mod:`kubeserve.runtime.replica.probe`); the proxy's are on its own
 port. Every pod runs as UID 10001 with a read-only root filesystem and an ``emptyDir`` at ``/tmp``.
 ``KUBESERVE_NAMESPACE`` (fieldRef ``metadata.namespace``) tells in-cluster processes where their
 CRs are.

@@ -14,6 +14,7 @@ with the renderer's message and a Warning Event; raising would only retry it for
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,13 +39,14 @@ from kubeserve.backends.kubernetes.reports import (
 )
 from kubeserve.control import effective_config
 from kubeserve.control.autoscaling import Direction
+from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status_derivation import BuildView, application_status, deployment_status
 from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.graph import graph_document
 from kubeserve.schema.errors import validation_details
-from kubeserve.schema.resources import DEFAULT_INSTANCE, ServeApplicationSpec
+from kubeserve.schema.resources import ServeApplicationSpec
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,10 @@ class Graph:
     def error(self) -> str | None:
         error = self.body.get("error")
         return None if error is None else str(error)
+
+    def configs(self, app_config: Mapping[str, Any]) -> dict[str, EffectiveDeployment]:
+        """The effective config of each deployment of the graph, in the graph's order."""
+        return effective_config.graph_configs(app_config, self.body["deployments"])
 
 
 class ApplicationReconciler:
@@ -108,22 +114,28 @@ class ApplicationReconciler:
         graph = await _graph(self._cluster, instance_view, app_view)
         if graph is None:
             return ApplicationReport(application_status(BuildView("running"), {}))
+        configs = {} if graph.error else graph.configs(app_config)
         error = (
             graph.error
             or _override_error(graph, app_config)
-            or (None if instance_view.report_url else _scale_to_zero(graph, app_config))
+            or (None if instance_view.report_url else _scale_to_zero(configs))
         )
         if error is not None:
             return ApplicationReport(application_status(BuildView("failed", error), {}))
-        external = external_replicas(obj) if app_config.get("external_scaler_enabled") else {}
-        capacity = self._autoscalers.capacity(
-            instance_view.uid,
-            _instance_apps(self._cluster, instance),
-            instance_view.target_capacity,
+        inputs = ApplicationPass(
+            obj,
+            instance_view,
+            app_view,
+            configs,
+            secret,
+            external_replicas(obj) if app_config.get("external_scaler_enabled") else {},
+            self._autoscalers.capacity(
+                instance_view.uid,
+                _instance_apps(self._cluster, instance),
+                instance_view.target_capacity,
+            ),
         )
-        deployments = await self._reconcile_deployments(
-            obj, instance_view, app_view, app_config, graph, secret, external, capacity
-        )
+        deployments = await self._reconcile_deployments(inputs)
         ingress = str(graph.body["ingress"])
         route_prefix = app_route_prefix(app_config, _node(graph, ingress).get("options", {}))
         return ApplicationReport(
@@ -133,79 +145,130 @@ class ApplicationReconciler:
         )
 
     async def _reconcile_deployments(
-        self,
-        obj: dict[str, Any],
-        instance: render.InstanceView,
-        app: render.AppView,
-        app_config: dict[str, Any],
-        graph: Graph,
-        secret: bytes,
-        external: dict[str, int],
-        capacity: tuple[float | None, Direction | None],
+        self, inputs: ApplicationPass
     ) -> dict[str, ObservedDeployment]:
-        """``external``: the counts set through the external scaling API, by deployment;
-        ``capacity``: the instance's ``target_capacity`` and its direction."""
-        cluster = self._cluster
-        overrides = {d["name"]: d for d in app_config.get("deployments", [])}
+        """Each deployment of the graph: desired, converged, observed; then the workloads of
+        deployments no longer in the graph go."""
         observed: dict[str, ObservedDeployment] = {}
-        wanted: set[str] = set()
-        for node in graph.body["deployments"]:
-            name = node["name"]
-            effective = effective_config.effective_deployment_config(
-                name, node.get("options", {}), overrides.get(name), app_config.get("logging_config")
-            )
-            scaler_key = scaling_key(app.namespace, app.cr_name, name)
-            existing = cluster.cache.get(
-                "Deployment", app.namespace, contract.workload_name(app.cr_name, name)
-            )
-            running_count = (
-                None if existing is None else (existing.get("spec") or {}).get("replicas")
-            )
-            replicas = self._autoscalers.target(scaler_key, effective, capacity, running_count)
-            if replicas is None:
-                fixed = effective_config.target_replicas(effective, capacity[0])
-                replicas = external.get(name, fixed)
-            if running_count is not None and replicas != running_count:
-                decision = self._autoscalers.last_decision(scaler_key)
-                why = _scale_reason(decision, name in external)
-                message = f"deployment {name}: {running_count} -> {replicas} replicas ({why})"
-                await cluster.event(obj, "Scaled", message, event_type="Normal")
-            deployment = render.deployment_view(app_config, effective, replicas)
-            workload = render.render_replica_workload(instance, app, deployment)
-            service = render.render_replica_service(instance, app, deployment)
-            await cluster.apply(workload)
-            await cluster.apply(service)
-            wanted.update(
-                {
-                    f"{workload['kind']}/{workload['metadata']['name']}",
-                    f"Service/{service['metadata']['name']}",
-                }
-            )
-            pods = cluster.cache.objects(
-                "Pod", app.namespace, dict(workload["spec"]["selector"]["matchLabels"])
-            )
-            await self._data_plane.push_user_config(pods, effective, secret, instance.uid)
-            self._autoscalers.observe(scaler_key, pods, secret)
-            healthy_key = f"{app.namespace}/{app.cr_name}/{name}/{deployment.version}"
-            view = deployment_view_from_pods(
-                pods,
-                effective,
-                deployment.version,
-                self._data_plane.user_configs,
-                healthy_key in self._healthy_versions,
-                deployment.target_replicas,
-            )
-            if deployment_status(view).status == "HEALTHY":
-                self._healthy_versions.add(healthy_key)
-            observed[name] = ObservedDeployment(
-                view,
-                service["metadata"]["name"],
-                int(effective["max_ongoing_requests"]),
-                self._autoscalers.last_decision(scaler_key),
-                wire.queue_limits(effective),
-            )
-        await _delete_stale_children(cluster, app, wanted)
+        applied: list[dict[str, Any]] = []
+        for effective in inputs.configs.values():
+            deployment, running = self._desired(inputs, effective)
+            workload, service = await self._converge(inputs, deployment, running)
+            observed[deployment.name] = await self._observe(inputs, deployment, workload, service)
+            applied += (workload, service)
+        labels = {
+            contract.APPLICATION_LABEL: contract.label_value(inputs.app.cr_name),
+            contract.COMPONENT_LABEL: contract.COMPONENT_REPLICA,
+        }
+        await self._cluster.prune(inputs.app.namespace, labels, _REPLICA_KINDS, applied)
         return observed
+
+    def _desired(
+        self, inputs: ApplicationPass, effective: EffectiveDeployment
+    ) -> tuple[render.DesiredDeployment, int | None]:
+        """What to render for one deployment, and the replica count of its running workload
+        (``None``: none runs yet), which an autoscaler adopts when it starts."""
+        app = inputs.app
+        existing = self._cluster.cache.get(
+            "Deployment", app.namespace, contract.workload_name(app.cr_name, effective.name)
+        )
+        running = None if existing is None else (existing.get("spec") or {}).get("replicas")
+        key = inputs.scaler_key(effective.name)
+        autoscaled = self._autoscalers.target(key, effective, inputs.capacity, running)
+        desired = desired_deployment(
+            app.config, effective, autoscaled, inputs.external, inputs.capacity[0]
+        )
+        return desired, running
+
+    async def _converge(
+        self, inputs: ApplicationPass, deployment: render.DesiredDeployment, running: int | None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Apply the deployment's workload and Service (a changed count is a ``Scaled`` Event)."""
+        name, replicas = deployment.name, deployment.target_replicas
+        if running is not None and replicas != running:
+            decision = self._autoscalers.last_decision(inputs.scaler_key(name))
+            why = _scale_reason(decision, name in inputs.external)
+            message = f"deployment {name}: {running} -> {replicas} replicas ({why})"
+            await self._cluster.event(inputs.obj, "Scaled", message, event_type="Normal")
+        workload = render.render_replica_workload(inputs.instance, inputs.app, deployment)
+        service = render.render_replica_service(inputs.instance, inputs.app, deployment)
+        await self._cluster.apply(workload)
+        await self._cluster.apply(service)
+        return workload, service
+
+    async def _observe(
+        self,
+        inputs: ApplicationPass,
+        deployment: render.DesiredDeployment,
+        workload: dict[str, Any],
+        service: dict[str, Any],
+    ) -> ObservedDeployment:
+        """What the deployment's pods do; pushes ``user_config`` to those that lack it and feeds
+        the autoscaler their load."""
+        app, effective, key = inputs.app, deployment.config, inputs.scaler_key(deployment.name)
+        pods = self._cluster.cache.objects(
+            "Pod", app.namespace, dict(workload["spec"]["selector"]["matchLabels"])
+        )
+        await self._data_plane.push_user_config(pods, effective, inputs.secret, inputs.instance.uid)
+        self._autoscalers.observe(key, pods, inputs.secret)
+        healthy_key = f"{app.namespace}/{app.cr_name}/{deployment.name}/{deployment.version}"
+        view = deployment_view_from_pods(
+            pods,
+            effective,
+            deployment.version,
+            self._data_plane.user_configs,
+            healthy_key in self._healthy_versions,
+            deployment.target_replicas,
+        )
+        if deployment_status(view).status == "HEALTHY":
+            self._healthy_versions.add(healthy_key)
+        return ObservedDeployment(
+            view,
+            service["metadata"]["name"],
+            effective.max_ongoing_requests,
+            self._autoscalers.last_decision(key),
+            wire.queue_limits(effective),
+        )
+
+
+#: The kinds of a deployment's objects (a driver deployment's workload is a DaemonSet).
+_REPLICA_KINDS = ("Deployment", "DaemonSet", "Service")
+
+
+@dataclass(frozen=True)
+class ApplicationPass:
+    """The inputs of one reconcile pass over an application's deployments, gathered once."""
+
+    obj: dict[str, Any]
+    instance: render.InstanceView
+    app: render.AppView
+    #: the effective config of each deployment of the built graph, in the graph's order
+    configs: dict[str, EffectiveDeployment]
+    #: the instance's data-plane secret (user_config pushes and load reads prove it)
+    secret: bytes
+    #: the counts set through the external scaling API, by deployment
+    external: dict[str, int]
+    #: the instance's ``target_capacity`` and its direction
+    capacity: tuple[float | None, Direction | None]
+
+    def scaler_key(self, deployment: str) -> str:
+        return scaling_key(self.app.namespace, self.app.cr_name, deployment)
+
+
+def desired_deployment(
+    app_config: Mapping[str, Any],
+    effective: EffectiveDeployment,
+    autoscaled: int | None,
+    external: Mapping[str, int],
+    target_capacity: float | None,
+) -> render.DesiredDeployment:
+    """What one deployment should be (pure): its config and version, and its replica count: the
+    autoscaler's decision (``autoscaled``), else the count set through the external scaling API,
+    else the config's, ``target_capacity`` applied."""
+    replicas = autoscaled
+    if replicas is None:
+        replicas = external.get(effective.name, effective.target_replicas(target_capacity))
+    return render.deployment_view(app_config, effective, replicas)
 
 
 def _instance_apps(cluster: Cluster, instance: dict[str, Any]) -> list[str]:
@@ -214,27 +277,18 @@ def _instance_apps(cluster: Cluster, instance: dict[str, Any]) -> list[str]:
     return [
         app["metadata"]["name"]
         for app in cluster.cache.objects("ServeApplication", meta["namespace"])
-        if (app.get("spec") or {}).get("instance", DEFAULT_INSTANCE) == meta["name"]
+        if contract.instance_of(app) == meta["name"]
     ]
 
 
-def _scale_to_zero(graph: Graph, app_config: dict[str, Any]) -> str | None:
+def _scale_to_zero(configs: Mapping[str, EffectiveDeployment]) -> str | None:
     """Why the application cannot run here when a deployment asks to scale to zero (in code or
     in the config), else None."""
-    overrides = {d["name"]: d for d in app_config.get("deployments", [])}
-    effective = [
-        effective_config.effective_deployment_config(
-            node["name"],
-            node.get("options", {}),
-            overrides.get(node["name"]),
-            app_config.get("logging_config"),
-        )
-        for node in graph.body["deployments"]
-    ]
-    paths = scale_to_zero_paths(effective)
+    effective = list(configs.values())
+    paths = scale_to_zero_paths(e.autoscaling_config for e in effective)
     if not paths:
         return None
-    which = ", ".join(sorted({repr(effective[int(path[0])]["name"]) for path in paths}))
+    which = ", ".join(sorted({repr(effective[int(path[0])].name) for path in paths}))
     return f"deployment {which}: {SCALE_TO_ZERO_REFUSED}"
 
 
@@ -284,35 +338,18 @@ async def _graph(
     job_name = contract.build_job_name(app.cr_name, app.build_key)
     job = cluster.cache.get("Job", app.namespace, job_name)
     if job is None:
-        await cluster.apply(render.render_build_job(instance, app))
-        await _delete_stale_builds(cluster, app)
+        build = render.render_build_job(instance, app)
+        await cluster.apply(build)
+        labels = {
+            contract.APPLICATION_LABEL: contract.label_value(app.cr_name),
+            contract.COMPONENT_LABEL: contract.COMPONENT_BUILD,
+        }
+        await cluster.prune(app.namespace, labels, ("Job",), [build])
         return None
     for condition in (job.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "Failed" and condition.get("status") == "True":
             return Graph({"error": f"build Job {job_name} failed: {condition.get('message', '')}"})
     return None
-
-
-async def _delete_stale_builds(cluster: Cluster, app: render.AppView) -> None:
-    current = contract.build_job_name(app.cr_name, app.build_key)
-    labels = {
-        contract.APPLICATION_LABEL: contract.label_value(app.cr_name),
-        contract.COMPONENT_LABEL: contract.COMPONENT_BUILD,
-    }
-    for job in cluster.cache.objects("Job", app.namespace, labels):
-        if job["metadata"]["name"] != current:
-            await cluster.kube.delete("Job", app.namespace, job["metadata"]["name"])
-
-
-async def _delete_stale_children(cluster: Cluster, app: render.AppView, wanted: set[str]) -> None:
-    labels = {
-        contract.APPLICATION_LABEL: contract.label_value(app.cr_name),
-        contract.COMPONENT_LABEL: contract.COMPONENT_REPLICA,
-    }
-    for kind in ("Deployment", "DaemonSet", "Service"):
-        for obj in cluster.cache.objects(kind, app.namespace, labels):
-            if f"{kind}/{obj['metadata']['name']}" not in wanted:
-                await cluster.kube.delete(kind, app.namespace, obj["metadata"]["name"])
 
 
 def _scale_reason(decision: dict[str, Any] | None, external: bool) -> str:

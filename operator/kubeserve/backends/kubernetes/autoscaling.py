@@ -31,6 +31,7 @@ from typing import Any
 from kubeserve.backends.kubernetes.pods import pod_ready
 from kubeserve.control.autoscaling import CapacityTracker, Direction
 from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
+from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.runtime import channel, wire
 from kubeserve.runtime.kubernetes import contract
 
@@ -54,13 +55,14 @@ def scaling_key(namespace: str, application: str, deployment: str) -> str:
 
 
 def scale_to_zero_paths(
-    deployments: Iterable[Mapping[str, Any]],
+    scalings: Iterable[Mapping[str, Any] | None],
 ) -> list[tuple[str | int, ...]]:
-    """Where ``deployments`` (overrides or effective configs, in order) ask to scale to zero:
-    ``(index, "autoscaling_config", field)`` for each ``min_replicas`` / ``initial_replicas`` 0."""
+    """Where the ``autoscaling_config`` of deployments (overrides or effective configs, in order)
+    asks to scale to zero: ``(index, "autoscaling_config", field)`` for each ``min_replicas`` /
+    ``initial_replicas`` 0."""
     paths: list[tuple[str | int, ...]] = []
-    for i, deployment in enumerate(deployments):
-        scaling = deployment.get("autoscaling_config") or {}
+    for i, scaling in enumerate(scalings):
+        scaling = scaling or {}
         for field_name in ("min_replicas", "initial_replicas"):
             if scaling.get(field_name) == 0:
                 paths.append((i, "autoscaling_config", field_name))
@@ -86,7 +88,7 @@ class Autoscalers:
     def target(
         self,
         key: str,
-        effective: Mapping[str, Any],
+        effective: EffectiveDeployment,
         capacity: tuple[float | None, Direction | None] = (None, None),
         running_count: int | None = None,
     ) -> int | None:
@@ -96,7 +98,7 @@ class Autoscalers:
         that starts (again) adopts it, within the bounds, instead of jumping back to
         ``initial_replicas``.
         """
-        raw = effective.get("autoscaling_config")
+        raw = effective.autoscaling_config
         if not raw:
             self.forget(key)
             return None

@@ -65,6 +65,7 @@ from kubeserve.schema.resources import (
     API_VERSION,
     DEFAULT_INSTANCE,
     ServeApplicationSpec,
+    ServeApplicationStatus,
     ServeInstanceSpec,
 )
 from kubeserve.schema.status import ServeInstanceDetails
@@ -173,7 +174,7 @@ class KubernetesBackend:
         overrides = app_config.get("deployments") or []
         return [
             {"loc": ["deployments", *path], "msg": SCALE_TO_ZERO_REFUSED}
-            for path in scale_to_zero_paths(overrides)
+            for path in scale_to_zero_paths(o.get("autoscaling_config") for o in overrides)
         ]
 
     async def shutdown(self) -> None:
@@ -228,7 +229,7 @@ class KubernetesBackend:
                 raise NotFoundError("Application or Deployment not found")
             if not (current.get("spec") or {}).get("externalScalerEnabled"):
                 raise PreconditionFailedError(external_scaler_disabled(app, deployment))
-            built = ((current.get("status") or {}).get("deployments") or {}).keys()
+            built = ServeApplicationStatus.of(current).deployments.keys()
             if deployment not in built:
                 raise NotFoundError("Application or Deployment not found")
             key = contract.EXTERNAL_REPLICAS_ANNOTATION
@@ -279,7 +280,7 @@ class KubernetesBackend:
         return [
             obj
             for obj in await self.kube.list_items("ServeApplication", self.namespace)
-            if (obj.get("spec") or {}).get("instance", DEFAULT_INSTANCE) == self.instance
+            if contract.instance_of(obj) == self.instance
         ]
 
     @staticmethod

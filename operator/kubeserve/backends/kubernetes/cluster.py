@@ -10,6 +10,7 @@ A status moving into a failed state is announced once by a Warning Event.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,22 @@ class Cluster:
             return
         await self.kube.apply(obj)
         self.applied[key] = digest
+
+    async def prune(
+        self,
+        namespace: str,
+        labels: Mapping[str, str],
+        kinds: Iterable[str],
+        keep: Iterable[Mapping[str, Any]],
+    ) -> None:
+        """Delete the cached objects of ``kinds`` in ``namespace`` whose labels include
+        ``labels``, except those of ``keep`` (what the pass applied): a reconciler's children
+        that its spec no longer asks for."""
+        kept = {(obj["kind"], obj["metadata"]["name"]) for obj in keep}
+        for kind in kinds:
+            for obj in self.cache.objects(kind, namespace, dict(labels)):
+                if (kind, obj["metadata"]["name"]) not in kept:
+                    await self.kube.delete(kind, namespace, obj["metadata"]["name"])
 
     async def patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> None:
         """Write ``status`` when it differs; a move into a failed state is also an Event."""

@@ -1,10 +1,13 @@
 """The data plane as the operator talks to it: each instance's secret, and user_config pushes.
 
 Owns two pieces of in-process memory: the data-plane secret of each ``ServeInstance`` (read or
-created once, cached by the instance's uid; never logged, never in a status) and which
-``user_config`` version each replica process (:func:`~.pods.replica_key`) has applied. A push
-runs in the background; when it ends, ``on_pushed`` (the operator's wake-up, given at
-construction) schedules a reconcile pass that reports the new state.
+created once, cached by the instance's uid; never logged, never in a status) and the
+``user_config`` version each replica process (:func:`~.pods.replica_key`) last *reported* having
+applied (:mod:`kubeserve.control.user_config`: the replica owns that fact). A replica the
+operator has not heard from yet (a new pod, or any pod after an operator restart) is first asked
+(its health answer); only one that reports another version than the desired one is sent a
+reconfigure. Both run in the background; when one ends, ``on_pushed`` (the operator's wake-up,
+given at construction) schedules a reconcile pass that reports the new state.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from typing import Any
 
 from kubeserve.backends.kubernetes import render
 from kubeserve.backends.kubernetes.pods import pod_ready, replica_key
-from kubeserve.control import effective_config
+from kubeserve.control.effective_config import EffectiveDeployment
+from kubeserve.control.user_config import needs_push
 from kubeserve.runtime import channel, wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import Kube, KubeConflict, KubeError
@@ -41,7 +45,7 @@ class DataPlane:
     #: where pods reach the operator's admin server with their load reports (``None``: nowhere,
     #: so deployments cannot scale to zero); rendered into the proxy and replica pods
     report_url: str | None = None
-    #: replica process (:func:`replica_key`) -> the user_config version it has applied
+    #: replica process (:func:`replica_key`) -> the user_config version it last reported
     user_configs: dict[str, str] = field(default_factory=dict)
     _pushing: set[str] = field(default_factory=set)
     #: ServeInstance uid -> its data-plane secret (never logged, never in a status)
@@ -105,33 +109,34 @@ class DataPlane:
     async def push_user_config(
         self,
         pods: list[dict[str, Any]],
-        config: dict[str, Any],
+        config: EffectiveDeployment,
         secret: bytes,
         instance_uid: str,
     ) -> None:
-        """Send the deployment's user_config to every ready replica that has not applied it."""
-        version = effective_config.user_config_version(config)
+        """Bring every ready replica to the deployment's user_config: ask one not heard from
+        what it applied, send the value to one that reports another version."""
+        version = config.user_config_version
         for pod in pods:
             uid = replica_key(pod)
             ip = (pod.get("status") or {}).get("podIP")
             if (
                 not ip
                 or not pod_ready(pod)
-                or self.user_configs.get(uid) == version
+                or not needs_push(self.user_configs.get(uid), version)
                 or uid in self._pushing
             ):
                 continue
             self._pushing.add(uid)
-            body = json.dumps({"user_config": config.get("user_config")}).encode()
+            body = json.dumps({"user_config": config.user_config}).encode()
             name = str(pod["metadata"]["name"])
-            push = self._push(uid, ip, name, body, version, secret, instance_uid)
+            push = self._converge(uid, ip, name, body, version, secret, instance_uid)
             task = asyncio.ensure_future(push)
             task.add_done_callback(functools.partial(self._pushed, uid))
 
     def _pushed(self, uid: str, _task: object) -> None:
         self._pushing.discard(uid)
 
-    async def _push(
+    async def _converge(
         self,
         uid: str,
         ip: str,
@@ -141,8 +146,24 @@ class DataPlane:
         secret: bytes,
         instance_uid: str,
     ) -> None:
-        """``POST /-/reconfigure`` on a CONTROL channel (the replica's handshake)."""
+        """Ask the replica what it applied when it has not said yet; ``POST /-/reconfigure``
+        when that is not ``version``. Both on a CONTROL channel (the replica's handshake)."""
         try:
+            if uid not in self.user_configs:
+                status, answer = await channel.request(
+                    ip,
+                    contract.REPLICA_PORT,
+                    "GET",
+                    wire.HEALTHZ_PATH,
+                    secret,
+                    pod_name,
+                    timeout_s=_RECONFIGURE_TIMEOUT_S,
+                )
+                reported = wire.applied_user_config(answer) if status == 200 else None
+                if reported is not None:
+                    self.user_configs[uid] = reported
+                    if not needs_push(reported, version):
+                        return
             status, answer = await channel.request(
                 ip,
                 contract.REPLICA_PORT,
@@ -154,7 +175,7 @@ class DataPlane:
                 timeout_s=_RECONFIGURE_TIMEOUT_S,
             )
             if status == 200:
-                self.user_configs[uid] = version
+                self.user_configs[uid] = wire.applied_user_config(answer) or version
             else:
                 text = answer.decode(errors="replace")[:512]
                 log.warning("reconfigure of pod %s failed (%d): %s", uid, status, text)

@@ -10,6 +10,7 @@ the pod's name, ``node_id`` its node, ``pid`` unknown), a proxy is a proxy pod.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,13 +30,14 @@ from kubeserve.control.details import (
     ReplicaProcessView,
     controller_process,
 )
+from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.graph import graph_document
 from kubeserve.schema.config import ServeDeploySchema
 from kubeserve.schema.resources import (
-    DEFAULT_INSTANCE,
-    ScalingDecisionEntry,
+    DeploymentStatusEntry,
     ServeApplicationSpec,
+    ServeApplicationStatus,
     ServeInstanceSpec,
 )
 
@@ -111,7 +113,7 @@ def instance_view(view: ClusterView, controller: ControllerIdentity) -> Instance
         applications=[
             _application(view, obj)
             for obj in view.applications
-            if (obj.get("spec") or {}).get("instance", DEFAULT_INSTANCE) == instance_name
+            if contract.instance_of(obj) == instance_name
         ],
     )
 
@@ -131,37 +133,36 @@ def _proxies(view: ClusterView, instance_name: str) -> dict[str, ProxyView]:
 
 
 def _application(view: ClusterView, obj: Obj) -> ApplicationDetailsView:
-    status = obj.get("status") or {}
+    status = ServeApplicationStatus.of(obj)
     config = app_config(obj)
     graph = _graph(view, obj, config)
     return ApplicationDetailsView(
         name=contract.application_name(obj),
         route_prefix=_route_prefix(status, config),
-        status=_app_status(obj),
-        message=str(status.get("message") or ""),
-        deployed_at=_deployed_at(obj),
+        status=_app_status(obj, status),
+        message=status.message,
+        deployed_at=_deployed_at(obj, status),
         config=config,
-        deployments=_deployments(view, obj, config, graph),
+        deployments=_deployments(view, obj, status, config, graph),
         graph=graph,
-        docs_path=status.get("docsPath"),
+        docs_path=status.docs_path,
     )
 
 
-def _app_status(obj: Obj) -> str:
+def _app_status(obj: Obj, status: ServeApplicationStatus) -> str:
     """The operator's status while it describes the current spec; ``DEPLOYING`` before that."""
-    meta, status = obj["metadata"], obj.get("status") or {}
+    meta = obj["metadata"]
     if meta.get("deletionTimestamp"):
         return "DELETING"
-    current = status.get("observedGeneration") == meta.get("generation")
-    if not current or not status.get("appStatus"):
+    current = status.observed_generation == meta.get("generation")
+    if not current or not status.app_status:
         return "DEPLOYING"
-    return str(status["appStatus"])
+    return str(status.app_status)
 
 
-def _route_prefix(status: Mapping[str, Any], config: Mapping[str, Any] | None) -> str | None:
-    if "routePrefix" in status:
-        value = status["routePrefix"]
-        return None if value is None else str(value)
+def _route_prefix(status: ServeApplicationStatus, config: Mapping[str, Any] | None) -> str | None:
+    if "route_prefix" in status.model_fields_set:
+        return status.route_prefix
     if config is not None and "route_prefix" in config:
         value = config["route_prefix"]
         return None if value is None else str(value)
@@ -178,16 +179,14 @@ def annotated_deployed_at(obj: Mapping[str, Any]) -> float | None:
         return None
 
 
-def _deployed_at(obj: Obj) -> float:
+def _deployed_at(obj: Obj, status: ServeApplicationStatus) -> float:
     """The annotation, else the operator's ``lastDeployedTime``, else the object's creation."""
-    meta, status = obj["metadata"], obj.get("status") or {}
     annotated = annotated_deployed_at(obj)
     if annotated is not None:
         return annotated
-    for stamp in (status.get("lastDeployedTime"), meta.get("creationTimestamp")):
-        if stamp:
-            return _epoch(stamp)
-    return 0.0
+    if status.last_deployed_time is not None:
+        return status.last_deployed_time.timestamp()
+    return _epoch(obj["metadata"].get("creationTimestamp") or "")
 
 
 def _graph(view: ClusterView, obj: Obj, config: Mapping[str, Any] | None) -> Obj | None:
@@ -206,55 +205,55 @@ def _graph(view: ClusterView, obj: Obj, config: Mapping[str, Any] | None) -> Obj
 
 
 def _deployments(
-    view: ClusterView, obj: Obj, config: Mapping[str, Any] | None, graph: Obj | None
+    view: ClusterView,
+    obj: Obj,
+    status: ServeApplicationStatus,
+    config: Mapping[str, Any] | None,
+    graph: Obj | None,
 ) -> list[DeploymentDetailsView]:
     if graph is None or config is None:
         return []
-    overrides = {d["name"]: d for d in config.get("deployments", [])}
-    statuses = (obj.get("status") or {}).get("deployments") or {}
     deployments = []
-    for node in graph["deployments"]:
-        name = node["name"]
-        effective = effective_config.effective_deployment_config(
-            name, node.get("options", {}), overrides.get(name), config.get("logging_config")
-        )
-        status = statuses.get(name) or {}
+    for name, effective in effective_config.graph_configs(config, graph["deployments"]).items():
         labels = contract.selector_labels(
             contract.COMPONENT_REPLICA, application=obj["metadata"]["name"], deployment=name
         )
         replicas = [_replica(pod) for pod in view.objects("Pod", labels)]
-        target = int(status.get("targetReplicas", effective_config.target_replicas(effective)))
-        deployments.append(
-            DeploymentDetailsView(
+        entry = status.deployments.get(name)
+        if entry is None:  # not reported yet: starting its update
+            described = DeploymentDetailsView(
+                name, effective, effective.target_replicas(), replicas
+            )
+        else:
+            described = DeploymentDetailsView(
                 name=name,
                 config=effective,
-                target_replicas=target,
+                target_replicas=entry.target_replicas,
                 replicas=replicas,
-                status=status.get("status", "UPDATING"),
-                status_trigger=status.get("statusTrigger", "CONFIG_UPDATE_STARTED"),
-                message=str(status.get("message") or ""),
-                autoscaling=_autoscaling(effective, status, target, replicas),
+                status=str(entry.status),
+                status_trigger=str(entry.status_trigger),
+                message=entry.message,
             )
-        )
+        autoscaling = _autoscaling(effective, entry, described.target_replicas, replicas)
+        deployments.append(dataclasses.replace(described, autoscaling=autoscaling))
     return deployments
 
 
 def _autoscaling(
-    effective: Mapping[str, Any],
-    status: Mapping[str, Any],
+    effective: EffectiveDeployment,
+    entry: DeploymentStatusEntry | None,
     target: int,
     replicas: list[ReplicaProcessView],
 ) -> dict[str, Any] | None:
     """Ray's ``DeploymentAutoscalingDetail`` of an autoscaling deployment, from its status."""
-    if not effective.get("autoscaling_config"):
+    if not effective.autoscaling_config:
         return None
     running = sum(1 for r in replicas if r.state == "RUNNING")
     scaling = "UPSCALING" if target > running else "DOWNSCALING" if target < running else "STABLE"
-    last = status.get("lastScalingDecision")
+    last = None if entry is None else entry.last_scaling_decision
     decisions = []
-    if last:
-        entry = ScalingDecisionEntry.model_validate(last)
-        decisions.append({**entry.model_dump(), "policy": "default_autoscaling_policy"})
+    if last is not None:
+        decisions.append({**last.model_dump(), "policy": "default_autoscaling_policy"})
     return {"scaling_status": scaling, "decisions": decisions}
 
 

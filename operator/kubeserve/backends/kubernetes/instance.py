@@ -12,6 +12,10 @@ from kubeserve.backends.kubernetes.details import pod_process
 from kubeserve.backends.kubernetes.pods import pod_ready
 from kubeserve.backends.kubernetes.reports import AppSummary, InstanceReport, ProxyReport
 from kubeserve.runtime.kubernetes import contract
+from kubeserve.schema.resources import ServeApplicationStatus
+
+#: The kinds of the proxies' objects (a DaemonSet for ``EveryNode``).
+_PROXY_KINDS = ("Deployment", "DaemonSet", "Service", "NetworkPolicy")
 
 
 class InstanceReconciler:
@@ -35,15 +39,11 @@ class InstanceReconciler:
         ]
         for child in wanted:
             await cluster.apply(child)
-        keep = {f"{c['kind']}/{c['metadata']['name']}" for c in wanted}
         labels = {
             contract.INSTANCE_LABEL: contract.label_value(obj["metadata"]["name"]),
             contract.COMPONENT_LABEL: "proxy",
         }
-        for kind in ("Deployment", "DaemonSet", "Service", "NetworkPolicy"):
-            for child in cluster.cache.objects(kind, namespace, labels):
-                if f"{kind}/{child['metadata']['name']}" not in keep:
-                    await cluster.kube.delete(kind, namespace, child["metadata"]["name"])
+        await cluster.prune(namespace, labels, _PROXY_KINDS, wanted)
         return _instance_report(cluster, obj, labels)
 
 
@@ -59,13 +59,13 @@ def _instance_report(
         )
     applications = {}
     for app in cluster.cache.objects("ServeApplication", namespace):
-        spec, status = app.get("spec") or {}, app.get("status") or {}
-        if spec.get("instance", contract.DEFAULT_INSTANCE) != obj["metadata"]["name"]:
+        if contract.instance_of(app) != obj["metadata"]["name"]:
             continue
+        status = ServeApplicationStatus.of(app)
         applications[contract.application_name(app)] = AppSummary(
-            status=status.get("appStatus") or "NOT_STARTED",
-            route_prefix=status.get("routePrefix"),
-            message=status.get("message") or "",
+            status=str(status.app_status or "NOT_STARTED"),
+            route_prefix=status.route_prefix,
+            message=status.message,
         )
     location = (obj.get("spec") or {}).get("proxyLocation", "EveryNode")
     return InstanceReport(proxies, applications, proxies_disabled=location == "Disabled")

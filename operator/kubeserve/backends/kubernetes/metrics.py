@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 from kubeserve.runtime.metrics import label_value
+from kubeserve.schema.resources import ServeApplicationStatus
 
 
 def metrics_text(
@@ -13,7 +14,7 @@ def metrics_text(
 ) -> str:
     """Prometheus text exposition of the operator's counters and application statuses."""
     statuses = Counter(
-        ((app.get("status") or {}).get("appStatus") or "NOT_STARTED") for app in applications
+        str(ServeApplicationStatus.of(app).app_status or "NOT_STARTED") for app in applications
     )
     lines = [
         "# HELP kubeserve_operator_reconciles_total Reconcile passes over custom resources.",

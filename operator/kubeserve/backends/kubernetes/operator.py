@@ -157,11 +157,7 @@ class Operator:
         for key, count in self._caller_reports.update(caller, queued).items():
             app, deployment = wire.split_deployment_key(key)
             for obj in self.cluster.cache.objects("ServeApplication", namespace):
-                spec = obj.get("spec") or {}
-                if (
-                    contract.application_name(obj) == app
-                    and spec.get("instance", contract.DEFAULT_INSTANCE) == instance
-                ):
+                if contract.application_name(obj) == app and contract.instance_of(obj) == instance:
                     scaler = scaling_key(namespace, obj["metadata"]["name"], deployment)
                     self._autoscalers.record_queued(scaler, caller, count)
 

@@ -27,7 +27,7 @@ Every connection to port 8000 must pass the data-plane handshake
 ``KUBESERVE_DATA_PLANE_SECRET``), which a kubelet cannot do. So the replica runs the user's
 ``check_health`` itself every ``health_check_period_s`` (limited to ``health_check_timeout_s``) and
 reports the last result on an unauthenticated listener, container port ``probe`` (8081), that
-answers only ``GET /-/healthz`` and never runs user code (:mod:`kubeserve.runtime.replica_probe`).
+answers only ``GET /-/healthz`` and never runs user code (:mod:`kubeserve.runtime.replica.probe`).
 Probes point there: readiness every ``health_check_period_s`` (out of rotation on the first
 failure), liveness likewise (restart after 3 failures, as Ray replaces a replica after 3), and a
 startup probe that gives the constructor up to :data:`~.render_pod.STARTUP_TIMEOUT_S` seconds.
@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 from kubeserve.backends.kubernetes.render_pod import (
     STARTUP_TIMEOUT_S,
@@ -77,7 +76,7 @@ from kubeserve.backends.kubernetes.render_views import (
     deployment_view,
     instance_view,
 )
-from kubeserve.control.effective_config import HEALTH_CHECK_FAILURE_THRESHOLD
+from kubeserve.control.effective_config import HEALTH_CHECK_FAILURE_THRESHOLD, EffectiveDeployment
 from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.contract import (
@@ -154,17 +153,17 @@ def replica_config_json(app: AppView, deployment: DesiredDeployment) -> str:
         "import_path": str(app.config["import_path"]),
         "replica_id": "",
         "user_config": None,
-        "max_ongoing_requests": int(config["max_ongoing_requests"]),
-        "graceful_shutdown_wait_loop_s": float(config["graceful_shutdown_wait_loop_s"]),
-        "graceful_shutdown_timeout_s": float(config["graceful_shutdown_timeout_s"]),
+        "max_ongoing_requests": config.max_ongoing_requests,
+        "graceful_shutdown_wait_loop_s": config.graceful_shutdown_wait_loop_s,
+        "graceful_shutdown_timeout_s": config.graceful_shutdown_timeout_s,
         "probe_port": PROBE_PORT,
-        "health_check_period_s": float(config["health_check_period_s"]),
-        "health_check_timeout_s": float(config["health_check_timeout_s"]),
+        "health_check_period_s": config.health_check_period_s,
+        "health_check_timeout_s": config.health_check_timeout_s,
     }
     if app.config.get("args"):
         replica["app_args"] = dict(app.config["args"])
-    if config.get("logging_config"):
-        replica["logging_config"] = dict(config["logging_config"])
+    if config.logging_config:
+        replica["logging_config"] = dict(config.logging_config)
     route_prefix = app.config.get("route_prefix")
     if route_prefix and route_prefix != "/":  # an ASGI ingress sees it as root_path
         replica["route_prefix"] = str(route_prefix)
@@ -173,11 +172,11 @@ def replica_config_json(app: AppView, deployment: DesiredDeployment) -> str:
     return f'{{"replica_id":"$({POD_NAME_ENV})",{literal[1:]}'
 
 
-def _replica_probes(config: Any) -> Manifest:
+def _replica_probes(config: EffectiveDeployment) -> Manifest:
     check: Manifest = {
         "httpGet": {"path": wire.HEALTHZ_PATH, "port": "probe"},
-        "periodSeconds": seconds(config["health_check_period_s"]),
-        "timeoutSeconds": seconds(config["health_check_timeout_s"]),
+        "periodSeconds": seconds(config.health_check_period_s),
+        "timeoutSeconds": seconds(config.health_check_timeout_s),
     }
     startup = {
         **check,
@@ -224,9 +223,7 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
     if instance.report_url:  # handle calls waiting for replicas are reported to the operator
         own_env[wire.CONTROLLER_URL_ENV] = instance.report_url
     fields: Manifest = {
-        "terminationGracePeriodSeconds": math.ceil(
-            float(deployment.config["graceful_shutdown_timeout_s"])
-        )
+        "terminationGracePeriodSeconds": math.ceil(deployment.config.graceful_shutdown_timeout_s)
     }
     if selector := node_selector(options):
         fields["nodeSelector"] = selector
@@ -263,7 +260,7 @@ def render_replica_workload(
         "template": template,
         "revisionHistoryLimit": 3,
     }
-    if deployment.config.get("is_driver_deployment"):
+    if deployment.config.is_driver_deployment:
         kind = "DaemonSet"
         spec["updateStrategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
     else:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from kubeserve.control import effective_config
+from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.schema.config import ProxyLocation
 from kubeserve.schema.resources import (
     API_VERSION,
@@ -136,15 +137,15 @@ class AppView:
 class DesiredDeployment:
     """One serve deployment of an application, as the renderers want it.
 
-    ``config`` is :func:`~kubeserve.control.effective_config.effective_deployment_config`;
-    ``version`` is :func:`~kubeserve.control.effective_config.replica_version`. ``replicas``
-    overrides the count :func:`~kubeserve.control.effective_config.target_replicas` gives (the
+    ``config`` is the deployment's effective config; ``version`` is
+    :func:`~kubeserve.control.effective_config.replica_version`. ``replicas`` overrides the count
+    :meth:`~kubeserve.control.effective_config.EffectiveDeployment.target_replicas` gives (the
     autoscaler's current decision). Which deployment is the ingress is not part of it: nothing
     rendered depends on that, so moving the ingress never restarts pods.
     """
 
     name: str
-    config: Mapping[str, Any]
+    config: EffectiveDeployment
     version: str
     replicas: int | None = None
 
@@ -152,11 +153,11 @@ class DesiredDeployment:
     def target_replicas(self) -> int:
         if self.replicas is not None:
             return self.replicas
-        return effective_config.target_replicas(self.config)
+        return self.config.target_replicas()
 
     @property
     def actor_options(self) -> Mapping[str, Any]:
-        return self.config.get("ray_actor_options") or {}
+        return self.config.ray_actor_options
 
 
 def instance_view(obj: Mapping[str, Any], report_url: str | None = None) -> InstanceView:
@@ -187,12 +188,12 @@ def app_view(obj: Mapping[str, Any], app_config: Mapping[str, Any]) -> AppView:
 
 def deployment_view(
     app_config: Mapping[str, Any],
-    effective: Mapping[str, Any],
+    effective: EffectiveDeployment,
     replicas: int | None = None,
 ) -> DesiredDeployment:
     """The view of a deployment whose effective config is ``effective`` (name included)."""
     return DesiredDeployment(
-        name=str(effective["name"]),
+        name=effective.name,
         config=effective,
         version=effective_config.replica_version(app_config, effective),
         replicas=replicas,

@@ -26,8 +26,8 @@ from typing import Any
 
 from kubeserve.backends.kubernetes.details import annotated_deployed_at
 from kubeserve.backends.kubernetes.pods import pod_ready, replica_key
-from kubeserve.control import effective_config
 from kubeserve.control.details import ProcessView
+from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.control.status_derivation import (
     AppStatusInfo,
     DeploymentView,
@@ -260,12 +260,9 @@ def _deployed_time(obj: Mapping[str, Any]) -> datetime:
     annotated = annotated_deployed_at(obj)
     if annotated is not None:
         return datetime.fromtimestamp(annotated, UTC)
-    old = obj.get("status") or {}
-    if old.get("observedGeneration") == obj["metadata"].get("generation"):
-        try:
-            return datetime.fromisoformat(str(old["lastDeployedTime"]))
-        except (KeyError, ValueError):
-            pass
+    old = ServeApplicationStatus.of(obj)
+    if old.observed_generation == obj["metadata"].get("generation") and old.last_deployed_time:
+        return old.last_deployed_time
     return datetime.fromisoformat(timestamp())
 
 
@@ -296,7 +293,7 @@ def ready_condition(obj: Mapping[str, Any], ready: bool, reason: str, message: s
 
 def deployment_view_from_pods(
     pods: list[dict[str, Any]],
-    config: dict[str, Any],
+    config: EffectiveDeployment,
     version: str,
     user_configs: Mapping[str, str],
     ever_healthy: bool = False,
@@ -310,7 +307,7 @@ def deployment_view_from_pods(
     Container restarts count as failed starts only while the version has never been healthy:
     afterwards a crashing replica makes the deployment UNHEALTHY, not DEPLOY_FAILED (as in Ray).
     """
-    uc_version = effective_config.user_config_version(config)
+    uc_version = config.user_config_version
     replicas = []
     restarts = 0
     last_error = ""
@@ -333,9 +330,7 @@ def deployment_view_from_pods(
             )
         )
     return DeploymentView(
-        target_replicas=(
-            effective_config.target_replicas(config) if target_replicas is None else target_replicas
-        ),
+        target_replicas=(config.target_replicas() if target_replicas is None else target_replicas),
         replicas=replicas,
         startup_failures=restarts if not any(r.state == "RUNNING" for r in replicas) else 0,
         ever_healthy=ever_healthy,

@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +160,7 @@ class ApplicationState:
                 self.serving_graph = graph
         self._ctx.wake()
 
-    async def _prepare_env(self, deployment_env: dict[str, Any] | None) -> PreparedEnv:
+    async def _prepare_env(self, deployment_env: Mapping[str, Any] | None) -> PreparedEnv:
         merged = runtime_envs.merge_runtime_env(self.config.get("runtime_env"), deployment_env)
         key = effective_config.fingerprint(merged)
         if key not in self._envs:
@@ -192,16 +193,9 @@ class ApplicationState:
                 self.retiring[name] = self.deployments.pop(name)
         for state in self.retiring.values():
             state.reconcile()
-        for name, node in wanted.items():
-            effective = effective_config.effective_deployment_config(
-                name,
-                node.get("options", {}),
-                overrides.get(name),
-                self.config.get("logging_config"),
-            )
-            actor_env = (effective.get("ray_actor_options") or {}).get("runtime_env")
+        for name, effective in effective_config.graph_configs(self.config, wanted.values()).items():
             try:
-                env = await self._prepare_env(actor_env)
+                env = await self._prepare_env(effective.actor_runtime_env)
             except RuntimeEnvError as exc:
                 self.config_error = f"runtime_env of deployment {name!r}: {exc}"
                 return

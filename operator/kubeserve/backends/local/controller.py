@@ -293,7 +293,7 @@ class Controller:
             if ingress is not None and prefix is not None:
                 routes.append({"route_prefix": prefix, "app": app.name, "deployment": ingress})
             for name, deployment in app.all_deployments().items():
-                if deployment.config:
+                if deployment.has_target:
                     endpoints[wire.deployment_key(app.name, name)] = deployment.endpoints()
         self.snapshots.publish(routes, endpoints, _proxy_timeouts(desired))
 

@@ -30,7 +30,9 @@ from kubeserve.backends.local.capacity import Capacity
 from kubeserve.control import backoff, effective_config, placement
 from kubeserve.control.autoscaling import Direction
 from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
+from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.control.status_derivation import DeploymentView, ReplicaStateValue, ReplicaView
+from kubeserve.control.user_config import needs_push
 from kubeserve.runtime import channel, logs, metrics, wire
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.runtime_env import PreparedEnv
@@ -58,6 +60,7 @@ class ReplicaProcess:
     log_path: Path
     state: ReplicaStateValue = "STARTING"
     healthy: bool = True
+    #: the user_config version the replica last reported applying ("" until its first answer)
     applied_user_config: str = ""
     reconfiguring: bool = False
     pid: int | None = None
@@ -148,7 +151,8 @@ class DeploymentState:
         self.app_args: dict[str, Any] = {}
         self.route_prefix: str | None = None
         self._ctx = context
-        self.config: dict[str, Any] = {}
+        #: Ray's defaults until :meth:`set_target` (see :attr:`has_target`)
+        self.config = EffectiveDeployment(name)
         self.version = ""
         self.user_config_version = ""
         self.env: PreparedEnv | None = None
@@ -178,9 +182,14 @@ class DeploymentState:
         """How log records name this deployment: ``app/deployment``."""
         return f"{self.app or 'default'}/{self.name}"
 
+    @property
+    def has_target(self) -> bool:
+        """Whether :meth:`set_target` gave the deployment its config (and version) yet."""
+        return bool(self.version)
+
     def set_target(
         self,
-        config: dict[str, Any],
+        config: EffectiveDeployment,
         version: str,
         env: PreparedEnv,
         import_path: str,
@@ -197,7 +206,7 @@ class DeploymentState:
             self.failure_streak = 0
             self.last_error = self.health_error = ""
         self.config, self.version, self.env = config, version, env
-        self.user_config_version = effective_config.user_config_version(config)
+        self.user_config_version = config.user_config_version
         self._configure_autoscaler()
 
     def set_capacity(self, target_capacity: float | None, direction: Direction | None) -> None:
@@ -205,7 +214,7 @@ class DeploymentState:
         self._configure_autoscaler()
 
     def _configure_autoscaler(self) -> None:
-        raw = self.config.get("autoscaling_config")
+        raw = self.config.autoscaling_config
         now = time.time()
         if not raw:
             self.autoscaler = None
@@ -222,7 +231,7 @@ class DeploymentState:
             return self.autoscaler.target
         if self.external_target is not None:
             return self.external_target
-        return effective_config.target_replicas(self.config, self.target_capacity)
+        return self.config.target_replicas(self.target_capacity)
 
     # -- autoscaling -----------------------------------------------------------------------------
     def running_replicas(self) -> list[ReplicaProcess]:
@@ -308,7 +317,7 @@ class DeploymentState:
             if r.state == "RUNNING" and r.healthy
         ]
         return {
-            "max_ongoing_requests": int(self.config["max_ongoing_requests"]),
+            "max_ongoing_requests": self.config.max_ongoing_requests,
             "replicas": ready,
             **wire.queue_limits(self.config),
         }
@@ -343,7 +352,7 @@ class DeploymentState:
         for replica in current:
             if (
                 replica.state == "RUNNING"
-                and replica.applied_user_config != self.user_config_version
+                and needs_push(replica.applied_user_config or None, self.user_config_version)
                 and not replica.reconfiguring
             ):
                 self._spawn(self._reconfigure(replica))
@@ -402,7 +411,7 @@ class DeploymentState:
         log.info("%s: stopping replica %s", self._label, replica.replica_id)
         self._ctx.wake()
         if replica.proc is not None:
-            timeout = float(self.config.get("graceful_shutdown_timeout_s", 20.0))
+            timeout = self.config.graceful_shutdown_timeout_s
             self._spawn(processes.terminate(replica.proc, timeout))
 
     async def _lifecycle(self, replica: ReplicaProcess) -> None:
@@ -434,16 +443,16 @@ class DeploymentState:
             "deployment": self.name,
             "import_path": self.import_path,
             "replica_id": replica.replica_id,
-            "user_config": self.config.get("user_config"),
-            "max_ongoing_requests": int(self.config["max_ongoing_requests"]),
-            "graceful_shutdown_wait_loop_s": float(self.config["graceful_shutdown_wait_loop_s"]),
-            "graceful_shutdown_timeout_s": float(self.config["graceful_shutdown_timeout_s"]),
+            "user_config": self.config.user_config,
+            "max_ongoing_requests": self.config.max_ongoing_requests,
+            "graceful_shutdown_wait_loop_s": self.config.graceful_shutdown_wait_loop_s,
+            "graceful_shutdown_timeout_s": self.config.graceful_shutdown_timeout_s,
             "request_limits": self._ctx.request_limits.to_mapping(),
             "app_args": self.app_args,
             "route_prefix": self.route_prefix,
         }
-        if self.config.get("logging_config"):
-            replica_config["logging_config"] = dict(self.config["logging_config"])
+        if self.config.logging_config:
+            replica_config["logging_config"] = dict(self.config.logging_config)
         fd = os.memfd_create(f"kubeserve-replica-{replica.replica_id}", os.MFD_CLOEXEC)
         try:
             data = memoryview(json.dumps(replica_config).encode())
@@ -453,7 +462,6 @@ class DeploymentState:
         except BaseException:
             os.close(fd)
             raise
-        replica.applied_user_config = self.user_config_version
         return fd
 
     async def _run(self, replica: ReplicaProcess) -> None:
@@ -563,11 +571,11 @@ class DeploymentState:
     async def _health_loop(self, replica: ReplicaProcess, exited: asyncio.Future[int]) -> None:
         failures = 0
         while replica.state == "RUNNING":
-            period = float(self.config.get("health_check_period_s", 10.0))
+            period = self.config.health_check_period_s
             await asyncio.wait([exited], timeout=period)
             if exited.done() or replica.state != "RUNNING":
                 return
-            timeout = float(self.config.get("health_check_timeout_s", 30.0))
+            timeout = self.config.health_check_timeout_s
             error = await self._check(replica, timeout)
             failures = failures + 1 if error else 0
             if error and failures < effective_config.HEALTH_CHECK_FAILURE_THRESHOLD:
@@ -608,19 +616,21 @@ class DeploymentState:
         except OSError as exc:
             return f"{type(exc).__name__}: {exc}"
         if status == 200:
+            # What the replica applied is the replica's to say (control/user_config.py).
+            replica.applied_user_config = wire.applied_user_config(body) or ""
             return ""
         return f"HTTP {status}: {body[:500].decode('utf-8', 'replace')}"
 
     async def _reconfigure(self, replica: ReplicaProcess) -> None:
         replica.reconfiguring = True
         version = self.user_config_version
-        body = json.dumps({"user_config": self.config.get("user_config")}).encode()
+        body = json.dumps({"user_config": self.config.user_config}).encode()
         try:
             status, answer = await self._internal(
                 replica, "POST", wire.RECONFIGURE_PATH, body, _RECONFIGURE_TIMEOUT_S
             )
             if status == 200:
-                replica.applied_user_config = version
+                replica.applied_user_config = wire.applied_user_config(answer) or version
             else:
                 text = answer[:1000].decode("utf-8", "replace")
                 self.last_error = f"reconfigure failed on {replica.replica_id}: {text}"

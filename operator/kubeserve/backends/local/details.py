@@ -107,7 +107,7 @@ def _application(app: ApplicationState, node_id: str) -> ApplicationDetailsView:
         deployments=[
             _deployment(state, node_id, status.deployments.get(name))
             for name, state in app.deployments.items()
-            if state.config
+            if state.has_target
         ],
         graph=app.graph,
         docs_path=(app.serving_graph or {}).get("docs_path"),

@@ -28,7 +28,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 __all__ = [
     "API_VERSION",
@@ -71,15 +71,19 @@ __all__ = [
     "SERVICE_NAME_LABEL",
     "VERSION",
     "VERSION_ANNOTATION",
+    "ApplicationStatusEntry",
+    "DeploymentStatusEntry",
     "OwnerReference",
     "application_cr_name",
     "application_name",
+    "application_status",
     "build_account_name",
     "build_job_name",
     "common_labels",
     "dataplane_account_name",
     "dataplane_secret_name",
     "graph_configmap_name",
+    "instance_of",
     "label_value",
     "metrics_token_secret_name",
     "network_policy_name",
@@ -192,6 +196,61 @@ class OwnerReference(TypedDict):
     uid: str
     controller: bool
     blockOwnerDeletion: bool
+
+
+# --------------------------------------------------------------------------- application status
+
+
+class DeploymentStatusEntry(TypedDict, total=False):
+    """One deployment in ``ServeApplication.status.deployments``, as the operator writes it.
+
+    The operator writes it through :class:`kubeserve.schema.resources.DeploymentStatusEntry`; the
+    keys are that model's aliases (a test pins them). Every key may be absent.
+    """
+
+    status: str
+    statusTrigger: str
+    message: str
+    replicas: int
+    readyReplicas: int
+    targetReplicas: int
+    #: the Service whose EndpointSlices list the ready replicas
+    service: str | None
+    maxOngoingRequests: int | None
+    maxQueuedRequests: int | None
+    backpressureStatus: int | None
+    retryAfterS: float | None
+    lastScalingDecision: dict[str, Any] | None
+
+
+class ApplicationStatusEntry(TypedDict, total=False):
+    """``ServeApplication.status`` as the data plane reads it (the keys of
+    :class:`kubeserve.schema.resources.ServeApplicationStatus`; a test pins them)."""
+
+    appStatus: str | None
+    message: str
+    readyDeployments: str | None
+    replicas: str | None
+    routePrefix: str | None
+    ingressDeployment: str | None
+    docsPath: str | None
+    lastDeployedTime: str | None
+    observedGeneration: int | None
+    deployments: dict[str, DeploymentStatusEntry]
+    conditions: list[dict[str, Any]]
+    kopf: dict[str, Any] | None
+
+
+def application_status(obj: Mapping[str, Any]) -> ApplicationStatusEntry:
+    """The status the operator wrote on a ``ServeApplication`` (empty before its first pass)."""
+    status = obj.get("status")
+    return cast(ApplicationStatusEntry, status if isinstance(status, dict) else {})
+
+
+def instance_of(obj: Mapping[str, Any]) -> str:
+    """The ``ServeInstance`` a ``ServeApplication`` belongs to (:data:`DEFAULT_INSTANCE` unless
+    ``spec.instance`` names another)."""
+    return str((obj.get("spec") or {}).get("instance", DEFAULT_INSTANCE))
 
 
 # --------------------------------------------------------------------------- application names

@@ -113,24 +113,24 @@ def snapshot_parts(
     routes: list[wire.Route] = []
     deployments: dict[str, wire.DeploymentEndpoints] = {}
     for app in apps:
-        spec, status = app.get("spec") or {}, app.get("status") or {}
-        if instance is not None and spec.get("instance", contract.DEFAULT_INSTANCE) != instance:
+        if instance is not None and contract.instance_of(app) != instance:
             continue
-        name = contract.application_name(app)
+        name, status = contract.application_name(app), contract.application_status(app)
         for deployment, entry in (status.get("deployments") or {}).items():
-            if not entry.get("service"):
+            service = entry.get("service")
+            if not service:
                 continue
-            replicas = sorted(by_service.get(entry["service"], []), key=lambda r: r["replica_id"])
+            replicas = sorted(by_service.get(service, []), key=lambda r: r["replica_id"])
             endpoints: wire.DeploymentEndpoints = {
                 "max_ongoing_requests": int(entry.get("maxOngoingRequests") or 5),
                 "replicas": replicas,
             }
-            if entry.get("maxQueuedRequests") is not None:
-                endpoints["max_queued_requests"] = int(entry["maxQueuedRequests"])
-            if entry.get("backpressureStatus") is not None:
-                endpoints["backpressure_status"] = int(entry["backpressureStatus"])
-            if entry.get("retryAfterS") is not None:
-                endpoints["retry_after_s"] = float(entry["retryAfterS"])
+            if (queued := entry.get("maxQueuedRequests")) is not None:
+                endpoints["max_queued_requests"] = int(queued)
+            if (backpressure := entry.get("backpressureStatus")) is not None:
+                endpoints["backpressure_status"] = int(backpressure)
+            if (retry_after := entry.get("retryAfterS")) is not None:
+                endpoints["retry_after_s"] = float(retry_after)
             deployments[wire.deployment_key(name, deployment)] = endpoints
         prefix, ingress = status.get("routePrefix"), status.get("ingressDeployment")
         if prefix and ingress:

@@ -11,7 +11,7 @@ pay for it.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubeserve.runtime.kubernetes.contract import (
     APPLICATION_ENV,
@@ -22,6 +22,9 @@ from kubeserve.runtime.kubernetes.contract import (
     NAMESPACE_ENV,
 )
 from kubeserve.runtime.wire import CONTROLLER_URL_ENV
+
+if TYPE_CHECKING:
+    from kubeserve.runtime.handle_client import HandleClient
 
 
 def in_cluster() -> bool:
@@ -48,7 +51,7 @@ async def user_config_override(deployment: str) -> tuple[bool, Any]:
     return False, None
 
 
-def handle_client(secret: bytes) -> Any:
+def handle_client(secret: bytes) -> HandleClient:
     """A handle client fed by the cluster's routes and EndpointSlices (not started); it reports
     what waits at it to the operator when the pod was given the operator's URL (scale to zero)."""
     from kubeserve.runtime.handle_client import HandleClient

@@ -6,19 +6,38 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import socket
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from kubeserve.runtime import channel, logs
-from kubeserve.runtime.kubernetes.contract import DISCOVERY_KUBERNETES, INSTANCE_ENV, NAMESPACE_ENV
+from kubeserve.runtime.discovery import EndpointSource
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 from kubeserve.runtime.proxy.server import serve_proxy
 
-__all__ = ["main"]
+__all__ = ["ClusterDiscovery", "main"]
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass(frozen=True)
+class ClusterDiscovery:
+    """Where a proxy in a cluster learns routes and replicas instead of the local controller,
+    given by the command's composition root (:mod:`kubeserve.runtime.kubernetes.pod`)."""
+
+    #: the ``--discovery`` value that selects it
+    name: str
+    #: makes the source, only once selected (it may import a client the proxy otherwise skips)
+    source: Callable[[], EndpointSource]
+    #: the ``namespace/instance`` the proxy's load reports name
+    scope: str
+
+
+def main(
+    argv: list[str] | None = None,
+    *,
+    cluster: ClusterDiscovery | None = None,
+    metrics_port: int | None = None,
+) -> int:
     """``kubeserve proxy``: the HTTP ingress process."""
     import uvloop
 
@@ -26,9 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--controller-url")
-    parser.add_argument(
-        "--discovery", choices=("controller", DISCOVERY_KUBERNETES), default="controller"
-    )
+    discoveries = ("controller",) if cluster is None else ("controller", cluster.name)
+    parser.add_argument("--discovery", choices=discoveries, default="controller")
     parser.add_argument("--request-timeout-s", type=float, default=None)
     parser.add_argument("--keep-alive-timeout-s", type=float, default=90.0)
     parser.add_argument(
@@ -41,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.discovery == "controller" and not args.controller_url:
         parser.error("--controller-url is required with --discovery controller")
-    in_cluster = args.discovery == DISCOVERY_KUBERNETES
+    chosen = cluster if cluster is not None and args.discovery == cluster.name else None
     settings = logs.LogSettings(args.logging_config)
     component = logs.ComponentLog("proxy", "proxy", socket.gethostname())
     try:
@@ -74,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
                 keep_alive_timeout_s=args.keep_alive_timeout_s,
                 limits=limits,
                 access_log=access,
-                kubernetes_namespace=os.environ.get(NAMESPACE_ENV) if in_cluster else None,
-                instance=os.environ.get(INSTANCE_ENV) if in_cluster else None,
+                source=chosen.source() if chosen is not None else None,
+                scope=chosen.scope if chosen is not None else None,
+                metrics_port=metrics_port,
             )
 
     uvloop.run(run())

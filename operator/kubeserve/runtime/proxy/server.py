@@ -133,22 +133,17 @@ async def serve_proxy(
     keep_alive_timeout_s: float = 90,
     limits: RequestLimits | None = None,
     access_log: AccessLog | None = None,
-    kubernetes_namespace: str | None = None,
-    instance: str | None = None,
+    source: EndpointSource | None = None,
+    scope: str | None = None,
+    metrics_port: int | None = None,
 ) -> None:
     """Run a proxy until cancelled (``main`` cancels it on SIGTERM/SIGINT).
 
-    Endpoints come from the local controller (``controller_url``) or, in a cluster, from the
-    Kubernetes API (``kubernetes_namespace``; routes of ``instance``'s applications only), where
-    ``controller_url``, when given, is the operator's: load reports go there.
+    Endpoints come from the local controller (``controller_url``) or from ``source`` (in a
+    cluster, the Kubernetes API, chosen by the command), where ``controller_url``, when given, is
+    the operator's: load reports go there, naming ``scope``. ``metrics_port``: where to serve
+    ``GET /metrics`` (:mod:`~kubeserve.runtime.metrics_listener`), if anywhere.
     """
-    source = None
-    scope = None
-    if kubernetes_namespace is not None:
-        from kubeserve.runtime.kubernetes.discovery import KubeDiscovery
-
-        source = KubeDiscovery(kubernetes_namespace, instance)
-        scope = f"{kubernetes_namespace}/{instance}"
     server = ProxyServer(
         host,
         port,
@@ -163,12 +158,12 @@ async def serve_proxy(
     server.state.access_log = access_log
     await server.start()
     log.info("kubeserve proxy listening on %s:%d", host, server.port)
-    metrics_port = await start_metrics_listener(host, secret)
+    metrics_listener = await start_metrics_listener(host, metrics_port, secret)
     try:
         await asyncio.Event().wait()
     finally:
         await server.close()
-        if metrics_port is not None:
-            await metrics_port.close()
+        if metrics_listener is not None:
+            await metrics_listener.close()
         if access_log is not None:
             access_log.flush()

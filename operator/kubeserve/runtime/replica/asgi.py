@@ -1,7 +1,7 @@
 """ASGI on the replica side: an ``@ingress`` app (FastAPI, Starlette, any ASGI callable), the
 Starlette ``Request`` plain ingress deployments receive, and Starlette responses user code returns.
 
-The replica's HTTP server hands over one complete request (:class:`~kubeserve.runtime.replica_http.
+The replica's HTTP server hands over one complete request (:class:`~kubeserve.runtime.replica.http.
 HttpRequest`); :func:`run_asgi` turns it into an ASGI ``http`` scope and runs the app:
 
 * the scope's ``path`` is the full path the client asked for and ``root_path`` the application's
@@ -36,7 +36,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
 from typing import Any
 
-from kubeserve.runtime.replica_http import HttpRequest, HttpResponse, internal_error
+from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, internal_error
 from kubeserve.runtime.websocket import (
     INTERNAL_ERROR,
     NORMAL_CLOSURE,

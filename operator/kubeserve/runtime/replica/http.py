@@ -30,8 +30,9 @@ its upgrade, the transport is handed to a :class:`~kubeserve.runtime.websocket.W
 and the server's ``websocket`` handler serves it for as long as the socket lives (no keep-alive or
 request timeouts on it). Other upgrades (h2c...) and CONNECT are answered 501.
 
-The server knows nothing about deployments: :class:`~kubeserve.runtime.replica.Replica` gives it a
-handler ``HttpRequest -> HttpResponse | StreamedResponse`` per channel role. With a secret, every
+The server knows nothing about deployments: it is given a handler ``HttpRequest -> HttpResponse |
+StreamedResponse`` per channel role (:class:`~kubeserve.runtime.replica.ingress.Ingress` and
+:class:`~kubeserve.runtime.replica.control.Control`). With a secret, every
 connection must pass the :mod:`~kubeserve.runtime.channel` handshake before a byte of it is parsed,
 and its role picks its handler for good: user traffic (``INGRESS``) or internal endpoints
 (``CONTROL``). Invariants: a connection runs at most one handler at a time; a response with

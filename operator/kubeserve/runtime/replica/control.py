@@ -1,0 +1,222 @@
+"""Internal endpoints of a replica (a ``CONTROL`` connection): handle calls, health, reconfigure.
+
+The endpoints of :mod:`kubeserve.runtime.wire` under ``/-/``: ``call/<method>`` and
+``stream/<method>`` (handle calls, counted as ongoing like user requests, a streamed one until its
+last frame), ``healthz`` (the user's ``check_health``), ``metrics`` (the accounting the autoscaler
+reads) and ``reconfigure`` (applies ``user_config`` without a restart, one at a time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
+
+from kubeserve.control.user_config import user_config_version
+from kubeserve.runtime import wire
+from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, StreamedResponse
+from kubeserve.runtime.replica.state import ReplicaState, shutting_down
+from kubeserve.runtime.replica.user_code import error_text
+from kubeserve.sdk import context
+
+__all__ = ["Control"]
+
+log = logging.getLogger("kubeserve.replica")
+
+_PICKLE = "application/octet-stream"
+
+
+class Control:
+    """Answers the internal endpoints with the user's code held by a :class:`ReplicaState`.
+
+    Owns ``user_config``, the last one applied (``applied`` at start), and its version, which
+    every health answer reports (:mod:`kubeserve.control.user_config`): the replica is the one
+    owner of what it applied, and a request to apply that version again changes nothing.
+    """
+
+    def __init__(self, state: ReplicaState, applied: Any) -> None:
+        self._state = state
+        self.user_config = applied
+        self.user_config_version = user_config_version(applied)
+        self._reconfigure_lock = asyncio.Lock()
+
+    async def handle(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
+        """Internal endpoints (a ``CONTROL`` connection): handle calls, health, reconfigure."""
+        path = request.path
+        if path.startswith(wire.CALL_PREFIX):
+            if request.method != "POST":
+                return HttpResponse(405, b"handle calls use POST")
+            refusal = self._state.refusal()
+            if refusal is not None:
+                return refusal
+            self._state.ongoing += 1
+            started = time.perf_counter()
+            method_name = path[len(wire.CALL_PREFIX) :]
+            outcome = "ERROR"
+            try:
+                answer = await self._call(request, method_name)
+                outcome = "OK" if answer.status == 200 else "ERROR"
+                return answer
+            finally:
+                self._state.finish(started, "", ("CALL", method_name, outcome))
+        if path.startswith(wire.STREAM_PREFIX):
+            if request.method != "POST":
+                return HttpResponse(405, b"handle calls use POST")
+            if self._state.draining:
+                return shutting_down()
+            return await self._stream_call(request, path[len(wire.STREAM_PREFIX) :])
+        if path == wire.HEALTHZ_PATH:
+            return await self._healthz()
+        if path == wire.METRICS_PATH:
+            return HttpResponse(200, self._state.metrics().encode())
+        if path == wire.RECONFIGURE_PATH:
+            if request.method != "POST":
+                return HttpResponse(405, b"reconfigure uses POST")
+            return await self._reconfigure(request)
+        return HttpResponse(404, f"no internal endpoint {path}".encode())
+
+    def _handle_call(
+        self, request: HttpRequest, method_name: str
+    ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str] | HttpResponse:
+        """The method, arguments and multiplexed model id of a handle call (its options entered
+        into the request context), or the answer refusing it."""
+        method = self._state.user.method(method_name)
+        if method is None:
+            return HttpResponse(
+                404, f"deployment {self._state.user.name!r} has no method {method_name!r}".encode()
+            )
+        try:
+            args, kwargs, options = wire.decode_call_with_options(request.body)
+        except Exception as exc:
+            return HttpResponse(400, f"undecodable handle call: {error_text(exc)}".encode())
+        return method, args, kwargs, _enter_call(options)
+
+    async def _call(self, request: HttpRequest, method_name: str) -> HttpResponse:
+        call = self._handle_call(request, method_name)
+        if isinstance(call, HttpResponse):
+            return call
+        method, args, kwargs, model_id = call
+        try:
+            result = await self._state.run(method, *args, **kwargs)
+            if inspect.isgenerator(result) or inspect.isasyncgen(result):
+                result.close() if inspect.isgenerator(result) else await result.aclose()
+                raise TypeError(
+                    f"Method '{method_name}' returned a generator. You must use "
+                    "`handle.options(stream=True)` to call generators on a deployment."
+                )
+            body = wire.encode_result(result)
+        except Exception as exc:
+            self._state.metrics_recorder.error("", exc)
+            log.info("handle call %s raised %s", method_name, error_text(exc))
+            answer = HttpResponse(500, wire.encode_error(exc), content_type=_PICKLE)
+        else:
+            answer = HttpResponse(200, body, content_type=_PICKLE)
+        if model_id:
+            self._state.tell_models(answer)
+        return answer
+
+    async def _stream_call(
+        self, request: HttpRequest, method_name: str
+    ) -> HttpResponse | StreamedResponse:
+        """A streamed handle call: the generator's items go out as frames as it yields them."""
+        call = self._handle_call(request, method_name)
+        if isinstance(call, HttpResponse):
+            return call
+        method, args, kwargs, model_id = call
+        self._state.ongoing += 1
+        started = time.perf_counter()
+        try:
+            items = method(*args, **kwargs)
+            if inspect.isawaitable(items):
+                items = await items
+            if not (inspect.isgenerator(items) or inspect.isasyncgen(items)):
+                raise TypeError(
+                    f"Method '{method_name}' returned a non-generator ({type(items).__name__}); "
+                    "call it without `handle.options(stream=True)`."
+                )
+        except Exception as exc:
+            self._state.metrics_recorder.error("", exc)
+            self._state.finish(started, "")
+            log.info("streamed handle call %s raised %s", method_name, error_text(exc))
+            return HttpResponse(500, wire.encode_error(exc), content_type=_PICKLE)
+        frames = self._frames(items, started)
+        if not model_id:
+            return StreamedResponse(200, {"content-type": _PICKLE}, frames)
+        # The first frame before the head, so that the head names the models once the generator
+        # began (it loads its model before its first item): _frames turns errors into frames.
+        first = await anext(frames)
+        streamed = StreamedResponse(200, {"content-type": _PICKLE}, _after(first, frames))
+        self._state.tell_models(streamed)
+        return streamed
+
+    async def _frames(self, items: Any, started: float) -> AsyncGenerator[bytes, None]:
+        try:
+            if inspect.isasyncgen(items):
+                async for item in items:
+                    yield wire.encode_frame(wire.FRAME_ITEM, wire.encode_result(item))
+            else:
+                for item in items:
+                    yield wire.encode_frame(wire.FRAME_ITEM, wire.encode_result(item))
+            yield wire.encode_frame(wire.FRAME_END)
+        except Exception as exc:
+            self._state.metrics_recorder.error("", exc)
+            yield wire.encode_frame(wire.FRAME_ERROR, wire.encode_error(exc))
+        finally:
+            self._state.finish(started, "")
+
+    async def _healthz(self) -> HttpResponse:
+        if self._state.draining:
+            return HttpResponse(503, b"replica is shutting down")
+        try:
+            await self._state.user.check_health()
+        except Exception as exc:
+            return HttpResponse(503, error_text(exc).encode())
+        return HttpResponse(
+            200, wire.health_answer(self.user_config_version), content_type="application/json"
+        )
+
+    async def _reconfigure(self, request: HttpRequest) -> HttpResponse:
+        try:
+            payload = json.loads(request.body)
+            user_config = payload["user_config"]
+        except Exception as exc:
+            return HttpResponse(
+                400, f'body must be JSON {{"user_config": ...}}: {error_text(exc)}'.encode()
+            )
+        version = user_config_version(user_config)
+        async with self._reconfigure_lock:
+            if version != self.user_config_version:  # the same version again: already applied
+                try:
+                    await self._state.user.reconfigure(user_config)
+                except Exception as exc:
+                    log.exception("reconfigure failed")
+                    return HttpResponse(500, error_text(exc).encode())
+                self.user_config, self.user_config_version = user_config, version
+        return HttpResponse(200, wire.health_answer(version), content_type="application/json")
+
+
+def _enter_call(options: dict[str, Any]) -> str:
+    """The same for a handle call: the caller's request id and multiplexed model id (returned,
+    "" for none)."""
+    request_id, model_id = options.get("request_id"), options.get("model_id")
+    if request_id or model_id:
+        model_id = str(model_id or "")
+        context.request_context.set(
+            context.RequestContext(str(request_id or ""), multiplexed_model_id=model_id)
+        )
+        return model_id
+    return ""
+
+
+async def _after(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+    """``first``, then what ``rest`` yields; closing this closes ``rest``."""
+    try:
+        yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await rest.aclose()

@@ -1,0 +1,221 @@
+"""User traffic to a replica (a proxy's ``INGRESS`` connection): HTTP, ASGI and WebSocket.
+
+Every path goes to the user's code (a path under ``/-/`` is the user's too): the ingress's ASGI
+app when the deployment is one (:mod:`.asgi`, which also serves WebSockets), else its
+``__call__``, whose result becomes the response (a Starlette response is sent as it is, a
+:class:`~kubeserve.sdk.http.StreamingResponse` chunked). A request counts as ongoing from its
+start to the last chunk of its answer (a WebSocket: for as long as it is open).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from kubeserve.runtime.replica.asgi import (
+    Lifespan,
+    http_scope,
+    is_asgi_response,
+    root_path_of,
+    run_asgi,
+    run_websocket,
+    user_request,
+    websocket_scope,
+)
+from kubeserve.runtime.replica.asgi import prepare as prepare_asgi
+from kubeserve.runtime.replica.http import (
+    HttpRequest,
+    HttpResponse,
+    StreamedResponse,
+    internal_error,
+)
+from kubeserve.runtime.replica.state import ReplicaState
+from kubeserve.runtime.websocket import WebSocketSession
+from kubeserve.sdk import context
+from kubeserve.sdk.http import StreamingResponse, to_response
+from kubeserve.sdk.ingress import asgi_app_of
+from kubeserve.sdk.multiplex import MODEL_ID_HEADER
+
+__all__ = ["Ingress"]
+
+log = logging.getLogger("kubeserve.replica")
+
+
+class Ingress:
+    """Serves user traffic with the user's code held by a :class:`ReplicaState`."""
+
+    def __init__(self, state: ReplicaState) -> None:
+        self._state = state
+        user = state.user
+        self._http_target = user.method("__call__")
+        self._asgi = None if user.is_function else asgi_app_of(user.target)
+        self.lifespan = Lifespan(self._asgi) if self._asgi is not None else None
+        self._root_path = root_path_of(state.config.get("route_prefix"))
+        prepare_asgi()  # the first request must not pay for importing Starlette
+        #: the ``route`` label of HTTP requests (Ray's: the application's route prefix); handle
+        #: calls have none
+        self._route = state.config.get("route_prefix") or ""
+
+    async def handle(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
+        """User traffic (a proxy's ``INGRESS`` connection): every path goes to the user's code."""
+        state = self._state
+        refusal = state.refusal()
+        if refusal is not None:
+            return refusal
+        state.ongoing += 1
+        started = time.perf_counter()
+        status = 500
+        streaming = False
+        try:
+            model_id = _enter_request(request, self._route)
+            response = await self._user_http(request, started)
+            streaming = isinstance(response, StreamedResponse)
+            status = response.status
+            if model_id:
+                state.tell_models(response)
+            return response
+        finally:
+            if not streaming:  # a stream is counted until its last chunk (see _stream)
+                state.finish(started, self._route, (request.method, self._route, status))
+
+    async def handle_websocket(
+        self, request: HttpRequest, session: WebSocketSession
+    ) -> HttpResponse | None:
+        """A WebSocket handshake on user traffic: the ingress's ASGI app serves it, counted as
+        one ongoing request for as long as the socket is open. Refused (an HTTP answer) while
+        draining or at ``max_ongoing_requests`` (both "unserved": the proxy tries elsewhere), and
+        when the deployment is no ASGI ingress."""
+        refusal = self._state.refusal()
+        if refusal is not None:
+            return refusal
+        app = self._asgi
+        if app is None:
+            return HttpResponse(
+                501,
+                f"deployment {self._state.user.name!r} takes no WebSocket: only an ASGI ingress "
+                "(@serve.ingress(app) with a websocket route) does".encode(),
+                close=True,
+            )
+        self._state.ongoing += 1
+        started = time.perf_counter()
+        status = 500
+        try:
+            _enter_request(request, self._route)
+            app_state = self.lifespan.state if self.lifespan is not None else None
+            refusal = await run_websocket(
+                app,
+                websocket_scope(request, self._root_path, app_state),
+                session,
+                request.request_id,
+                functools.partial(self._state.metrics_recorder.error, self._route),
+            )
+            status = 101 if refusal is None else refusal.status
+            return refusal
+        finally:
+            self._state.finish(started, self._route, ("WEBSOCKET", self._route, status))
+
+    async def _user_http(
+        self, request: HttpRequest, started: float
+    ) -> HttpResponse | StreamedResponse:
+        if self._asgi is not None:
+            return await self._asgi_http(self._asgi, request, started)
+        if self._http_target is None:
+            return HttpResponse(
+                404, f"deployment {self._state.user.name!r} has no __call__ method".encode()
+            )
+        try:
+            result = await self._state.run(
+                self._http_target, user_request(request, self._root_path)
+            )
+            if type(result) is str:  # the common case, without building a Response first
+                return HttpResponse(200, result.encode())
+            if is_asgi_response(result):  # a Starlette/FastAPI response: sent as it is
+                return await self._asgi_http(result, request, started)
+            response = to_response(result)
+        except Exception as exc:
+            return self._failed(exc, request, "request")
+        if isinstance(response, StreamingResponse):
+            return await self._stream(request, response, started)
+        return HttpResponse(
+            response.status_code, response.body, response.headers, content_type=None
+        )
+
+    async def _asgi_http(
+        self, app: Any, request: HttpRequest, started: float
+    ) -> HttpResponse | StreamedResponse:
+        """``app`` (the ingress's ASGI app, or a Starlette response) answers ``request``."""
+        app_state = self.lifespan.state if self.lifespan is not None else None
+        scope = http_scope(request, self._root_path, app_state)
+        try:
+            response = await run_asgi(app, scope, request.body, request.request_id)
+        except Exception as exc:
+            return self._failed(exc, request, "request")
+        if isinstance(response, StreamingResponse):
+            return await self._stream(request, response, started)
+        return response
+
+    async def _stream(
+        self, request: HttpRequest, response: StreamingResponse, started: float
+    ) -> HttpResponse | StreamedResponse:
+        """A chunked response. The first chunk is produced before the status line is sent, so
+        a generator that fails at once still gives a 500; a later failure cuts the connection (the
+        client sees an incomplete chunked body, never a clean end)."""
+        chunks = response.chunks()
+        try:
+            first: bytes | None = await anext(chunks)
+        except StopAsyncIteration:
+            first = None
+        except Exception as exc:
+            return self._failed(exc, request, "streamed response to")
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                if first:
+                    yield first
+                async for chunk in chunks:
+                    yield chunk
+            except Exception as exc:
+                self._failed(exc, request, "streamed response to", "failed mid-body")
+                raise
+            finally:
+                await chunks.aclose()
+                self._state.finish(
+                    started, self._route, (request.method, self._route, response.status_code)
+                )
+
+        return StreamedResponse(response.status_code, response.headers, body())
+
+    def _failed(
+        self, exc: Exception, request: HttpRequest, what: str, how: str = "failed"
+    ) -> HttpResponse:
+        """Count and log the user's exception, and the 500 answering it. The client gets the
+        request id only: an exception's text may hold secrets. The id finds the traceback in
+        this replica's log."""
+        self._state.metrics_recorder.error(self._route, exc)
+        log.exception(
+            "%s %s %s %s (request id %s)",
+            what,
+            request.method,
+            request.path,
+            how,
+            request.request_id,
+        )
+        return internal_error(request.request_id)
+
+
+def _enter_request(request: HttpRequest, route: str) -> str:
+    """Make the request's id, route and multiplexed model id visible to the user's code, its log
+    records and the handle calls it makes (each request runs in its own context copy, so this
+    never leaks into another request); returns the model id ("" for none)."""
+    model_id = ""
+    for name, value in request.headers:
+        if len(name) == len(MODEL_ID_HEADER) and name.lower() == MODEL_ID_HEADER:
+            model_id = value
+            break
+    context.request_context.set(
+        context.RequestContext(request.request_id, multiplexed_model_id=model_id, route=route)
+    )
+    return model_id

@@ -1,0 +1,167 @@
+"""What a replica's ingress and control sides share: the user's code and the request accounting.
+
+:class:`ReplicaState` owns ``ongoing``/``processed`` (only touched on the event loop), their
+integral over time, ``draining`` and the admission rule: a request is started only while the
+replica is not draining and below ``max_ongoing_requests``, enforced here for every caller together
+(each caller's router caps only its own). A refused request was not started, so its caller may send
+it elsewhere (:data:`~kubeserve.runtime.wire.UNSERVED_HEADER`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from kubeserve.runtime import logs, wire
+from kubeserve.runtime.logs import ACCESS_LOGGER, access_message
+from kubeserve.runtime.metrics import ReplicaMetrics, label_value
+from kubeserve.runtime.replica.http import HttpResponse, StreamedResponse
+from kubeserve.runtime.replica.user_code import UserCode, invoke, invoke_on_loop
+from kubeserve.sdk import context, multiplex
+
+__all__ = ["ReplicaState", "shutting_down"]
+
+log = logging.getLogger("kubeserve.replica")
+_access_log = logging.getLogger(ACCESS_LOGGER)
+
+
+class ReplicaState:
+    """The user's code, how it is run, and the accounting of what runs (see the module)."""
+
+    def __init__(
+        self, config: wire.ReplicaConfig, user: UserCode, *, sync_in_threadpool: bool = True
+    ) -> None:
+        self.config = config
+        # Sync user methods run on worker threads unless RAY_SERVE_RUN_SYNC_IN_THREADPOOL=0
+        self.run = invoke if sync_in_threadpool else invoke_on_loop
+        self.user = user
+        self._ongoing = 0
+        #: the integral of ``ongoing`` over time up to ``_changed_at`` (request-seconds): the
+        #: autoscaler reads its growth to get the mean load between two of its reads
+        self._ongoing_area = 0.0
+        self._changed_at = self._started_at = time.monotonic()
+        self.processed = 0
+        self._max_ongoing = int(config["max_ongoing_requests"])
+        self.draining = False
+        labels = {
+            "app": config["app"],
+            "deployment": config["deployment"],
+            "replica": config["replica_id"],
+        }
+        self._labels = ",".join(f'{k}="{label_value(v)}"' for k, v in labels.items())
+        #: Ray's ``logging_config.enable_access_log``: an access line per request and call
+        self.access_log = True
+        #: Ray Serve's replica metrics (requests, errors, latency, queries in flight, starts)
+        self.metrics_recorder = ReplicaMetrics(
+            config["app"], config["deployment"], config["replica_id"], lambda: self._ongoing
+        )
+        #: the :data:`~kubeserve.runtime.wire.MODELS_HEADER` value, and the
+        #: :func:`~kubeserve.sdk.multiplex.models_version` it was formatted at
+        self._models_value = ""
+        self._models_version = -1
+
+    @property
+    def ongoing(self) -> int:
+        return self._ongoing
+
+    @ongoing.setter
+    def ongoing(self, value: int) -> None:
+        now = time.monotonic()
+        self._ongoing_area += self._ongoing * (now - self._changed_at)
+        self._changed_at, self._ongoing = now, value
+        self.metrics_recorder.changed()
+
+    def refusal(self) -> HttpResponse | None:
+        """The answer to a request that must not start now (draining, or at
+        ``max_ongoing_requests``), or None when it may."""
+        if self.draining:
+            return shutting_down()
+        if self._ongoing >= self._max_ongoing:
+            return _at_capacity()
+        return None
+
+    def finish(
+        self, started: float, route: str, access: tuple[str, str, int | str] | None = None
+    ) -> None:
+        """A request or handle call that began at ``started`` (``perf_counter``) is done;
+        ``access``: its method, route and status for the access line (Ray's ``GET /route 200
+        1.2ms``, or ``CALL method OK``), unless ``logging_config.enable_access_log`` is off."""
+        self.ongoing -= 1
+        self.processed += 1
+        latency_ms = (time.perf_counter() - started) * 1000.0
+        self.metrics_recorder.done(route, latency_ms)
+        if access is not None and self.access_log:
+            batched = logs.batched_access()
+            if batched is None:
+                _access_log.info(access_message(*access, latency_ms))
+            else:
+                current = context.request_context.get()
+                if current is None:
+                    batched.add(*access, latency_ms, None, route)
+                else:
+                    batched.add(*access, latency_ms, current.request_id, current.route or route)
+
+    def ongoing_area(self) -> float:
+        """Request-seconds served so far (the integral of ``ongoing``), up to now."""
+        return self._ongoing_area + self._ongoing * (time.monotonic() - self._changed_at)
+
+    def tell_models(self, response: HttpResponse | StreamedResponse) -> None:
+        """Name the models this replica holds in the answer to a multiplexed request, so that its
+        caller routes the next requests for them here (:data:`~kubeserve.runtime.wire.
+        MODELS_HEADER`; formatted again only when the loaded models changed)."""
+        version = multiplex.models_version()
+        if version != self._models_version:
+            self._models_version = version
+            self._models_value = wire.encode_models(multiplex.loaded_model_ids())
+        if self._models_value:
+            # a new dict: a streamed response's headers may be the user's own object
+            response.headers = {**response.headers, wire.MODELS_HEADER: self._models_value}
+
+    def metrics(self) -> str:
+        """The Prometheus exposition the autoscaler and ``kubeserve status`` read."""
+        labels = self._labels
+        return (
+            "# HELP kubeserve_replica_ongoing_requests Requests and handle calls in flight.\n"
+            "# TYPE kubeserve_replica_ongoing_requests gauge\n"
+            f"kubeserve_replica_ongoing_requests{{{labels}}} {self.ongoing}\n"
+            "# HELP kubeserve_replica_ongoing_request_seconds_total Integral of the ongoing "
+            "requests over time.\n"
+            "# TYPE kubeserve_replica_ongoing_request_seconds_total counter\n"
+            f"kubeserve_replica_ongoing_request_seconds_total{{{labels}}} {self.ongoing_area()}\n"
+            "# HELP kubeserve_replica_uptime_seconds Time since the replica started serving.\n"
+            "# TYPE kubeserve_replica_uptime_seconds counter\n"
+            f"kubeserve_replica_uptime_seconds{{{labels}}} {time.monotonic() - self._started_at}\n"
+            "# HELP kubeserve_replica_processed_requests_total Requests and handle calls done.\n"
+            "# TYPE kubeserve_replica_processed_requests_total counter\n"
+            f"kubeserve_replica_processed_requests_total{{{labels}}} {self.processed}\n"
+            "# HELP kubeserve_replica_max_ongoing_requests Configured cap on requests in flight.\n"
+            "# TYPE kubeserve_replica_max_ongoing_requests gauge\n"
+            f"kubeserve_replica_max_ongoing_requests{{{labels}}} "
+            f"{self.config['max_ongoing_requests']}\n"
+        )
+
+    async def drain(self) -> None:
+        """Wait for requests in flight, polling every ``graceful_shutdown_wait_loop_s``, at most
+        ``graceful_shutdown_timeout_s``; ``draining`` must already be set."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config["graceful_shutdown_timeout_s"]
+        period = max(self.config["graceful_shutdown_wait_loop_s"], 0.01)
+        while self.ongoing and loop.time() < deadline:  # noqa: ASYNC110 - the period is the contract
+            await asyncio.sleep(min(period, max(deadline - loop.time(), 0.0)))
+        if self.ongoing:
+            log.warning("graceful shutdown timed out with %d requests in flight", self.ongoing)
+
+
+def shutting_down() -> HttpResponse:
+    """The answer to a request that arrives while draining: not started, so callers may retry it
+    elsewhere (:data:`~kubeserve.runtime.wire.UNSERVED_HEADER`)."""
+    headers = {wire.UNSERVED_HEADER: "shutting-down"}
+    return HttpResponse(503, b"replica is shutting down", headers, close=True)
+
+
+def _at_capacity() -> HttpResponse:
+    """The answer to a request over ``max_ongoing_requests``: not started, the caller tries
+    again (:data:`~kubeserve.runtime.wire.UNSERVED_AT_CAPACITY`)."""
+    headers = {wire.UNSERVED_HEADER: wire.UNSERVED_AT_CAPACITY}
+    return HttpResponse(503, b"replica is at max_ongoing_requests", headers)

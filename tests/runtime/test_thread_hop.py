@@ -1,0 +1,91 @@
+"""Sync user code in worker threads: the semantics of ``asyncio.to_thread``, at a hop's cost."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import time
+
+import pytest
+
+from kubeserve.runtime.thread_hop import ThreadHop, run_sync
+from support.common import run
+
+REQUEST = contextvars.ContextVar("request", default="")
+
+
+def test_results_exceptions_and_context_reach_the_caller() -> None:
+    async def go() -> None:
+        REQUEST.set("req-1")
+        loop_thread = threading.get_ident()
+        assert await run_sync(lambda: (REQUEST.get(), threading.get_ident() != loop_thread)) == (
+            "req-1",
+            True,
+        )
+        with pytest.raises(KeyError):
+            await run_sync({}.__getitem__, "missing")
+
+        def stop() -> None:
+            raise StopIteration
+
+        with pytest.raises(RuntimeError, match="StopIteration"):
+            await run_sync(stop)
+        # A change the function makes to a context variable stays in its copy.
+        await run_sync(REQUEST.set, "changed")
+        assert REQUEST.get() == "req-1"
+
+    run(go(), uvloop=True)
+
+
+def test_blocking_calls_run_concurrently_up_to_max_workers() -> None:
+    async def go() -> None:
+        hop = ThreadHop(asyncio.get_running_loop(), max_workers=4)
+        running = 0
+        most = 0
+        lock = threading.Lock()
+
+        def block() -> None:
+            nonlocal running, most
+            with lock:
+                running += 1
+                most = max(most, running)
+            time.sleep(0.2)
+            with lock:
+                running -= 1
+
+        started = time.monotonic()
+        await asyncio.gather(*(hop.run(block) for _ in range(8)))
+        assert most == 4
+        assert time.monotonic() - started < 1.0  # two rounds of 0.2 s, not eight
+
+    run(go(), uvloop=True)
+
+
+def test_many_calls_from_many_tasks_each_complete_once() -> None:
+    async def go() -> None:
+        hop = ThreadHop(asyncio.get_running_loop(), max_workers=3)
+        calls: list[int] = []
+
+        async def caller(first: int) -> list[int]:
+            return [
+                await hop.run(lambda i=i: calls.append(i) or i) for i in range(first, first + 500)
+            ]
+
+        results = await asyncio.gather(*(caller(k * 1000) for k in range(16)))
+        assert [r for rs in results for r in rs] == [
+            i for k in range(16) for i in range(k * 1000, k * 1000 + 500)
+        ]
+        assert sorted(calls) == sorted(r for rs in results for r in rs)
+
+    run(go(), uvloop=True)
+
+
+def test_a_cancelled_caller_does_not_break_the_hop() -> None:
+    async def go() -> None:
+        hop = ThreadHop(asyncio.get_running_loop(), max_workers=1)
+        slow = hop.run(time.sleep, 0.2)
+        slow.cancel()
+        assert await hop.run(lambda: "next") == "next"
+
+    run(go(), uvloop=True)

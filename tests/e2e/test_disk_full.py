@@ -63,6 +63,11 @@ def fill(directory: Path) -> Path:
     return path
 
 
+#: How long after a replica's kill the proxy may still write a request on a pooled connection to
+#: it: until the kernel's reset of that connection reaches the proxy's event loop.
+_NOTICED_S = 0.25
+
+
 def failed(outcomes: list[Outcome], since: float, until: float = float("inf")) -> list[Outcome]:
     """Requests that failed and were in flight at some instant of ``[since, until]``."""
     return [o for o in outcomes if o.status != 200 and o.ended >= since and o.started <= until]
@@ -91,7 +96,10 @@ def summary(outcomes: list[Outcome], marks: dict[str, float]) -> tuple[str, list
     never = float("inf")
     during = failed(outcomes, marks.get("full", never))
     killed = marks.get("replica killed", never)
-    in_flight = failed(outcomes, killed, killed)
+    # In flight on the killed replica: begun before the kill, or sent on a pooled connection to it
+    # in the moment before the proxy saw that connection close (a byte was written: a 502, never
+    # a second run).
+    in_flight = failed(outcomes, killed, killed + _NOTICED_S)
     proxy_down = failed(outcomes, marks.get("proxy killed", never), marks.get("proxy back", never))
     others = [o for o in during if o not in in_flight and o not in proxy_down]
     text = (
@@ -197,4 +205,4 @@ def test_serving_survives_a_full_disk_and_crashes_on_it(small_disk: Path, tmp_pa
             text, unexplained = summary(load.outcomes, marks)
             figures.append(text)
         print("\ndisk-full figures:\n  " + "\n  ".join(figures))
-    assert not unexplained, unexplained[:5]
+    assert not unexplained, (unexplained[:5], marks)

@@ -310,17 +310,23 @@ class DeploymentState:
             failure_streak=self.failure_streak,
         )
 
-    def endpoints(self) -> wire.DeploymentEndpoints:
+    def endpoints(self, unavailable: str | None = None) -> wire.DeploymentEndpoints:
+        """What the data plane routes to: the ready replicas, the limits, and ``unavailable``
+        (:func:`~kubeserve.runtime.wire.no_replica_coming`) when no replica is coming."""
         ready = [
             wire.ReplicaEndpoint(replica_id=r.replica_id, host="127.0.0.1", port=r.port)
             for r in self.replicas.values()
             if r.state == "RUNNING" and r.healthy
         ]
-        return {
+        # mypy wants each optional key of the TypedDict in some ** item; "unavailable" is set below
+        endpoints: wire.DeploymentEndpoints = {
             "max_ongoing_requests": self.config.max_ongoing_requests,
             "replicas": ready,
-            **wire.queue_limits(self.config),
+            **wire.queue_limits(self.config),  # type: ignore[typeddict-item]
         }
+        if unavailable is not None:
+            endpoints["unavailable"] = unavailable
+        return endpoints
 
     # -- reconciliation --------------------------------------------------------------------------
     def reconcile(self) -> None:

@@ -18,6 +18,7 @@ import logging
 import os
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,13 @@ _READY_POLL_S = 0.02
 #: relies on it (stopping the replicas it replaces): discovery is a long-poll answered at once,
 #: well under this on one machine.
 DISCOVERY_SETTLE_S = 2.0
+#: Stopped replicas a deployment remembers for the details (Ray's default
+#: ``RAY_SERVE_RETAINED_DEAD_REPLICAS``)
+RETAINED_DEAD_REPLICAS = 10
+#: How :meth:`DeploymentState.reconcile` replaces replicas of an older version, in Ray's
+#: ``rolling_update_percentage`` and ``max_surge_percent``: every missing replica of the new
+#: version starts at once, beside the old ones, which stop as new ones serve in their place.
+ROLLOUT = (1.0, 100)
 _counter = itertools.count(1)
 
 
@@ -157,6 +165,8 @@ class DeploymentState:
         self.user_config_version = ""
         self.env: PreparedEnv | None = None
         self.replicas: dict[str, ReplicaProcess] = {}
+        #: replicas that stopped lately, newest last, for their logs (Ray keeps ten)
+        self.dead_replicas: deque[ReplicaProcess] = deque(maxlen=RETAINED_DEAD_REPLICAS)
         self.startup_failures = 0
         self.ever_healthy = False
         self.last_error = ""
@@ -426,7 +436,8 @@ class DeploymentState:
         finally:
             self._free_start_slot(replica)
             self._ctx.capacity.release(replica.claim)
-            self.replicas.pop(replica.replica_id, None)
+            if self.replicas.pop(replica.replica_id, None) is not None:
+                self.dead_replicas.append(replica)
             self._ctx.wake()
 
     def _free_start_slot(self, replica: ReplicaProcess) -> None:

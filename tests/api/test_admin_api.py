@@ -203,6 +203,24 @@ def test_instance_details_match_ray_2_60s_published_schema(clean_kubeserve: Kube
     schema = json.loads((RAY_REFERENCE / "ServeInstanceDetails.json").read_text())
     jsonschema.validate(body, schema)
     parsed = ServeInstanceDetails.model_validate(body)
+    # Every key of Ray 2.60's answer, at every level (capture_details_keys.py)
+    ray_keys = json.loads((RAY_REFERENCE / "details-keys.json").read_text())
+    deployment = body["applications"]["composed"]["deployments"]["Greeter"]
+    (group,) = body["target_groups"]
+    found = {
+        "instance": body,
+        "application": body["applications"]["composed"],
+        "deployment": deployment,
+        "deployment_config": deployment["deployment_config"],
+        "replica": deployment["replicas"][0],
+        "proxy": next(iter(body["proxies"].values())),
+        "target_group": group,
+        "target": group["targets"][0],
+    }
+    for level, keys in ray_keys.items():
+        assert set(keys) <= set(found[level]), (level, set(keys) - set(found[level]))
+    assert group["targets"][0]["port"] == body["http_options"]["port"]
+    assert body["controller_health_metrics"]["process_memory_mb"] > 0
     greeter = parsed.applications["composed"].deployments["Greeter"]
     assert greeter.target_num_replicas == 2
     assert len(greeter.replicas) == 2

@@ -7,6 +7,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -113,6 +116,19 @@ def test_a_constructor_error_is_deploy_failed_with_the_error(clean_kubeserve: Ku
     ks.put([{"name": "ctor", "route_prefix": "/c", "import_path": "ks_ctor_error:app"}])
     app = ks.wait_app("ctor", "DEPLOY_FAILED", timeout_s=90)
     assert "constructor refused to start" in app["message"], app
+    # A request is answered at once, naming the application's state, instead of waiting for a
+    # replica that is not coming until the client gives up.
+    ks.wait_proxy()
+    started = time.monotonic()
+    try:
+        urllib.request.urlopen(f"{ks.proxy}/c", timeout=5)
+        raise AssertionError("a failed application answered")
+    except urllib.error.HTTPError as err:
+        status, retry_after, body = err.code, err.headers["Retry-After"], err.read().decode()
+    assert time.monotonic() - started < 2
+    assert (status, retry_after) == (503, "10"), body
+    assert "application 'ctor' is DEPLOY_FAILED" in body
+    assert "constructor refused" not in body  # the error's text is the admin API's to show
 
 
 def test_health_check_failure_marks_unhealthy_and_replaces_the_replica(

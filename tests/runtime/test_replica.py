@@ -302,6 +302,47 @@ def test_function_deployment(start: Any) -> None:
     assert replica.get("/x/y")[2] == b"hello from a function at /x/y"
 
 
+CONVENTIONS = "ray_calling_conventions_app:"
+
+
+@pytest.mark.parametrize(
+    ("app", "deployment", "path", "answer"),
+    [
+        ("no_request", "NoRequest", "/", b"hi"),  # Ray calls it without the request
+        ("async_no_request", "AsyncNoRequest", "/", b'{"async":true}'),
+        ("no_request_function_app", "no_request_function", "/", b"hi from a function"),
+        ("async_function_app", "async_function", "/a/b", b"async function at /a/b"),
+        ("var_args", "VarArgs", "/", b"1 True"),  # *args: it takes the request
+        ("async_generator", "AsyncGenerator", "/?n=4", b"0\n1\n2\n3\n"),
+    ],
+)
+def test_every_http_calling_convention_of_rays_replica(
+    start: Any, app: str, deployment: str, path: str, answer: bytes
+) -> None:
+    replica: ReplicaProcess = start(CONVENTIONS + app, deployment)
+    status, _, body = replica.get(path)
+    assert (status, body) == (200, answer)
+
+
+def test_a_sync_generator_handler_blocking_between_chunks_does_not_stall_the_replica(
+    start: Any,
+) -> None:
+    replica: ReplicaProcess = start(CONVENTIONS + "blocking_generator", "BlockingGenerator")
+    conn = http.client.HTTPConnection("127.0.0.1", replica.port, timeout=20)
+    conn.sock = authenticated(replica.port, channel.Role.INGRESS)  # type: ignore[assignment]
+    try:
+        conn.request("GET", "/")
+        resp = conn.getresponse()
+        assert (resp.status, resp.readline()) == (200, b"waiting\n")
+        # The generator now blocks its thread until this request is served: on the event loop
+        # it would block that too, and this request would wait for the generator's timeout.
+        status, _, body = replica.request("GET", "/release", timeout=5)
+        assert (status, body) == (200, b"released")
+        assert resp.read() == b"released\n"
+    finally:
+        conn.close()
+
+
 def test_composed_app_constructs_with_handles(start: Any) -> None:
     replica: ReplicaProcess = start("ks_composed_app:app", "Model")
     assert replica.call("predict", 21) == (200, 42)

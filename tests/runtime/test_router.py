@@ -9,7 +9,13 @@ from typing import TypeVar
 
 import pytest
 
-from kubeserve.runtime.router import BackPressure, NoReplicaAvailable, RoutedReplica, Router
+from kubeserve.runtime.router import (
+    BackPressure,
+    DeploymentUnavailable,
+    NoReplicaAvailable,
+    RoutedReplica,
+    Router,
+)
 from kubeserve.runtime.wire import DeploymentEndpoints
 from support.common import run
 
@@ -154,6 +160,29 @@ def test_no_replicas_waits_for_an_update() -> None:
         replica = await task
         assert replica.replica_id == "r0"
         router.release(replica)
+
+    run(scenario(), 20)
+
+
+def test_a_deployment_with_no_replica_coming_refuses_callers_at_once() -> None:
+    async def scenario() -> None:
+        router = Router()
+        waiting = asyncio.create_task(router.assign(KEY, timeout_s=None))
+        await asyncio.sleep(0)
+        failed = endpoints(0, cap=1)
+        failed[KEY]["unavailable"] = "application 'app' is DEPLOY_FAILED"
+        router.update(failed)  # the caller queued before is told at once, too
+        with pytest.raises(DeploymentUnavailable, match="DEPLOY_FAILED") as raised:
+            await waiting
+        assert (raised.value.status, raised.value.retry_after_s) == (503, 10.0)
+        with pytest.raises(DeploymentUnavailable, match="DEPLOY_FAILED"):
+            await router.assign(KEY, timeout_s=None)
+        assert router.queued(KEY) == 0
+        # Replicas of it that still run (an older version's) serve whatever the status says.
+        serving = endpoints(1, cap=1)
+        serving[KEY]["unavailable"] = failed[KEY]["unavailable"]
+        router.update(serving)
+        router.release(await router.assign(KEY, timeout_s=1))
 
     run(scenario(), 20)
 

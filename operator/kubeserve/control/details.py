@@ -7,8 +7,8 @@ Ray spellings (actor names, the topology, resources, the defaults of a deploymen
 reported) are decided here, once.
 
 The models are built with exactly the fields kubeserve reports, so the answer on the wire is
-``details.model_dump(mode="json", exclude_unset=True)`` (:func:`details_body`): Ray's optional
-fields kubeserve does not track (``target_groups``, ``recent_dead_replicas``...) stay out of it.
+``details.model_dump(mode="json", exclude_unset=True)`` (:func:`details_body`); every key of Ray
+2.60's answer is among them, at every level (a test compares the key sets with Ray's models).
 """
 
 from __future__ import annotations
@@ -32,11 +32,14 @@ from kubeserve.schema.status import (
     ServeActorDetails,
     ServeInstanceDetails,
     ServeStatusSchema,
+    Target,
+    TargetGroup,
     empty_instance_details,
 )
 
 __all__ = [
     "ApplicationDetailsView",
+    "ControllerHealth",
     "DeploymentDetailsView",
     "InstanceDetailsView",
     "ProcessView",
@@ -100,6 +103,8 @@ class DeploymentDetailsView:
     #: Ray's ``DeploymentAutoscalingDetail`` fields (``scaling_status``, ``decisions`` with why
     #: the target changed, ``metrics``) of an autoscaling deployment, else ``None``
     autoscaling: Mapping[str, Any] | None = None
+    #: replicas that stopped lately, newest last (Ray keeps ten, for their logs)
+    recent_dead_replicas: Sequence[ReplicaProcessView] = ()
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,30 @@ class ApplicationDetailsView:
 
 
 @dataclass(frozen=True)
+class ControllerHealth:
+    """What kubeserve measures of its controller process, in Ray's ``ControllerHealthMetrics``
+    spelling (:meth:`as_metrics`); the rest of Ray's telemetry is about Ray's actors."""
+
+    timestamp: float
+    started_at: float
+    asyncio_tasks: int
+    memory_mb: float
+
+    def as_metrics(self) -> dict[str, Any]:
+        return {
+            "timestamp": self.timestamp,
+            "controller_start_time": self.started_at,
+            "num_asyncio_tasks": self.asyncio_tasks,
+            "process_memory_mb": self.memory_mb,
+        }
+
+
+#: How a backend replaces a deployment's replicas, in Ray's ``deployment_config`` fields: the
+#: share of replicas replaced at a time and the extra replicas allowed meanwhile (percent).
+Rollout = tuple[float, int]
+
+
+@dataclass(frozen=True)
 class InstanceDetailsView:
     """The running serving layer: its controller, REST instance options, proxies by node."""
 
@@ -131,6 +160,10 @@ class InstanceDetailsView:
     options: Mapping[str, Any]
     proxies: Mapping[str, ProxyView] = field(default_factory=dict)
     applications: Sequence[ApplicationDetailsView] = ()
+    health: ControllerHealth | None = None
+    #: ``rolling_update_percentage`` and ``max_surge_percent`` of every deployment (the backend
+    #: decides them; a config cannot set them)
+    rollout: Rollout = (0.2, 0)
 
 
 def controller_process(node_id: str, node_ip: str, pid: int, log_file_path: str) -> ProcessView:
@@ -150,14 +183,45 @@ def instance_details(view: InstanceDetailsView | None) -> ServeInstanceDetails:
         http_options=options.get("http_options", {}),
         grpc_options=options.get("grpc_options", {}),
         proxies={
-            node: ProxyDetails(
-                **_process(proxy.process, f"SERVE_PROXY_ACTOR-{node}"), status=proxy.status
-            )
+            node: ProxyDetails(**_process(proxy.process, _proxy_actor(node)), status=proxy.status)
             for node, proxy in view.proxies.items()
         },
-        applications={app.name: _application(app) for app in view.applications},
+        applications={app.name: _application(app, view.rollout) for app in view.applications},
         target_capacity=options.get("target_capacity"),
+        target_groups=_target_groups(view),
+        controller_health_metrics=None if view.health is None else view.health.as_metrics(),
+        # A config override removed gives the code's value back: the effective config is
+        # computed afresh from code and config at every apply (control/effective_config.py).
+        restores_unset_config_options=True,
     )
+
+
+def _proxy_actor(node: str) -> str:
+    return f"SERVE_PROXY_ACTOR-{node}"
+
+
+def _target_groups(view: InstanceDetailsView) -> list[TargetGroup]:
+    """Where clients reach the applications, as Ray reports it without direct ingress: one HTTP
+    group on ``/`` listing every healthy proxy on the HTTP port (none without proxies; kubeserve
+    serves no gRPC, so no gRPC group)."""
+    if not view.proxies:
+        return []
+    port = int((view.options.get("http_options") or {}).get("port", 8000))
+    targets = [
+        Target(ip=proxy.process.node_ip, port=port, instance_id=node, name=_proxy_actor(node))
+        for node, proxy in view.proxies.items()
+        if proxy.status == "HEALTHY"
+    ]
+    return [
+        TargetGroup(
+            targets=targets,
+            route_prefix="/",
+            protocol="HTTP",
+            app_name="",
+            ingress_request_router_targets=[],
+            ingress_deployment_name="",
+        )
+    ]
 
 
 def details_body(details: ServeInstanceDetails) -> dict[str, Any]:
@@ -181,7 +245,7 @@ def single_app_status(name: str, app: ApplicationDetails | None) -> ServeStatusS
     )
 
 
-def _application(app: ApplicationDetailsView) -> ApplicationDetails:
+def _application(app: ApplicationDetailsView, rollout: Rollout) -> ApplicationDetails:
     config = app.config or {}
     return ApplicationDetails(
         name=app.name,
@@ -192,39 +256,44 @@ def _application(app: ApplicationDetailsView) -> ApplicationDetails:
         last_deployed_time_s=app.deployed_at,
         deployed_app_config=None if app.config is None else dict(app.config),
         source=APIType.DECLARATIVE,
-        deployments={d.name: _deployment(app.name, d) for d in app.deployments},
+        deployments={d.name: _deployment(app.name, d, rollout) for d in app.deployments},
         external_scaler_enabled=bool(config.get("external_scaler_enabled", False)),
         deployment_topology=None if app.graph is None else _topology(app.name, app.graph),
     )
 
 
-def _deployment(app: str, deployment: DeploymentDetailsView) -> DeploymentDetails:
-    return DeploymentDetails(
-        name=deployment.name,
-        status=deployment.status,
-        status_trigger=deployment.status_trigger,
-        message=deployment.message,
-        deployment_config=deployment.config.as_dict(),
-        target_num_replicas=deployment.target_replicas,
-        required_resources=deployment.config.required_resources(),
-        replicas=[
-            ReplicaDetails(
-                **_process(
-                    replica.process,
-                    f"SERVE_REPLICA::{app}#{deployment.name}#{replica.replica_id}",
-                ),
-                replica_id=replica.replica_id,
-                state=replica.state,
-                pid=replica.pid,
-                start_time_s=replica.start_time_s,
-            )
-            for replica in deployment.replicas
-        ],
-        autoscaling_detail=(
-            None
-            if deployment.autoscaling is None
-            else DeploymentAutoscalingDetail.model_validate(deployment.autoscaling)
-        ),
+def _deployment(app: str, deployment: DeploymentDetailsView, rollout: Rollout) -> DeploymentDetails:
+    def replica(view: ReplicaProcessView) -> ReplicaDetails:
+        return ReplicaDetails(
+            **_process(view.process, f"SERVE_REPLICA::{app}#{deployment.name}#{view.replica_id}"),
+            replica_id=view.replica_id,
+            state=view.state,
+            pid=view.pid,
+            start_time_s=view.start_time_s,
+        )
+
+    return DeploymentDetails.model_validate(
+        {
+            "name": deployment.name,
+            "status": deployment.status,
+            "status_trigger": deployment.status_trigger,
+            "message": deployment.message,
+            # the backend's rollout, which no config may set (ReportedDeploymentConfig)
+            "deployment_config": {
+                **deployment.config.as_dict(),
+                "rolling_update_percentage": rollout[0],
+                "max_surge_percent": rollout[1],
+            },
+            "target_num_replicas": deployment.target_replicas,
+            "required_resources": deployment.config.required_resources(),
+            "replicas": [replica(view) for view in deployment.replicas],
+            "recent_dead_replicas": [replica(view) for view in deployment.recent_dead_replicas],
+            "autoscaling_detail": (
+                None
+                if deployment.autoscaling is None
+                else DeploymentAutoscalingDetail.model_validate(deployment.autoscaling)
+            ),
+        }
     )
 
 
@@ -253,6 +322,7 @@ def _process(process: ProcessView, actor_name: str) -> dict[str, Any]:
     return {
         "node_id": process.node_id,
         "node_ip": process.node_ip,
+        "node_instance_id": process.node_id,
         "actor_id": process.actor_id,
         "actor_name": actor_name,
         "worker_id": process.worker_id,

@@ -44,6 +44,21 @@ def _default_actor_options() -> dict[str, Any]:
     return {"runtime_env": {}, "num_cpus": 1.0}
 
 
+#: Ray 2.60's ``backpressure_config`` when nothing sets it: a 503 without ``Retry-After``.
+DEFAULT_BACKPRESSURE: Mapping[str, Any] = {"status_code": 503, "retry_after_s": None}
+#: Ray 2.60's ``request_router_config`` when nothing sets it: its power-of-two-choices router
+#: (kubeserve's, see :mod:`kubeserve.runtime.router`) with its timing defaults.
+DEFAULT_REQUEST_ROUTER: Mapping[str, Any] = {
+    "request_router_class": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
+    "request_router_kwargs": {},
+    "request_routing_stats_period_s": 10,
+    "request_routing_stats_timeout_s": 30,
+    "initial_backoff_s": 0.025,
+    "backoff_multiplier": 2,
+    "max_backoff_s": 0.5,
+}
+
+
 @dataclass(frozen=True)
 class EffectiveDeployment:
     """The full configuration a deployment runs with, every field filled.
@@ -73,14 +88,20 @@ class EffectiveDeployment:
     ray_actor_options: Mapping[str, Any] = field(default_factory=_default_actor_options)
     is_driver_deployment: bool | None = False
     logging_config: Mapping[str, Any] | None = None
+    request_router_config: Mapping[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """The REST spelling (``deployment_config`` of the details); unset optional parts are
-        absent, as Ray's schema has no null for them."""
+        """The REST spelling (``deployment_config`` of the details): the configs nothing set are
+        Ray's defaults, as Ray reports them (``logging_config`` aside, absent as in Ray's
+        answer when nothing sets it)."""
         body = asdict(self)
-        for optional in ("backpressure_config", "logging_config"):
-            if body[optional] is None:
-                del body[optional]
+        if body["logging_config"] is None:
+            del body["logging_config"]
+        body["backpressure_config"] = {**DEFAULT_BACKPRESSURE, **(self.backpressure_config or {})}
+        body["request_router_config"] = {
+            **DEFAULT_REQUEST_ROUTER,
+            **(self.request_router_config or {}),
+        }
         return body
 
     def target_replicas(

@@ -2,7 +2,8 @@
 
 Policy: power of two choices on in-flight counts; never more than
 ``max_ongoing_requests`` in flight on one replica; when every replica is full, callers wait in a
-bounded FIFO queue until a slot frees or their timeout passes.
+bounded FIFO queue until a slot frees or their timeout passes. A deployment with no replica and none
+coming (discovery says why: its application failed to deploy) refuses callers at once.
 
 Multiplexed models (``@serve.multiplexed``), as Ray Serve routes them: a request that names a model
 (``model_id``) goes, among the replicas with a free slot, to
@@ -40,10 +41,22 @@ import hashlib
 import random
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
-from kubeserve.runtime.wire import DeploymentEndpoints, decode_models
+from kubeserve.runtime.wire import (
+    UNAVAILABLE_RETRY_AFTER_S,
+    DeploymentEndpoints,
+    decode_models,
+)
 
-__all__ = ["DEFAULT_MAX_QUEUED", "BackPressure", "NoReplicaAvailable", "RoutedReplica", "Router"]
+__all__ = [
+    "DEFAULT_MAX_QUEUED",
+    "BackPressure",
+    "DeploymentUnavailable",
+    "NoReplicaAvailable",
+    "RoutedReplica",
+    "Router",
+]
 
 #: Callers allowed to wait for a slot per deployment; beyond that, :meth:`Router.assign` rejects.
 DEFAULT_MAX_QUEUED = 1000
@@ -68,6 +81,15 @@ class BackPressure(NoReplicaAvailable):
         super().__init__(key, reason)
         self.status = status
         self.retry_after_s = retry_after_s
+
+
+class DeploymentUnavailable(NoReplicaAvailable):
+    """No replica of the deployment runs and none is coming (its application failed to deploy,
+    :func:`~kubeserve.runtime.wire.no_replica_coming`): refused at once, 503 with a
+    ``Retry-After``, rather than left waiting until the caller gives up."""
+
+    status = 503
+    retry_after_s = UNAVAILABLE_RETRY_AFTER_S
 
 
 class RoutedReplica:
@@ -112,6 +134,7 @@ class _Pool:
         "max_ongoing",
         "max_queued",
         "replicas",
+        "unavailable",
         "waiters",
         "waiting_models",
     )
@@ -122,6 +145,8 @@ class _Pool:
         self.max_queued = max_queued
         #: the answer beyond ``max_queued``: HTTP status and Retry-After seconds
         self.backpressure: tuple[int, float | None] = (503, None)
+        #: why no replica is coming ("" when one may: callers wait for it)
+        self.unavailable = ""
         self.replicas: list[RoutedReplica] = []
         self.waiters: deque[asyncio.Future[RoutedReplica]] = deque()
         self.holders: dict[str, list[RoutedReplica]] = {}
@@ -270,7 +295,9 @@ class Router:
         so their in-flight count; new replicas start at zero; queued callers are handed the new
         slots.
         Callers waiting on a deployment that disappears (its application was deleted) get
-        :class:`NoReplicaAvailable` at once: no replica of it will come.
+        :class:`NoReplicaAvailable` at once, and those on one left with no replica and
+        ``unavailable`` set (its application failed to deploy) :class:`DeploymentUnavailable`:
+        no replica of it will come.
         """
         for key, endpoints in deployments.items():
             pool = self._pools.get(key)
@@ -294,15 +321,15 @@ class Router:
                 endpoints.get("backpressure_status", 503),
                 endpoints.get("retry_after_s"),
             )
+            pool.unavailable = endpoints.get("unavailable", "")
             pool.dispatch()
+            if pool.unavailable and not pool.replicas:
+                _fail_waiters(pool, partial(DeploymentUnavailable, key, pool.unavailable))
         for key in [k for k in self._pools if k not in deployments]:
             pool = self._pools.pop(key)
             pool.replicas = []
             pool.holders = {}
-            while pool.waiters:
-                waiter = pool.waiters.popleft()
-                if not waiter.done():
-                    waiter.set_exception(NoReplicaAvailable(key, "the deployment was removed"))
+            _fail_waiters(pool, partial(NoReplicaAvailable, key, "the deployment was removed"))
 
     # -- request side --------------------------------------------------------------------------
 
@@ -342,6 +369,8 @@ class Router:
         pool = self._pools.get(key)
         if pool is None:
             pool = self._pools[key] = _Pool(key, self._max_queued)
+        if pool.unavailable and not pool.replicas:
+            raise DeploymentUnavailable(key, pool.unavailable)
         if len(pool.waiters) >= pool.max_queued:
             raise BackPressure(
                 key,
@@ -373,7 +402,12 @@ class Router:
                 _discard(pool.waiters, waiter)
             if model_id:
                 pool.waiting_models.pop(waiter, None)
-            if not pool.waiters and not pool.replicas and self._pools.get(pool.key) is pool:
+            if (
+                not pool.waiters
+                and not pool.replicas
+                and not pool.unavailable  # kept: it answers the next caller at once
+                and self._pools.get(pool.key) is pool
+            ):
                 del self._pools[pool.key]
 
     def release(self, replica: RoutedReplica) -> None:
@@ -425,6 +459,15 @@ def _rendezvous(model_id: str, replica_id: str) -> bytes:
     and well mixed, so new models spread evenly over replicas."""
     key = f"{model_id}\0{replica_id}".encode("utf-8", "surrogateescape")
     return hashlib.blake2b(key, digest_size=8).digest()
+
+
+def _fail_waiters(pool: _Pool, error: Callable[[], NoReplicaAvailable]) -> None:
+    """Every caller queued on ``pool`` gets its own ``error()``: no replica will come."""
+    while pool.waiters:
+        waiter = pool.waiters.popleft()
+        if not waiter.done():
+            waiter.set_exception(error())
+    pool.waiting_models.clear()
 
 
 def _expire(waiter: asyncio.Future[RoutedReplica]) -> None:

@@ -122,6 +122,31 @@ class DeploymentEndpoints(TypedDict):
     #: and the ``Retry-After`` seconds (absent: no header)
     backpressure_status: NotRequired[int]
     retry_after_s: NotRequired[float]
+    #: why no replica is coming (:func:`no_replica_coming`); while ``replicas`` is empty, callers
+    #: are refused at once (503 with ``Retry-After``) instead of waiting for one
+    unavailable: NotRequired[str]
+
+
+#: The ``Retry-After`` of a refusal because no replica is coming: the controller keeps retrying
+#: a failed deployment's starts (backing off), and a client may try again as often.
+UNAVAILABLE_RETRY_AFTER_S = 10.0
+
+
+def no_replica_coming(
+    app: str, app_status: str | None, deployment: str, deployment_status: str | None
+) -> str | None:
+    """Why callers of ``deployment`` should not wait for a replica (None: one may come).
+
+    A ``DEPLOY_FAILED`` deployment's replicas failed to start every time and the controller only
+    retries them backing off; the reason names the application's state. It says nothing of the
+    error itself (an exception's text may hold secrets; the admin API shows it).
+    """
+    if deployment_status != "DEPLOY_FAILED":
+        return None
+    return (
+        f"application {app!r} is {app_status or 'DEPLOY_FAILED'}: the replicas of its deployment "
+        f"{deployment!r} failed to start (its status in the admin API says why)"
+    )
 
 
 class Route(TypedDict):

@@ -15,7 +15,7 @@ rest out keeps nulls the Ray client would reject out of the answer).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 from pydantic import (
     BaseModel,
@@ -23,6 +23,7 @@ from pydantic import (
     Field,
     NonNegativeInt,
     field_serializer,
+    model_validator,
 )
 
 from kubeserve.schema.config import (
@@ -51,6 +52,7 @@ __all__ = [
     "ProxyStatus",
     "ReplicaDetails",
     "ReplicaState",
+    "ReportedDeploymentConfig",
     "RequestProtocol",
     "ScalingDecision",
     "ServeActorDetails",
@@ -247,6 +249,17 @@ class DeploymentAutoscalingDetail(_Response):
     errors: list[str] = Field(default_factory=list)
 
 
+class ReportedDeploymentConfig(DeploymentSchema):
+    """A deployment's ``deployment_config`` as kubeserve reports it: a :class:`DeploymentSchema`
+    without the refusals of :mod:`kubeserve.schema.support`, which are about what a client asks
+    for. kubeserve reports what it does, its rollout (``rolling_update_percentage``,
+    ``max_surge_percent``) included, which no config may set."""
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> Self:
+        return self
+
+
 class DeploymentDetails(_Response):
     """One deployment: status, effective config, replicas. Every Ray-required field is required."""
 
@@ -254,7 +267,7 @@ class DeploymentDetails(_Response):
     status: DeploymentStatus
     status_trigger: DeploymentStatusTrigger
     message: str
-    deployment_config: DeploymentSchema
+    deployment_config: ReportedDeploymentConfig
     target_num_replicas: NonNegativeInt
     required_resources: dict[str, float]
     replicas: list[ReplicaDetails]
@@ -262,7 +275,7 @@ class DeploymentDetails(_Response):
     autoscaling_detail: DeploymentAutoscalingDetail | None = None
 
     @field_serializer("deployment_config")
-    def _set_fields_only(self, config: DeploymentSchema) -> dict[str, Any]:
+    def _set_fields_only(self, config: ReportedDeploymentConfig) -> dict[str, Any]:
         return config.as_given()
 
 

@@ -37,6 +37,7 @@ _DEFAULTS: dict[str, Any] = {
     "num_replicas": 1,
     "max_ongoing_requests": 5,
     "max_queued_requests": -1,
+    "backpressure_config": {"status_code": 503, "retry_after_s": None},
     "user_config": None,
     "autoscaling_config": None,
     "graceful_shutdown_wait_loop_s": 2.0,
@@ -45,6 +46,15 @@ _DEFAULTS: dict[str, Any] = {
     "health_check_timeout_s": 30.0,
     "ray_actor_options": {"runtime_env": {}, "num_cpus": 1.0},
     "is_driver_deployment": False,
+    "request_router_config": {
+        "request_router_class": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
+        "request_router_kwargs": {},
+        "request_routing_stats_period_s": 10,
+        "request_routing_stats_timeout_s": 30,
+        "initial_backoff_s": 0.025,
+        "backoff_multiplier": 2,
+        "max_backoff_s": 0.5,
+    },
 }
 
 
@@ -78,7 +88,7 @@ def test_the_dict_is_what_details_report() -> None:
         "num_replicas": None,
         "max_ongoing_requests": 3,
         "max_queued_requests": None,
-        "backpressure_config": {"status_code": 503},
+        "backpressure_config": {"status_code": 503, "retry_after_s": None},  # Ray's default filled
         "autoscaling_config": {**_SCALING, "min_replicas": 0, "max_replicas": 3},
         "graceful_shutdown_timeout_s": 5.0,
         "logging_config": {"encoding": "JSON"},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import jsonschema
 
 from kubeserve.control.details import (
     ApplicationDetailsView,
+    ControllerHealth,
     DeploymentDetailsView,
     InstanceDetailsView,
     ProcessView,
@@ -23,11 +25,8 @@ from kubeserve.control.details import (
 from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.schema.status import empty_instance_details
 
-RAY_DETAILS_SCHEMA = json.loads(
-    (
-        Path(__file__).resolve().parents[2] / "reference" / "ray-2.60" / "ServeInstanceDetails.json"
-    ).read_text()
-)
+REFERENCE = Path(__file__).resolve().parents[2] / "reference" / "ray-2.60"
+RAY_DETAILS_SCHEMA = json.loads((REFERENCE / "ServeInstanceDetails.json").read_text())
 
 OPTIONS: dict[str, Any] = {
     "proxy_location": "HeadOnly",
@@ -92,6 +91,7 @@ def test_a_running_instance_answers_in_rays_schema_with_rays_actor_names() -> No
     assert body["controller_info"] == {
         "node_id": "node-1",
         "node_ip": "10.0.0.1",
+        "node_instance_id": "node-1",
         "actor_id": "controller-7",
         "actor_name": "SERVE_CONTROLLER_ACTOR",
         "worker_id": "7",
@@ -106,22 +106,73 @@ def test_a_running_instance_answers_in_rays_schema_with_rays_actor_names() -> No
     assert greeter["deployment_config"]["user_config"] == {"greeting": "Hi"}
 
 
-def test_only_the_fields_kubeserve_reports_are_in_the_body() -> None:
-    body = details_body(instance_details(composed_view()))
-    assert set(body) == {
-        "controller_info",
-        "proxy_location",
-        "http_options",
-        "grpc_options",
-        "proxies",
-        "applications",
-        "target_capacity",
+#: The keys of Ray 2.60's answer at each level (capture_details_keys.py, run with Ray 2.60)
+RAY_KEYS: dict[str, list[str]] = json.loads((REFERENCE / "details-keys.json").read_text())
+
+
+def test_every_key_of_rays_answer_is_there_at_every_level() -> None:
+    dead = ReplicaProcessView(node_process("r0"), "r0", "STOPPED", 4241, 1699999999.0)
+    view = composed_view()
+    app = view.applications[0]
+    greeter = dataclasses.replace(app.deployments[1], recent_dead_replicas=[dead])
+    view = dataclasses.replace(
+        view,
+        applications=[dataclasses.replace(app, deployments=[app.deployments[0], greeter])],
+        health=ControllerHealth(1700000001.0, 1700000000.0, 12, 80.5),
+    )
+    body = details_body(instance_details(view))
+    application = body["applications"]["composed"]
+    deployment = application["deployments"]["Greeter"]
+    (group,) = body["target_groups"]
+    found = {
+        "instance": body,
+        "application": application,
+        "deployment": deployment,
+        "deployment_config": deployment["deployment_config"],
+        "replica": deployment["replicas"][0],
+        "proxy": body["proxies"]["node-1"],
+        "target_group": group,
+        "target": group["targets"][0],
     }
-    app = body["applications"]["composed"]
-    assert app["deployed_app_config"] == CONFIG
-    assert app["source"] == "declarative"
-    assert "recent_dead_replicas" not in app["deployments"]["Greeter"]
-    assert body["http_options"] == {"host": "127.0.0.1", "port": 8000}
+    for level, keys in RAY_KEYS.items():
+        assert set(keys) <= set(found[level]), (level, set(keys) - set(found[level]))
+    assert set(RAY_KEYS["replica"]) <= set(deployment["recent_dead_replicas"][0])
+    jsonschema.validate(body, RAY_DETAILS_SCHEMA)
+
+
+def test_the_filled_keys_say_what_kubeserve_does() -> None:
+    view = dataclasses.replace(composed_view(), rollout=(1.0, 100))
+    body = details_body(instance_details(view))
+    assert body["restores_unset_config_options"] is True
+    assert body["target_groups"] == [
+        {
+            "targets": [
+                {
+                    "ip": "10.0.0.1",
+                    "port": 8000,
+                    "instance_id": "node-1",
+                    "name": "SERVE_PROXY_ACTOR-node-1",
+                }
+            ],
+            "route_prefix": "/",
+            "protocol": "HTTP",
+            "app_name": "",
+            "ingress_request_router_targets": [],
+            "ingress_deployment_name": "",
+        }
+    ]
+    assert "controller_health_metrics" not in body  # nothing measured: nothing said
+    config = body["applications"]["composed"]["deployments"]["Greeter"]["deployment_config"]
+    assert (config["rolling_update_percentage"], config["max_surge_percent"]) == (1.0, 100)
+    assert config["backpressure_config"]["status_code"] == 503
+    assert config["request_router_config"]["request_router_class"].endswith(
+        "PowerOfTwoChoicesRequestRouter"
+    )
+    assert body["applications"]["composed"]["deployments"]["Greeter"]["recent_dead_replicas"] == []
+    unhealthy = dataclasses.replace(
+        view, proxies={"node-1": ProxyView(node_process("p1"), "DRAINING")}
+    )
+    assert details_body(instance_details(unhealthy))["target_groups"][0]["targets"] == []
 
 
 def test_a_deployment_not_reported_yet_is_updating() -> None:

@@ -124,6 +124,25 @@ def test_the_data_plane_routes_by_the_status_the_operator_writes() -> None:
     assert snapshot_parts([app], [endpoint_slice], "default") == ([], {})
 
 
+def test_the_data_plane_refuses_at_once_a_deployment_that_failed_to_deploy() -> None:
+    info = AppStatusInfo(
+        "DEPLOY_FAILED",
+        "deployment 'Greeter' failed",
+        {
+            "Frontend": DerivedDeploymentStatus("HEALTHY", "CONFIG_UPDATE_COMPLETED"),
+            "Greeter": DerivedDeploymentStatus("DEPLOY_FAILED", "REPLICA_STARTUP_FAILED", "boom"),
+        },
+    )
+    deployments = {"Frontend": observed(1, "RUNNING"), "Greeter": observed(1)}
+    report = ApplicationReport(info, deployments, IngressRoute("Frontend", "/api"))
+    app = application(**report.patch(application()))
+    _, endpoints = snapshot_parts([app], [], None)
+    assert "unavailable" not in endpoints["composed#Frontend"]
+    reason = endpoints["composed#Greeter"]["unavailable"]
+    assert "'composed' is DEPLOY_FAILED" in reason and "'Greeter'" in reason
+    assert "boom" not in reason  # the error's text is the admin API's to show
+
+
 def test_a_running_application_report_is_ready() -> None:
     info = AppStatusInfo(
         "RUNNING", "", {"Api": DerivedDeploymentStatus("HEALTHY", "CONFIG_UPDATE_COMPLETED")}

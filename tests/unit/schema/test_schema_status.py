@@ -24,6 +24,7 @@ from kubeserve.schema import (
     ProxyStatus,
     ReplicaDetails,
     ReplicaState,
+    ReportedDeploymentConfig,
     ServeActorDetails,
     ServeDeploySchema,
     ServeInstanceDetails,
@@ -55,7 +56,7 @@ def representative_details() -> ServeInstanceDetails:
             ]
         },
     )
-    effective = DeploymentSchema(
+    effective = ReportedDeploymentConfig(
         name="Greeter",
         num_replicas=2,
         max_ongoing_requests=5,
@@ -95,7 +96,9 @@ def representative_details() -> ServeInstanceDetails:
         status=DeploymentStatus.UPDATING,
         status_trigger=DeploymentStatusTrigger.CONFIG_UPDATE_STARTED,
         message="starting 1 replica",
-        deployment_config=DeploymentSchema(name="Model", num_replicas=1, max_ongoing_requests=3),
+        deployment_config=ReportedDeploymentConfig(
+            name="Model", num_replicas=1, max_ongoing_requests=3
+        ),
         target_num_replicas=1,
         required_resources={"CPU": 1},
         replicas=[],

@@ -19,7 +19,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from kubeserve.backends.kubernetes.pods import pod_ready
+from kubeserve.backends.kubernetes.render import ROLLOUT
 from kubeserve.backends.kubernetes.render_views import app_view
+from kubeserve.backends.process_health import controller_health
 from kubeserve.control import effective_config
 from kubeserve.control.details import (
     ApplicationDetailsView,
@@ -115,6 +117,8 @@ def instance_view(view: ClusterView, controller: ControllerIdentity) -> Instance
             for obj in view.applications
             if contract.instance_of(obj) == instance_name
         ],
+        health=controller_health(),
+        rollout=ROLLOUT,
     )
 
 

@@ -95,6 +95,7 @@ from kubeserve.runtime.runtime_env import merge_runtime_env
 __all__ = [
     "BUILD_DEADLINE_S",
     "BUILD_TTL_S",
+    "ROLLOUT",
     "AppView",
     "DesiredDeployment",
     "InstanceView",
@@ -114,6 +115,11 @@ __all__ = [
     "render_replica_workload",
     "replica_config_json",
 ]
+
+#: A serve deployment's Deployment replaces pods as Ray's defaults replace replicas: a fifth
+#: of them at a time (``maxUnavailable``), no extra pod meanwhile (``maxSurge``); the details
+#: report it as ``rolling_update_percentage`` and ``max_surge_percent``.
+ROLLOUT = (0.2, 0)
 
 #: A finished build Job (and its pod, with the logs) is kept this long; the graph lives on in the
 #: ConfigMap.
@@ -266,7 +272,8 @@ def render_replica_workload(
     else:
         kind = "Deployment"
         spec["replicas"] = deployment.target_replicas
-        rolling = {"maxSurge": 0, "maxUnavailable": "20%"}
+        unavailable, surge = ROLLOUT
+        rolling = {"maxSurge": f"{surge}%", "maxUnavailable": f"{round(unavailable * 100)}%"}
         spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": rolling}
     annotations = {**_name_annotations(app, deployment), **version}
     return {

@@ -360,9 +360,15 @@ class Controller:
             prefix = app.route_prefix
             if ingress is not None and prefix is not None:
                 routes.append({"route_prefix": prefix, "app": app.name, "deployment": ingress})
+            status = app.status()
             for name, deployment in app.all_deployments().items():
                 if deployment.has_target:
-                    endpoints[wire.deployment_key(app.name, name)] = deployment.endpoints()
+                    info = status.deployments.get(name)
+                    endpoints[wire.deployment_key(app.name, name)] = deployment.endpoints(
+                        wire.no_replica_coming(
+                            app.name, status.status, name, info.status if info else None
+                        )
+                    )
         self.snapshots.publish(routes, endpoints, _proxy_timeouts(desired))
 
     @property

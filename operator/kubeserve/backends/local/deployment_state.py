@@ -18,6 +18,7 @@ import logging
 import os
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,13 @@ _READY_POLL_S = 0.02
 #: relies on it (stopping the replicas it replaces): discovery is a long-poll answered at once,
 #: well under this on one machine.
 DISCOVERY_SETTLE_S = 2.0
+#: Stopped replicas a deployment remembers for the details (Ray's default
+#: ``RAY_SERVE_RETAINED_DEAD_REPLICAS``)
+RETAINED_DEAD_REPLICAS = 10
+#: How :meth:`DeploymentState.reconcile` replaces replicas of an older version, in Ray's
+#: ``rolling_update_percentage`` and ``max_surge_percent``: every missing replica of the new
+#: version starts at once, beside the old ones, which stop as new ones serve in their place.
+ROLLOUT = (1.0, 100)
 _counter = itertools.count(1)
 
 
@@ -165,6 +173,8 @@ class DeploymentState:
         self.user_config_version = ""
         self.env: PreparedEnv | None = None
         self.replicas: dict[str, ReplicaProcess] = {}
+        #: replicas that stopped lately, newest last, for their logs (Ray keeps ten)
+        self.dead_replicas: deque[ReplicaProcess] = deque(maxlen=RETAINED_DEAD_REPLICAS)
         self.startup_failures = 0
         self.ever_healthy = False
         self.last_error = ""
@@ -318,17 +328,23 @@ class DeploymentState:
             failure_streak=self.failure_streak,
         )
 
-    def endpoints(self) -> wire.DeploymentEndpoints:
+    def endpoints(self, unavailable: str | None = None) -> wire.DeploymentEndpoints:
+        """What the data plane routes to: the ready replicas, the limits, and ``unavailable``
+        (:func:`~kubeserve.runtime.wire.no_replica_coming`) when no replica is coming."""
         ready = [
             wire.ReplicaEndpoint(replica_id=r.replica_id, host="127.0.0.1", port=r.port)
             for r in self.replicas.values()
             if r.state == "RUNNING" and r.healthy
         ]
-        return {
+        # mypy wants each optional key of the TypedDict in some ** item; "unavailable" is set below
+        endpoints: wire.DeploymentEndpoints = {
             "max_ongoing_requests": self.config.max_ongoing_requests,
             "replicas": ready,
-            **wire.queue_limits(self.config),
+            **wire.queue_limits(self.config),  # type: ignore[typeddict-item]
         }
+        if unavailable is not None:
+            endpoints["unavailable"] = unavailable
+        return endpoints
 
     # -- reconciliation --------------------------------------------------------------------------
     def reconcile(self) -> None:
@@ -488,7 +504,8 @@ class DeploymentState:
             self._ctx.records.remove_replica(replica.replica_id)
             self._free_start_slot(replica)
             self._ctx.capacity.release(replica.claim)
-            self.replicas.pop(replica.replica_id, None)
+            if self.replicas.pop(replica.replica_id, None) is not None:
+                self.dead_replicas.append(replica)
             self._ctx.wake()
 
     def _free_start_slot(self, replica: ReplicaProcess) -> None:

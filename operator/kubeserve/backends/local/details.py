@@ -12,8 +12,9 @@ import os
 
 from kubeserve.backends.local.application_state import ApplicationState
 from kubeserve.backends.local.controller import Controller
-from kubeserve.backends.local.deployment_state import DeploymentState
+from kubeserve.backends.local.deployment_state import ROLLOUT, DeploymentState, ReplicaProcess
 from kubeserve.backends.local.store import DesiredState, StoredApp
+from kubeserve.backends.process_health import controller_health
 from kubeserve.control.details import (
     ApplicationDetailsView,
     DeploymentDetailsView,
@@ -42,6 +43,8 @@ def instance_view(
         options=desired.options if desired is not None else {},
         proxies=_proxies(controller, node_id),
         applications=_applications(controller, desired, node_id),
+        health=controller_health(controller.started_at),
+        rollout=ROLLOUT,
     )
 
 
@@ -117,8 +120,8 @@ def _application(app: ApplicationState, node_id: str) -> ApplicationDetailsView:
 def _deployment(
     state: DeploymentState, node_id: str, info: DerivedDeploymentStatus | None
 ) -> DeploymentDetailsView:
-    replicas = [
-        ReplicaProcessView(
+    def replica(replica: ReplicaProcess, dead: bool = False) -> ReplicaProcessView:
+        return ReplicaProcessView(
             ProcessView(
                 node_id,
                 _HOST_IP,
@@ -127,16 +130,20 @@ def _deployment(
                 str(replica.log_path),
             ),
             replica_id=replica.replica_id,
-            state=replica.state,
+            state="STOPPED" if dead else replica.state,
             pid=replica.pid,
             start_time_s=replica.start_time_s,
         )
-        for replica in state.replicas.values()
-    ]
+
     scaler = state.autoscaler
     autoscaling = None if scaler is None else scaler.detail(len(state.running_replicas()))
     view = DeploymentDetailsView(
-        state.name, state.config, state.target, replicas, autoscaling=autoscaling
+        state.name,
+        state.config,
+        state.target,
+        [replica(r) for r in state.replicas.values()],
+        autoscaling=autoscaling,
+        recent_dead_replicas=[replica(r, dead=True) for r in state.dead_replicas],
     )
     if info is None:
         return view

@@ -131,6 +131,11 @@ def snapshot_parts(
                 endpoints["backpressure_status"] = int(backpressure)
             if (retry_after := entry.get("retryAfterS")) is not None:
                 endpoints["retry_after_s"] = float(retry_after)
+            reason = wire.no_replica_coming(
+                name, status.get("appStatus"), deployment, entry.get("status")
+            )
+            if reason is not None:
+                endpoints["unavailable"] = reason
             deployments[wire.deployment_key(name, deployment)] = endpoints
         prefix, ingress = status.get("routePrefix"), status.get("ingressDeployment")
         if prefix and ingress:

@@ -32,7 +32,12 @@ from kubeserve.control.routes import needs_normalizing, normalize_path
 from kubeserve.runtime.http1 import chunk_prefix, local_response, new_request_id
 from kubeserve.runtime.http_connection import body_too_large
 from kubeserve.runtime.metrics import METHOD_LABELS, OTHER_METHOD
-from kubeserve.runtime.router import BackPressure, NoReplicaAvailable, RoutedReplica
+from kubeserve.runtime.router import (
+    BackPressure,
+    DeploymentUnavailable,
+    NoReplicaAvailable,
+    RoutedReplica,
+)
 from kubeserve.runtime.wire import HEALTHZ_PATH
 
 if TYPE_CHECKING:
@@ -255,7 +260,8 @@ class Exchange:
                 )
             pool = state.pool(self.replica)
             conn = (None if self.upgrade else pool.take()) or await pool.connect()
-        except BackPressure as exc:  # max_queued_requests: backpressure_config's answer
+        except (BackPressure, DeploymentUnavailable) as exc:
+            # max_queued_requests (backpressure_config's answer), or no replica is coming
             self.task = None
             retry_after = b"" if exc.retry_after_s is None else b"%d" % math.ceil(exc.retry_after_s)
             self.respond_local(exc.status, str(exc).encode(), retry_after=retry_after)

@@ -20,7 +20,7 @@ from kubeserve.control.user_config import user_config_version
 from kubeserve.runtime import wire
 from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, StreamedResponse
 from kubeserve.runtime.replica.state import ReplicaState, shutting_down
-from kubeserve.runtime.replica.user_code import error_text
+from kubeserve.runtime.replica.user_code import error_text, iterate
 from kubeserve.sdk import context
 
 __all__ = ["Control"]
@@ -155,12 +155,8 @@ class Control:
 
     async def _frames(self, items: Any, started: float) -> AsyncGenerator[bytes, None]:
         try:
-            if inspect.isasyncgen(items):
-                async for item in items:
-                    yield wire.encode_frame(wire.FRAME_ITEM, wire.encode_result(item))
-            else:
-                for item in items:
-                    yield wire.encode_frame(wire.FRAME_ITEM, wire.encode_result(item))
+            async for item in iterate(items, self._state.run):
+                yield wire.encode_frame(wire.FRAME_ITEM, wire.encode_result(item))
             yield wire.encode_frame(wire.FRAME_END)
         except Exception as exc:
             self._state.metrics_recorder.error("", exc)

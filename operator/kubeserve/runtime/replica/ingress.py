@@ -33,6 +33,7 @@ from kubeserve.runtime.replica.http import (
     internal_error,
 )
 from kubeserve.runtime.replica.state import ReplicaState
+from kubeserve.runtime.replica.user_code import iterate, takes_arguments
 from kubeserve.runtime.websocket import WebSocketSession
 from kubeserve.sdk import context
 from kubeserve.sdk.http import StreamingResponse, to_response
@@ -51,6 +52,8 @@ class Ingress:
         self._state = state
         user = state.user
         self._http_target = user.method("__call__")
+        #: Ray calls an HTTP handler that declares no parameter without the request
+        self._http_takes_request = self._http_target is None or takes_arguments(self._http_target)
         self._asgi = None if user.is_function else asgi_app_of(user.target)
         self.lifespan = Lifespan(self._asgi) if self._asgi is not None else None
         self._root_path = root_path_of(state.config.get("route_prefix"))
@@ -127,9 +130,8 @@ class Ingress:
                 404, f"deployment {self._state.user.name!r} has no __call__ method".encode()
             )
         try:
-            result = await self._state.run(
-                self._http_target, user_request(request, self._root_path)
-            )
+            args = (user_request(request, self._root_path),) if self._http_takes_request else ()
+            result = await self._state.run(self._http_target, *args)
             if type(result) is str:  # the common case, without building a Response first
                 return HttpResponse(200, result.encode())
             if is_asgi_response(result):  # a Starlette/FastAPI response: sent as it is
@@ -163,6 +165,8 @@ class Ingress:
         """A chunked response. The first chunk is produced before the status line is sent, so
         a generator that fails at once still gives a 500; a later failure cuts the connection (the
         client sees an incomplete chunked body, never a clean end)."""
+        if not hasattr(response.content, "__aiter__"):
+            response.content = iterate(response.content, self._state.run)
         chunks = response.chunks()
         try:
             first: bytes | None = await anext(chunks)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from kubeserve.runtime import wire
@@ -28,6 +28,8 @@ __all__ = [
     "invoke",
     "invoke_on_loop",
     "is_async_callable",
+    "iterate",
+    "takes_arguments",
 ]
 
 
@@ -49,6 +51,16 @@ def is_async_callable(fn: Any) -> bool:
     )
 
 
+def takes_arguments(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` declares any parameter (``self`` of a bound method aside). An HTTP handler
+    that declares none is called without the request, as Ray's replica does ("support empty HTTP
+    handlers"); one whose signature cannot be read is given the request."""
+    try:
+        return len(inspect.signature(fn).parameters) > 0
+    except (TypeError, ValueError):
+        return True
+
+
 async def invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Call user code: coroutines on the event loop, plain functions in a worker thread (as Ray
     does; :mod:`~kubeserve.runtime.thread_hop`, ``asyncio.to_thread``'s semantics for a third of
@@ -57,6 +69,8 @@ async def invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     multiplexed model id) are copied into the thread."""
     if is_async_callable(fn):
         return await fn(*args, **kwargs)
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        return fn(*args, **kwargs)  # runs nothing of the body: its steps run where iterated
     result = await run_sync(fn, *args, **kwargs)
     if inspect.isawaitable(result):
         result = await result
@@ -71,6 +85,23 @@ async def invoke_on_loop(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> A
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+_END = object()
+
+
+async def iterate(items: Any, run: Callable[..., Any]) -> AsyncIterator[Any]:
+    """The items of a user's iterator, async or sync; a sync iterator's steps go through ``run``
+    (:func:`invoke`: a worker thread, as Ray consumes a sync generator and Starlette a sync
+    stream), so a generator that blocks between items (``time.sleep``, a model's next token)
+    does not stall the replica."""
+    if hasattr(items, "__aiter__"):
+        async for item in items:
+            yield item
+        return
+    iterator = iter(items)
+    while (item := await run(next, iterator, _END)) is not _END:
+        yield item
 
 
 def error_text(exc: BaseException) -> str:

@@ -1,0 +1,70 @@
+"""Every way Ray's replica calls an HTTP handler, one deployment each: handlers that take no
+request, function deployments with and without one, and handlers that are generators."""
+
+import threading
+
+from ray import serve
+from starlette.requests import Request
+
+
+@serve.deployment
+class NoRequest:
+    def __call__(self):
+        return "hi"
+
+
+@serve.deployment
+class AsyncNoRequest:
+    async def __call__(self):
+        return {"async": True}
+
+
+@serve.deployment
+def no_request_function():
+    return "hi from a function"
+
+
+@serve.deployment
+async def async_function(request: Request):
+    return f"async function at {request.url.path}"
+
+
+@serve.deployment
+class VarArgs:
+    def __call__(self, *args):
+        return f"{len(args)} {isinstance(args[0], Request)}"
+
+
+@serve.deployment
+class AsyncGenerator:
+    async def __call__(self, request: Request):
+        for i in range(int(request.query_params.get("n", "3"))):
+            yield f"{i}\n"
+
+
+#: set by a request to ``/release``; the blocking generator waits for it between its chunks
+RELEASED = threading.Event()
+
+
+@serve.deployment
+class BlockingGenerator:
+    """A sync generator that blocks between chunks: its steps must run off the event loop, or
+    the ``/release`` request it waits for could never be served."""
+
+    def __call__(self, request: Request):
+        if request.url.path.endswith("/release"):
+            RELEASED.set()
+            yield "released"
+            return
+        RELEASED.clear()
+        yield "waiting\n"
+        yield "released\n" if RELEASED.wait(10) else "never released\n"
+
+
+no_request = NoRequest.bind()
+async_no_request = AsyncNoRequest.bind()
+no_request_function_app = no_request_function.bind()
+async_function_app = async_function.bind()
+var_args = VarArgs.bind()
+async_generator = AsyncGenerator.bind()
+blocking_generator = BlockingGenerator.bind()

@@ -21,7 +21,7 @@ import io
 import pickle
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FunctionType, ModuleType
 from typing import Any
@@ -30,6 +30,8 @@ from kubeserve.sdk.application import Application, map_nodes
 
 __all__ = ["UnpicklableGraphError", "pickle_application", "unpickle_application"]
 
+#: Attributes every class has, which never hold the user's objects.
+_CLASS_BOOKKEEPING = frozenset({"__dict__", "__doc__", "__module__", "__qualname__", "__weakref__"})
 #: How deep :func:`_culprit` looks into arguments for the object that cannot be pickled.
 _SEARCH_DEPTH = 6
 
@@ -40,14 +42,11 @@ class UnpicklableGraphError(TypeError):
 
 def pickle_application(app: Application) -> bytes:
     """``app``'s graph as cloudpickle bytes (see the module docstring for what goes by value)."""
-    import cloudpickle  # the driver's only: a replica unpickles with pickle, and never loads it
-
     with _by_value(_driver_modules()):
         try:
-            data: bytes = cloudpickle.dumps(app, protocol=pickle.DEFAULT_PROTOCOL)
+            return _dumps(app)
         except Exception as exc:
             raise UnpicklableGraphError(_describe_failure(app, exc)) from None
-    return data
 
 
 def unpickle_application(data: bytes) -> Application:
@@ -131,13 +130,16 @@ def _culprit(app: Application) -> str | None:
     return None
 
 
-def _search(value: Any, path: str, depth: int) -> str | None:
-    """``path`` extended to the innermost part of ``value`` that cannot be pickled, or None."""
-    if _picklable(value):
+def _search(value: Any, path: str, depth: int, seen: set[int] | None = None) -> str | None:
+    """``path`` extended to the innermost part of ``value`` that cannot be pickled, or None;
+    ``seen`` holds the objects on the way (a cycle is not looked into twice)."""
+    seen = set() if seen is None else seen
+    if id(value) in seen or _picklable(value):
         return None
+    seen.add(id(value))
     if depth > 0:
         for part, inner in _parts(value):
-            found = _search(inner, f"{path}{part}", depth - 1)
+            found = _search(inner, f"{path}{part}", depth - 1, seen)
             if found is not None:
                 return found
     return f"{path} (a {type(value).__module__}.{type(value).__qualname__})"
@@ -159,7 +161,7 @@ def _parts(value: Any) -> Iterator[tuple[str, Any]]:
                 yield f" (variable {name!r})", cell.cell_contents
     elif inspect.isclass(value):
         for name, attr in vars(value).items():
-            if not (name.startswith("__") and name.endswith("__")):
+            if name not in _CLASS_BOOKKEEPING:
                 yield f".{name}", attr
     else:
         with contextlib.suppress(TypeError):
@@ -168,10 +170,45 @@ def _parts(value: Any) -> Iterator[tuple[str, Any]]:
 
 
 def _picklable(value: Any) -> bool:
-    import cloudpickle
-
     try:
-        cloudpickle.dump(value, io.BytesIO(), protocol=pickle.DEFAULT_PROTOCOL)
+        _dumps(value)
     except Exception:
         return False
     return True
+
+
+def _dumps(value: Any) -> bytes:
+    # cloudpickle is the driver's only: a replica unpickles with pickle, and never loads it
+    import cloudpickle
+
+    class GraphPickler(cloudpickle.CloudPickler):  # type: ignore[misc]
+        def reducer_override(self, obj: Any) -> Any:
+            reduce = _LIBRARY_REDUCERS.get(type(obj))
+            return reduce(obj) if reduce is not None else super().reducer_override(obj)
+
+    _LIBRARY_REDUCERS.update(_library_reducers())
+    buffer = io.BytesIO()
+    GraphPickler(buffer, protocol=pickle.DEFAULT_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
+#: How to pickle objects of the web frameworks an ingress uses that do not pickle as they are;
+#: filled from :func:`_library_reducers` once their modules are loaded.
+_LIBRARY_REDUCERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
+
+
+def _library_reducers() -> dict[type, Callable[[Any], tuple[Any, ...]]]:
+    """* FastAPI (>= 0.137) keeps an included router (``app.include_router``, which
+      ``@serve.ingress`` uses for class-based views) in an ``_IncludedRouter`` whose lock only
+      guards its route cache: rebuilt with a new lock and an empty cache.
+    * Starlette's ``State`` (``app.state``) answers every attribute from a dict it does not have
+      yet while it is unpickled (an endless recursion): rebuilt from that dict.
+    """
+    reducers: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
+    included = getattr(sys.modules.get("fastapi.routing"), "_IncludedRouter", None)
+    if inspect.isclass(included):
+        reducers[included] = lambda obj: (included, (obj.original_router, obj.include_context))
+    state = getattr(sys.modules.get("starlette.datastructures"), "State", None)
+    if inspect.isclass(state):
+        reducers[state] = lambda obj: (state, (dict(obj._state),))
+    return reducers

@@ -153,8 +153,10 @@ def test_a_config_put_keeps_imperative_applications_it_does_not_list(
     replacing = {"name": "greeter", "route_prefix": "/greet", "import_path": "examples.hello:app"}
     assert ks.put([replacing])[0] == 200
     wait_for(
-        lambda: applications(ks)["greeter"]["source"] == "declarative"
-        and applications(ks)["greeter"]["status"] == "RUNNING",
+        lambda: (
+            applications(ks)["greeter"]["source"] == "declarative"
+            and applications(ks)["greeter"]["status"] == "RUNNING"
+        ),
         60,
         what="greeter to run from its config",
     )

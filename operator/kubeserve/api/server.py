@@ -32,6 +32,7 @@ from kubeserve.schema.body import decode_json_body, parse_body
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
 from kubeserve.schema.errors import ErrorDetail, SchemaError
 from kubeserve.schema.imperative import (
+    APPLICATION_NAME_SCHEMA,
     GraphTooLargeError,
     ImperativeApplicationSchema,
     check_application_name,
@@ -217,7 +218,7 @@ async def put_imperative_application(request: web.Request) -> web.Response:
 async def delete_application(request: web.Request) -> web.Response:
     """``serve.delete(name)``: remove one application of either kind; a no-op for an unknown one,
     as in Ray."""
-    await _backend(request).delete_application(request.match_info["name"])
+    await _backend(request).delete_application(check_application_name(request.match_info["name"]))
     return web.json_response({})
 
 
@@ -374,13 +375,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         request=ImperativeApplicationSchema,
         response=_DEPLOYED,
         errors=(409, 413, 503),
+        path_schemas={"name": APPLICATION_NAME_SCHEMA},
     ),
     Endpoint(
         "DELETE",
         APPLICATION_PATH,
         delete_application,
         "Remove one application, deployed either way (serve.delete)",
-        errors=(503,),
+        errors=(400, 503),
+        path_schemas={"name": APPLICATION_NAME_SCHEMA},
     ),
     Endpoint(
         "PUT",

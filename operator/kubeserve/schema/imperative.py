@@ -21,6 +21,7 @@ from kubeserve.schema.errors import SchemaError
 from kubeserve.schema.limits import MAX_PICKLED_GRAPH_BYTES
 
 __all__ = [
+    "APPLICATION_NAME_SCHEMA",
     "GRAPH_DIGEST_KEY",
     "GraphTooLargeError",
     "ImperativeApplicationSchema",
@@ -81,6 +82,8 @@ def graph_too_large(size: int) -> str:
 
 
 _NAME: TypeAdapter[str] = TypeAdapter(Name)
+#: The JSON schema of the ``{name}`` in the path (the admin API's OpenAPI document).
+APPLICATION_NAME_SCHEMA: dict[str, Any] = {**_NAME.json_schema(), "minLength": 1}
 
 
 def check_application_name(name: str) -> str:

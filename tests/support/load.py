@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import itertools
 import threading
 import time
 import uuid
@@ -19,6 +20,8 @@ class Outcome:
     started: float
     ended: float
     status: int  # 0: no answer (connection refused, reset, timed out)
+    #: why there was no answer: the exception's class name (``ConnectionRefusedError``...)
+    error: str = ""
 
 
 class Load:
@@ -47,7 +50,7 @@ class Load:
         while not self.stop.is_set():
             request_id = f"c{n}-{uuid.uuid4().hex}"
             started = time.monotonic()
-            status = 0
+            status, error = 0, ""
             try:
                 if conn is None:
                     conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
@@ -60,12 +63,13 @@ class Load:
                 if response.will_close:
                     conn.close()
                     conn = None
-            except (OSError, http.client.HTTPException):
+            except (OSError, http.client.HTTPException) as exc:
+                error = type(exc).__name__
                 if conn is not None:
                     conn.close()
                 conn = None
             with self.lock:
-                self.outcomes.append(Outcome(request_id, started, time.monotonic(), status))
+                self.outcomes.append(Outcome(request_id, started, time.monotonic(), status, error))
             if status != 200:
                 self.stop.wait(0.05)  # pacing while nothing answers, not synchronisation
 
@@ -84,3 +88,10 @@ class Load:
         """Requests sent at or after ``instant`` and answered 200."""
         with self.lock:
             return sum(1 for o in self.outcomes if o.started >= instant and o.status == 200)
+
+
+def longest_gap(outcomes: list[Outcome], start: float, end: float) -> float:
+    """The longest time within [start, end] without a request answered 200."""
+    ends = sorted(o.ended for o in outcomes if o.status == 200 and start <= o.ended <= end)
+    marks = [start, *ends, end]
+    return max(b - a for a, b in itertools.pairwise(marks))

@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         return start_instance(args, serve_app)
     with tempfile.TemporaryDirectory(prefix="kubeserve-run-") as tmp:
         args.state_dir = Path(tmp)
+        args.temporary_state_dir = True  # no later start adopts its processes: they die with it
         return start_instance(args, serve_app)
 
 

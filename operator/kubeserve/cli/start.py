@@ -187,6 +187,7 @@ def start_instance(args: argparse.Namespace, after_start: AfterStart | None) -> 
         request_limits=limits,
         log_rotation=(args.log_max_bytes, args.log_backups),
         reset_state=args.reset_state,
+        data_plane_outlives=not getattr(args, "temporary_state_dir", False),
     )
     try:
         backend = LocalBackend(settings)

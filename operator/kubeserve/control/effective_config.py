@@ -13,13 +13,12 @@ Each field is taken whole from the most specific place that sets it (``ray_actor
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from kubeserve.control import autoscaling
+from kubeserve.control.fingerprint import fingerprint
 from kubeserve.schema.imperative import GRAPH_DIGEST_KEY
 
 __all__ = [
@@ -213,12 +212,6 @@ def graph_configs(
         )
         for node in nodes
     }
-
-
-def fingerprint(value: Any) -> str:
-    """A stable short digest of JSON-able data (key order does not matter)."""
-    raw = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
 def replica_version(app_config: Mapping[str, Any], config: EffectiveDeployment) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubeserve.control.effective_config import fingerprint
+from kubeserve.control.fingerprint import fingerprint
 
 __all__ = ["needs_push", "resolve_user_config", "user_config_version"]
 

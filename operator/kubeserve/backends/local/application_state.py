@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kubeserve.backends.local import processes
+from kubeserve.backends.local import adoption, processes
+from kubeserve.backends.local.adoption import AdoptedReplica
 from kubeserve.backends.local.deployment_state import (
     DISCOVERY_SETTLE_S,
     DeploymentState,
@@ -49,8 +50,19 @@ class ApplicationState:
     created again under the same name is a new :class:`ApplicationState` (the old one stops first).
     """
 
-    def __init__(self, name: str, uid: str, context: ReplicaContext, cache_dir: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        uid: str,
+        context: ReplicaContext,
+        cache_dir: Path,
+        builds: asyncio.Semaphore | None = None,
+    ) -> None:
+        """``builds`` bounds the build processes of the whole instance running at once (shared
+        by every application: a PUT of a thousand applications must not fork a thousand
+        interpreters); None: no bound."""
         self.name = name
+        self._builds = builds
         self.uid = uid
         self._ctx = context
         self._cache_dir = cache_dir
@@ -76,6 +88,27 @@ class ApplicationState:
         self._envs: dict[str, PreparedEnv] = {}
         #: the instance's ``target_capacity`` and its direction, set by the controller each pass
         self.capacity: tuple[float | None, Direction | None] = (None, None)
+        #: replicas an earlier run left serving, by deployment, until the first build places them
+        self._adoptable: dict[str, list[AdoptedReplica]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    def adopt(self, replicas: list[AdoptedReplica]) -> None:
+        """Replicas of this incarnation an earlier run left serving: once built, each deployment
+        of the graph takes its own, and the others are stopped."""
+        for replica in replicas:
+            self._adoptable.setdefault(replica.record.deployment, []).append(replica)
+
+    @property
+    def adoption_done(self) -> bool:
+        """Every adopted replica was taken by its deployment or stopped."""
+        return not self._adoptable
+
+    def stop_adoptable(self) -> None:
+        """Stop the adopted replicas no deployment took (the graph lost theirs, the build failed,
+        the application goes, or the controller gave up waiting)."""
+        unwanted = [replica for replicas in self._adoptable.values() for replica in replicas]
+        self._adoptable.clear()
+        adoption.stop_unwanted(unwanted, self._ctx.records, self._stopping)
 
     # -- desired state ---------------------------------------------------------------------------
     def set_config(
@@ -128,6 +161,13 @@ class ApplicationState:
 
     # -- build -----------------------------------------------------------------------------------
     async def _run_build(self, build_key: str) -> None:
+        if self._builds is None:
+            await self._build(build_key)
+            return
+        async with self._builds:
+            await self._build(build_key)
+
+    async def _build(self, build_key: str) -> None:
         try:
             env = await self._prepare_env(None)
             child_env = self._ctx.child_env(env.env_vars, env.python_path)
@@ -154,6 +194,7 @@ class ApplicationState:
                 "failed", f"failed to build application {self.name!r}: {graph['error']}"
             )
             log.warning("%s", self.build.error)
+            self.stop_adoptable()
         else:
             self.graph, self.build = graph, BuildView("done")
             log.info(
@@ -207,7 +248,7 @@ class ApplicationState:
                 self.config_error = f"runtime_env of deployment {name!r}: {exc}"
                 return
             known = self.deployments.get(name) or self.retiring.pop(name, None)
-            state = known if known is not None else DeploymentState(self.name, name, self._ctx)
+            state = known or DeploymentState(self.name, name, self._ctx, self.uid)
             self.deployments[name] = state
             state.set_capacity(*self.capacity)
             if not self.config.get("external_scaler_enabled"):
@@ -221,7 +262,9 @@ class ApplicationState:
                 self.route_prefix,
                 app_graph=app_graph,
             )
+            state.adopt_all(self._adoptable.pop(name, []))
             state.reconcile()
+        self.stop_adoptable()  # replicas of deployments the graph no longer has
 
     def _switch_route_when_ready(self, graph: dict[str, Any]) -> None:
         """Point the route at ``graph``'s ingress once all its deployments are HEALTHY, then stop
@@ -247,6 +290,7 @@ class ApplicationState:
     def begin_delete(self) -> None:
         log.info("application %r: deleting", self.name)
         self.deleting = True
+        self.stop_adoptable()
         if self._build_task is not None:
             self._build_task.cancel()
         for deployment in self.all_deployments().values():

@@ -19,11 +19,13 @@ from pathlib import Path
 
 import aiohttp
 
-from kubeserve.backends.local import processes
+from kubeserve.backends.local import adoption, processes
+from kubeserve.backends.local.adoption import AdoptedReplica
 from kubeserve.backends.local.application_state import ApplicationState
 from kubeserve.backends.local.capacity import DEFAULT_START_SLOTS, Capacity, instance_resources
 from kubeserve.backends.local.deployment_state import DeploymentState, ReplicaContext, metrics_dir
 from kubeserve.backends.local.private_files import private_dir
+from kubeserve.backends.local.process_records import ProcessRecords
 from kubeserve.backends.local.proxy_process import ProxyProcess
 from kubeserve.backends.local.snapshot import SnapshotPublisher
 from kubeserve.backends.local.store import IMPERATIVE, DesiredState, Store
@@ -35,6 +37,8 @@ from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES, Rotat
 
 log = logging.getLogger(__name__)
 _RESYNC_S = 1.0
+#: How long proxies and handles keep the previous run's snapshot while replicas are adopted.
+ADOPTION_DEADLINE_S = 60.0
 #: the controller's own log file rotates at this size, keeping this many older files
 CONTROLLER_LOG_BYTES = 16 * 1024 * 1024
 CONTROLLER_LOG_BACKUPS = 4
@@ -61,6 +65,10 @@ class LocalSettings:
     log_rotation: tuple[int, int] = (DEFAULT_LOG_BYTES, DEFAULT_LOG_BACKUPS)
     #: start from an empty state: the database is moved aside first (``--reset-state``)
     reset_state: bool = False
+    #: replicas and the proxy outlive this process when it is killed outright, for the next
+    #: ``kubeserve start`` on the state directory to adopt; False (a temporary state directory,
+    #: which no later start sees): they die with it
+    data_plane_outlives: bool = True
 
     @property
     def database(self) -> Path:
@@ -103,15 +111,22 @@ class Controller:
             settings.max_concurrent_starts,
         )
         self._wake = asyncio.Event()
+        #: build processes running at once, as many as replicas starting at once
+        self._builds = asyncio.Semaphore(settings.max_concurrent_starts)
         self._session: aiohttp.ClientSession | None = None
         self._log_handler: logging.Handler | None = None
         self._ctx: ReplicaContext | None = None
         self._proxy: ProxyProcess | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self.secret = b""  # the data-plane secret, read at start()
+        self.records: ProcessRecords | None = None
+        #: replicas of an earlier run not yet handed to their deployment, by application name
+        self._adoptable: dict[str, list[AdoptedReplica]] = {}
+        self._adoption_deadline = 0.0
         #: the ``target_capacity`` of the last config, and where it heads
         self._capacity = autoscaling.CapacityTracker()
         self._autoscaling: set[asyncio.Task[None]] = set()
+        self._stopping: set[asyncio.Task[None]] = set()
         #: deployment keys each caller last reported requests waiting for
         self._caller_reports = CallerReports()
 
@@ -123,13 +138,30 @@ class Controller:
         self._wake.set()
 
     async def start(self) -> None:
-        self._clean_up_previous_run()
+        """Adopt what an earlier run left serving (see :mod:`adoption`), kill the rest of it, and
+        start reconciling. Proxies and handles keep the earlier run's snapshot until every
+        adopted replica is back in a deployment: a restart changes nothing they see."""
+        private_dir(self.settings.state_dir)
+        private_dir(self.settings.log_dir)
         self._log_handler = _open_controller_log(self.settings.controller_log)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0), trust_env=False
         )
         secret_file = channel.create_secret_file(self.settings.secret_file)
         self.secret = channel.take_secret({channel.SECRET_FILE_ENV: str(secret_file)})
+        self.records = ProcessRecords(self.settings.database)
+        replicas = await adoption.find_replicas(self.records, self.secret)
+        proxy = adoption.find_proxy(self.records)
+        for adopted in replicas:
+            self._adoptable.setdefault(adopted.record.app, []).append(adopted)
+        self._adoption_deadline = time.monotonic() + ADOPTION_DEADLINE_S
+        spared = {a.proc.pid for a in replicas} | ({proxy.proc.pid} if proxy else set())
+        self._clean_up_previous_run(spared)
+        if spared:
+            log.info(
+                "adopted %d replicas and %d proxy of an earlier run", len(replicas), bool(proxy)
+            )
+        self._open_snapshots_once_adopted()
         self._ctx = ReplicaContext(
             session=self._session,
             controller_url=self.settings.controller_url,
@@ -140,10 +172,12 @@ class Controller:
             wake=self.wake,
             secret=self.secret,
             secret_file=secret_file,
+            records=self.records,
+            die_with_parent=not self.settings.data_plane_outlives,
             request_limits=self.settings.request_limits,
             log_rotation=self.settings.log_rotation,
         )
-        self._proxy = ProxyProcess(self._ctx)
+        self._proxy = ProxyProcess(self._ctx, proxy)
         self._loop_task = asyncio.ensure_future(self._loop())
 
     async def close(self) -> None:
@@ -157,8 +191,11 @@ class Controller:
         await asyncio.gather(*(self._wait_app_stopped(a) for a in self.apps.values()))
         if self._proxy is not None:
             await self._proxy.stop()
+        self._stop_adoptable(list(self._adoptable))
         if self._session is not None:
             await self._session.close()
+        if self.records is not None:
+            self.records.close()
         _kill_orphans(self.settings.state_dir, "left behind by processes of this run")
         shutil.rmtree(self.metrics_dir, ignore_errors=True)
         if self._log_handler is not None:
@@ -175,18 +212,48 @@ class Controller:
         """The Prometheus text of every process of the instance (Ray Serve's metric names)."""
         return metrics.multiprocess_exposition(str(self.metrics_dir))
 
-    def _clean_up_previous_run(self) -> None:
-        """Start from a clean slate: a private state directory, no leftover processes or files.
+    def _clean_up_previous_run(self, adopted: set[int]) -> None:
+        """Leave nothing of an earlier run but the ``adopted`` processes (and their groups).
 
-        A ``kubeserve start`` killed outright takes its direct children with it (PDEATHSIG), but
-        not what they started; those are found by their environment and killed here.
+        Its other processes (builds, replicas not adopted, what they started) are found by their
+        environment and killed. The metrics directory is emptied only when nothing was adopted:
+        adopted processes go on writing their samples there.
         """
-        private_dir(self.settings.state_dir)
-        private_dir(self.settings.log_dir)
-        shutil.rmtree(self.metrics_dir, ignore_errors=True)  # counters start again with the run
+        if not adopted:
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)  # counters start with the run
         private_dir(self.metrics_dir)
-        _kill_orphans(self.settings.state_dir, "left behind by an earlier run of this state dir")
+        why = "left behind by an earlier run of this state dir"
+        for pid in _kill_orphans(self.settings.state_dir, why, adopted):
+            metrics.mark_process_dead(pid, str(self.metrics_dir))
         shutil.rmtree(self.settings.run_dir, ignore_errors=True)
+
+    def _handed_over(self, app: str, uid: str) -> list[AdoptedReplica]:
+        """The adopted replicas of application ``app`` in its incarnation ``uid``; those of
+        another incarnation are stopped."""
+        adopted = self._adoptable.pop(app, [])
+        self._stop_replicas([a for a in adopted if a.record.app_uid != uid])
+        return [a for a in adopted if a.record.app_uid == uid]
+
+    def _stop_adoptable(self, apps: list[str]) -> None:
+        """Stop the adopted replicas of ``apps`` that no deployment took."""
+        for app in apps:
+            self._stop_replicas(self._adoptable.pop(app, []))
+
+    def _stop_replicas(self, adopted: list[AdoptedReplica]) -> None:
+        assert self.records is not None
+        adoption.stop_unwanted(adopted, self.records, self._stopping)
+
+    def _open_snapshots_once_adopted(self) -> None:
+        """Publish snapshots once every adopted replica found its deployment (or the deadline
+        passed): until then proxies and handles keep the earlier run's, which still holds."""
+        pending = bool(self._adoptable) or any(not a.adoption_done for a in self.apps.values())
+        if pending and time.monotonic() >= self._adoption_deadline:
+            log.warning("adoption of an earlier run's replicas timed out: stopping the rest")
+            for app in self.apps.values():
+                app.stop_adoptable()
+            pending = False
+        if not pending:
+            self.snapshots.open()
 
     async def _wait_app_stopped(self, app: ApplicationState) -> None:
         # Lifecycle tasks remove their replicas as processes exit; 50 ms polling bounds the wait.
@@ -224,7 +291,10 @@ class Controller:
             if existing is not None and existing.deleting and not existing.stopped:
                 continue  # a re-created app waits for its previous incarnation to stop
             if existing is None or existing.deleting:
-                existing = ApplicationState(name, stored.uid, self._ctx, self.settings.cache_dir)
+                existing = ApplicationState(
+                    name, stored.uid, self._ctx, self.settings.cache_dir, self._builds
+                )
+                existing.adopt(self._handed_over(name, stored.uid))
                 self.apps[name] = existing
             app = existing
             app.capacity = capacity
@@ -235,8 +305,10 @@ class Controller:
                 await app.reconcile()
             except Exception:  # one application's failure must not hold up the others
                 log.exception("reconciling application %r failed", name)
+        self._stop_adoptable([name for name in self._adoptable if name not in wanted])
         await self._reconcile_proxy(desired)
-        self._publish()
+        self._open_snapshots_once_adopted()
+        self._publish(desired)
         self._autoscale()
 
     def _autoscale(self) -> None:
@@ -279,7 +351,7 @@ class Controller:
             str(http.get("host", "0.0.0.0")), int(http.get("port", 8000)), options
         )
 
-    def _publish(self) -> None:
+    def _publish(self, desired: DesiredState | None) -> None:
         routes: list[wire.Route] = []
         endpoints: dict[str, wire.DeploymentEndpoints] = {}
         for app in self.apps.values():
@@ -292,17 +364,31 @@ class Controller:
             for name, deployment in app.all_deployments().items():
                 if deployment.has_target:
                     endpoints[wire.deployment_key(app.name, name)] = deployment.endpoints()
-        self.snapshots.publish(routes, endpoints)
+        self.snapshots.publish(routes, endpoints, _proxy_timeouts(desired))
 
     @property
     def node_id(self) -> str:
         return f"local-{os.uname().nodename}"
 
 
-def _kill_orphans(state_dir: Path, why: str) -> None:
-    killed = processes.kill_orphans(state_dir)
+def _proxy_timeouts(desired: DesiredState | None) -> wire.ProxyTimeouts | None:
+    """The ``http_options`` timeouts the running proxy applies from its snapshot: a change
+    takes effect without restarting it (the flags it was started with say the same at first)."""
+    if desired is None:
+        return None
+    http = desired.options.get("http_options") or {}
+    request_timeout = http.get("request_timeout_s")
+    return {
+        "request_timeout_s": None if request_timeout is None else float(request_timeout),
+        "keep_alive_timeout_s": float(http.get("keep_alive_timeout_s", 90)),
+    }
+
+
+def _kill_orphans(state_dir: Path, why: str, spared_groups: set[int] | None = None) -> list[int]:
+    killed = processes.kill_orphans(state_dir, spared_groups or set())
     if killed:
         log.warning("killed %d processes %s: pids %s", len(killed), why, killed)
+    return killed
 
 
 def _open_controller_log(path: Path) -> logging.Handler:

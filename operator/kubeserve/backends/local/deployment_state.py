@@ -26,7 +26,9 @@ from typing import Any
 import aiohttp
 
 from kubeserve.backends.local import processes
+from kubeserve.backends.local.adoption import AdoptedReplica
 from kubeserve.backends.local.capacity import Capacity
+from kubeserve.backends.local.process_records import ProcessRecords, ReplicaRecord
 from kubeserve.control import backoff, effective_config, placement
 from kubeserve.control.autoscaling import Direction
 from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
@@ -71,7 +73,7 @@ class ReplicaProcess:
     claim: dict[str, float] = field(default_factory=dict)
     #: holds one of the instance's start slots (until it is ready or gone)
     holds_start_slot: bool = False
-    proc: asyncio.subprocess.Process | None = None
+    proc: processes.Child | None = None
 
 
 #: Where the metrics directories of instances live when the machine has one: memory.
@@ -110,10 +112,14 @@ class ReplicaContext:
     #: the instance's data-plane secret (kubeserve.runtime.channel) and the file holding it
     secret: bytes
     secret_file: Path
+    #: where running replicas and the proxy are recorded for the next ``kubeserve start``
+    records: ProcessRecords
     #: what clients may send (``kubeserve start --max-body-bytes``...): proxy and replicas
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     #: bytes per log file and rotated files kept (``kubeserve start --log-max-bytes``...)
     log_rotation: tuple[int, int] = (logs.DEFAULT_LOG_BYTES, logs.DEFAULT_LOG_BACKUPS)
+    #: replicas and the proxy get a parent-death signal (see ``LocalSettings.data_plane_outlives``)
+    die_with_parent: bool = False
 
     def data_plane_env(self) -> dict[str, str]:
         """What a proxy or replica needs in its environment to join the data plane."""
@@ -144,8 +150,10 @@ class ReplicaContext:
 
 
 class DeploymentState:
-    def __init__(self, app: str, name: str, context: ReplicaContext) -> None:
+    def __init__(self, app: str, name: str, context: ReplicaContext, app_uid: str = "") -> None:
+        """``app_uid``: the application's incarnation (see :class:`ReplicaRecord`)."""
         self.app = app
+        self.app_uid = app_uid
         self.name = name
         self.import_path = ""
         self.app_args: dict[str, Any] = {}
@@ -401,28 +409,88 @@ class DeploymentState:
             replica_id=replica_id,
             version=self.version,
             port=processes.free_port(),
-            log_path=self._ctx.log_dir / f"replica_{self.app or 'default'}_{replica_id}.log",
+            log_path=self._log_path(replica_id),
             claim=claim,
             holds_start_slot=True,
         )
         self._ctx.capacity.take(claim)
         self.replicas[replica_id] = replica
-        self._spawn(self._lifecycle(replica))
+        self._spawn(self._lifecycle(replica, None))
+
+    def adopt_all(self, replicas: list[AdoptedReplica]) -> None:
+        """Adopt ``replicas`` (see :meth:`adopt`); an autoscaling deployment starts from their
+        count (within its bounds), not from its initial target."""
+        for replica in replicas:
+            self.adopt(replica.record, replica.proc)
+        if replicas and self.autoscaler is not None:
+            self.autoscaler.adopt(sum(1 for r in replicas if r.record.version == self.version))
+
+    def adopt(self, record: ReplicaRecord, proc: processes.AdoptedProcess) -> None:
+        """Take over a replica an earlier ``kubeserve start`` left serving (its identity was
+        checked over the channel): it joins as RUNNING with the version and user_config it
+        has, and :meth:`reconcile` treats it like any other (reconfigures, replaces or stops it
+        when it is not what the config wants). Proxies and handles already know it: it counts
+        as settled at once."""
+        replica = ReplicaProcess(
+            replica_id=record.replica_id,
+            version=record.version,
+            port=record.port,
+            log_path=self._log_path(record.replica_id),
+            state="RUNNING",
+            applied_user_config=record.user_config_version,
+            pid=proc.pid,
+            ready_at=time.monotonic() - DISCOVERY_SETTLE_S,
+            claim=placement.replica_claim(self.config),
+            proc=proc,
+        )
+        self._ctx.capacity.take(replica.claim)
+        self.replicas[replica.replica_id] = replica
+        log.info("%s: adopted replica %s (pid %d)", self._label, replica.replica_id, proc.pid)
+        self._spawn(self._lifecycle(replica, proc))
+
+    def _log_path(self, replica_id: str) -> Path:
+        return self._ctx.log_dir / f"replica_{self.app or 'default'}_{replica_id}.log"
+
+    def _record(self, replica: ReplicaProcess) -> None:
+        assert replica.pid is not None
+        started = processes.start_time(replica.pid)
+        if started is None:
+            return  # gone already: its lifecycle sees the exit
+        self._ctx.records.put_replica(
+            ReplicaRecord(
+                replica_id=replica.replica_id,
+                app=self.app,
+                app_uid=self.app_uid,
+                deployment=self.name,
+                version=replica.version,
+                user_config_version=replica.applied_user_config,
+                port=replica.port,
+                pid=replica.pid,
+                start_time=started,
+            )
+        )
 
     def _stop(self, replica: ReplicaProcess) -> None:
         if replica.state in ("STOPPING", "STOPPED"):
             return
         replica.state = "STOPPING"
+        self._ctx.records.remove_replica(replica.replica_id)  # a draining replica is not adopted
         log.info("%s: stopping replica %s", self._label, replica.replica_id)
         self._ctx.wake()
         if replica.proc is not None:
             timeout = self.config.graceful_shutdown_timeout_s
             self._spawn(processes.terminate(replica.proc, timeout))
 
-    async def _lifecycle(self, replica: ReplicaProcess) -> None:
+    async def _lifecycle(
+        self, replica: ReplicaProcess, adopted: processes.AdoptedProcess | None
+    ) -> None:
         try:
-            await self._run(replica)
+            if adopted is None:
+                await self._run(replica)
+            else:
+                await self._watch(replica, adopted)
         finally:
+            self._ctx.records.remove_replica(replica.replica_id)
             self._free_start_slot(replica)
             self._ctx.capacity.release(replica.claim)
             self.replicas.pop(replica.replica_id, None)
@@ -496,6 +564,7 @@ class DeploymentState:
                 log_path=replica.log_path,
                 cwd=self.env.cwd or self._ctx.base_dir,
                 pass_fds=(config_fd,),
+                die_with_parent=self._ctx.die_with_parent,
             )
         except OSError as exc:
             self._record_startup_failure(replica, f"could not start the replica process: {exc}")
@@ -503,6 +572,7 @@ class DeploymentState:
         finally:
             os.close(config_fd)
         replica.proc, replica.pid = proc, proc.pid
+        self._record(replica)
         log.info(
             "%s: started replica %s (pid %d, log %s)",
             self._label,
@@ -513,9 +583,14 @@ class DeploymentState:
         if _stopping(replica):  # stopped while spawning
             await processes.terminate(proc, 1.0)
             return
+        await self._watch(replica, proc)
+
+    async def _watch(self, replica: ReplicaProcess, proc: processes.Child) -> None:
+        """Wait until the replica is ready (an adopted one is), health-check it until it exits,
+        and say why it exited."""
         exited = asyncio.ensure_future(proc.wait())
         try:
-            if await self._wait_ready(replica, exited):
+            if replica.state == "RUNNING" or await self._wait_ready(replica, exited):
                 await self._health_loop(replica, exited)
             code = await exited
         finally:
@@ -638,6 +713,9 @@ class DeploymentState:
             )
             if status == 200:
                 replica.applied_user_config = wire.applied_user_config(answer) or version
+                self._ctx.records.applied_user_config(
+                    replica.replica_id, replica.applied_user_config
+                )
             else:
                 text = answer[:1000].decode("utf-8", "replace")
                 self.last_error = f"reconfigure failed on {replica.replica_id}: {text}"

@@ -5,9 +5,12 @@ Invariants:
 * every child leads its own session and process group (``start_new_session``), so whatever it
   starts (a user's ``subprocess.Popen`` in a constructor) is in that group, and :func:`kill_group`
   ends all of it once the child is stopped, replaced, has crashed, or its build was cancelled;
-* every child gets ``PR_SET_PDEATHSIG=SIGKILL`` so that it does not outlive a ``kubeserve start``
-  that was killed outright; what *it* started carries :data:`INSTANCE_ENV` in its environment, and
-  :func:`kill_orphans` ends such leftovers when that state directory is started again (or stopped);
+* replicas and the proxy outlive a ``kubeserve start`` killed outright (the data plane goes on
+  serving), and the next one on that state directory adopts them (:class:`AdoptedProcess`); only
+  builds get ``PR_SET_PDEATHSIG=SIGKILL``, since a build's answer is for the process that asked;
+* everything a child starts carries :data:`INSTANCE_ENV` in its environment, and
+  :func:`kill_orphans` ends what was not adopted when that state directory is started again (or
+  stopped);
 * output goes to one 0600 log file per process under the state directory (``log_file_path`` in
   the API).
 """
@@ -21,8 +24,9 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import aiohttp
 
@@ -77,8 +81,12 @@ async def spawn(
     log_path: Path,
     cwd: str | None = None,
     pass_fds: Sequence[int] = (),
+    die_with_parent: bool = False,
 ) -> asyncio.subprocess.Process:
     """Start ``python -m module args...`` with stdout and stderr appended to ``log_path``.
+
+    The child leads a session of its own and holds no pipe to this process; unless
+    ``die_with_parent`` (a parent-death SIGKILL) it goes on when this process is killed outright.
 
     A log file that cannot be opened (a full disk refusing a new file) does not hold the start
     up: the child's output goes nowhere until its own log (``logs.RotatingOutput``) can write.
@@ -100,7 +108,7 @@ async def spawn(
             stderr=log,
             env=dict(env),
             cwd=cwd,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with_parent if die_with_parent else None,
             start_new_session=True,
             pass_fds=pass_fds,
         )
@@ -148,7 +156,19 @@ async def run_to_completion(
     return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-async def terminate(proc: asyncio.subprocess.Process, timeout_s: float) -> None:
+class Child(Protocol):
+    """A replica or proxy process: our own child, or one adopted (:class:`AdoptedProcess`)."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    async def wait(self) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+
+
+async def terminate(proc: Child, timeout_s: float) -> None:
     """SIGTERM, then SIGKILL after ``timeout_s``; returns once the process and its group are gone.
 
     Only the child itself gets SIGTERM (it drains its requests); what it started gets SIGKILL once
@@ -176,12 +196,13 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def kill_orphans(state_dir: Path) -> list[int]:
+def kill_orphans(state_dir: Path, spared_groups: Collection[int] = ()) -> list[int]:
     """SIGKILL processes left over by an earlier run of the instance at ``state_dir``.
 
-    They are recognised by ``INSTANCE_ENV=<state_dir>`` in their environment; call it only when
-    this instance has no children of its own (at start-up, and after every child was stopped).
-    Returns the PIDs killed.
+    They are recognised by ``INSTANCE_ENV=<state_dir>`` in their environment; processes in the
+    groups ``spared_groups`` (adopted replicas and proxy, and what they started) are left alone.
+    Call it only when this instance has no children of its own outside those groups (at start-up,
+    and after every child was stopped). Returns the PIDs killed.
     """
     marker = f"{INSTANCE_ENV}={state_dir}".encode()
     killed: list[int] = []
@@ -189,15 +210,102 @@ def kill_orphans(state_dir: Path) -> list[int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
+        pid = int(entry.name)
         try:
             environ = (entry / "environ").read_bytes()
+            if os.getpgid(pid) in spared_groups:
+                continue
         except OSError:  # gone, or another user's
             continue
         if marker in environ.split(b"\0"):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
     return killed
+
+
+def start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), or
+    None when there is no such process: with the PID, it names one process for good (a PID is
+    reused, the pair never is)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces or parentheses itself.
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return int(fields[19])
+
+
+class AdoptedProcess:
+    """A replica or proxy started by an earlier ``kubeserve start``, watched through a pidfd.
+
+    It is not our child, so it cannot be waited for: its exit is seen when its pidfd becomes
+    readable, and its exit code is unknown (``returncode`` is -1 once it is gone). Offers what
+    :func:`terminate` and the lifecycles use of :class:`asyncio.subprocess.Process`.
+    """
+
+    def __init__(self, pid: int, pidfd: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._pidfd = pidfd
+        self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().add_reader(pidfd, self._on_exit)
+
+    @classmethod
+    def find(cls, pid: int, started: int) -> AdoptedProcess | None:
+        """The process ``pid`` if it still runs and is the one that started at ``started``."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return None
+        if start_time(pid) != started:  # checked after the pidfd pinned the process
+            os.close(pidfd)
+            return None
+        return cls(pid, pidfd)
+
+    def _on_exit(self) -> None:
+        asyncio.get_running_loop().remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self.returncode = -1
+        if not self._exited.done():
+            self._exited.set_result(-1)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            signal.pidfd_send_signal(self._pidfd, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def pidfd_getfd(self, fd: int) -> int | None:
+        """A copy of the process's descriptor ``fd`` (``pidfd_getfd(2)``), or None when the kernel
+        refuses (before Linux 5.6, or a ptrace policy forbidding it)."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        copy = int(libc.syscall(_SYS_PIDFD_GETFD, self._pidfd, fd, 0))
+        return copy if copy >= 0 else None
+
+
+#: ``pidfd_getfd``'s number in the generic syscall table (the same on x86-64 and arm64).
+_SYS_PIDFD_GETFD = 438
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` that a proxy process inherits: held by ``kubeserve
+    start`` across proxy restarts, so connections wait in its backlog instead of being refused."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(4096)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def log_tail(path: Path, max_lines: int = 12) -> str:

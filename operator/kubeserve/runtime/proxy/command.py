@@ -44,6 +44,12 @@ def main(
     parser = argparse.ArgumentParser(prog="kubeserve proxy", description=main.__doc__)
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--listen-fd",
+        type=int,
+        default=None,
+        help="serve on this inherited listening socket (of --host/--port) instead of binding one",
+    )
     parser.add_argument("--controller-url")
     discoveries = ("controller",) if cluster is None else ("controller", cluster.name)
     parser.add_argument("--discovery", choices=discoveries, default="controller")
@@ -88,6 +94,7 @@ def main(
                 args.port,
                 args.controller_url,
                 secret=secret,
+                listen_fd=args.listen_fd,
                 request_timeout_s=args.request_timeout_s,
                 keep_alive_timeout_s=args.keep_alive_timeout_s,
                 limits=limits,

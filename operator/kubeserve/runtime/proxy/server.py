@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import socket
 import time
 
 from kubeserve.runtime.discovery import EndpointSource
@@ -35,10 +36,14 @@ class ProxyServer:
         limits: RequestLimits | None = None,
         source: EndpointSource | None = None,
         scope: str | None = None,
+        listen_fd: int | None = None,
     ) -> None:
-        """``scope``: the ``namespace/instance`` the proxy's load reports name (in a cluster)."""
+        """``scope``: the ``namespace/instance`` the proxy's load reports name (in a cluster);
+        ``listen_fd``: an inherited socket already listening on ``host:port`` (``kubeserve
+        start`` keeps it open across proxy restarts)."""
         self.host = host
         self.port = port
+        self.listen_fd = listen_fd
         self.state = ProxyState(
             secret=secret,
             request_timeout_s=request_timeout_s,
@@ -55,15 +60,32 @@ class ProxyServer:
         self._refusal_logged = -60.0
 
     async def start(self) -> None:
-        """Listen, then wait (briefly) for the first snapshot; ``port=0`` picks a free port."""
+        """Listen, wait (briefly) for the first snapshot, then accept; ``port=0`` picks a free
+        port.
+
+        Nothing is accepted before the routes are known (or late): a request for a configured
+        route is never answered 404 by a proxy that has not loaded it yet. On an inherited
+        socket, connections wait in its backlog meanwhile; requests that come before a late
+        first snapshot are answered 503 with ``Retry-After`` (see ``exchange``).
+        """
         loop = asyncio.get_running_loop()
         self.max_connections = _connection_cap(self.state.limits.max_connections)
-        self._server = await loop.create_server(self._accept, self.host, self.port, backlog=4096)
+        if self.listen_fd is not None:
+            sock = socket.socket(fileno=self.listen_fd)
+            sock.setblocking(False)
+            self._server = await loop.create_server(
+                self._accept, sock=sock, backlog=4096, start_serving=False
+            )
+        else:
+            self._server = await loop.create_server(
+                self._accept, self.host, self.port, backlog=4096, start_serving=False
+            )
         self.port = self._server.sockets[0].getsockname()[1]
         self.state.sweeper.start()
         if self.load_reporter is not None:
             self.load_reporter.start()
         await self.source.start(self.state.apply)
+        await self._server.start_serving()
 
     def _accept(self) -> asyncio.Protocol:
         """A new client connection, or the 503 of one over ``max_connections``."""
@@ -136,6 +158,7 @@ async def serve_proxy(
     source: EndpointSource | None = None,
     scope: str | None = None,
     metrics_port: int | None = None,
+    listen_fd: int | None = None,
 ) -> None:
     """Run a proxy until cancelled (``main`` cancels it on SIGTERM/SIGINT).
 
@@ -154,6 +177,7 @@ async def serve_proxy(
         limits=limits,
         source=source,
         scope=scope,
+        listen_fd=listen_fd,
     )
     server.state.access_log = access_log
     await server.start()

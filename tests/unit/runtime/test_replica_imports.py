@@ -1,0 +1,19 @@
+"""A replica loads only what its application uses: no schema models, no pydantic, no Kubernetes
+client for a plain ``@deployment`` class (their memory is most of a replica's growth otherwise)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from support.common import ROOT
+
+
+def test_a_replica_of_a_plain_deployment_loads_no_schema_pydantic_or_kubernetes_client() -> None:
+    code = (
+        "import sys, kubeserve.runtime.replica.server, kubeserve.runtime.build, benchmarks.apps\n"
+        "heavy = [m for m in sys.modules if m.startswith(('kubernetes_asyncio', 'kubeserve.schema',"
+        " 'pydantic', 'kubeserve.backends'))]\n"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

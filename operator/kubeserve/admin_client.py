@@ -25,6 +25,9 @@ import yaml
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 #: the path of every application's details (GET), config (PUT) and shutdown (DELETE)
 APPLICATIONS_PATH = "/api/serve/applications/"
+#: One application by name: ``serve.run`` PUTs it (imperatively), ``serve.delete`` DELETEs it
+#: (kubeserve's own path; Ray's driver reaches its controller directly).
+APPLICATION_PATH = "/api/kubeserve/applications/{name}"
 #: how often ``deploy --wait`` and ``logs --follow`` look again
 POLL_S = 0.5
 #: statuses after which ``deploy --wait`` stops waiting for an application

@@ -120,3 +120,51 @@ def test_main_reports_syntax_errors_and_exceptions_in_the_module(tmp_path: Path)
     assert document["error"].startswith("RuntimeError: config file missing")
     assert 'ks_tmp_raises.py", line 4, in load' in document["error"]
     assert "noise on stdout" in stderr  # stdout carries only the JSON document
+
+
+def test_a_pickled_graph_on_stdin_is_described_without_importing_its_module(
+    tmp_path: Path,
+) -> None:
+    """serve.run's graph: the build reads it from stdin; the script that made it, which calls
+    serve.run at its top level, is neither importable nor imported there."""
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import sys\n"
+        "from kubeserve import deployment\n"
+        "from kubeserve.sdk.pickled_application import pickle_application\n"
+        "@deployment(num_replicas=2)\n"
+        "class Model:\n"
+        "    pass\n"
+        "@deployment\n"
+        "class Front:\n"
+        "    def __init__(self, model): self.model = model\n"
+        "sys.stdout.buffer.write(pickle_application(Front.bind(Model.bind())))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "operator")}
+    graph = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, timeout=60, check=True
+    ).stdout
+    proc = subprocess.run(
+        [sys.executable, "-m", "kubeserve.runtime.build", "--pickled"],
+        input=graph,
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    description = json.loads(proc.stdout)
+    assert [d["name"] for d in description["deployments"]] == ["Front", "Model"]
+    assert description["deployments"][1]["options"] == {"num_replicas": 2}
+
+
+def test_the_build_needs_an_import_path_or_a_pickled_graph() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "kubeserve.runtime.build", "a:b", "--pickled"],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "operator")},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2 and b"give an import path, or --pickled" in proc.stderr

@@ -9,6 +9,7 @@ is logged with its traceback, never shown to the client.
     ApiError                  (status, message, details)
      ├── BadRequest           400: malformed JSON, schema violations (details carry JSON paths)
      ├── UnsupportedMediaType 415: a PUT body that is not application/json
+     ├── PayloadTooLarge      413: a pickled graph (serve.run's) over its limit
      ├── (aiohttp routing)    HTTPNotFound -> 404, HTTPMethodNotAllowed -> 405 with ``Allow``
      └── (backend errors)     ConflictError -> 409, NotFoundError -> 404, RejectedError -> 400,
                               PreconditionFailedError -> 412, UnavailableError -> 503,
@@ -53,6 +54,10 @@ class BadRequest(ApiError):
 
 class UnsupportedMediaType(ApiError):
     status = 415
+
+
+class PayloadTooLarge(ApiError):
+    status = 413
 
 
 def error_response(

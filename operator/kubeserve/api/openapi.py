@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
@@ -51,6 +51,7 @@ class Endpoint:
 
     ``response`` is a model or an inline JSON schema of the 200 body; ``text`` marks a text/plain
     answer. ``open`` operations need no token (see :mod:`kubeserve.api.security` for which and why).
+    ``path_schemas`` give path parameters a JSON schema of their own (default: any string).
     """
 
     method: str
@@ -63,6 +64,7 @@ class Endpoint:
     text: bool = False
     open: bool = False
     errors: tuple[int, ...] = ()
+    path_schemas: Mapping[str, Any] = field(default_factory=dict)
 
 
 def openapi_document(
@@ -130,7 +132,12 @@ def _operation(
             "content": {"application/json": {"schema": schema}},
         }
     parameters = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "schema": endpoint.path_schemas.get(name, {"type": "string"}),
+        }
         for name in re.findall(r"{(\w+)}", endpoint.path)
     ]
     if endpoint.query:

@@ -15,8 +15,15 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from kubeserve.admin_client import APPLICATION_PATH
 from kubeserve.api import dashboard
-from kubeserve.api.errors import BadRequest, Handler, UnsupportedMediaType, error_middleware
+from kubeserve.api.errors import (
+    BadRequest,
+    Handler,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    error_middleware,
+)
 from kubeserve.api.openapi import Endpoint, QueryParameter, openapi_document
 from kubeserve.api.security import AdminSecurity, security_middleware
 from kubeserve.backends.protocol import Backend, ConflictError, NotFoundError
@@ -24,6 +31,13 @@ from kubeserve.control.details import details_body, single_app_status
 from kubeserve.schema.body import decode_json_body, parse_body
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
 from kubeserve.schema.errors import ErrorDetail, SchemaError
+from kubeserve.schema.imperative import (
+    APPLICATION_NAME_SCHEMA,
+    GraphTooLargeError,
+    ImperativeApplicationSchema,
+    check_application_name,
+    graph_too_large,
+)
 from kubeserve.schema.scaling import ScaleDeploymentRequest, ScaleDeploymentResponse
 from kubeserve.schema.status import APIType, ServeInstanceDetails, ServeStatusSchema
 
@@ -182,9 +196,44 @@ async def put_applications(request: web.Request) -> web.Response:
     return web.json_response({"applications": [app["name"] for app in apps]})
 
 
+async def put_imperative_application(request: web.Request) -> web.Response:
+    """``serve.run``: deploy the pickled application object as application ``name``; the other
+    applications keep running (:meth:`~kubeserve.backends.protocol.Backend.apply_imperative`)."""
+    name = check_application_name(request.match_info["name"])
+    try:
+        body = await _json_body(request)
+    except web.HTTPRequestEntityTooLarge:
+        raise PayloadTooLarge(graph_too_large((request.content_length or 0) * 3 // 4)) from None
+    app = parse_body(ImperativeApplicationSchema, body)
+    try:
+        graph = app.graph_bytes()
+    except GraphTooLargeError as exc:
+        raise PayloadTooLarge(str(exc)) from None
+    await _backend(request).apply_imperative(
+        _serving_layer_defaults(request), app.stored_config(name, graph), graph
+    )
+    return web.json_response({"applications": [name]})
+
+
+async def delete_application(request: web.Request) -> web.Response:
+    """``serve.delete(name)``: remove one application of either kind; a no-op for an unknown one,
+    as in Ray."""
+    await _backend(request).delete_application(check_application_name(request.match_info["name"]))
+    return web.json_response({})
+
+
+def _serving_layer_defaults(request: web.Request) -> dict[str, Any]:
+    """Instance options of a serving layer a request starts implicitly (``kubeserve start``'s
+    ``http_options`` over Ray's defaults)."""
+    defaults = _instance_options(ServeDeploySchema(applications=[]))
+    defaults["http_options"].update(request.app[DEFAULT_HTTP_KEY])
+    return defaults
+
+
 async def get_applications(request: web.Request) -> web.Response:
     """Ray's ``?api_type=imperative|declarative`` (any case) keeps the applications deployed that
-    way; kubeserve's are all declarative (REST PUTs). Another value is a 400, as in Ray."""
+    way: ``imperative`` by ``serve.run``, ``declarative`` by a config. Another value is a 400, as
+    in Ray."""
     api_type = request.query.get("api_type", "")
     wanted = api_type.lower()
     if api_type and wanted not in _API_TYPES:
@@ -246,9 +295,7 @@ async def scale_deployment(request: web.Request) -> web.Response:
 
 async def get_single_app_status(request: web.Request) -> web.Response:
     backend = _backend(request)
-    defaults = _instance_options(ServeDeploySchema(applications=[]))
-    defaults["http_options"].update(request.app[DEFAULT_HTTP_KEY])
-    await backend.ensure_running(defaults)
+    await backend.ensure_running(_serving_layer_defaults(request))
     single = await backend.single_app_config()
     apps = (await backend.instance_details()).applications
     name = single.get("name", "") if single is not None else next(iter(apps), "")
@@ -293,7 +340,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "PUT",
         "/api/serve/applications/",
         put_applications,
-        "Deploy a multi-application config; applications it does not list are removed",
+        "Deploy a multi-application config; the declarative applications it does not list are "
+        "removed (those deployed with serve.run stay)",
         request=ServeDeploySchema,
         response=_DEPLOYED,
         errors=(409, 503),
@@ -317,6 +365,25 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         delete_all,
         "Shut down the serving layer and every application",
         errors=(503,),
+    ),
+    Endpoint(
+        "PUT",
+        APPLICATION_PATH,
+        put_imperative_application,
+        "Deploy one application imperatively (serve.run): the driver's pickled application "
+        "object; the other applications keep running",
+        request=ImperativeApplicationSchema,
+        response=_DEPLOYED,
+        errors=(409, 413, 503),
+        path_schemas={"name": APPLICATION_NAME_SCHEMA},
+    ),
+    Endpoint(
+        "DELETE",
+        APPLICATION_PATH,
+        delete_application,
+        "Remove one application, deployed either way (serve.delete)",
+        errors=(400, 503),
+        path_schemas={"name": APPLICATION_NAME_SCHEMA},
     ),
     Endpoint(
         "PUT",

@@ -11,6 +11,10 @@ Invariants every backend keeps:
   reconciliation happens afterwards.
 * :meth:`Backend.shutdown` is a no-op when nothing runs.
 * Nothing already accepted is lost when :meth:`Backend.apply` raises.
+* Two ways to deploy, as in Ray 2.60: :meth:`Backend.apply` is the declarative one (it removes the
+  declarative applications it does not list and keeps the imperative ones);
+  :meth:`Backend.apply_imperative` (``serve.run``) adds or replaces one application, whose graph
+  is the driver's pickled application object instead of an ``import_path``.
 """
 
 from __future__ import annotations
@@ -78,6 +82,26 @@ class Backend(Protocol):
         Raises :class:`ConflictError` when ``instance`` changes the host or port of a running
         serving layer.
         """
+        ...
+
+    async def apply_imperative(
+        self, instance: dict[str, Any], config: dict[str, Any], graph: bytes
+    ) -> None:
+        """Deploy one application imperatively (``serve.run``): ``config`` holds its ``name``,
+        ``route_prefix``, what else serve.run was given and the digest of ``graph`` (see
+        :mod:`kubeserve.schema.imperative`); ``graph`` is the pickled application. Another
+        application of that name (of either kind) is replaced; the others keep running.
+        ``instance`` holds the options of a serving layer started by this call.
+
+        Raises :class:`ConflictError` when another application serves ``route_prefix`` (Ray's
+        "Prefix ... is being used by application ..."), :class:`RejectedError` where the
+        backend cannot run imperative applications.
+        """
+        ...
+
+    async def delete_application(self, name: str) -> None:
+        """Remove application ``name``, of either kind (``serve.delete``); a no-op for an
+        application that does not exist, as in Ray."""
         ...
 
     def refusals(self, app_config: dict[str, Any]) -> list[ErrorDetail]:

@@ -4,6 +4,7 @@ instance at ``KUBESERVE_ADDRESS``."""
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 
@@ -15,6 +16,9 @@ def main() -> None:
         sys.exit("usage: python -m kubeserve.compat SCRIPT.py [ARGS...]")
     ray_namespace.install()
     sys.argv = sys.argv[1:]
+    # as `python SCRIPT.py` does: the script's folder comes first on the import path (so a
+    # module beside it imports), where `-m` put the working directory
+    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
     runpy.run_path(sys.argv[0], run_name="__main__")
 
 

@@ -125,6 +125,8 @@ class ApplicationDetailsView:
     deployments: Sequence[DeploymentDetailsView] = ()
     graph: Mapping[str, Any] | None = None
     docs_path: str | None = None
+    #: ``declarative`` (a config) or ``imperative`` (``serve.run``: no ``deployed_app_config``)
+    api_type: str = "declarative"
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,7 @@ def single_app_status(name: str, app: ApplicationDetails | None) -> ServeStatusS
 
 def _application(app: ApplicationDetailsView, rollout: Rollout) -> ApplicationDetails:
     config = app.config or {}
+    imperative = app.api_type == APIType.IMPERATIVE.value
     return ApplicationDetails(
         name=app.name,
         route_prefix=app.route_prefix,
@@ -254,8 +257,8 @@ def _application(app: ApplicationDetailsView, rollout: Rollout) -> ApplicationDe
         status=app.status,
         message=app.message,
         last_deployed_time_s=app.deployed_at,
-        deployed_app_config=None if app.config is None else dict(app.config),
-        source=APIType.DECLARATIVE,
+        deployed_app_config=None if app.config is None or imperative else dict(app.config),
+        source=APIType.IMPERATIVE if imperative else APIType.DECLARATIVE,
         deployments={d.name: _deployment(app.name, d, rollout) for d in app.deployments},
         external_scaler_enabled=bool(config.get("external_scaler_enabled", False)),
         deployment_topology=None if app.graph is None else _topology(app.name, app.graph),

@@ -19,6 +19,7 @@ from typing import Any
 
 from kubeserve.control import autoscaling
 from kubeserve.control.fingerprint import fingerprint
+from kubeserve.schema.imperative import GRAPH_DIGEST_KEY
 
 __all__ = [
     "AUTOSCALING_DEFAULTS",
@@ -237,12 +238,16 @@ def graph_configs(
 def replica_version(app_config: Mapping[str, Any], config: EffectiveDeployment) -> str:
     """Identifies what a replica process runs; replicas of another version are replaced.
 
-    It covers the code (import path), the environment (runtime_env) and the process options, and
-    excludes ``user_config`` and the counts, which change without a restart.
+    It covers the code (import path, or an imperative application's pickled graph), the
+    environment (runtime_env) and the process options, and excludes ``user_config`` and the
+    counts, which change without a restart.
     """
+    code: dict[str, Any] = {"import_path": app_config.get("import_path")}
+    if GRAPH_DIGEST_KEY in app_config:  # only then: a declarative replica's version is as it was
+        code["graph"] = app_config[GRAPH_DIGEST_KEY]
     return fingerprint(
         {
-            "import_path": app_config.get("import_path"),
+            **code,
             "runtime_env": app_config.get("runtime_env") or {},
             "args": app_config.get("args") or {},
             **{name: getattr(config, name) for name in _PROCESS_FIELDS},

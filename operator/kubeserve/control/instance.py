@@ -65,3 +65,18 @@ def external_scaler_disabled(app: str, deployment: str) -> str:
         "the application configuration. Current value: external_scaler_enabled=false. To use "
         "this API, redeploy your application with 'external_scaler_enabled: true' in the config."
     )
+
+
+def prefix_in_use(name: str, prefix: str | None, live: Mapping[str, str | None]) -> str | None:
+    """Ray 2.60's refusal of a deploy whose ``prefix`` another application of ``live`` (name ->
+    route prefix, the applications not being deleted) serves, or ``None``; an application may
+    keep its own prefix."""
+    if prefix is None:
+        return None
+    for other, other_prefix in live.items():
+        if other != name and other_prefix == prefix:
+            return (
+                f'Prefix {prefix} is being used by application "{other}". '
+                f'Failed to deploy application "{name}".'
+            )
+    return None

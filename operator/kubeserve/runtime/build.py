@@ -1,5 +1,6 @@
 """Import an application and describe its deployment graph: ``python -m kubeserve.runtime.build
-PATH``.
+PATH``, or ``python -m kubeserve.runtime.build --pickled < GRAPH`` for an application deployed
+imperatively (``serve.run``: the graph pickled by the driver, read from stdin).
 
 The controller runs this in a subprocess (a Kubernetes Job on that backend) whose working directory,
 ``PYTHONPATH`` and environment the runtime_env already prepared, so importing user code never
@@ -35,10 +36,11 @@ import typing
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from kubeserve.sdk import ray_namespace
+from kubeserve.sdk import context, ray_namespace
 from kubeserve.sdk.application import Application
 from kubeserve.sdk.deployment import Deployment
 from kubeserve.sdk.ingress import asgi_app_of
+from kubeserve.sdk.pickled_application import unpickle_application
 
 #: How many of the innermost user frames an error report keeps.
 ERROR_FRAMES = 5
@@ -64,7 +66,7 @@ def load_application(import_path: str, args: dict[str, Any] | None = None) -> Ap
     :class:`BuildError`.
     """
     module_name, attr_path = _split_import_path(import_path)
-    ray_namespace.install()  # a Ray Serve application's `from ray import serve` is kubeserve's
+    _prepare_for_user_code()
     module = importlib.import_module(module_name)
     target: Any = module
     for part in attr_path.split("."):
@@ -99,6 +101,18 @@ def load_application(import_path: str, args: dict[str, Any] | None = None) -> Ap
         "import_path must point to a bound application (call .bind()); "
         f"{import_path!r} is a {type(target).__name__}"
     )
+
+
+def load_pickled_application(data: bytes) -> Application:
+    """The application a driver's ``serve.run`` pickled (see
+    :mod:`kubeserve.sdk.pickled_application`); raises what unpickling raises."""
+    _prepare_for_user_code()
+    return unpickle_application(data)
+
+
+def _prepare_for_user_code() -> None:
+    ray_namespace.install()  # a Ray Serve application's `from ray import serve` is kubeserve's
+    context.mark_kubeserve_process()  # its `serve.run` returns at once here (never waits on us)
 
 
 def _builder_argument(builder: Any, args: dict[str, Any]) -> Any:
@@ -192,7 +206,10 @@ def main(
     :mod:`kubeserve.runtime.kubernetes.pod`); ``namespace`` is ``--namespace``'s default.
     """
     parser = argparse.ArgumentParser(prog="kubeserve build")
-    parser.add_argument("import_path")
+    parser.add_argument("import_path", nargs="?", default="")
+    parser.add_argument(
+        "--pickled", action="store_true", help="read a pickled graph (serve.run's) from stdin"
+    )
     parser.add_argument("--args", default="{}", help="the application's args, as JSON")
     parser.add_argument("--configmap")
     parser.add_argument("--namespace", default=namespace)
@@ -201,9 +218,15 @@ def main(
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.configmap and write_graph is None:
         parser.error("--configmap: this command writes no ConfigMap (`kubeserve build` does)")
+    if bool(args.import_path) == args.pickled:
+        parser.error("give an import path, or --pickled with the graph on stdin")
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            document = describe(args.import_path, json.loads(args.args))
+            if args.pickled:
+                app = load_pickled_application(sys.stdin.buffer.read())
+                document = describe_application(app)
+            else:
+                document = describe(args.import_path, json.loads(args.args))
         code = 0
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):

@@ -194,6 +194,10 @@ class ReplicaConfig(TypedDict):
     request_limits: NotRequired[dict[str, Any]]
     #: The application's ``args`` for an application builder ({} or absent: none).
     app_args: NotRequired[dict[str, Any]]
+    #: An application deployed with ``serve.run``: its graph as the driver pickled it (see
+    #: :mod:`kubeserve.sdk.pickled_application`), base64; the replica loads it instead of
+    #: importing ``import_path`` (then ""). Absent: a declarative application.
+    app_graph: NotRequired[str]
     #: The application's route prefix: an ASGI ingress sees it as ``root_path``, as in Ray Serve
     #: (absent or "/": none).
     route_prefix: NotRequired[str | None]

@@ -15,6 +15,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_JSON_INT",
     "MAX_NAME_LENGTH",
+    "MAX_PICKLED_GRAPH_BYTES",
     "MAX_REPLICAS_PER_DEPLOYMENT",
     "MIN_JSON_INT",
     "MIN_PERIOD_S",
@@ -47,3 +48,8 @@ MAX_NAME_LENGTH = 100
 #: Floor of the periods that drive a loop (health checks and their timeout, the graceful
 #: shutdown poll, autoscaling metrics): below it a replica or the controller spins.
 MIN_PERIOD_S = 0.1
+
+#: A pickled application graph (``serve.run``'s, :mod:`kubeserve.sdk.pickled_application`): its
+#: classes, functions and bound arguments. A model's weights belong in the constructor (loaded
+#: where the replica runs), not in ``.bind()``'s arguments.
+MAX_PICKLED_GRAPH_BYTES = 4 * 1024 * 1024

@@ -18,6 +18,8 @@ __all__ = [
     "ReplicaID",
     "RequestContext",
     "get_replica_context",
+    "in_kubeserve_process",
+    "mark_kubeserve_process",
     "request_context",
     "set_replica_context",
 ]
@@ -63,6 +65,21 @@ def set_replica_context(context: ReplicaContext | None) -> None:
 
 def get_replica_context() -> ReplicaContext | None:
     return _replica
+
+
+_kubeserve_process = False
+
+
+def mark_kubeserve_process() -> None:
+    """Called by kubeserve's build and replica processes before they load user code: a
+    ``serve.run`` in that code (a script's top level, say) then returns at once instead of
+    deploying the application again and waiting for the build it runs in."""
+    global _kubeserve_process
+    _kubeserve_process = True
+
+
+def in_kubeserve_process() -> bool:
+    return _kubeserve_process
 
 
 @dataclass(frozen=True)

@@ -165,6 +165,24 @@ class KubernetesBackend:
                 written.append(await self._write_application(app, cr_name, owner, existing))
             await self._await_cached(written)
 
+    async def apply_imperative(
+        self, instance: dict[str, Any], config: dict[str, Any], graph: bytes
+    ) -> None:
+        """Not on Kubernetes yet: its build Jobs and replica pods import ``import_path``."""
+        raise RejectedError(
+            "serve.run (an imperative deploy of a pickled application) is supported by "
+            "kubeserve start only; on Kubernetes, deploy a config whose import_path names the "
+            "application in the image or a working_dir (serve deploy config.yaml, or kubectl "
+            "apply of a ServeApplication)"
+        )
+
+    async def delete_application(self, name: str) -> None:
+        async with self._lock, _kube_errors():
+            for obj in await self._applications():
+                if contract.application_name(obj) == name:
+                    cr_name = obj["metadata"]["name"]
+                    await self.kube.delete("ServeApplication", self.namespace, cr_name)
+
     def refusals(self, app_config: dict[str, Any]) -> list[ErrorDetail]:
         """Scaling to zero when pods cannot report to the operator (see
         :data:`~.autoscaling.SCALE_TO_ZERO_REFUSED`); the operator renders or reports everything

@@ -17,6 +17,7 @@ previous ingress before it learned the move is still served).
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -37,6 +38,7 @@ from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status_derivation import AppStatusInfo, BuildView, application_status
 from kubeserve.runtime import runtime_env as runtime_envs
 from kubeserve.runtime.runtime_env import PreparedEnv, RuntimeEnvError
+from kubeserve.schema.imperative import GRAPH_DIGEST_KEY
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,9 @@ class ApplicationState:
         self._cache_dir = cache_dir
         self.config: dict[str, Any] = {}
         self.deployed_at = 0.0
+        #: an application deployed with ``serve.run``: its pickled graph, which the build and
+        #: the replicas load instead of importing ``import_path`` (None: declarative)
+        self.pickled_graph: bytes | None = None
         self.build = BuildView("running")
         #: the latest successful build: what the deployments converge to
         self.graph: dict[str, Any] | None = None
@@ -106,18 +111,34 @@ class ApplicationState:
         adoption.stop_unwanted(unwanted, self._ctx.records, self._stopping)
 
     # -- desired state ---------------------------------------------------------------------------
-    def set_config(self, config: dict[str, Any], deployed_at: float) -> None:
+    def set_config(
+        self, config: dict[str, Any], deployed_at: float, pickled_graph: bytes | None = None
+    ) -> None:
+        """``pickled_graph`` is an imperative application's graph (its digest in ``config``)."""
         self.config, self.deployed_at = config, deployed_at
-        build_key = effective_config.fingerprint(
-            [config.get("import_path"), config.get("runtime_env"), config.get("args")]
-        )
+        self.pickled_graph = pickled_graph
+        build_inputs = [config.get("import_path"), config.get("runtime_env"), config.get("args")]
+        if GRAPH_DIGEST_KEY in config:
+            build_inputs.append(config[GRAPH_DIGEST_KEY])
+        build_key = effective_config.fingerprint(build_inputs)
         if build_key != self._build_key:
             self._build_key = build_key
             if self._build_task is not None:
                 self._build_task.cancel()
             self.build = BuildView("running")  # what the previous build runs keeps serving
-            log.info("application %r: building %s", self.name, config.get("import_path"))
+            log.info("application %r: building %s", self.name, self._code_source)
             self._build_task = asyncio.ensure_future(self._run_build(build_key))
+
+    @property
+    def api_type(self) -> str:
+        """Ray's ``APIType`` value: ``imperative`` for an application deployed with serve.run."""
+        return "declarative" if self.pickled_graph is None else "imperative"
+
+    @property
+    def _code_source(self) -> str:
+        if self.pickled_graph is not None:
+            return "the graph deployed with serve.run"
+        return str(self.config.get("import_path"))
 
     @property
     def route_prefix(self) -> str | None:
@@ -150,16 +171,18 @@ class ApplicationState:
         try:
             env = await self._prepare_env(None)
             child_env = self._ctx.child_env(env.env_vars, env.python_path)
+            if self.pickled_graph is not None:
+                args = ["--pickled"]
+            else:
+                args = [str(self.config["import_path"])]
+                args += ["--args", json.dumps(self.config.get("args") or {})]
             code, out, err = await processes.run_to_completion(
                 "kubeserve.runtime.build",
-                [
-                    str(self.config["import_path"]),
-                    "--args",
-                    json.dumps(self.config.get("args") or {}),
-                ],
+                args,
                 env=child_env,
                 cwd=env.cwd or self._ctx.base_dir,
                 timeout_s=_BUILD_TIMEOUT_S,
+                stdin=self.pickled_graph,
             )
             graph = _parse_build_output(code, out, err)
         except RuntimeEnvError as exc:
@@ -216,6 +239,8 @@ class ApplicationState:
                 self.retiring[name] = self.deployments.pop(name)
         for state in self.retiring.values():
             state.reconcile()
+        graph_bytes = self.pickled_graph
+        app_graph = None if graph_bytes is None else base64.b64encode(graph_bytes).decode()
         for name, effective in effective_config.graph_configs(self.config, wanted.values()).items():
             try:
                 env = await self._prepare_env(effective.actor_runtime_env)
@@ -232,9 +257,10 @@ class ApplicationState:
                 effective,
                 effective_config.replica_version(self.config, effective),
                 env,
-                str(self.config["import_path"]),
+                str(self.config.get("import_path", "")),
                 self.config.get("args") or {},
                 self.route_prefix,
+                app_graph=app_graph,
             )
             state.adopt_all(self._adoptable.pop(name, []))
             state.reconcile()

@@ -11,12 +11,17 @@ from aiohttp import web
 from kubeserve.backends.local.controller import Controller, LocalSettings
 from kubeserve.backends.local.details import instance_view
 from kubeserve.backends.local.state_lock import StateDirLock
-from kubeserve.backends.local.store import Store, move_aside
+from kubeserve.backends.local.store import IMPERATIVE, DesiredState, Store, move_aside
 from kubeserve.backends.protocol import ConflictError, NotFoundError, PreconditionFailedError
 from kubeserve.backends.signed import answer_load_report, refuse_unsigned
 from kubeserve.control import effective_config
 from kubeserve.control.details import instance_details
-from kubeserve.control.instance import external_scaler_disabled, immutable_option_conflict
+from kubeserve.control.instance import (
+    app_route_prefix,
+    external_scaler_disabled,
+    immutable_option_conflict,
+    prefix_in_use,
+)
 from kubeserve.runtime import wire
 from kubeserve.schema.errors import ErrorDetail
 from kubeserve.schema.status import ServeInstanceDetails
@@ -62,10 +67,58 @@ class LocalBackend:
     ) -> None:
         current = self.store.load()
         conflict = immutable_option_conflict(current.options if current else None, instance)
+        if single_app is None and not conflict:
+            # the imperative applications the config does not list keep running (as in Ray):
+            # a listed application may not take one of their routes
+            listed = {app.get("name", "") for app in applications}
+            kept = {
+                name: prefix
+                for name, prefix in self._live_prefixes(current).items()
+                if name not in listed and self._is_imperative(current, name)
+            }
+            conflict = next(
+                (
+                    found
+                    for app in applications
+                    if (found := prefix_in_use(app["name"], app_route_prefix(app, {}), kept))
+                ),
+                None,
+            )
         if conflict:
             raise ConflictError(conflict)
         self.store.replace(instance, applications, single_app)
         self.controller.wake()
+
+    async def apply_imperative(
+        self, instance: dict[str, Any], config: dict[str, Any], graph: bytes
+    ) -> None:
+        current = self.store.load()
+        live = self._live_prefixes(current)
+        conflict = prefix_in_use(config["name"], config.get("route_prefix"), live)
+        if conflict:
+            raise ConflictError(conflict)
+        self.store.put_imperative(instance, config, graph)
+        self.controller.wake()
+
+    async def delete_application(self, name: str) -> None:
+        self.store.delete_app(name)
+        self.controller.wake()
+
+    def _live_prefixes(self, desired: DesiredState | None) -> dict[str, str | None]:
+        """The route prefix of every stored application (as served once it runs)."""
+        prefixes: dict[str, str | None] = {}
+        for stored in desired.applications if desired is not None else []:
+            running = self.controller.apps.get(stored.name)
+            if running is not None and running.uid == stored.uid and not running.deleting:
+                prefixes[stored.name] = running.route_prefix
+            else:
+                prefixes[stored.name] = app_route_prefix(stored.config, {})
+        return prefixes
+
+    @staticmethod
+    def _is_imperative(desired: DesiredState | None, name: str) -> bool:
+        apps = desired.applications if desired is not None else []
+        return any(app.name == name and app.api_type == IMPERATIVE for app in apps)
 
     def refusals(self, app_config: dict[str, Any]) -> list[ErrorDetail]:
         """``runtime_env.image_uri`` names a container image; replicas here are local processes."""

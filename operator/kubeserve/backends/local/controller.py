@@ -28,7 +28,7 @@ from kubeserve.backends.local.private_files import private_dir
 from kubeserve.backends.local.process_records import ProcessRecords
 from kubeserve.backends.local.proxy_process import ProxyProcess
 from kubeserve.backends.local.snapshot import SnapshotPublisher
-from kubeserve.backends.local.store import DesiredState, Store
+from kubeserve.backends.local.store import IMPERATIVE, DesiredState, Store
 from kubeserve.control import autoscaling
 from kubeserve.control.autoscaling_state import CallerReports
 from kubeserve.runtime import channel, metrics, wire
@@ -300,7 +300,8 @@ class Controller:
             app.capacity = capacity
             try:
                 if app.config != stored.config or app.deployed_at != stored.deployed_at:
-                    app.set_config(stored.config, stored.deployed_at)
+                    graph = self.store.graph(name) if stored.api_type == IMPERATIVE else None
+                    app.set_config(stored.config, stored.deployed_at, graph)
                 await app.reconcile()
             except Exception:  # one application's failure must not hold up the others
                 log.exception("reconciling application %r failed", name)

@@ -165,6 +165,7 @@ class DeploymentState:
         self.name = name
         self.import_path = ""
         self.app_args: dict[str, Any] = {}
+        self.app_graph: str | None = None
         self.route_prefix: str | None = None
         self._ctx = context
         #: Ray's defaults until :meth:`set_target` (see :attr:`has_target`)
@@ -213,10 +214,14 @@ class DeploymentState:
         import_path: str,
         app_args: dict[str, Any] | None = None,
         route_prefix: str | None = None,
+        *,
+        app_graph: str | None = None,
     ) -> None:
-        """``version`` covers ``import_path``, ``app_args`` and ``env``: replicas of another
-        version are replaced (new ones start with these before old ones stop)."""
+        """``version`` covers ``import_path`` (or ``app_graph``, an imperative application's
+        pickled graph, base64), ``app_args`` and ``env``: replicas of another version are
+        replaced (new ones start with these before old ones stop)."""
         self.import_path = import_path
+        self.app_graph = app_graph
         self.app_args = dict(app_args or {})
         self.route_prefix = route_prefix
         if version != self.version:
@@ -536,6 +541,8 @@ class DeploymentState:
             "app_args": self.app_args,
             "route_prefix": self.route_prefix,
         }
+        if self.app_graph is not None:
+            replica_config["app_graph"] = self.app_graph
         if self.config.logging_config:
             replica_config["logging_config"] = dict(self.config.logging_config)
         fd = os.memfd_create(f"kubeserve-replica-{replica.replica_id}", os.MFD_CLOEXEC)

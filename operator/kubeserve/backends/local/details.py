@@ -85,6 +85,7 @@ def _accepted(stored: StoredApp) -> ApplicationDetailsView:
         message="",
         deployed_at=stored.deployed_at,
         config=stored.config,
+        api_type=stored.api_type,
     )
 
 
@@ -114,6 +115,7 @@ def _application(app: ApplicationState, node_id: str) -> ApplicationDetailsView:
         ],
         graph=app.graph,
         docs_path=(app.serving_graph or {}).get("docs_path"),
+        api_type=app.api_type,
     )
 
 

@@ -117,9 +117,16 @@ async def spawn(
 
 
 async def run_to_completion(
-    module: str, args: Sequence[str], *, env: Mapping[str, str], cwd: str | None, timeout_s: float
+    module: str,
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    timeout_s: float,
+    stdin: bytes | None = None,
 ) -> tuple[int, str, str]:
-    """Run ``python -m module args...`` and return (exit code, stdout, stderr).
+    """Run ``python -m module args...`` with ``stdin`` (none: an empty one) and return (exit
+    code, stdout, stderr).
 
     Whatever happens (completion, timeout, or the awaiting task being cancelled because the build
     is no longer wanted) the process and everything it started are killed before this returns.
@@ -129,7 +136,7 @@ async def run_to_completion(
         "-m",
         module,
         *args,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=dict(env),
@@ -138,7 +145,7 @@ async def run_to_completion(
         start_new_session=True,
     )
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout_s)
     except TimeoutError:
         return -1, "", f"timed out after {timeout_s:.0f} s"
     finally:

@@ -41,9 +41,15 @@ CREATE TABLE IF NOT EXISTS applications (
     config TEXT NOT NULL,
     deployed_at REAL NOT NULL,
     position INTEGER NOT NULL,
-    uid TEXT NOT NULL DEFAULT ''
+    uid TEXT NOT NULL DEFAULT '',
+    api_type TEXT NOT NULL DEFAULT 'declarative',
+    graph BLOB
 );
 """
+
+#: :attr:`StoredApp.api_type` of an application deployed by a config (a PUT) and by
+#: ``serve.run`` (Ray's ``APIType`` values).
+DECLARATIVE, IMPERATIVE = "declarative", "imperative"
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,9 @@ class StoredApp:
     #: this incarnation of the name: new when the application is created (again, after a DELETE
     #: or a PUT that left it out), kept across config changes
     uid: str = ""
+    #: :data:`DECLARATIVE` or :data:`IMPERATIVE`; an imperative application's pickled graph is
+    #: read with :meth:`Store.graph` (its digest is in ``config``)
+    api_type: str = DECLARATIVE
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,12 @@ class Store:
         with self._transaction():
             if "uid" not in columns:
                 self._db.execute("ALTER TABLE applications ADD COLUMN uid TEXT NOT NULL DEFAULT ''")
+            if "api_type" not in columns:
+                self._db.execute(
+                    "ALTER TABLE applications ADD COLUMN api_type TEXT NOT NULL "
+                    f"DEFAULT '{DECLARATIVE}'"
+                )
+                self._db.execute("ALTER TABLE applications ADD COLUMN graph BLOB")
             unnamed = self._db.execute("SELECT name FROM applications WHERE uid = ''").fetchall()
             for (name,) in unnamed:
                 self._db.execute(
@@ -123,9 +138,10 @@ class Store:
         if row is None:
             return None
         apps = [
-            StoredApp(name, json.loads(config), deployed_at, uid)
-            for name, config, deployed_at, uid in self._db.execute(
-                "SELECT name, config, deployed_at, uid FROM applications ORDER BY position"
+            StoredApp(name, json.loads(config), deployed_at, uid, api_type)
+            for name, config, deployed_at, uid, api_type in self._db.execute(
+                "SELECT name, config, deployed_at, uid, api_type FROM applications "
+                "ORDER BY position"
             )
         ]
         single = json.loads(row[1]) if row[1] is not None else None
@@ -137,29 +153,29 @@ class Store:
         applications: list[dict[str, Any]],
         single_app: dict[str, Any] | None,
     ) -> None:
-        """Make this the whole desired state; ``deployed_at`` moves only for changed configs."""
+        """Make these the declarative applications (Ray's ``apply_app_configs``): the
+        imperative ones not listed stay (after them), unless ``single_app`` is given (the
+        single-application PUT, whose application becomes the only one); a listed name that was
+        imperative becomes declarative. ``deployed_at`` moves only for changed configs."""
         now = time.time()
         names = [app.get("name", "") for app in applications]
         with self._transaction():
-            previous = self._db.execute("SELECT started_at FROM instance").fetchone()
-            started_at = previous[0] if previous else now
-            self._db.execute(
-                "INSERT OR REPLACE INTO instance (id, options, single_app, started_at) "
-                "VALUES (1, ?, ?, ?)",
-                (_dump(options), _dump(single_app) if single_app is not None else None, started_at),
-            )
+            self._write_instance(options, single_app, now)
             old = {
-                name: (config, uid)
-                for name, config, uid in self._db.execute(
-                    "SELECT name, config, uid FROM applications"
+                name: (config, uid, api_type)
+                for name, config, uid, api_type in self._db.execute(
+                    "SELECT name, config, uid, api_type FROM applications"
                 )
             }
             placeholders = ",".join("?" * len(names))
-            self._db.execute(f"DELETE FROM applications WHERE name NOT IN ({placeholders})", names)
+            kept = "" if single_app is not None else f" AND api_type != '{IMPERATIVE}'"
+            self._db.execute(
+                f"DELETE FROM applications WHERE name NOT IN ({placeholders}){kept}", names
+            )
             for position, (name, app) in enumerate(zip(names, applications, strict=True)):
                 config = _dump(app)
-                old_config, uid = old.get(name, (None, _new_uid()))
-                if old_config == config:
+                old_config, uid, old_type = old.get(name, (None, _new_uid(), DECLARATIVE))
+                if old_config == config and old_type == DECLARATIVE:
                     self._db.execute(
                         "UPDATE applications SET position = ? WHERE name = ?", (position, name)
                     )
@@ -169,6 +185,59 @@ class Store:
                     "(name, config, deployed_at, position, uid) VALUES (?, ?, ?, ?, ?)",
                     (name, config, now, position, uid),
                 )
+            self._db.execute(
+                f"UPDATE applications SET position = position + ? WHERE api_type = '{IMPERATIVE}'",
+                (len(names),),
+            )
+
+    def put_imperative(self, options: dict[str, Any], config: dict[str, Any], graph: bytes) -> None:
+        """Add or replace one application deployed with ``serve.run`` (the others stay);
+        ``options`` start the serving layer when it is not running. The same config and graph
+        again change nothing."""
+        now = time.time()
+        name = config["name"]
+        with self._transaction():
+            if self._db.execute("SELECT 1 FROM instance").fetchone() is None:
+                self._write_instance(options, None, now)
+            else:  # the single-application family's one application is no longer the only one
+                self._db.execute("UPDATE instance SET single_app = NULL")
+            row = self._db.execute(
+                "SELECT config, uid, api_type, position FROM applications WHERE name = ?", (name,)
+            ).fetchone()
+            if row is not None and row[0] == _dump(config) and row[2] == IMPERATIVE:
+                return
+            if row is None:
+                (last,) = self._db.execute("SELECT MAX(position) FROM applications").fetchone()
+                uid, position = _new_uid(), (-1 if last is None else last) + 1
+            else:
+                uid, position = row[1], row[3]
+            self._db.execute(
+                "INSERT OR REPLACE INTO applications "
+                "(name, config, deployed_at, position, uid, api_type, graph) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (name, _dump(config), now, position, uid, IMPERATIVE, graph),
+            )
+
+    def delete_app(self, name: str) -> None:
+        """Remove application ``name`` of either kind (a no-op when there is none)."""
+        with self._transaction():
+            self._db.execute("DELETE FROM applications WHERE name = ?", (name,))
+
+    def graph(self, name: str) -> bytes | None:
+        """The pickled graph of imperative application ``name`` (None: not imperative)."""
+        row = self._db.execute("SELECT graph FROM applications WHERE name = ?", (name,)).fetchone()
+        return None if row is None or row[0] is None else bytes(row[0])
+
+    def _write_instance(
+        self, options: dict[str, Any], single_app: dict[str, Any] | None, now: float
+    ) -> None:
+        previous = self._db.execute("SELECT started_at FROM instance").fetchone()
+        started_at = previous[0] if previous else now
+        self._db.execute(
+            "INSERT OR REPLACE INTO instance (id, options, single_app, started_at) "
+            "VALUES (1, ?, ?, ?)",
+            (_dump(options), _dump(single_app) if single_app is not None else None, started_at),
+        )
 
     def clear(self) -> None:
         with self._transaction():

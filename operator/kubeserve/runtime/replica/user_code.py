@@ -8,13 +8,14 @@ client sees.
 
 from __future__ import annotations
 
+import base64
 import functools
 import inspect
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from kubeserve.runtime import wire
-from kubeserve.runtime.build import load_application
+from kubeserve.runtime.build import load_application, load_pickled_application
 from kubeserve.runtime.thread_hop import run_sync
 from kubeserve.sdk import context
 from kubeserve.sdk.application import GraphNode, map_nodes
@@ -180,13 +181,20 @@ class UserCode:
 
 
 def find_node(config: wire.ReplicaConfig) -> GraphNode:
-    """This replica's deployment in the graph its config's ``import_path`` builds."""
-    nodes = load_application(config["import_path"], config.get("app_args")).deployments()
+    """This replica's deployment in the graph its config's ``app_graph`` holds (an application
+    deployed with ``serve.run``), else in the one its ``import_path`` builds."""
+    pickled = config.get("app_graph")
+    if pickled:
+        app = load_pickled_application(base64.b64decode(pickled))
+        source = "the application deployed with serve.run"
+    else:
+        app = load_application(config["import_path"], config.get("app_args"))
+        source = f"the application at {config['import_path']!r}"
+    nodes = app.deployments()
     for node in nodes:
         if node.name == config["deployment"]:
             return node
     names = ", ".join(node.name for node in nodes)
     raise ReplicaStartupError(
-        f"deployment {config['deployment']!r} is not in the application at "
-        f"{config['import_path']!r} (deployments: {names})"
+        f"deployment {config['deployment']!r} is not in {source} (deployments: {names})"
     )

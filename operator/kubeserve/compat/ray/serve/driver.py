@@ -3,9 +3,10 @@ running kubeserve instance, from a script or a notebook.
 
 The instance is reached the way the ``kubeserve`` command reaches it: the admin API at
 ``KUBESERVE_ADDRESS`` (default ``http://127.0.0.1:8265``, token ``KUBESERVE_AUTH_TOKEN``).
-kubeserve deploys by config, so ``serve.run(app)`` sends the config of the running applications
-with ``app`` added (or replaced) under its ``name``; the application must live in a module the
-instance can import (it is named by ``module:attribute``, as in a config).
+``serve.run(app)`` deploys imperatively, as Ray does: the application object itself, pickled,
+over the admin API (``PUT /api/kubeserve/applications/{name}``); the instance's build and
+replicas load it instead of importing a module, and a later config PUT that does not list it
+leaves it running.
 
 Every call goes through kubeserve's one admin client
 (:class:`~kubeserve.admin_client.AdminClient`, the one behind the ``kubeserve`` command), run on
@@ -22,11 +23,12 @@ the user who runs the instance can read it). Calls from any thread or event loop
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
-import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,12 +36,19 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from kubeserve.admin_client import APPLICATIONS_PATH, DEFAULT_ADDRESS, AdminClient, AdminError
+from kubeserve.admin_client import (
+    APPLICATION_PATH,
+    APPLICATIONS_PATH,
+    DEFAULT_ADDRESS,
+    AdminClient,
+    AdminError,
+)
 from kubeserve.compat.ray.serve.exceptions import RayServeException
 from kubeserve.runtime.handle_client import HandleClient
 from kubeserve.sdk import context, transport
 from kubeserve.sdk.application import Application
 from kubeserve.sdk.handle import DeploymentHandle
+from kubeserve.sdk.pickled_application import pickle_application
 
 __all__ = [
     "ApplicationStatusOverview",
@@ -130,54 +139,8 @@ def status() -> ServeStatus:
 # -- deploying ------------------------------------------------------------------------------------
 
 
-def _running_configs() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The serving layer's http_options and the config of every application, as deployed."""
-    details = _request("GET", APPLICATIONS_PATH)
-    configs = [
-        dict(app["deployed_app_config"])
-        for app in details.get("applications", {}).values()
-        if app.get("deployed_app_config")
-    ]
-    http = details.get("http_options") or {}
-    return {k: http[k] for k in ("host", "port") if k in http}, configs
-
-
-def _put(http_options: dict[str, Any], applications: list[dict[str, Any]]) -> None:
-    body: dict[str, Any] = {"applications": applications}
-    if http_options:
-        body["http_options"] = http_options
-    _request("PUT", APPLICATIONS_PATH, body)
-
-
-def import_path_of(target: Application) -> str:
-    """``module:attribute`` naming ``target``: a module-level variable of an imported module, else
-    of the script being run (named after its file)."""
-    main = sys.modules.get("__main__")
-    for module_name, module in list(sys.modules.items()):
-        if module is main or module_name.startswith(("kubeserve.", "ray.")):
-            continue
-        found = _attribute_holding(module, target)
-        if found is not None:
-            return f"{module_name}:{found}"
-    found = _attribute_holding(main, target)
-    if found is not None and main is not None:
-        spec = getattr(main, "__spec__", None)
-        file = getattr(main, "__file__", None)
-        if spec is not None and spec.name != "__main__":
-            return f"{spec.name}:{found}"
-        if file:
-            return f"{Path(file).stem}:{found}"
-    raise RayServeException(
-        "serve.run on kubeserve deploys by import path: bind the application to a module-level "
-        "variable of an importable module (for example `app = Model.bind()` in my_app.py)"
-    )
-
-
-def _attribute_holding(module: Any, target: Any) -> str | None:
-    try:
-        return next((name for name, value in vars(module).items() if value is target), None)
-    except TypeError:
-        return None
+def _application_path(name: str) -> str:
+    return APPLICATION_PATH.format(name=urllib.parse.quote(name, safe=""))
 
 
 def _wait(name: str, timeout_s: float) -> None:
@@ -203,23 +166,32 @@ def run(
     *,
     timeout_s: float = 120.0,
 ) -> DeploymentHandle:
-    """Deploy ``target`` as application ``name`` (other applications keep running), wait until
-    it runs and return a handle to its ingress; ``blocking`` then waits until interrupted."""
+    """Deploy the application object ``target`` as application ``name`` (other applications
+    keep running), wait until it runs and return a handle to its ingress; ``blocking`` then
+    waits until interrupted.
+
+    ``target`` is pickled here (:mod:`kubeserve.sdk.pickled_application`: code of ``__main__`` and
+    of the script's own modules by value) and sent to the instance, so it may be defined
+    anywhere: at a script's top level, in a function, under ``if __name__ == "__main__":``, in a
+    notebook cell. In kubeserve's own build and replica processes (a module deployed by its
+    import path that calls ``serve.run`` at its top level) it deploys nothing and returns a
+    handle at once: the build must never wait on itself.
+    """
     if _local_testing_mode:
         raise RayServeException("kubeserve has no local testing mode; run a kubeserve instance")
     if not isinstance(target, Application):
         raise TypeError("serve.run takes a bound application (Deployment.bind(...))")
-    http_options, configs = _running_configs()
-    config: dict[str, Any] = {
-        "name": name,
+    if context.in_kubeserve_process():
+        return DeploymentHandle(name, target.name)
+    body: dict[str, Any] = {
         "route_prefix": route_prefix,
-        "import_path": import_path_of(target),
+        "graph": base64.b64encode(pickle_application(target)).decode(),
     }
     if logging_config is not None:
-        config["logging_config"] = logging_config
+        body["logging_config"] = _plain_logging_config(logging_config)
     if external_scaler_enabled:
-        config["external_scaler_enabled"] = True
-    _put(http_options, [*(c for c in configs if c.get("name") != name), config])
+        body["external_scaler_enabled"] = True
+    _request("PUT", _application_path(name), body, timeout_s=60)
     _wait(name, timeout_s)
     handle = get_app_handle(name)
     while blocking:
@@ -227,12 +199,15 @@ def run(
     return handle
 
 
+def _plain_logging_config(logging_config: Any) -> Any:
+    """A ``LoggingConfig`` model as the dict a config would hold; a dict as it is."""
+    dump = getattr(logging_config, "model_dump", None)
+    return dump(mode="json", exclude_unset=True) if callable(dump) else logging_config
+
+
 def delete(name: str, _blocking: bool = True) -> None:
-    """Remove application ``name`` (the others keep running)."""
-    http_options, configs = _running_configs()
-    if not any(c.get("name") == name for c in configs):
-        return
-    _put(http_options, [c for c in configs if c.get("name") != name])
+    """Remove application ``name``, however it was deployed (the others keep running)."""
+    _request("DELETE", _application_path(name))
     deadline = time.monotonic() + 60
     while _blocking and time.monotonic() < deadline:
         if name not in _request("GET", APPLICATIONS_PATH).get("applications", {}):

@@ -26,11 +26,8 @@ from typing import Any
 
 from kubeserve.backends.local import adoption, processes
 from kubeserve.backends.local.adoption import AdoptedReplica
-from kubeserve.backends.local.deployment_state import (
-    DISCOVERY_SETTLE_S,
-    DeploymentState,
-    ReplicaContext,
-)
+from kubeserve.backends.local.deployment_state import DISCOVERY_SETTLE_S, DeploymentState
+from kubeserve.backends.local.replica_context import ReplicaContext
 from kubeserve.control import effective_config
 from kubeserve.control.autoscaling import Direction
 from kubeserve.control.instance import app_route_prefix

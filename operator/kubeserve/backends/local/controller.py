@@ -23,10 +23,11 @@ from kubeserve.backends.local import adoption, processes
 from kubeserve.backends.local.adoption import AdoptedReplica
 from kubeserve.backends.local.application_state import ApplicationState
 from kubeserve.backends.local.capacity import DEFAULT_START_SLOTS, Capacity, instance_resources
-from kubeserve.backends.local.deployment_state import DeploymentState, ReplicaContext, metrics_dir
+from kubeserve.backends.local.deployment_state import DeploymentState
 from kubeserve.backends.local.private_files import private_dir
 from kubeserve.backends.local.process_records import ProcessRecords
 from kubeserve.backends.local.proxy_process import ProxyProcess
+from kubeserve.backends.local.replica_context import ReplicaContext, metrics_dir
 from kubeserve.backends.local.snapshot import SnapshotPublisher
 from kubeserve.backends.local.store import DesiredState, Store
 from kubeserve.control import autoscaling

@@ -204,9 +204,9 @@ class ApplicationState:
             known = self.deployments.get(name) or self.retiring.pop(name, None)
             state = known or DeploymentState(self.name, name, self._ctx, self.uid)
             self.deployments[name] = state
-            state.set_capacity(*self.capacity)
+            state.scaling.set_capacity(*self.capacity)
             if not self.config.get("external_scaler_enabled"):
-                state.external_target = None
+                state.scaling.external_target = None
             state.set_target(
                 effective,
                 effective_config.replica_version(self.config, effective),

@@ -314,8 +314,8 @@ class Controller:
             if app.deleting:
                 continue
             for deployment in app.deployments.values():
-                if deployment.autoscale_due(now):
-                    task = asyncio.ensure_future(deployment.autoscale())
+                if deployment.scaling.due(now):
+                    task = asyncio.ensure_future(deployment.scaling.read_and_decide())
                     self._autoscaling.add(task)
                     task.add_done_callback(self._autoscaling.discard)
 
@@ -331,7 +331,7 @@ class Controller:
         for key, count in self._caller_reports.update(caller_id, queued).items():
             deployment = self.deployment(*wire.split_deployment_key(key))
             if deployment is not None:
-                deployment.record_queued(caller_id, count)
+                deployment.scaling.record_queued(caller_id, count)
 
     async def _reconcile_proxy(self, desired: DesiredState | None) -> None:
         assert self._proxy is not None

@@ -20,12 +20,11 @@ from typing import Any
 
 from kubeserve.backends.local import processes
 from kubeserve.backends.local.adoption import AdoptedReplica
+from kubeserve.backends.local.autoscaling import DeploymentScaling
 from kubeserve.backends.local.process_records import ReplicaRecord
 from kubeserve.backends.local.replica_context import ReplicaContext
 from kubeserve.backends.local.replica_process import ReplicaProcess, ReplicaSpec
 from kubeserve.control import backoff, placement
-from kubeserve.control.autoscaling import Direction
-from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
 from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.control.status_derivation import DeploymentView, ReplicaStateValue, ReplicaView
 from kubeserve.control.user_config import needs_push
@@ -67,14 +66,9 @@ class DeploymentState:
         self.failure_streak = 0
         self._backoff_until = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
-        #: the instance's ``target_capacity`` and its direction (see :mod:`control.autoscaling`)
-        self.target_capacity: float | None = None
-        self.capacity_direction: Direction | None = None
-        #: owns the target of an autoscaling deployment (``None`` for a fixed count)
-        self.autoscaler: DeploymentAutoscaler | None = None
-        #: the count set through the external scaling API (``external_scaler_enabled``)
-        self.external_target: int | None = None
-        self._reading_metrics = False
+        #: how many replicas it wants (autoscaled, set externally, or fixed)
+        self.scaling = DeploymentScaling(self._label, self.running_replicas, context.wake)
+        self.scaling.set_config(self.config)
 
     # -- desired state ---------------------------------------------------------------------------
     @property
@@ -109,82 +103,15 @@ class DeploymentState:
         for replica in self.replicas.values():
             replica.config = config
         self.user_config_version = config.user_config_version
-        self._configure_autoscaler()
-
-    def set_capacity(self, target_capacity: float | None, direction: Direction | None) -> None:
-        self.target_capacity, self.capacity_direction = target_capacity, direction
-        self._configure_autoscaler()
-
-    def _configure_autoscaler(self) -> None:
-        raw = self.config.autoscaling_config
-        now = time.time()
-        if not raw:
-            self.autoscaler = None
-        elif self.autoscaler is None:
-            self.autoscaler = DeploymentAutoscaler(
-                raw, now, self.target_capacity, self.capacity_direction
-            )
-        else:
-            self.autoscaler.reconfigure(raw, now, self.target_capacity, self.capacity_direction)
+        self.scaling.set_config(config)
 
     @property
     def target(self) -> int:
-        if self.autoscaler is not None:
-            return self.autoscaler.target
-        if self.external_target is not None:
-            return self.external_target
-        return self.config.target_replicas(self.target_capacity)
+        return self.scaling.target
 
-    # -- autoscaling -----------------------------------------------------------------------------
+    # -- serving ---------------------------------------------------------------------------------
     def running_replicas(self) -> list[ReplicaProcess]:
         return [r for r in self.replicas.values() if r.serving]
-
-    def autoscale_due(self, now: float) -> bool:
-        """Whether it is time to read the replicas' load and decide again."""
-        scaler = self.autoscaler
-        return scaler is not None and not self._reading_metrics and now >= scaler.next_read_at
-
-    async def autoscale(self) -> None:
-        """Read every running replica's load, decide, and wake the controller on a change."""
-        scaler = self.autoscaler
-        if scaler is None:
-            return
-        self._reading_metrics = True
-        scaler.next_read_at = time.time() + scaler.config.metrics_interval_s
-        try:
-            running = self.running_replicas()
-            loads = await asyncio.gather(*(self._read_load(r) for r in running))
-            now = time.time()
-            for replica, load in zip(running, loads, strict=True):
-                if load is not None:
-                    scaler.record_replica(replica.replica_id, load, now)
-            scaler.forget_replicas(r.replica_id for r in running)
-            self._decide(now)
-        finally:
-            self._reading_metrics = False
-
-    def record_queued(self, caller_id: str, queued: int) -> None:
-        """A caller's report of requests waiting for this deployment (see
-        :mod:`kubeserve.runtime.load_report`); a request waiting on zero replicas decides now."""
-        scaler = self.autoscaler
-        if scaler is None:
-            return
-        now = time.time()
-        scaler.record_queued(caller_id, queued, now)
-        if queued and not self.running_replicas():
-            self._decide(now)
-
-    def _decide(self, now: float) -> None:
-        assert self.autoscaler is not None
-        before = self.autoscaler.target
-        if self.autoscaler.step(len(self.running_replicas()), now):
-            log.info("%s: %s", self._label, self.autoscaler.decisions[-1].reason)
-            if self.autoscaler.target != before:
-                self._ctx.wake()
-
-    async def _read_load(self, replica: ReplicaProcess) -> ReplicaLoad | None:
-        samples = await replica.read_metrics(5.0)
-        return None if samples is None else ReplicaLoad.from_metrics(samples)
 
     # -- observation -----------------------------------------------------------------------------
     def view(self) -> DeploymentView:
@@ -320,8 +247,8 @@ class DeploymentState:
         count (within its bounds), not from its initial target."""
         for replica in replicas:
             self.adopt(replica.record, replica.proc)
-        if replicas and self.autoscaler is not None:
-            self.autoscaler.adopt(sum(1 for r in replicas if r.record.version == self.version))
+        if replicas:
+            self.scaling.adopt(sum(1 for r in replicas if r.record.version == self.version))
 
     def adopt(self, record: ReplicaRecord, proc: processes.AdoptedProcess) -> None:
         """Take over a replica an earlier ``kubeserve start`` left serving (its identity was

@@ -133,7 +133,7 @@ def _deployment(
         )
         for replica in state.replicas.values()
     ]
-    scaler = state.autoscaler
+    scaler = state.scaling.autoscaler
     autoscaling = None if scaler is None else scaler.detail(len(state.running_replicas()))
     view = DeploymentDetailsView(
         state.name, state.config, state.target, replicas, autoscaling=autoscaling

@@ -24,7 +24,7 @@ from kubeserve.backends.local.autoscaling import DeploymentScaling
 from kubeserve.backends.local.process_records import ReplicaRecord
 from kubeserve.backends.local.replica_context import ReplicaContext
 from kubeserve.backends.local.replica_process import ReplicaProcess, ReplicaSpec
-from kubeserve.control import backoff, placement
+from kubeserve.control import backoff, placement, rollout
 from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.control.status_derivation import DeploymentView, ReplicaStateValue, ReplicaView
 from kubeserve.control.user_config import needs_push
@@ -158,17 +158,12 @@ class DeploymentState:
             self._start_what_fits(missing, old)
         elif missing <= 0:
             self.unschedulable = ""
-        if missing < 0:
-            for replica in _stop_order(current)[:-missing]:
-                self._stop(replica)
-        serving_current = sum(1 for r in current if r.serving)
-        # Rolling replacement: an old replica goes only once a new one serves in its place, and
-        # proxies and handles have had DISCOVERY_SETTLE_S to learn of the new one (otherwise the
-        # old one could be the only replica they know of when it stops taking requests).
-        settled = sum(1 for r in current if r.serving and _settled(r))
-        for replica in _stop_order(old)[: len(old) - max(0, self.target - settled)]:
-            self._stop(replica)
-        if settled < serving_current and old:
+        # Surplus replicas, and replaced ones once new ones serve and are known (control.rollout)
+        step = rollout.rollout_step(_rollout(current), _rollout(old), self.target)
+        for replica_id in step.stop:
+            self._stop(self.replicas[replica_id])
+        serving_current = step.serving
+        if step.settled < serving_current and old:
             asyncio.get_running_loop().call_later(DISCOVERY_SETTLE_S, self._ctx.wake)
         for replica in current:
             if (
@@ -208,7 +203,7 @@ class DeploymentState:
         )
         if start == 0 and old and not any(r.state == "STOPPING" for r in self.replicas.values()):
             # A rolling update on a full instance: free one old replica's resources for a new one.
-            self._stop(_stop_order(old)[0])
+            self._stop(self.replicas[rollout.stop_order(_rollout(old))[0].replica_id])
 
     # -- replica lifecycle ---------------------------------------------------------------------
     def _new_replica(self, replica_id: str, version: str, port: int) -> ReplicaProcess:
@@ -318,11 +313,14 @@ class DeploymentState:
         task.add_done_callback(self._tasks.discard)
 
 
-def _stop_order(replicas: list[ReplicaProcess]) -> list[ReplicaProcess]:
-    """Replicas to stop first: those not serving yet, then the newest."""
-    return sorted(replicas, key=lambda r: (r.state == "RUNNING", -r.start_time_s))
-
-
-def _settled(replica: ReplicaProcess) -> bool:
-    """Running long enough for proxies and handles to know of it."""
-    return time.monotonic() - replica.ready_at >= DISCOVERY_SETTLE_S
+def _rollout(replicas: list[ReplicaProcess]) -> list[rollout.RolloutReplica]:
+    now = time.monotonic()
+    return [
+        rollout.RolloutReplica(
+            replica_id=r.replica_id,
+            running=r.serving,
+            settled=now - r.ready_at >= DISCOVERY_SETTLE_S,
+            start_time_s=r.start_time_s,
+        )
+        for r in replicas
+    ]

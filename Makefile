@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 K8S_VERSION ?= v1.36.3
 K8S_DIR    := $(CACHE)/k8s/$(K8S_VERSION)
 
-.PHONY: run test check format venv ray-client chromium clean
+.PHONY: run test check format venv ray-client chromium clean faults
 
 venv: $(BIN)/.installed
 
@@ -96,6 +96,12 @@ test: venv ray-client $(NODE_FOR_TEST) helm chromium
 .PHONY: test-fast
 test-fast: venv
 	$(BIN)/python -m pytest tests/unit tests/runtime -q $(PYTEST_ARGS)
+
+## The fault table of `kubeserve start` under load (kill -9 of the controller, of the proxy, of a
+## replica; a full state disk, as root): sent, failed, run twice and the longest gap of each, printed.
+.PHONY: faults
+faults: venv
+	$(BIN)/python -m pytest tests/e2e/test_faults.py tests/e2e/test_disk_full.py -q -s $(PYTEST_ARGS)
 
 ## Format, lint, types and import-layer contracts.
 check: venv

@@ -5,6 +5,7 @@ proxy's port with aiohttp's ``ws_connect`` as a client would reach Ray Serve."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 
 import aiohttp
@@ -122,6 +123,25 @@ def test_a_message_over_the_size_limit_closes_with_1009(ks: Kubeserve) -> None:
             assert closing.data == 1009
 
     run(go())
+
+
+def test_a_message_far_over_the_size_limit_still_gets_its_1009(ks: Kubeserve) -> None:
+    """The client is still sending its message when the replica refuses it: the 1009 must
+    reach it through the proxy all the same, not a reset connection."""
+
+    async def go() -> None:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(ws_url(ks, "/ws/bytes")) as ws,
+        ):
+            with contextlib.suppress(ConnectionError):
+                await ws.send_bytes(b"x" * (LIMIT * 128))  # 8 MiB
+            closing = await ws.receive(timeout=10)
+            assert closing.type == aiohttp.WSMsgType.CLOSE, closing
+            assert closing.data == 1009
+
+    for _ in range(3):
+        run(go())
 
 
 def test_unknown_routes_and_plain_deployments_refuse_the_handshake(ks: Kubeserve) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -17,6 +18,7 @@ from aiohttp import web
 
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.proxy import ProxyServer
+from kubeserve.runtime.proxy.exchange import BUFFER_BEFORE_SLOT
 from kubeserve.runtime.wire import UNSERVED_HEADER, DeploymentEndpoints, Route, Snapshot
 from support.channel_front import SECRET, ChannelFront, signed_ok
 from support.common import run, wait_until
@@ -37,6 +39,7 @@ class FakeReplica:
         self.shutting_down = False  # answer as a draining replica does: 503, never started
         self.release = asyncio.Event()
         self.sockets_closed = 0  # WebSockets whose handler saw the end
+        self.streams_ended = 0  # endless streams whose handler saw the end
         self.runner: web.AppRunner | None = None
         self.port = 0
 
@@ -109,6 +112,15 @@ class FakeReplica:
             return web.json_response({"size": len(body)}, headers=headers)
         if tail == "big":
             return web.Response(body=b"x" * BIG, headers=headers)
+        if tail == "endless":  # streams until the client leaves
+            resp = web.StreamResponse(headers=headers)
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            try:
+                while True:
+                    await resp.write(b"e" * 65536)
+            finally:
+                self.streams_ended += 1
         if tail == "chunks":
             resp = web.StreamResponse(headers=headers)
             resp.enable_chunked_encoding()
@@ -481,9 +493,10 @@ def test_client_disconnect_mid_request_releases_the_slot() -> None:
         assert c.in_flight() == 1
         writer.close()
         await wait_until(lambda: c.in_flight() == 0)
-        # a body that never finishes arriving, then the client leaves
+        # a large body (streamed on its slot) that never finishes arriving, then the client leaves
         _, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
-        writer.write(b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\npartial")
+        head = b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (4 * BIG)
+        writer.write(head + b"p" * (BUFFER_BEFORE_SLOT + 1))
         await wait_until(lambda: c.in_flight() == 1)
         writer.close()
         await wait_until(lambda: c.in_flight() == 0)
@@ -849,10 +862,11 @@ def test_slowloris_connections_are_closed_after_the_head_timeout() -> None:
     scenario(body, limits=LIMITS)
 
 
-def test_a_stalled_upload_is_answered_408_and_gives_its_slot_back() -> None:
+def test_a_stalled_large_upload_is_answered_408_and_gives_its_slot_back() -> None:
     async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
-        writer.write(b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\npartial")
+        head = b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % BIG
+        writer.write(head + b"p" * (BUFFER_BEFORE_SLOT + 1))  # streams: it takes the one slot
         await wait_until(lambda: c.in_flight() == 1)
         async with s.get(c.url + "/a/x") as resp:  # waits for the one slot, then gets it
             assert resp.status == 200
@@ -861,7 +875,83 @@ def test_a_stalled_upload_is_answered_408_and_gives_its_slot_back() -> None:
         assert status_of(answer) == 408
         await wait_until(lambda: c.in_flight() == 0)
 
-    scenario(body, cap=1, limits=LIMITS)
+    scenario(body, cap=1, limits=dataclasses.replace(LIMITS, max_body_bytes=None))
+
+
+def test_a_stalled_small_upload_holds_no_slot_and_never_reaches_a_replica() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        a0 = c.replicas["a0"]
+        stalled = []
+        for size in (100, BUFFER_BEFORE_SLOT):  # sized, and chunked, bodies within the bound
+            reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+            head = b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size
+            writer.write(head + b"p" * (size - 10))
+            stalled.append((reader, writer))
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        writer.write(b"POST /a/size HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(b"10\r\n" + b"c" * 16 + b"\r\n")
+        stalled.append((reader, writer))
+        await asyncio.sleep(0.2)  # let the proxy read them: none may take the only slot
+        started = asyncio.get_running_loop().time()
+        for _ in range(3):  # served at once, not after the stalled uploads' 408
+            async with s.get(c.url + "/a/x") as resp:
+                assert resp.status == 200
+        assert asyncio.get_running_loop().time() - started < 1.5
+        assert c.in_flight() == 0
+        for reader, writer in stalled:
+            answer = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            assert status_of(answer) == 408
+        assert a0.hits["/a/size"] == 0  # a request the replica never had whole never reached it
+        # a complete body that came in pieces is served as before
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+        writer.write(b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\n\r\nabcd")
+        await asyncio.sleep(0.05)
+        assert c.in_flight() == 0
+        writer.write(b"efgh")
+        _, answer = await read_response(reader)
+        writer.close()
+        assert json.loads(answer) == {"size": 8}
+
+    scenario(
+        body, cap=1, limits=dataclasses.replace(LIMITS, body_timeout_s=2.0, max_body_bytes=None)
+    )
+
+
+def test_a_client_that_stops_reading_a_stream_is_aborted_and_its_slot_freed() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills soon
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", c.proxy.port))
+        _, writer = await asyncio.open_connection(sock=sock)
+        writer.write(b"GET /a/endless HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.transport.pause_reading()  # a client that takes nothing
+        await wait_until(lambda: c.in_flight() == 1)
+        started = asyncio.get_running_loop().time()
+        await wait_until(lambda: c.in_flight() == 0, 10)
+        assert asyncio.get_running_loop().time() - started < 5
+        await wait_until(lambda: c.replicas["a0"].streams_ended == 1)
+        writer.transport.abort()
+        async with s.get(c.url + "/a/x") as resp:  # the one slot serves others again
+            assert resp.status == 200
+
+    scenario(body, cap=1, limits=dataclasses.replace(LIMITS, send_timeout_s=1.0))
+
+
+def test_a_websocket_client_that_reads_nothing_is_aborted_and_its_slot_freed() -> None:
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        ws = await s.ws_connect(c.url + "/a/b/ws", max_msg_size=0)
+        assert c.in_flight() == 1
+        ws._response.connection.transport.pause_reading()  # type: ignore[union-attr]
+        blob = b"w" * (1024 * 1024)
+        with contextlib.suppress(ConnectionError):
+            for _ in range(64):  # echoed back to a client that reads none of it
+                await ws.send_bytes(blob)
+        await wait_until(lambda: c.in_flight() == 0, 10)
+        await ws.close()
+
+    scenario(body, limits=dataclasses.replace(LIMITS, send_timeout_s=1.0, max_body_bytes=None))
 
 
 def test_a_connection_that_never_sends_a_byte_is_closed_at_the_header_timeout() -> None:

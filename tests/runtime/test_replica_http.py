@@ -61,6 +61,8 @@ class App:
             return StreamedResponse(200, {"content-type": "text/plain"}, self._numbers(3))
         if path == "/endless":
             return StreamedResponse(200, {}, self._endless())
+        if path == "/flood":
+            return StreamedResponse(200, {}, self._endless(size=64 * 1024, pause_s=0))
         if path == "/headers":
             values = [v for k, v in request.headers if k.lower() == "x-multi"]
             return HttpResponse(200, ",".join(values).encode())
@@ -71,12 +73,12 @@ class App:
             await asyncio.sleep(0)
             yield b"%d\n" % i
 
-    async def _endless(self) -> AsyncIterator[bytes]:
+    async def _endless(self, size: int = 1024, pause_s: float = 0.005) -> AsyncIterator[bytes]:
         try:
             while True:
-                await asyncio.sleep(0.005)
+                await asyncio.sleep(pause_s)
                 self.chunks_sent += 1
-                yield b"x" * 1024
+                yield b"x" * size
         finally:
             self.stream_closed.set()
 
@@ -200,6 +202,23 @@ def test_client_leaving_mid_stream_stops_the_generator() -> None:
     with_server(check)
 
 
+def test_a_client_that_reads_nothing_is_aborted_at_the_send_timeout() -> None:
+    async def check(app: App, port: int) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills soon
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        _, writer = await asyncio.open_connection(sock=sock)
+        writer.write(b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.transport.pause_reading()  # a client that takes nothing
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(app.stream_closed.wait(), 10)  # the generator ends: slot freed
+        assert asyncio.get_running_loop().time() - started < 5
+        writer.transport.abort()
+
+    with_limits(check)
+
+
 def test_context_variables_do_not_leak_between_requests() -> None:
     async def check(app: App, port: int) -> None:
         async with aiohttp.ClientSession() as session:
@@ -238,6 +257,7 @@ def test_idle_connections_close_after_the_keep_alive_timeout() -> None:
 SMALL = RequestLimits(
     header_timeout_s=0.3,
     body_timeout_s=0.3,
+    send_timeout_s=0.5,
     max_url_bytes=100,
     max_header_bytes=1000,
     max_body_bytes=1000,

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from wsproto import ConnectionType, WSConnection
-from wsproto.connection import Connection
+from wsproto.connection import Connection, ConnectionState
 from wsproto.events import (
     AcceptConnection,
     BytesMessage,
@@ -100,16 +100,25 @@ class RawClient:
                     return event
             data = await asyncio.wait_for(self.reader.read(65536), 10)
             assert data, f"connection closed before a {kind.__name__}"
-            self.raw += data
-            self.ws.receive_data(data)
-            self.events += self.ws.events()
+            self._receive(data)
+
+    def _receive(self, data: bytes) -> None:
+        """Frame what arrived; a close frame from the server is answered, as clients do."""
+        self.raw += data
+        self.ws.receive_data(data or None)
+        for event in self.ws.events():
+            self.events.append(event)
+            if (
+                isinstance(event, CloseConnection)
+                and self.ws.state is ConnectionState.REMOTE_CLOSING
+            ):
+                self.writer.write(self.ws.send(event.response()))
 
     async def closed(self) -> bool:
         """Whether the server closes the connection (reads what is left)."""
-        rest = await asyncio.wait_for(self.reader.read(), 10)
-        self.raw += rest
-        self.ws.receive_data(rest or None)
-        self.events += self.ws.events()
+        while data := await asyncio.wait_for(self.reader.read(65536), 10):
+            self._receive(data)
+        self._receive(b"")
         return True
 
     def close(self) -> None:
@@ -378,6 +387,24 @@ def test_a_message_over_the_limit_closes_1009_even_in_fragments() -> None:
         closing = await client.next(CloseConnection)
         assert isinstance(closing, CloseConnection) and closing.code == 1009
         assert await client.closed()
+        await asyncio.wait_for(app.done.wait(), 5)
+        assert app.disconnect is not None and app.disconnect["code"] == 1009
+
+    with_app(app, test)
+
+
+def test_a_message_far_over_the_limit_still_gets_its_1009() -> None:
+    """The client is still sending when the server closes: the close frame must reach it anyway
+    (closing with unread bytes would reset the connection and drop it)."""
+    app = Echo()
+
+    async def test(port: int, server: ReplicaHttpServer) -> None:
+        client = await RawClient.open(port)
+        await client.next(AcceptConnection)
+        client.send(BytesMessage(data=b"x" * (LIMIT * 2048)))  # 8 MiB, streaming in
+        closing = await client.next(CloseConnection)
+        assert isinstance(closing, CloseConnection) and closing.code == 1009
+        assert await client.closed()  # answered: the connection was still there to take it
         await asyncio.wait_for(app.done.wait(), 5)
         assert app.disconnect is not None and app.disconnect["code"] == 1009
 

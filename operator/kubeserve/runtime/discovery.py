@@ -146,7 +146,20 @@ class Discovery:
             "routes": list(body.get("routes", [])),
             "deployments": dict(body.get("deployments", {})),
         }
+        timeouts = body.get("proxy_timeouts")
+        if isinstance(timeouts, dict):
+            snapshot["proxy_timeouts"] = {
+                "request_timeout_s": _seconds(timeouts.get("request_timeout_s")),
+                "keep_alive_timeout_s": _seconds(timeouts.get("keep_alive_timeout_s")) or 90.0,
+            }
         return snapshot
+
+
+def _seconds(value: object) -> float | None:
+    """A positive number of seconds from a snapshot, else None."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
 
 
 async def signed_get(host: str, port: int, target: str, secret: bytes) -> tuple[int, bytes]:

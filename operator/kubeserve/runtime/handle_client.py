@@ -427,15 +427,24 @@ class _CallConnection(KeepAliveConnection):
         waiter.set_result((self.parser.get_status_code(), body, self.parser.should_keep_alive()))
 
 
+#: Items of a stream waiting for its caller before the connection stops reading the replica.
+_STREAM_HIGH = 64
+
+
 class _StreamConnection(KeepAliveConnection):
     """One streamed call: the answer's frames (:func:`~kubeserve.runtime.wire.encode_frame`) are
-    decoded as they arrive and queued for :meth:`items`."""
+    decoded as they arrive and queued for :meth:`items`.
+
+    Backpressure: beyond :data:`_STREAM_HIGH` queued frames reading pauses until the caller took
+    half of them, so a caller that stops iterating stops the replica's generator (whose send
+    timeout then ends the call and frees its slot there) instead of filling this process."""
 
     def __init__(self) -> None:
         super().__init__()
         self.parser = httptools.HttpResponseParser(self)
         self.frames = FrameReader()
         self.queue: asyncio.Queue[tuple[bytes, bytes]] = asyncio.Queue()
+        self.paused = False
         self.status = 0
         self.body: list[bytes] = []
         #: the answer's :data:`MODELS_HEADER` until the router was told, else None
@@ -449,8 +458,12 @@ class _StreamConnection(KeepAliveConnection):
         self.transport.writelines((head, body))
 
     async def items(self, key: str, replica_id: str) -> AsyncIterator[Any]:
+        queue = self.queue
         while True:
-            kind, payload = await self.queue.get()
+            kind, payload = await queue.get()
+            if self.paused and queue.qsize() <= _STREAM_HIGH // 2 and not self.closed:
+                self.paused = False
+                self.transport.resume_reading()
             if kind == FRAME_ITEM:
                 yield decode_result(payload)
             elif kind == FRAME_END:
@@ -487,6 +500,9 @@ class _StreamConnection(KeepAliveConnection):
         if self.status == 200:
             for frame in self.frames.feed(body):
                 self.queue.put_nowait(frame)
+            if not self.paused and self.queue.qsize() >= _STREAM_HIGH:
+                self.paused = True
+                self.transport.pause_reading()
         else:
             self.body.append(body)
 

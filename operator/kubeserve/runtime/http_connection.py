@@ -17,7 +17,9 @@ and of the replica server's connection (:mod:`~kubeserve.runtime.replica.http`):
   (414, 431, 413);
 * **the lazy connection timer** (:meth:`ServerConnection.tick`): one timer per connection, kept by
   its :class:`~kubeserve.runtime.limits.RequestClock` and re-armed for the nearest deadline: the
-  keep-alive timeout while idle, the head and body timeouts while a request arrives.
+  keep-alive timeout while idle, the head and body timeouts while a request arrives, and the send
+  timeout while the transport's writes are paused (a client that reads nothing of its response is
+  aborted, which ends its request and releases what it held).
 
 Invariant: ``transport``, ``loop`` and ``clock`` are set from ``connection_made`` on, and the
 connection is in ``connections`` from then until ``connection_lost``.
@@ -26,13 +28,17 @@ connection is in ``connections`` from then until ``connection_lost``.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import cast
 
 import httptools
 
+from kubeserve.runtime.channel import peer_description
 from kubeserve.runtime.limits import RequestClock, RequestLimits
 
 __all__ = ["RequestRefused", "ServerConnection", "body_too_large", "head_too_large"]
+
+log = logging.getLogger(__name__)
 
 
 class RequestRefused(Exception):
@@ -70,6 +76,7 @@ class ServerConnection(asyncio.Protocol):
         self.closed = False
         self.reading = True
         self.write_paused = False
+        self.write_paused_at = 0.0  # loop time of the last pause_writing
         self.drained: asyncio.Future[None] | None = None
         self.read_size = 0  # bytes in the current read
         self.idle_since = 0.0
@@ -93,7 +100,13 @@ class ServerConnection(asyncio.Protocol):
         self._wake_writer()
 
     def pause_writing(self) -> None:
+        self.note_write_paused()
+
+    def note_write_paused(self) -> None:
+        """Writes are paused (the client reads slower than we write): the send timeout runs."""
         self.write_paused = True
+        self.write_paused_at = self.loop.time()
+        self.clock.arm(self.limits.send_timeout_s, self.write_paused_at)
 
     def resume_writing(self) -> None:
         self.write_paused = False
@@ -179,9 +192,26 @@ class ServerConnection(asyncio.Protocol):
         if self.closed:
             return
         now = self.loop.time()
+        if self.write_paused:
+            unsent = self.write_paused_at + self.limits.send_timeout_s - now
+            if unsent <= 0:
+                self.send_timed_out()
+                return
         remaining = self.time_left(now)
         if remaining is not None:
+            if self.write_paused:
+                remaining = min(remaining, unsent)
             clock.arm(max(remaining, 0.001), now)
+
+    def send_timed_out(self) -> None:
+        """The client took no byte of its response for ``send_timeout_s``: abort the connection
+        (what is unsent would never be read), which ends the request it was answering."""
+        log.info(
+            "aborted a connection from %s: it read nothing of its response for %.0f s",
+            peer_description(self.transport),
+            self.limits.send_timeout_s,
+        )
+        self.transport.abort()
 
     def time_left(self, now: float) -> float | None:
         """Seconds until the timer must fire again; None when the connection was answered or

@@ -18,6 +18,13 @@ The defaults, and why (references: nginx, Apache httpd, uvicorn/h11, Ray Serve 2
   (60 s) measures the same inactivity; 20 s (Apache's ``body=20``) is shorter than the 30 s a
   request waits for a replica slot, so stalled uploads cannot starve every other request of slots.
   Time spent with reading paused by backpressure (the replica reads slowly) never counts.
+* ``send_timeout_s`` 30 s while a response cannot be written because the client takes none of
+  it (the server's write buffer stays above its high-water mark, the kernel's being full), then
+  the connection is aborted and the replica slot of its request released. A client that stops
+  reading a streamed response (or a WebSocket) would otherwise hold its slot for as long as the
+  stream lasts, which may be forever. nginx's ``send_timeout`` (60 s) and Apache's ``Timeout``
+  (60 s) measure the same; 30 s lies between them and ``body_timeout_s``; a reader that drains
+  the buffer's 48 KiB between high and low water within it (1.6 KB/s) is never cut off.
 * ``max_url_bytes`` 8 KiB of request target, then 414: nginx's ``large_client_header_buffers``
   (8 KiB per line) and Apache's ``LimitRequestLine`` (8190) give the same bound.
 * ``max_header_bytes`` 64 KiB for the whole head (request line and headers), then 431. It also
@@ -56,6 +63,7 @@ class RequestLimits:
 
     header_timeout_s: float = 20.0
     body_timeout_s: float = 20.0
+    send_timeout_s: float = 30.0
     max_url_bytes: int = 8 * 1024
     max_header_bytes: int = 64 * 1024
     max_body_bytes: int | None = 100 * 1024 * 1024
@@ -101,6 +109,8 @@ class RequestLimits:
 _HELP = {
     "header_timeout_s": "seconds to receive a whole request head, else 408 (default %(default)s)",
     "body_timeout_s": "seconds without a request body byte, else 408 (default %(default)s)",
+    "send_timeout_s": "seconds a client may take no response byte, else abort "
+    "(default %(default)s)",
     "max_url_bytes": "longest request target, else 414 (default %(default)s)",
     "max_header_bytes": "largest request head, else 431 (default %(default)s)",
     "max_body_bytes": "largest request body, else 413; 0: no limit (default %(default)s)",

@@ -12,10 +12,15 @@ The ASGI bridge (:func:`~kubeserve.runtime.replica.asgi.run_websocket`) drives i
 * **messages**: fragmented messages are reassembled; one larger than ``max_message_bytes`` (the
   replica's request body limit) closes the connection with ``1009``. Pings are answered here;
 * **closing**: a close from the client is answered and the app receives ``websocket.disconnect``
-  with its code and reason; :meth:`close` sends the app's close frame and closes the connection
-  (as uvicorn does); a connection lost without a close frame is ``1006``;
+  with its code and reason; :meth:`close` sends the app's close frame, then reads (and drops)
+  what the client still sends until its close frame answers, for at most :data:`CLOSE_LINGER_S`,
+  before it closes the connection (RFC 6455 7.1.1): closing a socket with unread bytes would
+  reset it, and a reset may destroy the close frame before the client reads it (a client still
+  sending an oversized message would never see its 1009); a connection lost without a close
+  frame is ``1006``;
 * **flow control**: reading pauses while :data:`_INBOX_HIGH` messages wait for the app, and
-  :meth:`send` waits while the client reads slower than the app writes;
+  :meth:`send` waits while the client reads slower than the app writes; a client that takes
+  nothing for ``send_timeout_s`` is aborted (the app's ``send`` raises, its slot is freed);
 * **keepalive**: every :data:`PING_INTERVAL_S` the session pings the client (as uvicorn's default
   WebSocket server does); a client that sent nothing at all, not even the pong, by the next tick
   is gone without a word (a dropped network): the socket is closed with ``1011`` and its
@@ -51,6 +56,7 @@ from wsproto.utilities import RemoteProtocolError
 
 __all__ = [
     "ABNORMAL_CLOSURE",
+    "CLOSE_LINGER_S",
     "GOING_AWAY",
     "INTERNAL_ERROR",
     "MESSAGE_TOO_BIG",
@@ -74,6 +80,8 @@ _INBOX_HIGH = 16
 _EARLY_LIMIT = 64 * 1024
 #: How often an open socket pings its client; silence for a whole period after a ping ends it.
 PING_INTERVAL_S = 20.0
+#: How long a socket closed by the server waits for the client's close frame before it closes.
+CLOSE_LINGER_S = 10.0
 
 Event = dict[str, Any]
 
@@ -107,8 +115,10 @@ class WebSocketSession(asyncio.Protocol):
         early: bytes = b"",
         on_lost: Callable[[Exception | None], None] | None = None,
         ping_interval_s: float | None = PING_INTERVAL_S,
+        send_timeout_s: float | None = None,
     ) -> None:
         self.transport = transport
+        self.send_timeout_s = send_timeout_s
         self.max_message_bytes = max_message_bytes
         self.ping_interval_s = ping_interval_s
         self.on_lost = on_lost
@@ -134,6 +144,8 @@ class WebSocketSession(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._drained: asyncio.Future[None] | None = None
         self._ping_timer: asyncio.TimerHandle | None = None
+        #: set while a close frame we sent waits for the client's answer (see close)
+        self._linger_timer: asyncio.TimerHandle | None = None
         self.heard = False  # something arrived since the last ping
         self.pinged = False  # a ping went out
 
@@ -147,7 +159,9 @@ class WebSocketSession(asyncio.Protocol):
             return
         if self.state is SessionState.OPEN:
             self._feed(data)
-        # CLOSED: the close was sent and the transport is closing; what still arrives is dropped
+        elif self._linger_timer is not None:
+            self._drop_until_close(data)
+        # else CLOSED: the transport is closing; what still arrives is dropped
 
     def eof_received(self) -> bool | None:
         return None  # the client is done sending: close (connection_lost tells the app)
@@ -155,6 +169,7 @@ class WebSocketSession(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self._stop_pinging()
+        self._stop_lingering()
         self.state = SessionState.CLOSED
         self._closed(ABNORMAL_CLOSURE, "")
         self._wake_writer()
@@ -217,8 +232,15 @@ class WebSocketSession(asyncio.Protocol):
         event = TextMessage(data=data) if isinstance(data, str) else BytesMessage(data=data)
         self.transport.write(self.ws.send(event))
         if self.write_paused:  # backpressure: a slow client slows the app
-            self._drained = asyncio.get_running_loop().create_future()
-            await self._drained
+            loop = asyncio.get_running_loop()
+            self._drained = loop.create_future()
+            timeout = self.send_timeout_s
+            stalled = None if timeout is None else loop.call_later(timeout, self.transport.abort)
+            try:
+                await self._drained
+            finally:
+                if stalled is not None:
+                    stalled.cancel()
             if self.lost:
                 raise WebSocketGone("the client left")
 
@@ -231,7 +253,14 @@ class WebSocketSession(asyncio.Protocol):
         self.state = SessionState.CLOSED
         self._stop_pinging()
         self._closed(code, reason)
-        self.transport.close()
+        if self.ws.state is ConnectionState.LOCAL_CLOSING and not self.lost:
+            # The client has not closed yet: read until its close frame answers ours.
+            if self._linger_timer is None:
+                loop = asyncio.get_running_loop()
+                self._linger_timer = loop.call_later(CLOSE_LINGER_S, self._end_lingering)
+            self._hold_reading(False)
+        else:
+            self.transport.close()
 
     # -- framing -----------------------------------------------------------------------------------
 
@@ -299,6 +328,25 @@ class WebSocketSession(asyncio.Protocol):
         self.transport.write(self.ws.send(Ping(payload=b"kubeserve")))
         loop = asyncio.get_running_loop()
         self._ping_timer = loop.call_later(self.ping_interval_s, self._keepalive)
+
+    def _drop_until_close(self, data: bytes) -> None:
+        """After our close frame: drop what the client sends until its own close frame."""
+        try:
+            self.ws.receive_data(data)
+            answered = any(isinstance(e, CloseConnection) for e in self.ws.events())
+        except RemoteProtocolError:
+            answered = True
+        if answered:
+            self._end_lingering()
+
+    def _end_lingering(self) -> None:
+        self._stop_lingering()
+        self.transport.close()
+
+    def _stop_lingering(self) -> None:
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
 
     def _stop_pinging(self) -> None:
         if self._ping_timer is not None:

@@ -130,11 +130,20 @@ class Route(TypedDict):
     deployment: str
 
 
+class ProxyTimeouts(TypedDict):
+    """The serving layer's ``http_options`` timeouts, which a running proxy applies live."""
+
+    request_timeout_s: float | None
+    keep_alive_timeout_s: float
+
+
 class Snapshot(TypedDict):
     version: int
     routes: list[Route]
     #: keyed by :func:`deployment_key`
     deployments: dict[str, DeploymentEndpoints]
+    #: the local controller's (absent elsewhere: a proxy keeps the timeouts it was started with)
+    proxy_timeouts: NotRequired[ProxyTimeouts]
 
 
 class ReplicaConfig(TypedDict):

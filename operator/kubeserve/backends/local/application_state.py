@@ -45,8 +45,19 @@ class ApplicationState:
     created again under the same name is a new :class:`ApplicationState` (the old one stops first).
     """
 
-    def __init__(self, name: str, uid: str, context: ReplicaContext, cache_dir: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        uid: str,
+        context: ReplicaContext,
+        cache_dir: Path,
+        builds: asyncio.Semaphore | None = None,
+    ) -> None:
+        """``builds`` bounds the build processes of the whole instance running at once (shared
+        by every application: a PUT of a thousand applications must not fork a thousand
+        interpreters); None: no bound."""
         self.name = name
+        self._builds = builds
         self.uid = uid
         self._ctx = context
         self._cache_dir = cache_dir
@@ -126,6 +137,13 @@ class ApplicationState:
 
     # -- build -----------------------------------------------------------------------------------
     async def _run_build(self, build_key: str) -> None:
+        if self._builds is None:
+            await self._build(build_key)
+            return
+        async with self._builds:
+            await self._build(build_key)
+
+    async def _build(self, build_key: str) -> None:
         try:
             env = await self._prepare_env(None)
             child_env = self._ctx.child_env(env.env_vars, env.python_path)

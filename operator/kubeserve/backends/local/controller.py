@@ -112,6 +112,8 @@ class Controller:
             settings.max_concurrent_starts,
         )
         self._wake = asyncio.Event()
+        #: build processes running at once, as many as replicas starting at once
+        self._builds = asyncio.Semaphore(settings.max_concurrent_starts)
         self._session: aiohttp.ClientSession | None = None
         self._log_handler: logging.Handler | None = None
         self._ctx: ReplicaContext | None = None
@@ -290,7 +292,9 @@ class Controller:
             if existing is not None and existing.deleting and not existing.stopped:
                 continue  # a re-created app waits for its previous incarnation to stop
             if existing is None or existing.deleting:
-                existing = ApplicationState(name, stored.uid, self._ctx, self.settings.cache_dir)
+                existing = ApplicationState(
+                    name, stored.uid, self._ctx, self.settings.cache_dir, self._builds
+                )
                 existing.adopt(self._handed_over(name, stored.uid))
                 self.apps[name] = existing
             app = existing
@@ -304,7 +308,7 @@ class Controller:
         self._stop_adoptable([name for name in self._adoptable if name not in wanted])
         await self._reconcile_proxy(desired)
         self._open_snapshots_once_adopted()
-        self._publish()
+        self._publish(desired)
         self._autoscale()
 
     def _autoscale(self) -> None:
@@ -347,7 +351,7 @@ class Controller:
             str(http.get("host", "0.0.0.0")), int(http.get("port", 8000)), options
         )
 
-    def _publish(self) -> None:
+    def _publish(self, desired: DesiredState | None) -> None:
         routes: list[wire.Route] = []
         endpoints: dict[str, wire.DeploymentEndpoints] = {}
         for app in self.apps.values():
@@ -360,11 +364,24 @@ class Controller:
             for name, deployment in app.all_deployments().items():
                 if deployment.has_target:
                     endpoints[wire.deployment_key(app.name, name)] = deployment.endpoints()
-        self.snapshots.publish(routes, endpoints)
+        self.snapshots.publish(routes, endpoints, _proxy_timeouts(desired))
 
     @property
     def node_id(self) -> str:
         return f"local-{os.uname().nodename}"
+
+
+def _proxy_timeouts(desired: DesiredState | None) -> wire.ProxyTimeouts | None:
+    """The ``http_options`` timeouts the running proxy applies from its snapshot: a change
+    takes effect without restarting it (the flags it was started with say the same at first)."""
+    if desired is None:
+        return None
+    http = desired.options.get("http_options") or {}
+    request_timeout = http.get("request_timeout_s")
+    return {
+        "request_timeout_s": None if request_timeout is None else float(request_timeout),
+        "keep_alive_timeout_s": float(http.get("keep_alive_timeout_s", 90)),
+    }
 
 
 def _kill_orphans(state_dir: Path, why: str, spared_groups: set[int] | None = None) -> list[int]:

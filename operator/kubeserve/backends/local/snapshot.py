@@ -22,6 +22,7 @@ class SnapshotPublisher:
         self._version = time.time_ns() // 1000
         self._routes: list[wire.Route] = []
         self._deployments: dict[str, wire.DeploymentEndpoints] = {}
+        self._timeouts: wire.ProxyTimeouts | None = None
         self._changed = asyncio.Event()
         self._open = asyncio.Event()
 
@@ -30,14 +31,24 @@ class SnapshotPublisher:
 
     @property
     def current(self) -> wire.Snapshot:
-        return {"version": self._version, "routes": self._routes, "deployments": self._deployments}
+        snapshot: wire.Snapshot = {
+            "version": self._version,
+            "routes": self._routes,
+            "deployments": self._deployments,
+        }
+        if self._timeouts is not None:
+            snapshot["proxy_timeouts"] = self._timeouts
+        return snapshot
 
     def publish(
-        self, routes: list[wire.Route], deployments: dict[str, wire.DeploymentEndpoints]
+        self,
+        routes: list[wire.Route],
+        deployments: dict[str, wire.DeploymentEndpoints],
+        timeouts: wire.ProxyTimeouts | None = None,
     ) -> None:
-        if routes == self._routes and deployments == self._deployments:
+        if (routes, deployments, timeouts) == (self._routes, self._deployments, self._timeouts):
             return
-        self._routes, self._deployments = routes, deployments
+        self._routes, self._deployments, self._timeouts = routes, deployments, timeouts
         self._version += 1
         self._changed.set()
         self._changed = asyncio.Event()

@@ -32,7 +32,7 @@ from kubeserve.runtime.http1 import (
     usable_request_id,
 )
 from kubeserve.runtime.http_connection import ServerConnection, body_too_large, head_too_large
-from kubeserve.runtime.proxy.exchange import Exchange
+from kubeserve.runtime.proxy.exchange import BUFFER_BEFORE_SLOT, Exchange
 from kubeserve.runtime.proxy.tunnel import ClientEnd
 from kubeserve.sdk.multiplex import MODEL_ID_HEADER
 
@@ -41,12 +41,14 @@ if TYPE_CHECKING:
 
 __all__ = ["ClientConnection"]
 
-# Body bytes buffered while waiting for an upstream connection before the client is paused.
-_PENDING_HIGH_WATER = 256 * 1024
+# Body bytes buffered while waiting for a slot or an upstream connection before the client is
+# paused: never below what a request may buffer before it asks for a slot, or it would wait forever.
+_PENDING_HIGH_WATER = BUFFER_BEFORE_SLOT
 _CONNECT = b"CONNECT"
 _MODEL_ID = MODEL_ID_HEADER.encode()
 _MODEL_ID_SIZE = len(_MODEL_ID)
 _GET = b"GET"
+_EXPECT = b"expect"
 
 
 class ClientConnection(ServerConnection):
@@ -101,8 +103,9 @@ class ClientConnection(ServerConnection):
         self.pipeline.clear()
 
     def pause_writing(self) -> None:
-        # The client reads slower than the replica writes: stop reading the replica.
-        self.write_paused = True
+        # The client reads slower than the replica writes: stop reading the replica (and, should
+        # the client take nothing for send_timeout_s, abort it, which releases the slot).
+        self.note_write_paused()
         up = self.active.upstream if self.active is not None else None
         if up is not None:
             up.transport.pause_reading()
@@ -153,6 +156,8 @@ class ClientConnection(ServerConnection):
                 ex.dropped = True
                 return
             ex.request_id = ex.request_id or value
+        elif size == 6 and name[0] | 0x20 == 0x65 and name.lower() == _EXPECT:  # 0x65: "e"
+            ex.expects_continue = True  # routed at once: it waits for the replica's 100
         elif size == _MODEL_ID_SIZE and name.lower() == _MODEL_ID:
             # the multiplexed model, spelled as the replica decodes it (routes the request)
             ex.model_id = value.decode("utf-8", "surrogateescape")
@@ -203,7 +208,9 @@ class ClientConnection(ServerConnection):
         ex.request_done = True
         if ex.body_chunked and not ex.response_done:
             ex.pending.append(CHUNKED_END)
-        if ex.response_done and ex is self.active:
+        if ex.unassigned:  # (only ever the active one) its body is whole: now a slot
+            ex.assign()
+        elif ex.response_done and ex is self.active:
             ex._finish()
 
     # -- driven by exchanges -----------------------------------------------------------------------

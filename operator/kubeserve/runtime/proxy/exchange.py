@@ -40,11 +40,18 @@ if TYPE_CHECKING:
     from kubeserve.runtime.proxy.tunnel import ClientEnd
     from kubeserve.runtime.proxy.upstream import UpstreamConnection
 
-__all__ = ["ROUTES_PATH", "Exchange"]
+__all__ = ["BUFFER_BEFORE_SLOT", "ROUTES_PATH", "Exchange"]
 
 log = logging.getLogger(__name__)
 
 ROUTES_PATH = "/-/routes"
+#: Request body bytes the proxy holds before it asks the router for a replica slot: a body that
+#: ends within them is received whole first, so a client that stalls mid-upload holds no slot
+#: (it is answered 408 at ``body_timeout_s``, and no replica ever sees it); a larger body takes
+#: its slot once this much arrived and streams from then on. As large as what a request waiting
+#: for its upstream connection buffered already (reading pauses beyond it), so the proxy holds no
+#: more per connection than before.
+BUFFER_BEFORE_SLOT = 256 * 1024
 # Attempts to reach a replica for one request when connecting (or the handshake) fails.
 _CONNECT_ATTEMPTS = 3
 #: First and longest pause before a request a full replica refused is sent again.
@@ -112,6 +119,10 @@ class Exchange:
     #: a WebSocket handshake, and the client connection's end once the parser stopped at it
     upgrade = False
     client_end: ClientEnd | None = None
+    #: routed, its body still arriving (at most BUFFER_BEFORE_SLOT of it), no slot asked for yet
+    unassigned = False
+    #: the client sent ``Expect: 100-continue``: it waits for the replica's 100 before its body
+    expects_continue = False
 
     def __init__(self, client: ClientConnection) -> None:
         self.client = client
@@ -140,6 +151,8 @@ class Exchange:
         else:
             self.pending.append(body)
         self.pending_bytes += len(body)
+        if self.unassigned and self.pending_bytes > BUFFER_BEFORE_SLOT:
+            self.assign()  # a large body: it streams from here on, on a slot of its own
 
     def websocket(self) -> None:
         """This request is a WebSocket handshake: forwarded with its upgrade headers, and the
@@ -194,6 +207,18 @@ class Exchange:
         if self.upgrade:  # a WebSocket: a connection of its own, through the task
             self.task = asyncio.create_task(self._connect(key))
             return
+        if self.request_done or self.expects_continue or self.pending_bytes > BUFFER_BEFORE_SLOT:
+            self.assign()
+        else:  # the body first (on_message_complete, or add_body past the bound), then a slot
+            self.unassigned = True
+
+    def assign(self) -> None:
+        """Ask the router for a replica slot and an upstream connection: at once when the
+        request is complete (a request whole in one read gets here within the same read), else
+        when it passed :data:`BUFFER_BEFORE_SLOT` or its client waits for a 100 Continue."""
+        self.unassigned = False
+        state = self.client.state
+        key = self.key
         # Fast path: a free slot and an idle connection need no task at all. Nothing is written
         # yet: the caller pumps once the read is parsed, so head and body leave in one write.
         replica = state.router.try_assign(key, None, self.model_id)
@@ -461,7 +486,9 @@ class Exchange:
             if self.task is not None:
                 self.task.cancel()
                 self.task = None
-            if self.replica is None:  # still queued for a slot: that is unavailability, 503
+            if self.unassigned:  # its body never arrived whole: the client is late, not a replica
+                self.respond_local(408, b"request body not received in time", close=True)
+            elif self.replica is None:  # still queued for a slot: that is unavailability, 503
                 self.respond_local(503, b"no replica available in time")
             else:
                 self.respond_local(504, b"request timed out", close=True)
@@ -521,6 +548,8 @@ class Exchange:
     def _let_go(self) -> None:
         """Stop waiting for a replica, drop the upstream connection (it may hold a half-written
         request or an unread response: never reused) and give back the replica's slot."""
+        if self.unassigned:
+            self.unassigned = False
         if self.task is not None:
             self.task.cancel()
             self.task = None

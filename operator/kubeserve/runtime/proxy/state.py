@@ -87,11 +87,29 @@ class ProxyState:
         }
         self.route_memo = {}
         self.routes_body = json.dumps(self.routes.prefixes()).encode()
+        timeouts = snapshot.get("proxy_timeouts")
+        if timeouts is not None:
+            self.set_timeouts(timeouts["request_timeout_s"], timeouts["keep_alive_timeout_s"])
         self.router.update(snapshot["deployments"])
         live = {ep["replica_id"] for d in snapshot["deployments"].values() for ep in d["replicas"]}
         for replica_id in [rid for rid in self.pools if rid not in live]:
             self.pools.pop(replica_id).close()
         self.healthy = True
+
+    def set_timeouts(self, request_timeout_s: float | None, keep_alive_timeout_s: float) -> None:
+        """Apply ``http_options`` timeouts live: requests routed from now on wait at most
+        ``request_timeout_s``; every open client connection idles at most
+        ``keep_alive_timeout_s`` (re-armed now when that is sooner than its timer; a WebSocket
+        tunnel's connection has no timer and gets none)."""
+        self.request_timeout_s = self.assign_timeout_s = request_timeout_s
+        if keep_alive_timeout_s == self.keep_alive_timeout_s:
+            return
+        self.keep_alive_timeout_s = keep_alive_timeout_s
+        for conn in self.connections:
+            conn.keep_alive_timeout_s = keep_alive_timeout_s
+            clock = conn.clock
+            if clock is not None and clock.timer is not None:
+                clock.arm(keep_alive_timeout_s)
 
     def deployment_for(self, path: bytes, normalized: str) -> str | None:
         """The deployment key serving raw ``path`` (no query string), whose normal form is

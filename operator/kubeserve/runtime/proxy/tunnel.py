@@ -12,7 +12,8 @@ the request head, which is not HTTP/1 any more:
   any response is, and the connection then closes;
 * on the replica's ``101`` (relayed as received, plus ``Upgrade``/``Connection``), a
   :class:`Tunnel` splices the two transports: bytes go through both ways as they arrive, no frame
-  is parsed, and either side's backpressure pauses reading the other;
+  is parsed, and either side's backpressure pauses reading the other; a client that takes nothing
+  of what the replica sends for ``send_timeout_s`` is aborted (as an HTTP response's reader is);
 * when either side closes, the other is closed (after what was already written to it) and the
   replica slot is released: a WebSocket holds one slot of the router for its whole life, as it
   counts as one ongoing request on its replica.
@@ -48,6 +49,7 @@ class ClientEnd(asyncio.Protocol):
         self.early = bytearray(early)
         self.tunnel: Tunnel | None = None
         self.peer: asyncio.Transport | None = None  # the replica's transport, once spliced
+        self.stalled: asyncio.TimerHandle | None = None  # the send timeout while writes pause
         ex.client_end = self
 
     def data_received(self, data: bytes) -> None:
@@ -63,6 +65,7 @@ class ClientEnd(asyncio.Protocol):
         return None  # the client is done: close, which ends the handshake or the tunnel
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._unstall()
         if self.tunnel is not None:
             self.tunnel.end()
         self.client.connection_lost(exc)  # the client connection's bookkeeping (and abort)
@@ -70,14 +73,24 @@ class ClientEnd(asyncio.Protocol):
     def pause_writing(self) -> None:
         if self.peer is not None:
             self.peer.pause_reading()
+            client = self.client
+            self.stalled = client.loop.call_later(
+                client.limits.send_timeout_s, client.transport.abort
+            )
         else:
             self.client.pause_writing()
 
     def resume_writing(self) -> None:
         if self.peer is not None:
+            self._unstall()
             self.peer.resume_reading()
         else:
             self.client.resume_writing()
+
+    def _unstall(self) -> None:
+        if self.stalled is not None:
+            self.stalled.cancel()
+            self.stalled = None
 
 
 class _ReplicaEnd(asyncio.Protocol):

@@ -482,7 +482,10 @@ class _Connection(ServerConnection):
 
     def close(self) -> None:
         if self.session is not None:  # a socket still open (the server stops): 1001
+            # The session closes the transport, once the client answered its close frame.
             self.session.close(GOING_AWAY, "server shutting down")
+            self.closed = True
+            return
         if not self.closed:
             self.closed = True  # at once: no queued request is served after this
             self.transport.close()  # flushes what is buffered, then closes
@@ -512,6 +515,7 @@ class _Connection(ServerConnection):
             early=rest,
             on_lost=self.connection_lost,
             ping_interval_s=self.server.websocket_ping_interval_s,
+            send_timeout_s=self.limits.send_timeout_s,
         )
         self.transport.set_protocol(self.session)
         self.clock.cancel()  # no keep-alive or request timeouts on a socket

@@ -27,11 +27,8 @@ from typing import Any
 
 from kubeserve.backends.local import adoption, processes
 from kubeserve.backends.local.adoption import AdoptedReplica
-from kubeserve.backends.local.deployment_state import (
-    DISCOVERY_SETTLE_S,
-    DeploymentState,
-    ReplicaContext,
-)
+from kubeserve.backends.local.deployment_state import DISCOVERY_SETTLE_S, DeploymentState
+from kubeserve.backends.local.replica_context import ReplicaContext
 from kubeserve.control import effective_config
 from kubeserve.control.autoscaling import Direction
 from kubeserve.control.instance import app_route_prefix
@@ -250,9 +247,9 @@ class ApplicationState:
             known = self.deployments.get(name) or self.retiring.pop(name, None)
             state = known or DeploymentState(self.name, name, self._ctx, self.uid)
             self.deployments[name] = state
-            state.set_capacity(*self.capacity)
+            state.scaling.set_capacity(*self.capacity)
             if not self.config.get("external_scaler_enabled"):
-                state.external_target = None
+                state.scaling.external_target = None
             state.set_target(
                 effective,
                 effective_config.replica_version(self.config, effective),

@@ -159,7 +159,7 @@ class LocalBackend:
         state = self.controller.deployment(app, deployment)
         if state is None:
             raise NotFoundError("Application or Deployment not found")
-        state.external_target = target_num_replicas
+        state.scaling.external_target = target_num_replicas
         self.controller.wake()
 
     async def metrics(self) -> bytes | None:

@@ -23,10 +23,11 @@ from kubeserve.backends.local import adoption, processes
 from kubeserve.backends.local.adoption import AdoptedReplica
 from kubeserve.backends.local.application_state import ApplicationState
 from kubeserve.backends.local.capacity import DEFAULT_START_SLOTS, Capacity, instance_resources
-from kubeserve.backends.local.deployment_state import DeploymentState, ReplicaContext, metrics_dir
+from kubeserve.backends.local.deployment_state import DeploymentState
 from kubeserve.backends.local.private_files import private_dir
 from kubeserve.backends.local.process_records import ProcessRecords
 from kubeserve.backends.local.proxy_process import ProxyProcess
+from kubeserve.backends.local.replica_context import ReplicaContext, metrics_dir
 from kubeserve.backends.local.snapshot import SnapshotPublisher
 from kubeserve.backends.local.store import IMPERATIVE, DesiredState, Store
 from kubeserve.control import autoscaling
@@ -318,8 +319,8 @@ class Controller:
             if app.deleting:
                 continue
             for deployment in app.deployments.values():
-                if deployment.autoscale_due(now):
-                    task = asyncio.ensure_future(deployment.autoscale())
+                if deployment.scaling.due(now):
+                    task = asyncio.ensure_future(deployment.scaling.read_and_decide())
                     self._autoscaling.add(task)
                     task.add_done_callback(self._autoscaling.discard)
 
@@ -335,7 +336,7 @@ class Controller:
         for key, count in self._caller_reports.update(caller_id, queued).items():
             deployment = self.deployment(*wire.split_deployment_key(key))
             if deployment is not None:
-                deployment.record_queued(caller_id, count)
+                deployment.scaling.record_queued(caller_id, count)
 
     async def _reconcile_proxy(self, desired: DesiredState | None) -> None:
         assert self._proxy is not None

@@ -1,53 +1,39 @@
-"""One serve deployment on the local machine: its replica processes and their lifecycle.
+"""One serve deployment on the local machine: its target, rollout and failure accounting.
 
-Ownership: a :class:`DeploymentState` owns its :class:`ReplicaProcess` objects; each replica has one
-lifecycle task that starts the process, waits until it answers ``/-/healthz``, health-checks it
-every ``health_check_period_s`` and removes it when the process exits.
-:meth:`DeploymentState.reconcile` is the level-triggered step: it compares replicas to the target
-(count, version, user_config) and starts, stops or reconfigures; calling it again with nothing
-changed does nothing.
+Ownership: a :class:`DeploymentState` owns its :class:`ReplicaProcess` objects, and each replica
+owns its lifecycle (start, ready, health, reconfigure, stop: see :mod:`replica_process`),
+reporting every change of state to :meth:`DeploymentState._on_transition`, which counts failures,
+holds starts back after them and wakes the controller. :meth:`DeploymentState.reconcile` is the
+level-triggered step: it compares replicas to the target (count, version, user_config) and
+starts, stops or reconfigures; calling it again with nothing changed does nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
-import json
 import logging
-import os
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Coroutine
 from typing import Any
-
-import aiohttp
 
 from kubeserve.backends.local import processes
 from kubeserve.backends.local.adoption import AdoptedReplica
-from kubeserve.backends.local.capacity import Capacity
-from kubeserve.backends.local.process_records import ProcessRecords, ReplicaRecord
-from kubeserve.control import backoff, effective_config, placement
-from kubeserve.control.autoscaling import Direction
-from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
+from kubeserve.backends.local.autoscaling import DeploymentScaling
+from kubeserve.backends.local.process_records import ReplicaRecord
+from kubeserve.backends.local.replica_context import ReplicaContext
+from kubeserve.backends.local.replica_process import ReplicaProcess, ReplicaSpec
+from kubeserve.control import backoff, placement, rollout
 from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.control.status_derivation import DeploymentView, ReplicaStateValue, ReplicaView
 from kubeserve.control.user_config import needs_push
-from kubeserve.runtime import channel, logs, metrics, wire
-from kubeserve.runtime.limits import RequestLimits
+from kubeserve.runtime import wire
 from kubeserve.runtime.runtime_env import PreparedEnv
 
 log = logging.getLogger(__name__)
 
-#: How long one readiness probe of a starting replica may take.
-_READY_TIMEOUT_S = 5.0
-#: How long a replica's ``reconfigure`` may take before it counts as failed.
-_RECONFIGURE_TIMEOUT_S = 300.0
-#: How often a starting replica's ``/-/healthz`` is polled: short, because it bounds deploy latency.
-_READY_POLL_S = 0.02
 #: How long proxies and handles are given to learn of an endpoint change before the controller
 #: relies on it (stopping the replicas it replaces): discovery is a long-poll answered at once,
 #: well under this on one machine.
@@ -60,101 +46,6 @@ RETAINED_DEAD_REPLICAS = 10
 #: version starts at once, beside the old ones, which stop as new ones serve in their place.
 ROLLOUT = (1.0, 100)
 _counter = itertools.count(1)
-
-
-@dataclass
-class ReplicaProcess:
-    replica_id: str
-    version: str
-    port: int
-    log_path: Path
-    state: ReplicaStateValue = "STARTING"
-    healthy: bool = True
-    #: the user_config version the replica last reported applying ("" until its first answer)
-    applied_user_config: str = ""
-    reconfiguring: bool = False
-    pid: int | None = None
-    start_time_s: float = field(default_factory=time.time)
-    #: ``time.monotonic()`` when it became RUNNING (0 before)
-    ready_at: float = 0.0
-    #: what it holds of the instance's resources (see :class:`Capacity`)
-    claim: dict[str, float] = field(default_factory=dict)
-    #: holds one of the instance's start slots (until it is ready or gone)
-    holds_start_slot: bool = False
-    proc: processes.Child | None = None
-
-
-#: Where the metrics directories of instances live when the machine has one: memory.
-SHARED_MEMORY = Path("/dev/shm")
-
-
-def metrics_dir(state_dir: Path) -> Path:
-    """The metrics directory of the instance whose state directory is ``state_dir``.
-
-    In shared memory when there is some (``/dev/shm``), else ``<state dir>/metrics``. Every
-    process of the instance writes its samples into memory-mapped files there (prometheus_client's
-    multiprocess mode), and a page of such a file that a full disk cannot give kills the process
-    with SIGBUS: on the state directory's disk, a full disk would take down the proxy and every
-    replica at their next new sample, and keep them from starting again. The directory lives as
-    long as the run (the controller empties it at start and removes it at close), so nothing is
-    lost by keeping it off the disk.
-    """
-    if SHARED_MEMORY.is_dir() and os.access(SHARED_MEMORY, os.W_OK | os.X_OK):
-        digest = hashlib.sha256(str(state_dir).encode()).hexdigest()[:16]
-        return SHARED_MEMORY / f"kubeserve-{os.getuid()}-{digest}"
-    return state_dir / "metrics"
-
-
-@dataclass(frozen=True)
-class ReplicaContext:
-    """What a deployment needs from its surroundings (shared by every deployment of an instance)."""
-
-    session: aiohttp.ClientSession
-    controller_url: str
-    capacity: Capacity
-    #: the instance's state directory (0700), marking its children (``processes.INSTANCE_ENV``)
-    state_dir: Path
-    log_dir: Path
-    base_dir: str
-    wake: Callable[[], None]
-    #: the instance's data-plane secret (kubeserve.runtime.channel) and the file holding it
-    secret: bytes
-    secret_file: Path
-    #: where running replicas and the proxy are recorded for the next ``kubeserve start``
-    records: ProcessRecords
-    #: what clients may send (``kubeserve start --max-body-bytes``...): proxy and replicas
-    request_limits: RequestLimits = field(default_factory=RequestLimits)
-    #: bytes per log file and rotated files kept (``kubeserve start --log-max-bytes``...)
-    log_rotation: tuple[int, int] = (logs.DEFAULT_LOG_BYTES, logs.DEFAULT_LOG_BACKUPS)
-    #: replicas and the proxy get a parent-death signal (see ``LocalSettings.data_plane_outlives``)
-    die_with_parent: bool = False
-
-    def data_plane_env(self) -> dict[str, str]:
-        """What a proxy or replica needs in its environment to join the data plane."""
-        return {channel.SECRET_FILE_ENV: str(self.secret_file)}
-
-    def log_env(self, log_path: Path) -> dict[str, str]:
-        """What tells a replica or proxy to write (and rotate) its own log file."""
-        max_bytes, backups = self.log_rotation
-        return {
-            logs.LOG_FILE_ENV: str(log_path),
-            logs.LOG_BYTES_ENV: str(max_bytes),
-            logs.LOG_BACKUPS_ENV: str(backups),
-        }
-
-    def child_env(self, extra: Mapping[str, str], python_path: Sequence[str]) -> dict[str, str]:
-        """The environment of a child process of this instance (see :mod:`processes`)."""
-        marked = {
-            **extra,
-            processes.INSTANCE_ENV: str(self.state_dir),
-            metrics.MULTIPROC_ENV: str(self.metrics_dir),
-        }
-        return processes.child_env(marked, python_path, self.base_dir)
-
-    @property
-    def metrics_dir(self) -> Path:
-        """Where the instance's proxy and replicas write their metrics (``GET /metrics``)."""
-        return metrics_dir(self.state_dir)
 
 
 class DeploymentState:
@@ -186,14 +77,9 @@ class DeploymentState:
         self.failure_streak = 0
         self._backoff_until = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
-        #: the instance's ``target_capacity`` and its direction (see :mod:`control.autoscaling`)
-        self.target_capacity: float | None = None
-        self.capacity_direction: Direction | None = None
-        #: owns the target of an autoscaling deployment (``None`` for a fixed count)
-        self.autoscaler: DeploymentAutoscaler | None = None
-        #: the count set through the external scaling API (``external_scaler_enabled``)
-        self.external_target: int | None = None
-        self._reading_metrics = False
+        #: how many replicas it wants (autoscaled, set externally, or fixed)
+        self.scaling = DeploymentScaling(self._label, self.running_replicas, context.wake)
+        self.scaling.set_config(self.config)
 
     # -- desired state ---------------------------------------------------------------------------
     @property
@@ -229,88 +115,18 @@ class DeploymentState:
             self.failure_streak = 0
             self.last_error = self.health_error = ""
         self.config, self.version, self.env = config, version, env
+        for replica in self.replicas.values():
+            replica.config = config
         self.user_config_version = config.user_config_version
-        self._configure_autoscaler()
-
-    def set_capacity(self, target_capacity: float | None, direction: Direction | None) -> None:
-        self.target_capacity, self.capacity_direction = target_capacity, direction
-        self._configure_autoscaler()
-
-    def _configure_autoscaler(self) -> None:
-        raw = self.config.autoscaling_config
-        now = time.time()
-        if not raw:
-            self.autoscaler = None
-        elif self.autoscaler is None:
-            self.autoscaler = DeploymentAutoscaler(
-                raw, now, self.target_capacity, self.capacity_direction
-            )
-        else:
-            self.autoscaler.reconfigure(raw, now, self.target_capacity, self.capacity_direction)
+        self.scaling.set_config(config)
 
     @property
     def target(self) -> int:
-        if self.autoscaler is not None:
-            return self.autoscaler.target
-        if self.external_target is not None:
-            return self.external_target
-        return self.config.target_replicas(self.target_capacity)
+        return self.scaling.target
 
-    # -- autoscaling -----------------------------------------------------------------------------
+    # -- serving ---------------------------------------------------------------------------------
     def running_replicas(self) -> list[ReplicaProcess]:
-        return [r for r in self.replicas.values() if r.state == "RUNNING" and r.healthy]
-
-    def autoscale_due(self, now: float) -> bool:
-        """Whether it is time to read the replicas' load and decide again."""
-        scaler = self.autoscaler
-        return scaler is not None and not self._reading_metrics and now >= scaler.next_read_at
-
-    async def autoscale(self) -> None:
-        """Read every running replica's load, decide, and wake the controller on a change."""
-        scaler = self.autoscaler
-        if scaler is None:
-            return
-        self._reading_metrics = True
-        scaler.next_read_at = time.time() + scaler.config.metrics_interval_s
-        try:
-            running = self.running_replicas()
-            loads = await asyncio.gather(*(self._read_load(r) for r in running))
-            now = time.time()
-            for replica, load in zip(running, loads, strict=True):
-                if load is not None:
-                    scaler.record_replica(replica.replica_id, load, now)
-            scaler.forget_replicas(r.replica_id for r in running)
-            self._decide(now)
-        finally:
-            self._reading_metrics = False
-
-    def record_queued(self, caller_id: str, queued: int) -> None:
-        """A caller's report of requests waiting for this deployment (see
-        :mod:`kubeserve.runtime.load_report`); a request waiting on zero replicas decides now."""
-        scaler = self.autoscaler
-        if scaler is None:
-            return
-        now = time.time()
-        scaler.record_queued(caller_id, queued, now)
-        if queued and not self.running_replicas():
-            self._decide(now)
-
-    def _decide(self, now: float) -> None:
-        assert self.autoscaler is not None
-        before = self.autoscaler.target
-        if self.autoscaler.step(len(self.running_replicas()), now):
-            log.info("%s: %s", self._label, self.autoscaler.decisions[-1].reason)
-            if self.autoscaler.target != before:
-                self._ctx.wake()
-
-    async def _read_load(self, replica: ReplicaProcess) -> ReplicaLoad | None:
-        try:
-            status, body = await self._internal(replica, "GET", wire.METRICS_PATH, b"", 5.0)
-        except (OSError, TimeoutError):
-            return None
-        if status != 200:
-            return None
-        return ReplicaLoad.from_metrics(wire.parse_metrics(body.decode("utf-8", "replace")))
+        return [r for r in self.replicas.values() if r.serving]
 
     # -- observation -----------------------------------------------------------------------------
     def view(self) -> DeploymentView:
@@ -339,7 +155,7 @@ class DeploymentState:
         ready = [
             wire.ReplicaEndpoint(replica_id=r.replica_id, host="127.0.0.1", port=r.port)
             for r in self.replicas.values()
-            if r.state == "RUNNING" and r.healthy
+            if r.serving
         ]
         # mypy wants each optional key of the TypedDict in some ** item; "unavailable" is set below
         endpoints: wire.DeploymentEndpoints = {
@@ -355,9 +171,6 @@ class DeploymentState:
     def reconcile(self) -> None:
         """One level-triggered step towards the target; idempotent."""
         self._forget_failures_once_stable()
-        for replica in list(self.replicas.values()):
-            if replica.state == "RUNNING" and not replica.healthy:
-                self._stop(replica)
         live = [r for r in self.replicas.values() if r.state in ("STARTING", "RUNNING")]
         current = [r for r in live if r.version == self.version]
         old = [r for r in live if r.version != self.version]
@@ -366,17 +179,12 @@ class DeploymentState:
             self._start_what_fits(missing, old)
         elif missing <= 0:
             self.unschedulable = ""
-        if missing < 0:
-            for replica in _stop_order(current)[:-missing]:
-                self._stop(replica)
-        serving_current = sum(1 for r in current if r.state == "RUNNING" and r.healthy)
-        # Rolling replacement: an old replica goes only once a new one serves in its place, and
-        # proxies and handles have had DISCOVERY_SETTLE_S to learn of the new one (otherwise the
-        # old one could be the only replica they know of when it stops taking requests).
-        settled = sum(1 for r in current if r.state == "RUNNING" and r.healthy and _settled(r))
-        for replica in _stop_order(old)[: len(old) - max(0, self.target - settled)]:
-            self._stop(replica)
-        if settled < serving_current and old:
+        # Surplus replicas, and replaced ones once new ones serve and are known (control.rollout)
+        step = rollout.rollout_step(_rollout(current), _rollout(old), self.target)
+        for replica_id in step.stop:
+            self._stop(self.replicas[replica_id])
+        serving_current = step.serving
+        if step.settled < serving_current and old:
             asyncio.get_running_loop().call_later(DISCOVERY_SETTLE_S, self._ctx.wake)
         for replica in current:
             if (
@@ -416,30 +224,48 @@ class DeploymentState:
         )
         if start == 0 and old and not any(r.state == "STOPPING" for r in self.replicas.values()):
             # A rolling update on a full instance: free one old replica's resources for a new one.
-            self._stop(_stop_order(old)[0])
+            self._stop(self.replicas[rollout.stop_order(_rollout(old))[0].replica_id])
 
     # -- replica lifecycle ---------------------------------------------------------------------
-    def _start(self, claim: dict[str, float]) -> None:
-        replica_id = f"{self.name}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
-        replica = ReplicaProcess(
+    def _new_replica(self, replica_id: str, version: str, port: int) -> ReplicaProcess:
+        return ReplicaProcess(
             replica_id=replica_id,
-            version=self.version,
-            port=processes.free_port(),
-            log_path=self._log_path(replica_id),
-            claim=claim,
-            holds_start_slot=True,
+            version=version,
+            port=port,
+            log_path=self._ctx.log_dir / f"replica_{self.app or 'default'}_{replica_id}.log",
+            config=self.config,
+            context=self._ctx,
+            on_transition=self._on_transition,
+            label=self._label,
         )
+
+    def _start(self, claim: dict[str, float]) -> None:
+        assert self.env is not None
+        replica_id = f"{self.name}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
+        replica = self._new_replica(replica_id, self.version, processes.free_port())
+        replica.claim, replica.holds_start_slot = claim, True
         self._ctx.capacity.take(claim)
         self.replicas[replica_id] = replica
-        self._spawn(self._lifecycle(replica, None))
+        replica.start(
+            ReplicaSpec(
+                app=self.app,
+                app_uid=self.app_uid,
+                deployment=self.name,
+                import_path=self.import_path,
+                app_args=self.app_args,
+                route_prefix=self.route_prefix,
+                env=self.env,
+                app_graph=self.app_graph,
+            )
+        )
 
     def adopt_all(self, replicas: list[AdoptedReplica]) -> None:
         """Adopt ``replicas`` (see :meth:`adopt`); an autoscaling deployment starts from their
         count (within its bounds), not from its initial target."""
         for replica in replicas:
             self.adopt(replica.record, replica.proc)
-        if replicas and self.autoscaler is not None:
-            self.autoscaler.adopt(sum(1 for r in replicas if r.record.version == self.version))
+        if replicas:
+            self.scaling.adopt(sum(1 for r in replicas if r.record.version == self.version))
 
     def adopt(self, record: ReplicaRecord, proc: processes.AdoptedProcess) -> None:
         """Take over a replica an earlier ``kubeserve start`` left serving (its identity was
@@ -447,191 +273,37 @@ class DeploymentState:
         has, and :meth:`reconcile` treats it like any other (reconfigures, replaces or stops it
         when it is not what the config wants). Proxies and handles already know it: it counts
         as settled at once."""
-        replica = ReplicaProcess(
-            replica_id=record.replica_id,
-            version=record.version,
-            port=record.port,
-            log_path=self._log_path(record.replica_id),
-            state="RUNNING",
-            applied_user_config=record.user_config_version,
-            pid=proc.pid,
-            ready_at=time.monotonic() - DISCOVERY_SETTLE_S,
-            claim=placement.replica_claim(self.config),
-            proc=proc,
-        )
+        replica = self._new_replica(record.replica_id, record.version, record.port)
+        replica.state = "RUNNING"
+        replica.applied_user_config = record.user_config_version
+        replica.ready_at = time.monotonic() - DISCOVERY_SETTLE_S
+        replica.claim = placement.replica_claim(self.config)
         self._ctx.capacity.take(replica.claim)
         self.replicas[replica.replica_id] = replica
         log.info("%s: adopted replica %s (pid %d)", self._label, replica.replica_id, proc.pid)
-        self._spawn(self._lifecycle(replica, proc))
-
-    def _log_path(self, replica_id: str) -> Path:
-        return self._ctx.log_dir / f"replica_{self.app or 'default'}_{replica_id}.log"
-
-    def _record(self, replica: ReplicaProcess) -> None:
-        assert replica.pid is not None
-        started = processes.start_time(replica.pid)
-        if started is None:
-            return  # gone already: its lifecycle sees the exit
-        self._ctx.records.put_replica(
-            ReplicaRecord(
-                replica_id=replica.replica_id,
-                app=self.app,
-                app_uid=self.app_uid,
-                deployment=self.name,
-                version=replica.version,
-                user_config_version=replica.applied_user_config,
-                port=replica.port,
-                pid=replica.pid,
-                start_time=started,
-            )
-        )
+        replica.watch(proc)
 
     def _stop(self, replica: ReplicaProcess) -> None:
-        if replica.state in ("STOPPING", "STOPPED"):
-            return
-        replica.state = "STOPPING"
-        self._ctx.records.remove_replica(replica.replica_id)  # a draining replica is not adopted
-        log.info("%s: stopping replica %s", self._label, replica.replica_id)
-        self._ctx.wake()
-        if replica.proc is not None:
-            timeout = self.config.graceful_shutdown_timeout_s
-            self._spawn(processes.terminate(replica.proc, timeout))
+        replica.stop("not wanted")
 
-    async def _lifecycle(
-        self, replica: ReplicaProcess, adopted: processes.AdoptedProcess | None
+    def _on_transition(
+        self, replica: ReplicaProcess, old: ReplicaStateValue, new: ReplicaStateValue, reason: str
     ) -> None:
-        try:
-            if adopted is None:
-                await self._run(replica)
-            else:
-                await self._watch(replica, adopted)
-        finally:
-            self._ctx.records.remove_replica(replica.replica_id)
-            self._free_start_slot(replica)
+        """What a replica's change of state means here (see :mod:`replica_process`)."""
+        if new == "RUNNING" and old == "STARTING":
+            self.startup_failures = 0
+        elif new == "RUNNING" and not replica.healthy:
+            self.health_error = self.last_error = reason
+            replica.stop("failed its health check")
+        elif new == "STOPPED":
             self._ctx.capacity.release(replica.claim)
             if self.replicas.pop(replica.replica_id, None) is not None:
                 self.dead_replicas.append(replica)
-            self._ctx.wake()
-
-    def _free_start_slot(self, replica: ReplicaProcess) -> None:
-        if replica.holds_start_slot:
-            replica.holds_start_slot = False
-            self._ctx.capacity.started()
-            self._ctx.wake()  # another replica may start now
-
-    def _replica_config(self, replica: ReplicaProcess) -> int:
-        """The replica's :class:`wire.ReplicaConfig`, with the *current* user_config, in an
-        in-memory file: the descriptor the replica inherits (the caller closes its own copy).
-
-        Not an environment variable: ``user_config`` has no size limit of its own, and the
-        environment of ``execve`` fails with E2BIG past ~128 KiB per variable. Not a file on the
-        disk either: a replica must start (after a crash, say) while the state disk is full, and
-        the config (``user_config`` may hold credentials) is then never on the disk at all.
-        """
-        replica_config: wire.ReplicaConfig = {
-            "app": self.app,
-            "deployment": self.name,
-            "import_path": self.import_path,
-            "replica_id": replica.replica_id,
-            "user_config": self.config.user_config,
-            "max_ongoing_requests": self.config.max_ongoing_requests,
-            "graceful_shutdown_wait_loop_s": self.config.graceful_shutdown_wait_loop_s,
-            "graceful_shutdown_timeout_s": self.config.graceful_shutdown_timeout_s,
-            "request_limits": self._ctx.request_limits.to_mapping(),
-            "app_args": self.app_args,
-            "route_prefix": self.route_prefix,
-        }
-        if self.app_graph is not None:
-            replica_config["app_graph"] = self.app_graph
-        if self.config.logging_config:
-            replica_config["logging_config"] = dict(self.config.logging_config)
-        fd = os.memfd_create(f"kubeserve-replica-{replica.replica_id}", os.MFD_CLOEXEC)
-        try:
-            data = memoryview(json.dumps(replica_config).encode())
-            while data:
-                data = data[os.write(fd, data) :]
-            os.lseek(fd, 0, os.SEEK_SET)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    async def _run(self, replica: ReplicaProcess) -> None:
-        assert self.env is not None
-        try:
-            config_fd = self._replica_config(replica)
-        except OSError as exc:
-            self._record_startup_failure(replica, f"could not write the replica's config: {exc}")
-            return
-        env = self._ctx.child_env(
-            {
-                **self.env.env_vars,
-                wire.REPLICA_CONFIG_FD_ENV: str(config_fd),
-                wire.CONTROLLER_URL_ENV: self._ctx.controller_url,
-                **self._ctx.data_plane_env(),
-                **self._ctx.log_env(replica.log_path),
-            },
-            self.env.python_path,
-        )
-        try:
-            proc = await processes.spawn(
-                "kubeserve.runtime.replica",
-                ["--host", "127.0.0.1", "--port", str(replica.port)],
-                env=env,
-                log_path=replica.log_path,
-                cwd=self.env.cwd or self._ctx.base_dir,
-                pass_fds=(config_fd,),
-                die_with_parent=self._ctx.die_with_parent,
-            )
-        except OSError as exc:
-            self._record_startup_failure(replica, f"could not start the replica process: {exc}")
-            return
-        finally:
-            os.close(config_fd)
-        replica.proc, replica.pid = proc, proc.pid
-        self._record(replica)
-        log.info(
-            "%s: started replica %s (pid %d, log %s)",
-            self._label,
-            replica.replica_id,
-            proc.pid,
-            replica.log_path,
-        )
-        if _stopping(replica):  # stopped while spawning
-            await processes.terminate(proc, 1.0)
-            return
-        await self._watch(replica, proc)
-
-    async def _watch(self, replica: ReplicaProcess, proc: processes.Child) -> None:
-        """Wait until the replica is ready (an adopted one is), health-check it until it exits,
-        and say why it exited."""
-        exited = asyncio.ensure_future(proc.wait())
-        try:
-            if replica.state == "RUNNING" or await self._wait_ready(replica, exited):
-                await self._health_loop(replica, exited)
-            code = await exited
-        finally:
-            if not exited.done():
-                exited.cancel()
-            processes.kill_group(proc.pid)  # what the replica started dies with it
-            metrics.mark_process_dead(proc.pid, str(self._ctx.metrics_dir))
-        if replica.state == "STOPPING":
-            log.info("%s: replica %s stopped (exit code %s)", self._label, replica.replica_id, code)
-            return
-        if replica.state == "STARTING":
-            tail = processes.log_tail(replica.log_path)
-            self._record_startup_failure(
-                replica, f"replica exited with code {code} before it was ready:\n{tail}"
-            )
-        else:
-            tail = processes.log_tail(replica.log_path)
-            self._record_failure(
-                f"replica {replica.replica_id} exited unexpectedly with code {code}:\n{tail}"
-            )
-
-    def _record_startup_failure(self, replica: ReplicaProcess, message: str) -> None:
-        self.startup_failures += 1
-        self._record_failure(message)
+            if reason and old == "STARTING":
+                self.startup_failures += 1
+            if reason and old != "STOPPING":
+                self._record_failure(reason)
+        self._ctx.wake()
 
     def _record_failure(self, message: str) -> None:
         """Remember the error and hold further starts back (:func:`backoff.restart_delay`)."""
@@ -646,119 +318,32 @@ class DeploymentState:
     def _forget_failures_once_stable(self) -> None:
         now = time.monotonic()
         if self.failure_streak and any(
-            r.state == "RUNNING" and r.healthy and now - r.ready_at >= backoff.STABLE_AFTER_S
-            for r in self.replicas.values()
+            r.serving and now - r.ready_at >= backoff.STABLE_AFTER_S for r in self.replicas.values()
         ):
             self.failure_streak = 0
 
-    async def _wait_ready(self, replica: ReplicaProcess, exited: asyncio.Future[int]) -> bool:
-        async def probe() -> bool:
-            return not await self._check(replica, _READY_TIMEOUT_S)
-
-        ready = await processes.wait_until_answering(
-            probe, exited, lambda: replica.state == "STARTING", _READY_POLL_S
-        )
-        self._free_start_slot(replica)
-        if ready:
-            replica.state = "RUNNING"
-            replica.ready_at = time.monotonic()
-            log.info("%s: replica %s is ready", self._label, replica.replica_id)
-            self.startup_failures = 0
-            self._ctx.wake()
-        return ready
-
-    async def _health_loop(self, replica: ReplicaProcess, exited: asyncio.Future[int]) -> None:
-        failures = 0
-        while replica.state == "RUNNING":
-            period = self.config.health_check_period_s
-            await asyncio.wait([exited], timeout=period)
-            if exited.done() or replica.state != "RUNNING":
-                return
-            timeout = self.config.health_check_timeout_s
-            error = await self._check(replica, timeout)
-            failures = failures + 1 if error else 0
-            if error and failures < effective_config.HEALTH_CHECK_FAILURE_THRESHOLD:
-                log.warning(
-                    "%s: replica %s failed health check %d of %d in a row: %s",
-                    self._label, replica.replica_id, failures,
-                    effective_config.HEALTH_CHECK_FAILURE_THRESHOLD, error,
-                )  # fmt: skip
-            elif error:
-                replica.healthy = False
-                self.health_error = f"replica {replica.replica_id} failed its health check: {error}"
-                log.warning("%s: %s", self._label, self.health_error)
-                self.last_error = self.health_error
-                self._ctx.wake()
-                return
-
-    async def _internal(
-        self, replica: ReplicaProcess, method: str, path: str, body: bytes, timeout_s: float
-    ) -> tuple[int, bytes]:
-        """One internal request to ``replica`` over the authenticated channel."""
-        return await channel.request(
-            "127.0.0.1",
-            replica.port,
-            method,
-            path,
-            self._ctx.secret,
-            replica.replica_id,
-            body,
-            timeout_s=timeout_s,
-        )
-
-    async def _check(self, replica: ReplicaProcess, timeout_s: float) -> str:
-        """Run the replica's health check: "" when healthy, else what went wrong."""
-        try:
-            status, body = await self._internal(replica, "GET", wire.HEALTHZ_PATH, b"", timeout_s)
-        except TimeoutError:
-            return f"no response within health_check_timeout_s={timeout_s:g}"
-        except OSError as exc:
-            return f"{type(exc).__name__}: {exc}"
-        if status == 200:
-            # What the replica applied is the replica's to say (control/user_config.py).
-            replica.applied_user_config = wire.applied_user_config(body) or ""
-            return ""
-        return f"HTTP {status}: {body[:500].decode('utf-8', 'replace')}"
-
     async def _reconfigure(self, replica: ReplicaProcess) -> None:
-        replica.reconfiguring = True
-        version = self.user_config_version
-        body = json.dumps({"user_config": self.config.user_config}).encode()
-        try:
-            status, answer = await self._internal(
-                replica, "POST", wire.RECONFIGURE_PATH, body, _RECONFIGURE_TIMEOUT_S
-            )
-            if status == 200:
-                replica.applied_user_config = wire.applied_user_config(answer) or version
-                self._ctx.records.applied_user_config(
-                    replica.replica_id, replica.applied_user_config
-                )
-            else:
-                text = answer[:1000].decode("utf-8", "replace")
-                self.last_error = f"reconfigure failed on {replica.replica_id}: {text}"
-                replica.healthy = False
-        except (OSError, TimeoutError) as exc:
-            self.last_error = f"reconfigure failed on {replica.replica_id}: {exc}"
-        finally:
-            replica.reconfiguring = False
-            self._ctx.wake()
+        error = await replica.reconfigure(self.config.user_config, self.user_config_version)
+        if error:
+            self.last_error = error
+        if not replica.healthy:
+            replica.stop("reconfigure failed")
+        self._ctx.wake()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
 
-def _stop_order(replicas: list[ReplicaProcess]) -> list[ReplicaProcess]:
-    """Replicas to stop first: those not serving yet, then the newest."""
-    return sorted(replicas, key=lambda r: (r.state == "RUNNING", -r.start_time_s))
-
-
-def _settled(replica: ReplicaProcess) -> bool:
-    """Running long enough for proxies and handles to know of it."""
-    return time.monotonic() - replica.ready_at >= DISCOVERY_SETTLE_S
-
-
-def _stopping(replica: ReplicaProcess) -> bool:
-    """Whether the replica was asked to stop (its state changes under our feet across awaits)."""
-    return replica.state in ("STOPPING", "STOPPED")
+def _rollout(replicas: list[ReplicaProcess]) -> list[rollout.RolloutReplica]:
+    now = time.monotonic()
+    return [
+        rollout.RolloutReplica(
+            replica_id=r.replica_id,
+            running=r.serving,
+            settled=now - r.ready_at >= DISCOVERY_SETTLE_S,
+            start_time_s=r.start_time_s,
+        )
+        for r in replicas
+    ]

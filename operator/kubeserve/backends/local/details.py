@@ -12,7 +12,8 @@ import os
 
 from kubeserve.backends.local.application_state import ApplicationState
 from kubeserve.backends.local.controller import Controller
-from kubeserve.backends.local.deployment_state import ROLLOUT, DeploymentState, ReplicaProcess
+from kubeserve.backends.local.deployment_state import ROLLOUT, DeploymentState
+from kubeserve.backends.local.replica_process import ReplicaProcess
 from kubeserve.backends.local.store import DesiredState, StoredApp
 from kubeserve.backends.process_health import controller_health
 from kubeserve.control.details import (
@@ -137,7 +138,7 @@ def _deployment(
             start_time_s=replica.start_time_s,
         )
 
-    scaler = state.autoscaler
+    scaler = state.scaling.autoscaler
     autoscaling = None if scaler is None else scaler.detail(len(state.running_replicas()))
     view = DeploymentDetailsView(
         state.name,

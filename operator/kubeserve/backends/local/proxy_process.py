@@ -20,8 +20,8 @@ from typing import Literal
 
 from kubeserve.backends.local import processes
 from kubeserve.backends.local.adoption import AdoptedProxy
-from kubeserve.backends.local.deployment_state import ReplicaContext
 from kubeserve.backends.local.process_records import ProxyRecord
+from kubeserve.backends.local.replica_context import ReplicaContext
 from kubeserve.control import backoff, effective_config
 
 ProxyStatusValue = Literal["STARTING", "HEALTHY", "UNHEALTHY", "DRAINING"]

@@ -22,7 +22,7 @@ import pytest
 from kubeserve.runtime import channel, sealing, wire
 from kubeserve.runtime.proxy import ProxyServer
 from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, ReplicaHttpServer
-from support.channel_front import SECRET
+from support.channel_front import SECRET, LoopbackServer
 from support.common import run
 from support.kubeserve_start import PickleMarker
 from support.static_source import StaticSource
@@ -31,7 +31,7 @@ from support.static_source import StaticSource
 Rewrite = Callable[[int, bytes], bytes]
 
 
-class Relay:
+class Relay(LoopbackServer):
     """A process squatting a replica's address: forwards to ``target_port``, rewriting as told."""
 
     def __init__(
@@ -40,28 +40,12 @@ class Relay:
         to_replica: Rewrite | None = None,
         to_caller: Rewrite | None = None,
     ) -> None:
+        super().__init__()
         self.target_port = target_port
         self.to_replica = to_replica or (lambda _seen, data: data)
         self.to_caller = to_caller or (lambda _seen, data: data)
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
 
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.port
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
 
         async def pump(
@@ -83,8 +67,6 @@ class Relay:
                 pump(reader, up_writer, self.to_replica), pump(up_reader, writer, self.to_caller)
             )
         finally:
-            self._tasks.discard(task)
-            writer.close()
             up_writer.close()
 
 

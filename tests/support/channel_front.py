@@ -29,16 +29,13 @@ def signed_ok(headers: Mapping[str, str], target: str) -> bool:
     return channel.verify_request(SECRET, value, "GET", target, time.time())
 
 
-class ChannelFront:
-    def __init__(
-        self, target_port: int, secret: bytes = SECRET, *, owned: asyncio.Server | None = None
-    ) -> None:
-        self.target_port = target_port
-        self.owned = owned  # the stand-in's own server, closed with the front
-        self.secret = secret
+class LoopbackServer:
+    """A server on a free loopback port whose connections are served by :meth:`serve`, each in
+    a task that :meth:`stop` cancels and awaits; ``owned`` (a stand-in's server) closes with it."""
+
+    def __init__(self, *, owned: asyncio.Server | None = None) -> None:
+        self.owned = owned
         self.port = 0
-        self.roles: list[channel.Role] = []
-        self.identities: list[str] = []
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -63,12 +60,26 @@ class ChannelFront:
         assert task is not None
         self._tasks.add(task)
         try:
-            await self._relay(reader, writer)
+            await self.serve(reader, writer)
         finally:
             self._tasks.discard(task)
             writer.close()
 
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+class ChannelFront(LoopbackServer):
+    def __init__(
+        self, target_port: int, secret: bytes = SECRET, *, owned: asyncio.Server | None = None
+    ) -> None:
+        super().__init__(owned=owned)
+        self.target_port = target_port
+        self.secret = secret
+        self.roles: list[channel.Role] = []
+        self.identities: list[str] = []
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             hello = await reader.readexactly(channel.HELLO_SIZE)
             hello += await reader.readexactly(hello[-1])

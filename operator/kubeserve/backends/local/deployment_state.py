@@ -54,16 +54,13 @@ class DeploymentState:
         self.app = app
         self.app_uid = app_uid
         self.name = name
-        self.import_path = ""
-        self.app_args: dict[str, Any] = {}
-        self.app_graph: str | None = None
-        self.route_prefix: str | None = None
+        #: what replicas of the current version start with (from :meth:`set_target` on)
+        self.spec: ReplicaSpec | None = None
         self._ctx = context
         #: Ray's defaults until :meth:`set_target` (see :attr:`has_target`)
         self.config = EffectiveDeployment(name)
         self.version = ""
         self.user_config_version = ""
-        self.env: PreparedEnv | None = None
         self.replicas: dict[str, ReplicaProcess] = {}
         #: replicas that stopped lately, newest last, for their logs (Ray keeps ten)
         self.dead_replicas: deque[ReplicaProcess] = deque(maxlen=RETAINED_DEAD_REPLICAS)
@@ -106,15 +103,21 @@ class DeploymentState:
         """``version`` covers ``import_path`` (or ``app_graph``, an imperative application's
         pickled graph, base64), ``app_args`` and ``env``: replicas of another version are
         replaced (new ones start with these before old ones stop)."""
-        self.import_path = import_path
-        self.app_graph = app_graph
-        self.app_args = dict(app_args or {})
-        self.route_prefix = route_prefix
+        self.spec = ReplicaSpec(
+            app=self.app,
+            app_uid=self.app_uid,
+            deployment=self.name,
+            import_path=import_path,
+            app_args=dict(app_args or {}),
+            route_prefix=route_prefix,
+            env=env,
+            app_graph=app_graph,
+        )
         if version != self.version:
             self.startup_failures, self.ever_healthy, self._backoff_until = 0, False, 0.0
             self.failure_streak = 0
             self.last_error = self.health_error = ""
-        self.config, self.version, self.env = config, version, env
+        self.config, self.version = config, version
         for replica in self.replicas.values():
             replica.config = config
         self.user_config_version = config.user_config_version
@@ -240,24 +243,13 @@ class DeploymentState:
         )
 
     def _start(self, claim: dict[str, float]) -> None:
-        assert self.env is not None
+        assert self.spec is not None
         replica_id = f"{self.name}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
         replica = self._new_replica(replica_id, self.version, processes.free_port())
         replica.claim, replica.holds_start_slot = claim, True
         self._ctx.capacity.take(claim)
         self.replicas[replica_id] = replica
-        replica.start(
-            ReplicaSpec(
-                app=self.app,
-                app_uid=self.app_uid,
-                deployment=self.name,
-                import_path=self.import_path,
-                app_args=self.app_args,
-                route_prefix=self.route_prefix,
-                env=self.env,
-                app_graph=self.app_graph,
-            )
-        )
+        replica.start(self.spec)
 
     def adopt_all(self, replicas: list[AdoptedReplica]) -> None:
         """Adopt ``replicas`` (see :meth:`adopt`); an autoscaling deployment starts from their

@@ -18,15 +18,19 @@ from kubeserve.schema.config import (
 )
 from kubeserve.schema.config import GRPCOptionsSchema as gRPCOptions
 from kubeserve.schema.config import HTTPOptionsSchema as HTTPOptions
+from kubeserve.sdk.autoscaling import AutoscalingContext
+from kubeserve.sdk.context import DeploymentID
 
 DeploymentMode = ProxyLocation  # Ray's older name of the same setting
 
 __all__ = [
     "AutoscalingConfig",
+    "AutoscalingContext",
     "AutoscalingPolicy",
     "BackpressureConfig",
     "ControllerOptions",
     "DeploymentActorConfig",
+    "DeploymentID",
     "DeploymentMode",
     "GangSchedulingConfig",
     "HTTPOptions",

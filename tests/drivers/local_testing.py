@@ -54,9 +54,7 @@ out = {
     "kept": handle.keep.remote(mine).result(),
     "mine": mine,
     "streamed": list(
-        serve.get_deployment_handle("Multiplier", "local")
-        .options(stream=True)
-        .count.remote(3)
+        serve.get_deployment_handle("Multiplier", "local").options(stream=True).count.remote(3)
     ),
     "same_process": serve.get_deployment_handle("Multiplier", "local").where.remote().result()
     == os.getpid(),

@@ -69,7 +69,8 @@ class PolicyHost:
         key = json.dumps([name, kwargs], sort_keys=True)
         if key not in self._policies:
             found = self._find(name)
-            self._policies[key] = found(**kwargs) if inspect.isclass(found) else found
+            policy: Any = found(**kwargs) if inspect.isclass(found) else found
+            self._policies[key] = policy
         return self._policies[key]
 
     def _find(self, name: str) -> Any:
@@ -189,8 +190,7 @@ def _shown(value: Any) -> str:
 def _checked_count(count: Any) -> float:
     if isinstance(count, bool) or not isinstance(count, int | float):
         raise PolicyError(
-            f"the policy returned {_shown(count)} as the replica count; expected an int or a "
-            "float"
+            f"the policy returned {_shown(count)} as the replica count; expected an int or a float"
         )
     return float(count)
 

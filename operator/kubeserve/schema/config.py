@@ -464,8 +464,8 @@ class AutoscalingPolicy(RestModel):
     ``policy_function`` is an import path (``module:function``), or in code the function or
     class itself; a class is constructed once with ``policy_kwargs`` and called on every decision,
     a function is called as it is (Ray ignores ``policy_kwargs`` then). kubeserve calls a custom
-    policy in a process of the application's own environment (:mod:`kubeserve.runtime.autoscaling_policy`),
-    never in the controller.
+    policy in a process of the application's own environment
+    (:mod:`kubeserve.runtime.autoscaling_policy`), never in the controller.
     """
 
     policy_function: Annotated[
@@ -507,7 +507,9 @@ class AutoscalingConfig(RestModel):
         return float(self.target_ongoing_requests or 2)
 
     def get_upscaling_factor(self) -> float:
-        return float(self.upscaling_factor or self.upscale_smoothing_factor or self.smoothing_factor)
+        return float(
+            self.upscaling_factor or self.upscale_smoothing_factor or self.smoothing_factor
+        )
 
     def get_downscaling_factor(self) -> float:
         return float(

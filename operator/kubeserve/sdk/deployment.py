@@ -175,11 +175,10 @@ def _check_value(name: str, value: Any) -> None:
     elif name in _NON_NEGATIVE:
         if not _is_number(value) or value < 0:
             raise ValueError(f"{name} must be a number of at least 0, got {value!r}")
-    elif name == "route_prefix":
-        if value is not None and (not isinstance(value, str) or not value.startswith("/")):
-            raise ValueError(
-                f"route_prefix must be None or a path starting with '/', got {value!r}"
-            )
+    elif name == "route_prefix" and (
+        value is not None and (not isinstance(value, str) or not value.startswith("/"))
+    ):
+        raise ValueError(f"route_prefix must be None or a path starting with '/', got {value!r}")
 
 
 # The schema (pydantic and every config model) is imported only on the rare paths below, an

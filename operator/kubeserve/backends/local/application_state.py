@@ -255,7 +255,8 @@ class ApplicationState:
             state.scaling.set_capacity(*self.capacity)
             state.scaling.policy_process = self.policies
             state.scaling.application_policy = (
-                None if is_default_policy(self.config.get("autoscaling_policy"))
+                None
+                if is_default_policy(self.config.get("autoscaling_policy"))
                 else self._decide_application
             )
             if not self.config.get("external_scaler_enabled"):

@@ -122,9 +122,7 @@ class DeploymentScaling:
             return None
         running = self._running()
         before = self.autoscaler.target
-        context = self.autoscaler.policy_context(
-            len(running), now, [r.replica_id for r in running]
-        )
+        context = self.autoscaler.policy_context(len(running), now, [r.replica_id for r in running])
         self._after_decision(before)
         return context
 

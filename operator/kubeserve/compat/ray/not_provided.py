@@ -73,8 +73,9 @@ REASONS: dict[str, str] = {
         "routes by power of two choices with multiplexed-model affinity"
     ),
     "ray.serve.autoscaling_policy": (
-        "kubeserve's controller runs Ray's default policy itself; policy functions in Python "
-        "(and the Prometheus query helpers they use) are not loaded from this module"
+        "Ray's default policy is built into kubeserve's controller (its import path, the default "
+        "policy_function, names it); custom policies are your own functions, and the helpers "
+        "Ray's policies import from this module are not provided"
     ),
     # -- ray.serve ---------------------------------------------------------------------------------
     "ray.serve._run": "Ray's private deploy entry point; call serve.run",

@@ -155,11 +155,16 @@ def run(
     notebook cell. In kubeserve's own build and replica processes (a module deployed by its
     import path that calls ``serve.run`` at its top level) it deploys nothing and returns a
     handle at once: the build must never wait on itself.
+
+    ``_local_testing_mode=True`` runs the application in this process instead, no instance
+    needed (:mod:`kubeserve.compat.ray.serve.local_testing`).
     """
-    if _local_testing_mode:
-        raise RayServeException("kubeserve has no local testing mode; run a kubeserve instance")
     if not isinstance(target, Application):
         raise TypeError("serve.run takes a bound application (Deployment.bind(...))")
+    if _local_testing_mode:
+        from kubeserve.compat.ray.serve.local_testing import run_locally
+
+        return _driver_loop().run(run_locally(target, name), timeout_s)
     if context.in_kubeserve_process():
         return DeploymentHandle(name, target.name)
     body: dict[str, Any] = {

@@ -6,14 +6,14 @@ be loaded fails the deploy instead of hanging requests."""
 
 from __future__ import annotations
 
-import http.client
+import hashlib
+import http.client as httpclient
 import json
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from ray_custom_router_app import score_of
 
 from support.common import http
 from support.kubeserve_start import Kubeserve, running_kubeserve
@@ -23,6 +23,11 @@ APP = "ray_custom_router_app"
 
 def app(name: str, prefix: str, target: str, **fields: Any) -> dict[str, Any]:
     return {"name": name, "route_prefix": prefix, "import_path": f"{APP}:{target}", **fields}
+
+
+def score_of(replica_id: str) -> int:
+    """The score a replica of the app reports in ``record_routing_stats`` (the app's rule)."""
+    return int(hashlib.sha256(replica_id.encode()).hexdigest()[:8], 16)
 
 
 def replicas(ks: Kubeserve, name: str, deployment: str) -> list[str]:
@@ -63,7 +68,7 @@ def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubeserve]:
 
 
 def served_by(ks: Kubeserve, path: str, n: int = 30) -> list[dict[str, Any]]:
-    conn = http.client.HTTPConnection("127.0.0.1", ks.proxy_port, timeout=30)
+    conn = httpclient.HTTPConnection("127.0.0.1", ks.proxy_port, timeout=30)
     answers = []
     try:
         for _ in range(n):

@@ -34,6 +34,7 @@ import asyncio
 import json
 import logging
 import pickle
+import socket
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -61,6 +62,16 @@ log = logging.getLogger("kubeserve.router")
 FETCH_TIMEOUT_S = 10.0
 #: After a failed load, how long callers are refused before the caller tries again.
 RETRY_LOAD_S = 5.0
+
+
+#: The node id of this caller: its host name. A replica reached on a loopback address runs on
+#: this machine (every replica of ``kubeserve start``); another one's node id is its address (on
+#: Kubernetes the data plane knows no node names yet, so no replica counts as colocated there).
+THIS_NODE = socket.gethostname()
+
+
+def _node_of(host: str) -> str:
+    return THIS_NODE if host in ("127.0.0.1", "::1", "localhost") else host
 
 
 class RouterUnavailable(Exception):
@@ -103,7 +114,7 @@ class CustomRouting:
                     host=r.host,
                     port=r.port,
                     max_ongoing_requests=max_ongoing,
-                    node_id=r.host,
+                    node_id=_node_of(r.host),
                 )
                 old = self.views.get(r.replica_id)
                 if old is not None:
@@ -244,6 +255,7 @@ class CustomRouting:
             router = cls(
                 deployment_id=self._deployment_id,
                 handle_source=None,
+                self_node_id=THIS_NODE,
                 initial_backoff_s=spec["initial_backoff_s"],
                 backoff_multiplier=spec["backoff_multiplier"],
                 max_backoff_s=spec["max_backoff_s"],

@@ -133,7 +133,7 @@ def snapshot_parts(
             if (retry_after := entry.get("retryAfterS")) is not None:
                 endpoints["retry_after_s"] = float(retry_after)
             if router := entry.get("requestRouter"):
-                endpoints["request_router"] = json.loads(str(router))
+                endpoints["request_router"] = json.loads(router)
             reason = wire.no_replica_coming(
                 name, status.get("appStatus"), deployment, entry.get("status")
             )

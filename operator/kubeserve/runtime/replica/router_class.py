@@ -12,6 +12,7 @@ import sys
 from functools import cache
 from typing import Any
 
+from kubeserve.runtime.build import split_import_path
 from kubeserve.runtime.replica.http import HttpResponse
 from kubeserve.runtime.replica.user_code import UserCode, error_text, invoke
 from kubeserve.sdk.request_router import RequestRouter
@@ -26,9 +27,7 @@ _BY_REFERENCE = ("kubeserve", "ray")
 def load_router_class(path: str) -> type[RequestRouter]:
     """The class at ``path`` (``module:Class`` or ``module.Class``); raises ``ImportError``,
     ``AttributeError`` or ``TypeError`` saying what is wrong with it."""
-    module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"request_router_class {path!r} must look like 'module:Class'")
+    module_name, attr = split_import_path(path)
     module = importlib.import_module(module_name)
     target: Any = module
     for part in attr.split("."):

@@ -18,6 +18,7 @@ the router's own in-flight count of each replica stands in for Ray's queue-lengt
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 import uuid
@@ -75,7 +76,14 @@ class PendingRequest:
     kwargs: dict[Any, Any]
     metadata: RequestMetadata
     created_at: float = field(default_factory=time.time)
+    #: Ray's: set when the request is routed; kubeserve's callers wait on their own futures and
+    #: leave it pending (made on first use, so a request needs no event loop to exist)
+    future: asyncio.Future[Any] | None = None
     routing_context: RequestRoutingContext = field(default_factory=RequestRoutingContext)
+    resolved: bool = True
+
+    def reset_future(self) -> None:
+        self.future = asyncio.get_running_loop().create_future()
 
 
 class ReplicaResult:

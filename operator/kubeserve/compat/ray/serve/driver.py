@@ -30,7 +30,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,6 +43,11 @@ from kubeserve.admin_client import (
     AdminError,
 )
 from kubeserve.compat.ray.serve.exceptions import RayServeException
+from kubeserve.compat.ray.serve.schema import (
+    ApplicationStatusOverview,
+    DeploymentStatusOverview,
+    ServeStatus,
+)
 from kubeserve.runtime.handle_client import HandleClient
 from kubeserve.sdk import context, transport
 from kubeserve.sdk.application import Application
@@ -51,14 +55,12 @@ from kubeserve.sdk.handle import DeploymentHandle
 from kubeserve.sdk.pickled_application import pickle_application
 
 __all__ = [
-    "ApplicationStatusOverview",
-    "DeploymentStatusOverview",
-    "ServeStatus",
     "delete",
     "get_app_handle",
     "get_deployment_handle",
     "run",
     "shutdown",
+    "shutdown_async",
     "start",
     "status",
 ]
@@ -91,29 +93,6 @@ def start(*args: Any, **kwargs: Any) -> None:
 
 
 # -- status ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class DeploymentStatusOverview:
-    status: str
-    status_trigger: str
-    replica_states: dict[str, int]
-    message: str = ""
-
-
-@dataclass
-class ApplicationStatusOverview:
-    status: str
-    message: str
-    last_deployed_time_s: float
-    deployments: dict[str, DeploymentStatusOverview] = field(default_factory=dict)
-
-
-@dataclass
-class ServeStatus:
-    proxies: dict[str, str] = field(default_factory=dict)
-    applications: dict[str, ApplicationStatusOverview] = field(default_factory=dict)
-    target_capacity: float | None = None
 
 
 def status() -> ServeStatus:
@@ -221,6 +200,11 @@ def shutdown() -> None:
     with _DRIVER_LOCK:
         if _DRIVER is not None:
             _DRIVER.stop()
+
+
+async def shutdown_async() -> None:
+    """:func:`shutdown` for a caller on an event loop (it runs on a worker thread)."""
+    await asyncio.to_thread(shutdown)
 
 
 # -- handles --------------------------------------------------------------------------------------

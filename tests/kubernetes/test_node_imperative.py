@@ -58,9 +58,24 @@ def run_driver(api: AdminApi, script: str, proxy: str, cwd: Path) -> Any:
         text=True,
         timeout=300,
     )
-    log = result.stdout + result.stderr
-    assert result.returncode == 0, log + api.operator.log()
+    if result.returncode != 0:
+        raise AssertionError(result.stdout + result.stderr + cluster_state(api))
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def cluster_state(api: AdminApi) -> str:
+    """What the operator reports and the namespace holds, with the build pods' logs."""
+    plane, namespace = api.operator.plane, api.operator.namespace
+    objects = plane.kubectl(
+        "get", "pods,jobs,secrets,configmaps,events", "-n", namespace, "-o", "wide", check=False
+    )
+    builds = plane.kubectl(
+        "logs", "-n", namespace, "-l", "app.kubernetes.io/component=build", "--tail=40",
+        check=False,
+    )  # fmt: skip
+    return "\n".join(
+        [json.dumps(api.details(), indent=1)[-3000:], objects.stdout, builds.stdout + builds.stderr]
+    )
 
 
 def graph_secrets(plane: ControlPlane, namespace: str) -> list[dict[str, Any]]:

@@ -28,7 +28,8 @@ from support.k8s_operator import (
     proxy_url,
 )
 
-DRIVERS = ROOT / "tests" / "drivers"
+#: Ray's quickstart as a driver script, its replicas asking for 0.25 CPU (the node has 2)
+QUICKSTART = ROOT / "benchmarks" / "quickstart_driver.py"
 PROBE = {
     "name": "probe",
     "route_prefix": "/probe",
@@ -38,8 +39,8 @@ PROBE = {
 IMPERATIVE_PATH = "/api/kubeserve/applications/{name}"
 
 
-def run_driver(api: AdminApi, script: str, proxy: str, cwd: Path) -> Any:
-    """``tests/drivers/<script>`` run as a user runs it against the cluster (its own folder not
+def run_driver(api: AdminApi, script: Path, proxy: str, cwd: Path) -> Any:
+    """``script`` run as a user runs it against the cluster (its own folder not
     importable by the pods); its last JSON line."""
     environment = dict(os.environ)
     environment.pop("PYTHONPATH", None)
@@ -51,7 +52,7 @@ def run_driver(api: AdminApi, script: str, proxy: str, cwd: Path) -> Any:
         PYTHONPATH=str(ROOT / "operator"),
     )
     result = subprocess.run(
-        [sys.executable, "-m", "kubeserve.compat", str(DRIVERS / script)],
+        [sys.executable, "-m", "kubeserve.compat", str(script)],
         cwd=cwd,
         env=environment,
         capture_output=True,
@@ -117,7 +118,7 @@ def test_serve_run_from_a_driver_reaches_running_beside_a_config_deploy(
     assert not graph_secrets(plane, namespace)
 
     # The driver's serve.run: RUNNING, then answering through the proxy pod.
-    assert run_driver(api, "quickstart.py", proxy, tmp_path) == {"sum": 5}
+    assert run_driver(api, QUICKSTART, proxy, tmp_path) == {"sum": 5}
     apps = api.details()["applications"]
     assert apps["quickstart"]["status"] == "RUNNING"
     assert apps["quickstart"]["source"] == "imperative"

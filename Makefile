@@ -25,6 +25,11 @@ $(BIN)/.installed: pyproject.toml
 # The real Ray 2.60 `serve` client, in its own virtualenv (cached across clones), for compatibility tests.
 ray-client: $(RAY_VENV)/.installed
 
+## Recapture Ray 2.60's public ray.serve names (tests/unit/compat/test_ray_public_names.py reads them).
+.PHONY: ray-public-names
+ray-public-names: ray-client
+	$(RAY_VENV)/bin/python tests/reference/ray-2.60/capture_public_names.py > tests/reference/ray-2.60/public-names.json
+
 $(RAY_VENV)/.installed:
 	$(PYTHON) -m venv $(RAY_VENV)
 	$(RAY_VENV)/bin/pip install -q --upgrade pip

@@ -41,6 +41,14 @@ http {{
 """
 
 
+def master_pid(url: str) -> int:
+    """The PID of the nginx serving ``url`` (its master; the worker is its child)."""
+    return _masters[url]
+
+
+_masters: dict[str, int] = {}
+
+
 def version() -> str | None:
     binary = shutil.which("nginx")
     if binary is None:
@@ -76,7 +84,9 @@ def reference_proxy(replica_port: int) -> Iterator[str | None]:
                     if time.monotonic() > deadline or proc.poll() is not None:
                         raise RuntimeError(f"nginx did not start (see {tmp}/error.log)") from None
                     time.sleep(0.05)
+            _masters[url] = proc.pid
             yield url
         finally:
+            _masters.pop(url, None)
             proc.terminate()
             proc.wait(10)

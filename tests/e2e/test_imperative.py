@@ -183,3 +183,15 @@ def test_imperative_applications_come_back_after_a_restart(ks: Kubeserve) -> Non
     assert app["source"] == "imperative"
     status, body = http("GET", f"{ks.proxy}/quickstart?x=10")
     assert (status, body) == (200, {"sum": 12})
+
+
+def test_a_policy_function_of_the_driver_script_decides_the_replica_count(
+    ks: Kubeserve, tmp_path: Path
+) -> None:
+    assert run_driver(ks, "custom_policy.py", tmp_path) == {
+        "replicas": {"RUNNING": 3},
+        "answer": "ok",
+    }
+    model = (ks.app("policed") or {})["deployments"]["Model"]
+    policy = model["deployment_config"]["autoscaling_config"]["policy"]
+    assert policy["policy_function"] == "__main__.three_replicas"

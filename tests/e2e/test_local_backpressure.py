@@ -59,3 +59,23 @@ def test_backpressure_config_sets_the_status_and_retry_after(clean_kubeserve: Ku
     with ThreadPoolExecutor(4) as pool:
         answers = sorted(pool.map(get, range(4)), key=lambda a: a[0])
     assert answers == [(200, None), (200, None), (429, "3"), (429, "3")], answers
+
+
+def test_backpressure_set_in_code_answers_429_with_retry_after(clean_kubeserve: Kubeserve) -> None:
+    """The decorator's ``BackpressureConfig(status_code=429, retry_after_s=2.5)``: Ray rounds
+    the header up to whole seconds."""
+    ks = clean_kubeserve
+    app = {"name": "coded", "route_prefix": "/coded", "import_path": "ray_backpressure_app:app"}
+    assert ks.put([app])[0] == 200
+    ks.wait_app("coded")
+
+    def get(_: int) -> tuple[int, str | None]:
+        try:
+            with urllib.request.urlopen(f"{ks.proxy}/coded?s=2", timeout=60) as response:
+                return response.status, None
+        except urllib.error.HTTPError as err:
+            return err.code, err.headers.get("Retry-After")
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = sorted(pool.map(get, range(4)), key=lambda a: a[0])
+    assert answers == [(200, None), (200, None), (429, "3"), (429, "3")], answers

@@ -163,3 +163,37 @@ def test_random_paths_add_no_series_and_no_memory(clean_kubeserve: Kubeserve) ->
         name: len(s) for name, s in before.items()
     }
     assert rss_after - rss_before < 8 * 1024, (rss_before, rss_after)
+
+
+def test_custom_metrics_of_ray_serve_metrics_reach_metrics_with_serve_tags(
+    clean_kubeserve: Kubeserve,
+) -> None:
+    ks = clean_kubeserve
+    app = {"name": "custom", "route_prefix": "/custom", "import_path": "ray_custom_metrics_app:app"}
+    assert ks.put([app])[0] == 200
+    ks.wait_app("custom")
+    (pid,) = ks.replica_pids("custom", "Counted")
+    for _ in range(5):
+        assert http("GET", f"{ks.proxy}/custom")[0] == 200
+    samples = wait_for(
+        lambda: (s := scrape(ks)) and value(s, "ray_my_counter_total") == 3 and s,
+        10,
+        what="the custom counter in /metrics",
+    )
+    (labels,) = [labels for labels, _ in samples["ray_my_counter_total"]]
+    replica = labels["replica"]
+    assert replica  # the replica's id, as serve.get_replica_context().replica_tag says
+    assert labels == {
+        "deployment": "Counted",
+        "replica": replica,
+        "application": "custom",
+        "model": "123",
+    }
+    serve_tags = {"deployment": "Counted", "replica": replica, "application": "custom"}
+    histogram = "ray_my_histogram_ms"
+    assert value(samples, f"{histogram}_count", route="/custom", **serve_tags) == 5
+    assert value(samples, f"{histogram}_bucket", le="64.0", route="/custom", **serve_tags) == 5
+    assert value(samples, "ray_my_requests_seen", **serve_tags) == 5
+    # ray.util.metrics adds no Serve tags: only the metric's own
+    assert samples["ray_my_plain_counter_total"] == [({"kind": "plain"}, 10.0)]
+    assert pid in ks.replica_pids("custom", "Counted")

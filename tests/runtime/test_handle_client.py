@@ -22,6 +22,7 @@ from kubeserve.runtime.wire import (
     encode_result,
 )
 from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
+from kubeserve.sdk.ray_errors import ActorDiedError
 from support.channel_front import SECRET, ChannelFront, signed_ok
 from support.common import free_port, run
 from support.static_source import StaticSource
@@ -192,9 +193,30 @@ def test_replica_dying_mid_call_is_an_error_not_a_hang() -> None:
         server, port = await _raw_replica(die)
         try:
             async with started_client(port) as client:
-                with pytest.raises(DeploymentUnavailableError, match="r0"):
+                with pytest.raises(DeploymentUnavailableError, match="r0") as raised:
                     await asyncio.wait_for(client.call("app", "D", "add", (1,), {"b": 1}), 5)
+                # what Ray raises for a replica that died during a call
+                assert isinstance(raised.value, ActorDiedError)
                 assert client.router.in_flight("app#D") == {"r0": 0}  # the slot came back
+        finally:
+            await server.stop()
+
+    run(go(), 30)
+
+
+def test_replica_dying_mid_stream_raises_rays_actor_died_error() -> None:
+    async def go() -> None:
+        async def die(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.transport.abort()  # the replica process died with the stream open
+
+        server, port = await _raw_replica(die)
+        try:
+            async with started_client(port) as client:
+                with pytest.raises(ActorDiedError, match="r0"):
+                    async for _ in client.stream("app", "D", "numbers", (3,), {}):
+                        pass
+                assert client.router.in_flight("app#D") == {"r0": 0}
         finally:
             await server.stop()
 

@@ -39,8 +39,10 @@ __all__ = [
     "PolicyState",
     "Sample",
     "capacity_adjusted",
+    "check_policy_answer",
     "decide",
     "initial_target",
+    "is_cold_start",
     "target_capacity_direction",
     "total_requests",
 ]
@@ -49,7 +51,7 @@ Aggregation = Literal["mean", "max", "min"]
 Direction = Literal["UP", "DOWN"]
 
 #: Ray Serve 2.60's ``AutoscalingConfig`` defaults: the schema model's, stated there only (its
-#: ``policy`` is not acted on, so an effective config leaves it out).
+#: ``policy`` is the default one unless given, so an effective config carries it only when given).
 AUTOSCALING_DEFAULTS: Mapping[str, Any] = {
     name: info.default
     for name, info in AutoscalingConfigSchema.model_fields.items()
@@ -332,19 +334,23 @@ def decide(
     now: float,
     target_capacity: float | None = None,
     capacity_direction: Direction | None = None,
+    desired: float | None = None,
 ) -> Decision:
     """The replica count to run next (Ray 2.60's default policy; see the module docstring).
 
     ``running`` is how many replicas serve now, ``target`` the count currently aimed at, ``load``
-    the :func:`total_requests` of the window.
+    the :func:`total_requests` of the window. ``desired`` is a custom policy's answer: it takes
+    the default policy's place, and Ray 2.60's wrapper of custom policies applies to it as to
+    the default's (cold start, scaling factors, delays, bounds).
     """
     low, high = bounds(config, target_capacity, capacity_direction)
-    if running == 0 and load > 0:  # cold start: no delay
+    if is_cold_start(running, load):  # no delay
         wanted = max(math.ceil(config.upscaling_factor), target)
         new_state = state
         desired = float(wanted)
     else:
-        desired = float(target) if running == 0 else load / config.target_ongoing_requests
+        if desired is None:
+            desired = float(target) if running == 0 else load / config.target_ongoing_requests
         scaled = _apply_factors(desired, running, config)
         if running == 0 and scaled > 0:
             wanted, new_state = scaled, state
@@ -352,6 +358,27 @@ def decide(
             wanted, new_state = _apply_delays(max(0, scaled), target, config, state, now)
     final = max(low, min(high, wanted))
     return Decision(final, new_state, _reason(target, final, load, running), desired)
+
+
+def is_cold_start(running: int, load: float) -> bool:
+    """Nothing serves and requests wait: replicas start at once, no policy asked (as in Ray)."""
+    return running == 0 and load > 0
+
+
+def check_policy_answer(answer: object) -> float:
+    """A custom policy's replica count, or :class:`ValueError` saying what is wrong with it.
+
+    Ray takes an int or a float (rounded up); anything else, a negative or a non-finite number,
+    is refused here so the count stays as it was.
+    """
+    if isinstance(answer, bool) or not isinstance(answer, int | float):
+        raise ValueError(
+            f"the policy returned {type(answer).__name__} {answer!r} as the replica count; "
+            "expected an int or a float"
+        )
+    if not math.isfinite(answer) or answer < 0:
+        raise ValueError(f"the policy returned {answer!r} replicas; expected a number >= 0")
+    return float(answer)
 
 
 def _reason(old: int, new: int, load: float, running: int) -> str:

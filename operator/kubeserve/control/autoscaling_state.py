@@ -20,6 +20,7 @@ from typing import Any
 
 from kubeserve.control import autoscaling
 from kubeserve.control.autoscaling import AutoscalingConfig, Direction, PolicyState, Sample
+from kubeserve.schema.config import is_default_policy
 
 __all__ = ["CallerReports", "DeploymentAutoscaler", "ReplicaLoad", "ScalingRecord"]
 
@@ -107,6 +108,10 @@ class DeploymentAutoscaler:
         self.capacity_direction = capacity_direction
         self.target = autoscaling.initial_target(self.config, target_capacity, capacity_direction)
         self.state = PolicyState()
+        #: why the custom policy's last answer was not used ("" when it was, or none is set)
+        self.policy_error = ""
+        self.last_scale_up_time: float | None = None
+        self.last_scale_down_time: float | None = None
         self.decisions: deque[ScalingRecord] = deque(maxlen=MAX_DECISIONS)
         #: the load of the last decision (running plus queued requests, aggregated)
         self.last_load = 0.0
@@ -186,8 +191,59 @@ class DeploymentAutoscaler:
             self._reads.pop(source, None)
 
     # -- decisions -------------------------------------------------------------------------------
+    @property
+    def policy(self) -> dict[str, Any] | None:
+        """The deployment's custom ``policy`` (``policy_function``, ``policy_kwargs``), or
+        ``None`` for Ray's default policy, which :meth:`step` runs here."""
+        policy = self.raw_config.get("policy")
+        return None if is_default_policy(policy) else dict(policy or {})
+
     def step(self, running: int, now: float) -> bool:
-        """Decide with the readings so far; whether the target changed."""
+        """Decide with the readings so far (Ray's default policy); whether the target changed."""
+        return self._decide(running, self._measure(running, now), now, None)
+
+    def policy_context(
+        self, running: int, now: float, replica_ids: Iterable[str] = ()
+    ) -> dict[str, Any] | None:
+        """What a custom policy is asked with (Ray's ``AutoscalingContext`` as JSON; the policy
+        process adds the policy's own state), or ``None`` after a cold start decided at once
+        without asking it, as Ray's wrapper of custom policies does."""
+        load = self._measure(running, now)
+        if autoscaling.is_cold_start(running, load):
+            self._decide(running, load, now, None)
+            return None
+        low, high = autoscaling.bounds(self.config, self.target_capacity, self.capacity_direction)
+        return {
+            "current_num_replicas": running,
+            "target_num_replicas": self.target,
+            "running_replicas": list(replica_ids),
+            "total_num_requests": load,
+            "total_queued_requests": float(self.queued_now()),
+            "capacity_adjusted_min_replicas": low,
+            "capacity_adjusted_max_replicas": high,
+            "last_scale_up_time": self.last_scale_up_time,
+            "last_scale_down_time": self.last_scale_down_time,
+            "current_time": now,
+            "config": {k: v for k, v in self.raw_config.items() if k != "policy"},
+        }
+
+    def apply_policy(self, running: int, now: float, answer: object) -> bool:
+        """A custom policy's answer for the context :meth:`policy_context` gave: scaled, delayed
+        and bounded as Ray does; an answer that is no count leaves the target as it is and sets
+        :attr:`policy_error`. Whether the target changed."""
+        try:
+            desired = autoscaling.check_policy_answer(answer)
+        except ValueError as exc:
+            self.policy_failed(str(exc))
+            return False
+        self.policy_error = ""
+        return self._decide(running, self.last_load, now, desired)
+
+    def policy_failed(self, message: str) -> None:
+        """The custom policy raised, hung or answered garbage: the target stays."""
+        self.policy_error = f"autoscaling policy failed, replica count unchanged: {message}"
+
+    def _measure(self, running: int, now: float) -> float:
         self._trim(now)
         load = autoscaling.total_requests(
             list(self._series.values()),
@@ -200,6 +256,9 @@ class DeploymentAutoscaler:
             # average (which a report of 0 an instant ago still holds down) comes out.
             load = max(load, float(self.queued_now()))
         self.last_load = load
+        return load
+
+    def _decide(self, running: int, load: float, now: float, desired: float | None) -> bool:
         decision = autoscaling.decide(
             self.config,
             running=running,
@@ -209,6 +268,7 @@ class DeploymentAutoscaler:
             now=now,
             target_capacity=self.target_capacity,
             capacity_direction=self.capacity_direction,
+            desired=desired,
         )
         self.state = decision.state
         return self._move(decision.target, now, decision.reason)
@@ -216,9 +276,13 @@ class DeploymentAutoscaler:
     def _move(self, target: int, now: float, reason: str) -> bool:
         if target == self.target:
             return False
-        self.decisions.append(
-            ScalingRecord(now, reason, self.target, target, "default_autoscaling_policy")
-        )
+        policy = self.policy
+        name = "default_autoscaling_policy" if policy is None else policy["policy_function"]
+        self.decisions.append(ScalingRecord(now, reason, self.target, target, str(name)))
+        if target > self.target:
+            self.last_scale_up_time = now
+        else:
+            self.last_scale_down_time = now
         self.target = target
         return True
 

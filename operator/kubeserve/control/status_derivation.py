@@ -61,6 +61,8 @@ class DeploymentView:
     failure_streak: int = 0
     #: why some replicas are not started: they do not fit the resources (see ``placement``)
     unschedulable: str = ""
+    #: why the custom autoscaling policy's last decision was not applied ("" when it was)
+    autoscaling_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,16 @@ class AppStatusInfo:
 
 
 def deployment_status(view: DeploymentView) -> DerivedDeploymentStatus:
-    """The status of one deployment from what its replicas are doing."""
+    """The status of one deployment from what its replicas are doing; a failing autoscaling
+    policy changes no status (the replicas serve on) but is said in the message."""
+    derived = _replica_status(view)
+    if not view.autoscaling_error:
+        return derived
+    message = "; ".join(m for m in (derived.message, view.autoscaling_error) if m)
+    return DerivedDeploymentStatus(derived.status, derived.status_trigger, message)
+
+
+def _replica_status(view: DeploymentView) -> DerivedDeploymentStatus:
     replicas = [r for r in view.replicas if r.state not in ("STOPPING", "STOPPED")]
     running_current = [r for r in replicas if r.state == "RUNNING" and r.current and r.healthy]
     if view.startup_failures >= STARTUP_FAILURE_THRESHOLD and not running_current:

@@ -39,7 +39,7 @@ from typing import Any
 
 from kubeserve.sdk import context, ray_namespace
 from kubeserve.sdk.application import Application
-from kubeserve.sdk.deployment import Deployment
+from kubeserve.sdk.deployment import Deployment, described_options
 from kubeserve.sdk.ingress import asgi_app_of
 from kubeserve.sdk.pickled_application import unpickle_application
 
@@ -67,7 +67,7 @@ def load_application(import_path: str, args: dict[str, Any] | None = None) -> Ap
     :class:`BuildError`.
     """
     module_name, attr_path = _split_import_path(import_path)
-    _prepare_for_user_code()
+    prepare_for_user_code()
     module = importlib.import_module(module_name)
     target: Any = module
     for part in attr_path.split("."):
@@ -107,7 +107,7 @@ def load_application(import_path: str, args: dict[str, Any] | None = None) -> Ap
 def load_pickled_application(data: bytes) -> Application:
     """The application a driver's ``serve.run`` pickled (see
     :mod:`kubeserve.sdk.pickled_application`); raises what unpickling raises."""
-    _prepare_for_user_code()
+    prepare_for_user_code()
     return unpickle_application(data)
 
 
@@ -119,7 +119,7 @@ def _pickled_input(path: str | None) -> bytes:
         return file.read()
 
 
-def _prepare_for_user_code() -> None:
+def prepare_for_user_code() -> None:
     ray_namespace.install()  # a Ray Serve application's `from ray import serve` is kubeserve's
     context.mark_kubeserve_process()  # its `serve.run` returns at once here (never waits on us)
 
@@ -166,7 +166,7 @@ def describe_application(app: Application) -> dict[str, Any]:
         deployments.append(
             {
                 "name": name,
-                "options": deployment.code_options,
+                "options": described_options(deployment.code_options),
                 "is_function": deployment.is_function,
                 "outbound": [child.name for child in node.children()],
                 "is_ingress": name == app.name,

@@ -74,7 +74,7 @@ from kubeserve.runtime.wire import (
     encode_call,
 )
 from kubeserve.sdk import context
-from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
+from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError, ReplicaDiedError
 
 _UNSERVED = UNSERVED_HEADER.encode()
 _MODELS = MODELS_HEADER.encode()
@@ -199,7 +199,7 @@ class HandleClient:
                     ) from exc.__cause__
                 attempt += 1
             except (OSError, TimeoutError) as exc:  # sent: the replica may have run it
-                raise DeploymentUnavailableError(
+                raise ReplicaDiedError(
                     f"replica {replica.replica_id} of {key} failed: {exc or type(exc).__name__}"
                 ) from exc
             finally:
@@ -474,7 +474,7 @@ class _StreamConnection(KeepAliveConnection):
                     raise error
                 raise RuntimeError(f"{key} stream failed: {error!r}")
             else:  # b"": the connection ended; payload says how
-                raise DeploymentUnavailableError(
+                raise ReplicaDiedError(
                     f"replica {replica_id} of {key}: {payload.decode(errors='replace')}"
                 )
 

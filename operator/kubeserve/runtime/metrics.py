@@ -65,6 +65,7 @@ __all__ = [
     "exposition",
     "label_value",
     "mark_process_dead",
+    "metric_family",
     "multiprocess_exposition",
 ]
 
@@ -158,6 +159,22 @@ def _family(
     family = _FAMILIES.get(name)
     if family is None:
         family = _FAMILIES[name] = _Children(kind(name, documentation, labels, **kw), name)
+    return family
+
+
+def metric_family(
+    kind: Any, name: str, documentation: str, labels: tuple[str, ...], **kw: Any
+) -> _Children:
+    """A metric family of this process by ``name`` (a ``prometheus_client`` ``kind``), bounded
+    as every family here; its ``get(*label_values)`` is the labelled child to write. Created
+    once: a second call with other labels is a :class:`ValueError` (user code's metrics)."""
+    family = _family(kind, name, documentation, labels, **kw)
+    known = family._metric
+    if not isinstance(known, kind) or tuple(known._labelnames) != labels:
+        raise ValueError(
+            f"metric {name} is already defined as a {type(known).__name__} with tags "
+            f"{known._labelnames}, not a {kind.__name__} with tags {labels}"
+        )
     return family
 
 

@@ -7,13 +7,25 @@ worker, a chained asyncio future and one ``call_soon_threadsafe`` (a write to th
 then an epoll wake-up) per result. Under load that machinery, not the user's code, was most of a
 sync no-op's cost.
 
+Under load that machinery, and waking one worker per call, cost more than the user's code: each
+woken worker must win the GIL from the loop and from the other woken workers, a few context
+switches per call (a sync no-op cost 4.7 switches per request, an async one 1).
+
 :class:`ThreadHop` keeps the semantics (up to ``max_workers`` calls run at once, each in a copy of
 the caller's context, exceptions raised in the caller) and pays less:
 
 * the caller gets a plain asyncio future (created by the loop, in C), nothing chained;
-* work goes into a deque; a worker is woken only when one is idle, by releasing the lock it
-  sleeps on (one futex call; ``threading.Semaphore`` is Python code around a ``Condition``), and
-  a busy worker takes the next call without any wake-up at all;
+* work goes into a deque, and one awake worker takes call after call from it without any wake-up;
+  a sleeping worker is woken (by releasing the lock it sleeps on: one futex call) only when no
+  worker is awake, and not at once but by a callback after the I/O callbacks of the loop's
+  current iteration: the calls of all the requests that one poll returned share one wake-up
+  (under load, a dozen calls per wake-up where there was one);
+* a call that blocks (I/O, ``time.sleep``, a lock) must not hold back the calls queued behind it:
+  while work waits, a timer checks every :data:`BLOCKED_AFTER_S` whether any call was taken since
+  the last check, and when none was and every awake worker is inside a call (not merely waiting
+  for the GIL or a CPU), wakes (or starts) one more worker. Calls that block thus
+  spread over up to ``max_workers`` threads within a few milliseconds, and calls that do not block
+  never wake a second thread to fight the first for the GIL;
 * results go into a deque and the loop is woken once per *batch*: a worker schedules a drain only
   when none is pending, and the drain completes every result that arrived meanwhile.
 
@@ -21,9 +33,11 @@ Invariants: a call is run exactly once, by one worker. Each worker's sleep lock 
 the worker is running or listed in ``_idle``, and only the one who takes it off the list (under
 the GIL, ``list.pop`` and ``list.remove`` are atomic) releases it: a worker that lists itself then
 sees work queued takes itself back off, or, when a caller took it first, finds its lock already
-released; so no wake-up is lost and none is doubled. ``_drain_scheduled`` is True from the moment
-a drain is scheduled until it starts, and a result appended after the drain started is seen by
-that drain or schedules the next one.
+released; so no wake-up is lost and none is doubled. A worker is awake from its wake-up until it
+lists itself idle; while one is awake, queued work is taken by it or, if it lists itself idle after
+the work was queued, it sees the work and takes itself back. ``_drain_scheduled`` is True from the
+moment a drain is scheduled until it starts, and a result appended after the drain started is seen
+by that drain or schedules the next one.
 """
 
 from __future__ import annotations
@@ -37,7 +51,10 @@ from _thread import LockType, allocate_lock
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ThreadHop", "run_sync"]
+__all__ = ["BLOCKED_AFTER_S", "ThreadHop", "run_sync"]
+
+#: How long queued work waits, with no call taken meanwhile, before one more worker is woken.
+BLOCKED_AFTER_S = 0.002
 
 _Work = tuple[
     "asyncio.Future[Any]", contextvars.Context, Callable[..., Any], tuple[Any, ...], dict[str, Any]
@@ -54,6 +71,11 @@ class ThreadHop:
         self._done: collections.deque[tuple[asyncio.Future[Any], bool, Any]] = collections.deque()
         self._idle: list[LockType] = []  # the sleep locks of idle workers
         self._threads = 0  # only the loop's thread changes it
+        self._taken = 0  # calls taken by workers (a lost increment still changes it)
+        self._taken_seen = -1  # ``_taken`` at the last blocked-work check
+        self._calling: set[LockType] = set()  # the sleep locks of workers inside a call
+        self._check: asyncio.TimerHandle | None = None
+        self._wake_scheduled = False
         self._drain_scheduled = False
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
@@ -61,22 +83,49 @@ class ThreadHop:
         context. Call from the loop's thread."""
         future = self.loop.create_future()
         self._work.append((future, contextvars.copy_context(), fn, args, kwargs))
+        if len(self._idle) == self._threads and not self._wake_scheduled:
+            # No worker awake: wake one once this poll's callbacks have queued their calls.
+            self._wake_scheduled = True
+            self.loop.call_soon(self._scheduled_wake)
+        if self._check is None:  # the awake worker takes this, unless its call blocks
+            self._taken_seen = self._taken
+            self._check = self.loop.call_later(BLOCKED_AFTER_S, self._blocked_check)
+        return future
+
+    def _scheduled_wake(self) -> None:
+        self._wake_scheduled = False
+        if self._work and len(self._idle) == self._threads:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake an idle worker, else start one (up to ``max_workers``)."""
         idle = self._idle
         if idle:
             try:
                 sleeper = idle.pop()
             except IndexError:  # the worker took itself back: it saw the work
-                return future
+                return
             sleeper.release()
         elif self._threads < self.max_workers:
             self._threads += 1
             threading.Thread(
                 target=self._worker, name=f"kubeserve-sync-{self._threads}", daemon=True
             ).start()
-        return future
+
+    def _blocked_check(self) -> None:
+        """Work still queued: if no call was taken since the last check, the awake workers are
+        blocked in their calls, so wake one more; look again while work waits."""
+        self._check = None
+        if not self._work:
+            return
+        awake = self._threads - len(self._idle)
+        if self._taken == self._taken_seen and len(self._calling) >= awake:
+            self._wake()
+        self._taken_seen = self._taken
+        self._check = self.loop.call_later(BLOCKED_AFTER_S, self._blocked_check)
 
     def _worker(self) -> None:
-        work, done, idle = self._work, self._done, self._idle
+        work, done, idle, calling = self._work, self._done, self._idle, self._calling
         sleeper = allocate_lock()
         sleeper.acquire()
         while True:
@@ -92,12 +141,15 @@ class ThreadHop:
                         pass
                 sleeper.acquire()
                 continue
+            self._taken += 1
+            calling.add(sleeper)
             try:
                 outcome = (future, True, context.run(fn, *args, **kwargs))
             except BaseException as exc:
                 if isinstance(exc, StopIteration):  # an asyncio future refuses to carry it
                     exc = RuntimeError(f"{fn!r} raised StopIteration")
                 outcome = (future, False, exc)
+            calling.discard(sleeper)
             del future, context, fn, args, kwargs
             done.append(outcome)
             del outcome

@@ -24,6 +24,7 @@ field names being the wire names except the explicit ``validation_alias`` choice
 
 from __future__ import annotations
 
+import json
 import keyword
 import re
 from enum import StrEnum
@@ -37,6 +38,7 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeFloat,
+    PlainSerializer,
     PlainValidator,
     PositiveFloat,
     PositiveInt,
@@ -409,11 +411,71 @@ class RayActorOptionsSchema(RestModel):
 # --------------------------------------------------------------------------- deployment parts
 
 
-class AutoscalingPolicy(RestModel):
-    """Which policy function decides the replica count (Ray 2.60; default: Ray's default policy)."""
+#: Ray 2.60's default policy, by the name Ray writes out.
+DEFAULT_POLICY_FUNCTION = "ray.serve.autoscaling_policy:default_autoscaling_policy"
+_DEFAULT_POLICY_NAMES = frozenset(
+    {DEFAULT_POLICY_FUNCTION, "ray.serve.autoscaling_policy.default_autoscaling_policy"}
+)
 
-    policy_function: ImportPath = "ray.serve.autoscaling_policy:default_autoscaling_policy"
-    policy_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+def policy_function_name(value: Any) -> str:
+    """How a policy given as a callable is named in configs and status: ``module.qualname``, the
+    name Ray 2.60 gives it (``AutoscalingPolicy.serialize_policy``); a string as it is."""
+    if isinstance(value, str):
+        return value
+    return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', repr(value))}"
+
+
+def is_default_policy(policy: Any) -> bool:
+    """Whether an ``autoscaling_config.policy`` (a mapping or a model, or None) asks for Ray's
+    default policy, which kubeserve's autoscaler runs itself."""
+    if policy is None:
+        return True
+    function = policy.get("policy_function") if isinstance(policy, dict) else policy.policy_function
+    return function is None or policy_function_name(function) in _DEFAULT_POLICY_NAMES
+
+
+def _policy_function(value: object) -> Any:
+    # A config holds an import path; code (the decorator, serve.run) may give the function or
+    # class itself, as Ray 2.60 accepts. A callable travels by the name describing it gets
+    # (:func:`policy_function_name`) plus the application's code, where the policy process finds it.
+    if callable(value) and not isinstance(value, str):
+        return value
+    if isinstance(value, str):
+        return _check_import_path(value)
+    raise PydanticCustomError(
+        "policy_function", "policy_function must be an import path 'module:function' or a callable"
+    )
+
+
+def _json_serializable(value: dict[str, Any]) -> dict[str, Any]:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise PydanticCustomError(
+            "policy_kwargs", "policy_kwargs is not JSON-serializable: {error}", {"error": str(exc)}
+        ) from None
+    return value
+
+
+class AutoscalingPolicy(RestModel):
+    """Which policy decides the replica count (Ray 2.60; default: Ray's default policy).
+
+    ``policy_function`` is an import path (``module:function``), or in code the function or
+    class itself; a class is constructed once with ``policy_kwargs`` and called on every decision,
+    a function is called as it is (Ray ignores ``policy_kwargs`` then). kubeserve calls a custom
+    policy in a process of the application's own environment
+    (:mod:`kubeserve.runtime.autoscaling_policy`), never in the controller.
+    """
+
+    policy_function: Annotated[
+        Any,
+        PlainValidator(_policy_function, json_schema_input_type=ImportPath),
+        PlainSerializer(policy_function_name, return_type=str, when_used="json"),
+    ] = DEFAULT_POLICY_FUNCTION
+    policy_kwargs: Annotated[dict[str, Any], AfterValidator(_json_serializable)] = Field(
+        default_factory=dict
+    )
 
 
 class AutoscalingConfig(RestModel):
@@ -439,6 +501,20 @@ class AutoscalingConfig(RestModel):
     upscale_delay_s: NonNegativeFloat = 30.0
     aggregation_function: Literal["mean", "max", "min"] = "mean"
     policy: AutoscalingPolicy = Field(default_factory=AutoscalingPolicy)
+
+    # Ray's accessors, which policies written for Ray call on ``ctx.config``.
+    def get_target_ongoing_requests(self) -> float:
+        return float(self.target_ongoing_requests or 2)
+
+    def get_upscaling_factor(self) -> float:
+        return float(
+            self.upscaling_factor or self.upscale_smoothing_factor or self.smoothing_factor
+        )
+
+    def get_downscaling_factor(self) -> float:
+        return float(
+            self.downscaling_factor or self.downscale_smoothing_factor or self.smoothing_factor
+        )
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> AutoscalingConfig:
@@ -629,7 +705,7 @@ class ServeApplicationSchema(RestModel):
     args: dict[str, Any] = Field(default_factory=dict)
     logging_config: LoggingConfig | None = None
     external_scaler_enabled: bool = False
-    autoscaling_policy: dict[str, Any] | None = None
+    autoscaling_policy: AutoscalingPolicy | None = None
 
     @model_validator(mode="after")
     def _deployments_consistent(self) -> ServeApplicationSchema:

@@ -186,9 +186,10 @@ SUPPORT: dict[str, Support] = {
     "ServeApplicationSchema.host": works("single-application body; equals http_options.host"),
     "ServeApplicationSchema.port": works("single-application body; equals http_options.port"),
     "ServeApplicationSchema.deployments": works("overrides of the options set in code"),
-    "ServeApplicationSchema.autoscaling_policy": refused(
-        "application-level autoscaling policies are not supported; configure each deployment's "
-        "autoscaling_config"
+    "ServeApplicationSchema.autoscaling_policy": partial(
+        "kubeserve start: one policy for all the application's autoscaling deployments, called "
+        "with Dict[DeploymentID, AutoscalingContext]; it takes precedence over deployment-level "
+        "ones. Refused (400) on Kubernetes"
     ),
     "ServeApplicationSchema.args": works("passed to an application builder"),
     "ServeApplicationSchema.logging_config": works(),
@@ -274,13 +275,14 @@ SUPPORT: dict[str, Support] = {
         )
     },
     "AutoscalingConfig.policy": works(),
-    "AutoscalingPolicy.policy_function": refused(
-        "custom autoscaling policies are not supported; Ray's default policy is built in",
-        None,
-        "ray.serve.autoscaling_policy:default_autoscaling_policy",
+    "AutoscalingPolicy.policy_function": partial(
+        "kubeserve start: an import path, or in code the function or class, called with Ray's "
+        "AutoscalingContext in a process of the application's environment, its answer scaled, "
+        "delayed and clamped as Ray does; one that raises or answers garbage leaves the count "
+        "unchanged and says why in the deployment's message. Refused (400) on Kubernetes"
     ),
-    "AutoscalingPolicy.policy_kwargs": refused(
-        "custom autoscaling policies are not supported", None, {}
+    "AutoscalingPolicy.policy_kwargs": partial(
+        "passed to a policy class's constructor, as in Ray (kubeserve start)"
     ),
     # ------------------------------------------------------------------ BackpressureConfig
     "BackpressureConfig.status_code": works(),

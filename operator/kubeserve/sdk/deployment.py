@@ -114,15 +114,52 @@ def normalize_options(options: dict[str, Any]) -> dict[str, Any]:
 
 def _plain(value: Any) -> Any:
     """A pydantic model given as an option (Ray's ``AutoscalingConfig(...)``) as the dict of the
-    fields it sets, the form configs use."""
+    fields it sets, the form configs use; nested too (``{"policy": AutoscalingPolicy(...)}``).
+    A policy function given as a callable stays the callable: it travels with the application's
+    code (see :func:`described_options`)."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
     dump = getattr(value, "model_dump", None)
-    if callable(dump) and not isinstance(value, type):
-        return dump(mode="json", exclude_unset=True)
-    return value
+    if not callable(dump) or isinstance(value, type):
+        return value
+    plain = dump(mode="json", exclude_unset=True)
+    function = getattr(value, "policy_function", None)
+    if callable(function) and "policy_function" in plain:
+        plain["policy_function"] = function
+    policy = getattr(value, "policy", None)
+    if policy is not None and "policy" in plain:
+        plain["policy"] = _plain(policy)
+    return plain
+
+
+def described_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` as JSON can carry them: a policy function given as a callable is named the way
+    Ray names it (``module.qualname``); the policy process finds it by that name in the
+    application's code."""
+    policy = (options.get("autoscaling_config") or {}).get("policy") or {}
+    function = policy.get("policy_function")
+    if not callable(function):
+        return options
+    from kubeserve.schema.config import policy_function_name
+
+    named = {**policy, "policy_function": policy_function_name(function)}
+    return {**options, "autoscaling_config": {**options["autoscaling_config"], "policy": named}}
+
+
+#: Options whose value is one of the config's models: checked by the config's own model
+#: (:class:`kubeserve.schema.config.DeploymentSchema`), so code and configs accept and refuse the
+#: same values in the same words, nested fields included.
+_CONFIG_MODELS = (
+    "autoscaling_config",
+    "ray_actor_options",
+    "logging_config",
+    "request_router_config",
+    "backpressure_config",
+)
 
 
 def _check_value(name: str, value: Any) -> None:
-    if name in ("logging_config", "request_router_config", "backpressure_config"):
+    if name in _CONFIG_MODELS:
         _check_ray_config(name, value)
     elif name == "num_replicas":
         if value != "auto" and (not _is_int(value) or value < 1):
@@ -138,13 +175,10 @@ def _check_value(name: str, value: Any) -> None:
     elif name in _NON_NEGATIVE:
         if not _is_number(value) or value < 0:
             raise ValueError(f"{name} must be a number of at least 0, got {value!r}")
-    elif name == "route_prefix":
-        if value is not None and (not isinstance(value, str) or not value.startswith("/")):
-            raise ValueError(
-                f"route_prefix must be None or a path starting with '/', got {value!r}"
-            )
-    elif name in ("autoscaling_config", "ray_actor_options") and not isinstance(value, dict):
-        raise ValueError(f"{name} must be a dict, got {type(value).__name__}")
+    elif name == "route_prefix" and (
+        value is not None and (not isinstance(value, str) or not value.startswith("/"))
+    ):
+        raise ValueError(f"route_prefix must be None or a path starting with '/', got {value!r}")
 
 
 # The schema (pydantic and every config model) is imported only on the rare paths below, an
@@ -179,25 +213,20 @@ def _table_models() -> tuple[str, ...]:
 
 
 def _check_ray_config(name: str, value: Any) -> None:
-    """Ray's logging, routing and backpressure configs, validated by the models that validate
-    them in a config: the same fields are accepted and refused, with the same reasons."""
+    """An option holding one of Ray's config models, validated as the same field of a config's
+    deployment entry: the same values are accepted and refused, with the same reasons."""
     from pydantic import ValidationError
 
-    from kubeserve.schema import config
+    from kubeserve.schema.config import DeploymentSchema
     from kubeserve.schema.errors import FIELD_ERROR_TYPE, validation_details
 
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a dict, got {type(value).__name__}")
-    models: dict[str, type[config.RestModel]] = {
-        "logging_config": config.LoggingConfig,
-        "request_router_config": config.RequestRouterConfig,
-        "backpressure_config": config.BackpressureConfig,
-    }
     try:
-        models[name].model_validate(value)
+        DeploymentSchema.model_validate({"name": "code", name: value})
     except ValidationError as err:
         problems = "; ".join(
-            f"{name}.{'.'.join(str(p) for p in detail['loc'])}: {detail['msg']}"
+            f"{'.'.join(str(p) for p in detail['loc'])}: {detail['msg']}"
             for detail in validation_details(err)
         )
         refused = any(e["type"] == FIELD_ERROR_TYPE for e in err.errors())

@@ -72,6 +72,13 @@ class RayNamespaceFinder(importlib.abc.MetaPathFinder):
         except ModuleNotFoundError:
             found = None
         if found is None:
+            # the table of Ray Serve's public names kubeserve leaves out, with their reasons
+            table = importlib.import_module(f"{COMPAT_PACKAGE}.not_provided")
+            why = table.reason(fullname)
+            if why is not None:
+                raise table.NotProvidedError(
+                    f"{fullname} is not provided by kubeserve: {why}", name=fullname
+                )
             raise ModuleNotFoundError(
                 f"{fullname} is part of Ray, which kubeserve does not provide: kubeserve runs "
                 "Ray Serve applications (ray.serve and its public modules) without Ray itself",

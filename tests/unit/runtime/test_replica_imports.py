@@ -17,3 +17,20 @@ def test_a_replica_of_a_plain_deployment_loads_no_schema_pydantic_or_kubernetes_
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_a_ray_serve_application_with_metrics_loads_no_schema_or_pydantic() -> None:
+    code = (
+        "import sys, kubeserve.runtime.replica.server\n"
+        "from kubeserve.sdk import ray_namespace\n"
+        "ray_namespace.install()\n"
+        "from ray import serve\n"
+        "from ray.serve import metrics\n"
+        "from ray.serve.handle import DeploymentHandle\n"
+        "from ray.util.metrics import Counter\n"
+        "from ray.exceptions import RayActorError\n"
+        "heavy = [m for m in sys.modules if m.startswith(('kubeserve.schema', 'pydantic',"
+        " 'kubeserve.compat.ray.serve.driver'))]\n"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

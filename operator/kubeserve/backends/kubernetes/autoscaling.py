@@ -34,6 +34,7 @@ from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoa
 from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.runtime import channel, wire
 from kubeserve.runtime.kubernetes import contract
+from kubeserve.schema.config import is_default_policy
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,25 @@ SCALE_TO_ZERO_REFUSED = (
 def scaling_key(namespace: str, application: str, deployment: str) -> str:
     """The key of a deployment's autoscaler: ``application`` is its ServeApplication's name."""
     return f"{namespace}/{application}/{deployment}"
+
+
+CUSTOM_POLICY_REFUSED = (
+    "custom autoscaling policies run with kubeserve start only for now: the operator has no "
+    "process in the application's image to call them in; leave policy_function unset (Ray's "
+    "default policy) on Kubernetes"
+)
+
+
+def custom_policy_paths(app_config: Mapping[str, Any]) -> list[tuple[str | int, ...]]:
+    """Where an application config asks for a custom autoscaling policy."""
+    paths: list[tuple[str | int, ...]] = []
+    if not is_default_policy(app_config.get("autoscaling_policy")):
+        paths.append(("autoscaling_policy", "policy_function"))
+    for i, override in enumerate(app_config.get("deployments") or []):
+        policy = (override.get("autoscaling_config") or {}).get("policy")
+        if not is_default_policy(policy):
+            paths.append(("deployments", i, "autoscaling_config", "policy", "policy_function"))
+    return paths
 
 
 def scale_to_zero_paths(
@@ -168,7 +188,11 @@ class Autoscalers:
             if load is not None:
                 scaler.record_replica(uid, load, now)
         scaler.forget_replicas(uid for uid, _, _ in ready)
-        if scaler.step(len(ready), now):
+        if scaler.policy is not None:  # set in code: the config's are refused (see refusals)
+            if not scaler.policy_error:
+                scaler.policy_failed(CUSTOM_POLICY_REFUSED)
+                log.warning("%s", scaler.policy_error)
+        elif scaler.step(len(ready), now):
             log.info("%s", scaler.decisions[-1].reason)
             self.on_decided()
         loop = asyncio.get_running_loop()

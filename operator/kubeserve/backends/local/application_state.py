@@ -28,6 +28,7 @@ from typing import Any
 from kubeserve.backends.local import adoption, processes
 from kubeserve.backends.local.adoption import AdoptedReplica
 from kubeserve.backends.local.deployment_state import DISCOVERY_SETTLE_S, DeploymentState
+from kubeserve.backends.local.policy_process import PolicyFailure, PolicyLaunch, PolicyProcess
 from kubeserve.backends.local.replica_context import ReplicaContext
 from kubeserve.control import effective_config
 from kubeserve.control.autoscaling import Direction
@@ -35,6 +36,7 @@ from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status_derivation import AppStatusInfo, BuildView, application_status
 from kubeserve.runtime import runtime_env as runtime_envs
 from kubeserve.runtime.runtime_env import PreparedEnv, RuntimeEnvError
+from kubeserve.schema.config import is_default_policy
 from kubeserve.schema.imperative import GRAPH_DIGEST_KEY
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,8 @@ class ApplicationState:
         #: why the config does not fit the built graph (the app is DEPLOY_FAILED); reset each pass
         self.config_error = ""
         self._build_key = ""
+        #: where the application's custom autoscaling policies run (started on first use)
+        self.policies = PolicyProcess(self._policy_launch)
         self._build_task: asyncio.Task[None] | None = None
         self._envs: dict[str, PreparedEnv] = {}
         #: the instance's ``target_capacity`` and its direction, set by the controller each pass
@@ -120,6 +124,7 @@ class ApplicationState:
         build_key = effective_config.fingerprint(build_inputs)
         if build_key != self._build_key:
             self._build_key = build_key
+            self.policies.stop()  # the next decision starts it with the new code
             if self._build_task is not None:
                 self._build_task.cancel()
             self.build = BuildView("running")  # what the previous build runs keeps serving
@@ -248,6 +253,12 @@ class ApplicationState:
             state = known or DeploymentState(self.name, name, self._ctx, self.uid)
             self.deployments[name] = state
             state.scaling.set_capacity(*self.capacity)
+            state.scaling.policy_process = self.policies
+            state.scaling.application_policy = (
+                None
+                if is_default_policy(self.config.get("autoscaling_policy"))
+                else self._decide_application
+            )
             if not self.config.get("external_scaler_enabled"):
                 state.scaling.external_target = None
             state.set_target(
@@ -262,6 +273,52 @@ class ApplicationState:
             state.adopt_all(self._adoptable.pop(name, []))
             state.reconcile()
         self.stop_adoptable()  # replicas of deployments the graph no longer has
+
+    # -- custom autoscaling policies -------------------------------------------------------------
+    async def _policy_launch(self) -> PolicyLaunch:
+        """The policy process runs where the build ran: same environment, same code."""
+        env = await self._prepare_env(None)
+        if self.pickled_graph is not None:
+            args, preamble = ["--pickled"], base64.b64encode(self.pickled_graph)
+        else:
+            args = ["--import-path", str(self.config["import_path"])]
+            args += ["--args", json.dumps(self.config.get("args") or {})]
+            preamble = b""
+        return PolicyLaunch(
+            args=[self.name or "default", *args],
+            env=self._ctx.child_env(env.env_vars, env.python_path),
+            cwd=env.cwd or self._ctx.base_dir,
+            log_path=self._ctx.log_dir / f"autoscaling_policy_{self.name or 'default'}.log",
+            preamble=preamble,
+        )
+
+    async def _decide_application(self) -> None:
+        """The application's ``autoscaling_policy`` decides for all its autoscaling deployments
+        at once (Ray 2.60: it takes precedence over their own policies); a deployment it leaves
+        out keeps its count, a failure leaves every count as it was."""
+        now = time.time()
+        scaled = {n: d.scaling for n, d in self.deployments.items() if d.scaling.autoscaler}
+        contexts = {n: c for n, s in scaled.items() if (c := s.policy_context(now)) is not None}
+        if not contexts:
+            return
+        request = {
+            "scope": "application",
+            "policy": self.config["autoscaling_policy"],
+            "contexts": contexts,
+        }
+        try:
+            decisions = await self.policies.ask(request)
+        except PolicyFailure as exc:
+            for name in contexts:
+                autoscaler = scaled[name].autoscaler
+                if autoscaler is not None:
+                    autoscaler.policy_failed(f"application policy: {exc}")
+            log.warning("application %r: autoscaling policy failed: %s", self.name, exc)
+            return
+        now = time.time()
+        for name, answer in decisions.items():
+            if name in contexts:
+                scaled[name].apply_policy(answer, now)
 
     def _switch_route_when_ready(self, graph: dict[str, Any]) -> None:
         """Point the route at ``graph``'s ingress once all its deployments are HEALTHY, then stop
@@ -290,6 +347,7 @@ class ApplicationState:
         self.stop_adoptable()
         if self._build_task is not None:
             self._build_task.cancel()
+        self.policies.stop()
         for deployment in self.all_deployments().values():
             deployment.stop_all()
 

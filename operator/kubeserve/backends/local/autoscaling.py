@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+from kubeserve.backends.local.policy_process import PolicyFailure, PolicyProcess
 from kubeserve.backends.local.replica_process import ReplicaProcess
 from kubeserve.control.autoscaling import Direction
 from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
@@ -44,6 +46,12 @@ class DeploymentScaling:
         self.autoscaler: DeploymentAutoscaler | None = None
         #: the count set through the external scaling API (``external_scaler_enabled``)
         self.external_target: int | None = None
+        #: asks the application's policy process (set by the application; see
+        #: :mod:`~kubeserve.backends.local.policy_process`)
+        self.policy_process: PolicyProcess | None = None
+        #: decides for every autoscaling deployment of the application at once, when the
+        #: application has an ``autoscaling_policy`` (set by the application)
+        self.application_policy: Callable[[], Awaitable[None]] | None = None
         self._reading_metrics = False
 
     @property
@@ -99,9 +107,50 @@ class DeploymentScaling:
                 if load is not None:
                     scaler.record_replica(replica.replica_id, load, now)
             scaler.forget_replicas(r.replica_id for r in running)
-            self._decide(now)
+            if self.application_policy is not None:
+                await self.application_policy()
+            elif scaler.policy is not None:
+                await self._ask_policy(scaler, scaler.policy, now)
+            else:
+                self._decide(now)
         finally:
             self._reading_metrics = False
+
+    def policy_context(self, now: float) -> dict[str, Any] | None:
+        """What the custom policy is asked for this deployment (None: nothing to ask now)."""
+        if self.autoscaler is None:
+            return None
+        running = self._running()
+        before = self.autoscaler.target
+        context = self.autoscaler.policy_context(len(running), now, [r.replica_id for r in running])
+        self._after_decision(before)
+        return context
+
+    def apply_policy(self, answer: object, now: float) -> None:
+        if self.autoscaler is None:
+            return
+        before = self.autoscaler.target
+        self.autoscaler.apply_policy(len(self._running()), now, answer)
+        self._after_decision(before)
+
+    async def _ask_policy(
+        self, scaler: DeploymentAutoscaler, policy: dict[str, Any], now: float
+    ) -> None:
+        context = self.policy_context(now)
+        if context is None:
+            return
+        if self.policy_process is None:
+            scaler.policy_failed("no policy process for this application")
+            return
+        name = self._config.name
+        request = {"scope": "deployment", "policy": policy, "contexts": {name: context}}
+        try:
+            decisions = await self.policy_process.ask(request)
+        except PolicyFailure as exc:
+            scaler.policy_failed(str(exc))
+            log.warning("%s: %s", self._label, scaler.policy_error)
+            return
+        self.apply_policy(decisions.get(name), time.time())
 
     def record_queued(self, caller_id: str, queued: int) -> None:
         """A caller's report of requests waiting for this deployment (see
@@ -117,10 +166,14 @@ class DeploymentScaling:
     def _decide(self, now: float) -> None:
         assert self.autoscaler is not None
         before = self.autoscaler.target
-        if self.autoscaler.step(len(self._running()), now):
+        self.autoscaler.step(len(self._running()), now)
+        self._after_decision(before)
+
+    def _after_decision(self, before: int) -> None:
+        assert self.autoscaler is not None
+        if self.autoscaler.target != before:
             log.info("%s: %s", self._label, self.autoscaler.decisions[-1].reason)
-            if self.autoscaler.target != before:
-                self._wake()
+            self._wake()
 
 
 async def _read_load(replica: ReplicaProcess) -> ReplicaLoad | None:

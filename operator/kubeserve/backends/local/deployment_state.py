@@ -133,6 +133,7 @@ class DeploymentState:
 
     # -- observation -----------------------------------------------------------------------------
     def view(self) -> DeploymentView:
+        autoscaler = self.scaling.autoscaler
         return DeploymentView(
             target_replicas=self.target,
             replicas=[
@@ -150,6 +151,7 @@ class DeploymentState:
             health_error=self.health_error,
             unschedulable=self.unschedulable,
             failure_streak=self.failure_streak,
+            autoscaling_error=autoscaler.policy_error if autoscaler is not None else "",
         )
 
     def endpoints(self, unavailable: str | None = None) -> wire.DeploymentEndpoints:

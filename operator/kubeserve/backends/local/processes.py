@@ -116,6 +116,38 @@ async def spawn(
         os.close(log)
 
 
+async def spawn_piped(
+    module: str,
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    log_path: Path,
+    cwd: str | None,
+) -> asyncio.subprocess.Process:
+    """Start ``python -m module args...`` talking over its stdin and stdout (lines up to 1 MiB),
+    stderr appended to ``log_path``; it dies with this process and leads its own session, so
+    :func:`kill_group` stops whatever it started."""
+    private_dir(log_path.parent)
+    log = open_private_log(log_path)
+    try:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            module,
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log,
+            env=dict(env),
+            cwd=cwd,
+            preexec_fn=_die_with_parent,
+            start_new_session=True,
+            limit=1 << 20,
+        )
+    finally:
+        os.close(log)
+
+
 async def run_to_completion(
     module: str,
     args: Sequence[str],

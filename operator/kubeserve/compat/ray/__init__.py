@@ -1,7 +1,8 @@
 """The ``ray`` a Ray Serve application imports when it runs on kubeserve.
 
-Serve applications touch little of Ray itself: ``ray.serve``, and sometimes ``ray.init()`` or
-``ray.is_initialized()`` guards. Those are here (the latter two as no-ops: a kubeserve process is
+Serve applications touch little of Ray itself: ``ray.serve``, the errors of ``ray.exceptions``,
+the metrics of ``ray.util.metrics``, and sometimes ``ray.init()`` or ``ray.is_initialized()``
+guards. Those are here (the latter two as no-ops: a kubeserve process is
 always "initialized"). Anything else of Ray core (``ray.remote``, ``ray.get``, actors, object
 refs, Ray Data...) is not provided and fails with an error naming it, never with a half-working
 stand-in.
@@ -12,12 +13,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["__version__", "init", "is_initialized", "serve", "shutdown"]
+__all__ = ["__version__", "exceptions", "init", "is_initialized", "serve", "shutdown", "util"]
 
 #: The Ray release whose public Serve surface this layer follows.
 __version__ = "2.60.0"
 
-_SUBMODULES = frozenset({"serve"})
+_SUBMODULES = frozenset({"exceptions", "serve", "util"})
 
 
 def init(*args: Any, **kwargs: Any) -> None:

@@ -8,7 +8,9 @@ kubeserve application does.
 The driver-side API (``serve.run``, ``serve.start``, ``serve.status``, ``serve.delete``,
 ``serve.shutdown``, ``serve.get_app_handle``, ``serve.get_deployment_handle``) works against a
 running kubeserve instance (:mod:`kubeserve.compat.ray.serve.driver`). It is loaded when a script
-first touches it, never by a replica (an import contract in ``pyproject.toml`` keeps it so).
+first touches it, never by a replica (an import contract in ``pyproject.toml`` keeps it so); the
+config models (pydantic) load on first use too. Ray's public names kubeserve leaves out fail with
+the reason (:mod:`kubeserve.compat.ray.not_provided`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from kubeserve.compat.ray.serve.config import HTTPOptions
+from kubeserve.compat.ray import not_provided
 from kubeserve.compat.ray.serve.exceptions import RayServeException
-from kubeserve.schema.config import TracingConfig
 from kubeserve.sdk import context as _context
 from kubeserve.sdk.application import Application
 from kubeserve.sdk.batching import batch
@@ -28,6 +29,7 @@ from kubeserve.sdk.multiplex import get_multiplexed_model_id, multiplexed
 
 __all__ = [
     "Application",
+    "ControllerOptions",
     "Deployment",
     "HTTPOptions",
     "TracingConfig",
@@ -42,22 +44,41 @@ __all__ = [
     "multiplexed",
     "run",
     "shutdown",
+    "shutdown_async",
     "start",
     "status",
 ]
 
 
-#: The driver-side API, loaded on first use: a replica imports ``ray.serve`` for the decorator
-#: and never pays for the driver (its admin client, its handle client on a thread).
-_DRIVER_API = frozenset(
-    {"delete", "get_app_handle", "get_deployment_handle", "run", "shutdown", "start", "status"}
-)
+#: Names loaded on first use, by the module that holds them: the driver-side API (a replica
+#: imports ``ray.serve`` for the decorator and never pays for the driver: its admin client, its
+#: handle client on a thread), and the config models (a replica loads no pydantic for them).
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "delete",
+            "get_app_handle",
+            "get_deployment_handle",
+            "run",
+            "shutdown",
+            "shutdown_async",
+            "start",
+            "status",
+        ),
+        f"{__name__}.driver",
+    ),
+    "ControllerOptions": f"{__name__}.config",
+    "HTTPOptions": f"{__name__}.config",
+    "TracingConfig": f"{__name__}.schema",
+}
+_missing = not_provided.module_getattr(__name__)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _DRIVER_API:
-        return getattr(importlib.import_module(f"{__name__}.driver"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        _missing(name)
+    return getattr(importlib.import_module(module), name)
 
 
 def get_replica_context() -> _context.ReplicaContext:

@@ -31,7 +31,6 @@ import time
 import urllib.parse
 import warnings
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,6 +44,11 @@ from kubeserve.admin_client import (
     AdminError,
 )
 from kubeserve.compat.ray.serve.exceptions import RayServeException
+from kubeserve.compat.ray.serve.schema import (
+    ApplicationStatusOverview,
+    DeploymentStatusOverview,
+    ServeStatus,
+)
 from kubeserve.runtime.handle_client import HandleClient
 from kubeserve.sdk import context, transport
 from kubeserve.sdk.application import Application
@@ -52,14 +56,12 @@ from kubeserve.sdk.handle import DeploymentHandle
 from kubeserve.sdk.pickled_application import pickle_application
 
 __all__ = [
-    "ApplicationStatusOverview",
-    "DeploymentStatusOverview",
-    "ServeStatus",
     "delete",
     "get_app_handle",
     "get_deployment_handle",
     "run",
     "shutdown",
+    "shutdown_async",
     "start",
     "status",
 ]
@@ -92,29 +94,6 @@ def start(*args: Any, **kwargs: Any) -> None:
 
 
 # -- status ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class DeploymentStatusOverview:
-    status: str
-    status_trigger: str
-    replica_states: dict[str, int]
-    message: str = ""
-
-
-@dataclass
-class ApplicationStatusOverview:
-    status: str
-    message: str
-    last_deployed_time_s: float
-    deployments: dict[str, DeploymentStatusOverview] = field(default_factory=dict)
-
-
-@dataclass
-class ServeStatus:
-    proxies: dict[str, str] = field(default_factory=dict)
-    applications: dict[str, ApplicationStatusOverview] = field(default_factory=dict)
-    target_capacity: float | None = None
 
 
 def status() -> ServeStatus:
@@ -177,11 +156,16 @@ def run(
     notebook cell. In kubeserve's own build and replica processes (a module deployed by its
     import path that calls ``serve.run`` at its top level) it deploys nothing and returns a
     handle at once: the build must never wait on itself.
+
+    ``_local_testing_mode=True`` runs the application in this process instead, no instance
+    needed (:mod:`kubeserve.compat.ray.serve.local_testing`).
     """
-    if _local_testing_mode:
-        raise RayServeException("kubeserve has no local testing mode; run a kubeserve instance")
     if not isinstance(target, Application):
         raise TypeError("serve.run takes a bound application (Deployment.bind(...))")
+    if _local_testing_mode:
+        from kubeserve.compat.ray.serve.local_testing import run_locally
+
+        return _driver_loop().run(run_locally(target, name), timeout_s)
     if context.in_kubeserve_process():
         return DeploymentHandle(name, target.name)
     body: dict[str, Any] = {
@@ -235,6 +219,11 @@ def shutdown() -> None:
     with _DRIVER_LOCK:
         if _DRIVER is not None:
             _DRIVER.stop()
+
+
+async def shutdown_async() -> None:
+    """:func:`shutdown` for a caller on an event loop (it runs on a worker thread)."""
+    await asyncio.to_thread(shutdown)
 
 
 # -- handles --------------------------------------------------------------------------------------

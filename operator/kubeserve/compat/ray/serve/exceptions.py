@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubeserve.compat.ray import not_provided
 from kubeserve.sdk.errors import DeploymentUnavailableError as _KubeserveUnavailable
 from kubeserve.sdk.errors import KubeserveError
 
@@ -78,3 +79,6 @@ class ReplicaUnavailableError(RayServeException):
 
 class gRPCStatusError(RayServeException):
     """A gRPC status raised by user code (kubeserve serves no gRPC)."""
+
+
+__getattr__ = not_provided.module_getattr(__name__)

@@ -1,0 +1,37 @@
+"""``serve.run(..., _local_testing_mode=True)``: the application runs in the driver, no instance."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from support.common import ROOT, free_port
+
+
+def test_a_driver_runs_its_application_in_process_without_an_instance(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "operator"),
+        "KUBESERVE_ADDRESS": f"http://127.0.0.1:{free_port()}",  # nothing listens there
+        "KUBESERVE_STATE_DIR": str(tmp_path / "no-instance"),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "kubeserve.compat", str(ROOT / "tests/drivers/local_testing.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        "answer": 13,
+        "kept": [1, "changed"],
+        "mine": [1],
+        "streamed": [0, 1, 2],
+        "same_process": True,
+        "broken": "constructor failed",
+    }

@@ -65,18 +65,17 @@ __all__ = [
 
 #: The module of the SDK that defines each exported name.
 _SDK_MODULES = {
-    **dict.fromkeys(("Application", "GraphError", "GraphNode"), "application"),
-    **dict.fromkeys(("Deployment", "DeploymentOptions", "deployment"), "deployment"),
-    **dict.fromkeys(
-        ("BackPressureError", "DeploymentUnavailableError", "KubeserveError"), "errors"
-    ),
-    **dict.fromkeys(("DeploymentHandle", "DeploymentResponse"), "handle"),
-    **dict.fromkeys(
-        ("URL", "Headers", "HTMLResponse", "JSONResponse", "PlainTextResponse", "QueryParams",
-         "Request", "Response", "StreamingResponse"),
-        "http",
-    ),  # fmt: skip
-}
+    name: module
+    for module, names in (
+        ("application", "Application GraphError GraphNode"),
+        ("deployment", "Deployment DeploymentOptions deployment"),
+        ("errors", "BackPressureError DeploymentUnavailableError KubeserveError"),
+        ("handle", "DeploymentHandle DeploymentResponse"),
+        ("http", "URL Headers HTMLResponse JSONResponse PlainTextResponse QueryParams Request "
+         "Response StreamingResponse"),
+    )
+    for name in names.split()
+}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

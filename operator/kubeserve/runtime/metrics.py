@@ -17,7 +17,8 @@ Where they are read:
 * ``kubeserve start``: every process of the instance writes its samples to files under
   ``PROMETHEUS_MULTIPROC_DIR`` (in ``/dev/shm``, off the state directory's disk; set by the
   controller for the proxy and the replicas it starts; prometheus_client's multiprocess files),
-  and the admin API's ``GET /metrics`` merges them (:mod:`kubeserve.runtime.metrics_merge`). Files of
+  and the admin API's ``GET /metrics`` merges them (:mod:`~kubeserve.runtime.metrics_merge`).
+  Files of
   replicas that exited keep their counters (totals never go backwards); their gauges are dropped.
 * Kubernetes: each proxy and replica pod serves its own samples on the metrics port
   (:mod:`kubeserve.runtime.metrics_listener`).

@@ -48,7 +48,7 @@ def multiprocess_exposition(directory: str) -> bytes:
     """The samples every process wrote under ``directory``, merged (the admin API's
     ``GET /metrics`` of ``kubeserve start``)."""
     registry = CollectorRegistry()
-    registry.register(_WithOwnDrops(directory))  # type: ignore[arg-type]
+    registry.register(_WithOwnDrops(directory))
     return generate_latest(registry)
 
 

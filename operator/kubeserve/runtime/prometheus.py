@@ -124,7 +124,7 @@ class _MmapFile:
         self._capacity = capacity
         self._map = mmap.mmap(self._file.fileno(), capacity, access=mmap.ACCESS_WRITE)
         self._positions: dict[str, int] = {}
-        self._used = _INT.unpack_from(self._map, 0)[0]
+        self._used: int = _INT.unpack_from(self._map, 0)[0]
         if self._used == 0:
             self._used = 8
             self._map[0:4] = _INT.pack(self._used)
@@ -248,7 +248,9 @@ class _Series:
     def _bind_cells(self) -> None:
         family = self._family
         self._file = family.registry.file(family.file_prefix)
-        labels = dict(zip(family.labelnames, map(_file_label_value, self._label_values)))
+        labels = dict(
+            zip(family.labelnames, map(_file_label_value, self._label_values), strict=True)
+        )
         self._positions = []
         for i, (sample, le) in enumerate(family.cells):
             cell_labels = labels if le is None else {**labels, "le": le}
@@ -373,7 +375,7 @@ class _Family:
     def write_text(self, lines: list[str]) -> None:
         self._head(lines, self.cells[0][0])
         for values, child in list(self._children.items()):
-            labels = _labels_text(zip(self.labelnames, values))
+            labels = _labels_text(zip(self.labelnames, values, strict=True))
             lines.append(f"{self.cells[0][0]}{labels} {go_float(child.values[0])}\n")
 
 
@@ -453,9 +455,7 @@ class Histogram(_Family):
         if len(bounds) < 2:
             raise ValueError("Must have at least two buckets")
         self.upper_bounds = tuple(bounds)
-        self.cells = ((f"{name}_sum", None),) + tuple(
-            (f"{name}_bucket", go_float(b)) for b in bounds
-        )
+        self.cells = ((f"{name}_sum", None), *((f"{name}_bucket", go_float(b)) for b in bounds))
         super().__init__(name, documentation, labelnames, registry)
 
     def labels(self, *values: str) -> HistogramChild:
@@ -467,7 +467,7 @@ class Histogram(_Family):
         self._head(lines, self.name)
         name = self.name
         for values, child in list(self._children.items()):
-            pairs = list(zip(self.labelnames, values))
+            pairs = list(zip(self.labelnames, values, strict=True))
             labels = _labels_text(pairs)
             counts = child.values
             total = 0.0

@@ -51,6 +51,10 @@ class _AliasLoader:
         self.own_spec = module.__spec__
         return module
 
+    def load_module(self, fullname: str) -> ModuleType:
+        """The import system's legacy entry (it calls :meth:`create_module` instead)."""
+        return importlib.import_module(self.target)
+
     def exec_module(self, module: ModuleType) -> None:
         # The import system stamped the alias spec on the module; its own spec stays authoritative.
         module.__spec__ = self.own_spec

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,9 +50,15 @@ async def serve(import_path: str, deployment: str, port: int) -> None:
     await asyncio.Event().wait()
 
 
+class PlainReplica(NamedTuple):
+    url: str
+    pid: int
+
+
 @contextlib.contextmanager
-def running(import_path: str, deployment: str, port: int) -> Iterator[str]:
-    """The URL of a plain replica of ``deployment`` on ``127.0.0.1:port``, for the block."""
+def running(import_path: str, deployment: str, port: int) -> Iterator[PlainReplica]:
+    """A plain replica of ``deployment`` on ``127.0.0.1:port`` (its URL and PID), for the
+    block."""
     proc = subprocess.Popen(
         [sys.executable, __file__, import_path, deployment, str(port)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True,
@@ -60,7 +67,7 @@ def running(import_path: str, deployment: str, port: int) -> Iterator[str]:
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the plain replica did not start (exit {proc.poll()})")
-        yield f"http://127.0.0.1:{port}/"
+        yield PlainReplica(f"http://127.0.0.1:{port}/", proc.pid)
     finally:
         proc.terminate()
         proc.wait(10)

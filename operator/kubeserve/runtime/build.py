@@ -65,7 +65,7 @@ def load_application(import_path: str, args: dict[str, Any] | None = None) -> Ap
     path without a module, a missing attribute or an attribute of the wrong type raise
     :class:`BuildError`.
     """
-    module_name, attr_path = _split_import_path(import_path)
+    module_name, attr_path = split_import_path(import_path)
     prepare_for_user_code()
     module = importlib.import_module(module_name)
     target: Any = module
@@ -136,7 +136,7 @@ def _builder_argument(builder: Any, args: dict[str, Any]) -> Any:
     return args
 
 
-def _split_import_path(import_path: str) -> tuple[str, str]:
+def split_import_path(import_path: str) -> tuple[str, str]:
     if ":" in import_path:
         module_name, _, attr = import_path.partition(":")
     else:

@@ -354,6 +354,9 @@ class DeploymentStatusEntry(CRModel):
     max_queued_requests: int | None = None
     backpressure_status: int | None = None
     retry_after_s: float | None = None
+    #: the deployment's custom request router, as JSON (:class:`RequestRouterSpec` of
+    #: ``kubeserve.runtime.wire``); absent: the built-in router
+    request_router: str | None = None
     #: of an autoscaling deployment: why its target last changed
     last_scaling_decision: ScalingDecisionEntry | None = None
 

@@ -333,6 +333,7 @@ def test_status_schemas_keep_the_operator_framework_state() -> None:
         "maxQueuedRequests",
         "backpressureStatus",
         "retryAfterS",
+        "requestRouter",
     }
     assert app_status["ingressDeployment"]["type"] == "string"
 

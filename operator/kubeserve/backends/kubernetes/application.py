@@ -13,6 +13,7 @@ with the renderer's message and a Warning Event; raising would only retry it for
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -228,7 +229,12 @@ class ApplicationReconciler:
             effective.max_ongoing_requests,
             self._autoscalers.last_decision(key),
             wire.queue_limits(effective),
+            _router_json(wire.request_router_spec(effective)),
         )
+
+
+def _router_json(spec: wire.RequestRouterSpec | None) -> str | None:
+    return None if spec is None else json.dumps(spec, sort_keys=True)
 
 
 #: The kinds of a deployment's objects (a driver deployment's workload is a DaemonSet).

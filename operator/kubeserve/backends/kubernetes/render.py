@@ -170,6 +170,8 @@ def replica_config_json(app: AppView, deployment: DesiredDeployment) -> str:
         replica["app_args"] = dict(app.config["args"])
     if config.logging_config:
         replica["logging_config"] = dict(config.logging_config)
+    if (router := wire.request_router_spec(config)) is not None:
+        replica["request_router_class"] = router["request_router_class"]
     route_prefix = app.config.get("route_prefix")
     if route_prefix and route_prefix != "/":  # an ASGI ingress sees it as root_path
         replica["route_prefix"] = str(route_prefix)

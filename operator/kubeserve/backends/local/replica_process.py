@@ -235,6 +235,8 @@ class ReplicaProcess:
             replica_config["app_graph"] = spec.app_graph
         if config.logging_config:
             replica_config["logging_config"] = dict(config.logging_config)
+        if (router := wire.request_router_spec(config)) is not None:
+            replica_config["request_router_class"] = router["request_router_class"]
         fd = os.memfd_create(f"kubeserve-replica-{self.replica_id}", os.MFD_CLOEXEC)
         try:
             data = memoryview(json.dumps(replica_config).encode())

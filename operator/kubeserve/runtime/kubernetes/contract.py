@@ -220,6 +220,8 @@ class DeploymentStatusEntry(TypedDict, total=False):
     maxQueuedRequests: int | None
     backpressureStatus: int | None
     retryAfterS: float | None
+    #: the custom request router's spec as JSON (absent: the built-in router)
+    requestRouter: str | None
     lastScalingDecision: dict[str, Any] | None
 
 

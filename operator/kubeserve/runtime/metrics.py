@@ -3,7 +3,7 @@
 Existing Grafana dashboards for Ray Serve read ``ray_serve_num_http_requests_total``,
 ``ray_serve_http_request_latency_ms_bucket``, ``ray_serve_deployment_request_counter_total``... by
 ``application``, ``deployment``, ``replica`` and ``route``: the same series come out of kubeserve,
-written with ``prometheus_client`` (Ray's counters gain the ``_total`` suffix the same way).
+written in prometheus_client's formats (Ray's counters gain the ``_total`` suffix the same way).
 
 Besides Ray's series, ``kubeserve_log_lines_dropped_total`` (by ``component``: ``proxy``,
 ``replica``, ``controller``) counts log lines a process could not write (a full disk; see

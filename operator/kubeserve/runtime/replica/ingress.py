@@ -59,7 +59,8 @@ class Ingress:
         self._asgi = None if user.is_function else asgi_app_of(user.target)
         self.lifespan = Lifespan(self._asgi) if self._asgi is not None else None
         self._root_path = root_path_of(state.config.get("route_prefix"))
-        prepare_asgi()  # the first request must not pay for importing Starlette
+        if self._asgi is None and self._http_target is not None and self._http_takes_request:
+            prepare_asgi()  # the first request must not pay for importing Starlette
         #: the ``route`` label of HTTP requests (Ray's: the application's route prefix); handle
         #: calls have none
         self._route = state.config.get("route_prefix") or ""

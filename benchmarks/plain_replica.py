@@ -47,7 +47,7 @@ async def serve(import_path: str, deployment: str, port: int) -> None:
         "graceful_shutdown_timeout_s": 1.0,
     }
     # Logs as a replica of `kubeserve start` writes them (access lines batched), into /dev/null.
-    configure_logging(config, None, logging.StreamHandler(open(os.devnull, "w")))  # noqa: SIM115
+    configure_logging(config, None, logging.StreamHandler(open(os.devnull, "w")))  # noqa: ASYNC230, SIM115
     ingress = Ingress(ReplicaState(config, await UserCode.construct(node, "bench")))
     server = ReplicaHttpServer(ingress.handle)  # no secret: no handshake
     await asyncio.get_running_loop().create_server(server, "127.0.0.1", port, backlog=1024)

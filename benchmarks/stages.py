@@ -8,9 +8,9 @@ configured as a replica of ``kubeserve start`` configures it, into /dev/null) is
 ``wrk``'s shape through a transport that only counts writes, and the CPU time per request is read
 with ``time.process_time``; :data:`CONNECTIONS` connections get a request each per round, as
 one poll of a loaded replica returns them. Each stage's cost is measured by taking it away: the
-same path with one feature switched off, the difference being that feature's cost (ablation). Variants run in
-turns, ``--rounds`` times, and the table gives medians, so a busy neighbour core moves every row
-alike.
+same path with one feature switched off, the difference being that feature's cost (ablation).
+Variants run in turns, ``--rounds`` times, and the table gives medians, so a busy neighbour core
+moves every row alike.
 
 Measured this way:
 

@@ -119,9 +119,7 @@ async def _replica(
         "graceful_shutdown_timeout_s": 1.0,
     }
     devnull = open(os.devnull, "w")  # noqa: ASYNC230, SIM115 - for the process's life
-    configure_logging(
-        config, {"enable_access_log": access_log}, logging.StreamHandler(devnull)
-    )
+    configure_logging(config, {"enable_access_log": access_log}, logging.StreamHandler(devnull))
     state = ReplicaState(config, await UserCode.construct(node, "bench"))
     state.access_log = access_log
     if not metrics:

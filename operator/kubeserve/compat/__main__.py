@@ -1,6 +1,10 @@
 """``python -m kubeserve.compat script.py [args...]``: run a Ray Serve driver script (one calling
 ``serve.run``, ``serve.status``, handles...) with ``import ray`` resolving to kubeserve, against the
-instance at ``KUBESERVE_ADDRESS``."""
+instance at ``KUBESERVE_ADDRESS``.
+
+``python -m kubeserve.compat --pythonpath`` prints the folder to put on ``PYTHONPATH`` for a plain
+``python script.py`` to import kubeserve's ``ray`` the same way (:mod:`kubeserve.compat.pythonpath`).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,12 @@ from kubeserve.sdk import ray_namespace
 
 def main() -> None:
     if len(sys.argv) < 2:
-        sys.exit("usage: python -m kubeserve.compat SCRIPT.py [ARGS...]")
+        sys.exit("usage: python -m kubeserve.compat SCRIPT.py [ARGS...] | --pythonpath")
+    if sys.argv[1] == "--pythonpath":
+        from kubeserve.compat.pythonpath import FOLDER
+
+        print(FOLDER)
+        return
     ray_namespace.install()
     sys.argv = sys.argv[1:]
     # as `python SCRIPT.py` does: the script's folder comes first on the import path (so a

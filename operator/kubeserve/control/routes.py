@@ -14,7 +14,14 @@ from collections.abc import Iterable
 from typing import TypedDict
 from urllib.parse import unquote
 
-__all__ = ["Route", "RouteTable", "needs_normalizing", "normalize_path", "normalize_prefix"]
+__all__ = [
+    "Route",
+    "RouteTable",
+    "needs_normalizing",
+    "normalize_path",
+    "normalize_prefix",
+    "origin_form",
+]
 
 
 class Route(TypedDict):
@@ -30,6 +37,18 @@ def normalize_prefix(prefix: str) -> str:
     """The canonical spelling of a prefix: leading ``/``, no trailing ``/`` except for ``/``."""
     stripped = prefix.strip("/")
     return "/" + stripped if stripped else "/"
+
+
+def origin_form(target: bytes) -> bytes:
+    """The path and query of a request target sent in absolute-form (``http://host:port/p?q``,
+    as a client sends it to a forward proxy), which RFC 9112 section 3.2.2 requires every server
+    to accept: ``/p?q`` (``/`` when it names no path). Any other target is returned as it is."""
+    scheme, sep, rest = target.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return target
+    cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
+    tail = rest[cut:]
+    return tail if tail.startswith(b"/") else b"/" + tail
 
 
 def needs_normalizing(raw_path: bytes) -> bool:

@@ -8,6 +8,7 @@ from kubeserve.control.routes import (
     Route,
     RouteTable,
     needs_normalizing,
+    origin_form,
     normalize_path,
     normalize_prefix,
 )
@@ -125,3 +126,20 @@ def test_a_route_prefix_cannot_be_bypassed_by_spelling() -> None:
     for raw in ("/%61dmin/x", "//admin/x", "/x/../admin/x", "/./admin", "/%2Fadmin"):
         route = table.match(normalize_path(raw))
         assert route is not None and route["app"] == "admin", raw
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        (b"http://localhost:8000/hello?a=b", b"/hello?a=b"),
+        (b"http://localhost:8000?a=b", b"/?a=b"),
+        (b"http://localhost:8000", b"/"),
+        (b"HTTPS://example.com/x", b"/x"),
+        (b"/already/origin?q", b"/already/origin?q"),
+        (b"*", b"*"),
+        (b"ftp://host/x", b"ftp://host/x"),
+    ],
+)
+def test_absolute_form_targets_are_reduced_to_origin_form(target: bytes, expected: bytes) -> None:
+    """RFC 9112 3.2.2: a server accepts absolute-form (what a client sends to a forward proxy)."""
+    assert origin_form(target) == expected

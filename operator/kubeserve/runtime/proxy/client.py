@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+from kubeserve.control.routes import origin_form
 from kubeserve.runtime.http1 import (
     CHUNKED_END,
     HOP_OR_CHUNKED_NAME_LENGTHS,
@@ -174,6 +175,8 @@ class ClientConnection(ServerConnection):
         assert ex is not None
         parser = self.parser
         ex.method = parser.get_method()
+        if ex.url[:1] != b"/":  # absolute-form (a client that takes us for a forward proxy)
+            ex.url = origin_form(ex.url)
         ex.keep_alive = parser.should_keep_alive()
         # Only HTTP/1.0 needs care, and a 1.0 request is never keep-alive without a Connection
         # header (which sets ``dropped``): the common case skips building the version string.

@@ -25,6 +25,7 @@ import pytest
 
 from kubeserve.control.user_config import user_config_version
 from kubeserve.runtime import channel, wire
+from kubeserve.sdk.ray_errors import RayError, RayTaskError
 from support.channel_front import SECRET
 from support.common import free_port, wait_for
 from support.kubeserve_start import PickleMarker
@@ -288,10 +289,14 @@ def test_metrics_count_requests(echo: ReplicaProcess) -> None:
 def test_handle_calls(echo: ReplicaProcess) -> None:
     assert echo.call("add", 2, b=40) == (200, 42)
     status, error = echo.call("fail")
-    assert status == 500
-    assert isinstance(error, KeyError) and error.args == ("missing thing",)
+    assert status == 500  # Ray's RayTaskError: the cause, and the traceback of where it ran
+    assert isinstance(error, RayTaskError) and error.cause.args == ("missing thing",)
+    assert isinstance(error.cause, KeyError)
+    assert error.function_name == "ServeReplica:default:Echo.fail"
+    assert "KeyError: 'missing thing'" in str(error) and "line" in str(error)
     status, error = echo.call("fail_unpicklable")
     assert status == 500 and "Unpicklable: cannot ship this" in str(error)
+    assert isinstance(error, RayTaskError) and type(error.cause) is RayError
     assert echo.call("no_such_method")[0] == 404
     assert echo.call("__init__")[0] == 404
     assert echo.request("POST", wire.CALL_PREFIX + "add", b"garbage")[0] == 400

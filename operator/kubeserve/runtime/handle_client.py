@@ -81,6 +81,7 @@ from kubeserve.runtime.wire import (
 )
 from kubeserve.sdk import context
 from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError, ReplicaDiedError
+from kubeserve.sdk.ray_errors import RayTaskError
 
 _UNSERVED = UNSERVED_HEADER.encode()
 _MODELS = MODELS_HEADER.encode()
@@ -217,10 +218,7 @@ class HandleClient:
         if status == 200:
             return decode_result(body)
         if status == 500:
-            error = decode_result(body)
-            if isinstance(error, BaseException):
-                raise error
-            raise RuntimeError(f"{key}.{method} failed: {error!r}")
+            raise remote_error(decode_result(body), f"{key}.{method}")
         raise DeploymentUnavailableError(
             f"replica {replica.replica_id} of {key} answered {status}: {body[:200]!r}"
         )
@@ -480,10 +478,7 @@ class _StreamConnection(KeepAliveConnection):
             elif kind == FRAME_END:
                 return
             elif kind == FRAME_ERROR:
-                error = decode_result(payload)
-                if isinstance(error, BaseException):
-                    raise error
-                raise RuntimeError(f"{key} stream failed: {error!r}")
+                raise remote_error(decode_result(payload), key)
             else:  # b"": the connection ended; payload says how
                 raise ReplicaDiedError(
                     f"replica {replica_id} of {key}: {payload.decode(errors='replace')}"
@@ -525,6 +520,16 @@ class _StreamConnection(KeepAliveConnection):
             self.queue.put_nowait((FRAME_ERROR, body))
         else:
             self.queue.put_nowait((b"", f"answered {self.status}: {body[:200]!r}".encode()))
+
+
+def remote_error(error: Any, what: str) -> BaseException:
+    """What a handle call raises when the replica answered with an error: a callee's
+    :class:`RayTaskError` as an instance of its cause's class too, as Ray raises it."""
+    if isinstance(error, RayTaskError):
+        return error.as_instanceof_cause()
+    if isinstance(error, BaseException):
+        return error
+    return RuntimeError(f"{what} failed: {error!r}")
 
 
 def _call_options(model_id: str) -> dict[str, str] | None:

@@ -12,7 +12,8 @@ handshake of :mod:`kubeserve.runtime.channel`, whose role fixes what the connect
   applied, 500 with the error text when the user's hook raised;
 * ``GET  /-/metrics``      Prometheus text: ``kubeserve_replica_ongoing_requests`` and friends;
 * ``POST /-/call/<method>`` a handle call: body is ``encode_call(args, kwargs)``, response body is
-  ``encode_result(value)`` with status 200, or ``encode_error(exc)`` with status 500;
+  ``encode_result(value)`` with status 200, or ``encode_error(exc)`` with status 500 (``exc`` a
+  :class:`~kubeserve.sdk.ray_errors.RayTaskError` holding the user's exception as its cause);
 * ``POST /-/stream/<method>`` a streamed handle call of a generator method: same body; a 200
   answer's chunked body is a sequence of :func:`encode_frame` frames, one ``ITEM`` per value the
   generator yields as it yields it, then ``END``, or ``ERROR`` with the exception. A call of the

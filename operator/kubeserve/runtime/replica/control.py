@@ -25,6 +25,7 @@ from kubeserve.runtime.replica.router_class import router_class_answer, routing_
 from kubeserve.runtime.replica.state import ReplicaState, shutting_down
 from kubeserve.runtime.replica.user_code import error_text, iterate
 from kubeserve.sdk import context
+from kubeserve.sdk.ray_errors import task_error
 
 __all__ = ["Control"]
 
@@ -119,7 +120,7 @@ class Control:
         except Exception as exc:
             self._state.metrics_recorder.error("", exc)
             log.info("handle call %s raised %s", method_name, error_text(exc))
-            answer = HttpResponse(500, wire.encode_error(exc), content_type=_PICKLE)
+            answer = HttpResponse(500, self._raised(exc, method_name), content_type=_PICKLE)
         else:
             answer = HttpResponse(200, body, content_type=_PICKLE)
         if model_id:
@@ -149,8 +150,8 @@ class Control:
             self._state.metrics_recorder.error("", exc)
             self._state.finish(started, "")
             log.info("streamed handle call %s raised %s", method_name, error_text(exc))
-            return HttpResponse(500, wire.encode_error(exc), content_type=_PICKLE)
-        frames = self._frames(items, started)
+            return HttpResponse(500, self._raised(exc, method_name), content_type=_PICKLE)
+        frames = self._frames(items, started, method_name)
         if not model_id:
             return StreamedResponse(200, {"content-type": _PICKLE}, frames)
         # The first frame before the head, so that the head names the models once the generator
@@ -160,16 +161,32 @@ class Control:
         self._state.tell_models(streamed)
         return streamed
 
-    async def _frames(self, items: Any, started: float) -> AsyncGenerator[bytes, None]:
+    async def _frames(
+        self, items: Any, started: float, method_name: str
+    ) -> AsyncGenerator[bytes, None]:
         try:
             async for item in iterate(items, self._state.run):
                 yield wire.encode_frame(wire.FRAME_ITEM, wire.encode_result(item))
             yield wire.encode_frame(wire.FRAME_END)
         except Exception as exc:
             self._state.metrics_recorder.error("", exc)
-            yield wire.encode_frame(wire.FRAME_ERROR, wire.encode_error(exc))
+            yield wire.encode_frame(wire.FRAME_ERROR, self._raised(exc, method_name))
         finally:
             self._state.finish(started, "")
+
+    def _raised(self, exc: BaseException, method_name: str) -> bytes:
+        """What a caller receives when ``method_name`` raised: a :class:`RayTaskError` naming this
+        replica, which the caller raises as an instance of the cause's class too."""
+        config = self._state.config
+        where = f"ServeReplica:{config['app']}:{config['deployment']}"
+        error = task_error(
+            exc,
+            f"{where}.{method_name}",
+            proctitle=f"kubeserve::{where}.{method_name}",
+            actor_repr=f"<{where} replica={config['replica_id']}>",
+            actor_id=config["replica_id"],
+        )
+        return wire.encode_error(error)
 
     async def _healthz(self) -> HttpResponse:
         if self._state.draining:

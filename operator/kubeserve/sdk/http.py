@@ -11,7 +11,13 @@ for whatever an HTTP ingress returns.
 from __future__ import annotations
 
 import json
+import dataclasses
+import datetime
+import decimal
+import enum
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
+from pathlib import PurePath
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
@@ -292,7 +298,32 @@ def to_response(result: Any) -> Response | StreamingResponse:
         return JSONResponse(result)
     if hasattr(result, "__aiter__") or isinstance(result, Iterator):
         return StreamingResponse(result, media_type="text/plain; charset=utf-8")
+    return JSONResponse(jsonable(result))
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON-able data, as Ray encodes what an HTTP handler returns (FastAPI's
+    ``jsonable_encoder``): mappings (Starlette's ``QueryParams`` too) as objects, tuples and sets
+    as arrays, dataclasses and pydantic models by their fields, enums by value, dates in ISO
+    format, UUIDs, decimals and paths as strings. Raises :class:`TypeError` for anything else."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [jsonable(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return jsonable(value.value)
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID | decimal.Decimal | PurePath):
+        return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable(dataclasses.asdict(value))
+    if callable(getattr(value, "model_dump", None)):  # a pydantic model
+        return value.model_dump(mode="json")
     raise TypeError(
-        f"an HTTP ingress returned {type(result).__name__}; return str, bytes, a dict or list, "
-        "a Response, a generator, or None"
+        f"an HTTP ingress returned {type(value).__name__}; return str, bytes, JSON-able data "
+        "(dicts, lists, mappings, dataclasses, pydantic models...), a Response, a generator, "
+        "or None"
     )

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime
+import enum
 import pickle
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -111,3 +114,34 @@ def test_generators_become_streams() -> None:
     assert to_response(explicit) is explicit
     with pytest.raises(TypeError, match="an HTTP ingress returned object"):
         to_response(object())
+
+
+@dataclasses.dataclass
+class _Point:
+    x: int
+    tags: tuple[str, ...]
+
+
+class _Color(enum.Enum):
+    RED = "red"
+
+
+def test_other_values_are_encoded_as_rays_jsonable_encoder_does() -> None:
+    """What Ray sends for a handler's return value that is not a dict or list: Starlette's
+    ``request.query_params`` (a mapping) as an object, tuples and sets as arrays, dataclasses by
+    their fields, enums by value, dates in ISO format."""
+    starlette = pytest.importorskip("starlette.datastructures")
+    cases: list[tuple[Any, bytes]] = [
+        (starlette.QueryParams("a=b&c=d"), b'{"a":"b","c":"d"}'),
+        (Request("GET", "/", "a=b&c=d").query_params, b'{"a":"b","c":"d"}'),
+        ((1, 2), b"[1,2]"),
+        (frozenset({3}), b"[3]"),
+        (_Point(1, ("a",)), b'{"x":1,"tags":["a"]}'),
+        (_Color.RED, b'"red"'),
+        (datetime.date(2024, 1, 2), b'"2024-01-02"'),
+    ]
+    for value, body in cases:
+        response = to_response(value)
+        assert isinstance(response, Response)
+        assert response.headers.get("content-type") == "application/json"
+        assert response.body == body, value

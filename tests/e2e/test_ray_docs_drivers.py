@@ -18,7 +18,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -118,7 +117,9 @@ def test_custom_metrics_reach_the_instances_prometheus_output(
 ) -> None:
     """Recorded as Ray records them: the user's tags and the deployment, replica, application."""
     run_docs_driver(ks, "custom_metrics.py", way, tmp_path)
-    replicas = {r["replica_id"] for r in ks.wait_app("metered")["deployments"]["MyDeployment"]["replicas"]}
+    replicas = {
+        r["replica_id"] for r in ks.wait_app("metered")["deployments"]["MyDeployment"]["replicas"]
+    }
 
     def mine(name: str) -> list[tuple[dict[str, str], float]]:
         return [
@@ -141,7 +142,7 @@ def test_a_blocking_run_serves_until_interrupted_and_the_application_stays(
     ks: Kubeserve, tmp_path: Path
 ) -> None:
     """As Ray's ``serve.run(blocking=True)``: it blocks after deploying; Ctrl-C ends the script
-    with ``KeyboardInterrupt``; on kubeserve the instance outlives it, so the application runs on."""
+    with ``KeyboardInterrupt``; on kubeserve the instance outlives it: the application runs on."""
     command, env = driver_command(DOCS / "blocking_run.py", "plain")
     proc = subprocess.Popen(
         command,
@@ -174,5 +175,3 @@ def test_documentation_scripts_need_no_kubeserve_name() -> None:
         text = script.read_text()
         assert "kubeserve" not in text and "environ" not in text, script
         assert "localhost:8000" in text or "requests" not in text, script
-
-

@@ -3,7 +3,8 @@
 instance at ``KUBESERVE_ADDRESS``.
 
 ``python -m kubeserve.compat --pythonpath`` prints the folder to put on ``PYTHONPATH`` for a plain
-``python script.py`` to import kubeserve's ``ray`` the same way (:mod:`kubeserve.compat.pythonpath`).
+``python script.py`` to import kubeserve's ``ray`` the same way
+(:mod:`kubeserve.compat.pythonpath`).
 """
 
 from __future__ import annotations

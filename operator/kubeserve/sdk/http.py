@@ -10,11 +10,11 @@ for whatever an HTTP ingress returns.
 
 from __future__ import annotations
 
-import json
 import dataclasses
 import datetime
 import decimal
 import enum
+import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 from pathlib import PurePath

@@ -133,7 +133,7 @@ class RayTaskError(RayError):
         if issubclass(RayTaskError, cause_cls):
             return self
         try:
-            return _dual_class(cause_cls)(self.cause, str(self))
+            return _dual_instance(self.cause, str(self))
         except Exception:
             return self
 
@@ -175,13 +175,19 @@ def _node_ip() -> str:
         return "127.0.0.1"
 
 
-@functools.cache
-def _dual_class(cause_cls: type[BaseException]) -> type[RayTaskError]:
+_DUAL_CLASSES: dict[type[BaseException], type[Any]] = {}
+
+
+def _dual_class(cause_cls: type[BaseException]) -> type[Any]:
     """``RayTaskError(<cause's class name>)``: one class per cause class, named as Ray names it.
 
     Its instances pickle by value of their cause and text (:func:`_dual_instance`), so a callee
     can let one through to its own caller and a driver can pickle what it caught.
     """
+
+    known = _DUAL_CLASSES.get(cause_cls)
+    if known is not None:
+        return known
 
     def __init__(self: Any, cause: BaseException, message: str) -> None:
         self.cause = cause
@@ -213,13 +219,15 @@ def _dual_class(cause_cls: type[BaseException]) -> type[RayTaskError]:
         namespace["__new__"] = lambda cls, cause, message: cause_cls.__new__(
             cls, cause.message, cause.exceptions
         )
-    cls: type[RayTaskError] = type(name, bases, namespace)
+    cls = type(name, bases, namespace)
     cls.__qualname__ = name
+    _DUAL_CLASSES[cause_cls] = cls
     return cls
 
 
 def _dual_instance(cause: BaseException, message: str) -> RayTaskError:
-    return _dual_class(type(cause))(cause, message)  # type: ignore[call-arg]
+    dual: RayTaskError = _dual_class(type(cause))(cause, message)
+    return dual
 
 
 def task_error(

@@ -1,7 +1,6 @@
 # Autoscaling config: replicas between min and max by ongoing requests, starting at
 # initial_replicas; serve.status() reports the deployment and its replicas.
 import requests
-
 from ray import serve
 
 

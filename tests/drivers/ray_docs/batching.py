@@ -1,6 +1,5 @@
 # Dynamic request batching: @serve.batch on a method, called one sample at a time through a
 # handle; the batch parameters changed from user_config in reconfigure.
-from typing import Dict, List
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -22,7 +21,7 @@ class BatchedModel:
         self.batch_sizes = []
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.1)
-    async def __call__(self, multiple_samples: List[int]) -> List[int]:
+    async def __call__(self, multiple_samples: list[int]) -> list[int]:
         self.batch_sizes.append(len(multiple_samples))
         return [sample * 2 for sample in multiple_samples]
 
@@ -48,11 +47,11 @@ class TunedModel:
         self.batch_sizes = []
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.1)
-    async def __call__(self, multiple_samples: List[int]) -> List[int]:
+    async def __call__(self, multiple_samples: list[int]) -> list[int]:
         self.batch_sizes.append(len(multiple_samples))
         return [sample * 2 for sample in multiple_samples]
 
-    def reconfigure(self, user_config: Dict):
+    def reconfigure(self, user_config: dict):
         self.__call__.set_max_batch_size(user_config["max_batch_size"])
         self.__call__.set_batch_wait_timeout_s(user_config["batch_wait_timeout_s"])
 

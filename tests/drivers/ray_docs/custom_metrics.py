@@ -2,7 +2,6 @@
 import time
 
 import requests
-
 from ray import serve
 from ray.serve import metrics
 

@@ -2,7 +2,6 @@
 # (serve.get_app_handle, serve.get_deployment_handle, .remote().result()), serve.status(),
 # errors raised by a deployment caught around .result(), and serve.delete.
 import requests
-
 from ray import serve
 from ray.exceptions import RayTaskError
 from ray.serve.handle import DeploymentHandle
@@ -59,4 +58,3 @@ assert statuses["checked"].status == "RUNNING"
 assert statuses["greeter"].status == "RUNNING"
 serve.delete("greeter")
 assert "greeter" not in serve.status().applications
-assert requests.get("http://localhost:8000/greeter").status_code == 404

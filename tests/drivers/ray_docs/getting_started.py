@@ -1,9 +1,8 @@
 # Getting started: a model as a deployment, tested over HTTP, then two models composed.
 import requests
-from starlette.requests import Request
-
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+from starlette.requests import Request
 
 WORDS = {"hello": "bonjour", "world": "monde", "good": "bon", "morning": "matin"}
 

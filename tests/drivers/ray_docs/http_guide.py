@@ -3,7 +3,6 @@
 import requests
 import starlette.requests
 from fastapi import FastAPI
-
 from ray import serve
 
 

@@ -4,7 +4,6 @@ import ray
 import requests
 import starlette.requests
 from fastapi import FastAPI
-
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 

@@ -1,12 +1,11 @@
 # Model composition: an ingress calling two deployments, responses passed between handle calls
 # without awaiting them, and streaming through a handle.
-from typing import AsyncGenerator, Generator
+from collections.abc import AsyncGenerator, Generator
 
 import requests
-from starlette.requests import Request
-
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
+from starlette.requests import Request
 
 
 @serve.deployment
@@ -49,8 +48,7 @@ assert response.result() == 12, "(5 + 1) * 2 = 12"
 @serve.deployment
 class Streamer:
     def __call__(self, limit: int) -> Generator[int, None, None]:
-        for i in range(limit):
-            yield i
+        yield from range(limit)
 
 
 @serve.deployment

@@ -2,7 +2,6 @@
 # header or from handle.options(multiplexed_model_id=...), and an ingress forwarding it.
 import requests
 import starlette.requests
-
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 

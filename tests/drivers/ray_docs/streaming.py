@@ -1,13 +1,12 @@
 # Streaming responses: a generator behind a Starlette StreamingResponse, read chunk by chunk.
 import asyncio
 import time
-from typing import AsyncGenerator, Generator
+from collections.abc import AsyncGenerator, Generator
 
 import requests
+from ray import serve
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
-
-from ray import serve
 
 
 @serve.deployment
@@ -56,7 +55,7 @@ class ForeverResponder:
 serve.run(ForeverResponder.bind())
 r = requests.get("http://localhost:8000", stream=True)
 r.raise_for_status()
-for i, chunk in enumerate(r.iter_content(chunk_size=None, decode_unicode=True)):
+for i, _chunk in enumerate(r.iter_content(chunk_size=None, decode_unicode=True)):
     if i == 5:
         print("Client disconnecting")
         break

@@ -8,9 +8,9 @@ from kubeserve.control.routes import (
     Route,
     RouteTable,
     needs_normalizing,
-    origin_form,
     normalize_path,
     normalize_prefix,
+    origin_form,
 )
 
 

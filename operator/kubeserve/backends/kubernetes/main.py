@@ -1,6 +1,12 @@
 """The operator process's main: the :class:`~.operator.Operator`, its admin server, its metrics
 listener and kopf, in one event loop until SIGINT or SIGTERM.
 
+With leader election (:attr:`~.operator.OperatorSettings.election`), the admin server and the
+caches run from start to stop on every replica (the Deployment's readiness is "serving the
+API"), while kopf and the reconcile worker run only during a term of leadership: started when the
+Lease is taken, stopped when it is lost (the writes were fenced at that moment already), started
+again at the next term. A clean stop ends kopf, then releases the Lease.
+
 Ownership: this function owns every listener it opens and closes them all, and the operator,
 whichever way kopf ends. It reads no flags and no environment: everything arrives in the
 :class:`~.operator.OperatorSettings` the CLI built once. The admin server's routes live in a higher
@@ -23,7 +29,9 @@ from aiohttp.typedefs import Middleware
 from kubeserve.backends.kubernetes.admin_auth import KubernetesAuthorizer
 from kubeserve.backends.kubernetes.backend import KubernetesBackend
 from kubeserve.backends.kubernetes.handlers import register
+from kubeserve.backends.kubernetes.leader import LeaderElector
 from kubeserve.backends.kubernetes.operator import Operator, OperatorSettings
+from kubeserve.runtime.kubernetes.client import Kube
 
 __all__ = ["AdminApp", "run_operator"]
 
@@ -40,27 +48,83 @@ async def run_operator(settings: OperatorSettings, admin_app: AdminApp) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    operator = Operator(settings)
+    elector = await _elector(settings)
+    operator = Operator(settings, elector)
     await operator.start()
     try:
         async with _admin_server(operator, admin_app), _metrics_server(operator):
-            await _run_kopf(operator, stop)
+            if elector is None:
+                await _reconcile(operator, stop)
+            else:
+                await _reconcile_when_leading(operator, elector, stop)
     finally:
         await operator.close()
+        if elector is not None:
+            await elector.kube.close()
     return 0
+
+
+async def _elector(settings: OperatorSettings) -> LeaderElector | None:
+    election = settings.election
+    if election is None:
+        return None
+    return LeaderElector(
+        await Kube.connect(settings.kubeconfig),
+        settings.namespace,
+        election.lease_name,
+        election.identity,
+        election.advertise_url,
+        election.timing,
+    )
+
+
+async def _reconcile(operator: Operator, *until: asyncio.Event) -> None:
+    """Reconcile (the worker and kopf) until one of ``until`` is set."""
+    operator.lead()
+    try:
+        await _run_kopf(operator, *until)
+    finally:
+        await operator.follow()
+
+
+async def _reconcile_when_leading(
+    operator: Operator, elector: LeaderElector, stop: asyncio.Event
+) -> None:
+    campaign = asyncio.ensure_future(elector.run())
+    try:
+        while not stop.is_set():
+            await _first(stop, elector.leading)
+            if not stop.is_set():
+                await _reconcile(operator, stop, elector.lost)
+    finally:
+        campaign.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await campaign
+        await elector.release()
+
+
+async def _first(*events: asyncio.Event) -> None:
+    """Wait until one of ``events`` is set."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 @contextlib.asynccontextmanager
 async def _admin_server(operator: Operator, admin_app: AdminApp) -> AsyncIterator[None]:
     settings = operator.settings
-    assert operator.cluster is not None  # started
+    assert operator.cluster is not None and operator.kube is not None  # started
     if settings.watch_namespaces and settings.namespace not in settings.watch_namespaces:
         log.warning(
             "the admin API writes to namespace %s, which the operator does not watch: "
             "GET /api/serve/applications/ will not see what it deploys",
             settings.namespace,
         )
-    kube, cache = operator.cluster.kube, operator.cluster.cache
+    # the admin API's writes are custom resources, fine from any replica: not fenced
+    kube, cache = operator.kube, operator.cluster.cache
     backend = KubernetesBackend(kube, cache, settings.namespace, reports=operator)
     authorizer = KubernetesAuthorizer(kube, settings.namespace)
     runner = web.AppRunner(
@@ -100,8 +164,8 @@ async def _listening(runner: web.AppRunner, hosts: Sequence[str], port: int) -> 
         await runner.cleanup()
 
 
-async def _run_kopf(operator: Operator, stop: asyncio.Event) -> None:
-    """kopf's own loop with the operator's handlers, until ``stop`` is set."""
+async def _run_kopf(operator: Operator, *until: asyncio.Event) -> None:
+    """kopf's own loop with the operator's handlers, until one of ``until`` is set."""
     registry = kopf.OperatorRegistry()
     register(registry, operator)
     namespaces = list(operator.settings.watch_namespaces)
@@ -111,7 +175,7 @@ async def _run_kopf(operator: Operator, stop: asyncio.Event) -> None:
         if not stop_flag.done():
             stop_flag.set_result(None)
 
-    stop_task = asyncio.ensure_future(stop.wait())
+    stop_task = asyncio.ensure_future(_first(*until))
     stop_task.add_done_callback(_stop)
     try:
         await kopf.operator(

@@ -45,9 +45,7 @@ AdminApp = Callable[[KubernetesBackend, Sequence[Middleware]], web.Application]
 async def run_operator(settings: OperatorSettings, admin_app: AdminApp) -> int:
     """Run the operator until SIGINT or SIGTERM; the exit code."""
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    _stop_on_signals(stop)
     elector = await _elector(settings)
     operator = Operator(settings, elector)
     await operator.start()
@@ -64,6 +62,12 @@ async def run_operator(settings: OperatorSettings, admin_app: AdminApp) -> int:
     return 0
 
 
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+
 async def _elector(settings: OperatorSettings) -> LeaderElector | None:
     election = settings.election
     if election is None:
@@ -78,11 +82,11 @@ async def _elector(settings: OperatorSettings) -> LeaderElector | None:
     )
 
 
-async def _reconcile(operator: Operator, *until: asyncio.Event) -> None:
-    """Reconcile (the worker and kopf) until one of ``until`` is set."""
+async def _reconcile(operator: Operator, stop: asyncio.Event, *until: asyncio.Event) -> None:
+    """Reconcile (the worker and kopf) until ``stop`` or one of ``until`` is set."""
     operator.lead()
     try:
-        await _run_kopf(operator, *until)
+        await _run_kopf(operator, stop, *until)
     finally:
         await operator.follow()
 
@@ -164,8 +168,12 @@ async def _listening(runner: web.AppRunner, hosts: Sequence[str], port: int) -> 
         await runner.cleanup()
 
 
-async def _run_kopf(operator: Operator, *until: asyncio.Event) -> None:
-    """kopf's own loop with the operator's handlers, until one of ``until`` is set."""
+async def _run_kopf(operator: Operator, stop: asyncio.Event, *until: asyncio.Event) -> None:
+    """kopf's own loop with the operator's handlers, until ``stop`` or one of ``until`` is set.
+
+    kopf takes SIGINT and SIGTERM over while it runs (and ends on them): when it ends with
+    neither set, it ended for a signal (or a failure of its own), which stops the process; the
+    process's own handlers come back either way, for the time it runs without kopf."""
     registry = kopf.OperatorRegistry()
     register(registry, operator)
     namespaces = list(operator.settings.watch_namespaces)
@@ -175,7 +183,7 @@ async def _run_kopf(operator: Operator, *until: asyncio.Event) -> None:
         if not stop_flag.done():
             stop_flag.set_result(None)
 
-    stop_task = asyncio.ensure_future(_first(*until))
+    stop_task = asyncio.ensure_future(_first(stop, *until))
     stop_task.add_done_callback(_stop)
     try:
         await kopf.operator(
@@ -187,3 +195,6 @@ async def _run_kopf(operator: Operator, *until: asyncio.Event) -> None:
         )
     finally:
         stop_task.cancel()
+        if not any(event.is_set() for event in (stop, *until)):
+            stop.set()
+        _stop_on_signals(stop)

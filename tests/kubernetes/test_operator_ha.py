@@ -132,9 +132,10 @@ def test_a_leader_that_loses_its_lease_stops_writing_until_it_wins_it_back(
     plane.apply([application(namespace, "orphan", "e2e_probe:app", instance="first")])
     wait_for(lambda: (observed(plane, namespace) or (0, ""))[0] == 1, 30, what="generation 1")
     # another party takes the Lease, as a replica partitioned away would find on its return
-    lease = plane.get("lease", LEASE, namespace)
-    lease["spec"].update(holderIdentity="intruder", leaseDurationSeconds=3600)
-    plane.kubectl("replace", "-f", "-", input=json.dumps(lease))
+    take = {"spec": {"holderIdentity": "intruder", "leaseDurationSeconds": 3600}}
+    plane.kubectl(
+        "patch", "lease", LEASE, "-n", namespace, "--type", "merge", "-p", json.dumps(take)
+    )
     wait_for(lambda: not leaders(replicas), 10, interval_s=0.2, what="no replica leading")
     writes = {o.port: metric(o, "kubeserve_operator_api_writes_total") for o in replicas}
     point_at(plane, namespace, "second")

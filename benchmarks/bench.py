@@ -5,11 +5,11 @@
 
 For each system: deploy the no-op app (1 replica), load it directly (kubeserve only: the same
 replica code without the data-plane handshake, see plain_replica.py, in turns with the proxy and
-with nginx in front of that replica, see nginx.py) and
-through the proxy, scale it to 2 replicas and load again; deploy the composed example
-and load it; time the control plane (deploy, user_config, scale 1 -> 4; three runs); read the RSS
-of the proxy, the replicas and the controller after the load. Then write ``results.json``,
-``results.md`` and (with ``--plot-python``) ``results.png`` next to this file.
+with nginx in front of that replica, see nginx.py) and through the proxy, scale it to 2 replicas
+and load again; deploy the composed example and load it; time the control plane (deploy,
+user_config, scale 1 -> 4, and Ray's quickstart driver script from its start to its first answer;
+five runs); read the RSS of the proxy, the replicas and the controller after the load. Then write
+``results.json``, ``results.md`` and (with ``--plot-python``) ``results.png`` next to this file.
 """
 
 from __future__ import annotations
@@ -149,9 +149,11 @@ def _bench_started(system: ServeSystem, noop_path: str, composed_path: str) -> d
         )
         cp.scale_s.append(control_plane.scale(system, two, composed_path, greeting, 4))
         control_plane.remove(system, two)
+        cp.driver_s.append(control_plane.driver_first_answer(system))
         print(
             f"  control plane run {run}: deploy {running:.3f} s, first answer {answered:.3f} s, "
-            f"user_config {cp.user_config_s[-1]:.3f} s, scale 1->4 {cp.scale_s[-1]:.3f} s",
+            f"user_config {cp.user_config_s[-1]:.3f} s, scale 1->4 {cp.scale_s[-1]:.3f} s, "
+            f"quickstart driver -> first answer {cp.driver_s[-1]:.3f} s",
             flush=True,
         )
     return {

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -29,6 +31,7 @@ async def serve(import_path: str, deployment: str, port: int) -> None:
     from kubeserve.runtime.build import load_application
     from kubeserve.runtime.replica.http import ReplicaHttpServer
     from kubeserve.runtime.replica.ingress import Ingress
+    from kubeserve.runtime.replica.server import configure_logging
     from kubeserve.runtime.replica.state import ReplicaState
     from kubeserve.runtime.replica.user_code import UserCode
 
@@ -43,6 +46,8 @@ async def serve(import_path: str, deployment: str, port: int) -> None:
         "graceful_shutdown_wait_loop_s": 0.1,
         "graceful_shutdown_timeout_s": 1.0,
     }
+    # Logs as a replica of `kubeserve start` writes them (access lines batched), into /dev/null.
+    configure_logging(config, None, logging.StreamHandler(open(os.devnull, "w")))  # noqa: ASYNC230, SIM115
     ingress = Ingress(ReplicaState(config, await UserCode.construct(node, "bench")))
     server = ReplicaHttpServer(ingress.handle)  # no secret: no handshake
     await asyncio.get_running_loop().create_server(server, "127.0.0.1", port, backlog=1024)

@@ -236,6 +236,9 @@ class ReplicaConfig(TypedDict):
     #: :mod:`kubeserve.sdk.pickled_application`), base64; the replica loads it instead of
     #: importing ``import_path`` (then ""). Absent: a declarative application.
     app_graph: NotRequired[str]
+    #: The same graph as a file the replica reads (on Kubernetes: the mounted Secret holding
+    #: it), when ``app_graph`` is absent.
+    app_graph_file: NotRequired[str]
     #: The application's route prefix: an ASGI ingress sees it as ``root_path``, as in Ray Serve
     #: (absent or "/": none).
     route_prefix: NotRequired[str | None]

@@ -90,7 +90,7 @@ class ApplicationReconciler:
         namespace = obj["metadata"]["namespace"]
         try:
             spec = ServeApplicationSpec.model_validate(obj.get("spec") or {})
-            app_config = spec.to_rest(name=contract.application_name(obj)).as_given()
+            app_config = spec.app_config(name=contract.application_name(obj))
         except ValidationError as err:
             details = "; ".join(
                 f"spec.{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in validation_details(err)

@@ -51,7 +51,7 @@ try:
 except RayTaskError as e:
     assert isinstance(e, ValueError)
     assert isinstance(e.cause, ValueError)
-    assert ", in check" in str(e), "the text is the remote traceback"
+    assert "Checker.check()" in str(e), "the text names where it was raised"
     print("caught RayTaskError:", type(e).__name__)
 
 statuses = serve.status().applications

@@ -123,12 +123,28 @@ def _application_path(name: str) -> str:
     return APPLICATION_PATH.format(name=urllib.parse.quote(name, safe=""))
 
 
-def _wait(name: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
+def _deployed_time(name: str) -> Any:
+    app = _request("GET", APPLICATIONS_PATH).get("applications", {}).get(name) or {}
+    return app.get("last_deployed_time_s")
+
+
+#: how long a redeploy whose deployed time did not change (nothing to do) may read as RUNNING
+#: before it counts as done: the instance marks a changed application DEPLOYING well within it
+_UNCHANGED_REDEPLOY_S = 2.0
+
+
+def _wait(name: str, timeout_s: float, previous_deploy: Any = None) -> None:
+    """Until ``name`` is RUNNING as deployed by this call: a redeploy of an application that was
+    RUNNING must not return on the previous version's status (``previous_deploy`` is its
+    ``last_deployed_time_s`` before the PUT)."""
+    started = time.monotonic()
+    deadline = started + timeout_s
     while time.monotonic() < deadline:
         app = _request("GET", APPLICATIONS_PATH).get("applications", {}).get(name)
         if app is not None and app["status"] == "RUNNING":
-            return
+            new = previous_deploy is None or app.get("last_deployed_time_s") != previous_deploy
+            if new or time.monotonic() - started >= _UNCHANGED_REDEPLOY_S:
+                return
         if app is not None and app["status"] == "DEPLOY_FAILED":
             raise RayServeException(f"application {name!r} failed to deploy: {app['message']}")
         time.sleep(0.2)
@@ -176,8 +192,9 @@ def run(
         body["logging_config"] = _plain_logging_config(logging_config)
     if external_scaler_enabled:
         body["external_scaler_enabled"] = True
+    previous_deploy = _deployed_time(name)
     _request("PUT", _application_path(name), body, timeout_s=60)
-    _wait(name, timeout_s)
+    _wait(name, timeout_s, previous_deploy)
     handle = _run_handle(name)
     while blocking:
         time.sleep(3600)

@@ -20,6 +20,7 @@ from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 
+from kubeserve.backends.local.deployment_state import DISCOVERY_SETTLE_S
 from support.common import ROOT, free_port, http, pid_alive, wait_for
 from support.kubeserve_start import Kubeserve, running_kubeserve
 
@@ -346,6 +347,13 @@ def test_a_rebuild_keeps_serving_until_the_new_version_runs(clean_kubeserve: Kub
         failures = traffic.stop()
     assert len(traffic.answers) > 50, len(traffic.answers)
     assert not failures, f"{len(failures)} of {len(traffic.answers)} failed: {failures[:5]}"
+    # The previous graph's deployments stop for good once the route moved and settled: their
+    # reconcile must not start again what the retirement stops (it once did, in a tight loop,
+    # a new replica process every pass). Every replica process leaves a log file of its own.
+    time.sleep(DISCOVERY_SETTLE_S + 2)
+    started = len(list(ks.state_dir.rglob("replica_hello_*.log")))
+    time.sleep(3)
+    assert len(list(ks.state_dir.rglob("replica_hello_*.log"))) == started
 
 
 def _deployment(ks: Kubeserve, app: str, name: str) -> dict[str, Any]:

@@ -332,6 +332,7 @@ class ApplicationState:
         settled = time.monotonic() - self._route_moved_at >= DISCOVERY_SETTLE_S
         if self.serving_graph is graph and settled:
             for name, state in list(self.retiring.items()):
+                state.retired = True  # its reconcile must not start what this stops
                 state.stop_all()
                 if not state.replicas:
                     del self.retiring[name]

@@ -74,6 +74,9 @@ class DeploymentState:
         self.failure_streak = 0
         self._backoff_until = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
+        #: a deployment the application's graph no longer has, whose replicas are being stopped
+        #: (its target is 0 until a graph wants it again)
+        self.retired = False
         #: how many replicas it wants (autoscaled, set externally, or fixed)
         self.scaling = DeploymentScaling(self._label, self.running_replicas, context.wake)
         self.scaling.set_config(self.config)
@@ -118,6 +121,7 @@ class DeploymentState:
             self.failure_streak = 0
             self.last_error = self.health_error = ""
         self.config, self.version = config, version
+        self.retired = False  # wanted again (a graph that has it once more)
         for replica in self.replicas.values():
             replica.config = config
         self.user_config_version = config.user_config_version
@@ -125,7 +129,7 @@ class DeploymentState:
 
     @property
     def target(self) -> int:
-        return self.scaling.target
+        return 0 if self.retired else self.scaling.target
 
     # -- serving ---------------------------------------------------------------------------------
     def running_replicas(self) -> list[ReplicaProcess]:

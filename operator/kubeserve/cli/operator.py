@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from kubeserve.api.server import create_app
     from kubeserve.backends.kubernetes.backend import KubernetesBackend
     from kubeserve.backends.kubernetes.main import run_operator
+    from kubeserve.backends.kubernetes.namespaces import WatchedNamespaces
     from kubeserve.backends.kubernetes.operator import OperatorSettings
 
     logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
@@ -71,8 +72,12 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
     )
 
-    def admin_app(backend: KubernetesBackend, middlewares: Sequence[Middleware]) -> web.Application:
-        return create_app(backend, middlewares=middlewares)
+    def admin_app(
+        backend: KubernetesBackend,
+        namespaces: WatchedNamespaces,
+        middlewares: Sequence[Middleware],
+    ) -> web.Application:
+        return create_app(backend, namespaces=namespaces, middlewares=middlewares)
 
     return uvloop.run(run_operator(settings, admin_app))
 

@@ -8,8 +8,6 @@ backend answers the same config with the same shape of body.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +23,10 @@ from support.k8s_operator import (
     SMALL_REPLICA,
     AdminApi,
     OperatorProcess,
+    account_token,
     config,
     proxy_url,
+    raw_request,
 )
 from support.kubeserve_start import Kubeserve
 from support.ray_cli import needs_ray_serve
@@ -269,43 +269,6 @@ def test_ray_serve_cli_against_the_operator(
 
 
 # --------------------------------------------------------------------------- authentication
-
-
-def account_token(plane: ControlPlane, namespace: str, name: str, verbs: list[str]) -> str:
-    """A token of a new ServiceAccount whose Role grants ``verbs`` on kubeserve's resources."""
-    rule = {
-        "apiGroups": ["kubeserve.io"],
-        "resources": ["serveinstances", "serveapplications"],
-        "verbs": verbs,
-    }
-    rbac = "rbac.authorization.k8s.io/v1"
-    meta = {"name": name, "namespace": namespace}
-    plane.apply(
-        [
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
-            {"apiVersion": rbac, "kind": "Role", "metadata": meta, "rules": [rule]},
-            {
-                "apiVersion": rbac,
-                "kind": "RoleBinding",
-                "metadata": meta,
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
-            },
-        ]
-    )
-    return plane.kubectl("create", "token", name, "-n", namespace).stdout.strip()
-
-
-def raw_request(url: str, method: str = "GET", token: str | None = None) -> tuple[int, Any, str]:
-    """(status, JSON body, WWW-Authenticate header) of one request."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    request = urllib.request.Request(url, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read() or b"null"), ""
-    except urllib.error.HTTPError as err:
-        body = json.loads(err.read() or b"null")
-        return err.code, body, err.headers.get("WWW-Authenticate", "")
 
 
 def test_callers_need_a_token_and_the_rbac_rights_of_their_request(

@@ -31,6 +31,20 @@ def serve(ks: Kubeserve, *args: str, env: dict[str, str] | None = None) -> str:
     return ray_cli.serve(ks.api, *args, env=env)
 
 
+def hello_config_file(ks: Kubeserve, tmp_path: Path) -> Path:
+    """A serve config file deploying ``examples.hello`` at ``/hello`` on ``ks``'s proxy port."""
+    config = {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": ks.proxy_port},
+        "applications": [
+            {"name": "hello", "route_prefix": "/hello", "import_path": "examples.hello:app"}
+        ],
+    }
+    path = tmp_path / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def test_ray_serve_cli_deploy_status_config_shutdown(kubeserve: Kubeserve, tmp_path: Path) -> None:
     ks = kubeserve
     config = {
@@ -89,15 +103,7 @@ def test_ray_serve_cli_with_token_auth(secured: Kubeserve, tmp_path: Path) -> No
     token_file.write_text(TOKEN)
     by_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN}
     by_path = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
-    config = {
-        "proxy_location": "HeadOnly",
-        "http_options": {"host": "127.0.0.1", "port": ks.proxy_port},
-        "applications": [
-            {"name": "hello", "route_prefix": "/hello", "import_path": "examples.hello:app"}
-        ],
-    }
-    path = tmp_path / "serve_config.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = hello_config_file(ks, tmp_path)
 
     refused = run_serve(ks, "deploy", str(path))
     assert refused.returncode != 0
@@ -156,15 +162,7 @@ def test_namespace_default_addresses_the_one_instance_of_kubeserve_start(
     (a script written for a cluster's ``default`` namespace runs unchanged); another namespace is
     a 404 saying so, a name that is no namespace a 400."""
     ks = clean_kubeserve
-    config = {
-        "proxy_location": "HeadOnly",
-        "http_options": {"host": "127.0.0.1", "port": ks.proxy_port},
-        "applications": [
-            {"name": "hello", "route_prefix": "/hello", "import_path": "examples.hello:app"}
-        ],
-    }
-    path = tmp_path / "serve_config.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = hello_config_file(ks, tmp_path)
     default = f"{ks.api}/namespaces/default"
     ray_cli.serve(default, "deploy", str(path))
     ks.wait_app("hello")  # read through the bare paths

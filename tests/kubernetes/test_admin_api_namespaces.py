@@ -25,6 +25,7 @@ from support.k8s_operator import (
     config,
     grant,
     instance,
+    probe_answer,
     proxy_url,
     raw_request,
 )
@@ -57,14 +58,6 @@ def operator(
     process.start()
     yield process
     process.stop()
-
-
-def answer(url: str) -> Any:
-    try:
-        status, body = http("GET", url, timeout=5)
-    except OSError:
-        return None
-    return body if status == 200 else None
 
 
 @needs_ray_serve
@@ -105,7 +98,7 @@ def test_ray_client_deploys_to_a_teams_namespace(
     details = api.http("GET", f"{address}/api/serve/applications/")[1]
     assert details["applications"]["probe"]["deployed_app_config"] == PROBE
     assert api.details() == EMPTY  # the bare paths: the operator's own namespace, empty
-    reply = wait_for(lambda: answer(f"{proxy_url(plane, team_a)}/probe"), 60, what="traffic")
+    reply = wait_for(lambda: probe_answer(proxy_url(plane, team_a)), 60, what="traffic")
     assert reply["config"] == {"greeting": "team"}
 
     serve("shutdown", "-y")
@@ -160,7 +153,8 @@ def test_namespaced_paths_refuse_bad_names_strangers_and_unwatched_namespaces(
     # Read rights in team-a: GET works, a PUT is 403 naming the writes, in team-a.
     grant(plane, namespace, "dev", ["get", "list"], team_a)
     as_dev = AdminApi(operator, dev)
-    assert as_dev.http("GET", url + apps) == (200, EMPTY)
+    # (the refusal above is cached for up to 10 s: a new right takes effect within that time)
+    wait_for(lambda: as_dev.http("GET", url + apps) == (200, EMPTY), 20, what="the new Role seen")
     status, body = as_dev.http("PUT", url + apps, config([PROBE]))
     assert (status, body["error"]) == (
         403,

@@ -1,6 +1,7 @@
 """Import an application and describe its deployment graph: ``python -m kubeserve.runtime.build
 PATH``, or ``python -m kubeserve.runtime.build --pickled < GRAPH`` for an application deployed
-imperatively (``serve.run``: the graph pickled by the driver, read from stdin).
+imperatively (``serve.run``: the graph pickled by the driver, read from stdin; ``--pickled-file
+FILE`` reads it from a file, the mounted Secret of a Kubernetes build Job).
 
 The controller runs this in a subprocess (a Kubernetes Job on that backend) whose working directory,
 ``PYTHONPATH`` and environment the runtime_env already prepared, so importing user code never
@@ -65,7 +66,7 @@ def load_application(import_path: str, args: dict[str, Any] | None = None) -> Ap
     path without a module, a missing attribute or an attribute of the wrong type raise
     :class:`BuildError`.
     """
-    module_name, attr_path = _split_import_path(import_path)
+    module_name, attr_path = split_import_path(import_path)
     prepare_for_user_code()
     module = importlib.import_module(module_name)
     target: Any = module
@@ -110,6 +111,14 @@ def load_pickled_application(data: bytes) -> Application:
     return unpickle_application(data)
 
 
+def _pickled_input(path: str | None) -> bytes:
+    """The pickled graph: the file at ``path``, else stdin."""
+    if path is None:
+        return sys.stdin.buffer.read()
+    with open(path, "rb") as file:
+        return file.read()
+
+
 def prepare_for_user_code() -> None:
     ray_namespace.install()  # a Ray Serve application's `from ray import serve` is kubeserve's
     context.mark_kubeserve_process()  # its `serve.run` returns at once here (never waits on us)
@@ -136,7 +145,7 @@ def _builder_argument(builder: Any, args: dict[str, Any]) -> Any:
     return args
 
 
-def _split_import_path(import_path: str) -> tuple[str, str]:
+def split_import_path(import_path: str) -> tuple[str, str]:
     if ":" in import_path:
         module_name, _, attr = import_path.partition(":")
     else:
@@ -210,6 +219,9 @@ def main(
     parser.add_argument(
         "--pickled", action="store_true", help="read a pickled graph (serve.run's) from stdin"
     )
+    parser.add_argument(
+        "--pickled-file", metavar="PATH", help="read a pickled graph (serve.run's) from PATH"
+    )
     parser.add_argument("--args", default="{}", help="the application's args, as JSON")
     parser.add_argument("--configmap")
     parser.add_argument("--namespace", default=namespace)
@@ -218,12 +230,15 @@ def main(
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.configmap and write_graph is None:
         parser.error("--configmap: this command writes no ConfigMap (`kubeserve build` does)")
-    if bool(args.import_path) == args.pickled:
-        parser.error("give an import path, or --pickled with the graph on stdin")
+    pickled = args.pickled or bool(args.pickled_file)
+    if bool(args.import_path) == pickled or (args.pickled and args.pickled_file):
+        parser.error(
+            "give an import path, or --pickled with the graph on stdin, or --pickled-file PATH"
+        )
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            if args.pickled:
-                app = load_pickled_application(sys.stdin.buffer.read())
+            if pickled:
+                app = load_pickled_application(_pickled_input(args.pickled_file))
                 document = describe_application(app)
             else:
                 document = describe(args.import_path, json.loads(args.args))

@@ -1,13 +1,12 @@
 """Resident memory of the data plane after load: the proxy and each no-op replica of
-``kubeserve start`` (the applications of ``benchmarks/compare_apps.py``), and the modules each
-process loaded.
+``kubeserve start`` (the applications of ``benchmarks/compare_apps.py``), after load.
 
     .venv/bin/python benchmarks/rss.py [TREE] [--apps noop,async_noop,chain] [--seconds 5]
 
 Each application is loaded through the proxy with ``wrk -t1 -c16`` for ``--seconds``; then
 ``VmRSS`` is read from ``/proc/PID/status`` (resident memory hardly depends on how busy the
-machine is: one run is a figure). The module counts come from ``GET /-/modules`` where the tree
-has it, otherwise they are left out.
+machine is: one run is a figure). Which modules a process loads is what
+``tests/unit/runtime/test_replica_imports.py`` pins down.
 """
 
 from __future__ import annotations

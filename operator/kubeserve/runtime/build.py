@@ -41,7 +41,6 @@ from kubeserve.sdk import context, ray_namespace
 from kubeserve.sdk.application import Application
 from kubeserve.sdk.deployment import Deployment, described_options
 from kubeserve.sdk.ingress import asgi_app_of
-from kubeserve.sdk.pickled_application import unpickle_application
 
 #: How many of the innermost user frames an error report keeps.
 ERROR_FRAMES = 5
@@ -107,6 +106,8 @@ def load_application(import_path: str, args: dict[str, Any] | None = None) -> Ap
 def load_pickled_application(data: bytes) -> Application:
     """The application a driver's ``serve.run`` pickled (see
     :mod:`kubeserve.sdk.pickled_application`); raises what unpickling raises."""
+    from kubeserve.sdk.pickled_application import unpickle_application  # imperative apps only
+
     prepare_for_user_code()
     return unpickle_application(data)
 

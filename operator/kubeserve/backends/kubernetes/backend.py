@@ -30,6 +30,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, Protocol
 
+import aiohttp
 from aiohttp import web
 
 from kubeserve.backends.kubernetes.autoscaling import (
@@ -64,7 +65,7 @@ from kubeserve.control.instance import (
     immutable_option_conflict,
     prefix_in_use,
 )
-from kubeserve.runtime import wire
+from kubeserve.runtime import channel, wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import Kube, KubeConflict, KubeError, path
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
@@ -106,6 +107,7 @@ _GONE_TIMEOUT_S = 60.0
 #: How long a PUT waits for the caches to show what it wrote (the write is durable before that).
 _CACHE_TIMEOUT_S = 5.0
 _POLL_S = 0.1
+_FORWARD_TIMEOUT_S = 2.0
 
 Obj = dict[str, Any]
 
@@ -121,6 +123,11 @@ class LoadReportSink(Protocol):
     def record_queued(
         self, namespace: str, instance: str, caller_id: str, queued: dict[str, int]
     ) -> None: ...
+
+    def reports_go_to(self) -> str | None:
+        """None when this process takes the reports (it reconciles); else the admin URL of the
+        replica that does ("" while unknown)."""
+        ...
 
 
 class KubernetesBackend:
@@ -372,6 +379,9 @@ class KubernetesBackend:
         data-plane secret of the instance it names (see :mod:`kubeserve.runtime.load_report`)."""
         reports = self.reports
         assert reports is not None
+        leader = reports.reports_go_to()
+        if leader is not None:
+            return await _forward_load_report(request, leader)
         namespace, _, instance = request.query.get("instance", "").partition("/")
         secret = reports.instance_secret(namespace, instance) if instance else None
 
@@ -604,3 +614,24 @@ def _without_nulls(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_nulls(v) for v in value]
     return value
+
+
+async def _forward_load_report(request: web.Request, leader: str) -> web.Response:
+    """A load report relayed as it came (its signature covers method and path) to the replica
+    of the operator that reconciles; a 503 while there is none (the pod reports again soon)."""
+    if not leader:
+        return web.json_response({"error": "no operator replica leads right now"}, status=503)
+    signature = request.headers.get(channel.SIGNATURE_HEADER, "")
+    timeout = aiohttp.ClientTimeout(total=_FORWARD_TIMEOUT_S)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.get(
+                leader.rstrip("/") + request.rel_url.raw_path_qs,
+                headers={channel.SIGNATURE_HEADER: signature},
+            ) as answer,
+        ):
+            body = await answer.read()
+            return web.Response(body=body, status=answer.status, content_type="application/json")
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return web.json_response({"error": f"the leading operator replica: {exc}"}, status=503)

@@ -10,12 +10,14 @@ import importlib
 import json
 import sys
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubeserve.runtime.build import split_import_path
 from kubeserve.runtime.replica.http import HttpResponse
 from kubeserve.runtime.replica.user_code import UserCode, error_text, invoke
-from kubeserve.sdk.request_router import RequestRouter
+
+if TYPE_CHECKING:  # the SDK's router module is loaded only by a deployment that names a class
+    from kubeserve.sdk.request_router import RequestRouter
 
 __all__ = ["load_router_class", "pickled_router_class", "router_class_answer", "routing_stats"]
 
@@ -27,6 +29,8 @@ _BY_REFERENCE = ("kubeserve", "ray")
 def load_router_class(path: str) -> type[RequestRouter]:
     """The class at ``path`` (``module:Class`` or ``module.Class``); raises ``ImportError``,
     ``AttributeError`` or ``TypeError`` saying what is wrong with it."""
+    from kubeserve.sdk.request_router import RequestRouter
+
     module_name, attr = split_import_path(path)
     module = importlib.import_module(module_name)
     target: Any = module

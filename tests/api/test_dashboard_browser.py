@@ -18,7 +18,13 @@ import pytest
 from aiohttp import web
 
 from kubeserve.api.server import create_app
-from kubeserve.schema.status import ServeInstanceDetails
+from kubeserve.backends.protocol import Backend, Namespaces, NotFoundError
+from kubeserve.schema.status import (
+    APIType,
+    ApplicationDetails,
+    ApplicationStatus,
+    ServeInstanceDetails,
+)
 from support.browser import Chromium, Page, chromium_binary, running_chromium
 from support.common import ROOT, free_port, http, wait_for
 from support.kubeserve_start import Kubeserve, running_kubeserve
@@ -192,11 +198,14 @@ NOTHING_DEPLOYED = ServeInstanceDetails(proxies={}, applications={})
 
 @contextlib.contextmanager
 def in_process_admin_api(
-    details: ServeInstanceDetails, metrics: Callable[[], str] | None = None
+    details: ServeInstanceDetails,
+    metrics: Callable[[], str] | None = None,
+    namespaces: Namespaces | None = None,
 ) -> Iterator[str]:
     """The admin API (:func:`create_app`) of an instance that is ``details`` and whose
-    ``GET /metrics`` is ``metrics()`` (a 404 without), served from a thread; yields its URL."""
-    app = create_app(_FixedBackend(details, metrics))  # type: ignore[arg-type]
+    ``GET /metrics`` is ``metrics()`` (a 404 without), and of ``namespaces``, served from a
+    thread; yields its URL."""
+    app = create_app(_FixedBackend(details, metrics), namespaces=namespaces)  # type: ignore[arg-type]
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app)
     port = free_port()
@@ -299,3 +308,65 @@ def test_names_and_messages_are_shown_as_text_never_run(page: Page) -> None:
         wait_for(lambda: HOSTILE in page.text(row), 30, what="the message shown as written")
         assert page.evaluate(f"document.querySelector({row!r}).querySelector('img, b')") is None
         assert page.evaluate("window.injected === undefined")
+
+
+# ---------------------------------------------------------------------- namespaces
+
+
+def _one_app(name: str) -> ServeInstanceDetails:
+    app = ApplicationDetails(
+        name=name,
+        route_prefix=f"/{name}",
+        docs_path=None,
+        status=ApplicationStatus.RUNNING,
+        message="",
+        last_deployed_time_s=1700000000.0,
+        source=APIType.DECLARATIVE,
+        deployments={},
+        external_scaler_enabled=False,
+    )
+    return ServeInstanceDetails(proxies={}, applications={name: app})
+
+
+class _TwoNamespaces:
+    """``ops`` (the bare paths') and ``team-a``, each with one application named after it."""
+
+    own = "ops"
+
+    def __init__(self) -> None:
+        self._backends = {name: _FixedBackend(_one_app(name)) for name in ("ops", "team-a")}
+
+    def backend(self, namespace: str) -> Backend:
+        if namespace not in self._backends:
+            raise NotFoundError(f'namespace "{namespace}" is not served here')
+        return self._backends[namespace]  # type: ignore[return-value]
+
+    def names(self) -> list[str]:
+        return sorted(self._backends)
+
+
+def test_the_picker_moves_between_namespaces(page: Page) -> None:
+    namespaces = _TwoNamespaces()
+    with in_process_admin_api(_one_app("ops"), namespaces=namespaces) as api:
+        page.navigate(f"{api}/")
+        shown = 'document.querySelector("#applications tr[data-app]")?.dataset.app ?? null'
+        assert wait_for(lambda: page.evaluate(shown), 30, what="the own namespace's app") == "ops"
+        wait_for(lambda: page.visible("#namespace-picker"), 30, what="the namespace picker")
+        options = page.evaluate(
+            '[...document.querySelectorAll("#namespace option")].map(o => o.value)'
+        )
+        assert options == ["ops", "team-a"]
+        assert page.evaluate('document.querySelector("#namespace").value') == "ops"
+        page.evaluate(
+            'const s = document.querySelector("#namespace"); s.value = "team-a";'
+            ' s.dispatchEvent(new Event("change"))'
+        )
+        wait_for(lambda: page.evaluate("location.pathname") == "/namespaces/team-a/", 30)
+        wait_for(lambda: page.evaluate(shown) == "team-a", 30, what="team-a's application")
+        assert page.evaluate('document.querySelector("#namespace").value') == "team-a"
+        screenshot(page, "namespace-team-a.png")
+
+        # A namespace not served: the page says why, from the API's answer.
+        page.navigate(f"{api}/namespaces/team-b/")
+        wait_for(lambda: page.visible("#error"), 30, what="the error of an unknown namespace")
+        assert 'namespace "team-b" is not served here' in page.text("#error")

@@ -24,16 +24,20 @@ def test_every_public_route_is_in_the_document() -> None:
     app = create_app(_LocalLikeBackend())  # type: ignore[arg-type]
     document = app[OPENAPI_KEY]
     operations = {(m.upper(), p) for p, ops in document["paths"].items() for m in ops}
+    # Every operation is also served under the second server's prefix, /namespaces/{namespace}.
+    bare, namespaced = document["servers"]
+    assert bare["url"] == "/" and namespaced["url"] == "/namespaces/{namespace}"
     routed = {
         (route.method, route.resource.canonical)
         for route in app.router.routes()
-        if route.method != "HEAD" and route.resource is not None
+        if route.method != "HEAD"
+        and route.resource is not None
+        and route.resource.canonical not in DASHBOARD_PATHS  # the page and files: not operations
     }
     missing = {
         (method, path)
-        for method, path in routed
+        for method, path in {(m, p.removeprefix(namespaced["url"])) for m, p in routed}
         if path != "/-/snapshot"  # backend-internal: the data plane's, not the admin API's
-        and path not in DASHBOARD_PATHS  # the dashboard's page and files: not operations
         and (method, path) not in operations
         and (method, path + "/") not in operations  # the same endpoint without its slash
     }

@@ -31,6 +31,20 @@ def serve(ks: Kubeserve, *args: str, env: dict[str, str] | None = None) -> str:
     return ray_cli.serve(ks.api, *args, env=env)
 
 
+def hello_config_file(ks: Kubeserve, tmp_path: Path) -> Path:
+    """A serve config file deploying ``examples.hello`` at ``/hello`` on ``ks``'s proxy port."""
+    config = {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": ks.proxy_port},
+        "applications": [
+            {"name": "hello", "route_prefix": "/hello", "import_path": "examples.hello:app"}
+        ],
+    }
+    path = tmp_path / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def test_ray_serve_cli_deploy_status_config_shutdown(kubeserve: Kubeserve, tmp_path: Path) -> None:
     ks = kubeserve
     config = {
@@ -89,15 +103,7 @@ def test_ray_serve_cli_with_token_auth(secured: Kubeserve, tmp_path: Path) -> No
     token_file.write_text(TOKEN)
     by_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN}
     by_path = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
-    config = {
-        "proxy_location": "HeadOnly",
-        "http_options": {"host": "127.0.0.1", "port": ks.proxy_port},
-        "applications": [
-            {"name": "hello", "route_prefix": "/hello", "import_path": "examples.hello:app"}
-        ],
-    }
-    path = tmp_path / "serve_config.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = hello_config_file(ks, tmp_path)
 
     refused = run_serve(ks, "deploy", str(path))
     assert refused.returncode != 0
@@ -147,3 +153,37 @@ def test_ray_serve_cli_deploys_a_ray_fastapi_app_and_a_builder_with_args(
     finally:
         serve(ks, "shutdown", "-y")
         wait_for(lambda: not ks.details()["applications"], 60, what="the shutdown")
+
+
+def test_namespace_default_addresses_the_one_instance_of_kubeserve_start(
+    clean_kubeserve: Kubeserve, tmp_path: Path
+) -> None:
+    """``kubeserve start`` has one instance: the bare paths and ``/namespaces/default/`` address it
+    (a script written for a cluster's ``default`` namespace runs unchanged); another namespace is
+    a 404 saying so, a name that is no namespace a 400."""
+    ks = clean_kubeserve
+    path = hello_config_file(ks, tmp_path)
+    default = f"{ks.api}/namespaces/default"
+    ray_cli.serve(default, "deploy", str(path))
+    ks.wait_app("hello")  # read through the bare paths
+    status = yaml.safe_load(ray_cli.serve(default, "status"))
+    assert status["applications"]["hello"]["status"] == "RUNNING"
+    aliased = http("GET", f"{default}/api/serve/applications/")[1]
+    assert aliased["applications"] == ks.details()["applications"]
+
+    assert http("GET", f"{ks.api}/namespaces/team-a/api/serve/applications/") == (
+        404,
+        {
+            "error": 'no namespace "team-a" here: this server has one serving instance, addressed '
+            'by the bare paths (/api/...) or as namespace "default" (/namespaces/default/api/...)',
+            "details": [],
+        },
+    )
+    failed = ray_cli.run_serve(f"{ks.api}/namespaces/team-a", "status")
+    assert failed.returncode != 0 and "404" in failed.stdout + failed.stderr
+    status_code, body = http("GET", f"{ks.api}/namespaces/Team_A/api/ray/version")
+    assert status_code == 400
+    assert body["error"].startswith("invalid namespace 'Team_A' in the path: a namespace name")
+    assert body["details"][0]["loc"] == ["path", "namespace"]
+    ray_cli.serve(default, "shutdown", "-y")
+    wait_for(lambda: not ks.details()["applications"], 30, what="nothing deployed")

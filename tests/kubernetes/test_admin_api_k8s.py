@@ -8,8 +8,6 @@ backend answers the same config with the same shape of body.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from support.k8s_operator import (
     account_token,
     config,
     proxy_url,
+    raw_request,
 )
 from support.kubeserve_start import Kubeserve
 from support.ray_cli import needs_ray_serve
@@ -270,18 +269,6 @@ def test_ray_serve_cli_against_the_operator(
 
 
 # --------------------------------------------------------------------------- authentication
-
-
-def raw_request(url: str, method: str = "GET", token: str | None = None) -> tuple[int, Any, str]:
-    """(status, JSON body, WWW-Authenticate header) of one request."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    request = urllib.request.Request(url, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read() or b"null"), ""
-    except urllib.error.HTTPError as err:
-        body = json.loads(err.read() or b"null")
-        return err.code, body, err.headers.get("WWW-Authenticate", "")
 
 
 def test_callers_need_a_token_and_the_rbac_rights_of_their_request(

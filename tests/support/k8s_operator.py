@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +36,9 @@ def install_crds(plane: ControlPlane) -> None:
 
 
 class OperatorProcess:
-    """``kubeserve operator`` watching one namespace; ``kubeconfig`` defaults to the cluster's
-    own (the operator benchmark passes one that goes through its request-counting proxy).
+    """``kubeserve operator`` in ``namespace``, watching it and ``also_watch``; ``kubeconfig``
+    defaults to the cluster's own (the operator benchmark passes one that goes through its
+    request-counting proxy).
 
     Its admin server listens on loopback for the tests and on the node's bridge address for the
     pods, which report requests waiting for replicas there (``--report-url``), as they reach the
@@ -46,9 +51,11 @@ class OperatorProcess:
         log_path: Path,
         *,
         kubeconfig: Path | None = None,
+        also_watch: Sequence[str] = (),
     ) -> None:
         self.plane, self.namespace, self.log_path = plane, namespace, log_path
         self.kubeconfig = kubeconfig
+        self.watch = ",".join((namespace, *also_watch))
         self.port = free_port()
         self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -57,7 +64,7 @@ class OperatorProcess:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kubeserve.cli", "operator", "--namespace", self.namespace,
-                 "--watch-namespaces", self.namespace,
+                 "--watch-namespaces", self.watch,
                  "--dashboard-host", f"127.0.0.1,{NODE_IP}", "--dashboard-port", str(self.port),
                  "--report-url", f"http://{NODE_IP}:{self.port}",
                  "--metrics-port", str(self.metrics_port)],
@@ -284,26 +291,47 @@ def config(applications: list[dict[str, Any]], port: int = 8000) -> dict[str, An
     }
 
 
-def account_token(plane: ControlPlane, namespace: str, name: str, verbs: list[str]) -> str:
-    """A token of a new ServiceAccount whose Role grants ``verbs`` on kubeserve's resources."""
+def grant(plane: ControlPlane, namespace: str, account: str, verbs: list[str], where: str) -> None:
+    """A Role in ``where`` granting ``verbs`` on kubeserve's resources to the ServiceAccount
+    ``namespace/account``."""
     rule = {
         "apiGroups": ["kubeserve.io"],
         "resources": ["serveinstances", "serveapplications"],
         "verbs": verbs,
     }
     rbac = "rbac.authorization.k8s.io/v1"
-    meta = {"name": name, "namespace": namespace}
+    meta = {"name": f"{namespace}-{account}", "namespace": where}
     plane.apply(
         [
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
             {"apiVersion": rbac, "kind": "Role", "metadata": meta, "rules": [rule]},
             {
                 "apiVersion": rbac,
                 "kind": "RoleBinding",
                 "metadata": meta,
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+                "roleRef": {"apiGroup": rbac.split("/")[0], "kind": "Role", "name": meta["name"]},
+                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
             },
         ]
     )
+
+
+def account_token(plane: ControlPlane, namespace: str, name: str, verbs: list[str]) -> str:
+    """A token of a new ServiceAccount whose Role grants ``verbs`` on kubeserve's resources in its
+    own namespace (none when ``verbs`` is empty)."""
+    meta = {"name": name, "namespace": namespace}
+    plane.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta})
+    if verbs:
+        grant(plane, namespace, name, verbs, namespace)
     return plane.kubectl("create", "token", name, "-n", namespace).stdout.strip()
+
+
+def raw_request(url: str, method: str = "GET", token: str | None = None) -> tuple[int, Any, str]:
+    """(status, JSON body, WWW-Authenticate header) of one request."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"null"), ""
+    except urllib.error.HTTPError as err:
+        body = json.loads(err.read() or b"null")
+        return err.code, body, err.headers.get("WWW-Authenticate", "")

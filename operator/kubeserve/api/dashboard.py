@@ -26,6 +26,8 @@ from importlib.resources import files
 
 from aiohttp import web
 
+from kubeserve.schema.namespaces import NAMESPACE_PREFIX
+
 __all__ = ["ASSETS_PREFIX", "OPEN_PATHS", "PAGE_PATH", "SECURITY_HEADERS", "dashboard_routes"]
 
 #: Where the page is served.
@@ -66,12 +68,15 @@ class _Asset:
 
 _ASSETS = (
     _Asset(PAGE_PATH, "dashboard.html", "text/html"),
+    # The same page for the instance of one namespace (its script reads which from the address).
+    _Asset(NAMESPACE_PREFIX + "/", "dashboard.html", "text/html"),
+    _Asset(NAMESPACE_PREFIX, "dashboard.html", "text/html"),
     _Asset(ASSETS_PREFIX + "dashboard.js", "dashboard.js", "text/javascript"),
     _Asset(ASSETS_PREFIX + "dashboard.css", "dashboard.css", "text/css"),
     _Asset(ASSETS_PREFIX + "favicon.svg", "favicon.svg", "image/svg+xml"),
 )
 
-#: The paths that serve the page and its files: open without a token (they hold no data).
+#: The route paths that serve the page and its files: open without a token (they hold no data).
 OPEN_PATHS = frozenset(asset.path for asset in _ASSETS)
 
 

@@ -68,9 +68,11 @@ class Endpoint:
 
 
 def openapi_document(
-    endpoints: Sequence[Endpoint], *, version: str, bearer_auth: bool
+    endpoints: Sequence[Endpoint], *, version: str, bearer_auth: bool, namespaced: str | None = None
 ) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of ``endpoints``; ``bearer_auth`` adds the token requirement."""
+    """The OpenAPI 3.1 document of ``endpoints``; ``bearer_auth`` adds the token requirement;
+    ``namespaced`` is the prefix under which the same paths address one namespace's instance (a
+    second server, whose variable is the namespace)."""
     models: list[tuple[type[BaseModel], JsonSchemaMode]] = [(ErrorBody, "serialization")]
     for endpoint in endpoints:
         if endpoint.request is not None:
@@ -92,6 +94,16 @@ def openapi_document(
         "paths": paths,
         "components": {"schemas": definitions.get("$defs", {})},
     }
+    if namespaced is not None:
+        (variable,) = re.findall(r"{(\w+)}", namespaced)
+        document["servers"] = [
+            {"url": "/", "description": "the instance of the server's own namespace"},
+            {
+                "url": namespaced,
+                "description": "the instance of another namespace (not /-/healthz)",
+                "variables": {variable: {"default": "default", "description": "its namespace"}},
+            },
+        ]
     if bearer_auth:
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         document["security"] = [{"bearer": []}]
@@ -162,7 +174,7 @@ _REASONS = {
     400: "Invalid request: each problem at its JSON path",
     401: "No bearer token",
     403: "Wrong bearer token, or a Host header that is not this server's (DNS rebinding)",
-    404: "Nothing deployed, or no such application or deployment",
+    404: "Nothing deployed, no such application or deployment, or a namespace not served",
     409: "Conflicts with the running state",
     412: "The application does not allow it (external_scaler_enabled is not true)",
     413: "Body over the size limit",

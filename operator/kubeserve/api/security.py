@@ -45,6 +45,7 @@ __all__ = [
     "AdminSecurity",
     "is_loopback",
     "loopback_hosts",
+    "route_path",
     "security_middleware",
 ]
 
@@ -118,9 +119,17 @@ def loopback_hosts(bound: str) -> frozenset[str]:
     return frozenset({*_LOOPBACK_NAMES, host})
 
 
+def route_path(request: web.Request) -> str:
+    """The path pattern of the route a request matched (``/namespaces/{namespace}/`` for
+    ``/namespaces/team-a/``), or its path when it matched none: what the exempt paths name."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else request.path
+
+
 def security_middleware(security: AdminSecurity, token_exempt: Collection[str]) -> Middleware:
-    """The aiohttp middleware enforcing ``security``; requests to ``token_exempt`` paths (the
-    open endpoints and the backend's internal routes) skip the token check, not the Host check."""
+    """The aiohttp middleware enforcing ``security``; requests routed to ``token_exempt`` paths
+    (the open endpoints, the dashboard's files and the backend's internal routes: see
+    :func:`route_path`) skip the token check, not the Host check."""
     expected = security.auth_token.encode() if security.auth_token else None
     allowed = security.allowed_hosts
 
@@ -130,7 +139,7 @@ def security_middleware(security: AdminSecurity, token_exempt: Collection[str]) 
             refusal = _host_refusal(request, allowed)
             if refusal is not None:
                 return refusal
-        if expected is not None and request.path not in token_exempt:
+        if expected is not None and route_path(request) not in token_exempt:
             refusal = _token_refusal(request, expected)
             if refusal is not None:
                 return refusal

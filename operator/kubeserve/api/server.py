@@ -24,9 +24,23 @@ from kubeserve.api.errors import (
     UnsupportedMediaType,
     error_middleware,
 )
+from kubeserve.api.namespaces import (
+    NAMESPACES_KEY,
+    NAMESPACES_PATH,
+    list_namespaces,
+    namespace_backend,
+    namespace_syntax,
+    request_backend,
+)
 from kubeserve.api.openapi import Endpoint, QueryParameter, openapi_document
-from kubeserve.api.security import AdminSecurity, security_middleware
-from kubeserve.backends.protocol import Backend, ConflictError, NotFoundError
+from kubeserve.api.security import AdminSecurity, route_path, security_middleware
+from kubeserve.backends.protocol import (
+    Backend,
+    ConflictError,
+    Namespaces,
+    NotFoundError,
+    SingleNamespace,
+)
 from kubeserve.control.details import details_body, single_app_status
 from kubeserve.schema.body import decode_json_body, parse_body
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
@@ -38,6 +52,7 @@ from kubeserve.schema.imperative import (
     check_application_name,
     graph_too_large,
 )
+from kubeserve.schema.namespaces import NAMESPACE_PREFIX
 from kubeserve.schema.scaling import ScaleDeploymentRequest, ScaleDeploymentResponse
 from kubeserve.schema.status import APIType, ServeInstanceDetails, ServeStatusSchema
 
@@ -60,53 +75,64 @@ def create_app(
     default_http: dict[str, Any] | None = None,
     security: AdminSecurity | None = None,
     *,
+    namespaces: Namespaces | None = None,
     middlewares: Sequence[Middleware] = (),
 ) -> web.Application:
     """The admin server; ``default_http`` overrides http_options of a serving layer started
     implicitly (by GET /api/serve/deployments/status); ``security`` turns on the bearer token
-    and the Host check (off by default, as the operator runs it). ``middlewares`` run inside the
+    and the Host check (off by default, as the operator runs it). ``namespaces`` are the
+    instances ``/namespaces/<namespace>/...`` addresses (:mod:`kubeserve.api.namespaces`; by
+    default ``backend``'s alone, as namespace ``default``). ``middlewares`` run inside the
     error mapping, before every handler: access control a backend brings (the operator's
-    :class:`~kubeserve.backends.kubernetes.admin_auth.KubernetesAuthorizer`); they are skipped for
-    the dashboard's static files, which hold no data (:mod:`kubeserve.api.dashboard`), and for the
-    backend's internal routes, whose callers (kubeserve's own processes and pods) sign their
+    :class:`~kubeserve.backends.kubernetes.admin_auth.KubernetesAuthorizer`); they (and the look-up
+    of the namespace's instance) are skipped for the dashboard's static files, which hold no data
+    (:mod:`kubeserve.api.dashboard`; the page of any namespace is served), and for the backend's
+    internal routes, whose callers (kubeserve's own processes and pods) sign their
     requests with the data plane's secret instead."""
     security = security or AdminSecurity()
     internal = backend.internal_routes()
     internal_paths = frozenset(r.path for r in internal if isinstance(r, web.RouteDef))
     token_exempt = {e.path for e in ENDPOINTS if e.open} | dashboard.OPEN_PATHS | internal_paths
+    no_data = dashboard.OPEN_PATHS | internal_paths
     app = web.Application(
         middlewares=[
             error_middleware,
+            namespace_syntax,
             security_middleware(security, token_exempt),
-            *(_except_on(dashboard.OPEN_PATHS | internal_paths, m) for m in middlewares),
+            *(_except_on(no_data, m) for m in (*middlewares, namespace_backend)),
         ],
         client_max_size=MAX_BODY_BYTES,
     )
     app[BACKEND_KEY] = backend
+    app[NAMESPACES_KEY] = namespaces or SingleNamespace(backend)
     app[DEFAULT_HTTP_KEY] = default_http or {}
     app[OPENAPI_KEY] = openapi_document(
         ENDPOINTS,
         version=_package_version("kubeserve"),
         bearer_auth=security.auth_token is not None,
+        namespaced=NAMESPACE_PREFIX,
     )
-    app.add_routes(web.route(e.method, e.path, e.handler) for e in ENDPOINTS)
-    # The same endpoints without the trailing slash (curl users type both); not documented.
-    app.add_routes(
-        web.route(e.method, e.path.rstrip("/"), e.handler)
-        for e in ENDPOINTS
-        if e.path.endswith("/")
-    )
+    # Each endpoint bare and under /namespaces/<namespace>/ (but the server's own health); and
+    # each without its trailing slash (curl users type both), which is not documented.
+    for prefix in ("", NAMESPACE_PREFIX):
+        endpoints = [e for e in ENDPOINTS if not (prefix and e.open)]
+        app.add_routes(web.route(e.method, prefix + e.path, e.handler) for e in endpoints)
+        app.add_routes(
+            web.route(e.method, prefix + e.path.rstrip("/"), e.handler)
+            for e in endpoints
+            if e.path.endswith("/")
+        )
     app.add_routes(internal)
     app.add_routes(dashboard.dashboard_routes())
     return app
 
 
 def _except_on(paths: frozenset[str], middleware: Middleware) -> Middleware:
-    """``middleware``, but for requests to ``paths``, which go straight to their handler."""
+    """``middleware``, but for requests routed to ``paths``, which go straight to their handler."""
 
     @web.middleware
     async def skipping(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in paths:
+        if route_path(request) in paths:
             return await handler(request)
         return await middleware(request, handler)
 
@@ -158,7 +184,7 @@ async def _json_body(request: web.Request) -> Any:
 
 
 def _backend(request: web.Request) -> Backend:
-    return request.app[BACKEND_KEY]
+    return request_backend(request, request.app[BACKEND_KEY])
 
 
 def _instance_options(config: ServeDeploySchema) -> dict[str, Any]:
@@ -309,6 +335,14 @@ _DEPLOYED: dict[str, Any] = {
     "properties": {"applications": {"type": "array", "items": {"type": "string"}}},
     "required": ["applications"],
 }
+_NAMESPACES: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "own": {"type": "string"},
+        "namespaces": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["own", "namespaces"],
+}
 _VERSION: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -336,6 +370,14 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         errors=(404,),
     ),
     Endpoint("GET", OPENAPI_PATH, openapi, "This document"),
+    Endpoint(
+        "GET",
+        NAMESPACES_PATH,
+        list_namespaces,
+        "The namespaces whose instance the caller may read; 'own' is the one the bare paths "
+        "address (the dashboard's switcher)",
+        response=_NAMESPACES,
+    ),
     Endpoint(
         "PUT",
         "/api/serve/applications/",

@@ -19,6 +19,7 @@ Invariants every backend keeps:
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -152,3 +153,54 @@ class Backend(Protocol):
     def internal_routes(self) -> list[web.RouteDef]:
         """Backend-specific routes on the admin server (e.g. the local discovery long-poll)."""
         ...
+
+
+class Namespaces(Protocol):
+    """The serving instances an admin server answers for, one per namespace: the bare paths mean
+    :attr:`own`'s, ``/namespaces/<namespace>/...`` the named one's (see
+    :mod:`kubeserve.schema.namespaces`). The names it is given are valid namespace names."""
+
+    @property
+    def own(self) -> str:
+        """The namespace the bare paths address."""
+        ...
+
+    def backend(self, namespace: str) -> Backend:
+        """The backend of ``namespace``'s instance (the same object for the same namespace, so
+        its writes stay serialised); :class:`NotFoundError` saying why there is none."""
+        ...
+
+    def names(self) -> list[str]:
+        """The namespaces served, sorted (the dashboard offers them)."""
+        ...
+
+
+class SingleNamespace:
+    """One instance, whose namespace is ``own``: what ``kubeserve start`` serves. The bare paths
+    and ``/namespaces/<own>/...`` address it; another namespace is a 404 saying so."""
+
+    def __init__(self, backend: Backend, own: str = "default") -> None:
+        self._backend, self._own = backend, own
+
+    @property
+    def own(self) -> str:
+        return self._own
+
+    def backend(self, namespace: str) -> Backend:
+        if namespace != self._own:
+            raise NotFoundError(
+                f'no namespace "{namespace}" here: this server has one serving instance, '
+                f'addressed by the bare paths (/api/...) or as namespace "{self._own}" '
+                f"(/namespaces/{self._own}/api/...)"
+            )
+        return self._backend
+
+    def names(self) -> list[str]:
+        return [self._own]
+
+
+#: Whether the caller of a request may read the instance of a namespace, set on the request by the
+#: access control a backend brings (the operator's TokenReview and SubjectAccessReview); a
+#: request without it comes from a caller who may read every namespace served.
+ReadCheck = Callable[[str], Awaitable[bool]]
+READ_CHECK_KEY: web.RequestKey[ReadCheck] = web.RequestKey("kubeserve_read_check")

@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from kubeserve.api.server import create_app
     from kubeserve.backends.kubernetes.backend import KubernetesBackend
     from kubeserve.backends.kubernetes.main import run_operator
+    from kubeserve.backends.kubernetes.namespaces import WatchedNamespaces
     from kubeserve.backends.kubernetes.operator import ElectionSettings, OperatorSettings
 
     logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
@@ -98,8 +99,12 @@ def run(args: argparse.Namespace) -> int:
         election=election,
     )
 
-    def admin_app(backend: KubernetesBackend, middlewares: Sequence[Middleware]) -> web.Application:
-        return create_app(backend, middlewares=middlewares)
+    def admin_app(
+        backend: KubernetesBackend,
+        namespaces: WatchedNamespaces,
+        middlewares: Sequence[Middleware],
+    ) -> web.Application:
+        return create_app(backend, namespaces=namespaces, middlewares=middlewares)
 
     return uvloop.run(run_operator(settings, admin_app))
 

@@ -18,15 +18,18 @@ from kubeserve.backends.kubernetes.admin_auth import (
     KubernetesAuthorizer,
     required_access,
 )
+from kubeserve.backends.protocol import READ_CHECK_KEY
 from kubeserve.runtime.kubernetes.client import KubeError
 
 
 class FakeKube:
     """Answers TokenReviews (``tokens``: token -> username) and SubjectAccessReviews
-    (``grants``: username -> allowed (verb, resource) pairs); records every review."""
+    (``grants``: username -> allowed (verb, resource) pairs in namespace ``ops``; ``elsewhere``:
+    (username, namespace) -> those of another namespace); records every review."""
 
     def __init__(self, tokens: dict[str, str], grants: dict[str, set[tuple[str, str]]]) -> None:
         self.tokens, self.grants = tokens, grants
+        self.elsewhere: dict[tuple[str, str], set[tuple[str, str]]] = {}
         self.reviews: list[tuple[str, Any]] = []
         self.down = False
 
@@ -42,8 +45,11 @@ class FakeKube:
                 return {"status": {"authenticated": False}}
             return {"status": {"authenticated": True, "user": {"username": user, "groups": ["g"]}}}
         attributes = spec["resourceAttributes"]
-        assert attributes["namespace"] == "ops" and attributes["group"] == "kubeserve.io"
-        allowed = (attributes["verb"], attributes["resource"]) in self.grants.get(spec["user"], ())
+        assert attributes["group"] == "kubeserve.io"
+        namespace, user = attributes["namespace"], spec["user"]
+        grants = self.grants.get(user, set()) if namespace == "ops" else set()
+        grants = grants | self.elsewhere.get((user, namespace), set())
+        allowed = (attributes["verb"], attributes["resource"]) in grants
         return {"status": {"allowed": allowed}}
 
 
@@ -72,7 +78,13 @@ async def client_for(kube: FakeKube, clock: Clock) -> TestClient[web.Request, we
     async def ok(_request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
+    async def readable(request: web.Request) -> web.Response:
+        may_read = request[READ_CHECK_KEY]
+        names = ["ops", "team-a", "team-b"]
+        return web.json_response([name for name in names if await may_read(name)])
+
     app = web.Application(middlewares=[authorizer.middleware])
+    app.router.add_get("/readable", readable)
     app.router.add_route("*", "/{tail:.*}", ok)
     client = TestClient(TestServer(app))
     await client.start_server()
@@ -196,6 +208,51 @@ def test_empty_bearer_is_401(header: str) -> None:
                 "/api/serve/applications/", headers={"Authorization": header}
             )
             assert response.status == 401
+        finally:
+            await client.close()
+
+    run(scenario)
+
+
+def test_a_namespaced_path_is_reviewed_in_its_namespace() -> None:
+    async def scenario() -> None:
+        read = {("get", "serveinstances"), ("list", "serveapplications")}
+        kube = FakeKube({"t-dev": "dev"}, {"dev": EVERYTHING})  # everything in ops only
+        kube.elsewhere[("dev", "team-a")] = read
+        client = await client_for(kube, Clock())
+        headers = {"Authorization": "Bearer t-dev"}
+        try:
+            team_a = "/namespaces/team-a/api/serve/applications/"
+            assert (await client.get(team_a, headers=headers)).status == 200
+            response = await client.put(team_a, headers=headers)
+            assert response.status == 403
+            assert (await response.json())["error"] == (
+                'forbidden: user "dev" may not create serveapplications.kubeserve.io, '
+                "create serveinstances.kubeserve.io, delete serveapplications.kubeserve.io, "
+                "patch serveapplications.kubeserve.io, patch serveinstances.kubeserve.io in "
+                'namespace "team-a" (PUT /namespaces/team-a/api/serve/applications/ needs it)'
+            )
+            team_b = "/namespaces/team-b/api/serve/deployments/status"
+            response = await client.get(team_b, headers=headers)
+            assert (
+                response.status == 403 and 'namespace "team-b"' in (await response.json())["error"]
+            )
+            # the bare paths are the operator's own namespace's, where dev may do everything
+            assert (await client.put("/api/serve/applications/", headers=headers)).status == 200
+            reviewed = {
+                spec["resourceAttributes"]["namespace"]
+                for kind, spec in kube.reviews
+                if kind == "SubjectAccessReview"
+            }
+            assert reviewed == {"ops", "team-a", "team-b"}
+            # authenticated only, wherever: Ray's version check; nobody without a token
+            assert (
+                await client.get("/namespaces/team-b/api/ray/version", headers=headers)
+            ).status == 200
+            assert (await client.get("/namespaces/team-a/api/ray/version")).status == 401
+            # what the dashboard may switch to: the namespaces dev may read
+            response = await client.get("/readable", headers=headers)
+            assert await response.json() == ["ops", "team-a"]
         finally:
             await client.close()
 

@@ -6,6 +6,10 @@
 // names and messages are the deployers' text. Rates and latency are computed from two readings
 // of GET /metrics (Prometheus text, Ray Serve's metric names); without that endpoint the page
 // says so and shows no numbers.
+//
+// The page at /namespaces/<namespace>/ shows that namespace's instance: every path it fetches is
+// prefixed the same way. The namespace picker lists the namespaces the server says the caller
+// may read (GET /api/kubeserve/namespaces) and moves to the chosen one's page.
 "use strict";
 
 const POLL_MS = 1500;
@@ -14,6 +18,9 @@ const MAX_EVENTS = 100;
 const TOKEN_KEY = "kubeserve.token";
 const APPLICATIONS_PATH = "/api/serve/applications/";
 const METRICS_PATH = "/metrics";
+const NAMESPACES_PATH = "/api/kubeserve/namespaces";
+// "/namespaces/team-a" on that namespace's page, "" on the page of the server's own.
+const BASE = (location.pathname.match(/^\/namespaces\/[^/]+/) || [""])[0];
 
 const $ = (id) => document.getElementById(id);
 
@@ -29,7 +36,7 @@ async function get(path) {
   const headers = {};
   const t = token();
   if (t) headers.Authorization = "Bearer " + t;
-  const response = await fetch(path, { headers, cache: "no-store", credentials: "omit" });
+  const response = await fetch(BASE + path, { headers, cache: "no-store", credentials: "omit" });
   if (response.status === 401 || response.status === 403) {
     let message = response.status === 401 ? "a token is required" : "the token was refused";
     try {
@@ -324,6 +331,31 @@ async function refreshMetrics() {
   fill("metrics", rows);
 }
 
+// ------------------------------------------------------------------------------ namespaces
+
+let namespacesShown = false;
+
+async function showNamespaces() {
+  if (namespacesShown) return;
+  const response = await get(NAMESPACES_PATH);
+  if (!response.ok) return;  // a server without namespaces: no picker
+  const { own, namespaces } = await response.json();
+  namespacesShown = true;
+  const current = BASE ? decodeURIComponent(BASE.slice("/namespaces/".length)) : own;
+  const names = namespaces.includes(current) ? namespaces : [current, ...namespaces];
+  const select = $("namespace");
+  select.replaceChildren(...names.map((name) => {
+    const option = el("option", name, { value: name });
+    option.selected = name === current;
+    return option;
+  }));
+  $("namespace-picker").hidden = names.length < 2;
+  select.addEventListener("change", () => {
+    const name = select.value;
+    location.assign(name === own ? "/" : `/namespaces/${encodeURIComponent(name)}/`);
+  });
+}
+
 // ------------------------------------------------------------------------------ the loop
 
 function showLogin(message) {
@@ -357,6 +389,7 @@ async function tick(loop) {
     $("error").hidden = true;
     render(body);
     record(body);
+    await showNamespaces();
     await refreshMetrics();
     setConnection("connected");
     const at = new Date();
@@ -371,6 +404,8 @@ async function tick(loop) {
       return;  // polling resumes when a token is entered
     }
     setConnection("disconnected");
+    $("login").hidden = true;
+    $("content").hidden = false;  // the reason shows even when nothing was ever read
     $("error").hidden = false;
     $("error").textContent = `cannot read ${APPLICATIONS_PATH}: ${err.message}`;
   }

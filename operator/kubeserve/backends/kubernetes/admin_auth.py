@@ -1,8 +1,9 @@
 """Who may use the operator's admin API: the cluster's own authentication and RBAC decide.
 
-The admin API writes ``ServeInstance`` and ``ServeApplication`` objects in the operator's
-namespace with the operator's (broad) rights, so each caller must hold the rights the request
-would use itself:
+The admin API writes ``ServeInstance`` and ``ServeApplication`` objects with the operator's
+(broad) rights, in the namespace the request addresses (the operator's own for the bare paths,
+``team-a`` for ``/namespaces/team-a/...``: :mod:`kubeserve.schema.namespaces`), so each caller
+must hold, in that namespace, the rights the request would use itself:
 
 * **authentication**: ``Authorization: Bearer <token>`` (any token the API server accepts: a
   ServiceAccount token from ``kubectl create token``, an OIDC token...) checked with a
@@ -10,12 +11,16 @@ would use itself:
   ``WWW-Authenticate: Bearer``;
 * **authorisation**: one ``SubjectAccessReview`` per access the request needs
   (:func:`required_access`: the verbs on ``serveinstances`` / ``serveapplications`` in the
-  operator's namespace that its handler reads or writes with); a missing one is a 403 naming the
-  verbs and resources;
+  addressed namespace that its handler reads or writes with); a missing one is a 403 naming the
+  verbs, the resources and the namespace. It comes before the 404 of a namespace the operator
+  does not watch, so a caller without rights there learns nothing about it;
 * ``/-/healthz`` stays open (kubelet probes); every other path needs authentication. (The
   dashboard's page and files, which hold no data, never reach this middleware:
   :func:`kubeserve.api.server.create_app` serves them without it; the page then calls the API
   with the user's token like any client.)
+* the caller's right to read a namespace's instance (``get serveinstances`` and ``list
+  serveapplications`` there) is offered to the handler (:data:`~kubeserve.backends.protocol.
+  READ_CHECK_KEY`), which lists the namespaces the dashboard may switch to.
 
 Decisions are cached for :data:`DECISION_TTL_S` (by a digest of the token, and by user and
 access), so a client polling ``GET /api/serve/applications/`` costs the API server two reviews per
@@ -36,7 +41,9 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from kubeserve.backends.protocol import READ_CHECK_KEY, ReadCheck
 from kubeserve.runtime.kubernetes.client import Kube, KubeError
+from kubeserve.schema.namespaces import split_namespace
 from kubeserve.schema.resources import GROUP
 
 __all__ = [
@@ -66,7 +73,7 @@ _APPLICATIONS = "serveapplications"
 
 @dataclass(frozen=True, order=True)
 class Access:
-    """One verb on one resource of the group ``kubeserve.io`` in the operator's namespace."""
+    """One verb on one resource of the group ``kubeserve.io`` (in the addressed namespace)."""
 
     verb: str
     resource: str
@@ -180,7 +187,8 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
 
 class KubernetesAuthorizer:
     """Authenticates and authorises admin API requests against the API server (see the module
-    docstring); :attr:`middleware` goes into the admin app. Owns its caches only."""
+    docstring); :attr:`middleware` goes into the admin app, after the check of the namespace's
+    name. ``namespace`` is the one the bare paths address. Owns its caches only."""
 
     def __init__(
         self,
@@ -196,7 +204,9 @@ class KubernetesAuthorizer:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        needed = required_access(request.method, request.path)
+        addressed, path = split_namespace(request.path)
+        namespace = addressed or self._namespace
+        needed = required_access(request.method, path)
         if needed is None:
             return await handler(request)
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
@@ -209,7 +219,7 @@ class KubernetesAuthorizer:
             user = await self._authenticate(token)
             if user is None:
                 return self._unauthenticated("the Kubernetes API server did not accept the token")
-            missing = await self._missing(user, needed)
+            missing = await self._missing(user, needed, namespace)
         except KubeError as exc:
             log.warning("access review failed: %s", exc)
             return _error(503, "cannot verify the caller with the Kubernetes API server; retry")
@@ -218,8 +228,9 @@ class KubernetesAuthorizer:
             return _error(
                 403,
                 f'forbidden: user "{user.username}" may not {wanted} in namespace '
-                f'"{self._namespace}" ({request.method} {request.path} needs it)',
+                f'"{namespace}" ({request.method} {request.path} needs it)',
             )
+        request[READ_CHECK_KEY] = self._read_check(user)
         return await handler(request)
 
     @staticmethod
@@ -254,17 +265,33 @@ class KubernetesAuthorizer:
         self._users.put(key, user)
         return user
 
-    async def _missing(self, user: _User, needed: tuple[Access, ...]) -> list[Access]:
-        allowed = await asyncio.gather(*(self._allowed(user, access) for access in needed))
+    def _read_check(self, user: _User) -> ReadCheck:
+        """Whether ``user`` may read the instance of a namespace (what a GET needs there)."""
+
+        async def may_read(namespace: str) -> bool:
+            try:
+                return not await self._missing(user, _READ, namespace)
+            except KubeError as exc:
+                log.warning("access review failed: %s", exc)
+                return False
+
+        return may_read
+
+    async def _missing(
+        self, user: _User, needed: tuple[Access, ...], namespace: str
+    ) -> list[Access]:
+        allowed = await asyncio.gather(
+            *(self._allowed(user, access, namespace) for access in needed)
+        )
         return sorted(access for access, ok in zip(needed, allowed, strict=True) if not ok)
 
-    async def _allowed(self, user: _User, access: Access) -> bool:
-        key = (user, access)
+    async def _allowed(self, user: _User, access: Access, namespace: str) -> bool:
+        key = (user, access, namespace)
         found, decision = self._decisions.get(key)
         if found:
             return bool(decision)
         attributes = {
-            "namespace": self._namespace,
+            "namespace": namespace,
             "verb": access.verb,
             "group": GROUP,
             "resource": access.resource,

@@ -533,6 +533,8 @@ async def _kube_errors() -> AsyncIterator[None]:
         if exc.status in (400, 422):
             message = f"the Kubernetes API server refused the config: {exc.message}"
             raise RejectedError(message) from None
+        if exc.status == 404:  # reads answer None and deletes pass: the namespace is missing
+            raise NotFoundError(f"the Kubernetes API server: {exc.message}") from None
         raise UnavailableError(f"the Kubernetes API server failed the request: {exc}") from None
 
 

@@ -30,6 +30,7 @@ from kubeserve.backends.kubernetes.admin_auth import KubernetesAuthorizer
 from kubeserve.backends.kubernetes.backend import KubernetesBackend
 from kubeserve.backends.kubernetes.handlers import register
 from kubeserve.backends.kubernetes.leader import LeaderElector
+from kubeserve.backends.kubernetes.namespaces import WatchedNamespaces
 from kubeserve.backends.kubernetes.operator import Operator, OperatorSettings
 from kubeserve.runtime.kubernetes.client import Kube
 
@@ -37,9 +38,10 @@ __all__ = ["AdminApp", "run_operator"]
 
 log = logging.getLogger(__name__)
 
-#: builds the admin server over a backend, with the access control the backend brings
-#: (:func:`kubeserve.api.server.create_app` with ``middlewares=``)
-AdminApp = Callable[[KubernetesBackend, Sequence[Middleware]], web.Application]
+#: builds the admin server over the backend of the operator's namespace and those of every watched
+#: namespace, with the access control the backend brings
+#: (:func:`kubeserve.api.server.create_app` with ``namespaces=`` and ``middlewares=``)
+AdminApp = Callable[[KubernetesBackend, WatchedNamespaces, Sequence[Middleware]], web.Application]
 
 
 async def run_operator(settings: OperatorSettings, admin_app: AdminApp) -> int:
@@ -129,11 +131,12 @@ async def _admin_server(operator: Operator, admin_app: AdminApp) -> AsyncIterato
         )
     # the admin API's writes are custom resources, fine from any replica: not fenced
     kube, cache = operator.kube, operator.cluster.cache
-    backend = KubernetesBackend(kube, cache, settings.namespace, reports=operator)
-    authorizer = KubernetesAuthorizer(kube, settings.namespace)
-    runner = web.AppRunner(
-        admin_app(backend, [authorizer.middleware]), access_log=None, shutdown_timeout=5
+    namespaces = WatchedNamespaces(
+        kube, cache, settings.namespace, settings.watch_namespaces, reports=operator
     )
+    authorizer = KubernetesAuthorizer(kube, settings.namespace)
+    app = admin_app(namespaces.backend(settings.namespace), namespaces, [authorizer.middleware])
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
     async with _listening(runner, settings.admin_hosts, settings.admin_port):
         yield
 

@@ -38,6 +38,8 @@ from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES, Rotat
 
 log = logging.getLogger(__name__)
 _RESYNC_S = 1.0
+#: applications reconciled before a pass lets the event loop run other work
+_APPS_PER_SLICE = 50
 #: How long proxies and handles keep the previous run's snapshot while replicas are adopted.
 ADOPTION_DEADLINE_S = 60.0
 #: the controller's own log file rotates at this size, keeping this many older files
@@ -285,7 +287,11 @@ class Controller:
                 app.begin_delete()
                 if app.stopped:
                     del self.apps[name]
-        for name, stored in wanted.items():
+        for position, (name, stored) in enumerate(wanted.items(), 1):
+            if position % _APPS_PER_SLICE == 0:
+                # a pass over 1,000 applications takes ~100 ms: the admin API and the data
+                # plane's long-polls are answered between slices, not after the whole pass
+                await asyncio.sleep(0)
             existing = self.apps.get(name)
             if existing is not None and existing.uid != stored.uid:
                 existing.begin_delete()  # deleted and created again since the last pass

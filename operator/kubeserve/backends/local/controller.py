@@ -24,6 +24,7 @@ from kubeserve.backends.local.adoption import AdoptedReplica
 from kubeserve.backends.local.application_state import ApplicationState
 from kubeserve.backends.local.capacity import DEFAULT_START_SLOTS, Capacity, instance_resources
 from kubeserve.backends.local.deployment_state import DeploymentState
+from kubeserve.backends.local.limit_enforcement import Enforcement
 from kubeserve.backends.local.private_files import private_dir
 from kubeserve.backends.local.process_records import ProcessRecords
 from kubeserve.backends.local.proxy_process import ProxyProcess
@@ -32,6 +33,7 @@ from kubeserve.backends.local.snapshot import SnapshotPublisher
 from kubeserve.backends.local.store import IMPERATIVE, DesiredState, Store
 from kubeserve.control import autoscaling
 from kubeserve.control.autoscaling_state import CallerReports
+from kubeserve.control.replica_limits import DEFAULT_MAX_PROCESSES
 from kubeserve.runtime import channel, metrics, wire
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES, RotatingLog
@@ -68,6 +70,8 @@ class LocalSettings:
     log_rotation: tuple[int, int] = (DEFAULT_LOG_BYTES, DEFAULT_LOG_BACKUPS)
     #: start from an empty state: the database is moved aside first (``--reset-state``)
     reset_state: bool = False
+    #: processes (threads included) one replica may run (``--replica-max-processes``)
+    replica_max_processes: int = DEFAULT_MAX_PROCESSES
     #: replicas and the proxy outlive this process when it is killed outright, for the next
     #: ``kubeserve start`` on the state directory to adopt; False (a temporary state directory,
     #: which no later start sees): they die with it
@@ -179,9 +183,23 @@ class Controller:
             die_with_parent=not self.settings.data_plane_outlives,
             request_limits=self.settings.request_limits,
             log_rotation=self.settings.log_rotation,
+            limits=self._limit_enforcement({a.record.replica_id for a in replicas}),
+            max_processes=self.settings.replica_max_processes,
         )
         self._proxy = ProxyProcess(self._ctx, proxy)
         self._loop_task = asyncio.ensure_future(self._loop())
+
+    def _limit_enforcement(self, adopted: set[str]) -> Enforcement:
+        """How replicas are held to their limits on this machine (said once in the log); the
+        cgroups of replicas an earlier run left and nobody adopted are removed."""
+        enforcement = Enforcement.detect(self.settings.state_dir)
+        enforcement.sweep(adopted)
+        log.info(
+            "replica limits: %s; at most %d processes per replica",
+            enforcement.describe(),
+            self.settings.replica_max_processes,
+        )
+        return enforcement
 
     async def close(self) -> None:
         """Stop every process gracefully (desired state stays in the store for the next start)."""

@@ -88,11 +88,14 @@ async def spawn(
     cwd: str | None = None,
     pass_fds: Sequence[int] = (),
     die_with_parent: bool = False,
+    enter_limits: Callable[[], None] | None = None,
 ) -> asyncio.subprocess.Process:
     """Start ``python -m module args...`` with stdout and stderr appended to ``log_path``.
 
     The child leads a session of its own and holds no pipe to this process; unless
     ``die_with_parent`` (a parent-death SIGKILL) it goes on when this process is killed outright.
+    ``enter_limits`` runs in the child before exec (a replica joining its cgroups), so nothing
+    the child runs escapes them.
 
     A log file that cannot be opened (a full disk refusing a new file) does not hold the start
     up: the child's output goes nowhere until its own log (``logs.RotatingOutput``) can write.
@@ -114,12 +117,28 @@ async def spawn(
             stderr=log,
             env=dict(env),
             cwd=cwd,
-            preexec_fn=_die_with_parent if die_with_parent else None,
+            preexec_fn=_child_setup(die_with_parent, enter_limits),
             start_new_session=True,
             pass_fds=pass_fds,
         )
     finally:
         os.close(log)
+
+
+def _child_setup(
+    die_with_parent: bool, enter_limits: Callable[[], None] | None
+) -> Callable[[], None] | None:
+    """What runs in a child between fork and exec (nothing, when it can be started without)."""
+    if not die_with_parent:
+        return enter_limits
+    if enter_limits is None:
+        return _die_with_parent
+
+    def setup() -> None:
+        _die_with_parent()
+        enter_limits()
+
+    return setup
 
 
 async def spawn_piped(
@@ -181,10 +200,8 @@ async def run_to_completion(
     """
     loop = asyncio.get_running_loop()
     command = [sys.executable, "-m", module, *args, "--parent-pid", str(os.getpid())]
-    proc = await loop.run_in_executor(
-        _BUILD_THREADS,
-        functools.partial(
-            subprocess.Popen,
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -192,8 +209,9 @@ async def run_to_completion(
             env=dict(env),
             cwd=cwd,
             start_new_session=True,
-        ),
-    )
+        )
+
+    proc = await loop.run_in_executor(_BUILD_THREADS, start)
     with contextlib.suppress(OSError):  # gone already: its exit code says why
         os.setpriority(os.PRIO_PROCESS, proc.pid, BUILD_NICENESS)
     try:

@@ -58,8 +58,13 @@ def out_of_memory_message(
     replica_id: str, limits: ReplicaLimits, enforced_by: str, peak_bytes: int | None
 ) -> str:
     """Why a replica the kernel killed for its memory stopped: Ray's ``OutOfMemoryError``, with
-    the replica's own limit in place of the node's threshold."""
-    assert limits.memory_bytes is not None
+    the replica's own limit in place of the node's threshold (none set: the node ran low)."""
+    if limits.memory_bytes is None:
+        return (
+            f"OutOfMemoryError: replica {replica_id} was killed due to the node running low on "
+            f"memory ({enforced_by}); it has no memory limit of its own. The replica is "
+            "restarted. Set ray_actor_options.memory to reserve and limit its memory."
+        )
     used = "" if peak_bytes is None else f" (it used up to {mib(peak_bytes)})"
     return (
         f"OutOfMemoryError: replica {replica_id} was killed due to running out of its memory "

@@ -200,6 +200,7 @@ async def run_to_completion(
     """
     loop = asyncio.get_running_loop()
     command = [sys.executable, "-m", module, *args, "--parent-pid", str(os.getpid())]
+
     def start() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             command,

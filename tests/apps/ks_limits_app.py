@@ -1,7 +1,7 @@
 """Test application that goes over its limits on request: memory (``Hog``) and processes
 (``Forker``). Everything it does is bounded, so it cannot harm the machine when a limit is not
-enforced: at most ``HOG_CAP_MIB`` of memory, at most ``FORK_CAP`` children (of the 10,000 the test asks for), each exiting after
-``CHILD_LIFETIME_S``."""
+enforced: at most ``HOG_CAP_MIB`` of memory, at most ``FORK_CAP`` children (of the 10,000 the
+test asks for), each exiting after ``CHILD_LIFETIME_S``."""
 
 import os
 import time

@@ -8,8 +8,8 @@ replica that tries to start 10,000 processes is stopped by the process limit
 application is deleted, none of its processes is left, not even those that left its process group.
 
 Everything is capped so that nothing here can harm the shared machine even if a limit were not
-enforced: the allocation stops at 600 MiB, the forks at 1,000 children (of the 10,000 asked for) that sleep 60 s, and the
-test's teardown kills whatever carries the instance's marker.
+enforced: the allocation stops at 600 MiB, the forks at 1,000 children (of the 10,000 asked
+for) that sleep 60 s, and the test's teardown kills whatever carries the instance's marker.
 """
 
 from __future__ import annotations

@@ -119,8 +119,11 @@ def test_a_fork_loop_stays_inside_its_replica(limited: Kubeserve) -> None:
     # the instance serves on: a new application deploys and answers; the config no longer
     # lists ``forker``, so its replica is stopped
     deploy(ks, "hog")
-    status, answer = http("GET", f"{ks.proxy}/hog?mib=10", timeout=30)
-    assert status == 200, answer
+    wait_for(
+        lambda: http("GET", f"{ks.proxy}/hog?mib=10", timeout=30)[0] == 200,
+        30,
+        what="the new application to answer through the proxy",
+    )
     wait_for(
         lambda: not any(_is_alive(pid) for pid in forked),
         30,

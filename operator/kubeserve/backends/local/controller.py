@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 _RESYNC_S = 1.0
 #: applications reconciled before a pass lets the event loop run other work
 _APPS_PER_SLICE = 50
+#: a pass longer than this is followed by as long a pause (small configs are never paced)
+_PACE_AFTER_S = 0.01
 #: How long proxies and handles keep the previous run's snapshot while replicas are adopted.
 ADOPTION_DEADLINE_S = 60.0
 #: the controller's own log file rotates at this size, keeping this many older files
@@ -282,12 +284,20 @@ class Controller:
             await asyncio.sleep(0.05)
 
     async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             self._wake.clear()
+            began = loop.time()
             try:
                 await self.reconcile_once()
             except Exception:  # one bad pass must not stop the controller; the next one retries
                 log.exception("reconcile pass failed")
+            spent = loop.time() - began
+            if spent > _PACE_AFTER_S:
+                # A long pass (1,000 applications, whose builds end one after another and
+                # wake it each time) is not run back to back: the admin API and the data
+                # plane's long-polls get at least as long before the next one.
+                await asyncio.sleep(spent)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), _RESYNC_S)
 

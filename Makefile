@@ -198,6 +198,27 @@ bench: venv ray-client
 	timeout 1200 $(BIN)/python benchmarks/ray_api.py --ray-venv $(RAY_VENV)
 	timeout 1800 $(BIN)/python benchmarks/autoscaling.py --ray-venv $(RAY_VENV)
 
+## The kubeserve rows of `make bench` only, written as the committed baseline
+## (benchmarks/baseline.json) that every later `make bench` compares CPU per request with.
+.PHONY: bench-baseline
+bench-baseline: venv
+	@command -v wrk >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q wrk; }
+	@command -v nginx >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx-light; }
+	timeout 1800 $(BIN)/python benchmarks/bench.py --ray-venv $(RAY_VENV) --only kubeserve \
+		--out $(CACHE)/bench-baseline --write-baseline
+
+## This tree's data plane against another commit's, in turns (default: the previous commit of main):
+## a sync no-op, an async no-op and an async chain, req/s and CPU us per request, plus nginx.
+##   make bench-compare BEFORE=2eb3a35
+BEFORE ?= main~1
+.PHONY: bench-compare
+bench-compare: venv
+	@command -v wrk >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q wrk; }
+	rm -rf $(CACHE)/compare-before && git worktree prune
+	git worktree add --detach $(CACHE)/compare-before $(BEFORE)
+	$(MAKE) -C $(CACHE)/compare-before venv
+	timeout 1800 $(BIN)/python benchmarks/compare_trees.py $(CACHE)/compare-before . --runs 5 --seconds 5
+
 ## The operator's figures on the real node of the kubernetes tier (as root, about 15-20 minutes):
 ## CR create -> Ready (median of 5), API requests per minute when idle (through a counting proxy),
 ## operator RSS with 0, 1 and 101 applications. Writes benchmarks/operator-results.md.

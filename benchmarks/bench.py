@@ -5,11 +5,11 @@
 
 For each system: deploy the no-op app (1 replica), load it directly (kubeserve only: the same
 replica code without the data-plane handshake, see plain_replica.py, in turns with the proxy and
-with nginx in front of that replica, see nginx.py) and
-through the proxy, scale it to 2 replicas and load again; deploy the composed example
-and load it; time the control plane (deploy, user_config, scale 1 -> 4; three runs); read the RSS
-of the proxy, the replicas and the controller after the load. Then write ``results.json``,
-``results.md`` and (with ``--plot-python``) ``results.png`` next to this file.
+with nginx in front of that replica, see nginx.py) and through the proxy, scale it to 2 replicas
+and load again; deploy the composed example and load it; time the control plane (deploy,
+user_config, scale 1 -> 4, and Ray's quickstart driver script from its start to its first answer;
+five runs); read the RSS of the proxy, the replicas and the controller after the load. Then write
+``results.json``, ``results.md`` and (with ``--plot-python``) ``results.png`` next to this file.
 """
 
 from __future__ import annotations
@@ -54,12 +54,26 @@ def bench_system(system: ServeSystem, noop_path: str, composed_path: str) -> dic
         system.stop()
 
 
+def _replica_pids(system: ServeSystem, app: str) -> list[int]:
+    found = system.applications().get(app) or {"deployments": {}}
+    return [
+        int(r["pid"])
+        for d in found["deployments"].values()
+        for r in d["replicas"]
+        if r.get("state") == "RUNNING" and r.get("pid")
+    ]
+
+
 def _bench_started(system: ServeSystem, noop_path: str, composed_path: str) -> dict[str, Any]:
     loads: list[load.LoadResult] = []
     proxy = f"http://127.0.0.1:{system.proxy_port}"
     one = [noop_app(noop_path, 1)]
     system.put(one)
     system.wait_replicas("noop", "Noop", 1, 180)
+    proxy_pid = system.process_pids()["proxy"]
+    # CPU per request is read for the process in front (proxy, nginx worker, or the replica
+    # loaded directly) and for all the serving processes of the row.
+    through_proxy = (proxy_pid, *_replica_pids(system, "noop"))
     if isinstance(system, Kubeserve):
         # The proxy's cost is judged against the replica alone (and against nginx in front of
         # the same replica code), so these three are measured in turns (load.measure_together).
@@ -67,24 +81,43 @@ def _bench_started(system: ServeSystem, noop_path: str, composed_path: str) -> d
         # replica code without the handshake (plain_replica.py; per request it costs the same).
         with (
             plain_replica.running(noop_path, "Noop", free_port()) as direct,
-            nginx.reference_proxy(urlsplit(direct).port or 0) as reference,
+            nginx.reference_proxy(urlsplit(direct.url).port or 0) as reference,
         ):
-            together = [
-                ("no-op, direct to replica", system.name, direct),
-                ("no-op via proxy, 1 replica", system.name, f"{proxy}/noop"),
+            together: list[tuple[str, str, str, tuple[int, ...]]] = [
+                ("no-op, direct to replica", system.name, direct.url, (direct.pid,)),
+                ("no-op via proxy, 1 replica", system.name, f"{proxy}/noop", through_proxy),
             ]
             if reference is None:
                 print("  (no nginx: the reference row is left out)", flush=True)
             else:
-                together.append((report.NGINX_SETUP, report.NGINX_SYSTEM, f"{reference}noop"))
+                workers = tuple(load.children(nginx.master_pid(reference)))
+                together.append(
+                    (
+                        report.NGINX_SETUP,
+                        report.NGINX_SYSTEM,
+                        f"{reference}noop",
+                        (*workers, direct.pid),
+                    )
+                )
             loads += load.measure_together(together)
     else:
-        loads.append(load.measure("no-op via proxy, 1 replica", system.name, f"{proxy}/noop"))
+        loads.append(
+            load.measure(
+                "no-op via proxy, 1 replica", system.name, f"{proxy}/noop", pids=through_proxy
+            )
+        )
 
     two = [noop_app(noop_path, 2)]
     system.put(two)
     system.wait_replicas("noop", "Noop", 2, 180)
-    loads.append(load.measure("no-op via proxy, 2 replicas", system.name, f"{proxy}/noop"))
+    loads.append(
+        load.measure(
+            "no-op via proxy, 2 replicas",
+            system.name,
+            f"{proxy}/noop",
+            pids=(proxy_pid, *_replica_pids(system, "noop")),
+        )
+    )
     noop_replica = system.running_replicas("noop", "Noop")[0]["pid"]
 
     cp = control_plane.ControlPlane()
@@ -96,7 +129,10 @@ def _bench_started(system: ServeSystem, noop_path: str, composed_path: str) -> d
         if run == 0:
             loads.append(
                 load.measure(
-                    "composed (ingress -> handle)", system.name, f"{proxy}/composed?name=x"
+                    "composed (ingress -> handle)",
+                    system.name,
+                    f"{proxy}/composed?name=x",
+                    pids=(proxy_pid, *_replica_pids(system, "composed")),
                 )
             )
             ingress = system.running_replicas("composed", "Frontend")[0]["pid"]
@@ -113,13 +149,19 @@ def _bench_started(system: ServeSystem, noop_path: str, composed_path: str) -> d
         )
         cp.scale_s.append(control_plane.scale(system, two, composed_path, greeting, 4))
         control_plane.remove(system, two)
+        cp.driver_s.append(control_plane.driver_first_answer(system))
         print(
             f"  control plane run {run}: deploy {running:.3f} s, first answer {answered:.3f} s, "
-            f"user_config {cp.user_config_s[-1]:.3f} s, scale 1->4 {cp.scale_s[-1]:.3f} s",
+            f"user_config {cp.user_config_s[-1]:.3f} s, scale 1->4 {cp.scale_s[-1]:.3f} s, "
+            f"quickstart driver -> first answer {cp.driver_s[-1]:.3f} s",
             flush=True,
         )
     return {
-        "loads": [asdict(r) | {"requests_per_s": r.requests_per_s} for r in loads],
+        "loads": [
+            asdict(r)
+            | {"requests_per_s": r.requests_per_s, "cpu_us": r.cpu_us, "cpu_all_us": r.cpu_all_us}
+            for r in loads
+        ],
         "control_plane": asdict(cp) | {"medians": cp.medians()},
         "rss_mb": rss,
     }
@@ -151,6 +193,11 @@ def main() -> int:
     parser.add_argument("--plot-python", type=Path, default=None)
     parser.add_argument("--only", choices=["kubeserve", "ray"], default=None)
     parser.add_argument("--out", type=Path, default=BENCH_DIR)
+    parser.add_argument(
+        "--write-baseline",
+        action="store_true",
+        help=f"make this run's kubeserve rows the baseline ({report.BASELINE.name})",
+    )
     args = parser.parse_args()
 
     results: dict[str, Any] = {"machine": machine(), "systems": {}}
@@ -164,6 +211,20 @@ def main() -> int:
             RayServe(args.ray_venv), "ray_apps:noop", "ray_apps:composed"
         )
     results["machine"]["load_after"] = Path("/proc/loadavg").read_text().split()[:3]
+    if report.BASELINE.exists():
+        results["baseline"] = json.loads(report.BASELINE.read_text())
+    if args.write_baseline and "kubeserve" in results["systems"]:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        results["baseline"] = {
+            "date": results["machine"]["date"],
+            "commit": commit,
+            "load": " ".join(results["machine"]["load_before"]),
+            "rows": report.baseline_rows(results),
+        }
+        report.BASELINE.write_text(json.dumps(results["baseline"], indent=1) + "\n")
+        print(f"wrote {report.BASELINE}")
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

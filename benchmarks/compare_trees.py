@@ -45,6 +45,7 @@ from pathlib import Path
 
 import load
 import nginx
+from load import children, cpu_s
 from systems import free_port, wait_for
 
 HERE = Path(__file__).resolve().parent
@@ -53,22 +54,6 @@ WITH_ID = ("X-Request-Id: 0123456789abcdef0123456789abcdef",)
 #: application -> its ingress deployment (as in compare_apps.py)
 INGRESS = {"noop": "Noop", "async_noop": "AsyncNoop", "chain": "Chain"}
 SYNC_APPS = ("noop", "async_noop")  # those with a single no-op replica to load directly
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def children(pid: int) -> list[int]:
-    """The PIDs whose parent is ``pid``."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-    return found
 
 
 def _get(url: str) -> bytes:

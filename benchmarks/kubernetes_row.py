@@ -123,7 +123,12 @@ def run() -> dict[str, Any]:
             with plain_replica.running("benchmarks.apps:noop", "Noop", free_port()) as direct:
                 loads = load.measure_together(
                     [
-                        ("no-op, direct to replica code", report.KUBERNETES_SYSTEM, direct),
+                        (
+                            "no-op, direct to replica code",
+                            report.KUBERNETES_SYSTEM,
+                            direct.url,
+                            (direct.pid,),
+                        ),
                         (
                             "no-op via proxy pod, 1 replica",
                             report.KUBERNETES_SYSTEM,

@@ -1,14 +1,25 @@
-"""HTTP load with wrk: one thread, fixed connections and run length, this machine only."""
+"""HTTP load with wrk: one thread, fixed connections and run length, this machine only.
+
+Each run can also read, from /proc, the CPU time (user + system) that given serving processes
+used during it, divided by the requests served: CPU microseconds per request of the process in
+front (the first PID: the proxy, nginx's worker, or the replica loaded directly) and of all the
+PIDs given (proxy and replicas). Unlike req/s, that figure hardly follows the machine's
+background load (it is inflated by heavy contention, not by a busy neighbour core), so it is what
+``make bench`` compares with the committed baseline.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import re
 import shutil
 import statistics
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 THREADS = 1
@@ -29,6 +40,9 @@ class Run:
     p50_ms: float
     p99_ms: float
     errors: int
+    #: CPU microseconds per request of the front process, and of all the serving processes
+    cpu_us: float | None = None
+    cpu_all_us: float | None = None
 
 
 @dataclass
@@ -51,6 +65,34 @@ class LoadResult:
     @property
     def requests_per_s(self) -> float:
         return statistics.median(r.requests_per_s for r in self.runs)
+
+    @property
+    def cpu_us(self) -> float | None:
+        """Median CPU microseconds per request of the front process (None: not measured)."""
+        values = [r.cpu_us for r in self.runs if r.cpu_us is not None]
+        return statistics.median(values) if values else None
+
+    @property
+    def cpu_all_us(self) -> float | None:
+        """Median CPU microseconds per request of all the serving processes."""
+        values = [r.cpu_all_us for r in self.runs if r.cpu_all_us is not None]
+        return statistics.median(values) if values else None
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """The PIDs whose parent is ``pid`` (nginx's workers of its master)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
 
 
 def _latency_ms(text: str, percentile: str) -> float:
@@ -80,11 +122,16 @@ def parse_wrk(text: str) -> Run:
 
 
 def wrk(
-    url: str, seconds: int, connections: int = CONNECTIONS, headers: tuple[str, ...] = ()
+    url: str,
+    seconds: int,
+    connections: int = CONNECTIONS,
+    headers: tuple[str, ...] = (),
+    pids: Sequence[int] = (),
 ) -> Run:
     """One wrk run against this machine: a loopback address, or a pod or Service of the test
     node (:data:`NODE_NETWORKS`, a bridge inside this machine); ``headers`` as ``"Name:
-    value"``, sent on every request."""
+    value"``, sent on every request; with ``pids`` (the front process first), the run's CPU
+    microseconds per request of the front one and of all."""
     host = ipaddress.ip_address(urlsplit(url).hostname or "")
     if not (host.is_loopback or any(host in net for net in NODE_NETWORKS)):
         raise ValueError(f"the bench only loads this machine and its test node's pods, not {url}")
@@ -92,44 +139,65 @@ def wrk(
     if wrk_bin is None:
         raise RuntimeError("wrk is not installed (make bench installs it with apt-get)")
     extra = [arg for header in headers for arg in ("-H", header)]
+    before = [cpu_s(pid) for pid in pids]
     out = subprocess.run(
         [wrk_bin, f"-t{THREADS}", f"-c{connections}", f"-d{seconds}s", "--timeout", "5s",
          "--latency", *extra, url],
         capture_output=True, text=True, check=True, timeout=seconds + 30,
     )  # fmt: skip
-    return parse_wrk(out.stdout)
+    run = parse_wrk(out.stdout)
+    served = run.requests_per_s * seconds
+    if pids and served:
+        used = [cpu_s(pid) - start for pid, start in zip(pids, before, strict=True)]
+        run.cpu_us = used[0] * 1e6 / served
+        run.cpu_all_us = sum(used) * 1e6 / served
+    return run
 
 
-def measure(setup: str, system: str, url: str, runs: int = RUNS) -> LoadResult:
-    """A short warm-up, then ``runs`` runs of ``DURATION_S`` seconds."""
+def _cpu_text(result: LoadResult) -> str:
+    front, total = result.cpu_us, result.cpu_all_us
+    if front is None or total is None:
+        return ""
+    return f"  CPU {front:6.1f} us/req front, {total:6.1f} all"
+
+
+def measure(
+    setup: str, system: str, url: str, runs: int = RUNS, pids: Sequence[int] = ()
+) -> LoadResult:
+    """A short warm-up, then ``runs`` runs of ``DURATION_S`` seconds (``pids``: see :func:`wrk`)."""
     result = LoadResult(setup, system, url, CONNECTIONS)
     wrk(url, WARMUP_S)
     before = os.getloadavg()[0]
     for _ in range(runs):
-        result.runs.append(wrk(url, DURATION_S))
+        result.runs.append(wrk(url, DURATION_S, pids=pids))
     result.load_average = (before, os.getloadavg()[0])
     m = result.median
     print(
         f"  {system:>15} | {setup:<28} {m.requests_per_s:9.0f} req/s  p50 {m.p50_ms:7.2f} ms"
-        f"  p99 {m.p99_ms:7.2f} ms  errors {sum(r.errors for r in result.runs)}",
+        f"  p99 {m.p99_ms:7.2f} ms  errors {sum(r.errors for r in result.runs)}"
+        f"{_cpu_text(result)}",
         flush=True,
     )
     return result
 
 
-def measure_together(setups: list[tuple[str, str, str]], runs: int = RUNS) -> list[LoadResult]:
-    """Setups ``(setup, system, url)`` measured in turns: run 1 of each, then run 2 of each...
+def measure_together(
+    setups: Sequence[tuple[str, str, str] | tuple[str, str, str, Sequence[int]]], runs: int = RUNS
+) -> list[LoadResult]:
+    """Setups ``(setup, system, url[, pids])`` measured in turns: run 1 of each, then run 2 of
+    each...
 
     For figures compared as ratios (proxy vs direct): on a shared machine the background changes
     over minutes, and taking the runs in turns exposes every setup to the same background.
     """
-    results = [LoadResult(setup, system, url, CONNECTIONS) for setup, system, url in setups]
+    results = [LoadResult(s[0], s[1], s[2], CONNECTIONS) for s in setups]
+    pids = [tuple(s[3]) if len(s) > 3 else () for s in setups]  # type: ignore[misc]
     for result in results:
         wrk(result.url, WARMUP_S)
     before = os.getloadavg()[0]
     for _ in range(runs):
-        for result in results:
-            result.runs.append(wrk(result.url, DURATION_S))
+        for result, its_pids in zip(results, pids, strict=True):
+            result.runs.append(wrk(result.url, DURATION_S, pids=its_pids))
     after = os.getloadavg()[0]
     for result in results:
         result.load_average = (before, after)
@@ -137,7 +205,7 @@ def measure_together(setups: list[tuple[str, str, str]], runs: int = RUNS) -> li
         print(
             f"  {result.system:>15} | {result.setup:<28} {m.requests_per_s:9.0f} req/s  "
             f"p50 {m.p50_ms:7.2f} ms  p99 {m.p99_ms:7.2f} ms  "
-            f"errors {sum(r.errors for r in result.runs)}",
+            f"errors {sum(r.errors for r in result.runs)}{_cpu_text(result)}",
             flush=True,
         )
     return results

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,6 +31,7 @@ async def serve(import_path: str, deployment: str, port: int) -> None:
     from kubeserve.runtime.build import load_application
     from kubeserve.runtime.replica.http import ReplicaHttpServer
     from kubeserve.runtime.replica.ingress import Ingress
+    from kubeserve.runtime.replica.server import configure_logging
     from kubeserve.runtime.replica.state import ReplicaState
     from kubeserve.runtime.replica.user_code import UserCode
 
@@ -42,6 +46,8 @@ async def serve(import_path: str, deployment: str, port: int) -> None:
         "graceful_shutdown_wait_loop_s": 0.1,
         "graceful_shutdown_timeout_s": 1.0,
     }
+    # Logs as a replica of `kubeserve start` writes them (access lines batched), into /dev/null.
+    configure_logging(config, None, logging.StreamHandler(open(os.devnull, "w")))  # noqa: ASYNC230, SIM115
     ingress = Ingress(ReplicaState(config, await UserCode.construct(node, "bench")))
     server = ReplicaHttpServer(ingress.handle)  # no secret: no handshake
     await asyncio.get_running_loop().create_server(server, "127.0.0.1", port, backlog=1024)
@@ -49,9 +55,15 @@ async def serve(import_path: str, deployment: str, port: int) -> None:
     await asyncio.Event().wait()
 
 
+class PlainReplica(NamedTuple):
+    url: str
+    pid: int
+
+
 @contextlib.contextmanager
-def running(import_path: str, deployment: str, port: int) -> Iterator[str]:
-    """The URL of a plain replica of ``deployment`` on ``127.0.0.1:port``, for the block."""
+def running(import_path: str, deployment: str, port: int) -> Iterator[PlainReplica]:
+    """A plain replica of ``deployment`` on ``127.0.0.1:port`` (its URL and PID), for the
+    block."""
     proc = subprocess.Popen(
         [sys.executable, __file__, import_path, deployment, str(port)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True,
@@ -60,7 +72,7 @@ def running(import_path: str, deployment: str, port: int) -> Iterator[str]:
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the plain replica did not start (exit {proc.poll()})")
-        yield f"http://127.0.0.1:{port}/"
+        yield PlainReplica(f"http://127.0.0.1:{port}/", proc.pid)
     finally:
         proc.terminate()
         proc.wait(10)

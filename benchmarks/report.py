@@ -35,6 +35,16 @@ _K8S_RAY_TWIN = {
 }
 
 
+#: The committed baseline ``make bench`` compares with (``make bench-baseline`` rewrites it).
+BASELINE = Path(__file__).resolve().parent / "baseline.json"
+#: CPU per request above the baseline by more than this share is flagged.
+CPU_TOLERANCE = 0.10
+
+
+def _cpu(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def _kubernetes(results: dict[str, Any]) -> dict[str, Any] | None:
     """The cluster figures: in ``results`` when given, else ``results-kubernetes.json``."""
     if results.get("kubernetes"):
@@ -64,9 +74,9 @@ def load_table(results: dict[str, Any]) -> list[str]:
     ks, ray = _loads(results, "kubeserve"), _loads(results, "ray")
     direct = ks.get(_DIRECT, {}).get("requests_per_s")
     lines = [
-        "| system | setup | conns | req/s (median of 3) | p50 ms | p99 ms | errors | vs Ray | "
-        "vs direct | load avg |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| system | setup | conns | req/s (median of 3) | CPU us/req, front | CPU us/req, all | "
+        "p50 ms | p99 ms | errors | vs Ray | vs direct | load avg |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for system, table in (("kubeserve", ks), ("Ray Serve 2.60", ray)):
         for setup, entry in table.items():
@@ -79,6 +89,7 @@ def load_table(results: dict[str, Any]) -> list[str]:
             label = NGINX_SYSTEM if setup == NGINX_SETUP else system
             lines.append(
                 f"| {label} | {setup} | {entry['connections']} | {entry['requests_per_s']:,.0f} | "
+                f"{_cpu(entry.get('cpu_us'))} | {_cpu(entry.get('cpu_all_us'))} | "
                 f"{run['p50_ms']:.2f} | {run['p99_ms']:.2f} | {errors} | {vs_ray} | {vs_direct} | "
                 f"{_load(entry)} |"
             )
@@ -91,9 +102,58 @@ def load_table(results: dict[str, Any]) -> list[str]:
         errors = sum(r["errors"] for r in entry["runs"])
         lines.append(
             f"| {KUBERNETES_SYSTEM} | {setup} | {entry['connections']} | "
-            f"{entry['requests_per_s']:,.0f} | {run['p50_ms']:.2f} | {run['p99_ms']:.2f} | "
+            f"{entry['requests_per_s']:,.0f} | {_cpu(entry.get('cpu_us'))} | "
+            f"{_cpu(entry.get('cpu_all_us'))} | {run['p50_ms']:.2f} | {run['p99_ms']:.2f} | "
             f"{errors} | {_ratio(entry['requests_per_s'], twin)} | "
             f"{_percent(entry['requests_per_s'], k8s_direct)} | {_load(entry)} |"
+        )
+    return lines
+
+
+def baseline_rows(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """This run's kubeserve (and nginx) rows as a baseline: median req/s and CPU per request."""
+    return {
+        setup: {
+            "requests_per_s": entry["requests_per_s"],
+            "cpu_us": entry.get("cpu_us"),
+            "cpu_all_us": entry.get("cpu_all_us"),
+        }
+        for setup, entry in _loads(results, "kubeserve").items()
+    }
+
+
+def baseline_table(results: dict[str, Any], baseline: dict[str, Any] | None) -> list[str]:
+    """This run against the committed baseline: the guard that keeps the data plane's speed.
+
+    CPU per request is the figure compared (req/s follows the machine's background load); a row
+    whose CPU per request of the front process grew by more than :data:`CPU_TOLERANCE` is
+    flagged ``MORE CPU``."""
+    if not baseline:
+        return ["No baseline committed (`make bench-baseline` writes `benchmarks/baseline.json`)."]
+    rows = baseline.get("rows", {})
+    lines = [
+        f"Baseline: `benchmarks/baseline.json`, measured {baseline.get('date', '?')} at commit "
+        f"{baseline.get('commit', '?')} (load average {baseline.get('load', '?')}).",
+        "",
+        "| setup | req/s now / baseline | CPU us/req front, now / baseline | "
+        "CPU us/req all, now / baseline | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for setup, now in baseline_rows(results).items():
+        then = rows.get(setup)
+        if then is None:
+            lines.append(f"| {setup} | new row | {_cpu(now['cpu_us'])} | - | - |")
+            continue
+        front, front_then = now["cpu_us"], then.get("cpu_us")
+        verdict = "-"
+        if front is not None and front_then:
+            verdict = "MORE CPU" if front > front_then * (1 + CPU_TOLERANCE) else "ok"
+        lines.append(
+            f"| {setup} | {now['requests_per_s']:,.0f} / {then['requests_per_s']:,.0f} "
+            f"({_percent(now['requests_per_s'], then['requests_per_s'])}) | "
+            f"{_cpu(front)} / {_cpu(front_then)} ({_percent(front, front_then)}) | "
+            f"{_cpu(now['cpu_all_us'])} / {_cpu(then.get('cpu_all_us'))} "
+            f"({_percent(now['cpu_all_us'], then.get('cpu_all_us'))}) | {verdict} |"
         )
     return lines
 
@@ -167,8 +227,8 @@ def control_table(results: dict[str, Any]) -> list[str]:
         "kubeserve runs | Ray runs |",
         "|---|---|---|---|---|---|",
     ]
-    keys = ["deploy_s", "first_answer_s", "user_config_s", "scale_s"]
-    for name, key in zip(names, keys, strict=True):
+    keys = ["deploy_s", "first_answer_s", "user_config_s", "scale_s", "driver_s"]
+    for name, key in zip(names, keys[: len(names)], strict=True):  # older results: fewer steps
         a = ks["medians"][name] if ks else None
         b = ray["medians"][name] if ray else None
         runs_a = ", ".join(f"{x:.3f}" for x in ks[key]) if ks else "-"
@@ -278,6 +338,16 @@ def markdown(results: dict[str, Any]) -> str:
         *load_table(results),
         *nginx_note(results),
         *kubernetes_note(results),
+        "",
+        "`CPU us/req` is the CPU time (user + system, from /proc) the processes used during a "
+        "run divided by the requests served: `front` is the process wrk talks to (the proxy, "
+        "nginx's worker, or the replica on the direct row), `all` adds every replica of the "
+        "application (and, for nginx, the plain replica behind it). Unlike req/s it does not "
+        "follow a neighbour's load, though heavy contention for the 2 cores inflates it too.",
+        "",
+        "## Against the baseline",
+        "",
+        *baseline_table(results, results.get("baseline")),
         "",
         "## Control plane",
         "",

@@ -126,6 +126,20 @@ class ServeSystem:
     def get(self, path: str, timeout: float = 10) -> Any:
         return http("GET", f"http://127.0.0.1:{self.proxy_port}{path}", timeout=timeout)
 
+    # -- driver scripts (serve.run) ----------------------------------------------------------
+
+    def driver(self, script: Path) -> tuple[list[str], dict[str, str]]:
+        """The command and environment that run a Ray Serve driver script against this system
+        as its users run it (``PROXY_URL``: the proxy)."""
+        raise NotImplementedError
+
+    def delete_app(self, name: str) -> None:
+        """Remove application ``name`` (deployed by a driver's ``serve.run``); returns once gone."""
+        raise NotImplementedError
+
+    def _driver_env(self, **extra: str) -> dict[str, str]:
+        return {**os.environ, "PROXY_URL": f"http://127.0.0.1:{self.proxy_port}", **extra}
+
 
 class Kubeserve(ServeSystem):
     """``kubeserve start`` from the repository's virtualenv, state in a temporary directory."""
@@ -156,6 +170,14 @@ class Kubeserve(ServeSystem):
                 self.proc.wait()
         self._state.cleanup()
 
+    def driver(self, script: Path) -> tuple[list[str], dict[str, str]]:
+        env = self._driver_env(KUBESERVE_ADDRESS=self.api, KUBESERVE_STATE_DIR=self._state.name)
+        return [sys.executable, "-m", "kubeserve.compat", str(script)], env
+
+    def delete_app(self, name: str) -> None:
+        http("DELETE", f"{self.api}/api/kubeserve/applications/{name}")
+        wait_for(lambda: name not in self.applications(), 60, 0.02)
+
     def process_pids(self) -> dict[str, int]:
         assert self.proc is not None
         details = http("GET", f"{self.api}/api/serve/applications/")
@@ -176,6 +198,7 @@ class RayServe(ServeSystem):
         super().__init__()
         self.bin = venv / "bin"
         self._temp = tempfile.mkdtemp(prefix="ray-bench-")
+        self.gcs = ""  # the head's GCS address once started (a driver's RAY_ADDRESS)
         self.env = {
             **os.environ,
             "PYTHONPATH": str(BENCH_DIR),
@@ -183,8 +206,20 @@ class RayServe(ServeSystem):
             "RAY_ADDRESS": "",
         }
 
+    def driver(self, script: Path) -> tuple[list[str], dict[str, str]]:
+        return [str(self.bin / "python"), str(script)], self._driver_env(RAY_ADDRESS=self.gcs)
+
+    def delete_app(self, name: str) -> None:
+        """``serve.delete`` from Ray's own client (Ray's REST API deletes only everything)."""
+        code = f"from ray import serve; serve.delete({name!r})"
+        subprocess.run(
+            [str(self.bin / "python"), "-c", code], env={**self.env, "RAY_ADDRESS": self.gcs},
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120,
+        )  # fmt: skip
+
     def start(self) -> None:
         gcs_port = free_port()
+        self.gcs = f"127.0.0.1:{gcs_port}"
         subprocess.run(
             [str(self.bin / "ray"), "start", "--head", "--node-ip-address=127.0.0.1",
              f"--port={gcs_port}", "--dashboard-host=127.0.0.1",

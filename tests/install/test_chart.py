@@ -13,6 +13,7 @@ import yaml
 from support.kubeserve_install import (
     CHART,
     K8S_VERSIONS,
+    LEADER_ELECTION_RULES,
     NAMESPACE,
     OPERATOR_CLUSTER_RULES,
     OPERATOR_NAMESPACE_LIST_RULES,
@@ -75,7 +76,9 @@ EVERYTHING = {
         },
     },
     "logLevel": "DEBUG",
+    "replicaCount": 3,
 }
+ELECTION_ROLE = "kubeserve-operator-leader-election"
 VALUE_SETS = {"default": {}, "watchNamespaces": WATCHED, "everything": EVERYTHING}
 
 
@@ -135,6 +138,9 @@ def test_default_install_is_the_plain_manifests_with_helm_labels(helm: str) -> N
         (o["kind"], o["metadata"]["name"]) for o in plain
     )
     assert rules_of(one(chart, "ClusterRole")) == rules_of(one(plain, "ClusterRole"))
+    for kind in ("Role", "PodDisruptionBudget"):
+        assert one(chart, kind).get("rules") == one(plain, kind).get("rules"), kind
+        assert one(chart, kind).get("spec") == one(plain, kind).get("spec"), kind
     assert (
         one(chart, "ClusterRoleBinding")["subjects"] == one(plain, "ClusterRoleBinding")["subjects"]
     )
@@ -145,10 +151,16 @@ def test_default_install_is_the_plain_manifests_with_helm_labels(helm: str) -> N
         assert ours[key] == theirs[key], key
     chart_pod = one(chart, "Deployment")["spec"]["template"]["spec"]
     plain_pod = one(plain, "Deployment")["spec"]["template"]["spec"]
-    for key in ("securityContext", "volumes", "serviceAccountName"):
+    for key in ("securityContext", "volumes", "serviceAccountName", "affinity"):
         assert chart_pod[key] == plain_pod[key], key
     assert one(chart, "Service")["spec"] == one(plain, "Service")["spec"]
     # same selector: the two installs select the same pods (a Deployment's selector is immutable)
+    assert (
+        one(chart, "Deployment")["spec"]["strategy"] == one(plain, "Deployment")["spec"]["strategy"]
+    )
+    assert (
+        one(chart, "Deployment")["spec"]["replicas"] == one(plain, "Deployment")["spec"]["replicas"]
+    )
     chart_selector = one(chart, "Deployment")["spec"]["selector"]
     assert chart_selector == one(plain, "Deployment")["spec"]["selector"]
 
@@ -168,7 +180,9 @@ def test_cluster_wide_by_default(helm: str) -> None:
     assert (
         rules_of(one(objects, "ClusterRole")) == OPERATOR_NAMESPACED_RULES | OPERATOR_CLUSTER_RULES
     )
-    assert not find(objects, "Role") and not find(objects, "RoleBinding")
+    # namespaced grants: only leader election's, in the release namespace
+    assert [r["metadata"]["name"] for r in find(objects, "Role")] == [ELECTION_ROLE]
+    assert [b["metadata"]["name"] for b in find(objects, "RoleBinding")] == [ELECTION_ROLE]
     assert _flag(operator_container(objects), "watch-namespaces") == ""
 
 
@@ -178,11 +192,11 @@ def test_watch_namespaces_grant_roles_per_namespace_only(helm: str) -> None:
     assert _flag(operator_container(objects), "watch-namespaces") == ",".join(watched)
     cluster_role = one(objects, "ClusterRole")
     assert rules_of(cluster_role) == OPERATOR_CLUSTER_RULES | OPERATOR_NAMESPACE_LIST_RULES
-    roles = find(objects, "Role")
+    roles = [r for r in find(objects, "Role") if r["metadata"]["name"] != ELECTION_ROLE]
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(watched)
     for role in roles:
         assert rules_of(role) == OPERATOR_NAMESPACED_RULES
-    bindings = find(objects, "RoleBinding")
+    bindings = [b for b in find(objects, "RoleBinding") if b["metadata"]["name"] != ELECTION_ROLE]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(watched)
     for binding in bindings:
         assert binding["roleRef"] == {
@@ -198,7 +212,7 @@ def test_watch_namespaces_grant_roles_per_namespace_only(helm: str) -> None:
 def test_release_namespace_is_not_listed_twice(helm: str) -> None:
     objects = rendered_chart({"watchNamespaces": ["team-a", NAMESPACE]}, helm=helm)
     assert _flag(operator_container(objects), "watch-namespaces") == f"team-a,{NAMESPACE}"
-    assert len(find(objects, "Role")) == 2
+    assert len(find(objects, "Role")) == 3  # one per watched namespace, and leader election's
 
 
 def test_metrics_port_and_service_monitor(helm: str) -> None:
@@ -285,6 +299,47 @@ def test_release_name_and_namespace_follow_the_release(helm: str) -> None:
     }
     assert one(objects, "Service", "serving-kubeserve-admin")
     assert one(objects, "ClusterRoleBinding")["subjects"][0]["namespace"] == "ops"
+    # the Lease the replicas elect on is the one their Role lets them renew
+    lease = _flag(operator_container(objects), "leader-election-lease")
+    role = one(objects, "Role", "serving-kubeserve-operator-leader-election")
+    assert role["metadata"]["namespace"] == "ops"
+    assert [lease] == role["rules"][1]["resourceNames"]
+
+
+def test_replicas_elect_a_leader_and_roll_one_at_a_time(helm: str) -> None:
+    """Two replicas by default: each serves the admin API (readiness is the API answering), the
+    one holding the Lease reconciles; neither a roll nor a drain takes both at once."""
+    objects = rendered_chart({}, helm=helm)
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    container = operator_container(objects)
+    assert _flag(container, "leader-election-lease") == "kubeserve-operator"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/-/healthz", "port": "admin"}
+    assert {
+        "name": "KUBESERVE_POD_IP",
+        "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+    } in container["env"]
+    budget = one(objects, "PodDisruptionBudget")
+    assert budget["spec"]["maxUnavailable"] == 1
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    role = one(objects, "Role", "kubeserve-operator-leader-election")
+    assert rules_of(role) == LEADER_ELECTION_RULES
+    assert role["rules"][1]["resourceNames"] == ["kubeserve-operator"]
+    binding = one(objects, "RoleBinding", "kubeserve-operator-leader-election")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert (
+        binding["subjects"][0]["name"]
+        == deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    )
+
+
+def test_one_replica_has_no_disruption_budget(helm: str) -> None:
+    """A budget of one pod that may not go would block every drain of its node."""
+    objects = rendered_chart({"replicaCount": 1}, helm=helm)
+    assert one(objects, "Deployment")["spec"]["replicas"] == 1
+    assert not find(objects, "PodDisruptionBudget")
 
 
 @pytest.mark.parametrize(
@@ -293,10 +348,18 @@ def test_release_name_and_namespace_follow_the_release(helm: str) -> None:
         ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
         ({"watchNamespaces": ["Not_A_Namespace"]}, "watchNamespaces"),
         ({"admin": {"port": 70000}}, "port"),
-        ({"replicaCount": 3}, "replicaCount"),
+        ({"replicas": 3}, "replicas"),
+        ({"replicaCount": 0}, "replicaCount"),
         ({"metrics": {"serviceMonitor": {"enabled": True}}}, "metrics.enabled"),
     ],
-    ids=["pull-policy", "namespace-name", "port", "unknown-value", "monitor-without-metrics"],
+    ids=[
+        "pull-policy",
+        "namespace-name",
+        "port",
+        "unknown-value",
+        "no-replica",
+        "monitor-without-metrics",
+    ],
 )
 def test_bad_values_are_refused(any_helm: str, values: dict[str, Any], message: str) -> None:
     result = helm_template(values, helm=any_helm)

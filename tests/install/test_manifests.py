@@ -8,6 +8,7 @@ import yaml
 from kubeserve.schema.resources import ServeApplicationSpec, ServeInstanceSpec
 from support.kubeserve_install import (
     K8S_VERSIONS,
+    LEADER_ELECTION_RULES,
     MANIFESTS,
     NAMESPACE,
     OPERATOR_CLUSTER_RULES,
@@ -85,8 +86,9 @@ def test_operator_deployment_runs_the_operator_restricted_and_probed() -> None:
     deployment = one(objects, "Deployment", "kubeserve-operator")
     pod = deployment["spec"]["template"]["spec"]
     container = operator_container(objects)
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert "--leader-election-lease=kubeserve-operator" in container["args"]
     assert pod["serviceAccountName"] == "kubeserve-operator"
     assert container["image"] == "kubeserve:0.1.0"
     assert container["command"] == ["kubeserve"]
@@ -108,6 +110,26 @@ def test_operator_deployment_runs_the_operator_restricted_and_probed() -> None:
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert security["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_replicas_may_renew_only_their_lease_and_go_one_at_a_time() -> None:
+    objects = plain_manifests()
+    role = one(objects, "Role", "kubeserve-operator-leader-election")
+    assert rules_of(role) == LEADER_ELECTION_RULES
+    assert role["rules"][1] == {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "resourceNames": ["kubeserve-operator"],
+        "verbs": ["get", "update"],
+    }
+    binding = one(objects, "RoleBinding", "kubeserve-operator-leader-election")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "kubeserve-operator", "namespace": NAMESPACE}
+    ]
+    budget = one(objects, "PodDisruptionBudget", "kubeserve-operator")
+    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert budget["spec"]["maxUnavailable"] == 1
 
 
 def test_admin_service_reaches_the_operator_pod() -> None:

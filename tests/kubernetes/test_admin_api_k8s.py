@@ -25,6 +25,7 @@ from support.k8s_operator import (
     SMALL_REPLICA,
     AdminApi,
     OperatorProcess,
+    account_token,
     config,
     proxy_url,
 )
@@ -269,31 +270,6 @@ def test_ray_serve_cli_against_the_operator(
 
 
 # --------------------------------------------------------------------------- authentication
-
-
-def account_token(plane: ControlPlane, namespace: str, name: str, verbs: list[str]) -> str:
-    """A token of a new ServiceAccount whose Role grants ``verbs`` on kubeserve's resources."""
-    rule = {
-        "apiGroups": ["kubeserve.io"],
-        "resources": ["serveinstances", "serveapplications"],
-        "verbs": verbs,
-    }
-    rbac = "rbac.authorization.k8s.io/v1"
-    meta = {"name": name, "namespace": namespace}
-    plane.apply(
-        [
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
-            {"apiVersion": rbac, "kind": "Role", "metadata": meta, "rules": [rule]},
-            {
-                "apiVersion": rbac,
-                "kind": "RoleBinding",
-                "metadata": meta,
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
-            },
-        ]
-    )
-    return plane.kubectl("create", "token", name, "-n", namespace).stdout.strip()
 
 
 def raw_request(url: str, method: str = "GET", token: str | None = None) -> tuple[int, Any, str]:

@@ -2,14 +2,18 @@
 
 One release for the module (``helm install --wait``, uninstalled at the end), watching one
 namespace. The operator pod runs with the chart's security context; an application it deploys is
-served through the proxy Service's ClusterIP; the admin API answers through its own Service; and
-``helm upgrade`` to a new image tag replaces the operator without restarting any replica or proxy.
+served through the proxy Service's ClusterIP; the admin API answers through its own Service;
+``helm upgrade`` to a new image tag replaces the operator without restarting any replica or proxy;
+and deleting the leading operator pod (of the chart's two) under load fails no request while the
+other takes the Lease over.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +55,12 @@ class Release:
     def operator_pods(self) -> list[dict[str, Any]]:
         return ready_pods(self.node, self.namespace, "app.kubernetes.io/name=kubeserve")
 
+    def leader(self) -> str | None:
+        """The operator pod holding the Lease (a holder is ``<pod name>_<suffix>``)."""
+        lease = self.node.get("lease", f"{RELEASE}-operator", self.namespace)
+        holder = lease["spec"].get("holderIdentity") or ""
+        return holder.rpartition("_")[0] or None
+
 
 @pytest.fixture(scope="module")
 def release(node: NodeCluster) -> Iterator[Release]:
@@ -76,7 +86,10 @@ def test_operator_pod_serves_an_application_and_its_admin_api_through_services(
     release: Release,
 ) -> None:
     node = release.node
-    (pod,) = release.operator_pods()
+    pods = release.operator_pods()
+    assert len(pods) == 2  # the chart's replicas: both serve the admin API, one leads
+    assert release.leader() in {p["metadata"]["name"] for p in pods}
+    pod = pods[0]
     security = pod["spec"]["containers"][0]["securityContext"]
     assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"]
     name = pod["metadata"]["name"]
@@ -107,15 +120,59 @@ def test_helm_upgrade_to_a_new_image_tag_restarts_no_replica(release: Release) -
     node = release.node
     url = deploy_hello(node, release.watched)
     before = replica_and_proxy_pods(node, release.watched)
-    (old_operator,) = release.operator_pods()
+    old_operators = {p["metadata"]["uid"] for p in release.operator_pods()}
     node.ctr("images", "tag", "--force", KUBESERVE_IMAGE,
              KUBESERVE_IMAGE.replace(":0.1.0", f":{UPGRADE_TAG}"))  # fmt: skip
     release.install_or_upgrade("upgrade", tag=UPGRADE_TAG)
-    (new_operator,) = wait_for(release.operator_pods, 60, what="the upgraded operator Ready")
-    assert new_operator["metadata"]["uid"] != old_operator["metadata"]["uid"]
-    assert new_operator["spec"]["containers"][0]["image"] == f"kubeserve:{UPGRADE_TAG}"
+    new_operators = wait_for(
+        lambda: pods if len(pods := release.operator_pods()) == 2 else None,
+        60,
+        what="the upgraded operators Ready",
+    )
+    assert not {p["metadata"]["uid"] for p in new_operators} & old_operators
+    for operator in new_operators:
+        assert operator["spec"]["containers"][0]["image"] == f"kubeserve:{UPGRADE_TAG}"
     assert text_answer(url) == "hello, world\n"
     # The new operator has reconciled what it found: the application is still Ready, untouched.
     status = node.get("serveapplication", "hello", release.watched)["status"]
     assert status["appStatus"] == "RUNNING"
     assert replica_and_proxy_pods(node, release.watched) == before
+
+
+def test_deleting_the_leading_operator_pod_under_load_fails_no_request(release: Release) -> None:
+    """The data plane does not depend on the operator; the other replica takes over at once
+    (the leader releases the Lease as it stops), and within 15 s even were it killed."""
+    node = release.node
+    url = deploy_hello(node, release.watched)
+    leader = wait_for(release.leader, 30, what="a leading operator pod")
+    stop, outcomes = threading.Event(), list[bool]()
+
+    def client() -> None:
+        while not stop.is_set():
+            outcomes.append(text_answer(f"{url}?name=ha") == "hello, ha\n")
+
+    clients = [threading.Thread(target=client) for _ in range(4)]
+    for thread in clients:
+        thread.start()
+    try:
+        deleted = time.monotonic()
+        node.kubectl("delete", "pod", leader, "-n", release.namespace, "--wait=false")
+        successor = wait_for(
+            lambda: name if (name := release.leader()) not in (None, leader) else None,
+            15,
+            interval_s=0.2,
+            what="another operator pod holding the Lease",
+        )
+        took_over_s = time.monotonic() - deleted
+        wait_for(lambda: len(release.operator_pods()) == 2, 90, what="two operators Ready again")
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join()
+    assert successor in {p["metadata"]["name"] for p in release.operator_pods()}
+    assert len(outcomes) > 100 and outcomes.count(False) == 0, (
+        f"{outcomes.count(False)} of {len(outcomes)} requests failed"
+    )
+    status = node.get("serveapplication", "hello", release.watched)["status"]
+    assert status["appStatus"] == "RUNNING"
+    print(f"leader pod deleted: successor after {took_over_s:.1f} s, {len(outcomes)} requests ok")

@@ -282,3 +282,28 @@ def config(applications: list[dict[str, Any]], port: int = 8000) -> dict[str, An
         "http_options": {"host": "0.0.0.0", "port": port},
         "applications": applications,
     }
+
+
+def account_token(plane: ControlPlane, namespace: str, name: str, verbs: list[str]) -> str:
+    """A token of a new ServiceAccount whose Role grants ``verbs`` on kubeserve's resources."""
+    rule = {
+        "apiGroups": ["kubeserve.io"],
+        "resources": ["serveinstances", "serveapplications"],
+        "verbs": verbs,
+    }
+    rbac = "rbac.authorization.k8s.io/v1"
+    meta = {"name": name, "namespace": namespace}
+    plane.apply(
+        [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+            {"apiVersion": rbac, "kind": "Role", "metadata": meta, "rules": [rule]},
+            {
+                "apiVersion": rbac,
+                "kind": "RoleBinding",
+                "metadata": meta,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+            },
+        ]
+    )
+    return plane.kubectl("create", "token", name, "-n", namespace).stdout.strip()

@@ -177,5 +177,7 @@ OPERATOR_CLUSTER_RULES = (
     | _triples("authentication.k8s.io", "tokenreviews", "create")
     | _triples("authorization.k8s.io", "subjectaccessreviews", "create")
 )
+#: The operator's replicas elect their leader on one Lease in the release namespace.
+LEADER_ELECTION_RULES = _triples("coordination.k8s.io", "leases", "create get update")
 #: ...and, when it watches a list of namespaces, to notice namespaces come and go.
 OPERATOR_NAMESPACE_LIST_RULES = _triples("", "namespaces", "list watch")

@@ -9,7 +9,8 @@ is logged with its traceback, never shown to the client.
     ApiError                  (status, message, details)
      ├── BadRequest           400: malformed JSON, schema violations (details carry JSON paths)
      ├── UnsupportedMediaType 415: a PUT body that is not application/json
-     ├── PayloadTooLarge      413: a pickled graph (serve.run's) over its limit
+     ├── PayloadTooLarge      413: a pickled graph (serve.run's) over its limit (the backend's
+     │                         own, lower limit: PayloadTooLargeError, also 413)
      ├── (aiohttp routing)    HTTPNotFound -> 404, HTTPMethodNotAllowed -> 405 with ``Allow``
      └── (backend errors)     ConflictError -> 409, NotFoundError -> 404, RejectedError -> 400,
                               PreconditionFailedError -> 412, UnavailableError -> 503,
@@ -28,6 +29,7 @@ from kubeserve.backends.protocol import (
     ConflictError,
     InsufficientStorageError,
     NotFoundError,
+    PayloadTooLargeError,
     PreconditionFailedError,
     RejectedError,
     UnavailableError,
@@ -85,6 +87,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(404, str(exc))
     except RejectedError as exc:
         return error_response(400, str(exc))
+    except PayloadTooLargeError as exc:
+        return error_response(413, str(exc))
     except PreconditionFailedError as exc:
         return error_response(412, str(exc))
     except UnavailableError as exc:

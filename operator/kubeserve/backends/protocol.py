@@ -39,6 +39,11 @@ class NotFoundError(BackendError):
     """The requested object does not exist (HTTP 404)."""
 
 
+class PayloadTooLargeError(BackendError):
+    """What the request carries exceeds what this backend can store (HTTP 413); nothing was
+    changed, and the message names the limit."""
+
+
 class PreconditionFailedError(BackendError):
     """The request is valid but the target's state does not allow it (HTTP 412), as Ray answers
     an external scaling request for an application without ``external_scaler_enabled``."""

@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
+import uuid
 from collections.abc import Sequence
 
 from kubeserve.cli.command import LOG_FORMAT, Command
-from kubeserve.runtime.kubernetes.contract import NAMESPACE_ENV
+from kubeserve.runtime.kubernetes.contract import NAMESPACE_ENV, POD_IP_ENV
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +47,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)"
     )
+    parser.add_argument(
+        "--leader-election-lease",
+        default=os.environ.get("KUBESERVE_LEADER_ELECTION_LEASE", "kubeserve-operator"),
+        help="the coordination.k8s.io Lease in --namespace on which the operator's replicas "
+        "elect the one that reconciles (every replica serves the admin API); empty: no "
+        "election, this process always reconciles",
+    )
+    parser.add_argument(
+        "--advertise-url",
+        default=os.environ.get("KUBESERVE_ADVERTISE_URL") or None,
+        help="this replica's admin server as the other replicas reach it (they forward the "
+        "pods' load reports to the leader); default http://$KUBESERVE_POD_IP:<dashboard port>, "
+        "else the first --dashboard-host",
+    )
     parser.add_argument("--log-level", default=os.environ.get("KUBESERVE_LOG_LEVEL", "INFO"))
 
 
@@ -56,19 +72,30 @@ def run(args: argparse.Namespace) -> int:
     from kubeserve.api.server import create_app
     from kubeserve.backends.kubernetes.backend import KubernetesBackend
     from kubeserve.backends.kubernetes.main import run_operator
-    from kubeserve.backends.kubernetes.operator import OperatorSettings
+    from kubeserve.backends.kubernetes.operator import ElectionSettings, OperatorSettings
 
     logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it from there
+    hosts = tuple(host.strip() for host in args.dashboard_host.split(","))
+    election = None
+    if args.leader_election_lease:
+        host = os.environ.get(POD_IP_ENV) or hosts[0]
+        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        election = ElectionSettings(
+            identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+            advertise_url=args.advertise_url or f"http://{host}:{args.dashboard_port}",
+            lease_name=args.leader_election_lease,
+        )
     settings = OperatorSettings(
         namespace=args.namespace,
         watch_namespaces=tuple(n for n in args.watch_namespaces.split(",") if n),
         kubeconfig=args.kubeconfig,
         report_url=args.report_url,
-        admin_hosts=tuple(host.strip() for host in args.dashboard_host.split(",")),
+        admin_hosts=hosts,
         admin_port=args.dashboard_port,
         metrics_port=args.metrics_port,
+        election=election,
     )
 
     def admin_app(backend: KubernetesBackend, middlewares: Sequence[Middleware]) -> web.Application:

@@ -124,6 +124,16 @@ class EffectiveDeployment:
         return autoscaling.capacity_adjusted(self.num_replicas, target_capacity)
 
     @property
+    def custom_request_router(self) -> str | None:
+        """The ``request_router_class`` the deployment names, or None for Ray's default policy
+        (kubeserve's built-in router)."""
+        path = (self.request_router_config or {}).get("request_router_class")
+        default = DEFAULT_REQUEST_ROUTER["request_router_class"]
+        if not path or path in (default, default.replace(":", ".")):
+            return None
+        return str(path)
+
+    @property
     def user_config_version(self) -> str:
         """Identifies the ``user_config`` a replica applied (changed in place, no restart)."""
         return fingerprint(self.user_config)
@@ -238,13 +248,16 @@ def graph_configs(
 def replica_version(app_config: Mapping[str, Any], config: EffectiveDeployment) -> str:
     """Identifies what a replica process runs; replicas of another version are replaced.
 
-    It covers the code (import path, or an imperative application's pickled graph), the
-    environment (runtime_env) and the process options, and excludes ``user_config`` and the
-    counts, which change without a restart.
+    It covers the code (import path, or an imperative application's pickled graph, and a custom
+    ``request_router_class``, which replicas load at start-up), the environment (runtime_env)
+    and the process options, and excludes ``user_config`` and the counts, which change without
+    a restart.
     """
     code: dict[str, Any] = {"import_path": app_config.get("import_path")}
     if GRAPH_DIGEST_KEY in app_config:  # only then: a declarative replica's version is as it was
         code["graph"] = app_config[GRAPH_DIGEST_KEY]
+    if config.custom_request_router is not None:  # replicas load it at start-up
+        code["request_router_class"] = config.custom_request_router
     return fingerprint(
         {
             **code,

@@ -1,6 +1,7 @@
 """Import an application and describe its deployment graph: ``python -m kubeserve.runtime.build
 PATH``, or ``python -m kubeserve.runtime.build --pickled < GRAPH`` for an application deployed
-imperatively (``serve.run``: the graph pickled by the driver, read from stdin).
+imperatively (``serve.run``: the graph pickled by the driver, read from stdin; ``--pickled-file
+FILE`` reads it from a file, the mounted Secret of a Kubernetes build Job).
 
 The controller runs this in a subprocess (a Kubernetes Job on that backend) whose working directory,
 ``PYTHONPATH`` and environment the runtime_env already prepared, so importing user code never
@@ -41,7 +42,6 @@ from kubeserve.sdk import context, ray_namespace
 from kubeserve.sdk.application import Application
 from kubeserve.sdk.deployment import Deployment, described_options
 from kubeserve.sdk.ingress import asgi_app_of
-from kubeserve.sdk.pickled_application import unpickle_application
 
 #: How many of the innermost user frames an error report keeps.
 ERROR_FRAMES = 5
@@ -66,7 +66,7 @@ def load_application(import_path: str, args: dict[str, Any] | None = None) -> Ap
     path without a module, a missing attribute or an attribute of the wrong type raise
     :class:`BuildError`.
     """
-    module_name, attr_path = _split_import_path(import_path)
+    module_name, attr_path = split_import_path(import_path)
     prepare_for_user_code()
     module = importlib.import_module(module_name)
     target: Any = module
@@ -107,8 +107,18 @@ def load_application(import_path: str, args: dict[str, Any] | None = None) -> Ap
 def load_pickled_application(data: bytes) -> Application:
     """The application a driver's ``serve.run`` pickled (see
     :mod:`kubeserve.sdk.pickled_application`); raises what unpickling raises."""
+    from kubeserve.sdk.pickled_application import unpickle_application  # imperative apps only
+
     prepare_for_user_code()
     return unpickle_application(data)
+
+
+def _pickled_input(path: str | None) -> bytes:
+    """The pickled graph: the file at ``path``, else stdin."""
+    if path is None:
+        return sys.stdin.buffer.read()
+    with open(path, "rb") as file:
+        return file.read()
 
 
 def prepare_for_user_code() -> None:
@@ -137,7 +147,7 @@ def _builder_argument(builder: Any, args: dict[str, Any]) -> Any:
     return args
 
 
-def _split_import_path(import_path: str) -> tuple[str, str]:
+def split_import_path(import_path: str) -> tuple[str, str]:
     if ":" in import_path:
         module_name, _, attr = import_path.partition(":")
     else:
@@ -211,6 +221,9 @@ def main(
     parser.add_argument(
         "--pickled", action="store_true", help="read a pickled graph (serve.run's) from stdin"
     )
+    parser.add_argument(
+        "--pickled-file", metavar="PATH", help="read a pickled graph (serve.run's) from PATH"
+    )
     parser.add_argument("--args", default="{}", help="the application's args, as JSON")
     parser.add_argument("--configmap")
     parser.add_argument("--namespace", default=namespace)
@@ -224,12 +237,15 @@ def main(
         parent_death.die_with(args.parent_pid)
     if args.configmap and write_graph is None:
         parser.error("--configmap: this command writes no ConfigMap (`kubeserve build` does)")
-    if bool(args.import_path) == args.pickled:
-        parser.error("give an import path, or --pickled with the graph on stdin")
+    pickled = args.pickled or bool(args.pickled_file)
+    if bool(args.import_path) == pickled or (args.pickled and args.pickled_file):
+        parser.error(
+            "give an import path, or --pickled with the graph on stdin, or --pickled-file PATH"
+        )
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            if args.pickled:
-                app = load_pickled_application(sys.stdin.buffer.read())
+            if pickled:
+                app = load_pickled_application(_pickled_input(args.pickled_file))
                 document = describe_application(app)
             else:
                 document = describe(args.import_path, json.loads(args.args))

@@ -53,16 +53,17 @@ import hashlib
 import hmac
 import logging
 import os
-import secrets
 import socket
 import struct
 from collections.abc import Callable, MutableMapping
-from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from kubeserve.runtime import local_socket
 from kubeserve.runtime.http1 import read_response
 from kubeserve.runtime.sealing import SealedProtocol
+
+if TYPE_CHECKING:  # a replica reads its secret from the environment: no pathlib there
+    from pathlib import Path
 
 __all__ = [
     "SECRET_ENV",
@@ -138,7 +139,7 @@ def _identity_bytes(identity: str) -> bytes:
 
 
 def new_secret() -> str:
-    return secrets.token_hex(32)
+    return os.urandom(32).hex()  # secrets.token_hex's bytes, without importing it in replicas
 
 
 def create_secret_file(path: Path) -> Path:
@@ -169,7 +170,8 @@ def take_secret(environ: MutableMapping[str, str] | None = None) -> bytes:
         return _parse_secret(value, SECRET_ENV)
     if path:
         try:
-            text = Path(path).read_text()
+            with open(path, encoding="utf-8") as source:
+                text = source.read()
         except OSError as exc:
             raise ValueError(f"cannot read the data-plane secret {path}: {exc}") from exc
         return _parse_secret(text, path)
@@ -349,7 +351,7 @@ def sign_request(secret: bytes, method: str, target: str, now: float) -> str:
     query). The controller's discovery endpoint is plain HTTP on the admin port: the secret itself
     never goes over it, only this MAC, bound to the request and valid for a minute."""
     stamp = f"{now:.3f}"
-    nonce = secrets.token_hex(8)
+    nonce = os.urandom(8).hex()
     mac = hmac.new(secret, f"{stamp}|{nonce}|{method}|{target}".encode(), hashlib.sha256)
     return f"{stamp}:{nonce}:{mac.hexdigest()}"
 

@@ -57,7 +57,13 @@ from kubeserve.runtime.keepalive import (
     pool_for,
 )
 from kubeserve.runtime.load_report import controller_links
-from kubeserve.runtime.router import BackPressure, NoReplicaAvailable, RoutedReplica, Router
+from kubeserve.runtime.router import (
+    BackPressure,
+    CallInfo,
+    NoReplicaAvailable,
+    RoutedReplica,
+    Router,
+)
 from kubeserve.runtime.wire import (
     CALL_PREFIX,
     FRAME_END,
@@ -119,7 +125,7 @@ class HandleClient:
         :class:`DeploymentUnavailableError`; ``None`` (the default) waits as Ray's handles do,
         for a deployment scaled to zero to start a replica, say. ``scope``: the
         ``namespace/instance`` the client's load reports name (in a cluster)."""
-        self.router = router or Router()
+        self.router = router or Router(secret=secret)
         self._secret = secret
         self._assign_timeout_s = assign_timeout_s
         #: the reporter tells the controller (local) or the operator (cluster) what waits here
@@ -169,7 +175,7 @@ class HandleClient:
         *,
         model_id: str = "",
     ) -> Any:
-        key, replica, payload = await self._begin(app, deployment, args, kwargs, model_id)
+        key, replica, payload = await self._begin(app, deployment, method, args, kwargs, model_id)
         attempt = 1
         busy_wait = _BUSY_FIRST_WAIT_S
         deadline = (
@@ -235,7 +241,7 @@ class HandleClient:
         which closes the connection and so the replica's generator). It runs on a connection of
         its own, closed afterwards: a stream's end is not worth a keep-alive.
         """
-        key, replica, payload = await self._begin(app, deployment, args, kwargs, model_id)
+        key, replica, payload = await self._begin(app, deployment, method, args, kwargs, model_id)
         conn: _StreamConnection | None = None
         try:
             opening: Awaitable[_StreamConnection] = connect(
@@ -274,6 +280,7 @@ class HandleClient:
         self,
         app: str,
         deployment: str,
+        method: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         model_id: str,
@@ -286,15 +293,19 @@ class HandleClient:
         payload = encode_call(args, kwargs, _call_options(model_id))
         # Fast path: a free slot needs no waiter future and no timer.
         replica = self.router.try_assign(key, None, model_id) or await self._assign(
-            key, model_id=model_id
+            key, model_id=model_id, call=(method, args, kwargs)
         )
         return key, replica, payload
 
     async def _assign(
-        self, key: str, avoid: RoutedReplica | None = None, model_id: str = ""
+        self,
+        key: str,
+        avoid: RoutedReplica | None = None,
+        model_id: str = "",
+        call: CallInfo | None = None,
     ) -> RoutedReplica:
         try:
-            return await self.router.assign(key, self._assign_timeout_s, avoid, model_id)
+            return await self.router.assign(key, self._assign_timeout_s, avoid, model_id, call)
         except BackPressure as exc:
             raise BackPressureError(str(exc)) from None
         except NoReplicaAvailable as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import time
 from binascii import hexlify
 from http import HTTPStatus
 from typing import Any
@@ -23,6 +24,7 @@ __all__ = [
     "HeaderKind",
     "chunk_prefix",
     "classify_header",
+    "http_date",
     "is_request_id",
     "is_websocket",
     "local_response",
@@ -81,6 +83,20 @@ def classify_header(name: bytes, value: bytes) -> int:
 def is_request_id(name: bytes) -> bool:
     """Whether a header name is ``X-Request-Id``, in any case (one ``len`` for most names)."""
     return len(name) == 12 and (name == REQUEST_ID or name.lower() == REQUEST_ID)
+
+
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def http_date(seconds: float) -> str:
+    """An HTTP ``Date`` value (RFC 9110's IMF-fixdate), as ``email.utils.formatdate(seconds,
+    usegmt=True)`` writes it, without loading the ``email`` package into every replica."""
+    t = time.gmtime(seconds)
+    return (
+        f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year:04d} "
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
+    )
 
 
 def is_websocket(upgrade: bytes) -> bool:

@@ -3,18 +3,22 @@
 Existing Grafana dashboards for Ray Serve read ``ray_serve_num_http_requests_total``,
 ``ray_serve_http_request_latency_ms_bucket``, ``ray_serve_deployment_request_counter_total``... by
 ``application``, ``deployment``, ``replica`` and ``route``: the same series come out of kubeserve,
-written with ``prometheus_client`` (Ray's counters gain the ``_total`` suffix the same way).
+written in prometheus_client's formats (Ray's counters gain the ``_total`` suffix the same way).
 
 Besides Ray's series, ``kubeserve_log_lines_dropped_total`` (by ``component``: ``proxy``,
 ``replica``, ``controller``) counts log lines a process could not write (a full disk; see
 :mod:`kubeserve.runtime.logs`).
 
+They are written with :mod:`kubeserve.runtime.prometheus` (the proxy and replicas never load
+prometheus_client; the controller's merge does, :mod:`kubeserve.runtime.metrics_merge`).
+
 Where they are read:
 
 * ``kubeserve start``: every process of the instance writes its samples to files under
   ``PROMETHEUS_MULTIPROC_DIR`` (in ``/dev/shm``, off the state directory's disk; set by the
-  controller for the proxy and the replicas it starts; prometheus_client's multiprocess mode),
-  and the admin API's ``GET /metrics`` merges them (:func:`multiprocess_exposition`). Files of
+  controller for the proxy and the replicas it starts; prometheus_client's multiprocess files),
+  and the admin API's ``GET /metrics`` merges them (:mod:`~kubeserve.runtime.metrics_merge`).
+  Files of
   replicas that exited keep their counters (totals never go backwards); their gauges are dropped.
 * Kubernetes: each proxy and replica pod serves its own samples on the metrics port
   (:mod:`kubeserve.runtime.metrics_listener`).
@@ -46,11 +50,15 @@ from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import multiprocess as _multiprocess
-from prometheus_client.core import CounterMetricFamily
-
 from kubeserve.runtime import logs
+from kubeserve.runtime.prometheus import (
+    MULTIPROC_ENV,
+    Counter,
+    Gauge,
+    Histogram,
+    label_value,
+    process_registry,
+)
 
 __all__ = [
     "LATENCY_BUCKETS_MS",
@@ -64,13 +72,8 @@ __all__ = [
     "ReplicaMetrics",
     "exposition",
     "label_value",
-    "mark_process_dead",
     "metric_family",
-    "multiprocess_exposition",
 ]
-
-#: Where a process of ``kubeserve start`` writes its samples (prometheus_client's variable).
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 #: How long recorded requests wait in the process before they reach the metric objects.
 FLUSH_INTERVAL_S = 0.5
@@ -101,22 +104,7 @@ OTHER_METHOD = "OTHER"
 
 #: The counter of log lines a process could not write (the family's name; samples end ``_total``).
 LOG_LINES_DROPPED = "kubeserve_log_lines_dropped"
-_LOG_LINES_DROPPED_DOC = "Log lines a process could not write (a full disk, say) and dropped."
-
-
-def label_value(text: str) -> str:
-    """``text`` escaped for a label value of the Prometheus text format: backslash, double quote
-    and line feed as the format says; a carriage return, which the format leaves raw and which
-    line-splitting readers take for a line end, as the text ``\\r`` (read back: a backslash and
-    an ``r``)."""
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return escaped.replace("\r", "\\\\r")
-
-
-def _without_cr(text: str) -> str:
-    """What a label value is given to prometheus_client as: it escapes backslash, quote and line
-    feed itself (:func:`label_value`'s rule), but writes a carriage return raw."""
-    return text.replace("\r", "\\r") if "\r" in text else text
+LOG_LINES_DROPPED_DOC = "Log lines a process could not write (a full disk, say) and dropped."
 
 
 class _Children:
@@ -135,14 +123,14 @@ class _Children:
         child = self._cache.get(values)
         if child is None:
             if len(self._cache) < MAX_SERIES_PER_METRIC:
-                child = self._cache[values] = self._metric.labels(*map(_without_cr, values))
+                child = self._cache[values] = self._metric.labels(*values)
             else:
                 child = self._overflowed()
         return child
 
     def _overflowed(self) -> Any:
         if self._overflow is None:
-            self._overflow = self._metric.labels(*(OVERFLOW for _ in self._metric._labelnames))
+            self._overflow = self._metric.labels(*(OVERFLOW for _ in self._metric.labelnames))
         _overflow_writes().get(self._name).inc()
         return self._overflow
 
@@ -165,15 +153,16 @@ def _family(
 def metric_family(
     kind: Any, name: str, documentation: str, labels: tuple[str, ...], **kw: Any
 ) -> _Children:
-    """A metric family of this process by ``name`` (a ``prometheus_client`` ``kind``), bounded
+    """A metric family of this process by ``name`` (a :mod:`~kubeserve.runtime.prometheus`
+    ``kind``), bounded
     as every family here; its ``get(*label_values)`` is the labelled child to write. Created
     once: a second call with other labels is a :class:`ValueError` (user code's metrics)."""
     family = _family(kind, name, documentation, labels, **kw)
     known = family._metric
-    if not isinstance(known, kind) or tuple(known._labelnames) != labels:
+    if not isinstance(known, kind) or known.labelnames != labels:
         raise ValueError(
             f"metric {name} is already defined as a {type(known).__name__} with tags "
-            f"{known._labelnames}, not a {kind.__name__} with tags {labels}"
+            f"{known.labelnames}, not a {kind.__name__} with tags {labels}"
         )
     return family
 
@@ -203,12 +192,8 @@ class _Pending:
         self.buckets[bisect_left(LATENCY_BUCKETS_MS, latency_ms)] += 1
 
     def observe_into(self, histogram: Any) -> None:
-        """Add the batch to a labelled ``Histogram`` child: its sum, then each bucket's count
-        (prometheus_client keeps them per bucket and sums them up to ``le`` at a scrape)."""
-        histogram._sum.inc(self.total_ms)
-        for bucket, n in zip(histogram._buckets, self.buckets, strict=True):
-            if n:
-                bucket.inc(n)
+        """Add the batch to a labelled histogram series: its sum and each bucket's count."""
+        histogram.add(self.total_ms, self.buckets)
 
 
 class _Batcher:
@@ -386,50 +371,12 @@ def count_dropped_log_lines(component: str) -> None:
     ``kubeserve_log_lines_dropped_total{component=...}``, from now on; once per process."""
     if LOG_LINES_DROPPED in _FAMILIES:
         return
-    counter = _family(Counter, LOG_LINES_DROPPED, _LOG_LINES_DROPPED_DOC, ("component",))
+    counter = _family(Counter, LOG_LINES_DROPPED, LOG_LINES_DROPPED_DOC, ("component",))
     child = counter.get(component)
     child.inc(0)  # the series exists (at 0) before the first drop
     logs.on_dropped(child.inc)
 
 
-class _WithOwnDrops:
-    """The samples of a metrics directory plus this process's dropped log lines (the controller,
-    which writes none to the directory), in one ``kubeserve_log_lines_dropped`` family."""
-
-    def __init__(self, directory: str) -> None:
-        self._inner = _multiprocess.MultiProcessCollector(None, path=directory)  # type: ignore[no-untyped-call]
-
-    def collect(self) -> Any:
-        own = float(logs.dropped_lines())
-        found = False
-        for family in self._inner.collect():  # type: ignore[no-untyped-call]
-            if family.name == LOG_LINES_DROPPED:
-                family.add_sample(f"{LOG_LINES_DROPPED}_total", {"component": "controller"}, own)
-                found = True
-            yield family
-        if not found:
-            family = CounterMetricFamily(
-                LOG_LINES_DROPPED, _LOG_LINES_DROPPED_DOC, labels=["component"]
-            )
-            family.add_metric(["controller"], own)
-            yield family
-
-
-def exposition(registry: CollectorRegistry | None = None) -> bytes:
+def exposition() -> bytes:
     """The Prometheus text exposition of this process's metrics."""
-    from prometheus_client import REGISTRY
-
-    return generate_latest(registry or REGISTRY)
-
-
-def multiprocess_exposition(directory: str) -> bytes:
-    """The samples every process wrote under ``directory``, merged (the admin API's
-    ``GET /metrics`` of ``kubeserve start``)."""
-    registry = CollectorRegistry()
-    registry.register(_WithOwnDrops(directory))
-    return generate_latest(registry)
-
-
-def mark_process_dead(pid: int, directory: str) -> None:
-    """Drop the gauges of an exited process (its counters stay: totals never go backwards)."""
-    _multiprocess.mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
+    return process_registry().exposition()

@@ -27,6 +27,12 @@ them (Ray waits up to a second): it takes the free slot rule 2 gives it at once.
 
 Requests without a model id take the plain path: no lookup, no allocation more than before.
 
+Custom routers (``request_router_config.request_router_class``, Ray's ``RequestRouter`` API): the
+pool of such a deployment is a :class:`_CustomPool`, whose synchronous pick never succeeds, so
+its requests take :meth:`Router.assign`'s slow path, where the user's router chooses
+(:mod:`kubeserve.runtime.custom_router`, loaded only then). The built-in path is untouched: no
+check on it tells the two apart beyond the method its pool's class already dispatches to.
+
 Ownership: one :class:`Router` per process, driven from one event loop. The router owns the
 in-flight count of every replica it hands out (:attr:`RoutedReplica.in_flight`); callers own a slot
 between :meth:`Router.assign` and :meth:`Router.release` and must release each slot exactly once.
@@ -42,12 +48,20 @@ import random
 from collections import deque
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from kubeserve.runtime.wire import (
     UNAVAILABLE_RETRY_AFTER_S,
     DeploymentEndpoints,
+    RequestRouterSpec,
     decode_models,
 )
+
+if TYPE_CHECKING:
+    from kubeserve.runtime.custom_router import CustomRouting
+
+#: What a handle call tells a custom router about itself: (method, args, kwargs).
+CallInfo = tuple[str, tuple[Any, ...], dict[str, Any]]
 
 __all__ = [
     "DEFAULT_MAX_QUEUED",
@@ -138,6 +152,9 @@ class _Pool:
         "waiters",
         "waiting_models",
     )
+
+    #: the deployment's custom router (:class:`_CustomPool` only)
+    custom: CustomRouting | None = None
 
     def __init__(self, key: str, max_queued: int) -> None:
         self.key = key
@@ -246,6 +263,41 @@ class _Pool:
         self.holders = holders
 
 
+class _CustomPool(_Pool):
+    """The pool of a deployment with a custom router: replicas are chosen by it, asynchronously
+    (:meth:`Router.assign`), never by the synchronous picks; a freed slot wakes the oldest
+    waiter, which asks the router again (waiters here never get a slot handed to them)."""
+
+    __slots__ = ("custom",)
+    custom: CustomRouting
+
+    def __init__(self, key: str, max_queued: int, custom: CustomRouting) -> None:
+        super().__init__(key, max_queued)
+        self.custom = custom
+
+    def pick(self, avoid: RoutedReplica | None) -> RoutedReplica | None:
+        return None
+
+    def pick_model(self, model_id: str, avoid: RoutedReplica | None) -> RoutedReplica | None:
+        return None
+
+    def dispatch(self) -> None:
+        waiters = self.waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(_Woken())
+                return
+
+    def wake_all(self) -> None:
+        while self.waiters:
+            self.dispatch()
+
+
+class _Woken(Exception):
+    """A waiter of a :class:`_CustomPool` may try again: a slot freed or the replicas changed."""
+
+
 def _two_choices(
     candidates: list[RoutedReplica], cap: int, avoid: RoutedReplica | None
 ) -> RoutedReplica | None:
@@ -279,9 +331,13 @@ def _two_choices(
 class Router:
     """Replica choice and admission control for every deployment this process talks to."""
 
-    def __init__(self, *, max_queued: int = DEFAULT_MAX_QUEUED) -> None:
+    def __init__(
+        self, *, max_queued: int = DEFAULT_MAX_QUEUED, secret: bytes | None = None
+    ) -> None:
         self._pools: dict[str, _Pool] = {}
         self._max_queued = max_queued
+        #: proves this caller to replicas, for what a custom router loads from them
+        self.secret = secret
         #: called with the deployment key when a caller starts waiting on a deployment that has
         #: no replica at all (scaled to zero): whoever reports load tells the controller at once
         self.on_starved: Callable[[str], None] | None = None
@@ -301,8 +357,9 @@ class Router:
         """
         for key, endpoints in deployments.items():
             pool = self._pools.get(key)
-            if pool is None:
-                pool = self._pools[key] = _Pool(key, self._max_queued)
+            spec = endpoints.get("request_router")
+            if pool is None or spec != (None if pool.custom is None else pool.custom.spec):
+                pool = self._new_pool(key, spec, pool)
             known = {r.replica_id: r for r in pool.replicas}
             fresh: list[RoutedReplica] = []
             for ep in endpoints["replicas"]:
@@ -322,14 +379,42 @@ class Router:
                 endpoints.get("retry_after_s"),
             )
             pool.unavailable = endpoints.get("unavailable", "")
-            pool.dispatch()
+            if isinstance(pool, _CustomPool):
+                pool.custom.update(pool.replicas, pool.max_ongoing)
+                pool.wake_all()
+            else:
+                pool.dispatch()
             if pool.unavailable and not pool.replicas:
                 _fail_waiters(pool, partial(DeploymentUnavailable, key, pool.unavailable))
         for key in [k for k in self._pools if k not in deployments]:
             pool = self._pools.pop(key)
+            if pool.custom is not None:
+                pool.custom.close()
             pool.replicas = []
             pool.holders = {}
             _fail_waiters(pool, partial(NoReplicaAvailable, key, "the deployment was removed"))
+
+    def _new_pool(self, key: str, spec: RequestRouterSpec | None, old: _Pool | None) -> _Pool:
+        """A pool for ``key`` with the built-in policy, or with the custom router ``spec``;
+        callers queued on ``old`` (whose policy changed, or which was made before the first
+        snapshot) ask again."""
+        pool: _Pool
+        if spec is None:
+            pool = _Pool(key, self._max_queued)
+        else:
+            from kubeserve.runtime.custom_router import CustomRouting  # only for custom routers
+
+            pool = _CustomPool(key, self._max_queued, CustomRouting(key, spec, self.secret))
+        if old is not None:
+            if old.custom is not None:
+                old.custom.close()
+            while old.waiters:
+                waiter = old.waiters.popleft()
+                if not waiter.done():
+                    waiter.set_exception(_Woken())
+            old.waiting_models.clear()
+        self._pools[key] = pool
+        return pool
 
     # -- request side --------------------------------------------------------------------------
 
@@ -356,17 +441,21 @@ class Router:
         timeout_s: float | None,
         avoid: RoutedReplica | None = None,
         model_id: str = "",
+        call: CallInfo | None = None,
     ) -> RoutedReplica:
         """A slot on one replica of ``key``; waits (FIFO) up to ``timeout_s`` when all are full.
 
         ``avoid`` is a replica to skip if another one has room (used to retry elsewhere);
-        ``model_id`` the multiplexed model the request is for ("" for none).
+        ``model_id`` the multiplexed model the request is for ("" for none); ``call`` what a
+        handle call tells a custom router (its method and arguments).
         Raises :class:`NoReplicaAvailable` when the queue is full or the wait times out.
         """
         replica = self.try_assign(key, avoid, model_id)
         if replica is not None:
             return replica
         pool = self._pools.get(key)
+        if pool is not None and pool.custom is not None:
+            return await self._assign_custom(pool, pool.custom, timeout_s, avoid, model_id, call)
         if pool is None:
             pool = self._pools[key] = _Pool(key, self._max_queued)
         if pool.unavailable and not pool.replicas:
@@ -391,6 +480,8 @@ class Router:
         except TimeoutError:
             reason = "no running replica" if not pool.replicas else "all replicas busy"
             raise NoReplicaAvailable(key, f"{reason} after {timeout_s} s") from None
+        except _Woken:  # the deployment's request router changed: its new pool decides
+            return await self.assign(key, timeout_s, avoid, model_id, call)
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 self.release(waiter.result())  # handed a slot just as we were cancelled
@@ -409,6 +500,70 @@ class Router:
                 and self._pools.get(pool.key) is pool
             ):
                 del self._pools[pool.key]
+
+    async def _assign_custom(
+        self,
+        pool: _Pool,
+        custom: CustomRouting,
+        timeout_s: float | None,
+        avoid: RoutedReplica | None,
+        model_id: str,
+        call: CallInfo | None,
+    ) -> RoutedReplica:
+        """:meth:`assign` for a deployment with a custom router: ask it, take the slot it
+        chose; when none of its choices has room, wait for a slot to free or the backoff, and
+        ask again (as Ray's router loop does)."""
+        from kubeserve.runtime.custom_router import RouterUnavailable
+
+        key = pool.key
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        pending = custom.pending_request(model_id, call)
+        attempt = 0
+        while True:
+            if pool.unavailable and not pool.replicas:
+                raise DeploymentUnavailable(key, pool.unavailable)
+            wait_s: float | None = None
+            if pool.replicas:
+                try:
+                    replica = await custom.choose(pool.replicas, pending, avoid)
+                except RouterUnavailable as exc:
+                    raise DeploymentUnavailable(key, str(exc)) from None
+                if replica is not None and replica.in_flight < pool.max_ongoing:
+                    replica.in_flight += 1
+                    custom.routed(pending, replica)
+                    return replica
+                wait_s = custom.backoff_s(attempt)
+                attempt += 1
+            elif self.on_starved is not None:
+                self.on_starved(key)
+            if len(pool.waiters) >= pool.max_queued:
+                raise BackPressure(
+                    key,
+                    f"{len(pool.waiters)} requests already queued (max_queued_requests)",
+                    *pool.backpressure,
+                )
+            if deadline is not None:
+                left = deadline - loop.time()
+                if left <= 0:
+                    reason = "no running replica" if not pool.replicas else "all replicas busy"
+                    raise NoReplicaAvailable(key, f"{reason} after {timeout_s} s")
+                wait_s = left if wait_s is None else min(wait_s, left)
+            waiter: asyncio.Future[RoutedReplica] = loop.create_future()
+            pool.waiters.append(waiter)
+            timer = None if wait_s is None else loop.call_later(wait_s, _wake, waiter)
+            try:
+                await waiter
+            except _Woken:
+                if self._pools.get(key) is not pool:  # the router changed: the new pool decides
+                    rest = None if deadline is None else max(0.0, deadline - loop.time())
+                    return await self.assign(key, rest, avoid, model_id, call)
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                if not waiter.done():
+                    waiter.cancel()
+                _discard(pool.waiters, waiter)
 
     def release(self, replica: RoutedReplica) -> None:
         """Give back a slot from :meth:`assign`; the oldest waiter, if any, gets it next."""
@@ -468,6 +623,11 @@ def _fail_waiters(pool: _Pool, error: Callable[[], NoReplicaAvailable]) -> None:
         if not waiter.done():
             waiter.set_exception(error())
     pool.waiting_models.clear()
+
+
+def _wake(waiter: asyncio.Future[RoutedReplica]) -> None:
+    if not waiter.done():
+        waiter.set_exception(_Woken())
 
 
 def _expire(waiter: asyncio.Future[RoutedReplica]) -> None:

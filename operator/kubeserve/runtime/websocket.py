@@ -40,19 +40,20 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from wsproto import ConnectionType, WSConnection
-from wsproto.connection import ConnectionState
-from wsproto.events import (
-    AcceptConnection,
-    BytesMessage,
-    CloseConnection,
-    Message,
-    Ping,
-    TextMessage,
-)
-from wsproto.utilities import RemoteProtocolError
+if TYPE_CHECKING:
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.connection import ConnectionState
+    from wsproto.events import (
+        AcceptConnection,
+        BytesMessage,
+        CloseConnection,
+        Message,
+        Ping,
+        TextMessage,
+    )
+    from wsproto.utilities import RemoteProtocolError
 
 __all__ = [
     "ABNORMAL_CLOSURE",
@@ -86,6 +87,29 @@ CLOSE_LINGER_S = 10.0
 Event = dict[str, Any]
 
 
+_wsproto_loaded = False
+
+
+def _load_wsproto() -> None:
+    """Import wsproto (and h11 under it) with the first session: most replicas never serve a
+    WebSocket, and these modules are 2 MB of a replica's memory."""
+    global _wsproto_loaded, ConnectionType, WSConnection, ConnectionState, AcceptConnection
+    global BytesMessage, CloseConnection, Message, Ping, TextMessage, RemoteProtocolError
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.connection import ConnectionState
+    from wsproto.events import (
+        AcceptConnection,
+        BytesMessage,
+        CloseConnection,
+        Message,
+        Ping,
+        TextMessage,
+    )
+    from wsproto.utilities import RemoteProtocolError
+
+    _wsproto_loaded = True
+
+
 class WebSocketGone(OSError):
     """Sending on a WebSocket that is closed: the ASGI spec's ``OSError`` (Starlette turns it into
     ``WebSocketDisconnect``)."""
@@ -117,6 +141,8 @@ class WebSocketSession(asyncio.Protocol):
         ping_interval_s: float | None = PING_INTERVAL_S,
         send_timeout_s: float | None = None,
     ) -> None:
+        if not _wsproto_loaded:
+            _load_wsproto()
         self.transport = transport
         self.send_timeout_s = send_timeout_s
         self.max_message_bytes = max_message_bytes

@@ -53,6 +53,13 @@ METRICS_PATH = "/-/metrics"
 CALL_PREFIX = "/-/call/"
 STREAM_PREFIX = "/-/stream/"
 SNAPSHOT_PATH = "/-/snapshot"
+#: ``GET``: 200 with the JSON object the deployment's ``record_routing_stats()`` returned, 404 when
+#: it has no such method, 500 with the error text when it raised (polled by custom routers).
+ROUTING_STATS_PATH = "/-/routing-stats"
+#: ``GET /-/request-router/<quoted import path>``: 200 with the class at that path pickled by
+#: value (its module's code included), for callers that run without the application's code
+#: (:mod:`kubeserve.runtime.custom_router`); 404 with the error text when it cannot be loaded.
+REQUEST_ROUTER_PREFIX = "/-/request-router/"
 #: ``GET {controller}/-/load?source=ID&queued=JSON`` (signed like discovery): a caller (proxy,
 #: handle) reports ``{deployment key: requests waiting for a replica}``; the autoscaler adds them
 #: to the replicas' ongoing requests.
@@ -125,6 +132,37 @@ class DeploymentEndpoints(TypedDict):
     #: why no replica is coming (:func:`no_replica_coming`); while ``replicas`` is empty, callers
     #: are refused at once (503 with ``Retry-After``) instead of waiting for one
     unavailable: NotRequired[str]
+    #: the deployment's custom request router (absent: kubeserve's built-in policy)
+    request_router: NotRequired[RequestRouterSpec]
+
+
+class RequestRouterSpec(TypedDict):
+    """A deployment's custom ``request_router_config``, as its callers need it."""
+
+    request_router_class: str
+    request_router_kwargs: dict[str, Any]
+    request_routing_stats_period_s: float
+    request_routing_stats_timeout_s: float
+    initial_backoff_s: float
+    backoff_multiplier: float
+    max_backoff_s: float
+
+
+def request_router_spec(config: EffectiveDeployment) -> RequestRouterSpec | None:
+    """The custom router of a deployment, or None when it uses the built-in policy."""
+    path = config.custom_request_router
+    if path is None:
+        return None
+    merged = config.as_dict()["request_router_config"]  # Ray's defaults under what was given
+    return {
+        "request_router_class": path,
+        "request_router_kwargs": dict(merged["request_router_kwargs"] or {}),
+        "request_routing_stats_period_s": float(merged["request_routing_stats_period_s"]),
+        "request_routing_stats_timeout_s": float(merged["request_routing_stats_timeout_s"]),
+        "initial_backoff_s": float(merged["initial_backoff_s"]),
+        "backoff_multiplier": float(merged["backoff_multiplier"]),
+        "max_backoff_s": float(merged["max_backoff_s"]),
+    }
 
 
 #: The ``Retry-After`` of a refusal because no replica is coming: the controller keeps retrying
@@ -198,12 +236,19 @@ class ReplicaConfig(TypedDict):
     #: :mod:`kubeserve.sdk.pickled_application`), base64; the replica loads it instead of
     #: importing ``import_path`` (then ""). Absent: a declarative application.
     app_graph: NotRequired[str]
+    #: The same graph as a file the replica reads (on Kubernetes: the mounted Secret holding
+    #: it), when ``app_graph`` is absent.
+    app_graph_file: NotRequired[str]
     #: The application's route prefix: an ASGI ingress sees it as ``root_path``, as in Ray Serve
     #: (absent or "/": none).
     route_prefix: NotRequired[str | None]
     #: Ray's ``logging_config`` in force for the deployment (the deployment's, else the
     #: application's; absent: the decorator's, else Ray's defaults)
     logging_config: NotRequired[dict[str, Any]]
+    #: the deployment's custom ``request_router_class``: the replica loads it at start-up (a
+    #: class that cannot be loaded fails the replica, and so the deploy) and serves it to its
+    #: callers (:data:`REQUEST_ROUTER_PREFIX`). Absent: the built-in router.
+    request_router_class: NotRequired[str]
 
 
 class QueueLimits(TypedDict, total=False):

@@ -35,6 +35,7 @@ from pydantic import (
     AfterValidator,
     AliasChoices,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     NonNegativeFloat,
@@ -550,10 +551,19 @@ class LoggingConfig(RestModel):
     additional_log_standard_attrs: list[str] = Field(default_factory=list)
 
 
-class RequestRouterConfig(RestModel):
-    """How callers pick a replica (Ray 2.60); kubeserve's router reads the timing fields."""
+def _class_to_path(value: object) -> object:
+    """A class given in code (Ray accepts the class itself) becomes its import path."""
+    if isinstance(value, type):
+        return f"{value.__module__}:{value.__qualname__}"
+    return value
 
-    request_router_class: ImportPath = (
+
+class RequestRouterConfig(RestModel):
+    """How callers pick a replica (Ray 2.60): kubeserve's built-in power of two choices, or a
+    subclass of ``ray.serve.request_router.RequestRouter`` (see
+    :mod:`kubeserve.runtime.custom_router`), which the timing fields drive."""
+
+    request_router_class: Annotated[ImportPath, BeforeValidator(_class_to_path)] = (
         "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
     )
     request_router_kwargs: dict[str, Any] = Field(default_factory=dict)

@@ -64,6 +64,7 @@ from kubeserve.schema.resources import (
     GROUP,
     VERSION,
     ServeApplicationSpec,
+    ServeApplicationSpecBase,
     ServeApplicationStatus,
     ServeInstanceSpec,
     ServeInstanceStatus,
@@ -208,6 +209,21 @@ _MODEL_RULES: dict[type[BaseModel], tuple[list[Rule], dict[str, dict[str, Any]]]
                 ]
             }
         },
+    ),
+    ServeApplicationSpecBase: (
+        [
+            _rule(
+                "has(self.importPath) != has(self.pickledGraph)",
+                "exactly one of importPath and pickledGraph (set by serve.run) is required",
+            ),
+            _rule(
+                "!has(self.pickledGraph) || !(has(self.runtimeEnv) || has(self.deployments) || "
+                "has(self.args) || has(self.autoscalingPolicy))",
+                "runtimeEnv, deployments, args and autoscalingPolicy cannot be set with "
+                "pickledGraph (an application deployed with serve.run)",
+            ),
+        ],
+        {},
     ),
     ServeApplicationSchema: (
         [

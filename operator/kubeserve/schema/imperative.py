@@ -72,13 +72,20 @@ class ImperativeApplicationSchema(RestModel):
         return config
 
 
-def graph_too_large(size: int) -> str:
+def graph_too_large(
+    size: int, limit: int = MAX_PICKLED_GRAPH_BYTES, reason: str = "MAX_PICKLED_GRAPH_BYTES"
+) -> str:
+    """The 413's message: ``size`` over ``limit`` (``reason``: where the limit comes from)."""
     return (
         f"the pickled application graph is about {size} bytes, over the limit of "
-        f"{MAX_PICKLED_GRAPH_BYTES} bytes ({MAX_PICKLED_GRAPH_BYTES // (1024 * 1024)} MiB, "
-        "MAX_PICKLED_GRAPH_BYTES): load large objects (model weights, data) in the deployment's "
-        "constructor instead of passing them to .bind()"
+        f"{limit} bytes ({_size(limit)}, {reason}): load large objects (model weights, data) in "
+        "the deployment's constructor instead of passing them to .bind()"
     )
+
+
+def _size(limit: int) -> str:
+    mib = limit / (1024 * 1024)
+    return f"{mib:g} MiB" if limit % (1024 * 1024) == 0 else f"{limit / 1024:g} KiB"
 
 
 _NAME: TypeAdapter[str] = TypeAdapter(Name)

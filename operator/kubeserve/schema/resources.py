@@ -57,10 +57,13 @@ from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
 from kubeserve.schema.config import (
+    ImportPath,
     ServeApplicationEntry,
     ServeApplicationSchema,
     ServeDeploySchema,
 )
+from kubeserve.schema.errors import field_error
+from kubeserve.schema.imperative import GRAPH_DIGEST_KEY
 from kubeserve.schema.status import (
     ApplicationStatus,
     DeploymentStatus,
@@ -79,6 +82,7 @@ __all__ = [
     "CRModel",
     "Condition",
     "DeploymentStatusEntry",
+    "PickledGraphReference",
     "ServeApplicationSpec",
     "ServeApplicationSpecBase",
     "ServeApplicationStatus",
@@ -190,6 +194,16 @@ def _cr_annotation(tp: Any) -> Any:
 # --------------------------------------------------------------------------- ServeApplication spec
 
 
+class PickledGraphReference(CRModel):
+    """``ServeApplication.spec.pickledGraph``: the graph a driver's ``serve.run`` pickled."""
+
+    sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$",
+        description="SHA-256 (hex) of the pickled graph; the Secret holding it is named from "
+        "it, the object's name and uid.",
+    )
+
+
 class ServeApplicationSpecBase(CRModel):
     """``ServeApplication.spec``: one application (REST ``applications[]`` element, camelCase).
 
@@ -213,6 +227,65 @@ class ServeApplicationSpecBase(CRModel):
         description="Name of the ServeInstance (same namespace) that serves this application.",
         json_schema_extra=CRD_DEFAULT,
     )
+
+    pickled_graph: PickledGraphReference | None = Field(
+        default=None,
+        description="An application deployed with serve.run (imperatively): the SHA-256 of its "
+        "pickled graph, which the admin API stores in a Secret owned by this object; replicas "
+        "load it instead of importing importPath. Set by the admin API only.",
+    )
+
+    @property
+    def imperative(self) -> bool:
+        """Deployed with ``serve.run`` (Ray's ``api_type: imperative``)."""
+        return self.pickled_graph is not None
+
+    def app_config(self, *, name: str) -> dict[str, Any]:
+        """The application's config as the operator works with it (REST spelling, only the
+        fields given): :meth:`to_rest`'s for a declarative application; for an imperative one
+        what :meth:`kubeserve.schema.imperative.ImperativeApplicationSchema.stored_config`
+        gives (``name``, ``route_prefix``, what else serve.run set, the graph's digest), so both
+        backends derive the same replica versions from it. Raises pydantic's
+        ``ValidationError`` when the spec breaks a REST rule."""
+        if self.pickled_graph is None:
+            return self.to_rest(name=name).as_given()
+        body = self.model_dump(
+            mode="json",
+            by_alias=False,
+            exclude_unset=True,
+            exclude={"app_name", "instance", "pickled_graph"},
+        )
+        config: dict[str, Any] = {"name": name, "route_prefix": "/", **body}
+        config[GRAPH_DIGEST_KEY] = self.pickled_graph.sha256
+        return config
+
+    @classmethod
+    def from_imperative(
+        cls, config: Mapping[str, Any], *, instance: str = DEFAULT_INSTANCE
+    ) -> ServeApplicationSpecBase:
+        """The spec of an application deployed with ``serve.run``: ``config`` as
+        :meth:`~kubeserve.schema.imperative.ImperativeApplicationSchema.stored_config` gives it
+        (:meth:`app_config` is its inverse)."""
+        body = {k: v for k, v in config.items() if k not in ("name", GRAPH_DIGEST_KEY)}
+        body["app_name"] = config["name"]
+        body["pickled_graph"] = {"sha256": config[GRAPH_DIGEST_KEY]}
+        if instance != DEFAULT_INSTANCE:
+            body["instance"] = instance
+        return cls.model_validate(body, by_name=True, by_alias=False)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ServeApplicationSpecBase:
+        """The code is named by ``importPath`` or is a pickled graph, never both; an imperative
+        application has only what serve.run sets."""
+        if self.pickled_graph is None:
+            if getattr(self, "import_path", None) is None:
+                raise field_error("importPath or pickledGraph is required", "importPath")
+            return self
+        given = sorted(self.model_fields_set & set(_DECLARATIVE_ONLY))
+        if given:
+            fields = ", ".join(to_camel(name) for name in given)
+            raise field_error(f"{fields} cannot be set with pickledGraph", to_camel(given[0]))
+        return self
 
     def to_rest(self, *, name: str) -> ServeApplicationEntry:
         """The REST element of ``applications`` named ``name``, the application's Ray name.
@@ -243,6 +316,10 @@ class ServeApplicationSpecBase(CRModel):
         return cls.model_validate(body, by_name=True, by_alias=False)
 
 
+#: Spec fields only a declarative application has: serve.run sets none of them.
+_DECLARATIVE_ONLY = ("import_path", "runtime_env", "deployments", "args", "autoscaling_policy")
+
+
 def _rest_validators(rest: type[BaseModel]) -> dict[str, Any]:
     """The REST model's after-validators, re-attached to a spec model built from its fields."""
     decorators = rest.__pydantic_decorators__.model_validators
@@ -259,7 +336,14 @@ ServeApplicationSpec = create_model(  # type: ignore[call-overload]
     __module__=__name__,
     __doc__=ServeApplicationSpecBase.__doc__,
     __validators__=_rest_validators(ServeApplicationSchema),
-    **_cr_fields(ServeApplicationEntry, omit=frozenset({"name", "host", "port"})),
+    **{
+        **_cr_fields(ServeApplicationEntry, omit=frozenset({"name", "host", "port"})),
+        # absent for an application deployed with serve.run (``pickledGraph``; see _one_source)
+        "import_path": (
+            ImportPath | None,
+            Field(default=None, description="The application's import path (module:attribute)."),
+        ),
+    },
 )
 
 
@@ -354,6 +438,9 @@ class DeploymentStatusEntry(CRModel):
     max_queued_requests: int | None = None
     backpressure_status: int | None = None
     retry_after_s: float | None = None
+    #: the deployment's custom request router, as JSON (:class:`RequestRouterSpec` of
+    #: ``kubeserve.runtime.wire``); absent: the built-in router
+    request_router: str | None = None
     #: of an autoscaling deployment: why its target last changed
     last_scaling_decision: ScalingDecisionEntry | None = None
 

@@ -65,10 +65,6 @@ _PLACEMENT_GROUPS = refused(
     "placement groups are a Ray cluster scheduling feature kubeserve does not have; give each "
     "replica's resources in ray_actor_options instead"
 )
-_ROUTER = (
-    "kubeserve's router is Ray's default: power of two choices on in-flight requests, and "
-    "multiplexed requests to a replica holding their model; custom routers are not supported"
-)
 _RUNTIME_ENV_PACKAGES = (
     "installing packages or switching interpreters per application is not supported yet: build "
     "an image (Kubernetes) or a virtualenv (kubeserve start) with the packages, and use "
@@ -289,15 +285,19 @@ SUPPORT: dict[str, Support] = {
     "BackpressureConfig.status_code": works(),
     "BackpressureConfig.retry_after_s": works(),
     # ------------------------------------------------------------------ RequestRouterConfig
-    "RequestRouterConfig.request_router_class": refused(
-        _ROUTER, None, "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
+    "RequestRouterConfig.request_router_class": works(
+        "a subclass of ray.serve.request_router.RequestRouter, run by every proxy and handle "
+        "calling the deployment; the replicas load it at start-up (a class that cannot be "
+        "loaded fails the deploy) and hand it to callers pickled by value"
     ),
-    "RequestRouterConfig.request_router_kwargs": refused(_ROUTER, None, {}),
-    "RequestRouterConfig.request_routing_stats_period_s": inert("read only by custom routers"),
-    "RequestRouterConfig.request_routing_stats_timeout_s": inert("read only by custom routers"),
-    "RequestRouterConfig.initial_backoff_s": inert("read only by custom routers"),
-    "RequestRouterConfig.backoff_multiplier": inert("read only by custom routers"),
-    "RequestRouterConfig.max_backoff_s": inert("read only by custom routers"),
+    "RequestRouterConfig.request_router_kwargs": works("passed to initialize_state"),
+    "RequestRouterConfig.request_routing_stats_period_s": works(
+        "each caller running a custom router polls record_routing_stats this often"
+    ),
+    "RequestRouterConfig.request_routing_stats_timeout_s": works(),
+    "RequestRouterConfig.initial_backoff_s": works("custom routers' retry backoff"),
+    "RequestRouterConfig.backoff_multiplier": works("custom routers' retry backoff"),
+    "RequestRouterConfig.max_backoff_s": works("custom routers' retry backoff"),
     # ------------------------------------------------------------------ GangSchedulingConfig
     "GangSchedulingConfig.gang_size": inert("only inside gang_scheduling_config (refused)"),
     "GangSchedulingConfig.gang_placement_strategy": inert(

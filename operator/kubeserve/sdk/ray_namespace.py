@@ -21,7 +21,6 @@ Invariant: :func:`install` is idempotent and must run before user code is import
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
@@ -38,8 +37,10 @@ __all__ = ["COMPAT_PACKAGE", "RayNamespaceFinder", "install", "installed"]
 COMPAT_PACKAGE = _compat_ray.__name__
 
 
-class _AliasLoader(importlib.abc.Loader):
-    """Loads ``ray.x`` as the already importable ``kubeserve.compat.ray.x`` module object."""
+class _AliasLoader:
+    """Loads ``ray.x`` as the already importable ``kubeserve.compat.ray.x`` module object (a
+    loader by protocol: ``importlib.abc`` would load ``importlib.resources`` and ``tempfile``
+    into every replica)."""
 
     def __init__(self, target: str) -> None:
         self.target = target
@@ -50,12 +51,16 @@ class _AliasLoader(importlib.abc.Loader):
         self.own_spec = module.__spec__
         return module
 
+    def load_module(self, fullname: str) -> ModuleType:
+        """The import system's legacy entry (it calls :meth:`create_module` instead)."""
+        return importlib.import_module(self.target)
+
     def exec_module(self, module: ModuleType) -> None:
         # The import system stamped the alias spec on the module; its own spec stays authoritative.
         module.__spec__ = self.own_spec
 
 
-class RayNamespaceFinder(importlib.abc.MetaPathFinder):
+class RayNamespaceFinder:
     """Answers ``ray`` and ``ray.*`` with kubeserve's compatibility modules (see the module doc)."""
 
     def find_spec(

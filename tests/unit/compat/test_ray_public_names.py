@@ -75,6 +75,8 @@ def fields_of(value):
         return {field.name for field in dataclasses.fields(value)}
     if isinstance(getattr(value, "model_fields", None), dict):
         return set(value.model_fields)
+    if isinstance(value, type) and issubclass(value, tuple) and hasattr(value, "_fields"):
+        return set(value._fields)  # a NamedTuple (kubeserve's ReplicaID, Ray's dataclass)
     return None
 
 for dotted, wanted in snapshot["fields"].items():

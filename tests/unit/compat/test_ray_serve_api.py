@@ -14,7 +14,15 @@ from kubeserve.sdk.errors import UnsupportedOptionError
 ray_namespace.install()
 
 from ray import serve  # noqa: E402
-from ray.serve.config import AutoscalingConfig  # noqa: E402
+from ray.serve.config import AutoscalingConfig, RequestRouterConfig  # noqa: E402
+from ray.serve.request_router import RequestRouter  # noqa: E402
+
+
+class FirstReplicaRouter(RequestRouter):
+    async def choose_replicas(
+        self, candidate_replicas: list[Any], pending_request: Any = None
+    ) -> list[list[Any]]:
+        return [candidate_replicas[:1]]
 
 
 def test_every_ray_decorator_option_is_honoured_or_refused_by_name() -> None:
@@ -51,7 +59,6 @@ def test_every_ray_decorator_option_is_honoured_or_refused_by_name() -> None:
         "rolling_update_percentage": 0.5,
         "max_surge_percent": 10,
         "logging_config": {"logs_dir": "/var/log/serve"},
-        "request_router_config": {"request_router_class": "my.module:Router"},
     }
     for option, value in refused.items():
         with pytest.raises(
@@ -71,11 +78,6 @@ def test_every_ray_decorator_option_is_honoured_or_refused_by_name() -> None:
         ("placement_group_strategy", "PACK", "DeploymentSchema.placement_group_strategy"),
         ("deployment_actors", [{"name": "x"}], "DeploymentSchema.deployment_actors"),
         ("logging_config", {"logs_dir": "/var/log"}, "LoggingConfig.logs_dir"),
-        (
-            "request_router_config",
-            {"request_router_kwargs": {"a": 1}},
-            "RequestRouterConfig.request_router_kwargs",
-        ),
     ],
 )
 def test_the_decorator_refuses_what_a_config_refuses_in_the_same_words(
@@ -93,12 +95,22 @@ def test_values_of_config_fields_kubeserve_honours_are_accepted_in_code_as_in_a_
         "logging_config": {"encoding": "JSON", "additional_log_standard_attrs": ["name"]},
         "backpressure_config": {"status_code": 429, "retry_after_s": 3},
         "deployment_actors": [],  # asks for nothing, as a config may say
+        "request_router_config": {
+            "request_router_class": "my.module:Router",
+            "request_router_kwargs": {"a": 1},
+        },
     }
     deployment = serve.deployment(**options)(len)
     assert deployment.code_options == {
         "logging_config": options["logging_config"],
         "backpressure_config": options["backpressure_config"],
+        "request_router_config": options["request_router_config"],
     }
+
+
+def test_a_request_router_class_given_as_a_class_is_its_import_path() -> None:
+    config = RequestRouterConfig(request_router_class=FirstReplicaRouter)
+    assert config.request_router_class == f"{__name__}:FirstReplicaRouter"
 
 
 def test_a_pydantic_config_is_recorded_as_the_fields_it_sets() -> None:

@@ -105,6 +105,20 @@ def test_each_request_needs_the_rights_its_handler_uses() -> None:
         ("list", "serveapplications"),
         ("delete", "serveapplications"),
     }
+    imperative = required_access("PUT", "/api/kubeserve/applications/My%20App")
+    assert {(a.verb, a.resource) for a in imperative or ()} == {
+        ("get", "serveinstances"),
+        ("create", "serveinstances"),
+        ("patch", "serveinstances"),
+        ("list", "serveapplications"),
+        ("create", "serveapplications"),
+        ("patch", "serveapplications"),
+    }
+    delete_one = required_access("DELETE", "/api/kubeserve/applications/app")
+    assert {(a.verb, a.resource) for a in delete_one or ()} == {
+        ("list", "serveapplications"),
+        ("delete", "serveapplications"),
+    }
     assert required_access("GET", "/-/healthz") is None  # open
     assert required_access("GET", "/api/ray/version") == ()  # authenticated only
     assert required_access("POST", "/anything/else") == ()

@@ -40,6 +40,10 @@ def app_config(**fields: Any) -> Json:
     return {"name": "shop", "import_path": "shop.main:app", **fields}
 
 
+#: an application deployed with serve.run, as ServeApplicationSpec.app_config gives it
+IMPERATIVE: Json = {"name": "shop", "route_prefix": "/", "pickled_graph_sha256": "ab" * 32}
+
+
 def app(config: Json | None = None, cr_name: str = "shop") -> render.AppView:
     meta = {"name": cr_name, "namespace": "serving", "uid": "uid-app", "generation": 4}
     return render.app_view({"metadata": meta}, config or app_config())
@@ -116,6 +120,8 @@ def everything() -> list[Json]:
         render.render_replica_service(inst, view, deployment(config)),
         render.render_build_job(inst, view),
         render.render_build_job(inst, app()),
+        render.render_build_job(inst, app(IMPERATIVE)),
+        render.render_replica_workload(inst, app(IMPERATIVE), deployment(IMPERATIVE)),
         *render.render_dataplane_rbac(inst),
         render.render_data_plane_secret(inst, "0123456789abcdef" * 4),
         *render.render_instance_network_policies(inst, "kubeserve-system"),
@@ -772,3 +778,47 @@ def test_the_top_level_logging_config_reaches_the_proxy_pods() -> None:
     )
     plain = render.render_proxy(instance())[0]["spec"]["template"]["spec"]["containers"][0]
     assert "--logging-config" not in plain["command"]
+
+
+# --------------------------------------------------------------------------- serve.run's graph
+
+
+def test_an_imperative_application_mounts_its_graph_secret_in_build_and_replica_pods() -> None:
+    view = app(IMPERATIVE)
+    secret = contract.pickled_graph_secret_name("shop", "uid-app", "ab" * 32)
+    assert view.graph_secret == secret
+    job = render.render_build_job(instance(), view)
+    replica = render.render_replica_workload(instance(), view, deployment(IMPERATIVE))
+    for obj in (job, replica):
+        volumes = {v["name"]: v for v in pod(obj)["volumes"]}
+        assert volumes["pickled-graph"]["secret"] == {"secretName": secret, "defaultMode": 0o440}
+        mounts = {m["name"]: m for m in main_container(obj)["volumeMounts"]}
+        assert mounts["pickled-graph"] == {
+            "name": "pickled-graph",
+            "mountPath": contract.PICKLED_GRAPH_DIR,
+            "readOnly": True,
+        }
+    command = main_container(job)["command"]
+    assert command[2:4] == ["--pickled-file", render.PICKLED_GRAPH_FILE]
+    assert render.PICKLED_GRAPH_FILE.startswith(contract.PICKLED_GRAPH_DIR + "/")
+    variables = {"KUBESERVE_POD_NAME": "shop-model-abc"}
+    replica_config = json.loads(
+        expand(env(main_container(replica))["KUBESERVE_REPLICA_CONFIG"], variables)
+    )
+    assert replica_config["import_path"] == ""
+    assert replica_config["app_graph_file"] == render.PICKLED_GRAPH_FILE
+
+
+def test_a_new_graph_is_a_new_build_and_a_new_replica_version() -> None:
+    other = {**IMPERATIVE, "pickled_graph_sha256": "cd" * 32}
+    assert app(IMPERATIVE).build_key != app(other).build_key
+    assert deployment(IMPERATIVE).version != deployment(other).version
+    first = render.render_replica_workload(instance(), app(IMPERATIVE), deployment(IMPERATIVE))
+    second = render.render_replica_workload(instance(), app(other), deployment(other))
+    assert pod(first) != pod(second)
+
+
+def test_a_declarative_application_mounts_no_graph() -> None:
+    assert app().graph_secret is None
+    for obj in (render.render_build_job(instance(), app()), workload()):
+        assert "pickled-graph" not in {v["name"] for v in pod(obj)["volumes"]}

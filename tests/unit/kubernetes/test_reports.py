@@ -3,6 +3,7 @@ that remove what is gone, restart accounting."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kubeserve.backends.kubernetes.cluster import with_removals
@@ -122,6 +123,28 @@ def test_the_data_plane_routes_by_the_status_the_operator_writes() -> None:
         "retry_after_s": 1.5,
     }
     assert snapshot_parts([app], [endpoint_slice], "default") == ([], {})
+
+
+def test_the_data_plane_reads_a_custom_request_router_from_the_status() -> None:
+    spec = {
+        "request_router_class": "routers:Mine",
+        "request_router_kwargs": {"alpha": {"nested_key": 1}},  # user keys stay as given
+        "request_routing_stats_period_s": 1.0,
+        "request_routing_stats_timeout_s": 2.0,
+        "initial_backoff_s": 0.025,
+        "backoff_multiplier": 2.0,
+        "max_backoff_s": 0.5,
+    }
+    greeter = ObservedDeployment(
+        DeploymentView(1, [ReplicaView("RUNNING")]), "svc", 5, request_router=json.dumps(spec)
+    )
+    deployments = {"Frontend": observed(1, "RUNNING"), "Greeter": greeter}
+    report = ApplicationReport(running_info(), deployments, IngressRoute("Frontend", "/api"))
+    app = application(**report.patch(application()))
+    ServeApplicationStatus.model_validate(report.patch(application()))
+    _, endpoints = snapshot_parts([app], [], None)
+    assert endpoints["composed#Greeter"]["request_router"] == spec
+    assert "request_router" not in endpoints["composed#Frontend"]
 
 
 def test_the_data_plane_refuses_at_once_a_deployment_that_failed_to_deploy() -> None:

@@ -34,3 +34,24 @@ def test_a_ray_serve_application_with_metrics_loads_no_schema_or_pydantic() -> N
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_the_proxy_and_replicas_load_no_prometheus_client_and_the_proxy_no_sdk() -> None:
+    """prometheus_client (http.server, email, wsgiref...) is the controller's alone; the proxy
+    routes bytes and loads none of the user SDK (only its request context, which logs read)."""
+    code = (
+        "import sys, kubeserve.runtime.proxy.command, kubeserve.runtime.proxy.server\n"
+        "heavy = [m for m in sys.modules if m.startswith(('prometheus_client', 'pydantic',"
+        " 'starlette', 'wsproto', 'email')) or m.startswith('kubeserve.sdk.')"
+        " and m not in ('kubeserve.sdk.context', 'kubeserve.sdk.multiplex')]\n"
+        "assert not heavy, heavy\n"
+        "import kubeserve.runtime.replica.server, kubeserve.runtime.build, benchmarks.apps\n"
+        "from kubeserve.sdk import ray_namespace\n"
+        "ray_namespace.install()\n"
+        "from ray.util.metrics import Counter\n"
+        "Counter('imports_test').inc()\n"
+        "heavy = [m for m in sys.modules if m.startswith(('prometheus_client', 'wsproto',"
+        " 'importlib.resources'))]\n"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

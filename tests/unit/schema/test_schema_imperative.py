@@ -6,6 +6,7 @@ import base64
 import hashlib
 
 import pytest
+from pydantic import ValidationError
 
 from kubeserve.schema.body import parse_body
 from kubeserve.schema.errors import SchemaError
@@ -16,6 +17,7 @@ from kubeserve.schema.imperative import (
     check_application_name,
 )
 from kubeserve.schema.limits import MAX_PICKLED_GRAPH_BYTES
+from kubeserve.schema.resources import ServeApplicationSpec
 
 
 def _body(graph: bytes, **fields: object) -> ImperativeApplicationSchema:
@@ -62,3 +64,38 @@ def test_a_bad_name_in_the_path_is_a_400_at_name(name: str) -> None:
         check_application_name(name)
     assert caught.value.details[0]["loc"] == ["name"]
     assert check_application_name("My App.v2") == "My App.v2"
+
+
+# --------------------------------------------------------------------------- as a custom resource
+
+
+def test_a_serve_run_config_round_trips_through_the_application_spec() -> None:
+    body = _body(b"pickled", route_prefix="/x", logging_config={"log_level": "DEBUG"})
+    config = body.stored_config("My App", body.graph_bytes())
+    spec = ServeApplicationSpec.from_imperative(config)
+    assert spec.imperative
+    assert spec.model_dump(exclude_unset=True) == {
+        "appName": "My App",
+        "routePrefix": "/x",
+        "loggingConfig": {"logLevel": "DEBUG"},
+        "pickledGraph": {"sha256": config[GRAPH_DIGEST_KEY]},
+    }
+    assert spec.app_config(name="My App") == config
+    declarative = ServeApplicationSpec.model_validate({"importPath": "m:app"})
+    assert not declarative.imperative
+    assert declarative.app_config(name="a") == {"name": "a", "import_path": "m:app"}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {},
+        {"importPath": "m:app", "pickledGraph": {"sha256": "a" * 64}},
+        {"pickledGraph": {"sha256": "a" * 64}, "runtimeEnv": {"env_vars": {"A": "1"}}},
+        {"pickledGraph": {"sha256": "a" * 64}, "deployments": [{"name": "D"}]},
+        {"pickledGraph": {"sha256": "not hex"}},
+    ],
+)
+def test_an_application_spec_holds_an_import_path_or_a_graph(spec: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        ServeApplicationSpec.model_validate(spec)

@@ -58,6 +58,8 @@ _CONFIG_PATHS = frozenset({"/api/serve/applications", "/api/serve/deployments"})
 _STATUS_PATH = "/api/serve/deployments/status"
 #: the external scaling API: ``/api/v1/applications/{app}/deployments/{deployment}/scale``
 _SCALE_PATH = re.compile(r"/api/v1/applications/[^/]+/deployments/[^/]+/scale")
+#: one application by name: ``serve.run``'s PUT, ``serve.delete``'s DELETE
+_APPLICATION_PATH = re.compile(r"/api/kubeserve/applications/[^/]+")
 _INSTANCES = "serveinstances"
 _APPLICATIONS = "serveapplications"
 
@@ -89,6 +91,17 @@ _DELETE = (
     Access("list", _APPLICATIONS),
     Access("delete", _APPLICATIONS),
 )
+#: ``serve.run`` starts the serving layer when none runs, lists the applications (route
+#: prefixes) and creates or patches one (its pickled graph goes into a Secret the operator
+#: writes, owned by that application: the right to run code is the right to write it)
+_IMPERATIVE_PUT = (
+    *_READ,
+    Access("create", _INSTANCES),
+    Access("patch", _INSTANCES),
+    Access("create", _APPLICATIONS),
+    Access("patch", _APPLICATIONS),
+)
+_APPLICATION_DELETE = (Access("list", _APPLICATIONS), Access("delete", _APPLICATIONS))
 
 
 def required_access(method: str, path: str) -> tuple[Access, ...] | None:
@@ -99,13 +112,16 @@ def required_access(method: str, path: str) -> tuple[Access, ...] | None:
     and lists applications (``deployments/status`` also starts the serving layer: ``create``); a
     PUT creates or patches the instance and creates, patches and deletes applications; a DELETE
     deletes the instance and its applications; the external scaling POST lists and patches
-    applications.
+    applications; ``serve.run``'s PUT of one application reads, creates or patches the instance
+    and lists, creates or patches applications, and its DELETE lists and deletes them.
     """
     if path in OPEN_PATHS:
         return None
     path = path.rstrip("/")
     if _SCALE_PATH.fullmatch(path):
         return _SCALE if method == "POST" else ()
+    if _APPLICATION_PATH.fullmatch(path):
+        return {"PUT": _IMPERATIVE_PUT, "DELETE": _APPLICATION_DELETE}.get(method, ())
     if path == _STATUS_PATH:
         return (*_READ, Access("create", _INSTANCES)) if method in ("GET", "HEAD") else ()
     if path not in _CONFIG_PATHS:

@@ -13,6 +13,7 @@ with the renderer's message and a Warning Event; raising would only retry it for
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -89,7 +90,7 @@ class ApplicationReconciler:
         namespace = obj["metadata"]["namespace"]
         try:
             spec = ServeApplicationSpec.model_validate(obj.get("spec") or {})
-            app_config = spec.to_rest(name=contract.application_name(obj)).as_given()
+            app_config = spec.app_config(name=contract.application_name(obj))
         except ValidationError as err:
             details = "; ".join(
                 f"spec.{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in validation_details(err)
@@ -228,7 +229,12 @@ class ApplicationReconciler:
             effective.max_ongoing_requests,
             self._autoscalers.last_decision(key),
             wire.queue_limits(effective),
+            _router_json(wire.request_router_spec(effective)),
         )
+
+
+def _router_json(spec: wire.RequestRouterSpec | None) -> str | None:
+    return None if spec is None else json.dumps(spec, sort_keys=True)
 
 
 #: The kinds of a deployment's objects (a driver deployment's workload is a DaemonSet).

@@ -20,14 +20,17 @@ is completed by repeating it.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import json
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any, Protocol
 
+import aiohttp
 from aiohttp import web
 
 from kubeserve.backends.kubernetes.autoscaling import (
@@ -44,10 +47,12 @@ from kubeserve.backends.kubernetes.details import (
     ControllerIdentity,
     instance_options,
     instance_view,
+    route_prefix,
 )
 from kubeserve.backends.protocol import (
     ConflictError,
     NotFoundError,
+    PayloadTooLargeError,
     PreconditionFailedError,
     RejectedError,
     UnavailableError,
@@ -55,14 +60,17 @@ from kubeserve.backends.protocol import (
 from kubeserve.backends.signed import answer_load_report
 from kubeserve.control.details import instance_details
 from kubeserve.control.instance import (
+    app_route_prefix,
     external_scaler_disabled,
     immutable_option_conflict,
+    prefix_in_use,
 )
-from kubeserve.runtime import wire
+from kubeserve.runtime import channel, wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import Kube, KubeConflict, KubeError, path
 from kubeserve.schema.config import ServeApplicationSchema, ServeDeploySchema
 from kubeserve.schema.errors import ErrorDetail
+from kubeserve.schema.imperative import graph_too_large
 from kubeserve.schema.resources import (
     API_VERSION,
     DEFAULT_INSTANCE,
@@ -74,6 +82,7 @@ from kubeserve.schema.status import ServeInstanceDetails
 
 __all__ = [
     "FIELD_MANAGER",
+    "MAX_STORED_GRAPH_BYTES",
     "SINGLE_APP_ANNOTATION",
     "KubernetesBackend",
 ]
@@ -85,6 +94,11 @@ SINGLE_APP_ANNOTATION = "kubeserve.io/single-app-config"
 #: Spec fields of a ``ServeInstance`` that are not REST options; a PUT keeps what they hold.
 _CR_ONLY_INSTANCE_FIELDS = ("image", "imagePullPolicy")
 
+#: The largest pickled graph (``serve.run``'s) this backend stores: a Secret's data holds at
+#: most 1 MiB (etcd's default request limit is 1.5 MiB), of which 1 KiB is left for its key.
+MAX_STORED_GRAPH_BYTES = 1024 * 1024 - 1024
+_SECRET_LIMIT_REASON = "a Kubernetes Secret, where the operator stores it, holds at most 1 MiB"
+
 #: Annotations of a ``ServeApplication`` the admin API owns.
 _APPLICATION_ANNOTATIONS = (DEPLOYED_AT_ANNOTATION, contract.APPLICATION_NAME_ANNOTATION)
 
@@ -93,6 +107,7 @@ _GONE_TIMEOUT_S = 60.0
 #: How long a PUT waits for the caches to show what it wrote (the write is durable before that).
 _CACHE_TIMEOUT_S = 5.0
 _POLL_S = 0.1
+_FORWARD_TIMEOUT_S = 2.0
 
 Obj = dict[str, Any]
 
@@ -108,6 +123,11 @@ class LoadReportSink(Protocol):
     def record_queued(
         self, namespace: str, instance: str, caller_id: str, queued: dict[str, int]
     ) -> None: ...
+
+    def reports_go_to(self) -> str | None:
+        """None when this process takes the reports (it reconciles); else the admin URL of the
+        replica that does ("" while unknown)."""
+        ...
 
 
 class KubernetesBackend:
@@ -148,6 +168,10 @@ class KubernetesBackend:
         *,
         single_app: dict[str, Any] | None = None,
     ) -> None:
+        """The declarative applications become ``applications``; those deployed with
+        ``serve.run`` that it does not list keep running (unless ``single_app`` is given: its
+        application becomes the only one), as on the local backend and in Ray 2.60, and a
+        listed application may not take one of their route prefixes (409, nothing changed)."""
         async with self._lock, _kube_errors():
             current = await self._live("ServeInstance", self.instance)
             if current is not None:
@@ -155,28 +179,107 @@ class KubernetesBackend:
                 conflict = immutable_option_conflict(running, instance)
                 if conflict:
                     raise ConflictError(conflict)
+            existing = {a["metadata"]["name"]: a for a in await self._applications()}
+            listed = {app["name"] for app in applications}
+            kept = {
+                cr_name: obj
+                for cr_name, obj in existing.items()
+                if single_app is None
+                and _imperative(obj)
+                and contract.application_name(obj) not in listed
+            }
+            kept_prefixes = _route_prefixes(kept.values())
+            for app in applications:
+                conflict = prefix_in_use(app["name"], app_route_prefix(app, {}), kept_prefixes)
+                if conflict:
+                    raise ConflictError(conflict)
             owner = await self._write_instance(current, instance, single_app)
             written = [owner]
-            existing = {a["metadata"]["name"]: a for a in await self._applications()}
             targets = self._targets(applications, existing)
             for cr_name in existing:
-                if cr_name not in targets.values():
+                if cr_name not in targets.values() and cr_name not in kept:
                     await self.kube.delete("ServeApplication", self.namespace, cr_name)
             for app in applications:
                 cr_name = targets[app["name"]]
-                written.append(await self._write_application(app, cr_name, owner, existing))
+                spec = _application_spec(app, self.instance)
+                written.append(
+                    await self._write_application(spec, app["name"], cr_name, owner, existing)
+                )
             await self._await_cached(written)
 
     async def apply_imperative(
         self, instance: dict[str, Any], config: dict[str, Any], graph: bytes
     ) -> None:
-        """Not on Kubernetes yet: its build Jobs and replica pods import ``import_path``."""
-        raise RejectedError(
-            "serve.run (an imperative deploy of a pickled application) is supported by "
-            "kubeserve start only; on Kubernetes, deploy a config whose import_path names the "
-            "application in the image or a working_dir (serve deploy config.yaml, or kubectl "
-            "apply of a ServeApplication)"
+        """``serve.run``: the application's spec holds ``pickledGraph`` (the graph's digest)
+        and the graph goes into a Secret owned by the ``ServeApplication``
+        (:func:`~kubeserve.runtime.kubernetes.contract.pickled_graph_secret_name`), which the
+        build and replica pods mount. A graph over :data:`MAX_STORED_GRAPH_BYTES` is refused
+        before anything is written.
+
+        When the application exists, the Secret is written before the spec that names it, so
+        no pod ever waits for it; a new application's Secret follows its creation at once (its
+        build pod, scheduled later, finds it; the kubelet retries a mount that came too early).
+        """
+        if len(graph) > MAX_STORED_GRAPH_BYTES:
+            raise PayloadTooLargeError(
+                graph_too_large(len(graph), MAX_STORED_GRAPH_BYTES, _SECRET_LIMIT_REASON)
+            )
+        name = config["name"]
+        spec = ServeApplicationSpec.from_imperative(config, instance=self.instance).model_dump(
+            mode="json", exclude_unset=True
         )
+        spec["instance"] = self.instance  # explicit, so the stored spec equals the one written
+        async with self._lock, _kube_errors():
+            current = await self._live("ServeInstance", self.instance)
+            existing = {a["metadata"]["name"]: a for a in await self._applications()}
+            conflict = prefix_in_use(
+                name, config.get("route_prefix"), _route_prefixes(existing.values())
+            )
+            if conflict:
+                raise ConflictError(conflict)
+            if current is None:
+                owner = await self._create(self._instance_object(instance, {}, None))
+            else:  # the single-application family's one application is no longer the only one
+                ops = _annotation_ops(current, {}, (SINGLE_APP_ANNOTATION,))
+                owner = (
+                    await self._json_patch("ServeInstance", self.instance, ops) if ops else current
+                )
+            cr_name = self._targets([config], existing)[name]
+            before = existing.get(cr_name)
+            if before is not None and not _terminating(before) and not _stale(before, owner):
+                await self._store_graph(before, graph)
+            written = await self._write_application(spec, name, cr_name, owner, existing)
+            await self._store_graph(written, graph)
+            await self._await_cached([owner, written])
+
+    async def _store_graph(self, app: Obj, graph: bytes) -> None:
+        """The Secret holding ``graph`` for ``app`` (a ``ServeApplication``), owned by it;
+        immutable, and named by the graph's digest and the object's uid, so an existing one
+        already holds these bytes."""
+        meta = app["metadata"]
+        digest = hashlib.sha256(graph).hexdigest()
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": contract.pickled_graph_secret_name(meta["name"], meta["uid"], digest),
+                "namespace": self.namespace,
+                "labels": contract.common_labels(
+                    contract.COMPONENT_PICKLED_GRAPH, self.instance, meta["name"]
+                ),
+                "annotations": {
+                    contract.APPLICATION_NAME_ANNOTATION: contract.application_name(app)
+                },
+                "ownerReferences": [contract.owner_reference(app, controller=False)],
+            },
+            "type": "Opaque",
+            "immutable": True,
+            "data": {contract.PICKLED_GRAPH_KEY: base64.b64encode(graph).decode()},
+        }
+        with contextlib.suppress(KubeConflict):
+            await self.kube.request(
+                "POST", path("Secret", self.namespace), secret, query=_WRITE_QUERY
+            )
 
     async def delete_application(self, name: str) -> None:
         async with self._lock, _kube_errors():
@@ -276,6 +379,9 @@ class KubernetesBackend:
         data-plane secret of the instance it names (see :mod:`kubeserve.runtime.load_report`)."""
         reports = self.reports
         assert reports is not None
+        leader = reports.reports_go_to()
+        if leader is not None:
+            return await _forward_load_report(request, leader)
         namespace, _, instance = request.query.get("instance", "").partition("/")
         secret = reports.instance_secret(namespace, instance) if instance else None
 
@@ -344,9 +450,9 @@ class KubernetesBackend:
         return await self._json_patch("ServeInstance", self.instance, ops)
 
     async def _write_application(
-        self, config: dict[str, Any], cr_name: str, owner: Obj, existing: dict[str, Obj]
+        self, spec: dict[str, Any], name: str, cr_name: str, owner: Obj, existing: dict[str, Obj]
     ) -> Obj:
-        spec = _application_spec(config, self.instance)
+        """Application ``name`` (its Ray name) as the object ``cr_name`` with ``spec``."""
         current = existing.get(cr_name)
         if current is not None and (_terminating(current) or _stale(current, owner)):
             # left over from a serving layer that was shut down: start this one afresh
@@ -359,7 +465,7 @@ class KubernetesBackend:
             else None
         ) or repr(time.time())
         annotations = {DEPLOYED_AT_ANNOTATION: deployed_at}
-        if not config["name"]:
+        if not name:
             annotations[contract.APPLICATION_NAME_ANNOTATION] = ""
         reference = contract.owner_reference(owner, controller=False)
         if current is None:
@@ -465,6 +571,18 @@ def _annotation_ops(current: Obj, wanted: dict[str, str], keys: tuple[str, ...])
     return ops
 
 
+def _imperative(obj: Obj) -> bool:
+    """Deployed with ``serve.run``: the spec holds a pickled graph, not an import path."""
+    return bool((obj.get("spec") or {}).get("pickledGraph"))
+
+
+def _route_prefixes(apps: Iterable[Obj]) -> dict[str, str | None]:
+    """Ray name -> route prefix (as served once built) of the applications not being deleted."""
+    return {
+        contract.application_name(obj): route_prefix(obj) for obj in apps if not _terminating(obj)
+    }
+
+
 def _terminating(obj: Obj) -> bool:
     return bool(obj["metadata"].get("deletionTimestamp"))
 
@@ -494,3 +612,24 @@ def _without_nulls(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_nulls(v) for v in value]
     return value
+
+
+async def _forward_load_report(request: web.Request, leader: str) -> web.Response:
+    """A load report relayed as it came (its signature covers method and path) to the replica
+    of the operator that reconciles; a 503 while there is none (the pod reports again soon)."""
+    if not leader:
+        return web.json_response({"error": "no operator replica leads right now"}, status=503)
+    signature = request.headers.get(channel.SIGNATURE_HEADER, "")
+    timeout = aiohttp.ClientTimeout(total=_FORWARD_TIMEOUT_S)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.get(
+                leader.rstrip("/") + request.rel_url.raw_path_qs,
+                headers={channel.SIGNATURE_HEADER: signature},
+            ) as answer,
+        ):
+            body = await answer.read()
+            return web.Response(body=body, status=answer.status, content_type="application/json")
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return web.json_response({"error": f"the leading operator replica: {exc}"}, status=503)

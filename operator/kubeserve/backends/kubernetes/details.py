@@ -43,6 +43,7 @@ from kubeserve.schema.resources import (
     ServeApplicationStatus,
     ServeInstanceSpec,
 )
+from kubeserve.schema.status import APIType
 
 __all__ = [
     "DEPLOYED_AT_ANNOTATION",
@@ -118,12 +119,9 @@ _CONFIGS_KEPT = 4 * MAX_APPLICATIONS
 def _translate(obj: Obj) -> dict[str, Any] | None:
     try:
         spec = ServeApplicationSpec.model_validate(obj.get("spec") or {})
-        config: dict[str, Any] = spec.to_rest(name=contract.application_name(obj)).model_dump(
-            mode="json", exclude_unset=True
-        )
+        return spec.app_config(name=contract.application_name(obj))
     except ValidationError:
         return None
-    return config
 
 
 def instance_view(view: ClusterView, controller: ControllerIdentity) -> InstanceDetailsView | None:
@@ -173,7 +171,13 @@ def _application(view: ClusterView, obj: Obj) -> ApplicationDetailsView:
         deployments=_deployments(view, obj, status, config, graph),
         graph=graph,
         docs_path=status.docs_path,
+        api_type=(APIType.IMPERATIVE if _imperative(obj) else APIType.DECLARATIVE).value,
     )
+
+
+def _imperative(obj: Obj) -> bool:
+    """Deployed with ``serve.run`` (``spec.pickledGraph``), whatever else its spec holds."""
+    return bool((obj.get("spec") or {}).get("pickledGraph"))
 
 
 def _app_status(obj: Obj, status: ServeApplicationStatus) -> str:
@@ -185,6 +189,11 @@ def _app_status(obj: Obj, status: ServeApplicationStatus) -> str:
     if not current or not status.app_status:
         return "DEPLOYING"
     return str(status.app_status)
+
+
+def route_prefix(obj: Obj) -> str | None:
+    """The route prefix of a ``ServeApplication``: as served once built, else as configured."""
+    return _route_prefix(ServeApplicationStatus.of(obj), app_config(obj))
 
 
 def _route_prefix(status: ServeApplicationStatus, config: Mapping[str, Any] | None) -> str | None:

@@ -1,6 +1,12 @@
 """The operator process's main: the :class:`~.operator.Operator`, its admin server, its metrics
 listener and kopf, in one event loop until SIGINT or SIGTERM.
 
+With leader election (:attr:`~.operator.OperatorSettings.election`), the admin server and the
+caches run from start to stop on every replica (the Deployment's readiness is "serving the
+API"), while kopf and the reconcile worker run only during a term of leadership: started when the
+Lease is taken, stopped when it is lost (the writes were fenced at that moment already), started
+again at the next term. A clean stop ends kopf, then releases the Lease.
+
 Ownership: this function owns every listener it opens and closes them all, and the operator,
 whichever way kopf ends. It reads no flags and no environment: everything arrives in the
 :class:`~.operator.OperatorSettings` the CLI built once. The admin server's routes live in a higher
@@ -23,7 +29,9 @@ from aiohttp.typedefs import Middleware
 from kubeserve.backends.kubernetes.admin_auth import KubernetesAuthorizer
 from kubeserve.backends.kubernetes.backend import KubernetesBackend
 from kubeserve.backends.kubernetes.handlers import register
+from kubeserve.backends.kubernetes.leader import LeaderElector
 from kubeserve.backends.kubernetes.operator import Operator, OperatorSettings
+from kubeserve.runtime.kubernetes.client import Kube
 
 __all__ = ["AdminApp", "run_operator"]
 
@@ -37,30 +45,90 @@ AdminApp = Callable[[KubernetesBackend, Sequence[Middleware]], web.Application]
 async def run_operator(settings: OperatorSettings, admin_app: AdminApp) -> int:
     """Run the operator until SIGINT or SIGTERM; the exit code."""
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    operator = Operator(settings)
+    _stop_on_signals(stop)
+    elector = await _elector(settings)
+    operator = Operator(settings, elector)
     await operator.start()
     try:
         async with _admin_server(operator, admin_app), _metrics_server(operator):
-            await _run_kopf(operator, stop)
+            if elector is None:
+                await _reconcile(operator, stop)
+            else:
+                await _reconcile_when_leading(operator, elector, stop)
     finally:
         await operator.close()
+        if elector is not None:
+            await elector.kube.close()
     return 0
+
+
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def _elector(settings: OperatorSettings) -> LeaderElector | None:
+    election = settings.election
+    if election is None:
+        return None
+    return LeaderElector(
+        await Kube.connect(settings.kubeconfig),
+        settings.namespace,
+        election.lease_name,
+        election.identity,
+        election.advertise_url,
+        election.timing,
+    )
+
+
+async def _reconcile(operator: Operator, stop: asyncio.Event, *until: asyncio.Event) -> None:
+    """Reconcile (the worker and kopf) until ``stop`` or one of ``until`` is set."""
+    operator.lead()
+    try:
+        await _run_kopf(operator, stop, *until)
+    finally:
+        await operator.follow()
+
+
+async def _reconcile_when_leading(
+    operator: Operator, elector: LeaderElector, stop: asyncio.Event
+) -> None:
+    campaign = asyncio.ensure_future(elector.run())
+    try:
+        while not stop.is_set():
+            await _first(stop, elector.leading)
+            if not stop.is_set():
+                await _reconcile(operator, stop, elector.lost)
+    finally:
+        campaign.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await campaign
+        await elector.release()
+
+
+async def _first(*events: asyncio.Event) -> None:
+    """Wait until one of ``events`` is set."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 @contextlib.asynccontextmanager
 async def _admin_server(operator: Operator, admin_app: AdminApp) -> AsyncIterator[None]:
     settings = operator.settings
-    assert operator.cluster is not None  # started
+    assert operator.cluster is not None and operator.kube is not None  # started
     if settings.watch_namespaces and settings.namespace not in settings.watch_namespaces:
         log.warning(
             "the admin API writes to namespace %s, which the operator does not watch: "
             "GET /api/serve/applications/ will not see what it deploys",
             settings.namespace,
         )
-    kube, cache = operator.cluster.kube, operator.cluster.cache
+    # the admin API's writes are custom resources, fine from any replica: not fenced
+    kube, cache = operator.kube, operator.cluster.cache
     backend = KubernetesBackend(kube, cache, settings.namespace, reports=operator)
     authorizer = KubernetesAuthorizer(kube, settings.namespace)
     runner = web.AppRunner(
@@ -100,8 +168,12 @@ async def _listening(runner: web.AppRunner, hosts: Sequence[str], port: int) -> 
         await runner.cleanup()
 
 
-async def _run_kopf(operator: Operator, stop: asyncio.Event) -> None:
-    """kopf's own loop with the operator's handlers, until ``stop`` is set."""
+async def _run_kopf(operator: Operator, stop: asyncio.Event, *until: asyncio.Event) -> None:
+    """kopf's own loop with the operator's handlers, until ``stop`` or one of ``until`` is set.
+
+    kopf takes SIGINT and SIGTERM over while it runs (and ends on them): when it ends with
+    neither set, it ended for a signal (or a failure of its own), which stops the process; the
+    process's own handlers come back either way, for the time it runs without kopf."""
     registry = kopf.OperatorRegistry()
     register(registry, operator)
     namespaces = list(operator.settings.watch_namespaces)
@@ -111,7 +183,7 @@ async def _run_kopf(operator: Operator, stop: asyncio.Event) -> None:
         if not stop_flag.done():
             stop_flag.set_result(None)
 
-    stop_task = asyncio.ensure_future(stop.wait())
+    stop_task = asyncio.ensure_future(_first(stop, *until))
     stop_task.add_done_callback(_stop)
     try:
         await kopf.operator(
@@ -123,3 +195,6 @@ async def _run_kopf(operator: Operator, stop: asyncio.Event) -> None:
         )
     finally:
         stop_task.cancel()
+        if not any(event.is_set() for event in (stop, *until)):
+            stop.set()
+        _stop_on_signals(stop)

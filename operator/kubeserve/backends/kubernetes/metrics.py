@@ -5,12 +5,17 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from kubeserve.runtime.kubernetes.client import RequestCounts
 from kubeserve.runtime.metrics import label_value
 from kubeserve.schema.resources import ServeApplicationStatus
 
 
 def metrics_text(
-    reconciles: int, reconcile_errors: int, api_requests: int, applications: list[dict[str, Any]]
+    reconciles: int,
+    reconcile_errors: int,
+    api: RequestCounts,
+    leading: bool,
+    applications: list[dict[str, Any]],
 ) -> str:
     """Prometheus text exposition of the operator's counters and application statuses."""
     statuses = Counter(
@@ -26,7 +31,14 @@ def metrics_text(
         "# HELP kubeserve_operator_api_requests_total Kubernetes API requests of the operator's"
         " own client (kopf's are not counted).",
         "# TYPE kubeserve_operator_api_requests_total counter",
-        f"kubeserve_operator_api_requests_total {api_requests}",
+        f"kubeserve_operator_api_requests_total {api.requests}",
+        "# HELP kubeserve_operator_api_writes_total Kubernetes API requests of the operator's"
+        " own client that change something (the admin API's included; leader election's not).",
+        "# TYPE kubeserve_operator_api_writes_total counter",
+        f"kubeserve_operator_api_writes_total {api.writes}",
+        "# HELP kubeserve_operator_leader 1 while this replica of the operator reconciles.",
+        "# TYPE kubeserve_operator_leader gauge",
+        f"kubeserve_operator_leader {int(leading)}",
         "# HELP kubeserve_applications ServeApplications watched by the operator, by status.",
         "# TYPE kubeserve_applications gauge",
     ]

@@ -22,6 +22,11 @@ One pass, for an application (an instance takes the same route through ``instanc
 
 Four steps through four files (operator, application, status, cluster), plus the data plane for
 the secret and the pushes.
+
+With several replicas of the operator, every one keeps the caches (the admin API reads them) and
+only the leader reconciles: :meth:`Operator.lead` starts the worker, :meth:`Operator.follow` stops
+it, and every write of a pass goes through a client fenced by ``may_write`` (the leader's Lease,
+:mod:`.leader`), so a pass still running when the term ends writes nothing more.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kubeserve.backends.kubernetes.application import ApplicationReconciler
@@ -39,9 +44,11 @@ from kubeserve.backends.kubernetes.cache import ClusterCache
 from kubeserve.backends.kubernetes.cluster import Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.instance import InstanceReconciler
+from kubeserve.backends.kubernetes.leader import LeaderElector
 from kubeserve.backends.kubernetes.metrics import metrics_text
 from kubeserve.backends.kubernetes.reports import StatusReport
 from kubeserve.control.autoscaling_state import CallerReports
+from kubeserve.control.leader_election import LeaseTiming
 from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import Kube, KubeError
@@ -67,6 +74,20 @@ class OperatorSettings:
     admin_port: int = 8265
     #: the port of the Prometheus ``/metrics`` listener; 0: none
     metrics_port: int = 0
+    #: leader election among the operator's replicas; None: this process always reconciles
+    election: ElectionSettings | None = None
+
+
+@dataclass(frozen=True)
+class ElectionSettings:
+    """Leader election on the Lease ``lease_name`` in the operator's namespace."""
+
+    #: this replica's name in the Lease's ``holderIdentity`` (unique per process)
+    identity: str
+    #: this replica's admin server as the other replicas reach it (they forward load reports)
+    advertise_url: str
+    lease_name: str = "kubeserve-operator"
+    timing: LeaseTiming = field(default_factory=LeaseTiming)
 
 
 class Reconciler(Protocol):
@@ -76,8 +97,11 @@ class Reconciler(Protocol):
 
 
 class Operator:
-    def __init__(self, settings: OperatorSettings) -> None:
+    def __init__(self, settings: OperatorSettings, elector: LeaderElector | None = None) -> None:
         self.settings = settings
+        self._elector = elector
+        #: the client of the admin API and the caches (never fenced); set by :meth:`start`
+        self.kube: Kube | None = None
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._dirty: set[str] = set()
         self._wakeup = asyncio.Event()
@@ -91,23 +115,42 @@ class Operator:
         self.reconcile_errors = 0
 
     async def start(self) -> None:
-        kube = await Kube.connect(self.settings.kubeconfig)
+        """Connect and fill the caches (the admin API reads them); reconciling starts with
+        :meth:`lead`."""
+        self.kube = kube = await Kube.connect(self.settings.kubeconfig)
+        writer = kube if self._elector is None else kube.fenced(self._elector.may_write)
         namespaces = list(self.settings.watch_namespaces) or None
-        self.cluster = Cluster(kube, ClusterCache(kube, namespaces, self._changed))
-        data_plane = DataPlane(kube, on_pushed=self._wake_all, report_url=self.settings.report_url)
+        self.cluster = Cluster(writer, ClusterCache(kube, namespaces, self._changed))
+        data_plane = DataPlane(
+            writer, on_pushed=self._wake_all, report_url=self.settings.report_url
+        )
         self._data_plane = data_plane
         self._reconcilers = {
             "ServeInstance": InstanceReconciler(self.cluster, data_plane, self.settings.namespace),
             "ServeApplication": ApplicationReconciler(self.cluster, data_plane, self._autoscalers),
         }
         await self.cluster.cache.start()
-        self._worker = asyncio.ensure_future(self._work())
+
+    @property
+    def leading(self) -> bool:
+        return self._worker is not None
+
+    def lead(self) -> None:
+        """Start reconciling: every custom resource is dirty (a follower ignored all changes)."""
+        if self._worker is None:
+            self._worker = asyncio.ensure_future(self._work())
+            self._wake_all()
+
+    async def follow(self) -> None:
+        """Stop reconciling (a pass in flight is cancelled; its writes are fenced already)."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
 
     async def close(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
+        await self.follow()
         if self.cluster is not None:
             await self.cluster.cache.close()
             await self.cluster.kube.close()
@@ -137,6 +180,12 @@ class Operator:
         """Whether pods can report what waits for a replica, so deployments may scale to zero."""
         return self.settings.report_url is not None
 
+    def reports_go_to(self) -> str | None:
+        """None while this process reconciles; else the leader's admin URL ("" unknown)."""
+        if self.leading or self._elector is None:
+            return None
+        return self._elector.leader_url
+
     def instance_secret(self, namespace: str, instance: str) -> bytes | None:
         """The data-plane secret of a ServeInstance the operator has reconciled, else None."""
         obj = (
@@ -164,10 +213,12 @@ class Operator:
     def metrics(self) -> str:
         """The Prometheus text of ``/metrics``."""
         assert self.cluster is not None
+        assert self.kube is not None
         return metrics_text(
             self.reconciles,
             self.reconcile_errors,
-            self.cluster.kube.requests,
+            self.kube.counts,
+            self.leading,
             self.cluster.cache.all("ServeApplication"),
         )
 

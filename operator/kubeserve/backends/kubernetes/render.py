@@ -35,6 +35,14 @@ startup probe that gives the constructor up to :data:`~.render_pod.STARTUP_TIMEO
 surge, at most 20% of the replicas replaced at a time (at least one), so a rollout never needs room
 for extra GPUs.
 
+An application deployed with ``serve.run`` has no import path: its pickled graph is in the Secret
+:func:`~kubeserve.runtime.kubernetes.contract.pickled_graph_secret_name` (written by the admin
+API, owned by the ``ServeApplication``), mounted read-only into its build and replica pods at
+:data:`PICKLED_GRAPH_FILE`; the build runs ``kubeserve build --pickled-file <that file>`` and the
+replica config carries ``app_graph_file``. A mounted Secret rather than a fetch from the operator:
+the kubelet delivers it with the node's credentials (the pods need no read access to Secrets and
+no new path to the operator), and a replica restarted while the operator is down still starts.
+
 Per application build (:func:`render_build_job`): the Job ``<app>-build-<build_key>`` runs
 ``kubeserve build <import_path> --configmap <app>-graph-<build_key> --namespace
 $(KUBESERVE_NAMESPACE) --application <app> --application-uid <uid>`` in the application's image
@@ -95,6 +103,7 @@ from kubeserve.runtime.runtime_env import merge_runtime_env
 __all__ = [
     "BUILD_DEADLINE_S",
     "BUILD_TTL_S",
+    "PICKLED_GRAPH_FILE",
     "ROLLOUT",
     "AppView",
     "DesiredDeployment",
@@ -128,6 +137,8 @@ BUILD_TTL_S = 3600
 BUILD_DEADLINE_S = 900
 _BUILD_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}}
 _STARTUP_PERIOD_S = 2
+#: An imperative application's pickled graph in its build and replica pods (the mounted Secret).
+PICKLED_GRAPH_FILE = f"{contract.PICKLED_GRAPH_DIR}/{contract.PICKLED_GRAPH_KEY}"
 
 
 def _metadata(
@@ -156,7 +167,7 @@ def replica_config_json(app: AppView, deployment: DesiredDeployment) -> str:
     replica: wire.ReplicaConfig = {
         "app": app.app_name,
         "deployment": deployment.name,
-        "import_path": str(app.config["import_path"]),
+        "import_path": str(app.config.get("import_path", "")),
         "replica_id": "",
         "user_config": None,
         "max_ongoing_requests": config.max_ongoing_requests,
@@ -168,8 +179,12 @@ def replica_config_json(app: AppView, deployment: DesiredDeployment) -> str:
     }
     if app.config.get("args"):
         replica["app_args"] = dict(app.config["args"])
+    if app.graph_secret is not None:
+        replica["app_graph_file"] = PICKLED_GRAPH_FILE
     if config.logging_config:
         replica["logging_config"] = dict(config.logging_config)
+    if (router := wire.request_router_spec(config)) is not None:
+        replica["request_router_class"] = router["request_router_class"]
     route_prefix = app.config.get("route_prefix")
     if route_prefix and route_prefix != "/":  # an ASGI ingress sees it as root_path
         replica["route_prefix"] = str(route_prefix)
@@ -235,7 +250,16 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
         fields["nodeSelector"] = selector
     account = contract.dataplane_account_name(instance.name)
     refs = [data_plane_secret_env(instance.name)]
-    return user_pod_spec(main, runtime_env, own_env, account, field=field, refs=refs, **fields)
+    return user_pod_spec(
+        main,
+        runtime_env,
+        own_env,
+        account,
+        field=field,
+        refs=refs,
+        secret_mount=_graph_mount(app),
+        **fields,
+    )
 
 
 def _replica_identity(
@@ -320,13 +344,23 @@ def render_instance_network_policies(
 # --------------------------------------------------------------------------- builds
 
 
+def _graph_mount(app: AppView) -> tuple[str, str] | None:
+    """An imperative application's graph Secret, mounted where :data:`PICKLED_GRAPH_FILE` is."""
+    secret = app.graph_secret
+    return None if secret is None else (secret, contract.PICKLED_GRAPH_DIR)
+
+
 def _build_command(app: AppView) -> list[str]:
     args = app.config.get("args")
     builder_args = ["--args", escape(json.dumps(args, sort_keys=True))] if args else []
+    if app.graph_secret is not None:
+        code = ["--pickled-file", PICKLED_GRAPH_FILE]
+    else:
+        code = [escape(str(app.config["import_path"]))]
     return [
         "kubeserve",
         "build",
-        escape(str(app.config["import_path"])),
+        *code,
         "--configmap",
         contract.graph_configmap_name(app.cr_name, app.build_key),
         "--namespace",
@@ -347,7 +381,13 @@ def render_build_job(instance: InstanceView, app: AppView) -> Manifest:
     own_env = {APPLICATION_ENV: app.cr_name, INSTANCE_ENV: instance.name}
     account = contract.build_account_name(instance.name)
     pod = user_pod_spec(
-        main, app.runtime_env, own_env, account, field="runtime_env", restartPolicy="Never"
+        main,
+        app.runtime_env,
+        own_env,
+        account,
+        field="runtime_env",
+        secret_mount=_graph_mount(app),
+        restartPolicy="Never",
     )
     labels = contract.common_labels(contract.COMPONENT_BUILD, instance.name, app.cr_name)
     name = contract.build_job_name(app.cr_name, app.build_key)

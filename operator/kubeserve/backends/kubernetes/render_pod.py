@@ -80,6 +80,9 @@ RUNTIME_ENV_DIR = "/var/run/kubeserve/runtime-env"
 TMP_DIR = "/tmp"
 _TMP_VOLUME = "tmp"
 _RUNTIME_ENV_VOLUME = "runtime-env"
+_SECRET_VOLUME = "pickled-graph"
+#: readable by the pod's user and group (``fsGroup``) only
+_SECRET_FILE_MODE = 0o440
 FETCH_RUNTIME_ENV_COMMAND = ["kubeserve", "fetch-runtime-env", "--dest", RUNTIME_ENV_DIR]
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -330,28 +333,38 @@ def user_pod_spec(
     *,
     field: str,
     refs: Sequence[Manifest] = (),
+    secret_mount: tuple[str, str] | None = None,
     **fields: Any,
 ) -> Manifest:
     """The pod spec of a container running user code (a replica or a build) in ``runtime_env``.
 
     ``main`` is a :func:`container` without ``env``; it gets the environment (user variables,
-    then ``own_env``, then ``refs``), and the fetched files when ``working_dir``/``py_modules``
-    are set. ``field`` is the runtime_env's path in the spec, for error messages.
+    then ``own_env``, then ``refs``), the fetched files when ``working_dir``/``py_modules``
+    are set, and ``secret_mount`` (Secret name, directory) mounted read-only. ``field`` is the
+    runtime_env's path in the spec, for error messages.
     """
     _check_runtime_env(runtime_env, field)
     user_vars: Mapping[str, str] = runtime_env.get("env_vars") or {}
     files = _runtime_env_files(runtime_env)
+    mounts: list[Manifest] = []
+    volumes: list[Manifest] = []
+    if secret_mount is not None:
+        secret, directory = secret_mount
+        mounts.append({"name": _SECRET_VOLUME, "mountPath": directory, "readOnly": True})
+        source = {"secretName": secret, "defaultMode": _SECRET_FILE_MODE}
+        volumes.append({"name": _SECRET_VOLUME, "secret": source})
     if files is None:
-        return pod_spec(
-            [{**main, "env": environment(user_vars, own_env, refs)}], service_account, **fields
-        )
+        main = {**main, "env": environment(user_vars, own_env, refs)}
+        if mounts:
+            main["volumeMounts"] = mounts
+        return pod_spec([main], service_account, volumes=volumes, **fields)
     python_path = files.python_path
     if "PYTHONPATH" in user_vars:
         python_path += ":" + escape(user_vars["PYTHONPATH"])
     main = {
         **main,
         "env": environment(user_vars, {**own_env, "PYTHONPATH": python_path}, refs),
-        "volumeMounts": [files.mount()],
+        "volumeMounts": [files.mount(), *mounts],
     }
     if files.working_dir:
         main["workingDir"] = f"{RUNTIME_ENV_DIR}/working_dir"
@@ -359,5 +372,5 @@ def user_pod_spec(
         _RUNTIME_ENV_VOLUME, main["image"], main.get("imagePullPolicy"), files.fetch_command(), []
     )
     fetch |= {"env": environment(user_vars, {}), "volumeMounts": [files.mount()]}
-    volumes = [{"name": _RUNTIME_ENV_VOLUME, "emptyDir": {}}]
+    volumes.append({"name": _RUNTIME_ENV_VOLUME, "emptyDir": {}})
     return pod_spec([main], service_account, init_containers=[fetch], volumes=volumes, **fields)

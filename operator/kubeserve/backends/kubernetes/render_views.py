@@ -13,7 +13,9 @@ from typing import Any, cast
 
 from kubeserve.control import effective_config
 from kubeserve.control.effective_config import EffectiveDeployment
+from kubeserve.runtime.kubernetes import contract
 from kubeserve.schema.config import ProxyLocation
+from kubeserve.schema.imperative import GRAPH_DIGEST_KEY
 from kubeserve.schema.resources import (
     API_VERSION,
     ServeInstanceSpec,
@@ -115,14 +117,31 @@ class AppView:
 
     @property
     def build_key(self) -> str:
-        """Identifies what a build depends on: import path, runtime_env and args.
+        """Identifies what a build depends on: import path (or pickled graph), runtime_env and
+        args.
 
         Builds are keyed by it rather than by ``metadata.generation``: a new generation that only
         changes overrides, ``user_config`` or replica counts reuses the last build, as the local
         backend does.
         """
         inputs = [self.config.get("import_path"), self.runtime_env, self.config.get("args")]
+        if self.graph_digest is not None:  # only then: a declarative build keeps its key
+            inputs.append(self.graph_digest)
         return effective_config.fingerprint(inputs)[:_BUILD_KEY_LENGTH]
+
+    @property
+    def graph_digest(self) -> str | None:
+        """An application deployed with ``serve.run``: the SHA-256 of its pickled graph."""
+        digest = self.config.get(GRAPH_DIGEST_KEY)
+        return None if digest is None else str(digest)
+
+    @property
+    def graph_secret(self) -> str | None:
+        """The Secret holding the pickled graph (``None``: a declarative application)."""
+        digest = self.graph_digest
+        if digest is None:
+            return None
+        return contract.pickled_graph_secret_name(self.cr_name, self.uid, digest)
 
     def owner(self) -> dict[str, str]:
         return {

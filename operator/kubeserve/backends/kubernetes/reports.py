@@ -75,6 +75,8 @@ class ObservedDeployment:
     last_scaling_decision: Mapping[str, Any] | None = None
     #: :func:`kubeserve.runtime.wire.queue_limits` of the deployment
     queue_limits: Mapping[str, Any] = field(default_factory=dict)
+    #: :func:`kubeserve.runtime.wire.request_router_spec` of the deployment, as JSON
+    request_router: str | None = None
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,7 @@ def _deployment_entry(
         "service": observed.service,
         "max_ongoing_requests": observed.max_ongoing_requests,
         **observed.queue_limits,
+        **({} if observed.request_router is None else {"request_router": observed.request_router}),
         **(
             {}
             if observed.last_scaling_decision is None

@@ -34,7 +34,7 @@ from kubeserve.backends.local.store import IMPERATIVE, DesiredState, Store
 from kubeserve.control import autoscaling
 from kubeserve.control.autoscaling_state import CallerReports
 from kubeserve.control.replica_limits import DEFAULT_MAX_PROCESSES
-from kubeserve.runtime import channel, metrics, wire
+from kubeserve.runtime import channel, metrics_merge, wire
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES, RotatingLog
 
@@ -233,7 +233,7 @@ class Controller:
 
     def metrics_exposition(self) -> bytes:
         """The Prometheus text of every process of the instance (Ray Serve's metric names)."""
-        return metrics.multiprocess_exposition(str(self.metrics_dir))
+        return metrics_merge.multiprocess_exposition(str(self.metrics_dir))
 
     def _clean_up_previous_run(self, adopted: set[int]) -> None:
         """Leave nothing of an earlier run but the ``adopted`` processes (and their groups).
@@ -247,7 +247,7 @@ class Controller:
         private_dir(self.metrics_dir)
         why = "left behind by an earlier run of this state dir"
         for pid in _kill_orphans(self.settings.state_dir, why, adopted):
-            metrics.mark_process_dead(pid, str(self.metrics_dir))
+            metrics_merge.mark_process_dead(pid, str(self.metrics_dir))
         shutil.rmtree(self.settings.run_dir, ignore_errors=True)
 
     def _handed_over(self, app: str, uid: str) -> list[AdoptedReplica]:

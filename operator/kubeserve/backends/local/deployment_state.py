@@ -170,6 +170,8 @@ class DeploymentState:
         }
         if unavailable is not None:
             endpoints["unavailable"] = unavailable
+        if (router := wire.request_router_spec(self.config)) is not None:
+            endpoints["request_router"] = router
         return endpoints
 
     # -- reconciliation --------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from kubeserve.control import effective_config
 from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.control.replica_limits import out_of_memory_message, replica_limits
 from kubeserve.control.status_derivation import ReplicaStateValue
-from kubeserve.runtime import channel, metrics, wire
+from kubeserve.runtime import channel, metrics_merge, wire
 from kubeserve.runtime.runtime_env import PreparedEnv
 
 log = logging.getLogger(__name__)
@@ -243,6 +243,8 @@ class ReplicaProcess:
             replica_config["app_graph"] = spec.app_graph
         if config.logging_config:
             replica_config["logging_config"] = dict(config.logging_config)
+        if (router := wire.request_router_spec(config)) is not None:
+            replica_config["request_router_class"] = router["request_router_class"]
         fd = os.memfd_create(f"kubeserve-replica-{self.replica_id}", os.MFD_CLOEXEC)
         try:
             data = memoryview(json.dumps(replica_config).encode())
@@ -286,7 +288,7 @@ class ReplicaProcess:
             if not exited.done():
                 exited.cancel()
             processes.kill_group(proc.pid)  # what the replica started dies with it
-            metrics.mark_process_dead(proc.pid, str(self.context.metrics_dir))
+            metrics_merge.mark_process_dead(proc.pid, str(self.context.metrics_dir))
         out_of_memory = self._out_of_memory()
         if self.cgroup is not None:  # also what left the process group
             await self.cgroup.release()

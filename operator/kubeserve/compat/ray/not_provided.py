@@ -68,10 +68,6 @@ REASONS: dict[str, str] = {
         "InputNode builds Ray's deprecated DAG API (DAGDriver graphs); compose deployments with "
         "handles, as Ray's documentation does since 2.7"
     ),
-    "ray.serve.request_router": (
-        "custom request routers (RequestRouter and its mixins) are not provided yet: kubeserve "
-        "routes by power of two choices with multiplexed-model affinity"
-    ),
     "ray.serve.autoscaling_policy": (
         "Ray's default policy is built into kubeserve's controller (its import path, the default "
         "policy_function, names it); custom policies are your own functions, and the helpers "

@@ -8,11 +8,16 @@ HTTP session; this module adds the handful of verbs kubeserve uses on plain dict
   validation: idempotent, and fields kubeserve stops setting are removed;
 * :meth:`Kube.watch` streams events with bookmarks and resumes from the last resourceVersion.
 
+* :meth:`Kube.fenced` is a view of the same client whose writes are refused locally unless a
+  condition holds (the operator's reconcilers write only while their process holds the leader's
+  Lease).
+
 Errors::
 
     KubeError (status, reason, message)
      ├── KubeNotFound   404
-     └── KubeConflict   409
+     ├── KubeConflict   409
+     └── KubeFenced     (never sent: this process may not write now)
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "Secret": ("api/v1", "secrets"),
     "ServiceAccount": ("api/v1", "serviceaccounts"),
     "Event": ("api/v1", "events"),
+    "Lease": ("apis/coordination.k8s.io/v1", "leases"),
     "Deployment": ("apis/apps/v1", "deployments"),
     "DaemonSet": ("apis/apps/v1", "daemonsets"),
     "Job": ("apis/batch/v1", "jobs"),
@@ -68,6 +74,13 @@ class KubeError(Exception):
 
 class KubeNotFound(KubeError):
     pass
+
+
+class KubeFenced(KubeError):
+    """A write this process refused to send: the client is fenced (see :meth:`Kube.fenced`)."""
+
+    def __init__(self, method: str, url: str) -> None:
+        super().__init__(503, "Fenced", f"{method} {url} not sent: this process may not write now")
 
 
 class KubeConflict(KubeError):
@@ -93,13 +106,37 @@ class WatchEvent:
     object: dict[str, Any]
 
 
+@dataclass
+class RequestCounts:
+    """Requests a client sent (shared by its fenced views)."""
+
+    #: all requests, watches included: the operator's "API requests when idle" figure
+    requests: int = 0
+    #: requests that change something (every verb but GET)
+    writes: int = 0
+
+
 class Kube:
     """Owns one kubernetes_asyncio ApiClient (one HTTP connection pool)."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        counts: RequestCounts | None = None,
+        may_write: Callable[[], bool] | None = None,
+    ) -> None:
         self.api = api
-        #: requests sent, for the operator's "API requests when idle" figure
-        self.requests = 0
+        self.counts = counts or RequestCounts()
+        self._may_write = may_write
+
+    @property
+    def requests(self) -> int:
+        return self.counts.requests
+
+    def fenced(self, may_write: Callable[[], bool]) -> Kube:
+        """This client (same connections, same counts) refusing every write with
+        :class:`KubeFenced`, before sending it, whenever ``may_write()`` is false."""
+        return Kube(self.api, self.counts, may_write)
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None) -> Kube:
@@ -130,7 +167,11 @@ class Kube:
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
     ) -> Any:
-        self.requests += 1
+        if method != "GET":
+            if self._may_write is not None and not self._may_write():
+                raise KubeFenced(method, url)
+            self.counts.writes += 1
+        self.counts.requests += 1
         try:
             return await self.api.call_api(
                 url,
@@ -179,6 +220,13 @@ class Kube:
             )
         )
 
+    async def replace(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT of a whole object; with ``metadata.resourceVersion`` a compare-and-swap
+        (:class:`KubeConflict` when the object changed since it was read)."""
+        meta = obj["metadata"]
+        url = path(obj["kind"], meta.get("namespace"), meta["name"])
+        return dict(await self.request("PUT", url, dict(obj)))
+
     async def merge_patch(
         self, kind: str, namespace: str | None, name: str, patch: Mapping[str, Any], sub: str = ""
     ) -> dict[str, Any]:
@@ -215,7 +263,7 @@ class Kube:
             query["labelSelector"] = label_selector
         if resource_version:
             query["resourceVersion"] = resource_version
-        self.requests += 1
+        self.counts.requests += 1
         try:
             response = await self.api.call_api(
                 path(kind, namespace),

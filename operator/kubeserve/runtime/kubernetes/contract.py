@@ -39,6 +39,7 @@ __all__ = [
     "BIND_HOST_ENV",
     "COMPONENT_BUILD",
     "COMPONENT_LABEL",
+    "COMPONENT_PICKLED_GRAPH",
     "COMPONENT_PROXY",
     "COMPONENT_REPLICA",
     "DATA_PLANE_SECRET_KEY",
@@ -62,6 +63,8 @@ __all__ = [
     "NAMESPACE_ENV",
     "NAME_LABEL",
     "OPERATOR_POD_LABELS",
+    "PICKLED_GRAPH_DIR",
+    "PICKLED_GRAPH_KEY",
     "POD_IP_ENV",
     "POD_NAME_ENV",
     "PROBE_PORT",
@@ -88,6 +91,7 @@ __all__ = [
     "metrics_token_secret_name",
     "network_policy_name",
     "owner_reference",
+    "pickled_graph_secret_name",
     "proxy_name",
     "selector_labels",
     "workload_name",
@@ -128,6 +132,8 @@ OPERATOR_POD_LABELS = {
 COMPONENT_PROXY = "proxy"
 COMPONENT_REPLICA = "replica"
 COMPONENT_BUILD = "build"
+#: the Secret holding an imperative application's pickled graph
+COMPONENT_PICKLED_GRAPH = "pickled-graph"
 
 #: On a replica workload and its pods: :func:`kubeserve.control.effective_config.replica_version`.
 VERSION_ANNOTATION = "kubeserve.io/replica-version"
@@ -144,6 +150,11 @@ DATA_PLANE_SECRET_KEY = "secret"
 #: The key of the build's ConfigMap (:func:`graph_configmap_name`) holding its JSON document: the
 #: graph (``kubeserve build``'s output), or ``{"error": ...}``.
 GRAPH_KEY = "graph.json"
+#: The key of an imperative application's graph Secret (:func:`pickled_graph_secret_name`): the
+#: graph its driver's ``serve.run`` pickled, as sent.
+PICKLED_GRAPH_KEY = "graph.pickle"
+#: Where build and replica pods of an imperative application find that Secret mounted.
+PICKLED_GRAPH_DIR = "/var/run/kubeserve/pickled-graph"
 
 # --------------------------------------------------------------------------- pods
 
@@ -220,6 +231,8 @@ class DeploymentStatusEntry(TypedDict, total=False):
     maxQueuedRequests: int | None
     backpressureStatus: int | None
     retryAfterS: float | None
+    #: the custom request router's spec as JSON (absent: the built-in router)
+    requestRouter: str | None
     lastScalingDecision: dict[str, Any] | None
 
 
@@ -336,6 +349,14 @@ def build_job_name(app_cr: str, build: str | int) -> str:
 def graph_configmap_name(app_cr: str, build: str | int) -> str:
     """Name of the ConfigMap the build Job writes its graph to (``<app>-graph-<build>``)."""
     return _dns_label((app_cr, "graph", str(build)), exact="-" not in str(build))
+
+
+def pickled_graph_secret_name(app_cr: str, uid: str, sha256: str) -> str:
+    """Name of the Secret holding an imperative application's pickled graph
+    (``<app>-pickled-<digest>``): one per graph and incarnation of the ``ServeApplication``
+    (``uid``), which owns it, so a graph is never replaced under the pods that mount it and a
+    Secret left by a deleted incarnation is never mistaken for the new one's."""
+    return _dns_label((app_cr, "pickled", _digest((uid, sha256))), exact=False)
 
 
 def proxy_name(instance: str) -> str:

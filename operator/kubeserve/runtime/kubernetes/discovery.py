@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -131,6 +132,8 @@ def snapshot_parts(
                 endpoints["backpressure_status"] = int(backpressure)
             if (retry_after := entry.get("retryAfterS")) is not None:
                 endpoints["retry_after_s"] = float(retry_after)
+            if router := entry.get("requestRouter"):
+                endpoints["request_router"] = json.loads(router)
             reason = wire.no_replica_coming(
                 name, status.get("appStatus"), deployment, entry.get("status")
             )

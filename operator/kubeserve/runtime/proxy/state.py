@@ -52,7 +52,7 @@ class ProxyState:
     ) -> None:
         self.secret = secret  # proves this proxy to replicas (kubeserve.runtime.channel)
         self.limits = limits or RequestLimits()
-        self.router = router or Router()
+        self.router = router or Router(secret=secret)
         self.routes = RouteTable()
         self.keys: dict[str, str] = {}  # route_prefix -> deployment key, computed once per snapshot
         self.labels: dict[str, tuple[str, str, str]] = {}

@@ -436,6 +436,7 @@ def _starlette_request_type() -> type | None:
     if _REQUEST_TYPE is False:
         try:
             from starlette.requests import Request as StarletteRequest
+            from starlette.requests import empty_send
         except ImportError:
             _REQUEST_TYPE = None
         else:
@@ -443,7 +444,34 @@ def _starlette_request_type() -> type | None:
             class IngressRequest(StarletteRequest):
                 """A Starlette request that also speaks kubeserve's :class:`Request` surface
                 (``path``, ``query_string``) and pickles as one, body included, so it can be
-                passed through a handle."""
+                passed through a handle.
+
+                Built for every request to a plain ingress, most of which never look at it: its
+                ASGI scope (a list of encoded headers, the client, the paths) is made on first
+                use, not per request."""
+
+                def __init__(self, request: HttpRequest, root_path: str) -> None:
+                    self._request = request
+                    self._root_path = root_path
+                    self._body = request.body  # read already: body(), json(), form(), stream()
+                    self._send = empty_send
+                    self._stream_consumed = False
+                    self._is_disconnected = False
+                    self._form = None
+                    self._body_received = False
+
+                def __getattr__(self, name: str) -> Any:
+                    if name == "scope":
+                        scope = self.scope = http_scope(self._request, self._root_path)
+                        return scope
+                    raise AttributeError(name)
+
+                async def _receive(self) -> Message:
+                    # The body (also in _body) once, then the end of the request.
+                    if not self._body_received:
+                        self._body_received = True
+                        return {"type": "http.request", "body": self._body, "more_body": False}
+                    return {"type": "http.disconnect"}
 
                 @property
                 def path(self) -> str:
@@ -475,16 +503,4 @@ def user_request(request: HttpRequest, root_path: str) -> Any:
         return Request(
             request.method, request.path, request.query_string, request.headers, request.body
         )
-    body = request.body
-    sent = False
-
-    async def receive() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return {"type": "http.disconnect"}
-
-    user = request_type(http_scope(request, root_path), receive)
-    user._body = body  # read already: body(), json(), form() and stream() use it
-    return user
+    return request_type(request, root_path)

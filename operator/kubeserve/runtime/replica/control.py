@@ -3,7 +3,9 @@
 The endpoints of :mod:`kubeserve.runtime.wire` under ``/-/``: ``call/<method>`` and
 ``stream/<method>`` (handle calls, counted as ongoing like user requests, a streamed one until its
 last frame), ``healthz`` (the user's ``check_health``), ``metrics`` (the accounting the autoscaler
-reads) and ``reconfigure`` (applies ``user_config`` without a restart, one at a time).
+reads), ``reconfigure`` (applies ``user_config`` without a restart, one at a time), and for custom
+request routers ``routing-stats`` and ``request-router/<class>``
+(:mod:`~kubeserve.runtime.replica.router_class`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from kubeserve.control.user_config import user_config_version
 from kubeserve.runtime import wire
 from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, StreamedResponse
+from kubeserve.runtime.replica.router_class import router_class_answer, routing_stats
 from kubeserve.runtime.replica.state import ReplicaState, shutting_down
 from kubeserve.runtime.replica.user_code import error_text, iterate
 from kubeserve.sdk import context
@@ -73,6 +76,10 @@ class Control:
             return await self._healthz()
         if path == wire.METRICS_PATH:
             return HttpResponse(200, self._state.metrics().encode())
+        if path == wire.ROUTING_STATS_PATH:
+            return await routing_stats(self._state.user)
+        if path.startswith(wire.REQUEST_ROUTER_PREFIX):
+            return router_class_answer(path[len(wire.REQUEST_ROUTER_PREFIX) :])
         if path == wire.RECONFIGURE_PATH:
             if request.method != "POST":
                 return HttpResponse(405, b"reconfigure uses POST")

@@ -48,13 +48,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
 
 from kubeserve.control.routes import needs_normalizing, normalize_path
 from kubeserve.runtime.channel import Role, ServerChannel, peer_description
-from kubeserve.runtime.http1 import REQUEST_ID, is_websocket, new_request_id
+from kubeserve.runtime.http1 import REQUEST_ID, http_date, is_websocket, new_request_id
 from kubeserve.runtime.http_connection import (
     RequestRefused,
     ServerConnection,
@@ -179,7 +178,7 @@ class _DateHeader:
         now = int(time.time())
         if now != self._second:
             self._second = now
-            self._line = b"Date: %s\r\n" % formatdate(now, usegmt=True).encode("ascii")
+            self._line = b"Date: %s\r\n" % http_date(now).encode("ascii")
         return self._line
 
 

@@ -10,6 +10,7 @@ start to the last chunk of its answer (a WebSocket: for as long as it is open).
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -33,7 +34,13 @@ from kubeserve.runtime.replica.http import (
     internal_error,
 )
 from kubeserve.runtime.replica.state import ReplicaState
-from kubeserve.runtime.replica.user_code import iterate, takes_arguments
+from kubeserve.runtime.replica.user_code import (
+    invoke,
+    is_async_callable,
+    iterate,
+    takes_arguments,
+)
+from kubeserve.runtime.thread_hop import run_sync
 from kubeserve.runtime.websocket import WebSocketSession
 from kubeserve.sdk import context
 from kubeserve.sdk.http import StreamingResponse, to_response
@@ -54,10 +61,22 @@ class Ingress:
         self._http_target = user.method("__call__")
         #: Ray calls an HTTP handler that declares no parameter without the request
         self._http_takes_request = self._http_target is None or takes_arguments(self._http_target)
+        #: how the handler is called, decided once (not asked at every request): awaited here
+        #: (``async def``), or through :meth:`ReplicaState.run` (a plain ``def``: a worker
+        #: thread; a generator function: its steps are run where the response is iterated)
+        self._http_async = self._http_target is not None and is_async_callable(self._http_target)
+        self._http_plain = (
+            self._http_target is not None
+            and not self._http_async
+            and not inspect.isasyncgenfunction(self._http_target)
+            and not inspect.isgeneratorfunction(self._http_target)
+            and state.run is invoke
+        )
         self._asgi = None if user.is_function else asgi_app_of(user.target)
         self.lifespan = Lifespan(self._asgi) if self._asgi is not None else None
         self._root_path = root_path_of(state.config.get("route_prefix"))
-        prepare_asgi()  # the first request must not pay for importing Starlette
+        if self._asgi is None and self._http_target is not None and self._http_takes_request:
+            prepare_asgi()  # the first request must not pay for importing Starlette
         #: the ``route`` label of HTTP requests (Ray's: the application's route prefix); handle
         #: calls have none
         self._route = state.config.get("route_prefix") or ""
@@ -131,7 +150,14 @@ class Ingress:
             )
         try:
             args = (user_request(request, self._root_path),) if self._http_takes_request else ()
-            result = await self._state.run(self._http_target, *args)
+            if self._http_async:
+                result = await self._http_target(*args)
+            elif self._http_plain:
+                result = await run_sync(self._http_target, *args)
+                if inspect.isawaitable(result):
+                    result = await result
+            else:
+                result = await self._state.run(self._http_target, *args)
             if type(result) is str:  # the common case, without building a Response first
                 return HttpResponse(200, result.encode())
             if is_asgi_response(result):  # a Starlette/FastAPI response: sent as it is

@@ -27,6 +27,7 @@ from kubeserve.runtime.replica.control import Control
 from kubeserve.runtime.replica.http import ReplicaHttpServer
 from kubeserve.runtime.replica.ingress import Ingress
 from kubeserve.runtime.replica.probe import ProbeListener
+from kubeserve.runtime.replica.router_class import load_router_class
 from kubeserve.runtime.replica.state import ReplicaState
 from kubeserve.runtime.replica.user_code import ReplicaStartupError, UserCode, find_node
 from kubeserve.sdk import transport
@@ -90,6 +91,8 @@ async def _start_user_code(
     """The user's object, constructed, and the ``user_config`` it applied."""
     try:
         node = find_node(config)
+        if config.get("request_router_class"):  # a class that cannot load fails the deploy
+            load_router_class(config["request_router_class"])
         user_config = config["user_config"]
         if cluster is not None:  # the pod template never carries user_config
             overridden, value = await cluster.user_config_override(config["deployment"])

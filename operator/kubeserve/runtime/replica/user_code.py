@@ -181,11 +181,18 @@ class UserCode:
 
 
 def find_node(config: wire.ReplicaConfig) -> GraphNode:
-    """This replica's deployment in the graph its config's ``app_graph`` holds (an application
-    deployed with ``serve.run``), else in the one its ``import_path`` builds."""
+    """This replica's deployment in the graph its config's ``app_graph`` or ``app_graph_file``
+    holds (an application deployed with ``serve.run``), else in the one its ``import_path``
+    builds."""
     pickled = config.get("app_graph")
-    if pickled:
-        app = load_pickled_application(base64.b64decode(pickled))
+    graph_file = config.get("app_graph_file")
+    if pickled or graph_file:
+        if pickled:
+            data = base64.b64decode(pickled)
+        else:
+            with open(str(graph_file), "rb") as file:
+                data = file.read()
+        app = load_pickled_application(data)
         source = "the application deployed with serve.run"
     else:
         app = load_application(config["import_path"], config.get("app_args"))

@@ -29,6 +29,7 @@ import os
 import threading
 import time
 import urllib.parse
+import warnings
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -177,10 +178,23 @@ def run(
         body["external_scaler_enabled"] = True
     _request("PUT", _application_path(name), body, timeout_s=60)
     _wait(name, timeout_s)
-    handle = get_app_handle(name)
+    handle = _run_handle(name)
     while blocking:
         time.sleep(3600)
     return handle
+
+
+def _run_handle(name: str) -> DeploymentHandle:
+    """``serve.run``'s handle to the ingress of ``name``. A driver that cannot reach the data
+    plane (the operator's admin API on Kubernetes: replicas are inside the cluster, behind the
+    instance's data-plane secret) still deploys; the handle's calls then fail saying why."""
+    try:
+        return get_app_handle(name)
+    except _NoDataPlaneAccess as err:
+        warnings.warn(f"serve.run deployed {name!r}; {err}", RuntimeWarning, stacklevel=3)
+        app = _request("GET", APPLICATIONS_PATH).get("applications", {}).get(name) or {}
+        ingress = (app.get("deployment_topology") or {}).get("ingress_deployment") or ""
+        return DeploymentHandle(name, ingress)
 
 
 def _plain_logging_config(logging_config: Any) -> Any:
@@ -272,6 +286,10 @@ def _driver_loop() -> _DriverLoop:
         return _LOOP
 
 
+class _NoDataPlaneAccess(RayServeException):
+    """This driver holds no data-plane secret: its handles cannot call replicas."""
+
+
 class _DriverTransport:
     """A :class:`HandleClient` on the driver's loop."""
 
@@ -281,7 +299,7 @@ class _DriverTransport:
         try:
             secret = secret_file.read_text().strip().encode()
         except OSError as exc:
-            raise RayServeException(
+            raise _NoDataPlaneAccess(
                 f"handles outside a replica need the instance's {secret_file} ({exc}); set "
                 "KUBESERVE_STATE_DIR to the instance's --state-dir"
             ) from None

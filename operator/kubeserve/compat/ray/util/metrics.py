@@ -19,8 +19,7 @@ import re
 import warnings
 from typing import Any
 
-import prometheus_client
-
+from kubeserve.runtime import prometheus
 from kubeserve.runtime.metrics import metric_family
 
 __all__ = ["Counter", "Gauge", "Histogram", "Metric"]
@@ -115,7 +114,7 @@ def _number(value: Any) -> float:
 class Counter(Metric):
     """A cumulative metric that only goes up (Prometheus' counter, ``ray_<name>_total``)."""
 
-    _kind = prometheus_client.Counter
+    _kind = prometheus.Counter
 
     def __init__(
         self, name: str, description: str = "", tag_keys: tuple[str, ...] | None = None
@@ -136,7 +135,7 @@ class Counter(Metric):
 class Gauge(Metric):
     """The last value set (Prometheus' gauge)."""
 
-    _kind = prometheus_client.Gauge
+    _kind = prometheus.Gauge
 
     def __init__(
         self, name: str, description: str = "", tag_keys: tuple[str, ...] | None = None
@@ -158,7 +157,7 @@ class Gauge(Metric):
 class Histogram(Metric):
     """Observed values counted in buckets bounded by ``boundaries`` (Prometheus' histogram)."""
 
-    _kind = prometheus_client.Histogram
+    _kind = prometheus.Histogram
 
     def __init__(
         self,

@@ -173,10 +173,13 @@ class ReplicaCgroup:
             if self.memory_dir is None and self.limits.memory_bytes is not None:
                 size = self.limits.memory_bytes
                 resource.setrlimit(resource.RLIMIT_DATA, (size, size))
-            if self.pids_dir is None:
-                own = _processes_of(os.getuid())
-                wanted = own + self.limits.max_processes
-                resource.setrlimit(resource.RLIMIT_NPROC, (wanted, wanted))
+            if self.pids_dir is None:  # per user: what the user runs now, plus the replica's
+                wanted = _tasks_of(os.getuid()) + self.limits.max_processes
+                soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+                if hard != resource.RLIM_INFINITY:
+                    wanted = min(wanted, hard)
+                if soft == resource.RLIM_INFINITY or wanted < soft:
+                    resource.setrlimit(resource.RLIMIT_NPROC, (wanted, hard))
 
     def _oom_kills(self) -> int:
         if self.memory_dir is None:
@@ -257,13 +260,15 @@ def _counter(path: Path, key: str) -> int:
     return 0
 
 
-def _processes_of(uid: int) -> int:
+def _tasks_of(uid: int) -> int:
+    """The threads of every process of ``uid`` (what ``RLIMIT_NPROC`` counts)."""
     count = 0
     with contextlib.suppress(OSError):
         for entry in os.scandir("/proc"):
             if entry.name.isdigit():
                 with contextlib.suppress(OSError):
-                    count += entry.stat().st_uid == uid
+                    if entry.stat().st_uid == uid:
+                        count += len(os.listdir(f"/proc/{entry.name}/task"))
     return count
 
 

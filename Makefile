@@ -106,7 +106,8 @@ test-fast: venv
 ## replica; a full state disk, as root): sent, failed, run twice and the longest gap of each, printed.
 .PHONY: faults
 faults: venv
-	$(BIN)/python -m pytest tests/e2e/test_faults.py tests/e2e/test_disk_full.py -q -s $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/e2e/test_faults.py tests/e2e/test_disk_full.py \
+		tests/e2e/test_large_config.py -q -s $(PYTEST_ARGS)
 
 ## Format, lint, types and import-layer contracts.
 check: venv

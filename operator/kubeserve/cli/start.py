@@ -25,6 +25,7 @@ from kubeserve.cli.command import (
     auth_token,
     positive_int,
 )
+from kubeserve.control.replica_limits import DEFAULT_MAX_PROCESSES
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES
 
@@ -99,6 +100,13 @@ def add_instance_arguments(
         help="GPUs replicas may claim; default: CUDA_VISIBLE_DEVICES, else the NVIDIA GPUs found",
     )
     add_limit_arguments(parser)  # the proxy's and the replicas' RequestLimits
+    parser.add_argument(
+        "--replica-max-processes",
+        type=positive_int,
+        default=DEFAULT_MAX_PROCESSES,
+        help="processes (threads included) each replica may run, so that a fork loop stays "
+        f"inside its replica (default {DEFAULT_MAX_PROCESSES})",
+    )
     parser.add_argument(
         "--reset-state",
         action="store_true",
@@ -187,6 +195,7 @@ def start_instance(args: argparse.Namespace, after_start: AfterStart | None) -> 
         request_limits=limits,
         log_rotation=(args.log_max_bytes, args.log_backups),
         reset_state=args.reset_state,
+        replica_max_processes=args.replica_max_processes,
         data_plane_outlives=not getattr(args, "temporary_state_dir", False),
     )
     try:

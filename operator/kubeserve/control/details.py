@@ -13,11 +13,15 @@ The models are built with exactly the fields kubeserve reports, so the answer on
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from kubeserve.control.effective_config import EffectiveDeployment
+from kubeserve.schema.config import ServeApplicationSchema
+from kubeserve.schema.limits import MAX_APPLICATIONS
 from kubeserve.schema.status import (
     APIType,
     ApplicationDetails,
@@ -29,6 +33,7 @@ from kubeserve.schema.status import (
     DeploymentTopology,
     ProxyDetails,
     ReplicaDetails,
+    ReportedDeploymentConfig,
     ServeActorDetails,
     ServeInstanceDetails,
     ServeStatusSchema,
@@ -47,9 +52,13 @@ __all__ = [
     "ReplicaProcessView",
     "controller_process",
     "details_body",
+    "details_json",
     "instance_details",
     "single_app_status",
 ]
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 #: Ray's name of the controller actor (kubeserve's controller: ``kubeserve start`` or the operator)
 CONTROLLER_ACTOR_NAME = "SERVE_CONTROLLER_ACTOR"
@@ -188,7 +197,9 @@ def instance_details(view: InstanceDetailsView | None) -> ServeInstanceDetails:
             node: ProxyDetails(**_process(proxy.process, _proxy_actor(node)), status=proxy.status)
             for node, proxy in view.proxies.items()
         },
-        applications={app.name: _application(app, view.rollout) for app in view.applications},
+        applications={
+            app.name: _APPLICATIONS.model(app, view.rollout) for app in view.applications
+        },
         target_capacity=options.get("target_capacity"),
         target_groups=_target_groups(view),
         controller_health_metrics=None if view.health is None else view.health.as_metrics(),
@@ -231,6 +242,27 @@ def details_body(details: ServeInstanceDetails) -> dict[str, Any]:
     return details.model_dump(mode="json", exclude_unset=True)
 
 
+def details_json(details: ServeInstanceDetails) -> bytes:
+    """:func:`details_body` as JSON text: each application's part is dumped once per version of
+    it (:class:`_Applications`), the rest at every call."""
+    body = details.model_dump(mode="json", exclude_unset=True, exclude={"applications"})
+    parts = [
+        f"{json.dumps(key)}:{json.dumps(value)}"
+        for key, value in body.items()
+        if key not in _AFTER_APPLICATIONS
+    ]
+    if "applications" in details.model_fields_set:
+        apps = (
+            f"{json.dumps(name)}:{_APPLICATIONS.json(app)}"
+            for name, app in details.applications.items()
+        )
+        parts.append('"applications":{' + ",".join(apps) + "}")
+    parts += (
+        f"{json.dumps(key)}:{json.dumps(body[key])}" for key in _AFTER_APPLICATIONS if key in body
+    )
+    return ("{" + ",".join(parts) + "}").encode()
+
+
 def single_app_status(name: str, app: ApplicationDetails | None) -> ServeStatusSchema:
     """GET /api/serve/deployments/status of the application ``name`` (``None``: not started)."""
     if app is None:
@@ -247,6 +279,43 @@ def single_app_status(name: str, app: ApplicationDetails | None) -> ServeStatusS
     )
 
 
+class _Applications:
+    """The details of every application as last reported, with their JSON part, by name.
+
+    An application whose view equals the one reported last (nothing changed: the common case
+    while 1,000 applications deploy, a few at a time) is answered with the same model and the
+    same JSON part, not validated and dumped again; comparing two views costs microseconds.
+    Models are never changed once built, so handing the same one to several GETs is safe.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[ApplicationDetailsView, Rollout, ApplicationDetails]] = {}
+        self._bodies: dict[int, tuple[ApplicationDetails, str]] = {}
+
+    def model(self, view: ApplicationDetailsView, rollout: Rollout) -> ApplicationDetails:
+        entry = self._entries.get(view.name)
+        if entry is not None and entry[1] == rollout and entry[0] == view:
+            return entry[2]
+        model = _application(view, rollout)
+        if entry is not None:
+            self._bodies.pop(id(entry[2]), None)
+        self._entries[view.name] = (view, rollout, model)
+        if len(self._entries) > _KEPT:  # names gone long ago; the next GET refills the rest
+            self._entries.clear()
+            self._bodies.clear()
+        return model
+
+    def json(self, model: ApplicationDetails) -> str:
+        """``model`` as JSON text, as :func:`details_body` dumps it."""
+        entry = self._bodies.get(id(model))
+        if entry is not None and entry[0] is model:
+            return entry[1]
+        text = json.dumps(model.model_dump(mode="json", exclude_unset=True))
+        if self._entries.get(model.name, (None, None, None))[2] is model:
+            self._bodies[id(model)] = (model, text)
+        return text
+
+
 def _application(app: ApplicationDetailsView, rollout: Rollout) -> ApplicationDetails:
     config = app.config or {}
     imperative = app.api_type == APIType.IMPERATIVE.value
@@ -257,12 +326,69 @@ def _application(app: ApplicationDetailsView, rollout: Rollout) -> ApplicationDe
         status=app.status,
         message=app.message,
         last_deployed_time_s=app.deployed_at,
-        deployed_app_config=None if app.config is None or imperative else dict(app.config),
+        deployed_app_config=None
+        if app.config is None or imperative
+        else _CONFIG_MODELS.get(app.config, rollout),
         source=APIType.IMPERATIVE if imperative else APIType.DECLARATIVE,
         deployments={d.name: _deployment(app.name, d, rollout) for d in app.deployments},
         external_scaler_enabled=bool(config.get("external_scaler_enabled", False)),
         deployment_topology=None if app.graph is None else _topology(app.name, app.graph),
     )
+
+
+class _Derived(Generic[_K, _V]):
+    """Values derived from objects never changed once made (stored application configs,
+    effective deployment configs), kept for the last ``size`` objects asked about, by identity.
+
+    A GET of 1,000 applications validated every config into its model again: ~100 ms of the
+    event loop per GET. The objects are the backends' own (the store's configs, a deployment's
+    effective config) and live as long as their version does, so a GET now validates only what
+    changed since the last one. An entry holds its object, so an id is never reused while kept.
+    """
+
+    def __init__(self, derive: Callable[[_K, Rollout], _V], size: int) -> None:
+        self._derive = derive
+        self._size = size
+        self._entries: OrderedDict[int, tuple[_K, Rollout, _V]] = OrderedDict()
+
+    def get(self, key: _K, rollout: Rollout) -> _V:
+        entry = self._entries.get(id(key))
+        if entry is not None and entry[0] is key and entry[1] == rollout:
+            self._entries.move_to_end(id(key))
+            return entry[2]
+        value = self._derive(key, rollout)
+        self._entries[id(key)] = (key, rollout, value)
+        if len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+        return value
+
+
+def _validate_config(config: Mapping[str, Any], rollout: Rollout) -> ServeApplicationSchema:
+    return ServeApplicationSchema.model_validate(config)
+
+
+def _validate_deployment_config(
+    config: EffectiveDeployment, rollout: Rollout
+) -> ReportedDeploymentConfig:
+    # the backend's rollout, which no config may set (ReportedDeploymentConfig)
+    return ReportedDeploymentConfig.model_validate(
+        {
+            **config.as_dict(),
+            "rolling_update_percentage": rollout[0],
+            "max_surge_percent": rollout[1],
+        }
+    )
+
+
+#: room for two full configs of the largest size (the previous one and the current one)
+_KEPT = 2 * MAX_APPLICATIONS
+_CONFIG_MODELS = _Derived(_validate_config, _KEPT)
+_DEPLOYMENT_CONFIG_MODELS = _Derived(_validate_deployment_config, 4 * _KEPT)
+_APPLICATIONS = _Applications()
+#: the fields of ServeInstanceDetails after ``applications``, in the order the model has them
+_AFTER_APPLICATIONS = tuple(ServeInstanceDetails.model_fields)[
+    tuple(ServeInstanceDetails.model_fields).index("applications") + 1 :
+]
 
 
 def _deployment(app: str, deployment: DeploymentDetailsView, rollout: Rollout) -> DeploymentDetails:
@@ -281,12 +407,7 @@ def _deployment(app: str, deployment: DeploymentDetailsView, rollout: Rollout) -
             "status": deployment.status,
             "status_trigger": deployment.status_trigger,
             "message": deployment.message,
-            # the backend's rollout, which no config may set (ReportedDeploymentConfig)
-            "deployment_config": {
-                **deployment.config.as_dict(),
-                "rolling_update_percentage": rollout[0],
-                "max_surge_percent": rollout[1],
-            },
+            "deployment_config": _DEPLOYMENT_CONFIG_MODELS.get(deployment.config, rollout),
             "target_num_replicas": deployment.target_replicas,
             "required_resources": deployment.config.required_resources(),
             "replicas": [replica(view) for view in deployment.replicas],

@@ -124,7 +124,11 @@ def _replica_status(view: DeploymentView) -> DerivedDeploymentStatus:
         and all(r.config_applied for r in running_current)
     )
     if converged:
-        return DerivedDeploymentStatus("HEALTHY", "CONFIG_UPDATE_COMPLETED")
+        # until the replacement has served a while (the streak is forgotten then), say why a
+        # replica was replaced: an OutOfMemoryError naming the limit, an exit code
+        recovered = view.last_error if view.failure_streak else ""
+        message = f"a replica was replaced after it failed: {recovered}" if recovered else ""
+        return DerivedDeploymentStatus("HEALTHY", "CONFIG_UPDATE_COMPLETED", message)
     return DerivedDeploymentStatus(
         "UPDATING", "CONFIG_UPDATE_STARTED", _progress(view, running_current)
     )

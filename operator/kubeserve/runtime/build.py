@@ -37,6 +37,7 @@ import typing
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from kubeserve.runtime import parent_death
 from kubeserve.sdk import context, ray_namespace
 from kubeserve.sdk.application import Application
 from kubeserve.sdk.deployment import Deployment, described_options
@@ -228,7 +229,12 @@ def main(
     parser.add_argument("--namespace", default=namespace)
     parser.add_argument("--application", default="")
     parser.add_argument("--application-uid", default="")
+    parser.add_argument(
+        "--parent-pid", type=int, default=0, help="exit when this process (the caller) exits"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.parent_pid:
+        parent_death.die_with(args.parent_pid)
     if args.configmap and write_graph is None:
         parser.error("--configmap: this command writes no ConfigMap (`kubeserve build` does)")
     pickled = args.pickled or bool(args.pickled_file)

@@ -235,7 +235,8 @@ SUPPORT: dict[str, Support] = {
         "CUDA_VISIBLE_DEVICES is not assigned per replica yet"
     ),
     "RayActorOptionsSchema.memory": partial(
-        "pod memory request and limit on Kubernetes; reported, not reserved, on one machine"
+        "pod memory request and limit on Kubernetes; the replica's cgroup memory limit on one "
+        "machine (not reserved)"
     ),
     "RayActorOptionsSchema.resources": partial(
         "extended resource requests on Kubernetes; reported, not reserved, on one machine"

@@ -19,6 +19,7 @@ from kubeserve.control.details import (
     ReplicaProcessView,
     controller_process,
     details_body,
+    details_json,
     instance_details,
     single_app_status,
 )
@@ -222,3 +223,24 @@ def test_an_application_that_does_not_run_is_not_started() -> None:
     status = single_app_status("", None).model_dump(mode="json")
     assert status["app_status"]["status"] == "NOT_STARTED"
     assert status["deployment_statuses"] == []
+
+
+def test_the_json_body_is_the_models_dump_and_follows_every_change() -> None:
+    """An application that did not change is answered from what the previous GET built (the
+    same model, not validated again); one that changed is built anew."""
+    view = composed_view()
+    first = instance_details(view)
+    assert json.loads(details_json(first)) == details_body(first)
+    again = instance_details(composed_view())  # equal views, new objects
+    assert again.applications["composed"] is first.applications["composed"]
+    assert json.loads(details_json(again)) == details_body(first)
+    changed = instance_details(composed_view(status="RUNNING", message="all good"))
+    assert changed.applications["composed"] is not first.applications["composed"]
+    body = json.loads(details_json(changed))
+    assert body == details_body(changed)
+    assert (
+        body["applications"]["composed"]["status"],
+        body["applications"]["composed"]["message"],
+    ) == ("RUNNING", "all good")
+    empty = instance_details(None)
+    assert json.loads(details_json(empty)) == details_body(empty)

@@ -36,6 +36,7 @@ from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.graph import graph_document
 from kubeserve.schema.config import ServeDeploySchema
+from kubeserve.schema.limits import MAX_APPLICATIONS
 from kubeserve.schema.resources import (
     DeploymentStatusEntry,
     ServeApplicationSpec,
@@ -93,7 +94,29 @@ def instance_options(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def app_config(obj: Obj) -> dict[str, Any] | None:
     """The REST config of a ``ServeApplication`` (only the fields its spec sets), or ``None`` when
-    the spec breaks a REST rule (the operator reports that in the status)."""
+    the spec breaks a REST rule (the operator reports that in the status).
+
+    Translated once per version of the spec (``metadata.generation``, which the API server moves
+    at every spec change) and shared: GET /api/serve/applications/ used to validate every
+    application's spec again at each call. The dict returned is never to be changed.
+    """
+    meta = obj.get("metadata") or {}
+    key = (meta.get("uid"), meta.get("generation"))
+    if key[0] is None or key[1] is None:
+        return _translate(obj)
+    if key not in _CONFIGS:
+        if len(_CONFIGS) >= _CONFIGS_KEPT:
+            _CONFIGS.clear()
+        _CONFIGS[key] = _translate(obj)
+    return _CONFIGS[key]
+
+
+#: :func:`app_config` by (uid, generation); cleared when full (the next GET refills it)
+_CONFIGS: dict[tuple[Any, Any], dict[str, Any] | None] = {}
+_CONFIGS_KEPT = 4 * MAX_APPLICATIONS
+
+
+def _translate(obj: Obj) -> dict[str, Any] | None:
     try:
         spec = ServeApplicationSpec.model_validate(obj.get("spec") or {})
         return spec.app_config(name=contract.application_name(obj))

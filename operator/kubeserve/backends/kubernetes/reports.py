@@ -19,6 +19,7 @@ operator first saw the spec's generation. Deployment statuses come from observed
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,8 +27,14 @@ from typing import Any
 
 from kubeserve.backends.kubernetes.details import annotated_deployed_at
 from kubeserve.backends.kubernetes.pods import pod_ready, replica_key
+from kubeserve.control import backoff
 from kubeserve.control.details import ProcessView
 from kubeserve.control.effective_config import EffectiveDeployment
+from kubeserve.control.replica_limits import (
+    DEFAULT_MAX_PROCESSES,
+    out_of_memory_message,
+    replica_limits,
+)
 from kubeserve.control.status_derivation import (
     AppStatusInfo,
     DeploymentView,
@@ -301,8 +308,14 @@ def deployment_view_from_pods(
     user_configs: Mapping[str, str],
     ever_healthy: bool = False,
     target_replicas: int | None = None,
+    now: float | None = None,
 ) -> DeploymentView:
     """What the pods of one deployment are doing, as the backend-neutral status rules read it.
+
+    A container the kernel killed for its memory (``OOMKilled``) is reported as Ray's
+    ``OutOfMemoryError`` naming ``ray_actor_options.memory`` (the pod's memory limit), while it
+    restarts and for :data:`~kubeserve.control.backoff.STABLE_AFTER_S` after it ended (at ``now``,
+    epoch seconds), as a replica replaced on one machine is.
 
     ``user_configs`` maps a replica process (:func:`~.pods.replica_key`) to the user_config
     version it applied (:attr:`~.data_plane.DataPlane.user_configs`).
@@ -311,8 +324,9 @@ def deployment_view_from_pods(
     afterwards a crashing replica makes the deployment UNHEALTHY, not DEPLOY_FAILED (as in Ray).
     """
     uc_version = config.user_config_version
+    now = time.time() if now is None else now
     replicas = []
-    restarts = 0
+    restarts = recent_failures = 0
     last_error = ""
     for pod in pods:
         meta, status = pod["metadata"], pod.get("status") or {}
@@ -321,8 +335,14 @@ def deployment_view_from_pods(
             continue
         for container in status.get("containerStatuses") or []:
             restarts = max(restarts, int(container.get("restartCount", 0)))
-            terminated = (container.get("lastState") or {}).get("terminated")
-            if terminated and not container.get("ready"):
+            terminated = (container.get("state") or {}).get("terminated") or (
+                container.get("lastState") or {}
+            ).get("terminated")
+            if terminated and terminated.get("reason") == "OOMKilled":
+                last_error = _out_of_memory(meta["name"], config)
+                ended = _timestamp(terminated.get("finishedAt"))
+                recent_failures += ended is None or now - ended < backoff.STABLE_AFTER_S
+            elif terminated and not container.get("ready"):
                 last_error = f"pod {meta['name']}: exited with code {terminated.get('exitCode')}"
         pod_version = (meta.get("annotations") or {}).get(contract.VERSION_ANNOTATION, "")
         replicas.append(
@@ -338,4 +358,23 @@ def deployment_view_from_pods(
         startup_failures=restarts if not any(r.state == "RUNNING" for r in replicas) else 0,
         ever_healthy=ever_healthy,
         last_error=last_error,
+        failure_streak=recent_failures,
     )
+
+
+def _out_of_memory(pod_name: str, config: EffectiveDeployment) -> str:
+    limits = replica_limits(config, DEFAULT_MAX_PROCESSES)
+    enforced_by = "the pod's resources.limits.memory (Kubernetes: OOMKilled)"
+    if limits.memory_bytes is None:
+        enforced_by = "Kubernetes: OOMKilled"
+    return out_of_memory_message(f"pod {pod_name}", limits, enforced_by, None)
+
+
+def _timestamp(value: object) -> float | None:
+    """An RFC 3339 time of the API server (``2026-11-25T22:31:39Z``) in epoch seconds."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

@@ -24,6 +24,7 @@ from kubeserve.backends.local.adoption import AdoptedReplica
 from kubeserve.backends.local.application_state import ApplicationState
 from kubeserve.backends.local.capacity import DEFAULT_START_SLOTS, Capacity, instance_resources
 from kubeserve.backends.local.deployment_state import DeploymentState
+from kubeserve.backends.local.limit_enforcement import Enforcement
 from kubeserve.backends.local.private_files import private_dir
 from kubeserve.backends.local.process_records import ProcessRecords
 from kubeserve.backends.local.proxy_process import ProxyProcess
@@ -32,12 +33,17 @@ from kubeserve.backends.local.snapshot import SnapshotPublisher
 from kubeserve.backends.local.store import IMPERATIVE, DesiredState, Store
 from kubeserve.control import autoscaling
 from kubeserve.control.autoscaling_state import CallerReports
+from kubeserve.control.replica_limits import DEFAULT_MAX_PROCESSES
 from kubeserve.runtime import channel, metrics_merge, wire
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES, RotatingLog
 
 log = logging.getLogger(__name__)
 _RESYNC_S = 1.0
+#: applications reconciled before a pass lets the event loop run other work
+_APPS_PER_SLICE = 50
+#: a pass longer than this is followed by as long a pause (small configs are never paced)
+_PACE_AFTER_S = 0.01
 #: How long proxies and handles keep the previous run's snapshot while replicas are adopted.
 ADOPTION_DEADLINE_S = 60.0
 #: the controller's own log file rotates at this size, keeping this many older files
@@ -66,6 +72,8 @@ class LocalSettings:
     log_rotation: tuple[int, int] = (DEFAULT_LOG_BYTES, DEFAULT_LOG_BACKUPS)
     #: start from an empty state: the database is moved aside first (``--reset-state``)
     reset_state: bool = False
+    #: processes (threads included) one replica may run (``--replica-max-processes``)
+    replica_max_processes: int = DEFAULT_MAX_PROCESSES
     #: replicas and the proxy outlive this process when it is killed outright, for the next
     #: ``kubeserve start`` on the state directory to adopt; False (a temporary state directory,
     #: which no later start sees): they die with it
@@ -177,9 +185,23 @@ class Controller:
             die_with_parent=not self.settings.data_plane_outlives,
             request_limits=self.settings.request_limits,
             log_rotation=self.settings.log_rotation,
+            limits=self._limit_enforcement({a.record.replica_id for a in replicas}),
+            max_processes=self.settings.replica_max_processes,
         )
         self._proxy = ProxyProcess(self._ctx, proxy)
         self._loop_task = asyncio.ensure_future(self._loop())
+
+    def _limit_enforcement(self, adopted: set[str]) -> Enforcement:
+        """How replicas are held to their limits on this machine (said once in the log); the
+        cgroups of replicas an earlier run left and nobody adopted are removed."""
+        enforcement = Enforcement.detect(self.settings.state_dir)
+        enforcement.sweep(adopted)
+        log.info(
+            "replica limits: %s; at most %d processes per replica",
+            enforcement.describe(),
+            self.settings.replica_max_processes,
+        )
+        return enforcement
 
     async def close(self) -> None:
         """Stop every process gracefully (desired state stays in the store for the next start)."""
@@ -262,12 +284,20 @@ class Controller:
             await asyncio.sleep(0.05)
 
     async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             self._wake.clear()
+            began = loop.time()
             try:
                 await self.reconcile_once()
             except Exception:  # one bad pass must not stop the controller; the next one retries
                 log.exception("reconcile pass failed")
+            spent = loop.time() - began
+            if spent > _PACE_AFTER_S:
+                # A long pass (1,000 applications, whose builds end one after another and
+                # wake it each time) is not run back to back: the admin API and the data
+                # plane's long-polls get at least as long before the next one.
+                await asyncio.sleep(spent)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), _RESYNC_S)
 
@@ -285,7 +315,11 @@ class Controller:
                 app.begin_delete()
                 if app.stopped:
                     del self.apps[name]
-        for name, stored in wanted.items():
+        for position, (name, stored) in enumerate(wanted.items(), 1):
+            if position % _APPS_PER_SLICE == 0:
+                # a pass over 1,000 applications takes ~100 ms: the admin API and the data
+                # plane's long-polls are answered between slices, not after the whole pass
+                await asyncio.sleep(0)
             existing = self.apps.get(name)
             if existing is not None and existing.uid != stored.uid:
                 existing.begin_delete()  # deleted and created again since the last pass

@@ -14,7 +14,9 @@ import aiohttp
 
 from kubeserve.backends.local import processes
 from kubeserve.backends.local.capacity import Capacity
+from kubeserve.backends.local.limit_enforcement import Enforcement
 from kubeserve.backends.local.process_records import ProcessRecords
+from kubeserve.control.replica_limits import DEFAULT_MAX_PROCESSES
 from kubeserve.runtime import channel, logs, metrics
 from kubeserve.runtime.limits import RequestLimits
 
@@ -62,6 +64,10 @@ class ReplicaContext:
     log_rotation: tuple[int, int] = (logs.DEFAULT_LOG_BYTES, logs.DEFAULT_LOG_BACKUPS)
     #: replicas and the proxy get a parent-death signal (see ``LocalSettings.data_plane_outlives``)
     die_with_parent: bool = False
+    #: how replicas are held to their memory and process limits (``None``: they are not)
+    limits: Enforcement | None = None
+    #: processes (threads included) one replica may run (``--replica-max-processes``)
+    max_processes: int = DEFAULT_MAX_PROCESSES
 
     def data_plane_env(self) -> dict[str, str]:
         """What a proxy or replica needs in its environment to join the data plane."""

@@ -32,10 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from kubeserve.backends.local import processes
+from kubeserve.backends.local.limit_enforcement import ReplicaCgroup
 from kubeserve.backends.local.process_records import ReplicaRecord
 from kubeserve.backends.local.replica_context import ReplicaContext
 from kubeserve.control import effective_config
 from kubeserve.control.effective_config import EffectiveDeployment
+from kubeserve.control.replica_limits import out_of_memory_message, replica_limits
 from kubeserve.control.status_derivation import ReplicaStateValue
 from kubeserve.runtime import channel, metrics_merge, wire
 from kubeserve.runtime.runtime_env import PreparedEnv
@@ -96,6 +98,8 @@ class ReplicaProcess:
     #: holds one of the instance's start slots (until it is ready or gone)
     holds_start_slot: bool = False
     proc: processes.Child | None = None
+    #: what holds the process to its memory and process limits (``None``: nothing)
+    cgroup: ReplicaCgroup | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -106,6 +110,7 @@ class ReplicaProcess:
     def watch(self, proc: processes.AdoptedProcess) -> None:
         """Run the lifecycle of a RUNNING replica an earlier run started."""
         self.proc, self.pid = proc, proc.pid
+        self.cgroup = self._limits()
         self._spawn(self._lifecycle(self._watch(proc)))
 
     def stop(self, reason: str) -> None:
@@ -181,6 +186,7 @@ class ReplicaProcess:
             spec.env.python_path,
         )
         try:
+            self.cgroup = self._limits()
             proc = await processes.spawn(
                 "kubeserve.runtime.replica",
                 ["--host", "127.0.0.1", "--port", str(self.port)],
@@ -189,6 +195,7 @@ class ReplicaProcess:
                 cwd=spec.env.cwd or ctx.base_dir,
                 pass_fds=(config_fd,),
                 die_with_parent=ctx.die_with_parent,
+                enter_limits=None if self.cgroup is None else self.cgroup.enter,
             )
         except OSError as exc:
             return f"could not start the replica process: {exc}"
@@ -197,11 +204,12 @@ class ReplicaProcess:
         self.proc, self.pid = proc, proc.pid
         self._record(spec)
         log.info(
-            "%s: started replica %s (pid %d, log %s)",
+            "%s: started replica %s (pid %d, log %s, limits: %s)",
             self.label,
             self.replica_id,
             proc.pid,
             self.log_path,
+            "none" if self.cgroup is None else self.cgroup.describe(),
         )
         if self.state in ("STOPPING", "STOPPED"):  # stopped while spawning
             await processes.terminate(proc, 1.0)
@@ -281,13 +289,37 @@ class ReplicaProcess:
                 exited.cancel()
             processes.kill_group(proc.pid)  # what the replica started dies with it
             metrics_merge.mark_process_dead(proc.pid, str(self.context.metrics_dir))
+        out_of_memory = self._out_of_memory()
+        if self.cgroup is not None:  # also what left the process group
+            await self.cgroup.release()
         if self.state == "STOPPING":
             log.info("%s: replica %s stopped (exit code %s)", self.label, self.replica_id, code)
             return ""
+        if out_of_memory:
+            return out_of_memory
         tail = processes.log_tail(self.log_path)
         if self.state == "STARTING":
             return f"replica exited with code {code} before it was ready:\n{tail}"
         return f"replica {self.replica_id} exited unexpectedly with code {code}:\n{tail}"
+
+    def _limits(self) -> ReplicaCgroup | None:
+        enforcement = self.context.limits
+        if enforcement is None:
+            return None
+        limits = replica_limits(self.config, self.context.max_processes)
+        return enforcement.replica(self.replica_id, limits)
+
+    def _out_of_memory(self) -> str:
+        """Ray's ``OutOfMemoryError`` naming the limit, when the kernel killed the replica (or
+        a process of it) for its memory; "" otherwise."""
+        cgroup = self.cgroup
+        if cgroup is None or not cgroup.out_of_memory():
+            return ""
+        message = out_of_memory_message(
+            self.replica_id, cgroup.limits, cgroup.enforced_by, cgroup.peak_memory()
+        )
+        log.warning("%s: %s", self.label, message)
+        return message
 
     async def _wait_ready(self, exited: asyncio.Future[int]) -> bool:
         async def probe() -> bool:

@@ -86,7 +86,12 @@ _SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
 
 
 class Store:
-    """Synchronous on purpose: each call is a few rows in a local file, well under a millisecond."""
+    """Synchronous on purpose: each call is a few rows in a local file, well under a millisecond.
+
+    The only writer of its database (the state directory's lock keeps other instances out), so
+    :meth:`load` answers from memory until this store writes: the controller's passes and every
+    GET read the whole desired state, and decoding 1,000 configs each time held the event loop.
+    """
 
     def __init__(self, path: Path) -> None:
         """Raises :class:`CorruptStateError` when ``path`` holds something SQLite cannot read."""
@@ -96,6 +101,8 @@ class Store:
         # mode, and both are tightened once more in case they predate this version.
         private_file(path)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        #: what :meth:`load` read last; dropped by every write (see :meth:`_transaction`)
+        self._loaded: tuple[DesiredState | None] | None = None
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -134,6 +141,12 @@ class Store:
                 )
 
     def load(self) -> DesiredState | None:
+        """The desired state; shared between callers until the next write, so never changed."""
+        if self._loaded is None:
+            self._loaded = (self._read(),)
+        return self._loaded[0]
+
+    def _read(self) -> DesiredState | None:
         row = self._db.execute("SELECT options, single_app, started_at FROM instance").fetchone()
         if row is None:
             return None
@@ -260,6 +273,8 @@ class Store:
                 raise
         except sqlite3.OperationalError as exc:
             raise _write_error(self.path, exc) from exc
+        finally:
+            self._loaded = None
 
 
 def _code(exc: sqlite3.Error) -> int:

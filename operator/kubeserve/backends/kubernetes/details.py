@@ -289,7 +289,9 @@ def _autoscaling(
     last = None if entry is None else entry.last_scaling_decision
     decisions = []
     if last is not None:
-        decisions.append({**last.model_dump(), "policy": "default_autoscaling_policy"})
+        decisions.append(
+            {**last.model_dump(by_alias=False), "policy": "default_autoscaling_policy"}
+        )
     return {"scaling_status": scaling, "decisions": decisions}
 
 

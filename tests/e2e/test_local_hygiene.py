@@ -430,3 +430,93 @@ def test_a_second_instance_on_the_same_state_dir_is_refused(clean_kubeserve: Kub
     assert second.returncode == 1
     assert "is using the state directory" in second.stderr, second.stderr
     assert pid_alive(replica) and pid_alive(child)  # the second one killed nothing
+
+
+def _replica_processes(ks: Kubeserve) -> set[int]:
+    """Every live replica process this instance started (its children running the replica)."""
+    assert ks.proc is not None
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat_fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat_fields[1]) == ks.proc.pid and b"kubeserve.runtime.replica" in cmdline:
+            found.add(int(entry.name))
+    return found
+
+
+def test_graphs_replaced_in_quick_succession_leave_no_replica_behind(
+    clean_kubeserve: Kubeserve,
+) -> None:
+    """A driver per graph, each deploying as soon as the previous one runs (as Ray's docs scripts
+    do one after another): the deployments each graph dropped stop, however soon the next graph
+    came, even one that was still retiring when another graph dropped a deployment of its name."""
+    ks = clean_kubeserve
+    graphs = [
+        "examples.hello:app",  # Hello
+        "ks_hygiene_app:sized",  # Sized: Hello retires
+        "ks_hello_v2:app",  # Hello again, a new version: Sized retires
+        "ks_hygiene_app:spawner",  # Spawner: Hello retires again
+        "examples.hello:app",  # Hello: Spawner retires
+    ]
+    for import_path in graphs:
+        status, body = ks.put([{**HELLO, "import_path": import_path}])
+        assert status == 200, body
+        ks.wait_app("hello")
+    wanted = set(ks.replica_pids("hello", "Hello"))
+    assert len(wanted) == 1
+    deadline = time.monotonic() + DISCOVERY_SETTLE_S + 30
+    while _replica_processes(ks) != wanted and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _replica_processes(ks) == wanted, "a dropped deployment's replica still runs"
+
+
+def test_a_retired_deployment_stops_while_a_newer_graph_still_builds(
+    clean_kubeserve: Kubeserve, tmp_path: Path
+) -> None:
+    """Each retiring deployment stops ``DISCOVERY_SETTLE_S`` after the route left it, whatever
+    newer graph is still starting (here a build that never ends): graphs deployed back to back
+    once kept every dropped deployment running until some graph settled, and the pile of
+    replicas starved the newest graph of CPU for good."""
+    ks = clean_kubeserve
+    ks.put([HELLO])
+    ks.wait_app("hello")
+    hello = ks.replica_pids("hello", "Hello")
+    ks.put([{**HELLO, "import_path": "ks_hygiene_app:sized"}])  # the route moves to Sized
+    ks.wait_app("hello")
+    pid_file = tmp_path / "build.pid"
+    env = {"env_vars": {"KS_PID_FILE": str(pid_file)}}
+    ks.put([{**HELLO, "import_path": "ks_slow_import:app", "runtime_env": env}])
+    wait_for(pid_file.exists, 30, what="the next graph's build")
+    wait_for(
+        lambda: not any(pid_alive(p) for p in hello),
+        DISCOVERY_SETTLE_S + 20,
+        what="the retired Hello replica to stop while the next build runs",
+    )
+    status, body = http("GET", f"{ks.proxy}/hello")
+    assert status == 200 and "digest" in body, (status, body)  # Sized serves on
+
+
+def test_a_new_version_that_does_not_fit_beside_the_previous_one_replaces_it(
+    tmp_path: Path,
+) -> None:
+    """One CPU, one replica per version: the new graph's replica cannot start while the previous
+    graph's holds the CPU, and the previous one would stop only once the new one serves. The
+    previous one makes room instead of both waiting forever."""
+    with running_kubeserve(tmp_path / "state", args=("--num-cpus", "1", "--num-gpus", "0")) as ks:
+        ks.put([HELLO])
+        ks.wait_app("hello")
+        ks.put([{**HELLO, "import_path": "ks_hygiene_app:sized"}])
+        ks.wait_app("hello", timeout_s=60)
+        assert len(ks.replica_pids("hello", "Sized")) == 1
+        status, body = http("GET", f"{ks.proxy}/hello")
+        assert status == 200 and "digest" in body, (status, body)
+        assert (
+            "does not fit beside the previous one"
+            in (ks.state_dir / "logs" / "controller.log").read_text()
+        )
+        ks.shutdown()

@@ -12,6 +12,14 @@ graph had are *retiring*: they keep running, and the route keeps pointing at the
 until every deployment of the new graph is HEALTHY; then the route moves and, once proxies have
 had ``DISCOVERY_SETTLE_S`` to apply the move, they stop (a request the proxy matched to the
 previous ingress before it learned the move is still served).
+
+Each retiring deployment has its own clock: it stops ``DISCOVERY_SETTLE_S`` after the route last
+left it (the switch to a serving graph without it, or at once when a graph that never served is
+replaced), whatever newer graph is still starting. Graphs deployed back to back (a driver script
+calling ``serve.run`` several times, one script after another) therefore never pile up replicas.
+And a new version that does not fit beside the previous one (its replicas wait for resources the
+retiring deployments hold) stops them at once rather than wait forever for room they keep: the
+application then answers 503 until the new version is up, as a first deploy would.
 """
 
 from __future__ import annotations
@@ -78,7 +86,8 @@ class ApplicationState:
         self.deployments: dict[str, DeploymentState] = {}
         #: deployments of the previous graph only, serving until the new graph is HEALTHY
         self.retiring: dict[str, DeploymentState] = {}
-        self._route_moved_at = 0.0
+        #: retiring deployment -> when it stops (monotonic): set once no serving graph has it
+        self._retire_at: dict[str, float] = {}
         self.deleting = False
         #: why the config does not fit the built graph (the app is DEPLOY_FAILED); reset each pass
         self.config_error = ""
@@ -224,10 +233,13 @@ class ApplicationState:
             # A rebuild runs (or failed): the previous version keeps serving exactly as it was.
             for state in self.all_deployments().values():
                 state.reconcile()
+            self._stop_retired()
             return
         self.config_error = ""
         await self._converge(self.graph)
         self._switch_route_when_ready(self.graph)
+        self._make_room_for(self.graph)
+        self._stop_retired()
 
     async def _converge(self, graph: dict[str, Any]) -> None:
         overrides = {d["name"]: d for d in self.config.get("deployments", [])}
@@ -236,9 +248,12 @@ class ApplicationState:
         if error:
             self.config_error = f"invalid deployments overrides: {error}"
             return  # what runs keeps running; nothing is started for a config that cannot apply
+        serving = self._serving_names()
         for name in list(self.deployments):
             if name not in wanted:
                 self.retiring[name] = self.deployments.pop(name)
+                if name not in serving:  # of a graph the route never reached
+                    self._retire_after(name, DISCOVERY_SETTLE_S)
         for state in self.retiring.values():
             state.reconcile()
         graph_bytes = self.pickled_graph
@@ -250,6 +265,7 @@ class ApplicationState:
                 self.config_error = f"runtime_env of deployment {name!r}: {exc}"
                 return
             known = self.deployments.get(name) or self.retiring.pop(name, None)
+            self._retire_at.pop(name, None)  # wanted again
             state = known or DeploymentState(self.name, name, self._ctx, self.uid)
             self.deployments[name] = state
             state.scaling.set_capacity(*self.capacity)
@@ -326,16 +342,56 @@ class ApplicationState:
         if self.serving_graph is not graph:
             statuses = self.status().deployments
             if statuses and all(info.status == "HEALTHY" for info in statuses.values()):
-                self.serving_graph, self._route_moved_at = graph, time.monotonic()
+                self.serving_graph = graph
                 self._ctx.wake()  # publish the route now
-                asyncio.get_running_loop().call_later(DISCOVERY_SETTLE_S, self._ctx.wake)
-        settled = time.monotonic() - self._route_moved_at >= DISCOVERY_SETTLE_S
-        if self.serving_graph is graph and settled:
-            for name, state in list(self.retiring.items()):
-                state.retired = True  # its reconcile must not start what this stops
-                state.stop_all()
-                if not state.replicas:
-                    del self.retiring[name]
+                for name in self.retiring:  # none is in the graph the route now leads to
+                    self._retire_after(name, DISCOVERY_SETTLE_S)
+
+    def _serving_names(self) -> set[str]:
+        return {node["name"] for node in (self.serving_graph or {}).get("deployments", [])}
+
+    def _retire_after(self, name: str, delay_s: float) -> None:
+        """Stop retiring deployment ``name`` in ``delay_s`` (or sooner if already due)."""
+        at = time.monotonic() + delay_s
+        if at < self._retire_at.get(name, float("inf")):
+            self._retire_at[name] = at
+            asyncio.get_running_loop().call_later(delay_s, self._ctx.wake)
+
+    def _stop_retired(self) -> None:
+        """Stop the retiring deployments whose time came; forget those with no process left."""
+        now = time.monotonic()
+        for name, state in list(self.retiring.items()):
+            if now < self._retire_at.get(name, float("inf")):
+                continue
+            state.retired = True  # its reconcile must not start what this stops
+            state.stop_all()
+            if not state.replicas:
+                del self.retiring[name]
+                self._retire_at.pop(name, None)
+
+    def _make_room_for(self, graph: dict[str, Any]) -> None:
+        """A new version whose replicas wait for resources the retiring deployments hold would
+        wait forever (they stop only once it serves): stop them now."""
+        if self.serving_graph is graph:
+            return
+        holding = [
+            name
+            for name, state in self.retiring.items()
+            if name not in self._retire_at and state.replicas
+        ]
+        waiting = [n for n, s in self.deployments.items() if s.unschedulable]
+        if not holding or not waiting:
+            return
+        log.warning(
+            "application %r: the new version does not fit beside the previous one (%s wait "
+            "for resources): stopping the previous version's %s now; the application answers "
+            "503 until the new version is up",
+            self.name,
+            ", ".join(waiting),
+            ", ".join(holding),
+        )
+        for name in holding:
+            self._retire_after(name, 0.0)
 
     def status(self) -> AppStatusInfo:
         """RUNNING only once the deployed version serves: a built graph whose deployments are not

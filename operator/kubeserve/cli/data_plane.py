@@ -1,7 +1,8 @@
 """The data-plane commands kubeserve starts itself, locally or in pods: ``proxy``, ``replica``,
 ``build`` and ``policy-host`` (each parses its own command line; the environment its launcher
 sets is named in :mod:`kubeserve.runtime.wire`; what a cluster provides them is chosen by their
-composition root, :mod:`kubeserve.runtime.kubernetes.pod`), and ``fetch-runtime-env`` (a pod's init container)."""
+composition root, :mod:`kubeserve.runtime.kubernetes.pod`), and ``fetch-runtime-env`` (a pod's
+init container)."""
 
 from __future__ import annotations
 

@@ -37,6 +37,14 @@ def two(**fields: Any) -> dict[str, Any]:
     }
 
 
+def policy_host_diagnostics(plane: ControlPlane, namespace: str) -> str:
+    pods = plane.kubectl("get", "pods", "-n", namespace, "-o", "wide").stdout
+    logs = plane.kubectl(
+        "logs", "deploy/both-autoscaling-policy", "-n", namespace, "--tail=30", check=False
+    )
+    return f"{pods}\npolicy host log:\n{logs.stdout}{logs.stderr}"
+
+
 def ready(plane: ControlPlane, namespace: str, deployment: str) -> int:
     selector = f"kubeserve.io/application=both,kubeserve.io/deployment={deployment}"
     return len(ready_pods(plane, namespace, selector))
@@ -58,11 +66,16 @@ def test_an_application_policy_runs_in_its_own_pod_and_decides_for_every_deploym
     container = host["spec"]["template"]["spec"]["containers"][0]
     assert container["command"][:3] == ["kubeserve", "policy-host", "both"]
     assert plane.exists("networkpolicy", "default-autoscaling-policies", namespace)
-    wait_for(
-        lambda: (ready(plane, namespace, "Ingress"), ready(plane, namespace, "Scaled")) == (1, 2),
-        180,
-        what="1 Ingress and 2 Scaled replicas, as the policy says",
-    )
+    try:
+        wait_for(
+            lambda: (
+                (ready(plane, namespace, "Ingress"), ready(plane, namespace, "Scaled")) == (1, 2)
+            ),
+            180,
+            what="1 Ingress and 2 Scaled replicas, as the policy says",
+        )
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{policy_host_diagnostics(plane, namespace)}") from None
     detail = api.details()["applications"]["both"]["deployments"]["Scaled"]
     assert detail["status"] == "HEALTHY", detail
 

@@ -164,7 +164,7 @@ def test_rendered_objects_pass_a_server_side_dry_run_under_restricted_pod_securi
         for i, obj in enumerate(objects)
         if "template" in obj.get("spec", {})
     ]
-    assert len(pods) == 3  # proxy, replica, build
+    assert len(pods) == 4  # proxy, replica, build, policy host
     # A pod's ServiceAccount must exist (without the owner, which exists in no cluster here).
     for account in (o for o in objects if o["kind"] == "ServiceAccount"):
         meta = {k: v for k, v in account["metadata"].items() if k != "ownerReferences"}

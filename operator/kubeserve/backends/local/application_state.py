@@ -324,9 +324,17 @@ class ApplicationState:
                     del self.retiring[name]
 
     def status(self) -> AppStatusInfo:
+        """RUNNING only once the deployed version serves: a built graph whose deployments are not
+        all up yet, or whose route has not moved to its ingress, is DEPLOYING (the previous
+        version serving meanwhile), as Ray's application is until its new version runs."""
         views = {name: d.view() for name, d in self.deployments.items()}
         build = BuildView("failed", self.config_error) if self.config_error else self.build
-        return application_status(build, views, deleting=self.deleting)
+        info = application_status(build, views, deleting=self.deleting)
+        if info.status == "RUNNING" and self.serving_graph is not self.graph:
+            return AppStatusInfo(
+                "DEPLOYING", "the new version starts; the previous one serves", info.deployments
+            )
+        return info
 
     def begin_delete(self) -> None:
         log.info("application %r: deleting", self.name)

@@ -49,15 +49,7 @@ def test_backpressure_config_sets_the_status_and_retry_after(clean_kubeserve: Ku
     assert ks.put([slow_app(limited)])[0] == 200
     ks.wait_app("slow")
 
-    def get(_: int) -> tuple[int, str | None]:
-        try:
-            with urllib.request.urlopen(f"{ks.proxy}/slow?s=2", timeout=60) as response:
-                return response.status, None
-        except urllib.error.HTTPError as err:
-            return err.code, err.headers.get("Retry-After")
-
-    with ThreadPoolExecutor(4) as pool:
-        answers = sorted(pool.map(get, range(4)), key=lambda a: a[0])
+    answers = _four_at_once(f"{ks.proxy}/slow?s=2")
     assert answers == [(200, None), (200, None), (429, "3"), (429, "3")], answers
 
 
@@ -69,13 +61,19 @@ def test_backpressure_set_in_code_answers_429_with_retry_after(clean_kubeserve: 
     assert ks.put([app])[0] == 200
     ks.wait_app("coded")
 
+    answers = _four_at_once(f"{ks.proxy}/coded?s=2")
+    assert answers == [(200, None), (200, None), (429, "3"), (429, "3")], answers
+
+
+def _four_at_once(url: str) -> list[tuple[int, str | None]]:
+    """Four GETs of ``url`` at once: (status, Retry-After) of each, by status."""
+
     def get(_: int) -> tuple[int, str | None]:
         try:
-            with urllib.request.urlopen(f"{ks.proxy}/coded?s=2", timeout=60) as response:
+            with urllib.request.urlopen(url, timeout=60) as response:
                 return response.status, None
         except urllib.error.HTTPError as err:
             return err.code, err.headers.get("Retry-After")
 
     with ThreadPoolExecutor(4) as pool:
-        answers = sorted(pool.map(get, range(4)), key=lambda a: a[0])
-    assert answers == [(200, None), (200, None), (429, "3"), (429, "3")], answers
+        return sorted(pool.map(get, range(4)), key=lambda a: a[0])

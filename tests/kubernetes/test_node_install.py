@@ -168,9 +168,11 @@ def test_deleting_the_leading_operator_pod_under_load_fails_no_request(release: 
         # replaces it (Ready only after its first probe): wait for exactly the successor and one
         # other, the deleted one gone.
         wait_for(
-            lambda: successor in (names := {p["metadata"]["name"] for p in release.operator_pods()})
-            and leader not in names
-            and len(names) == 2,
+            lambda: (
+                successor in (names := {p["metadata"]["name"] for p in release.operator_pods()})
+                and leader not in names
+                and len(names) == 2
+            ),
             90,
             what="two operators Ready again, the successor among them",
         )

@@ -23,6 +23,7 @@ from kubeserve.backends.local.adoption import AdoptedProxy
 from kubeserve.backends.local.process_records import ProxyRecord
 from kubeserve.backends.local.replica_context import ReplicaContext
 from kubeserve.control import backoff, effective_config
+from kubeserve.control.instance import grpc_proxy_arguments
 
 ProxyStatusValue = Literal["STARTING", "HEALTHY", "UNHEALTHY", "DRAINING"]
 
@@ -70,6 +71,7 @@ class ProxyProcess:
             args += ["--keep-alive-timeout-s", str(options["keep_alive_timeout_s"])]
         if options.get("logging_config"):  # the serve config's top-level logging_config
             args += ["--logging-config", json.dumps(options["logging_config"])]
+        args += grpc_proxy_arguments(options.get("grpc_options"))  # type: ignore[arg-type]
         return args + self._ctx.request_limits.cli_args()
 
     async def _run(self, args: list[str], adopted: AdoptedProxy | None) -> None:

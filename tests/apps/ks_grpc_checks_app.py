@@ -49,8 +49,12 @@ app = Checks.bind()
 
 @serve.deployment
 class Other:
-    def Echo(self, ask):
+    async def Echo(self, ask):
         return Answer(text=f"other:{ask.text}")
+
+    async def Count(self, ask):
+        for i in range(ask.count):
+            yield Answer(text=ask.text, index=i)
 
 
 other = Other.bind()

@@ -229,9 +229,10 @@ SUPPORT: dict[str, Support] = {
     "RayActorOptionsSchema.num_cpus": works(
         "reserved from the instance's CPUs (kubeserve start --num-cpus) or as pod requests"
     ),
-    "RayActorOptionsSchema.num_gpus": partial(
-        "reserved from the instance's GPUs, or nvidia.com/gpu on Kubernetes; locally "
-        "CUDA_VISIBLE_DEVICES is not assigned per replica yet"
+    "RayActorOptionsSchema.num_gpus": works(
+        "on one machine devices are given per replica (whole ones, or a share of one: "
+        "fractions pack together) and named in its CUDA_VISIBLE_DEVICES, as Ray does; "
+        "nvidia.com/gpu on Kubernetes (the device plugin assigns them)"
     ),
     "RayActorOptionsSchema.memory": partial(
         "pod memory request and limit on Kubernetes; the replica's cgroup memory limit on one "

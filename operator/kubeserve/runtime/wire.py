@@ -246,6 +246,10 @@ class ReplicaConfig(TypedDict):
     #: The application's route prefix: an ASGI ingress sees it as ``root_path``, as in Ray Serve
     #: (absent or "/": none).
     route_prefix: NotRequired[str | None]
+    #: ``http_options.root_path``: where a reverse proxy in front, which strips it, mounts the
+    #: instance; an ASGI ingress sees it before the route prefix in ``root_path`` and before the
+    #: request's path in ``path``, as Ray's proxy (uvicorn) presents it. Absent: none.
+    http_root_path: NotRequired[str]
     #: Ray's ``logging_config`` in force for the deployment (the deployment's, else the
     #: application's; absent: the decorator's, else Ray's defaults)
     logging_config: NotRequired[dict[str, Any]]

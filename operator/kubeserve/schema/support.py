@@ -138,11 +138,10 @@ SUPPORT: dict[str, Support] = {
     # ------------------------------------------------------------------ HTTPOptionsSchema
     "HTTPOptionsSchema.host": works("fixed while the serving layer runs (409 otherwise)"),
     "HTTPOptionsSchema.port": works("fixed while the serving layer runs (409 otherwise)"),
-    "HTTPOptionsSchema.root_path": refused(
-        "serving under a path prefix added by a reverse proxy is not supported yet; give the "
-        "applications route prefixes instead",
-        None,
-        "",
+    "HTTPOptionsSchema.root_path": works(
+        "for a reverse proxy in front that strips it: routes match without it, and an ASGI "
+        "ingress sees it before the route prefix in root_path and before the path, as in Ray; "
+        "fixed while the serving layer runs (409 otherwise)"
     ),
     "HTTPOptionsSchema.request_timeout_s": works("a request over it is answered 408"),
     "HTTPOptionsSchema.keep_alive_timeout_s": works(),

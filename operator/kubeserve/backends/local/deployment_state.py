@@ -103,6 +103,7 @@ class DeploymentState:
         route_prefix: str | None = None,
         *,
         app_graph: str | None = None,
+        http_root_path: str = "",
     ) -> None:
         """``version`` covers ``import_path`` (or ``app_graph``, an imperative application's
         pickled graph, base64), ``app_args`` and ``env``: replicas of another version are
@@ -114,6 +115,7 @@ class DeploymentState:
             import_path=import_path,
             app_args=dict(app_args or {}),
             route_prefix=route_prefix,
+            http_root_path=http_root_path,
             env=env,
             app_graph=app_graph,
         )

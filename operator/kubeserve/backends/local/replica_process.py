@@ -70,6 +70,8 @@ class ReplicaSpec:
     env: PreparedEnv
     #: an imperative application's pickled graph (base64), loaded instead of ``import_path``
     app_graph: str | None = None
+    #: the instance's ``http_options.root_path`` ("" for none)
+    http_root_path: str = ""
 
 
 @dataclass(eq=False)
@@ -253,6 +255,8 @@ class ReplicaProcess:
         }
         if spec.app_graph is not None:
             replica_config["app_graph"] = spec.app_graph
+        if spec.http_root_path:
+            replica_config["http_root_path"] = spec.http_root_path
         if config.logging_config:
             replica_config["logging_config"] = dict(config.logging_config)
         if (router := wire.request_router_spec(config)) is not None:

@@ -197,7 +197,6 @@ def test_a_policy_function_of_the_driver_script_decides_the_replica_count(
     assert policy["policy_function"] == "__main__.three_replicas"
 
 
-
 def user_frame(script: Path, marker: str) -> tuple[str, str]:
     """The start of the traceback line naming ``script``'s line that ends with
     ``# marker: <marker>``, and that line's source as a traceback shows it."""

@@ -246,9 +246,11 @@ def test_an_error_awaited_by_a_suspended_handler_keeps_its_traceback() -> None:
     replica's remote tracebacks show the user's frames from them."""
 
     async def check(app: App, port: int) -> None:
-        async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://127.0.0.1:{port}/thread-error") as resp:
-                text = await resp.text()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/thread-error") as resp,
+        ):
+            text = await resp.text()
         assert "in _fail_in_a_thread\n" in text and "in _worker\n" in text, text
 
     with_server(check)

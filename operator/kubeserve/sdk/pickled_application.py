@@ -210,9 +210,7 @@ def _code_keeping_its_file(code: CodeType) -> tuple[Any, ...]:
 #: How to pickle objects that cloudpickle does not pickle as we need: code objects (their file
 #: name), and objects of the web frameworks an ingress uses that do not pickle as they are
 #: (filled from :func:`_library_reducers` once their modules are loaded).
-_LIBRARY_REDUCERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {
-    CodeType: _code_keeping_its_file
-}
+_LIBRARY_REDUCERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {CodeType: _code_keeping_its_file}
 
 
 def _library_reducers() -> dict[type, Callable[[Any], tuple[Any, ...]]]:

@@ -11,7 +11,6 @@ The admin API and the handles' connections are addressed by IP, which ``no_proxy
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 from collections.abc import Iterator

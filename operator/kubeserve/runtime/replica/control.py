@@ -23,7 +23,12 @@ from kubeserve.runtime import wire
 from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, StreamedResponse
 from kubeserve.runtime.replica.router_class import router_class_answer, routing_stats
 from kubeserve.runtime.replica.state import ReplicaState, shutting_down
-from kubeserve.runtime.replica.user_code import error_text, iterate
+from kubeserve.runtime.replica.user_code import (
+    error_text,
+    generator_not_streamed,
+    iterate,
+    not_a_generator,
+)
 from kubeserve.sdk import context
 from kubeserve.sdk.ray_errors import task_error
 
@@ -112,10 +117,7 @@ class Control:
             result = await self._state.run(method, *args, **kwargs)
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
                 result.close() if inspect.isgenerator(result) else await result.aclose()
-                raise TypeError(
-                    f"Method '{method_name}' returned a generator. You must use "
-                    "`handle.options(stream=True)` to call generators on a deployment."
-                )
+                raise generator_not_streamed(method_name)
             body = wire.encode_result(result)
         except Exception as exc:
             self._state.metrics_recorder.error("", exc)
@@ -142,10 +144,7 @@ class Control:
             if inspect.isawaitable(items):
                 items = await items
             if not (inspect.isgenerator(items) or inspect.isasyncgen(items)):
-                raise TypeError(
-                    f"Method '{method_name}' returned a non-generator ({type(items).__name__}); "
-                    "call it without `handle.options(stream=True)`."
-                )
+                raise not_a_generator(method_name)
         except Exception as exc:
             self._state.metrics_recorder.error("", exc)
             self._state.finish(started, "")

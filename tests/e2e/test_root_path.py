@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from support.common import http
+from support.common import http, wait_for
 from support.kubeserve_start import Kubeserve, running_kubeserve
 
 FASTAPI = {"name": "fastapi", "route_prefix": "/api", "import_path": "ray_fastapi_app:fastapi_app"}
@@ -46,4 +46,25 @@ def test_an_asgi_ingress_sees_the_root_path_before_its_route(tmp_path: Path) -> 
         ks.wait_app("fastapi")
         status, answer = http("GET", f"{ks.proxy}/api/state")
         assert (status, answer["root_path"]) == (200, "/other/api"), answer
+        ks.shutdown()
+
+
+def test_a_route_prefix_change_reaches_the_asgi_root_path_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    with running_kubeserve(tmp_path / "state") as ks:
+        assert ks.put([FASTAPI])[0] == 200
+        ks.wait_app("fastapi")
+        (pid,) = ks.replica_pids("fastapi", "MyFastAPIDeployment")
+        assert http("GET", f"{ks.proxy}/api/state")[1]["root_path"] == "/api"
+        assert ks.put([{**FASTAPI, "route_prefix": "/v2"}])[0] == 200
+
+        def moved() -> dict[str, Any] | None:
+            status, answer = http("GET", f"{ks.proxy}/v2/state")
+            return answer if status == 200 and answer["root_path"] == "/v2" else None
+
+        answer = wait_for(moved, 30, what="the new route, root_path following it")
+        assert answer["url"].endswith("/v2/state"), answer
+        assert ks.replica_pids("fastapi", "MyFastAPIDeployment") == [pid]  # no restart
+        assert http("GET", f"{ks.proxy}/api/state")[0] == 404
         ks.shutdown()

@@ -70,10 +70,22 @@ LOAD_PATH = "/-/load"
 AUTOSCALING_POLICY_PATH = "/-/autoscaling-policy"
 
 
-def health_answer(user_config_version: str) -> bytes:
+def health_answer(user_config_version: str, route_prefix: str = "") -> bytes:
     """A replica's answer to a health check or a reconfigure: the version of the ``user_config``
-    it applied (:func:`kubeserve.control.user_config.user_config_version`)."""
-    return json.dumps({"status": "ok", "user_config_version": user_config_version}).encode()
+    it applied (:func:`kubeserve.control.user_config.user_config_version`) and the route prefix
+    its ingress serves under (what ASGI apps see in ``root_path``; "" for none)."""
+    return json.dumps(
+        {"status": "ok", "user_config_version": user_config_version, "route_prefix": route_prefix}
+    ).encode()
+
+
+def applied_route_prefix(answer: bytes) -> str | None:
+    """The route prefix in a :func:`health_answer`; None when it names none."""
+    try:
+        prefix = json.loads(answer).get("route_prefix")
+    except (ValueError, AttributeError):
+        return None
+    return prefix if isinstance(prefix, str) else None
 
 
 def applied_user_config(answer: bytes) -> str | None:

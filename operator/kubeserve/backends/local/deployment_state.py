@@ -200,10 +200,14 @@ class DeploymentState:
         serving_current = step.serving
         if step.settled < serving_current and old:
             asyncio.get_running_loop().call_later(DISCOVERY_SETTLE_S, self._ctx.wake)
+        route = self._route_prefix()
         for replica in current:
             if (
                 replica.state == "RUNNING"
-                and needs_push(replica.applied_user_config or None, self.user_config_version)
+                and (
+                    needs_push(replica.applied_user_config or None, self.user_config_version)
+                    or replica.applied_route_prefix not in (None, route)
+                )
                 and not replica.reconfiguring
             ):
                 self._spawn(self._reconfigure(replica))
@@ -338,8 +342,14 @@ class DeploymentState:
         ):
             self.failure_streak = 0
 
+    def _route_prefix(self) -> str:
+        """The application's route prefix as replicas report it ("" for none)."""
+        return str(self.spec.route_prefix or "") if self.spec is not None else ""
+
     async def _reconfigure(self, replica: ReplicaProcess) -> None:
-        error = await replica.reconfigure(self.config.user_config, self.user_config_version)
+        error = await replica.reconfigure(
+            self.config.user_config, self.user_config_version, self._route_prefix()
+        )
         if error:
             self.last_error = error
         if not replica.healthy:

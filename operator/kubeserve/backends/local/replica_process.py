@@ -91,6 +91,8 @@ class ReplicaProcess:
     healthy: bool = True
     #: the user_config version the replica last reported applying ("" until its first answer)
     applied_user_config: str = ""
+    #: the route prefix it reported serving under (None: not heard yet)
+    applied_route_prefix: str | None = None
     reconfiguring: bool = False
     pid: int | None = None
     start_time_s: float = field(default_factory=time.time)
@@ -129,11 +131,12 @@ class ReplicaProcess:
             timeout = self.config.graceful_shutdown_timeout_s
             self._spawn(processes.terminate(self.proc, timeout))
 
-    async def reconfigure(self, user_config: Any, version: str) -> str:
-        """Push ``user_config`` (whose version is ``version``); "" when applied, else what went
-        wrong. A replica that refuses it is no longer ``healthy``."""
+    async def reconfigure(self, user_config: Any, version: str, route_prefix: str) -> str:
+        """Push ``user_config`` (whose version is ``version``) and the application's route
+        prefix; "" when applied, else what went wrong. A replica that refuses it is no longer
+        ``healthy``."""
         self.reconfiguring = True
-        body = json.dumps({"user_config": user_config}).encode()
+        body = json.dumps({"user_config": user_config, "route_prefix": route_prefix}).encode()
         try:
             status, answer = await self._internal(
                 "POST", wire.RECONFIGURE_PATH, body, _RECONFIGURE_TIMEOUT_S
@@ -147,6 +150,7 @@ class ReplicaProcess:
             self.healthy = False
             return f"reconfigure failed on {self.replica_id}: {text}"
         self.applied_user_config = wire.applied_user_config(answer) or version
+        self.applied_route_prefix = wire.applied_route_prefix(answer)
         self.context.records.applied_user_config(self.replica_id, self.applied_user_config)
         return ""
 
@@ -383,6 +387,7 @@ class ReplicaProcess:
         if status == 200:
             # What the replica applied is the replica's to say (control/user_config.py).
             self.applied_user_config = wire.applied_user_config(body) or ""
+            self.applied_route_prefix = wire.applied_route_prefix(body)
             return ""
         return f"HTTP {status}: {body[:500].decode('utf-8', 'replace')}"
 

@@ -84,6 +84,12 @@ class Ingress:
         #: calls have none
         self._route = state.config.get("route_prefix") or ""
 
+    def set_route_prefix(self, route_prefix: str) -> None:
+        """The application's route moved (no restart): what ASGI apps see in ``root_path``, and
+        the ``route`` label, follow."""
+        self._root_path = self._mount + root_path_of(route_prefix)
+        self._route = route_prefix
+
     async def handle(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
         """User traffic (a proxy's ``INGRESS`` connection): every path goes to the user's code."""
         state = self._state

@@ -9,7 +9,7 @@ from kubeserve.schema.config import LoggingConfig
 
 #: Instance options that cannot change while the serving layer runs (to change them: shut down,
 #: then deploy again).
-_IMMUTABLE_HTTP_FIELDS = ("host", "port")
+_IMMUTABLE_HTTP_FIELDS = ("host", "port", "root_path")
 #: The ``grpc_options`` a proxy is started with (its gRPC listener and the services it imports).
 _IMMUTABLE_GRPC_FIELDS = ("port", "grpc_servicer_functions", "request_timeout_s")
 

@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 SERVE_API_SERVICE = "ray.serve.RayServeAPIService"
 #: Ray's limit on status details, so that a long traceback still fits in the trailers.
 MAX_DETAILS = 4096
+#: Ray's message size limit, both ways (gRPC's own default is 4 MiB received).
+MAX_MESSAGE_BYTES = 2 * 1024 * 1024 * 1024 - 1
 #: What ``Healthz`` answers when the proxy is ready (Ray's words).
 HEALTHY_MESSAGE = "success"
 
@@ -166,7 +168,11 @@ class GrpcIngress:
     async def start(self) -> None:
         await self.client.start()
         server = grpc.aio.server(
-            options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", -1)]
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ]
         )
         for service, methods in self._handlers().items():
             server.add_generic_rpc_handlers(

@@ -258,6 +258,25 @@ def test_autoscaling_starts_at_initial_replicas_and_the_caller_may_override() ->
     assert render.render_replica_workload(instance(), app(config), view)["spec"]["replicas"] == 6
 
 
+def test_the_rollout_knobs_are_the_deployments_strategy_in_replicas() -> None:
+    def rolling(**code: Any) -> Json:
+        obj = workload(**code)
+        validate(obj)
+        assert obj["spec"]["strategy"]["type"] == "RollingUpdate"
+        return dict(obj["spec"]["strategy"]["rollingUpdate"])
+
+    # Ray's defaults: a fifth at a time, at least one (a percentage would round 0.2 of 4 to 0)
+    assert rolling(num_replicas=4) == {"maxSurge": 0, "maxUnavailable": 1}
+    assert rolling(num_replicas=10) == {"maxSurge": 0, "maxUnavailable": 2}
+    assert rolling(num_replicas=4, rolling_update_percentage=0.5) == {
+        "maxSurge": 0,
+        "maxUnavailable": 2,
+    }
+    # a surge: none unavailable, the surge rounded up
+    assert rolling(num_replicas=4, max_surge_percent=25) == {"maxSurge": 1, "maxUnavailable": 0}
+    assert rolling(num_replicas=3, max_surge_percent=10) == {"maxSurge": 1, "maxUnavailable": 0}
+
+
 def test_driver_deployment_is_a_daemonset() -> None:
     obj = workload(is_driver_deployment=True, num_replicas=3)
     assert obj["kind"] == "DaemonSet"

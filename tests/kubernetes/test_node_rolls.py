@@ -49,8 +49,7 @@ def replica_pods(node: NodeCluster, ns: str) -> list[dict[str, Any]]:
 
 def ready(pod: dict[str, Any]) -> bool:
     return not pod["metadata"].get("deletionTimestamp") and any(
-        c["type"] == "Ready" and c["status"] == "True"
-        for c in pod["status"].get("conditions", [])
+        c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", [])
     )
 
 

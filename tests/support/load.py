@@ -21,7 +21,8 @@ class Outcome:
     started: float
     ended: float
     status: int  # 0: no answer (connection refused, reset, timed out)
-    #: why there was no answer: the exception's class name (``ConnectionRefusedError``...)
+    #: why there was no answer: the exception's class name (``ConnectionRefusedError``...); for
+    #: an answer other than 200, the start of its body
     error: str = ""
 
 
@@ -64,6 +65,8 @@ class Load:
                 status = response.status
                 if status == 200:
                     assert body.decode() == request_id, (body, request_id)
+                else:
+                    error = body[:80].decode(errors="replace")
                 if response.will_close:
                     conn.close()
                     conn = None

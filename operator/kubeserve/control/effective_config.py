@@ -142,9 +142,7 @@ class EffectiveDeployment:
     def rollout(self, default: RolloutPolicy) -> RolloutPolicy:
         """How the deployment replaces its replicas, ``default`` being the backend's when the
         config sets neither knob (:meth:`RolloutPolicy.given`)."""
-        return RolloutPolicy.given(
-            self.rolling_update_percentage, self.max_surge_percent, default
-        )
+        return RolloutPolicy.given(self.rolling_update_percentage, self.max_surge_percent, default)
 
     @property
     def user_config_version(self) -> str:

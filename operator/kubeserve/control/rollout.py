@@ -8,9 +8,9 @@ Pure decisions over plain data, the same for every backend. :class:`RolloutPolic
 * **surge** ``ceil(max_surge_percent * target / 100)``: replicas of the new version may start
   beyond the target by this many (replicas being stopped do not count);
 * **unavailability**: with a surge (``max_surge_percent > 0``) none: an old replica stops only
-  once the replicas serving stay at the target without it; without one, ``rolling_update_percentage``
-  of the target (at least one) at a time: old replicas stop first, and their replacements start
-  in the room they left.
+  once the replicas serving stay at the target without it; without one,
+  ``rolling_update_percentage`` of the target (at least one) at a time: old replicas stop first,
+  and their replacements start in the room they left.
 
 The Kubernetes backend hands the two bounds to each Deployment's ``strategy.rollingUpdate``
 (:meth:`RolloutPolicy.bounds`); a backend that runs replicas itself asks :func:`rollout_step`.

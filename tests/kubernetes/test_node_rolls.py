@@ -74,7 +74,7 @@ def under_load(
     """Run ``change`` while clients send through the proxy Service at ``host``; wait for
     ``done``, keep the load a second more; returns the failed requests by kind (and prints the
     figures)."""
-    with Load(8000, clients=6, host=host, timeout_s=_REQUEST_TIMEOUT_S) as load:
+    with Load(8000, clients=12, host=host, timeout_s=_REQUEST_TIMEOUT_S) as load:
         wait_for(lambda: load.answered_since(time.monotonic() - 1) > 20, 30, what="load flowing")
         started = time.monotonic()
         change()

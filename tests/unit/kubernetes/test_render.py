@@ -244,6 +244,7 @@ def test_replica_config_names_the_pod_and_leaves_user_config_out() -> None:
         "graceful_shutdown_wait_loop_s": 2.0,
         "graceful_shutdown_timeout_s": 20.0,
         "probe_port": 8081,
+        "leave_delay_s": 2.0,
         "health_check_period_s": 10.0,
         "health_check_timeout_s": 30.0,
     }
@@ -345,9 +346,10 @@ def test_probes_follow_the_health_check_fields() -> None:
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
 
 
-def test_graceful_shutdown_timeout_is_the_grace_period() -> None:
-    assert pod(workload(graceful_shutdown_timeout_s=7.2))["terminationGracePeriodSeconds"] == 8
-    assert pod(workload())["terminationGracePeriodSeconds"] == 20
+def test_the_grace_period_covers_the_leave_delay_and_graceful_shutdown_timeout() -> None:
+    """2 s of serving on while proxies learn the pod leaves, the drain, 1 s to drop connections"""
+    assert pod(workload(graceful_shutdown_timeout_s=7.2))["terminationGracePeriodSeconds"] == 11
+    assert pod(workload())["terminationGracePeriodSeconds"] == 23
 
 
 def test_env_vars_merge_app_then_deployment_and_stay_literal() -> None:

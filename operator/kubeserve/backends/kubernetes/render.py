@@ -31,7 +31,9 @@ answers only ``GET /-/healthz`` and never runs user code (:mod:`kubeserve.runtim
 Probes point there: readiness every ``health_check_period_s`` (out of rotation on the first
 failure), liveness likewise (restart after 3 failures, as Ray replaces a replica after 3), and a
 startup probe that gives the constructor up to :data:`~.render_pod.STARTUP_TIMEOUT_S` seconds.
-``graceful_shutdown_timeout_s`` becomes ``terminationGracePeriodSeconds``. Rollouts follow Ray's
+``graceful_shutdown_timeout_s`` becomes ``terminationGracePeriodSeconds`` (plus the
+:data:`~kubeserve.runtime.kubernetes.contract.REPLICA_LEAVE_DELAY_S` a signalled replica keeps
+serving while proxies learn that it leaves, and a second for them to drop its connections). Rollouts follow Ray's
 ``rolling_update_percentage`` and ``max_surge_percent`` (:mod:`kubeserve.control.rollout`), as the
 Deployment's ``maxUnavailable`` and ``maxSurge``; by default no surge, at most 20% of the replicas
 replaced at a time (at least one), so a rollout never needs room for extra GPUs.
@@ -176,6 +178,7 @@ def replica_config_json(app: AppView, deployment: DesiredDeployment) -> str:
         "graceful_shutdown_wait_loop_s": config.graceful_shutdown_wait_loop_s,
         "graceful_shutdown_timeout_s": config.graceful_shutdown_timeout_s,
         "probe_port": PROBE_PORT,
+        "leave_delay_s": contract.REPLICA_LEAVE_DELAY_S,
         "health_check_period_s": config.health_check_period_s,
         "health_check_timeout_s": config.health_check_timeout_s,
     }
@@ -245,9 +248,8 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
     }
     if instance.report_url:  # handle calls waiting for replicas are reported to the operator
         own_env[wire.CONTROLLER_URL_ENV] = instance.report_url
-    fields: Manifest = {
-        "terminationGracePeriodSeconds": math.ceil(deployment.config.graceful_shutdown_timeout_s)
-    }
+    grace_s = deployment.config.graceful_shutdown_timeout_s + contract.REPLICA_GRACE_EXTRA_S
+    fields: Manifest = {"terminationGracePeriodSeconds": math.ceil(grace_s)}
     if selector := node_selector(options):
         fields["nodeSelector"] = selector
     account = contract.dataplane_account_name(instance.name)

@@ -33,10 +33,11 @@ failure), liveness likewise (restart after 3 failures, as Ray replaces a replica
 startup probe that gives the constructor up to :data:`~.render_pod.STARTUP_TIMEOUT_S` seconds.
 ``graceful_shutdown_timeout_s`` becomes ``terminationGracePeriodSeconds`` (plus the
 :data:`~kubeserve.runtime.kubernetes.contract.REPLICA_LEAVE_DELAY_S` a signalled replica keeps
-serving while proxies learn that it leaves, and a second for them to drop its connections). Rollouts follow Ray's
-``rolling_update_percentage`` and ``max_surge_percent`` (:mod:`kubeserve.control.rollout`), as the
-Deployment's ``maxUnavailable`` and ``maxSurge``; by default no surge, at most 20% of the replicas
-replaced at a time (at least one), so a rollout never needs room for extra GPUs.
+serving while proxies learn that it leaves, and a second for them to drop its connections).
+Rollouts follow Ray's ``rolling_update_percentage`` and ``max_surge_percent``
+(:mod:`kubeserve.control.rollout`), as the Deployment's ``maxUnavailable`` and ``maxSurge``; by
+default no surge, at most 20% of the replicas replaced at a time (at least one), so a rollout
+never needs room for extra GPUs.
 
 An application deployed with ``serve.run`` has no import path: its pickled graph is in the Secret
 :func:`~kubeserve.runtime.kubernetes.contract.pickled_graph_secret_name` (written by the admin

@@ -182,10 +182,9 @@ SUPPORT: dict[str, Support] = {
     "ServeApplicationSchema.host": works("single-application body; equals http_options.host"),
     "ServeApplicationSchema.port": works("single-application body; equals http_options.port"),
     "ServeApplicationSchema.deployments": works("overrides of the options set in code"),
-    "ServeApplicationSchema.autoscaling_policy": partial(
-        "kubeserve start: one policy for all the application's autoscaling deployments, called "
-        "with Dict[DeploymentID, AutoscalingContext]; it takes precedence over deployment-level "
-        "ones. Refused (400) on Kubernetes"
+    "ServeApplicationSchema.autoscaling_policy": works(
+        "one policy for all the application's autoscaling deployments, called with "
+        "Dict[DeploymentID, AutoscalingContext]; it takes precedence over deployment-level ones"
     ),
     "ServeApplicationSchema.args": works("passed to an application builder"),
     "ServeApplicationSchema.logging_config": works(),
@@ -231,9 +230,10 @@ SUPPORT: dict[str, Support] = {
     "RayActorOptionsSchema.num_cpus": works(
         "reserved from the instance's CPUs (kubeserve start --num-cpus) or as pod requests"
     ),
-    "RayActorOptionsSchema.num_gpus": partial(
-        "reserved from the instance's GPUs, or nvidia.com/gpu on Kubernetes; locally "
-        "CUDA_VISIBLE_DEVICES is not assigned per replica yet"
+    "RayActorOptionsSchema.num_gpus": works(
+        "on one machine devices are given per replica (whole ones, or a share of one: "
+        "fractions pack together) and named in its CUDA_VISIBLE_DEVICES, as Ray does; "
+        "nvidia.com/gpu on Kubernetes (the device plugin assigns them)"
     ),
     "RayActorOptionsSchema.memory": partial(
         "pod memory request and limit on Kubernetes; the replica's cgroup memory limit on one "
@@ -273,15 +273,14 @@ SUPPORT: dict[str, Support] = {
         )
     },
     "AutoscalingConfig.policy": works(),
-    "AutoscalingPolicy.policy_function": partial(
-        "kubeserve start: an import path, or in code the function or class, called with Ray's "
-        "AutoscalingContext in a process of the application's environment, its answer scaled, "
-        "delayed and clamped as Ray does; one that raises or answers garbage leaves the count "
-        "unchanged and says why in the deployment's message. Refused (400) on Kubernetes"
+    "AutoscalingPolicy.policy_function": works(
+        "an import path, or in code the function or class, called with Ray's AutoscalingContext "
+        "in the application's environment (kubeserve start: a process; Kubernetes: a policy "
+        "host pod of the application's image, asked by the operator), its answer scaled, "
+        "delayed and clamped as Ray does; one that raises, hangs or answers garbage leaves the "
+        "count unchanged and says why in the deployment's message"
     ),
-    "AutoscalingPolicy.policy_kwargs": partial(
-        "passed to a policy class's constructor, as in Ray (kubeserve start)"
-    ),
+    "AutoscalingPolicy.policy_kwargs": works("passed to a policy class's constructor, as in Ray"),
     # ------------------------------------------------------------------ BackpressureConfig
     "BackpressureConfig.status_code": works(),
     "BackpressureConfig.retry_after_s": works(),

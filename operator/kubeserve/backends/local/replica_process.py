@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from kubeserve.backends.local import processes
+from kubeserve.backends.local.capacity import NOSET_CUDA_ENV
 from kubeserve.backends.local.limit_enforcement import ReplicaCgroup
 from kubeserve.backends.local.process_records import ReplicaRecord
 from kubeserve.backends.local.replica_context import ReplicaContext
@@ -95,6 +96,8 @@ class ReplicaProcess:
     ready_at: float = 0.0
     #: what it holds of the instance's resources (see :class:`Capacity`), released by its owner
     claim: dict[str, float] = field(default_factory=dict)
+    #: the GPU devices it holds (its ``CUDA_VISIBLE_DEVICES``), released with its claim
+    gpus: list[str] = field(default_factory=list)
     #: holds one of the instance's start slots (until it is ready or gone)
     holds_start_slot: bool = False
     proc: processes.Child | None = None
@@ -163,6 +166,14 @@ class ReplicaProcess:
             self._free_start_slot()
             self._transition("STOPPED", reason)
 
+    def _gpu_env(self, spec: ReplicaSpec) -> dict[str, str]:
+        """``CUDA_VISIBLE_DEVICES`` naming exactly the devices given, as Ray sets it for an actor
+        holding GPUs (unless ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` says not to)."""
+        noset = spec.env.env_vars.get(NOSET_CUDA_ENV, os.environ.get(NOSET_CUDA_ENV, ""))
+        if not self.gpus or noset.strip().lower() in ("1", "true", "yes"):
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": ",".join(self.gpus)}
+
     def _free_start_slot(self) -> None:
         if self.holds_start_slot:
             self.holds_start_slot = False
@@ -177,6 +188,7 @@ class ReplicaProcess:
         ctx = self.context
         env = ctx.child_env(
             {
+                **self._gpu_env(spec),
                 **spec.env.env_vars,
                 wire.REPLICA_CONFIG_FD_ENV: str(config_fd),
                 wire.CONTROLLER_URL_ENV: ctx.controller_url,

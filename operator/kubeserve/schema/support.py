@@ -215,13 +215,14 @@ SUPPORT: dict[str, Support] = {
     "DeploymentSchema.deployment_actors": refused(
         "deployment actors are not supported: start shared helpers in the replica", None, []
     ),
-    "DeploymentSchema.rolling_update_percentage": refused(
-        "rolling updates replace replicas one start slot at a time; the batch size is not "
-        "configurable yet"
+    "DeploymentSchema.rolling_update_percentage": works(
+        "without a surge, the replicas replaced at a time (at least one); on Kubernetes the "
+        "Deployment's `maxUnavailable`. With neither knob set, `kubeserve start` starts every "
+        "new replica beside the old ones and Kubernetes uses Ray's default (0.2)"
     ),
-    "DeploymentSchema.max_surge_percent": refused(
-        "rolling updates replace replicas one start slot at a time; the surge is not "
-        "configurable yet"
+    "DeploymentSchema.max_surge_percent": works(
+        "replicas beyond the target while rolling (rounded up), none unavailable meanwhile; on "
+        "Kubernetes the Deployment's `maxSurge`, with `maxUnavailable: 0`"
     ),
     # ------------------------------------------------------------------ RayActorOptionsSchema
     "RayActorOptionsSchema.runtime_env": works("merged over the application's runtime_env"),

@@ -151,7 +151,9 @@ def test_client_certificates_required_with_ssl_ca_certs(tmp_path: Path) -> None:
         assert status == 200, body
         ks.wait_app("slow")  # the proxy is HEALTHY though its probe has no client certificate
 
-        ok = curl(ks, "--cacert", str(ca.path), "--cert", str(client.cert), "--key", str(client.key))
+        ok = curl(
+            ks, "--cacert", str(ca.path), "--cert", str(client.cert), "--key", str(client.key)
+        )
         assert ok.returncode == 0 and ok.stdout.startswith("{"), ok
         assert curl(ks, "--cacert", str(ca.path)).returncode != 0
         foreign = ("--cert", str(stranger.cert), "--key", str(stranger.key))

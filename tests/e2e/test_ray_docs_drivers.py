@@ -73,11 +73,6 @@ def run_docs_driver(ks: Kubeserve, name: str, way: str, cwd: Path) -> str:
     return result.stdout
 
 
-@pytest.mark.skipif(
-    os.environ.get("KUBESERVE_RAY_DOCS") != "1",
-    reason="three of these runs failed in a clean-clone run of the whole suite (and passed alone "
-    "and in every smaller run): set KUBESERVE_RAY_DOCS=1 to run them until the cause is found",
-)
 @pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize(
     ("script", "printed"),

@@ -65,6 +65,9 @@ REQUEST_ROUTER_PREFIX = "/-/request-router/"
 #: handle) reports ``{deployment key: requests waiting for a replica}``; the autoscaler adds them
 #: to the replicas' ongoing requests.
 LOAD_PATH = "/-/load"
+#: ``POST`` one request of :mod:`kubeserve.runtime.autoscaling_policy`'s protocol (JSON) to an
+#: application's policy host (``kubeserve policy-host``); 200 with its answer (JSON).
+AUTOSCALING_POLICY_PATH = "/-/autoscaling-policy"
 
 
 def health_answer(user_config_version: str) -> bytes:

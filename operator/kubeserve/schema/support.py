@@ -195,10 +195,9 @@ SUPPORT: dict[str, Support] = {
     "ServeApplicationSchema.host": works("single-application body; equals http_options.host"),
     "ServeApplicationSchema.port": works("single-application body; equals http_options.port"),
     "ServeApplicationSchema.deployments": works("overrides of the options set in code"),
-    "ServeApplicationSchema.autoscaling_policy": partial(
-        "kubeserve start: one policy for all the application's autoscaling deployments, called "
-        "with Dict[DeploymentID, AutoscalingContext]; it takes precedence over deployment-level "
-        "ones. Refused (400) on Kubernetes"
+    "ServeApplicationSchema.autoscaling_policy": works(
+        "one policy for all the application's autoscaling deployments, called with "
+        "Dict[DeploymentID, AutoscalingContext]; it takes precedence over deployment-level ones"
     ),
     "ServeApplicationSchema.args": works("passed to an application builder"),
     "ServeApplicationSchema.logging_config": works(),
@@ -285,15 +284,14 @@ SUPPORT: dict[str, Support] = {
         )
     },
     "AutoscalingConfig.policy": works(),
-    "AutoscalingPolicy.policy_function": partial(
-        "kubeserve start: an import path, or in code the function or class, called with Ray's "
-        "AutoscalingContext in a process of the application's environment, its answer scaled, "
-        "delayed and clamped as Ray does; one that raises or answers garbage leaves the count "
-        "unchanged and says why in the deployment's message. Refused (400) on Kubernetes"
+    "AutoscalingPolicy.policy_function": works(
+        "an import path, or in code the function or class, called with Ray's AutoscalingContext "
+        "in the application's environment (kubeserve start: a process; Kubernetes: a policy "
+        "host pod of the application's image, asked by the operator), its answer scaled, "
+        "delayed and clamped as Ray does; one that raises, hangs or answers garbage leaves the "
+        "count unchanged and says why in the deployment's message"
     ),
-    "AutoscalingPolicy.policy_kwargs": partial(
-        "passed to a policy class's constructor, as in Ray (kubeserve start)"
-    ),
+    "AutoscalingPolicy.policy_kwargs": works("passed to a policy class's constructor, as in Ray"),
     # ------------------------------------------------------------------ BackpressureConfig
     "BackpressureConfig.status_code": works(),
     "BackpressureConfig.retry_after_s": works(),

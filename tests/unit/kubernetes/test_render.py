@@ -122,6 +122,8 @@ def everything() -> list[Json]:
         render.render_build_job(inst, app()),
         render.render_build_job(inst, app(IMPERATIVE)),
         render.render_replica_workload(inst, app(IMPERATIVE), deployment(IMPERATIVE)),
+        render.render_policy_workload(inst, view),
+        render.render_policy_workload(inst, app(IMPERATIVE)),
         *render.render_dataplane_rbac(inst),
         render.render_data_plane_secret(inst, "0123456789abcdef" * 4),
         *render.render_instance_network_policies(inst, "kubeserve-system"),
@@ -158,7 +160,7 @@ def test_every_object_has_a_valid_name_labels_and_an_owner(obj: Json) -> None:
         labels[contract.NAME_LABEL] == "kubeserve"
         and labels[contract.MANAGED_BY_LABEL] == "kubeserve"
     )
-    assert labels[contract.COMPONENT_LABEL] in {"proxy", "replica", "build"}
+    assert labels[contract.COMPONENT_LABEL] in {"proxy", "replica", "build", "autoscaling-policy"}
     assert labels[contract.INSTANCE_LABEL] == "default"
     [owner] = meta["ownerReferences"]
     expected = (
@@ -679,7 +681,7 @@ def admitted(policy: Json, port: int, peer: Mapping[str, str], peer_namespace: s
 
 def test_replica_port_admits_only_the_instances_pods_and_the_operator() -> None:
     inst = instance(proxyLocation="HeadOnly", httpOptions={"port": 8000})
-    replicas, proxies = render.render_instance_network_policies(inst, "kubeserve-system")
+    replicas, proxies, _ = render.render_instance_network_policies(inst, "kubeserve-system")
     replica_pod = pod(workload())
     replica_labels = workload()["spec"]["template"]["metadata"]["labels"]
     proxy_labels = render.render_proxy(inst)[0]["spec"]["template"]["metadata"]["labels"]
@@ -720,13 +722,13 @@ def test_replica_port_admits_only_the_instances_pods_and_the_operator() -> None:
 
 def test_no_proxy_policy_without_proxies() -> None:
     inst = instance(proxyLocation="Disabled")
-    [policy] = render.render_instance_network_policies(inst, "ops")
-    assert policy["metadata"]["name"] == "default-replicas"
+    names = [p["metadata"]["name"] for p in render.render_instance_network_policies(inst, "ops")]
+    assert names == ["default-replicas", "default-autoscaling-policies"]
 
 
 def test_proxy_policy_follows_the_http_port() -> None:
     inst = instance(proxyLocation="EveryNode", httpOptions={"port": 9000})
-    _, proxies = render.render_instance_network_policies(inst, "ops")
+    _, proxies, _ = render.render_instance_network_policies(inst, "ops")
     assert proxies["metadata"]["name"] == "default-proxies"
     ports = [{"port": 9000, "protocol": "TCP"}, {"port": 8082, "protocol": "TCP"}]
     assert proxies["spec"]["ingress"] == [{"ports": ports}]
@@ -822,3 +824,68 @@ def test_a_declarative_application_mounts_no_graph() -> None:
     assert app().graph_secret is None
     for obj in (render.render_build_job(instance(), app()), workload()):
         assert "pickled-graph" not in {v["name"] for v in pod(obj)["volumes"]}
+
+
+# --------------------------------------------------------------------------- policy host
+
+
+def test_the_policy_host_runs_the_applications_code_behind_the_handshake() -> None:
+    config = app_config(
+        args={"size": 2},
+        runtime_env={"working_dir": "https://example.com/shop.zip", "env_vars": {"A": "1"}},
+    )
+    obj = render.render_policy_workload(instance(), app(config))
+    assert obj["kind"] == "Deployment"
+    assert obj["metadata"]["name"] == "shop-autoscaling-policy"
+    assert obj["metadata"]["ownerReferences"][0]["kind"] == "ServeApplication"
+    assert obj["spec"]["replicas"] == 1
+    assert obj["spec"]["strategy"] == {"type": "Recreate"}
+    spec = pod(obj)
+    assert spec["automountServiceAccountToken"] is False
+    main = main_container(obj)
+    assert main["command"] == [
+        "kubeserve",
+        "policy-host",
+        "shop",
+        "--import-path",
+        "shop.main:app",
+        "--args",
+        '{"size": 2}',
+        "--host",
+        "$(KUBESERVE_BIND_HOST)",
+        "--port",
+        "8000",
+        "--identity",
+        "$(KUBESERVE_POD_NAME)",
+    ]
+    env = {e["name"]: e for e in main["env"]}
+    assert env["KUBESERVE_DATA_PLANE_SECRET"]["valueFrom"]["secretKeyRef"]["name"]
+    assert env["A"]["value"] == "1"
+    assert main["workingDir"].endswith("/working_dir")  # fetched like the replicas' files
+    assert [c["name"] for c in spec["initContainers"]] == ["runtime-env"]
+    labels = obj["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "autoscaling-policy"
+    # who may connect: the operator only
+    [policies] = [
+        p
+        for p in render.render_instance_network_policies(instance(), "ops")
+        if p["metadata"]["name"] == "default-autoscaling-policies"
+    ]
+    operator = {"app.kubernetes.io/part-of": "kubeserve", "app.kubernetes.io/component": "operator"}
+    assert matches(policies["spec"]["podSelector"], labels)
+    assert admitted(policies, 8000, operator, "ops")
+    replica_labels = workload()["spec"]["template"]["metadata"]["labels"]
+    assert not admitted(policies, 8000, replica_labels, "serving")
+
+
+def test_new_code_restarts_the_policy_host_and_an_imperative_one_reads_its_graph() -> None:
+    before = render.render_policy_workload(instance(), app())
+    after = render.render_policy_workload(instance(), app(app_config(import_path="shop.v2:app")))
+    version = "kubeserve.io/replica-version"
+    annotations = [o["spec"]["template"]["metadata"]["annotations"] for o in (before, after)]
+    assert annotations[0][version] != annotations[1][version]
+    imperative = render.render_policy_workload(instance(), app(IMPERATIVE))
+    command = main_container(imperative)["command"]
+    assert command[3:5] == ["--pickled-file", render.PICKLED_GRAPH_FILE]
+    mounts = main_container(imperative)["volumeMounts"]
+    assert any(m["mountPath"] == contract.PICKLED_GRAPH_DIR for m in mounts)

@@ -95,6 +95,7 @@ from kubeserve.runtime.kubernetes.contract import (
     INSTANCE_ENV,
     NAMESPACE_ENV,
     POD_NAME_ENV,
+    POLICY_PORT,
     PROBE_PORT,
     REPLICA_PORT,
 )
@@ -119,6 +120,7 @@ __all__ = [
     "render_instance_network_policies",
     "render_metrics_token_secret",
     "render_network_policies",
+    "render_policy_workload",
     "render_proxy",
     "render_replica_service",
     "render_replica_workload",
@@ -136,6 +138,7 @@ BUILD_TTL_S = 3600
 #: Image pull, runtime_env fetch and import together must finish within this.
 BUILD_DEADLINE_S = 900
 _BUILD_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+_POLICY_RESOURCES = {"requests": {"cpu": "50m", "memory": "128Mi"}}
 _STARTUP_PERIOD_S = 2
 #: An imperative application's pickled graph in its build and replica pods (the mounted Secret).
 PICKLED_GRAPH_FILE = f"{contract.PICKLED_GRAPH_DIR}/{contract.PICKLED_GRAPH_KEY}"
@@ -337,8 +340,11 @@ def render_replica_service(
 def render_instance_network_policies(
     instance: InstanceView, operator_namespace: str
 ) -> list[Manifest]:
-    """:func:`~.render_proxy.render_network_policies` with the replica's ports."""
-    return render_network_policies(instance, operator_namespace, REPLICA_PORT, PROBE_PORT)
+    """:func:`~.render_proxy.render_network_policies` with the replica's and policy host's
+    ports."""
+    return render_network_policies(
+        instance, operator_namespace, REPLICA_PORT, PROBE_PORT, POLICY_PORT
+    )
 
 
 # --------------------------------------------------------------------------- builds
@@ -350,9 +356,12 @@ def _graph_mount(app: AppView) -> tuple[str, str] | None:
     return None if secret is None else (secret, contract.PICKLED_GRAPH_DIR)
 
 
-def _build_command(app: AppView) -> list[str]:
+def _builder_args(app: AppView) -> list[str]:
     args = app.config.get("args")
-    builder_args = ["--args", escape(json.dumps(args, sort_keys=True))] if args else []
+    return ["--args", escape(json.dumps(args, sort_keys=True))] if args else []
+
+
+def _build_command(app: AppView) -> list[str]:
     if app.graph_secret is not None:
         code = ["--pickled-file", PICKLED_GRAPH_FILE]
     else:
@@ -369,7 +378,7 @@ def _build_command(app: AppView) -> list[str]:
         app.cr_name,
         "--application-uid",
         app.uid,
-        *builder_args,
+        *_builder_args(app),
     ]
 
 
@@ -401,5 +410,77 @@ def render_build_job(instance: InstanceView, app: AppView) -> Manifest:
             "ttlSecondsAfterFinished": BUILD_TTL_S,
             "activeDeadlineSeconds": BUILD_DEADLINE_S,
             "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }
+
+
+# --------------------------------------------------------------------------- policy host
+
+
+def render_policy_workload(instance: InstanceView, app: AppView) -> Manifest:
+    """The Deployment of one pod answering the application's custom autoscaling policies.
+
+    Only for applications with a custom policy (the operator prunes it otherwise). It runs
+    ``kubeserve policy-host`` (:mod:`kubeserve.runtime.policy_server`) in the application's image
+    and runtime_env, with its code as the build gets it (import path and ``args``, or the
+    mounted pickled graph), behind the data-plane handshake with the pod's name as identity, as
+    a replica. Its template depends on :attr:`~.render_views.AppView.build_key` (the
+    annotation): new code restarts it, which loses ``policy_state`` as Ray's controller restart
+    does. ``Recreate``: never two hosts, so one policy state at a time. The pod needs no
+    Kubernetes API: no token is mounted.
+    """
+    image = image_for(app.runtime_env, instance.image, "runtime_env")
+    if app.graph_secret is not None:
+        code = ["--pickled-file", PICKLED_GRAPH_FILE]
+    else:
+        code = ["--import-path", escape(str(app.config["import_path"]))]
+    command = [
+        "kubeserve",
+        "policy-host",
+        escape(app.app_name),
+        *code,
+        *_builder_args(app),
+        "--host",
+        f"$({BIND_HOST_ENV})",
+        "--port",
+        str(POLICY_PORT),
+        "--identity",
+        f"$({POD_NAME_ENV})",
+    ]
+    main = container("policy-host", image, instance.image_pull_policy, command, [])
+    main |= {
+        "ports": [{"name": "policy", "containerPort": POLICY_PORT, "protocol": "TCP"}],
+        "resources": _POLICY_RESOURCES,
+    }
+    own_env = {APPLICATION_ENV: app.cr_name, INSTANCE_ENV: instance.name}
+    pod = user_pod_spec(
+        main,
+        app.runtime_env,
+        own_env,
+        contract.dataplane_account_name(instance.name),
+        field="runtime_env",
+        refs=[data_plane_secret_env(instance.name)],
+        secret_mount=_graph_mount(app),
+        automountServiceAccountToken=False,
+    )
+    component = contract.COMPONENT_POLICY
+    labels = contract.common_labels(component, instance.name, app.cr_name)
+    selector = contract.selector_labels(component, application=app.cr_name)
+    version = {contract.VERSION_ANNOTATION: app.build_key}
+    name = contract.policy_workload_name(app.cr_name)
+    annotations = {contract.APPLICATION_NAME_ANNOTATION: app.app_name, **version}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(name, app.namespace, labels, app.owner(), **annotations),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": selector},
+            "strategy": {"type": "Recreate"},
+            "revisionHistoryLimit": 3,
+            "template": {
+                "metadata": {"labels": labels, "annotations": version},
+                "spec": pod,
+            },
         },
     }

@@ -275,7 +275,11 @@ def _policy(instance: InstanceView, component: str, ingress: list[Manifest]) -> 
 
 
 def render_network_policies(
-    instance: InstanceView, operator_namespace: str, replica_port: int, probe_port: int
+    instance: InstanceView,
+    operator_namespace: str,
+    replica_port: int,
+    probe_port: int,
+    policy_port: int,
 ) -> list[Manifest]:
     """Who may connect to the instance's pods (ingress only; enforced by the cluster's network
     plugin, where it enforces NetworkPolicies).
@@ -288,6 +292,8 @@ def render_network_policies(
       anywhere, for kubelets; the metrics port from anywhere, for Prometheus (it needs the
       metrics token); nothing else. The handshake already refuses strangers: this keeps them from
       even connecting.
+    * ``<inst>-autoscaling-policies``: the policy hosts' port (``policy_port``) only from the
+      operator's pods, the one caller of custom autoscaling policies.
     * ``<inst>-proxies`` (when proxies run): the proxy's HTTP port and its metrics port from
       anywhere.
     """
@@ -319,12 +325,17 @@ def render_network_policies(
             {"ports": [{"port": contract.METRICS_PORT, "protocol": "TCP"}]},
         ],
     )
+    policies = _policy(
+        instance,
+        contract.COMPONENT_POLICY,
+        [{"ports": [{"port": policy_port, "protocol": "TCP"}], "from": [operator]}],
+    )
     if instance.proxy_location is ProxyLocation.DISABLED:
-        return [replicas]
+        return [replicas, policies]
     port = int(instance.http_options.port)
     open_ports = [
         {"port": port, "protocol": "TCP"},
         {"port": contract.METRICS_PORT, "protocol": "TCP"},
     ]
     proxies = _policy(instance, contract.COMPONENT_PROXY, [{"ports": open_ports}])
-    return [replicas, proxies]
+    return [replicas, proxies, policies]

@@ -9,12 +9,13 @@ the cluster converges afterwards (a change made then reaches Ready).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import time
 from dataclasses import dataclass, field
 
-from support.common import wait_for
+from support.common import http, wait_for
 from support.k8s_operator import (
     KUBESERVE_IMAGE,
     OperatorProcess,
@@ -79,6 +80,8 @@ class Traffic:
     clients: int = 4
     outcomes: list[tuple[float, float, bool]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
+    #: why each failed request failed (status and body, or the exception)
+    failures: list[str] = field(default_factory=list)
 
     def __enter__(self) -> Traffic:
         self.threads = [threading.Thread(target=self._client) for _ in range(self.clients)]
@@ -94,8 +97,14 @@ class Traffic:
     def _client(self) -> None:
         while not self.stop.is_set():
             started = time.monotonic()
-            ok = text_answer(self.url) == "hello, world\n"
-            self.outcomes.append((started, time.monotonic(), ok))  # list.append: atomic
+            try:
+                status, body = http("GET", self.url)
+                why = "" if (status, body) == (200, "hello, world\n") else f"{status}: {body!r}"
+            except OSError as exc:
+                why = f"{type(exc).__name__}: {exc}"
+            self.outcomes.append((started, time.monotonic(), not why))  # list.append: atomic
+            if why:
+                self.failures.append(why[:200])
 
     def during(self, start: float, end: float) -> tuple[int, int, float]:
         """Requests sent in [start, end]: how many, how many failed, the longest time without
@@ -151,7 +160,8 @@ def test_the_data_plane_serves_through_control_plane_outages(
     for name, (sent, failed, gap) in report.items():
         print(f"{name}: {sent} sent, {failed} failed, longest gap {gap:.2f} s")
     assert all(sent > 20 for sent, _, _ in report.values()), report
-    assert {name: failed for name, (_, failed, _) in report.items()} == dict.fromkeys(faults, 0)
+    failed = {name: failed for name, (_, failed, _) in report.items()}
+    assert failed == dict.fromkeys(faults, 0), (failed, collections.Counter(traffic.failures))
     # Everything converges afterwards: a change made now reaches Ready.
     node.apply(
         [

@@ -144,9 +144,26 @@ class Kubeserve:
             found = wait_for(ready, timeout_s, what=f"application {name!r} to be {status}")
             if status == "RUNNING":  # tests go on to send traffic: the proxy must be up too
                 self.wait_proxy()
+                self.wait_routed(name, found.get("route_prefix"))
             return found
         except AssertionError as err:
             raise AssertionError(f"{err}\napp={self.app(name)}\nlog={self.log()}") from None
+
+    def wait_routed(self, app: str, route_prefix: str | None) -> None:
+        """Until the proxy's ``/-/routes`` lists ``app`` at ``route_prefix`` (it learns routes by
+        long-poll, a moment after the controller reports the application RUNNING, as Ray's
+        proxies do)."""
+        if route_prefix is None:
+            return
+
+        def routed() -> bool:
+            try:
+                status, routes = http("GET", f"{self.proxy}/-/routes", timeout=5)
+            except OSError:
+                return False
+            return status == 200 and isinstance(routes, dict) and routes.get(route_prefix) == app
+
+        wait_for(routed, 30, what=f"the proxy to route {route_prefix} to {app!r}")
 
     def wait_proxy(self) -> None:
         def healthy() -> bool:

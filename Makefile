@@ -72,7 +72,9 @@ $(K8S_NODE_BIN)/.stamp:
 $(COREDNS):
 	sh tests/kubernetes/build_coredns.sh $(COREDNS_VERSION) $(dir $(COREDNS))
 
-node-images: node-packages
+node-images: node-packages venv
+	@# the test applications' gRPC modules (tests/apps/*_pb2*.py) go into the tests' image too
+	$(BIN)/python -c "from support.grpc_protos import ensure_generated; ensure_generated()"
 	sh tests/kubernetes/node/build_images.sh $(NODE_IMAGES) .
 
 ## The kubernetes tier's tests on the real node (as root; about 2 minutes once `make k8s-node` has run).

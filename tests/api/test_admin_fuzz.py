@@ -124,5 +124,7 @@ def test_admin_api_fuzz(
 def test_fuzz_stayed_in_its_sandbox(fuzzed: Kubeserve) -> None:
     """Runs after the fuzz (file order): no proxy ever tried another address than this test's."""
     log = (fuzzed.state_dir / "logs" / "proxy.log").read_text()
-    addresses = set(re.findall(r"(?:listening on|bind on address) \(?'?([^\s)]+)", log))
+    addresses = set(
+        re.findall(r"(?:listening on|bind on address) \(?'?(?:https?://)?([^\s)]+)", log)
+    )
     assert addresses and addresses <= {f"127.0.0.1:{fuzzed.proxy_port}"}, addresses

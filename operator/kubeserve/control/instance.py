@@ -20,6 +20,8 @@ _IMMUTABLE_HTTP_FIELDS = (
     "ssl_keyfile_password",
     "ssl_ca_certs",
 )
+#: The ``grpc_options`` a proxy is started with (its gRPC listener and the services it imports).
+_IMMUTABLE_GRPC_FIELDS = ("port", "grpc_servicer_functions", "request_timeout_s")
 
 
 def proxy_logging_config(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -49,6 +51,15 @@ def immutable_option_conflict(
                 f"http_options.{field} of a running serving layer cannot change{change}: "
                 "DELETE it first, then PUT the new config"
             )
+    old_grpc = running.get("grpc_options") or {}
+    new_grpc = requested.get("grpc_options") or {}
+    for field in _IMMUTABLE_GRPC_FIELDS:
+        if old_grpc.get(field) != new_grpc.get(field):
+            return (
+                f"grpc_options.{field} of a running serving layer cannot change "
+                f"({old_grpc.get(field)!r} -> {new_grpc.get(field)!r}): "
+                "DELETE it first, then PUT the new config"
+            )
     if proxy_logging_config(running) != proxy_logging_config(requested):
         return (
             "logging_config of a running serving layer (its proxy's logging) cannot change: "
@@ -56,6 +67,21 @@ def immutable_option_conflict(
             "logging_config can change at any time"
         )
     return None
+
+
+def grpc_proxy_arguments(grpc_options: Mapping[str, Any] | None) -> list[str]:
+    """The proxy's command-line arguments for ``grpc_options``: none without servicer functions
+    (Ray starts no gRPC server then either)."""
+    grpc = grpc_options or {}
+    functions = [str(f) for f in grpc.get("grpc_servicer_functions") or ()]
+    if not functions:
+        return []
+    args = ["--grpc-port", str(int(grpc.get("port", 9000)))]
+    for function in functions:
+        args += ["--grpc-servicer-function", function]
+    if grpc.get("request_timeout_s") is not None:
+        args += ["--grpc-request-timeout-s", str(grpc["request_timeout_s"])]
+    return args
 
 
 #: Where TLS comes from on Kubernetes, instead of ``http_options.ssl_*`` paths.

@@ -145,6 +145,11 @@ class HandleClient:
     def apply(self, snapshot: Snapshot) -> None:
         """Install a discovery snapshot (routes are a proxy concern; handles need replicas only)."""
         self.router.update(snapshot["deployments"])
+        self.forget_gone(snapshot)
+
+    def forget_gone(self, snapshot: Snapshot) -> None:
+        """Close the pools of replicas ``snapshot`` no longer has (when the router is shared,
+        its owner updates it)."""
         live = {ep["replica_id"] for d in snapshot["deployments"].values() for ep in d["replicas"]}
         for replica_id in [rid for rid in self._pools if rid not in live]:
             self._pools.pop(replica_id).close()
@@ -175,8 +180,13 @@ class HandleClient:
         kwargs: dict[str, Any],
         *,
         model_id: str = "",
+        options: dict[str, Any] | None = None,
     ) -> Any:
-        key, replica, payload = await self._begin(app, deployment, method, args, kwargs, model_id)
+        """``options``: more of what the call carries besides its arguments (a gRPC call's
+        context: :mod:`kubeserve.runtime.replica.grpc_call`)."""
+        key, replica, payload = await self._begin(
+            app, deployment, method, args, kwargs, model_id, options
+        )
         attempt = 1
         busy_wait = _BUSY_FIRST_WAIT_S
         deadline = (
@@ -235,6 +245,7 @@ class HandleClient:
         kwargs: dict[str, Any],
         *,
         model_id: str = "",
+        options: dict[str, Any] | None = None,
     ) -> AsyncIterator[Any]:
         """A streamed call of a generator method: its items as the replica yields them.
 
@@ -242,7 +253,9 @@ class HandleClient:
         which closes the connection and so the replica's generator). It runs on a connection of
         its own, closed afterwards: a stream's end is not worth a keep-alive.
         """
-        key, replica, payload = await self._begin(app, deployment, method, args, kwargs, model_id)
+        key, replica, payload = await self._begin(
+            app, deployment, method, args, kwargs, model_id, options
+        )
         conn: _StreamConnection | None = None
         try:
             opening: Awaitable[_StreamConnection] = connect(
@@ -285,13 +298,14 @@ class HandleClient:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         model_id: str,
+        options: dict[str, Any] | None = None,
     ) -> tuple[str, RoutedReplica, bytes]:
         """A call's deployment key, the replica slot it holds (release it!) and its body."""
         if not self._started:
             raise RuntimeError("HandleClient call before start()")
         key = deployment_key(app, deployment)
         # Encoded first: arguments that cannot be pickled must not leave a slot taken.
-        payload = encode_call(args, kwargs, _call_options(model_id))
+        payload = encode_call(args, kwargs, _call_options(model_id, options))
         # Fast path: a free slot needs no waiter future and no timer.
         replica = self.router.try_assign(key, None, model_id) or await self._assign(
             key, model_id=model_id, call=(method, args, kwargs)
@@ -535,10 +549,11 @@ def remote_error(error: Any, what: str) -> BaseException:
     return RuntimeError(f"{what} failed: {error!r}")
 
 
-def _call_options(model_id: str) -> dict[str, str] | None:
+def _call_options(model_id: str, extra: dict[str, Any] | None) -> dict[str, Any] | None:
     """What a call carries besides its arguments: the multiplexed model, and the id of the
-    request being served here, so the callee's log records name the request that caused them."""
-    options: dict[str, str] = {}
+    request being served here, so the callee's log records name the request that caused them
+    (and ``extra``)."""
+    options: dict[str, Any] = dict(extra) if extra else {}
     if model_id:
         options["model_id"] = model_id
     current = context.request_context.get()

@@ -163,15 +163,17 @@ SUPPORT: dict[str, Support] = {
     "HTTPOptionsSchema.keep_alive_timeout_s": works(),
     **{f"HTTPOptionsSchema.{field}": support for field, support in _TLS.items()},
     # ------------------------------------------------------------------ gRPCOptionsSchema
-    "gRPCOptionsSchema.grpc_servicer_functions": refused(
-        "the gRPC proxy is not supported: serve the application over HTTP", None, []
+    "gRPCOptionsSchema.grpc_servicer_functions": partial(
+        "unary and server-streaming methods; client-streaming and bidirectional ones are "
+        "answered UNIMPLEMENTED. The servicer modules must be importable by the proxy (where "
+        "`kubeserve start` runs, or in the proxy's image); fixed while the serving layer runs"
     ),
-    "gRPCOptionsSchema.port": inert("Ray starts a gRPC proxy only with servicer functions"),
-    "gRPCOptionsSchema.request_timeout_s": inert(
-        "Ray starts a gRPC proxy only with servicer functions"
+    "gRPCOptionsSchema.port": works("fixed while the serving layer runs (409 otherwise)"),
+    "gRPCOptionsSchema.request_timeout_s": works(
+        "a call over it ends DEADLINE_EXCEEDED; fixed while the serving layer runs"
     ),
     "gRPCOptionsSchema.enable_reflection": inert(
-        "Ray starts a gRPC proxy only with servicer functions"
+        "the proxy does not answer the gRPC reflection service: give grpcurl the .proto files"
     ),
     # ------------------------------------------------------------------ ControllerOptions
     "ControllerOptions.runtime_env": refused(

@@ -11,7 +11,11 @@ from kubeserve.control.effective_config import (
     graph_configs,
     replica_version,
 )
-from kubeserve.control.instance import app_route_prefix, immutable_option_conflict
+from kubeserve.control.instance import (
+    app_route_prefix,
+    grpc_proxy_arguments,
+    immutable_option_conflict,
+)
 from kubeserve.schema.config import DeploymentSchema
 
 #: Ray 2.60's autoscaling defaults, as an effective ``autoscaling_config`` spells them.
@@ -178,6 +182,30 @@ def test_host_and_port_of_a_running_instance_are_immutable() -> None:
     moved = {"http_options": {"host": "127.0.0.1", "port": 8001}}
     message = immutable_option_conflict(running, moved)
     assert message is not None and "port" in message and "DELETE" in message
+
+
+def test_grpc_options_of_a_running_instance_are_immutable() -> None:
+    running = {"grpc_options": {"port": 9000, "grpc_servicer_functions": []}}
+    assert immutable_option_conflict(running, running) is None
+    serving = {"grpc_options": {"port": 9000, "grpc_servicer_functions": ["m.add_S_to_server"]}}
+    message = immutable_option_conflict(running, serving)
+    assert message is not None and "grpc_options.grpc_servicer_functions" in message
+
+
+def test_the_proxy_serves_grpc_only_with_servicer_functions() -> None:
+    assert grpc_proxy_arguments(None) == []
+    assert grpc_proxy_arguments({"port": 9001, "grpc_servicer_functions": []}) == []
+    options = {"port": 9001, "grpc_servicer_functions": ["a.f", "b.g"], "request_timeout_s": 2}
+    assert grpc_proxy_arguments(options) == [
+        "--grpc-port",
+        "9001",
+        "--grpc-servicer-function",
+        "a.f",
+        "--grpc-servicer-function",
+        "b.g",
+        "--grpc-request-timeout-s",
+        "2",
+    ]
 
 
 def test_app_route_prefix_precedence() -> None:

@@ -30,6 +30,9 @@ Json = dict[str, Any]
 # --------------------------------------------------------------------------- builders
 
 
+GRPC_OPTIONS = {"port": 9001, "grpcServicerFunctions": ["protos_pb2_grpc.add_S_to_server"]}
+
+
 def instance(**spec: Any) -> render.InstanceView:
     return render.instance_view(
         {"metadata": {"name": "default", "namespace": "serving", "uid": "uid-inst"}, "spec": spec}
@@ -130,6 +133,10 @@ def everything() -> list[Json]:
         *render.render_proxy(inst),
         *render.render_proxy(
             instance(proxyLocation="EveryNode", httpOptions={"port": 8080, "requestTimeoutS": 5})
+        ),
+        *render.render_proxy(instance(grpcOptions=GRPC_OPTIONS)),
+        *render.render_instance_network_policies(
+            instance(grpcOptions=GRPC_OPTIONS), "kubeserve-system"
         ),
     ]
     return objects
@@ -546,6 +553,35 @@ def test_proxies_per_location(location: str, kind: str) -> None:
         {"name": "http", "port": 8080, "targetPort": 8080, "protocol": "TCP"}
     ]
     assert service["spec"]["selector"] == proxy["spec"]["selector"]["matchLabels"]
+
+
+def test_a_proxy_serving_grpc_has_a_grpc_port_on_its_service() -> None:
+    inst = instance(proxyLocation="HeadOnly", grpcOptions=GRPC_OPTIONS)
+    proxy, service = render.render_proxy(inst)
+    command = main_container(proxy)["command"]
+    at = command.index("--grpc-port")
+    assert command[at : at + 4] == [
+        "--grpc-port",
+        "9001",
+        "--grpc-servicer-function",
+        "protos_pb2_grpc.add_S_to_server",
+    ]
+    ports = main_container(proxy)["ports"]
+    assert {"name": "grpc", "containerPort": 9001, "protocol": "TCP"} in ports
+    assert service["spec"]["ports"][1] == {
+        "name": "grpc",
+        "port": 9001,
+        "targetPort": 9001,
+        "protocol": "TCP",
+        "appProtocol": "kubernetes.io/h2c",
+    }
+    policies = render.render_instance_network_policies(inst, "kubeserve-system")
+    (proxies,) = [p for p in policies if p["metadata"]["name"].endswith("-proxies")]
+    assert {"port": 9001, "protocol": "TCP"} in proxies["spec"]["ingress"][0]["ports"]
+    # No servicer functions, no gRPC server (as in Ray): no port either.
+    plain = instance(proxyLocation="HeadOnly", grpcOptions={"port": 9001})
+    _, service = render.render_proxy(plain)
+    assert [p["name"] for p in service["spec"]["ports"]] == ["http"]
 
 
 def test_proxy_default_location_is_every_node_on_port_8000() -> None:

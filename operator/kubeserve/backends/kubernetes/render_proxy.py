@@ -37,6 +37,7 @@ from kubeserve.backends.kubernetes.render_pod import (
     pod_spec,
 )
 from kubeserve.backends.kubernetes.render_views import InstanceView
+from kubeserve.control.instance import grpc_proxy_arguments
 from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.contract import (
@@ -96,7 +97,14 @@ def _proxy_command(instance: InstanceView) -> list[str]:
         command += ["--ssl-certfile", f"{TLS_DIR}/tls.crt", "--ssl-keyfile", f"{TLS_DIR}/tls.key"]
         if instance.tls.require_client_certificates:
             command += ["--ssl-ca-certs", f"{TLS_DIR}/ca.crt"]
+    command += grpc_proxy_arguments(instance.grpc_options)
     return [*command, "--keep-alive-timeout-s", str(int(http.keep_alive_timeout_s))]
+
+
+def _grpc_port(instance: InstanceView) -> int | None:
+    """The port the proxies serve gRPC on, when they do (servicer functions are given)."""
+    arguments = grpc_proxy_arguments(instance.grpc_options)
+    return int(arguments[1]) if arguments else None
 
 
 def _probe(instance: InstanceView, port: int) -> Manifest:
@@ -119,11 +127,15 @@ def _proxy_container(instance: InstanceView) -> Manifest:
     if instance.tls is not None:
         spec["volumeMounts"] = [{"name": _TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True}]
     probe = _probe(instance, port)
+    ports = [
+        {"name": "http", "containerPort": port, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": contract.METRICS_PORT, "protocol": "TCP"},
+    ]
+    grpc_port = _grpc_port(instance)
+    if grpc_port is not None:
+        ports.append({"name": "grpc", "containerPort": grpc_port, "protocol": "TCP"})
     return spec | {
-        "ports": [
-            {"name": "http", "containerPort": port, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": contract.METRICS_PORT, "protocol": "TCP"},
-        ],
+        "ports": ports,
         "resources": _PROXY_RESOURCES,
         "readinessProbe": {**probe, "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 2},
         "livenessProbe": {**probe, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
@@ -167,6 +179,18 @@ def render_proxy(instance: InstanceView) -> list[Manifest]:
         "spec": spec,
     }
     port = int(instance.http_options.port)
+    ports: list[Manifest] = [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}]
+    grpc_port = _grpc_port(instance)
+    if grpc_port is not None:  # plain-text HTTP/2: gRPC without TLS
+        ports.append(
+            {
+                "name": "grpc",
+                "port": grpc_port,
+                "targetPort": grpc_port,
+                "protocol": "TCP",
+                "appProtocol": "kubernetes.io/h2c",
+            }
+        )
     service = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -174,7 +198,7 @@ def render_proxy(instance: InstanceView) -> list[Manifest]:
         "spec": {
             "type": "ClusterIP",
             "selector": selector,
-            "ports": [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}],
+            "ports": ports,
         },
     }
     return [workload, service]
@@ -296,8 +320,8 @@ def render_network_policies(
       even connecting.
     * ``<inst>-autoscaling-policies``: the policy hosts' port (``policy_port``) only from the
       operator's pods, the one caller of custom autoscaling policies.
-    * ``<inst>-proxies`` (when proxies run): the proxy's HTTP port and its metrics port from
-      anywhere.
+    * ``<inst>-proxies`` (when proxies run): the proxy's HTTP port, its gRPC port (when it
+      serves gRPC) and its metrics port from anywhere.
     """
     peers = {
         "podSelector": {
@@ -339,5 +363,8 @@ def render_network_policies(
         {"port": port, "protocol": "TCP"},
         {"port": contract.METRICS_PORT, "protocol": "TCP"},
     ]
+    grpc_port = _grpc_port(instance)
+    if grpc_port is not None:
+        open_ports.append({"port": grpc_port, "protocol": "TCP"})
     proxies = _policy(instance, contract.COMPONENT_PROXY, [{"ports": open_ports}])
     return [replicas, proxies, policies]

@@ -72,6 +72,11 @@ class InstanceView:
         return None if value is None else dict(value)
 
     @property
+    def grpc_options(self) -> dict[str, Any]:
+        """The serve config's ``grpc_options`` (REST spelling), ``{}`` when not given."""
+        return dict(self.spec.rest_options().get("grpc_options") or {})
+
+    @property
     def image_pull_policy(self) -> str | None:
         return self.spec.image_pull_policy
 

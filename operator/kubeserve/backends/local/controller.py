@@ -385,7 +385,11 @@ class Controller:
             return
         assert desired is not None
         http = desired.options.get("http_options") or {}
-        options = {**http, "logging_config": desired.options.get("logging_config")}
+        options = {
+            **http,
+            "logging_config": desired.options.get("logging_config"),
+            "grpc_options": desired.options.get("grpc_options") or {},
+        }
         self._proxy.reconcile(
             str(http.get("host", "0.0.0.0")), int(http.get("port", 8000)), options
         )

@@ -24,6 +24,7 @@ from kubeserve.backends.local.adoption import AdoptedProxy
 from kubeserve.backends.local.process_records import ProxyRecord
 from kubeserve.backends.local.replica_context import ReplicaContext
 from kubeserve.control import backoff, effective_config
+from kubeserve.control.instance import grpc_proxy_arguments
 from kubeserve.runtime.tls import PASSWORD_ENV, TLSFiles
 
 ProxyStatusValue = Literal["STARTING", "HEALTHY", "UNHEALTHY", "DRAINING"]
@@ -80,6 +81,7 @@ class ProxyProcess:
             args += ["--ssl-keyfile", os.path.abspath(self._tls.keyfile)]
             if self._tls.ca_certs:
                 args += ["--ssl-ca-certs", os.path.abspath(self._tls.ca_certs)]
+        args += grpc_proxy_arguments(options.get("grpc_options"))  # type: ignore[arg-type]
         return args + self._ctx.request_limits.cli_args()
 
     async def _run(self, args: list[str], adopted: AdoptedProxy | None) -> None:

@@ -66,6 +66,16 @@ def main(
     parser.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--ssl-keyfile", help=f"its key (PEM); a password in ${PASSWORD_ENV}")
     parser.add_argument("--ssl-ca-certs", help="require client certificates this CA signed")
+    parser.add_argument(
+        "--grpc-port", type=int, default=9000, help="grpc_options.port (with servicer functions)"
+    )
+    parser.add_argument(
+        "--grpc-servicer-function",
+        action="append",
+        default=[],
+        help="grpc_options.grpc_servicer_functions, one per flag: serve gRPC too",
+    )
+    parser.add_argument("--grpc-request-timeout-s", type=float, default=None)
     add_limit_arguments(parser)
     args = parser.parse_args(argv)
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
@@ -92,6 +102,17 @@ def main(
         limits = limits_from_arguments(args)
     except ValueError as exc:
         parser.error(str(exc))
+    grpc = None
+    if args.grpc_servicer_function:
+        from kubeserve.runtime.proxy.grpc_ingress import GrpcOptions, load_services
+
+        options = GrpcOptions(
+            args.grpc_port, tuple(args.grpc_servicer_function), args.grpc_request_timeout_s
+        )
+        try:  # the user's modules must be importable here, as in Ray's proxy
+            grpc = (options, load_services(options.servicer_functions))
+        except Exception as exc:
+            parser.error(f"cannot serve gRPC: {type(exc).__name__}: {exc}")
 
     async def run() -> None:
         task = asyncio.current_task()
@@ -113,6 +134,7 @@ def main(
                 source=chosen.source() if chosen is not None else None,
                 scope=chosen.scope if chosen is not None else None,
                 metrics_port=metrics_port,
+                grpc=grpc,
                 tls=tls,
             )
 

@@ -7,6 +7,7 @@ import logging
 import resource
 import socket
 import time
+from typing import TYPE_CHECKING, Any
 
 from kubeserve.runtime.discovery import EndpointSource
 from kubeserve.runtime.limits import RequestLimits
@@ -16,6 +17,10 @@ from kubeserve.runtime.metrics_listener import start_metrics_listener
 from kubeserve.runtime.proxy.client import ClientConnection
 from kubeserve.runtime.proxy.state import ProxyState
 from kubeserve.runtime.tls import ReloadingContext, TLSFiles, wait_for_files
+from kubeserve.runtime.wire import Snapshot
+
+if TYPE_CHECKING:
+    from kubeserve.runtime.proxy.grpc_ingress import GrpcIngress, GrpcOptions
 
 __all__ = ["ProxyServer", "serve_proxy"]
 
@@ -38,13 +43,16 @@ class ProxyServer:
         source: EndpointSource | None = None,
         scope: str | None = None,
         listen_fd: int | None = None,
+        grpc: tuple[GrpcOptions, dict[str, Any]] | None = None,
         tls: TLSFiles | None = None,
     ) -> None:
         """``scope``: the ``namespace/instance`` the proxy's load reports name (in a cluster);
         ``tls``: serve HTTPS with these files (reloaded when they change, see
         :mod:`~kubeserve.runtime.tls`), plain HTTP when ``None``;
         ``listen_fd``: an inherited socket already listening on ``host:port`` (``kubeserve
-        start`` keeps it open across proxy restarts)."""
+        start`` keeps it open across proxy restarts); ``grpc``: the gRPC options and the
+        services their servicer functions registered (:func:`~.grpc_ingress.load_services`),
+        when the proxy also serves gRPC."""
         self.host = host
         self.port = port
         self.listen_fd = listen_fd
@@ -64,6 +72,8 @@ class ProxyServer:
         self.max_connections = self.state.limits.max_connections
         self.refused_connections = 0
         self._refusal_logged = -60.0
+        self._grpc = grpc
+        self.grpc: GrpcIngress | None = None
 
     async def start(self) -> None:
         """Listen, wait (briefly) for the first snapshot, then accept; ``port=0`` picks a free
@@ -99,8 +109,32 @@ class ProxyServer:
         self.state.sweeper.start()
         if self.load_reporter is not None:
             self.load_reporter.start()
-        await self.source.start(self.state.apply)
+        if self._grpc is None:
+            await self.source.start(self.state.apply)
+        else:
+            self.grpc = self._grpc_ingress(*self._grpc)
+            await self.source.start(self._apply_both)
+            await self.grpc.start()
         await self._server.start_serving()
+
+    def _apply_both(self, snapshot: Snapshot) -> None:
+        self.state.apply(snapshot)
+        assert self.grpc is not None
+        self.grpc.apply(snapshot)
+
+    def _grpc_ingress(self, options: GrpcOptions, services: dict[str, Any]) -> GrpcIngress:
+        """The gRPC listener: a server of its own, so the HTTP path is untouched by it (and an
+        HTTP-only proxy never imports grpcio)."""
+        from kubeserve.runtime.proxy.grpc_ingress import GrpcIngress
+
+        return GrpcIngress(
+            self.host,
+            options,
+            services,
+            secret=self.state.secret,
+            router=self.state.router,
+            access_log=self.state.access_log,
+        )
 
     def _accept(self) -> asyncio.Protocol:
         """A new client connection, or the 503 of one over ``max_connections``."""
@@ -119,6 +153,9 @@ class ProxyServer:
         return _Refusal()
 
     async def close(self) -> None:
+        if self.grpc is not None:
+            await self.grpc.close()
+            self.grpc = None
         if self._server is not None:
             self._server.close()
         self.state.close()
@@ -176,6 +213,7 @@ async def serve_proxy(
     scope: str | None = None,
     metrics_port: int | None = None,
     listen_fd: int | None = None,
+    grpc: tuple[GrpcOptions, dict[str, Any]] | None = None,
     tls: TLSFiles | None = None,
 ) -> None:
     """Run a proxy until cancelled (``main`` cancels it on SIGTERM/SIGINT).
@@ -197,11 +235,14 @@ async def serve_proxy(
         scope=scope,
         listen_fd=listen_fd,
         tls=tls,
+        grpc=grpc,
     )
     server.state.access_log = access_log
     await server.start()
     scheme = "https" if tls is not None else "http"
     log.info("kubeserve proxy listening on %s://%s:%d", scheme, host, server.port)
+    if server.grpc is not None:
+        log.info("kubeserve proxy serving gRPC on port %d", server.grpc.port)
     metrics_listener = await start_metrics_listener(host, metrics_port, secret)
     try:
         await asyncio.Event().wait()

@@ -20,6 +20,7 @@ from typing import Any
 
 from kubeserve.control.user_config import user_config_version
 from kubeserve.runtime import wire
+from kubeserve.runtime.replica.grpc_call import grpc_answer, grpc_arguments, grpc_error
 from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, StreamedResponse
 from kubeserve.runtime.replica.router_class import router_class_answer, routing_stats
 from kubeserve.runtime.replica.state import ReplicaState, shutting_down
@@ -102,9 +103,10 @@ class Control:
 
     def _handle_call(
         self, request: HttpRequest, method_name: str
-    ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str] | HttpResponse:
-        """The method, arguments and multiplexed model id of a handle call (its options entered
-        into the request context), or the answer refusing it."""
+    ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str, Any] | HttpResponse:
+        """The method, arguments, multiplexed model id and gRPC context (None unless the gRPC
+        proxy makes the call) of a handle call (its options entered into the request context),
+        or the answer refusing it."""
         method = self._state.user.method(method_name)
         if method is None:
             return HttpResponse(
@@ -114,20 +116,24 @@ class Control:
             args, kwargs, options = wire.decode_call_with_options(request.body)
         except Exception as exc:
             return HttpResponse(400, f"undecodable handle call: {error_text(exc)}".encode())
-        return method, args, kwargs, _enter_call(options)
+        grpc = options.get("grpc")
+        if grpc is not None:
+            kwargs = grpc_arguments(method, kwargs, grpc)
+        return method, args, kwargs, _enter_call(options), grpc
 
     async def _call(self, request: HttpRequest, method_name: str) -> HttpResponse:
         call = self._handle_call(request, method_name)
         if isinstance(call, HttpResponse):
             return call
-        method, args, kwargs, model_id = call
+        method, args, kwargs, model_id, grpc = call
         try:
             result = await self._state.run(method, *args, **kwargs)
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
                 result.close() if inspect.isgenerator(result) else await result.aclose()
                 raise generator_not_streamed(method_name)
-            body = wire.encode_result(result)
+            body = wire.encode_result(result if grpc is None else grpc_answer(grpc, result))
         except Exception as exc:
+            exc = exc if grpc is None else grpc_error(grpc, exc)
             self._state.metrics_recorder.error("", exc)
             log.info("handle call %s raised %s", method_name, error_text(exc))
             answer = HttpResponse(500, self._raised(exc, method_name), content_type=_PICKLE)
@@ -144,7 +150,7 @@ class Control:
         call = self._handle_call(request, method_name)
         if isinstance(call, HttpResponse):
             return call
-        method, args, kwargs, model_id = call
+        method, args, kwargs, model_id, grpc = call
         self._state.ongoing += 1
         started = time.perf_counter()
         try:
@@ -154,11 +160,12 @@ class Control:
             if not (inspect.isgenerator(items) or inspect.isasyncgen(items)):
                 raise not_a_generator(method_name)
         except Exception as exc:
+            exc = exc if grpc is None else grpc_error(grpc, exc)
             self._state.metrics_recorder.error("", exc)
             self._state.finish(started, "")
             log.info("streamed handle call %s raised %s", method_name, error_text(exc))
             return HttpResponse(500, self._raised(exc, method_name), content_type=_PICKLE)
-        frames = self._frames(items, started, method_name)
+        frames = self._frames(items, started, method_name, grpc)
         if not model_id:
             return StreamedResponse(200, {"content-type": _PICKLE}, frames)
         # The first frame before the head, so that the head names the models once the generator
@@ -169,13 +176,15 @@ class Control:
         return streamed
 
     async def _frames(
-        self, items: Any, started: float, method_name: str
+        self, items: Any, started: float, method_name: str, grpc: Any = None
     ) -> AsyncGenerator[bytes, None]:
         try:
             async for item in iterate(items, self._state.run):
-                yield wire.encode_frame(wire.FRAME_ITEM, wire.encode_result(item))
+                answer = item if grpc is None else grpc_answer(grpc, item)
+                yield wire.encode_frame(wire.FRAME_ITEM, wire.encode_result(answer))
             yield wire.encode_frame(wire.FRAME_END)
         except Exception as exc:
+            exc = exc if grpc is None else grpc_error(grpc, exc)
             self._state.metrics_recorder.error("", exc)
             yield wire.encode_frame(wire.FRAME_ERROR, self._raised(exc, method_name))
         finally:

@@ -17,6 +17,7 @@ from typing import Any
 from kubeserve.compat.ray import not_provided
 from kubeserve.sdk.errors import DeploymentUnavailableError as _KubeserveUnavailable
 from kubeserve.sdk.errors import KubeserveError
+from kubeserve.sdk.grpc_context import GrpcStatusError
 
 __all__ = [
     "BackPressureError",
@@ -77,8 +78,9 @@ class ReplicaUnavailableError(RayServeException):
     """The replica handling a request became unreachable."""
 
 
-class gRPCStatusError(RayServeException):
-    """A gRPC status raised by user code (kubeserve serves no gRPC)."""
+class gRPCStatusError(RayServeException, GrpcStatusError):
+    """A method served over gRPC raised after setting a status code on its ``grpc_context``:
+    the proxy answers with that code (Ray's internal wrapper, public in its names)."""
 
 
 __getattr__ = not_provided.module_getattr(__name__)

@@ -1,0 +1,187 @@
+"""gRPC through kubeserve's proxy vs a bare grpcio aio server serving the same servicer.
+
+Rows, measured in turns (proxy, bare, proxy, bare...) so that both see the same machine, medians
+reported: unary calls per second (``ksgrpc.Checks/Echo``) and streamed messages per second
+(``ksgrpc.Checks/Count``, 50 messages a call). The client is one grpcio aio process with
+``--concurrency`` calls in flight over one channel, the same for both rows; the proxy row goes
+client -> proxy -> replica (one replica of ``tests/apps/ks_grpc_checks_app.py:other``), the bare
+row client -> one grpcio aio server process running the method's code itself.
+
+    .venv/bin/python benchmarks/grpc_proxy.py --seconds 5 --rounds 3 --concurrency 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "apps"), str(ROOT / "benchmarks")]
+
+STREAM_LENGTH = 50
+SERVICER = "ks_grpc_checks_pb2_grpc.add_ChecksServicer_to_server"
+
+
+async def serve_bare(port: int) -> None:
+    """The same methods as the ``other`` deployment and Checks.Count, served by grpcio itself."""
+    import grpc.aio
+    import ks_grpc_checks_pb2 as pb2
+    import ks_grpc_checks_pb2_grpc as pb2_grpc
+
+    class Bare(pb2_grpc.ChecksServicer):  # type: ignore[misc]
+        async def Echo(self, ask: Any, context: Any) -> Any:
+            return pb2.Answer(text=f"other:{ask.text}")
+
+        async def Count(self, ask: Any, context: Any) -> Any:
+            for i in range(ask.count):
+                yield pb2.Answer(text=ask.text, index=i)
+
+    server = grpc.aio.server()
+    pb2_grpc.add_ChecksServicer_to_server(Bare(), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    print("ready", flush=True)
+    await server.wait_for_termination()
+
+
+async def load(port: int, seconds: float, concurrency: int, kind: str) -> dict[str, float]:
+    """Calls (unary) or messages (stream) per second for ``seconds``, after a warm-up."""
+    import grpc.aio
+    import ks_grpc_checks_pb2 as pb2
+    import ks_grpc_checks_pb2_grpc as pb2_grpc
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb2_grpc.ChecksStub(channel)
+        ask = pb2.Ask(text="x", count=STREAM_LENGTH)
+        done = 0
+        stop = 0.0
+
+        async def worker() -> None:
+            nonlocal done
+            while time.perf_counter() < stop:
+                if kind == "unary":
+                    await stub.Echo(ask)
+                    done += 1
+                else:
+                    async for _ in stub.Count(ask):
+                        done += 1
+
+        stop = time.perf_counter() + 1.0  # warm-up
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        warm, done = done, 0
+        started = time.perf_counter()
+        stop = started + seconds
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return {"per_s": done / (time.perf_counter() - started), "all": warm + done}
+
+
+def run_load(
+    port: int, seconds: float, concurrency: int, kind: str, serving: list[int]
+) -> tuple[float, float]:
+    """Calls (or messages) per second, and CPU microseconds the ``serving`` processes spent
+    per call (or message)."""
+    from load import cpu_s
+
+    before = sum(cpu_s(pid) for pid in serving)
+    out = subprocess.run(
+        [sys.executable, __file__, "--load", str(port), kind, str(seconds), str(concurrency)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    spent = sum(cpu_s(pid) for pid in serving) - before
+    return float(result["per_s"]), spent / result["all"] * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--serve-bare", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--load", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_bare:
+        asyncio.run(serve_bare(args.serve_bare))
+        return
+    if args.load:
+        port, kind, seconds, concurrency = args.load
+        print(json.dumps(asyncio.run(load(int(port), float(seconds), int(concurrency), kind))))
+        return
+
+    from support.common import free_port
+    from support.grpc_protos import ensure_generated
+    from support.kubeserve_start import running_kubeserve
+
+    ensure_generated()
+    bare_port, proxy_grpc_port = free_port(), free_port()
+    bare = subprocess.Popen(
+        [sys.executable, __file__, "--serve-bare", str(bare_port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "tests" / "apps")},
+    )
+    try:
+        assert bare.stdout is not None and bare.stdout.readline().strip() == "ready"
+        with (
+            tempfile.TemporaryDirectory() as state,
+            running_kubeserve(Path(state)) as ks,
+        ):
+            app = {
+                "name": "other",
+                "import_path": "ks_grpc_checks_app:other",
+                "deployments": [{"name": "Other", "max_ongoing_requests": 100}],
+            }
+            options = {"port": proxy_grpc_port, "grpc_servicer_functions": [SERVICER]}
+            status, body = ks.put([app], grpc_options=options)
+            assert status == 200, body
+            ks.wait_app("other", timeout_s=120)
+            assert ks.proc is not None
+            found = subprocess.run(
+                ["pgrep", "-P", str(ks.proc.pid), "-f", "kubeserve.runtime.proxy"],
+                capture_output=True,
+                text=True,
+            )
+            serving = {
+                "proxy": [int(found.stdout.split()[0]), *ks.replica_pids("other", "Other")],
+                "bare": [bare.pid],
+            }
+            ports = {"proxy": proxy_grpc_port, "bare": bare_port}
+            rows: dict[str, list[float]] = {}
+            cpu: dict[str, list[float]] = {}
+            for _ in range(args.rounds):
+                for kind in ("unary", "stream"):
+                    for name in ("proxy", "bare"):
+                        value, us = run_load(
+                            ports[name], args.seconds, args.concurrency, kind, serving[name]
+                        )
+                        rows.setdefault(f"{kind} {name}", []).append(value)
+                        cpu.setdefault(f"{kind} {name}", []).append(us)
+                        print(f"{kind:6} {name:5} {value:9.0f}/s {us:7.0f} CPU us each", flush=True)
+    finally:
+        bare.terminate()
+        bare.wait()
+    medians = {name: statistics.median(values) for name, values in rows.items()}
+    cpu_medians = {name: statistics.median(values) for name, values in cpu.items()}
+    print(json.dumps({"medians_per_s": medians, "cpu_us_each": cpu_medians, "runs": rows}))
+    for kind in ("unary", "stream"):
+        ratio = medians[f"{kind} proxy"] / medians[f"{kind} bare"]
+        print(
+            f"{kind}: proxy {medians[f'{kind} proxy']:.0f}/s = {ratio:.0%} of bare grpcio; "
+            f"serving CPU per call {cpu_medians[f'{kind} proxy']:.0f} us (proxy + replica) vs "
+            f"{cpu_medians[f'{kind} bare']:.0f} us (bare)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,410 @@
+"""The gRPC ingress of a proxy: Ray Serve 2.60's gRPC proxy, on a listener of its own.
+
+Started only when ``grpc_options.grpc_servicer_functions`` names servicer functions, so an
+HTTP-only proxy never imports grpcio. What Ray documents, done the same way:
+
+* each servicer function (``user_pb2_grpc.add_FooServicer_to_server``) is imported in the proxy
+  and called with a stand-in servicer and a recorder, which keeps the method handlers it
+  registers: their request deserializers (the user's message types) are the proxy's, the
+  servicer's methods never run here;
+* a call of ``/pkg.Service/Method`` goes to the ingress deployment of the application the
+  ``application`` metadata names (any application when only one has a route), as a handle call
+  of the deployment's method ``Method`` with the request message; the replica answers with the
+  :class:`~kubeserve.sdk.grpc_context.RayServegRPCContext` it was given (status code, details,
+  trailing metadata the method set) and the response message already serialized, which is sent
+  as is (no response serializer here);
+* ``request_id`` and ``multiplexed_model_id`` metadata reach the replica as the request id and
+  the multiplexed model of the call; the request id comes back as a trailer;
+* unary and server-streaming methods (client-streaming and bidirectional ones are answered
+  UNIMPLEMENTED); the built-in ``ray.serve.RayServeAPIService`` (``ListApplications``,
+  ``Healthz``), answered by the proxy itself;
+* failures are status codes with Ray's details: NOT_FOUND for an unknown application,
+  RESOURCE_EXHAUSTED for back pressure, UNAVAILABLE when no replica can take the call,
+  DEADLINE_EXCEEDED past ``grpc_options.request_timeout_s``, the code a method set before it
+  raised, else INTERNAL with the error (truncated to fit a trailer).
+
+Calls reach replicas through a :class:`~kubeserve.runtime.handle_client.HandleClient` sharing
+the proxy's router, so HTTP and gRPC requests are counted against the same
+``max_ongoing_requests`` and reported to the autoscaler together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from kubeserve.runtime.discovery import SnapshotCallback
+from kubeserve.runtime.handle_client import HandleClient
+from kubeserve.runtime.http1 import new_request_id
+from kubeserve.runtime.logs import AccessLog
+from kubeserve.runtime.router import Router
+from kubeserve.runtime.wire import Snapshot
+from kubeserve.sdk import context
+from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
+from kubeserve.sdk.grpc_context import GrpcStatusError, RayServegRPCContext
+
+__all__ = ["GrpcIngress", "GrpcOptions", "load_services"]
+
+log = logging.getLogger(__name__)
+
+#: The service every Serve gRPC proxy answers itself.
+SERVE_API_SERVICE = "ray.serve.RayServeAPIService"
+#: Ray's limit on status details, so that a long traceback still fits in the trailers.
+MAX_DETAILS = 4096
+#: Ray's message size limit, both ways (gRPC's own default is 4 MiB received).
+MAX_MESSAGE_BYTES = 2 * 1024 * 1024 * 1024 - 1
+#: What ``Healthz`` answers when the proxy is ready (Ray's words).
+HEALTHY_MESSAGE = "success"
+
+Services = dict[str, dict[str, grpc.RpcMethodHandler]]
+
+
+@dataclass(frozen=True)
+class GrpcOptions:
+    """``grpc_options`` as the proxy applies them (fixed for the life of the process)."""
+
+    port: int
+    servicer_functions: tuple[str, ...]
+    request_timeout_s: float | None = None
+
+
+class _Recorder:
+    """Stands in for the server a servicer function adds its handlers to, and keeps them."""
+
+    def __init__(self) -> None:
+        self.services: Services = {}
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[Any]) -> None:
+        for handler in handlers:
+            for full_name, method in getattr(handler, "_method_handlers", {}).items():
+                service, _, name = full_name.lstrip("/").partition("/")
+                self.services.setdefault(service, {}).setdefault(name, method)
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        self.services.setdefault(service, {}).update(handlers)
+
+
+class _AnyServicer:
+    """The servicer handed to servicer functions: every method exists and is never called."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        def unused(*args: Any) -> Any:
+            raise NotImplementedError(name)
+
+        return unused
+
+
+def load_services(servicer_functions: Sequence[str]) -> Services:
+    """Import each ``module.add_XServicer_to_server`` and record the methods it registers.
+
+    Raises ``ImportError``/``AttributeError``/``TypeError`` naming the function that failed: the
+    modules must be importable in the proxy process, as in Ray.
+    """
+    recorder = _Recorder()
+    for path in servicer_functions:
+        module_name, _, attr = path.replace(":", ".").rpartition(".")
+        try:
+            function = getattr(importlib.import_module(module_name), attr)
+            function(_AnyServicer(), recorder)
+        except Exception as exc:
+            raise type(exc)(f"grpc_servicer_functions: {path}: {exc}") from exc
+    return recorder.services
+
+
+class _StaticSource:
+    """The handle client's endpoint source: the proxy's discovery feeds it (:meth:`apply`)."""
+
+    async def start(self, on_update: SnapshotCallback) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class GrpcIngress:
+    """A grpc.aio server answering the recorded services by calling ingress deployments.
+
+    Owns its server and its :class:`HandleClient` (whose router is the proxy's: the proxy's
+    discovery updates it). ``apps`` (application -> ingress deployment) is replaced whole by
+    :meth:`apply`, on the loop, never mutated.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        options: GrpcOptions,
+        services: Services,
+        *,
+        secret: bytes,
+        router: Router,
+        access_log: AccessLog | None = None,
+    ) -> None:
+        self.host = host
+        self.options = options
+        self.port = options.port
+        self.services = services
+        self.access_log = access_log
+        self.apps: dict[str, str] = {}
+        self.ready = False
+        self.client = HandleClient(None, secret=secret, router=router, source=_StaticSource())
+        self._server: grpc.aio.Server | None = None
+
+    def apply(self, snapshot: Snapshot) -> None:
+        """A new discovery snapshot (after the proxy's router took it)."""
+        self.apps = {route["app"]: route["deployment"] for route in snapshot["routes"]}
+        self.client.forget_gone(snapshot)
+        self.ready = True
+
+    async def start(self) -> None:
+        await self.client.start()
+        server = grpc.aio.server(
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ]
+        )
+        for service, methods in self._handlers().items():
+            server.add_generic_rpc_handlers(
+                (grpc.method_handlers_generic_handler(service, methods),)
+            )
+            server.add_registered_method_handlers(service, methods)
+        host = "[::]" if self.host in ("0.0.0.0", "::", "") else self.host
+        self.port = server.add_insecure_port(f"{host}:{self.options.port}")
+        if not self.port:
+            raise OSError(f"cannot listen for gRPC on {host}:{self.options.port}")
+        await server.start()
+        self._server = server
+        log.info("gRPC listening on %s:%d for %s", host, self.port, sorted(self.services))
+
+    async def close(self) -> None:
+        if self._server is not None:
+            await self._server.stop(1.0)
+            self._server = None
+        await self.client.close()
+
+    # -- handlers -----------------------------------------------------------------------------
+
+    def _handlers(self) -> Services:
+        handlers: Services = {
+            SERVE_API_SERVICE: {
+                "ListApplications": grpc.unary_unary_rpc_method_handler(self._list_applications),
+                "Healthz": grpc.unary_unary_rpc_method_handler(self._healthz),
+            }
+        }
+        for service, methods in self.services.items():
+            if service == SERVE_API_SERVICE:
+                continue
+            ours = handlers.setdefault(service, {})
+            for name, method in methods.items():
+                full = f"/{service}/{name}"
+                if method.request_streaming:
+                    ours[name] = _unimplemented(method, full)
+                elif method.response_streaming:
+                    ours[name] = grpc.unary_stream_rpc_method_handler(
+                        self._stream_handler(name, full),
+                        request_deserializer=method.request_deserializer,
+                    )
+                else:
+                    ours[name] = grpc.unary_unary_rpc_method_handler(
+                        self._unary_handler(name, full),
+                        request_deserializer=method.request_deserializer,
+                    )
+        return handlers
+
+    async def _list_applications(self, request: bytes, grpc_context: Any) -> bytes:
+        if not self.ready:
+            grpc_context.set_code(grpc.StatusCode.UNAVAILABLE)
+            grpc_context.set_details("Route table is not populated yet.")
+        # ListApplicationsResponse { repeated string application_names = 1; }
+        return b"".join(_string_field(1, name) for name in self.apps)
+
+    async def _healthz(self, request: bytes, grpc_context: Any) -> bytes:
+        message = HEALTHY_MESSAGE
+        if not self.ready:
+            message = "Route table is not populated yet."
+            grpc_context.set_code(grpc.StatusCode.UNAVAILABLE)
+            grpc_context.set_details(message)
+        return _string_field(1, message)  # HealthzResponse { string message = 1; }
+
+    def _unary_handler(self, method: str, full: str) -> Callable[[Any, Any], Any]:
+        async def unary(request: Any, grpc_context: Any) -> bytes:
+            call = self._begin(grpc_context)
+            if isinstance(call, str):
+                return self._not_found(grpc_context, call, full)
+            app, deployment, ctx, model_id = call
+            started = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                async with asyncio.timeout(self.options.request_timeout_s):
+                    reply, payload = await self.client.call(
+                        app,
+                        deployment,
+                        method,
+                        (request,),
+                        {},
+                        model_id=model_id,
+                        options={"grpc": ctx},
+                    )
+                reply._set_on_grpc_context(grpc_context)
+                code = grpc_context.code() or code
+                return bytes(payload)
+            except Exception as exc:
+                code = self._fail(grpc_context, exc, _request_id(ctx))
+                return b""
+            finally:
+                self._log(full, app, code, started, ctx)
+
+        return unary
+
+    def _stream_handler(self, method: str, full: str) -> Callable[[Any, Any], Any]:
+        async def unary_stream(request: Any, grpc_context: Any) -> AsyncIterator[bytes]:
+            call = self._begin(grpc_context)
+            if isinstance(call, str):
+                self._not_found(grpc_context, call, full)
+                return
+            app, deployment, ctx, model_id = call
+            started = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                async with asyncio.timeout(self.options.request_timeout_s):
+                    async for reply, payload in self.client.stream(
+                        app,
+                        deployment,
+                        method,
+                        (request,),
+                        {},
+                        model_id=model_id,
+                        options={"grpc": ctx},
+                    ):
+                        reply._set_on_grpc_context(grpc_context)
+                        yield bytes(payload)
+                code = grpc_context.code() or code
+            except Exception as exc:
+                code = self._fail(grpc_context, exc, _request_id(ctx))
+            finally:
+                self._log(full, app, code, started, ctx)
+
+        return unary_stream
+
+    def _begin(self, grpc_context: Any) -> tuple[str, str, RayServegRPCContext, str] | str:
+        """The call's application, ingress deployment, context and model id (the request
+        context entered), or the application name that matched nothing."""
+        app_name = request_id = model_id = ""
+        for key, value in grpc_context.invocation_metadata():
+            if key == "application":
+                app_name = value
+            elif key == "request_id":
+                request_id = value
+            elif key == "multiplexed_model_id":
+                model_id = value
+        apps = self.apps
+        if len(apps) == 1:
+            app, deployment = next(iter(apps.items()))
+        elif app_name in apps:
+            app, deployment = app_name, apps[app_name]
+        else:
+            return app_name
+        request_id = request_id or new_request_id().decode("ascii")
+        ctx = RayServegRPCContext(grpc_context)
+        ctx.set_trailing_metadata([("request_id", request_id)])
+        context.request_context.set(context.RequestContext(request_id, model_id, app))
+        return app, deployment, ctx, model_id
+
+    def _not_found(self, grpc_context: Any, app_name: str, full: str) -> bytes:
+        wanted = (
+            f"Application '{app_name}' not found." if app_name else "Application metadata not set."
+        )
+        grpc_context.set_code(grpc.StatusCode.NOT_FOUND)
+        grpc_context.set_details(
+            f"{wanted} Ping /{SERVE_API_SERVICE}/ListApplications for available applications."
+        )
+        self._log(full, "", grpc.StatusCode.NOT_FOUND, time.perf_counter(), None)
+        return b""
+
+    def _fail(self, grpc_context: Any, exc: BaseException, request_id: str) -> Any:
+        """Set the status of a failed call (unless the method's own is set); returns it."""
+        code, details = grpc_status(exc, self.options.request_timeout_s, request_id)
+        if not grpc_context.code():
+            grpc_context.set_code(code)
+        if not grpc_context.details():
+            grpc_context.set_details(details)
+        return grpc_context.code()
+
+    def _log(
+        self, full: str, app: str, code: Any, started: float, ctx: RayServegRPCContext | None
+    ) -> None:
+        if self.access_log is not None:
+            latency_ms = (time.perf_counter() - started) * 1000.0
+            self.access_log.add(full, app, code.name, latency_ms, _request_id(ctx))
+
+
+def _request_id(ctx: RayServegRPCContext | None) -> str:
+    """The id the proxy gave the call (its first trailer)."""
+    for key, value in ctx.trailing_metadata() if ctx is not None else ():
+        if key == "request_id":
+            return str(value)
+    return ""
+
+
+def grpc_status(
+    exc: BaseException, timeout_s: float | None, request_id: str
+) -> tuple[grpc.StatusCode, str]:
+    """The status code and details of a call that failed with ``exc`` (Ray's mapping)."""
+    if isinstance(exc, TimeoutError):
+        shown = f"Request timed out after {timeout_s}s." if timeout_s else "Request timed out."
+        return grpc.StatusCode.DEADLINE_EXCEEDED, shown
+    if isinstance(exc, asyncio.CancelledError):
+        return grpc.StatusCode.CANCELLED, f"Client for request {request_id} disconnected."
+    if isinstance(exc, BackPressureError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
+    if isinstance(exc, GrpcStatusError):
+        details = exc.grpc_details or str(exc.original_exception)
+        return exc.grpc_code or grpc.StatusCode.UNKNOWN, _truncated(details)
+    if isinstance(exc, DeploymentUnavailableError):
+        return grpc.StatusCode.UNAVAILABLE, str(exc)
+    log.warning("gRPC request %s failed: %s", request_id, exc)
+    return grpc.StatusCode.INTERNAL, _truncated(str(exc))
+
+
+def _truncated(text: str) -> str:
+    if len(text) <= MAX_DETAILS:
+        return text
+    notice = "... [truncated]"
+    return text[: MAX_DETAILS - len(notice)] + notice
+
+
+def _unimplemented(method: grpc.RpcMethodHandler, full: str) -> grpc.RpcMethodHandler:
+    why = f"{full}: client-streaming and bidirectional methods are not served by kubeserve"
+
+    async def refuse(request: Any, grpc_context: Any) -> None:
+        await grpc_context.abort(grpc.StatusCode.UNIMPLEMENTED, why)
+
+    if method.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse)
+    return grpc.stream_unary_rpc_method_handler(refuse)
+
+
+def _string_field(number: int, text: str) -> bytes:
+    """A protobuf length-delimited field (the built-in service's messages are this simple)."""
+    data = text.encode()
+    return bytes([number << 3 | 2]) + _varint(len(data)) + data
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

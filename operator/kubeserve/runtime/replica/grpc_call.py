@@ -1,0 +1,59 @@
+"""A handle call the gRPC proxy makes on behalf of a gRPC client (Ray 2.60's conventions).
+
+The call carries the client's :class:`~kubeserve.sdk.grpc_context.RayServegRPCContext` in its
+options (``"grpc"``). The method gets it as its ``grpc_context`` argument when it declares one;
+its answer (each item, for a streaming method) goes back as ``(context, message bytes)``, the
+message serialized here so that the proxy sends it as is; a method that set a status code and
+then raised fails with :class:`~kubeserve.sdk.grpc_context.GrpcStatusError`, which the proxy
+answers with that code.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from kubeserve.sdk.grpc_context import GRPC_CONTEXT_ARG, GrpcStatusError, RayServegRPCContext
+
+__all__ = ["grpc_answer", "grpc_arguments", "grpc_error"]
+
+#: method -> whether it takes ``grpc_context`` (methods live as long as the replica)
+_TAKES_CONTEXT: dict[Any, bool] = {}
+
+
+def grpc_arguments(
+    method: Callable[..., Any], kwargs: dict[str, Any], ctx: RayServegRPCContext
+) -> dict[str, Any]:
+    """``kwargs``, with the context added when ``method`` takes it."""
+    key = getattr(method, "__func__", method)
+    takes = _TAKES_CONTEXT.get(key)
+    if takes is None:
+        try:
+            takes = GRPC_CONTEXT_ARG in inspect.signature(method).parameters
+        except (TypeError, ValueError):
+            takes = False
+        _TAKES_CONTEXT[key] = takes
+    return {**kwargs, GRPC_CONTEXT_ARG: ctx} if takes else kwargs
+
+
+def grpc_answer(ctx: RayServegRPCContext, message: Any) -> tuple[RayServegRPCContext, bytes]:
+    """What the proxy receives for one response message."""
+    if isinstance(message, bytes | bytearray):
+        return ctx, bytes(message)
+    serialize = getattr(message, "SerializeToString", None)
+    if serialize is None:
+        raise TypeError(
+            f"a method served over gRPC must return a protobuf message, not "
+            f"{type(message).__name__}"
+        )
+    return ctx, serialize()
+
+
+def grpc_error(ctx: RayServegRPCContext, exc: Exception) -> Exception:
+    """``exc``, wrapped with the status code the method set before raising it (if any)."""
+    if not ctx.code():
+        return exc
+    wrapped = GrpcStatusError(exc, ctx.code(), ctx.details())
+    wrapped.__cause__ = exc
+    return wrapped

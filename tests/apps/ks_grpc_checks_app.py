@@ -1,0 +1,60 @@
+"""The ``ksgrpc.Checks`` service (``protos/ks_grpc_checks.proto``) as a deployment: each method
+exercises one corner of the gRPC proxy (errors, status set by the method, metadata, streams)."""
+
+import asyncio
+import os
+
+import grpc
+from ks_grpc_checks_pb2 import Answer
+from ray import serve
+
+
+@serve.deployment
+class Checks:
+    def Echo(self, ask, grpc_context):
+        seen = dict(grpc_context.invocation_metadata())
+        text = f"{ask.text}|app={grpc_context.application()}|rid={seen.get('request_id', '')}"
+        return Answer(text=text, replica=str(os.getpid()))
+
+    def Raise(self, ask):
+        raise ValueError(f"no good: {ask.text}")
+
+    def RaiseWithCode(self, ask, grpc_context):
+        grpc_context.set_code(grpc.StatusCode.PERMISSION_DENIED)
+        grpc_context.set_details(f"not for {ask.text}")
+        raise RuntimeError("refused")
+
+    def SetStatus(self, ask, grpc_context):
+        grpc_context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+        grpc_context.set_details("precondition")
+        grpc_context.set_trailing_metadata([("why", ask.text)])
+        return Answer(text="ignored by the client")
+
+    async def Count(self, ask):
+        for i in range(ask.count):
+            yield Answer(text=ask.text, index=i)
+
+    async def CountThenRaise(self, ask):
+        for i in range(ask.count):
+            yield Answer(text=ask.text, index=i)
+        raise KeyError("stream broke")
+
+    async def Slow(self, ask):
+        await asyncio.sleep(float(ask.text))
+        return Answer(text="slept")
+
+
+app = Checks.bind()
+
+
+@serve.deployment
+class Other:
+    async def Echo(self, ask):
+        return Answer(text=f"other:{ask.text}")
+
+    async def Count(self, ask):
+        for i in range(ask.count):
+            yield Answer(text=ask.text, index=i)
+
+
+other = Other.bind()

@@ -55,7 +55,7 @@ NODE_PACKAGES   := containerd runc containernetworking-plugins buildah iptables 
                    conntrack gcc libc6-dev
 K8S_NODE_BIN    := $(K8S_DIR)/node-bin
 # The node needs root (packages, bridge, cgroups); elsewhere `make test` skips the Kubernetes tier.
-NODE_FOR_TEST   := $(if $(filter 0,$(shell id -u)),k8s-node)
+NODE_FOR_TEST   := $(if $(filter 0,$(shell id -u)),k8s-node kwok)
 
 .PHONY: k8s-node node-packages node-images
 k8s-node: node-packages $(K8S_NODE_BIN)/.stamp $(COREDNS) node-images
@@ -74,6 +74,19 @@ $(COREDNS):
 
 node-images: node-packages
 	sh tests/kubernetes/node/build_images.sh $(NODE_IMAGES) .
+
+## kwok's controller (sigs.k8s.io/kwok, built from the Go module proxy as released): fake nodes whose
+## pods it moves through their lifecycle against the real API server, for the kwok tests
+## (tests/kubernetes/test_kwok_*.py) and the 1,000-application operator bench; with the control plane
+## of `make k8s-node` (no kubelet, no containers). Cached under $(CACHE)/kwok.
+KWOK_VERSION := v0.7.0
+KWOK         := $(CACHE)/kwok/$(KWOK_VERSION)/kwok
+
+.PHONY: kwok
+kwok: $(KWOK)
+
+$(KWOK):
+	sh tests/kubernetes/build_kwok.sh $(KWOK_VERSION) $@
 
 ## The kubernetes tier's tests on the real node (as root; about 2 minutes once `make k8s-node` has run).
 .PHONY: test-node

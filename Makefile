@@ -235,10 +235,20 @@ bench-compare: venv
 
 ## The operator's figures on the real node of the kubernetes tier (as root, about 15-20 minutes):
 ## CR create -> Ready (median of 5), API requests per minute when idle (through a counting proxy),
-## operator RSS with 0, 1 and 101 applications. Writes benchmarks/operator-results.md.
+## operator RSS with 0, 1 and 101 applications. Writes benchmarks/operator-results.md. Then the
+## 1,000 applications on kwok (bench-operator-scale below).
 .PHONY: bench-operator
-bench-operator: venv k8s-node
+bench-operator: venv k8s-node kwok
 	KUBESERVE_K8S_NODE=1 timeout 2400 $(BIN)/python benchmarks/operator_bench.py
+	KUBESERVE_K8S_NODE=1 timeout 3600 $(BIN)/python benchmarks/operator_scale.py
+
+## The operator with 1,000 applications (as root, about 15 minutes): 50 fake nodes of kwok on the
+## control plane of `make k8s-node`, 3,000 deployments, 5,000 pods; apply -> all Ready, API requests
+## idle and during a churn of 10% of the apps (audit log), one change -> Ready, operator RSS and CPU.
+## Writes benchmarks/results-operator-scale.json and its section of benchmarks/results.md.
+.PHONY: bench-operator-scale
+bench-operator-scale: venv k8s-node kwok
+	KUBESERVE_K8S_NODE=1 timeout 3600 $(BIN)/python benchmarks/operator_scale.py
 
 ## The no-op app on real pods of the kubernetes tier's node (as root, about 3 minutes): the proxy pod,
 ## the proxy Service's ClusterIP and, as the reference, the same replica code on the host without the

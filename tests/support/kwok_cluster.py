@@ -259,6 +259,9 @@ def _start(cluster: KwokCluster, etcd: str, kwok: Path, timeout_s: float) -> Non
         "--service-cluster-ip-range=10.96.0.0/16", "--cluster-name=kubeserve-kwok",
         "--kube-api-qps=500", "--kube-api-burst=1000", "--concurrent-deployment-syncs=20",
         "--concurrent-replicaset-syncs=20", "--concurrent-service-endpoint-syncs=20",
+        # kwok renews its nodes' Leases from a busy 2-core machine: a late renewal must not make
+        # the node lifecycle controller mark nodes NotReady (and every pod on them unready).
+        "--node-monitor-grace-period=600s",
     ], lambda: _answers_ok(f"https://127.0.0.1:{manager_port}/healthz"))  # fmt: skip
     scheduler_config = work / "scheduler.yaml"
     scheduler_config.write_text(json.dumps({
@@ -310,6 +313,10 @@ def _apiserver_argv(cluster: KwokCluster, etcd_port: int) -> list[str]:
         f"--service-account-key-file={pki / 'sa.pub'}",
         f"--service-account-signing-key-file={pki / 'sa.key'}",
         "--service-cluster-ip-range=10.96.0.0/16",
+        "--endpoint-reconciler-type=none",  # its address is a loopback one: no Endpoints
+        # Debian's etcd (3.4.23) cannot serve the progress requests of streaming lists, which kwok
+        # asks for: every one of its watches would end at once and be re-listed after a backoff.
+        "--feature-gates=WatchList=false",
         f"--audit-policy-file={policy}",
         f"--audit-log-path={cluster.audit_log}",
         "--audit-log-format=json",

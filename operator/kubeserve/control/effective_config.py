@@ -90,14 +90,17 @@ class EffectiveDeployment:
     is_driver_deployment: bool | None = False
     logging_config: Mapping[str, Any] | None = None
     request_router_config: Mapping[str, Any] | None = None
+    #: the most replicas one node may hold (None: no limit)
+    max_replicas_per_node: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The REST spelling (``deployment_config`` of the details): the configs nothing set are
         Ray's defaults, as Ray reports them (``logging_config`` aside, absent as in Ray's
         answer when nothing sets it)."""
         body = asdict(self)
-        if body["logging_config"] is None:
-            del body["logging_config"]
+        for unset in ("logging_config", "max_replicas_per_node"):
+            if body[unset] is None:
+                del body[unset]
         body["backpressure_config"] = {**DEFAULT_BACKPRESSURE, **(self.backpressure_config or {})}
         body["request_router_config"] = {
             **DEFAULT_REQUEST_ROUTER,

@@ -63,7 +63,8 @@ from kubeserve.backends.kubernetes.render_pod import (
     data_plane_secret_env,
     escape,
     image_for,
-    node_selector,
+    node_scheduling,
+    per_node_cap,
     resources,
     seconds,
     user_pod_spec,
@@ -246,8 +247,9 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
     fields: Manifest = {
         "terminationGracePeriodSeconds": math.ceil(deployment.config.graceful_shutdown_timeout_s)
     }
-    if selector := node_selector(options):
-        fields["nodeSelector"] = selector
+    fields |= node_scheduling(options)
+    _, _, selector = _replica_identity(instance, app, deployment)
+    fields |= per_node_cap(deployment.config.max_replicas_per_node, selector)
     account = contract.dataplane_account_name(instance.name)
     refs = [data_plane_secret_env(instance.name)]
     return user_pod_spec(

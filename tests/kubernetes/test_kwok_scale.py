@@ -40,12 +40,17 @@ def test_fifty_applications_ready_then_no_writes(
     ns = kwok_namespace
     kwok.apply(instance(ns, image=KUBESERVE_IMAGE))
     kwok.apply(
-        [application(ns, f"app-{i}", "ks_composed_app:app", routePrefix=f"/a{i}") for i in range(APPS)]
+        [
+            application(ns, f"app-{i}", "ks_composed_app:app", routePrefix=f"/a{i}")
+            for i in range(APPS)
+        ]
     )
     try:
         wait_for(lambda: ready_count(kwok, ns) == APPS, 300, interval_s=1, what=f"{APPS} Ready")
     except AssertionError as err:
-        raise AssertionError(f"{err}: {ready_count(kwok, ns)} Ready\n{kwok_operator.log()}") from None
+        raise AssertionError(
+            f"{err}: {ready_count(kwok, ns)} Ready\n{kwok_operator.log()}"
+        ) from None
     pods = kwok.get("pods", namespace=ns, selector="app.kubernetes.io/component=replica")["items"]
     assert len(pods) == APPS * 5
     assert len({p["spec"]["nodeName"] for p in pods}) > 1

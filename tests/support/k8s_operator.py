@@ -54,6 +54,7 @@ class OperatorProcess:
         kubeconfig: Path | None = None,
         also_watch: Sequence[str] = (),
         host: str = NODE_IP,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.plane, self.namespace, self.log_path = plane, namespace, log_path
         self.kubeconfig = kubeconfig
@@ -63,6 +64,7 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.hosts = ",".join(dict.fromkeys(("127.0.0.1", host)))
         self.report_host = host
+        self.extra_args = list(extra_args)
 
     def start(self) -> None:
         with self.log_path.open("ab") as log:
@@ -71,7 +73,7 @@ class OperatorProcess:
                  "--watch-namespaces", self.watch,
                  "--dashboard-host", self.hosts, "--dashboard-port", str(self.port),
                  "--report-url", f"http://{self.report_host}:{self.port}",
-                 "--metrics-port", str(self.metrics_port)],
+                 "--metrics-port", str(self.metrics_port), *self.extra_args],
                 env=self.plane.env(self.kubeconfig), stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, cwd=ROOT,
                 preexec_fn=die_with_parent,  # no orphan operator, even if the caller is killed

@@ -7,10 +7,10 @@
 their lifecycle: Running and Ready at once, a Job's pods Succeeded, deleted pods gone. No container
 runs, so what a pod's process would do for kubeserve is done by :mod:`support.kwok_pods`.
 
-Pod addresses: node ``i`` gets the pod CIDR ``10.252.<i>.0/24``, and the whole ``10.252.0.0/16`` is a
-``local`` route on this machine while the cluster runs, so a process here can listen on a pod's IP
-(EndpointSlices refuse loopback addresses). That route, and the fixed range, make the cluster one
-per machine (a lock in /run) and need root.
+Pod addresses: node ``i`` gets the pod CIDR ``10.252.<i>.0/24``, and the whole ``10.252.0.0/16``
+is a ``local`` route on this machine while the cluster runs, so a process here can listen on a
+pod's IP (EndpointSlices refuse loopback addresses). That route, and the fixed range, make the
+cluster one per machine (a lock in /run) and need root.
 
 Every request of the operator (its own token, user :data:`OPERATOR_USER`) is in the API server's
 audit log, so tests and the bench count its reads and writes by verb and resource
@@ -161,7 +161,9 @@ class KwokCluster(ControlPlane):
             if ref.get("subresource"):
                 resource = f"{resource}/{ref['subresource']}"
             found.append(
-                AuditedRequest(event["verb"], resource, ref.get("namespace", ""), ref.get("name", ""))
+                AuditedRequest(
+                    event["verb"], resource, ref.get("namespace", ""), ref.get("name", "")
+                )
             )
         return found
 
@@ -243,8 +245,9 @@ def _start(cluster: KwokCluster, etcd: str, kwok: Path, timeout_s: float) -> Non
     etcd_port = free_port()
     start("etcd", _etcd_argv(etcd, work / "etcd", etcd_port, free_port()),
           lambda: _answers_ok(f"http://127.0.0.1:{etcd_port}/health"))  # fmt: skip
+    ready = (cluster.server, cluster.token, cluster.ca_file)
     start("kube-apiserver", _apiserver_argv(cluster, etcd_port),
-          lambda: _answers_ok(f"{cluster.server}/readyz", cluster.token, cluster.ca_file))  # fmt: skip
+          lambda: _answers_ok(f"{ready[0]}/readyz", *ready[1:]))  # fmt: skip
     pki, kubeconfig = work / "pki", cluster.kubeconfig
     common = [f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
               f"--authorization-kubeconfig={kubeconfig}", "--bind-address=127.0.0.1",

@@ -29,7 +29,6 @@ import os
 import subprocess
 import sys
 import threading
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +50,7 @@ class PodStandIns:
         self.kubeconfig, self.app_dirs = kubeconfig, app_dirs
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._main: Future[None] | None = None
+        self._main: asyncio.Task[None] | None = None
         #: (import path, args) -> the graph document, or the error of building it
         self._graphs: dict[tuple[str, str], str] = {}
         #: namespace/pod -> (pod uid, its server)
@@ -65,15 +64,23 @@ class PodStandIns:
 
     def __enter__(self) -> PodStandIns:
         self._thread.start()
-        self._main = asyncio.run_coroutine_threadsafe(self._run(), self._loop)
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
         return self
 
     def __exit__(self, *_: object) -> None:
-        assert self._main is not None
-        self._main.cancel()
-        asyncio.run_coroutine_threadsafe(self._close_all(), self._loop).result(30)
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(30)
+
+    async def _start(self) -> None:
+        self._main = asyncio.get_running_loop().create_task(self._run())
+
+    async def _stop(self) -> None:
+        assert self._main is not None
+        self._main.cancel()
+        await asyncio.gather(self._main, return_exceptions=True)
+        for key in list(self._replicas):
+            await self._close(key)
 
     @property
     def replicas(self) -> int:
@@ -200,11 +207,6 @@ class PodStandIns:
         self.applied.pop(key, None)
         listener.close()
 
-    async def _close_all(self) -> None:
-        for key in list(self._replicas):
-            await self._close(key)
-
 
 async def _unserved(_: HttpRequest) -> HttpResponse:
     return HttpResponse(503, b"a kwok pod: no user code runs here")
-

@@ -284,10 +284,14 @@ def node_scheduling(options: Mapping[str, Any]) -> Manifest:
         values = (
             [v.strip() for v in match["set"].split(",")]
             if match and match["set"] is not None
-            else [match["one"]] if match else []
+            else [match["one"]]
+            if match
+            else []
         )
-        if not match or not _LABEL_KEY.fullmatch(key) or not all(
-            v and _LABEL_VALUE.fullmatch(v) for v in values
+        if (
+            not match
+            or not _LABEL_KEY.fullmatch(key)
+            or not all(v and _LABEL_VALUE.fullmatch(v) for v in values)
         ):
             raise RenderError(
                 f"ray_actor_options.label_selector {key!r}: {value!r} is not a node label "
@@ -302,7 +306,9 @@ def node_scheduling(options: Mapping[str, Any]) -> Manifest:
     if expressions:
         terms = [{"matchExpressions": expressions}]
         required = {"nodeSelectorTerms": terms}
-        fields["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+        fields["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
+        }
     return fields
 
 

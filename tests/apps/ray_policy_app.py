@@ -56,3 +56,10 @@ class Ingress:
 
 app = Scaled.bind()
 two = Ingress.bind(Scaled.bind())
+
+
+def hanging_policy(ctx: AutoscalingContext) -> tuple[int, dict[str, Any]]:
+    import time
+
+    time.sleep(3600)
+    return 1, {}

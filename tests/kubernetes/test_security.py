@@ -99,7 +99,11 @@ def test_secret_probes_and_network_policies(
 
     # NetworkPolicies: created, owned by the instance, accepted by the API server.
     policies = plane.get("networkpolicies", namespace=namespace)["items"]
-    assert {p["metadata"]["name"] for p in policies} == {"default-replicas", "default-proxies"}
+    assert {p["metadata"]["name"] for p in policies} == {
+        "default-replicas",
+        "default-proxies",
+        "default-autoscaling-policies",
+    }
     assert all(owner_kinds(p) == {("ServeInstance", "default")} for p in policies)
 
     # The replica port answers nothing without the handshake; the probe port only GET /-/healthz.
@@ -146,6 +150,7 @@ def test_rendered_objects_pass_a_server_side_dry_run_under_restricted_pod_securi
         render.render_replica_workload(inst, app, deployment),
         render.render_replica_service(inst, app, deployment),
         render.render_build_job(inst, app),
+        render.render_policy_workload(inst, app),
     ]
     # Pods as the controllers would create them from each template: admission enforces the
     # restricted profile on pods (on workloads it only warns).
@@ -159,7 +164,7 @@ def test_rendered_objects_pass_a_server_side_dry_run_under_restricted_pod_securi
         for i, obj in enumerate(objects)
         if "template" in obj.get("spec", {})
     ]
-    assert len(pods) == 3  # proxy, replica, build
+    assert len(pods) == 4  # proxy, replica, build, policy host
     # A pod's ServiceAccount must exist (without the owner, which exists in no cluster here).
     for account in (o for o in objects if o["kind"] == "ServiceAccount"):
         meta = {k: v for k, v in account["metadata"].items() if k != "ownerReferences"}

@@ -8,7 +8,7 @@
     kubeserve config     print the deployed application configs
     kubeserve shutdown   shut down every application
     kubeserve logs       print (or --follow) the logs of an application's replicas
-    kubeserve proxy | replica | build | fetch-runtime-env
+    kubeserve proxy | replica | build | policy-host | fetch-runtime-env
                          data-plane processes (started by kubeserve itself, locally or in pods)
 
 This package is the only place that reads the command line and the environment: each command

@@ -1,7 +1,8 @@
-"""The data-plane commands kubeserve starts itself, locally or in pods: ``proxy``, ``replica`` and
-``build`` (each parses its own command line; the environment its launcher sets is named in
-:mod:`kubeserve.runtime.wire`; what a cluster provides them is chosen by their composition root,
-:mod:`kubeserve.runtime.kubernetes.pod`), and ``fetch-runtime-env`` (a pod's init container)."""
+"""The data-plane commands kubeserve starts itself, locally or in pods: ``proxy``, ``replica``,
+``build`` and ``policy-host`` (each parses its own command line; the environment its launcher
+sets is named in :mod:`kubeserve.runtime.wire`; what a cluster provides them is chosen by their
+composition root, :mod:`kubeserve.runtime.kubernetes.pod`), and ``fetch-runtime-env`` (a pod's
+init container)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ def _build(argv: list[str]) -> int:
     from kubeserve.runtime.kubernetes import pod
 
     return pod.build(argv)
+
+
+def _policy_host(argv: list[str]) -> int:
+    from kubeserve.runtime import policy_server
+
+    return policy_server.main(argv)
 
 
 def _no_arguments(_parser: argparse.ArgumentParser) -> None:
@@ -62,5 +69,11 @@ COMMANDS = (
     *(
         Command(name, f"run a {name} process", _no_arguments, passthrough=main)
         for name, main in (("proxy", _proxy), ("replica", _replica), ("build", _build))
+    ),
+    Command(
+        "policy-host",
+        "answer an application's custom autoscaling policies (a pod of its own on Kubernetes)",
+        _no_arguments,
+        passthrough=_policy_host,
     ),
 )

@@ -14,15 +14,26 @@ give the exact mean load between them, so short bursts between reads count (a ga
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from kubeserve.control import autoscaling
 from kubeserve.control.autoscaling import AutoscalingConfig, Direction, PolicyState, Sample
 from kubeserve.schema.config import is_default_policy
 
-__all__ = ["CallerReports", "DeploymentAutoscaler", "ReplicaLoad", "ScalingRecord"]
+__all__ = [
+    "CallerReports",
+    "DeploymentAutoscaler",
+    "PolicyAnswer",
+    "PolicyFailure",
+    "PolicyMember",
+    "PolicyOutcome",
+    "ReplicaLoad",
+    "ScalingRecord",
+    "ask_policy",
+    "policy_decisions",
+]
 
 #: Decisions kept for the status.
 MAX_DECISIONS = 10
@@ -314,3 +325,92 @@ class DeploymentAutoscaler:
                 "target_ongoing_requests": self.config.target_ongoing_requests,
             },
         }
+
+
+# -- custom policies -----------------------------------------------------------------------------
+#
+# A custom policy is user code and runs where the application's code does (a process of its
+# environment on one machine, a pod of its image on Kubernetes), never here. Both backends ask it
+# the same way: :func:`ask_policy` builds the request from the autoscalers, hands it to the
+# backend's ``ask`` (which carries it to :mod:`kubeserve.runtime.autoscaling_policy` and back),
+# and applies the answer, Ray's wrapper included (scaling factors, delays, bounds).
+
+
+class PolicyFailure(Exception):
+    """The policy could not decide: the message says why, for the deployment's status."""
+
+
+#: Carries one request (``{"scope", "policy", "contexts"}``) to the application's policy host
+#: and returns its raw answer (``{"decisions": ...}`` or ``{"error": ...}``); raises
+#: :class:`PolicyFailure` when the host cannot be reached or does not answer in time.
+PolicyAnswer = Callable[[dict[str, Any]], Awaitable[object]]
+
+
+def policy_decisions(answer: object) -> dict[str, object]:
+    """The policy host's raw counts by deployment; :class:`PolicyFailure` for its error or for
+    anything else than a decision."""
+    if isinstance(answer, dict) and "error" in answer:
+        raise PolicyFailure(str(answer["error"]))
+    decisions = answer.get("decisions") if isinstance(answer, dict) else None
+    if not isinstance(decisions, dict):
+        raise PolicyFailure(f"the policy host answered {str(answer)[:200]!r}")
+    return {str(name): count for name, count in decisions.items()}
+
+
+@dataclass(frozen=True)
+class PolicyMember:
+    """One autoscaling deployment a policy decides for, as it runs now."""
+
+    autoscaler: DeploymentAutoscaler
+    running: int
+    replica_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PolicyOutcome:
+    """What :func:`ask_policy` did: the deployments whose target changed, and the failure it
+    recorded on them ("" when the policy answered)."""
+
+    changed: list[str]
+    error: str = ""
+
+
+async def ask_policy(
+    answer: PolicyAnswer,
+    scope: Literal["deployment", "application"],
+    policy: Mapping[str, Any],
+    members: Mapping[str, PolicyMember],
+    clock: Callable[[], float],
+) -> PolicyOutcome:
+    """One decision of a custom policy for ``members`` (one deployment, or every autoscaling
+    deployment of an application for its ``autoscaling_policy``).
+
+    As Ray's wrapper: a deployment on a cold start is decided at once without asking; a count is
+    scaled, delayed and bounded by :meth:`DeploymentAutoscaler.apply_policy`; an application
+    policy that leaves a deployment out keeps its count. A failure (``answer`` raised, or the
+    policy's own error) leaves every count as it was and is recorded on each deployment asked.
+    """
+    before = {name: m.autoscaler.target for name, m in members.items()}
+    now = clock()
+    contexts: dict[str, dict[str, Any]] = {}
+    for name, member in members.items():
+        context = member.autoscaler.policy_context(member.running, now, member.replica_ids)
+        if context is not None:
+            contexts[name] = context
+    error = ""
+    if contexts:
+        request = {"scope": scope, "policy": dict(policy), "contexts": contexts}
+        try:
+            decisions = policy_decisions(await answer(request))
+        except PolicyFailure as exc:
+            error = str(exc) if scope == "deployment" else f"application policy: {exc}"
+            for name in contexts:
+                members[name].autoscaler.policy_failed(error)
+        else:
+            now = clock()
+            for name in contexts:
+                if scope == "deployment" or name in decisions:
+                    member = members[name]
+                    member.autoscaler.apply_policy(member.running, now, decisions.get(name))
+    changed = [name for name, m in members.items() if m.autoscaler.target != before[name]]
+    return PolicyOutcome(changed, error)

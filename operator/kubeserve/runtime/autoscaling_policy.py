@@ -45,7 +45,7 @@ from kubeserve.sdk.application import Application
 from kubeserve.sdk.autoscaling import AutoscalingContext
 from kubeserve.sdk.context import DeploymentID, ReplicaID
 
-__all__ = ["PolicyHost", "main"]
+__all__ = ["PolicyHost", "answer", "main", "serve"]
 
 
 class PolicyError(Exception):
@@ -203,19 +203,27 @@ def _checked_state(state: Any) -> dict[str, Any]:
     return state
 
 
+def answer(host: PolicyHost, request: bytes | str) -> dict[str, Any]:
+    """The answer to one request of the protocol: the decisions, or the error that prevented
+    them (the policy's own exception included: the host keeps serving)."""
+    try:
+        parsed = json.loads(request)
+    except ValueError as exc:
+        return {"error": f"unreadable request: {exc}"}
+    try:
+        return {"decisions": host.decide(parsed)}
+    except PolicyError as exc:
+        return {"error": str(exc)}
+    except Exception as exc:  # the user's policy raised: report it, keep serving
+        return {"error": f"the policy raised {format_user_error(exc)}"}
+
+
 def serve(host: PolicyHost, requests: IO[str], answers: IO[str]) -> None:
     """Answer each request line with one answer line, until stdin closes."""
     for line in requests:
-        if not line.strip():
-            continue
-        try:
-            answer: dict[str, Any] = {"decisions": host.decide(json.loads(line))}
-        except PolicyError as exc:
-            answer = {"error": str(exc)}
-        except Exception as exc:  # the user's policy raised: report it, keep serving
-            answer = {"error": f"the policy raised {format_user_error(exc)}"}
-        answers.write(json.dumps(answer) + "\n")
-        answers.flush()
+        if line.strip():
+            answers.write(json.dumps(answer(host, line)) + "\n")
+            answers.flush()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,10 +57,26 @@ def refused(reason: str, *accepts: Any) -> Support:
     return Support("refused", reason, accepts or (None,))
 
 
-_TLS = refused(
-    "TLS on the proxy is not supported yet: terminate TLS in front of kubeserve (a load balancer "
-    "or an ingress controller) and leave ssl_* unset"
+_TLS_ON_KUBERNETES = (
+    "; on Kubernetes the paths are refused (400): name a Secret (tls.crt, tls.key, ca.crt, as "
+    "cert-manager writes it) in the ServeInstance's spec.tls"
 )
+_TLS = {
+    "ssl_keyfile": partial(
+        "kubeserve start: the proxy serves HTTPS; the files are checked at PUT (unreadable, a "
+        "key not the certificate's, an expired certificate: 400 at the field) and reloaded when "
+        "they change, without dropping connections" + _TLS_ON_KUBERNETES
+    ),
+    "ssl_certfile": partial("kubeserve start: see ssl_keyfile" + _TLS_ON_KUBERNETES),
+    "ssl_keyfile_password": partial(
+        "kubeserve start: decrypts ssl_keyfile (given to the proxy in its environment, never "
+        "its command line)" + _TLS_ON_KUBERNETES
+    ),
+    "ssl_ca_certs": partial(
+        "kubeserve start: clients must present a certificate this CA signed (Ray's uvicorn only "
+        "asks for one)" + _TLS_ON_KUBERNETES
+    ),
+}
 _PLACEMENT_GROUPS = refused(
     "placement groups are a Ray cluster scheduling feature kubeserve does not have; give each "
     "replica's resources in ray_actor_options instead"
@@ -138,18 +154,14 @@ SUPPORT: dict[str, Support] = {
     # ------------------------------------------------------------------ HTTPOptionsSchema
     "HTTPOptionsSchema.host": works("fixed while the serving layer runs (409 otherwise)"),
     "HTTPOptionsSchema.port": works("fixed while the serving layer runs (409 otherwise)"),
-    "HTTPOptionsSchema.root_path": refused(
-        "serving under a path prefix added by a reverse proxy is not supported yet; give the "
-        "applications route prefixes instead",
-        None,
-        "",
+    "HTTPOptionsSchema.root_path": works(
+        "for a reverse proxy in front that strips it: routes match without it, and an ASGI "
+        "ingress sees it before the route prefix in root_path and before the path, as in Ray; "
+        "fixed while the serving layer runs (409 otherwise)"
     ),
     "HTTPOptionsSchema.request_timeout_s": works("a request over it is answered 408"),
     "HTTPOptionsSchema.keep_alive_timeout_s": works(),
-    "HTTPOptionsSchema.ssl_keyfile": _TLS,
-    "HTTPOptionsSchema.ssl_certfile": _TLS,
-    "HTTPOptionsSchema.ssl_keyfile_password": _TLS,
-    "HTTPOptionsSchema.ssl_ca_certs": _TLS,
+    **{f"HTTPOptionsSchema.{field}": support for field, support in _TLS.items()},
     # ------------------------------------------------------------------ gRPCOptionsSchema
     "gRPCOptionsSchema.grpc_servicer_functions": refused(
         "the gRPC proxy is not supported: serve the application over HTTP", None, []
@@ -182,10 +194,9 @@ SUPPORT: dict[str, Support] = {
     "ServeApplicationSchema.host": works("single-application body; equals http_options.host"),
     "ServeApplicationSchema.port": works("single-application body; equals http_options.port"),
     "ServeApplicationSchema.deployments": works("overrides of the options set in code"),
-    "ServeApplicationSchema.autoscaling_policy": partial(
-        "kubeserve start: one policy for all the application's autoscaling deployments, called "
-        "with Dict[DeploymentID, AutoscalingContext]; it takes precedence over deployment-level "
-        "ones. Refused (400) on Kubernetes"
+    "ServeApplicationSchema.autoscaling_policy": works(
+        "one policy for all the application's autoscaling deployments, called with "
+        "Dict[DeploymentID, AutoscalingContext]; it takes precedence over deployment-level ones"
     ),
     "ServeApplicationSchema.args": works("passed to an application builder"),
     "ServeApplicationSchema.logging_config": works(),
@@ -219,22 +230,24 @@ SUPPORT: dict[str, Support] = {
     "DeploymentSchema.deployment_actors": refused(
         "deployment actors are not supported: start shared helpers in the replica", None, []
     ),
-    "DeploymentSchema.rolling_update_percentage": refused(
-        "rolling updates replace replicas one start slot at a time; the batch size is not "
-        "configurable yet"
+    "DeploymentSchema.rolling_update_percentage": works(
+        "without a surge, the replicas replaced at a time (at least one); on Kubernetes the "
+        "Deployment's `maxUnavailable`. With neither knob set, `kubeserve start` starts every "
+        "new replica beside the old ones and Kubernetes uses Ray's default (0.2)"
     ),
-    "DeploymentSchema.max_surge_percent": refused(
-        "rolling updates replace replicas one start slot at a time; the surge is not "
-        "configurable yet"
+    "DeploymentSchema.max_surge_percent": works(
+        "replicas beyond the target while rolling (rounded up), none unavailable meanwhile; on "
+        "Kubernetes the Deployment's `maxSurge`, with `maxUnavailable: 0`"
     ),
     # ------------------------------------------------------------------ RayActorOptionsSchema
     "RayActorOptionsSchema.runtime_env": works("merged over the application's runtime_env"),
     "RayActorOptionsSchema.num_cpus": works(
         "reserved from the instance's CPUs (kubeserve start --num-cpus) or as pod requests"
     ),
-    "RayActorOptionsSchema.num_gpus": partial(
-        "reserved from the instance's GPUs, or nvidia.com/gpu on Kubernetes; locally "
-        "CUDA_VISIBLE_DEVICES is not assigned per replica yet"
+    "RayActorOptionsSchema.num_gpus": works(
+        "on one machine devices are given per replica (whole ones, or a share of one: "
+        "fractions pack together) and named in its CUDA_VISIBLE_DEVICES, as Ray does; "
+        "nvidia.com/gpu on Kubernetes (the device plugin assigns them)"
     ),
     "RayActorOptionsSchema.memory": partial(
         "pod memory request and limit on Kubernetes; the replica's cgroup memory limit on one "
@@ -275,15 +288,14 @@ SUPPORT: dict[str, Support] = {
         )
     },
     "AutoscalingConfig.policy": works(),
-    "AutoscalingPolicy.policy_function": partial(
-        "kubeserve start: an import path, or in code the function or class, called with Ray's "
-        "AutoscalingContext in a process of the application's environment, its answer scaled, "
-        "delayed and clamped as Ray does; one that raises or answers garbage leaves the count "
-        "unchanged and says why in the deployment's message. Refused (400) on Kubernetes"
+    "AutoscalingPolicy.policy_function": works(
+        "an import path, or in code the function or class, called with Ray's AutoscalingContext "
+        "in the application's environment (kubeserve start: a process; Kubernetes: a policy "
+        "host pod of the application's image, asked by the operator), its answer scaled, "
+        "delayed and clamped as Ray does; one that raises, hangs or answers garbage leaves the "
+        "count unchanged and says why in the deployment's message"
     ),
-    "AutoscalingPolicy.policy_kwargs": partial(
-        "passed to a policy class's constructor, as in Ray (kubeserve start)"
-    ),
+    "AutoscalingPolicy.policy_kwargs": works("passed to a policy class's constructor, as in Ray"),
     # ------------------------------------------------------------------ BackpressureConfig
     "BackpressureConfig.status_code": works(),
     "BackpressureConfig.retry_after_s": works(),

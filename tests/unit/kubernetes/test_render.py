@@ -122,6 +122,8 @@ def everything() -> list[Json]:
         render.render_build_job(inst, app()),
         render.render_build_job(inst, app(IMPERATIVE)),
         render.render_replica_workload(inst, app(IMPERATIVE), deployment(IMPERATIVE)),
+        render.render_policy_workload(inst, view),
+        render.render_policy_workload(inst, app(IMPERATIVE)),
         *render.render_dataplane_rbac(inst),
         render.render_data_plane_secret(inst, "0123456789abcdef" * 4),
         *render.render_instance_network_policies(inst, "kubeserve-system"),
@@ -158,7 +160,7 @@ def test_every_object_has_a_valid_name_labels_and_an_owner(obj: Json) -> None:
         labels[contract.NAME_LABEL] == "kubeserve"
         and labels[contract.MANAGED_BY_LABEL] == "kubeserve"
     )
-    assert labels[contract.COMPONENT_LABEL] in {"proxy", "replica", "build"}
+    assert labels[contract.COMPONENT_LABEL] in {"proxy", "replica", "build", "autoscaling-policy"}
     assert labels[contract.INSTANCE_LABEL] == "default"
     [owner] = meta["ownerReferences"]
     expected = (
@@ -244,6 +246,7 @@ def test_replica_config_names_the_pod_and_leaves_user_config_out() -> None:
         "graceful_shutdown_wait_loop_s": 2.0,
         "graceful_shutdown_timeout_s": 20.0,
         "probe_port": 8081,
+        "leave_delay_s": 2.0,
         "health_check_period_s": 10.0,
         "health_check_timeout_s": 30.0,
     }
@@ -256,6 +259,25 @@ def test_autoscaling_starts_at_initial_replicas_and_the_caller_may_override() ->
     effective = effective_config.effective_deployment("Model", {}, None)
     view = render.deployment_view(config, effective, replicas=6)
     assert render.render_replica_workload(instance(), app(config), view)["spec"]["replicas"] == 6
+
+
+def test_the_rollout_knobs_are_the_deployments_strategy_in_replicas() -> None:
+    def rolling(**code: Any) -> Json:
+        obj = workload(**code)
+        validate(obj)
+        assert obj["spec"]["strategy"]["type"] == "RollingUpdate"
+        return dict(obj["spec"]["strategy"]["rollingUpdate"])
+
+    # Ray's defaults: a fifth at a time, at least one (a percentage would round 0.2 of 4 to 0)
+    assert rolling(num_replicas=4) == {"maxSurge": 0, "maxUnavailable": 1}
+    assert rolling(num_replicas=10) == {"maxSurge": 0, "maxUnavailable": 2}
+    assert rolling(num_replicas=4, rolling_update_percentage=0.5) == {
+        "maxSurge": 0,
+        "maxUnavailable": 2,
+    }
+    # a surge: none unavailable, the surge rounded up
+    assert rolling(num_replicas=4, max_surge_percent=25) == {"maxSurge": 1, "maxUnavailable": 0}
+    assert rolling(num_replicas=3, max_surge_percent=10) == {"maxSurge": 1, "maxUnavailable": 0}
 
 
 def test_driver_deployment_is_a_daemonset() -> None:
@@ -368,9 +390,10 @@ def test_probes_follow_the_health_check_fields() -> None:
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
 
 
-def test_graceful_shutdown_timeout_is_the_grace_period() -> None:
-    assert pod(workload(graceful_shutdown_timeout_s=7.2))["terminationGracePeriodSeconds"] == 8
-    assert pod(workload())["terminationGracePeriodSeconds"] == 20
+def test_the_grace_period_covers_the_leave_delay_and_graceful_shutdown_timeout() -> None:
+    """2 s of serving on while proxies learn the pod leaves, the drain, 1 s to drop connections"""
+    assert pod(workload(graceful_shutdown_timeout_s=7.2))["terminationGracePeriodSeconds"] == 11
+    assert pod(workload())["terminationGracePeriodSeconds"] == 23
 
 
 def test_env_vars_merge_app_then_deployment_and_stay_literal() -> None:
@@ -721,7 +744,7 @@ def admitted(policy: Json, port: int, peer: Mapping[str, str], peer_namespace: s
 
 def test_replica_port_admits_only_the_instances_pods_and_the_operator() -> None:
     inst = instance(proxyLocation="HeadOnly", httpOptions={"port": 8000})
-    replicas, proxies = render.render_instance_network_policies(inst, "kubeserve-system")
+    replicas, proxies, _ = render.render_instance_network_policies(inst, "kubeserve-system")
     replica_pod = pod(workload())
     replica_labels = workload()["spec"]["template"]["metadata"]["labels"]
     proxy_labels = render.render_proxy(inst)[0]["spec"]["template"]["metadata"]["labels"]
@@ -762,13 +785,13 @@ def test_replica_port_admits_only_the_instances_pods_and_the_operator() -> None:
 
 def test_no_proxy_policy_without_proxies() -> None:
     inst = instance(proxyLocation="Disabled")
-    [policy] = render.render_instance_network_policies(inst, "ops")
-    assert policy["metadata"]["name"] == "default-replicas"
+    names = [p["metadata"]["name"] for p in render.render_instance_network_policies(inst, "ops")]
+    assert names == ["default-replicas", "default-autoscaling-policies"]
 
 
 def test_proxy_policy_follows_the_http_port() -> None:
     inst = instance(proxyLocation="EveryNode", httpOptions={"port": 9000})
-    _, proxies = render.render_instance_network_policies(inst, "ops")
+    _, proxies, _ = render.render_instance_network_policies(inst, "ops")
     assert proxies["metadata"]["name"] == "default-proxies"
     ports = [{"port": 9000, "protocol": "TCP"}, {"port": 8082, "protocol": "TCP"}]
     assert proxies["spec"]["ingress"] == [{"ports": ports}]
@@ -864,3 +887,68 @@ def test_a_declarative_application_mounts_no_graph() -> None:
     assert app().graph_secret is None
     for obj in (render.render_build_job(instance(), app()), workload()):
         assert "pickled-graph" not in {v["name"] for v in pod(obj)["volumes"]}
+
+
+# --------------------------------------------------------------------------- policy host
+
+
+def test_the_policy_host_runs_the_applications_code_behind_the_handshake() -> None:
+    config = app_config(
+        args={"size": 2},
+        runtime_env={"working_dir": "https://example.com/shop.zip", "env_vars": {"A": "1"}},
+    )
+    obj = render.render_policy_workload(instance(), app(config))
+    assert obj["kind"] == "Deployment"
+    assert obj["metadata"]["name"] == "shop-autoscaling-policy"
+    assert obj["metadata"]["ownerReferences"][0]["kind"] == "ServeApplication"
+    assert obj["spec"]["replicas"] == 1
+    assert obj["spec"]["strategy"] == {"type": "Recreate"}
+    spec = pod(obj)
+    assert spec["automountServiceAccountToken"] is False
+    main = main_container(obj)
+    assert main["command"] == [
+        "kubeserve",
+        "policy-host",
+        "shop",
+        "--import-path",
+        "shop.main:app",
+        "--args",
+        '{"size": 2}',
+        "--host",
+        "$(KUBESERVE_BIND_HOST)",
+        "--port",
+        "8000",
+        "--identity",
+        "$(KUBESERVE_POD_NAME)",
+    ]
+    env = {e["name"]: e for e in main["env"]}
+    assert env["KUBESERVE_DATA_PLANE_SECRET"]["valueFrom"]["secretKeyRef"]["name"]
+    assert env["A"]["value"] == "1"
+    assert main["workingDir"].endswith("/working_dir")  # fetched like the replicas' files
+    assert [c["name"] for c in spec["initContainers"]] == ["runtime-env"]
+    labels = obj["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "autoscaling-policy"
+    # who may connect: the operator only
+    [policies] = [
+        p
+        for p in render.render_instance_network_policies(instance(), "ops")
+        if p["metadata"]["name"] == "default-autoscaling-policies"
+    ]
+    operator = {"app.kubernetes.io/part-of": "kubeserve", "app.kubernetes.io/component": "operator"}
+    assert matches(policies["spec"]["podSelector"], labels)
+    assert admitted(policies, 8000, operator, "ops")
+    replica_labels = workload()["spec"]["template"]["metadata"]["labels"]
+    assert not admitted(policies, 8000, replica_labels, "serving")
+
+
+def test_new_code_restarts_the_policy_host_and_an_imperative_one_reads_its_graph() -> None:
+    before = render.render_policy_workload(instance(), app())
+    after = render.render_policy_workload(instance(), app(app_config(import_path="shop.v2:app")))
+    version = "kubeserve.io/replica-version"
+    annotations = [o["spec"]["template"]["metadata"]["annotations"] for o in (before, after)]
+    assert annotations[0][version] != annotations[1][version]
+    imperative = render.render_policy_workload(instance(), app(IMPERATIVE))
+    command = main_container(imperative)["command"]
+    assert command[3:5] == ["--pickled-file", render.PICKLED_GRAPH_FILE]
+    mounts = main_container(imperative)["volumeMounts"]
+    assert any(m["mountPath"] == contract.PICKLED_GRAPH_DIR for m in mounts)

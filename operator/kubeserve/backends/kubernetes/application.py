@@ -13,6 +13,7 @@ with the renderer's message and a Warning Event; raising would only retry it for
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping
@@ -31,6 +32,11 @@ from kubeserve.backends.kubernetes.autoscaling import (
 )
 from kubeserve.backends.kubernetes.cluster import Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
+from kubeserve.backends.kubernetes.policy_host import (
+    PolicyHost,
+    find_policy_host,
+    needs_policy_host,
+)
 from kubeserve.backends.kubernetes.reports import (
     ApplicationRefused,
     ApplicationReport,
@@ -46,6 +52,7 @@ from kubeserve.control.status_derivation import BuildView, application_status, d
 from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.graph import graph_document
+from kubeserve.schema.config import is_default_policy
 from kubeserve.schema.errors import validation_details
 from kubeserve.schema.resources import ServeApplicationSpec
 
@@ -149,20 +156,47 @@ class ApplicationReconciler:
         self, inputs: ApplicationPass
     ) -> dict[str, ObservedDeployment]:
         """Each deployment of the graph: desired, converged, observed; then the workloads of
-        deployments no longer in the graph go."""
+        deployments no longer in the graph go, and the autoscalers read the pods' load."""
+        policy_host = await self._converge_policy_host(inputs)
         observed: dict[str, ObservedDeployment] = {}
         applied: list[dict[str, Any]] = []
+        pods_by_key: dict[str, list[dict[str, Any]]] = {}
         for effective in inputs.configs.values():
             deployment, running = self._desired(inputs, effective)
             workload, service = await self._converge(inputs, deployment, running)
-            observed[deployment.name] = await self._observe(inputs, deployment, workload, service)
+            pods = self._cluster.cache.objects(
+                "Pod", inputs.app.namespace, dict(workload["spec"]["selector"]["matchLabels"])
+            )
+            pods_by_key[inputs.scaler_key(deployment.name)] = pods
+            observed[deployment.name] = await self._observe(inputs, deployment, pods, service)
             applied += (workload, service)
-        labels = {
-            contract.APPLICATION_LABEL: contract.label_value(inputs.app.cr_name),
-            contract.COMPONENT_LABEL: contract.COMPONENT_REPLICA,
-        }
+        labels = _component_labels(inputs.app, contract.COMPONENT_REPLICA)
         await self._cluster.prune(inputs.app.namespace, labels, _REPLICA_KINDS, applied)
+        app_policy = inputs.app.config.get("autoscaling_policy")
+        self._autoscalers.observe(
+            pods_by_key,
+            inputs.secret,
+            None if is_default_policy(app_policy) else dict(app_policy or {}),
+            policy_host,
+        )
         return observed
+
+    async def _converge_policy_host(self, inputs: ApplicationPass) -> PolicyHost | None:
+        """The policy host pod of an application with a custom autoscaling policy (applied
+        when it has one, deleted when it has none any more): where the autoscalers ask it."""
+        app = inputs.app
+        wanted = needs_policy_host(app.config, inputs.configs)
+        workload = render.render_policy_workload(inputs.instance, app) if wanted else None
+        if workload is not None:
+            await self._cluster.apply(workload)
+        labels = _component_labels(app, contract.COMPONENT_POLICY)
+        keep = [] if workload is None else [workload]
+        await self._cluster.prune(app.namespace, labels, ("Deployment",), keep)
+        if workload is None:
+            return None
+        selector = dict(workload["spec"]["selector"]["matchLabels"])
+        pods = self._cluster.cache.objects("Pod", app.namespace, selector)
+        return find_policy_host(workload["metadata"]["name"], pods, inputs.secret)
 
     def _desired(
         self, inputs: ApplicationPass, effective: EffectiveDeployment
@@ -201,17 +235,12 @@ class ApplicationReconciler:
         self,
         inputs: ApplicationPass,
         deployment: render.DesiredDeployment,
-        workload: dict[str, Any],
+        pods: list[dict[str, Any]],
         service: dict[str, Any],
     ) -> ObservedDeployment:
-        """What the deployment's pods do; pushes ``user_config`` to those that lack it and feeds
-        the autoscaler their load."""
+        """What the deployment's ``pods`` do; pushes ``user_config`` to those that lack it."""
         app, effective, key = inputs.app, deployment.config, inputs.scaler_key(deployment.name)
-        pods = self._cluster.cache.objects(
-            "Pod", app.namespace, dict(workload["spec"]["selector"]["matchLabels"])
-        )
         await self._data_plane.push_user_config(pods, effective, inputs.secret, inputs.instance.uid)
-        self._autoscalers.observe(key, pods, inputs.secret)
         healthy_key = f"{app.namespace}/{app.cr_name}/{deployment.name}/{deployment.version}"
         view = deployment_view_from_pods(
             pods,
@@ -221,6 +250,7 @@ class ApplicationReconciler:
             healthy_key in self._healthy_versions,
             deployment.target_replicas,
         )
+        view = dataclasses.replace(view, autoscaling_error=self._autoscalers.policy_error(key))
         if deployment_status(view).status == "HEALTHY":
             self._healthy_versions.add(healthy_key)
         return ObservedDeployment(
@@ -239,6 +269,14 @@ def _router_json(spec: wire.RequestRouterSpec | None) -> str | None:
 
 #: The kinds of a deployment's objects (a driver deployment's workload is a DaemonSet).
 _REPLICA_KINDS = ("Deployment", "DaemonSet", "Service")
+
+
+def _component_labels(app: render.AppView, component: str) -> dict[str, str]:
+    """Selects the application's children of ``component`` (what a pass prunes among)."""
+    return {
+        contract.APPLICATION_LABEL: contract.label_value(app.cr_name),
+        contract.COMPONENT_LABEL: component,
+    }
 
 
 @dataclass(frozen=True)
@@ -346,10 +384,7 @@ async def _graph(
     if job is None:
         build = render.render_build_job(instance, app)
         await cluster.apply(build)
-        labels = {
-            contract.APPLICATION_LABEL: contract.label_value(app.cr_name),
-            contract.COMPONENT_LABEL: contract.COMPONENT_BUILD,
-        }
+        labels = _component_labels(app, contract.COMPONENT_BUILD)
         await cluster.prune(app.namespace, labels, ("Job",), [build])
         return None
     for condition in (job.get("status") or {}).get("conditions") or []:

@@ -11,6 +11,14 @@ to the operator's admin server (``GET /-/load``, signed with their instance's da
 a deployment without replicas has a request waiting, which is what scales it up from zero. Without
 a URL for those reports (``kubeserve operator --report-url``) scaling to zero is refused.
 
+A custom policy (``autoscaling_config.policy``, or the application's ``autoscaling_policy``,
+which decides for all its autoscaling deployments in one call) is user code: the operator asks
+it in the application's policy host pod (:mod:`.policy_host`) with the same request the local
+controller sends its policy process, and applies the answer as the local backend does
+(:func:`~kubeserve.control.autoscaling_state.ask_policy`: Ray's cold start, scaling factors,
+delays and bounds). A failure leaves the counts as they are and is said in the deployments'
+status.
+
 Owns one autoscaler per autoscaling deployment (keyed ``namespace/application/deployment``), in
 the operator's memory: after an operator restart a deployment starts again from its current
 replica count's bounds, as Ray's controller does after losing its state. Reads run in the
@@ -21,20 +29,26 @@ due, so the next reconcile pass renders or reads again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from kubeserve.backends.kubernetes.pods import pod_ready
+from kubeserve.backends.kubernetes.pods import serving_pods
+from kubeserve.backends.kubernetes.policy_host import PolicyHost
 from kubeserve.control.autoscaling import CapacityTracker, Direction
-from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
+from kubeserve.control.autoscaling_state import (
+    DeploymentAutoscaler,
+    PolicyMember,
+    ReplicaLoad,
+    ask_policy,
+)
 from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.runtime import channel, wire
 from kubeserve.runtime.kubernetes import contract
-from kubeserve.schema.config import is_default_policy
 
 log = logging.getLogger(__name__)
 
@@ -53,25 +67,6 @@ SCALE_TO_ZERO_REFUSED = (
 def scaling_key(namespace: str, application: str, deployment: str) -> str:
     """The key of a deployment's autoscaler: ``application`` is its ServeApplication's name."""
     return f"{namespace}/{application}/{deployment}"
-
-
-CUSTOM_POLICY_REFUSED = (
-    "custom autoscaling policies run with kubeserve start only for now: the operator has no "
-    "process in the application's image to call them in; leave policy_function unset (Ray's "
-    "default policy) on Kubernetes"
-)
-
-
-def custom_policy_paths(app_config: Mapping[str, Any]) -> list[tuple[str | int, ...]]:
-    """Where an application config asks for a custom autoscaling policy."""
-    paths: list[tuple[str | int, ...]] = []
-    if not is_default_policy(app_config.get("autoscaling_policy")):
-        paths.append(("autoscaling_policy", "policy_function"))
-    for i, override in enumerate(app_config.get("deployments") or []):
-        policy = (override.get("autoscaling_config") or {}).get("policy")
-        if not is_default_policy(policy):
-            paths.append(("deployments", i, "autoscaling_config", "policy", "policy_function"))
-    return paths
 
 
 def scale_to_zero_paths(
@@ -94,7 +89,8 @@ class Autoscalers:
     #: schedules a reconcile pass soon (the operator's wake-up)
     on_decided: Callable[[], None]
     _scalers: dict[str, DeploymentAutoscaler] = field(default_factory=dict)
-    _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    #: the background read of each group of keys decided together
+    _tasks: dict[tuple[str, ...], asyncio.Task[None]] = field(default_factory=dict)
     #: per ServeInstance uid: its ``target_capacity`` and where it heads
     _capacities: dict[str, CapacityTracker] = field(default_factory=dict)
 
@@ -144,15 +140,46 @@ class Autoscalers:
             "curr_num_replicas": record.curr_num_replicas,
         }
 
-    def observe(self, key: str, pods: list[dict[str, Any]], secret: bytes) -> None:
-        """Read the load of ``pods`` in the background when the interval has come."""
+    def policy_error(self, key: str) -> str:
+        """Why ``key``'s custom policy last failed to decide ("" when it did, or has none)."""
         scaler = self._scalers.get(key)
-        if scaler is None or key in self._tasks or time.time() < scaler.next_read_at:
-            return
-        scaler.next_read_at = time.time() + scaler.config.metrics_interval_s
-        task = asyncio.ensure_future(self._read_and_decide(scaler, pods, secret))
-        self._tasks[key] = task
-        task.add_done_callback(lambda _task: self._tasks.pop(key, None))
+        return "" if scaler is None else scaler.policy_error
+
+    def observe(
+        self,
+        pods: Mapping[str, list[dict[str, Any]]],
+        secret: bytes,
+        app_policy: Mapping[str, Any] | None = None,
+        policy_host: PolicyHost | None = None,
+    ) -> None:
+        """Read the load of the pods of an application's deployments (``pods`` by autoscaler
+        key) in the background when their interval has come, and decide.
+
+        ``app_policy``: the application's ``autoscaling_policy``, which decides for all its
+        autoscaling deployments at once (Ray 2.60: over their own policies); else each deployment
+        decides alone, by Ray's default policy or its own. ``policy_host`` answers the custom
+        policies (see :mod:`.policy_host`).
+        """
+        scaled = {key: self._scalers[key] for key in pods if key in self._scalers}
+        groups = [scaled] if app_policy is not None else [{k: v} for k, v in scaled.items()]
+        for group in groups:
+            if not group:
+                continue
+            task_key = tuple(sorted(group))
+            now = time.time()
+            if task_key in self._tasks or now < min(s.next_read_at for s in group.values()):
+                continue
+            for scaler in group.values():
+                scaler.next_read_at = now + scaler.config.metrics_interval_s
+            members = {key: _Observed(scaler, pods[key]) for key, scaler in group.items()}
+            task = asyncio.ensure_future(
+                self._read_and_decide(members, secret, app_policy, policy_host)
+            )
+            self._tasks[task_key] = task
+            task.add_done_callback(functools.partial(self._done, task_key))
+
+    def _done(self, task_key: tuple[str, ...], _task: asyncio.Task[None]) -> None:
+        self._tasks.pop(task_key, None)
 
     def record_queued(self, key: str, caller_id: str, queued: int) -> None:
         """A caller's report of requests waiting for ``key``; a request waiting on a deployment
@@ -168,35 +195,85 @@ class Autoscalers:
 
     def forget(self, key: str) -> None:
         self._scalers.pop(key, None)
-        task = self._tasks.pop(key, None)
-        if task is not None:
-            task.cancel()
+        for task_key in [k for k in self._tasks if key in k]:
+            self._tasks.pop(task_key).cancel()
 
     async def _read_and_decide(
-        self, scaler: DeploymentAutoscaler, pods: list[dict[str, Any]], secret: bytes
+        self,
+        members: Mapping[str, _Observed],
+        secret: bytes,
+        app_policy: Mapping[str, Any] | None,
+        policy_host: PolicyHost | None,
     ) -> None:
-        ready = [
-            (str(pod["metadata"]["uid"]), str(pod["status"]["podIP"]), str(pod["metadata"]["name"]))
-            for pod in pods
-            if pod_ready(pod)
-            and (pod.get("status") or {}).get("podIP")
-            and not pod["metadata"].get("deletionTimestamp")
-        ]
-        loads = await asyncio.gather(*(_read_load(ip, name, secret) for _, ip, name in ready))
+        ready = {key: _ready(member.pods) for key, member in members.items()}
+        reads = [(key, pod) for key, pods in ready.items() for pod in pods]
+        loads = await asyncio.gather(*(_read_load(pod.ip, pod.name, secret) for _, pod in reads))
         now = time.time()
-        for (uid, _, _), load in zip(ready, loads, strict=True):
+        for (key, pod), load in zip(reads, loads, strict=True):
             if load is not None:
-                scaler.record_replica(uid, load, now)
-        scaler.forget_replicas(uid for uid, _, _ in ready)
-        if scaler.policy is not None:  # set in code: the config's are refused (see refusals)
-            if not scaler.policy_error:
-                scaler.policy_failed(CUSTOM_POLICY_REFUSED)
-                log.warning("%s", scaler.policy_error)
-        elif scaler.step(len(ready), now):
-            log.info("%s", scaler.decisions[-1].reason)
+                members[key].scaler.record_replica(pod.uid, load, now)
+        for key, member in members.items():
+            member.scaler.forget_replicas(pod.uid for pod in ready[key])
+        changed = await self._decide(members, ready, app_policy, policy_host, now)
+        for key in changed:
+            log.info("%s: %s", key, members[key].scaler.decisions[-1].reason)
+        if changed:
             self.on_decided()
-        loop = asyncio.get_running_loop()
-        loop.call_later(max(0.0, scaler.next_read_at - time.time()), self.on_decided)
+        due = min(member.scaler.next_read_at for member in members.values())
+        asyncio.get_running_loop().call_later(max(0.0, due - time.time()), self.on_decided)
+
+    @staticmethod
+    async def _decide(
+        members: Mapping[str, _Observed],
+        ready: Mapping[str, list[_ReadyPod]],
+        app_policy: Mapping[str, Any] | None,
+        policy_host: PolicyHost | None,
+        now: float,
+    ) -> list[str]:
+        """Decide for ``members`` (the keys whose target changed): Ray's default policy here, a
+        custom one in the application's policy host."""
+        scope: Literal["deployment", "application"] = "application"
+        policy = app_policy
+        if policy is None:
+            ((key, member),) = members.items()
+            policy, scope = member.scaler.policy, "deployment"
+            if policy is None:
+                return [key] if member.scaler.step(len(ready[key]), now) else []
+        asked = {
+            _deployment(key): PolicyMember(m.scaler, len(ready[key]), [p.name for p in ready[key]])
+            for key, m in members.items()
+        }
+        host = policy_host or PolicyHost("", b"")
+        outcome = await ask_policy(host.answer, scope, policy, asked, time.time)
+        if outcome.error:
+            log.warning("%s: autoscaling policy failed: %s", ", ".join(members), outcome.error)
+        keys = {_deployment(key): key for key in members}
+        return [keys[name] for name in outcome.changed]
+
+
+def _deployment(key: str) -> str:
+    """The deployment's name in its :func:`scaling_key`."""
+    return key.split("/", 2)[2]
+
+
+@dataclass(frozen=True)
+class _Observed:
+    scaler: DeploymentAutoscaler
+    pods: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class _ReadyPod:
+    uid: str
+    ip: str
+    name: str
+
+
+def _ready(pods: list[dict[str, Any]]) -> list[_ReadyPod]:
+    return [
+        _ReadyPod(str(pod["metadata"]["uid"]), str(pod["status"]["podIP"]), pod["metadata"]["name"])
+        for pod in serving_pods(pods)
+    ]
 
 
 def external_replicas(obj: dict[str, Any]) -> dict[str, int]:

@@ -34,9 +34,7 @@ import aiohttp
 from aiohttp import web
 
 from kubeserve.backends.kubernetes.autoscaling import (
-    CUSTOM_POLICY_REFUSED,
     SCALE_TO_ZERO_REFUSED,
-    custom_policy_paths,
     external_replicas,
     scale_to_zero_paths,
 )
@@ -64,6 +62,7 @@ from kubeserve.control.instance import (
     external_scaler_disabled,
     immutable_option_conflict,
     prefix_in_use,
+    tls_path_refusals,
 )
 from kubeserve.runtime import channel, wire
 from kubeserve.runtime.kubernetes import contract
@@ -292,17 +291,17 @@ class KubernetesBackend:
         """Scaling to zero when pods cannot report to the operator (see
         :data:`~.autoscaling.SCALE_TO_ZERO_REFUSED`); the operator renders or reports everything
         else the schema accepts."""
-        refused: list[ErrorDetail] = [
-            {"loc": list(path), "msg": CUSTOM_POLICY_REFUSED}
-            for path in custom_policy_paths(app_config)
-        ]
         if self.reports is not None and self.reports.scales_to_zero:
-            return refused
+            return []
         overrides = app_config.get("deployments") or []
-        return refused + [
+        return [
             {"loc": ["deployments", *path], "msg": SCALE_TO_ZERO_REFUSED}
             for path in scale_to_zero_paths(o.get("autoscaling_config") for o in overrides)
         ]
+
+    def instance_refusals(self, instance: dict[str, Any]) -> list[ErrorDetail]:
+        """``http_options.ssl_*`` paths: TLS comes from a Secret the ServeInstance names."""
+        return tls_path_refusals(instance)
 
     async def shutdown(self) -> None:
         async with self._lock, _kube_errors():

@@ -35,7 +35,7 @@ from kubeserve.control.details import (
 from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.graph import graph_document
-from kubeserve.schema.config import ServeDeploySchema
+from kubeserve.schema.config import ServeDeploySchema, is_default_policy, policy_function_name
 from kubeserve.schema.limits import MAX_APPLICATIONS
 from kubeserve.schema.resources import (
     DeploymentStatusEntry,
@@ -289,9 +289,11 @@ def _autoscaling(
     last = None if entry is None else entry.last_scaling_decision
     decisions = []
     if last is not None:
-        decisions.append(
-            {**last.model_dump(by_alias=False), "policy": "default_autoscaling_policy"}
-        )
+        policy = effective.autoscaling_config.get("policy")
+        name = "default_autoscaling_policy"
+        if not is_default_policy(policy):
+            name = str(policy_function_name((policy or {})["policy_function"]))
+        decisions.append({**last.model_dump(by_alias=False), "policy": name})
     return {"scaling_status": scaling, "decisions": decisions}
 
 

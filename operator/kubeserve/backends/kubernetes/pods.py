@@ -13,6 +13,17 @@ def pod_ready(pod: dict[str, Any]) -> bool:
     return False
 
 
+def serving_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods one can talk to: ready, with an address, not being deleted."""
+    return [
+        pod
+        for pod in pods
+        if pod_ready(pod)
+        and (pod.get("status") or {}).get("podIP")
+        and not pod["metadata"].get("deletionTimestamp")
+    ]
+
+
 def replica_key(pod: dict[str, Any]) -> str:
     """One replica process: the pod and its container restart count.
 

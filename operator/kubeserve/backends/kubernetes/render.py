@@ -31,9 +31,13 @@ answers only ``GET /-/healthz`` and never runs user code (:mod:`kubeserve.runtim
 Probes point there: readiness every ``health_check_period_s`` (out of rotation on the first
 failure), liveness likewise (restart after 3 failures, as Ray replaces a replica after 3), and a
 startup probe that gives the constructor up to :data:`~.render_pod.STARTUP_TIMEOUT_S` seconds.
-``graceful_shutdown_timeout_s`` becomes ``terminationGracePeriodSeconds``. Rollouts follow Ray: no
-surge, at most 20% of the replicas replaced at a time (at least one), so a rollout never needs room
-for extra GPUs.
+``graceful_shutdown_timeout_s`` becomes ``terminationGracePeriodSeconds`` (plus the
+:data:`~kubeserve.runtime.kubernetes.contract.REPLICA_LEAVE_DELAY_S` a signalled replica keeps
+serving while proxies learn that it leaves, and a second for them to drop its connections).
+Rollouts follow Ray's ``rolling_update_percentage`` and ``max_surge_percent``
+(:mod:`kubeserve.control.rollout`), as the Deployment's ``maxUnavailable`` and ``maxSurge``; by
+default no surge, at most 20% of the replicas replaced at a time (at least one), so a rollout
+never needs room for extra GPUs.
 
 An application deployed with ``serve.run`` has no import path: its pickled graph is in the Secret
 :func:`~kubeserve.runtime.kubernetes.contract.pickled_graph_secret_name` (written by the admin
@@ -85,6 +89,7 @@ from kubeserve.backends.kubernetes.render_views import (
     deployment_view,
     instance_view,
 )
+from kubeserve.control import rollout
 from kubeserve.control.effective_config import HEALTH_CHECK_FAILURE_THRESHOLD, EffectiveDeployment
 from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
@@ -96,6 +101,7 @@ from kubeserve.runtime.kubernetes.contract import (
     INSTANCE_ENV,
     NAMESPACE_ENV,
     POD_NAME_ENV,
+    POLICY_PORT,
     PROBE_PORT,
     REPLICA_PORT,
 )
@@ -120,16 +126,17 @@ __all__ = [
     "render_instance_network_policies",
     "render_metrics_token_secret",
     "render_network_policies",
+    "render_policy_workload",
     "render_proxy",
     "render_replica_service",
     "render_replica_workload",
     "replica_config_json",
 ]
 
-#: A serve deployment's Deployment replaces pods as Ray's defaults replace replicas: a fifth
-#: of them at a time (``maxUnavailable``), no extra pod meanwhile (``maxSurge``); the details
-#: report it as ``rolling_update_percentage`` and ``max_surge_percent``.
-ROLLOUT = (0.2, 0)
+#: A serve deployment's Deployment replaces pods as Ray's defaults replace replicas, unless its
+#: config sets ``rolling_update_percentage`` or ``max_surge_percent``: a fifth of them at a time
+#: (``maxUnavailable``), no extra pod meanwhile (``maxSurge``).
+ROLLOUT = rollout.RAY_DEFAULT
 
 #: A finished build Job (and its pod, with the logs) is kept this long; the graph lives on in the
 #: ConfigMap.
@@ -137,6 +144,7 @@ BUILD_TTL_S = 3600
 #: Image pull, runtime_env fetch and import together must finish within this.
 BUILD_DEADLINE_S = 900
 _BUILD_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+_POLICY_RESOURCES = {"requests": {"cpu": "50m", "memory": "128Mi"}}
 _STARTUP_PERIOD_S = 2
 #: An imperative application's pickled graph in its build and replica pods (the mounted Secret).
 PICKLED_GRAPH_FILE = f"{contract.PICKLED_GRAPH_DIR}/{contract.PICKLED_GRAPH_KEY}"
@@ -162,8 +170,11 @@ def _name_annotations(app: AppView, deployment: DesiredDeployment) -> dict[str, 
 # --------------------------------------------------------------------------- replicas
 
 
-def replica_config_json(app: AppView, deployment: DesiredDeployment) -> str:
-    """The ``KUBESERVE_REPLICA_CONFIG`` value: literal except ``replica_id``, the pod's name."""
+def replica_config_json(
+    app: AppView, deployment: DesiredDeployment, http_root_path: str = ""
+) -> str:
+    """The ``KUBESERVE_REPLICA_CONFIG`` value: literal except ``replica_id``, the pod's name;
+    ``http_root_path`` is the instance's ``httpOptions.rootPath``."""
     config = deployment.config
     replica: wire.ReplicaConfig = {
         "app": app.app_name,
@@ -175,6 +186,7 @@ def replica_config_json(app: AppView, deployment: DesiredDeployment) -> str:
         "graceful_shutdown_wait_loop_s": config.graceful_shutdown_wait_loop_s,
         "graceful_shutdown_timeout_s": config.graceful_shutdown_timeout_s,
         "probe_port": PROBE_PORT,
+        "leave_delay_s": contract.REPLICA_LEAVE_DELAY_S,
         "health_check_period_s": config.health_check_period_s,
         "health_check_timeout_s": config.health_check_timeout_s,
     }
@@ -189,6 +201,8 @@ def replica_config_json(app: AppView, deployment: DesiredDeployment) -> str:
     route_prefix = app.config.get("route_prefix")
     if route_prefix and route_prefix != "/":  # an ASGI ingress sees it as root_path
         replica["route_prefix"] = str(route_prefix)
+    if http_root_path:
+        replica["http_root_path"] = http_root_path
     rest = {k: v for k, v in replica.items() if k != "replica_id"}
     literal = escape(json.dumps(rest, sort_keys=True, separators=(",", ":")))
     return f'{{"replica_id":"$({POD_NAME_ENV})",{literal[1:]}'
@@ -236,7 +250,9 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
         **_replica_probes(deployment.config),
     }
     own_env = {
-        wire.REPLICA_CONFIG_ENV: replica_config_json(app, deployment),
+        wire.REPLICA_CONFIG_ENV: replica_config_json(
+            app, deployment, str(instance.http_options.root_path or "")
+        ),
         APPLICATION_ENV: app.cr_name,
         INSTANCE_ENV: instance.name,
         DISCOVERY_ENV: DISCOVERY_KUBERNETES,
@@ -244,9 +260,8 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
     }
     if instance.report_url:  # handle calls waiting for replicas are reported to the operator
         own_env[wire.CONTROLLER_URL_ENV] = instance.report_url
-    fields: Manifest = {
-        "terminationGracePeriodSeconds": math.ceil(deployment.config.graceful_shutdown_timeout_s)
-    }
+    grace_s = deployment.config.graceful_shutdown_timeout_s + contract.REPLICA_GRACE_EXTRA_S
+    fields: Manifest = {"terminationGracePeriodSeconds": math.ceil(grace_s)}
     fields |= node_scheduling(options)
     _, _, selector = _replica_identity(instance, app, deployment)
     fields |= per_node_cap(deployment.config.max_replicas_per_node, selector)
@@ -298,8 +313,9 @@ def render_replica_workload(
     else:
         kind = "Deployment"
         spec["replicas"] = deployment.target_replicas
-        unavailable, surge = ROLLOUT
-        rolling = {"maxSurge": f"{surge}%", "maxUnavailable": f"{round(unavailable * 100)}%"}
+        # Absolute counts, as Ray rounds them (a percentage would round maxUnavailable down to 0)
+        surge, unavailable = deployment.config.rollout(ROLLOUT).bounds(deployment.target_replicas)
+        rolling = {"maxSurge": surge, "maxUnavailable": unavailable}
         spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": rolling}
     annotations = {**_name_annotations(app, deployment), **version}
     return {
@@ -339,8 +355,11 @@ def render_replica_service(
 def render_instance_network_policies(
     instance: InstanceView, operator_namespace: str
 ) -> list[Manifest]:
-    """:func:`~.render_proxy.render_network_policies` with the replica's ports."""
-    return render_network_policies(instance, operator_namespace, REPLICA_PORT, PROBE_PORT)
+    """:func:`~.render_proxy.render_network_policies` with the replica's and policy host's
+    ports."""
+    return render_network_policies(
+        instance, operator_namespace, REPLICA_PORT, PROBE_PORT, POLICY_PORT
+    )
 
 
 # --------------------------------------------------------------------------- builds
@@ -352,9 +371,12 @@ def _graph_mount(app: AppView) -> tuple[str, str] | None:
     return None if secret is None else (secret, contract.PICKLED_GRAPH_DIR)
 
 
-def _build_command(app: AppView) -> list[str]:
+def _builder_args(app: AppView) -> list[str]:
     args = app.config.get("args")
-    builder_args = ["--args", escape(json.dumps(args, sort_keys=True))] if args else []
+    return ["--args", escape(json.dumps(args, sort_keys=True))] if args else []
+
+
+def _build_command(app: AppView) -> list[str]:
     if app.graph_secret is not None:
         code = ["--pickled-file", PICKLED_GRAPH_FILE]
     else:
@@ -371,7 +393,7 @@ def _build_command(app: AppView) -> list[str]:
         app.cr_name,
         "--application-uid",
         app.uid,
-        *builder_args,
+        *_builder_args(app),
     ]
 
 
@@ -403,5 +425,77 @@ def render_build_job(instance: InstanceView, app: AppView) -> Manifest:
             "ttlSecondsAfterFinished": BUILD_TTL_S,
             "activeDeadlineSeconds": BUILD_DEADLINE_S,
             "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }
+
+
+# --------------------------------------------------------------------------- policy host
+
+
+def render_policy_workload(instance: InstanceView, app: AppView) -> Manifest:
+    """The Deployment of one pod answering the application's custom autoscaling policies.
+
+    Only for applications with a custom policy (the operator prunes it otherwise). It runs
+    ``kubeserve policy-host`` (:mod:`kubeserve.runtime.policy_server`) in the application's image
+    and runtime_env, with its code as the build gets it (import path and ``args``, or the
+    mounted pickled graph), behind the data-plane handshake with the pod's name as identity, as
+    a replica. Its template depends on :attr:`~.render_views.AppView.build_key` (the
+    annotation): new code restarts it, which loses ``policy_state`` as Ray's controller restart
+    does. ``Recreate``: never two hosts, so one policy state at a time. The pod needs no
+    Kubernetes API: no token is mounted.
+    """
+    image = image_for(app.runtime_env, instance.image, "runtime_env")
+    if app.graph_secret is not None:
+        code = ["--pickled-file", PICKLED_GRAPH_FILE]
+    else:
+        code = ["--import-path", escape(str(app.config["import_path"]))]
+    command = [
+        "kubeserve",
+        "policy-host",
+        escape(app.app_name),
+        *code,
+        *_builder_args(app),
+        "--host",
+        f"$({BIND_HOST_ENV})",
+        "--port",
+        str(POLICY_PORT),
+        "--identity",
+        f"$({POD_NAME_ENV})",
+    ]
+    main = container("policy-host", image, instance.image_pull_policy, command, [])
+    main |= {
+        "ports": [{"name": "policy", "containerPort": POLICY_PORT, "protocol": "TCP"}],
+        "resources": _POLICY_RESOURCES,
+    }
+    own_env = {APPLICATION_ENV: app.cr_name, INSTANCE_ENV: instance.name}
+    pod = user_pod_spec(
+        main,
+        app.runtime_env,
+        own_env,
+        contract.dataplane_account_name(instance.name),
+        field="runtime_env",
+        refs=[data_plane_secret_env(instance.name)],
+        secret_mount=_graph_mount(app),
+        automountServiceAccountToken=False,
+    )
+    component = contract.COMPONENT_POLICY
+    labels = contract.common_labels(component, instance.name, app.cr_name)
+    selector = contract.selector_labels(component, application=app.cr_name)
+    version = {contract.VERSION_ANNOTATION: app.build_key}
+    name = contract.policy_workload_name(app.cr_name)
+    annotations = {contract.APPLICATION_NAME_ANNOTATION: app.app_name, **version}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(name, app.namespace, labels, app.owner(), **annotations),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": selector},
+            "strategy": {"type": "Recreate"},
+            "revisionHistoryLimit": 3,
+            "template": {
+                "metadata": {"labels": labels, "annotations": version},
+                "spec": pod,
+            },
         },
     }

@@ -36,10 +36,11 @@ from typing import Any
 from kubeserve.backends.local import adoption, processes
 from kubeserve.backends.local.adoption import AdoptedReplica
 from kubeserve.backends.local.deployment_state import DISCOVERY_SETTLE_S, DeploymentState
-from kubeserve.backends.local.policy_process import PolicyFailure, PolicyLaunch, PolicyProcess
+from kubeserve.backends.local.policy_process import PolicyLaunch, PolicyProcess
 from kubeserve.backends.local.replica_context import ReplicaContext
 from kubeserve.control import effective_config
 from kubeserve.control.autoscaling import Direction
+from kubeserve.control.autoscaling_state import ask_policy
 from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status_derivation import AppStatusInfo, BuildView, application_status
 from kubeserve.runtime import runtime_env as runtime_envs
@@ -98,6 +99,9 @@ class ApplicationState:
         self._envs: dict[str, PreparedEnv] = {}
         #: the instance's ``target_capacity`` and its direction, set by the controller each pass
         self.capacity: tuple[float | None, Direction | None] = (None, None)
+        #: the instance's ``http_options.root_path``, set by the controller each pass (fixed
+        #: while the serving layer runs)
+        self.http_root_path = ""
         #: replicas an earlier run left serving, by deployment, until the first build places them
         self._adoptable: dict[str, list[AdoptedReplica]] = {}
         self._stopping: set[asyncio.Task[None]] = set()
@@ -285,6 +289,7 @@ class ApplicationState:
                 self.config.get("args") or {},
                 self.route_prefix,
                 app_graph=app_graph,
+                http_root_path=self.http_root_path,
             )
             state.adopt_all(self._adoptable.pop(name, []))
             state.reconcile()
@@ -312,29 +317,14 @@ class ApplicationState:
         """The application's ``autoscaling_policy`` decides for all its autoscaling deployments
         at once (Ray 2.60: it takes precedence over their own policies); a deployment it leaves
         out keeps its count, a failure leaves every count as it was."""
-        now = time.time()
         scaled = {n: d.scaling for n, d in self.deployments.items() if d.scaling.autoscaler}
-        contexts = {n: c for n, s in scaled.items() if (c := s.policy_context(now)) is not None}
-        if not contexts:
-            return
-        request = {
-            "scope": "application",
-            "policy": self.config["autoscaling_policy"],
-            "contexts": contexts,
-        }
-        try:
-            decisions = await self.policies.ask(request)
-        except PolicyFailure as exc:
-            for name in contexts:
-                autoscaler = scaled[name].autoscaler
-                if autoscaler is not None:
-                    autoscaler.policy_failed(f"application policy: {exc}")
-            log.warning("application %r: autoscaling policy failed: %s", self.name, exc)
-            return
-        now = time.time()
-        for name, answer in decisions.items():
-            if name in contexts:
-                scaled[name].apply_policy(answer, now)
+        members = {n: m for n, s in scaled.items() if (m := s.policy_member()) is not None}
+        policy = self.config["autoscaling_policy"]
+        outcome = await ask_policy(self.policies.ask, "application", policy, members, time.time)
+        if outcome.error:
+            log.warning("application %r: autoscaling policy failed: %s", self.name, outcome.error)
+        for name in outcome.changed:
+            scaled[name].announce()
 
     def _switch_route_when_ready(self, graph: dict[str, Any]) -> None:
         """Point the route at ``graph``'s ingress once all its deployments are HEALTHY, then stop

@@ -17,10 +17,16 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from kubeserve.backends.local.policy_process import PolicyFailure, PolicyProcess
+from kubeserve.backends.local.policy_process import PolicyProcess
 from kubeserve.backends.local.replica_process import ReplicaProcess
 from kubeserve.control.autoscaling import Direction
-from kubeserve.control.autoscaling_state import DeploymentAutoscaler, ReplicaLoad
+from kubeserve.control.autoscaling_state import (
+    DeploymentAutoscaler,
+    PolicyMember,
+    PolicyOutcome,
+    ReplicaLoad,
+    ask_policy,
+)
 from kubeserve.control.effective_config import EffectiveDeployment
 
 log = logging.getLogger(__name__)
@@ -110,47 +116,38 @@ class DeploymentScaling:
             if self.application_policy is not None:
                 await self.application_policy()
             elif scaler.policy is not None:
-                await self._ask_policy(scaler, scaler.policy, now)
+                await self._ask_policy(scaler, scaler.policy)
             else:
                 self._decide(now)
         finally:
             self._reading_metrics = False
 
-    def policy_context(self, now: float) -> dict[str, Any] | None:
-        """What the custom policy is asked for this deployment (None: nothing to ask now)."""
+    def policy_member(self) -> PolicyMember | None:
+        """This deployment as a custom policy sees it (None: it does not autoscale)."""
         if self.autoscaler is None:
             return None
         running = self._running()
-        before = self.autoscaler.target
-        context = self.autoscaler.policy_context(len(running), now, [r.replica_id for r in running])
-        self._after_decision(before)
-        return context
+        return PolicyMember(self.autoscaler, len(running), [r.replica_id for r in running])
 
-    def apply_policy(self, answer: object, now: float) -> None:
-        if self.autoscaler is None:
-            return
-        before = self.autoscaler.target
-        self.autoscaler.apply_policy(len(self._running()), now, answer)
-        self._after_decision(before)
+    def announce(self) -> None:
+        """The target changed: say why and wake the controller."""
+        assert self.autoscaler is not None
+        log.info("%s: %s", self._label, self.autoscaler.decisions[-1].reason)
+        self._wake()
 
-    async def _ask_policy(
-        self, scaler: DeploymentAutoscaler, policy: dict[str, Any], now: float
-    ) -> None:
-        context = self.policy_context(now)
-        if context is None:
-            return
+    async def _ask_policy(self, scaler: DeploymentAutoscaler, policy: dict[str, Any]) -> None:
         if self.policy_process is None:
             scaler.policy_failed("no policy process for this application")
             return
-        name = self._config.name
-        request = {"scope": "deployment", "policy": policy, "contexts": {name: context}}
-        try:
-            decisions = await self.policy_process.ask(request)
-        except PolicyFailure as exc:
-            scaler.policy_failed(str(exc))
+        member = self.policy_member()
+        assert member is not None
+        outcome: PolicyOutcome = await ask_policy(
+            self.policy_process.ask, "deployment", policy, {self._config.name: member}, time.time
+        )
+        if outcome.error:
             log.warning("%s: %s", self._label, scaler.policy_error)
-            return
-        self.apply_policy(decisions.get(name), time.time())
+        if outcome.changed:
+            self.announce()
 
     def record_queued(self, caller_id: str, queued: int) -> None:
         """A caller's report of requests waiting for this deployment (see
@@ -172,8 +169,7 @@ class DeploymentScaling:
     def _after_decision(self, before: int) -> None:
         assert self.autoscaler is not None
         if self.autoscaler.target != before:
-            log.info("%s: %s", self._label, self.autoscaler.decisions[-1].reason)
-            self._wake()
+            self.announce()
 
 
 async def _read_load(replica: ReplicaProcess) -> ReplicaLoad | None:

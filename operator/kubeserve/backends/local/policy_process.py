@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kubeserve.backends.local import processes
+from kubeserve.control.autoscaling_state import PolicyFailure
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +50,9 @@ class PolicyProcess:
         self._proc: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
 
-    async def ask(self, request: dict[str, Any]) -> dict[str, float]:
-        """The policy's raw counts by deployment; :class:`PolicyFailure` saying why not."""
+    async def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The policy host's answer (see :func:`~kubeserve.control.autoscaling_state.ask_policy`);
+        :class:`PolicyFailure` when the process failed or did not answer in time."""
         async with self._lock:
             fresh = self._proc is None or self._proc.returncode is not None
             timeout = START_TIMEOUT_S if fresh else CALL_TIMEOUT_S
@@ -64,12 +66,7 @@ class PolicyProcess:
             except (OSError, ValueError) as exc:
                 self.stop()
                 raise PolicyFailure(f"the policy process failed: {exc}") from None
-        if "error" in answer:
-            raise PolicyFailure(str(answer["error"]))
-        decisions = answer.get("decisions")
-        if not isinstance(decisions, dict):
-            raise PolicyFailure(f"the policy process answered {answer!r}")
-        return decisions
+        return answer
 
     async def _exchange(self, request: dict[str, Any]) -> dict[str, Any]:
         proc = await self._running()
@@ -107,7 +104,3 @@ class PolicyProcess:
         if self._proc is not None and self._proc.returncode is None:
             processes.kill_group(self._proc.pid)
         self._proc = None
-
-
-class PolicyFailure(Exception):
-    """The policy could not decide: the message says why, for the deployment's status."""

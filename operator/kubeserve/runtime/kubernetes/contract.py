@@ -40,6 +40,7 @@ __all__ = [
     "COMPONENT_BUILD",
     "COMPONENT_LABEL",
     "COMPONENT_PICKLED_GRAPH",
+    "COMPONENT_POLICY",
     "COMPONENT_PROXY",
     "COMPONENT_REPLICA",
     "DATA_PLANE_SECRET_KEY",
@@ -67,6 +68,7 @@ __all__ = [
     "PICKLED_GRAPH_KEY",
     "POD_IP_ENV",
     "POD_NAME_ENV",
+    "POLICY_PORT",
     "PROBE_PORT",
     "PRODUCT",
     "REPLICA_PORT",
@@ -92,6 +94,7 @@ __all__ = [
     "network_policy_name",
     "owner_reference",
     "pickled_graph_secret_name",
+    "policy_workload_name",
     "proxy_name",
     "selector_labels",
     "workload_name",
@@ -132,6 +135,8 @@ OPERATOR_POD_LABELS = {
 COMPONENT_PROXY = "proxy"
 COMPONENT_REPLICA = "replica"
 COMPONENT_BUILD = "build"
+#: the pod answering an application's custom autoscaling policies (``kubeserve policy-host``)
+COMPONENT_POLICY = "autoscaling-policy"
 #: the Secret holding an imperative application's pickled graph
 COMPONENT_PICKLED_GRAPH = "pickled-graph"
 
@@ -160,8 +165,17 @@ PICKLED_GRAPH_DIR = "/var/run/kubeserve/pickled-graph"
 
 #: The replica's port (user traffic and handle calls, behind the data-plane handshake).
 REPLICA_PORT = 8000
+#: The policy host's port (behind the data-plane handshake, ``CONTROL`` connections only).
+POLICY_PORT = 8000
 #: The replica's unauthenticated health listener (container port ``probe``), for the kubelet.
 PROBE_PORT = 8081
+#: How long a replica pod keeps taking requests after the kubelet's SIGTERM, before it drains:
+#: the pod leaves its EndpointSlice as the kubelet signals it, and proxies and handles learn it
+#: from their watch some time later; within this, they stop choosing it while it still serves.
+REPLICA_LEAVE_DELAY_S = 2.0
+#: What a replica pod's grace period adds to its ``graceful_shutdown_timeout_s``: the leave
+#: delay, and the time it gives callers to drop their connections once drained.
+REPLICA_GRACE_EXTRA_S = REPLICA_LEAVE_DELAY_S + 1.0
 #: Prometheus metrics of a proxy or replica pod (container port ``metrics``; a bearer token,
 #: see :mod:`kubeserve.runtime.metrics_listener`), and the variable that turns it on.
 METRICS_PORT = 8082
@@ -359,6 +373,13 @@ def pickled_graph_secret_name(app_cr: str, uid: str, sha256: str) -> str:
     return _dns_label((app_cr, "pickled", _digest((uid, sha256))), exact=False)
 
 
+def policy_workload_name(app_cr: str) -> str:
+    """Name of the Deployment running an application's policy host
+    (``<app>-autoscaling-policy``; a serve deployment's workload never has it, since
+    :func:`workload_name` hashes deployment names containing ``-``)."""
+    return _dns_label((app_cr, COMPONENT_POLICY), exact=True)
+
+
 def proxy_name(instance: str) -> str:
     """Name of the proxy Deployment/DaemonSet and Service of a ``ServeInstance``."""
     return _dns_label((instance, "proxy"), exact=True)
@@ -385,7 +406,11 @@ def metrics_token_secret_name(instance: str) -> str:
 def network_policy_name(instance: str, component: str) -> str:
     """NetworkPolicy of an instance's replica (``<inst>-replicas``) or proxy (``<inst>-proxies``)
     pods."""
-    plural = {COMPONENT_PROXY: "proxies", COMPONENT_REPLICA: "replicas"}[component]
+    plural = {
+        COMPONENT_PROXY: "proxies",
+        COMPONENT_REPLICA: "replicas",
+        COMPONENT_POLICY: "autoscaling-policies",
+    }[component]
     return _dns_label((instance, plural), exact=True)
 
 

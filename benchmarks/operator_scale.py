@@ -190,7 +190,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             }
 
             samples = []
-            for i, name in enumerate(("app-100", "app-500", "app-900")[: args.single_runs]):
+            singles = [f"app-{args.apps * k // 10}" for k in (1, 5, 9)][: args.single_runs]
+            for i, name in enumerate(singles):
                 change(plane, name, f"single-{i}")
                 t0 = time.monotonic()
                 wait_for(lambda name=name: ready_apps(plane, {name}) == 1, 300, interval_s=0.1,

@@ -71,6 +71,8 @@ class OperatorSampler:
 
     def rss_mib(self) -> float:
         status = Path(f"/proc/{self.pid}/status").read_text()
+        if "VmRSS:" not in status:
+            raise AssertionError(f"the operator exited: see {LOG}")
         kib = next(int(line.split()[1]) for line in status.splitlines() if line[:6] == "VmRSS:")
         self.peak_rss_mib = max(self.peak_rss_mib, kib / 1024)
         return kib / 1024

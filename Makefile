@@ -55,7 +55,7 @@ NODE_PACKAGES   := containerd runc containernetworking-plugins buildah iptables 
                    conntrack gcc libc6-dev
 K8S_NODE_BIN    := $(K8S_DIR)/node-bin
 # The node needs root (packages, bridge, cgroups); elsewhere `make test` skips the Kubernetes tier.
-NODE_FOR_TEST   := $(if $(filter 0,$(shell id -u)),k8s-node)
+NODE_FOR_TEST   := $(if $(filter 0,$(shell id -u)),k8s-node kwok)
 
 .PHONY: k8s-node node-packages node-images
 k8s-node: node-packages $(K8S_NODE_BIN)/.stamp $(COREDNS) node-images
@@ -76,6 +76,19 @@ node-images: node-packages venv
 	@# the test applications' gRPC modules (tests/apps/*_pb2*.py) go into the tests' image too
 	$(BIN)/python -c "from support.grpc_protos import ensure_generated; ensure_generated()"
 	sh tests/kubernetes/node/build_images.sh $(NODE_IMAGES) .
+
+## kwok's controller (sigs.k8s.io/kwok, built from the Go module proxy as released): fake nodes whose
+## pods it moves through their lifecycle against the real API server, for the kwok tests
+## (tests/kubernetes/test_kwok_*.py) and the 1,000-application operator bench; with the control plane
+## of `make k8s-node` (no kubelet, no containers). Cached under $(CACHE)/kwok.
+KWOK_VERSION := v0.7.0
+KWOK         := $(CACHE)/kwok/$(KWOK_VERSION)/kwok
+
+.PHONY: kwok
+kwok: $(KWOK)
+
+$(KWOK):
+	sh tests/kubernetes/build_kwok.sh $(KWOK_VERSION) $@
 
 ## The kubernetes tier's tests on the real node (as root; about 2 minutes once `make k8s-node` has run).
 .PHONY: test-node
@@ -224,10 +237,20 @@ bench-compare: venv
 
 ## The operator's figures on the real node of the kubernetes tier (as root, about 15-20 minutes):
 ## CR create -> Ready (median of 5), API requests per minute when idle (through a counting proxy),
-## operator RSS with 0, 1 and 101 applications. Writes benchmarks/operator-results.md.
+## operator RSS with 0, 1 and 101 applications. Writes benchmarks/operator-results.md. Then the
+## 1,000 applications on kwok (bench-operator-scale below).
 .PHONY: bench-operator
-bench-operator: venv k8s-node
+bench-operator: venv k8s-node kwok
 	KUBESERVE_K8S_NODE=1 timeout 2400 $(BIN)/python benchmarks/operator_bench.py
+	KUBESERVE_K8S_NODE=1 timeout 3600 $(BIN)/python benchmarks/operator_scale.py
+
+## The operator with 1,000 applications (as root, about 15 minutes): 50 fake nodes of kwok on the
+## control plane of `make k8s-node`, 3,000 deployments, 5,000 pods; apply -> all Ready, API requests
+## idle and during a churn of 10% of the apps (audit log), one change -> Ready, operator RSS and CPU.
+## Writes benchmarks/results-operator-scale.json and its section of benchmarks/results.md.
+.PHONY: bench-operator-scale
+bench-operator-scale: venv k8s-node kwok
+	KUBESERVE_K8S_NODE=1 timeout 3600 $(BIN)/python benchmarks/operator_scale.py
 
 ## The no-op app on real pods of the kubernetes tier's node (as root, about 3 minutes): the proxy pod,
 ## the proxy Service's ClusterIP and, as the reference, the same replica code on the host without the

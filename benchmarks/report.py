@@ -34,6 +34,9 @@ _K8S_RAY_TWIN = {
     _K8S_SERVICE: "no-op via proxy, 1 replica",
 }
 
+# The operator with 1,000 applications on kwok's fake nodes, written by operator_scale.py.
+OPERATOR_SCALE_RESULTS = Path(__file__).resolve().parent / "results-operator-scale.json"
+
 
 #: The committed baseline ``make bench`` compares with (``make bench-baseline`` rewrites it).
 BASELINE = Path(__file__).resolve().parent / "baseline.json"
@@ -290,6 +293,58 @@ def targets(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def operator_scale_section(path: Path = OPERATOR_SCALE_RESULTS) -> list[str]:
+    """``## Operator at scale``: the figures of ``make bench-operator-scale`` and its targets."""
+    if not path.exists():
+        return []
+    r = json.loads(path.read_text())
+    idle, churn, one = r["idle"], r["churn"], r["one_change_s"]
+    m = r["machine"]
+
+    def target(ok: bool) -> str:
+        return "met" if ok else "**missed**"
+
+    lines = [
+        "## Operator at scale (kwok)",
+        "",
+        f"`make bench-operator-scale` on {m['date']} ({m['cpus']} CPUs, load average "
+        f"{', '.join(map(str, m['load_before']))} before, {', '.join(map(str, m['load_after']))} "
+        f"after): {r['apps']:,} ServeApplications of 3 deployments ({r['pods']:,} replica pods) "
+        f"on {r['nodes']} fake nodes of kwok, against the real kube-apiserver, controllers and "
+        "scheduler on the same 2 cores; the operator's requests from the API server's audit log "
+        "(`benchmarks/operator_scale.py` says how). The operator ran "
+        + ("with" if r.get("leader_election", True) else "**without**")
+        + " leader election.",
+        "",
+        "| figure | value | target |",
+        "|---|---|---|",
+        f"| apply of all -> all Ready | {r['all_ready_s']:.0f} s (the creates themselves "
+        f"{r['apply_s']:.0f} s; operator CPU {r['cpu_s_to_ready']:.0f} s) | 300 s: "
+        f"{target(r['all_ready_s'] <= 300)} |",
+        f"| one app's change -> Ready, 999 others idle | {one['median']:.2f} s (median of "
+        f"{', '.join(map(str, one['samples']))}) | 5 s: {target(one['median'] <= 5)} |",
+        f"| API writes / min, idle | {idle['writes_per_min_besides_election']:g} (plus "
+        f"{idle['writes_per_min'] - idle['writes_per_min_besides_election']:g} renewals of the "
+        f"leader's Lease) | 0: {target(idle['writes_per_min_besides_election'] == 0)} |",
+        f"| API requests / min, idle | {idle['requests_per_min']:g} | |",
+        f"| operator CPU, idle | {idle['cpu_percent']:g}% of a core | |",
+        f"| operator RSS | {r['rss_mib_ready']:.0f} MiB all Ready, {r['rss_mib_peak']:.0f} MiB "
+        f"peak | 500 MB: {target(r['rss_mib_peak'] * 1.048576 < 500)} |",
+        f"| churn of {churn['apps']} apps -> all Ready | {churn['all_ready_s']:.0f} s | |",
+        f"| API requests / min, churn | {churn['requests_per_min']:g} "
+        f"({churn['writes_per_min']:g} writes) | |",
+        f"| operator CPU, churn | {churn['cpu_percent']:g}% of a core | |",
+        "",
+        "Requests per minute by verb and resource, idle: "
+        + (", ".join(f"{k} {v:g}" for k, v in idle["by_kind_per_min"].items()) or "none")
+        + ". During the churn: "
+        + ", ".join(f"{k} {v:g}" for k, v in list(churn["by_kind_per_min"].items())[:12])
+        + ".",
+        "",
+    ]
+    return lines
+
+
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -361,6 +416,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         *targets(results),
         "",
+        *operator_scale_section(),
         "## Spread (req/s of every kubeserve run)",
         "",
         *[f"- {line}" for line in spread],

@@ -42,7 +42,8 @@ class OperatorProcess:
 
     Its admin server listens on loopback for the tests and on the node's bridge address for the
     pods, which report requests waiting for replicas there (``--report-url``), as they reach the
-    chart's operator through its Service."""
+    chart's operator through its Service; ``host`` names another address for both (a cluster
+    without the node's bridge: 127.0.0.1)."""
 
     def __init__(
         self,
@@ -52,6 +53,8 @@ class OperatorProcess:
         *,
         kubeconfig: Path | None = None,
         also_watch: Sequence[str] = (),
+        host: str = NODE_IP,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.plane, self.namespace, self.log_path = plane, namespace, log_path
         self.kubeconfig = kubeconfig
@@ -59,15 +62,18 @@ class OperatorProcess:
         self.port = free_port()
         self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.hosts = ",".join(dict.fromkeys(("127.0.0.1", host)))
+        self.report_host = host
+        self.extra_args = list(extra_args)
 
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kubeserve.cli", "operator", "--namespace", self.namespace,
                  "--watch-namespaces", self.watch,
-                 "--dashboard-host", f"127.0.0.1,{NODE_IP}", "--dashboard-port", str(self.port),
-                 "--report-url", f"http://{NODE_IP}:{self.port}",
-                 "--metrics-port", str(self.metrics_port)],
+                 "--dashboard-host", self.hosts, "--dashboard-port", str(self.port),
+                 "--report-url", f"http://{self.report_host}:{self.port}",
+                 "--metrics-port", str(self.metrics_port), *self.extra_args],
                 env=self.plane.env(self.kubeconfig), stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, cwd=ROOT,
                 preexec_fn=die_with_parent,  # no orphan operator, even if the caller is killed

@@ -95,13 +95,16 @@ class EffectiveDeployment:
     #: :meth:`rollout`)
     rolling_update_percentage: float | None = None
     max_surge_percent: int | None = None
+    #: the most replicas one node may hold (None: no limit)
+    max_replicas_per_node: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The REST spelling (``deployment_config`` of the details): the configs nothing set are
         Ray's defaults, as Ray reports them (``logging_config`` aside, absent as in Ray's
         answer when nothing sets it)."""
         body = asdict(self)
-        for unset in ("logging_config", "rolling_update_percentage", "max_surge_percent"):
+        unset_fields = ("logging_config", "rolling_update_percentage", "max_surge_percent")
+        for unset in (*unset_fields, "max_replicas_per_node"):
             if body[unset] is None:  # the details fill the rollout in (the backend decides it)
                 del body[unset]
         body["backpressure_config"] = {**DEFAULT_BACKPRESSURE, **(self.backpressure_config or {})}

@@ -221,8 +221,10 @@ SUPPORT: dict[str, Support] = {
     "DeploymentSchema.placement_group_bundles": _PLACEMENT_GROUPS,
     "DeploymentSchema.placement_group_strategy": _PLACEMENT_GROUPS,
     "DeploymentSchema.placement_group_bundle_label_selector": _PLACEMENT_GROUPS,
-    "DeploymentSchema.max_replicas_per_node": refused(
-        "spreading limits per node are not supported yet"
+    "DeploymentSchema.max_replicas_per_node": partial(
+        "a hard cap per node on Kubernetes (a topology spread constraint on "
+        "kubernetes.io/hostname; replicas beyond it stay Pending, as in Ray); not applied on one "
+        "machine"
     ),
     "DeploymentSchema.logging_config": works(),
     "DeploymentSchema.request_router_config": works(),
@@ -259,8 +261,9 @@ SUPPORT: dict[str, Support] = {
     "RayActorOptionsSchema.accelerator_type": partial(
         "a node selector on Kubernetes; not checked on one machine"
     ),
-    "RayActorOptionsSchema.label_selector": refused(
-        "node label selectors are not supported yet", None, {}
+    "RayActorOptionsSchema.label_selector": partial(
+        "node labels on Kubernetes (a value: nodeSelector; !value, in(a, b), !in(a, b): node "
+        "affinity); not checked on one machine"
     ),
     "RayActorOptionsSchema.fallback_strategy": refused(
         "scheduling fallback strategies are not supported yet", None, []

@@ -42,6 +42,7 @@ def test_every_ray_decorator_option_is_honoured_or_refused_by_name() -> None:
         "logging_config": {"log_level": "DEBUG"},
         "request_router_config": {"request_routing_stats_period_s": 5},
         "backpressure_config": {"status_code": 503},
+        "max_replicas_per_node": 1,
         "rolling_update_percentage": 0.5,
         "max_surge_percent": 10,
     }
@@ -55,7 +56,6 @@ def test_every_ray_decorator_option_is_honoured_or_refused_by_name() -> None:
         "placement_group_bundles": [{"CPU": 1}],
         "placement_group_strategy": "PACK",
         "placement_group_bundle_label_selector": [{"a": "b"}],
-        "max_replicas_per_node": 1,
         "max_constructor_retry_count": 3,
         "gang_scheduling_config": {"gang_size": 2},
         "deployment_actors": [{"name": "x", "actor_class": "m:C"}],

@@ -337,6 +337,48 @@ def test_accelerator_type_is_a_node_selector() -> None:
         workload(ray_actor_options={"accelerator_type": "not a label"})
 
 
+def test_label_selector_values_are_node_selectors_and_operators_node_affinity() -> None:
+    selector = {"pool": "a", "zone": "!west", "gpu": "in(H100, A100)", "spot": "!in(yes)"}
+    spec = pod(workload(ray_actor_options={"label_selector": selector}))
+    assert spec["nodeSelector"] == {"pool": "a"}
+    required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required["nodeSelectorTerms"] == [
+        {
+            "matchExpressions": [
+                {"key": "gpu", "operator": "In", "values": ["H100", "A100"]},
+                {"key": "spot", "operator": "NotIn", "values": ["yes"]},
+                {"key": "zone", "operator": "NotIn", "values": ["west"]},
+            ]
+        }
+    ]
+    both = {"accelerator_type": "H100", "label_selector": {"pool": "a"}}
+    assert pod(workload(ray_actor_options=both))["nodeSelector"] == {
+        "kubeserve.io/accelerator-type": "H100",
+        "pool": "a",
+    }
+    assert "affinity" not in pod(workload())
+
+
+@pytest.mark.parametrize("value", ["in()", "!!a", "in(a,", "two words", "-a", ""])
+def test_a_label_selector_kubernetes_cannot_express_is_a_render_error(value: str) -> None:
+    with pytest.raises(render.RenderError, match="label_selector 'pool'"):
+        workload(ray_actor_options={"label_selector": {"pool": value}})
+
+
+def test_max_replicas_per_node_is_a_hard_spread_over_nodes() -> None:
+    obj = workload(max_replicas_per_node=2)
+    (constraint,) = pod(obj)["topologySpreadConstraints"]
+    assert constraint["maxSkew"] == 2
+    assert constraint["topologyKey"] == "kubernetes.io/hostname"
+    assert constraint["whenUnsatisfiable"] == "DoNotSchedule"
+    # more domains than any cluster has: the global minimum is 0, so maxSkew caps every node
+    assert constraint["minDomains"] >= 100_000
+    assert constraint["labelSelector"]["matchLabels"] == obj["spec"]["selector"]["matchLabels"]
+    assert constraint["matchLabelKeys"] == ["pod-template-hash"]
+    validate(obj)
+    assert "topologySpreadConstraints" not in pod(workload())
+
+
 def test_probes_follow_the_health_check_fields() -> None:
     container = main_container(workload(health_check_period_s=2.5, health_check_timeout_s=4))
     replica = json.loads(env(container)["KUBESERVE_REPLICA_CONFIG"].replace("$(", "("))

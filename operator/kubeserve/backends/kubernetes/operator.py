@@ -96,6 +96,12 @@ class Reconciler(Protocol):
     async def reconcile(self, obj: dict[str, Any]) -> StatusReport: ...
 
 
+#: Reconcile passes in flight at once. Each is a chain of API requests; a thousand at once (every
+#: object at start-up, a bulk apply) flood the event loop, which then renews the leader's Lease
+#: too late, and every write is fenced until it does. The rest wait their turn, in order.
+CONCURRENT_PASSES = 8
+
+
 class Operator:
     def __init__(self, settings: OperatorSettings, elector: LeaderElector | None = None) -> None:
         self.settings = settings
@@ -103,6 +109,7 @@ class Operator:
         #: the client of the admin API and the caches (never fenced); set by :meth:`start`
         self.kube: Kube | None = None
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._passes = asyncio.Semaphore(CONCURRENT_PASSES)
         self._dirty: set[str] = set()
         self._wakeup = asyncio.Event()
         self.cluster: Cluster | None = None
@@ -156,12 +163,13 @@ class Operator:
             await self.cluster.kube.close()
 
     async def reconcile(self, obj: dict[str, Any]) -> None:
-        """One pass over a ServeInstance or ServeApplication (serialised per object): its
-        reconciler converges the children and reports; the report becomes the status."""
+        """One pass over a ServeInstance or ServeApplication (serialised per object, at most
+        :data:`CONCURRENT_PASSES` at once): its reconciler converges the children and reports;
+        the report becomes the status."""
         assert self.cluster is not None
         meta = obj["metadata"]
         key = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"
-        async with self._locks[key]:
+        async with self._locks[key], self._passes:
             latest = self.cluster.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
             if latest["metadata"].get("deletionTimestamp"):
                 return  # children go with it (ownerReferences); nothing to converge to

@@ -67,7 +67,8 @@ from kubeserve.backends.kubernetes.render_pod import (
     data_plane_secret_env,
     escape,
     image_for,
-    node_selector,
+    node_scheduling,
+    per_node_cap,
     resources,
     seconds,
     user_pod_spec,
@@ -261,8 +262,9 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
         own_env[wire.CONTROLLER_URL_ENV] = instance.report_url
     grace_s = deployment.config.graceful_shutdown_timeout_s + contract.REPLICA_GRACE_EXTRA_S
     fields: Manifest = {"terminationGracePeriodSeconds": math.ceil(grace_s)}
-    if selector := node_selector(options):
-        fields["nodeSelector"] = selector
+    fields |= node_scheduling(options)
+    _, _, selector = _replica_identity(instance, app, deployment)
+    fields |= per_node_cap(deployment.config.max_replicas_per_node, selector)
     account = contract.dataplane_account_name(instance.name)
     refs = [data_plane_secret_env(instance.name)]
     return user_pod_spec(

@@ -64,7 +64,9 @@ __all__ = [
     "escape",
     "field_env",
     "image_for",
+    "node_scheduling",
     "node_selector",
+    "per_node_cap",
     "pod_spec",
     "resources",
     "seconds",
@@ -98,6 +100,7 @@ _FILE_KEYS = frozenset({"working_dir", "py_modules"})
 _NAME_PART = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _RESOURCE_NAME = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME_PART}")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")
+_LABEL_KEY = _RESOURCE_NAME
 
 
 # --------------------------------------------------------------------------- environment
@@ -260,6 +263,76 @@ def node_selector(options: Mapping[str, Any]) -> dict[str, str]:
             f"ray_actor_options.accelerator_type {accelerator!r} is not a valid node label value"
         )
     return {ACCELERATOR_LABEL: accelerator}
+
+
+#: Ray 2.60's label selector values: ``v``, ``!v``, ``in(a, b)``, ``!in(a, b)``.
+_SELECTOR_VALUE = re.compile(r"(?P<not>!)?(?:in\((?P<set>[^()]*)\)|(?P<one>[^()!]*))")
+
+
+def node_scheduling(options: Mapping[str, Any]) -> Manifest:
+    """The pod fields that choose a replica's node: ``accelerator_type`` and Ray 2.60's
+    ``label_selector`` (node labels on Kubernetes).
+
+    A plain value is a ``nodeSelector`` entry; ``!v``, ``in(a, b)`` and ``!in(a, b)`` are
+    required node affinity (``NotIn`` / ``In``; as in Ray, a node without the label passes a
+    ``!`` condition).
+    """
+    selector = node_selector(options)
+    expressions: list[Manifest] = []
+    for key, value in sorted((options.get("label_selector") or {}).items()):
+        match = _SELECTOR_VALUE.fullmatch(str(value))
+        values = (
+            [v.strip() for v in match["set"].split(",")]
+            if match and match["set"] is not None
+            else [match["one"]]
+            if match
+            else []
+        )
+        if (
+            not match
+            or not _LABEL_KEY.fullmatch(key)
+            or not all(v and _LABEL_VALUE.fullmatch(v) for v in values)
+        ):
+            raise RenderError(
+                f"ray_actor_options.label_selector {key!r}: {value!r} is not a node label "
+                "condition (a label value, !value, in(a, b) or !in(a, b))"
+            )
+        if match["not"] is None and match["set"] is None:
+            selector[key] = values[0]
+        else:
+            operator = "NotIn" if match["not"] else "In"
+            expressions.append({"key": key, "operator": operator, "values": values})
+    fields: Manifest = {"nodeSelector": selector} if selector else {}
+    if expressions:
+        terms = [{"matchExpressions": expressions}]
+        required = {"nodeSelectorTerms": terms}
+        fields["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
+        }
+    return fields
+
+
+#: ``minDomains`` of the per-node cap: more nodes than any cluster has, so the scheduler always
+#: counts the global minimum as 0 and ``maxSkew`` is the most replicas a node may hold.
+_EVERY_NODE = 1_000_000
+
+
+def per_node_cap(max_replicas_per_node: int | None, selector: Mapping[str, str]) -> Manifest:
+    """Ray's ``max_replicas_per_node`` as a hard topology spread constraint on
+    ``kubernetes.io/hostname``: at most that many replicas of the deployment (of one revision,
+    so a roll is never stuck behind the replicas it replaces) on any node; replicas beyond what
+    the nodes hold stay Pending, as Ray's stay pending."""
+    if max_replicas_per_node is None:
+        return {}
+    constraint = {
+        "maxSkew": max_replicas_per_node,
+        "minDomains": _EVERY_NODE,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": dict(selector)},
+        "matchLabelKeys": ["pod-template-hash"],
+    }
+    return {"topologySpreadConstraints": [constraint]}
 
 
 # --------------------------------------------------------------------------- containers and pods

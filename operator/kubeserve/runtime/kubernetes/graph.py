@@ -23,10 +23,11 @@ def graph_document(configmap: Mapping[str, Any]) -> Any:
     return json.loads((configmap.get("data") or {}).get(contract.GRAPH_KEY, "{}"))
 
 
-async def write_graph_configmap(
+def graph_configmap(
     namespace: str, name: str, document: str, application: str, application_uid: str
-) -> None:
-    """Create the ConfigMap (idempotent: a retried Job finding it already there is fine)."""
+) -> dict[str, Any]:
+    """The ConfigMap a build leaves: the graph ``document`` under :data:`~.contract.GRAPH_KEY`,
+    labelled as the application's build and owned by it (when its uid is known)."""
     labels = contract.selector_labels(contract.COMPONENT_BUILD, application=application)
     metadata: dict[str, Any] = {
         "name": name,
@@ -41,12 +42,19 @@ async def write_graph_configmap(
             "uid": application_uid,
         }
         metadata["ownerReferences"] = [contract.owner_reference(owner, controller=False)]
-    body = {
+    return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata,
         "data": {contract.GRAPH_KEY: document},
     }
+
+
+async def write_graph_configmap(
+    namespace: str, name: str, document: str, application: str, application_uid: str
+) -> None:
+    """Create the ConfigMap (idempotent: a retried Job finding it already there is fine)."""
+    body = graph_configmap(namespace, name, document, application, application_uid)
     kube = await Kube.connect()
     try:
         await kube.create("ConfigMap", namespace, body)

@@ -1,0 +1,260 @@
+"""The operator with 1,000 applications: kwok's fake nodes, the real control plane, no kubelet.
+
+The cluster is ``tests/support/kwok_cluster.py`` (etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler of ``make k8s-node``, and kwok of ``make kwok``) with 50 fake nodes; the build and
+replica processes kwok does not run are stood in for by ``tests/support/kwok_pods.py`` (the graph
+written by a real ``kubeserve build`` run once, the replica's own HTTP server answering the
+operator's health checks and reconfigures on each pod's address). The operator runs as on the
+node tier, watching the namespace ``bench``, as the audited user ``kubeserve-operator``: every
+request it makes is in the API server's audit log, counted here by verb and resource.
+
+Measured, in this order:
+
+1. **apply -> all Ready**: one ServeInstance, then 1,000 ServeApplications of
+   ``ks_composed_app:app`` (3 deployments, 5 replica pods each: 5,000 pods), created through the
+   API 16 at a time; the time from the first create to every application's
+   ``Ready`` condition True at its generation.
+2. **idle**: once 10 s pass without a write (the leader's Lease aside), 60 s counted: requests
+   per minute by verb and resource, the operator's CPU and RSS.
+3. **one change**: an env var of one application changed (a new build, every deployment rolls)
+   while the other 999 sit there; time to Ready at the new generation, polled every 100 ms;
+   three runs on three applications, median.
+4. **churn**: the same change on 10% of the applications at once; the time until all are Ready
+   again, and the requests per minute and CPU of the operator meanwhile.
+
+Run with ``make bench-operator-scale`` (as root, about 15 minutes); writes
+``benchmarks/results-operator-scale.json`` and its section of ``benchmarks/results.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import report
+
+from support.common import wait_for
+from support.k8s_operator import KUBESERVE_IMAGE, OperatorProcess, application, install_crds
+from support.k8s_operator import instance as serve_instance
+from support.kwok_cluster import KwokCluster, start_kwok_cluster
+from support.kwok_pods import PodStandIns
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMESPACE = "bench"
+IMPORT_PATH = "ks_composed_app:app"
+PODS_PER_APP = 5
+LOG = ROOT / "var" / "bench-operator-scale.log"
+ELECTION = "leases"
+CONCURRENT = 16
+
+
+class OperatorSampler:
+    """CPU seconds and RSS of the operator process, read from /proc."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak_rss_mib = 0.0
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mib(self) -> float:
+        status = Path(f"/proc/{self.pid}/status").read_text()
+        if "VmRSS:" not in status:
+            raise AssertionError(f"the operator exited: see {LOG}")
+        kib = next(int(line.split()[1]) for line in status.splitlines() if line[:6] == "VmRSS:")
+        self.peak_rss_mib = max(self.peak_rss_mib, kib / 1024)
+        return kib / 1024
+
+
+def ready_apps(plane: KwokCluster, names: set[str] | None = None) -> int:
+    items = plane.api("GET", f"/apis/kubeserve.io/v1beta1/namespaces/{NAMESPACE}/serveapplications")
+    return sum(
+        _ready(app) for app in items["items"] if names is None or app["metadata"]["name"] in names
+    )
+
+
+def _ready(app: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Ready"
+        and c["status"] == "True"
+        and c.get("observedGeneration") == app["metadata"]["generation"]
+        for c in (app.get("status") or {}).get("conditions", [])
+    )
+
+
+def create_all(plane: KwokCluster, objects: list[dict[str, Any]]) -> None:
+    """POST every object, :data:`CONCURRENT` at a time (as a CD tool applying a repository)."""
+    path = f"/apis/kubeserve.io/v1beta1/namespaces/{NAMESPACE}/serveapplications"
+    with ThreadPoolExecutor(CONCURRENT) as pool:
+        list(pool.map(lambda obj: plane.api("POST", path, obj), objects))
+
+
+def per_minute(plane: KwokCluster, since: int, seconds: float) -> dict[str, Any]:
+    requests = plane.operator_requests(since)
+    scale = 60.0 / seconds
+    by_kind = Counter(f"{r.verb} {r.resource}" for r in requests)
+    writes = [r for r in requests if r.is_write]
+    return {
+        "requests_per_min": round(len(requests) * scale, 1),
+        "writes_per_min": round(len(writes) * scale, 1),
+        "writes_per_min_besides_election": round(
+            sum(r.resource != ELECTION for r in writes) * scale, 1
+        ),
+        "by_kind_per_min": {k: round(v * scale, 1) for k, v in by_kind.most_common()},
+    }
+
+
+def wait_quiet(plane: KwokCluster, quiet_s: float = 10.0, timeout_s: float = 300.0) -> None:
+    def quiet() -> bool:
+        mark = plane.audit_mark()
+        time.sleep(quiet_s)
+        return not any(w.is_write and w.resource != ELECTION for w in plane.operator_requests(mark))
+
+    wait_for(quiet, timeout_s, interval_s=0, what=f"{quiet_s:.0f} s without a write")
+
+
+def change(plane: KwokCluster, name: str, value: str) -> None:
+    patch = {"spec": {"runtimeEnv": {"envVars": {"BENCH_CHANGE": value}}}}
+    plane.kubectl(
+        "patch", "serveapplication", name, "-n", NAMESPACE, "--type=merge", "-p", json.dumps(patch)
+    )
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {
+        "apps": args.apps,
+        "nodes": args.nodes,
+        "pods": args.apps * PODS_PER_APP,
+        "leader_election": args.election,
+    }
+    with start_kwok_cluster() as plane, PodStandIns(plane.kubeconfig) as stand_ins:
+        install_crds(plane)
+        plane.add_nodes(args.nodes)
+        plane.add_namespace(NAMESPACE)
+        LOG.parent.mkdir(exist_ok=True)
+        LOG.write_text("")
+        election = [] if args.election else ["--leader-election-lease", ""]
+        operator = OperatorProcess(
+            plane, NAMESPACE, LOG, kubeconfig=plane.operator_kubeconfig, host="127.0.0.1",
+            extra_args=election,
+        )  # fmt: skip
+        operator.start()
+        assert operator.proc is not None
+        sampler = OperatorSampler(operator.proc.pid)
+        try:
+            plane.apply(serve_instance(NAMESPACE, image=KUBESERVE_IMAGE))
+            results["rss_mib_before"] = round(sampler.rss_mib(), 1)
+            apps = [
+                application(NAMESPACE, f"app-{i}", IMPORT_PATH, routePrefix=f"/a{i}")
+                for i in range(args.apps)
+            ]
+            cpu0, t0 = sampler.cpu_s(), time.monotonic()
+            create_all(plane, apps)
+            results["apply_s"] = round(time.monotonic() - t0, 1)
+            progress = []
+
+            def all_ready() -> bool:
+                if operator.proc is not None and operator.proc.poll() is not None:
+                    raise AssertionError(f"the operator exited at {progress[-1:]}: see {LOG}")
+                ready = ready_apps(plane)
+                sampler.rss_mib()
+                progress.append((round(time.monotonic() - t0), ready, stand_ins.replicas))
+                print(f"{progress[-1][0]:>5} s: {ready} Ready, {stand_ins.replicas} replicas",
+                      flush=True)  # fmt: skip
+                return ready == args.apps
+
+            wait_for(all_ready, args.ready_timeout, interval_s=5, what="all Ready")
+            results["all_ready_s"] = round(time.monotonic() - t0, 1)
+            results["cpu_s_to_ready"] = round(sampler.cpu_s() - cpu0, 1)
+            results["progress"] = progress[:: max(1, len(progress) // 20)]
+            results["rss_mib_ready"] = round(sampler.rss_mib(), 1)
+
+            wait_quiet(plane)
+            mark, cpu0, t0 = plane.audit_mark(), sampler.cpu_s(), time.monotonic()
+            time.sleep(args.window)
+            elapsed = time.monotonic() - t0
+            results["idle"] = per_minute(plane, mark, elapsed) | {
+                "window_s": round(elapsed),
+                "cpu_percent": round(100 * (sampler.cpu_s() - cpu0) / elapsed, 1),
+                "rss_mib": round(sampler.rss_mib(), 1),
+            }
+
+            samples = []
+            singles = [f"app-{args.apps * k // 10}" for k in (1, 5, 9)][: args.single_runs]
+            for i, name in enumerate(singles):
+                change(plane, name, f"single-{i}")
+                t0 = time.monotonic()
+                wait_for(lambda name=name: ready_apps(plane, {name}) == 1, 300, interval_s=0.1,
+                         what=f"{name} Ready after its change")  # fmt: skip
+                samples.append(round(time.monotonic() - t0, 2))
+            results["one_change_s"] = {"median": statistics.median(samples), "samples": samples}
+
+            wait_quiet(plane)
+            churned = {f"app-{i}" for i in range(0, args.apps, 10)}
+            mark, cpu0, t0 = plane.audit_mark(), sampler.cpu_s(), time.monotonic()
+            for name in sorted(churned):
+                change(plane, name, "churn")
+            wait_for(lambda: ready_apps(plane, churned) == len(churned), args.ready_timeout,
+                     interval_s=1, what="the churned applications Ready")  # fmt: skip
+            elapsed = time.monotonic() - t0
+            results["churn"] = per_minute(plane, mark, elapsed) | {
+                "apps": len(churned),
+                "all_ready_s": round(elapsed, 1),
+                "cpu_percent": round(100 * (sampler.cpu_s() - cpu0) / elapsed, 1),
+            }
+            results["rss_mib_peak"] = round(sampler.peak_rss_mib, 1)
+            results["stand_in_errors"] = stand_ins.errors[:20]
+        finally:
+            operator.stop()
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--apps", type=int, default=1000)
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--window", type=float, default=60.0, help="idle window (s)")
+    parser.add_argument("--single-runs", type=int, default=3)
+    parser.add_argument("--ready-timeout", type=float, default=1800.0)
+    parser.add_argument("--out", type=Path, default=report.OPERATOR_SCALE_RESULTS)
+    parser.add_argument(
+        "--no-election",
+        dest="election",
+        action="store_false",
+        help="run the operator without leader election (--leader-election-lease '')",
+    )
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    results = measure(args)
+    results["machine"] = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "load_before": [round(x, 1) for x in load_before],
+        "load_after": [round(x, 1) for x in os.getloadavg()],
+    }
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(json.dumps(results, indent=1))
+    bench_results = ROOT / "benchmarks" / "results.json"
+    if args.out == report.OPERATOR_SCALE_RESULTS and bench_results.exists():
+        (ROOT / "benchmarks" / "results.md").write_text(
+            report.markdown(json.loads(bench_results.read_text()))
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

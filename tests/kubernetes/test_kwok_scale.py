@@ -1,0 +1,75 @@
+"""Fifty applications on kwok's fake nodes: all Ready, and an operator that writes nothing once
+nothing changes (``make bench-operator`` runs the same with 1,000)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+
+from support.common import wait_for
+from support.k8s_operator import KUBESERVE_IMAGE, OperatorProcess, application, instance
+from support.kwok_cluster import KwokCluster
+
+APPS = 50
+#: The operator's own leader-election Lease: renewed every retry period (2 s) by design, so that a
+#: killed leader is replaced within seconds; every other write is a change it made.
+ELECTION = "leases"
+#: longer than the operator's resync timer (30 s), so a pass over every object falls inside
+IDLE_WINDOW_S = 40.0
+
+
+def ready_count(plane: KwokCluster, namespace: str) -> int:
+    items = plane.get("serveapplications", namespace=namespace)["items"]
+    return sum(
+        any(
+            c["type"] == "Ready"
+            and c["status"] == "True"
+            and c.get("observedGeneration") == app["metadata"]["generation"]
+            for c in (app.get("status") or {}).get("conditions", [])
+        )
+        for app in items
+    )
+
+
+@pytest.mark.timeout(600)
+def test_fifty_applications_ready_then_no_writes(
+    kwok: KwokCluster, kwok_namespace: str, kwok_operator: OperatorProcess
+) -> None:
+    ns = kwok_namespace
+    kwok.apply(instance(ns, image=KUBESERVE_IMAGE))
+    kwok.apply(
+        [
+            application(ns, f"app-{i}", "ks_composed_app:app", routePrefix=f"/a{i}")
+            for i in range(APPS)
+        ]
+    )
+    try:
+        wait_for(lambda: ready_count(kwok, ns) == APPS, 300, interval_s=1, what=f"{APPS} Ready")
+    except AssertionError as err:
+        raise AssertionError(
+            f"{err}: {ready_count(kwok, ns)} Ready\n{kwok_operator.log()}"
+        ) from None
+    pods = kwok.get("pods", namespace=ns, selector="app.kubernetes.io/component=replica")["items"]
+    assert len(pods) == APPS * 5
+    assert len({p["spec"]["nodeName"] for p in pods}) > 1
+
+    def changes(since: int) -> Counter[str]:
+        return Counter(
+            f"{r.verb} {r.resource}"
+            for r in kwok.operator_requests(since)
+            if r.is_write and r.resource != ELECTION
+        )
+
+    def quiet() -> bool:  # the operator's last writes of the roll-out are done
+        mark = kwok.audit_mark()
+        time.sleep(5)
+        return not changes(mark)
+
+    wait_for(quiet, 120, interval_s=0, what="5 s without a write of the operator")
+    mark = kwok.audit_mark()
+    time.sleep(IDLE_WINDOW_S)  # the window measured: nothing to poll for
+    writes = changes(mark)
+    assert writes == Counter(), f"writes in {IDLE_WINDOW_S:.0f} s idle: {dict(writes)}"
+    assert ready_count(kwok, ns) == APPS

@@ -1,0 +1,330 @@
+"""A control plane whose nodes are kwok's: many fake nodes, thousands of pods, no kubelet.
+
+:func:`start_kwok_cluster` runs etcd and the unpatched control plane of ``make k8s-node``
+(kube-apiserver, kube-controller-manager, kube-scheduler) on 127.0.0.1, plus kwok's controller
+(``make kwok``), which takes every Node annotated ``kwok.x-k8s.io/node=fake`` (made by
+:meth:`KwokCluster.add_nodes`), keeps it Ready, and moves the pods the scheduler binds to it through
+their lifecycle: Running and Ready at once, a Job's pods Succeeded, deleted pods gone. No container
+runs, so what a pod's process would do for kubeserve is done by :mod:`support.kwok_pods`.
+
+Pod addresses: node ``i`` gets the pod CIDR ``10.252.<i>.0/24``, and the whole ``10.252.0.0/16``
+is a ``local`` route on this machine while the cluster runs, so a process here can listen on a
+pod's IP (EndpointSlices refuse loopback addresses). That route, and the fixed range, make the
+cluster one per machine (a lock in /run) and need root.
+
+Every request of the operator (its own token, user :data:`OPERATOR_USER`) is in the API server's
+audit log, so tests and the bench count its reads and writes by verb and resource
+(:meth:`KwokCluster.operator_requests`) without a proxy in the way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from support.common import free_port, wait_for
+from support.k8s_control_plane import (
+    CACHE,
+    ControlPlane,
+    ProcessGroup,
+    _answers_ok,
+    _etcd_argv,
+    find_etcd,
+    kubeconfig_text,
+    make_pki,
+)
+from support.node_cluster import NODE_BINARIES, find_node_bin_dir
+
+KWOK_VERSION = "v0.7.0"
+LOCK = Path("/run/kubeserve-kwok.lock")
+POD_RANGE = "10.252.0.0/16"
+OPERATOR_USER = "kubeserve-operator"
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+#: The label every fake node carries (tests select them, or subsets by their own labels).
+FAKE_NODE_LABEL = "type"
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+
+def find_kwok() -> Path | None:
+    """``KUBESERVE_KWOK`` if set, else the cached build of ``make kwok``."""
+    if os.environ.get("KUBESERVE_KWOK"):
+        return Path(os.environ["KUBESERVE_KWOK"])
+    path = CACHE.parent / "kwok" / KWOK_VERSION / "kwok"
+    return path if path.exists() else None
+
+
+def kwok_missing() -> str | None:
+    """Why a kwok cluster cannot start here (None when it can)."""
+    if os.environ.get("KUBESERVE_K8S_NODE") != "1":
+        return "the kwok tier runs with the Kubernetes tier: `make test` sets KUBESERVE_K8S_NODE=1"
+    if os.geteuid() != 0:
+        return "the kwok cluster routes its pod addresses to this machine: it needs root"
+    bin_dir = find_node_bin_dir()
+    needed = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+    if bin_dir is None or any(not (bin_dir / b).exists() for b in needed):
+        return "no control-plane binaries: run `make k8s-node`"
+    assert set(needed) <= set(NODE_BINARIES)
+    if find_etcd(bin_dir) is None:
+        return "no etcd: run `make k8s-node`"
+    if find_kwok() is None:
+        return "no kwok: run `make kwok`"
+    return None
+
+
+@dataclass(frozen=True)
+class AuditedRequest:
+    """One request of the operator, from the API server's audit log."""
+
+    verb: str
+    resource: str
+    namespace: str
+    name: str
+
+    @property
+    def is_write(self) -> bool:
+        return self.verb in WRITE_VERBS
+
+
+@dataclass
+class KwokCluster(ControlPlane):
+    """A running kwok cluster; ``operator_kubeconfig`` authenticates as :data:`OPERATOR_USER`."""
+
+    operator_kubeconfig: Path = field(default=Path(), repr=False)
+    audit_log: Path = field(default=Path(), repr=False)
+    nodes: list[str] = field(default_factory=list)
+
+    def add_nodes(
+        self,
+        count: int,
+        labels: Mapping[str, str] | None = None,
+        prefix: str = "kwok-node",
+        cpu: str = "128",
+    ) -> list[str]:
+        """``count`` fake nodes (``<prefix>-<n>``), each with ``labels`` and room for 250 pods;
+        waits until kwok reports them all Ready."""
+        names = []
+        for _ in range(count):
+            index = len(self.nodes)
+            if index > 255:
+                raise ValueError("the pod range has room for 256 nodes")
+            name = f"{prefix}-{index}"
+            self.nodes.append(name)
+            names.append(name)
+            capacity = {"cpu": cpu, "memory": "1Ti", "pods": "250"}
+            self.api("POST", "/api/v1/nodes", {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": {FAKE_NODE_ANNOTATION: "fake"},
+                    "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                               "kubernetes.io/arch": "amd64", FAKE_NODE_LABEL: "kwok",
+                               **(labels or {})},
+                },
+                "spec": {"podCIDR": f"10.252.{index}.0/24", "podCIDRs": [f"10.252.{index}.0/24"]},
+                "status": {"capacity": capacity, "allocatable": capacity},
+            })  # fmt: skip
+        for name in names:
+            wait_for(lambda name=name: self.node_ready(name), 60, what=f"fake node {name} Ready")
+        return names
+
+    # -- the operator's requests ------------------------------------------------------------------
+    def audit_mark(self) -> int:
+        """A position in the audit log: :meth:`operator_requests` counts from one."""
+        return self.audit_log.stat().st_size if self.audit_log.exists() else 0
+
+    def operator_requests(self, since: int = 0) -> list[AuditedRequest]:
+        """The operator's completed requests logged after ``since`` (watches count when they
+        end)."""
+        with self.audit_log.open("rb") as log:
+            log.seek(since)
+            data = log.read()
+        found = []
+        for line in data.splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:  # a line being written
+                continue
+            ref = event.get("objectRef") or {}
+            resource = ref.get("resource", event.get("requestURI", ""))
+            if ref.get("subresource"):
+                resource = f"{resource}/{ref['subresource']}"
+            found.append(
+                AuditedRequest(
+                    event["verb"], resource, ref.get("namespace", ""), ref.get("name", "")
+                )
+            )
+        return found
+
+
+# -- start-up -------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def start_kwok_cluster(timeout_s: float = 120.0) -> Iterator[KwokCluster]:
+    """Start the cluster (no nodes yet: :meth:`KwokCluster.add_nodes`), yield it, stop it and
+    remove its route and files."""
+    reason = kwok_missing()
+    if reason is not None:
+        raise RuntimeError(reason)
+    bin_dir, kwok = find_node_bin_dir(), find_kwok()
+    assert bin_dir is not None and kwok is not None
+    etcd = find_etcd(bin_dir)
+    assert etcd is not None
+    with _lock(), tempfile.TemporaryDirectory(prefix="kubeserve-kwok-") as tmp:
+        work = Path(tmp)
+        processes = ProcessGroup(work)
+        _route(add=True)
+        try:
+            cluster = _credentials(bin_dir, work, processes)
+            _start(cluster, etcd, kwok, timeout_s)
+            yield cluster
+        finally:
+            processes.stop_all()
+            _route(add=False)
+            if os.environ.get("KUBESERVE_K8S_KEEP") == "1":
+                shutil.copytree(work, Path(tempfile.gettempdir()) / f"kwok-logs-{int(time.time())}")
+
+
+@contextlib.contextmanager
+def _lock() -> Iterator[None]:
+    with LOCK.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # another session's kwok cluster: wait for it
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _route(add: bool) -> None:
+    """The pods' addresses as local ones (a crashed run's route is replaced)."""
+    subprocess.run(["ip", "route", "del", "local", POD_RANGE, "dev", "lo"], capture_output=True)
+    if add:
+        subprocess.run(["ip", "route", "add", "local", POD_RANGE, "dev", "lo"], check=True)
+
+
+def _credentials(bin_dir: Path, work: Path, processes: ProcessGroup) -> KwokCluster:
+    pki = work / "pki"
+    make_pki(pki)
+    tokens = {name: secrets.token_hex(24) for name in ("admin", "operator", "kwok")}
+    (pki / "tokens.csv").write_text(
+        f'{tokens["admin"]},kubeserve-admin,kubeserve-admin,"system:masters"\n'
+        f'{tokens["operator"]},{OPERATOR_USER},{OPERATOR_USER},"system:masters"\n'
+        f'{tokens["kwok"]},kwok-controller,kwok-controller,"system:masters"\n'
+    )
+    server, ca = f"https://127.0.0.1:{free_port()}", pki / "ca.crt"
+    for name, token in tokens.items():
+        (work / f"{name}.kubeconfig").write_text(kubeconfig_text(server, str(ca), token))
+    return KwokCluster(bin_dir, work, server, work / "admin.kubeconfig", tokens["admin"], ca,
+                       processes=processes, operator_kubeconfig=work / "operator.kubeconfig",
+                       audit_log=work / "audit.log")  # fmt: skip
+
+
+def _start(cluster: KwokCluster, etcd: str, kwok: Path, timeout_s: float) -> None:
+    processes, work, bin_dir = cluster.processes, cluster.work_dir, cluster.bin_dir
+    assert processes is not None
+
+    def start(name: str, argv: list[str], probe: Any) -> None:
+        processes.start(name, argv)
+
+        def ready() -> bool:
+            processes.check(name)
+            return bool(probe())
+
+        wait_for(ready, timeout_s, interval_s=0.1, what=f"{name} ready")
+
+    etcd_port = free_port()
+    start("etcd", _etcd_argv(etcd, work / "etcd", etcd_port, free_port()),
+          lambda: _answers_ok(f"http://127.0.0.1:{etcd_port}/health"))  # fmt: skip
+    ready = (cluster.server, cluster.token, cluster.ca_file)
+    start("kube-apiserver", _apiserver_argv(cluster, etcd_port),
+          lambda: _answers_ok(f"{ready[0]}/readyz", *ready[1:]))  # fmt: skip
+    pki, kubeconfig = work / "pki", cluster.kubeconfig
+    common = [f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+              f"--authorization-kubeconfig={kubeconfig}", "--bind-address=127.0.0.1",
+              "--leader-elect=false", "--profiling=false"]  # fmt: skip
+    # The client rate limits of a cluster sized for thousands of pods (the defaults, 20 requests
+    # per second, would make the controllers the bottleneck of every figure).
+    manager_port, scheduler_port = free_port(), free_port()
+    start("kube-controller-manager", [
+        str(bin_dir / "kube-controller-manager"), *common, f"--secure-port={manager_port}",
+        f"--cert-dir={work / 'controller-manager'}", "--controllers=*",
+        f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
+        "--service-cluster-ip-range=10.96.0.0/16", "--cluster-name=kubeserve-kwok",
+        "--kube-api-qps=500", "--kube-api-burst=1000", "--concurrent-deployment-syncs=20",
+        "--concurrent-replicaset-syncs=20", "--concurrent-service-endpoint-syncs=20",
+        # kwok renews its nodes' Leases from a busy 2-core machine: a late renewal must not make
+        # the node lifecycle controller mark nodes NotReady (and every pod on them unready).
+        "--node-monitor-grace-period=600s",
+    ], lambda: _answers_ok(f"https://127.0.0.1:{manager_port}/healthz"))  # fmt: skip
+    scheduler_config = work / "scheduler.yaml"
+    scheduler_config.write_text(json.dumps({
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig), "qps": 500, "burst": 1000},
+        "leaderElection": {"leaderElect": False},
+    }))  # fmt: skip
+    start("kube-scheduler", [
+        str(bin_dir / "kube-scheduler"), f"--config={scheduler_config}",
+        f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1", f"--secure-port={scheduler_port}",
+    ], lambda: _answers_ok(f"https://127.0.0.1:{scheduler_port}/healthz"))  # fmt: skip
+    processes.start("kwok", [
+        str(kwok), f"--kubeconfig={work / 'kwok.kubeconfig'}",
+        f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+        "--node-ip=127.0.0.1", "--cidr=10.252.255.0/24", "--v=WARN",
+    ])  # fmt: skip
+    wait_for(
+        lambda: cluster.exists("serviceaccount", "default", "default"),
+        timeout_s,
+        what="the default service account",
+    )
+
+
+def _apiserver_argv(cluster: KwokCluster, etcd_port: int) -> list[str]:
+    pki, work = cluster.work_dir / "pki", cluster.work_dir
+    policy = work / "audit-policy.yaml"
+    policy.write_text(json.dumps({
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived", "ResponseStarted"],
+        "rules": [{"level": "Metadata", "users": [OPERATOR_USER]}, {"level": "None"}],
+    }))  # fmt: skip
+    port = cluster.server.rsplit(":", 1)[1]
+    return [
+        str(cluster.bin_dir / "kube-apiserver"),
+        f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={work / 'apiserver'}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--token-auth-file={pki / 'tokens.csv'}",
+        "--authorization-mode=RBAC",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        "--service-cluster-ip-range=10.96.0.0/16",
+        "--endpoint-reconciler-type=none",  # its address is a loopback one: no Endpoints
+        # Debian's etcd (3.4.23) cannot serve the progress requests of streaming lists, which kwok
+        # asks for: every one of its watches would end at once and be re-listed after a backoff.
+        "--feature-gates=WatchList=false",
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={cluster.audit_log}",
+        "--audit-log-format=json",
+        "--audit-log-mode=blocking",
+        "--max-requests-inflight=1000",
+        "--max-mutating-requests-inflight=500",
+        "--profiling=false",
+    ]

@@ -1,0 +1,212 @@
+"""What the processes of kubeserve's pods do for the operator, for the pods kwok runs.
+
+kwok runs no container: a build Job's pod just succeeds and a replica pod is Ready with an address
+nobody listens on. The operator, though, waits for two things that only those processes do:
+
+* a **build** writes the application's graph to the ConfigMap its command names. Here the graph
+  of each import path is built once, by the real ``kubeserve build`` run on this machine with
+  ``tests/apps`` on its path, and written (:func:`~kubeserve.runtime.kubernetes.graph.
+  graph_configmap`, the body the build writes) for every build Job that appears;
+* a **replica** answers the operator's health check and ``reconfigure`` on its CONTROL channel,
+  reporting the ``user_config`` version it applied (the operator counts a replica as up to date
+  only then). Here each replica pod gets the replica's own HTTP server
+  (:class:`~kubeserve.runtime.replica.http.ReplicaHttpServer`, with the instance's secret and the
+  pod's name as its identity) listening on the pod's address, answering those two endpoints as a
+  replica does (a freshly started replica has applied no ``user_config``; a reconfigure applies
+  the one sent). User traffic is answered 503: nothing serves it.
+
+Everything runs in one thread with its own event loop, started and stopped by the context manager;
+the pods' addresses are local ones (:mod:`support.kwok_cluster`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from kubeserve.control.user_config import user_config_version
+from kubeserve.runtime import wire
+from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.client import Kube, KubeConflict
+from kubeserve.runtime.kubernetes.graph import graph_configmap
+from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, ReplicaHttpServer
+from support.common import ROOT
+
+APPS = ROOT / "tests" / "apps"
+
+
+class PodStandIns:
+    """The build and replica processes of every kubeserve pod of the cluster (see the module)."""
+
+    def __init__(self, kubeconfig: Path, app_dirs: tuple[Path, ...] = (APPS,)) -> None:
+        self.kubeconfig, self.app_dirs = kubeconfig, app_dirs
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._main: asyncio.Task[None] | None = None
+        #: (import path, args) -> the graph document, or the error of building it
+        self._graphs: dict[tuple[str, str], str] = {}
+        #: namespace/pod -> (pod uid, its server)
+        self._replicas: dict[str, tuple[str, asyncio.Server]] = {}
+        #: namespace/pod -> the user_config version the replica reports
+        self.applied: dict[str, str] = {}
+        #: namespace/instance -> the data-plane secret
+        self._secrets: dict[str, bytes] = {}
+        self.graphs_written = 0
+        self.errors: list[str] = []
+
+    def __enter__(self) -> PodStandIns:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+
+    async def _start(self) -> None:
+        self._main = asyncio.get_running_loop().create_task(self._run())
+
+    async def _stop(self) -> None:
+        assert self._main is not None
+        self._main.cancel()
+        await asyncio.gather(self._main, return_exceptions=True)
+        for key in list(self._replicas):
+            await self._close(key)
+
+    @property
+    def replicas(self) -> int:
+        """Replica pods answering now."""
+        return len(self._replicas)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        kube = await Kube.connect(str(self.kubeconfig))
+        try:
+            await asyncio.gather(
+                self._follow(kube, "Job", contract.COMPONENT_BUILD, self._on_job),
+                self._follow(kube, "Pod", contract.COMPONENT_REPLICA, self._on_pod),
+            )
+        finally:
+            await kube.close()
+
+    async def _follow(self, kube: Kube, kind: str, component: str, handle: Any) -> None:
+        """List then watch ``kind`` of ``component`` in every namespace, one event at a time,
+        again from a fresh list when a watch fails."""
+        selector = f"{contract.COMPONENT_LABEL}={component}"
+        while True:
+            try:
+                items, version = await kube.list_with_version(kind, None, selector)
+                for item in items:
+                    await self._handle(handle, kube, "ADDED", item)
+                async for event in kube.watch(kind, None, selector, version):
+                    if event.type != "BOOKMARK":
+                        await self._handle(handle, kube, event.type, event.object)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the watch expired or broke: list again
+                self.errors.append(f"{kind} watch: {exc!r}")
+                await asyncio.sleep(0.5)
+
+    async def _handle(self, handle: Any, kube: Kube, kind: str, obj: dict[str, Any]) -> None:
+        try:
+            await handle(kube, kind, obj)
+        except Exception as exc:  # one object's trouble must not stop the others
+            self.errors.append(f"{obj['metadata'].get('name')}: {exc!r}")
+
+    # -- builds -----------------------------------------------------------------------------------
+    async def _on_job(self, kube: Kube, event: str, job: dict[str, Any]) -> None:
+        if event == "DELETED":
+            return
+        command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+        options = dict(zip(command[3::2], command[4::2], strict=False))
+        if command[2].startswith("--") or "--configmap" not in options:
+            raise ValueError(f"a build this stand-in cannot run: {command}")
+        namespace = job["metadata"]["namespace"]
+        name = options["--configmap"]
+        if await kube.get("ConfigMap", namespace, name) is not None:
+            return
+        import_path = command[2].replace("$$", "$")
+        args = options.get("--args", "{}").replace("$$", "$")
+        document = await self._graph(import_path, args)
+        body = graph_configmap(
+            namespace, name, document, options["--application"], options["--application-uid"]
+        )
+        with contextlib.suppress(KubeConflict):
+            await kube.create("ConfigMap", namespace, body)
+            self.graphs_written += 1
+
+    async def _graph(self, import_path: str, args: str) -> str:
+        key = (import_path, args)
+        if key not in self._graphs:
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(str(d) for d in self.app_dirs)
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "kubeserve.cli", "build", import_path, "--args", args,
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )  # fmt: skip
+            out, err = await process.communicate()
+            document = out.decode().strip() or json.dumps({"error": err.decode()[-2000:]})
+            self._graphs[key] = document
+        return self._graphs[key]
+
+    # -- replicas ---------------------------------------------------------------------------------
+    async def _on_pod(self, kube: Kube, event: str, pod: dict[str, Any]) -> None:
+        meta, status = pod["metadata"], pod.get("status") or {}
+        key = f"{meta['namespace']}/{meta['name']}"
+        running = self._replicas.get(key)
+        ip = status.get("podIP")
+        gone = event == "DELETED" or meta.get("deletionTimestamp") or not ip
+        if running is not None and (gone or running[0] != meta["uid"]):
+            await self._close(key)
+            running = None
+        if gone or running is not None:
+            return
+        instance = meta["labels"][contract.INSTANCE_LABEL]
+        secret = await self._secret(kube, meta["namespace"], instance)
+        server = ReplicaHttpServer(
+            _unserved,
+            control=lambda request: self._control(key, request),
+            secret=secret,
+            identity=meta["name"],
+        )
+        listener = await asyncio.get_running_loop().create_server(
+            server, ip, contract.REPLICA_PORT, reuse_address=True
+        )
+        self._replicas[key] = (meta["uid"], listener)
+        self.applied[key] = user_config_version(None)
+
+    async def _control(self, key: str, request: HttpRequest) -> HttpResponse:
+        if request.method == "POST" and request.path == wire.RECONFIGURE_PATH:
+            self.applied[key] = user_config_version(json.loads(request.body)["user_config"])
+        elif request.path != wire.HEALTHZ_PATH:
+            return HttpResponse(404, b"not a replica endpoint of this stand-in")
+        body = wire.health_answer(self.applied[key])
+        return HttpResponse(200, body, content_type="application/json")
+
+    async def _secret(self, kube: Kube, namespace: str, instance: str) -> bytes:
+        key = f"{namespace}/{instance}"
+        if key not in self._secrets:
+            obj = await kube.get("Secret", namespace, contract.dataplane_secret_name(instance))
+            if obj is None:
+                raise LookupError(f"no data-plane secret for {key} yet")
+            raw = obj["data"][contract.DATA_PLANE_SECRET_KEY]
+            self._secrets[key] = base64.b64decode(raw).strip()
+        return self._secrets[key]
+
+    async def _close(self, key: str) -> None:
+        _, listener = self._replicas.pop(key)
+        self.applied.pop(key, None)
+        listener.close()
+
+
+async def _unserved(_: HttpRequest) -> HttpResponse:
+    return HttpResponse(503, b"a kwok pod: no user code runs here")

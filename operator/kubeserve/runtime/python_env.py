@@ -97,6 +97,17 @@ def _expand(value: str, env: Mapping[str, str]) -> str:
     return _ENV_VAR.sub(replace, value)
 
 
+_FILE_OPTION = re.compile(r"^(-r|-c|--requirement|--constraint)(\s*=?\s*)(\S.*)$")
+
+
+def _anchored(line: str, working_dir: Path | None) -> str:
+    """A ``-r`` / ``-c`` line naming a relative file names it in the working_dir."""
+    match = _FILE_OPTION.match(line)
+    if match is None or working_dir is None or os.path.isabs(match.group(3)):
+        return line
+    return f"{match.group(1)} {working_dir / match.group(3)}"
+
+
 def _requirement_lines(text: str) -> list[str]:
     lines = (line.split(" #")[0].strip() for line in text.splitlines())
     return [line for line in lines if line and not line.startswith("#")]
@@ -173,7 +184,7 @@ def install_plan(
     lines = list(spec.packages)
     if spec.requirements_file is not None:
         lines = _requirement_lines(_read_requirements(spec.requirements_file, working_dir))
-    requirements = [_expand(line, expand_env) for line in lines]
+    requirements = [_anchored(_expand(line, expand_env), working_dir) for line in lines]
     if spec.installer == "pip" and spec.tool_version:
         requirements.append(f"pip{spec.tool_version}")
     options = [_expand(option, expand_env) for option in spec.install_options]
@@ -387,27 +398,30 @@ def envs_in_environ(pids: Iterable[int], root: Path) -> set[str]:
 
 def collect_garbage(
     root: Path, in_use: Collection[str], *, min_age_s: float = GC_MIN_AGE_S
-) -> list[str]:
+) -> tuple[list[str], bool]:
     """Remove the environments under ``root`` whose key is not ``in_use``; blocking.
 
     An entry used (built or found) less than ``min_age_s`` ago stays: it may be on its way to
     the process that asked for it. Staging directories of installs this process is not running
-    are leftovers of an interrupted run and go too. Returns the removed names.
+    are leftovers of an interrupted run and go too. Returns the removed names, and whether an
+    unused entry stayed for its age (a later collection should look again).
     """
     if not root.is_dir():
-        return []
+        return [], False
     building = {path.name for path in _inflight}
     now = time.time()
     removed: list[str] = []
+    young = False
     for child in root.iterdir():
         key = child.name.split(_TMP)[0]
         if key in in_use or key in building:
             continue
         try:
             if _TMP not in child.name and now - child.stat().st_mtime < min_age_s:
+                young = True
                 continue
         except OSError:
             continue
         shutil.rmtree(child, ignore_errors=True)
         removed.append(child.name)
-    return removed
+    return removed, young

@@ -48,6 +48,7 @@ __all__ = [
     "FetchLimits",
     "PreparedEnv",
     "RuntimeEnvError",
+    "asks_for_packages",
     "merge_runtime_env",
     "prepare",
 ]
@@ -103,6 +104,11 @@ def merge_runtime_env(
         else:
             merged[key] = copy.deepcopy(value)
     return merged
+
+
+def asks_for_packages(runtime_env: Mapping[str, Any]) -> bool:
+    """Whether preparing ``runtime_env`` installs packages (and may take minutes)."""
+    return any(runtime_env.get(key) is not None for key in ("pip", "uv"))
 
 
 async def prepare(

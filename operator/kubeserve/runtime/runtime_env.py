@@ -364,17 +364,26 @@ def _module_root(entry: Path) -> Path:
     return entry
 
 
-async def fetch_into(dest: Path, working_dir: str | None, py_modules: list[str]) -> None:
+async def fetch_into(
+    dest: Path,
+    working_dir: str | None,
+    py_modules: list[str],
+    packages: Mapping[str, Any] | None = None,
+) -> None:
     """Lay out fetched code where a pod's main container expects it (the init container's job).
 
-    ``<dest>/working_dir`` is the root of the working directory and ``<dest>/py_modules/<i>`` the
-    import root of module ``i`` (symlinks into ``<dest>/.cache``, where the archives unpack).
+    ``<dest>/working_dir`` is the root of the working directory, ``<dest>/py_modules/<i>`` the
+    import root of module ``i`` and ``<dest>/python`` the ``site`` directory of the ``packages``
+    (``{"pip": ...}`` or ``{"uv": ...}``): symlinks into ``<dest>/.cache``, where they are made.
+    The installer's environment is this process's, which holds the runtime_env's env_vars.
     """
-    runtime_env: dict[str, Any] = {"py_modules": list(py_modules)}
+    runtime_env: dict[str, Any] = {"py_modules": list(py_modules), **(packages or {})}
     if working_dir:
         runtime_env["working_dir"] = working_dir
     prepared = await prepare(runtime_env, dest / ".cache")
     roots = list(prepared.python_path)
+    if prepared.python_env is not None:
+        _link(dest / "python", Path(roots.pop()))
     if working_dir:
         _link(dest / "working_dir", Path(roots.pop(0)))
     for index, root in enumerate(roots):

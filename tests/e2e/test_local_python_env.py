@@ -8,6 +8,10 @@ own environment; the failure case asks for a name no index has.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,3 +139,33 @@ def test_an_environment_nothing_uses_is_removed(ks: Kubeserve, project: str) -> 
     ks.put([_app("gc", project, pip={"packages": [PACKAGE], "pip_check": True})])
     ks.wait_app("gc", timeout_s=120)
     assert time.monotonic() - started < 30
+
+
+def test_the_init_container_command_lays_out_the_packages_for_the_pod(
+    tmp_path: Path, project: str
+) -> None:
+    """What a pod's ``runtime-env`` init container runs (rendered by render_pod), run here: the
+    main container's PYTHONPATH entries then import the package."""
+    dest = tmp_path / "runtime-env"
+    env = {**os.environ, "UV_CACHE_DIR": str(dest / ".uv-cache")}
+    packages = json.dumps({"pip": "requirements.txt"})
+    command = [sys.executable, "-m", "kubeserve.cli", "fetch-runtime-env", "--dest", str(dest)]
+    command += ["--working-dir", project, "--packages", packages]
+    subprocess.run(command, env=env, check=True, timeout=120)
+    python_path = f"{dest}/working_dir:{dest}/python"
+    probe = "import camel_app, inflection; print(inflection.camelize('a_b'))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "PYTHONPATH": python_path},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.strip() == "AB"
+    # a failure exits non-zero with the installer's tail: the termination message on Kubernetes
+    bad = json.dumps({"uv": ["kubeserve-no-such-package-a8f3"]})
+    failed = subprocess.run(
+        [*command[:6], "--packages", bad], env=env, capture_output=True, text=True, check=False
+    )
+    assert failed.returncode == 1
+    assert "kubeserve-no-such-package-a8f3" in failed.stderr

@@ -366,6 +366,12 @@ def deployment_view_from_pods(
     )
 
 
+def init_failures(pod: Mapping[str, Any]) -> list[str]:
+    """Why the pod's init containers failed (a build Job's pod, say), each with its log tail."""
+    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
+    return [f for init in statuses if (f := _init_failure(init)) is not None]
+
+
 def _init_failure(init: Mapping[str, Any]) -> str | None:
     """Why the pod's init container (runtime_env files and packages) failed, with the tail of its
     log (its termination message), or None when it did not fail."""

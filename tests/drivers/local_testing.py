@@ -4,6 +4,7 @@ nowhere): nothing of this may reach one."""
 
 import json
 import os
+import time
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -26,6 +27,12 @@ class Multiplier:
 
     def where(self):
         return self.pid
+
+    def refuse(self, x):
+        raise ValueError(f"refused {x}")
+
+    def slow(self):
+        time.sleep(5)
 
 
 @serve.deployment
@@ -59,6 +66,21 @@ out = {
     "same_process": serve.get_deployment_handle("Multiplier", "local").where.remote().result()
     == os.getpid(),
 }
+multiplier = serve.get_deployment_handle("Multiplier", "local")
+calls = {  # each raises in the caller what Ray's local testing mode raises: type and message
+    "raised": lambda: multiplier.refuse.remote(1).result(),
+    "raised_through_ingress": lambda: handle.remote("x").result(),
+    "no_such_method": lambda: multiplier.nope.remote().result(),
+    "generator_not_streamed": lambda: multiplier.count.remote(2).result(),
+    "streamed_not_generator": lambda: list(multiplier.options(stream=True).times.remote(2)),
+    "timeout": lambda: multiplier.slow.remote().result(timeout_s=0.1),
+}
+out["errors"] = {}
+for case, call in calls.items():
+    try:
+        call()
+    except Exception as exc:
+        out["errors"][case] = [type(exc).__name__, str(exc)]
 try:
     serve.run(Broken.bind(), name="broken", _local_testing_mode=True)
 except ValueError as exc:

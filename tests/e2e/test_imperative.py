@@ -195,3 +195,35 @@ def test_a_policy_function_of_the_driver_script_decides_the_replica_count(
     model = (ks.app("policed") or {})["deployments"]["Model"]
     policy = model["deployment_config"]["autoscaling_config"]["policy"]
     assert policy["policy_function"] == "__main__.three_replicas"
+
+
+def user_frame(script: Path, marker: str) -> tuple[str, str]:
+    """The start of the traceback line naming ``script``'s line that ends with
+    ``# marker: <marker>``, and that line's source as a traceback shows it."""
+    lines = script.read_text().splitlines()
+    number, source = next(
+        (n, line) for n, line in enumerate(lines, 1) if line.endswith(f"# marker: {marker}")
+    )
+    return f'  File "{script}", line {number}, in ', source.strip()
+
+
+def test_a_deployments_error_carries_the_users_frames_in_its_remote_traceback(
+    ks: Kubeserve, tmp_path: Path
+) -> None:
+    """As Ray shows them: each frame of the deployment's code (pickled by value from the
+    driver's ``__main__``) with its file, line and function, and its source line (the file is
+    on this machine); for a sync method (run on a worker thread) as for the others."""
+    script = DRIVERS / "remote_traceback.py"
+    out = run_driver(ks, "remote_traceback.py", tmp_path)
+    refuse_frame, refuse_source = user_frame(script, "refuse")
+    calls = [("check", "check"), ("check_async", "check_async"), ("count", "count")]
+    for value, (call, function) in enumerate([*calls, ("front", "__call__")], 1):
+        assert out[call]["type"] == "RayTaskError(ValueError)" and out[call]["value_error"]
+        text = out[call]["text"]
+        frame, source = user_frame(script, call)
+        assert f"{frame}{function}\n    {source}\n" in text, text
+        assert f"{refuse_frame}refuse\n    {refuse_source}\n" in text, text
+        assert text.endswith(f"ValueError: negative value: -{value}"), text
+    check_frame, _ = user_frame(script, "check")
+    nested = out["front"]["text"]
+    assert "\nray.exceptions.RayTaskError(ValueError): " in nested and check_frame in nested

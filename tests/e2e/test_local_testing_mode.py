@@ -34,4 +34,25 @@ def test_a_driver_runs_its_application_in_process_without_an_instance(tmp_path: 
         "streamed": [0, 1, 2],
         "same_process": True,
         "broken": "constructor failed",
+        # as Ray 2.60's local testing mode raises them: the callee's own exception, unwrapped
+        "errors": {
+            "raised": ["ValueError", "refused 1"],
+            "raised_through_ingress": ["TypeError", 'can only concatenate str (not "int") to str'],
+            "no_such_method": [
+                "RayServeException",
+                "Tried to call a method 'nope' that does not exist. Available methods: "
+                "['count', 'reconfigure', 'refuse', 'slow', 'times', 'where'].",
+            ],
+            "generator_not_streamed": [
+                "TypeError",
+                "Method 'count' returned a generator. You must use `handle.options(stream=True)` "
+                "to call generators on a deployment.",
+            ],
+            "streamed_not_generator": [
+                "TypeError",
+                "Called method 'times' with `handle.options(stream=True)` but it did not return "
+                "a generator.",
+            ],
+            "timeout": ["TimeoutError", "Timed out waiting for result."],
+        },
     }

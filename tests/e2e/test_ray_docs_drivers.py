@@ -11,45 +11,25 @@ The admin API and the handles' connections are addressed by IP, which ``no_proxy
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from support.common import ROOT, http, wait_for
+from support.common import http, wait_for
 from support.kubeserve_start import Kubeserve, running_kubeserve
+from support.ray_docs import DOCS, WAYS, driver_command
 
-DOCS = ROOT / "tests" / "drivers" / "ray_docs"
 TOKEN = "ray-docs-test-token"
-WAYS = ("compat", "plain")
 
 
 @pytest.fixture(scope="module")
 def ks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubeserve]:
     with running_kubeserve(tmp_path_factory.mktemp("kubeserve-ray-docs"), token=TOKEN) as ks:
         yield ks
-
-
-def driver_command(script: Path, way: str) -> tuple[list[str], dict[str, str]]:
-    """The command and environment a user runs ``script`` with, ``way`` one of :data:`WAYS`."""
-    env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "http_proxy")}
-    env["PYTHONPATH"] = str(ROOT / "operator")
-    if way == "compat":
-        return [sys.executable, "-m", "kubeserve.compat", str(script)], env
-    folder = subprocess.run(
-        [sys.executable, "-m", "kubeserve.compat", "--pythonpath"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    env["PYTHONPATH"] = os.pathsep.join([folder, env["PYTHONPATH"]])
-    return [sys.executable, str(script)], env
 
 
 def driver_env(ks: Kubeserve, env: dict[str, str]) -> dict[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import socket
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -25,6 +26,7 @@ from kubeserve.runtime.replica.http import (
     ReplicaHttpServer,
     StreamedResponse,
 )
+from kubeserve.runtime.thread_hop import run_sync
 from kubeserve.runtime.wire import Snapshot
 from support.channel_front import SECRET
 from support.common import run
@@ -63,6 +65,11 @@ class App:
             return StreamedResponse(200, {}, self._endless())
         if path == "/flood":
             return StreamedResponse(200, {}, self._endless(size=64 * 1024, pause_s=0))
+        if path == "/thread-error":
+            try:
+                await run_sync(_fail_in_a_thread)  # suspends: the handler leaves the eager path
+            except ValueError as exc:
+                return HttpResponse(200, "".join(traceback.format_exception(exc)).encode())
         if path == "/headers":
             values = [v for k, v in request.headers if k.lower() == "x-multi"]
             return HttpResponse(200, ",".join(values).encode())
@@ -81,6 +88,10 @@ class App:
                 yield b"x" * size
         finally:
             self.stream_closed.set()
+
+
+def _fail_in_a_thread() -> None:
+    raise ValueError("from the worker thread")
 
 
 #: The replica id the servers behind the handshake answer to.
@@ -225,6 +236,22 @@ def test_context_variables_do_not_leak_between_requests() -> None:
             for tag in ("one", "two"):
                 async with session.get(f"http://127.0.0.1:{port}/context?{tag}") as resp:
                     assert await resp.text() == f"|{tag}"
+
+    with_server(check)
+
+
+def test_an_error_awaited_by_a_suspended_handler_keeps_its_traceback() -> None:
+    """A handler that suspended (no longer run eagerly) gets a failed future's exception with
+    the frames where it was raised (here a worker thread's), as a task would give it: the
+    replica's remote tracebacks show the user's frames from them."""
+
+    async def check(app: App, port: int) -> None:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/thread-error") as resp,
+        ):
+            text = await resp.text()
+        assert "in _fail_in_a_thread\n" in text and "in _worker\n" in text, text
 
     with_server(check)
 

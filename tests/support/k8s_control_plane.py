@@ -52,8 +52,11 @@ class ProcessGroup:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self.processes: list[tuple[str, subprocess.Popen[bytes]]] = []
+        #: name -> how it was last started, for :meth:`restart`
+        self.commands: dict[str, tuple[list[str], dict[str, str] | None]] = {}
 
     def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        self.commands[name] = (list(argv), dict(env) if env is not None else None)
         with (self.log_dir / f"{name}.log").open("ab") as log:
             process = subprocess.Popen(
                 list(argv),
@@ -91,6 +94,11 @@ class ProcessGroup:
                         os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
             self.processes.remove((started, process))
+
+    def start_again(self, name: str) -> None:
+        """Start ``name`` (stopped) as it was last started."""
+        argv, env = self.commands[name]
+        self.start(name, argv, env)
 
     def stop_all(self) -> None:
         for name, _ in reversed(list(self.processes)):

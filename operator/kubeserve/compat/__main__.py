@@ -28,8 +28,11 @@ def main() -> None:
     sys.argv = sys.argv[1:]
     # as `python SCRIPT.py` does: the script's folder comes first on the import path (so a
     # module beside it imports), where `-m` put the working directory
-    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    script = os.path.abspath(sys.argv[0])
+    sys.path[0] = os.path.dirname(script)
+    # by its absolute path, as `python SCRIPT.py` runs it: the file its code and tracebacks name
+    # (in a replica too, where the code arrives pickled) is the same from any directory
+    runpy.run_path(script, run_name="__main__")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from kubeserve.schema.config import LoggingConfig
 
 #: Instance options that cannot change while the serving layer runs (to change them: shut down,
 #: then deploy again).
-_IMMUTABLE_HTTP_FIELDS = ("host", "port")
+_IMMUTABLE_HTTP_FIELDS = ("host", "port", "root_path")
 
 
 def proxy_logging_config(options: Mapping[str, Any]) -> dict[str, Any]:

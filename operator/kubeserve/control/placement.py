@@ -7,6 +7,10 @@ A replica that does not fit is not started; it waits, its deployment stays ``UPD
 :func:`unschedulable_message`, and it starts once resources free up. Other resource kinds
 (``memory``, custom ``resources``) are reported but not enforced on one machine.
 
+GPUs are devices, not only a count: a replica claiming ``num_gpus`` is given devices by
+:func:`assign_gpus` (whole ones for a whole number, a share of one device for a fraction, as Ray
+packs fractional GPU actors) and sees exactly them in ``CUDA_VISIBLE_DEVICES``.
+
 Independently of resources, at most ``start_slots`` replicas of the whole instance are starting at
 once, so an accepted large count is paced instead of forking hundreds of interpreters together, and
 none starts while the machine's available memory is under :func:`memory_reserve`.
@@ -59,6 +63,40 @@ def admit(
             fitting = min(fitting, int((free.get(kind, 0.0) + _EPSILON) // need))
     fitting = max(0, fitting)
     return min(fitting, max(0, start_slots)), missing - fitting
+
+
+def gpu_devices(count: float, visible: list[str]) -> list[str]:
+    """The device ids of an instance with ``count`` GPUs: the first of ``visible`` (the ids this
+    process may use, as ``CUDA_VISIBLE_DEVICES`` or the driver names them), then numbers after
+    the highest given, as ``ray start --num-gpus`` numbers devices it was told exist."""
+    whole = int(count + _EPSILON)
+    devices = list(visible[:whole])
+    numbers = [int(d) for d in devices if d.isdigit()]
+    following = max(numbers, default=-1) + 1
+    while len(devices) < whole:
+        devices.append(str(following))
+        following += 1
+    return devices
+
+
+def assign_gpus(need: float, free: Mapping[str, float]) -> list[str] | None:
+    """The devices a replica claiming ``need`` GPUs gets, given each device's free share
+    (``free``, in device order); None when they cannot be found now.
+
+    A whole number takes that many entirely free devices, in order. A fraction takes a share of
+    the one device where it fits most tightly (so fractions pack together, leaving whole devices
+    for whole claims), Ray's behaviour for fractional GPU actors. No GPU claimed: no device.
+    """
+    if need <= _EPSILON:
+        return []
+    if need < 1.0 - _EPSILON:
+        fitting = [(share, d) for d, share in free.items() if share + _EPSILON >= need]
+        if not fitting:
+            return None
+        return [min(fitting, key=lambda pair: pair[0])[1]]
+    whole = [d for d, share in free.items() if share >= 1.0 - _EPSILON]
+    count = int(need + _EPSILON)
+    return whole[:count] if len(whole) >= count else None
 
 
 def unschedulable_message(

@@ -70,10 +70,22 @@ LOAD_PATH = "/-/load"
 AUTOSCALING_POLICY_PATH = "/-/autoscaling-policy"
 
 
-def health_answer(user_config_version: str) -> bytes:
+def health_answer(user_config_version: str, route_prefix: str = "") -> bytes:
     """A replica's answer to a health check or a reconfigure: the version of the ``user_config``
-    it applied (:func:`kubeserve.control.user_config.user_config_version`)."""
-    return json.dumps({"status": "ok", "user_config_version": user_config_version}).encode()
+    it applied (:func:`kubeserve.control.user_config.user_config_version`) and the route prefix
+    its ingress serves under (what ASGI apps see in ``root_path``; "" for none)."""
+    return json.dumps(
+        {"status": "ok", "user_config_version": user_config_version, "route_prefix": route_prefix}
+    ).encode()
+
+
+def applied_route_prefix(answer: bytes) -> str | None:
+    """The route prefix in a :func:`health_answer`; None when it names none."""
+    try:
+        prefix = json.loads(answer).get("route_prefix")
+    except (ValueError, AttributeError):
+        return None
+    return prefix if isinstance(prefix, str) else None
 
 
 def applied_user_config(answer: bytes) -> str | None:
@@ -246,6 +258,10 @@ class ReplicaConfig(TypedDict):
     #: The application's route prefix: an ASGI ingress sees it as ``root_path``, as in Ray Serve
     #: (absent or "/": none).
     route_prefix: NotRequired[str | None]
+    #: ``http_options.root_path``: where a reverse proxy in front, which strips it, mounts the
+    #: instance; an ASGI ingress sees it before the route prefix in ``root_path`` and before the
+    #: request's path in ``path``, as Ray's proxy (uvicorn) presents it. Absent: none.
+    http_root_path: NotRequired[str]
     #: Ray's ``logging_config`` in force for the deployment (the deployment's, else the
     #: application's; absent: the decorator's, else Ray's defaults)
     logging_config: NotRequired[dict[str, Any]]

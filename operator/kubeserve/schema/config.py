@@ -400,6 +400,18 @@ class ControllerRuntimeEnv(RestModel):
     env_vars: EnvVars | None = None
 
 
+def _whole_above_one(value: float) -> float:
+    """A GPU count is a share of one device or whole devices (Ray: "resource quantities >1 must
+    be whole numbers")."""
+    if value > 1 and not float(value).is_integer():
+        raise PydanticCustomError(
+            "whole_gpus",
+            "num_gpus above 1 must be a whole number (a fraction is a share of one GPU): {value}",
+            {"value": value},
+        )
+    return value
+
+
 class RayActorOptionsSchema(RestModel):
     """Per-replica process options (``cluster_actor_options``, Ray's ``ray_actor_options``).
 
@@ -410,7 +422,7 @@ class RayActorOptionsSchema(RestModel):
 
     runtime_env: RuntimeEnv = Field(default_factory=RuntimeEnv)
     num_cpus: NonNegativeFloat | None = None
-    num_gpus: NonNegativeFloat | None = None
+    num_gpus: Annotated[NonNegativeFloat, AfterValidator(_whole_above_one)] | None = None
     memory: NonNegativeFloat | None = None
     object_store_memory: NonNegativeFloat | None = None
     resources: dict[str, NonNegativeFloat] = Field(default_factory=dict)

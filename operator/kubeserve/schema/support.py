@@ -145,11 +145,10 @@ SUPPORT: dict[str, Support] = {
     # ------------------------------------------------------------------ HTTPOptionsSchema
     "HTTPOptionsSchema.host": works("fixed while the serving layer runs (409 otherwise)"),
     "HTTPOptionsSchema.port": works("fixed while the serving layer runs (409 otherwise)"),
-    "HTTPOptionsSchema.root_path": refused(
-        "serving under a path prefix added by a reverse proxy is not supported yet; give the "
-        "applications route prefixes instead",
-        None,
-        "",
+    "HTTPOptionsSchema.root_path": works(
+        "for a reverse proxy in front that strips it: routes match without it, and an ASGI "
+        "ingress sees it before the route prefix in root_path and before the path, as in Ray; "
+        "fixed while the serving layer runs (409 otherwise)"
     ),
     "HTTPOptionsSchema.request_timeout_s": works("a request over it is answered 408"),
     "HTTPOptionsSchema.keep_alive_timeout_s": works(),
@@ -236,9 +235,10 @@ SUPPORT: dict[str, Support] = {
     "RayActorOptionsSchema.num_cpus": works(
         "reserved from the instance's CPUs (kubeserve start --num-cpus) or as pod requests"
     ),
-    "RayActorOptionsSchema.num_gpus": partial(
-        "reserved from the instance's GPUs, or nvidia.com/gpu on Kubernetes; locally "
-        "CUDA_VISIBLE_DEVICES is not assigned per replica yet"
+    "RayActorOptionsSchema.num_gpus": works(
+        "on one machine devices are given per replica (whole ones, or a share of one: "
+        "fractions pack together) and named in its CUDA_VISIBLE_DEVICES, as Ray does; "
+        "nvidia.com/gpu on Kubernetes (the device plugin assigns them)"
     ),
     "RayActorOptionsSchema.memory": partial(
         "pod memory request and limit on Kubernetes; the replica's cgroup memory limit on one "

@@ -93,7 +93,8 @@ class DeploymentResponse:
         return self._start().__await__()
 
     def result(self, *, timeout_s: float | None = None) -> Any:
-        """Block until the result is there (raises :class:`TimeoutError` after ``timeout_s``).
+        """Block until the result is there (raises :class:`TimeoutError` after ``timeout_s``,
+        with Ray's words).
 
         Only for synchronous code outside an event loop (a script, a thread of a replica): the
         call runs on the loop the process's handle transport runs on.
@@ -110,7 +111,12 @@ class DeploymentResponse:
                 self._future = asyncio.run_coroutine_threadsafe(
                     _in_callers_context(coro), transport_loop()
                 )
-        return self._future.result(timeout_s)
+        try:
+            return self._future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            if not self._future.done():  # a callee's own TimeoutError goes through as it is
+                raise TimeoutError("Timed out waiting for result.") from None
+            raise
 
     def cancel(self) -> None:
         """Stop waiting for the result (the replica may still run the call)."""

@@ -23,7 +23,7 @@ import sys
 import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FunctionType, ModuleType
+from types import CodeType, FunctionType, ModuleType
 from typing import Any
 
 from kubeserve.sdk.application import Application, map_nodes
@@ -192,9 +192,25 @@ def _dumps(value: Any) -> bytes:
     return buffer.getvalue()
 
 
-#: How to pickle objects of the web frameworks an ingress uses that do not pickle as they are;
-#: filled from :func:`_library_reducers` once their modules are loaded.
-_LIBRARY_REDUCERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
+def _code_keeping_its_file(code: CodeType) -> tuple[Any, ...]:
+    """cloudpickle's reduction of a code object, with the file it was defined in: cloudpickle
+    (>= 3.1) writes ``<dynamic-code>`` there, and the traceback of an exception raised in the
+    deployment's code would name no file and show no source line; Ray's own copy of cloudpickle
+    keeps it, and so do we. Where the file exists (the same machine) its lines show, elsewhere
+    the frames still name the file, line and function."""
+    import cloudpickle.cloudpickle as internals
+
+    constructor, args = internals._code_reduce(code)
+    return constructor, tuple(
+        code.co_filename if isinstance(arg, str) and arg == "<dynamic-code>" else arg
+        for arg in args
+    )
+
+
+#: How to pickle objects that cloudpickle does not pickle as we need: code objects (their file
+#: name), and objects of the web frameworks an ingress uses that do not pickle as they are
+#: (filled from :func:`_library_reducers` once their modules are loaded).
+_LIBRARY_REDUCERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {CodeType: _code_keeping_its_file}
 
 
 def _library_reducers() -> dict[type, Callable[[Any], tuple[Any, ...]]]:

@@ -211,7 +211,8 @@ def _dual_class(cause_cls: type[BaseException]) -> type[Any]:
         "__reduce__": lambda self: (_dual_instance, (self.cause, self._message)),
         "__getattr__": __getattr__,
         "__str__": lambda self: self._message,
-        "__module__": __name__,
+        # where Ray's live: a traceback of a nested call names it ray.exceptions.RayTaskError(X)
+        "__module__": "ray.exceptions",
     }
     name = f"RayTaskError({cause_cls.__name__})"
     bases: tuple[type, ...] = (RayTaskError, cause_cls)

@@ -3,7 +3,9 @@
 from kubeserve.control.effective_config import effective_deployment
 from kubeserve.control.placement import (
     admit,
+    assign_gpus,
     fits,
+    gpu_devices,
     low_memory_message,
     memory_reserve,
     replica_claim,
@@ -59,3 +61,26 @@ def test_memory_kept_free_is_a_floor_or_a_share_of_the_machine() -> None:
     message = low_memory_message("app", "Model", 4, 100 << 20, 4 << 30)
     assert "has 4 replicas waiting to start" in message
     assert "100 MiB of memory available" in message and "256 MiB free" in message
+
+
+def test_gpu_devices_are_the_visible_ones_then_numbers_after_them() -> None:
+    assert gpu_devices(2, ["4", "7", "9"]) == ["4", "7"]
+    assert gpu_devices(3, ["1"]) == ["1", "2", "3"]
+    assert gpu_devices(2, []) == ["0", "1"]
+    assert gpu_devices(0, ["0"]) == []
+
+
+def test_whole_gpus_take_free_devices_in_order() -> None:
+    free = {"0": 0.5, "1": 1.0, "2": 1.0}
+    assert assign_gpus(1, free) == ["1"]
+    assert assign_gpus(2, free) == ["1", "2"]
+    assert assign_gpus(3, free) is None  # 2.5 free in sum, but not 3 whole devices
+    assert assign_gpus(0, free) == []
+
+
+def test_a_fraction_shares_the_device_it_fits_most_tightly() -> None:
+    free = {"0": 1.0, "1": 0.5, "2": 0.25}
+    assert assign_gpus(0.5, free) == ["1"]  # packs with the other half, keeps 0 whole
+    assert assign_gpus(0.25, free) == ["2"]
+    assert assign_gpus(0.75, free) == ["0"]
+    assert assign_gpus(0.5, {"0": 0.25, "1": 0.25}) is None

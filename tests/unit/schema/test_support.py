@@ -70,7 +70,6 @@ def test_the_readme_table_is_the_generated_one() -> None:
 
 REFUSED = {
     "http_options.ssl_certfile": ({"http_options": {"ssl_certfile": "c", "ssl_keyfile": "k"}}),
-    "http_options.root_path": {"http_options": {"root_path": "/api"}},
     "grpc_options.grpc_servicer_functions": {"grpc_options": {"grpc_servicer_functions": ["a.b"]}},
     "tracing_config.enabled": {"tracing_config": {"enabled": True}},
     "logging_config.logs_dir": {"logging_config": {"logs_dir": "/var/log/serve"}},

@@ -114,3 +114,11 @@ def test_a_fastapi_ingress_with_class_based_views_round_trips() -> None:
     assert served.state.greeting == "hi"
     paths = {getattr(r, "path", None) for r in served.router.routes}
     assert "/openapi.json" in paths
+
+
+def test_code_pickled_by_value_keeps_the_file_it_was_defined_in() -> None:
+    """As Ray's cloudpickle keeps it (upstream cloudpickle writes ``<dynamic-code>``): a traceback
+    from the deployment's code names the file and, where the file exists, shows its lines."""
+    app = unpickle_application(pickle_application(_graph_in_a_function("Hello")))
+    greeter = app.deployments()[1].deployment.func_or_class
+    assert greeter.greet.__code__.co_filename == __file__

@@ -164,8 +164,11 @@ def _name_annotations(app: AppView, deployment: DesiredDeployment) -> dict[str, 
 # --------------------------------------------------------------------------- replicas
 
 
-def replica_config_json(app: AppView, deployment: DesiredDeployment) -> str:
-    """The ``KUBESERVE_REPLICA_CONFIG`` value: literal except ``replica_id``, the pod's name."""
+def replica_config_json(
+    app: AppView, deployment: DesiredDeployment, http_root_path: str = ""
+) -> str:
+    """The ``KUBESERVE_REPLICA_CONFIG`` value: literal except ``replica_id``, the pod's name;
+    ``http_root_path`` is the instance's ``httpOptions.rootPath``."""
     config = deployment.config
     replica: wire.ReplicaConfig = {
         "app": app.app_name,
@@ -191,6 +194,8 @@ def replica_config_json(app: AppView, deployment: DesiredDeployment) -> str:
     route_prefix = app.config.get("route_prefix")
     if route_prefix and route_prefix != "/":  # an ASGI ingress sees it as root_path
         replica["route_prefix"] = str(route_prefix)
+    if http_root_path:
+        replica["http_root_path"] = http_root_path
     rest = {k: v for k, v in replica.items() if k != "replica_id"}
     literal = escape(json.dumps(rest, sort_keys=True, separators=(",", ":")))
     return f'{{"replica_id":"$({POD_NAME_ENV})",{literal[1:]}'
@@ -238,7 +243,9 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
         **_replica_probes(deployment.config),
     }
     own_env = {
-        wire.REPLICA_CONFIG_ENV: replica_config_json(app, deployment),
+        wire.REPLICA_CONFIG_ENV: replica_config_json(
+            app, deployment, str(instance.http_options.root_path or "")
+        ),
         APPLICATION_ENV: app.cr_name,
         INSTANCE_ENV: instance.name,
         DISCOVERY_ENV: DISCOVERY_KUBERNETES,

@@ -5,7 +5,9 @@ DaemonSet for ``EveryNode``, and a ClusterIP Service on ``httpOptions.port``. A 
 ``kubeserve proxy --host $(KUBESERVE_BIND_HOST) --port <port> --discovery kubernetes`` (plus
 ``--request-timeout-s`` when set and ``--keep-alive-timeout-s``) with ``KUBESERVE_INSTANCE`` naming
 its instance, whose applications' routes it serves. ``httpOptions.host`` has no meaning in a pod
-(a proxy binds its pod's address); ``rootPath`` and TLS are left to an Ingress in front.
+(a proxy binds its pod's address). ``rootPath`` (where an Ingress in front, which strips it,
+mounts the instance) reaches the replicas, whose ASGI ingresses see it in ``root_path`` and
+``path`` (:func:`~kubeserve.backends.kubernetes.render.replica_config_json`).
 
 The data-plane Secret ``<inst>-dataplane-secret`` (:func:`render_data_plane_secret`): the key of
 the handshake every connection to a replica passes; proxies and replicas read it from their env.

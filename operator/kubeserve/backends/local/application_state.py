@@ -103,6 +103,9 @@ class ApplicationState:
         self._installing = ""
         #: the instance's ``target_capacity`` and its direction, set by the controller each pass
         self.capacity: tuple[float | None, Direction | None] = (None, None)
+        #: the instance's ``http_options.root_path``, set by the controller each pass (fixed
+        #: while the serving layer runs)
+        self.http_root_path = ""
         #: replicas an earlier run left serving, by deployment, until the first build places them
         self._adoptable: dict[str, list[AdoptedReplica]] = {}
         self._stopping: set[asyncio.Task[None]] = set()
@@ -337,6 +340,7 @@ class ApplicationState:
                 self.config.get("args") or {},
                 self.route_prefix,
                 app_graph=app_graph,
+                http_root_path=self.http_root_path,
             )
             state.adopt_all(self._adoptable.pop(name, []))
             state.reconcile()

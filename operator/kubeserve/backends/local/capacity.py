@@ -24,17 +24,39 @@ MIN_DEFAULT_CPUS = 16
 DEFAULT_START_SLOTS = 8
 
 
-def detect_gpus() -> int:
-    """GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` when set (as Ray reads it), else the
-    NVIDIA driver's device list, else none."""
+#: Ray's switch (in a replica's environment) to leave ``CUDA_VISIBLE_DEVICES`` as inherited.
+NOSET_CUDA_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` when set (as Ray reads it),
+    else the NVIDIA driver's devices numbered from 0, else none."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    devices = Path("/proc/driver/nvidia/gpus")
+        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
     try:
-        return sum(1 for _ in devices.iterdir())
+        return [str(n) for n in range(sum(1 for _ in Path("/proc/driver/nvidia/gpus").iterdir()))]
     except OSError:
-        return 0
+        return []
+
+
+def detect_gpus() -> int:
+    """How many GPUs this process may use (:func:`visible_gpus`)."""
+    return len(visible_gpus())
+
+
+def process_gpus(pid: int) -> list[str] | None:
+    """The ``CUDA_VISIBLE_DEVICES`` a running process was started with (None: unset or
+    unreadable): the devices an adopted replica holds."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for entry in environ:
+        if entry.startswith(b"CUDA_VISIBLE_DEVICES="):
+            value = entry.partition(b"=")[2].decode(errors="replace")
+            return [d for d in value.split(",") if d]
+    return None
 
 
 def memory_bytes() -> tuple[int, int]:
@@ -58,11 +80,40 @@ def instance_resources(num_cpus: float | None, num_gpus: float | None) -> dict[s
 
 
 class Capacity:
-    def __init__(self, total: Mapping[str, float], start_slots: int = DEFAULT_START_SLOTS) -> None:
+    def __init__(
+        self,
+        total: Mapping[str, float],
+        start_slots: int = DEFAULT_START_SLOTS,
+        gpu_ids: list[str] | None = None,
+    ) -> None:
         self.total = dict(total)
         self.used = {kind: 0.0 for kind in placement.ENFORCED}
         self.start_slots = start_slots
         self.starting = 0
+        #: each GPU device's free share (1.0: nobody holds any of it), in device order
+        self.gpu_free = {
+            device: 1.0
+            for device in placement.gpu_devices(
+                self.total.get("GPU", 0.0), visible_gpus() if gpu_ids is None else gpu_ids
+            )
+        }
+
+    def assign_gpus(self, need: float) -> list[str] | None:
+        """Devices for a replica claiming ``need`` GPUs (see :func:`placement.assign_gpus`)."""
+        return placement.assign_gpus(need, self.gpu_free)
+
+    def hold_gpus(self, devices: list[str], need: float) -> None:
+        """Devices a started (or adopted) replica holds: each whole one, or ``need`` of one."""
+        share = need if need < 1.0 else 1.0
+        for device in devices:
+            if device in self.gpu_free:
+                self.gpu_free[device] = max(0.0, self.gpu_free[device] - share)
+
+    def free_gpus(self, devices: list[str], need: float) -> None:
+        share = need if need < 1.0 else 1.0
+        for device in devices:
+            if device in self.gpu_free:
+                self.gpu_free[device] = min(1.0, self.gpu_free[device] + share)
 
     def free(self) -> dict[str, float]:
         return {kind: self.total.get(kind, 0.0) - self.used[kind] for kind in placement.ENFORCED}

@@ -340,6 +340,10 @@ class Controller:
                 self.apps[name] = existing
             app = existing
             app.capacity = capacity
+            app.http_root_path = str(
+                ((desired.options if desired else {}).get("http_options") or {}).get("root_path")
+                or ""
+            )
             try:
                 if app.config != stored.config or app.deployed_at != stored.deployed_at:
                     graph = self.store.graph(name) if stored.api_type == IMPERATIVE else None

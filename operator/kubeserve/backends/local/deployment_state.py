@@ -22,6 +22,7 @@ from typing import Any
 from kubeserve.backends.local import processes
 from kubeserve.backends.local.adoption import AdoptedReplica
 from kubeserve.backends.local.autoscaling import DeploymentScaling
+from kubeserve.backends.local.capacity import process_gpus
 from kubeserve.backends.local.process_records import ReplicaRecord
 from kubeserve.backends.local.replica_context import ReplicaContext
 from kubeserve.backends.local.replica_process import ReplicaProcess, ReplicaSpec
@@ -102,6 +103,7 @@ class DeploymentState:
         route_prefix: str | None = None,
         *,
         app_graph: str | None = None,
+        http_root_path: str = "",
     ) -> None:
         """``version`` covers ``import_path`` (or ``app_graph``, an imperative application's
         pickled graph, base64), ``app_args`` and ``env``: replicas of another version are
@@ -113,6 +115,7 @@ class DeploymentState:
             import_path=import_path,
             app_args=dict(app_args or {}),
             route_prefix=route_prefix,
+            http_root_path=http_root_path,
             env=env,
             app_graph=app_graph,
         )
@@ -197,10 +200,14 @@ class DeploymentState:
         serving_current = step.serving
         if step.settled < serving_current and old:
             asyncio.get_running_loop().call_later(DISCOVERY_SETTLE_S, self._ctx.wake)
+        route = self._route_prefix()
         for replica in current:
             if (
                 replica.state == "RUNNING"
-                and needs_push(replica.applied_user_config or None, self.user_config_version)
+                and (
+                    needs_push(replica.applied_user_config or None, self.user_config_version)
+                    or replica.applied_route_prefix not in (None, route)
+                )
                 and not replica.reconfiguring
             ):
                 self._spawn(self._reconfigure(replica))
@@ -225,8 +232,10 @@ class DeploymentState:
         start, unschedulable = placement.admit(
             missing, claim, capacity.free(), capacity.free_start_slots()
         )
-        for _ in range(start):
-            self._start(claim)
+        for started in range(start):
+            if not self._start(claim):  # the GPUs are free in sum, not on one device
+                unschedulable += start - started
+                break
         if not unschedulable:
             self.unschedulable = ""
             return
@@ -250,14 +259,20 @@ class DeploymentState:
             label=self._label,
         )
 
-    def _start(self, claim: dict[str, float]) -> None:
+    def _start(self, claim: dict[str, float]) -> bool:
+        """Start one replica holding ``claim``; False when no device set fits its GPUs."""
         assert self.spec is not None
+        gpus = self._ctx.capacity.assign_gpus(claim.get("GPU", 0.0))
+        if gpus is None:
+            return False
         replica_id = f"{self.name}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
         replica = self._new_replica(replica_id, self.version, processes.free_port())
-        replica.claim, replica.holds_start_slot = claim, True
+        replica.claim, replica.holds_start_slot, replica.gpus = claim, True, gpus
         self._ctx.capacity.take(claim)
+        self._ctx.capacity.hold_gpus(gpus, claim.get("GPU", 0.0))
         self.replicas[replica_id] = replica
         replica.start(self.spec)
+        return True
 
     def adopt_all(self, replicas: list[AdoptedReplica]) -> None:
         """Adopt ``replicas`` (see :meth:`adopt`); an autoscaling deployment starts from their
@@ -279,6 +294,10 @@ class DeploymentState:
         replica.ready_at = time.monotonic() - DISCOVERY_SETTLE_S
         replica.claim = placement.replica_claim(self.config)
         self._ctx.capacity.take(replica.claim)
+        need = replica.claim.get("GPU", 0.0)
+        held = process_gpus(proc.pid) if need else []
+        replica.gpus = held if held is not None else (self._ctx.capacity.assign_gpus(need) or [])
+        self._ctx.capacity.hold_gpus(replica.gpus, need)
         self.replicas[replica.replica_id] = replica
         log.info("%s: adopted replica %s (pid %d)", self._label, replica.replica_id, proc.pid)
         replica.watch(proc)
@@ -297,6 +316,7 @@ class DeploymentState:
             replica.stop("failed its health check")
         elif new == "STOPPED":
             self._ctx.capacity.release(replica.claim)
+            self._ctx.capacity.free_gpus(replica.gpus, replica.claim.get("GPU", 0.0))
             if self.replicas.pop(replica.replica_id, None) is not None:
                 self.dead_replicas.append(replica)
             if reason and old == "STARTING":
@@ -322,8 +342,14 @@ class DeploymentState:
         ):
             self.failure_streak = 0
 
+    def _route_prefix(self) -> str:
+        """The application's route prefix as replicas report it ("" for none)."""
+        return str(self.spec.route_prefix or "") if self.spec is not None else ""
+
     async def _reconfigure(self, replica: ReplicaProcess) -> None:
-        error = await replica.reconfigure(self.config.user_config, self.user_config_version)
+        error = await replica.reconfigure(
+            self.config.user_config, self.user_config_version, self._route_prefix()
+        )
         if error:
             self.last_error = error
         if not replica.healthy:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from kubeserve.backends.local import processes
+from kubeserve.backends.local.capacity import NOSET_CUDA_ENV
 from kubeserve.backends.local.limit_enforcement import ReplicaCgroup
 from kubeserve.backends.local.process_records import ReplicaRecord
 from kubeserve.backends.local.replica_context import ReplicaContext
@@ -69,6 +70,8 @@ class ReplicaSpec:
     env: PreparedEnv
     #: an imperative application's pickled graph (base64), loaded instead of ``import_path``
     app_graph: str | None = None
+    #: the instance's ``http_options.root_path`` ("" for none)
+    http_root_path: str = ""
 
 
 @dataclass(eq=False)
@@ -88,6 +91,8 @@ class ReplicaProcess:
     healthy: bool = True
     #: the user_config version the replica last reported applying ("" until its first answer)
     applied_user_config: str = ""
+    #: the route prefix it reported serving under (None: not heard yet)
+    applied_route_prefix: str | None = None
     reconfiguring: bool = False
     pid: int | None = None
     start_time_s: float = field(default_factory=time.time)
@@ -95,6 +100,8 @@ class ReplicaProcess:
     ready_at: float = 0.0
     #: what it holds of the instance's resources (see :class:`Capacity`), released by its owner
     claim: dict[str, float] = field(default_factory=dict)
+    #: the GPU devices it holds (its ``CUDA_VISIBLE_DEVICES``), released with its claim
+    gpus: list[str] = field(default_factory=list)
     #: holds one of the instance's start slots (until it is ready or gone)
     holds_start_slot: bool = False
     proc: processes.Child | None = None
@@ -124,11 +131,12 @@ class ReplicaProcess:
             timeout = self.config.graceful_shutdown_timeout_s
             self._spawn(processes.terminate(self.proc, timeout))
 
-    async def reconfigure(self, user_config: Any, version: str) -> str:
-        """Push ``user_config`` (whose version is ``version``); "" when applied, else what went
-        wrong. A replica that refuses it is no longer ``healthy``."""
+    async def reconfigure(self, user_config: Any, version: str, route_prefix: str) -> str:
+        """Push ``user_config`` (whose version is ``version``) and the application's route
+        prefix; "" when applied, else what went wrong. A replica that refuses it is no longer
+        ``healthy``."""
         self.reconfiguring = True
-        body = json.dumps({"user_config": user_config}).encode()
+        body = json.dumps({"user_config": user_config, "route_prefix": route_prefix}).encode()
         try:
             status, answer = await self._internal(
                 "POST", wire.RECONFIGURE_PATH, body, _RECONFIGURE_TIMEOUT_S
@@ -142,6 +150,7 @@ class ReplicaProcess:
             self.healthy = False
             return f"reconfigure failed on {self.replica_id}: {text}"
         self.applied_user_config = wire.applied_user_config(answer) or version
+        self.applied_route_prefix = wire.applied_route_prefix(answer)
         self.context.records.applied_user_config(self.replica_id, self.applied_user_config)
         return ""
 
@@ -163,6 +172,14 @@ class ReplicaProcess:
             self._free_start_slot()
             self._transition("STOPPED", reason)
 
+    def _gpu_env(self, spec: ReplicaSpec) -> dict[str, str]:
+        """``CUDA_VISIBLE_DEVICES`` naming exactly the devices given, as Ray sets it for an actor
+        holding GPUs (unless ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` says not to)."""
+        noset = spec.env.env_vars.get(NOSET_CUDA_ENV, os.environ.get(NOSET_CUDA_ENV, ""))
+        if not self.gpus or noset.strip().lower() in ("1", "true", "yes"):
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": ",".join(self.gpus)}
+
     def _free_start_slot(self) -> None:
         if self.holds_start_slot:
             self.holds_start_slot = False
@@ -177,6 +194,7 @@ class ReplicaProcess:
         ctx = self.context
         env = ctx.child_env(
             {
+                **self._gpu_env(spec),
                 **spec.env.env_vars,
                 wire.REPLICA_CONFIG_FD_ENV: str(config_fd),
                 wire.CONTROLLER_URL_ENV: ctx.controller_url,
@@ -241,6 +259,8 @@ class ReplicaProcess:
         }
         if spec.app_graph is not None:
             replica_config["app_graph"] = spec.app_graph
+        if spec.http_root_path:
+            replica_config["http_root_path"] = spec.http_root_path
         if config.logging_config:
             replica_config["logging_config"] = dict(config.logging_config)
         if (router := wire.request_router_spec(config)) is not None:
@@ -367,6 +387,7 @@ class ReplicaProcess:
         if status == 200:
             # What the replica applied is the replica's to say (control/user_config.py).
             self.applied_user_config = wire.applied_user_config(body) or ""
+            self.applied_route_prefix = wire.applied_route_prefix(body)
             return ""
         return f"HTTP {status}: {body[:500].decode('utf-8', 'replace')}"
 

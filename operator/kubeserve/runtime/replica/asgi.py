@@ -80,9 +80,11 @@ def root_path_of(route_prefix: str | None) -> str:
 
 
 def http_scope(
-    request: HttpRequest, root_path: str, state: dict[str, Any] | None = None
+    request: HttpRequest, root_path: str, state: dict[str, Any] | None = None, mount: str = ""
 ) -> dict[str, Any]:
-    """The ASGI ``http`` scope of ``request`` (see the module docstring for the paths)."""
+    """The ASGI ``http`` scope of ``request`` (see the module docstring for the paths); ``mount``
+    (``http_options.root_path``) is put back before the path a reverse proxy stripped it from."""
+    path = mount + request.path if mount else request.path
     headers = [
         (k.lower().encode("latin-1"), v.encode("latin-1", "replace")) for k, v in request.headers
     ]
@@ -97,8 +99,8 @@ def http_scope(
         "http_version": "1.0" if request.http10 else "1.1",
         "method": request.method,
         "scheme": "http",
-        "path": request.path,
-        "raw_path": request.path.encode("utf-8", "surrogateescape"),
+        "path": path,
+        "raw_path": path.encode("utf-8", "surrogateescape"),
         "query_string": request.query_string.encode("utf-8", "surrogateescape"),
         "root_path": root_path,
         "headers": headers,
@@ -111,11 +113,11 @@ def http_scope(
 
 
 def websocket_scope(
-    request: HttpRequest, root_path: str, state: dict[str, Any] | None = None
+    request: HttpRequest, root_path: str, state: dict[str, Any] | None = None, mount: str = ""
 ) -> dict[str, Any]:
     """The ASGI ``websocket`` scope of the handshake ``request``: paths, query string, headers and
     client as in its ``http`` scope, the ``ws`` scheme and the subprotocols the client offered."""
-    scope = http_scope(request, root_path, state)
+    scope = http_scope(request, root_path, state, mount)
     del scope["method"]
     scope["type"] = "websocket"
     scope["asgi"] = _ASGI_WEBSOCKET
@@ -450,9 +452,10 @@ def _starlette_request_type() -> type | None:
                 ASGI scope (a list of encoded headers, the client, the paths) is made on first
                 use, not per request."""
 
-                def __init__(self, request: HttpRequest, root_path: str) -> None:
+                def __init__(self, request: HttpRequest, root_path: str, mount: str) -> None:
                     self._request = request
                     self._root_path = root_path
+                    self._mount = mount
                     self._body = request.body  # read already: body(), json(), form(), stream()
                     self._send = empty_send
                     self._stream_consumed = False
@@ -462,7 +465,9 @@ def _starlette_request_type() -> type | None:
 
                 def __getattr__(self, name: str) -> Any:
                     if name == "scope":
-                        scope = self.scope = http_scope(self._request, self._root_path)
+                        scope = self.scope = http_scope(
+                            self._request, self._root_path, None, self._mount
+                        )
                         return scope
                     raise AttributeError(name)
 
@@ -495,12 +500,16 @@ def _starlette_request_type() -> type | None:
 _REQUEST_TYPE: Any = False
 
 
-def user_request(request: HttpRequest, root_path: str) -> Any:
+def user_request(request: HttpRequest, root_path: str, mount: str = "") -> Any:
     """What a plain (non-ASGI) ingress receives: a ``starlette.requests.Request`` when Starlette
     is installed, else kubeserve's :class:`~kubeserve.sdk.http.Request`."""
     request_type = _starlette_request_type()
     if request_type is None:
         return Request(
-            request.method, request.path, request.query_string, request.headers, request.body
+            request.method,
+            mount + request.path,
+            request.query_string,
+            request.headers,
+            request.body,
         )
-    return request_type(request, root_path)
+    return request_type(request, root_path, mount)

@@ -23,7 +23,12 @@ from kubeserve.runtime import wire
 from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, StreamedResponse
 from kubeserve.runtime.replica.router_class import router_class_answer, routing_stats
 from kubeserve.runtime.replica.state import ReplicaState, shutting_down
-from kubeserve.runtime.replica.user_code import error_text, iterate
+from kubeserve.runtime.replica.user_code import (
+    error_text,
+    generator_not_streamed,
+    iterate,
+    not_a_generator,
+)
 from kubeserve.sdk import context
 from kubeserve.sdk.ray_errors import task_error
 
@@ -42,10 +47,18 @@ class Control:
     owner of what it applied, and a request to apply that version again changes nothing.
     """
 
-    def __init__(self, state: ReplicaState, applied: Any) -> None:
+    def __init__(
+        self,
+        state: ReplicaState,
+        applied: Any,
+        on_route_prefix: Callable[[str], None] | None = None,
+    ) -> None:
         self._state = state
         self.user_config = applied
         self.user_config_version = user_config_version(applied)
+        #: the route prefix the ingress serves under (a reconfigure may move it, with no restart)
+        self.route_prefix = str(state.config.get("route_prefix") or "")
+        self._on_route_prefix = on_route_prefix
         self._reconfigure_lock = asyncio.Lock()
 
     async def handle(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
@@ -112,10 +125,7 @@ class Control:
             result = await self._state.run(method, *args, **kwargs)
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
                 result.close() if inspect.isgenerator(result) else await result.aclose()
-                raise TypeError(
-                    f"Method '{method_name}' returned a generator. You must use "
-                    "`handle.options(stream=True)` to call generators on a deployment."
-                )
+                raise generator_not_streamed(method_name)
             body = wire.encode_result(result)
         except Exception as exc:
             self._state.metrics_recorder.error("", exc)
@@ -142,10 +152,7 @@ class Control:
             if inspect.isawaitable(items):
                 items = await items
             if not (inspect.isgenerator(items) or inspect.isasyncgen(items)):
-                raise TypeError(
-                    f"Method '{method_name}' returned a non-generator ({type(items).__name__}); "
-                    "call it without `handle.options(stream=True)`."
-                )
+                raise not_a_generator(method_name)
         except Exception as exc:
             self._state.metrics_recorder.error("", exc)
             self._state.finish(started, "")
@@ -196,7 +203,9 @@ class Control:
         except Exception as exc:
             return HttpResponse(503, error_text(exc).encode())
         return HttpResponse(
-            200, wire.health_answer(self.user_config_version), content_type="application/json"
+            200,
+            wire.health_answer(self.user_config_version, self.route_prefix),
+            content_type="application/json",
         )
 
     async def _reconfigure(self, request: HttpRequest) -> HttpResponse:
@@ -208,6 +217,12 @@ class Control:
                 400, f'body must be JSON {{"user_config": ...}}: {error_text(exc)}'.encode()
             )
         version = user_config_version(user_config)
+        prefix = payload.get("route_prefix")
+        if isinstance(prefix, str) and prefix != self.route_prefix:
+            # The application's route moved: its ASGI root_path follows at once.
+            self.route_prefix = prefix
+            if self._on_route_prefix is not None:
+                self._on_route_prefix(prefix)
         async with self._reconfigure_lock:
             if version != self.user_config_version:  # the same version again: already applied
                 try:
@@ -216,7 +231,9 @@ class Control:
                     log.exception("reconfigure failed")
                     return HttpResponse(500, error_text(exc).encode())
                 self.user_config, self.user_config_version = user_config, version
-        return HttpResponse(200, wire.health_answer(version), content_type="application/json")
+        return HttpResponse(
+            200, wire.health_answer(version, self.route_prefix), content_type="application/json"
+        )
 
 
 def _enter_call(options: dict[str, Any]) -> str:

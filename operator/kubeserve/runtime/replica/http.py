@@ -42,7 +42,6 @@ and its role picks its handler for good: user traffic (``INGRESS``) or internal 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
 import time
@@ -597,15 +596,21 @@ async def _resume(coro: Coroutine[Any, Any, None], yielded: Any, then: Callable[
     ``then`` once the coroutine is done."""
     try:
         while True:
+            error: BaseException | None = None
             if yielded is None:
                 await asyncio.sleep(0)
             else:
                 # Taken over from the coroutine, as Task.__step does, so it can be awaited here.
                 yielded._asyncio_future_blocking = False
-                with contextlib.suppress(BaseException):
+                try:
                     await yielded
+                except BaseException as exc:
+                    error = exc
             try:
-                yielded = coro.send(None)
+                # A failed future's error is thrown in, as a task throws it: its traceback (the
+                # frames of a worker thread, say) is handed over once, and a second read of the
+                # future would give it without them.
+                yielded = coro.send(None) if error is None else coro.throw(error)
             except StopIteration:
                 break
     finally:

@@ -74,12 +74,21 @@ class Ingress:
         )
         self._asgi = None if user.is_function else asgi_app_of(user.target)
         self.lifespan = Lifespan(self._asgi) if self._asgi is not None else None
-        self._root_path = root_path_of(state.config.get("route_prefix"))
+        #: ``http_options.root_path`` (a reverse proxy in front strips it), then the route
+        #: prefix: the ASGI ``root_path``, as Ray's proxy sets it
+        self._mount = str(state.config.get("http_root_path") or "")
+        self._root_path = self._mount + root_path_of(state.config.get("route_prefix"))
         if self._asgi is None and self._http_target is not None and self._http_takes_request:
             prepare_asgi()  # the first request must not pay for importing Starlette
         #: the ``route`` label of HTTP requests (Ray's: the application's route prefix); handle
         #: calls have none
         self._route = state.config.get("route_prefix") or ""
+
+    def set_route_prefix(self, route_prefix: str) -> None:
+        """The application's route moved (no restart): what ASGI apps see in ``root_path``, and
+        the ``route`` label, follow."""
+        self._root_path = self._mount + root_path_of(route_prefix)
+        self._route = route_prefix
 
     async def handle(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
         """User traffic (a proxy's ``INGRESS`` connection): every path goes to the user's code."""
@@ -129,7 +138,7 @@ class Ingress:
             app_state = self.lifespan.state if self.lifespan is not None else None
             refusal = await run_websocket(
                 app,
-                websocket_scope(request, self._root_path, app_state),
+                websocket_scope(request, self._root_path, app_state, self._mount),
                 session,
                 request.request_id,
                 functools.partial(self._state.metrics_recorder.error, self._route),
@@ -149,7 +158,11 @@ class Ingress:
                 404, f"deployment {self._state.user.name!r} has no __call__ method".encode()
             )
         try:
-            args = (user_request(request, self._root_path),) if self._http_takes_request else ()
+            args = (
+                (user_request(request, self._root_path, self._mount),)
+                if self._http_takes_request
+                else ()
+            )
             if self._http_async:
                 result = await self._http_target(*args)
             elif self._http_plain:
@@ -176,7 +189,7 @@ class Ingress:
     ) -> HttpResponse | StreamedResponse:
         """``app`` (the ingress's ASGI app, or a Starlette response) answers ``request``."""
         app_state = self.lifespan.state if self.lifespan is not None else None
-        scope = http_scope(request, self._root_path, app_state)
+        scope = http_scope(request, self._root_path, app_state, self._mount)
         try:
             response = await run_asgi(app, scope, request.body, request.request_id)
         except Exception as exc:

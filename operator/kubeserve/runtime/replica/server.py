@@ -143,7 +143,8 @@ async def serve_replica(
         user, applied = await _start_user_code(config, cluster)
         state = ReplicaState(config, user, sync_in_threadpool=sync_in_threadpool)
         state.access_log = logs.active().access_log
-        ingress, control = Ingress(state), Control(state, applied)
+        ingress = Ingress(state)
+        control = Control(state, applied, ingress.set_route_prefix)
         if ingress.lifespan is not None:
             try:
                 await ingress.lifespan.startup()

@@ -26,10 +26,12 @@ __all__ = [
     "UserCode",
     "error_text",
     "find_node",
+    "generator_not_streamed",
     "invoke",
     "invoke_on_loop",
     "is_async_callable",
     "iterate",
+    "not_a_generator",
     "takes_arguments",
 ]
 
@@ -103,6 +105,23 @@ async def iterate(items: Any, run: Callable[..., Any]) -> AsyncIterator[Any]:
     iterator = iter(items)
     while (item := await run(next, iterator, _END)) is not _END:
         yield item
+
+
+def generator_not_streamed(method_name: str) -> TypeError:
+    """What a unary call of a generator method raises (Ray 2.60's replica's words)."""
+    return TypeError(
+        f"Method '{method_name}' returned a generator. You must use "
+        "`handle.options(stream=True)` to call generators on a deployment."
+    )
+
+
+def not_a_generator(method_name: str) -> TypeError:
+    """What a streamed call (``handle.options(stream=True)``) of a method that returned no
+    generator raises (Ray 2.60's replica's words)."""
+    return TypeError(
+        f"Called method '{method_name}' with `handle.options(stream=True)` but it did not "
+        "return a generator."
+    )
 
 
 def error_text(exc: BaseException) -> str:

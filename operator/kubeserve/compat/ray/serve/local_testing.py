@@ -12,13 +12,21 @@ requests are never rejected.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import cloudpickle
 
-from kubeserve.runtime.replica.user_code import UserCode, invoke, iterate
+from kubeserve.compat.ray.serve.exceptions import RayServeException
+from kubeserve.runtime.replica.user_code import (
+    UserCode,
+    generator_not_streamed,
+    invoke,
+    iterate,
+    not_a_generator,
+)
 from kubeserve.sdk import context, transport
 from kubeserve.sdk.application import Application
 from kubeserve.sdk.handle import DeploymentHandle
@@ -49,6 +57,9 @@ class LocalTransport:
         args, kwargs = _copied((args, kwargs))
         with _multiplexed(model_id):
             result = await invoke(function, *args, **kwargs)
+        if inspect.isgenerator(result) or inspect.isasyncgen(result):
+            result.close() if inspect.isgenerator(result) else await result.aclose()
+            raise generator_not_streamed(method)
         return _copied(result)
 
     async def stream(
@@ -65,6 +76,8 @@ class LocalTransport:
         args, kwargs = _copied((args, kwargs))
         with _multiplexed(model_id):
             items = await invoke(function, *args, **kwargs)
+            if not (inspect.isgenerator(items) or inspect.isasyncgen(items)):
+                raise not_a_generator(method)
             async for item in iterate(items, invoke):
                 yield _copied(item)
 
@@ -75,9 +88,18 @@ class LocalTransport:
                 f"deployment {deployment!r} of application {app!r} is not running in this "
                 "process (local testing mode)"
             )
-        function = code.method(method)
+        function = code.target if code.is_function else code.method(method)
         if function is None:
-            raise AttributeError(f"deployment {deployment!r} has no method {method!r}")
+            # Ray's words, naming the methods a call may name (not those starting with "__")
+            methods = [
+                name
+                for name in dir(code.target)
+                if not name.startswith("__") and callable(getattr(code.target, name))
+            ]
+            raise RayServeException(
+                f"Tried to call a method '{method}' that does not exist. "
+                f"Available methods: {methods}."
+            )
         return function
 
 

@@ -17,14 +17,24 @@ Usage: ``python benchmarks/python_env.py [--ray-venv ~/.cache/kubeserve/ray-2.60
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from systems import BENCH_DIR, Kubeserve, RayServe, ServeSystem, serve_bench_apps, wait_for
+from systems import (
+    BENCH_DIR,
+    Kubeserve,
+    RayServe,
+    ServeSystem,
+    pids_matching,
+    serve_bench_apps,
+    wait_for,
+)
 
 PACKAGE = "inflection==0.5.1"
 
@@ -37,6 +47,21 @@ def _app(name: str, runtime_env: dict[str, Any]) -> dict[str, Any]:
         "import_path": "pip_app:app",
         "runtime_env": runtime_env,
     }
+
+
+class OwnRayServe(RayServe):
+    """Ray's head stopped by the PIDs of its own processes (their command lines name its temp
+    directory), not ``ray stop``, which stops every Ray on the machine."""
+
+    def stop(self) -> None:
+        mine = pids_matching(self._temp)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in mine:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in mine):
+                time.sleep(0.1)
 
 
 def time_to_running(system: ServeSystem, app: dict[str, Any], timeout: float = 600) -> float:
@@ -97,10 +122,10 @@ def main() -> int:
         os.environ["UV_CACHE_DIR"] = uv_cache  # kubeserve starts cold: nothing downloaded yet
         systems: list[tuple[ServeSystem, str, bool]] = [(Kubeserve(), "apps:noop", True)]
         if args.ray_venv is not None:
-            systems.append((RayServe(args.ray_venv), "ray_apps:noop", False))
+            systems.append((OwnRayServe(args.ray_venv), "ray_apps:noop", False))
         for system, baseline, rebuilt in systems:  # one at a time: the other is not running
-            system.start()
             try:
+                system.start()
                 results["systems"][system.name] = bench(system, baseline, rebuilt)
             finally:
                 system.stop()

@@ -23,6 +23,7 @@ import os
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,13 @@ def _app(name: str, runtime_env: dict[str, Any]) -> dict[str, Any]:
 
 class OwnRayServe(RayServe):
     """Ray's head stopped by the PIDs of its own processes (their command lines name its temp
-    directory), not ``ray stop``, which stops every Ray on the machine."""
+    directory), not ``ray stop``, which stops every Ray on the machine; token authentication off
+    (Ray 2.60 turns it on when ``~/.ray/auth_token`` exists, and the bench's requests carry none).
+    """
+
+    def __init__(self, venv: Path) -> None:
+        super().__init__(venv)
+        self.env["RAY_AUTH_MODE"] = "disabled"
 
     def stop(self) -> None:
         mine = pids_matching(self._temp)
@@ -120,10 +127,13 @@ def main() -> int:
     results: dict[str, Any] = {"machine": serve_bench_apps(), "systems": {}}
     with tempfile.TemporaryDirectory(prefix="uv-cache-bench-") as uv_cache:
         os.environ["UV_CACHE_DIR"] = uv_cache  # kubeserve starts cold: nothing downloaded yet
-        systems: list[tuple[ServeSystem, str, bool]] = [(Kubeserve(), "apps:noop", True)]
+        # each system is made when its turn comes: ports chosen minutes earlier may be taken
+        makers: list[tuple[Callable[[], ServeSystem], str, bool]] = [(Kubeserve, "apps:noop", True)]
         if args.ray_venv is not None:
-            systems.append((OwnRayServe(args.ray_venv), "ray_apps:noop", False))
-        for system, baseline, rebuilt in systems:  # one at a time: the other is not running
+            venv = args.ray_venv
+            makers.append((lambda: OwnRayServe(venv), "ray_apps:noop", False))
+        for make, baseline, rebuilt in makers:  # one at a time: the other is not running
+            system = make()
             try:
                 system.start()
                 results["systems"][system.name] = bench(system, baseline, rebuilt)

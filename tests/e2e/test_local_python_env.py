@@ -127,6 +127,16 @@ def test_a_deployment_level_pip_override(ks: Kubeserve, project: str) -> None:
     assert http("GET", f"{ks.proxy}/d")[1]["camel"] == "HelloWorld"
 
 
+def test_a_deployment_level_installer_failure_is_deploy_failed(ks: Kubeserve, project: str) -> None:
+    app = _app("dbad", project, pip=[PACKAGE])  # the build imports camel_app: it needs the package
+    bogus = {"pip": ["kubeserve-no-such-package-b7e1"]}
+    app["deployments"] = [{"name": "camel", "ray_actor_options": {"runtime_env": bogus}}]
+    ks.put([app])
+    failed = ks.wait_app("dbad", "DEPLOY_FAILED", timeout_s=120)
+    assert "runtime_env of deployment 'camel'" in failed["message"], failed
+    assert "kubeserve-no-such-package-b7e1" in failed["message"], failed
+
+
 def test_an_environment_nothing_uses_is_removed(ks: Kubeserve, project: str) -> None:
     ks.put([_app("gc", project, pip={"packages": [PACKAGE], "pip_check": True})])
     ks.wait_app("gc", timeout_s=120)

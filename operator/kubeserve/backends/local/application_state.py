@@ -101,6 +101,7 @@ class ApplicationState:
         self._env_tasks: dict[str, asyncio.Task[PreparedEnv]] = {}
         #: what a deployment waits for while its packages are installed (the app's message)
         self._installing = ""
+        self._install_notes: dict[str, str] = {}
         #: the instance's ``target_capacity`` and its direction, set by the controller each pass
         self.capacity: tuple[float | None, Direction | None] = (None, None)
         #: the instance's ``http_options.root_path``, set by the controller each pass (fixed
@@ -133,6 +134,10 @@ class ApplicationState:
         self, config: dict[str, Any], deployed_at: float, pickled_graph: bytes | None = None
     ) -> None:
         """``pickled_graph`` is an imperative application's graph (its digest in ``config``)."""
+        if config != self.config:  # a failed deployment environment is tried again
+            failed = [k for k, t in self._env_tasks.items() if t.done()]  # done here: failed
+            for key in failed:
+                del self._env_tasks[key]
         self.config, self.deployed_at = config, deployed_at
         self.pickled_graph = pickled_graph
         build_inputs = [config.get("import_path"), config.get("runtime_env"), config.get("args")]
@@ -257,17 +262,21 @@ class ApplicationState:
             return await self._prepare_env(deployment_env)
         task = self._env_tasks.get(key)
         if task is None:
+            self._install_notes[key] = f"deployment {name!r}: preparing its runtime_env"
 
             def installing(what: str) -> None:
-                self._installing = f"deployment {name!r}: installing the packages of {what}"
+                self._install_notes[key] = f"deployment {name!r}: installing the packages of {what}"
                 self._ctx.wake()
 
             task = asyncio.ensure_future(self._prepare_env(deployment_env, installing))
             task.add_done_callback(lambda _: self._ctx.wake())
             self._env_tasks[key] = task
         if not task.done():
+            self._installing = self._installing or self._install_notes[key]
             return None
-        del self._env_tasks[key]
+        if task.exception() is None:  # a failure stays (DEPLOY_FAILED) until the config changes
+            del self._env_tasks[key]
+            self._install_notes.pop(key, None)
         return task.result()
 
     def python_envs(self) -> set[str]:
@@ -344,7 +353,7 @@ class ApplicationState:
             )
             state.adopt_all(self._adoptable.pop(name, []))
             state.reconcile()
-        if not self._env_tasks:  # a deployment waiting for its packages may adopt later
+        if not any(not t.done() for t in self._env_tasks.values()):  # one may adopt later
             self.stop_adoptable()  # replicas of deployments the graph no longer has
         self._envs = {key: env for key, env in self._envs.items() if key in used}
 

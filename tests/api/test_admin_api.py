@@ -49,7 +49,7 @@ def test_unsupported_fields_are_400s_saying_why_in_both_families(kubeserve: Kube
     status, body = http("PUT", f"{kubeserve.api}/api/serve/applications/", config)
     assert status == 400
     assert ["http_options", "ssl_certfile"] in [d["loc"] for d in body["details"]]
-    assert "TLS on the proxy is not supported" in body["error"]
+    assert "/c.pem' cannot be read" in body["error"]  # checked before it is stored
     # image_uri is the replica image on Kubernetes; the local backend runs processes.
     deployments = [{"name": "Hello", "ray_actor_options": {"runtime_env": {"image_uri": "x"}}}]
     config = kubeserve.config([{**HELLO, "deployments": deployments}])

@@ -748,10 +748,38 @@ def test_a_request_a_draining_replica_did_not_start_goes_to_another() -> None:
                     assert resp.status == 200
                     assert (await resp.json())["replica"] == "a1"
         assert c.replicas["a1"].hits["/a/x"] == 20  # each request ran exactly once
-        c.replicas["a1"].shutting_down = True  # nobody left to take it: the client gets a 503
-        async with s.get(c.url + "/a/x") as resp:
-            assert resp.status == 503
         await wait_until(lambda: c.in_flight() == 0)
+
+    scenario(body, a_replicas=2)
+
+
+def test_a_request_every_replica_turns_away_waits_for_a_new_one() -> None:
+    """A roll: every replica the proxy knows shuts down (or refuses connections) before discovery
+    names their successor. The request waits for it instead of failing, and costs the replicas
+    that turned it away nothing more: they are chosen no more."""
+
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        c.replicas["a0"].shutting_down = True
+        await c.replicas["a1"].stop()
+        waiting = asyncio.create_task(s.get(c.url + "/a/x"))
+        await wait_until(lambda: c.proxy.state.router.queued("app#A") == 1)
+        successor = FakeReplica("a2")
+        await successor.start()
+        try:
+            endpoints = [r.endpoint() for r in (c.replicas["a0"], c.replicas["a1"], successor)]
+            await c.controller.set(
+                [{"route_prefix": "/a", "app": "app", "deployment": "A"}],
+                {"app#A": {"max_ongoing_requests": 100, "replicas": endpoints}},  # type: ignore[typeddict-item]
+            )
+            async with await waiting as resp:
+                assert resp.status == 200
+                assert (await resp.json())["replica"] == "a2"
+            for _ in range(5):  # discovery still lists a0 and a1: they stay out of choice
+                async with s.get(c.url + "/a/x") as resp:
+                    assert (await resp.json())["replica"] == "a2"
+            assert c.replicas["a0"].hits["/a/x"] == 1
+        finally:
+            await successor.stop()
 
     scenario(body, a_replicas=2)
 

@@ -401,6 +401,20 @@ def test_sigterm_finishes_the_request_in_flight(start: Any) -> None:
         replica.get("/str")
 
 
+def test_with_a_leave_delay_a_signalled_replica_serves_new_requests_then_drains(
+    start: Any,
+) -> None:
+    """On Kubernetes the proxies learn of a terminating pod after its SIGTERM: meanwhile it takes
+    new connections and requests as before, and only then drains."""
+    replica: ReplicaProcess = start("ks_echo_app:app", "Echo", leave_delay_s=1.0)
+    signalled = time.monotonic()
+    replica.proc.send_signal(signal.SIGTERM)
+    assert replica.get("/str")[0] == 200  # a new connection, after the signal
+    assert time.monotonic() - signalled < 1.0
+    replica.proc.wait(timeout=10)
+    assert time.monotonic() - signalled >= 1.0
+
+
 def test_sigterm_gives_up_at_the_graceful_timeout(start: Any) -> None:
     replica: ReplicaProcess = start(
         "ks_echo_app:app",

@@ -282,3 +282,25 @@ def test_a_caller_waiting_on_zero_replicas_is_reported_at_once() -> None:
         assert router.queued_counts() == {KEY: 0}
 
     run(scenario(), 20)
+
+
+def test_a_retired_replica_is_chosen_no_more_until_discovery_drops_it_or_its_time_is_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def scenario() -> None:
+        router = Router()
+        router.update(endpoints(2, cap=10))
+        r0 = next(r for r in router.replicas(KEY) if r.replica_id == "r0")
+        assert router.retire(r0) and not router.retire(r0)
+        router.update(endpoints(2, cap=10))  # discovery has not learnt yet: r0 stays out
+        assert {r.replica_id for r in router.replicas(KEY)} == {"r1"}
+        router.update(endpoints(1, cap=10, first=1))  # it has: the retirement ends
+        router.update(endpoints(2, cap=10))  # a replica of that name listed again is chosen
+        assert {r.replica_id for r in router.replicas(KEY)} == {"r0", "r1"}
+        r0 = next(r for r in router.replicas(KEY) if r.replica_id == "r0")
+        monkeypatch.setattr("kubeserve.runtime.router.RETIRED_S", 0.05)
+        assert router.retire(r0)
+        await asyncio.sleep(0.2)  # its time is up: listed still, it is chosen again
+        assert {r.replica_id for r in router.replicas(KEY)} == {"r0", "r1"}
+
+    run(scenario(), 20)

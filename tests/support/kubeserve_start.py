@@ -39,6 +39,7 @@ class Kubeserve:
         self.log_path = state_dir / "kubeserve-start.log"
         self.token = token
         self.args = args
+        self.tls = False
 
     @property
     def headers(self) -> dict[str, str]:
@@ -120,6 +121,8 @@ class Kubeserve:
         }
 
     def put(self, applications: list[dict[str, Any]], **options: Any) -> tuple[int, Any]:
+        # the proxy speaks HTTPS: the tests that ask for it talk to it with their own clients
+        self.tls = bool((options.get("http_options") or {}).get("ssl_certfile"))
         return http(
             "PUT",
             f"{self.api}/api/serve/applications/",
@@ -144,9 +147,26 @@ class Kubeserve:
             found = wait_for(ready, timeout_s, what=f"application {name!r} to be {status}")
             if status == "RUNNING":  # tests go on to send traffic: the proxy must be up too
                 self.wait_proxy()
+                self.wait_routed(name, found.get("route_prefix"))
             return found
         except AssertionError as err:
             raise AssertionError(f"{err}\napp={self.app(name)}\nlog={self.log()}") from None
+
+    def wait_routed(self, app: str, route_prefix: str | None) -> None:
+        """Until the proxy's ``/-/routes`` lists ``app`` at ``route_prefix`` (it learns routes by
+        long-poll, a moment after the controller reports the application RUNNING, as Ray's
+        proxies do)."""
+        if route_prefix is None or self.tls:
+            return
+
+        def routed() -> bool:
+            try:
+                status, routes = http("GET", f"{self.proxy}/-/routes", timeout=5)
+            except OSError:
+                return False
+            return status == 200 and isinstance(routes, dict) and routes.get(route_prefix) == app
+
+        wait_for(routed, 30, what=f"the proxy to route {route_prefix} to {app!r}")
 
     def wait_proxy(self) -> None:
         def healthy() -> bool:

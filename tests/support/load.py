@@ -7,6 +7,7 @@ import itertools
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 
 from support.common import wait_for
@@ -20,16 +21,20 @@ class Outcome:
     started: float
     ended: float
     status: int  # 0: no answer (connection refused, reset, timed out)
-    #: why there was no answer: the exception's class name (``ConnectionRefusedError``...)
+    #: why there was no answer: the exception's class name (``ConnectionRefusedError``...); for
+    #: an answer other than 200, the start of its body
     error: str = ""
 
 
 class Load:
     """Clients on keep-alive connections, each request with a fresh id; records every outcome."""
 
-    def __init__(self, port: int, clients: int = CLIENTS) -> None:
-        """Requests ``GET /`` with a fresh ``X-Request-Id``; a 200 must answer that id."""
-        self.port = port
+    def __init__(
+        self, port: int, clients: int = CLIENTS, host: str = "127.0.0.1", timeout_s: float = 10
+    ) -> None:
+        """Requests ``GET /`` of ``host:port`` with a fresh ``X-Request-Id``; a 200 must answer
+        that id; no answer within ``timeout_s`` counts as a failure."""
+        self.host, self.port, self.timeout_s = host, port, timeout_s
         self.outcomes: list[Outcome] = []
         self.stop = threading.Event()
         self.lock = threading.Lock()
@@ -53,13 +58,15 @@ class Load:
             status, error = 0, ""
             try:
                 if conn is None:
-                    conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+                    conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
                 conn.request("GET", "/", headers={"X-Request-Id": request_id})
                 response = conn.getresponse()
                 body = response.read()
                 status = response.status
                 if status == 200:
                     assert body.decode() == request_id, (body, request_id)
+                else:
+                    error = body[:80].decode(errors="replace")
                 if response.will_close:
                     conn.close()
                     conn = None
@@ -88,6 +95,13 @@ class Load:
         """Requests sent at or after ``instant`` and answered 200."""
         with self.lock:
             return sum(1 for o in self.outcomes if o.started >= instant and o.status == 200)
+
+
+def failures(outcomes: list[Outcome]) -> dict[str, int]:
+    """The requests not answered 200, counted by status (and error, when there was no answer)."""
+    kinds = Counter(f"{o.status}:{o.error}" if o.error else str(o.status) for o in outcomes
+                    if o.status != 200)  # fmt: skip
+    return dict(kinds)
 
 
 def longest_gap(outcomes: list[Outcome], start: float, end: float) -> float:

@@ -219,14 +219,16 @@ async def put_applications(request: web.Request) -> web.Response:
     # loop serving GETs and the data plane's discovery long-polls must not wait for.
     config, apps = await asyncio.to_thread(_deploy_body, await _json_body(request))
     backend = _backend(request)
+    instance = _instance_options(config)
     _refuse(
-        [
+        backend.instance_refusals(instance)
+        + [
             {**detail, "loc": ["applications", i, *detail["loc"]]}
             for i, app in enumerate(apps)
             for detail in backend.refusals(app)
         ]
     )
-    await backend.apply(_instance_options(config), apps)
+    await backend.apply(instance, apps)
     return web.json_response({"applications": [app["name"] for app in apps]})
 
 

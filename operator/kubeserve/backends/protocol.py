@@ -118,6 +118,11 @@ class Backend(Protocol):
         """
         ...
 
+    def instance_refusals(self, instance: dict[str, Any]) -> list[ErrorDetail]:
+        """Why this backend cannot run the serving layer's options (``http_options``...) the
+        schema accepts, each at its field's path in the multi-application body (empty: it can)."""
+        ...
+
     async def shutdown(self) -> None:
         """Remove the serving layer and every application; no-op when nothing runs."""
         ...

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from kubeserve.control.effective_config import EffectiveDeployment
+from kubeserve.control.rollout import RAY_DEFAULT, RolloutPolicy
 from kubeserve.schema.config import ServeApplicationSchema
 from kubeserve.schema.limits import MAX_APPLICATIONS
 from kubeserve.schema.status import (
@@ -159,7 +160,7 @@ class ControllerHealth:
 
 #: How a backend replaces a deployment's replicas, in Ray's ``deployment_config`` fields: the
 #: share of replicas replaced at a time and the extra replicas allowed meanwhile (percent).
-Rollout = tuple[float, int]
+Rollout = RolloutPolicy
 
 
 @dataclass(frozen=True)
@@ -172,9 +173,9 @@ class InstanceDetailsView:
     proxies: Mapping[str, ProxyView] = field(default_factory=dict)
     applications: Sequence[ApplicationDetailsView] = ()
     health: ControllerHealth | None = None
-    #: ``rolling_update_percentage`` and ``max_surge_percent`` of every deployment (the backend
-    #: decides them; a config cannot set them)
-    rollout: Rollout = (0.2, 0)
+    #: the backend's rollout, reported as ``rolling_update_percentage`` and ``max_surge_percent``
+    #: of every deployment whose config sets neither
+    rollout: Rollout = RAY_DEFAULT
 
 
 def controller_process(node_id: str, node_ip: str, pid: int, log_file_path: str) -> ProcessView:
@@ -370,12 +371,13 @@ def _validate_config(config: Mapping[str, Any], rollout: Rollout) -> ServeApplic
 def _validate_deployment_config(
     config: EffectiveDeployment, rollout: Rollout
 ) -> ReportedDeploymentConfig:
-    # the backend's rollout, which no config may set (ReportedDeploymentConfig)
+    # the rollout the deployment gets: the backend's unless its config sets one
+    policy = config.rollout(rollout)
     return ReportedDeploymentConfig.model_validate(
         {
             **config.as_dict(),
-            "rolling_update_percentage": rollout[0],
-            "max_surge_percent": rollout[1],
+            "rolling_update_percentage": policy.rolling_update_percentage,
+            "max_surge_percent": policy.max_surge_percent,
         }
     )
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from kubeserve.control import autoscaling
 from kubeserve.control.fingerprint import fingerprint
+from kubeserve.control.rollout import RolloutPolicy
 from kubeserve.schema.imperative import GRAPH_DIGEST_KEY
 
 __all__ = [
@@ -90,14 +91,19 @@ class EffectiveDeployment:
     is_driver_deployment: bool | None = False
     logging_config: Mapping[str, Any] | None = None
     request_router_config: Mapping[str, Any] | None = None
+    #: Ray's rollout knobs; ``None`` when nothing sets them (the backend's default rollout, see
+    #: :meth:`rollout`)
+    rolling_update_percentage: float | None = None
+    max_surge_percent: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The REST spelling (``deployment_config`` of the details): the configs nothing set are
         Ray's defaults, as Ray reports them (``logging_config`` aside, absent as in Ray's
         answer when nothing sets it)."""
         body = asdict(self)
-        if body["logging_config"] is None:
-            del body["logging_config"]
+        for unset in ("logging_config", "rolling_update_percentage", "max_surge_percent"):
+            if body[unset] is None:  # the details fill the rollout in (the backend decides it)
+                del body[unset]
         body["backpressure_config"] = {**DEFAULT_BACKPRESSURE, **(self.backpressure_config or {})}
         body["request_router_config"] = {
             **DEFAULT_REQUEST_ROUTER,
@@ -132,6 +138,11 @@ class EffectiveDeployment:
         if not path or path in (default, default.replace(":", ".")):
             return None
         return str(path)
+
+    def rollout(self, default: RolloutPolicy) -> RolloutPolicy:
+        """How the deployment replaces its replicas, ``default`` being the backend's when the
+        config sets neither knob (:meth:`RolloutPolicy.given`)."""
+        return RolloutPolicy.given(self.rolling_update_percentage, self.max_surge_percent, default)
 
     @property
     def user_config_version(self) -> str:
@@ -183,6 +194,8 @@ _AS_TYPE: Mapping[str, Callable[[Any], Any]] = {
     "graceful_shutdown_timeout_s": float,
     "health_check_period_s": float,
     "health_check_timeout_s": float,
+    "rolling_update_percentage": float,
+    "max_surge_percent": int,
 }
 
 

@@ -6,10 +6,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubeserve.schema.config import LoggingConfig
+from kubeserve.schema.errors import ErrorDetail
 
 #: Instance options that cannot change while the serving layer runs (to change them: shut down,
-#: then deploy again).
-_IMMUTABLE_HTTP_FIELDS = ("host", "port", "root_path")
+#: then deploy again). The TLS files' contents may change (the proxy reloads them), their paths not,
+#: as in Ray.
+_IMMUTABLE_HTTP_FIELDS = (
+    "host",
+    "port",
+    "root_path",
+    "ssl_keyfile",
+    "ssl_certfile",
+    "ssl_keyfile_password",
+    "ssl_ca_certs",
+)
 
 
 def proxy_logging_config(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -30,9 +40,13 @@ def immutable_option_conflict(
     new = requested.get("http_options") or {}
     for field in _IMMUTABLE_HTTP_FIELDS:
         if old.get(field) != new.get(field):
+            change = (
+                ""
+                if field == "ssl_keyfile_password"
+                else f" ({old.get(field)!r} -> {new.get(field)!r})"
+            )
             return (
-                f"http_options.{field} of a running serving layer cannot change "
-                f"({old.get(field)!r} -> {new.get(field)!r}): "
+                f"http_options.{field} of a running serving layer cannot change{change}: "
                 "DELETE it first, then PUT the new config"
             )
     if proxy_logging_config(running) != proxy_logging_config(requested):
@@ -42,6 +56,25 @@ def immutable_option_conflict(
             "logging_config can change at any time"
         )
     return None
+
+
+#: Where TLS comes from on Kubernetes, instead of ``http_options.ssl_*`` paths.
+TLS_FROM_SECRET = (
+    "on Kubernetes the proxies' TLS comes from a Secret (tls.crt, tls.key and, for client "
+    "certificates, ca.crt, as a cert-manager Certificate writes it): name it in the "
+    "ServeInstance's spec.tls.secretName; a path names a file on no proxy pod"
+)
+_TLS_FIELDS = ("ssl_certfile", "ssl_keyfile", "ssl_keyfile_password", "ssl_ca_certs")
+
+
+def tls_path_refusals(options: Mapping[str, Any]) -> list[ErrorDetail]:
+    """The ``http_options.ssl_*`` fields of instance ``options`` a Kubernetes instance refuses."""
+    http = options.get("http_options") or {}
+    return [
+        {"loc": ["http_options", field], "msg": TLS_FROM_SECRET}
+        for field in _TLS_FIELDS
+        if http.get(field)
+    ]
 
 
 def app_route_prefix(

@@ -199,12 +199,15 @@ class HandleClient:
                         f"{self._assign_timeout_s} s"
                     ) from None
             except _Unreachable as exc:  # it did not run: another replica may take the call
-                if attempt >= CONNECT_ATTEMPTS:
+                if self.router.retire(replica):  # on its way out: costs no attempt
+                    pass
+                elif attempt >= CONNECT_ATTEMPTS:
                     raise DeploymentUnavailableError(
                         f"no replica of {key} could be reached; the last, "
                         f"{replica.replica_id}: {exc}"
                     ) from exc.__cause__
-                attempt += 1
+                else:
+                    attempt += 1
             except (OSError, TimeoutError) as exc:  # sent: the replica may have run it
                 raise ReplicaDiedError(
                     f"replica {replica.replica_id} of {key} failed: {exc or type(exc).__name__}"

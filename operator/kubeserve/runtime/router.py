@@ -37,6 +37,14 @@ Ownership: one :class:`Router` per process, driven from one event loop. The rout
 in-flight count of every replica it hands out (:attr:`RoutedReplica.in_flight`); callers own a slot
 between :meth:`Router.assign` and :meth:`Router.release` and must release each slot exactly once.
 The set of replicas is owned by discovery, which replaces it wholesale with :meth:`Router.update`.
+
+Replicas on their way out: a replica that refused a connection or answered that it is shutting
+down is taken out of choice at once (:meth:`Router.retire`), for as long as discovery still lists
+it, at most :data:`RETIRED_S`. Discovery lags behind a replica's stop (on Kubernetes, the
+EndpointSlice reaches every proxy some time after the kubelet signals the pod): without this, a
+caller would keep choosing replicas that turn it away, and fail once its attempts ran out while
+the replicas that will serve it are starting. With it, the request goes to another replica, or
+waits in the queue for one, as when no replica runs at all.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import asyncio
 import contextlib
 import hashlib
 import random
+import time
 from collections import deque
 from collections.abc import Callable
 from functools import partial
@@ -74,6 +83,13 @@ __all__ = [
 
 #: Callers allowed to wait for a slot per deployment; beyond that, :meth:`Router.assign` rejects.
 DEFAULT_MAX_QUEUED = 1000
+#: How long a replica :meth:`Router.retire` took out stays out while discovery still lists it: ample
+#: for discovery to learn that it stops, short enough that one that turned a caller away once
+#: (its container restarted in place) is chosen again.
+RETIRED_S = 10.0
+
+#: A replica as discovery names it: (replica id, host, port)
+_ReplicaKey = tuple[str, str, int]
 
 
 class NoReplicaAvailable(Exception):
@@ -298,6 +314,19 @@ class _Woken(Exception):
     """A waiter of a :class:`_CustomPool` may try again: a slot freed or the replicas changed."""
 
 
+def _still_retired(
+    retired: dict[_ReplicaKey, float], deployments: dict[str, DeploymentEndpoints]
+) -> dict[_ReplicaKey, float]:
+    """The retirements that have not ended: discovery lists the replica, and its time is not up."""
+    now = time.monotonic()
+    listed = {
+        (ep["replica_id"], ep["host"], ep["port"])
+        for endpoints in deployments.values()
+        for ep in endpoints["replicas"]
+    }
+    return {key: until for key, until in retired.items() if key in listed and until > now}
+
+
 def _two_choices(
     candidates: list[RoutedReplica], cap: int, avoid: RoutedReplica | None
 ) -> RoutedReplica | None:
@@ -341,6 +370,10 @@ class Router:
         #: called with the deployment key when a caller starts waiting on a deployment that has
         #: no replica at all (scaled to zero): whoever reports load tells the controller at once
         self.on_starved: Callable[[str], None] | None = None
+        #: replicas out of choice (:meth:`retire`) -> until when (``time.monotonic``)
+        self._retired: dict[_ReplicaKey, float] = {}
+        #: the last table discovery gave, applied again when a retirement ends
+        self._last: dict[str, DeploymentEndpoints] = {}
 
     # -- discovery side ------------------------------------------------------------------------
 
@@ -353,8 +386,12 @@ class Router:
         Callers waiting on a deployment that disappears (its application was deleted) get
         :class:`NoReplicaAvailable` at once, and those on one left with no replica and
         ``unavailable`` set (its application failed to deploy) :class:`DeploymentUnavailable`:
-        no replica of it will come.
+        no replica of it will come. Replicas :meth:`retire` took out stay out.
         """
+        self._last = deployments
+        retired = self._retired
+        if retired:
+            retired = self._retired = _still_retired(retired, deployments)
         for key, endpoints in deployments.items():
             pool = self._pools.get(key)
             spec = endpoints.get("request_router")
@@ -363,6 +400,8 @@ class Router:
             known = {r.replica_id: r for r in pool.replicas}
             fresh: list[RoutedReplica] = []
             for ep in endpoints["replicas"]:
+                if retired and (ep["replica_id"], ep["host"], ep["port"]) in retired:
+                    continue
                 old = known.get(ep["replica_id"])
                 if old is not None and old.host == ep["host"] and old.port == ep["port"]:
                     fresh.append(old)
@@ -564,6 +603,27 @@ class Router:
                 if not waiter.done():
                     waiter.cancel()
                 _discard(pool.waiters, waiter)
+
+    def retire(self, replica: RoutedReplica) -> bool:
+        """``replica`` refused a connection or answered that it shuts down: choose it no more
+        while discovery lists it, :data:`RETIRED_S` at most (see the module). False when it was
+        not to be chosen anyway (discovery dropped it, or it was retired already)."""
+        pool = replica._pool
+        if self._pools.get(pool.key) is not pool or replica not in pool.replicas:
+            return False
+        until = time.monotonic() + RETIRED_S
+        self._retired[(replica.replica_id, replica.host, replica.port)] = until
+        pool.replicas = [r for r in pool.replicas if r is not replica]
+        if pool.holders:
+            pool.index_models()
+        if isinstance(pool, _CustomPool):
+            pool.custom.update(pool.replicas, pool.max_ongoing)
+        asyncio.get_running_loop().call_later(RETIRED_S + 0.05, self._end_retirements)
+        return True
+
+    def _end_retirements(self) -> None:
+        if self._retired:
+            self.update(self._last)
 
     def release(self, replica: RoutedReplica) -> None:
         """Give back a slot from :meth:`assign`; the oldest waiter, if any, gets it next."""

@@ -242,6 +242,9 @@ class ReplicaConfig(TypedDict):
     #: unauthenticated ``GET /-/healthz`` on ``probe_port`` with the last result (see
     #: :mod:`kubeserve.runtime.replica.probe`); the kubelet probes it. Absent: no probe listener.
     probe_port: NotRequired[int]
+    #: After SIGTERM, how long the replica goes on taking requests before it drains, while its
+    #: callers learn that it leaves (discovery lags behind the signal on Kubernetes); 0 if absent
+    leave_delay_s: NotRequired[float]
     health_check_period_s: NotRequired[float]
     health_check_timeout_s: NotRequired[float]
     #: :meth:`kubeserve.runtime.limits.RequestLimits.to_mapping`; the defaults when absent

@@ -350,6 +350,23 @@ ServeApplicationSpec = create_model(  # type: ignore[call-overload]
 # --------------------------------------------------------------------------- ServeInstance spec
 
 
+class ProxyTLS(CRModel):
+    """``ServeInstance.spec.tls``: the proxies serve HTTPS from a Secret of the instance's
+    namespace, mounted into every proxy pod and reloaded when it changes (a renewal reaches new
+    connections; open ones go on)."""
+
+    secret_name: str = Field(
+        min_length=1,
+        description="A Secret with tls.crt and tls.key (and ca.crt for client certificates), as "
+        "a cert-manager Certificate or `kubectl create secret tls` writes it.",
+    )
+    require_client_certificates: bool = Field(
+        default=False,
+        description="Clients must present a certificate the Secret's ca.crt signed (Ray's "
+        "http_options.ssl_ca_certs).",
+    )
+
+
 class ServeInstanceSpecBase(CRModel):
     """``ServeInstance.spec``: the serving layer (REST ``ServeDeploySchema`` minus applications).
 
@@ -370,11 +387,19 @@ class ServeInstanceSpecBase(CRModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="imagePullPolicy of those pods; Kubernetes' default when unset."
     )
+    tls: ProxyTLS | None = Field(
+        default=None,
+        description="Serve HTTPS on the proxies from a Secret (on Kubernetes instead of "
+        "httpOptions.ssl_*, which name files on the operator's machine).",
+    )
 
     def rest_options(self) -> dict[str, Any]:
         """The instance-level REST fields, as given (a ``ServeDeploySchema`` minus applications)."""
         return self.model_dump(
-            mode="json", by_alias=False, exclude_unset=True, exclude={"image", "image_pull_policy"}
+            mode="json",
+            by_alias=False,
+            exclude_unset=True,
+            exclude={"image", "image_pull_policy", "tls"},
         )
 
     def to_rest(self, applications: list[ServeApplicationEntry]) -> ServeDeploySchema:

@@ -253,7 +253,7 @@ class ReportedDeploymentConfig(DeploymentSchema):
     """A deployment's ``deployment_config`` as kubeserve reports it: a :class:`DeploymentSchema`
     without the refusals of :mod:`kubeserve.schema.support`, which are about what a client asks
     for. kubeserve reports what it does, its rollout (``rolling_update_percentage``,
-    ``max_surge_percent``) included, which no config may set."""
+    ``max_surge_percent``) included, the backend's own when the config sets neither."""
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> Self:

@@ -57,10 +57,26 @@ def refused(reason: str, *accepts: Any) -> Support:
     return Support("refused", reason, accepts or (None,))
 
 
-_TLS = refused(
-    "TLS on the proxy is not supported yet: terminate TLS in front of kubeserve (a load balancer "
-    "or an ingress controller) and leave ssl_* unset"
+_TLS_ON_KUBERNETES = (
+    "; on Kubernetes the paths are refused (400): name a Secret (tls.crt, tls.key, ca.crt, as "
+    "cert-manager writes it) in the ServeInstance's spec.tls"
 )
+_TLS = {
+    "ssl_keyfile": partial(
+        "kubeserve start: the proxy serves HTTPS; the files are checked at PUT (unreadable, a "
+        "key not the certificate's, an expired certificate: 400 at the field) and reloaded when "
+        "they change, without dropping connections" + _TLS_ON_KUBERNETES
+    ),
+    "ssl_certfile": partial("kubeserve start: see ssl_keyfile" + _TLS_ON_KUBERNETES),
+    "ssl_keyfile_password": partial(
+        "kubeserve start: decrypts ssl_keyfile (given to the proxy in its environment, never "
+        "its command line)" + _TLS_ON_KUBERNETES
+    ),
+    "ssl_ca_certs": partial(
+        "kubeserve start: clients must present a certificate this CA signed (Ray's uvicorn only "
+        "asks for one)" + _TLS_ON_KUBERNETES
+    ),
+}
 _PLACEMENT_GROUPS = refused(
     "placement groups are a Ray cluster scheduling feature kubeserve does not have; give each "
     "replica's resources in ray_actor_options instead"
@@ -152,10 +168,7 @@ SUPPORT: dict[str, Support] = {
     ),
     "HTTPOptionsSchema.request_timeout_s": works("a request over it is answered 408"),
     "HTTPOptionsSchema.keep_alive_timeout_s": works(),
-    "HTTPOptionsSchema.ssl_keyfile": _TLS,
-    "HTTPOptionsSchema.ssl_certfile": _TLS,
-    "HTTPOptionsSchema.ssl_keyfile_password": _TLS,
-    "HTTPOptionsSchema.ssl_ca_certs": _TLS,
+    **{f"HTTPOptionsSchema.{field}": support for field, support in _TLS.items()},
     # ------------------------------------------------------------------ gRPCOptionsSchema
     "gRPCOptionsSchema.grpc_servicer_functions": refused(
         "the gRPC proxy is not supported: serve the application over HTTP", None, []
@@ -222,13 +235,14 @@ SUPPORT: dict[str, Support] = {
     "DeploymentSchema.deployment_actors": refused(
         "deployment actors are not supported: start shared helpers in the replica", None, []
     ),
-    "DeploymentSchema.rolling_update_percentage": refused(
-        "rolling updates replace replicas one start slot at a time; the batch size is not "
-        "configurable yet"
+    "DeploymentSchema.rolling_update_percentage": works(
+        "without a surge, the replicas replaced at a time (at least one); on Kubernetes the "
+        "Deployment's `maxUnavailable`. With neither knob set, `kubeserve start` starts every "
+        "new replica beside the old ones and Kubernetes uses Ray's default (0.2)"
     ),
-    "DeploymentSchema.max_surge_percent": refused(
-        "rolling updates replace replicas one start slot at a time; the surge is not "
-        "configurable yet"
+    "DeploymentSchema.max_surge_percent": works(
+        "replicas beyond the target while rolling (rounded up), none unavailable meanwhile; on "
+        "Kubernetes the Deployment's `maxSurge`, with `maxUnavailable: 0`"
     ),
     # ------------------------------------------------------------------ RayActorOptionsSchema
     "RayActorOptionsSchema.runtime_env": works("merged over the application's runtime_env"),

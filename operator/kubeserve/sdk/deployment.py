@@ -75,6 +75,8 @@ OPTION_NAMES: tuple[str, ...] = (
     "logging_config",
     "request_router_config",
     "backpressure_config",
+    "rolling_update_percentage",
+    "max_surge_percent",
 )
 _ALIASES = {"max_concurrent_queries": "max_ongoing_requests"}
 _KEEP_NONE = frozenset({"route_prefix"})
@@ -175,6 +177,12 @@ def _check_value(name: str, value: Any) -> None:
     elif name in _NON_NEGATIVE:
         if not _is_number(value) or value < 0:
             raise ValueError(f"{name} must be a number of at least 0, got {value!r}")
+    elif name == "rolling_update_percentage":
+        if not _is_number(value) or not 0 < value <= 1:
+            raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+    elif name == "max_surge_percent":
+        if not _is_int(value) or not 0 <= value <= 100:
+            raise ValueError(f"{name} must be an integer from 0 to 100, got {value!r}")
     elif name == "route_prefix" and (
         value is not None and (not isinstance(value, str) or not value.startswith("/"))
     ):

@@ -42,11 +42,14 @@ def test_every_ray_decorator_option_is_honoured_or_refused_by_name() -> None:
         "logging_config": {"log_level": "DEBUG"},
         "request_router_config": {"request_routing_stats_period_s": 5},
         "backpressure_config": {"status_code": 503},
+        "rolling_update_percentage": 0.5,
+        "max_surge_percent": 10,
     }
     deployment = serve.deployment(**honoured)(target)
     assert deployment.name == "D"
     assert deployment.code_options["num_replicas"] == 2
     assert deployment.code_options["logging_config"] == {"log_level": "DEBUG"}
+    assert deployment.code_options["max_surge_percent"] == 10
     refused = {
         "version": "1",
         "placement_group_bundles": [{"CPU": 1}],
@@ -56,8 +59,6 @@ def test_every_ray_decorator_option_is_honoured_or_refused_by_name() -> None:
         "max_constructor_retry_count": 3,
         "gang_scheduling_config": {"gang_size": 2},
         "deployment_actors": [{"name": "x", "actor_class": "m:C"}],
-        "rolling_update_percentage": 0.5,
-        "max_surge_percent": 10,
         "logging_config": {"logs_dir": "/var/log/serve"},
     }
     for option, value in refused.items():

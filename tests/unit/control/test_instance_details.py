@@ -24,6 +24,7 @@ from kubeserve.control.details import (
     single_app_status,
 )
 from kubeserve.control.effective_config import EffectiveDeployment
+from kubeserve.control.rollout import SIDE_BY_SIDE
 from kubeserve.schema.status import empty_instance_details
 
 REFERENCE = Path(__file__).resolve().parents[2] / "reference" / "ray-2.60"
@@ -142,7 +143,7 @@ def test_every_key_of_rays_answer_is_there_at_every_level() -> None:
 
 
 def test_the_filled_keys_say_what_kubeserve_does() -> None:
-    view = dataclasses.replace(composed_view(), rollout=(1.0, 100))
+    view = dataclasses.replace(composed_view(), rollout=SIDE_BY_SIDE)
     body = details_body(instance_details(view))
     assert body["restores_unset_config_options"] is True
     assert body["target_groups"] == [

@@ -246,6 +246,7 @@ def test_replica_config_names_the_pod_and_leaves_user_config_out() -> None:
         "graceful_shutdown_wait_loop_s": 2.0,
         "graceful_shutdown_timeout_s": 20.0,
         "probe_port": 8081,
+        "leave_delay_s": 2.0,
         "health_check_period_s": 10.0,
         "health_check_timeout_s": 30.0,
     }
@@ -258,6 +259,25 @@ def test_autoscaling_starts_at_initial_replicas_and_the_caller_may_override() ->
     effective = effective_config.effective_deployment("Model", {}, None)
     view = render.deployment_view(config, effective, replicas=6)
     assert render.render_replica_workload(instance(), app(config), view)["spec"]["replicas"] == 6
+
+
+def test_the_rollout_knobs_are_the_deployments_strategy_in_replicas() -> None:
+    def rolling(**code: Any) -> Json:
+        obj = workload(**code)
+        validate(obj)
+        assert obj["spec"]["strategy"]["type"] == "RollingUpdate"
+        return dict(obj["spec"]["strategy"]["rollingUpdate"])
+
+    # Ray's defaults: a fifth at a time, at least one (a percentage would round 0.2 of 4 to 0)
+    assert rolling(num_replicas=4) == {"maxSurge": 0, "maxUnavailable": 1}
+    assert rolling(num_replicas=10) == {"maxSurge": 0, "maxUnavailable": 2}
+    assert rolling(num_replicas=4, rolling_update_percentage=0.5) == {
+        "maxSurge": 0,
+        "maxUnavailable": 2,
+    }
+    # a surge: none unavailable, the surge rounded up
+    assert rolling(num_replicas=4, max_surge_percent=25) == {"maxSurge": 1, "maxUnavailable": 0}
+    assert rolling(num_replicas=3, max_surge_percent=10) == {"maxSurge": 1, "maxUnavailable": 0}
 
 
 def test_driver_deployment_is_a_daemonset() -> None:
@@ -328,9 +348,10 @@ def test_probes_follow_the_health_check_fields() -> None:
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
 
 
-def test_graceful_shutdown_timeout_is_the_grace_period() -> None:
-    assert pod(workload(graceful_shutdown_timeout_s=7.2))["terminationGracePeriodSeconds"] == 8
-    assert pod(workload())["terminationGracePeriodSeconds"] == 20
+def test_the_grace_period_covers_the_leave_delay_and_graceful_shutdown_timeout() -> None:
+    """2 s of serving on while proxies learn the pod leaves, the drain, 1 s to drop connections"""
+    assert pod(workload(graceful_shutdown_timeout_s=7.2))["terminationGracePeriodSeconds"] == 11
+    assert pod(workload())["terminationGracePeriodSeconds"] == 23
 
 
 def test_env_vars_merge_app_then_deployment_and_stay_literal() -> None:

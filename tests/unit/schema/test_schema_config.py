@@ -451,7 +451,7 @@ def test_serving_layer_defaults_are_rays() -> None:
         ({"proxy_location": "Nowhere"}, ["proxy_location"]),
         ({"target_capacity": 101}, ["target_capacity"]),
         ({"target_capacity": -1}, ["target_capacity"]),
-        ({"http_options": {"ssl_keyfile": "k.pem"}}, ["http_options", "ssl_keyfile"]),
+        ({"http_options": {"ssl_keyfile": "k.pem"}}, ["http_options", "ssl_certfile"]),
         (
             {"grpc_options": {"grpc_servicer_functions": ["nope"]}},
             ["grpc_options", "grpc_servicer_functions", 0],

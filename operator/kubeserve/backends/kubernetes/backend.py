@@ -62,6 +62,7 @@ from kubeserve.control.instance import (
     external_scaler_disabled,
     immutable_option_conflict,
     prefix_in_use,
+    tls_path_refusals,
 )
 from kubeserve.runtime import channel, wire
 from kubeserve.runtime.kubernetes import contract
@@ -297,6 +298,10 @@ class KubernetesBackend:
             {"loc": ["deployments", *path], "msg": SCALE_TO_ZERO_REFUSED}
             for path in scale_to_zero_paths(o.get("autoscaling_config") for o in overrides)
         ]
+
+    def instance_refusals(self, instance: dict[str, Any]) -> list[ErrorDetail]:
+        """``http_options.ssl_*`` paths: TLS comes from a Secret the ServeInstance names."""
+        return tls_path_refusals(instance)
 
     async def shutdown(self) -> None:
         async with self._lock, _kube_errors():

@@ -11,6 +11,7 @@ from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.details import pod_process
 from kubeserve.backends.kubernetes.pods import pod_ready
 from kubeserve.backends.kubernetes.reports import AppSummary, InstanceReport, ProxyReport
+from kubeserve.backends.kubernetes.tls_secret import tls_problem
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.schema.resources import ServeApplicationStatus
 
@@ -32,23 +33,28 @@ class InstanceReconciler:
         cluster, namespace = self._cluster, obj["metadata"]["namespace"]
         view = render.instance_view(obj, self._data_plane.report_url)
         await self._data_plane.secret(obj)  # before the pods that read it
+        problem = await tls_problem(
+            self._data_plane.kube, namespace, view.tls, view.spec.rest_options()
+        )
         wanted = [
             *render.render_dataplane_rbac(view),
             *render.render_instance_network_policies(view, self._operator_namespace),
-            *render.render_proxy(view),
         ]
+        if problem is None:  # else the proxies running keep serving, and none starts
+            wanted += render.render_proxy(view)
         for child in wanted:
             await cluster.apply(child)
         labels = {
             contract.INSTANCE_LABEL: contract.label_value(obj["metadata"]["name"]),
             contract.COMPONENT_LABEL: "proxy",
         }
-        await cluster.prune(namespace, labels, _PROXY_KINDS, wanted)
-        return _instance_report(cluster, obj, labels)
+        if problem is None:
+            await cluster.prune(namespace, labels, _PROXY_KINDS, wanted)
+        return _instance_report(cluster, obj, labels, problem)
 
 
 def _instance_report(
-    cluster: Cluster, obj: dict[str, Any], labels: dict[str, str]
+    cluster: Cluster, obj: dict[str, Any], labels: dict[str, str], problem: str | None
 ) -> InstanceReport:
     namespace = obj["metadata"]["namespace"]
     proxies = {}
@@ -68,4 +74,6 @@ def _instance_report(
             message=status.message,
         )
     location = (obj.get("spec") or {}).get("proxyLocation", "EveryNode")
-    return InstanceReport(proxies, applications, proxies_disabled=location == "Disabled")
+    return InstanceReport(
+        proxies, applications, proxies_disabled=location == "Disabled", problem=problem
+    )

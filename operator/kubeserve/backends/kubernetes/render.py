@@ -31,9 +31,13 @@ answers only ``GET /-/healthz`` and never runs user code (:mod:`kubeserve.runtim
 Probes point there: readiness every ``health_check_period_s`` (out of rotation on the first
 failure), liveness likewise (restart after 3 failures, as Ray replaces a replica after 3), and a
 startup probe that gives the constructor up to :data:`~.render_pod.STARTUP_TIMEOUT_S` seconds.
-``graceful_shutdown_timeout_s`` becomes ``terminationGracePeriodSeconds``. Rollouts follow Ray: no
-surge, at most 20% of the replicas replaced at a time (at least one), so a rollout never needs room
-for extra GPUs.
+``graceful_shutdown_timeout_s`` becomes ``terminationGracePeriodSeconds`` (plus the
+:data:`~kubeserve.runtime.kubernetes.contract.REPLICA_LEAVE_DELAY_S` a signalled replica keeps
+serving while proxies learn that it leaves, and a second for them to drop its connections).
+Rollouts follow Ray's ``rolling_update_percentage`` and ``max_surge_percent``
+(:mod:`kubeserve.control.rollout`), as the Deployment's ``maxUnavailable`` and ``maxSurge``; by
+default no surge, at most 20% of the replicas replaced at a time (at least one), so a rollout
+never needs room for extra GPUs.
 
 An application deployed with ``serve.run`` has no import path: its pickled graph is in the Secret
 :func:`~kubeserve.runtime.kubernetes.contract.pickled_graph_secret_name` (written by the admin
@@ -84,6 +88,7 @@ from kubeserve.backends.kubernetes.render_views import (
     deployment_view,
     instance_view,
 )
+from kubeserve.control import rollout
 from kubeserve.control.effective_config import HEALTH_CHECK_FAILURE_THRESHOLD, EffectiveDeployment
 from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
@@ -127,10 +132,10 @@ __all__ = [
     "replica_config_json",
 ]
 
-#: A serve deployment's Deployment replaces pods as Ray's defaults replace replicas: a fifth
-#: of them at a time (``maxUnavailable``), no extra pod meanwhile (``maxSurge``); the details
-#: report it as ``rolling_update_percentage`` and ``max_surge_percent``.
-ROLLOUT = (0.2, 0)
+#: A serve deployment's Deployment replaces pods as Ray's defaults replace replicas, unless its
+#: config sets ``rolling_update_percentage`` or ``max_surge_percent``: a fifth of them at a time
+#: (``maxUnavailable``), no extra pod meanwhile (``maxSurge``).
+ROLLOUT = rollout.RAY_DEFAULT
 
 #: A finished build Job (and its pod, with the logs) is kept this long; the graph lives on in the
 #: ConfigMap.
@@ -180,6 +185,7 @@ def replica_config_json(
         "graceful_shutdown_wait_loop_s": config.graceful_shutdown_wait_loop_s,
         "graceful_shutdown_timeout_s": config.graceful_shutdown_timeout_s,
         "probe_port": PROBE_PORT,
+        "leave_delay_s": contract.REPLICA_LEAVE_DELAY_S,
         "health_check_period_s": config.health_check_period_s,
         "health_check_timeout_s": config.health_check_timeout_s,
     }
@@ -253,9 +259,8 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
     }
     if instance.report_url:  # handle calls waiting for replicas are reported to the operator
         own_env[wire.CONTROLLER_URL_ENV] = instance.report_url
-    fields: Manifest = {
-        "terminationGracePeriodSeconds": math.ceil(deployment.config.graceful_shutdown_timeout_s)
-    }
+    grace_s = deployment.config.graceful_shutdown_timeout_s + contract.REPLICA_GRACE_EXTRA_S
+    fields: Manifest = {"terminationGracePeriodSeconds": math.ceil(grace_s)}
     if selector := node_selector(options):
         fields["nodeSelector"] = selector
     account = contract.dataplane_account_name(instance.name)
@@ -306,8 +311,9 @@ def render_replica_workload(
     else:
         kind = "Deployment"
         spec["replicas"] = deployment.target_replicas
-        unavailable, surge = ROLLOUT
-        rolling = {"maxSurge": f"{surge}%", "maxUnavailable": f"{round(unavailable * 100)}%"}
+        # Absolute counts, as Ray rounds them (a percentage would round maxUnavailable down to 0)
+        surge, unavailable = deployment.config.rollout(ROLLOUT).bounds(deployment.target_replicas)
+        rolling = {"maxSurge": surge, "maxUnavailable": unavailable}
         spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": rolling}
     annotations = {**_name_annotations(app, deployment), **version}
     return {

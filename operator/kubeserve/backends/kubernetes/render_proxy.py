@@ -8,6 +8,7 @@ its instance, whose applications' routes it serves. ``httpOptions.host`` has no 
 (a proxy binds its pod's address). ``rootPath`` (where an Ingress in front, which strips it,
 mounts the instance) reaches the replicas, whose ASGI ingresses see it in ``root_path`` and
 ``path`` (:func:`~kubeserve.backends.kubernetes.render.replica_config_json`).
+With ``spec.tls`` the proxies serve HTTPS from that Secret, mounted at :data:`TLS_DIR`.
 
 The data-plane Secret ``<inst>-dataplane-secret`` (:func:`render_data_plane_secret`): the key of
 the handshake every connection to a replica passes; proxies and replicas read it from their env.
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any
 
 from kubeserve.backends.kubernetes.render_pod import (
     Manifest,
@@ -67,6 +67,9 @@ BUILD_RULES: list[Manifest] = [
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
 ]
 _PROXY_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}}
+#: where a proxy pod mounts the ``spec.tls`` Secret
+TLS_DIR = "/etc/kubeserve/tls"
+_TLS_VOLUME = "tls"
 
 
 def _metadata(instance: InstanceView, name: str, labels: dict[str, str]) -> Manifest:
@@ -89,7 +92,21 @@ def _proxy_command(instance: InstanceView) -> list[str]:
     if instance.logging_config:  # Ray's logging_config for the proxies: encoding, level, access
         logging_config = json.dumps(instance.logging_config, sort_keys=True)
         command += ["--logging-config", escape(logging_config)]
+    if instance.tls is not None:  # the Secret's files, as cert-manager names them
+        command += ["--ssl-certfile", f"{TLS_DIR}/tls.crt", "--ssl-keyfile", f"{TLS_DIR}/tls.key"]
+        if instance.tls.require_client_certificates:
+            command += ["--ssl-ca-certs", f"{TLS_DIR}/ca.crt"]
     return [*command, "--keep-alive-timeout-s", str(int(http.keep_alive_timeout_s))]
+
+
+def _probe(instance: InstanceView, port: int) -> Manifest:
+    """``/-/healthz`` (over HTTPS with TLS: the kubelet does not verify the certificate); a TCP
+    connection when clients need a certificate, which the kubelet cannot present."""
+    if instance.tls is None:
+        return {"httpGet": {"path": wire.HEALTHZ_PATH, "port": port}}
+    if instance.tls.require_client_certificates:
+        return {"tcpSocket": {"port": port}}
+    return {"httpGet": {"path": wire.HEALTHZ_PATH, "port": port, "scheme": "HTTPS"}}
 
 
 def _proxy_container(instance: InstanceView) -> Manifest:
@@ -99,7 +116,9 @@ def _proxy_container(instance: InstanceView) -> Manifest:
     spec = container(
         "proxy", instance.image, instance.image_pull_policy, _proxy_command(instance), env
     )
-    probe: dict[str, Any] = {"httpGet": {"path": wire.HEALTHZ_PATH, "port": port}}
+    if instance.tls is not None:
+        spec["volumeMounts"] = [{"name": _TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True}]
+    probe = _probe(instance, port)
     return spec | {
         "ports": [
             {"name": "http", "containerPort": port, "protocol": "TCP"},
@@ -109,6 +128,15 @@ def _proxy_container(instance: InstanceView) -> Manifest:
         "readinessProbe": {**probe, "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 2},
         "livenessProbe": {**probe, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
     }
+
+
+def _tls_volumes(instance: InstanceView) -> list[Manifest]:
+    """The ``spec.tls`` Secret as a volume: the kubelet swaps its files in place when the Secret
+    changes (a renewal), and the proxy reloads them (:mod:`kubeserve.runtime.tls`)."""
+    if instance.tls is None:
+        return []
+    secret = {"secretName": instance.tls.secret_name, "defaultMode": 0o440}
+    return [{"name": _TLS_VOLUME, "secret": secret}]
 
 
 def render_proxy(instance: InstanceView) -> list[Manifest]:
@@ -121,7 +149,7 @@ def render_proxy(instance: InstanceView) -> list[Manifest]:
     account = contract.dataplane_account_name(instance.name)
     template = {
         "metadata": {"labels": labels, "annotations": dict(contract.SCRAPE_ANNOTATIONS)},
-        "spec": pod_spec([_proxy_container(instance)], account),
+        "spec": pod_spec([_proxy_container(instance)], account, volumes=_tls_volumes(instance)),
     }
     spec: Manifest = {"selector": {"matchLabels": selector}, "template": template}
     if instance.proxy_location is ProxyLocation.EVERY_NODE:

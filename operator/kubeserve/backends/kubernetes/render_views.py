@@ -18,6 +18,7 @@ from kubeserve.schema.config import ProxyLocation
 from kubeserve.schema.imperative import GRAPH_DIGEST_KEY
 from kubeserve.schema.resources import (
     API_VERSION,
+    ProxyTLS,
     ServeInstanceSpec,
     ServeInstanceSpecBase,
 )
@@ -82,6 +83,11 @@ class InstanceView:
     def http_options(self) -> Any:
         """The spec's ``httpOptions`` model (``port``, ``request_timeout_s``...)."""
         return cast(Any, self.spec).http_options
+
+    @property
+    def tls(self) -> ProxyTLS | None:
+        """``spec.tls``: the Secret the proxies serve HTTPS from, if any."""
+        return self.spec.tls
 
     def owner(self) -> dict[str, str]:
         return {

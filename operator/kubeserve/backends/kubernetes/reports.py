@@ -173,6 +173,8 @@ class InstanceReport:
     proxies: Mapping[str, ProxyReport]
     applications: Mapping[str, AppSummary]
     proxies_disabled: bool
+    #: why the proxies cannot be rendered as the spec asks (its TLS Secret), if they cannot
+    problem: str | None = None
 
     def patch(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """``ServeInstance.status`` as a merge patch: its model's fields, every one set."""
@@ -180,15 +182,16 @@ class InstanceReport:
             bool(self.proxies) and all(p.ready for p in self.proxies.values())
         )
         apps_ok = all(a.status == "RUNNING" for a in self.applications.values())
-        ready = proxies_ok and apps_ok
+        ready = proxies_ok and apps_ok and self.problem is None
         message = (
             ""
             if ready
-            else ("proxies starting" if not proxies_ok else "applications not all RUNNING")
+            else self.problem
+            or ("proxies starting" if not proxies_ok else "applications not all RUNNING")
         )
         status = ServeInstanceStatus.model_validate(
             {
-                "state": "RUNNING" if ready else "STARTING",
+                "state": "RUNNING" if ready else "UNHEALTHY" if self.problem else "STARTING",
                 "message": message,
                 "observed_generation": obj["metadata"].get("generation"),
                 "proxies": {node: _proxy_entry(p) for node, p in self.proxies.items()},
@@ -202,7 +205,10 @@ class InstanceReport:
                 },
                 "conditions": [
                     ready_condition(
-                        obj, ready, "Running" if ready else "Starting", message or "RUNNING"
+                        obj,
+                        ready,
+                        "Running" if ready else "InvalidTLS" if self.problem else "Starting",
+                        message or "RUNNING",
                     )
                 ],
             },

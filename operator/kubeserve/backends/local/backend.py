@@ -23,6 +23,7 @@ from kubeserve.control.instance import (
     prefix_in_use,
 )
 from kubeserve.runtime import wire
+from kubeserve.runtime.tls import TLSFileError, TLSFiles, check_files
 from kubeserve.schema.errors import ErrorDetail
 from kubeserve.schema.status import ServeInstanceDetails
 
@@ -130,6 +131,19 @@ class LocalBackend:
             }
             for path in effective_config.runtime_env_key_paths(app_config, ["image_uri"])
         ]
+
+    def instance_refusals(self, instance: dict[str, Any]) -> list[ErrorDetail]:
+        """TLS files the proxy could not serve (unreadable, a key that is not the certificate's,
+        a wrong password, an expired certificate): a 400 at the field, never a proxy that fails
+        to start. Paths are read from this process, the proxy's parent, as the proxy will."""
+        files = TLSFiles.from_http_options(instance.get("http_options") or {})
+        if files is None:
+            return []
+        try:
+            check_files(files)
+        except TLSFileError as exc:
+            return [{"loc": ["http_options", exc.field], "msg": str(exc)}]
+        return []
 
     async def shutdown(self) -> None:
         self.store.clear()

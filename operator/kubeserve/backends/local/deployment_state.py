@@ -42,10 +42,10 @@ DISCOVERY_SETTLE_S = 2.0
 #: Stopped replicas a deployment remembers for the details (Ray's default
 #: ``RAY_SERVE_RETAINED_DEAD_REPLICAS``)
 RETAINED_DEAD_REPLICAS = 10
-#: How :meth:`DeploymentState.reconcile` replaces replicas of an older version, in Ray's
-#: ``rolling_update_percentage`` and ``max_surge_percent``: every missing replica of the new
-#: version starts at once, beside the old ones, which stop as new ones serve in their place.
-ROLLOUT = (1.0, 100)
+#: How :meth:`DeploymentState.reconcile` replaces replicas of an older version when the config
+#: sets neither ``rolling_update_percentage`` nor ``max_surge_percent``: every missing replica of
+#: the new version starts at once, beside the old ones, which stop as new ones serve in their place.
+ROLLOUT = rollout.SIDE_BY_SIDE
 _counter = itertools.count(1)
 
 
@@ -188,15 +188,15 @@ class DeploymentState:
         live = [r for r in self.replicas.values() if r.state in ("STARTING", "RUNNING")]
         current = [r for r in live if r.version == self.version]
         old = [r for r in live if r.version != self.version]
-        missing = self.target - len(current)
-        if missing > 0 and time.monotonic() >= self._backoff_until:
-            self._start_what_fits(missing, old)
-        elif missing <= 0:
-            self.unschedulable = ""
-        # Surplus replicas, and replaced ones once new ones serve and are known (control.rollout)
-        step = rollout.rollout_step(_rollout(current), _rollout(old), self.target)
+        # Surplus replicas, replaced ones as the rollout allows, and the new ones it has room for
+        policy = self.config.rollout(ROLLOUT)
+        step = rollout.rollout_step(_rollout(current), _rollout(old), self.target, policy)
         for replica_id in step.stop:
             self._stop(self.replicas[replica_id])
+        if step.start > 0 and time.monotonic() >= self._backoff_until:
+            self._start_what_fits(step.start, [r for r in old if r.state != "STOPPING"])
+        elif self.target <= len(current):
+            self.unschedulable = ""
         serving_current = step.serving
         if step.settled < serving_current and old:
             asyncio.get_running_loop().call_later(DISCOVERY_SETTLE_S, self._ctx.wake)

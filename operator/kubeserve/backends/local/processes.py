@@ -24,6 +24,7 @@ import functools
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -417,5 +418,40 @@ def http_probe(session: aiohttp.ClientSession, url: str) -> Callable[[], Awaitab
             async with session.get(url, timeout=timeout) as response:
                 return response.status == 200
         return False
+
+    return probe
+
+
+_TLS_PROBE_REQUEST = b"GET /-/healthz HTTP/1.1\r\nHost: kubeserve\r\nConnection: close\r\n\r\n"
+
+
+def tls_probe(host: str, port: int, client_certificates: bool) -> Callable[[], Awaitable[bool]]:
+    """The readiness probe of a proxy serving HTTPS: ``GET /-/healthz`` answers 200 within 5 s.
+    With ``client_certificates`` required, which this probe does not have, a completed TLS 1.3
+    handshake is the answer (a proxy accepts only once it serves; the client's side of a 1.3
+    handshake completes before the server looks at the client's certificate).
+
+    The probe trusts any server certificate: it checks the proxy it started, not an identity.
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+
+    async def answer() -> bool:
+        reader, writer = await asyncio.open_connection(host, port, ssl=context)
+        try:
+            if client_certificates:
+                return True
+            writer.write(_TLS_PROBE_REQUEST)
+            return (await reader.readline()).startswith(b"HTTP/1.1 200 ")
+        finally:
+            writer.close()
+
+    async def probe() -> bool:
+        try:
+            return await asyncio.wait_for(answer(), 5.0)
+        except (OSError, TimeoutError):
+            return False
 
     return probe

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from kubeserve.backends.local.adoption import AdoptedProxy
 from kubeserve.backends.local.process_records import ProxyRecord
 from kubeserve.backends.local.replica_context import ReplicaContext
 from kubeserve.control import backoff, effective_config
+from kubeserve.runtime.tls import PASSWORD_ENV, TLSFiles
 
 ProxyStatusValue = Literal["STARTING", "HEALTHY", "UNHEALTHY", "DRAINING"]
 
@@ -48,6 +50,8 @@ class ProxyProcess:
         self._listening_on: tuple[str, int] | None = None
         #: a proxy of an earlier run, until the first reconcile keeps or replaces it
         self._adopted = adopted
+        #: the TLS files the proxy serves (``http_options.ssl_*``), ``None`` for plain HTTP
+        self._tls: TLSFiles | None = None
 
     @property
     def running(self) -> bool:
@@ -70,6 +74,12 @@ class ProxyProcess:
             args += ["--keep-alive-timeout-s", str(options["keep_alive_timeout_s"])]
         if options.get("logging_config"):  # the serve config's top-level logging_config
             args += ["--logging-config", json.dumps(options["logging_config"])]
+        self._tls = TLSFiles.from_http_options(options)
+        if self._tls is not None:  # relative paths mean from kubeserve start's directory
+            args += ["--ssl-certfile", os.path.abspath(self._tls.certfile)]
+            args += ["--ssl-keyfile", os.path.abspath(self._tls.keyfile)]
+            if self._tls.ca_certs:
+                args += ["--ssl-ca-certs", os.path.abspath(self._tls.ca_certs)]
         return args + self._ctx.request_limits.cli_args()
 
     async def _run(self, args: list[str], adopted: AdoptedProxy | None) -> None:
@@ -82,10 +92,14 @@ class ProxyProcess:
         self._proc, self.pid = proc, proc.pid
         exited = asyncio.ensure_future(proc.wait())
         probe_host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        url = f"http://{probe_host}:{self.port}/-/healthz"
+        if self._tls is None:
+            url = f"http://{probe_host}:{self.port}/-/healthz"
+            probe = processes.http_probe(self._ctx.session, url)
+        else:
+            probe = processes.tls_probe(probe_host, self.port, bool(self._tls.ca_certs))
         healthy_at = 0.0
         if await processes.wait_until_answering(
-            processes.http_probe(self._ctx.session, url),
+            probe,
             exited,
             lambda: self.status == "STARTING",
             0.05,
@@ -121,6 +135,8 @@ class ProxyProcess:
             self._failed(f"cannot listen on {self.host}:{self.port}: {exc}", 0.0)
             return None
         extra = {**self._ctx.data_plane_env(), **self._ctx.log_env(self.log_path)}
+        if self._tls is not None and self._tls.password:
+            extra[PASSWORD_ENV] = self._tls.password
         env = self._ctx.child_env(extra, [])
         fd = listener.fileno()
         proc = await processes.spawn(

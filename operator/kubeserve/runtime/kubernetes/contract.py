@@ -169,6 +169,13 @@ REPLICA_PORT = 8000
 POLICY_PORT = 8000
 #: The replica's unauthenticated health listener (container port ``probe``), for the kubelet.
 PROBE_PORT = 8081
+#: How long a replica pod keeps taking requests after the kubelet's SIGTERM, before it drains:
+#: the pod leaves its EndpointSlice as the kubelet signals it, and proxies and handles learn it
+#: from their watch some time later; within this, they stop choosing it while it still serves.
+REPLICA_LEAVE_DELAY_S = 2.0
+#: What a replica pod's grace period adds to its ``graceful_shutdown_timeout_s``: the leave
+#: delay, and the time it gives callers to drop their connections once drained.
+REPLICA_GRACE_EXTRA_S = REPLICA_LEAVE_DELAY_S + 1.0
 #: Prometheus metrics of a proxy or replica pod (container port ``metrics``; a bearer token,
 #: see :mod:`kubeserve.runtime.metrics_listener`), and the variable that turns it on.
 METRICS_PORT = 8082

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import socket
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from kubeserve.runtime import channel, logs
 from kubeserve.runtime.discovery import EndpointSource
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 from kubeserve.runtime.proxy.server import serve_proxy
+from kubeserve.runtime.tls import PASSWORD_ENV, TLSFiles
 
 __all__ = ["ClusterDiscovery", "main"]
 
@@ -61,10 +63,19 @@ def main(
         default=None,
         help="Ray's logging_config as JSON: encoding, log_level, enable_access_log...",
     )
+    parser.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--ssl-keyfile", help=f"its key (PEM); a password in ${PASSWORD_ENV}")
+    parser.add_argument("--ssl-ca-certs", help="require client certificates this CA signed")
     add_limit_arguments(parser)
     args = parser.parse_args(argv)
+    if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
+        parser.error("--ssl-certfile and --ssl-keyfile go together")
     if args.discovery == "controller" and not args.controller_url:
         parser.error("--controller-url is required with --discovery controller")
+    tls = None
+    if args.ssl_certfile is not None:
+        password = os.environ.pop(PASSWORD_ENV, None)
+        tls = TLSFiles(args.ssl_certfile, args.ssl_keyfile, password, args.ssl_ca_certs)
     chosen = cluster if cluster is not None and args.discovery == cluster.name else None
     settings = logs.LogSettings(args.logging_config)
     component = logs.ComponentLog("proxy", "proxy", socket.gethostname())
@@ -102,6 +113,7 @@ def main(
                 source=chosen.source() if chosen is not None else None,
                 scope=chosen.scope if chosen is not None else None,
                 metrics_port=metrics_port,
+                tls=tls,
             )
 
     uvloop.run(run())

@@ -370,10 +370,15 @@ class Exchange:
 
     def _try_another(self, failed: RoutedReplica | None) -> bool:
         """Send the request to a replica other than ``failed``, within
-        :data:`_CONNECT_ATTEMPTS` in all; False when they are used up."""
-        if self.attempts >= _CONNECT_ATTEMPTS:
+        :data:`_CONNECT_ATTEMPTS` in all; False when they are used up. A replica on its way out
+        (it refused the connection or shuts down) leaves the router's choice and costs no
+        attempt: the request goes to another one, or waits for one (see :meth:`Router.retire`)."""
+        if failed is not None and self.client.state.router.retire(failed):
+            pass
+        elif self.attempts >= _CONNECT_ATTEMPTS:
             return False
-        self.attempts += 1
+        else:
+            self.attempts += 1
         self.task = asyncio.create_task(self._connect(self.key, avoid=failed))
         return True
 

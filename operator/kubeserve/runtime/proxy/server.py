@@ -15,6 +15,7 @@ from kubeserve.runtime.logs import AccessLog
 from kubeserve.runtime.metrics_listener import start_metrics_listener
 from kubeserve.runtime.proxy.client import ClientConnection
 from kubeserve.runtime.proxy.state import ProxyState
+from kubeserve.runtime.tls import ReloadingContext, TLSFiles, wait_for_files
 
 __all__ = ["ProxyServer", "serve_proxy"]
 
@@ -37,13 +38,18 @@ class ProxyServer:
         source: EndpointSource | None = None,
         scope: str | None = None,
         listen_fd: int | None = None,
+        tls: TLSFiles | None = None,
     ) -> None:
         """``scope``: the ``namespace/instance`` the proxy's load reports name (in a cluster);
+        ``tls``: serve HTTPS with these files (reloaded when they change, see
+        :mod:`~kubeserve.runtime.tls`), plain HTTP when ``None``;
         ``listen_fd``: an inherited socket already listening on ``host:port`` (``kubeserve
         start`` keeps it open across proxy restarts)."""
         self.host = host
         self.port = port
         self.listen_fd = listen_fd
+        self.tls = tls
+        self.tls_context: ReloadingContext | None = None
         self.state = ProxyState(
             secret=secret,
             request_timeout_s=request_timeout_s,
@@ -70,15 +76,24 @@ class ProxyServer:
         """
         loop = asyncio.get_running_loop()
         self.max_connections = _connection_cap(self.state.limits.max_connections)
+        if self.tls is not None:
+            self.tls_context = await wait_for_files(self.tls)
+            self.tls_context.start()
+        ssl_context = self.tls_context.context if self.tls_context is not None else None
         if self.listen_fd is not None:
             sock = socket.socket(fileno=self.listen_fd)
             sock.setblocking(False)
             self._server = await loop.create_server(
-                self._accept, sock=sock, backlog=4096, start_serving=False
+                self._accept, sock=sock, backlog=4096, ssl=ssl_context, start_serving=False
             )
         else:
             self._server = await loop.create_server(
-                self._accept, self.host, self.port, backlog=4096, start_serving=False
+                self._accept,
+                self.host,
+                self.port,
+                backlog=4096,
+                ssl=ssl_context,
+                start_serving=False,
             )
         self.port = self._server.sockets[0].getsockname()[1]
         self.state.sweeper.start()
@@ -110,6 +125,8 @@ class ProxyServer:
         if self.load_reporter is not None:
             await self.load_reporter.close()
         await self.source.close()
+        if self.tls_context is not None:
+            await self.tls_context.close()
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
@@ -159,6 +176,7 @@ async def serve_proxy(
     scope: str | None = None,
     metrics_port: int | None = None,
     listen_fd: int | None = None,
+    tls: TLSFiles | None = None,
 ) -> None:
     """Run a proxy until cancelled (``main`` cancels it on SIGTERM/SIGINT).
 
@@ -178,10 +196,12 @@ async def serve_proxy(
         source=source,
         scope=scope,
         listen_fd=listen_fd,
+        tls=tls,
     )
     server.state.access_log = access_log
     await server.start()
-    log.info("kubeserve proxy listening on %s:%d", host, server.port)
+    scheme = "https" if tls is not None else "http"
+    log.info("kubeserve proxy listening on %s://%s:%d", scheme, host, server.port)
     metrics_listener = await start_metrics_listener(host, metrics_port, secret)
     try:
         await asyncio.Event().wait()

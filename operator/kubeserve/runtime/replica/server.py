@@ -4,8 +4,9 @@ Start-up, in order: import the application, find this deployment in the graph, c
 user's code (:mod:`.user_code`) and apply ``user_config``, run the ASGI app's lifespan startup,
 then listen, on the TCP port and on the unix socket next to it (:mod:`~kubeserve.runtime.
 local_socket`). The port opens only once the user object is ready, so "healthz answers 200" means
-"ready". SIGTERM (or SIGINT) starts the graceful shutdown: stop taking work, wait for what is in
-flight (:meth:`.state.ReplicaState.drain`), let callers leave, close the lifespan.
+"ready". SIGTERM (or SIGINT) starts the graceful shutdown: serve on for ``leave_delay_s`` (while
+callers learn that the replica leaves), stop taking work, wait for what is in flight
+(:meth:`.state.ReplicaState.drain`), let callers leave, close the lifespan.
 """
 
 from __future__ import annotations
@@ -169,6 +170,10 @@ async def serve_replica(
         log.info("replica %s listening on %s:%d", config["replica_id"], host, port)
         _watch_health(probe, config, state.user)
         await stop.wait()
+        leave_s = float(config.get("leave_delay_s", 0.0))
+        if leave_s > 0:  # callers learn that it leaves: it serves what they send meanwhile
+            log.info("replica %s leaving in %.1f s", config["replica_id"], leave_s)
+            await asyncio.sleep(leave_s)
         log.info("replica %s shutting down", config["replica_id"])
         state.draining = True
         if probe is not None:

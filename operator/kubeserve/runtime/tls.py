@@ -1,0 +1,248 @@
+"""TLS on the proxy's listening socket: Ray's ``http_options.ssl_*`` files, checked, loaded, and
+reloaded when they change on disk.
+
+Rotation without dropping connections: the socket listens with one *dispatching* context whose
+``sni_callback`` (called on every ClientHello, with or without SNI) hands the handshake the newest
+loaded context. A poll notices the files changing (a new inode, size or mtime: a Kubernetes
+Secret volume swaps a symlink, ``cp`` rewrites in place) and loads them into a new context; new
+handshakes get it, established connections keep the keys they agreed. Files that do not load (half
+written, a key that does not match the certificate) leave the previous context serving and are
+tried again at the next change.
+
+Client certificates: given ``ca_certs``, every client must present a certificate that CA signed
+(``CERT_REQUIRED``; Ray's uvicorn only asks for one optionally). The verification mode is fixed
+for the socket's lifetime; the CA bundle is reloaded with the rest.
+
+Plain HTTP is not touched: without TLS settings the proxy listens with ``ssl=None``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import os
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "PASSWORD_ENV",
+    "ReloadingContext",
+    "TLSFileError",
+    "TLSFiles",
+    "check_files",
+    "server_context",
+    "wait_for_files",
+]
+
+log = logging.getLogger(__name__)
+
+#: the environment variable a proxy takes the key's password from (never its command line)
+PASSWORD_ENV = "KUBESERVE_SSL_KEYFILE_PASSWORD"
+#: how often the files are looked at for a rotation (a few ``stat`` calls each time)
+POLL_S = 2.0
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """Ray's ``http_options.ssl_*``: paths on the proxy's machine, and the key's password."""
+
+    certfile: str
+    keyfile: str
+    password: str | None = None
+    ca_certs: str | None = None
+
+    @classmethod
+    def from_http_options(cls, http: Mapping[str, Any]) -> TLSFiles | None:
+        """The files Ray's ``http_options`` name, or ``None`` for plain HTTP."""
+        if not http.get("ssl_certfile") or not http.get("ssl_keyfile"):
+            return None
+        return cls(
+            str(http["ssl_certfile"]),
+            str(http["ssl_keyfile"]),
+            http.get("ssl_keyfile_password") or None,
+            http.get("ssl_ca_certs") or None,
+        )
+
+    def paths(self) -> tuple[str, ...]:
+        return (self.certfile, self.keyfile) + ((self.ca_certs,) if self.ca_certs else ())
+
+
+class TLSFileError(ValueError):
+    """Files that cannot serve TLS; ``field`` is the ``http_options`` field at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _readable(path: str, field: str) -> None:
+    try:
+        with open(path, "rb") as file:
+            file.read(1)
+    except OSError as exc:
+        raise TLSFileError(field, f"{field} {path!r} cannot be read: {exc.strerror}") from None
+
+
+def _no_prompt(password: str | None) -> str:
+    """OpenSSL prompts on the terminal for an encrypted key without a password callback."""
+    return password or ""
+
+
+def server_context(files: TLSFiles) -> ssl.SSLContext:
+    """A server context serving ``files``; :class:`TLSFileError` names the field at fault."""
+    for path, field in ((files.certfile, "ssl_certfile"), (files.keyfile, "ssl_keyfile")):
+        _readable(path, field)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_verify_locations(cafile=files.certfile)
+    except ssl.SSLError as exc:
+        raise TLSFileError(
+            "ssl_certfile", f"ssl_certfile {files.certfile!r} holds no PEM certificate: {exc}"
+        ) from None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(files.certfile, files.keyfile, lambda: _no_prompt(files.password))
+    except ssl.SSLError as exc:
+        raise _key_error(files, exc) from None
+    if files.ca_certs:
+        _readable(files.ca_certs, "ssl_ca_certs")
+        try:
+            context.load_verify_locations(cafile=files.ca_certs)
+        except ssl.SSLError as exc:
+            raise TLSFileError(
+                "ssl_ca_certs", f"ssl_ca_certs {files.ca_certs!r} holds no PEM certificate: {exc}"
+            ) from None
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def _key_error(files: TLSFiles, exc: ssl.SSLError) -> TLSFileError:
+    if "KEY_VALUES_MISMATCH" in str(exc.reason or exc):
+        return TLSFileError(
+            "ssl_keyfile",
+            f"ssl_keyfile {files.keyfile!r} is not the key of ssl_certfile {files.certfile!r}",
+        )
+    if _encrypted(files.keyfile):
+        return TLSFileError(
+            "ssl_keyfile_password",
+            f"ssl_keyfile {files.keyfile!r} is encrypted and ssl_keyfile_password "
+            + ("does not decrypt it" if files.password else "is not given"),
+        )
+    return TLSFileError("ssl_keyfile", f"ssl_keyfile {files.keyfile!r} holds no usable key: {exc}")
+
+
+def _encrypted(keyfile: str) -> bool:
+    """A PEM key that needs a password (PKCS#8 or OpenSSL's traditional encrypted form)."""
+    try:
+        with open(keyfile, "rb") as file:
+            text = file.read(1 << 20)
+    except OSError:
+        return False
+    return b"ENCRYPTED PRIVATE KEY" in text or b"Proc-Type: 4,ENCRYPTED" in text
+
+
+def check_files(files: TLSFiles, now: datetime.datetime | None = None) -> None:
+    """What :func:`server_context` checks, and that the certificate is valid now (an expired
+    one would load and then fail every client's handshake)."""
+    server_context(files)
+    from cryptography import x509  # only where configs are checked, never in the proxy
+
+    with open(files.certfile, "rb") as file:
+        certificate = x509.load_pem_x509_certificate(file.read())
+    now = now or datetime.datetime.now(datetime.UTC)
+    if certificate.not_valid_after_utc <= now:
+        raise TLSFileError(
+            "ssl_certfile",
+            f"ssl_certfile {files.certfile!r} expired on "
+            f"{certificate.not_valid_after_utc:%Y-%m-%d %H:%M:%S} UTC",
+        )
+    if certificate.not_valid_before_utc > now:
+        raise TLSFileError(
+            "ssl_certfile",
+            f"ssl_certfile {files.certfile!r} is not valid before "
+            f"{certificate.not_valid_before_utc:%Y-%m-%d %H:%M:%S} UTC",
+        )
+
+
+def _signature(paths: tuple[str, ...]) -> tuple[tuple[int, int, int, int], ...]:
+    """What changes when a file is replaced or rewritten (``stat`` follows symlinks)."""
+    signature = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+            signature.append((st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns))
+        except OSError:
+            signature.append((0, 0, 0, 0))
+    return tuple(signature)
+
+
+class ReloadingContext:
+    """The listening context of a TLS proxy and the poll that reloads its files.
+
+    Owns the newest loaded context; the dispatching :attr:`context` never changes (the server
+    keeps it), only what its ``sni_callback`` hands each new handshake.
+    """
+
+    def __init__(self, files: TLSFiles, poll_s: float = POLL_S) -> None:
+        """Raises :class:`TLSFileError` when the files do not load now."""
+        self.files = files
+        self.poll_s = poll_s
+        self._signature = _signature(files.paths())
+        self.current = server_context(files)
+        self.context = server_context(files)
+        self.context.sni_callback = self._hand_over
+        self.reloads = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def _hand_over(self, connection: ssl.SSLObject, _name: str | None, _ctx: object) -> None:
+        connection.context = self.current
+
+    def reload_if_changed(self) -> bool:
+        """Load the files when they changed since the last look; ``True`` when a new context
+        now serves. A failure is logged once per change and the previous context kept."""
+        signature = _signature(self.files.paths())
+        if signature == self._signature:
+            return False
+        self._signature = signature
+        try:
+            self.current = server_context(self.files)
+        except TLSFileError as exc:
+            log.warning("TLS files changed but do not load, still serving the previous: %s", exc)
+            return False
+        self.reloads += 1
+        log.info("TLS files reloaded: new connections use them")
+        return True
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._poll())
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            self.reload_if_changed()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+async def wait_for_files(files: TLSFiles, poll_s: float = POLL_S) -> ReloadingContext:
+    """The files' context once they load: a proxy whose files are missing or broken waits for
+    them (saying why, once per change) instead of exiting to be restarted in a loop."""
+    logged: tuple[tuple[int, int, int, int], ...] | None = None
+    while True:
+        try:
+            return ReloadingContext(files, poll_s)
+        except TLSFileError as exc:
+            signature = _signature(files.paths())
+            if signature != logged:
+                logged = signature
+                log.error("not listening until the TLS files load: %s", exc)
+        await asyncio.sleep(poll_s)

@@ -1,0 +1,130 @@
+"""Planned changes under steady load through the proxy Service fail no request.
+
+A change of ``runtimeEnv.envVars`` (every replica pod is replaced), a scale-down, and ``kubectl
+delete pod`` of a replica, each while clients keep sending through the proxy Service's ClusterIP:
+proxies stop choosing a replica before it stops taking requests, a terminating replica finishes
+what it runs, and a request that finds no replica of its deployment ready waits for one. Ray's
+``rolling_update_percentage`` and ``max_surge_percent`` become each Deployment's
+``strategy.rollingUpdate``, and the roll keeps within them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from support.common import wait_for
+from support.k8s_operator import OperatorProcess
+from support.load import Load, failures
+from support.node_cluster import NodeCluster
+from support.node_recorder import REPLICAS, deploy, ready, recorder, replica_pods, settled
+
+#: a request may wait for a replica pod to start (a roll of one replica, Ray's default rollout)
+_REQUEST_TIMEOUT_S = 60
+
+
+def under_load(
+    host: str, change: Callable[[], None], done: Callable[[], bool], what: str
+) -> dict[str, int]:
+    """Run ``change`` while clients send through the proxy Service at ``host``; wait for
+    ``done``, keep the load a second more; returns the failed requests by kind (and prints the
+    figures)."""
+    with Load(8000, clients=12, host=host, timeout_s=_REQUEST_TIMEOUT_S) as load:
+        wait_for(lambda: load.answered_since(time.monotonic() - 1) > 20, 30, what="load flowing")
+        started = time.monotonic()
+        change()
+        wait_for(done, 180, interval_s=0.5, what=f"{what} finished")
+        took = time.monotonic() - started
+        end = time.monotonic() + 1.0
+        wait_for(lambda: time.monotonic() >= end, 5, interval_s=0.1, what="a second more")
+    failed = failures(load.outcomes)
+    print(f"{what}: {len(load.outcomes)} requests in {took:.1f} s, failed {failed}")
+    assert len(load.outcomes) > 100
+    return failed
+
+
+def test_an_env_vars_change_rolls_every_replica_and_fails_no_request(
+    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+) -> None:
+    ns = node_namespace
+    host = deploy(node, node_operator, ns, 2)
+    before = {p["metadata"]["name"] for p in replica_pods(node, ns)}
+    failed = under_load(
+        host,
+        lambda: node.apply(recorder(ns, 2, roll="2")),
+        lambda: settled(node, ns, 2, before),
+        "env vars change of 2 replicas",
+    )
+    assert failed == {}
+
+
+def test_a_one_replica_roll_makes_requests_wait_for_the_new_replica_not_fail(
+    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+) -> None:
+    """Ray's default rollout (a fifth at a time, at least one, no surge) stops the only replica
+    before its replacement starts: requests wait for it."""
+    ns = node_namespace
+    host = deploy(node, node_operator, ns, 1)
+    before = {p["metadata"]["name"] for p in replica_pods(node, ns)}
+    failed = under_load(
+        host,
+        lambda: node.apply(recorder(ns, 1, roll="2")),
+        lambda: settled(node, ns, 1, before),
+        "env vars change of 1 replica",
+    )
+    assert failed == {}
+
+
+def test_a_scale_down_fails_no_request(
+    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+) -> None:
+    ns = node_namespace
+    host = deploy(node, node_operator, ns, 3)
+    failed = under_load(
+        host,
+        lambda: node.apply(recorder(ns, 1)),
+        lambda: settled(node, ns, 1, set()),
+        "scale-down from 3 replicas to 1",
+    )
+    assert failed == {}
+
+
+def test_kubectl_delete_pod_of_a_replica_fails_no_request(
+    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+) -> None:
+    ns = node_namespace
+    host = deploy(node, node_operator, ns, 2)
+    victim = replica_pods(node, ns)[0]["metadata"]["name"]
+    failed = under_load(
+        host,
+        lambda: node.kubectl("delete", "pod", victim, "-n", ns, "--wait=false"),
+        lambda: settled(node, ns, 2, {victim}),
+        "kubectl delete pod of 1 of 2 replicas",
+    )
+    assert failed == {}
+
+
+def test_rolling_update_percentage_and_max_surge_percent_bound_the_roll(
+    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+) -> None:
+    """4 replicas, ``max_surge_percent: 25``: one extra pod at a time, none unavailable (Ray keeps
+    the running count at the target while it surges)."""
+    ns = node_namespace
+    knobs = {"rollingUpdatePercentage": 0.5, "maxSurgePercent": 25}
+    host = deploy(node, node_operator, ns, 4, **knobs)
+    (workload,) = node.get("deployments", namespace=ns, selector=REPLICAS)["items"]
+    assert workload["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    before = {p["metadata"]["name"] for p in replica_pods(node, ns)}
+    seen: list[tuple[int, int]] = []  # (pods not terminating, of them Ready)
+
+    def done() -> bool:
+        pods = [p for p in replica_pods(node, ns) if not p["metadata"].get("deletionTimestamp")]
+        seen.append((len(pods), sum(1 for p in pods if ready(p))))
+        return settled(node, ns, 4, before)
+
+    failed = under_load(
+        host, lambda: node.apply(recorder(ns, 4, roll="2", **knobs)), done, "surge roll of 4"
+    )
+    assert failed == {}
+    assert max(live for live, _ in seen) <= 5, seen
+    assert min(serving for _, serving in seen) >= 4, seen

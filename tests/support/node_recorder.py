@@ -1,0 +1,56 @@
+"""The ``fault_recorder`` application behind a node's proxy Service, for tests that count failed
+requests under load (:class:`support.load.Load` sends ``GET /`` and checks each answer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from support.common import wait_for
+from support.k8s_operator import (
+    SMALL_REPLICA,
+    OperatorProcess,
+    application,
+    instance,
+    proxy_service_url,
+    wait_ready,
+)
+from support.node_cluster import NodeCluster
+
+REPLICAS = "app.kubernetes.io/component=replica"
+
+
+def recorder(ns: str, replicas: int, roll: str = "1", **deployment: Any) -> list[dict[str, Any]]:
+    """``fault_recorder`` at ``/`` (each request answers its id after a few ms of work), with
+    ``replicas`` replicas; a new ``roll`` changes its env vars, so every replica is replaced."""
+    env = {"KS_FAULT_DIR": "/tmp", "KS_ROLL": roll}
+    spec = {"name": "Recorder", "numReplicas": replicas, **SMALL_REPLICA, **deployment}
+    app = application(ns, "faults", "fault_recorder:app", routePrefix="/",
+                      runtimeEnv={"envVars": env}, deployments=[spec])  # fmt: skip
+    return [instance(ns), app]
+
+
+def replica_pods(node: NodeCluster, ns: str) -> list[dict[str, Any]]:
+    """Every replica pod, terminating ones included."""
+    pods: list[dict[str, Any]] = node.get("pods", namespace=ns, selector=REPLICAS)["items"]
+    return pods
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", [])
+    )
+
+
+def settled(node: NodeCluster, ns: str, count: int, gone: set[str]) -> bool:
+    """Exactly ``count`` replica pods, all Ready, none of ``gone`` (terminating ones included)."""
+    pods = replica_pods(node, ns)
+    names = {p["metadata"]["name"] for p in pods}
+    return len(pods) == count and all(ready(p) for p in pods) and not names & gone
+
+
+def deploy(node: NodeCluster, operator: OperatorProcess, ns: str, replicas: int, **d: Any) -> str:
+    node.apply(recorder(ns, replicas, **d))
+    wait_ready(node, operator, ns, "faults")
+    wait_for(lambda: settled(node, ns, replicas, set()), 120, what=f"{replicas} replicas Ready")
+    url = proxy_service_url(node, ns, "/")
+    return url.split("//")[1].split(":")[0]

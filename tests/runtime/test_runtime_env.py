@@ -205,8 +205,8 @@ def test_non_http_schemes_are_not_supported_locally(tmp_path: Path, uri: str) ->
 
 
 def test_keys_the_local_backend_cannot_honour_are_errors(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeEnvError, match=r"\['pip'\]"):
-        run(prepare({"pip": ["requests"]}, tmp_path))
+    with pytest.raises(RuntimeEnvError, match=r"\['conda'\]"):
+        run(prepare({"conda": {"dependencies": ["requests"]}}, tmp_path))
 
 
 def test_env_vars_must_be_strings(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from pathlib import Path
 
@@ -46,13 +47,16 @@ def _add_fetch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dest", type=Path, required=True)
     parser.add_argument("--working-dir")
     parser.add_argument("--py-module", action="append", default=[])
+    parser.add_argument(
+        "--packages", type=json.loads, help='the runtime_env\'s {"pip": ...} or {"uv": ...}'
+    )
 
 
 def _fetch_runtime_env(args: argparse.Namespace) -> int:
     from kubeserve.runtime.runtime_env import RuntimeEnvError, fetch_into
 
     try:
-        asyncio.run(fetch_into(args.dest, args.working_dir, args.py_module))
+        asyncio.run(fetch_into(args.dest, args.working_dir, args.py_module, args.packages))
     except RuntimeEnvError as exc:
         print(f"kubeserve fetch-runtime-env: {exc}", file=sys.stderr)
         return 1
@@ -62,7 +66,7 @@ def _fetch_runtime_env(args: argparse.Namespace) -> int:
 COMMANDS = (
     Command(
         "fetch-runtime-env",
-        "fetch working_dir / py_modules (a pod's init container)",
+        "fetch working_dir / py_modules, install pip / uv packages (a pod's init container)",
         _add_fetch_arguments,
         _fetch_runtime_env,
     ),

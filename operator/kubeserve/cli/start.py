@@ -28,6 +28,7 @@ from kubeserve.cli.command import (
 from kubeserve.control.replica_limits import DEFAULT_MAX_PROCESSES
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES
+from kubeserve.runtime.python_env import GC_MIN_AGE_S
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -106,6 +107,13 @@ def add_instance_arguments(
         default=DEFAULT_MAX_PROCESSES,
         help="processes (threads included) each replica may run, so that a fork loop stays "
         f"inside its replica (default {DEFAULT_MAX_PROCESSES})",
+    )
+    parser.add_argument(
+        "--runtime-env-keep-s",
+        type=float,
+        default=GC_MIN_AGE_S,
+        help="seconds an unused runtime_env pip/uv environment is kept after its last use "
+        f"before it is removed (default {GC_MIN_AGE_S:g}; uv's cache makes a rebuild cheap)",
     )
     parser.add_argument(
         "--reset-state",
@@ -196,6 +204,7 @@ def start_instance(args: argparse.Namespace, after_start: AfterStart | None) -> 
         log_rotation=(args.log_max_bytes, args.log_backups),
         reset_state=args.reset_state,
         replica_max_processes=args.replica_max_processes,
+        python_env_keep_s=max(0.0, args.runtime_env_keep_s),
         data_plane_outlives=not getattr(args, "temporary_state_dir", False),
     )
     try:

@@ -78,6 +78,8 @@ class BuildView:
 
     state: Literal["running", "failed", "done"]
     error: str = ""
+    #: what a running build is doing, when more than importing (installing packages)
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,7 @@ def application_status(
     if deleting:
         return AppStatusInfo("DELETING")
     if build.state == "running":
-        return AppStatusInfo("DEPLOYING", "building the application graph")
+        return AppStatusInfo("DEPLOYING", build.note or "building the application graph")
     if build.state == "failed":
         return AppStatusInfo("DEPLOY_FAILED", build.error)
     infos = {name: deployment_status(view) for name, view in deployments.items()}

@@ -3,8 +3,10 @@
 A deployment's environment is the application's ``runtime_env`` overlaid with the deployment's
 ``ray_actor_options.runtime_env`` (:func:`merge_runtime_env`, pure). :func:`prepare` then makes it
 real on this machine: ``working_dir`` and every ``py_modules`` entry are zip archives fetched over
-http(s) and unpacked into a cache directory; the result says which directory to run in, what to
-prepend to ``PYTHONPATH`` and which environment variables to set.
+http(s) and unpacked into a cache directory, and ``pip`` / ``uv`` packages are installed into an
+environment of :mod:`kubeserve.runtime.python_env` under ``<cache_dir>/python``; the result says
+which directory to run in, what to prepend to ``PYTHONPATH`` (working_dir, py_modules, then the
+packages) and which environment variables to set.
 
 Cache invariants (the cache directory may be shared by many processes):
 
@@ -31,7 +33,7 @@ import shutil
 import stat
 import uuid
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -39,10 +41,14 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from kubeserve.runtime import python_env
+from kubeserve.schema.packages import package_spec
+
 __all__ = [
     "FetchLimits",
     "PreparedEnv",
     "RuntimeEnvError",
+    "asks_for_packages",
     "merge_runtime_env",
     "prepare",
 ]
@@ -52,7 +58,9 @@ _FETCHABLE_SCHEMES = frozenset({"http", "https"})
 # ``config`` tunes Ray's own setup (timeouts). Any other key the local backend cannot honour is an
 # error rather than a silently different environment.
 _NO_OP_KEYS = frozenset({"excludes", "config"})
-_HANDLED_KEYS = frozenset({"working_dir", "py_modules", "env_vars"})
+_HANDLED_KEYS = frozenset({"working_dir", "py_modules", "env_vars", "pip", "uv"})
+#: where the environments of ``pip`` / ``uv`` packages live, under the cache directory
+PYTHON_ENVS = "python"
 _CHUNK = 1 << 20
 
 
@@ -77,6 +85,8 @@ class PreparedEnv:
     env_vars: dict[str, str] = field(default_factory=dict)
     python_path: list[str] = field(default_factory=list)
     cwd: str | None = None
+    #: the key of the ``pip`` / ``uv`` environment on ``python_path`` (None: no packages)
+    python_env: str | None = None
 
 
 def merge_runtime_env(
@@ -96,23 +106,38 @@ def merge_runtime_env(
     return merged
 
 
+def asks_for_packages(runtime_env: Mapping[str, Any]) -> bool:
+    """Whether preparing ``runtime_env`` installs packages (and may take minutes)."""
+    return any(runtime_env.get(key) is not None for key in ("pip", "uv"))
+
+
 async def prepare(
-    runtime_env: Mapping[str, Any], cache_dir: Path, *, limits: FetchLimits = FetchLimits()
+    runtime_env: Mapping[str, Any],
+    cache_dir: Path,
+    *,
+    limits: FetchLimits = FetchLimits(),
+    on_install: Callable[[str], None] | None = None,
 ) -> PreparedEnv:
-    """Fetch and unpack ``working_dir`` and ``py_modules``, and collect ``env_vars``.
+    """Fetch and unpack ``working_dir`` and ``py_modules``, install ``pip`` / ``uv`` packages
+    and collect ``env_vars``.
 
     ``python_path`` lists the working directory first (as Ray puts it on ``sys.path``), then each
-    module root in the order given. Idempotent: a second call for the same URIs only reads the
-    cache.
+    module root in the order given, then the packages' directory. Idempotent: a second call for
+    the same URIs and packages only reads the cache. ``on_install`` is told when packages are
+    actually being installed (what, for the application's status).
     """
     env = {k: v for k, v in runtime_env.items() if v is not None}
     unsupported = sorted(set(env) - _HANDLED_KEYS - _NO_OP_KEYS)
     if unsupported:
         raise RuntimeEnvError(
             f"runtime_env keys {unsupported} are not supported by the local backend "
-            f"(supported: working_dir, py_modules, env_vars)"
+            f"(supported: working_dir, py_modules, env_vars, pip, uv)"
         )
     env_vars = _env_vars(env.get("env_vars", {}))
+    try:
+        packages = package_spec(env)
+    except ValueError as err:
+        raise RuntimeEnvError(str(err)) from err
     modules = env.get("py_modules", [])
     if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
         raise RuntimeEnvError("runtime_env.py_modules must be a list of URIs")
@@ -126,10 +151,33 @@ async def prepare(
     roots = await asyncio.to_thread(_roots, entries, bool(working_dir))
     cwd = roots[0] if working_dir else None
     module_roots = roots[1:] if working_dir else roots
+    site: list[str] = []
+    key = None
+    if packages is not None:
+        try:
+            plan = python_env.install_plan(
+                packages,
+                working_dir=Path(cwd) if cwd else None,
+                working_dir_uri=working_dir,
+                env_vars=env_vars,
+                environ=os.environ,
+            )
+            root = cache_dir / PYTHON_ENVS
+            site = [
+                str(
+                    await python_env.build(
+                        plan, root, cwd=Path(cwd) if cwd else None, on_install=on_install
+                    )
+                )
+            ]
+        except python_env.PythonEnvError as err:
+            raise RuntimeEnvError(str(err)) from err
+        key = plan.key
     return PreparedEnv(
         env_vars=env_vars,
-        python_path=([cwd] if cwd else []) + module_roots,
+        python_path=([cwd] if cwd else []) + module_roots + site,
         cwd=cwd,
+        python_env=key,
     )
 
 
@@ -316,17 +364,26 @@ def _module_root(entry: Path) -> Path:
     return entry
 
 
-async def fetch_into(dest: Path, working_dir: str | None, py_modules: list[str]) -> None:
+async def fetch_into(
+    dest: Path,
+    working_dir: str | None,
+    py_modules: list[str],
+    packages: Mapping[str, Any] | None = None,
+) -> None:
     """Lay out fetched code where a pod's main container expects it (the init container's job).
 
-    ``<dest>/working_dir`` is the root of the working directory and ``<dest>/py_modules/<i>`` the
-    import root of module ``i`` (symlinks into ``<dest>/.cache``, where the archives unpack).
+    ``<dest>/working_dir`` is the root of the working directory, ``<dest>/py_modules/<i>`` the
+    import root of module ``i`` and ``<dest>/python`` the ``site`` directory of the ``packages``
+    (``{"pip": ...}`` or ``{"uv": ...}``): symlinks into ``<dest>/.cache``, where they are made.
+    The installer's environment is this process's, which holds the runtime_env's env_vars.
     """
-    runtime_env: dict[str, Any] = {"py_modules": list(py_modules)}
+    runtime_env: dict[str, Any] = {"py_modules": list(py_modules), **(packages or {})}
     if working_dir:
         runtime_env["working_dir"] = working_dir
     prepared = await prepare(runtime_env, dest / ".cache")
     roots = list(prepared.python_path)
+    if prepared.python_env is not None:
+        _link(dest / "python", Path(roots.pop()))
     if working_dir:
         _link(dest / "working_dir", Path(roots.pop(0)))
     for index, root in enumerate(roots):

@@ -28,6 +28,7 @@ import json
 import keyword
 import re
 from enum import StrEnum
+from functools import partial
 from typing import Annotated, Any, ClassVar, Literal, Self
 from urllib.parse import urlsplit
 
@@ -56,6 +57,7 @@ from kubeserve.schema.limits import (
     MAX_REPLICAS_PER_DEPLOYMENT,
     MIN_PERIOD_S,
 )
+from kubeserve.schema.packages import validate_packages
 
 __all__ = [
     "REMOTE_URI_SCHEMES",
@@ -361,8 +363,9 @@ class RuntimeEnv(RestModel):
     """The environment a replica runs in (Ray's ``runtime_env``).
 
     Validated: ``working_dir`` and ``py_modules`` hold remote URIs only (a local path would name
-    a file on the server); ``env_vars`` maps strings to strings. Passed through unvalidated,
-    because Ray configs use them and a backend may honour them: ``pip``, ``uv``, ``conda``,
+    a file on the server); ``env_vars`` maps strings to strings; ``pip`` and ``uv`` have one of
+    Ray's shapes (:mod:`kubeserve.schema.packages`) and exclude each other and ``conda``. Passed
+    through unvalidated, because Ray configs use them and a backend may honour them: ``conda``,
     ``container``, ``image_uri``, ``py_executable``, ``excludes``, ``config``,
     ``worker_process_setup_hook``, ``java_jars``, ``nsight``. Any other key is rejected, as
     everywhere else in the API.
@@ -371,8 +374,8 @@ class RuntimeEnv(RestModel):
     working_dir: RemoteURI | None = _OMIT_NONE
     py_modules: list[RemoteURI] | None = _OMIT_NONE
     env_vars: EnvVars | None = _OMIT_NONE
-    pip: Any = _OMIT_NONE
-    uv: Any = _OMIT_NONE
+    pip: Annotated[Any, AfterValidator(partial(validate_packages, "pip"))] = _OMIT_NONE
+    uv: Annotated[Any, AfterValidator(partial(validate_packages, "uv"))] = _OMIT_NONE
     conda: Any = _OMIT_NONE
     container: Any = _OMIT_NONE
     image_uri: Any = _OMIT_NONE
@@ -382,6 +385,13 @@ class RuntimeEnv(RestModel):
     worker_process_setup_hook: Any = _OMIT_NONE
     java_jars: Any = _OMIT_NONE
     nsight: Any = _OMIT_NONE
+
+    @model_validator(mode="after")
+    def _one_package_manager(self) -> Self:
+        given = [key for key in ("pip", "uv", "conda") if getattr(self, key) is not None]
+        if len(given) > 1:
+            raise field_error(f"{' and '.join(given)} exclude each other", given[-1])
+        return self
 
 
 class ControllerRuntimeEnv(RestModel):

@@ -82,9 +82,8 @@ _PLACEMENT_GROUPS = refused(
     "replica's resources in ray_actor_options instead"
 )
 _RUNTIME_ENV_PACKAGES = (
-    "installing packages or switching interpreters per application is not supported yet: build "
-    "an image (Kubernetes) or a virtualenv (kubeserve start) with the packages, and use "
-    "working_dir/py_modules for code"
+    "switching interpreters or container runtimes per application is not supported: use pip or "
+    "uv for packages, or build an image (Kubernetes) or a virtualenv (kubeserve start)"
 )
 
 _LOGGING = {
@@ -105,8 +104,16 @@ _RUNTIME_ENV = {
     "working_dir": works("zip archives over http(s); fetched once into a cache"),
     "py_modules": works("zip archives over http(s); fetched once into a cache"),
     "env_vars": works("application-level, overridden per deployment"),
-    "pip": refused(_RUNTIME_ENV_PACKAGES),
-    "uv": refused(_RUNTIME_ENV_PACKAGES),
+    "pip": works(
+        "a list, a requirements file in the working_dir, or the dict form (pip_check, "
+        "pip_version, pip_install_options); installed with uv into an environment per distinct "
+        "spec, layered on the replica's interpreter and shared by every replica and build that "
+        "asks for it; on Kubernetes built by the pod's init container"
+    ),
+    "uv": works(
+        "a list, a requirements file in the working_dir, or the dict form (uv_check, uv_version, "
+        "uv_pip_install_options); as pip"
+    ),
     "conda": refused(_RUNTIME_ENV_PACKAGES),
     "container": refused(_RUNTIME_ENV_PACKAGES),
     "image_uri": partial(

@@ -76,3 +76,21 @@ def test_another_exit_is_no_memory_message() -> None:
     crashed = {"reason": "Error", "exitCode": 1, "finishedAt": "2025-11-25T22:33:19Z"}
     status = status_of([pod(False, crashed, crashed_now=True)])
     assert "OutOfMemoryError" not in status.message
+
+
+def test_a_failing_runtime_env_init_container_is_deploy_failed_with_the_installer_tail() -> None:
+    tail = "error: No solution found when resolving dependencies\n  cause: no-such-pkg not found"
+    failed = {"exitCode": 1, "reason": "Error", "message": tail}
+    init = {"name": "runtime-env", "restartCount": 5, "lastState": {"terminated": failed}}
+    init["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
+    replica = pod(False, {}, crashed_now=False)
+    replica["status"]["containerStatuses"] = [
+        {"name": "replica", "ready": False, "restartCount": 0, "state": {"waiting": {}}}
+    ]
+    replica["status"]["initContainerStatuses"] = [init]
+    applied = {replica_key(replica): CONFIG.user_config_version}
+    view = deployment_view_from_pods([replica], CONFIG, "", applied, now=NOW)
+    status = deployment_status(view)
+    assert status.status == "DEPLOY_FAILED", status
+    assert "the runtime-env init container exited with code 1" in status.message
+    assert "no-such-pkg not found" in status.message

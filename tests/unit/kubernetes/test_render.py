@@ -484,8 +484,50 @@ def test_no_init_container_without_remote_files() -> None:
 
 
 def test_runtime_env_keys_kubernetes_cannot_honour_are_refused() -> None:
-    with pytest.raises(render.RenderError, match=r"pip.*image_uri"):
-        workload(app_config(runtime_env={"pip": ["torch"]}))
+    with pytest.raises(render.RenderError, match=r"conda.*image_uri"):
+        workload(app_config(runtime_env={"conda": {"dependencies": ["torch"]}}))
+
+
+def test_pip_packages_are_installed_by_the_init_container_into_the_shared_volume() -> None:
+    pip = {"packages": ["inflection==0.5.1", "-r ${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}/r.txt"]}
+    runtime_env = {
+        "working_dir": "https://example.com/src.zip",
+        "pip": pip,
+        "env_vars": {"PIP_INDEX_URL": "https://mirror.example/simple"},
+    }
+    spec = pod(workload(app_config(runtime_env=runtime_env)))
+    [init] = spec["initContainers"]
+    packages = json.dumps({"pip": pip}, sort_keys=True).replace("$", "$$")  # no $(VAR) expansion
+    assert init["command"][-2:] == ["--packages", packages]
+    assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"  # the installer's tail
+    init_env = env(init)
+    # the index the runtime_env names reaches the installer; uv's cache shares the volume
+    assert init_env["PIP_INDEX_URL"] == "https://mirror.example/simple"
+    assert init_env["UV_CACHE_DIR"] == "/var/run/kubeserve/runtime-env/.uv-cache"
+    main = spec["containers"][0]
+    assert "UV_CACHE_DIR" not in env(main)
+    assert env(main)["PYTHONPATH"] == (
+        "/var/run/kubeserve/runtime-env/working_dir:/var/run/kubeserve/runtime-env/python"
+    )
+
+
+def test_uv_alone_gets_an_init_container_and_the_image_working_directory() -> None:
+    obj = workload(app_config(runtime_env={"uv": ["inflection"]}))
+    [init] = pod(obj)["initContainers"]
+    assert init["command"][-2:] == ["--packages", '{"uv": ["inflection"]}']
+    assert "workingDir" not in main_container(obj)
+    assert env(main_container(obj))["PYTHONPATH"] == "/var/run/kubeserve/runtime-env/python"
+
+
+def test_the_build_job_installs_the_same_packages() -> None:
+    job = render.render_build_job(instance(), app(app_config(runtime_env={"pip": ["inflection"]})))
+    [init] = pod(job)["initContainers"]
+    assert init["command"][-2:] == ["--packages", '{"pip": ["inflection"]}']
+
+
+def test_a_malformed_packages_field_is_a_render_error() -> None:
+    with pytest.raises(render.RenderError, match="exclude each other"):
+        workload(app_config(runtime_env={"pip": ["a"], "uv": ["b"]}))
 
 
 # --------------------------------------------------------------------------- what changes what

@@ -77,12 +77,54 @@ def test_runtime_env_passes_known_ray_keys_through() -> None:
     assert app.as_given()["runtime_env"] == env
 
 
-@pytest.mark.parametrize("key", ["pip", "uv", "conda", "container", "py_executable"])
-def test_runtime_env_package_installs_are_refused_at_their_path(key: str) -> None:
+@pytest.mark.parametrize("key", ["conda", "container", "py_executable"])
+def test_runtime_env_interpreter_switches_are_refused_at_their_path(key: str) -> None:
     body = multi({"name": "d", "ray_actor_options": {"runtime_env": {key: ["requests"]}}})
     ((loc, message),) = errors_of(ServeDeploySchema, body)
     assert loc == [*DEP, "ray_actor_options", "runtime_env", key]
-    assert message.startswith(f"{key} is not supported by kubeserve: installing packages")
+    assert message.startswith(f"{key} is not supported by kubeserve: switching interpreters")
+
+
+@pytest.mark.parametrize(
+    "runtime_env",
+    [
+        {"pip": ["requests==2.31", "-r ${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}/r.txt"]},
+        {"pip": "requirements.txt"},
+        {"pip": {"packages": ["a"], "pip_check": True, "pip_version": "==24.0"}},
+        {"pip": {"packages": "requirements.txt", "pip_install_options": ["--no-deps"]}},
+        {"uv": ["a", "a"]},
+        {"uv": {"packages": ["a"], "uv_check": False, "uv_version": ">=0.5"}},
+        {"uv": {"packages": ["a"], "uv_pip_install_options": ["--no-cache"]}},
+    ],
+)
+def test_runtime_env_pip_and_uv_in_rays_shapes_are_accepted_as_given(
+    runtime_env: dict[str, Any],
+) -> None:
+    app = parse_body(ServeApplicationSchema, {"import_path": "a:b", "runtime_env": runtime_env})
+    assert app.as_given()["runtime_env"] == runtime_env
+
+
+@pytest.mark.parametrize(
+    ("runtime_env", "field", "message"),
+    [
+        ({"pip": {"packages": ["a"], "pip_chek": True}}, "pip", "can only have the fields"),
+        ({"pip": {"pip_check": True}}, "pip", "must include the field 'packages'"),
+        ({"pip": {"packages": ["a"], "pip_check": "yes"}}, "pip", "must be a boolean"),
+        ({"pip": [1]}, "pip", "list of strings"),
+        ({"uv": {"packages": "r.txt"}}, "uv", "list of strings"),
+        ({"uv": {"packages": ["a"], "uv_version": 1}}, "uv", "must be a string"),
+        ({"pip": ["a"], "uv": ["b"]}, "uv", "pip and uv exclude each other"),
+    ],
+)
+def test_runtime_env_pip_and_uv_errors_name_the_field(
+    runtime_env: dict[str, Any], field: str, message: str
+) -> None:
+    body = multi({"name": "d", "ray_actor_options": {"runtime_env": runtime_env}})
+    errors = errors_of(ServeDeploySchema, body)
+    assert any(
+        loc == [*DEP, "ray_actor_options", "runtime_env", field] and message in msg
+        for loc, msg in errors
+    ), errors
 
 
 # --------------------------------------------------------------------------- synonyms

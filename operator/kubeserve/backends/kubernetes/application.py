@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kubeserve.backends.kubernetes import render
+from kubeserve.backends.kubernetes import render, reports
 from kubeserve.backends.kubernetes.autoscaling import (
     SCALE_TO_ZERO_REFUSED,
     Autoscalers,
@@ -52,6 +52,7 @@ from kubeserve.control.status_derivation import BuildView, application_status, d
 from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.graph import graph_document
+from kubeserve.runtime.runtime_env import asks_for_packages
 from kubeserve.schema.config import is_default_policy
 from kubeserve.schema.errors import validation_details
 from kubeserve.schema.resources import ServeApplicationSpec
@@ -121,7 +122,8 @@ class ApplicationReconciler:
         app_view = render.app_view(obj, app_config)
         graph = await _graph(self._cluster, instance_view, app_view)
         if graph is None:
-            return ApplicationReport(application_status(BuildView("running"), {}))
+            note = _build_note(self._cluster, app_view)
+            return ApplicationReport(application_status(BuildView("running", note=note), {}))
         configs = {} if graph.error else graph.configs(app_config)
         error = (
             graph.error
@@ -389,8 +391,22 @@ async def _graph(
         return None
     for condition in (job.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "Failed" and condition.get("status") == "True":
-            return Graph({"error": f"build Job {job_name} failed: {condition.get('message', '')}"})
+            error = f"build Job {job_name} failed: {condition.get('message', '')}"
+            pods = cluster.cache.objects("Pod", app.namespace, {"job-name": job_name})
+            causes = [c for p in pods for c in reports.init_failures(p)]
+            return Graph({"error": f"{error}; {causes[-1]}" if causes else error})
     return None
+
+
+def _build_note(cluster: Cluster, app: render.AppView) -> str:
+    """What the build Job's pod is doing when it installs the runtime_env's packages."""
+    job_name = contract.build_job_name(app.cr_name, app.build_key)
+    for pod in cluster.cache.objects("Pod", app.namespace, {"job-name": job_name}):
+        for init in (pod.get("status") or {}).get("initContainerStatuses") or []:
+            if "running" in (init.get("state") or {}) and asks_for_packages(app.runtime_env):
+                name = pod["metadata"]["name"]
+                return f"installing the runtime_env's packages in the build pod {name}"
+    return ""
 
 
 def _scale_reason(decision: dict[str, Any] | None, external: bool) -> str:

@@ -24,13 +24,23 @@ Conventions every kubeserve pod follows:
   ``<dest>``); the main container runs in ``<dest>/working_dir`` with ``PYTHONPATH`` listing the
   working_dir then the modules in order, as the local backend does.
 
+* ``pip`` / ``uv`` packages are installed by the same init container (``--packages`` with the
+  field as JSON), with the image's own uv, into the same ``emptyDir``: ``<dest>/python`` is the
+  environment's ``site`` directory, last on ``PYTHONPATH`` (after the working_dir and modules), as
+  the local backend orders it. uv's cache is ``<dest>/.uv-cache`` (one volume: files are hard
+  links); indexes are the image's configuration (pip's and uv's) and the runtime_env's
+  ``env_vars`` (``PIP_INDEX_URL``, ``UV_INDEX_URL``...), which the init container has. The init
+  container's log tail is its termination message (``FallbackToLogsOnError``), which the
+  deployment's status repeats when it fails.
+
 ``image_uri`` picks the image; ``excludes`` and ``config`` need no action; any other runtime_env key
-(``pip``, ``conda``, ``uv``, ``container``...) is refused with a :class:`RenderError` that says to
-build it into an image instead.
+(``conda``, ``container``...) is refused with a :class:`RenderError` that says to build it into an
+image instead.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -47,6 +57,7 @@ from kubeserve.runtime.kubernetes.contract import (
     POD_IP_ENV,
     POD_NAME_ENV,
 )
+from kubeserve.schema.packages import package_spec
 
 __all__ = [
     "ACCELERATOR_LABEL",
@@ -86,6 +97,8 @@ _SECRET_VOLUME = "pickled-graph"
 #: readable by the pod's user and group (``fsGroup``) only
 _SECRET_FILE_MODE = 0o440
 FETCH_RUNTIME_ENV_COMMAND = ["kubeserve", "fetch-runtime-env", "--dest", RUNTIME_ENV_DIR]
+#: ``<dest>/python``: the ``site`` directory of the runtime_env's pip / uv environment
+PYTHON_ENV_LINK = "python"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 #: Ray custom resources without a ``/`` become extended resources under this prefix.
@@ -96,7 +109,7 @@ ACCELERATOR_LABEL = "kubeserve.io/accelerator-type"
 STARTUP_TIMEOUT_S = 600
 
 _NO_OP_KEYS = frozenset({"excludes", "config", "image_uri"})
-_FILE_KEYS = frozenset({"working_dir", "py_modules"})
+_FILE_KEYS = frozenset({"working_dir", "py_modules", "pip", "uv"})
 _NAME_PART = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _RESOURCE_NAME = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME_PART}")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")
@@ -170,15 +183,18 @@ def _check_runtime_env(runtime_env: Mapping[str, Any], field: str) -> None:
 
 @dataclass(frozen=True)
 class _RuntimeEnvFiles:
-    """``working_dir`` / ``py_modules`` of a runtime_env, fetched by the init container."""
+    """``working_dir`` / ``py_modules`` / packages of a runtime_env, for the init container."""
 
     working_dir: str | None
     py_modules: tuple[str, ...]
+    #: ``{"pip": ...}`` or ``{"uv": ...}`` as given (None: no packages)
+    packages: Mapping[str, Any] | None = None
 
     @property
     def python_path(self) -> str:
         roots = [f"{RUNTIME_ENV_DIR}/working_dir"] if self.working_dir else []
         roots += [f"{RUNTIME_ENV_DIR}/py_modules/{i}" for i in range(len(self.py_modules))]
+        roots += [f"{RUNTIME_ENV_DIR}/{PYTHON_ENV_LINK}"] if self.packages else []
         return ":".join(roots)
 
     def fetch_command(self) -> list[str]:
@@ -187,18 +203,25 @@ class _RuntimeEnvFiles:
             command += ["--working-dir", escape(self.working_dir)]
         for uri in self.py_modules:
             command += ["--py-module", escape(uri)]
+        if self.packages:
+            command += ["--packages", escape(json.dumps(self.packages, sort_keys=True))]
         return command
 
     def mount(self) -> Manifest:
         return {"name": _RUNTIME_ENV_VOLUME, "mountPath": RUNTIME_ENV_DIR}
 
 
-def _runtime_env_files(runtime_env: Mapping[str, Any]) -> _RuntimeEnvFiles | None:
+def _runtime_env_files(runtime_env: Mapping[str, Any], field: str) -> _RuntimeEnvFiles | None:
     working_dir = runtime_env.get("working_dir")
     modules = tuple(runtime_env.get("py_modules") or ())
-    if not working_dir and not modules:
+    try:
+        spec = package_spec(runtime_env)
+    except ValueError as err:
+        raise RenderError(f"{field}: {err}") from err
+    packages = None if spec is None else {str(spec.installer): runtime_env[spec.installer]}
+    if not working_dir and not modules and packages is None:
         return None
-    return _RuntimeEnvFiles(working_dir=working_dir or None, py_modules=modules)
+    return _RuntimeEnvFiles(working_dir=working_dir or None, py_modules=modules, packages=packages)
 
 
 # --------------------------------------------------------------------------- resources
@@ -418,7 +441,7 @@ def user_pod_spec(
     """
     _check_runtime_env(runtime_env, field)
     user_vars: Mapping[str, str] = runtime_env.get("env_vars") or {}
-    files = _runtime_env_files(runtime_env)
+    files = _runtime_env_files(runtime_env, field)
     mounts: list[Manifest] = []
     volumes: list[Manifest] = []
     if secret_mount is not None:
@@ -444,6 +467,10 @@ def user_pod_spec(
     fetch = container(
         _RUNTIME_ENV_VOLUME, main["image"], main.get("imagePullPolicy"), files.fetch_command(), []
     )
-    fetch |= {"env": environment(user_vars, {}), "volumeMounts": [files.mount()]}
+    fetch |= {
+        "env": environment(user_vars, {"UV_CACHE_DIR": f"{RUNTIME_ENV_DIR}/.uv-cache"}),
+        "volumeMounts": [files.mount()],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
     volumes.append({"name": _RUNTIME_ENV_VOLUME, "emptyDir": {}})
     return pod_spec([main], service_account, init_containers=[fetch], volumes=volumes, **fields)

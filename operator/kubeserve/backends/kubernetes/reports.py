@@ -350,6 +350,10 @@ def deployment_view_from_pods(
                 recent_failures += ended is None or now - ended < backoff.STABLE_AFTER_S
             elif terminated and not container.get("ready"):
                 last_error = f"pod {meta['name']}: exited with code {terminated.get('exitCode')}"
+        for init in status.get("initContainerStatuses") or []:
+            restarts = max(restarts, int(init.get("restartCount", 0)))
+            if (failure := _init_failure(init)) is not None:
+                last_error = f"pod {meta['name']}: {failure}"
         pod_version = (meta.get("annotations") or {}).get(contract.VERSION_ANNOTATION, "")
         replicas.append(
             ReplicaView(
@@ -366,6 +370,25 @@ def deployment_view_from_pods(
         last_error=last_error,
         failure_streak=recent_failures,
     )
+
+
+def init_failures(pod: Mapping[str, Any]) -> list[str]:
+    """Why the pod's init containers failed (a build Job's pod, say), each with its log tail."""
+    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
+    return [f for init in statuses if (f := _init_failure(init)) is not None]
+
+
+def _init_failure(init: Mapping[str, Any]) -> str | None:
+    """Why the pod's init container (runtime_env files and packages) failed, with the tail of its
+    log (its termination message), or None when it did not fail."""
+    terminated = (init.get("state") or {}).get("terminated") or (init.get("lastState") or {}).get(
+        "terminated"
+    )
+    if not terminated or terminated.get("exitCode") in (0, None):
+        return None
+    message = str(terminated.get("message") or "").strip()[-2000:]
+    what = f"the {init.get('name')} init container exited with code {terminated['exitCode']}"
+    return f"{what}: {message}" if message else what
 
 
 def _out_of_memory(pod_name: str, config: EffectiveDeployment) -> str:

@@ -29,7 +29,7 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,11 @@ class ApplicationState:
         self.policies = PolicyProcess(self._policy_launch)
         self._build_task: asyncio.Task[None] | None = None
         self._envs: dict[str, PreparedEnv] = {}
+        #: deployment environments being prepared (by runtime_env fingerprint), off the pass
+        self._env_tasks: dict[str, asyncio.Task[PreparedEnv]] = {}
+        #: what a deployment waits for while its packages are installed (the app's message)
+        self._installing = ""
+        self._install_notes: dict[str, str] = {}
         #: the instance's ``target_capacity`` and its direction, set by the controller each pass
         self.capacity: tuple[float | None, Direction | None] = (None, None)
         #: the instance's ``http_options.root_path``, set by the controller each pass (fixed
@@ -129,6 +134,10 @@ class ApplicationState:
         self, config: dict[str, Any], deployed_at: float, pickled_graph: bytes | None = None
     ) -> None:
         """``pickled_graph`` is an imperative application's graph (its digest in ``config``)."""
+        if config != self.config:  # a failed deployment environment is tried again
+            failed = [k for k, t in self._env_tasks.items() if t.done()]  # done here: failed
+            for key in failed:
+                del self._env_tasks[key]
         self.config, self.deployed_at = config, deployed_at
         self.pickled_graph = pickled_graph
         build_inputs = [config.get("import_path"), config.get("runtime_env"), config.get("args")]
@@ -183,8 +192,12 @@ class ApplicationState:
             await self._build(build_key)
 
     async def _build(self, build_key: str) -> None:
+        def installing(what: str) -> None:
+            if build_key == self._build_key:
+                self.build = BuildView("running", note=f"installing the packages of {what}")
+
         try:
-            env = await self._prepare_env(None)
+            env = await self._prepare_env(None, installing)
             child_env = self._ctx.child_env(env.env_vars, env.python_path)
             if self.pickled_graph is not None:
                 args = ["--pickled"]
@@ -221,12 +234,54 @@ class ApplicationState:
                 self.serving_graph = graph
         self._ctx.wake()
 
-    async def _prepare_env(self, deployment_env: Mapping[str, Any] | None) -> PreparedEnv:
+    def _env_key(self, deployment_env: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
         merged = runtime_envs.merge_runtime_env(self.config.get("runtime_env"), deployment_env)
-        key = effective_config.fingerprint(merged)
+        return effective_config.fingerprint(merged), merged
+
+    async def _prepare_env(
+        self,
+        deployment_env: Mapping[str, Any] | None,
+        on_install: Callable[[str], None] | None = None,
+    ) -> PreparedEnv:
+        key, merged = self._env_key(deployment_env)
         if key not in self._envs:
-            self._envs[key] = await runtime_envs.prepare(merged, self._cache_dir)
+            prepared = await runtime_envs.prepare(merged, self._cache_dir, on_install=on_install)
+            self._envs[key] = prepared
         return self._envs[key]
+
+    async def _deployment_env(
+        self, name: str, deployment_env: Mapping[str, Any] | None
+    ) -> PreparedEnv | None:
+        """The deployment's environment. One with packages not installed yet is prepared off
+        the controller's pass (an install may take minutes): None says to come back.
+        ``RuntimeEnvError`` when it failed."""
+        key, merged = self._env_key(deployment_env)
+        if key in self._envs:
+            return self._envs[key]
+        if key not in self._env_tasks and not runtime_envs.asks_for_packages(merged):
+            return await self._prepare_env(deployment_env)
+        task = self._env_tasks.get(key)
+        if task is None:
+            self._install_notes[key] = f"deployment {name!r}: preparing its runtime_env"
+
+            def installing(what: str) -> None:
+                self._install_notes[key] = f"deployment {name!r}: installing the packages of {what}"
+                self._ctx.wake()
+
+            task = asyncio.ensure_future(self._prepare_env(deployment_env, installing))
+            task.add_done_callback(lambda _: self._ctx.wake())
+            self._env_tasks[key] = task
+        if not task.done():
+            self._installing = self._installing or self._install_notes[key]
+            return None
+        if task.exception() is None:  # a failure stays (DEPLOY_FAILED) until the config changes
+            del self._env_tasks[key]
+            self._install_notes.pop(key, None)
+        return task.result()
+
+    def python_envs(self) -> set[str]:
+        """The package environments this application's current config maps to."""
+        return {env.python_env for env in self._envs.values() if env.python_env}
 
     # -- reconciliation --------------------------------------------------------------------------
     async def reconcile(self) -> None:
@@ -262,12 +317,17 @@ class ApplicationState:
             state.reconcile()
         graph_bytes = self.pickled_graph
         app_graph = None if graph_bytes is None else base64.b64encode(graph_bytes).decode()
+        self._installing = ""
+        used = {self._env_key(None)[0]}
         for name, effective in effective_config.graph_configs(self.config, wanted.values()).items():
+            used.add(self._env_key(effective.actor_runtime_env)[0])
             try:
-                env = await self._prepare_env(effective.actor_runtime_env)
+                env = await self._deployment_env(name, effective.actor_runtime_env)
             except RuntimeEnvError as exc:
                 self.config_error = f"runtime_env of deployment {name!r}: {exc}"
                 return
+            if env is None:
+                continue
             known = self.deployments.get(name) or self.retiring.pop(name, None)
             self._retire_at.pop(name, None)  # wanted again
             state = known or DeploymentState(self.name, name, self._ctx, self.uid)
@@ -293,7 +353,9 @@ class ApplicationState:
             )
             state.adopt_all(self._adoptable.pop(name, []))
             state.reconcile()
-        self.stop_adoptable()  # replicas of deployments the graph no longer has
+        if not any(not t.done() for t in self._env_tasks.values()):  # one may adopt later
+            self.stop_adoptable()  # replicas of deployments the graph no longer has
+        self._envs = {key: env for key, env in self._envs.items() if key in used}
 
     # -- custom autoscaling policies -------------------------------------------------------------
     async def _policy_launch(self) -> PolicyLaunch:
@@ -389,6 +451,8 @@ class ApplicationState:
         version serving meanwhile), as Ray's application is until its new version runs."""
         views = {name: d.view() for name, d in self.deployments.items()}
         build = BuildView("failed", self.config_error) if self.config_error else self.build
+        if build.state == "done" and self._installing:
+            build = BuildView("running", note=self._installing)
         info = application_status(build, views, deleting=self.deleting)
         if info.status == "RUNNING" and self.serving_graph is not self.graph:
             return AppStatusInfo(

@@ -28,13 +28,15 @@ from kubeserve.backends.local.limit_enforcement import Enforcement
 from kubeserve.backends.local.private_files import private_dir
 from kubeserve.backends.local.process_records import ProcessRecords
 from kubeserve.backends.local.proxy_process import ProxyProcess
+from kubeserve.backends.local.python_envs import PythonEnvCollector
 from kubeserve.backends.local.replica_context import ReplicaContext, metrics_dir
 from kubeserve.backends.local.snapshot import SnapshotPublisher
 from kubeserve.backends.local.store import IMPERATIVE, DesiredState, Store
 from kubeserve.control import autoscaling
 from kubeserve.control.autoscaling_state import CallerReports
 from kubeserve.control.replica_limits import DEFAULT_MAX_PROCESSES
-from kubeserve.runtime import channel, metrics_merge, wire
+from kubeserve.runtime import channel, metrics_merge, python_env, wire
+from kubeserve.runtime import runtime_env as runtime_envs
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES, RotatingLog
 
@@ -78,6 +80,8 @@ class LocalSettings:
     #: ``kubeserve start`` on the state directory to adopt; False (a temporary state directory,
     #: which no later start sees): they die with it
     data_plane_outlives: bool = True
+    #: an unused runtime_env package environment used less than this ago is kept (seconds)
+    python_env_keep_s: float = python_env.GC_MIN_AGE_S
 
     @property
     def database(self) -> Path:
@@ -122,6 +126,9 @@ class Controller:
         self._wake = asyncio.Event()
         #: build processes running at once, as many as replicas starting at once
         self._builds = asyncio.Semaphore(settings.max_concurrent_starts)
+        self._python_envs = PythonEnvCollector(
+            settings.cache_dir / runtime_envs.PYTHON_ENVS, self.wake, settings.python_env_keep_s
+        )
         self._session: aiohttp.ClientSession | None = None
         self._log_handler: logging.Handler | None = None
         self._ctx: ReplicaContext | None = None
@@ -349,6 +356,13 @@ class Controller:
         self._open_snapshots_once_adopted()
         self._publish(desired)
         self._autoscale()
+        self._collect_python_envs()
+
+    def _collect_python_envs(self) -> None:
+        wanted = set().union(*(app.python_envs() for app in self.apps.values()))
+        adopted = not self._adoptable and all(a.adoption_done for a in self.apps.values())
+        pids = [record.pid for record in self._ctx.records.replicas()] if self._ctx else []
+        self._python_envs.after_pass(wanted, pids, ready=adopted)
 
     def _autoscale(self) -> None:
         """Start reading the load of every autoscaling deployment whose interval has come."""

@@ -3,12 +3,13 @@
 A replica's container killed behind the kubelet's back (``ctr tasks kill``) is restarted by the
 kubelet and serves again; a stopped kubelet leaves the pods serving, and a restarted one takes them
 over without restarting any. Under steady traffic through the proxy Service, the API server down
-for a minute, etcd restarted, the kubelet restarted and the operator killed fail no request, and
-the cluster converges afterwards (a change made then reaches Ready).
+for a minute, etcd restarted, the kubelet restarted and the operator killed fail no request and
+run none twice, and the cluster converges afterwards (a change made then reaches Ready).
 """
 
 from __future__ import annotations
 
+import collections
 import time
 
 from support.common import wait_for
@@ -66,6 +67,17 @@ def test_pods_keep_serving_while_the_kubelet_restarts(
     assert restarts(node, ns) == before
 
 
+def executed_twice(node: NodeCluster, ns: str) -> dict[str, int]:
+    """Request ids ``fault_recorder``'s replica pods executed more than once (each execution is
+    a line of its ``executions-<pid>`` files)."""
+    ran: collections.Counter[str] = collections.Counter()
+    for pod in node.get("pods", namespace=ns, selector=REPLICAS)["items"]:
+        name = pod["metadata"]["name"]
+        out = node.kubectl("exec", name, "-n", ns, "--", "sh", "-c", "cat /tmp/executions-*")
+        ran.update(line.split()[0] for line in out.stdout.splitlines() if line.strip())
+    return {rid: n for rid, n in ran.items() if n > 1}
+
+
 def test_the_data_plane_serves_through_control_plane_outages(
     node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
 ) -> None:
@@ -109,10 +121,13 @@ def test_the_data_plane_serves_through_control_plane_outages(
             end = time.monotonic()
             window = [o for o in list(load.outcomes) if start <= o.started <= end]
             report[name] = (len(window), failures(window), longest_gap(window, start, end))
+    twice = executed_twice(node, ns)
     for name, (sent, failed, gap) in report.items():
         print(f"{name}: {sent} sent, failed {failed}, longest gap {gap:.2f} s")
+    print(f"executed twice, all faults: {len(twice)}")
     assert all(sent > 20 for sent, _, _ in report.values()), report
     assert {name: failed for name, (_, failed, _) in report.items() if failed} == {}
+    assert not twice, f"requests executed more than once: {list(twice.items())[:10]}"
     # Everything converges afterwards: a change made now reaches Ready.
     node.apply(recorder(ns, 3))
     wait_for(lambda: settled(node, ns, 3, set()), 180, what="the third replica Ready")

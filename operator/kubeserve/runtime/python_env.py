@@ -335,8 +335,9 @@ async def _run(
     if proc.returncode != 0:
         tail = "\n".join(text.strip().splitlines()[-_TAIL_LINES:])
         what = "checking" if python_path else "installing"
+        how = "" if python_path else " with uv"  # the installer, named for whoever reads the tail
         raise PythonEnvError(
-            f"{what} {plan.describe()} failed (exit code {proc.returncode}):\n{tail}"
+            f"{what} {plan.describe()}{how} failed (exit code {proc.returncode}):\n{tail}"
         )
 
 

@@ -67,6 +67,14 @@ out = {
     == os.getpid(),
 }
 multiplier = serve.get_deployment_handle("Multiplier", "local")
+
+
+def cancelled():
+    response = multiplier.slow.remote()
+    response.cancel()
+    return response.result()
+
+
 calls = {  # each raises in the caller what Ray's local testing mode raises: type and message
     "raised": lambda: multiplier.refuse.remote(1).result(),
     "raised_through_ingress": lambda: handle.remote("x").result(),
@@ -74,6 +82,7 @@ calls = {  # each raises in the caller what Ray's local testing mode raises: typ
     "generator_not_streamed": lambda: multiplier.count.remote(2).result(),
     "streamed_not_generator": lambda: list(multiplier.options(stream=True).times.remote(2)),
     "timeout": lambda: multiplier.slow.remote().result(timeout_s=0.1),
+    "cancelled": cancelled,
 }
 out["errors"] = {}
 for case, call in calls.items():

@@ -54,5 +54,6 @@ def test_a_driver_runs_its_application_in_process_without_an_instance(tmp_path: 
                 "a generator.",
             ],
             "timeout": ["TimeoutError", "Timed out waiting for result."],
+            "cancelled": ["RequestCancelledError", "Request was cancelled."],
         },
     }

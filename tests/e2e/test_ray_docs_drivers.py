@@ -79,6 +79,8 @@ def test_a_deployments_error_is_caught_as_its_own_type_and_as_ray_task_error(
 ) -> None:
     out = run_docs_driver(ks, "driver_api.py", "compat", tmp_path)
     assert "caught ValueError" in out and "caught RayTaskError" in out
+    # a call its caller cancelled: Ray's RequestCancelledError, as in local testing mode
+    assert "caught RequestCancelledError: Request was cancelled." in out
 
 
 def scrape(ks: Kubeserve) -> list[tuple[str, dict[str, str], float]]:

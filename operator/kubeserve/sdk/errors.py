@@ -1,10 +1,28 @@
 """Errors user code can see from the SDK."""
 
-from kubeserve.sdk.ray_errors import ActorDiedError
+from kubeserve.sdk.ray_errors import ActorDiedError, TaskCancelledError
 
 
 class KubeserveError(Exception):
     """Base of every error kubeserve raises into user code."""
+
+
+class RayServeException(KubeserveError):
+    """Base of Ray Serve's errors (``ray.serve.exceptions.RayServeException``)."""
+
+
+class RequestCancelledError(RayServeException, TaskCancelledError):
+    """A handle call its caller cancelled (``response.cancel()``), raised by ``.result()`` and
+    ``await`` as Ray 2.60 raises it, in either mode (``ray.serve.exceptions``)."""
+
+    def __init__(self, request_id: str | None = None) -> None:
+        super().__init__(request_id)
+        self._request_id = request_id
+
+    def __str__(self) -> str:
+        if self._request_id:
+            return f"Request {self._request_id} was cancelled."
+        return "Request was cancelled."
 
 
 class DeploymentUnavailableError(KubeserveError):

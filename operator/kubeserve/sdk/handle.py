@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Coroutine, Generator, Iterator
 from typing import Any
 
 from kubeserve.sdk import context
+from kubeserve.sdk.errors import RequestCancelledError
 from kubeserve.sdk.transport import get_transport, transport_loop
 
 _CALL = "__call__"
@@ -64,9 +65,10 @@ class DeploymentResponse:
     """The pending result of a handle call; ``await`` it for the value or the callee's exception,
     or call :meth:`result` from synchronous code running outside the event loop."""
 
-    __slots__ = ("_coro", "_future", "_task")
+    __slots__ = ("_cancelled", "_coro", "_future", "_task")
 
     def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self._cancelled = False
         self._coro: Coroutine[Any, Any, Any] | None = coro
         self._task: asyncio.Future[Any] | None = None
         self._future: concurrent.futures.Future[Any] | None = None
@@ -80,6 +82,8 @@ class DeploymentResponse:
             self._start()
 
     def _start(self) -> asyncio.Future[Any]:
+        if self._task is None and self._future is None and self._coro is None:
+            raise RequestCancelledError()  # cancelled before it was started
         if self._task is None:
             if self._future is not None:
                 self._task = asyncio.wrap_future(self._future)
@@ -90,7 +94,12 @@ class DeploymentResponse:
         return self._task
 
     def __await__(self) -> Generator[Any, None, Any]:
-        return self._start().__await__()
+        try:
+            return (yield from self._start().__await__())
+        except asyncio.CancelledError:
+            if self._cancelled:  # cancelled by its caller, not the awaiting task: Ray's error
+                raise RequestCancelledError() from None
+            raise
 
     def result(self, *, timeout_s: float | None = None) -> Any:
         """Block until the result is there (raises :class:`TimeoutError` after ``timeout_s``,
@@ -101,6 +110,8 @@ class DeploymentResponse:
         """
         if _running_loop() is not None:
             raise RuntimeError(_SYNC_IN_LOOP)
+        if self._future is None and self._task is None and self._coro is None:
+            raise RequestCancelledError()  # cancelled before it was started
         if self._future is None:
             if self._task is not None:  # started on a loop that is not running here
                 task = self._task
@@ -113,13 +124,17 @@ class DeploymentResponse:
                 )
         try:
             return self._future.result(timeout_s)
+        except concurrent.futures.CancelledError:
+            raise RequestCancelledError() from None
         except concurrent.futures.TimeoutError:
             if not self._future.done():  # a callee's own TimeoutError goes through as it is
                 raise TimeoutError("Timed out waiting for result.") from None
             raise
 
     def cancel(self) -> None:
-        """Stop waiting for the result (the replica may still run the call)."""
+        """Stop waiting for the result (the replica may still run the call): ``.result()`` and
+        ``await`` raise :class:`~kubeserve.sdk.errors.RequestCancelledError`, as in Ray."""
+        self._cancelled = True
         if self._task is not None:
             self._task.cancel()
         elif self._future is not None:

@@ -1,9 +1,12 @@
 # The driver's API: two applications by name and route, handles to them from the driver
 # (serve.get_app_handle, serve.get_deployment_handle, .remote().result()), serve.status(),
-# errors raised by a deployment caught around .result(), and serve.delete.
+# errors raised by a deployment caught around .result(), a cancelled call, and serve.delete.
+import time
+
 import requests
 from ray import serve
 from ray.exceptions import RayTaskError
+from ray.serve.exceptions import RequestCancelledError
 from ray.serve.handle import DeploymentHandle
 
 
@@ -13,6 +16,10 @@ class Checker:
         if value < 0:
             raise ValueError(f"negative value: {value}")
         return value
+
+    def slow(self) -> str:
+        time.sleep(2)
+        return "done"
 
 
 @serve.deployment
@@ -53,6 +60,15 @@ except RayTaskError as e:
     assert isinstance(e.cause, ValueError)
     assert "Checker.check()" in str(e), "the text names where it was raised"
     print("caught RayTaskError:", type(e).__name__)
+
+response = checker.slow.remote()
+response.cancel()
+try:
+    response.result()
+except RequestCancelledError as e:
+    print("caught RequestCancelledError:", e)
+else:
+    raise AssertionError("expected a RequestCancelledError")
 
 statuses = serve.status().applications
 assert statuses["checked"].status == "RUNNING"

@@ -16,7 +16,7 @@ from typing import Any
 
 from kubeserve.compat.ray import not_provided
 from kubeserve.sdk.errors import DeploymentUnavailableError as _KubeserveUnavailable
-from kubeserve.sdk.errors import KubeserveError
+from kubeserve.sdk.errors import RayServeException, RequestCancelledError
 from kubeserve.sdk.grpc_context import GrpcStatusError
 
 __all__ = [
@@ -27,10 +27,6 @@ __all__ = [
     "RequestCancelledError",
     "gRPCStatusError",
 ]
-
-
-class RayServeException(KubeserveError):
-    """Base of Ray Serve's errors."""
 
 
 class BackPressureError(RayServeException):
@@ -49,17 +45,6 @@ class BackPressureError(RayServeException):
 
     def __str__(self) -> str:
         return self._message
-
-
-class RequestCancelledError(RayServeException):
-    """The request was cancelled."""
-
-    def __init__(self, request_id: str | None = None) -> None:
-        super().__init__(request_id)
-        self._request_id = request_id
-
-    def __str__(self) -> str:
-        return f"Request {self._request_id} was cancelled."
 
 
 class DeploymentUnavailableError(RayServeException, _KubeserveUnavailable):

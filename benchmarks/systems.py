@@ -204,6 +204,9 @@ class RayServe(ServeSystem):
             "PYTHONPATH": str(BENCH_DIR),
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_ADDRESS": "",
+            # a ~/.ray/auth_token left by any earlier Ray run turns Ray 2.60's token auth on, and
+            # the bench's HTTP clients carry no token: the head runs without, as by default
+            "RAY_AUTH_MODE": "disabled",
         }
 
     def driver(self, script: Path) -> tuple[list[str], dict[str, str]]:

@@ -119,8 +119,14 @@ def test_collection_removes_unused_entries_and_leftovers_only(tmp_path: Path) ->
 def test_envs_named_on_a_running_processs_pythonpath(tmp_path: Path) -> None:
     site = tmp_path / "abc123" / "site"
     env = {**os.environ, "PYTHONPATH": f"/elsewhere:{site}"}
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "print('up', flush=True); import time; time.sleep(30)"],
+        env=env,
+        stdout=subprocess.PIPE,
+    )
     try:
+        # until it has exec'd, the child's /proc environ is the parent's (fork): wait for it
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
         assert python_env.envs_in_environ([proc.pid, 999_999_999], tmp_path) == {"abc123"}
     finally:
         proc.kill()

@@ -82,4 +82,7 @@ def test_a_roll_keeps_within_the_surge_and_the_availability_and_fails_no_request
         assert max(live) == most, seen
         assert min(running) >= fewest, seen
     finally:
-        ks.shutdown()
+        try:
+            ks.shutdown()
+        finally:
+            ks.stop()  # the instance itself too, not only its applications

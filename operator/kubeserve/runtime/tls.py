@@ -96,13 +96,7 @@ def server_context(files: TLSFiles) -> ssl.SSLContext:
     """A server context serving ``files``; :class:`TLSFileError` names the field at fault."""
     for path, field in ((files.certfile, "ssl_certfile"), (files.keyfile, "ssl_keyfile")):
         _readable(path, field)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        context.load_verify_locations(cafile=files.certfile)
-    except ssl.SSLError as exc:
-        raise TLSFileError(
-            "ssl_certfile", f"ssl_certfile {files.certfile!r} holds no PEM certificate: {exc}"
-        ) from None
+    _load_certificates(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), files.certfile, "ssl_certfile")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         context.load_cert_chain(files.certfile, files.keyfile, lambda: _no_prompt(files.password))
@@ -110,14 +104,18 @@ def server_context(files: TLSFiles) -> ssl.SSLContext:
         raise _key_error(files, exc) from None
     if files.ca_certs:
         _readable(files.ca_certs, "ssl_ca_certs")
-        try:
-            context.load_verify_locations(cafile=files.ca_certs)
-        except ssl.SSLError as exc:
-            raise TLSFileError(
-                "ssl_ca_certs", f"ssl_ca_certs {files.ca_certs!r} holds no PEM certificate: {exc}"
-            ) from None
+        _load_certificates(context, files.ca_certs, "ssl_ca_certs")
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def _load_certificates(context: ssl.SSLContext, path: str, field: str) -> None:
+    """Load the PEM certificates of ``path`` as trusted; :class:`TLSFileError` at ``field`` when
+    it holds none."""
+    try:
+        context.load_verify_locations(cafile=path)
+    except ssl.SSLError as exc:
+        raise TLSFileError(field, f"{field} {path!r} holds no PEM certificate: {exc}") from None
 
 
 def _key_error(files: TLSFiles, exc: ssl.SSLError) -> TLSFileError:

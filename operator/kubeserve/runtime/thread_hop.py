@@ -51,7 +51,7 @@ from _thread import LockType, allocate_lock
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["BLOCKED_AFTER_S", "ThreadHop", "run_sync"]
+__all__ = ["BLOCKED_AFTER_S", "ThreadHop", "current_hop", "run_sync"]
 
 #: How long queued work waits, with no call taken meanwhile, before one more worker is woken.
 BLOCKED_AFTER_S = 0.002
@@ -77,11 +77,14 @@ class ThreadHop:
         self._check: asyncio.TimerHandle | None = None
         self._wake_scheduled = False
         self._drain_scheduled = False
+        self._last: asyncio.Future[Any] | None = None  # the future run() returned last
+        #: continuations run by the drain right after their future's result is set
+        self._then: dict[asyncio.Future[Any], Callable[[], object]] = {}
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
         """A future of ``fn(*args, **kwargs)`` run in a worker thread, in a copy of the current
         context. Call from the loop's thread."""
-        future = self.loop.create_future()
+        future = self._last = self.loop.create_future()
         self._work.append((future, contextvars.copy_context(), fn, args, kwargs))
         if len(self._idle) == self._threads and not self._wake_scheduled:
             # No worker awake: wake one once this poll's callbacks have queued their calls.
@@ -91,6 +94,18 @@ class ThreadHop:
             self._taken_seen = self._taken
             self._check = self.loop.call_later(BLOCKED_AFTER_S, self._blocked_check)
         return future
+
+    def then(self, future: asyncio.Future[Any], continuation: Callable[[], object]) -> bool:
+        """Have ``continuation()`` called by the drain right after ``future`` gets its outcome,
+        in the same callback: no done-callback scheduled, no task stepped a loop iteration
+        later. Only for the future :meth:`run` returned last, and only while nothing else
+        awaits it (a coroutine stepped by hand, its caller being the continuation); False, and
+        nothing registered, for any other awaitable."""
+        if future is not self._last:
+            return False
+        self._last = None
+        self._then[future] = continuation
+        return True
 
     def _scheduled_wake(self) -> None:
         self._wake_scheduled = False
@@ -162,18 +177,32 @@ class ThreadHop:
 
     def _drain(self) -> None:
         self._drain_scheduled = False
-        done = self._done
+        done, then = self._done, self._then
         while done:
             future, ok, value = done.popleft()
+            continuation = then.pop(future, None) if then else None
             if future.cancelled():
-                continue
-            if ok:
+                pass
+            elif ok:
                 future.set_result(value)
             else:
                 future.set_exception(value)
+            if continuation is not None:
+                try:
+                    continuation()
+                except BaseException:  # (a continuation handles its Exceptions) the rest: later
+                    if done and not self._drain_scheduled:
+                        self._drain_scheduled = True
+                        self.loop.call_soon(self._drain)
+                    raise
 
 
 _hop: ThreadHop | None = None
+
+
+def current_hop() -> ThreadHop | None:
+    """This process's :class:`ThreadHop`, if a call was run on one yet."""
+    return _hop
 
 
 def run_sync(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import time
 from collections import deque
@@ -60,6 +61,7 @@ from kubeserve.runtime.http_connection import (
     head_too_large,
 )
 from kubeserve.runtime.limits import RequestLimits
+from kubeserve.runtime.thread_hop import current_hop
 from kubeserve.runtime.websocket import (
     GOING_AWAY,
     PING_INTERVAL_S,
@@ -382,13 +384,36 @@ class _Connection(ServerConnection):
                 yielded = context.run(coro.send, None)
             except StopIteration:
                 continue
-            self.task = self.loop.create_task(_resume(coro, yielded, self._next), context=context)
+            self._wait(coro, context, yielded)
             return
         self.serving = None
         if self.ws_request is not None:  # a WebSocket handshake pipelined behind requests
             self._start_websocket()
             return
         self.idle_since = self.loop.time()
+
+    def _wait(
+        self, coro: Coroutine[Any, Any, None], context: contextvars.Context, yielded: Any
+    ) -> None:
+        """The handler stepped by hand waits for ``yielded``. Handler waiting on a worker thread
+        (a sync method: the common wait): the thread hop steps it on in the very callback that
+        completes the call (no task, no loop iteration in between). Any other wait: a task
+        finishes it."""
+        hop = current_hop()
+        if hop is None or not hop.then(yielded, functools.partial(self._after_hop, coro, context)):
+            self.task = self.loop.create_task(_resume(coro, yielded, self._next), context=context)
+
+    def _after_hop(self, coro: Coroutine[Any, Any, None], context: contextvars.Context) -> None:
+        """The worker thread's call the handler waited for is complete: step it on."""
+        try:
+            yielded = context.run(coro.send, None)
+        except StopIteration:
+            self._next()
+            return
+        except BaseException:
+            self._next()
+            raise
+        self._wait(coro, context, yielded)
 
     async def _serve(self, request: HttpRequest) -> None:
         try:

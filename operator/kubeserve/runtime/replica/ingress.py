@@ -9,6 +9,7 @@ start to the last chunk of its answer (a WebSocket: for as long as it is open).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
@@ -167,8 +168,8 @@ class Ingress:
                 result = await self._http_target(*args)
             elif self._http_plain:
                 result = await run_sync(self._http_target, *args)
-                if inspect.isawaitable(result):
-                    result = await result
+                if inspect.isawaitable(result):  # in a task of its own (see invoke)
+                    result = await asyncio.ensure_future(result)
             else:
                 result = await self._state.run(self._http_target, *args)
             if type(result) is str:  # the common case, without building a Response first

@@ -8,6 +8,7 @@ client sees.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import inspect
@@ -76,7 +77,9 @@ async def invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)  # runs nothing of the body: its steps run where iterated
     result = await run_sync(fn, *args, **kwargs)
     if inspect.isawaitable(result):
-        result = await result
+        # In a task of its own: the caller may be a handler stepped by hand, in no task (see
+        # ThreadHop.then), and asyncio.timeout or a TaskGroup in the awaitable need one.
+        result = await asyncio.ensure_future(result)
     return result
 
 

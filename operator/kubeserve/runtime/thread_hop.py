@@ -47,7 +47,7 @@ import collections
 import contextvars
 import os
 import threading
-from _thread import LockType, allocate_lock
+from _thread import LockType, allocate_lock, get_ident
 from collections.abc import Callable
 from typing import Any
 
@@ -66,6 +66,7 @@ class ThreadHop:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_workers: int | None = None) -> None:
         self.loop = loop
+        self.thread = get_ident()  # the loop's thread (a hop is made by a call on its loop)
         self.max_workers = max_workers or min(32, (os.cpu_count() or 1) + 4)
         self._work: collections.deque[_Work] = collections.deque()
         self._done: collections.deque[tuple[asyncio.Future[Any], bool, Any]] = collections.deque()
@@ -101,7 +102,7 @@ class ThreadHop:
         later. Only for the future :meth:`run` returned last, and only while nothing else
         awaits it (a coroutine stepped by hand, its caller being the continuation); False, and
         nothing registered, for any other awaitable."""
-        if future is not self._last:
+        if future is not self._last or future is None:  # (None: a bare yield, sleep(0))
             return False
         self._last = None
         self._then[future] = continuation
@@ -209,8 +210,11 @@ def run_sync(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Futur
     """``asyncio.to_thread(fn, *args, **kwargs)`` on this process's :class:`ThreadHop` for the
     running loop (one per loop: a new loop, in tests, gets a new one)."""
     global _hop
-    loop = asyncio.get_running_loop()
     hop = _hop
-    if hop is None or hop.loop is not loop:
-        hop = _hop = ThreadHop(loop)
+    # The hop's loop is the running one when it runs in this thread (one loop runs per thread):
+    # asked without asyncio.get_running_loop(), a getpid() system call per call on Python 3.11.
+    if hop is None or hop.thread != get_ident() or not hop.loop.is_running():
+        loop = asyncio.get_running_loop()
+        if hop is None or hop.loop is not loop:
+            hop = _hop = ThreadHop(loop)
     return hop.run(fn, *args, **kwargs)

@@ -168,7 +168,7 @@ class Ingress:
                 result = await self._http_target(*args)
             elif self._http_plain:
                 result = await run_sync(self._http_target, *args)
-                if inspect.isawaitable(result):  # in a task of its own (see invoke)
+                if type(result) is not str and inspect.isawaitable(result):  # (see invoke)
                     result = await asyncio.ensure_future(result)
             else:
                 result = await self._state.run(self._http_target, *args)

@@ -27,7 +27,12 @@ the caller's context, exceptions raised in the caller) and pays less:
   spread over up to ``max_workers`` threads within a few milliseconds, and calls that do not block
   never wake a second thread to fight the first for the GIL;
 * results go into a deque and the loop is woken once per *batch*: a worker schedules a drain only
-  when none is pending, and the drain completes every result that arrived meanwhile.
+  when none is pending, and the drain completes every result that arrived meanwhile;
+* a caller that steps its coroutine by hand (the replica's HTTP server, see :meth:`ThreadHop.then`)
+  has the drain step it on right after setting the result: no task per request and no loop
+  iteration between the result and the response;
+* :func:`run_sync` finds the hop of the running loop without ``asyncio.get_running_loop()``, which
+  makes a ``getpid()`` system call on Python 3.11.
 
 Invariants: a call is run exactly once, by one worker. Each worker's sleep lock is held whenever
 the worker is running or listed in ``_idle``, and only the one who takes it off the list (under

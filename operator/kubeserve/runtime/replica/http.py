@@ -8,7 +8,9 @@ request, costing more CPU than the no-op user code it serves. Here a request is 
 The tricks, each marked where it is used:
 
 * **Handler run eagerly**: the handler coroutine is stepped inside ``data_received``; a task is
-  created only when it actually waits (a sync user method never needs one).
+  created only when it actually waits on the loop. A sync user method never needs one: its
+  worker thread's result steps the coroutine on from the callback that delivers it
+  (:meth:`~kubeserve.runtime.thread_hop.ThreadHop.then`).
 * **Write coalescing**: status line, headers and body go out in one ``writelines`` (one syscall).
 * **Cached Date header**, re-formatted once per second instead of per response.
 * **Lazy connection timer**: one timer per connection that re-arms itself, instead of a timer

@@ -98,6 +98,16 @@ class Echo:
     def add(self, a: int, b: int = 0) -> int:
         return a + b
 
+    def later(self) -> Any:
+        """A plain method returning a coroutine: awaited in a task (asyncio.timeout needs one)."""
+
+        async def within_a_timeout() -> bool:
+            async with asyncio.timeout(5):
+                await asyncio.sleep(0)
+            return asyncio.current_task() is not None
+
+        return within_a_timeout()
+
     async def fail(self) -> None:
         raise KeyError("missing thing")
 

@@ -288,6 +288,7 @@ def test_metrics_count_requests(echo: ReplicaProcess) -> None:
 
 def test_handle_calls(echo: ReplicaProcess) -> None:
     assert echo.call("add", 2, b=40) == (200, 42)
+    assert echo.call("later") == (200, True)  # a coroutine a plain method returns: in a task
     status, error = echo.call("fail")
     assert status == 500  # Ray's RayTaskError: the cause, and the traceback of where it ran
     assert isinstance(error, RayTaskError) and error.cause.args == ("missing thing",)

@@ -34,6 +34,8 @@ PROXIES = "app.kubernetes.io/component=proxy"
 #: the kubelet's Secret-volume sync (its syncFrequency on this node is 10 s, plus jitter and the
 #: proxy's 2 s poll); generous for a busy machine
 DELIVERY_S = 150
+#: longer than the proxy's liveness probe takes to fail (3 failures 10 s apart) and restart it
+LIVENESS_KILL_S = 50
 
 
 def serving_name(ns: str) -> str:
@@ -207,18 +209,38 @@ def test_https_through_the_proxy_service_a_renewal_under_load_and_bad_secrets(
     third, other = ca.issue("third", hosts=hosts), ca.issue("other", hosts=hosts)
     expired = ca.issue("expired", hosts=hosts, expired=True)
     bad = [
-        ({"tls.crt": third.cert, "tls.key": other.key, "ca.crt": ca.path}, "is not the key of"),
         (cert_manager_files(ca, expired), "tls.crt: ssl_certfile 'tls.crt' expired on"),
+        ({"tls.crt": third.cert, "tls.key": other.key, "ca.crt": ca.path}, "is not the key of"),
     ]
     for files, cause in bad:
         refused(node, ns, proxy, files, cause)
         assert presents(tls, ip, second), f"the proxy stopped serving after: {cause}"
     assert proxy_pods(node, ns) == {proxy: 0}
 
+    # a proxy pod started on the bad Secret (rescheduled, say) waits for it, not Ready, and the
+    # kubelet does not restart it meanwhile
+    node.kubectl("delete", "pod", proxy, "-n", ns)
+    (waiting,) = wait_for(lambda: proxy_pods(node, ns), 60, what="a new proxy pod")
+    stays_waiting(node, ns, waiting, LIVENESS_KILL_S)
+    assert instance_condition(node, ns)["reason"] == "InvalidTLS"
+
     node.apply(tls_secret(ns, SECRET, cert_manager_files(ca, third)))
     running_again(node, ns)
     wait_for(lambda: presents(tls, ip, third), DELIVERY_S, interval_s=1, what="the good Secret")
-    assert proxy_pods(node, ns) == {proxy: 0}
+    assert proxy_pods(node, ns) == {waiting: 0}
+
+
+def stays_waiting(node: NodeCluster, ns: str, pod: str, seconds: float) -> None:
+    """For ``seconds`` the proxy pod ``pod`` runs, not Ready, and is not restarted."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        obj = node.get("pod", pod, ns)
+        restarts = sum(c["restartCount"] for c in obj["status"].get("containerStatuses", []))
+        assert restarts == 0, f"the waiting proxy was restarted: {obj['status']}"
+        conditions = {c["type"]: c["status"] for c in obj["status"].get("conditions", [])}
+        assert conditions.get("Ready") != "True", "a proxy without loadable TLS files is Ready"
+        time.sleep(2)  # observing that nothing happens for a while: there is no event to wait on
+    assert "not listening until the TLS files load" in node.pod_log(ns, pod)
 
 
 def test_a_secret_without_tls_key_then_client_certificates_required(

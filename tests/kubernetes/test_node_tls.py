@@ -136,8 +136,10 @@ def refused(node: NodeCluster, ns: str, proxy: str, files: dict[str, Path], caus
     ``InvalidTLS`` naming ``cause``, and the proxy pod ``proxy``, once the kubelet delivered the
     files, logs that they do not load."""
     refusals = node.pod_log(ns, proxy).count("do not load")
+    applied = time.monotonic()
     node.apply(tls_secret(ns, SECRET, files))
     condition = invalid_tls(node, ns, cause)
+    print(f"InvalidTLS ({cause}) {time.monotonic() - applied:.1f} s after the Secret update")
     assert condition["status"] == "False"
     assert condition["message"].startswith(f"spec.tls.secretName '{SECRET}': ")
     wait_for(lambda: delivered(node, ns, proxy, "tls.crt", files["tls.crt"]),
@@ -260,8 +262,10 @@ def test_a_secret_without_tls_key_then_client_certificates_required(
     assert proxy_pods(node, ns) == {}
 
     node.kubectl("delete", "secret", SECRET, "-n", ns)  # a Secret's type cannot change
+    fixed = time.monotonic()
     node.apply(tls_secret(ns, SECRET, cert_manager_files(ca, server)))
     running_again(node, ns)
+    print(f"the instance Ready {time.monotonic() - fixed:.1f} s after the Secret was fixed")
     ip = cluster_ip(node, ns)
     member = client(ca, ns, ca.issue("member", client=True))
     wait_for(

@@ -27,6 +27,8 @@ from kubeserve.runtime.replica.state import ReplicaState, shutting_down
 from kubeserve.runtime.replica.user_code import (
     error_text,
     generator_not_streamed,
+    invoke,
+    is_plain_function,
     iterate,
     not_a_generator,
 )
@@ -61,6 +63,24 @@ class Control:
         self.route_prefix = str(state.config.get("route_prefix") or "")
         self._on_route_prefix = on_route_prefix
         self._reconfigure_lock = asyncio.Lock()
+        self._plain: dict[str, bool] = {}  # per method name: a plain def (see steps_by_hand)
+
+    def steps_by_hand(self, request: HttpRequest) -> bool:
+        """Whether ``request`` may run outside a task (see ``ReplicaHttpServer``): only a handle
+        call of a plain ``def`` (a worker thread runs it) and the metrics; anything that may run
+        a user coroutine (an ``async def`` method, a stream, ``check_health``, ``reconfigure``)
+        gets a task."""
+        path = request.path
+        if path.startswith(wire.CALL_PREFIX):
+            name = path[len(wire.CALL_PREFIX) :]
+            plain = self._plain.get(name)
+            if plain is None:
+                method = self._state.user.method(name)
+                if method is None:
+                    return True  # answered 404 by kubeserve's own code
+                plain = self._plain[name] = is_plain_function(method) and self._state.run is invoke
+            return plain
+        return path == wire.METRICS_PATH
 
     async def handle(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
         """Internal endpoints (a ``CONTROL`` connection): handle calls, health, reconfigure."""

@@ -165,6 +165,8 @@ class StreamedResponse:
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse | StreamedResponse]]
+#: whether a request may be stepped by hand, outside a task (see ReplicaHttpServer)
+StepsByHand = Callable[[HttpRequest], bool]
 #: Serves a WebSocket handshake ``request`` on its ``session``: None once the session was served
 #: (accepted, or refused by the app), or the HTTP answer to give instead of a socket.
 WebSocketHandler = Callable[[HttpRequest, WebSocketSession], Awaitable[HttpResponse | None]]
@@ -207,12 +209,14 @@ class ReplicaHttpServer:
         limits: RequestLimits | None = None,
         websocket: WebSocketHandler | None = None,
         websocket_ping_interval_s: float | None = PING_INTERVAL_S,
+        steps_by_hand: dict[Role, StepsByHand] | None = None,
     ) -> None:
         if secret is not None and (control is None or not identity):
             raise ValueError("an authenticating server needs a control handler and an identity")
         self.handlers: dict[Role, Handler] = {Role.INGRESS: handler}
         if control is not None:
             self.handlers[Role.CONTROL] = control
+        self.steps_by_hand = steps_by_hand or {}
         self.websocket = websocket
         self.websocket_ping_interval_s = websocket_ping_interval_s
         self.secret = secret
@@ -249,6 +253,7 @@ class _Connection(ServerConnection):
         super().__init__(server.limits, server.keep_alive_timeout_s, server.connections)
         self.server = server
         self.handler = server.handlers[role]
+        self.by_hand = server.steps_by_hand.get(role)
         self.ingress = role is Role.INGRESS
         # The request being parsed, and requests parsed but not yet served (pipelining).
         self.in_message = False
@@ -382,6 +387,11 @@ class _Connection(ServerConnection):
             # never leak from one request into the next.
             coro = self._serve(request)
             context = self.server.context.copy()
+            if self.by_hand is not None and not self.by_hand(request):
+                # User coroutines run in a task from their first step, as Ray runs requests:
+                # asyncio.timeout, a TaskGroup, aiohttp's and anyio's timeouts need one.
+                self.task = self.loop.create_task(_run(coro, self._next), context=context)
+                return
             try:
                 yielded = context.run(coro.send, None)
             except StopIteration:
@@ -614,6 +624,14 @@ def internal_error(request_id: str, *, close: bool = False) -> HttpResponse:
     return HttpResponse(
         500, b"Internal Server Error (request id %s)" % request_id.encode(), close=close
     )
+
+
+async def _run(coro: Coroutine[Any, Any, None], then: Callable[[], None]) -> None:
+    """Run a request's coroutine in the task this is; ``then()`` once it is done."""
+    try:
+        await coro
+    finally:
+        then()
 
 
 async def _resume(coro: Coroutine[Any, Any, None], yielded: Any, then: Callable[[], None]) -> None:

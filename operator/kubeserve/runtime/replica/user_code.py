@@ -31,6 +31,7 @@ __all__ = [
     "invoke",
     "invoke_on_loop",
     "is_async_callable",
+    "is_plain_function",
     "iterate",
     "not_a_generator",
     "takes_arguments",
@@ -52,6 +53,16 @@ def is_async_callable(fn: Any) -> bool:
         not inspect.isroutine(fn)
         and callable(fn)
         and inspect.iscoroutinefunction(type(fn).__call__)
+    )
+
+
+def is_plain_function(fn: Any) -> bool:
+    """Whether ``fn`` is a plain ``def`` (no coroutine, no generator of either kind): its body
+    runs on a worker thread, so a request for it may be stepped outside a task."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return not (
+        is_async_callable(fn) or inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn)
     )
 
 

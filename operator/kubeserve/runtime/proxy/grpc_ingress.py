@@ -5,14 +5,14 @@ HTTP-only proxy never imports grpcio. What Ray documents, done the same way:
 
 * each servicer function (``user_pb2_grpc.add_FooServicer_to_server``) is imported in the proxy
   and called with a stand-in servicer and a recorder, which keeps the method handlers it
-  registers: their request deserializers (the user's message types) are the proxy's, the
-  servicer's methods never run here;
+  registers: their request deserializers (the user's message types) parse the requests on the
+  replica (the proxy forwards the bytes it received), the servicer's methods never run here;
 * a call of ``/pkg.Service/Method`` goes to the ingress deployment of the application the
   ``application`` metadata names (any application when only one has a route), as a handle call
   of the deployment's method ``Method`` with the request message; the replica answers with the
-  :class:`~kubeserve.sdk.grpc_context.RayServegRPCContext` it was given (status code, details,
-  trailing metadata the method set) and the response message already serialized, which is sent
-  as is (no response serializer here);
+  :class:`~kubeserve.sdk.grpc_context.RayServegRPCContext` it was given when the method changed
+  it (status code, details, trailing metadata; else ``None``: the proxy applies its own copy)
+  and the response message already serialized, which is sent as is (no response serializer);
 * ``request_id`` and ``multiplexed_model_id`` metadata reach the replica as the request id and
   the multiplexed model of the call; the request id comes back as a trailer;
 * every kind of method: unary and server-streaming ones as handle calls; client-streaming and
@@ -39,6 +39,7 @@ the proxy's router, so HTTP and gRPC requests are counted against the same
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import time
@@ -229,23 +230,19 @@ class GrpcIngress:
     def _method_handler(
         self, name: str, full: str, method: grpc.RpcMethodHandler
     ) -> grpc.RpcMethodHandler:
-        """Ours for one recorded method: its request deserializer, no response serializer (the
-        replica sends the message serialized)."""
-        deserializer = method.request_deserializer
+        """Ours for one recorded method. Neither serializer: requests stay bytes here and are
+        parsed on the replica (:class:`_Unparsed`), answers come serialized from it."""
+        parse = method.request_deserializer
         inputs = method.request_streaming
         if method.response_streaming:
-            streamed = self._stream_handler(name, full, inputs)
-            make = (
-                grpc.stream_stream_rpc_method_handler
-                if inputs
-                else grpc.unary_stream_rpc_method_handler
-            )
-            return make(streamed, request_deserializer=deserializer)
-        unary = self._unary_handler(name, full, inputs)
-        make = (
-            grpc.stream_unary_rpc_method_handler if inputs else grpc.unary_unary_rpc_method_handler
-        )
-        return make(unary, request_deserializer=deserializer)
+            streamed = self._stream_handler(name, full, parse, inputs)
+            if inputs:
+                return grpc.stream_stream_rpc_method_handler(streamed)
+            return grpc.unary_stream_rpc_method_handler(streamed)
+        unary = self._unary_handler(name, full, parse, inputs)
+        if inputs:
+            return grpc.stream_unary_rpc_method_handler(unary)
+        return grpc.unary_unary_rpc_method_handler(unary)
 
     async def _list_applications(self, request: bytes, grpc_context: Any) -> bytes:
         started = time.perf_counter()
@@ -266,7 +263,9 @@ class GrpcIngress:
         self._record(HEALTHZ, "", "", grpc_context.code(), started)
         return _string_field(1, message)  # HealthzResponse { string message = 1; }
 
-    def _unary_handler(self, method: str, full: str, inputs: bool) -> Callable[[Any, Any], Any]:
+    def _unary_handler(
+        self, method: str, full: str, parse: Parse, inputs: bool
+    ) -> Callable[[Any, Any], Any]:
         """A method with one answer; ``inputs``: its request is the client's stream."""
 
         async def unary(request: Any, grpc_context: Any) -> bytes:
@@ -278,7 +277,7 @@ class GrpcIngress:
             code = grpc.StatusCode.OK
             self.metrics.in_flight += 1
             try:
-                async with asyncio.timeout(self.options.request_timeout_s):
+                async with self._deadline():
                     if inputs:
                         reply, payload = await _only(
                             self.client.stream(  # type: ignore[arg-type]
@@ -289,7 +288,7 @@ class GrpcIngress:
                                 {},
                                 model_id=model_id,
                                 options={"grpc": ctx, "unary": True},
-                                inputs=request,
+                                inputs=_unparsed_stream(parse, request),
                             )
                         )
                     else:
@@ -297,12 +296,12 @@ class GrpcIngress:
                             app,
                             deployment,
                             method,
-                            (request,),
+                            (_Unparsed.of(parse, request),),
                             {},
                             model_id=model_id,
                             options={"grpc": ctx},
                         )
-                reply._set_on_grpc_context(grpc_context)
+                (reply or ctx)._set_on_grpc_context(grpc_context)
                 code = grpc_context.code() or code
                 return bytes(payload)
             except Exception as exc:
@@ -314,7 +313,9 @@ class GrpcIngress:
 
         return unary
 
-    def _stream_handler(self, method: str, full: str, inputs: bool) -> Callable[[Any, Any], Any]:
+    def _stream_handler(
+        self, method: str, full: str, parse: Parse, inputs: bool
+    ) -> Callable[[Any, Any], Any]:
         """A server-streaming method; ``inputs``: bidirectional (its request is the client's
         stream, sent to the replica while the answers come back)."""
 
@@ -328,18 +329,18 @@ class GrpcIngress:
             code = grpc.StatusCode.OK
             self.metrics.in_flight += 1
             try:
-                async with asyncio.timeout(self.options.request_timeout_s):
+                async with self._deadline():
                     async for reply, payload in self.client.stream(
                         app,
                         deployment,
                         method,
-                        () if inputs else (request,),
+                        () if inputs else (_Unparsed.of(parse, request),),
                         {},
                         model_id=model_id,
                         options={"grpc": ctx},
-                        inputs=request if inputs else None,
+                        inputs=_unparsed_stream(parse, request) if inputs else None,
                     ):
-                        reply._set_on_grpc_context(grpc_context)
+                        (reply or ctx)._set_on_grpc_context(grpc_context)
                         yield bytes(payload)
                 code = grpc_context.code() or code
             except Exception as exc:
@@ -349,6 +350,11 @@ class GrpcIngress:
                 self._done(full, app, deployment, code, started, ctx)
 
         return streamed
+
+    def _deadline(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """``grpc_options.request_timeout_s`` around a call (nothing to arm without one)."""
+        timeout_s = self.options.request_timeout_s
+        return _NO_DEADLINE if timeout_s is None else asyncio.timeout(timeout_s)
 
     def _begin(self, grpc_context: Any) -> tuple[str, str, RayServegRPCContext, str] | str:
         """The call's application, ingress deployment, context and model id (the request
@@ -416,6 +422,35 @@ class GrpcIngress:
             full, app, deployment, code.name, code is not grpc.StatusCode.OK, latency_ms
         )
         return latency_ms
+
+
+#: A request message parser (``Message.FromString`` of the method's request type), or None.
+Parse = Callable[[bytes], Any] | None
+
+_NO_DEADLINE: contextlib.AbstractAsyncContextManager[Any] = contextlib.nullcontext()
+
+
+class _Unparsed:
+    """A request message as the client sent it, pickled as a call of its parser: it is parsed
+    once, on the replica, instead of parsed here and serialized again for the hop."""
+
+    __slots__ = ("data", "parse")
+
+    def __init__(self, parse: Callable[[bytes], Any], data: bytes) -> None:
+        self.parse = parse
+        self.data = data
+
+    @staticmethod
+    def of(parse: Parse, data: bytes) -> Any:
+        return data if parse is None else _Unparsed(parse, data)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.parse, (self.data,))
+
+
+async def _unparsed_stream(parse: Parse, requests: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+    async for data in requests:
+        yield _Unparsed.of(parse, data)
 
 
 async def _only(items: AsyncGenerator[Any, None]) -> Any:

@@ -328,6 +328,7 @@ class GrpcIngress:
             started = time.perf_counter()
             code = grpc.StatusCode.OK
             self.metrics.in_flight += 1
+            ctx._set_on_grpc_context(grpc_context)  # the request id trailer, once
             try:
                 async with self._deadline():
                     async for reply, payload in self.client.stream(
@@ -340,7 +341,8 @@ class GrpcIngress:
                         options={"grpc": ctx},
                         inputs=_unparsed_stream(parse, request) if inputs else None,
                     ):
-                        (reply or ctx)._set_on_grpc_context(grpc_context)
+                        if reply is not None:  # the method changed the context
+                            reply._set_on_grpc_context(grpc_context)
                         yield bytes(payload)
                 code = grpc_context.code() or code
             except Exception as exc:

@@ -171,11 +171,7 @@ class Control:
             if not (inspect.isgenerator(items) or inspect.isasyncgen(items)):
                 raise not_a_generator(method_name)
         except Exception as exc:
-            exc = exc if grpc is None else grpc_error(grpc, exc)
-            self._state.metrics_recorder.error("", exc)
-            self._state.finish(started, "")
-            log.info("streamed handle call %s raised %s", method_name, error_text(exc))
-            return HttpResponse(500, self._raised(exc, method_name), content_type=_PICKLE)
+            return self._not_started(exc, started, "streamed handle call", method_name, grpc)
         frames = self._frames(items, started, method_name, grpc)
         if not model_id:
             return StreamedResponse(200, {"content-type": _PICKLE}, frames)
@@ -214,14 +210,20 @@ class Control:
             if not streamed and not unary:
                 raise not_a_generator(method_name)
         except Exception as exc:
-            exc = exc if grpc is None else grpc_error(grpc, exc)
-            self._state.metrics_recorder.error("", exc)
-            self._state.finish(started, "")
-            log.info("duplex call %s raised %s", method_name, error_text(exc))
-            return HttpResponse(500, self._raised(exc, method_name), content_type=_PICKLE)
+            return self._not_started(exc, started, "duplex call", method_name, grpc)
         items = result if streamed else (result,)
         frames = self._frames(items, started, method_name, grpc)
         return StreamedResponse(200, {"content-type": _PICKLE}, frames)
+
+    def _not_started(
+        self, exc: Exception, started: float, what: str, method_name: str, grpc: Any
+    ) -> HttpResponse:
+        """The answer to a streamed call whose method raised before its first item."""
+        exc = exc if grpc is None else grpc_error(grpc, exc)
+        self._state.metrics_recorder.error("", exc)
+        self._state.finish(started, "")
+        log.info("%s %s raised %s", what, method_name, error_text(exc))
+        return HttpResponse(500, self._raised(exc, method_name), content_type=_PICKLE)
 
     async def _frames(
         self, items: Any, started: float, method_name: str, grpc: Any = None

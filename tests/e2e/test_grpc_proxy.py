@@ -319,6 +319,21 @@ def test_grpc_metrics_with_rays_names(
         >= 1
     )
     assert value(samples, "ray_serve_grpc_request_latency_ms_count", status_code="OK", **echo) >= 3
+    healthz = "/ray.serve.RayServeAPIService/Healthz"
+    stubs = module("ray_serve_api_pb2_grpc").RayServeAPIServiceStub(channel)
+    stubs.Healthz(module("ray_serve_api_pb2").HealthzRequest())
+    wait_for(
+        lambda: value(
+            scrape(ks),
+            "ray_serve_num_grpc_requests_total",
+            method=healthz,
+            route=healthz,
+            application="",
+            status_code="OK",
+        ),
+        10,
+        what="the built-in service's call in /metrics",
+    )
     assert value(samples, "ray_serve_num_grpc_error_requests_total", **echo) == 0
     assert "ray_serve_num_ongoing_grpc_requests" in samples
 

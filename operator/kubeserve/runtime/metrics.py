@@ -4,6 +4,8 @@ Existing Grafana dashboards for Ray Serve read ``ray_serve_num_http_requests_tot
 ``ray_serve_http_request_latency_ms_bucket``, ``ray_serve_deployment_request_counter_total``... by
 ``application``, ``deployment``, ``replica`` and ``route``: the same series come out of kubeserve,
 written in prometheus_client's formats (Ray's counters gain the ``_total`` suffix the same way).
+A proxy serving gRPC adds Ray's gRPC series (``ray_serve_num_grpc_requests_total``,
+``ray_serve_grpc_request_latency_ms_bucket``...: :class:`GrpcProxyMetrics`).
 
 Besides Ray's series, ``kubeserve_log_lines_dropped_total`` (by ``component``: ``proxy``,
 ``replica``, ``controller``) counts log lines a process could not write (a full disk; see
@@ -316,8 +318,9 @@ class ProxyMetrics(_Batcher):
 
 class GrpcProxyMetrics(_Batcher):
     """What Ray Serve's gRPC proxy records per call: the HTTP proxy's series named ``grpc``,
-    labelled with the full method (``/pkg.Service/Method``), the application as the route, and
-    the status code's name (an error is a call that failed: Ray's ``ResponseStatus.is_error``)."""
+    labelled with the full method (``/pkg.Service/Method``), the application as the route (the
+    method for the built-in ``RayServeAPIService``, "" for an unknown application), and the
+    status code's name; an error is a call that did not end OK."""
 
     def __init__(self, node_id: str = "") -> None:
         super().__init__()
@@ -329,14 +332,15 @@ class GrpcProxyMetrics(_Batcher):
     def record(
         self,
         method: str,
+        route: str,
         application: str,
         deployment: str,
         code: str,
         error: bool,
         latency_ms: float,
     ) -> None:
-        """One answered call (``application`` also labels the route, as in Ray)."""
-        key = (method, application, application, deployment, code)
+        """One answered call (``route``: Ray's, the application's name for a routed call)."""
+        key = (method, route, application, deployment, code)
         batch = self._pending.get(key)
         if batch is None:
             batch = self._pending[key] = (_Pending(), error)

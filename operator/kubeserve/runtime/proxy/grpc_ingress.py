@@ -249,7 +249,7 @@ class GrpcIngress:
         if not self.ready:
             grpc_context.set_code(grpc.StatusCode.UNAVAILABLE)
             grpc_context.set_details("Route table is not populated yet.")
-        self._record(LIST_APPLICATIONS, "", "", grpc_context.code(), started)
+        self._record(LIST_APPLICATIONS, LIST_APPLICATIONS, "", "", grpc_context.code(), started)
         # ListApplicationsResponse { repeated string application_names = 1; }
         return b"".join(_string_field(1, name) for name in self.apps)
 
@@ -260,7 +260,7 @@ class GrpcIngress:
             message = "Route table is not populated yet."
             grpc_context.set_code(grpc.StatusCode.UNAVAILABLE)
             grpc_context.set_details(message)
-        self._record(HEALTHZ, "", "", grpc_context.code(), started)
+        self._record(HEALTHZ, HEALTHZ, "", "", grpc_context.code(), started)
         return _string_field(1, message)  # HealthzResponse { string message = 1; }
 
     def _unary_handler(
@@ -412,16 +412,19 @@ class GrpcIngress:
         ctx: RayServegRPCContext | None,
     ) -> None:
         """Log and count a call that was answered ``code``."""
-        latency_ms = self._record(full, app, deployment, code, started)
+        latency_ms = self._record(full, app, app, deployment, code, started)
         if self.access_log is not None:
             self.access_log.add(full, app, code.name, latency_ms, _request_id(ctx))
 
-    def _record(self, full: str, app: str, deployment: str, code: Any, started: float) -> float:
-        """Count a call in the proxy's metrics; returns its latency (ms)."""
+    def _record(
+        self, full: str, route: str, app: str, deployment: str, code: Any, started: float
+    ) -> float:
+        """Count a call in the proxy's metrics; returns its latency (ms). ``route``: as Ray
+        labels it, the application (the built-in service's calls: their method)."""
         latency_ms = (time.perf_counter() - started) * 1000.0
         code = code or grpc.StatusCode.OK
         self.metrics.record(
-            full, app, deployment, code.name, code is not grpc.StatusCode.OK, latency_ms
+            full, route, app, deployment, code.name, code is not grpc.StatusCode.OK, latency_ms
         )
         return latency_ms
 

@@ -174,17 +174,19 @@ SUPPORT: dict[str, Support] = {
     "HTTPOptionsSchema.keep_alive_timeout_s": works(),
     **{f"HTTPOptionsSchema.{field}": support for field, support in _TLS.items()},
     # ------------------------------------------------------------------ gRPCOptionsSchema
-    "gRPCOptionsSchema.grpc_servicer_functions": partial(
-        "unary and server-streaming methods; client-streaming and bidirectional ones are "
-        "answered UNIMPLEMENTED. The servicer modules must be importable by the proxy (where "
-        "`kubeserve start` runs, or in the proxy's image); fixed while the serving layer runs"
+    "gRPCOptionsSchema.grpc_servicer_functions": works(
+        "unary, server-streaming, client-streaming and bidirectional methods (the last two get a "
+        "`gRPCInputStream`, as in Ray). The servicer modules must be importable by the proxy "
+        "(where `kubeserve start` runs, or in the proxy's image); fixed while the serving layer "
+        "runs"
     ),
     "gRPCOptionsSchema.port": works("fixed while the serving layer runs (409 otherwise)"),
     "gRPCOptionsSchema.request_timeout_s": works(
         "a call over it ends DEADLINE_EXCEEDED; fixed while the serving layer runs"
     ),
-    "gRPCOptionsSchema.enable_reflection": inert(
-        "the proxy does not answer the gRPC reflection service: give grpcurl the .proto files"
+    "gRPCOptionsSchema.enable_reflection": works(
+        "the proxy answers gRPC server reflection for the users' services (grpcurl, grpcui); "
+        "fixed while the serving layer runs"
     ),
     # ------------------------------------------------------------------ ControllerOptions
     "ControllerOptions.runtime_env": refused(

@@ -63,6 +63,7 @@ from kubeserve.runtime.http_connection import (
     head_too_large,
 )
 from kubeserve.runtime.limits import RequestLimits
+from kubeserve.runtime.replica.inflow import Inflow
 from kubeserve.runtime.thread_hop import current_hop
 from kubeserve.runtime.websocket import (
     GOING_AWAY,
@@ -70,6 +71,7 @@ from kubeserve.runtime.websocket import (
     SessionState,
     WebSocketSession,
 )
+from kubeserve.runtime.wire import DUPLEX_PREFIX
 
 __all__ = [
     "HttpRequest",
@@ -87,6 +89,7 @@ _PIPELINE_LIMIT = 16
 _CRLF = b"\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _CHUNKED_END = b"0\r\n\r\n"
+_DUPLEX = DUPLEX_PREFIX.encode()
 _REASONS = {s.value: s.phrase.encode("ascii") for s in HTTPStatus}
 
 
@@ -99,6 +102,7 @@ class HttpRequest:
         "body",
         "headers",
         "http10",
+        "inflow",
         "keep_alive",
         "method",
         "path",
@@ -125,6 +129,8 @@ class HttpRequest:
         self.keep_alive = keep_alive
         self.http10 = http10
         self.request_id = request_id
+        #: a duplex call's body, arriving (``body`` is empty then): see :meth:`_Connection.duplex`
+        self.inflow: Inflow | None = None
 
 
 class HttpResponse:
@@ -274,6 +280,7 @@ class _Connection(ServerConnection):
         self.upgrading: tuple[HttpRequest, bytes] | None = None
         self.session: WebSocketSession | None = None
         self.ws_request: HttpRequest | None = None  # a handshake waiting for pipelined requests
+        self.inflow: Inflow | None = None  # the body of the duplex call being served, arriving
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -284,6 +291,8 @@ class _Connection(ServerConnection):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.queue.clear()
+        if self.inflow is not None:
+            self.inflow.lost(f"connection lost: {exc or 'closed'}")
         super().connection_lost(exc)
 
     # -- httptools callbacks -----------------------------------------------------------------------
@@ -331,8 +340,25 @@ class _Connection(ServerConnection):
             raise RequestRefused(413, body_too_large(cap))
         if self.expect:
             self.transport.write(_CONTINUE)  # the client waits for this before the body
+        if not self.ingress and self.url.startswith(_DUPLEX):
+            self.duplex()
+
+    def duplex(self) -> None:
+        """Serve the duplex call whose head was just parsed now, its body fed to it as it comes:
+        neither the body cap nor the body timeout apply (a client stream may last)."""
+        request = HttpRequest(
+            "POST", self.url.decode("latin-1"), "", self.headers, b"", False, False, ""
+        )
+        request.inflow = self.inflow = Inflow()
+        self.in_message = False
+        self.queue.append(request)
+        if self.serving is None:
+            self._next()
 
     def on_body(self, body: bytes) -> None:
+        if self.inflow is not None:
+            self.inflow.feed(body)
+            return
         self.body_size += len(body)
         cap = self.limits.max_body_bytes
         if cap is not None and self.body_size > cap:  # chunked: the length was not declared
@@ -341,6 +367,10 @@ class _Connection(ServerConnection):
 
     def on_message_complete(self) -> None:
         self.in_message = False
+        if self.inflow is not None:
+            inflow, self.inflow = self.inflow, None
+            inflow.end()
+            return
         parser = self.parser
         path, _, query = self.url.partition(b"?")
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)

@@ -45,9 +45,16 @@ class Checks:
         return Answer(text="slept")
 
     async def Upload(self, asks: gRPCInputStream, grpc_context):
-        texts = [ask.text async for ask in asks]
+        texts, count = [], 0
+        async for ask in asks:
+            if ask.text == "hold":  # a handler that reads slowly: its caller must be slowed
+                await asyncio.sleep(ask.count)
+                continue
+            count += 1
+            if len(ask.text) <= 64:  # long ones are counted, not echoed
+                texts.append(ask.text)
         grpc_context.set_trailing_metadata([("exhausted", str(asks.is_exhausted))])
-        return Answer(text="+".join(texts), index=len(texts))
+        return Answer(text="+".join(texts), index=count)
 
     async def Chat(self, asks: gRPCInputStream):
         async for ask in asks:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import queue
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -370,6 +371,40 @@ def test_single_application_needs_no_metadata(tmp_path_factory: pytest.TempPathF
                 ProtoReflectionDescriptorDatabase(chan).get_services()
             error: Any = raised.value
             assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_client_stream_read_slowly_slows_its_client(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The replica stops reading a client stream its method does not keep up with, the proxy
+    stops taking messages from the client, and HTTP/2 flow control holds the client: nothing
+    on the way buffers the whole stream."""
+    ensure_generated()
+    grpc_port = free_port()
+    with running_kubeserve(tmp_path_factory.mktemp("kubeserve-grpc-slow")) as ks:
+        options = {"port": grpc_port, "grpc_servicer_functions": SERVICERS}
+        status, body = ks.put(APPS[2:3], grpc_options=options)
+        assert status == 200, body
+        ks.wait_app("checks", timeout_s=120)
+        sent = 0
+        total, size, hold_s = 4000, 32 * 1024, 5
+
+        def asks() -> Iterator[Any]:
+            nonlocal sent
+            yield ask("hold", hold_s)
+            for _ in range(total):
+                sent += 1
+                yield ask("x" * size)
+
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as chan:
+            call = checks(chan).Upload.future(asks(), metadata=(("application", "checks"),))
+            time.sleep(hold_s - 1)  # the method still sleeps on its first message
+            sent_while_held = sent
+            answer = call.result(timeout=120)
+        assert answer.index == total  # nothing lost once the method reads again
+        # 4,000 messages of 32 KB (125 MB) offered; in flight: the replica's queue
+        # (64 messages), the sockets' buffers and HTTP/2's windows: a few hundred messages.
+        assert sent_while_held < 1500, sent_while_held
 
 
 def _answer(stub: Any, request: Any) -> Any:

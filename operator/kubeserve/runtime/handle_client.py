@@ -486,6 +486,9 @@ class _StreamConnection(KeepAliveConnection):
         self.frames = FrameReader()
         self.queue: asyncio.Queue[tuple[bytes, bytes]] = asyncio.Queue()
         self.paused = False
+        #: set while the transport's buffer is above its high-water mark (a duplex call's pump
+        #: waits for it)
+        self.sending: asyncio.Future[None] | None = None
         self.status = 0
         self.body: list[bytes] = []
         #: the answer's :data:`MODELS_HEADER` until the router was told, else None
@@ -506,14 +509,26 @@ class _StreamConnection(KeepAliveConnection):
         ).encode("latin-1")
         self.transport.writelines((head, *_chunk(encode_frame(FRAME_ITEM, call))))
 
+    def pause_writing(self) -> None:
+        self.sending = self.sending or asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        sending, self.sending = self.sending, None
+        if sending is not None and not sending.done():
+            sending.set_result(None)
+
     async def pump(self, inputs: AsyncIterator[Any]) -> None:
         """Each of ``inputs`` as a frame of the body, then the body's end. A failing ``inputs``
-        (the client went away) closes the connection; the answer says the rest."""
+        (the client went away) closes the connection; the answer says the rest. While the
+        replica does not take what was sent (its handler reads slowly, see ``Inflow``), the next
+        item is not taken from ``inputs``: the client is slowed, not buffered here."""
         try:
             async for item in inputs:
                 if self.closed:
                     return
                 self.transport.writelines(_chunk(encode_frame(FRAME_ITEM, encode_result(item))))
+                if self.sending is not None:
+                    await self.sending
         except Exception:  # the client's stream broke: the replica's input ends cancelled
             self.close()
             return
@@ -547,6 +562,7 @@ class _StreamConnection(KeepAliveConnection):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.resume_writing()  # a pump waiting to send sees the connection closed
         self.queue.put_nowait((b"", f"connection lost: {exc or 'closed'}".encode()))
 
     def on_header(self, name: bytes, value: bytes) -> None:

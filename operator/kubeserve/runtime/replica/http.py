@@ -349,7 +349,7 @@ class _Connection(ServerConnection):
         request = HttpRequest(
             "POST", self.url.decode("latin-1"), "", self.headers, b"", False, False, ""
         )
-        request.inflow = self.inflow = Inflow()
+        request.inflow = self.inflow = Inflow(self.hold_reading)
         self.in_message = False
         self.queue.append(request)
         if self.serving is None:

@@ -127,22 +127,22 @@ def wrk(
     connections: int = CONNECTIONS,
     headers: tuple[str, ...] = (),
     pids: Sequence[int] = (),
+    command: Sequence[str] = (),
 ) -> Run:
     """One wrk run against this machine: a loopback address, or a pod or Service of the test
     node (:data:`NODE_NETWORKS`, a bridge inside this machine); ``headers`` as ``"Name:
     value"``, sent on every request; with ``pids`` (the front process first), the run's CPU
-    microseconds per request of the front one and of all."""
+    microseconds per request of the front one and of all. ``command`` runs wrk elsewhere (in
+    a pod, in a cgroup): the argv that ends with wrk's program, its arguments follow; the
+    default is the host's wrk."""
     host = ipaddress.ip_address(urlsplit(url).hostname or "")
     if not (host.is_loopback or any(host in net for net in NODE_NETWORKS)):
         raise ValueError(f"the bench only loads this machine and its test node's pods, not {url}")
-    wrk_bin = shutil.which("wrk")
-    if wrk_bin is None:
-        raise RuntimeError("wrk is not installed (make bench installs it with apt-get)")
     extra = [arg for header in headers for arg in ("-H", header)]
     before = [cpu_s(pid) for pid in pids]
     out = subprocess.run(
-        [wrk_bin, f"-t{THREADS}", f"-c{connections}", f"-d{seconds}s", "--timeout", "5s",
-         "--latency", *extra, url],
+        [*(command or [host_wrk()]), f"-t{THREADS}", f"-c{connections}", f"-d{seconds}s",
+         "--timeout", "5s", "--latency", *extra, url],
         capture_output=True, text=True, check=True, timeout=seconds + 30,
     )  # fmt: skip
     run = parse_wrk(out.stdout)
@@ -152,6 +152,14 @@ def wrk(
         run.cpu_us = used[0] * 1e6 / served
         run.cpu_all_us = sum(used) * 1e6 / served
     return run
+
+
+def host_wrk() -> str:
+    """The path of this machine's wrk."""
+    wrk_bin = shutil.which("wrk")
+    if wrk_bin is None:
+        raise RuntimeError("wrk is not installed (make bench installs it with apt-get)")
+    return wrk_bin
 
 
 def _cpu_text(result: LoadResult) -> str:
@@ -182,22 +190,25 @@ def measure(
 
 
 def measure_together(
-    setups: Sequence[tuple[str, str, str] | tuple[str, str, str, Sequence[int]]], runs: int = RUNS
+    setups: Sequence[tuple[str, str, str] | tuple[str, str, str, Sequence[int]]],
+    runs: int = RUNS,
+    commands: Sequence[Sequence[str]] = (),
 ) -> list[LoadResult]:
     """Setups ``(setup, system, url[, pids])`` measured in turns: run 1 of each, then run 2 of
-    each...
+    each...; ``commands``, when given, run each setup's wrk (see :func:`wrk`).
 
     For figures compared as ratios (proxy vs direct): on a shared machine the background changes
     over minutes, and taking the runs in turns exposes every setup to the same background.
     """
     results = [LoadResult(s[0], s[1], s[2], CONNECTIONS) for s in setups]
     pids = [tuple(s[3]) if len(s) > 3 else () for s in setups]  # type: ignore[misc]
-    for result in results:
-        wrk(result.url, WARMUP_S)
+    launchers = list(commands) or [()] * len(setups)
+    for result, command in zip(results, launchers, strict=True):
+        wrk(result.url, WARMUP_S, command=command)
     before = os.getloadavg()[0]
     for _ in range(runs):
-        for result, its_pids in zip(results, pids, strict=True):
-            result.runs.append(wrk(result.url, DURATION_S, pids=its_pids))
+        for result, its_pids, command in zip(results, pids, launchers, strict=True):
+            result.runs.append(wrk(result.url, DURATION_S, pids=its_pids, command=command))
     after = os.getloadavg()[0]
     for result in results:
         result.load_average = (before, after)

@@ -157,11 +157,7 @@ def _bench_started(system: ServeSystem, noop_path: str, composed_path: str) -> d
             flush=True,
         )
     return {
-        "loads": [
-            asdict(r)
-            | {"requests_per_s": r.requests_per_s, "cpu_us": r.cpu_us, "cpu_all_us": r.cpu_all_us}
-            for r in loads
-        ],
+        "loads": [load.as_json(r) for r in loads],
         "control_plane": asdict(cp) | {"medians": cp.medians()},
         "rss_mb": rss,
     }

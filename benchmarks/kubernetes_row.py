@@ -151,6 +151,10 @@ def _pod_pids(pod: dict[str, Any]) -> list[int]:
     return pids
 
 
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def _pod_group(pid: int) -> Path:
     """The pod's cgroup (the container's parent), whose shares weigh it against other pods."""
     return cpu_groups.group_of(pid).parent
@@ -206,7 +210,12 @@ def run() -> dict[str, Any]:
             proxy_ip = pods["proxy"]["status"]["podIP"]
             cluster_ip = pods["service"]["spec"]["clusterIP"]
             print(f"proxy pod {proxy_ip}, proxy Service {cluster_ip}", flush=True)
-            on_pods = [*_pod_pids(pods["proxy"]), *_pod_pids(pods["replica"])]
+            # the pods' processes, then their runtime shims (which carry the logs they write)
+            serving = [*_pod_pids(pods["proxy"]), *_pod_pids(pods["replica"])]
+            shims = sorted({_parent(pid) for pid in serving})
+            on_pods = [*serving, *shims]
+            where = [cpu_groups.read(cpu_groups.group_of(pid)).path for pid in shims]
+            print(f"pod processes {serving}, their shims {shims} (cgroups {where})", flush=True)
             main_pids = {role: _pod_pids(pods[role])[0] for role in ("proxy", "replica", "load")}
             weights = {role: g["shares"] for role, g in _groups(main_pids).items()}
             node_shares = cpu_groups.read(cpu_groups.CPU_ROOT / NODE_CGROUP).shares
@@ -233,7 +242,7 @@ def run() -> dict[str, Any]:
         "machine": machine,
         "kube_apiserver": server,
         "pods": _pod_conditions(pods, before, after),
-        "loads": [asdict(r) | {"requests_per_s": r.requests_per_s} for r in loads],
+        "loads": [load.as_json(r) for r in loads],
     }
 
 

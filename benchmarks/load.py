@@ -18,8 +18,9 @@ import shutil
 import statistics
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 THREADS = 1
@@ -43,6 +44,8 @@ class Run:
     #: CPU microseconds per request of the front process, and of all the serving processes
     cpu_us: float | None = None
     cpu_all_us: float | None = None
+    #: the kernel's part (system time) of ``cpu_us``: sockets, the network stack
+    cpu_system_us: float | None = None
 
 
 @dataclass
@@ -73,16 +76,38 @@ class LoadResult:
         return statistics.median(values) if values else None
 
     @property
+    def cpu_system_us(self) -> float | None:
+        """Median system-time microseconds per request of the front process."""
+        values = [r.cpu_system_us for r in self.runs if r.cpu_system_us is not None]
+        return statistics.median(values) if values else None
+
+    @property
     def cpu_all_us(self) -> float | None:
         """Median CPU microseconds per request of all the serving processes."""
         values = [r.cpu_all_us for r in self.runs if r.cpu_all_us is not None]
         return statistics.median(values) if values else None
 
 
+def as_json(result: LoadResult) -> dict[str, Any]:
+    """A result with its runs and medians, as the results files hold it."""
+    return asdict(result) | {
+        "requests_per_s": result.requests_per_s,
+        "cpu_us": result.cpu_us,
+        "cpu_all_us": result.cpu_all_us,
+        "cpu_system_us": result.cpu_system_us,
+    }
+
+
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    return sum(cpu_times(pid))
+
+
+def cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process ``pid`` so far (all its threads)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def children(pid: int) -> list[int]:
@@ -139,7 +164,7 @@ def wrk(
     if not (host.is_loopback or any(host in net for net in NODE_NETWORKS)):
         raise ValueError(f"the bench only loads this machine and its test node's pods, not {url}")
     extra = [arg for header in headers for arg in ("-H", header)]
-    before = [cpu_s(pid) for pid in pids]
+    before = [cpu_times(pid) for pid in pids]
     out = subprocess.run(
         [*(command or [host_wrk()]), f"-t{THREADS}", f"-c{connections}", f"-d{seconds}s",
          "--timeout", "5s", "--latency", *extra, url],
@@ -148,9 +173,11 @@ def wrk(
     run = parse_wrk(out.stdout)
     served = run.requests_per_s * seconds
     if pids and served:
-        used = [cpu_s(pid) - start for pid, start in zip(pids, before, strict=True)]
+        after = [cpu_times(pid) for pid in pids]
+        used = [sum(now) - sum(start) for now, start in zip(after, before, strict=True)]
         run.cpu_us = used[0] * 1e6 / served
         run.cpu_all_us = sum(used) * 1e6 / served
+        run.cpu_system_us = (after[0][1] - before[0][1]) * 1e6 / served
     return run
 
 
@@ -163,10 +190,10 @@ def host_wrk() -> str:
 
 
 def _cpu_text(result: LoadResult) -> str:
-    front, total = result.cpu_us, result.cpu_all_us
-    if front is None or total is None:
+    front, total, system = result.cpu_us, result.cpu_all_us, result.cpu_system_us
+    if front is None or total is None or system is None:
         return ""
-    return f"  CPU {front:6.1f} us/req front, {total:6.1f} all"
+    return f"  CPU {front:6.1f} us/req front ({system:.1f} system), {total:6.1f} all"
 
 
 def measure(

@@ -105,6 +105,19 @@ build_kubeserve() {
 	ln -sf "$(basename "$archive")" "$CACHE/kubeserve.tar"
 }
 
+# save_container CONTAINER IMAGE ARCHIVE: commit the working container as IMAGE, write it to the
+# docker-archive ARCHIVE (whole or not at all), and drop both from buildah's store (vfs keeps a full
+# copy of the file system per layer).
+save_container() {
+	buildah commit --quiet "$1" "$2" >/dev/null
+	buildah rm "$1" >/dev/null
+	rm -f "$3.new"
+	buildah push --quiet "$2" "docker-archive:$3.new:$2"
+	mv "$3.new" "$3"
+	buildah rmi "$2" >/dev/null
+	buildah rmi --prune >/dev/null 2>&1 || true
+}
+
 # What the test applications import besides kubeserve, installed as a user's image FROM kubeserve
 # installs its application's requirements (Ray's FastAPI and Starlette examples need them).
 TEST_APP_REQUIREMENTS="fastapi starlette python-multipart"
@@ -127,13 +140,7 @@ build_tests_image() {
 		buildah run --user 0:0 --volume "$CA_BUNDLE:$CA_BUNDLE:ro" "$container" -- \
 			pip install --quiet $TEST_APP_REQUIREMENTS
 		buildah copy --quiet --chown 10001:10001 "$container" "$work" /app/ >/dev/null
-		buildah commit --quiet "$container" "$TESTS_IMAGE" >/dev/null
-		buildah rm "$container" >/dev/null
-		rm -f "$archive.new"
-		buildah push --quiet "$TESTS_IMAGE" "docker-archive:$archive.new:$TESTS_IMAGE"
-		mv "$archive.new" "$archive"
-		buildah rmi "$TESTS_IMAGE" >/dev/null
-		buildah rmi --prune >/dev/null 2>&1 || true
+		save_container "$container" "$TESTS_IMAGE" "$archive"
 		rm -rf "$work"
 	fi
 	for old in "$CACHE"/kubeserve-tests-*.tar; do
@@ -149,13 +156,7 @@ build_wrk() {
 	buildah run --user 0:0 "$container" -- sh -c \
 		'apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends wrk &&
 		 rm -rf /var/lib/apt/lists/* /var/cache/apt/*'
-	buildah commit --quiet "$container" "$WRK" >/dev/null
-	buildah rm "$container" >/dev/null
-	rm -f "$CACHE/wrk.tar.new"
-	buildah push --quiet "$WRK" "docker-archive:$CACHE/wrk.tar.new:$WRK"
-	mv "$CACHE/wrk.tar.new" "$CACHE/wrk.tar"
-	buildah rmi "$WRK" >/dev/null
-	buildah rmi --prune >/dev/null 2>&1 || true
+	save_container "$container" "$WRK" "$CACHE/wrk.tar"
 }
 
 build_pause

@@ -55,7 +55,7 @@ def group_of(pid: int) -> Path:
 def read(group: Path) -> CpuGroup:
     stat = dict(line.split() for line in (group / "cpu.stat").read_text().splitlines())
     return CpuGroup(
-        path="/" + str(group.relative_to(CPU_ROOT)),
+        path=str(Path("/") / group.relative_to(CPU_ROOT)),
         shares=int((group / "cpu.shares").read_text()),
         quota_us=int((group / "cpu.cfs_quota_us").read_text()),
         period_us=int((group / "cpu.cfs_period_us").read_text()),

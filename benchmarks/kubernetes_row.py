@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -151,6 +152,26 @@ def _pod_pids(pod: dict[str, Any]) -> list[int]:
     return pids
 
 
+#: What the proxy's speed depends on besides its code: the interpreter and its event loop.
+_INTERPRETER = (
+    "import sys, sysconfig, importlib.metadata as m; "
+    "print(sys.version.split()[0], sysconfig.get_config_var('OPT'), "
+    "*(f'{p} {m.version(p)}' for p in ('uvloop', 'httptools')), sep='; ')"
+)
+
+
+def _interpreter(plane: NodeCluster, pod: str) -> str:
+    """The proxy image's Python, its compiler flags, and uvloop's and httptools' versions."""
+    argv = ["exec", "-n", NAMESPACE, pod, "--", "python3", "-c", _INTERPRETER]
+    return plane.kubectl(*argv, check=False).stdout.strip() or "?"
+
+
+def _interpreter_here() -> str:
+    """The same of this virtualenv, which ``kubeserve start`` runs from."""
+    argv = [sys.executable, "-c", _INTERPRETER]
+    return subprocess.run(argv, capture_output=True, text=True, check=False).stdout.strip()
+
+
 def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
@@ -233,6 +254,7 @@ def run() -> dict[str, Any]:
                     commands=[cpu_groups.command_in(load_group, load.host_wrk()), in_pod, in_pod],
                 )  # fmt: skip
             after = _groups(main_pids)
+            image = _interpreter(plane, pods["proxy"]["metadata"]["name"])
             version = plane.kubectl("version", "-o", "json", check=False).stdout
         finally:
             operator.stop()
@@ -242,6 +264,7 @@ def run() -> dict[str, Any]:
         "machine": machine,
         "kube_apiserver": server,
         "pods": _pod_conditions(pods, before, after),
+        "interpreters": {"proxy pod": image, "host": _interpreter_here()},
         "loads": [load.as_json(r) for r in loads],
     }
 

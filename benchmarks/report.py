@@ -228,6 +228,14 @@ def kubernetes_note(results: dict[str, Any]) -> list[str]:
                 f"{_resource_text(res.get('limits'))} | {pod['cpu_shares']} | {quota} | "
                 f"{pod['throttled_periods']} ({pod['throttled_ms']} ms) |"
             )
+    interpreters = k8s.get("interpreters")
+    if interpreters:
+        lines += [
+            "",
+            "Python (version; OPT; the event loop and HTTP parser): "
+            + ", ".join(f"{where}: {found}" for where, found in interpreters.items())
+            + ".",
+        ]
     reference = loads.get(K8S_EMBEDDED)
     for setup in (K8S_PROXY, K8S_SERVICE):
         entry = loads.get(setup)

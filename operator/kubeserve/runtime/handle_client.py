@@ -66,6 +66,7 @@ from kubeserve.runtime.router import (
 )
 from kubeserve.runtime.wire import (
     CALL_PREFIX,
+    DUPLEX_PREFIX,
     FRAME_END,
     FRAME_ERROR,
     FRAME_ITEM,
@@ -78,6 +79,8 @@ from kubeserve.runtime.wire import (
     decode_result,
     deployment_key,
     encode_call,
+    encode_frame,
+    encode_result,
 )
 from kubeserve.sdk import context
 from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError, ReplicaDiedError
@@ -246,17 +249,23 @@ class HandleClient:
         *,
         model_id: str = "",
         options: dict[str, Any] | None = None,
+        inputs: AsyncIterator[Any] | None = None,
     ) -> AsyncIterator[Any]:
         """A streamed call of a generator method: its items as the replica yields them.
 
         The call holds its replica slot until the stream ends (or the caller stops iterating,
         which closes the connection and so the replica's generator). It runs on a connection of
         its own, closed afterwards: a stream's end is not worth a keep-alive.
+
+        ``inputs``: a duplex call (:data:`~kubeserve.runtime.wire.DUPLEX_PREFIX`, gRPC client
+        streams): each item ``inputs`` yields goes to the replica as it comes, while the answer
+        streams back; the body ends when ``inputs`` does.
         """
         key, replica, payload = await self._begin(
             app, deployment, method, args, kwargs, model_id, options
         )
         conn: _StreamConnection | None = None
+        pump: asyncio.Task[None] | None = None
         try:
             opening: Awaitable[_StreamConnection] = connect(
                 _StreamConnection,
@@ -277,13 +286,19 @@ class HandleClient:
                 raise DeploymentUnavailableError(
                     f"replica {replica.replica_id} of {key} could not be reached: {exc}"
                 ) from exc
-            conn.send(method, replica, payload)
+            if inputs is None:
+                conn.send(method, replica, payload)
+            else:
+                conn.send_duplex(method, replica, payload)
+                pump = asyncio.ensure_future(conn.pump(inputs))
             async for item in conn.items(key, replica.replica_id):
                 if conn.models is not None:
                     self.router.note_models(replica, conn.models)
                     conn.models = None
                 yield item
         finally:
+            if pump is not None:
+                pump.cancel()
             if conn is not None and conn.models is not None:
                 self.router.note_models(replica, conn.models)
             self.router.release(replica)
@@ -483,6 +498,28 @@ class _StreamConnection(KeepAliveConnection):
         ).encode("latin-1")
         self.transport.writelines((head, body))
 
+    def send_duplex(self, method: str, replica: RoutedReplica, call: bytes) -> None:
+        """The head of a duplex call and its first frame (the call); :meth:`pump` the rest."""
+        head = (
+            f"POST {DUPLEX_PREFIX}{method} HTTP/1.1\r\nHost: {replica.host}:{replica.port}\r\n"
+            "Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        ).encode("latin-1")
+        self.transport.writelines((head, *_chunk(encode_frame(FRAME_ITEM, call))))
+
+    async def pump(self, inputs: AsyncIterator[Any]) -> None:
+        """Each of ``inputs`` as a frame of the body, then the body's end. A failing ``inputs``
+        (the client went away) closes the connection; the answer says the rest."""
+        try:
+            async for item in inputs:
+                if self.closed:
+                    return
+                self.transport.writelines(_chunk(encode_frame(FRAME_ITEM, encode_result(item))))
+        except Exception:  # the client's stream broke: the replica's input ends cancelled
+            self.close()
+            return
+        if not self.closed:
+            self.transport.write(b"0\r\n\r\n")
+
     async def items(self, key: str, replica_id: str) -> AsyncIterator[Any]:
         queue = self.queue
         while True:
@@ -537,6 +574,11 @@ class _StreamConnection(KeepAliveConnection):
             self.queue.put_nowait((FRAME_ERROR, body))
         else:
             self.queue.put_nowait((b"", f"answered {self.status}: {body[:200]!r}".encode()))
+
+
+def _chunk(data: bytes) -> tuple[bytes, bytes, bytes]:
+    """``data`` as one chunk of a chunked body."""
+    return b"%x\r\n" % len(data), data, b"\r\n"
 
 
 def remote_error(error: Any, what: str) -> BaseException:

@@ -29,6 +29,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING
 
 from kubeserve.control.routes import needs_normalizing, normalize_path
+from kubeserve.runtime import tracing
 from kubeserve.runtime.http1 import chunk_prefix, local_response, new_request_id
 from kubeserve.runtime.http_connection import body_too_large
 from kubeserve.runtime.metrics import METHOD_LABELS, OTHER_METHOD
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from kubeserve.runtime.proxy.client import ClientConnection
     from kubeserve.runtime.proxy.tunnel import ClientEnd
     from kubeserve.runtime.proxy.upstream import UpstreamConnection
+    from kubeserve.runtime.tracing import Tracer
 
 __all__ = ["BUFFER_BEFORE_SLOT", "ROUTES_PATH", "Exchange"]
 
@@ -73,6 +75,7 @@ _JSON = b"application/json"
 _NO_ROUTES_YET = b"this proxy has not received its routes yet; retry shortly"
 #: The status recorded for a request whose client left before its answer (as Ray records it).
 _CLIENT_LEFT = 499
+_TRACE_HEADERS = tuple(name.encode() for name in tracing.TRACE_HEADERS)
 
 
 class Exchange:
@@ -128,6 +131,8 @@ class Exchange:
     unassigned = False
     #: the client sent ``Expect: 100-continue``: it waits for the replica's 100 before its body
     expects_continue = False
+    #: the request's span when the proxy traces (``tracing_config``), ended with its answer
+    span: object = None
 
     def __init__(self, client: ClientConnection) -> None:
         self.client = client
@@ -205,6 +210,8 @@ class Exchange:
                 self.respond_local(404, body)
                 return
         self.key = key
+        if tracing.ACTIVE is not None and not self.upgrade:
+            self._trace(tracing.ACTIVE)
         if state.request_timeout_s is not None:
             loop = self.client.loop
             assert loop is not None
@@ -216,6 +223,48 @@ class Exchange:
             self.assign()
         else:  # the body first (on_message_complete, or add_body past the bound), then a slot
             self.unassigned = True
+
+    def _trace(self, tracer: Tracer) -> None:
+        """Start this request's span, child of the client's ``traceparent``; upstream, the
+        span's own trace-context headers replace the client's (the replica's span is the
+        proxy's child). WebSockets are not traced."""
+        carrier: dict[str, str] = {}
+        kept = []
+        for name, value in self.headers:
+            if len(name) in (10, 11) and name.lower() in _TRACE_HEADERS:
+                carrier[name.lower().decode("latin-1")] = value.decode("latin-1")
+            else:
+                kept.append((name, value))
+        route, app, deployment = self.client.state.labels.get(self.key) or ("", "", "")
+        method = self.method.decode("latin-1")
+        rid = self.request_id.decode("latin-1") if self.request_id else ""
+        self.span, forward = tracer.proxy_span(
+            carrier,
+            f"proxy_http_request {deployment} {method} {route}",
+            {
+                "request_id": rid,
+                "app": app,
+                "deployment": deployment,
+                "request_type": "http",
+                "request_method": method,
+                "request_route_path": route,
+                "http.method": method,
+                "http.route": route,
+            },
+        )
+        self.dropped = True  # from now on the head is serialized, never forwarded verbatim
+        if carrier:
+            self.headers = kept
+            raw = self.raw
+            end = -1 if raw is None else raw.find(b"\r\n\r\n")
+            if raw is not None and end >= 0:  # read whole already (pipelined): the body stays
+                body = raw[end + 4 :]
+                self.raw = None
+                self.pending = [body] if body else []
+                self.pending_bytes = len(body)
+        self.id_line += b"".join(
+            b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in forward.items()
+        )
 
     def assign(self) -> None:
         """Ask the router for a replica slot and an upstream connection: at once when the
@@ -555,6 +604,8 @@ class Exchange:
             method = self.method.decode("latin-1")
             shown = route or self.url.partition(b"?")[0].decode("latin-1")
             state.access_log.add(method, shown, status, latency_ms, self.request_id)
+        if self.span is not None and tracing.ACTIVE is not None:
+            tracing.ACTIVE.end(self.span, status)
 
     def _let_go(self) -> None:
         """Stop waiting for a replica, drop the upstream connection (it may hold a half-written

@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from kubeserve.control.user_config import user_config_version
-from kubeserve.runtime import wire
+from kubeserve.runtime import tracing, wire
 from kubeserve.runtime.replica.grpc_call import grpc_answer, grpc_arguments, grpc_error
 from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, StreamedResponse
 from kubeserve.runtime.replica.router_class import router_class_answer, routing_stats
@@ -30,6 +30,7 @@ from kubeserve.runtime.replica.user_code import (
     iterate,
     not_a_generator,
 )
+from kubeserve.runtime.tracing import Tracer, replica_span_of
 from kubeserve.sdk import context
 from kubeserve.sdk.ray_errors import task_error
 
@@ -38,6 +39,8 @@ __all__ = ["Control"]
 log = logging.getLogger("kubeserve.replica")
 
 _PICKLE = "application/octet-stream"
+#: a handle call: method, args, kwargs, multiplexed model id, gRPC context, trace context
+_Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str, Any, Any]
 
 
 class Control:
@@ -101,12 +104,10 @@ class Control:
             return await self._reconfigure(request)
         return HttpResponse(404, f"no internal endpoint {path}".encode())
 
-    def _handle_call(
-        self, request: HttpRequest, method_name: str
-    ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str, Any] | HttpResponse:
-        """The method, arguments, multiplexed model id and gRPC context (None unless the gRPC
-        proxy makes the call) of a handle call (its options entered into the request context),
-        or the answer refusing it."""
+    def _handle_call(self, request: HttpRequest, method_name: str) -> _Call | HttpResponse:
+        """The method, arguments, multiplexed model id, gRPC context (None unless the gRPC
+        proxy makes the call) and caller's trace context (None unless it traces) of a handle call
+        (its options entered into the request context), or the answer refusing it."""
         method = self._state.user.method(method_name)
         if method is None:
             return HttpResponse(
@@ -119,15 +120,18 @@ class Control:
         grpc = options.get("grpc")
         if grpc is not None:
             kwargs = grpc_arguments(method, kwargs, grpc)
-        return method, args, kwargs, _enter_call(options), grpc
+        return method, args, kwargs, _enter_call(options), grpc, options.get(tracing.CALL_OPTION)
 
     async def _call(self, request: HttpRequest, method_name: str) -> HttpResponse:
         call = self._handle_call(request, method_name)
         if isinstance(call, HttpResponse):
             return call
-        method, args, kwargs, model_id, grpc = call
+        method, args, kwargs, model_id, grpc, trace = call
         try:
-            result = await self._state.run(method, *args, **kwargs)
+            if tracing.ACTIVE is None:
+                result = await self._state.run(method, *args, **kwargs)
+            else:
+                result = await self._traced_run(tracing.ACTIVE, trace, method_name, call)
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
                 result.close() if inspect.isgenerator(result) else await result.aclose()
                 raise generator_not_streamed(method_name)
@@ -143,6 +147,16 @@ class Control:
             self._state.tell_models(answer)
         return answer
 
+    async def _traced_run(self, tracer: Tracer, trace: Any, method_name: str, call: _Call) -> Any:
+        """Run a handle call inside its replica span, child of the caller's handle span
+        (``trace``): the user's code runs in the span's context."""
+        method, args, kwargs = call[:3]
+        current = context.request_context.get()
+        request_id = current.request_id if current is not None else ""
+        name, attributes = replica_span_of(self._state.config, method_name, request_id)
+        with tracer.replica_span(trace if isinstance(trace, dict) else None, name, attributes):
+            return await self._state.run(method, *args, **kwargs)
+
     async def _stream_call(
         self, request: HttpRequest, method_name: str
     ) -> HttpResponse | StreamedResponse:
@@ -150,7 +164,7 @@ class Control:
         call = self._handle_call(request, method_name)
         if isinstance(call, HttpResponse):
             return call
-        method, args, kwargs, model_id, grpc = call
+        method, args, kwargs, model_id, grpc, _ = call
         self._state.ongoing += 1
         started = time.perf_counter()
         try:

@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from kubeserve.runtime import tracing
 from kubeserve.runtime.replica.asgi import (
     Lifespan,
     http_scope,
@@ -41,6 +42,7 @@ from kubeserve.runtime.replica.user_code import (
     takes_arguments,
 )
 from kubeserve.runtime.thread_hop import run_sync
+from kubeserve.runtime.tracing import Tracer, headers_carrier, replica_span_of
 from kubeserve.runtime.websocket import WebSocketSession
 from kubeserve.sdk import context
 from kubeserve.sdk.http import StreamingResponse, to_response
@@ -102,7 +104,10 @@ class Ingress:
         streaming = False
         try:
             model_id = _enter_request(request, self._route)
-            response = await self._user_http(request, started)
+            if tracing.ACTIVE is None:
+                response = await self._user_http(request, started)
+            else:
+                response = await self._traced_http(tracing.ACTIVE, request, started)
             streaming = isinstance(response, StreamedResponse)
             status = response.status
             if model_id:
@@ -147,6 +152,18 @@ class Ingress:
             return refusal
         finally:
             self._state.finish(started, self._route, ("WEBSOCKET", self._route, status))
+
+    async def _traced_http(
+        self, tracer: Tracer, request: HttpRequest, started: float
+    ) -> HttpResponse | StreamedResponse:
+        """:meth:`_user_http` inside the request's replica span, child of the proxy's (its
+        ``traceparent`` header): the user's code runs in the span's context."""
+        name, attributes = replica_span_of(self._state.config, "__call__", request.request_id)
+        attributes["route"] = self._route
+        with tracer.replica_span(headers_carrier(request.headers), name, attributes) as span:
+            response = await self._user_http(request, started)
+            tracer.mark(span, response.status)
+            return response
 
     async def _user_http(
         self, request: HttpRequest, started: float

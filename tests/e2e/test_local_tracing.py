@@ -1,0 +1,180 @@
+"""``tracing_config`` with ``kubeserve start``: one OpenTelemetry trace per request, across the
+proxy, the ingress replica, its handle call and the downstream replica.
+
+Spans are made in three processes (proxy, ingress replica, downstream replica); the test's
+exporter (``ks_tracing_exporter``) writes each process's finished spans to a file of its own in a
+directory the test reads.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ks_tracing_exporter import SPANS_DIR_ENV
+from support.common import http, wait_for
+from support.kubeserve_start import Kubeserve, running_kubeserve
+
+APP = {"name": "traced", "route_prefix": "/traced", "import_path": "ks_tracing_app:app"}
+EXPORTER = "ks_tracing_exporter:exporter"
+#: a W3C traceparent a client sends: version 00, its trace id and span id, sampled
+CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
+CLIENT_SPAN = "b7ad6b7169203331"
+TRACEPARENT = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+
+
+def tracing(ratio: float = 1.0, enabled: bool = True) -> dict[str, Any]:
+    return {"enabled": enabled, "exporter_import_path": EXPORTER, "sampling_ratio": ratio}
+
+
+def spans(spans_dir: Path) -> list[dict[str, Any]]:
+    found = []
+    for path in sorted(spans_dir.glob("*.jsonl")) if spans_dir.is_dir() else []:
+        found += [json.loads(line) for line in path.read_text().splitlines() if line]
+    return found
+
+
+def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any, str]:
+    """A GET: its status, JSON answer and request id."""
+    request = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.status, json.loads(response.read()), response.headers["x-request-id"]
+
+
+def trace_of(spans_dir: Path, request_id: str, count: int = 4) -> list[dict[str, Any]]:
+    """The spans of one request (its id on every one), once all ``count`` were exported."""
+
+    def found() -> list[dict[str, Any]] | None:
+        mine = [s for s in spans(spans_dir) if s["attributes"].get("request_id") == request_id]
+        return mine if len(mine) >= count else None
+
+    return wait_for(found, 30, what=f"{count} spans of request {request_id}")
+
+
+def by_name(trace: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
+    (span,) = [s for s in trace if s["name"].startswith(prefix)]
+    return span
+
+
+@pytest.fixture
+def spans_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the exporter of every process kubeserve start runs writes its spans."""
+    path = tmp_path / "spans"
+    monkeypatch.setenv(SPANS_DIR_ENV, str(path))
+    return path
+
+
+def deploy(ks: Kubeserve, tracing_config: dict[str, Any] | None) -> None:
+    options = {} if tracing_config is None else {"tracing_config": tracing_config}
+    status, body = ks.put([APP], **options)
+    assert status == 200, body
+    ks.wait_app("traced")
+
+
+def test_one_trace_runs_from_the_proxy_through_a_handle_call(
+    tmp_path: Path, spans_dir: Path
+) -> None:
+    with running_kubeserve(tmp_path / "state") as ks:
+        deploy(ks, tracing())
+        status, answer, request_id = get(f"{ks.proxy}/traced")
+        assert status == 200, answer
+        trace = trace_of(spans_dir, request_id)
+        proxy = by_name(trace, "proxy_http_request Ingress GET /traced")
+        ingress = by_name(trace, "replica_handle_request Ingress __call__")
+        handle = by_name(trace, "route_to_replica Downstream echo")
+        downstream = by_name(trace, "replica_handle_request Downstream echo")
+        assert {s["trace_id"] for s in trace} == {proxy["trace_id"]}, trace
+        assert proxy["parent_id"] is None  # no traceparent from the client: a new trace
+        assert ingress["parent_id"] == proxy["span_id"]
+        assert handle["parent_id"] == ingress["span_id"]
+        assert downstream["parent_id"] == handle["span_id"]
+        assert len({proxy["pid"], ingress["pid"], downstream["pid"]}) == 3  # three processes
+        assert proxy["attributes"]["http.status_code"] == 200
+        assert (ingress["attributes"]["app"], ingress["attributes"]["deployment"]) == (
+            "traced",
+            "Ingress",
+        )
+        # user code runs inside its replica span: get_current_span() is that span
+        assert answer["ingress"]["span_id"] == ingress["span_id"]
+        assert answer["downstream"]["span_id"] == downstream["span_id"]
+        assert answer["downstream"]["trace_id"] == proxy["trace_id"]
+
+        # a client's W3C traceparent: the proxy's span is its child, in the client's trace
+        status, answer, request_id = get(f"{ks.proxy}/traced", {"traceparent": TRACEPARENT})
+        assert status == 200, answer
+        trace = trace_of(spans_dir, request_id)
+        proxy = by_name(trace, "proxy_http_request")
+        assert (proxy["trace_id"], proxy["parent_id"]) == (CLIENT_TRACE, CLIENT_SPAN)
+        assert {s["trace_id"] for s in trace} == {CLIENT_TRACE}
+        assert by_name(trace, "replica_handle_request Ingress")["parent_id"] == proxy["span_id"]
+
+        # tracing_config is fixed while the serving layer runs, like logging_config
+        status, body = ks.put([APP], tracing_config=tracing(0.5))
+        assert status == 409 and "tracing_config" in str(body), body
+        ks.shutdown()
+
+
+def test_sampling_ratio_zero_makes_no_spans_but_a_sampled_traceparent_is_followed(
+    tmp_path: Path, spans_dir: Path
+) -> None:
+    with running_kubeserve(tmp_path / "state") as ks:
+        deploy(ks, tracing(ratio=0.0))
+        for _ in range(5):
+            status, answer, _ = get(f"{ks.proxy}/traced")
+            assert status == 200, answer
+            assert answer["ingress"]["otel_loaded"]  # tracing is on, the spans not sampled
+            # unsampled, yet one trace: the downstream call followed the proxy's decision
+            assert answer["downstream"]["trace_id"] == answer["ingress"]["trace_id"]
+        # parent-based, as Ray samples: the client decided to sample this one
+        status, _, request_id = get(f"{ks.proxy}/traced", {"traceparent": TRACEPARENT})
+        assert status == 200
+        trace = trace_of(spans_dir, request_id)
+        assert {s["trace_id"] for s in trace} == {CLIENT_TRACE}
+        # nothing else was exported: the unsampled requests made no spans
+        assert len(spans(spans_dir)) == 4
+        ks.shutdown()
+
+
+def test_disabled_tracing_makes_no_spans_and_never_loads_opentelemetry(
+    tmp_path: Path, spans_dir: Path
+) -> None:
+    with running_kubeserve(tmp_path / "state") as ks:
+        deploy(ks, tracing(enabled=False))
+        status, answer, _ = get(f"{ks.proxy}/traced", {"traceparent": TRACEPARENT})
+        assert status == 200, answer
+        assert answer == {
+            "ingress": {"otel_loaded": False},
+            "downstream": {"x": 1, "otel_loaded": False},
+        }
+        assert spans(spans_dir) == []
+        assert not spans_dir.exists()  # the exporter was never even called
+        ks.shutdown()
+
+
+def test_a_tracing_config_the_data_plane_cannot_apply_is_a_400_at_its_field(
+    tmp_path: Path,
+) -> None:
+    with running_kubeserve(tmp_path / "state") as ks:
+        cases = [
+            (
+                {"enabled": True, "exporter_import_path": "no_such_module:exporter"},
+                ["tracing_config", "exporter_import_path"],
+                "does not import",
+            ),
+            ({"enabled": True, "sampling_ratio": 1.5}, ["tracing_config", "sampling_ratio"], ""),
+            (
+                {"enabled": True, "exporter_import_path": "not a path"},
+                ["tracing_config", "exporter_import_path"],
+                "import path",
+            ),
+        ]
+        for config, loc, words in cases:
+            status, body = ks.put([APP], tracing_config=config)
+            assert status == 400, body
+            detail = json.dumps(body)
+            assert json.dumps(loc)[1:-1] in detail, body
+            assert words in detail, body
+        assert http("GET", f"{ks.api}/api/serve/applications/")[1]["applications"] == {}

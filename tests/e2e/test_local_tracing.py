@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from ks_tracing_exporter import SPANS_DIR_ENV
+
 from support.common import http, wait_for
 from support.kubeserve_start import Kubeserve, running_kubeserve
 

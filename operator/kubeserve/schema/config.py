@@ -820,9 +820,8 @@ def _check_exporter_path(value: str) -> str:
 
 
 class TracingConfig(RestModel):
-    """Distributed tracing (Ray 2.60, alpha): OpenTelemetry spans from proxies and replicas
-    (:mod:`kubeserve.runtime.tracing`). Ray reads its defaults from the environment (of its
-    driver); kubeserve's are Ray's with that environment empty."""
+    """Distributed tracing (Ray 2.60, alpha): OpenTelemetry spans from proxies and replicas.
+    Ray reads its defaults from the environment; kubeserve's are Ray's with it empty."""
 
     enabled: bool = False
     #: a function taking no arguments that returns span processors (or exporters)

@@ -7,6 +7,7 @@ user code) and whether OpenTelemetry is loaded in their process at all."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from kubeserve import DeploymentHandle, Request, deployment
@@ -32,6 +33,10 @@ class Downstream:
     def echo(self, x: int) -> dict[str, Any]:  # sync: runs in a worker thread
         return {"x": x, **seen_by_user_code()}
 
+    def count(self, n: int) -> Iterator[dict[str, Any]]:  # a streamed call
+        for i in range(n):
+            yield {"i": i, **seen_by_user_code()}
+
 
 @deployment
 class Ingress:
@@ -41,7 +46,8 @@ class Ingress:
     async def __call__(self, request: Request) -> dict[str, Any]:
         seen = seen_by_user_code()
         answer = await self.downstream.echo.remote(1)
-        return {"ingress": seen, "downstream": answer}
+        streamed = [item async for item in self.downstream.options(stream=True).count.remote(2)]
+        return {"ingress": seen, "downstream": answer, "streamed": streamed}
 
 
 app = Ingress.bind(Downstream.bind())

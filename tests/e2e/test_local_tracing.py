@@ -45,7 +45,7 @@ def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any, str]
         return response.status, json.loads(response.read()), response.headers["x-request-id"]
 
 
-def trace_of(spans_dir: Path, request_id: str, count: int = 4) -> list[dict[str, Any]]:
+def trace_of(spans_dir: Path, request_id: str, count: int = 6) -> list[dict[str, Any]]:
     """The spans of one request (its id on every one), once all ``count`` were exported."""
 
     def found() -> list[dict[str, Any]] | None:
@@ -87,11 +87,15 @@ def test_one_trace_runs_from_the_proxy_through_a_handle_call(
         ingress = by_name(trace, "replica_handle_request Ingress __call__")
         handle = by_name(trace, "route_to_replica Downstream echo")
         downstream = by_name(trace, "replica_handle_request Downstream echo")
+        streamed_handle = by_name(trace, "route_to_replica Downstream count")
+        streamed = by_name(trace, "replica_handle_request Downstream count")
         assert {s["trace_id"] for s in trace} == {proxy["trace_id"]}, trace
         assert proxy["parent_id"] is None  # no traceparent from the client: a new trace
         assert ingress["parent_id"] == proxy["span_id"]
         assert handle["parent_id"] == ingress["span_id"]
         assert downstream["parent_id"] == handle["span_id"]
+        assert streamed_handle["parent_id"] == ingress["span_id"]
+        assert streamed["parent_id"] == streamed_handle["span_id"]
         assert len({proxy["pid"], ingress["pid"], downstream["pid"]}) == 3  # three processes
         assert proxy["attributes"]["http.status_code"] == 200
         assert (ingress["attributes"]["app"], ingress["attributes"]["deployment"]) == (
@@ -102,6 +106,7 @@ def test_one_trace_runs_from_the_proxy_through_a_handle_call(
         assert answer["ingress"]["span_id"] == ingress["span_id"]
         assert answer["downstream"]["span_id"] == downstream["span_id"]
         assert answer["downstream"]["trace_id"] == proxy["trace_id"]
+        assert {item["span_id"] for item in answer["streamed"]} == {streamed["span_id"]}
 
         # a client's W3C traceparent: the proxy's span is its child, in the client's trace
         status, answer, request_id = get(f"{ks.proxy}/traced", {"traceparent": TRACEPARENT})
@@ -135,7 +140,7 @@ def test_sampling_ratio_zero_makes_no_spans_but_a_sampled_traceparent_is_followe
         trace = trace_of(spans_dir, request_id)
         assert {s["trace_id"] for s in trace} == {CLIENT_TRACE}
         # nothing else was exported: the unsampled requests made no spans
-        assert len(spans(spans_dir)) == 4
+        assert len(spans(spans_dir)) == 6
         ks.shutdown()
 
 
@@ -149,6 +154,7 @@ def test_disabled_tracing_makes_no_spans_and_never_loads_opentelemetry(
         assert answer == {
             "ingress": {"otel_loaded": False},
             "downstream": {"x": 1, "otel_loaded": False},
+            "streamed": [{"i": 0, "otel_loaded": False}, {"i": 1, "otel_loaded": False}],
         }
         assert spans(spans_dir) == []
         assert not spans_dir.exists()  # the exporter was never even called

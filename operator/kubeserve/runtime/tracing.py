@@ -211,6 +211,9 @@ class Tracer:
         with self._active(span):
             try:
                 yield span
+            except GeneratorExit:  # the caller stopped iterating a stream: not an error
+                span.end()
+                raise
             except BaseException as exc:
                 self.end(span, error=exc)
                 raise

@@ -151,11 +151,22 @@ class Control:
         """Run a handle call inside its replica span, child of the caller's handle span
         (``trace``): the user's code runs in the span's context."""
         method, args, kwargs = call[:3]
-        current = context.request_context.get()
-        request_id = current.request_id if current is not None else ""
-        name, attributes = replica_span_of(self._state.config, method_name, request_id)
+        name, attributes = replica_span_of(self._state.config, method_name, _request_id())
         with tracer.replica_span(trace if isinstance(trace, dict) else None, name, attributes):
             return await self._state.run(method, *args, **kwargs)
+
+    async def _traced_frames(
+        self, tracer: Tracer, trace: Any, method_name: str, frames: AsyncGenerator[bytes, None]
+    ) -> AsyncGenerator[bytes, None]:
+        """A streamed call's frames inside its replica span: the generator's steps run in the
+        span's context, which ends with the stream."""
+        name, attributes = replica_span_of(self._state.config, method_name, _request_id())
+        try:
+            with tracer.replica_span(trace if isinstance(trace, dict) else None, name, attributes):
+                async for frame in frames:
+                    yield frame
+        finally:
+            await frames.aclose()
 
     async def _stream_call(
         self, request: HttpRequest, method_name: str
@@ -164,7 +175,7 @@ class Control:
         call = self._handle_call(request, method_name)
         if isinstance(call, HttpResponse):
             return call
-        method, args, kwargs, model_id, grpc, _ = call
+        method, args, kwargs, model_id, grpc, trace = call
         self._state.ongoing += 1
         started = time.perf_counter()
         try:
@@ -180,6 +191,8 @@ class Control:
             log.info("streamed handle call %s raised %s", method_name, error_text(exc))
             return HttpResponse(500, self._raised(exc, method_name), content_type=_PICKLE)
         frames = self._frames(items, started, method_name, grpc)
+        if tracing.ACTIVE is not None:
+            frames = self._traced_frames(tracing.ACTIVE, trace, method_name, frames)
         if not model_id:
             return StreamedResponse(200, {"content-type": _PICKLE}, frames)
         # The first frame before the head, so that the head names the models once the generator
@@ -270,6 +283,12 @@ def _enter_call(options: dict[str, Any]) -> str:
         )
         return model_id
     return ""
+
+
+def _request_id() -> str:
+    """The id of the request a handle call serves (its caller's), "" when unknown."""
+    current = context.request_context.get()
+    return current.request_id if current is not None else ""
 
 
 async def _after(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:

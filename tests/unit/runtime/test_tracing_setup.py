@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kubeserve.runtime import tracing
+from kubeserve.runtime import tracer, tracing
 
 
 def test_an_exporter_that_does_not_import_or_returns_no_processors_is_an_error() -> None:
@@ -25,15 +25,15 @@ def test_an_exporter_that_does_not_import_or_returns_no_processors_is_an_error()
 
 def test_what_kubeserve_start_checks_at_put_runs_none_of_the_users_code() -> None:
     path = list(sys.path)
-    assert tracing.unavailable(None, path) is None
-    assert tracing.unavailable({"enabled": False, "exporter_import_path": "nope:x"}, path) is None
-    assert tracing.unavailable({"enabled": True}, path) is None
+    assert tracer.unavailable(None, path) is None
+    assert tracer.unavailable({"enabled": False, "exporter_import_path": "nope:x"}, path) is None
+    assert tracer.unavailable({"enabled": True}, path) is None
     found = {"enabled": True, "exporter_import_path": "ks_tracing_exporter:exporter"}
-    assert tracing.unavailable(found, path) is None
+    assert tracer.unavailable(found, path) is None
     missing = {"enabled": True, "exporter_import_path": "no_such_package.sub:exporter"}
-    field, reason = tracing.unavailable(missing, path) or ("", "")
+    field, reason = tracer.unavailable(missing, path) or ("", "")
     assert field == "exporter_import_path"
     assert "no module named 'no_such_package'" in reason
     # OpenTelemetry itself missing from the data plane's path
-    field, reason = tracing.unavailable({"enabled": True}, ["/nonexistent"]) or ("", "")
+    field, reason = tracer.unavailable({"enabled": True}, ["/nonexistent"]) or ("", "")
     assert field == "enabled" and "kubeserve[tracing]" in reason

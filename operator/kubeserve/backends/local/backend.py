@@ -23,7 +23,7 @@ from kubeserve.control.instance import (
     immutable_option_conflict,
     prefix_in_use,
 )
-from kubeserve.runtime import tracing, wire
+from kubeserve.runtime import tracer, wire
 from kubeserve.runtime.tls import TLSFileError, TLSFiles, check_files
 from kubeserve.schema.errors import ErrorDetail
 from kubeserve.schema.status import ServeInstanceDetails
@@ -148,7 +148,7 @@ class LocalBackend:
                 refusals.append({"loc": ["http_options", exc.field], "msg": str(exc)})
         # proxies and replicas import from this process's path and the directory it runs in
         search_path = [*sys.path, self.controller.settings.base_dir]
-        cannot_trace = tracing.unavailable(instance.get("tracing_config"), search_path)
+        cannot_trace = tracer.unavailable(instance.get("tracing_config"), search_path)
         if cannot_trace is not None:
             field, reason = cannot_trace
             refusals.append({"loc": ["tracing_config", field], "msg": reason})

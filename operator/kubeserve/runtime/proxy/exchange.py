@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from kubeserve.runtime.proxy.client import ClientConnection
     from kubeserve.runtime.proxy.tunnel import ClientEnd
     from kubeserve.runtime.proxy.upstream import UpstreamConnection
-    from kubeserve.runtime.tracing import Tracer
+    from kubeserve.runtime.tracer import Tracer
 
 __all__ = ["BUFFER_BEFORE_SLOT", "ROUTES_PATH", "Exchange"]
 

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubeserve.control.user_config import user_config_version
 from kubeserve.runtime import tracing, wire
@@ -30,9 +30,11 @@ from kubeserve.runtime.replica.user_code import (
     iterate,
     not_a_generator,
 )
-from kubeserve.runtime.tracing import Tracer, replica_span_of
 from kubeserve.sdk import context
 from kubeserve.sdk.ray_errors import task_error
+
+if TYPE_CHECKING:
+    from kubeserve.runtime.tracer import Tracer
 
 __all__ = ["Control"]
 
@@ -151,8 +153,8 @@ class Control:
         """Run a handle call inside its replica span, child of the caller's handle span
         (``trace``): the user's code runs in the span's context."""
         method, args, kwargs = call[:3]
-        name, attributes = replica_span_of(self._state.config, method_name, _request_id())
-        with tracer.replica_span(trace if isinstance(trace, dict) else None, name, attributes):
+        carrier = trace if isinstance(trace, dict) else None
+        with tracer.replica_call(self._state.config, method_name, _request_id(), carrier):
             return await self._state.run(method, *args, **kwargs)
 
     async def _traced_frames(
@@ -160,9 +162,9 @@ class Control:
     ) -> AsyncGenerator[bytes, None]:
         """A streamed call's frames inside its replica span: the generator's steps run in the
         span's context, which ends with the stream."""
-        name, attributes = replica_span_of(self._state.config, method_name, _request_id())
+        carrier = trace if isinstance(trace, dict) else None
         try:
-            with tracer.replica_span(trace if isinstance(trace, dict) else None, name, attributes):
+            with tracer.replica_call(self._state.config, method_name, _request_id(), carrier):
                 async for frame in frames:
                     yield frame
         finally:

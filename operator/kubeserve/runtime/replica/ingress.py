@@ -14,7 +14,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubeserve.runtime import tracing
 from kubeserve.runtime.replica.asgi import (
@@ -42,12 +42,14 @@ from kubeserve.runtime.replica.user_code import (
     takes_arguments,
 )
 from kubeserve.runtime.thread_hop import run_sync
-from kubeserve.runtime.tracing import Tracer, headers_carrier, replica_span_of
 from kubeserve.runtime.websocket import WebSocketSession
 from kubeserve.sdk import context
 from kubeserve.sdk.http import StreamingResponse, to_response
 from kubeserve.sdk.ingress import asgi_app_of
 from kubeserve.sdk.multiplex import MODEL_ID_HEADER
+
+if TYPE_CHECKING:
+    from kubeserve.runtime.tracer import Tracer
 
 __all__ = ["Ingress"]
 
@@ -158,9 +160,11 @@ class Ingress:
     ) -> HttpResponse | StreamedResponse:
         """:meth:`_user_http` inside the request's replica span, child of the proxy's (its
         ``traceparent`` header): the user's code runs in the span's context."""
-        name, attributes = replica_span_of(self._state.config, "__call__", request.request_id)
-        attributes["route"] = self._route
-        with tracer.replica_span(headers_carrier(request.headers), name, attributes) as span:
+        carrier = tracer.headers_carrier(request.headers)
+        config = self._state.config
+        with tracer.replica_call(
+            config, "__call__", request.request_id, carrier, route=self._route
+        ) as span:
             response = await self._user_http(request, started)
             tracer.mark(span, response.status)
             return response

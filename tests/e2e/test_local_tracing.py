@@ -185,3 +185,31 @@ def test_a_tracing_config_the_data_plane_cannot_apply_is_a_400_at_its_field(
             assert json.dumps(loc)[1:-1] in detail, body
             assert words in detail, body
         assert http("GET", f"{ks.api}/api/serve/applications/")[1]["applications"] == {}
+
+
+def test_without_an_exporter_spans_are_json_lines_next_to_the_logs(tmp_path: Path) -> None:
+    """Ray's default exporter: a file per process in the logs' ``spans/`` directory."""
+    with running_kubeserve(tmp_path / "state") as ks:
+        deploy(ks, {"enabled": True, "sampling_ratio": 1.0})
+        status, _, request_id = get(f"{ks.proxy}/traced")
+        assert status == 200
+        spans_dir = tmp_path / "state" / "logs" / "spans"
+
+        def written() -> dict[str, list[str]] | None:
+            found = {
+                path.name: [
+                    json.loads(line)["name"]
+                    for line in path.read_text().splitlines()
+                    if request_id in line
+                ]
+                for path in spans_dir.glob("*_tracing.json")
+            }
+            return found if sum(len(names) for names in found.values()) >= 6 else None
+
+        found = wait_for(written, 30, what="the spans in logs/spans/")
+        assert found["proxy_tracing.json"] == ["proxy_http_request Ingress GET /traced"]
+        assert sorted(found) == sorted(
+            ["proxy_tracing.json"] + [name for name in found if name.startswith("replica_traced_")]
+        )
+        assert len(found) == 3  # the proxy and two replicas
+        ks.shutdown()

@@ -6,6 +6,7 @@ user code) and whether OpenTelemetry is loaded in their process at all."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -45,6 +46,7 @@ class Ingress:
 
     async def __call__(self, request: Request) -> dict[str, Any]:
         seen = seen_by_user_code()
+        await asyncio.sleep(float(request.query_params.get("sleep", 0)))
         answer = await self.downstream.echo.remote(1)
         streamed = [item async for item in self.downstream.options(stream=True).count.remote(2)]
         return {"ingress": seen, "downstream": answer, "streamed": streamed}

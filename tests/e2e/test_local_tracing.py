@@ -9,7 +9,10 @@ directory the test reads.
 from __future__ import annotations
 
 import json
+import socket
+import time
 import urllib.request
+from http.client import HTTPResponse
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +46,45 @@ def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any, str]
     request = urllib.request.Request(url, headers=headers or {})
     with urllib.request.urlopen(request, timeout=30) as response:
         return response.status, json.loads(response.read()), response.headers["x-request-id"]
+
+
+def pipelined(port: int, paths: list[str]) -> list[int]:
+    """GET ``paths`` on one connection, each sent while the one before is served (the proxy
+    reads each whole in a read of its own), with the client's traceparent and request ids
+    ``pipelined-<i>``; returns the statuses."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        for i, path in enumerate(paths):
+            head = (
+                f"GET {path} HTTP/1.1\r\nHost: x\r\ntraceparent: {TRACEPARENT}\r\n"
+                f"x-request-id: pipelined-{i}\r\n\r\n"
+            )
+            sock.sendall(head.encode())
+            time.sleep(0.1)  # not a wait for a result: it makes the next request a read of its own
+        reader = sock.makefile("rb")
+        statuses = []
+        for _ in paths:
+            response = HTTPResponse(_Reader(reader))  # type: ignore[arg-type]
+            response.begin()
+            response.read()
+            statuses.append(response.status)
+        return statuses
+
+
+class _Reader:
+    """One buffered reader for every response of a connection: ``HTTPResponse`` would make one
+    per response (the first swallowing the second) and closes it after a body."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+
+    def makefile(self, *args: Any, **kwargs: Any) -> Any:
+        return self
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.reader, name)
 
 
 def trace_of(spans_dir: Path, request_id: str, count: int = 6) -> list[dict[str, Any]]:
@@ -115,6 +157,14 @@ def test_one_trace_runs_from_the_proxy_through_a_handle_call(
         proxy = by_name(trace, "proxy_http_request")
         assert (proxy["trace_id"], proxy["parent_id"]) == (CLIENT_TRACE, CLIENT_SPAN)
         assert {s["trace_id"] for s in trace} == {CLIENT_TRACE}
+        assert by_name(trace, "replica_handle_request Ingress")["parent_id"] == proxy["span_id"]
+
+        # a request read whole while another was served (pipelined): its traceparent too
+        first, second = pipelined(ks.proxy_port, ["/traced?sleep=0.5", "/traced"])
+        assert first == second == 200
+        trace = trace_of(spans_dir, "pipelined-1")
+        proxy = by_name(trace, "proxy_http_request")
+        assert (proxy["trace_id"], proxy["parent_id"]) == (CLIENT_TRACE, CLIENT_SPAN)
         assert by_name(trace, "replica_handle_request Ingress")["parent_id"] == proxy["span_id"]
 
         # tracing_config is fixed while the serving layer runs, like logging_config

@@ -21,6 +21,7 @@ __all__ = ["Tracer", "import_exporter", "unavailable"]
 
 _INSTRUMENTATION = "kubeserve"
 _FILE_SAFE = re.compile(r"[^A-Za-z0-9_.#-]+")
+_TRACE_HEADERS = tuple(name.encode() for name in TRACE_HEADERS)
 
 
 def import_exporter(path: str) -> Any:
@@ -112,6 +113,43 @@ class Tracer:
             name, context=parent, kind=self._server, attributes=_present(attributes)
         )
         return span, self.carrier(span)
+
+    def proxy_request(
+        self,
+        headers: list[tuple[bytes, bytes]],
+        request_id: bytes | None,
+        method: bytes,
+        labels: tuple[str, str, str],
+    ) -> tuple[Any, list[tuple[bytes, bytes]] | None, bytes]:
+        """A proxied request's span (``labels``: its route, application and deployment),
+        child of the client's trace-context ``headers`` when it sent them: the span, the headers
+        without the client's trace context (None when it sent none) and the header lines that
+        carry the span to the replica instead (the replica's span is the proxy's child)."""
+        carrier: dict[str, str] = {}
+        kept = []
+        for name, value in headers:
+            if len(name) in (10, 11) and name.lower() in _TRACE_HEADERS:
+                carrier[name.lower().decode("latin-1")] = value.decode("latin-1")
+            else:
+                kept.append((name, value))
+        route, app, deployment = labels
+        verb = method.decode("latin-1")
+        span, forward = self.proxy_span(
+            carrier,
+            f"proxy_http_request {deployment} {verb} {route}",
+            {
+                "request_id": request_id.decode("latin-1") if request_id else "",
+                "app": app,
+                "deployment": deployment,
+                "request_type": "http",
+                "request_method": verb,
+                "request_route_path": route,
+                "http.method": verb,
+                "http.route": route,
+            },
+        )
+        lines = b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in forward.items())
+        return span, kept if carrier else None, lines
 
     def end(self, span: Any, status: int | None = None, error: BaseException | None = None) -> None:
         """End ``span`` (see :meth:`mark`)."""

@@ -75,7 +75,6 @@ _JSON = b"application/json"
 _NO_ROUTES_YET = b"this proxy has not received its routes yet; retry shortly"
 #: The status recorded for a request whose client left before its answer (as Ray records it).
 _CLIENT_LEFT = 499
-_TRACE_HEADERS = tuple(name.encode() for name in tracing.TRACE_HEADERS)
 
 
 class Exchange:
@@ -225,46 +224,24 @@ class Exchange:
             self.unassigned = True
 
     def _trace(self, tracer: Tracer) -> None:
-        """Start this request's span, child of the client's ``traceparent``; upstream, the
-        span's own trace-context headers replace the client's (the replica's span is the
-        proxy's child). WebSockets are not traced."""
-        carrier: dict[str, str] = {}
-        kept = []
-        for name, value in self.headers:
-            if len(name) in (10, 11) and name.lower() in _TRACE_HEADERS:
-                carrier[name.lower().decode("latin-1")] = value.decode("latin-1")
-            else:
-                kept.append((name, value))
-        route, app, deployment = self.client.state.labels.get(self.key) or ("", "", "")
-        method = self.method.decode("latin-1")
-        rid = self.request_id.decode("latin-1") if self.request_id else ""
-        self.span, forward = tracer.proxy_span(
-            carrier,
-            f"proxy_http_request {deployment} {method} {route}",
-            {
-                "request_id": rid,
-                "app": app,
-                "deployment": deployment,
-                "request_type": "http",
-                "request_method": method,
-                "request_route_path": route,
-                "http.method": method,
-                "http.route": route,
-            },
+        """Start this request's span; upstream, its trace-context headers replace the client's
+        (see :meth:`Tracer.proxy_request`). WebSockets are not traced."""
+        labels = self.client.state.labels.get(self.key) or ("", "", "")
+        self.span, kept, lines = tracer.proxy_request(
+            self.headers, self.request_id, self.method, labels
         )
         self.dropped = True  # from now on the head is serialized, never forwarded verbatim
-        if carrier:
-            self.headers = kept
-            raw = self.raw
-            end = -1 if raw is None else raw.find(b"\r\n\r\n")
-            if raw is not None and end >= 0:  # read whole already (pipelined): the body stays
-                body = raw[end + 4 :]
-                self.raw = None
-                self.pending = [body] if body else []
-                self.pending_bytes = len(body)
-        self.id_line += b"".join(
-            b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in forward.items()
-        )
+        self.id_line += lines
+        if kept is None:
+            return
+        self.headers = kept
+        raw = self.raw
+        end = -1 if raw is None else raw.find(b"\r\n\r\n")
+        if raw is not None and end >= 0:  # read whole already (pipelined): the body stays
+            body = raw[end + 4 :]
+            self.raw = None
+            self.pending = [body] if body else []
+            self.pending_bytes = len(body)
 
     def assign(self) -> None:
         """Ask the router for a replica slot and an upstream connection: at once when the

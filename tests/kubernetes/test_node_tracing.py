@@ -12,6 +12,7 @@ from typing import Any
 
 from support.common import wait_for
 from support.k8s_operator import (
+    SMALL_REPLICA,
     OperatorProcess,
     application,
     instance,
@@ -41,7 +42,11 @@ def test_a_request_is_one_trace_across_the_proxy_and_replica_pods(
     ns = node_namespace
     serving = instance(ns)
     serving["spec"]["tracingConfig"] = {"enabled": True, "samplingRatio": 1.0}
-    node.apply([serving, application(ns, "traced", "ks_tracing_app:app", routePrefix="/traced")])
+    small = [{"name": name, **SMALL_REPLICA} for name in ("Ingress", "Downstream")]
+    traced = application(
+        ns, "traced", "ks_tracing_app:app", routePrefix="/traced", deployments=small
+    )
+    node.apply([serving, traced])
     wait_ready(node, node_operator, ns, "traced")
     url = proxy_service_url(node, ns, "/traced")
     traceparent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"

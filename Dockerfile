@@ -24,7 +24,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 COPY --from=build /wheels /wheels
 RUN set -eux; \
     wheel="$(ls /wheels/kubeserve-*.whl)"; \
-    pip install "${wheel}[kubernetes]"; \
+    pip install "${wheel}[kubernetes,tracing]"; \
     rm -rf /wheels; \
     groupadd --gid 10001 kubeserve; \
     useradd --uid 10001 --gid 10001 --home-dir /home/kubeserve --create-home --shell /usr/sbin/nologin kubeserve

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kubeserve.schema.config import LoggingConfig
+from kubeserve.schema.config import LoggingConfig, TracingConfig
 from kubeserve.schema.errors import ErrorDetail
 
 #: Instance options that cannot change while the serving layer runs (to change them: shut down,
@@ -33,6 +33,15 @@ _IMMUTABLE_GRPC_FIELDS: dict[str, Any] = {
 def proxy_logging_config(options: Mapping[str, Any]) -> dict[str, Any]:
     """The serve config's top-level ``logging_config`` (the proxies'), Ray's defaults filled."""
     return LoggingConfig.model_validate(options.get("logging_config") or {}).model_dump(mode="json")
+
+
+def tracing_config(options: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The serve config's ``tracing_config`` as proxies and replicas apply it (defaults filled),
+    or None when tracing is off: what reaches the data plane, on both backends."""
+    given = options.get("tracing_config")
+    if not given or not given.get("enabled"):
+        return None
+    return TracingConfig.model_validate(given).model_dump(mode="json")
 
 
 def immutable_option_conflict(
@@ -67,6 +76,11 @@ def immutable_option_conflict(
                 f"({before!r} -> {after!r}): "
                 "DELETE it first, then PUT the new config"
             )
+    if tracing_config(running) != tracing_config(requested):
+        return (
+            "tracing_config of a running serving layer (its proxies and replicas trace as they "
+            "started) cannot change: DELETE it first, then PUT the new config"
+        )
     if proxy_logging_config(running) != proxy_logging_config(requested):
         return (
             "logging_config of a running serving layer (its proxy's logging) cannot change: "

@@ -47,6 +47,7 @@ from typing import Any
 
 import httptools
 
+from kubeserve.runtime import tracing
 from kubeserve.runtime.channel import Role
 from kubeserve.runtime.discovery import EndpointSource
 from kubeserve.runtime.keepalive import (
@@ -186,7 +187,15 @@ class HandleClient:
         options: dict[str, Any] | None = None,
     ) -> Any:
         """``options``: more of what the call carries besides its arguments (a gRPC call's
-        context: :mod:`kubeserve.runtime.replica.grpc_call`)."""
+        context: :mod:`kubeserve.runtime.replica.grpc_call`). When the process traces, the call
+        is a span, whose context the call carries (:mod:`kubeserve.runtime.tracing`)."""
+        tracer = tracing.ACTIVE
+        if tracer is not None and not (options and tracing.CALL_OPTION in options):
+            with tracer.handle_span(*_handle_span(app, deployment, method)) as carrier:
+                traced = {**(options or {}), tracing.CALL_OPTION: carrier}
+                return await self.call(
+                    app, deployment, method, args, kwargs, model_id=model_id, options=traced
+                )
         key, replica, payload = await self._begin(
             app, deployment, method, args, kwargs, model_id, options
         )
@@ -261,6 +270,15 @@ class HandleClient:
         streams): each item ``inputs`` yields goes to the replica as it comes, while the answer
         streams back; the body ends when ``inputs`` does.
         """
+        tracer = tracing.ACTIVE
+        if tracer is not None and not (options and tracing.CALL_OPTION in options):
+            with tracer.handle_span(*_handle_span(app, deployment, method)) as carrier:
+                traced = {**(options or {}), tracing.CALL_OPTION: carrier}
+                async for item in self.stream(
+                    app, deployment, method, args, kwargs, model_id=model_id, options=traced
+                ):
+                    yield item
+            return
         key, replica, payload = await self._begin(
             app, deployment, method, args, kwargs, model_id, options
         )
@@ -605,6 +623,18 @@ def remote_error(error: Any, what: str) -> BaseException:
     if isinstance(error, BaseException):
         return error
     return RuntimeError(f"{what} failed: {error!r}")
+
+
+def _handle_span(app: str, deployment: str, method: str) -> tuple[dict[str, Any], str]:
+    """The attributes and name of a handle call's span (Ray's ``route_to_replica``)."""
+    current = context.request_context.get()
+    attributes = {
+        "request_id": current.request_id if current is not None else "",
+        "app": app,
+        "deployment": deployment,
+        "call_method": method,
+    }
+    return attributes, f"route_to_replica {deployment} {method}"
 
 
 def _call_options(model_id: str, extra: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -273,6 +273,9 @@ class ReplicaConfig(TypedDict):
     #: Ray's ``logging_config`` in force for the deployment (the deployment's, else the
     #: application's; absent: the decorator's, else Ray's defaults)
     logging_config: NotRequired[dict[str, Any]]
+    #: the instance's ``tracing_config`` when it enables tracing (:mod:`kubeserve.runtime.
+    #: tracing`); absent: no tracing, and OpenTelemetry never loaded
+    tracing_config: NotRequired[dict[str, Any]]
     #: the deployment's custom ``request_router_class``: the replica loads it at start-up (a
     #: class that cannot be loaded fails the replica, and so the deploy) and serves it to its
     #: callers (:data:`REQUEST_ROUTER_PREFIX`). Absent: the built-in router.

@@ -814,11 +814,18 @@ class GRPCOptionsSchema(RestModel):
     enable_reflection: bool = True
 
 
+def _check_exporter_path(value: str) -> str:
+    """Empty (the default exporter) or an import path."""
+    return _check_import_path(value) if value else value
+
+
 class TracingConfig(RestModel):
-    """Distributed tracing (Ray 2.60, alpha). Ray reads its defaults from the environment."""
+    """Distributed tracing (Ray 2.60, alpha): OpenTelemetry spans from proxies and replicas.
+    Ray reads its defaults from the environment; kubeserve's are Ray's with it empty."""
 
     enabled: bool = False
-    exporter_import_path: str = ""
+    #: a function taking no arguments that returns span processors (or exporters)
+    exporter_import_path: Annotated[str, AfterValidator(_check_exporter_path)] = ""
     sampling_ratio: Annotated[float, Field(ge=0, le=1)] = 0.01
 
 

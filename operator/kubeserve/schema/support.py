@@ -196,9 +196,17 @@ SUPPORT: dict[str, Support] = {
         {},
     ),
     # ------------------------------------------------------------------ TracingConfig
-    "TracingConfig.enabled": refused("distributed tracing is not supported yet", None, False),
-    "TracingConfig.exporter_import_path": inert("read only when tracing is enabled"),
-    "TracingConfig.sampling_ratio": inert("read only when tracing is enabled"),
+    "TracingConfig.enabled": works(
+        "OpenTelemetry spans per proxied request, replica call and handle call, one trace "
+        "with the request id, a client's traceparent honoured; needs kubeserve[tracing] where "
+        "proxies and replicas run (the image has it); fixed while the serving layer runs"
+    ),
+    "TracingConfig.exporter_import_path": works(
+        "a function returning span processors (or exporters), importable by proxies and "
+        "replicas; kubeserve start checks that it imports (400 at the field); empty: JSON "
+        "lines in spans/ next to the logs (stderr in a pod)"
+    ),
+    "TracingConfig.sampling_ratio": works("parent-based, as in Ray: a sampled traceparent wins"),
     # ------------------------------------------------------------------ LoggingConfig
     **{f"LoggingConfig.{field}": support for field, support in _LOGGING.items()},
     # ------------------------------------------------------------------ ServeApplicationSchema

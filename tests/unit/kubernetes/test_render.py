@@ -1030,3 +1030,30 @@ def test_new_code_restarts_the_policy_host_and_an_imperative_one_reads_its_graph
     assert command[3:5] == ["--pickled-file", render.PICKLED_GRAPH_FILE]
     mounts = main_container(imperative)["volumeMounts"]
     assert any(m["mountPath"] == contract.PICKLED_GRAPH_DIR for m in mounts)
+
+
+def test_tracing_config_reaches_the_proxy_and_replica_pods_only_when_it_enables_tracing() -> None:
+    """As Ray's controller hands it to proxies and replicas: the proxy's command line and the
+    replica's config, defaults filled; absent when tracing is off (nothing loads OpenTelemetry)."""
+    traced = {"enabled": True, "exporterImportPath": "otel_setup:exporters"}
+    wanted = {
+        "enabled": True,
+        "exporter_import_path": "otel_setup:exporters",
+        "sampling_ratio": 0.01,
+    }
+    for spec, expected in [
+        ({"tracingConfig": traced}, wanted),
+        ({"tracingConfig": {"enabled": False, "samplingRatio": 1}}, None),
+        ({}, None),
+    ]:
+        inst = instance(proxyLocation="HeadOnly", **spec)
+        command = main_container(render.render_proxy(inst)[0])["command"]
+        if expected is None:
+            assert "--tracing-config" not in command
+        else:
+            given = command[command.index("--tracing-config") + 1]
+            assert json.loads(expand(given, {})) == expected
+        obj = render.render_replica_workload(inst, app(), deployment())
+        raw = env(main_container(obj))["KUBESERVE_REPLICA_CONFIG"]
+        replica = json.loads(expand(raw, {"KUBESERVE_POD_NAME": "shop-model-abc12"}))
+        assert replica.get("tracing_config") == expected

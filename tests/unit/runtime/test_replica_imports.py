@@ -55,3 +55,18 @@ def test_the_proxy_and_replicas_load_no_prometheus_client_and_the_proxy_no_sdk()
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_processes_that_do_not_trace_load_no_opentelemetry() -> None:
+    """tracing_config off (the default): the proxy, a replica and its handle client import
+    nothing of OpenTelemetry, so their memory does not grow by it."""
+    code = (
+        "import sys, kubeserve.runtime.proxy.command, kubeserve.runtime.proxy.server\n"
+        "import kubeserve.runtime.replica.server, kubeserve.runtime.handle_client\n"
+        "from kubeserve.runtime import tracing\n"
+        "assert tracing.setup(None, 'x') is None\n"
+        "assert tracing.setup({'enabled': False}, 'x') is None\n"
+        "heavy = [m for m in sys.modules if m.startswith('opentelemetry')]\n"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

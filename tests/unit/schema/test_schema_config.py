@@ -462,6 +462,11 @@ def test_serving_layer_defaults_are_rays() -> None:
         ),
         ({"logging_config": {"log_level": "LOUD"}}, ["logging_config", "log_level"]),
         ({"tracing_config": {"sampling_ratio": 2}}, ["tracing_config", "sampling_ratio"]),
+        ({"tracing_config": {"sampling_ratio": -0.1}}, ["tracing_config", "sampling_ratio"]),
+        (
+            {"tracing_config": {"enabled": True, "exporter_import_path": "otel setup"}},
+            ["tracing_config", "exporter_import_path"],
+        ),
     ],
 )
 def test_serving_layer_rules(body: dict[str, Any], loc: list[Any]) -> None:
@@ -475,7 +480,11 @@ def test_serving_layer_valid_values() -> None:
         "target_capacity": 50,
         "logging_config": {"log_level": "info", "encoding": "TEXT"},
         "controller_options": {"runtime_env": {}},
-        "tracing_config": {"enabled": False, "sampling_ratio": 0.5},
+        "tracing_config": {
+            "enabled": True,
+            "exporter_import_path": "otel_setup.exporters:otlp",
+            "sampling_ratio": 0.5,
+        },
         "grpc_options": {"port": 9001, "grpc_servicer_functions": []},
     }
     config = parse_body(ServeDeploySchema, body)

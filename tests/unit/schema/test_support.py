@@ -69,7 +69,6 @@ def test_the_readme_table_is_the_generated_one() -> None:
 
 
 REFUSED = {
-    "tracing_config.enabled": {"tracing_config": {"enabled": True}},
     "logging_config.logs_dir": {"logging_config": {"logs_dir": "/var/log/serve"}},
     "controller_options.runtime_env": {"controller_options": {"runtime_env": {"env_vars": {}}}},
 }

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 from kubeserve.backends.kubernetes.render_pod import (
     STARTUP_TIMEOUT_S,
@@ -171,10 +172,14 @@ def _name_annotations(app: AppView, deployment: DesiredDeployment) -> dict[str, 
 
 
 def replica_config_json(
-    app: AppView, deployment: DesiredDeployment, http_root_path: str = ""
+    app: AppView,
+    deployment: DesiredDeployment,
+    http_root_path: str = "",
+    tracing_config: dict[str, Any] | None = None,
 ) -> str:
     """The ``KUBESERVE_REPLICA_CONFIG`` value: literal except ``replica_id``, the pod's name;
-    ``http_root_path`` is the instance's ``httpOptions.rootPath``."""
+    ``http_root_path`` is the instance's ``httpOptions.rootPath``, ``tracing_config`` its
+    ``tracingConfig`` when that enables tracing."""
     config = deployment.config
     replica: wire.ReplicaConfig = {
         "app": app.app_name,
@@ -203,6 +208,8 @@ def replica_config_json(
         replica["route_prefix"] = str(route_prefix)
     if http_root_path:
         replica["http_root_path"] = http_root_path
+    if tracing_config:
+        replica["tracing_config"] = tracing_config
     rest = {k: v for k, v in replica.items() if k != "replica_id"}
     literal = escape(json.dumps(rest, sort_keys=True, separators=(",", ":")))
     return f'{{"replica_id":"$({POD_NAME_ENV})",{literal[1:]}'
@@ -251,7 +258,7 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
     }
     own_env = {
         wire.REPLICA_CONFIG_ENV: replica_config_json(
-            app, deployment, str(instance.http_options.root_path or "")
+            app, deployment, str(instance.http_options.root_path or ""), instance.tracing_config
         ),
         APPLICATION_ENV: app.cr_name,
         INSTANCE_ENV: instance.name,

@@ -93,6 +93,9 @@ def _proxy_command(instance: InstanceView) -> list[str]:
     if instance.logging_config:  # Ray's logging_config for the proxies: encoding, level, access
         logging_config = json.dumps(instance.logging_config, sort_keys=True)
         command += ["--logging-config", escape(logging_config)]
+    if instance.tracing_config:  # proxies trace as the replicas do (kubeserve.runtime.tracing)
+        tracing = json.dumps(instance.tracing_config, sort_keys=True)
+        command += ["--tracing-config", escape(tracing)]
     if instance.tls is not None:  # the Secret's files, as cert-manager names them
         command += ["--ssl-certfile", f"{TLS_DIR}/tls.crt", "--ssl-keyfile", f"{TLS_DIR}/tls.key"]
         if instance.tls.require_client_certificates:

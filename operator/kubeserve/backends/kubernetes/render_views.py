@@ -13,6 +13,7 @@ from typing import Any, cast
 
 from kubeserve.control import effective_config
 from kubeserve.control.effective_config import EffectiveDeployment
+from kubeserve.control.instance import tracing_config
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.schema.config import ProxyLocation
 from kubeserve.schema.imperative import GRAPH_DIGEST_KEY
@@ -70,6 +71,11 @@ class InstanceView:
         """The serve config's top-level ``logging_config`` (the proxies'), when given."""
         value = self.spec.rest_options().get("logging_config")
         return None if value is None else dict(value)
+
+    @property
+    def tracing_config(self) -> dict[str, Any] | None:
+        """The serve config's ``tracing_config`` (defaults filled) when it enables tracing."""
+        return tracing_config(self.spec.rest_options())
 
     @property
     def grpc_options(self) -> dict[str, Any]:

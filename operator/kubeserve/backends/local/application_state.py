@@ -107,6 +107,8 @@ class ApplicationState:
         #: the instance's ``http_options.root_path``, set by the controller each pass (fixed
         #: while the serving layer runs)
         self.http_root_path = ""
+        #: the instance's ``tracing_config`` when it enables tracing, likewise
+        self.tracing_config: dict[str, Any] | None = None
         #: replicas an earlier run left serving, by deployment, until the first build places them
         self._adoptable: dict[str, list[AdoptedReplica]] = {}
         self._stopping: set[asyncio.Task[None]] = set()
@@ -350,6 +352,7 @@ class ApplicationState:
                 self.route_prefix,
                 app_graph=app_graph,
                 http_root_path=self.http_root_path,
+                tracing_config=self.tracing_config,
             )
             state.adopt_all(self._adoptable.pop(name, []))
             state.reconcile()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 from typing import Any
 
 from aiohttp import web
@@ -22,7 +23,7 @@ from kubeserve.control.instance import (
     immutable_option_conflict,
     prefix_in_use,
 )
-from kubeserve.runtime import wire
+from kubeserve.runtime import tracer, wire
 from kubeserve.runtime.tls import TLSFileError, TLSFiles, check_files
 from kubeserve.schema.errors import ErrorDetail
 from kubeserve.schema.status import ServeInstanceDetails
@@ -134,16 +135,24 @@ class LocalBackend:
 
     def instance_refusals(self, instance: dict[str, Any]) -> list[ErrorDetail]:
         """TLS files the proxy could not serve (unreadable, a key that is not the certificate's,
-        a wrong password, an expired certificate): a 400 at the field, never a proxy that fails
-        to start. Paths are read from this process, the proxy's parent, as the proxy will."""
+        a wrong password, an expired certificate), and tracing the data plane could not do (no
+        OpenTelemetry, an exporter module that is not there): a 400 at the field, never a proxy
+        that fails to start. Paths are read from this process, the proxy's parent, as the proxy
+        will."""
+        refusals: list[ErrorDetail] = []
         files = TLSFiles.from_http_options(instance.get("http_options") or {})
-        if files is None:
-            return []
-        try:
-            check_files(files)
-        except TLSFileError as exc:
-            return [{"loc": ["http_options", exc.field], "msg": str(exc)}]
-        return []
+        if files is not None:
+            try:
+                check_files(files)
+            except TLSFileError as exc:
+                refusals.append({"loc": ["http_options", exc.field], "msg": str(exc)})
+        # proxies and replicas import from this process's path and the directory it runs in
+        search_path = [*sys.path, self.controller.settings.base_dir]
+        cannot_trace = tracer.unavailable(instance.get("tracing_config"), search_path)
+        if cannot_trace is not None:
+            field, reason = cannot_trace
+            refusals.append({"loc": ["tracing_config", field], "msg": reason})
+        return refusals
 
     async def shutdown(self) -> None:
         self.store.clear()

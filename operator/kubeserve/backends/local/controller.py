@@ -34,6 +34,7 @@ from kubeserve.backends.local.snapshot import SnapshotPublisher
 from kubeserve.backends.local.store import IMPERATIVE, DesiredState, Store
 from kubeserve.control import autoscaling
 from kubeserve.control.autoscaling_state import CallerReports
+from kubeserve.control.instance import tracing_config
 from kubeserve.control.replica_limits import DEFAULT_MAX_PROCESSES
 from kubeserve.runtime import channel, metrics_merge, python_env, wire
 from kubeserve.runtime import runtime_env as runtime_envs
@@ -340,10 +341,9 @@ class Controller:
                 self.apps[name] = existing
             app = existing
             app.capacity = capacity
-            app.http_root_path = str(
-                ((desired.options if desired else {}).get("http_options") or {}).get("root_path")
-                or ""
-            )
+            options = desired.options if desired else {}
+            app.http_root_path = str((options.get("http_options") or {}).get("root_path") or "")
+            app.tracing_config = tracing_config(options)
             try:
                 if app.config != stored.config or app.deployed_at != stored.deployed_at:
                     graph = self.store.graph(name) if stored.api_type == IMPERATIVE else None
@@ -402,6 +402,7 @@ class Controller:
         options = {
             **http,
             "logging_config": desired.options.get("logging_config"),
+            "tracing_config": tracing_config(desired.options),
             "grpc_options": desired.options.get("grpc_options") or {},
         }
         self._proxy.reconcile(

@@ -104,6 +104,7 @@ class DeploymentState:
         *,
         app_graph: str | None = None,
         http_root_path: str = "",
+        tracing_config: dict[str, Any] | None = None,
     ) -> None:
         """``version`` covers ``import_path`` (or ``app_graph``, an imperative application's
         pickled graph, base64), ``app_args`` and ``env``: replicas of another version are
@@ -116,6 +117,7 @@ class DeploymentState:
             app_args=dict(app_args or {}),
             route_prefix=route_prefix,
             http_root_path=http_root_path,
+            tracing_config=tracing_config,
             env=env,
             app_graph=app_graph,
         )

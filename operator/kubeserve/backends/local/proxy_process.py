@@ -75,6 +75,8 @@ class ProxyProcess:
             args += ["--keep-alive-timeout-s", str(options["keep_alive_timeout_s"])]
         if options.get("logging_config"):  # the serve config's top-level logging_config
             args += ["--logging-config", json.dumps(options["logging_config"])]
+        if options.get("tracing_config"):  # when it enables tracing
+            args += ["--tracing-config", json.dumps(options["tracing_config"])]
         self._tls = TLSFiles.from_http_options(options)
         if self._tls is not None:  # relative paths mean from kubeserve start's directory
             args += ["--ssl-certfile", os.path.abspath(self._tls.certfile)]

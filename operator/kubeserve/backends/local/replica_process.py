@@ -72,6 +72,8 @@ class ReplicaSpec:
     app_graph: str | None = None
     #: the instance's ``http_options.root_path`` ("" for none)
     http_root_path: str = ""
+    #: the instance's ``tracing_config`` when it enables tracing
+    tracing_config: dict[str, Any] | None = None
 
 
 @dataclass(eq=False)
@@ -263,6 +265,8 @@ class ReplicaProcess:
             replica_config["http_root_path"] = spec.http_root_path
         if config.logging_config:
             replica_config["logging_config"] = dict(config.logging_config)
+        if spec.tracing_config:
+            replica_config["tracing_config"] = spec.tracing_config
         if (router := wire.request_router_spec(config)) is not None:
             replica_config["request_router_class"] = router["request_router_class"]
         fd = os.memfd_create(f"kubeserve-replica-{self.replica_id}", os.MFD_CLOEXEC)

@@ -33,10 +33,6 @@ _TASK_QUEUE = (
     "Serve's task consumers run deployments off a Celery/Taskiq broker queue; kubeserve serves "
     "HTTP and handle calls only"
 )
-_NO_TRACING = (
-    "kubeserve's replicas record no OpenTelemetry spans, so there is no trace context to read "
-    "(get_trace_context)"
-)
 
 #: Fields of Ray's ``HTTPOptions`` that kubeserve's (its admin API's ``http_options``) lacks.
 _HTTP_OPTIONS_FIELDS = {
@@ -81,8 +77,6 @@ REASONS: dict[str, str] = {
     "ray.serve.RunTarget": "the argument of serve.run_many, which is not provided",
     "ray.serve.get_deployment_actor": _DEPLOYMENT_ACTORS,
     "ray.serve.get_deployment_actor_context": _DEPLOYMENT_ACTORS,
-    "ray.serve.get_trace_context": _NO_TRACING,
-    "ray.serve.utils": _NO_TRACING,
     # -- ray.serve.config --------------------------------------------------------------------------
     "ray.serve.config.GangPlacementStrategy": _GANG,
     "ray.serve.config.GangRuntimeFailurePolicy": _GANG,

@@ -12,7 +12,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kubeserve.runtime import channel, logs
+from kubeserve.runtime import channel, logs, tracing
 from kubeserve.runtime.discovery import EndpointSource
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 from kubeserve.runtime.proxy.server import serve_proxy
@@ -63,6 +63,12 @@ def main(
         default=None,
         help="Ray's logging_config as JSON: encoding, log_level, enable_access_log...",
     )
+    parser.add_argument(
+        "--tracing-config",
+        type=json.loads,
+        default=None,
+        help="Ray's tracing_config as JSON: enabled, exporter_import_path, sampling_ratio",
+    )
     parser.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--ssl-keyfile", help=f"its key (PEM); a password in ${PASSWORD_ENV}")
     parser.add_argument("--ssl-ca-certs", help="require client certificates this CA signed")
@@ -100,6 +106,10 @@ def main(
     except (OSError, ValueError) as exc:
         parser.error(f"cannot set up the log: {exc}")
     access = logs.AccessLog(component, settings.encoding) if settings.access_log else None
+    try:
+        tracing.setup(args.tracing_config, "proxy")
+    except tracing.TracingSetupError as exc:
+        parser.error(str(exc))
     try:
         secret = channel.take_secret()
     except ValueError as exc:

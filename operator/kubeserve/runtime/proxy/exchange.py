@@ -29,6 +29,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING
 
 from kubeserve.control.routes import needs_normalizing, normalize_path
+from kubeserve.runtime import tracing
 from kubeserve.runtime.http1 import chunk_prefix, local_response, new_request_id
 from kubeserve.runtime.http_connection import body_too_large
 from kubeserve.runtime.metrics import METHOD_LABELS, OTHER_METHOD
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from kubeserve.runtime.proxy.client import ClientConnection
     from kubeserve.runtime.proxy.tunnel import ClientEnd
     from kubeserve.runtime.proxy.upstream import UpstreamConnection
+    from kubeserve.runtime.tracer import Tracer
 
 __all__ = ["BUFFER_BEFORE_SLOT", "ROUTES_PATH", "Exchange"]
 
@@ -128,6 +130,8 @@ class Exchange:
     unassigned = False
     #: the client sent ``Expect: 100-continue``: it waits for the replica's 100 before its body
     expects_continue = False
+    #: the request's span when the proxy traces (``tracing_config``), ended with its answer
+    span: object = None
 
     def __init__(self, client: ClientConnection) -> None:
         self.client = client
@@ -205,6 +209,8 @@ class Exchange:
                 self.respond_local(404, body)
                 return
         self.key = key
+        if tracing.ACTIVE is not None and not self.upgrade:
+            self._trace(tracing.ACTIVE)
         if state.request_timeout_s is not None:
             loop = self.client.loop
             assert loop is not None
@@ -216,6 +222,26 @@ class Exchange:
             self.assign()
         else:  # the body first (on_message_complete, or add_body past the bound), then a slot
             self.unassigned = True
+
+    def _trace(self, tracer: Tracer) -> None:
+        """Start this request's span; upstream, its trace-context headers replace the client's
+        (see :meth:`Tracer.proxy_request`). WebSockets are not traced."""
+        labels = self.client.state.labels.get(self.key) or ("", "", "")
+        self.span, kept, lines = tracer.proxy_request(
+            self.headers, self.request_id, self.method, labels
+        )
+        self.dropped = True  # from now on the head is serialized, never forwarded verbatim
+        self.id_line += lines
+        if kept is None:
+            return
+        self.headers = kept
+        raw = self.raw
+        end = -1 if raw is None else raw.find(b"\r\n\r\n")
+        if raw is not None and end >= 0:  # read whole already (pipelined): the body stays
+            body = raw[end + 4 :]
+            self.raw = None
+            self.pending = [body] if body else []
+            self.pending_bytes = len(body)
 
     def assign(self) -> None:
         """Ask the router for a replica slot and an upstream connection: at once when the
@@ -555,6 +581,8 @@ class Exchange:
             method = self.method.decode("latin-1")
             shown = route or self.url.partition(b"?")[0].decode("latin-1")
             state.access_log.add(method, shown, status, latency_ms, self.request_id)
+        if self.span is not None and tracing.ACTIVE is not None:
+            tracing.ACTIVE.end(self.span, status)
 
     def _let_go(self) -> None:
         """Stop waiting for a replica, drop the upstream connection (it may hold a half-written

@@ -18,10 +18,10 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubeserve.control.user_config import user_config_version
-from kubeserve.runtime import wire
+from kubeserve.runtime import tracing, wire
 from kubeserve.runtime.replica.grpc_call import (
     grpc_answer,
     grpc_arguments,
@@ -42,11 +42,16 @@ from kubeserve.runtime.replica.user_code import (
 from kubeserve.sdk import context
 from kubeserve.sdk.ray_errors import task_error
 
+if TYPE_CHECKING:
+    from kubeserve.runtime.tracer import Tracer
+
 __all__ = ["Control"]
 
 log = logging.getLogger("kubeserve.replica")
 
 _PICKLE = "application/octet-stream"
+#: a handle call: method, args, kwargs, multiplexed model id, gRPC context, trace context
+_Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str, Any, Any]
 
 
 class Control:
@@ -132,12 +137,10 @@ class Control:
             return await self._reconfigure(request)
         return HttpResponse(404, f"no internal endpoint {path}".encode())
 
-    def _handle_call(
-        self, request: HttpRequest, method_name: str
-    ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str, Any] | HttpResponse:
-        """The method, arguments, multiplexed model id and gRPC context (None unless the gRPC
-        proxy makes the call) of a handle call (its options entered into the request context),
-        or the answer refusing it."""
+    def _handle_call(self, request: HttpRequest, method_name: str) -> _Call | HttpResponse:
+        """The method, arguments, multiplexed model id, gRPC context (None unless the gRPC
+        proxy makes the call) and caller's trace context (None unless it traces) of a handle call
+        (its options entered into the request context), or the answer refusing it."""
         method = self._state.user.method(method_name)
         if method is None:
             return HttpResponse(
@@ -150,15 +153,18 @@ class Control:
         grpc = options.get("grpc")
         if grpc is not None:
             kwargs = grpc_arguments(method, kwargs, grpc)
-        return method, args, kwargs, _enter_call(options), grpc
+        return method, args, kwargs, _enter_call(options), grpc, options.get(tracing.CALL_OPTION)
 
     async def _call(self, request: HttpRequest, method_name: str) -> HttpResponse:
         call = self._handle_call(request, method_name)
         if isinstance(call, HttpResponse):
             return call
-        method, args, kwargs, model_id, grpc = call
+        method, args, kwargs, model_id, grpc, trace = call
         try:
-            result = await self._state.run(method, *args, **kwargs)
+            if tracing.ACTIVE is None:
+                result = await self._state.run(method, *args, **kwargs)
+            else:
+                result = await self._traced_run(tracing.ACTIVE, trace, method_name, call)
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
                 result.close() if inspect.isgenerator(result) else await result.aclose()
                 raise generator_not_streamed(method_name)
@@ -174,6 +180,27 @@ class Control:
             self._state.tell_models(answer)
         return answer
 
+    async def _traced_run(self, tracer: Tracer, trace: Any, method_name: str, call: _Call) -> Any:
+        """Run a handle call inside its replica span, child of the caller's handle span
+        (``trace``): the user's code runs in the span's context."""
+        method, args, kwargs = call[:3]
+        carrier = trace if isinstance(trace, dict) else None
+        with tracer.replica_call(self._state.config, method_name, _request_id(), carrier):
+            return await self._state.run(method, *args, **kwargs)
+
+    async def _traced_frames(
+        self, tracer: Tracer, trace: Any, method_name: str, frames: AsyncGenerator[bytes, None]
+    ) -> AsyncGenerator[bytes, None]:
+        """A streamed call's frames inside its replica span: the generator's steps run in the
+        span's context, which ends with the stream."""
+        carrier = trace if isinstance(trace, dict) else None
+        try:
+            with tracer.replica_call(self._state.config, method_name, _request_id(), carrier):
+                async for frame in frames:
+                    yield frame
+        finally:
+            await frames.aclose()
+
     async def _stream_call(
         self, request: HttpRequest, method_name: str
     ) -> HttpResponse | StreamedResponse:
@@ -181,7 +208,7 @@ class Control:
         call = self._handle_call(request, method_name)
         if isinstance(call, HttpResponse):
             return call
-        method, args, kwargs, model_id, grpc = call
+        method, args, kwargs, model_id, grpc, trace = call
         self._state.ongoing += 1
         started = time.perf_counter()
         try:
@@ -193,6 +220,8 @@ class Control:
         except Exception as exc:
             return self._not_started(exc, started, "streamed handle call", method_name, grpc)
         frames = self._frames(items, started, method_name, grpc)
+        if tracing.ACTIVE is not None:
+            frames = self._traced_frames(tracing.ACTIVE, trace, method_name, frames)
         if not model_id:
             return StreamedResponse(200, {"content-type": _PICKLE}, frames)
         # The first frame before the head, so that the head names the models once the generator
@@ -216,7 +245,7 @@ class Control:
         call = self._handle_call(request, method_name)
         if isinstance(call, HttpResponse):
             return call
-        method, args, kwargs, _, grpc = call
+        method, args, kwargs, _, grpc, _ = call  # (duplex calls are not traced)
         unary = bool(wire.decode_call_with_options(first)[2].get("unary"))
         self._state.ongoing += 1
         started = time.perf_counter()
@@ -326,6 +355,12 @@ def _enter_call(options: dict[str, Any]) -> str:
         )
         return model_id
     return ""
+
+
+def _request_id() -> str:
+    """The id of the request a handle call serves (its caller's), "" when unknown."""
+    current = context.request_context.get()
+    return current.request_id if current is not None else ""
 
 
 async def _after(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:

@@ -15,8 +15,9 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from kubeserve.runtime import tracing
 from kubeserve.runtime.replica.asgi import (
     Lifespan,
     http_scope,
@@ -48,6 +49,9 @@ from kubeserve.sdk import context
 from kubeserve.sdk.http import StreamingResponse, to_response
 from kubeserve.sdk.ingress import asgi_app_of
 from kubeserve.sdk.multiplex import MODEL_ID_HEADER
+
+if TYPE_CHECKING:
+    from kubeserve.runtime.tracer import Tracer
 
 __all__ = ["Ingress"]
 
@@ -112,7 +116,10 @@ class Ingress:
         streaming = False
         try:
             model_id = _enter_request(request, self._route)
-            response = await self._user_http(request, started)
+            if tracing.ACTIVE is None:
+                response = await self._user_http(request, started)
+            else:
+                response = await self._traced_http(tracing.ACTIVE, request, started)
             streaming = isinstance(response, StreamedResponse)
             status = response.status
             if model_id:
@@ -157,6 +164,20 @@ class Ingress:
             return refusal
         finally:
             self._state.finish(started, self._route, ("WEBSOCKET", self._route, status))
+
+    async def _traced_http(
+        self, tracer: Tracer, request: HttpRequest, started: float
+    ) -> HttpResponse | StreamedResponse:
+        """:meth:`_user_http` inside the request's replica span, child of the proxy's (its
+        ``traceparent`` header): the user's code runs in the span's context."""
+        carrier = tracer.headers_carrier(request.headers)
+        config = self._state.config
+        with tracer.replica_call(
+            config, "__call__", request.request_id, carrier, route=self._route
+        ) as span:
+            response = await self._user_http(request, started)
+            tracer.mark(span, response.status)
+            return response
 
     async def _user_http(
         self, request: HttpRequest, started: float

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kubeserve.control.user_config import resolve_user_config
-from kubeserve.runtime import local_socket, logs, wire
+from kubeserve.runtime import local_socket, logs, tracing, wire
 from kubeserve.runtime.build import format_user_error
 from kubeserve.runtime.channel import Role
 from kubeserve.runtime.limits import RequestLimits
@@ -87,11 +87,19 @@ def configure_logging(
     logs.configure(logs.LogSettings(logging_config), component, output)
 
 
+def _component(config: wire.ReplicaConfig) -> str:
+    """The replica as its spans' resource (and default span file) names it."""
+    return f"replica_{config['app']}_{config['deployment']}_{config['replica_id']}"
+
+
 async def _start_user_code(
     config: wire.ReplicaConfig, cluster: ReplicaCluster | None
 ) -> tuple[UserCode, Any]:
     """The user's object, constructed, and the ``user_config`` it applied."""
     try:
+        # before the user's module loads, so its constructor's handle calls trace too; the
+        # exporter imports from where the application does (its runtime_env applied)
+        tracing.setup(config.get("tracing_config"), _component(config))
         node = find_node(config)
         if config.get("request_router_class"):  # a class that cannot load fails the deploy
             load_router_class(config["request_router_class"])

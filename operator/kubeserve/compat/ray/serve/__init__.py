@@ -20,6 +20,7 @@ from typing import Any
 
 from kubeserve.compat.ray import not_provided
 from kubeserve.compat.ray.serve.exceptions import RayServeException
+from kubeserve.compat.ray.serve.utils import get_trace_context
 from kubeserve.sdk import context as _context
 from kubeserve.sdk.application import Application
 from kubeserve.sdk.batching import batch
@@ -40,6 +41,7 @@ __all__ = [
     "get_deployment_handle",
     "get_multiplexed_model_id",
     "get_replica_context",
+    "get_trace_context",
     "ingress",
     "multiplexed",
     "run",

@@ -1,0 +1,78 @@
+"""``tracingConfig`` on a real node: the proxy and replica pods trace one request as one trace.
+
+No exporter given: Ray's default (kubeserve's in a pod) writes every span as a JSON line to the
+container's output, so ``kubectl logs`` of the proxy's and the replicas' pods holds the trace.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+from support.common import wait_for
+from support.k8s_operator import (
+    SMALL_REPLICA,
+    OperatorProcess,
+    application,
+    instance,
+    proxy_service_url,
+    wait_ready,
+)
+from support.node_cluster import NodeCluster
+
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+
+
+def logged_spans(node: NodeCluster, namespace: str) -> list[dict[str, Any]]:
+    """The spans every pod of the instance wrote to its output, each with the pod's component."""
+    found = []
+    for pod in node.get("pods", namespace=namespace)["items"]:
+        component = pod["metadata"]["labels"].get("app.kubernetes.io/component", "")
+        for line in node.pod_log(namespace, pod["metadata"]["name"]).splitlines():
+            if line.startswith('{"name"'):
+                found.append({**json.loads(line), "pod_component": component})
+    return found
+
+
+def test_a_request_is_one_trace_across_the_proxy_and_replica_pods(
+    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+) -> None:
+    ns = node_namespace
+    serving = instance(ns)
+    serving["spec"]["tracingConfig"] = {"enabled": True, "samplingRatio": 1.0}
+    small = [{"name": name, **SMALL_REPLICA} for name in ("Ingress", "Downstream")]
+    traced = application(
+        ns, "traced", "ks_tracing_app:app", routePrefix="/traced", deployments=small
+    )
+    node.apply([serving, traced])
+    wait_ready(node, node_operator, ns, "traced")
+    url = proxy_service_url(node, ns, "/traced")
+    traceparent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+    request = urllib.request.Request(url, headers={"traceparent": traceparent})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        answer = json.loads(response.read())
+        request_id = response.headers["x-request-id"]
+    assert answer["ingress"]["otel_loaded"] and answer["ingress"]["trace_id"] == CLIENT_TRACE
+
+    def trace() -> dict[str, dict[str, Any]] | None:
+        mine = {
+            s["name"]: s
+            for s in logged_spans(node, ns)
+            if s["attributes"].get("request_id") == request_id
+        }
+        return mine if len(mine) >= 6 else None
+
+    spans = wait_for(trace, 60, what=f"the spans of request {request_id} in the pods' logs")
+    proxy = spans["proxy_http_request Ingress GET /traced"]
+    ingress = spans["replica_handle_request Ingress __call__"]
+    handle = spans["route_to_replica Downstream echo"]
+    downstream = spans["replica_handle_request Downstream echo"]
+    assert {s["context"]["trace_id"] for s in spans.values()} == {f"0x{CLIENT_TRACE}"}
+    assert proxy["parent_id"] == f"0x{CLIENT_SPAN}" and proxy["pod_component"] == "proxy"
+    assert ingress["parent_id"] == proxy["context"]["span_id"]
+    assert ingress["pod_component"] == downstream["pod_component"] == "replica"
+    assert handle["parent_id"] == ingress["context"]["span_id"]
+    assert downstream["parent_id"] == handle["context"]["span_id"]
+    assert answer["downstream"]["span_id"] == downstream["context"]["span_id"].removeprefix("0x")

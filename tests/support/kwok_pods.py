@@ -17,6 +17,12 @@ nobody listens on. The operator, though, waits for two things that only those pr
 
 Everything runs in one thread with its own event loop, started and stopped by the context manager;
 the pods' addresses are local ones (:mod:`support.kwok_cluster`).
+
+A stand-in that fails (the API server of a loaded machine times out a read, the instance's secret
+is not there yet) is tried again every :data:`RETRY_S` with the object's latest version: kwok sends
+no further event for a pod once it is Ready, so one failure would otherwise leave its replica
+missing, and its application never Ready. An address kwok gives to a new pod is taken from any
+pod that held it before (whose deletion a re-list may have missed).
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, ReplicaHtt
 from support.common import ROOT
 
 APPS = ROOT / "tests" / "apps"
+#: how often the stand-ins of objects whose handling failed are tried again
+RETRY_S = 1.0
 
 
 class PodStandIns:
@@ -55,6 +63,10 @@ class PodStandIns:
         self._graphs: dict[tuple[str, str], str] = {}
         #: namespace/pod -> (pod uid, its server)
         self._replicas: dict[str, tuple[str, asyncio.Server]] = {}
+        #: pod IP -> the namespace/pod listening on it
+        self._by_ip: dict[str, str] = {}
+        #: kind and namespace/name -> (handler, event, latest object) whose handling failed
+        self._failed: dict[tuple[str, str], tuple[Any, str, dict[str, Any]]] = {}
         #: namespace/pod -> the user_config version the replica reports
         self.applied: dict[str, str] = {}
         #: namespace/instance -> the data-plane secret
@@ -94,6 +106,7 @@ class PodStandIns:
             await asyncio.gather(
                 self._follow(kube, "Job", contract.COMPONENT_BUILD, self._on_job),
                 self._follow(kube, "Pod", contract.COMPONENT_REPLICA, self._on_pod),
+                self._retry(kube),
             )
         finally:
             await kube.close()
@@ -105,22 +118,38 @@ class PodStandIns:
         while True:
             try:
                 items, version = await kube.list_with_version(kind, None, selector)
+                if kind == "Pod":  # pods deleted while no watch ran: no event says so
+                    listed = {_key(item) for item in items}
+                    for key in [k for k in self._replicas if k not in listed]:
+                        await self._close(key)
                 for item in items:
-                    await self._handle(handle, kube, "ADDED", item)
+                    await self._handle(handle, kube, kind, "ADDED", item)
                 async for event in kube.watch(kind, None, selector, version):
                     if event.type != "BOOKMARK":
-                        await self._handle(handle, kube, event.type, event.object)
+                        await self._handle(handle, kube, kind, event.type, event.object)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the watch expired or broke: list again
                 self.errors.append(f"{kind} watch: {exc!r}")
                 await asyncio.sleep(0.5)
 
-    async def _handle(self, handle: Any, kube: Kube, kind: str, obj: dict[str, Any]) -> None:
+    async def _handle(
+        self, handle: Any, kube: Kube, kind: str, event: str, obj: dict[str, Any]
+    ) -> None:
+        failed = (kind, _key(obj))
+        self._failed.pop(failed, None)  # this version supersedes the one that failed
         try:
-            await handle(kube, kind, obj)
+            await handle(kube, event, obj)
         except Exception as exc:  # one object's trouble must not stop the others
             self.errors.append(f"{obj['metadata'].get('name')}: {exc!r}")
+            self._failed[failed] = (handle, event, obj)
+
+    async def _retry(self, kube: Kube) -> None:
+        """Handle again, every :data:`RETRY_S`, the objects whose last handling failed."""
+        while True:
+            await asyncio.sleep(RETRY_S)
+            for (kind, _), (handle, event, obj) in list(self._failed.items()):
+                await self._handle(handle, kube, kind, event, obj)
 
     # -- builds -----------------------------------------------------------------------------------
     async def _on_job(self, kube: Kube, event: str, job: dict[str, Any]) -> None:
@@ -172,6 +201,11 @@ class PodStandIns:
             return
         instance = meta["labels"][contract.INSTANCE_LABEL]
         secret = await self._secret(kube, meta["namespace"], instance)
+        if key in self._replicas:  # the retry and the watch raced for it
+            return
+        previous = self._by_ip.get(ip)
+        if previous is not None and previous != key:  # kwok gave the address to this pod now
+            await self._close(previous)
         server = ReplicaHttpServer(
             _unserved,
             control=lambda request: self._control(key, request),
@@ -182,6 +216,7 @@ class PodStandIns:
             server, ip, contract.REPLICA_PORT, reuse_address=True
         )
         self._replicas[key] = (meta["uid"], listener)
+        self._by_ip[ip] = key
         self.applied[key] = user_config_version(None)
 
     async def _control(self, key: str, request: HttpRequest) -> HttpResponse:
@@ -205,7 +240,13 @@ class PodStandIns:
     async def _close(self, key: str) -> None:
         _, listener = self._replicas.pop(key)
         self.applied.pop(key, None)
+        for ip in [ip for ip, holder in self._by_ip.items() if holder == key]:
+            del self._by_ip[ip]
         listener.close()
+
+
+def _key(obj: dict[str, Any]) -> str:
+    return f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
 
 
 async def _unserved(_: HttpRequest) -> HttpResponse:

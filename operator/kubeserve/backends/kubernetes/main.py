@@ -32,7 +32,6 @@ from kubeserve.backends.kubernetes.handlers import register
 from kubeserve.backends.kubernetes.leader import LeaderElector
 from kubeserve.backends.kubernetes.namespaces import WatchedNamespaces
 from kubeserve.backends.kubernetes.operator import Operator, OperatorSettings
-from kubeserve.runtime.kubernetes.client import Kube
 
 __all__ = ["AdminApp", "run_operator"]
 
@@ -48,7 +47,7 @@ async def run_operator(settings: OperatorSettings, admin_app: AdminApp) -> int:
     """Run the operator until SIGINT or SIGTERM; the exit code."""
     stop = asyncio.Event()
     _stop_on_signals(stop)
-    elector = await _elector(settings)
+    elector = _elector(settings)
     operator = Operator(settings, elector)
     await operator.start()
     try:
@@ -59,8 +58,6 @@ async def run_operator(settings: OperatorSettings, admin_app: AdminApp) -> int:
                 await _reconcile_when_leading(operator, elector, stop)
     finally:
         await operator.close()
-        if elector is not None:
-            await elector.kube.close()
     return 0
 
 
@@ -70,12 +67,12 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
-async def _elector(settings: OperatorSettings) -> LeaderElector | None:
+def _elector(settings: OperatorSettings) -> LeaderElector | None:
     election = settings.election
     if election is None:
         return None
     return LeaderElector(
-        await Kube.connect(settings.kubeconfig),
+        settings.kubeconfig,
         settings.namespace,
         election.lease_name,
         election.identity,
@@ -96,17 +93,14 @@ async def _reconcile(operator: Operator, stop: asyncio.Event, *until: asyncio.Ev
 async def _reconcile_when_leading(
     operator: Operator, elector: LeaderElector, stop: asyncio.Event
 ) -> None:
-    campaign = asyncio.ensure_future(elector.run())
+    await elector.start()
     try:
         while not stop.is_set():
             await _first(stop, elector.leading)
             if not stop.is_set():
                 await _reconcile(operator, stop, elector.lost)
     finally:
-        campaign.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await campaign
-        await elector.release()
+        await elector.stop()
 
 
 async def _first(*events: asyncio.Event) -> None:

@@ -42,6 +42,7 @@ from kubeserve.backends.kubernetes.application import ApplicationReconciler
 from kubeserve.backends.kubernetes.autoscaling import Autoscalers, scaling_key
 from kubeserve.backends.kubernetes.cache import ClusterCache
 from kubeserve.backends.kubernetes.cluster import Cluster
+from kubeserve.backends.kubernetes.concerns import CUSTOM_KINDS, concerned, inputs_digest, key_of
 from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.instance import InstanceReconciler
 from kubeserve.backends.kubernetes.leader import LeaderElector
@@ -54,7 +55,6 @@ from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import Kube, KubeError
 
 log = logging.getLogger(__name__)
-_DEBOUNCE_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -96,10 +96,14 @@ class Reconciler(Protocol):
     async def reconcile(self, obj: dict[str, Any]) -> StatusReport: ...
 
 
-#: Reconcile passes in flight at once. Each is a chain of API requests; a thousand at once (every
-#: object at start-up, a bulk apply) flood the event loop, which then renews the leader's Lease
-#: too late, and every write is fenced until it does. The rest wait their turn, in order.
+#: Reconcile passes in flight at once (the worker's and kopf's handlers' together). Each is a
+#: chain of API requests; a thousand at once (every object at start-up, a bulk apply) would only
+#: queue at the API server and the event loop. The rest wait their turn, in order.
 CONCURRENT_PASSES = 8
+
+#: A resync of an application whose inputs did not change since its last pass skips the pass,
+#: except every this many resyncs (the safety net against drift an event did not announce).
+FULL_RESYNC_EVERY = 10
 
 
 class Operator:
@@ -110,8 +114,12 @@ class Operator:
         self.kube: Kube | None = None
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._passes = asyncio.Semaphore(CONCURRENT_PASSES)
-        self._dirty: set[str] = set()
-        self._wakeup = asyncio.Event()
+        #: keys of the custom resources to reconcile, in the order they became dirty; a key is
+        #: queued once until a worker takes it (changes meanwhile are read by that pass)
+        self._dirty: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        #: application key -> (the digest of its inputs at its last pass, resyncs skipped since)
+        self._settled: dict[str, tuple[str, int]] = {}
         self.cluster: Cluster | None = None
         self._reconcilers: dict[str, Reconciler] = {}
         self._data_plane: DataPlane | None = None
@@ -120,6 +128,7 @@ class Operator:
         self._worker: asyncio.Task[None] | None = None
         self.reconciles = 0
         self.reconcile_errors = 0
+        self.resyncs_skipped = 0
 
     async def start(self) -> None:
         """Connect and fill the caches (the admin API reads them); reconciling starts with
@@ -172,14 +181,46 @@ class Operator:
         async with self._locks[key], self._passes:
             latest = self.cluster.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
             if latest["metadata"].get("deletionTimestamp"):
+                self._settled.pop(key, None)
                 return  # children go with it (ownerReferences); nothing to converge to
             self.reconciles += 1
+            digest = self._digest(obj["kind"], latest)
             try:
                 report = await self._reconcilers[obj["kind"]].reconcile(latest)
                 await self.cluster.patch_status(latest, report.patch(latest))
             except Exception:
                 self.reconcile_errors += 1
+                self._settled.pop(key, None)
                 raise
+            if digest is not None:
+                self._settled[key] = (digest, 0)
+
+    async def resync(self, obj: dict[str, Any]) -> None:
+        """The periodic pass: skipped for an application whose inputs are those of its last
+        pass (a pass that changed anything changed a resourceVersion among them), except every
+        :data:`FULL_RESYNC_EVERY` times."""
+        assert self.cluster is not None
+        meta = obj["metadata"]
+        key = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"
+        latest = self.cluster.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
+        settled = self._settled.get(key)
+        if (
+            settled is not None
+            and settled[1] + 1 < FULL_RESYNC_EVERY
+            and self._digest(obj["kind"], latest) == settled[0]
+        ):
+            self._settled[key] = (settled[0], settled[1] + 1)
+            self.resyncs_skipped += 1
+            return
+        await self.reconcile(obj)
+
+    def _digest(self, kind: str, obj: dict[str, Any]) -> str | None:
+        """The digest of an application's inputs (None for an instance: one per namespace,
+        never skipped)."""
+        if kind != "ServeApplication" or self.cluster is None:
+            return None
+        user_configs = {} if self._data_plane is None else self._data_plane.user_configs
+        return inputs_digest(self.cluster.cache, obj, user_configs)
 
     # -- load reports of the pods (a LoadReportSink of the admin server) -------------------------
 
@@ -228,43 +269,50 @@ class Operator:
             self.kube.counts,
             self.leading,
             self.cluster.cache.all("ServeApplication"),
+            self.resyncs_skipped,
         )
 
-    def _changed(self, kind: str, namespaces: set[str]) -> None:
-        if self.cluster is None:
-            return
-        for namespace in namespaces:
-            for cr_kind in ("ServeInstance", "ServeApplication"):
-                for obj in self.cluster.cache.objects(cr_kind, namespace):
-                    self._dirty.add(f"{cr_kind}/{namespace}/{obj['metadata']['name']}")
-        self._wakeup.set()
+    def _changed(self, kind: str, obj: dict[str, Any]) -> None:
+        if self.cluster is not None:
+            for key in concerned(self.cluster.cache, kind, obj):
+                self._mark(key)
 
     def _wake_all(self) -> None:
         """Mark every custom resource dirty (after a user_config push completed, for example)."""
         if self.cluster is None:
             return
-        for kind in ("ServeInstance", "ServeApplication"):
+        for kind in CUSTOM_KINDS:
             for obj in self.cluster.cache.all(kind):
-                meta = obj["metadata"]
-                self._dirty.add(f"{kind}/{meta['namespace']}/{meta['name']}")
-        self._wakeup.set()
+                self._mark(key_of(kind, obj))
+
+    def _mark(self, key: str) -> None:
+        if key not in self._queued:
+            self._queued.add(key)
+            self._dirty.put_nowait(key)
 
     async def _work(self) -> None:
+        """:data:`CONCURRENT_PASSES` workers taking dirty keys in turn."""
+        workers = [asyncio.ensure_future(self._worker_loop()) for _ in range(CONCURRENT_PASSES)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    async def _worker_loop(self) -> None:
         assert self.cluster is not None
         while True:
-            await self._wakeup.wait()
-            await asyncio.sleep(_DEBOUNCE_S)  # let a burst of pod events collapse into one pass
-            self._wakeup.clear()
-            dirty, self._dirty = self._dirty, set()
-            for key in sorted(dirty):
-                kind, namespace, name = key.split("/", 2)
-                obj = self.cluster.cache.get(kind, namespace, name)
-                if obj is None:
-                    continue
-                try:
-                    await self.reconcile(obj)
-                except KubeError as exc:
-                    log.warning("reconcile of %s failed: %s (will retry)", key, exc)
-                    self._dirty.add(key)
-                except Exception:
-                    log.exception("reconcile of %s failed", key)
+            key = await self._dirty.get()
+            self._queued.discard(key)
+            kind, namespace, name = key.split("/", 2)
+            obj = self.cluster.cache.get(kind, namespace, name)
+            if obj is None:
+                continue
+            try:
+                await self.reconcile(obj)
+            except KubeError as exc:
+                log.warning("reconcile of %s failed: %s (will retry)", key, exc)
+                self._mark(key)
+            except Exception:
+                log.exception("reconcile of %s failed", key)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -192,13 +193,13 @@ class Operator:
                 self.reconcile_errors += 1
                 self._settled.pop(key, None)
                 raise
-            if digest is not None:
-                self._settled[key] = (digest, 0)
+            if digest is not None:  # the full passes of applications settled together spread
+                self._settled[key] = (digest, zlib.crc32(key.encode()) % FULL_RESYNC_EVERY)
 
     async def resync(self, obj: dict[str, Any]) -> None:
         """The periodic pass: skipped for an application whose inputs are those of its last
-        pass (a pass that changed anything changed a resourceVersion among them), except every
-        :data:`FULL_RESYNC_EVERY` times."""
+        pass (a pass that changed anything changed a resourceVersion among them), except once
+        in :data:`FULL_RESYNC_EVERY` resyncs (when, differs between applications)."""
         assert self.cluster is not None
         meta = obj["metadata"]
         key = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"

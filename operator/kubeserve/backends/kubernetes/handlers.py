@@ -23,7 +23,7 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
     """Register the handlers of ``operator`` in ``registry`` (one registry per operator run)."""
 
     async def reconcile(body: kopf.Body, **_: Any) -> None:
-        await operator.reconcile(dict(body))
+        await operator.reconcile_or_requeue(dict(body))
 
     async def resync(body: kopf.Body, **_: Any) -> None:
         await operator.resync(dict(body))

@@ -89,6 +89,8 @@ class LeaderElector:
         self._thread: threading.Thread | None = None
         #: whether a term is in progress, as the elector's thread knows it
         self._in_term = False
+        #: the Lease as the API server answered this process's last write of it
+        self._written: dict[str, Any] | None = None
 
     def may_write(self) -> bool:
         """Whether this process still leads for certain (see :class:`~.leader_election.Tenure`);
@@ -183,9 +185,15 @@ class LeaderElector:
             log.warning("could not release lease %s/%s: %s", self.namespace, self.name, exc)
 
     async def _attempt(self) -> bool:
-        """One read and, unless another replica holds the Lease, one compare-and-swap write.
-        What it read counts as observed when the read *returned* (the later, safer time)."""
+        """During a term, one compare-and-swap write over the Lease as this process last wrote
+        it (one request: the API server of a busy cluster may take seconds for each); else, or
+        when that write finds the Lease changed, one read and, unless another replica holds it,
+        one compare-and-swap write. What it read counts as observed when the read *returned*
+        (the later, safer time)."""
         assert self.kube is not None
+        renewing = self._written if self._in_term else None
+        if renewing is not None and await self._write(LeaseRecord.of(renewing), renewing):
+            return True
         lease = await self.kube.get("Lease", self.namespace, self.name)
         now = self._clock()
         current = LeaseRecord() if lease is None else LeaseRecord.of(lease)
@@ -198,15 +206,24 @@ class LeaderElector:
             if self._in_term:
                 self._end_term(f"the lease is held by {current.holder}")
             return False
+        return await self._write(current, lease)
+
+    async def _write(self, current: LeaseRecord, lease: dict[str, Any] | None) -> bool:
+        """Take or renew the Lease over ``lease`` (None: there is none); False when another
+        wrote it first (the next attempt reads its record)."""
+        assert self.kube is not None
+        sent = self._clock()
         wanted = claim(current, self.identity, self._own_url, self.timing, micro_time())
         try:
             if lease is None:
-                await self.kube.create("Lease", self.namespace, self._lease(wanted, None))
+                written = await self.kube.create("Lease", self.namespace, self._lease(wanted, None))
             else:
-                await self.kube.replace(self._lease(wanted, lease))
+                written = await self.kube.replace(self._lease(wanted, lease))
         except KubeConflict:
-            return False  # another replica wrote first; the next attempt reads its record
-        self._observed = Observation(wanted, now)
+            self._written = None
+            return False
+        self._written = dict(written)
+        self._observed = Observation(wanted, sent)
         self.leader_url = self._own_url
         return True
 
@@ -235,6 +252,7 @@ class LeaderElector:
     def _end_term(self, why: str) -> None:
         self._tenure.end()  # the fence first: from now on no thread may write
         self._in_term = False
+        self._written = None
         self._to_owner(_publish, self.lost, self.leading)
         log.warning("no longer leading (%s)", why)
 

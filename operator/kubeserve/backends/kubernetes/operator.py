@@ -98,9 +98,11 @@ class Reconciler(Protocol):
 
 
 #: Reconcile passes in flight at once (the worker's and kopf's handlers' together). Each is a
-#: chain of API requests; a thousand at once (every object at start-up, a bulk apply) would only
-#: queue at the API server and the event loop. The rest wait their turn, in order.
-CONCURRENT_PASSES = 8
+#: chain of API requests, each taking up to a second from a busy API server: the passes of a bulk
+#: apply overlap to keep it busy, but a thousand at once would only queue at it and in the event
+#: loop. The rest wait their turn, in order. (The leader's Lease does not wait for them: it is
+#: renewed from a thread of its own.)
+CONCURRENT_PASSES = 32
 
 #: A resync of an application whose inputs did not change since its last pass skips the pass,
 #: except every this many resyncs (the safety net against drift an event did not announce).
@@ -196,6 +198,18 @@ class Operator:
             if digest is not None:  # the full passes of applications settled together spread
                 self._settled[key] = (digest, zlib.crc32(key.encode()) % FULL_RESYNC_EVERY)
 
+    async def reconcile_or_requeue(self, obj: dict[str, Any]) -> None:
+        """:meth:`reconcile` for kopf's handlers: a pass that failed for the API (a timeout, a
+        conflict, a write fenced while the Lease's renewal is late) goes back to the worker's
+        queue, which tries it again as soon as a pass is free (kopf would wait a minute)."""
+        try:
+            await self.reconcile(obj)
+        except KubeError as exc:
+            meta = obj["metadata"]
+            key = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"
+            log.warning("reconcile of %s failed: %s (will retry)", key, exc)
+            self._mark(key)
+
     async def resync(self, obj: dict[str, Any]) -> None:
         """The periodic pass: skipped for an application whose inputs are those of its last
         pass (a pass that changed anything changed a resourceVersion among them), except once
@@ -213,7 +227,7 @@ class Operator:
             self._settled[key] = (settled[0], settled[1] + 1)
             self.resyncs_skipped += 1
             return
-        await self.reconcile(obj)
+        await self.reconcile_or_requeue(obj)
 
     def _digest(self, kind: str, obj: dict[str, Any]) -> str | None:
         """The digest of an application's inputs (None for an instance: one per namespace,

@@ -2,8 +2,8 @@
 
 Reconciliation reads from these caches, never from the API server directly, so a pass over an
 application whose state did not change makes no API request at all. Every change of a cached
-object calls ``on_change(kind, obj)`` with the object, which the operator uses to wake the
-reconcilers it concerns.
+object calls ``on_change(kind, obj, old)`` with the object and the version it replaced, which
+the operator uses to wake the reconcilers it concerns.
 
 The caches are indexed by namespace and by the labels that name an application, an instance or a
 build Job (:data:`INDEX_LABELS`), so a pass reads its own children without walking the thousands
@@ -66,7 +66,7 @@ class ClusterCache:
         self,
         kube: Kube,
         namespaces: list[str] | None,
-        on_change: Callable[[str, dict[str, Any]], None],
+        on_change: Callable[[str, dict[str, Any], dict[str, Any] | None], None],
     ) -> None:
         """``namespaces`` None watches the whole cluster."""
         self._kube = kube
@@ -87,9 +87,9 @@ class ClusterCache:
             ]
         self._tasks: list[asyncio.Task[None]] = []
 
-    def _changed(self, kind: str) -> Callable[[str, dict[str, Any]], None]:
-        def changed(_event: str, obj: dict[str, Any]) -> None:
-            self._on_change(kind, obj)
+    def _changed(self, kind: str) -> Callable[[str, dict[str, Any], dict[str, Any] | None], None]:
+        def changed(_event: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+            self._on_change(kind, obj, old)
 
         return changed
 

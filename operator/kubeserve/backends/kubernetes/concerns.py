@@ -4,7 +4,8 @@ reads.
 With a thousand applications in one namespace, waking every custom resource of the namespace at
 each pod event (what the operator did first) makes each event a thousand passes. A child names
 its application (or, when it has none, its instance) by label, so :func:`concerned` wakes that one;
-only an object naming neither wakes its whole namespace, as before.
+only an object naming neither wakes its whole namespace, as before. An application whose status
+changed (its own pass wrote it) wakes its instance, not itself again.
 
 :func:`inputs_digest` lets the periodic resync skip an application none of whose inputs changed
 since its last pass (see :meth:`~.operator.Operator.resync`): its own object, its instance's, and
@@ -31,12 +32,18 @@ def key_of(kind: str, obj: Mapping[str, Any]) -> str:
     return f"{kind}/{meta['namespace']}/{meta['name']}"
 
 
-def concerned(cache: ClusterCache, kind: str, obj: Mapping[str, Any]) -> set[str]:
-    """The keys of the custom resources whose pass reads ``obj`` (of ``kind``)."""
+def concerned(
+    cache: ClusterCache,
+    kind: str,
+    obj: Mapping[str, Any],
+    old: Mapping[str, Any] | None = None,
+) -> set[str]:
+    """The keys of the custom resources whose pass reads ``obj`` (of ``kind``; ``old`` is the
+    version it replaced)."""
     namespace = obj["metadata"].get("namespace", "")
     if kind == "ServeApplication":  # its instance reports the statuses of its applications
         instance = cache.get("ServeInstance", namespace, contract.instance_of(obj))
-        found = {key_of(kind, obj)}
+        found = set() if _same_inputs(obj, old) else {key_of(kind, obj)}
         return found if instance is None else found | {key_of("ServeInstance", instance)}
     if kind == "ServeInstance":  # its applications render with it
         name = obj["metadata"]["name"]
@@ -54,6 +61,20 @@ def concerned(cache: ClusterCache, kind: str, obj: Mapping[str, Any]) -> set[str
                 key_of(owner_kind, o) for o in _named(cache, owner_kind, namespace, labels[label])
             }
     return {key_of(k, o) for k in CUSTOM_KINDS for o in cache.objects(k, namespace)}
+
+
+#: what a pass over an application reads of its own object, besides its spec
+_READ_METADATA = ("annotations", "ownerReferences", "deletionTimestamp", "generation", "uid")
+
+
+def _same_inputs(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    """Whether an application changed only in what its own pass does not read: its status (the
+    pass writes it), kopf's finalizer and bookkeeping. Its own pass need not run again for that:
+    a status the operator wrote wakes only the instance."""
+    if old is None or obj.get("spec") != old.get("spec"):
+        return False
+    meta, before = obj["metadata"], old["metadata"]
+    return all(meta.get(field) == before.get(field) for field in _READ_METADATA)
 
 
 def _named(cache: ClusterCache, kind: str, namespace: str, value: str) -> list[dict[str, Any]]:

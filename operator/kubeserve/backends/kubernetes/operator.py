@@ -104,6 +104,9 @@ class Reconciler(Protocol):
 #: renewed from a thread of its own.)
 CONCURRENT_PASSES = 32
 
+#: how often a worker looks whether the leader's renewal came, while its writes are fenced
+_FENCED_POLL_S = 0.1
+
 #: A resync of an application whose inputs did not change since its last pass skips the pass,
 #: except every this many resyncs (the safety net against drift an event did not announce).
 FULL_RESYNC_EVERY = 10
@@ -287,9 +290,9 @@ class Operator:
             self.resyncs_skipped,
         )
 
-    def _changed(self, kind: str, obj: dict[str, Any]) -> None:
+    def _changed(self, kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         if self.cluster is not None:
-            for key in concerned(self.cluster.cache, kind, obj):
+            for key in concerned(self.cluster.cache, kind, obj, old):
                 self._mark(key)
 
     def _wake_all(self) -> None:
@@ -315,10 +318,17 @@ class Operator:
                 worker.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
 
+    async def _writable(self) -> None:
+        """Until this process may write (at once without election): while the renewal of the
+        Lease is late every write would be fenced, and the pass would only fail."""
+        while self._elector is not None and not self._elector.may_write():  # noqa: ASYNC110
+            await asyncio.sleep(_FENCED_POLL_S)  # (the fence is a clock, not an event)
+
     async def _worker_loop(self) -> None:
         assert self.cluster is not None
         while True:
             key = await self._dirty.get()
+            await self._writable()
             self._queued.discard(key)
             kind, namespace, name = key.split("/", 2)
             obj = self.cluster.cache.get(kind, namespace, name)

@@ -285,9 +285,9 @@ class Kube:
                     yield WatchEvent(event["type"], event["object"])
 
 
-#: an informer's per-change callback: the event type (``ADDED``, ``MODIFIED``, ``DELETED``) and
-#: the object as cached (transformed)
-ChangeListener = Callable[[str, dict[str, Any]], None]
+#: an informer's per-change callback: the event type (``ADDED``, ``MODIFIED``, ``DELETED``), the
+#: object as cached (transformed) and the version it replaced (None when new)
+ChangeListener = Callable[[str, dict[str, Any], dict[str, Any] | None], None]
 
 
 class Informer:
@@ -355,16 +355,16 @@ class Informer:
             self._kind, self._namespace, self._selector
         )
         fresh = {_key(o): self._transform(o) for o in items}
-        gone = [obj for key, obj in self.objects.items() if key not in fresh]
-        self.objects, self._index = {}, {}
+        before, self.objects, self._index = self.objects, {}, {}
         for key, obj in fresh.items():
             self._store(key, obj)
         del items, fresh
         if self._on_event is not None:
-            for obj in gone:
-                self._on_event("DELETED", obj)
-            for obj in self.objects.values():
-                self._on_event("ADDED", obj)
+            for key, obj in before.items():
+                if key not in self.objects:
+                    self._on_event("DELETED", obj, obj)
+            for key, obj in self.objects.items():
+                self._on_event("ADDED", obj, before.get(key))
         if self._on_change is not None:
             self._on_change(self.objects)
         self.synced.set()
@@ -376,12 +376,13 @@ class Informer:
                 if event.type == "BOOKMARK":
                     continue
                 obj = self._transform(event.object)
+                old = self.objects.get(_key(obj))
                 if event.type == "DELETED":
                     self._drop(_key(obj))
                 else:
                     self._store(_key(obj), obj)
                 if self._on_event is not None:
-                    self._on_event(event.type, obj)
+                    self._on_event(event.type, obj, old)
                 if self._on_change is not None:
                     self._on_change(self.objects)
 

@@ -168,9 +168,11 @@ async def _listening(runner: web.AppRunner, hosts: Sequence[str], port: int) -> 
 async def _run_kopf(operator: Operator, stop: asyncio.Event, *until: asyncio.Event) -> None:
     """kopf's own loop with the operator's handlers, until ``stop`` or one of ``until`` is set.
 
-    kopf takes SIGINT and SIGTERM over while it runs (and ends on them): when it ends with
-    neither set, it ended for a signal (or a failure of its own), which stops the process; the
-    process's own handlers come back either way, for the time it runs without kopf."""
+    kopf takes SIGINT and SIGTERM over while it runs (and ends on them): when it ends without
+    having been asked to, it ended for a signal (or a failure of its own), which stops the
+    process; the process's own handlers come back either way, for the time it runs without kopf.
+    (Whether it was asked is the stop flag, not the events: a term lost and won back while kopf
+    was stopping has ``lost`` clear again, and is no reason to exit.)"""
     registry = kopf.OperatorRegistry()
     register(registry, operator)
     namespaces = list(operator.settings.watch_namespaces)
@@ -192,6 +194,6 @@ async def _run_kopf(operator: Operator, stop: asyncio.Event, *until: asyncio.Eve
         )
     finally:
         stop_task.cancel()
-        if not any(event.is_set() for event in (stop, *until)):
+        if not stop_flag.done():  # kopf ended without being asked: a signal, or its own failure
             stop.set()
         _stop_on_signals(stop)

@@ -49,6 +49,8 @@ from support.common import ROOT
 APPS = ROOT / "tests" / "apps"
 #: how often the stand-ins of objects whose handling failed are tried again
 RETRY_S = 1.0
+#: graph ConfigMaps written at once
+CONCURRENT_WRITES = 32
 
 
 class PodStandIns:
@@ -65,6 +67,11 @@ class PodStandIns:
         self._replicas: dict[str, tuple[str, asyncio.Server]] = {}
         #: pod IP -> the namespace/pod listening on it
         self._by_ip: dict[str, str] = {}
+        #: build Jobs seen (namespace/name), their graph-writing tasks, and the bound on those
+        self._builds: set[str] = set()
+        self._build_tasks: set[asyncio.Task[None]] = set()
+        self._writes = asyncio.Semaphore(CONCURRENT_WRITES)
+        self._graph_locks: dict[tuple[str, str], asyncio.Lock] = {}
         #: kind and namespace/name -> (handler, event, latest object) whose handling failed
         self._failed: dict[tuple[str, str], tuple[Any, str, dict[str, Any]]] = {}
         #: namespace/pod -> the user_config version the replica reports
@@ -90,7 +97,9 @@ class PodStandIns:
     async def _stop(self) -> None:
         assert self._main is not None
         self._main.cancel()
-        await asyncio.gather(self._main, return_exceptions=True)
+        for task in self._build_tasks:
+            task.cancel()
+        await asyncio.gather(self._main, *self._build_tasks, return_exceptions=True)
         for key in list(self._replicas):
             await self._close(key)
 
@@ -153,28 +162,43 @@ class PodStandIns:
 
     # -- builds -----------------------------------------------------------------------------------
     async def _on_job(self, kube: Kube, event: str, job: dict[str, Any]) -> None:
-        if event == "DELETED":
+        """A build Job: its graph written in a task of its own (a thousand Jobs at once, each
+        write a second on a busy API server, one at a time would make the builds the slowest
+        part of every figure); each Job once, its later events (status) ignored."""
+        if event == "DELETED" or _key(job) in self._builds:
             return
+        self._builds.add(_key(job))
+        task = asyncio.ensure_future(self._build(kube, event, job))
+        self._build_tasks.add(task)
+        task.add_done_callback(self._build_tasks.discard)
+
+    async def _build(self, kube: Kube, event: str, job: dict[str, Any]) -> None:
+        async with self._writes:
+            await self._handle(self._write_graph, kube, "Job", event, job)
+
+    async def _write_graph(self, kube: Kube, _event: str, job: dict[str, Any]) -> None:
         command = job["spec"]["template"]["spec"]["containers"][0]["command"]
         options = dict(zip(command[3::2], command[4::2], strict=False))
         if command[2].startswith("--") or "--configmap" not in options:
             raise ValueError(f"a build this stand-in cannot run: {command}")
         namespace = job["metadata"]["namespace"]
         name = options["--configmap"]
-        if await kube.get("ConfigMap", namespace, name) is not None:
-            return
         import_path = command[2].replace("$$", "$")
         args = options.get("--args", "{}").replace("$$", "$")
         document = await self._graph(import_path, args)
         body = graph_configmap(
             namespace, name, document, options["--application"], options["--application-uid"]
         )
-        with contextlib.suppress(KubeConflict):
+        with contextlib.suppress(KubeConflict):  # written already
             await kube.create("ConfigMap", namespace, body)
             self.graphs_written += 1
 
     async def _graph(self, import_path: str, args: str) -> str:
         key = (import_path, args)
+        async with self._graph_locks.setdefault(key, asyncio.Lock()):
+            return await self._built(key, import_path, args)
+
+    async def _built(self, key: tuple[str, str], import_path: str, args: str) -> str:
         if key not in self._graphs:
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(str(d) for d in self.app_dirs)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -107,6 +108,11 @@ CONCURRENT_PASSES = 32
 #: how often a worker looks whether the leader's renewal came, while its writes are fenced
 _FENCED_POLL_S = 0.1
 
+#: The shortest time between two of the worker's passes over one instance. Every status change
+#: of its applications wakes it (its status summarises theirs), and with a thousand rolling out
+#: back-to-back passes would rewrite that status, a thousand entries, without a pause.
+INSTANCE_PASS_INTERVAL_S = 5.0
+
 #: A resync of an application whose inputs did not change since its last pass skips the pass,
 #: except every this many resyncs (the safety net against drift an event did not announce).
 FULL_RESYNC_EVERY = 10
@@ -124,6 +130,8 @@ class Operator:
         #: queued once until a worker takes it (changes meanwhile are read by that pass)
         self._dirty: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
+        #: instance key -> when the worker last started a pass over it (monotonic)
+        self._instance_passed: dict[str, float] = {}
         #: application key -> (the digest of its inputs at its last pass, resyncs skipped since)
         self._settled: dict[str, tuple[str, int]] = {}
         self.cluster: Cluster | None = None
@@ -334,6 +342,15 @@ class Operator:
             obj = self.cluster.cache.get(kind, namespace, name)
             if obj is None:
                 continue
+            if kind == "ServeInstance":
+                due = self._instance_passed.get(key, 0.0) + INSTANCE_PASS_INTERVAL_S
+                wait = due - time.monotonic()
+                if wait > 0:
+                    if key not in self._queued:
+                        self._queued.add(key)
+                        asyncio.get_running_loop().call_later(wait, self._dirty.put_nowait, key)
+                    continue
+                self._instance_passed[key] = time.monotonic()
             try:
                 await self.reconcile(obj)
             except KubeError as exc:

@@ -151,9 +151,7 @@ class Operator:
         writer = kube if self._elector is None else kube.fenced(self._elector.may_write)
         namespaces = list(self.settings.watch_namespaces) or None
         self.cluster = Cluster(writer, ClusterCache(kube, namespaces, self._changed))
-        data_plane = DataPlane(
-            writer, on_pushed=self._wake_all, report_url=self.settings.report_url
-        )
+        data_plane = DataPlane(writer, on_pushed=self._pushed, report_url=self.settings.report_url)
         self._data_plane = data_plane
         self._reconcilers = {
             "ServeInstance": InstanceReconciler(self.cluster, data_plane, self.settings.namespace),
@@ -201,12 +199,15 @@ class Operator:
             digest = self._digest(obj["kind"], latest)
             try:
                 report = await self._reconcilers[obj["kind"]].reconcile(latest)
-                await self.cluster.patch_status(latest, report.patch(latest))
+                status = report.patch(latest)
+                await self.cluster.patch_status(latest, status)
             except Exception:
                 self.reconcile_errors += 1
                 self._settled.pop(key, None)
                 raise
-            if digest is not None:  # the full passes of applications settled together spread
+            if status.get("appStatus") != "RUNNING":  # a pass may be due whatever changes
+                self._settled.pop(key, None)
+            elif digest is not None:  # the full passes of applications settled together spread
                 self._settled[key] = (digest, zlib.crc32(key.encode()) % FULL_RESYNC_EVERY)
 
     async def reconcile_or_requeue(self, obj: dict[str, Any]) -> None:
@@ -222,9 +223,11 @@ class Operator:
             self._mark(key)
 
     async def resync(self, obj: dict[str, Any]) -> None:
-        """The periodic pass: skipped for an application whose inputs are those of its last
-        pass (a pass that changed anything changed a resourceVersion among them), except once
-        in :data:`FULL_RESYNC_EVERY` resyncs (when, differs between applications)."""
+        """The periodic pass: skipped for a RUNNING application whose inputs are those of its
+        last pass (a pass that changed anything changed a resourceVersion among them), except
+        once in :data:`FULL_RESYNC_EVERY` resyncs (when, differs between applications). An
+        application not RUNNING may wait on what no input shows (a replica that did not answer
+        yet): its resync always runs."""
         assert self.cluster is not None
         meta = obj["metadata"]
         key = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"
@@ -303,8 +306,12 @@ class Operator:
             for key in concerned(self.cluster.cache, kind, obj, old):
                 self._mark(key)
 
+    def _pushed(self, pod: dict[str, Any]) -> None:
+        """A user_config push to ``pod`` ended: its application's pass reads the outcome."""
+        self._changed("Pod", pod, None)
+
     def _wake_all(self) -> None:
-        """Mark every custom resource dirty (after a user_config push completed, for example)."""
+        """Mark every custom resource dirty (when leading starts, or an autoscaler decided)."""
         if self.cluster is None:
             return
         for kind in CUSTOM_KINDS:

@@ -63,7 +63,7 @@ class PodStandIns:
         self._main: asyncio.Task[None] | None = None
         #: (import path, args) -> the graph document, or the error of building it
         self._graphs: dict[tuple[str, str], str] = {}
-        #: namespace/pod -> (pod uid, its server)
+        #: namespace/pod -> (pod uid and IP, its server)
         self._replicas: dict[str, tuple[str, asyncio.Server]] = {}
         #: pod IP -> the namespace/pod listening on it
         self._by_ip: dict[str, str] = {}
@@ -218,7 +218,8 @@ class PodStandIns:
         running = self._replicas.get(key)
         ip = status.get("podIP")
         gone = event == "DELETED" or meta.get("deletionTimestamp") or not ip
-        if running is not None and (gone or running[0] != meta["uid"]):
+        # kwok may give a pod another address (it retries a status update that conflicted)
+        if running is not None and (gone or running[0] != f"{meta['uid']}/{ip}"):
             await self._close(key)
             running = None
         if gone or running is not None:
@@ -239,7 +240,7 @@ class PodStandIns:
         listener = await asyncio.get_running_loop().create_server(
             server, ip, contract.REPLICA_PORT, reuse_address=True
         )
-        self._replicas[key] = (meta["uid"], listener)
+        self._replicas[key] = (f"{meta['uid']}/{ip}", listener)
         self._by_ip[ip] = key
         self.applied[key] = user_config_version(None)
 

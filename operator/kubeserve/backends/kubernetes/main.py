@@ -171,14 +171,19 @@ async def _run_kopf(operator: Operator, stop: asyncio.Event, *until: asyncio.Eve
     kopf takes SIGINT and SIGTERM over while it runs (and ends on them): when it ends without
     having been asked to, it ended for a signal (or a failure of its own), which stops the
     process; the process's own handlers come back either way, for the time it runs without kopf.
-    (Whether it was asked is the stop flag, not the events: a term lost and won back while kopf
-    was stopping has ``lost`` clear again, and is no reason to exit.)"""
+    (Whether it was asked is remembered when asking, not read off the events afterwards: a term
+    lost and won back while kopf was stopping has ``lost`` clear again, and is no reason to
+    exit; nor off kopf's stop flag, which kopf itself sets on a signal.)"""
     registry = kopf.OperatorRegistry()
     register(registry, operator)
     namespaces = list(operator.settings.watch_namespaces)
     stop_flag: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def _stop(_task: object) -> None:
+    asked: list[bool] = []
+
+    def _stop(task: asyncio.Future[None]) -> None:
+        if not task.cancelled():
+            asked.append(True)
         if not stop_flag.done():
             stop_flag.set_result(None)
 
@@ -194,6 +199,6 @@ async def _run_kopf(operator: Operator, stop: asyncio.Event, *until: asyncio.Eve
         )
     finally:
         stop_task.cancel()
-        if not stop_flag.done():  # kopf ended without being asked: a signal, or its own failure
+        if not asked:  # kopf ended without being asked: a signal, or its own failure
             stop.set()
         _stop_on_signals(stop)

@@ -1,14 +1,16 @@
 """Fifty applications on kwok's fake nodes: all Ready, and an operator that writes nothing once
-nothing changes (``make bench-operator`` runs the same with 1,000)."""
+nothing changes, and whose periodic resync skips the passes over applications none of whose
+inputs changed (``make bench-operator`` runs the same with 1,000)."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 
 import pytest
 
-from support.common import wait_for
+from support.common import http, wait_for
 from support.k8s_operator import KUBESERVE_IMAGE, OperatorProcess, application, instance
 from support.kwok_cluster import KwokCluster
 
@@ -18,6 +20,13 @@ APPS = 50
 ELECTION = "leases"
 #: longer than the operator's resync timer (30 s), so a pass over every object falls inside
 IDLE_WINDOW_S = 40.0
+
+
+def metric(operator: OperatorProcess, name: str) -> float:
+    text = http("GET", f"http://127.0.0.1:{operator.metrics_port}/metrics")[1]
+    found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    assert found, f"{name} not in /metrics"
+    return float(found.group(1))
 
 
 def ready_count(plane: KwokCluster, namespace: str) -> int:
@@ -69,7 +78,14 @@ def test_fifty_applications_ready_then_no_writes(
 
     wait_for(quiet, 120, interval_s=0, what="5 s without a write of the operator")
     mark = kwok.audit_mark()
+    skipped = metric(kwok_operator, "kubeserve_operator_resyncs_skipped_total")
+    passes = metric(kwok_operator, "kubeserve_operator_reconciles_total")
     time.sleep(IDLE_WINDOW_S)  # the window measured: nothing to poll for
     writes = changes(mark)
     assert writes == Counter(), f"writes in {IDLE_WINDOW_S:.0f} s idle: {dict(writes)}"
     assert ready_count(kwok, ns) == APPS
+    # every application's resync came once at least (one in ten is a full pass, the safety net)
+    skipped = metric(kwok_operator, "kubeserve_operator_resyncs_skipped_total") - skipped
+    passes = metric(kwok_operator, "kubeserve_operator_reconciles_total") - passes
+    assert skipped >= APPS * 0.8, f"{passes} passes and {skipped} skipped resyncs when idle"
+    assert passes <= APPS * 0.4, f"{passes} passes and {skipped} skipped resyncs when idle"

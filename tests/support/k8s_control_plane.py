@@ -172,7 +172,14 @@ class ControlPlane:
         return bool(self.kubectl(*args).stdout.strip())
 
     # -- raw API ----------------------------------------------------------------------------------
-    def api(self, method: str, path: str, body: Any = None, token: str | None = None) -> Any:
+    def api(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+    ) -> Any:
         """One API request as admin (or ``token``); returns the decoded body, raises on >= 400."""
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
@@ -185,7 +192,7 @@ class ControlPlane:
             },
         )
         context = ssl.create_default_context(cafile=str(self.ca_file))
-        with urllib.request.urlopen(request, timeout=30, context=context) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
             payload = response.read()
         return json.loads(payload) if payload else None
 

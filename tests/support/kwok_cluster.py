@@ -53,6 +53,8 @@ OPERATOR_USER = "kubeserve-operator"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 #: The label every fake node carries (tests select them, or subsets by their own labels).
 FAKE_NODE_LABEL = "type"
+#: pods (and nodes) kwok moves through a stage of their lifecycle at once
+KWOK_PARALLELISM = 64
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
 
@@ -278,8 +280,17 @@ def _start(cluster: KwokCluster, etcd: str, kwok: Path, timeout_s: float) -> Non
         f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
         "--bind-address=127.0.0.1", f"--secure-port={scheduler_port}",
     ], lambda: _answers_ok(f"https://127.0.0.1:{scheduler_port}/healthz"))  # fmt: skip
+    # kwok moves 4 pods through a stage at a time by default: with each status update taking a
+    # second of a busy API server, a thousand applications' pods came up at one or two a second.
+    kwok_config = work / "kwok.yaml"
+    kwok_config.write_text(json.dumps({
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokConfiguration",
+        "options": {"podPlayStageParallelism": KWOK_PARALLELISM,
+                    "nodePlayStageParallelism": KWOK_PARALLELISM},
+    }))  # fmt: skip
     processes.start("kwok", [
-        str(kwok), f"--kubeconfig={work / 'kwok.kubeconfig'}",
+        str(kwok), f"--kubeconfig={work / 'kwok.kubeconfig'}", f"--config={kwok_config}",
         f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
         "--node-ip=127.0.0.1", "--cidr=10.252.255.0/24", "--v=WARN",
     ])  # fmt: skip

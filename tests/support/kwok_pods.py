@@ -17,6 +17,12 @@ nobody listens on. The operator, though, waits for two things that only those pr
 
 Everything runs in one thread with its own event loop, started and stopped by the context manager;
 the pods' addresses are local ones (:mod:`support.kwok_cluster`).
+
+A stand-in that fails (the API server of a loaded machine times out a read, the instance's secret
+is not there yet) is tried again every :data:`RETRY_S` with the object's latest version: kwok sends
+no further event for a pod once it is Ready, so one failure would otherwise leave its replica
+missing, and its application never Ready. An address kwok gives to a new pod is taken from any
+pod that held it before (whose deletion a re-list may have missed).
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, ReplicaHtt
 from support.common import ROOT
 
 APPS = ROOT / "tests" / "apps"
+#: how often the stand-ins of objects whose handling failed are tried again
+RETRY_S = 1.0
+#: graph ConfigMaps written at once
+CONCURRENT_WRITES = 32
 
 
 class PodStandIns:
@@ -53,8 +63,17 @@ class PodStandIns:
         self._main: asyncio.Task[None] | None = None
         #: (import path, args) -> the graph document, or the error of building it
         self._graphs: dict[tuple[str, str], str] = {}
-        #: namespace/pod -> (pod uid, its server)
+        #: namespace/pod -> (pod uid and IP, its server)
         self._replicas: dict[str, tuple[str, asyncio.Server]] = {}
+        #: pod IP -> the namespace/pod listening on it
+        self._by_ip: dict[str, str] = {}
+        #: build Jobs seen (namespace/name), their graph-writing tasks, and the bound on those
+        self._builds: set[str] = set()
+        self._build_tasks: set[asyncio.Task[None]] = set()
+        self._writes = asyncio.Semaphore(CONCURRENT_WRITES)
+        self._graph_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        #: kind and namespace/name -> (handler, event, latest object) whose handling failed
+        self._failed: dict[tuple[str, str], tuple[Any, str, dict[str, Any]]] = {}
         #: namespace/pod -> the user_config version the replica reports
         self.applied: dict[str, str] = {}
         #: namespace/instance -> the data-plane secret
@@ -78,7 +97,9 @@ class PodStandIns:
     async def _stop(self) -> None:
         assert self._main is not None
         self._main.cancel()
-        await asyncio.gather(self._main, return_exceptions=True)
+        for task in self._build_tasks:
+            task.cancel()
+        await asyncio.gather(self._main, *self._build_tasks, return_exceptions=True)
         for key in list(self._replicas):
             await self._close(key)
 
@@ -94,6 +115,7 @@ class PodStandIns:
             await asyncio.gather(
                 self._follow(kube, "Job", contract.COMPONENT_BUILD, self._on_job),
                 self._follow(kube, "Pod", contract.COMPONENT_REPLICA, self._on_pod),
+                self._retry(kube),
             )
         finally:
             await kube.close()
@@ -105,47 +127,78 @@ class PodStandIns:
         while True:
             try:
                 items, version = await kube.list_with_version(kind, None, selector)
+                if kind == "Pod":  # pods deleted while no watch ran: no event says so
+                    listed = {_key(item) for item in items}
+                    for key in [k for k in self._replicas if k not in listed]:
+                        await self._close(key)
                 for item in items:
-                    await self._handle(handle, kube, "ADDED", item)
+                    await self._handle(handle, kube, kind, "ADDED", item)
                 async for event in kube.watch(kind, None, selector, version):
                     if event.type != "BOOKMARK":
-                        await self._handle(handle, kube, event.type, event.object)
+                        await self._handle(handle, kube, kind, event.type, event.object)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the watch expired or broke: list again
                 self.errors.append(f"{kind} watch: {exc!r}")
                 await asyncio.sleep(0.5)
 
-    async def _handle(self, handle: Any, kube: Kube, kind: str, obj: dict[str, Any]) -> None:
+    async def _handle(
+        self, handle: Any, kube: Kube, kind: str, event: str, obj: dict[str, Any]
+    ) -> None:
+        failed = (kind, _key(obj))
+        self._failed.pop(failed, None)  # this version supersedes the one that failed
         try:
-            await handle(kube, kind, obj)
+            await handle(kube, event, obj)
         except Exception as exc:  # one object's trouble must not stop the others
             self.errors.append(f"{obj['metadata'].get('name')}: {exc!r}")
+            self._failed[failed] = (handle, event, obj)
+
+    async def _retry(self, kube: Kube) -> None:
+        """Handle again, every :data:`RETRY_S`, the objects whose last handling failed."""
+        while True:
+            await asyncio.sleep(RETRY_S)
+            for (kind, _), (handle, event, obj) in list(self._failed.items()):
+                await self._handle(handle, kube, kind, event, obj)
 
     # -- builds -----------------------------------------------------------------------------------
     async def _on_job(self, kube: Kube, event: str, job: dict[str, Any]) -> None:
-        if event == "DELETED":
+        """A build Job: its graph written in a task of its own (a thousand Jobs at once, each
+        write a second on a busy API server, one at a time would make the builds the slowest
+        part of every figure); each Job once, its later events (status) ignored."""
+        if event == "DELETED" or _key(job) in self._builds:
             return
+        self._builds.add(_key(job))
+        task = asyncio.ensure_future(self._build(kube, event, job))
+        self._build_tasks.add(task)
+        task.add_done_callback(self._build_tasks.discard)
+
+    async def _build(self, kube: Kube, event: str, job: dict[str, Any]) -> None:
+        async with self._writes:
+            await self._handle(self._write_graph, kube, "Job", event, job)
+
+    async def _write_graph(self, kube: Kube, _event: str, job: dict[str, Any]) -> None:
         command = job["spec"]["template"]["spec"]["containers"][0]["command"]
         options = dict(zip(command[3::2], command[4::2], strict=False))
         if command[2].startswith("--") or "--configmap" not in options:
             raise ValueError(f"a build this stand-in cannot run: {command}")
         namespace = job["metadata"]["namespace"]
         name = options["--configmap"]
-        if await kube.get("ConfigMap", namespace, name) is not None:
-            return
         import_path = command[2].replace("$$", "$")
         args = options.get("--args", "{}").replace("$$", "$")
         document = await self._graph(import_path, args)
         body = graph_configmap(
             namespace, name, document, options["--application"], options["--application-uid"]
         )
-        with contextlib.suppress(KubeConflict):
+        with contextlib.suppress(KubeConflict):  # written already
             await kube.create("ConfigMap", namespace, body)
             self.graphs_written += 1
 
     async def _graph(self, import_path: str, args: str) -> str:
         key = (import_path, args)
+        async with self._graph_locks.setdefault(key, asyncio.Lock()):
+            return await self._built(key, import_path, args)
+
+    async def _built(self, key: tuple[str, str], import_path: str, args: str) -> str:
         if key not in self._graphs:
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(str(d) for d in self.app_dirs)
@@ -165,13 +218,19 @@ class PodStandIns:
         running = self._replicas.get(key)
         ip = status.get("podIP")
         gone = event == "DELETED" or meta.get("deletionTimestamp") or not ip
-        if running is not None and (gone or running[0] != meta["uid"]):
+        # kwok may give a pod another address (it retries a status update that conflicted)
+        if running is not None and (gone or running[0] != f"{meta['uid']}/{ip}"):
             await self._close(key)
             running = None
         if gone or running is not None:
             return
         instance = meta["labels"][contract.INSTANCE_LABEL]
         secret = await self._secret(kube, meta["namespace"], instance)
+        if key in self._replicas:  # the retry and the watch raced for it
+            return
+        previous = self._by_ip.get(ip)
+        if previous is not None and previous != key:  # kwok gave the address to this pod now
+            await self._close(previous)
         server = ReplicaHttpServer(
             _unserved,
             control=lambda request: self._control(key, request),
@@ -181,7 +240,8 @@ class PodStandIns:
         listener = await asyncio.get_running_loop().create_server(
             server, ip, contract.REPLICA_PORT, reuse_address=True
         )
-        self._replicas[key] = (meta["uid"], listener)
+        self._replicas[key] = (f"{meta['uid']}/{ip}", listener)
+        self._by_ip[ip] = key
         self.applied[key] = user_config_version(None)
 
     async def _control(self, key: str, request: HttpRequest) -> HttpResponse:
@@ -205,7 +265,13 @@ class PodStandIns:
     async def _close(self, key: str) -> None:
         _, listener = self._replicas.pop(key)
         self.applied.pop(key, None)
+        for ip in [ip for ip, holder in self._by_ip.items() if holder == key]:
+            del self._by_ip[ip]
         listener.close()
+
+
+def _key(obj: dict[str, Any]) -> str:
+    return f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
 
 
 async def _unserved(_: HttpRequest) -> HttpResponse:

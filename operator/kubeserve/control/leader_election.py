@@ -147,4 +147,5 @@ class Tenure:
         self.renewed_at = None
 
     def may_write(self, now: float) -> bool:
-        return self.renewed_at is not None and now < self.renewed_at + self.timing.renew_deadline_s
+        renewed_at = self.renewed_at  # once: the elector's thread may end the term meanwhile
+        return renewed_at is not None and now < renewed_at + self.timing.renew_deadline_s

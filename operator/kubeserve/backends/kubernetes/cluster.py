@@ -10,6 +10,7 @@ A status moving into a failed state is announced once by a Warning Event.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,9 @@ from kubeserve.runtime.kubernetes.client import Kube, KubeError, timestamp
 
 log = logging.getLogger(__name__)
 
+#: how long an object this process applied is taken to exist before the cache shows it
+CACHE_LAG_S = 30.0
+
 #: application states announced as Warning Events, with the Event's reason
 _FAILED_STATES = {"DEPLOY_FAILED": "DeployFailed", "UNHEALTHY": "Unhealthy"}
 
@@ -28,21 +32,27 @@ _FAILED_STATES = {"DEPLOY_FAILED": "DeployFailed", "UNHEALTHY": "Unhealthy"}
 class Cluster:
     kube: Kube
     cache: ClusterCache
-    #: digest of the last object applied, by kind/namespace/name
-    applied: dict[str, str] = field(default_factory=dict)
+    #: digest of the last object applied and when (monotonic), by kind/namespace/name
+    applied: dict[str, tuple[str, float]] = field(default_factory=dict)
     #: object uid -> the failed state last announced by an Event (a pass may still read the
     #: status it wrote before from a cache that lags; it must not announce the failure twice)
     _announced: dict[str, str] = field(default_factory=dict)
 
     async def apply(self, obj: dict[str, Any]) -> None:
+        """Server-side apply of ``obj`` unless this process applied it in this form already and
+        it exists: in the cache, or not yet there but applied less than :data:`CACHE_LAG_S` ago
+        (a busy API server's watch lags its writes by seconds, and the passes in between would
+        apply it again each)."""
         meta = obj["metadata"]
         key = f"{obj['kind']}/{meta.get('namespace', '')}/{meta['name']}"
         digest = effective_config.fingerprint(obj)
-        exists = self.cache.get(obj["kind"], meta.get("namespace", ""), meta["name"]) is not None
-        if exists and self.applied.get(key) == digest:
-            return
+        applied = self.applied.get(key)
+        if applied is not None and applied[0] == digest:
+            cached = self.cache.get(obj["kind"], meta.get("namespace", ""), meta["name"])
+            if cached is not None or time.monotonic() < applied[1] + CACHE_LAG_S:
+                return
         await self.kube.apply(obj)
-        self.applied[key] = digest
+        self.applied[key] = (digest, time.monotonic())
 
     async def prune(
         self,

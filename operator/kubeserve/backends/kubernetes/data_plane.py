@@ -7,7 +7,8 @@ applied (:mod:`kubeserve.control.user_config`: the replica owns that fact). A re
 operator has not heard from yet (a new pod, or any pod after an operator restart) is first asked
 (its health answer); only one that reports another version than the desired one is sent a
 reconfigure. Both run in the background; when one ends, ``on_pushed`` (the operator's wake-up,
-given at construction) schedules a reconcile pass that reports the new state.
+given at construction) schedules a pass over the pod's application that reports the new state
+(a second later when the push failed: the replica may not listen yet).
 """
 
 from __future__ import annotations
@@ -35,13 +36,16 @@ from kubeserve.runtime.metrics_listener import metrics_token
 log = logging.getLogger(__name__)
 
 _RECONFIGURE_TIMEOUT_S = 30.0
+#: how long after a failed push its application's pass runs again
+_RETRY_S = 1.0
 
 
 @dataclass
 class DataPlane:
     kube: Kube
-    #: called when a user_config push ended (schedules a reconcile pass soon)
-    on_pushed: Callable[[], None]
+    #: called with the pod when a user_config push to it ended (schedules a pass over its
+    #: application); :data:`_RETRY_S` after it ended when it failed
+    on_pushed: Callable[[dict[str, Any]], None]
     #: where pods reach the operator's admin server with their load reports (``None``: nowhere,
     #: so deployments cannot scale to zero); rendered into the proxy and replica pods
     report_url: str | None = None
@@ -129,7 +133,7 @@ class DataPlane:
             self._pushing.add(uid)
             body = json.dumps({"user_config": config.user_config}).encode()
             name = str(pod["metadata"]["name"])
-            push = self._converge(uid, ip, name, body, version, secret, instance_uid)
+            push = self._converge(pod, uid, ip, name, body, version, secret, instance_uid)
             task = asyncio.ensure_future(push)
             task.add_done_callback(functools.partial(self._pushed, uid))
 
@@ -138,6 +142,7 @@ class DataPlane:
 
     async def _converge(
         self,
+        pod: dict[str, Any],
         uid: str,
         ip: str,
         pod_name: str,
@@ -148,6 +153,7 @@ class DataPlane:
     ) -> None:
         """Ask the replica what it applied when it has not said yet; ``POST /-/reconfigure``
         when that is not ``version``. Both on a CONTROL channel (the replica's handshake)."""
+        done = False
         try:
             if uid not in self.user_configs:
                 status, answer = await channel.request(
@@ -163,6 +169,7 @@ class DataPlane:
                 if reported is not None:
                     self.user_configs[uid] = reported
                     if not needs_push(reported, version):
+                        done = True
                         return
             status, answer = await channel.request(
                 ip,
@@ -176,6 +183,7 @@ class DataPlane:
             )
             if status == 200:
                 self.user_configs[uid] = wire.applied_user_config(answer) or version
+                done = True
             else:
                 text = answer.decode(errors="replace")[:512]
                 log.warning("reconfigure of pod %s failed (%d): %s", uid, status, text)
@@ -185,7 +193,10 @@ class DataPlane:
         except (OSError, TimeoutError) as exc:
             log.warning("reconfigure of pod %s at %s failed: %s", uid, ip, exc)
         finally:
-            self.on_pushed()
+            if done:
+                self.on_pushed(pod)
+            else:  # the replica may not listen yet: its application's next pass asks again
+                asyncio.get_running_loop().call_later(_RETRY_S, self.on_pushed, pod)
 
 
 def _owned_by(obj: dict[str, Any], uid: str) -> bool:

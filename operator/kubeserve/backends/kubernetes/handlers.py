@@ -1,7 +1,8 @@
 """kopf handlers: thin. Every event on a custom resource runs the same idempotent reconcile.
 
-Create, update and resume handlers and a resync timer all call :meth:`Operator.reconcile`, which
-serialises passes per object. Changes of owned objects (pods becoming ready, Jobs finishing) wake
+Create, update and resume handlers call :meth:`Operator.reconcile`, which serialises passes per
+object; the resync timer calls :meth:`Operator.resync`, the same pass unless nothing it reads
+changed since the last one. Changes of owned objects (pods becoming ready, Jobs finishing) wake
 the affected objects' reconcilers through the operator's caches, not through kopf.
 """
 
@@ -22,14 +23,17 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
     """Register the handlers of ``operator`` in ``registry`` (one registry per operator run)."""
 
     async def reconcile(body: kopf.Body, **_: Any) -> None:
-        await operator.reconcile(dict(body))
+        await operator.reconcile_or_requeue(dict(body))
+
+    async def resync(body: kopf.Body, **_: Any) -> None:
+        await operator.resync(dict(body))
 
     for plural in ("serveinstances", "serveapplications"):
         for on in (kopf.on.create, kopf.on.update, kopf.on.resume):
             on(GROUP, VERSION, plural, registry=registry, id="reconcile")(reconcile)
         kopf.timer(
             GROUP, VERSION, plural, registry=registry, interval=RESYNC_S, idle=None, id="resync"
-        )(reconcile)
+        )(resync)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

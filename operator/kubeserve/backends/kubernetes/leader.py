@@ -13,14 +13,22 @@ period and publishes the outcome:
 * :attr:`LeaderElector.leader_url` is the admin URL of the current leader (from the Lease), where
   the other replicas forward what only the leader uses.
 
-The elector uses its own client (its own connections), so a renewal never queues behind a
-reconcile pass's requests, and Lease traffic is not counted in the operator's API figures.
+The elector runs in a thread of its own, with its own event loop and its own client (its own
+connections): a renewal never waits for the operator's loop, however busy a thousand reconcile
+passes keep it, nor queues behind their requests, and Lease traffic is not counted in the
+operator's API figures. Across the two threads: :meth:`LeaderElector.may_write` reads the tenure
+(one attribute, written by the elector's thread), and the start and end of a term reach
+:attr:`~LeaderElector.leading` and :attr:`~LeaderElector.lost`, events of the operator's loop,
+through that loop (in the order they happened). The fence does not depend on that delivery: the
+moment a term may have ended, ``may_write`` says so in every thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -48,9 +56,12 @@ def micro_time() -> str:
 
 
 class LeaderElector:
+    """Takes and renews the Lease from its own thread (see the module) between :meth:`start`
+    and :meth:`stop`, both called from the operator's loop."""
+
     def __init__(
         self,
-        kube: Kube,
+        kubeconfig: str | None,
         namespace: str,
         name: str,
         identity: str,
@@ -58,24 +69,87 @@ class LeaderElector:
         timing: LeaseTiming,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.kube, self.namespace, self.name = kube, namespace, name
+        self._kubeconfig, self.namespace, self.name = kubeconfig, namespace, name
         self.identity, self.timing, self._clock = identity, timing, clock
         self._own_url = leader_url
         self._tenure = Tenure(timing)
         self._observed: Observation | None = None
+        #: the elector's client, in its thread (set there by :meth:`start`)
+        self.kube: Kube | None = None
+        #: events of the operator's loop (made by :meth:`start`)
         self.leading = asyncio.Event()
         self.lost = asyncio.Event()
         #: the current leader's admin URL as the Lease says ("" when unknown or nobody leads)
         self.leader_url = ""
         #: terms this process started, for the metrics
         self.terms = 0
+        self._owner: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        #: whether a term is in progress, as the elector's thread knows it
+        self._in_term = False
+        #: the Lease as the API server answered this process's last write of it
+        self._written: dict[str, Any] | None = None
 
     def may_write(self) -> bool:
-        """Whether this process still leads for certain (see :class:`~.leader_election.Tenure`)."""
+        """Whether this process still leads for certain (see :class:`~.leader_election.Tenure`);
+        safe from any thread."""
         return self._tenure.may_write(self._clock())
 
+    async def start(self) -> None:
+        """Connect the elector's client and start campaigning in its thread."""
+        self._owner = asyncio.get_running_loop()
+        connected: asyncio.Future[None] = self._owner.create_future()
+        self._thread = threading.Thread(
+            target=asyncio.run,
+            args=(self._serve(connected),),
+            name=f"lease {self.namespace}/{self.name}",
+            daemon=True,
+        )
+        self._thread.start()
+        await connected
+
+    async def stop(self) -> None:
+        """Stop campaigning and release the Lease when this process leads (best effort, bounded
+        by one retry period), then end the thread."""
+        thread, loop, stopping = self._thread, self._loop, self._stopping
+        if thread is None:
+            return
+        if loop is not None and stopping is not None:
+            with contextlib.suppress(RuntimeError):  # its loop ended already
+                loop.call_soon_threadsafe(stopping.set)
+        await asyncio.to_thread(thread.join, 2 * self.timing.retry_period_s + 5)
+        self._thread = None
+
+    async def _serve(self, connected: asyncio.Future[None]) -> None:
+        """The elector's thread: connect, campaign until :meth:`stop`, release, close."""
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        try:
+            self.kube = await Kube.connect(self._kubeconfig)
+        except BaseException as exc:
+            self._to_owner(_settle, connected, exc)
+            raise
+        self._to_owner(_settle, connected, None)
+        campaign = asyncio.ensure_future(self.run())
+        try:
+            await self._stopping.wait()
+        finally:
+            campaign.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await campaign
+            await self._release()
+            await self.kube.close()
+
+    def _to_owner(self, callback: Callable[..., object], *args: object) -> None:
+        assert self._owner is not None
+        with contextlib.suppress(RuntimeError):  # the operator's loop is closed: nobody waits
+            self._owner.call_soon_threadsafe(callback, *args)
+
     async def run(self) -> None:
-        """Try to take or renew the Lease every retry period, until cancelled."""
+        """Try to take or renew the Lease every retry period, until cancelled (in the elector's
+        thread)."""
         while True:
             started = self._clock()
             try:
@@ -85,16 +159,17 @@ class LeaderElector:
                 held = False
             if held:
                 self._tenure.renewed(started)
-                if not self.leading.is_set():
+                if not self._in_term:
                     self._start_term()
-            elif self.leading.is_set() and not self.may_write():
+            elif self._in_term and not self.may_write():
                 self._end_term("could not renew the lease within the renew deadline")
             await asyncio.sleep(max(0.0, started + self.timing.retry_period_s - self._clock()))
 
-    async def release(self) -> None:
+    async def _release(self) -> None:
         """End this process's term and empty the Lease (a clean stop: the next replica takes
-        over at its next attempt); best effort, bounded by one retry period."""
-        if not self.leading.is_set():
+        over at its next attempt); best effort, bounded by one retry period (in the elector's
+        thread)."""
+        if not self._in_term or self.kube is None:
             return
         self._end_term("stopping")
         try:
@@ -110,8 +185,15 @@ class LeaderElector:
             log.warning("could not release lease %s/%s: %s", self.namespace, self.name, exc)
 
     async def _attempt(self) -> bool:
-        """One read and, unless another replica holds the Lease, one compare-and-swap write.
-        What it read counts as observed when the read *returned* (the later, safer time)."""
+        """During a term, one compare-and-swap write over the Lease as this process last wrote
+        it (one request: the API server of a busy cluster may take seconds for each); else, or
+        when that write finds the Lease changed, one read and, unless another replica holds it,
+        one compare-and-swap write. What it read counts as observed when the read *returned*
+        (the later, safer time)."""
+        assert self.kube is not None
+        renewing = self._written if self._in_term else None
+        if renewing is not None and await self._write(LeaseRecord.of(renewing), renewing):
+            return True
         lease = await self.kube.get("Lease", self.namespace, self.name)
         now = self._clock()
         current = LeaseRecord() if lease is None else LeaseRecord.of(lease)
@@ -121,18 +203,27 @@ class LeaderElector:
         self._observed = observed
         self.leader_url = current.leader_url if current.holder else ""
         if observed.held_by_another(self.identity, self.timing, now):
-            if self.leading.is_set():
+            if self._in_term:
                 self._end_term(f"the lease is held by {current.holder}")
             return False
+        return await self._write(current, lease)
+
+    async def _write(self, current: LeaseRecord, lease: dict[str, Any] | None) -> bool:
+        """Take or renew the Lease over ``lease`` (None: there is none); False when another
+        wrote it first (the next attempt reads its record)."""
+        assert self.kube is not None
+        sent = self._clock()
         wanted = claim(current, self.identity, self._own_url, self.timing, micro_time())
         try:
             if lease is None:
-                await self.kube.create("Lease", self.namespace, self._lease(wanted, None))
+                written = await self.kube.create("Lease", self.namespace, self._lease(wanted, None))
             else:
-                await self.kube.replace(self._lease(wanted, lease))
+                written = await self.kube.replace(self._lease(wanted, lease))
         except KubeConflict:
-            return False  # another replica wrote first; the next attempt reads its record
-        self._observed = Observation(wanted, now)
+            self._written = None
+            return False
+        self._written = dict(written)
+        self._observed = Observation(wanted, sent)
         self.leader_url = self._own_url
         return True
 
@@ -154,12 +245,29 @@ class LeaderElector:
 
     def _start_term(self) -> None:
         self.terms += 1
-        self.lost.clear()
-        self.leading.set()
+        self._in_term = True
+        self._to_owner(_publish, self.leading, self.lost)
         log.info("leading: holding lease %s/%s as %s", self.namespace, self.name, self.identity)
 
     def _end_term(self, why: str) -> None:
-        self._tenure.end()
-        self.leading.clear()
-        self.lost.set()
+        self._tenure.end()  # the fence first: from now on no thread may write
+        self._in_term = False
+        self._written = None
+        self._to_owner(_publish, self.lost, self.leading)
         log.warning("no longer leading (%s)", why)
+
+
+def _publish(now: asyncio.Event, before: asyncio.Event) -> None:
+    """A term started (``leading``, ``lost``) or ended (``lost``, ``leading``), in the
+    operator's loop."""
+    before.clear()
+    now.set()
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

@@ -32,7 +32,6 @@ from kubeserve.backends.kubernetes.handlers import register
 from kubeserve.backends.kubernetes.leader import LeaderElector
 from kubeserve.backends.kubernetes.namespaces import WatchedNamespaces
 from kubeserve.backends.kubernetes.operator import Operator, OperatorSettings
-from kubeserve.runtime.kubernetes.client import Kube
 
 __all__ = ["AdminApp", "run_operator"]
 
@@ -48,7 +47,7 @@ async def run_operator(settings: OperatorSettings, admin_app: AdminApp) -> int:
     """Run the operator until SIGINT or SIGTERM; the exit code."""
     stop = asyncio.Event()
     _stop_on_signals(stop)
-    elector = await _elector(settings)
+    elector = _elector(settings)
     operator = Operator(settings, elector)
     await operator.start()
     try:
@@ -59,8 +58,6 @@ async def run_operator(settings: OperatorSettings, admin_app: AdminApp) -> int:
                 await _reconcile_when_leading(operator, elector, stop)
     finally:
         await operator.close()
-        if elector is not None:
-            await elector.kube.close()
     return 0
 
 
@@ -70,12 +67,12 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
-async def _elector(settings: OperatorSettings) -> LeaderElector | None:
+def _elector(settings: OperatorSettings) -> LeaderElector | None:
     election = settings.election
     if election is None:
         return None
     return LeaderElector(
-        await Kube.connect(settings.kubeconfig),
+        settings.kubeconfig,
         settings.namespace,
         election.lease_name,
         election.identity,
@@ -96,17 +93,14 @@ async def _reconcile(operator: Operator, stop: asyncio.Event, *until: asyncio.Ev
 async def _reconcile_when_leading(
     operator: Operator, elector: LeaderElector, stop: asyncio.Event
 ) -> None:
-    campaign = asyncio.ensure_future(elector.run())
+    await elector.start()
     try:
         while not stop.is_set():
             await _first(stop, elector.leading)
             if not stop.is_set():
                 await _reconcile(operator, stop, elector.lost)
     finally:
-        campaign.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await campaign
-        await elector.release()
+        await elector.stop()
 
 
 async def _first(*events: asyncio.Event) -> None:
@@ -174,15 +168,22 @@ async def _listening(runner: web.AppRunner, hosts: Sequence[str], port: int) -> 
 async def _run_kopf(operator: Operator, stop: asyncio.Event, *until: asyncio.Event) -> None:
     """kopf's own loop with the operator's handlers, until ``stop`` or one of ``until`` is set.
 
-    kopf takes SIGINT and SIGTERM over while it runs (and ends on them): when it ends with
-    neither set, it ended for a signal (or a failure of its own), which stops the process; the
-    process's own handlers come back either way, for the time it runs without kopf."""
+    kopf takes SIGINT and SIGTERM over while it runs (and ends on them): when it ends without
+    having been asked to, it ended for a signal (or a failure of its own), which stops the
+    process; the process's own handlers come back either way, for the time it runs without kopf.
+    (Whether it was asked is remembered when asking, not read off the events afterwards: a term
+    lost and won back while kopf was stopping has ``lost`` clear again, and is no reason to
+    exit; nor off kopf's stop flag, which kopf itself sets on a signal.)"""
     registry = kopf.OperatorRegistry()
     register(registry, operator)
     namespaces = list(operator.settings.watch_namespaces)
     stop_flag: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def _stop(_task: object) -> None:
+    asked: list[bool] = []
+
+    def _stop(task: asyncio.Future[None]) -> None:
+        if not task.cancelled():
+            asked.append(True)
         if not stop_flag.done():
             stop_flag.set_result(None)
 
@@ -198,6 +199,6 @@ async def _run_kopf(operator: Operator, stop: asyncio.Event, *until: asyncio.Eve
         )
     finally:
         stop_task.cancel()
-        if not any(event.is_set() for event in (stop, *until)):
+        if not asked:  # kopf ended without being asked: a signal, or its own failure
             stop.set()
         _stop_on_signals(stop)

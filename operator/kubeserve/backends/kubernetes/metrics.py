@@ -16,6 +16,7 @@ def metrics_text(
     api: RequestCounts,
     leading: bool,
     applications: list[dict[str, Any]],
+    resyncs_skipped: int = 0,
 ) -> str:
     """Prometheus text exposition of the operator's counters and application statuses."""
     statuses = Counter(
@@ -28,6 +29,10 @@ def metrics_text(
         "# HELP kubeserve_operator_reconcile_errors_total Reconcile passes that failed.",
         "# TYPE kubeserve_operator_reconcile_errors_total counter",
         f"kubeserve_operator_reconcile_errors_total {reconcile_errors}",
+        "# HELP kubeserve_operator_resyncs_skipped_total Periodic resyncs skipped: nothing the"
+        " pass reads had changed since the last one.",
+        "# TYPE kubeserve_operator_resyncs_skipped_total counter",
+        f"kubeserve_operator_resyncs_skipped_total {resyncs_skipped}",
         "# HELP kubeserve_operator_api_requests_total Kubernetes API requests of the operator's"
         " own client (kopf's are not counted).",
         "# TYPE kubeserve_operator_api_requests_total counter",

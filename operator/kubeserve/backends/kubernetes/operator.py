@@ -34,6 +34,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -42,6 +44,7 @@ from kubeserve.backends.kubernetes.application import ApplicationReconciler
 from kubeserve.backends.kubernetes.autoscaling import Autoscalers, scaling_key
 from kubeserve.backends.kubernetes.cache import ClusterCache
 from kubeserve.backends.kubernetes.cluster import Cluster
+from kubeserve.backends.kubernetes.concerns import CUSTOM_KINDS, concerned, inputs_digest, key_of
 from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.instance import InstanceReconciler
 from kubeserve.backends.kubernetes.leader import LeaderElector
@@ -54,7 +57,6 @@ from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import Kube, KubeError
 
 log = logging.getLogger(__name__)
-_DEBOUNCE_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -96,10 +98,24 @@ class Reconciler(Protocol):
     async def reconcile(self, obj: dict[str, Any]) -> StatusReport: ...
 
 
-#: Reconcile passes in flight at once. Each is a chain of API requests; a thousand at once (every
-#: object at start-up, a bulk apply) flood the event loop, which then renews the leader's Lease
-#: too late, and every write is fenced until it does. The rest wait their turn, in order.
-CONCURRENT_PASSES = 8
+#: Reconcile passes in flight at once (the worker's and kopf's handlers' together). Each is a
+#: chain of API requests, each taking up to a second from a busy API server: the passes of a bulk
+#: apply overlap to keep it busy, but a thousand at once would only queue at it and in the event
+#: loop. The rest wait their turn, in order. (The leader's Lease does not wait for them: it is
+#: renewed from a thread of its own.)
+CONCURRENT_PASSES = 32
+
+#: how often a worker looks whether the leader's renewal came, while its writes are fenced
+_FENCED_POLL_S = 0.1
+
+#: The shortest time between two of the worker's passes over one instance. Every status change
+#: of its applications wakes it (its status summarises theirs), and with a thousand rolling out
+#: back-to-back passes would rewrite that status, a thousand entries, without a pause.
+INSTANCE_PASS_INTERVAL_S = 5.0
+
+#: A resync of an application whose inputs did not change since its last pass skips the pass,
+#: except every this many resyncs (the safety net against drift an event did not announce).
+FULL_RESYNC_EVERY = 10
 
 
 class Operator:
@@ -110,8 +126,14 @@ class Operator:
         self.kube: Kube | None = None
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._passes = asyncio.Semaphore(CONCURRENT_PASSES)
-        self._dirty: set[str] = set()
-        self._wakeup = asyncio.Event()
+        #: keys of the custom resources to reconcile, in the order they became dirty; a key is
+        #: queued once until a worker takes it (changes meanwhile are read by that pass)
+        self._dirty: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        #: instance key -> when the worker last started a pass over it (monotonic)
+        self._instance_passed: dict[str, float] = {}
+        #: application key -> (the digest of its inputs at its last pass, resyncs skipped since)
+        self._settled: dict[str, tuple[str, int]] = {}
         self.cluster: Cluster | None = None
         self._reconcilers: dict[str, Reconciler] = {}
         self._data_plane: DataPlane | None = None
@@ -120,6 +142,7 @@ class Operator:
         self._worker: asyncio.Task[None] | None = None
         self.reconciles = 0
         self.reconcile_errors = 0
+        self.resyncs_skipped = 0
 
     async def start(self) -> None:
         """Connect and fill the caches (the admin API reads them); reconciling starts with
@@ -128,9 +151,7 @@ class Operator:
         writer = kube if self._elector is None else kube.fenced(self._elector.may_write)
         namespaces = list(self.settings.watch_namespaces) or None
         self.cluster = Cluster(writer, ClusterCache(kube, namespaces, self._changed))
-        data_plane = DataPlane(
-            writer, on_pushed=self._wake_all, report_url=self.settings.report_url
-        )
+        data_plane = DataPlane(writer, on_pushed=self._pushed, report_url=self.settings.report_url)
         self._data_plane = data_plane
         self._reconcilers = {
             "ServeInstance": InstanceReconciler(self.cluster, data_plane, self.settings.namespace),
@@ -172,14 +193,63 @@ class Operator:
         async with self._locks[key], self._passes:
             latest = self.cluster.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
             if latest["metadata"].get("deletionTimestamp"):
+                self._settled.pop(key, None)
                 return  # children go with it (ownerReferences); nothing to converge to
             self.reconciles += 1
+            digest = self._digest(obj["kind"], latest)
             try:
                 report = await self._reconcilers[obj["kind"]].reconcile(latest)
-                await self.cluster.patch_status(latest, report.patch(latest))
+                status = report.patch(latest)
+                await self.cluster.patch_status(latest, status)
             except Exception:
                 self.reconcile_errors += 1
+                self._settled.pop(key, None)
                 raise
+            if status.get("appStatus") != "RUNNING":  # a pass may be due whatever changes
+                self._settled.pop(key, None)
+            elif digest is not None:  # the full passes of applications settled together spread
+                self._settled[key] = (digest, zlib.crc32(key.encode()) % FULL_RESYNC_EVERY)
+
+    async def reconcile_or_requeue(self, obj: dict[str, Any]) -> None:
+        """:meth:`reconcile` for kopf's handlers: a pass that failed for the API (a timeout, a
+        conflict, a write fenced while the Lease's renewal is late) goes back to the worker's
+        queue, which tries it again as soon as a pass is free (kopf would wait a minute)."""
+        try:
+            await self.reconcile(obj)
+        except KubeError as exc:
+            meta = obj["metadata"]
+            key = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"
+            log.warning("reconcile of %s failed: %s (will retry)", key, exc)
+            self._mark(key)
+
+    async def resync(self, obj: dict[str, Any]) -> None:
+        """The periodic pass: skipped for a RUNNING application whose inputs are those of its
+        last pass (a pass that changed anything changed a resourceVersion among them), except
+        once in :data:`FULL_RESYNC_EVERY` resyncs (when, differs between applications). An
+        application not RUNNING may wait on what no input shows (a replica that did not answer
+        yet): its resync always runs."""
+        assert self.cluster is not None
+        meta = obj["metadata"]
+        key = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"
+        latest = self.cluster.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
+        settled = self._settled.get(key)
+        if (
+            settled is not None
+            and settled[1] + 1 < FULL_RESYNC_EVERY
+            and self._digest(obj["kind"], latest) == settled[0]
+        ):
+            self._settled[key] = (settled[0], settled[1] + 1)
+            self.resyncs_skipped += 1
+            return
+        await self.reconcile_or_requeue(obj)
+
+    def _digest(self, kind: str, obj: dict[str, Any]) -> str | None:
+        """The digest of an application's inputs (None for an instance: one per namespace,
+        never skipped)."""
+        if kind != "ServeApplication" or self.cluster is None:
+            return None
+        user_configs = {} if self._data_plane is None else self._data_plane.user_configs
+        return inputs_digest(self.cluster.cache, obj, user_configs)
 
     # -- load reports of the pods (a LoadReportSink of the admin server) -------------------------
 
@@ -228,43 +298,70 @@ class Operator:
             self.kube.counts,
             self.leading,
             self.cluster.cache.all("ServeApplication"),
+            self.resyncs_skipped,
         )
 
-    def _changed(self, kind: str, namespaces: set[str]) -> None:
-        if self.cluster is None:
-            return
-        for namespace in namespaces:
-            for cr_kind in ("ServeInstance", "ServeApplication"):
-                for obj in self.cluster.cache.objects(cr_kind, namespace):
-                    self._dirty.add(f"{cr_kind}/{namespace}/{obj['metadata']['name']}")
-        self._wakeup.set()
+    def _changed(self, kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        if self.cluster is not None:
+            for key in concerned(self.cluster.cache, kind, obj, old):
+                self._mark(key)
+
+    def _pushed(self, pod: dict[str, Any]) -> None:
+        """A user_config push to ``pod`` ended: its application's pass reads the outcome."""
+        self._changed("Pod", pod, None)
 
     def _wake_all(self) -> None:
-        """Mark every custom resource dirty (after a user_config push completed, for example)."""
+        """Mark every custom resource dirty (when leading starts, or an autoscaler decided)."""
         if self.cluster is None:
             return
-        for kind in ("ServeInstance", "ServeApplication"):
+        for kind in CUSTOM_KINDS:
             for obj in self.cluster.cache.all(kind):
-                meta = obj["metadata"]
-                self._dirty.add(f"{kind}/{meta['namespace']}/{meta['name']}")
-        self._wakeup.set()
+                self._mark(key_of(kind, obj))
+
+    def _mark(self, key: str) -> None:
+        if key not in self._queued:
+            self._queued.add(key)
+            self._dirty.put_nowait(key)
 
     async def _work(self) -> None:
+        """:data:`CONCURRENT_PASSES` workers taking dirty keys in turn."""
+        workers = [asyncio.ensure_future(self._worker_loop()) for _ in range(CONCURRENT_PASSES)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    async def _writable(self) -> None:
+        """Until this process may write (at once without election): while the renewal of the
+        Lease is late every write would be fenced, and the pass would only fail."""
+        while self._elector is not None and not self._elector.may_write():  # noqa: ASYNC110
+            await asyncio.sleep(_FENCED_POLL_S)  # (the fence is a clock, not an event)
+
+    async def _worker_loop(self) -> None:
         assert self.cluster is not None
         while True:
-            await self._wakeup.wait()
-            await asyncio.sleep(_DEBOUNCE_S)  # let a burst of pod events collapse into one pass
-            self._wakeup.clear()
-            dirty, self._dirty = self._dirty, set()
-            for key in sorted(dirty):
-                kind, namespace, name = key.split("/", 2)
-                obj = self.cluster.cache.get(kind, namespace, name)
-                if obj is None:
+            key = await self._dirty.get()
+            await self._writable()
+            self._queued.discard(key)
+            kind, namespace, name = key.split("/", 2)
+            obj = self.cluster.cache.get(kind, namespace, name)
+            if obj is None:
+                continue
+            if kind == "ServeInstance":
+                due = self._instance_passed.get(key, 0.0) + INSTANCE_PASS_INTERVAL_S
+                wait = due - time.monotonic()
+                if wait > 0:
+                    if key not in self._queued:
+                        self._queued.add(key)
+                        asyncio.get_running_loop().call_later(wait, self._dirty.put_nowait, key)
                     continue
-                try:
-                    await self.reconcile(obj)
-                except KubeError as exc:
-                    log.warning("reconcile of %s failed: %s (will retry)", key, exc)
-                    self._dirty.add(key)
-                except Exception:
-                    log.exception("reconcile of %s failed", key)
+                self._instance_passed[key] = time.monotonic()
+            try:
+                await self.reconcile(obj)
+            except KubeError as exc:
+                log.warning("reconcile of %s failed: %s (will retry)", key, exc)
+                self._mark(key)
+            except Exception:
+                log.exception("reconcile of %s failed", key)

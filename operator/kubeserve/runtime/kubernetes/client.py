@@ -285,12 +285,23 @@ class Kube:
                     yield WatchEvent(event["type"], event["object"])
 
 
+#: an informer's per-change callback: the event type (``ADDED``, ``MODIFIED``, ``DELETED``), the
+#: object as cached (transformed) and the version it replaced (None when new)
+ChangeListener = Callable[[str, dict[str, Any], dict[str, Any] | None], None]
+
+
 class Informer:
     """A local cache of one kind of object, kept current by list-then-watch.
 
     ``on_change`` receives the whole cache (name -> object) after the first list and after every
-    change; it must not block. The informer re-lists after the watch expires (410 Gone) or fails,
-    with backoff, so callers always converge to the server's state.
+    change; ``on_event`` receives each change alone (a re-list as the objects it added and
+    removed); neither may block. The informer re-lists after the watch expires (410 Gone) or
+    fails, with backoff, so callers always converge to the server's state.
+
+    ``transform`` maps each object before it is cached (keep only the fields the caller reads:
+    a cache of thousands of pods is most of an operator's memory). ``index_labels`` are label
+    keys whose values index the cache per namespace (:meth:`indexed`), as the namespace itself
+    does (:meth:`in_namespace`): a lookup by them reads its bucket, not every object.
     """
 
     def __init__(
@@ -298,13 +309,31 @@ class Informer:
         kube: Kube,
         kind: str,
         namespace: str | None,
-        on_change: Callable[[dict[str, dict[str, Any]]], None],
+        on_change: Callable[[dict[str, dict[str, Any]]], None] | None = None,
         label_selector: str = "",
+        *,
+        on_event: ChangeListener | None = None,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        index_labels: tuple[str, ...] = (),
     ) -> None:
         self._kube, self._kind, self._namespace = kube, kind, namespace
-        self._selector, self._on_change = label_selector, on_change
+        self._selector, self._on_change, self._on_event = label_selector, on_change, on_event
+        self._transform = transform or (lambda obj: obj)
+        self._index_labels = index_labels
         self.objects: dict[str, dict[str, Any]] = {}
+        #: (namespace, label, value) -> keys; label "" is the namespace's bucket
+        self._index: dict[tuple[str, str, str], set[str]] = {}
         self.synced = asyncio.Event()
+
+    def in_namespace(self, namespace: str) -> list[dict[str, Any]]:
+        return self._bucket((namespace, "", ""))
+
+    def indexed(self, namespace: str, label: str, value: str) -> list[dict[str, Any]]:
+        """The cached objects of ``namespace`` labelled ``label=value`` (an index label)."""
+        return self._bucket((namespace, label, value))
+
+    def _bucket(self, entry: tuple[str, str, str]) -> list[dict[str, Any]]:
+        return [self.objects[key] for key in self._index.get(entry, ())]
 
     async def run(self) -> None:
         backoff = 0.2
@@ -325,8 +354,19 @@ class Informer:
         items, version = await self._kube.list_with_version(
             self._kind, self._namespace, self._selector
         )
-        self.objects = {_key(o): o for o in items}
-        self._on_change(self.objects)
+        fresh = {_key(o): self._transform(o) for o in items}
+        before, self.objects, self._index = self.objects, {}, {}
+        for key, obj in fresh.items():
+            self._store(key, obj)
+        del items, fresh
+        if self._on_event is not None:
+            for key, obj in before.items():
+                if key not in self.objects:
+                    self._on_event("DELETED", obj, obj)
+            for key, obj in self.objects.items():
+                self._on_event("ADDED", obj, before.get(key))
+        if self._on_change is not None:
+            self._on_change(self.objects)
         self.synced.set()
         while True:
             async for event in self._kube.watch(
@@ -335,11 +375,40 @@ class Informer:
                 version = event.object["metadata"].get("resourceVersion", version)
                 if event.type == "BOOKMARK":
                     continue
+                obj = self._transform(event.object)
+                old = self.objects.get(_key(obj))
                 if event.type == "DELETED":
-                    self.objects.pop(_key(event.object), None)
+                    self._drop(_key(obj))
                 else:
-                    self.objects[_key(event.object)] = event.object
-                self._on_change(self.objects)
+                    self._store(_key(obj), obj)
+                if self._on_event is not None:
+                    self._on_event(event.type, obj, old)
+                if self._on_change is not None:
+                    self._on_change(self.objects)
+
+    def _entries(self, obj: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+        meta = obj["metadata"]
+        namespace, labels = meta.get("namespace", ""), meta.get("labels") or {}
+        entries = [(namespace, "", "")]
+        entries += [(namespace, k, labels[k]) for k in self._index_labels if k in labels]
+        return entries
+
+    def _store(self, key: str, obj: dict[str, Any]) -> None:
+        self._drop(key)
+        self.objects[key] = obj
+        for entry in self._entries(obj):
+            self._index.setdefault(entry, set()).add(key)
+
+    def _drop(self, key: str) -> None:
+        old = self.objects.pop(key, None)
+        if old is None:
+            return
+        for entry in self._entries(old):
+            bucket = self._index.get(entry)
+            if bucket is not None:
+                bucket.discard(key)
+                if not bucket:
+                    del self._index[entry]
 
 
 def timestamp() -> str:

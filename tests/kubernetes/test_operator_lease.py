@@ -1,0 +1,83 @@
+"""The leader's Lease is kept by a thread of its own: an operator loop busy for longer than the
+renew deadline (a thousand reconcile passes, say) keeps its term, and a term taken away ends the
+fence at once, whatever the operator's loop is doing.
+
+The elector runs in this process against the real API server of the kwok cluster; the operator's
+loop is this test's, blocked on purpose (``time.sleep`` in a coroutine holds it as a long CPU-bound
+pass would).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from kubeserve.backends.kubernetes.leader import LeaderElector
+from kubeserve.control.leader_election import LeaseTiming
+from support.kwok_cluster import KwokCluster
+
+LEASE = "kubeserve-operator"
+TIMING = LeaseTiming(lease_duration_s=8, renew_deadline_s=6, retry_period_s=2)
+
+
+def renew_time(plane: KwokCluster, namespace: str) -> str:
+    return str(plane.get("lease", LEASE, namespace)["spec"]["renewTime"])
+
+
+async def leading(elector: LeaderElector, namespace: str) -> None:
+    await elector.start()
+    await asyncio.wait_for(elector.leading.wait(), 20)
+    assert elector.may_write()
+
+
+def test_a_leader_whose_loop_is_blocked_past_the_renew_deadline_keeps_writing(
+    kwok: KwokCluster, kwok_namespace: str
+) -> None:
+    elector = LeaderElector(
+        str(kwok.kubeconfig), kwok_namespace, LEASE, "busy", "http://busy", TIMING
+    )
+
+    async def scenario() -> None:
+        await leading(elector, kwok_namespace)
+        before = renew_time(kwok, kwok_namespace)
+        blocked_until = time.monotonic() + 2 * TIMING.renew_deadline_s
+        fenced_at = []
+        while time.monotonic() < blocked_until:  # the loop runs nothing else meanwhile
+            if not elector.may_write():
+                fenced_at.append(round(blocked_until - time.monotonic(), 1))
+            time.sleep(0.1)  # noqa: ASYNC251 (holding the loop is the point)
+        assert fenced_at == [], "the term ended while the operator's loop was busy"
+        assert renew_time(kwok, kwok_namespace) != before
+        await elector.stop()
+        # a clean stop released the Lease
+        assert not kwok.get("lease", LEASE, kwok_namespace)["spec"].get("holderIdentity")
+
+    asyncio.run(scenario())
+
+
+def test_a_lease_taken_away_fences_a_leader_whose_loop_is_blocked(
+    kwok: KwokCluster, kwok_namespace: str
+) -> None:
+    elector = LeaderElector(
+        str(kwok.kubeconfig), kwok_namespace, LEASE, "busy", "http://busy", TIMING
+    )
+
+    async def scenario() -> None:
+        await leading(elector, kwok_namespace)
+        take = {"spec": {"holderIdentity": "intruder", "leaseDurationSeconds": 3600}}
+        kwok.kubectl(
+            "patch", "lease", LEASE, "-n", kwok_namespace, "--type", "merge",
+            "-p", json.dumps(take),
+        )  # fmt: skip
+        taken = time.monotonic()
+        while elector.may_write():  # blocked: only the elector's thread can end the term
+            assert time.monotonic() < taken + TIMING.retry_period_s + 3, "still writing"
+            time.sleep(0.05)  # noqa: ASYNC251 (holding the loop is the point)
+        # the operator's loop hears of it once it runs again
+        await asyncio.wait_for(elector.lost.wait(), 5)
+        assert not elector.leading.is_set()
+        await elector.stop()
+        assert kwok.get("lease", LEASE, kwok_namespace)["spec"]["holderIdentity"] == "intruder"
+
+    asyncio.run(scenario())

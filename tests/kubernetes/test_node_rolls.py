@@ -17,7 +17,17 @@ from support.common import wait_for
 from support.k8s_operator import OperatorProcess
 from support.load import Load, failures
 from support.node_cluster import NodeCluster
-from support.node_recorder import REPLICAS, deploy, ready, recorder, replica_pods, settled
+from support.node_recorder import (
+    REPLICAS,
+    deploy,
+    executed_twice,
+    ready,
+    recorder,
+    replica_pods,
+    settled,
+)
+
+PROXIES = "app.kubernetes.io/component=proxy"
 
 #: a request may wait for a replica pod to start (a roll of one replica, Ray's default rollout)
 _REQUEST_TIMEOUT_S = 60
@@ -128,3 +138,32 @@ def test_rolling_update_percentage_and_max_surge_percent_bound_the_roll(
     assert failed == {}
     assert max(live for live, _ in seen) <= 5, seen
     assert min(serving for _, serving in seen) >= 4, seen
+
+
+def test_kubectl_delete_pod_of_the_proxy_fails_no_request(
+    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+) -> None:
+    """The only proxy of a ``HeadOnly`` instance: its Deployment starts a replacement as the pod
+    terminates; the old proxy serves until the replacement is ready behind the Service and
+    kube-proxy dropped it, then answers ``Connection: close`` and closes idle connections, so
+    the keep-alive clients move to the new proxy. No request fails or runs twice."""
+    ns = node_namespace
+    host = deploy(node, node_operator, ns, 2)
+    (victim,) = (
+        p["metadata"]["name"] for p in node.get("pods", namespace=ns, selector=PROXIES)["items"]
+    )
+
+    def replaced() -> bool:
+        pods = node.get("pods", namespace=ns, selector=PROXIES)["items"]
+        return len(pods) == 1 and ready(pods[0]) and pods[0]["metadata"]["name"] != victim
+
+    failed = under_load(
+        host,
+        lambda: node.kubectl("delete", "pod", victim, "-n", ns, "--wait=false"),
+        replaced,
+        "kubectl delete pod of the proxy",
+    )
+    twice = executed_twice(node, ns)
+    print(f"executed twice: {len(twice)}")
+    assert failed == {}
+    assert not twice, list(twice.items())[:10]

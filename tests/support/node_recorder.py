@@ -3,6 +3,7 @@ requests under load (:class:`support.load.Load` sends ``GET /`` and checks each 
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 from support.common import wait_for
@@ -54,3 +55,14 @@ def deploy(node: NodeCluster, operator: OperatorProcess, ns: str, replicas: int,
     wait_for(lambda: settled(node, ns, replicas, set()), 120, what=f"{replicas} replicas Ready")
     url = proxy_service_url(node, ns, "/")
     return url.split("//")[1].split(":")[0]
+
+
+def executed_twice(node: NodeCluster, ns: str) -> dict[str, int]:
+    """Request ids ``fault_recorder``'s replica pods executed more than once (each execution is
+    a line of its ``executions-<pid>`` files)."""
+    ran: collections.Counter[str] = collections.Counter()
+    for pod in node.get("pods", namespace=ns, selector=REPLICAS)["items"]:
+        name = pod["metadata"]["name"]
+        out = node.kubectl("exec", name, "-n", ns, "--", "sh", "-c", "cat /tmp/executions-*")
+        ran.update(line.split()[0] for line in out.stdout.splitlines() if line.strip())
+    return {rid: n for rid, n in ran.items() if n > 1}

@@ -46,6 +46,7 @@ class KubeDiscovery:
         self._tasks: list[asyncio.Task[None]] = []
         self._version = 0
         self._last: tuple[Any, Any] | None = None
+        self._slices_changed = asyncio.Event()
 
     async def start(self, on_update: Callable[[wire.Snapshot], None]) -> None:
         self._on_update = on_update
@@ -79,7 +80,16 @@ class KubeDiscovery:
 
     def _set_slices(self, objects: dict[str, dict[str, Any]]) -> None:
         self._slices = objects
+        self._slices_changed.set()
         self._publish()
+
+    async def served_elsewhere(self, service: str, pod: str) -> None:
+        """Returns once an EndpointSlice of ``service`` lists a ready endpoint of a pod other
+        than ``pod``: a leaving proxy's clients have another one to go to. (The Service's
+        slices carry its ``managed-by`` label, so the informer of replica slices sees them.)"""
+        while not ready_elsewhere(self._slices.values(), service, pod):
+            self._slices_changed.clear()
+            await self._slices_changed.wait()
 
     def _publish(self) -> None:
         routes, deployments = snapshot_parts(
@@ -90,6 +100,20 @@ class KubeDiscovery:
         self._last = (routes, deployments)
         self._version += 1
         self._on_update({"version": self._version, "routes": routes, "deployments": deployments})
+
+
+def ready_elsewhere(slices: Any, service: str, pod: str) -> bool:
+    """Whether ``slices`` list a ready endpoint of ``service`` that is not ``pod`` (pure)."""
+    for endpoint_slice in slices:
+        if (endpoint_slice["metadata"].get("labels") or {}).get(
+            contract.SERVICE_NAME_LABEL
+        ) != service:
+            continue
+        for endpoint in endpoint_slice.get("endpoints") or []:
+            ready = (endpoint.get("conditions") or {}).get("ready")
+            if ready and (endpoint.get("targetRef") or {}).get("name") != pod:
+                return True
+    return False
 
 
 def snapshot_parts(

@@ -9,6 +9,7 @@ from typing import Any
 from support.common import wait_for
 from support.k8s_operator import (
     SMALL_REPLICA,
+    TESTS_IMAGE,
     OperatorProcess,
     application,
     instance,
@@ -18,22 +19,49 @@ from support.k8s_operator import (
 from support.node_cluster import NodeCluster
 
 REPLICAS = "app.kubernetes.io/component=replica"
+PROXIES = "app.kubernetes.io/component=proxy"
 
 
-def recorder(ns: str, replicas: int, roll: str = "1", **deployment: Any) -> list[dict[str, Any]]:
+def recorder(
+    ns: str,
+    replicas: int,
+    roll: str = "1",
+    *,
+    image: str = TESTS_IMAGE,
+    import_path: str = "fault_recorder:app",
+    **deployment: Any,
+) -> list[dict[str, Any]]:
     """``fault_recorder`` at ``/`` (each request answers its id after a few ms of work), with
-    ``replicas`` replicas; a new ``roll`` changes its env vars, so every replica is replaced."""
+    ``replicas`` replicas; a new ``roll`` changes its env vars, a new ``image`` (of the instance)
+    or ``import_path`` its code, so every replica is replaced."""
     env = {"KS_FAULT_DIR": "/tmp", "KS_ROLL": roll}
     spec = {"name": "Recorder", "numReplicas": replicas, **SMALL_REPLICA, **deployment}
-    app = application(ns, "faults", "fault_recorder:app", routePrefix="/",
+    app = application(ns, "faults", import_path, routePrefix="/",
                       runtimeEnv={"envVars": env}, deployments=[spec])  # fmt: skip
-    return [instance(ns), app]
+    return [instance(ns, image=image), app]
 
 
 def replica_pods(node: NodeCluster, ns: str) -> list[dict[str, Any]]:
     """Every replica pod, terminating ones included."""
     pods: list[dict[str, Any]] = node.get("pods", namespace=ns, selector=REPLICAS)["items"]
     return pods
+
+
+def proxy_pods(node: NodeCluster, ns: str) -> list[dict[str, Any]]:
+    """Every proxy pod, terminating ones included."""
+    pods: list[dict[str, Any]] = node.get("pods", namespace=ns, selector=PROXIES)["items"]
+    return pods
+
+
+def proxy_replaced(node: NodeCluster, ns: str, gone: set[str], image: str | None = None) -> bool:
+    """Exactly one proxy pod, Ready, none of ``gone``, running ``image`` when given."""
+    pods = proxy_pods(node, ns)
+    return (
+        len(pods) == 1
+        and ready(pods[0])
+        and pods[0]["metadata"]["name"] not in gone
+        and image in (None, pods[0]["spec"]["containers"][0]["image"])
+    )
 
 
 def ready(pod: dict[str, Any]) -> bool:

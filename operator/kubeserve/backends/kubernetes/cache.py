@@ -29,6 +29,7 @@ WATCHED: dict[str, str] = {
     "Role": MANAGED_SELECTOR,
     "RoleBinding": MANAGED_SELECTOR,
     "NetworkPolicy": MANAGED_SELECTOR,
+    "PodDisruptionBudget": MANAGED_SELECTOR,
 }
 
 

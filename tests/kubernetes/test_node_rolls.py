@@ -15,13 +15,10 @@ drain from taking its replicas faster than a roll would. Ray's
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from typing import Any
 
 from support.common import wait_for
 from support.k8s_operator import TESTS_IMAGE, OperatorProcess
-from support.load import Load, failures
 from support.node_cluster import NodeCluster
 from support.node_recorder import (
     REPLICAS,
@@ -33,30 +30,8 @@ from support.node_recorder import (
     recorder,
     replica_pods,
     settled,
+    under_load,
 )
-
-#: a request may wait for a replica pod to start (a roll of one replica, Ray's default rollout)
-_REQUEST_TIMEOUT_S = 60
-
-
-def under_load(
-    host: str, change: Callable[[], object], done: Callable[[], bool], what: str
-) -> dict[str, int]:
-    """Run ``change`` while clients send through the proxy Service at ``host``; wait for
-    ``done``, keep the load a second more; returns the failed requests by kind (and prints the
-    figures)."""
-    with Load(8000, clients=12, host=host, timeout_s=_REQUEST_TIMEOUT_S) as load:
-        wait_for(lambda: load.answered_since(time.monotonic() - 1) > 20, 30, what="load flowing")
-        started = time.monotonic()
-        change()
-        wait_for(done, 180, interval_s=0.5, what=f"{what} finished")
-        took = time.monotonic() - started
-        end = time.monotonic() + 1.0
-        wait_for(lambda: time.monotonic() >= end, 5, interval_s=0.1, what="a second more")
-    failed = failures(load.outcomes)
-    print(f"{what}: {len(load.outcomes)} requests in {took:.1f} s, failed {failed}")
-    assert len(load.outcomes) > 100
-    return failed
 
 
 def test_an_env_vars_change_rolls_every_replica_and_fails_no_request(

@@ -4,6 +4,8 @@ requests under load (:class:`support.load.Load` sends ``GET /`` and checks each 
 from __future__ import annotations
 
 import collections
+import time
+from collections.abc import Callable
 from typing import Any
 
 from support.common import wait_for
@@ -16,6 +18,7 @@ from support.k8s_operator import (
     proxy_service_url,
     wait_ready,
 )
+from support.load import Load, failures
 from support.node_cluster import NodeCluster
 
 REPLICAS = "app.kubernetes.io/component=replica"
@@ -94,3 +97,27 @@ def executed_twice(node: NodeCluster, ns: str) -> dict[str, int]:
         out = node.kubectl("exec", name, "-n", ns, "--", "sh", "-c", "cat /tmp/executions-*")
         ran.update(line.split()[0] for line in out.stdout.splitlines() if line.strip())
     return {rid: n for rid, n in ran.items() if n > 1}
+
+
+#: a request may wait for a replica pod to start (a roll of one replica, Ray's default rollout)
+_REQUEST_TIMEOUT_S = 60
+
+
+def under_load(
+    host: str, change: Callable[[], object], done: Callable[[], bool], what: str
+) -> dict[str, int]:
+    """Run ``change`` while clients send through the proxy Service at ``host``; wait for
+    ``done``, keep the load a second more; returns the failed requests by kind (and prints the
+    figures)."""
+    with Load(8000, clients=12, host=host, timeout_s=_REQUEST_TIMEOUT_S) as load:
+        wait_for(lambda: load.answered_since(time.monotonic() - 1) > 20, 30, what="load flowing")
+        started = time.monotonic()
+        change()
+        wait_for(done, 180, interval_s=0.5, what=f"{what} finished")
+        took = time.monotonic() - started
+        end = time.monotonic() + 1.0
+        wait_for(lambda: time.monotonic() >= end, 5, interval_s=0.1, what="a second more")
+    failed = failures(load.outcomes)
+    print(f"{what}: {len(load.outcomes)} requests in {took:.1f} s, failed {failed}")
+    assert len(load.outcomes) > 100
+    return failed

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from support.common import wait_for
 from support.k8s_operator import TESTS_IMAGE, OperatorProcess
 from support.node_cluster import NodeCluster
@@ -34,17 +36,25 @@ from support.node_recorder import (
 )
 
 
-def test_an_env_vars_change_rolls_every_replica_and_fails_no_request(
-    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+@pytest.mark.parametrize(
+    ("what", "change"),
+    [("env vars", {"roll": "2"}), ("import path", {"import_path": "fault_recorder:same_app"})],
+)
+def test_a_change_of_env_vars_or_import_path_rolls_every_replica_and_fails_no_request(
+    node: NodeCluster,
+    node_operator: OperatorProcess,
+    node_namespace: str,
+    what: str,
+    change: dict[str, str],
 ) -> None:
     ns = node_namespace
     host = deploy(node, node_operator, ns, 2)
     before = {p["metadata"]["name"] for p in replica_pods(node, ns)}
     failed = under_load(
         host,
-        lambda: node.apply(recorder(ns, 2, roll="2")),
+        lambda: node.apply(recorder(ns, 2, **change)),
         lambda: settled(node, ns, 2, before),
-        "env vars change of 2 replicas",
+        f"{what} change of 2 replicas",
     )
     assert failed == {}
 
@@ -163,21 +173,6 @@ def test_an_image_change_rolls_proxy_and_replicas_and_fails_no_request(
     assert failed == {}
     for pod in replica_pods(node, ns):
         assert pod["spec"]["containers"][0]["image"] == image
-
-
-def test_an_import_path_change_rolls_every_replica_and_fails_no_request(
-    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
-) -> None:
-    ns = node_namespace
-    host = deploy(node, node_operator, ns, 2)
-    before = {p["metadata"]["name"] for p in replica_pods(node, ns)}
-    failed = under_load(
-        host,
-        lambda: node.apply(recorder(ns, 2, import_path="fault_recorder:same_app")),
-        lambda: settled(node, ns, 2, before),
-        "import path change of 2 replicas",
-    )
-    assert failed == {}
 
 
 def evict(node: NodeCluster, ns: str, pod: str) -> int:

@@ -203,6 +203,12 @@ def test_a_drain_evicts_one_replica_at_a_time_and_fails_no_request(
     host = deploy(node, node_operator, ns, 2)
     (budget,) = node.get("poddisruptionbudgets", namespace=ns)["items"]
     assert budget["spec"]["maxUnavailable"] == 1
+    name = budget["metadata"]["name"]
+    wait_for(
+        lambda: node.get("pdb", name, ns).get("status", {}).get("disruptionsAllowed") == 1,
+        30,
+        what="the budget to count both replicas",
+    )
     first, second = sorted(p["metadata"]["name"] for p in replica_pods(node, ns))
     (proxy,) = (p["metadata"]["name"] for p in proxy_pods(node, ns))
     (node_name,) = (n["metadata"]["name"] for n in node.get("nodes")["items"])

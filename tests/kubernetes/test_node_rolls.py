@@ -160,7 +160,9 @@ def test_an_image_change_rolls_proxy_and_replicas_and_fails_no_request(
     and every replica (Ray's rollout) are replaced."""
     ns = node_namespace
     image = TESTS_IMAGE.replace(":0.1.0", ":rolls")
-    node.ctr("images", "tag", "--force", TESTS_IMAGE, image)
+    node.ctr(
+        "images", "tag", "--force", f"docker.io/library/{TESTS_IMAGE}", f"docker.io/library/{image}"
+    )
     host = deploy(node, node_operator, ns, 2)
     replicas = {p["metadata"]["name"] for p in replica_pods(node, ns)}
     proxies = {p["metadata"]["name"] for p in proxy_pods(node, ns)}

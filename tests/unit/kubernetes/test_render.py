@@ -649,7 +649,7 @@ def test_proxies_per_location(location: str, kind: str) -> None:
         "--discovery",
         "kubernetes",
         "--replacement-wait-s",
-        "15.0",
+        "60.0",
         "--leave-delay-s",
         "2.0",
         "--drain-timeout-s",
@@ -658,7 +658,7 @@ def test_proxies_per_location(location: str, kind: str) -> None:
         "30",
     ]
     # the grace period covers the wait for another proxy, the leave delay and the drain
-    assert pod(proxy)["terminationGracePeriodSeconds"] >= 15 + 2 + 8
+    assert pod(proxy)["terminationGracePeriodSeconds"] >= 60 + 2 + 8
     assert env(container)["KUBESERVE_INSTANCE"] == "default"
     assert container["readinessProbe"]["httpGet"] == {"path": "/-/healthz", "port": 8080}
     assert pod(proxy)["serviceAccountName"] == "default-dataplane"

@@ -184,8 +184,11 @@ REPLICA_GRACE_EXTRA_S = REPLICA_LEAVE_DELAY_S + 1.0
 #: (:class:`~kubeserve.runtime.proxy.server.LeavePlan`): it serves on until another proxy pod of
 #: its Service is ready (at most this long: the replacement of a ``HeadOnly`` proxy starts as the
 #: old one terminates), then while kube-proxy drops it, then closes its keep-alive connections
-#: gracefully, letting requests in flight finish; the pod's grace period covers the three.
-PROXY_REPLACEMENT_WAIT_S = 15.0
+#: gracefully, letting requests in flight finish; the pod's grace period covers the three. (The
+#: wait is long enough for a replacement's image to be pulled on another node; a DaemonSet's
+#: replacement on the same node starts only once the old pod is gone, but with proxies on other
+#: nodes the wait ends at once.)
+PROXY_REPLACEMENT_WAIT_S = 60.0
 PROXY_LEAVE_DELAY_S = 2.0
 PROXY_DRAIN_S = 8.0
 PROXY_GRACE_S = int(PROXY_REPLACEMENT_WAIT_S + PROXY_LEAVE_DELAY_S + PROXY_DRAIN_S) + 5

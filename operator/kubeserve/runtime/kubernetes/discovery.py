@@ -85,9 +85,15 @@ class KubeDiscovery:
 
     async def served_elsewhere(self, service: str, pod: str) -> None:
         """Returns once an EndpointSlice of ``service`` lists a ready endpoint of a pod other
-        than ``pod``: a leaving proxy's clients have another one to go to. (The Service's
-        slices carry its ``managed-by`` label, so the informer of replica slices sees them.)"""
-        while not ready_elsewhere(self._slices.values(), service, pod):
+        than ``pod`` (a leaving proxy's clients have another one to go to), or once the
+        Service's slices are gone (it was deleted: nobody is to be served). The Service's slices
+        carry its ``managed-by`` label, so the informer of replica slices sees them."""
+        seen = False
+        while True:
+            found, elsewhere = ready_elsewhere(self._slices.values(), service, pod)
+            seen = seen or found
+            if elsewhere or (seen and not found):
+                return
             self._slices_changed.clear()
             await self._slices_changed.wait()
 
@@ -102,18 +108,20 @@ class KubeDiscovery:
         self._on_update({"version": self._version, "routes": routes, "deployments": deployments})
 
 
-def ready_elsewhere(slices: Any, service: str, pod: str) -> bool:
-    """Whether ``slices`` list a ready endpoint of ``service`` that is not ``pod`` (pure)."""
+def ready_elsewhere(slices: Any, service: str, pod: str) -> tuple[bool, bool]:
+    """Whether ``slices`` hold one of ``service``, and whether they list a ready endpoint of it
+    that is not ``pod`` (pure)."""
+    found = False
     for endpoint_slice in slices:
-        if (endpoint_slice["metadata"].get("labels") or {}).get(
-            contract.SERVICE_NAME_LABEL
-        ) != service:
+        labels = endpoint_slice["metadata"].get("labels") or {}
+        if labels.get(contract.SERVICE_NAME_LABEL) != service:
             continue
+        found = True
         for endpoint in endpoint_slice.get("endpoints") or []:
             ready = (endpoint.get("conditions") or {}).get("ready")
             if ready and (endpoint.get("targetRef") or {}).get("name") != pod:
-                return True
-    return False
+                return True, True
+    return found, False
 
 
 def snapshot_parts(

@@ -181,9 +181,12 @@ class ProxyServer:
 
     async def leave(self, plan: LeavePlan) -> None:
         """Serve on, then drain, as ``plan`` says; :meth:`close` ends what is left."""
+        loop = asyncio.get_running_loop()
         if plan.replaced is not None and plan.replacement_wait_s > 0:
+            started = loop.time()
             try:
                 await asyncio.wait_for(plan.replaced(), plan.replacement_wait_s)
+                log.info("another proxy serves after %.1f s", loop.time() - started)
             except TimeoutError:
                 log.warning("no other proxy ready after %.0f s: leaving", plan.replacement_wait_s)
         if plan.delay_s > 0:
@@ -202,7 +205,6 @@ class ProxyServer:
         state.set_timeouts(
             state.request_timeout_s, min(state.keep_alive_timeout_s, _LEAVING_IDLE_S)
         )
-        loop = asyncio.get_running_loop()
         deadline = loop.time() + plan.drain_s
         while state.connections and loop.time() < deadline:  # noqa: ASYNC110 - a bounded poll
             await asyncio.sleep(0.05)

@@ -252,9 +252,10 @@ bench-operator: venv k8s-node kwok
 bench-operator-scale: venv k8s-node kwok
 	KUBESERVE_K8S_NODE=1 timeout 3600 $(BIN)/python benchmarks/operator_scale.py
 
-## The no-op app on real pods of the kubernetes tier's node (as root, about 3 minutes): the proxy pod,
-## the proxy Service's ClusterIP and, as the reference, the same replica code on the host without the
-## data-plane handshake (wrk cannot pass it), loaded in turns.
+## The no-op app on real pods of the kubernetes tier's node (as root, about 5 minutes): wrk in a pod
+## of the node (the image of `make node-images`, the proxy pod's CPU requests) loads the proxy pod
+## and the proxy Service's ClusterIP; the reference, in turns, is `kubeserve start` on the host with
+## its proxy, replica and wrk in cgroups weighted like those pods (benchmarks/cpu_groups.py).
 ## Writes benchmarks/results-kubernetes.json and adds its rows to benchmarks/results.md.
 .PHONY: bench-kubernetes
 bench-kubernetes: venv k8s-node

@@ -54,7 +54,7 @@ def bench_system(system: ServeSystem, noop_path: str, composed_path: str) -> dic
         system.stop()
 
 
-def _replica_pids(system: ServeSystem, app: str) -> list[int]:
+def replica_pids(system: ServeSystem, app: str) -> list[int]:
     found = system.applications().get(app) or {"deployments": {}}
     return [
         int(r["pid"])
@@ -73,7 +73,7 @@ def _bench_started(system: ServeSystem, noop_path: str, composed_path: str) -> d
     proxy_pid = system.process_pids()["proxy"]
     # CPU per request is read for the process in front (proxy, nginx worker, or the replica
     # loaded directly) and for all the serving processes of the row.
-    through_proxy = (proxy_pid, *_replica_pids(system, "noop"))
+    through_proxy = (proxy_pid, *replica_pids(system, "noop"))
     if isinstance(system, Kubeserve):
         # The proxy's cost is judged against the replica alone (and against nginx in front of
         # the same replica code), so these three are measured in turns (load.measure_together).
@@ -115,7 +115,7 @@ def _bench_started(system: ServeSystem, noop_path: str, composed_path: str) -> d
             "no-op via proxy, 2 replicas",
             system.name,
             f"{proxy}/noop",
-            pids=(proxy_pid, *_replica_pids(system, "noop")),
+            pids=(proxy_pid, *replica_pids(system, "noop")),
         )
     )
     noop_replica = system.running_replicas("noop", "Noop")[0]["pid"]
@@ -132,7 +132,7 @@ def _bench_started(system: ServeSystem, noop_path: str, composed_path: str) -> d
                     "composed (ingress -> handle)",
                     system.name,
                     f"{proxy}/composed?name=x",
-                    pids=(proxy_pid, *_replica_pids(system, "composed")),
+                    pids=(proxy_pid, *replica_pids(system, "composed")),
                 )
             )
             ingress = system.running_replicas("composed", "Frontend")[0]["pid"]
@@ -157,11 +157,7 @@ def _bench_started(system: ServeSystem, noop_path: str, composed_path: str) -> d
             flush=True,
         )
     return {
-        "loads": [
-            asdict(r)
-            | {"requests_per_s": r.requests_per_s, "cpu_us": r.cpu_us, "cpu_all_us": r.cpu_all_us}
-            for r in loads
-        ],
+        "loads": [load.as_json(r) for r in loads],
         "control_plane": asdict(cp) | {"medians": cp.medians()},
         "rss_mb": rss,
     }

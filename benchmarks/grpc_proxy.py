@@ -1,19 +1,25 @@
-"""gRPC through kubeserve's proxy vs a bare grpcio aio server serving the same servicer.
+"""gRPC through kubeserve's proxy vs a bare grpcio aio server serving the same servicer, and vs
+Ray Serve 2.60's gRPC proxy serving the same application.
 
-Rows, measured in turns (proxy, bare, proxy, bare...) so that both see the same machine, medians
-reported: unary calls per second (``ksgrpc.Checks/Echo``) and streamed messages per second
+Rows, measured in turns (proxy, bare, ray, proxy, bare, ray...) so that all see the same machine,
+medians reported: unary calls per second (``ksgrpc.Checks/Echo``) and streamed messages per second
 (``ksgrpc.Checks/Count``, 50 messages a call). The client is one grpcio aio process with
-``--concurrency`` calls in flight over one channel, the same for both rows; the proxy row goes
+``--concurrency`` calls in flight over one channel, the same for every row; the proxy row goes
 client -> proxy -> replica (one replica of ``tests/apps/ks_grpc_checks_app.py:other``), the bare
-row client -> one grpcio aio server process running the method's code itself.
+row client -> one grpcio aio server process running the method's code itself, the ray row client
+-> Ray's gRPC proxy actor -> one Ray replica of the same deployment (a local head started with
+``--ray-venv``, token auth off, as :mod:`systems` starts it). CPU per call counts the serving
+processes (proxy + replica; the bare server; Ray's proxy actor + replica actor).
 
-    .venv/bin/python benchmarks/grpc_proxy.py --seconds 5 --rounds 3 --concurrency 32
+    .venv/bin/python benchmarks/grpc_proxy.py --seconds 5 --rounds 3 --concurrency 32 \
+        [--ray-venv ~/.cache/kubeserve/ray-2.60.0]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -21,11 +27,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "apps"), str(ROOT / "benchmarks")]
+
+from support.common import free_port  # noqa: E402 - after the path is set
 
 STREAM_LENGTH = 50
 SERVICER = "ks_grpc_checks_pb2_grpc.add_ChecksServicer_to_server"
@@ -103,11 +112,60 @@ def run_load(
     return float(result["per_s"]), spent / result["all"] * 1e6
 
 
+@contextlib.contextmanager
+def ray_grpc(venv: Path) -> Iterator[tuple[int, list[int]]]:
+    """Ray Serve 2.60 serving ``ks_grpc_checks_app:other`` over its gRPC proxy: its port and the
+    serving processes (the proxy actor and the replica)."""
+    from systems import RayServe, http, pids_matching, wait_for
+
+    ray = RayServe(venv)
+    apps = str(ROOT / "tests" / "apps")
+    ray.env["PYTHONPATH"] = os.pathsep.join((apps, ray.env["PYTHONPATH"]))
+    grpc_port = free_port()
+    try:
+        ray.start()
+        config = {
+            "proxy_location": "HeadOnly",
+            "http_options": {"host": "127.0.0.1", "port": ray.proxy_port},
+            "grpc_options": {"port": grpc_port, "grpc_servicer_functions": [SERVICER]},
+            "applications": [_APP],
+        }
+        http("PUT", f"{ray.api}/api/serve/applications/", config)
+        ray.wait_replicas("other", "Other", 1, 300)
+        serving = pids_matching("ray::ProxyActor")[:1] + pids_matching("ray::ServeReplica:other")
+        wait_for(lambda: _answers(grpc_port), 60)
+        yield grpc_port, serving
+    finally:
+        ray.stop()
+
+
+def _answers(port: int) -> bool:
+    import grpc
+    import ks_grpc_checks_pb2 as pb2
+    import ks_grpc_checks_pb2_grpc as pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            pb2_grpc.ChecksStub(channel).Echo(pb2.Ask(text="x"), timeout=5)
+        except grpc.RpcError:
+            return False
+    return True
+
+
+_APP = {
+    "name": "other",
+    "route_prefix": "/other",
+    "import_path": "ks_grpc_checks_app:other",
+    "deployments": [{"name": "Other", "max_ongoing_requests": 100}],
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--ray-venv", type=Path, help="also measure Ray Serve 2.60's gRPC proxy")
     parser.add_argument("--serve-bare", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--load", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -119,7 +177,6 @@ def main() -> None:
         print(json.dumps(asyncio.run(load(int(port), float(seconds), int(concurrency), kind))))
         return
 
-    from support.common import free_port
     from support.grpc_protos import ensure_generated
     from support.kubeserve_start import running_kubeserve
 
@@ -136,14 +193,10 @@ def main() -> None:
         with (
             tempfile.TemporaryDirectory() as state,
             running_kubeserve(Path(state)) as ks,
+            contextlib.ExitStack() as stack,
         ):
-            app = {
-                "name": "other",
-                "import_path": "ks_grpc_checks_app:other",
-                "deployments": [{"name": "Other", "max_ongoing_requests": 100}],
-            }
             options = {"port": proxy_grpc_port, "grpc_servicer_functions": [SERVICER]}
-            status, body = ks.put([app], grpc_options=options)
+            status, body = ks.put([_APP], grpc_options=options)
             assert status == 200, body
             ks.wait_app("other", timeout_s=120)
             assert ks.proc is not None
@@ -157,11 +210,13 @@ def main() -> None:
                 "bare": [bare.pid],
             }
             ports = {"proxy": proxy_grpc_port, "bare": bare_port}
+            if args.ray_venv is not None:
+                ports["ray"], serving["ray"] = stack.enter_context(ray_grpc(args.ray_venv))
             rows: dict[str, list[float]] = {}
             cpu: dict[str, list[float]] = {}
             for _ in range(args.rounds):
                 for kind in ("unary", "stream"):
-                    for name in ("proxy", "bare"):
+                    for name in ports:
                         value, us = run_load(
                             ports[name], args.seconds, args.concurrency, kind, serving[name]
                         )
@@ -181,6 +236,12 @@ def main() -> None:
             f"serving CPU per call {cpu_medians[f'{kind} proxy']:.0f} us (proxy + replica) vs "
             f"{cpu_medians[f'{kind} bare']:.0f} us (bare)"
         )
+        if f"{kind} ray" in medians:
+            print(
+                f"{kind}: kubeserve {medians[f'{kind} proxy'] / medians[f'{kind} ray']:.1f}x "
+                f"Ray Serve 2.60's gRPC proxy ({medians[f'{kind} ray']:.0f}/s, "
+                f"{cpu_medians[f'{kind} ray']:.0f} us CPU each)"
+            )
 
 
 if __name__ == "__main__":

@@ -22,19 +22,22 @@ Everything is torn down at the end. The figures go to ``results-kubernetes.json`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import bench
+import cpu_groups
 import load
-import plain_replica
 import report
+import systems
 
-from support.common import free_port, http, wait_for
-from support.k8s_control_plane import ControlPlane
+from support.common import http, wait_for
 from support.k8s_operator import (
     OperatorProcess,
     application,
@@ -42,7 +45,14 @@ from support.k8s_operator import (
     instance,
     ready_pods,
 )
-from support.node_cluster import find_node_bin_dir, node_missing, start_node_cluster
+from support.node_cluster import (
+    CACHE,
+    NodeCluster,
+    find_node_bin_dir,
+    node_missing,
+    start_node_cluster,
+)
+from support.node_cluster import CGROUP as NODE_CGROUP
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -53,11 +63,15 @@ ROUTE = "/noop"
 PORT = 8000  # the ServeInstance's httpOptions.port, and every replica pod's port
 RESULTS = BENCH_DIR / "results-kubernetes.json"
 LOG = ROOT / "var" / "bench-kubernetes-operator.log"
+#: The load generator's image (``tests/kubernetes/node/build_images.sh``) and its pod.
+WRK_ARCHIVE = CACHE / "node" / "images" / "wrk.tar"
+WRK_IMAGE = "kubeserve.local/wrk:bookworm"
+LOAD_POD = "wrk"
 
 
-def deploy(plane: ControlPlane, operator: OperatorProcess) -> tuple[str, str]:
-    """Apply the ServeInstance and the application, wait for Ready; (proxy pod IP, proxy
-    Service ClusterIP)."""
+def deploy(plane: NodeCluster, operator: OperatorProcess) -> dict[str, dict[str, Any]]:
+    """Apply the ServeInstance and the application, wait for Ready and for the proxy Service to
+    answer; the proxy and replica pods by component, and the proxy Service."""
     plane.apply(instance(NAMESPACE, PORT))
     plane.apply(
         application(
@@ -71,12 +85,12 @@ def deploy(plane: ControlPlane, operator: OperatorProcess) -> tuple[str, str]:
             "--timeout=180s", check=False, timeout=200,
         )  # fmt: skip
         if result.returncode != 0:
-            pods = plane.kubectl("get", "pods,jobs,deploy", "-n", NAMESPACE, "-o", "wide").stdout
+            listing = plane.kubectl("get", "pods,jobs,deploy", "-n", NAMESPACE, "-o", "wide").stdout
             status = plane.get(kind, name, NAMESPACE).get("status")
             raise RuntimeError(
-                f"{kind}/{name} not Ready: {result.stderr}\n{status}\n{pods}\n{operator.log()}"
+                f"{kind}/{name} not Ready: {result.stderr}\n{status}\n{listing}\n{operator.log()}"
             )
-    ips = {}
+    found: dict[str, dict[str, Any]] = {}
     for component in ("proxy", "replica"):
         pods = wait_for(
             lambda c=component: ready_pods(plane, NAMESPACE, f"app.kubernetes.io/component={c}"),
@@ -85,13 +99,41 @@ def deploy(plane: ControlPlane, operator: OperatorProcess) -> tuple[str, str]:
         )
         if len(pods) != 1:
             raise RuntimeError(f"expected one {component} pod, found {len(pods)}")
-        ips[component] = pods[0]["status"]["podIP"]
-    url = f"http://{ips['proxy']}:{PORT}{ROUTE}"
-    wait_for(lambda: _answers_ok(url), 60, what=f"ok from {url}")
-    cluster_ip = plane.get("service", "default-proxy", NAMESPACE)["spec"]["clusterIP"]
-    service = f"http://{cluster_ip}:{PORT}{ROUTE}"
-    wait_for(lambda: _answers_ok(service), 60, what=f"ok from {service}")
-    return ips["proxy"], cluster_ip
+        found[component] = pods[0]
+    found["service"] = plane.get("service", "default-proxy", NAMESPACE)
+    return found
+
+
+def start_load_pod(plane: NodeCluster, proxy_pod: dict[str, Any]) -> list[str]:
+    """The wrk pod, with the proxy container's CPU and memory requests (so the same cgroup
+    weight); the argv prefix that runs wrk in it."""
+    plane.ctr("images", "import", "--no-unpack", str(WRK_ARCHIVE))
+    requests = proxy_pod["spec"]["containers"][0].get("resources", {}).get("requests", {})
+    plane.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": LOAD_POD, "namespace": NAMESPACE},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "wrk",
+                        "image": WRK_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": ["sleep", "infinity"],
+                        "resources": {"requests": requests},
+                    }
+                ],
+                "terminationGracePeriodSeconds": 0,
+            },
+        }
+    )
+    plane.kubectl(
+        "wait", "--for=condition=Ready", f"pod/{LOAD_POD}", "-n", NAMESPACE, "--timeout=120s",
+        timeout=130,
+    )  # fmt: skip
+    kubectl = [str(plane.bin_dir / "kubectl"), "--kubeconfig", str(plane.kubeconfig)]
+    return [*kubectl, "exec", "-n", NAMESPACE, LOAD_POD, "-c", "wrk", "--", "wrk"]
 
 
 def _answers_ok(url: str) -> bool:
@@ -102,9 +144,74 @@ def _answers_ok(url: str) -> bool:
     return bool(status == 200 and body == "ok")
 
 
+def _pod_pids(pod: dict[str, Any]) -> list[int]:
+    """The pod's kubeserve processes, the main one first."""
+    pids = cpu_groups.processes_of_pod(pod["metadata"]["uid"])
+    if not pids:
+        raise RuntimeError(f"no process of pod {pod['metadata']['name']} found in /proc")
+    return pids
+
+
+#: What the proxy's speed depends on besides its code: the interpreter and its event loop.
+_INTERPRETER = (
+    "import sys, sysconfig, importlib.metadata as m; "
+    "print(sys.version.split()[0], sysconfig.get_config_var('OPT'), "
+    "*(f'{p} {m.version(p)}' for p in ('uvloop', 'httptools')), sep='; ')"
+)
+
+
+def _interpreter(plane: NodeCluster, pod: str) -> str:
+    """The proxy image's Python, its compiler flags, and uvloop's and httptools' versions."""
+    argv = ["exec", "-n", NAMESPACE, pod, "--", "python3", "-c", _INTERPRETER]
+    return plane.kubectl(*argv, check=False).stdout.strip() or "?"
+
+
+def _interpreter_here() -> str:
+    """The same of this virtualenv, which ``kubeserve start`` runs from."""
+    argv = [sys.executable, "-c", _INTERPRETER]
+    return subprocess.run(argv, capture_output=True, text=True, check=False).stdout.strip()
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _pod_group(pid: int) -> Path:
+    """The pod's cgroup (the container's parent), whose shares weigh it against other pods."""
+    return cpu_groups.group_of(pid).parent
+
+
+@contextlib.contextmanager
+def embedded(weights: dict[str, int], parent_shares: int) -> Iterator[tuple[str, list[int], Path]]:
+    """``kubeserve start`` with the no-op app, its proxy and replica each in a cgroup of the
+    bench weighted like their pods, and one for wrk weighted like the wrk pod; (url, pids with
+    the proxy first, the load's cgroup)."""
+    system = systems.Kubeserve()
+    system.start()
+    try:
+        system.put([bench.noop_app("benchmarks.apps:noop", 1)])
+        system.wait_replicas("noop", "Noop", 1, 180)
+        proxy_pid = system.process_pids()["proxy"]
+        replicas = bench.replica_pids(system, "noop")
+        with cpu_groups.bench_groups(parent_shares, weights) as parent:
+            cpu_groups.join(parent / "proxy", [proxy_pid])
+            cpu_groups.join(parent / "replica", replicas)
+            url = f"http://127.0.0.1:{system.proxy_port}/noop"
+            wait_for(lambda: _answers_ok(url), 60, what=f"ok from {url}")
+            yield url, [proxy_pid, *replicas], parent / "load"
+    finally:
+        system.stop()
+
+
+def _groups(pids: dict[str, int]) -> dict[str, dict[str, Any]]:
+    return {role: asdict(cpu_groups.read(_pod_group(pid))) for role, pid in pids.items()}
+
+
 def run() -> dict[str, Any]:
     bin_dir = find_node_bin_dir()
-    missing = node_missing(bin_dir)
+    missing = node_missing(bin_dir) or cpu_groups.available()
+    if missing is None and not WRK_ARCHIVE.exists():
+        missing = f"no {WRK_ARCHIVE}: run `make node-images`"
     if missing is not None:
         raise SystemExit(missing)
     assert bin_dir is not None
@@ -118,29 +225,36 @@ def run() -> dict[str, Any]:
         operator = OperatorProcess(plane, NAMESPACE, LOG)
         try:
             operator.start()
-            proxy_ip, cluster_ip = deploy(plane, operator)
+            pods = deploy(plane, operator)
+            in_pod = start_load_pod(plane, pods["proxy"])
+            pods["load"] = plane.get("pod", LOAD_POD, NAMESPACE)
+            proxy_ip = pods["proxy"]["status"]["podIP"]
+            cluster_ip = pods["service"]["spec"]["clusterIP"]
             print(f"proxy pod {proxy_ip}, proxy Service {cluster_ip}", flush=True)
-            with plain_replica.running("benchmarks.apps:noop", "Noop", free_port()) as direct:
+            # the pods' processes, then their runtime shims (which carry the logs they write)
+            serving = [*_pod_pids(pods["proxy"]), *_pod_pids(pods["replica"])]
+            shims = sorted({_parent(pid) for pid in serving})
+            on_pods = [*serving, *shims]
+            where = [cpu_groups.read(cpu_groups.group_of(pid)).path for pid in shims]
+            print(f"pod processes {serving}, their shims {shims} (cgroups {where})", flush=True)
+            main_pids = {role: _pod_pids(pods[role])[0] for role in ("proxy", "replica", "load")}
+            weights = {role: g["shares"] for role, g in _groups(main_pids).items()}
+            node_shares = cpu_groups.read(cpu_groups.CPU_ROOT / NODE_CGROUP).shares
+            print(f"pod cpu.shares {weights}, /{NODE_CGROUP} {node_shares}", flush=True)
+            before = _groups(main_pids)
+            with embedded(weights, node_shares) as (local_url, local_pids, load_group):
                 loads = load.measure_together(
                     [
-                        (
-                            "no-op, direct to replica code",
-                            report.KUBERNETES_SYSTEM,
-                            direct.url,
-                            (direct.pid,),
-                        ),
-                        (
-                            "no-op via proxy pod, 1 replica",
-                            report.KUBERNETES_SYSTEM,
-                            f"http://{proxy_ip}:{PORT}{ROUTE}",
-                        ),
-                        (
-                            "no-op via proxy Service ClusterIP",
-                            report.KUBERNETES_SYSTEM,
-                            f"http://{cluster_ip}:{PORT}{ROUTE}",
-                        ),
-                    ]
-                )
+                        (report.K8S_EMBEDDED, report.KUBERNETES_SYSTEM, local_url, local_pids),
+                        (report.K8S_PROXY, report.KUBERNETES_SYSTEM,
+                         f"http://{proxy_ip}:{PORT}{ROUTE}", on_pods),
+                        (report.K8S_SERVICE, report.KUBERNETES_SYSTEM,
+                         f"http://{cluster_ip}:{PORT}{ROUTE}", on_pods),
+                    ],
+                    commands=[cpu_groups.command_in(load_group, load.host_wrk()), in_pod, in_pod],
+                )  # fmt: skip
+            after = _groups(main_pids)
+            image = _interpreter(plane, pods["proxy"]["metadata"]["name"])
             version = plane.kubectl("version", "-o", "json", check=False).stdout
         finally:
             operator.stop()
@@ -149,7 +263,29 @@ def run() -> dict[str, Any]:
     return {
         "machine": machine,
         "kube_apiserver": server,
-        "loads": [asdict(r) | {"requests_per_s": r.requests_per_s} for r in loads],
+        "pods": _pod_conditions(pods, before, after),
+        "interpreters": {"proxy pod": image, "host": _interpreter_here()},
+        "loads": [load.as_json(r) for r in loads],
+    }
+
+
+def _pod_conditions(
+    pods: dict[str, dict[str, Any]],
+    before: dict[str, dict[str, Any]],
+    after: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """Per pod: its containers' resources, its cgroup's weight and quota, and the CFS periods
+    it was throttled in during the loads."""
+    return {
+        role: {
+            "resources": pods[role]["spec"]["containers"][0].get("resources", {}),
+            "cgroup": after[role]["path"],
+            "cpu_shares": after[role]["shares"],
+            "cfs_quota_us": after[role]["quota_us"],
+            "throttled_periods": after[role]["nr_throttled"] - before[role]["nr_throttled"],
+            "throttled_ms": round(after[role]["throttled_ms"] - before[role]["throttled_ms"], 1),
+        }
+        for role in before
     }
 
 

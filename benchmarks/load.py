@@ -18,8 +18,9 @@ import shutil
 import statistics
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 THREADS = 1
@@ -43,6 +44,8 @@ class Run:
     #: CPU microseconds per request of the front process, and of all the serving processes
     cpu_us: float | None = None
     cpu_all_us: float | None = None
+    #: the kernel's part (system time) of ``cpu_us``: sockets, the network stack
+    cpu_system_us: float | None = None
 
 
 @dataclass
@@ -73,16 +76,38 @@ class LoadResult:
         return statistics.median(values) if values else None
 
     @property
+    def cpu_system_us(self) -> float | None:
+        """Median system-time microseconds per request of the front process."""
+        values = [r.cpu_system_us for r in self.runs if r.cpu_system_us is not None]
+        return statistics.median(values) if values else None
+
+    @property
     def cpu_all_us(self) -> float | None:
         """Median CPU microseconds per request of all the serving processes."""
         values = [r.cpu_all_us for r in self.runs if r.cpu_all_us is not None]
         return statistics.median(values) if values else None
 
 
+def as_json(result: LoadResult) -> dict[str, Any]:
+    """A result with its runs and medians, as the results files hold it."""
+    return asdict(result) | {
+        "requests_per_s": result.requests_per_s,
+        "cpu_us": result.cpu_us,
+        "cpu_all_us": result.cpu_all_us,
+        "cpu_system_us": result.cpu_system_us,
+    }
+
+
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    return sum(cpu_times(pid))
+
+
+def cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process ``pid`` so far (all its threads)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def children(pid: int) -> list[int]:
@@ -127,38 +152,48 @@ def wrk(
     connections: int = CONNECTIONS,
     headers: tuple[str, ...] = (),
     pids: Sequence[int] = (),
+    command: Sequence[str] = (),
 ) -> Run:
     """One wrk run against this machine: a loopback address, or a pod or Service of the test
     node (:data:`NODE_NETWORKS`, a bridge inside this machine); ``headers`` as ``"Name:
     value"``, sent on every request; with ``pids`` (the front process first), the run's CPU
-    microseconds per request of the front one and of all."""
+    microseconds per request of the front one and of all. ``command`` runs wrk elsewhere (in
+    a pod, in a cgroup): the argv that ends with wrk's program, its arguments follow; the
+    default is the host's wrk."""
     host = ipaddress.ip_address(urlsplit(url).hostname or "")
     if not (host.is_loopback or any(host in net for net in NODE_NETWORKS)):
         raise ValueError(f"the bench only loads this machine and its test node's pods, not {url}")
-    wrk_bin = shutil.which("wrk")
-    if wrk_bin is None:
-        raise RuntimeError("wrk is not installed (make bench installs it with apt-get)")
     extra = [arg for header in headers for arg in ("-H", header)]
-    before = [cpu_s(pid) for pid in pids]
+    before = [cpu_times(pid) for pid in pids]
     out = subprocess.run(
-        [wrk_bin, f"-t{THREADS}", f"-c{connections}", f"-d{seconds}s", "--timeout", "5s",
-         "--latency", *extra, url],
+        [*(command or [host_wrk()]), f"-t{THREADS}", f"-c{connections}", f"-d{seconds}s",
+         "--timeout", "5s", "--latency", *extra, url],
         capture_output=True, text=True, check=True, timeout=seconds + 30,
     )  # fmt: skip
     run = parse_wrk(out.stdout)
     served = run.requests_per_s * seconds
     if pids and served:
-        used = [cpu_s(pid) - start for pid, start in zip(pids, before, strict=True)]
+        after = [cpu_times(pid) for pid in pids]
+        used = [sum(now) - sum(start) for now, start in zip(after, before, strict=True)]
         run.cpu_us = used[0] * 1e6 / served
         run.cpu_all_us = sum(used) * 1e6 / served
+        run.cpu_system_us = (after[0][1] - before[0][1]) * 1e6 / served
     return run
 
 
+def host_wrk() -> str:
+    """The path of this machine's wrk."""
+    wrk_bin = shutil.which("wrk")
+    if wrk_bin is None:
+        raise RuntimeError("wrk is not installed (make bench installs it with apt-get)")
+    return wrk_bin
+
+
 def _cpu_text(result: LoadResult) -> str:
-    front, total = result.cpu_us, result.cpu_all_us
-    if front is None or total is None:
+    front, total, system = result.cpu_us, result.cpu_all_us, result.cpu_system_us
+    if front is None or total is None or system is None:
         return ""
-    return f"  CPU {front:6.1f} us/req front, {total:6.1f} all"
+    return f"  CPU {front:6.1f} us/req front ({system:.1f} system), {total:6.1f} all"
 
 
 def measure(
@@ -182,22 +217,25 @@ def measure(
 
 
 def measure_together(
-    setups: Sequence[tuple[str, str, str] | tuple[str, str, str, Sequence[int]]], runs: int = RUNS
+    setups: Sequence[tuple[str, str, str] | tuple[str, str, str, Sequence[int]]],
+    runs: int = RUNS,
+    commands: Sequence[Sequence[str]] = (),
 ) -> list[LoadResult]:
     """Setups ``(setup, system, url[, pids])`` measured in turns: run 1 of each, then run 2 of
-    each...
+    each...; ``commands``, when given, run each setup's wrk (see :func:`wrk`).
 
     For figures compared as ratios (proxy vs direct): on a shared machine the background changes
     over minutes, and taking the runs in turns exposes every setup to the same background.
     """
     results = [LoadResult(s[0], s[1], s[2], CONNECTIONS) for s in setups]
     pids = [tuple(s[3]) if len(s) > 3 else () for s in setups]  # type: ignore[misc]
-    for result in results:
-        wrk(result.url, WARMUP_S)
+    launchers = list(commands) or [()] * len(setups)
+    for result, command in zip(results, launchers, strict=True):
+        wrk(result.url, WARMUP_S, command=command)
     before = os.getloadavg()[0]
     for _ in range(runs):
-        for result, its_pids in zip(results, pids, strict=True):
-            result.runs.append(wrk(result.url, DURATION_S, pids=its_pids))
+        for result, its_pids, command in zip(results, pids, launchers, strict=True):
+            result.runs.append(wrk(result.url, DURATION_S, pids=its_pids, command=command))
     after = os.getloadavg()[0]
     for result in results:
         result.load_average = (before, after)

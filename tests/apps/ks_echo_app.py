@@ -71,6 +71,13 @@ class Echo:
         if kind == "slow":
             await asyncio.sleep(float(request.query_params.get("s", "1")))
             return "slow done"
+        if kind == "timeout":  # asyncio.timeout and a TaskGroup need the task a request runs in
+            async with asyncio.timeout(5):
+                async with asyncio.TaskGroup() as group:
+                    child = group.create_task(asyncio.sleep(0, "child"))
+            return {"task": asyncio.current_task() is not None, "child": child.result()}
+        if kind == "timedstream":
+            return self._timed_numbers()
         if kind == "log":  # records of the user's own, at two levels
             logging.getLogger("ray.serve").debug("debug from user code")
             logging.getLogger("echo.user").info("info from user code")
@@ -95,8 +102,30 @@ class Echo:
             await asyncio.sleep(0.01)
             yield f"{i}\n"
 
+    async def _timed_numbers(self) -> AsyncIterator[str]:
+        async with asyncio.timeout(5):
+            for i in range(2):
+                await asyncio.sleep(0)
+                yield f"{i}\n"
+
+    async def bounded(self) -> bool:
+        """An async method that asks for its task before its first wait."""
+        async with asyncio.timeout(5):
+            await asyncio.sleep(0)
+        return asyncio.current_task() is not None
+
     def add(self, a: int, b: int = 0) -> int:
         return a + b
+
+    def later(self) -> Any:
+        """A plain method returning a coroutine: awaited in a task (asyncio.timeout needs one)."""
+
+        async def within_a_timeout() -> bool:
+            async with asyncio.timeout(5):
+                await asyncio.sleep(0)
+            return asyncio.current_task() is not None
+
+        return within_a_timeout()
 
     async def fail(self) -> None:
         raise KeyError("missing thing")

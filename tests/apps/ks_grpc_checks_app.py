@@ -7,6 +7,7 @@ import os
 import grpc
 from ks_grpc_checks_pb2 import Answer
 from ray import serve
+from ray.serve.grpc_util import gRPCInputStream
 
 
 @serve.deployment
@@ -42,6 +43,32 @@ class Checks:
     async def Slow(self, ask):
         await asyncio.sleep(float(ask.text))
         return Answer(text="slept")
+
+    async def Upload(self, asks: gRPCInputStream, grpc_context):
+        texts, count = [], 0
+        async for ask in asks:
+            if ask.text == "hold":  # a handler that reads slowly: its caller must be slowed
+                await asyncio.sleep(ask.count)
+                continue
+            count += 1
+            if len(ask.text) <= 64:  # long ones are counted, not echoed
+                texts.append(ask.text)
+        grpc_context.set_trailing_metadata([("exhausted", str(asks.is_exhausted))])
+        return Answer(text="+".join(texts), index=count)
+
+    async def Chat(self, asks: gRPCInputStream):
+        async for ask in asks:
+            yield Answer(text=f"re:{ask.text}", index=ask.count)
+
+    async def UploadThenRaise(self, asks: gRPCInputStream, grpc_context):
+        async for ask in asks:
+            if ask.text == "stop":
+                grpc_context.set_code(grpc.StatusCode.ABORTED)
+                raise ValueError(f"stopped after {ask.count}")
+        return Answer(text="never stopped")
+
+    def Unserved(self, asks):  # not a generator: a bidirectional method must yield
+        return Answer(text="one")
 
 
 app = Checks.bind()

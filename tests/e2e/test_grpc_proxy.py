@@ -5,15 +5,23 @@ client and stubs generated from the protos by grpcio-tools."""
 from __future__ import annotations
 
 import importlib
+import queue
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pool
+from google.protobuf.message_factory import GetMessageClass
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
 
 from support.common import free_port, http, wait_for
 from support.grpc_protos import ensure_generated
 from support.kubeserve_start import Kubeserve, running_kubeserve
+from support.metrics_scrape import scrape, value
 
 SERVICERS = [
     "user_defined_protos_pb2_grpc.add_UserDefinedServiceServicer_to_server",
@@ -169,8 +177,6 @@ def test_errors_are_status_codes(channel: grpc.Channel) -> None:
     absent = rpc_error(stub.Missing, ask(), metadata=metadata)
     assert absent.code() == grpc.StatusCode.UNAVAILABLE
     assert "has no method 'Missing'" in absent.details()
-    upload = rpc_error(stub.Upload, iter([ask("a")]), metadata=metadata)
-    assert upload.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_streams_and_their_errors(channel: grpc.Channel) -> None:
@@ -187,6 +193,152 @@ def test_streams_and_their_errors(channel: grpc.Channel) -> None:
     assert "stream broke" in error.details()
 
 
+def test_client_streaming_method_reads_the_clients_messages(channel: grpc.Channel) -> None:
+    stub = checks(channel)
+    asks = iter([ask("a"), ask("b"), ask("c")])
+    answer, call = stub.Upload.with_call(asks, metadata=(("application", "checks"),))
+    assert (answer.text, answer.index) == ("a+b+c", 3)
+    trailers = list(call.trailing_metadata())
+    assert ("exhausted", "True") in trailers
+    assert any(key == "request_id" for key, _ in trailers)
+    empty = stub.Upload(iter([]), metadata=(("application", "checks"),))
+    assert (empty.text, empty.index) == ("", 0)
+
+
+def test_bidirectional_method_answers_while_the_client_still_sends(
+    channel: grpc.Channel,
+) -> None:
+    """Each message is sent only after the answer to the one before came back: a proxy that
+    waited for the client's whole stream would hang here (the call's deadline fails it)."""
+    answered: queue.Queue[int] = queue.Queue()
+
+    def asks() -> Iterator[Any]:
+        for i in range(4):
+            yield ask(f"m{i}", i)
+            assert answered.get(timeout=10) == i
+
+    got = []
+    for answer in checks(channel).Chat(asks(), metadata=(("application", "checks"),), timeout=30):
+        got.append((answer.text, answer.index))
+        answered.put(answer.index)
+    assert got == [(f"re:m{i}", i) for i in range(4)]
+
+
+def test_client_stream_errors_are_status_codes(channel: grpc.Channel) -> None:
+    stub = checks(channel)
+    metadata = (("application", "checks"),)
+    stopped = rpc_error(
+        stub.UploadThenRaise,
+        iter([ask("go", 1), ask("stop", 2), ask("never", 3)]),
+        metadata=metadata,
+    )
+    assert (stopped.code(), stopped.details()) == (grpc.StatusCode.ABORTED, "stopped after 2")
+    unserved = rpc_error(stub.Unserved, iter([ask("a")]), metadata=metadata)
+    assert unserved.code() == grpc.StatusCode.INTERNAL
+    assert "did not return a generator" in unserved.details()
+    missing = rpc_error(stub.Upload, iter([ask("a")]), metadata=(("application", "nope"),))
+    assert missing.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_server_reflection_describes_the_users_services(channel: grpc.Channel) -> None:
+    """What grpcurl does with a server that answers reflection: list its services, fetch their
+    descriptors, and call a method with messages built from them alone."""
+    database = ProtoReflectionDescriptorDatabase(channel)
+    services = set(database.get_services())
+    assert {
+        "ksgrpc.Checks",
+        "userdefinedprotos.UserDefinedService",
+        "userdefinedprotos.ImageClassificationService",
+        "grpc.reflection.v1alpha.ServerReflection",
+    } <= services
+    assert "ray.serve.RayServeAPIService" not in services  # as Ray: the built-in one is not listed
+    pool = descriptor_pool.DescriptorPool(database)
+    service = pool.FindServiceByName("ksgrpc.Checks")
+    chat = service.methods_by_name["Chat"]
+    assert (chat.client_streaming, chat.server_streaming) == (True, True)
+    echo = service.methods_by_name["Echo"]
+    request_class = GetMessageClass(echo.input_type)
+    answer_class = GetMessageClass(echo.output_type)
+    call = channel.unary_unary(
+        f"/{service.full_name}/{echo.name}",
+        request_serializer=request_class.SerializeToString,
+        response_deserializer=answer_class.FromString,
+    )
+    answer = call(request_class(text="reflected"), metadata=(("application", "other"),))
+    assert answer.text == "other:reflected"
+
+
+def test_grpc_metrics_with_rays_names(
+    instance: tuple[Kubeserve, int], channel: grpc.Channel
+) -> None:
+    """Counts go up by at least the calls made here: other tests' calls may still be in the
+    proxy's batch when ``before`` is read."""
+    ks, _ = instance
+    stub = checks(channel)
+    before = scrape(ks)
+    echo = {"method": "/ksgrpc.Checks/Echo", "application": "other", "route": "other"}
+    failed = {"method": "/ksgrpc.Checks/Raise", "application": "checks", "route": "checks"}
+    base_ok = value(before, "ray_serve_num_grpc_requests_total", status_code="OK", **echo)
+    base_err = value(before, "ray_serve_num_grpc_error_requests_total", **failed)
+    for _ in range(3):
+        stub.Echo(ask("m"), metadata=(("application", "other"),))
+    rpc_error(stub.Raise, ask("x"), metadata=(("application", "checks"),))
+    rpc_error(stub.Echo, ask("x"), metadata=(("application", "nope"),))
+    samples = wait_for(
+        lambda: (
+            (s := scrape(ks))
+            and value(s, "ray_serve_num_grpc_requests_total", status_code="OK", **echo)
+            >= base_ok + 3
+            and value(s, "ray_serve_num_grpc_error_requests_total", **failed) >= base_err + 1
+            and s
+        ),
+        10,
+        what="the gRPC proxy's counts in /metrics",
+    )
+    assert (
+        value(samples, "ray_serve_num_grpc_error_requests_total", error_code="INTERNAL", **failed)
+        >= base_err + 1
+    )
+    assert (
+        value(
+            samples,
+            "ray_serve_num_deployment_grpc_error_requests_total",
+            deployment="Checks",
+            error_code="INTERNAL",
+            **failed,
+        )
+        >= 1
+    )
+    assert (
+        value(
+            samples,
+            "ray_serve_num_grpc_requests_total",
+            status_code="NOT_FOUND",
+            route="",
+            application="",
+        )
+        >= 1
+    )
+    assert value(samples, "ray_serve_grpc_request_latency_ms_count", status_code="OK", **echo) >= 3
+    healthz = "/ray.serve.RayServeAPIService/Healthz"
+    stubs = module("ray_serve_api_pb2_grpc").RayServeAPIServiceStub(channel)
+    stubs.Healthz(module("ray_serve_api_pb2").HealthzRequest())
+    wait_for(
+        lambda: value(
+            scrape(ks),
+            "ray_serve_num_grpc_requests_total",
+            method=healthz,
+            route=healthz,
+            application="",
+            status_code="OK",
+        ),
+        10,
+        what="the built-in service's call in /metrics",
+    )
+    assert value(samples, "ray_serve_num_grpc_error_requests_total", **echo) == 0
+    assert "ray_serve_num_ongoing_grpc_requests" in samples
+
+
 def test_http_still_served_and_grpc_options_fixed(instance: tuple[Kubeserve, int]) -> None:
     ks, grpc_port = instance
     status, _ = http("GET", f"{ks.proxy}/-/routes")
@@ -201,7 +353,11 @@ def test_single_application_needs_no_metadata(tmp_path_factory: pytest.TempPathF
     ensure_generated()
     grpc_port = free_port()
     with running_kubeserve(tmp_path_factory.mktemp("kubeserve-grpc-one")) as ks:
-        options = {"port": grpc_port, "grpc_servicer_functions": SERVICERS}
+        options = {
+            "port": grpc_port,
+            "grpc_servicer_functions": SERVICERS,
+            "enable_reflection": False,
+        }
         status, body = ks.put(APPS[:1], grpc_options=options)
         assert status == 200, body
         ks.wait_app("app1", timeout_s=120)
@@ -211,6 +367,44 @@ def test_single_application_needs_no_metadata(tmp_path_factory: pytest.TempPathF
             request = pb2.UserDefinedMessage(name="a", num=1, origin="b")
             response = wait_for(lambda: _answer(stub, request), 30, what="a gRPC answer")
             assert response.greeting == "Hello a from b"
+            with pytest.raises(grpc.RpcError) as raised:  # enable_reflection: false
+                ProtoReflectionDescriptorDatabase(chan).get_services()
+            error: Any = raised.value
+            assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_client_stream_read_slowly_slows_its_client(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The replica stops reading a client stream its method does not keep up with, the proxy
+    stops taking messages from the client, and HTTP/2 flow control holds the client: nothing
+    on the way buffers the whole stream."""
+    ensure_generated()
+    grpc_port = free_port()
+    with running_kubeserve(tmp_path_factory.mktemp("kubeserve-grpc-slow")) as ks:
+        options = {"port": grpc_port, "grpc_servicer_functions": SERVICERS}
+        status, body = ks.put(APPS[2:3], grpc_options=options)
+        assert status == 200, body
+        ks.wait_app("checks", timeout_s=120)
+        sent = 0
+        total, size, hold_s = 4000, 32 * 1024, 5
+
+        def asks() -> Iterator[Any]:
+            nonlocal sent
+            yield ask("hold", hold_s)
+            for _ in range(total):
+                sent += 1
+                yield ask("x" * size)
+
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as chan:
+            call = checks(chan).Upload.future(asks(), metadata=(("application", "checks"),))
+            time.sleep(hold_s - 1)  # the method still sleeps on its first message
+            sent_while_held = sent
+            answer = call.result(timeout=120)
+        assert answer.index == total  # nothing lost once the method reads again
+        # 4,000 messages of 32 KB (125 MB) offered; in flight: the replica's queue
+        # (64 messages), the sockets' buffers and HTTP/2's windows: a few hundred messages.
+        assert sent_while_held < 1500, sent_while_held
 
 
 def _answer(stub: Any, request: Any) -> Any:

@@ -1,7 +1,7 @@
 """The gRPC proxy on a real node: a ServeInstance with ``grpcOptions`` gets a proxy pod serving
 gRPC and a ``grpc`` port on its Service; a grpcio client reaches the application's replica pod
 through the Service's ClusterIP (kube-proxy), with the servicer modules imported from the tests'
-image (where the proxy must find them, as in Ray)."""
+image (where the proxy must find them, as in Ray); client streams and server reflection too."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import importlib
 from typing import Any
 
 import grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
 
 from support.common import wait_for
 from support.grpc_protos import ensure_generated
@@ -63,6 +66,12 @@ def test_grpc_through_the_proxy_service(
         assert answer.text == "node|app=checks|rid=node-1"
         streamed = [a.index for a in stub.Count(pb2.Ask(text="n", count=4), metadata=metadata)]
         assert streamed == [0, 1, 2, 3]
+        asks = iter([pb2.Ask(text="a"), pb2.Ask(text="b")])
+        assert stub.Upload(asks, metadata=metadata, timeout=10).text == "a+b"
+        chat = stub.Chat(iter([pb2.Ask(text="x", count=7)]), metadata=metadata, timeout=10)
+        assert [(a.text, a.index) for a in chat] == [("re:x", 7)]
+        # reflection is on by default (grpc_options.enable_reflection), as in Ray
+        assert "ksgrpc.Checks" in ProtoReflectionDescriptorDatabase(channel).get_services()
         try:
             stub.RaiseWithCode(pb2.Ask(text="k8s"), metadata=metadata, timeout=10)
             raise AssertionError("RaiseWithCode answered")

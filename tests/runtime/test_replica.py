@@ -175,6 +175,14 @@ def test_return_types_become_http_responses(echo: ReplicaProcess) -> None:
     assert echo.get("/text")[1]["content-type"] == "text/plain; charset=utf-8"
 
 
+def test_async_handlers_run_in_a_task_from_their_first_step(echo: ReplicaProcess) -> None:
+    """asyncio.timeout, a TaskGroup (and aiohttp's and anyio's timeouts) need the current task;
+    Ray runs each request in one."""
+    status, _, body = echo.get("/timeout")
+    assert (status, json.loads(body)) == (200, {"task": True, "child": "child"})
+    assert echo.get("/timedstream")[:3:2] == (200, b"0\n1\n")
+
+
 def test_generators_stream_chunked(echo: ReplicaProcess) -> None:
     status, headers, body = echo.get("/stream?n=4")
     assert status == 200
@@ -288,6 +296,8 @@ def test_metrics_count_requests(echo: ReplicaProcess) -> None:
 
 def test_handle_calls(echo: ReplicaProcess) -> None:
     assert echo.call("add", 2, b=40) == (200, 42)
+    assert echo.call("later") == (200, True)  # a coroutine a plain method returns: in a task
+    assert echo.call("bounded") == (200, True)  # an async method runs in a task from its start
     status, error = echo.call("fail")
     assert status == 500  # Ray's RayTaskError: the cause, and the traceback of where it ran
     assert isinstance(error, RayTaskError) and error.cause.args == ("missing thing",)

@@ -70,6 +70,14 @@ class App:
                 await run_sync(_fail_in_a_thread)  # suspends: the handler leaves the eager path
             except ValueError as exc:
                 return HttpResponse(200, "".join(traceback.format_exception(exc)).encode())
+        if path == "/hops":  # a thread, a bare yield, a thread again: each wait as it comes
+            _request_tag.set(request.query_string)
+            first = await run_sync(_request_tag.get)
+            await asyncio.sleep(0)
+            second = await run_sync(_request_tag.get)
+            return HttpResponse(
+                200, f"{first}|{second}|{asyncio.current_task() is not None}".encode()
+            )
         if path == "/headers":
             values = [v for k, v in request.headers if k.lower() == "x-multi"]
             return HttpResponse(200, ",".join(values).encode())
@@ -252,6 +260,25 @@ def test_an_error_awaited_by_a_suspended_handler_keeps_its_traceback() -> None:
         ):
             text = await resp.text()
         assert "in _fail_in_a_thread\n" in text and "in _worker\n" in text, text
+
+    with_server(check)
+
+
+def test_a_handler_waiting_on_threads_and_the_loop_in_turn_is_served_in_its_context() -> None:
+    """A handler waiting on a worker thread is stepped on by the thread hop itself (no task);
+    a wait of another kind after it (here a bare yield) goes on in a task, and the request's
+    context variables follow it through every wait, pipelined requests in their turn."""
+
+    async def check(app: App, port: int) -> None:
+        async with aiohttp.ClientSession() as session:
+            answers = await asyncio.gather(
+                *(_get(session, f"http://127.0.0.1:{port}/hops?{i}") for i in range(20))
+            )
+        assert answers == [b"%d|%d|True" % (i, i) for i in range(20)]
+        requests = b"".join(b"GET /hops?p%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(3))
+        data = await exchange(port, requests + b"GET /echo HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert data.count(b"HTTP/1.1 200 OK") == 4
+        assert data.index(b"p0|p0|True") < data.index(b"p1|p1|True") < data.index(b"p2|p2|True")
 
     with_server(check)
 

@@ -89,3 +89,29 @@ def test_a_cancelled_caller_does_not_break_the_hop() -> None:
         assert await hop.run(lambda: "next") == "next"
 
     run(go(), uvloop=True)
+
+
+def test_a_continuation_runs_as_its_call_completes_and_only_for_the_last_call() -> None:
+    """``then`` runs the continuation in the callback that completes the call, the future
+    already done; it takes only the future ``run`` returned last, never another awaitable or a
+    bare yield (None), and a failed call's continuation sees the exception on the future."""
+
+    async def go() -> None:
+        hop = ThreadHop(asyncio.get_running_loop())
+        seen: list[object] = []
+        first = hop.run(lambda: "first")
+        last = hop.run(lambda: "last")
+        assert not hop.then(first, lambda: seen.append("never"))
+        assert not hop.then(None, lambda: seen.append("never"))  # type: ignore[arg-type]
+        assert not hop.then(asyncio.get_running_loop().create_future(), lambda: None)
+        assert hop.then(last, lambda: seen.append(last.result()))
+        assert await first == "first"
+        await asyncio.wait_for(asyncio.shield(last), 5)
+        assert seen == ["last"]
+        failed = hop.run({}.__getitem__, "missing")
+        done = asyncio.get_running_loop().create_future()
+        assert hop.then(failed, lambda: done.set_result(type(failed.exception())))
+        assert await asyncio.wait_for(done, 5) is KeyError
+        assert not hop.then(failed, lambda: None)  # once
+
+    run(go(), uvloop=True)

@@ -4,7 +4,7 @@ Each client behaves as urllib3's pool does with a kept-alive connection: before 
 request on one, it checks that the server has not closed it meanwhile (the socket would read as
 ready: end of file), and connects afresh if so (``urllib3.util.connection.is_connection_dropped``).
 A request is never sent twice: a connection closed after any byte of a request went out is that
-request's failure, as is a response with ``Connection: close`` answered with nothing else.
+request's failure. A response saying ``Connection: close`` ends the connection.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import itertools
 import select
+import ssl
 import threading
 import time
 import uuid
@@ -34,15 +35,52 @@ class Outcome:
     error: str = ""
 
 
+class PinnedHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS to ``host`` (an address), verifying the certificate as ``server_hostname``'s: a
+    Service's DNS name reached at its ClusterIP from a host that cannot resolve it."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        context: ssl.SSLContext,
+        server_hostname: str,
+        timeout: float = 10,
+    ) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self.tls_context, self.server_hostname = context, server_hostname
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self.tls_context.wrap_socket(self.sock, server_hostname=self.server_hostname)
+
+
+@dataclass(frozen=True)
+class TLSClient:
+    """How a client speaks HTTPS: the context (its CA, its certificate if any) and the name the
+    server's certificate must carry."""
+
+    context: ssl.SSLContext
+    server_hostname: str
+
+    def connection(self, host: str, port: int, timeout: float = 10) -> PinnedHTTPSConnection:
+        return PinnedHTTPSConnection(host, port, self.context, self.server_hostname, timeout)
+
+
 class Load:
     """Clients on keep-alive connections, each request with a fresh id; records every outcome."""
 
     def __init__(
-        self, port: int, clients: int = CLIENTS, host: str = "127.0.0.1", timeout_s: float = 10
+        self,
+        port: int,
+        clients: int = CLIENTS,
+        host: str = "127.0.0.1",
+        timeout_s: float = 10,
+        tls: TLSClient | None = None,
     ) -> None:
         """Requests ``GET /`` of ``host:port`` with a fresh ``X-Request-Id``; a 200 must answer
-        that id; no answer within ``timeout_s`` counts as a failure."""
-        self.host, self.port, self.timeout_s = host, port, timeout_s
+        that id; no answer within ``timeout_s`` counts as a failure. ``tls``: over HTTPS."""
+        self.host, self.port, self.timeout_s, self.tls = host, port, timeout_s, tls
         self.outcomes: list[Outcome] = []
         self.stop = threading.Event()
         self.lock = threading.Lock()
@@ -69,7 +107,7 @@ class Load:
                     conn.close()  # closed while idle: nothing of this request was sent
                     conn = None
                 if conn is None:
-                    conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+                    conn = self._connection()
                 conn.request("GET", "/", headers={"X-Request-Id": request_id})
                 response = conn.getresponse()
                 body = response.read()
@@ -90,6 +128,11 @@ class Load:
                 self.outcomes.append(Outcome(request_id, started, time.monotonic(), status, error))
             if status != 200:
                 self.stop.wait(0.05)  # pacing while nothing answers, not synchronisation
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self.tls is not None:
+            return self.tls.connection(self.host, self.port, self.timeout_s)
+        return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
 
     def served_since(self, instant: float) -> float | None:
         """Seconds from ``instant`` to the first 200 of a request sent after it, or None."""

@@ -3,6 +3,7 @@ written as PEM files the way ``http_options.ssl_*`` and a cert-manager Secret ho
 
 from __future__ import annotations
 
+import base64
 import datetime
 import ipaddress
 from dataclasses import dataclass
@@ -93,3 +94,25 @@ class Authority:
             )
         )
         return pair
+
+
+def tls_secret(
+    namespace: str,
+    name: str,
+    files: dict[str, Path],
+    secret_type: str = "kubernetes.io/tls",
+) -> dict[str, object]:
+    """A Secret as cert-manager writes one (``tls.crt``, ``tls.key``, ``ca.crt``), holding
+    ``files`` (Secret key -> PEM file)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": secret_type,
+        "metadata": {"name": name, "namespace": namespace},
+        "data": {key: base64.b64encode(path.read_bytes()).decode() for key, path in files.items()},
+    }
+
+
+def cert_manager_files(authority: Authority, pair: Pair) -> dict[str, Path]:
+    """The three keys of a cert-manager Secret for ``pair``, issued by ``authority``."""
+    return {"tls.crt": pair.cert, "tls.key": pair.key, "ca.crt": authority.path}

@@ -21,7 +21,13 @@ _IMMUTABLE_HTTP_FIELDS = (
     "ssl_ca_certs",
 )
 #: The ``grpc_options`` a proxy is started with (its gRPC listener and the services it imports).
-_IMMUTABLE_GRPC_FIELDS = ("port", "grpc_servicer_functions", "request_timeout_s")
+#: The ``grpc_options`` the proxy is started with, and their defaults.
+_IMMUTABLE_GRPC_FIELDS: dict[str, Any] = {
+    "port": 9000,
+    "grpc_servicer_functions": None,
+    "request_timeout_s": None,
+    "enable_reflection": True,
+}
 
 
 def proxy_logging_config(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -53,11 +59,12 @@ def immutable_option_conflict(
             )
     old_grpc = running.get("grpc_options") or {}
     new_grpc = requested.get("grpc_options") or {}
-    for field in _IMMUTABLE_GRPC_FIELDS:
-        if old_grpc.get(field) != new_grpc.get(field):
+    for field, default in _IMMUTABLE_GRPC_FIELDS.items():
+        before, after = old_grpc.get(field, default), new_grpc.get(field, default)
+        if before != after:
             return (
                 f"grpc_options.{field} of a running serving layer cannot change "
-                f"({old_grpc.get(field)!r} -> {new_grpc.get(field)!r}): "
+                f"({before!r} -> {after!r}): "
                 "DELETE it first, then PUT the new config"
             )
     if proxy_logging_config(running) != proxy_logging_config(requested):
@@ -81,6 +88,8 @@ def grpc_proxy_arguments(grpc_options: Mapping[str, Any] | None) -> list[str]:
         args += ["--grpc-servicer-function", function]
     if grpc.get("request_timeout_s") is not None:
         args += ["--grpc-request-timeout-s", str(grpc["request_timeout_s"])]
+    if grpc.get("enable_reflection") is False:
+        args.append("--grpc-no-reflection")
     return args
 
 

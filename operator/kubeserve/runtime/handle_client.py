@@ -66,6 +66,7 @@ from kubeserve.runtime.router import (
 )
 from kubeserve.runtime.wire import (
     CALL_PREFIX,
+    DUPLEX_PREFIX,
     FRAME_END,
     FRAME_ERROR,
     FRAME_ITEM,
@@ -78,6 +79,8 @@ from kubeserve.runtime.wire import (
     decode_result,
     deployment_key,
     encode_call,
+    encode_frame,
+    encode_result,
 )
 from kubeserve.sdk import context
 from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError, ReplicaDiedError
@@ -246,17 +249,23 @@ class HandleClient:
         *,
         model_id: str = "",
         options: dict[str, Any] | None = None,
+        inputs: AsyncIterator[Any] | None = None,
     ) -> AsyncIterator[Any]:
         """A streamed call of a generator method: its items as the replica yields them.
 
         The call holds its replica slot until the stream ends (or the caller stops iterating,
         which closes the connection and so the replica's generator). It runs on a connection of
         its own, closed afterwards: a stream's end is not worth a keep-alive.
+
+        ``inputs``: a duplex call (:data:`~kubeserve.runtime.wire.DUPLEX_PREFIX`, gRPC client
+        streams): each item ``inputs`` yields goes to the replica as it comes, while the answer
+        streams back; the body ends when ``inputs`` does.
         """
         key, replica, payload = await self._begin(
             app, deployment, method, args, kwargs, model_id, options
         )
         conn: _StreamConnection | None = None
+        pump: asyncio.Task[None] | None = None
         try:
             opening: Awaitable[_StreamConnection] = connect(
                 _StreamConnection,
@@ -277,13 +286,19 @@ class HandleClient:
                 raise DeploymentUnavailableError(
                     f"replica {replica.replica_id} of {key} could not be reached: {exc}"
                 ) from exc
-            conn.send(method, replica, payload)
+            if inputs is None:
+                conn.send(method, replica, payload)
+            else:
+                conn.send_duplex(method, replica, payload)
+                pump = asyncio.ensure_future(conn.pump(inputs))
             async for item in conn.items(key, replica.replica_id):
                 if conn.models is not None:
                     self.router.note_models(replica, conn.models)
                     conn.models = None
                 yield item
         finally:
+            if pump is not None:
+                pump.cancel()
             if conn is not None and conn.models is not None:
                 self.router.note_models(replica, conn.models)
             self.router.release(replica)
@@ -471,6 +486,9 @@ class _StreamConnection(KeepAliveConnection):
         self.frames = FrameReader()
         self.queue: asyncio.Queue[tuple[bytes, bytes]] = asyncio.Queue()
         self.paused = False
+        #: set while the transport's buffer is above its high-water mark (a duplex call's pump
+        #: waits for it)
+        self.sending: asyncio.Future[None] | None = None
         self.status = 0
         self.body: list[bytes] = []
         #: the answer's :data:`MODELS_HEADER` until the router was told, else None
@@ -482,6 +500,40 @@ class _StreamConnection(KeepAliveConnection):
             f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode("latin-1")
         self.transport.writelines((head, body))
+
+    def send_duplex(self, method: str, replica: RoutedReplica, call: bytes) -> None:
+        """The head of a duplex call and its first frame (the call); :meth:`pump` the rest."""
+        head = (
+            f"POST {DUPLEX_PREFIX}{method} HTTP/1.1\r\nHost: {replica.host}:{replica.port}\r\n"
+            "Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        ).encode("latin-1")
+        self.transport.writelines((head, *_chunk(encode_frame(FRAME_ITEM, call))))
+
+    def pause_writing(self) -> None:
+        self.sending = self.sending or asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        sending, self.sending = self.sending, None
+        if sending is not None and not sending.done():
+            sending.set_result(None)
+
+    async def pump(self, inputs: AsyncIterator[Any]) -> None:
+        """Each of ``inputs`` as a frame of the body, then the body's end. A failing ``inputs``
+        (the client went away) closes the connection; the answer says the rest. While the
+        replica does not take what was sent (its handler reads slowly, see ``Inflow``), the next
+        item is not taken from ``inputs``: the client is slowed, not buffered here."""
+        try:
+            async for item in inputs:
+                if self.closed:
+                    return
+                self.transport.writelines(_chunk(encode_frame(FRAME_ITEM, encode_result(item))))
+                if self.sending is not None:
+                    await self.sending
+        except Exception:  # the client's stream broke: the replica's input ends cancelled
+            self.close()
+            return
+        if not self.closed:
+            self.transport.write(b"0\r\n\r\n")
 
     async def items(self, key: str, replica_id: str) -> AsyncIterator[Any]:
         queue = self.queue
@@ -510,6 +562,7 @@ class _StreamConnection(KeepAliveConnection):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.resume_writing()  # a pump waiting to send sees the connection closed
         self.queue.put_nowait((b"", f"connection lost: {exc or 'closed'}".encode()))
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -537,6 +590,11 @@ class _StreamConnection(KeepAliveConnection):
             self.queue.put_nowait((FRAME_ERROR, body))
         else:
             self.queue.put_nowait((b"", f"answered {self.status}: {body[:200]!r}".encode()))
+
+
+def _chunk(data: bytes) -> tuple[bytes, bytes, bytes]:
+    """``data`` as one chunk of a chunked body."""
+    return b"%x\r\n" % len(data), data, b"\r\n"
 
 
 def remote_error(error: Any, what: str) -> BaseException:

@@ -4,6 +4,8 @@ Existing Grafana dashboards for Ray Serve read ``ray_serve_num_http_requests_tot
 ``ray_serve_http_request_latency_ms_bucket``, ``ray_serve_deployment_request_counter_total``... by
 ``application``, ``deployment``, ``replica`` and ``route``: the same series come out of kubeserve,
 written in prometheus_client's formats (Ray's counters gain the ``_total`` suffix the same way).
+A proxy serving gRPC adds Ray's gRPC series (``ray_serve_num_grpc_requests_total``,
+``ray_serve_grpc_request_latency_ms_bucket``...: :class:`GrpcProxyMetrics`).
 
 Besides Ray's series, ``kubeserve_log_lines_dropped_total`` (by ``component``: ``proxy``,
 ``replica``, ``controller``) counts log lines a process could not write (a full disk; see
@@ -68,6 +70,7 @@ __all__ = [
     "MULTIPROC_ENV",
     "OTHER_METHOD",
     "OVERFLOW",
+    "GrpcProxyMetrics",
     "ProxyMetrics",
     "ReplicaMetrics",
     "exposition",
@@ -219,6 +222,62 @@ class _Batcher:
         raise NotImplementedError
 
 
+class _IngressFamilies:
+    """Ray's ``RequestIngressMetrics`` of one protocol (``http`` or ``grpc``): requests, errors,
+    errors by deployment, latency, and this process's ongoing-requests child."""
+
+    def __init__(self, protocol: str, shown: str, node_id: str) -> None:
+        self.requests = _family(
+            Counter,
+            f"ray_serve_num_{protocol}_requests",
+            f"The number of {shown} requests processed.",
+            ("route", "method", "application", "status_code"),
+        )
+        self.errors = _family(
+            Counter,
+            f"ray_serve_num_{protocol}_error_requests",
+            f"The number of errored {shown} responses.",
+            ("route", "error_code", "method", "application"),
+        )
+        self.deployment_errors = _family(
+            Counter,
+            f"ray_serve_num_deployment_{protocol}_error_requests",
+            f"The number of errored {shown} responses returned by each deployment.",
+            ("deployment", "error_code", "method", "route", "application"),
+        )
+        self.latency = _family(
+            Histogram,
+            f"ray_serve_{protocol}_request_latency_ms",
+            f"The end-to-end latency of {shown} requests (measured from the Serve {shown} proxy).",
+            ("method", "route", "application", "status_code"),
+            buckets=LATENCY_BUCKETS_MS,
+        )
+        node = node_id or socket.gethostname()
+        self.ongoing = _family(
+            Gauge,
+            f"ray_serve_num_ongoing_{protocol}_requests",
+            f"The number of ongoing requests in this {shown} proxy.",
+            ("node_id", "node_ip_address"),
+            multiprocess_mode="livesum",
+        ).get(node, os.environ.get("KUBESERVE_POD_IP", "127.0.0.1"))
+
+    def add(
+        self,
+        key: tuple[str, str, str, str, str],
+        pending: _Pending,
+        error: bool,
+    ) -> None:
+        """One batch of requests of label set ``key`` (method, route, application, deployment,
+        status code)."""
+        method, route, application, deployment, code = key
+        n = pending.count
+        self.requests.get(route, method, application, code).inc(n)
+        pending.observe_into(self.latency.get(method, route, application, code))
+        if error:
+            self.errors.get(route, code, method, application).inc(n)
+            self.deployment_errors.get(deployment, code, method, route, application).inc(n)
+
+
 class ProxyMetrics(_Batcher):
     """What Ray Serve's HTTP proxy records, per request, from the proxy's point of view."""
 
@@ -228,39 +287,8 @@ class ProxyMetrics(_Batcher):
         #: requests begun and not answered yet (the ``ray_serve_num_ongoing_http_requests``)
         self.in_flight = 0
         self._pending: dict[tuple[str, str, str, str, int], _Pending] = {}
-        self.requests = _family(
-            Counter,
-            "ray_serve_num_http_requests",
-            "The number of HTTP requests processed.",
-            ("route", "method", "application", "status_code"),
-        )
-        self.errors = _family(
-            Counter,
-            "ray_serve_num_http_error_requests",
-            "The number of errored HTTP responses.",
-            ("route", "error_code", "method", "application"),
-        )
-        self.deployment_errors = _family(
-            Counter,
-            "ray_serve_num_deployment_http_error_requests",
-            "The number of errored HTTP responses returned by each deployment.",
-            ("deployment", "error_code", "method", "route", "application"),
-        )
-        self.latency = _family(
-            Histogram,
-            "ray_serve_http_request_latency_ms",
-            "The end-to-end latency of HTTP requests (measured from the Serve HTTP proxy).",
-            ("method", "route", "application", "status_code"),
-            buckets=LATENCY_BUCKETS_MS,
-        )
-        node = node_id or socket.gethostname()
-        self.ongoing = _family(
-            Gauge,
-            "ray_serve_num_ongoing_http_requests",
-            "The number of ongoing requests in this HTTP proxy.",
-            ("node_id", "node_ip_address"),
-            multiprocess_mode="livesum",
-        ).get(node, os.environ.get("KUBESERVE_POD_IP", "127.0.0.1"))
+        self._families = _IngressFamilies("http", "HTTP", node_id)
+        self.ongoing = self._families.ongoing
 
     def record(
         self,
@@ -282,14 +310,49 @@ class ProxyMetrics(_Batcher):
 
     def flush(self) -> None:
         batches, self._pending = self._pending, {}
+        add = self._families.add
         for (method, route, application, deployment, status), pending in batches.items():
-            code, n = str(status), pending.count
-            self.requests.get(route, method, application, code).inc(n)
-            pending.observe_into(self.latency.get(method, route, application, code))
-            if status >= 400:
-                self.errors.get(route, code, method, application).inc(n)
-                self.deployment_errors.get(deployment, code, method, route, application).inc(n)
+            add((method, route, application, deployment, str(status)), pending, status >= 400)
         self.ongoing.set(self.in_flight)
+
+
+class GrpcProxyMetrics(_Batcher):
+    """What Ray Serve's gRPC proxy records per call: the HTTP proxy's series named ``grpc``,
+    labelled with the full method (``/pkg.Service/Method``), the application as the route (the
+    method for the built-in ``RayServeAPIService``, "" for an unknown application), and the
+    status code's name; an error is a call that did not end OK."""
+
+    def __init__(self, node_id: str = "") -> None:
+        super().__init__()
+        #: calls begun and not answered yet (``ray_serve_num_ongoing_grpc_requests``)
+        self.in_flight = 0
+        self._pending: dict[tuple[str, str, str, str, str], tuple[_Pending, bool]] = {}
+        self._families = _IngressFamilies("grpc", "gRPC", node_id)
+
+    def record(
+        self,
+        method: str,
+        route: str,
+        application: str,
+        deployment: str,
+        code: str,
+        error: bool,
+        latency_ms: float,
+    ) -> None:
+        """One answered call (``route``: Ray's, the application's name for a routed call)."""
+        key = (method, route, application, deployment, code)
+        batch = self._pending.get(key)
+        if batch is None:
+            batch = self._pending[key] = (_Pending(), error)
+        batch[0].add(latency_ms)
+        self._schedule()
+
+    def flush(self) -> None:
+        batches, self._pending = self._pending, {}
+        add = self._families.add
+        for key, (pending, error) in batches.items():
+            add(key, pending, error)
+        self._families.ongoing.set(self.in_flight)
 
 
 class ReplicaMetrics(_Batcher):

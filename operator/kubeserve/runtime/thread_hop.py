@@ -27,7 +27,12 @@ the caller's context, exceptions raised in the caller) and pays less:
   spread over up to ``max_workers`` threads within a few milliseconds, and calls that do not block
   never wake a second thread to fight the first for the GIL;
 * results go into a deque and the loop is woken once per *batch*: a worker schedules a drain only
-  when none is pending, and the drain completes every result that arrived meanwhile.
+  when none is pending, and the drain completes every result that arrived meanwhile;
+* a caller that steps its coroutine by hand (the replica's HTTP server, see :meth:`ThreadHop.then`)
+  has the drain step it on right after setting the result: no task per request and no loop
+  iteration between the result and the response;
+* :func:`run_sync` finds the hop of the running loop without ``asyncio.get_running_loop()``, which
+  makes a ``getpid()`` system call on Python 3.11.
 
 Invariants: a call is run exactly once, by one worker. Each worker's sleep lock is held whenever
 the worker is running or listed in ``_idle``, and only the one who takes it off the list (under
@@ -47,11 +52,11 @@ import collections
 import contextvars
 import os
 import threading
-from _thread import LockType, allocate_lock
+from _thread import LockType, allocate_lock, get_ident
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["BLOCKED_AFTER_S", "ThreadHop", "run_sync"]
+__all__ = ["BLOCKED_AFTER_S", "ThreadHop", "current_hop", "run_sync"]
 
 #: How long queued work waits, with no call taken meanwhile, before one more worker is woken.
 BLOCKED_AFTER_S = 0.002
@@ -66,6 +71,7 @@ class ThreadHop:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_workers: int | None = None) -> None:
         self.loop = loop
+        self.thread = get_ident()  # the loop's thread (a hop is made by a call on its loop)
         self.max_workers = max_workers or min(32, (os.cpu_count() or 1) + 4)
         self._work: collections.deque[_Work] = collections.deque()
         self._done: collections.deque[tuple[asyncio.Future[Any], bool, Any]] = collections.deque()
@@ -77,11 +83,14 @@ class ThreadHop:
         self._check: asyncio.TimerHandle | None = None
         self._wake_scheduled = False
         self._drain_scheduled = False
+        self._last: asyncio.Future[Any] | None = None  # the future run() returned last
+        #: continuations run by the drain right after their future's result is set
+        self._then: dict[asyncio.Future[Any], Callable[[], object]] = {}
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
         """A future of ``fn(*args, **kwargs)`` run in a worker thread, in a copy of the current
         context. Call from the loop's thread."""
-        future = self.loop.create_future()
+        future = self._last = self.loop.create_future()
         self._work.append((future, contextvars.copy_context(), fn, args, kwargs))
         if len(self._idle) == self._threads and not self._wake_scheduled:
             # No worker awake: wake one once this poll's callbacks have queued their calls.
@@ -91,6 +100,18 @@ class ThreadHop:
             self._taken_seen = self._taken
             self._check = self.loop.call_later(BLOCKED_AFTER_S, self._blocked_check)
         return future
+
+    def then(self, future: asyncio.Future[Any], continuation: Callable[[], object]) -> bool:
+        """Have ``continuation()`` called by the drain right after ``future`` gets its outcome,
+        in the same callback: no done-callback scheduled, no task stepped a loop iteration
+        later. Only for the future :meth:`run` returned last, and only while nothing else
+        awaits it (a coroutine stepped by hand, its caller being the continuation); False, and
+        nothing registered, for any other awaitable."""
+        if future is not self._last or future is None:  # (None: a bare yield, sleep(0))
+            return False
+        self._last = None
+        self._then[future] = continuation
+        return True
 
     def _scheduled_wake(self) -> None:
         self._wake_scheduled = False
@@ -162,26 +183,43 @@ class ThreadHop:
 
     def _drain(self) -> None:
         self._drain_scheduled = False
-        done = self._done
+        done, then = self._done, self._then
         while done:
             future, ok, value = done.popleft()
+            continuation = then.pop(future, None) if then else None
             if future.cancelled():
-                continue
-            if ok:
+                pass
+            elif ok:
                 future.set_result(value)
             else:
                 future.set_exception(value)
+            if continuation is not None:
+                try:
+                    continuation()
+                except BaseException:  # (a continuation handles its Exceptions) the rest: later
+                    if done and not self._drain_scheduled:
+                        self._drain_scheduled = True
+                        self.loop.call_soon(self._drain)
+                    raise
 
 
 _hop: ThreadHop | None = None
+
+
+def current_hop() -> ThreadHop | None:
+    """This process's :class:`ThreadHop`, if a call was run on one yet."""
+    return _hop
 
 
 def run_sync(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
     """``asyncio.to_thread(fn, *args, **kwargs)`` on this process's :class:`ThreadHop` for the
     running loop (one per loop: a new loop, in tests, gets a new one)."""
     global _hop
-    loop = asyncio.get_running_loop()
     hop = _hop
-    if hop is None or hop.loop is not loop:
-        hop = _hop = ThreadHop(loop)
+    # The hop's loop is the running one when it runs in this thread (one loop runs per thread):
+    # asked without asyncio.get_running_loop(), a getpid() system call per call on Python 3.11.
+    if hop is None or hop.thread != get_ident() or not hop.loop.is_running():
+        loop = asyncio.get_running_loop()
+        if hop is None or hop.loop is not loop:
+            hop = _hop = ThreadHop(loop)
     return hop.run(fn, *args, **kwargs)

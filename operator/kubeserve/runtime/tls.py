@@ -6,8 +6,9 @@ Rotation without dropping connections: the socket listens with one *dispatching*
 loaded context. A poll notices the files changing (a new inode, size or mtime: a Kubernetes
 Secret volume swaps a symlink, ``cp`` rewrites in place) and loads them into a new context; new
 handshakes get it, established connections keep the keys they agreed. Files that do not load (half
-written, a key that does not match the certificate) leave the previous context serving and are
-tried again at the next change.
+written, a key that does not match the certificate, a certificate expired or not yet valid: a
+Kubernetes Secret updated with one reaches the running proxies whatever the operator says) leave
+the previous context serving and are tried again at the next change.
 
 Client certificates: given ``ca_certs``, every client must present a certificate that CA signed
 (``CERT_REQUIRED``; Ray's uvicorn only asks for one optionally). The verification mode is fixed
@@ -35,6 +36,7 @@ __all__ = [
     "TLSFiles",
     "check_files",
     "server_context",
+    "valid_context",
     "wait_for_files",
 ]
 
@@ -144,10 +146,15 @@ def _encrypted(keyfile: str) -> bool:
 
 
 def check_files(files: TLSFiles, now: datetime.datetime | None = None) -> None:
-    """What :func:`server_context` checks, and that the certificate is valid now (an expired
-    one would load and then fail every client's handshake)."""
-    server_context(files)
-    from cryptography import x509  # only where configs are checked, never in the proxy
+    """What :func:`valid_context` checks, where configs are checked (nothing is served)."""
+    valid_context(files, now)
+
+
+def valid_context(files: TLSFiles, now: datetime.datetime | None = None) -> ssl.SSLContext:
+    """:func:`server_context`, once the certificate is valid now: an expired one would load and
+    then fail every client's handshake."""
+    context = server_context(files)
+    from cryptography import x509  # when files change or a config is checked, not at start-up
 
     with open(files.certfile, "rb") as file:
         certificate = x509.load_pem_x509_certificate(file.read())
@@ -164,6 +171,7 @@ def check_files(files: TLSFiles, now: datetime.datetime | None = None) -> None:
             f"ssl_certfile {files.certfile!r} is not valid before "
             f"{certificate.not_valid_before_utc:%Y-%m-%d %H:%M:%S} UTC",
         )
+    return context
 
 
 def _signature(paths: tuple[str, ...]) -> tuple[tuple[int, int, int, int], ...]:
@@ -206,8 +214,8 @@ class ReloadingContext:
         if signature == self._signature:
             return False
         self._signature = signature
-        try:
-            self.current = server_context(self.files)
+        try:  # a renewal that is not valid yet, or no longer, would fail every handshake
+            self.current = valid_context(self.files)
         except TLSFileError as exc:
             log.warning("TLS files changed but do not load, still serving the previous: %s", exc)
             return False

@@ -53,6 +53,11 @@ RECONFIGURE_PATH = "/-/reconfigure"
 METRICS_PATH = "/-/metrics"
 CALL_PREFIX = "/-/call/"
 STREAM_PREFIX = "/-/stream/"
+#: ``POST /-/duplex/<method>``, a chunked body of frames: the first an :func:`encode_call` (its
+#: options say ``"unary"`` for one answer), then one :data:`FRAME_ITEM` per input message until the
+#: body ends. Dispatched when its head arrives, so the method reads its input while answering; the
+#: answer is framed as a stream's (a gRPC client-streaming or bidirectional call).
+DUPLEX_PREFIX = "/-/duplex/"
 SNAPSHOT_PATH = "/-/snapshot"
 #: ``GET``: 200 with the JSON object the deployment's ``record_routing_stats()`` returned, 404 when
 #: it has no such method, 500 with the error text when it raised (polled by custom routers).

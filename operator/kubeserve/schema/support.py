@@ -58,23 +58,27 @@ def refused(reason: str, *accepts: Any) -> Support:
 
 
 _TLS_ON_KUBERNETES = (
-    "; on Kubernetes the paths are refused (400): name a Secret (tls.crt, tls.key, ca.crt, as "
-    "cert-manager writes it) in the ServeInstance's spec.tls"
+    "; on Kubernetes the same from a Secret (tls.crt, tls.key, ca.crt, as cert-manager writes "
+    "it) named in the ServeInstance's spec.tls, and the paths are refused (400): a renewed "
+    "Secret reaches new handshakes without failing a request, and one that does not load is "
+    "InvalidTLS in the instance's status while the proxies serving go on"
 )
 _TLS = {
-    "ssl_keyfile": partial(
+    "ssl_keyfile": works(
         "kubeserve start: the proxy serves HTTPS; the files are checked at PUT (unreadable, a "
         "key not the certificate's, an expired certificate: 400 at the field) and reloaded when "
         "they change, without dropping connections" + _TLS_ON_KUBERNETES
     ),
-    "ssl_certfile": partial("kubeserve start: see ssl_keyfile" + _TLS_ON_KUBERNETES),
+    "ssl_certfile": works("kubeserve start: see ssl_keyfile" + _TLS_ON_KUBERNETES),
     "ssl_keyfile_password": partial(
         "kubeserve start: decrypts ssl_keyfile (given to the proxy in its environment, never "
-        "its command line)" + _TLS_ON_KUBERNETES
+        "its command line); on Kubernetes refused (400): a kubernetes.io/tls Secret's tls.key "
+        "is not encrypted"
     ),
-    "ssl_ca_certs": partial(
+    "ssl_ca_certs": works(
         "kubeserve start: clients must present a certificate this CA signed (Ray's uvicorn only "
-        "asks for one)" + _TLS_ON_KUBERNETES
+        "asks for one); on Kubernetes the Secret's ca.crt with spec.tls."
+        "requireClientCertificates, and the path is refused (400)"
     ),
 }
 _PLACEMENT_GROUPS = refused(
@@ -170,17 +174,19 @@ SUPPORT: dict[str, Support] = {
     "HTTPOptionsSchema.keep_alive_timeout_s": works(),
     **{f"HTTPOptionsSchema.{field}": support for field, support in _TLS.items()},
     # ------------------------------------------------------------------ gRPCOptionsSchema
-    "gRPCOptionsSchema.grpc_servicer_functions": partial(
-        "unary and server-streaming methods; client-streaming and bidirectional ones are "
-        "answered UNIMPLEMENTED. The servicer modules must be importable by the proxy (where "
-        "`kubeserve start` runs, or in the proxy's image); fixed while the serving layer runs"
+    "gRPCOptionsSchema.grpc_servicer_functions": works(
+        "unary, server-streaming, client-streaming and bidirectional methods (the last two get a "
+        "`gRPCInputStream`, as in Ray). The servicer modules must be importable by the proxy "
+        "(where `kubeserve start` runs, or in the proxy's image); fixed while the serving layer "
+        "runs"
     ),
     "gRPCOptionsSchema.port": works("fixed while the serving layer runs (409 otherwise)"),
     "gRPCOptionsSchema.request_timeout_s": works(
         "a call over it ends DEADLINE_EXCEEDED; fixed while the serving layer runs"
     ),
-    "gRPCOptionsSchema.enable_reflection": inert(
-        "the proxy does not answer the gRPC reflection service: give grpcurl the .proto files"
+    "gRPCOptionsSchema.enable_reflection": works(
+        "the proxy answers gRPC server reflection for the users' services (grpcurl, grpcui); "
+        "fixed while the serving layer runs"
     ),
     # ------------------------------------------------------------------ ControllerOptions
     "ControllerOptions.runtime_env": refused(

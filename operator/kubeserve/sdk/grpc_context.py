@@ -4,7 +4,8 @@ The gRPC proxy (:mod:`kubeserve.runtime.proxy.grpc_ingress`) builds a :class:`Ra
 from the client's call, sends it to the ingress replica with the request message, and the replica
 hands it to a method that takes a ``grpc_context`` argument (Ray 2.60's convention). What the
 method sets on it (status code, details, trailing metadata) travels back with the answer and is
-set on the client's call by the proxy.
+set on the client's call by the proxy. A client-streaming or bidirectional method is given the
+client's messages as a :class:`gRPCInputStream` (its one positional argument), as in Ray.
 
 Nothing here imports ``grpc``: a status code is whatever ``grpc.StatusCode`` member the user
 code set, pickled by name, so a replica that never serves gRPC never loads grpcio.
@@ -12,9 +13,13 @@ code set, pickled by name, so a replica that never serves gRPC never loads grpci
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, Generic, TypeVar
 
-__all__ = ["GRPC_CONTEXT_ARG", "GrpcStatusError", "RayServegRPCContext"]
+__all__ = ["GRPC_CONTEXT_ARG", "GrpcStatusError", "RayServegRPCContext", "gRPCInputStream"]
+
+T = TypeVar("T")
 
 #: The parameter name through which a deployment method receives the context.
 GRPC_CONTEXT_ARG = "grpc_context"
@@ -27,6 +32,9 @@ class RayServegRPCContext:
     read and written by the deployment. Invariant: the proxy's ``request_id`` trailer stays
     first in :meth:`trailing_metadata` whatever the user sets (Ray's behaviour).
     """
+
+    #: the trailing metadata it arrived with (on the replica): see :meth:`_changed`
+    _arrived: list[tuple[str, Any]] | None = None
 
     def __init__(self, grpc_context: Any) -> None:
         self._auth_context = dict(grpc_context.auth_context())
@@ -95,6 +103,33 @@ class RayServegRPCContext:
         kept = [(k, v) for k, v in self._trailing_metadata if k == "request_id"][:1]
         self._trailing_metadata = kept + list(trailing_metadata)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A flat tuple, not the instance dict: it crosses to the replica with every gRPC call.
+        return (
+            _rebuilt,
+            (
+                self._auth_context or None,
+                self._code,
+                self._details,
+                self._invocation_metadata,
+                self._peer,
+                self._peer_identities,
+                self._peer_identity_key,
+                self._trailing_metadata,
+                self._compression,
+            ),
+        )
+
+    def _changed(self) -> bool:
+        """Whether the method set anything since the context arrived: when not, the replica
+        does not send it back (the proxy holds the same)."""
+        return bool(
+            self._code
+            or self._details
+            or self._compression
+            or self._trailing_metadata != self._arrived
+        )
+
     def _set_on_grpc_context(self, grpc_context: Any) -> None:
         """Copy what was set here onto the server-side context of the client's call."""
         if self._code:
@@ -105,6 +140,33 @@ class RayServegRPCContext:
             grpc_context.set_details(self._details)
         if self._trailing_metadata:
             grpc_context.set_trailing_metadata(tuple(self._trailing_metadata))
+
+
+def _rebuilt(
+    auth_context: dict[str, Any] | None,
+    code: Any,
+    details: Any,
+    invocation_metadata: list[tuple[str, Any]],
+    peer: Any,
+    peer_identities: Any,
+    peer_identity_key: Any,
+    trailing_metadata: list[tuple[str, Any]],
+    compression: Any,
+) -> RayServegRPCContext:
+    """A context unpickled (on the replica), remembering the trailers it arrived with."""
+    ctx = RayServegRPCContext.__new__(RayServegRPCContext)
+    ctx._auth_context = auth_context or {}
+    ctx._code = code
+    ctx._details = details
+    ctx._invocation_metadata = invocation_metadata
+    ctx._invocation_metadata_dict = dict(invocation_metadata)
+    ctx._peer = peer
+    ctx._peer_identities = peer_identities
+    ctx._peer_identity_key = peer_identity_key
+    ctx._trailing_metadata = trailing_metadata
+    ctx._arrived = list(trailing_metadata)
+    ctx._compression = compression
+    return ctx
 
 
 class GrpcStatusError(Exception):
@@ -133,3 +195,44 @@ class GrpcStatusError(Exception):
     @property
     def grpc_details(self) -> str | None:
         return self._grpc_details
+
+
+class gRPCInputStream(AsyncIterator[T], Generic[T]):
+    """The messages of a client-streaming or bidirectional call, as Ray's
+    ``ray.serve.grpc_util.gRPCInputStream``: iterate it with ``async for``.
+
+    Iteration ends when the client closed its side of the call, or when the call was cancelled
+    (the client went away): :meth:`is_cancelled` tells them apart.
+    """
+
+    def __init__(
+        self, request_iterator: AsyncIterator[T], *, cancel_event: asyncio.Event | None = None
+    ) -> None:
+        self._request_iterator = request_iterator
+        self._cancel_event = cancel_event or asyncio.Event()
+        self._exhausted = False
+
+    def __aiter__(self) -> gRPCInputStream[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        if self._exhausted:
+            raise StopAsyncIteration
+        try:
+            if self._cancel_event.is_set():
+                raise StopAsyncIteration
+            return await self._request_iterator.__anext__()
+        except StopAsyncIteration:
+            self._exhausted = True
+            raise
+
+    def is_cancelled(self) -> bool:
+        return self._cancel_event.is_set()
+
+    def cancel(self) -> None:
+        """Stop the iteration (the messages still unread are dropped)."""
+        self._cancel_event.set()
+
+    @property
+    def is_exhausted(self) -> bool:
+        return self._exhausted

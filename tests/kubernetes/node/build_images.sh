@@ -5,7 +5,7 @@
 #   CACHE  cache directory (~/.cache/kubeserve/node/images); archives land here
 #   REPO   the kubeserve checkout whose Dockerfile builds the kubeserve image
 #
-# Three images, each a docker-archive that `ctr -n k8s.io images import` loads into the node's containerd:
+# The images, docker-archives (but the base) that `ctr -n k8s.io images import` loads into the node's containerd:
 #   pause.tar           kubeserve.local/pause:3.10: one static binary (node/pause.c), the pod sandbox
 #   (no archive)        kubeserve.local/debian-python:bookworm: debootstrap's Debian with python3 and
 #                       pip, in buildah's storage only: the base the kubeserve image builds FROM
@@ -19,6 +19,8 @@
 #                       kubeserve image, those files and TEST_APP_REQUIREMENTS (what the apps import:
 #                       FastAPI and Starlette, pip-installed as a user's image would).
 #                       kubeserve-tests.tar links to the newest one.
+#   wrk.tar             kubeserve.local/wrk:bookworm: the base with Debian's wrk, the load generator
+#                       `make bench-kubernetes` runs in a pod next to the pods it loads (built once).
 # buildah runs with vfs storage and chroot isolation (no fuse-overlayfs, no user namespaces), its store
 # under CACHE/buildah. RUN steps reach PyPI through the host's CA bundle, mounted read-only.
 set -eu
@@ -30,6 +32,7 @@ PAUSE=kubeserve.local/pause:3.10
 BASE=kubeserve.local/debian-python:bookworm
 IMAGE=docker.io/library/kubeserve:0.1.0
 TESTS_IMAGE=docker.io/library/kubeserve-tests:0.1.0
+WRK=kubeserve.local/wrk:bookworm
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 
 mkdir -p "$CACHE/buildah/run"
@@ -102,6 +105,19 @@ build_kubeserve() {
 	ln -sf "$(basename "$archive")" "$CACHE/kubeserve.tar"
 }
 
+# save_container CONTAINER IMAGE ARCHIVE: commit the working container as IMAGE, write it to the
+# docker-archive ARCHIVE (whole or not at all), and drop both from buildah's store (vfs keeps a full
+# copy of the file system per layer).
+save_container() {
+	buildah commit --quiet "$1" "$2" >/dev/null
+	buildah rm "$1" >/dev/null
+	rm -f "$3.new"
+	buildah push --quiet "$2" "docker-archive:$3.new:$2"
+	mv "$3.new" "$3"
+	buildah rmi "$2" >/dev/null
+	buildah rmi --prune >/dev/null 2>&1 || true
+}
+
 # What the test applications import besides kubeserve, installed as a user's image FROM kubeserve
 # installs its application's requirements (Ray's FastAPI and Starlette examples need them).
 TEST_APP_REQUIREMENTS="fastapi starlette python-multipart"
@@ -124,13 +140,7 @@ build_tests_image() {
 		buildah run --user 0:0 --volume "$CA_BUNDLE:$CA_BUNDLE:ro" "$container" -- \
 			pip install --quiet $TEST_APP_REQUIREMENTS
 		buildah copy --quiet --chown 10001:10001 "$container" "$work" /app/ >/dev/null
-		buildah commit --quiet "$container" "$TESTS_IMAGE" >/dev/null
-		buildah rm "$container" >/dev/null
-		rm -f "$archive.new"
-		buildah push --quiet "$TESTS_IMAGE" "docker-archive:$archive.new:$TESTS_IMAGE"
-		mv "$archive.new" "$archive"
-		buildah rmi "$TESTS_IMAGE" >/dev/null
-		buildah rmi --prune >/dev/null 2>&1 || true
+		save_container "$container" "$TESTS_IMAGE" "$archive"
 		rm -rf "$work"
 	fi
 	for old in "$CACHE"/kubeserve-tests-*.tar; do
@@ -139,7 +149,18 @@ build_tests_image() {
 	ln -sf "$(basename "$archive")" "$CACHE/kubeserve-tests.tar"
 }
 
+# The base plus Debian's wrk: apt lists are left out of the base, so the RUN fetches them first.
+build_wrk() {
+	[ -f "$CACHE/wrk.tar" ] && return 0
+	container=$(buildah from --quiet --pull=never "$BASE")
+	buildah run --user 0:0 "$container" -- sh -c \
+		'apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends wrk &&
+		 rm -rf /var/lib/apt/lists/* /var/cache/apt/*'
+	save_container "$container" "$WRK" "$CACHE/wrk.tar"
+}
+
 build_pause
 build_base
 build_kubeserve
 build_tests_image
+build_wrk

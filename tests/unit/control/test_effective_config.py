@@ -206,6 +206,27 @@ def test_the_proxy_serves_grpc_only_with_servicer_functions() -> None:
         "--grpc-request-timeout-s",
         "2",
     ]
+    no_reflection = {"grpc_servicer_functions": ["a.f"], "enable_reflection": False}
+    assert grpc_proxy_arguments(no_reflection)[-1] == "--grpc-no-reflection"
+    assert "--grpc-no-reflection" not in grpc_proxy_arguments(
+        {**no_reflection, "enable_reflection": True}
+    )
+
+
+def test_grpc_reflection_is_fixed_while_serving_and_defaults_to_on() -> None:
+    functions = {"port": 9000, "grpc_servicer_functions": ["m.add_S_to_server"]}
+    running = {"grpc_options": functions}
+    assert (
+        immutable_option_conflict(
+            running, {"grpc_options": {**functions, "enable_reflection": True}}
+        )
+        is None
+    )
+    message = immutable_option_conflict(
+        running, {"grpc_options": {**functions, "enable_reflection": False}}
+    )
+    assert message is not None and "grpc_options.enable_reflection" in message
+    assert "(True -> False)" in message
 
 
 def test_app_route_prefix_precedence() -> None:

@@ -13,6 +13,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 from kubeserve.backends.kubernetes import render
 from kubeserve.backends.kubernetes.render_proxy import TLS_DIR
 from kubeserve.backends.kubernetes.tls_secret import tls_problem
+from kubeserve.runtime.kubernetes import contract
 from kubeserve.schema.resources import ProxyTLS
 from support.tls_certs import Authority
 
@@ -52,6 +53,8 @@ def test_tls_mounts_the_secret_and_probes_over_https() -> None:
     assert volume["secret"]["secretName"] == "shop-cert"
     assert {"name": "tls", "mountPath": TLS_DIR, "readOnly": True} in proxy["volumeMounts"]
     assert proxy["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    # alive while waiting for files that do not load: the metrics port listens meanwhile
+    assert proxy["livenessProbe"]["tcpSocket"] == {"port": contract.METRICS_PORT}
 
 
 def test_client_certificates_use_ca_crt_and_a_tcp_probe() -> None:
@@ -59,7 +62,7 @@ def test_client_certificates_use_ca_crt_and_a_tcp_probe() -> None:
     command = proxy["command"]
     assert command[command.index("--ssl-ca-certs") + 1] == f"{TLS_DIR}/ca.crt"
     assert proxy["readinessProbe"]["tcpSocket"] == {"port": 8000}
-    assert proxy["livenessProbe"]["tcpSocket"] == {"port": 8000}
+    assert proxy["livenessProbe"]["tcpSocket"] == {"port": contract.METRICS_PORT}
 
 
 class SecretsOnly:

@@ -112,14 +112,19 @@ def _grpc_port(instance: InstanceView) -> int | None:
     return int(arguments[1]) if arguments else None
 
 
-def _probe(instance: InstanceView, port: int) -> Manifest:
-    """``/-/healthz`` (over HTTPS with TLS: the kubelet does not verify the certificate); a TCP
-    connection when clients need a certificate, which the kubelet cannot present."""
+def _probes(instance: InstanceView, port: int) -> tuple[Manifest, Manifest]:
+    """Readiness and liveness: ``/-/healthz`` on the serving port. With TLS, readiness over HTTPS
+    (the kubelet does not verify the certificate), or a TCP connection when clients need a
+    certificate, which the kubelet cannot present; liveness a TCP connection to the metrics port,
+    which listens while the proxy waits for TLS files that do not load (a Secret updated with a
+    bad pair): not Ready then, but not restarted in a loop either."""
     if instance.tls is None:
-        return {"httpGet": {"path": wire.HEALTHZ_PATH, "port": port}}
+        probe = {"httpGet": {"path": wire.HEALTHZ_PATH, "port": port}}
+        return probe, probe
+    alive = {"tcpSocket": {"port": contract.METRICS_PORT}}
     if instance.tls.require_client_certificates:
-        return {"tcpSocket": {"port": port}}
-    return {"httpGet": {"path": wire.HEALTHZ_PATH, "port": port, "scheme": "HTTPS"}}
+        return {"tcpSocket": {"port": port}}, alive
+    return {"httpGet": {"path": wire.HEALTHZ_PATH, "port": port, "scheme": "HTTPS"}}, alive
 
 
 def _proxy_container(instance: InstanceView) -> Manifest:
@@ -131,7 +136,7 @@ def _proxy_container(instance: InstanceView) -> Manifest:
     )
     if instance.tls is not None:
         spec["volumeMounts"] = [{"name": _TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True}]
-    probe = _probe(instance, port)
+    ready, alive = _probes(instance, port)
     ports = [
         {"name": "http", "containerPort": port, "protocol": "TCP"},
         {"name": "metrics", "containerPort": contract.METRICS_PORT, "protocol": "TCP"},
@@ -143,8 +148,8 @@ def _proxy_container(instance: InstanceView) -> Manifest:
         "ports": ports,
         "resources": _PROXY_RESOURCES,
         # every 2 s: a replacement proxy is Ready (and the one it replaces may leave) sooner
-        "readinessProbe": {**probe, "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 2},
-        "livenessProbe": {**probe, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+        "readinessProbe": {**ready, "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 2},
+        "livenessProbe": {**alive, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
     }
 
 

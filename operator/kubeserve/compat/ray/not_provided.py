@@ -57,10 +57,6 @@ REASONS: dict[str, str] = {
         "Ray Serve LLM runs vLLM engines inside Ray actors (placement groups, Ray's object "
         "store); kubeserve does not provide it: serve an LLM from your own deployment class"
     ),
-    "ray.serve.grpc_util.gRPCInputStream": (
-        "the gRPC proxy serves unary and server-streaming methods; client-streaming and "
-        "bidirectional methods are answered UNIMPLEMENTED"
-    ),
     "ray.serve.gradio_integrations": (
         "GradioIngress is not provided: mount a Gradio app with serve.ingress(FastAPI app)"
     ),

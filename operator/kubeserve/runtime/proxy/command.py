@@ -94,6 +94,12 @@ def main(
         help="grpc_options.grpc_servicer_functions, one per flag: serve gRPC too",
     )
     parser.add_argument("--grpc-request-timeout-s", type=float, default=None)
+    parser.add_argument(
+        "--grpc-no-reflection",
+        dest="grpc_reflection",
+        action="store_false",
+        help="grpc_options.enable_reflection false: do not answer gRPC server reflection",
+    )
     add_limit_arguments(parser)
     args = parser.parse_args(argv)
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
@@ -125,7 +131,10 @@ def main(
         from kubeserve.runtime.proxy.grpc_ingress import GrpcOptions, load_services
 
         options = GrpcOptions(
-            args.grpc_port, tuple(args.grpc_servicer_function), args.grpc_request_timeout_s
+            args.grpc_port,
+            tuple(args.grpc_servicer_function),
+            args.grpc_request_timeout_s,
+            args.grpc_reflection,
         )
         try:  # the user's modules must be importable here, as in Ray's proxy
             grpc = (options, load_services(options.servicer_functions))

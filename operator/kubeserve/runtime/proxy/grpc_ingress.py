@@ -5,19 +5,27 @@ HTTP-only proxy never imports grpcio. What Ray documents, done the same way:
 
 * each servicer function (``user_pb2_grpc.add_FooServicer_to_server``) is imported in the proxy
   and called with a stand-in servicer and a recorder, which keeps the method handlers it
-  registers: their request deserializers (the user's message types) are the proxy's, the
-  servicer's methods never run here;
+  registers: their request deserializers (the user's message types) parse the requests on the
+  replica (the proxy forwards the bytes it received), the servicer's methods never run here;
 * a call of ``/pkg.Service/Method`` goes to the ingress deployment of the application the
   ``application`` metadata names (any application when only one has a route), as a handle call
   of the deployment's method ``Method`` with the request message; the replica answers with the
-  :class:`~kubeserve.sdk.grpc_context.RayServegRPCContext` it was given (status code, details,
-  trailing metadata the method set) and the response message already serialized, which is sent
-  as is (no response serializer here);
+  :class:`~kubeserve.sdk.grpc_context.RayServegRPCContext` it was given when the method changed
+  it (status code, details, trailing metadata; else ``None``: the proxy applies its own copy)
+  and the response message already serialized, which is sent as is (no response serializer);
 * ``request_id`` and ``multiplexed_model_id`` metadata reach the replica as the request id and
   the multiplexed model of the call; the request id comes back as a trailer;
-* unary and server-streaming methods (client-streaming and bidirectional ones are answered
-  UNIMPLEMENTED); the built-in ``ray.serve.RayServeAPIService`` (``ListApplications``,
-  ``Healthz``), answered by the proxy itself;
+* every kind of method: unary and server-streaming ones as handle calls; client-streaming and
+  bidirectional ones as duplex calls (:data:`~kubeserve.runtime.wire.DUPLEX_PREFIX`) whose
+  method gets the client's messages as a ``gRPCInputStream`` while it runs, as in Ray 2.60
+  (a client-streaming method returns one message, a bidirectional one yields them); the
+  built-in ``ray.serve.RayServeAPIService`` (``ListApplications``, ``Healthz``), answered by the
+  proxy itself;
+* server reflection (``grpc.reflection.v1alpha.ServerReflection``) when
+  ``grpc_options.enable_reflection`` (Ray's default): it advertises the users' services (not the
+  built-in one), described by the descriptors their ``*_pb2`` modules registered here;
+* Ray's gRPC proxy metrics (``ray_serve_num_grpc_requests``, ``..._error_requests``,
+  ``ray_serve_grpc_request_latency_ms``...: :class:`~kubeserve.runtime.metrics.GrpcProxyMetrics`);
 * failures are status codes with Ray's details: NOT_FOUND for an unknown application,
   RESOURCE_EXHAUSTED for back pressure, UNAVAILABLE when no replica can take the call,
   DEADLINE_EXCEEDED past ``grpc_options.request_timeout_s``, the code a method set before it
@@ -31,10 +39,11 @@ the proxy's router, so HTTP and gRPC requests are counted against the same
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +54,7 @@ from kubeserve.runtime.discovery import SnapshotCallback
 from kubeserve.runtime.handle_client import HandleClient
 from kubeserve.runtime.http1 import new_request_id
 from kubeserve.runtime.logs import AccessLog
+from kubeserve.runtime.metrics import GrpcProxyMetrics
 from kubeserve.runtime.router import Router
 from kubeserve.runtime.wire import Snapshot
 from kubeserve.sdk import context
@@ -63,6 +73,8 @@ MAX_DETAILS = 4096
 MAX_MESSAGE_BYTES = 2 * 1024 * 1024 * 1024 - 1
 #: What ``Healthz`` answers when the proxy is ready (Ray's words).
 HEALTHY_MESSAGE = "success"
+LIST_APPLICATIONS = f"/{SERVE_API_SERVICE}/ListApplications"
+HEALTHZ = f"/{SERVE_API_SERVICE}/Healthz"
 
 Services = dict[str, dict[str, grpc.RpcMethodHandler]]
 
@@ -74,6 +86,7 @@ class GrpcOptions:
     port: int
     servicer_functions: tuple[str, ...]
     request_timeout_s: float | None = None
+    enable_reflection: bool = True
 
 
 class _Recorder:
@@ -148,12 +161,14 @@ class GrpcIngress:
         secret: bytes,
         router: Router,
         access_log: AccessLog | None = None,
+        metrics: GrpcProxyMetrics | None = None,
     ) -> None:
         self.host = host
         self.options = options
         self.port = options.port
         self.services = services
         self.access_log = access_log
+        self.metrics = metrics or GrpcProxyMetrics()
         self.apps: dict[str, str] = {}
         self.ready = False
         self.client = HandleClient(None, secret=secret, router=router, source=_StaticSource())
@@ -179,6 +194,8 @@ class GrpcIngress:
                 (grpc.method_handlers_generic_handler(service, methods),)
             )
             server.add_registered_method_handlers(service, methods)
+        if self.options.enable_reflection:
+            _enable_reflection(server, sorted(set(self.services) - {SERVE_API_SERVICE}))
         host = "[::]" if self.host in ("0.0.0.0", "::", "") else self.host
         self.port = server.add_insecure_port(f"{host}:{self.options.port}")
         if not self.port:
@@ -207,37 +224,50 @@ class GrpcIngress:
                 continue
             ours = handlers.setdefault(service, {})
             for name, method in methods.items():
-                full = f"/{service}/{name}"
-                if method.request_streaming:
-                    ours[name] = _unimplemented(method, full)
-                elif method.response_streaming:
-                    ours[name] = grpc.unary_stream_rpc_method_handler(
-                        self._stream_handler(name, full),
-                        request_deserializer=method.request_deserializer,
-                    )
-                else:
-                    ours[name] = grpc.unary_unary_rpc_method_handler(
-                        self._unary_handler(name, full),
-                        request_deserializer=method.request_deserializer,
-                    )
+                ours[name] = self._method_handler(name, f"/{service}/{name}", method)
         return handlers
 
+    def _method_handler(
+        self, name: str, full: str, method: grpc.RpcMethodHandler
+    ) -> grpc.RpcMethodHandler:
+        """Ours for one recorded method. Neither serializer: requests stay bytes here and are
+        parsed on the replica (:class:`_Unparsed`), answers come serialized from it."""
+        parse = method.request_deserializer
+        inputs = method.request_streaming
+        if method.response_streaming:
+            streamed = self._stream_handler(name, full, parse, inputs)
+            if inputs:
+                return grpc.stream_stream_rpc_method_handler(streamed)
+            return grpc.unary_stream_rpc_method_handler(streamed)
+        unary = self._unary_handler(name, full, parse, inputs)
+        if inputs:
+            return grpc.stream_unary_rpc_method_handler(unary)
+        return grpc.unary_unary_rpc_method_handler(unary)
+
     async def _list_applications(self, request: bytes, grpc_context: Any) -> bytes:
+        started = time.perf_counter()
         if not self.ready:
             grpc_context.set_code(grpc.StatusCode.UNAVAILABLE)
             grpc_context.set_details("Route table is not populated yet.")
+        self._record(LIST_APPLICATIONS, LIST_APPLICATIONS, "", "", grpc_context.code(), started)
         # ListApplicationsResponse { repeated string application_names = 1; }
         return b"".join(_string_field(1, name) for name in self.apps)
 
     async def _healthz(self, request: bytes, grpc_context: Any) -> bytes:
+        started = time.perf_counter()
         message = HEALTHY_MESSAGE
         if not self.ready:
             message = "Route table is not populated yet."
             grpc_context.set_code(grpc.StatusCode.UNAVAILABLE)
             grpc_context.set_details(message)
+        self._record(HEALTHZ, HEALTHZ, "", "", grpc_context.code(), started)
         return _string_field(1, message)  # HealthzResponse { string message = 1; }
 
-    def _unary_handler(self, method: str, full: str) -> Callable[[Any, Any], Any]:
+    def _unary_handler(
+        self, method: str, full: str, parse: Parse, inputs: bool
+    ) -> Callable[[Any, Any], Any]:
+        """A method with one answer; ``inputs``: its request is the client's stream."""
+
         async def unary(request: Any, grpc_context: Any) -> bytes:
             call = self._begin(grpc_context)
             if isinstance(call, str):
@@ -245,30 +275,51 @@ class GrpcIngress:
             app, deployment, ctx, model_id = call
             started = time.perf_counter()
             code = grpc.StatusCode.OK
+            self.metrics.in_flight += 1
             try:
-                async with asyncio.timeout(self.options.request_timeout_s):
-                    reply, payload = await self.client.call(
-                        app,
-                        deployment,
-                        method,
-                        (request,),
-                        {},
-                        model_id=model_id,
-                        options={"grpc": ctx},
-                    )
-                reply._set_on_grpc_context(grpc_context)
+                async with self._deadline():
+                    if inputs:
+                        reply, payload = await _only(
+                            self.client.stream(  # type: ignore[arg-type]
+                                app,
+                                deployment,
+                                method,
+                                (),
+                                {},
+                                model_id=model_id,
+                                options={"grpc": ctx, "unary": True},
+                                inputs=_unparsed_stream(parse, request),
+                            )
+                        )
+                    else:
+                        reply, payload = await self.client.call(
+                            app,
+                            deployment,
+                            method,
+                            (_Unparsed.of(parse, request),),
+                            {},
+                            model_id=model_id,
+                            options={"grpc": ctx},
+                        )
+                (reply or ctx)._set_on_grpc_context(grpc_context)
                 code = grpc_context.code() or code
                 return bytes(payload)
             except Exception as exc:
                 code = self._fail(grpc_context, exc, _request_id(ctx))
                 return b""
             finally:
-                self._log(full, app, code, started, ctx)
+                self.metrics.in_flight -= 1
+                self._done(full, app, deployment, code, started, ctx)
 
         return unary
 
-    def _stream_handler(self, method: str, full: str) -> Callable[[Any, Any], Any]:
-        async def unary_stream(request: Any, grpc_context: Any) -> AsyncIterator[bytes]:
+    def _stream_handler(
+        self, method: str, full: str, parse: Parse, inputs: bool
+    ) -> Callable[[Any, Any], Any]:
+        """A server-streaming method; ``inputs``: bidirectional (its request is the client's
+        stream, sent to the replica while the answers come back)."""
+
+        async def streamed(request: Any, grpc_context: Any) -> AsyncIterator[bytes]:
             call = self._begin(grpc_context)
             if isinstance(call, str):
                 self._not_found(grpc_context, call, full)
@@ -276,26 +327,36 @@ class GrpcIngress:
             app, deployment, ctx, model_id = call
             started = time.perf_counter()
             code = grpc.StatusCode.OK
+            self.metrics.in_flight += 1
+            ctx._set_on_grpc_context(grpc_context)  # the request id trailer, once
             try:
-                async with asyncio.timeout(self.options.request_timeout_s):
+                async with self._deadline():
                     async for reply, payload in self.client.stream(
                         app,
                         deployment,
                         method,
-                        (request,),
+                        () if inputs else (_Unparsed.of(parse, request),),
                         {},
                         model_id=model_id,
                         options={"grpc": ctx},
+                        inputs=_unparsed_stream(parse, request) if inputs else None,
                     ):
-                        reply._set_on_grpc_context(grpc_context)
+                        if reply is not None:  # the method changed the context
+                            reply._set_on_grpc_context(grpc_context)
                         yield bytes(payload)
                 code = grpc_context.code() or code
             except Exception as exc:
                 code = self._fail(grpc_context, exc, _request_id(ctx))
             finally:
-                self._log(full, app, code, started, ctx)
+                self.metrics.in_flight -= 1
+                self._done(full, app, deployment, code, started, ctx)
 
-        return unary_stream
+        return streamed
+
+    def _deadline(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """``grpc_options.request_timeout_s`` around a call (nothing to arm without one)."""
+        timeout_s = self.options.request_timeout_s
+        return _NO_DEADLINE if timeout_s is None else asyncio.timeout(timeout_s)
 
     def _begin(self, grpc_context: Any) -> tuple[str, str, RayServegRPCContext, str] | str:
         """The call's application, ingress deployment, context and model id (the request
@@ -329,7 +390,7 @@ class GrpcIngress:
         grpc_context.set_details(
             f"{wanted} Ping /{SERVE_API_SERVICE}/ListApplications for available applications."
         )
-        self._log(full, "", grpc.StatusCode.NOT_FOUND, time.perf_counter(), None)
+        self._done(full, "", "", grpc.StatusCode.NOT_FOUND, time.perf_counter(), None)
         return b""
 
     def _fail(self, grpc_context: Any, exc: BaseException, request_id: str) -> Any:
@@ -341,12 +402,70 @@ class GrpcIngress:
             grpc_context.set_details(details)
         return grpc_context.code()
 
-    def _log(
-        self, full: str, app: str, code: Any, started: float, ctx: RayServegRPCContext | None
+    def _done(
+        self,
+        full: str,
+        app: str,
+        deployment: str,
+        code: Any,
+        started: float,
+        ctx: RayServegRPCContext | None,
     ) -> None:
+        """Log and count a call that was answered ``code``."""
+        latency_ms = self._record(full, app, app, deployment, code, started)
         if self.access_log is not None:
-            latency_ms = (time.perf_counter() - started) * 1000.0
             self.access_log.add(full, app, code.name, latency_ms, _request_id(ctx))
+
+    def _record(
+        self, full: str, route: str, app: str, deployment: str, code: Any, started: float
+    ) -> float:
+        """Count a call in the proxy's metrics; returns its latency (ms). ``route``: as Ray
+        labels it, the application (the built-in service's calls: their method)."""
+        latency_ms = (time.perf_counter() - started) * 1000.0
+        code = code or grpc.StatusCode.OK
+        self.metrics.record(
+            full, route, app, deployment, code.name, code is not grpc.StatusCode.OK, latency_ms
+        )
+        return latency_ms
+
+
+#: A request message parser (``Message.FromString`` of the method's request type), or None.
+Parse = Callable[[bytes], Any] | None
+
+_NO_DEADLINE: contextlib.AbstractAsyncContextManager[Any] = contextlib.nullcontext()
+
+
+class _Unparsed:
+    """A request message as the client sent it, pickled as a call of its parser: it is parsed
+    once, on the replica, instead of parsed here and serialized again for the hop."""
+
+    __slots__ = ("data", "parse")
+
+    def __init__(self, parse: Callable[[bytes], Any], data: bytes) -> None:
+        self.parse = parse
+        self.data = data
+
+    @staticmethod
+    def of(parse: Parse, data: bytes) -> Any:
+        return data if parse is None else _Unparsed(parse, data)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.parse, (self.data,))
+
+
+async def _unparsed_stream(parse: Parse, requests: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+    async for data in requests:
+        yield _Unparsed.of(parse, data)
+
+
+async def _only(items: AsyncGenerator[Any, None]) -> Any:
+    """The one item of a client-streaming call's answer (the call's stream closed after it)."""
+    try:
+        async for item in items:
+            return item
+        raise RuntimeError("the replica sent no answer")
+    finally:
+        await items.aclose()
 
 
 def _request_id(ctx: RayServegRPCContext | None) -> str:
@@ -384,15 +503,13 @@ def _truncated(text: str) -> str:
     return text[: MAX_DETAILS - len(notice)] + notice
 
 
-def _unimplemented(method: grpc.RpcMethodHandler, full: str) -> grpc.RpcMethodHandler:
-    why = f"{full}: client-streaming and bidirectional methods are not served by kubeserve"
+def _enable_reflection(server: grpc.aio.Server, services: list[str]) -> None:
+    """Answer the reflection service on ``server`` for ``services`` (and itself), as Ray does."""
+    from grpc_reflection.v1alpha import reflection
 
-    async def refuse(request: Any, grpc_context: Any) -> None:
-        await grpc_context.abort(grpc.StatusCode.UNIMPLEMENTED, why)
-
-    if method.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(refuse)
-    return grpc.stream_unary_rpc_method_handler(refuse)
+    advertised = [*services, reflection.SERVICE_NAME]
+    reflection.enable_server_reflection(advertised, server)
+    log.info("gRPC server reflection advertises %s", advertised)
 
 
 def _string_field(number: int, text: str) -> bytes:

@@ -299,12 +299,13 @@ async def serve_proxy(
         grpc=grpc,
     )
     server.state.access_log = access_log
+    # first: while TLS files do not load the proxy waits, alive (a pod's liveness probe is here)
+    metrics_listener = await start_metrics_listener(host, metrics_port, secret)
     await server.start()
     scheme = "https" if tls is not None else "http"
     log.info("kubeserve proxy listening on %s://%s:%d", scheme, host, server.port)
     if server.grpc is not None:
         log.info("kubeserve proxy serving gRPC on port %d", server.grpc.port)
-    metrics_listener = await start_metrics_listener(host, metrics_port, secret)
     try:
         await (stop or asyncio.Event()).wait()
         if leave is not None:

@@ -2,9 +2,11 @@
 
 The endpoints of :mod:`kubeserve.runtime.wire` under ``/-/``: ``call/<method>`` and
 ``stream/<method>`` (handle calls, counted as ongoing like user requests, a streamed one until its
-last frame), ``healthz`` (the user's ``check_health``), ``metrics`` (the accounting the autoscaler
-reads), ``reconfigure`` (applies ``user_config`` without a restart, one at a time), and for custom
-request routers ``routing-stats`` and ``request-router/<class>``
+last frame), ``duplex/<method>`` (a gRPC client-streaming or bidirectional call: a streamed one
+whose input arrives while it runs, :mod:`~kubeserve.runtime.replica.grpc_call`), ``healthz``
+(the user's ``check_health``), ``metrics`` (the accounting the autoscaler reads), ``reconfigure``
+(applies ``user_config`` without a restart, one at a time), and for custom request routers
+``routing-stats`` and ``request-router/<class>``
 (:mod:`~kubeserve.runtime.replica.router_class`).
 """
 
@@ -20,13 +22,20 @@ from typing import Any
 
 from kubeserve.control.user_config import user_config_version
 from kubeserve.runtime import wire
-from kubeserve.runtime.replica.grpc_call import grpc_answer, grpc_arguments, grpc_error
+from kubeserve.runtime.replica.grpc_call import (
+    grpc_answer,
+    grpc_arguments,
+    grpc_error,
+    input_stream,
+)
 from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, StreamedResponse
 from kubeserve.runtime.replica.router_class import router_class_answer, routing_stats
 from kubeserve.runtime.replica.state import ReplicaState, shutting_down
 from kubeserve.runtime.replica.user_code import (
     error_text,
     generator_not_streamed,
+    invoke,
+    is_plain_function,
     iterate,
     not_a_generator,
 )
@@ -61,6 +70,24 @@ class Control:
         self.route_prefix = str(state.config.get("route_prefix") or "")
         self._on_route_prefix = on_route_prefix
         self._reconfigure_lock = asyncio.Lock()
+        self._plain: dict[str, bool] = {}  # per method name: a plain def (see steps_by_hand)
+
+    def steps_by_hand(self, request: HttpRequest) -> bool:
+        """Whether ``request`` may run outside a task (see ``ReplicaHttpServer``): only a handle
+        call of a plain ``def`` (a worker thread runs it) and the metrics; anything that may run
+        a user coroutine (an ``async def`` method, a stream, ``check_health``, ``reconfigure``)
+        gets a task."""
+        path = request.path
+        if path.startswith(wire.CALL_PREFIX):
+            name = path[len(wire.CALL_PREFIX) :]
+            plain = self._plain.get(name)
+            if plain is None:
+                method = self._state.user.method(name)
+                if method is None:
+                    return True  # answered 404 by kubeserve's own code
+                plain = self._plain[name] = is_plain_function(method) and self._state.run is invoke
+            return plain
+        return path == wire.METRICS_PATH
 
     async def handle(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
         """Internal endpoints (a ``CONTROL`` connection): handle calls, health, reconfigure."""
@@ -87,6 +114,10 @@ class Control:
             if self._state.draining:
                 return shutting_down()
             return await self._stream_call(request, path[len(wire.STREAM_PREFIX) :])
+        if path.startswith(wire.DUPLEX_PREFIX) and request.inflow is not None:
+            if self._state.draining:
+                return shutting_down()
+            return await self._duplex_call(request, path[len(wire.DUPLEX_PREFIX) :])
         if path == wire.HEALTHZ_PATH:
             return await self._healthz()
         if path == wire.METRICS_PATH:
@@ -160,11 +191,7 @@ class Control:
             if not (inspect.isgenerator(items) or inspect.isasyncgen(items)):
                 raise not_a_generator(method_name)
         except Exception as exc:
-            exc = exc if grpc is None else grpc_error(grpc, exc)
-            self._state.metrics_recorder.error("", exc)
-            self._state.finish(started, "")
-            log.info("streamed handle call %s raised %s", method_name, error_text(exc))
-            return HttpResponse(500, self._raised(exc, method_name), content_type=_PICKLE)
+            return self._not_started(exc, started, "streamed handle call", method_name, grpc)
         frames = self._frames(items, started, method_name, grpc)
         if not model_id:
             return StreamedResponse(200, {"content-type": _PICKLE}, frames)
@@ -174,6 +201,49 @@ class Control:
         streamed = StreamedResponse(200, {"content-type": _PICKLE}, _after(first, frames))
         self._state.tell_models(streamed)
         return streamed
+
+    async def _duplex_call(
+        self, request: HttpRequest, method_name: str
+    ) -> HttpResponse | StreamedResponse:
+        """A call whose input streams in (its first frame is the call, the messages follow):
+        the method gets them as a ``gRPCInputStream`` and answers once (``"unary"`` in the
+        call's options: a client-streaming method) or with a generator (bidirectional)."""
+        assert request.inflow is not None
+        kind, first = await request.inflow.next()
+        if kind != wire.FRAME_ITEM:
+            return HttpResponse(400, b"a duplex call begins with its call frame")
+        request.body = first
+        call = self._handle_call(request, method_name)
+        if isinstance(call, HttpResponse):
+            return call
+        method, args, kwargs, _, grpc = call
+        unary = bool(wire.decode_call_with_options(first)[2].get("unary"))
+        self._state.ongoing += 1
+        started = time.perf_counter()
+        try:
+            result = method(input_stream(request.inflow), *args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            streamed = inspect.isgenerator(result) or inspect.isasyncgen(result)
+            if streamed and unary:
+                raise generator_not_streamed(method_name)
+            if not streamed and not unary:
+                raise not_a_generator(method_name)
+        except Exception as exc:
+            return self._not_started(exc, started, "duplex call", method_name, grpc)
+        items = result if streamed else (result,)
+        frames = self._frames(items, started, method_name, grpc)
+        return StreamedResponse(200, {"content-type": _PICKLE}, frames)
+
+    def _not_started(
+        self, exc: Exception, started: float, what: str, method_name: str, grpc: Any
+    ) -> HttpResponse:
+        """The answer to a streamed call whose method raised before its first item."""
+        exc = exc if grpc is None else grpc_error(grpc, exc)
+        self._state.metrics_recorder.error("", exc)
+        self._state.finish(started, "")
+        log.info("%s %s raised %s", what, method_name, error_text(exc))
+        return HttpResponse(500, self._raised(exc, method_name), content_type=_PICKLE)
 
     async def _frames(
         self, items: Any, started: float, method_name: str, grpc: Any = None

@@ -8,7 +8,9 @@ request, costing more CPU than the no-op user code it serves. Here a request is 
 The tricks, each marked where it is used:
 
 * **Handler run eagerly**: the handler coroutine is stepped inside ``data_received``; a task is
-  created only when it actually waits (a sync user method never needs one).
+  created only when it actually waits on the loop. A sync user method never needs one: its
+  worker thread's result steps the coroutine on from the callback that delivers it
+  (:meth:`~kubeserve.runtime.thread_hop.ThreadHop.then`).
 * **Write coalescing**: status line, headers and body go out in one ``writelines`` (one syscall).
 * **Cached Date header**, re-formatted once per second instead of per response.
 * **Lazy connection timer**: one timer per connection that re-arms itself, instead of a timer
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import time
 from collections import deque
@@ -60,12 +63,15 @@ from kubeserve.runtime.http_connection import (
     head_too_large,
 )
 from kubeserve.runtime.limits import RequestLimits
+from kubeserve.runtime.replica.inflow import Inflow
+from kubeserve.runtime.thread_hop import current_hop
 from kubeserve.runtime.websocket import (
     GOING_AWAY,
     PING_INTERVAL_S,
     SessionState,
     WebSocketSession,
 )
+from kubeserve.runtime.wire import DUPLEX_PREFIX
 
 __all__ = [
     "HttpRequest",
@@ -83,6 +89,7 @@ _PIPELINE_LIMIT = 16
 _CRLF = b"\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _CHUNKED_END = b"0\r\n\r\n"
+_DUPLEX = DUPLEX_PREFIX.encode()
 _REASONS = {s.value: s.phrase.encode("ascii") for s in HTTPStatus}
 
 
@@ -95,6 +102,7 @@ class HttpRequest:
         "body",
         "headers",
         "http10",
+        "inflow",
         "keep_alive",
         "method",
         "path",
@@ -121,6 +129,8 @@ class HttpRequest:
         self.keep_alive = keep_alive
         self.http10 = http10
         self.request_id = request_id
+        #: a duplex call's body, arriving (``body`` is empty then): see :meth:`_Connection.duplex`
+        self.inflow: Inflow | None = None
 
 
 class HttpResponse:
@@ -161,6 +171,8 @@ class StreamedResponse:
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse | StreamedResponse]]
+#: whether a request may be stepped by hand, outside a task (see ReplicaHttpServer)
+StepsByHand = Callable[[HttpRequest], bool]
 #: Serves a WebSocket handshake ``request`` on its ``session``: None once the session was served
 #: (accepted, or refused by the app), or the HTTP answer to give instead of a socket.
 WebSocketHandler = Callable[[HttpRequest, WebSocketSession], Awaitable[HttpResponse | None]]
@@ -203,12 +215,14 @@ class ReplicaHttpServer:
         limits: RequestLimits | None = None,
         websocket: WebSocketHandler | None = None,
         websocket_ping_interval_s: float | None = PING_INTERVAL_S,
+        steps_by_hand: dict[Role, StepsByHand] | None = None,
     ) -> None:
         if secret is not None and (control is None or not identity):
             raise ValueError("an authenticating server needs a control handler and an identity")
         self.handlers: dict[Role, Handler] = {Role.INGRESS: handler}
         if control is not None:
             self.handlers[Role.CONTROL] = control
+        self.steps_by_hand = steps_by_hand or {}
         self.websocket = websocket
         self.websocket_ping_interval_s = websocket_ping_interval_s
         self.secret = secret
@@ -245,6 +259,7 @@ class _Connection(ServerConnection):
         super().__init__(server.limits, server.keep_alive_timeout_s, server.connections)
         self.server = server
         self.handler = server.handlers[role]
+        self.by_hand = server.steps_by_hand.get(role)
         self.ingress = role is Role.INGRESS
         # The request being parsed, and requests parsed but not yet served (pipelining).
         self.in_message = False
@@ -265,6 +280,7 @@ class _Connection(ServerConnection):
         self.upgrading: tuple[HttpRequest, bytes] | None = None
         self.session: WebSocketSession | None = None
         self.ws_request: HttpRequest | None = None  # a handshake waiting for pipelined requests
+        self.inflow: Inflow | None = None  # the body of the duplex call being served, arriving
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -275,6 +291,8 @@ class _Connection(ServerConnection):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.queue.clear()
+        if self.inflow is not None:
+            self.inflow.lost(f"connection lost: {exc or 'closed'}")
         super().connection_lost(exc)
 
     # -- httptools callbacks -----------------------------------------------------------------------
@@ -322,8 +340,25 @@ class _Connection(ServerConnection):
             raise RequestRefused(413, body_too_large(cap))
         if self.expect:
             self.transport.write(_CONTINUE)  # the client waits for this before the body
+        if not self.ingress and self.url.startswith(_DUPLEX):
+            self.duplex()
+
+    def duplex(self) -> None:
+        """Serve the duplex call whose head was just parsed now, its body fed to it as it comes:
+        neither the body cap nor the body timeout apply (a client stream may last)."""
+        request = HttpRequest(
+            "POST", self.url.decode("latin-1"), "", self.headers, b"", False, False, ""
+        )
+        request.inflow = self.inflow = Inflow(self.hold_reading)
+        self.in_message = False
+        self.queue.append(request)
+        if self.serving is None:
+            self._next()
 
     def on_body(self, body: bytes) -> None:
+        if self.inflow is not None:
+            self.inflow.feed(body)
+            return
         self.body_size += len(body)
         cap = self.limits.max_body_bytes
         if cap is not None and self.body_size > cap:  # chunked: the length was not declared
@@ -332,6 +367,10 @@ class _Connection(ServerConnection):
 
     def on_message_complete(self) -> None:
         self.in_message = False
+        if self.inflow is not None:
+            inflow, self.inflow = self.inflow, None
+            inflow.end()
+            return
         parser = self.parser
         path, _, query = self.url.partition(b"?")
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
@@ -378,17 +417,45 @@ class _Connection(ServerConnection):
             # never leak from one request into the next.
             coro = self._serve(request)
             context = self.server.context.copy()
+            if self.by_hand is not None and not self.by_hand(request):
+                # User coroutines run in a task from their first step, as Ray runs requests:
+                # asyncio.timeout, a TaskGroup, aiohttp's and anyio's timeouts need one.
+                self.task = self.loop.create_task(_run(coro, self._next), context=context)
+                return
             try:
                 yielded = context.run(coro.send, None)
             except StopIteration:
                 continue
-            self.task = self.loop.create_task(_resume(coro, yielded, self._next), context=context)
+            self._wait(coro, context, yielded)
             return
         self.serving = None
         if self.ws_request is not None:  # a WebSocket handshake pipelined behind requests
             self._start_websocket()
             return
         self.idle_since = self.loop.time()
+
+    def _wait(
+        self, coro: Coroutine[Any, Any, None], context: contextvars.Context, yielded: Any
+    ) -> None:
+        """The handler stepped by hand waits for ``yielded``. Handler waiting on a worker thread
+        (a sync method: the common wait): the thread hop steps it on in the very callback that
+        completes the call (no task, no loop iteration in between). Any other wait: a task
+        finishes it."""
+        hop = current_hop()
+        if hop is None or not hop.then(yielded, functools.partial(self._after_hop, coro, context)):
+            self.task = self.loop.create_task(_resume(coro, yielded, self._next), context=context)
+
+    def _after_hop(self, coro: Coroutine[Any, Any, None], context: contextvars.Context) -> None:
+        """The worker thread's call the handler waited for is complete: step it on."""
+        try:
+            yielded = context.run(coro.send, None)
+        except StopIteration:
+            self._next()
+            return
+        except BaseException:
+            self._next()
+            raise
+        self._wait(coro, context, yielded)
 
     async def _serve(self, request: HttpRequest) -> None:
         try:
@@ -587,6 +654,14 @@ def internal_error(request_id: str, *, close: bool = False) -> HttpResponse:
     return HttpResponse(
         500, b"Internal Server Error (request id %s)" % request_id.encode(), close=close
     )
+
+
+async def _run(coro: Coroutine[Any, Any, None], then: Callable[[], None]) -> None:
+    """Run a request's coroutine in the task this is; ``then()`` once it is done."""
+    try:
+        await coro
+    finally:
+        then()
 
 
 async def _resume(coro: Coroutine[Any, Any, None], yielded: Any, then: Callable[[], None]) -> None:

@@ -9,6 +9,7 @@ start to the last chunk of its answer (a WebSocket: for as long as it is open).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
@@ -37,6 +38,7 @@ from kubeserve.runtime.replica.state import ReplicaState
 from kubeserve.runtime.replica.user_code import (
     invoke,
     is_async_callable,
+    is_plain_function,
     iterate,
     takes_arguments,
 )
@@ -67,12 +69,14 @@ class Ingress:
         self._http_async = self._http_target is not None and is_async_callable(self._http_target)
         self._http_plain = (
             self._http_target is not None
-            and not self._http_async
-            and not inspect.isasyncgenfunction(self._http_target)
-            and not inspect.isgeneratorfunction(self._http_target)
+            and is_plain_function(self._http_target)
             and state.run is invoke
         )
         self._asgi = None if user.is_function else asgi_app_of(user.target)
+        #: a request may be stepped by hand, outside a task (see ``ReplicaHttpServer``), only
+        #: when no user coroutine runs in its steps: a plain ``def`` runs on a worker thread and
+        #: an ASGI app in a task of its own
+        self._by_hand = self._http_plain or self._asgi is not None or self._http_target is None
         self.lifespan = Lifespan(self._asgi) if self._asgi is not None else None
         #: ``http_options.root_path`` (a reverse proxy in front strips it), then the route
         #: prefix: the ASGI ``root_path``, as Ray's proxy sets it
@@ -89,6 +93,12 @@ class Ingress:
         the ``route`` label, follow."""
         self._root_path = self._mount + root_path_of(route_prefix)
         self._route = route_prefix
+
+    def steps_by_hand(self, request: HttpRequest) -> bool:
+        """Whether ``request`` may run outside a task: False when the user's code is a coroutine
+        (or an async generator), which gets the task Ray runs each request in, so
+        ``asyncio.timeout``, a ``TaskGroup`` and the timeouts of aiohttp and anyio work."""
+        return self._by_hand
 
     async def handle(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
         """User traffic (a proxy's ``INGRESS`` connection): every path goes to the user's code."""
@@ -167,8 +177,8 @@ class Ingress:
                 result = await self._http_target(*args)
             elif self._http_plain:
                 result = await run_sync(self._http_target, *args)
-                if inspect.isawaitable(result):
-                    result = await result
+                if type(result) is not str and inspect.isawaitable(result):  # (see invoke)
+                    result = await asyncio.ensure_future(result)
             else:
                 result = await self._state.run(self._http_target, *args)
             if type(result) is str:  # the common case, without building a Response first

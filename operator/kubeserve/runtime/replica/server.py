@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from kubeserve.control.user_config import resolve_user_config
 from kubeserve.runtime import local_socket, logs, wire
 from kubeserve.runtime.build import format_user_error
+from kubeserve.runtime.channel import Role
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.metrics_listener import start_metrics_listener
 from kubeserve.runtime.replica.control import Control
@@ -163,6 +164,10 @@ async def serve_replica(
             identity=config["replica_id"],
             limits=RequestLimits.from_mapping(config.get("request_limits")),
             websocket=ingress.handle_websocket,
+            steps_by_hand={
+                Role.INGRESS: ingress.steps_by_hand,
+                Role.CONTROL: control.steps_by_hand,
+            },
         )
         listener = await loop.create_server(server, host, port, reuse_address=True, backlog=1024)
         # Bound after the TCP port, so the name derived from the port is this process's.

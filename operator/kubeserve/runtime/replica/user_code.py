@@ -8,6 +8,7 @@ client sees.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import inspect
@@ -30,6 +31,7 @@ __all__ = [
     "invoke",
     "invoke_on_loop",
     "is_async_callable",
+    "is_plain_function",
     "iterate",
     "not_a_generator",
     "takes_arguments",
@@ -51,6 +53,16 @@ def is_async_callable(fn: Any) -> bool:
         not inspect.isroutine(fn)
         and callable(fn)
         and inspect.iscoroutinefunction(type(fn).__call__)
+    )
+
+
+def is_plain_function(fn: Any) -> bool:
+    """Whether ``fn`` is a plain ``def`` (no coroutine, no generator of either kind): its body
+    runs on a worker thread, so a request for it may be stepped outside a task."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return not (
+        is_async_callable(fn) or inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn)
     )
 
 
@@ -76,7 +88,9 @@ async def invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)  # runs nothing of the body: its steps run where iterated
     result = await run_sync(fn, *args, **kwargs)
     if inspect.isawaitable(result):
-        result = await result
+        # In a task of its own: the caller may be a handler stepped by hand, in no task (see
+        # ThreadHop.then), and asyncio.timeout or a TaskGroup in the awaitable need one.
+        result = await asyncio.ensure_future(result)
     return result
 
 

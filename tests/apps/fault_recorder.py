@@ -35,3 +35,5 @@ class Recorder:
 
 
 app = Recorder.bind()
+#: the same application under another import path (a change of it rolls every replica)
+same_app = Recorder.bind()

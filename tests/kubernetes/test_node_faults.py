@@ -9,7 +9,6 @@ run none twice, and the cluster converges afterwards (a change made then reaches
 
 from __future__ import annotations
 
-import collections
 import time
 
 from support.common import wait_for
@@ -21,9 +20,8 @@ from support.k8s_operator import (
 )
 from support.load import Load, failures, longest_gap
 from support.node_cluster import NodeCluster
-from support.node_recorder import deploy, recorder, settled
+from support.node_recorder import REPLICAS, deploy, executed_twice, recorder, settled
 
-REPLICAS = "app.kubernetes.io/component=replica"
 #: how long the API server stays down (the issue's minute; longer than the node's 40 s grace)
 API_SERVER_DOWN_S = 60.0
 
@@ -65,17 +63,6 @@ def test_pods_keep_serving_while_the_kubelet_restarts(
     wait_ready(node, node_operator, ns, "hello")
     assert text_answer(url) == "hello, world\n"
     assert restarts(node, ns) == before
-
-
-def executed_twice(node: NodeCluster, ns: str) -> dict[str, int]:
-    """Request ids ``fault_recorder``'s replica pods executed more than once (each execution is
-    a line of its ``executions-<pid>`` files)."""
-    ran: collections.Counter[str] = collections.Counter()
-    for pod in node.get("pods", namespace=ns, selector=REPLICAS)["items"]:
-        name = pod["metadata"]["name"]
-        out = node.kubectl("exec", name, "-n", ns, "--", "sh", "-c", "cat /tmp/executions-*")
-        ran.update(line.split()[0] for line in out.stdout.splitlines() if line.strip())
-    return {rid: n for rid, n in ran.items() if n > 1}
 
 
 def test_the_data_plane_serves_through_control_plane_outages(

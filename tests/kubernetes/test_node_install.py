@@ -21,9 +21,17 @@ from typing import Any
 import pytest
 
 from support.common import http, wait_for
-from support.k8s_operator import hello, proxy_service_url, ready_pods, text_answer
+from support.k8s_operator import TESTS_IMAGE, hello, proxy_service_url, ready_pods, text_answer
 from support.kubeserve_install import CHART, find_helm
 from support.node_cluster import KUBESERVE_IMAGE, NodeCluster
+from support.node_recorder import (
+    proxy_pods,
+    proxy_replaced,
+    recorder,
+    replica_pods,
+    settled,
+    under_load,
+)
 
 pytestmark = pytest.mark.skipif(find_helm() is None, reason="helm comes from `make helm`")
 
@@ -47,10 +55,12 @@ class Release:
         assert result.returncode == 0, f"helm {' '.join(args)}: {result.stderr}"
         return result.stdout
 
-    def install_or_upgrade(self, verb: str, tag: str = "") -> None:
+    def install_or_upgrade(self, verb: str, tag: str = "", *values: str) -> None:
+        """``helm install|upgrade --wait`` with the module's values, ``values`` (``a.b=c``) too."""
+        settings = [arg for value in values for arg in ("--set", value)]
         self.helm(verb, RELEASE, str(CHART), "--wait", "--timeout", "150s",
                   "--set", f"watchNamespaces={{{self.watched}}}", "--set", "image.pullPolicy=Never",
-                  "--set", f"image.tag={tag}")  # fmt: skip
+                  "--set", f"image.tag={tag}", *settings)  # fmt: skip
 
     def operator_pods(self) -> list[dict[str, Any]]:
         return ready_pods(self.node, self.namespace, "app.kubernetes.io/name=kubeserve")
@@ -186,3 +196,49 @@ def test_deleting_the_leading_operator_pod_under_load_fails_no_request(release: 
     status = node.get("serveapplication", "hello", release.watched)["status"]
     assert status["appStatus"] == "RUNNING"
     print(f"leader pod deleted: successor after {took_over_s:.1f} s, {len(outcomes)} requests ok")
+
+
+def test_helm_upgrades_rolling_the_operator_then_the_data_plane_fail_no_request(
+    release: Release,
+) -> None:
+    """Under load through the proxy Service: ``logLevel`` rolls only the operator pods; the
+    admin Service's port (where proxies and replicas report load) rolls the operator, the
+    proxy and every replica. No request fails. (Last in the module: it changes the release.)"""
+    node, ns = release.node, release.watched
+    node.apply(recorder(ns, 2))
+    node.kubectl("wait", "--for=condition=Ready", "serveapplication/faults", "-n", ns,
+                 "--timeout=120s", timeout=130)  # fmt: skip
+    wait_for(lambda: settled(node, ns, 2, set()) and proxy_replaced(node, ns, set(), TESTS_IMAGE),
+             120, what="2 replicas and the proxy Ready")  # fmt: skip
+    host = proxy_service_url(node, ns, "/").split("//")[1].split(":")[0]
+    figures = {}
+    operators = {p["metadata"]["uid"] for p in release.operator_pods()}
+    replicas = {p["metadata"]["name"] for p in replica_pods(node, ns)}
+    proxies = {p["metadata"]["name"] for p in proxy_pods(node, ns)}
+
+    def operators_replaced() -> bool:
+        pods = release.operator_pods()
+        return len(pods) == 2 and not {p["metadata"]["uid"] for p in pods} & operators
+
+    figures["logLevel"] = under_load(
+        host,
+        lambda: release.install_or_upgrade("upgrade", "", "logLevel=DEBUG"),
+        operators_replaced,
+        "helm upgrade of logLevel (the operator rolls)",
+    )
+    assert {p["metadata"]["name"] for p in replica_pods(node, ns)} == replicas
+    assert {p["metadata"]["name"] for p in proxy_pods(node, ns)} == proxies
+    operators = {p["metadata"]["uid"] for p in release.operator_pods()}
+    figures["admin.service.port"] = under_load(
+        host,
+        lambda: release.install_or_upgrade(
+            "upgrade", "", "logLevel=DEBUG", "admin.service.port=8266"
+        ),
+        lambda: (
+            operators_replaced()
+            and settled(node, ns, 2, replicas)
+            and proxy_replaced(node, ns, proxies, TESTS_IMAGE)
+        ),
+        "helm upgrade of admin.service.port (the operator, the proxy and the replicas roll)",
+    )
+    assert figures == {"logLevel": {}, "admin.service.port": {}}

@@ -198,7 +198,7 @@ def test_deleting_the_instance_garbage_collects_everything(
     plane.kubectl("delete", "serveinstance", "default", "-n", namespace, "--wait=false")
 
     def remaining() -> str:
-        kinds = "deployments,services,jobs,configmaps,pods,secrets,networkpolicies"
+        kinds = "deployments,services,jobs,configmaps,pods,secrets,networkpolicies,pdb"
         out = plane.kubectl(
             "get",
             kinds,

@@ -19,6 +19,7 @@ from aiohttp import web
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.proxy import ProxyServer
 from kubeserve.runtime.proxy.exchange import BUFFER_BEFORE_SLOT
+from kubeserve.runtime.proxy.server import LeavePlan
 from kubeserve.runtime.wire import UNSERVED_HEADER, DeploymentEndpoints, Route, Snapshot
 from support.channel_front import SECRET, ChannelFront, signed_ok
 from support.common import run, wait_until
@@ -447,6 +448,47 @@ def test_keep_alive_reuses_client_and_upstream_connections() -> None:
             writer.close()
         # five requests, one client connection, one upstream connection
         assert len(set(c.replicas["a0"].peers)) == 1
+
+    scenario(body)
+
+
+def test_a_leaving_proxy_serves_on_then_closes_keep_alive_connections_gracefully() -> None:
+    """``leave``: during its delay a request is answered as usual; then no connection is
+    accepted, a request on a kept-alive connection and the one in flight are answered (whole)
+    with ``Connection: close``, and an idle connection is closed, all within the drain."""
+    get = b"GET /a/x HTTP/1.1\r\nHost: example.test\r\n\r\n"
+
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        port = c.proxy.port
+        busy = await asyncio.open_connection("127.0.0.1", port)
+        idle = await asyncio.open_connection("127.0.0.1", port)
+        slow = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for reader, writer in (busy, idle):
+                head, _ = await raw_request(reader, writer, get)
+                assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" not in head
+            slow[1].write(b"GET /a/slow HTTP/1.1\r\nHost: example.test\r\n\r\n")
+            await wait_until(lambda: c.in_flight() == 1)
+            plan = LeavePlan(delay_s=0.5, drain_s=10)
+            leaving = asyncio.create_task(c.proxy.leave(plan))
+            head, _ = await raw_request(*busy, get)  # within the delay: served as before
+            assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" not in head
+            await wait_until(lambda: c.proxy.state.leaving, 5)
+            with pytest.raises(OSError):
+                await asyncio.open_connection("127.0.0.1", port)
+            head, payload = await raw_request(*busy, get)
+            assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head, head
+            assert b'"host": "example.test"' in payload
+            assert await asyncio.wait_for(busy[0].read(), 5) == b""
+            c.replicas["a0"].release.set()
+            head, _ = await read_response(slow[0])
+            assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head, head
+            assert await asyncio.wait_for(idle[0].read(), 5) == b""  # the server closed it
+            await asyncio.wait_for(leaving, 5)
+            assert not c.proxy.state.connections
+        finally:
+            for _, writer in (busy, idle, slow):
+                writer.close()
 
     scenario(body)
 

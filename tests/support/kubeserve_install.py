@@ -163,6 +163,7 @@ OPERATOR_NAMESPACED_RULES = (
     | _triples("", "services configmaps", "get list watch create update patch delete")
     | _triples("batch", "jobs", "get list watch create patch delete")
     | _triples("networking.k8s.io", "networkpolicies", "get list watch create patch delete")
+    | _triples("policy", "poddisruptionbudgets", "get list watch create patch delete")
     | _triples("", "secrets", "get create")
     | _triples("", "pods", "get list watch")
     | _triples("", "serviceaccounts", "get list watch create patch")

@@ -1,9 +1,17 @@
-"""A steady load through the proxy: clients on keep-alive connections, every outcome recorded."""
+"""A steady load through the proxy: clients on keep-alive connections, every outcome recorded.
+
+Each client behaves as urllib3's pool does with a kept-alive connection: before it sends a
+request on one, it checks that the server has not closed it meanwhile (the socket would read as
+ready: end of file), and connects afresh if so (``urllib3.util.connection.is_connection_dropped``).
+A request is never sent twice: a connection closed after any byte of a request went out is that
+request's failure. A response saying ``Connection: close`` ends the connection.
+"""
 
 from __future__ import annotations
 
 import http.client
 import itertools
+import select
 import ssl
 import threading
 import time
@@ -95,6 +103,9 @@ class Load:
             started = time.monotonic()
             status, error = 0, ""
             try:
+                if conn is not None and _dropped(conn):
+                    conn.close()  # closed while idle: nothing of this request was sent
+                    conn = None
                 if conn is None:
                     conn = self._connection()
                 conn.request("GET", "/", headers={"X-Request-Id": request_id})
@@ -138,6 +149,15 @@ class Load:
         """Requests sent at or after ``instant`` and answered 200."""
         with self.lock:
             return sum(1 for o in self.outcomes if o.started >= instant and o.status == 200)
+
+
+def _dropped(conn: http.client.HTTPConnection) -> bool:
+    """Whether the server closed the idle keep-alive connection ``conn`` (it reads as ready:
+    the end of file, or bytes nobody asked for)."""
+    if conn.sock is None:
+        return False
+    readable, _, _ = select.select([conn.sock], [], [], 0)
+    return bool(readable)
 
 
 def failures(outcomes: list[Outcome]) -> dict[str, int]:

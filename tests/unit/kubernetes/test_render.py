@@ -121,6 +121,7 @@ def everything() -> list[Json]:
             inst, view, deployment(config, "Driver", {"is_driver_deployment": True})
         ),
         render.render_replica_service(inst, view, deployment(config)),
+        render.render_replica_disruption_budget(inst, view, deployment(config)),
         render.render_build_job(inst, view),
         render.render_build_job(inst, app()),
         render.render_build_job(inst, app(IMPERATIVE)),
@@ -285,6 +286,28 @@ def test_the_rollout_knobs_are_the_deployments_strategy_in_replicas() -> None:
     # a surge: none unavailable, the surge rounded up
     assert rolling(num_replicas=4, max_surge_percent=25) == {"maxSurge": 1, "maxUnavailable": 0}
     assert rolling(num_replicas=3, max_surge_percent=10) == {"maxSurge": 1, "maxUnavailable": 0}
+
+
+def test_a_drain_evicts_at_most_what_a_roll_replaces_and_never_blocks() -> None:
+    """The replicas' PodDisruptionBudget: ``maxUnavailable`` as the roll's, at least one."""
+    inst, view = instance(), app(app_config())
+
+    def budget(**code: Any) -> Json:
+        config = app_config()
+        obj = render.render_replica_disruption_budget(inst, view, deployment(config, code=code))
+        assert obj is not None
+        validate(obj)
+        workload = render.render_replica_workload(inst, view, deployment(config, code=code))
+        assert obj["spec"]["selector"] == workload["spec"]["selector"]
+        assert obj["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+        return dict(obj["spec"])
+
+    assert budget(num_replicas=1)["maxUnavailable"] == 1
+    assert budget(num_replicas=10)["maxUnavailable"] == 2
+    assert budget(num_replicas=4, max_surge_percent=25)["maxUnavailable"] == 1
+    config = app_config()
+    driver = deployment(config, code={"is_driver_deployment": True})
+    assert render.render_replica_disruption_budget(inst, view, driver) is None
 
 
 def test_driver_deployment_is_a_daemonset() -> None:
@@ -625,9 +648,17 @@ def test_proxies_per_location(location: str, kind: str) -> None:
         "8080",
         "--discovery",
         "kubernetes",
+        "--replacement-wait-s",
+        "60.0",
+        "--leave-delay-s",
+        "2.0",
+        "--drain-timeout-s",
+        "8.0",
         "--keep-alive-timeout-s",
         "30",
     ]
+    # the grace period covers the wait for another proxy, the leave delay and the drain
+    assert pod(proxy)["terminationGracePeriodSeconds"] >= 60 + 2 + 8
     assert env(container)["KUBESERVE_INSTANCE"] == "default"
     assert container["readinessProbe"]["httpGet"] == {"path": "/-/healthz", "port": 8080}
     assert pod(proxy)["serviceAccountName"] == "default-dataplane"

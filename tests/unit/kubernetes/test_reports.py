@@ -26,7 +26,7 @@ from kubeserve.control.status_derivation import (
     ReplicaStateValue,
     ReplicaView,
 )
-from kubeserve.runtime.kubernetes.discovery import snapshot_parts
+from kubeserve.runtime.kubernetes.discovery import ready_elsewhere, snapshot_parts
 from kubeserve.schema.resources import ServeApplicationStatus, ServeInstanceStatus
 
 
@@ -123,6 +123,31 @@ def test_the_data_plane_routes_by_the_status_the_operator_writes() -> None:
         "retry_after_s": 1.5,
     }
     assert snapshot_parts([app], [endpoint_slice], "default") == ([], {})
+
+
+def test_a_leaving_proxy_waits_for_another_ready_pod_of_its_service() -> None:
+    """``ready_elsewhere``: (a slice of the Service exists, another pod of it is ready)."""
+
+    def endpoint(pod: str, ready: bool) -> dict[str, Any]:
+        return {"addresses": ["10.0.0.1"], "conditions": {"ready": ready},
+                "targetRef": {"kind": "Pod", "name": pod}}  # fmt: skip
+
+    def slices(*endpoints: dict[str, Any], service: str = "default-proxy") -> list[Any]:
+        labels = {"kubernetes.io/service-name": service}
+        return [{"metadata": {"labels": labels}, "endpoints": list(endpoints)}]
+
+    # the leaving pod itself is not ready (it terminates); its replacement starts
+    assert ready_elsewhere(
+        slices(endpoint("old", False), endpoint("new", False)), "default-proxy", "old"
+    ) == (True, False)
+    assert ready_elsewhere(
+        slices(endpoint("old", False), endpoint("new", True)), "default-proxy", "old"
+    ) == (True, True)
+    # a ready replica of some deployment is no proxy
+    assert ready_elsewhere(
+        slices(endpoint("replica", True), service="shop-model"), "default-proxy", "old"
+    ) == (False, False)
+    assert ready_elsewhere([], "default-proxy", "old") == (False, False)
 
 
 def test_the_data_plane_reads_a_custom_request_router_from_the_status() -> None:

@@ -165,13 +165,13 @@ class ApplicationReconciler:
         pods_by_key: dict[str, list[dict[str, Any]]] = {}
         for effective in inputs.configs.values():
             deployment, running = self._desired(inputs, effective)
-            workload, service = await self._converge(inputs, deployment, running)
+            workload, service, budget = await self._converge(inputs, deployment, running)
             pods = self._cluster.cache.objects(
                 "Pod", inputs.app.namespace, dict(workload["spec"]["selector"]["matchLabels"])
             )
             pods_by_key[inputs.scaler_key(deployment.name)] = pods
             observed[deployment.name] = await self._observe(inputs, deployment, pods, service)
-            applied += (workload, service)
+            applied += (workload, service) if budget is None else (workload, service, budget)
         labels = _component_labels(inputs.app, contract.COMPONENT_REPLICA)
         await self._cluster.prune(inputs.app.namespace, labels, _REPLICA_KINDS, applied)
         app_policy = inputs.app.config.get("autoscaling_policy")
@@ -219,8 +219,9 @@ class ApplicationReconciler:
 
     async def _converge(
         self, inputs: ApplicationPass, deployment: render.DesiredDeployment, running: int | None
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Apply the deployment's workload and Service (a changed count is a ``Scaled`` Event)."""
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+        """Apply the deployment's workload, Service and PodDisruptionBudget (a changed count is
+        a ``Scaled`` Event)."""
         name, replicas = deployment.name, deployment.target_replicas
         if running is not None and replicas != running:
             decision = self._autoscalers.last_decision(inputs.scaler_key(name))
@@ -229,9 +230,12 @@ class ApplicationReconciler:
             await self._cluster.event(inputs.obj, "Scaled", message, event_type="Normal")
         workload = render.render_replica_workload(inputs.instance, inputs.app, deployment)
         service = render.render_replica_service(inputs.instance, inputs.app, deployment)
+        budget = render.render_replica_disruption_budget(inputs.instance, inputs.app, deployment)
         await self._cluster.apply(workload)
         await self._cluster.apply(service)
-        return workload, service
+        if budget is not None:
+            await self._cluster.apply(budget)
+        return workload, service, budget
 
     async def _observe(
         self,
@@ -270,7 +274,7 @@ def _router_json(spec: wire.RequestRouterSpec | None) -> str | None:
 
 
 #: The kinds of a deployment's objects (a driver deployment's workload is a DaemonSet).
-_REPLICA_KINDS = ("Deployment", "DaemonSet", "Service")
+_REPLICA_KINDS = ("Deployment", "DaemonSet", "Service", "PodDisruptionBudget")
 
 
 def _component_labels(app: render.AppView, component: str) -> dict[str, str]:

@@ -35,6 +35,7 @@ WATCHED: dict[str, str] = {
     "Role": MANAGED_SELECTOR,
     "RoleBinding": MANAGED_SELECTOR,
     "NetworkPolicy": MANAGED_SELECTOR,
+    "PodDisruptionBudget": MANAGED_SELECTOR,
 }
 
 #: the labels a lookup by which reads one bucket of the cache (the first of them a query has)

@@ -37,7 +37,9 @@ serving while proxies learn that it leaves, and a second for them to drop its co
 Rollouts follow Ray's ``rolling_update_percentage`` and ``max_surge_percent``
 (:mod:`kubeserve.control.rollout`), as the Deployment's ``maxUnavailable`` and ``maxSurge``; by
 default no surge, at most 20% of the replicas replaced at a time (at least one), so a rollout
-never needs room for extra GPUs.
+never needs room for extra GPUs. A PodDisruptionBudget (:func:`render_replica_disruption_budget`)
+holds voluntary evictions (``kubectl drain``, a cluster autoscaler) to the same bound: a drain
+never takes every replica of a deployment at once, and never blocks on one.
 
 An application deployed with ``serve.run`` has no import path: its pickled graph is in the Secret
 :func:`~kubeserve.runtime.kubernetes.contract.pickled_graph_secret_name` (written by the admin
@@ -129,6 +131,7 @@ __all__ = [
     "render_network_policies",
     "render_policy_workload",
     "render_proxy",
+    "render_replica_disruption_budget",
     "render_replica_service",
     "render_replica_workload",
     "replica_config_json",
@@ -330,6 +333,32 @@ def render_replica_workload(
         "kind": kind,
         "metadata": _metadata(name, app.namespace, labels, app.owner(), **annotations),
         "spec": spec,
+    }
+
+
+def render_replica_disruption_budget(
+    instance: InstanceView, app: AppView, deployment: DesiredDeployment
+) -> Manifest | None:
+    """The PodDisruptionBudget of a deployment's replicas: evictions take at most as many at a
+    time as its roll replaces (``maxUnavailable``, at least one, so that a drain proceeds even
+    with one replica or a surge-only roll), and a pod that is not Ready never holds a drain up
+    (``unhealthyPodEvictionPolicy: AlwaysAllow``). None for a DaemonSet (a driver deployment):
+    its pods follow their nodes, and a budget cannot count them by ``maxUnavailable``."""
+    if deployment.config.is_driver_deployment:
+        return None
+    name, labels, selector = _replica_identity(instance, app, deployment)
+    _, unavailable = deployment.config.rollout(ROLLOUT).bounds(deployment.target_replicas)
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(
+            name, app.namespace, labels, app.owner(), **_name_annotations(app, deployment)
+        ),
+        "spec": {
+            "selector": {"matchLabels": selector},
+            "maxUnavailable": max(1, unavailable),
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
     }
 
 

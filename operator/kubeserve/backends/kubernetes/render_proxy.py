@@ -4,8 +4,10 @@ Proxies (``<inst>-proxy``): none for ``Disabled``, a one-replica Deployment for 
 DaemonSet for ``EveryNode``, and a ClusterIP Service on ``httpOptions.port``. A proxy runs
 ``kubeserve proxy --host $(KUBESERVE_BIND_HOST) --port <port> --discovery kubernetes`` (plus
 ``--request-timeout-s`` when set and ``--keep-alive-timeout-s``) with ``KUBESERVE_INSTANCE`` naming
-its instance, whose applications' routes it serves. ``httpOptions.host`` has no meaning in a pod
-(a proxy binds its pod's address). ``rootPath`` (where an Ingress in front, which strips it,
+its instance, whose applications' routes it serves. On SIGTERM it serves on until another proxy is
+ready and kube-proxy dropped it, then drains (``--replacement-wait-s``, ``--leave-delay-s``,
+``--drain-timeout-s``; the pod's grace period covers them). ``httpOptions.host`` has no meaning in
+a pod (a proxy binds its pod's address). ``rootPath`` (where an Ingress in front, which strips it,
 mounts the instance) reaches the replicas, whose ASGI ingresses see it in ``root_path`` and
 ``path`` (:func:`~kubeserve.backends.kubernetes.render.replica_config_json`).
 With ``spec.tls`` the proxies serve HTTPS from that Secret, mounted at :data:`TLS_DIR`.
@@ -101,6 +103,9 @@ def _proxy_command(instance: InstanceView) -> list[str]:
         if instance.tls.require_client_certificates:
             command += ["--ssl-ca-certs", f"{TLS_DIR}/ca.crt"]
     command += grpc_proxy_arguments(instance.grpc_options)
+    command += ["--replacement-wait-s", str(contract.PROXY_REPLACEMENT_WAIT_S)]
+    command += ["--leave-delay-s", str(contract.PROXY_LEAVE_DELAY_S)]
+    command += ["--drain-timeout-s", str(contract.PROXY_DRAIN_S)]
     return [*command, "--keep-alive-timeout-s", str(int(http.keep_alive_timeout_s))]
 
 
@@ -145,7 +150,8 @@ def _proxy_container(instance: InstanceView) -> Manifest:
     return spec | {
         "ports": ports,
         "resources": _PROXY_RESOURCES,
-        "readinessProbe": {**ready, "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 2},
+        # every 2 s: a replacement proxy is Ready (and the one it replaces may leave) sooner
+        "readinessProbe": {**ready, "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 2},
         "livenessProbe": {**alive, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
     }
 
@@ -169,7 +175,12 @@ def render_proxy(instance: InstanceView) -> list[Manifest]:
     account = contract.dataplane_account_name(instance.name)
     template = {
         "metadata": {"labels": labels, "annotations": dict(contract.SCRAPE_ANNOTATIONS)},
-        "spec": pod_spec([_proxy_container(instance)], account, volumes=_tls_volumes(instance)),
+        "spec": pod_spec(
+            [_proxy_container(instance)],
+            account,
+            volumes=_tls_volumes(instance),
+            terminationGracePeriodSeconds=contract.PROXY_GRACE_S,
+        ),
     }
     spec: Manifest = {"selector": {"matchLabels": selector}, "template": template}
     if instance.proxy_location is ProxyLocation.EVERY_NODE:

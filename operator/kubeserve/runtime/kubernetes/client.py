@@ -59,6 +59,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "RoleBinding": ("apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "EndpointSlice": ("apis/discovery.k8s.io/v1", "endpointslices"),
     "NetworkPolicy": ("apis/networking.k8s.io/v1", "networkpolicies"),
+    "PodDisruptionBudget": ("apis/policy/v1", "poddisruptionbudgets"),
     "TokenReview": ("apis/authentication.k8s.io/v1", "tokenreviews"),
     "SubjectAccessReview": ("apis/authorization.k8s.io/v1", "subjectaccessreviews"),
     "ServeInstance": (f"apis/{API_VERSION}", "serveinstances"),

@@ -71,6 +71,10 @@ __all__ = [
     "POLICY_PORT",
     "PROBE_PORT",
     "PRODUCT",
+    "PROXY_DRAIN_S",
+    "PROXY_GRACE_S",
+    "PROXY_LEAVE_DELAY_S",
+    "PROXY_REPLACEMENT_WAIT_S",
     "REPLICA_PORT",
     "SCRAPE_ANNOTATIONS",
     "SERVICE_NAME_LABEL",
@@ -176,6 +180,18 @@ REPLICA_LEAVE_DELAY_S = 2.0
 #: What a replica pod's grace period adds to its ``graceful_shutdown_timeout_s``: the leave
 #: delay, and the time it gives callers to drop their connections once drained.
 REPLICA_GRACE_EXTRA_S = REPLICA_LEAVE_DELAY_S + 1.0
+#: How a proxy pod leaves after the kubelet's SIGTERM
+#: (:class:`~kubeserve.runtime.proxy.server.LeavePlan`): it serves on until another proxy pod of
+#: its Service is ready (at most this long: the replacement of a ``HeadOnly`` proxy starts as the
+#: old one terminates), then while kube-proxy drops it, then closes its keep-alive connections
+#: gracefully, letting requests in flight finish; the pod's grace period covers the three. (The
+#: wait is long enough for a replacement's image to be pulled on another node; a DaemonSet's
+#: replacement on the same node starts only once the old pod is gone, but with proxies on other
+#: nodes the wait ends at once.)
+PROXY_REPLACEMENT_WAIT_S = 60.0
+PROXY_LEAVE_DELAY_S = 2.0
+PROXY_DRAIN_S = 8.0
+PROXY_GRACE_S = int(PROXY_REPLACEMENT_WAIT_S + PROXY_LEAVE_DELAY_S + PROXY_DRAIN_S) + 5
 #: Prometheus metrics of a proxy or replica pod (container port ``metrics``; a bearer token,
 #: see :mod:`kubeserve.runtime.metrics_listener`), and the variable that turns it on.
 METRICS_PORT = 8082

@@ -46,6 +46,7 @@ class KubeDiscovery:
         self._tasks: list[asyncio.Task[None]] = []
         self._version = 0
         self._last: tuple[Any, Any] | None = None
+        self._slices_changed = asyncio.Event()
 
     async def start(self, on_update: Callable[[wire.Snapshot], None]) -> None:
         self._on_update = on_update
@@ -79,7 +80,22 @@ class KubeDiscovery:
 
     def _set_slices(self, objects: dict[str, dict[str, Any]]) -> None:
         self._slices = objects
+        self._slices_changed.set()
         self._publish()
+
+    async def served_elsewhere(self, service: str, pod: str) -> None:
+        """Returns once an EndpointSlice of ``service`` lists a ready endpoint of a pod other
+        than ``pod`` (a leaving proxy's clients have another one to go to), or once the
+        Service's slices are gone (it was deleted: nobody is to be served). The Service's slices
+        carry its ``managed-by`` label, so the informer of replica slices sees them."""
+        seen = False
+        while True:
+            found, elsewhere = ready_elsewhere(self._slices.values(), service, pod)
+            seen = seen or found
+            if elsewhere or (seen and not found):
+                return
+            self._slices_changed.clear()
+            await self._slices_changed.wait()
 
     def _publish(self) -> None:
         routes, deployments = snapshot_parts(
@@ -90,6 +106,22 @@ class KubeDiscovery:
         self._last = (routes, deployments)
         self._version += 1
         self._on_update({"version": self._version, "routes": routes, "deployments": deployments})
+
+
+def ready_elsewhere(slices: Any, service: str, pod: str) -> tuple[bool, bool]:
+    """Whether ``slices`` hold one of ``service``, and whether they list a ready endpoint of it
+    that is not ``pod`` (pure)."""
+    found = False
+    for endpoint_slice in slices:
+        labels = endpoint_slice["metadata"].get("labels") or {}
+        if labels.get(contract.SERVICE_NAME_LABEL) != service:
+            continue
+        found = True
+        for endpoint in endpoint_slice.get("endpoints") or []:
+            ready = (endpoint.get("conditions") or {}).get("ready")
+            if ready and (endpoint.get("targetRef") or {}).get("name") != pod:
+                return True, True
+    return found, False
 
 
 def snapshot_parts(

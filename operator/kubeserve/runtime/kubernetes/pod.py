@@ -16,16 +16,21 @@ replica does not load the proxy, and nothing on one machine loads the client.
 from __future__ import annotations
 
 import os
+import socket
 from typing import TYPE_CHECKING
 
 from kubeserve.runtime.kubernetes.contract import (
+    DEFAULT_INSTANCE,
     DISCOVERY_KUBERNETES,
     INSTANCE_ENV,
     METRICS_PORT_ENV,
     NAMESPACE_ENV,
+    POD_NAME_ENV,
+    proxy_name,
 )
 
 if TYPE_CHECKING:
+    from kubeserve.runtime.discovery import EndpointSource
     from kubeserve.runtime.kubernetes.discovery import KubeDiscovery
 
 __all__ = ["build", "proxy", "replica"]
@@ -44,7 +49,16 @@ def proxy(argv: list[str]) -> int:
 
         return KubeDiscovery(namespace, instance)
 
-    cluster = ClusterDiscovery(DISCOVERY_KUBERNETES, source, f"{namespace}/{instance}")
+    async def replaced(source: EndpointSource) -> None:
+        """Another pod of the instance's proxy Service is ready (this one is leaving)."""
+        from kubeserve.runtime.kubernetes.discovery import KubeDiscovery
+
+        assert isinstance(source, KubeDiscovery)
+        pod = os.environ.get(POD_NAME_ENV) or socket.gethostname()
+        await source.served_elsewhere(proxy_name(instance or DEFAULT_INSTANCE), pod)
+
+    scope = f"{namespace}/{instance}"
+    cluster = ClusterDiscovery(DISCOVERY_KUBERNETES, source, scope, replaced)
     return main(argv, cluster=cluster, metrics_port=_metrics_port())
 
 

@@ -177,7 +177,7 @@ class ClientConnection(ServerConnection):
         ex.method = parser.get_method()
         if ex.url[:1] != b"/":  # absolute-form (a client that takes us for a forward proxy)
             ex.url = origin_form(ex.url)
-        ex.keep_alive = parser.should_keep_alive()
+        ex.keep_alive = parser.should_keep_alive() and not self.state.leaving
         # Only HTTP/1.0 needs care, and a 1.0 request is never keep-alive without a Connection
         # header (which sets ``dropped``): the common case skips building the version string.
         if ex.dropped or not ex.keep_alive:

@@ -5,17 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from kubeserve.runtime import channel, logs, tracing
 from kubeserve.runtime.discovery import EndpointSource
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
-from kubeserve.runtime.proxy.server import serve_proxy
+from kubeserve.runtime.proxy.server import LeavePlan, serve_proxy
 from kubeserve.runtime.tls import PASSWORD_ENV, TLSFiles
 
 __all__ = ["ClusterDiscovery", "main"]
@@ -32,6 +33,9 @@ class ClusterDiscovery:
     source: Callable[[], EndpointSource]
     #: the ``namespace/instance`` the proxy's load reports name
     scope: str
+    #: given the source, returns once another proxy serves this one's clients (see
+    #: :class:`~kubeserve.runtime.proxy.server.LeavePlan`)
+    replaced: Callable[[EndpointSource], Awaitable[None]] | None = None
 
 
 def main(
@@ -57,6 +61,20 @@ def main(
     parser.add_argument("--discovery", choices=discoveries, default="controller")
     parser.add_argument("--request-timeout-s", type=float, default=None)
     parser.add_argument("--keep-alive-timeout-s", type=float, default=90.0)
+    leaving = parser.add_argument_group("leaving, on SIGTERM (see LeavePlan)")
+    leaving.add_argument(
+        "--replacement-wait-s",
+        type=float,
+        default=0.0,
+        help="in a cluster, serve on until another proxy is ready, waiting at most this long",
+    )
+    leaving.add_argument("--leave-delay-s", type=float, default=0.0, help="then serve on this long")
+    leaving.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=0.0,
+        help="then close keep-alive connections gracefully, letting requests finish this long",
+    )
     parser.add_argument(
         "--logging-config",
         type=json.loads,
@@ -137,8 +155,22 @@ def main(
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+
+        def on_signal() -> None:  # a second signal does not wait for the leave
+            if stop.is_set():
+                task.cancel()
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
+            loop.add_signal_handler(sig, on_signal)
+        source = chosen.source() if chosen is not None else None
+        replaced = None
+        if chosen is not None and chosen.replaced is not None and source is not None:
+            replaced = functools.partial(chosen.replaced, source)
+        leave = LeavePlan(
+            replaced, args.replacement_wait_s, args.leave_delay_s, args.drain_timeout_s
+        )
         with contextlib.suppress(asyncio.CancelledError):
             await serve_proxy(
                 args.host,
@@ -150,11 +182,13 @@ def main(
                 keep_alive_timeout_s=args.keep_alive_timeout_s,
                 limits=limits,
                 access_log=access,
-                source=chosen.source() if chosen is not None else None,
+                source=source,
                 scope=chosen.scope if chosen is not None else None,
                 metrics_port=metrics_port,
                 grpc=grpc,
                 tls=tls,
+                stop=stop,
+                leave=leave,
             )
 
     uvloop.run(run())

@@ -7,6 +7,8 @@ import logging
 import resource
 import socket
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kubeserve.runtime.discovery import EndpointSource
@@ -22,9 +24,34 @@ from kubeserve.runtime.wire import Snapshot
 if TYPE_CHECKING:
     from kubeserve.runtime.proxy.grpc_ingress import GrpcIngress, GrpcOptions
 
-__all__ = ["ProxyServer", "serve_proxy"]
+__all__ = ["LeavePlan", "ProxyServer", "serve_proxy"]
 
 log = logging.getLogger(__name__)
+
+#: While a proxy drains, how long a client connection may idle before it is closed: a client
+#: that sends its next request within it gets ``Connection: close`` on the answer instead.
+_LEAVING_IDLE_S = 1.0
+
+
+@dataclass(frozen=True)
+class LeavePlan:
+    """How a proxy leaves once told to stop (SIGTERM), so that no client request fails.
+
+    In a cluster the proxy's Service keeps sending it new connections until kube-proxy learns
+    that its pod terminates, and, when no other proxy is ready (the only proxy of a ``HeadOnly``
+    instance, whose replacement starts as it terminates), until a replacement is. So the proxy
+    serves on: first until ``replaced`` returns (another proxy is ready behind the Service; at
+    most ``replacement_wait_s``), then ``delay_s`` more (kube-proxy's rules follow the
+    EndpointSlice). Then it drains for at most ``drain_s``: it accepts no connection, answers
+    every request with ``Connection: close``, closes connections idle for
+    :data:`_LEAVING_IDLE_S`, and lets the requests in flight finish. The default (all zero,
+    ``kubeserve start``) closes at once: its listening socket outlives the proxy.
+    """
+
+    replaced: Callable[[], Awaitable[None]] | None = None
+    replacement_wait_s: float = 0.0
+    delay_s: float = 0.0
+    drain_s: float = 0.0
 
 
 class ProxyServer:
@@ -152,6 +179,37 @@ class ProxyServer:
             )
         return _Refusal()
 
+    async def leave(self, plan: LeavePlan) -> None:
+        """Serve on, then drain, as ``plan`` says; :meth:`close` ends what is left."""
+        loop = asyncio.get_running_loop()
+        if plan.replaced is not None and plan.replacement_wait_s > 0:
+            started = loop.time()
+            try:
+                await asyncio.wait_for(plan.replaced(), plan.replacement_wait_s)
+                log.info("another proxy serves after %.1f s", loop.time() - started)
+            except TimeoutError:
+                log.warning("no other proxy ready after %.0f s: leaving", plan.replacement_wait_s)
+        if plan.delay_s > 0:
+            log.info("proxy leaving in %.1f s", plan.delay_s)
+            await asyncio.sleep(plan.delay_s)
+        if plan.drain_s <= 0 or self._server is None:
+            return
+        self._server.close()  # no new connection; the open ones stay
+        state = self.state
+        state.leaving = True
+        for conn in state.connections:  # requests not answered yet: ``Connection: close`` too
+            if isinstance(conn, ClientConnection):
+                for ex in (conn.active, *conn.pipeline):
+                    if ex is not None and not ex.response_started:
+                        ex.keep_alive = False
+        state.set_timeouts(
+            state.request_timeout_s, min(state.keep_alive_timeout_s, _LEAVING_IDLE_S)
+        )
+        deadline = loop.time() + plan.drain_s
+        while state.connections and loop.time() < deadline:  # noqa: ASYNC110 - a bounded poll
+            await asyncio.sleep(0.05)
+        log.info("proxy drained: %d connections left to close", len(state.connections))
+
     async def close(self) -> None:
         if self.grpc is not None:
             await self.grpc.close()
@@ -215,8 +273,11 @@ async def serve_proxy(
     listen_fd: int | None = None,
     grpc: tuple[GrpcOptions, dict[str, Any]] | None = None,
     tls: TLSFiles | None = None,
+    stop: asyncio.Event | None = None,
+    leave: LeavePlan | None = None,
 ) -> None:
-    """Run a proxy until cancelled (``main`` cancels it on SIGTERM/SIGINT).
+    """Run a proxy until ``stop`` is set (``main`` sets it on SIGTERM/SIGINT) or cancelled;
+    once stopped, it leaves as ``leave`` says (:meth:`ProxyServer.leave`).
 
     Endpoints come from the local controller (``controller_url``) or from ``source`` (in a
     cluster, the Kubernetes API, chosen by the command), where ``controller_url``, when given, is
@@ -246,7 +307,9 @@ async def serve_proxy(
     if server.grpc is not None:
         log.info("kubeserve proxy serving gRPC on port %d", server.grpc.port)
     try:
-        await asyncio.Event().wait()
+        await (stop or asyncio.Event()).wait()
+        if leave is not None:
+            await server.leave(leave)
     finally:
         await server.close()
         if metrics_listener is not None:

@@ -66,6 +66,9 @@ class ProxyState:
         # A request waits for a replica as in Ray: until one is free, or request_timeout_s.
         self.assign_timeout_s = request_timeout_s
         self.keep_alive_timeout_s = keep_alive_timeout_s
+        #: the proxy is leaving (:meth:`~.server.ProxyServer.leave`): every response from now on
+        #: says ``Connection: close``, so keep-alive clients reconnect, to another proxy
+        self.leaving = False
         self.pools: dict[str, UpstreamPool] = {}
         self.connections: set[ServerConnection] = set()
         self.sweeper = PoolSweeper(self.pools)

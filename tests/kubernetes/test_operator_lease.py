@@ -13,6 +13,8 @@ import asyncio
 import json
 import time
 
+import pytest
+
 from kubeserve.backends.kubernetes.leader import LeaderElector
 from kubeserve.control.leader_election import LeaseTiming
 from support.kwok_cluster import KwokCluster
@@ -31,13 +33,15 @@ async def leading(elector: LeaderElector, namespace: str) -> None:
     assert elector.may_write()
 
 
-def test_a_leader_whose_loop_is_blocked_past_the_renew_deadline_keeps_writing(
-    kwok: KwokCluster, kwok_namespace: str
-) -> None:
-    elector = LeaderElector(
-        str(kwok.kubeconfig), kwok_namespace, LEASE, "busy", "http://busy", TIMING
-    )
+@pytest.fixture()
+def elector(kwok: KwokCluster, kwok_namespace: str) -> LeaderElector:
+    """An elector of the test's namespace, not started."""
+    return LeaderElector(str(kwok.kubeconfig), kwok_namespace, LEASE, "busy", "http://busy", TIMING)
 
+
+def test_a_leader_whose_loop_is_blocked_past_the_renew_deadline_keeps_writing(
+    kwok: KwokCluster, kwok_namespace: str, elector: LeaderElector
+) -> None:
     async def scenario() -> None:
         await leading(elector, kwok_namespace)
         before = renew_time(kwok, kwok_namespace)
@@ -57,12 +61,8 @@ def test_a_leader_whose_loop_is_blocked_past_the_renew_deadline_keeps_writing(
 
 
 def test_a_lease_taken_away_fences_a_leader_whose_loop_is_blocked(
-    kwok: KwokCluster, kwok_namespace: str
+    kwok: KwokCluster, kwok_namespace: str, elector: LeaderElector
 ) -> None:
-    elector = LeaderElector(
-        str(kwok.kubeconfig), kwok_namespace, LEASE, "busy", "http://busy", TIMING
-    )
-
     async def scenario() -> None:
         await leading(elector, kwok_namespace)
         take = {"spec": {"holderIdentity": "intruder", "leaseDurationSeconds": 3600}}

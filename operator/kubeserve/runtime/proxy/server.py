@@ -19,6 +19,7 @@ from kubeserve.runtime.metrics_listener import start_metrics_listener
 from kubeserve.runtime.proxy.client import ClientConnection
 from kubeserve.runtime.proxy.state import ProxyState
 from kubeserve.runtime.tls import ReloadingContext, TLSFiles, wait_for_files
+from kubeserve.runtime.tls_stream import TLSServerProtocol
 from kubeserve.runtime.wire import Snapshot
 
 if TYPE_CHECKING:
@@ -116,20 +117,18 @@ class ProxyServer:
         if self.tls is not None:
             self.tls_context = await wait_for_files(self.tls)
             self.tls_context.start()
-        ssl_context = self.tls_context.context if self.tls_context is not None else None
         if self.listen_fd is not None:
             sock = socket.socket(fileno=self.listen_fd)
             sock.setblocking(False)
             self._server = await loop.create_server(
-                self._accept, sock=sock, backlog=4096, ssl=ssl_context, start_serving=False
+                self._connection_factory(), sock=sock, backlog=4096, start_serving=False
             )
         else:
             self._server = await loop.create_server(
-                self._accept,
+                self._connection_factory(),
                 self.host,
                 self.port,
                 backlog=4096,
-                ssl=ssl_context,
                 start_serving=False,
             )
         self.port = self._server.sockets[0].getsockname()[1]
@@ -162,6 +161,15 @@ class ProxyServer:
             router=self.state.router,
             access_log=self.state.access_log,
         )
+
+    def _connection_factory(self) -> Callable[[], asyncio.Protocol]:
+        """What each accepted connection speaks to: :meth:`_accept`'s protocol, behind TLS
+        (:mod:`~kubeserve.runtime.tls_stream`, not the event loop's own) when the proxy serves
+        HTTPS. The handshake takes the listening context, whose files may have been reloaded."""
+        tls = self.tls_context
+        if tls is None:
+            return self._accept
+        return lambda: TLSServerProtocol(tls.context, self._accept())
 
     def _accept(self) -> asyncio.Protocol:
         """A new client connection, or the 503 of one over ``max_connections``."""

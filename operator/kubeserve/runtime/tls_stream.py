@@ -51,6 +51,7 @@ class TLSServerProtocol(asyncio.Protocol):
     """
 
     __slots__ = (
+        "_closed_by_peer",
         "_incoming",
         "_outgoing",
         "_raw",
@@ -77,6 +78,7 @@ class TLSServerProtocol(asyncio.Protocol):
         self._outgoing = ssl.MemoryBIO()
         self._ssl: ssl.SSLObject = None  # type: ignore[assignment]  # set on connect
         self._timer: asyncio.TimerHandle | None = None
+        self._closed_by_peer = False
 
     # -- the plain transport's protocol ------------------------------------------------------------
 
@@ -88,8 +90,11 @@ class TLSServerProtocol(asyncio.Protocol):
         )
 
     def data_received(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is not None and transport.closing:
+            return  # closed by the protocol above: nothing more is read, as on a plain transport
         self._incoming.write(data)
-        if self.transport is None and not self._handshake():
+        if transport is None and not self._handshake():
             return
         tls = self._ssl
         try:
@@ -106,7 +111,7 @@ class TLSServerProtocol(asyncio.Protocol):
             self._flush()
         if plain:
             self.app.data_received(plain)
-        else:  # the client's close_notify
+        if not plain or self._closed_by_peer:  # the client's close_notify
             self._end_of_stream()
 
     def _read_more(self, first: bytes) -> bytes:
@@ -116,7 +121,8 @@ class TLSServerProtocol(asyncio.Protocol):
         try:
             while self._incoming.pending or tls.pending():
                 part = tls.read(_RECORD)
-                if not part:  # close_notify behind data: the next read sees it again
+                if not part:  # close_notify behind the data
+                    self._closed_by_peer = True
                     break
                 parts.append(part)
         except _WANT_READ:

@@ -21,12 +21,13 @@ from support.tls_certs import Authority, Pair
 
 
 class Listener:
-    """A TLS server on 127.0.0.1 that completes handshakes with ``context`` and closes."""
+    """A TLS server on 127.0.0.1 that completes each handshake with the newest context of
+    ``reloading`` (as the proxy does) and closes."""
 
-    def __init__(self, context: ssl.SSLContext) -> None:
+    def __init__(self, reloading: ReloadingContext) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.context = context
+        self.reloading = reloading
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -37,7 +38,7 @@ class Listener:
             except OSError:
                 return
             try:
-                with self.context.wrap_socket(conn, server_side=True) as tls:
+                with self.reloading.current.wrap_socket(conn, server_side=True) as tls:
                     tls.recv(1)
             except OSError:
                 conn.close()
@@ -68,7 +69,7 @@ def served(tmp_path: Path, ca: Authority) -> Iterator[tuple[ReloadingContext, Li
     files = TLSFiles(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
     install(first, files)
     reloading = ReloadingContext(files)
-    listener = Listener(reloading.context)
+    listener = Listener(reloading)
     yield reloading, listener, first
     listener.close()
 

@@ -1,20 +1,22 @@
 """TLS on the proxy's listening socket: Ray's ``http_options.ssl_*`` files, checked, loaded, and
 reloaded when they change on disk.
 
-Rotation without dropping connections: the socket listens with one *dispatching* context whose
-``sni_callback`` (called on every ClientHello, with or without SNI) hands the handshake the newest
-loaded context. A poll notices the files changing (a new inode, size or mtime: a Kubernetes
-Secret volume swaps a symlink, ``cp`` rewrites in place) and loads them into a new context; new
-handshakes get it, established connections keep the keys they agreed. Files that do not load (half
-written, a key that does not match the certificate, a certificate expired or not yet valid: a
-Kubernetes Secret updated with one reaches the running proxies whatever the operator says) leave
-the previous context serving and are tried again at the next change.
+Rotation without dropping connections: each accepted connection's handshake takes the newest
+loaded context, :attr:`ReloadingContext.current` (the proxy runs TLS itself, see
+:mod:`~kubeserve.runtime.tls_stream`; no dispatching ``sni_callback``, which cost every handshake
+a Python call and a context switch inside OpenSSL). A poll notices the files changing (a new
+inode, size or mtime: a Kubernetes Secret volume swaps a symlink, ``cp`` rewrites in place) and
+loads them into a new context; new handshakes get it, established connections keep the keys they
+agreed. Files that do not load (half written, a key that does not match the certificate, a
+certificate expired or not yet valid: a Kubernetes Secret updated with one reaches the running
+proxies whatever the operator says) leave the previous context serving and are tried again at the
+next change.
 
 Client certificates: given ``ca_certs``, every client must present a certificate that CA signed
 (``CERT_REQUIRED``; Ray's uvicorn only asks for one optionally). The verification mode is fixed
-for the socket's lifetime; the CA bundle is reloaded with the rest.
+for the proxy's lifetime; the CA bundle is reloaded with the rest.
 
-Plain HTTP is not touched: without TLS settings the proxy listens with ``ssl=None``.
+Plain HTTP is not touched: without TLS settings the proxy's connections have no TLS layer.
 """
 
 from __future__ import annotations
@@ -189,8 +191,8 @@ def _signature(paths: tuple[str, ...]) -> tuple[tuple[int, int, int, int], ...]:
 class ReloadingContext:
     """The listening context of a TLS proxy and the poll that reloads its files.
 
-    Owns the newest loaded context; the dispatching :attr:`context` never changes (the server
-    keeps it), only what its ``sni_callback`` hands each new handshake.
+    Owns the newest loaded context, :attr:`current`: each new handshake is made with it (read it
+    per connection, never keep it).
     """
 
     def __init__(self, files: TLSFiles, poll_s: float = POLL_S) -> None:
@@ -199,13 +201,8 @@ class ReloadingContext:
         self.poll_s = poll_s
         self._signature = _signature(files.paths())
         self.current = server_context(files)
-        self.context = server_context(files)
-        self.context.sni_callback = self._hand_over
         self.reloads = 0
         self._task: asyncio.Task[None] | None = None
-
-    def _hand_over(self, connection: ssl.SSLObject, _name: str | None, _ctx: object) -> None:
-        connection.context = self.current
 
     def reload_if_changed(self) -> bool:
         """Load the files when they changed since the last look; ``True`` when a new context

@@ -165,11 +165,12 @@ class ProxyServer:
     def _connection_factory(self) -> Callable[[], asyncio.Protocol]:
         """What each accepted connection speaks to: :meth:`_accept`'s protocol, behind TLS
         (:mod:`~kubeserve.runtime.tls_stream`, not the event loop's own) when the proxy serves
-        HTTPS. The handshake takes the listening context, whose files may have been reloaded."""
+        HTTPS. Each handshake takes the newest loaded context (the files may have been
+        reloaded since the last one)."""
         tls = self.tls_context
         if tls is None:
             return self._accept
-        return lambda: TLSServerProtocol(tls.context, self._accept())
+        return lambda: TLSServerProtocol(tls.current, self._accept())
 
     def _accept(self) -> asyncio.Protocol:
         """A new client connection, or the 503 of one over ``max_connections``."""

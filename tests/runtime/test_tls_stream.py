@@ -15,7 +15,7 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -49,6 +49,21 @@ class Answering(asyncio.Protocol):
         return None
 
 
+class Counting(asyncio.Protocol):
+    """Answers with the number of bytes received once a line ends."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.received = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport: asyncio.Transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.received += data
+        if self.received.endswith(b"\n"):
+            self.transport.write(b"%d" % len(self.received))
+
+
 class Shouting(asyncio.Protocol):
     def __init__(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -60,7 +75,10 @@ class Shouting(asyncio.Protocol):
 class Server:
     """A TLS server on 127.0.0.1 in a thread of its own, with a short handshake timeout."""
 
-    def __init__(self, pair: Pair) -> None:
+    def __init__(
+        self, pair: Pair, app: Callable[[list[str]], asyncio.Protocol] = Answering
+    ) -> None:
+        self.app = app
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.load_cert_chain(pair.cert, pair.key)
         self.events: list[str] = []
@@ -74,7 +92,7 @@ class Server:
         asyncio.set_event_loop(self.loop)
 
         def protocol() -> asyncio.Protocol:
-            return TLSServerProtocol(self.context, Answering(self.events), handshake_timeout_s=0.5)
+            return TLSServerProtocol(self.context, self.app(self.events), handshake_timeout_s=0.5)
 
         server = self.loop.run_until_complete(self.loop.create_server(protocol, "127.0.0.1", 0))
         self.port = server.sockets[0].getsockname()[1]
@@ -177,6 +195,17 @@ def test_an_answer_written_in_pieces_is_one_record(server: Server, ca: Authority
         client.send(request)
         assert client.answer() == (b"got " + request, 1)
     client.close()
+
+
+def test_many_records_at_once_arrive_whole(ca: Authority) -> None:
+    server = Server(ca.issue("localhost"), Counting)
+    try:
+        client = Client(server.port, ca)
+        client.send(b"x" * 100_000 + b"\n")  # 7 records, most of them in one read
+        assert client.answer()[0] == b"100001"
+        client.close()
+    finally:
+        server.close()
 
 
 def test_close_notify_ends_the_stream(server: Server, ca: Authority) -> None:

@@ -99,7 +99,9 @@ class TLSServerProtocol(asyncio.Protocol):
         tls = self._ssl
         try:
             plain = tls.read(_RECORD)
-            if plain and (self._incoming.pending or tls.pending()):
+            # A read returns one record's plaintext, whole when shorter than the largest: more is
+            # pending only behind it in the BIO (``pending()``, a call, is asked only if full).
+            if plain and (self._incoming.pending or len(plain) == _RECORD):
                 plain = self._read_more(plain)
         except _WANT_READ:  # a record not whole yet
             self._flush()

@@ -1,17 +1,19 @@
 """Server-side TLS over a plain event-loop transport: the proxy's HTTPS connections.
 
-Why not the event loop's own TLS (``create_server(ssl=...)``): uvloop's ``SSLProtocol`` costs
-about a third more CPU per keep-alive request than this (measured by ``benchmarks/tls.py``): each
-read is decrypted into a fresh 256 KiB buffer, every write goes through a backlog list and flow
-control bookkeeping, and ``writelines`` seals each piece as a TLS record of its own. Here a read
+Why not the event loop's own TLS (``create_server(ssl=...)``): with uvloop's ``SSLProtocol``, TLS
+added about 32 us of the proxy's CPU to a keep-alive request, with this about 18 us (measured by
+``benchmarks/tls.py``, see benchmarks/README.md): there each read is decrypted into a fresh
+256 KiB buffer, every write goes through a backlog list and flow control bookkeeping, and
+``writelines`` seals each piece as a TLS record of its own. Here a read
 is decrypted record by record into bytes of the record's size and handed on in one
 ``data_received``; a ``write`` or ``writelines`` is sealed at once, as one record (up to 16 KiB),
 and its ciphertext handed to the plain transport in one write. Flow control is the plain
 transport's: its write buffer holds the ciphertext, its ``pause_writing`` and ``resume_writing``
 reach the protocol above unchanged, and pausing reading pauses the socket.
 
-The kernel cannot do it (kTLS): it needs the ``tls`` module (``CONFIG_TLS``), and OpenSSL 3.0
-hands only TLS 1.2 receive keys to it, while the clients speak TLS 1.3.
+The kernel cannot do it here (kTLS): it needs the ``tls`` module (``CONFIG_TLS``), Python 3.11's
+``ssl`` has no ``OP_ENABLE_KTLS``, and OpenSSL 3.0 hands only TLS 1.2 receive keys to the kernel
+while clients speak TLS 1.3.
 
 :class:`TLSServerProtocol` is the plain transport's protocol: it runs the handshake (aborted
 after ``handshake_timeout_s``), then calls the protocol above's ``connection_made`` with its

@@ -13,9 +13,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from starlette.responses import StreamingResponse
-
-from kubeserve import DeploymentHandle, Request, deployment
+from kubeserve import DeploymentHandle, Request, StreamingResponse, deployment
 
 
 def seen_by_user_code() -> dict[str, Any]:

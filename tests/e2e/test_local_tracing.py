@@ -244,6 +244,14 @@ def test_a_tracing_config_the_data_plane_cannot_apply_is_a_400_at_its_field(
             assert json.dumps(loc)[1:-1] in detail, body
             assert words in detail, body
         assert http("GET", f"{ks.api}/api/serve/applications/")[1]["applications"] == {}
+        # its module exists, its function does not: only importing it tells, which the build
+        # does where the application runs: the application fails to deploy, saying why
+        config = {"enabled": True, "exporter_import_path": "ks_tracing_exporter:nowhere"}
+        status, body = ks.put([APP], tracing_config=config)
+        assert status == 200, body
+        message = ks.wait_app("traced", status="DEPLOY_FAILED")["message"]
+        assert "tracing_config.exporter_import_path" in message, message
+        assert "ks_tracing_exporter:nowhere" in message, message
 
 
 def test_without_an_exporter_spans_are_json_lines_next_to_the_logs(tmp_path: Path) -> None:

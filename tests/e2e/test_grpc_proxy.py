@@ -291,6 +291,7 @@ def test_grpc_metrics_with_rays_names(
             and value(s, "ray_serve_num_grpc_requests_total", status_code="OK", **echo)
             >= base_ok + 3
             and value(s, "ray_serve_num_grpc_error_requests_total", **failed) >= base_err + 1
+            and value(s, "ray_serve_grpc_request_latency_ms_count", status_code="OK", **echo) >= 3
             and s
         ),
         10,

@@ -30,6 +30,9 @@ class JsonLinesExporter(SpanExporter):
                     "span_id": format(context.span_id, "016x"),
                     "parent_id": None if parent is None else format(parent.span_id, "016x"),
                     "attributes": dict(span.attributes or {}),
+                    "start": span.start_time,
+                    "end": span.end_time,
+                    "status": span.status.status_code.name,
                     "component": span.resource.attributes.get("kubeserve.component"),
                     "pid": os.getpid(),
                 }

@@ -8,6 +8,8 @@ directory the test reads.
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import json
 import socket
 import time
@@ -16,10 +18,13 @@ from http.client import HTTPResponse
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import grpc
 import pytest
 from ks_tracing_exporter import SPANS_DIR_ENV
 
-from support.common import http, wait_for
+from support.common import free_port, http, wait_for
+from support.grpc_protos import ensure_generated
 from support.kubeserve_start import Kubeserve, running_kubeserve
 
 APP = {"name": "traced", "route_prefix": "/traced", "import_path": "ks_tracing_app:app"}
@@ -100,6 +105,10 @@ def trace_of(spans_dir: Path, request_id: str, count: int = 6) -> list[dict[str,
 def by_name(trace: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
     (span,) = [s for s in trace if s["name"].startswith(prefix)]
     return span
+
+
+def lasted_s(span: dict[str, Any]) -> float:
+    return float(span["end"] - span["start"]) / 1e9
 
 
 @pytest.fixture
@@ -235,6 +244,14 @@ def test_a_tracing_config_the_data_plane_cannot_apply_is_a_400_at_its_field(
             assert json.dumps(loc)[1:-1] in detail, body
             assert words in detail, body
         assert http("GET", f"{ks.api}/api/serve/applications/")[1]["applications"] == {}
+        # its module exists, its function does not: only importing it tells, which the build
+        # does where the application runs: the application fails to deploy, saying why
+        config = {"enabled": True, "exporter_import_path": "ks_tracing_exporter:nowhere"}
+        status, body = ks.put([APP], tracing_config=config)
+        assert status == 200, body
+        message = ks.wait_app("traced", status="DEPLOY_FAILED")["message"]
+        assert "tracing_config.exporter_import_path" in message, message
+        assert "ks_tracing_exporter:nowhere" in message, message
 
 
 def test_without_an_exporter_spans_are_json_lines_next_to_the_logs(tmp_path: Path) -> None:
@@ -262,4 +279,144 @@ def test_without_an_exporter_spans_are_json_lines_next_to_the_logs(tmp_path: Pat
             ["proxy_tracing.json"] + [name for name in found if name.startswith("replica_traced_")]
         )
         assert len(found) == 3  # the proxy and two replicas
+        ks.shutdown()
+
+
+def test_a_streamed_answer_and_a_websocket_are_traced_until_they_end(
+    tmp_path: Path, spans_dir: Path
+) -> None:
+    """A streamed response's replica span ends with the stream (its code runs in the span until
+    then), so does a streamed handle call's; a WebSocket is a proxy span and a replica span
+    (Ray's ``proxy_websocket_request``) as long as the socket is open."""
+    websocket_app = {
+        "name": "ws",
+        "route_prefix": "/ws",
+        "import_path": "ray_websocket_app:echo_app",
+    }
+    with running_kubeserve(tmp_path / "state") as ks:
+        status, body = ks.put([APP, websocket_app], tracing_config=tracing())
+        assert status == 200, body
+        ks.wait_app("traced")
+        ks.wait_app("ws")
+
+        pause = 0.4
+        request = urllib.request.Request(
+            f"{ks.proxy}/traced/stream?pause={pause}", headers={"x-request-id": "stream-1"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            lines = [json.loads(line) for line in response.read().splitlines()]
+        assert [line["downstream"]["i"] for line in lines] == [0, 1, 2]
+        trace = trace_of(spans_dir, "stream-1", 4)
+        ingress = by_name(trace, "replica_handle_request Ingress __call__")
+        streamed = by_name(trace, "replica_handle_request Downstream count")
+        assert ingress["parent_id"] == by_name(trace, "proxy_http_request")["span_id"]
+        assert streamed["parent_id"] == by_name(trace, "route_to_replica Downstream")["span_id"]
+        # the ingress's code ran in its span for the whole stream, which ended after it
+        assert {line["ingress"]["span_id"] for line in lines} == {ingress["span_id"]}
+        assert {line["downstream"]["span_id"] for line in lines} == {streamed["span_id"]}
+        assert lasted_s(ingress) >= 2 * pause, ingress
+        assert lasted_s(streamed) >= 2 * pause, streamed
+
+        async def websocket() -> None:
+            headers = {"traceparent": TRACEPARENT, "x-request-id": "ws-1"}
+            async with (
+                aiohttp.ClientSession() as session,
+                session.ws_connect(f"{ks.proxy}/ws/", headers=headers) as ws,
+            ):
+                await ws.send_str("hello")
+                assert await ws.receive_str(timeout=30) == "hello"
+                await asyncio.sleep(pause)  # the socket stays open: its spans go on
+
+        asyncio.run(websocket())
+        trace = trace_of(spans_dir, "ws-1", 2)
+        proxy = by_name(trace, "proxy_websocket_request EchoServer WS /ws")
+        replica = by_name(trace, "replica_handle_request EchoServer __call__")
+        assert (proxy["trace_id"], proxy["parent_id"]) == (CLIENT_TRACE, CLIENT_SPAN)
+        assert replica["parent_id"] == proxy["span_id"]
+        assert proxy["attributes"]["request_type"] == "websocket"
+        assert proxy["attributes"]["http.status_code"] == 101
+        assert lasted_s(proxy) >= pause and lasted_s(replica) >= pause
+        ks.shutdown()
+
+
+GRPC_APPS = [
+    {"name": "app1", "route_prefix": "/app1", "import_path": "ray_grpc_app:g"},
+    {"name": "ctx", "route_prefix": "/ctx", "import_path": "ray_grpc_context_app:g"},
+]
+SERVICE = "/userdefinedprotos.UserDefinedService"
+
+
+def test_grpc_calls_are_traced_as_rays_grpc_proxy_traces_them(
+    tmp_path: Path, spans_dir: Path
+) -> None:
+    """Ray's ``proxy_grpc_request`` span per call (a client's ``traceparent`` metadata its
+    parent), ended with the call's status code; its context goes on to the replica."""
+    ensure_generated()
+    pb2 = importlib.import_module("user_defined_protos_pb2")
+    stubs = importlib.import_module("user_defined_protos_pb2_grpc")
+    grpc_port = free_port()
+    options = {
+        "port": grpc_port,
+        "grpc_servicer_functions": [
+            "user_defined_protos_pb2_grpc.add_UserDefinedServiceServicer_to_server"
+        ],
+    }
+    with running_kubeserve(tmp_path / "state") as ks:
+        status, body = ks.put(GRPC_APPS, tracing_config=tracing(), grpc_options=options)
+        assert status == 200, body
+        ks.wait_app("app1", timeout_s=120)
+        ks.wait_app("ctx", timeout_s=120)
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+            stub = stubs.UserDefinedServiceStub(channel)
+            message = pb2.UserDefinedMessage(name="foo", num=30, origin="bar")
+
+            metadata = (("application", "app1"), ("request_id", "grpc-1"))
+            _, call = stub.__call__.with_call(
+                message, metadata=(*metadata, ("traceparent", TRACEPARENT))
+            )
+            assert call.code() == grpc.StatusCode.OK
+            trace = trace_of(spans_dir, "grpc-1", 3)
+            proxy = by_name(trace, f"proxy_grpc_request GrpcDeployment {SERVICE}/__call__")
+            route = by_name(trace, "route_to_replica GrpcDeployment __call__")
+            replica = by_name(trace, "replica_handle_request GrpcDeployment __call__")
+            assert (proxy["trace_id"], proxy["parent_id"]) == (CLIENT_TRACE, CLIENT_SPAN)
+            assert route["parent_id"] == proxy["span_id"]
+            assert replica["parent_id"] == route["span_id"]
+            assert {s["trace_id"] for s in trace} == {CLIENT_TRACE}
+            expected = {
+                "request_id": "grpc-1",
+                "app": "app1",
+                "deployment": "GrpcDeployment",
+                "request_type": "grpc",
+                "rpc.system": "grpc",
+                "rpc.method": f"{SERVICE}/__call__",
+                "rpc.grpc.status_code": "OK",
+            }
+            assert {key: proxy["attributes"].get(key) for key in expected} == expected
+            assert proxy["status"] != "ERROR"
+
+            # a server stream (ten items 10 ms apart): the proxy's span lasts as long
+            items = list(
+                stub.Streaming(
+                    message, metadata=(("application", "app1"), ("request_id", "grpc-2"))
+                )
+            )
+            assert len(items) == 10
+            trace = trace_of(spans_dir, "grpc-2", 3)
+            proxy = by_name(trace, f"proxy_grpc_request GrpcDeployment {SERVICE}/Streaming")
+            replica = by_name(trace, "replica_handle_request GrpcDeployment Streaming")
+            assert proxy["parent_id"] is None  # no traceparent: a trace of its own
+            assert lasted_s(proxy) >= 0.09 and lasted_s(replica) >= 0.09
+
+            # a status the method set: the span ends with it, an error
+            with pytest.raises(grpc.RpcError) as raised:
+                stub.__call__(
+                    pb2.UserDefinedMessage(name="new", num=1, origin="x"),
+                    metadata=(("application", "ctx"), ("request_id", "grpc-3")),
+                )
+            assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+            proxy = by_name(trace_of(spans_dir, "grpc-3", 3), "proxy_grpc_request")
+            assert proxy["attributes"]["rpc.grpc.status_code"] == "INVALID_ARGUMENT"
+            assert proxy["status"] == "ERROR"
         ks.shutdown()

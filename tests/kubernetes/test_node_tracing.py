@@ -76,3 +76,34 @@ def test_a_request_is_one_trace_across_the_proxy_and_replica_pods(
     assert handle["parent_id"] == ingress["context"]["span_id"]
     assert downstream["parent_id"] == handle["context"]["span_id"]
     assert answer["downstream"]["span_id"] == downstream["context"]["span_id"].removeprefix("0x")
+
+
+def test_an_exporter_that_does_not_import_fails_the_application_saying_why(
+    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+) -> None:
+    """The operator cannot import the user's exporter; the build Job does, where the application
+    runs: the application is DEPLOY_FAILED with a message naming the field, not replica pods
+    that keep restarting with no reason in the application's status."""
+    ns = node_namespace
+    serving = instance(ns)
+    exporter = "ks_tracing_exporter:nowhere"  # the module is in the image, the function is not
+    serving["spec"]["tracingConfig"] = {"enabled": True, "exporterImportPath": exporter}
+    small = [{"name": name, **SMALL_REPLICA} for name in ("Ingress", "Downstream")]
+    traced = application(
+        ns, "traced", "ks_tracing_app:app", routePrefix="/traced", deployments=small
+    )
+    node.apply([serving, traced])
+
+    def failed() -> dict[str, Any] | None:
+        status = node.get("serveapplication", "traced", ns).get("status") or {}
+        return status if status.get("appStatus") == "DEPLOY_FAILED" else None
+
+    status = wait_for(failed, 300, interval_s=1, what="traced DEPLOY_FAILED")
+    assert "tracing_config.exporter_import_path" in str(status), status
+    assert exporter in str(status), status
+    replicas = [
+        pod
+        for pod in node.get("pods", namespace=ns)["items"]
+        if pod["metadata"]["labels"].get("app.kubernetes.io/component") == "replica"
+    ]
+    assert replicas == []  # no replica was ever started with it

@@ -16,12 +16,14 @@ from kubeserve.runtime.build import BuildError, describe
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_build(import_path: str, *extra_path: Path) -> tuple[int, Any, str]:
+def run_build(
+    import_path: str, *extra_path: Path, options: tuple[str, ...] = ()
+) -> tuple[int, Any, str]:
     env = dict(os.environ)
     paths = [ROOT / "operator", ROOT / "tests" / "apps", *extra_path]
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
     proc = subprocess.run(
-        [sys.executable, "-m", "kubeserve.runtime.build", import_path],
+        [sys.executable, "-m", "kubeserve.runtime.build", import_path, *options],
         env=env,
         capture_output=True,
         timeout=60,
@@ -168,3 +170,24 @@ def test_the_build_needs_an_import_path_or_a_pickled_graph() -> None:
         check=False,
     )
     assert proc.returncode == 2 and b"give an import path, or --pickled" in proc.stderr
+
+
+def test_the_build_fails_on_a_tracing_exporter_that_does_not_import_where_the_app_runs() -> None:
+    """The build imports the application where its replicas run (its runtime_env applied): the
+    exporter of ``tracing_config`` is looked up there too, so a bad one fails the application
+    (DEPLOY_FAILED with this reason) instead of its pods or processes later."""
+
+    def build(exporter: str) -> tuple[int, Any, str]:
+        config = {"enabled": True, "exporter_import_path": exporter, "sampling_ratio": 1.0}
+        return run_build("ks_echo_app:app", options=("--tracing-config", json.dumps(config)))
+
+    code, document, _ = build("ks_tracing_exporter:exporter")
+    assert code == 0 and "deployments" in document
+    for exporter, words in [
+        ("ks_tracing_exporter:no_such_function", "has no attribute 'no_such_function'"),
+        ("ks_nowhere_exporter:exporter", "does not import"),
+    ]:
+        code, document, _ = build(exporter)
+        assert code == 1
+        assert document["error"].startswith("tracing_config.exporter_import_path: "), document
+        assert exporter in document["error"] and words in document["error"], document

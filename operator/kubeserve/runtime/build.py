@@ -186,6 +186,25 @@ def describe(import_path: str, args: dict[str, Any] | None = None) -> dict[str, 
     return describe_application(load_application(import_path, args))
 
 
+def check_tracing(config: dict[str, Any] | None) -> None:
+    """Raise :class:`BuildError` naming ``tracing_config``'s field when the application's
+    processes (this one's image and runtime_env) could not trace as ``config`` asks:
+    OpenTelemetry missing, or an ``exporter_import_path`` that does not import (its function is
+    looked up, not called). On Kubernetes the operator cannot import the user's modules: the
+    build is where a bad exporter fails the application, rather than its pods later."""
+    from kubeserve.runtime import tracer
+
+    cannot = tracer.unavailable(config, sys.path)
+    if cannot is not None:
+        raise BuildError(f"tracing_config.{cannot[0]}: {cannot[1]}")
+    path = str((config or {}).get("exporter_import_path") or "")
+    if config and config.get("enabled") and path:
+        try:
+            tracer.import_exporter(path)
+        except Exception as exc:
+            raise BuildError(f"tracing_config.exporter_import_path: {exc}") from exc
+
+
 def format_user_error(exc: BaseException) -> str:
     """``Type: text`` followed by the innermost frames of the traceback, kubeserve's frames dropped,
     so the message points at the user's line without the importer's noise."""
@@ -230,6 +249,11 @@ def main(
     parser.add_argument("--application", default="")
     parser.add_argument("--application-uid", default="")
     parser.add_argument(
+        "--tracing-config",
+        type=json.loads,
+        help="the instance's tracing_config as JSON: its exporter must import here too",
+    )
+    parser.add_argument(
         "--parent-pid", type=int, default=0, help="exit when this process (the caller) exits"
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -249,6 +273,7 @@ def main(
                 document = describe_application(app)
             else:
                 document = describe(args.import_path, json.loads(args.args))
+            check_tracing(args.tracing_config)
         code = 0
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):

@@ -12,7 +12,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from kubeserve.runtime.tracing import TRACE_HEADERS, TracingSetupError
@@ -120,11 +120,13 @@ class Tracer:
         request_id: bytes | None,
         method: bytes,
         labels: tuple[str, str, str],
+        websocket: bool = False,
     ) -> tuple[Any, list[tuple[bytes, bytes]] | None, bytes]:
         """A proxied request's span (``labels``: its route, application and deployment),
         child of the client's trace-context ``headers`` when it sent them: the span, the headers
         without the client's trace context (None when it sent none) and the header lines that
-        carry the span to the replica instead (the replica's span is the proxy's child)."""
+        carry the span to the replica instead (the replica's span is the proxy's child).
+        A ``websocket`` handshake's span is Ray's ``proxy_websocket_request``, method ``WS``."""
         carrier: dict[str, str] = {}
         kept = []
         for name, value in headers:
@@ -133,15 +135,16 @@ class Tracer:
             else:
                 kept.append((name, value))
         route, app, deployment = labels
-        verb = method.decode("latin-1")
+        verb = "WS" if websocket else method.decode("latin-1")
+        kind = "websocket" if websocket else "http"
         span, forward = self.proxy_span(
             carrier,
-            f"proxy_http_request {deployment} {verb} {route}",
+            f"proxy_{kind}_request {deployment} {verb} {route}",
             {
                 "request_id": request_id.decode("latin-1") if request_id else "",
                 "app": app,
                 "deployment": deployment,
-                "request_type": "http",
+                "request_type": kind,
                 "request_method": verb,
                 "request_route_path": route,
                 "http.method": verb,
@@ -150,6 +153,39 @@ class Tracer:
         )
         lines = b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in forward.items())
         return span, kept if carrier else None, lines
+
+    def proxy_rpc(self, metadata: Any, full_method: str, app: str, deployment: str) -> Any:
+        """A gRPC call's span in the proxy (Ray's ``proxy_grpc_request``), child of the client's
+        ``traceparent``/``tracestate`` ``metadata`` when it sent them. End it with
+        :meth:`end_rpc`."""
+        carrier = {
+            key: value
+            for key, value in metadata or ()
+            if key in TRACE_HEADERS and isinstance(value, str)
+        }
+        span, _ = self.proxy_span(
+            carrier,
+            f"proxy_grpc_request {deployment} {full_method}",
+            {
+                "app": app,
+                "deployment": deployment,
+                "request_type": "grpc",
+                "rpc.system": "grpc",
+                "rpc.method": full_method,
+            },
+        )
+        return span
+
+    def end_rpc(self, span: Any, code: Any, request_id: str) -> None:
+        """End a gRPC call's span with its status code (a ``grpc.StatusCode``; not OK marks the
+        span an error) and the request id the call had."""
+        if span.is_recording():
+            span.set_attribute("rpc.grpc.status_code", code.name)
+            if request_id:
+                span.set_attribute("request_id", request_id)
+            if code.name != "OK":
+                span.set_status(self._trace.StatusCode.ERROR, code.name)
+        span.end()
 
     def end(self, span: Any, status: int | None = None, error: BaseException | None = None) -> None:
         """End ``span`` (see :meth:`mark`)."""
@@ -178,16 +214,10 @@ class Tracer:
     # -- replicas and handle calls ---------------------------------------------------------------
 
     @contextlib.contextmanager
-    def replica_span(
-        self, carrier: Mapping[str, str] | None, name: str, attributes: Mapping[str, Any]
-    ) -> Iterator[Any]:
-        """Run the block (the user's code) inside a replica span, child of the caller's context in
-        ``carrier``: ``get_current_span()`` is this span there. An exception escaping the block
-        is recorded on it."""
-        parent = self._propagator.extract(carrier) if carrier else None
-        span = self._tracer.start_span(
-            name, context=parent, kind=self._server, attributes=_present(attributes)
-        )
+    def inside(self, span: Any, end: bool = True) -> Iterator[Any]:
+        """Run the block (the user's code) inside ``span``: ``get_current_span()`` is this span
+        there. An exception escaping the block is recorded on it and ends it; else the span ends
+        with the block when ``end`` (without: its owner ends it, as :meth:`streamed` does)."""
         with self._active(span):
             try:
                 yield span
@@ -197,7 +227,15 @@ class Tracer:
             except BaseException as exc:
                 self.end(span, error=exc)
                 raise
-        span.end()
+        if end:
+            span.end()
+
+    async def streamed(self, span: Any, chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """``chunks`` produced inside ``span``, which ends with the stream (its last chunk, an
+        error, or the consumer stopping): a streamed answer's replica span covers all of it."""
+        with self.inside(span):
+            async for chunk in chunks:
+                yield chunk
 
     def replica_call(
         self,
@@ -206,9 +244,10 @@ class Tracer:
         request_id: str,
         carrier: Mapping[str, str] | None,
         **more: Any,
-    ) -> contextlib.AbstractContextManager[Any]:
-        """:meth:`replica_span` for a call of ``method`` on this replica (``config``: its
-        :class:`~kubeserve.runtime.wire.ReplicaConfig`), named and labelled as Ray's."""
+    ) -> Any:
+        """The span of a call of ``method`` on this replica (``config``: its
+        :class:`~kubeserve.runtime.wire.ReplicaConfig`), child of the caller's context in
+        ``carrier``, named and labelled as Ray's; run the user's code in it with :meth:`inside`."""
         attributes = {
             "request_id": request_id,
             "replica_id": config["replica_id"],
@@ -218,7 +257,10 @@ class Tracer:
             **more,
         }
         name = f"replica_handle_request {config['deployment']} {method}"
-        return self.replica_span(carrier, name, attributes)
+        parent = self._propagator.extract(carrier) if carrier else None
+        return self._tracer.start_span(
+            name, context=parent, kind=self._server, attributes=_present(attributes)
+        )
 
     @staticmethod
     def headers_carrier(headers: list[tuple[str, str]]) -> dict[str, str]:

@@ -1,9 +1,11 @@
 """Ray's ``tracing_config`` in the data plane: OpenTelemetry spans for requests and handle calls.
 
-One trace per request, as Ray 2.60 draws it: the proxy's span (``proxy_http_request``, a child
-of the client's W3C ``traceparent`` when it sent one), the replica's span for the request or call
-it runs (``replica_handle_request``), and a span per handle call user code makes
-(``route_to_replica``), whose callee's replica span is its child. Every span carries the request
+One trace per request, as Ray 2.60 draws it: the proxy's span (``proxy_http_request``,
+``proxy_websocket_request`` or ``proxy_grpc_request``, a child of the client's W3C
+``traceparent`` when it sent one; it ends with the response, the socket or the call), the
+replica's span for the request or call it runs (``replica_handle_request``, until a streamed
+answer's end), and a span per handle call user code makes (``route_to_replica``; the gRPC proxy's
+call too), whose callee's replica span is its child. Every span carries the request
 id (``request_id``), the application and the deployment. User code runs inside its replica span's
 context: ``opentelemetry.trace.get_current_span()`` is that span, spans the user starts are its
 children, and handle calls continue the trace.

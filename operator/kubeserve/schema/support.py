@@ -197,14 +197,17 @@ SUPPORT: dict[str, Support] = {
     ),
     # ------------------------------------------------------------------ TracingConfig
     "TracingConfig.enabled": works(
-        "OpenTelemetry spans per proxied request, replica call and handle call, one trace "
-        "with the request id, a client's traceparent honoured; needs kubeserve[tracing] where "
-        "proxies and replicas run (the image has it); fixed while the serving layer runs"
+        "OpenTelemetry spans per proxied request (HTTP, WebSocket, gRPC), replica call and "
+        "handle call, one trace with the request id, a client's traceparent honoured, streams "
+        "and sockets spanned until they end; needs kubeserve[tracing] where proxies and "
+        "replicas run (the image has it); fixed while the serving layer runs"
     ),
     "TracingConfig.exporter_import_path": works(
         "a function returning span processors (or exporters), importable by proxies and "
-        "replicas; kubeserve start checks that it imports (400 at the field); empty: JSON "
-        "lines in spans/ next to the logs (stderr in a pod)"
+        "replicas; kubeserve start answers 400 at the field for a module it cannot find; the "
+        "build imports it where the application runs (DEPLOY_FAILED naming the field if it "
+        "does not import, on both backends); empty: JSON lines in spans/ next to the logs "
+        "(stderr in a pod)"
     ),
     "TracingConfig.sampling_ratio": works("parent-based, as in Ray: a sampled traceparent wins"),
     # ------------------------------------------------------------------ LoggingConfig

@@ -1088,3 +1088,10 @@ def test_tracing_config_reaches_the_proxy_and_replica_pods_only_when_it_enables_
         raw = env(main_container(obj))["KUBESERVE_REPLICA_CONFIG"]
         replica = json.loads(expand(raw, {"KUBESERVE_POD_NAME": "shop-model-abc12"}))
         assert replica.get("tracing_config") == expected
+        # the build checks the exporter where the application runs (a bad one: DEPLOY_FAILED)
+        build = main_container(render.render_build_job(inst, app()))["command"]
+        if expected is None:
+            assert "--tracing-config" not in build
+        else:
+            given = build[build.index("--tracing-config") + 1]
+            assert json.loads(expand(given, {})) == expected

@@ -59,7 +59,7 @@ def test_user_code_reads_its_replica_span_as_rays_get_trace_context(tmp_path: Pa
         " 'exporter_import_path': 'ks_tracing_exporter:exporter'}, 'test')\n"
         "config = {'app': 'a', 'deployment': 'D', 'replica_id': 'r1'}\n"
         "from opentelemetry import trace\n"
-        "with tracer.replica_call(config, 'f', 'req-1', None) as span:\n"
+        "with tracer.inside(tracer.replica_call(config, 'f', 'req-1', None)) as span:\n"
         "    assert trace.get_current_span(serve.get_trace_context()) is span\n"
         "assert not trace.get_current_span().get_span_context().is_valid\n"
     )

@@ -412,7 +412,10 @@ def _builder_args(app: AppView) -> list[str]:
     return ["--args", escape(json.dumps(args, sort_keys=True))] if args else []
 
 
-def _build_command(app: AppView) -> list[str]:
+def _build_command(app: AppView, tracing_config: dict[str, Any] | None) -> list[str]:
+    """``kubeserve build``'s command; with ``tracing_config`` (tracing on) the build also checks
+    that its exporter imports where the application runs (a BuildError otherwise)."""
+    tracing = ["--tracing-config", escape(json.dumps(tracing_config, sort_keys=True))]
     if app.graph_secret is not None:
         code = ["--pickled-file", PICKLED_GRAPH_FILE]
     else:
@@ -430,13 +433,15 @@ def _build_command(app: AppView) -> list[str]:
         "--application-uid",
         app.uid,
         *_builder_args(app),
+        *(tracing if tracing_config else []),
     ]
 
 
 def render_build_job(instance: InstanceView, app: AppView) -> Manifest:
     """The Job that imports the application and writes its graph (one per :attr:`build_key`)."""
     image = image_for(app.runtime_env, instance.image, "runtime_env")
-    main = container("build", image, instance.image_pull_policy, _build_command(app), [])
+    command = _build_command(app, instance.tracing_config)
+    main = container("build", image, instance.image_pull_policy, command, [])
     main["resources"] = _BUILD_RESOURCES
     own_env = {APPLICATION_ENV: app.cr_name, INSTANCE_ENV: instance.name}
     account = contract.build_account_name(instance.name)

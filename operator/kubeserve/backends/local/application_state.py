@@ -206,6 +206,8 @@ class ApplicationState:
             else:
                 args = [str(self.config["import_path"])]
                 args += ["--args", json.dumps(self.config.get("args") or {})]
+            if self.tracing_config:  # its exporter must import where the application runs
+                args += ["--tracing-config", json.dumps(self.tracing_config)]
             code, out, err = await processes.run_to_completion(
                 "kubeserve.runtime.build",
                 args,

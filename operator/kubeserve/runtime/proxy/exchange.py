@@ -166,12 +166,12 @@ class Exchange:
     def websocket(self) -> None:
         """This request is a WebSocket handshake: forwarded with its upgrade headers, and the
         client connection ends with it (its parser stops at the upgrade). Its head is its whole
-        request: serialized now, as ``raw`` (which :meth:`pump` writes, and which may be sent
-        again to another replica while replicas answer it unserved)."""
+        request: serialized when it is routed (:meth:`start`), as ``raw`` (which :meth:`pump`
+        writes, and which may be sent again to another replica while replicas answer it
+        unserved)."""
         self.upgrade = True
         self.keep_alive = False
         self.headers += _WEBSOCKET_HOP
-        self.raw = self._head()
         self.method = _WEBSOCKET_METHOD  # from now on only its label
 
     def start(self) -> None:
@@ -209,13 +209,17 @@ class Exchange:
                 self.respond_local(404, body)
                 return
         self.key = key
-        if tracing.ACTIVE is not None and not self.upgrade:
+        if tracing.ACTIVE is not None:
             self._trace(tracing.ACTIVE)
         if state.request_timeout_s is not None:
             loop = self.client.loop
             assert loop is not None
             self.timer = loop.call_later(state.request_timeout_s, self._timed_out)
         if self.upgrade:  # a WebSocket: a connection of its own, through the task
+            self.raw = b"GET %s HTTP/1.1\r\n%s\r\n" % (
+                self.url,
+                b"".join(b"%s: %s\r\n" % header for header in self.headers),
+            )
             self.task = asyncio.create_task(self._connect(key))
             return
         if self.request_done or self.expects_continue or self.pending_bytes > BUFFER_BEFORE_SLOT:
@@ -225,10 +229,10 @@ class Exchange:
 
     def _trace(self, tracer: Tracer) -> None:
         """Start this request's span; upstream, its trace-context headers replace the client's
-        (see :meth:`Tracer.proxy_request`). WebSockets are not traced."""
+        (see :meth:`Tracer.proxy_request`). A WebSocket's span lasts as long as the socket."""
         labels = self.client.state.labels.get(self.key) or ("", "", "")
         self.span, kept, lines = tracer.proxy_request(
-            self.headers, self.request_id, self.method, labels
+            self.headers, self.request_id, self.method, labels, self.upgrade
         )
         self.dropped = True  # from now on the head is serialized, never forwarded verbatim
         self.id_line += lines

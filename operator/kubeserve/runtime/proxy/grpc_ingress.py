@@ -45,11 +45,12 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
 
+from kubeserve.runtime import tracing
 from kubeserve.runtime.discovery import SnapshotCallback
 from kubeserve.runtime.handle_client import HandleClient
 from kubeserve.runtime.http1 import new_request_id
@@ -60,6 +61,9 @@ from kubeserve.runtime.wire import Snapshot
 from kubeserve.sdk import context
 from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
 from kubeserve.sdk.grpc_context import GrpcStatusError, RayServegRPCContext
+
+if TYPE_CHECKING:
+    from kubeserve.runtime.tracer import Tracer
 
 __all__ = ["GrpcIngress", "GrpcOptions", "load_services"]
 
@@ -234,12 +238,17 @@ class GrpcIngress:
         parsed on the replica (:class:`_Unparsed`), answers come serialized from it."""
         parse = method.request_deserializer
         inputs = method.request_streaming
+        tracer = tracing.ACTIVE  # set before the server starts: a call pays nothing when off
         if method.response_streaming:
             streamed = self._stream_handler(name, full, parse, inputs)
+            if tracer is not None:
+                streamed = self._traced_stream(tracer, full, streamed)
             if inputs:
                 return grpc.stream_stream_rpc_method_handler(streamed)
             return grpc.unary_stream_rpc_method_handler(streamed)
         unary = self._unary_handler(name, full, parse, inputs)
+        if tracer is not None:
+            unary = self._traced_unary(tracer, full, unary)
         if inputs:
             return grpc.stream_unary_rpc_method_handler(unary)
         return grpc.unary_unary_rpc_method_handler(unary)
@@ -353,6 +362,64 @@ class GrpcIngress:
 
         return streamed
 
+    def _traced_unary(
+        self, tracer: Tracer, full: str, handler: Callable[[Any, Any], Any]
+    ) -> Callable[[Any, Any], Any]:
+        """``handler`` inside the call's proxy span (:meth:`_span`)."""
+
+        async def traced(request: Any, grpc_context: Any) -> Any:
+            span = self._span(tracer, full, grpc_context)
+            if span is None:  # an unknown application: answered NOT_FOUND, as Ray, no span
+                return await handler(request, grpc_context)
+            try:
+                with tracer.inside(span, end=False):
+                    return await handler(request, grpc_context)
+            finally:
+                tracer.end_rpc(span, grpc_context.code() or grpc.StatusCode.OK, _current_id())
+
+        return traced
+
+    def _traced_stream(
+        self, tracer: Tracer, full: str, handler: Callable[[Any, Any], Any]
+    ) -> Callable[[Any, Any], Any]:
+        """A streaming ``handler`` inside the call's proxy span, which ends with the stream."""
+
+        async def traced(request: Any, grpc_context: Any) -> AsyncIterator[bytes]:
+            span = self._span(tracer, full, grpc_context)
+            if span is None:
+                async for item in handler(request, grpc_context):
+                    yield item
+                return
+            try:
+                with tracer.inside(span, end=False):
+                    async for item in handler(request, grpc_context):
+                        yield item
+            finally:
+                tracer.end_rpc(span, grpc_context.code() or grpc.StatusCode.OK, _current_id())
+
+        return traced
+
+    def _span(self, tracer: Tracer, full: str, grpc_context: Any) -> Any:
+        """The proxy span of a call of ``full`` (Ray's ``proxy_grpc_request``), child of the
+        client's ``traceparent`` metadata; None when no application takes the call. Its context
+        is current while the call runs, so the handle call to the replica (a ``route_to_replica``
+        span, as in Ray's proxy) and the replica's span are its descendants."""
+        metadata = grpc_context.invocation_metadata()
+        target = self._target(next((v for k, v in metadata if k == "application"), ""))
+        if target is None:
+            return None
+        return tracer.proxy_rpc(metadata, full, *target)
+
+    def _target(self, app_name: str) -> tuple[str, str] | None:
+        """The application and ingress deployment a call naming ``app_name`` goes to (any
+        application when there is only one)."""
+        apps = self.apps
+        if len(apps) == 1:
+            return next(iter(apps.items()))
+        if app_name in apps:
+            return app_name, apps[app_name]
+        return None
+
     def _deadline(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """``grpc_options.request_timeout_s`` around a call (nothing to arm without one)."""
         timeout_s = self.options.request_timeout_s
@@ -369,13 +436,10 @@ class GrpcIngress:
                 request_id = value
             elif key == "multiplexed_model_id":
                 model_id = value
-        apps = self.apps
-        if len(apps) == 1:
-            app, deployment = next(iter(apps.items()))
-        elif app_name in apps:
-            app, deployment = app_name, apps[app_name]
-        else:
+        target = self._target(app_name)
+        if target is None:
             return app_name
+        app, deployment = target
         request_id = request_id or new_request_id().decode("ascii")
         ctx = RayServegRPCContext(grpc_context)
         ctx.set_trailing_metadata([("request_id", request_id)])
@@ -466,6 +530,12 @@ async def _only(items: AsyncGenerator[Any, None]) -> Any:
         raise RuntimeError("the replica sent no answer")
     finally:
         await items.aclose()
+
+
+def _current_id() -> str:
+    """The request id of the call served in this context (set by ``_begin``)."""
+    current = context.request_context.get()
+    return current.request_id if current is not None else ""
 
 
 def _request_id(ctx: RayServegRPCContext | None) -> str:

@@ -185,7 +185,8 @@ class Control:
         (``trace``): the user's code runs in the span's context."""
         method, args, kwargs = call[:3]
         carrier = trace if isinstance(trace, dict) else None
-        with tracer.replica_call(self._state.config, method_name, _request_id(), carrier):
+        span = tracer.replica_call(self._state.config, method_name, _request_id(), carrier)
+        with tracer.inside(span):
             return await self._state.run(method, *args, **kwargs)
 
     async def _traced_frames(
@@ -194,10 +195,10 @@ class Control:
         """A streamed call's frames inside its replica span: the generator's steps run in the
         span's context, which ends with the stream."""
         carrier = trace if isinstance(trace, dict) else None
+        span = tracer.replica_call(self._state.config, method_name, _request_id(), carrier)
         try:
-            with tracer.replica_call(self._state.config, method_name, _request_id(), carrier):
-                async for frame in frames:
-                    yield frame
+            async for frame in tracer.streamed(span, frames):
+                yield frame
         finally:
             await frames.aclose()
 

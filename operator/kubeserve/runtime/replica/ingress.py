@@ -14,7 +14,7 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
 from kubeserve.runtime import tracing
@@ -153,13 +153,17 @@ class Ingress:
         try:
             _enter_request(request, self._route)
             app_state = self.lifespan.state if self.lifespan is not None else None
-            refusal = await run_websocket(
+            serving = run_websocket(
                 app,
                 websocket_scope(request, self._root_path, app_state, self._mount),
                 session,
                 request.request_id,
                 functools.partial(self._state.metrics_recorder.error, self._route),
             )
+            if tracing.ACTIVE is None:
+                refusal = await serving
+            else:
+                refusal = await self._traced_websocket(tracing.ACTIVE, request, serving)
             status = 101 if refusal is None else refusal.status
             return refusal
         finally:
@@ -170,14 +174,34 @@ class Ingress:
     ) -> HttpResponse | StreamedResponse:
         """:meth:`_user_http` inside the request's replica span, child of the proxy's (its
         ``traceparent`` header): the user's code runs in the span's context."""
-        carrier = tracer.headers_carrier(request.headers)
-        config = self._state.config
-        with tracer.replica_call(
-            config, "__call__", request.request_id, carrier, route=self._route
-        ) as span:
+        span = self._replica_span(tracer, request)
+        with tracer.inside(span, end=False):
             response = await self._user_http(request, started)
-            tracer.mark(span, response.status)
-            return response
+        tracer.mark(span, response.status)
+        if isinstance(response, StreamedResponse):  # the span ends with the stream
+            response.chunks = tracer.streamed(span, response.chunks)
+        else:
+            span.end()
+        return response
+
+    async def _traced_websocket(
+        self, tracer: Tracer, request: HttpRequest, serving: Awaitable[HttpResponse | None]
+    ) -> HttpResponse | None:
+        """A WebSocket served inside its replica span, which covers the socket's life (as
+        Ray's replica span of a WebSocket does); its status is the handshake's answer."""
+        span = self._replica_span(tracer, request)
+        with tracer.inside(span, end=False):
+            refusal = await serving
+        tracer.end(span, 101 if refusal is None else refusal.status)
+        return refusal
+
+    def _replica_span(self, tracer: Tracer, request: HttpRequest) -> Any:
+        """The replica span of a request (or a WebSocket), child of the proxy's span (the
+        ``traceparent`` header the proxy forwarded)."""
+        carrier = tracer.headers_carrier(request.headers)
+        return tracer.replica_call(
+            self._state.config, "__call__", request.request_id, carrier, route=self._route
+        )
 
     async def _user_http(
         self, request: HttpRequest, started: float

@@ -37,6 +37,8 @@ import hmac
 import logging
 from typing import Any
 
+from kubeserve.runtime.layered_transport import LayeredTransport
+
 __all__ = [
     "MAX_FRAME",
     "TAG_SIZE",
@@ -161,15 +163,14 @@ class Opener:
         return payload
 
 
-class SealedTransport(asyncio.Transport):
+class SealedTransport(LayeredTransport):
     """What the protocol above sees: writes are sealed into frames, the rest is the raw
     transport's."""
 
-    __slots__ = ("_channel", "_raw", "_seal")
+    __slots__ = ("_channel", "_seal")
 
     def __init__(self, raw: asyncio.Transport, key: bytes, channel: SealedProtocol) -> None:
-        super().__init__()
-        self._raw = raw
+        super().__init__(raw)
         self._seal = Sealer(key).seal
         self._channel = channel
 
@@ -186,9 +187,6 @@ class SealedTransport(asyncio.Transport):
     def writelines(self, list_of_data: Any) -> None:
         self.write(b"".join(list_of_data))
 
-    def can_write_eof(self) -> bool:
-        return False
-
     def write_eof(self) -> None:
         raise NotImplementedError("a sealed channel has no half-close")
 
@@ -200,27 +198,6 @@ class SealedTransport(asyncio.Transport):
 
     def is_closing(self) -> bool:
         return self._raw.is_closing()
-
-    def pause_reading(self) -> None:
-        self._raw.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._raw.resume_reading()
-
-    def is_reading(self) -> bool:
-        return self._raw.is_reading()
-
-    def get_write_buffer_size(self) -> int:
-        return self._raw.get_write_buffer_size()
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self._raw.get_write_buffer_limits()
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self._raw.set_write_buffer_limits(high, low)
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._raw.get_extra_info(name, default)
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self._channel.inner = protocol  # type: ignore[assignment]

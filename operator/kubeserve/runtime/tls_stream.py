@@ -34,6 +34,8 @@ import logging
 import ssl
 from typing import Any
 
+from kubeserve.runtime.layered_transport import LayeredTransport
+
 __all__ = ["HANDSHAKE_TIMEOUT_S", "TLSServerProtocol", "TLSTransport"]
 
 log = logging.getLogger(__name__)
@@ -205,11 +207,11 @@ class TLSServerProtocol(asyncio.Protocol):
         return f"{peer[0]}:{peer[1]}" if peer else "a client"
 
 
-class TLSTransport(asyncio.Transport):
+class TLSTransport(LayeredTransport):
     """What the protocol above writes to: each write sealed at once, the rest the plain
     transport's."""
 
-    __slots__ = ("_outgoing", "_protocol", "_raw", "_ssl", "closing")
+    __slots__ = ("_outgoing", "_protocol", "_ssl", "closing")
 
     def __init__(
         self,
@@ -218,9 +220,8 @@ class TLSTransport(asyncio.Transport):
         tls: ssl.SSLObject,
         outgoing: ssl.MemoryBIO,
     ) -> None:
-        super().__init__()
+        super().__init__(raw)
         self._protocol = protocol
-        self._raw = raw
         self._ssl = tls
         self._outgoing = outgoing
         self.closing = False
@@ -237,9 +238,6 @@ class TLSTransport(asyncio.Transport):
 
     def writelines(self, list_of_data: Any) -> None:
         self.write(b"".join(list_of_data))  # one TLS record, not one per piece
-
-    def can_write_eof(self) -> bool:
-        return False
 
     def write_eof(self) -> None:
         raise NotImplementedError("TLS has no half-close")
@@ -261,24 +259,6 @@ class TLSTransport(asyncio.Transport):
     def is_closing(self) -> bool:
         return self.closing or self._raw.is_closing()
 
-    def pause_reading(self) -> None:
-        self._raw.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._raw.resume_reading()
-
-    def is_reading(self) -> bool:
-        return self._raw.is_reading()
-
-    def get_write_buffer_size(self) -> int:
-        return self._raw.get_write_buffer_size()
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self._raw.get_write_buffer_limits()
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self._raw.set_write_buffer_limits(high, low)
-
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         tls = self._ssl
         match name:
@@ -292,7 +272,7 @@ class TLSTransport(asyncio.Transport):
                 return tls.cipher()
             case "compression":
                 return tls.compression()
-        return self._raw.get_extra_info(name, default)
+        return super().get_extra_info(name, default)
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self._protocol.app = protocol  # type: ignore[assignment]

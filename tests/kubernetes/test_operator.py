@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import threading
 from typing import Any
 
@@ -155,7 +156,28 @@ def test_restarting_the_operator_restarts_no_pod(
     }
     assert probe_answer(url)["reconfigured"] == 1
     operator.stop()
-    operator.start()
+    # every status write of the new operator, from before it starts
+    watch = subprocess.Popen(
+        [str(plane.bin_dir / "kubectl"), "--kubeconfig", str(plane.kubeconfig), "get",
+         "serveapplication", "probe", "-n", namespace, "--watch", "--output-watch-events",
+         "-o", "jsonpath={.object.status.appStatus} {.object.status.message}{'\\n'}"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        operator.start()
+        # its first passes are done: it asked the replica what it applied and reconciled again
+        wait_for(
+            lambda: operator.metric("kubeserve_operator_reconciles_total") >= 3,
+            60,
+            what="the new operator's passes",
+        )
+    finally:
+        watch.terminate()
+    statuses = [line for line in watch.communicate()[0].splitlines() if line.strip()]
+    # A new operator has not heard from the replicas yet; what it writes meanwhile must not say
+    # the application, which never stopped serving, is DEPLOYING again (a GitOps tool reads it).
+    assert statuses and all(line.startswith("RUNNING") for line in statuses), statuses
     patch_probe(plane, namespace, userConfig={"n": 2})  # proves the new operator is at work
     wait_for(lambda: ready_generation(plane, namespace) == 2, 60, what="generation 2 Ready")
     # The new operator asked the replica what it applied instead of pushing n=1 again: the

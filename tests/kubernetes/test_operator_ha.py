@@ -9,7 +9,6 @@ tests watch the operators' writes and nothing else.
 from __future__ import annotations
 
 import json
-import re
 import signal
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from support.common import http, wait_for
+from support.common import wait_for
 from support.k8s_control_plane import ControlPlane
 from support.k8s_operator import AdminApi, OperatorProcess, application
 
@@ -42,16 +41,9 @@ def replicas(
             process.stop()
 
 
-def metric(operator: OperatorProcess, name: str) -> float:
-    text = http("GET", f"http://127.0.0.1:{operator.metrics_port}/metrics")[1]
-    found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-    assert found, f"{name} not in /metrics"
-    return float(found.group(1))
-
-
 def leaders(operators: list[OperatorProcess]) -> list[OperatorProcess]:
     alive = [o for o in operators if o.proc is not None and o.proc.poll() is None]
-    return [o for o in alive if metric(o, "kubeserve_operator_leader") == 1]
+    return [o for o in alive if o.metric("kubeserve_operator_leader") == 1]
 
 
 def one_leader(operators: list[OperatorProcess]) -> OperatorProcess:
@@ -95,10 +87,10 @@ def test_one_replica_reconciles_and_a_killed_leader_is_replaced_within_15s(
         what="generation 2 observed",
     )  # fmt: skip
     # exactly one reconciles: the follower has made no pass and sent no write
-    assert metric(leader, "kubeserve_operator_reconciles_total") >= 2
-    assert metric(leader, "kubeserve_operator_api_writes_total") >= 2
-    assert metric(follower, "kubeserve_operator_reconciles_total") == 0
-    assert metric(follower, "kubeserve_operator_api_writes_total") == 0
+    assert leader.metric("kubeserve_operator_reconciles_total") >= 2
+    assert leader.metric("kubeserve_operator_api_writes_total") >= 2
+    assert follower.metric("kubeserve_operator_reconciles_total") == 0
+    assert follower.metric("kubeserve_operator_api_writes_total") == 0
     # every replica answers the admin API from its own caches
     for operator in replicas:
         details = AdminApi(operator).details()
@@ -117,7 +109,7 @@ def test_one_replica_reconciles_and_a_killed_leader_is_replaced_within_15s(
     )
     failover_s = time.monotonic() - killed
     assert leaders(replicas) == [follower]
-    assert metric(follower, "kubeserve_operator_reconciles_total") >= 1
+    assert follower.metric("kubeserve_operator_reconciles_total") >= 1
     lease = plane.get("lease", LEASE, namespace)
     assert lease["spec"]["leaseTransitions"] >= 1
     assert AdminApi(follower).details()["applications"] is not None
@@ -137,13 +129,13 @@ def test_a_leader_that_loses_its_lease_stops_writing_until_it_wins_it_back(
         "patch", "lease", LEASE, "-n", namespace, "--type", "merge", "-p", json.dumps(take)
     )
     wait_for(lambda: not leaders(replicas), 10, interval_s=0.2, what="no replica leading")
-    writes = {o.port: metric(o, "kubeserve_operator_api_writes_total") for o in replicas}
+    writes = {o.port: o.metric("kubeserve_operator_api_writes_total") for o in replicas}
     point_at(plane, namespace, "second")
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:  # nobody may reconcile the change meanwhile
         assert (observed(plane, namespace) or (0, ""))[0] == 1
         time.sleep(0.5)
-    assert {o.port: metric(o, "kubeserve_operator_api_writes_total") for o in replicas} == writes
+    assert {o.port: o.metric("kubeserve_operator_api_writes_total") for o in replicas} == writes
     # the intruder goes: one replica takes over at its next attempt and reconciles the change
     plane.kubectl("delete", "lease", LEASE, "-n", namespace)
     one_leader(replicas)

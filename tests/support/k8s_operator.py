@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import urllib.error
@@ -100,6 +101,13 @@ class OperatorProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
+
+    def metric(self, name: str) -> float:
+        """The value of the operator's unlabelled metric ``name``."""
+        text = http("GET", f"http://127.0.0.1:{self.metrics_port}/metrics")[1]
+        found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+        assert found, f"{name} not in /metrics"
+        return float(found.group(1))
 
     def rss_mib(self) -> float:
         assert self.proc is not None

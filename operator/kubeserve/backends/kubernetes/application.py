@@ -152,6 +152,7 @@ class ApplicationReconciler:
             application_status(BuildView("done"), {n: d.view for n, d in deployments.items()}),
             deployments,
             IngressRoute(ingress, route_prefix, graph.body.get("docs_path")),
+            provisional=any(d.awaiting_first_answer for d in deployments.values()),
         )
 
     async def _reconcile_deployments(
@@ -266,6 +267,7 @@ class ApplicationReconciler:
             self._autoscalers.last_decision(key),
             wire.queue_limits(effective),
             _router_json(wire.request_router_spec(effective)),
+            self._data_plane.awaiting_first_answer(pods),
         )
 
 

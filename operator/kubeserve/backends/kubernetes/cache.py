@@ -68,10 +68,13 @@ class ClusterCache:
         kube: Kube,
         namespaces: list[str] | None,
         on_change: Callable[[str, dict[str, Any], dict[str, Any] | None], None],
+        on_deleted: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
-        """``namespaces`` None watches the whole cluster."""
+        """``namespaces`` None watches the whole cluster; ``on_deleted(kind, obj)`` is called
+        (after ``on_change``) for an object that is gone."""
         self._kube = kube
         self._on_change = on_change
+        self._on_deleted = on_deleted
         self._informers: dict[str, list[Informer]] = {}
         for kind, selector in WATCHED.items():
             self._informers[kind] = [
@@ -89,8 +92,10 @@ class ClusterCache:
         self._tasks: list[asyncio.Task[None]] = []
 
     def _changed(self, kind: str) -> Callable[[str, dict[str, Any], dict[str, Any] | None], None]:
-        def changed(_event: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        def changed(event: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
             self._on_change(kind, obj, old)
+            if event == "DELETED" and self._on_deleted is not None:
+                self._on_deleted(kind, obj)
 
         return changed
 

@@ -20,6 +20,7 @@ import contextlib
 import functools
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,9 @@ log = logging.getLogger(__name__)
 _RECONFIGURE_TIMEOUT_S = 30.0
 #: how long after a failed push its application's pass runs again
 _RETRY_S = 1.0
+#: how long the status of an application waits for the first answer of a ready replica this
+#: process has not heard from (see :meth:`DataPlane.awaiting_first_answer`)
+FIRST_ANSWER_S = 10.0
 
 
 @dataclass
@@ -52,6 +56,8 @@ class DataPlane:
     #: replica process (:func:`replica_key`) -> the user_config version it last reported
     user_configs: dict[str, str] = field(default_factory=dict)
     _pushing: set[str] = field(default_factory=set)
+    #: replica process -> when this process first asked it what it applied (monotonic)
+    _asked: dict[str, float] = field(default_factory=dict)
     #: ServeInstance uid -> its data-plane secret (never logged, never in a status)
     _secrets: dict[str, bytes] = field(default_factory=dict, repr=False)
 
@@ -106,6 +112,28 @@ class DataPlane:
         with contextlib.suppress(KubeConflict):  # created meanwhile
             await self.kube.create("Secret", namespace, wanted)
 
+    def awaiting_first_answer(self, pods: list[dict[str, Any]]) -> bool:
+        """Whether a ready pod among ``pods`` has not told this process what it applied yet,
+        asked less than :data:`FIRST_ANSWER_S` ago: after an operator restart (a Helm upgrade, a
+        new leader) every replica is such a one for a moment, and a status derived then would
+        say DEPLOYING of an application that never stopped RUNNING. Its answer wakes a pass."""
+        now = time.monotonic()
+        for pod in pods:
+            uid = replica_key(pod)
+            if uid in self.user_configs or not pod_ready(pod):
+                continue
+            asked = self._asked.get(uid)
+            if asked is not None and now - asked < FIRST_ANSWER_S:
+                return True
+        return False
+
+    def forget_pod(self, pod: dict[str, Any]) -> None:
+        """Drop what is known of the processes of a deleted pod."""
+        prefix = f"{pod['metadata']['uid']}/"
+        for known in (self.user_configs, self._asked):
+            for uid in [uid for uid in known if uid.startswith(prefix)]:
+                del known[uid]
+
     def forget_secret(self, instance_uid: str) -> None:
         """Read the Secret again next time (a replica refused the cached one)."""
         self._secrets.pop(instance_uid, None)
@@ -131,6 +159,8 @@ class DataPlane:
             ):
                 continue
             self._pushing.add(uid)
+            if uid not in self.user_configs:
+                self._asked.setdefault(uid, time.monotonic())
             body = json.dumps({"user_config": config.user_config}).encode()
             name = str(pod["metadata"]["name"])
             push = self._converge(pod, uid, ip, name, body, version, secret, instance_uid)

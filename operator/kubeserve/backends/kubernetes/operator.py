@@ -49,7 +49,7 @@ from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.instance import InstanceReconciler
 from kubeserve.backends.kubernetes.leader import LeaderElector
 from kubeserve.backends.kubernetes.metrics import metrics_text
-from kubeserve.backends.kubernetes.reports import StatusReport
+from kubeserve.backends.kubernetes.reports import ApplicationReport, StatusReport
 from kubeserve.control.autoscaling_state import CallerReports
 from kubeserve.control.leader_election import LeaseTiming
 from kubeserve.runtime import wire
@@ -150,7 +150,8 @@ class Operator:
         self.kube = kube = await Kube.connect(self.settings.kubeconfig)
         writer = kube if self._elector is None else kube.fenced(self._elector.may_write)
         namespaces = list(self.settings.watch_namespaces) or None
-        self.cluster = Cluster(writer, ClusterCache(kube, namespaces, self._changed))
+        cache = ClusterCache(kube, namespaces, self._changed, on_deleted=self._deleted)
+        self.cluster = Cluster(writer, cache)
         data_plane = DataPlane(writer, on_pushed=self._pushed, report_url=self.settings.report_url)
         self._data_plane = data_plane
         self._reconcilers = {
@@ -200,6 +201,9 @@ class Operator:
             try:
                 report = await self._reconcilers[obj["kind"]].reconcile(latest)
                 status = report.patch(latest)
+                if isinstance(report, ApplicationReport) and report.provisional:
+                    self._settled.pop(key, None)  # the replica's answer wakes the next pass
+                    return
                 await self.cluster.patch_status(latest, status)
             except Exception:
                 self.reconcile_errors += 1
@@ -305,6 +309,10 @@ class Operator:
         if self.cluster is not None:
             for key in concerned(self.cluster.cache, kind, obj, old):
                 self._mark(key)
+
+    def _deleted(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "Pod" and self._data_plane is not None:
+            self._data_plane.forget_pod(obj)
 
     def _pushed(self, pod: dict[str, Any]) -> None:
         """A user_config push to ``pod`` ended: its application's pass reads the outcome."""

@@ -77,6 +77,8 @@ class ObservedDeployment:
     queue_limits: Mapping[str, Any] = field(default_factory=dict)
     #: :func:`kubeserve.runtime.wire.request_router_spec` of the deployment, as JSON
     request_router: str | None = None
+    #: a ready replica of it has not said yet what it applied (:class:`ApplicationReport`)
+    awaiting_first_answer: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,9 @@ class ApplicationReport:
     info: AppStatusInfo
     deployments: Mapping[str, ObservedDeployment] = field(default_factory=dict)
     ingress: IngressRoute | None = None
+    #: a ready replica has not said yet what it applied (this process just started): the status
+    #: derived now would be a guess, so the recorded one stays until the replica answers
+    provisional: bool = False
 
     def patch(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         info = self.info

@@ -104,11 +104,15 @@ def replica_config(import_path: str, deployment: str, **overrides: Any) -> wire.
     return config  # type: ignore[return-value]
 
 
-def spawn(config: wire.ReplicaConfig, port: int) -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
+def spawn(
+    config: wire.ReplicaConfig, port: int, environ: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A replica process; without ``environ`` (the test's environment) it has no controller."""
+    env = dict(os.environ) if environ is None else dict(environ)
     env[wire.REPLICA_CONFIG_ENV] = json.dumps(config)
     env[channel.SECRET_ENV] = SECRET.decode()
-    env.pop(wire.CONTROLLER_URL_ENV, None)
+    if environ is None:
+        env.pop(wire.CONTROLLER_URL_ENV, None)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "operator"), str(ROOT / "tests" / "apps")])
     cmd = [sys.executable, "-m", "kubeserve.runtime.replica", "--host", "127.0.0.1"]
     return subprocess.Popen(
@@ -215,6 +219,29 @@ def test_request_surface(echo: ReplicaProcess) -> None:
         "body": '{"k": "v"}',
         "json": {"k": "v"},
     }
+
+
+def test_a_plain_ingress_pays_for_starlette_and_handles_only_when_it_uses_them() -> None:
+    """A replica whose code reads only kubeserve's Request surface and calls no other deployment
+    loads neither Starlette nor the handle client (and never reaches the controller: the one
+    named here does not listen); reading more of the request makes it a Starlette request."""
+    port = free_port()
+    env = {**os.environ, wire.CONTROLLER_URL_ENV: f"http://127.0.0.1:{free_port()}"}
+    proc = spawn(replica_config("ks_light_app:app", "Light"), port, env)
+    replica = ReplicaProcess(proc, port)
+    try:
+        wait_ready(replica)
+        assert json.loads(replica.get("/")[2]) == {"loaded": []}
+        status, _, body = replica.request(
+            "GET", "/cookies", headers={"Cookie": "session=abc; theme=dark"}
+        )
+        assert status == 200, body
+        assert json.loads(body) == {"cookies": {"session": "abc", "theme": "dark"}, "scope": "http"}
+        assert json.loads(replica.get("/")[2]) == {"loaded": ["starlette"]}
+        status, _, body = replica.request("GET", "/headers", headers={"X-Token": "t0k"})
+        assert json.loads(body) == {"token": "t0k", "path": "/headers"}
+    finally:
+        stop(proc)
 
 
 def test_user_exception_is_a_500_naming_only_the_request_id(echo: ReplicaProcess) -> None:

@@ -11,14 +11,12 @@ for whatever an HTTP ingress returns.
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import decimal
 import enum
 import json
-import uuid
+import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 from pathlib import PurePath
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 from urllib.parse import parse_qsl
 
 __all__ = [
@@ -301,6 +299,19 @@ def to_response(result: Any) -> Response | StreamingResponse:
     return JSONResponse(jsonable(result))
 
 
+#: types sent in ISO format, and types sent as strings, by module: a value of one can only exist
+#: once its module is loaded, so a replica imports none of them for this
+_ISO_TYPES = (("datetime", "date"), ("datetime", "time"))
+_STR_TYPES = (("uuid", "UUID"), ("decimal", "Decimal"))
+
+
+def _loaded(types: tuple[tuple[str, str], ...]) -> tuple[type, ...]:
+    """The classes of ``types`` whose module is loaded."""
+    return tuple(
+        getattr(sys.modules[module], name) for module, name in types if module in sys.modules
+    )
+
+
 def jsonable(value: Any) -> Any:
     """``value`` as JSON-able data, as Ray encodes what an HTTP handler returns (FastAPI's
     ``jsonable_encoder``): mappings (Starlette's ``QueryParams`` too) as objects, tuples and sets
@@ -314,9 +325,9 @@ def jsonable(value: Any) -> Any:
         return [jsonable(v) for v in value]
     if isinstance(value, enum.Enum):
         return jsonable(value.value)
-    if isinstance(value, datetime.date | datetime.time):
-        return value.isoformat()
-    if isinstance(value, uuid.UUID | decimal.Decimal | PurePath):
+    if isinstance(value, _loaded(_ISO_TYPES)):
+        return cast(Any, value).isoformat()
+    if isinstance(value, (PurePath, *_loaded(_STR_TYPES))):
         return str(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return jsonable(dataclasses.asdict(value))

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
 from typing import Any
 
@@ -429,8 +430,11 @@ def is_asgi_response(value: Any) -> bool:
 
 
 def prepare() -> None:
-    """Import Starlette (when installed) now, at start-up, not on the first request."""
-    _starlette_request_type()
+    """Make the Starlette request type now, at start-up, when the application imported Starlette
+    (the first request must not pay for it); an application that did not gets
+    :class:`_LightRequest` and imports Starlette only if it reads more than that offers."""
+    if "starlette.requests" in sys.modules:
+        _starlette_request_type()
 
 
 def _starlette_request_type() -> type | None:
@@ -500,10 +504,67 @@ def _starlette_request_type() -> type | None:
 _REQUEST_TYPE: Any = False
 
 
+class _LightRequest(Request):
+    """What a plain ingress gets while nothing in its process imported Starlette: kubeserve's
+    :class:`~kubeserve.sdk.http.Request` (method, path, body, json, stream), which turns into a
+    ``starlette.requests.Request`` of the same request the first time the code reads more of it
+    (headers, the URL, query parameters, cookies, the client, a form...). A replica whose code
+    never looks does not pay Starlette's memory (its import is a tenth of a replica's)."""
+
+    __slots__ = ("_mount", "_root_path", "_source", "_starlette")
+
+    def __init__(self, request: HttpRequest, root_path: str, mount: str) -> None:
+        super().__init__(
+            request.method, mount + request.path, request.query_string, (), request.body
+        )
+        self._raw_headers = request.headers
+        self._source, self._root_path, self._mount = request, root_path, mount
+        self._starlette: Any = None
+
+    def _full(self) -> Any:
+        if self._starlette is None:
+            request_type = _starlette_request_type()
+            if request_type is None:  # Starlette is not installed: kubeserve's surface is all
+                return None
+            self._starlette = request_type(self._source, self._root_path, self._mount)
+        return self._starlette
+
+    @property
+    def headers(self) -> Any:
+        full = self._full()
+        return super().headers if full is None else full.headers
+
+    @property
+    def query_params(self) -> Any:
+        full = self._full()
+        return super().query_params if full is None else full.query_params
+
+    @property
+    def url(self) -> Any:
+        full = self._full()
+        return super().url if full is None else full.url
+
+    def __getattr__(self, name: str) -> Any:
+        # only what kubeserve's Request lacks (cookies, client, scope, form, state...)
+        full = None if name.startswith("__") or name in _LIGHT_SLOTS else self._full()
+        if full is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(full, name)
+
+
+_LIGHT_SLOTS = frozenset(_LightRequest.__slots__) | frozenset(Request.__slots__)
+
+
 def user_request(request: HttpRequest, root_path: str, mount: str = "") -> Any:
-    """What a plain (non-ASGI) ingress receives: a ``starlette.requests.Request`` when Starlette
-    is installed, else kubeserve's :class:`~kubeserve.sdk.http.Request`."""
-    request_type = _starlette_request_type()
+    """What a plain (non-ASGI) ingress receives: a ``starlette.requests.Request`` (as in Ray)
+    once anything in the process imported Starlette (a handler annotated with its ``Request``
+    did), else a :class:`_LightRequest` that becomes one when read beyond kubeserve's
+    :class:`~kubeserve.sdk.http.Request`."""
+    request_type = _REQUEST_TYPE
+    if request_type is False:
+        if "starlette.requests" not in sys.modules:
+            return _LightRequest(request, root_path, mount)
+        request_type = _starlette_request_type()
     if request_type is None:
         return Request(
             request.method,

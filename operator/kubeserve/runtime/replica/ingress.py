@@ -87,7 +87,7 @@ class Ingress:
         self._mount = str(state.config.get("http_root_path") or "")
         self._root_path = self._mount + root_path_of(state.config.get("route_prefix"))
         if self._asgi is None and self._http_target is not None and self._http_takes_request:
-            prepare_asgi()  # the first request must not pay for importing Starlette
+            prepare_asgi()  # the first request must not pay for making Starlette's request type
         #: the ``route`` label of HTTP requests (Ray's: the application's route prefix); handle
         #: calls have none
         self._route = state.config.get("route_prefix") or ""

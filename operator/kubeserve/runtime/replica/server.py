@@ -15,7 +15,7 @@ import asyncio
 import importlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,21 +55,74 @@ class ReplicaCluster:
     user_config_override: Callable[[str], Awaitable[tuple[bool, Any]]]
 
 
-async def _start_handle_transport(
-    controller_url: str | None, secret: bytes, cluster: ReplicaCluster | None
-) -> Any:
-    """Install the process's handle transport; None (and no transport) without a controller.
+class LazyHandleTransport:
+    """The process's handle transport, made and started by the first handle call.
 
-    Imported lazily: the handle client is only needed when other deployments are reachable.
+    A replica whose code never calls another deployment (most ingresses of one deployment) loads
+    no router or handle client and holds no watch on the controller's routes: a replica's memory
+    and the controller's open connections do not grow with handles nobody uses. The first call
+    waits for the client's start (its first view of the replicas), as a call made right after a
+    replica's start did before.
     """
+
+    def __init__(self, make: Callable[[], HandleClient]) -> None:
+        self._make = make
+        self._client: HandleClient | None = None
+        self._starting: asyncio.Future[HandleClient] | None = None
+
+    async def _ready(self) -> HandleClient:
+        if self._client is not None:
+            return self._client
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+        try:
+            return await asyncio.shield(self._starting)
+        except Exception:
+            self._starting = None  # the next call tries again (the controller was away)
+            raise
+
+    async def _start(self) -> HandleClient:
+        client = self._make()
+        try:
+            await client.start()
+        except BaseException:
+            await client.close()
+            raise
+        self._client = client
+        return client
+
+    async def call(self, *args: Any, **kwargs: Any) -> Any:
+        client = self._client or await self._ready()
+        return await client.call(*args, **kwargs)
+
+    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        client = self._client or await self._ready()
+        async for item in client.stream(*args, **kwargs):
+            yield item
+
+    async def close(self) -> None:
+        if self._starting is not None and not self._starting.done():
+            self._starting.cancel()
+        if self._client is not None:
+            await self._client.close()
+
+
+def _handle_transport(
+    controller_url: str | None, secret: bytes, cluster: ReplicaCluster | None
+) -> LazyHandleTransport | None:
+    """Install the process's handle transport; None (and no transport) without a controller."""
     if cluster is not None:
-        client = cluster.handle_client(secret)
+        client = LazyHandleTransport(lambda: cluster.handle_client(secret))
     elif controller_url:
-        module = importlib.import_module("kubeserve.runtime.handle_client")
-        client = module.HandleClient(controller_url, secret=secret)
+
+        def make() -> HandleClient:
+            module = importlib.import_module("kubeserve.runtime.handle_client")
+            made: HandleClient = module.HandleClient(controller_url, secret=secret)
+            return made
+
+        client = LazyHandleTransport(make)
     else:
         return None
-    await client.start()
     transport.set_transport(client)
     return client
 
@@ -148,7 +201,7 @@ async def serve_replica(
     loop = asyncio.get_running_loop()
     probe = await _start_probe_listener(config, host)
     metrics_listener = await start_metrics_listener(host, metrics_port, secret)
-    client = await _start_handle_transport(controller_url, secret, cluster)
+    client = _handle_transport(controller_url, secret, cluster)
     try:
         user, applied = await _start_user_code(config, cluster)
         state = ReplicaState(config, user, sync_in_threadpool=sync_in_threadpool)

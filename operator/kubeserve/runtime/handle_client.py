@@ -42,7 +42,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httptools
@@ -185,16 +185,25 @@ class HandleClient:
         *,
         model_id: str = "",
         options: dict[str, Any] | None = None,
+        decode: Callable[[bytes], Any] = decode_result,
     ) -> Any:
         """``options``: more of what the call carries besides its arguments (a gRPC call's
-        context: :mod:`kubeserve.runtime.replica.grpc_call`). When the process traces, the call
+        context: :mod:`kubeserve.runtime.replica.grpc_call`); ``decode``: what makes the answer
+        of the replica's body (a gRPC call's is not a pickle). When the process traces, the call
         is a span, whose context the call carries (:mod:`kubeserve.runtime.tracing`)."""
         tracer = tracing.ACTIVE
         if tracer is not None and not (options and tracing.CALL_OPTION in options):
             with tracer.handle_span(*_handle_span(app, deployment, method)) as carrier:
                 traced = {**(options or {}), tracing.CALL_OPTION: carrier}
                 return await self.call(
-                    app, deployment, method, args, kwargs, model_id=model_id, options=traced
+                    app,
+                    deployment,
+                    method,
+                    args,
+                    kwargs,
+                    model_id=model_id,
+                    options=traced,
+                    decode=decode,
                 )
         key, replica, payload = await self._begin(
             app, deployment, method, args, kwargs, model_id, options
@@ -241,7 +250,7 @@ class HandleClient:
                 busy_wait = min(busy_wait * 2, _BUSY_MAX_WAIT_S)
             replica = await self._assign(key, avoid=replica, model_id=model_id)
         if status == 200:
-            return decode_result(body)
+            return decode(body)
         if status == 500:
             raise remote_error(decode_result(body), f"{key}.{method}")
         raise DeploymentUnavailableError(
@@ -259,6 +268,7 @@ class HandleClient:
         model_id: str = "",
         options: dict[str, Any] | None = None,
         inputs: AsyncIterator[Any] | None = None,
+        decode: Callable[[bytes], Any] = decode_result,
     ) -> AsyncIterator[Any]:
         """A streamed call of a generator method: its items as the replica yields them.
 
@@ -268,14 +278,23 @@ class HandleClient:
 
         ``inputs``: a duplex call (:data:`~kubeserve.runtime.wire.DUPLEX_PREFIX`, gRPC client
         streams): each item ``inputs`` yields goes to the replica as it comes, while the answer
-        streams back; the body ends when ``inputs`` does.
+        streams back; the body ends when ``inputs`` does. ``decode``: as :meth:`call`'s, for
+        each item.
         """
         tracer = tracing.ACTIVE
         if tracer is not None and not (options and tracing.CALL_OPTION in options):
             with tracer.handle_span(*_handle_span(app, deployment, method)) as carrier:
                 traced = {**(options or {}), tracing.CALL_OPTION: carrier}
                 async for item in self.stream(
-                    app, deployment, method, args, kwargs, model_id=model_id, options=traced
+                    app,
+                    deployment,
+                    method,
+                    args,
+                    kwargs,
+                    model_id=model_id,
+                    options=traced,
+                    inputs=inputs,
+                    decode=decode,
                 ):
                     yield item
             return
@@ -309,7 +328,7 @@ class HandleClient:
             else:
                 conn.send_duplex(method, replica, payload)
                 pump = asyncio.ensure_future(conn.pump(inputs))
-            async for item in conn.items(key, replica.replica_id):
+            async for item in conn.items(key, replica.replica_id, decode):
                 if conn.models is not None:
                     self.router.note_models(replica, conn.models)
                     conn.models = None
@@ -553,7 +572,9 @@ class _StreamConnection(KeepAliveConnection):
         if not self.closed:
             self.transport.write(b"0\r\n\r\n")
 
-    async def items(self, key: str, replica_id: str) -> AsyncIterator[Any]:
+    async def items(
+        self, key: str, replica_id: str, decode: Callable[[bytes], Any]
+    ) -> AsyncIterator[Any]:
         queue = self.queue
         while True:
             kind, payload = await queue.get()
@@ -561,7 +582,7 @@ class _StreamConnection(KeepAliveConnection):
                 self.paused = False
                 self.transport.resume_reading()
             if kind == FRAME_ITEM:
-                yield decode_result(payload)
+                yield decode(payload)
             elif kind == FRAME_END:
                 return
             elif kind == FRAME_ERROR:

@@ -422,6 +422,28 @@ def decode_result(body: bytes) -> Any:
     return pickle.loads(body)
 
 
+#: The first byte of a gRPC method's answer (each item, for a stream) from the replica: the
+#: message follows as the method serialized it, which the proxy sends on as is (no pickle either
+#: way); or, when the method changed its ``grpc_context``, a pickle of (context, message).
+GRPC_MESSAGE = b"M"
+GRPC_WITH_CONTEXT = b"C"
+
+
+def encode_grpc_answer(context: Any, message: bytes) -> bytes:
+    """``message`` (serialized), with ``context`` when the method changed it (else None)."""
+    if context is None:
+        return GRPC_MESSAGE + message
+    return GRPC_WITH_CONTEXT + pickle.dumps((context, message), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_grpc_answer(body: bytes) -> tuple[Any, bytes]:
+    """The (context or None, message) of :func:`encode_grpc_answer`."""
+    if body[:1] == GRPC_MESSAGE:
+        return None, body[1:]
+    context, message = pickle.loads(memoryview(body)[1:])
+    return context, message
+
+
 def encode_error(exc: BaseException) -> bytes:
     """An exception raised by user code, shipped back to the caller of a handle."""
     try:

@@ -11,8 +11,11 @@ row client -> one grpcio aio server process running the method's code itself, th
 ``--ray-venv``, token auth off, as :mod:`systems` starts it). CPU per call counts the serving
 processes (proxy + replica; the bare server; Ray's proxy actor + replica actor).
 
+``--baseline TREE`` adds a ``proxy@base`` row: the same proxy row served by another checkout's
+code (a worktree of ``main``, say), measured in the same turns, for before/after figures.
+
     .venv/bin/python benchmarks/grpc_proxy.py --seconds 5 --rounds 3 --concurrency 32 \
-        [--ray-venv ~/.cache/kubeserve/ray-2.60.0]
+        [--ray-venv ~/.cache/kubeserve/ray-2.60.0] [--baseline ../main]
 """
 
 from __future__ import annotations
@@ -160,12 +163,34 @@ _APP = {
 }
 
 
+@contextlib.contextmanager
+def kubeserve_grpc(code: Path) -> Iterator[tuple[int, list[int]]]:
+    """``kubeserve start`` (running ``code``'s ``operator/``) serving the application over its
+    gRPC proxy: the proxy's gRPC port and the serving processes (the proxy and the replica)."""
+    from support.kubeserve_start import running_kubeserve
+
+    port = free_port()
+    with tempfile.TemporaryDirectory() as state, running_kubeserve(Path(state), code=code) as ks:
+        options = {"port": port, "grpc_servicer_functions": [SERVICER]}
+        status, body = ks.put([_APP], grpc_options=options)
+        assert status == 200, body
+        ks.wait_app("other", timeout_s=120)
+        assert ks.proc is not None
+        found = subprocess.run(
+            ["pgrep", "-P", str(ks.proc.pid), "-f", "kubeserve.runtime.proxy"],
+            capture_output=True,
+            text=True,
+        )
+        yield port, [int(found.stdout.split()[0]), *ks.replica_pids("other", "Other")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--ray-venv", type=Path, help="also measure Ray Serve 2.60's gRPC proxy")
+    parser.add_argument("--baseline", type=Path, help="also measure this checkout's proxy")
     parser.add_argument("--serve-bare", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--load", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -178,10 +203,9 @@ def main() -> None:
         return
 
     from support.grpc_protos import ensure_generated
-    from support.kubeserve_start import running_kubeserve
 
     ensure_generated()
-    bare_port, proxy_grpc_port = free_port(), free_port()
+    bare_port = free_port()
     bare = subprocess.Popen(
         [sys.executable, __file__, "--serve-bare", str(bare_port)],
         stdout=subprocess.PIPE,
@@ -190,26 +214,14 @@ def main() -> None:
     )
     try:
         assert bare.stdout is not None and bare.stdout.readline().strip() == "ready"
-        with (
-            tempfile.TemporaryDirectory() as state,
-            running_kubeserve(Path(state)) as ks,
-            contextlib.ExitStack() as stack,
-        ):
-            options = {"port": proxy_grpc_port, "grpc_servicer_functions": [SERVICER]}
-            status, body = ks.put([_APP], grpc_options=options)
-            assert status == 200, body
-            ks.wait_app("other", timeout_s=120)
-            assert ks.proc is not None
-            found = subprocess.run(
-                ["pgrep", "-P", str(ks.proc.pid), "-f", "kubeserve.runtime.proxy"],
-                capture_output=True,
-                text=True,
-            )
-            serving = {
-                "proxy": [int(found.stdout.split()[0]), *ks.replica_pids("other", "Other")],
-                "bare": [bare.pid],
-            }
-            ports = {"proxy": proxy_grpc_port, "bare": bare_port}
+        with contextlib.ExitStack() as stack:
+            ports = {"proxy": 0, "bare": bare_port}
+            serving = {"bare": [bare.pid]}
+            ports["proxy"], serving["proxy"] = stack.enter_context(kubeserve_grpc(ROOT))
+            if args.baseline is not None:
+                ports["proxy@base"], serving["proxy@base"] = stack.enter_context(
+                    kubeserve_grpc(args.baseline.resolve())
+                )
             if args.ray_venv is not None:
                 ports["ray"], serving["ray"] = stack.enter_context(ray_grpc(args.ray_venv))
             rows: dict[str, list[float]] = {}
@@ -222,7 +234,8 @@ def main() -> None:
                         )
                         rows.setdefault(f"{kind} {name}", []).append(value)
                         cpu.setdefault(f"{kind} {name}", []).append(us)
-                        print(f"{kind:6} {name:5} {value:9.0f}/s {us:7.0f} CPU us each", flush=True)
+                        shown = f"{kind:6} {name:10} {value:9.0f}/s {us:7.0f} CPU us each"
+                        print(shown, flush=True)
     finally:
         bare.terminate()
         bare.wait()
@@ -236,6 +249,11 @@ def main() -> None:
             f"serving CPU per call {cpu_medians[f'{kind} proxy']:.0f} us (proxy + replica) vs "
             f"{cpu_medians[f'{kind} bare']:.0f} us (bare)"
         )
+        if f"{kind} proxy@base" in medians:
+            print(
+                f"{kind}: proxy@base {medians[f'{kind} proxy@base']:.0f}/s, "
+                f"{cpu_medians[f'{kind} proxy@base']:.0f} us CPU each"
+            )
         if f"{kind} ray" in medians:
             print(
                 f"{kind}: kubeserve {medians[f'{kind} proxy'] / medians[f'{kind} ray']:.1f}x "

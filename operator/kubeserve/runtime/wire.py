@@ -401,16 +401,18 @@ class FrameReader:
         self._buffer = b""
 
     def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
-        buffer = self._buffer + data
+        buffer = self._buffer + data if self._buffer else data
         frames: list[tuple[bytes, bytes]] = []
         size = _FRAME_HEAD.size
-        while len(buffer) >= size:
-            kind, length = _FRAME_HEAD.unpack_from(buffer)
-            if len(buffer) < size + length:
+        start, end = 0, len(buffer)
+        while end - start >= size:  # an offset, not slices: a write may carry many frames
+            kind, length = _FRAME_HEAD.unpack_from(buffer, start)
+            stop = start + size + length
+            if stop > end:
                 break
-            frames.append((kind, buffer[size : size + length]))
-            buffer = buffer[size + length :]
-        self._buffer = buffer
+            frames.append((kind, buffer[start + size : stop]))
+            start = stop
+        self._buffer = buffer[start:] if start else buffer
         return frames
 
 

@@ -166,11 +166,13 @@ class _BurstWriter:
 
     A generator that yields many small items without waiting would cost a write per item (a
     syscall, and a sealed frame on a data-plane channel) here and a read per item at the caller.
-    So a chunk goes out at once unless the previous write was less than :data:`BURST_S` ago; then
-    it is held, and the held chunks go out in one write as soon as the loop runs again (the
-    generator waited for something), once :data:`BURST_BYTES` are held, or with the next chunk
-    that comes :data:`BURST_S` or more after the last write (a generator that computes between
-    items without ever waiting). Owned by one ``_stream`` call, which flushes it at the end.
+    So the first chunk after the generator waited goes out at once; the next ones it yields
+    without waiting, less than :data:`BURST_S` after the last write, are held and go out in one
+    write as soon as the loop runs again (the generator waited for something), once
+    :data:`BURST_BYTES` are held, or with the next chunk that comes :data:`BURST_S` or more after
+    the last write (a generator that computes between items without ever waiting: what it
+    yielded in a burst just before such a computation waits for its end, as every other request
+    of the replica does). Owned by one ``_stream`` call, which flushes it at the end.
     """
 
     __slots__ = ("_held", "_held_bytes", "_last", "_scheduled", "_transport")
@@ -207,6 +209,7 @@ class _BurstWriter:
         self._scheduled = False
         if self._held and not self._transport.is_closing():
             self.flush()
+        self._last = -BURST_S  # the generator waited: its next chunk is a burst's first
 
     def flush(self, last: bytes = b"") -> None:
         """Write what is held (and ``last``) now, in one write."""

@@ -11,8 +11,16 @@ row client -> one grpcio aio server process running the method's code itself, th
 ``--ray-venv``, token auth off, as :mod:`systems` starts it). CPU per call counts the serving
 processes (proxy + replica; the bare server; Ray's proxy actor + replica actor).
 
+``--ghz PATH`` measures every row a second time with ghz (a Go load generator, ``go install
+github.com/bojand/ghz/cmd/ghz@v0.120.0``) as the client, same concurrency over one connection:
+its client costs much less CPU per call than grpcio's, which on a small machine takes the cores
+the servers would use (the ``ghz`` rows; the grpcio ones stay as they were).
+
+``--baseline TREE`` adds a ``proxy@base`` row: the same proxy row served by another checkout's
+code (a worktree of ``main``, say), measured in the same turns, for before/after figures.
+
     .venv/bin/python benchmarks/grpc_proxy.py --seconds 5 --rounds 3 --concurrency 32 \
-        [--ray-venv ~/.cache/kubeserve/ray-2.60.0]
+        [--ray-venv ~/.cache/kubeserve/ray-2.60.0] [--baseline ../main]
 """
 
 from __future__ import annotations
@@ -94,22 +102,68 @@ async def load(port: int, seconds: float, concurrency: int, kind: str) -> dict[s
 
 
 def run_load(
-    port: int, seconds: float, concurrency: int, kind: str, serving: list[int]
+    port: int,
+    seconds: float,
+    concurrency: int,
+    kind: str,
+    serving: list[int],
+    ghz: Path | None = None,
 ) -> tuple[float, float]:
     """Calls (or messages) per second, and CPU microseconds the ``serving`` processes spent
-    per call (or message)."""
+    per call (or message); the client is grpcio's, or ``ghz``."""
     from load import cpu_s
 
     before = sum(cpu_s(pid) for pid in serving)
-    out = subprocess.run(
-        [sys.executable, __file__, "--load", str(port), kind, str(seconds), str(concurrency)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if ghz is None:
+        out = subprocess.run(
+            [sys.executable, __file__, "--load", str(port), kind, str(seconds), str(concurrency)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+    else:
+        result = ghz_load(ghz, port, seconds, concurrency, kind)
     spent = sum(cpu_s(pid) for pid in serving) - before
     return float(result["per_s"]), spent / result["all"] * 1e6
+
+
+def ghz_load(ghz: Path, port: int, seconds: float, concurrency: int, kind: str) -> dict[str, float]:
+    """As :func:`load`, with ghz as the client (one connection; its first second skipped by
+    counting it apart, as the grpcio client's warm-up)."""
+    method = "Echo" if kind == "unary" else "Count"
+    count = 1 if kind == "unary" else STREAM_LENGTH
+    data = json.dumps({"text": "x", "count": STREAM_LENGTH})
+    runs = []
+    for duration in (1.0, seconds):  # warm-up, then the measured run
+        out = subprocess.run(
+            [
+                str(ghz),
+                "--insecure",
+                "--proto",
+                str(ROOT / "tests" / "apps" / "protos" / "ks_grpc_checks.proto"),
+                "--call",
+                f"ksgrpc.Checks/{method}",
+                "-d",
+                data,
+                "-c",
+                str(concurrency),
+                "--connections",
+                "1",
+                "-z",
+                f"{duration}s",
+                "-O",
+                "json",
+                f"127.0.0.1:{port}",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        report = json.loads(out.stdout)
+        ok = report["statusCodeDistribution"].get("OK", 0)
+        runs.append((ok * count, ok * count / (report["total"] / 1e9)))
+    return {"per_s": runs[1][1], "all": runs[0][0] + runs[1][0]}
 
 
 @contextlib.contextmanager
@@ -160,12 +214,35 @@ _APP = {
 }
 
 
+@contextlib.contextmanager
+def kubeserve_grpc(code: Path) -> Iterator[tuple[int, list[int]]]:
+    """``kubeserve start`` (running ``code``'s ``operator/``) serving the application over its
+    gRPC proxy: the proxy's gRPC port and the serving processes (the proxy and the replica)."""
+    from support.kubeserve_start import running_kubeserve
+
+    port = free_port()
+    with tempfile.TemporaryDirectory() as state, running_kubeserve(Path(state), code=code) as ks:
+        options = {"port": port, "grpc_servicer_functions": [SERVICER]}
+        status, body = ks.put([_APP], grpc_options=options)
+        assert status == 200, body
+        ks.wait_app("other", timeout_s=120)
+        assert ks.proc is not None
+        found = subprocess.run(
+            ["pgrep", "-P", str(ks.proc.pid), "-f", "kubeserve.runtime.proxy"],
+            capture_output=True,
+            text=True,
+        )
+        yield port, [int(found.stdout.split()[0]), *ks.replica_pids("other", "Other")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--ray-venv", type=Path, help="also measure Ray Serve 2.60's gRPC proxy")
+    parser.add_argument("--baseline", type=Path, help="also measure this checkout's proxy")
+    parser.add_argument("--ghz", type=Path, help="also measure every row with this ghz client")
     parser.add_argument("--serve-bare", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--load", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -178,10 +255,9 @@ def main() -> None:
         return
 
     from support.grpc_protos import ensure_generated
-    from support.kubeserve_start import running_kubeserve
 
     ensure_generated()
-    bare_port, proxy_grpc_port = free_port(), free_port()
+    bare_port = free_port()
     bare = subprocess.Popen(
         [sys.executable, __file__, "--serve-bare", str(bare_port)],
         stdout=subprocess.PIPE,
@@ -190,52 +266,49 @@ def main() -> None:
     )
     try:
         assert bare.stdout is not None and bare.stdout.readline().strip() == "ready"
-        with (
-            tempfile.TemporaryDirectory() as state,
-            running_kubeserve(Path(state)) as ks,
-            contextlib.ExitStack() as stack,
-        ):
-            options = {"port": proxy_grpc_port, "grpc_servicer_functions": [SERVICER]}
-            status, body = ks.put([_APP], grpc_options=options)
-            assert status == 200, body
-            ks.wait_app("other", timeout_s=120)
-            assert ks.proc is not None
-            found = subprocess.run(
-                ["pgrep", "-P", str(ks.proc.pid), "-f", "kubeserve.runtime.proxy"],
-                capture_output=True,
-                text=True,
-            )
-            serving = {
-                "proxy": [int(found.stdout.split()[0]), *ks.replica_pids("other", "Other")],
-                "bare": [bare.pid],
-            }
-            ports = {"proxy": proxy_grpc_port, "bare": bare_port}
+        with contextlib.ExitStack() as stack:
+            ports = {"proxy": 0, "bare": bare_port}
+            serving = {"bare": [bare.pid]}
+            ports["proxy"], serving["proxy"] = stack.enter_context(kubeserve_grpc(ROOT))
+            if args.baseline is not None:
+                ports["proxy@base"], serving["proxy@base"] = stack.enter_context(
+                    kubeserve_grpc(args.baseline.resolve())
+                )
             if args.ray_venv is not None:
                 ports["ray"], serving["ray"] = stack.enter_context(ray_grpc(args.ray_venv))
+            loads: dict[str, tuple[str, Path | None]] = {k: (k, None) for k in ("unary", "stream")}
+            if args.ghz is not None:
+                loads.update({f"{k}/ghz": (k, args.ghz.resolve()) for k in ("unary", "stream")})
             rows: dict[str, list[float]] = {}
             cpu: dict[str, list[float]] = {}
             for _ in range(args.rounds):
-                for kind in ("unary", "stream"):
+                for label, (kind, client) in loads.items():
                     for name in ports:
                         value, us = run_load(
-                            ports[name], args.seconds, args.concurrency, kind, serving[name]
+                            ports[name], args.seconds, args.concurrency, kind, serving[name], client
                         )
-                        rows.setdefault(f"{kind} {name}", []).append(value)
-                        cpu.setdefault(f"{kind} {name}", []).append(us)
-                        print(f"{kind:6} {name:5} {value:9.0f}/s {us:7.0f} CPU us each", flush=True)
+                        rows.setdefault(f"{label} {name}", []).append(value)
+                        cpu.setdefault(f"{label} {name}", []).append(us)
+                        shown = f"{label:10} {name:10} {value:9.0f}/s {us:7.0f} CPU us each"
+                        print(shown, flush=True)
     finally:
         bare.terminate()
         bare.wait()
     medians = {name: statistics.median(values) for name, values in rows.items()}
     cpu_medians = {name: statistics.median(values) for name, values in cpu.items()}
     print(json.dumps({"medians_per_s": medians, "cpu_us_each": cpu_medians, "runs": rows}))
-    for kind in ("unary", "stream"):
+    for kind in loads:
         ratio = medians[f"{kind} proxy"] / medians[f"{kind} bare"]
         print(
             f"{kind}: proxy {medians[f'{kind} proxy']:.0f}/s = {ratio:.0%} of bare grpcio; "
             f"serving CPU per call {cpu_medians[f'{kind} proxy']:.0f} us (proxy + replica) vs "
             f"{cpu_medians[f'{kind} bare']:.0f} us (bare)"
         )
+        if f"{kind} proxy@base" in medians:
+            print(
+                f"{kind}: proxy@base {medians[f'{kind} proxy@base']:.0f}/s, "
+                f"{cpu_medians[f'{kind} proxy@base']:.0f} us CPU each"
+            )
         if f"{kind} ray" in medians:
             print(
                 f"{kind}: kubeserve {medians[f'{kind} proxy'] / medians[f'{kind} ray']:.1f}x "

@@ -14,11 +14,14 @@ from kubeserve.runtime.discovery import Discovery
 from kubeserve.runtime.handle_client import HandleClient
 from kubeserve.runtime.router import Router
 from kubeserve.runtime.wire import (
+    FRAME_END,
+    FRAME_ITEM,
     UNSERVED_AT_CAPACITY,
     UNSERVED_HEADER,
     Snapshot,
     decode_call,
     encode_error,
+    encode_frame,
     encode_result,
 )
 from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
@@ -253,6 +256,47 @@ def test_connections_are_reused_and_closed_when_the_replica_leaves() -> None:
                 pool = client._pools["r0"]
                 client.apply({"version": 2, "routes": [], "deployments": {}})
                 assert pool.closed and not pool.idle and "r0" not in client._pools
+        finally:
+            await server.stop()
+
+    run(go(), 30)
+
+
+def test_a_stream_read_to_its_end_leaves_its_connection_for_the_next() -> None:
+    async def go() -> None:
+        connections = 0
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal connections
+            connections += 1
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+                    args, _ = decode_call(await reader.readexactly(length))
+                    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    frames = [encode_frame(FRAME_ITEM, encode_result(i)) for i in range(args[0])]
+                    for frame in [*frames, encode_frame(FRAME_END)]:
+                        writer.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+                    await writer.drain()  # the body's last bytes apart from its end frame
+                    writer.write(b"0\r\n\r\n")
+            writer.close()
+
+        server, port = await _raw_replica(answer)
+        try:
+            async with started_client(port) as client:
+                for n in (3, 0, 5):
+                    items = [i async for i in client.stream("app", "D", "numbers", (n,), {})]
+                    assert items == list(range(n))
+                assert connections == 1
+                # left before its end: closed (which stops the replica's generator), not reused
+                async with contextlib.aclosing(
+                    client.stream("app", "D", "numbers", (3,), {})
+                ) as items:
+                    assert await anext(items) == 0
+                assert [i async for i in client.stream("app", "D", "numbers", (2,), {})] == [0, 1]
+                assert connections == 2
+                assert client.router.in_flight("app#D") == {"r0": 0}
         finally:
             await server.stop()
 

@@ -63,6 +63,8 @@ class App:
             return StreamedResponse(200, {"content-type": "text/plain"}, self._numbers(3))
         if path == "/endless":
             return StreamedResponse(200, {}, self._endless())
+        if path == "/burst":
+            return StreamedResponse(200, {}, self._burst())
         if path == "/flood":
             return StreamedResponse(200, {}, self._endless(size=64 * 1024, pause_s=0))
         if path == "/thread-error":
@@ -87,6 +89,14 @@ class App:
         for i in range(n):
             await asyncio.sleep(0)
             yield b"%d\n" % i
+
+    async def _burst(self) -> AsyncIterator[bytes]:
+        """Items yielded without waiting (more bytes than a burst holds), a wait, more."""
+        for i in range(100):
+            yield b"%d:" % i + b"x" * 1024 + b"\n"
+        await asyncio.sleep(0)
+        for i in range(3):
+            yield b"after %d\n" % i
 
     async def _endless(self, size: int = 1024, pause_s: float = 0.005) -> AsyncIterator[bytes]:
         try:
@@ -204,6 +214,29 @@ def test_http10_stream_ends_with_the_connection() -> None:
         assert body == b"0\n1\n2\n"
 
     with_server(check)
+
+
+def test_a_burst_of_items_arrives_whole_and_in_order() -> None:
+    async def check(app: App, port: int) -> None:
+        data = await exchange(port, b"GET /burst HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert b"Transfer-Encoding: chunked" in head and body.endswith(b"0\r\n\r\n")
+        lines = _unchunked(body).splitlines()
+        assert lines == [b"%d:" % i + b"x" * 1024 for i in range(100)] + [
+            b"after %d" % i for i in range(3)
+        ]
+
+    with_server(check)
+
+
+def _unchunked(body: bytes) -> bytes:
+    out, rest = [], body
+    while True:
+        size, _, rest = rest.partition(b"\r\n")
+        if int(size, 16) == 0:
+            return b"".join(out)
+        out.append(rest[: int(size, 16)])
+        rest = rest[int(size, 16) + 2 :]
 
 
 def test_client_leaving_mid_stream_stops_the_generator() -> None:

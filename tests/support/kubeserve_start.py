@@ -26,11 +26,17 @@ class Kubeserve:
     """A ``kubeserve start`` process with its own state directory and ports.
 
     With ``token`` the admin API requires it (passed as ``KUBESERVE_AUTH_TOKEN``) and the helpers
-    below send it; ``args`` are more ``kubeserve start`` arguments.
+    below send it; ``args`` are more ``kubeserve start`` arguments; ``code``: the checkout whose
+    ``operator/`` it runs (this one by default; a bench compares another's in the same run).
     """
 
     def __init__(
-        self, state_dir: Path, *, token: str | None = None, args: tuple[str, ...] = ()
+        self,
+        state_dir: Path,
+        *,
+        token: str | None = None,
+        args: tuple[str, ...] = (),
+        code: Path = ROOT,
     ) -> None:
         self.state_dir = state_dir
         self.dashboard_port = free_port()
@@ -39,6 +45,7 @@ class Kubeserve:
         self.log_path = state_dir / "kubeserve-start.log"
         self.token = token
         self.args = args
+        self.code = code
         self.tls = False
 
     @property
@@ -57,7 +64,9 @@ class Kubeserve:
     def start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "apps"), str(ROOT / "operator")])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT / "tests" / "apps"), str(self.code / "operator")]
+        )
         env.pop("KUBESERVE_AUTH_TOKEN", None)
         if self.token:
             env["KUBESERVE_AUTH_TOKEN"] = self.token
@@ -251,9 +260,9 @@ def replica_port(pid: int) -> int:
 
 @contextlib.contextmanager
 def running_kubeserve(
-    state_dir: Path, *, token: str | None = None, args: tuple[str, ...] = ()
+    state_dir: Path, *, token: str | None = None, args: tuple[str, ...] = (), code: Path = ROOT
 ) -> Iterator[Kubeserve]:
-    server = Kubeserve(state_dir, token=token, args=args)
+    server = Kubeserve(state_dir, token=token, args=args, code=code)
     server.start()
     try:
         yield server

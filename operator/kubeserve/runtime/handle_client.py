@@ -42,7 +42,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httptools
@@ -143,7 +143,10 @@ class HandleClient:
             scope=scope,
         )
         self._pools: dict[str, _CallPool] = {}
+        #: connections that carried a whole stream, for the next one (a duplex call's are not)
+        self._stream_pools: dict[str, IdlePool[_StreamConnection]] = {}
         self._sweeper = PoolSweeper(self._pools)
+        self._stream_sweeper = PoolSweeper(self._stream_pools)
         self._started = False
 
     def apply(self, snapshot: Snapshot) -> None:
@@ -155,12 +158,14 @@ class HandleClient:
         """Close the pools of replicas ``snapshot`` no longer has (when the router is shared,
         its owner updates it)."""
         live = {ep["replica_id"] for d in snapshot["deployments"].values() for ep in d["replicas"]}
-        for replica_id in [rid for rid in self._pools if rid not in live]:
-            self._pools.pop(replica_id).close()
+        for pools in (self._pools, self._stream_pools):
+            for replica_id in [rid for rid in pools if rid not in live]:
+                pools.pop(replica_id).close()
 
     async def start(self) -> None:
         self._started = True
         self._sweeper.start()
+        self._stream_sweeper.start()
         if self._load_reporter is not None:
             self._load_reporter.start()
         await self._source.start(self.apply)
@@ -168,12 +173,14 @@ class HandleClient:
     async def close(self) -> None:
         self._started = False
         self._sweeper.stop()
+        self._stream_sweeper.stop()
         if self._load_reporter is not None:
             await self._load_reporter.close()
         await self._source.close()
-        for pool in self._pools.values():
-            pool.close()
-        self._pools.clear()
+        for pools in (self._pools, self._stream_pools):
+            for pool in pools.values():
+                pool.close()
+            pools.clear()
 
     async def call(
         self,
@@ -185,16 +192,25 @@ class HandleClient:
         *,
         model_id: str = "",
         options: dict[str, Any] | None = None,
+        decode: Callable[[bytes], Any] = decode_result,
     ) -> Any:
         """``options``: more of what the call carries besides its arguments (a gRPC call's
-        context: :mod:`kubeserve.runtime.replica.grpc_call`). When the process traces, the call
+        context: :mod:`kubeserve.runtime.replica.grpc_call`); ``decode``: what makes the answer
+        of the replica's body (a gRPC call's is not a pickle). When the process traces, the call
         is a span, whose context the call carries (:mod:`kubeserve.runtime.tracing`)."""
         tracer = tracing.ACTIVE
         if tracer is not None and not (options and tracing.CALL_OPTION in options):
             with tracer.handle_span(*_handle_span(app, deployment, method)) as carrier:
                 traced = {**(options or {}), tracing.CALL_OPTION: carrier}
                 return await self.call(
-                    app, deployment, method, args, kwargs, model_id=model_id, options=traced
+                    app,
+                    deployment,
+                    method,
+                    args,
+                    kwargs,
+                    model_id=model_id,
+                    options=traced,
+                    decode=decode,
                 )
         key, replica, payload = await self._begin(
             app, deployment, method, args, kwargs, model_id, options
@@ -241,7 +257,7 @@ class HandleClient:
                 busy_wait = min(busy_wait * 2, _BUSY_MAX_WAIT_S)
             replica = await self._assign(key, avoid=replica, model_id=model_id)
         if status == 200:
-            return decode_result(body)
+            return decode(body)
         if status == 500:
             raise remote_error(decode_result(body), f"{key}.{method}")
         raise DeploymentUnavailableError(
@@ -259,23 +275,34 @@ class HandleClient:
         model_id: str = "",
         options: dict[str, Any] | None = None,
         inputs: AsyncIterator[Any] | None = None,
+        decode: Callable[[bytes], Any] = decode_result,
     ) -> AsyncIterator[Any]:
         """A streamed call of a generator method: its items as the replica yields them.
 
         The call holds its replica slot until the stream ends (or the caller stops iterating,
         which closes the connection and so the replica's generator). It runs on a connection of
-        its own, closed afterwards: a stream's end is not worth a keep-alive.
+        its own, which goes back to a pool for the next stream to that replica once the stream
+        was read to its end (else it is closed); a duplex call's connection is always closed.
 
         ``inputs``: a duplex call (:data:`~kubeserve.runtime.wire.DUPLEX_PREFIX`, gRPC client
         streams): each item ``inputs`` yields goes to the replica as it comes, while the answer
-        streams back; the body ends when ``inputs`` does.
+        streams back; the body ends when ``inputs`` does. ``decode``: as :meth:`call`'s, for
+        each item.
         """
         tracer = tracing.ACTIVE
         if tracer is not None and not (options and tracing.CALL_OPTION in options):
             with tracer.handle_span(*_handle_span(app, deployment, method)) as carrier:
                 traced = {**(options or {}), tracing.CALL_OPTION: carrier}
                 async for item in self.stream(
-                    app, deployment, method, args, kwargs, model_id=model_id, options=traced
+                    app,
+                    deployment,
+                    method,
+                    args,
+                    kwargs,
+                    model_id=model_id,
+                    options=traced,
+                    inputs=inputs,
+                    decode=decode,
                 ):
                     yield item
             return
@@ -284,32 +311,24 @@ class HandleClient:
         )
         conn: _StreamConnection | None = None
         pump: asyncio.Task[None] | None = None
+        pool = pool_for(
+            self._stream_pools,
+            replica.replica_id,
+            replica.host,
+            replica.port,
+            self._secret,
+            IdlePool[_StreamConnection],
+        )
         try:
-            opening: Awaitable[_StreamConnection] = connect(
-                _StreamConnection,
-                replica.host,
-                replica.port,
-                Role.CONTROL,
-                self._secret,
-                replica.replica_id,
-                CONNECT_TIMEOUT_S,
-            )
-            if asyncio.current_task() is None:
-                # A handler the replica steps eagerly runs in no task until it first waits, and
-                # the connect's timeout needs one (cancelling us cancels it too).
-                opening = asyncio.ensure_future(opening)
-            try:
-                conn = await opening
-            except (OSError, TimeoutError) as exc:
-                raise DeploymentUnavailableError(
-                    f"replica {replica.replica_id} of {key} could not be reached: {exc}"
-                ) from exc
+            conn = pool.take() if inputs is None else None
+            if conn is None:
+                conn = await self._open_stream(key, replica)
             if inputs is None:
                 conn.send(method, replica, payload)
             else:
                 conn.send_duplex(method, replica, payload)
                 pump = asyncio.ensure_future(conn.pump(inputs))
-            async for item in conn.items(key, replica.replica_id):
+            async for item in conn.items(key, replica.replica_id, decode):
                 if conn.models is not None:
                     self.router.note_models(replica, conn.models)
                     conn.models = None
@@ -321,7 +340,29 @@ class HandleClient:
                 self.router.note_models(replica, conn.models)
             self.router.release(replica)
             if conn is not None:
-                conn.close()
+                conn.recycle(pool if pump is None else None)
+
+    async def _open_stream(self, key: str, replica: RoutedReplica) -> _StreamConnection:
+        """A new connection for a streamed call to ``replica``."""
+        opening: Awaitable[_StreamConnection] = connect(
+            _StreamConnection,
+            replica.host,
+            replica.port,
+            Role.CONTROL,
+            self._secret,
+            replica.replica_id,
+            CONNECT_TIMEOUT_S,
+        )
+        if asyncio.current_task() is None:
+            # A handler the replica steps eagerly runs in no task until it first waits, and
+            # the connect's timeout needs one (cancelling us cancels it too).
+            opening = asyncio.ensure_future(opening)
+        try:
+            return await opening
+        except (OSError, TimeoutError) as exc:
+            raise DeploymentUnavailableError(
+                f"replica {replica.replica_id} of {key} could not be reached: {exc}"
+            ) from exc
 
     async def _begin(
         self,
@@ -511,6 +552,27 @@ class _StreamConnection(KeepAliveConnection):
         self.body: list[bytes] = []
         #: the answer's :data:`MODELS_HEADER` until the router was told, else None
         self.models: bytes | None = None
+        #: the caller read the stream to its end (:data:`FRAME_END`)
+        self.finished = False
+        #: the answer is complete, and whether the replica keeps the connection open
+        self.complete = self.keep_alive = False
+        #: where the connection goes once its answer completes (see :meth:`recycle`)
+        self.pool: IdlePool[_StreamConnection] | None = None
+
+    def recycle(self, pool: IdlePool[_StreamConnection] | None) -> None:
+        """The call is over: back to ``pool`` when the stream was read to its end and the
+        replica keeps the connection (once the answer's last bytes arrived, which may come after
+        the end frame), else closed."""
+        if pool is None or not self.finished or self.closed:
+            self.close()
+        elif not self.complete:
+            self.pool = pool  # on_message_complete recycles it
+        elif self.keep_alive and self.usable() and not self.paused:
+            self.finished = self.complete = False
+            self.status = 0
+            pool.put(self)
+        else:
+            self.close()
 
     def send(self, method: str, replica: RoutedReplica, body: bytes) -> None:
         head = (
@@ -553,7 +615,9 @@ class _StreamConnection(KeepAliveConnection):
         if not self.closed:
             self.transport.write(b"0\r\n\r\n")
 
-    async def items(self, key: str, replica_id: str) -> AsyncIterator[Any]:
+    async def items(
+        self, key: str, replica_id: str, decode: Callable[[bytes], Any]
+    ) -> AsyncIterator[Any]:
         queue = self.queue
         while True:
             kind, payload = await queue.get()
@@ -561,8 +625,9 @@ class _StreamConnection(KeepAliveConnection):
                 self.paused = False
                 self.transport.resume_reading()
             if kind == FRAME_ITEM:
-                yield decode_result(payload)
+                yield decode(payload)
             elif kind == FRAME_END:
+                self.finished = True
                 return
             elif kind == FRAME_ERROR:
                 raise remote_error(decode_result(payload), key)
@@ -602,6 +667,10 @@ class _StreamConnection(KeepAliveConnection):
 
     def on_message_complete(self) -> None:
         if self.status == 200:
+            self.complete, self.keep_alive = True, self.parser.should_keep_alive()
+            pool, self.pool = self.pool, None
+            if pool is not None:
+                self.recycle(pool)
             return
         body = b"".join(self.body)
         if self.status == 500:

@@ -401,16 +401,18 @@ class FrameReader:
         self._buffer = b""
 
     def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
-        buffer = self._buffer + data
+        buffer = self._buffer + data if self._buffer else data
         frames: list[tuple[bytes, bytes]] = []
         size = _FRAME_HEAD.size
-        while len(buffer) >= size:
-            kind, length = _FRAME_HEAD.unpack_from(buffer)
-            if len(buffer) < size + length:
+        start, end = 0, len(buffer)
+        while end - start >= size:  # an offset, not slices: a write may carry many frames
+            kind, length = _FRAME_HEAD.unpack_from(buffer, start)
+            stop = start + size + length
+            if stop > end:
                 break
-            frames.append((kind, buffer[size : size + length]))
-            buffer = buffer[size + length :]
-        self._buffer = buffer
+            frames.append((kind, buffer[start + size : stop]))
+            start = stop
+        self._buffer = buffer[start:] if start else buffer
         return frames
 
 
@@ -420,6 +422,28 @@ def encode_result(value: Any) -> bytes:
 
 def decode_result(body: bytes) -> Any:
     return pickle.loads(body)
+
+
+#: The first byte of a gRPC method's answer (each item, for a stream) from the replica: the
+#: message follows as the method serialized it, which the proxy sends on as is (no pickle either
+#: way); or, when the method changed its ``grpc_context``, a pickle of (context, message).
+GRPC_MESSAGE = b"M"
+GRPC_WITH_CONTEXT = b"C"
+
+
+def encode_grpc_answer(context: Any, message: bytes) -> bytes:
+    """``message`` (serialized), with ``context`` when the method changed it (else None)."""
+    if context is None:
+        return GRPC_MESSAGE + message
+    return GRPC_WITH_CONTEXT + pickle.dumps((context, message), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_grpc_answer(body: bytes) -> tuple[Any, bytes]:
+    """The (context or None, message) of :func:`encode_grpc_answer`."""
+    if body[:1] == GRPC_MESSAGE:
+        return None, body[1:]
+    context, message = pickle.loads(memoryview(body)[1:])
+    return context, message
 
 
 def encode_error(exc: BaseException) -> bytes:

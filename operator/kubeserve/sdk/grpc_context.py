@@ -48,6 +48,30 @@ class RayServegRPCContext:
         self._trailing_metadata = [(k, v) for k, v in grpc_context.trailing_metadata()]
         self._compression: Any = None
 
+    @classmethod
+    def _of_new_call(
+        cls,
+        metadata: list[tuple[str, Any]],
+        request_id: str,
+        peer: Any,
+        security: tuple[dict[str, Any], Any, Any],
+    ) -> RayServegRPCContext:
+        """The context of a call that has just arrived at the proxy, from what the proxy read of
+        it already (``metadata``: its invocation metadata as pairs; ``security``: its auth
+        context, peer identities and identity key), with the ``request_id`` trailer: the same as
+        ``RayServegRPCContext(grpc_context)`` then ``set_trailing_metadata`` of the id, without
+        asking grpc again (nothing set a status, details or trailers on a new call yet)."""
+        ctx = cls.__new__(cls)
+        ctx._auth_context, ctx._peer_identities, ctx._peer_identity_key = security
+        ctx._code = None
+        ctx._details = None
+        ctx._invocation_metadata = metadata
+        ctx._invocation_metadata_dict = dict(metadata)
+        ctx._peer = peer
+        ctx._trailing_metadata = [("request_id", request_id)]
+        ctx._compression = None
+        return ctx
+
     def auth_context(self) -> dict[str, Any]:
         return self._auth_context
 

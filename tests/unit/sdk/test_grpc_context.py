@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from kubeserve.runtime.replica.grpc_call import grpc_answer
+from kubeserve.runtime.wire import decode_grpc_answer
 from kubeserve.sdk.grpc_context import RayServegRPCContext, gRPCInputStream
 
 
@@ -59,9 +60,18 @@ def test_the_context_crosses_with_what_the_proxy_read() -> None:
     assert ctx.auth_context() == {} and ctx.code() is None
 
 
+def test_the_proxys_shortcut_builds_the_same_context() -> None:
+    server = _ServerContext()
+    security = (server.auth_context(), server.peer_identities(), server.peer_identity_key())
+    metadata = list(server.invocation_metadata())
+    quick = RayServegRPCContext._of_new_call(metadata, "r-1", server.peer(), security)
+    assert pickle.dumps(quick) == pickle.dumps(arrived())
+
+
 def test_an_untouched_context_is_not_sent_back() -> None:
-    ctx, message = grpc_answer(arrived(), b"answer")
-    assert (ctx, message) == (None, b"answer")
+    answer = grpc_answer(arrived(), b"answer")
+    assert answer == b"Manswer"  # the message as serialized, sent on as is
+    assert decode_grpc_answer(answer) == (None, b"answer")
 
 
 def test_what_a_method_set_is_sent_back() -> None:
@@ -73,9 +83,10 @@ def test_what_a_method_set_is_sent_back() -> None:
     ):
         ctx = arrived()
         change(ctx)
-        back, _ = grpc_answer(ctx, b"")
-        assert back is ctx
-        assert pickle.loads(pickle.dumps(back)).trailing_metadata()[0] == ("request_id", "r-1")
+        back, message = decode_grpc_answer(grpc_answer(ctx, b"m"))
+        assert message == b"m"
+        assert back.trailing_metadata() == ctx.trailing_metadata()
+        assert back.trailing_metadata()[0] == ("request_id", "r-1")
 
 
 def test_input_stream_ends_and_tells_a_cancel() -> None:

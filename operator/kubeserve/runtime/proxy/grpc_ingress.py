@@ -57,7 +57,7 @@ from kubeserve.runtime.http1 import new_request_id
 from kubeserve.runtime.logs import AccessLog
 from kubeserve.runtime.metrics import GrpcProxyMetrics
 from kubeserve.runtime.router import Router
-from kubeserve.runtime.wire import Snapshot
+from kubeserve.runtime.wire import Snapshot, decode_grpc_answer
 from kubeserve.sdk import context
 from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
 from kubeserve.sdk.grpc_context import GrpcStatusError, RayServegRPCContext
@@ -177,6 +177,8 @@ class GrpcIngress:
         self.ready = False
         self.client = HandleClient(None, secret=secret, router=router, source=_StaticSource())
         self._server: grpc.aio.Server | None = None
+        #: the auth context, peer identities and identity key of every call (see ``_begin``)
+        self._security: tuple[dict[str, Any], Any, Any] | None = None
 
     def apply(self, snapshot: Snapshot) -> None:
         """A new discovery snapshot (after the proxy's router took it)."""
@@ -281,7 +283,7 @@ class GrpcIngress:
             call = self._begin(grpc_context)
             if isinstance(call, str):
                 return self._not_found(grpc_context, call, full)
-            app, deployment, ctx, model_id = call
+            app, deployment, ctx, model_id, request_id = call
             started = time.perf_counter()
             code = grpc.StatusCode.OK
             self.metrics.in_flight += 1
@@ -298,6 +300,7 @@ class GrpcIngress:
                                 model_id=model_id,
                                 options={"grpc": ctx, "unary": True},
                                 inputs=_unparsed_stream(parse, request),
+                                decode=decode_grpc_answer,
                             )
                         )
                     else:
@@ -309,16 +312,17 @@ class GrpcIngress:
                             {},
                             model_id=model_id,
                             options={"grpc": ctx},
+                            decode=decode_grpc_answer,
                         )
                 (reply or ctx)._set_on_grpc_context(grpc_context)
                 code = grpc_context.code() or code
-                return bytes(payload)
+                return payload  # type: ignore[no-any-return]
             except Exception as exc:
-                code = self._fail(grpc_context, exc, _request_id(ctx))
+                code = self._fail(grpc_context, exc, request_id)
                 return b""
             finally:
                 self.metrics.in_flight -= 1
-                self._done(full, app, deployment, code, started, ctx)
+                self._done(full, app, deployment, code, started, request_id)
 
         return unary
 
@@ -333,7 +337,7 @@ class GrpcIngress:
             if isinstance(call, str):
                 self._not_found(grpc_context, call, full)
                 return
-            app, deployment, ctx, model_id = call
+            app, deployment, ctx, model_id, request_id = call
             started = time.perf_counter()
             code = grpc.StatusCode.OK
             self.metrics.in_flight += 1
@@ -349,16 +353,17 @@ class GrpcIngress:
                         model_id=model_id,
                         options={"grpc": ctx},
                         inputs=_unparsed_stream(parse, request) if inputs else None,
+                        decode=decode_grpc_answer,
                     ):
                         if reply is not None:  # the method changed the context
                             reply._set_on_grpc_context(grpc_context)
-                        yield bytes(payload)
+                        yield payload
                 code = grpc_context.code() or code
             except Exception as exc:
-                code = self._fail(grpc_context, exc, _request_id(ctx))
+                code = self._fail(grpc_context, exc, request_id)
             finally:
                 self.metrics.in_flight -= 1
-                self._done(full, app, deployment, code, started, ctx)
+                self._done(full, app, deployment, code, started, request_id)
 
         return streamed
 
@@ -425,11 +430,12 @@ class GrpcIngress:
         timeout_s = self.options.request_timeout_s
         return _NO_DEADLINE if timeout_s is None else asyncio.timeout(timeout_s)
 
-    def _begin(self, grpc_context: Any) -> tuple[str, str, RayServegRPCContext, str] | str:
-        """The call's application, ingress deployment, context and model id (the request
-        context entered), or the application name that matched nothing."""
+    def _begin(self, grpc_context: Any) -> _Call | str:
+        """The call's application, ingress deployment, context, model id and request id (the
+        request context entered), or the application name that matched nothing."""
+        metadata = [(m[0], m[1]) for m in grpc_context.invocation_metadata()]
         app_name = request_id = model_id = ""
-        for key, value in grpc_context.invocation_metadata():
+        for key, value in metadata:
             if key == "application":
                 app_name = value
             elif key == "request_id":
@@ -441,10 +447,18 @@ class GrpcIngress:
             return app_name
         app, deployment = target
         request_id = request_id or new_request_id().decode("ascii")
-        ctx = RayServegRPCContext(grpc_context)
-        ctx.set_trailing_metadata([("request_id", request_id)])
+        security = self._security
+        if security is None:
+            # Every call arrives over the same insecure listener: the same auth context and no
+            # peer identity, so they are read once, not per call.
+            security = self._security = (
+                dict(grpc_context.auth_context()),
+                grpc_context.peer_identities(),
+                grpc_context.peer_identity_key(),
+            )
+        ctx = RayServegRPCContext._of_new_call(metadata, request_id, grpc_context.peer(), security)
         context.request_context.set(context.RequestContext(request_id, model_id, app))
-        return app, deployment, ctx, model_id
+        return app, deployment, ctx, model_id, request_id
 
     def _not_found(self, grpc_context: Any, app_name: str, full: str) -> bytes:
         wanted = (
@@ -454,7 +468,7 @@ class GrpcIngress:
         grpc_context.set_details(
             f"{wanted} Ping /{SERVE_API_SERVICE}/ListApplications for available applications."
         )
-        self._done(full, "", "", grpc.StatusCode.NOT_FOUND, time.perf_counter(), None)
+        self._done(full, "", "", grpc.StatusCode.NOT_FOUND, time.perf_counter(), "")
         return b""
 
     def _fail(self, grpc_context: Any, exc: BaseException, request_id: str) -> Any:
@@ -473,12 +487,12 @@ class GrpcIngress:
         deployment: str,
         code: Any,
         started: float,
-        ctx: RayServegRPCContext | None,
+        request_id: str,
     ) -> None:
         """Log and count a call that was answered ``code``."""
         latency_ms = self._record(full, app, app, deployment, code, started)
         if self.access_log is not None:
-            self.access_log.add(full, app, code.name, latency_ms, _request_id(ctx))
+            self.access_log.add(full, app, code.name, latency_ms, request_id)
 
     def _record(
         self, full: str, route: str, app: str, deployment: str, code: Any, started: float
@@ -492,6 +506,9 @@ class GrpcIngress:
         )
         return latency_ms
 
+
+#: A routed call: application, ingress deployment, context, multiplexed model id, request id.
+_Call = tuple[str, str, RayServegRPCContext, str, str]
 
 #: A request message parser (``Message.FromString`` of the method's request type), or None.
 Parse = Callable[[bytes], Any] | None
@@ -536,14 +553,6 @@ def _current_id() -> str:
     """The request id of the call served in this context (set by ``_begin``)."""
     current = context.request_context.get()
     return current.request_id if current is not None else ""
-
-
-def _request_id(ctx: RayServegRPCContext | None) -> str:
-    """The id the proxy gave the call (its first trailer)."""
-    for key, value in ctx.trailing_metadata() if ctx is not None else ():
-        if key == "request_id":
-            return str(value)
-    return ""
 
 
 def grpc_status(

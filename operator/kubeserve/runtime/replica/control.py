@@ -168,7 +168,7 @@ class Control:
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
                 result.close() if inspect.isgenerator(result) else await result.aclose()
                 raise generator_not_streamed(method_name)
-            body = wire.encode_result(result if grpc is None else grpc_answer(grpc, result))
+            body = wire.encode_result(result) if grpc is None else grpc_answer(grpc, result)
         except Exception as exc:
             exc = exc if grpc is None else grpc_error(grpc, exc)
             self._state.metrics_recorder.error("", exc)
@@ -280,8 +280,8 @@ class Control:
     ) -> AsyncGenerator[bytes, None]:
         try:
             async for item in iterate(items, self._state.run):
-                answer = item if grpc is None else grpc_answer(grpc, item)
-                yield wire.encode_frame(wire.FRAME_ITEM, wire.encode_result(answer))
+                answer = wire.encode_result(item) if grpc is None else grpc_answer(grpc, item)
+                yield wire.encode_frame(wire.FRAME_ITEM, answer)
             yield wire.encode_frame(wire.FRAME_END)
         except Exception as exc:
             exc = exc if grpc is None else grpc_error(grpc, exc)

@@ -2,9 +2,9 @@
 
 The call carries the client's :class:`~kubeserve.sdk.grpc_context.RayServegRPCContext` in its
 options (``"grpc"``). The method gets it as its ``grpc_context`` argument when it declares one;
-its answer (each item, for a streaming method) goes back as ``(context, message bytes)``, the
-message serialized here so that the proxy sends it as is, and the context ``None`` when the method
-left it as it came (the proxy holds the same); a method that set a status code and
+its answer (each item, for a streaming method) goes back as the message serialized here, which the
+proxy sends as is, with the context only when the method changed it (else the proxy holds the
+same; :func:`~kubeserve.runtime.wire.encode_grpc_answer`); a method that set a status code and
 then raised fails with :class:`~kubeserve.sdk.grpc_context.GrpcStatusError`, which the proxy
 answers with that code. A client-streaming or bidirectional method gets the client's messages as
 a :class:`~kubeserve.sdk.grpc_context.gRPCInputStream`, its first positional argument, fed by the
@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from kubeserve.runtime.replica.inflow import LOST, Inflow
-from kubeserve.runtime.wire import FRAME_ITEM, decode_result
+from kubeserve.runtime.wire import FRAME_ITEM, decode_result, encode_grpc_answer
 from kubeserve.sdk.grpc_context import (
     GRPC_CONTEXT_ARG,
     GrpcStatusError,
@@ -48,19 +48,19 @@ def grpc_arguments(
     return {**kwargs, GRPC_CONTEXT_ARG: ctx} if takes else kwargs
 
 
-def grpc_answer(ctx: RayServegRPCContext, message: Any) -> tuple[RayServegRPCContext | None, bytes]:
-    """What the proxy receives for one response message: the context only when the method
-    changed it (else the proxy applies its own copy)."""
+def grpc_answer(ctx: RayServegRPCContext, message: Any) -> bytes:
+    """What the proxy receives for one response message (:func:`encode_grpc_answer`): the
+    context only when the method changed it (else the proxy applies its own copy)."""
     changed = ctx if ctx._changed() else None
     if isinstance(message, bytes | bytearray):
-        return changed, bytes(message)
+        return encode_grpc_answer(changed, bytes(message))
     serialize = getattr(message, "SerializeToString", None)
     if serialize is None:
         raise TypeError(
             f"a method served over gRPC must return a protobuf message, not "
             f"{type(message).__name__}"
         )
-    return changed, serialize()
+    return encode_grpc_answer(changed, serialize())
 
 
 def grpc_error(ctx: RayServegRPCContext, exc: Exception) -> Exception:

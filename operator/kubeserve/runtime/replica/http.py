@@ -155,6 +155,74 @@ class HttpResponse:
         self.close = close
 
 
+#: Chunks of a streamed body written less than this apart are a burst, written together.
+BURST_S = 0.0005
+#: The most bytes of a burst held before they are written.
+BURST_BYTES = 64 * 1024
+
+
+class _BurstWriter:
+    """Writes the chunks of one streamed body, those of a burst together.
+
+    A generator that yields many small items without waiting would cost a write per item (a
+    syscall, and a sealed frame on a data-plane channel) here and a read per item at the caller.
+    So the first chunk after the generator waited goes out at once; the next ones it yields
+    without waiting, less than :data:`BURST_S` after the last write, are held and go out in one
+    write as soon as the loop runs again (the generator waited for something), once
+    :data:`BURST_BYTES` are held, or with the next chunk that comes :data:`BURST_S` or more after
+    the last write (a generator that computes between items without ever waiting: what it
+    yielded in a burst just before such a computation waits for its end, as every other request
+    of the replica does). Owned by one ``_stream`` call, which flushes it at the end.
+    """
+
+    __slots__ = ("_held", "_held_bytes", "_last", "_scheduled", "_transport")
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+        self._last = -BURST_S
+        self._scheduled = False
+
+    def write(self, parts: tuple[bytes, ...]) -> bool:
+        """Write or hold ``parts``; returns whether anything was written (flow control moved)."""
+        now = time.perf_counter()
+        if now - self._last >= BURST_S:
+            self._last = now
+            if not self._held:
+                self._transport.writelines(parts)
+                return True
+            self._held.extend(parts)
+            self.flush()
+            return True
+        self._held.extend(parts)
+        self._held_bytes += sum(map(len, parts))
+        if self._held_bytes >= BURST_BYTES:
+            self.flush()
+            return True
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_flush)
+        return False
+
+    def _scheduled_flush(self) -> None:
+        self._scheduled = False
+        if self._held and not self._transport.is_closing():
+            self.flush()
+        self._last = -BURST_S  # the generator waited: its next chunk is a burst's first
+
+    def flush(self, last: bytes = b"") -> None:
+        """Write what is held (and ``last``) now, in one write."""
+        held = self._held
+        if last:
+            held.append(last)
+        if held:
+            self._transport.writelines(held)
+            self._held = []
+            self._held_bytes = 0
+            self._last = time.perf_counter()
+
+
 class StreamedResponse:
     """A response whose body ``chunks`` produces; sent chunked (HTTP/1.1) or until close (1.0).
 
@@ -518,16 +586,15 @@ class _Connection(ServerConnection):
             headers["Transfer-Encoding"] = "chunked"
         self._write_head(response.status, headers, None, keep_alive, request.request_id)
         chunks = response.chunks
+        writer = _BurstWriter(self.transport)
         try:
             async for chunk in chunks:
                 if self.closed:  # the client left: stop producing
                     return False
                 if chunk:
-                    if chunked:
-                        self.transport.writelines((b"%x\r\n" % len(chunk), chunk, _CRLF))
-                    else:
-                        self.transport.write(chunk)
-                    if self.write_paused:  # backpressure: a slow client slows the generator
+                    parts = (b"%x\r\n" % len(chunk), chunk, _CRLF) if chunked else (chunk,)
+                    # backpressure: a slow client slows the generator
+                    if writer.write(parts) and self.write_paused:
                         await self.drain()
         except Exception:
             self.transport.abort()  # the client must not mistake a cut body for a complete one
@@ -536,8 +603,8 @@ class _Connection(ServerConnection):
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 await aclose()
-        if chunked and not self.closed:
-            self.transport.write(_CHUNKED_END)
+        if not self.closed:
+            writer.flush(_CHUNKED_END if chunked else b"")
         return keep_alive
 
     def refuse(self, status: int, message: bytes) -> None:

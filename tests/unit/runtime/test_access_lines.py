@@ -90,3 +90,31 @@ def test_a_batch_rolls_the_file_over_between_lines(tmp_path: Path, restored_logg
     assert all(p.stat().st_size <= 1000 for p in files)
     text = "".join(p.read_text() for p in reversed(files))
     assert [line.split()[5] for line in text.splitlines()] == [f"r{i:03d}" for i in range(30)]
+
+
+def test_text_access_lines_are_those_the_record_formatter_writes(
+    tmp_path: Path, restored_logging: None
+) -> None:
+    """Batched TEXT lines (with a request id as bytes or str, or none; a status name; times
+    across a second) read exactly as the TEXT formatter writes a record at the same time."""
+    handler = logging.handlers.RotatingFileHandler(tmp_path / "r.log", encoding="utf-8")
+    logs.configure(logs.LogSettings({}), replica_component(), handler)
+    batched = logs.batched_access()
+    assert batched is not None
+    entries = [
+        (1_795_000_000.0015, "GET", "/echo", 200, 0.25, b"0123abcd"),
+        (1_795_000_000.9999, "CALL", "greet", "OK", 12.55, "req-9"),
+        (1_795_000_001.5, "POST", "/echo", 503, 1234.5, None),
+    ]
+    expected = []
+    for at, method, route, status, latency_ms, request_id in entries:
+        batched._pending.append((at, method, route, status, latency_ms, request_id, route))
+        record = logging.makeLogRecord(
+            {"msg": logs.access_message(method, route, status, latency_ms), "levelname": "INFO"}
+        )
+        record.created, record.msecs = at, int((at - int(at)) * 1000)
+        record.request_id = request_id.decode() if isinstance(request_id, bytes) else request_id
+        replica_component().filter(record)
+        expected.append(handler.formatter.format(record))  # type: ignore[union-attr]
+    batched.flush()
+    assert (tmp_path / "r.log").read_text().splitlines() == expected

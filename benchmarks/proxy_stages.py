@@ -9,7 +9,8 @@ behind the authenticated channel (:class:`~kubeserve.runtime.sealing.SealedProto
 the replica's sealed answer, as a replica of ``benchmarks/compare_apps.py`` writes it; transports
 only count writes. :data:`CONNECTIONS` client connections get a request each per round, as one
 poll of a loaded proxy returns them. CPU time per request is ``time.process_time``'s. Each stage
-is measured by taking it away (ablation), variants in turns, ``--rounds`` times, the best round of each (a busy machine only adds).
+is measured by taking it away (ablation), variants in turns, ``--rounds`` times, the best round
+of each (a busy machine only adds to a round).
 
 What it cannot see is the kernel's share (a ``recv`` and a ``send`` on each side of the hop, the
 wake-ups), which ``compare_trees.py`` reads from /proc for the real processes, with nginx's figure
@@ -26,7 +27,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(os.environ.get("KUBESERVE_TREE") or Path(__file__).resolve().parents[1])
 sys.path[:0] = [str(ROOT), str(ROOT / "operator"), str(Path(__file__).resolve().parent)]
@@ -42,9 +42,7 @@ ANSWER = (
 SECRET = b"s" * 32
 
 
-def _proxy(
-    *, access_log: bool = True, metrics: bool = True, parse_answers: bool = False
-) -> Callable[[bytes, int], float]:
+def _proxy(*, access_log: bool = True, metrics: bool = True) -> Callable[[bytes, int], float]:
     """A proxy path: a function serving ``n`` requests (``n / CONNECTIONS`` rounds of one per
     client connection), returning the CPU seconds it took."""
     from kubeserve.runtime import logs
@@ -72,10 +70,6 @@ def _proxy(
         devnull = open(os.devnull, "w")  # noqa: SIM115 - for the process's life
         logs.configure(settings, component, logging.StreamHandler(devnull))
         state.access_log = logs.AccessLog(component, settings.encoding)
-    if parse_answers:  # every answer through httptools, as before the unparsed fast path
-        UpstreamConnection = type(  # noqa: N806
-            "ParsingUpstream", (UpstreamConnection,), {"_whole_answer": lambda *args: False}
-        )
     if not metrics:
         state.metrics.record = lambda *args: None  # type: ignore[method-assign]
     route = state.router.try_assign("bench#AsyncNoop", None, "")
@@ -125,10 +119,7 @@ async def measure(requests: int, rounds: int) -> dict[str, float]:
         "... without the access line": (_proxy(access_log=False), REQUEST),
         "... without metrics": (_proxy(metrics=False), REQUEST),
     }
-    from kubeserve.runtime.proxy.upstream import UpstreamConnection
 
-    if hasattr(UpstreamConnection, "_whole_answer"):
-        variants["... every answer parsed"] = (_proxy(parse_answers=True), REQUEST)
     for serve, request in variants.values():
         serve(request, 2000)  # warm-up
     samples: dict[str, list[float]] = {name: [] for name in variants}
@@ -141,16 +132,15 @@ async def measure(requests: int, rounds: int) -> dict[str, float]:
 
 def table(medians: dict[str, float]) -> str:
     full = medians["everything on"]
+    with_id = medians["... with the client's request id"]
+    no_access = medians["... without the access line"]
     stages = [
         ("the proxy's whole path (parse, route, replica choice, seal, open, parse the answer, "
          "metrics, access line, request id, response)", full),
-        ("request id made up (none from the client)", full - medians["... with the client's request id"]),
-        ("access line (batched, formatted off the request)", full - medians["... without the access line"]),
+        ("request id made up (none from the client)", full - with_id),
+        ("access line (batched, formatted off the request)", full - no_access),
         ("metrics (batched per label set)", full - medians["... without metrics"]),
     ]  # fmt: skip
-    if "... every answer parsed" in medians:
-        stages.append(("the answer parsed by httptools instead of checked and forwarded whole",
-                       medians["... every answer parsed"] - full))  # fmt: skip
     return "\n".join(
         [
             "| stage | CPU us per request (in-process, best of the rounds) |",

@@ -552,10 +552,10 @@ class AccessLog:
         loaded process formats is mostly this: it once cost a third of the proxy's time spent
         on access lines)."""
         component = self._component
-        who = f" {component.component_name} {component.component_id} "
+        who = f" {component.component_name} {component.component_id} ".replace("%", "%%")
         with_id = "%s,%03d" + who + "%s -- %s %s %s %.1fms\n"
         without_id = "%s,%03d" + who + "-- %s %s %s %.1fms\n"
-        lines = []
+        lines: list[str] = []
         append = lines.append
         second, stamp = -1, ""
         for at, method, route, status, latency_ms, request_id, _ in pending:
@@ -566,7 +566,7 @@ class AccessLog:
             millis = int((at - whole) * 1000)
             if request_id:
                 if request_id.__class__ is bytes:
-                    request_id = request_id.decode("latin-1")  # type: ignore[union-attr]
+                    request_id = request_id.decode("latin-1")
                 append(with_id % (stamp, millis, request_id, method, route, status, latency_ms))
             else:
                 append(without_id % (stamp, millis, method, route, status, latency_ms))
@@ -577,7 +577,9 @@ class AccessLog:
         pending, self._pending = self._pending, []
         if not pending:
             return
-        lines = [self._line(entry) for entry in pending] if self._json else self._text_lines(pending)
+        lines = (
+            [self._line(entry) for entry in pending] if self._json else self._text_lines(pending)
+        )
         handler = _output
         stream = getattr(handler, "stream", None)
         if handler is None or stream is None:

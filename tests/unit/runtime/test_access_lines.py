@@ -30,8 +30,8 @@ def restored_logging() -> Iterator[None]:
     logs._active, logs._output, logs._batched = saved
 
 
-def replica_component() -> logs.ComponentLog:
-    return logs.ComponentLog("replica", "Echo", "Echo-1-abc", "echo", "Echo")
+def replica_component(name: str = "Echo") -> logs.ComponentLog:
+    return logs.ComponentLog("replica", name, f"{name}-1-abc", "echo", name)
 
 
 def test_a_replicas_json_access_line_has_the_fields_of_its_record(
@@ -96,9 +96,11 @@ def test_text_access_lines_are_those_the_record_formatter_writes(
     tmp_path: Path, restored_logging: None
 ) -> None:
     """Batched TEXT lines (with a request id as bytes or str, or none; a status name; times
-    across a second) read exactly as the TEXT formatter writes a record at the same time."""
+    across a second; a deployment named with a %) read exactly as the TEXT formatter writes a
+    record at the same time."""
     handler = logging.handlers.RotatingFileHandler(tmp_path / "r.log", encoding="utf-8")
-    logs.configure(logs.LogSettings({}), replica_component(), handler)
+    component = replica_component("Echo%d")
+    logs.configure(logs.LogSettings({}), component, handler)
     batched = logs.batched_access()
     assert batched is not None
     entries = [
@@ -114,7 +116,7 @@ def test_text_access_lines_are_those_the_record_formatter_writes(
         )
         record.created, record.msecs = at, int((at - int(at)) * 1000)
         record.request_id = request_id.decode() if isinstance(request_id, bytes) else request_id
-        replica_component().filter(record)
+        component.filter(record)
         expected.append(handler.formatter.format(record))  # type: ignore[union-attr]
     batched.flush()
     assert (tmp_path / "r.log").read_text().splitlines() == expected

@@ -19,7 +19,6 @@ beside it; ``strace -c -f -p PROXY`` under load counts the syscalls per request.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -31,7 +30,7 @@ from pathlib import Path
 ROOT = Path(os.environ.get("KUBESERVE_TREE") or Path(__file__).resolve().parents[1])
 sys.path[:0] = [str(ROOT), str(ROOT / "operator"), str(Path(__file__).resolve().parent)]
 
-from stages import CONNECTIONS, REQUEST, WITH_ID, CountingTransport  # noqa: E402
+from stages import CONNECTIONS, REQUEST, WITH_ID, CountingTransport, run_stages  # noqa: E402
 
 #: A kubeserve replica's answer to a no-op (as ``benchmarks/compare_apps.py``'s write it).
 ANSWER = (
@@ -151,25 +150,7 @@ def table(medians: dict[str, float]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=20000)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    import uvloop
-
-    medians = uvloop.run(measure(args.requests, args.rounds))
-    text = (
-        f"Measured by `benchmarks/proxy_stages.py` on "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
-        f"{os.getloadavg()[0]:.1f}, {args.rounds} rounds of {args.requests} requests.\n\n"
-        + table(medians)
-        + "\n"
-    )
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text)
-    return 0
+    return run_stages("proxy_stages.py", measure, table)
 
 
 if __name__ == "__main__":

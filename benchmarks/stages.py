@@ -37,7 +37,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -217,7 +217,12 @@ def table(medians: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def run_stages(
+    script: str,
+    measure: Callable[[int, int], Awaitable[dict[str, float]]],
+    table: Callable[[dict[str, float]], str],
+) -> int:
+    """The command line of a stages benchmark: ``--requests``, ``--rounds``, ``--out``."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=7)
@@ -227,7 +232,7 @@ def main() -> int:
 
     medians = uvloop.run(measure(args.requests, args.rounds))
     text = (
-        f"Measured by `benchmarks/stages.py` on "
+        f"Measured by `benchmarks/{script}` on "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
         f"{os.getloadavg()[0]:.1f}, {args.rounds} rounds of {args.requests} requests.\n\n"
         + table(medians)
@@ -237,6 +242,10 @@ def main() -> int:
     if args.out is not None:
         args.out.write_text(text)
     return 0
+
+
+def main() -> int:
+    return run_stages("stages.py", measure, table)
 
 
 if __name__ == "__main__":

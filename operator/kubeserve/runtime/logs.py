@@ -522,39 +522,64 @@ class AccessLog:
         return f"{self._stamp},{int((at - second) * 1000):03d}"
 
     def _line(self, entry: _Entry) -> str:
+        """One JSON line (TEXT lines: :meth:`_text_lines`)."""
         at, method, route, status, latency_ms, request_id, route_field = entry
         rid = request_id.decode("latin-1") if isinstance(request_id, bytes) else request_id or ""
-        message = access_message(method, route, status, latency_ms)
         component = self._component
-        if self._json:
-            record: dict[str, Any] = {
-                "asctime": self._asctime(at),
-                "levelname": "INFO",
-                "message": message,
-                "filename": component.component_type,
-                "lineno": 0,
-            }
-            if component.deployment:
-                record["application"] = component.application
-                record["deployment"] = component.deployment
-                record["replica"] = component.component_id
-            record["component_name"] = component.component_name
-            record["component_id"] = component.component_id
-            record["component_type"] = component.component_type
-            if rid:
-                record["request_id"] = rid
-            if route_field:
-                record["route"] = route_field
-            return json.dumps(record)
-        head = f"INFO {self._asctime(at)} {component.component_name} {component.component_id}"
-        return f"{head} {rid} -- {message}" if rid else f"{head} -- {message}"
+        record: dict[str, Any] = {
+            "asctime": self._asctime(at),
+            "levelname": "INFO",
+            "message": access_message(method, route, status, latency_ms),
+            "filename": component.component_type,
+            "lineno": 0,
+        }
+        if component.deployment:
+            record["application"] = component.application
+            record["deployment"] = component.deployment
+            record["replica"] = component.component_id
+        record["component_name"] = component.component_name
+        record["component_id"] = component.component_id
+        record["component_type"] = component.component_type
+        if rid:
+            record["request_id"] = rid
+        if route_field:
+            record["route"] = route_field
+        return json.dumps(record) + "\n"
+
+    def _text_lines(self, pending: list[_Entry]) -> list[str]:
+        """TEXT lines, ``INFO <asctime> <component name> <id> [<request id>] -- <message>``:
+        one ``%`` each, the time stamp's second formatted once per second (what a flush of a
+        loaded process formats is mostly this: it once cost a third of the proxy's time spent
+        on access lines)."""
+        component = self._component
+        who = f" {component.component_name} {component.component_id} ".replace("%", "%%")
+        with_id = "%s,%03d" + who + "%s -- %s %s %s %.1fms\n"
+        without_id = "%s,%03d" + who + "-- %s %s %s %.1fms\n"
+        lines: list[str] = []
+        append = lines.append
+        second, stamp = -1, ""
+        for at, method, route, status, latency_ms, request_id, _ in pending:
+            whole = int(at)
+            if whole != second:
+                second = whole
+                stamp = "INFO " + self._asctime(at)[:-4]  # without its milliseconds
+            millis = int((at - whole) * 1000)
+            if request_id:
+                if request_id.__class__ is bytes:
+                    request_id = request_id.decode("latin-1")
+                append(with_id % (stamp, millis, request_id, method, route, status, latency_ms))
+            else:
+                append(without_id % (stamp, millis, method, route, status, latency_ms))
+        return lines
 
     def flush(self) -> None:
         self._scheduled = False
         pending, self._pending = self._pending, []
         if not pending:
             return
-        lines = [self._line(entry) + "\n" for entry in pending]
+        lines = (
+            [self._line(entry) for entry in pending] if self._json else self._text_lines(pending)
+        )
         handler = _output
         stream = getattr(handler, "stream", None)
         if handler is None or stream is None:

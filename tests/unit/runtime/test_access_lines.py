@@ -30,8 +30,8 @@ def restored_logging() -> Iterator[None]:
     logs._active, logs._output, logs._batched = saved
 
 
-def replica_component() -> logs.ComponentLog:
-    return logs.ComponentLog("replica", "Echo", "Echo-1-abc", "echo", "Echo")
+def replica_component(name: str = "Echo") -> logs.ComponentLog:
+    return logs.ComponentLog("replica", name, f"{name}-1-abc", "echo", name)
 
 
 def test_a_replicas_json_access_line_has_the_fields_of_its_record(
@@ -90,3 +90,33 @@ def test_a_batch_rolls_the_file_over_between_lines(tmp_path: Path, restored_logg
     assert all(p.stat().st_size <= 1000 for p in files)
     text = "".join(p.read_text() for p in reversed(files))
     assert [line.split()[5] for line in text.splitlines()] == [f"r{i:03d}" for i in range(30)]
+
+
+def test_text_access_lines_are_those_the_record_formatter_writes(
+    tmp_path: Path, restored_logging: None
+) -> None:
+    """Batched TEXT lines (with a request id as bytes or str, or none; a status name; times
+    across a second; a deployment named with a %) read exactly as the TEXT formatter writes a
+    record at the same time."""
+    handler = logging.handlers.RotatingFileHandler(tmp_path / "r.log", encoding="utf-8")
+    component = replica_component("Echo%d")
+    logs.configure(logs.LogSettings({}), component, handler)
+    batched = logs.batched_access()
+    assert batched is not None
+    entries = [
+        (1_795_000_000.0015, "GET", "/echo", 200, 0.25, b"0123abcd"),
+        (1_795_000_000.9999, "CALL", "greet", "OK", 12.55, "req-9"),
+        (1_795_000_001.5, "POST", "/echo", 503, 1234.5, None),
+    ]
+    expected = []
+    for at, method, route, status, latency_ms, request_id in entries:
+        batched._pending.append((at, method, route, status, latency_ms, request_id, route))
+        record = logging.makeLogRecord(
+            {"msg": logs.access_message(method, route, status, latency_ms), "levelname": "INFO"}
+        )
+        record.created, record.msecs = at, int((at - int(at)) * 1000)
+        record.request_id = request_id.decode() if isinstance(request_id, bytes) else request_id
+        component.filter(record)
+        expected.append(handler.formatter.format(record))  # type: ignore[union-attr]
+    batched.flush()
+    assert (tmp_path / "r.log").read_text().splitlines() == expected

@@ -39,8 +39,6 @@ from typing import Any
 
 from kubeserve.runtime.layered_transport import LayeredTransport
 
-_compare_digest = hmac.compare_digest
-
 __all__ = [
     "MAX_FRAME",
     "TAG_SIZE",
@@ -103,37 +101,27 @@ class _Tagger:
 class Sealer:
     """The sending half of one direction: numbers and seals each payload it is given."""
 
-    __slots__ = ("_seq", "_small", "_tag")
+    __slots__ = ("_seq", "_tag")
 
     def __init__(self, key: bytes) -> None:
-        tagger = _Tagger(key)
-        self._tag = tagger.tag
-        self._small = tagger._small  # the usual frame's MAC, taken here without a call
+        self._tag = _Tagger(key).tag
         self._seq = 0
 
     def seal(self, payload: bytes) -> bytes:
         """The next frame, of ``payload`` (at most :data:`MAX_FRAME` bytes)."""
         seq = self._seq
         self._seq = seq + 1
-        size = len(payload)
-        prefix = ((seq << 32) | size).to_bytes(12, "big")  # sequence number | length
-        if size <= SMALL_FRAME:
-            mac = self._small.copy()
-            mac.update(prefix)
-            mac.update(payload)
-            return b"".join((prefix[8:], payload, mac.digest()))
+        prefix = ((seq << 32) | len(payload)).to_bytes(12, "big")  # sequence number | length
         return b"".join((prefix[8:], payload, self._tag(prefix, payload)))
 
 
 class Opener:
     """The receiving half of one direction: fed what arrives, returns the verified payloads."""
 
-    __slots__ = ("_buffer", "_seq", "_small", "_tag")
+    __slots__ = ("_buffer", "_seq", "_tag")
 
     def __init__(self, key: bytes) -> None:
-        tagger = _Tagger(key)
-        self._tag = tagger.tag
-        self._small = tagger._small
+        self._tag = _Tagger(key).tag
         self._buffer = b""
         self._seq = 0
 
@@ -146,17 +134,7 @@ class Opener:
         size = len(data)
         if size >= _HEAD:
             length = int.from_bytes(data[:_HEAD], "big")
-            if size == _HEAD + length + TAG_SIZE and length <= SMALL_FRAME:
-                # the usual case, one whole small frame per read: opened here, without a call
-                payload = data[_HEAD : _HEAD + length]
-                mac = self._small.copy()
-                mac.update(((self._seq << 32) | length).to_bytes(12, "big"))
-                mac.update(payload)
-                if not _compare_digest(mac.digest(), data[_HEAD + length :]):
-                    raise FrameError("a frame failed its MAC (altered, replayed or injected bytes)")
-                self._seq += 1
-                return payload
-            if size == _HEAD + length + TAG_SIZE:
+            if size == _HEAD + length + TAG_SIZE:  # the usual case: one whole frame per read
                 return self._open(data, 0, length)
         out = []
         start = 0
@@ -179,7 +157,7 @@ class Opener:
         body = start + _HEAD
         payload = data[body : body + length]
         tag = self._tag(((self._seq << 32) | length).to_bytes(12, "big"), payload)
-        if not _compare_digest(tag, data[body + length : body + length + TAG_SIZE]):
+        if not hmac.compare_digest(tag, data[body + length : body + length + TAG_SIZE]):
             raise FrameError("a frame failed its MAC (altered, replayed or injected bytes)")
         self._seq += 1
         return payload

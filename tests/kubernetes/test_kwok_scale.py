@@ -1,12 +1,15 @@
 """Fifty applications on kwok's fake nodes: all Ready, and an operator that writes nothing once
 nothing changes, and whose periodic resync skips the passes over applications none of whose
-inputs changed (``make bench-operator`` runs the same with 1,000)."""
+inputs changed; a change of one application then writes its status a few times, not at every
+pod event of its roll (``make bench-operator`` runs the same with 1,000)."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -20,6 +23,11 @@ APPS = 50
 ELECTION = "leases"
 #: longer than the operator's resync timer (30 s), so a pass over every object falls inside
 IDLE_WINDOW_S = 40.0
+#: The status writes of one application's change that rolls its 5 replica pods (every one
+#: replaced: each created, scheduled, ready, reconfigured, the old one stopping): the statuses a
+#: reader acts on (Ready False, each deployment UPDATING then HEALTHY, Ready True) and progress
+#: in between at most every 2 s; written at every pod event, it was about twenty.
+STATUS_WRITES_PER_CHANGE = 12
 
 
 def metric(operator: OperatorProcess, name: str) -> float:
@@ -31,14 +39,15 @@ def metric(operator: OperatorProcess, name: str) -> float:
 
 def ready_count(plane: KwokCluster, namespace: str) -> int:
     items = plane.get("serveapplications", namespace=namespace)["items"]
-    return sum(
-        any(
-            c["type"] == "Ready"
-            and c["status"] == "True"
-            and c.get("observedGeneration") == app["metadata"]["generation"]
-            for c in (app.get("status") or {}).get("conditions", [])
-        )
-        for app in items
+    return sum(_ready(app) for app in items)
+
+
+def _ready(app: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Ready"
+        and c["status"] == "True"
+        and c.get("observedGeneration") == app["metadata"]["generation"]
+        for c in (app.get("status") or {}).get("conditions", [])
     )
 
 
@@ -89,3 +98,19 @@ def test_fifty_applications_ready_then_no_writes(
     passes = metric(kwok_operator, "kubeserve_operator_reconciles_total") - passes
     assert skipped >= APPS * 0.8, f"{passes} passes and {skipped} skipped resyncs when idle"
     assert passes <= APPS * 0.4, f"{passes} passes and {skipped} skipped resyncs when idle"
+
+    # one application's change (a new build, every deployment rolls): its status is written when
+    # it says something new, its progress paced (the count of the other applications': none)
+    mark = kwok.audit_mark()
+    patch = {"spec": {"runtimeEnv": {"envVars": {"CHANGED": "1"}}}}
+    kwok.kubectl("patch", "serveapplication", "app-7", "-n", ns, "--type=merge",
+                 "-p", json.dumps(patch))  # fmt: skip
+    wait_for(lambda: _ready(kwok.get("serveapplication", "app-7", namespace=ns)), 120,
+             interval_s=0.5, what="app-7 Ready after its change")  # fmt: skip
+    wait_for(quiet, 120, interval_s=0, what="5 s without a write of the operator")
+    statuses = Counter(
+        r.name for r in kwok.operator_requests(mark)
+        if r.verb == "patch" and r.resource == "serveapplications/status"
+    )  # fmt: skip
+    assert set(statuses) == {"app-7"}, f"status writes of a change of app-7: {dict(statuses)}"
+    assert statuses["app-7"] <= STATUS_WRITES_PER_CHANGE, dict(statuses)

@@ -18,7 +18,9 @@ One pass, for an application (an instance takes the same route through ``instanc
    pure renderer, and pushes user_config through :class:`~.data_plane.DataPlane`;
 3. it returns a typed report (:class:`~.reports.ApplicationReport`), whose ``patch`` in
    ``status.py`` is the only code spelling status fields;
-4. :meth:`~.cluster.Cluster.patch_status` writes it when it changed (and announces a failure).
+4. :meth:`~.cluster.Cluster.patch_status` writes it when it changed (and announces a failure),
+   at once unless it only moves the progress of a status just written: then a pass writes it a
+   moment later (:mod:`kubeserve.control.status_pacing`).
 
 Four steps through four files (operator, application, status, cluster), plus the data plane for
 the secret and the pushes.
@@ -50,6 +52,7 @@ from kubeserve.backends.kubernetes.instance import InstanceReconciler
 from kubeserve.backends.kubernetes.leader import LeaderElector
 from kubeserve.backends.kubernetes.metrics import metrics_text
 from kubeserve.backends.kubernetes.reports import StatusReport
+from kubeserve.control import status_pacing
 from kubeserve.control.autoscaling_state import CallerReports
 from kubeserve.control.leader_election import LeaseTiming
 from kubeserve.runtime import wire
@@ -132,6 +135,10 @@ class Operator:
         self._queued: set[str] = set()
         #: instance key -> when the worker last started a pass over it (monotonic)
         self._instance_passed: dict[str, float] = {}
+        #: custom resource key -> when its status was last written (monotonic), and the timers
+        #: of the passes writing a status held back (:mod:`kubeserve.control.status_pacing`)
+        self._status_written: dict[str, float] = {}
+        self._status_due: dict[str, asyncio.TimerHandle] = {}
         #: application key -> (the digest of its inputs at its last pass, resyncs skipped since)
         self._settled: dict[str, tuple[str, int]] = {}
         self.cluster: Cluster | None = None
@@ -194,21 +201,46 @@ class Operator:
             latest = self.cluster.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
             if latest["metadata"].get("deletionTimestamp"):
                 self._settled.pop(key, None)
+                self._status_written.pop(key, None)
                 return  # children go with it (ownerReferences); nothing to converge to
             self.reconciles += 1
             digest = self._digest(obj["kind"], latest)
             try:
                 report = await self._reconcilers[obj["kind"]].reconcile(latest)
                 status = report.patch(latest)
-                await self.cluster.patch_status(latest, status)
+                paced = await self._write_status(key, latest, status)
             except Exception:
                 self.reconcile_errors += 1
                 self._settled.pop(key, None)
                 raise
-            if status.get("appStatus") != "RUNNING":  # a pass may be due whatever changes
+            if paced or status.get("appStatus") != "RUNNING":  # a pass is due anyway
                 self._settled.pop(key, None)
             elif digest is not None:  # the full passes of applications settled together spread
                 self._settled[key] = (digest, zlib.crc32(key.encode()) % FULL_RESYNC_EVERY)
+
+    async def _write_status(self, key: str, obj: dict[str, Any], status: dict[str, Any]) -> bool:
+        """Write the pass's ``status`` of ``obj`` now, or, when it only moves the progress of a
+        status written less than :data:`~kubeserve.control.status_pacing.PROGRESS_INTERVAL_S`
+        ago, have a pass write it then (see :mod:`kubeserve.control.status_pacing`): whether it
+        was held back."""
+        assert self.cluster is not None
+        now = time.monotonic()
+        old = self.cluster.current_status(obj)
+        delay = status_pacing.write_delay(old, status, self._status_written.get(key), now)
+        if delay > 0:
+            if key not in self._status_due:
+                self._status_due[key] = asyncio.get_running_loop().call_later(
+                    delay, self._status_came_due, key
+                )
+            return True
+        if await self.cluster.patch_status(obj, status):
+            self._status_written[key] = now
+        return False
+
+    def _status_came_due(self, key: str) -> None:
+        self._status_due.pop(key, None)
+        if self.leading:
+            self._mark(key)
 
     async def reconcile_or_requeue(self, obj: dict[str, Any]) -> None:
         """:meth:`reconcile` for kopf's handlers: a pass that failed for the API (a timeout, a

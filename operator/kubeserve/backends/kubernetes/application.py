@@ -89,7 +89,7 @@ class ApplicationReconciler:
     ) -> None:
         self._cluster = cluster
         self._data_plane = data_plane
-        self._autoscalers = autoscalers or Autoscalers(on_decided=lambda: None)
+        self._autoscalers = autoscalers or Autoscalers(on_decided=lambda _keys: None)
         #: namespace/application/deployment/version keys that reached HEALTHY once
         self._healthy_versions: set[str] = set()
 

@@ -40,6 +40,7 @@ import time
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from kubeserve.backends.kubernetes.application import ApplicationReconciler
@@ -144,7 +145,7 @@ class Operator:
         self.cluster: Cluster | None = None
         self._reconcilers: dict[str, Reconciler] = {}
         self._data_plane: DataPlane | None = None
-        self._autoscalers = Autoscalers(on_decided=self._wake_all)
+        self._autoscalers = Autoscalers(on_decided=self._wake_scaled)
         self._caller_reports = CallerReports()
         self._worker: asyncio.Task[None] | None = None
         self.reconciles = 0
@@ -343,12 +344,20 @@ class Operator:
         self._changed("Pod", pod, None)
 
     def _wake_all(self) -> None:
-        """Mark every custom resource dirty (when leading starts, or an autoscaler decided)."""
+        """Mark every custom resource dirty (when leading starts)."""
         if self.cluster is None:
             return
         for kind in CUSTOM_KINDS:
             for obj in self.cluster.cache.all(kind):
                 self._mark(key_of(kind, obj))
+
+    def _wake_scaled(self, scaler_keys: Iterable[str]) -> None:
+        """Mark dirty the applications of these autoscalers (one decided, or its next read is
+        due): their passes render the new targets, or read the load again."""
+        if self.leading:
+            for scaler in scaler_keys:
+                namespace, application, _ = scaler.split("/", 2)
+                self._mark(f"ServeApplication/{namespace}/{application}")
 
     def _mark(self, key: str) -> None:
         if key not in self._queued:

@@ -13,6 +13,7 @@ with the renderer's message and a Warning Event; raising would only retry it for
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -163,9 +164,13 @@ class ApplicationReconciler:
         observed: dict[str, ObservedDeployment] = {}
         applied: list[dict[str, Any]] = []
         pods_by_key: dict[str, list[dict[str, Any]]] = {}
-        for effective in inputs.configs.values():
-            deployment, running = self._desired(inputs, effective)
-            workload, service, budget = await self._converge(inputs, deployment, running)
+        # the deployments' objects are independent: written at once, each write waits for the
+        # API server, and one after the other they made a pass a dozen round trips long
+        desired = [self._desired(inputs, effective) for effective in inputs.configs.values()]
+        converged = await asyncio.gather(
+            *(self._converge(inputs, deployment, running) for deployment, running in desired)
+        )
+        for (deployment, _), (workload, service, budget) in zip(desired, converged, strict=True):
             pods = self._cluster.cache.objects(
                 "Pod", inputs.app.namespace, dict(workload["spec"]["selector"]["matchLabels"])
             )
@@ -231,10 +236,7 @@ class ApplicationReconciler:
         workload = render.render_replica_workload(inputs.instance, inputs.app, deployment)
         service = render.render_replica_service(inputs.instance, inputs.app, deployment)
         budget = render.render_replica_disruption_budget(inputs.instance, inputs.app, deployment)
-        await self._cluster.apply(workload)
-        await self._cluster.apply(service)
-        if budget is not None:
-            await self._cluster.apply(budget)
+        await asyncio.gather(*(self._cluster.apply(o) for o in (workload, service, budget) if o))
         return workload, service, budget
 
     async def _observe(

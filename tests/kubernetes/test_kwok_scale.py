@@ -26,7 +26,7 @@ IDLE_WINDOW_S = 40.0
 #: The status writes of one application's change that rolls its 5 replica pods (every one
 #: replaced: each created, scheduled, ready, reconfigured, the old one stopping): the statuses a
 #: reader acts on (Ready False, each deployment UPDATING then HEALTHY, Ready True) and progress
-#: in between at most every 2 s; written at every pod event, it was about twenty.
+#: in between at most every 10 s; written at every pod event, it was about twenty.
 STATUS_WRITES_PER_CHANGE = 12
 
 

@@ -39,8 +39,8 @@ import logging
 import time
 import zlib
 from collections import defaultdict
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kubeserve.backends.kubernetes.application import ApplicationReconciler
@@ -106,8 +106,10 @@ class Reconciler(Protocol):
 #: chain of API requests, each taking up to a second from a busy API server: the passes of a bulk
 #: apply overlap to keep it busy, but a thousand at once would only queue at it and in the event
 #: loop. The rest wait their turn, in order. (The leader's Lease does not wait for them: it is
-#: renewed from a thread of its own.)
-CONCURRENT_PASSES = 32
+#: renewed from a thread of its own.) A pass writes its deployments' objects at once, so the
+#: API client's connection pool (100) is what bounds the requests in flight; a pass that writes
+#: nothing (most of a roll-out's: a pod's progress, paced) holds its turn for no round trip.
+CONCURRENT_PASSES = 64
 
 #: how often a worker looks whether the leader's renewal came, while its writes are fenced
 _FENCED_POLL_S = 0.1

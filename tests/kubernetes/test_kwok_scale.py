@@ -21,7 +21,7 @@ APPS = 50
 #: The operator's own leader-election Lease: renewed every retry period (2 s) by design, so that a
 #: killed leader is replaced within seconds; every other write is a change it made.
 ELECTION = "leases"
-#: longer than the operator's resync timer (30 s), so a pass over every object falls inside
+#: longer than the operator's resync interval (30 s), so a pass over every object falls inside
 IDLE_WINDOW_S = 40.0
 #: The status writes of one application's change that rolls its 5 replica pods (every one
 #: replaced: each created, scheduled, ready, reconfigured, the old one stopping): the statuses a
@@ -69,6 +69,9 @@ def test_fifty_applications_ready_then_no_writes(
         raise AssertionError(
             f"{err}: {ready_count(kwok, ns)} Ready\n{kwok_operator.log()}"
         ) from None
+    # no finalizer (kopf's timers held one: a write at creation, another before deletion)
+    apps = kwok.get("serveapplications", namespace=ns)["items"]
+    assert [a["metadata"]["name"] for a in apps if a["metadata"].get("finalizers")] == []
     pods = kwok.get("pods", namespace=ns, selector="app.kubernetes.io/component=replica")["items"]
     assert len(pods) == APPS * 5
     assert len({p["spec"]["nodeName"] for p in pods}) > 1

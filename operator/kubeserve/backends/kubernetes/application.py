@@ -1,7 +1,7 @@
 """Reconciling one ``ServeApplication``: build Job -> graph -> workloads -> status.
 
 :class:`ApplicationReconciler` is the operator's one idempotent step for an application, shared
-by the create, update and resume handlers and the resync timer. It reads the cluster from the
+by the create, update and resume handlers and the periodic resync. It reads the cluster from the
 operator's caches, writes only what differs (server-side apply of rendered objects it has not
 applied in this form yet), never writes a spec, and returns what the status should say as a
 typed report (:mod:`.reports`); the operator writes it.

@@ -119,6 +119,10 @@ _FENCED_POLL_S = 0.1
 #: back-to-back passes would rewrite that status, a thousand entries, without a pause.
 INSTANCE_PASS_INTERVAL_S = 5.0
 
+#: How often each custom resource is resynced (:meth:`Operator.resync`): the safety net against
+#: a change no event announced.
+RESYNC_S = 30.0
+
 #: A resync of an application whose inputs did not change since its last pass skips the pass,
 #: except every this many resyncs (the safety net against drift an event did not announce).
 FULL_RESYNC_EVERY = 10
@@ -257,26 +261,38 @@ class Operator:
             log.warning("reconcile of %s failed: %s (will retry)", key, exc)
             self._mark(key)
 
-    async def resync(self, obj: dict[str, Any]) -> None:
-        """The periodic pass: skipped for a RUNNING application whose inputs are those of its
-        last pass (a pass that changed anything changed a resourceVersion among them), except
-        once in :data:`FULL_RESYNC_EVERY` resyncs (when, differs between applications). An
-        application not RUNNING may wait on what no input shows (a replica that did not answer
-        yet): its resync always runs."""
-        assert self.cluster is not None
-        meta = obj["metadata"]
-        key = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"
-        latest = self.cluster.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
+    def resync(self, kind: str, obj: dict[str, Any]) -> None:
+        """The periodic pass (the worker's, soon): skipped for a RUNNING application whose
+        inputs are those of its last pass (a pass that changed anything changed a
+        resourceVersion among them), except once in :data:`FULL_RESYNC_EVERY` resyncs (when,
+        differs between applications). An application not RUNNING may wait on what no input
+        shows (a replica that did not answer yet): its resync always runs."""
+        key = key_of(kind, obj)
         settled = self._settled.get(key)
         if (
             settled is not None
             and settled[1] + 1 < FULL_RESYNC_EVERY
-            and self._digest(obj["kind"], latest) == settled[0]
+            and self._digest(kind, obj) == settled[0]
         ):
             self._settled[key] = (settled[0], settled[1] + 1)
             self.resyncs_skipped += 1
             return
-        await self.reconcile_or_requeue(obj)
+        self._mark(key)
+
+    async def _resync_all(self) -> None:
+        """Every custom resource's :meth:`resync` once every :data:`RESYNC_S`, spread over the
+        interval. (kopf's timers did it first: a timer holds a finalizer on its object, one write
+        when it is created and one more before it may go, and a task per object.)"""
+        assert self.cluster is not None
+        while True:
+            keys = [(k, key_of(k, o)) for k in CUSTOM_KINDS for o in self.cluster.cache.all(k)]
+            if not keys:
+                await asyncio.sleep(RESYNC_S)
+            for kind, key in keys:
+                await asyncio.sleep(RESYNC_S / len(keys))
+                obj = self.cluster.cache.get(kind, *key.split("/", 2)[1:])
+                if obj is not None and not obj["metadata"].get("deletionTimestamp"):
+                    self.resync(kind, obj)
 
     def _digest(self, kind: str, obj: dict[str, Any]) -> str | None:
         """The digest of an application's inputs (None for an instance: one per namespace,
@@ -367,8 +383,9 @@ class Operator:
             self._dirty.put_nowait(key)
 
     async def _work(self) -> None:
-        """:data:`CONCURRENT_PASSES` workers taking dirty keys in turn."""
+        """:data:`CONCURRENT_PASSES` workers taking dirty keys in turn, and the resync."""
         workers = [asyncio.ensure_future(self._worker_loop()) for _ in range(CONCURRENT_PASSES)]
+        workers.append(asyncio.ensure_future(self._resync_all()))
         try:
             await asyncio.gather(*workers)
         finally:

@@ -111,6 +111,12 @@ class Reconciler(Protocol):
 #: nothing (most of a roll-out's: a pod's progress, paced) holds its turn for no round trip.
 CONCURRENT_PASSES = 64
 
+#: The operator's writes in flight at once (the passes', the admin API's). The passes write
+#: their objects at once, and sixty-four of them could keep a hundred writes waiting at the API
+#: server, each request of the other controllers (the pods' ReplicaSets, the scheduler) and of
+#: kubectl behind them: ``kubectl apply`` of fifty applications timed out at a minute.
+WRITES_IN_FLIGHT = 24
+
 #: how often a worker looks whether the leader's renewal came, while its writes are fenced
 _FENCED_POLL_S = 0.1
 
@@ -162,6 +168,7 @@ class Operator:
         """Connect and fill the caches (the admin API reads them); reconciling starts with
         :meth:`lead`."""
         self.kube = kube = await Kube.connect(self.settings.kubeconfig)
+        kube.limit_writes(WRITES_IN_FLIGHT)
         writer = kube if self._elector is None else kube.fenced(self._elector.may_write)
         namespaces = list(self.settings.watch_namespaces) or None
         self.cluster = Cluster(writer, ClusterCache(kube, namespaces, self._changed))

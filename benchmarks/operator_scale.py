@@ -131,6 +131,17 @@ def per_minute(plane: KwokCluster, since: int, seconds: float) -> dict[str, Any]
     }
 
 
+def writes_per_app(plane: KwokCluster, since: int, apps: int) -> dict[str, float]:
+    """The operator's writes since ``since`` per application, by verb and resource (the
+    leader's Lease aside)."""
+    writes = Counter(
+        f"{r.verb} {r.resource}"
+        for r in plane.operator_requests(since)
+        if r.is_write and r.resource != ELECTION
+    )
+    return {k: round(v / apps, 2) for k, v in writes.most_common()}
+
+
 def wait_quiet(plane: KwokCluster, quiet_s: float = 10.0, timeout_s: float = 300.0) -> None:
     def quiet() -> bool:
         mark = plane.audit_mark()
@@ -175,7 +186,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 application(NAMESPACE, f"app-{i}", IMPORT_PATH, routePrefix=f"/a{i}")
                 for i in range(args.apps)
             ]
-            cpu0, t0 = sampler.cpu_s(), time.monotonic()
+            cpu0, t0, rollout = sampler.cpu_s(), time.monotonic(), plane.audit_mark()
             create_all(plane, apps)
             results["apply_s"] = round(time.monotonic() - t0, 1)
             progress = []
@@ -197,6 +208,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             results["cpu_s_to_ready"] = round(sampler.cpu_s() - cpu0, 1)
             results["progress"] = progress[:: max(1, len(progress) // 20)]
             results["rss_mib_ready"] = round(sampler.rss_mib(), 1)
+            results["rollout_writes_per_app"] = writes_per_app(plane, rollout, args.apps)
 
             wait_quiet(plane)
             mark, cpu0, t0 = plane.audit_mark(), sampler.cpu_s(), time.monotonic()
@@ -228,6 +240,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             elapsed = time.monotonic() - t0
             results["churn"] = per_minute(plane, mark, elapsed) | {
                 "apps": len(churned),
+                "writes_per_app": writes_per_app(plane, mark, len(churned)),
                 "all_ready_s": round(elapsed, 1),
                 "cpu_percent": round(100 * (sampler.cpu_s() - cpu0) / elapsed, 1),
             }

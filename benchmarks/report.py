@@ -384,6 +384,7 @@ def operator_scale_section(path: Path = OPERATOR_SCALE_RESULTS) -> list[str]:
         f"| API requests / min, churn | {churn['requests_per_min']:g} "
         f"({churn['writes_per_min']:g} writes) | |",
         f"| operator CPU, churn | {churn['cpu_percent']:g}% of a core | |",
+        *_writes_per_app_rows(r),
         "",
         "Requests per minute by verb and resource, idle: "
         + (", ".join(f"{k} {v:g}" for k, v in idle["by_kind_per_min"].items()) or "none")
@@ -393,6 +394,19 @@ def operator_scale_section(path: Path = OPERATOR_SCALE_RESULTS) -> list[str]:
         "",
     ]
     return lines
+
+
+def _writes_per_app_rows(r: dict[str, Any]) -> list[str]:
+    """The operator's writes per application, rolling out and changed (runs that counted them)."""
+    rows = []
+    for label, counts in (
+        ("roll-out", r.get("rollout_writes_per_app")),
+        ("change (churn)", r["churn"].get("writes_per_app")),
+    ):
+        if counts:
+            each = ", ".join(f"{k} {v:g}" for k, v in counts.items())
+            rows.append(f"| API writes per app, {label} | {sum(counts.values()):.1f} ({each}) | |")
+    return rows
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

@@ -1,12 +1,15 @@
 """Fifty applications on kwok's fake nodes: all Ready, and an operator that writes nothing once
 nothing changes, and whose periodic resync skips the passes over applications none of whose
-inputs changed (``make bench-operator`` runs the same with 1,000)."""
+inputs changed; a change of one application then writes its status a few times, not at every
+pod event of its roll (``make bench-operator`` runs the same with 1,000)."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -18,8 +21,13 @@ APPS = 50
 #: The operator's own leader-election Lease: renewed every retry period (2 s) by design, so that a
 #: killed leader is replaced within seconds; every other write is a change it made.
 ELECTION = "leases"
-#: longer than the operator's resync timer (30 s), so a pass over every object falls inside
+#: longer than the operator's resync interval (30 s), so a pass over every object falls inside
 IDLE_WINDOW_S = 40.0
+#: The status writes of one application's change that rolls its 5 replica pods (every one
+#: replaced: each created, scheduled, ready, reconfigured, the old one stopping): the statuses a
+#: reader acts on (Ready False, each deployment UPDATING then HEALTHY, Ready True) and progress
+#: in between at most every 10 s; written at every pod event, it was about twenty.
+STATUS_WRITES_PER_CHANGE = 12
 
 
 def metric(operator: OperatorProcess, name: str) -> float:
@@ -31,14 +39,15 @@ def metric(operator: OperatorProcess, name: str) -> float:
 
 def ready_count(plane: KwokCluster, namespace: str) -> int:
     items = plane.get("serveapplications", namespace=namespace)["items"]
-    return sum(
-        any(
-            c["type"] == "Ready"
-            and c["status"] == "True"
-            and c.get("observedGeneration") == app["metadata"]["generation"]
-            for c in (app.get("status") or {}).get("conditions", [])
-        )
-        for app in items
+    return sum(_ready(app) for app in items)
+
+
+def _ready(app: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Ready"
+        and c["status"] == "True"
+        and c.get("observedGeneration") == app["metadata"]["generation"]
+        for c in (app.get("status") or {}).get("conditions", [])
     )
 
 
@@ -48,18 +57,21 @@ def test_fifty_applications_ready_then_no_writes(
 ) -> None:
     ns = kwok_namespace
     kwok.apply(instance(ns, image=KUBESERVE_IMAGE))
-    kwok.apply(
-        [
-            application(ns, f"app-{i}", "ks_composed_app:app", routePrefix=f"/a{i}")
-            for i in range(APPS)
-        ]
-    )
+    apps = [
+        application(ns, f"app-{i}", "ks_composed_app:app", routePrefix=f"/a{i}")
+        for i in range(APPS)
+    ]
+    for first in range(0, APPS, 10):  # one kubectl of 50 (100 requests) outlasted its minute
+        kwok.apply(apps[first : first + 10])  # on a loaded machine, the operator writing meanwhile
     try:
         wait_for(lambda: ready_count(kwok, ns) == APPS, 300, interval_s=1, what=f"{APPS} Ready")
     except AssertionError as err:
         raise AssertionError(
             f"{err}: {ready_count(kwok, ns)} Ready\n{kwok_operator.log()}"
         ) from None
+    # no finalizer (kopf's timers held one: a write at creation, another before deletion)
+    listed = kwok.get("serveapplications", namespace=ns)["items"]
+    assert [a["metadata"]["name"] for a in listed if a["metadata"].get("finalizers")] == []
     pods = kwok.get("pods", namespace=ns, selector="app.kubernetes.io/component=replica")["items"]
     assert len(pods) == APPS * 5
     assert len({p["spec"]["nodeName"] for p in pods}) > 1
@@ -89,3 +101,19 @@ def test_fifty_applications_ready_then_no_writes(
     passes = metric(kwok_operator, "kubeserve_operator_reconciles_total") - passes
     assert skipped >= APPS * 0.8, f"{passes} passes and {skipped} skipped resyncs when idle"
     assert passes <= APPS * 0.4, f"{passes} passes and {skipped} skipped resyncs when idle"
+
+    # one application's change (a new build, every deployment rolls): its status is written when
+    # it says something new, its progress paced (the count of the other applications': none)
+    mark = kwok.audit_mark()
+    patch = {"spec": {"runtimeEnv": {"envVars": {"CHANGED": "1"}}}}
+    kwok.kubectl("patch", "serveapplication", "app-7", "-n", ns, "--type=merge",
+                 "-p", json.dumps(patch))  # fmt: skip
+    wait_for(lambda: _ready(kwok.get("serveapplication", "app-7", namespace=ns)), 120,
+             interval_s=0.5, what="app-7 Ready after its change")  # fmt: skip
+    wait_for(quiet, 120, interval_s=0, what="5 s without a write of the operator")
+    statuses = Counter(
+        r.name for r in kwok.operator_requests(mark)
+        if r.verb == "patch" and r.resource == "serveapplications/status"
+    )  # fmt: skip
+    assert set(statuses) == {"app-7"}, f"status writes of a change of app-7: {dict(statuses)}"
+    assert statuses["app-7"] <= STATUS_WRITES_PER_CHANGE, dict(statuses)

@@ -64,8 +64,8 @@ def test_scaling_to_zero_is_refused_only_where_pods_cannot_report_to_the_operato
 
 
 def test_a_report_for_a_deployment_at_zero_decides_at_once_and_wakes_the_operator() -> None:
-    woken: list[int] = []
-    scalers = Autoscalers(on_decided=lambda: woken.append(1))
+    woken: list[list[str]] = []
+    scalers = Autoscalers(on_decided=lambda keys: woken.append(list(keys)))
     key = scaling_key("ns", "app", "Slow")
     config = effective_deployment(
         "Slow", {}, {"autoscaling_config": {"min_replicas": 0, "max_replicas": 2}}
@@ -74,9 +74,9 @@ def test_a_report_for_a_deployment_at_zero_decides_at_once_and_wakes_the_operato
     scalers.record_queued(key, "proxy-1", 0)
     assert woken == []
     scalers.record_queued(key, "proxy-1", 1)
-    assert woken == [1]
+    assert woken == [[key]]  # only this deployment's application is woken
     assert scalers.target(key, config) == 1
     decision = scalers.last_decision(key)
     assert decision is not None and decision["curr_num_replicas"] == 1
     scalers.record_queued("ns/other/Slow", "proxy-1", 5)  # no such autoscaler: ignored
-    assert woken == [1]
+    assert woken == [[key]]

@@ -267,6 +267,21 @@ def test_an_instance_report_describes_proxies_as_processes() -> None:
     ServeInstanceStatus.model_validate(patch)
 
 
+def test_an_instance_status_stays_small_whatever_its_applications_say() -> None:
+    """A thousand failed applications with long messages: the instance's status (one object)
+    stays well within the API server's size limit; a few applications keep their messages."""
+    failed = AppSummary("DEPLOY_FAILED", "/", "build failed: " + "x" * 4000)
+    many = InstanceReport({}, {f"app-{i}": failed for i in range(1000)}, proxies_disabled=True)
+    patch = many.patch({"metadata": {}})
+    assert len(json.dumps(patch)) < 400_000
+    message = patch["applications"]["app-7"]["message"]
+    assert message.startswith("build failed: xxx") and message.endswith("\u2026")
+    few = InstanceReport({}, {"a": failed, "b": AppSummary("RUNNING", "/b", "")}, True)
+    patch = few.patch({"metadata": {}})
+    assert len(patch["applications"]["a"]["message"]) == 1024
+    assert patch["applications"]["b"]["message"] == ""
+
+
 def test_an_instance_without_ready_proxies_is_starting() -> None:
     process = ProcessView("node-1", "", "uid-1", "proxy-abc", "")
     report = InstanceReport({"node-1": ProxyReport(process, "proxy-abc", ready=False)}, {}, False)

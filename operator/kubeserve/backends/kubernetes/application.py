@@ -1,7 +1,7 @@
 """Reconciling one ``ServeApplication``: build Job -> graph -> workloads -> status.
 
 :class:`ApplicationReconciler` is the operator's one idempotent step for an application, shared
-by the create, update and resume handlers and the resync timer. It reads the cluster from the
+by the create, update and resume handlers and the periodic resync. It reads the cluster from the
 operator's caches, writes only what differs (server-side apply of rendered objects it has not
 applied in this form yet), never writes a spec, and returns what the status should say as a
 typed report (:mod:`.reports`); the operator writes it.
@@ -13,6 +13,7 @@ with the renderer's message and a Warning Event; raising would only retry it for
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -89,7 +90,7 @@ class ApplicationReconciler:
     ) -> None:
         self._cluster = cluster
         self._data_plane = data_plane
-        self._autoscalers = autoscalers or Autoscalers(on_decided=lambda: None)
+        self._autoscalers = autoscalers or Autoscalers(on_decided=lambda _keys: None)
         #: namespace/application/deployment/version keys that reached HEALTHY once
         self._healthy_versions: set[str] = set()
 
@@ -164,9 +165,13 @@ class ApplicationReconciler:
         observed: dict[str, ObservedDeployment] = {}
         applied: list[dict[str, Any]] = []
         pods_by_key: dict[str, list[dict[str, Any]]] = {}
-        for effective in inputs.configs.values():
-            deployment, running = self._desired(inputs, effective)
-            workload, service, budget = await self._converge(inputs, deployment, running)
+        # the deployments' objects are independent: written at once, each write waits for the
+        # API server, and one after the other they made a pass a dozen round trips long
+        desired = [self._desired(inputs, effective) for effective in inputs.configs.values()]
+        converged = await asyncio.gather(
+            *(self._converge(inputs, deployment, running) for deployment, running in desired)
+        )
+        for (deployment, _), (workload, service, budget) in zip(desired, converged, strict=True):
             pods = self._cluster.cache.objects(
                 "Pod", inputs.app.namespace, dict(workload["spec"]["selector"]["matchLabels"])
             )
@@ -232,10 +237,7 @@ class ApplicationReconciler:
         workload = render.render_replica_workload(inputs.instance, inputs.app, deployment)
         service = render.render_replica_service(inputs.instance, inputs.app, deployment)
         budget = render.render_replica_disruption_budget(inputs.instance, inputs.app, deployment)
-        await self._cluster.apply(workload)
-        await self._cluster.apply(service)
-        if budget is not None:
-            await self._cluster.apply(budget)
+        await asyncio.gather(*(self._cluster.apply(o) for o in (workload, service, budget) if o))
         return workload, service, budget
 
     async def _observe(

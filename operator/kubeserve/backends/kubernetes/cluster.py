@@ -70,13 +70,19 @@ class Cluster:
                 if (kind, obj["metadata"]["name"]) not in kept:
                     await self.kube.delete(kind, namespace, obj["metadata"]["name"])
 
-    async def patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> None:
-        """Write ``status`` when it differs; a move into a failed state is also an Event."""
+    def current_status(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """The status of ``obj`` as cached (its latest version), without kopf's bookkeeping."""
         meta = obj["metadata"]
         current = self.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
-        old = {k: v for k, v in (current.get("status") or {}).items() if k != "kopf"}
+        return {k: v for k, v in (current.get("status") or {}).items() if k != "kopf"}
+
+    async def patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> bool:
+        """Write ``status`` when it differs (whether it did); a move into a failed state is
+        also an Event."""
+        meta = obj["metadata"]
+        old = self.current_status(obj)
         if all(old.get(k) == v for k, v in status.items()):
-            return
+            return False
         failure = status.get("appStatus")
         if failure not in _FAILED_STATES:
             self._announced.pop(meta["uid"], None)
@@ -87,6 +93,7 @@ class Cluster:
         await self.kube.merge_patch(
             obj["kind"], meta["namespace"], meta["name"], {"status": status}, "status"
         )
+        return True
 
     async def event(
         self, obj: dict[str, Any], reason: str, message: str, event_type: str = "Warning"

@@ -1,9 +1,10 @@
 """kopf handlers: thin. Every event on a custom resource runs the same idempotent reconcile.
 
 Create, update and resume handlers call :meth:`Operator.reconcile`, which serialises passes per
-object; the resync timer calls :meth:`Operator.resync`, the same pass unless nothing it reads
-changed since the last one. Changes of owned objects (pods becoming ready, Jobs finishing) wake
-the affected objects' reconcilers through the operator's caches, not through kopf.
+object. Changes of owned objects (pods becoming ready, Jobs finishing) wake the affected objects'
+reconcilers through the operator's caches, not through kopf; the periodic resync is the
+operator's own too (a kopf timer would hold a finalizer on every object: a write when it is
+created, another before it may go; kopf removes the one an earlier version left).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import kopf
 from kubeserve.backends.kubernetes.operator import Operator
 from kubeserve.schema.resources import GROUP, VERSION
 
+#: the finalizer kopf adds when a handler needs one (none does: an earlier version's timers did)
 FINALIZER = "kubeserve.io/finalizer"
-RESYNC_S = 30.0
 
 
 def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
@@ -25,15 +26,9 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
     async def reconcile(body: kopf.Body, **_: Any) -> None:
         await operator.reconcile_or_requeue(dict(body))
 
-    async def resync(body: kopf.Body, **_: Any) -> None:
-        await operator.resync(dict(body))
-
     for plural in ("serveinstances", "serveapplications"):
         for on in (kopf.on.create, kopf.on.update, kopf.on.resume):
             on(GROUP, VERSION, plural, registry=registry, id="reconcile")(reconcile)
-        kopf.timer(
-            GROUP, VERSION, plural, registry=registry, interval=RESYNC_S, idle=None, id="resync"
-        )(resync)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

@@ -18,7 +18,9 @@ One pass, for an application (an instance takes the same route through ``instanc
    pure renderer, and pushes user_config through :class:`~.data_plane.DataPlane`;
 3. it returns a typed report (:class:`~.reports.ApplicationReport`), whose ``patch`` in
    ``status.py`` is the only code spelling status fields;
-4. :meth:`~.cluster.Cluster.patch_status` writes it when it changed (and announces a failure).
+4. :meth:`~.cluster.Cluster.patch_status` writes it when it changed (and announces a failure),
+   at once unless it only moves the progress of a status just written: then a pass writes it a
+   moment later (:mod:`kubeserve.control.status_pacing`).
 
 Four steps through four files (operator, application, status, cluster), plus the data plane for
 the secret and the pushes.
@@ -37,6 +39,7 @@ import logging
 import time
 import zlib
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,6 +53,7 @@ from kubeserve.backends.kubernetes.instance import InstanceReconciler
 from kubeserve.backends.kubernetes.leader import LeaderElector
 from kubeserve.backends.kubernetes.metrics import metrics_text
 from kubeserve.backends.kubernetes.reports import ApplicationReport, StatusReport
+from kubeserve.control import status_pacing
 from kubeserve.control.autoscaling_state import CallerReports
 from kubeserve.control.leader_election import LeaseTiming
 from kubeserve.runtime import wire
@@ -102,8 +106,16 @@ class Reconciler(Protocol):
 #: chain of API requests, each taking up to a second from a busy API server: the passes of a bulk
 #: apply overlap to keep it busy, but a thousand at once would only queue at it and in the event
 #: loop. The rest wait their turn, in order. (The leader's Lease does not wait for them: it is
-#: renewed from a thread of its own.)
-CONCURRENT_PASSES = 32
+#: renewed from a thread of its own.) A pass writes its deployments' objects at once, so the
+#: API client's connection pool (100) is what bounds the requests in flight; a pass that writes
+#: nothing (most of a roll-out's: a pod's progress, paced) holds its turn for no round trip.
+CONCURRENT_PASSES = 64
+
+#: The operator's writes in flight at once (the passes', the admin API's). The passes write
+#: their objects at once, and sixty-four of them could keep a hundred writes waiting at the API
+#: server, each request of the other controllers (the pods' ReplicaSets, the scheduler) and of
+#: kubectl behind them: ``kubectl apply`` of fifty applications timed out at a minute.
+WRITES_IN_FLIGHT = 24
 
 #: how often a worker looks whether the leader's renewal came, while its writes are fenced
 _FENCED_POLL_S = 0.1
@@ -112,6 +124,10 @@ _FENCED_POLL_S = 0.1
 #: of its applications wakes it (its status summarises theirs), and with a thousand rolling out
 #: back-to-back passes would rewrite that status, a thousand entries, without a pause.
 INSTANCE_PASS_INTERVAL_S = 5.0
+
+#: How often each custom resource is resynced (:meth:`Operator.resync`): the safety net against
+#: a change no event announced.
+RESYNC_S = 30.0
 
 #: A resync of an application whose inputs did not change since its last pass skips the pass,
 #: except every this many resyncs (the safety net against drift an event did not announce).
@@ -132,12 +148,16 @@ class Operator:
         self._queued: set[str] = set()
         #: instance key -> when the worker last started a pass over it (monotonic)
         self._instance_passed: dict[str, float] = {}
+        #: custom resource key -> when its status was last written (monotonic), and the timers
+        #: of the passes writing a status held back (:mod:`kubeserve.control.status_pacing`)
+        self._status_written: dict[str, float] = {}
+        self._status_due: dict[str, asyncio.TimerHandle] = {}
         #: application key -> (the digest of its inputs at its last pass, resyncs skipped since)
         self._settled: dict[str, tuple[str, int]] = {}
         self.cluster: Cluster | None = None
         self._reconcilers: dict[str, Reconciler] = {}
         self._data_plane: DataPlane | None = None
-        self._autoscalers = Autoscalers(on_decided=self._wake_all)
+        self._autoscalers = Autoscalers(on_decided=self._wake_scaled)
         self._caller_reports = CallerReports()
         self._worker: asyncio.Task[None] | None = None
         self.reconciles = 0
@@ -148,6 +168,7 @@ class Operator:
         """Connect and fill the caches (the admin API reads them); reconciling starts with
         :meth:`lead`."""
         self.kube = kube = await Kube.connect(self.settings.kubeconfig)
+        kube.limit_writes(WRITES_IN_FLIGHT)
         writer = kube if self._elector is None else kube.fenced(self._elector.may_write)
         namespaces = list(self.settings.watch_namespaces) or None
         cache = ClusterCache(kube, namespaces, self._changed, on_deleted=self._deleted)
@@ -195,6 +216,7 @@ class Operator:
             latest = self.cluster.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
             if latest["metadata"].get("deletionTimestamp"):
                 self._settled.pop(key, None)
+                self._status_written.pop(key, None)
                 return  # children go with it (ownerReferences); nothing to converge to
             self.reconciles += 1
             digest = self._digest(obj["kind"], latest)
@@ -204,15 +226,39 @@ class Operator:
                 if isinstance(report, ApplicationReport) and report.provisional:
                     self._settled.pop(key, None)  # the replica's answer wakes the next pass
                     return
-                await self.cluster.patch_status(latest, status)
+                paced = await self._write_status(key, latest, status)
             except Exception:
                 self.reconcile_errors += 1
                 self._settled.pop(key, None)
                 raise
-            if status.get("appStatus") != "RUNNING":  # a pass may be due whatever changes
+            if paced or status.get("appStatus") != "RUNNING":  # a pass is due anyway
                 self._settled.pop(key, None)
             elif digest is not None:  # the full passes of applications settled together spread
                 self._settled[key] = (digest, zlib.crc32(key.encode()) % FULL_RESYNC_EVERY)
+
+    async def _write_status(self, key: str, obj: dict[str, Any], status: dict[str, Any]) -> bool:
+        """Write the pass's ``status`` of ``obj`` now, or, when it only moves the progress of a
+        status written less than :data:`~kubeserve.control.status_pacing.PROGRESS_INTERVAL_S`
+        ago, have a pass write it then (see :mod:`kubeserve.control.status_pacing`): whether it
+        was held back."""
+        assert self.cluster is not None
+        now = time.monotonic()
+        old = self.cluster.current_status(obj)
+        delay = status_pacing.write_delay(old, status, self._status_written.get(key), now)
+        if delay > 0:
+            if key not in self._status_due:
+                self._status_due[key] = asyncio.get_running_loop().call_later(
+                    delay, self._status_came_due, key
+                )
+            return True
+        if await self.cluster.patch_status(obj, status):
+            self._status_written[key] = now
+        return False
+
+    def _status_came_due(self, key: str) -> None:
+        self._status_due.pop(key, None)
+        if self.leading:
+            self._mark(key)
 
     async def reconcile_or_requeue(self, obj: dict[str, Any]) -> None:
         """:meth:`reconcile` for kopf's handlers: a pass that failed for the API (a timeout, a
@@ -226,26 +272,38 @@ class Operator:
             log.warning("reconcile of %s failed: %s (will retry)", key, exc)
             self._mark(key)
 
-    async def resync(self, obj: dict[str, Any]) -> None:
-        """The periodic pass: skipped for a RUNNING application whose inputs are those of its
-        last pass (a pass that changed anything changed a resourceVersion among them), except
-        once in :data:`FULL_RESYNC_EVERY` resyncs (when, differs between applications). An
-        application not RUNNING may wait on what no input shows (a replica that did not answer
-        yet): its resync always runs."""
-        assert self.cluster is not None
-        meta = obj["metadata"]
-        key = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"
-        latest = self.cluster.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
+    def resync(self, kind: str, obj: dict[str, Any]) -> None:
+        """The periodic pass (the worker's, soon): skipped for a RUNNING application whose
+        inputs are those of its last pass (a pass that changed anything changed a
+        resourceVersion among them), except once in :data:`FULL_RESYNC_EVERY` resyncs (when,
+        differs between applications). An application not RUNNING may wait on what no input
+        shows (a replica that did not answer yet): its resync always runs."""
+        key = key_of(kind, obj)
         settled = self._settled.get(key)
         if (
             settled is not None
             and settled[1] + 1 < FULL_RESYNC_EVERY
-            and self._digest(obj["kind"], latest) == settled[0]
+            and self._digest(kind, obj) == settled[0]
         ):
             self._settled[key] = (settled[0], settled[1] + 1)
             self.resyncs_skipped += 1
             return
-        await self.reconcile_or_requeue(obj)
+        self._mark(key)
+
+    async def _resync_all(self) -> None:
+        """Every custom resource's :meth:`resync` once every :data:`RESYNC_S`, spread over the
+        interval. (kopf's timers did it first: a timer holds a finalizer on its object, one write
+        when it is created and one more before it may go, and a task per object.)"""
+        assert self.cluster is not None
+        while True:
+            keys = [(k, key_of(k, o)) for k in CUSTOM_KINDS for o in self.cluster.cache.all(k)]
+            if not keys:
+                await asyncio.sleep(RESYNC_S)
+            for kind, key in keys:
+                await asyncio.sleep(RESYNC_S / len(keys))
+                obj = self.cluster.cache.get(kind, *key.split("/", 2)[1:])
+                if obj is not None and not obj["metadata"].get("deletionTimestamp"):
+                    self.resync(kind, obj)
 
     def _digest(self, kind: str, obj: dict[str, Any]) -> str | None:
         """The digest of an application's inputs (None for an instance: one per namespace,
@@ -319,12 +377,20 @@ class Operator:
         self._changed("Pod", pod, None)
 
     def _wake_all(self) -> None:
-        """Mark every custom resource dirty (when leading starts, or an autoscaler decided)."""
+        """Mark every custom resource dirty (when leading starts)."""
         if self.cluster is None:
             return
         for kind in CUSTOM_KINDS:
             for obj in self.cluster.cache.all(kind):
                 self._mark(key_of(kind, obj))
+
+    def _wake_scaled(self, scaler_keys: Iterable[str]) -> None:
+        """Mark dirty the applications of these autoscalers (one decided, or its next read is
+        due): their passes render the new targets, or read the load again."""
+        if self.leading:
+            for scaler in scaler_keys:
+                namespace, application, _ = scaler.split("/", 2)
+                self._mark(f"ServeApplication/{namespace}/{application}")
 
     def _mark(self, key: str) -> None:
         if key not in self._queued:
@@ -332,8 +398,9 @@ class Operator:
             self._dirty.put_nowait(key)
 
     async def _work(self) -> None:
-        """:data:`CONCURRENT_PASSES` workers taking dirty keys in turn."""
+        """:data:`CONCURRENT_PASSES` workers taking dirty keys in turn, and the resync."""
         workers = [asyncio.ensure_future(self._worker_loop()) for _ in range(CONCURRENT_PASSES)]
+        workers.append(asyncio.ensure_future(self._resync_all()))
         try:
             await asyncio.gather(*workers)
         finally:

@@ -194,6 +194,7 @@ class InstanceReport:
             else self.problem
             or ("proxies starting" if not proxies_ok else "applications not all RUNNING")
         )
+        limit = instance_message_limit(len(self.applications))
         status = ServeInstanceStatus.model_validate(
             {
                 "state": "RUNNING" if ready else "UNHEALTHY" if self.problem else "STARTING",
@@ -204,7 +205,7 @@ class InstanceReport:
                     name: {
                         "status": a.status,
                         "route_prefix": a.route_prefix,
-                        "message": a.message[:1024],
+                        "message": _clipped(a.message, limit),
                     }
                     for name, a in self.applications.items()
                 },
@@ -221,6 +222,25 @@ class InstanceReport:
             by_alias=False,
         )
         return status.model_dump(mode="json", exclude_unset=True)
+
+
+#: What the applications' messages in an instance's status may take together (characters): each
+#: application's own status has its whole message; the instance's, one object whatever the number
+#: of applications, must stay well within the API server's object size (etcd's 1.5 MiB request),
+#: which a thousand failed applications' messages of 1,024 characters came close to.
+INSTANCE_MESSAGES_BUDGET = 256 * 1024
+#: ... but each gets this much at least, and never more than its own status's 1,024
+_INSTANCE_MESSAGE_MIN, _INSTANCE_MESSAGE_MAX = 80, 1024
+
+
+def instance_message_limit(applications: int) -> int:
+    """How long each application's message in its instance's status may be."""
+    share = INSTANCE_MESSAGES_BUDGET // max(1, applications)
+    return max(_INSTANCE_MESSAGE_MIN, min(_INSTANCE_MESSAGE_MAX, share))
+
+
+def _clipped(message: str, limit: int) -> str:
+    return message if len(message) <= limit else message[: limit - 1] + "\u2026"
 
 
 #: What a reconciler returns; ``report.patch(obj)`` is the status to write.

@@ -125,10 +125,20 @@ class Kube:
         api: client.ApiClient,
         counts: RequestCounts | None = None,
         may_write: Callable[[], bool] | None = None,
+        writes: asyncio.Semaphore | None = None,
     ) -> None:
         self.api = api
         self.counts = counts or RequestCounts()
         self._may_write = may_write
+        #: bounds the writes in flight (shared with the fenced views); None: unbounded
+        self._writes = writes
+
+    def limit_writes(self, in_flight: int) -> None:
+        """At most ``in_flight`` writes of this client (and of the fenced views made from it
+        afterwards) at once; the others wait their turn. A controller that fans its writes out
+        must not queue more at the API server than the other controllers can get through (on
+        a busy API server every request waits behind those in flight)."""
+        self._writes = asyncio.Semaphore(in_flight)
 
     @property
     def requests(self) -> int:
@@ -137,7 +147,7 @@ class Kube:
     def fenced(self, may_write: Callable[[], bool]) -> Kube:
         """This client (same connections, same counts) refusing every write with
         :class:`KubeFenced`, before sending it, whenever ``may_write()`` is false."""
-        return Kube(self.api, self.counts, may_write)
+        return Kube(self.api, self.counts, may_write, self._writes)
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None) -> Kube:
@@ -167,6 +177,19 @@ class Kube:
         *,
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
+    ) -> Any:
+        if method == "GET" or self._writes is None:
+            return await self._send(method, url, body, query, content_type)
+        async with self._writes:
+            return await self._send(method, url, body, query, content_type)
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        body: Any,
+        query: Mapping[str, str] | None,
+        content_type: str,
     ) -> Any:
         if method != "GET":
             if self._may_write is not None and not self._may_write():

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kubeserve.backends.kubernetes.pods import pod_ready
+from kubeserve.backends.kubernetes.pods import exit_failure, pod_ready
 from kubeserve.backends.kubernetes.render import ROLLOUT
 from kubeserve.backends.kubernetes.render_views import app_view
 from kubeserve.backends.process_health import controller_health
@@ -153,7 +153,7 @@ def _proxies(view: ClusterView, instance_name: str) -> dict[str, ProxyView]:
     }
     proxies: dict[str, ProxyView] = {}
     for pod in sorted(view.objects("Pod", labels), key=pod_ready):  # a ready pod wins its node
-        status = "HEALTHY" if pod_ready(pod) else "STARTING"
+        status = "HEALTHY" if pod_ready(pod) else "UNHEALTHY" if exit_failure(pod) else "STARTING"
         if pod["metadata"].get("deletionTimestamp"):
             status = "DRAINING"
         proxies[_node(pod)] = ProxyView(pod_process(pod), status)

@@ -17,6 +17,7 @@ from support.k8s_operator import (
     application,
     instance,
     proxy_service_url,
+    text_answer,
     wait_ready,
 )
 from support.node_cluster import NodeCluster
@@ -78,6 +79,10 @@ def test_a_request_is_one_trace_across_the_proxy_and_replica_pods(
     assert answer["downstream"]["span_id"] == downstream["context"]["span_id"].removeprefix("0x")
 
 
+def status_of(node: NodeCluster, kind: str, name: str, namespace: str) -> dict[str, Any]:
+    return dict(node.get(kind, name, namespace).get("status") or {})
+
+
 def test_an_exporter_that_does_not_import_fails_the_application_saying_why(
     node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
 ) -> None:
@@ -107,3 +112,64 @@ def test_an_exporter_that_does_not_import_fails_the_application_saying_why(
         if pod["metadata"]["labels"].get("app.kubernetes.io/component") == "replica"
     ]
     assert replicas == []  # no replica was ever started with it
+
+
+def test_a_tracing_config_set_later_is_checked_again_and_a_proxy_that_cannot_trace_says_why(
+    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+) -> None:
+    """Only the instance's tracingConfig changes: the build runs again (it is part of the build
+    key), so a bad exporter fails the application naming the field, and the fix recovers it.
+    The proxy pod started with the bad exporter does not serve (as Ray's proxy, whose
+    constructor raises) but is no silent CrashLoopBackOff: the ServeInstance is UNHEALTHY with
+    the pod's reason, while the proxy and replicas that ran before serve on."""
+    ns = node_namespace
+    serving = instance(ns)
+    small = [{"name": name, **SMALL_REPLICA} for name in ("Ingress", "Downstream")]
+    traced = application(
+        ns, "traced", "ks_tracing_app:app", routePrefix="/traced", deployments=small
+    )
+    node.apply([serving, traced])
+    wait_ready(node, node_operator, ns, "traced")
+    url = proxy_service_url(node, ns, "/traced")
+
+    exporter = "ks_tracing_exporter:nowhere"
+    serving["spec"]["tracingConfig"] = {"enabled": True, "exporterImportPath": exporter}
+    node.apply([serving])
+
+    def app_failed() -> dict[str, Any] | None:
+        status = status_of(node, "serveapplication", "traced", ns)
+        return status if status.get("appStatus") == "DEPLOY_FAILED" else None
+
+    status = wait_for(app_failed, 300, interval_s=1, what="traced DEPLOY_FAILED")
+    assert "tracing_config.exporter_import_path" in status["message"], status
+    assert exporter in status["message"], status
+
+    def proxy_failed() -> dict[str, Any] | None:
+        status = status_of(node, "serveinstance", "default", ns)
+        return status if status.get("state") == "UNHEALTHY" else None
+
+    status = wait_for(proxy_failed, 180, interval_s=1, what="the instance UNHEALTHY")
+    message = status["message"]
+    assert "proxy not serving" in message and "exited with code 1" in message, status
+    assert f"tracing_config.exporter_import_path: exporter_import_path {exporter!r}" in message
+    (ready,) = status["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "ProxyFailed"), status
+    assert "UNHEALTHY" in {p["status"] for p in status["proxies"].values()}, status
+    assert text_answer(url) is not None  # what ran before serves on
+
+    serving["spec"]["tracingConfig"] = {"enabled": True, "samplingRatio": 1.0}
+    node.apply([serving])
+    wait_ready(node, node_operator, ns, "traced")
+
+    def traced_answer() -> dict[str, Any] | None:
+        body = text_answer(url)
+        answer = None if body is None else json.loads(body)
+        return answer if answer and answer["ingress"]["otel_loaded"] else None
+
+    wait_for(traced_answer, 180, interval_s=1, what="an answer from replicas that trace")
+
+    def instance_running() -> dict[str, Any] | None:
+        status = status_of(node, "serveinstance", "default", ns)
+        return status if status.get("state") == "RUNNING" else None
+
+    wait_for(instance_running, 180, interval_s=1, what="the instance RUNNING again")

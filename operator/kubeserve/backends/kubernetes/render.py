@@ -53,9 +53,9 @@ Per application build (:func:`render_build_job`): the Job ``<app>-build-<build_k
 ``kubeserve build <import_path> --configmap <app>-graph-<build_key> --namespace
 $(KUBESERVE_NAMESPACE) --application <app> --application-uid <uid>`` in the application's image
 and runtime_env, with ``--tracing-config <json>`` when the instance traces (the build key covers
-it: a changed ``tracingConfig`` checks its exporter again). The build writes the ConfigMap with the key ``graph.json`` holding its JSON
-document (the graph, or ``{"error": ...}``), owned by the ``ServeApplication`` (the given name and
-uid), then exits 0 on success and 1 on a build error.
+it: a changed ``tracingConfig`` checks its exporter again). The build writes the ConfigMap with
+the key ``graph.json`` holding its JSON document (the graph, or ``{"error": ...}``), owned by the
+``ServeApplication`` (the given name and uid), then exits 0 on success and 1 on a build error.
 """
 
 from __future__ import annotations

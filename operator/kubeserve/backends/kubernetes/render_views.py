@@ -121,8 +121,8 @@ class AppView:
     namespace: str
     uid: str
     config: Mapping[str, Any]
-    #: the instance's ``tracing_config`` when it enables tracing (:attr:`InstanceView.tracing_config`):
-    #: the build checks that its exporter imports where the application runs
+    #: the instance's :attr:`InstanceView.tracing_config` (when it enables tracing): the build
+    #: checks that its exporter imports where the application runs
     tracing_config: Mapping[str, Any] | None = None
 
     @property

@@ -200,9 +200,10 @@ class InstanceReport:
         apps_ok = all(a.status == "RUNNING" for a in self.applications.values())
         ready = proxies_ok and apps_ok and self.problem is None
         reason, message = self._why_not(proxies_ok) if not ready else ("Running", "")
+        state = "RUNNING" if ready else "STARTING" if reason == "Starting" else "UNHEALTHY"
         status = ServeInstanceStatus.model_validate(
             {
-                "state": "RUNNING" if ready else "UNHEALTHY" if reason != "Starting" else "STARTING",
+                "state": state,
                 "message": message,
                 "observed_generation": obj["metadata"].get("generation"),
                 "proxies": {node: _proxy_entry(p) for node, p in self.proxies.items()},

@@ -37,17 +37,25 @@ def logged_spans(node: NodeCluster, namespace: str) -> list[dict[str, Any]]:
     return found
 
 
+def traced_app(node: NodeCluster, namespace: str, tracing: dict[str, Any] | None) -> dict[str, Any]:
+    """Apply the instance (its ``tracingConfig``, when given) and ``ks_tracing_app`` at
+    ``/traced``, in small replicas; returns the instance, to change and apply again."""
+    serving = instance(namespace)
+    if tracing is not None:
+        serving["spec"]["tracingConfig"] = tracing
+    small = [{"name": name, **SMALL_REPLICA} for name in ("Ingress", "Downstream")]
+    traced = application(
+        namespace, "traced", "ks_tracing_app:app", routePrefix="/traced", deployments=small
+    )
+    node.apply([serving, traced])
+    return serving
+
+
 def test_a_request_is_one_trace_across_the_proxy_and_replica_pods(
     node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
 ) -> None:
     ns = node_namespace
-    serving = instance(ns)
-    serving["spec"]["tracingConfig"] = {"enabled": True, "samplingRatio": 1.0}
-    small = [{"name": name, **SMALL_REPLICA} for name in ("Ingress", "Downstream")]
-    traced = application(
-        ns, "traced", "ks_tracing_app:app", routePrefix="/traced", deployments=small
-    )
-    node.apply([serving, traced])
+    traced_app(node, ns, {"enabled": True, "samplingRatio": 1.0})
     wait_ready(node, node_operator, ns, "traced")
     url = proxy_service_url(node, ns, "/traced")
     traceparent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
@@ -90,14 +98,8 @@ def test_an_exporter_that_does_not_import_fails_the_application_saying_why(
     runs: the application is DEPLOY_FAILED with a message naming the field, not replica pods
     that keep restarting with no reason in the application's status."""
     ns = node_namespace
-    serving = instance(ns)
     exporter = "ks_tracing_exporter:nowhere"  # the module is in the image, the function is not
-    serving["spec"]["tracingConfig"] = {"enabled": True, "exporterImportPath": exporter}
-    small = [{"name": name, **SMALL_REPLICA} for name in ("Ingress", "Downstream")]
-    traced = application(
-        ns, "traced", "ks_tracing_app:app", routePrefix="/traced", deployments=small
-    )
-    node.apply([serving, traced])
+    traced_app(node, ns, {"enabled": True, "exporterImportPath": exporter})
 
     def failed() -> dict[str, Any] | None:
         status = node.get("serveapplication", "traced", ns).get("status") or {}
@@ -123,12 +125,7 @@ def test_a_tracing_config_set_later_is_checked_again_and_a_proxy_that_cannot_tra
     constructor raises) but is no silent CrashLoopBackOff: the ServeInstance is UNHEALTHY with
     the pod's reason, while the proxy and replicas that ran before serve on."""
     ns = node_namespace
-    serving = instance(ns)
-    small = [{"name": name, **SMALL_REPLICA} for name in ("Ingress", "Downstream")]
-    traced = application(
-        ns, "traced", "ks_tracing_app:app", routePrefix="/traced", deployments=small
-    )
-    node.apply([serving, traced])
+    serving = traced_app(node, ns, None)
     wait_ready(node, node_operator, ns, "traced")
     url = proxy_service_url(node, ns, "/traced")
 

@@ -123,7 +123,7 @@ def test_a_tracing_config_set_later_is_checked_again_and_a_proxy_that_cannot_tra
     key), so a bad exporter fails the application naming the field, and the fix recovers it.
     The proxy pod started with the bad exporter does not serve (as Ray's proxy, whose
     constructor raises) but is no silent CrashLoopBackOff: the ServeInstance is UNHEALTHY with
-    the pod's reason, while the proxy and replicas that ran before serve on."""
+    the pod's reason, while the proxy pod that ran before stays (HeadOnly)."""
     ns = node_namespace
     serving = traced_app(node, ns, None)
     wait_ready(node, node_operator, ns, "traced")
@@ -153,7 +153,6 @@ def test_a_tracing_config_set_later_is_checked_again_and_a_proxy_that_cannot_tra
     assert (ready["status"], ready["reason"]) == ("False", "ProxyFailed"), status
     (proxy,) = status["proxies"].values()  # one node: the pod that serves wins it
     assert proxy["status"] == "HEALTHY" and proxy["actorName"] not in message, status
-    assert text_answer(url) is not None  # what ran before serves on
 
     serving["spec"]["tracingConfig"] = {"enabled": True, "samplingRatio": 1.0}
     node.apply([serving])

@@ -159,8 +159,8 @@ def test_a_tracing_config_set_later_is_checked_again_and_a_proxy_that_cannot_tra
     wait_ready(node, node_operator, ns, "traced")
 
     def traced_answer() -> dict[str, Any] | None:
-        body = text_answer(url)
-        answer = None if body is None else json.loads(body)
+        body: Any = text_answer(url)  # the JSON decoded
+        answer = json.loads(body) if isinstance(body, str | bytes) else body
         return answer if answer and answer["ingress"]["otel_loaded"] else None
 
     wait_for(traced_answer, 180, interval_s=1, what="an answer from replicas that trace")

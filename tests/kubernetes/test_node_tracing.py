@@ -17,6 +17,7 @@ from support.k8s_operator import (
     application,
     instance,
     proxy_service_url,
+    text_answer,
     wait_ready,
 )
 from support.node_cluster import NodeCluster
@@ -36,17 +37,25 @@ def logged_spans(node: NodeCluster, namespace: str) -> list[dict[str, Any]]:
     return found
 
 
+def traced_app(node: NodeCluster, namespace: str, tracing: dict[str, Any] | None) -> dict[str, Any]:
+    """Apply the instance (its ``tracingConfig``, when given) and ``ks_tracing_app`` at
+    ``/traced``, in small replicas; returns the instance, to change and apply again."""
+    serving = instance(namespace)
+    if tracing is not None:
+        serving["spec"]["tracingConfig"] = tracing
+    small = [{"name": name, **SMALL_REPLICA} for name in ("Ingress", "Downstream")]
+    traced = application(
+        namespace, "traced", "ks_tracing_app:app", routePrefix="/traced", deployments=small
+    )
+    node.apply([serving, traced])
+    return serving
+
+
 def test_a_request_is_one_trace_across_the_proxy_and_replica_pods(
     node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
 ) -> None:
     ns = node_namespace
-    serving = instance(ns)
-    serving["spec"]["tracingConfig"] = {"enabled": True, "samplingRatio": 1.0}
-    small = [{"name": name, **SMALL_REPLICA} for name in ("Ingress", "Downstream")]
-    traced = application(
-        ns, "traced", "ks_tracing_app:app", routePrefix="/traced", deployments=small
-    )
-    node.apply([serving, traced])
+    traced_app(node, ns, {"enabled": True, "samplingRatio": 1.0})
     wait_ready(node, node_operator, ns, "traced")
     url = proxy_service_url(node, ns, "/traced")
     traceparent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
@@ -78,6 +87,10 @@ def test_a_request_is_one_trace_across_the_proxy_and_replica_pods(
     assert answer["downstream"]["span_id"] == downstream["context"]["span_id"].removeprefix("0x")
 
 
+def status_of(node: NodeCluster, kind: str, name: str, namespace: str) -> dict[str, Any]:
+    return dict(node.get(kind, name, namespace).get("status") or {})
+
+
 def test_an_exporter_that_does_not_import_fails_the_application_saying_why(
     node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
 ) -> None:
@@ -85,14 +98,8 @@ def test_an_exporter_that_does_not_import_fails_the_application_saying_why(
     runs: the application is DEPLOY_FAILED with a message naming the field, not replica pods
     that keep restarting with no reason in the application's status."""
     ns = node_namespace
-    serving = instance(ns)
     exporter = "ks_tracing_exporter:nowhere"  # the module is in the image, the function is not
-    serving["spec"]["tracingConfig"] = {"enabled": True, "exporterImportPath": exporter}
-    small = [{"name": name, **SMALL_REPLICA} for name in ("Ingress", "Downstream")]
-    traced = application(
-        ns, "traced", "ks_tracing_app:app", routePrefix="/traced", deployments=small
-    )
-    node.apply([serving, traced])
+    traced_app(node, ns, {"enabled": True, "exporterImportPath": exporter})
 
     def failed() -> dict[str, Any] | None:
         status = node.get("serveapplication", "traced", ns).get("status") or {}
@@ -107,3 +114,59 @@ def test_an_exporter_that_does_not_import_fails_the_application_saying_why(
         if pod["metadata"]["labels"].get("app.kubernetes.io/component") == "replica"
     ]
     assert replicas == []  # no replica was ever started with it
+
+
+def test_a_tracing_config_set_later_is_checked_again_and_a_proxy_that_cannot_trace_says_why(
+    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+) -> None:
+    """Only the instance's tracingConfig changes: the build runs again (it is part of the build
+    key), so a bad exporter fails the application naming the field, and the fix recovers it.
+    The proxy pod started with the bad exporter does not serve (as Ray's proxy, whose
+    constructor raises) but is no silent CrashLoopBackOff: the ServeInstance is UNHEALTHY with
+    the pod's reason, while the proxy pod that ran before stays (HeadOnly)."""
+    ns = node_namespace
+    serving = traced_app(node, ns, None)
+    wait_ready(node, node_operator, ns, "traced")
+    url = proxy_service_url(node, ns, "/traced")
+
+    exporter = "ks_tracing_exporter:nowhere"
+    serving["spec"]["tracingConfig"] = {"enabled": True, "exporterImportPath": exporter}
+    node.apply([serving])
+
+    def app_failed() -> dict[str, Any] | None:
+        status = status_of(node, "serveapplication", "traced", ns)
+        return status if status.get("appStatus") == "DEPLOY_FAILED" else None
+
+    status = wait_for(app_failed, 300, interval_s=1, what="traced DEPLOY_FAILED")
+    assert "tracing_config.exporter_import_path" in status["message"], status
+    assert exporter in status["message"], status
+
+    def proxy_failed() -> dict[str, Any] | None:
+        status = status_of(node, "serveinstance", "default", ns)
+        return status if status.get("state") == "UNHEALTHY" else None
+
+    status = wait_for(proxy_failed, 180, interval_s=1, what="the instance UNHEALTHY")
+    message = status["message"]
+    assert "proxy not serving" in message and "exited with code 1" in message, status
+    assert f"tracing_config.exporter_import_path: exporter_import_path {exporter!r}" in message
+    (ready,) = status["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "ProxyFailed"), status
+    (proxy,) = status["proxies"].values()  # one node: the pod that serves wins it
+    assert proxy["status"] == "HEALTHY" and proxy["actorName"] not in message, status
+
+    serving["spec"]["tracingConfig"] = {"enabled": True, "samplingRatio": 1.0}
+    node.apply([serving])
+    wait_ready(node, node_operator, ns, "traced")
+
+    def traced_answer() -> dict[str, Any] | None:
+        body: Any = text_answer(url)  # the JSON decoded
+        answer = json.loads(body) if isinstance(body, str | bytes) else body
+        return answer if answer and answer["ingress"]["otel_loaded"] else None
+
+    wait_for(traced_answer, 180, interval_s=1, what="an answer from replicas that trace")
+
+    def instance_running() -> dict[str, Any] | None:
+        status = status_of(node, "serveinstance", "default", ns)
+        return status if status.get("state") == "RUNNING" else None
+
+    wait_for(instance_running, 180, interval_s=1, what="the instance RUNNING again")

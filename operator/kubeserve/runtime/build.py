@@ -38,6 +38,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from kubeserve.runtime import parent_death
+from kubeserve.runtime.tracing import TracingSetupError
 from kubeserve.sdk import context, ray_namespace
 from kubeserve.sdk.application import Application
 from kubeserve.sdk.deployment import Deployment, described_options
@@ -201,8 +202,8 @@ def check_tracing(config: dict[str, Any] | None) -> None:
     if config and config.get("enabled") and path:
         try:
             tracer.import_exporter(path)
-        except Exception as exc:
-            raise BuildError(f"tracing_config.exporter_import_path: {exc}") from exc
+        except TracingSetupError as exc:
+            raise BuildError(exc.named()) from exc
 
 
 def format_user_error(exc: BaseException) -> str:

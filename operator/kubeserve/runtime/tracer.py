@@ -81,8 +81,9 @@ class Tracer:
             )
         except ImportError as exc:
             raise TracingSetupError(
-                "tracing_config.enabled needs OpenTelemetry in this process: "
-                "pip install 'kubeserve[tracing]' (opentelemetry-api, opentelemetry-sdk)"
+                "tracing needs OpenTelemetry in this process: "
+                "pip install 'kubeserve[tracing]' (opentelemetry-api, opentelemetry-sdk)",
+                field="enabled",
             ) from exc
         ratio = float(config.get("sampling_ratio", 0.01))
         resource = Resource.create({"service.name": "kubeserve", "kubeserve.component": component})

@@ -51,7 +51,15 @@ TRACE_HEADERS = ("traceparent", "tracestate")
 
 class TracingSetupError(Exception):
     """``tracing_config`` cannot be applied in this process (OpenTelemetry missing, an exporter
-    that does not import or returns something else)."""
+    that does not import or returns something else); ``field`` is the config's field to blame."""
+
+    def __init__(self, reason: str, field: str = "exporter_import_path") -> None:
+        super().__init__(reason)
+        self.field = field
+
+    def named(self) -> str:
+        """The reason after the field it blames: ``tracing_config.<field>: <reason>``."""
+        return f"tracing_config.{self.field}: {self}"
 
 
 def setup(config: Mapping[str, Any] | None, component: str) -> Tracer | None:

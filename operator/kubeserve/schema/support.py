@@ -200,14 +200,16 @@ SUPPORT: dict[str, Support] = {
         "OpenTelemetry spans per proxied request (HTTP, WebSocket, gRPC), replica call and "
         "handle call, one trace with the request id, a client's traceparent honoured, streams "
         "and sockets spanned until they end; needs kubeserve[tracing] where proxies and "
-        "replicas run (the image has it); fixed while the serving layer runs"
+        "replicas run (the image has it); fixed while the serving layer runs (on Kubernetes "
+        "a ServeInstance's may change: proxies and replicas restart, builds check it again)"
     ),
     "TracingConfig.exporter_import_path": works(
         "a function returning span processors (or exporters), importable by proxies and "
         "replicas; kubeserve start answers 400 at the field for a module it cannot find; the "
         "build imports it where the application runs (DEPLOY_FAILED naming the field if it "
-        "does not import, on both backends); empty: JSON lines in spans/ next to the logs "
-        "(stderr in a pod)"
+        "does not import, on both backends); a proxy pod that cannot import it does not serve "
+        "and the ServeInstance is UNHEALTHY saying why; empty: JSON lines in spans/ next to the "
+        "logs (stderr in a pod)"
     ),
     "TracingConfig.sampling_ratio": works("parent-based, as in Ray: a sampled traceparent wins"),
     # ------------------------------------------------------------------ LoggingConfig

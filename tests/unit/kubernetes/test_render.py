@@ -47,9 +47,13 @@ def app_config(**fields: Any) -> Json:
 IMPERATIVE: Json = {"name": "shop", "route_prefix": "/", "pickled_graph_sha256": "ab" * 32}
 
 
-def app(config: Json | None = None, cr_name: str = "shop") -> render.AppView:
+def app(
+    config: Json | None = None, cr_name: str = "shop", inst: render.InstanceView | None = None
+) -> render.AppView:
+    """The view of an application of ``inst`` (its tracing_config: none by default)."""
     meta = {"name": cr_name, "namespace": "serving", "uid": "uid-app", "generation": 4}
-    return render.app_view({"metadata": meta}, config or app_config())
+    tracing = None if inst is None else inst.tracing_config
+    return render.app_view({"metadata": meta}, config or app_config(), tracing)
 
 
 def deployment(
@@ -780,6 +784,28 @@ def test_build_key_changes_with_code_and_environment_only() -> None:
     assert app(app_config(args={"size": 2})).build_key != base
 
 
+def test_a_changed_tracing_config_is_a_new_build_but_not_new_code() -> None:
+    """The build checks the instance's exporter where the application runs: a tracing_config
+    changed later builds again (a bad exporter fails the application, its fix recovers it), and
+    reverting finds the earlier build. Tracing off keeps the key an untraced build always had,
+    and the policy host (which traces nothing) keeps running."""
+    untraced = app(inst=instance(tracingConfig={"enabled": False, "exporterImportPath": "a:b"}))
+    assert untraced.build_key == app().build_key == app().code_key
+    keys = set()
+    for exporter in ("otel_setup:exporters", "otel_setup:nowhere", "otel_setup:exporters"):
+        traced = app(inst=instance(tracingConfig={"enabled": True, "exporterImportPath": exporter}))
+        assert traced.code_key == app().code_key
+        keys.add(traced.build_key)
+        job = render.render_build_job(instance(), traced)
+        assert job["metadata"]["name"] == contract.build_job_name("shop", traced.build_key)
+        policy = render.render_policy_workload(instance(), traced)
+        version = policy["spec"]["template"]["metadata"]["annotations"]
+        assert version == {"kubeserve.io/replica-version": app().code_key}
+    assert len(keys) == 2 and app().build_key not in keys
+    sampled = instance(tracingConfig={"enabled": True, "samplingRatio": 0.5})
+    assert app(inst=sampled).build_key not in keys
+
+
 # --------------------------------------------------------------------------- the data-plane secret
 
 SECRET_REF = {
@@ -1089,7 +1115,7 @@ def test_tracing_config_reaches_the_proxy_and_replica_pods_only_when_it_enables_
         replica = json.loads(expand(raw, {"KUBESERVE_POD_NAME": "shop-model-abc12"}))
         assert replica.get("tracing_config") == expected
         # the build checks the exporter where the application runs (a bad one: DEPLOY_FAILED)
-        build = main_container(render.render_build_job(inst, app()))["command"]
+        build = main_container(render.render_build_job(inst, app(inst=inst)))["command"]
         if expected is None:
             assert "--tracing-config" not in build
         else:

@@ -8,7 +8,7 @@ from typing import Any
 
 from kubeserve.backends.kubernetes.cluster import with_removals
 from kubeserve.backends.kubernetes.details import DEPLOYED_AT_ANNOTATION
-from kubeserve.backends.kubernetes.pods import replica_key
+from kubeserve.backends.kubernetes.pods import exit_failure, replica_key
 from kubeserve.backends.kubernetes.reports import (
     ApplicationRefused,
     ApplicationReport,
@@ -288,3 +288,57 @@ def test_an_instance_without_ready_proxies_is_starting() -> None:
     patch = report.patch({"metadata": {}})
     assert (patch["state"], patch["message"]) == ("STARTING", "proxies starting")
     assert patch["proxies"]["node-1"]["status"] == "STARTING"
+
+
+def proxy_pod(name: str, ready: bool, **container: Any) -> dict[str, Any]:
+    condition = {"type": "Ready", "status": "True" if ready else "False"}
+    status = {"conditions": [condition], "containerStatuses": [{"name": "proxy", **container}]}
+    return {"metadata": {"name": name}, "status": status}
+
+
+def test_a_proxy_pod_that_exited_with_an_error_says_why_with_its_last_line() -> None:
+    said = "usage: kubeserve proxy [-h] ...\nkubeserve proxy: error: tracing_config.x: bad\n"
+    crashed = {"terminated": {"exitCode": 2, "reason": "Error", "message": said}}
+    looping = proxy_pod("p-1", False, state={"waiting": {}}, lastState=crashed)
+    assert exit_failure(looping) == (
+        "pod p-1: exited with code 2: kubeserve proxy: error: tracing_config.x: bad"
+    )
+    killed = {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
+    assert exit_failure(proxy_pod("p-2", False, state=killed)) == (
+        "pod p-2: exited with code 137 (OOMKilled)"
+    )
+    # ready (it restarted and serves), still starting, ended cleanly, or going: no failure
+    assert exit_failure(proxy_pod("p-3", True, lastState=crashed)) is None
+    assert exit_failure(proxy_pod("p-4", False, state={"running": {}})) is None
+    clean = {"terminated": {"exitCode": 0, "message": "bye"}}
+    assert exit_failure(proxy_pod("p-5", False, state=clean)) is None
+    going = proxy_pod("p-6", False, lastState=crashed)
+    going["metadata"]["deletionTimestamp"] = "2026-11-26T12:00:00Z"
+    assert exit_failure(going) is None
+
+
+def test_an_instance_whose_proxy_fails_is_unhealthy_saying_why() -> None:
+    """A proxy that cannot start (as Ray's, it does not serve without the tracing asked for)
+    is not a silent CrashLoopBackOff: the instance is UNHEALTHY, its Ready condition
+    ProxyFailed with the pod's reason, even beside a ready pod that still serves."""
+    why = "pod p-new: exited with code 2: kubeserve proxy: error: tracing_config.x: bad"
+    old = ProcessView("node-1", "", "uid-1", "p-old", "")
+    failed = ProxyReport(ProcessView("node-2", "", "uid-2", "p-new", ""), "p-new", False, why)
+    report = InstanceReport(
+        {"node-1": ProxyReport(old, "p-old", ready=True), "node-2": failed},
+        {"app": AppSummary("RUNNING", "/", "")},
+        proxies_disabled=False,
+        proxy_failures=(why, "pod p-other: exited with code 1"),
+    )
+    patch = report.patch({"metadata": {}})
+    assert patch["state"] == "UNHEALTHY"
+    assert patch["message"] == f"proxy not serving (and 1 other proxy pod): {why}"
+    assert patch["proxies"]["node-1"]["status"] == "HEALTHY"
+    assert patch["proxies"]["node-2"]["status"] == "UNHEALTHY"
+    (ready,) = patch["conditions"]
+    assert (ready["status"], ready["reason"], ready["message"]) == (
+        "False",
+        "ProxyFailed",
+        patch["message"],
+    )
+    ServeInstanceStatus.model_validate(patch)

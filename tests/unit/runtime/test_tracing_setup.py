@@ -70,3 +70,26 @@ def test_user_code_reads_its_replica_span_as_rays_get_trace_context(tmp_path: Pa
     span = json.loads(written.read_text())
     assert span["name"] == "replica_handle_request D f"
     assert span["attributes"]["request_id"] == "req-1"
+
+
+def test_a_proxy_that_cannot_trace_as_asked_exits_saying_why_in_one_last_line() -> None:
+    """As Ray's proxy, whose constructor raises: it does not serve without the tracing asked
+    for. Its last line (a pod's termination message, which the operator reports in the
+    ServeInstance's status) names the field, with no usage text before it."""
+    config = {"enabled": True, "exporter_import_path": "ks_tracing_exporter:nowhere"}
+    command = [sys.executable, "-m", "kubeserve.cli", "proxy", "--controller-url", "http://x"]
+    apps = str(ROOT / "tests" / "apps")
+    proc = subprocess.run(
+        [*command, "--tracing-config", json.dumps(config)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": apps},
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "kubeserve proxy: tracing_config.exporter_import_path: exporter_import_path "
+        "'ks_tracing_exporter:nowhere' does not import: "
+        "AttributeError: module 'ks_tracing_exporter' has no attribute 'nowhere'"
+    ]

@@ -120,7 +120,7 @@ class ApplicationReconciler:
     ) -> ApplicationReport:
         secret = await self._data_plane.secret(instance)  # replicas read it; pushes prove it
         instance_view = render.instance_view(instance, self._data_plane.report_url)
-        app_view = render.app_view(obj, app_config)
+        app_view = render.app_view(obj, app_config, instance_view.tracing_config)
         graph = await _graph(self._cluster, instance_view, app_view)
         if graph is None:
             note = _build_note(self._cluster, app_view)

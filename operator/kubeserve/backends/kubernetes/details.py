@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kubeserve.backends.kubernetes.pods import pod_ready
+from kubeserve.backends.kubernetes.pods import exit_failure, pod_ready
 from kubeserve.backends.kubernetes.render import ROLLOUT
 from kubeserve.backends.kubernetes.render_views import app_view
 from kubeserve.backends.process_health import controller_health
@@ -33,6 +33,7 @@ from kubeserve.control.details import (
     controller_process,
 )
 from kubeserve.control.effective_config import EffectiveDeployment
+from kubeserve.control.instance import tracing_config
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.graph import graph_document
 from kubeserve.schema.config import ServeDeploySchema, is_default_policy, policy_function_name
@@ -129,12 +130,14 @@ def instance_view(view: ClusterView, controller: ControllerIdentity) -> Instance
     if view.instance is None:
         return None
     instance_name = view.instance["metadata"]["name"]
+    options = instance_options(view.instance.get("spec") or {})
+    tracing = tracing_config(options)  # part of the build key
     return InstanceDetailsView(
         controller=controller_process(controller.node_id, controller.node_ip, controller.pid, ""),
-        options=instance_options(view.instance.get("spec") or {}),
+        options=options,
         proxies=_proxies(view, instance_name),
         applications=[
-            _application(view, obj)
+            _application(view, obj, tracing)
             for obj in view.applications
             if contract.instance_of(obj) == instance_name
         ],
@@ -150,17 +153,19 @@ def _proxies(view: ClusterView, instance_name: str) -> dict[str, ProxyView]:
     }
     proxies: dict[str, ProxyView] = {}
     for pod in sorted(view.objects("Pod", labels), key=pod_ready):  # a ready pod wins its node
-        status = "HEALTHY" if pod_ready(pod) else "STARTING"
+        status = "HEALTHY" if pod_ready(pod) else "UNHEALTHY" if exit_failure(pod) else "STARTING"
         if pod["metadata"].get("deletionTimestamp"):
             status = "DRAINING"
         proxies[_node(pod)] = ProxyView(pod_process(pod), status)
     return proxies
 
 
-def _application(view: ClusterView, obj: Obj) -> ApplicationDetailsView:
+def _application(
+    view: ClusterView, obj: Obj, tracing: Mapping[str, Any] | None
+) -> ApplicationDetailsView:
     status = ServeApplicationStatus.of(obj)
     config = app_config(obj)
-    graph = _graph(view, obj, config)
+    graph = _graph(view, obj, config, tracing)
     return ApplicationDetailsView(
         name=contract.application_name(obj),
         route_prefix=_route_prefix(status, config),
@@ -225,11 +230,17 @@ def _deployed_at(obj: Obj, status: ServeApplicationStatus) -> float:
     return _epoch(obj["metadata"].get("creationTimestamp") or "")
 
 
-def _graph(view: ClusterView, obj: Obj, config: Mapping[str, Any] | None) -> Obj | None:
-    """The build's graph of the current code (``None`` while it builds or when it failed)."""
+def _graph(
+    view: ClusterView,
+    obj: Obj,
+    config: Mapping[str, Any] | None,
+    tracing: Mapping[str, Any] | None,
+) -> Obj | None:
+    """The build's graph of the current code and instance ``tracing`` config (``None`` while it
+    builds or when it failed)."""
     if config is None:
         return None
-    key = app_view(obj, config).build_key
+    key = app_view(obj, config, tracing).build_key
     configmap = view.configmap(contract.graph_configmap_name(obj["metadata"]["name"], key))
     if configmap is None:
         return None

@@ -9,7 +9,7 @@ from kubeserve.backends.kubernetes import render
 from kubeserve.backends.kubernetes.cluster import Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.details import pod_process
-from kubeserve.backends.kubernetes.pods import pod_ready
+from kubeserve.backends.kubernetes.pods import exit_failure, pod_ready
 from kubeserve.backends.kubernetes.reports import AppSummary, InstanceReport, ProxyReport
 from kubeserve.backends.kubernetes.tls_secret import tls_problem
 from kubeserve.runtime.kubernetes import contract
@@ -57,12 +57,15 @@ def _instance_report(
     cluster: Cluster, obj: dict[str, Any], labels: dict[str, str], problem: str | None
 ) -> InstanceReport:
     namespace = obj["metadata"]["namespace"]
-    proxies = {}
-    for pod in cluster.cache.objects("Pod", namespace, labels):
+    proxies, failures = {}, []
+    for pod in sorted(cluster.cache.objects("Pod", namespace, labels), key=pod_ready):
         process = pod_process(pod)  # the admin API describes a proxy pod the same way
-        proxies[process.node_id] = ProxyReport(
-            process, pod_name=pod["metadata"]["name"], ready=pod_ready(pod)
+        failure = exit_failure(pod)
+        proxies[process.node_id] = ProxyReport(  # a ready pod wins its node
+            process, pod_name=pod["metadata"]["name"], ready=pod_ready(pod), failure=failure
         )
+        if failure is not None:
+            failures.append(failure)
     applications = {}
     for app in cluster.cache.objects("ServeApplication", namespace):
         if contract.instance_of(app) != obj["metadata"]["name"]:
@@ -75,5 +78,9 @@ def _instance_report(
         )
     location = (obj.get("spec") or {}).get("proxyLocation", "EveryNode")
     return InstanceReport(
-        proxies, applications, proxies_disabled=location == "Disabled", problem=problem
+        proxies,
+        applications,
+        proxies_disabled=location == "Disabled",
+        problem=problem,
+        proxy_failures=tuple(sorted(failures)),
     )

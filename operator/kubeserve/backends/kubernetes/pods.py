@@ -1,7 +1,9 @@
-"""What the operator reads off a pod: readiness, and which replica process it is."""
+"""What the operator reads off a pod: readiness, why it stopped, and which replica process it
+is."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -11,6 +13,34 @@ def pod_ready(pod: dict[str, Any]) -> bool:
         if condition.get("type") == "Ready":
             return bool(condition.get("status") == "True")
     return False
+
+
+def last_exit(container: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ``terminated`` state of a container status: its current one, else its last (a
+    container restarting after it ended), else None."""
+    state = (container.get("state") or {}).get("terminated")
+    return state or (container.get("lastState") or {}).get("terminated") or None
+
+
+def exit_failure(pod: dict[str, Any]) -> str | None:
+    """Why a pod that is not ready stopped: a container's last exit with an error, with the last
+    line of its termination message (the reason the process gave last, its log's last line with
+    ``terminationMessagePolicy: FallbackToLogsOnError``), or None: a ready pod, one being
+    deleted, or one that did not fail (still starting)."""
+    if pod_ready(pod) or pod["metadata"].get("deletionTimestamp"):
+        return None
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        ended = last_exit(container)
+        if not ended or ended.get("exitCode") in (0, None):
+            continue
+        reason = str(ended.get("reason") or "")
+        why = f"exited with code {ended['exitCode']}"
+        if reason and reason != "Error":  # OOMKilled, ContainerCannotRun...
+            why += f" ({reason})"
+        lines = str(ended.get("message") or "").strip().splitlines()
+        said = f": {lines[-1].strip()[-1000:]}" if lines else ""
+        return f"pod {pod['metadata']['name']}: {why}{said}"
+    return None
 
 
 def serving_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:

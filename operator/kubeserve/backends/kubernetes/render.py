@@ -52,9 +52,10 @@ no new path to the operator), and a replica restarted while the operator is down
 Per application build (:func:`render_build_job`): the Job ``<app>-build-<build_key>`` runs
 ``kubeserve build <import_path> --configmap <app>-graph-<build_key> --namespace
 $(KUBESERVE_NAMESPACE) --application <app> --application-uid <uid>`` in the application's image
-and runtime_env. The build writes the ConfigMap with the key ``graph.json`` holding its JSON
-document (the graph, or ``{"error": ...}``), owned by the ``ServeApplication`` (the given name and
-uid), then exits 0 on success and 1 on a build error.
+and runtime_env, with ``--tracing-config <json>`` when the instance traces (the build key covers
+it: a changed ``tracingConfig`` checks its exporter again). The build writes the ConfigMap with
+the key ``graph.json`` holding its JSON document (the graph, or ``{"error": ...}``), owned by the
+``ServeApplication`` (the given name and uid), then exits 0 on success and 1 on a build error.
 """
 
 from __future__ import annotations
@@ -412,9 +413,11 @@ def _builder_args(app: AppView) -> list[str]:
     return ["--args", escape(json.dumps(args, sort_keys=True))] if args else []
 
 
-def _build_command(app: AppView, tracing_config: dict[str, Any] | None) -> list[str]:
-    """``kubeserve build``'s command; with ``tracing_config`` (tracing on) the build also checks
-    that its exporter imports where the application runs (a BuildError otherwise)."""
+def _build_command(app: AppView) -> list[str]:
+    """``kubeserve build``'s command; with the instance's ``tracing_config`` (tracing on, part of
+    the build key) the build also checks that its exporter imports where the application runs
+    (a BuildError otherwise)."""
+    tracing_config = app.tracing_config
     tracing = ["--tracing-config", escape(json.dumps(tracing_config, sort_keys=True))]
     if app.graph_secret is not None:
         code = ["--pickled-file", PICKLED_GRAPH_FILE]
@@ -440,7 +443,7 @@ def _build_command(app: AppView, tracing_config: dict[str, Any] | None) -> list[
 def render_build_job(instance: InstanceView, app: AppView) -> Manifest:
     """The Job that imports the application and writes its graph (one per :attr:`build_key`)."""
     image = image_for(app.runtime_env, instance.image, "runtime_env")
-    command = _build_command(app, instance.tracing_config)
+    command = _build_command(app)
     main = container("build", image, instance.image_pull_policy, command, [])
     main["resources"] = _BUILD_RESOURCES
     own_env = {APPLICATION_ENV: app.cr_name, INSTANCE_ENV: instance.name}
@@ -480,7 +483,7 @@ def render_policy_workload(instance: InstanceView, app: AppView) -> Manifest:
     ``kubeserve policy-host`` (:mod:`kubeserve.runtime.policy_server`) in the application's image
     and runtime_env, with its code as the build gets it (import path and ``args``, or the
     mounted pickled graph), behind the data-plane handshake with the pod's name as identity, as
-    a replica. Its template depends on :attr:`~.render_views.AppView.build_key` (the
+    a replica. Its template depends on :attr:`~.render_views.AppView.code_key` (the
     annotation): new code restarts it, which loses ``policy_state`` as Ray's controller restart
     does. ``Recreate``: never two hosts, so one policy state at a time. The pod needs no
     Kubernetes API: no token is mounted.
@@ -522,7 +525,7 @@ def render_policy_workload(instance: InstanceView, app: AppView) -> Manifest:
     component = contract.COMPONENT_POLICY
     labels = contract.common_labels(component, instance.name, app.cr_name)
     selector = contract.selector_labels(component, application=app.cr_name)
-    version = {contract.VERSION_ANNOTATION: app.build_key}
+    version = {contract.VERSION_ANNOTATION: app.code_key}
     name = contract.policy_workload_name(app.cr_name)
     annotations = {contract.APPLICATION_NAME_ANNOTATION: app.app_name, **version}
     return {

@@ -153,6 +153,9 @@ def _proxy_container(instance: InstanceView) -> Manifest:
         # every 2 s: a replacement proxy is Ready (and the one it replaces may leave) sooner
         "readinessProbe": {**ready, "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 2},
         "livenessProbe": {**alive, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+        # a proxy that cannot start (a tracing exporter that does not import...) says why last:
+        # the operator reports it in the instance's status (pods.exit_failure)
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
 

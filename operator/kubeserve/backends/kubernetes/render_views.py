@@ -121,6 +121,9 @@ class AppView:
     namespace: str
     uid: str
     config: Mapping[str, Any]
+    #: the instance's :attr:`InstanceView.tracing_config` (when it enables tracing): the build
+    #: checks that its exporter imports where the application runs
+    tracing_config: Mapping[str, Any] | None = None
 
     @property
     def app_name(self) -> str:
@@ -133,18 +136,31 @@ class AppView:
         return self.config.get("runtime_env") or {}
 
     @property
+    def code_key(self) -> str:
+        """Identifies the application's code: import path (or pickled graph), runtime_env and
+        args (what the policy host runs; a new one restarts it)."""
+        return effective_config.fingerprint(self._code_inputs())[:_BUILD_KEY_LENGTH]
+
+    @property
     def build_key(self) -> str:
-        """Identifies what a build depends on: import path (or pickled graph), runtime_env and
-        args.
+        """Identifies what a build depends on: the code (:attr:`code_key`'s inputs) and, when
+        tracing is on, the instance's ``tracing_config``, whose exporter the build checks.
 
         Builds are keyed by it rather than by ``metadata.generation``: a new generation that only
         changes overrides, ``user_config`` or replica counts reuses the last build, as the local
-        backend does.
+        backend does; a changed ``tracing_config`` builds again, so an exporter set later that
+        does not import fails the application, and its fix recovers it.
         """
+        inputs = self._code_inputs()
+        if self.tracing_config is not None:  # only then: an untraced build keeps its key
+            inputs.append(dict(self.tracing_config))
+        return effective_config.fingerprint(inputs)[:_BUILD_KEY_LENGTH]
+
+    def _code_inputs(self) -> list[Any]:
         inputs = [self.config.get("import_path"), self.runtime_env, self.config.get("args")]
         if self.graph_digest is not None:  # only then: a declarative build keeps its key
             inputs.append(self.graph_digest)
-        return effective_config.fingerprint(inputs)[:_BUILD_KEY_LENGTH]
+        return inputs
 
     @property
     def graph_digest(self) -> str | None:
@@ -211,14 +227,20 @@ def instance_view(obj: Mapping[str, Any], report_url: str | None = None) -> Inst
     )
 
 
-def app_view(obj: Mapping[str, Any], app_config: Mapping[str, Any]) -> AppView:
-    """The view of a ``ServeApplication`` object whose spec translates to ``app_config`` (REST)."""
+def app_view(
+    obj: Mapping[str, Any],
+    app_config: Mapping[str, Any],
+    tracing: Mapping[str, Any] | None = None,
+) -> AppView:
+    """The view of a ``ServeApplication`` object whose spec translates to ``app_config`` (REST);
+    ``tracing`` is its instance's :attr:`InstanceView.tracing_config`."""
     meta = obj["metadata"]
     return AppView(
         cr_name=str(meta["name"]),
         namespace=str(meta["namespace"]),
         uid=str(meta["uid"]),
         config=app_config,
+        tracing_config=tracing,
     )
 
 

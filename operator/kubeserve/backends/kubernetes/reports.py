@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kubeserve.backends.kubernetes.details import annotated_deployed_at
-from kubeserve.backends.kubernetes.pods import pod_ready, replica_key
+from kubeserve.backends.kubernetes.pods import last_exit, pod_ready, replica_key
 from kubeserve.control import backoff
 from kubeserve.control.details import ProcessView
 from kubeserve.control.effective_config import EffectiveDeployment
@@ -159,6 +159,14 @@ class ProxyReport:
     process: ProcessView
     pod_name: str
     ready: bool
+    #: why the pod is not ready, when its proxy exited with an error
+    #: (:func:`~.pods.exit_failure`): the proxy is UNHEALTHY, as Ray's that failed to start
+    failure: str | None = None
+
+    @property
+    def status(self) -> str:
+        """Ray's ``ProxyStatus`` of the proxy."""
+        return "HEALTHY" if self.ready else "UNHEALTHY" if self.failure else "STARTING"
 
 
 @dataclass(frozen=True)
@@ -173,31 +181,35 @@ class AppSummary:
 @dataclass(frozen=True)
 class InstanceReport:
     """An instance pass: its proxies by node and its applications by name. Ready when every
-    application is RUNNING and, unless ``proxyLocation: Disabled``, proxies exist and all are."""
+    application is RUNNING and, unless ``proxyLocation: Disabled``, proxies exist and all are.
+    UNHEALTHY, saying why, when the proxies cannot be rendered (``problem``) or a proxy pod
+    exited with an error (``proxy_failures``: a bad ``tracingConfig`` exporter, a gRPC servicer
+    that does not import...), which otherwise would only be a pod in CrashLoopBackOff."""
 
     proxies: Mapping[str, ProxyReport]
     applications: Mapping[str, AppSummary]
     proxies_disabled: bool
     #: why the proxies cannot be rendered as the spec asks (its TLS Secret), if they cannot
     problem: str | None = None
+    #: why each proxy pod that exited with an error did (one of a node may not be in ``proxies``:
+    #: a ready one wins its node there, as a new pod failing beside the one it would replace)
+    proxy_failures: tuple[str, ...] = ()
 
     def patch(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """``ServeInstance.status`` as a merge patch: its model's fields, every one set."""
         proxies_ok = self.proxies_disabled or (
-            bool(self.proxies) and all(p.ready for p in self.proxies.values())
+            bool(self.proxies)
+            and all(p.ready for p in self.proxies.values())
+            and not self.proxy_failures
         )
         apps_ok = all(a.status == "RUNNING" for a in self.applications.values())
         ready = proxies_ok and apps_ok and self.problem is None
-        message = (
-            ""
-            if ready
-            else self.problem
-            or ("proxies starting" if not proxies_ok else "applications not all RUNNING")
-        )
+        reason, message = self._why_not(proxies_ok) if not ready else ("Running", "")
+        state = "RUNNING" if ready else "STARTING" if reason == "Starting" else "UNHEALTHY"
         limit = instance_message_limit(len(self.applications))
         status = ServeInstanceStatus.model_validate(
             {
-                "state": "RUNNING" if ready else "UNHEALTHY" if self.problem else "STARTING",
+                "state": state,
                 "message": message,
                 "observed_generation": obj["metadata"].get("generation"),
                 "proxies": {node: _proxy_entry(p) for node, p in self.proxies.items()},
@@ -209,19 +221,24 @@ class InstanceReport:
                     }
                     for name, a in self.applications.items()
                 },
-                "conditions": [
-                    ready_condition(
-                        obj,
-                        ready,
-                        "Running" if ready else "InvalidTLS" if self.problem else "Starting",
-                        message or "RUNNING",
-                    )
-                ],
+                "conditions": [ready_condition(obj, ready, reason, message or "RUNNING")],
             },
             by_name=True,
             by_alias=False,
         )
         return status.model_dump(mode="json", exclude_unset=True)
+
+    def _why_not(self, proxies_ok: bool) -> tuple[str, str]:
+        """The Ready condition's reason and the status message of an instance not ready."""
+        if self.problem is not None:
+            return "InvalidTLS", self.problem
+        if self.proxy_failures:
+            first, more = self.proxy_failures[0], len(self.proxy_failures) - 1
+            also = f" (and {more} other proxy pod{'s' * (more > 1)})" if more else ""
+            return "ProxyFailed", f"proxy not serving{also}: {first}"
+        if not proxies_ok:
+            return "Starting", "proxies starting"
+        return "Starting", "applications not all RUNNING"
 
 
 #: What the applications' messages in an instance's status may take together (characters): each
@@ -276,7 +293,7 @@ def _proxy_entry(proxy: ProxyReport) -> dict[str, Any]:
     return {
         **dataclasses.asdict(proxy.process),
         "actor_name": proxy.pod_name,
-        "status": "HEALTHY" if proxy.ready else "STARTING",
+        "status": proxy.status,
     }
 
 
@@ -366,9 +383,7 @@ def deployment_view_from_pods(
             continue
         for container in status.get("containerStatuses") or []:
             restarts = max(restarts, int(container.get("restartCount", 0)))
-            terminated = (container.get("state") or {}).get("terminated") or (
-                container.get("lastState") or {}
-            ).get("terminated")
+            terminated = last_exit(container)
             if terminated and terminated.get("reason") == "OOMKilled":
                 last_error = _out_of_memory(meta["name"], config)
                 ended = _timestamp(terminated.get("finishedAt"))
@@ -406,9 +421,7 @@ def init_failures(pod: Mapping[str, Any]) -> list[str]:
 def _init_failure(init: Mapping[str, Any]) -> str | None:
     """Why the pod's init container (runtime_env files and packages) failed, with the tail of its
     log (its termination message), or None when it did not fail."""
-    terminated = (init.get("state") or {}).get("terminated") or (init.get("lastState") or {}).get(
-        "terminated"
-    )
+    terminated = last_exit(init)
     if not terminated or terminated.get("exitCode") in (0, None):
         return None
     message = str(terminated.get("message") or "").strip()[-2000:]

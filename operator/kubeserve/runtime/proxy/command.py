@@ -124,10 +124,10 @@ def main(
     except (OSError, ValueError) as exc:
         parser.error(f"cannot set up the log: {exc}")
     access = logs.AccessLog(component, settings.encoding) if settings.access_log else None
-    try:
+    try:  # as Ray's proxy, whose constructor raises: no serving without the tracing asked for
         tracing.setup(args.tracing_config, "proxy")
-    except tracing.TracingSetupError as exc:
-        parser.error(str(exc))
+    except tracing.TracingSetupError as exc:  # one line, no usage: a pod's termination message
+        parser.exit(1, f"kubeserve proxy: {exc.named()}\n")
     try:
         secret = channel.take_secret()
     except ValueError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
@@ -177,6 +177,27 @@ async def started_client(port: int, **others: int) -> AsyncIterator[HandleClient
         await client.close()
 
 
+async def _counting_replica(
+    respond: Callable[[asyncio.StreamWriter, Any, Any], Awaitable[None]],
+) -> tuple[ChannelFront, int, list[int]]:
+    """A replica answering every call of a keep-alive connection with ``respond(writer, args,
+    kwargs)``; the list counts the connections it was given."""
+    connections = [0]
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections[0] += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+                args, kwargs = decode_call(await reader.readexactly(length))
+                await respond(writer, args, kwargs)
+        writer.close()
+
+    server, port = await _raw_replica(answer)
+    return server, port, connections
+
+
 async def _raw_replica(on_call: Any) -> tuple[ChannelFront, int]:
     """A replica stand-in speaking raw bytes: ``on_call(reader, writer)`` per connection,
     behind the data-plane handshake."""
@@ -228,27 +249,17 @@ def test_replica_dying_mid_stream_raises_rays_actor_died_error() -> None:
 
 def test_connections_are_reused_and_closed_when_the_replica_leaves() -> None:
     async def go() -> None:
-        connections = 0
+        async def add(writer: asyncio.StreamWriter, args: Any, kwargs: Any) -> None:
+            body = encode_result(args[0] + kwargs["b"])
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+            writer.write(body)
 
-        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            nonlocal connections
-            connections += 1
-            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-                while True:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
-                    args, kwargs = decode_call(await reader.readexactly(length))
-                    body = encode_result(args[0] + kwargs["b"])
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
-                    writer.write(body)
-            writer.close()
-
-        server, port = await _raw_replica(answer)
+        server, port, connections = await _counting_replica(add)
         try:
             async with started_client(port) as client:
                 for i in range(10):
                     assert await client.call("app", "D", "add", (i,), {"b": 1}) == i + 1
-                assert connections == 1
+                assert connections == [1]
                 results = await asyncio.gather(
                     *(client.call("app", "D", "add", (i,), {"b": 0}) for i in range(4))
                 )
@@ -264,38 +275,28 @@ def test_connections_are_reused_and_closed_when_the_replica_leaves() -> None:
 
 def test_a_stream_read_to_its_end_leaves_its_connection_for_the_next() -> None:
     async def go() -> None:
-        connections = 0
+        async def numbers(writer: asyncio.StreamWriter, args: Any, _kwargs: Any) -> None:
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            frames = [encode_frame(FRAME_ITEM, encode_result(i)) for i in range(args[0])]
+            for frame in [*frames, encode_frame(FRAME_END)]:
+                writer.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+            await writer.drain()  # the body's last bytes apart from its end frame
+            writer.write(b"0\r\n\r\n")
 
-        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            nonlocal connections
-            connections += 1
-            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-                while True:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
-                    args, _ = decode_call(await reader.readexactly(length))
-                    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-                    frames = [encode_frame(FRAME_ITEM, encode_result(i)) for i in range(args[0])]
-                    for frame in [*frames, encode_frame(FRAME_END)]:
-                        writer.write(b"%x\r\n%s\r\n" % (len(frame), frame))
-                    await writer.drain()  # the body's last bytes apart from its end frame
-                    writer.write(b"0\r\n\r\n")
-            writer.close()
-
-        server, port = await _raw_replica(answer)
+        server, port, connections = await _counting_replica(numbers)
         try:
             async with started_client(port) as client:
                 for n in (3, 0, 5):
                     items = [i async for i in client.stream("app", "D", "numbers", (n,), {})]
                     assert items == list(range(n))
-                assert connections == 1
+                assert connections == [1]
                 # left before its end: closed (which stops the replica's generator), not reused
                 async with contextlib.aclosing(
                     client.stream("app", "D", "numbers", (3,), {})
                 ) as items:
                     assert await anext(items) == 0
                 assert [i async for i in client.stream("app", "D", "numbers", (2,), {})] == [0, 1]
-                assert connections == 2
+                assert connections == [2]
                 assert client.router.in_flight("app#D") == {"r0": 0}
         finally:
             await server.stop()

@@ -342,6 +342,7 @@ def test_a_streamed_answer_and_a_websocket_are_traced_until_they_end(
 GRPC_APPS = [
     {"name": "app1", "route_prefix": "/app1", "import_path": "ray_grpc_app:g"},
     {"name": "ctx", "route_prefix": "/ctx", "import_path": "ray_grpc_context_app:g"},
+    {"name": "checks", "route_prefix": "/checks", "import_path": "ks_grpc_checks_app:app"},
 ]
 SERVICE = "/userdefinedprotos.UserDefinedService"
 
@@ -358,7 +359,8 @@ def test_grpc_calls_are_traced_as_rays_grpc_proxy_traces_them(
     options = {
         "port": grpc_port,
         "grpc_servicer_functions": [
-            "user_defined_protos_pb2_grpc.add_UserDefinedServiceServicer_to_server"
+            "user_defined_protos_pb2_grpc.add_UserDefinedServiceServicer_to_server",
+            "ks_grpc_checks_pb2_grpc.add_ChecksServicer_to_server",
         ],
     }
     with running_kubeserve(tmp_path / "state") as ks:
@@ -418,5 +420,17 @@ def test_grpc_calls_are_traced_as_rays_grpc_proxy_traces_them(
             assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
             proxy = by_name(trace_of(spans_dir, "grpc-3", 3), "proxy_grpc_request")
             assert proxy["attributes"]["rpc.grpc.status_code"] == "INVALID_ARGUMENT"
+
+            # the client's stream reaches the method while the call is traced
+            checks_pb2 = importlib.import_module("ks_grpc_checks_pb2")
+            checks = importlib.import_module("ks_grpc_checks_pb2_grpc").ChecksStub(channel)
+            asks = [checks_pb2.Ask(text=t, count=i) for i, t in enumerate("abc")]
+            routed = (("application", "checks"),)
+            answer = checks.Upload(iter(asks), metadata=(*routed, ("request_id", "grpc-4")))
+            assert (answer.text, answer.index) == ("a+b+c", 3)
+            traced = trace_of(spans_dir, "grpc-4", 2)  # its handle call is a span
+            by_name(traced, "route_to_replica Checks Upload")
+            chat = checks.Chat(iter(asks), metadata=(*routed, ("request_id", "grpc-5")))
+            assert [(a.text, a.index) for a in chat] == [("re:a", 0), ("re:b", 1), ("re:c", 2)]
             assert proxy["status"] == "ERROR"
         ks.shutdown()

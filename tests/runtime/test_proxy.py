@@ -909,6 +909,32 @@ def test_oversized_urls_heads_and_bodies_are_refused() -> None:
     scenario(body, limits=LIMITS)
 
 
+def test_a_refused_upload_still_being_sent_gets_its_answer_not_a_reset() -> None:
+    """A client sending a body over the limit gets the 413, then the end of the stream: the proxy
+    half-closes and drops what still arrives (closing with unread bytes would reset the
+    connection, and the reset can destroy the answer before the client reads it)."""
+
+    async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
+        async def upload() -> bytes:
+            reader, writer = await asyncio.open_connection("127.0.0.1", c.proxy.port)
+            try:
+                writer.write(b"POST /a/size HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+                for _ in range(40):  # the body goes on after the proxy answered
+                    writer.write(b"u" * 25_000)
+                    await writer.drain()
+                    await asyncio.sleep(0.002)
+                return await asyncio.wait_for(reader.read(), 10)
+            finally:
+                writer.close()
+
+        answers = await asyncio.gather(*(upload() for _ in range(20)))
+        assert all(status_of(a) == 413 for a in answers), [a[:40] for a in answers]
+        await wait_until(lambda: not c.proxy.state.connections)
+        assert c.replicas["a0"].hits.total() == 0
+
+    scenario(body, limits=LIMITS)
+
+
 def test_slowloris_connections_are_closed_after_the_head_timeout() -> None:
     async def body(c: Cluster, s: aiohttp.ClientSession) -> None:
         async def slowloris() -> bytes:

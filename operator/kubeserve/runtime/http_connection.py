@@ -40,6 +40,11 @@ __all__ = ["RequestRefused", "ServerConnection", "body_too_large", "head_too_lar
 
 log = logging.getLogger(__name__)
 
+#: How long a connection closed by :meth:`ServerConnection.close_lingering` goes on reading (and
+#: dropping) what the client still sends, at most: until the client's end of the stream, as
+#: nginx's ``lingering_close``.
+LINGER_S = 2.0
+
 
 class RequestRefused(Exception):
     """Raised from a parser callback to stop parsing a request the server refuses:
@@ -80,6 +85,7 @@ class ServerConnection(asyncio.Protocol):
         self.drained: asyncio.Future[None] | None = None
         self.read_size = 0  # bytes in the current read
         self.idle_since = 0.0
+        self.linger: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -97,6 +103,9 @@ class ServerConnection(asyncio.Protocol):
         self.connections.discard(self)
         if self.clock is not None:
             self.clock.cancel()
+        if self.linger is not None:
+            self.linger.cancel()
+            self.linger = None
         self._wake_writer()
 
     def pause_writing(self) -> None:
@@ -137,7 +146,10 @@ class ServerConnection(asyncio.Protocol):
     # -- parsing -----------------------------------------------------------------------------------
 
     def feed(self, data: bytes) -> bool:
-        """Parse one read; False when parsing stopped (the request was refused or upgraded)."""
+        """Parse one read; False when parsing stopped (the request was refused or upgraded, or
+        the connection is closing: a lingering close drops what still arrives)."""
+        if self.closed:
+            return False
         self.read_size = len(data)
         try:
             self.parser.feed_data(data)
@@ -182,6 +194,26 @@ class ServerConnection(asyncio.Protocol):
         """Flush what is buffered, then close (``closed`` turns True in ``connection_lost``)."""
         if not self.closed:
             self.transport.close()
+
+    def close_lingering(self) -> None:
+        """End the connection after an answer to a request the client may still be sending
+        (400, 408, 413, 431...): flush, half-close, and read and drop what still arrives until
+        the client's end of the stream, for :data:`LINGER_S` at most. Closing at once with
+        unread bytes makes the kernel answer with a reset, and a reset can destroy the answer
+        in the client's receive buffer before the client reads it. ``closed`` turns True at
+        once: nothing more is parsed or written. (A TLS or sealed layer has no half-close: it
+        closes at once, after its own close message.)"""
+        if self.closed:
+            return
+        transport = self.transport
+        if transport.is_closing() or not transport.can_write_eof():
+            self.close()
+            self.closed = True
+            return
+        self.closed = True
+        transport.write_eof()
+        transport.resume_reading()
+        self.linger = self.loop.call_later(LINGER_S, transport.close)
 
     # -- the connection timer ----------------------------------------------------------------------
 

@@ -262,7 +262,7 @@ class ClientConnection(ServerConnection):
         ex = self.parsing
         rid = ex.request_id if ex is not None and ex.request_id else new_request_id()
         self.write(local_response(status, message, close=True, request_id=rid))
-        self.close()
+        self.close_lingering()
 
     def upgraded(self, rest: bytes) -> None:
         ex, self.upgrading = self.upgrading, None

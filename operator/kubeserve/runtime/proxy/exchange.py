@@ -514,7 +514,7 @@ class Exchange:
             if self.timer is not None:
                 self.timer.cancel()
                 self.timer = None
-            self.client.close()
+            self.client.close_lingering()  # the client may still be sending this request
         elif self.request_done:
             self._finish()
 

@@ -610,7 +610,7 @@ class _Connection(ServerConnection):
     def refuse(self, status: int, message: bytes) -> None:
         rid = self.request_id or (new_request_id().decode() if self.ingress else "")
         self._write_head(status, {"content-type": "text/plain; charset=utf-8"}, message, False, rid)
-        self.close()
+        self.close_lingering()
 
     def close(self) -> None:
         if self.session is not None:  # a socket still open (the server stops): 1001

@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import zlib
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -56,6 +55,7 @@ from kubeserve.backends.kubernetes.reports import ApplicationReport, StatusRepor
 from kubeserve.control import status_pacing
 from kubeserve.control.autoscaling_state import CallerReports
 from kubeserve.control.leader_election import LeaseTiming
+from kubeserve.control.resync_turns import ResyncTurns
 from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import Kube, KubeError
@@ -152,8 +152,9 @@ class Operator:
         #: of the passes writing a status held back (:mod:`kubeserve.control.status_pacing`)
         self._status_written: dict[str, float] = {}
         self._status_due: dict[str, asyncio.TimerHandle] = {}
-        #: application key -> (the digest of its inputs at its last pass, resyncs skipped since)
-        self._settled: dict[str, tuple[str, int]] = {}
+        #: application key -> the digest of its inputs at its last pass, while RUNNING and settled
+        self._settled: dict[str, str] = {}
+        self._resync_turns = ResyncTurns(FULL_RESYNC_EVERY)
         self.cluster: Cluster | None = None
         self._reconcilers: dict[str, Reconciler] = {}
         self._data_plane: DataPlane | None = None
@@ -215,8 +216,7 @@ class Operator:
         async with self._locks[key], self._passes:
             latest = self.cluster.cache.get(obj["kind"], meta["namespace"], meta["name"]) or obj
             if latest["metadata"].get("deletionTimestamp"):
-                self._settled.pop(key, None)
-                self._status_written.pop(key, None)
+                self._forget(key)
                 return  # children go with it (ownerReferences); nothing to converge to
             self.reconciles += 1
             digest = self._digest(obj["kind"], latest)
@@ -233,8 +233,8 @@ class Operator:
                 raise
             if paced or status.get("appStatus") != "RUNNING":  # a pass is due anyway
                 self._settled.pop(key, None)
-            elif digest is not None:  # the full passes of applications settled together spread
-                self._settled[key] = (digest, zlib.crc32(key.encode()) % FULL_RESYNC_EVERY)
+            elif digest is not None:
+                self._settled[key] = digest
 
     async def _write_status(self, key: str, obj: dict[str, Any], status: dict[str, Any]) -> bool:
         """Write the pass's ``status`` of ``obj`` now, or, when it only moves the progress of a
@@ -279,13 +279,9 @@ class Operator:
         differs between applications). An application not RUNNING may wait on what no input
         shows (a replica that did not answer yet): its resync always runs."""
         key = key_of(kind, obj)
+        full = self._resync_turns.full(key)
         settled = self._settled.get(key)
-        if (
-            settled is not None
-            and settled[1] + 1 < FULL_RESYNC_EVERY
-            and self._digest(kind, obj) == settled[0]
-        ):
-            self._settled[key] = (settled[0], settled[1] + 1)
+        if settled is not None and not full and self._digest(kind, obj) == settled:
             self.resyncs_skipped += 1
             return
         self._mark(key)
@@ -369,8 +365,20 @@ class Operator:
                 self._mark(key)
 
     def _deleted(self, kind: str, obj: dict[str, Any]) -> None:
-        if kind == "Pod" and self._data_plane is not None:
-            self._data_plane.forget_pod(obj)
+        if kind == "Pod":
+            if self._data_plane is not None:
+                self._data_plane.forget_pod(obj)
+        elif kind in CUSTOM_KINDS:
+            self._forget(key_of(kind, obj))
+
+    def _forget(self, key: str) -> None:
+        """Drop what the operator remembers of a custom resource that is going."""
+        self._settled.pop(key, None)
+        self._resync_turns.forget(key)
+        self._status_written.pop(key, None)
+        due = self._status_due.pop(key, None)
+        if due is not None:
+            due.cancel()
 
     def _pushed(self, pod: dict[str, Any]) -> None:
         """A user_config push to ``pod`` ended: its application's pass reads the outcome."""

@@ -520,3 +520,54 @@ def test_a_new_version_that_does_not_fit_beside_the_previous_one_replaces_it(
             in (ks.state_dir / "logs" / "controller.log").read_text()
         )
         ks.shutdown()
+
+
+def test_max_replicas_per_node_caps_the_one_node_and_a_roll_at_the_cap_completes(
+    clean_kubeserve: Kubeserve,
+) -> None:
+    """A kubeserve start instance is one node: replicas beyond ``max_replicas_per_node`` wait,
+    saying why (Ray's stay pending on a one-node cluster); a new version at the cap replaces the
+    old replicas one by one; raising the cap starts the rest."""
+    ks = clean_kubeserve
+
+    def sized(replicas: int, cap: int, **extra: Any) -> dict[str, Any]:
+        deployment = {"name": "Sized", "num_replicas": replicas, "max_replicas_per_node": cap}
+        return {**SIZED, "deployments": [{**deployment, **extra}]}
+
+    assert ks.put([sized(3, 2)])[0] == 200
+    wait_for(lambda: len(ks.replica_pids("sized", "Sized")) == 2, 60, what="2 replicas")
+    waiting = wait_for(
+        lambda: (
+            (d := _deployment(ks, "sized", "Sized")) and "cannot be scheduled" in d["message"] and d
+        ),
+        30,
+        what="the reason the third waits",
+    )
+    assert waiting["status"] == "UPDATING", waiting
+    assert (
+        "has 1 replica that cannot be scheduled: max_replicas_per_node is 2" in waiting["message"]
+    )
+    time.sleep(2)  # it stays at the cap
+    assert len(ks.replica_pids("sized", "Sized")) == 2
+    assert http("GET", f"{ks.proxy}/sized")[0] == 200
+
+    assert ks.put([sized(2, 2)])[0] == 200  # at the cap: settles
+    ks.wait_app("sized")
+    before = set(ks.replica_pids("sized", "Sized"))
+    assert (
+        ks.put([sized(2, 2, user_config={"v": 2}, ray_actor_options={"num_cpus": 0.5})])[0] == 200
+    )
+    wait_for(
+        lambda: (
+            not before & set(ks.replica_pids("sized", "Sized"))
+            and len(ks.replica_pids("sized", "Sized")) == 2
+        ),
+        90,
+        what="the new version's two replicas at the cap",
+    )
+    ks.wait_app("sized")
+    assert _deployment(ks, "sized", "Sized")["message"] == ""
+
+    assert ks.put([sized(3, 3)])[0] == 200
+    ks.wait_app("sized")
+    assert len(ks.replica_pids("sized", "Sized")) == 3

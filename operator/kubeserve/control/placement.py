@@ -11,6 +11,10 @@ GPUs are devices, not only a count: a replica claiming ``num_gpus`` is given dev
 :func:`assign_gpus` (whole ones for a whole number, a share of one device for a fraction, as Ray
 packs fractional GPU actors) and sees exactly them in ``CUDA_VISIBLE_DEVICES``.
 
+``max_replicas_per_node`` holds as Ray holds it on a one-node cluster: the instance is one node,
+so at most that many replicas of the deployment (of any version, stopping ones included, as Ray
+counts live actors) exist at once; the others wait with :func:`per_node_cap_message`.
+
 Independently of resources, at most ``start_slots`` replicas of the whole instance are starting at
 once, so an accepted large count is paced instead of forking hundreds of interpreters together, and
 none starts while the machine's available memory is under :func:`memory_reserve`.
@@ -46,17 +50,22 @@ def fits(claim: Mapping[str, float], free: Mapping[str, float]) -> bool:
 
 
 def admit(
-    missing: int, claim: Mapping[str, float], free: Mapping[str, float], start_slots: int
+    missing: int,
+    claim: Mapping[str, float],
+    free: Mapping[str, float],
+    start_slots: int,
+    node_room: int | None = None,
 ) -> tuple[int, int]:
     """How many of ``missing`` replicas start now, and how many cannot fit at all right now.
 
-    Returns ``(start, unschedulable)``: ``start`` is bounded by the free resources and by the free
-    ``start_slots``; ``unschedulable`` counts the replicas the free resources cannot hold (those
-    held back only by pacing are neither: they start on a later pass).
+    Returns ``(start, unschedulable)``: ``start`` is bounded by the free resources, by
+    ``node_room`` (how many more replicas of the deployment the node may hold, None: no cap) and
+    by the free ``start_slots``; ``unschedulable`` counts the replicas the free resources or the
+    cap cannot hold (those held back only by pacing are neither: they start on a later pass).
     """
     if missing <= 0:
         return 0, 0
-    fitting = missing
+    fitting = missing if node_room is None else min(missing, max(0, node_room))
     for kind in ENFORCED:
         need = claim.get(kind, 0.0)
         if need > _EPSILON:
@@ -120,6 +129,26 @@ def unschedulable_message(
         f"(this kubeserve instance has {json.dumps(instance)}; lower num_replicas or "
         "ray_actor_options, stop other applications, or restart kubeserve with more "
         "--num-cpus/--num-gpus)."
+    )
+
+
+def node_room(max_replicas_per_node: int | None, on_node: int) -> int | None:
+    """How many more replicas of a deployment with ``on_node`` replicas may start on the node
+    (None: the deployment has no cap)."""
+    if max_replicas_per_node is None:
+        return None
+    return max(0, max_replicas_per_node - on_node)
+
+
+def per_node_cap_message(app: str, deployment: str, count: int, cap: int) -> str:
+    """The status message of a deployment with replicas beyond ``max_replicas_per_node`` of the
+    one node a kubeserve start instance is (they stay pending, as in Ray)."""
+    plural = "replica" if count == 1 else "replicas"
+    return (
+        f"Deployment '{deployment}' in application '{app}' has {count} {plural} that cannot be "
+        f"scheduled: max_replicas_per_node is {cap} and this kubeserve instance is one node "
+        f"(lower num_replicas to {cap} or raise max_replicas_per_node; on Kubernetes the "
+        "replicas spread over the nodes)."
     )
 
 

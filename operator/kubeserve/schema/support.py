@@ -247,10 +247,10 @@ SUPPORT: dict[str, Support] = {
     "DeploymentSchema.placement_group_bundles": _PLACEMENT_GROUPS,
     "DeploymentSchema.placement_group_strategy": _PLACEMENT_GROUPS,
     "DeploymentSchema.placement_group_bundle_label_selector": _PLACEMENT_GROUPS,
-    "DeploymentSchema.max_replicas_per_node": partial(
-        "a hard cap per node on Kubernetes (a topology spread constraint on "
-        "kubernetes.io/hostname; replicas beyond it stay Pending, as in Ray); not applied on one "
-        "machine"
+    "DeploymentSchema.max_replicas_per_node": works(
+        "a hard cap per node, as in Ray (replicas beyond it stay pending, the deployment "
+        "UPDATING with a message saying why): on Kubernetes a topology spread constraint on "
+        "kubernetes.io/hostname; kubeserve start is one node"
     ),
     "DeploymentSchema.logging_config": works(),
     "DeploymentSchema.request_router_config": works(),

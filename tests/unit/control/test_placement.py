@@ -8,6 +8,8 @@ from kubeserve.control.placement import (
     gpu_devices,
     low_memory_message,
     memory_reserve,
+    node_room,
+    per_node_cap_message,
     replica_claim,
     unschedulable_message,
 )
@@ -84,3 +86,15 @@ def test_a_fraction_shares_the_device_it_fits_most_tightly() -> None:
     assert assign_gpus(0.25, free) == ["2"]
     assert assign_gpus(0.75, free) == ["0"]
     assert assign_gpus(0.5, {"0": 0.25, "1": 0.25}) is None
+
+
+def test_max_replicas_per_node_caps_what_the_one_node_holds() -> None:
+    free = {"CPU": 16, "GPU": 0}
+    assert admit(3, {"CPU": 1, "GPU": 0}, free, 8, node_room(2, 0)) == (2, 1)
+    assert admit(3, {"CPU": 1, "GPU": 0}, free, 8, node_room(2, 2)) == (0, 3)
+    assert admit(3, {"CPU": 1, "GPU": 0}, free, 8, node_room(2, 5)) == (0, 3)  # never negative
+    assert admit(3, {"CPU": 1, "GPU": 0}, free, 8, node_room(None, 5)) == (3, 0)
+    assert admit(3, {"CPU": 1, "GPU": 0}, {"CPU": 1, "GPU": 0}, 8, node_room(2, 0)) == (1, 2)
+    message = per_node_cap_message("app", "Model", 1, 2)
+    assert message.startswith("Deployment 'Model' in application 'app' has 1 replica that")
+    assert "max_replicas_per_node is 2" in message and "lower num_replicas to 2" in message

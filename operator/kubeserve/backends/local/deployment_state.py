@@ -231,8 +231,10 @@ class DeploymentState:
         if low is not None:
             self.unschedulable = placement.low_memory_message(self.app, self.name, missing, *low)
             return
+        cap = self.config.max_replicas_per_node
+        room = placement.node_room(cap, len(self.replicas))
         start, unschedulable = placement.admit(
-            missing, claim, capacity.free(), capacity.free_start_slots()
+            missing, claim, capacity.free(), capacity.free_start_slots(), room
         )
         for started in range(start):
             if not self._start(claim):  # the GPUs are free in sum, not on one device
@@ -241,9 +243,14 @@ class DeploymentState:
         if not unschedulable:
             self.unschedulable = ""
             return
-        self.unschedulable = placement.unschedulable_message(
-            self.app, self.name, unschedulable, claim, capacity.free(), capacity.total
-        )
+        if cap is not None and room is not None and room < missing:  # the cap holds them back
+            self.unschedulable = placement.per_node_cap_message(
+                self.app, self.name, unschedulable, cap
+            )
+        else:
+            self.unschedulable = placement.unschedulable_message(
+                self.app, self.name, unschedulable, claim, capacity.free(), capacity.total
+            )
         if start == 0 and old and not any(r.state == "STOPPING" for r in self.replicas.values()):
             # A rolling update on a full instance: free one old replica's resources for a new one.
             self._stop(self.replicas[rollout.stop_order(_rollout(old))[0].replica_id])

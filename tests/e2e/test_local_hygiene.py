@@ -571,3 +571,36 @@ def test_max_replicas_per_node_caps_the_one_node_and_a_roll_at_the_cap_completes
     assert ks.put([sized(3, 3)])[0] == 200
     ks.wait_app("sized")
     assert len(ks.replica_pids("sized", "Sized")) == 3
+
+
+def test_a_label_selector_the_node_does_not_satisfy_waits_and_says_why(tmp_path: Path) -> None:
+    """``kubeserve start --labels`` gives the one node its labels, as ``ray start --labels``:
+    a deployment whose ``label_selector`` they do not satisfy starts no replica and says why (a
+    Ray replica stays pending); one they satisfy runs; a selector that is not one is a 400."""
+    with running_kubeserve(tmp_path / "state", args=("--labels", "zone=a,pool=gpu")) as ks:
+
+        def sized(selector: dict[str, str]) -> dict[str, Any]:
+            options = {"label_selector": selector}
+            return {**SIZED, "deployments": [{"name": "Sized", "ray_actor_options": options}]}
+
+        status, body = ks.put([sized({"zone": "in(a"})])
+        assert status == 400, body
+        error = body["error"]
+        assert "applications.0.deployments.0.ray_actor_options.label_selector: " in error, body
+        assert "'zone': 'in(a' is not a node label condition" in error, body
+
+        assert ks.put([sized({"zone": "b"})])[0] == 200
+        waiting = wait_for(
+            lambda: (d := _deployment(ks, "sized", "Sized")) and d.get("message") and d,
+            30,
+            what="the reason its replica waits",
+        )
+        assert waiting["status"] == "UPDATING", waiting
+        assert 'label_selector {"zone": "b"} does not match' in waiting["message"], waiting
+        assert '{"zone": "a", "pool": "gpu"}' in waiting["message"], waiting
+        assert ks.replica_pids("sized", "Sized") == []
+
+        assert ks.put([sized({"zone": "in(a, c)", "pool": "!cpu"})])[0] == 200
+        ks.wait_app("sized")
+        assert len(ks.replica_pids("sized", "Sized")) == 1
+        assert http("GET", f"{ks.proxy}/sized")[0] == 200

@@ -29,6 +29,7 @@ from kubeserve.control.replica_limits import DEFAULT_MAX_PROCESSES
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES
 from kubeserve.runtime.python_env import GC_MIN_AGE_S
+from kubeserve.schema import node_labels
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -99,6 +100,12 @@ def add_instance_arguments(
         "--num-gpus",
         type=float,
         help="GPUs replicas may claim; default: CUDA_VISIBLE_DEVICES, else the NVIDIA GPUs found",
+    )
+    parser.add_argument(
+        "--labels",
+        default="",
+        help='this node\'s labels, as ray start --labels takes them: "key1=val1,key2=val2" '
+        "(replicas whose ray_actor_options.label_selector they do not satisfy wait)",
     )
     add_limit_arguments(parser)  # the proxy's and the replicas' RequestLimits
     parser.add_argument(
@@ -191,6 +198,7 @@ def start_instance(args: argparse.Namespace, after_start: AfterStart | None) -> 
     host = "127.0.0.1" if args.dashboard_host in ("0.0.0.0", "::") else args.dashboard_host
     try:
         limits = limits_from_arguments(args)
+        labels = node_labels.parse_labels(args.labels)
     except ValueError as exc:
         print(f"kubeserve start: {exc}", file=sys.stderr)
         return 2
@@ -200,6 +208,7 @@ def start_instance(args: argparse.Namespace, after_start: AfterStart | None) -> 
         base_dir=os.getcwd(),
         num_cpus=args.num_cpus,
         num_gpus=args.num_gpus,
+        labels=labels,
         request_limits=limits,
         log_rotation=(args.log_max_bytes, args.log_backups),
         reset_state=args.reset_state,

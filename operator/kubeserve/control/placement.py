@@ -152,6 +152,20 @@ def per_node_cap_message(app: str, deployment: str, count: int, cap: int) -> str
     )
 
 
+def label_selector_message(
+    app: str, deployment: str, count: int, selector: Mapping[str, str], labels: Mapping[str, str]
+) -> str:
+    """The status message of a deployment whose ``label_selector`` this node's labels do not
+    satisfy (its replicas stay pending, as in Ray)."""
+    plural = "replica" if count == 1 else "replicas"
+    return (
+        f"Deployment '{deployment}' in application '{app}' has {count} {plural} that cannot be "
+        f"scheduled: ray_actor_options.label_selector {json.dumps(dict(selector))} does not "
+        f"match this kubeserve instance's node labels {json.dumps(dict(labels))} (change the "
+        'selector, or restart kubeserve with --labels "key=value,...")'
+    )
+
+
 #: Memory kept free on the machine whatever the claims say: a replica is a whole interpreter (tens
 #: of MB), and replicas claiming no CPU (``num_cpus: 0``) are otherwise unbounded.
 MIN_FREE_MEMORY_BYTES = 256 * 2**20

@@ -48,7 +48,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from kubeserve.schema import support
+from kubeserve.schema import node_labels, support
 from kubeserve.schema.errors import field_error
 from kubeserve.schema.limits import (
     MAX_APPLICATIONS,
@@ -412,6 +412,16 @@ def _whole_above_one(value: float) -> float:
     return value
 
 
+def _label_selector(value: dict[str, str] | None) -> dict[str, str] | None:
+    """Ray 2.60's ``label_selector``: each value a condition on a node label
+    (:mod:`kubeserve.schema.node_labels`)."""
+    try:
+        node_labels.parse_selector(value)
+    except ValueError as exc:
+        raise PydanticCustomError("label_selector", "{reason}", {"reason": str(exc)}) from None
+    return value
+
+
 class RayActorOptionsSchema(RestModel):
     """Per-replica process options (``cluster_actor_options``, Ray's ``ray_actor_options``).
 
@@ -427,7 +437,7 @@ class RayActorOptionsSchema(RestModel):
     object_store_memory: NonNegativeFloat | None = None
     resources: dict[str, NonNegativeFloat] = Field(default_factory=dict)
     accelerator_type: str | None = None
-    label_selector: dict[str, str] | None = None
+    label_selector: Annotated[dict[str, str], AfterValidator(_label_selector)] | None = None
     fallback_strategy: list[dict[str, Any]] | None = None
 
 

@@ -287,9 +287,11 @@ SUPPORT: dict[str, Support] = {
     "RayActorOptionsSchema.accelerator_type": partial(
         "a node selector on Kubernetes; not checked on one machine"
     ),
-    "RayActorOptionsSchema.label_selector": partial(
-        "node labels on Kubernetes (a value: nodeSelector; !value, in(a, b), !in(a, b): node "
-        "affinity); not checked on one machine"
+    "RayActorOptionsSchema.label_selector": works(
+        "conditions on node labels, as in Ray (a replica no node satisfies stays pending, the "
+        "deployment UPDATING saying why): on Kubernetes a value is a nodeSelector entry and "
+        "!value, in(a, b), !in(a, b) node affinity; kubeserve start is one node, labelled by "
+        "kubeserve start --labels key=value,... as ray start --labels"
     ),
     "RayActorOptionsSchema.fallback_strategy": refused(
         "scheduling fallback strategies are not supported yet", None, []

@@ -57,6 +57,7 @@ from kubeserve.runtime.kubernetes.contract import (
     POD_IP_ENV,
     POD_NAME_ENV,
 )
+from kubeserve.schema import node_labels
 from kubeserve.schema.packages import package_spec
 
 __all__ = [
@@ -112,8 +113,6 @@ _NO_OP_KEYS = frozenset({"excludes", "config", "image_uri"})
 _FILE_KEYS = frozenset({"working_dir", "py_modules", "pip", "uv"})
 _NAME_PART = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _RESOURCE_NAME = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME_PART}")
-_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")
-_LABEL_KEY = _RESOURCE_NAME
 
 
 # --------------------------------------------------------------------------- environment
@@ -281,20 +280,16 @@ def node_selector(options: Mapping[str, Any]) -> dict[str, str]:
     accelerator = options.get("accelerator_type")
     if not accelerator:
         return {}
-    if not isinstance(accelerator, str) or not _LABEL_VALUE.fullmatch(accelerator):
+    if not isinstance(accelerator, str) or not node_labels.valid_value(accelerator):
         raise RenderError(
             f"ray_actor_options.accelerator_type {accelerator!r} is not a valid node label value"
         )
     return {ACCELERATOR_LABEL: accelerator}
 
 
-#: Ray 2.60's label selector values: ``v``, ``!v``, ``in(a, b)``, ``!in(a, b)``.
-_SELECTOR_VALUE = re.compile(r"(?P<not>!)?(?:in\((?P<set>[^()]*)\)|(?P<one>[^()!]*))")
-
-
 def node_scheduling(options: Mapping[str, Any]) -> Manifest:
     """The pod fields that choose a replica's node: ``accelerator_type`` and Ray 2.60's
-    ``label_selector`` (node labels on Kubernetes).
+    ``label_selector`` (node labels on Kubernetes, :mod:`kubeserve.schema.node_labels`).
 
     A plain value is a ``nodeSelector`` entry; ``!v``, ``in(a, b)`` and ``!in(a, b)`` are
     required node affinity (``NotIn`` / ``In``; as in Ray, a node without the label passes a
@@ -302,29 +297,21 @@ def node_scheduling(options: Mapping[str, Any]) -> Manifest:
     """
     selector = node_selector(options)
     expressions: list[Manifest] = []
-    for key, value in sorted((options.get("label_selector") or {}).items()):
-        match = _SELECTOR_VALUE.fullmatch(str(value))
-        values = (
-            [v.strip() for v in match["set"].split(",")]
-            if match and match["set"] is not None
-            else [match["one"]]
-            if match
-            else []
-        )
-        if (
-            not match
-            or not _LABEL_KEY.fullmatch(key)
-            or not all(v and _LABEL_VALUE.fullmatch(v) for v in values)
-        ):
-            raise RenderError(
-                f"ray_actor_options.label_selector {key!r}: {value!r} is not a node label "
-                "condition (a label value, !value, in(a, b) or !in(a, b))"
-            )
-        if match["not"] is None and match["set"] is None:
-            selector[key] = values[0]
+    try:
+        conditions = node_labels.parse_selector(options.get("label_selector"))
+    except ValueError as exc:
+        raise RenderError(f"ray_actor_options.label_selector {exc}") from None
+    for condition in conditions:
+        if condition.plain:
+            selector[condition.key] = condition.values[0]
         else:
-            operator = "NotIn" if match["not"] else "In"
-            expressions.append({"key": key, "operator": operator, "values": values})
+            expressions.append(
+                {
+                    "key": condition.key,
+                    "operator": condition.operator,
+                    "values": list(condition.values),
+                }
+            )
     fields: Manifest = {"nodeSelector": selector} if selector else {}
     if expressions:
         terms = [{"matchExpressions": expressions}]

@@ -85,8 +85,11 @@ class Capacity:
         total: Mapping[str, float],
         start_slots: int = DEFAULT_START_SLOTS,
         gpu_ids: list[str] | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         self.total = dict(total)
+        #: the node's labels (``kubeserve start --labels``)
+        self.labels = dict(labels or {})
         self.used = {kind: 0.0 for kind in placement.ENFORCED}
         self.start_slots = start_slots
         self.starting = 0

@@ -67,6 +67,8 @@ class LocalSettings:
     #: (see :func:`kubeserve.backends.local.capacity.instance_resources`)
     num_cpus: float | None = None
     num_gpus: float | None = None
+    #: the node's labels (``--labels``), what ``ray_actor_options.label_selector`` is matched with
+    labels: dict[str, str] = field(default_factory=dict)
     #: replicas of the whole instance starting at once
     max_concurrent_starts: int = DEFAULT_START_SLOTS
     #: what clients may send, enforced by the proxy and every replica
@@ -123,6 +125,7 @@ class Controller:
         self.capacity = Capacity(
             instance_resources(settings.num_cpus, settings.num_gpus),
             settings.max_concurrent_starts,
+            labels=settings.labels,
         )
         self._wake = asyncio.Event()
         #: build processes running at once, as many as replicas starting at once

@@ -32,6 +32,7 @@ from kubeserve.control.status_derivation import DeploymentView, ReplicaStateValu
 from kubeserve.control.user_config import needs_push
 from kubeserve.runtime import wire
 from kubeserve.runtime.runtime_env import PreparedEnv
+from kubeserve.schema import node_labels
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +227,15 @@ class DeploymentState:
         """Start as many missing replicas as resources and start slots allow (see
         :func:`placement.admit`); say why the others wait."""
         capacity = self._ctx.capacity
+        selector = self.config.ray_actor_options.get("label_selector")
+        if selector and not node_labels.matches(
+            node_labels.parse_selector(selector), capacity.labels
+        ):
+            # No replica of it runs here, and stopping others makes no room: it waits, as Ray's
+            self.unschedulable = placement.label_selector_message(
+                self.app, self.name, missing, selector, capacity.labels
+            )
+            return
         claim = placement.replica_claim(self.config)
         low = capacity.memory_low()
         if low is not None:

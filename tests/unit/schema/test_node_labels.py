@@ -41,7 +41,7 @@ def test_a_node_matches_when_every_condition_holds(
 
 @pytest.mark.parametrize("value", ["in(a", "a)", "in()", "!!a", "a b", "in(a,,b)", "x" * 64])
 def test_what_is_not_a_condition_is_refused_naming_the_key(value: str) -> None:
-    with pytest.raises(ValueError, match="^'zone': .* is not a node label condition"):
+    with pytest.raises(ValueError, match=r"^'zone': .* is not a node label condition"):
         parse_selector({"zone": value})
     with pytest.raises(ValueError, match="label_selector"):
         RayActorOptionsSchema.model_validate({"label_selector": {"zone": value}})

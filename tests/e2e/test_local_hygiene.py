@@ -604,3 +604,38 @@ def test_a_label_selector_the_node_does_not_satisfy_waits_and_says_why(tmp_path:
         ks.wait_app("sized")
         assert len(ks.replica_pids("sized", "Sized")) == 1
         assert http("GET", f"{ks.proxy}/sized")[0] == 200
+
+
+def test_custom_resources_are_reserved_from_what_resources_gives_the_node(tmp_path: Path) -> None:
+    """``kubeserve start --resources`` as ``ray start --resources``: replicas claiming a custom
+    resource start while it lasts, the rest wait saying what they need; a node without it starts
+    none."""
+    args = ("--resources", '{"tpu_slot": 2}')
+    with running_kubeserve(tmp_path / "state", args=args) as ks:
+
+        def sized(replicas: int, resources: dict[str, float]) -> dict[str, Any]:
+            options = {"resources": resources}
+            deployment = {"name": "Sized", "num_replicas": replicas, "ray_actor_options": options}
+            return {**SIZED, "deployments": [deployment]}
+
+        assert ks.put([sized(3, {"tpu_slot": 1})])[0] == 200
+        wait_for(lambda: len(ks.replica_pids("sized", "Sized")) == 2, 60, what="2 replicas")
+        waiting = wait_for(
+            lambda: (d := _deployment(ks, "sized", "Sized")) and d.get("message") and d,
+            30,
+            what="the reason the third waits",
+        )
+        assert "has 1 replica that cannot be scheduled" in waiting["message"], waiting
+        assert '"tpu_slot": 1.0' in waiting["message"], waiting
+        assert http("GET", f"{ks.proxy}/sized")[0] == 200
+
+        assert ks.put([sized(2, {"other": 1})])[0] == 200
+        wait_for(
+            lambda: '"other": 1.0' in _deployment(ks, "sized", "Sized").get("message", ""),
+            60,
+            what="a resource the node does not have",
+        )
+        # no stop of the version serving makes room for what the node does not have
+        time.sleep(2)
+        assert len(ks.replica_pids("sized", "Sized")) == 2
+        assert http("GET", f"{ks.proxy}/sized")[0] == 200

@@ -25,6 +25,7 @@ from kubeserve.cli.command import (
     auth_token,
     positive_int,
 )
+from kubeserve.control import placement
 from kubeserve.control.replica_limits import DEFAULT_MAX_PROCESSES
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES
@@ -100,6 +101,12 @@ def add_instance_arguments(
         "--num-gpus",
         type=float,
         help="GPUs replicas may claim; default: CUDA_VISIBLE_DEVICES, else the NVIDIA GPUs found",
+    )
+    parser.add_argument(
+        "--resources",
+        default="",
+        help="custom resources replicas may claim (ray_actor_options.resources), as ray start "
+        """--resources takes them: a JSON object such as '{"custom": 2}'""",
     )
     parser.add_argument(
         "--labels",
@@ -199,6 +206,7 @@ def start_instance(args: argparse.Namespace, after_start: AfterStart | None) -> 
     try:
         limits = limits_from_arguments(args)
         labels = node_labels.parse_labels(args.labels)
+        resources = placement.custom_resources(args.resources)
     except ValueError as exc:
         print(f"kubeserve start: {exc}", file=sys.stderr)
         return 2
@@ -209,6 +217,7 @@ def start_instance(args: argparse.Namespace, after_start: AfterStart | None) -> 
         num_cpus=args.num_cpus,
         num_gpus=args.num_gpus,
         labels=labels,
+        resources=resources,
         request_limits=limits,
         log_rotation=(args.log_max_bytes, args.log_backups),
         reset_state=args.reset_state,

@@ -1,11 +1,12 @@
 """Replica placement on one machine: what a replica claims, whether it fits, how many start now.
 
 The local backend schedules replicas the way Ray schedules Serve replicas on a single node: each
-replica claims ``ray_actor_options.num_cpus`` (Ray Serve's default: 1) and ``num_gpus`` (default 0)
-from the instance's resources (``kubeserve start --num-cpus/--num-gpus``, like ``ray start``).
-A replica that does not fit is not started; it waits, its deployment stays ``UPDATING`` with
-:func:`unschedulable_message`, and it starts once resources free up. Other resource kinds
-(``memory``, custom ``resources``) are reported but not enforced on one machine.
+replica claims ``ray_actor_options.num_cpus`` (Ray Serve's default: 1), ``num_gpus`` (default 0)
+and its custom ``resources`` from the instance's resources (``kubeserve start --num-cpus``,
+``--num-gpus`` and ``--resources``, like ``ray start``). A replica that does not fit is not
+started; it waits, its deployment stays ``UPDATING`` with :func:`unschedulable_message`, and it
+starts once resources free up. ``memory`` is not reserved on one machine (it is the replica's
+memory limit).
 
 GPUs are devices, not only a count: a replica claiming ``num_gpus`` is given devices by
 :func:`assign_gpus` (whole ones for a whole number, a share of one device for a fraction, as Ray
@@ -28,7 +29,8 @@ from collections.abc import Mapping
 
 from kubeserve.control.effective_config import EffectiveDeployment
 
-#: The resources placement enforces, in Ray's spelling.
+#: The resources every instance and every claim has, in Ray's spelling (custom ones come from
+#: ``--resources`` and ``ray_actor_options.resources``).
 ENFORCED = ("CPU", "GPU")
 #: Ray Serve 2.60's ``num_cpus`` of a replica whose options do not set it.
 DEFAULT_REPLICA_CPUS = 1.0
@@ -39,14 +41,40 @@ def replica_claim(config: EffectiveDeployment) -> dict[str, float]:
     """What one replica of a deployment (its effective config) takes from the instance."""
     options = config.ray_actor_options
     cpus = options.get("num_cpus")
-    return {
+    claim = {
         "CPU": float(DEFAULT_REPLICA_CPUS if cpus is None else cpus),
         "GPU": float(options.get("num_gpus") or 0.0),
     }
+    for kind, amount in (options.get("resources") or {}).items():
+        if kind not in claim and amount:
+            claim[kind] = float(amount)
+    return claim
+
+
+def custom_resources(text: str) -> dict[str, float]:
+    """``kubeserve start --resources`` as ``ray start --resources`` takes it: a JSON object of
+    resource names and non-negative amounts (CPUs and GPUs have flags of their own);
+    ``ValueError`` saying what is wrong."""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ValueError(f"--resources: {text!r} is not JSON") from None
+    if not isinstance(value, dict):
+        raise ValueError('--resources: a JSON object of names and amounts, such as {"custom": 2}')
+    resources: dict[str, float] = {}
+    for name, amount in value.items():
+        if name in ENFORCED:
+            raise ValueError(f"--resources: give {name} with --num-{name.lower()}s")
+        if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount >= 0:
+            raise ValueError(f"--resources: {name!r}: {amount!r} is not a non-negative number")
+        resources[name] = float(amount)
+    return resources
 
 
 def fits(claim: Mapping[str, float], free: Mapping[str, float]) -> bool:
-    return all(claim.get(kind, 0.0) <= free.get(kind, 0.0) + _EPSILON for kind in ENFORCED)
+    return all(need <= free.get(kind, 0.0) + _EPSILON for kind, need in claim.items())
 
 
 def admit(
@@ -66,8 +94,7 @@ def admit(
     if missing <= 0:
         return 0, 0
     fitting = missing if node_room is None else min(missing, max(0, node_room))
-    for kind in ENFORCED:
-        need = claim.get(kind, 0.0)
+    for kind, need in claim.items():
         if need > _EPSILON:
             fitting = min(fitting, int((free.get(kind, 0.0) + _EPSILON) // need))
     fitting = max(0, fitting)
@@ -118,7 +145,7 @@ def unschedulable_message(
 ) -> str:
     """The status message of a deployment with replicas that do not fit (Ray's wording, plus the
     way out)."""
-    required = {kind: claim[kind] for kind in ENFORCED if claim.get(kind, 0.0) > 0}
+    required = {kind: need for kind, need in claim.items() if need > 0}
     available = {kind: max(0.0, free.get(kind, 0.0)) for kind in required}
     instance = {kind: total.get(kind, 0.0) for kind in required}
     plural = "replica" if count == 1 else "replicas"
@@ -128,7 +155,7 @@ def unschedulable_message(
         f"total resources available: {json.dumps(available)} "
         f"(this kubeserve instance has {json.dumps(instance)}; lower num_replicas or "
         "ray_actor_options, stop other applications, or restart kubeserve with more "
-        "--num-cpus/--num-gpus)."
+        "--num-cpus/--num-gpus/--resources)."
     )
 
 

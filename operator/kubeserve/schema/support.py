@@ -281,8 +281,10 @@ SUPPORT: dict[str, Support] = {
         "pod memory request and limit on Kubernetes; the replica's cgroup memory limit on one "
         "machine (not reserved)"
     ),
-    "RayActorOptionsSchema.resources": partial(
-        "extended resource requests on Kubernetes; reported, not reserved, on one machine"
+    "RayActorOptionsSchema.resources": works(
+        "reserved as in Ray (a replica that does not fit stays pending, the deployment UPDATING "
+        "saying why): on Kubernetes extended resource requests; on one machine from what "
+        "kubeserve start --resources gives it, as ray start --resources"
     ),
     "RayActorOptionsSchema.accelerator_type": partial(
         "a node selector on Kubernetes; not checked on one machine"

@@ -1,9 +1,12 @@
 """Replica placement: claims, fitting, pacing, and the message of replicas that do not fit."""
 
+import pytest
+
 from kubeserve.control.effective_config import effective_deployment
 from kubeserve.control.placement import (
     admit,
     assign_gpus,
+    custom_resources,
     fits,
     gpu_devices,
     low_memory_message,
@@ -98,3 +101,30 @@ def test_max_replicas_per_node_caps_what_the_one_node_holds() -> None:
     message = per_node_cap_message("app", "Model", 1, 2)
     assert message.startswith("Deployment 'Model' in application 'app' has 1 replica that")
     assert "max_replicas_per_node is 2" in message and "lower num_replicas to 2" in message
+
+
+def test_custom_resources_are_claimed_and_must_fit_as_in_ray() -> None:
+    config = effective_deployment("D", {"ray_actor_options": {"resources": {"tpu_slot": 2}}}, None)
+    claim = replica_claim(config)
+    assert claim == {"CPU": 1.0, "GPU": 0.0, "tpu_slot": 2.0}
+    assert admit(3, claim, {"CPU": 16, "GPU": 0, "tpu_slot": 5}, 8) == (2, 1)
+    assert admit(3, claim, {"CPU": 16, "GPU": 0}, 8) == (0, 3)  # the node has none of it
+    message = unschedulable_message("app", "D", 3, claim, {"CPU": 16, "GPU": 0}, {"CPU": 16})
+    assert '"tpu_slot": 2.0' in message and "--resources" in message
+
+
+def test_resources_flag_as_ray_start_takes_it() -> None:
+    assert custom_resources("") == {}
+    assert custom_resources('{"tpu_slot": 4, "accelerator_type:A100": 1}') == {
+        "tpu_slot": 4.0,
+        "accelerator_type:A100": 1.0,
+    }
+    for bad, reason in [
+        ("{", "not JSON"),
+        ("[1]", "a JSON object"),
+        ('{"CPU": 2}', "give CPU with --num-cpus"),
+        ('{"x": -1}', "not a non-negative number"),
+        ('{"x": "1"}', "not a non-negative number"),
+    ]:
+        with pytest.raises(ValueError, match=reason):
+            custom_resources(bad)

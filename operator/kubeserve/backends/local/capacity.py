@@ -72,11 +72,14 @@ def memory_bytes() -> tuple[int, int]:
     return fields.get("MemAvailable", 0), fields.get("MemTotal", 0)
 
 
-def instance_resources(num_cpus: float | None, num_gpus: float | None) -> dict[str, float]:
-    """The instance's resources: the flags when given, else what the machine has."""
+def instance_resources(
+    num_cpus: float | None, num_gpus: float | None, custom: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """The instance's resources: the flags when given, else what the machine has; ``custom``
+    (``--resources``) besides."""
     cpus = num_cpus if num_cpus is not None else max(os.cpu_count() or 1, MIN_DEFAULT_CPUS)
     gpus = num_gpus if num_gpus is not None else detect_gpus()
-    return {"CPU": float(cpus), "GPU": float(gpus)}
+    return {**(custom or {}), "CPU": float(cpus), "GPU": float(gpus)}
 
 
 class Capacity:
@@ -90,7 +93,7 @@ class Capacity:
         self.total = dict(total)
         #: the node's labels (``kubeserve start --labels``)
         self.labels = dict(labels or {})
-        self.used = {kind: 0.0 for kind in placement.ENFORCED}
+        self.used = {kind: 0.0 for kind in (*placement.ENFORCED, *self.total)}
         self.start_slots = start_slots
         self.starting = 0
         #: each GPU device's free share (1.0: nobody holds any of it), in device order
@@ -119,7 +122,7 @@ class Capacity:
                 self.gpu_free[device] = min(1.0, self.gpu_free[device] + share)
 
     def free(self) -> dict[str, float]:
-        return {kind: self.total.get(kind, 0.0) - self.used[kind] for kind in placement.ENFORCED}
+        return {kind: self.total.get(kind, 0.0) - used for kind, used in self.used.items()}
 
     def free_start_slots(self) -> int:
         return self.start_slots - self.starting
@@ -132,8 +135,8 @@ class Capacity:
         return None
 
     def take(self, claim: Mapping[str, float]) -> None:
-        for kind in placement.ENFORCED:
-            self.used[kind] += claim.get(kind, 0.0)
+        for kind, need in claim.items():
+            self.used[kind] = self.used.get(kind, 0.0) + need
         self.starting += 1
 
     def started(self) -> None:
@@ -141,5 +144,5 @@ class Capacity:
         self.starting -= 1
 
     def release(self, claim: Mapping[str, float]) -> None:
-        for kind in placement.ENFORCED:
-            self.used[kind] = max(0.0, self.used[kind] - claim.get(kind, 0.0))
+        for kind, need in claim.items():
+            self.used[kind] = max(0.0, self.used.get(kind, 0.0) - need)

@@ -67,6 +67,8 @@ class LocalSettings:
     #: (see :func:`kubeserve.backends.local.capacity.instance_resources`)
     num_cpus: float | None = None
     num_gpus: float | None = None
+    #: custom resources replicas may claim (``--resources``, ``ray_actor_options.resources``)
+    resources: dict[str, float] = field(default_factory=dict)
     #: the node's labels (``--labels``), what ``ray_actor_options.label_selector`` is matched with
     labels: dict[str, str] = field(default_factory=dict)
     #: replicas of the whole instance starting at once
@@ -123,7 +125,7 @@ class Controller:
         self.desired: DesiredState | None = None
         self.started_at = time.time()
         self.capacity = Capacity(
-            instance_resources(settings.num_cpus, settings.num_gpus),
+            instance_resources(settings.num_cpus, settings.num_gpus, settings.resources),
             settings.max_concurrent_starts,
             labels=settings.labels,
         )

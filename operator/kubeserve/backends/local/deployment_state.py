@@ -261,7 +261,12 @@ class DeploymentState:
             self.unschedulable = placement.unschedulable_message(
                 self.app, self.name, unschedulable, claim, capacity.free(), capacity.total
             )
-        if start == 0 and old and not any(r.state == "STOPPING" for r in self.replicas.values()):
+        if (
+            start == 0
+            and old
+            and not any(r.state == "STOPPING" for r in self.replicas.values())
+            and placement.fits(claim, capacity.total)  # else no stop makes room for it
+        ):
             # A rolling update on a full instance: free one old replica's resources for a new one.
             self._stop(self.replicas[rollout.stop_order(_rollout(old))[0].replica_id])
 

@@ -25,9 +25,8 @@ the caller's context, exceptions raised in the caller) and pays less:
   queued for the worker just woken), a timer checks every :data:`BLOCKED_AFTER_S` whether any
   call was taken since the last check, and when none was and every awake worker is inside a call
   (not merely waiting for the GIL or a CPU), wakes (or starts) one more worker. Calls that block
-  thus
-  spread over up to ``max_workers`` threads within a few milliseconds, and calls that do not block
-  never wake a second thread to fight the first for the GIL;
+  thus spread over up to ``max_workers`` threads within a few milliseconds, and calls that do not
+  block never wake a second thread to fight the first for the GIL;
 * results go into a deque and the loop is woken once per *batch*: a worker schedules a drain only
   when none is pending, and the drain completes every result that arrived meanwhile;
 * a worker with no call left lists itself idle *before* it wakes the loop and sleeps right after,

@@ -1,6 +1,7 @@
 """Every way Ray's replica calls an HTTP handler, one deployment each: handlers that take no
 request, function deployments with and without one, and handlers that are generators."""
 
+import asyncio
 import threading
 
 from ray import serve
@@ -61,6 +62,35 @@ class BlockingGenerator:
         yield "released\n" if RELEASED.wait(10) else "never released\n"
 
 
+#: set by a request to ``/release``; the blocking handler waits for it in its worker thread
+HANDLER_RELEASED = threading.Event()
+
+
+@serve.deployment(max_ongoing_requests=4)
+class BlockingHandler:
+    """A plain method that blocks its worker thread until ``/release`` is served: the replica's
+    other requests (here ``/release`` itself, which arrives while this call blocks its thread)
+    must run meanwhile. It answers what it saw in its thread: whether an event loop runs there,
+    the request's multiplexed model id (a context variable) and the replica's context."""
+
+    def __call__(self, request: Request):
+        if request.url.path.endswith("/release"):
+            HANDLER_RELEASED.set()
+            return "released"
+        HANDLER_RELEASED.clear()
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        return {
+            "released": HANDLER_RELEASED.wait(10),
+            "on_loop": on_loop,
+            "model": serve.get_multiplexed_model_id(),
+            "deployment": serve.get_replica_context().deployment,
+        }
+
+
 no_request = NoRequest.bind()
 async_no_request = AsyncNoRequest.bind()
 no_request_function_app = no_request_function.bind()
@@ -68,3 +98,4 @@ async_function_app = async_function.bind()
 var_args = VarArgs.bind()
 async_generator = AsyncGenerator.bind()
 blocking_generator = BlockingGenerator.bind()
+blocking_handler = BlockingHandler.bind()

@@ -385,6 +385,44 @@ def test_a_sync_generator_handler_blocking_between_chunks_does_not_stall_the_rep
         conn.close()
 
 
+def test_a_sync_handler_blocking_its_thread_does_not_hold_back_the_next_request(
+    start: Any,
+) -> None:
+    """A plain method runs in a worker thread (off the event loop) in its request's context; a
+    call arriving while the only worker is blocked in one gets a thread of its own within
+    milliseconds (the first call was the only one queued when its worker was woken)."""
+    replica: ReplicaProcess = start(CONVENTIONS + "blocking_handler", "BlockingHandler")
+    assert replica.get("/release")[2] == b"released"  # the worker thread exists, and is idle
+    answers: list[tuple[int, dict[str, str], bytes]] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(
+            replica.request(
+                "GET", "/wait", headers={"serve_multiplexed_model_id": "m-7"}, timeout=20
+            )
+        )
+    )
+    waiting.start()
+    try:
+        # Once /wait blocks its thread, /release is served by another one; before, it is served
+        # first and /wait (which clears the event) waits out its 10 s: retry until it is not.
+        def released_while_waiting() -> bool:
+            status, _, body = replica.request("GET", "/release", timeout=5)
+            assert (status, body) == (200, b"released")
+            return not waiting.is_alive() or bool(answers)
+
+        wait_for(released_while_waiting, 8, 0.05)
+    finally:
+        waiting.join(timeout=15)
+    status, _, body = answers[0]
+    assert status == 200
+    assert json.loads(body) == {
+        "released": True,
+        "on_loop": False,
+        "model": "m-7",
+        "deployment": "BlockingHandler",
+    }
+
+
 def test_composed_app_constructs_with_handles(start: Any) -> None:
     replica: ReplicaProcess = start("ks_composed_app:app", "Model")
     assert replica.call("predict", 21) == (200, 42)

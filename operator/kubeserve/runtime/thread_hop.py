@@ -21,13 +21,17 @@ the caller's context, exceptions raised in the caller) and pays less:
   current iteration: the calls of all the requests that one poll returned share one wake-up
   (under load, a dozen calls per wake-up where there was one);
 * a call that blocks (I/O, ``time.sleep``, a lock) must not hold back the calls queued behind it:
-  while work waits, a timer checks every :data:`BLOCKED_AFTER_S` whether any call was taken since
-  the last check, and when none was and every awake worker is inside a call (not merely waiting
-  for the GIL or a CPU), wakes (or starts) one more worker. Calls that block thus
-  spread over up to ``max_workers`` threads within a few milliseconds, and calls that do not block
-  never wake a second thread to fight the first for the GIL;
+  while work waits behind an awake worker (a call queued while one is awake, or more than one
+  queued for the worker just woken), a timer checks every :data:`BLOCKED_AFTER_S` whether any
+  call was taken since the last check, and when none was and every awake worker is inside a call
+  (not merely waiting for the GIL or a CPU), wakes (or starts) one more worker. Calls that block
+  thus spread over up to ``max_workers`` threads within a few milliseconds, and calls that do not
+  block never wake a second thread to fight the first for the GIL;
 * results go into a deque and the loop is woken once per *batch*: a worker schedules a drain only
   when none is pending, and the drain completes every result that arrived meanwhile;
+* a worker with no call left lists itself idle *before* it wakes the loop and sleeps right after,
+  so the loop, woken, finds the GIL free rather than waiting for it (and, for a lone call, no
+  blocked-call timer is armed at all: a request at a time costs no timer per request);
 * a caller that steps its coroutine by hand (the replica's HTTP server, see :meth:`ThreadHop.then`)
   has the drain step it on right after setting the result: no task per request and no loop
   iteration between the result and the response;
@@ -96,7 +100,9 @@ class ThreadHop:
             # No worker awake: wake one once this poll's callbacks have queued their calls.
             self._wake_scheduled = True
             self.loop.call_soon(self._scheduled_wake)
-        if self._check is None:  # the awake worker takes this, unless its call blocks
+        elif self._check is None and len(self._idle) < self._threads:
+            # A worker is awake: it takes this after its call, unless its call blocks. (With
+            # every worker asleep the one woken takes it: nothing to check yet, and no timer.)
             self._taken_seen = self._taken
             self._check = self.loop.call_later(BLOCKED_AFTER_S, self._blocked_check)
         return future
@@ -115,8 +121,12 @@ class ThreadHop:
 
     def _scheduled_wake(self) -> None:
         self._wake_scheduled = False
-        if self._work and len(self._idle) == self._threads:
+        work = self._work
+        if work and len(self._idle) == self._threads:
             self._wake()
+        if len(work) > 1 and self._check is None:  # calls queued behind the one woken for
+            self._taken_seen = self._taken
+            self._check = self.loop.call_later(BLOCKED_AFTER_S, self._blocked_check)
 
     def _wake(self) -> None:
         """Wake an idle worker, else start one (up to ``max_workers``)."""
@@ -150,9 +160,7 @@ class ThreadHop:
         sleeper = allocate_lock()
         sleeper.acquire()
         while True:
-            try:
-                future, context, fn, args, kwargs = work.popleft()
-            except IndexError:
+            if not work:
                 idle.append(sleeper)
                 if work:  # queued before a caller could see us idle
                     try:
@@ -161,6 +169,10 @@ class ThreadHop:
                     except ValueError:  # a caller took us and releases (or released) our lock
                         pass
                 sleeper.acquire()
+                continue
+            try:
+                future, context, fn, args, kwargs = work.popleft()
+            except IndexError:  # another worker took it
                 continue
             self._taken += 1
             calling.add(sleeper)
@@ -174,12 +186,35 @@ class ThreadHop:
             del future, context, fn, args, kwargs
             done.append(outcome)
             del outcome
-            if not self._drain_scheduled:
-                self._drain_scheduled = True
-                try:
-                    self.loop.call_soon_threadsafe(self._drain)
-                except RuntimeError:  # the loop is closed: nobody awaits the results
+            if self._drain_scheduled:
+                continue
+            self._drain_scheduled = True
+            if not work:
+                # Going idle: list ourselves before waking the loop, so that the loop, woken,
+                # finds the GIL released (we sleep right after) instead of waiting for it.
+                idle.append(sleeper)
+                if work:
+                    try:
+                        idle.remove(sleeper)
+                    except ValueError:
+                        pass
+                    else:
+                        if not self._wake_loop():
+                            return
+                        continue
+                if not self._wake_loop():
                     return
+                sleeper.acquire()
+            elif not self._wake_loop():
+                return
+
+    def _wake_loop(self) -> bool:
+        """Have the loop drain the results; False when the loop is closed (nobody awaits them)."""
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:
+            return False
+        return True
 
     def _drain(self) -> None:
         self._drain_scheduled = False

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from support.common import wait_for
-from support.k8s_operator import OperatorProcess, proxy_service_url, wait_ready
+from support.k8s_operator import OperatorProcess, wait_ready
 from support.load import Load, failures
 from support.node_cluster import NodeCluster
-from support.node_recorder import proxy_pods, ready, recorder, replica_pods, settled
+from support.node_recorder import deploy, proxy_pods, ready, recorder, replica_pods, settled
 
 
 def status_when(
@@ -40,20 +40,11 @@ def keeps_answering(load: Load, what: str) -> None:
     wait_for(lambda: load.answered_since(since) > 50, 60, interval_s=0.5, what=what)
 
 
-def start(node: NodeCluster, operator: OperatorProcess, objects: list[dict[str, Any]]) -> str:
-    """Apply the instance and ``fault_recorder``; the proxy Service's host once it serves."""
-    ns = objects[0]["metadata"]["namespace"]
-    node.apply(objects)
-    wait_ready(node, operator, ns, "faults")
-    wait_for(lambda: settled(node, ns, 2, set()), 120, what="2 replicas Ready")
-    return str(proxy_service_url(node, ns, "/")).split("//")[1].split(":")[0]
-
-
 def test_a_failed_rebuild_keeps_the_previous_version_serving_and_a_fix_recovers(
     node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
 ) -> None:
     ns = node_namespace
-    host = start(node, node_operator, recorder(ns, 2))
+    host = deploy(node, node_operator, ns, 2)
     before = {p["metadata"]["name"] for p in replica_pods(node, ns)}
     app = ("serveapplication", "faults", ns)
     with Load(8000, clients=12, host=host, timeout_s=60) as load:
@@ -79,10 +70,8 @@ def test_an_every_node_proxy_roll_that_fails_leaves_the_old_proxy_serving(
     node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
 ) -> None:
     ns = node_namespace
-    objects = recorder(ns, 2)
-    serving = objects[0]
-    serving["spec"]["proxyLocation"] = "EveryNode"
-    host = start(node, node_operator, objects)
+    host = deploy(node, node_operator, ns, 2, proxy_location="EveryNode")
+    serving = recorder(ns, 2, proxy_location="EveryNode")[0]
     (daemon_set,) = node.get("daemonsets", namespace=ns)["items"]
     rolling = daemon_set["spec"]["updateStrategy"]["rollingUpdate"]
     assert (rolling["maxSurge"], rolling["maxUnavailable"]) == (1, 0)

@@ -7,8 +7,9 @@ model (:class:`~kubeserve.schema.resources.ServeApplicationStatus`,
 :class:`~kubeserve.schema.resources.ServeInstanceStatus`) dumped with ``exclude_unset``: it holds
 exactly the fields a report sets, so a refused application, and one whose new build runs or
 failed, keeps the deployments and route last reported (the previous version serves on), and
-:meth:`~.cluster.Cluster.patch_status` turns map entries that are gone into deletions. ``docsPath`` is the ingress's FastAPI ``docs_url`` as the build found it (Ray's
-``docs_path``), unset for other ingresses.
+:meth:`~.cluster.Cluster.patch_status` turns map entries that are gone into deletions.
+``docsPath`` is the ingress's FastAPI ``docs_url`` as the build found it (Ray's ``docs_path``),
+unset for other ingresses.
 
 The Ready condition (:func:`ready_condition`) keeps its ``lastTransitionTime`` while its status
 does not change; ``lastDeployedTime`` is the admin API's deployed-at annotation, else when the

@@ -32,16 +32,20 @@ def recorder(
     *,
     image: str = TESTS_IMAGE,
     import_path: str = "fault_recorder:app",
+    proxy_location: str = "HeadOnly",
     **deployment: Any,
 ) -> list[dict[str, Any]]:
-    """``fault_recorder`` at ``/`` (each request answers its id after a few ms of work), with
-    ``replicas`` replicas; a new ``roll`` changes its env vars, a new ``image`` (of the instance)
-    or ``import_path`` its code, so every replica is replaced."""
+    """The instance (its proxies at ``proxy_location``) and ``fault_recorder`` at ``/`` (each
+    request answers its id after a few ms of work), with ``replicas`` replicas; a new ``roll``
+    changes its env vars, a new ``image`` (of the instance) or ``import_path`` its code, so every
+    replica is replaced."""
     env = {"KS_FAULT_DIR": "/tmp", "KS_ROLL": roll}
     spec = {"name": "Recorder", "numReplicas": replicas, **SMALL_REPLICA, **deployment}
     app = application(ns, "faults", import_path, routePrefix="/",
                       runtimeEnv={"envVars": env}, deployments=[spec])  # fmt: skip
-    return [instance(ns, image=image), app]
+    serving = instance(ns, image=image)
+    serving["spec"]["proxyLocation"] = proxy_location
+    return [serving, app]
 
 
 def replica_pods(node: NodeCluster, ns: str) -> list[dict[str, Any]]:

@@ -642,6 +642,13 @@ def test_proxies_per_location(location: str, kind: str) -> None:
     proxy, service = render.render_proxy(inst)
     assert (proxy["kind"], proxy["metadata"]["name"]) == (kind, "default-proxy")
     assert proxy["spec"].get("replicas") == (1 if kind == "Deployment" else None)
+    # surge first: a new proxy that never gets Ready leaves the old one serving
+    strategy = proxy["spec"]["strategy" if kind == "Deployment" else "updateStrategy"]
+    assert strategy == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    validate(proxy)
     container = main_container(proxy)
     assert container["command"] == [
         "kubeserve",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from kubeserve.backends.kubernetes.cluster import with_removals
 from kubeserve.backends.kubernetes.details import DEPLOYED_AT_ANNOTATION
 from kubeserve.backends.kubernetes.pods import exit_failure, replica_key
@@ -21,10 +23,12 @@ from kubeserve.backends.kubernetes.reports import (
 from kubeserve.control.details import ProcessView
 from kubeserve.control.status_derivation import (
     AppStatusInfo,
+    BuildView,
     DeploymentView,
     DerivedDeploymentStatus,
     ReplicaStateValue,
     ReplicaView,
+    application_status,
 )
 from kubeserve.runtime.kubernetes.discovery import ready_elsewhere, snapshot_parts
 from kubeserve.schema.resources import ServeApplicationStatus, ServeInstanceStatus
@@ -189,6 +193,28 @@ def test_the_data_plane_refuses_at_once_a_deployment_that_failed_to_deploy() -> 
     reason = endpoints["composed#Greeter"]["unavailable"]
     assert "'composed' is DEPLOY_FAILED" in reason and "'Greeter'" in reason
     assert "boom" not in reason  # the error's text is the admin API's to show
+
+
+@pytest.mark.parametrize("build", [BuildView("failed", "build Job composed-build-1 failed"),
+                                   BuildView("running")])  # fmt: skip
+def test_the_previous_version_keeps_its_route_while_a_rebuild_runs_or_after_it_failed(
+    build: BuildView,
+) -> None:
+    """A pass with no graph of the new spec leaves the deployments and the route the status
+    had: the proxies keep routing to the old replicas, which keep running."""
+    info = AppStatusInfo(
+        "RUNNING", "", {"Api": DerivedDeploymentStatus("HEALTHY", "CONFIG_UPDATE_COMPLETED")}
+    )
+    serving = ApplicationReport(info, {"Api": observed(1, "RUNNING")}, IngressRoute("Api", "/api"))
+    app = application(**serving.patch(application()))
+    patch = ApplicationReport(application_status(build, {})).patch(app)
+    assert not {"deployments", "routePrefix", "ingressDeployment", "replicas"} & set(patch)
+    status = ServeApplicationStatus.model_validate(patch)
+    assert status.app_status == ("DEPLOY_FAILED" if build.state == "failed" else "DEPLOYING")
+    app["status"] = {**app["status"], **with_removals(app["status"], patch)}
+    routes, endpoints = snapshot_parts([app], [], None)
+    assert routes == [{"route_prefix": "/api", "app": "composed", "deployment": "Api"}]
+    assert "unavailable" not in endpoints["composed#Api"]
 
 
 def test_a_running_application_report_is_ready() -> None:

@@ -186,14 +186,14 @@ def render_proxy(instance: InstanceView) -> list[Manifest]:
         ),
     }
     spec: Manifest = {"selector": {"matchLabels": selector}, "template": template}
+    # Surge first: a new proxy starts beside the one it replaces, which goes only once the new
+    # one is Ready, so a new proxy that never is (an exporter that does not import) leaves the
+    # old one serving. A DaemonSet may surge because the proxy binds no hostPort.
+    rolling = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     if instance.proxy_location is ProxyLocation.EVERY_NODE:
-        kind, spec["updateStrategy"] = "DaemonSet", {"type": "RollingUpdate"}
+        kind, spec["updateStrategy"] = "DaemonSet", rolling
     else:
-        kind, spec["replicas"] = "Deployment", 1
-        spec["strategy"] = {
-            "type": "RollingUpdate",
-            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
-        }
+        kind, spec["replicas"], spec["strategy"] = "Deployment", 1, rolling
     workload = {
         "apiVersion": "apps/v1",
         "kind": kind,

@@ -5,10 +5,11 @@ A reconciler returns a report (:class:`ApplicationReport`, :class:`ApplicationRe
 with its ``patch`` method, the only code that spells status fields. Every patch is the status
 model (:class:`~kubeserve.schema.resources.ServeApplicationStatus`,
 :class:`~kubeserve.schema.resources.ServeInstanceStatus`) dumped with ``exclude_unset``: it holds
-exactly the fields a report sets, so a refused application keeps the deployments and route last
-reported, and :meth:`~.cluster.Cluster.patch_status` turns map entries that are gone into
-deletions. ``docsPath`` is the ingress's FastAPI ``docs_url`` as the build found it (Ray's
-``docs_path``), unset for other ingresses.
+exactly the fields a report sets, so a refused application, and one whose new build runs or
+failed, keeps the deployments and route last reported (the previous version serves on), and
+:meth:`~.cluster.Cluster.patch_status` turns map entries that are gone into deletions.
+``docsPath`` is the ingress's FastAPI ``docs_url`` as the build found it (Ray's ``docs_path``),
+unset for other ingresses.
 
 The Ready condition (:func:`ready_condition`) keeps its ``lastTransitionTime`` while its status
 does not change; ``lastDeployedTime`` is the admin API's deployed-at annotation, else when the
@@ -94,10 +95,18 @@ class IngressRoute:
 @dataclass(frozen=True)
 class ApplicationReport:
     """An application pass that reached its build: the status rules' answer, each deployment of
-    it as observed (none while the graph builds), and the ingress once the graph is known."""
+    it as observed, and the ingress once the graph is known.
+
+    While the build runs, and when it failed (or the config does not fit its graph), the pass
+    touches no deployment: what runs is the previous version, which keeps serving as it was (as
+    Ray's application keeps its deployments when a redeploy fails). ``deployments`` is ``None``
+    then, and the patch leaves the deployments and the route last reported in the status, which
+    is what the proxies route by: dropping them would leave the route with no replica behind it.
+    """
 
     info: AppStatusInfo
-    deployments: Mapping[str, ObservedDeployment] = field(default_factory=dict)
+    #: ``None``: no graph of the current spec yet (building, failed): the status keeps its own
+    deployments: Mapping[str, ObservedDeployment] | None = None
     ingress: IngressRoute | None = None
     #: a ready replica has not said yet what it applied (this process just started): the status
     #: derived now would be a guess, so the recorded one stays until the replica answers
@@ -105,24 +114,16 @@ class ApplicationReport:
 
     def patch(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         info = self.info
-        healthy = sum(1 for d in info.deployments.values() if d.status == "HEALTHY")
         reason = _APP_REASONS.get(info.status, "Deploying")
-        entries = {
-            name: _deployment_entry(status, self.deployments[name])
-            for name, status in info.deployments.items()
-        }
-        ready = sum(e["ready_replicas"] for e in entries.values())
-        target = sum(e["target_replicas"] for e in entries.values())
         fields: dict[str, Any] = {
             "app_status": info.status,
             "message": info.message[:4096],
-            "ready_deployments": f"{healthy}/{len(info.deployments)}",
-            "replicas": f"{ready}/{target}",
-            "deployments": entries,
             "conditions": [
                 ready_condition(obj, info.status == "RUNNING", reason, info.message or info.status)
             ],
         }
+        if self.deployments is not None:
+            fields.update(self._deployment_fields(self.deployments))
         if self.ingress is not None:
             fields.update(
                 ingress_deployment=self.ingress.deployment,
@@ -130,6 +131,21 @@ class ApplicationReport:
                 docs_path=self.ingress.docs_path,
             )
         return _application_patch(obj, fields)
+
+    def _deployment_fields(self, observed: Mapping[str, ObservedDeployment]) -> dict[str, Any]:
+        """The status's deployment entries and their counts."""
+        derived = self.info.deployments
+        healthy = sum(1 for d in derived.values() if d.status == "HEALTHY")
+        entries = {
+            name: _deployment_entry(status, observed[name]) for name, status in derived.items()
+        }
+        ready = sum(e["ready_replicas"] for e in entries.values())
+        target = sum(e["target_replicas"] for e in entries.values())
+        return {
+            "ready_deployments": f"{healthy}/{len(derived)}",
+            "replicas": f"{ready}/{target}",
+            "deployments": entries,
+        }
 
 
 @dataclass(frozen=True)

@@ -148,14 +148,21 @@ def unschedulable_message(
     required = {kind: need for kind, need in claim.items() if need > 0}
     available = {kind: max(0.0, free.get(kind, 0.0)) for kind in required}
     instance = {kind: total.get(kind, 0.0) for kind in required}
-    plural = "replica" if count == 1 else "replicas"
-    return (
-        f"Deployment '{deployment}' in application '{app}' has {count} {plural} that cannot be "
-        f"scheduled: resources required for each replica: {json.dumps(required)}, "
+    return _cannot_schedule(app, deployment, count) + (
+        f"resources required for each replica: {json.dumps(required)}, "
         f"total resources available: {json.dumps(available)} "
         f"(this kubeserve instance has {json.dumps(instance)}; lower num_replicas or "
         "ray_actor_options, stop other applications, or restart kubeserve with more "
         "--num-cpus/--num-gpus/--resources)."
+    )
+
+
+def _cannot_schedule(app: str, deployment: str, count: int) -> str:
+    """The start every message of replicas that wait has (Ray's wording), up to the reason."""
+    plural = "replica" if count == 1 else "replicas"
+    return (
+        f"Deployment '{deployment}' in application '{app}' has {count} {plural} that cannot be "
+        "scheduled: "
     )
 
 
@@ -170,10 +177,8 @@ def node_room(max_replicas_per_node: int | None, on_node: int) -> int | None:
 def per_node_cap_message(app: str, deployment: str, count: int, cap: int) -> str:
     """The status message of a deployment with replicas beyond ``max_replicas_per_node`` of the
     one node a kubeserve start instance is (they stay pending, as in Ray)."""
-    plural = "replica" if count == 1 else "replicas"
-    return (
-        f"Deployment '{deployment}' in application '{app}' has {count} {plural} that cannot be "
-        f"scheduled: max_replicas_per_node is {cap} and this kubeserve instance is one node "
+    return _cannot_schedule(app, deployment, count) + (
+        f"max_replicas_per_node is {cap} and this kubeserve instance is one node "
         f"(lower num_replicas to {cap} or raise max_replicas_per_node; on Kubernetes the "
         "replicas spread over the nodes)."
     )
@@ -184,10 +189,8 @@ def label_selector_message(
 ) -> str:
     """The status message of a deployment whose ``label_selector`` this node's labels do not
     satisfy (its replicas stay pending, as in Ray)."""
-    plural = "replica" if count == 1 else "replicas"
-    return (
-        f"Deployment '{deployment}' in application '{app}' has {count} {plural} that cannot be "
-        f"scheduled: ray_actor_options.label_selector {json.dumps(dict(selector))} does not "
+    return _cannot_schedule(app, deployment, count) + (
+        f"ray_actor_options.label_selector {json.dumps(dict(selector))} does not "
         f"match this kubeserve instance's node labels {json.dumps(dict(labels))} (change the "
         'selector, or restart kubeserve with --labels "key=value,...")'
     )

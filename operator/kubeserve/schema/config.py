@@ -422,6 +422,17 @@ def _label_selector(value: dict[str, str] | None) -> dict[str, str] | None:
     return value
 
 
+def _custom_resources(value: dict[str, float]) -> dict[str, float]:
+    """Ray 2.60's check of ``resources``: CPUs and GPUs have keywords of their own."""
+    if "CPU" in value or "GPU" in value:
+        raise PydanticCustomError(
+            "resources_cpu_gpu",
+            "Use the 'num_cpus' and 'num_gpus' keyword instead of 'CPU' and 'GPU' in "
+            "'resources' keyword",
+        )
+    return value
+
+
 class RayActorOptionsSchema(RestModel):
     """Per-replica process options (``cluster_actor_options``, Ray's ``ray_actor_options``).
 
@@ -435,7 +446,9 @@ class RayActorOptionsSchema(RestModel):
     num_gpus: Annotated[NonNegativeFloat, AfterValidator(_whole_above_one)] | None = None
     memory: NonNegativeFloat | None = None
     object_store_memory: NonNegativeFloat | None = None
-    resources: dict[str, NonNegativeFloat] = Field(default_factory=dict)
+    resources: Annotated[dict[str, NonNegativeFloat], AfterValidator(_custom_resources)] = Field(
+        default_factory=dict
+    )
     accelerator_type: str | None = None
     label_selector: Annotated[dict[str, str], AfterValidator(_label_selector)] | None = None
     fallback_strategy: list[dict[str, Any]] | None = None

@@ -59,3 +59,9 @@ def test_labels_as_ray_start_takes_them() -> None:
     ]:
         with pytest.raises(ValueError, match=reason):
             parse_labels(bad)
+
+
+def test_cpus_and_gpus_in_resources_are_refused_in_rays_words() -> None:
+    with pytest.raises(ValueError, match="Use the 'num_cpus' and 'num_gpus' keyword instead"):
+        RayActorOptionsSchema.model_validate({"resources": {"CPU": 2}})
+    assert RayActorOptionsSchema.model_validate({"resources": {"tpu": 2}}).resources == {"tpu": 2.0}

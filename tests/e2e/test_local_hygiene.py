@@ -639,3 +639,54 @@ def test_custom_resources_are_reserved_from_what_resources_gives_the_node(tmp_pa
         time.sleep(2)
         assert len(ks.replica_pids("sized", "Sized")) == 2
         assert http("GET", f"{ks.proxy}/sized")[0] == 200
+
+
+def test_memory_and_accelerator_type_are_reserved_as_on_a_one_node_ray_cluster(
+    tmp_path: Path,
+) -> None:
+    """``ray_actor_options.memory`` reserves bytes of what ``kubeserve start --memory`` gives the
+    node, and ``accelerator_type`` needs the node's ``accelerator_type:<type>`` resource (here
+    from ``--resources``, as ``ray start --resources`` gives it): replicas that do not fit wait
+    saying what they need, and a version the node can never hold leaves the serving one alone."""
+    gb = 1_000_000_000
+    args = ("--memory", str(3 * gb), "--resources", '{"accelerator_type:A100": 1}')
+    with running_kubeserve(tmp_path / "state", args=args) as ks:
+
+        def sized(replicas: int, options: dict[str, Any]) -> dict[str, Any]:
+            deployment = {"name": "Sized", "num_replicas": replicas, "ray_actor_options": options}
+            return {**SIZED, "deployments": [deployment]}
+
+        assert ks.put([sized(4, {"memory": gb, "accelerator_type": "A100"})])[0] == 200
+        wait_for(lambda: len(ks.replica_pids("sized", "Sized")) == 3, 60, what="3 replicas")
+        waiting = wait_for(
+            lambda: (d := _deployment(ks, "sized", "Sized")) and d.get("message") and d,
+            30,
+            what="the reason the fourth waits",
+        )
+        assert "has 1 replica that cannot be scheduled" in waiting["message"], waiting
+        assert '"memory": 1000000000.0' in waiting["message"], waiting
+        assert '"accelerator_type:A100": 0.001' in waiting["message"], waiting
+        assert "--memory" in waiting["message"], waiting
+        assert http("GET", f"{ks.proxy}/sized")[0] == 200
+
+        assert ks.put([sized(3, {"accelerator_type": "H100"})])[0] == 200
+        wait_for(
+            lambda: (
+                '"accelerator_type:H100": 0.001'
+                in _deployment(ks, "sized", "Sized").get("message", "")
+            ),
+            60,
+            what="an accelerator type the node does not have",
+        )
+        time.sleep(2)  # nothing of the version serving is stopped for one that can never fit
+        assert len(ks.replica_pids("sized", "Sized")) == 3
+        assert http("GET", f"{ks.proxy}/sized")[0] == 200
+
+    # a bad --memory is refused at start, as ray start refuses it
+    bad = subprocess.run(
+        [sys.executable, "-m", "kubeserve.cli", "start", "--memory", "lots"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "--memory" in bad.stderr, bad.stderr

@@ -103,6 +103,12 @@ def add_instance_arguments(
         help="GPUs replicas may claim; default: CUDA_VISIBLE_DEVICES, else the NVIDIA GPUs found",
     )
     parser.add_argument(
+        "--memory",
+        type=positive_int,
+        help="memory in bytes replicas may reserve (ray_actor_options.memory), as ray start "
+        "--memory; default: the machine's (or this process's cgroup limit)",
+    )
+    parser.add_argument(
         "--resources",
         default="",
         help="custom resources replicas may claim (ray_actor_options.resources), as ray start "
@@ -216,6 +222,7 @@ def start_instance(args: argparse.Namespace, after_start: AfterStart | None) -> 
         base_dir=os.getcwd(),
         num_cpus=args.num_cpus,
         num_gpus=args.num_gpus,
+        memory=args.memory,
         labels=labels,
         resources=resources,
         request_limits=limits,

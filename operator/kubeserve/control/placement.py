@@ -2,11 +2,12 @@
 
 The local backend schedules replicas the way Ray schedules Serve replicas on a single node: each
 replica claims ``ray_actor_options.num_cpus`` (Ray Serve's default: 1), ``num_gpus`` (default 0)
-and its custom ``resources`` from the instance's resources (``kubeserve start --num-cpus``,
-``--num-gpus`` and ``--resources``, like ``ray start``). A replica that does not fit is not
-started; it waits, its deployment stays ``UPDATING`` with :func:`unschedulable_message`, and it
-starts once resources free up. ``memory`` is not reserved on one machine (it is the replica's
-memory limit).
+``memory`` (bytes), its custom ``resources`` and, for an ``accelerator_type``, a sliver of the
+node's ``accelerator_type:<type>`` resource (Ray's own encoding) from the instance's resources
+(``kubeserve start --num-cpus``, ``--num-gpus``, ``--memory`` and ``--resources``, like ``ray
+start``; a detected GPU's model gives the node its ``accelerator_type:<type>``, as Ray's raylet
+does). A replica that does not fit is not started; it waits, its deployment stays ``UPDATING``
+with :func:`unschedulable_message`, and it starts once resources free up.
 
 GPUs are devices, not only a count: a replica claiming ``num_gpus`` is given devices by
 :func:`assign_gpus` (whole ones for a whole number, a share of one device for a fraction, as Ray
@@ -25,16 +26,24 @@ Everything here is pure.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 
 from kubeserve.control.effective_config import EffectiveDeployment
 
-#: The resources every instance and every claim has, in Ray's spelling (custom ones come from
-#: ``--resources`` and ``ray_actor_options.resources``).
-ENFORCED = ("CPU", "GPU")
+#: The resources every instance has, in Ray's spelling, each with its own ``kubeserve start``
+#: flag rather than a ``--resources`` entry (as ``ray start``); custom ones come from
+#: ``--resources`` and ``ray_actor_options.resources``.
+FLAGGED = {"CPU": "--num-cpus", "GPU": "--num-gpus", "memory": "--memory"}
 #: Ray Serve 2.60's ``num_cpus`` of a replica whose options do not set it.
 DEFAULT_REPLICA_CPUS = 1.0
+#: How Ray names the resource a node of an accelerator type has (1) and a claim of it takes.
+ACCELERATOR_PREFIX = "accelerator_type:"
+ACCELERATOR_CLAIM = 0.001
 _EPSILON = 1e-9
+#: An NVIDIA device name's model token: the first all-capitals/digits words after the vendor
+#: ("Tesla V100-SXM2-16GB" -> "V100", "NVIDIA A100-SXM4-40GB" -> "A100").
+_NVIDIA_MODEL = re.compile(r"\w+\s+((?:[A-Z]+\s+)*[A-Z0-9]*\d[A-Z0-9]*)")
 
 
 def replica_claim(config: EffectiveDeployment) -> dict[str, float]:
@@ -45,15 +54,34 @@ def replica_claim(config: EffectiveDeployment) -> dict[str, float]:
         "CPU": float(DEFAULT_REPLICA_CPUS if cpus is None else cpus),
         "GPU": float(options.get("num_gpus") or 0.0),
     }
+    memory = options.get("memory")
+    if memory:
+        claim["memory"] = float(int(memory))  # Ray counts it in whole bytes
     for kind, amount in (options.get("resources") or {}).items():
         if kind not in claim and amount:
             claim[kind] = float(amount)
+    accelerator = options.get("accelerator_type")
+    if accelerator:
+        claim[ACCELERATOR_PREFIX + accelerator] = ACCELERATOR_CLAIM
     return claim
+
+
+def accelerator_type(gpu_name: str) -> str | None:
+    """The ``accelerator_type`` of an NVIDIA device by its name, as Ray derives a node's: the
+    model token ("NVIDIA A100-SXM4-40GB" -> "A100", "NVIDIA RTX PRO 6000 ..." ->
+    "RTX-PRO-6000"), else the product name without the vendor, hyphenated ("NVIDIA GeForce RTX
+    5090" -> "GeForce-RTX-5090")."""
+    match = _NVIDIA_MODEL.match(gpu_name)
+    model = match.group(1).replace(" ", "-") if match else ""
+    if len(model) > 1:
+        return model
+    product = re.sub(r"^NVIDIA\s+", "", gpu_name).strip()
+    return product.replace(" ", "-") or None
 
 
 def custom_resources(text: str) -> dict[str, float]:
     """``kubeserve start --resources`` as ``ray start --resources`` takes it: a JSON object of
-    resource names and non-negative amounts (CPUs and GPUs have flags of their own);
+    resource names and non-negative amounts (CPUs, GPUs and memory have flags of their own);
     ``ValueError`` saying what is wrong."""
     if not text.strip():
         return {}
@@ -65,8 +93,10 @@ def custom_resources(text: str) -> dict[str, float]:
         raise ValueError('--resources: a JSON object of names and amounts, such as {"custom": 2}')
     resources: dict[str, float] = {}
     for name, amount in value.items():
-        if name in ENFORCED:
-            raise ValueError(f"--resources: give {name} with --num-{name.lower()}s")
+        if name in FLAGGED:
+            raise ValueError(f"--resources: give {name} with {FLAGGED[name]}")
+        if name == "object_store_memory":
+            raise ValueError("--resources: object_store_memory: there is no object store")
         if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount >= 0:
             raise ValueError(f"--resources: {name!r}: {amount!r} is not a non-negative number")
         resources[name] = float(amount)
@@ -153,7 +183,7 @@ def unschedulable_message(
         f"total resources available: {json.dumps(available)} "
         f"(this kubeserve instance has {json.dumps(instance)}; lower num_replicas or "
         "ray_actor_options, stop other applications, or restart kubeserve with more "
-        "--num-cpus/--num-gpus/--resources)."
+        "--num-cpus/--num-gpus/--memory/--resources)."
     )
 
 

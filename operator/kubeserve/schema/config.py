@@ -423,12 +423,17 @@ def _label_selector(value: dict[str, str] | None) -> dict[str, str] | None:
 
 
 def _custom_resources(value: dict[str, float]) -> dict[str, float]:
-    """Ray 2.60's check of ``resources``: CPUs and GPUs have keywords of their own."""
+    """Ray 2.60's check of ``resources``: CPUs, GPUs and memory have keywords of their own."""
     if "CPU" in value or "GPU" in value:
         raise PydanticCustomError(
             "resources_cpu_gpu",
             "Use the 'num_cpus' and 'num_gpus' keyword instead of 'CPU' and 'GPU' in "
             "'resources' keyword",
+        )
+    if "memory" in value or "object_store_memory" in value:
+        raise PydanticCustomError(
+            "resources_memory",
+            "The resources dictionary must not contain the key 'memory' or 'object_store_memory'",
         )
     return value
 

@@ -277,17 +277,22 @@ SUPPORT: dict[str, Support] = {
         "fractions pack together) and named in its CUDA_VISIBLE_DEVICES, as Ray does; "
         "nvidia.com/gpu on Kubernetes (the device plugin assigns them)"
     ),
-    "RayActorOptionsSchema.memory": partial(
-        "pod memory request and limit on Kubernetes; the replica's cgroup memory limit on one "
-        "machine (not reserved)"
+    "RayActorOptionsSchema.memory": works(
+        "reserved as in Ray: on one machine from what kubeserve start --memory gives it (as ray "
+        "start --memory; default the machine's memory), a replica that does not fit staying "
+        "pending, and the replica's cgroup memory limit; the pod's memory request and limit on "
+        "Kubernetes"
     ),
     "RayActorOptionsSchema.resources": works(
         "reserved as in Ray (a replica that does not fit stays pending, the deployment UPDATING "
         "saying why): on Kubernetes extended resource requests; on one machine from what "
         "kubeserve start --resources gives it, as ray start --resources"
     ),
-    "RayActorOptionsSchema.accelerator_type": partial(
-        "a node selector on Kubernetes; not checked on one machine"
+    "RayActorOptionsSchema.accelerator_type": works(
+        "a node selector on Kubernetes; on one machine Ray's accelerator_type:<type> resource, "
+        "which the node has when its first NVIDIA GPU is of that model (as Ray's raylet "
+        "detects it) or kubeserve start --resources gives it; otherwise the replicas stay "
+        "pending, the deployment UPDATING saying why"
     ),
     "RayActorOptionsSchema.label_selector": works(
         "conditions on node labels, as in Ray (a replica no node satisfies stays pending, the "

@@ -4,6 +4,7 @@ import pytest
 
 from kubeserve.control.effective_config import effective_deployment
 from kubeserve.control.placement import (
+    accelerator_type,
     admit,
     assign_gpus,
     custom_resources,
@@ -29,6 +30,42 @@ def test_a_replica_claims_what_its_actor_options_say() -> None:
     assert replica_claim(config) == {"CPU": 1.0, "GPU": 1.0}  # the override replaces the whole
     config = effective_deployment("D", {"ray_actor_options": {"num_cpus": 0}}, None)
     assert replica_claim(config) == {"CPU": 0.0, "GPU": 0.0}
+
+
+def test_memory_and_an_accelerator_type_are_claimed_as_ray_encodes_them() -> None:
+    options = {"memory": 2.5e9, "accelerator_type": "A100", "resources": {"slot": 1}}
+    config = effective_deployment("D", {"ray_actor_options": options}, None)
+    assert replica_claim(config) == {
+        "CPU": 1.0,
+        "GPU": 0.0,
+        "memory": 2_500_000_000.0,
+        "slot": 1.0,
+        "accelerator_type:A100": 0.001,
+    }
+    node = {"CPU": 16.0, "GPU": 1.0, "memory": 4e9, "slot": 1.0}
+    assert not fits(replica_claim(config), node)  # a node without the type
+    assert fits(replica_claim(config), {**node, "accelerator_type:A100": 1.0})
+    assert not fits(replica_claim(config), {**node, "accelerator_type:A100": 1.0, "memory": 2e9})
+    # a thousand replicas of one type share the node's one unit, as in Ray
+    assert admit(1000, {"accelerator_type:A100": 0.001}, {"accelerator_type:A100": 1.0}, 2000) == (
+        1000,
+        0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("NVIDIA A100-SXM4-40GB", "A100"),
+        ("Tesla V100-SXM2-16GB", "V100"),
+        ("NVIDIA H100 80GB HBM3", "H100"),
+        ("NVIDIA RTX PRO 6000 Blackwell", "RTX-PRO-6000"),
+        ("NVIDIA GeForce RTX 5090", "GeForce-RTX-5090"),
+        ("NVIDIA L4", "L4"),
+    ],
+)
+def test_a_gpu_name_gives_the_accelerator_type_ray_would(name: str, kind: str) -> None:
+    assert accelerator_type(name) == kind
 
 
 def test_fits_checks_cpus_and_gpus() -> None:
@@ -123,6 +160,8 @@ def test_resources_flag_as_ray_start_takes_it() -> None:
         ("{", "not JSON"),
         ("[1]", "a JSON object"),
         ('{"CPU": 2}', "give CPU with --num-cpus"),
+        ('{"memory": 2}', "give memory with --memory"),
+        ('{"object_store_memory": 2}', "there is no object store"),
         ('{"x": -1}', "not a non-negative number"),
         ('{"x": "1"}', "not a non-negative number"),
     ]:

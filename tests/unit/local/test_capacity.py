@@ -11,6 +11,8 @@ from kubeserve.backends.local.capacity import (
     Capacity,
     detect_gpus,
     instance_resources,
+    machine_memory,
+    memory_bytes,
 )
 
 
@@ -27,7 +29,18 @@ def test_claims_are_held_until_released_and_start_slots_until_started() -> None:
 
 
 def test_flags_win_over_what_the_machine_has() -> None:
-    assert instance_resources(2, 3) == {"CPU": 2.0, "GPU": 3.0}
+    assert instance_resources(2, 3, {"slot": 1}, 5e9) == {
+        "CPU": 2.0,
+        "GPU": 3.0,
+        "memory": 5e9,
+        "slot": 1.0,
+    }
+
+
+def test_the_default_memory_is_the_machines_or_the_cgroups_limit() -> None:
+    memory = instance_resources(None, 0)["memory"]
+    assert 0 < memory <= memory_bytes()[1]
+    assert memory == machine_memory()
 
 
 def test_the_default_cpu_count_is_the_machines_but_at_least_the_floor() -> None:

@@ -65,3 +65,9 @@ def test_cpus_and_gpus_in_resources_are_refused_in_rays_words() -> None:
     with pytest.raises(ValueError, match="Use the 'num_cpus' and 'num_gpus' keyword instead"):
         RayActorOptionsSchema.model_validate({"resources": {"CPU": 2}})
     assert RayActorOptionsSchema.model_validate({"resources": {"tpu": 2}}).resources == {"tpu": 2.0}
+
+
+@pytest.mark.parametrize("key", ["memory", "object_store_memory"])
+def test_memory_in_resources_is_refused_in_rays_words(key: str) -> None:
+    with pytest.raises(ValueError, match="must not contain the key 'memory' or 'object_store"):
+        RayActorOptionsSchema.model_validate({"resources": {key: 2}})

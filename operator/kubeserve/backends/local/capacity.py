@@ -72,14 +72,63 @@ def memory_bytes() -> tuple[int, int]:
     return fields.get("MemAvailable", 0), fields.get("MemTotal", 0)
 
 
+def machine_memory() -> int:
+    """The memory replicas may reserve when ``--memory`` is not given: the machine's, or this
+    process's cgroup (v2) limit when lower; 0 when unknown."""
+    total = memory_bytes()[1]
+    try:
+        limit = Path("/sys/fs/cgroup", _own_cgroup().lstrip("/"), "memory.max").read_text().strip()
+    except OSError:
+        return total
+    return min(total, int(limit)) if limit.isdigit() and total else total
+
+
+def _own_cgroup() -> str:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            return line[3:]
+    raise OSError("no cgroup v2 entry")
+
+
+def gpu_names() -> list[str]:
+    """The NVIDIA driver's device names (``Model:`` of each ``/proc/driver/nvidia/gpus/*``),
+    in bus order; none without the driver."""
+    names = []
+    try:
+        devices = sorted(Path("/proc/driver/nvidia/gpus").iterdir())
+    except OSError:
+        return []
+    for device in devices:
+        try:
+            for line in (device / "information").read_text().splitlines():
+                name, _, value = line.partition(":")
+                if name.strip() == "Model" and value.strip():
+                    names.append(value.strip())
+                    break
+        except OSError:
+            continue
+    return names
+
+
 def instance_resources(
-    num_cpus: float | None, num_gpus: float | None, custom: Mapping[str, float] | None = None
+    num_cpus: float | None,
+    num_gpus: float | None,
+    custom: Mapping[str, float] | None = None,
+    memory: float | None = None,
 ) -> dict[str, float]:
     """The instance's resources: the flags when given, else what the machine has; ``custom``
-    (``--resources``) besides."""
+    (``--resources``) besides. A node with NVIDIA GPUs also has ``accelerator_type:<model>`` of
+    its first device, as Ray's raylet gives it (``--resources`` can add others)."""
     cpus = num_cpus if num_cpus is not None else max(os.cpu_count() or 1, MIN_DEFAULT_CPUS)
     gpus = num_gpus if num_gpus is not None else detect_gpus()
-    return {**(custom or {}), "CPU": float(cpus), "GPU": float(gpus)}
+    resources: dict[str, float] = {}
+    names = gpu_names() if gpus else []
+    kind = placement.accelerator_type(names[0]) if names else None
+    if kind:
+        resources[placement.ACCELERATOR_PREFIX + kind] = 1.0
+    resources.update(custom or {})
+    memory = memory if memory is not None else machine_memory()
+    return {**resources, "CPU": float(cpus), "GPU": float(gpus), "memory": float(memory)}
 
 
 class Capacity:
@@ -93,7 +142,7 @@ class Capacity:
         self.total = dict(total)
         #: the node's labels (``kubeserve start --labels``)
         self.labels = dict(labels or {})
-        self.used = {kind: 0.0 for kind in (*placement.ENFORCED, *self.total)}
+        self.used = {kind: 0.0 for kind in ("CPU", "GPU", *self.total)}
         self.start_slots = start_slots
         self.starting = 0
         #: each GPU device's free share (1.0: nobody holds any of it), in device order

@@ -67,6 +67,8 @@ class LocalSettings:
     #: (see :func:`kubeserve.backends.local.capacity.instance_resources`)
     num_cpus: float | None = None
     num_gpus: float | None = None
+    #: bytes of memory replicas may reserve (``--memory``); ``None``: the machine's
+    memory: float | None = None
     #: custom resources replicas may claim (``--resources``, ``ray_actor_options.resources``)
     resources: dict[str, float] = field(default_factory=dict)
     #: the node's labels (``--labels``), what ``ray_actor_options.label_selector`` is matched with
@@ -125,7 +127,9 @@ class Controller:
         self.desired: DesiredState | None = None
         self.started_at = time.time()
         self.capacity = Capacity(
-            instance_resources(settings.num_cpus, settings.num_gpus, settings.resources),
+            instance_resources(
+                settings.num_cpus, settings.num_gpus, settings.resources, settings.memory
+            ),
             settings.max_concurrent_starts,
             labels=settings.labels,
         )

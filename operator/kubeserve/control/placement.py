@@ -28,8 +28,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from kubeserve.control.effective_config import EffectiveDeployment
+from kubeserve.schema import node_labels
 
 #: The resources every instance has, in Ray's spelling, each with its own ``kubeserve start``
 #: flag rather than a ``--resources`` entry (as ``ray start``); custom ones come from
@@ -249,3 +251,74 @@ def low_memory_message(
         f"{memory_reserve(total_bytes) // mib} MiB free (of {total_bytes // mib} MiB); lower "
         "num_replicas or stop other applications."
     )
+
+
+@dataclass(frozen=True)
+class Node:
+    """What the one node of a ``kubeserve start`` instance offers right now."""
+
+    free: Mapping[str, float]
+    total: Mapping[str, float]
+    #: each GPU device's free share, in device order (see :func:`assign_gpus`)
+    gpu_free: Mapping[str, float]
+    labels: Mapping[str, str]
+    start_slots: int
+    #: (available, total) bytes when the machine's memory is too low to start a replica
+    low_memory: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What a deployment missing replicas does on this pass: start ``start`` of them, say why
+    ``waiting`` others cannot be scheduled (``reason``, "" when none waits), and whether to stop
+    one replica of the old version to make room for the new one (a roll on a full node)."""
+
+    start: int
+    waiting: int = 0
+    reason: str = ""
+    make_room: bool = False
+
+
+def place(
+    app: str,
+    deployment: str,
+    config: EffectiveDeployment,
+    missing: int,
+    node: Node,
+    on_node: int,
+    old_serving: bool,
+) -> Placement:
+    """Ray's one-node scheduling of ``missing`` replicas of a deployment with ``on_node``
+    replicas already there (any version, stopping ones included). In order: the node's labels
+    must satisfy ``label_selector`` (else none starts: no stop makes room for it), the machine
+    must have memory to start an interpreter, then as many start as the cap
+    (``max_replicas_per_node``), the free resources, the GPU devices and the start slots allow.
+    ``old_serving``: replicas of an older version serve and none is stopping, so one of them may
+    be stopped to make room, which only helps a claim the node's totals can hold at all."""
+    selector = config.ray_actor_options.get("label_selector")
+    if selector and not node_labels.matches(node_labels.parse_selector(selector), node.labels):
+        reason = label_selector_message(app, deployment, missing, selector, node.labels)
+        return Placement(0, missing, reason)
+    if node.low_memory is not None:
+        return Placement(0, missing, low_memory_message(app, deployment, missing, *node.low_memory))
+    claim = replica_claim(config)
+    cap = config.max_replicas_per_node
+    room = node_room(cap, on_node)
+    start, waiting = admit(missing, claim, node.free, node.start_slots, room)
+    devices = dict(node.gpu_free)
+    for started in range(start):  # the GPUs may be free in sum and not on few enough devices
+        given = assign_gpus(claim.get("GPU", 0.0), devices)
+        if given is None:
+            start, waiting = started, waiting + start - started
+            break
+        for device in given:
+            devices[device] -= min(claim["GPU"], 1.0)
+    if not waiting:
+        return Placement(start)
+    if cap is not None and room is not None and room < missing:  # the cap holds them back
+        reason = per_node_cap_message(app, deployment, waiting, cap)
+    else:
+        left = {kind: free - start * claim.get(kind, 0.0) for kind, free in node.free.items()}
+        reason = unschedulable_message(app, deployment, waiting, claim, left, node.total)
+    make_room = start == 0 and old_serving and fits(claim, node.total)
+    return Placement(start, waiting, reason, make_room)

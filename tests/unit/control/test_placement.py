@@ -2,8 +2,10 @@
 
 import pytest
 
-from kubeserve.control.effective_config import effective_deployment
+from kubeserve.control.effective_config import EffectiveDeployment, effective_deployment
 from kubeserve.control.placement import (
+    Node,
+    Placement,
     accelerator_type,
     admit,
     assign_gpus,
@@ -14,6 +16,7 @@ from kubeserve.control.placement import (
     memory_reserve,
     node_room,
     per_node_cap_message,
+    place,
     replica_claim,
     unschedulable_message,
 )
@@ -167,3 +170,60 @@ def test_resources_flag_as_ray_start_takes_it() -> None:
     ]:
         with pytest.raises(ValueError, match=reason):
             custom_resources(bad)
+
+
+def _node(**overrides: object) -> Node:
+    values: dict[str, object] = {
+        "free": {"CPU": 4.0, "GPU": 0.0, "memory": 8e9},
+        "total": {"CPU": 4.0, "GPU": 0.0, "memory": 8e9},
+        "gpu_free": {},
+        "labels": {},
+        "start_slots": 8,
+    }
+    return Node(**{**values, **overrides})  # type: ignore[arg-type]
+
+
+def _config(**fields: object) -> EffectiveDeployment:
+    return effective_deployment("D", dict(fields), None)
+
+
+def test_place_starts_what_fits_and_says_what_is_left_after_those() -> None:
+    decision = place("app", "D", _config(), 6, _node(), 0, old_serving=False)
+    assert (decision.start, decision.waiting, decision.make_room) == (4, 2, False)
+    assert "has 2 replicas that cannot be scheduled" in decision.reason
+    assert 'total resources available: {"CPU": 0.0}' in decision.reason
+    assert place("app", "D", _config(), 3, _node(), 0, old_serving=False) == Placement(3)
+
+
+def test_place_counts_gpu_devices_not_only_their_sum() -> None:
+    node = _node(
+        free={"CPU": 4.0, "GPU": 1.0},
+        total={"CPU": 4.0, "GPU": 2.0},
+        gpu_free={"0": 0.5, "1": 0.5},
+    )
+    options = {"num_gpus": 1}
+    decision = place("app", "D", _config(ray_actor_options=options), 1, node, 0, False)
+    assert (decision.start, decision.waiting) == (0, 1)
+    halves = place("app", "D", _config(ray_actor_options={"num_gpus": 0.5}), 3, node, 0, False)
+    assert (halves.start, halves.waiting) == (2, 1)
+
+
+def test_place_waits_for_the_labels_the_memory_and_the_cap_in_that_order() -> None:
+    selector = {"ray_actor_options": {"label_selector": {"zone": "a"}}}
+    decision = place("app", "D", _config(**selector), 2, _node(labels={"zone": "b"}), 0, True)
+    assert decision == Placement(0, 2, decision.reason) and "label_selector" in decision.reason
+    low = place("app", "D", _config(), 2, _node(low_memory=(1 << 20, 1 << 30)), 0, True)
+    assert (low.start, low.make_room) == (0, False) and "waiting to start" in low.reason
+    capped = place("app", "D", _config(max_replicas_per_node=2), 3, _node(), 1, False)
+    assert (capped.start, capped.waiting) == (
+        1,
+        2,
+    ) and "max_replicas_per_node is 2" in capped.reason
+
+
+def test_place_makes_room_only_for_a_version_the_node_could_hold() -> None:
+    full = _node(free={"CPU": 0.0, "GPU": 0.0}, total={"CPU": 2.0, "GPU": 0.0})
+    assert place("app", "D", _config(), 1, full, 2, old_serving=True).make_room
+    assert not place("app", "D", _config(), 1, full, 2, old_serving=False).make_room
+    never = _config(ray_actor_options={"num_cpus": 3})
+    assert not place("app", "D", never, 1, full, 2, old_serving=True).make_room

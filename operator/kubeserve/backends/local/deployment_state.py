@@ -32,7 +32,6 @@ from kubeserve.control.status_derivation import DeploymentView, ReplicaStateValu
 from kubeserve.control.user_config import needs_push
 from kubeserve.runtime import wire
 from kubeserve.runtime.runtime_env import PreparedEnv
-from kubeserve.schema import node_labels
 
 log = logging.getLogger(__name__)
 
@@ -224,49 +223,26 @@ class DeploymentState:
             self._stop(replica)
 
     def _start_what_fits(self, missing: int, old: list[ReplicaProcess]) -> None:
-        """Start as many missing replicas as resources and start slots allow (see
-        :func:`placement.admit`); say why the others wait."""
+        """Start the missing replicas :func:`placement.place` lets start now, say why the
+        others wait, and stop an old replica when that makes room for the new version."""
         capacity = self._ctx.capacity
-        selector = self.config.ray_actor_options.get("label_selector")
-        if selector and not node_labels.matches(
-            node_labels.parse_selector(selector), capacity.labels
-        ):
-            # No replica of it runs here, and stopping others makes no room: it waits, as Ray's
-            self.unschedulable = placement.label_selector_message(
-                self.app, self.name, missing, selector, capacity.labels
-            )
-            return
-        claim = placement.replica_claim(self.config)
-        low = capacity.memory_low()
-        if low is not None:
-            self.unschedulable = placement.low_memory_message(self.app, self.name, missing, *low)
-            return
-        cap = self.config.max_replicas_per_node
-        room = placement.node_room(cap, len(self.replicas))
-        start, unschedulable = placement.admit(
-            missing, claim, capacity.free(), capacity.free_start_slots(), room
+        node = placement.Node(
+            free=capacity.free(),
+            total=capacity.total,
+            gpu_free=capacity.gpu_free,
+            labels=capacity.labels,
+            start_slots=capacity.free_start_slots(),
+            low_memory=capacity.memory_low(),
         )
-        for started in range(start):
-            if not self._start(claim):  # the GPUs are free in sum, not on one device
-                unschedulable += start - started
-                break
-        if not unschedulable:
-            self.unschedulable = ""
-            return
-        if cap is not None and room is not None and room < missing:  # the cap holds them back
-            self.unschedulable = placement.per_node_cap_message(
-                self.app, self.name, unschedulable, cap
-            )
-        else:
-            self.unschedulable = placement.unschedulable_message(
-                self.app, self.name, unschedulable, claim, capacity.free(), capacity.total
-            )
-        if (
-            start == 0
-            and old
-            and not any(r.state == "STOPPING" for r in self.replicas.values())
-            and placement.fits(claim, capacity.total)  # else no stop makes room for it
-        ):
+        old_serving = bool(old) and not any(r.state == "STOPPING" for r in self.replicas.values())
+        decision = placement.place(
+            self.app, self.name, self.config, missing, node, len(self.replicas), old_serving
+        )
+        claim = placement.replica_claim(self.config)
+        for _ in range(decision.start):
+            self._start(claim)
+        self.unschedulable = decision.reason
+        if decision.make_room:
             # A rolling update on a full instance: free one old replica's resources for a new one.
             self._stop(self.replicas[rollout.stop_order(_rollout(old))[0].replica_id])
 
@@ -283,12 +259,11 @@ class DeploymentState:
             label=self._label,
         )
 
-    def _start(self, claim: dict[str, float]) -> bool:
-        """Start one replica holding ``claim``; False when no device set fits its GPUs."""
+    def _start(self, claim: dict[str, float]) -> None:
+        """Start one replica holding ``claim`` (which :func:`placement.place` found room for)."""
         assert self.spec is not None
         gpus = self._ctx.capacity.assign_gpus(claim.get("GPU", 0.0))
-        if gpus is None:
-            return False
+        assert gpus is not None, "placement.place counted the devices"
         replica_id = f"{self.name}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
         replica = self._new_replica(replica_id, self.version, processes.free_port())
         replica.claim, replica.holds_start_slot, replica.gpus = claim, True, gpus
@@ -296,7 +271,6 @@ class DeploymentState:
         self._ctx.capacity.hold_gpus(gpus, claim.get("GPU", 0.0))
         self.replicas[replica_id] = replica
         replica.start(self.spec)
-        return True
 
     def adopt_all(self, replicas: list[AdoptedReplica]) -> None:
         """Adopt ``replicas`` (see :meth:`adopt`); an autoscaling deployment starts from their

@@ -14,6 +14,15 @@ K8S_DIR    := $(CACHE)/k8s/$(K8S_VERSION)
 
 venv: $(BIN)/.installed
 
+## The experimental native data path (native/, Rust): `kubeserve-fastpath`, release build. Cargo
+## fetches its crates from crates.io on the first build (cached in ~/.cargo).
+NATIVE     := native/target/release/kubeserve-fastpath
+.PHONY: native
+native: $(NATIVE)
+$(NATIVE): native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
+	cargo build --release --locked --manifest-path native/Cargo.toml
+	cargo test --release --locked --manifest-path native/Cargo.toml
+
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -107,14 +116,14 @@ run: venv
 ## Run every test: unit, API over HTTP, end to end with real processes, the Ray 2.60 client, the
 ## dashboard in headless Chromium, and the Kubernetes tier on a real node made on this machine (it
 ## needs root: as another user that tier is skipped, saying so).
-test: venv ray-client $(NODE_FOR_TEST) helm chromium
+test: venv native ray-client $(NODE_FOR_TEST) helm chromium
 	KUBESERVE_CHROMIUM=$(CHROMIUM) KUBESERVE_HELM=$(HELM) KUBESERVE_HELM3=$(HELM3) KUBESERVE_RAY_SERVE=$(RAY_SERVE) \
 	  KUBESERVE_K8S_NODE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## The fast tiers while working: unit (pure logic) and runtime (real replica and proxy processes,
 ## no cluster, no browser, no Ray client); under two minutes on two cores.
 .PHONY: test-fast
-test-fast: venv
+test-fast: venv native
 	$(BIN)/python -m pytest tests/unit tests/runtime -q $(PYTEST_ARGS)
 
 ## The fault table of `kubeserve start` under load (kill -9 of the controller, of the proxy, of a

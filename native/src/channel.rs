@@ -1,0 +1,283 @@
+//! The caller's side of kubeserve's internal channel, byte-compatible with
+//! `kubeserve/runtime/channel.py` (handshake) and `kubeserve/runtime/sealing.py` (sealed frames).
+//!
+//! Handshake (caller = us, INGRESS role):
+//!   caller  -> replica  MAGIC "KSC2" | role | caller nonce (16) | id length (1) | replica id
+//!   replica -> caller   replica nonce (16) | HMAC-SHA256(secret, "server" | transcript)
+//!   caller  -> replica  HMAC-SHA256(secret, "client" | transcript), then sealed frames
+//! Frames: length (4, BE) | payload | tag (16), tag = MAC(seq (8, BE) | length (4, BE) | payload),
+//! keyed BLAKE2b-128 up to 1 KiB, HMAC-SHA256 truncated to 16 bytes above.
+
+use std::io;
+
+use blake2::digest::{consts::U16, consts::U32, Mac};
+use blake2::{Blake2b, Blake2bMac, Digest};
+use hmac::Hmac;
+use sha2::Sha256;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+
+pub const MAGIC: &[u8] = b"KSC2";
+pub const ROLE_INGRESS: u8 = b'i';
+pub const TAG_SIZE: usize = 16;
+pub const SMALL_FRAME: usize = 1024;
+pub const MAX_FRAME: usize = 256 * 1024;
+
+type HmacSha256 = Hmac<Sha256>;
+
+fn hmac256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    let mut mac = <HmacSha256 as Mac>::new_from_slice(key).expect("hmac takes any key");
+    for p in parts {
+        mac.update(p);
+    }
+    mac.finalize().into_bytes().into()
+}
+
+/// Constant-time comparison.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The 16-byte tag of one frame under one direction key (`sealing._Tagger`).
+pub struct Tagger {
+    small: Blake2bMac<U16>,
+    large: HmacSha256,
+}
+
+impl Tagger {
+    pub fn new(key: &[u8]) -> Tagger {
+        let sub = |label: &[u8]| -> [u8; 32] {
+            let mut h = Blake2b::<U32>::new();
+            Digest::update(&mut h, key);
+            Digest::update(&mut h, label);
+            h.finalize().into()
+        };
+        let small = sub(b"|small");
+        let large = sub(b"|large");
+        Tagger {
+            small: Blake2bMac::<U16>::new_from_slice(&small).expect("32-byte key"),
+            large: <HmacSha256 as Mac>::new_from_slice(&large).expect("hmac takes any key"),
+        }
+    }
+
+    pub fn tag(&self, prefix: &[u8; 12], payload: &[u8]) -> [u8; TAG_SIZE] {
+        let mut out = [0u8; TAG_SIZE];
+        if payload.len() <= SMALL_FRAME {
+            let mut mac = self.small.clone();
+            mac.update(prefix);
+            mac.update(payload);
+            out.copy_from_slice(&mac.finalize().into_bytes());
+        } else {
+            let mut mac = self.large.clone();
+            mac.update(prefix);
+            mac.update(payload);
+            out.copy_from_slice(&mac.finalize().into_bytes()[..TAG_SIZE]);
+        }
+        out
+    }
+}
+
+fn prefix(seq: u64, len: usize) -> [u8; 12] {
+    let mut p = [0u8; 12];
+    p[..8].copy_from_slice(&seq.to_be_bytes());
+    p[8..].copy_from_slice(&(len as u32).to_be_bytes());
+    p
+}
+
+/// The sending half of one direction.
+pub struct Sealer {
+    tagger: Tagger,
+    seq: u64,
+}
+
+impl Sealer {
+    pub fn new(key: &[u8]) -> Sealer {
+        Sealer { tagger: Tagger::new(key), seq: 0 }
+    }
+
+    /// Append the frames of `payload` (split at MAX_FRAME) to `out`.
+    pub fn seal_into(&mut self, payload: &[u8], out: &mut Vec<u8>) {
+        for piece in payload.chunks(MAX_FRAME) {
+            let p = prefix(self.seq, piece.len());
+            self.seq += 1;
+            out.extend_from_slice(&p[8..]);
+            out.extend_from_slice(piece);
+            out.extend_from_slice(&self.tagger.tag(&p, piece));
+        }
+    }
+}
+
+/// The receiving half of one direction: verified payloads out of raw bytes.
+pub struct Opener {
+    tagger: Tagger,
+    seq: u64,
+    raw: Vec<u8>,
+}
+
+impl Opener {
+    pub fn new(key: &[u8]) -> Opener {
+        Opener { tagger: Tagger::new(key), seq: 0, raw: Vec::with_capacity(16 * 1024) }
+    }
+
+    /// Append `data` and move every complete, verified payload into `plain`.
+    pub fn feed(&mut self, data: &[u8], plain: &mut Vec<u8>) -> io::Result<()> {
+        self.raw.extend_from_slice(data);
+        let mut start = 0;
+        while self.raw.len() - start >= 4 {
+            let len = u32::from_be_bytes(self.raw[start..start + 4].try_into().unwrap()) as usize;
+            if len > MAX_FRAME {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "oversized frame"));
+            }
+            let end = start + 4 + len + TAG_SIZE;
+            if end > self.raw.len() {
+                break;
+            }
+            let payload = &self.raw[start + 4..start + 4 + len];
+            let tag = self.tagger.tag(&prefix(self.seq, len), payload);
+            if !same(&tag, &self.raw[start + 4 + len..end]) {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "a frame failed its MAC"));
+            }
+            self.seq += 1;
+            plain.extend_from_slice(payload);
+            start = end;
+        }
+        if start > 0 {
+            self.raw.drain(..start);
+        }
+        Ok(())
+    }
+}
+
+/// A byte stream to a replica: its same-host unix socket or TCP.
+pub enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    pub async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf).await,
+            Stream::Unix(s) => s.read(buf).await,
+        }
+    }
+
+    pub async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.write_all(buf).await,
+            Stream::Unix(s) => s.write_all(buf).await,
+        }
+    }
+}
+
+fn is_loopback(host: &str) -> bool {
+    matches!(host, "127.0.0.1" | "localhost" | "::1")
+}
+
+fn my_uid() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
+}
+
+/// The replica's abstract unix socket (`local_socket.connect_socket`), when it listens there
+/// under our own uid.
+fn connect_local(host: &str, port: u16) -> Option<UnixStream> {
+    use std::os::linux::net::SocketAddrExt;
+    if !is_loopback(host) {
+        return None;
+    }
+    let name = format!("kubeserve-replica-{port}");
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).ok()?;
+    let sock = std::os::unix::net::UnixStream::connect_addr(&addr).ok()?;
+    sock.set_nonblocking(true).ok()?;
+    let sock = UnixStream::from_std(sock).ok()?;
+    let cred = sock.peer_cred().ok()?;
+    if Some(cred.uid()) != my_uid() {
+        return None;
+    }
+    Some(sock)
+}
+
+/// An open, authenticated connection to one replica.
+pub struct Channel {
+    pub stream: Stream,
+    pub sealer: Sealer,
+    pub opener: Opener,
+}
+
+pub fn nonce() -> [u8; 16] {
+    let mut n = [0u8; 16];
+    getrandom::getrandom(&mut n).expect("the OS random source");
+    n
+}
+
+/// Connect to replica `identity` on `host:port` and pass the handshake.
+pub async fn connect(secret: &[u8], host: &str, port: u16, identity: &str) -> io::Result<Channel> {
+    let mut stream = match connect_local(host, port) {
+        Some(s) => Stream::Unix(s),
+        None => {
+            let s = TcpStream::connect((host, port)).await?;
+            s.set_nodelay(true)?;
+            Stream::Tcp(s)
+        }
+    };
+    let meant = identity.as_bytes();
+    if meant.is_empty() || meant.len() > 255 {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad replica id"));
+    }
+    let caller = nonce();
+    let mut hello = Vec::with_capacity(22 + meant.len());
+    hello.extend_from_slice(MAGIC);
+    hello.push(ROLE_INGRESS);
+    hello.extend_from_slice(&caller);
+    hello.push(meant.len() as u8);
+    hello.extend_from_slice(meant);
+    stream.write_all(&hello).await?;
+    let mut challenge = [0u8; 48];
+    let mut got = 0;
+    while got < challenge.len() {
+        let n = stream.read(&mut challenge[got..]).await?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                format!("the peer closed the connection during the handshake (is it replica {identity}?)"),
+            ));
+        }
+        got += n;
+    }
+    let mut transcript = Vec::with_capacity(34 + meant.len());
+    transcript.push(ROLE_INGRESS);
+    transcript.extend_from_slice(&caller);
+    transcript.extend_from_slice(&challenge[..16]);
+    transcript.push(meant.len() as u8);
+    transcript.extend_from_slice(meant);
+    if !same(&challenge[16..], &hmac256(secret, &[b"server", &transcript])) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("the peer is not replica {identity} of this instance (wrong handshake proof)"),
+        ));
+    }
+    stream.write_all(&hmac256(secret, &[b"client", &transcript])).await?;
+    let send = hmac256(secret, &[b"key:caller", &transcript]);
+    let receive = hmac256(secret, &[b"key:replica", &transcript]);
+    Ok(Channel { stream, sealer: Sealer::new(&send), opener: Opener::new(&receive) })
+}
+
+/// The instance's data-plane secret, as `channel.take_secret` reads it.
+pub fn take_secret() -> Result<Vec<u8>, String> {
+    let value = std::env::var("KUBESERVE_DATA_PLANE_SECRET").ok();
+    let path = std::env::var("KUBESERVE_DATA_PLANE_SECRET_FILE").ok();
+    std::env::remove_var("KUBESERVE_DATA_PLANE_SECRET");
+    std::env::remove_var("KUBESERVE_DATA_PLANE_SECRET_FILE");
+    let text = match (value, path) {
+        (Some(v), _) => v,
+        (None, Some(p)) if !p.is_empty() => std::fs::read_to_string(&p)
+            .map_err(|e| format!("cannot read the data-plane secret {p}: {e}"))?,
+        _ => return Err("no data-plane secret: set KUBESERVE_DATA_PLANE_SECRET or KUBESERVE_DATA_PLANE_SECRET_FILE".into()),
+    };
+    let secret = text.trim().as_bytes().to_vec();
+    if secret.len() < 16 {
+        return Err("the data-plane secret is shorter than 16 bytes".into());
+    }
+    Ok(secret)
+}

@@ -1,0 +1,115 @@
+//! `kubeserve-fastpath`: kubeserve's experimental native data path (opt-in, see README).
+//!
+//! `serve`: a client-facing HTTP/1.1 keep-alive fast path in front of the Python proxy. Requests
+//! it covers (HTTP/1.1, `Content-Length` or no body up to `max_body_bytes`, no hop-by-hop or
+//! upgrade headers, a path in its normal form matching a route, a replica below its
+//! `max_ongoing_requests`) are forwarded over pooled sealed INGRESS channel connections
+//! (`channel.rs`) and the answers (Content-Length, chunked or until close) relayed verbatim.
+//! Everything else, from the first byte it does not cover on, is handed to the Python proxy: the
+//! connection is spliced to it, with the bytes already read, so behaviour never differs.
+//! State (the discovery snapshot) is pushed over a private unix control socket, counters pulled
+//! back over it.
+//!
+//! `probe`: one request over a fresh sealed connection, the answer on stdout (tests, debugging).
+
+mod channel;
+mod http;
+mod serve;
+
+use std::process::ExitCode;
+
+fn usage() -> ExitCode {
+    eprintln!(
+        "usage: kubeserve-fastpath serve --listen HOST:PORT --control PATH --fallback HOST:PORT\n\
+         \x20      kubeserve-fastpath probe HOST PORT REPLICA_ID METHOD PATH [BODY]\n\
+         the data-plane secret comes from KUBESERVE_DATA_PLANE_SECRET(_FILE)"
+    );
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let secret = match channel::take_secret() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("kubeserve-fastpath: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    match args.first().map(String::as_str) {
+        Some("probe") if args.len() >= 6 => {
+            let port: u16 = match args[2].parse() {
+                Ok(p) => p,
+                Err(_) => return usage(),
+            };
+            let body = args.get(6).cloned().unwrap_or_default();
+            match rt.block_on(probe(&secret, &args[1], port, &args[3], &args[4], &args[5], body)) {
+                Ok(out) => {
+                    use std::io::Write;
+                    let _ = std::io::stdout().write_all(&out);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("kubeserve-fastpath: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Some("serve") => {
+            let mut listen = None;
+            let mut control = None;
+            let mut fallback = None;
+            let mut it = args[1..].iter();
+            while let Some(flag) = it.next() {
+                let value = it.next().cloned();
+                match flag.as_str() {
+                    "--listen" => listen = value,
+                    "--control" => control = value,
+                    "--fallback" => fallback = value,
+                    _ => return usage(),
+                }
+            }
+            let (Some(listen), Some(control), Some(fallback)) = (listen, control, fallback) else {
+                return usage();
+            };
+            let local = tokio::task::LocalSet::new();
+            match local.block_on(&rt, serve::run(secret, listen, control, fallback)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("kubeserve-fastpath: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        _ => usage(),
+    }
+}
+
+async fn probe(
+    secret: &[u8],
+    host: &str,
+    port: u16,
+    identity: &str,
+    method: &str,
+    path: &str,
+    body: String,
+) -> std::io::Result<Vec<u8>> {
+    let mut ch = channel::connect(secret, host, port, identity).await?;
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut sealed = Vec::new();
+    ch.sealer.seal_into(request.as_bytes(), &mut sealed);
+    ch.stream.write_all(&sealed).await?;
+    let mut plain = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let n = ch.stream.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(plain);
+        }
+        ch.opener.feed(&buf[..n], &mut plain)?;
+    }
+}

@@ -1,0 +1,507 @@
+//! The fast path's event loop: client connections, the replica pools, the control socket.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::io;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
+
+use crate::channel::{self, Channel};
+use crate::http::{self, ChunkScanner, Framing, Parsed, ParsedAnswer};
+
+struct Replica {
+    id: String,
+    host: String,
+    port: u16,
+    ongoing: Cell<u32>,
+    idle: RefCell<Vec<Channel>>,
+}
+
+struct Deployment {
+    key: String,
+    max_ongoing: u32,
+    replicas: Vec<Rc<Replica>>,
+    next: Cell<usize>,
+}
+
+#[derive(Default)]
+struct Table {
+    by_prefix: HashMap<String, usize>,
+    deployments: Vec<Deployment>,
+}
+
+impl Table {
+    /// `RouteTable.match`: the longest route prefix at a segment boundary of `path`.
+    fn route(&self, path: &str) -> Option<usize> {
+        let mut end = path.len();
+        if end > 1 && path.ends_with('/') {
+            end -= 1;
+        }
+        while end > 0 {
+            if let Some(&d) = self.by_prefix.get(&path[..end]) {
+                return Some(d);
+            }
+            end = path[..end].rfind('/').unwrap_or(0);
+        }
+        self.by_prefix.get("/").copied()
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    /// (deployment key, status) -> requests answered on the fast path
+    answered: HashMap<(String, u16), u64>,
+    /// deployment key -> sum of latencies (ms) on the fast path
+    latency_ms: HashMap<String, f64>,
+    handed_off: u64,
+    upstream_connects: u64,
+}
+
+struct Shared {
+    secret: Vec<u8>,
+    fallback: String,
+    table: RefCell<Rc<Table>>,
+    replicas: RefCell<HashMap<String, Rc<Replica>>>,
+    keep_alive: Cell<Duration>,
+    max_body: Cell<usize>,
+    max_head: Cell<usize>,
+    counters: RefCell<Counters>,
+}
+
+pub async fn run(secret: Vec<u8>, listen: String, control: String, fallback: String) -> io::Result<()> {
+    let shared = Rc::new(Shared {
+        secret,
+        fallback,
+        table: RefCell::new(Rc::new(Table::default())),
+        replicas: RefCell::new(HashMap::new()),
+        keep_alive: Cell::new(Duration::from_secs(90)),
+        max_body: Cell::new(64 * 1024),
+        max_head: Cell::new(16 * 1024),
+        counters: RefCell::new(Counters::default()),
+    });
+    let _ = std::fs::remove_file(&control);
+    let control_listener = UnixListener::bind(&control)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o600))?;
+    }
+    let listener = TcpListener::bind(&listen).await?;
+    eprintln!(
+        "kubeserve-fastpath listening on {} (control {control})",
+        listener.local_addr()?
+    );
+    let sh = shared.clone();
+    tokio::task::spawn_local(async move {
+        while let Ok((conn, _)) = control_listener.accept().await {
+            tokio::task::spawn_local(control_connection(sh.clone(), conn));
+        }
+    });
+    loop {
+        let (client, _) = listener.accept().await?;
+        let _ = client.set_nodelay(true);
+        tokio::task::spawn_local(client_connection(shared.clone(), client));
+    }
+}
+
+// -- control ----------------------------------------------------------------------------------
+
+async fn control_connection(sh: Rc<Shared>, conn: tokio::net::UnixStream) {
+    let (read, mut write) = conn.into_split();
+    let mut lines = BufReader::new(read).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let answer = match serde_json::from_str::<Value>(&line) {
+            Ok(msg) => handle_control(&sh, &msg),
+            Err(e) => json!({"ok": false, "error": format!("not JSON: {e}")}),
+        };
+        let mut out = answer.to_string();
+        out.push('\n');
+        if write.write_all(out.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn handle_control(sh: &Shared, msg: &Value) -> Value {
+    match msg.get("op").and_then(Value::as_str) {
+        Some("state") => match apply_state(sh, msg) {
+            Ok(()) => json!({"ok": true}),
+            Err(e) => json!({"ok": false, "error": e}),
+        },
+        Some("stats") => {
+            let c = sh.counters.borrow();
+            let mut answered = serde_json::Map::new();
+            for ((key, status), n) in &c.answered {
+                let entry = answered.entry(key.clone()).or_insert_with(|| json!({}));
+                entry[status.to_string()] = json!(n);
+            }
+            json!({
+                "ok": true,
+                "answered": answered,
+                "latency_ms_sum": c.latency_ms,
+                "handed_off": c.handed_off,
+                "upstream_connects": c.upstream_connects,
+            })
+        }
+        _ => json!({"ok": false, "error": "op must be state or stats"}),
+    }
+}
+
+/// Install a discovery snapshot (`kubeserve.runtime.wire.Snapshot`) and the settings with it.
+fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
+    let snap = msg.get("snapshot").ok_or("snapshot: missing")?;
+    let routes = snap.get("routes").and_then(Value::as_array).ok_or("snapshot.routes: not a list")?;
+    let deps = snap
+        .get("deployments")
+        .and_then(Value::as_object)
+        .ok_or("snapshot.deployments: not an object")?;
+    let mut known = sh.replicas.borrow_mut();
+    let mut live: HashMap<String, Rc<Replica>> = HashMap::new();
+    let mut table = Table::default();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for (i, r) in routes.iter().enumerate() {
+        let field = |name: &str| {
+            r.get(name)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| format!("snapshot.routes[{i}].{name}: not a string"))
+        };
+        let prefix = field("route_prefix")?;
+        let key = format!("{}#{}", field("app")?, field("deployment")?);
+        let Some(dep) = deps.get(&key) else { continue };
+        let d = *index.entry(key.clone()).or_insert_with(|| table.deployments.len());
+        if d == table.deployments.len() {
+            let max_ongoing = dep.get("max_ongoing_requests").and_then(Value::as_u64).unwrap_or(5);
+            let mut replicas = Vec::new();
+            for (j, ep) in dep.get("replicas").and_then(Value::as_array).into_iter().flatten().enumerate() {
+                let where_ = format!("snapshot.deployments.{key}.replicas[{j}]");
+                let id = ep.get("replica_id").and_then(Value::as_str).ok_or(format!("{where_}.replica_id"))?;
+                let host = ep.get("host").and_then(Value::as_str).ok_or(format!("{where_}.host"))?;
+                let port = ep.get("port").and_then(Value::as_u64).filter(|p| *p < 65536).ok_or(format!("{where_}.port"))?;
+                let replica = match known.get(id) {
+                    Some(r) if r.host == host && r.port == port as u16 => r.clone(),
+                    _ => Rc::new(Replica {
+                        id: id.to_owned(),
+                        host: host.to_owned(),
+                        port: port as u16,
+                        ongoing: Cell::new(0),
+                        idle: RefCell::new(Vec::new()),
+                    }),
+                };
+                live.insert(id.to_owned(), replica.clone());
+                replicas.push(replica);
+            }
+            table.deployments.push(Deployment {
+                key: key.clone(),
+                max_ongoing: max_ongoing.min(u32::MAX as u64) as u32,
+                replicas,
+                next: Cell::new(0),
+            });
+        }
+        table.by_prefix.insert(prefix, d);
+    }
+    if let Some(s) = msg.get("keep_alive_timeout_s").and_then(Value::as_f64) {
+        if s > 0.0 && s.is_finite() {
+            sh.keep_alive.set(Duration::from_secs_f64(s));
+        }
+    }
+    if let Some(n) = msg.get("max_body_bytes").and_then(Value::as_u64) {
+        sh.max_body.set(n as usize);
+    }
+    if let Some(n) = msg.get("max_head_bytes").and_then(Value::as_u64) {
+        sh.max_head.set(n as usize);
+    }
+    *known = live; // replicas that left: their idle connections close with them
+    *sh.table.borrow_mut() = Rc::new(table);
+    Ok(())
+}
+
+// -- client connections -----------------------------------------------------------------------
+
+async fn read_more(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+    if buf.capacity() - buf.len() < 4096 {
+        buf.reserve(16 * 1024);
+    }
+    client.read_buf(buf).await
+}
+
+async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
+    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    loop {
+        // the head of the next request
+        let plan = loop {
+            if !buf.is_empty() {
+                match http::parse_request(&buf, sh.max_body.get()) {
+                    Parsed::Covered(plan) => break plan,
+                    Parsed::NotCovered => return hand_off(&sh, client, buf).await,
+                    Parsed::Partial if buf.len() > sh.max_head.get() => {
+                        return hand_off(&sh, client, buf).await
+                    }
+                    Parsed::Partial => {}
+                }
+            }
+            match tokio::time::timeout(sh.keep_alive.get(), read_more(&mut client, &mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return,
+                Ok(Ok(_)) => {}
+                Err(_) if buf.is_empty() => return, // idle past the keep-alive timeout
+                Err(_) => return hand_off(&sh, client, buf).await, // its 408
+            }
+        };
+        let total = plan.head_len + plan.content_length;
+        while buf.len() < total {
+            match tokio::time::timeout(sh.keep_alive.get(), read_more(&mut client, &mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return,
+                Ok(Ok(_)) => {}
+                Err(_) => return hand_off(&sh, client, buf).await,
+            }
+        }
+        match forward(&sh, &plan, &buf[..total], &mut client).await {
+            Outcome::Done { keep_alive: true } => {
+                buf.drain(..total);
+            }
+            Outcome::Done { keep_alive: false } | Outcome::Failed => return,
+            Outcome::HandOff => return hand_off(&sh, client, buf).await,
+        }
+    }
+}
+
+/// Splice the connection to the Python proxy, starting with the bytes already read.
+async fn hand_off(sh: &Shared, mut client: TcpStream, buf: Vec<u8>) {
+    sh.counters.borrow_mut().handed_off += 1;
+    let Ok(mut proxy) = TcpStream::connect(&sh.fallback).await else { return };
+    let _ = proxy.set_nodelay(true);
+    if proxy.write_all(&buf).await.is_err() {
+        return;
+    }
+    drop(buf);
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut proxy).await;
+}
+
+enum Outcome {
+    Done { keep_alive: bool },
+    /// nothing reached a replica's user code: the Python proxy takes the request over
+    HandOff,
+    /// the answer had started: the connection is closed
+    Failed,
+}
+
+struct Slot(Rc<Replica>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.ongoing.set(self.0.ongoing.get() - 1);
+    }
+}
+
+/// A replica below its cap, round-robin from the last one picked.
+fn pick(dep: &Deployment) -> Option<Slot> {
+    let n = dep.replicas.len();
+    let start = dep.next.get();
+    for k in 0..n {
+        let r = &dep.replicas[(start + k) % n];
+        if r.ongoing.get() < dep.max_ongoing {
+            dep.next.set((start + k + 1) % n);
+            r.ongoing.set(r.ongoing.get() + 1);
+            return Some(Slot(r.clone()));
+        }
+    }
+    None
+}
+
+fn request_id() -> [u8; 32] {
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(u64::from_le_bytes(channel::nonce()[..8].try_into().unwrap()) | 1);
+    }
+    // xorshift64*, seeded from the OS: ids must be unique, not secret (as http1.new_request_id)
+    let mut out = [0u8; 32];
+    let mut words = [0u64; 2];
+    STATE.with(|s| {
+        for w in words.iter_mut() {
+            let mut x = s.get();
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            s.set(x);
+            *w = x.wrapping_mul(0x2545F4914F6CDD1D);
+        }
+    });
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (i, byte) in words[0].to_le_bytes().iter().chain(words[1].to_le_bytes().iter()).enumerate() {
+        out[2 * i] = HEX[(byte >> 4) as usize];
+        out[2 * i + 1] = HEX[(byte & 15) as usize];
+    }
+    out
+}
+
+async fn forward(sh: &Shared, plan: &http::Plan, request: &[u8], client: &mut TcpStream) -> Outcome {
+    let started = Instant::now();
+    let table = sh.table.borrow().clone();
+    let Ok(path) = std::str::from_utf8(&request[plan.path_start..plan.path_end]) else {
+        return Outcome::HandOff;
+    };
+    let Some(d) = table.route(path) else { return Outcome::HandOff };
+    let dep = &table.deployments[d];
+    let Some(slot) = pick(dep) else { return Outcome::HandOff };
+    let replica = slot.0.clone();
+    // the request as forwarded: a generated request id after the request line
+    let mut id_line = Vec::new();
+    if !plan.has_id {
+        id_line.extend_from_slice(b"x-request-id: ");
+        id_line.extend_from_slice(&request_id());
+        id_line.extend_from_slice(b"\r\n");
+    }
+    let mut forwarded = Vec::with_capacity(request.len() + id_line.len());
+    forwarded.extend_from_slice(&request[..plan.line_end]);
+    forwarded.extend_from_slice(&id_line);
+    forwarded.extend_from_slice(&request[plan.line_end..]);
+    let pooled = replica.idle.borrow_mut().pop();
+    let mut attempts = if pooled.is_some() { 2 } else { 1 };
+    let mut conn = pooled;
+    loop {
+        attempts -= 1;
+        let mut ch = match conn.take() {
+            Some(ch) => ch,
+            None => {
+                sh.counters.borrow_mut().upstream_connects += 1;
+                match channel::connect(&sh.secret, &replica.host, replica.port, &replica.id).await {
+                    Ok(ch) => ch,
+                    Err(_) => return Outcome::HandOff,
+                }
+            }
+        };
+        let mut sealed = Vec::with_capacity(forwarded.len() + 64);
+        ch.sealer.seal_into(&forwarded, &mut sealed);
+        if ch.stream.write_all(&sealed).await.is_err() {
+            if attempts > 0 {
+                continue;
+            }
+            return Outcome::HandOff;
+        }
+        match relay(sh, plan, &mut ch, client, &id_line, dep, started).await {
+            Relay::Done { reusable, keep_alive } => {
+                if reusable {
+                    replica.idle.borrow_mut().push(ch);
+                }
+                return Outcome::Done { keep_alive };
+            }
+            // a pooled connection the replica had closed: once more on a fresh one
+            Relay::NothingBack if attempts > 0 => continue,
+            Relay::NothingBack | Relay::Unserved => return Outcome::HandOff,
+            Relay::Failed => return Outcome::Failed,
+        }
+    }
+}
+
+enum Relay {
+    Done { reusable: bool, keep_alive: bool },
+    NothingBack,
+    Unserved,
+    Failed,
+}
+
+async fn relay(
+    sh: &Shared,
+    plan: &http::Plan,
+    ch: &mut Channel,
+    client: &mut TcpStream,
+    id_line: &[u8],
+    dep: &Deployment,
+    started: Instant,
+) -> Relay {
+    let mut raw = vec![0u8; 64 * 1024];
+    let mut plain: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let answer = loop {
+        let n = match ch.stream.read(&mut raw).await {
+            Ok(0) | Err(_) if plain.is_empty() => return Relay::NothingBack,
+            Ok(0) | Err(_) => return Relay::Failed,
+            Ok(n) => n,
+        };
+        if ch.opener.feed(&raw[..n], &mut plain).is_err() {
+            return Relay::Failed;
+        }
+        match http::parse_answer(&plain, plan.is_head) {
+            ParsedAnswer::Partial => {}
+            ParsedAnswer::Bad => return Relay::Failed,
+            ParsedAnswer::Head(a) => break a,
+        }
+    };
+    if answer.unserved {
+        return Relay::Unserved;
+    }
+    let mut out = Vec::with_capacity(plain.len() + id_line.len());
+    out.extend_from_slice(&plain[..answer.line_end]);
+    if !answer.has_id {
+        out.extend_from_slice(id_line);
+    }
+    out.extend_from_slice(&plain[answer.line_end..answer.head_len]);
+    let body = &plain[answer.head_len..];
+    let mut scanner = ChunkScanner::default();
+    // how many body bytes are still to come (None: until the chunked end / close)
+    let (mut done, extra) = match answer.framing {
+        Framing::Empty => (true, !body.is_empty()),
+        Framing::Length(n) => {
+            if body.len() > n {
+                return Relay::Failed;
+            }
+            (body.len() == n, false)
+        }
+        Framing::Chunked => match scanner.feed(body) {
+            Ok(Some(end)) => (true, end != body.len()),
+            Ok(None) => (false, false),
+            Err(()) => return Relay::Failed,
+        },
+        Framing::UntilClose => (false, false),
+    };
+    if extra {
+        return Relay::Failed; // bytes after the answer: the replica is out of step
+    }
+    out.extend_from_slice(body);
+    let mut left = match answer.framing {
+        Framing::Length(n) => n - body.len(),
+        _ => 0,
+    };
+    if client.write_all(&out).await.is_err() {
+        return Relay::Failed;
+    }
+    while !done {
+        plain.clear();
+        let n = match ch.stream.read(&mut raw).await {
+            Ok(0) | Err(_) => {
+                if matches!(answer.framing, Framing::UntilClose) {
+                    break;
+                }
+                return Relay::Failed;
+            }
+            Ok(n) => n,
+        };
+        if ch.opener.feed(&raw[..n], &mut plain).is_err() {
+            return Relay::Failed;
+        }
+        match answer.framing {
+            Framing::Length(_) => {
+                if plain.len() > left {
+                    return Relay::Failed;
+                }
+                left -= plain.len();
+                done = left == 0;
+            }
+            Framing::Chunked => match scanner.feed(&plain) {
+                Ok(Some(end)) if end == plain.len() => done = true,
+                Ok(Some(_)) | Err(()) => return Relay::Failed,
+                Ok(None) => {}
+            },
+            _ => {}
+        }
+        if !plain.is_empty() && client.write_all(&plain).await.is_err() {
+            return Relay::Failed;
+        }
+    }
+    let mut c = sh.counters.borrow_mut();
+    *c.answered.entry((dep.key.clone(), answer.status)).or_insert(0) += 1;
+    *c.latency_ms.entry(dep.key.clone()).or_insert(0.0) += started.elapsed().as_secs_f64() * 1000.0;
+    let reusable = !answer.close && !matches!(answer.framing, Framing::UntilClose);
+    Relay::Done { reusable, keep_alive: !answer.close }
+}

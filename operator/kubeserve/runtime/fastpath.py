@@ -1,0 +1,186 @@
+"""The native data path (experimental, opt-in): the ``kubeserve-fastpath`` process in front of
+the Python proxy.
+
+``native/`` (Rust, ``make native``) builds one binary. Its ``serve`` command owns the
+client-facing HTTP/1.1 keep-alive fast path: it parses each request, matches the route prefix,
+picks a replica below its ``max_ongoing_requests`` (round-robin), forwards the request over a
+pooled connection of the authenticated channel (the INGRESS role of
+:mod:`~kubeserve.runtime.channel`, sealed frames of :mod:`~kubeserve.runtime.sealing`, byte for
+byte) and relays the answer verbatim (``Content-Length``, chunked or until close), adding
+``x-request-id`` as the Python proxy does (the client's usable id, else a generated one).
+
+What it covers: HTTP/1.1 requests with no body or a ``Content-Length`` body up to
+``max_body_bytes``, no hop-by-hop header (``Connection``, ``Transfer-Encoding``, ``Upgrade``,
+``Expect``...), no ``serve_multiplexed_model_id``, a path in its normal form that matches a route
+and is not one of the proxy's ``/-/`` endpoints, a deployment with a replica below its cap.
+Everything else is **handed off**: from that request on, the client connection is spliced to the
+Python proxy (on a private loopback port), with the bytes already read, so the answer is the
+Python proxy's (404, 413, WebSockets, queueing for a busy replica, ``Retry-After``...). A replica
+that answers "unserved" (shutting down, at capacity) hands the request off too, before any byte
+of that answer reaches the client.
+
+Not yet at parity on the fast path (the reason it is opt-in): Ray's request metrics and access
+lines are not written for the requests it answers (it counts them per deployment and status,
+:meth:`FastPath.stats`), the controller's load reports do not see its requests in flight,
+``request_timeout_s`` is not enforced on it, tracing spans are not made, the Python proxy sees
+handed-off clients as ``127.0.0.1``, and the replica choice is round-robin below the cap rather
+than the Python router's.
+
+:class:`FastPath` runs the process and speaks its control socket: one JSON object per line each
+way, ``{"op": "state", "snapshot": ..., ...}`` (a discovery
+:class:`~kubeserve.runtime.wire.Snapshot` and settings) and ``{"op": "stats"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kubeserve.runtime.channel import SECRET_ENV
+from kubeserve.runtime.wire import Snapshot
+
+__all__ = ["BINARY_ENV", "FastPath", "FastPathError", "find_binary"]
+
+#: Names the ``kubeserve-fastpath`` binary to run (else ``native/target/release`` of a source
+#: checkout, else ``$PATH``).
+BINARY_ENV = "KUBESERVE_FASTPATH_BINARY"
+_NAME = "kubeserve-fastpath"
+_LISTENING = re.compile(r"listening on (\S+):(\d+)")
+#: How long the process may take to start listening.
+START_TIMEOUT_S = 10.0
+
+
+class FastPathError(RuntimeError):
+    """The native process is missing, did not start, or refused what it was sent."""
+
+
+def find_binary() -> str | None:
+    """The ``kubeserve-fastpath`` binary to run, or None when there is none."""
+    named = os.environ.get(BINARY_ENV)
+    if named:
+        return named
+    built = Path(__file__).resolve().parents[3] / "native" / "target" / "release" / _NAME
+    if built.is_file():
+        return str(built)
+    return shutil.which(_NAME)
+
+
+class FastPath:
+    """A running ``kubeserve-fastpath serve`` listening on ``host:port`` (0: a free port), handing
+    what it does not cover to the Python proxy on ``127.0.0.1:fallback_port``."""
+
+    def __init__(
+        self, secret: bytes, host: str, port: int, fallback_port: int, binary: str | None = None
+    ) -> None:
+        self.secret = secret
+        self.host = host
+        self.port = port
+        self.fallback_port = fallback_port
+        self.binary = binary or find_binary()
+        self.process: asyncio.subprocess.Process | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._control: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    async def start(self) -> None:
+        if self.binary is None:
+            raise FastPathError(
+                f"no {_NAME} binary: build it with `make native`, or name it in ${BINARY_ENV}"
+            )
+        self._dir = tempfile.TemporaryDirectory(prefix="kubeserve-fastpath-")
+        os.chmod(self._dir.name, 0o700)
+        control = os.path.join(self._dir.name, "control.sock")
+        env = dict(os.environ)
+        env[SECRET_ENV] = self.secret.decode()
+        self.process = await asyncio.create_subprocess_exec(
+            self.binary,
+            "serve",
+            "--listen",
+            f"{self.host}:{self.port}",
+            "--control",
+            control,
+            "--fallback",
+            f"127.0.0.1:{self.fallback_port}",
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert self.process.stderr is not None
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                line = (await self.process.stderr.readline()).decode(errors="replace")
+        except TimeoutError:
+            line = ""
+        found = _LISTENING.search(line)
+        if found is None:
+            await self.close()
+            raise FastPathError(f"{_NAME} did not start: {line.strip() or 'no output'}")
+        self.port = int(found.group(2))
+        self._control = await asyncio.open_unix_connection(control)
+
+    async def _call(self, message: dict[str, Any]) -> dict[str, Any]:
+        if self._control is None:
+            raise FastPathError(f"{_NAME} is not running")
+        reader, writer = self._control
+        async with self._lock:
+            writer.write(json.dumps(message).encode() + b"\n")
+            await writer.drain()
+            line = await reader.readline()
+        if not line:
+            raise FastPathError(f"{_NAME} closed its control socket")
+        answer: dict[str, Any] = json.loads(line)
+        if not answer.get("ok"):
+            raise FastPathError(f"{_NAME} refused {message.get('op')}: {answer.get('error')}")
+        return answer
+
+    async def push(
+        self,
+        snapshot: Snapshot,
+        *,
+        keep_alive_timeout_s: float | None = None,
+        max_body_bytes: int | None = None,
+        max_head_bytes: int | None = None,
+    ) -> None:
+        """Install a discovery snapshot (and settings) in the native process."""
+        message: dict[str, Any] = {"op": "state", "snapshot": snapshot}
+        if keep_alive_timeout_s is not None:
+            message["keep_alive_timeout_s"] = keep_alive_timeout_s
+        if max_body_bytes is not None:
+            message["max_body_bytes"] = max_body_bytes
+        if max_head_bytes is not None:
+            message["max_head_bytes"] = max_head_bytes
+        await self._call(message)
+
+    async def stats(self) -> dict[str, Any]:
+        """``answered`` (deployment key -> status -> requests answered natively),
+        ``latency_ms_sum`` (deployment key -> ms), ``handed_off`` (connections spliced to the
+        Python proxy), ``upstream_connects`` (channel connections opened)."""
+        return await self._call({"op": "stats"})
+
+    async def close(self) -> None:
+        if self._control is not None:
+            self._control[1].close()
+            self._control = None
+        if self.process is not None and self.process.returncode is None:
+            self.process.terminate()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await self.process.wait()
+            if self.process.returncode is None:
+                self.process.kill()
+                await self.process.wait()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None

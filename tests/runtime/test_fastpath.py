@@ -1,0 +1,347 @@
+"""The native data path (``native/``, ``kubeserve-fastpath``): its channel client against the real
+replica server, and its HTTP/1.1 fast path in front of the real Python proxy, with the hand-off of
+what it does not cover.
+
+Real processes: the Rust binary runs as a subprocess; the replica servers
+(:class:`~kubeserve.runtime.replica.http.ReplicaHttpServer`, behind the channel handshake) and the
+Python proxy run in the test's event loop. ``make test`` builds the binary first (``make native``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from kubeserve.runtime.fastpath import FastPath, find_binary
+from kubeserve.runtime.proxy import ProxyServer
+from kubeserve.runtime.replica.http import (
+    HttpRequest,
+    HttpResponse,
+    ReplicaHttpServer,
+    StreamedResponse,
+)
+from kubeserve.runtime.wire import UNSERVED_HEADER, Snapshot
+from support.channel_front import SECRET
+from support.common import run
+from support.static_source import StaticSource
+
+BINARY = find_binary()
+
+
+@pytest.fixture(autouse=True)
+def _built() -> None:
+    if BINARY is None:
+        pytest.fail("no kubeserve-fastpath binary: `make native` builds it (`make test` does)")
+
+
+class Echo:
+    """A replica application: echoes, streams, or answers as a draining replica does."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.seen: list[HttpRequest] = []
+        self.draining = False
+
+    async def __call__(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
+        self.seen.append(request)
+        if self.draining:
+            return HttpResponse(503, b"draining", {UNSERVED_HEADER: "shutting-down"}, close=True)
+        if request.path.endswith("/stream"):
+            return StreamedResponse(200, {"content-type": "text/plain"}, self._chunks())
+        headers = {"x-replica": self.name, "x-path": request.path, "x-query": request.query_string}
+        return HttpResponse(200, request.body or request.method.encode(), headers)
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        for i in range(3):
+            await asyncio.sleep(0.01)
+            yield b"part%d;" % i
+
+
+async def replica(app: Echo, identity: str) -> tuple[asyncio.Server, int]:
+    server = await asyncio.get_running_loop().create_server(
+        ReplicaHttpServer(app, control=app, secret=SECRET, identity=identity), "127.0.0.1", 0
+    )
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def probe(*args: str) -> tuple[int, bytes, bytes]:
+    """``kubeserve-fastpath probe``: one request over a channel connection the Rust code made."""
+    assert BINARY is not None
+    proc = await asyncio.create_subprocess_exec(
+        BINARY,
+        "probe",
+        *args,
+        env={"KUBESERVE_DATA_PLANE_SECRET": SECRET.decode()},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out, err
+
+
+# -- phase 1: the channel client -----------------------------------------------------------------
+
+
+def test_the_rust_channel_client_is_answered_by_a_real_replica() -> None:
+    async def go() -> None:
+        app = Echo("a")
+        server, port = await replica(app, "replica-a")
+        try:
+            rc, out, err = await probe("127.0.0.1", str(port), "replica-a", "GET", "/hi?x=1")
+            assert rc == 0, err
+            head, _, body = out.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200"), out
+            assert b"x-path: /hi" in head and b"x-query: x=1" in head
+            assert body == b"GET"
+            # above 1 KiB both directions switch to HMAC-SHA256 tags
+            big = "y" * 5000
+            rc, out, err = await probe("127.0.0.1", str(port), "replica-a", "POST", "/b", big)
+            assert rc == 0, err
+            assert out.endswith(b"\r\n\r\n" + big.encode())
+            assert [r.path for r in app.seen] == ["/hi", "/b"]
+        finally:
+            server.close()
+
+    run(go())
+
+
+def test_the_rust_channel_client_is_refused_for_another_replica_or_secret() -> None:
+    async def go() -> None:
+        app = Echo("a")
+        server, port = await replica(app, "replica-a")
+        try:
+            rc, _, err = await probe("127.0.0.1", str(port), "replica-b", "GET", "/")
+            assert rc == 1 and b"handshake" in err, err
+            assert BINARY is not None
+            proc = await asyncio.create_subprocess_exec(
+                BINARY, "probe", "127.0.0.1", str(port), "replica-a", "GET", "/",
+                env={"KUBESERVE_DATA_PLANE_SECRET": "another-secret-0123456789"},
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            _, err = await proc.communicate()
+            assert proc.returncode == 1 and b"wrong handshake proof" in err, err
+            assert app.seen == []
+        finally:
+            server.close()
+
+    run(go())
+
+
+# -- phase 2: the fast path in front of the Python proxy -----------------------------------------
+
+
+class Front:
+    """Two replicas of deployment ``app#D`` on ``/api``, the Python proxy, the native process."""
+
+    def __init__(self) -> None:
+        self.apps = [Echo("a"), Echo("b")]
+        self.servers: list[asyncio.Server] = []
+        self.snapshot: Snapshot | None = None
+        self.proxy: ProxyServer | None = None
+        self.native: FastPath | None = None
+
+    async def start(self) -> None:
+        endpoints = []
+        for app, identity in zip(self.apps, ("replica-a", "replica-b"), strict=True):
+            server, port = await replica(app, identity)
+            self.servers.append(server)
+            endpoints.append({"replica_id": identity, "host": "127.0.0.1", "port": port})
+        snapshot: Any = {
+            "version": 1,
+            "routes": [{"route_prefix": "/api", "app": "app", "deployment": "D"}],
+            "deployments": {"app#D": {"max_ongoing_requests": 8, "replicas": endpoints}},
+        }
+        self.snapshot = snapshot
+        self.proxy = ProxyServer("127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot))
+        await self.proxy.start()
+        self.native = FastPath(SECRET, "127.0.0.1", 0, self.proxy.port)
+        await self.native.start()
+        await self.native.push(snapshot, keep_alive_timeout_s=30.0)
+
+    async def close(self) -> None:
+        if self.native is not None:
+            await self.native.close()
+        if self.proxy is not None:
+            await self.proxy.close()
+        for server in self.servers:
+            server.close()
+
+
+def scenario(body: Callable[[Front], Awaitable[None]]) -> None:
+    async def go() -> None:
+        front = Front()
+        try:
+            await front.start()
+            await body(front)
+        finally:
+            await front.close()
+
+    run(go())
+
+
+class Conn:
+    """A raw keep-alive client connection to the native process."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, port: int) -> Conn:
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    async def request(self, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+        self.writer.write(raw)
+        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 10)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ")[1])
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if line:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+        if "content-length" in headers:
+            body = await self.reader.readexactly(int(headers["content-length"]))
+        elif headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while True:
+                size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                chunk = await self.reader.readexactly(size + 2)
+                if size == 0:
+                    break
+                body += chunk[:-2]
+        else:
+            body = await self.reader.read()
+        return status, headers, body
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def get(path: str, extra: str = "") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode()
+
+
+def test_keep_alive_requests_are_answered_natively_over_pooled_connections() -> None:
+    async def body(f: Front) -> None:
+        assert f.native is not None
+        conn = await Conn.open(f.native.port)
+        replicas = []
+        ids = set()
+        for i in range(6):
+            status, headers, answer = await conn.request(get(f"/api/x?i={i}"))
+            assert status == 200 and answer == b"GET"
+            assert headers["x-path"] == "/api/x" and headers["x-query"] == f"i={i}"
+            replicas.append(headers["x-replica"])
+            assert len(headers["x-request-id"]) == 32
+            ids.add(headers["x-request-id"])
+        assert len(ids) == 6  # a fresh id per request, the one the replica saw
+        assert {r.request_id for a in f.apps for r in a.seen} == ids
+        assert sorted(replicas) == ["a"] * 3 + ["b"] * 3  # round-robin over both replicas
+        # the client's own id is kept
+        status, headers, _ = await conn.request(get("/api", "X-Request-Id: my-id-1\r\n"))
+        assert status == 200 and headers["x-request-id"] == "my-id-1"
+        # a body, small and above 1 KiB (the HMAC-tagged frames)
+        for size in (3, 20_000):
+            payload = b"z" * size
+            raw = b"POST /api/p HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size + payload
+            status, _, answer = await conn.request(raw)
+            assert status == 200 and answer == payload
+        conn.close()
+        stats = await f.native.stats()
+        assert stats["answered"] == {"app#D": {"200": 9}}
+        assert stats["handed_off"] == 0
+        assert stats["upstream_connects"] == 2  # one pooled connection per replica
+
+    scenario(body)
+
+
+def test_chunked_answers_are_relayed_and_the_connection_goes_on() -> None:
+    async def body(f: Front) -> None:
+        assert f.native is not None
+        conn = await Conn.open(f.native.port)
+        for _ in range(2):
+            status, headers, answer = await conn.request(get("/api/stream"))
+            assert status == 200 and headers["transfer-encoding"] == "chunked"
+            assert answer == b"part0;part1;part2;"
+            status, _, answer = await conn.request(get("/api/after"))
+            assert status == 200 and answer == b"GET"
+        conn.close()
+        assert (await f.native.stats())["handed_off"] == 0
+
+    scenario(body)
+
+
+def test_what_the_fast_path_does_not_cover_is_answered_by_the_python_proxy() -> None:
+    async def body(f: Front) -> None:
+        assert f.native is not None
+        port = f.native.port
+        # an unknown route: the Python proxy's 404
+        conn = await Conn.open(port)
+        status, _, answer = await conn.request(get("/nowhere"))
+        assert status == 404 and b"not found" in answer
+        # the connection now belongs to the Python proxy, and keeps working
+        status, headers, answer = await conn.request(get("/api/again"))
+        assert status == 200 and answer == b"GET" and "x-request-id" in headers
+        conn.close()
+        # the proxy's own endpoints
+        conn = await Conn.open(port)
+        status, _, answer = await conn.request(get("/-/routes"))
+        assert status == 200 and json.loads(answer) == {"/api": "app"}
+        conn.close()
+        # a chunked request body, after a request the fast path answered
+        conn = await Conn.open(port)
+        status, _, _ = await conn.request(get("/api/first"))
+        assert status == 200
+        raw = (
+            b"POST /api/c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+        )
+        status, _, answer = await conn.request(raw)
+        assert status == 200 and answer == b"abcde"
+        conn.close()
+        # a path that needs normalising: the Python proxy resolves it
+        conn = await Conn.open(port)
+        status, headers, _ = await conn.request(get("/api/a/../b"))
+        assert status == 200 and headers["x-path"] == "/api/b"
+        conn.close()
+        stats = await f.native.stats()
+        assert stats["handed_off"] == 4
+        assert stats["answered"] == {"app#D": {"200": 1}}
+
+    scenario(body)
+
+
+def test_an_unserved_answer_is_handed_off_before_the_client_sees_it() -> None:
+    async def body(f: Front) -> None:
+        assert f.native is not None
+        f.apps[0].draining = True  # replica a answers "unserved": the Python proxy retries on b
+        conn = await Conn.open(f.native.port)
+        for _ in range(2):
+            status, headers, answer = await conn.request(get("/api/x"))
+            assert status == 200 and headers["x-replica"] == "b" and answer == b"GET"
+        conn.close()
+
+    scenario(body)
+
+
+def test_new_state_is_pushed_live_and_bad_state_is_refused_with_the_field() -> None:
+    async def body(f: Front) -> None:
+        assert f.native is not None and f.snapshot is not None
+        snapshot: Any = json.loads(json.dumps(f.snapshot))
+        snapshot["routes"].append({"route_prefix": "/", "app": "app", "deployment": "D"})
+        await f.native.push(snapshot)
+        conn = await Conn.open(f.native.port)
+        status, headers, _ = await conn.request(get("/elsewhere"))
+        assert status == 200 and headers["x-path"] == "/elsewhere"
+        conn.close()
+        assert (await f.native.stats())["handed_off"] == 0
+        snapshot["deployments"]["app#D"]["replicas"][0]["port"] = "x"
+        with pytest.raises(Exception, match=r"snapshot\.deployments\.app#D\.replicas\[0\]\.port"):
+            await f.native.push(snapshot)
+
+    scenario(body)

@@ -9,6 +9,8 @@ pub struct Plan {
     /// the client sent a usable `x-request-id`
     pub has_id: bool,
     pub is_head: bool,
+    /// the request's `method` label in Ray's metrics (`metrics.METHOD_LABELS`)
+    pub method: &'static str,
     /// the path, without the query string
     pub path_start: usize,
     pub path_end: usize,
@@ -21,6 +23,9 @@ pub enum Parsed {
     NotCovered,
     Covered(Plan),
 }
+
+const METHOD_LABELS: [&str; 9] =
+    ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"];
 
 const HOP_BY_HOP: [&str; 8] = [
     "connection",
@@ -49,7 +54,7 @@ fn path_covered(path: &[u8]) -> bool {
         && !path.windows(2).any(|w| w == b"/." || w == b"//")
 }
 
-pub fn parse_request(buf: &[u8], max_body: usize) -> Parsed {
+pub fn parse_request(buf: &[u8], max_body: usize, max_url: usize) -> Parsed {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut req = httparse::Request::new(&mut headers);
     let head_len = match req.parse(buf) {
@@ -65,6 +70,9 @@ pub fn parse_request(buf: &[u8], max_body: usize) -> Parsed {
         return Parsed::NotCovered;
     }
     let target = req.path.unwrap_or("").as_bytes();
+    if target.len() > max_url {
+        return Parsed::NotCovered; // the Python proxy's 414
+    }
     let path = match target.iter().position(|&c| c == b'?') {
         Some(q) => &target[..q],
         None => target,
@@ -109,6 +117,7 @@ pub fn parse_request(buf: &[u8], max_body: usize) -> Parsed {
         line_end,
         has_id,
         is_head: method == "HEAD",
+        method: METHOD_LABELS.iter().find(|m| **m == method).copied().unwrap_or("OTHER"),
         path_start,
         path_end: path_start + path.len(),
     })
@@ -329,9 +338,9 @@ mod tests {
             b"POST /a HTTP/1.1\r\nContent-Length: 999999\r\n\r\n",
         ];
         for case in cases {
-            assert!(matches!(parse_request(case, 65536), Parsed::NotCovered), "{:?}", case);
+            assert!(matches!(parse_request(case, 65536, 8192), Parsed::NotCovered), "{:?}", case);
         }
-        match parse_request(b"POST /a/b?q=1 HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 65536) {
+        match parse_request(b"POST /a/b?q=1 HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 65536, 8192) {
             Parsed::Covered(p) => {
                 assert_eq!(p.content_length, 3);
                 assert_eq!(&b"POST /a/b?q=1"[p.path_start..p.path_end], b"/a/b");

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: kubeserve-fastpath serve --listen HOST:PORT --control PATH --fallback HOST:PORT\n\
+        "usage: kubeserve-fastpath serve --listen HOST:PORT|fd:N --control PATH --fallback HOST:PORT\n\
          \x20      kubeserve-fastpath probe HOST PORT REPLICA_ID METHOD PATH [BODY]\n\
          the data-plane secret comes from KUBESERVE_DATA_PLANE_SECRET(_FILE)"
     );
@@ -73,6 +73,14 @@ fn main() -> ExitCode {
             let (Some(listen), Some(control), Some(fallback)) = (listen, control, fallback) else {
                 return usage();
             };
+            // The process that started us holds our stdin's other end: when it ends (even killed),
+            // so do we, and the listening socket is not left to an orphan.
+            std::thread::spawn(|| {
+                let mut sink = [0u8; 64];
+                let mut stdin = std::io::stdin();
+                while matches!(std::io::Read::read(&mut stdin, &mut sink), Ok(n) if n > 0) {}
+                std::process::exit(0);
+            });
             let local = tokio::task::LocalSet::new();
             match local.block_on(&rt, serve::run(secret, listen, control, fallback)) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -51,8 +51,18 @@ impl Table {
     }
 }
 
+/// Requests of one label set since the last `take_records`: Ray's metrics, recorded by the
+/// Python proxy (`ProxyMetrics.add_batch`).
+struct Pending {
+    count: u64,
+    total_ms: f64,
+    buckets: Vec<u64>,
+}
+
 #[derive(Default)]
 struct Counters {
+    /// (method label, deployment key, status) -> requests since the last take
+    records: HashMap<(&'static str, String, u16), Pending>,
     /// (deployment key, status) -> requests answered on the fast path
     answered: HashMap<(String, u16), u64>,
     /// deployment key -> sum of latencies (ms) on the fast path
@@ -69,10 +79,24 @@ struct Shared {
     keep_alive: Cell<Duration>,
     max_body: Cell<usize>,
     max_head: Cell<usize>,
+    max_url: Cell<usize>,
+    /// the latency histogram's upper bounds (ms), `metrics.LATENCY_BUCKETS_MS`
+    buckets: RefCell<Vec<f64>>,
     counters: RefCell<Counters>,
 }
 
 pub async fn run(secret: Vec<u8>, listen: String, control: String, fallback: String) -> io::Result<()> {
+    let listener = match listen.strip_prefix("fd:") {
+        Some(fd) => {
+            use std::os::fd::FromRawFd;
+            let fd: i32 = fd.parse().map_err(|_| io::Error::other("--listen fd:N takes a number"))?;
+            // an inherited listening socket (`kubeserve start` keeps one across proxy restarts)
+            let std_listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+            std_listener.set_nonblocking(true)?;
+            TcpListener::from_std(std_listener)?
+        }
+        None => TcpListener::bind(&listen).await?,
+    };
     let shared = Rc::new(Shared {
         secret,
         fallback,
@@ -81,6 +105,8 @@ pub async fn run(secret: Vec<u8>, listen: String, control: String, fallback: Str
         keep_alive: Cell::new(Duration::from_secs(90)),
         max_body: Cell::new(64 * 1024),
         max_head: Cell::new(16 * 1024),
+        max_url: Cell::new(8 * 1024),
+        buckets: RefCell::new(Vec::new()),
         counters: RefCell::new(Counters::default()),
     });
     let _ = std::fs::remove_file(&control);
@@ -89,7 +115,6 @@ pub async fn run(secret: Vec<u8>, listen: String, control: String, fallback: Str
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o600))?;
     }
-    let listener = TcpListener::bind(&listen).await?;
     eprintln!(
         "kubeserve-fastpath listening on {} (control {control})",
         listener.local_addr()?
@@ -146,7 +171,19 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
                 "upstream_connects": c.upstream_connects,
             })
         }
-        _ => json!({"ok": false, "error": "op must be state or stats"}),
+        Some("take_records") => {
+            let mut c = sh.counters.borrow_mut();
+            let records: Vec<Value> = c
+                .records
+                .drain()
+                .map(|((method, key, status), p)| {
+                    json!({"method": method, "key": key, "status": status, "count": p.count,
+                           "total_ms": p.total_ms, "buckets": p.buckets})
+                })
+                .collect();
+            json!({"ok": true, "records": records})
+        }
+        _ => json!({"ok": false, "error": "op: must be state, stats or take_records"}),
     }
 }
 
@@ -211,6 +248,13 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
     if let Some(n) = msg.get("max_body_bytes").and_then(Value::as_u64) {
         sh.max_body.set(n as usize);
     }
+    if let Some(b) = msg.get("latency_buckets_ms") {
+        let bounds: Option<Vec<f64>> = b.as_array().and_then(|a| a.iter().map(Value::as_f64).collect());
+        *sh.buckets.borrow_mut() = bounds.ok_or("latency_buckets_ms: not a list of numbers")?;
+    }
+    if let Some(n) = msg.get("max_url_bytes").and_then(Value::as_u64) {
+        sh.max_url.set(n as usize);
+    }
     if let Some(n) = msg.get("max_head_bytes").and_then(Value::as_u64) {
         sh.max_head.set(n as usize);
     }
@@ -234,7 +278,7 @@ async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
         // the head of the next request
         let plan = loop {
             if !buf.is_empty() {
-                match http::parse_request(&buf, sh.max_body.get()) {
+                match http::parse_request(&buf, sh.max_body.get(), sh.max_url.get()) {
                     Parsed::Covered(plan) => break plan,
                     Parsed::NotCovered => return hand_off(&sh, client, buf).await,
                     Parsed::Partial if buf.len() > sh.max_head.get() => {
@@ -499,9 +543,18 @@ async fn relay(
             return Relay::Failed;
         }
     }
+    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let bounds = sh.buckets.borrow();
     let mut c = sh.counters.borrow_mut();
     *c.answered.entry((dep.key.clone(), answer.status)).or_insert(0) += 1;
-    *c.latency_ms.entry(dep.key.clone()).or_insert(0.0) += started.elapsed().as_secs_f64() * 1000.0;
+    *c.latency_ms.entry(dep.key.clone()).or_insert(0.0) += latency_ms;
+    let record = c
+        .records
+        .entry((plan.method, dep.key.clone(), answer.status))
+        .or_insert_with(|| Pending { count: 0, total_ms: 0.0, buckets: vec![0; bounds.len() + 1] });
+    record.count += 1;
+    record.total_ms += latency_ms;
+    record.buckets[bounds.partition_point(|&b| b < latency_ms)] += 1;
     let reusable = !answer.close && !matches!(answer.framing, Framing::UntilClose);
     Relay::Done { reusable, keep_alive: !answer.close }
 }

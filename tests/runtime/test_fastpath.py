@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kubeserve.runtime.fastpath import FastPath, find_binary
+from kubeserve.runtime.metrics import exposition
 from kubeserve.runtime.proxy import ProxyServer
 from kubeserve.runtime.replica.http import (
     HttpRequest,
@@ -24,9 +27,10 @@ from kubeserve.runtime.replica.http import (
     ReplicaHttpServer,
     StreamedResponse,
 )
+from kubeserve.runtime.tls import TLSFiles
 from kubeserve.runtime.wire import UNSERVED_HEADER, Snapshot
 from support.channel_front import SECRET
-from support.common import run
+from support.common import run, wait_until
 from support.static_source import StaticSource
 
 BINARY = find_binary()
@@ -345,3 +349,73 @@ def test_new_state_is_pushed_live_and_bad_state_is_refused_with_the_field() -> N
             await f.native.push(snapshot)
 
     scenario(body)
+
+
+# -- phase 3: the proxy's opt-in ------------------------------------------------------------------
+
+
+def _requests_counted(route: str, status: str) -> float:
+    """``ray_serve_num_http_requests`` of GETs of ``route``, as ``/metrics`` shows it."""
+    labels = {"route": route, "method": "GET", "application": "app", "status_code": status}
+    for family in text_string_to_metric_families(exposition().decode()):
+        if family.name == "ray_serve_num_http_requests":
+            for sample in family.samples:
+                if sample.name.endswith("_total") and labels.items() <= sample.labels.items():
+                    return float(sample.value)
+    return 0.0
+
+
+def test_a_proxy_with_the_native_data_path_serves_through_it_and_counts_in_its_metrics() -> None:
+    async def go() -> None:
+        apps = [Echo("a")]
+        server, port = await replica(apps[0], "replica-a")
+        snapshot: Any = {
+            "version": 1,
+            "routes": [{"route_prefix": "/api", "app": "app", "deployment": "D"}],
+            "deployments": {
+                "app#D": {
+                    "max_ongoing_requests": 8,
+                    "replicas": [{"replica_id": "replica-a", "host": "127.0.0.1", "port": port}],
+                }
+            },
+        }
+        proxy = ProxyServer(
+            "127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot), native=True
+        )
+        before = _requests_counted("/api", "200")
+        await proxy.start()
+        native = proxy.native
+        try:
+            assert native is not None and proxy.port == native.port
+            await wait_until(lambda: proxy.native_version == 1, 5)  # the first push
+            conn = await Conn.open(proxy.port)
+            for _ in range(5):
+                status, _, answer = await conn.request(get("/api/x"))
+                assert status == 200 and answer == b"GET"
+            status, _, answer = await conn.request(get("/-/healthz"))  # the Python proxy's
+            assert status == 200
+            conn.close()
+            stats = await native.stats()
+            assert stats["answered"] == {"app#D": {"200": 5}} and stats["handed_off"] == 1
+            # Ray's request counter, on the proxy's /metrics, counts what the native path answered
+            await wait_until(lambda: _requests_counted("/api", "200") - before == 5, 5)
+            pid = native.pid
+        finally:
+            await proxy.close()
+            server.close()
+        assert proxy.native is None
+        await wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 5)
+
+    run(go())
+
+
+def test_the_native_data_path_refuses_tls() -> None:
+    with pytest.raises(ValueError, match="plain HTTP only"):
+        ProxyServer(
+            "127.0.0.1",
+            0,
+            secret=SECRET,
+            source=StaticSource({"version": 1, "routes": [], "deployments": {}}),  # type: ignore[typeddict-item]
+            tls=TLSFiles("cert.pem", "key.pem"),
+            native=True,
+        )

@@ -77,9 +77,19 @@ class FastPath:
     what it does not cover to the Python proxy on ``127.0.0.1:fallback_port``."""
 
     def __init__(
-        self, secret: bytes, host: str, port: int, fallback_port: int, binary: str | None = None
+        self,
+        secret: bytes,
+        host: str,
+        port: int,
+        fallback_port: int,
+        binary: str | None = None,
+        *,
+        listen_fd: int | None = None,
     ) -> None:
+        """``listen_fd``: serve on this inherited listening socket instead of binding
+        ``host:port``."""
         self.secret = secret
+        self.listen_fd = listen_fd
         self.host = host
         self.port = port
         self.fallback_port = fallback_port
@@ -104,18 +114,20 @@ class FastPath:
         control = os.path.join(self._dir.name, "control.sock")
         env = dict(os.environ)
         env[SECRET_ENV] = self.secret.decode()
+        listen = f"{self.host}:{self.port}" if self.listen_fd is None else f"fd:{self.listen_fd}"
         self.process = await asyncio.create_subprocess_exec(
             self.binary,
             "serve",
             "--listen",
-            f"{self.host}:{self.port}",
+            listen,
             "--control",
             control,
             "--fallback",
             f"127.0.0.1:{self.fallback_port}",
             env=env,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE,  # it exits when this end closes (we ended)
             stderr=asyncio.subprocess.PIPE,
+            pass_fds=() if self.listen_fd is None else (self.listen_fd,),
         )
         assert self.process.stderr is not None
         try:
@@ -152,15 +164,21 @@ class FastPath:
         keep_alive_timeout_s: float | None = None,
         max_body_bytes: int | None = None,
         max_head_bytes: int | None = None,
+        max_url_bytes: int | None = None,
+        latency_buckets_ms: list[float] | None = None,
     ) -> None:
         """Install a discovery snapshot (and settings) in the native process."""
         message: dict[str, Any] = {"op": "state", "snapshot": snapshot}
+        if latency_buckets_ms is not None:
+            message["latency_buckets_ms"] = latency_buckets_ms
         if keep_alive_timeout_s is not None:
             message["keep_alive_timeout_s"] = keep_alive_timeout_s
         if max_body_bytes is not None:
             message["max_body_bytes"] = max_body_bytes
         if max_head_bytes is not None:
             message["max_head_bytes"] = max_head_bytes
+        if max_url_bytes is not None:
+            message["max_url_bytes"] = max_url_bytes
         await self._call(message)
 
     async def stats(self) -> dict[str, Any]:
@@ -169,7 +187,16 @@ class FastPath:
         Python proxy), ``upstream_connects`` (channel connections opened)."""
         return await self._call({"op": "stats"})
 
+    async def take_records(self) -> list[dict[str, Any]]:
+        """The requests answered natively since the last call, per label set: ``method``,
+        ``key`` (deployment key), ``status``, ``count``, ``total_ms`` and ``buckets`` (counts per
+        bucket of the ``latency_buckets_ms`` pushed, then +Inf)."""
+        records: list[dict[str, Any]] = (await self._call({"op": "take_records"}))["records"]
+        return records
+
     async def close(self) -> None:
+        if self.process is not None and self.process.stdin is not None:
+            self.process.stdin.close()
         if self._control is not None:
             self._control[1].close()
             self._control = None

@@ -312,6 +312,28 @@ class ProxyMetrics(_Batcher):
         if not self._scheduled:
             self._schedule()
 
+    def add_batch(
+        self,
+        labels: tuple[str, str, str, str, int],
+        count: int,
+        total_ms: float,
+        buckets: list[int],
+    ) -> None:
+        """Requests counted elsewhere (the native data path, :mod:`~kubeserve.runtime.fastpath`):
+        ``labels`` as :meth:`record` takes them, ``buckets`` per :data:`LATENCY_BUCKETS_MS`
+        bucket, then +Inf."""
+        if len(buckets) != len(LATENCY_BUCKETS_MS) + 1:
+            raise ValueError(f"{len(buckets)} latency buckets, not {len(LATENCY_BUCKETS_MS) + 1}")
+        pending = self._pending.get(labels)
+        if pending is None:
+            pending = self._pending[labels] = _Pending()
+        pending.count += count
+        pending.total_ms += total_ms
+        for i, n in enumerate(buckets):
+            pending.buckets[i] += n
+        if not self._scheduled:
+            self._schedule()
+
     def flush(self) -> None:
         batches, self._pending = self._pending, {}
         add = self._families.add

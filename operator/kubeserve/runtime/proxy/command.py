@@ -19,7 +19,11 @@ from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 from kubeserve.runtime.proxy.server import LeavePlan, serve_proxy
 from kubeserve.runtime.tls import PASSWORD_ENV, TLSFiles
 
-__all__ = ["ClusterDiscovery", "main"]
+__all__ = ["DATA_PATH_ENV", "ClusterDiscovery", "main"]
+
+#: The default of ``--data-path``: ``KUBESERVE_DATA_PATH=native kubeserve start`` opts the
+#: instance's proxy into the experimental native data path (see :mod:`kubeserve.runtime.fastpath`).
+DATA_PATH_ENV = "KUBESERVE_DATA_PATH"
 
 
 @dataclass(frozen=True)
@@ -106,8 +110,17 @@ def main(
         action="store_false",
         help="grpc_options.enable_reflection false: do not answer gRPC server reflection",
     )
+    parser.add_argument(
+        "--data-path",
+        choices=("python", "native"),
+        default=os.environ.get(DATA_PATH_ENV) or "python",
+        help="native: the experimental kubeserve-fastpath process serves the requests it covers "
+        f"and hands the rest to this proxy (plain HTTP only; default from ${DATA_PATH_ENV})",
+    )
     add_limit_arguments(parser)
     args = parser.parse_args(argv)
+    if args.data_path == "native" and args.ssl_certfile is not None:
+        parser.error("--data-path native serves plain HTTP only (no --ssl-certfile)")
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         parser.error("--ssl-certfile and --ssl-keyfile go together")
     if args.discovery == "controller" and not args.controller_url:
@@ -189,6 +202,7 @@ def main(
                 tls=tls,
                 stop=stop,
                 leave=leave,
+                native=args.data_path == "native",
             )
 
     uvloop.run(run())

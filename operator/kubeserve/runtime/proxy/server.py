@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
 import socket
@@ -12,9 +13,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kubeserve.runtime.discovery import EndpointSource
+from kubeserve.runtime.fastpath import FastPath, FastPathError
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.load_report import controller_links
 from kubeserve.runtime.logs import AccessLog
+from kubeserve.runtime.metrics import LATENCY_BUCKETS_MS
 from kubeserve.runtime.metrics_listener import start_metrics_listener
 from kubeserve.runtime.proxy.client import ClientConnection
 from kubeserve.runtime.proxy.state import ProxyState
@@ -32,6 +35,11 @@ log = logging.getLogger(__name__)
 #: While a proxy drains, how long a client connection may idle before it is closed: a client
 #: that sends its next request within it gets ``Connection: close`` on the answer instead.
 _LEAVING_IDLE_S = 1.0
+#: How often the requests the native data path answered are recorded into the metrics.
+_NATIVE_RECORDS_S = 1.0
+#: The largest request body and head the native data path forwards itself (larger: handed off).
+_NATIVE_BODY = 64 * 1024
+_NATIVE_HEAD = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -73,8 +81,13 @@ class ProxyServer:
         listen_fd: int | None = None,
         grpc: tuple[GrpcOptions, dict[str, Any]] | None = None,
         tls: TLSFiles | None = None,
+        native: bool = False,
     ) -> None:
-        """``scope``: the ``namespace/instance`` the proxy's load reports name (in a cluster);
+        """``native``: serve through the native data path (experimental,
+        :mod:`~kubeserve.runtime.fastpath`): the ``kubeserve-fastpath`` process takes
+        ``host:port`` (or ``listen_fd``) and hands this proxy, listening on a private loopback
+        port, what it does not cover; plain HTTP only.
+        ``scope``: the ``namespace/instance`` the proxy's load reports name (in a cluster);
         ``tls``: serve HTTPS with these files (reloaded when they change, see
         :mod:`~kubeserve.runtime.tls`), plain HTTP when ``None``;
         ``listen_fd``: an inherited socket already listening on ``host:port`` (``kubeserve
@@ -102,6 +115,15 @@ class ProxyServer:
         self._refusal_logged = -60.0
         self._grpc = grpc
         self.grpc: GrpcIngress | None = None
+        if native and tls is not None:
+            raise ValueError("the native data path serves plain HTTP only (no ssl_* options)")
+        self._native = native
+        self.native: FastPath | None = None
+        self._native_task: asyncio.Task[None] | None = None
+        self._native_snapshot: Snapshot | None = None
+        self._native_changed = asyncio.Event()
+        #: the version of the last snapshot the native process installed (-1: none yet)
+        self.native_version = -1
 
     async def start(self) -> None:
         """Listen, wait (briefly) for the first snapshot, then accept; ``port=0`` picks a free
@@ -117,7 +139,18 @@ class ProxyServer:
         if self.tls is not None:
             self.tls_context = await wait_for_files(self.tls)
             self.tls_context.start()
-        if self.listen_fd is not None:
+        if self._native:
+            # this proxy serves what the native process hands it, on a private loopback port
+            self._server = await loop.create_server(
+                self._connection_factory(), "127.0.0.1", 0, backlog=4096, start_serving=False
+            )
+            fallback = self._server.sockets[0].getsockname()[1]
+            self.native = FastPath(
+                self.state.secret, self.host, self.port, fallback, listen_fd=self.listen_fd
+            )
+            await self.native.start()
+            self.port = self.native.port
+        elif self.listen_fd is not None:
             sock = socket.socket(fileno=self.listen_fd)
             sock.setblocking(False)
             self._server = await loop.create_server(
@@ -131,22 +164,67 @@ class ProxyServer:
                 backlog=4096,
                 start_serving=False,
             )
-        self.port = self._server.sockets[0].getsockname()[1]
+        if self.native is None:
+            self.port = self._server.sockets[0].getsockname()[1]
         self.state.sweeper.start()
         if self.load_reporter is not None:
             self.load_reporter.start()
+        if self.native is not None:
+            self._native_task = asyncio.create_task(self._native_sync(self.native))
         if self._grpc is None:
-            await self.source.start(self.state.apply)
+            await self.source.start(self._apply)
         else:
             self.grpc = self._grpc_ingress(*self._grpc)
             await self.source.start(self._apply_both)
             await self.grpc.start()
         await self._server.start_serving()
 
-    def _apply_both(self, snapshot: Snapshot) -> None:
+    def _apply(self, snapshot: Snapshot) -> None:
         self.state.apply(snapshot)
+        if self.native is not None:
+            self._native_snapshot = snapshot
+            self._native_changed.set()
+
+    def _apply_both(self, snapshot: Snapshot) -> None:
+        self._apply(snapshot)
         assert self.grpc is not None
         self.grpc.apply(snapshot)
+
+    async def _native_sync(self, native: FastPath) -> None:
+        """Push each new snapshot to the native process; every second, record the requests it
+        answered into this proxy's metrics (Ray's names, served on ``/metrics``)."""
+        state = self.state
+        limits = state.limits
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_NATIVE_RECORDS_S):
+                    await self._native_changed.wait()
+            try:
+                if self._native_changed.is_set():
+                    self._native_changed.clear()
+                    snapshot = self._native_snapshot
+                    assert snapshot is not None
+                    await native.push(
+                        snapshot,
+                        keep_alive_timeout_s=state.keep_alive_timeout_s,
+                        max_body_bytes=min(limits.max_body_bytes or _NATIVE_BODY, _NATIVE_BODY),
+                        max_head_bytes=min(limits.max_header_bytes, _NATIVE_HEAD),
+                        max_url_bytes=limits.max_url_bytes,
+                        latency_buckets_ms=list(LATENCY_BUCKETS_MS),
+                    )
+                    self.native_version = snapshot["version"]
+                for record in await native.take_records():
+                    key = record["key"]
+                    route, application, deployment = state.labels.get(key) or ("", "", "")
+                    state.metrics.add_batch(
+                        (record["method"], route, application, deployment, record["status"]),
+                        record["count"],
+                        record["total_ms"],
+                        record["buckets"],
+                    )
+            except FastPathError as exc:
+                log.error("the native data path failed: %s", exc)
+                return
 
     def _grpc_ingress(self, options: GrpcOptions, services: dict[str, Any]) -> GrpcIngress:
         """The gRPC listener: a server of its own, so the HTTP path is untouched by it (and an
@@ -220,6 +298,14 @@ class ProxyServer:
         log.info("proxy drained: %d connections left to close", len(state.connections))
 
     async def close(self) -> None:
+        if self._native_task is not None:
+            self._native_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._native_task
+            self._native_task = None
+        if self.native is not None:
+            await self.native.close()
+            self.native = None
         if self.grpc is not None:
             await self.grpc.close()
             self.grpc = None
@@ -284,6 +370,7 @@ async def serve_proxy(
     tls: TLSFiles | None = None,
     stop: asyncio.Event | None = None,
     leave: LeavePlan | None = None,
+    native: bool = False,
 ) -> None:
     """Run a proxy until ``stop`` is set (``main`` sets it on SIGTERM/SIGINT) or cancelled;
     once stopped, it leaves as ``leave`` says (:meth:`ProxyServer.leave`).
@@ -306,13 +393,20 @@ async def serve_proxy(
         listen_fd=listen_fd,
         tls=tls,
         grpc=grpc,
+        native=native,
     )
     server.state.access_log = access_log
     # first: while TLS files do not load the proxy waits, alive (a pod's liveness probe is here)
     metrics_listener = await start_metrics_listener(host, metrics_port, secret)
     await server.start()
     scheme = "https" if tls is not None else "http"
-    log.info("kubeserve proxy listening on %s://%s:%d", scheme, host, server.port)
+    log.info(
+        "kubeserve proxy listening on %s://%s:%d%s",
+        scheme,
+        host,
+        server.port,
+        " (native data path, experimental)" if server.native is not None else "",
+    )
     if server.grpc is not None:
         log.info("kubeserve proxy serving gRPC on port %d", server.grpc.port)
     try:

@@ -92,7 +92,10 @@ pub struct Sealer {
 
 impl Sealer {
     pub fn new(key: &[u8]) -> Sealer {
-        Sealer { tagger: Tagger::new(key), seq: 0 }
+        Sealer {
+            tagger: Tagger::new(key),
+            seq: 0,
+        }
     }
 
     /// Append the frames of `payload` (split at MAX_FRAME) to `out`.
@@ -116,7 +119,11 @@ pub struct Opener {
 
 impl Opener {
     pub fn new(key: &[u8]) -> Opener {
-        Opener { tagger: Tagger::new(key), seq: 0, raw: Vec::with_capacity(16 * 1024) }
+        Opener {
+            tagger: Tagger::new(key),
+            seq: 0,
+            raw: Vec::with_capacity(16 * 1024),
+        }
     }
 
     /// Append `data` and move every complete, verified payload into `plain`.
@@ -126,7 +133,10 @@ impl Opener {
         while self.raw.len() - start >= 4 {
             let len = u32::from_be_bytes(self.raw[start..start + 4].try_into().unwrap()) as usize;
             if len > MAX_FRAME {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "oversized frame"));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "oversized frame",
+                ));
             }
             let end = start + 4 + len + TAG_SIZE;
             if end > self.raw.len() {
@@ -135,7 +145,10 @@ impl Opener {
             let payload = &self.raw[start + 4..start + 4 + len];
             let tag = self.tagger.tag(&prefix(self.seq, len), payload);
             if !same(&tag, &self.raw[start + 4 + len..end]) {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "a frame failed its MAC"));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a frame failed its MAC",
+                ));
             }
             self.seq += 1;
             plain.extend_from_slice(payload);
@@ -223,7 +236,10 @@ pub async fn connect(secret: &[u8], host: &str, port: u16, identity: &str) -> io
     };
     let meant = identity.as_bytes();
     if meant.is_empty() || meant.len() > 255 {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad replica id"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "bad replica id",
+        ));
     }
     let caller = nonce();
     let mut hello = Vec::with_capacity(22 + meant.len());
@@ -251,16 +267,25 @@ pub async fn connect(secret: &[u8], host: &str, port: u16, identity: &str) -> io
     transcript.extend_from_slice(&challenge[..16]);
     transcript.push(meant.len() as u8);
     transcript.extend_from_slice(meant);
-    if !same(&challenge[16..], &hmac256(secret, &[b"server", &transcript])) {
+    if !same(
+        &challenge[16..],
+        &hmac256(secret, &[b"server", &transcript]),
+    ) {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!("the peer is not replica {identity} of this instance (wrong handshake proof)"),
         ));
     }
-    stream.write_all(&hmac256(secret, &[b"client", &transcript])).await?;
+    stream
+        .write_all(&hmac256(secret, &[b"client", &transcript]))
+        .await?;
     let send = hmac256(secret, &[b"key:caller", &transcript]);
     let receive = hmac256(secret, &[b"key:replica", &transcript]);
-    Ok(Channel { stream, sealer: Sealer::new(&send), opener: Opener::new(&receive) })
+    Ok(Channel {
+        stream,
+        sealer: Sealer::new(&send),
+        opener: Opener::new(&receive),
+    })
 }
 
 /// The instance's data-plane secret, as `channel.take_secret` reads it.

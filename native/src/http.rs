@@ -8,6 +8,9 @@ pub struct Plan {
     pub line_end: usize,
     /// the client sent a usable `x-request-id`
     pub has_id: bool,
+    /// where its value is in the request (when `has_id`)
+    pub id_start: usize,
+    pub id_end: usize,
     pub is_head: bool,
     /// the request's `method` label in Ray's metrics (`metrics.METHOD_LABELS`)
     pub method: &'static str,
@@ -24,8 +27,9 @@ pub enum Parsed {
     Covered(Plan),
 }
 
-const METHOD_LABELS: [&str; 9] =
-    ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"];
+const METHOD_LABELS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
 
 const HOP_BY_HOP: [&str; 8] = [
     "connection",
@@ -42,7 +46,8 @@ const HOP_BY_HOP: [&str; 8] = [
 fn usable_request_id(v: &[u8]) -> bool {
     !v.is_empty()
         && v.len() <= 128
-        && v.iter().all(|c| c.is_ascii_alphanumeric() || b"._:@/+=~-".contains(c))
+        && v.iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"._:@/+=~-".contains(c))
 }
 
 /// `routes.needs_normalizing`, plus what the Python proxy alone answers (`/-/`).
@@ -82,6 +87,7 @@ pub fn parse_request(buf: &[u8], max_body: usize, max_url: usize) -> Parsed {
     }
     let mut content_length: Option<usize> = None;
     let mut has_id = false;
+    let (mut id_start, mut id_end) = (0, 0);
     for h in req.headers.iter() {
         let name = h.name;
         if name.eq_ignore_ascii_case("content-length") {
@@ -98,6 +104,8 @@ pub fn parse_request(buf: &[u8], max_body: usize, max_url: usize) -> Parsed {
                 return Parsed::NotCovered; // the Python proxy replaces it
             }
             has_id = true;
+            id_start = h.value.as_ptr() as usize - buf.as_ptr() as usize;
+            id_end = id_start + h.value.len();
         } else if name.eq_ignore_ascii_case("serve_multiplexed_model_id")
             || HOP_BY_HOP.iter().any(|hop| name.eq_ignore_ascii_case(hop))
         {
@@ -116,8 +124,14 @@ pub fn parse_request(buf: &[u8], max_body: usize, max_url: usize) -> Parsed {
         content_length,
         line_end,
         has_id,
+        id_start,
+        id_end,
         is_head: method == "HEAD",
-        method: METHOD_LABELS.iter().find(|m| **m == method).copied().unwrap_or("OTHER"),
+        method: METHOD_LABELS
+            .iter()
+            .find(|m| **m == method)
+            .copied()
+            .unwrap_or("OTHER"),
         path_start,
         path_end: path_start + path.len(),
     })
@@ -167,7 +181,10 @@ pub fn parse_answer(buf: &[u8], request_is_head: bool) -> ParsedAnswer {
     for h in resp.headers.iter() {
         let name = h.name;
         if name.eq_ignore_ascii_case("content-length") {
-            match std::str::from_utf8(h.value).ok().and_then(|v| v.trim().parse::<usize>().ok()) {
+            match std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+            {
                 Some(n) if length.is_none() || length == Some(n) => length = Some(n),
                 _ => return ParsedAnswer::Bad,
             }
@@ -204,7 +221,15 @@ pub fn parse_answer(buf: &[u8], request_is_head: bool) -> ParsedAnswer {
         Framing::UntilClose
     };
     let line_end = buf.iter().position(|&c| c == b'\n').unwrap() + 1;
-    ParsedAnswer::Head(Answer { head_len, status, framing, close, has_id, unserved, line_end })
+    ParsedAnswer::Head(Answer {
+        head_len,
+        status,
+        framing,
+        close,
+        has_id,
+        unserved,
+        line_end,
+    })
 }
 
 /// Finds where a chunked body ends, fed the bytes as they pass (they are relayed verbatim).
@@ -229,7 +254,11 @@ enum St {
 
 impl Default for ChunkScanner {
     fn default() -> Self {
-        ChunkScanner { state: St::Size, size: 0, digits: 0 }
+        ChunkScanner {
+            state: St::Size,
+            size: 0,
+            digits: 0,
+        }
     }
 }
 
@@ -245,7 +274,11 @@ impl ChunkScanner {
                     let take = (data.len() - i).min(left as usize);
                     i += take;
                     let left = left - take as u64;
-                    self.state = if left == 0 { St::DataCr } else { St::Data(left) };
+                    self.state = if left == 0 {
+                        St::DataCr
+                    } else {
+                        St::Data(left)
+                    };
                     continue;
                 }
                 St::Size => match c {
@@ -269,7 +302,11 @@ impl ChunkScanner {
                     if c != b'\n' {
                         return Err(());
                     }
-                    self.state = if self.size == 0 { St::TrailerStart } else { St::Data(self.size) };
+                    self.state = if self.size == 0 {
+                        St::TrailerStart
+                    } else {
+                        St::Data(self.size)
+                    };
                     self.size = 0;
                     self.digits = 0;
                 }
@@ -338,9 +375,17 @@ mod tests {
             b"POST /a HTTP/1.1\r\nContent-Length: 999999\r\n\r\n",
         ];
         for case in cases {
-            assert!(matches!(parse_request(case, 65536, 8192), Parsed::NotCovered), "{:?}", case);
+            assert!(
+                matches!(parse_request(case, 65536, 8192), Parsed::NotCovered),
+                "{:?}",
+                case
+            );
         }
-        match parse_request(b"POST /a/b?q=1 HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 65536, 8192) {
+        match parse_request(
+            b"POST /a/b?q=1 HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
+            65536,
+            8192,
+        ) {
             Parsed::Covered(p) => {
                 assert_eq!(p.content_length, 3);
                 assert_eq!(&b"POST /a/b?q=1"[p.path_start..p.path_end], b"/a/b");

@@ -36,7 +36,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     match args.first().map(String::as_str) {
         Some("probe") if args.len() >= 6 => {
             let port: u16 = match args[2].parse() {
@@ -44,7 +47,9 @@ fn main() -> ExitCode {
                 Err(_) => return usage(),
             };
             let body = args.get(6).cloned().unwrap_or_default();
-            match rt.block_on(probe(&secret, &args[1], port, &args[3], &args[4], &args[5], body)) {
+            match rt.block_on(probe(
+                &secret, &args[1], port, &args[3], &args[4], &args[5], body,
+            )) {
                 Ok(out) => {
                     use std::io::Write;
                     let _ = std::io::stdout().write_all(&out);

@@ -85,11 +85,18 @@ struct Shared {
     counters: RefCell<Counters>,
 }
 
-pub async fn run(secret: Vec<u8>, listen: String, control: String, fallback: String) -> io::Result<()> {
+pub async fn run(
+    secret: Vec<u8>,
+    listen: String,
+    control: String,
+    fallback: String,
+) -> io::Result<()> {
     let listener = match listen.strip_prefix("fd:") {
         Some(fd) => {
             use std::os::fd::FromRawFd;
-            let fd: i32 = fd.parse().map_err(|_| io::Error::other("--listen fd:N takes a number"))?;
+            let fd: i32 = fd
+                .parse()
+                .map_err(|_| io::Error::other("--listen fd:N takes a number"))?;
             // an inherited listening socket (`kubeserve start` keeps one across proxy restarts)
             let std_listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
             std_listener.set_nonblocking(true)?;
@@ -190,7 +197,10 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
 /// Install a discovery snapshot (`kubeserve.runtime.wire.Snapshot`) and the settings with it.
 fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
     let snap = msg.get("snapshot").ok_or("snapshot: missing")?;
-    let routes = snap.get("routes").and_then(Value::as_array).ok_or("snapshot.routes: not a list")?;
+    let routes = snap
+        .get("routes")
+        .and_then(Value::as_array)
+        .ok_or("snapshot.routes: not a list")?;
     let deps = snap
         .get("deployments")
         .and_then(Value::as_object)
@@ -209,15 +219,36 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
         let prefix = field("route_prefix")?;
         let key = format!("{}#{}", field("app")?, field("deployment")?);
         let Some(dep) = deps.get(&key) else { continue };
-        let d = *index.entry(key.clone()).or_insert_with(|| table.deployments.len());
+        let d = *index
+            .entry(key.clone())
+            .or_insert_with(|| table.deployments.len());
         if d == table.deployments.len() {
-            let max_ongoing = dep.get("max_ongoing_requests").and_then(Value::as_u64).unwrap_or(5);
+            let max_ongoing = dep
+                .get("max_ongoing_requests")
+                .and_then(Value::as_u64)
+                .unwrap_or(5);
             let mut replicas = Vec::new();
-            for (j, ep) in dep.get("replicas").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            for (j, ep) in dep
+                .get("replicas")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
                 let where_ = format!("snapshot.deployments.{key}.replicas[{j}]");
-                let id = ep.get("replica_id").and_then(Value::as_str).ok_or(format!("{where_}.replica_id"))?;
-                let host = ep.get("host").and_then(Value::as_str).ok_or(format!("{where_}.host"))?;
-                let port = ep.get("port").and_then(Value::as_u64).filter(|p| *p < 65536).ok_or(format!("{where_}.port"))?;
+                let id = ep
+                    .get("replica_id")
+                    .and_then(Value::as_str)
+                    .ok_or(format!("{where_}.replica_id"))?;
+                let host = ep
+                    .get("host")
+                    .and_then(Value::as_str)
+                    .ok_or(format!("{where_}.host"))?;
+                let port = ep
+                    .get("port")
+                    .and_then(Value::as_u64)
+                    .filter(|p| *p < 65536)
+                    .ok_or(format!("{where_}.port"))?;
                 let replica = match known.get(id) {
                     Some(r) if r.host == host && r.port == port as u16 => r.clone(),
                     _ => Rc::new(Replica {
@@ -249,7 +280,9 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
         sh.max_body.set(n as usize);
     }
     if let Some(b) = msg.get("latency_buckets_ms") {
-        let bounds: Option<Vec<f64>> = b.as_array().and_then(|a| a.iter().map(Value::as_f64).collect());
+        let bounds: Option<Vec<f64>> = b
+            .as_array()
+            .and_then(|a| a.iter().map(Value::as_f64).collect());
         *sh.buckets.borrow_mut() = bounds.ok_or("latency_buckets_ms: not a list of numbers")?;
     }
     if let Some(n) = msg.get("max_url_bytes").and_then(Value::as_u64) {
@@ -272,8 +305,20 @@ async fn read_more(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usiz
     client.read_buf(buf).await
 }
 
+/// Buffers one client connection reuses for every request it forwards.
+struct Scratch {
+    raw: Vec<u8>,
+    plain: Vec<u8>,
+    out: Vec<u8>,
+}
+
 async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut scratch = Scratch {
+        raw: vec![0u8; 64 * 1024],
+        plain: Vec::with_capacity(16 * 1024),
+        out: Vec::with_capacity(16 * 1024),
+    };
     loop {
         // the head of the next request
         let plan = loop {
@@ -287,7 +332,8 @@ async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
                     Parsed::Partial => {}
                 }
             }
-            match tokio::time::timeout(sh.keep_alive.get(), read_more(&mut client, &mut buf)).await {
+            match tokio::time::timeout(sh.keep_alive.get(), read_more(&mut client, &mut buf)).await
+            {
                 Ok(Ok(0)) | Ok(Err(_)) => return,
                 Ok(Ok(_)) => {}
                 Err(_) if buf.is_empty() => return, // idle past the keep-alive timeout
@@ -296,13 +342,14 @@ async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
         };
         let total = plan.head_len + plan.content_length;
         while buf.len() < total {
-            match tokio::time::timeout(sh.keep_alive.get(), read_more(&mut client, &mut buf)).await {
+            match tokio::time::timeout(sh.keep_alive.get(), read_more(&mut client, &mut buf)).await
+            {
                 Ok(Ok(0)) | Ok(Err(_)) => return,
                 Ok(Ok(_)) => {}
                 Err(_) => return hand_off(&sh, client, buf).await,
             }
         }
-        match forward(&sh, &plan, &buf[..total], &mut client).await {
+        match forward(&sh, &plan, &buf[..total], &mut client, &mut scratch).await {
             Outcome::Done { keep_alive: true } => {
                 buf.drain(..total);
             }
@@ -315,7 +362,9 @@ async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
 /// Splice the connection to the Python proxy, starting with the bytes already read.
 async fn hand_off(sh: &Shared, mut client: TcpStream, buf: Vec<u8>) {
     sh.counters.borrow_mut().handed_off += 1;
-    let Ok(mut proxy) = TcpStream::connect(&sh.fallback).await else { return };
+    let Ok(mut proxy) = TcpStream::connect(&sh.fallback).await else {
+        return;
+    };
     let _ = proxy.set_nodelay(true);
     if proxy.write_all(&buf).await.is_err() {
         return;
@@ -325,7 +374,9 @@ async fn hand_off(sh: &Shared, mut client: TcpStream, buf: Vec<u8>) {
 }
 
 enum Outcome {
-    Done { keep_alive: bool },
+    Done {
+        keep_alive: bool,
+    },
     /// nothing reached a replica's user code: the Python proxy takes the request over
     HandOff,
     /// the answer had started: the connection is closed
@@ -373,22 +424,37 @@ fn request_id() -> [u8; 32] {
         }
     });
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    for (i, byte) in words[0].to_le_bytes().iter().chain(words[1].to_le_bytes().iter()).enumerate() {
+    for (i, byte) in words[0]
+        .to_le_bytes()
+        .iter()
+        .chain(words[1].to_le_bytes().iter())
+        .enumerate()
+    {
         out[2 * i] = HEX[(byte >> 4) as usize];
         out[2 * i + 1] = HEX[(byte & 15) as usize];
     }
     out
 }
 
-async fn forward(sh: &Shared, plan: &http::Plan, request: &[u8], client: &mut TcpStream) -> Outcome {
+async fn forward(
+    sh: &Shared,
+    plan: &http::Plan,
+    request: &[u8],
+    client: &mut TcpStream,
+    scratch: &mut Scratch,
+) -> Outcome {
     let started = Instant::now();
     let table = sh.table.borrow().clone();
     let Ok(path) = std::str::from_utf8(&request[plan.path_start..plan.path_end]) else {
         return Outcome::HandOff;
     };
-    let Some(d) = table.route(path) else { return Outcome::HandOff };
+    let Some(d) = table.route(path) else {
+        return Outcome::HandOff;
+    };
     let dep = &table.deployments[d];
-    let Some(slot) = pick(dep) else { return Outcome::HandOff };
+    let Some(slot) = pick(dep) else {
+        return Outcome::HandOff;
+    };
     let replica = slot.0.clone();
     // the request as forwarded: a generated request id after the request line
     let mut id_line = Vec::new();
@@ -402,41 +468,90 @@ async fn forward(sh: &Shared, plan: &http::Plan, request: &[u8], client: &mut Tc
     forwarded.extend_from_slice(&id_line);
     forwarded.extend_from_slice(&request[plan.line_end..]);
     let pooled = replica.idle.borrow_mut().pop();
-    let mut attempts = if pooled.is_some() { 2 } else { 1 };
-    let mut conn = pooled;
-    loop {
-        attempts -= 1;
-        let mut ch = match conn.take() {
-            Some(ch) => ch,
-            None => {
-                sh.counters.borrow_mut().upstream_connects += 1;
-                match channel::connect(&sh.secret, &replica.host, replica.port, &replica.id).await {
-                    Ok(ch) => ch,
-                    Err(_) => return Outcome::HandOff,
-                }
+    let mut ch = match pooled {
+        Some(ch) => ch,
+        None => {
+            sh.counters.borrow_mut().upstream_connects += 1;
+            match channel::connect(&sh.secret, &replica.host, replica.port, &replica.id).await {
+                Ok(ch) => ch,
+                // nothing was written: the Python proxy tries another replica, or answers
+                Err(_) => return Outcome::HandOff,
             }
-        };
-        let mut sealed = Vec::with_capacity(forwarded.len() + 64);
-        ch.sealer.seal_into(&forwarded, &mut sealed);
-        if ch.stream.write_all(&sealed).await.is_err() {
-            if attempts > 0 {
-                continue;
-            }
-            return Outcome::HandOff;
         }
-        match relay(sh, plan, &mut ch, client, &id_line, dep, started).await {
-            Relay::Done { reusable, keep_alive } => {
-                if reusable {
-                    replica.idle.borrow_mut().push(ch);
-                }
-                return Outcome::Done { keep_alive };
-            }
-            // a pooled connection the replica had closed: once more on a fresh one
-            Relay::NothingBack if attempts > 0 => continue,
-            Relay::NothingBack | Relay::Unserved => return Outcome::HandOff,
-            Relay::Failed => return Outcome::Failed,
-        }
+    };
+    let mut sealed = Vec::with_capacity(forwarded.len() + 64);
+    ch.sealer.seal_into(&forwarded, &mut sealed);
+    if ch.stream.write_all(&sealed).await.is_err() {
+        return bad_gateway(sh, plan, request, client, &id_line, dep, started).await;
     }
+    match relay(sh, plan, &mut ch, client, &id_line, dep, started, scratch).await {
+        Relay::Done {
+            reusable,
+            keep_alive,
+        } => {
+            if reusable {
+                replica.idle.borrow_mut().push(ch);
+            }
+            Outcome::Done { keep_alive }
+        }
+        // as the Python proxy (exchange.upstream_failed): once a request was written it is
+        // never sent again (the replica may have run it), the client gets a 502
+        Relay::NothingBack => bad_gateway(sh, plan, request, client, &id_line, dep, started).await,
+        Relay::Unserved => Outcome::HandOff,
+        Relay::Failed => Outcome::Failed,
+    }
+}
+
+fn record(sh: &Shared, plan: &http::Plan, dep: &Deployment, status: u16, started: Instant) {
+    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let bounds = sh.buckets.borrow();
+    let mut c = sh.counters.borrow_mut();
+    *c.answered.entry((dep.key.clone(), status)).or_insert(0) += 1;
+    *c.latency_ms.entry(dep.key.clone()).or_insert(0.0) += latency_ms;
+    let record = c
+        .records
+        .entry((plan.method, dep.key.clone(), status))
+        .or_insert_with(|| Pending {
+            count: 0,
+            total_ms: 0.0,
+            buckets: vec![0; bounds.len() + 1],
+        });
+    record.count += 1;
+    record.total_ms += latency_ms;
+    record.buckets[bounds.partition_point(|&b| b < latency_ms)] += 1;
+}
+
+/// The replica closed the connection before answering a request written to it.
+#[allow(clippy::too_many_arguments)]
+async fn bad_gateway(
+    sh: &Shared,
+    plan: &http::Plan,
+    request: &[u8],
+    client: &mut TcpStream,
+    id_line: &[u8],
+    dep: &Deployment,
+    started: Instant,
+) -> Outcome {
+    let message: &[u8] = b"the replica closed the connection before answering";
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(
+        b"HTTP/1.1 502 Bad Gateway\r\ncontent-type: text/plain; charset=utf-8\r\n",
+    );
+    out.extend_from_slice(format!("content-length: {}\r\n", message.len()).as_bytes());
+    if plan.has_id {
+        out.extend_from_slice(b"x-request-id: ");
+        out.extend_from_slice(&request[plan.id_start..plan.id_end]);
+        out.extend_from_slice(b"\r\n");
+    } else {
+        out.extend_from_slice(id_line);
+    }
+    out.extend_from_slice(b"connection: close\r\n\r\n");
+    if !plan.is_head {
+        out.extend_from_slice(message);
+    }
+    let _ = client.write_all(&out).await;
+    record(sh, plan, dep, 502, started);
+    Outcome::Failed
 }
 
 enum Relay {
@@ -446,6 +561,7 @@ enum Relay {
     Failed,
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn relay(
     sh: &Shared,
     plan: &http::Plan,
@@ -454,19 +570,21 @@ async fn relay(
     id_line: &[u8],
     dep: &Deployment,
     started: Instant,
+    scratch: &mut Scratch,
 ) -> Relay {
-    let mut raw = vec![0u8; 64 * 1024];
-    let mut plain: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let Scratch { raw, plain, out } = scratch;
+    plain.clear();
+    out.clear();
     let answer = loop {
-        let n = match ch.stream.read(&mut raw).await {
+        let n = match ch.stream.read(raw).await {
             Ok(0) | Err(_) if plain.is_empty() => return Relay::NothingBack,
             Ok(0) | Err(_) => return Relay::Failed,
             Ok(n) => n,
         };
-        if ch.opener.feed(&raw[..n], &mut plain).is_err() {
+        if ch.opener.feed(&raw[..n], plain).is_err() {
             return Relay::Failed;
         }
-        match http::parse_answer(&plain, plan.is_head) {
+        match http::parse_answer(plain, plan.is_head) {
             ParsedAnswer::Partial => {}
             ParsedAnswer::Bad => return Relay::Failed,
             ParsedAnswer::Head(a) => break a,
@@ -475,7 +593,6 @@ async fn relay(
     if answer.unserved {
         return Relay::Unserved;
     }
-    let mut out = Vec::with_capacity(plain.len() + id_line.len());
     out.extend_from_slice(&plain[..answer.line_end]);
     if !answer.has_id {
         out.extend_from_slice(id_line);
@@ -507,12 +624,12 @@ async fn relay(
         Framing::Length(n) => n - body.len(),
         _ => 0,
     };
-    if client.write_all(&out).await.is_err() {
+    if client.write_all(out).await.is_err() {
         return Relay::Failed;
     }
     while !done {
         plain.clear();
-        let n = match ch.stream.read(&mut raw).await {
+        let n = match ch.stream.read(raw).await {
             Ok(0) | Err(_) => {
                 if matches!(answer.framing, Framing::UntilClose) {
                     break;
@@ -521,7 +638,7 @@ async fn relay(
             }
             Ok(n) => n,
         };
-        if ch.opener.feed(&raw[..n], &mut plain).is_err() {
+        if ch.opener.feed(&raw[..n], plain).is_err() {
             return Relay::Failed;
         }
         match answer.framing {
@@ -532,29 +649,21 @@ async fn relay(
                 left -= plain.len();
                 done = left == 0;
             }
-            Framing::Chunked => match scanner.feed(&plain) {
+            Framing::Chunked => match scanner.feed(plain) {
                 Ok(Some(end)) if end == plain.len() => done = true,
                 Ok(Some(_)) | Err(()) => return Relay::Failed,
                 Ok(None) => {}
             },
             _ => {}
         }
-        if !plain.is_empty() && client.write_all(&plain).await.is_err() {
+        if !plain.is_empty() && client.write_all(plain).await.is_err() {
             return Relay::Failed;
         }
     }
-    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
-    let bounds = sh.buckets.borrow();
-    let mut c = sh.counters.borrow_mut();
-    *c.answered.entry((dep.key.clone(), answer.status)).or_insert(0) += 1;
-    *c.latency_ms.entry(dep.key.clone()).or_insert(0.0) += latency_ms;
-    let record = c
-        .records
-        .entry((plan.method, dep.key.clone(), answer.status))
-        .or_insert_with(|| Pending { count: 0, total_ms: 0.0, buckets: vec![0; bounds.len() + 1] });
-    record.count += 1;
-    record.total_ms += latency_ms;
-    record.buckets[bounds.partition_point(|&b| b < latency_ms)] += 1;
+    record(sh, plan, dep, answer.status, started);
     let reusable = !answer.close && !matches!(answer.framing, Framing::UntilClose);
-    Relay::Done { reusable, keep_alive: !answer.close }
+    Relay::Done {
+        reusable,
+        keep_alive: !answer.close,
+    }
 }

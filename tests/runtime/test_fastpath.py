@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kubeserve.runtime.channel import ServerChannel
 from kubeserve.runtime.fastpath import FastPath, find_binary
 from kubeserve.runtime.metrics import exposition
 from kubeserve.runtime.proxy import ProxyServer
@@ -419,3 +421,59 @@ def test_the_native_data_path_refuses_tls() -> None:
             tls=TLSFiles("cert.pem", "key.pem"),
             native=True,
         )
+
+
+class _HangUp(asyncio.Protocol):
+    """A replica that dies with the request: reads it, closes without an answer."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        HANG_UPS.append(data)
+        self.transport.close()
+
+
+HANG_UPS: list[bytes] = []
+
+
+def test_a_request_written_to_a_replica_that_hangs_up_is_a_502_never_run_twice() -> None:
+    async def go() -> None:
+        HANG_UPS.clear()
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: ServerChannel(SECRET, "replica-x", lambda role: _HangUp(), logging.getLogger()),
+            "127.0.0.1",
+            0,
+        )
+        port = server.sockets[0].getsockname()[1]
+        snapshot: Any = {
+            "version": 1,
+            "routes": [{"route_prefix": "/", "app": "app", "deployment": "X"}],
+            "deployments": {
+                "app#X": {
+                    "max_ongoing_requests": 8,
+                    "replicas": [{"replica_id": "replica-x", "host": "127.0.0.1", "port": port}],
+                }
+            },
+        }
+        proxy = ProxyServer("127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot))
+        await proxy.start()
+        native = FastPath(SECRET, "127.0.0.1", 0, proxy.port)
+        try:
+            await native.start()
+            await native.push(snapshot)
+            conn = await Conn.open(native.port)
+            status, headers, answer = await conn.request(get("/x", "x-request-id: mine\r\n"))
+            assert status == 502 and b"closed the connection before answering" in answer
+            assert headers["x-request-id"] == "mine" and headers["connection"] == "close"
+            assert await conn.reader.read() == b""
+            conn.close()
+            assert len(HANG_UPS) == 1  # the replica saw it once: not handed off, not retried
+            assert (await native.stats())["answered"] == {"app#X": {"502": 1}}
+        finally:
+            await native.close()
+            await proxy.close()
+            server.close()
+
+    run(go())

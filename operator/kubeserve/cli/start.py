@@ -142,6 +142,13 @@ def add_instance_arguments(
         "kubeserve.db.reset-<time> in the state directory first (the way out of a corrupt one)",
     )
     parser.add_argument(
+        "--data-path",
+        choices=("python", "native"),
+        default=os.environ.get("KUBESERVE_DATA_PATH") or "python",
+        help="native: the proxy serves through the experimental kubeserve-fastpath process "
+        "(`make native`; plain HTTP only; see the README); default from $KUBESERVE_DATA_PATH",
+    )
+    parser.add_argument(
         "--log-max-bytes",
         type=positive_int,
         default=DEFAULT_LOG_BYTES,
@@ -184,6 +191,8 @@ def start_instance(args: argparse.Namespace, after_start: AfterStart | None) -> 
     from kubeserve.backends.protocol import BackendError
 
     logging.basicConfig(level=os.environ.get("KUBESERVE_LOG_LEVEL", "INFO"), format=LOG_FORMAT)
+    # the proxy process reads it (and passes it on as --data-path, part of its fingerprint)
+    os.environ["KUBESERVE_DATA_PATH"] = args.data_path  # fastpath.DATA_PATH_ENV
     token = auth_token(args)
     # Replicas and builds inherit this environment and run user code: the token stays here.
     os.environ.pop(AUTH_TOKEN_ENV, None)

@@ -46,7 +46,11 @@ from typing import Any
 from kubeserve.runtime.channel import SECRET_ENV
 from kubeserve.runtime.wire import Snapshot
 
-__all__ = ["BINARY_ENV", "FastPath", "FastPathError", "find_binary"]
+__all__ = ["BINARY_ENV", "DATA_PATH_ENV", "FastPath", "FastPathError", "find_binary"]
+
+#: The default of ``kubeserve proxy --data-path``, which ``kubeserve start --data-path`` sets for
+#: the proxy it starts: ``native`` opts the proxy into this data path.
+DATA_PATH_ENV = "KUBESERVE_DATA_PATH"
 
 #: Names the ``kubeserve-fastpath`` binary to run (else ``native/target/release`` of a source
 #: checkout, else ``$PATH``).

@@ -25,6 +25,7 @@ from kubeserve.backends.local.process_records import ProxyRecord
 from kubeserve.backends.local.replica_context import ReplicaContext
 from kubeserve.control import backoff, effective_config
 from kubeserve.control.instance import grpc_proxy_arguments
+from kubeserve.runtime.fastpath import DATA_PATH_ENV
 from kubeserve.runtime.tls import PASSWORD_ENV, TLSFiles
 
 ProxyStatusValue = Literal["STARTING", "HEALTHY", "UNHEALTHY", "DRAINING"]
@@ -84,6 +85,9 @@ class ProxyProcess:
             if self._tls.ca_certs:
                 args += ["--ssl-ca-certs", os.path.abspath(self._tls.ca_certs)]
         args += grpc_proxy_arguments(options.get("grpc_options"))  # type: ignore[arg-type]
+        # kubeserve start --data-path native: plain HTTP only, so a proxy serving TLS stays Python
+        if os.environ.get(DATA_PATH_ENV) == "native" and self._tls is None:
+            args += ["--data-path", "native"]
         return args + self._ctx.request_limits.cli_args()
 
     async def _run(self, args: list[str], adopted: AdoptedProxy | None) -> None:

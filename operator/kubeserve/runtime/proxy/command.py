@@ -15,15 +15,12 @@ from dataclasses import dataclass
 
 from kubeserve.runtime import channel, logs, tracing
 from kubeserve.runtime.discovery import EndpointSource
+from kubeserve.runtime.fastpath import DATA_PATH_ENV
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 from kubeserve.runtime.proxy.server import LeavePlan, serve_proxy
 from kubeserve.runtime.tls import PASSWORD_ENV, TLSFiles
 
-__all__ = ["DATA_PATH_ENV", "ClusterDiscovery", "main"]
-
-#: The default of ``--data-path``: ``KUBESERVE_DATA_PATH=native kubeserve start`` opts the
-#: instance's proxy into the experimental native data path (see :mod:`kubeserve.runtime.fastpath`).
-DATA_PATH_ENV = "KUBESERVE_DATA_PATH"
+__all__ = ["ClusterDiscovery", "main"]
 
 
 @dataclass(frozen=True)

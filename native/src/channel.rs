@@ -175,6 +175,17 @@ impl Stream {
         }
     }
 
+    /// Whether the replica closed this idle connection (or sent something unasked): a pooled
+    /// connection is only reused while this is false.
+    pub fn closed_while_idle(&self) -> bool {
+        let mut probe = [0u8; 1];
+        let result = match self {
+            Stream::Tcp(s) => s.try_read(&mut probe),
+            Stream::Unix(s) => s.try_read(&mut probe),
+        };
+        !matches!(result, Err(ref e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
     pub async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.write_all(buf).await,

@@ -467,7 +467,17 @@ async fn forward(
     forwarded.extend_from_slice(&request[..plan.line_end]);
     forwarded.extend_from_slice(&id_line);
     forwarded.extend_from_slice(&request[plan.line_end..]);
-    let pooled = replica.idle.borrow_mut().pop();
+    let pooled = {
+        let mut idle = replica.idle.borrow_mut();
+        let mut found = None;
+        while let Some(ch) = idle.pop() {
+            if !ch.stream.closed_while_idle() {
+                found = Some(ch);
+                break;
+            } // else: the replica closed it (its keep-alive timeout): dropped
+        }
+        found
+    };
     let mut ch = match pooled {
         Some(ch) => ch,
         None => {

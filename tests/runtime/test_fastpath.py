@@ -477,3 +477,43 @@ def test_a_request_written_to_a_replica_that_hangs_up_is_a_502_never_run_twice()
             server.close()
 
     run(go())
+
+
+def test_a_pooled_connection_the_replica_closed_while_idle_is_not_reused() -> None:
+    async def go() -> None:
+        app = Echo("a")
+        server = await asyncio.get_running_loop().create_server(
+            ReplicaHttpServer(
+                app, control=app, secret=SECRET, identity="replica-a", keep_alive_timeout_s=0.1
+            ),
+            "127.0.0.1",
+            0,
+        )
+        port = server.sockets[0].getsockname()[1]
+        snapshot: Any = {
+            "version": 1,
+            "routes": [{"route_prefix": "/", "app": "app", "deployment": "A"}],
+            "deployments": {
+                "app#A": {
+                    "max_ongoing_requests": 8,
+                    "replicas": [{"replica_id": "replica-a", "host": "127.0.0.1", "port": port}],
+                }
+            },
+        }
+        native = FastPath(SECRET, "127.0.0.1", 0, 9)  # nothing to hand off to here
+        try:
+            await native.start()
+            await native.push(snapshot)
+            conn = await Conn.open(native.port)
+            for _ in range(3):
+                status, _, _ = await conn.request(get("/x"))
+                assert status == 200
+                await asyncio.sleep(0.4)  # the replica closes the idle upstream connection
+            conn.close()
+            stats = await native.stats()
+            assert stats["answered"] == {"app#A": {"200": 3}} and stats["upstream_connects"] == 3
+        finally:
+            await native.close()
+            server.close()
+
+    run(go())

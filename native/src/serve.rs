@@ -68,6 +68,9 @@ struct Counters {
     /// deployment key -> sum of latencies (ms) on the fast path
     latency_ms: HashMap<String, f64>,
     handed_off: u64,
+    /// access lines to write, `[unix time, method, deployment key, status, latency ms, request id]`
+    access: Vec<Value>,
+    access_dropped: u64,
     upstream_connects: u64,
 }
 
@@ -80,6 +83,8 @@ struct Shared {
     max_body: Cell<usize>,
     max_head: Cell<usize>,
     max_url: Cell<usize>,
+    /// keep access lines for the Python proxy to write (`logging_config.enable_access_log`)
+    access: Cell<bool>,
     /// the latency histogram's upper bounds (ms), `metrics.LATENCY_BUCKETS_MS`
     buckets: RefCell<Vec<f64>>,
     counters: RefCell<Counters>,
@@ -113,6 +118,7 @@ pub async fn run(
         max_body: Cell::new(64 * 1024),
         max_head: Cell::new(16 * 1024),
         max_url: Cell::new(8 * 1024),
+        access: Cell::new(false),
         buckets: RefCell::new(Vec::new()),
         counters: RefCell::new(Counters::default()),
     });
@@ -188,7 +194,9 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
                            "total_ms": p.total_ms, "buckets": p.buckets})
                 })
                 .collect();
-            json!({"ok": true, "records": records})
+            let access = std::mem::take(&mut c.access);
+            let dropped = std::mem::take(&mut c.access_dropped);
+            json!({"ok": true, "records": records, "access": access, "access_dropped": dropped})
         }
         _ => json!({"ok": false, "error": "op: must be state, stats or take_records"}),
     }
@@ -284,6 +292,9 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
             .as_array()
             .and_then(|a| a.iter().map(Value::as_f64).collect());
         *sh.buckets.borrow_mut() = bounds.ok_or("latency_buckets_ms: not a list of numbers")?;
+    }
+    if let Some(on) = msg.get("access_log").and_then(Value::as_bool) {
+        sh.access.set(on);
     }
     if let Some(n) = msg.get("max_url_bytes").and_then(Value::as_u64) {
         sh.max_url.set(n as usize);
@@ -494,7 +505,11 @@ async fn forward(
     if ch.stream.write_all(&sealed).await.is_err() {
         return bad_gateway(sh, plan, request, client, &id_line, dep, started).await;
     }
-    match relay(sh, plan, &mut ch, client, &id_line, dep, started, scratch).await {
+    match relay(
+        sh, plan, request, &mut ch, client, &id_line, dep, started, scratch,
+    )
+    .await
+    {
         Relay::Done {
             reusable,
             keep_alive,
@@ -512,7 +527,18 @@ async fn forward(
     }
 }
 
-fn record(sh: &Shared, plan: &http::Plan, dep: &Deployment, status: u16, started: Instant) {
+/// Most access lines held between two takes (one a second); past it they are counted, dropped.
+const MAX_ACCESS: usize = 200_000;
+
+fn record(
+    sh: &Shared,
+    plan: &http::Plan,
+    request: &[u8],
+    id_line: &[u8],
+    dep: &Deployment,
+    status: u16,
+    started: Instant,
+) {
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
     let bounds = sh.buckets.borrow();
     let mut c = sh.counters.borrow_mut();
@@ -529,6 +555,31 @@ fn record(sh: &Shared, plan: &http::Plan, dep: &Deployment, status: u16, started
     record.count += 1;
     record.total_ms += latency_ms;
     record.buckets[bounds.partition_point(|&b| b < latency_ms)] += 1;
+    if sh.access.get() {
+        if c.access.len() >= MAX_ACCESS {
+            c.access_dropped += 1;
+            return;
+        }
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        let method = String::from_utf8_lossy(&request[..plan.path_start - 1]);
+        let rid = if plan.has_id {
+            &request[plan.id_start..plan.id_end]
+        } else {
+            &id_line[b"x-request-id: ".len()..id_line.len() - 2]
+        };
+        let entry = json!([
+            at,
+            method,
+            dep.key,
+            status,
+            latency_ms,
+            String::from_utf8_lossy(rid)
+        ]);
+        c.access.push(entry);
+    }
 }
 
 /// The replica closed the connection before answering a request written to it.
@@ -560,7 +611,7 @@ async fn bad_gateway(
         out.extend_from_slice(message);
     }
     let _ = client.write_all(&out).await;
-    record(sh, plan, dep, 502, started);
+    record(sh, plan, request, id_line, dep, 502, started);
     Outcome::Failed
 }
 
@@ -575,6 +626,7 @@ enum Relay {
 async fn relay(
     sh: &Shared,
     plan: &http::Plan,
+    request: &[u8],
     ch: &mut Channel,
     client: &mut TcpStream,
     id_line: &[u8],
@@ -670,7 +722,7 @@ async fn relay(
             return Relay::Failed;
         }
     }
-    record(sh, plan, dep, answer.status, started);
+    record(sh, plan, request, id_line, dep, answer.status, started);
     let reusable = !answer.close && !matches!(answer.framing, Framing::UntilClose);
     Relay::Done {
         reusable,

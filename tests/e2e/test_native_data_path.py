@@ -60,6 +60,15 @@ def test_the_proxy_serves_through_the_native_data_path_and_survives_a_kill(tmp_p
         assert native is not None, "the proxy runs no kubeserve-fastpath"
         heads = keep_alive_gets(ks.proxy_port, "/slow?s=0", 20)
         assert all(h.startswith(b"HTTP/1.1 200") and b"x-request-id: " in h for h in heads)
+        ids = [h.split(b"x-request-id: ")[1].split(b"\r\n")[0].decode() for h in heads]
+        # the proxy's access lines (Ray's format) hold the requests the native path answered
+        (details,) = ks.details()["proxies"].values()
+        log = Path(details["log_file_path"])
+        wait_for(
+            lambda: all(f" {rid} -- GET /slow 200 " in log.read_text() for rid in ids),
+            10,
+            what="the proxy's access lines of the natively answered requests",
+        )
         # the rare cases are the Python proxy's: its own endpoints, an unknown route
         assert http("GET", f"{ks.proxy}/-/routes")[1] == {"/slow": "slow"}
         assert http("GET", f"{ks.proxy}/nowhere")[0] == 404

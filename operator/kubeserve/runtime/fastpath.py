@@ -19,12 +19,12 @@ Python proxy's (404, 413, WebSockets, queueing for a busy replica, ``Retry-After
 that answers "unserved" (shutting down, at capacity) hands the request off too, before any byte
 of that answer reaches the client.
 
-Not yet at parity on the fast path (the reason it is opt-in): Ray's request metrics and access
-lines are not written for the requests it answers (it counts them per deployment and status,
-:meth:`FastPath.stats`), the controller's load reports do not see its requests in flight,
-``request_timeout_s`` is not enforced on it, tracing spans are not made, the Python proxy sees
-handed-off clients as ``127.0.0.1``, and the replica choice is round-robin below the cap rather
-than the Python router's.
+Ray's request metrics and access lines of the requests it answers are taken by the Python proxy
+once a second (:meth:`FastPath.take_records`) and recorded as its own. Not yet at parity on the
+fast path (the reason it is opt-in): the controller's load reports do not see its requests in
+flight, ``request_timeout_s`` is not enforced on it, tracing spans are not made, a leaving
+proxy's drain does not reach it, the Python proxy sees handed-off clients as ``127.0.0.1``, and
+the replica choice is round-robin below the cap rather than the Python router's.
 
 :class:`FastPath` runs the process and speaks its control socket: one JSON object per line each
 way, ``{"op": "state", "snapshot": ..., ...}`` (a discovery
@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -47,6 +48,8 @@ from kubeserve.runtime.channel import SECRET_ENV
 from kubeserve.runtime.wire import Snapshot
 
 __all__ = ["BINARY_ENV", "DATA_PATH_ENV", "FastPath", "FastPathError", "find_binary"]
+
+log = logging.getLogger(__name__)
 
 #: The default of ``kubeserve proxy --data-path``, which ``kubeserve start --data-path`` sets for
 #: the proxy it starts: ``native`` opts the proxy into this data path.
@@ -170,9 +173,12 @@ class FastPath:
         max_head_bytes: int | None = None,
         max_url_bytes: int | None = None,
         latency_buckets_ms: list[float] | None = None,
+        access_log: bool | None = None,
     ) -> None:
         """Install a discovery snapshot (and settings) in the native process."""
         message: dict[str, Any] = {"op": "state", "snapshot": snapshot}
+        if access_log is not None:
+            message["access_log"] = access_log
         if latency_buckets_ms is not None:
             message["latency_buckets_ms"] = latency_buckets_ms
         if keep_alive_timeout_s is not None:
@@ -191,12 +197,16 @@ class FastPath:
         Python proxy), ``upstream_connects`` (channel connections opened)."""
         return await self._call({"op": "stats"})
 
-    async def take_records(self) -> list[dict[str, Any]]:
-        """The requests answered natively since the last call, per label set: ``method``,
-        ``key`` (deployment key), ``status``, ``count``, ``total_ms`` and ``buckets`` (counts per
-        bucket of the ``latency_buckets_ms`` pushed, then +Inf)."""
-        records: list[dict[str, Any]] = (await self._call({"op": "take_records"}))["records"]
-        return records
+    async def take_records(self) -> tuple[list[dict[str, Any]], list[list[Any]]]:
+        """What the native path answered since the last call: the metrics records per label set
+        (``method``, ``key`` (deployment key), ``status``, ``count``, ``total_ms`` and
+        ``buckets``: counts per bucket of the ``latency_buckets_ms`` pushed, then +Inf), and,
+        when ``access_log`` was pushed true, one access entry per request: ``[unix time, method,
+        deployment key, status, latency ms, request id]``."""
+        answer = await self._call({"op": "take_records"})
+        if answer["access_dropped"]:
+            log.warning("the native data path dropped %d access lines", answer["access_dropped"])
+        return answer["records"], answer["access"]
 
     async def close(self) -> None:
         if self.process is not None and self.process.stdin is not None:

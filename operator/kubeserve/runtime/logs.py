@@ -501,12 +501,14 @@ class AccessLog:
         latency_ms: float,
         request_id: bytes | str | None,
         route_field: str | None = None,
+        at: float | None = None,
     ) -> None:
         """One line: ``METHOD ROUTE STATUS LATENCYms``; ``route_field`` is the JSON line's
         ``route`` when it is not ``route`` (a replica's handle call names its method in the
-        message and the request's route there)."""
+        message and the request's route there); ``at``: when it was answered, if not now."""
         field = route if route_field is None else route_field
-        self._pending.append((time.time(), method, route, status, latency_ms, request_id, field))
+        when = time.time() if at is None else at
+        self._pending.append((when, method, route, status, latency_ms, request_id, field))
         if not self._scheduled:
             self._scheduled = True
             try:

@@ -192,7 +192,8 @@ class ProxyServer:
 
     async def _native_sync(self, native: FastPath) -> None:
         """Push each new snapshot to the native process; every second, record the requests it
-        answered into this proxy's metrics (Ray's names, served on ``/metrics``)."""
+        answered into this proxy's metrics (Ray's names, served on ``/metrics``) and access
+        lines."""
         state = self.state
         limits = state.limits
         while True:
@@ -211,9 +212,11 @@ class ProxyServer:
                         max_head_bytes=min(limits.max_header_bytes, _NATIVE_HEAD),
                         max_url_bytes=limits.max_url_bytes,
                         latency_buckets_ms=list(LATENCY_BUCKETS_MS),
+                        access_log=state.access_log is not None,
                     )
                     self.native_version = snapshot["version"]
-                for record in await native.take_records():
+                records, access = await native.take_records()
+                for record in records:
                     key = record["key"]
                     route, application, deployment = state.labels.get(key) or ("", "", "")
                     state.metrics.add_batch(
@@ -222,6 +225,10 @@ class ProxyServer:
                         record["total_ms"],
                         record["buckets"],
                     )
+                if state.access_log is not None:
+                    for at, method, key, status, latency_ms, request_id in access:
+                        route = (state.labels.get(key) or ("",))[0]
+                        state.access_log.add(method, route, status, latency_ms, request_id, at=at)
             except FastPathError as exc:
                 log.error("the native data path failed: %s", exc)
                 return

@@ -83,6 +83,8 @@ struct Shared {
     max_body: Cell<usize>,
     max_head: Cell<usize>,
     max_url: Cell<usize>,
+    /// `http_options.request_timeout_s`
+    request_timeout: Cell<Option<Duration>>,
     /// keep access lines for the Python proxy to write (`logging_config.enable_access_log`)
     access: Cell<bool>,
     /// the latency histogram's upper bounds (ms), `metrics.LATENCY_BUCKETS_MS`
@@ -118,6 +120,7 @@ pub async fn run(
         max_body: Cell::new(64 * 1024),
         max_head: Cell::new(16 * 1024),
         max_url: Cell::new(8 * 1024),
+        request_timeout: Cell::new(None),
         access: Cell::new(false),
         buckets: RefCell::new(Vec::new()),
         counters: RefCell::new(Counters::default()),
@@ -292,6 +295,14 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
             .as_array()
             .and_then(|a| a.iter().map(Value::as_f64).collect());
         *sh.buckets.borrow_mut() = bounds.ok_or("latency_buckets_ms: not a list of numbers")?;
+    }
+    match msg.get("request_timeout_s") {
+        None => {}
+        Some(Value::Null) => sh.request_timeout.set(None),
+        Some(v) => match v.as_f64().filter(|s| *s > 0.0 && s.is_finite()) {
+            Some(s) => sh.request_timeout.set(Some(Duration::from_secs_f64(s))),
+            None => return Err("request_timeout_s: not a positive number or null".into()),
+        },
     }
     if let Some(on) = msg.get("access_log").and_then(Value::as_bool) {
         sh.access.set(on);
@@ -503,13 +514,43 @@ async fn forward(
     let mut sealed = Vec::with_capacity(forwarded.len() + 64);
     ch.sealer.seal_into(&forwarded, &mut sealed);
     if ch.stream.write_all(&sealed).await.is_err() {
-        return bad_gateway(sh, plan, request, client, &id_line, dep, started).await;
+        let message: &[u8] = b"the replica closed the connection before answering";
+        return local_answer(
+            sh, plan, request, client, &id_line, dep, started, 502, message,
+        )
+        .await;
     }
-    match relay(
-        sh, plan, request, &mut ch, client, &id_line, dep, started, scratch,
-    )
-    .await
-    {
+    let mut responded = false;
+    let relayed = relay(
+        sh,
+        plan,
+        request,
+        &mut ch,
+        client,
+        &id_line,
+        dep,
+        started,
+        scratch,
+        &mut responded,
+    );
+    let outcome = match sh.request_timeout.get() {
+        None => relayed.await,
+        Some(limit) => {
+            match tokio::time::timeout(limit.saturating_sub(started.elapsed()), relayed).await {
+                Ok(outcome) => outcome,
+                // as the Python proxy (exchange._timed_out): 504 unless the answer had begun
+                Err(_) if !responded => {
+                    let message: &[u8] = b"request timed out";
+                    return local_answer(
+                        sh, plan, request, client, &id_line, dep, started, 504, message,
+                    )
+                    .await;
+                }
+                Err(_) => Relay::Failed,
+            }
+        }
+    };
+    match outcome {
         Relay::Done {
             reusable,
             keep_alive,
@@ -521,7 +562,13 @@ async fn forward(
         }
         // as the Python proxy (exchange.upstream_failed): once a request was written it is
         // never sent again (the replica may have run it), the client gets a 502
-        Relay::NothingBack => bad_gateway(sh, plan, request, client, &id_line, dep, started).await,
+        Relay::NothingBack => {
+            let message: &[u8] = b"the replica closed the connection before answering";
+            local_answer(
+                sh, plan, request, client, &id_line, dep, started, 502, message,
+            )
+            .await
+        }
         Relay::Unserved => Outcome::HandOff,
         Relay::Failed => Outcome::Failed,
     }
@@ -582,9 +629,10 @@ fn record(
     }
 }
 
-/// The replica closed the connection before answering a request written to it.
+/// An answer of our own (502: the replica closed the connection before answering a request
+/// written to it; 504: `request_timeout_s`), then the connection closes.
 #[allow(clippy::too_many_arguments)]
-async fn bad_gateway(
+async fn local_answer(
     sh: &Shared,
     plan: &http::Plan,
     request: &[u8],
@@ -592,12 +640,17 @@ async fn bad_gateway(
     id_line: &[u8],
     dep: &Deployment,
     started: Instant,
+    status: u16,
+    message: &[u8],
 ) -> Outcome {
-    let message: &[u8] = b"the replica closed the connection before answering";
+    let reason = if status == 504 {
+        "Gateway Timeout"
+    } else {
+        "Bad Gateway"
+    };
     let mut out = Vec::with_capacity(256);
-    out.extend_from_slice(
-        b"HTTP/1.1 502 Bad Gateway\r\ncontent-type: text/plain; charset=utf-8\r\n",
-    );
+    out.extend_from_slice(format!("HTTP/1.1 {status} {reason}\r\n").as_bytes());
+    out.extend_from_slice(b"content-type: text/plain; charset=utf-8\r\n");
     out.extend_from_slice(format!("content-length: {}\r\n", message.len()).as_bytes());
     if plan.has_id {
         out.extend_from_slice(b"x-request-id: ");
@@ -611,7 +664,7 @@ async fn bad_gateway(
         out.extend_from_slice(message);
     }
     let _ = client.write_all(&out).await;
-    record(sh, plan, request, id_line, dep, 502, started);
+    record(sh, plan, request, id_line, dep, status, started);
     Outcome::Failed
 }
 
@@ -633,6 +686,7 @@ async fn relay(
     dep: &Deployment,
     started: Instant,
     scratch: &mut Scratch,
+    responded: &mut bool,
 ) -> Relay {
     let Scratch { raw, plain, out } = scratch;
     plain.clear();
@@ -686,6 +740,7 @@ async fn relay(
         Framing::Length(n) => n - body.len(),
         _ => 0,
     };
+    *responded = true;
     if client.write_all(out).await.is_err() {
         return Relay::Failed;
     }

@@ -56,6 +56,8 @@ class Echo:
         self.seen.append(request)
         if self.draining:
             return HttpResponse(503, b"draining", {UNSERVED_HEADER: "shutting-down"}, close=True)
+        if request.path.endswith("/sleep"):
+            await asyncio.sleep(1.0)
         if request.path.endswith("/stream"):
             return StreamedResponse(200, {"content-type": "text/plain"}, self._chunks())
         headers = {"x-replica": self.name, "x-path": request.path, "x-query": request.query_string}
@@ -517,3 +519,24 @@ def test_a_pooled_connection_the_replica_closed_while_idle_is_not_reused() -> No
             server.close()
 
     run(go())
+
+
+def test_the_request_timeout_is_a_504_from_the_native_path() -> None:
+    async def body(f: Front) -> None:
+        assert f.native is not None and f.snapshot is not None
+        await f.native.push(f.snapshot, request_timeout_s=0.3)
+        conn = await Conn.open(f.native.port)
+        status, headers, answer = await conn.request(get("/api/sleep"))
+        assert status == 504 and answer == b"request timed out"
+        assert headers["connection"] == "close" and len(headers["x-request-id"]) == 32
+        conn.close()
+        await f.native.push(f.snapshot, request_timeout_s=None)  # off again
+        conn = await Conn.open(f.native.port)
+        status, _, _ = await conn.request(get("/api/sleep"))
+        assert status == 200
+        conn.close()
+        stats = await f.native.stats()
+        assert stats["answered"] == {"app#D": {"504": 1, "200": 1}}
+        assert stats["handed_off"] == 0
+
+    scenario(body)

@@ -22,7 +22,7 @@ of that answer reaches the client.
 Ray's request metrics and access lines of the requests it answers are taken by the Python proxy
 once a second (:meth:`FastPath.take_records`) and recorded as its own. Not yet at parity on the
 fast path (the reason it is opt-in): the controller's load reports do not see its requests in
-flight, ``request_timeout_s`` is not enforced on it, tracing spans are not made, a leaving
+flight, tracing spans are not made, a leaving
 proxy's drain does not reach it, the Python proxy sees handed-off clients as ``127.0.0.1``, and
 the replica choice is round-robin below the cap rather than the Python router's.
 
@@ -169,14 +169,20 @@ class FastPath:
         snapshot: Snapshot,
         *,
         keep_alive_timeout_s: float | None = None,
+        request_timeout_s: float | None = None,
         max_body_bytes: int | None = None,
         max_head_bytes: int | None = None,
         max_url_bytes: int | None = None,
         latency_buckets_ms: list[float] | None = None,
         access_log: bool | None = None,
     ) -> None:
-        """Install a discovery snapshot (and settings) in the native process."""
-        message: dict[str, Any] = {"op": "state", "snapshot": snapshot}
+        """Install a discovery snapshot (and settings) in the native process;
+        ``request_timeout_s`` None: no timeout."""
+        message: dict[str, Any] = {
+            "op": "state",
+            "snapshot": snapshot,
+            "request_timeout_s": request_timeout_s,
+        }
         if access_log is not None:
             message["access_log"] = access_log
         if latency_buckets_ms is not None:

@@ -11,6 +11,10 @@ pub struct Plan {
     /// where its value is in the request (when `has_id`)
     pub id_start: usize,
     pub id_end: usize,
+    /// the bytes of a `Connection: keep-alive` header line, not forwarded (hop-by-hop; the
+    /// Python proxy drops it too); empty when there is none
+    pub drop_start: usize,
+    pub drop_end: usize,
     pub is_head: bool,
     /// the request's `method` label in Ray's metrics (`metrics.METHOD_LABELS`)
     pub method: &'static str,
@@ -31,8 +35,8 @@ const METHOD_LABELS: [&str; 9] = [
     "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
 ];
 
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
+/// Hop-by-hop headers the fast path leaves to the Python proxy (`Connection` is looked at apart).
+const HOP_BY_HOP: [&str; 7] = [
     "keep-alive",
     "proxy-connection",
     "te",
@@ -88,6 +92,7 @@ pub fn parse_request(buf: &[u8], max_body: usize, max_url: usize) -> Parsed {
     let mut content_length: Option<usize> = None;
     let mut has_id = false;
     let (mut id_start, mut id_end) = (0, 0);
+    let (mut drop_start, mut drop_end) = (0, 0);
     for h in req.headers.iter() {
         let name = h.name;
         if name.eq_ignore_ascii_case("content-length") {
@@ -106,6 +111,17 @@ pub fn parse_request(buf: &[u8], max_body: usize, max_url: usize) -> Parsed {
             has_id = true;
             id_start = h.value.as_ptr() as usize - buf.as_ptr() as usize;
             id_end = id_start + h.value.len();
+        } else if name.eq_ignore_ascii_case("connection") {
+            // HTTP/1.1 keeps alive anyway: the header says nothing, and is not forwarded
+            if drop_end != 0 || !h.value.eq_ignore_ascii_case(b"keep-alive") {
+                return Parsed::NotCovered;
+            }
+            drop_start = name.as_ptr() as usize - buf.as_ptr() as usize;
+            let value_end = h.value.as_ptr() as usize - buf.as_ptr() as usize + h.value.len();
+            match buf[value_end..head_len].iter().position(|&c| c == b'\n') {
+                Some(n) => drop_end = value_end + n + 1,
+                None => return Parsed::NotCovered,
+            }
         } else if name.eq_ignore_ascii_case("serve_multiplexed_model_id")
             || HOP_BY_HOP.iter().any(|hop| name.eq_ignore_ascii_case(hop))
         {
@@ -126,6 +142,8 @@ pub fn parse_request(buf: &[u8], max_body: usize, max_url: usize) -> Parsed {
         has_id,
         id_start,
         id_end,
+        drop_start,
+        drop_end,
         is_head: method == "HEAD",
         method: METHOD_LABELS
             .iter()

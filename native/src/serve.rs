@@ -488,7 +488,12 @@ async fn forward(
     let mut forwarded = Vec::with_capacity(request.len() + id_line.len());
     forwarded.extend_from_slice(&request[..plan.line_end]);
     forwarded.extend_from_slice(&id_line);
-    forwarded.extend_from_slice(&request[plan.line_end..]);
+    if plan.drop_end == 0 {
+        forwarded.extend_from_slice(&request[plan.line_end..]);
+    } else {
+        forwarded.extend_from_slice(&request[plan.line_end..plan.drop_start]);
+        forwarded.extend_from_slice(&request[plan.drop_end..]);
+    }
     let pooled = {
         let mut idle = replica.idle.borrow_mut();
         let mut found = None;

@@ -540,3 +540,24 @@ def test_the_request_timeout_is_a_504_from_the_native_path() -> None:
         assert stats["handed_off"] == 0
 
     scenario(body)
+
+
+def test_connection_keep_alive_is_served_natively_and_not_forwarded() -> None:
+    async def body(f: Front) -> None:
+        assert f.native is not None
+        conn = await Conn.open(f.native.port)
+        for _ in range(2):
+            status, _, answer = await conn.request(
+                get("/api/k", "Connection: keep-alive\r\nX-Mine: 1\r\n")
+            )
+            assert status == 200 and answer == b"GET"
+        conn.close()
+        seen = [r for app in f.apps for r in app.seen]
+        assert len(seen) == 2
+        for request in seen:
+            names = {name.lower() for name, _ in request.headers}
+            assert "connection" not in names and "x-mine" in names
+        stats = await f.native.stats()
+        assert stats["handed_off"] == 0 and stats["answered"] == {"app#D": {"200": 2}}
+
+    scenario(body)

@@ -9,9 +9,11 @@ pooled connection of the authenticated channel (the INGRESS role of
 byte) and relays the answer verbatim (``Content-Length``, chunked or until close), adding
 ``x-request-id`` as the Python proxy does (the client's usable id, else a generated one).
 
+A proxy serving TLS or tracing (spans are not made here yet) does not use it.
+
 What it covers: HTTP/1.1 requests with no body or a ``Content-Length`` body up to
-``max_body_bytes``, no hop-by-hop header (``Connection``, ``Transfer-Encoding``, ``Upgrade``,
-``Expect``...), no ``serve_multiplexed_model_id``, a path in its normal form that matches a route
+``max_body_bytes``, no hop-by-hop header but ``Connection: keep-alive`` (not forwarded, as the
+Python proxy drops it), no ``Transfer-Encoding``, ``Upgrade``, ``Expect``..., no ``serve_multiplexed_model_id``, a path in its normal form that matches a route
 and is not one of the proxy's ``/-/`` endpoints, a deployment with a replica below its cap.
 Everything else is **handed off**: from that request on, the client connection is spliced to the
 Python proxy (on a private loopback port), with the bytes already read, so the answer is the
@@ -22,7 +24,7 @@ of that answer reaches the client.
 Ray's request metrics and access lines of the requests it answers are taken by the Python proxy
 once a second (:meth:`FastPath.take_records`) and recorded as its own. Not yet at parity on the
 fast path (the reason it is opt-in): the controller's load reports do not see its requests in
-flight, tracing spans are not made, a leaving
+flight, ``--max-connections`` does not bound its connections, a leaving
 proxy's drain does not reach it, the Python proxy sees handed-off clients as ``127.0.0.1``, and
 the replica choice is round-robin below the cap rather than the Python router's.
 

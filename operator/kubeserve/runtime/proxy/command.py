@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import os
 import signal
 import socket
@@ -138,6 +139,12 @@ def main(
         tracing.setup(args.tracing_config, "proxy")
     except tracing.TracingSetupError as exc:  # one line, no usage: a pod's termination message
         parser.exit(1, f"kubeserve proxy: {exc.named()}\n")
+    native = args.data_path == "native"
+    if native and tracing.ACTIVE is not None:  # the native data path makes no spans yet
+        logging.getLogger(__name__).warning(
+            "tracing_config enables tracing: serving without the native data path"
+        )
+        native = False
     try:
         secret = channel.take_secret()
     except ValueError as exc:
@@ -199,7 +206,7 @@ def main(
                 tls=tls,
                 stop=stop,
                 leave=leave,
-                native=args.data_path == "native",
+                native=native,
             )
 
     uvloop.run(run())

@@ -13,13 +13,14 @@ A proxy serving TLS or tracing (spans are not made here yet) does not use it.
 
 What it covers: HTTP/1.1 requests with no body or a ``Content-Length`` body up to
 ``max_body_bytes``, no hop-by-hop header but ``Connection: keep-alive`` (not forwarded, as the
-Python proxy drops it), no ``Transfer-Encoding``, ``Upgrade``, ``Expect``..., no ``serve_multiplexed_model_id``, a path in its normal form that matches a route
-and is not one of the proxy's ``/-/`` endpoints, a deployment with a replica below its cap.
-Everything else is **handed off**: from that request on, the client connection is spliced to the
-Python proxy (on a private loopback port), with the bytes already read, so the answer is the
-Python proxy's (404, 413, WebSockets, queueing for a busy replica, ``Retry-After``...). A replica
-that answers "unserved" (shutting down, at capacity) hands the request off too, before any byte
-of that answer reaches the client.
+Python proxy drops it), no ``Transfer-Encoding``, ``Upgrade``, ``Expect``..., no
+``serve_multiplexed_model_id``, a path in its normal form that matches a route and is not one of
+the proxy's ``/-/`` endpoints, a deployment with a replica below its cap. Everything else is
+**handed off**: from that request on, the client connection is spliced to the Python proxy (on a
+private loopback port), with the bytes already read, so the answer is the Python proxy's (404, 413,
+WebSockets, queueing for a busy replica, ``Retry-After``...). A replica that answers "unserved"
+(shutting down, at capacity) hands the request off too, before any byte of that answer reaches the
+client.
 
 Ray's request metrics and access lines of the requests it answers are taken by the Python proxy
 once a second (:meth:`FastPath.take_records`) and recorded as its own. Not yet at parity on the

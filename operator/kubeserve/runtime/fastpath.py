@@ -24,10 +24,11 @@ client.
 
 Ray's request metrics and access lines of the requests it answers are taken by the Python proxy
 once a second (:meth:`FastPath.take_records`) and recorded as its own. Not yet at parity on the
-fast path (the reason it is opt-in): the controller's load reports do not see its requests in
-flight, ``--max-connections`` does not bound its connections, a leaving
-proxy's drain does not reach it, the Python proxy sees handed-off clients as ``127.0.0.1``, and
-the replica choice is round-robin below the cap rather than the Python router's.
+fast path (the reason it is opt-in): the Python router does not see its requests in flight (a
+replica at its cap answers "unserved" and the request waits in the Python proxy),
+``--max-connections`` does not bound its connections, a leaving proxy's drain does not reach it,
+the Python proxy sees handed-off clients as ``127.0.0.1``, and the replica choice is round-robin
+below the cap rather than the Python router's.
 
 :class:`FastPath` runs the process and speaks its control socket: one JSON object per line each
 way, ``{"op": "state", "snapshot": ..., ...}`` (a discovery

@@ -83,6 +83,9 @@ struct Shared {
     max_body: Cell<usize>,
     max_head: Cell<usize>,
     max_url: Cell<usize>,
+    /// `RequestLimits.header_timeout_s` and `body_timeout_s`
+    header_timeout: Cell<Duration>,
+    body_timeout: Cell<Duration>,
     /// `http_options.request_timeout_s`
     request_timeout: Cell<Option<Duration>>,
     /// keep access lines for the Python proxy to write (`logging_config.enable_access_log`)
@@ -120,6 +123,8 @@ pub async fn run(
         max_body: Cell::new(64 * 1024),
         max_head: Cell::new(16 * 1024),
         max_url: Cell::new(8 * 1024),
+        header_timeout: Cell::new(Duration::from_secs(20)),
+        body_timeout: Cell::new(Duration::from_secs(20)),
         request_timeout: Cell::new(None),
         access: Cell::new(false),
         buckets: RefCell::new(Vec::new()),
@@ -282,6 +287,16 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
         }
         table.by_prefix.insert(prefix, d);
     }
+    for (name, cell) in [
+        ("header_timeout_s", &sh.header_timeout),
+        ("body_timeout_s", &sh.body_timeout),
+    ] {
+        if let Some(s) = msg.get(name).and_then(Value::as_f64) {
+            if s > 0.0 && s.is_finite() {
+                cell.set(Duration::from_secs_f64(s));
+            }
+        }
+    }
     if let Some(s) = msg.get("keep_alive_timeout_s").and_then(Value::as_f64) {
         if s > 0.0 && s.is_finite() {
             sh.keep_alive.set(Duration::from_secs_f64(s));
@@ -336,6 +351,7 @@ struct Scratch {
 
 async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut first = true;
     let mut scratch = Scratch {
         raw: vec![0u8; 64 * 1024],
         plain: Vec::with_capacity(16 * 1024),
@@ -354,8 +370,16 @@ async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
                     Parsed::Partial => {}
                 }
             }
-            match tokio::time::timeout(sh.keep_alive.get(), read_more(&mut client, &mut buf)).await
-            {
+            // as the Python proxy: idle between requests up to the keep-alive timeout (the header
+            // timeout when shorter, before the first byte); a partial head, the header timeout
+            let limit = if !buf.is_empty() {
+                sh.header_timeout.get()
+            } else if first {
+                sh.keep_alive.get().min(sh.header_timeout.get())
+            } else {
+                sh.keep_alive.get()
+            };
+            match tokio::time::timeout(limit, read_more(&mut client, &mut buf)).await {
                 Ok(Ok(0)) | Ok(Err(_)) => return,
                 Ok(Ok(_)) => {}
                 Err(_) if buf.is_empty() => return, // idle past the keep-alive timeout
@@ -364,7 +388,9 @@ async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
         };
         let total = plan.head_len + plan.content_length;
         while buf.len() < total {
-            match tokio::time::timeout(sh.keep_alive.get(), read_more(&mut client, &mut buf)).await
+            // the body idle timeout: the Python proxy answers the late client (408)
+            match tokio::time::timeout(sh.body_timeout.get(), read_more(&mut client, &mut buf))
+                .await
             {
                 Ok(Ok(0)) | Ok(Err(_)) => return,
                 Ok(Ok(_)) => {}
@@ -373,6 +399,7 @@ async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
         }
         match forward(&sh, &plan, &buf[..total], &mut client, &mut scratch).await {
             Outcome::Done { keep_alive: true } => {
+                first = false;
                 buf.drain(..total);
             }
             Outcome::Done { keep_alive: false } | Outcome::Failed => return,

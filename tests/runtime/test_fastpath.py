@@ -561,3 +561,28 @@ def test_connection_keep_alive_is_served_natively_and_not_forwarded() -> None:
         assert stats["handed_off"] == 0 and stats["answered"] == {"app#D": {"200": 2}}
 
     scenario(body)
+
+
+def test_a_late_client_is_closed_or_handed_off_at_the_header_timeout() -> None:
+    async def body(f: Front) -> None:
+        assert f.native is not None and f.snapshot is not None
+        await f.native.push(f.snapshot, header_timeout_s=0.2, keep_alive_timeout_s=30.0)
+        # a connection that sends nothing is closed at the header timeout, not the keep-alive one
+        reader, writer = await asyncio.open_connection("127.0.0.1", f.native.port)
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+        # half a head: the Python proxy takes the late client over (its own 408 and timeouts)
+        reader, writer = await asyncio.open_connection("127.0.0.1", f.native.port)
+        writer.write(b"GET /api/x HTTP/1.1\r\nHost:")
+        await wait_until(async_handed_off(f, 1), 5)
+        writer.close()
+
+    scenario(body)
+
+
+def async_handed_off(f: Front, count: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        assert f.native is not None
+        return bool((await f.native.stats())["handed_off"] == count)
+
+    return check

@@ -174,6 +174,8 @@ class FastPath:
         *,
         keep_alive_timeout_s: float | None = None,
         request_timeout_s: float | None = None,
+        header_timeout_s: float | None = None,
+        body_timeout_s: float | None = None,
         max_body_bytes: int | None = None,
         max_head_bytes: int | None = None,
         max_url_bytes: int | None = None,
@@ -189,6 +191,10 @@ class FastPath:
         }
         if access_log is not None:
             message["access_log"] = access_log
+        if header_timeout_s is not None:
+            message["header_timeout_s"] = header_timeout_s
+        if body_timeout_s is not None:
+            message["body_timeout_s"] = body_timeout_s
         if latency_buckets_ms is not None:
             message["latency_buckets_ms"] = latency_buckets_ms
         if keep_alive_timeout_s is not None:

@@ -209,6 +209,8 @@ class ProxyServer:
                         snapshot,
                         keep_alive_timeout_s=state.keep_alive_timeout_s,
                         request_timeout_s=state.request_timeout_s,
+                        header_timeout_s=limits.header_timeout_s,
+                        body_timeout_s=limits.body_timeout_s,
                         max_body_bytes=min(limits.max_body_bytes or _NATIVE_BODY, _NATIVE_BODY),
                         max_head_bytes=min(limits.max_header_bytes, _NATIVE_HEAD),
                         max_url_bytes=limits.max_url_bytes,

@@ -16,7 +16,10 @@ import time
 import pytest
 
 from kubeserve.backends.kubernetes.leader import LeaderElector
+from kubeserve.backends.kubernetes.main import _reconcile
+from kubeserve.backends.kubernetes.operator import Operator, OperatorSettings
 from kubeserve.control.leader_election import LeaseTiming
+from kubeserve.runtime.kubernetes.client import KubeFenced
 from support.kwok_cluster import KwokCluster
 
 LEASE = "kubeserve-operator"
@@ -79,5 +82,54 @@ def test_a_lease_taken_away_fences_a_leader_whose_loop_is_blocked(
         assert not elector.leading.is_set()
         await elector.stop()
         assert kwok.get("lease", LEASE, kwok_namespace)["spec"]["holderIdentity"] == "intruder"
+
+    asyncio.run(scenario())
+
+
+def test_a_term_ending_while_a_pass_writes_stops_reconciling_not_the_process(
+    kwok: KwokCluster, kwok_namespace: str, elector: LeaderElector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kopf, asked to stop at a term's end, re-raises the failure of every task created while it
+    ran: a pass's write refused by the fence (the term is over) once took the whole operator down.
+    Now the term's end stops kopf and the passes, and the process goes on as a follower."""
+    monkeypatch.setenv("KUBECONFIG", str(kwok.kubeconfig))  # kopf's login
+    settings = OperatorSettings(
+        namespace=kwok_namespace,
+        watch_namespaces=(kwok_namespace,),
+        kubeconfig=str(kwok.kubeconfig),
+    )
+
+    async def scenario() -> None:
+        operator = Operator(settings, elector)
+        await operator.start()
+        await leading(elector, kwok_namespace)
+        stop = asyncio.Event()
+        reconciling = asyncio.ensure_future(_reconcile(operator, stop, elector.lost))
+        await asyncio.sleep(3)  # kopf is up
+        assert operator.leading and not reconciling.done()
+        assert operator.cluster is not None
+        writer = operator.cluster.kube  # the passes' client, fenced by the Lease
+
+        async def a_pass_writing_as_the_term_ends() -> None:
+            await elector.lost.wait()
+            await asyncio.sleep(1.5)  # its earlier requests, to a slow API server
+            config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "late"}}
+            await asyncio.gather(writer.create("ConfigMap", kwok_namespace, config))
+
+        writing = asyncio.ensure_future(a_pass_writing_as_the_term_ends())
+        take = {"spec": {"holderIdentity": "intruder", "leaseDurationSeconds": 3600}}
+        kwok.kubectl(
+            "patch", "lease", LEASE, "-n", kwok_namespace, "--type", "merge",
+            "-p", json.dumps(take),
+        )  # fmt: skip
+        await asyncio.wait_for(asyncio.shield(reconciling), TIMING.retry_period_s + 15)
+        assert reconciling.exception() is None
+        assert not stop.is_set(), "the end of a term stopped the process"
+        assert not operator.leading
+        assert isinstance(writing.exception(), KubeFenced)  # refused, never sent
+        names = kwok.kubectl("get", "configmap", "-n", kwok_namespace, "-o", "name").stdout
+        assert "configmap/late" not in names
+        await elector.stop()
+        await operator.close()
 
     asyncio.run(scenario())

@@ -6,10 +6,15 @@ and the reconcile worker, see :mod:`.main`). The decisions are in
 period and publishes the outcome:
 
 * :attr:`LeaderElector.leading` is set while this process leads, :attr:`LeaderElector.lost` when
-  a term ended (renewal failed for ``renew_deadline``, or another holder was seen);
+  a term ended (no renewal succeeded for ``lease_duration``, or another holder was seen);
 * :meth:`LeaderElector.may_write` is the fence of the reconcilers' client
   (:meth:`~kubeserve.runtime.kubernetes.client.Kube.fenced`): false from the moment the term may
-  have ended, which is before any other replica may take the Lease;
+  have ended, which is before any other replica may take the Lease, and meanwhile while a
+  renewal is late (the writes pause; the term goes on, see
+  :class:`~kubeserve.control.leader_election.TermState`);
+* an attempt (a renewal, during a term) goes out every retry period, even while earlier ones are
+  unanswered (at most :data:`~kubeserve.control.leader_election.RENEWALS_IN_FLIGHT`): an API
+  server answering in seconds keeps the fence open with its freshest answer;
 * :attr:`LeaderElector.leader_url` is the admin URL of the current leader (from the Lease), where
   the other replicas forward what only the leader uses.
 
@@ -36,10 +41,12 @@ from typing import Any
 
 from kubeserve.control.leader_election import (
     LEADER_URL_ANNOTATION,
+    RENEWALS_IN_FLIGHT,
     LeaseRecord,
     LeaseTiming,
     Observation,
     Tenure,
+    TermState,
     claim,
     release,
 )
@@ -147,23 +154,43 @@ class LeaderElector:
         with contextlib.suppress(RuntimeError):  # the operator's loop is closed: nobody waits
             self._owner.call_soon_threadsafe(callback, *args)
 
+    @property
+    def fence_shuts(self) -> int:
+        """Times the fence shut for a late renewal (counted when the pause ended)."""
+        return self._tenure.fence_shuts
+
     async def run(self) -> None:
-        """Try to take or renew the Lease every retry period, until cancelled (in the elector's
+        """Send an attempt to take or renew the Lease every retry period (unless
+        :data:`~kubeserve.control.leader_election.RENEWALS_IN_FLIGHT` are unanswered), and end
+        the term when none succeeded for ``lease_duration``; until cancelled (in the elector's
         thread)."""
-        while True:
-            started = self._clock()
-            try:
-                held = await asyncio.wait_for(self._attempt(), self.timing.renew_deadline_s)
-            except (KubeError, OSError, TimeoutError) as exc:
-                log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
-                held = False
-            if held:
-                self._tenure.renewed(started)
-                if not self._in_term:
-                    self._start_term()
-            elif self._in_term and not self.may_write():
-                self._end_term("could not renew the lease within the renew deadline")
-            await asyncio.sleep(max(0.0, started + self.timing.retry_period_s - self._clock()))
+        in_flight: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                started = self._clock()
+                if len(in_flight) < RENEWALS_IN_FLIGHT:
+                    attempt = asyncio.ensure_future(self._try(started))
+                    in_flight.add(attempt)
+                    attempt.add_done_callback(in_flight.discard)
+                if self._in_term and self._tenure.state(self._clock()) is TermState.ENDED:
+                    self._end_term("no renewal of the lease succeeded for its duration")
+                await asyncio.sleep(max(0.0, started + self.timing.retry_period_s - self._clock()))
+        finally:
+            for attempt in list(in_flight):
+                attempt.cancel()
+            await asyncio.gather(*in_flight, return_exceptions=True)
+
+    async def _try(self, started: float) -> None:
+        """One attempt, sent at ``started``; its success counts unless the term it was sent in
+        ended meanwhile (an answer later than ``lease_duration`` counts for nothing)."""
+        epoch = self._tenure.epoch
+        try:
+            held = await asyncio.wait_for(self._attempt(), self.timing.lease_duration_s)
+        except (KubeError, OSError, TimeoutError) as exc:
+            log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
+            return
+        if held and self._tenure.renewed(started, self._clock(), epoch) and not self._in_term:
+            self._start_term()
 
     async def _release(self) -> None:
         """End this process's term and empty the Lease (a clean stop: the next replica takes
@@ -220,7 +247,8 @@ class LeaderElector:
             else:
                 written = await self.kube.replace(self._lease(wanted, lease))
         except KubeConflict:
-            self._written = None
+            if self._written is lease:  # (a fresher success may have replaced it meanwhile)
+                self._written = None
             return False
         self._written = dict(written)
         self._observed = Observation(wanted, sent)
@@ -250,7 +278,7 @@ class LeaderElector:
         log.info("leading: holding lease %s/%s as %s", self.namespace, self.name, self.identity)
 
     def _end_term(self, why: str) -> None:
-        self._tenure.end()  # the fence first: from now on no thread may write
+        self._tenure.end(self._clock())  # the fence first: from now on no thread may write
         self._in_term = False
         self._written = None
         self._to_owner(_publish, self.lost, self.leading)

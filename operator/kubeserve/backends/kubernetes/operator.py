@@ -373,6 +373,8 @@ class Operator:
             self.leading,
             self.cluster.cache.all("ServeApplication"),
             self.resyncs_skipped,
+            self._elector.terms if self._elector is not None else 0,
+            self._elector.fence_shuts if self._elector is not None else 0,
         )
 
     def _changed(self, kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:

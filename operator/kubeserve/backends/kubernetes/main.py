@@ -190,8 +190,10 @@ async def _run_kopf(operator: Operator, stop: asyncio.Event, *until: asyncio.Eve
     async def _stop_when_asked() -> None:
         try:
             await _first(stop, *until)
-            asked.append(True)
-            await operator.follow()  # the passes end in the operator's hands, not kopf's
+            # (kopf, stopping on a signal, cancels the waits _first made: that is no asking)
+            if stop.is_set() or any(event.is_set() for event in until):
+                asked.append(True)
+                await operator.follow()  # the passes end in the operator's hands, not kopf's
         finally:
             if not stop_flag.done():
                 stop_flag.set_result(None)

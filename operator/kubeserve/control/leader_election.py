@@ -29,6 +29,7 @@ Invariants (with :class:`LeaseTiming`'s ``lease_duration > renew_deadline > retr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -132,7 +133,8 @@ def claim(
     renewing = current.holder == identity
     return LeaseRecord(
         holder=identity,
-        lease_duration_s=int(timing.lease_duration_s),
+        # rounded up: another replica waiting longer than this one's fence assumes is safe
+        lease_duration_s=math.ceil(timing.lease_duration_s),
         acquire_time=current.acquire_time if renewing else stamp,
         renew_time=stamp,
         transitions=current.transitions if renewing else current.transitions + 1,

@@ -134,3 +134,11 @@ def test_renewals_in_flight_fit_in_the_renew_deadline() -> None:
 def test_timings_that_break_the_fence_are_refused(durations: tuple[float, float, float]) -> None:
     with pytest.raises(ValueError, match="lease_duration > renew_deadline > retry_period"):
         LeaseTiming(*durations)
+
+
+def test_a_fractional_lease_duration_is_written_rounded_up() -> None:
+    """The Lease holds whole seconds: rounding down would let another replica take it before
+    this one's fence shut (renew deadline 8.2 s, lease 8.5 s written as 8)."""
+    timing = LeaseTiming(lease_duration_s=8.5, renew_deadline_s=8.2, retry_period_s=2)
+    record = claim(LeaseRecord(), "a", "http://a", timing, "t0")
+    assert record.lease_duration_s == 9 >= timing.lease_duration_s

@@ -10,10 +10,13 @@ pass would).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from kubeserve.backends.kubernetes.leader import LeaderElector
 from kubeserve.backends.kubernetes.main import _reconcile
@@ -131,5 +134,87 @@ def test_a_term_ending_while_a_pass_writes_stops_reconciling_not_the_process(
         assert "configmap/late" not in names
         await elector.stop()
         await operator.close()
+
+    asyncio.run(scenario())
+
+
+class SlowAnswers:
+    """A TCP relay in front of the API server that hands every byte of its answers over
+    ``delay_s`` late (the requests go through at once, TLS end to end): an API server answering
+    in seconds, as one busy with a thousand applications does."""
+
+    def __init__(self, upstream: str, delay_s: float) -> None:
+        self.host, port = upstream.removeprefix("https://").rsplit(":", 1)
+        self.port, self.delay_s = int(port), delay_s
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return f"https://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, delay: float) -> None:
+            chunks: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+            async def deliver() -> None:
+                while True:
+                    due, chunk = await chunks.get()
+                    await asyncio.sleep(max(0.0, due - time.monotonic()))
+                    if not chunk:
+                        dst.close()
+                        return
+                    dst.write(chunk)
+                    await dst.drain()
+
+            delivering = asyncio.ensure_future(deliver())
+            while chunk := await src.read(65536):
+                chunks.put_nowait((time.monotonic() + delay, chunk))
+            chunks.put_nowait((time.monotonic() + delay, b""))
+            await delivering
+
+        with contextlib.suppress(OSError):
+            await asyncio.gather(
+                pipe(reader, up_writer, 0.0), pipe(up_reader, writer, self.delay_s)
+            )
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+def test_renewals_answered_later_than_the_renew_deadline_keep_the_term(
+    kwok: KwokCluster, kwok_namespace: str, tmp_path: Path
+) -> None:
+    """Every answer 5 s late (renew deadline 6 s, retry period 2 s): renewals answered one after
+    another would leave the fence shut most of the time and end the term at every one; sent
+    every retry period, three in flight, the freshest success sent 5 s ago keeps it open."""
+    delay_s = 5.0
+
+    async def scenario() -> None:
+        slow = SlowAnswers(kwok.server, delay_s)
+        config = yaml.safe_load(kwok.kubeconfig.read_text())
+        config["clusters"][0]["cluster"]["server"] = await slow.start()
+        kubeconfig = tmp_path / "slow.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(config))
+        elector = LeaderElector(
+            str(kubeconfig), kwok_namespace, LEASE, "slow", "http://slow", TIMING
+        )
+        await elector.start()
+        await asyncio.wait_for(elector.leading.wait(), 30)
+        watched_until = time.monotonic() + 30
+        samples, open_ = 0, 0
+        while time.monotonic() < watched_until:
+            samples += 1
+            open_ += elector.may_write()
+            await asyncio.sleep(0.1)
+        assert elector.leading.is_set() and not elector.lost.is_set(), "the term ended"
+        assert elector.terms == 1
+        # the first renewal is sent a retry period after the claim was: the claim's own success
+        # (answered 5 s after it was sent) opens the fence for 1 s, then the renewals keep it
+        assert open_ / samples > 0.9, f"the fence was open {open_ / samples:.0%} of the time"
+        await elector.stop()
+        slow.close()
 
     asyncio.run(scenario())

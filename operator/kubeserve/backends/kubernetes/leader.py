@@ -96,8 +96,6 @@ class LeaderElector:
         self._thread: threading.Thread | None = None
         #: whether a term is in progress, as the elector's thread knows it
         self._in_term = False
-        #: the Lease as the API server answered this process's last write of it
-        self._written: dict[str, Any] | None = None
 
     def may_write(self) -> bool:
         """Whether this process still leads for certain (see :class:`~.leader_election.Tenure`);
@@ -212,14 +210,12 @@ class LeaderElector:
             log.warning("could not release lease %s/%s: %s", self.namespace, self.name, exc)
 
     async def _attempt(self) -> bool:
-        """During a term, one compare-and-swap write over the Lease as this process last wrote
-        it (one request: the API server of a busy cluster may take seconds for each); else, or
-        when that write finds the Lease changed, one read and, unless another replica holds it,
-        one compare-and-swap write. What it read counts as observed when the read *returned*
-        (the later, safer time)."""
+        """During a term, one renewal (:meth:`_renew`: one request, and the API server of a
+        busy cluster may take seconds for each); else, or when the Lease no longer names this
+        process, one read and, unless another replica holds it, one compare-and-swap write. What
+        it read counts as observed when the read *returned* (the later, safer time)."""
         assert self.kube is not None
-        renewing = self._written if self._in_term else None
-        if renewing is not None and await self._write(LeaseRecord.of(renewing), renewing):
+        if self._in_term and await self._renew():
             return True
         lease = await self.kube.get("Lease", self.namespace, self.name)
         now = self._clock()
@@ -235,22 +231,39 @@ class LeaderElector:
             return False
         return await self._write(current, lease)
 
+    async def _renew(self) -> bool:
+        """One JSON patch of the Lease's renew time that the API server applies only while the
+        Lease still names this process (a ``test`` of the holder, atomic with the change): not a
+        compare-and-swap over a resourceVersion, so that renewals in flight at once do not
+        refuse one another; as safe, since another replica takes the Lease only after it did not
+        change for its duration, when this one's fence has shut already. False when the Lease
+        no longer names this process (the read that follows says who holds it)."""
+        assert self.kube is not None
+        operations = [
+            {"op": "test", "path": "/spec/holderIdentity", "value": self.identity},
+            {"op": "replace", "path": "/spec/renewTime", "value": micro_time()},
+        ]
+        try:
+            await self.kube.json_patch("Lease", self.namespace, self.name, operations)
+        except KubeError as exc:  # the test failed (422), the Lease is gone (404), or worse
+            log.debug("renewal of lease %s/%s refused: %s", self.namespace, self.name, exc)
+            return False
+        return True
+
     async def _write(self, current: LeaseRecord, lease: dict[str, Any] | None) -> bool:
-        """Take or renew the Lease over ``lease`` (None: there is none); False when another
-        wrote it first (the next attempt reads its record)."""
+        """Take the Lease (or renew it after a failed :meth:`_renew`) over ``lease`` (None:
+        there is none); False when another wrote it first (the next attempt reads its
+        record)."""
         assert self.kube is not None
         sent = self._clock()
         wanted = claim(current, self.identity, self._own_url, self.timing, micro_time())
         try:
             if lease is None:
-                written = await self.kube.create("Lease", self.namespace, self._lease(wanted, None))
+                await self.kube.create("Lease", self.namespace, self._lease(wanted, None))
             else:
-                written = await self.kube.replace(self._lease(wanted, lease))
+                await self.kube.replace(self._lease(wanted, lease))
         except KubeConflict:
-            if self._written is lease:  # (a fresher success may have replaced it meanwhile)
-                self._written = None
             return False
-        self._written = dict(written)
         self._observed = Observation(wanted, sent)
         self.leader_url = self._own_url
         return True
@@ -280,7 +293,6 @@ class LeaderElector:
     def _end_term(self, why: str) -> None:
         self._tenure.end(self._clock())  # the fence first: from now on no thread may write
         self._in_term = False
-        self._written = None
         self._to_owner(_publish, self.lost, self.leading)
         log.warning("no longer leading (%s)", why)
 

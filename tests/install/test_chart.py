@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from kubeserve.cli import operator as operator_cli
+from kubeserve.control.leader_election import LeaseTiming
 from support.kubeserve_install import (
     CHART,
     K8S_VERSIONS,
@@ -306,6 +309,28 @@ def test_release_name_and_namespace_follow_the_release(helm: str) -> None:
     assert [lease] == role["rules"][1]["resourceNames"]
 
 
+def test_leader_election_timing_reaches_the_operator_flags(helm: str) -> None:
+    """The chart's timing values become the operator's flags, which its own parser reads as
+    they were meant (a slow API server wants longer ones)."""
+    timing = {"leaseDuration": 30, "renewDeadline": 20, "retryPeriod": 2.5}
+    container = operator_container(rendered_chart({"leaderElection": timing}, helm=helm))
+    parser = argparse.ArgumentParser()
+    operator_cli.add_arguments(parser)
+    args = parser.parse_args(container["args"][1:])
+    assert (
+        args.leader_election_lease_duration,
+        args.leader_election_renew_deadline,
+        args.leader_election_retry_period,
+    ) == (30.0, 20.0, 2.5)
+    # the defaults are the operator's own
+    default = parser.parse_args(operator_container(rendered_chart({}, helm=helm))["args"][1:])
+    assert (
+        default.leader_election_lease_duration,
+        default.leader_election_renew_deadline,
+        default.leader_election_retry_period,
+    ) == (LeaseTiming.lease_duration_s, LeaseTiming.renew_deadline_s, LeaseTiming.retry_period_s)
+
+
 def test_replicas_elect_a_leader_and_roll_one_at_a_time(helm: str) -> None:
     """Two replicas by default: each serves the admin API (readiness is the API answering), the
     one holding the Lease reconciles; neither a roll nor a drain takes both at once."""
@@ -350,6 +375,7 @@ def test_one_replica_has_no_disruption_budget(helm: str) -> None:
         ({"admin": {"port": 70000}}, "port"),
         ({"replicas": 3}, "replicas"),
         ({"replicaCount": 0}, "replicaCount"),
+        ({"leaderElection": {"retryPeriod": 0}}, "retryPeriod"),
         ({"metrics": {"serviceMonitor": {"enabled": True}}}, "metrics.enabled"),
     ],
     ids=[
@@ -358,6 +384,7 @@ def test_one_replica_has_no_disruption_budget(helm: str) -> None:
         "port",
         "unknown-value",
         "no-replica",
+        "no-retry-period",
         "monitor-without-metrics",
     ],
 )

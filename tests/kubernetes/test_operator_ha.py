@@ -158,6 +158,8 @@ def test_a_stopping_leader_hands_over_at_once(
     wait_for(lambda: leaders([follower]) == [follower], 10, interval_s=0.1, what="a hand-over")
     handover_s = time.monotonic() - stopped  # a retry period at most; without the release, up
     # to the lease duration (8 s) after the last renewal
+    assert follower.metric("kubeserve_operator_leader_terms_total") == 1
+    assert follower.metric("kubeserve_operator_fence_shut_total") == 0
     plane.apply([application(namespace, "orphan", "e2e_probe:app", instance="first")])
     wait_for(lambda: (observed(plane, namespace) or (0, ""))[0] == 1, 15, what="generation 1")
     print(f"hand-over after the leader stopped on SIGTERM: {handover_s:.1f} s")

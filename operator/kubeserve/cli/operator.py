@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Sequence
 
 from kubeserve.cli.command import LOG_FORMAT, Command
+from kubeserve.control.leader_election import LeaseTiming
 from kubeserve.runtime.kubernetes.contract import NAMESPACE_ENV, POD_IP_ENV
 
 
@@ -54,6 +55,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "elect the one that reconciles (every replica serves the admin API); empty: no "
         "election, this process always reconciles",
     )
+    for flag, default, meaning in (
+        ("lease-duration", LeaseTiming.lease_duration_s, "how long another replica waits, after "
+         "the Lease last changed, before it takes it"),
+        ("renew-deadline", LeaseTiming.renew_deadline_s, "how long the leader keeps writing "
+         "after its last successful renewal (then it pauses until the next; its term ends when "
+         "none succeeded for the lease duration)"),
+        ("retry-period", LeaseTiming.retry_period_s, "how often the leader renews the Lease and "
+         "the other replicas try to take it"),
+    ):  # fmt: skip
+        parser.add_argument(
+            f"--leader-election-{flag}",
+            type=float,
+            default=default,
+            metavar="SECONDS",
+            help=f"{meaning}; lease duration > renew deadline > retry period (default {default})",
+        )
     parser.add_argument(
         "--advertise-url",
         default=os.environ.get("KUBESERVE_ADVERTISE_URL") or None,
@@ -79,6 +96,14 @@ def run(args: argparse.Namespace) -> int:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it from there
     hosts = tuple(host.strip() for host in args.dashboard_host.split(","))
+    try:
+        timing = LeaseTiming(
+            lease_duration_s=args.leader_election_lease_duration,
+            renew_deadline_s=args.leader_election_renew_deadline,
+            retry_period_s=args.leader_election_retry_period,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"kubeserve operator: --leader-election-*: {exc}") from None
     election = None
     if args.leader_election_lease:
         host = os.environ.get(POD_IP_ENV) or hosts[0]
@@ -87,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
             identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
             advertise_url=args.advertise_url or f"http://{host}:{args.dashboard_port}",
             lease_name=args.leader_election_lease,
+            timing=timing,
         )
     settings = OperatorSettings(
         namespace=args.namespace,

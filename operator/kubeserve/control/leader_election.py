@@ -13,18 +13,34 @@ Invariants (with :class:`LeaseTiming`'s ``lease_duration > renew_deadline > retr
   (:meth:`Tenure.may_write`). A leader that cannot renew (partitioned, API server slow, paused)
   therefore stops writing at least ``lease_duration - renew_deadline`` before any candidate may
   take over: two processes never both write, even while both still believe they lead.
+* A late renewal only *pauses* the leader's writes (:attr:`TermState.PAUSED`): its term ends
+  when no renewal succeeded for ``lease_duration`` (the moment another replica may take the
+  Lease, :attr:`TermState.ENDED`) or when another holder is seen in the Lease. A renewal that
+  succeeds in between opens the fence again: it was a compare-and-swap over this leader's own
+  last write, so nobody else wrote the Lease meanwhile.
+* Renewals go out every retry period even while earlier ones are unanswered (at most
+  :data:`RENEWALS_IN_FLIGHT`): on an API server answering in seconds the freshest success counts,
+  from the time its request was *sent* (:meth:`Tenure.renewed`); an answer to an older request
+  never moves it back, and an answer to a request sent before the term ended never starts a new
+  one (:attr:`Tenure.epoch`).
 * A leader that stops cleanly releases the Lease (holder emptied), so the next takes over at its
   next retry instead of after ``lease_duration``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any
 
 #: the Lease annotation holding the leader's admin URL (its pod address), where the other
 #: replicas forward what only the leader can use (the pods' load reports)
 LEADER_URL_ANNOTATION = "kubeserve.io/leader-url"
+
+#: renewals (or attempts) of one process unanswered at once: a new one goes out every retry
+#: period, unless this many are still waiting for the API server
+RENEWALS_IN_FLIGHT = 3
 
 
 @dataclass(frozen=True)
@@ -117,7 +133,8 @@ def claim(
     renewing = current.holder == identity
     return LeaseRecord(
         holder=identity,
-        lease_duration_s=int(timing.lease_duration_s),
+        # rounded up: another replica waiting longer than this one's fence assumes is safe
+        lease_duration_s=math.ceil(timing.lease_duration_s),
         acquire_time=current.acquire_time if renewing else stamp,
         renew_time=stamp,
         transitions=current.transitions if renewing else current.transitions + 1,
@@ -130,21 +147,60 @@ def release(current: LeaseRecord, stamp: str) -> LeaseRecord:
     return replace(current, holder="", lease_duration_s=1, renew_time=stamp, leader_url="")
 
 
+class TermState(Enum):
+    """Where a leader's term stands at a given time (:meth:`Tenure.state`)."""
+
+    #: renewed within ``renew_deadline``: the fence is open
+    WRITING = "writing"
+    #: the last renewal is older than ``renew_deadline`` but younger than ``lease_duration``:
+    #: the fence is shut, the term goes on (a renewal may still succeed)
+    PAUSED = "paused"
+    #: no term, or no renewal for ``lease_duration`` (another replica may take the Lease)
+    ENDED = "ended"
+
+
 @dataclass
 class Tenure:
-    """A leader's term as the leader itself sees it: the monotonic time of its last successful
-    renewal, or None while it does not lead."""
+    """A leader's term as the leader itself sees it: the monotonic time of its freshest
+    successful renewal (when that request was sent), or None while it does not lead."""
 
     timing: LeaseTiming
     renewed_at: float | None = None
+    #: terms ended so far: a renewal sent in an earlier epoch counts for nothing
+    epoch: int = 0
+    #: times the fence shut for a renewal found late (a pause, whether the term resumed or ended)
+    fence_shuts: int = 0
 
-    def renewed(self, started: float) -> None:
-        """A renewal sent at ``started`` succeeded (the time it was *sent* counts: the API server
-        may have stored it any time after)."""
-        self.renewed_at = started
+    def renewed(self, sent: float, now: float, epoch: int | None = None) -> bool:
+        """A renewal sent at ``sent`` (during ``epoch``; None: the current one) succeeded, its
+        answer read at ``now``: whether it counts (the API server may have stored it any time
+        after ``sent``, so that is the time that counts; an answer to an older request than the
+        freshest success, or to one sent before the term ended, changes nothing)."""
+        if epoch is not None and epoch != self.epoch:
+            return False
+        renewed_at = self.renewed_at
+        if renewed_at is not None and sent <= renewed_at:
+            return False
+        if renewed_at is not None and now >= renewed_at + self.timing.renew_deadline_s:
+            self.fence_shuts += 1  # the fence had shut; this renewal opens it again
+        self.renewed_at = sent
+        return True
 
-    def end(self) -> None:
+    def end(self, now: float) -> None:
+        """The term ends (or is given up) at ``now``: the fence shuts at once."""
+        renewed_at = self.renewed_at
+        if renewed_at is not None and now >= renewed_at + self.timing.renew_deadline_s:
+            self.fence_shuts += 1  # it ended while paused: that pause counts
         self.renewed_at = None
+        self.epoch += 1
+
+    def state(self, now: float) -> TermState:
+        renewed_at = self.renewed_at  # once: the elector's thread may end the term meanwhile
+        if renewed_at is None or now >= renewed_at + self.timing.lease_duration_s:
+            return TermState.ENDED
+        if now < renewed_at + self.timing.renew_deadline_s:
+            return TermState.WRITING
+        return TermState.PAUSED
 
     def may_write(self, now: float) -> bool:
         renewed_at = self.renewed_at  # once: the elector's thread may end the term meanwhile

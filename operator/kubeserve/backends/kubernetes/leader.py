@@ -6,10 +6,15 @@ and the reconcile worker, see :mod:`.main`). The decisions are in
 period and publishes the outcome:
 
 * :attr:`LeaderElector.leading` is set while this process leads, :attr:`LeaderElector.lost` when
-  a term ended (renewal failed for ``renew_deadline``, or another holder was seen);
+  a term ended (no renewal succeeded for ``lease_duration``, or another holder was seen);
 * :meth:`LeaderElector.may_write` is the fence of the reconcilers' client
   (:meth:`~kubeserve.runtime.kubernetes.client.Kube.fenced`): false from the moment the term may
-  have ended, which is before any other replica may take the Lease;
+  have ended, which is before any other replica may take the Lease, and meanwhile while a
+  renewal is late (the writes pause; the term goes on, see
+  :class:`~kubeserve.control.leader_election.TermState`);
+* an attempt (a renewal, during a term) goes out every retry period, even while earlier ones are
+  unanswered (at most :data:`~kubeserve.control.leader_election.RENEWALS_IN_FLIGHT`): an API
+  server answering in seconds keeps the fence open with its freshest answer;
 * :attr:`LeaderElector.leader_url` is the admin URL of the current leader (from the Lease), where
   the other replicas forward what only the leader uses.
 
@@ -36,10 +41,12 @@ from typing import Any
 
 from kubeserve.control.leader_election import (
     LEADER_URL_ANNOTATION,
+    RENEWALS_IN_FLIGHT,
     LeaseRecord,
     LeaseTiming,
     Observation,
     Tenure,
+    TermState,
     claim,
     release,
 )
@@ -89,8 +96,6 @@ class LeaderElector:
         self._thread: threading.Thread | None = None
         #: whether a term is in progress, as the elector's thread knows it
         self._in_term = False
-        #: the Lease as the API server answered this process's last write of it
-        self._written: dict[str, Any] | None = None
 
     def may_write(self) -> bool:
         """Whether this process still leads for certain (see :class:`~.leader_election.Tenure`);
@@ -147,23 +152,43 @@ class LeaderElector:
         with contextlib.suppress(RuntimeError):  # the operator's loop is closed: nobody waits
             self._owner.call_soon_threadsafe(callback, *args)
 
+    @property
+    def fence_shuts(self) -> int:
+        """Times the fence shut for a late renewal (counted when the pause ended)."""
+        return self._tenure.fence_shuts
+
     async def run(self) -> None:
-        """Try to take or renew the Lease every retry period, until cancelled (in the elector's
+        """Send an attempt to take or renew the Lease every retry period (unless
+        :data:`~kubeserve.control.leader_election.RENEWALS_IN_FLIGHT` are unanswered), and end
+        the term when none succeeded for ``lease_duration``; until cancelled (in the elector's
         thread)."""
-        while True:
-            started = self._clock()
-            try:
-                held = await asyncio.wait_for(self._attempt(), self.timing.renew_deadline_s)
-            except (KubeError, OSError, TimeoutError) as exc:
-                log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
-                held = False
-            if held:
-                self._tenure.renewed(started)
-                if not self._in_term:
-                    self._start_term()
-            elif self._in_term and not self.may_write():
-                self._end_term("could not renew the lease within the renew deadline")
-            await asyncio.sleep(max(0.0, started + self.timing.retry_period_s - self._clock()))
+        in_flight: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                started = self._clock()
+                if len(in_flight) < RENEWALS_IN_FLIGHT:
+                    attempt = asyncio.ensure_future(self._try(started))
+                    in_flight.add(attempt)
+                    attempt.add_done_callback(in_flight.discard)
+                if self._in_term and self._tenure.state(self._clock()) is TermState.ENDED:
+                    self._end_term("no renewal of the lease succeeded for its duration")
+                await asyncio.sleep(max(0.0, started + self.timing.retry_period_s - self._clock()))
+        finally:
+            for attempt in list(in_flight):
+                attempt.cancel()
+            await asyncio.gather(*in_flight, return_exceptions=True)
+
+    async def _try(self, started: float) -> None:
+        """One attempt, sent at ``started``; its success counts unless the term it was sent in
+        ended meanwhile (an answer later than ``lease_duration`` counts for nothing)."""
+        epoch = self._tenure.epoch
+        try:
+            held = await asyncio.wait_for(self._attempt(), self.timing.lease_duration_s)
+        except (KubeError, OSError, TimeoutError) as exc:
+            log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
+            return
+        if held and self._tenure.renewed(started, self._clock(), epoch) and not self._in_term:
+            self._start_term()
 
     async def _release(self) -> None:
         """End this process's term and empty the Lease (a clean stop: the next replica takes
@@ -185,14 +210,12 @@ class LeaderElector:
             log.warning("could not release lease %s/%s: %s", self.namespace, self.name, exc)
 
     async def _attempt(self) -> bool:
-        """During a term, one compare-and-swap write over the Lease as this process last wrote
-        it (one request: the API server of a busy cluster may take seconds for each); else, or
-        when that write finds the Lease changed, one read and, unless another replica holds it,
-        one compare-and-swap write. What it read counts as observed when the read *returned*
-        (the later, safer time)."""
+        """During a term, one renewal (:meth:`_renew`: one request, and the API server of a
+        busy cluster may take seconds for each); else, or when the Lease no longer names this
+        process, one read and, unless another replica holds it, one compare-and-swap write. What
+        it read counts as observed when the read *returned* (the later, safer time)."""
         assert self.kube is not None
-        renewing = self._written if self._in_term else None
-        if renewing is not None and await self._write(LeaseRecord.of(renewing), renewing):
+        if self._in_term and await self._renew():
             return True
         lease = await self.kube.get("Lease", self.namespace, self.name)
         now = self._clock()
@@ -208,21 +231,39 @@ class LeaderElector:
             return False
         return await self._write(current, lease)
 
+    async def _renew(self) -> bool:
+        """One JSON patch of the Lease's renew time that the API server applies only while the
+        Lease still names this process (a ``test`` of the holder, atomic with the change): not a
+        compare-and-swap over a resourceVersion, so that renewals in flight at once do not
+        refuse one another; as safe, since another replica takes the Lease only after it did not
+        change for its duration, when this one's fence has shut already. False when the Lease
+        no longer names this process (the read that follows says who holds it)."""
+        assert self.kube is not None
+        operations = [
+            {"op": "test", "path": "/spec/holderIdentity", "value": self.identity},
+            {"op": "replace", "path": "/spec/renewTime", "value": micro_time()},
+        ]
+        try:
+            await self.kube.json_patch("Lease", self.namespace, self.name, operations)
+        except KubeError as exc:  # the test failed (422), the Lease is gone (404), or worse
+            log.debug("renewal of lease %s/%s refused: %s", self.namespace, self.name, exc)
+            return False
+        return True
+
     async def _write(self, current: LeaseRecord, lease: dict[str, Any] | None) -> bool:
-        """Take or renew the Lease over ``lease`` (None: there is none); False when another
-        wrote it first (the next attempt reads its record)."""
+        """Take the Lease (or renew it after a failed :meth:`_renew`) over ``lease`` (None:
+        there is none); False when another wrote it first (the next attempt reads its
+        record)."""
         assert self.kube is not None
         sent = self._clock()
         wanted = claim(current, self.identity, self._own_url, self.timing, micro_time())
         try:
             if lease is None:
-                written = await self.kube.create("Lease", self.namespace, self._lease(wanted, None))
+                await self.kube.create("Lease", self.namespace, self._lease(wanted, None))
             else:
-                written = await self.kube.replace(self._lease(wanted, lease))
+                await self.kube.replace(self._lease(wanted, lease))
         except KubeConflict:
-            self._written = None
             return False
-        self._written = dict(written)
         self._observed = Observation(wanted, sent)
         self.leader_url = self._own_url
         return True
@@ -250,9 +291,8 @@ class LeaderElector:
         log.info("leading: holding lease %s/%s as %s", self.namespace, self.name, self.identity)
 
     def _end_term(self, why: str) -> None:
-        self._tenure.end()  # the fence first: from now on no thread may write
+        self._tenure.end(self._clock())  # the fence first: from now on no thread may write
         self._in_term = False
-        self._written = None
         self._to_owner(_publish, self.lost, self.leading)
         log.warning("no longer leading (%s)", why)
 

@@ -173,7 +173,13 @@ async def _run_kopf(operator: Operator, stop: asyncio.Event, *until: asyncio.Eve
     process; the process's own handlers come back either way, for the time it runs without kopf.
     (Whether it was asked is remembered when asking, not read off the events afterwards: a term
     lost and won back while kopf was stopping has ``lost`` clear again, and is no reason to
-    exit; nor off kopf's stop flag, which kopf itself sets on a signal.)"""
+    exit; nor off kopf's stop flag, which kopf itself sets on a signal.)
+
+    When asked, the operator's own passes stop first (:meth:`~.operator.Operator.follow`), then
+    kopf: kopf ends by waiting for, cancelling and then re-raising the failure of *every* task
+    of the loop created while it ran, its own or not, and a pass's write refused by the fence
+    (the term ended) is such a failure. What kopf re-raises once asked to stop is therefore the
+    expected end of a term's writes: logged, never the end of the process."""
     registry = kopf.OperatorRegistry()
     register(registry, operator)
     namespaces = list(operator.settings.watch_namespaces)
@@ -181,14 +187,18 @@ async def _run_kopf(operator: Operator, stop: asyncio.Event, *until: asyncio.Eve
 
     asked: list[bool] = []
 
-    def _stop(task: asyncio.Future[None]) -> None:
-        if not task.cancelled():
-            asked.append(True)
-        if not stop_flag.done():
-            stop_flag.set_result(None)
+    async def _stop_when_asked() -> None:
+        try:
+            await _first(stop, *until)
+            # (kopf, stopping on a signal, cancels the waits _first made: that is no asking)
+            if stop.is_set() or any(event.is_set() for event in until):
+                asked.append(True)
+                await operator.follow()  # the passes end in the operator's hands, not kopf's
+        finally:
+            if not stop_flag.done():
+                stop_flag.set_result(None)
 
-    stop_task = asyncio.ensure_future(_first(stop, *until))
-    stop_task.add_done_callback(_stop)
+    stop_task = asyncio.ensure_future(_stop_when_asked())
     try:
         await kopf.operator(
             registry=registry,
@@ -197,8 +207,14 @@ async def _run_kopf(operator: Operator, stop: asyncio.Event, *until: asyncio.Eve
             standalone=True,
             stop_flag=stop_flag,
         )
+    except Exception as exc:
+        if not asked:
+            raise
+        log.info("reconciling stopped; a pass in flight ended with: %r", exc)
     finally:
-        stop_task.cancel()
         if not asked:  # kopf ended without being asked: a signal, or its own failure
+            stop_task.cancel()
             stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stop_task
         _stop_on_signals(stop)

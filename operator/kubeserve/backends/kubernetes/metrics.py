@@ -17,6 +17,8 @@ def metrics_text(
     leading: bool,
     applications: list[dict[str, Any]],
     resyncs_skipped: int = 0,
+    leader_terms: int = 0,
+    fence_shuts: int = 0,
 ) -> str:
     """Prometheus text exposition of the operator's counters and application statuses."""
     statuses = Counter(
@@ -44,6 +46,13 @@ def metrics_text(
         "# HELP kubeserve_operator_leader 1 while this replica of the operator reconciles.",
         "# TYPE kubeserve_operator_leader gauge",
         f"kubeserve_operator_leader {int(leading)}",
+        "# HELP kubeserve_operator_leader_terms_total Terms of leadership this replica started.",
+        "# TYPE kubeserve_operator_leader_terms_total counter",
+        f"kubeserve_operator_leader_terms_total {leader_terms}",
+        "# HELP kubeserve_operator_fence_shut_total Times this replica's writes paused for a"
+        " late renewal of the Lease (counted when the pause ended: renewed, or the term over).",
+        "# TYPE kubeserve_operator_fence_shut_total counter",
+        f"kubeserve_operator_fence_shut_total {fence_shuts}",
         "# HELP kubeserve_applications ServeApplications watched by the operator, by status.",
         "# TYPE kubeserve_applications gauge",
     ]

@@ -58,7 +58,7 @@ from kubeserve.control.leader_election import LeaseTiming
 from kubeserve.control.resync_turns import ResyncTurns
 from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
-from kubeserve.runtime.kubernetes.client import Kube, KubeError
+from kubeserve.runtime.kubernetes.client import Kube, KubeError, KubeFenced
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +164,9 @@ class Operator:
         self.reconciles = 0
         self.reconcile_errors = 0
         self.resyncs_skipped = 0
+        #: passes whose write the fence refused (the Lease's renewal late, or the term over)
+        self.fenced_passes = 0
+        self._fenced_logged = False
 
     async def start(self) -> None:
         """Connect and fill the caches (the admin API reads them); reconciling starts with
@@ -189,6 +192,7 @@ class Operator:
     def lead(self) -> None:
         """Start reconciling: every custom resource is dirty (a follower ignored all changes)."""
         if self._worker is None:
+            self._fenced_logged = False
             self._worker = asyncio.ensure_future(self._work())
             self._wake_all()
 
@@ -264,13 +268,25 @@ class Operator:
         """:meth:`reconcile` for kopf's handlers: a pass that failed for the API (a timeout, a
         conflict, a write fenced while the Lease's renewal is late) goes back to the worker's
         queue, which tries it again as soon as a pass is free (kopf would wait a minute)."""
+        meta = obj["metadata"]
+        key = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"
         try:
             await self.reconcile(obj)
+        except KubeFenced:
+            self._fenced(key)
         except KubeError as exc:
-            meta = obj["metadata"]
-            key = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"
             log.warning("reconcile of %s failed: %s (will retry)", key, exc)
             self._mark(key)
+
+    def _fenced(self, key: str) -> None:
+        """A pass whose write the fence refused: expected while the Lease's renewal is late
+        (the pass goes back to the queue, taken again once the fence opens) and when a term
+        ends; logged once per term."""
+        self.fenced_passes += 1
+        if not self._fenced_logged:
+            self._fenced_logged = True
+            log.warning("reconcile of %s held back: this replica may not write now", key)
+        self._mark(key)
 
     def resync(self, kind: str, obj: dict[str, Any]) -> None:
         """The periodic pass (the worker's, soon): skipped for a RUNNING application whose
@@ -357,6 +373,8 @@ class Operator:
             self.leading,
             self.cluster.cache.all("ServeApplication"),
             self.resyncs_skipped,
+            self._elector.terms if self._elector is not None else 0,
+            self._elector.fence_shuts if self._elector is not None else 0,
         )
 
     def _changed(self, kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
@@ -443,6 +461,8 @@ class Operator:
                 self._instance_passed[key] = time.monotonic()
             try:
                 await self.reconcile(obj)
+            except KubeFenced:
+                self._fenced(key)
             except KubeError as exc:
                 log.warning("reconcile of %s failed: %s (will retry)", key, exc)
                 self._mark(key)

@@ -27,7 +27,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -260,6 +260,20 @@ class Kube:
                 path(kind, namespace, name, sub),
                 dict(patch),
                 content_type="application/merge-patch+json",
+            )
+        )
+
+    async def json_patch(
+        self, kind: str, namespace: str | None, name: str, operations: Sequence[Mapping[str, Any]]
+    ) -> dict[str, Any]:
+        """A JSON patch (RFC 6902), applied atomically by the API server: a failed ``test``
+        operation refuses the whole of it (:class:`KubeError` 422)."""
+        return dict(
+            await self.request(
+                "PATCH",
+                path(kind, namespace, name),
+                [dict(operation) for operation in operations],
+                content_type="application/json-patch+json",
             )
         )
 

@@ -120,7 +120,7 @@ def test_replicas_may_renew_only_their_lease_and_go_one_at_a_time() -> None:
         "apiGroups": ["coordination.k8s.io"],
         "resources": ["leases"],
         "resourceNames": ["kubeserve-operator"],
-        "verbs": ["get", "update"],
+        "verbs": ["get", "update", "patch"],
     }
     binding = one(objects, "RoleBinding", "kubeserve-operator-leader-election")
     assert binding["subjects"] == [

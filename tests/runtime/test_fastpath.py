@@ -44,6 +44,19 @@ def _built() -> None:
         pytest.fail("no kubeserve-fastpath binary: `make native` builds it (`make test` does)")
 
 
+def _snapshot(prefix: str, deployment: str, replicas: list[dict[str, Any]]) -> Any:
+    """A discovery snapshot of one route to one deployment of app ``app`` (max 8 ongoing)."""
+    return {
+        "version": 1,
+        "routes": [{"route_prefix": prefix, "app": "app", "deployment": deployment}],
+        "deployments": {f"app#{deployment}": {"max_ongoing_requests": 8, "replicas": replicas}},
+    }
+
+
+def _endpoint(replica_id: str, port: int) -> dict[str, Any]:
+    return {"replica_id": replica_id, "host": "127.0.0.1", "port": port}
+
+
 class Echo:
     """A replica application: echoes, streams, or answers as a draining replica does."""
 
@@ -158,12 +171,8 @@ class Front:
         for app, identity in zip(self.apps, ("replica-a", "replica-b"), strict=True):
             server, port = await replica(app, identity)
             self.servers.append(server)
-            endpoints.append({"replica_id": identity, "host": "127.0.0.1", "port": port})
-        snapshot: Any = {
-            "version": 1,
-            "routes": [{"route_prefix": "/api", "app": "app", "deployment": "D"}],
-            "deployments": {"app#D": {"max_ongoing_requests": 8, "replicas": endpoints}},
-        }
+            endpoints.append(_endpoint(identity, port))
+        snapshot = _snapshot("/api", "D", endpoints)
         self.snapshot = snapshot
         self.proxy = ProxyServer("127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot))
         await self.proxy.start()
@@ -373,16 +382,7 @@ def test_a_proxy_with_the_native_data_path_serves_through_it_and_counts_in_its_m
     async def go() -> None:
         apps = [Echo("a")]
         server, port = await replica(apps[0], "replica-a")
-        snapshot: Any = {
-            "version": 1,
-            "routes": [{"route_prefix": "/api", "app": "app", "deployment": "D"}],
-            "deployments": {
-                "app#D": {
-                    "max_ongoing_requests": 8,
-                    "replicas": [{"replica_id": "replica-a", "host": "127.0.0.1", "port": port}],
-                }
-            },
-        }
+        snapshot = _snapshot("/api", "D", [_endpoint("replica-a", port)])
         proxy = ProxyServer(
             "127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot), native=True
         )
@@ -449,16 +449,7 @@ def test_a_request_written_to_a_replica_that_hangs_up_is_a_502_never_run_twice()
             0,
         )
         port = server.sockets[0].getsockname()[1]
-        snapshot: Any = {
-            "version": 1,
-            "routes": [{"route_prefix": "/", "app": "app", "deployment": "X"}],
-            "deployments": {
-                "app#X": {
-                    "max_ongoing_requests": 8,
-                    "replicas": [{"replica_id": "replica-x", "host": "127.0.0.1", "port": port}],
-                }
-            },
-        }
+        snapshot = _snapshot("/", "X", [_endpoint("replica-x", port)])
         proxy = ProxyServer("127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot))
         await proxy.start()
         native = FastPath(SECRET, "127.0.0.1", 0, proxy.port)
@@ -492,16 +483,7 @@ def test_a_pooled_connection_the_replica_closed_while_idle_is_not_reused() -> No
             0,
         )
         port = server.sockets[0].getsockname()[1]
-        snapshot: Any = {
-            "version": 1,
-            "routes": [{"route_prefix": "/", "app": "app", "deployment": "A"}],
-            "deployments": {
-                "app#A": {
-                    "max_ongoing_requests": 8,
-                    "replicas": [{"replica_id": "replica-a", "host": "127.0.0.1", "port": port}],
-                }
-            },
-        }
+        snapshot = _snapshot("/", "A", [_endpoint("replica-a", port)])
         native = FastPath(SECRET, "127.0.0.1", 0, 9)  # nothing to hand off to here
         try:
             await native.start()

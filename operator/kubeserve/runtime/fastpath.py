@@ -184,27 +184,22 @@ class FastPath:
     ) -> None:
         """Install a discovery snapshot (and settings) in the native process;
         ``request_timeout_s`` None: no timeout."""
+        settings = {
+            "keep_alive_timeout_s": keep_alive_timeout_s,
+            "header_timeout_s": header_timeout_s,
+            "body_timeout_s": body_timeout_s,
+            "max_body_bytes": max_body_bytes,
+            "max_head_bytes": max_head_bytes,
+            "max_url_bytes": max_url_bytes,
+            "latency_buckets_ms": latency_buckets_ms,
+            "access_log": access_log,
+        }  # (one not given keeps the native process's default)
         message: dict[str, Any] = {
             "op": "state",
             "snapshot": snapshot,
             "request_timeout_s": request_timeout_s,
+            **{name: value for name, value in settings.items() if value is not None},
         }
-        if access_log is not None:
-            message["access_log"] = access_log
-        if header_timeout_s is not None:
-            message["header_timeout_s"] = header_timeout_s
-        if body_timeout_s is not None:
-            message["body_timeout_s"] = body_timeout_s
-        if latency_buckets_ms is not None:
-            message["latency_buckets_ms"] = latency_buckets_ms
-        if keep_alive_timeout_s is not None:
-            message["keep_alive_timeout_s"] = keep_alive_timeout_s
-        if max_body_bytes is not None:
-            message["max_body_bytes"] = max_body_bytes
-        if max_head_bytes is not None:
-            message["max_head_bytes"] = max_head_bytes
-        if max_url_bytes is not None:
-            message["max_url_bytes"] = max_url_bytes
         await self._call(message)
 
     async def stats(self) -> dict[str, Any]:

@@ -125,6 +125,10 @@ def test_random_paths_add_no_series_and_no_memory(clean_kubeserve: Kubeserve) ->
             return None
         found: dict[str, set[tuple[tuple[str, str], ...]]] = {}
         for name, labelled in samples.items():
+            # the proxy's series only: a 404 never reaches a replica, whose series (of the
+            # request above) may reach /metrics after the first scrape
+            if name.startswith("ray_serve_deployment_"):
+                continue
             found.setdefault(name, set()).update(tuple(sorted(ls.items())) for ls, _ in labelled)
         return found
 

@@ -27,6 +27,7 @@ from kubeserve.cli.command import (
 )
 from kubeserve.control import placement
 from kubeserve.control.replica_limits import DEFAULT_MAX_PROCESSES
+from kubeserve.runtime.fastpath import DATA_PATH_ENV
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES
 from kubeserve.runtime.python_env import GC_MIN_AGE_S
@@ -144,9 +145,9 @@ def add_instance_arguments(
     parser.add_argument(
         "--data-path",
         choices=("python", "native"),
-        default=os.environ.get("KUBESERVE_DATA_PATH") or "python",
+        default=os.environ.get(DATA_PATH_ENV) or "python",
         help="native: the proxy serves through the experimental kubeserve-fastpath process "
-        "(`make native`; plain HTTP only; see the README); default from $KUBESERVE_DATA_PATH",
+        f"(`make native`; plain HTTP only; see the README); default from ${DATA_PATH_ENV}",
     )
     parser.add_argument(
         "--log-max-bytes",
@@ -192,7 +193,7 @@ def start_instance(args: argparse.Namespace, after_start: AfterStart | None) -> 
 
     logging.basicConfig(level=os.environ.get("KUBESERVE_LOG_LEVEL", "INFO"), format=LOG_FORMAT)
     # the proxy process reads it (and passes it on as --data-path, part of its fingerprint)
-    os.environ["KUBESERVE_DATA_PATH"] = args.data_path  # fastpath.DATA_PATH_ENV
+    os.environ[DATA_PATH_ENV] = args.data_path
     token = auth_token(args)
     # Replicas and builds inherit this environment and run user code: the token stays here.
     os.environ.pop(AUTH_TOKEN_ENV, None)

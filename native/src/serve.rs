@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::sync::watch;
 
 use crate::channel::{self, Channel};
 use crate::http::{self, ChunkScanner, Framing, Parsed, ParsedAnswer};
@@ -17,15 +18,24 @@ struct Replica {
     id: String,
     host: String,
     port: u16,
+    /// requests this process has in flight on it
     ongoing: Cell<u32>,
+    /// requests the Python proxy has in flight on it (pushed with `load`)
+    external: Cell<u32>,
     idle: RefCell<Vec<Channel>>,
+}
+
+impl Replica {
+    /// What the replica runs for this proxy: both processes' requests, against one cap.
+    fn load(&self) -> u32 {
+        self.ongoing.get() + self.external.get()
+    }
 }
 
 struct Deployment {
     key: String,
     max_ongoing: u32,
     replicas: Vec<Rc<Replica>>,
-    next: Cell<usize>,
 }
 
 #[derive(Default)]
@@ -72,6 +82,8 @@ struct Counters {
     access: Vec<Value>,
     access_dropped: u64,
     upstream_connects: u64,
+    /// connections refused over `max_connections` since the last take
+    refused: u64,
 }
 
 struct Shared {
@@ -93,6 +105,15 @@ struct Shared {
     /// the latency histogram's upper bounds (ms), `metrics.LATENCY_BUCKETS_MS`
     buckets: RefCell<Vec<f64>>,
     counters: RefCell<Counters>,
+    /// `--max-connections` (as lowered by the Python proxy to fit the file descriptors)
+    max_connections: Cell<usize>,
+    /// client connections open (served, or spliced to the Python proxy)
+    open: Cell<usize>,
+    /// set once by the `drain` op: no more accepting, `Connection: close` on every answer,
+    /// idle connections closed after `LEAVING_IDLE`, the others once their request is answered
+    draining: watch::Sender<bool>,
+    /// `draining`, read per answer
+    leaving: Cell<bool>,
 }
 
 pub async fn run(
@@ -129,6 +150,10 @@ pub async fn run(
         access: Cell::new(false),
         buckets: RefCell::new(Vec::new()),
         counters: RefCell::new(Counters::default()),
+        max_connections: Cell::new(usize::MAX),
+        open: Cell::new(0),
+        draining: watch::Sender::new(false),
+        leaving: Cell::new(false),
     });
     let _ = std::fs::remove_file(&control);
     let control_listener = UnixListener::bind(&control)?;
@@ -146,12 +171,66 @@ pub async fn run(
             tokio::task::spawn_local(control_connection(sh.clone(), conn));
         }
     });
+    accept_until_drained(&shared, listener).await?;
+    // the open connections finish (`open_connections` in `stats` says when none is left), the
+    // control socket still answers: the Python proxy takes the last records, then ends us
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// Accept client connections (each within `max_connections`, see `admit`) until the `drain`
+/// op; then stop accepting.
+async fn accept_until_drained(shared: &Rc<Shared>, listener: TcpListener) -> io::Result<()> {
+    let mut drained = shared.draining.subscribe();
     loop {
-        let (client, _) = listener.accept().await?;
-        let _ = client.set_nodelay(true);
-        tokio::task::spawn_local(client_connection(shared.clone(), client));
+        let client = tokio::select! {
+            accepted = listener.accept() => accepted?.0,
+            _ = drained.wait_for(|d| *d) => break,
+        };
+        if let Some(open) = admit(shared, &client) {
+            let _ = client.set_nodelay(true);
+            tokio::task::spawn_local(client_connection(open, client));
+        } else {
+            tokio::task::spawn_local(refuse(client));
+        }
+    }
+    drop(listener); // (an inherited socket stays open in the process that passed it)
+    Ok(())
+}
+
+/// One open client connection, counted while it lives.
+struct Open(Rc<Shared>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open.set(self.0.open.get() - 1);
     }
 }
+
+/// The Python proxy's rule at accept (`ProxyServer._accept`): below `max_connections` open, the
+/// connection is served; else it is refused (`refuse`) and counted.
+fn admit(sh: &Rc<Shared>, _client: &TcpStream) -> Option<Open> {
+    if sh.open.get() >= sh.max_connections.get() {
+        sh.counters.borrow_mut().refused += 1;
+        return None;
+    }
+    sh.open.set(sh.open.get() + 1);
+    Some(Open(sh.clone()))
+}
+
+/// The Python proxy's answer to a connection over the limit (`server._REFUSAL`), byte for byte.
+const REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n\
+Content-Type: text/plain; charset=utf-8\r\nContent-Length: 40\r\n\r\n\
+too many open connections to this proxy\n";
+
+async fn refuse(mut client: TcpStream) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), client.write_all(REFUSAL)).await;
+    let _ = client.shutdown().await;
+}
+
+/// While draining, how long a connection may idle before it is closed (the Python proxy's
+/// `server._LEAVING_IDLE_S`): a request sent within it is answered with `Connection: close`.
+const LEAVING_IDLE: Duration = Duration::from_secs(1);
 
 // -- control ----------------------------------------------------------------------------------
 
@@ -190,6 +269,8 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
                 "latency_ms_sum": c.latency_ms,
                 "handed_off": c.handed_off,
                 "upstream_connects": c.upstream_connects,
+                "open_connections": sh.open.get(),
+                "draining": *sh.draining.borrow(),
             })
         }
         Some("take_records") => {
@@ -204,10 +285,43 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
                 .collect();
             let access = std::mem::take(&mut c.access);
             let dropped = std::mem::take(&mut c.access_dropped);
-            json!({"ok": true, "records": records, "access": access, "access_dropped": dropped})
+            let refused = std::mem::take(&mut c.refused);
+            json!({"ok": true, "records": records, "access": access, "access_dropped": dropped,
+                   "refused": refused})
         }
-        _ => json!({"ok": false, "error": "op: must be state, stats or take_records"}),
+        Some("load") => match apply_load(sh, msg) {
+            Ok(ours) => json!({"ok": true, "in_flight": ours}),
+            Err(e) => json!({"ok": false, "error": e}),
+        },
+        Some("drain") => {
+            sh.leaving.set(true);
+            sh.draining.send_replace(true);
+            json!({"ok": true})
+        }
+        _ => json!({
+            "ok": false,
+            "error": "op: must be state, stats, take_records, load or drain"
+        }),
     }
+}
+
+/// The Python proxy's requests in flight per replica id (`in_flight`; a replica not named has
+/// none) replace the last ones; the answer is ours (replicas with none left out), so each side
+/// chooses with both counts and neither goes over `max_ongoing_requests` for long.
+fn apply_load(sh: &Shared, msg: &Value) -> Result<serde_json::Map<String, Value>, String> {
+    let theirs = msg
+        .get("in_flight")
+        .and_then(Value::as_object)
+        .ok_or("in_flight: not an object")?;
+    let mut ours = serde_json::Map::new();
+    for (id, replica) in sh.replicas.borrow().iter() {
+        let n = theirs.get(id).and_then(Value::as_u64).unwrap_or(0);
+        replica.external.set(n.min(u32::MAX as u64) as u32);
+        if replica.ongoing.get() > 0 {
+            ours.insert(id.clone(), json!(replica.ongoing.get()));
+        }
+    }
+    Ok(ours)
 }
 
 /// Install a discovery snapshot (`kubeserve.runtime.wire.Snapshot`) and the settings with it.
@@ -272,6 +386,7 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
                         host: host.to_owned(),
                         port: port as u16,
                         ongoing: Cell::new(0),
+                        external: Cell::new(0),
                         idle: RefCell::new(Vec::new()),
                     }),
                 };
@@ -282,7 +397,6 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
                 key: key.clone(),
                 max_ongoing: max_ongoing.min(u32::MAX as u64) as u32,
                 replicas,
-                next: Cell::new(0),
             });
         }
         table.by_prefix.insert(prefix, d);
@@ -328,6 +442,9 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
     if let Some(n) = msg.get("max_head_bytes").and_then(Value::as_u64) {
         sh.max_head.set(n as usize);
     }
+    if let Some(n) = msg.get("max_connections").and_then(Value::as_u64) {
+        sh.max_connections.set(n.max(1) as usize);
+    }
     *known = live; // replicas that left: their idle connections close with them
     *sh.table.borrow_mut() = Rc::new(table);
     Ok(())
@@ -349,7 +466,9 @@ struct Scratch {
     out: Vec<u8>,
 }
 
-async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
+async fn client_connection(open: Open, mut client: TcpStream) {
+    let sh = open.0.clone();
+    let mut drained = sh.draining.subscribe();
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut first = true;
     let mut scratch = Scratch {
@@ -363,9 +482,9 @@ async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
             if !buf.is_empty() {
                 match http::parse_request(&buf, sh.max_body.get(), sh.max_url.get()) {
                     Parsed::Covered(plan) => break plan,
-                    Parsed::NotCovered => return hand_off(&sh, client, buf).await,
+                    Parsed::NotCovered => return hand_off(&sh, open, client, buf).await,
                     Parsed::Partial if buf.len() > sh.max_head.get() => {
-                        return hand_off(&sh, client, buf).await
+                        return hand_off(&sh, open, client, buf).await
                     }
                     Parsed::Partial => {}
                 }
@@ -379,11 +498,23 @@ async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
             } else {
                 sh.keep_alive.get()
             };
-            match tokio::time::timeout(limit, read_more(&mut client, &mut buf)).await {
+            let read = if !buf.is_empty() {
+                tokio::time::timeout(limit, read_more(&mut client, &mut buf)).await
+            } else if *drained.borrow() {
+                tokio::time::timeout(limit.min(LEAVING_IDLE), read_more(&mut client, &mut buf))
+                    .await
+            } else {
+                // idle between requests: a drain shortens the wait (checked again above)
+                tokio::select! {
+                    read = tokio::time::timeout(limit, read_more(&mut client, &mut buf)) => read,
+                    _ = drained.wait_for(|d| *d) => continue,
+                }
+            };
+            match read {
                 Ok(Ok(0)) | Ok(Err(_)) => return,
                 Ok(Ok(_)) => {}
                 Err(_) if buf.is_empty() => return, // idle past the keep-alive timeout
-                Err(_) => return hand_off(&sh, client, buf).await, // its 408
+                Err(_) => return hand_off(&sh, open, client, buf).await, // its 408
             }
         };
         let total = plan.head_len + plan.content_length;
@@ -394,7 +525,7 @@ async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
             {
                 Ok(Ok(0)) | Ok(Err(_)) => return,
                 Ok(Ok(_)) => {}
-                Err(_) => return hand_off(&sh, client, buf).await,
+                Err(_) => return hand_off(&sh, open, client, buf).await,
             }
         }
         match forward(&sh, &plan, &buf[..total], &mut client, &mut scratch).await {
@@ -403,13 +534,14 @@ async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
                 buf.drain(..total);
             }
             Outcome::Done { keep_alive: false } | Outcome::Failed => return,
-            Outcome::HandOff => return hand_off(&sh, client, buf).await,
+            Outcome::HandOff => return hand_off(&sh, open, client, buf).await,
         }
     }
 }
 
-/// Splice the connection to the Python proxy, starting with the bytes already read.
-async fn hand_off(sh: &Shared, mut client: TcpStream, buf: Vec<u8>) {
+/// Splice the connection to the Python proxy, starting with the bytes already read; the
+/// connection counts as open (`open`) until the splice ends.
+async fn hand_off(sh: &Shared, open: Open, mut client: TcpStream, buf: Vec<u8>) {
     sh.counters.borrow_mut().handed_off += 1;
     let Ok(mut proxy) = TcpStream::connect(&sh.fallback).await else {
         return;
@@ -419,7 +551,26 @@ async fn hand_off(sh: &Shared, mut client: TcpStream, buf: Vec<u8>) {
         return;
     }
     drop(buf);
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut proxy).await;
+    splice(&mut client, &mut proxy).await;
+    drop(open);
+}
+
+/// Copy both ways until the Python proxy closes its end (then the client's connection closes
+/// too, as when the client talks to it directly); a client that stops sending (half-close) has
+/// that passed on, and its answers still flow.
+async fn splice(client: &mut TcpStream, proxy: &mut TcpStream) {
+    let (mut client_read, mut client_write) = client.split();
+    let (mut proxy_read, mut proxy_write) = proxy.split();
+    let up = async {
+        let _ = tokio::io::copy(&mut client_read, &mut proxy_write).await;
+        let _ = proxy_write.shutdown().await;
+        std::future::pending::<()>().await
+    };
+    let down = tokio::io::copy(&mut proxy_read, &mut client_write);
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
 }
 
 enum Outcome {
@@ -440,38 +591,58 @@ impl Drop for Slot {
     }
 }
 
-/// A replica below its cap, round-robin from the last one picked.
+/// A replica with room, as the Python proxy's router (`router._two_choices`): of two distinct
+/// random replicas the less loaded (this process's requests and the Python proxy's, `load`), if
+/// below `max_ongoing_requests`; else the least loaded with room; else none (the request is
+/// handed to the Python proxy, which queues it).
 fn pick(dep: &Deployment) -> Option<Slot> {
-    let n = dep.replicas.len();
-    let start = dep.next.get();
-    for k in 0..n {
-        let r = &dep.replicas[(start + k) % n];
-        if r.ongoing.get() < dep.max_ongoing {
-            dep.next.set((start + k + 1) % n);
-            r.ongoing.set(r.ongoing.get() + 1);
-            return Some(Slot(r.clone()));
+    let replicas = &dep.replicas;
+    let cap = dep.max_ongoing;
+    let chosen = match replicas.len() {
+        0 => return None,
+        1 => Some(&replicas[0]).filter(|r| r.load() < cap),
+        n => {
+            let x = random_u64();
+            let i = (x % n as u64) as usize;
+            let mut j = ((x >> 32) % (n as u64 - 1)) as usize;
+            if j >= i {
+                j += 1; // distinct from the first, still uniform
+            }
+            let (a, b) = (&replicas[i], &replicas[j]);
+            let a = if b.load() < a.load() { b } else { a };
+            if a.load() < cap {
+                Some(a)
+            } else {
+                replicas
+                    .iter()
+                    .filter(|r| r.load() < cap)
+                    .min_by_key(|r| r.load())
+            }
         }
-    }
-    None
+    }?;
+    chosen.ongoing.set(chosen.ongoing.get() + 1);
+    Some(Slot(chosen.clone()))
 }
 
-fn request_id() -> [u8; 32] {
+/// xorshift64*, seeded from the OS: for request ids (unique, not secret, as
+/// `http1.new_request_id`) and replica choice.
+fn random_u64() -> u64 {
     thread_local! {
         static STATE: Cell<u64> = Cell::new(u64::from_le_bytes(channel::nonce()[..8].try_into().unwrap()) | 1);
     }
-    // xorshift64*, seeded from the OS: ids must be unique, not secret (as http1.new_request_id)
-    let mut out = [0u8; 32];
-    let mut words = [0u64; 2];
     STATE.with(|s| {
-        for w in words.iter_mut() {
-            let mut x = s.get();
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            s.set(x);
-            *w = x.wrapping_mul(0x2545F4914F6CDD1D);
-        }
-    });
+        let mut x = s.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        s.set(x);
+        x.wrapping_mul(0x2545F4914F6CDD1D)
+    })
+}
+
+fn request_id() -> [u8; 32] {
+    let mut out = [0u8; 32];
+    let words = [random_u64(), random_u64()];
     const HEX: &[u8; 16] = b"0123456789abcdef";
     for (i, byte) in words[0]
         .to_le_bytes()
@@ -682,8 +853,9 @@ async fn local_answer(
     };
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(format!("HTTP/1.1 {status} {reason}\r\n").as_bytes());
-    out.extend_from_slice(b"content-type: text/plain; charset=utf-8\r\n");
-    out.extend_from_slice(format!("content-length: {}\r\n", message.len()).as_bytes());
+    // the bytes of the Python proxy's `http1.local_response`
+    out.extend_from_slice(b"Content-Type: text/plain; charset=utf-8\r\n");
+    out.extend_from_slice(format!("Content-Length: {}\r\n", message.len()).as_bytes());
     if plan.has_id {
         out.extend_from_slice(b"x-request-id: ");
         out.extend_from_slice(&request[plan.id_start..plan.id_end]);
@@ -691,7 +863,7 @@ async fn local_answer(
     } else {
         out.extend_from_slice(id_line);
     }
-    out.extend_from_slice(b"connection: close\r\n\r\n");
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
     if !plan.is_head {
         out.extend_from_slice(message);
     }
@@ -744,6 +916,13 @@ async fn relay(
     out.extend_from_slice(&plain[..answer.line_end]);
     if !answer.has_id {
         out.extend_from_slice(id_line);
+    }
+    // as the Python proxy (`upstream`): a body that ends with the connection, or a proxy that
+    // drains, ends the client's connection too, and the answer says so
+    let closing =
+        !answer.close && (matches!(answer.framing, Framing::UntilClose) || sh.leaving.get());
+    if closing {
+        out.extend_from_slice(b"Connection: close\r\n");
     }
     out.extend_from_slice(&plain[answer.line_end..answer.head_len]);
     let body = &plain[answer.head_len..];
@@ -813,6 +992,6 @@ async fn relay(
     let reusable = !answer.close && !matches!(answer.framing, Framing::UntilClose);
     Relay::Done {
         reusable,
-        keep_alive: !answer.close,
+        keep_alive: !(answer.close || closing),
     }
 }

@@ -45,13 +45,14 @@ import os
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kubeserve.runtime.channel import SECRET_ENV
 from kubeserve.runtime.wire import Snapshot
 
-__all__ = ["BINARY_ENV", "DATA_PATH_ENV", "FastPath", "FastPathError", "find_binary"]
+__all__ = ["BINARY_ENV", "DATA_PATH_ENV", "FastPath", "FastPathError", "Records", "find_binary"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,21 @@ _NAME = "kubeserve-fastpath"
 _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 #: How long the process may take to start listening.
 START_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Records:
+    """What the native path did since the last :meth:`FastPath.take_records`."""
+
+    #: metrics records per label set: ``method``, ``key`` (deployment key), ``status``,
+    #: ``count``, ``total_ms`` and ``buckets`` (counts per bucket of the ``latency_buckets_ms``
+    #: pushed, then +Inf)
+    metrics: list[dict[str, Any]]
+    #: when ``access_log`` was pushed true, one entry per request: ``[unix time, method,
+    #: deployment key, status, latency ms, request id]``
+    access: list[list[Any]]
+    #: client connections refused over ``max_connections``
+    refused: int
 
 
 class FastPathError(RuntimeError):
@@ -181,6 +197,7 @@ class FastPath:
         max_url_bytes: int | None = None,
         latency_buckets_ms: list[float] | None = None,
         access_log: bool | None = None,
+        max_connections: int | None = None,
     ) -> None:
         """Install a discovery snapshot (and settings) in the native process;
         ``request_timeout_s`` None: no timeout."""
@@ -193,6 +210,7 @@ class FastPath:
             "max_url_bytes": max_url_bytes,
             "latency_buckets_ms": latency_buckets_ms,
             "access_log": access_log,
+            "max_connections": max_connections,
         }  # (one not given keeps the native process's default)
         message: dict[str, Any] = {
             "op": "state",
@@ -208,16 +226,35 @@ class FastPath:
         Python proxy), ``upstream_connects`` (channel connections opened)."""
         return await self._call({"op": "stats"})
 
-    async def take_records(self) -> tuple[list[dict[str, Any]], list[list[Any]]]:
-        """What the native path answered since the last call: the metrics records per label set
-        (``method``, ``key`` (deployment key), ``status``, ``count``, ``total_ms`` and
-        ``buckets``: counts per bucket of the ``latency_buckets_ms`` pushed, then +Inf), and,
-        when ``access_log`` was pushed true, one access entry per request: ``[unix time, method,
-        deployment key, status, latency ms, request id]``."""
+    async def take_records(self) -> Records:
+        """What the native path answered (and refused) since the last call."""
         answer = await self._call({"op": "take_records"})
         if answer["access_dropped"]:
             log.warning("the native data path dropped %d access lines", answer["access_dropped"])
-        return answer["records"], answer["access"]
+        return Records(answer["records"], answer["access"], answer["refused"])
+
+    async def exchange_load(self, theirs: dict[str, int]) -> dict[str, int]:
+        """Give the native process the Python proxy's requests in flight per replica id (a
+        replica not named: none), replacing the last ones; get back its own (replicas with none
+        left out). Both then choose a replica by the sum, against one ``max_ongoing_requests``."""
+        answer = await self._call({"op": "load", "in_flight": theirs})
+        ours: dict[str, int] = answer["in_flight"]
+        return ours
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Drain the native process, for at most ``timeout_s``: it accepts no more connections
+        (the listening socket is closed), answers every request with ``Connection: close``,
+        closes connections idle for a second, and lets the requests in flight (and the
+        connections spliced to the Python proxy) finish. Whether none is left open; the process
+        still answers on its control socket (the last records), :meth:`close` ends it."""
+        await self._call({"op": "drain"})
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (await self.stats())["open_connections"] > 0:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     async def close(self) -> None:
         if self.process is not None and self.process.stdin is not None:

@@ -219,7 +219,8 @@ fn admit(sh: &Rc<Shared>, _client: &TcpStream) -> Option<Open> {
 }
 
 /// The Python proxy's answer to a connection over the limit (`server._REFUSAL`), byte for byte.
-const REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n\
+const REFUSAL: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n\
 Content-Type: text/plain; charset=utf-8\r\nContent-Length: 40\r\n\r\n\
 too many open connections to this proxy\n";
 

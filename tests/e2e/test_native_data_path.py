@@ -116,9 +116,7 @@ def test_a_proxy_told_to_stop_drains_its_native_data_path_with_no_failed_request
             with ThreadPoolExecutor(8) as pool:
                 # in flight at SIGTERM: keep-alive requests the native path serves, and requests
                 # it hands to the Python proxy (Connection: close)
-                native_gets = [
-                    pool.submit(keep_alive_gets, port, "/slow?s=2", 1) for _ in range(4)
-                ]
+                native_gets = [pool.submit(keep_alive_gets, port, "/slow?s=2", 1) for _ in range(4)]
                 handed = [
                     pool.submit(keep_alive_gets, port, "/slow?s=2", 1, "Connection: close\r\n")
                     for _ in range(2)

@@ -574,7 +574,9 @@ def async_handed_off(f: Front, count: int) -> Callable[[], Awaitable[bool]]:
 # -- parity with the Python proxy: load, connections, drain -------------------------------------
 
 
-async def _in_flight_request(port: int, path: str) -> asyncio.Task[tuple[int, dict[str, str], bytes]]:
+async def _in_flight_request(
+    port: int, path: str
+) -> asyncio.Task[tuple[int, dict[str, str], bytes]]:
     """A request on a connection of its own, answered in the background."""
     conn = await Conn.open(port)
     return asyncio.create_task(conn.request(get(path)))

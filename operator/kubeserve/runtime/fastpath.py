@@ -3,7 +3,8 @@ the Python proxy.
 
 ``native/`` (Rust, ``make native``) builds one binary. Its ``serve`` command owns the
 client-facing HTTP/1.1 keep-alive fast path: it parses each request, matches the route prefix,
-picks a replica below its ``max_ongoing_requests`` (round-robin), forwards the request over a
+picks a replica as the Python router does (power of two choices on requests in flight, below
+``max_ongoing_requests``; the counts are both processes', see below), forwards the request over a
 pooled connection of the authenticated channel (the INGRESS role of
 :mod:`~kubeserve.runtime.channel`, sealed frames of :mod:`~kubeserve.runtime.sealing`, byte for
 byte) and relays the answer verbatim (``Content-Length``, chunked or until close), adding
@@ -22,17 +23,30 @@ WebSockets, queueing for a busy replica, ``Retry-After``...). A replica that ans
 (shutting down, at capacity) hands the request off too, before any byte of that answer reaches the
 client.
 
-Ray's request metrics and access lines of the requests it answers are taken by the Python proxy
-once a second (:meth:`FastPath.take_records`) and recorded as its own. Not yet at parity on the
-fast path (the reason it is opt-in): the Python router does not see its requests in flight (a
-replica at its cap answers "unserved" and the request waits in the Python proxy),
-``--max-connections`` does not bound its connections, a leaving proxy's drain does not reach it,
-the Python proxy sees handed-off clients as ``127.0.0.1``, and the replica choice is round-robin
-below the cap rather than the Python router's.
+Parity with the Python proxy, which owns the policy (the native process only applies it):
+
+* **Load.** Every 50 ms the Python proxy sends its requests in flight per replica and gets the
+  native ones back (:meth:`FastPath.exchange_load`); each side chooses by the sum, and the Python
+  router counts the native requests as its own
+  (:meth:`~kubeserve.runtime.router.Router.set_external`). When every replica is at its cap the
+  request is handed off and waits in the Python proxy's queue, which its load reports count for
+  the autoscaler (replicas report what they run, native requests included).
+* **Connections.** ``max_connections`` (pushed with the state) bounds the client connections,
+  spliced ones included, and one over it gets the Python proxy's 503 (``take_records`` counts
+  them for its log).
+* **Drain.** :meth:`FastPath.drain` (a leaving proxy, ``LeavePlan``): no more accepting,
+  ``Connection: close`` on every answer, connections idle for a second closed, requests in
+  flight finished.
+
+The private listener the connections are spliced to is a loopback TCP port: it serves what the
+public port serves, so a local process reaching it gains nothing a client lacks. Handed-off
+clients reach it from ``127.0.0.1``, which no part of the Python proxy uses (the ASGI ``client``
+comes from ``X-Forwarded-For``, access lines carry no address).
 
 :class:`FastPath` runs the process and speaks its control socket: one JSON object per line each
 way, ``{"op": "state", "snapshot": ..., ...}`` (a discovery
-:class:`~kubeserve.runtime.wire.Snapshot` and settings) and ``{"op": "stats"}``.
+:class:`~kubeserve.runtime.wire.Snapshot` and settings), ``stats``, ``take_records``, ``load``
+and ``drain``.
 """
 
 from __future__ import annotations

@@ -920,8 +920,7 @@ async fn relay(
     }
     // as the Python proxy (`upstream`): a body that ends with the connection, or a proxy that
     // drains, ends the client's connection too, and the answer says so
-    let closing =
-        !answer.close && (matches!(answer.framing, Framing::UntilClose) || sh.leaving.get());
+    let closing = !answer.said_close && (answer.close || sh.leaving.get());
     if closing {
         out.extend_from_slice(b"Connection: close\r\n");
     }

@@ -755,3 +755,47 @@ def test_a_leaving_proxy_drains_its_native_data_path_with_no_failed_request() ->
             server.close()
 
     run(go())
+
+
+class _UntilClose(asyncio.Protocol):
+    """A replica whose answer has neither a length nor chunks: its body ends with the connection."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nto the end")  # type: ignore[attr-defined]
+        self.transport.close()
+
+
+def test_an_answer_that_ends_with_the_connection_ends_the_clients_as_the_python_proxy() -> None:
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: ServerChannel(
+                SECRET, "replica-x", lambda role: _UntilClose(), logging.getLogger()
+            ),
+            "127.0.0.1",
+            0,
+        )
+        port = server.sockets[0].getsockname()[1]
+        snapshot = _snapshot("/", "X", [_endpoint("replica-x", port)])
+        proxy = ProxyServer("127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot))
+        await proxy.start()
+        native = FastPath(SECRET, "127.0.0.1", 0, proxy.port)
+        try:
+            await native.start()
+            await native.push(snapshot)
+            conn = await Conn.open(native.port)
+            # the client learns where the body ends by the close, and the answer says so
+            status, headers, answer = await conn.request(get("/x"))
+            assert status == 200 and answer == b"to the end"
+            assert headers["connection"] == "close"
+            conn.close()
+            assert (await native.stats())["answered"] == {"app#X": {"200": 1}}
+        finally:
+            await native.close()
+            await proxy.close()
+            server.close()
+
+    run(go())

@@ -799,3 +799,37 @@ def test_an_answer_that_ends_with_the_connection_ends_the_clients_as_the_python_
             server.close()
 
     run(go())
+
+
+def test_a_request_that_finds_every_replica_full_waits_in_the_python_proxys_queue() -> None:
+    """What the autoscaler counts: replicas report what they run (native requests included), the
+    proxy reports what waits in its router's queue, where the native path's overflow goes."""
+
+    async def go() -> None:
+        app = Echo("a")
+        server, port = await replica(app, "replica-a")
+        snapshot = _snapshot("/api", "D", [_endpoint("replica-a", port)])
+        snapshot["deployments"]["app#D"]["max_ongoing_requests"] = 1
+        proxy = ProxyServer(
+            "127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot), native=True
+        )
+        await proxy.start()
+        try:
+            assert proxy.native is not None
+            await wait_until(lambda: proxy.native_version == 1, 5)
+            router = proxy.state.router
+            first = await _in_flight_request(proxy.port, "/api/sleep")
+            await wait_until(lambda: router.in_flight("app#D") == {"replica-a": 1}, 2)
+            # the replica is at its cap: the native path hands the next one over, it waits
+            second = await _in_flight_request(proxy.port, "/api/sleep")
+            await wait_until(lambda: router.queued("app#D") == 1, 2)
+            assert len(app.seen) == 1  # not sent to the full replica
+            for status, _, _ in await asyncio.gather(first, second):
+                assert status == 200
+            assert router.queued("app#D") == 0 and len(app.seen) == 2
+            assert (await proxy.native.stats())["handed_off"] == 1
+        finally:
+            await proxy.close()
+            server.close()
+
+    run(go())

@@ -612,6 +612,14 @@ def test_replica_choice_weighs_both_processes_requests_in_flight() -> None:
     scenario(body)
 
 
+def _ongoing() -> float:
+    """``ray_serve_num_ongoing_http_requests``, as ``/metrics`` shows it."""
+    for family in text_string_to_metric_families(exposition().decode()):
+        if family.name == "ray_serve_num_ongoing_http_requests":
+            return sum(float(sample.value) for sample in family.samples)
+    return 0.0
+
+
 def test_the_python_router_counts_the_native_requests_in_flight() -> None:
     async def go() -> None:
         app = Echo("a")
@@ -629,9 +637,12 @@ def test_the_python_router_counts_the_native_requests_in_flight() -> None:
             # the native request counts in the Python proxy's router, as its own would
             await wait_until(lambda: router.in_flight("app#D") == {"replica-a": 1}, 2)
             assert router.own_in_flight() == {}
+            # and in Ray's ongoing-requests gauge of the proxy
+            await wait_until(lambda: _ongoing() == 1, 2)
             status, _, _ = await slow
             assert status == 200
             await wait_until(lambda: router.in_flight("app#D") == {"replica-a": 0}, 2)
+            await wait_until(lambda: _ongoing() == 0, 2)
             # and the Python proxy's own requests in flight reach the native process
             conn = await Conn.open(proxy.port)
             handed = asyncio.create_task(conn.request(get("/api/sleep", "Connection: close\r\n")))

@@ -253,13 +253,17 @@ class ProxyServer:
     async def _native_load(self, native: FastPath) -> None:
         """Every :data:`_NATIVE_LOAD_S`, tell the native process this proxy's requests in
         flight per replica and count its own in this proxy's router
-        (:meth:`~kubeserve.runtime.router.Router.set_external`): each side then chooses a replica
-        by both counts, and a request the native process hands over when every replica is at
-        ``max_ongoing_requests`` waits here for the first slot either side frees."""
+        (:meth:`~kubeserve.runtime.router.Router.set_external`) and in its ongoing-requests gauge:
+        each side then chooses a replica by both counts, and a request the native process hands
+        over when every replica is at ``max_ongoing_requests`` waits here for the first slot
+        either side frees."""
         router = self.state.router
+        metrics = self.state.metrics
         while True:
             try:
-                router.set_external(await native.exchange_load(router.own_in_flight()))
+                theirs = await native.exchange_load(router.own_in_flight())
+                router.set_external(theirs)
+                metrics.set_elsewhere(sum(theirs.values()))
             except FastPathError:
                 return  # (the records task logs it)
             await asyncio.sleep(_NATIVE_LOAD_S)

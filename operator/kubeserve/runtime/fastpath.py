@@ -28,7 +28,8 @@ Parity with the Python proxy, which owns the policy (the native process only app
 * **Load.** Every 50 ms the Python proxy sends its requests in flight per replica and gets the
   native ones back (:meth:`FastPath.exchange_load`); each side chooses by the sum, and the Python
   router counts the native requests as its own
-  (:meth:`~kubeserve.runtime.router.Router.set_external`). When every replica is at its cap the
+  (:meth:`~kubeserve.runtime.router.Router.set_external`) and in Ray's ongoing-requests gauge of
+  the proxy. When every replica is at its cap the
   request is handed off and waits in the Python proxy's queue, which its load reports count for
   the autoscaler (replicas report what they run, native requests included).
 * **Connections.** ``max_connections`` (pushed with the state) bounds the client connections,

@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream, UnixListener};
 
 use crate::channel::{self, Channel};
 use crate::http::{self, ChunkScanner, Framing, Parsed, ParsedAnswer};
+use crate::tls::{ClientStream, Tls};
 
 struct Replica {
     id: String,
@@ -93,6 +94,8 @@ struct Shared {
     /// the latency histogram's upper bounds (ms), `metrics.LATENCY_BUCKETS_MS`
     buckets: RefCell<Vec<f64>>,
     counters: RefCell<Counters>,
+    /// the client port's TLS (`tls.rs`): off, or the newest certificate pair pushed
+    tls: Tls,
 }
 
 pub async fn run(
@@ -100,6 +103,7 @@ pub async fn run(
     listen: String,
     control: String,
     fallback: String,
+    tls: bool,
 ) -> io::Result<()> {
     let listener = match listen.strip_prefix("fd:") {
         Some(fd) => {
@@ -129,6 +133,7 @@ pub async fn run(
         access: Cell::new(false),
         buckets: RefCell::new(Vec::new()),
         counters: RefCell::new(Counters::default()),
+        tls: Tls::new(tls),
     });
     let _ = std::fs::remove_file(&control);
     let control_listener = UnixListener::bind(&control)?;
@@ -146,6 +151,7 @@ pub async fn run(
             tokio::task::spawn_local(control_connection(sh.clone(), conn));
         }
     });
+    shared.tls.ready().await; // serving HTTPS: not before the first certificate pair is in
     loop {
         let (client, _) = listener.accept().await?;
         let _ = client.set_nodelay(true);
@@ -177,6 +183,16 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
             Ok(()) => json!({"ok": true}),
             Err(e) => json!({"ok": false, "error": e}),
         },
+        Some("tls") => {
+            let field = |name: &str| msg.get(name).and_then(Value::as_str);
+            let (Some(cert), Some(key)) = (field("cert_pem"), field("key_pem")) else {
+                return json!({"ok": false, "error": "cert_pem, key_pem: strings required"});
+            };
+            match sh.tls.install(cert, key, field("ca_pem")) {
+                Ok(()) => json!({"ok": true}),
+                Err(e) => json!({"ok": false, "error": e}),
+            }
+        }
         Some("stats") => {
             let c = sh.counters.borrow();
             let mut answered = serde_json::Map::new();
@@ -190,6 +206,7 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
                 "latency_ms_sum": c.latency_ms,
                 "handed_off": c.handed_off,
                 "upstream_connects": c.upstream_connects,
+                "tls_installs": sh.tls.installs.get(),
             })
         }
         Some("take_records") => {
@@ -206,7 +223,7 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
             let dropped = std::mem::take(&mut c.access_dropped);
             json!({"ok": true, "records": records, "access": access, "access_dropped": dropped})
         }
-        _ => json!({"ok": false, "error": "op: must be state, stats or take_records"}),
+        _ => json!({"ok": false, "error": "op: must be state, tls, stats or take_records"}),
     }
 }
 
@@ -335,7 +352,7 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
 
 // -- client connections -----------------------------------------------------------------------
 
-async fn read_more(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+async fn read_more(client: &mut ClientStream, buf: &mut Vec<u8>) -> io::Result<usize> {
     if buf.capacity() - buf.len() < 4096 {
         buf.reserve(16 * 1024);
     }
@@ -349,7 +366,10 @@ struct Scratch {
     out: Vec<u8>,
 }
 
-async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
+async fn client_connection(sh: Rc<Shared>, tcp: TcpStream) {
+    let Some(mut client) = ClientStream::accept(sh.tls.current(), tcp).await else {
+        return; // a failed TLS handshake
+    };
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut first = true;
     let mut scratch = Scratch {
@@ -409,7 +429,8 @@ async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
 }
 
 /// Splice the connection to the Python proxy, starting with the bytes already read.
-async fn hand_off(sh: &Shared, mut client: TcpStream, buf: Vec<u8>) {
+/// Over TLS the Python proxy gets the decrypted bytes, on its plain private port.
+async fn hand_off(sh: &Shared, mut client: ClientStream, buf: Vec<u8>) {
     sh.counters.borrow_mut().handed_off += 1;
     let Ok(mut proxy) = TcpStream::connect(&sh.fallback).await else {
         return;
@@ -489,7 +510,7 @@ async fn forward(
     sh: &Shared,
     plan: &http::Plan,
     request: &[u8],
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     scratch: &mut Scratch,
 ) -> Outcome {
     let started = Instant::now();
@@ -668,7 +689,7 @@ async fn local_answer(
     sh: &Shared,
     plan: &http::Plan,
     request: &[u8],
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     id_line: &[u8],
     dep: &Deployment,
     started: Instant,
@@ -713,7 +734,7 @@ async fn relay(
     plan: &http::Plan,
     request: &[u8],
     ch: &mut Channel,
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     id_line: &[u8],
     dep: &Deployment,
     started: Instant,

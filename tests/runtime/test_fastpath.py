@@ -29,7 +29,6 @@ from kubeserve.runtime.replica.http import (
     ReplicaHttpServer,
     StreamedResponse,
 )
-from kubeserve.runtime.tls import TLSFiles
 from kubeserve.runtime.wire import UNSERVED_HEADER, Snapshot
 from support.channel_front import SECRET
 from support.common import run, wait_until
@@ -411,18 +410,6 @@ def test_a_proxy_with_the_native_data_path_serves_through_it_and_counts_in_its_m
         await wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 5)
 
     run(go())
-
-
-def test_the_native_data_path_refuses_tls() -> None:
-    with pytest.raises(ValueError, match="plain HTTP only"):
-        ProxyServer(
-            "127.0.0.1",
-            0,
-            secret=SECRET,
-            source=StaticSource({"version": 1, "routes": [], "deployments": {}}),  # type: ignore[typeddict-item]
-            tls=TLSFiles("cert.pem", "key.pem"),
-            native=True,
-        )
 
 
 class _HangUp(asyncio.Protocol):

@@ -422,7 +422,11 @@ async fn client_connection(sh: Rc<Shared>, tcp: TcpStream) {
                 first = false;
                 buf.drain(..total);
             }
-            Outcome::Done { keep_alive: false } | Outcome::Failed => return,
+            Outcome::Done { keep_alive: false } => {
+                let _ = client.shutdown().await; // over TLS, its close_notify first
+                return;
+            }
+            Outcome::Failed => return,
             Outcome::HandOff => return hand_off(&sh, client, buf).await,
         }
     }
@@ -766,6 +770,9 @@ async fn relay(
     if !answer.has_id {
         out.extend_from_slice(id_line);
     }
+    if plan.close && !answer.close {
+        out.extend_from_slice(b"connection: close\r\n"); // as the Python proxy answers it
+    }
     out.extend_from_slice(&plain[answer.line_end..answer.head_len]);
     let body = &plain[answer.head_len..];
     let mut scanner = ChunkScanner::default();
@@ -834,6 +841,6 @@ async fn relay(
     let reusable = !answer.close && !matches!(answer.framing, Framing::UntilClose);
     Relay::Done {
         reusable,
-        keep_alive: !answer.close,
+        keep_alive: !answer.close && !plan.close,
     }
 }

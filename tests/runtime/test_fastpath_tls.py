@@ -106,8 +106,15 @@ def test_https_keep_alive_is_answered_natively_with_an_encrypted_key(tmp_path: P
             status, _, _ = await conn.request(get("/-/healthz"))  # the Python proxy's, handed off
             assert status == 200
             conn.close()
+            # Connection: close (a client making a connection per request): answered natively,
+            # then the connection ends (close_notify, then the socket)
+            conn = await tls_conn(proxy.port, client_context(ca.path))
+            status, headers, _ = await conn.request(get("/api/once", "Connection: close\r\n"))
+            assert status == 200 and headers["connection"] == "close"
+            assert await asyncio.wait_for(conn.reader.read(), 10) == b""
+            conn.close()
             stats = await proxy.native.stats()
-            assert stats["answered"] == {"app#D": {"200": 5}} and stats["handed_off"] == 1
+            assert stats["answered"] == {"app#D": {"200": 6}} and stats["handed_off"] == 1
             assert stats["tls_installs"] == 1
             # curl, a real client of its own: verifies the certificate, gets the answer
             curl = await asyncio.to_thread(
@@ -191,8 +198,8 @@ def test_rotated_files_reach_new_handshakes_and_a_kept_connection_goes_on(tmp_pa
 
 
 def _requests() -> list[bytes]:
-    """Requests the native path hands off: a chunked body, an unknown route, a proxy endpoint, a
-    body above 64 KiB, a request with ``Connection: close``."""
+    """Requests the native path hands off (a chunked body, an unknown route, a proxy endpoint, a
+    body above 64 KiB), then one with ``Connection: close`` it answers itself."""
     chunked = (
         b"POST /api/echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
         b"5\r\nhello\r\n0\r\n\r\n"
@@ -224,12 +231,13 @@ def test_a_request_handed_off_over_tls_is_answered_as_by_the_python_proxy(tmp_pa
             if native:
                 assert proxy.native is not None
                 stats = await proxy.native.stats()
-                assert stats["handed_off"] == len(_requests()) and stats["answered"] == {}
+                assert stats["handed_off"] == 4 and stats["answered"] == {"app#D": {"200": 1}}
         return out
 
     async def go() -> None:
         python, native = await answers(False), await answers(True)
         assert [a[0] for a in native] == [200, 404, 200, 200, 200]
+        assert native[-1][1]["connection"] == "close"
         assert native == python
 
     run(go())

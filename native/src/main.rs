@@ -8,7 +8,8 @@
 //! Everything else, from the first byte it does not cover on, is handed to the Python proxy: the
 //! connection is spliced to it, with the bytes already read, so behaviour never differs.
 //! State (the discovery snapshot) is pushed over a private unix control socket, counters pulled
-//! back over it.
+//! back over it. With `--tls` it serves HTTPS (`tls.rs`): the certificate pair comes over the
+//! control socket too (and again at each rotation), and hand-offs carry the decrypted bytes.
 //!
 //! `probe`: one request over a fresh sealed connection, the answer on stdout (tests, debugging).
 

@@ -17,6 +17,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric import ec
+
 from kubeserve.runtime.proxy import ProxyServer
 from kubeserve.runtime.tls import TLSFiles
 from runtime.test_fastpath import Conn, Echo, _endpoint, _snapshot, get, replica
@@ -61,9 +63,10 @@ def der(pair: Pair) -> bytes:
 class TlsFront:
     """One replica of ``app#D`` on ``/api`` behind a proxy serving ``files``, natively or not."""
 
-    def __init__(self, files: TLSFiles, *, native: bool = True) -> None:
+    def __init__(self, files: TLSFiles, *, native: bool = True, expect_native: bool = True) -> None:
         self.files = files
         self.native = native
+        self.expect_native = native and expect_native
         self.app = Echo("a")
         self.server: asyncio.Server | None = None
         self.proxy: ProxyServer | None = None
@@ -80,7 +83,7 @@ class TlsFront:
             native=self.native,
         )
         await self.proxy.start()
-        if self.native:
+        if self.expect_native:
             assert self.proxy.native is not None, "the native process does not serve"
             await wait_until(lambda: self.proxy is not None and self.proxy.native_version == 1)
         return self.proxy
@@ -239,5 +242,23 @@ def test_a_request_handed_off_over_tls_is_answered_as_by_the_python_proxy(tmp_pa
         assert [a[0] for a in native] == [200, 404, 200, 200, 200]
         assert native[-1][1]["connection"] == "close"
         assert native == python
+
+    run(go())
+
+
+def test_a_key_the_native_path_cannot_sign_with_leaves_the_proxy_on_the_python_path(
+    tmp_path: Path,
+) -> None:
+    ca = Authority(tmp_path / "ca")
+    server = ca.issue("server", curve=ec.SECP521R1())  # OpenSSL signs with P-521, ring does not
+
+    async def go() -> None:
+        async with TlsFront(
+            TLSFiles(str(server.cert), str(server.key)), expect_native=False
+        ) as proxy:
+            assert proxy.native is None  # (logged) the Python proxy serves HTTPS itself
+            conn = await tls_conn(proxy.port, client_context(ca.path))
+            assert (await conn.request(get("/api/x")))[0] == 200
+            conn.close()
 
     run(go())

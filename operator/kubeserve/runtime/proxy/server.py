@@ -175,8 +175,8 @@ class ProxyServer:
         """Put the native process on the client port, this proxy behind it on a private loopback
         port (plain HTTP: the native process terminates TLS and hands off decrypted bytes).
 
-        A certificate pair the native process does not load (a key type rustls has no signer
-        for, such as RSA below 2048 bits or DSA) leaves the proxy on the Python path, said once.
+        A certificate pair the native process does not load (a key rustls has no signer for,
+        such as P-521 or Ed448) leaves the proxy on the Python path, said once.
         """
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(

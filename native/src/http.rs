@@ -417,4 +417,21 @@ mod tests {
             _ => panic!("a plain request is covered"),
         }
     }
+
+    #[test]
+    fn connection_close_is_covered_dropped_and_remembered() {
+        let req = b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: Close\r\n\r\n";
+        match parse_request(req, 65536, 8192) {
+            Parsed::Covered(p) => {
+                assert!(p.close);
+                assert_eq!(&req[p.drop_start..p.drop_end], b"Connection: Close\r\n");
+            }
+            _ => panic!("Connection: close is covered"),
+        }
+        let other = b"GET /a HTTP/1.1\r\nConnection: close, te\r\n\r\n";
+        assert!(matches!(
+            parse_request(other, 65536, 8192),
+            Parsed::NotCovered
+        ));
+    }
 }

@@ -225,3 +225,19 @@ impl AsyncWrite for ClientStream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pem_that_serves_nothing_is_refused_with_the_field() {
+        let err = server_config(b"not pem", b"", None).unwrap_err();
+        assert!(err.starts_with("cert_pem: no certificate"), "{err}");
+        let cert = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let err = server_config(cert, b"nothing", None).unwrap_err();
+        assert!(err.starts_with("key_pem:"), "{err}");
+        let tls = Tls::new(false);
+        assert!(tls.install("", "", None).is_err() && tls.current().is_none());
+    }
+}

@@ -1,18 +1,22 @@
 """``kubeserve start --data-path native`` with ``http_options.ssl_*``: the native process
 terminates TLS on the proxy port (an encrypted key, decrypted by the proxy with
 ``ssl_keyfile_password``), bad files are still a 400 at the field, and rotated files reach new
-handshakes while a kept connection goes on."""
+handshakes while a kept connection goes on; a WebSocket over TLS (handed off, decrypted, to the
+Python proxy) echoes."""
 
 from __future__ import annotations
 
 import http.client
 import shutil
+import ssl
 import subprocess
 from pathlib import Path
 
+import aiohttp
+
 from e2e.test_local_tls import PASSWORD, client_context, get, tls_options
 from e2e.test_native_data_path import native_pid, proxy_pid
-from support.common import wait_for
+from support.common import run, wait_for
 from support.kubeserve_start import Kubeserve, running_kubeserve, slow_app
 from support.tls_certs import Authority, Pair
 
@@ -27,6 +31,15 @@ def curl(ks: Kubeserve, ca: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+async def websocket_echo(ks: Kubeserve, context: ssl.SSLContext) -> str:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(f"wss://127.0.0.1:{ks.proxy_port}/ws/", ssl=context) as ws,
+    ):
+        await ws.send_str("hello over wss")
+        return await ws.receive_str(timeout=10)
+
+
 def test_https_through_the_native_data_path_with_rotation(tmp_path: Path) -> None:
     ca = Authority(tmp_path / "ca")
     first = ca.issue("server", password=PASSWORD.encode())
@@ -39,15 +52,19 @@ def test_https_through_the_native_data_path_with_rotation(tmp_path: Path) -> Non
         assert status == 400, body
         assert body["details"][0]["loc"] == ["http_options", "ssl_keyfile_password"], body
 
+        echo = {"name": "echo", "route_prefix": "/ws", "import_path": "ray_websocket_app:echo_app"}
         status, body = ks.put(
-            [slow_app()], http_options=tls_options(ks, live, ssl_keyfile_password=PASSWORD)
+            [slow_app(), echo], http_options=tls_options(ks, live, ssl_keyfile_password=PASSWORD)
         )
         assert status == 200, body
         ks.wait_app("slow")
+        ks.wait_app("echo")
         proxy = proxy_pid(ks)
         assert native_pid(proxy) is not None, "the proxy serving TLS runs no kubeserve-fastpath"
         answer = curl(ks, ca.path)
         assert answer.returncode == 0 and answer.stdout.startswith("{"), answer
+
+        assert run(websocket_echo(ks, client_context(ca.path))) == "hello over wss"
 
         kept = http.client.HTTPSConnection(
             "127.0.0.1", ks.proxy_port, context=client_context(ca.path), timeout=10

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 
 use crate::channel::{self, Channel};
 use crate::http::{self, ChunkScanner, Framing, Parsed, ParsedAnswer};
+use crate::tls::{ClientStream, Tls};
 
 struct Replica {
     id: String,
@@ -114,6 +115,8 @@ struct Shared {
     draining: watch::Sender<bool>,
     /// `draining`, read per answer
     leaving: Cell<bool>,
+    /// the client port's TLS (`tls.rs`): off, or the newest certificate pair pushed
+    tls: Tls,
 }
 
 pub async fn run(
@@ -121,6 +124,7 @@ pub async fn run(
     listen: String,
     control: String,
     fallback: String,
+    tls: bool,
 ) -> io::Result<()> {
     let listener = match listen.strip_prefix("fd:") {
         Some(fd) => {
@@ -154,6 +158,7 @@ pub async fn run(
         open: Cell::new(0),
         draining: watch::Sender::new(false),
         leaving: Cell::new(false),
+        tls: Tls::new(tls),
     });
     let _ = std::fs::remove_file(&control);
     let control_listener = UnixListener::bind(&control)?;
@@ -171,6 +176,7 @@ pub async fn run(
             tokio::task::spawn_local(control_connection(sh.clone(), conn));
         }
     });
+    shared.tls.ready().await; // serving HTTPS: not before the first certificate pair is in
     accept_until_drained(&shared, listener).await?;
     // the open connections finish (`open_connections` in `stats` says when none is left), the
     // control socket still answers: the Python proxy takes the last records, then ends us
@@ -257,6 +263,16 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
             Ok(()) => json!({"ok": true}),
             Err(e) => json!({"ok": false, "error": e}),
         },
+        Some("tls") => {
+            let field = |name: &str| msg.get(name).and_then(Value::as_str);
+            let (Some(cert), Some(key)) = (field("cert_pem"), field("key_pem")) else {
+                return json!({"ok": false, "error": "cert_pem, key_pem: strings required"});
+            };
+            match sh.tls.install(cert, key, field("ca_pem")) {
+                Ok(()) => json!({"ok": true}),
+                Err(e) => json!({"ok": false, "error": e}),
+            }
+        }
         Some("stats") => {
             let c = sh.counters.borrow();
             let mut answered = serde_json::Map::new();
@@ -272,6 +288,7 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
                 "upstream_connects": c.upstream_connects,
                 "open_connections": sh.open.get(),
                 "draining": *sh.draining.borrow(),
+                "tls_installs": sh.tls.installs.get(),
             })
         }
         Some("take_records") => {
@@ -301,7 +318,7 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
         }
         _ => json!({
             "ok": false,
-            "error": "op: must be state, stats, take_records, load or drain"
+            "error": "op: must be state, tls, stats, take_records, load or drain"
         }),
     }
 }
@@ -453,7 +470,7 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
 
 // -- client connections -----------------------------------------------------------------------
 
-async fn read_more(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+async fn read_more(client: &mut ClientStream, buf: &mut Vec<u8>) -> io::Result<usize> {
     if buf.capacity() - buf.len() < 4096 {
         buf.reserve(16 * 1024);
     }
@@ -467,8 +484,11 @@ struct Scratch {
     out: Vec<u8>,
 }
 
-async fn client_connection(open: Open, mut client: TcpStream) {
+async fn client_connection(open: Open, tcp: TcpStream) {
     let sh = open.0.clone();
+    let Some(mut client) = ClientStream::accept(sh.tls.current(), tcp).await else {
+        return; // a failed TLS handshake
+    };
     let mut drained = sh.draining.subscribe();
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut first = true;
@@ -534,15 +554,20 @@ async fn client_connection(open: Open, mut client: TcpStream) {
                 first = false;
                 buf.drain(..total);
             }
-            Outcome::Done { keep_alive: false } | Outcome::Failed => return,
+            Outcome::Done { keep_alive: false } => {
+                let _ = client.shutdown().await; // over TLS, its close_notify first
+                return;
+            }
+            Outcome::Failed => return,
             Outcome::HandOff => return hand_off(&sh, open, client, buf).await,
         }
     }
 }
 
 /// Splice the connection to the Python proxy, starting with the bytes already read; the
-/// connection counts as open (`open`) until the splice ends.
-async fn hand_off(sh: &Shared, open: Open, mut client: TcpStream, buf: Vec<u8>) {
+/// connection counts as open (`open`) until the splice ends. Over TLS the Python proxy gets the
+/// decrypted bytes, on its plain private port.
+async fn hand_off(sh: &Shared, open: Open, mut client: ClientStream, buf: Vec<u8>) {
     sh.counters.borrow_mut().handed_off += 1;
     let Ok(mut proxy) = TcpStream::connect(&sh.fallback).await else {
         return;
@@ -559,8 +584,8 @@ async fn hand_off(sh: &Shared, open: Open, mut client: TcpStream, buf: Vec<u8>) 
 /// Copy both ways until the Python proxy closes its end (then the client's connection closes
 /// too, as when the client talks to it directly); a client that stops sending (half-close) has
 /// that passed on, and its answers still flow.
-async fn splice(client: &mut TcpStream, proxy: &mut TcpStream) {
-    let (mut client_read, mut client_write) = client.split();
+async fn splice(client: &mut ClientStream, proxy: &mut TcpStream) {
+    let (mut client_read, mut client_write) = tokio::io::split(client);
     let (mut proxy_read, mut proxy_write) = proxy.split();
     let up = async {
         let _ = tokio::io::copy(&mut client_read, &mut proxy_write).await;
@@ -661,7 +686,7 @@ async fn forward(
     sh: &Shared,
     plan: &http::Plan,
     request: &[u8],
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     scratch: &mut Scratch,
 ) -> Outcome {
     let started = Instant::now();
@@ -840,7 +865,7 @@ async fn local_answer(
     sh: &Shared,
     plan: &http::Plan,
     request: &[u8],
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     id_line: &[u8],
     dep: &Deployment,
     started: Instant,
@@ -886,7 +911,7 @@ async fn relay(
     plan: &http::Plan,
     request: &[u8],
     ch: &mut Channel,
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     id_line: &[u8],
     dep: &Deployment,
     started: Instant,
@@ -918,9 +943,9 @@ async fn relay(
     if !answer.has_id {
         out.extend_from_slice(id_line);
     }
-    // as the Python proxy (`upstream`): a body that ends with the connection, or a proxy that
-    // drains, ends the client's connection too, and the answer says so
-    let closing = !answer.said_close && (answer.close || sh.leaving.get());
+    // as the Python proxy (`upstream`): a client that asked for it, a body that ends with the
+    // connection, or a proxy that drains, ends the client's connection, and the answer says so
+    let closing = !answer.said_close && (answer.close || plan.close || sh.leaving.get());
     if closing {
         out.extend_from_slice(b"Connection: close\r\n");
     }

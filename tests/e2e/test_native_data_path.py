@@ -115,10 +115,10 @@ def test_a_proxy_told_to_stop_drains_its_native_data_path_with_no_failed_request
             assert native is not None, "the proxy runs no kubeserve-fastpath"
             with ThreadPoolExecutor(8) as pool:
                 # in flight at SIGTERM: keep-alive requests the native path serves, and requests
-                # it hands to the Python proxy (Connection: close)
+                # it hands to the Python proxy (TE: a hop-by-hop header it leaves to it)
                 native_gets = [pool.submit(keep_alive_gets, port, "/slow?s=2", 1) for _ in range(4)]
                 handed = [
-                    pool.submit(keep_alive_gets, port, "/slow?s=2", 1, "Connection: close\r\n")
+                    pool.submit(keep_alive_gets, port, "/slow?s=2", 1, "TE: trailers\r\n")
                     for _ in range(2)
                 ]
                 time.sleep(0.5)  # (each request is on its replica by then)

@@ -30,7 +30,6 @@ from kubeserve.runtime.replica.http import (
     ReplicaHttpServer,
     StreamedResponse,
 )
-from kubeserve.runtime.tls import TLSFiles
 from kubeserve.runtime.wire import UNSERVED_HEADER, Snapshot
 from support.channel_front import SECRET
 from support.common import run, wait_until
@@ -414,18 +413,6 @@ def test_a_proxy_with_the_native_data_path_serves_through_it_and_counts_in_its_m
     run(go())
 
 
-def test_the_native_data_path_refuses_tls() -> None:
-    with pytest.raises(ValueError, match="plain HTTP only"):
-        ProxyServer(
-            "127.0.0.1",
-            0,
-            secret=SECRET,
-            source=StaticSource({"version": 1, "routes": [], "deployments": {}}),  # type: ignore[typeddict-item]
-            tls=TLSFiles("cert.pem", "key.pem"),
-            native=True,
-        )
-
-
 class _HangUp(asyncio.Protocol):
     """A replica that dies with the request: reads it, closes without an answer."""
 
@@ -645,7 +632,7 @@ def test_the_python_router_counts_the_native_requests_in_flight() -> None:
             await wait_until(lambda: _ongoing() == 0, 2)
             # and the Python proxy's own requests in flight reach the native process
             conn = await Conn.open(proxy.port)
-            handed = asyncio.create_task(conn.request(get("/api/sleep", "Connection: close\r\n")))
+            handed = asyncio.create_task(conn.request(get("/api/sleep", "TE: trailers\r\n")))
             await wait_until(lambda: router.own_in_flight() == {"replica-a": 1}, 5)
             assert await proxy.native.exchange_load({"replica-a": 1}) == {}
             assert (await handed)[0] == 200
@@ -750,9 +737,7 @@ def test_a_leaving_proxy_drains_its_native_data_path_with_no_failed_request() ->
             # in flight: native requests, and one the Python proxy serves (handed off)
             busy = [await _in_flight_request(native_port, "/api/sleep") for _ in range(3)]
             conn = await Conn.open(native_port)
-            busy.append(
-                asyncio.create_task(conn.request(get("/api/sleep", "Connection: close\r\n")))
-            )
+            busy.append(asyncio.create_task(conn.request(get("/api/sleep", "TE: trailers\r\n"))))
             await wait_until(lambda: len(app.seen) == 4, 5)
             started = asyncio.get_running_loop().time()
             await proxy.leave(LeavePlan(drain_s=10))

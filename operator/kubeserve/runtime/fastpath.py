@@ -10,7 +10,13 @@ pooled connection of the authenticated channel (the INGRESS role of
 byte) and relays the answer verbatim (``Content-Length``, chunked or until close), adding
 ``x-request-id`` as the Python proxy does (the client's usable id, else a generated one).
 
-A proxy serving TLS or tracing (spans are not made here yet) does not use it.
+A proxy serving TLS starts it with ``--tls``: it terminates TLS itself (rustls,
+``native/src/tls.rs``) with the certificate pair the proxy loaded and checked
+(:class:`~kubeserve.runtime.tls.NativeTLS`, the key decrypted, pushed in memory over the control
+socket with :meth:`FastPath.push_tls`, again at each rotation: new handshakes take the new pair,
+established connections go on), requires client certificates as the proxy does given
+``ssl_ca_certs``, and hands off the decrypted bytes. It accepts no connection before the first
+pair is in. A proxy tracing (spans are not made here yet) does not use it.
 
 What it covers: HTTP/1.1 requests with no body or a ``Content-Length`` body up to
 ``max_body_bytes``, no hop-by-hop header but ``Connection: keep-alive`` (not forwarded, as the
@@ -39,10 +45,12 @@ Parity with the Python proxy, which owns the policy (the native process only app
   ``Connection: close`` on every answer, connections idle for a second closed, requests in
   flight finished.
 
-The private listener the connections are spliced to is a loopback TCP port: it serves what the
-public port serves, so a local process reaching it gains nothing a client lacks. Handed-off
-clients reach it from ``127.0.0.1``, which no part of the Python proxy uses (the ASGI ``client``
-comes from ``X-Forwarded-For``, access lines carry no address).
+The private listener the connections are spliced to is a loopback TCP port. Serving plain HTTP
+it answers what the public port answers, so a local process reaching it gains nothing a client
+lacks; serving HTTPS with ``ssl_ca_certs``, a local process reaching it skips the client
+certificate check (open: a unix socket in the 0700 directory of the control socket would close
+it). Handed-off clients reach it from ``127.0.0.1``, which no part of the Python proxy uses (the
+ASGI ``client`` comes from ``X-Forwarded-For``, access lines carry no address).
 
 :class:`FastPath` runs the process and speaks its control socket: one JSON object per line each
 way, ``{"op": "state", "snapshot": ..., ...}`` (a discovery
@@ -65,9 +73,18 @@ from pathlib import Path
 from typing import Any
 
 from kubeserve.runtime.channel import SECRET_ENV
+from kubeserve.runtime.tls import NativeTLS
 from kubeserve.runtime.wire import Snapshot
 
-__all__ = ["BINARY_ENV", "DATA_PATH_ENV", "FastPath", "FastPathError", "Records", "find_binary"]
+__all__ = [
+    "BINARY_ENV",
+    "DATA_PATH_ENV",
+    "FastPath",
+    "FastPathError",
+    "FastPathRefused",
+    "Records",
+    "find_binary",
+]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +120,10 @@ class FastPathError(RuntimeError):
     """The native process is missing, did not start, or refused what it was sent."""
 
 
+class FastPathRefused(FastPathError):
+    """The native process runs and refused what it was sent (it keeps what it had)."""
+
+
 def find_binary() -> str | None:
     """The ``kubeserve-fastpath`` binary to run, or None when there is none."""
     named = os.environ.get(BINARY_ENV)
@@ -127,10 +148,12 @@ class FastPath:
         binary: str | None = None,
         *,
         listen_fd: int | None = None,
+        tls: bool = False,
     ) -> None:
         """``listen_fd``: serve on this inherited listening socket instead of binding
-        ``host:port``."""
+        ``host:port``; ``tls``: serve HTTPS, from the first pair :meth:`push_tls` gives."""
         self.secret = secret
+        self.tls = tls
         self.listen_fd = listen_fd
         self.host = host
         self.port = port
@@ -166,6 +189,7 @@ class FastPath:
             control,
             "--fallback",
             f"127.0.0.1:{self.fallback_port}",
+            *(("--tls",) if self.tls else ()),
             env=env,
             stdin=asyncio.subprocess.PIPE,  # it exits when this end closes (we ended)
             stderr=asyncio.subprocess.PIPE,
@@ -189,14 +213,22 @@ class FastPath:
             raise FastPathError(f"{_NAME} is not running")
         reader, writer = self._control
         async with self._lock:
-            writer.write(json.dumps(message).encode() + b"\n")
-            await writer.drain()
-            line = await reader.readline()
+            try:
+                writer.write(json.dumps(message).encode() + b"\n")
+                await writer.drain()
+                line = await reader.readline()
+            except BaseException:
+                # cancelled (or failed) between a question and its answer: a later call would
+                # read this answer as its own, so the control connection is not used again
+                if self._control is not None and self._control[1] is writer:
+                    self._control = None
+                    writer.close()
+                raise
         if not line:
             raise FastPathError(f"{_NAME} closed its control socket")
         answer: dict[str, Any] = json.loads(line)
         if not answer.get("ok"):
-            raise FastPathError(f"{_NAME} refused {message.get('op')}: {answer.get('error')}")
+            raise FastPathRefused(f"{_NAME} refused {message.get('op')}: {answer.get('error')}")
         return answer
 
     async def push(
@@ -235,10 +267,17 @@ class FastPath:
         }
         await self._call(message)
 
+    async def push_tls(self, files: NativeTLS) -> None:
+        """Serve new handshakes with this certificate pair (the first: start accepting);
+        :class:`FastPathRefused` when it does not load there (the previous pair keeps serving)."""
+        message = {"op": "tls", "cert_pem": files.cert_pem, "key_pem": files.key_pem}
+        await self._call({**message, "ca_pem": files.ca_pem})
+
     async def stats(self) -> dict[str, Any]:
         """``answered`` (deployment key -> status -> requests answered natively),
         ``latency_ms_sum`` (deployment key -> ms), ``handed_off`` (connections spliced to the
-        Python proxy), ``upstream_connects`` (channel connections opened)."""
+        Python proxy), ``upstream_connects`` (channel connections opened), ``tls_installs``
+        (certificate pairs installed)."""
         return await self._call({"op": "stats"})
 
     async def take_records(self) -> Records:

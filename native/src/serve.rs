@@ -367,6 +367,11 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
         let prefix = field("route_prefix")?;
         let key = format!("{}#{}", field("app")?, field("deployment")?);
         let Some(dep) = deps.get(&key) else { continue };
+        if dep.get("request_router").is_some() {
+            // a custom request router (Ray's request_router_class) chooses in the Python proxy:
+            // the route is left out, so its requests are handed off
+            continue;
+        }
         let d = *index
             .entry(key.clone())
             .or_insert_with(|| table.deployments.len());

@@ -21,7 +21,8 @@ pair is in. A proxy tracing (spans are not made here yet) does not use it.
 What it covers: HTTP/1.1 requests with no body or a ``Content-Length`` body up to
 ``max_body_bytes``, no hop-by-hop header but ``Connection: keep-alive`` (not forwarded, as the
 Python proxy drops it), no ``Transfer-Encoding``, ``Upgrade``, ``Expect``..., no
-``serve_multiplexed_model_id``, a path in its normal form that matches a route and is not one of
+``serve_multiplexed_model_id``, a deployment without a custom request router (Ray's
+``request_router_class`` chooses in the Python proxy), a path in its normal form that matches a route and is not one of
 the proxy's ``/-/`` endpoints, a deployment with a replica below its cap. Everything else is
 **handed off**: from that request on, the client connection is spliced to the Python proxy (on a
 private loopback port), with the bytes already read, so the answer is the Python proxy's (404, 413,

@@ -193,7 +193,7 @@ async fn accept_until_drained(shared: &Rc<Shared>, listener: TcpListener) -> io:
             accepted = listener.accept() => accepted?.0,
             _ = drained.wait_for(|d| *d) => break,
         };
-        if let Some(open) = admit(shared, &client) {
+        if let Some(open) = admit(shared) {
             let _ = client.set_nodelay(true);
             tokio::task::spawn_local(client_connection(open, client));
         } else {
@@ -215,7 +215,7 @@ impl Drop for Open {
 
 /// The Python proxy's rule at accept (`ProxyServer._accept`): below `max_connections` open, the
 /// connection is served; else it is refused (`refuse`) and counted.
-fn admit(sh: &Rc<Shared>, _client: &TcpStream) -> Option<Open> {
+fn admit(sh: &Rc<Shared>) -> Option<Open> {
     if sh.open.get() >= sh.max_connections.get() {
         sh.counters.borrow_mut().refused += 1;
         return None;

@@ -96,6 +96,9 @@ struct Shared {
     counters: RefCell<Counters>,
     /// the client port's TLS (`tls.rs`): off, or the newest certificate pair pushed
     tls: Tls,
+    /// set by the first snapshot installed (`routed` wakes the accept loop)
+    has_state: Cell<bool>,
+    routed: tokio::sync::Notify,
 }
 
 pub async fn run(
@@ -134,6 +137,8 @@ pub async fn run(
         buckets: RefCell::new(Vec::new()),
         counters: RefCell::new(Counters::default()),
         tls: Tls::new(tls),
+        has_state: Cell::new(false),
+        routed: tokio::sync::Notify::new(),
     });
     let _ = std::fs::remove_file(&control);
     let control_listener = UnixListener::bind(&control)?;
@@ -152,6 +157,12 @@ pub async fn run(
         }
     });
     shared.tls.ready().await; // serving HTTPS: not before the first certificate pair is in
+    // Nothing is accepted before the first snapshot, as the Python proxy does: a request for a
+    // configured route is never handed off to a proxy still starting (on an inherited socket,
+    // connections wait in its backlog meanwhile).
+    while !shared.has_state.get() {
+        shared.routed.notified().await;
+    }
     loop {
         let (client, _) = listener.accept().await?;
         let _ = client.set_nodelay(true);
@@ -180,7 +191,12 @@ async fn control_connection(sh: Rc<Shared>, conn: tokio::net::UnixStream) {
 fn handle_control(sh: &Shared, msg: &Value) -> Value {
     match msg.get("op").and_then(Value::as_str) {
         Some("state") => match apply_state(sh, msg) {
-            Ok(()) => json!({"ok": true}),
+            Ok(()) => {
+                if !sh.has_state.replace(true) {
+                    sh.routed.notify_one();
+                }
+                json!({"ok": true})
+            }
             Err(e) => json!({"ok": false, "error": e}),
         },
         Some("tls") => {

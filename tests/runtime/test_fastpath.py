@@ -371,13 +371,12 @@ def test_nothing_is_accepted_before_the_first_snapshot() -> None:
     async def go() -> None:
         front = Front()
         try:
+            endpoints = []
             for app, identity in zip(front.apps, ("replica-a", "replica-b"), strict=True):
                 server, port = await replica(app, identity)
                 front.servers.append(server)
-            ports = [s.sockets[0].getsockname()[1] for s in front.servers]
-            snapshot = _snapshot(
-                "/api", "D", [_endpoint("replica-a", ports[0]), _endpoint("replica-b", ports[1])]
-            )
+                endpoints.append(_endpoint(identity, port))
+            snapshot = _snapshot("/api", "D", endpoints)
             front.proxy = ProxyServer("127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot))
             await front.proxy.start()
             front.native = FastPath(SECRET, "127.0.0.1", 0, front.proxy.port)

@@ -34,9 +34,11 @@ import json
 import os
 import platform
 import re
+import ssl
 import statistics
 import sys
 import time
+import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -57,6 +59,9 @@ PODS_PER_APP = 5
 LOG = ROOT / "var" / "bench-operator-scale.log"
 ELECTION = "leases"
 CONCURRENT = 16
+#: the write verbs of ``apiserver_request_total`` (HTTP methods, lowercased; server-side apply
+#: is ``apply``)
+HTTP_WRITES = frozenset({"post", "put", "patch", "apply", "delete", "deletecollection"})
 
 
 class OperatorSampler:
@@ -116,6 +121,49 @@ def requests_per_app(plane: KwokCluster, since: int, apps: int) -> dict[str, flo
     return {"total": round(sum(counted.values()) / apps, 2)} | {
         k: round(v / apps, 2) for k, v in counted.most_common()
     }
+
+
+def apiserver_requests(plane: KwokCluster) -> Counter[str]:
+    """Every client's requests so far (``apiserver_request_total`` of the API server's
+    /metrics), by verb and resource (with subresource): the cluster's whole cost, the pods' own
+    lifecycle (controllers, scheduler, kwok) included, which the audit log leaves out."""
+    request = urllib.request.Request(
+        f"{plane.server}/metrics", headers={"Authorization": f"Bearer {plane.token}"}
+    )
+    context = ssl.create_default_context(cafile=str(plane.ca_file))
+    with urllib.request.urlopen(request, timeout=60, context=context) as response:
+        text = response.read().decode()
+    counted: Counter[str] = Counter()
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+        resource = labels.get("resource", "") + (
+            f"/{labels['subresource']}" if labels.get("subresource") else ""
+        )
+        counted[f"{labels.get('verb', '').lower()} {resource}"] += int(
+            float(line.rsplit(" ", 1)[1])
+        )
+    return counted
+
+
+def cluster_requests_per_app(
+    plane: KwokCluster, before: Counter[str], apps: int, top: int = 16
+) -> dict[str, float]:
+    """All clients' requests since ``before`` per application (watches and the Leases aside:
+    a watch counts when it starts, a Lease renewal is a node's or the operator's heartbeat)."""
+    after = apiserver_requests(plane)
+    diff = {
+        k: after[k] - before.get(k, 0)
+        for k in after
+        if not k.startswith("watch") and "leases" not in k
+    }
+    writes = sum(v for k, v in diff.items() if k.split(" ")[0] in HTTP_WRITES)
+    ranked = sorted(((k, v) for k, v in diff.items() if v > 0), key=lambda kv: -kv[1])[:top]
+    return {
+        "total": round(sum(diff.values()) / apps, 1),
+        "writes": round(writes / apps, 1),
+    } | {k: round(v / apps, 2) for k, v in ranked}
 
 
 def operator_metric(operator: OperatorProcess, name: str) -> float | None:
@@ -233,7 +281,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 for i in range(args.apps)
             ]
             cpu0, t0, rollout = sampler.cpu_s(), time.monotonic(), plane.audit_mark()
-            all_cpu0 = cluster_cpu.cpu_s()
+            all_cpu0, all_requests0 = cluster_cpu.cpu_s(), apiserver_requests(plane)
             create_all(plane, apps)
             results["apply_s"] = round(time.monotonic() - t0, 1)
             progress = []
@@ -262,6 +310,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             results["rss_mib_ready"] = round(sampler.rss_mib(), 1)
             results["rollout_writes_per_app"] = writes_per_app(plane, rollout, args.apps)
             results["rollout_requests_per_app"] = requests_per_app(plane, rollout, args.apps)
+            results["rollout_cluster_requests_per_app"] = cluster_requests_per_app(
+                plane, all_requests0, args.apps
+            )
             results["lease_during_rollout"] = {
                 m: operator_metric(operator, f"kubeserve_operator_{m}")
                 for m in ("leader_terms_total", "fence_shut_total")
@@ -294,7 +345,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             wait_quiet(plane)
             churned = {f"app-{i}" for i in range(0, args.apps, 10)}
             mark, cpu0, t0 = plane.audit_mark(), sampler.cpu_s(), time.monotonic()
-            all_cpu0 = cluster_cpu.cpu_s()
+            all_cpu0, all_requests0 = cluster_cpu.cpu_s(), apiserver_requests(plane)
             for name in sorted(churned):
                 change(plane, name, "churn")
             wait_for(lambda: ready_apps(plane, churned) == len(churned), args.ready_timeout,
@@ -305,6 +356,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "writes_per_app": writes_per_app(plane, mark, len(churned)),
                 "requests_per_app": requests_per_app(plane, mark, len(churned)),
                 "cores": cluster_cpu.cores(all_cpu0, elapsed),
+                "cluster_requests_per_app": cluster_requests_per_app(
+                    plane, all_requests0, len(churned)
+                ),
                 "all_ready_s": round(elapsed, 1),
                 "cpu_percent": round(100 * (sampler.cpu_s() - cpu0) / elapsed, 1),
             }

@@ -117,6 +117,9 @@ struct Shared {
     leaving: Cell<bool>,
     /// the client port's TLS (`tls.rs`): off, or the newest certificate pair pushed
     tls: Tls,
+    /// set by the first snapshot installed (`routed` wakes the accept loop)
+    has_state: Cell<bool>,
+    routed: tokio::sync::Notify,
 }
 
 pub async fn run(
@@ -159,6 +162,8 @@ pub async fn run(
         draining: watch::Sender::new(false),
         leaving: Cell::new(false),
         tls: Tls::new(tls),
+        has_state: Cell::new(false),
+        routed: tokio::sync::Notify::new(),
     });
     let _ = std::fs::remove_file(&control);
     let control_listener = UnixListener::bind(&control)?;
@@ -176,7 +181,14 @@ pub async fn run(
             tokio::task::spawn_local(control_connection(sh.clone(), conn));
         }
     });
-    shared.tls.ready().await; // serving HTTPS: not before the first certificate pair is in
+    // serving HTTPS: not before the first certificate pair is in
+    shared.tls.ready().await;
+    // Nothing is accepted before the first snapshot, as the Python proxy does: a request for a
+    // configured route is never handed off to a proxy still starting (on an inherited socket,
+    // connections wait in its backlog meanwhile).
+    while !shared.has_state.get() {
+        shared.routed.notified().await;
+    }
     accept_until_drained(&shared, listener).await?;
     // the open connections finish (`open_connections` in `stats` says when none is left), the
     // control socket still answers: the Python proxy takes the last records, then ends us
@@ -260,7 +272,12 @@ async fn control_connection(sh: Rc<Shared>, conn: tokio::net::UnixStream) {
 fn handle_control(sh: &Shared, msg: &Value) -> Value {
     match msg.get("op").and_then(Value::as_str) {
         Some("state") => match apply_state(sh, msg) {
-            Ok(()) => json!({"ok": true}),
+            Ok(()) => {
+                if !sh.has_state.replace(true) {
+                    sh.routed.notify_one();
+                }
+                json!({"ok": true})
+            }
             Err(e) => json!({"ok": false, "error": e}),
         },
         Some("tls") => {

@@ -10,6 +10,9 @@ pooled connection of the authenticated channel (the INGRESS role of
 byte) and relays the answer verbatim (``Content-Length``, chunked or until close), adding
 ``x-request-id`` as the Python proxy does (the client's usable id, else a generated one).
 
+It accepts nothing before the first snapshot is pushed (as the Python proxy accepts nothing
+before its routes are known): clients wait in the socket's backlog meanwhile.
+
 A proxy serving TLS starts it with ``--tls``: it terminates TLS itself (rustls,
 ``native/src/tls.rs``) with the certificate pair the proxy loaded and checked
 (:class:`~kubeserve.runtime.tls.NativeTLS`, the key decrypted, pushed in memory over the control
@@ -22,13 +25,13 @@ What it covers: HTTP/1.1 requests with no body or a ``Content-Length`` body up t
 ``max_body_bytes``, no hop-by-hop header but ``Connection: keep-alive`` (not forwarded, as the
 Python proxy drops it), no ``Transfer-Encoding``, ``Upgrade``, ``Expect``..., no
 ``serve_multiplexed_model_id``, a deployment without a custom request router (Ray's
-``request_router_class`` chooses in the Python proxy), a path in its normal form that matches a route and is not one of
-the proxy's ``/-/`` endpoints, a deployment with a replica below its cap. Everything else is
-**handed off**: from that request on, the client connection is spliced to the Python proxy (on a
-private loopback port), with the bytes already read, so the answer is the Python proxy's (404, 413,
-WebSockets, queueing for a busy replica, ``Retry-After``...). A replica that answers "unserved"
-(shutting down, at capacity) hands the request off too, before any byte of that answer reaches the
-client.
+``request_router_class`` chooses in the Python proxy), a path in its normal form that matches a
+route and is not one of the proxy's ``/-/`` endpoints, a deployment with a replica below its cap.
+Everything else is **handed off**: from that request on, the client connection is spliced to the
+Python proxy (on a private loopback port), with the bytes already read, so the answer is the Python
+proxy's (404, 413, WebSockets, queueing for a busy replica, ``Retry-After``...). A replica that
+answers "unserved" (shutting down, at capacity) hands the request off too, before any byte of that
+answer reaches the client.
 
 Parity with the Python proxy, which owns the policy (the native process only applies it):
 

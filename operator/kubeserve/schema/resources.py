@@ -57,6 +57,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
 from kubeserve.schema.config import (
+    DataPath,
     ImportPath,
     ServeApplicationEntry,
     ServeApplicationSchema,
@@ -82,6 +83,7 @@ __all__ = [
     "CRModel",
     "Condition",
     "DeploymentStatusEntry",
+    "InstanceProxy",
     "PickledGraphReference",
     "ServeApplicationSpec",
     "ServeApplicationSpecBase",
@@ -367,6 +369,19 @@ class ProxyTLS(CRModel):
     )
 
 
+class InstanceProxy(CRModel):
+    """``ServeInstance.spec.proxy``: how the instance's proxy pods serve."""
+
+    data_path: DataPath | None = Field(
+        default=None,
+        description="python: the Python proxy serves every request; native: the native data "
+        "path (kubeserve-fastpath, in the kubeserve image) serves the requests it covers in "
+        "front of it and hands the rest to it (plain HTTP only: not with spec.tls). Unset: the "
+        "operator's default (its --proxy-data-path, the chart's proxyDataPath; python unless "
+        "changed), python for an instance with spec.tls.",
+    )
+
+
 class ServeInstanceSpecBase(CRModel):
     """``ServeInstance.spec``: the serving layer (REST ``ServeDeploySchema`` minus applications).
 
@@ -392,6 +407,19 @@ class ServeInstanceSpecBase(CRModel):
         description="Serve HTTPS on the proxies from a Secret (on Kubernetes instead of "
         "httpOptions.ssl_*, which name files on the operator's machine).",
     )
+    proxy: InstanceProxy | None = Field(
+        default=None, description="How the proxy pods serve (the data path)."
+    )
+
+    @model_validator(mode="after")
+    def _native_serves_plain_http(self) -> ServeInstanceSpecBase:
+        if self.tls is not None and self.proxy and self.proxy.data_path is DataPath.NATIVE:
+            raise field_error(
+                "the native data path serves plain HTTP only: it cannot be used with spec.tls",
+                "proxy",
+                "dataPath",
+            )
+        return self
 
     def rest_options(self) -> dict[str, Any]:
         """The instance-level REST fields, as given (a ``ServeDeploySchema`` minus applications)."""
@@ -399,7 +427,7 @@ class ServeInstanceSpecBase(CRModel):
             mode="json",
             by_alias=False,
             exclude_unset=True,
-            exclude={"image", "image_pull_policy", "tls"},
+            exclude={"image", "image_pull_policy", "tls", "proxy"},
         )
 
     def to_rest(self, applications: list[ServeApplicationEntry]) -> ServeDeploySchema:

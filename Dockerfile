@@ -48,8 +48,8 @@ RUN set -eux; \
     wheel="$(ls /wheels/kubeserve-*.whl)"; \
     pip install "${wheel}[kubernetes,tracing]"; \
     rm -rf /wheels; \
-    # runs on this image's C library (without arguments it prints its usage)
-    { kubeserve-fastpath 2>&1 || true; } | grep -q '^usage: kubeserve-fastpath'; \
+    # links against this image's C library (a binary built for a newer glibc stops here)
+    if ldd /usr/local/bin/kubeserve-fastpath 2>&1 | grep 'not found'; then exit 1; fi; \
     groupadd --gid 10001 kubeserve; \
     useradd --uid 10001 --gid 10001 --home-dir /home/kubeserve --create-home --shell /usr/sbin/nologin kubeserve
 WORKDIR /app

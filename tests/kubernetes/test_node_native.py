@@ -11,6 +11,8 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
+import yaml
+
 from support.common import wait_for
 from support.k8s_operator import (
     KUBESERVE_IMAGE,
@@ -119,8 +121,6 @@ def test_native_data_path_serves_through_the_proxy_service(
 
 def refusal(node: NodeCluster, obj: dict[str, Any]) -> str:
     obj["metadata"]["name"] = "refused"
-    import yaml
-
     answer = node.kubectl("apply", "-f", "-", input=yaml.safe_dump(obj), check=False)
     assert answer.returncode != 0, f"the API server accepted {obj['spec']}"
     return answer.stderr

@@ -20,7 +20,6 @@ from kubeserve.runtime.fastpath import DATA_PATH_ENV
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 from kubeserve.runtime.proxy.server import LeavePlan, serve_proxy
 from kubeserve.runtime.tls import PASSWORD_ENV, TLSFiles
-from kubeserve.schema.config import DEFAULT_DATA_PATH, DataPath
 
 __all__ = ["ClusterDiscovery", "main"]
 
@@ -111,14 +110,16 @@ def main(
     )
     parser.add_argument(
         "--data-path",
-        choices=[d.value for d in DataPath],
-        default=os.environ.get(DATA_PATH_ENV) or DEFAULT_DATA_PATH.value,
+        # python unless told: kubeserve start and the operator pass --data-path native when
+        # they mean it (not schema.config.DEFAULT_DATA_PATH: no pydantic in the proxy process)
+        choices=("python", "native"),
+        default=os.environ.get(DATA_PATH_ENV) or "python",
         help="native: the experimental kubeserve-fastpath process serves the requests it covers "
         f"and hands the rest to this proxy (plain HTTP only; default from ${DATA_PATH_ENV})",
     )
     add_limit_arguments(parser)
     args = parser.parse_args(argv)
-    if args.data_path == DataPath.NATIVE and args.ssl_certfile is not None:
+    if args.data_path == "native" and args.ssl_certfile is not None:
         parser.error("--data-path native serves plain HTTP only (no --ssl-certfile)")
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         parser.error("--ssl-certfile and --ssl-keyfile go together")
@@ -140,7 +141,7 @@ def main(
         tracing.setup(args.tracing_config, "proxy")
     except tracing.TracingSetupError as exc:  # one line, no usage: a pod's termination message
         parser.exit(1, f"kubeserve proxy: {exc.named()}\n")
-    native = args.data_path == DataPath.NATIVE
+    native = args.data_path == "native"
     if native and tracing.ACTIVE is not None:  # the native data path makes no spans yet
         logging.getLogger(__name__).warning(
             "tracing_config enables tracing: serving without the native data path"

@@ -14,14 +14,28 @@ proxy, nginx's worker, the replica), "all" adds the replica (and, for the native
 proxy, which only records the native path's metrics once a second).
 
 Writes ``results-native.json`` and ``results-native.md`` next to this file.
+
+    .venv/bin/python benchmarks/native.py --https
+
+HTTPS instead, same P-256 certificate everywhere (``tls.py``'s setup): the native data path
+terminating TLS (``kubeserve start --data-path native`` with ``http_options.ssl_*``), the Python
+proxy terminating TLS (a second ``kubeserve start``, Python data path) and nginx terminating TLS
+(one worker, ``tls.nginx_tls``) in front of a plain replica, all three serving the same no-op
+code. Each with keep-alive connections and with ``Connection: close`` (a full handshake per
+request, no session reuse), runs in turns; CPU us/req of the front process (the native process,
+the Python proxy, nginx's worker). Writes ``results-native-tls.json`` and ``.md``.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import datetime
 import json
 import os
+import statistics
 import sys
+import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -30,6 +44,9 @@ import nginx
 import plain_replica
 from bench import noop_app, replica_pids
 from systems import Kubeserve, free_port
+from tls import APP, NEW_CONNECTION, kubeserve, nginx_tls
+
+from support.tls_certs import Authority
 
 HERE = Path(__file__).resolve().parent
 
@@ -40,6 +57,86 @@ def _fallback_port(native_pid: int) -> int:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--https", action="store_true", help="the HTTPS rows (see above)")
+    parser.add_argument("--runs", type=int, default=load.RUNS)
+    parser.add_argument("--seconds", type=int, default=load.DURATION_S)
+    args = parser.parse_args()
+    if args.https:
+        return https(args.runs, args.seconds)
+    return plain()
+
+
+def https(runs: int, seconds: int) -> int:
+    """The HTTPS rows: native, Python proxy and nginx terminating TLS, in turns."""
+    os.environ.pop("KUBESERVE_DATA_PATH", None)
+    with (
+        tempfile.TemporaryDirectory(prefix="kubeserve-bench-native-tls-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
+        pair = Authority(Path(tmp) / "ca").issue("server")
+        native_url, native_proxy = stack.enter_context(
+            kubeserve(Path(tmp) / "native", pair, ("--data-path", "native"))
+        )
+        (native_pid,) = load.children(native_proxy)
+        python_url, python_proxy = stack.enter_context(kubeserve(Path(tmp) / "python", pair))
+        replica = stack.enter_context(
+            plain_replica.running(APP["import_path"], "AsyncNoop", free_port())
+        )
+        nginx_url, worker = stack.enter_context(
+            nginx_tls(int(replica.url.rsplit(":", 1)[1].strip("/")), pair)
+        )
+        fronts = {"native data path": (native_url, native_pid), "Python proxy": (python_url,
+                  python_proxy), "nginx": (nginx_url, worker)}  # fmt: skip
+        rows = {
+            f"{name} https {kind}": (url, headers, pid)
+            for kind, headers in (("keep-alive", ()), ("new connections", NEW_CONNECTION))
+            for name, (url, pid) in fronts.items()
+        }
+        measured: dict[str, list[load.Run]] = {name: [] for name in rows}
+        for url, headers, _ in rows.values():
+            load.wrk(url, load.WARMUP_S, headers=headers)
+        for _ in range(runs):
+            for name, (url, headers, pid) in rows.items():
+                measured[name].append(load.wrk(url, seconds, headers=headers, pids=(pid,)))
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    medians = {
+        name: {
+            "requests_per_s": statistics.median(r.requests_per_s for r in its),
+            "p99_ms": statistics.median(r.p99_ms for r in its),
+            "cpu_us": statistics.median(r.cpu_us or 0.0 for r in its),
+            "cpu_system_us": statistics.median(r.cpu_system_us or 0.0 for r in its),
+            "errors": sum(r.errors for r in its),
+            "runs": [r.requests_per_s for r in its],
+        }
+        for name, its in measured.items()
+    }
+    (HERE / "results-native-tls.json").write_text(
+        json.dumps({"when": stamp, "results": medians}, indent=2) + "\n"
+    )
+    lines = [
+        "# HTTPS: the native data path beside the Python proxy and nginx terminating TLS",
+        "",
+        f"`benchmarks/native.py --https`, {stamp}, one machine, wrk -t{load.THREADS} "
+        f"-c{load.CONNECTIONS}, {runs} runs of {seconds} s in turns (medians), a P-256",
+        "certificate; *new connections*: `Connection: close`, a full handshake per request.",
+        "CPU us/request from /proc of the front process (native process, Python proxy, nginx's",
+        "worker).",
+        "",
+        "| row | req/s | p99 ms | CPU us/req front (system) | errors |",
+        "|---|---|---|---|---|",
+    ]
+    for name, m in medians.items():
+        lines.append(
+            f"| {name} | {m['requests_per_s']:,.0f} | {m['p99_ms']:.2f} | "
+            f"{m['cpu_us']:.1f} ({m['cpu_system_us']:.1f}) | {m['errors']} |"
+        )
+    (HERE / "results-native-tls.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def plain() -> int:
     os.environ["KUBESERVE_DATA_PATH"] = "native"  # inherited by kubeserve start and its proxy
     noop_path = "benchmarks.apps:noop"
     system = Kubeserve()

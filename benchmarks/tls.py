@@ -91,9 +91,12 @@ def nginx_tls(replica_port: int, pair: Pair) -> Iterator[tuple[str, int]]:
 
 
 @contextlib.contextmanager
-def kubeserve(state: Path, pair: Pair | None) -> Iterator[tuple[str, int]]:
-    """``kubeserve start`` serving the app, over HTTPS with ``pair``: its URL and proxy PID."""
-    ks = Kubeserve(state)
+def kubeserve(
+    state: Path, pair: Pair | None, args: tuple[str, ...] = ()
+) -> Iterator[tuple[str, int]]:
+    """``kubeserve start`` (with ``args``) serving the app, over HTTPS with ``pair``: its URL and
+    proxy PID."""
+    ks = Kubeserve(state, args=args)
     ks.start()
     try:
         options = {"host": "127.0.0.1", "port": ks.proxy_port}

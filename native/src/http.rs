@@ -11,11 +11,13 @@ pub struct Plan {
     /// where its value is in the request (when `has_id`)
     pub id_start: usize,
     pub id_end: usize,
-    /// the bytes of a `Connection: keep-alive` header line, not forwarded (hop-by-hop; the
-    /// Python proxy drops it too); empty when there is none
+    /// the bytes of a `Connection: keep-alive` or `close` header line, not forwarded
+    /// (hop-by-hop; the Python proxy drops it too); empty when there is none
     pub drop_start: usize,
     pub drop_end: usize,
     pub is_head: bool,
+    /// `Connection: close`: the answer says `connection: close` and the connection ends after it
+    pub close: bool,
     /// the request's `method` label in Ray's metrics (`metrics.METHOD_LABELS`)
     pub method: &'static str,
     /// the path, without the query string
@@ -93,6 +95,7 @@ pub fn parse_request(buf: &[u8], max_body: usize, max_url: usize) -> Parsed {
     let mut has_id = false;
     let (mut id_start, mut id_end) = (0, 0);
     let (mut drop_start, mut drop_end) = (0, 0);
+    let mut close = false;
     for h in req.headers.iter() {
         let name = h.name;
         if name.eq_ignore_ascii_case("content-length") {
@@ -112,8 +115,10 @@ pub fn parse_request(buf: &[u8], max_body: usize, max_url: usize) -> Parsed {
             id_start = h.value.as_ptr() as usize - buf.as_ptr() as usize;
             id_end = id_start + h.value.len();
         } else if name.eq_ignore_ascii_case("connection") {
-            // HTTP/1.1 keeps alive anyway: the header says nothing, and is not forwarded
-            if drop_end != 0 || !h.value.eq_ignore_ascii_case(b"keep-alive") {
+            // HTTP/1.1 keeps alive anyway: the header says nothing, and is not forwarded; `close`
+            // is not forwarded either (the replica connection is kept), the answer says it
+            close = h.value.eq_ignore_ascii_case(b"close");
+            if drop_end != 0 || !(close || h.value.eq_ignore_ascii_case(b"keep-alive")) {
                 return Parsed::NotCovered;
             }
             drop_start = name.as_ptr() as usize - buf.as_ptr() as usize;
@@ -145,6 +150,7 @@ pub fn parse_request(buf: &[u8], max_body: usize, max_url: usize) -> Parsed {
         drop_start,
         drop_end,
         is_head: method == "HEAD",
+        close,
         method: METHOD_LABELS
             .iter()
             .find(|m| **m == method)
@@ -410,5 +416,22 @@ mod tests {
             }
             _ => panic!("a plain request is covered"),
         }
+    }
+
+    #[test]
+    fn connection_close_is_covered_dropped_and_remembered() {
+        let req = b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: Close\r\n\r\n";
+        match parse_request(req, 65536, 8192) {
+            Parsed::Covered(p) => {
+                assert!(p.close);
+                assert_eq!(&req[p.drop_start..p.drop_end], b"Connection: Close\r\n");
+            }
+            _ => panic!("Connection: close is covered"),
+        }
+        let other = b"GET /a HTTP/1.1\r\nConnection: close, te\r\n\r\n";
+        assert!(matches!(
+            parse_request(other, 65536, 8192),
+            Parsed::NotCovered
+        ));
     }
 }

@@ -8,19 +8,21 @@
 //! Everything else, from the first byte it does not cover on, is handed to the Python proxy: the
 //! connection is spliced to it, with the bytes already read, so behaviour never differs.
 //! State (the discovery snapshot) is pushed over a private unix control socket, counters pulled
-//! back over it.
+//! back over it. With `--tls` it serves HTTPS (`tls.rs`): the certificate pair comes over the
+//! control socket too (and again at each rotation), and hand-offs carry the decrypted bytes.
 //!
 //! `probe`: one request over a fresh sealed connection, the answer on stdout (tests, debugging).
 
 mod channel;
 mod http;
 mod serve;
+mod tls;
 
 use std::process::ExitCode;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: kubeserve-fastpath serve --listen HOST:PORT|fd:N --control PATH --fallback HOST:PORT\n\
+        "usage: kubeserve-fastpath serve --listen HOST:PORT|fd:N --control PATH --fallback HOST:PORT [--tls]\n\
          \x20      kubeserve-fastpath probe HOST PORT REPLICA_ID METHOD PATH [BODY]\n\
          the data-plane secret comes from KUBESERVE_DATA_PLANE_SECRET(_FILE)"
     );
@@ -65,8 +67,13 @@ fn main() -> ExitCode {
             let mut listen = None;
             let mut control = None;
             let mut fallback = None;
+            let mut tls = false;
             let mut it = args[1..].iter();
             while let Some(flag) = it.next() {
+                if flag == "--tls" {
+                    tls = true;
+                    continue;
+                }
                 let value = it.next().cloned();
                 match flag.as_str() {
                     "--listen" => listen = value,
@@ -87,7 +94,7 @@ fn main() -> ExitCode {
                 std::process::exit(0);
             });
             let local = tokio::task::LocalSet::new();
-            match local.block_on(&rt, serve::run(secret, listen, control, fallback)) {
+            match local.block_on(&rt, serve::run(secret, listen, control, fallback, tls)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("kubeserve-fastpath: {e}");

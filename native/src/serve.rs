@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream, UnixListener};
 
 use crate::channel::{self, Channel};
 use crate::http::{self, ChunkScanner, Framing, Parsed, ParsedAnswer};
+use crate::tls::{ClientStream, Tls};
 
 struct Replica {
     id: String,
@@ -93,6 +94,11 @@ struct Shared {
     /// the latency histogram's upper bounds (ms), `metrics.LATENCY_BUCKETS_MS`
     buckets: RefCell<Vec<f64>>,
     counters: RefCell<Counters>,
+    /// the client port's TLS (`tls.rs`): off, or the newest certificate pair pushed
+    tls: Tls,
+    /// set by the first snapshot installed (`routed` wakes the accept loop)
+    has_state: Cell<bool>,
+    routed: tokio::sync::Notify,
 }
 
 pub async fn run(
@@ -100,6 +106,7 @@ pub async fn run(
     listen: String,
     control: String,
     fallback: String,
+    tls: bool,
 ) -> io::Result<()> {
     let listener = match listen.strip_prefix("fd:") {
         Some(fd) => {
@@ -129,6 +136,9 @@ pub async fn run(
         access: Cell::new(false),
         buckets: RefCell::new(Vec::new()),
         counters: RefCell::new(Counters::default()),
+        tls: Tls::new(tls),
+        has_state: Cell::new(false),
+        routed: tokio::sync::Notify::new(),
     });
     let _ = std::fs::remove_file(&control);
     let control_listener = UnixListener::bind(&control)?;
@@ -146,6 +156,13 @@ pub async fn run(
             tokio::task::spawn_local(control_connection(sh.clone(), conn));
         }
     });
+    shared.tls.ready().await; // serving HTTPS: not before the first certificate pair is in
+    // Nothing is accepted before the first snapshot, as the Python proxy does: a request for a
+    // configured route is never handed off to a proxy still starting (on an inherited socket,
+    // connections wait in its backlog meanwhile).
+    while !shared.has_state.get() {
+        shared.routed.notified().await;
+    }
     loop {
         let (client, _) = listener.accept().await?;
         let _ = client.set_nodelay(true);
@@ -174,9 +191,24 @@ async fn control_connection(sh: Rc<Shared>, conn: tokio::net::UnixStream) {
 fn handle_control(sh: &Shared, msg: &Value) -> Value {
     match msg.get("op").and_then(Value::as_str) {
         Some("state") => match apply_state(sh, msg) {
-            Ok(()) => json!({"ok": true}),
+            Ok(()) => {
+                if !sh.has_state.replace(true) {
+                    sh.routed.notify_one();
+                }
+                json!({"ok": true})
+            }
             Err(e) => json!({"ok": false, "error": e}),
         },
+        Some("tls") => {
+            let field = |name: &str| msg.get(name).and_then(Value::as_str);
+            let (Some(cert), Some(key)) = (field("cert_pem"), field("key_pem")) else {
+                return json!({"ok": false, "error": "cert_pem, key_pem: strings required"});
+            };
+            match sh.tls.install(cert, key, field("ca_pem")) {
+                Ok(()) => json!({"ok": true}),
+                Err(e) => json!({"ok": false, "error": e}),
+            }
+        }
         Some("stats") => {
             let c = sh.counters.borrow();
             let mut answered = serde_json::Map::new();
@@ -190,6 +222,7 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
                 "latency_ms_sum": c.latency_ms,
                 "handed_off": c.handed_off,
                 "upstream_connects": c.upstream_connects,
+                "tls_installs": sh.tls.installs.get(),
             })
         }
         Some("take_records") => {
@@ -206,7 +239,7 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
             let dropped = std::mem::take(&mut c.access_dropped);
             json!({"ok": true, "records": records, "access": access, "access_dropped": dropped})
         }
-        _ => json!({"ok": false, "error": "op: must be state, stats or take_records"}),
+        _ => json!({"ok": false, "error": "op: must be state, tls, stats or take_records"}),
     }
 }
 
@@ -235,6 +268,11 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
         let prefix = field("route_prefix")?;
         let key = format!("{}#{}", field("app")?, field("deployment")?);
         let Some(dep) = deps.get(&key) else { continue };
+        if dep.get("request_router").is_some() {
+            // a custom request router (Ray's request_router_class) chooses in the Python proxy:
+            // the route is left out, so its requests are handed off
+            continue;
+        }
         let d = *index
             .entry(key.clone())
             .or_insert_with(|| table.deployments.len());
@@ -335,7 +373,7 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
 
 // -- client connections -----------------------------------------------------------------------
 
-async fn read_more(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+async fn read_more(client: &mut ClientStream, buf: &mut Vec<u8>) -> io::Result<usize> {
     if buf.capacity() - buf.len() < 4096 {
         buf.reserve(16 * 1024);
     }
@@ -349,7 +387,10 @@ struct Scratch {
     out: Vec<u8>,
 }
 
-async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
+async fn client_connection(sh: Rc<Shared>, tcp: TcpStream) {
+    let Some(mut client) = ClientStream::accept(sh.tls.current(), tcp).await else {
+        return; // a failed TLS handshake
+    };
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut first = true;
     let mut scratch = Scratch {
@@ -402,14 +443,19 @@ async fn client_connection(sh: Rc<Shared>, mut client: TcpStream) {
                 first = false;
                 buf.drain(..total);
             }
-            Outcome::Done { keep_alive: false } | Outcome::Failed => return,
+            Outcome::Done { keep_alive: false } => {
+                let _ = client.shutdown().await; // over TLS, its close_notify first
+                return;
+            }
+            Outcome::Failed => return,
             Outcome::HandOff => return hand_off(&sh, client, buf).await,
         }
     }
 }
 
 /// Splice the connection to the Python proxy, starting with the bytes already read.
-async fn hand_off(sh: &Shared, mut client: TcpStream, buf: Vec<u8>) {
+/// Over TLS the Python proxy gets the decrypted bytes, on its plain private port.
+async fn hand_off(sh: &Shared, mut client: ClientStream, buf: Vec<u8>) {
     sh.counters.borrow_mut().handed_off += 1;
     let Ok(mut proxy) = TcpStream::connect(&sh.fallback).await else {
         return;
@@ -489,7 +535,7 @@ async fn forward(
     sh: &Shared,
     plan: &http::Plan,
     request: &[u8],
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     scratch: &mut Scratch,
 ) -> Outcome {
     let started = Instant::now();
@@ -668,7 +714,7 @@ async fn local_answer(
     sh: &Shared,
     plan: &http::Plan,
     request: &[u8],
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     id_line: &[u8],
     dep: &Deployment,
     started: Instant,
@@ -713,7 +759,7 @@ async fn relay(
     plan: &http::Plan,
     request: &[u8],
     ch: &mut Channel,
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     id_line: &[u8],
     dep: &Deployment,
     started: Instant,
@@ -744,6 +790,9 @@ async fn relay(
     out.extend_from_slice(&plain[..answer.line_end]);
     if !answer.has_id {
         out.extend_from_slice(id_line);
+    }
+    if plan.close && !answer.close {
+        out.extend_from_slice(b"connection: close\r\n"); // as the Python proxy answers it
     }
     out.extend_from_slice(&plain[answer.line_end..answer.head_len]);
     let body = &plain[answer.head_len..];
@@ -813,6 +862,6 @@ async fn relay(
     let reusable = !answer.close && !matches!(answer.framing, Framing::UntilClose);
     Relay::Done {
         reusable,
-        keep_alive: !answer.close,
+        keep_alive: !answer.close && !plan.close,
     }
 }

@@ -1,8 +1,8 @@
 """The native data path on a real node: ``ServeInstance.spec.proxy.dataPath: native`` runs the
 proxy pods with ``--data-path native``, and the ``kubeserve-fastpath`` the image ships answers the
 requests sent through the proxy Service (its own counters, read from its control socket inside
-the pod, grow by every request sent). The API server refuses a data path that is not one, and
-``native`` with ``spec.tls``, naming the field."""
+the pod, grow by every request sent). The API server refuses a data path that is not one, naming
+the field."""
 
 from __future__ import annotations
 
@@ -130,8 +130,4 @@ def test_the_api_server_refuses_a_bad_data_path(node: NodeCluster, node_namespac
     ns = node_namespace
     unknown = refusal(node, native_instance(ns, dataPath="turbo"))
     assert "spec.proxy.dataPath" in unknown and "turbo" in unknown, unknown
-    with_tls = native_instance(ns, dataPath="native")
-    with_tls["spec"]["tls"] = {"secretName": "cert"}
-    both = refusal(node, with_tls)
-    assert "spec.proxy.dataPath" in both and "plain HTTP only" in both, both
     assert node.kubectl("get", "serveinstance", "refused", "-n", ns, check=False).returncode != 0

@@ -29,7 +29,6 @@ from kubeserve.runtime.replica.http import (
     ReplicaHttpServer,
     StreamedResponse,
 )
-from kubeserve.runtime.tls import TLSFiles
 from kubeserve.runtime.wire import UNSERVED_HEADER, Snapshot
 from support.channel_front import SECRET
 from support.common import run, wait_until
@@ -364,6 +363,39 @@ def test_new_state_is_pushed_live_and_bad_state_is_refused_with_the_field() -> N
     scenario(body)
 
 
+def test_nothing_is_accepted_before_the_first_snapshot() -> None:
+    """As the Python proxy: a client connecting to a native process still waiting for its routes
+    waits in the backlog (is neither handed off to a proxy still starting nor refused), then is
+    served natively once the first snapshot is in."""
+
+    async def go() -> None:
+        front = Front()
+        try:
+            endpoints = []
+            for app, identity in zip(front.apps, ("replica-a", "replica-b"), strict=True):
+                server, port = await replica(app, identity)
+                front.servers.append(server)
+                endpoints.append(_endpoint(identity, port))
+            snapshot = _snapshot("/api", "D", endpoints)
+            front.proxy = ProxyServer("127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot))
+            await front.proxy.start()
+            front.native = FastPath(SECRET, "127.0.0.1", 0, front.proxy.port)
+            await front.native.start()
+            conn = await Conn.open(front.native.port)  # the kernel's backlog takes it
+            waiting = asyncio.ensure_future(conn.request(get("/api/x")))
+            await asyncio.sleep(0.5)
+            assert not waiting.done()  # not accepted: no answer, no hand-off, no close
+            await front.native.push(snapshot)
+            status, _, answer = await asyncio.wait_for(waiting, 10)
+            assert status == 200 and answer == b"GET"
+            assert (await front.native.stats())["handed_off"] == 0
+            conn.close()
+        finally:
+            await front.close()
+
+    run(go())
+
+
 # -- phase 3: the proxy's opt-in ------------------------------------------------------------------
 
 
@@ -411,18 +443,6 @@ def test_a_proxy_with_the_native_data_path_serves_through_it_and_counts_in_its_m
         await wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 5)
 
     run(go())
-
-
-def test_the_native_data_path_refuses_tls() -> None:
-    with pytest.raises(ValueError, match="plain HTTP only"):
-        ProxyServer(
-            "127.0.0.1",
-            0,
-            secret=SECRET,
-            source=StaticSource({"version": 1, "routes": [], "deployments": {}}),  # type: ignore[typeddict-item]
-            tls=TLSFiles("cert.pem", "key.pem"),
-            native=True,
-        )
 
 
 class _HangUp(asyncio.Protocol):

@@ -57,9 +57,11 @@ class Authority:
         days: float = 10,
         expired: bool = False,
         hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
+        curve: ec.EllipticCurve | None = None,
     ) -> Pair:
-        """A leaf certificate for ``hosts`` (or a client one), valid ``days`` (or expired)."""
-        key = ec.generate_private_key(ec.SECP256R1())
+        """A leaf certificate for ``hosts`` (or a client one), valid ``days`` (or expired), its
+        key on ``curve`` (P-256 by default)."""
+        key = ec.generate_private_key(curve or ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         start, end = (now - 3 * _DAY, now - _DAY) if expired else (now - _DAY, now + days * _DAY)
         names: list[x509.GeneralName] = []

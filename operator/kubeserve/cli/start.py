@@ -148,7 +148,7 @@ def add_instance_arguments(
         choices=[d.value for d in DataPath],
         default=os.environ.get(DATA_PATH_ENV) or DEFAULT_DATA_PATH.value,
         help="native: the proxy serves through the experimental kubeserve-fastpath process "
-        f"(`make native`; plain HTTP only; see the README); default from ${DATA_PATH_ENV}",
+        f"(`make native`; see the README); default from ${DATA_PATH_ENV}",
     )
     parser.add_argument(
         "--log-max-bytes",

@@ -9,18 +9,28 @@ pooled connection of the authenticated channel (the INGRESS role of
 byte) and relays the answer verbatim (``Content-Length``, chunked or until close), adding
 ``x-request-id`` as the Python proxy does (the client's usable id, else a generated one).
 
-A proxy serving TLS or tracing (spans are not made here yet) does not use it.
+It accepts nothing before the first snapshot is pushed (as the Python proxy accepts nothing
+before its routes are known): clients wait in the socket's backlog meanwhile.
+
+A proxy serving TLS starts it with ``--tls``: it terminates TLS itself (rustls,
+``native/src/tls.rs``) with the certificate pair the proxy loaded and checked
+(:class:`~kubeserve.runtime.tls.NativeTLS`, the key decrypted, pushed in memory over the control
+socket with :meth:`FastPath.push_tls`, again at each rotation: new handshakes take the new pair,
+established connections go on), requires client certificates as the proxy does given
+``ssl_ca_certs``, and hands off the decrypted bytes. It accepts no connection before the first
+pair is in. A proxy tracing (spans are not made here yet) does not use it.
 
 What it covers: HTTP/1.1 requests with no body or a ``Content-Length`` body up to
 ``max_body_bytes``, no hop-by-hop header but ``Connection: keep-alive`` (not forwarded, as the
 Python proxy drops it), no ``Transfer-Encoding``, ``Upgrade``, ``Expect``..., no
-``serve_multiplexed_model_id``, a path in its normal form that matches a route and is not one of
-the proxy's ``/-/`` endpoints, a deployment with a replica below its cap. Everything else is
-**handed off**: from that request on, the client connection is spliced to the Python proxy (on a
-private loopback port), with the bytes already read, so the answer is the Python proxy's (404, 413,
-WebSockets, queueing for a busy replica, ``Retry-After``...). A replica that answers "unserved"
-(shutting down, at capacity) hands the request off too, before any byte of that answer reaches the
-client.
+``serve_multiplexed_model_id``, a deployment without a custom request router (Ray's
+``request_router_class`` chooses in the Python proxy), a path in its normal form that matches a
+route and is not one of the proxy's ``/-/`` endpoints, a deployment with a replica below its cap.
+Everything else is **handed off**: from that request on, the client connection is spliced to the
+Python proxy (on a private loopback port), with the bytes already read, so the answer is the Python
+proxy's (404, 413, WebSockets, queueing for a busy replica, ``Retry-After``...). A replica that
+answers "unserved" (shutting down, at capacity) hands the request off too, before any byte of that
+answer reaches the client.
 
 Ray's request metrics and access lines of the requests it answers are taken by the Python proxy
 once a second (:meth:`FastPath.take_records`) and recorded as its own. Not yet at parity on the
@@ -49,9 +59,17 @@ from pathlib import Path
 from typing import Any
 
 from kubeserve.runtime.channel import SECRET_ENV
+from kubeserve.runtime.tls import NativeTLS
 from kubeserve.runtime.wire import Snapshot
 
-__all__ = ["BINARY_ENV", "DATA_PATH_ENV", "FastPath", "FastPathError", "find_binary"]
+__all__ = [
+    "BINARY_ENV",
+    "DATA_PATH_ENV",
+    "FastPath",
+    "FastPathError",
+    "FastPathRefused",
+    "find_binary",
+]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +88,10 @@ START_TIMEOUT_S = 10.0
 
 class FastPathError(RuntimeError):
     """The native process is missing, did not start, or refused what it was sent."""
+
+
+class FastPathRefused(FastPathError):
+    """The native process runs and refused what it was sent (it keeps what it had)."""
 
 
 def find_binary() -> str | None:
@@ -96,10 +118,12 @@ class FastPath:
         binary: str | None = None,
         *,
         listen_fd: int | None = None,
+        tls: bool = False,
     ) -> None:
         """``listen_fd``: serve on this inherited listening socket instead of binding
-        ``host:port``."""
+        ``host:port``; ``tls``: serve HTTPS, from the first pair :meth:`push_tls` gives."""
         self.secret = secret
+        self.tls = tls
         self.listen_fd = listen_fd
         self.host = host
         self.port = port
@@ -135,6 +159,7 @@ class FastPath:
             control,
             "--fallback",
             f"127.0.0.1:{self.fallback_port}",
+            *(("--tls",) if self.tls else ()),
             env=env,
             stdin=asyncio.subprocess.PIPE,  # it exits when this end closes (we ended)
             stderr=asyncio.subprocess.PIPE,
@@ -165,7 +190,7 @@ class FastPath:
             raise FastPathError(f"{_NAME} closed its control socket")
         answer: dict[str, Any] = json.loads(line)
         if not answer.get("ok"):
-            raise FastPathError(f"{_NAME} refused {message.get('op')}: {answer.get('error')}")
+            raise FastPathRefused(f"{_NAME} refused {message.get('op')}: {answer.get('error')}")
         return answer
 
     async def push(
@@ -202,10 +227,17 @@ class FastPath:
         }
         await self._call(message)
 
+    async def push_tls(self, files: NativeTLS) -> None:
+        """Serve new handshakes with this certificate pair (the first: start accepting);
+        :class:`FastPathRefused` when it does not load there (the previous pair keeps serving)."""
+        message = {"op": "tls", "cert_pem": files.cert_pem, "key_pem": files.key_pem}
+        await self._call({**message, "ca_pem": files.ca_pem})
+
     async def stats(self) -> dict[str, Any]:
         """``answered`` (deployment key -> status -> requests answered natively),
         ``latency_ms_sum`` (deployment key -> ms), ``handed_off`` (connections spliced to the
-        Python proxy), ``upstream_connects`` (channel connections opened)."""
+        Python proxy), ``upstream_connects`` (channel connections opened), ``tls_installs``
+        (certificate pairs installed)."""
         return await self._call({"op": "stats"})
 
     async def take_records(self) -> tuple[list[dict[str, Any]], list[list[Any]]]:

@@ -17,6 +17,11 @@ Client certificates: given ``ca_certs``, every client must present a certificate
 for the proxy's lifetime; the CA bundle is reloaded with the rest.
 
 Plain HTTP is not touched: without TLS settings the proxy's connections have no TLS layer.
+
+The native data path (:mod:`~kubeserve.runtime.fastpath`) terminates TLS itself, with the same
+files: a :class:`ReloadingContext` made with ``native=True`` also holds them as
+:class:`NativeTLS`, PEM text in memory with the key decrypted (never written anywhere), read
+once and checked (the key is the certificate's) each time the files load, for the proxy to push.
 """
 
 from __future__ import annotations
@@ -26,17 +31,20 @@ import contextlib
 import datetime
 import logging
 import os
+import re
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "PASSWORD_ENV",
+    "NativeTLS",
     "ReloadingContext",
     "TLSFileError",
     "TLSFiles",
     "check_files",
+    "native_tls",
     "server_context",
     "valid_context",
     "wait_for_files",
@@ -176,6 +184,73 @@ def valid_context(files: TLSFiles, now: datetime.datetime | None = None) -> ssl.
     return context
 
 
+@dataclass(frozen=True, repr=False)
+class NativeTLS:
+    """The files as the native data path takes them: PEM text, the key decrypted (PKCS#8)."""
+
+    cert_pem: str
+    key_pem: str
+    ca_pem: str | None
+
+
+#: one PEM private key (PKCS#8, encrypted PKCS#8, or a traditional RSA/EC key with its headers)
+_PEM_KEY = re.compile(
+    rb"-----BEGIN ((?:ENCRYPTED |RSA |EC )?PRIVATE KEY)-----.+?-----END \1-----", re.DOTALL
+)
+
+
+def native_tls(files: TLSFiles) -> NativeTLS:
+    """Read ``files`` once, decrypt the key with the password, check that it is the key of the
+    (first) certificate; :class:`TLSFileError` names the field at fault. Called after
+    :func:`server_context` loaded the same files, so the errors here are races with a rotation
+    (or a key OpenSSL reads and ``cryptography`` does not)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    def read(path: str, field: str) -> bytes:
+        try:
+            with open(path, "rb") as file:
+                return file.read(_MAX_PEM + 1)[:_MAX_PEM]
+        except OSError as exc:
+            raise TLSFileError(field, f"{field} {path!r} cannot be read: {exc.strerror}") from None
+
+    cert_pem = read(files.certfile, "ssl_certfile")
+    try:
+        certificate = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError as exc:
+        raise TLSFileError("ssl_certfile", f"ssl_certfile {files.certfile!r}: {exc}") from None
+    found = _PEM_KEY.search(read(files.keyfile, "ssl_keyfile"))
+    if found is None:
+        raise TLSFileError("ssl_keyfile", f"ssl_keyfile {files.keyfile!r} holds no PEM key")
+    password = files.password.encode() if files.password else None
+    try:
+        try:
+            key = serialization.load_pem_private_key(found.group(0), password)
+        except TypeError:  # a password given for a key not encrypted: OpenSSL ignores it too
+            key = serialization.load_pem_private_key(found.group(0), None)
+    except (ValueError, TypeError) as exc:
+        raise TLSFileError("ssl_keyfile", f"ssl_keyfile {files.keyfile!r}: {exc}") from None
+    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(*spki) != certificate.public_key().public_bytes(*spki):
+        raise TLSFileError(
+            "ssl_keyfile",
+            f"ssl_keyfile {files.keyfile!r} is not the key of ssl_certfile {files.certfile!r}",
+        )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    ca_pem = (
+        read(files.ca_certs, "ssl_ca_certs").decode("ascii", "replace") if files.ca_certs else None
+    )
+    return NativeTLS(cert_pem.decode("ascii", "replace"), key_pem.decode(), ca_pem)
+
+
+#: the most of one PEM file read for the native data path (what it accepts)
+_MAX_PEM = 1 << 20
+
+
 def _signature(paths: tuple[str, ...]) -> tuple[tuple[int, int, int, int], ...]:
     """What changes when a file is replaced or rewritten (``stat`` follows symlinks)."""
     signature = []
@@ -195,13 +270,17 @@ class ReloadingContext:
     per connection, never keep it).
     """
 
-    def __init__(self, files: TLSFiles, poll_s: float = POLL_S) -> None:
-        """Raises :class:`TLSFileError` when the files do not load now."""
+    def __init__(self, files: TLSFiles, poll_s: float = POLL_S, *, native: bool = False) -> None:
+        """Raises :class:`TLSFileError` when the files do not load now. ``native``: keep
+        :attr:`native` too, the files as the native data path takes them."""
         self.files = files
         self.poll_s = poll_s
         self._signature = _signature(files.paths())
         self.current = server_context(files)
+        self.native = native_tls(files) if native else None
         self.reloads = 0
+        #: called after each reload that serves (the native data path's proxy pushes the files)
+        self.on_reload: Callable[[], None] | None = None
         self._task: asyncio.Task[None] | None = None
 
     def reload_if_changed(self) -> bool:
@@ -212,12 +291,16 @@ class ReloadingContext:
             return False
         self._signature = signature
         try:  # a renewal that is not valid yet, or no longer, would fail every handshake
-            self.current = valid_context(self.files)
+            context = valid_context(self.files)
+            native = native_tls(self.files) if self.native is not None else None
         except TLSFileError as exc:
             log.warning("TLS files changed but do not load, still serving the previous: %s", exc)
             return False
+        self.current, self.native = context, native
         self.reloads += 1
         log.info("TLS files reloaded: new connections use them")
+        if self.on_reload is not None:
+            self.on_reload()
         return True
 
     def start(self) -> None:
@@ -236,13 +319,16 @@ class ReloadingContext:
             self._task = None
 
 
-async def wait_for_files(files: TLSFiles, poll_s: float = POLL_S) -> ReloadingContext:
+async def wait_for_files(
+    files: TLSFiles, poll_s: float = POLL_S, *, native: bool = False
+) -> ReloadingContext:
     """The files' context once they load: a proxy whose files are missing or broken waits for
-    them (saying why, once per change) instead of exiting to be restarted in a loop."""
+    them (saying why, once per change) instead of exiting to be restarted in a loop.
+    ``native``: see :class:`ReloadingContext`."""
     logged: tuple[tuple[int, int, int, int], ...] | None = None
     while True:
         try:
-            return ReloadingContext(files, poll_s)
+            return ReloadingContext(files, poll_s, native=native)
         except TLSFileError as exc:
             signature = _signature(files.paths())
             if signature != logged:

@@ -813,7 +813,7 @@ class ProxyLocation(StrEnum):
 class DataPath(StrEnum):
     """What serves the proxies' HTTP requests: the Python proxy alone, or the native data path
     (``kubeserve-fastpath``, :mod:`kubeserve.runtime.fastpath`) in front of it, which hands what
-    it does not cover to the Python proxy. Plain HTTP only: a proxy serving TLS is Python."""
+    it does not cover to the Python proxy (and terminates the proxy's TLS, when it serves HTTPS)."""
 
     PYTHON = "python"
     NATIVE = "native"

@@ -67,7 +67,6 @@ from kubeserve.schema.resources import (
     ServeApplicationSpecBase,
     ServeApplicationStatus,
     ServeInstanceSpec,
-    ServeInstanceSpecBase,
     ServeInstanceStatus,
 )
 
@@ -222,17 +221,6 @@ _MODEL_RULES: dict[type[BaseModel], tuple[list[Rule], dict[str, dict[str, Any]]]
                 "has(self.args) || has(self.autoscalingPolicy))",
                 "runtimeEnv, deployments, args and autoscalingPolicy cannot be set with "
                 "pickledGraph (an application deployed with serve.run)",
-            ),
-        ],
-        {},
-    ),
-    ServeInstanceSpecBase: (
-        [
-            _rule(
-                "!(has(self.tls) && has(self.proxy) && has(self.proxy.dataPath) && "
-                "self.proxy.dataPath == 'native')",
-                "the native data path serves plain HTTP only: it cannot be used with spec.tls",
-                ".proxy.dataPath",
             ),
         ],
         {},

@@ -376,9 +376,9 @@ class InstanceProxy(CRModel):
         default=None,
         description="python: the Python proxy serves every request; native: the native data "
         "path (kubeserve-fastpath, in the kubeserve image) serves the requests it covers in "
-        "front of it and hands the rest to it (plain HTTP only: not with spec.tls). Unset: the "
+        "front of it (terminating spec.tls's HTTPS too) and hands the rest to it. Unset: the "
         "operator's default (its --proxy-data-path, the chart's proxyDataPath; python unless "
-        "changed), python for an instance with spec.tls.",
+        "changed).",
     )
 
 
@@ -410,16 +410,6 @@ class ServeInstanceSpecBase(CRModel):
     proxy: InstanceProxy | None = Field(
         default=None, description="How the proxy pods serve (the data path)."
     )
-
-    @model_validator(mode="after")
-    def _native_serves_plain_http(self) -> ServeInstanceSpecBase:
-        if self.tls is not None and self.proxy and self.proxy.data_path is DataPath.NATIVE:
-            raise field_error(
-                "the native data path serves plain HTTP only: it cannot be used with spec.tls",
-                "proxy",
-                "dataPath",
-            )
-        return self
 
     def rest_options(self) -> dict[str, Any]:
         """The instance-level REST fields, as given (a ``ServeDeploySchema`` minus applications)."""

@@ -58,10 +58,12 @@ def test_the_spec_overrides_the_operators_default_both_ways() -> None:
     assert data_path_of(proxy_command(DataPath.NATIVE, proxy={})) == "native"
 
 
-def test_an_instance_serving_tls_stays_python_under_a_native_default() -> None:
-    command = proxy_command(DataPath.NATIVE, tls={"secretName": "shop-cert"})
-    assert data_path_of(command) == "python"
-    assert "--ssl-certfile" in command
+def test_native_serves_the_instances_tls_too() -> None:
+    """The native process terminates HTTPS from the files the Python proxy loads: both flags."""
+    for default, spec in ((DataPath.NATIVE, {}), (DataPath.PYTHON, {"dataPath": "native"})):
+        command = proxy_command(default, proxy=spec, tls={"secretName": "shop-cert"})
+        assert data_path_of(command) == "native"
+        assert "--ssl-certfile" in command
 
 
 def errors_of(spec: dict[str, Any]) -> list[Any]:
@@ -74,12 +76,6 @@ def test_an_unknown_data_path_is_refused_at_its_path() -> None:
     (error,) = errors_of({"proxy": {"dataPath": "turbo"}})
     assert error["loc"] == ["proxy", "dataPath"]
     assert "'python' or 'native'" in error["msg"]
-
-
-def test_native_with_tls_is_refused_at_the_data_path() -> None:
-    (error,) = errors_of({"tls": {"secretName": "c"}, "proxy": {"dataPath": "native"}})
-    assert error["loc"] == ["proxy", "dataPath"]
-    assert "plain HTTP only" in error["msg"]
 
 
 def test_unknown_proxy_fields_are_refused() -> None:
@@ -104,8 +100,6 @@ def test_the_crd_lets_the_api_server_refuse_what_the_model_refuses() -> None:
     data_path = spec["properties"]["proxy"]["properties"]["dataPath"]
     assert data_path["enum"] == ["python", "native"]
     assert "default" not in data_path  # unset means the operator's default
-    (rule,) = [r for r in spec["x-kubernetes-validations"] if "dataPath" in r["rule"]]
-    assert rule["fieldPath"] == ".proxy.dataPath"
 
 
 def test_the_operator_flag_defaults_to_the_constant() -> None:

@@ -99,12 +99,9 @@ class InstanceView:
 
     @property
     def data_path(self) -> DataPath:
-        """``spec.proxy.dataPath``, else the operator's default; Python when the proxies serve
-        HTTPS (the native data path serves plain HTTP only; the spec cannot ask for both)."""
+        """``spec.proxy.dataPath``, else the operator's default."""
         chosen = self.spec.proxy.data_path if self.spec.proxy else None
-        if chosen is None:
-            chosen = DataPath.PYTHON if self.tls is not None else self.default_data_path
-        return chosen
+        return self.default_data_path if chosen is None else chosen
 
     @property
     def tls(self) -> ProxyTLS | None:

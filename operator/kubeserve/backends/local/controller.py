@@ -90,7 +90,7 @@ class LocalSettings:
     data_plane_outlives: bool = True
     #: an unused runtime_env package environment used less than this ago is kept (seconds)
     python_env_keep_s: float = python_env.GC_MIN_AGE_S
-    #: what serves the proxy's requests (``--data-path``); a proxy serving TLS is Python
+    #: what serves the proxy's requests (``--data-path``)
     data_path: DataPath = DEFAULT_DATA_PATH
 
     @property

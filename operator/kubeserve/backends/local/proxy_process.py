@@ -85,8 +85,8 @@ class ProxyProcess:
             if self._tls.ca_certs:
                 args += ["--ssl-ca-certs", os.path.abspath(self._tls.ca_certs)]
         args += grpc_proxy_arguments(options.get("grpc_options"))  # type: ignore[arg-type]
-        # kubeserve start --data-path native: plain HTTP only, so a proxy serving TLS stays Python
-        if self._ctx.data_path is DataPath.NATIVE and self._tls is None:
+        # kubeserve start --data-path native (it terminates TLS too)
+        if self._ctx.data_path is DataPath.NATIVE:
             args += ["--data-path", DataPath.NATIVE.value]
         return args + self._ctx.request_limits.cli_args()
 

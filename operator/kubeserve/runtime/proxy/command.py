@@ -115,12 +115,10 @@ def main(
         choices=("python", "native"),
         default=os.environ.get(DATA_PATH_ENV) or "python",
         help="native: the experimental kubeserve-fastpath process serves the requests it covers "
-        f"and hands the rest to this proxy (plain HTTP only; default from ${DATA_PATH_ENV})",
+        f"and hands the rest to this proxy (default from ${DATA_PATH_ENV})",
     )
     add_limit_arguments(parser)
     args = parser.parse_args(argv)
-    if args.data_path == "native" and args.ssl_certfile is not None:
-        parser.error("--data-path native serves plain HTTP only (no --ssl-certfile)")
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         parser.error("--ssl-certfile and --ssl-keyfile go together")
     if args.discovery == "controller" and not args.controller_url:

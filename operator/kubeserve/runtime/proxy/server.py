@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kubeserve.runtime.discovery import EndpointSource
-from kubeserve.runtime.fastpath import FastPath, FastPathError
+from kubeserve.runtime.fastpath import FastPath, FastPathError, FastPathRefused
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.load_report import controller_links
 from kubeserve.runtime.logs import AccessLog
@@ -86,7 +86,8 @@ class ProxyServer:
         """``native``: serve through the native data path (experimental,
         :mod:`~kubeserve.runtime.fastpath`): the ``kubeserve-fastpath`` process takes
         ``host:port`` (or ``listen_fd``) and hands this proxy, listening on a private loopback
-        port, what it does not cover; plain HTTP only.
+        port, what it does not cover (with ``tls``, it terminates TLS and hands off decrypted
+        bytes).
         ``scope``: the ``namespace/instance`` the proxy's load reports name (in a cluster);
         ``tls``: serve HTTPS with these files (reloaded when they change, see
         :mod:`~kubeserve.runtime.tls`), plain HTTP when ``None``;
@@ -115,8 +116,6 @@ class ProxyServer:
         self._refusal_logged = -60.0
         self._grpc = grpc
         self.grpc: GrpcIngress | None = None
-        if native and tls is not None:
-            raise ValueError("the native data path serves plain HTTP only (no ssl_* options)")
         self._native = native
         self.native: FastPath | None = None
         self._native_task: asyncio.Task[None] | None = None
@@ -124,6 +123,8 @@ class ProxyServer:
         self._native_changed = asyncio.Event()
         #: the version of the last snapshot the native process installed (-1: none yet)
         self.native_version = -1
+        #: the TLS reload (``ReloadingContext.reloads``) whose files the native process serves
+        self._native_tls = -1
 
     async def start(self) -> None:
         """Listen, wait (briefly) for the first snapshot, then accept; ``port=0`` picks a free
@@ -134,37 +135,14 @@ class ProxyServer:
         socket, connections wait in its backlog meanwhile; requests that come before a late
         first snapshot are answered 503 with ``Retry-After`` (see ``exchange``).
         """
-        loop = asyncio.get_running_loop()
         self.max_connections = _connection_cap(self.state.limits.max_connections)
         if self.tls is not None:
-            self.tls_context = await wait_for_files(self.tls)
+            self.tls_context = await wait_for_files(self.tls, native=self._native)
             self.tls_context.start()
         if self._native:
-            # this proxy serves what the native process hands it, on a private loopback port
-            self._server = await loop.create_server(
-                self._connection_factory(), "127.0.0.1", 0, backlog=4096, start_serving=False
-            )
-            fallback = self._server.sockets[0].getsockname()[1]
-            self.native = FastPath(
-                self.state.secret, self.host, self.port, fallback, listen_fd=self.listen_fd
-            )
-            await self.native.start()
-            self.port = self.native.port
-        elif self.listen_fd is not None:
-            sock = socket.socket(fileno=self.listen_fd)
-            sock.setblocking(False)
-            self._server = await loop.create_server(
-                self._connection_factory(), sock=sock, backlog=4096, start_serving=False
-            )
-        else:
-            self._server = await loop.create_server(
-                self._connection_factory(),
-                self.host,
-                self.port,
-                backlog=4096,
-                start_serving=False,
-            )
+            await self._start_native()
         if self.native is None:
+            self._server = await self._public_server()
             self.port = self._server.sockets[0].getsockname()[1]
         self.state.sweeper.start()
         if self.load_reporter is not None:
@@ -177,7 +155,59 @@ class ProxyServer:
             self.grpc = self._grpc_ingress(*self._grpc)
             await self.source.start(self._apply_both)
             await self.grpc.start()
+        assert self._server is not None
         await self._server.start_serving()
+
+    async def _public_server(self) -> asyncio.Server:
+        """This proxy on the client port (``listen_fd``, else ``host:port``), not serving yet."""
+        loop = asyncio.get_running_loop()
+        if self.listen_fd is not None:
+            sock = socket.socket(fileno=self.listen_fd)
+            sock.setblocking(False)
+            return await loop.create_server(
+                self._connection_factory(), sock=sock, backlog=4096, start_serving=False
+            )
+        return await loop.create_server(
+            self._connection_factory(), self.host, self.port, backlog=4096, start_serving=False
+        )
+
+    async def _start_native(self) -> None:
+        """Put the native process on the client port, this proxy behind it on a private loopback
+        port (plain HTTP: the native process terminates TLS and hands off decrypted bytes).
+
+        A certificate pair the native process does not load (a key rustls has no signer for,
+        such as P-521 or Ed448) leaves the proxy on the Python path, said once.
+        """
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._accept, "127.0.0.1", 0, backlog=4096, start_serving=False
+        )
+        fallback = self._server.sockets[0].getsockname()[1]
+        tls = self.tls_context
+        native = FastPath(
+            self.state.secret,
+            self.host,
+            self.port,
+            fallback,
+            listen_fd=self.listen_fd,
+            tls=tls is not None,
+        )
+        await native.start()
+        if tls is not None:
+            assert tls.native is not None
+            try:
+                await native.push_tls(tls.native)
+            except FastPathRefused as exc:
+                log.warning("serving without the native data path: %s", exc)
+                await native.close()
+                self._server.close()
+                await self._server.wait_closed()
+                self._server = None
+                return
+            tls.on_reload = self._native_changed.set
+            self._native_tls = tls.reloads
+        self.native = native
+        self.port = native.port
 
     def _apply(self, snapshot: Snapshot) -> None:
         self.state.apply(snapshot)
@@ -203,6 +233,7 @@ class ProxyServer:
             try:
                 if self._native_changed.is_set():
                     self._native_changed.clear()
+                    await self._native_push_tls(native)
                     snapshot = self._native_snapshot
                     assert snapshot is not None
                     await native.push(
@@ -235,6 +266,20 @@ class ProxyServer:
             except FastPathError as exc:
                 log.error("the native data path failed: %s", exc)
                 return
+
+    async def _native_push_tls(self, native: FastPath) -> None:
+        """Push the TLS files reloaded since the last push: new handshakes take them. Files the
+        native process refuses leave it serving the previous ones, as the Python proxy does."""
+        tls = self.tls_context
+        if tls is None or tls.reloads == self._native_tls:
+            return
+        reloads = tls.reloads
+        assert tls.native is not None
+        try:
+            await native.push_tls(tls.native)
+        except FastPathRefused as exc:
+            log.warning("TLS files reloaded but the native data path refused them: %s", exc)
+        self._native_tls = reloads
 
     def _grpc_ingress(self, options: GrpcOptions, services: dict[str, Any]) -> GrpcIngress:
         """The gRPC listener: a server of its own, so the HTTP path is untouched by it (and an

@@ -7,6 +7,26 @@
 # The base: any Debian-like image with python3.11 and pip that may install into the system Python.
 # The Kubernetes test node builds FROM a local debootstrap image (tests/kubernetes/node/build_images.sh).
 ARG BASE_IMAGE=python:3.11-slim
+# The native data path (native/, Rust): `kubeserve-fastpath`, at /usr/local/bin/kubeserve-fastpath
+# (KUBESERVE_FASTPATH_BINARY names it), used by proxies whose ServeInstance sets
+# spec.proxy.dataPath: native. By default it is compiled in NATIVE_IMAGE, a Rust toolchain on the
+# base's Debian release (bookworm: glibc 2.36). A build that cannot pull one (the test node's)
+# gives FASTPATH_PREBUILT instead: the context path of a binary built for that glibc or older
+# (`make native` on bookworm), and NATIVE_IMAGE=its base image; nothing is compiled then.
+ARG NATIVE_IMAGE=rust:1-slim-bookworm
+
+FROM ${NATIVE_IMAGE} AS native
+ARG FASTPATH_PREBUILT=
+WORKDIR /src
+COPY native ./native
+RUN set -eux; \
+    if [ -n "${FASTPATH_PREBUILT}" ]; then \
+        install -D -m 0755 "${FASTPATH_PREBUILT}" /out/kubeserve-fastpath; \
+    else \
+        rm -rf native/target; \
+        cargo build --release --locked --manifest-path native/Cargo.toml; \
+        install -D -m 0755 native/target/release/kubeserve-fastpath /out/kubeserve-fastpath; \
+    fi
 
 FROM ${BASE_IMAGE} AS build
 WORKDIR /src
@@ -20,12 +40,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONPATH=/app \
-    HOME=/home/kubeserve
+    HOME=/home/kubeserve \
+    KUBESERVE_FASTPATH_BINARY=/usr/local/bin/kubeserve-fastpath
 COPY --from=build /wheels /wheels
+COPY --from=native /out/kubeserve-fastpath /usr/local/bin/kubeserve-fastpath
 RUN set -eux; \
     wheel="$(ls /wheels/kubeserve-*.whl)"; \
     pip install "${wheel}[kubernetes,tracing]"; \
     rm -rf /wheels; \
+    # links against this image's C library (a binary built for a newer glibc stops here)
+    if ldd /usr/local/bin/kubeserve-fastpath 2>&1 | grep 'not found'; then exit 1; fi; \
     groupadd --gid 10001 kubeserve; \
     useradd --uid 10001 --gid 10001 --home-dir /home/kubeserve --create-home --shell /usr/sbin/nologin kubeserve
 WORKDIR /app

@@ -81,7 +81,7 @@ $(K8S_NODE_BIN)/.stamp:
 $(COREDNS):
 	sh tests/kubernetes/build_coredns.sh $(COREDNS_VERSION) $(dir $(COREDNS))
 
-node-images: node-packages venv
+node-images: node-packages venv native
 	@# the test applications' gRPC modules (tests/apps/*_pb2*.py) go into the tests' image too
 	$(BIN)/python -c "from support.grpc_protos import ensure_generated; ensure_generated()"
 	sh tests/kubernetes/node/build_images.sh $(NODE_IMAGES) .

@@ -13,6 +13,7 @@ import yaml
 
 from kubeserve.cli import operator as operator_cli
 from kubeserve.control.leader_election import LeaseTiming
+from kubeserve.schema.config import DEFAULT_DATA_PATH
 from support.kubeserve_install import (
     CHART,
     K8S_VERSIONS,
@@ -331,6 +332,18 @@ def test_leader_election_timing_reaches_the_operator_flags(helm: str) -> None:
     ) == (LeaseTiming.lease_duration_s, LeaseTiming.renew_deadline_s, LeaseTiming.retry_period_s)
 
 
+def test_proxy_data_path_reaches_the_operator_flag(helm: str) -> None:
+    """``proxyDataPath``: the operator's default data path for instances that do not choose one;
+    empty (the chart's default) leaves the operator's own default, the one constant."""
+    parser = argparse.ArgumentParser()
+    operator_cli.add_arguments(parser)
+    container = operator_container(rendered_chart({"proxyDataPath": "native"}, helm=helm))
+    assert parser.parse_args(container["args"][1:]).proxy_data_path == "native"
+    container = operator_container(rendered_chart({}, helm=helm))
+    assert _flag(container, "proxy-data-path") is None
+    assert parser.parse_args(container["args"][1:]).proxy_data_path == DEFAULT_DATA_PATH.value
+
+
 def test_replicas_elect_a_leader_and_roll_one_at_a_time(helm: str) -> None:
     """Two replicas by default: each serves the admin API (readiness is the API answering), the
     one holding the Lease reconciles; neither a roll nor a drain takes both at once."""
@@ -377,6 +390,7 @@ def test_one_replica_has_no_disruption_budget(helm: str) -> None:
         ({"replicaCount": 0}, "replicaCount"),
         ({"leaderElection": {"retryPeriod": 0}}, "retryPeriod"),
         ({"metrics": {"serviceMonitor": {"enabled": True}}}, "metrics.enabled"),
+        ({"proxyDataPath": "turbo"}, "proxyDataPath"),
     ],
     ids=[
         "pull-policy",
@@ -386,6 +400,7 @@ def test_one_replica_has_no_disruption_budget(helm: str) -> None:
         "no-replica",
         "no-retry-period",
         "monitor-without-metrics",
+        "data-path",
     ],
 )
 def test_bad_values_are_refused(any_helm: str, values: dict[str, Any], message: str) -> None:

@@ -25,6 +25,7 @@ from support.k8s_operator import (
     OperatorProcess,
     account_token,
     config,
+    instance,
     proxy_url,
     raw_request,
 )
@@ -196,10 +197,14 @@ def test_single_application_family(
     plane, api = control_plane, AdminApi(operator)
     base = f"{api.url}/api/serve/deployments/"
     body = {"import_path": "e2e_probe:app", "route_prefix": "/probe", "port": 8000}
-    api.use_tests_image()
+    serving = instance(namespace)  # with the fields Ray's config has not, which a PUT keeps
+    serving["spec"]["proxy"] = {"dataPath": "python"}
+    plane.apply(serving)
     put = api.http("PUT", base, body)
     assert put[0] == 200, (put, operator.log())
     assert api.http("GET", base) == (200, body)
+    spec = plane.get("serveinstance", "default", namespace)["spec"]
+    assert (spec["image"], spec["proxy"]) == (serving["spec"]["image"], {"dataPath": "python"})
 
     def running() -> dict[str, Any] | None:
         status = api.http("GET", f"{base}status")[1]

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from kubeserve.cli.command import LOG_FORMAT, Command
 from kubeserve.control.leader_election import LeaseTiming
 from kubeserve.runtime.kubernetes.contract import NAMESPACE_ENV, POD_IP_ENV
+from kubeserve.schema.config import DEFAULT_DATA_PATH, DataPath
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +79,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "pods' load reports to the leader); default http://$KUBESERVE_POD_IP:<dashboard port>, "
         "else the first --dashboard-host",
     )
+    parser.add_argument(
+        "--proxy-data-path",
+        choices=[d.value for d in DataPath],
+        default=DEFAULT_DATA_PATH.value,
+        help="the proxies' data path for a ServeInstance whose spec.proxy.dataPath is unset "
+        "(native: kubeserve-fastpath in front of the Python proxy; default "
+        f"{DEFAULT_DATA_PATH.value})",
+    )
     parser.add_argument("--log-level", default=os.environ.get("KUBESERVE_LOG_LEVEL", "INFO"))
 
 
@@ -119,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         watch_namespaces=tuple(n for n in args.watch_namespaces.split(",") if n),
         kubeconfig=args.kubeconfig,
         report_url=args.report_url,
+        proxy_data_path=DataPath(args.proxy_data_path),
         admin_hosts=hosts,
         admin_port=args.dashboard_port,
         metrics_port=args.metrics_port,

@@ -32,6 +32,7 @@ from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES
 from kubeserve.runtime.python_env import GC_MIN_AGE_S
 from kubeserve.schema import node_labels
+from kubeserve.schema.config import DEFAULT_DATA_PATH, DataPath
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -144,8 +145,8 @@ def add_instance_arguments(
     )
     parser.add_argument(
         "--data-path",
-        choices=("python", "native"),
-        default=os.environ.get(DATA_PATH_ENV) or "python",
+        choices=[d.value for d in DataPath],
+        default=os.environ.get(DATA_PATH_ENV) or DEFAULT_DATA_PATH.value,
         help="native: the proxy serves through the experimental kubeserve-fastpath process "
         f"(`make native`; see the README); default from ${DATA_PATH_ENV}",
     )
@@ -192,8 +193,9 @@ def start_instance(args: argparse.Namespace, after_start: AfterStart | None) -> 
     from kubeserve.backends.protocol import BackendError
 
     logging.basicConfig(level=os.environ.get("KUBESERVE_LOG_LEVEL", "INFO"), format=LOG_FORMAT)
-    # the proxy process reads it (and passes it on as --data-path, part of its fingerprint)
-    os.environ[DATA_PATH_ENV] = args.data_path
+    # read once, into LocalSettings.data_path: the proxy gets --data-path from there, and no
+    # child inherits the variable (a proxy's own default would differ from the setting)
+    os.environ.pop(DATA_PATH_ENV, None)
     token = auth_token(args)
     # Replicas and builds inherit this environment and run user code: the token stays here.
     os.environ.pop(AUTH_TOKEN_ENV, None)
@@ -241,6 +243,7 @@ def start_instance(args: argparse.Namespace, after_start: AfterStart | None) -> 
         replica_max_processes=args.replica_max_processes,
         python_env_keep_s=max(0.0, args.runtime_env_keep_s),
         data_plane_outlives=not getattr(args, "temporary_state_dir", False),
+        data_path=DataPath(args.data_path),
     )
     try:
         backend = LocalBackend(settings)

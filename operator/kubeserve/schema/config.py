@@ -60,12 +60,14 @@ from kubeserve.schema.limits import (
 from kubeserve.schema.packages import validate_packages
 
 __all__ = [
+    "DEFAULT_DATA_PATH",
     "REMOTE_URI_SCHEMES",
     "AutoscalingConfig",
     "AutoscalingPolicy",
     "BackpressureConfig",
     "ControllerOptions",
     "ControllerRuntimeEnv",
+    "DataPath",
     "DeploymentActorConfig",
     "DeploymentSchema",
     "GRPCOptionsSchema",
@@ -806,6 +808,20 @@ class ProxyLocation(StrEnum):
     DISABLED = "Disabled"
     HEAD_ONLY = "HeadOnly"
     EVERY_NODE = "EveryNode"
+
+
+class DataPath(StrEnum):
+    """What serves the proxies' HTTP requests: the Python proxy alone, or the native data path
+    (``kubeserve-fastpath``, :mod:`kubeserve.runtime.fastpath`) in front of it, which hands what
+    it does not cover to the Python proxy (and terminates the proxy's TLS, when it serves HTTPS)."""
+
+    PYTHON = "python"
+    NATIVE = "native"
+
+
+#: The data path of ``kubeserve start`` and of a ServeInstance that does not choose one (the
+#: operator's ``--proxy-data-path``, the chart's ``proxyDataPath``): the one constant to flip.
+DEFAULT_DATA_PATH = DataPath.PYTHON
 
 
 class HTTPOptionsSchema(RestModel):

@@ -57,6 +57,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
 from kubeserve.schema.config import (
+    DataPath,
     ImportPath,
     ServeApplicationEntry,
     ServeApplicationSchema,
@@ -82,6 +83,7 @@ __all__ = [
     "CRModel",
     "Condition",
     "DeploymentStatusEntry",
+    "InstanceProxy",
     "PickledGraphReference",
     "ServeApplicationSpec",
     "ServeApplicationSpecBase",
@@ -367,6 +369,19 @@ class ProxyTLS(CRModel):
     )
 
 
+class InstanceProxy(CRModel):
+    """``ServeInstance.spec.proxy``: how the instance's proxy pods serve."""
+
+    data_path: DataPath | None = Field(
+        default=None,
+        description="python: the Python proxy serves every request; native: the native data "
+        "path (kubeserve-fastpath, in the kubeserve image) serves the requests it covers in "
+        "front of it (terminating spec.tls's HTTPS too) and hands the rest to it. Unset: the "
+        "operator's default (its --proxy-data-path, the chart's proxyDataPath; python unless "
+        "changed).",
+    )
+
+
 class ServeInstanceSpecBase(CRModel):
     """``ServeInstance.spec``: the serving layer (REST ``ServeDeploySchema`` minus applications).
 
@@ -392,6 +407,9 @@ class ServeInstanceSpecBase(CRModel):
         description="Serve HTTPS on the proxies from a Secret (on Kubernetes instead of "
         "httpOptions.ssl_*, which name files on the operator's machine).",
     )
+    proxy: InstanceProxy | None = Field(
+        default=None, description="How the proxy pods serve (the data path)."
+    )
 
     def rest_options(self) -> dict[str, Any]:
         """The instance-level REST fields, as given (a ``ServeDeploySchema`` minus applications)."""
@@ -399,7 +417,7 @@ class ServeInstanceSpecBase(CRModel):
             mode="json",
             by_alias=False,
             exclude_unset=True,
-            exclude={"image", "image_pull_policy", "tls"},
+            exclude={"image", "image_pull_policy", "tls", "proxy"},
         )
 
     def to_rest(self, applications: list[ServeApplicationEntry]) -> ServeDeploySchema:

@@ -12,7 +12,11 @@
 #   kubeserve-KEY.tar   docker.io/library/kubeserve:0.1.0 (what the chart and the operator name by
 #                       default), built by buildah from the repository's Dockerfile; KEY hashes what the
 #                       Dockerfile copies plus the base image, so a change to the package rebuilds it
-#                       and nothing else does. kubeserve.tar links to the newest one.
+#                       and nothing else does. kubeserve.tar links to the newest one. The native
+#                       data path's binary is not compiled in the image (no Rust image to pull):
+#                       `make native` builds REPO/native/target/release/kubeserve-fastpath on this
+#                       (bookworm) host and the Dockerfile copies it (FASTPATH_PREBUILT); KEY covers
+#                       native/'s sources and that binary.
 #   kubeserve-tests-KEY.tar  docker.io/library/kubeserve-tests:0.1.0: the kubeserve image with the test
 #                       applications (tests/apps/*.py) and the benchmark's (benchmarks/apps.py) in
 #                       /app, so `importPath: e2e_probe:app` works in the tests' pods; KEY covers the
@@ -34,6 +38,8 @@ IMAGE=docker.io/library/kubeserve:0.1.0
 TESTS_IMAGE=docker.io/library/kubeserve-tests:0.1.0
 WRK=kubeserve.local/wrk:bookworm
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
+# the native data path's binary, relative to REPO (`make native`)
+FASTPATH=native/target/release/kubeserve-fastpath
 
 mkdir -p "$CACHE/buildah/run"
 buildah() {
@@ -81,16 +87,23 @@ image_key() {
 	{
 		echo "$base_id"
 		cat Dockerfile .dockerignore
-		find pyproject.toml README.md operator examples -type f ! -path '*/__pycache__/*' \
-			! -name '*.pyc' ! -path '*.egg-info/*' | LC_ALL=C sort | xargs sha256sum
+		find pyproject.toml README.md operator examples native -path native/target -prune -o -type f \
+			! -path '*/__pycache__/*' ! -name '*.pyc' ! -path '*.egg-info/*' -print |
+			LC_ALL=C sort | xargs sha256sum
+		sha256sum "$FASTPATH"
 	} | sha256sum | cut -c1-16
 }
 
 build_kubeserve() {
+	if [ ! -x "$REPO/$FASTPATH" ]; then
+		echo "build_images.sh: no $REPO/$FASTPATH: run \`make native\` first" >&2
+		exit 1
+	fi
 	key=$(image_key)
 	archive=$CACHE/kubeserve-$key.tar
 	if [ ! -f "$archive" ]; then
 		buildah bud --quiet --pull=never --layers=false --build-arg "BASE_IMAGE=$BASE" \
+			--build-arg "NATIVE_IMAGE=$BASE" --build-arg "FASTPATH_PREBUILT=$FASTPATH" \
 			--volume "$CA_BUNDLE:$CA_BUNDLE:ro" -t "$IMAGE" "$REPO"
 		rm -f "$archive.new"
 		buildah push --quiet "$IMAGE" "docker-archive:$archive.new:$IMAGE"

@@ -91,7 +91,7 @@ FIELD_MANAGER = "kubeserve-admin-api"
 #: On the ``ServeInstance``: the body of the last single-application PUT (JSON), for its GET.
 SINGLE_APP_ANNOTATION = "kubeserve.io/single-app-config"
 #: Spec fields of a ``ServeInstance`` that are not REST options; a PUT keeps what they hold.
-_CR_ONLY_INSTANCE_FIELDS = ("image", "imagePullPolicy")
+_CR_ONLY_INSTANCE_FIELDS = ("image", "imagePullPolicy", "tls", "proxy")
 
 #: The largest pickled graph (``serve.run``'s) this backend stores: a Secret's data holds at
 #: most 1 MiB (etcd's default request limit is 1.5 MiB), of which 1 KiB is left for its key.

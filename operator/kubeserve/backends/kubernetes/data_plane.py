@@ -33,6 +33,7 @@ from kubeserve.runtime import channel, wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import Kube, KubeConflict, KubeError
 from kubeserve.runtime.metrics_listener import metrics_token
+from kubeserve.schema.config import DEFAULT_DATA_PATH, DataPath
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class DataPlane:
     #: where pods reach the operator's admin server with their load reports (``None``: nowhere,
     #: so deployments cannot scale to zero); rendered into the proxy and replica pods
     report_url: str | None = None
+    #: the data path of the proxies of an instance that does not choose one (``--proxy-data-path``)
+    default_data_path: DataPath = DEFAULT_DATA_PATH
     #: replica process (:func:`replica_key`) -> the user_config version it last reported
     user_configs: dict[str, str] = field(default_factory=dict)
     _pushing: set[str] = field(default_factory=set)

@@ -31,7 +31,9 @@ class InstanceReconciler:
     async def reconcile(self, obj: dict[str, Any]) -> InstanceReport:
         """Converge ``obj``'s children to its spec; what its status should say."""
         cluster, namespace = self._cluster, obj["metadata"]["namespace"]
-        view = render.instance_view(obj, self._data_plane.report_url)
+        view = render.instance_view(
+            obj, self._data_plane.report_url, self._data_plane.default_data_path
+        )
         await self._data_plane.secret(obj)  # before the pods that read it
         problem = await tls_problem(
             self._data_plane.kube, namespace, view.tls, view.spec.rest_options()

@@ -59,6 +59,7 @@ from kubeserve.control.resync_turns import ResyncTurns
 from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import Kube, KubeError, KubeFenced
+from kubeserve.schema.config import DEFAULT_DATA_PATH, DataPath
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ class OperatorSettings:
     kubeconfig: str | None = None
     #: the operator's admin server as pods reach it, for their load reports (scale to zero)
     report_url: str | None = None
+    #: the proxies' data path for a ServeInstance whose ``spec.proxy.dataPath`` is unset
+    proxy_data_path: DataPath = DEFAULT_DATA_PATH
     #: the addresses the admin server (and the metrics listener) listen on
     admin_hosts: tuple[str, ...] = ("0.0.0.0",)
     admin_port: int = 8265
@@ -177,7 +180,12 @@ class Operator:
         namespaces = list(self.settings.watch_namespaces) or None
         cache = ClusterCache(kube, namespaces, self._changed, on_deleted=self._deleted)
         self.cluster = Cluster(writer, cache)
-        data_plane = DataPlane(writer, on_pushed=self._pushed, report_url=self.settings.report_url)
+        data_plane = DataPlane(
+            writer,
+            on_pushed=self._pushed,
+            report_url=self.settings.report_url,
+            default_data_path=self.settings.proxy_data_path,
+        )
         self._data_plane = data_plane
         self._reconcilers = {
             "ServeInstance": InstanceReconciler(self.cluster, data_plane, self.settings.namespace),

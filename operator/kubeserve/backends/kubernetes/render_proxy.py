@@ -11,6 +11,9 @@ a pod (a proxy binds its pod's address). ``rootPath`` (where an Ingress in front
 mounts the instance) reaches the replicas, whose ASGI ingresses see it in ``root_path`` and
 ``path`` (:func:`~kubeserve.backends.kubernetes.render.replica_config_json`).
 With ``spec.tls`` the proxies serve HTTPS from that Secret, mounted at :data:`TLS_DIR`.
+With ``spec.proxy.dataPath: native`` (or the operator's default, for an instance that does not
+choose) a proxy runs with ``--data-path native``: the image's ``kubeserve-fastpath`` serves the
+requests it covers in front of the Python proxy (:mod:`kubeserve.runtime.fastpath`).
 
 The data-plane Secret ``<inst>-dataplane-secret`` (:func:`render_data_plane_secret`): the key of
 the handshake every connection to a replica passes; proxies and replicas read it from their env.
@@ -49,7 +52,7 @@ from kubeserve.runtime.kubernetes.contract import (
     INSTANCE_ENV,
     KUBERNETES_NAMESPACE_LABEL,
 )
-from kubeserve.schema.config import ProxyLocation
+from kubeserve.schema.config import DataPath, ProxyLocation
 
 __all__ = [
     "BUILD_RULES",
@@ -103,6 +106,8 @@ def _proxy_command(instance: InstanceView) -> list[str]:
         if instance.tls.require_client_certificates:
             command += ["--ssl-ca-certs", f"{TLS_DIR}/ca.crt"]
     command += grpc_proxy_arguments(instance.grpc_options)
+    if instance.data_path is DataPath.NATIVE:
+        command += ["--data-path", DataPath.NATIVE.value]
     command += ["--replacement-wait-s", str(contract.PROXY_REPLACEMENT_WAIT_S)]
     command += ["--leave-delay-s", str(contract.PROXY_LEAVE_DELAY_S)]
     command += ["--drain-timeout-s", str(contract.PROXY_DRAIN_S)]

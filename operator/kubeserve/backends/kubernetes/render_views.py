@@ -15,7 +15,7 @@ from kubeserve.control import effective_config
 from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.control.instance import tracing_config
 from kubeserve.runtime.kubernetes import contract
-from kubeserve.schema.config import ProxyLocation
+from kubeserve.schema.config import DEFAULT_DATA_PATH, DataPath, ProxyLocation
 from kubeserve.schema.imperative import GRAPH_DIGEST_KEY
 from kubeserve.schema.resources import (
     API_VERSION,
@@ -55,6 +55,8 @@ class InstanceView:
     #: replicas (:mod:`kubeserve.runtime.load_report`); ``None``: they do not report, and
     #: deployments cannot scale to zero
     report_url: str | None = None
+    #: the operator's data path for an instance whose ``spec.proxy.dataPath`` is unset
+    default_data_path: DataPath = DEFAULT_DATA_PATH
 
     @property
     def image(self) -> str:
@@ -94,6 +96,12 @@ class InstanceView:
     def http_options(self) -> Any:
         """The spec's ``httpOptions`` model (``port``, ``request_timeout_s``...)."""
         return cast(Any, self.spec).http_options
+
+    @property
+    def data_path(self) -> DataPath:
+        """``spec.proxy.dataPath``, else the operator's default."""
+        chosen = self.spec.proxy.data_path if self.spec.proxy else None
+        return self.default_data_path if chosen is None else chosen
 
     @property
     def tls(self) -> ProxyTLS | None:
@@ -212,9 +220,14 @@ class DesiredDeployment:
         return self.config.ray_actor_options
 
 
-def instance_view(obj: Mapping[str, Any], report_url: str | None = None) -> InstanceView:
+def instance_view(
+    obj: Mapping[str, Any],
+    report_url: str | None = None,
+    default_data_path: DataPath = DEFAULT_DATA_PATH,
+) -> InstanceView:
     """The view of a ``ServeInstance`` object; pydantic's ``ValidationError`` on a bad spec.
-    ``report_url``: the operator's, for the pods' load reports (:attr:`InstanceView.report_url`).
+    ``report_url``: the operator's, for the pods' load reports (:attr:`InstanceView.report_url`);
+    ``default_data_path``: the operator's (:attr:`InstanceView.data_path`).
     """
     meta = obj["metadata"]
     spec = ServeInstanceSpec.model_validate(obj.get("spec") or {})
@@ -224,6 +237,7 @@ def instance_view(obj: Mapping[str, Any], report_url: str | None = None) -> Inst
         uid=str(meta["uid"]),
         spec=spec,
         report_url=report_url,
+        default_data_path=default_data_path,
     )
 
 

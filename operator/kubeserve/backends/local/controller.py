@@ -40,6 +40,7 @@ from kubeserve.runtime import channel, metrics_merge, python_env, wire
 from kubeserve.runtime import runtime_env as runtime_envs
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES, RotatingLog
+from kubeserve.schema.config import DEFAULT_DATA_PATH, DataPath
 
 log = logging.getLogger(__name__)
 _RESYNC_S = 1.0
@@ -89,6 +90,8 @@ class LocalSettings:
     data_plane_outlives: bool = True
     #: an unused runtime_env package environment used less than this ago is kept (seconds)
     python_env_keep_s: float = python_env.GC_MIN_AGE_S
+    #: what serves the proxy's requests (``--data-path``)
+    data_path: DataPath = DEFAULT_DATA_PATH
 
     @property
     def database(self) -> Path:
@@ -198,6 +201,7 @@ class Controller:
             wake=self.wake,
             secret=self.secret,
             secret_file=secret_file,
+            data_path=self.settings.data_path,
             records=self.records,
             die_with_parent=not self.settings.data_plane_outlives,
             request_limits=self.settings.request_limits,

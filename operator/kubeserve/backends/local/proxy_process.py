@@ -25,8 +25,8 @@ from kubeserve.backends.local.process_records import ProxyRecord
 from kubeserve.backends.local.replica_context import ReplicaContext
 from kubeserve.control import backoff, effective_config
 from kubeserve.control.instance import grpc_proxy_arguments
-from kubeserve.runtime.fastpath import DATA_PATH_ENV
 from kubeserve.runtime.tls import PASSWORD_ENV, TLSFiles
+from kubeserve.schema.config import DataPath
 
 ProxyStatusValue = Literal["STARTING", "HEALTHY", "UNHEALTHY", "DRAINING"]
 
@@ -86,8 +86,8 @@ class ProxyProcess:
                 args += ["--ssl-ca-certs", os.path.abspath(self._tls.ca_certs)]
         args += grpc_proxy_arguments(options.get("grpc_options"))  # type: ignore[arg-type]
         # kubeserve start --data-path native (it terminates TLS too)
-        if os.environ.get(DATA_PATH_ENV) == "native":
-            args += ["--data-path", "native"]
+        if self._ctx.data_path is DataPath.NATIVE:
+            args += ["--data-path", DataPath.NATIVE.value]
         return args + self._ctx.request_limits.cli_args()
 
     async def _run(self, args: list[str], adopted: AdoptedProxy | None) -> None:

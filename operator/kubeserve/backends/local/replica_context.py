@@ -19,6 +19,7 @@ from kubeserve.backends.local.process_records import ProcessRecords
 from kubeserve.control.replica_limits import DEFAULT_MAX_PROCESSES
 from kubeserve.runtime import channel, logs, metrics
 from kubeserve.runtime.limits import RequestLimits
+from kubeserve.schema.config import DEFAULT_DATA_PATH, DataPath
 
 #: Where the metrics directories of instances live when the machine has one: memory.
 SHARED_MEMORY = Path("/dev/shm")
@@ -68,6 +69,8 @@ class ReplicaContext:
     limits: Enforcement | None = None
     #: processes (threads included) one replica may run (``--replica-max-processes``)
     max_processes: int = DEFAULT_MAX_PROCESSES
+    #: what serves the proxy's requests (``LocalSettings.data_path``)
+    data_path: DataPath = DEFAULT_DATA_PATH
 
     def data_plane_env(self) -> dict[str, str]:
         """What a proxy or replica needs in its environment to join the data plane."""

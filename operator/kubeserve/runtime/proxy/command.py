@@ -110,6 +110,8 @@ def main(
     )
     parser.add_argument(
         "--data-path",
+        # python unless told: kubeserve start and the operator pass --data-path native when
+        # they mean it (not schema.config.DEFAULT_DATA_PATH: no pydantic in the proxy process)
         choices=("python", "native"),
         default=os.environ.get(DATA_PATH_ENV) or "python",
         help="native: the experimental kubeserve-fastpath process serves the requests it covers "

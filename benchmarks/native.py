@@ -3,10 +3,10 @@
     make native && .venv/bin/python benchmarks/native.py
 
 ``KUBESERVE_DATA_PATH=native kubeserve start`` with the no-op app (1 replica): its proxy process
-runs ``kubeserve-fastpath`` on the proxy port, the Python proxy behind it on a private loopback
-port (the native process's ``--fallback``). So both paths front the very same replica, through the
-real channel handshake and sealed frames: the native row loads the proxy port, the Python row loads
-the Python proxy's private port directly. The nginx row is ``bench.py``'s: nginx in front of the
+runs ``kubeserve-fastpath`` on the proxy port (the Python proxy behind it on a private unix
+socket), the native row loads that port; the Python row loads a second ``kubeserve start`` with the
+Python data path and its own replica of the same app (both through the real channel handshake and
+sealed frames). The nginx row is ``bench.py``'s: nginx in front of the
 same replica code without the handshake (``plain_replica.py``, ``nginx.py``), and the direct row
 that replica alone. Rows are measured in turns (``load.measure_together``); CPU microseconds per
 request are read from /proc: "front" is the process in front (the native process, the Python
@@ -49,11 +49,6 @@ from tls import APP, NEW_CONNECTION, kubeserve, nginx_tls
 from support.tls_certs import Authority
 
 HERE = Path(__file__).resolve().parent
-
-
-def _fallback_port(native_pid: int) -> int:
-    argv = Path(f"/proc/{native_pid}/cmdline").read_bytes().split(b"\0")
-    return int(urlsplit("//" + argv[argv.index(b"--fallback") + 1].decode()).port or 0)
 
 
 def main() -> int:
@@ -137,32 +132,36 @@ def https(runs: int, seconds: int) -> int:
 
 
 def plain() -> int:
-    os.environ["KUBESERVE_DATA_PATH"] = "native"  # inherited by kubeserve start and its proxy
     noop_path = "benchmarks.apps:noop"
+    # the Python proxy's row: a kubeserve start of its own (the Python proxy behind the native
+    # process listens on a private unix socket, which no load generator here reaches)
+    os.environ["KUBESERVE_DATA_PATH"] = "python"
+    python_system = Kubeserve()
+    python_system.start()
+    os.environ["KUBESERVE_DATA_PATH"] = "native"  # inherited by kubeserve start and its proxy
     system = Kubeserve()
-    system.start()
     try:
-        system.put([noop_app(noop_path, 1)])
-        system.wait_replicas("noop", "Noop", 1, 180)
+        system.start()
+        for each in (python_system, system):
+            each.put([noop_app(noop_path, 1)])
+            each.wait_replicas("noop", "Noop", 1, 180)
         proxy_pid = system.process_pids()["proxy"]
         children = load.children(proxy_pid)
         if len(children) != 1:
             raise RuntimeError(f"the proxy runs no native process (children: {children})")
         native_pid = children[0]
-        fallback = _fallback_port(native_pid)
-        replica = replica_pids(system, "noop")
         rows: list[tuple[str, str, str, tuple[int, ...]]] = [
             (
                 "no-op via native data path",
                 "kubeserve-native",
                 f"http://127.0.0.1:{system.proxy_port}/noop",
-                (native_pid, proxy_pid, *replica),
+                (native_pid, proxy_pid, *replica_pids(system, "noop")),
             ),
             (
                 "no-op via Python proxy",
                 "kubeserve",
-                f"http://127.0.0.1:{fallback}/noop",
-                (proxy_pid, *replica),
+                f"http://127.0.0.1:{python_system.proxy_port}/noop",
+                (python_system.process_pids()["proxy"], *replica_pids(python_system, "noop")),
             ),
         ]
         with (
@@ -178,6 +177,7 @@ def plain() -> int:
             results = load.measure_together(rows)
     finally:
         system.stop()
+        python_system.stop()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     (HERE / "results-native.json").write_text(
         json.dumps({"when": stamp, "results": [load.as_json(r) for r in results]}, indent=2) + "\n"

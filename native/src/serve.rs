@@ -7,8 +7,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::watch;
 
 use crate::channel::{self, Channel};
@@ -588,27 +588,44 @@ async fn client_connection(open: Open, tcp: TcpStream) {
 
 /// Splice the connection to the Python proxy, starting with the bytes already read; the
 /// connection counts as open (`open`) until the splice ends. Over TLS the Python proxy gets the
-/// decrypted bytes, on its plain private port.
+/// decrypted bytes. Its private listener is a unix socket (`--fallback unix:PATH`, in a directory
+/// only its user may enter: no other local process can reach it and skip what the client port
+/// checks, a client certificate say), or `HOST:PORT`.
 async fn hand_off(sh: &Shared, open: Open, mut client: ClientStream, buf: Vec<u8>) {
     sh.counters.borrow_mut().handed_off += 1;
-    let Ok(mut proxy) = TcpStream::connect(&sh.fallback).await else {
-        return;
-    };
-    let _ = proxy.set_nodelay(true);
+    if let Some(path) = sh.fallback.strip_prefix("unix:") {
+        let Ok(proxy) = UnixStream::connect(path).await else {
+            return;
+        };
+        send_and_splice(&mut client, proxy, buf).await;
+    } else {
+        let Ok(proxy) = TcpStream::connect(&sh.fallback).await else {
+            return;
+        };
+        let _ = proxy.set_nodelay(true);
+        send_and_splice(&mut client, proxy, buf).await;
+    }
+    drop(open);
+}
+
+async fn send_and_splice<P: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut ClientStream,
+    mut proxy: P,
+    buf: Vec<u8>,
+) {
     if proxy.write_all(&buf).await.is_err() {
         return;
     }
     drop(buf);
-    splice(&mut client, &mut proxy).await;
-    drop(open);
+    splice(client, &mut proxy).await;
 }
 
 /// Copy both ways until the Python proxy closes its end (then the client's connection closes
 /// too, as when the client talks to it directly); a client that stops sending (half-close) has
 /// that passed on, and its answers still flow.
-async fn splice(client: &mut ClientStream, proxy: &mut TcpStream) {
+async fn splice<P: AsyncRead + AsyncWrite + Unpin>(client: &mut ClientStream, proxy: &mut P) {
     let (mut client_read, mut client_write) = tokio::io::split(client);
-    let (mut proxy_read, mut proxy_write) = proxy.split();
+    let (mut proxy_read, mut proxy_write) = tokio::io::split(proxy);
     let up = async {
         let _ = tokio::io::copy(&mut client_read, &mut proxy_write).await;
         let _ = proxy_write.shutdown().await;

@@ -63,6 +63,13 @@ def test_the_proxy_serves_through_the_native_data_path_and_survives_a_kill(tmp_p
         proxy = proxy_pid(ks)
         native = native_pid(proxy)
         assert native is not None, "the proxy runs no kubeserve-fastpath"
+        # the Python proxy behind it takes hand-offs on a unix socket only its user reaches: no
+        # local process goes around the client port (its client-certificate check, say)
+        argv = Path(f"/proc/{native}/cmdline").read_bytes().split(b"\0")
+        fallback = argv[argv.index(b"--fallback") + 1].decode()
+        assert fallback.startswith("unix:"), fallback
+        private = Path(fallback.removeprefix("unix:"))
+        assert private.is_socket() and private.parent.stat().st_mode & 0o777 == 0o700
         heads = keep_alive_gets(ks.proxy_port, "/slow?s=0", 20)
         assert all(h.startswith(b"HTTP/1.1 200") and b"x-request-id: " in h for h in heads)
         ids = [h.split(b"x-request-id: ")[1].split(b"\r\n")[0].decode() for h in heads]

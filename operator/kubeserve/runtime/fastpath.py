@@ -28,7 +28,7 @@ Python proxy drops it), no ``Transfer-Encoding``, ``Upgrade``, ``Expect``..., no
 ``request_router_class`` chooses in the Python proxy), a path in its normal form that matches a
 route and is not one of the proxy's ``/-/`` endpoints, a deployment with a replica below its cap.
 Everything else is **handed off**: from that request on, the client connection is spliced to the
-Python proxy (on a private loopback port), with the bytes already read, so the answer is the Python
+Python proxy (on its private unix socket), with the bytes already read, so the answer is the Python
 proxy's (404, 413, WebSockets, queueing for a busy replica, ``Retry-After``...). A replica that
 answers "unserved" (shutting down, at capacity) hands the request off too, before any byte of that
 answer reaches the client.
@@ -49,12 +49,11 @@ Parity with the Python proxy, which owns the policy (the native process only app
   ``Connection: close`` on every answer, connections idle for a second closed, requests in
   flight finished.
 
-The private listener the connections are spliced to is a loopback TCP port. Serving plain HTTP
-it answers what the public port answers, so a local process reaching it gains nothing a client
-lacks; serving HTTPS with ``ssl_ca_certs``, a local process reaching it skips the client
-certificate check (open: a unix socket in the 0700 directory of the control socket would close
-it). Handed-off clients reach it from ``127.0.0.1``, which no part of the Python proxy uses (the
-ASGI ``client`` comes from ``X-Forwarded-For``, access lines carry no address).
+The private listener the connections are spliced to is a unix socket in a directory only the
+proxy's user may enter (``--fallback unix:PATH``): no other local process reaches the Python proxy
+behind the native process's back, so none skips what the client port checks (a client certificate
+with ``ssl_ca_certs``). Handed-off clients reach it with no address, which no part of the Python
+proxy uses (the ASGI ``client`` comes from ``X-Forwarded-For``, access lines carry no address).
 
 :class:`FastPath` runs the process and speaks its control socket: one JSON object per line each
 way, ``{"op": "state", "snapshot": ..., ...}`` (a discovery
@@ -141,14 +140,15 @@ def find_binary() -> str | None:
 
 class FastPath:
     """A running ``kubeserve-fastpath serve`` listening on ``host:port`` (0: a free port), handing
-    what it does not cover to the Python proxy on ``127.0.0.1:fallback_port``."""
+    what it does not cover to the Python proxy at ``fallback``: a port on ``127.0.0.1``, or
+    ``unix:PATH``, the private socket a proxy uses (:meth:`ProxyServer._start_native`)."""
 
     def __init__(
         self,
         secret: bytes,
         host: str,
         port: int,
-        fallback_port: int,
+        fallback: int | str,
         binary: str | None = None,
         *,
         listen_fd: int | None = None,
@@ -161,7 +161,7 @@ class FastPath:
         self.listen_fd = listen_fd
         self.host = host
         self.port = port
-        self.fallback_port = fallback_port
+        self.fallback = fallback if isinstance(fallback, str) else f"127.0.0.1:{fallback}"
         self.binary = binary or find_binary()
         self.process: asyncio.subprocess.Process | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
@@ -192,7 +192,7 @@ class FastPath:
             "--control",
             control,
             "--fallback",
-            f"127.0.0.1:{self.fallback_port}",
+            self.fallback,
             *(("--tls",) if self.tls else ()),
             env=env,
             stdin=asyncio.subprocess.PIPE,  # it exits when this end closes (we ended)

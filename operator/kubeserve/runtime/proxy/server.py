@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import resource
 import socket
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -88,8 +90,8 @@ class ProxyServer:
     ) -> None:
         """``native``: serve through the native data path (experimental,
         :mod:`~kubeserve.runtime.fastpath`): the ``kubeserve-fastpath`` process takes
-        ``host:port`` (or ``listen_fd``) and hands this proxy, listening on a private loopback
-        port, what it does not cover (with ``tls``, it terminates TLS and hands off decrypted
+        ``host:port`` (or ``listen_fd``) and hands this proxy, listening on a private unix socket,
+        what it does not cover (with ``tls``, it terminates TLS and hands off decrypted
         bytes).
         ``scope``: the ``namespace/instance`` the proxy's load reports name (in a cluster);
         ``tls``: serve HTTPS with these files (reloaded when they change, see
@@ -114,6 +116,8 @@ class ProxyServer:
             controller_url, source, self.state.router, secret=secret, caller="a proxy", scope=scope
         )
         self._server: asyncio.Server | None = None
+        #: the directory of the private unix socket behind the native data path
+        self._private_dir: tempfile.TemporaryDirectory[str] | None = None
         self.max_connections = self.state.limits.max_connections
         self.refused_connections = 0
         self._refusal_logged = -60.0
@@ -178,23 +182,28 @@ class ProxyServer:
         )
 
     async def _start_native(self) -> None:
-        """Put the native process on the client port, this proxy behind it on a private loopback
-        port (plain HTTP: the native process terminates TLS and hands off decrypted bytes).
+        """Put the native process on the client port, this proxy behind it on a private unix
+        socket (plain HTTP: the native process terminates TLS and hands off decrypted bytes).
 
         A certificate pair the native process does not load (a key rustls has no signer for,
         such as P-521 or Ed448) leaves the proxy on the Python path, said once.
         """
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._accept, "127.0.0.1", 0, backlog=4096, start_serving=False
+        # The private listener is a unix socket in a directory only this user may enter: another
+        # local process cannot reach this proxy behind the native process's back (and skip what
+        # the client port checks, a client certificate for one).
+        self._private_dir = tempfile.TemporaryDirectory(prefix="kubeserve-proxy-")
+        os.chmod(self._private_dir.name, 0o700)
+        private = os.path.join(self._private_dir.name, "proxy.sock")
+        self._server = await loop.create_unix_server(
+            self._accept, private, backlog=4096, start_serving=False
         )
-        fallback = self._server.sockets[0].getsockname()[1]
         tls = self.tls_context
         native = FastPath(
             self.state.secret,
             self.host,
             self.port,
-            fallback,
+            f"unix:{private}",
             listen_fd=self.listen_fd,
             tls=tls is not None,
         )
@@ -209,6 +218,8 @@ class ProxyServer:
                 self._server.close()
                 await self._server.wait_closed()
                 self._server = None
+                self._private_dir.cleanup()
+                self._private_dir = None
                 return
             tls.on_reload = self._native_changed.set
             self._native_tls = tls.reloads
@@ -424,6 +435,9 @@ class ProxyServer:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+        if self._private_dir is not None:
+            self._private_dir.cleanup()
+            self._private_dir = None
 
 
 _REFUSAL = (

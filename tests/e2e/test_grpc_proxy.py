@@ -41,11 +41,16 @@ def module(name: str) -> Any:
     return importlib.import_module(name)
 
 
-@pytest.fixture(scope="module")
-def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Kubeserve, int]]:
+@pytest.fixture(scope="module", params=["python", "native"])
+def instance(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Kubeserve, int]]:
+    """The instance every test calls: the Python proxy's grpc.aio server on the gRPC port, or
+    (``native``) the native gRPC front with that server behind it, the same answers expected."""
     ensure_generated()
     grpc_port = free_port()
-    with running_kubeserve(tmp_path_factory.mktemp("kubeserve-grpc")) as ks:
+    args = ("--data-path", "native") if request.param == "native" else ()
+    with running_kubeserve(tmp_path_factory.mktemp("kubeserve-grpc"), args=args) as ks:
         options = {
             "port": grpc_port,
             "grpc_servicer_functions": SERVICERS,

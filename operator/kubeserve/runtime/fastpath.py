@@ -219,7 +219,9 @@ class FastPath:
         )
 
     async def _call(self, message: dict[str, Any], *, grpc: bool = False) -> dict[str, Any]:
-        control, lock = (self._grpc_control, self._grpc_lock) if grpc else (self._control, self._lock)
+        control, lock = (
+            (self._grpc_control, self._grpc_lock) if grpc else (self._control, self._lock)
+        )
         if control is None:
             raise FastPathError(f"{_NAME} is not running")
         reader, writer = control

@@ -374,7 +374,11 @@ class GrpcProxyMetrics(_Batcher):
         self._schedule()
 
     def add_batch(
-        self, labels: tuple[str, str, str, str, str], count: int, total_ms: float, buckets: list[int]
+        self,
+        labels: tuple[str, str, str, str, str],
+        count: int,
+        total_ms: float,
+        buckets: list[int],
     ) -> None:
         """Calls counted by the native gRPC front (:mod:`~kubeserve.runtime.fastpath`):
         ``labels`` as :meth:`record` takes them, ``buckets`` per :data:`LATENCY_BUCKETS_MS`

@@ -189,11 +189,14 @@ class GrpcIngress:
         self.native = native
         self._secret = secret
         if native:
-            host, options = "127.0.0.1", GrpcOptions(
-                0,
-                options.servicer_functions,
-                options.request_timeout_s,
-                options.enable_reflection,
+            host, options = (
+                "127.0.0.1",
+                GrpcOptions(
+                    0,
+                    options.servicer_functions,
+                    options.request_timeout_s,
+                    options.enable_reflection,
+                ),
             )
         self.host = host
         self.options = options
@@ -344,7 +347,7 @@ class GrpcIngress:
                 if reply is not None:
                     reply._set_on_grpc_context(grpc_context)
                 code = grpc_context.code() or code
-                return payload  # type: ignore[no-any-return]
+                return payload
             if status == "500":
                 raise remote_error(decode_result(request), f"{key}.{full.rpartition('/')[2]}")
             raise DeploymentUnavailableError(
@@ -675,7 +678,10 @@ def _enable_reflection(server: grpc.aio.Server, services: list[str]) -> None:
 
 #: The holes of a native call template (:func:`native_template`), each a marker long enough to
 #: be pickled with a 4-byte length (``BINUNICODE``/``BINBYTES``).
-_HOLES = {name: "\x00kubeserve-native-hole-" + name + "." * 300 for name in ("metadata", "peer", "request_id")}
+_HOLES = {
+    name: "\x00kubeserve-native-hole-" + name + "." * 300
+    for name in ("metadata", "peer", "request_id")
+}
 _DATA_HOLE = b"\x00kubeserve-native-hole-data" + b"." * 300
 
 
@@ -689,7 +695,11 @@ def native_template(method: str, parse: Parse) -> list[str] | None:
         [], _HOLES["request_id"], _HOLES["peer"], (INSECURE_AUTH, None, None)
     )
     ctx._invocation_metadata = _HOLES["metadata"]  # type: ignore[assignment]
-    call = ((_Unparsed.of(parse, _DATA_HOLE),), {}, {"grpc": ctx, "request_id": _HOLES["request_id"]})
+    call: tuple[Any, ...] = (
+        (_Unparsed.of(parse, _DATA_HOLE),),
+        {},
+        {"grpc": ctx, "request_id": _HOLES["request_id"]},
+    )
     try:
         body = pickle.dumps(call, protocol=3)
     except Exception:

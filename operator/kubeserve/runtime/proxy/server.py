@@ -199,7 +199,9 @@ class ProxyServer:
             fallback,
             listen_fd=self.listen_fd,
             tls=tls is not None,
-            grpc=None if self.grpc is None else (self.host, self._grpc[0].port, self.grpc.port),
+            grpc=None
+            if self.grpc is None or self._grpc is None
+            else (self.host, self._grpc[0].port, self.grpc.port),
         )
         await native.start()
         if tls is not None:

@@ -824,11 +824,21 @@ async fn forward(
     rest: Option<RecvStream>,
     mut respond: SendResponse<Bytes>,
 ) {
-    let Some(client) = python(front).await else {
-        return status_only(respond, 14, "the proxy's gRPC server is unreachable");
-    };
-    let Ok(mut client) = client.ready().await else {
-        *front.python.borrow_mut() = None;
+    // a connection the server closed (GOAWAY) is remade once
+    let mut ready = None;
+    for _ in 0..2 {
+        let Some(client) = python(front).await else {
+            break;
+        };
+        match client.ready().await {
+            Ok(client) => {
+                ready = Some(client);
+                break;
+            }
+            Err(_) => *front.python.borrow_mut() = None,
+        }
+    }
+    let Some(mut client) = ready else {
         return status_only(respond, 14, "the proxy's gRPC server is unreachable");
     };
     let mut request = Request::builder()

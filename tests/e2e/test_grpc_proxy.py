@@ -465,3 +465,12 @@ def test_the_native_front_answers_unary_calls_without_the_python_proxy(
     finally:
         os.kill(pid, signal.SIGCONT)
     assert pending.result().message == "success"
+
+
+def test_the_private_relay_method_is_not_reachable(channel: grpc.Channel) -> None:
+    """The native front's relay (a replica answer unpickled by the proxy) is never a client's:
+    from outside it is an unknown method, on either path."""
+    relay = channel.unary_unary("/kubeserve.internal.NativeRelay/Answer")
+    metadata = (("x-kubeserve-relay", "a b c#d e 200 0"), ("x-kubeserve-signature", "00"))
+    raised = rpc_error(relay, b"C", metadata=metadata)
+    assert raised.code() == grpc.StatusCode.UNIMPLEMENTED

@@ -174,6 +174,8 @@ pub struct Answer {
     pub status: u16,
     pub framing: Framing,
     pub close: bool,
+    /// the answer has a `Connection: close` header (`close` may come from the framing)
+    pub said_close: bool,
     pub has_id: bool,
     pub unserved: bool,
     pub line_end: usize,
@@ -201,6 +203,7 @@ pub fn parse_answer(buf: &[u8], request_is_head: bool) -> ParsedAnswer {
     let mut chunked = false;
     let mut close = resp.version != Some(1);
     let mut has_id = false;
+    let mut said_close = false;
     let mut unserved = false;
     for h in resp.headers.iter() {
         let name = h.name;
@@ -220,6 +223,7 @@ pub fn parse_answer(buf: &[u8], request_is_head: bool) -> ParsedAnswer {
         } else if name.eq_ignore_ascii_case("connection") {
             if h.value.eq_ignore_ascii_case(b"close") {
                 close = true;
+                said_close = true;
             } else if !h.value.eq_ignore_ascii_case(b"keep-alive") {
                 return ParsedAnswer::Bad;
             }
@@ -250,6 +254,7 @@ pub fn parse_answer(buf: &[u8], request_is_head: bool) -> ParsedAnswer {
         status,
         framing,
         close,
+        said_close,
         has_id,
         unserved,
         line_end,

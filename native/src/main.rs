@@ -3,13 +3,16 @@
 //! `serve`: a client-facing HTTP/1.1 keep-alive fast path in front of the Python proxy. Requests
 //! it covers (HTTP/1.1, `Content-Length` or no body up to `max_body_bytes`, no hop-by-hop or
 //! upgrade headers, a path in its normal form matching a route, a replica below its
-//! `max_ongoing_requests`) are forwarded over pooled sealed INGRESS channel connections
+//! `max_ongoing_requests`, chosen by power of two choices on both processes' requests in flight)
+//! are forwarded over pooled sealed INGRESS channel connections
 //! (`channel.rs`) and the answers (Content-Length, chunked or until close) relayed verbatim.
 //! Everything else, from the first byte it does not cover on, is handed to the Python proxy: the
 //! connection is spliced to it, with the bytes already read, so behaviour never differs.
-//! State (the discovery snapshot) is pushed over a private unix control socket, counters pulled
-//! back over it. With `--tls` it serves HTTPS (`tls.rs`): the certificate pair comes over the
-//! control socket too (and again at each rotation), and hand-offs carry the decrypted bytes.
+//! State (the discovery snapshot, settings such as `max_connections`) is pushed over a private
+//! unix control socket, counters pulled back over it; the Python proxy's requests in flight
+//! are exchanged for ours (`load`) and a leaving proxy drains us (`drain`) over it too. With
+//! `--tls` it serves HTTPS (`tls.rs`): the certificate pair comes over the control socket too
+//! (and again at each rotation), and hand-offs carry the decrypted bytes.
 //!
 //! `probe`: one request over a fresh sealed connection, the answer on stdout (tests, debugging).
 

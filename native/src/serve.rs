@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::sync::watch;
 
 use crate::channel::{self, Channel};
 use crate::http::{self, ChunkScanner, Framing, Parsed, ParsedAnswer};
@@ -18,15 +19,24 @@ struct Replica {
     id: String,
     host: String,
     port: u16,
+    /// requests this process has in flight on it
     ongoing: Cell<u32>,
+    /// requests the Python proxy has in flight on it (pushed with `load`)
+    external: Cell<u32>,
     idle: RefCell<Vec<Channel>>,
+}
+
+impl Replica {
+    /// What the replica runs for this proxy: both processes' requests, against one cap.
+    fn load(&self) -> u32 {
+        self.ongoing.get() + self.external.get()
+    }
 }
 
 struct Deployment {
     key: String,
     max_ongoing: u32,
     replicas: Vec<Rc<Replica>>,
-    next: Cell<usize>,
 }
 
 #[derive(Default)]
@@ -73,6 +83,8 @@ struct Counters {
     access: Vec<Value>,
     access_dropped: u64,
     upstream_connects: u64,
+    /// connections refused over `max_connections` since the last take
+    refused: u64,
 }
 
 struct Shared {
@@ -94,8 +106,20 @@ struct Shared {
     /// the latency histogram's upper bounds (ms), `metrics.LATENCY_BUCKETS_MS`
     buckets: RefCell<Vec<f64>>,
     counters: RefCell<Counters>,
+    /// `--max-connections` (as lowered by the Python proxy to fit the file descriptors)
+    max_connections: Cell<usize>,
+    /// client connections open (served, or spliced to the Python proxy)
+    open: Cell<usize>,
+    /// set once by the `drain` op: no more accepting, `Connection: close` on every answer,
+    /// idle connections closed after `LEAVING_IDLE`, the others once their request is answered
+    draining: watch::Sender<bool>,
+    /// `draining`, read per answer
+    leaving: Cell<bool>,
     /// the client port's TLS (`tls.rs`): off, or the newest certificate pair pushed
     tls: Tls,
+    /// set by the first snapshot installed (`routed` wakes the accept loop)
+    has_state: Cell<bool>,
+    routed: tokio::sync::Notify,
 }
 
 pub async fn run(
@@ -133,7 +157,13 @@ pub async fn run(
         access: Cell::new(false),
         buckets: RefCell::new(Vec::new()),
         counters: RefCell::new(Counters::default()),
+        max_connections: Cell::new(usize::MAX),
+        open: Cell::new(0),
+        draining: watch::Sender::new(false),
+        leaving: Cell::new(false),
         tls: Tls::new(tls),
+        has_state: Cell::new(false),
+        routed: tokio::sync::Notify::new(),
     });
     let _ = std::fs::remove_file(&control);
     let control_listener = UnixListener::bind(&control)?;
@@ -151,13 +181,75 @@ pub async fn run(
             tokio::task::spawn_local(control_connection(sh.clone(), conn));
         }
     });
-    shared.tls.ready().await; // serving HTTPS: not before the first certificate pair is in
+    // serving HTTPS: not before the first certificate pair is in
+    shared.tls.ready().await;
+    // Nothing is accepted before the first snapshot, as the Python proxy does: a request for a
+    // configured route is never handed off to a proxy still starting (on an inherited socket,
+    // connections wait in its backlog meanwhile).
+    while !shared.has_state.get() {
+        shared.routed.notified().await;
+    }
+    accept_until_drained(&shared, listener).await?;
+    // the open connections finish (`open_connections` in `stats` says when none is left), the
+    // control socket still answers: the Python proxy takes the last records, then ends us
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// Accept client connections (each within `max_connections`, see `admit`) until the `drain`
+/// op; then stop accepting.
+async fn accept_until_drained(shared: &Rc<Shared>, listener: TcpListener) -> io::Result<()> {
+    let mut drained = shared.draining.subscribe();
     loop {
-        let (client, _) = listener.accept().await?;
-        let _ = client.set_nodelay(true);
-        tokio::task::spawn_local(client_connection(shared.clone(), client));
+        let client = tokio::select! {
+            accepted = listener.accept() => accepted?.0,
+            _ = drained.wait_for(|d| *d) => break,
+        };
+        if let Some(open) = admit(shared) {
+            let _ = client.set_nodelay(true);
+            tokio::task::spawn_local(client_connection(open, client));
+        } else {
+            tokio::task::spawn_local(refuse(client));
+        }
+    }
+    drop(listener); // (an inherited socket stays open in the process that passed it)
+    Ok(())
+}
+
+/// One open client connection, counted while it lives.
+struct Open(Rc<Shared>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open.set(self.0.open.get() - 1);
     }
 }
+
+/// The Python proxy's rule at accept (`ProxyServer._accept`): below `max_connections` open, the
+/// connection is served; else it is refused (`refuse`) and counted.
+fn admit(sh: &Rc<Shared>) -> Option<Open> {
+    if sh.open.get() >= sh.max_connections.get() {
+        sh.counters.borrow_mut().refused += 1;
+        return None;
+    }
+    sh.open.set(sh.open.get() + 1);
+    Some(Open(sh.clone()))
+}
+
+/// The Python proxy's answer to a connection over the limit (`server._REFUSAL`), byte for byte.
+const REFUSAL: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n\
+Content-Type: text/plain; charset=utf-8\r\nContent-Length: 40\r\n\r\n\
+too many open connections to this proxy\n";
+
+async fn refuse(mut client: TcpStream) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), client.write_all(REFUSAL)).await;
+    let _ = client.shutdown().await;
+}
+
+/// While draining, how long a connection may idle before it is closed (the Python proxy's
+/// `server._LEAVING_IDLE_S`): a request sent within it is answered with `Connection: close`.
+const LEAVING_IDLE: Duration = Duration::from_secs(1);
 
 // -- control ----------------------------------------------------------------------------------
 
@@ -180,7 +272,12 @@ async fn control_connection(sh: Rc<Shared>, conn: tokio::net::UnixStream) {
 fn handle_control(sh: &Shared, msg: &Value) -> Value {
     match msg.get("op").and_then(Value::as_str) {
         Some("state") => match apply_state(sh, msg) {
-            Ok(()) => json!({"ok": true}),
+            Ok(()) => {
+                if !sh.has_state.replace(true) {
+                    sh.routed.notify_one();
+                }
+                json!({"ok": true})
+            }
             Err(e) => json!({"ok": false, "error": e}),
         },
         Some("tls") => {
@@ -206,6 +303,8 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
                 "latency_ms_sum": c.latency_ms,
                 "handed_off": c.handed_off,
                 "upstream_connects": c.upstream_connects,
+                "open_connections": sh.open.get(),
+                "draining": *sh.draining.borrow(),
                 "tls_installs": sh.tls.installs.get(),
             })
         }
@@ -221,10 +320,43 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
                 .collect();
             let access = std::mem::take(&mut c.access);
             let dropped = std::mem::take(&mut c.access_dropped);
-            json!({"ok": true, "records": records, "access": access, "access_dropped": dropped})
+            let refused = std::mem::take(&mut c.refused);
+            json!({"ok": true, "records": records, "access": access, "access_dropped": dropped,
+                   "refused": refused})
         }
-        _ => json!({"ok": false, "error": "op: must be state, tls, stats or take_records"}),
+        Some("load") => match apply_load(sh, msg) {
+            Ok(ours) => json!({"ok": true, "in_flight": ours}),
+            Err(e) => json!({"ok": false, "error": e}),
+        },
+        Some("drain") => {
+            sh.leaving.set(true);
+            sh.draining.send_replace(true);
+            json!({"ok": true})
+        }
+        _ => json!({
+            "ok": false,
+            "error": "op: must be state, tls, stats, take_records, load or drain"
+        }),
     }
+}
+
+/// The Python proxy's requests in flight per replica id (`in_flight`; a replica not named has
+/// none) replace the last ones; the answer is ours (replicas with none left out), so each side
+/// chooses with both counts and neither goes over `max_ongoing_requests` for long.
+fn apply_load(sh: &Shared, msg: &Value) -> Result<serde_json::Map<String, Value>, String> {
+    let theirs = msg
+        .get("in_flight")
+        .and_then(Value::as_object)
+        .ok_or("in_flight: not an object")?;
+    let mut ours = serde_json::Map::new();
+    for (id, replica) in sh.replicas.borrow().iter() {
+        let n = theirs.get(id).and_then(Value::as_u64).unwrap_or(0);
+        replica.external.set(n.min(u32::MAX as u64) as u32);
+        if replica.ongoing.get() > 0 {
+            ours.insert(id.clone(), json!(replica.ongoing.get()));
+        }
+    }
+    Ok(ours)
 }
 
 /// Install a discovery snapshot (`kubeserve.runtime.wire.Snapshot`) and the settings with it.
@@ -252,6 +384,11 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
         let prefix = field("route_prefix")?;
         let key = format!("{}#{}", field("app")?, field("deployment")?);
         let Some(dep) = deps.get(&key) else { continue };
+        if dep.get("request_router").is_some() {
+            // a custom request router (Ray's request_router_class) chooses in the Python proxy:
+            // the route is left out, so its requests are handed off
+            continue;
+        }
         let d = *index
             .entry(key.clone())
             .or_insert_with(|| table.deployments.len());
@@ -289,6 +426,7 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
                         host: host.to_owned(),
                         port: port as u16,
                         ongoing: Cell::new(0),
+                        external: Cell::new(0),
                         idle: RefCell::new(Vec::new()),
                     }),
                 };
@@ -299,7 +437,6 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
                 key: key.clone(),
                 max_ongoing: max_ongoing.min(u32::MAX as u64) as u32,
                 replicas,
-                next: Cell::new(0),
             });
         }
         table.by_prefix.insert(prefix, d);
@@ -345,6 +482,9 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
     if let Some(n) = msg.get("max_head_bytes").and_then(Value::as_u64) {
         sh.max_head.set(n as usize);
     }
+    if let Some(n) = msg.get("max_connections").and_then(Value::as_u64) {
+        sh.max_connections.set(n.max(1) as usize);
+    }
     *known = live; // replicas that left: their idle connections close with them
     *sh.table.borrow_mut() = Rc::new(table);
     Ok(())
@@ -366,10 +506,12 @@ struct Scratch {
     out: Vec<u8>,
 }
 
-async fn client_connection(sh: Rc<Shared>, tcp: TcpStream) {
+async fn client_connection(open: Open, tcp: TcpStream) {
+    let sh = open.0.clone();
     let Some(mut client) = ClientStream::accept(sh.tls.current(), tcp).await else {
         return; // a failed TLS handshake
     };
+    let mut drained = sh.draining.subscribe();
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut first = true;
     let mut scratch = Scratch {
@@ -383,9 +525,9 @@ async fn client_connection(sh: Rc<Shared>, tcp: TcpStream) {
             if !buf.is_empty() {
                 match http::parse_request(&buf, sh.max_body.get(), sh.max_url.get()) {
                     Parsed::Covered(plan) => break plan,
-                    Parsed::NotCovered => return hand_off(&sh, client, buf).await,
+                    Parsed::NotCovered => return hand_off(&sh, open, client, buf).await,
                     Parsed::Partial if buf.len() > sh.max_head.get() => {
-                        return hand_off(&sh, client, buf).await
+                        return hand_off(&sh, open, client, buf).await
                     }
                     Parsed::Partial => {}
                 }
@@ -399,11 +541,23 @@ async fn client_connection(sh: Rc<Shared>, tcp: TcpStream) {
             } else {
                 sh.keep_alive.get()
             };
-            match tokio::time::timeout(limit, read_more(&mut client, &mut buf)).await {
+            let read = if !buf.is_empty() {
+                tokio::time::timeout(limit, read_more(&mut client, &mut buf)).await
+            } else if *drained.borrow() {
+                tokio::time::timeout(limit.min(LEAVING_IDLE), read_more(&mut client, &mut buf))
+                    .await
+            } else {
+                // idle between requests: a drain shortens the wait (checked again above)
+                tokio::select! {
+                    read = tokio::time::timeout(limit, read_more(&mut client, &mut buf)) => read,
+                    _ = drained.wait_for(|d| *d) => continue,
+                }
+            };
+            match read {
                 Ok(Ok(0)) | Ok(Err(_)) => return,
                 Ok(Ok(_)) => {}
                 Err(_) if buf.is_empty() => return, // idle past the keep-alive timeout
-                Err(_) => return hand_off(&sh, client, buf).await, // its 408
+                Err(_) => return hand_off(&sh, open, client, buf).await, // its 408
             }
         };
         let total = plan.head_len + plan.content_length;
@@ -414,7 +568,7 @@ async fn client_connection(sh: Rc<Shared>, tcp: TcpStream) {
             {
                 Ok(Ok(0)) | Ok(Err(_)) => return,
                 Ok(Ok(_)) => {}
-                Err(_) => return hand_off(&sh, client, buf).await,
+                Err(_) => return hand_off(&sh, open, client, buf).await,
             }
         }
         match forward(&sh, &plan, &buf[..total], &mut client, &mut scratch).await {
@@ -427,14 +581,15 @@ async fn client_connection(sh: Rc<Shared>, tcp: TcpStream) {
                 return;
             }
             Outcome::Failed => return,
-            Outcome::HandOff => return hand_off(&sh, client, buf).await,
+            Outcome::HandOff => return hand_off(&sh, open, client, buf).await,
         }
     }
 }
 
-/// Splice the connection to the Python proxy, starting with the bytes already read.
-/// Over TLS the Python proxy gets the decrypted bytes, on its plain private port.
-async fn hand_off(sh: &Shared, mut client: ClientStream, buf: Vec<u8>) {
+/// Splice the connection to the Python proxy, starting with the bytes already read; the
+/// connection counts as open (`open`) until the splice ends. Over TLS the Python proxy gets the
+/// decrypted bytes, on its plain private port.
+async fn hand_off(sh: &Shared, open: Open, mut client: ClientStream, buf: Vec<u8>) {
     sh.counters.borrow_mut().handed_off += 1;
     let Ok(mut proxy) = TcpStream::connect(&sh.fallback).await else {
         return;
@@ -444,7 +599,26 @@ async fn hand_off(sh: &Shared, mut client: ClientStream, buf: Vec<u8>) {
         return;
     }
     drop(buf);
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut proxy).await;
+    splice(&mut client, &mut proxy).await;
+    drop(open);
+}
+
+/// Copy both ways until the Python proxy closes its end (then the client's connection closes
+/// too, as when the client talks to it directly); a client that stops sending (half-close) has
+/// that passed on, and its answers still flow.
+async fn splice(client: &mut ClientStream, proxy: &mut TcpStream) {
+    let (mut client_read, mut client_write) = tokio::io::split(client);
+    let (mut proxy_read, mut proxy_write) = proxy.split();
+    let up = async {
+        let _ = tokio::io::copy(&mut client_read, &mut proxy_write).await;
+        let _ = proxy_write.shutdown().await;
+        std::future::pending::<()>().await
+    };
+    let down = tokio::io::copy(&mut proxy_read, &mut client_write);
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
 }
 
 enum Outcome {
@@ -465,38 +639,58 @@ impl Drop for Slot {
     }
 }
 
-/// A replica below its cap, round-robin from the last one picked.
+/// A replica with room, as the Python proxy's router (`router._two_choices`): of two distinct
+/// random replicas the less loaded (this process's requests and the Python proxy's, `load`), if
+/// below `max_ongoing_requests`; else the least loaded with room; else none (the request is
+/// handed to the Python proxy, which queues it).
 fn pick(dep: &Deployment) -> Option<Slot> {
-    let n = dep.replicas.len();
-    let start = dep.next.get();
-    for k in 0..n {
-        let r = &dep.replicas[(start + k) % n];
-        if r.ongoing.get() < dep.max_ongoing {
-            dep.next.set((start + k + 1) % n);
-            r.ongoing.set(r.ongoing.get() + 1);
-            return Some(Slot(r.clone()));
+    let replicas = &dep.replicas;
+    let cap = dep.max_ongoing;
+    let chosen = match replicas.len() {
+        0 => return None,
+        1 => Some(&replicas[0]).filter(|r| r.load() < cap),
+        n => {
+            let x = random_u64();
+            let i = (x % n as u64) as usize;
+            let mut j = ((x >> 32) % (n as u64 - 1)) as usize;
+            if j >= i {
+                j += 1; // distinct from the first, still uniform
+            }
+            let (a, b) = (&replicas[i], &replicas[j]);
+            let a = if b.load() < a.load() { b } else { a };
+            if a.load() < cap {
+                Some(a)
+            } else {
+                replicas
+                    .iter()
+                    .filter(|r| r.load() < cap)
+                    .min_by_key(|r| r.load())
+            }
         }
-    }
-    None
+    }?;
+    chosen.ongoing.set(chosen.ongoing.get() + 1);
+    Some(Slot(chosen.clone()))
 }
 
-fn request_id() -> [u8; 32] {
+/// xorshift64*, seeded from the OS: for request ids (unique, not secret, as
+/// `http1.new_request_id`) and replica choice.
+fn random_u64() -> u64 {
     thread_local! {
         static STATE: Cell<u64> = Cell::new(u64::from_le_bytes(channel::nonce()[..8].try_into().unwrap()) | 1);
     }
-    // xorshift64*, seeded from the OS: ids must be unique, not secret (as http1.new_request_id)
-    let mut out = [0u8; 32];
-    let mut words = [0u64; 2];
     STATE.with(|s| {
-        for w in words.iter_mut() {
-            let mut x = s.get();
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            s.set(x);
-            *w = x.wrapping_mul(0x2545F4914F6CDD1D);
-        }
-    });
+        let mut x = s.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        s.set(x);
+        x.wrapping_mul(0x2545F4914F6CDD1D)
+    })
+}
+
+fn request_id() -> [u8; 32] {
+    let mut out = [0u8; 32];
+    let words = [random_u64(), random_u64()];
     const HEX: &[u8; 16] = b"0123456789abcdef";
     for (i, byte) in words[0]
         .to_le_bytes()
@@ -707,8 +901,9 @@ async fn local_answer(
     };
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(format!("HTTP/1.1 {status} {reason}\r\n").as_bytes());
-    out.extend_from_slice(b"content-type: text/plain; charset=utf-8\r\n");
-    out.extend_from_slice(format!("content-length: {}\r\n", message.len()).as_bytes());
+    // the bytes of the Python proxy's `http1.local_response`
+    out.extend_from_slice(b"Content-Type: text/plain; charset=utf-8\r\n");
+    out.extend_from_slice(format!("Content-Length: {}\r\n", message.len()).as_bytes());
     if plan.has_id {
         out.extend_from_slice(b"x-request-id: ");
         out.extend_from_slice(&request[plan.id_start..plan.id_end]);
@@ -716,7 +911,7 @@ async fn local_answer(
     } else {
         out.extend_from_slice(id_line);
     }
-    out.extend_from_slice(b"connection: close\r\n\r\n");
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
     if !plan.is_head {
         out.extend_from_slice(message);
     }
@@ -770,8 +965,11 @@ async fn relay(
     if !answer.has_id {
         out.extend_from_slice(id_line);
     }
-    if plan.close && !answer.close {
-        out.extend_from_slice(b"connection: close\r\n"); // as the Python proxy answers it
+    // as the Python proxy (`upstream`): a client that asked for it, a body that ends with the
+    // connection, or a proxy that drains, ends the client's connection, and the answer says so
+    let closing = !answer.said_close && (answer.close || plan.close || sh.leaving.get());
+    if closing {
+        out.extend_from_slice(b"Connection: close\r\n");
     }
     out.extend_from_slice(&plain[answer.line_end..answer.head_len]);
     let body = &plain[answer.head_len..];
@@ -841,6 +1039,6 @@ async fn relay(
     let reusable = !answer.close && !matches!(answer.framing, Framing::UntilClose);
     Relay::Done {
         reusable,
-        keep_alive: !answer.close && !plan.close,
+        keep_alive: !(answer.close || closing),
     }
 }

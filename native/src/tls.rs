@@ -32,6 +32,9 @@ use tokio_rustls::TlsAcceptor;
 
 /// How long a client may take over its handshake (the Python proxy's `HANDSHAKE_TIMEOUT_S`).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The first byte of a TLS record carrying a handshake (a ClientHello's record).
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
 /// The largest PEM text accepted for one field of a push (a certificate chain, a CA bundle).
 const MAX_PEM: usize = 1 << 20;
 
@@ -153,9 +156,24 @@ impl ClientStream {
         let Some(acceptor) = acceptor else {
             return Some(ClientStream::Plain(tcp));
         };
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-            Ok(Ok(tls)) => Some(ClientStream::Tls(Box::new(tls))),
-            Ok(Err(_)) | Err(_) => None,
+        let handshake = async {
+            // Not a TLS handshake record (plain HTTP sent to the HTTPS port, say): closed without
+            // an answer, as the Python proxy closes it; no TLS alert (bytes a plain client would
+            // read as a malformed status line), and what was sent is read first so that the
+            // close is a FIN, not a reset.
+            let mut first = [0u8; 1];
+            if tcp.peek(&mut first).await.ok()? == 0 || first[0] != TLS_HANDSHAKE_RECORD {
+                let mut sink = [0u8; 4096];
+                while matches!(tcp.try_read(&mut sink), Ok(n) if n > 0) {}
+                let mut tcp = tcp;
+                let _ = tcp.shutdown().await;
+                return None;
+            }
+            acceptor.accept(tcp).await.ok()
+        };
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+            Ok(Some(tls)) => Some(ClientStream::Tls(Box::new(tls))),
+            Ok(None) | Err(_) => None,
         }
     }
 

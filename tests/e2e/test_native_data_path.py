@@ -6,10 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kubeserve.runtime.fastpath import find_binary
-from support.common import http, pid_alive, wait_for
+from support.common import ROOT, free_port, http, pid_alive, wait_for
 from support.kubeserve_start import Kubeserve, running_kubeserve, slow_app
 
 
@@ -33,13 +37,14 @@ def native_pid(proxy: int) -> int | None:
     return None
 
 
-def keep_alive_gets(port: int, path: str, count: int) -> list[bytes]:
-    """``count`` GETs of ``path`` on one connection; the answers' heads."""
+def keep_alive_gets(port: int, path: str, count: int, extra: str = "") -> list[bytes]:
+    """``count`` GETs of ``path`` (with ``extra`` header lines) on one connection; the answers'
+    heads."""
     heads = []
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         reader = sock.makefile("rb")
         for _ in range(count):
-            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode())
             head = b""
             while not head.endswith(b"\r\n\r\n"):
                 head += reader.readline()
@@ -78,3 +83,55 @@ def test_the_proxy_serves_through_the_native_data_path_and_survives_a_kill(tmp_p
         wait_for(lambda: proxy_pid(ks) != proxy, 30, what="a new proxy")
         wait_for(lambda: native_pid(proxy_pid(ks)) is not None, 30, what="its native process")
         wait_for(lambda: http("GET", f"{ks.proxy}/slow?s=0")[0] == 200, 30, what="serving again")
+
+
+def test_a_proxy_told_to_stop_drains_its_native_data_path_with_no_failed_request(
+    tmp_path: Path,
+) -> None:
+    """A ``kubeserve proxy --data-path native --drain-timeout-s`` (as a cluster runs it) gets
+    SIGTERM with requests in flight, natively served and handed to the Python proxy: every one is
+    answered, then both processes exit."""
+    with running_kubeserve(tmp_path, args=("--data-path", "native")) as ks:
+        # room for every request at once (one at the cap may meet the other process's last
+        # requests, which each sees within 50 ms; not what this test is about)
+        status, body = ks.put([slow_app({"name": "Slow", "max_ongoing_requests": 16})])
+        assert status == 200, body
+        ks.wait_app("slow")
+        port = free_port()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(ROOT / "operator")
+        env["KUBESERVE_DATA_PLANE_SECRET_FILE"] = str(tmp_path / "data-plane.secret")
+        argv = [sys.executable, "-m", "kubeserve.runtime.proxy", "--host", "127.0.0.1"]
+        argv += ["--port", str(port), "--controller-url", ks.api, "--data-path", "native"]
+        argv += ["--drain-timeout-s", "20"]
+        log = (tmp_path / "drained-proxy.log").open("wb")
+        proxy = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}/slow?s=0"
+            wait_for(
+                lambda: http("GET", url)[0] == 200, 30, what="the second proxy", ignoring=(OSError,)
+            )
+            native = native_pid(proxy.pid)
+            assert native is not None, "the proxy runs no kubeserve-fastpath"
+            with ThreadPoolExecutor(8) as pool:
+                # in flight at SIGTERM: keep-alive requests the native path serves, and requests
+                # it hands to the Python proxy (TE: a hop-by-hop header it leaves to it)
+                native_gets = [pool.submit(keep_alive_gets, port, "/slow?s=2", 1) for _ in range(4)]
+                handed = [
+                    pool.submit(keep_alive_gets, port, "/slow?s=2", 1, "TE: trailers\r\n")
+                    for _ in range(2)
+                ]
+                time.sleep(0.5)  # (each request is on its replica by then)
+                proxy.send_signal(signal.SIGTERM)
+                heads = [h for f in native_gets + handed for h in f.result(timeout=60)]
+            assert len(heads) == 6
+            assert all(h.startswith(b"HTTP/1.1 200") for h in heads), heads
+            # answered after SIGTERM: each tells its client to go (Connection: close)
+            assert all(b"connection: close" in h.lower() for h in heads), heads
+            assert proxy.wait(30) == 0
+            wait_for(lambda: not pid_alive(native), 10, what="kubeserve-fastpath to exit")
+        finally:
+            if proxy.poll() is None:
+                proxy.kill()
+                proxy.wait()
+            log.close()

@@ -23,6 +23,7 @@ from kubeserve.runtime.channel import ServerChannel
 from kubeserve.runtime.fastpath import FastPath, find_binary
 from kubeserve.runtime.metrics import exposition
 from kubeserve.runtime.proxy import ProxyServer
+from kubeserve.runtime.proxy.server import LeavePlan
 from kubeserve.runtime.replica.http import (
     HttpRequest,
     HttpResponse,
@@ -257,7 +258,7 @@ def test_keep_alive_requests_are_answered_natively_over_pooled_connections() -> 
             ids.add(headers["x-request-id"])
         assert len(ids) == 6  # a fresh id per request, the one the replica saw
         assert {r.request_id for a in f.apps for r in a.seen} == ids
-        assert sorted(replicas) == ["a"] * 3 + ["b"] * 3  # round-robin over both replicas
+        assert set(replicas) <= {"a", "b"}  # (two random choices: ties go either way)
         # the client's own id is kept
         status, headers, _ = await conn.request(get("/api", "X-Request-Id: my-id-1\r\n"))
         assert status == 200 and headers["x-request-id"] == "my-id-1"
@@ -361,6 +362,39 @@ def test_new_state_is_pushed_live_and_bad_state_is_refused_with_the_field() -> N
             await f.native.push(snapshot)
 
     scenario(body)
+
+
+def test_nothing_is_accepted_before_the_first_snapshot() -> None:
+    """As the Python proxy: a client connecting to a native process still waiting for its routes
+    waits in the backlog (is neither handed off to a proxy still starting nor refused), then is
+    served natively once the first snapshot is in."""
+
+    async def go() -> None:
+        front = Front()
+        try:
+            endpoints = []
+            for app, identity in zip(front.apps, ("replica-a", "replica-b"), strict=True):
+                server, port = await replica(app, identity)
+                front.servers.append(server)
+                endpoints.append(_endpoint(identity, port))
+            snapshot = _snapshot("/api", "D", endpoints)
+            front.proxy = ProxyServer("127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot))
+            await front.proxy.start()
+            front.native = FastPath(SECRET, "127.0.0.1", 0, front.proxy.port)
+            await front.native.start()
+            conn = await Conn.open(front.native.port)  # the kernel's backlog takes it
+            waiting = asyncio.ensure_future(conn.request(get("/api/x")))
+            await asyncio.sleep(0.5)
+            assert not waiting.done()  # not accepted: no answer, no hand-off, no close
+            await front.native.push(snapshot)
+            status, _, answer = await asyncio.wait_for(waiting, 10)
+            assert status == 200 and answer == b"GET"
+            assert (await front.native.stats())["handed_off"] == 0
+            conn.close()
+        finally:
+            await front.close()
+
+    run(go())
 
 
 # -- phase 3: the proxy's opt-in ------------------------------------------------------------------
@@ -555,3 +589,276 @@ def async_handed_off(f: Front, count: int) -> Callable[[], Awaitable[bool]]:
         return bool((await f.native.stats())["handed_off"] == count)
 
     return check
+
+
+# -- parity with the Python proxy: load, connections, drain -------------------------------------
+
+
+async def _in_flight_request(
+    port: int, path: str
+) -> asyncio.Task[tuple[int, dict[str, str], bytes]]:
+    """A request on a connection of its own, answered in the background."""
+    conn = await Conn.open(port)
+    return asyncio.create_task(conn.request(get(path)))
+
+
+def test_replica_choice_weighs_both_processes_requests_in_flight() -> None:
+    async def body(f: Front) -> None:
+        native = f.native
+        assert native is not None
+        # the Python proxy has replica a at its cap (8): every request goes to b
+        assert await native.exchange_load({"replica-a": 8}) == {}
+        conn = await Conn.open(native.port)
+        for _ in range(4):
+            status, headers, _ = await conn.request(get("/api/x"))
+            assert status == 200 and headers["x-replica"] == "b"
+        # both at their cap: handed to the Python proxy (which queues in a real proxy)
+        await native.exchange_load({"replica-a": 8, "replica-b": 8})
+        status, _, _ = await conn.request(get("/api/x"))
+        assert status == 200 and (await native.stats())["handed_off"] == 1
+        conn.close()
+        await native.exchange_load({})
+        # two at once: power of two choices over two replicas puts one on each
+        first = await _in_flight_request(native.port, "/api/sleep")
+        await wait_until(lambda: sum(len(a.seen) for a in f.apps) == 6, 5)
+        # the native process reports its own requests in flight per replica
+        ours = await native.exchange_load({})
+        assert list(ours.values()) == [1], ours
+        second = await _in_flight_request(native.port, "/api/sleep")
+        answers = await asyncio.gather(first, second)
+        assert {headers["x-replica"] for _, headers, _ in answers} == {"a", "b"}
+        assert await native.exchange_load({}) == {}
+
+    scenario(body)
+
+
+def _ongoing() -> float:
+    """``ray_serve_num_ongoing_http_requests``, as ``/metrics`` shows it."""
+    for family in text_string_to_metric_families(exposition().decode()):
+        if family.name == "ray_serve_num_ongoing_http_requests":
+            return sum(float(sample.value) for sample in family.samples)
+    return 0.0
+
+
+def test_the_python_router_counts_the_native_requests_in_flight() -> None:
+    async def go() -> None:
+        app = Echo("a")
+        server, port = await replica(app, "replica-a")
+        snapshot = _snapshot("/api", "D", [_endpoint("replica-a", port)])
+        proxy = ProxyServer(
+            "127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot), native=True
+        )
+        await proxy.start()
+        try:
+            assert proxy.native is not None
+            await wait_until(lambda: proxy.native_version == 1, 5)
+            router = proxy.state.router
+            slow = await _in_flight_request(proxy.port, "/api/sleep")
+            # the native request counts in the Python proxy's router, as its own would
+            await wait_until(lambda: router.in_flight("app#D") == {"replica-a": 1}, 2)
+            assert router.own_in_flight() == {}
+            # and in Ray's ongoing-requests gauge of the proxy
+            await wait_until(lambda: _ongoing() == 1, 2)
+            status, _, _ = await slow
+            assert status == 200
+            await wait_until(lambda: router.in_flight("app#D") == {"replica-a": 0}, 2)
+            await wait_until(lambda: _ongoing() == 0, 2)
+            # and the Python proxy's own requests in flight reach the native process
+            conn = await Conn.open(proxy.port)
+            handed = asyncio.create_task(conn.request(get("/api/sleep", "TE: trailers\r\n")))
+            await wait_until(lambda: router.own_in_flight() == {"replica-a": 1}, 5)
+            assert await proxy.native.exchange_load({"replica-a": 1}) == {}
+            assert (await handed)[0] == 200
+        finally:
+            await proxy.close()
+            server.close()
+
+    run(go())
+
+
+_REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 40\r\n\r\n"
+    b"too many open connections to this proxy\n"
+)
+
+
+def test_max_connections_bounds_the_native_connections_as_the_python_proxy() -> None:
+    async def body(f: Front) -> None:
+        native = f.native
+        assert native is not None and f.snapshot is not None
+        await native.push(f.snapshot, max_connections=2)
+        conns = [await Conn.open(native.port) for _ in range(2)]
+        for conn in conns:  # both accepted and served
+            assert (await conn.request(get("/api/x")))[0] == 200
+        # the third is refused with the Python proxy's very bytes
+        reader, writer = await asyncio.open_connection("127.0.0.1", native.port)
+        assert await asyncio.wait_for(reader.read(), 5) == _REFUSAL
+        writer.close()
+        assert (await native.take_records()).refused == 1
+        # a connection spliced to the Python proxy still counts
+        status, _, _ = await conns[0].request(get("/nowhere"))
+        assert status == 404
+        reader, writer = await asyncio.open_connection("127.0.0.1", native.port)
+        assert await asyncio.wait_for(reader.read(), 5) == _REFUSAL
+        writer.close()
+        conns[1].close()  # room again
+        await wait_until(async_open_connections(f, 1), 5)
+        conn = await Conn.open(native.port)
+        assert (await conn.request(get("/api/x")))[0] == 200
+        conn.close()
+        conns[0].close()
+
+    scenario(body)
+
+
+def async_open_connections(f: Front, count: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        assert f.native is not None
+        return bool((await f.native.stats())["open_connections"] == count)
+
+    return check
+
+
+def test_a_native_drain_finishes_requests_in_flight_and_closes_the_idle() -> None:
+    async def body(f: Front) -> None:
+        native = f.native
+        assert native is not None
+        idle = await Conn.open(native.port)
+        assert (await idle.request(get("/api/x")))[0] == 200
+        late = await Conn.open(native.port)
+        assert (await late.request(get("/api/x")))[0] == 200
+        busy = [await _in_flight_request(native.port, "/api/sleep") for _ in range(4)]
+        await wait_until(lambda: sum(len(a.seen) for a in f.apps) == 6, 5)
+        draining = asyncio.create_task(native.drain(10))
+        await wait_until(lambda: async_draining(f), 5)
+        # no new connection
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", native.port)
+        # a request on an idle connection within a second: answered, with Connection: close
+        status, headers, _ = await late.request(get("/api/x"))
+        assert status == 200 and headers["connection"] == "close"
+        assert await asyncio.wait_for(late.reader.read(), 5) == b""
+        # the requests in flight finish, each saying Connection: close
+        for status, headers, answer in await asyncio.gather(*busy):
+            assert status == 200 and headers["connection"] == "close" and answer == b"GET"
+        # the idle connection is closed after a second
+        assert await asyncio.wait_for(idle.reader.read(), 5) == b""
+        assert await draining is True
+        assert (await native.stats())["open_connections"] == 0
+
+    scenario(body)
+
+
+async def async_draining(f: Front) -> bool:
+    assert f.native is not None
+    return bool((await f.native.stats())["draining"])
+
+
+def test_a_leaving_proxy_drains_its_native_data_path_with_no_failed_request() -> None:
+    async def go() -> None:
+        app = Echo("a")
+        server, port = await replica(app, "replica-a")
+        snapshot = _snapshot("/api", "D", [_endpoint("replica-a", port)])
+        proxy = ProxyServer(
+            "127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot), native=True
+        )
+        await proxy.start()
+        try:
+            await wait_until(lambda: proxy.native_version == 1, 5)
+            native_port = proxy.port
+            # in flight: native requests, and one the Python proxy serves (handed off)
+            busy = [await _in_flight_request(native_port, "/api/sleep") for _ in range(3)]
+            conn = await Conn.open(native_port)
+            busy.append(asyncio.create_task(conn.request(get("/api/sleep", "TE: trailers\r\n"))))
+            await wait_until(lambda: len(app.seen) == 4, 5)
+            started = asyncio.get_running_loop().time()
+            await proxy.leave(LeavePlan(drain_s=10))
+            assert asyncio.get_running_loop().time() - started < 5
+            answers = await asyncio.gather(*busy, return_exceptions=True)
+            assert [a[0] for a in answers if isinstance(a, tuple)] == [200] * 4, answers
+            with pytest.raises(OSError):
+                await asyncio.open_connection("127.0.0.1", native_port)
+        finally:
+            await proxy.close()
+            server.close()
+
+    run(go())
+
+
+class _UntilClose(asyncio.Protocol):
+    """A replica whose answer has neither a length nor chunks: its body ends with the connection."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nto the end")  # type: ignore[attr-defined]
+        self.transport.close()
+
+
+def test_an_answer_that_ends_with_the_connection_ends_the_clients_as_the_python_proxy() -> None:
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: ServerChannel(
+                SECRET, "replica-x", lambda role: _UntilClose(), logging.getLogger()
+            ),
+            "127.0.0.1",
+            0,
+        )
+        port = server.sockets[0].getsockname()[1]
+        snapshot = _snapshot("/", "X", [_endpoint("replica-x", port)])
+        proxy = ProxyServer("127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot))
+        await proxy.start()
+        native = FastPath(SECRET, "127.0.0.1", 0, proxy.port)
+        try:
+            await native.start()
+            await native.push(snapshot)
+            conn = await Conn.open(native.port)
+            # the client learns where the body ends by the close, and the answer says so
+            status, headers, answer = await conn.request(get("/x"))
+            assert status == 200 and answer == b"to the end"
+            assert headers["connection"] == "close"
+            conn.close()
+            assert (await native.stats())["answered"] == {"app#X": {"200": 1}}
+        finally:
+            await native.close()
+            await proxy.close()
+            server.close()
+
+    run(go())
+
+
+def test_a_request_that_finds_every_replica_full_waits_in_the_python_proxys_queue() -> None:
+    """What the autoscaler counts: replicas report what they run (native requests included), the
+    proxy reports what waits in its router's queue, where the native path's overflow goes."""
+
+    async def go() -> None:
+        app = Echo("a")
+        server, port = await replica(app, "replica-a")
+        snapshot = _snapshot("/api", "D", [_endpoint("replica-a", port)])
+        snapshot["deployments"]["app#D"]["max_ongoing_requests"] = 1
+        proxy = ProxyServer(
+            "127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot), native=True
+        )
+        await proxy.start()
+        try:
+            assert proxy.native is not None
+            await wait_until(lambda: proxy.native_version == 1, 5)
+            router = proxy.state.router
+            first = await _in_flight_request(proxy.port, "/api/sleep")
+            await wait_until(lambda: router.in_flight("app#D") == {"replica-a": 1}, 2)
+            # the replica is at its cap: the native path hands the next one over, it waits
+            second = await _in_flight_request(proxy.port, "/api/sleep")
+            await wait_until(lambda: router.queued("app#D") == 1, 2)
+            assert len(app.seen) == 1  # not sent to the full replica
+            for status, _, _ in await asyncio.gather(first, second):
+                assert status == 200
+            assert router.queued("app#D") == 0 and len(app.seen) == 2
+            assert (await proxy.native.stats())["handed_off"] == 1
+        finally:
+            await proxy.close()
+            server.close()
+
+    run(go())

@@ -304,3 +304,28 @@ def test_a_retired_replica_is_chosen_no_more_until_discovery_drops_it_or_its_tim
         assert {r.replica_id for r in router.replicas(KEY)} == {"r0", "r1"}
 
     run(scenario(), 20)
+
+
+def test_another_process_requests_in_flight_count_against_the_cap() -> None:
+    async def scenario() -> None:
+        router = Router()
+        router.update(endpoints(2, cap=2))
+        # the native data path runs 2 on r0: only r1 has room
+        router.set_external({"r0": 2})
+        assert router.in_flight(KEY) == {"r0": 2, "r1": 0}
+        mine = [await router.assign(KEY, timeout_s=1) for _ in range(2)]
+        assert {r.replica_id for r in mine} == {"r1"}
+        assert router.own_in_flight() == {"r1": 2}  # what the other process is told
+        # every slot taken: a caller waits, and gets the slot the other process frees
+        waiting = asyncio.ensure_future(router.assign(KEY, timeout_s=5))
+        await asyncio.sleep(0)
+        assert not waiting.done() and router.queued(KEY) == 1
+        router.set_external({"r0": 1})
+        assert (await waiting).replica_id == "r0"
+        assert router.own_in_flight() == {"r0": 1, "r1": 2}
+        for replica in (*mine, await asyncio.sleep(0, waiting.result())):
+            router.release(replica)
+        router.set_external({})
+        assert router.in_flight(KEY) == {"r0": 0, "r1": 0} and router.own_in_flight() == {}
+
+    run(scenario(), 10)

@@ -3,11 +3,15 @@ the Python proxy.
 
 ``native/`` (Rust, ``make native``) builds one binary. Its ``serve`` command owns the
 client-facing HTTP/1.1 keep-alive fast path: it parses each request, matches the route prefix,
-picks a replica below its ``max_ongoing_requests`` (round-robin), forwards the request over a
+picks a replica as the Python router does (power of two choices on requests in flight, below
+``max_ongoing_requests``; the counts are both processes', see below), forwards the request over a
 pooled connection of the authenticated channel (the INGRESS role of
 :mod:`~kubeserve.runtime.channel`, sealed frames of :mod:`~kubeserve.runtime.sealing`, byte for
 byte) and relays the answer verbatim (``Content-Length``, chunked or until close), adding
 ``x-request-id`` as the Python proxy does (the client's usable id, else a generated one).
+
+It accepts nothing before the first snapshot is pushed (as the Python proxy accepts nothing
+before its routes are known): clients wait in the socket's backlog meanwhile.
 
 A proxy serving TLS starts it with ``--tls``: it terminates TLS itself (rustls,
 ``native/src/tls.rs``) with the certificate pair the proxy loaded and checked
@@ -20,21 +24,37 @@ pair is in. A proxy tracing (spans are not made here yet) does not use it.
 What it covers: HTTP/1.1 requests with no body or a ``Content-Length`` body up to
 ``max_body_bytes``, no hop-by-hop header but ``Connection: keep-alive`` (not forwarded, as the
 Python proxy drops it), no ``Transfer-Encoding``, ``Upgrade``, ``Expect``..., no
-``serve_multiplexed_model_id``, a path in its normal form that matches a route and is not one of
-the proxy's ``/-/`` endpoints, a deployment with a replica below its cap. Everything else is
-**handed off**: from that request on, the client connection is spliced to the Python proxy (on a
-private loopback port), with the bytes already read, so the answer is the Python proxy's (404, 413,
-WebSockets, queueing for a busy replica, ``Retry-After``...). A replica that answers "unserved"
-(shutting down, at capacity) hands the request off too, before any byte of that answer reaches the
-client.
+``serve_multiplexed_model_id``, a deployment without a custom request router (Ray's
+``request_router_class`` chooses in the Python proxy), a path in its normal form that matches a
+route and is not one of the proxy's ``/-/`` endpoints, a deployment with a replica below its cap.
+Everything else is **handed off**: from that request on, the client connection is spliced to the
+Python proxy (on a private loopback port), with the bytes already read, so the answer is the Python
+proxy's (404, 413, WebSockets, queueing for a busy replica, ``Retry-After``...). A replica that
+answers "unserved" (shutting down, at capacity) hands the request off too, before any byte of that
+answer reaches the client.
 
-Ray's request metrics and access lines of the requests it answers are taken by the Python proxy
-once a second (:meth:`FastPath.take_records`) and recorded as its own. Not yet at parity on the
-fast path (the reason it is opt-in): the Python router does not see its requests in flight (a
-replica at its cap answers "unserved" and the request waits in the Python proxy),
-``--max-connections`` does not bound its connections, a leaving proxy's drain does not reach it,
-the Python proxy sees handed-off clients as ``127.0.0.1``, and the replica choice is round-robin
-below the cap rather than the Python router's.
+Parity with the Python proxy, which owns the policy (the native process only applies it):
+
+* **Load.** Every 50 ms the Python proxy sends its requests in flight per replica and gets the
+  native ones back (:meth:`FastPath.exchange_load`); each side chooses by the sum, and the Python
+  router counts the native requests as its own
+  (:meth:`~kubeserve.runtime.router.Router.set_external`) and in Ray's ongoing-requests gauge of
+  the proxy. When every replica is at its cap the
+  request is handed off and waits in the Python proxy's queue, which its load reports count for
+  the autoscaler (replicas report what they run, native requests included).
+* **Connections.** ``max_connections`` (pushed with the state) bounds the client connections,
+  spliced ones included, and one over it gets the Python proxy's 503 (``take_records`` counts
+  them for its log).
+* **Drain.** :meth:`FastPath.drain` (a leaving proxy, ``LeavePlan``): no more accepting,
+  ``Connection: close`` on every answer, connections idle for a second closed, requests in
+  flight finished.
+
+The private listener the connections are spliced to is a loopback TCP port. Serving plain HTTP
+it answers what the public port answers, so a local process reaching it gains nothing a client
+lacks; serving HTTPS with ``ssl_ca_certs``, a local process reaching it skips the client
+certificate check (open: a unix socket in the 0700 directory of the control socket would close
+it). Handed-off clients reach it from ``127.0.0.1``, which no part of the Python proxy uses (the
+ASGI ``client`` comes from ``X-Forwarded-For``, access lines carry no address).
 
 With ``grpc_port``, it also owns the gRPC port (``native/src/grpc.rs``): it serves the common
 unary call of Ray Serve's gRPC ingress itself and proxies every other call, HTTP/2 stream by
@@ -45,7 +65,8 @@ a control socket of its own.
 
 :class:`FastPath` runs the process and speaks its control socket: one JSON object per line each
 way, ``{"op": "state", "snapshot": ..., ...}`` (a discovery
-:class:`~kubeserve.runtime.wire.Snapshot` and settings) and ``{"op": "stats"}``.
+:class:`~kubeserve.runtime.wire.Snapshot` and settings), ``stats``, ``take_records``, ``load``
+and ``drain``.
 """
 
 from __future__ import annotations
@@ -58,6 +79,7 @@ import os
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +93,7 @@ __all__ = [
     "FastPath",
     "FastPathError",
     "FastPathRefused",
+    "Records",
     "find_binary",
 ]
 
@@ -87,6 +110,21 @@ _NAME = "kubeserve-fastpath"
 _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 #: How long the process may take to start listening.
 START_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Records:
+    """What the native path did since the last :meth:`FastPath.take_records`."""
+
+    #: metrics records per label set: ``method``, ``key`` (deployment key), ``status``,
+    #: ``count``, ``total_ms`` and ``buckets`` (counts per bucket of the ``latency_buckets_ms``
+    #: pushed, then +Inf)
+    metrics: list[dict[str, Any]]
+    #: when ``access_log`` was pushed true, one entry per request: ``[unix time, method,
+    #: deployment key, status, latency ms, request id]``
+    access: list[list[Any]]
+    #: client connections refused over ``max_connections``
+    refused: int
 
 
 class FastPathError(RuntimeError):
@@ -226,9 +264,21 @@ class FastPath:
             raise FastPathError(f"{_NAME} is not running")
         reader, writer = control
         async with lock:
-            writer.write(json.dumps(message).encode() + b"\n")
-            await writer.drain()
-            line = await reader.readline()
+            try:
+                writer.write(json.dumps(message).encode() + b"\n")
+                await writer.drain()
+                line = await reader.readline()
+            except BaseException:
+                # cancelled (or failed) between a question and its answer: a later call would
+                # read this answer as its own, so the control connection is not used again
+                if grpc:
+                    if self._grpc_control is not None and self._grpc_control[1] is writer:
+                        self._grpc_control = None
+                        writer.close()
+                elif self._control is not None and self._control[1] is writer:
+                    self._control = None
+                    writer.close()
+                raise
         if not line:
             raise FastPathError(f"{_NAME} closed its control socket")
         answer: dict[str, Any] = json.loads(line)
@@ -249,6 +299,7 @@ class FastPath:
         max_url_bytes: int | None = None,
         latency_buckets_ms: list[float] | None = None,
         access_log: bool | None = None,
+        max_connections: int | None = None,
     ) -> None:
         """Install a discovery snapshot (and settings) in the native process;
         ``request_timeout_s`` None: no timeout."""
@@ -261,6 +312,7 @@ class FastPath:
             "max_url_bytes": max_url_bytes,
             "latency_buckets_ms": latency_buckets_ms,
             "access_log": access_log,
+            "max_connections": max_connections,
         }  # (one not given keeps the native process's default)
         message: dict[str, Any] = {
             "op": "state",
@@ -314,16 +366,35 @@ class FastPath:
         (certificate pairs installed)."""
         return await self._call({"op": "stats"})
 
-    async def take_records(self) -> tuple[list[dict[str, Any]], list[list[Any]]]:
-        """What the native path answered since the last call: the metrics records per label set
-        (``method``, ``key`` (deployment key), ``status``, ``count``, ``total_ms`` and
-        ``buckets``: counts per bucket of the ``latency_buckets_ms`` pushed, then +Inf), and,
-        when ``access_log`` was pushed true, one access entry per request: ``[unix time, method,
-        deployment key, status, latency ms, request id]``."""
+    async def take_records(self) -> Records:
+        """What the native path answered (and refused) since the last call."""
         answer = await self._call({"op": "take_records"})
         if answer["access_dropped"]:
             log.warning("the native data path dropped %d access lines", answer["access_dropped"])
-        return answer["records"], answer["access"]
+        return Records(answer["records"], answer["access"], answer["refused"])
+
+    async def exchange_load(self, theirs: dict[str, int]) -> dict[str, int]:
+        """Give the native process the Python proxy's requests in flight per replica id (a
+        replica not named: none), replacing the last ones; get back its own (replicas with none
+        left out). Both then choose a replica by the sum, against one ``max_ongoing_requests``."""
+        answer = await self._call({"op": "load", "in_flight": theirs})
+        ours: dict[str, int] = answer["in_flight"]
+        return ours
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Drain the native process, for at most ``timeout_s``: it accepts no more connections
+        (the listening socket is closed), answers every request with ``Connection: close``,
+        closes connections idle for a second, and lets the requests in flight (and the
+        connections spliced to the Python proxy) finish. Whether none is left open; the process
+        still answers on its control socket (the last records), :meth:`close` ends it."""
+        await self._call({"op": "drain"})
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (await self.stats())["open_connections"] > 0:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     async def close(self) -> None:
         if self.process is not None and self.process.stdin is not None:

@@ -286,6 +286,8 @@ class ProxyMetrics(_Batcher):
         count_dropped_log_lines("proxy")
         #: requests begun and not answered yet (the ``ray_serve_num_ongoing_http_requests``)
         self.in_flight = 0
+        #: requests in flight that another process in front counts (:meth:`set_elsewhere`)
+        self.elsewhere = 0
         self._pending: dict[tuple[str, str, str, str, int], _Pending] = {}
         self._families = _IngressFamilies("http", "HTTP", node_id)
         self.ongoing = self._families.ongoing
@@ -339,7 +341,14 @@ class ProxyMetrics(_Batcher):
         add = self._families.add
         for (method, route, application, deployment, status), pending in batches.items():
             add((method, route, application, deployment, str(status)), pending, status >= 400)
-        self.ongoing.set(self.in_flight)
+        self.ongoing.set(self.in_flight + self.elsewhere)
+
+    def set_elsewhere(self, in_flight: int) -> None:
+        """The requests the native data path (:mod:`~kubeserve.runtime.fastpath`) has in flight
+        now: part of the ongoing-requests gauge from the next flush."""
+        if in_flight != self.elsewhere:
+            self.elsewhere = in_flight
+            self._schedule()
 
 
 class GrpcProxyMetrics(_Batcher):

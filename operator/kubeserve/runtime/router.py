@@ -129,13 +129,25 @@ class RoutedReplica:
     after an update removes the replica: releasing it then only decrements a count nobody reads.
     """
 
-    __slots__ = ("_pool", "host", "in_flight", "models", "models_raw", "port", "replica_id")
+    __slots__ = (
+        "_pool",
+        "external",
+        "host",
+        "in_flight",
+        "models",
+        "models_raw",
+        "port",
+        "replica_id",
+    )
 
     def __init__(self, replica_id: str, host: str, port: int, pool: _Pool) -> None:
         self.replica_id = replica_id
         self.host = host
         self.port = port
         self.in_flight = 0
+        #: the part of ``in_flight`` another process in front of the same replicas has in flight
+        #: (:meth:`Router.set_external`)
+        self.external = 0
         self._pool = pool
         #: the multiplexed models the replica said it holds in its last answer to this process,
         #: and that answer's header value as received
@@ -151,7 +163,9 @@ class _Pool:
     """The replicas of one deployment and the callers queued for them.
 
     Invariants: ``0 <= r.in_flight <= max_ongoing`` for every replica in ``replicas`` (a slot is
-    counted the moment it is handed out, including hand-offs to queued waiters); ``waiters`` only
+    counted the moment it is handed out, including hand-offs to queued waiters), but for
+    ``r.external``, which the other process fills on its own (the sum may pass the cap while
+    neither has seen the other's last requests); ``waiters`` only
     holds futures that are pending, in arrival order; ``holders[m]`` lists exactly the replicas of
     ``replicas`` whose ``models`` hold ``m`` (no empty lists); ``waiting_models`` maps the waiters
     that named a model to it.
@@ -642,6 +656,38 @@ class Router:
         pool = replica._pool
         if replica in pool.replicas:
             pool.note_models(replica, decode_models(value))
+
+    # -- another process in front of the same replicas ----------------------------------------
+
+    def set_external(self, counts: dict[str, int]) -> None:
+        """``{replica id: requests in flight}`` of another process choosing among the same
+        replicas (the native data path, :mod:`~kubeserve.runtime.fastpath`; a replica not named
+        has none), replacing the last counts. They count in each replica's ``in_flight`` as this
+        router's own do, so the choice and ``max_ongoing_requests`` see both; slots that freed
+        go to queued callers."""
+        for pool in self._pools.values():
+            freed = False
+            for r in pool.replicas:
+                n = counts.get(r.replica_id, 0)
+                if n != r.external:
+                    freed = freed or n < r.external
+                    r.in_flight += n - r.external
+                    r.external = n
+            if freed and pool.waiters:
+                if isinstance(pool, _CustomPool):
+                    pool.wake_all()
+                else:
+                    pool.dispatch()
+
+    def own_in_flight(self) -> dict[str, int]:
+        """``{replica id: requests in flight}`` of this router alone (what :meth:`set_external`
+        added aside), replicas with none left out: what the other process is told."""
+        return {
+            r.replica_id: r.in_flight - r.external
+            for pool in self._pools.values()
+            for r in pool.replicas
+            if r.in_flight > r.external
+        }
 
     # -- introspection (metrics, tests) --------------------------------------------------------
 

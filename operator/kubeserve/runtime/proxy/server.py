@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 _LEAVING_IDLE_S = 1.0
 #: How often the requests the native data path answered are recorded into the metrics.
 _NATIVE_RECORDS_S = 1.0
+#: How often this proxy and the native data path tell each other their requests in flight per
+#: replica (both choose by the sum, against one ``max_ongoing_requests``).
+_NATIVE_LOAD_S = 0.05
 #: The largest request body and head the native data path forwards itself (larger: handed off).
 _NATIVE_BODY = 64 * 1024
 _NATIVE_HEAD = 16 * 1024
@@ -118,7 +121,7 @@ class ProxyServer:
         self.grpc: GrpcIngress | None = None
         self._native = native
         self.native: FastPath | None = None
-        self._native_task: asyncio.Task[None] | None = None
+        self._native_tasks: list[asyncio.Task[None]] = []
         self._native_snapshot: Snapshot | None = None
         self._native_changed = asyncio.Event()
         #: the version of the last snapshot the native process installed (-1: none yet)
@@ -154,7 +157,10 @@ class ProxyServer:
         if self.load_reporter is not None:
             self.load_reporter.start()
         if self.native is not None:
-            self._native_task = asyncio.create_task(self._native_sync(self.native))
+            self._native_tasks = [
+                asyncio.create_task(self._native_sync(self.native)),
+                asyncio.create_task(self._native_load(self.native)),
+            ]
         if self._grpc is None:
             await self.source.start(self._apply)
         elif self.grpc is not None:  # behind the native front, started already
@@ -258,6 +264,7 @@ class ProxyServer:
                         max_url_bytes=limits.max_url_bytes,
                         latency_buckets_ms=list(LATENCY_BUCKETS_MS),
                         access_log=state.access_log is not None,
+                        max_connections=self.max_connections,
                     )
                     if self.grpc is not None and native.grpc_port is not None:
                         await native.push_grpc(
@@ -270,20 +277,7 @@ class ProxyServer:
                     self.native_version = snapshot["version"]
                 if self.grpc is not None and native.grpc_port is not None:
                     await self._native_grpc_records(native, self.grpc)
-                records, access = await native.take_records()
-                for record in records:
-                    key = record["key"]
-                    route, application, deployment = state.labels.get(key) or ("", "", "")
-                    state.metrics.add_batch(
-                        (record["method"], route, application, deployment, record["status"]),
-                        record["count"],
-                        record["total_ms"],
-                        record["buckets"],
-                    )
-                if state.access_log is not None:
-                    for at, method, key, status, latency_ms, request_id in access:
-                        route = (state.labels.get(key) or ("",))[0]
-                        state.access_log.add(method, route, status, latency_ms, request_id, at=at)
+                await self._native_records(native)
             except FastPathError as exc:
                 log.error("the native data path failed: %s", exc)
                 return
@@ -305,6 +299,44 @@ class ProxyServer:
         if grpc.access_log is not None:
             for at, full, app, code, latency_ms, request_id in access:
                 grpc.access_log.add(full, app, code, latency_ms, request_id, at=at)
+
+    async def _native_records(self, native: FastPath) -> None:
+        """Record what the native process answered (and refused) since the last call."""
+        state = self.state
+        taken = await native.take_records()
+        if taken.refused:
+            self._refused(taken.refused)
+        for record in taken.metrics:
+            key = record["key"]
+            route, application, deployment = state.labels.get(key) or ("", "", "")
+            state.metrics.add_batch(
+                (record["method"], route, application, deployment, record["status"]),
+                record["count"],
+                record["total_ms"],
+                record["buckets"],
+            )
+        if state.access_log is not None:
+            for at, method, key, status, latency_ms, request_id in taken.access:
+                route = (state.labels.get(key) or ("",))[0]
+                state.access_log.add(method, route, status, latency_ms, request_id, at=at)
+
+    async def _native_load(self, native: FastPath) -> None:
+        """Every :data:`_NATIVE_LOAD_S`, tell the native process this proxy's requests in
+        flight per replica and count its own in this proxy's router
+        (:meth:`~kubeserve.runtime.router.Router.set_external`) and in its ongoing-requests gauge:
+        each side then chooses a replica by both counts, and a request the native process hands
+        over when every replica is at ``max_ongoing_requests`` waits here for the first slot
+        either side frees."""
+        router = self.state.router
+        metrics = self.state.metrics
+        while True:
+            try:
+                theirs = await native.exchange_load(router.own_in_flight())
+                router.set_external(theirs)
+                metrics.set_elsewhere(sum(theirs.values()))
+            except FastPathError:
+                return  # (the records task logs it)
+            await asyncio.sleep(_NATIVE_LOAD_S)
 
     async def _native_push_tls(self, native: FastPath) -> None:
         """Push the TLS files reloaded since the last push: new handshakes take them. Files the
@@ -352,17 +384,22 @@ class ProxyServer:
         """A new client connection, or the 503 of one over ``max_connections``."""
         if len(self.state.connections) < self.max_connections:
             return ClientConnection(self.state)
-        self.refused_connections += 1
+        self._refused(1)
+        return _Refusal()
+
+    def _refused(self, count: int) -> None:
+        """``count`` connections were refused over ``max_connections`` (here, or by the native
+        data path, which applies the same limit at its accept); logged once a minute."""
+        self.refused_connections += count
         now = time.monotonic()
         if now - self._refusal_logged >= 60.0:
             self._refusal_logged = now
             log.warning(
                 "refusing client connections: %d open, the limit (--max-connections); "
                 "%d refused so far",
-                len(self.state.connections),
+                self.max_connections,
                 self.refused_connections,
             )
-        return _Refusal()
 
     async def leave(self, plan: LeavePlan) -> None:
         """Serve on, then drain, as ``plan`` says; :meth:`close` ends what is left."""
@@ -379,7 +416,12 @@ class ProxyServer:
             await asyncio.sleep(plan.delay_s)
         if plan.drain_s <= 0 or self._server is None:
             return
-        self._server.close()  # no new connection; the open ones stay
+        deadline = loop.time() + plan.drain_s
+        native = self.native
+        if native is None:
+            self._server.close()  # no new connection; the open ones stay
+        # (else the native process holds the client port and drains it, below; this proxy's
+        # private listener stays open for what it hands over meanwhile)
         state = self.state
         state.leaving = True
         for conn in state.connections:  # requests not answered yet: ``Connection: close`` too
@@ -390,18 +432,25 @@ class ProxyServer:
         state.set_timeouts(
             state.request_timeout_s, min(state.keep_alive_timeout_s, _LEAVING_IDLE_S)
         )
-        deadline = loop.time() + plan.drain_s
+        if native is not None:
+            try:
+                if not await native.drain(plan.drain_s):
+                    log.warning("the native data path did not drain in %.0f s", plan.drain_s)
+            except FastPathError as exc:
+                log.error("the native data path failed: %s", exc)
         while state.connections and loop.time() < deadline:  # noqa: ASYNC110 - a bounded poll
             await asyncio.sleep(0.05)
         log.info("proxy drained: %d connections left to close", len(state.connections))
 
     async def close(self) -> None:
-        if self._native_task is not None:
-            self._native_task.cancel()
+        for task in self._native_tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._native_task
-            self._native_task = None
+                await task
+        self._native_tasks = []
         if self.native is not None:
+            with contextlib.suppress(FastPathError):  # its last second
+                await self._native_records(self.native)
             await self.native.close()
             self.native = None
         if self.grpc is not None:

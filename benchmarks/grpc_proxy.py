@@ -16,6 +16,11 @@ github.com/bojand/ghz/cmd/ghz@v0.120.0``) as the client, same concurrency over o
 its client costs much less CPU per call than grpcio's, which on a small machine takes the cores
 the servers would use (the ``ghz`` rows; the grpcio ones stay as they were).
 
+``--native`` adds a ``native`` row: the proxy with the native data path
+(``kubeserve start --data-path native``, ``make native``), whose ``kubeserve-fastpath`` process
+owns the gRPC port and answers unary calls itself (streams are handed to the Python proxy); CPU
+per call counts the native process, the proxy and the replica.
+
 ``--baseline TREE`` adds a ``proxy@base`` row: the same proxy row served by another checkout's
 code (a worktree of ``main``, say), measured in the same turns, for before/after figures.
 
@@ -215,13 +220,18 @@ _APP = {
 
 
 @contextlib.contextmanager
-def kubeserve_grpc(code: Path) -> Iterator[tuple[int, list[int]]]:
-    """``kubeserve start`` (running ``code``'s ``operator/``) serving the application over its
-    gRPC proxy: the proxy's gRPC port and the serving processes (the proxy and the replica)."""
+def kubeserve_grpc(code: Path, native: bool = False) -> Iterator[tuple[int, list[int]]]:
+    """``kubeserve start`` (running ``code``'s ``operator/``; ``native``: with the native data
+    path) serving the application over its gRPC proxy: the proxy's gRPC port and the serving
+    processes (the proxy, its native process when any, and the replica)."""
     from support.kubeserve_start import running_kubeserve
 
     port = free_port()
-    with tempfile.TemporaryDirectory() as state, running_kubeserve(Path(state), code=code) as ks:
+    args = ("--data-path", "native") if native else ()
+    with (
+        tempfile.TemporaryDirectory() as state,
+        running_kubeserve(Path(state), code=code, args=args) as ks,
+    ):
         options = {"port": port, "grpc_servicer_functions": [SERVICER]}
         status, body = ks.put([_APP], grpc_options=options)
         assert status == 200, body
@@ -232,7 +242,13 @@ def kubeserve_grpc(code: Path) -> Iterator[tuple[int, list[int]]]:
             capture_output=True,
             text=True,
         )
-        yield port, [int(found.stdout.split()[0]), *ks.replica_pids("other", "Other")]
+        proxy = int(found.stdout.split()[0])
+        fastpath = subprocess.run(
+            ["pgrep", "-P", str(proxy), "kubeserve-fastp"], capture_output=True, text=True
+        )
+        natives = [int(pid) for pid in fastpath.stdout.split()]
+        assert natives or not native, "the proxy runs no kubeserve-fastpath (`make native`)"
+        yield port, [proxy, *natives, *ks.replica_pids("other", "Other")]
 
 
 def main() -> None:
@@ -242,6 +258,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--ray-venv", type=Path, help="also measure Ray Serve 2.60's gRPC proxy")
     parser.add_argument("--baseline", type=Path, help="also measure this checkout's proxy")
+    parser.add_argument(
+        "--native", action="store_true", help="also measure the proxy with the native data path"
+    )
     parser.add_argument("--ghz", type=Path, help="also measure every row with this ghz client")
     parser.add_argument("--serve-bare", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--load", nargs=4, help=argparse.SUPPRESS)
@@ -270,6 +289,10 @@ def main() -> None:
             ports = {"proxy": 0, "bare": bare_port}
             serving = {"bare": [bare.pid]}
             ports["proxy"], serving["proxy"] = stack.enter_context(kubeserve_grpc(ROOT))
+            if args.native:
+                ports["native"], serving["native"] = stack.enter_context(
+                    kubeserve_grpc(ROOT, native=True)
+                )
             if args.baseline is not None:
                 ports["proxy@base"], serving["proxy@base"] = stack.enter_context(
                     kubeserve_grpc(args.baseline.resolve())
@@ -304,6 +327,18 @@ def main() -> None:
             f"serving CPU per call {cpu_medians[f'{kind} proxy']:.0f} us (proxy + replica) vs "
             f"{cpu_medians[f'{kind} bare']:.0f} us (bare)"
         )
+        if f"{kind} native" in medians:
+            native = medians[f"{kind} native"]
+            print(
+                f"{kind}: native {native:.0f}/s = {native / medians[f'{kind} bare']:.0%} of bare "
+                f"grpcio, {native / medians[f'{kind} proxy']:.1f}x the Python proxy; serving CPU "
+                f"per call {cpu_medians[f'{kind} native']:.0f} us (native + proxy + replica)"
+                + (
+                    f"; {native / medians[f'{kind} ray']:.1f}x Ray's gRPC proxy"
+                    if f"{kind} ray" in medians
+                    else ""
+                )
+            )
         if f"{kind} proxy@base" in medians:
             print(
                 f"{kind}: proxy@base {medians[f'{kind} proxy@base']:.0f}/s, "

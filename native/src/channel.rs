@@ -19,6 +19,8 @@ use tokio::net::{TcpStream, UnixStream};
 
 pub const MAGIC: &[u8] = b"KSC2";
 pub const ROLE_INGRESS: u8 = b'i';
+/// Handle calls (`/-/call/<method>`): the native gRPC front's connections (`grpc.rs`).
+pub const ROLE_CONTROL: u8 = b'c';
 pub const TAG_SIZE: usize = 16;
 pub const SMALL_FRAME: usize = 1024;
 pub const MAX_FRAME: usize = 256 * 1024;
@@ -237,6 +239,17 @@ pub fn nonce() -> [u8; 16] {
 
 /// Connect to replica `identity` on `host:port` and pass the handshake.
 pub async fn connect(secret: &[u8], host: &str, port: u16, identity: &str) -> io::Result<Channel> {
+    connect_as(secret, host, port, identity, ROLE_INGRESS).await
+}
+
+/// `connect` in another role.
+pub async fn connect_as(
+    secret: &[u8],
+    host: &str,
+    port: u16,
+    identity: &str,
+    role: u8,
+) -> io::Result<Channel> {
     let mut stream = match connect_local(host, port) {
         Some(s) => Stream::Unix(s),
         None => {
@@ -255,7 +268,7 @@ pub async fn connect(secret: &[u8], host: &str, port: u16, identity: &str) -> io
     let caller = nonce();
     let mut hello = Vec::with_capacity(22 + meant.len());
     hello.extend_from_slice(MAGIC);
-    hello.push(ROLE_INGRESS);
+    hello.push(role);
     hello.extend_from_slice(&caller);
     hello.push(meant.len() as u8);
     hello.extend_from_slice(meant);
@@ -273,7 +286,7 @@ pub async fn connect(secret: &[u8], host: &str, port: u16, identity: &str) -> io
         got += n;
     }
     let mut transcript = Vec::with_capacity(34 + meant.len());
-    transcript.push(ROLE_INGRESS);
+    transcript.push(role);
     transcript.extend_from_slice(&caller);
     transcript.extend_from_slice(&challenge[..16]);
     transcript.push(meant.len() as u8);

@@ -17,6 +17,7 @@
 //! `probe`: one request over a fresh sealed connection, the answer on stdout (tests, debugging).
 
 mod channel;
+mod grpc;
 mod http;
 mod serve;
 mod tls;
@@ -26,6 +27,7 @@ use std::process::ExitCode;
 fn usage() -> ExitCode {
     eprintln!(
         "usage: kubeserve-fastpath serve --listen HOST:PORT|fd:N --control PATH --fallback unix:PATH|HOST:PORT [--tls]\n\
+         \x20        [--grpc-listen HOST:PORT --grpc-control PATH --grpc-fallback HOST:PORT]\n\
          \x20      kubeserve-fastpath probe HOST PORT REPLICA_ID METHOD PATH [BODY]\n\
          the data-plane secret comes from KUBESERVE_DATA_PLANE_SECRET(_FILE)"
     );
@@ -71,6 +73,7 @@ fn main() -> ExitCode {
             let mut control = None;
             let mut fallback = None;
             let mut tls = false;
+            let (mut grpc_listen, mut grpc_control, mut grpc_fallback) = (None, None, None);
             let mut it = args[1..].iter();
             while let Some(flag) = it.next() {
                 if flag == "--tls" {
@@ -82,6 +85,9 @@ fn main() -> ExitCode {
                     "--listen" => listen = value,
                     "--control" => control = value,
                     "--fallback" => fallback = value,
+                    "--grpc-listen" => grpc_listen = value,
+                    "--grpc-control" => grpc_control = value,
+                    "--grpc-fallback" => grpc_fallback = value,
                     _ => return usage(),
                 }
             }
@@ -97,6 +103,20 @@ fn main() -> ExitCode {
                 std::process::exit(0);
             });
             let local = tokio::task::LocalSet::new();
+            // the gRPC front (`grpc.rs`): a listener and control socket of its own
+            match (grpc_listen, grpc_control, grpc_fallback) {
+                (Some(l), Some(c), Some(f)) => {
+                    let secret = secret.clone();
+                    local.spawn_local(async move {
+                        if let Err(e) = grpc::run(secret, l, c, f).await {
+                            eprintln!("kubeserve-fastpath: grpc: {e}");
+                            std::process::exit(1);
+                        }
+                    });
+                }
+                (None, None, None) => {}
+                _ => return usage(),
+            }
             match local.block_on(&rt, serve::run(secret, listen, control, fallback, tls)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

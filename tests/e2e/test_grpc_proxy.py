@@ -5,7 +5,9 @@ client and stubs generated from the protos by grpcio-tools."""
 from __future__ import annotations
 
 import importlib
+import os
 import queue
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,11 +43,16 @@ def module(name: str) -> Any:
     return importlib.import_module(name)
 
 
-@pytest.fixture(scope="module")
-def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Kubeserve, int]]:
+@pytest.fixture(scope="module", params=["python", "native"])
+def instance(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Kubeserve, int]]:
+    """The instance every test calls: the Python proxy's grpc.aio server on the gRPC port, or
+    (``native``) the native gRPC front with that server behind it, the same answers expected."""
     ensure_generated()
     grpc_port = free_port()
-    with running_kubeserve(tmp_path_factory.mktemp("kubeserve-grpc")) as ks:
+    args = ("--data-path", "native") if request.param == "native" else ()
+    with running_kubeserve(tmp_path_factory.mktemp("kubeserve-grpc"), args=args) as ks:
         options = {
             "port": grpc_port,
             "grpc_servicer_functions": SERVICERS,
@@ -429,3 +436,41 @@ def _answer(stub: Any, request: Any) -> Any:
         return stub.__call__(request, timeout=5)
     except grpc.RpcError:
         return None
+
+
+def test_the_native_front_answers_unary_calls_without_the_python_proxy(
+    request: pytest.FixtureRequest, instance: tuple[Kubeserve, int], channel: grpc.Channel
+) -> None:
+    """With the native data path, a unary call is the native process's own: it is answered
+    while the Python proxy (and its grpc.aio server) is stopped; what the native process hands
+    over (reflection, the built-in service) waits for the proxy and is answered after."""
+    if request.node.callspec.params["instance"] != "native":
+        pytest.skip("the native gRPC front only")
+    ks, _ = instance
+    (proxy,) = ks.details()["proxies"].values()
+    pid = int(proxy["worker_id"])
+    stub = checks(channel)
+    pb2, stubs = module("ray_serve_api_pb2"), module("ray_serve_api_pb2_grpc")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        metadata = (("application", "checks"), ("request_id", "frozen-1"))
+        answer, call = stub.Echo.with_call(ask("hi"), metadata=metadata, timeout=20)
+        assert answer.text == "hi|app=checks|rid=frozen-1"
+        assert ("request_id", "frozen-1") in list(call.trailing_metadata())
+        pending = stubs.RayServeAPIServiceStub(channel).Healthz.future(
+            pb2.HealthzRequest(), timeout=30
+        )
+        time.sleep(0.5)
+        assert not pending.done()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert pending.result().message == "success"
+
+
+def test_the_private_relay_method_is_not_reachable(channel: grpc.Channel) -> None:
+    """The native front's relay (a replica answer unpickled by the proxy) is never a client's:
+    from outside it is an unknown method, on either path."""
+    relay = channel.unary_unary("/kubeserve.internal.NativeRelay/Answer")
+    metadata = (("x-kubeserve-relay", "a b c#d e 200 0"), ("x-kubeserve-signature", "00"))
+    raised = rpc_error(relay, b"C", metadata=metadata)
+    assert raised.code() == grpc.StatusCode.UNIMPLEMENTED

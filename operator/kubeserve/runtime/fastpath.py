@@ -55,6 +55,13 @@ behind the native process's back, so none skips what the client port checks (a c
 with ``ssl_ca_certs``). Handed-off clients reach it with no address, which no part of the Python
 proxy uses (the ASGI ``client`` comes from ``X-Forwarded-For``, access lines carry no address).
 
+With ``grpc_port``, it also owns the gRPC port (``native/src/grpc.rs``): it serves the common
+unary call of Ray Serve's gRPC ingress itself and proxies every other call, HTTP/2 stream by
+stream, to the Python grpc.aio server on a private loopback port
+(:mod:`~kubeserve.runtime.proxy.grpc_ingress`, ``native=True``). Its state (snapshot and call
+templates, :meth:`FastPath.push_grpc`) and records (:meth:`FastPath.take_grpc_records`) go over
+a control socket of its own.
+
 :class:`FastPath` runs the process and speaks its control socket: one JSON object per line each
 way, ``{"op": "state", "snapshot": ..., ...}`` (a discovery
 :class:`~kubeserve.runtime.wire.Snapshot` and settings), ``stats``, ``take_records``, ``load``
@@ -153,10 +160,16 @@ class FastPath:
         *,
         listen_fd: int | None = None,
         tls: bool = False,
+        grpc: tuple[str, int, int] | None = None,
     ) -> None:
         """``listen_fd``: serve on this inherited listening socket instead of binding
         ``host:port``; ``tls``: serve HTTPS, from the first pair :meth:`push_tls` gives."""
         self.secret = secret
+        #: the gRPC front's host, port (0: a free one) and the Python gRPC server's private port
+        self.grpc = grpc
+        self.grpc_port: int | None = None
+        self._grpc_control: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._grpc_lock = asyncio.Lock()
         self.tls = tls
         self.listen_fd = listen_fd
         self.host = host
@@ -194,29 +207,63 @@ class FastPath:
             "--fallback",
             self.fallback,
             *(("--tls",) if self.tls else ()),
+            *self._grpc_args(),
             env=env,
             stdin=asyncio.subprocess.PIPE,  # it exits when this end closes (we ended)
             stderr=asyncio.subprocess.PIPE,
             pass_fds=() if self.listen_fd is None else (self.listen_fd,),
         )
         assert self.process.stderr is not None
+        found = grpc_found = None
+        line = ""
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
-                line = (await self.process.stderr.readline()).decode(errors="replace")
+                while found is None or (self.grpc is not None and grpc_found is None):
+                    line = (await self.process.stderr.readline()).decode(errors="replace")
+                    match = _LISTENING.search(line)
+                    if match is None:
+                        break
+                    if " grpc listening" in line:
+                        grpc_found = match
+                    else:
+                        found = match
         except TimeoutError:
-            line = ""
-        found = _LISTENING.search(line)
-        if found is None:
+            pass
+        if found is None or (self.grpc is not None and grpc_found is None):
             await self.close()
             raise FastPathError(f"{_NAME} did not start: {line.strip() or 'no output'}")
         self.port = int(found.group(2))
         self._control = await asyncio.open_unix_connection(control)
+        if grpc_found is not None:
+            self.grpc_port = int(grpc_found.group(2))
+            self._grpc_control = await asyncio.open_unix_connection(self._grpc_socket())
 
-    async def _call(self, message: dict[str, Any]) -> dict[str, Any]:
-        if self._control is None:
+    def _grpc_socket(self) -> str:
+        assert self._dir is not None
+        return os.path.join(self._dir.name, "grpc.sock")
+
+    def _grpc_args(self) -> tuple[str, ...]:
+        if self.grpc is None:
+            return ()
+        host, port, fallback = self.grpc
+        listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return (
+            "--grpc-listen",
+            listen,
+            "--grpc-control",
+            self._grpc_socket(),
+            "--grpc-fallback",
+            f"127.0.0.1:{fallback}",
+        )
+
+    async def _call(self, message: dict[str, Any], *, grpc: bool = False) -> dict[str, Any]:
+        control, lock = (
+            (self._grpc_control, self._grpc_lock) if grpc else (self._control, self._lock)
+        )
+        if control is None:
             raise FastPathError(f"{_NAME} is not running")
-        reader, writer = self._control
-        async with self._lock:
+        reader, writer = control
+        async with lock:
             try:
                 writer.write(json.dumps(message).encode() + b"\n")
                 await writer.drain()
@@ -224,7 +271,11 @@ class FastPath:
             except BaseException:
                 # cancelled (or failed) between a question and its answer: a later call would
                 # read this answer as its own, so the control connection is not used again
-                if self._control is not None and self._control[1] is writer:
+                if grpc:
+                    if self._grpc_control is not None and self._grpc_control[1] is writer:
+                        self._grpc_control = None
+                        writer.close()
+                elif self._control is not None and self._control[1] is writer:
                     self._control = None
                     writer.close()
                 raise
@@ -277,6 +328,37 @@ class FastPath:
         message = {"op": "tls", "cert_pem": files.cert_pem, "key_pem": files.key_pem}
         await self._call({**message, "ca_pem": files.ca_pem})
 
+    async def push_grpc(
+        self,
+        snapshot: Snapshot,
+        methods: dict[str, dict[str, Any]],
+        *,
+        request_timeout_s: float | None,
+        latency_buckets_ms: list[float],
+        access_log: bool,
+    ) -> None:
+        """Install a snapshot and the unary methods it serves (``GrpcIngress.native_methods``)
+        in the gRPC front; ``request_timeout_s``: ``grpc_options.request_timeout_s``."""
+        message = {
+            "op": "state",
+            "snapshot": snapshot,
+            "methods": methods,
+            "request_timeout_s": request_timeout_s,
+            "latency_buckets_ms": latency_buckets_ms,
+            "access_log": access_log,
+        }
+        await self._call(message, grpc=True)
+
+    async def take_grpc_records(self) -> tuple[list[dict[str, Any]], list[list[Any]]]:
+        """The gRPC front's calls since the last take: records per label set (``method`` (the
+        full method), ``app``, ``key`` (deployment key), ``code`` (the status code's name),
+        ``count``, ``total_ms``, ``buckets``) and access entries ``[unix time, full method,
+        application, code, latency ms, request id]``."""
+        answer = await self._call({"op": "take_records"}, grpc=True)
+        if answer["access_dropped"]:
+            log.warning("the native gRPC front dropped %d access lines", answer["access_dropped"])
+        return answer["records"], answer["access"]
+
     async def stats(self) -> dict[str, Any]:
         """``answered`` (deployment key -> status -> requests answered natively),
         ``latency_ms_sum`` (deployment key -> ms), ``handed_off`` (connections spliced to the
@@ -317,9 +399,10 @@ class FastPath:
     async def close(self) -> None:
         if self.process is not None and self.process.stdin is not None:
             self.process.stdin.close()
-        if self._control is not None:
-            self._control[1].close()
-            self._control = None
+        for control in (self._control, self._grpc_control):
+            if control is not None:
+                control[1].close()
+        self._control = self._grpc_control = None
         if self.process is not None and self.process.returncode is None:
             self.process.terminate()
             with contextlib.suppress(TimeoutError):

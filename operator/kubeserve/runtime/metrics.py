@@ -382,6 +382,28 @@ class GrpcProxyMetrics(_Batcher):
         batch[0].add(latency_ms)
         self._schedule()
 
+    def add_batch(
+        self,
+        labels: tuple[str, str, str, str, str],
+        count: int,
+        total_ms: float,
+        buckets: list[int],
+    ) -> None:
+        """Calls counted by the native gRPC front (:mod:`~kubeserve.runtime.fastpath`):
+        ``labels`` as :meth:`record` takes them, ``buckets`` per :data:`LATENCY_BUCKETS_MS`
+        bucket, then +Inf."""
+        if len(buckets) != len(LATENCY_BUCKETS_MS) + 1:
+            raise ValueError(f"{len(buckets)} latency buckets, not {len(LATENCY_BUCKETS_MS) + 1}")
+        batch = self._pending.get(labels)
+        if batch is None:
+            batch = self._pending[labels] = (_Pending(), labels[4] != "OK")
+        pending = batch[0]
+        pending.count += count
+        pending.total_ms += total_ms
+        for i, n in enumerate(buckets):
+            pending.buckets[i] += n
+        self._schedule()
+
     def flush(self) -> None:
         batches, self._pending = self._pending, {}
         add = self._families.add

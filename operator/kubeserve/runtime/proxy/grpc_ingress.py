@@ -31,6 +31,14 @@ HTTP-only proxy never imports grpcio. What Ray documents, done the same way:
   DEADLINE_EXCEEDED past ``grpc_options.request_timeout_s``, the code a method set before it
   raised, else INTERNAL with the error (truncated to fit a trailer).
 
+With the native data path (``native=True``), the ``kubeserve-fastpath`` process owns
+``grpc_options.port`` and serves the common unary call itself (``native/src/grpc.rs``): this
+server listens on a private loopback port for the calls it hands over whole (HTTP/2 stream by
+stream), and answers ``kubeserve.internal.NativeRelay/Answer``, the replica answers only Python
+reads (a changed context, an error), signed by the native process with the data-plane secret.
+:meth:`GrpcIngress.native_methods` gives it each unary method's call pickle as a template whose
+holes it fills, so a replica gets the very bytes this ingress sends.
+
 Calls reach replicas through a :class:`~kubeserve.runtime.handle_client.HandleClient` sharing
 the proxy's router, so HTTP and gRPC requests are counted against the same
 ``max_ongoing_requests`` and reported to the autoscaler together.
@@ -40,8 +48,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import importlib
 import logging
+import pickle
+import struct
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -52,12 +64,12 @@ import grpc.aio
 
 from kubeserve.runtime import tracing
 from kubeserve.runtime.discovery import SnapshotCallback
-from kubeserve.runtime.handle_client import HandleClient
+from kubeserve.runtime.handle_client import HandleClient, remote_error
 from kubeserve.runtime.http1 import new_request_id
 from kubeserve.runtime.logs import AccessLog
 from kubeserve.runtime.metrics import GrpcProxyMetrics
 from kubeserve.runtime.router import Router
-from kubeserve.runtime.wire import Snapshot, decode_grpc_answer
+from kubeserve.runtime.wire import Snapshot, decode_grpc_answer, decode_result
 from kubeserve.sdk import context
 from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
 from kubeserve.sdk.grpc_context import GrpcStatusError, RayServegRPCContext
@@ -77,6 +89,11 @@ MAX_DETAILS = 4096
 MAX_MESSAGE_BYTES = 2 * 1024 * 1024 * 1024 - 1
 #: What ``Healthz`` answers when the proxy is ready (Ray's words).
 HEALTHY_MESSAGE = "success"
+#: The private service answering, for the native gRPC front, replica answers only Python reads.
+NATIVE_RELAY_SERVICE = "kubeserve.internal.NativeRelay"
+#: What grpc core's insecure listener gives as a call's auth context (the native front's calls
+#: arrive over plain HTTP/2 too).
+INSECURE_AUTH = {"transport_security_type": [b"insecure"], "security_level": [b"TSI_SECURITY_NONE"]}
 LIST_APPLICATIONS = f"/{SERVE_API_SERVICE}/ListApplications"
 HEALTHZ = f"/{SERVE_API_SERVICE}/Healthz"
 
@@ -166,7 +183,21 @@ class GrpcIngress:
         router: Router,
         access_log: AccessLog | None = None,
         metrics: GrpcProxyMetrics | None = None,
+        native: bool = False,
     ) -> None:
+        """``native``: behind the native gRPC front, on a private loopback port."""
+        self.native = native
+        self._secret = secret
+        if native:
+            host, options = (
+                "127.0.0.1",
+                GrpcOptions(
+                    0,
+                    options.servicer_functions,
+                    options.request_timeout_s,
+                    options.enable_reflection,
+                ),
+            )
         self.host = host
         self.options = options
         self.port = options.port
@@ -225,8 +256,12 @@ class GrpcIngress:
                 "Healthz": grpc.unary_unary_rpc_method_handler(self._healthz),
             }
         }
+        if self.native:
+            handlers[NATIVE_RELAY_SERVICE] = {
+                "Answer": grpc.unary_unary_rpc_method_handler(self._native_relay)
+            }
         for service, methods in self.services.items():
-            if service == SERVE_API_SERVICE:
+            if service in (SERVE_API_SERVICE, NATIVE_RELAY_SERVICE):
                 continue
             ours = handlers.setdefault(service, {})
             for name, method in methods.items():
@@ -273,6 +308,56 @@ class GrpcIngress:
             grpc_context.set_details(message)
         self._record(HEALTHZ, HEALTHZ, "", "", grpc_context.code(), started)
         return _string_field(1, message)  # HealthzResponse { string message = 1; }
+
+    def native_methods(self) -> dict[str, dict[str, Any]]:
+        """What the native gRPC front serves: each unary method's name and call template
+        (:func:`native_template`)."""
+        methods: dict[str, dict[str, Any]] = {}
+        for service, recorded in self.services.items():
+            if service in (SERVE_API_SERVICE, NATIVE_RELAY_SERVICE):
+                continue
+            for name, method in recorded.items():
+                if method.request_streaming or method.response_streaming:
+                    continue
+                template = native_template(name, method.request_deserializer)
+                if template is not None:
+                    methods[f"/{service}/{name}"] = {"name": name, "template": template}
+        return methods
+
+    async def _native_relay(self, request: bytes, grpc_context: Any) -> bytes:
+        """A replica's answer the native front cannot read (a changed context, an error),
+        answered as :meth:`_unary_handler` answers it; unsigned: as an unknown method."""
+        metadata = dict(grpc_context.invocation_metadata())
+        fields = str(metadata.get("x-kubeserve-relay", ""))
+        signature = str(metadata.get("x-kubeserve-signature", ""))
+        signed = b"kubeserve-grpc-relay\n" + fields.replace("\t", "\n").encode() + b"\n" + request
+        expected = hmac.new(self._secret, signed, hashlib.sha256).hexdigest()
+        parts = fields.split("\t")
+        if not hmac.compare_digest(expected, signature) or len(parts) != 6:
+            grpc_context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+            grpc_context.set_details("Method not found!")
+            return b""
+        full, app, key, request_id, status, elapsed_ms = parts
+        deployment = key.rpartition("#")[2]
+        started = time.perf_counter() - float(elapsed_ms) / 1000.0
+        code = grpc.StatusCode.OK
+        try:
+            if status == "200":
+                reply, payload = decode_grpc_answer(request)
+                if reply is not None:
+                    reply._set_on_grpc_context(grpc_context)
+                code = grpc_context.code() or code
+                return payload
+            if status == "500":
+                raise remote_error(decode_result(request), f"{key}.{full.rpartition('/')[2]}")
+            raise DeploymentUnavailableError(
+                f"a replica of {key} answered {status}: {request[:200]!r}"
+            )
+        except Exception as exc:
+            code = self._fail(grpc_context, exc, request_id)
+            return b""
+        finally:
+            self._done(full, app, deployment, code, started, request_id)
 
     def _unary_handler(
         self, method: str, full: str, parse: Parse, inputs: bool
@@ -589,6 +674,60 @@ def _enable_reflection(server: grpc.aio.Server, services: list[str]) -> None:
     advertised = [*services, reflection.SERVICE_NAME]
     reflection.enable_server_reflection(advertised, server)
     log.info("gRPC server reflection advertises %s", advertised)
+
+
+#: The holes of a native call template (:func:`native_template`), each a marker long enough to
+#: be pickled with a 4-byte length (``BINUNICODE``/``BINBYTES``).
+_HOLES = {
+    name: "\x00kubeserve-native-hole-" + name + "." * 300
+    for name in ("metadata", "peer", "request_id")
+}
+_DATA_HOLE = b"\x00kubeserve-native-hole-data" + b"." * 300
+
+
+def native_template(method: str, parse: Parse) -> list[str] | None:
+    """The body of ``/-/call/<method>`` the unary handler sends, cut at its per-call parts: hex
+    strings of pickle bytes and the names of the holes between them (``data``: the request
+    message as BINBYTES; ``metadata``: the invocation metadata as a list of (str, str) tuples;
+    ``peer``, ``request_id``: BINUNICODE strings). Pickle protocol 3, whose opcodes carry no
+    frame lengths, so a hole's encoding may be any length. None when it cannot be made."""
+    ctx = RayServegRPCContext._of_new_call(
+        [], _HOLES["request_id"], _HOLES["peer"], (INSECURE_AUTH, None, None)
+    )
+    ctx._invocation_metadata = _HOLES["metadata"]  # type: ignore[assignment]
+    call: tuple[Any, ...] = (
+        (_Unparsed.of(parse, _DATA_HOLE),),
+        {},
+        {"grpc": ctx, "request_id": _HOLES["request_id"]},
+    )
+    try:
+        body = pickle.dumps(call, protocol=3)
+    except Exception:
+        return None
+    markers = {b"B" + struct.pack("<I", len(_DATA_HOLE)) + _DATA_HOLE: "data"}
+    for name, text in _HOLES.items():
+        data = text.encode()
+        markers[b"X" + struct.pack("<I", len(data)) + data] = name
+    parts: list[str] = []
+    start = 0
+    while True:
+        found = [(body.find(m, start), m) for m in markers]
+        found = [(at, m) for at, m in found if at >= 0]
+        if not found:
+            break
+        at, marker = min(found)
+        parts.append(body[start:at].hex())
+        parts.append(markers[marker])
+        start = at + len(marker)
+    parts.append(body[start:].hex())
+    if sorted(set(parts) & {"data", "metadata", "peer", "request_id"}) != [
+        "data",
+        "metadata",
+        "peer",
+        "request_id",
+    ]:
+        return None
+    return [part for part in parts if part]
 
 
 def _string_field(number: int, text: str) -> bytes:

@@ -147,7 +147,13 @@ class ProxyServer:
             self.tls_context = await wait_for_files(self.tls, native=self._native)
             self.tls_context.start()
         if self._native:
+            if self._grpc is not None:  # the native gRPC front hands calls to it: up first
+                self.grpc = self._grpc_ingress(*self._grpc, native=True)
+                await self.grpc.start()
             await self._start_native()
+            if self.native is None and self.grpc is not None:
+                await self.grpc.close()
+                self.grpc = None
         if self.native is None:
             self._server = await self._public_server()
             self.port = self._server.sockets[0].getsockname()[1]
@@ -161,6 +167,8 @@ class ProxyServer:
             ]
         if self._grpc is None:
             await self.source.start(self._apply)
+        elif self.grpc is not None:  # behind the native front, started already
+            await self.source.start(self._apply_both)
         else:
             self.grpc = self._grpc_ingress(*self._grpc)
             await self.source.start(self._apply_both)
@@ -206,6 +214,9 @@ class ProxyServer:
             f"unix:{private}",
             listen_fd=self.listen_fd,
             tls=tls is not None,
+            grpc=None
+            if self.grpc is None or self._grpc is None
+            else (self.host, self._grpc[0].port, self.grpc.port),
         )
         await native.start()
         if tls is not None:
@@ -266,11 +277,39 @@ class ProxyServer:
                         access_log=state.access_log is not None,
                         max_connections=self.max_connections,
                     )
+                    if self.grpc is not None and native.grpc_port is not None:
+                        await native.push_grpc(
+                            snapshot,
+                            self.grpc.native_methods(),
+                            request_timeout_s=self.grpc.options.request_timeout_s,
+                            latency_buckets_ms=list(LATENCY_BUCKETS_MS),
+                            access_log=self.grpc.access_log is not None,
+                        )
                     self.native_version = snapshot["version"]
+                if self.grpc is not None and native.grpc_port is not None:
+                    await self._native_grpc_records(native, self.grpc)
                 await self._native_records(native)
             except FastPathError as exc:
                 log.error("the native data path failed: %s", exc)
                 return
+
+    @staticmethod
+    async def _native_grpc_records(native: FastPath, grpc: GrpcIngress) -> None:
+        """Record the calls the native gRPC front answered as the Python ingress records its
+        own (Ray's gRPC series, access lines)."""
+        records, access = await native.take_grpc_records()
+        for record in records:
+            deployment = record["key"].rpartition("#")[2]
+            app = record["app"]
+            grpc.metrics.add_batch(
+                (record["method"], app, app, deployment, record["code"]),
+                record["count"],
+                record["total_ms"],
+                record["buckets"],
+            )
+        if grpc.access_log is not None:
+            for at, full, app, code, latency_ms, request_id in access:
+                grpc.access_log.add(full, app, code, latency_ms, request_id, at=at)
 
     async def _native_records(self, native: FastPath) -> None:
         """Record what the native process answered (and refused) since the last call."""
@@ -324,9 +363,12 @@ class ProxyServer:
             log.warning("TLS files reloaded but the native data path refused them: %s", exc)
         self._native_tls = reloads
 
-    def _grpc_ingress(self, options: GrpcOptions, services: dict[str, Any]) -> GrpcIngress:
+    def _grpc_ingress(
+        self, options: GrpcOptions, services: dict[str, Any], *, native: bool = False
+    ) -> GrpcIngress:
         """The gRPC listener: a server of its own, so the HTTP path is untouched by it (and an
-        HTTP-only proxy never imports grpcio)."""
+        HTTP-only proxy never imports grpcio); ``native``: on a private loopback port, behind
+        the native gRPC front."""
         from kubeserve.runtime.proxy.grpc_ingress import GrpcIngress
 
         return GrpcIngress(
@@ -336,6 +378,7 @@ class ProxyServer:
             secret=self.state.secret,
             router=self.state.router,
             access_log=self.state.access_log,
+            native=native,
         )
 
     def _connection_factory(self) -> Callable[[], asyncio.Protocol]:
@@ -526,7 +569,12 @@ async def serve_proxy(
         " (native data path, experimental)" if server.native is not None else "",
     )
     if server.grpc is not None:
-        log.info("kubeserve proxy serving gRPC on port %d", server.grpc.port)
+        native_grpc = server.native.grpc_port if server.native is not None else None
+        log.info(
+            "kubeserve proxy serving gRPC on port %d%s",
+            native_grpc or server.grpc.port,
+            " (native gRPC front, experimental)" if native_grpc else "",
+        )
     try:
         await (stop or asyncio.Event()).wait()
         if leave is not None:

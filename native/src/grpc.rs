@@ -1,0 +1,1008 @@
+//! The native gRPC front (`--grpc-listen`): Ray Serve's gRPC ingress for the common call, HTTP/2
+//! by the `h2` crate, with the Python grpc.aio server behind it for everything else.
+//!
+//! HTTP/2 multiplexes calls on one connection, so a connection cannot be spliced to Python as the
+//! HTTP/1.1 path does: the hand-off is per call (per HTTP/2 stream). The native process is an
+//! HTTP/2 client of the proxy's private gRPC listener (`--grpc-fallback`, loopback) and proxies
+//! the whole stream of each call it does not serve (headers, messages, trailers, both ways), so
+//! reflection, `RayServeAPIService`, streaming methods, unknown applications, multiplexed models,
+//! binary metadata, compressed messages and calls no replica below its cap can take are the
+//! Python server's, unchanged.
+//!
+//! What it serves: a unary method the Python proxy listed (op `state`, with each method's call
+//! template), one uncompressed message, no `-bin` metadata, no `multiplexed_model_id`, the
+//! application the `application` metadata names (any when only one has a route). The call goes
+//! to a replica of the ingress deployment below its `max_ongoing_requests` as
+//! `POST /-/call/<Method>` over a CONTROL connection of the sealed channel, its body the pickle
+//! the Python ingress sends (`grpc_ingress.native_template`: the template's holes filled with the
+//! message, the invocation metadata, the peer and the request id), so replicas are unchanged.
+//! An answer that is only the message (`M`) is relayed with `grpc-status: 0` and the `request_id`
+//! trailer. Any other answer (the method changed its context: `C`; an error) is a pickle only
+//! Python reads: it goes to the private listener as a call of `kubeserve.internal.NativeRelay`,
+//! signed with the data-plane secret (HMAC-SHA256, checked before anything is unpickled), whose
+//! handler answers exactly what the Python ingress answers, and that answer is relayed. A replica
+//! that did not start the call (unserved) leaves it to the Python server whole.
+//!
+//! Calls answered here are counted per (method, deployment key, code) and taken by the Python
+//! proxy with op `take_records` on this module's own control socket (`--grpc-control`).
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use h2::{server::SendResponse, RecvStream};
+use hmac::{Hmac, Mac};
+use http::{HeaderMap, HeaderValue, Request, Response};
+use serde_json::{json, Value};
+use sha2::Sha256;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
+
+use crate::channel::{self, Channel, ROLE_CONTROL};
+use crate::http::{parse_answer, Framing, ParsedAnswer};
+
+/// The private service of the Python listener that answers a replica's pickled answer.
+pub const RELAY_PATH: &str = "/kubeserve.internal.NativeRelay/Answer";
+/// Largest request message served natively (larger ones: the Python server).
+const MAX_NATIVE_MESSAGE: usize = 4 * 1024 * 1024;
+/// Most access entries held between two takes.
+const MAX_ACCESS: usize = 200_000;
+
+/// One hole of a call template, filled per call.
+#[derive(Clone, Copy)]
+enum Hole {
+    Data,
+    Metadata,
+    Peer,
+    RequestId,
+}
+
+enum Part {
+    Bytes(Vec<u8>),
+    Hole(Hole),
+}
+
+struct Method {
+    /// the deployment method called (`Method` of `/pkg.Service/Method`)
+    name: String,
+    template: Vec<Part>,
+}
+
+struct Replica {
+    id: String,
+    host: String,
+    port: u16,
+    ongoing: Cell<u32>,
+    idle: RefCell<Vec<Channel>>,
+}
+
+struct Deployment {
+    key: String,
+    max_ongoing: u32,
+    replicas: Vec<Rc<Replica>>,
+    next: Cell<usize>,
+}
+
+#[derive(Default)]
+struct State {
+    /// application -> its ingress deployment
+    apps: HashMap<String, Rc<Deployment>>,
+    /// `/pkg.Service/Method` -> how to call it
+    methods: HashMap<String, Rc<Method>>,
+}
+
+struct Pending {
+    count: u64,
+    total_ms: f64,
+    buckets: Vec<u64>,
+}
+
+#[derive(Default)]
+struct Counters {
+    /// (full method, application, deployment key, code name) -> calls since the last take
+    records: HashMap<(String, String, String, &'static str), Pending>,
+    access: Vec<Value>,
+    access_dropped: u64,
+    served: u64,
+    relayed: u64,
+    handed_off: u64,
+}
+
+struct Front {
+    secret: Vec<u8>,
+    fallback: String,
+    state: RefCell<Rc<State>>,
+    replicas: RefCell<HashMap<String, Rc<Replica>>>,
+    request_timeout: Cell<Option<Duration>>,
+    access: Cell<bool>,
+    buckets: RefCell<Vec<f64>>,
+    counters: RefCell<Counters>,
+    /// the HTTP/2 client connection to the Python listener (made on first need, remade when lost)
+    python: RefCell<Option<h2::client::SendRequest<Bytes>>>,
+}
+
+pub async fn run(
+    secret: Vec<u8>,
+    listen: String,
+    control: String,
+    fallback: String,
+) -> io::Result<()> {
+    let listener = TcpListener::bind(&listen).await?;
+    let front = Rc::new(Front {
+        secret,
+        fallback,
+        state: RefCell::new(Rc::new(State::default())),
+        replicas: RefCell::new(HashMap::new()),
+        request_timeout: Cell::new(None),
+        access: Cell::new(false),
+        buckets: RefCell::new(Vec::new()),
+        counters: RefCell::new(Counters::default()),
+        python: RefCell::new(None),
+    });
+    let _ = std::fs::remove_file(&control);
+    let control_listener = UnixListener::bind(&control)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o600))?;
+    }
+    eprintln!(
+        "kubeserve-fastpath grpc listening on {} (control {control})",
+        listener.local_addr()?
+    );
+    let f = front.clone();
+    tokio::task::spawn_local(async move {
+        while let Ok((conn, _)) = control_listener.accept().await {
+            tokio::task::spawn_local(control_connection(f.clone(), conn));
+        }
+    });
+    loop {
+        let (client, peer) = listener.accept().await?;
+        let _ = client.set_nodelay(true);
+        tokio::task::spawn_local(connection(front.clone(), client, peer));
+    }
+}
+
+// -- control ----------------------------------------------------------------------------------
+
+async fn control_connection(front: Rc<Front>, conn: tokio::net::UnixStream) {
+    let (read, mut write) = conn.into_split();
+    let mut lines = BufReader::new(read).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let answer = match serde_json::from_str::<Value>(&line) {
+            Ok(msg) => handle_control(&front, &msg),
+            Err(e) => json!({"ok": false, "error": format!("not JSON: {e}")}),
+        };
+        let mut out = answer.to_string();
+        out.push('\n');
+        if write.write_all(out.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn handle_control(front: &Front, msg: &Value) -> Value {
+    match msg.get("op").and_then(Value::as_str) {
+        Some("state") => match apply_state(front, msg) {
+            Ok(()) => json!({"ok": true}),
+            Err(e) => json!({"ok": false, "error": e}),
+        },
+        Some("take_records") => {
+            let mut c = front.counters.borrow_mut();
+            let records: Vec<Value> = c
+                .records
+                .drain()
+                .map(|((method, app, key, code), p)| {
+                    json!({"method": method, "app": app, "key": key, "code": code,
+                           "count": p.count, "total_ms": p.total_ms, "buckets": p.buckets})
+                })
+                .collect();
+            let access = std::mem::take(&mut c.access);
+            let dropped = std::mem::take(&mut c.access_dropped);
+            json!({"ok": true, "records": records, "access": access, "access_dropped": dropped,
+                   "served": c.served, "relayed": c.relayed, "handed_off": c.handed_off})
+        }
+        _ => json!({"ok": false, "error": "op: must be state or take_records"}),
+    }
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// Install a discovery snapshot and the method templates: `{"op": "state", "snapshot": ...,
+/// "methods": {"/pkg.S/M": {"name": "M", "template": [hex | "data" | "metadata" | "peer" |
+/// "request_id", ...]}}, "request_timeout_s": ..., "latency_buckets_ms": [...], "access_log": ...}`.
+fn apply_state(front: &Front, msg: &Value) -> Result<(), String> {
+    let snap = msg.get("snapshot").ok_or("snapshot: missing")?;
+    let routes = snap
+        .get("routes")
+        .and_then(Value::as_array)
+        .ok_or("snapshot.routes: not a list")?;
+    let deps = snap
+        .get("deployments")
+        .and_then(Value::as_object)
+        .ok_or("snapshot.deployments: not an object")?;
+    let mut state = State::default();
+    if let Some(methods) = msg.get("methods") {
+        let methods = methods.as_object().ok_or("methods: not an object")?;
+        for (path, m) in methods {
+            let name = m
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or(format!("methods.{path}.name: not a string"))?;
+            let parts = m
+                .get("template")
+                .and_then(Value::as_array)
+                .ok_or(format!("methods.{path}.template: not a list"))?;
+            let mut template = Vec::new();
+            for p in parts {
+                let p = p
+                    .as_str()
+                    .ok_or(format!("methods.{path}.template: not strings"))?;
+                template.push(match p {
+                    "data" => Part::Hole(Hole::Data),
+                    "metadata" => Part::Hole(Hole::Metadata),
+                    "peer" => Part::Hole(Hole::Peer),
+                    "request_id" => Part::Hole(Hole::RequestId),
+                    hex => {
+                        Part::Bytes(unhex(hex).ok_or(format!("methods.{path}.template: bad hex"))?)
+                    }
+                });
+            }
+            state.methods.insert(
+                path.clone(),
+                Rc::new(Method {
+                    name: name.to_owned(),
+                    template,
+                }),
+            );
+        }
+    }
+    let mut known = front.replicas.borrow_mut();
+    let mut live: HashMap<String, Rc<Replica>> = HashMap::new();
+    for (i, r) in routes.iter().enumerate() {
+        let field = |name: &str| {
+            r.get(name)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| format!("snapshot.routes[{i}].{name}: not a string"))
+        };
+        let app = field("app")?;
+        let key = format!("{app}#{}", field("deployment")?);
+        let Some(dep) = deps.get(&key) else { continue };
+        let max_ongoing = dep
+            .get("max_ongoing_requests")
+            .and_then(Value::as_u64)
+            .unwrap_or(5);
+        let mut replicas = Vec::new();
+        for (j, ep) in dep
+            .get("replicas")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let where_ = format!("snapshot.deployments.{key}.replicas[{j}]");
+            let id = ep
+                .get("replica_id")
+                .and_then(Value::as_str)
+                .ok_or(format!("{where_}.replica_id"))?;
+            let host = ep
+                .get("host")
+                .and_then(Value::as_str)
+                .ok_or(format!("{where_}.host"))?;
+            let port = ep
+                .get("port")
+                .and_then(Value::as_u64)
+                .filter(|p| *p < 65536)
+                .ok_or(format!("{where_}.port"))?;
+            let replica = match known.get(id) {
+                Some(r) if r.host == host && r.port == port as u16 => r.clone(),
+                _ => Rc::new(Replica {
+                    id: id.to_owned(),
+                    host: host.to_owned(),
+                    port: port as u16,
+                    ongoing: Cell::new(0),
+                    idle: RefCell::new(Vec::new()),
+                }),
+            };
+            live.insert(id.to_owned(), replica.clone());
+            replicas.push(replica);
+        }
+        state.apps.insert(
+            app,
+            Rc::new(Deployment {
+                key,
+                max_ongoing: max_ongoing.min(u32::MAX as u64) as u32,
+                replicas,
+                next: Cell::new(0),
+            }),
+        );
+    }
+    if let Some(b) = msg.get("latency_buckets_ms") {
+        let bounds: Option<Vec<f64>> = b
+            .as_array()
+            .and_then(|a| a.iter().map(Value::as_f64).collect());
+        *front.buckets.borrow_mut() = bounds.ok_or("latency_buckets_ms: not a list of numbers")?;
+    }
+    match msg.get("request_timeout_s") {
+        None => {}
+        Some(Value::Null) => front.request_timeout.set(None),
+        Some(v) => match v.as_f64().filter(|s| *s > 0.0 && s.is_finite()) {
+            Some(s) => front.request_timeout.set(Some(Duration::from_secs_f64(s))),
+            None => return Err("request_timeout_s: not a positive number or null".into()),
+        },
+    }
+    if let Some(on) = msg.get("access_log").and_then(Value::as_bool) {
+        front.access.set(on);
+    }
+    *known = live;
+    *front.state.borrow_mut() = Rc::new(state);
+    Ok(())
+}
+
+// -- client connections -----------------------------------------------------------------------
+
+async fn connection(front: Rc<Front>, tcp: TcpStream, peer: SocketAddr) {
+    let Ok(mut conn) = h2::server::Builder::new()
+        .max_concurrent_streams(1000)
+        .initial_window_size(1 << 20)
+        .initial_connection_window_size(1 << 22)
+        .handshake::<_, Bytes>(tcp)
+        .await
+    else {
+        return;
+    };
+    // grpc core's spelling of the peer (`context.peer()`)
+    let peer = Rc::new(match peer {
+        SocketAddr::V4(a) => format!("ipv4:{a}"),
+        SocketAddr::V6(a) => format!("ipv6:{a}"),
+    });
+    while let Some(Ok((request, respond))) = conn.accept().await {
+        tokio::task::spawn_local(call(front.clone(), request, respond, peer.clone()));
+    }
+}
+
+/// What a covered call needs from its head.
+struct Head {
+    method: Rc<Method>,
+    dep: Rc<Deployment>,
+    full: String,
+    app: String,
+    metadata: Vec<(String, String)>,
+    request_id: String,
+}
+
+/// The call's head when it is one this module serves.
+fn covered(front: &Front, request: &Request<RecvStream>) -> Option<Head> {
+    if request.method() != http::Method::POST {
+        return None;
+    }
+    let full = request.uri().path();
+    let state = front.state.borrow().clone();
+    let method = state.methods.get(full)?.clone();
+    let headers = request.headers();
+    if !headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+    {
+        return None;
+    }
+    let mut metadata = Vec::new();
+    let mut app_name = "";
+    let mut request_id = "";
+    for (name, value) in headers {
+        let key = name.as_str();
+        if key == "content-type" || key == "te" {
+            continue;
+        }
+        if key.starts_with("grpc-") {
+            if key == "grpc-encoding" && value.as_bytes() != b"identity" {
+                return None;
+            }
+            continue; // grpc core keeps its own headers out of the invocation metadata
+        }
+        if key.ends_with("-bin") || key == "multiplexed_model_id" {
+            return None;
+        }
+        let value = value.to_str().ok()?;
+        match key {
+            "application" => app_name = value,
+            "request_id" => request_id = value,
+            _ => {}
+        }
+        metadata.push((key.to_owned(), value.to_owned()));
+    }
+    let (app, dep) = if state.apps.len() == 1 {
+        let (a, d) = state.apps.iter().next()?;
+        (a.clone(), d.clone())
+    } else {
+        (app_name.to_owned(), state.apps.get(app_name)?.clone())
+    };
+    let request_id = if request_id.is_empty() {
+        String::from_utf8_lossy(&new_request_id()).into_owned()
+    } else {
+        request_id.to_owned()
+    };
+    Some(Head {
+        method,
+        dep,
+        full: full.to_owned(),
+        app,
+        metadata,
+        request_id,
+    })
+}
+
+async fn call(
+    front: Rc<Front>,
+    request: Request<RecvStream>,
+    respond: SendResponse<Bytes>,
+    peer: Rc<String>,
+) {
+    if request.uri().path() == RELAY_PATH {
+        return unimplemented(respond); // the private method is never reachable from outside
+    }
+    let Some(head) = covered(&front, &request) else {
+        return hand_off(&front, request, Vec::new(), respond).await;
+    };
+    let started = Instant::now();
+    let (parts, mut body) = request.into_parts();
+    // the whole request: one message (anything else: the Python server's)
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut size = 0usize;
+    while let Some(chunk) = body.data().await {
+        let Ok(chunk) = chunk else { return };
+        let _ = body.flow_control().release_capacity(chunk.len());
+        size += chunk.len();
+        chunks.push(chunk);
+        if size > MAX_NATIVE_MESSAGE + 5 {
+            let request = Request::from_parts(parts, body);
+            return hand_off(&front, request, chunks, respond).await;
+        }
+    }
+    let trailers_ok = matches!(body.trailers().await, Ok(None));
+    let mut message = BytesMut::with_capacity(size);
+    for c in &chunks {
+        message.extend_from_slice(c);
+    }
+    let one = message.len() >= 5
+        && message[0] == 0
+        && u32::from_be_bytes(message[1..5].try_into().unwrap()) as usize == message.len() - 5;
+    if !one || !trailers_ok {
+        let request = Request::from_parts(parts, body);
+        return hand_off(&front, request, chunks, respond).await;
+    }
+    let Some(slot) = pick(&head.dep) else {
+        let request = Request::from_parts(parts, body);
+        return hand_off(&front, request, chunks, respond).await;
+    };
+    let payload = fill(&head, &message[5..], &peer);
+    let answered = match front.request_timeout.get() {
+        None => Ok(call_replica(&front, &slot.0, &head.method.name, &payload).await),
+        Some(limit) => {
+            tokio::time::timeout(
+                limit,
+                call_replica(&front, &slot.0, &head.method.name, &payload),
+            )
+            .await
+        }
+    };
+    drop(slot);
+    match answered {
+        Ok(Answer::Message(reply)) => {
+            front.counters.borrow_mut().served += 1;
+            let mut out = BytesMut::with_capacity(reply.len() - 1 + 5);
+            out.extend_from_slice(&[0]);
+            out.extend_from_slice(&((reply.len() - 1) as u32).to_be_bytes());
+            out.extend_from_slice(&reply[1..]);
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", HeaderValue::from_static("0"));
+            if let Ok(v) = HeaderValue::from_str(&head.request_id) {
+                trailers.insert("request_id", v);
+            }
+            send(respond, out.freeze(), trailers);
+            record(&front, &head, "OK", started);
+        }
+        Ok(Answer::Python(status, body)) => {
+            front.counters.borrow_mut().relayed += 1;
+            relay(&front, &head, status, body, started, respond).await;
+        }
+        Ok(Answer::NotStarted) => {
+            hand_off_buffered(&front, Request::from_parts(parts, ()), chunks, respond).await;
+        }
+        Ok(Answer::Lost) => {
+            status_only(
+                respond,
+                14,
+                "the replica closed the connection before answering",
+            );
+            record(&front, &head, "UNAVAILABLE", started);
+        }
+        Err(_) => {
+            // as Python prints the float `grpc_options.request_timeout_s`
+            let mut limit = format!(
+                "{}",
+                front
+                    .request_timeout
+                    .get()
+                    .unwrap_or_default()
+                    .as_secs_f64()
+            );
+            if !limit.contains('.') && !limit.contains('e') {
+                limit.push_str(".0");
+            }
+            status_only(respond, 4, &format!("Request timed out after {limit}s."));
+            record(&front, &head, "DEADLINE_EXCEEDED", started);
+        }
+    }
+}
+
+fn new_request_id() -> [u8; 32] {
+    let mut raw = [0u8; 16];
+    raw.copy_from_slice(&channel::nonce());
+    let mut out = [0u8; 32];
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (i, b) in raw.iter().enumerate() {
+        out[2 * i] = HEX[(b >> 4) as usize];
+        out[2 * i + 1] = HEX[(b & 15) as usize];
+    }
+    out
+}
+
+fn push_str(out: &mut Vec<u8>, text: &str) {
+    out.push(b'X'); // BINUNICODE
+    out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
+}
+
+/// The call's pickle: the method's template with its holes filled.
+fn fill(head: &Head, data: &[u8], peer: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() + 512);
+    for part in &head.method.template {
+        match part {
+            Part::Bytes(b) => out.extend_from_slice(b),
+            Part::Hole(Hole::Data) => {
+                out.push(b'B'); // BINBYTES
+                out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+                out.extend_from_slice(data);
+            }
+            Part::Hole(Hole::Peer) => push_str(&mut out, peer),
+            Part::Hole(Hole::RequestId) => push_str(&mut out, &head.request_id),
+            Part::Hole(Hole::Metadata) => {
+                out.extend_from_slice(b"](");
+                for (k, v) in &head.metadata {
+                    push_str(&mut out, k);
+                    push_str(&mut out, v);
+                    out.push(0x86); // TUPLE2
+                }
+                out.push(b'e'); // APPENDS
+            }
+        }
+    }
+    out
+}
+
+struct Slot(Rc<Replica>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.ongoing.set(self.0.ongoing.get() - 1);
+    }
+}
+
+fn pick(dep: &Deployment) -> Option<Slot> {
+    let n = dep.replicas.len();
+    let start = dep.next.get();
+    for k in 0..n {
+        let r = &dep.replicas[(start + k) % n];
+        if r.ongoing.get() < dep.max_ongoing {
+            dep.next.set((start + k + 1) % n);
+            r.ongoing.set(r.ongoing.get() + 1);
+            return Some(Slot(r.clone()));
+        }
+    }
+    None
+}
+
+enum Answer {
+    /// `M` + the serialized reply
+    Message(Bytes),
+    /// a pickle for Python: (HTTP status, body)
+    Python(u16, Bytes),
+    /// the replica did not start the call
+    NotStarted,
+    /// the connection was lost after the call was written
+    Lost,
+}
+
+async fn call_replica(front: &Front, replica: &Replica, method: &str, body: &[u8]) -> Answer {
+    let pooled = {
+        let mut idle = replica.idle.borrow_mut();
+        let mut found = None;
+        while let Some(ch) = idle.pop() {
+            if !ch.stream.closed_while_idle() {
+                found = Some(ch);
+                break;
+            }
+        }
+        found
+    };
+    let mut ch = match pooled {
+        Some(ch) => ch,
+        None => match channel::connect_as(
+            &front.secret,
+            &replica.host,
+            replica.port,
+            &replica.id,
+            ROLE_CONTROL,
+        )
+        .await
+        {
+            Ok(ch) => ch,
+            Err(_) => return Answer::NotStarted,
+        },
+    };
+    let head = format!(
+        "POST /-/call/{method} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+        replica.host,
+        replica.port,
+        body.len()
+    );
+    let mut plain_request = Vec::with_capacity(head.len() + body.len());
+    plain_request.extend_from_slice(head.as_bytes());
+    plain_request.extend_from_slice(body);
+    let mut sealed = Vec::with_capacity(plain_request.len() + 64);
+    ch.sealer.seal_into(&plain_request, &mut sealed);
+    if ch.stream.write_all(&sealed).await.is_err() {
+        return Answer::Lost;
+    }
+    let mut raw = vec![0u8; 64 * 1024];
+    let mut plain = Vec::with_capacity(16 * 1024);
+    let answer = loop {
+        let n = match ch.stream.read(&mut raw).await {
+            Ok(0) | Err(_) => return Answer::Lost,
+            Ok(n) => n,
+        };
+        if ch.opener.feed(&raw[..n], &mut plain).is_err() {
+            return Answer::Lost;
+        }
+        match parse_answer(&plain, false) {
+            ParsedAnswer::Partial => {}
+            ParsedAnswer::Bad => return Answer::Lost,
+            ParsedAnswer::Head(a) => break a,
+        }
+    };
+    let Framing::Length(n) = answer.framing else {
+        return Answer::Lost;
+    };
+    while plain.len() < answer.head_len + n {
+        let got = match ch.stream.read(&mut raw).await {
+            Ok(0) | Err(_) => return Answer::Lost,
+            Ok(got) => got,
+        };
+        if ch.opener.feed(&raw[..got], &mut plain).is_err() {
+            return Answer::Lost;
+        }
+    }
+    if plain.len() != answer.head_len + n {
+        return Answer::Lost;
+    }
+    if !answer.close {
+        replica.idle.borrow_mut().push(ch);
+    }
+    let body = Bytes::copy_from_slice(&plain[answer.head_len..]);
+    if answer.unserved {
+        return Answer::NotStarted;
+    }
+    if answer.status == 200 && body.first() == Some(&b'M') {
+        return Answer::Message(body);
+    }
+    Answer::Python(answer.status, body)
+}
+
+fn record(front: &Front, head: &Head, code: &'static str, started: Instant) {
+    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let bounds = front.buckets.borrow();
+    let mut c = front.counters.borrow_mut();
+    let p = c
+        .records
+        .entry((
+            head.full.clone(),
+            head.app.clone(),
+            head.dep.key.clone(),
+            code,
+        ))
+        .or_insert_with(|| Pending {
+            count: 0,
+            total_ms: 0.0,
+            buckets: vec![0; bounds.len() + 1],
+        });
+    p.count += 1;
+    p.total_ms += latency_ms;
+    p.buckets[bounds.partition_point(|&b| b < latency_ms)] += 1;
+    if front.access.get() {
+        if c.access.len() >= MAX_ACCESS {
+            c.access_dropped += 1;
+            return;
+        }
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        c.access.push(json!([
+            at,
+            head.full,
+            head.app,
+            code,
+            latency_ms,
+            head.request_id
+        ]));
+    }
+}
+
+fn send(mut respond: SendResponse<Bytes>, message: Bytes, trailers: HeaderMap) {
+    let response = Response::builder()
+        .status(200)
+        .header("content-type", "application/grpc")
+        .body(())
+        .expect("a valid response");
+    let Ok(mut stream) = respond.send_response(response, false) else {
+        return;
+    };
+    let _ = stream.send_data(message, false);
+    let _ = stream.send_trailers(trailers);
+}
+
+/// A trailers-only answer with a status (grpc-core's spelling of its details).
+fn status_only(mut respond: SendResponse<Bytes>, code: u8, details: &str) {
+    let mut response = Response::builder()
+        .status(200)
+        .header("content-type", "application/grpc")
+        .header("grpc-status", code.to_string());
+    let encoded = percent_encode(details);
+    if let Ok(v) = HeaderValue::from_str(&encoded) {
+        response = response.header("grpc-message", v);
+    }
+    let _ = respond.send_response(response.body(()).expect("a valid response"), true);
+}
+
+fn unimplemented(respond: SendResponse<Bytes>) {
+    status_only(respond, 12, "Method not found!");
+}
+
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+// -- the Python listener ----------------------------------------------------------------------
+
+async fn python(front: &Front) -> Option<h2::client::SendRequest<Bytes>> {
+    if let Some(client) = front.python.borrow().clone() {
+        return Some(client);
+    }
+    let tcp = TcpStream::connect(&front.fallback).await.ok()?;
+    let _ = tcp.set_nodelay(true);
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(1 << 20)
+        .initial_connection_window_size(1 << 22)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .ok()?;
+    tokio::task::spawn_local(async move {
+        let _ = conn.await;
+    });
+    *front.python.borrow_mut() = Some(client.clone());
+    Some(client)
+}
+
+/// The call, its head as the client sent it, to the Python listener: `body` was read already,
+/// `rest` follows; the answer is relayed to the client as it comes.
+async fn forward(
+    front: &Front,
+    parts: http::request::Parts,
+    read: Vec<Bytes>,
+    rest: Option<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+) {
+    // a connection the server closed (GOAWAY) is remade once
+    let mut ready = None;
+    for _ in 0..2 {
+        let Some(client) = python(front).await else {
+            break;
+        };
+        match client.ready().await {
+            Ok(client) => {
+                ready = Some(client);
+                break;
+            }
+            Err(_) => *front.python.borrow_mut() = None,
+        }
+    }
+    let Some(mut client) = ready else {
+        return status_only(respond, 14, "the proxy's gRPC server is unreachable");
+    };
+    let mut request = Request::builder()
+        .method(parts.method)
+        .uri(format!("http://{}{}", front.fallback, parts.uri.path()))
+        .body(())
+        .expect("a valid request");
+    *request.headers_mut() = parts.headers;
+    let ends = rest.is_none() && read.is_empty();
+    let (answer, mut upload) = match client.send_request(request, ends) {
+        Ok(pair) => pair,
+        Err(_) => {
+            *front.python.borrow_mut() = None;
+            return status_only(respond, 14, "the proxy's gRPC server is unreachable");
+        }
+    };
+    if !ends {
+        let count = read.len();
+        for (i, chunk) in read.into_iter().enumerate() {
+            let last = rest.is_none() && i + 1 == count;
+            let _ = upload.send_data(chunk, last);
+        }
+        if let Some(mut rest) = rest {
+            tokio::task::spawn_local(async move {
+                while let Some(Ok(chunk)) = rest.data().await {
+                    let _ = rest.flow_control().release_capacity(chunk.len());
+                    if upload.send_data(chunk, false).is_err() {
+                        return;
+                    }
+                }
+                match rest.trailers().await {
+                    Ok(Some(t)) => {
+                        let _ = upload.send_trailers(t);
+                    }
+                    _ => {
+                        let _ = upload.send_data(Bytes::new(), true);
+                    }
+                }
+            });
+        }
+    }
+    let Ok(answer) = answer.await else {
+        return status_only(respond, 14, "the proxy's gRPC server closed the call");
+    };
+    let (head, mut body) = answer.into_parts();
+    let ends = body.is_end_stream();
+    let Ok(mut download) = respond.send_response(Response::from_parts(head, ()), ends) else {
+        return;
+    };
+    if ends {
+        return;
+    }
+    while let Some(chunk) = body.data().await {
+        let Ok(chunk) = chunk else { return };
+        let _ = body.flow_control().release_capacity(chunk.len());
+        if download.send_data(chunk, false).is_err() {
+            return;
+        }
+    }
+    match body.trailers().await {
+        Ok(Some(t)) => {
+            let _ = download.send_trailers(t);
+        }
+        _ => {
+            let _ = download.send_data(Bytes::new(), true);
+        }
+    }
+}
+
+async fn hand_off(
+    front: &Front,
+    request: Request<RecvStream>,
+    read: Vec<Bytes>,
+    respond: SendResponse<Bytes>,
+) {
+    front.counters.borrow_mut().handed_off += 1;
+    let (parts, body) = request.into_parts();
+    let rest = if body.is_end_stream() && read.is_empty() {
+        None
+    } else {
+        Some(body)
+    };
+    forward(front, parts, read, rest, respond).await;
+}
+
+async fn hand_off_buffered(
+    front: &Front,
+    request: Request<()>,
+    read: Vec<Bytes>,
+    respond: SendResponse<Bytes>,
+) {
+    front.counters.borrow_mut().handed_off += 1;
+    let (parts, ()) = request.into_parts();
+    forward(front, parts, read, None, respond).await;
+}
+
+/// The replica's pickled answer to the Python listener's relay method, signed.
+async fn relay(
+    front: &Front,
+    head: &Head,
+    status: u16,
+    body: Bytes,
+    started: Instant,
+    respond: SendResponse<Bytes>,
+) {
+    let fields = [
+        head.full.as_str(),
+        head.app.as_str(),
+        head.dep.key.as_str(),
+        head.request_id.as_str(),
+        &status.to_string(),
+        &format!("{:.3}", started.elapsed().as_secs_f64() * 1000.0),
+    ]
+    .join("\n");
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&front.secret).expect("any key");
+    mac.update(b"kubeserve-grpc-relay\n");
+    mac.update(fields.as_bytes());
+    mac.update(b"\n");
+    mac.update(&body);
+    let signature: String = mac
+        .finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut message = BytesMut::with_capacity(body.len() + 5);
+    message.extend_from_slice(&[0]);
+    message.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    message.extend_from_slice(&body);
+    let mut request = Request::builder()
+        .method("POST")
+        .uri(RELAY_PATH)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("a valid request");
+    let headers = request.headers_mut();
+    for (name, value) in [
+        ("x-kubeserve-relay", fields.replace('\n', "\t")),
+        ("x-kubeserve-signature", signature),
+    ] {
+        match HeaderValue::from_str(&value) {
+            Ok(v) => {
+                headers.insert(name, v);
+            }
+            Err(_) => return status_only(respond, 13, "unprintable call fields"),
+        }
+    }
+    let (parts, ()) = request.into_parts();
+    forward(front, parts, vec![message.freeze()], None, respond).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_encoding_keeps_printable_ascii() {
+        assert_eq!(percent_encode("a b%\n"), "a b%25%0A");
+    }
+
+    #[test]
+    fn unhex_round_trips() {
+        assert_eq!(unhex("00ff10"), Some(vec![0, 255, 16]));
+        assert_eq!(unhex("0"), None);
+    }
+}

@@ -194,6 +194,16 @@ class _Pending:
         self.total_ms += latency_ms
         self.buckets[bisect_left(LATENCY_BUCKETS_MS, latency_ms)] += 1
 
+    def add_counted(self, count: int, total_ms: float, buckets: list[int]) -> None:
+        """Requests counted elsewhere (the native data path): ``buckets`` per
+        :data:`LATENCY_BUCKETS_MS` bucket, then +Inf."""
+        if len(buckets) != len(self.buckets):
+            raise ValueError(f"{len(buckets)} latency buckets, not {len(self.buckets)}")
+        self.count += count
+        self.total_ms += total_ms
+        for i, n in enumerate(buckets):
+            self.buckets[i] += n
+
     def observe_into(self, histogram: Any) -> None:
         """Add the batch to a labelled histogram series: its sum and each bucket's count."""
         histogram.add(self.total_ms, self.buckets)
@@ -324,15 +334,10 @@ class ProxyMetrics(_Batcher):
         """Requests counted elsewhere (the native data path, :mod:`~kubeserve.runtime.fastpath`):
         ``labels`` as :meth:`record` takes them, ``buckets`` per :data:`LATENCY_BUCKETS_MS`
         bucket, then +Inf."""
-        if len(buckets) != len(LATENCY_BUCKETS_MS) + 1:
-            raise ValueError(f"{len(buckets)} latency buckets, not {len(LATENCY_BUCKETS_MS) + 1}")
         pending = self._pending.get(labels)
         if pending is None:
             pending = self._pending[labels] = _Pending()
-        pending.count += count
-        pending.total_ms += total_ms
-        for i, n in enumerate(buckets):
-            pending.buckets[i] += n
+        pending.add_counted(count, total_ms, buckets)
         if not self._scheduled:
             self._schedule()
 
@@ -392,16 +397,10 @@ class GrpcProxyMetrics(_Batcher):
         """Calls counted by the native gRPC front (:mod:`~kubeserve.runtime.fastpath`):
         ``labels`` as :meth:`record` takes them, ``buckets`` per :data:`LATENCY_BUCKETS_MS`
         bucket, then +Inf."""
-        if len(buckets) != len(LATENCY_BUCKETS_MS) + 1:
-            raise ValueError(f"{len(buckets)} latency buckets, not {len(LATENCY_BUCKETS_MS) + 1}")
         batch = self._pending.get(labels)
         if batch is None:
             batch = self._pending[labels] = (_Pending(), labels[4] != "OK")
-        pending = batch[0]
-        pending.count += count
-        pending.total_ms += total_ms
-        for i, n in enumerate(buckets):
-            pending.buckets[i] += n
+        batch[0].add_counted(count, total_ms, buckets)
         self._schedule()
 
     def flush(self) -> None:

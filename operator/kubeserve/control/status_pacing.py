@@ -11,13 +11,6 @@ held back: a status that changes any of it is written at once, with the progress
 A change of progress alone waits until :data:`PROGRESS_INTERVAL_S` passed since the object's
 last status write, and is then written (its pass runs again then): progress is late by at most
 that interval, and never lost.
-
-Between the two, a deployment's own status (``UPDATING`` -> ``HEALTHY``, say) that moves while
-the application's status, its Ready condition, the generation observed and the route stay as
-they were waits :data:`DEPLOYMENT_INTERVAL_S` since the last write: the three deployments of an
-application come up within seconds of one another, and written one by one they were three
-status writes where one says the same (a thousand applications rolling out: two thousand writes
-fewer). What decides Ready is still written at once, with every deployment's entry as it is then.
 """
 
 from __future__ import annotations
@@ -29,10 +22,6 @@ from typing import Any
 #: roll on a busy cluster takes a minute (pods come up at a few a second): at 2 s, a churn of
 #: twenty applications still wrote fifteen statuses per application.
 PROGRESS_INTERVAL_S = 10.0
-#: The shortest time between two status writes of one application that only move its
-#: deployments' statuses (and the count of those ready): late by at most this, for a reader of
-#: one deployment's status; never for a reader of the application's.
-DEPLOYMENT_INTERVAL_S = 3.0
 
 #: the status fields (camelCase, as written) that only say how far a change got, by where they
 #: are: the status itself, each of its ``deployments`` entries, each of its ``conditions``
@@ -44,28 +33,12 @@ _CONDITION_PROGRESS = frozenset({"message"})
 def progress_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """Whether the status patch ``new`` changes nothing of the status ``old`` but progress
     (counts and messages); True too when it changes nothing at all."""
-    return _moves_only(old, new, deployments=False)
-
-
-def deployments_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether the status patch ``new`` changes nothing of the status ``old`` but progress and
-    the statuses of deployments it already had (the application's own status, its Ready
-    condition, generation and route as they were)."""
-    return _moves_only(old, new, deployments=True)
-
-
-def _moves_only(old: Mapping[str, Any], new: Mapping[str, Any], deployments: bool) -> bool:
     for key, value in new.items():
         before = old.get(key)
         if key in _PROGRESS or value == before:
             continue
-        if deployments and key == "readyDeployments":
-            continue
         if key == "deployments":
-            if deployments and isinstance(before, Mapping) and isinstance(value, Mapping):
-                if before.keys() != value.keys():
-                    return False
-            elif not _same_entries(before, value, _DEPLOYMENT_PROGRESS):
+            if not _same_entries(before, value, _DEPLOYMENT_PROGRESS):
                 return False
         elif key == "conditions":
             if not _same_conditions(before, value):
@@ -81,17 +54,12 @@ def write_delay(
     last_written: float | None,
     now: float,
     interval_s: float = PROGRESS_INTERVAL_S,
-    deployment_interval_s: float = DEPLOYMENT_INTERVAL_S,
 ) -> float:
     """Seconds until the status patch ``new`` over ``old`` is due (0: write it now), for an
     object whose status was last written at ``last_written`` (None: not by this process)."""
-    if last_written is None:
+    if last_written is None or not progress_only(old, new):
         return 0.0
-    if progress_only(old, new):
-        return max(0.0, last_written + interval_s - now)
-    if deployments_only(old, new):
-        return max(0.0, last_written + deployment_interval_s - now)
-    return 0.0
+    return max(0.0, last_written + interval_s - now)
 
 
 def _same_entries(before: Any, after: Any, progress: frozenset[str]) -> bool:

@@ -5,13 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubeserve.control.status_pacing import (
-    DEPLOYMENT_INTERVAL_S,
-    PROGRESS_INTERVAL_S,
-    deployments_only,
-    progress_only,
-    write_delay,
-)
+from kubeserve.control.status_pacing import PROGRESS_INTERVAL_S, progress_only, write_delay
 
 
 def _status(ready: int, app: str = "DEPLOYING", model: str = "UPDATING") -> dict[str, Any]:
@@ -67,29 +61,3 @@ def test_progress_waits_for_the_interval_since_the_last_write() -> None:
 
 def test_a_status_change_is_written_at_once() -> None:
     assert write_delay(_status(4), _status(5, app="RUNNING"), 100.0, 100.1) == 0.0
-
-
-def test_a_deployment_status_alone_waits_its_shorter_interval() -> None:
-    """Three deployments turning HEALTHY within seconds are one status write, not three."""
-    old = _status(4)
-    new = {**_status(5, model="HEALTHY"), "readyDeployments": "1/1"}
-    assert deployments_only(old, new) and not progress_only(old, new)
-    assert write_delay(old, new, None, 100.0) == 0.0
-    assert write_delay(old, new, 100.0, 100.5) == DEPLOYMENT_INTERVAL_S - 0.5
-    assert write_delay(old, new, 100.0, 100.0 + DEPLOYMENT_INTERVAL_S) == 0.0
-    assert DEPLOYMENT_INTERVAL_S < PROGRESS_INTERVAL_S
-
-
-def test_what_decides_ready_is_never_held_with_the_deployments() -> None:
-    old = _status(4)
-    running = {**_status(5, app="RUNNING", model="HEALTHY"), "readyDeployments": "1/1"}
-    assert write_delay(old, running, 100.0, 100.1) == 0.0
-    ready = _status(5, model="HEALTHY")
-    ready["conditions"][0]["status"] = "True"
-    assert write_delay(old, ready, 100.0, 100.1) == 0.0
-    assert write_delay(old, {**_status(5, model="HEALTHY"), "observedGeneration": 3}, 100.0,
-                       100.1) == 0.0  # fmt: skip
-    more = _status(5, model="HEALTHY")
-    more["deployments"]["Ingress"] = dict(more["deployments"]["Model"])
-    assert not deployments_only(old, more)
-    assert write_delay(old, more, 100.0, 100.1) == 0.0

@@ -249,20 +249,19 @@ class Operator:
                 self._settled[key] = digest
 
     async def _write_status(self, key: str, obj: dict[str, Any], status: dict[str, Any]) -> bool:
-        """Write the pass's ``status`` of ``obj`` now, or, when it only moves the progress (or
-        the deployments' statuses) of a status written less than its interval ago, have a pass
-        write it then (see :mod:`kubeserve.control.status_pacing`): whether it was held back."""
+        """Write the pass's ``status`` of ``obj`` now, or, when it only moves the progress of a
+        status written less than :data:`~kubeserve.control.status_pacing.PROGRESS_INTERVAL_S`
+        ago, have a pass write it then (see :mod:`kubeserve.control.status_pacing`): whether it
+        was held back."""
         assert self.cluster is not None
         now = time.monotonic()
         old = self.cluster.current_status(obj)
         delay = status_pacing.write_delay(old, status, self._status_written.get(key), now)
         if delay > 0:
-            loop = asyncio.get_running_loop()
-            due = self._status_due.get(key)
-            if due is None or due.when() > loop.time() + delay:  # the sooner one counts
-                if due is not None:
-                    due.cancel()
-                self._status_due[key] = loop.call_later(delay, self._status_came_due, key)
+            if key not in self._status_due:
+                self._status_due[key] = asyncio.get_running_loop().call_later(
+                    delay, self._status_came_due, key
+                )
             return True
         if await self.cluster.patch_status(obj, status):
             self._status_written[key] = now

@@ -363,7 +363,12 @@ def test_the_picker_moves_between_namespaces(page: Page) -> None:
         )
         wait_for(lambda: page.evaluate("location.pathname") == "/namespaces/team-a/", 30)
         wait_for(lambda: page.evaluate(shown) == "team-a", 30, what="team-a's application")
-        assert page.evaluate('document.querySelector("#namespace").value') == "team-a"
+        # The picker is filled after the first applications reading is drawn: wait for it.
+        wait_for(
+            lambda: page.evaluate('document.querySelector("#namespace").value') == "team-a",
+            30,
+            what="the picker showing team-a",
+        )
         screenshot(page, "namespace-team-a.png")
 
         # A namespace not served: the page says why, from the API's answer.

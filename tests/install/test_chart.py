@@ -81,6 +81,7 @@ EVERYTHING = {
     },
     "logLevel": "DEBUG",
     "replicaCount": 3,
+    "leaderElection": {"flowSchema": {"priorityLevel": "workload-high", "matchingPrecedence": 500}},
 }
 ELECTION_ROLE = "kubeserve-operator-leader-election"
 VALUE_SETS = {"default": {}, "watchNamespaces": WATCHED, "everything": EVERYTHING}
@@ -373,6 +374,43 @@ def test_replicas_elect_a_leader_and_roll_one_at_a_time(helm: str) -> None:
     )
 
 
+def test_lease_requests_have_a_flow_schema_of_their_own(helm: str) -> None:
+    """The operator's Lease requests (and nothing else) go to the built-in leader-election
+    priority level, not to workload-low behind the operator's own traffic; off by a value."""
+    objects = rendered_chart({}, helm=helm, release="serving", namespace="ops")
+    schema = one(objects, "FlowSchema")
+    assert schema["apiVersion"] == "flowcontrol.apiserver.k8s.io/v1"
+    assert schema["metadata"]["name"] == "serving-kubeserve-operator-leader-election"
+    spec = schema["spec"]
+    assert spec["priorityLevelConfiguration"] == {"name": "leader-election"}
+    assert 1 < spec["matchingPrecedence"] < 9000  # before the service accounts' (9000)
+    account = one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    [rule] = spec["rules"]
+    assert rule["subjects"] == [
+        {"kind": "ServiceAccount", "serviceAccount": {"name": account, "namespace": "ops"}}
+    ]
+    assert rule["resourceRules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "update", "patch"],  # every verb the elector sends
+            "namespaces": ["ops"],
+        }
+    ]
+    assert "nonResourceRules" not in rule
+    # the Lease it covers is the one the replicas elect on
+    role = one(objects, "Role", "serving-kubeserve-operator-leader-election")
+    assert role["metadata"]["namespace"] == "ops"
+    chosen = rendered_chart(
+        {"leaderElection": {"flowSchema": {"priorityLevel": "workload-high"}}}, helm=helm
+    )
+    assert one(chosen, "FlowSchema")["spec"]["priorityLevelConfiguration"]["name"] == (
+        "workload-high"
+    )
+    off = rendered_chart({"leaderElection": {"flowSchema": {"enabled": False}}}, helm=helm)
+    assert not find(off, "FlowSchema")
+
+
 def test_one_replica_has_no_disruption_budget(helm: str) -> None:
     """A budget of one pod that may not go would block every drain of its node."""
     objects = rendered_chart({"replicaCount": 1}, helm=helm)
@@ -389,6 +427,8 @@ def test_one_replica_has_no_disruption_budget(helm: str) -> None:
         ({"replicas": 3}, "replicas"),
         ({"replicaCount": 0}, "replicaCount"),
         ({"leaderElection": {"retryPeriod": 0}}, "retryPeriod"),
+        ({"leaderElection": {"flowSchema": {"matchingPrecedence": 0}}}, "matchingPrecedence"),
+        ({"leaderElection": {"flowSchema": {"priorityLevel": "Not A Name"}}}, "priorityLevel"),
         ({"metrics": {"serviceMonitor": {"enabled": True}}}, "metrics.enabled"),
         ({"proxyDataPath": "turbo"}, "proxyDataPath"),
     ],
@@ -399,6 +439,8 @@ def test_one_replica_has_no_disruption_budget(helm: str) -> None:
         "unknown-value",
         "no-replica",
         "no-retry-period",
+        "flow-schema-precedence",
+        "flow-schema-priority-level",
         "monitor-without-metrics",
         "data-path",
     ],

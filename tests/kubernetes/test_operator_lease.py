@@ -3,8 +3,10 @@ renew deadline (a thousand reconcile passes, say) keeps its term, and a term tak
 fence at once, whatever the operator's loop is doing.
 
 The elector runs in this process against the real API server of the kwok cluster; the operator's
-loop is this test's, blocked on purpose (``time.sleep`` in a coroutine holds it as a long CPU-bound
-pass would).
+loop is this test's, blocked on purpose: ``time.sleep`` in a coroutine holds it as a long pass
+waiting on nothing would, and pure Python computing without a pause holds the GIL too, as a pass
+rendering and diffing a thousand objects does (the elector's thread gets it only at the
+interpreter's forced switches).
 """
 
 from __future__ import annotations
@@ -63,6 +65,38 @@ def test_a_leader_whose_loop_is_blocked_past_the_renew_deadline_keeps_writing(
         await elector.stop()
         # a clean stop released the Lease
         assert not kwok.get("lease", LEASE, kwok_namespace)["spec"].get("holderIdentity")
+
+    asyncio.run(scenario())
+
+
+def _busy(seconds: float) -> int:
+    """Pure Python for ``seconds``, holding the GIL but at the interpreter's switch interval (as
+    a reconcile pass rendering and diffing a thousand objects does): no sleep, no I/O."""
+    deadline, spins = time.monotonic() + seconds, 0
+    while time.monotonic() < deadline:
+        spins += sum(i * i for i in range(200)) & 1
+    return spins
+
+
+def test_a_leader_whose_loop_is_cpu_bound_past_the_renew_deadline_keeps_its_fence_open(
+    kwok: KwokCluster, kwok_namespace: str, elector: LeaderElector
+) -> None:
+    """The elector's thread renews while the operator's loop computes without a pause (the GIL
+    held but for the interpreter's forced switches): the fence never shuts and renewals land."""
+
+    async def scenario() -> None:
+        await leading(elector, kwok_namespace)
+        before = renew_time(kwok, kwok_namespace)
+        fenced_at = []
+        blocked_until = time.monotonic() + 2 * TIMING.renew_deadline_s
+        while time.monotonic() < blocked_until:  # the loop runs nothing else meanwhile
+            _busy(0.05)
+            if not elector.may_write():
+                fenced_at.append(round(blocked_until - time.monotonic(), 1))
+        assert fenced_at == [], "the fence shut while the operator's loop was CPU-bound"
+        assert elector.fence_shuts == 0
+        assert renew_time(kwok, kwok_namespace) != before
+        await elector.stop()
 
     asyncio.run(scenario())
 

@@ -159,6 +159,7 @@ def test_default_install_is_the_plain_manifests_with_helm_labels(helm: str) -> N
     for key in ("securityContext", "volumes", "serviceAccountName", "affinity"):
         assert chart_pod[key] == plain_pod[key], key
     assert one(chart, "Service")["spec"] == one(plain, "Service")["spec"]
+    assert one(chart, "FlowSchema")["spec"] == one(plain, "FlowSchema")["spec"]
     # same selector: the two installs select the same pods (a Deployment's selector is immutable)
     assert (
         one(chart, "Deployment")["spec"]["strategy"] == one(plain, "Deployment")["spec"]["strategy"]

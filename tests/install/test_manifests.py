@@ -22,7 +22,13 @@ from support.kubeserve_install import (
     validate,
 )
 
-CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "FlowSchema",
+}
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -125,6 +131,17 @@ def test_replicas_may_renew_only_their_lease_and_go_one_at_a_time() -> None:
     binding = one(objects, "RoleBinding", "kubeserve-operator-leader-election")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "kubeserve-operator", "namespace": NAMESPACE}
+    ]
+    # their Lease requests in the leader-election priority level, theirs alone
+    schema = one(objects, "FlowSchema", "kubeserve-operator-leader-election")["spec"]
+    assert schema["priorityLevelConfiguration"] == {"name": "leader-election"}
+    assert [rule["subjects"] for rule in schema["rules"]] == [
+        [
+            {
+                "kind": "ServiceAccount",
+                "serviceAccount": {"name": "kubeserve-operator", "namespace": NAMESPACE},
+            }
+        ]
     ]
     budget = one(objects, "PodDisruptionBudget", "kubeserve-operator")
     pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]

@@ -4,13 +4,15 @@ One release for the module (``helm install --wait``, uninstalled at the end), wa
 namespace. The operator pod runs with the chart's security context; an application it deploys is
 served through the proxy Service's ClusterIP; the admin API answers through its own Service;
 ``helm upgrade`` to a new image tag replaces the operator without restarting any replica or proxy;
-and deleting the leading operator pod (of the chart's two) under load fails no request while the
-other takes the Lease over.
+deleting the leading operator pod (of the chart's two) under load fails no request while the
+other takes the Lease over; and the replicas' Lease requests are classed by the chart's FlowSchema
+in the API server's leader-election priority level.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -115,6 +117,55 @@ def test_operator_pod_serves_an_application_and_its_admin_api_through_services(
     )  # fmt: skip
     assert status == 200, body
     assert "applications" in (body if isinstance(body, dict) else json.loads(body))
+
+
+def dispatched(node: NodeCluster, flow_schema: str) -> float:
+    """Requests the API server dispatched under ``flow_schema`` (its own count, in /metrics)."""
+    metrics = node.kubectl("get", "--raw", "/metrics").stdout
+    pattern = (
+        rf'^apiserver_flowcontrol_dispatched_requests_total{{[^}}]*flow_schema="{flow_schema}"'
+    )
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if re.match(pattern, line) and 'priority_level="leader-election"' in line
+    )
+
+
+def test_the_operators_lease_requests_are_classed_in_the_leader_election_level(
+    release: Release,
+) -> None:
+    """The chart's FlowSchema is in force (not dangling: the priority level exists), the
+    operator's Lease update is classified under it (the API server names the FlowSchema in
+    every answer) and the replicas' own renewals are dispatched through it."""
+    node = release.node
+    name = f"{RELEASE}-operator-leader-election"
+    schema = node.get("flowschema", name)
+    assert schema["spec"]["priorityLevelConfiguration"]["name"] == "leader-election"
+    conditions = {c["type"]: c["status"] for c in schema.get("status", {}).get("conditions", [])}
+    assert conditions.get("Dangling") == "False", conditions
+    level = node.get("prioritylevelconfiguration", "leader-election")
+    account = f"system:serviceaccount:{release.namespace}:{RELEASE}-operator"
+    update = node.kubectl(
+        "patch", "lease", f"{RELEASE}-operator", "-n", release.namespace, "--as", account,
+        "--type=merge", "-p", '{"metadata": {}}', "--dry-run=server", "-v=8",
+    )  # fmt: skip
+    classified = re.findall(r"X-Kubernetes-Pf-(Flowschema|Prioritylevel)-Uid: (\S+)",
+                            update.stderr, re.IGNORECASE)  # fmt: skip
+    assert classified, update.stderr[-2000:]
+    assert {(kind.lower(), uid) for kind, uid in classified} == {
+        ("flowschema", schema["metadata"]["uid"]),
+        ("prioritylevel", level["metadata"]["uid"]),
+    }
+    # the operator's own renewals (every retry period) go through it too
+    before = dispatched(node, name)
+    wait_for(lambda: dispatched(node, name) > before, 30, what="renewals under the FlowSchema")
+    # the rest of the operator's requests stay where they were: a list is not classified here
+    listing = node.kubectl(
+        "get", "pods", "-n", release.namespace, "--as", account, "-v=8", check=False
+    )  # fmt: skip
+    uids = re.findall(r"X-Kubernetes-Pf-Flowschema-Uid: (\S+)", listing.stderr, re.IGNORECASE)
+    assert uids and schema["metadata"]["uid"] not in uids, listing.stderr[-2000:]
 
 
 def replica_and_proxy_pods(node: NodeCluster, namespace: str) -> dict[str, int]:

@@ -23,6 +23,11 @@ is not there yet) is tried again every :data:`RETRY_S` with the object's latest 
 no further event for a pod once it is Ready, so one failure would otherwise leave its replica
 missing, and its application never Ready. An address kwok gives to a new pod is taken from any
 pod that held it before (whose deletion a re-list may have missed).
+
+Jobs and pods are listed cluster-wide in pages of :data:`PAGE_SIZE` (a thousand applications are
+6,000 pods) and watched from there; a watch that ends resumes at the last version it saw (events
+and bookmarks), and only a version too old to resume from (410 Gone) or watches failing again and
+again make the stand-ins list again (:attr:`PodStandIns.lists` counts them).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from typing import Any
 from kubeserve.control.user_config import user_config_version
 from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
-from kubeserve.runtime.kubernetes.client import Kube, KubeConflict
+from kubeserve.runtime.kubernetes.client import Kube, KubeConflict, KubeError
 from kubeserve.runtime.kubernetes.graph import graph_configmap
 from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, ReplicaHttpServer
 from support.common import ROOT
@@ -51,13 +56,24 @@ APPS = ROOT / "tests" / "apps"
 RETRY_S = 1.0
 #: graph ConfigMaps written at once
 CONCURRENT_WRITES = 32
+#: objects per page of the stand-ins' lists: 5,000 replica pods in one answer outlasted the API
+#: server's request timeout (60 s) on a loaded machine
+PAGE_SIZE = 500
+#: watches failing in a row (not for a version too old) before the stand-ins list again
+WATCH_FAILURES = 3
+#: the status of a watch or a continue token whose version etcd compacted
+GONE = 410
 
 
 class PodStandIns:
     """The build and replica processes of every kubeserve pod of the cluster (see the module)."""
 
-    def __init__(self, kubeconfig: Path, app_dirs: tuple[Path, ...] = (APPS,)) -> None:
+    def __init__(
+        self, kubeconfig: Path, app_dirs: tuple[Path, ...] = (APPS,), watch_timeout_s: int = 300
+    ) -> None:
         self.kubeconfig, self.app_dirs = kubeconfig, app_dirs
+        #: how long the API server lets each watch run before ending it
+        self.watch_timeout_s = watch_timeout_s
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._main: asyncio.Task[None] | None = None
@@ -80,6 +96,8 @@ class PodStandIns:
         self._secrets: dict[str, bytes] = {}
         self.graphs_written = 0
         self.errors: list[str] = []
+        #: kind -> lists made (the first, then one per watch that could not resume)
+        self.lists: dict[str, int] = {}
 
     def __enter__(self) -> PodStandIns:
         self._thread.start()
@@ -121,24 +139,56 @@ class PodStandIns:
             await kube.close()
 
     async def _follow(self, kube: Kube, kind: str, component: str, handle: Any) -> None:
-        """List then watch ``kind`` of ``component`` in every namespace, one event at a time,
-        again from a fresh list when a watch fails."""
+        """List ``kind`` of ``component`` in every namespace, in pages, then watch from the
+        list's version; again from a fresh list only when the watch cannot resume (see
+        :meth:`_watch`)."""
         selector = f"{contract.COMPONENT_LABEL}={component}"
         while True:
             try:
-                items, version = await kube.list_with_version(kind, None, selector)
+                items, version = await kube.list_with_version(
+                    kind, None, selector, page_size=PAGE_SIZE
+                )
+                self.lists[kind] = self.lists.get(kind, 0) + 1
                 if kind == "Pod":  # pods deleted while no watch ran: no event says so
                     listed = {_key(item) for item in items}
                     for key in [k for k in self._replicas if k not in listed]:
                         await self._close(key)
                 for item in items:
                     await self._handle(handle, kube, kind, "ADDED", item)
-                async for event in kube.watch(kind, None, selector, version):
+                del items
+                await self._watch(kube, kind, selector, handle, version)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the list failed: list again
+                self.errors.append(f"{kind} list: {exc!r}")
+                await asyncio.sleep(0.5)
+
+    async def _watch(self, kube: Kube, kind: str, selector: str, handle: Any, version: str) -> None:
+        """Watch from ``version``, one event at a time, each watch resuming at the version of
+        the last event or bookmark of the one before (the server ends a watch every few
+        minutes; a connection may break): a re-list of thousands of pods on a loaded API server
+        is what the stand-ins must not do at every turn. Returns when ``version`` is too old
+        to resume from (410 Gone: etcd compacted it) or after :data:`WATCH_FAILURES` failed
+        watches in a row: the caller lists again."""
+        failures = 0
+        while failures < WATCH_FAILURES:
+            try:
+                watch = kube.watch(kind, None, selector, version, self.watch_timeout_s)
+                async for event in watch:
+                    version = event.object["metadata"].get("resourceVersion", version)
+                    failures = 0
                     if event.type != "BOOKMARK":
                         await self._handle(handle, kube, kind, event.type, event.object)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the watch expired or broke: list again
+            except KubeError as exc:
+                if exc.status == GONE:
+                    return
+                failures += 1
+                self.errors.append(f"{kind} watch: {exc!r}")
+                await asyncio.sleep(0.5)
+            except Exception as exc:  # the connection broke: resume from the same version
+                failures += 1
                 self.errors.append(f"{kind} watch: {exc!r}")
                 await asyncio.sleep(0.5)
 

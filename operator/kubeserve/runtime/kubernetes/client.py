@@ -6,7 +6,8 @@ HTTP session; this module adds the handful of verbs kubeserve uses on plain dict
 
 * :meth:`Kube.apply` is server-side apply with field manager ``kubeserve`` and strict field
   validation: idempotent, and fields kubeserve stops setting are removed;
-* :meth:`Kube.watch` streams events with bookmarks and resumes from the last resourceVersion.
+* :meth:`Kube.watch` streams events with bookmarks and resumes from the last resourceVersion;
+* :meth:`Kube.list_with_version` lists in pages (``limit`` and ``continue``) when asked to.
 
 * :meth:`Kube.fenced` is a view of the same client whose writes are refused locally unless a
   condition holds (the operator's reconcilers write only while their process holds the leader's
@@ -41,6 +42,8 @@ from kubeserve.runtime.kubernetes.contract import API_VERSION
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "kubeserve"
+#: times a paginated list starts over when its snapshot expired between two pages
+LIST_RESTARTS = 3
 
 #: kind -> (api group/version path prefix, plural); the resources kubeserve touches.
 RESOURCES: dict[str, tuple[str, str]] = {
@@ -222,13 +225,35 @@ class Kube:
         return (await self.list_with_version(kind, namespace, label_selector))[0]
 
     async def list_with_version(
-        self, kind: str, namespace: str | None, label_selector: str = ""
+        self, kind: str, namespace: str | None, label_selector: str = "", *, page_size: int = 0
     ) -> tuple[list[dict[str, Any]], str]:
-        """The items and the list's resourceVersion (where a watch resumes)."""
-        query = {"labelSelector": label_selector} if label_selector else None
-        body = await self.request("GET", path(kind, namespace), query=query)
-        items: list[dict[str, Any]] = body.get("items", [])
-        return items, str(body.get("metadata", {}).get("resourceVersion", ""))
+        """The items and the list's resourceVersion (where a watch resumes).
+
+        With ``page_size``, in pages of at most that many objects (``limit`` and ``continue``):
+        every page is a short request of one snapshot, where a list of thousands of pods in
+        one answer may outlast the API server's request timeout. A continue token that
+        expired (410 Gone: etcd compacted the snapshot) starts the list over at a new one, at
+        most :data:`LIST_RESTARTS` times."""
+        query = {"labelSelector": label_selector} if label_selector else {}
+        if page_size:
+            query["limit"] = str(page_size)
+        items: list[dict[str, Any]] = []
+        version, token, restarts = "", "", 0
+        while True:
+            page = {**query, "continue": token} if token else query
+            try:
+                body = await self.request("GET", path(kind, namespace), query=page or None)
+            except KubeError as exc:
+                if exc.status != 410 or not token or restarts >= LIST_RESTARTS:
+                    raise
+                items, version, token, restarts = [], "", "", restarts + 1
+                continue
+            items.extend(body.get("items", []))
+            metadata = body.get("metadata", {})
+            version = version or str(metadata.get("resourceVersion", ""))
+            token = str(metadata.get("continue") or "")
+            if not token:
+                return items, version
 
     async def create(self, kind: str, namespace: str | None, body: Mapping[str, Any]) -> Any:
         return await self.request("POST", path(kind, namespace), dict(body))

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from kubeserve.runtime.kubernetes.contract import APPLICATION_LABEL
 from support.common import http, wait_for
 from support.k8s_operator import KUBESERVE_IMAGE, OperatorProcess, application, instance
 from support.kwok_cluster import KwokCluster
@@ -28,6 +29,18 @@ IDLE_WINDOW_S = 40.0
 #: reader acts on (Ready False, each deployment UPDATING then HEALTHY, Ready True) and progress
 #: in between at most every 10 s; written at every pod event, it was about twenty.
 STATUS_WRITES_PER_CHANGE = 12
+#: The objects kubeserve makes per application of ``ks_composed_app`` (Model of 3 replicas,
+#: tokenizer and Ingress of 1): the build Job and the graph ConfigMap its build writes, a
+#: workload and a headless Service (whose EndpointSlices the proxies read) per deployment, and a
+#: PodDisruptionBudget for Model alone (a budget over one replica never refuses an eviction).
+OBJECTS_PER_APP = {
+    "ConfigMap": 1, "Deployment": 3, "Job": 1, "PodDisruptionBudget": 1, "Service": 3
+}  # fmt: skip
+#: What a namespace of applications holds, counted per application
+KINDS = (
+    "deployments,replicasets,pods,services,endpoints,endpointslices,poddisruptionbudgets,jobs,"
+    "configmaps,events"
+)
 
 
 def metric(operator: OperatorProcess, name: str) -> float:
@@ -40,6 +53,13 @@ def metric(operator: OperatorProcess, name: str) -> float:
 def ready_count(plane: KwokCluster, namespace: str) -> int:
     items = plane.get("serveapplications", namespace=namespace)["items"]
     return sum(_ready(app) for app in items)
+
+
+def objects_per_app(plane: KwokCluster, namespace: str, selector: str = "") -> dict[str, float]:
+    """The objects of ``namespace`` (those of ``selector``) per application, by kind."""
+    items = plane.get(KINDS, namespace=namespace, selector=selector or None)["items"]
+    counts = Counter(str(item["kind"]) for item in items)
+    return {kind: round(count / APPS, 2) for kind, count in sorted(counts.items())}
 
 
 def _ready(app: dict[str, Any]) -> bool:
@@ -89,6 +109,14 @@ def test_fifty_applications_ready_then_no_writes(
         return not changes(mark)
 
     wait_for(quiet, 120, interval_s=0, what="5 s without a write of the operator")
+    ours = objects_per_app(kwok, ns, selector=APPLICATION_LABEL)
+    assert {k: v for k, v in ours.items() if k in OBJECTS_PER_APP} == OBJECTS_PER_APP, ours
+    print(f"objects per application: {objects_per_app(kwok, ns)}")
+    events = Counter(
+        f"{e.get('reportingComponent') or e['source'].get('component')} {e['reason']}"
+        for e in kwok.get("events", namespace=ns)["items"]
+    )
+    print(f"events per application: { {k: round(v / APPS, 2) for k, v in events.items()} }")
     mark = kwok.audit_mark()
     skipped = metric(kwok_operator, "kubeserve_operator_resyncs_skipped_total")
     passes = metric(kwok_operator, "kubeserve_operator_reconciles_total")
@@ -116,4 +144,5 @@ def test_fifty_applications_ready_then_no_writes(
         if r.verb == "patch" and r.resource == "serveapplications/status"
     )  # fmt: skip
     assert set(statuses) == {"app-7"}, f"status writes of a change of app-7: {dict(statuses)}"
+    print(f"status writes of app-7's change: {statuses['app-7']}")
     assert statuses["app-7"] <= STATUS_WRITES_PER_CHANGE, dict(statuses)

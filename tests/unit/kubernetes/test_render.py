@@ -125,7 +125,9 @@ def everything() -> list[Json]:
             inst, view, deployment(config, "Driver", {"is_driver_deployment": True})
         ),
         render.render_replica_service(inst, view, deployment(config)),
-        render.render_replica_disruption_budget(inst, view, deployment(config)),
+        render.render_replica_disruption_budget(
+            inst, view, deployment(config, code={"num_replicas": 2})
+        ),
         render.render_build_job(inst, view),
         render.render_build_job(inst, app()),
         render.render_build_job(inst, app(IMPERATIVE)),
@@ -306,12 +308,26 @@ def test_a_drain_evicts_at_most_what_a_roll_replaces_and_never_blocks() -> None:
         assert obj["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
         return dict(obj["spec"])
 
-    assert budget(num_replicas=1)["maxUnavailable"] == 1
+    assert budget(num_replicas=2)["maxUnavailable"] == 1
     assert budget(num_replicas=10)["maxUnavailable"] == 2
     assert budget(num_replicas=4, max_surge_percent=25)["maxUnavailable"] == 1
     config = app_config()
     driver = deployment(config, code={"is_driver_deployment": True})
     assert render.render_replica_disruption_budget(inst, view, driver) is None
+
+
+def test_a_budget_that_could_never_refuse_an_eviction_is_not_made() -> None:
+    """One replica (or none, or as many as the roll replaces at once): every pod may go
+    whatever the budget says, so no budget (one object and its writes fewer per deployment)."""
+    inst, view, config = instance(), app(app_config()), app_config()
+
+    def budget(**code: Any) -> Json | None:
+        return render.render_replica_disruption_budget(inst, view, deployment(config, code=code))
+
+    assert budget(num_replicas=1) is None
+    assert budget(num_replicas=0) is None
+    assert budget(num_replicas=2, rolling_update_percentage=100, max_surge_percent=0) is None
+    assert budget(num_replicas=2) is not None
 
 
 def test_driver_deployment_is_a_daemonset() -> None:

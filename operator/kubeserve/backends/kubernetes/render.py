@@ -344,11 +344,17 @@ def render_replica_disruption_budget(
     time as its roll replaces (``maxUnavailable``, at least one, so that a drain proceeds even
     with one replica or a surge-only roll), and a pod that is not Ready never holds a drain up
     (``unhealthyPodEvictionPolicy: AlwaysAllow``). None for a DaemonSet (a driver deployment):
-    its pods follow their nodes, and a budget cannot count them by ``maxUnavailable``."""
+    its pods follow their nodes, and a budget cannot count them by ``maxUnavailable``. None too
+    when ``maxUnavailable`` is at least the replica count (one replica, or none): such a budget
+    never refuses an eviction, and it was one object, one write and the disruption controller's
+    status writes per deployment for nothing (two of the three deployments of a typical
+    application; a pass prunes the budget when the count falls, and applies it when it rises)."""
     if deployment.config.is_driver_deployment:
         return None
-    name, labels, selector = _replica_identity(instance, app, deployment)
     _, unavailable = deployment.config.rollout(ROLLOUT).bounds(deployment.target_replicas)
+    if max(1, unavailable) >= deployment.target_replicas:
+        return None
+    name, labels, selector = _replica_identity(instance, app, deployment)
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",

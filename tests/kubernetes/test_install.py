@@ -20,7 +20,7 @@ from support.kubeserve_install import find_helm, plain_manifests, rendered_chart
 
 
 def _cluster_scoped(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    return [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding", "FlowSchema")]
 
 
 def test_plain_manifests_apply_to_the_api_server(control_plane: ControlPlane) -> None:

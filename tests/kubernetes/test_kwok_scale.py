@@ -27,8 +27,10 @@ IDLE_WINDOW_S = 40.0
 #: The status writes of one application's change that rolls its 5 replica pods (every one
 #: replaced: each created, scheduled, ready, reconfigured, the old one stopping): the statuses a
 #: reader acts on (Ready False, each deployment UPDATING then HEALTHY, Ready True) and progress
-#: in between at most every 10 s; written at every pod event, it was about twenty.
+#: in between at most every 10 s (so a change slowed by a loaded machine may write one more per
+#: 10 s it takes); written at every pod event, it was about twenty.
 STATUS_WRITES_PER_CHANGE = 12
+PROGRESS_INTERVAL_S = 10.0
 #: The objects kubeserve makes per application of ``ks_composed_app`` (Model of 3 replicas,
 #: tokenizer and Ingress of 1): the build Job and the graph ConfigMap its build writes, a
 #: workload and a headless Service (whose EndpointSlices the proxies read) per deployment, and a
@@ -136,13 +138,16 @@ def test_fifty_applications_ready_then_no_writes(
     patch = {"spec": {"runtimeEnv": {"envVars": {"CHANGED": "1"}}}}
     kwok.kubectl("patch", "serveapplication", "app-7", "-n", ns, "--type=merge",
                  "-p", json.dumps(patch))  # fmt: skip
+    changed_at = time.monotonic()
     wait_for(lambda: _ready(kwok.get("serveapplication", "app-7", namespace=ns)), 120,
              interval_s=0.5, what="app-7 Ready after its change")  # fmt: skip
+    took_s = time.monotonic() - changed_at
     wait_for(quiet, 120, interval_s=0, what="5 s without a write of the operator")
     statuses = Counter(
         r.name for r in kwok.operator_requests(mark)
         if r.verb == "patch" and r.resource == "serveapplications/status"
     )  # fmt: skip
     assert set(statuses) == {"app-7"}, f"status writes of a change of app-7: {dict(statuses)}"
-    print(f"status writes of app-7's change: {statuses['app-7']}")
-    assert statuses["app-7"] <= STATUS_WRITES_PER_CHANGE, dict(statuses)
+    print(f"status writes of app-7's change: {statuses['app-7']} in {took_s:.1f} s")
+    allowed = STATUS_WRITES_PER_CHANGE + int(took_s // PROGRESS_INTERVAL_S)
+    assert statuses["app-7"] <= allowed, f"{dict(statuses)} in {took_s:.1f} s"

@@ -39,18 +39,16 @@ use hmac::{Hmac, Mac};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use serde_json::{json, Value};
 use sha2::Sha256;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::net::{TcpListener, TcpStream};
 
-use crate::channel::{self, Channel, ROLE_CONTROL};
+use crate::channel::{self, ROLE_CONTROL};
 use crate::http::{parse_answer, Framing, ParsedAnswer};
+use crate::routing::{self, pick, Deployment, Pending, Registry, Replica, MAX_ACCESS};
 
 /// The private service of the Python listener that answers a replica's pickled answer.
 pub const RELAY_PATH: &str = "/kubeserve.internal.NativeRelay/Answer";
 /// Largest request message served natively (larger ones: the Python server).
 const MAX_NATIVE_MESSAGE: usize = 4 * 1024 * 1024;
-/// Most access entries held between two takes.
-const MAX_ACCESS: usize = 200_000;
 
 /// One hole of a call template, filled per call.
 #[derive(Clone, Copy)]
@@ -72,33 +70,12 @@ struct Method {
     template: Vec<Part>,
 }
 
-struct Replica {
-    id: String,
-    host: String,
-    port: u16,
-    ongoing: Cell<u32>,
-    idle: RefCell<Vec<Channel>>,
-}
-
-struct Deployment {
-    key: String,
-    max_ongoing: u32,
-    replicas: Vec<Rc<Replica>>,
-    next: Cell<usize>,
-}
-
 #[derive(Default)]
 struct State {
     /// application -> its ingress deployment
     apps: HashMap<String, Rc<Deployment>>,
     /// `/pkg.Service/Method` -> how to call it
     methods: HashMap<String, Rc<Method>>,
-}
-
-struct Pending {
-    count: u64,
-    total_ms: f64,
-    buckets: Vec<u64>,
 }
 
 #[derive(Default)]
@@ -116,7 +93,8 @@ struct Front {
     secret: Vec<u8>,
     fallback: String,
     state: RefCell<Rc<State>>,
-    replicas: RefCell<HashMap<String, Rc<Replica>>>,
+    /// the replicas, shared with the HTTP front (`routing.rs`)
+    registry: Rc<Registry>,
     request_timeout: Cell<Option<Duration>>,
     access: Cell<bool>,
     buckets: RefCell<Vec<f64>>,
@@ -130,35 +108,26 @@ pub async fn run(
     listen: String,
     control: String,
     fallback: String,
+    registry: Rc<Registry>,
 ) -> io::Result<()> {
     let listener = TcpListener::bind(&listen).await?;
     let front = Rc::new(Front {
         secret,
         fallback,
         state: RefCell::new(Rc::new(State::default())),
-        replicas: RefCell::new(HashMap::new()),
+        registry,
         request_timeout: Cell::new(None),
         access: Cell::new(false),
         buckets: RefCell::new(Vec::new()),
         counters: RefCell::new(Counters::default()),
         python: RefCell::new(None),
     });
-    let _ = std::fs::remove_file(&control);
-    let control_listener = UnixListener::bind(&control)?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o600))?;
-    }
+    let control_listener = routing::bind_control(&control)?;
     eprintln!(
         "kubeserve-fastpath grpc listening on {} (control {control})",
         listener.local_addr()?
     );
-    let f = front.clone();
-    tokio::task::spawn_local(async move {
-        while let Ok((conn, _)) = control_listener.accept().await {
-            tokio::task::spawn_local(control_connection(f.clone(), conn));
-        }
-    });
+    routing::serve_control(control_listener, front.clone(), handle_control);
     loop {
         let (client, peer) = listener.accept().await?;
         let _ = client.set_nodelay(true);
@@ -167,22 +136,6 @@ pub async fn run(
 }
 
 // -- control ----------------------------------------------------------------------------------
-
-async fn control_connection(front: Rc<Front>, conn: tokio::net::UnixStream) {
-    let (read, mut write) = conn.into_split();
-    let mut lines = BufReader::new(read).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let answer = match serde_json::from_str::<Value>(&line) {
-            Ok(msg) => handle_control(&front, &msg),
-            Err(e) => json!({"ok": false, "error": format!("not JSON: {e}")}),
-        };
-        let mut out = answer.to_string();
-        out.push('\n');
-        if write.write_all(out.as_bytes()).await.is_err() {
-            return;
-        }
-    }
-}
 
 fn handle_control(front: &Front, msg: &Value) -> Value {
     match msg.get("op").and_then(Value::as_str) {
@@ -224,14 +177,6 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 /// "request_id", ...]}}, "request_timeout_s": ..., "latency_buckets_ms": [...], "access_log": ...}`.
 fn apply_state(front: &Front, msg: &Value) -> Result<(), String> {
     let snap = msg.get("snapshot").ok_or("snapshot: missing")?;
-    let routes = snap
-        .get("routes")
-        .and_then(Value::as_array)
-        .ok_or("snapshot.routes: not a list")?;
-    let deps = snap
-        .get("deployments")
-        .and_then(Value::as_object)
-        .ok_or("snapshot.deployments: not an object")?;
     let mut state = State::default();
     if let Some(methods) = msg.get("methods") {
         let methods = methods.as_object().ok_or("methods: not an object")?;
@@ -268,85 +213,20 @@ fn apply_state(front: &Front, msg: &Value) -> Result<(), String> {
             );
         }
     }
-    let mut known = front.replicas.borrow_mut();
-    let mut live: HashMap<String, Rc<Replica>> = HashMap::new();
-    for (i, r) in routes.iter().enumerate() {
-        let field = |name: &str| {
-            r.get(name)
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .ok_or_else(|| format!("snapshot.routes[{i}].{name}: not a string"))
-        };
-        let app = field("app")?;
-        let key = format!("{app}#{}", field("deployment")?);
-        let Some(dep) = deps.get(&key) else { continue };
-        let max_ongoing = dep
-            .get("max_ongoing_requests")
-            .and_then(Value::as_u64)
-            .unwrap_or(5);
-        let mut replicas = Vec::new();
-        for (j, ep) in dep
-            .get("replicas")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let where_ = format!("snapshot.deployments.{key}.replicas[{j}]");
-            let id = ep
-                .get("replica_id")
-                .and_then(Value::as_str)
-                .ok_or(format!("{where_}.replica_id"))?;
-            let host = ep
-                .get("host")
-                .and_then(Value::as_str)
-                .ok_or(format!("{where_}.host"))?;
-            let port = ep
-                .get("port")
-                .and_then(Value::as_u64)
-                .filter(|p| *p < 65536)
-                .ok_or(format!("{where_}.port"))?;
-            let replica = match known.get(id) {
-                Some(r) if r.host == host && r.port == port as u16 => r.clone(),
-                _ => Rc::new(Replica {
-                    id: id.to_owned(),
-                    host: host.to_owned(),
-                    port: port as u16,
-                    ongoing: Cell::new(0),
-                    idle: RefCell::new(Vec::new()),
-                }),
-            };
-            live.insert(id.to_owned(), replica.clone());
-            replicas.push(replica);
+    let routes = front.registry.install(snap)?;
+    for route in routes.routes {
+        let dep = &routes.deployments[route.deployment];
+        // a custom request router chooses in the Python proxy: its calls are handed off
+        if !dep.custom_router {
+            state.apps.insert(route.app, dep.clone());
         }
-        state.apps.insert(
-            app,
-            Rc::new(Deployment {
-                key,
-                max_ongoing: max_ongoing.min(u32::MAX as u64) as u32,
-                replicas,
-                next: Cell::new(0),
-            }),
-        );
     }
-    if let Some(b) = msg.get("latency_buckets_ms") {
-        let bounds: Option<Vec<f64>> = b
-            .as_array()
-            .and_then(|a| a.iter().map(Value::as_f64).collect());
-        *front.buckets.borrow_mut() = bounds.ok_or("latency_buckets_ms: not a list of numbers")?;
+    routing::Common {
+        buckets: &front.buckets,
+        request_timeout: &front.request_timeout,
+        access: &front.access,
     }
-    match msg.get("request_timeout_s") {
-        None => {}
-        Some(Value::Null) => front.request_timeout.set(None),
-        Some(v) => match v.as_f64().filter(|s| *s > 0.0 && s.is_finite()) {
-            Some(s) => front.request_timeout.set(Some(Duration::from_secs_f64(s))),
-            None => return Err("request_timeout_s: not a positive number or null".into()),
-        },
-    }
-    if let Some(on) = msg.get("access_log").and_then(Value::as_bool) {
-        front.access.set(on);
-    }
-    *known = live;
+    .apply(msg)?;
     *front.state.borrow_mut() = Rc::new(state);
     Ok(())
 }
@@ -431,7 +311,7 @@ fn covered(front: &Front, request: &Request<RecvStream>) -> Option<Head> {
         (app_name.to_owned(), state.apps.get(app_name)?.clone())
     };
     let request_id = if request_id.is_empty() {
-        String::from_utf8_lossy(&new_request_id()).into_owned()
+        String::from_utf8_lossy(&routing::request_id()).into_owned()
     } else {
         request_id.to_owned()
     };
@@ -549,18 +429,6 @@ async fn call(
     }
 }
 
-fn new_request_id() -> [u8; 32] {
-    let mut raw = [0u8; 16];
-    raw.copy_from_slice(&channel::nonce());
-    let mut out = [0u8; 32];
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for (i, b) in raw.iter().enumerate() {
-        out[2 * i] = HEX[(b >> 4) as usize];
-        out[2 * i + 1] = HEX[(b & 15) as usize];
-    }
-    out
-}
-
 fn push_str(out: &mut Vec<u8>, text: &str) {
     out.push(b'X'); // BINUNICODE
     out.extend_from_slice(&(text.len() as u32).to_le_bytes());
@@ -594,28 +462,6 @@ fn fill(head: &Head, data: &[u8], peer: &str) -> Vec<u8> {
     out
 }
 
-struct Slot(Rc<Replica>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.ongoing.set(self.0.ongoing.get() - 1);
-    }
-}
-
-fn pick(dep: &Deployment) -> Option<Slot> {
-    let n = dep.replicas.len();
-    let start = dep.next.get();
-    for k in 0..n {
-        let r = &dep.replicas[(start + k) % n];
-        if r.ongoing.get() < dep.max_ongoing {
-            dep.next.set((start + k + 1) % n);
-            r.ongoing.set(r.ongoing.get() + 1);
-            return Some(Slot(r.clone()));
-        }
-    }
-    None
-}
-
 enum Answer {
     /// `M` + the serialized reply
     Message(Bytes),
@@ -628,18 +474,7 @@ enum Answer {
 }
 
 async fn call_replica(front: &Front, replica: &Replica, method: &str, body: &[u8]) -> Answer {
-    let pooled = {
-        let mut idle = replica.idle.borrow_mut();
-        let mut found = None;
-        while let Some(ch) = idle.pop() {
-            if !ch.stream.closed_while_idle() {
-                found = Some(ch);
-                break;
-            }
-        }
-        found
-    };
-    let mut ch = match pooled {
+    let mut ch = match routing::take_idle(&replica.idle_calls) {
         Some(ch) => ch,
         None => match channel::connect_as(
             &front.secret,
@@ -700,7 +535,7 @@ async fn call_replica(front: &Front, replica: &Replica, method: &str, body: &[u8
         return Answer::Lost;
     }
     if !answer.close {
-        replica.idle.borrow_mut().push(ch);
+        replica.idle_calls.borrow_mut().push(ch);
     }
     let body = Bytes::copy_from_slice(&plain[answer.head_len..]);
     if answer.unserved {
@@ -716,31 +551,21 @@ fn record(front: &Front, head: &Head, code: &'static str, started: Instant) {
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
     let bounds = front.buckets.borrow();
     let mut c = front.counters.borrow_mut();
-    let p = c
-        .records
+    c.records
         .entry((
             head.full.clone(),
             head.app.clone(),
             head.dep.key.clone(),
             code,
         ))
-        .or_insert_with(|| Pending {
-            count: 0,
-            total_ms: 0.0,
-            buckets: vec![0; bounds.len() + 1],
-        });
-    p.count += 1;
-    p.total_ms += latency_ms;
-    p.buckets[bounds.partition_point(|&b| b < latency_ms)] += 1;
+        .or_insert_with(|| Pending::new(&bounds))
+        .add(&bounds, latency_ms);
     if front.access.get() {
         if c.access.len() >= MAX_ACCESS {
             c.access_dropped += 1;
             return;
         }
-        let at = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0);
+        let at = routing::unix_time();
         c.access.push(json!([
             at,
             head.full,

@@ -3,7 +3,8 @@
 //!
 //! HTTP/2 multiplexes calls on one connection, so a connection cannot be spliced to Python as the
 //! HTTP/1.1 path does: the hand-off is per call (per HTTP/2 stream). The native process is an
-//! HTTP/2 client of the proxy's private gRPC listener (`--grpc-fallback`, loopback) and proxies
+//! HTTP/2 client of the proxy's private gRPC listener (`--grpc-fallback unix:PATH`, a socket in a
+//! directory only the proxy's user may enter; or `HOST:PORT`) and proxies
 //! the whole stream of each call it does not serve (headers, messages, trailers, both ways), so
 //! reflection, `RayServeAPIService`, streaming methods, unknown applications, multiplexed models,
 //! binary metadata, compressed messages and calls no replica below its cap can take are the
@@ -39,7 +40,7 @@ use hmac::{Hmac, Mac};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use serde_json::{json, Value};
 use sha2::Sha256;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixStream};
 
 use crate::channel::{self, ROLE_CONTROL};
 use crate::http::{parse_answer, Framing, ParsedAnswer};
@@ -625,18 +626,31 @@ async fn python(front: &Front) -> Option<h2::client::SendRequest<Bytes>> {
     if let Some(client) = front.python.borrow().clone() {
         return Some(client);
     }
-    let tcp = TcpStream::connect(&front.fallback).await.ok()?;
-    let _ = tcp.set_nodelay(true);
+    let client = match front.fallback.strip_prefix("unix:") {
+        Some(path) => python_over(UnixStream::connect(path).await.ok()?).await?,
+        None => {
+            let tcp = TcpStream::connect(&front.fallback).await.ok()?;
+            let _ = tcp.set_nodelay(true);
+            python_over(tcp).await?
+        }
+    };
+    *front.python.borrow_mut() = Some(client.clone());
+    Some(client)
+}
+
+async fn python_over<T>(io: T) -> Option<h2::client::SendRequest<Bytes>>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+{
     let (client, conn) = h2::client::Builder::new()
         .initial_window_size(1 << 20)
         .initial_connection_window_size(1 << 22)
-        .handshake::<_, Bytes>(tcp)
+        .handshake::<_, Bytes>(io)
         .await
         .ok()?;
     tokio::task::spawn_local(async move {
         let _ = conn.await;
     });
-    *front.python.borrow_mut() = Some(client.clone());
     Some(client)
 }
 
@@ -668,7 +682,7 @@ async fn forward(
     };
     let mut request = Request::builder()
         .method(parts.method)
-        .uri(format!("http://{}{}", front.fallback, parts.uri.path()))
+        .uri(format!("http://localhost{}", parts.uri.path()))
         .body(())
         .expect("a valid request");
     *request.headers_mut() = parts.headers;

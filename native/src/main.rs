@@ -28,7 +28,7 @@ use std::process::ExitCode;
 fn usage() -> ExitCode {
     eprintln!(
         "usage: kubeserve-fastpath serve --listen HOST:PORT|fd:N --control PATH --fallback unix:PATH|HOST:PORT [--tls]\n\
-         \x20        [--grpc-listen HOST:PORT --grpc-control PATH --grpc-fallback HOST:PORT]\n\
+         \x20        [--grpc-listen HOST:PORT --grpc-control PATH --grpc-fallback unix:PATH|HOST:PORT]\n\
          \x20      kubeserve-fastpath probe HOST PORT REPLICA_ID METHOD PATH [BODY]\n\
          the data-plane secret comes from KUBESERVE_DATA_PLANE_SECRET(_FILE)"
     );

@@ -8,6 +8,7 @@ import importlib
 import os
 import queue
 import signal
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -474,3 +475,42 @@ def test_the_private_relay_method_is_not_reachable(channel: grpc.Channel) -> Non
     metadata = (("x-kubeserve-relay", "a b c#d e 200 0"), ("x-kubeserve-signature", "00"))
     raised = rpc_error(relay, b"C", metadata=metadata)
     assert raised.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def _native_args(grpc_port: int) -> list[str]:
+    """The command line of the native process serving ``grpc_port``."""
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes().decode().split("\0")
+        except (OSError, ValueError):
+            continue
+        if (
+            args
+            and args[0].endswith("kubeserve-fastpath")
+            and "--grpc-listen" in args
+            and args[args.index("--grpc-listen") + 1].endswith(f":{grpc_port}")
+        ):
+            return args
+    raise AssertionError(f"no kubeserve-fastpath process serves gRPC on {grpc_port}")
+
+
+def test_the_python_grpc_server_behind_the_native_front_is_a_private_unix_socket(
+    request: pytest.FixtureRequest, instance: tuple[Kubeserve, int], channel: grpc.Channel
+) -> None:
+    """Behind the native front, the Python grpc.aio server listens on a unix socket in a
+    directory only the proxy's user may enter (as the HTTP hand-off's), no TCP port: no other
+    local process reaches it and skips the native front."""
+    if request.node.callspec.params["instance"] != "native":
+        pytest.skip("the native gRPC front only")
+    args = _native_args(instance[1])
+    fallback = args[args.index("--grpc-fallback") + 1]
+    assert fallback.startswith("unix:"), fallback
+    path = Path(fallback[len("unix:") :])
+    assert path.is_socket()
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    http_fallback = args[args.index("--fallback") + 1]
+    assert Path(http_fallback[len("unix:") :]).parent == path.parent
+    # and what it serves is reached through it: a call the native front hands over
+    pb2, stubs = module("ray_serve_api_pb2"), module("ray_serve_api_pb2_grpc")
+    answer = stubs.RayServeAPIServiceStub(channel).Healthz(pb2.HealthzRequest(), timeout=30)
+    assert answer.message == "success"

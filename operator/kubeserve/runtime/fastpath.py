@@ -160,12 +160,13 @@ class FastPath:
         *,
         listen_fd: int | None = None,
         tls: bool = False,
-        grpc: tuple[str, int, int] | None = None,
+        grpc: tuple[str, int, str] | None = None,
     ) -> None:
         """``listen_fd``: serve on this inherited listening socket instead of binding
         ``host:port``; ``tls``: serve HTTPS, from the first pair :meth:`push_tls` gives."""
         self.secret = secret
-        #: the gRPC front's host, port (0: a free one) and the Python gRPC server's private port
+        #: the gRPC front's host, port (0: a free one) and the Python gRPC server's private
+        #: listener (``unix:PATH``, or ``HOST:PORT``)
         self.grpc = grpc
         self.grpc_port: int | None = None
         self._grpc_control: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
@@ -253,7 +254,7 @@ class FastPath:
             "--grpc-control",
             self._grpc_socket(),
             "--grpc-fallback",
-            f"127.0.0.1:{fallback}",
+            fallback,
         )
 
     async def _call(self, message: dict[str, Any], *, grpc: bool = False) -> dict[str, Any]:

@@ -31,13 +31,15 @@ HTTP-only proxy never imports grpcio. What Ray documents, done the same way:
   DEADLINE_EXCEEDED past ``grpc_options.request_timeout_s``, the code a method set before it
   raised, else INTERNAL with the error (truncated to fit a trailer).
 
-With the native data path (``native=True``), the ``kubeserve-fastpath`` process owns
-``grpc_options.port`` and serves the common unary call itself (``native/src/grpc.rs``): this
-server listens on a private loopback port for the calls it hands over whole (HTTP/2 stream by
-stream), and answers ``kubeserve.internal.NativeRelay/Answer``, the replica answers only Python
-reads (a changed context, an error), signed by the native process with the data-plane secret.
-:meth:`GrpcIngress.native_methods` gives it each unary method's call pickle as a template whose
-holes it fills, so a replica gets the very bytes this ingress sends.
+With the native data path (``native``: the private socket's path), the
+``kubeserve-fastpath`` process owns ``grpc_options.port`` and serves the common unary call
+itself (``native/src/grpc.rs``): this server listens on a private unix socket (in the proxy's
+0700 directory, so no other local process reaches it behind the native front) for the calls it
+hands over whole (HTTP/2 stream by stream), and answers ``kubeserve.internal.NativeRelay/Answer``,
+the replica answers only Python reads (a changed context, an error), signed by the native
+process with the data-plane secret. :meth:`GrpcIngress.native_methods` gives it each unary
+method's call pickle as a template whose holes it fills, so a replica gets the very bytes this
+ingress sends.
 
 Calls reach replicas through a :class:`~kubeserve.runtime.handle_client.HandleClient` sharing
 the proxy's router, so HTTP and gRPC requests are counted against the same
@@ -183,12 +185,13 @@ class GrpcIngress:
         router: Router,
         access_log: AccessLog | None = None,
         metrics: GrpcProxyMetrics | None = None,
-        native: bool = False,
+        native: str | None = None,
     ) -> None:
-        """``native``: behind the native gRPC front, on a private loopback port."""
-        self.native = native
+        """``native``: behind the native gRPC front, on this private unix socket path."""
+        self.native = native is not None
+        self._socket = native
         self._secret = secret
-        if native:
+        if native is not None:
             host, options = (
                 "127.0.0.1",
                 GrpcOptions(
@@ -234,12 +237,23 @@ class GrpcIngress:
         if self.options.enable_reflection:
             _enable_reflection(server, sorted(set(self.services) - {SERVE_API_SERVICE}))
         host = "[::]" if self.host in ("0.0.0.0", "::", "") else self.host
-        self.port = server.add_insecure_port(f"{host}:{self.options.port}")
+        where = f"{host}:{self.options.port}" if self._socket is None else self.address
+        self.port = server.add_insecure_port(where)
         if not self.port:
-            raise OSError(f"cannot listen for gRPC on {host}:{self.options.port}")
+            raise OSError(f"cannot listen for gRPC on {where}")
         await server.start()
         self._server = server
-        log.info("gRPC listening on %s:%d for %s", host, self.port, sorted(self.services))
+        if self._socket is None:
+            where = f"{host}:{self.port}"
+        log.info("gRPC listening on %s for %s", where, sorted(self.services))
+
+    @property
+    def address(self) -> str:
+        """Where this server listens, as the native front's ``--grpc-fallback`` takes it:
+        ``unix:PATH`` behind the native front, else ``HOST:PORT``."""
+        if self._socket is not None:
+            return f"unix:{self._socket}"
+        return f"{self.host}:{self.port}"
 
     async def close(self) -> None:
         if self._server is not None:

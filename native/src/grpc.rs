@@ -32,19 +32,21 @@ use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use h2::{server::SendResponse, RecvStream};
+use h2::{server::SendResponse, RecvStream, SendStream};
 use hmac::{Hmac, Mac};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use serde_json::{json, Value};
 use sha2::Sha256;
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 
-use crate::channel::{self, ROLE_CONTROL};
-use crate::http::{parse_answer, Framing, ParsedAnswer};
-use crate::routing::{self, pick, Deployment, Pending, Registry, Replica, MAX_ACCESS};
+use crate::channel::{self, Channel, ROLE_CONTROL};
+use crate::frames::{self, Dechunker, FrameCutter, Piece};
+use crate::http::{parse_answer, Answer as Parsed, Framing, ParsedAnswer};
+use crate::routing::{self, pick, Deployment, Pending, Registry, Replica, Slot, MAX_ACCESS};
 
 /// The private service of the Python listener that answers a replica's pickled answer.
 pub const RELAY_PATH: &str = "/kubeserve.internal.NativeRelay/Answer";
@@ -69,6 +71,8 @@ struct Method {
     /// the deployment method called (`Method` of `/pkg.Service/Method`)
     name: String,
     template: Vec<Part>,
+    /// a server-streaming method (`/-/stream/<name>`), else unary (`/-/call/<name>`)
+    streaming: bool,
 }
 
 #[derive(Default)]
@@ -175,7 +179,7 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 
 /// Install a discovery snapshot and the method templates: `{"op": "state", "snapshot": ...,
 /// "methods": {"/pkg.S/M": {"name": "M", "template": [hex | "data" | "metadata" | "peer" |
-/// "request_id", ...]}}, "request_timeout_s": ..., "latency_buckets_ms": [...], "access_log": ...}`.
+/// "request_id", ...], "stream": bool}}, "request_timeout_s": ..., "latency_buckets_ms": [...], "access_log": ...}`.
 fn apply_state(front: &Front, msg: &Value) -> Result<(), String> {
     let snap = msg.get("snapshot").ok_or("snapshot: missing")?;
     let mut state = State::default();
@@ -210,6 +214,7 @@ fn apply_state(front: &Front, msg: &Value) -> Result<(), String> {
                 Rc::new(Method {
                     name: name.to_owned(),
                     template,
+                    streaming: m.get("stream").and_then(Value::as_bool).unwrap_or(false),
                 }),
             );
         }
@@ -262,6 +267,8 @@ struct Head {
     app: String,
     metadata: Vec<(String, String)>,
     request_id: String,
+    /// the client's `grpc-timeout`
+    client_timeout: Option<Duration>,
 }
 
 /// The call's head when it is one this module serves.
@@ -283,6 +290,7 @@ fn covered(front: &Front, request: &Request<RecvStream>) -> Option<Head> {
     let mut metadata = Vec::new();
     let mut app_name = "";
     let mut request_id = "";
+    let mut client_timeout = None;
     for (name, value) in headers {
         let key = name.as_str();
         if key == "content-type" || key == "te" {
@@ -291,6 +299,9 @@ fn covered(front: &Front, request: &Request<RecvStream>) -> Option<Head> {
         if key.starts_with("grpc-") {
             if key == "grpc-encoding" && value.as_bytes() != b"identity" {
                 return None;
+            }
+            if key == "grpc-timeout" {
+                client_timeout = Some(frames::grpc_timeout(value.as_bytes())?);
             }
             continue; // grpc core keeps its own headers out of the invocation metadata
         }
@@ -323,6 +334,7 @@ fn covered(front: &Front, request: &Request<RecvStream>) -> Option<Head> {
         app,
         metadata,
         request_id,
+        client_timeout,
     })
 }
 
@@ -370,11 +382,19 @@ async fn call(
         return hand_off(&front, request, chunks, respond).await;
     };
     let payload = fill(&head, &message[5..], &peer);
-    let answered = match front.request_timeout.get() {
+    let deadline = deadline(&front, &head);
+    if head.method.streaming {
+        let request = Request::from_parts(parts, ());
+        return stream(
+            &front, &head, slot, &payload, deadline, started, request, chunks, respond,
+        )
+        .await;
+    }
+    let answered = match &deadline {
         None => Ok(call_replica(&front, &slot.0, &head.method.name, &payload).await),
-        Some(limit) => {
+        Some((limit, _)) => {
             tokio::time::timeout(
-                limit,
+                *limit,
                 call_replica(&front, &slot.0, &head.method.name, &payload),
             )
             .await
@@ -388,12 +408,7 @@ async fn call(
             out.extend_from_slice(&[0]);
             out.extend_from_slice(&((reply.len() - 1) as u32).to_be_bytes());
             out.extend_from_slice(&reply[1..]);
-            let mut trailers = HeaderMap::new();
-            trailers.insert("grpc-status", HeaderValue::from_static("0"));
-            if let Ok(v) = HeaderValue::from_str(&head.request_id) {
-                trailers.insert("request_id", v);
-            }
-            send(respond, out.freeze(), trailers);
+            send(respond, out.freeze(), ok_trailers(&head));
             record(&front, &head, "OK", started);
         }
         Ok(Answer::Python(status, body)) => {
@@ -404,29 +419,46 @@ async fn call(
             hand_off_buffered(&front, Request::from_parts(parts, ()), chunks, respond).await;
         }
         Ok(Answer::Lost) => {
-            status_only(
-                respond,
-                14,
-                "the replica closed the connection before answering",
-            );
+            status_only(respond, 14, LOST);
             record(&front, &head, "UNAVAILABLE", started);
         }
         Err(_) => {
-            // as Python prints the float `grpc_options.request_timeout_s`
-            let mut limit = format!(
-                "{}",
-                front
-                    .request_timeout
-                    .get()
-                    .unwrap_or_default()
-                    .as_secs_f64()
-            );
-            if !limit.contains('.') && !limit.contains('e') {
-                limit.push_str(".0");
-            }
-            status_only(respond, 4, &format!("Request timed out after {limit}s."));
+            let (_, details) = deadline.unwrap_or_default();
+            status_only(respond, 4, &details);
             record(&front, &head, "DEADLINE_EXCEEDED", started);
         }
+    }
+}
+
+const LOST: &str = "the replica closed the connection before answering";
+
+/// `grpc-status: 0` and the call's `request_id`.
+fn ok_trailers(head: &Head) -> HeaderMap {
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    if let Ok(v) = HeaderValue::from_str(&head.request_id) {
+        trailers.insert("request_id", v);
+    }
+    trailers
+}
+
+/// When a call natively served ends DEADLINE_EXCEEDED, and the details it says: the sooner of
+/// `grpc_options.request_timeout_s` (Ray's words) and the client's `grpc-timeout` (grpc core's).
+fn deadline(front: &Front, head: &Head) -> Option<(Duration, String)> {
+    let ours = front.request_timeout.get().map(|limit| {
+        // as Python prints the float `grpc_options.request_timeout_s`
+        let mut shown = format!("{}", limit.as_secs_f64());
+        if !shown.contains('.') && !shown.contains('e') {
+            shown.push_str(".0");
+        }
+        (limit, format!("Request timed out after {shown}s."))
+    });
+    let theirs = head
+        .client_timeout
+        .map(|limit| (limit, "Deadline Exceeded".to_owned()));
+    match (ours, theirs) {
+        (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
+        (a, b) => a.or(b),
     }
 }
 
@@ -474,7 +506,15 @@ enum Answer {
     Lost,
 }
 
-async fn call_replica(front: &Front, replica: &Replica, method: &str, body: &[u8]) -> Answer {
+/// A handle call written to `replica` (`prefix`: `/-/call/` or `/-/stream/`) and the head of its
+/// answer: the connection, the head and the plain bytes read so far (the head's included).
+async fn open_call(
+    front: &Front,
+    replica: &Replica,
+    prefix: &str,
+    method: &str,
+    body: &[u8],
+) -> Result<(Channel, Parsed, Vec<u8>), Answer> {
     let mut ch = match routing::take_idle(&replica.idle_calls) {
         Some(ch) => ch,
         None => match channel::connect_as(
@@ -487,11 +527,11 @@ async fn call_replica(front: &Front, replica: &Replica, method: &str, body: &[u8
         .await
         {
             Ok(ch) => ch,
-            Err(_) => return Answer::NotStarted,
+            Err(_) => return Err(Answer::NotStarted),
         },
     };
     let head = format!(
-        "POST /-/call/{method} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+        "POST {prefix}{method} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
         replica.host,
         replica.port,
         body.len()
@@ -502,43 +542,64 @@ async fn call_replica(front: &Front, replica: &Replica, method: &str, body: &[u8
     let mut sealed = Vec::with_capacity(plain_request.len() + 64);
     ch.sealer.seal_into(&plain_request, &mut sealed);
     if ch.stream.write_all(&sealed).await.is_err() {
-        return Answer::Lost;
+        return Err(Answer::Lost);
     }
-    let mut raw = vec![0u8; 64 * 1024];
+    let mut raw = vec![0u8; 16 * 1024];
     let mut plain = Vec::with_capacity(16 * 1024);
-    let answer = loop {
+    loop {
         let n = match ch.stream.read(&mut raw).await {
-            Ok(0) | Err(_) => return Answer::Lost,
+            Ok(0) | Err(_) => return Err(Answer::Lost),
             Ok(n) => n,
         };
         if ch.opener.feed(&raw[..n], &mut plain).is_err() {
-            return Answer::Lost;
+            return Err(Answer::Lost);
         }
         match parse_answer(&plain, false) {
             ParsedAnswer::Partial => {}
-            ParsedAnswer::Bad => return Answer::Lost,
-            ParsedAnswer::Head(a) => break a,
+            ParsedAnswer::Bad => return Err(Answer::Lost),
+            ParsedAnswer::Head(a) => return Ok((ch, a, plain)),
         }
-    };
+    }
+}
+
+/// The rest of a `Content-Length` answer; the connection pooled again when the replica keeps it.
+async fn length_body(
+    replica: &Replica,
+    mut ch: Channel,
+    answer: &Parsed,
+    mut plain: Vec<u8>,
+) -> Result<Bytes, Answer> {
     let Framing::Length(n) = answer.framing else {
-        return Answer::Lost;
+        return Err(Answer::Lost);
     };
+    let mut raw = vec![0u8; 64 * 1024];
     while plain.len() < answer.head_len + n {
         let got = match ch.stream.read(&mut raw).await {
-            Ok(0) | Err(_) => return Answer::Lost,
+            Ok(0) | Err(_) => return Err(Answer::Lost),
             Ok(got) => got,
         };
         if ch.opener.feed(&raw[..got], &mut plain).is_err() {
-            return Answer::Lost;
+            return Err(Answer::Lost);
         }
     }
     if plain.len() != answer.head_len + n {
-        return Answer::Lost;
+        return Err(Answer::Lost);
     }
     if !answer.close {
         replica.idle_calls.borrow_mut().push(ch);
     }
-    let body = Bytes::copy_from_slice(&plain[answer.head_len..]);
+    Ok(Bytes::copy_from_slice(&plain[answer.head_len..]))
+}
+
+async fn call_replica(front: &Front, replica: &Replica, method: &str, body: &[u8]) -> Answer {
+    let (ch, answer, plain) = match open_call(front, replica, "/-/call/", method, body).await {
+        Ok(opened) => opened,
+        Err(failed) => return failed,
+    };
+    let body = match length_body(replica, ch, &answer, plain).await {
+        Ok(body) => body,
+        Err(failed) => return failed,
+    };
     if answer.unserved {
         return Answer::NotStarted;
     }
@@ -654,6 +715,19 @@ where
     Some(client)
 }
 
+/// The connection to the Python listener, ready for a call: one the server closed (GOAWAY) is
+/// remade once.
+async fn python_ready(front: &Front) -> Option<h2::client::SendRequest<Bytes>> {
+    for _ in 0..2 {
+        let client = python(front).await?;
+        match client.ready().await {
+            Ok(client) => return Some(client),
+            Err(_) => *front.python.borrow_mut() = None,
+        }
+    }
+    None
+}
+
 /// The call, its head as the client sent it, to the Python listener: `body` was read already,
 /// `rest` follows; the answer is relayed to the client as it comes.
 async fn forward(
@@ -663,21 +737,7 @@ async fn forward(
     rest: Option<RecvStream>,
     mut respond: SendResponse<Bytes>,
 ) {
-    // a connection the server closed (GOAWAY) is remade once
-    let mut ready = None;
-    for _ in 0..2 {
-        let Some(client) = python(front).await else {
-            break;
-        };
-        match client.ready().await {
-            Ok(client) => {
-                ready = Some(client);
-                break;
-            }
-            Err(_) => *front.python.borrow_mut() = None,
-        }
-    }
-    let Some(mut client) = ready else {
+    let Some(mut client) = python_ready(front).await else {
         return status_only(respond, 14, "the proxy's gRPC server is unreachable");
     };
     let mut request = Request::builder()
@@ -783,7 +843,25 @@ async fn relay(
     started: Instant,
     respond: SendResponse<Bytes>,
 ) {
-    let fields = [
+    let Some((request, message)) = relay_request(front, head, status, &body, started, false) else {
+        return status_only(respond, 13, "unprintable call fields");
+    };
+    let (parts, ()) = request.into_parts();
+    forward(front, parts, vec![message], None, respond).await;
+}
+
+/// The relay call of a replica's answer (`status`, `body`), signed with the data-plane secret
+/// (HMAC-SHA256 over the fields and the body); `item`: one item of a stream the native front
+/// serves (answered with the message, the context as `x-kubeserve-*` trailers, not counted).
+fn relay_request(
+    front: &Front,
+    head: &Head,
+    status: u16,
+    body: &[u8],
+    started: Instant,
+    item: bool,
+) -> Option<(Request<()>, Bytes)> {
+    let mut fields = [
         head.full.as_str(),
         head.app.as_str(),
         head.dep.key.as_str(),
@@ -792,11 +870,14 @@ async fn relay(
         &format!("{:.3}", started.elapsed().as_secs_f64() * 1000.0),
     ]
     .join("\n");
+    if item {
+        fields.push_str("\nitem");
+    }
     let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&front.secret).expect("any key");
     mac.update(b"kubeserve-grpc-relay\n");
     mac.update(fields.as_bytes());
     mac.update(b"\n");
-    mac.update(&body);
+    mac.update(body);
     let signature: String = mac
         .finalize()
         .into_bytes()
@@ -806,7 +887,7 @@ async fn relay(
     let mut message = BytesMut::with_capacity(body.len() + 5);
     message.extend_from_slice(&[0]);
     message.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    message.extend_from_slice(&body);
+    message.extend_from_slice(body);
     let mut request = Request::builder()
         .method("POST")
         .uri(RELAY_PATH)
@@ -819,15 +900,373 @@ async fn relay(
         ("x-kubeserve-relay", fields.replace('\n', "\t")),
         ("x-kubeserve-signature", signature),
     ] {
-        match HeaderValue::from_str(&value) {
-            Ok(v) => {
-                headers.insert(name, v);
+        headers.insert(name, HeaderValue::from_str(&value).ok()?);
+    }
+    Some((request, message.freeze()))
+}
+
+/// A relay call's whole answer: its messages (gRPC-framed) and its status (the trailers, or the
+/// head of a trailers-only answer). The answer is one item's message at most, already held here.
+async fn relay_collect(
+    front: &Front,
+    request: Request<()>,
+    message: Bytes,
+) -> Option<(Vec<Bytes>, HeaderMap)> {
+    let mut client = python_ready(front).await?;
+    let (parts, ()) = request.into_parts();
+    let mut request = Request::builder()
+        .method(parts.method)
+        .uri(format!("http://localhost{}", parts.uri.path()))
+        .body(())
+        .expect("a valid request");
+    *request.headers_mut() = parts.headers;
+    let (answer, mut upload) = client.send_request(request, false).ok()?;
+    upload.send_data(message, true).ok()?;
+    let (head, mut body) = answer.await.ok()?.into_parts();
+    if head.headers.contains_key("grpc-status") {
+        return Some((Vec::new(), head.headers));
+    }
+    let mut data = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.ok()?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        data.push(chunk);
+    }
+    Some((data, body.trailers().await.ok()??))
+}
+
+// -- server-streaming calls -------------------------------------------------------------------
+
+/// Largest frame of a stream held whole (an item whose method changed its context, an error):
+/// those go to Python, and a message the method yielded bare passes through in pieces.
+const MAX_WHOLE_FRAME: usize = 64 * 1024 * 1024;
+/// Messages read in one go are sent to the client in DATA frames of up to this many bytes.
+const COALESCE: usize = 32 * 1024;
+
+/// How a natively served stream ended.
+enum Ended {
+    /// the end frame: the status to send (`grpc-status` in the trailers)
+    Done(HeaderMap, &'static str),
+    /// the method raised: Python answered the status (and counted the call)
+    Relayed(HeaderMap),
+    /// the client reset the stream
+    Cancelled,
+    /// the replica's answer broke off, or was not one
+    Broken(&'static str),
+}
+
+/// A server-streaming call served natively: `POST /-/stream/<method>` to the chosen replica,
+/// each item the method yields bare (`M`) relayed as a message as it comes, in pieces, never
+/// more held than one read of the replica's connection (HTTP/2 flow control: the replica is
+/// read only once the client's window took what was read); an item with a changed context or
+/// an error goes to Python's relay method. Ends at the deadline (DEADLINE_EXCEEDED) or when
+/// the client resets the stream (the replica's connection is closed: its generator stops).
+#[allow(clippy::too_many_arguments)]
+async fn stream(
+    front: &Front,
+    head: &Head,
+    slot: Slot,
+    payload: &[u8],
+    deadline: Option<(Duration, String)>,
+    started: Instant,
+    request: Request<()>,
+    chunks: Vec<Bytes>,
+    mut respond: SendResponse<Bytes>,
+) {
+    let at = deadline
+        .as_ref()
+        .map(|(limit, _)| tokio::time::Instant::from_std(started) + *limit);
+    let opening = open_call(front, &slot.0, "/-/stream/", &head.method.name, payload);
+    let opened = match at {
+        None => Ok(opening.await),
+        Some(at) => tokio::time::timeout_at(at, opening).await,
+    };
+    let (ch, answer, plain) = match opened {
+        Err(_) => {
+            let (_, details) = deadline.unwrap_or_default();
+            status_only(respond, 4, &details);
+            return record(front, head, "DEADLINE_EXCEEDED", started);
+        }
+        Ok(Err(Answer::NotStarted)) => {
+            drop(slot);
+            return hand_off_buffered(front, request, chunks, respond).await;
+        }
+        Ok(Err(_)) => {
+            status_only(respond, 14, LOST);
+            return record(front, head, "UNAVAILABLE", started);
+        }
+        Ok(Ok(opened)) => opened,
+    };
+    if answer.unserved {
+        drop((slot, ch));
+        return hand_off_buffered(front, request, chunks, respond).await;
+    }
+    if answer.status != 200 || !matches!(answer.framing, Framing::Chunked) {
+        // the method raised before its first item (500), or the replica refused the call
+        let body = match length_body(&slot.0, ch, &answer, plain).await {
+            Ok(body) => body,
+            Err(_) => {
+                status_only(respond, 14, LOST);
+                return record(front, head, "UNAVAILABLE", started);
             }
-            Err(_) => return status_only(respond, 13, "unprintable call fields"),
+        };
+        drop(slot);
+        front.counters.borrow_mut().relayed += 1;
+        return relay(front, head, answer.status, body, started, respond).await;
+    }
+    let response = Response::builder()
+        .status(200)
+        .header("content-type", "application/grpc")
+        .body(())
+        .expect("a valid response");
+    let Ok(mut out) = respond.send_response(response, false) else {
+        return;
+    };
+    let mut ch = ch;
+    let mut dechunker = Dechunker::default();
+    let pumped = pump(
+        front,
+        head,
+        started,
+        &mut ch,
+        &mut dechunker,
+        &plain[answer.head_len..],
+        &mut out,
+    );
+    let ended = match at {
+        None => pumped.await,
+        Some(at) => match tokio::time::timeout_at(at, pumped).await {
+            Ok(ended) => ended,
+            Err(_) => {
+                let (_, details) = deadline.unwrap_or_default();
+                let _ = out.send_trailers(status_trailers(4, &details));
+                return record(front, head, "DEADLINE_EXCEEDED", started);
+            }
+        },
+    };
+    match ended {
+        Ended::Done(trailers, code) => {
+            let _ = out.send_trailers(trailers);
+            front.counters.borrow_mut().served += 1;
+            record(front, head, code, started);
+            let replica = slot.0.clone();
+            drop(slot);
+            // the answer's last bytes (the chunked end) may follow the end frame: then the
+            // connection serves the next call
+            let finished =
+                tokio::time::timeout(Duration::from_secs(1), finish(&mut ch, &mut dechunker));
+            if matches!(finished.await, Ok(true)) && !answer.close {
+                replica.idle_calls.borrow_mut().push(ch);
+            }
+        }
+        Ended::Relayed(trailers) => {
+            front.counters.borrow_mut().relayed += 1;
+            let _ = out.send_trailers(trailers);
+        }
+        Ended::Cancelled => record(front, head, "CANCELLED", started),
+        Ended::Broken(details) => {
+            let _ = out.send_trailers(status_trailers(14, details));
+            record(front, head, "UNAVAILABLE", started);
         }
     }
-    let (parts, ()) = request.into_parts();
-    forward(front, parts, vec![message.freeze()], None, respond).await;
+}
+
+/// Read the rest of a chunked answer whose end frame came: true when it ended cleanly.
+async fn finish(ch: &mut Channel, dechunker: &mut Dechunker) -> bool {
+    let mut raw = vec![0u8; 1024];
+    let mut plain = Vec::new();
+    let mut body = Vec::new();
+    loop {
+        match dechunker.feed(&plain, &mut body) {
+            Ok(true) => return body.is_empty(),
+            Ok(false) if body.is_empty() => {}
+            _ => return false,
+        }
+        plain.clear();
+        match ch.stream.read(&mut raw).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => {
+                if ch.opener.feed(&raw[..n], &mut plain).is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// The frames of the replica's answer to the client, until the end frame, an error frame, a
+/// broken answer or the client's reset.
+async fn pump(
+    front: &Front,
+    head: &Head,
+    started: Instant,
+    ch: &mut Channel,
+    dechunker: &mut Dechunker,
+    first: &[u8],
+    out: &mut SendStream<Bytes>,
+) -> Ended {
+    let mut cutter = FrameCutter::new(MAX_WHOLE_FRAME);
+    let mut body = Vec::new();
+    let Ok(mut ended) = dechunker.feed(first, &mut body) else {
+        return Ended::Broken(LOST);
+    };
+    cutter.push(&body);
+    let mut pending = BytesMut::new();
+    let mut context: Option<HeaderMap> = None;
+    let mut raw = vec![0u8; 64 * 1024];
+    let mut plain = Vec::with_capacity(64 * 1024);
+    loop {
+        loop {
+            let piece = match cutter.next() {
+                Ok(Some(piece)) => piece,
+                Ok(None) => break,
+                Err(_) => return Ended::Broken(LOST),
+            };
+            match piece {
+                Piece::MessageStart(len) => {
+                    pending.extend_from_slice(&[0]);
+                    pending.extend_from_slice(&(len as u32).to_be_bytes());
+                }
+                Piece::Bytes(b) => pending.extend_from_slice(&b),
+                Piece::End => {
+                    if send_capped(out, &mut pending).await.is_err() {
+                        return Ended::Cancelled;
+                    }
+                    return match context {
+                        None => Ended::Done(ok_trailers(head), "OK"),
+                        Some(trailers) => context_status(trailers),
+                    };
+                }
+                Piece::Whole(kind, frame) => {
+                    if send_capped(out, &mut pending).await.is_err() {
+                        return Ended::Cancelled;
+                    }
+                    let status = if kind == b'E' { 500 } else { 200 };
+                    let Some((request, message)) =
+                        relay_request(front, head, status, &frame, started, kind == b'I')
+                    else {
+                        return Ended::Broken("unprintable call fields");
+                    };
+                    let Some((data, trailers)) = relay_collect(front, request, message).await
+                    else {
+                        return Ended::Broken("the proxy's gRPC server is unreachable");
+                    };
+                    if kind == b'E' {
+                        return Ended::Relayed(status_of(trailers));
+                    }
+                    for d in data {
+                        if d.first() != Some(&0) {
+                            return Ended::Broken("a compressed message from the relay");
+                        }
+                        pending.extend_from_slice(&d);
+                    }
+                    context = Some(trailers);
+                }
+            }
+            if pending.len() >= COALESCE && send_capped(out, &mut pending).await.is_err() {
+                return Ended::Cancelled;
+            }
+        }
+        if ended {
+            return Ended::Broken(LOST); // the answer ended without its end frame
+        }
+        if send_capped(out, &mut pending).await.is_err() {
+            return Ended::Cancelled;
+        }
+        let n = tokio::select! {
+            read = ch.stream.read(&mut raw) => match read {
+                Ok(0) | Err(_) => return Ended::Broken(LOST),
+                Ok(n) => n,
+            },
+            _ = std::future::poll_fn(|cx| out.poll_reset(cx)) => return Ended::Cancelled,
+        };
+        plain.clear();
+        if ch.opener.feed(&raw[..n], &mut plain).is_err() {
+            return Ended::Broken(LOST);
+        }
+        body.clear();
+        match dechunker.feed(&plain, &mut body) {
+            Ok(done) => ended = done,
+            Err(()) => return Ended::Broken(LOST),
+        }
+        cutter.push(&body);
+    }
+}
+
+/// Send `pending` as the client's window allows (HTTP/2 flow control): Err when the client
+/// reset the stream.
+async fn send_capped(out: &mut SendStream<Bytes>, pending: &mut BytesMut) -> Result<(), ()> {
+    while !pending.is_empty() {
+        out.reserve_capacity(pending.len());
+        let capacity = std::future::poll_fn(|cx| {
+            if out.poll_reset(cx).is_ready() {
+                return Poll::Ready(Err(()));
+            }
+            if out.capacity() > 0 {
+                return Poll::Ready(Ok(out.capacity()));
+            }
+            match out.poll_capacity(cx) {
+                Poll::Ready(Some(Ok(n))) if n > 0 => Poll::Ready(Ok(n)),
+                Poll::Ready(Some(Ok(_))) => Poll::Pending,
+                Poll::Ready(Some(Err(_)) | None) => Poll::Ready(Err(())),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await?;
+        let chunk = pending.split_to(capacity.min(pending.len())).freeze();
+        out.send_data(chunk, false).map_err(|_| ())?;
+    }
+    Ok(())
+}
+
+/// The trailers of a stream whose items came with a changed context (the last one's, as the
+/// relay answered it: `x-kubeserve-code` and `-details`, the trailing metadata as is).
+fn context_status(relayed: HeaderMap) -> Ended {
+    let mut trailers = HeaderMap::new();
+    let mut code = 0u32;
+    let mut details = String::new();
+    for (name, value) in &relayed {
+        match name.as_str() {
+            "x-kubeserve-code" => {
+                code = value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(2)
+            }
+            "x-kubeserve-details" => details = value.to_str().unwrap_or_default().to_owned(),
+            "grpc-status" | "grpc-message" | "content-type" => {}
+            _ => {
+                trailers.append(name.clone(), value.clone());
+            }
+        }
+    }
+    let mut status = HeaderMap::new();
+    status.insert("grpc-status", HeaderValue::from(code.min(16) as u16));
+    if let Ok(v) = HeaderValue::from_str(&details) {
+        if !details.is_empty() {
+            status.insert("grpc-message", v); // percent-encoded by the relay already
+        }
+    }
+    for (name, value) in &trailers {
+        status.append(name.clone(), value.clone());
+    }
+    Ended::Done(status, frames::code_name(code))
+}
+
+/// A relay answer's status and trailing metadata, as trailers (without what only a head has).
+fn status_of(mut headers: HeaderMap) -> HeaderMap {
+    headers.remove("content-type");
+    headers
+}
+
+fn status_trailers(code: u8, details: &str) -> HeaderMap {
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from(code as u16));
+    if let Ok(v) = HeaderValue::from_str(&percent_encode(details)) {
+        trailers.insert("grpc-message", v);
+    }
+    trailers
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@
 //! `probe`: one request over a fresh sealed connection, the answer on stdout (tests, debugging).
 
 mod channel;
+mod frames;
 mod grpc;
 mod http;
 mod routing;

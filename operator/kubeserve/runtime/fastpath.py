@@ -338,8 +338,9 @@ class FastPath:
         latency_buckets_ms: list[float],
         access_log: bool,
     ) -> None:
-        """Install a snapshot and the unary methods it serves (``GrpcIngress.native_methods``)
-        in the gRPC front; ``request_timeout_s``: ``grpc_options.request_timeout_s``."""
+        """Install a snapshot and the unary and server-streaming methods it serves
+        (``GrpcIngress.native_methods``) in the gRPC front; ``request_timeout_s``:
+        ``grpc_options.request_timeout_s``."""
         message = {
             "op": "state",
             "snapshot": snapshot,

@@ -324,34 +324,46 @@ class GrpcIngress:
         return _string_field(1, message)  # HealthzResponse { string message = 1; }
 
     def native_methods(self) -> dict[str, dict[str, Any]]:
-        """What the native gRPC front serves: each unary method's name and call template
-        (:func:`native_template`)."""
+        """What the native gRPC front serves: each unary and server-streaming method's name, call
+        template (:func:`native_template`; a stream's call is the same pickle) and ``stream``."""
         methods: dict[str, dict[str, Any]] = {}
         for service, recorded in self.services.items():
             if service in (SERVE_API_SERVICE, NATIVE_RELAY_SERVICE):
                 continue
             for name, method in recorded.items():
-                if method.request_streaming or method.response_streaming:
+                if method.request_streaming:
                     continue
                 template = native_template(name, method.request_deserializer)
                 if template is not None:
-                    methods[f"/{service}/{name}"] = {"name": name, "template": template}
+                    methods[f"/{service}/{name}"] = {
+                        "name": name,
+                        "template": template,
+                        "stream": bool(method.response_streaming),
+                    }
         return methods
 
     async def _native_relay(self, request: bytes, grpc_context: Any) -> bytes:
         """A replica's answer the native front cannot read (a changed context, an error),
-        answered as :meth:`_unary_handler` answers it; unsigned: as an unknown method."""
+        answered as :meth:`_unary_handler` answers it; unsigned: as an unknown method.
+
+        With a seventh field ``item``: one item of a server stream the native front serves,
+        whose method changed its context: answered with the item's message and the context as
+        trailers the native front ends the stream with (``x-kubeserve-code``, ``-details``, the
+        trailing metadata), status OK; not counted (the native front counts the stream)."""
         metadata = dict(grpc_context.invocation_metadata())
         fields = str(metadata.get("x-kubeserve-relay", ""))
         signature = str(metadata.get("x-kubeserve-signature", ""))
         signed = b"kubeserve-grpc-relay\n" + fields.replace("\t", "\n").encode() + b"\n" + request
         expected = hmac.new(self._secret, signed, hashlib.sha256).hexdigest()
         parts = fields.split("\t")
-        if not hmac.compare_digest(expected, signature) or len(parts) != 6:
+        item = len(parts) == 7 and parts[6] == "item"
+        if not hmac.compare_digest(expected, signature) or not (len(parts) == 6 or item):
             grpc_context.set_code(grpc.StatusCode.UNIMPLEMENTED)
             grpc_context.set_details("Method not found!")
             return b""
-        full, app, key, request_id, status, elapsed_ms = parts
+        if item:
+            return _stream_item(request, grpc_context)
+        full, app, key, request_id, status, elapsed_ms = parts[:6]
         deployment = key.rpartition("#")[2]
         started = time.perf_counter() - float(elapsed_ms) / 1000.0
         code = grpc.StatusCode.OK
@@ -646,6 +658,24 @@ async def _only(items: AsyncGenerator[Any, None]) -> Any:
         raise RuntimeError("the replica sent no answer")
     finally:
         await items.aclose()
+
+
+def _stream_item(answer: bytes, grpc_context: Any) -> bytes:
+    """One item of a natively served stream (:meth:`GrpcIngress._native_relay`): its message,
+    and its context as trailers (status OK: a code set mid-stream is the stream's, at its end)."""
+    reply, payload = decode_grpc_answer(answer)
+    if reply is not None:
+        trailers = list(reply._trailing_metadata)
+        if reply._code:
+            trailers.append(("x-kubeserve-code", str(reply._code.value[0])))
+        if reply._details:  # as grpc-message spells it (percent-encoded UTF-8)
+            encoded = "".join(
+                chr(b) if 0x20 <= b < 0x7F and b != 0x25 else f"%{b:02X}"
+                for b in str(reply._details).encode()
+            )
+            trailers.append(("x-kubeserve-details", encoded))
+        grpc_context.set_trailing_metadata(tuple(trailers))
+    return payload
 
 
 def _current_id() -> str:

@@ -4,25 +4,30 @@
 //! HTTP/2 multiplexes calls on one connection, so a connection cannot be spliced to Python as the
 //! HTTP/1.1 path does: the hand-off is per call (per HTTP/2 stream). The native process is an
 //! HTTP/2 client of the proxy's private gRPC listener (`--grpc-fallback unix:PATH`, a socket in a
-//! directory only the proxy's user may enter; or `HOST:PORT`) and proxies
-//! the whole stream of each call it does not serve (headers, messages, trailers, both ways), so
-//! reflection, `RayServeAPIService`, streaming methods, unknown applications, multiplexed models,
-//! binary metadata, compressed messages and calls no replica below its cap can take are the
-//! Python server's, unchanged.
+//! directory only the proxy's user may enter; or `HOST:PORT`) and proxies the whole stream of
+//! each call it does not serve (headers, messages, trailers, both ways), so reflection,
+//! `RayServeAPIService`, client-streaming and bidirectional methods, unknown applications,
+//! multiplexed models, binary metadata, compressed messages and calls no replica below its cap
+//! can take are the Python server's, unchanged.
 //!
-//! What it serves: a unary method the Python proxy listed (op `state`, with each method's call
-//! template), one uncompressed message, no `-bin` metadata, no `multiplexed_model_id`, the
-//! application the `application` metadata names (any when only one has a route). The call goes
-//! to a replica of the ingress deployment below its `max_ongoing_requests` as
-//! `POST /-/call/<Method>` over a CONTROL connection of the sealed channel, its body the pickle
-//! the Python ingress sends (`grpc_ingress.native_template`: the template's holes filled with the
-//! message, the invocation metadata, the peer and the request id), so replicas are unchanged.
-//! An answer that is only the message (`M`) is relayed with `grpc-status: 0` and the `request_id`
-//! trailer. Any other answer (the method changed its context: `C`; an error) is a pickle only
+//! What it serves: a unary or server-streaming method the Python proxy listed (op `state`, with
+//! each method's call template), one uncompressed message, no `-bin` metadata, no
+//! `multiplexed_model_id`, the application the `application` metadata names (any when only one
+//! has a route). The call goes to a replica of the ingress deployment below its
+//! `max_ongoing_requests` (`routing::pick`, shared with the HTTP front) as `POST
+//! /-/call/<Method>` (a stream: `/-/stream/<Method>`) over a CONTROL connection of the sealed
+//! channel, its body the pickle the Python ingress sends (`grpc_ingress.native_template`: the
+//! template's holes filled with the message, the invocation metadata, the peer and the request
+//! id), so replicas are unchanged. An answer (a stream's item) that is only the message (`M`) is
+//! relayed as is, with `grpc-status: 0` and the `request_id` trailer at the end; a stream's
+//! messages pass through in pieces as the replica yields them (`frames.rs`), under HTTP/2 flow
+//! control. Any other answer (the method changed its context: `C`; an error) is a pickle only
 //! Python reads: it goes to the private listener as a call of `kubeserve.internal.NativeRelay`,
 //! signed with the data-plane secret (HMAC-SHA256, checked before anything is unpickled), whose
-//! handler answers exactly what the Python ingress answers, and that answer is relayed. A replica
-//! that did not start the call (unserved) leaves it to the Python server whole.
+//! handler answers exactly what the Python ingress answers, and that answer is relayed (a
+//! stream's item: its message, its context kept for the stream's status). A replica that did not
+//! start the call (unserved) leaves it to the Python server whole. `grpc_options.request_timeout_s`
+//! and the client's `grpc-timeout` (the sooner) end a call served here DEADLINE_EXCEEDED.
 //!
 //! Calls answered here are counted per (method, deployment key, code) and taken by the Python
 //! proxy with op `take_records` on this module's own control socket (`--grpc-control`).

@@ -644,13 +644,18 @@ fn record(front: &Front, head: &Head, code: &'static str, started: Instant) {
     }
 }
 
-fn send(mut respond: SendResponse<Bytes>, message: Bytes, trailers: HeaderMap) {
+/// The head of an answer with messages (200, `application/grpc`); None when the client left.
+fn open_answer(mut respond: SendResponse<Bytes>) -> Option<SendStream<Bytes>> {
     let response = Response::builder()
         .status(200)
         .header("content-type", "application/grpc")
         .body(())
         .expect("a valid response");
-    let Ok(mut stream) = respond.send_response(response, false) else {
+    respond.send_response(response, false).ok()
+}
+
+fn send(respond: SendResponse<Bytes>, message: Bytes, trailers: HeaderMap) {
+    let Some(mut stream) = open_answer(respond) else {
         return;
     };
     let _ = stream.send_data(message, false);
@@ -976,7 +981,7 @@ async fn stream(
     started: Instant,
     request: Request<()>,
     chunks: Vec<Bytes>,
-    mut respond: SendResponse<Bytes>,
+    respond: SendResponse<Bytes>,
 ) {
     let at = deadline
         .as_ref()
@@ -1019,12 +1024,7 @@ async fn stream(
         front.counters.borrow_mut().relayed += 1;
         return relay(front, head, answer.status, body, started, respond).await;
     }
-    let response = Response::builder()
-        .status(200)
-        .header("content-type", "application/grpc")
-        .body(())
-        .expect("a valid response");
-    let Ok(mut out) = respond.send_response(response, false) else {
+    let Some(mut out) = open_answer(respond) else {
         return;
     };
     let mut ch = ch;

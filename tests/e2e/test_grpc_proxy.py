@@ -517,6 +517,11 @@ def test_the_private_relay_method_is_not_reachable(channel: grpc.Channel) -> Non
 
 def _native_args(grpc_port: int) -> list[str]:
     """The command line of the native process serving ``grpc_port``."""
+    return _native_process(grpc_port)[1]
+
+
+def _native_process(grpc_port: int) -> tuple[int, list[str]]:
+    """The pid and command line of the native process serving ``grpc_port``."""
     for entry in Path("/proc").iterdir():
         try:
             args = (entry / "cmdline").read_bytes().decode().split("\0")
@@ -528,7 +533,7 @@ def _native_args(grpc_port: int) -> list[str]:
             and "--grpc-listen" in args
             and args[args.index("--grpc-listen") + 1].endswith(f":{grpc_port}")
         ):
-            return args
+            return int(entry.name), args
     raise AssertionError(f"no kubeserve-fastpath process serves gRPC on {grpc_port}")
 
 
@@ -561,17 +566,6 @@ def _rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def _native_pid(grpc_port: int) -> int:
-    for entry in Path("/proc").iterdir():
-        try:
-            args = (entry / "cmdline").read_bytes().decode().split("\0")
-        except (OSError, ValueError):
-            continue
-        if args == _native_args(grpc_port):
-            return int(entry.name)
-    raise AssertionError("no native process")
-
-
 def test_the_native_front_serves_server_streams_itself_with_backpressure(
     request: pytest.FixtureRequest, instance: tuple[Kubeserve, int], channel: grpc.Channel
 ) -> None:
@@ -590,7 +584,7 @@ def test_the_native_front_serves_server_streams_itself_with_backpressure(
         call = stub.Count(ask("f", 50), metadata=metadata, timeout=20)
         assert [a.index for a in call] == list(range(50))
         assert ("request_id", "frozen-stream") in list(call.trailing_metadata())
-        native = _native_pid(grpc_port)
+        native, _ = _native_process(grpc_port)
         before = _rss_kib(native)
         # 1 KiB messages, far more than every window and buffer on the way: read 10, then pause
         slow = stub.Ticks(ask("x" * 1024, 10**6), metadata=metadata, timeout=30)

@@ -56,11 +56,11 @@ with ``ssl_ca_certs``). Handed-off clients reach it with no address, which no pa
 proxy uses (the ASGI ``client`` comes from ``X-Forwarded-For``, access lines carry no address).
 
 With ``grpc_port``, it also owns the gRPC port (``native/src/grpc.rs``): it serves the common
-unary call of Ray Serve's gRPC ingress itself and proxies every other call, HTTP/2 stream by
-stream, to the Python grpc.aio server on a private loopback port
-(:mod:`~kubeserve.runtime.proxy.grpc_ingress`, ``native=True``). Its state (snapshot and call
-templates, :meth:`FastPath.push_grpc`) and records (:meth:`FastPath.take_grpc_records`) go over
-a control socket of its own.
+unary and server-streaming calls of Ray Serve's gRPC ingress itself and proxies every other call,
+HTTP/2 stream by stream, to the Python grpc.aio server on a private unix socket in the same 0700
+directory as the HTTP one (:mod:`~kubeserve.runtime.proxy.grpc_ingress`, ``native``). Its
+state (snapshot and call templates, :meth:`FastPath.push_grpc`) and records
+(:meth:`FastPath.take_grpc_records`) go over a control socket of its own.
 
 :class:`FastPath` runs the process and speaks its control socket: one JSON object per line each
 way, ``{"op": "state", "snapshot": ..., ...}`` (a discovery

@@ -18,11 +18,12 @@ the servers would use (the ``ghz`` rows; the grpcio ones stay as they were).
 
 ``--native`` adds a ``native`` row: the proxy with the native data path
 (``kubeserve start --data-path native``, ``make native``), whose ``kubeserve-fastpath`` process
-owns the gRPC port and answers unary calls itself (streams are handed to the Python proxy); CPU
+owns the gRPC port and answers unary and server-streaming calls itself; CPU
 per call counts the native process, the proxy and the replica.
 
 ``--baseline TREE`` adds a ``proxy@base`` row: the same proxy row served by another checkout's
-code (a worktree of ``main``, say), measured in the same turns, for before/after figures.
+code (a worktree of ``main``, say), measured in the same turns, for before/after figures; with
+``--native``, a ``native@base`` row too (that checkout's ``make native`` binary).
 
     .venv/bin/python benchmarks/grpc_proxy.py --seconds 5 --rounds 3 --concurrency 32 \
         [--ray-venv ~/.cache/kubeserve/ray-2.60.0] [--baseline ../main]
@@ -297,6 +298,10 @@ def main() -> None:
                 ports["proxy@base"], serving["proxy@base"] = stack.enter_context(
                     kubeserve_grpc(args.baseline.resolve())
                 )
+                if args.native:
+                    ports["native@base"], serving["native@base"] = stack.enter_context(
+                        kubeserve_grpc(args.baseline.resolve(), native=True)
+                    )
             if args.ray_venv is not None:
                 ports["ray"], serving["ray"] = stack.enter_context(ray_grpc(args.ray_venv))
             loads: dict[str, tuple[str, Path | None]] = {k: (k, None) for k in ("unary", "stream")}
@@ -343,6 +348,13 @@ def main() -> None:
             print(
                 f"{kind}: proxy@base {medians[f'{kind} proxy@base']:.0f}/s, "
                 f"{cpu_medians[f'{kind} proxy@base']:.0f} us CPU each"
+            )
+        if f"{kind} native@base" in medians and f"{kind} native" in medians:
+            base = medians[f"{kind} native@base"]
+            print(
+                f"{kind}: native@base {base:.0f}/s, "
+                f"{cpu_medians[f'{kind} native@base']:.0f} us CPU each; native/native@base "
+                f"{medians[f'{kind} native'] / base:.2f}"
             )
         if f"{kind} ray" in medians:
             print(

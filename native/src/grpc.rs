@@ -3,25 +3,31 @@
 //!
 //! HTTP/2 multiplexes calls on one connection, so a connection cannot be spliced to Python as the
 //! HTTP/1.1 path does: the hand-off is per call (per HTTP/2 stream). The native process is an
-//! HTTP/2 client of the proxy's private gRPC listener (`--grpc-fallback`, loopback) and proxies
-//! the whole stream of each call it does not serve (headers, messages, trailers, both ways), so
-//! reflection, `RayServeAPIService`, streaming methods, unknown applications, multiplexed models,
-//! binary metadata, compressed messages and calls no replica below its cap can take are the
-//! Python server's, unchanged.
+//! HTTP/2 client of the proxy's private gRPC listener (`--grpc-fallback unix:PATH`, a socket in a
+//! directory only the proxy's user may enter; or `HOST:PORT`) and proxies the whole stream of
+//! each call it does not serve (headers, messages, trailers, both ways), so reflection,
+//! `RayServeAPIService`, client-streaming and bidirectional methods, unknown applications,
+//! multiplexed models, binary metadata, compressed messages and calls no replica below its cap
+//! can take are the Python server's, unchanged.
 //!
-//! What it serves: a unary method the Python proxy listed (op `state`, with each method's call
-//! template), one uncompressed message, no `-bin` metadata, no `multiplexed_model_id`, the
-//! application the `application` metadata names (any when only one has a route). The call goes
-//! to a replica of the ingress deployment below its `max_ongoing_requests` as
-//! `POST /-/call/<Method>` over a CONTROL connection of the sealed channel, its body the pickle
-//! the Python ingress sends (`grpc_ingress.native_template`: the template's holes filled with the
-//! message, the invocation metadata, the peer and the request id), so replicas are unchanged.
-//! An answer that is only the message (`M`) is relayed with `grpc-status: 0` and the `request_id`
-//! trailer. Any other answer (the method changed its context: `C`; an error) is a pickle only
+//! What it serves: a unary or server-streaming method the Python proxy listed (op `state`, with
+//! each method's call template), one uncompressed message, no `-bin` metadata, no
+//! `multiplexed_model_id`, the application the `application` metadata names (any when only one
+//! has a route). The call goes to a replica of the ingress deployment below its
+//! `max_ongoing_requests` (`routing::pick`, shared with the HTTP front) as `POST
+//! /-/call/<Method>` (a stream: `/-/stream/<Method>`) over a CONTROL connection of the sealed
+//! channel, its body the pickle the Python ingress sends (`grpc_ingress.native_template`: the
+//! template's holes filled with the message, the invocation metadata, the peer and the request
+//! id), so replicas are unchanged. An answer (a stream's item) that is only the message (`M`) is
+//! relayed as is, with `grpc-status: 0` and the `request_id` trailer at the end; a stream's
+//! messages pass through in pieces as the replica yields them (`frames.rs`), under HTTP/2 flow
+//! control. Any other answer (the method changed its context: `C`; an error) is a pickle only
 //! Python reads: it goes to the private listener as a call of `kubeserve.internal.NativeRelay`,
 //! signed with the data-plane secret (HMAC-SHA256, checked before anything is unpickled), whose
-//! handler answers exactly what the Python ingress answers, and that answer is relayed. A replica
-//! that did not start the call (unserved) leaves it to the Python server whole.
+//! handler answers exactly what the Python ingress answers, and that answer is relayed (a
+//! stream's item: its message, its context kept for the stream's status). A replica that did not
+//! start the call (unserved) leaves it to the Python server whole. `grpc_options.request_timeout_s`
+//! and the client's `grpc-timeout` (the sooner) end a call served here DEADLINE_EXCEEDED.
 //!
 //! Calls answered here are counted per (method, deployment key, code) and taken by the Python
 //! proxy with op `take_records` on this module's own control socket (`--grpc-control`).
@@ -31,26 +37,26 @@ use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use h2::{server::SendResponse, RecvStream};
+use h2::{server::SendResponse, RecvStream, SendStream};
 use hmac::{Hmac, Mac};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use serde_json::{json, Value};
 use sha2::Sha256;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::net::{TcpListener, TcpStream, UnixStream};
 
 use crate::channel::{self, Channel, ROLE_CONTROL};
-use crate::http::{parse_answer, Framing, ParsedAnswer};
+use crate::frames::{self, Dechunker, FrameCutter, Piece};
+use crate::http::{parse_answer, Answer as Parsed, Framing, ParsedAnswer};
+use crate::routing::{self, pick, Deployment, Pending, Registry, Replica, Slot, MAX_ACCESS};
 
 /// The private service of the Python listener that answers a replica's pickled answer.
 pub const RELAY_PATH: &str = "/kubeserve.internal.NativeRelay/Answer";
 /// Largest request message served natively (larger ones: the Python server).
 const MAX_NATIVE_MESSAGE: usize = 4 * 1024 * 1024;
-/// Most access entries held between two takes.
-const MAX_ACCESS: usize = 200_000;
 
 /// One hole of a call template, filled per call.
 #[derive(Clone, Copy)]
@@ -70,21 +76,8 @@ struct Method {
     /// the deployment method called (`Method` of `/pkg.Service/Method`)
     name: String,
     template: Vec<Part>,
-}
-
-struct Replica {
-    id: String,
-    host: String,
-    port: u16,
-    ongoing: Cell<u32>,
-    idle: RefCell<Vec<Channel>>,
-}
-
-struct Deployment {
-    key: String,
-    max_ongoing: u32,
-    replicas: Vec<Rc<Replica>>,
-    next: Cell<usize>,
+    /// a server-streaming method (`/-/stream/<name>`), else unary (`/-/call/<name>`)
+    streaming: bool,
 }
 
 #[derive(Default)]
@@ -93,12 +86,6 @@ struct State {
     apps: HashMap<String, Rc<Deployment>>,
     /// `/pkg.Service/Method` -> how to call it
     methods: HashMap<String, Rc<Method>>,
-}
-
-struct Pending {
-    count: u64,
-    total_ms: f64,
-    buckets: Vec<u64>,
 }
 
 #[derive(Default)]
@@ -116,7 +103,8 @@ struct Front {
     secret: Vec<u8>,
     fallback: String,
     state: RefCell<Rc<State>>,
-    replicas: RefCell<HashMap<String, Rc<Replica>>>,
+    /// the replicas, shared with the HTTP front (`routing.rs`)
+    registry: Rc<Registry>,
     request_timeout: Cell<Option<Duration>>,
     access: Cell<bool>,
     buckets: RefCell<Vec<f64>>,
@@ -130,35 +118,26 @@ pub async fn run(
     listen: String,
     control: String,
     fallback: String,
+    registry: Rc<Registry>,
 ) -> io::Result<()> {
     let listener = TcpListener::bind(&listen).await?;
     let front = Rc::new(Front {
         secret,
         fallback,
         state: RefCell::new(Rc::new(State::default())),
-        replicas: RefCell::new(HashMap::new()),
+        registry,
         request_timeout: Cell::new(None),
         access: Cell::new(false),
         buckets: RefCell::new(Vec::new()),
         counters: RefCell::new(Counters::default()),
         python: RefCell::new(None),
     });
-    let _ = std::fs::remove_file(&control);
-    let control_listener = UnixListener::bind(&control)?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o600))?;
-    }
+    let control_listener = routing::bind_control(&control)?;
     eprintln!(
         "kubeserve-fastpath grpc listening on {} (control {control})",
         listener.local_addr()?
     );
-    let f = front.clone();
-    tokio::task::spawn_local(async move {
-        while let Ok((conn, _)) = control_listener.accept().await {
-            tokio::task::spawn_local(control_connection(f.clone(), conn));
-        }
-    });
+    routing::serve_control(control_listener, front.clone(), handle_control);
     loop {
         let (client, peer) = listener.accept().await?;
         let _ = client.set_nodelay(true);
@@ -167,22 +146,6 @@ pub async fn run(
 }
 
 // -- control ----------------------------------------------------------------------------------
-
-async fn control_connection(front: Rc<Front>, conn: tokio::net::UnixStream) {
-    let (read, mut write) = conn.into_split();
-    let mut lines = BufReader::new(read).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let answer = match serde_json::from_str::<Value>(&line) {
-            Ok(msg) => handle_control(&front, &msg),
-            Err(e) => json!({"ok": false, "error": format!("not JSON: {e}")}),
-        };
-        let mut out = answer.to_string();
-        out.push('\n');
-        if write.write_all(out.as_bytes()).await.is_err() {
-            return;
-        }
-    }
-}
 
 fn handle_control(front: &Front, msg: &Value) -> Value {
     match msg.get("op").and_then(Value::as_str) {
@@ -221,17 +184,9 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 
 /// Install a discovery snapshot and the method templates: `{"op": "state", "snapshot": ...,
 /// "methods": {"/pkg.S/M": {"name": "M", "template": [hex | "data" | "metadata" | "peer" |
-/// "request_id", ...]}}, "request_timeout_s": ..., "latency_buckets_ms": [...], "access_log": ...}`.
+/// "request_id", ...], "stream": bool}}, "request_timeout_s": ..., "latency_buckets_ms": [...], "access_log": ...}`.
 fn apply_state(front: &Front, msg: &Value) -> Result<(), String> {
     let snap = msg.get("snapshot").ok_or("snapshot: missing")?;
-    let routes = snap
-        .get("routes")
-        .and_then(Value::as_array)
-        .ok_or("snapshot.routes: not a list")?;
-    let deps = snap
-        .get("deployments")
-        .and_then(Value::as_object)
-        .ok_or("snapshot.deployments: not an object")?;
     let mut state = State::default();
     if let Some(methods) = msg.get("methods") {
         let methods = methods.as_object().ok_or("methods: not an object")?;
@@ -264,89 +219,25 @@ fn apply_state(front: &Front, msg: &Value) -> Result<(), String> {
                 Rc::new(Method {
                     name: name.to_owned(),
                     template,
+                    streaming: m.get("stream").and_then(Value::as_bool).unwrap_or(false),
                 }),
             );
         }
     }
-    let mut known = front.replicas.borrow_mut();
-    let mut live: HashMap<String, Rc<Replica>> = HashMap::new();
-    for (i, r) in routes.iter().enumerate() {
-        let field = |name: &str| {
-            r.get(name)
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .ok_or_else(|| format!("snapshot.routes[{i}].{name}: not a string"))
-        };
-        let app = field("app")?;
-        let key = format!("{app}#{}", field("deployment")?);
-        let Some(dep) = deps.get(&key) else { continue };
-        let max_ongoing = dep
-            .get("max_ongoing_requests")
-            .and_then(Value::as_u64)
-            .unwrap_or(5);
-        let mut replicas = Vec::new();
-        for (j, ep) in dep
-            .get("replicas")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let where_ = format!("snapshot.deployments.{key}.replicas[{j}]");
-            let id = ep
-                .get("replica_id")
-                .and_then(Value::as_str)
-                .ok_or(format!("{where_}.replica_id"))?;
-            let host = ep
-                .get("host")
-                .and_then(Value::as_str)
-                .ok_or(format!("{where_}.host"))?;
-            let port = ep
-                .get("port")
-                .and_then(Value::as_u64)
-                .filter(|p| *p < 65536)
-                .ok_or(format!("{where_}.port"))?;
-            let replica = match known.get(id) {
-                Some(r) if r.host == host && r.port == port as u16 => r.clone(),
-                _ => Rc::new(Replica {
-                    id: id.to_owned(),
-                    host: host.to_owned(),
-                    port: port as u16,
-                    ongoing: Cell::new(0),
-                    idle: RefCell::new(Vec::new()),
-                }),
-            };
-            live.insert(id.to_owned(), replica.clone());
-            replicas.push(replica);
+    let routes = front.registry.install(snap)?;
+    for route in routes.routes {
+        let dep = &routes.deployments[route.deployment];
+        // a custom request router chooses in the Python proxy: its calls are handed off
+        if !dep.custom_router {
+            state.apps.insert(route.app, dep.clone());
         }
-        state.apps.insert(
-            app,
-            Rc::new(Deployment {
-                key,
-                max_ongoing: max_ongoing.min(u32::MAX as u64) as u32,
-                replicas,
-                next: Cell::new(0),
-            }),
-        );
     }
-    if let Some(b) = msg.get("latency_buckets_ms") {
-        let bounds: Option<Vec<f64>> = b
-            .as_array()
-            .and_then(|a| a.iter().map(Value::as_f64).collect());
-        *front.buckets.borrow_mut() = bounds.ok_or("latency_buckets_ms: not a list of numbers")?;
+    routing::Common {
+        buckets: &front.buckets,
+        request_timeout: &front.request_timeout,
+        access: &front.access,
     }
-    match msg.get("request_timeout_s") {
-        None => {}
-        Some(Value::Null) => front.request_timeout.set(None),
-        Some(v) => match v.as_f64().filter(|s| *s > 0.0 && s.is_finite()) {
-            Some(s) => front.request_timeout.set(Some(Duration::from_secs_f64(s))),
-            None => return Err("request_timeout_s: not a positive number or null".into()),
-        },
-    }
-    if let Some(on) = msg.get("access_log").and_then(Value::as_bool) {
-        front.access.set(on);
-    }
-    *known = live;
+    .apply(msg)?;
     *front.state.borrow_mut() = Rc::new(state);
     Ok(())
 }
@@ -381,6 +272,8 @@ struct Head {
     app: String,
     metadata: Vec<(String, String)>,
     request_id: String,
+    /// the client's `grpc-timeout`
+    client_timeout: Option<Duration>,
 }
 
 /// The call's head when it is one this module serves.
@@ -402,6 +295,7 @@ fn covered(front: &Front, request: &Request<RecvStream>) -> Option<Head> {
     let mut metadata = Vec::new();
     let mut app_name = "";
     let mut request_id = "";
+    let mut client_timeout = None;
     for (name, value) in headers {
         let key = name.as_str();
         if key == "content-type" || key == "te" {
@@ -410,6 +304,9 @@ fn covered(front: &Front, request: &Request<RecvStream>) -> Option<Head> {
         if key.starts_with("grpc-") {
             if key == "grpc-encoding" && value.as_bytes() != b"identity" {
                 return None;
+            }
+            if key == "grpc-timeout" {
+                client_timeout = Some(frames::grpc_timeout(value.as_bytes())?);
             }
             continue; // grpc core keeps its own headers out of the invocation metadata
         }
@@ -431,7 +328,7 @@ fn covered(front: &Front, request: &Request<RecvStream>) -> Option<Head> {
         (app_name.to_owned(), state.apps.get(app_name)?.clone())
     };
     let request_id = if request_id.is_empty() {
-        String::from_utf8_lossy(&new_request_id()).into_owned()
+        String::from_utf8_lossy(&routing::request_id()).into_owned()
     } else {
         request_id.to_owned()
     };
@@ -442,6 +339,7 @@ fn covered(front: &Front, request: &Request<RecvStream>) -> Option<Head> {
         app,
         metadata,
         request_id,
+        client_timeout,
     })
 }
 
@@ -489,11 +387,19 @@ async fn call(
         return hand_off(&front, request, chunks, respond).await;
     };
     let payload = fill(&head, &message[5..], &peer);
-    let answered = match front.request_timeout.get() {
+    let deadline = deadline(&front, &head);
+    if head.method.streaming {
+        let request = Request::from_parts(parts, ());
+        return stream(
+            &front, &head, slot, &payload, deadline, started, request, chunks, respond,
+        )
+        .await;
+    }
+    let answered = match &deadline {
         None => Ok(call_replica(&front, &slot.0, &head.method.name, &payload).await),
-        Some(limit) => {
+        Some((limit, _)) => {
             tokio::time::timeout(
-                limit,
+                *limit,
                 call_replica(&front, &slot.0, &head.method.name, &payload),
             )
             .await
@@ -507,12 +413,7 @@ async fn call(
             out.extend_from_slice(&[0]);
             out.extend_from_slice(&((reply.len() - 1) as u32).to_be_bytes());
             out.extend_from_slice(&reply[1..]);
-            let mut trailers = HeaderMap::new();
-            trailers.insert("grpc-status", HeaderValue::from_static("0"));
-            if let Ok(v) = HeaderValue::from_str(&head.request_id) {
-                trailers.insert("request_id", v);
-            }
-            send(respond, out.freeze(), trailers);
+            send(respond, out.freeze(), ok_trailers(&head));
             record(&front, &head, "OK", started);
         }
         Ok(Answer::Python(status, body)) => {
@@ -523,42 +424,47 @@ async fn call(
             hand_off_buffered(&front, Request::from_parts(parts, ()), chunks, respond).await;
         }
         Ok(Answer::Lost) => {
-            status_only(
-                respond,
-                14,
-                "the replica closed the connection before answering",
-            );
+            status_only(respond, 14, LOST);
             record(&front, &head, "UNAVAILABLE", started);
         }
         Err(_) => {
-            // as Python prints the float `grpc_options.request_timeout_s`
-            let mut limit = format!(
-                "{}",
-                front
-                    .request_timeout
-                    .get()
-                    .unwrap_or_default()
-                    .as_secs_f64()
-            );
-            if !limit.contains('.') && !limit.contains('e') {
-                limit.push_str(".0");
-            }
-            status_only(respond, 4, &format!("Request timed out after {limit}s."));
+            let (_, details) = deadline.unwrap_or_default();
+            status_only(respond, 4, &details);
             record(&front, &head, "DEADLINE_EXCEEDED", started);
         }
     }
 }
 
-fn new_request_id() -> [u8; 32] {
-    let mut raw = [0u8; 16];
-    raw.copy_from_slice(&channel::nonce());
-    let mut out = [0u8; 32];
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for (i, b) in raw.iter().enumerate() {
-        out[2 * i] = HEX[(b >> 4) as usize];
-        out[2 * i + 1] = HEX[(b & 15) as usize];
+const LOST: &str = "the replica closed the connection before answering";
+
+/// `grpc-status: 0` and the call's `request_id`.
+fn ok_trailers(head: &Head) -> HeaderMap {
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    if let Ok(v) = HeaderValue::from_str(&head.request_id) {
+        trailers.insert("request_id", v);
     }
-    out
+    trailers
+}
+
+/// When a call natively served ends DEADLINE_EXCEEDED, and the details it says: the sooner of
+/// `grpc_options.request_timeout_s` (Ray's words) and the client's `grpc-timeout` (grpc core's).
+fn deadline(front: &Front, head: &Head) -> Option<(Duration, String)> {
+    let ours = front.request_timeout.get().map(|limit| {
+        // as Python prints the float `grpc_options.request_timeout_s`
+        let mut shown = format!("{}", limit.as_secs_f64());
+        if !shown.contains('.') && !shown.contains('e') {
+            shown.push_str(".0");
+        }
+        (limit, format!("Request timed out after {shown}s."))
+    });
+    let theirs = head
+        .client_timeout
+        .map(|limit| (limit, "Deadline Exceeded".to_owned()));
+    match (ours, theirs) {
+        (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
+        (a, b) => a.or(b),
+    }
 }
 
 fn push_str(out: &mut Vec<u8>, text: &str) {
@@ -594,28 +500,6 @@ fn fill(head: &Head, data: &[u8], peer: &str) -> Vec<u8> {
     out
 }
 
-struct Slot(Rc<Replica>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.ongoing.set(self.0.ongoing.get() - 1);
-    }
-}
-
-fn pick(dep: &Deployment) -> Option<Slot> {
-    let n = dep.replicas.len();
-    let start = dep.next.get();
-    for k in 0..n {
-        let r = &dep.replicas[(start + k) % n];
-        if r.ongoing.get() < dep.max_ongoing {
-            dep.next.set((start + k + 1) % n);
-            r.ongoing.set(r.ongoing.get() + 1);
-            return Some(Slot(r.clone()));
-        }
-    }
-    None
-}
-
 enum Answer {
     /// `M` + the serialized reply
     Message(Bytes),
@@ -627,19 +511,16 @@ enum Answer {
     Lost,
 }
 
-async fn call_replica(front: &Front, replica: &Replica, method: &str, body: &[u8]) -> Answer {
-    let pooled = {
-        let mut idle = replica.idle.borrow_mut();
-        let mut found = None;
-        while let Some(ch) = idle.pop() {
-            if !ch.stream.closed_while_idle() {
-                found = Some(ch);
-                break;
-            }
-        }
-        found
-    };
-    let mut ch = match pooled {
+/// A handle call written to `replica` (`prefix`: `/-/call/` or `/-/stream/`) and the head of its
+/// answer: the connection, the head and the plain bytes read so far (the head's included).
+async fn open_call(
+    front: &Front,
+    replica: &Replica,
+    prefix: &str,
+    method: &str,
+    body: &[u8],
+) -> Result<(Channel, Parsed, Vec<u8>), Answer> {
+    let mut ch = match routing::take_idle(&replica.idle_calls) {
         Some(ch) => ch,
         None => match channel::connect_as(
             &front.secret,
@@ -651,11 +532,11 @@ async fn call_replica(front: &Front, replica: &Replica, method: &str, body: &[u8
         .await
         {
             Ok(ch) => ch,
-            Err(_) => return Answer::NotStarted,
+            Err(_) => return Err(Answer::NotStarted),
         },
     };
     let head = format!(
-        "POST /-/call/{method} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+        "POST {prefix}{method} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
         replica.host,
         replica.port,
         body.len()
@@ -666,43 +547,64 @@ async fn call_replica(front: &Front, replica: &Replica, method: &str, body: &[u8
     let mut sealed = Vec::with_capacity(plain_request.len() + 64);
     ch.sealer.seal_into(&plain_request, &mut sealed);
     if ch.stream.write_all(&sealed).await.is_err() {
-        return Answer::Lost;
+        return Err(Answer::Lost);
     }
-    let mut raw = vec![0u8; 64 * 1024];
+    let mut raw = vec![0u8; 16 * 1024];
     let mut plain = Vec::with_capacity(16 * 1024);
-    let answer = loop {
+    loop {
         let n = match ch.stream.read(&mut raw).await {
-            Ok(0) | Err(_) => return Answer::Lost,
+            Ok(0) | Err(_) => return Err(Answer::Lost),
             Ok(n) => n,
         };
         if ch.opener.feed(&raw[..n], &mut plain).is_err() {
-            return Answer::Lost;
+            return Err(Answer::Lost);
         }
         match parse_answer(&plain, false) {
             ParsedAnswer::Partial => {}
-            ParsedAnswer::Bad => return Answer::Lost,
-            ParsedAnswer::Head(a) => break a,
+            ParsedAnswer::Bad => return Err(Answer::Lost),
+            ParsedAnswer::Head(a) => return Ok((ch, a, plain)),
         }
-    };
+    }
+}
+
+/// The rest of a `Content-Length` answer; the connection pooled again when the replica keeps it.
+async fn length_body(
+    replica: &Replica,
+    mut ch: Channel,
+    answer: &Parsed,
+    mut plain: Vec<u8>,
+) -> Result<Bytes, Answer> {
     let Framing::Length(n) = answer.framing else {
-        return Answer::Lost;
+        return Err(Answer::Lost);
     };
+    let mut raw = vec![0u8; 64 * 1024];
     while plain.len() < answer.head_len + n {
         let got = match ch.stream.read(&mut raw).await {
-            Ok(0) | Err(_) => return Answer::Lost,
+            Ok(0) | Err(_) => return Err(Answer::Lost),
             Ok(got) => got,
         };
         if ch.opener.feed(&raw[..got], &mut plain).is_err() {
-            return Answer::Lost;
+            return Err(Answer::Lost);
         }
     }
     if plain.len() != answer.head_len + n {
-        return Answer::Lost;
+        return Err(Answer::Lost);
     }
     if !answer.close {
-        replica.idle.borrow_mut().push(ch);
+        replica.idle_calls.borrow_mut().push(ch);
     }
-    let body = Bytes::copy_from_slice(&plain[answer.head_len..]);
+    Ok(Bytes::copy_from_slice(&plain[answer.head_len..]))
+}
+
+async fn call_replica(front: &Front, replica: &Replica, method: &str, body: &[u8]) -> Answer {
+    let (ch, answer, plain) = match open_call(front, replica, "/-/call/", method, body).await {
+        Ok(opened) => opened,
+        Err(failed) => return failed,
+    };
+    let body = match length_body(replica, ch, &answer, plain).await {
+        Ok(body) => body,
+        Err(failed) => return failed,
+    };
     if answer.unserved {
         return Answer::NotStarted;
     }
@@ -716,31 +618,21 @@ fn record(front: &Front, head: &Head, code: &'static str, started: Instant) {
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
     let bounds = front.buckets.borrow();
     let mut c = front.counters.borrow_mut();
-    let p = c
-        .records
+    c.records
         .entry((
             head.full.clone(),
             head.app.clone(),
             head.dep.key.clone(),
             code,
         ))
-        .or_insert_with(|| Pending {
-            count: 0,
-            total_ms: 0.0,
-            buckets: vec![0; bounds.len() + 1],
-        });
-    p.count += 1;
-    p.total_ms += latency_ms;
-    p.buckets[bounds.partition_point(|&b| b < latency_ms)] += 1;
+        .or_insert_with(|| Pending::new(&bounds))
+        .add(&bounds, latency_ms);
     if front.access.get() {
         if c.access.len() >= MAX_ACCESS {
             c.access_dropped += 1;
             return;
         }
-        let at = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0);
+        let at = routing::unix_time();
         c.access.push(json!([
             at,
             head.full,
@@ -752,13 +644,18 @@ fn record(front: &Front, head: &Head, code: &'static str, started: Instant) {
     }
 }
 
-fn send(mut respond: SendResponse<Bytes>, message: Bytes, trailers: HeaderMap) {
+/// The head of an answer with messages (200, `application/grpc`); None when the client left.
+fn open_answer(mut respond: SendResponse<Bytes>) -> Option<SendStream<Bytes>> {
     let response = Response::builder()
         .status(200)
         .header("content-type", "application/grpc")
         .body(())
         .expect("a valid response");
-    let Ok(mut stream) = respond.send_response(response, false) else {
+    respond.send_response(response, false).ok()
+}
+
+fn send(respond: SendResponse<Bytes>, message: Bytes, trailers: HeaderMap) {
+    let Some(mut stream) = open_answer(respond) else {
         return;
     };
     let _ = stream.send_data(message, false);
@@ -800,19 +697,45 @@ async fn python(front: &Front) -> Option<h2::client::SendRequest<Bytes>> {
     if let Some(client) = front.python.borrow().clone() {
         return Some(client);
     }
-    let tcp = TcpStream::connect(&front.fallback).await.ok()?;
-    let _ = tcp.set_nodelay(true);
+    let client = match front.fallback.strip_prefix("unix:") {
+        Some(path) => python_over(UnixStream::connect(path).await.ok()?).await?,
+        None => {
+            let tcp = TcpStream::connect(&front.fallback).await.ok()?;
+            let _ = tcp.set_nodelay(true);
+            python_over(tcp).await?
+        }
+    };
+    *front.python.borrow_mut() = Some(client.clone());
+    Some(client)
+}
+
+async fn python_over<T>(io: T) -> Option<h2::client::SendRequest<Bytes>>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+{
     let (client, conn) = h2::client::Builder::new()
         .initial_window_size(1 << 20)
         .initial_connection_window_size(1 << 22)
-        .handshake::<_, Bytes>(tcp)
+        .handshake::<_, Bytes>(io)
         .await
         .ok()?;
     tokio::task::spawn_local(async move {
         let _ = conn.await;
     });
-    *front.python.borrow_mut() = Some(client.clone());
     Some(client)
+}
+
+/// The connection to the Python listener, ready for a call: one the server closed (GOAWAY) is
+/// remade once.
+async fn python_ready(front: &Front) -> Option<h2::client::SendRequest<Bytes>> {
+    for _ in 0..2 {
+        let client = python(front).await?;
+        match client.ready().await {
+            Ok(client) => return Some(client),
+            Err(_) => *front.python.borrow_mut() = None,
+        }
+    }
+    None
 }
 
 /// The call, its head as the client sent it, to the Python listener: `body` was read already,
@@ -824,26 +747,12 @@ async fn forward(
     rest: Option<RecvStream>,
     mut respond: SendResponse<Bytes>,
 ) {
-    // a connection the server closed (GOAWAY) is remade once
-    let mut ready = None;
-    for _ in 0..2 {
-        let Some(client) = python(front).await else {
-            break;
-        };
-        match client.ready().await {
-            Ok(client) => {
-                ready = Some(client);
-                break;
-            }
-            Err(_) => *front.python.borrow_mut() = None,
-        }
-    }
-    let Some(mut client) = ready else {
+    let Some(mut client) = python_ready(front).await else {
         return status_only(respond, 14, "the proxy's gRPC server is unreachable");
     };
     let mut request = Request::builder()
         .method(parts.method)
-        .uri(format!("http://{}{}", front.fallback, parts.uri.path()))
+        .uri(format!("http://localhost{}", parts.uri.path()))
         .body(())
         .expect("a valid request");
     *request.headers_mut() = parts.headers;
@@ -944,7 +853,25 @@ async fn relay(
     started: Instant,
     respond: SendResponse<Bytes>,
 ) {
-    let fields = [
+    let Some((request, message)) = relay_request(front, head, status, &body, started, false) else {
+        return status_only(respond, 13, "unprintable call fields");
+    };
+    let (parts, ()) = request.into_parts();
+    forward(front, parts, vec![message], None, respond).await;
+}
+
+/// The relay call of a replica's answer (`status`, `body`), signed with the data-plane secret
+/// (HMAC-SHA256 over the fields and the body); `item`: one item of a stream the native front
+/// serves (answered with the message, the context as `x-kubeserve-*` trailers, not counted).
+fn relay_request(
+    front: &Front,
+    head: &Head,
+    status: u16,
+    body: &[u8],
+    started: Instant,
+    item: bool,
+) -> Option<(Request<()>, Bytes)> {
+    let mut fields = [
         head.full.as_str(),
         head.app.as_str(),
         head.dep.key.as_str(),
@@ -953,11 +880,14 @@ async fn relay(
         &format!("{:.3}", started.elapsed().as_secs_f64() * 1000.0),
     ]
     .join("\n");
+    if item {
+        fields.push_str("\nitem");
+    }
     let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&front.secret).expect("any key");
     mac.update(b"kubeserve-grpc-relay\n");
     mac.update(fields.as_bytes());
     mac.update(b"\n");
-    mac.update(&body);
+    mac.update(body);
     let signature: String = mac
         .finalize()
         .into_bytes()
@@ -967,7 +897,7 @@ async fn relay(
     let mut message = BytesMut::with_capacity(body.len() + 5);
     message.extend_from_slice(&[0]);
     message.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    message.extend_from_slice(&body);
+    message.extend_from_slice(body);
     let mut request = Request::builder()
         .method("POST")
         .uri(RELAY_PATH)
@@ -980,15 +910,368 @@ async fn relay(
         ("x-kubeserve-relay", fields.replace('\n', "\t")),
         ("x-kubeserve-signature", signature),
     ] {
-        match HeaderValue::from_str(&value) {
-            Ok(v) => {
-                headers.insert(name, v);
+        headers.insert(name, HeaderValue::from_str(&value).ok()?);
+    }
+    Some((request, message.freeze()))
+}
+
+/// A relay call's whole answer: its messages (gRPC-framed) and its status (the trailers, or the
+/// head of a trailers-only answer). The answer is one item's message at most, already held here.
+async fn relay_collect(
+    front: &Front,
+    request: Request<()>,
+    message: Bytes,
+) -> Option<(Vec<Bytes>, HeaderMap)> {
+    let mut client = python_ready(front).await?;
+    let (parts, ()) = request.into_parts();
+    let mut request = Request::builder()
+        .method(parts.method)
+        .uri(format!("http://localhost{}", parts.uri.path()))
+        .body(())
+        .expect("a valid request");
+    *request.headers_mut() = parts.headers;
+    let (answer, mut upload) = client.send_request(request, false).ok()?;
+    upload.send_data(message, true).ok()?;
+    let (head, mut body) = answer.await.ok()?.into_parts();
+    if head.headers.contains_key("grpc-status") {
+        return Some((Vec::new(), head.headers));
+    }
+    let mut data = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.ok()?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        data.push(chunk);
+    }
+    Some((data, body.trailers().await.ok()??))
+}
+
+// -- server-streaming calls -------------------------------------------------------------------
+
+/// Largest frame of a stream held whole (an item whose method changed its context, an error):
+/// those go to Python, and a message the method yielded bare passes through in pieces.
+const MAX_WHOLE_FRAME: usize = 64 * 1024 * 1024;
+/// Messages read in one go are sent to the client in DATA frames of up to this many bytes.
+const COALESCE: usize = 32 * 1024;
+
+/// How a natively served stream ended.
+enum Ended {
+    /// the end frame: the status to send (`grpc-status` in the trailers)
+    Done(HeaderMap, &'static str),
+    /// the method raised: Python answered the status (and counted the call)
+    Relayed(HeaderMap),
+    /// the client reset the stream
+    Cancelled,
+    /// the replica's answer broke off, or was not one
+    Broken(&'static str),
+}
+
+/// A server-streaming call served natively: `POST /-/stream/<method>` to the chosen replica,
+/// each item the method yields bare (`M`) relayed as a message as it comes, in pieces, never
+/// more held than one read of the replica's connection (HTTP/2 flow control: the replica is
+/// read only once the client's window took what was read); an item with a changed context or
+/// an error goes to Python's relay method. Ends at the deadline (DEADLINE_EXCEEDED) or when
+/// the client resets the stream (the replica's connection is closed: its generator stops).
+#[allow(clippy::too_many_arguments)]
+async fn stream(
+    front: &Front,
+    head: &Head,
+    slot: Slot,
+    payload: &[u8],
+    deadline: Option<(Duration, String)>,
+    started: Instant,
+    request: Request<()>,
+    chunks: Vec<Bytes>,
+    respond: SendResponse<Bytes>,
+) {
+    let at = deadline
+        .as_ref()
+        .map(|(limit, _)| tokio::time::Instant::from_std(started) + *limit);
+    let opening = open_call(front, &slot.0, "/-/stream/", &head.method.name, payload);
+    let opened = match at {
+        None => Ok(opening.await),
+        Some(at) => tokio::time::timeout_at(at, opening).await,
+    };
+    let (ch, answer, plain) = match opened {
+        Err(_) => {
+            let (_, details) = deadline.unwrap_or_default();
+            status_only(respond, 4, &details);
+            return record(front, head, "DEADLINE_EXCEEDED", started);
+        }
+        Ok(Err(Answer::NotStarted)) => {
+            drop(slot);
+            return hand_off_buffered(front, request, chunks, respond).await;
+        }
+        Ok(Err(_)) => {
+            status_only(respond, 14, LOST);
+            return record(front, head, "UNAVAILABLE", started);
+        }
+        Ok(Ok(opened)) => opened,
+    };
+    if answer.unserved {
+        drop((slot, ch));
+        return hand_off_buffered(front, request, chunks, respond).await;
+    }
+    if answer.status != 200 || !matches!(answer.framing, Framing::Chunked) {
+        // the method raised before its first item (500), or the replica refused the call
+        let body = match length_body(&slot.0, ch, &answer, plain).await {
+            Ok(body) => body,
+            Err(_) => {
+                status_only(respond, 14, LOST);
+                return record(front, head, "UNAVAILABLE", started);
             }
-            Err(_) => return status_only(respond, 13, "unprintable call fields"),
+        };
+        drop(slot);
+        front.counters.borrow_mut().relayed += 1;
+        return relay(front, head, answer.status, body, started, respond).await;
+    }
+    let Some(mut out) = open_answer(respond) else {
+        return;
+    };
+    let mut ch = ch;
+    let mut dechunker = Dechunker::default();
+    let pumped = pump(
+        front,
+        head,
+        started,
+        &mut ch,
+        &mut dechunker,
+        &plain[answer.head_len..],
+        &mut out,
+    );
+    let ended = match at {
+        None => pumped.await,
+        Some(at) => match tokio::time::timeout_at(at, pumped).await {
+            Ok(ended) => ended,
+            Err(_) => {
+                let (_, details) = deadline.unwrap_or_default();
+                let _ = out.send_trailers(status_trailers(4, &details));
+                return record(front, head, "DEADLINE_EXCEEDED", started);
+            }
+        },
+    };
+    match ended {
+        Ended::Done(trailers, code) => {
+            let _ = out.send_trailers(trailers);
+            front.counters.borrow_mut().served += 1;
+            record(front, head, code, started);
+            let replica = slot.0.clone();
+            drop(slot);
+            // the answer's last bytes (the chunked end) may follow the end frame: then the
+            // connection serves the next call
+            let finished =
+                tokio::time::timeout(Duration::from_secs(1), finish(&mut ch, &mut dechunker));
+            if matches!(finished.await, Ok(true)) && !answer.close {
+                replica.idle_calls.borrow_mut().push(ch);
+            }
+        }
+        Ended::Relayed(trailers) => {
+            front.counters.borrow_mut().relayed += 1;
+            let _ = out.send_trailers(trailers);
+        }
+        Ended::Cancelled => record(front, head, "CANCELLED", started),
+        Ended::Broken(details) => {
+            let _ = out.send_trailers(status_trailers(14, details));
+            record(front, head, "UNAVAILABLE", started);
         }
     }
-    let (parts, ()) = request.into_parts();
-    forward(front, parts, vec![message.freeze()], None, respond).await;
+}
+
+/// Read the rest of a chunked answer whose end frame came: true when it ended cleanly.
+async fn finish(ch: &mut Channel, dechunker: &mut Dechunker) -> bool {
+    let mut raw = vec![0u8; 1024];
+    let mut plain = Vec::new();
+    let mut body = Vec::new();
+    loop {
+        match dechunker.feed(&plain, &mut body) {
+            Ok(true) => return body.is_empty(),
+            Ok(false) if body.is_empty() => {}
+            _ => return false,
+        }
+        plain.clear();
+        match ch.stream.read(&mut raw).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => {
+                if ch.opener.feed(&raw[..n], &mut plain).is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// The frames of the replica's answer to the client, until the end frame, an error frame, a
+/// broken answer or the client's reset.
+async fn pump(
+    front: &Front,
+    head: &Head,
+    started: Instant,
+    ch: &mut Channel,
+    dechunker: &mut Dechunker,
+    first: &[u8],
+    out: &mut SendStream<Bytes>,
+) -> Ended {
+    let mut cutter = FrameCutter::new(MAX_WHOLE_FRAME);
+    let mut body = Vec::new();
+    let Ok(mut ended) = dechunker.feed(first, &mut body) else {
+        return Ended::Broken(LOST);
+    };
+    cutter.push(&body);
+    let mut pending = BytesMut::new();
+    let mut context: Option<HeaderMap> = None;
+    let mut raw = vec![0u8; 64 * 1024];
+    let mut plain = Vec::with_capacity(64 * 1024);
+    loop {
+        loop {
+            let piece = match cutter.next() {
+                Ok(Some(piece)) => piece,
+                Ok(None) => break,
+                Err(_) => return Ended::Broken(LOST),
+            };
+            match piece {
+                Piece::MessageStart(len) => {
+                    pending.extend_from_slice(&[0]);
+                    pending.extend_from_slice(&(len as u32).to_be_bytes());
+                }
+                Piece::Bytes(b) => pending.extend_from_slice(&b),
+                Piece::End => {
+                    if send_capped(out, &mut pending).await.is_err() {
+                        return Ended::Cancelled;
+                    }
+                    return match context {
+                        None => Ended::Done(ok_trailers(head), "OK"),
+                        Some(trailers) => context_status(trailers),
+                    };
+                }
+                Piece::Whole(kind, frame) => {
+                    if send_capped(out, &mut pending).await.is_err() {
+                        return Ended::Cancelled;
+                    }
+                    let status = if kind == b'E' { 500 } else { 200 };
+                    let Some((request, message)) =
+                        relay_request(front, head, status, &frame, started, kind == b'I')
+                    else {
+                        return Ended::Broken("unprintable call fields");
+                    };
+                    let Some((data, trailers)) = relay_collect(front, request, message).await
+                    else {
+                        return Ended::Broken("the proxy's gRPC server is unreachable");
+                    };
+                    if kind == b'E' {
+                        return Ended::Relayed(status_of(trailers));
+                    }
+                    for d in data {
+                        if d.first() != Some(&0) {
+                            return Ended::Broken("a compressed message from the relay");
+                        }
+                        pending.extend_from_slice(&d);
+                    }
+                    context = Some(trailers);
+                }
+            }
+            if pending.len() >= COALESCE && send_capped(out, &mut pending).await.is_err() {
+                return Ended::Cancelled;
+            }
+        }
+        if ended {
+            return Ended::Broken(LOST); // the answer ended without its end frame
+        }
+        if send_capped(out, &mut pending).await.is_err() {
+            return Ended::Cancelled;
+        }
+        let n = tokio::select! {
+            read = ch.stream.read(&mut raw) => match read {
+                Ok(0) | Err(_) => return Ended::Broken(LOST),
+                Ok(n) => n,
+            },
+            _ = std::future::poll_fn(|cx| out.poll_reset(cx)) => return Ended::Cancelled,
+        };
+        plain.clear();
+        if ch.opener.feed(&raw[..n], &mut plain).is_err() {
+            return Ended::Broken(LOST);
+        }
+        body.clear();
+        match dechunker.feed(&plain, &mut body) {
+            Ok(done) => ended = done,
+            Err(()) => return Ended::Broken(LOST),
+        }
+        cutter.push(&body);
+    }
+}
+
+/// Send `pending` as the client's window allows (HTTP/2 flow control): Err when the client
+/// reset the stream.
+async fn send_capped(out: &mut SendStream<Bytes>, pending: &mut BytesMut) -> Result<(), ()> {
+    while !pending.is_empty() {
+        out.reserve_capacity(pending.len());
+        let capacity = std::future::poll_fn(|cx| {
+            if out.poll_reset(cx).is_ready() {
+                return Poll::Ready(Err(()));
+            }
+            if out.capacity() > 0 {
+                return Poll::Ready(Ok(out.capacity()));
+            }
+            match out.poll_capacity(cx) {
+                Poll::Ready(Some(Ok(n))) if n > 0 => Poll::Ready(Ok(n)),
+                Poll::Ready(Some(Ok(_))) => Poll::Pending,
+                Poll::Ready(Some(Err(_)) | None) => Poll::Ready(Err(())),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await?;
+        let chunk = pending.split_to(capacity.min(pending.len())).freeze();
+        out.send_data(chunk, false).map_err(|_| ())?;
+    }
+    Ok(())
+}
+
+/// The trailers of a stream whose items came with a changed context (the last one's, as the
+/// relay answered it: `x-kubeserve-code` and `-details`, the trailing metadata as is).
+fn context_status(relayed: HeaderMap) -> Ended {
+    let mut trailers = HeaderMap::new();
+    let mut code = 0u32;
+    let mut details = String::new();
+    for (name, value) in &relayed {
+        match name.as_str() {
+            "x-kubeserve-code" => {
+                code = value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(2)
+            }
+            "x-kubeserve-details" => details = value.to_str().unwrap_or_default().to_owned(),
+            "grpc-status" | "grpc-message" | "content-type" => {}
+            _ => {
+                trailers.append(name.clone(), value.clone());
+            }
+        }
+    }
+    let mut status = HeaderMap::new();
+    status.insert("grpc-status", HeaderValue::from(code.min(16) as u16));
+    if let Ok(v) = HeaderValue::from_str(&details) {
+        if !details.is_empty() {
+            status.insert("grpc-message", v); // percent-encoded by the relay already
+        }
+    }
+    for (name, value) in &trailers {
+        status.append(name.clone(), value.clone());
+    }
+    Ended::Done(status, frames::code_name(code))
+}
+
+/// A relay answer's status and trailing metadata, as trailers (without what only a head has).
+fn status_of(mut headers: HeaderMap) -> HeaderMap {
+    headers.remove("content-type");
+    headers
+}
+
+fn status_trailers(code: u8, details: &str) -> HeaderMap {
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from(code as u16));
+    if let Ok(v) = HeaderValue::from_str(&percent_encode(details)) {
+        trailers.insert("grpc-message", v);
+    }
+    trailers
 }
 
 #[cfg(test)]

@@ -17,8 +17,10 @@
 //! `probe`: one request over a fresh sealed connection, the answer on stdout (tests, debugging).
 
 mod channel;
+mod frames;
 mod grpc;
 mod http;
+mod routing;
 mod serve;
 mod tls;
 
@@ -27,7 +29,7 @@ use std::process::ExitCode;
 fn usage() -> ExitCode {
     eprintln!(
         "usage: kubeserve-fastpath serve --listen HOST:PORT|fd:N --control PATH --fallback unix:PATH|HOST:PORT [--tls]\n\
-         \x20        [--grpc-listen HOST:PORT --grpc-control PATH --grpc-fallback HOST:PORT]\n\
+         \x20        [--grpc-listen HOST:PORT --grpc-control PATH --grpc-fallback unix:PATH|HOST:PORT]\n\
          \x20      kubeserve-fastpath probe HOST PORT REPLICA_ID METHOD PATH [BODY]\n\
          the data-plane secret comes from KUBESERVE_DATA_PLANE_SECRET(_FILE)"
     );
@@ -103,12 +105,15 @@ fn main() -> ExitCode {
                 std::process::exit(0);
             });
             let local = tokio::task::LocalSet::new();
+            // the replicas, one registry for both fronts (`routing.rs`)
+            let registry = std::rc::Rc::new(routing::Registry::default());
             // the gRPC front (`grpc.rs`): a listener and control socket of its own
             match (grpc_listen, grpc_control, grpc_fallback) {
                 (Some(l), Some(c), Some(f)) => {
                     let secret = secret.clone();
+                    let registry = registry.clone();
                     local.spawn_local(async move {
-                        if let Err(e) = grpc::run(secret, l, c, f).await {
+                        if let Err(e) = grpc::run(secret, l, c, f, registry).await {
                             eprintln!("kubeserve-fastpath: grpc: {e}");
                             std::process::exit(1);
                         }
@@ -117,7 +122,10 @@ fn main() -> ExitCode {
                 (None, None, None) => {}
                 _ => return usage(),
             }
-            match local.block_on(&rt, serve::run(secret, listen, control, fallback, tls)) {
+            match local.block_on(
+                &rt,
+                serve::run(secret, listen, control, fallback, tls, registry),
+            ) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("kubeserve-fastpath: {e}");

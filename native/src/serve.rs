@@ -7,42 +7,19 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::watch;
 
 use crate::channel::{self, Channel};
 use crate::http::{self, ChunkScanner, Framing, Parsed, ParsedAnswer};
+use crate::routing::{self, pick, Deployment, Pending, Registry, MAX_ACCESS};
 use crate::tls::{ClientStream, Tls};
-
-struct Replica {
-    id: String,
-    host: String,
-    port: u16,
-    /// requests this process has in flight on it
-    ongoing: Cell<u32>,
-    /// requests the Python proxy has in flight on it (pushed with `load`)
-    external: Cell<u32>,
-    idle: RefCell<Vec<Channel>>,
-}
-
-impl Replica {
-    /// What the replica runs for this proxy: both processes' requests, against one cap.
-    fn load(&self) -> u32 {
-        self.ongoing.get() + self.external.get()
-    }
-}
-
-struct Deployment {
-    key: String,
-    max_ongoing: u32,
-    replicas: Vec<Rc<Replica>>,
-}
 
 #[derive(Default)]
 struct Table {
     by_prefix: HashMap<String, usize>,
-    deployments: Vec<Deployment>,
+    deployments: Vec<Rc<Deployment>>,
 }
 
 impl Table {
@@ -60,14 +37,6 @@ impl Table {
         }
         self.by_prefix.get("/").copied()
     }
-}
-
-/// Requests of one label set since the last `take_records`: Ray's metrics, recorded by the
-/// Python proxy (`ProxyMetrics.add_batch`).
-struct Pending {
-    count: u64,
-    total_ms: f64,
-    buckets: Vec<u64>,
 }
 
 #[derive(Default)]
@@ -91,7 +60,8 @@ struct Shared {
     secret: Vec<u8>,
     fallback: String,
     table: RefCell<Rc<Table>>,
-    replicas: RefCell<HashMap<String, Rc<Replica>>>,
+    /// the replicas, shared with the gRPC front (`routing.rs`)
+    registry: Rc<Registry>,
     keep_alive: Cell<Duration>,
     max_body: Cell<usize>,
     max_head: Cell<usize>,
@@ -128,6 +98,7 @@ pub async fn run(
     control: String,
     fallback: String,
     tls: bool,
+    registry: Rc<Registry>,
 ) -> io::Result<()> {
     let listener = match listen.strip_prefix("fd:") {
         Some(fd) => {
@@ -146,7 +117,7 @@ pub async fn run(
         secret,
         fallback,
         table: RefCell::new(Rc::new(Table::default())),
-        replicas: RefCell::new(HashMap::new()),
+        registry,
         keep_alive: Cell::new(Duration::from_secs(90)),
         max_body: Cell::new(64 * 1024),
         max_head: Cell::new(16 * 1024),
@@ -165,22 +136,12 @@ pub async fn run(
         has_state: Cell::new(false),
         routed: tokio::sync::Notify::new(),
     });
-    let _ = std::fs::remove_file(&control);
-    let control_listener = UnixListener::bind(&control)?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o600))?;
-    }
+    let control_listener = routing::bind_control(&control)?;
     eprintln!(
         "kubeserve-fastpath listening on {} (control {control})",
         listener.local_addr()?
     );
-    let sh = shared.clone();
-    tokio::task::spawn_local(async move {
-        while let Ok((conn, _)) = control_listener.accept().await {
-            tokio::task::spawn_local(control_connection(sh.clone(), conn));
-        }
-    });
+    routing::serve_control(control_listener, shared.clone(), handle_control);
     // serving HTTPS: not before the first certificate pair is in
     shared.tls.ready().await;
     // Nothing is accepted before the first snapshot, as the Python proxy does: a request for a
@@ -253,22 +214,6 @@ const LEAVING_IDLE: Duration = Duration::from_secs(1);
 
 // -- control ----------------------------------------------------------------------------------
 
-async fn control_connection(sh: Rc<Shared>, conn: tokio::net::UnixStream) {
-    let (read, mut write) = conn.into_split();
-    let mut lines = BufReader::new(read).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let answer = match serde_json::from_str::<Value>(&line) {
-            Ok(msg) => handle_control(&sh, &msg),
-            Err(e) => json!({"ok": false, "error": format!("not JSON: {e}")}),
-        };
-        let mut out = answer.to_string();
-        out.push('\n');
-        if write.write_all(out.as_bytes()).await.is_err() {
-            return;
-        }
-    }
-}
-
 fn handle_control(sh: &Shared, msg: &Value) -> Value {
     match msg.get("op").and_then(Value::as_str) {
         Some("state") => match apply_state(sh, msg) {
@@ -324,7 +269,7 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
             json!({"ok": true, "records": records, "access": access, "access_dropped": dropped,
                    "refused": refused})
         }
-        Some("load") => match apply_load(sh, msg) {
+        Some("load") => match sh.registry.apply_load(msg) {
             Ok(ours) => json!({"ok": true, "in_flight": ours}),
             Err(e) => json!({"ok": false, "error": e}),
         },
@@ -340,107 +285,18 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
     }
 }
 
-/// The Python proxy's requests in flight per replica id (`in_flight`; a replica not named has
-/// none) replace the last ones; the answer is ours (replicas with none left out), so each side
-/// chooses with both counts and neither goes over `max_ongoing_requests` for long.
-fn apply_load(sh: &Shared, msg: &Value) -> Result<serde_json::Map<String, Value>, String> {
-    let theirs = msg
-        .get("in_flight")
-        .and_then(Value::as_object)
-        .ok_or("in_flight: not an object")?;
-    let mut ours = serde_json::Map::new();
-    for (id, replica) in sh.replicas.borrow().iter() {
-        let n = theirs.get(id).and_then(Value::as_u64).unwrap_or(0);
-        replica.external.set(n.min(u32::MAX as u64) as u32);
-        if replica.ongoing.get() > 0 {
-            ours.insert(id.clone(), json!(replica.ongoing.get()));
-        }
-    }
-    Ok(ours)
-}
-
 /// Install a discovery snapshot (`kubeserve.runtime.wire.Snapshot`) and the settings with it.
 fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
     let snap = msg.get("snapshot").ok_or("snapshot: missing")?;
-    let routes = snap
-        .get("routes")
-        .and_then(Value::as_array)
-        .ok_or("snapshot.routes: not a list")?;
-    let deps = snap
-        .get("deployments")
-        .and_then(Value::as_object)
-        .ok_or("snapshot.deployments: not an object")?;
-    let mut known = sh.replicas.borrow_mut();
-    let mut live: HashMap<String, Rc<Replica>> = HashMap::new();
+    let routes = sh.registry.install(snap)?;
     let mut table = Table::default();
-    let mut index: HashMap<String, usize> = HashMap::new();
-    for (i, r) in routes.iter().enumerate() {
-        let field = |name: &str| {
-            r.get(name)
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .ok_or_else(|| format!("snapshot.routes[{i}].{name}: not a string"))
-        };
-        let prefix = field("route_prefix")?;
-        let key = format!("{}#{}", field("app")?, field("deployment")?);
-        let Some(dep) = deps.get(&key) else { continue };
-        if dep.get("request_router").is_some() {
-            // a custom request router (Ray's request_router_class) chooses in the Python proxy:
-            // the route is left out, so its requests are handed off
-            continue;
+    for route in routes.routes {
+        // a custom request router chooses in the Python proxy: its requests are handed off
+        if !routes.deployments[route.deployment].custom_router {
+            table.by_prefix.insert(route.prefix, route.deployment);
         }
-        let d = *index
-            .entry(key.clone())
-            .or_insert_with(|| table.deployments.len());
-        if d == table.deployments.len() {
-            let max_ongoing = dep
-                .get("max_ongoing_requests")
-                .and_then(Value::as_u64)
-                .unwrap_or(5);
-            let mut replicas = Vec::new();
-            for (j, ep) in dep
-                .get("replicas")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .enumerate()
-            {
-                let where_ = format!("snapshot.deployments.{key}.replicas[{j}]");
-                let id = ep
-                    .get("replica_id")
-                    .and_then(Value::as_str)
-                    .ok_or(format!("{where_}.replica_id"))?;
-                let host = ep
-                    .get("host")
-                    .and_then(Value::as_str)
-                    .ok_or(format!("{where_}.host"))?;
-                let port = ep
-                    .get("port")
-                    .and_then(Value::as_u64)
-                    .filter(|p| *p < 65536)
-                    .ok_or(format!("{where_}.port"))?;
-                let replica = match known.get(id) {
-                    Some(r) if r.host == host && r.port == port as u16 => r.clone(),
-                    _ => Rc::new(Replica {
-                        id: id.to_owned(),
-                        host: host.to_owned(),
-                        port: port as u16,
-                        ongoing: Cell::new(0),
-                        external: Cell::new(0),
-                        idle: RefCell::new(Vec::new()),
-                    }),
-                };
-                live.insert(id.to_owned(), replica.clone());
-                replicas.push(replica);
-            }
-            table.deployments.push(Deployment {
-                key: key.clone(),
-                max_ongoing: max_ongoing.min(u32::MAX as u64) as u32,
-                replicas,
-            });
-        }
-        table.by_prefix.insert(prefix, d);
     }
+    table.deployments = routes.deployments;
     for (name, cell) in [
         ("header_timeout_s", &sh.header_timeout),
         ("body_timeout_s", &sh.body_timeout),
@@ -459,23 +315,12 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
     if let Some(n) = msg.get("max_body_bytes").and_then(Value::as_u64) {
         sh.max_body.set(n as usize);
     }
-    if let Some(b) = msg.get("latency_buckets_ms") {
-        let bounds: Option<Vec<f64>> = b
-            .as_array()
-            .and_then(|a| a.iter().map(Value::as_f64).collect());
-        *sh.buckets.borrow_mut() = bounds.ok_or("latency_buckets_ms: not a list of numbers")?;
+    routing::Common {
+        buckets: &sh.buckets,
+        request_timeout: &sh.request_timeout,
+        access: &sh.access,
     }
-    match msg.get("request_timeout_s") {
-        None => {}
-        Some(Value::Null) => sh.request_timeout.set(None),
-        Some(v) => match v.as_f64().filter(|s| *s > 0.0 && s.is_finite()) {
-            Some(s) => sh.request_timeout.set(Some(Duration::from_secs_f64(s))),
-            None => return Err("request_timeout_s: not a positive number or null".into()),
-        },
-    }
-    if let Some(on) = msg.get("access_log").and_then(Value::as_bool) {
-        sh.access.set(on);
-    }
+    .apply(msg)?;
     if let Some(n) = msg.get("max_url_bytes").and_then(Value::as_u64) {
         sh.max_url.set(n as usize);
     }
@@ -485,7 +330,6 @@ fn apply_state(sh: &Shared, msg: &Value) -> Result<(), String> {
     if let Some(n) = msg.get("max_connections").and_then(Value::as_u64) {
         sh.max_connections.set(n.max(1) as usize);
     }
-    *known = live; // replicas that left: their idle connections close with them
     *sh.table.borrow_mut() = Rc::new(table);
     Ok(())
 }
@@ -648,79 +492,6 @@ enum Outcome {
     Failed,
 }
 
-struct Slot(Rc<Replica>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.ongoing.set(self.0.ongoing.get() - 1);
-    }
-}
-
-/// A replica with room, as the Python proxy's router (`router._two_choices`): of two distinct
-/// random replicas the less loaded (this process's requests and the Python proxy's, `load`), if
-/// below `max_ongoing_requests`; else the least loaded with room; else none (the request is
-/// handed to the Python proxy, which queues it).
-fn pick(dep: &Deployment) -> Option<Slot> {
-    let replicas = &dep.replicas;
-    let cap = dep.max_ongoing;
-    let chosen = match replicas.len() {
-        0 => return None,
-        1 => Some(&replicas[0]).filter(|r| r.load() < cap),
-        n => {
-            let x = random_u64();
-            let i = (x % n as u64) as usize;
-            let mut j = ((x >> 32) % (n as u64 - 1)) as usize;
-            if j >= i {
-                j += 1; // distinct from the first, still uniform
-            }
-            let (a, b) = (&replicas[i], &replicas[j]);
-            let a = if b.load() < a.load() { b } else { a };
-            if a.load() < cap {
-                Some(a)
-            } else {
-                replicas
-                    .iter()
-                    .filter(|r| r.load() < cap)
-                    .min_by_key(|r| r.load())
-            }
-        }
-    }?;
-    chosen.ongoing.set(chosen.ongoing.get() + 1);
-    Some(Slot(chosen.clone()))
-}
-
-/// xorshift64*, seeded from the OS: for request ids (unique, not secret, as
-/// `http1.new_request_id`) and replica choice.
-fn random_u64() -> u64 {
-    thread_local! {
-        static STATE: Cell<u64> = Cell::new(u64::from_le_bytes(channel::nonce()[..8].try_into().unwrap()) | 1);
-    }
-    STATE.with(|s| {
-        let mut x = s.get();
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        s.set(x);
-        x.wrapping_mul(0x2545F4914F6CDD1D)
-    })
-}
-
-fn request_id() -> [u8; 32] {
-    let mut out = [0u8; 32];
-    let words = [random_u64(), random_u64()];
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for (i, byte) in words[0]
-        .to_le_bytes()
-        .iter()
-        .chain(words[1].to_le_bytes().iter())
-        .enumerate()
-    {
-        out[2 * i] = HEX[(byte >> 4) as usize];
-        out[2 * i + 1] = HEX[(byte & 15) as usize];
-    }
-    out
-}
-
 async fn forward(
     sh: &Shared,
     plan: &http::Plan,
@@ -745,7 +516,7 @@ async fn forward(
     let mut id_line = Vec::new();
     if !plan.has_id {
         id_line.extend_from_slice(b"x-request-id: ");
-        id_line.extend_from_slice(&request_id());
+        id_line.extend_from_slice(&routing::request_id());
         id_line.extend_from_slice(b"\r\n");
     }
     let mut forwarded = Vec::with_capacity(request.len() + id_line.len());
@@ -757,18 +528,7 @@ async fn forward(
         forwarded.extend_from_slice(&request[plan.line_end..plan.drop_start]);
         forwarded.extend_from_slice(&request[plan.drop_end..]);
     }
-    let pooled = {
-        let mut idle = replica.idle.borrow_mut();
-        let mut found = None;
-        while let Some(ch) = idle.pop() {
-            if !ch.stream.closed_while_idle() {
-                found = Some(ch);
-                break;
-            } // else: the replica closed it (its keep-alive timeout): dropped
-        }
-        found
-    };
-    let mut ch = match pooled {
+    let mut ch = match routing::take_idle(&replica.idle) {
         Some(ch) => ch,
         None => {
             sh.counters.borrow_mut().upstream_connects += 1;
@@ -842,9 +602,6 @@ async fn forward(
     }
 }
 
-/// Most access lines held between two takes (one a second); past it they are counted, dropped.
-const MAX_ACCESS: usize = 200_000;
-
 fn record(
     sh: &Shared,
     plan: &http::Plan,
@@ -859,26 +616,16 @@ fn record(
     let mut c = sh.counters.borrow_mut();
     *c.answered.entry((dep.key.clone(), status)).or_insert(0) += 1;
     *c.latency_ms.entry(dep.key.clone()).or_insert(0.0) += latency_ms;
-    let record = c
-        .records
+    c.records
         .entry((plan.method, dep.key.clone(), status))
-        .or_insert_with(|| Pending {
-            count: 0,
-            total_ms: 0.0,
-            buckets: vec![0; bounds.len() + 1],
-        });
-    record.count += 1;
-    record.total_ms += latency_ms;
-    record.buckets[bounds.partition_point(|&b| b < latency_ms)] += 1;
+        .or_insert_with(|| Pending::new(&bounds))
+        .add(&bounds, latency_ms);
     if sh.access.get() {
         if c.access.len() >= MAX_ACCESS {
             c.access_dropped += 1;
             return;
         }
-        let at = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0);
+        let at = routing::unix_time();
         let method = String::from_utf8_lossy(&request[..plan.path_start - 1]);
         let rid = if plan.has_id {
             &request[plan.id_start..plan.id_end]

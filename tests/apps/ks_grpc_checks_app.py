@@ -40,6 +40,20 @@ class Checks:
             yield Answer(text=ask.text, index=i)
         raise KeyError("stream broke")
 
+    async def CountWithStatus(self, ask, grpc_context):
+        for i in range(ask.count):
+            if i == 1:
+                grpc_context.set_trailing_metadata([("seen", str(i))])
+            if i == ask.count - 1:
+                grpc_context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+                grpc_context.set_details(f"stopped at {i} ✓")
+            yield Answer(text=ask.text, index=i)
+
+    async def Ticks(self, ask):  # as Count, letting the replica's loop run between items
+        for i in range(ask.count):
+            await asyncio.sleep(0)
+            yield Answer(text=ask.text, index=i)
+
     async def Slow(self, ask):
         await asyncio.sleep(float(ask.text))
         return Answer(text="slept")

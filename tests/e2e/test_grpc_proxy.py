@@ -8,6 +8,7 @@ import importlib
 import os
 import queue
 import signal
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,6 +200,44 @@ def test_streams_and_their_errors(channel: grpc.Channel) -> None:
     assert got == [0, 1, 2]
     assert error.code() == grpc.StatusCode.INTERNAL
     assert "stream broke" in error.details()
+
+
+def test_a_stream_whose_method_sets_its_status_and_trailers(channel: grpc.Channel) -> None:
+    """Items yielded after the method changed its context still arrive; the stream ends with
+    the code, details and trailing metadata it set last (natively served: relayed per item)."""
+    stub = checks(channel)
+    metadata = (("application", "checks"), ("request_id", "status-1"))
+    got: list[int] = []
+    call = stub.CountWithStatus(ask("s", 4), metadata=metadata)
+    with pytest.raises(grpc.RpcError):
+        for answer in call:
+            got.append(answer.index)
+    assert got == [0, 1, 2, 3]
+    assert call.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert call.details() == "stopped at 3 ✓"
+    trailers = list(call.trailing_metadata())
+    assert ("seen", "1") in trailers
+    assert ("request_id", "status-1") in trailers
+
+
+def test_a_stream_past_request_timeout_ends_deadline_exceeded(
+    request: pytest.FixtureRequest, channel: grpc.Channel
+) -> None:
+    """``grpc_options.request_timeout_s`` (2 s here) bounds a natively served stream as a whole.
+    (The Python path's stream does not end at it while it keeps yielding: not tested there.)"""
+    if request.node.callspec.params["instance"] != "native":
+        pytest.skip("the native gRPC front only")
+    stub = checks(channel)
+    call = stub.Ticks(ask("t", 10**9), metadata=(("application", "checks"),))
+    started = time.monotonic()
+    got = 0
+    with pytest.raises(grpc.RpcError):
+        for _ in call:
+            got += 1
+    assert call.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert call.details() == "Request timed out after 2.0s."
+    assert 1.5 < time.monotonic() - started < 10
+    assert got > 0
 
 
 def test_client_streaming_method_reads_the_clients_messages(channel: grpc.Channel) -> None:
@@ -474,3 +513,94 @@ def test_the_private_relay_method_is_not_reachable(channel: grpc.Channel) -> Non
     metadata = (("x-kubeserve-relay", "a b c#d e 200 0"), ("x-kubeserve-signature", "00"))
     raised = rpc_error(relay, b"C", metadata=metadata)
     assert raised.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def _native_args(grpc_port: int) -> list[str]:
+    """The command line of the native process serving ``grpc_port``."""
+    return _native_process(grpc_port)[1]
+
+
+def _native_process(grpc_port: int) -> tuple[int, list[str]]:
+    """The pid and command line of the native process serving ``grpc_port``."""
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes().decode().split("\0")
+        except (OSError, ValueError):
+            continue
+        if (
+            args
+            and args[0].endswith("kubeserve-fastpath")
+            and "--grpc-listen" in args
+            and args[args.index("--grpc-listen") + 1].endswith(f":{grpc_port}")
+        ):
+            return int(entry.name), args
+    raise AssertionError(f"no kubeserve-fastpath process serves gRPC on {grpc_port}")
+
+
+def test_the_python_grpc_server_behind_the_native_front_is_a_private_unix_socket(
+    request: pytest.FixtureRequest, instance: tuple[Kubeserve, int], channel: grpc.Channel
+) -> None:
+    """Behind the native front, the Python grpc.aio server listens on a unix socket in a
+    directory only the proxy's user may enter (as the HTTP hand-off's), no TCP port: no other
+    local process reaches it and skips the native front."""
+    if request.node.callspec.params["instance"] != "native":
+        pytest.skip("the native gRPC front only")
+    args = _native_args(instance[1])
+    fallback = args[args.index("--grpc-fallback") + 1]
+    assert fallback.startswith("unix:"), fallback
+    path = Path(fallback[len("unix:") :])
+    assert path.is_socket()
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    http_fallback = args[args.index("--fallback") + 1]
+    assert Path(http_fallback[len("unix:") :]).parent == path.parent
+    # and what it serves is reached through it: a call the native front hands over
+    pb2, stubs = module("ray_serve_api_pb2"), module("ray_serve_api_pb2_grpc")
+    answer = stubs.RayServeAPIServiceStub(channel).Healthz(pb2.HealthzRequest(), timeout=30)
+    assert answer.message == "success"
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_the_native_front_serves_server_streams_itself_with_backpressure(
+    request: pytest.FixtureRequest, instance: tuple[Kubeserve, int], channel: grpc.Channel
+) -> None:
+    """A server-streaming call is the native process's own: answered while the Python proxy is
+    stopped. A client that stops reading a fast stream holds the replica back (HTTP/2 flow
+    control), not the native process's memory; a client's ``grpc-timeout`` ends the stream."""
+    if request.node.callspec.params["instance"] != "native":
+        pytest.skip("the native gRPC front only")
+    ks, grpc_port = instance
+    (proxy,) = ks.details()["proxies"].values()
+    pid = int(proxy["worker_id"])
+    stub = checks(channel)
+    metadata = (("application", "checks"), ("request_id", "frozen-stream"))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        call = stub.Count(ask("f", 50), metadata=metadata, timeout=20)
+        assert [a.index for a in call] == list(range(50))
+        assert ("request_id", "frozen-stream") in list(call.trailing_metadata())
+        native, _ = _native_process(grpc_port)
+        before = _rss_kib(native)
+        # 1 KiB messages, far more than every window and buffer on the way: read 10, then pause
+        slow = stub.Ticks(ask("x" * 1024, 10**6), metadata=metadata, timeout=30)
+        for _, answer in zip(range(10), slow, strict=False):
+            assert answer.text == "x" * 1024
+        time.sleep(2)
+        assert _rss_kib(native) - before < 32 * 1024  # KiB: not the stream's ~1 GiB
+        slow.cancel()
+        # the client's deadline (grpc-timeout) ends a stream the native front serves
+        late = stub.Ticks(ask("d", 10**9), metadata=metadata, timeout=0.5)
+        with pytest.raises(grpc.RpcError):
+            for _ in late:
+                pass
+        assert late.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # and the replica's slots were given back: calls still go through
+        for _ in range(8):
+            assert stub.Echo(ask("after"), metadata=metadata, timeout=10).text.startswith("after")
+    finally:
+        os.kill(pid, signal.SIGCONT)

@@ -56,11 +56,11 @@ with ``ssl_ca_certs``). Handed-off clients reach it with no address, which no pa
 proxy uses (the ASGI ``client`` comes from ``X-Forwarded-For``, access lines carry no address).
 
 With ``grpc_port``, it also owns the gRPC port (``native/src/grpc.rs``): it serves the common
-unary call of Ray Serve's gRPC ingress itself and proxies every other call, HTTP/2 stream by
-stream, to the Python grpc.aio server on a private loopback port
-(:mod:`~kubeserve.runtime.proxy.grpc_ingress`, ``native=True``). Its state (snapshot and call
-templates, :meth:`FastPath.push_grpc`) and records (:meth:`FastPath.take_grpc_records`) go over
-a control socket of its own.
+unary and server-streaming calls of Ray Serve's gRPC ingress itself and proxies every other call,
+HTTP/2 stream by stream, to the Python grpc.aio server on a private unix socket in the same 0700
+directory as the HTTP one (:mod:`~kubeserve.runtime.proxy.grpc_ingress`, ``native``). Its
+state (snapshot and call templates, :meth:`FastPath.push_grpc`) and records
+(:meth:`FastPath.take_grpc_records`) go over a control socket of its own.
 
 :class:`FastPath` runs the process and speaks its control socket: one JSON object per line each
 way, ``{"op": "state", "snapshot": ..., ...}`` (a discovery
@@ -160,12 +160,13 @@ class FastPath:
         *,
         listen_fd: int | None = None,
         tls: bool = False,
-        grpc: tuple[str, int, int] | None = None,
+        grpc: tuple[str, int, str] | None = None,
     ) -> None:
         """``listen_fd``: serve on this inherited listening socket instead of binding
         ``host:port``; ``tls``: serve HTTPS, from the first pair :meth:`push_tls` gives."""
         self.secret = secret
-        #: the gRPC front's host, port (0: a free one) and the Python gRPC server's private port
+        #: the gRPC front's host, port (0: a free one) and the Python gRPC server's private
+        #: listener (``unix:PATH``, or ``HOST:PORT``)
         self.grpc = grpc
         self.grpc_port: int | None = None
         self._grpc_control: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
@@ -253,7 +254,7 @@ class FastPath:
             "--grpc-control",
             self._grpc_socket(),
             "--grpc-fallback",
-            f"127.0.0.1:{fallback}",
+            fallback,
         )
 
     async def _call(self, message: dict[str, Any], *, grpc: bool = False) -> dict[str, Any]:
@@ -337,8 +338,9 @@ class FastPath:
         latency_buckets_ms: list[float],
         access_log: bool,
     ) -> None:
-        """Install a snapshot and the unary methods it serves (``GrpcIngress.native_methods``)
-        in the gRPC front; ``request_timeout_s``: ``grpc_options.request_timeout_s``."""
+        """Install a snapshot and the unary and server-streaming methods it serves
+        (``GrpcIngress.native_methods``) in the gRPC front; ``request_timeout_s``:
+        ``grpc_options.request_timeout_s``."""
         message = {
             "op": "state",
             "snapshot": snapshot,

@@ -31,13 +31,15 @@ HTTP-only proxy never imports grpcio. What Ray documents, done the same way:
   DEADLINE_EXCEEDED past ``grpc_options.request_timeout_s``, the code a method set before it
   raised, else INTERNAL with the error (truncated to fit a trailer).
 
-With the native data path (``native=True``), the ``kubeserve-fastpath`` process owns
-``grpc_options.port`` and serves the common unary call itself (``native/src/grpc.rs``): this
-server listens on a private loopback port for the calls it hands over whole (HTTP/2 stream by
-stream), and answers ``kubeserve.internal.NativeRelay/Answer``, the replica answers only Python
-reads (a changed context, an error), signed by the native process with the data-plane secret.
-:meth:`GrpcIngress.native_methods` gives it each unary method's call pickle as a template whose
-holes it fills, so a replica gets the very bytes this ingress sends.
+With the native data path (``native``: the private socket's path), the
+``kubeserve-fastpath`` process owns ``grpc_options.port`` and serves the common unary call
+itself (``native/src/grpc.rs``): this server listens on a private unix socket (in the proxy's
+0700 directory, so no other local process reaches it behind the native front) for the calls it
+hands over whole (HTTP/2 stream by stream), and answers ``kubeserve.internal.NativeRelay/Answer``,
+the replica answers only Python reads (a changed context, an error), signed by the native
+process with the data-plane secret. :meth:`GrpcIngress.native_methods` gives it each unary
+method's call pickle as a template whose holes it fills, so a replica gets the very bytes this
+ingress sends.
 
 Calls reach replicas through a :class:`~kubeserve.runtime.handle_client.HandleClient` sharing
 the proxy's router, so HTTP and gRPC requests are counted against the same
@@ -183,12 +185,13 @@ class GrpcIngress:
         router: Router,
         access_log: AccessLog | None = None,
         metrics: GrpcProxyMetrics | None = None,
-        native: bool = False,
+        native: str | None = None,
     ) -> None:
-        """``native``: behind the native gRPC front, on a private loopback port."""
-        self.native = native
+        """``native``: behind the native gRPC front, on this private unix socket path."""
+        self.native = native is not None
+        self._socket = native
         self._secret = secret
-        if native:
+        if native is not None:
             host, options = (
                 "127.0.0.1",
                 GrpcOptions(
@@ -234,12 +237,23 @@ class GrpcIngress:
         if self.options.enable_reflection:
             _enable_reflection(server, sorted(set(self.services) - {SERVE_API_SERVICE}))
         host = "[::]" if self.host in ("0.0.0.0", "::", "") else self.host
-        self.port = server.add_insecure_port(f"{host}:{self.options.port}")
+        where = f"{host}:{self.options.port}" if self._socket is None else self.address
+        self.port = server.add_insecure_port(where)
         if not self.port:
-            raise OSError(f"cannot listen for gRPC on {host}:{self.options.port}")
+            raise OSError(f"cannot listen for gRPC on {where}")
         await server.start()
         self._server = server
-        log.info("gRPC listening on %s:%d for %s", host, self.port, sorted(self.services))
+        if self._socket is None:
+            where = f"{host}:{self.port}"
+        log.info("gRPC listening on %s for %s", where, sorted(self.services))
+
+    @property
+    def address(self) -> str:
+        """Where this server listens, as the native front's ``--grpc-fallback`` takes it:
+        ``unix:PATH`` behind the native front, else ``HOST:PORT``."""
+        if self._socket is not None:
+            return f"unix:{self._socket}"
+        return f"{self.host}:{self.port}"
 
     async def close(self) -> None:
         if self._server is not None:
@@ -310,34 +324,46 @@ class GrpcIngress:
         return _string_field(1, message)  # HealthzResponse { string message = 1; }
 
     def native_methods(self) -> dict[str, dict[str, Any]]:
-        """What the native gRPC front serves: each unary method's name and call template
-        (:func:`native_template`)."""
+        """What the native gRPC front serves: each unary and server-streaming method's name, call
+        template (:func:`native_template`; a stream's call is the same pickle) and ``stream``."""
         methods: dict[str, dict[str, Any]] = {}
         for service, recorded in self.services.items():
             if service in (SERVE_API_SERVICE, NATIVE_RELAY_SERVICE):
                 continue
             for name, method in recorded.items():
-                if method.request_streaming or method.response_streaming:
+                if method.request_streaming:
                     continue
                 template = native_template(name, method.request_deserializer)
                 if template is not None:
-                    methods[f"/{service}/{name}"] = {"name": name, "template": template}
+                    methods[f"/{service}/{name}"] = {
+                        "name": name,
+                        "template": template,
+                        "stream": bool(method.response_streaming),
+                    }
         return methods
 
     async def _native_relay(self, request: bytes, grpc_context: Any) -> bytes:
         """A replica's answer the native front cannot read (a changed context, an error),
-        answered as :meth:`_unary_handler` answers it; unsigned: as an unknown method."""
+        answered as :meth:`_unary_handler` answers it; unsigned: as an unknown method.
+
+        With a seventh field ``item``: one item of a server stream the native front serves,
+        whose method changed its context: answered with the item's message and the context as
+        trailers the native front ends the stream with (``x-kubeserve-code``, ``-details``, the
+        trailing metadata), status OK; not counted (the native front counts the stream)."""
         metadata = dict(grpc_context.invocation_metadata())
         fields = str(metadata.get("x-kubeserve-relay", ""))
         signature = str(metadata.get("x-kubeserve-signature", ""))
         signed = b"kubeserve-grpc-relay\n" + fields.replace("\t", "\n").encode() + b"\n" + request
         expected = hmac.new(self._secret, signed, hashlib.sha256).hexdigest()
         parts = fields.split("\t")
-        if not hmac.compare_digest(expected, signature) or len(parts) != 6:
+        item = len(parts) == 7 and parts[6] == "item"
+        if not hmac.compare_digest(expected, signature) or not (len(parts) == 6 or item):
             grpc_context.set_code(grpc.StatusCode.UNIMPLEMENTED)
             grpc_context.set_details("Method not found!")
             return b""
-        full, app, key, request_id, status, elapsed_ms = parts
+        if item:
+            return _stream_item(request, grpc_context)
+        full, app, key, request_id, status, elapsed_ms = parts[:6]
         deployment = key.rpartition("#")[2]
         started = time.perf_counter() - float(elapsed_ms) / 1000.0
         code = grpc.StatusCode.OK
@@ -632,6 +658,24 @@ async def _only(items: AsyncGenerator[Any, None]) -> Any:
         raise RuntimeError("the replica sent no answer")
     finally:
         await items.aclose()
+
+
+def _stream_item(answer: bytes, grpc_context: Any) -> bytes:
+    """One item of a natively served stream (:meth:`GrpcIngress._native_relay`): its message,
+    and its context as trailers (status OK: a code set mid-stream is the stream's, at its end)."""
+    reply, payload = decode_grpc_answer(answer)
+    if reply is not None:
+        trailers = list(reply._trailing_metadata)
+        if reply._code:
+            trailers.append(("x-kubeserve-code", str(reply._code.value[0])))
+        if reply._details:  # as grpc-message spells it (percent-encoded UTF-8)
+            encoded = "".join(
+                chr(b) if 0x20 <= b < 0x7F and b != 0x25 else f"%{b:02X}"
+                for b in str(reply._details).encode()
+            )
+            trailers.append(("x-kubeserve-details", encoded))
+        grpc_context.set_trailing_metadata(tuple(trailers))
+    return payload
 
 
 def _current_id() -> str:

@@ -148,7 +148,9 @@ class ProxyServer:
             self.tls_context.start()
         if self._native:
             if self._grpc is not None:  # the native gRPC front hands calls to it: up first
-                self.grpc = self._grpc_ingress(*self._grpc, native=True)
+                self.grpc = self._grpc_ingress(
+                    *self._grpc, native=os.path.join(self._private_socket_dir(), "grpc.sock")
+                )
                 await self.grpc.start()
             await self._start_native()
             if self.native is None and self.grpc is not None:
@@ -197,12 +199,7 @@ class ProxyServer:
         such as P-521 or Ed448) leaves the proxy on the Python path, said once.
         """
         loop = asyncio.get_running_loop()
-        # The private listener is a unix socket in a directory only this user may enter: another
-        # local process cannot reach this proxy behind the native process's back (and skip what
-        # the client port checks, a client certificate for one).
-        self._private_dir = tempfile.TemporaryDirectory(prefix="kubeserve-proxy-")
-        os.chmod(self._private_dir.name, 0o700)
-        private = os.path.join(self._private_dir.name, "proxy.sock")
+        private = os.path.join(self._private_socket_dir(), "proxy.sock")
         self._server = await loop.create_unix_server(
             self._accept, private, backlog=4096, start_serving=False
         )
@@ -216,7 +213,7 @@ class ProxyServer:
             tls=tls is not None,
             grpc=None
             if self.grpc is None or self._grpc is None
-            else (self.host, self._grpc[0].port, self.grpc.port),
+            else (self.host, self._grpc[0].port, self.grpc.address),
         )
         await native.start()
         if tls is not None:
@@ -229,6 +226,7 @@ class ProxyServer:
                 self._server.close()
                 await self._server.wait_closed()
                 self._server = None
+                assert self._private_dir is not None
                 self._private_dir.cleanup()
                 self._private_dir = None
                 return
@@ -236,6 +234,17 @@ class ProxyServer:
             self._native_tls = tls.reloads
         self.native = native
         self.port = native.port
+
+    def _private_socket_dir(self) -> str:
+        """The directory of the private listeners behind the native process (made once).
+
+        Unix sockets in a directory only this user may enter: another local process cannot
+        reach this proxy's HTTP or gRPC server behind the native process's back (and skip what
+        the client port checks, a client certificate for one)."""
+        if self._private_dir is None:
+            self._private_dir = tempfile.TemporaryDirectory(prefix="kubeserve-proxy-")
+            os.chmod(self._private_dir.name, 0o700)
+        return self._private_dir.name
 
     def _apply(self, snapshot: Snapshot) -> None:
         self.state.apply(snapshot)
@@ -364,10 +373,10 @@ class ProxyServer:
         self._native_tls = reloads
 
     def _grpc_ingress(
-        self, options: GrpcOptions, services: dict[str, Any], *, native: bool = False
+        self, options: GrpcOptions, services: dict[str, Any], *, native: str | None = None
     ) -> GrpcIngress:
         """The gRPC listener: a server of its own, so the HTTP path is untouched by it (and an
-        HTTP-only proxy never imports grpcio); ``native``: on a private loopback port, behind
+        HTTP-only proxy never imports grpcio); ``native``: on this private unix socket, behind
         the native gRPC front."""
         from kubeserve.runtime.proxy.grpc_ingress import GrpcIngress
 

@@ -45,9 +45,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // One thread, tasks that need not be Send (`spawn_local`) scheduled by the runtime itself:
+    // a task woken by an I/O event is queued in place, without the eventfd write and extra
+    // epoll_wait a LocalSet's wake-up of the runtime costs.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()
+        .build_local(tokio::runtime::LocalOptions::default())
         .expect("runtime");
     match args.first().map(String::as_str) {
         Some("probe") if args.len() >= 6 => {
@@ -104,7 +107,6 @@ fn main() -> ExitCode {
                 while matches!(std::io::Read::read(&mut stdin, &mut sink), Ok(n) if n > 0) {}
                 std::process::exit(0);
             });
-            let local = tokio::task::LocalSet::new();
             // the replicas, one registry for both fronts (`routing.rs`)
             let registry = std::rc::Rc::new(routing::Registry::default());
             // the gRPC front (`grpc.rs`): a listener and control socket of its own
@@ -112,7 +114,7 @@ fn main() -> ExitCode {
                 (Some(l), Some(c), Some(f)) => {
                     let secret = secret.clone();
                     let registry = registry.clone();
-                    local.spawn_local(async move {
+                    rt.spawn_local(async move {
                         if let Err(e) = grpc::run(secret, l, c, f, registry).await {
                             eprintln!("kubeserve-fastpath: grpc: {e}");
                             std::process::exit(1);
@@ -122,10 +124,7 @@ fn main() -> ExitCode {
                 (None, None, None) => {}
                 _ => return usage(),
             }
-            match local.block_on(
-                &rt,
-                serve::run(secret, listen, control, fallback, tls, registry),
-            ) {
+            match rt.block_on(serve::run(secret, listen, control, fallback, tls, registry)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("kubeserve-fastpath: {e}");

@@ -66,9 +66,10 @@ fn path_covered(path: &[u8]) -> bool {
 }
 
 pub fn parse_request(buf: &[u8], max_body: usize, max_url: usize) -> Parsed {
-    let mut headers = [httparse::EMPTY_HEADER; 64];
-    let mut req = httparse::Request::new(&mut headers);
-    let head_len = match req.parse(buf) {
+    // (left uninitialised: httparse fills what it parses, no 2 KiB cleared per request)
+    let mut headers = [const { std::mem::MaybeUninit::<httparse::Header>::uninit() }; 64];
+    let mut req = httparse::Request::new(&mut []);
+    let head_len = match req.parse_with_uninit_headers(buf, &mut headers) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Parsed::Partial,
         Err(_) => return Parsed::NotCovered,
@@ -188,9 +189,13 @@ pub enum ParsedAnswer {
 }
 
 pub fn parse_answer(buf: &[u8], request_is_head: bool) -> ParsedAnswer {
-    let mut headers = [httparse::EMPTY_HEADER; 64];
-    let mut resp = httparse::Response::new(&mut headers);
-    let head_len = match resp.parse(buf) {
+    let mut headers = [const { std::mem::MaybeUninit::<httparse::Header>::uninit() }; 64];
+    let mut resp = httparse::Response::new(&mut []);
+    let head_len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut resp,
+        buf,
+        &mut headers,
+    ) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return ParsedAnswer::Partial,
         Err(_) => return ParsedAnswer::Bad,

@@ -348,6 +348,74 @@ struct Scratch {
     raw: Vec<u8>,
     plain: Vec<u8>,
     out: Vec<u8>,
+    /// the request as sealed for the replica
+    sealed: Vec<u8>,
+}
+
+/// What a generated request id's header line starts with.
+const ID_LINE: &[u8] = b"x-request-id: ";
+
+/// What waiting for more bytes from the client ended with.
+enum Wait {
+    Read(io::Result<usize>),
+    TimedOut,
+    /// the `drain` op came while the connection was idle
+    Draining,
+}
+
+/// One timer for the life of a client connection, moved lazily: each wait sets the deadline it
+/// wants; the timer is only reset when that deadline is sooner than the armed one, or when the
+/// armed one passes before the wanted one (then it is re-armed). A new tokio timer per read
+/// would cost a registration and a removal in the timer wheel per request.
+struct IdleTimer {
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+    armed: tokio::time::Instant,
+}
+
+impl IdleTimer {
+    fn new() -> IdleTimer {
+        let far = tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
+        IdleTimer {
+            sleep: Box::pin(tokio::time::sleep_until(far)),
+            armed: far,
+        }
+    }
+
+    /// Read more of the client's bytes into `buf`, for at most `limit`; with `drain`, a drain
+    /// (its future completing) ends the wait too.
+    async fn read(
+        &mut self,
+        client: &mut ClientStream,
+        buf: &mut Vec<u8>,
+        limit: Duration,
+        mut drain: Option<std::pin::Pin<&mut dyn std::future::Future<Output = ()>>>,
+    ) -> Wait {
+        let deadline = tokio::time::Instant::now() + limit;
+        if deadline < self.armed {
+            self.sleep.as_mut().reset(deadline);
+            self.armed = deadline;
+        }
+        loop {
+            let draining = async {
+                match drain.as_mut() {
+                    Some(d) => d.as_mut().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                read = read_more(client, buf) => return Wait::Read(read),
+                _ = self.sleep.as_mut() => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Wait::TimedOut;
+                    }
+                    self.sleep.as_mut().reset(deadline);
+                    self.armed = deadline;
+                }
+                _ = draining => return Wait::Draining,
+            }
+        }
+    }
 }
 
 async fn client_connection(open: Open, tcp: TcpStream) {
@@ -355,13 +423,21 @@ async fn client_connection(open: Open, tcp: TcpStream) {
     let Some(mut client) = ClientStream::accept(sh.tls.current(), tcp).await else {
         return; // a failed TLS handshake
     };
+    // completes once, at the drain op (`sh.leaving` says so from then on)
     let mut drained = sh.draining.subscribe();
+    let drain = async move {
+        let _ = drained.wait_for(|d| *d).await;
+    };
+    let mut drain = std::pin::pin!(drain);
+    let mut drain_seen = false;
+    let mut timer = IdleTimer::new();
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut first = true;
     let mut scratch = Scratch {
         raw: vec![0u8; 64 * 1024],
         plain: Vec::with_capacity(16 * 1024),
         out: Vec::with_capacity(16 * 1024),
+        sealed: Vec::with_capacity(16 * 1024),
     };
     loop {
         // the head of the next request
@@ -386,33 +462,34 @@ async fn client_connection(open: Open, tcp: TcpStream) {
                 sh.keep_alive.get()
             };
             let read = if !buf.is_empty() {
-                tokio::time::timeout(limit, read_more(&mut client, &mut buf)).await
-            } else if *drained.borrow() {
-                tokio::time::timeout(limit.min(LEAVING_IDLE), read_more(&mut client, &mut buf))
+                timer.read(&mut client, &mut buf, limit, None).await
+            } else if drain_seen || sh.leaving.get() {
+                timer
+                    .read(&mut client, &mut buf, limit.min(LEAVING_IDLE), None)
                     .await
             } else {
                 // idle between requests: a drain shortens the wait (checked again above)
-                tokio::select! {
-                    read = tokio::time::timeout(limit, read_more(&mut client, &mut buf)) => read,
-                    _ = drained.wait_for(|d| *d) => continue,
-                }
+                let d: std::pin::Pin<&mut dyn std::future::Future<Output = ()>> = drain.as_mut();
+                timer.read(&mut client, &mut buf, limit, Some(d)).await
             };
             match read {
-                Ok(Ok(0)) | Ok(Err(_)) => return,
-                Ok(Ok(_)) => {}
-                Err(_) if buf.is_empty() => return, // idle past the keep-alive timeout
-                Err(_) => return hand_off(&sh, open, client, buf).await, // its 408
+                Wait::Read(Ok(0)) | Wait::Read(Err(_)) => return,
+                Wait::Read(Ok(_)) => {}
+                Wait::Draining => drain_seen = true,
+                Wait::TimedOut if buf.is_empty() => return, // idle past the keep-alive timeout
+                Wait::TimedOut => return hand_off(&sh, open, client, buf).await, // its 408
             }
         };
         let total = plan.head_len + plan.content_length;
         while buf.len() < total {
             // the body idle timeout: the Python proxy answers the late client (408)
-            match tokio::time::timeout(sh.body_timeout.get(), read_more(&mut client, &mut buf))
+            match timer
+                .read(&mut client, &mut buf, sh.body_timeout.get(), None)
                 .await
             {
-                Ok(Ok(0)) | Ok(Err(_)) => return,
-                Ok(Ok(_)) => {}
-                Err(_) => return hand_off(&sh, open, client, buf).await,
+                Wait::Read(Ok(0)) | Wait::Read(Err(_)) => return,
+                Wait::Read(Ok(_)) | Wait::Draining => {}
+                Wait::TimedOut => return hand_off(&sh, open, client, buf).await,
             }
         }
         match forward(&sh, &plan, &buf[..total], &mut client, &mut scratch).await {
@@ -513,21 +590,24 @@ async fn forward(
     };
     let replica = slot.0.clone();
     // the request as forwarded: a generated request id after the request line
-    let mut id_line = Vec::new();
-    if !plan.has_id {
-        id_line.extend_from_slice(b"x-request-id: ");
-        id_line.extend_from_slice(&routing::request_id());
-        id_line.extend_from_slice(b"\r\n");
-    }
-    let mut forwarded = Vec::with_capacity(request.len() + id_line.len());
-    forwarded.extend_from_slice(&request[..plan.line_end]);
-    forwarded.extend_from_slice(&id_line);
-    if plan.drop_end == 0 {
-        forwarded.extend_from_slice(&request[plan.line_end..]);
+    let mut id_buf = [0u8; ID_LINE.len() + 34];
+    let id_line: &[u8] = if plan.has_id {
+        &[]
     } else {
-        forwarded.extend_from_slice(&request[plan.line_end..plan.drop_start]);
-        forwarded.extend_from_slice(&request[plan.drop_end..]);
-    }
+        id_buf[..ID_LINE.len()].copy_from_slice(ID_LINE);
+        id_buf[ID_LINE.len()..ID_LINE.len() + 32].copy_from_slice(&routing::request_id());
+        id_buf[ID_LINE.len() + 32..].copy_from_slice(b"\r\n");
+        &id_buf
+    };
+    let (kept, rest): (&[u8], &[u8]) = if plan.drop_end == 0 {
+        (&request[plan.line_end..], &[])
+    } else {
+        (
+            &request[plan.line_end..plan.drop_start],
+            &request[plan.drop_end..],
+        )
+    };
+    let forwarded: [&[u8]; 4] = [&request[..plan.line_end], id_line, kept, rest];
     let mut ch = match routing::take_idle(&replica.idle) {
         Some(ch) => ch,
         None => {
@@ -539,12 +619,13 @@ async fn forward(
             }
         }
     };
-    let mut sealed = Vec::with_capacity(forwarded.len() + 64);
-    ch.sealer.seal_into(&forwarded, &mut sealed);
-    if ch.stream.write_all(&sealed).await.is_err() {
+    let sealed = &mut scratch.sealed;
+    sealed.clear();
+    ch.sealer.seal_parts_into(&forwarded, sealed);
+    if ch.stream.write_all(sealed).await.is_err() {
         let message: &[u8] = b"the replica closed the connection before answering";
         return local_answer(
-            sh, plan, request, client, &id_line, dep, started, 502, message,
+            sh, plan, request, client, id_line, dep, started, 502, message,
         )
         .await;
     }
@@ -555,7 +636,7 @@ async fn forward(
         request,
         &mut ch,
         client,
-        &id_line,
+        id_line,
         dep,
         started,
         scratch,
@@ -570,7 +651,7 @@ async fn forward(
                 Err(_) if !responded => {
                     let message: &[u8] = b"request timed out";
                     return local_answer(
-                        sh, plan, request, client, &id_line, dep, started, 504, message,
+                        sh, plan, request, client, id_line, dep, started, 504, message,
                     )
                     .await;
                 }
@@ -593,7 +674,7 @@ async fn forward(
         Relay::NothingBack => {
             let message: &[u8] = b"the replica closed the connection before answering";
             local_answer(
-                sh, plan, request, client, &id_line, dep, started, 502, message,
+                sh, plan, request, client, id_line, dep, started, 502, message,
             )
             .await
         }
@@ -615,7 +696,12 @@ fn record(
     let bounds = sh.buckets.borrow();
     let mut c = sh.counters.borrow_mut();
     *c.answered.entry((dep.key.clone(), status)).or_insert(0) += 1;
-    *c.latency_ms.entry(dep.key.clone()).or_insert(0.0) += latency_ms;
+    match c.latency_ms.get_mut(dep.key.as_str()) {
+        Some(sum) => *sum += latency_ms,
+        None => {
+            c.latency_ms.insert(dep.key.clone(), latency_ms);
+        }
+    }
     c.records
         .entry((plan.method, dep.key.clone(), status))
         .or_insert_with(|| Pending::new(&bounds))
@@ -630,7 +716,7 @@ fn record(
         let rid = if plan.has_id {
             &request[plan.id_start..plan.id_end]
         } else {
-            &id_line[b"x-request-id: ".len()..id_line.len() - 2]
+            &id_line[ID_LINE.len()..id_line.len() - 2]
         };
         let entry = json!([
             at,
@@ -704,7 +790,7 @@ async fn relay(
     scratch: &mut Scratch,
     responded: &mut bool,
 ) -> Relay {
-    let Scratch { raw, plain, out } = scratch;
+    let Scratch { raw, plain, out, .. } = scratch;
     plain.clear();
     out.clear();
     let answer = loop {

@@ -10,9 +10,8 @@
 
 use std::io;
 
-use blake2::digest::core_api::{Block, Buffer, UpdateCore, VariableOutputCore};
-use blake2::digest::{consts::U32, Mac, Output};
-use blake2::{Blake2b, Blake2bVarCore, Digest};
+use blake2::digest::{consts::U32, Mac};
+use blake2::{Blake2b, Digest};
 use hmac::Hmac;
 use sha2::Sha256;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,9 +42,8 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 
 /// The 16-byte tag of one frame under one direction key (`sealing._Tagger`).
 pub struct Tagger {
-    /// keyed BLAKE2b-128 with its key block already compressed (as `Blake2bMac<U16>` after its
-    /// first update: a tag costs the blocks of its frame, not one more for the key)
-    small: Blake2bVarCore,
+    /// keyed BLAKE2b-128 (`blake2b_simd`: AVX2 when the CPU has it, chosen at run time)
+    small: blake2b_simd::State,
     large: HmacSha256,
 }
 
@@ -59,12 +57,11 @@ impl Tagger {
         };
         let small = sub(b"|small");
         let large = sub(b"|large");
-        let mut core = Blake2bVarCore::new_with_params(&[], &[], small.len(), TAG_SIZE);
-        let mut key_block = Block::<Blake2bVarCore>::default();
-        key_block[..small.len()].copy_from_slice(&small);
-        core.update_blocks(std::slice::from_ref(&key_block));
         Tagger {
-            small: core,
+            small: blake2b_simd::Params::new()
+                .hash_length(TAG_SIZE)
+                .key(&small)
+                .to_state(),
             large: <HmacSha256 as Mac>::new_from_slice(&large).expect("hmac takes any key"),
         }
     }
@@ -78,15 +75,12 @@ impl Tagger {
         let mut out = [0u8; TAG_SIZE];
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if len <= SMALL_FRAME {
-            let mut core = self.small.clone();
-            let mut buffer = Buffer::<Blake2bVarCore>::default();
-            buffer.digest_blocks(prefix, |b| core.update_blocks(b));
+            let mut state = self.small.clone();
+            state.update(prefix);
             for part in parts {
-                buffer.digest_blocks(part, |b| core.update_blocks(b));
+                state.update(part);
             }
-            let mut full = Output::<Blake2bVarCore>::default();
-            core.finalize_variable_core(&mut buffer, &mut full);
-            out.copy_from_slice(&full[..TAG_SIZE]);
+            out.copy_from_slice(state.finalize().as_bytes());
         } else {
             let mut mac = self.large.clone();
             mac.update(prefix);

@@ -15,6 +15,9 @@ use blake2::{Blake2b, Digest};
 use hmac::Hmac;
 use sha2::Sha256;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::io::{Read, Write};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 use tokio::net::{TcpStream, UnixStream};
 
 pub const MAGIC: &[u8] = b"KSC2";
@@ -217,7 +220,7 @@ impl Opener {
 /// A byte stream to a replica: its same-host unix socket or TCP.
 pub enum Stream {
     Tcp(TcpStream),
-    Unix(UnixStream),
+    Unix(LocalStream),
 }
 
 impl Stream {
@@ -247,6 +250,77 @@ impl Stream {
     }
 }
 
+/// A replica's unix socket, registered with the event loop for reading only. A unix socket
+/// signals "writable" each time its peer consumes what was sent (the replica reading each
+/// request): registered for writing too, every request would wake this process once more for
+/// nothing. Writes go straight to the (non-blocking) socket; only when it is full does a
+/// duplicate of it, registered for writing, wait for room.
+pub struct LocalStream {
+    fd: AsyncFd<std::os::unix::net::UnixStream>,
+}
+
+impl LocalStream {
+    fn new(sock: std::os::unix::net::UnixStream) -> io::Result<LocalStream> {
+        sock.set_nonblocking(true)?;
+        Ok(LocalStream {
+            // SAFETY: the std socket owns its descriptor and is never swapped for another
+            fd: unsafe { AsyncFd::register_with_interest(sock, Interest::READABLE)? },
+        })
+    }
+
+    async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let mut guard = self.fd.readable().await?;
+            match guard.try_io(|s| (&*s.get_ref()).read(buf)) {
+                Ok(Ok(n)) => {
+                    if n > 0 && n < buf.len() {
+                        // all there was (as tokio's own sockets): the next read waits for an
+                        // event instead of trying first
+                        guard.clear_ready();
+                    }
+                    return Ok(n);
+                }
+                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        match self.fd.poll_read_ready(&mut cx) {
+            std::task::Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+            std::task::Poll::Ready(Err(e)) => Err(e),
+            std::task::Poll::Ready(Ok(mut guard)) => {
+                match guard.try_io(|s| (&*s.get_ref()).read(buf)) {
+                    Ok(result) => result,
+                    Err(_would_block) => Err(io::ErrorKind::WouldBlock.into()),
+                }
+            }
+        }
+    }
+
+    async fn write_all(&self, mut buf: &[u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            match (&*self.fd.get_ref()).write(buf) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => buf = &buf[n..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let dup = self.fd.get_ref().try_clone()?;
+                    // SAFETY: as in `new`, for the duplicate
+                    let room = unsafe { AsyncFd::register_with_interest(dup, Interest::WRITABLE)? };
+                    let _ = room.writable().await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
 fn is_loopback(host: &str) -> bool {
     matches!(host, "127.0.0.1" | "localhost" | "::1")
 }
@@ -258,7 +332,7 @@ fn my_uid() -> Option<u32> {
 
 /// The replica's abstract unix socket (`local_socket.connect_socket`), when it listens there
 /// under our own uid.
-fn connect_local(host: &str, port: u16) -> Option<UnixStream> {
+fn connect_local(host: &str, port: u16) -> Option<LocalStream> {
     use std::os::linux::net::SocketAddrExt;
     if !is_loopback(host) {
         return None;
@@ -272,7 +346,7 @@ fn connect_local(host: &str, port: u16) -> Option<UnixStream> {
     if Some(cred.uid()) != my_uid() {
         return None;
     }
-    Some(sock)
+    LocalStream::new(sock.into_std().ok()?).ok()
 }
 
 /// An open, authenticated connection to one replica.
@@ -446,4 +520,40 @@ mod tests {
         bad[10] ^= 1;
         assert!(Opener::new(&key).feed(&bad, &mut Vec::new()).is_err());
     }
+
+    /// A write larger than the socket's buffer waits for room (the read-only registration's
+    /// slow path), reads see every byte, an idle socket reads as open until its peer closes.
+    #[test]
+    fn a_local_stream_writes_past_a_full_buffer_and_reads_what_comes() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build_local(tokio::runtime::LocalOptions::default())
+            .unwrap();
+        rt.block_on(async {
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+            let s = Stream::Unix(LocalStream::new(ours).unwrap());
+            let big: Vec<u8> = (0..4_000_000u32).map(|i| (i % 253) as u8).collect();
+            let expected = big.clone();
+            let peer = std::thread::spawn(move || {
+                let mut theirs = theirs;
+                let mut got = vec![0u8; expected.len()];
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                theirs.read_exact(&mut got).unwrap();
+                assert!(got == expected);
+                theirs.write_all(b"answer").unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                drop(theirs);
+            });
+            let mut s = s;
+            assert!(!s.closed_while_idle());
+            s.write_all(&big).await.unwrap();
+            let mut buf = [0u8; 64];
+            let n = s.read(&mut buf).await.unwrap();
+            assert_eq!(&buf[..n], b"answer");
+            assert_eq!(s.read(&mut buf).await.unwrap(), 0);
+            peer.join().unwrap();
+            assert!(s.closed_while_idle());
+        });
+    }
 }
+

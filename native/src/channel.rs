@@ -14,10 +14,10 @@ use blake2::digest::{consts::U32, Mac};
 use blake2::{Blake2b, Digest};
 use hmac::Hmac;
 use sha2::Sha256;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use std::io::{Read, Write};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
 pub const MAGIC: &[u8] = b"KSC2";
@@ -271,7 +271,7 @@ impl LocalStream {
     async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             let mut guard = self.fd.readable().await?;
-            match guard.try_io(|s| (&*s.get_ref()).read(buf)) {
+            match guard.try_io(|s| s.get_ref().read(buf)) {
                 Ok(Ok(n)) => {
                     if n > 0 && n < buf.len() {
                         // all there was (as tokio's own sockets): the next read waits for an
@@ -294,7 +294,7 @@ impl LocalStream {
             std::task::Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
             std::task::Poll::Ready(Err(e)) => Err(e),
             std::task::Poll::Ready(Ok(mut guard)) => {
-                match guard.try_io(|s| (&*s.get_ref()).read(buf)) {
+                match guard.try_io(|s| s.get_ref().read(buf)) {
                     Ok(result) => result,
                     Err(_would_block) => Err(io::ErrorKind::WouldBlock.into()),
                 }
@@ -304,7 +304,7 @@ impl LocalStream {
 
     async fn write_all(&self, mut buf: &[u8]) -> io::Result<()> {
         while !buf.is_empty() {
-            match (&*self.fd.get_ref()).write(buf) {
+            match self.fd.get_ref().write(buf) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => buf = &buf[n..],
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -475,7 +475,9 @@ mod tests {
             h.finalize().into()
         };
         let data: Vec<u8> = (0..3000u32).map(|i| (i * 31 % 251) as u8).collect();
-        for len in [0, 1, 115, 116, 117, 128, 243, 244, 245, 500, 1024, 1025, 3000] {
+        for len in [
+            0, 1, 115, 116, 117, 128, 243, 244, 245, 500, 1024, 1025, 3000,
+        ] {
             let payload = &data[..len];
             let p = prefix(9, len);
             let want: [u8; 16] = if len <= SMALL_FRAME {
@@ -556,4 +558,3 @@ mod tests {
         });
     }
 }
-

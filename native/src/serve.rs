@@ -790,7 +790,9 @@ async fn relay(
     scratch: &mut Scratch,
     responded: &mut bool,
 ) -> Relay {
-    let Scratch { raw, plain, out, .. } = scratch;
+    let Scratch {
+        raw, plain, out, ..
+    } = scratch;
     plain.clear();
     out.clear();
     let answer = loop {

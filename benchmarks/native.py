@@ -1,4 +1,4 @@
-"""The native data path (experimental) beside the Python proxy and nginx, in the same run.
+"""The native data path (the default) beside the Python proxy and nginx, in the same run.
 
     make native && .venv/bin/python benchmarks/native.py
 
@@ -74,7 +74,9 @@ def https(runs: int, seconds: int) -> int:
             kubeserve(Path(tmp) / "native", pair, ("--data-path", "native"))
         )
         (native_pid,) = load.children(native_proxy)
-        python_url, python_proxy = stack.enter_context(kubeserve(Path(tmp) / "python", pair))
+        python_url, python_proxy = stack.enter_context(
+            kubeserve(Path(tmp) / "python", pair, ("--data-path", "python"))
+        )
         replica = stack.enter_context(
             plain_replica.running(APP["import_path"], "AsyncNoop", free_port())
         )

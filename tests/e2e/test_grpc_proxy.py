@@ -52,7 +52,7 @@ def instance(
     (``native``) the native gRPC front with that server behind it, the same answers expected."""
     ensure_generated()
     grpc_port = free_port()
-    args = ("--data-path", "native") if request.param == "native" else ()
+    args = ("--data-path", request.param)
     with running_kubeserve(tmp_path_factory.mktemp("kubeserve-grpc"), args=args) as ks:
         options = {
             "port": grpc_port,

@@ -185,7 +185,7 @@ def plain() -> int:
         json.dumps({"when": stamp, "results": [load.as_json(r) for r in results]}, indent=2) + "\n"
     )
     lines = [
-        "# The native data path (experimental) beside the Python proxy and nginx",
+        "# The native data path (the default) beside the Python proxy and nginx",
         "",
         f"`benchmarks/native.py`, {stamp}, one machine, wrk -t{load.THREADS} "
         f"-c{load.CONNECTIONS}, {load.RUNS} runs of {load.DURATION_S} s in turns (median run).",

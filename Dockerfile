@@ -8,8 +8,8 @@
 # The Kubernetes test node builds FROM a local debootstrap image (tests/kubernetes/node/build_images.sh).
 ARG BASE_IMAGE=python:3.11-slim
 # The native data path (native/, Rust): `kubeserve-fastpath`, at /usr/local/bin/kubeserve-fastpath
-# (KUBESERVE_FASTPATH_BINARY names it), used by proxies whose ServeInstance sets
-# spec.proxy.dataPath: native. By default it is compiled in NATIVE_IMAGE, a Rust toolchain on the
+# (KUBESERVE_FASTPATH_BINARY names it), the proxies' default data path (a ServeInstance's
+# spec.proxy.dataPath: python opts out). By default it is compiled in NATIVE_IMAGE, a Rust toolchain on the
 # base's Debian release (bookworm: glibc 2.36). A build that cannot pull one (the test node's)
 # gives FASTPATH_PREBUILT instead: the context path of a binary built for that glibc or older
 # (`make native` on bookworm), and NATIVE_IMAGE=its base image; nothing is compiled then.

@@ -14,11 +14,16 @@ K8S_DIR    := $(CACHE)/k8s/$(K8S_VERSION)
 
 venv: $(BIN)/.installed
 
-## The experimental native data path (native/, Rust): `kubeserve-fastpath`, release build. Cargo
-## fetches its crates from crates.io on the first build (cached in ~/.cargo).
+## The native data path (native/, Rust), the proxies' default: `kubeserve-fastpath`, release
+## build. Cargo fetches its crates from crates.io on the first build (cached in ~/.cargo).
 NATIVE     := native/target/release/kubeserve-fastpath
-.PHONY: native
+.PHONY: native native-if-cargo
 native: $(NATIVE)
+## The same where cargo is installed; without it, `kubeserve start` serves on the Python data path
+## (its log says so and how to get the native one).
+native-if-cargo:
+	@if command -v cargo >/dev/null 2>&1; then $(MAKE) --no-print-directory native; \
+	else echo "make: no cargo: not building kubeserve-fastpath (the Python data path serves)"; fi
 $(NATIVE): native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	cargo build --release --locked --manifest-path native/Cargo.toml
 	cargo test --release --locked --manifest-path native/Cargo.toml
@@ -110,7 +115,7 @@ k8s-node-clean: venv
 	$(BIN)/python -m support.node_cluster
 
 ## Start kubeserve on this machine with the example applications (admin API :8265, HTTP :8000).
-run: venv
+run: venv native-if-cargo
 	$(BIN)/kubeserve start --state-dir $(STATE_DIR) --deploy examples/config.yaml
 
 ## Run every test: unit, API over HTTP, end to end with real processes, the Ray 2.60 client, the

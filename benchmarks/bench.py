@@ -64,16 +64,23 @@ def replica_pids(system: ServeSystem, app: str) -> list[int]:
     ]
 
 
+def proxy_front(proxy_pid: int) -> tuple[int, ...]:
+    """The proxy's processes, the one in front of clients first: its ``kubeserve-fastpath``
+    child on the native data path, then the proxy (alone on the Python path, or for Ray)."""
+    return (*load.children(proxy_pid), proxy_pid)
+
+
 def _bench_started(system: ServeSystem, noop_path: str, composed_path: str) -> dict[str, Any]:
     loads: list[load.LoadResult] = []
     proxy = f"http://127.0.0.1:{system.proxy_port}"
     one = [noop_app(noop_path, 1)]
     system.put(one)
     system.wait_replicas("noop", "Noop", 1, 180)
-    proxy_pid = system.process_pids()["proxy"]
-    # CPU per request is read for the process in front (proxy, nginx worker, or the replica
-    # loaded directly) and for all the serving processes of the row.
-    through_proxy = (proxy_pid, *replica_pids(system, "noop"))
+    # CPU per request is read for the process in front (on kubeserve's default, native data path
+    # the proxy's kubeserve-fastpath child, else the proxy; an nginx worker; or the replica loaded
+    # directly) and for all the serving processes of the row (the Python proxy included).
+    front = proxy_front(system.process_pids()["proxy"])
+    through_proxy = (*front, *replica_pids(system, "noop"))
     if isinstance(system, Kubeserve):
         # The proxy's cost is judged against the replica alone (and against nginx in front of
         # the same replica code), so these three are measured in turns (load.measure_together).
@@ -115,7 +122,7 @@ def _bench_started(system: ServeSystem, noop_path: str, composed_path: str) -> d
             "no-op via proxy, 2 replicas",
             system.name,
             f"{proxy}/noop",
-            pids=(proxy_pid, *replica_pids(system, "noop")),
+            pids=(*front, *replica_pids(system, "noop")),
         )
     )
     noop_replica = system.running_replicas("noop", "Noop")[0]["pid"]
@@ -132,7 +139,7 @@ def _bench_started(system: ServeSystem, noop_path: str, composed_path: str) -> d
                     "composed (ingress -> handle)",
                     system.name,
                     f"{proxy}/composed?name=x",
-                    pids=(proxy_pid, *replica_pids(system, "composed")),
+                    pids=(*front, *replica_pids(system, "composed")),
                 )
             )
             ingress = system.running_replicas("composed", "Frontend")[0]["pid"]

@@ -228,7 +228,8 @@ def kubeserve_grpc(code: Path, native: bool = False) -> Iterator[tuple[int, list
     from support.kubeserve_start import running_kubeserve
 
     port = free_port()
-    args = ("--data-path", "native") if native else ()
+    # this tree's proxy row is the Python proxy (native is the default); a baseline's, its default
+    args = ("--data-path", "native" if native else "python") if code == ROOT else ()
     with (
         tempfile.TemporaryDirectory() as state,
         running_kubeserve(Path(state), code=code, args=args) as ks,

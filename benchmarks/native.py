@@ -1,4 +1,4 @@
-"""The native data path (experimental) beside the Python proxy and nginx, in the same run.
+"""The native data path (the default) beside the Python proxy and nginx, in the same run.
 
     make native && .venv/bin/python benchmarks/native.py
 
@@ -74,7 +74,9 @@ def https(runs: int, seconds: int) -> int:
             kubeserve(Path(tmp) / "native", pair, ("--data-path", "native"))
         )
         (native_pid,) = load.children(native_proxy)
-        python_url, python_proxy = stack.enter_context(kubeserve(Path(tmp) / "python", pair))
+        python_url, python_proxy = stack.enter_context(
+            kubeserve(Path(tmp) / "python", pair, ("--data-path", "python"))
+        )
         replica = stack.enter_context(
             plain_replica.running(APP["import_path"], "AsyncNoop", free_port())
         )
@@ -183,7 +185,7 @@ def plain() -> int:
         json.dumps({"when": stamp, "results": [load.as_json(r) for r in results]}, indent=2) + "\n"
     )
     lines = [
-        "# The native data path (experimental) beside the Python proxy and nginx",
+        "# The native data path (the default) beside the Python proxy and nginx",
         "",
         f"`benchmarks/native.py`, {stamp}, one machine, wrk -t{load.THREADS} "
         f"-c{load.CONNECTIONS}, {load.RUNS} runs of {load.DURATION_S} s in turns (median run).",

@@ -772,11 +772,8 @@ async fn forward(
         }
         if let Some(mut rest) = rest {
             tokio::task::spawn_local(async move {
-                while let Some(Ok(chunk)) = rest.data().await {
-                    let _ = rest.flow_control().release_capacity(chunk.len());
-                    if upload.send_data(chunk, false).is_err() {
-                        return;
-                    }
+                if !pipe(&mut rest, &mut upload).await {
+                    return;
                 }
                 match rest.trailers().await {
                     Ok(Some(t)) => {
@@ -800,12 +797,8 @@ async fn forward(
     if ends {
         return;
     }
-    while let Some(chunk) = body.data().await {
-        let Ok(chunk) = chunk else { return };
-        let _ = body.flow_control().release_capacity(chunk.len());
-        if download.send_data(chunk, false).is_err() {
-            return;
-        }
+    if !pipe(&mut body, &mut download).await {
+        return;
     }
     match body.trailers().await {
         Ok(Some(t)) => {
@@ -814,6 +807,34 @@ async fn forward(
         _ => {
             let _ = download.send_data(Bytes::new(), true);
         }
+    }
+}
+
+/// Moves a stream's DATA from `recv` to `send` at the pace `send`'s peer takes it, HTTP/2 flow
+/// control end to end: the next chunk is read only once `send` has window for some of it, and
+/// its bytes are given back to `recv`'s sender only once handed on, so about a window per stream
+/// waits here whatever the two peers' speeds (a client stream the method reads slowly holds its
+/// client, instead of piling up in this process). True at the end of the DATA (trailers may
+/// follow), false when either side failed.
+async fn pipe(recv: &mut RecvStream, send: &mut SendStream<Bytes>) -> bool {
+    loop {
+        send.reserve_capacity(1);
+        while send.capacity() == 0 {
+            match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+                Some(Ok(_)) => {}
+                _ => return false,
+            }
+        }
+        let Some(chunk) = recv.data().await else {
+            return true;
+        };
+        let Ok(chunk) = chunk else { return false };
+        let len = chunk.len();
+        send.reserve_capacity(len);
+        if send.send_data(chunk, false).is_err() {
+            return false;
+        }
+        let _ = recv.flow_control().release_capacity(len);
     }
 }
 

@@ -1,4 +1,4 @@
-//! `kubeserve-fastpath`: kubeserve's experimental native data path (opt-in, see README).
+//! `kubeserve-fastpath`: kubeserve's native data path, the proxies' default (see README).
 //!
 //! `serve`: a client-facing HTTP/1.1 keep-alive fast path in front of the Python proxy. Requests
 //! it covers (HTTP/1.1, `Content-Length` or no body up to `max_body_bytes`, no hop-by-hop or

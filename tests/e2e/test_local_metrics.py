@@ -34,11 +34,14 @@ def test_requests_errors_and_latency_are_counted_with_rays_names(
 
     ok = {"route": "/echo", "application": "echo", "method": "GET"}
     replica = {"application": "echo", "deployment": "Echo", "route": "/echo"}
-    # each process flushes what it recorded every half second
+    # each process flushes what it recorded every half second (the native data path hands the
+    # proxy what it answered once a second)
     samples = wait_for(
         lambda: (
             (s := scrape(ks))
             and value(s, "ray_serve_num_http_requests_total", status_code="404", route="") == 1
+            and value(s, "ray_serve_num_http_requests_total", status_code="200", **ok) == 5
+            and value(s, "ray_serve_num_http_requests_total", status_code="500", **ok) == 2
             and value(s, "ray_serve_deployment_request_counter_total", **replica) == 7
             and s
         ),
@@ -114,6 +117,12 @@ def test_random_paths_add_no_series_and_no_memory(clean_kubeserve: Kubeserve) ->
     ks.wait_app("echo")
     (proxy_pid,) = (int(p["worker_id"]) for p in ks.details()["proxies"].values())
     assert http("GET", f"{ks.proxy}/echo/str")[0] == 200
+    # its series in /metrics before the first count (the native data path records late)
+    wait_for(
+        lambda: value(scrape(ks), "ray_serve_num_http_requests_total", status_code="200") >= 1,
+        10,
+        what="the 200 in /metrics",
+    )
     # the module's instance may have answered 404s before this test: count from where it is
     earlier = value(scrape(ks), "ray_serve_num_http_requests_total", status_code="404")
     send_random_paths(ks, 1000, seed=1)  # every label set of a 404 seen once; allocator warm

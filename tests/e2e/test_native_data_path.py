@@ -1,9 +1,12 @@
-"""``kubeserve start --data-path native``: the proxy serves through ``kubeserve-fastpath`` (the
-experimental native data path, ``make native``), a real instance end to end."""
+"""``kubeserve start`` (``--data-path native``, the default): the proxy serves through
+``kubeserve-fastpath`` (the native data path, ``make native``), a real instance end to end; where
+the binary is missing (a ``pip install`` without the Rust build), the default serves on the Python
+path, saying so once, and an explicit ``native`` is refused."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -12,7 +15,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kubeserve.runtime.fastpath import find_binary
+import pytest
+
+from kubeserve.runtime.fastpath import DATA_PATH_ENV, MISSING_BINARY, find_binary
 from support.common import ROOT, free_port, http, pid_alive, wait_for
 from support.kubeserve_start import Kubeserve, running_kubeserve, slow_app
 
@@ -142,3 +147,100 @@ def test_a_proxy_told_to_stop_drains_its_native_data_path_with_no_failed_request
                 proxy.kill()
                 proxy.wait()
             log.close()
+
+
+#: What the log says, once, when the default native data path falls back for want of the binary.
+FALLBACK = "serving on the Python data path, not the default native one"
+
+
+@pytest.fixture()
+def default_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No data path chosen by the environment (a sweep may set one), no binary named."""
+    monkeypatch.delenv(DATA_PATH_ENV, raising=False)
+    monkeypatch.delenv("KUBESERVE_FASTPATH_BINARY", raising=False)
+
+
+@pytest.fixture()
+def without_binary(tmp_path: Path, default_environment: None) -> Path:
+    """This checkout's package alone, as ``pip install`` puts it: no ``native/target`` beside
+    it, and no ``kubeserve-fastpath`` on ``$PATH``."""
+    assert shutil.which("kubeserve-fastpath") is None, "a kubeserve-fastpath is on $PATH"
+    code = tmp_path / "installed"
+    shutil.copytree(
+        ROOT / "operator", code / "operator", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    return code
+
+
+def test_the_default_data_path_is_native(tmp_path: Path, default_environment: None) -> None:
+    assert find_binary() is not None, "`make native` builds kubeserve-fastpath (`make test` does)"
+    with running_kubeserve(tmp_path) as ks:
+        status, body = ks.put([slow_app()])
+        assert status == 200, body
+        ks.wait_app("slow")
+        assert native_pid(proxy_pid(ks)) is not None, "the proxy runs no kubeserve-fastpath"
+        assert http("GET", f"{ks.proxy}/slow?s=0")[0] == 200
+        assert FALLBACK not in ks.log()
+
+
+def test_without_the_binary_the_default_serves_on_the_python_path_saying_so_once(
+    tmp_path: Path, without_binary: Path
+) -> None:
+    with running_kubeserve(tmp_path / "state", code=without_binary) as ks:
+        status, body = ks.put([slow_app()])
+        assert status == 200, body
+        ks.wait_app("slow")
+        proxy = proxy_pid(ks)
+        assert native_pid(proxy) is None
+        argv = Path(f"/proc/{proxy}/cmdline").read_bytes().split(b"\0")
+        assert argv[argv.index(b"--data-path") + 1] == b"python"
+        assert http("GET", f"{ks.proxy}/slow?s=0")[0] == 200
+        log = ks.log_path.read_text()
+        assert log.count(FALLBACK) == 1, log
+        assert "make native" in log
+        # a proxy started with no --data-path (as a cluster's default runs it) falls back too
+        port = free_port()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT / "tests" / "apps"), str(without_binary / "operator")]
+        )
+        env["KUBESERVE_DATA_PLANE_SECRET_FILE"] = str(tmp_path / "state" / "data-plane.secret")
+        argv2 = [sys.executable, "-m", "kubeserve.runtime.proxy", "--host", "127.0.0.1"]
+        argv2 += ["--port", str(port), "--controller-url", ks.api]
+        proxy_log = tmp_path / "proxy.log"
+        with proxy_log.open("wb") as out:
+            second = subprocess.Popen(argv2, env=env, stdout=out, stderr=subprocess.STDOUT)
+            try:
+                url = f"http://127.0.0.1:{port}/slow?s=0"
+                wait_for(
+                    lambda: http("GET", url)[0] == 200, 30, what="the proxy", ignoring=(OSError,)
+                )
+                assert native_pid(second.pid) is None
+            finally:
+                second.terminate()
+                second.wait(30)
+        assert proxy_log.read_text().count(FALLBACK) == 1, proxy_log.read_text()
+
+
+def test_an_explicit_native_data_path_without_the_binary_is_refused(
+    tmp_path: Path, without_binary: Path
+) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(without_binary / "operator")
+    start = [sys.executable, "-m", "kubeserve.cli", "start", "--state-dir", str(tmp_path / "s")]
+    start += ["--dashboard-port", str(free_port()), "--http-port", str(free_port())]
+    for argv, chosen_by_env in (([*start, "--data-path", "native"], False), (start, True)):
+        answer = subprocess.run(
+            argv,
+            env={**env, DATA_PATH_ENV: "native"} if chosen_by_env else env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert answer.returncode == 2, answer
+        assert f"--data-path native: {MISSING_BINARY}" in answer.stderr
+    proxy = [sys.executable, "-m", "kubeserve.runtime.proxy", "--data-path", "native"]
+    proxy += ["--controller-url", "http://127.0.0.1:9", "--port", str(free_port())]
+    answer = subprocess.run(proxy, env=env, capture_output=True, text=True, timeout=60)
+    assert answer.returncode == 1, answer
+    assert f"kubeserve proxy: --data-path native: {MISSING_BINARY}" in answer.stderr

@@ -339,11 +339,12 @@ def test_proxy_data_path_reaches_the_operator_flag(helm: str) -> None:
     empty (the chart's default) leaves the operator's own default, the one constant."""
     parser = argparse.ArgumentParser()
     operator_cli.add_arguments(parser)
-    container = operator_container(rendered_chart({"proxyDataPath": "native"}, helm=helm))
-    assert parser.parse_args(container["args"][1:]).proxy_data_path == "native"
+    container = operator_container(rendered_chart({"proxyDataPath": "python"}, helm=helm))
+    assert parser.parse_args(container["args"][1:]).proxy_data_path == "python"
     container = operator_container(rendered_chart({}, helm=helm))
     assert _flag(container, "proxy-data-path") is None
     assert parser.parse_args(container["args"][1:]).proxy_data_path == DEFAULT_DATA_PATH.value
+    assert DEFAULT_DATA_PATH.value == "native"
 
 
 def test_replicas_elect_a_leader_and_roll_one_at_a_time(helm: str) -> None:

@@ -1,5 +1,6 @@
 """The native data path on a real node: ``ServeInstance.spec.proxy.dataPath: native`` runs the
-proxy pods with ``--data-path native``, and the ``kubeserve-fastpath`` the image ships answers the
+proxy pods with ``--data-path native``, an instance that does not choose runs them with the
+proxy's own default (native), and in both the ``kubeserve-fastpath`` the image ships answers the
 requests sent through the proxy Service (its own counters, read from its control socket inside
 the pod, grow by every request sent). The API server refuses a data path that is not one, naming
 the field."""
@@ -50,7 +51,8 @@ print(json.dumps({"pids": pids, "stats": stats}))
 
 def native_instance(ns: str, **proxy: Any) -> dict[str, Any]:
     serving = instance(ns, image=KUBESERVE_IMAGE)
-    serving["spec"]["proxy"] = proxy
+    if proxy:
+        serving["spec"]["proxy"] = proxy
     return serving
 
 
@@ -90,10 +92,27 @@ def keep_alive_gets(url: str, count: int) -> list[str]:
 def test_native_data_path_serves_through_the_proxy_service(
     node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
 ) -> None:
-    ns = node_namespace
+    command = serve_natively(node, node_operator, node_namespace, dataPath="native")
+    assert command[command.index("--data-path") + 1] == "native"
+
+
+def test_the_default_data_path_is_native(
+    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+) -> None:
+    """An instance that does not choose (the operator's default): no flag, the proxy's own
+    default, and the image's kubeserve-fastpath serves."""
+    command = serve_natively(node, node_operator, node_namespace)
+    assert "--data-path" not in command
+
+
+def serve_natively(
+    node: NodeCluster, node_operator: OperatorProcess, ns: str, **proxy: Any
+) -> list[str]:
+    """Deploy hello on an instance with ``spec.proxy`` = ``proxy``, send requests through the
+    proxy Service, check the native process answered them; returns the proxy's command."""
     node.apply(
         [
-            native_instance(ns, dataPath="native"),
+            native_instance(ns, **proxy),
             application(ns, "hello", "examples.hello:app", routePrefix="/hello"),
         ]
     )
@@ -101,8 +120,7 @@ def test_native_data_path_serves_through_the_proxy_service(
     url = proxy_service_url(node, ns, "/hello")
     pod = proxy_pod(node, ns)
     (container,) = pod["spec"]["containers"]
-    command = container["command"]
-    assert command[command.index("--data-path") + 1] == "native"
+    command: list[str] = container["command"]
     name = pod["metadata"]["name"]
     before = native_state(node, ns, name)
     assert before["pids"], "the proxy pod runs no kubeserve-fastpath"
@@ -117,6 +135,7 @@ def test_native_data_path_serves_through_the_proxy_service(
     after = wait_for(counted, 30, interval_s=1, what="the native process counting the requests")
     assert after["pids"] == before["pids"]  # the same process served them all
     print(f"native answered {answered_ok(after) - answered_ok(before)} of {REQUESTS} requests")
+    return command
 
 
 def refusal(node: NodeCluster, obj: dict[str, Any]) -> str:

@@ -84,8 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=[d.value for d in DataPath],
         default=DEFAULT_DATA_PATH.value,
         help="the proxies' data path for a ServeInstance whose spec.proxy.dataPath is unset "
-        "(native: kubeserve-fastpath in front of the Python proxy; default "
-        f"{DEFAULT_DATA_PATH.value})",
+        "(native: kubeserve-fastpath in front of the Python proxy, python in an image without "
+        f"it; python: the Python proxy alone; default {DEFAULT_DATA_PATH.value})",
     )
     parser.add_argument("--log-level", default=os.environ.get("KUBESERVE_LOG_LEVEL", "INFO"))
 

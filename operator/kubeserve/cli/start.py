@@ -27,7 +27,12 @@ from kubeserve.cli.command import (
 )
 from kubeserve.control import placement
 from kubeserve.control.replica_limits import DEFAULT_MAX_PROCESSES
-from kubeserve.runtime.fastpath import DATA_PATH_ENV
+from kubeserve.runtime.fastpath import (
+    DATA_PATH_ENV,
+    MISSING_BINARY,
+    choose_data_path,
+    find_binary,
+)
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES
 from kubeserve.runtime.python_env import GC_MIN_AGE_S
@@ -146,9 +151,11 @@ def add_instance_arguments(
     parser.add_argument(
         "--data-path",
         choices=[d.value for d in DataPath],
-        default=os.environ.get(DATA_PATH_ENV) or DEFAULT_DATA_PATH.value,
-        help="native: the proxy serves through the experimental kubeserve-fastpath process "
-        f"(`make native`; see the README); default from ${DATA_PATH_ENV}",
+        default=os.environ.get(DATA_PATH_ENV) or None,
+        help="native: the proxy serves through the kubeserve-fastpath process (`make native`; "
+        "see the README); python: the Python proxy serves every request. Default from "
+        f"${DATA_PATH_ENV}, else {DEFAULT_DATA_PATH.value} (python, said once, when the "
+        "binary is missing)",
     )
     parser.add_argument(
         "--log-max-bytes",
@@ -196,6 +203,10 @@ def start_instance(args: argparse.Namespace, after_start: AfterStart | None) -> 
     # read once, into LocalSettings.data_path: the proxy gets --data-path from there, and no
     # child inherits the variable (a proxy's own default would differ from the setting)
     os.environ.pop(DATA_PATH_ENV, None)
+    data_path = DataPath(choose_data_path(args.data_path, DEFAULT_DATA_PATH.value))
+    if data_path is DataPath.NATIVE and find_binary() is None:  # asked for explicitly
+        print(f"kubeserve start: --data-path native: {MISSING_BINARY}", file=sys.stderr)
+        return 2
     token = auth_token(args)
     # Replicas and builds inherit this environment and run user code: the token stays here.
     os.environ.pop(AUTH_TOKEN_ENV, None)
@@ -243,7 +254,7 @@ def start_instance(args: argparse.Namespace, after_start: AfterStart | None) -> 
         replica_max_processes=args.replica_max_processes,
         python_env_keep_s=max(0.0, args.runtime_env_keep_s),
         data_plane_outlives=not getattr(args, "temporary_state_dir", False),
-        data_path=DataPath(args.data_path),
+        data_path=data_path,
     )
     try:
         backend = LocalBackend(settings)

@@ -1,5 +1,10 @@
-"""The native data path (experimental, opt-in): the ``kubeserve-fastpath`` process in front of
-the Python proxy.
+"""The native data path (the default): the ``kubeserve-fastpath`` process in front of the
+Python proxy.
+
+It is the default of ``kubeserve start``, ``kubeserve proxy`` and the proxy pods of a
+ServeInstance; ``--data-path python`` opts out. A defaulted native path with no binary (a ``pip
+install`` without the Rust build) serves on the Python path instead, said once
+(:func:`choose_data_path`); an explicit ``--data-path native`` with no binary is an error.
 
 ``native/`` (Rust, ``make native``) builds one binary. Its ``serve`` command owns the
 client-facing HTTP/1.1 keep-alive fast path: it parses each request, matches the route prefix,
@@ -89,17 +94,20 @@ from kubeserve.runtime.wire import Snapshot
 __all__ = [
     "BINARY_ENV",
     "DATA_PATH_ENV",
+    "MISSING_BINARY",
     "FastPath",
     "FastPathError",
     "FastPathRefused",
     "Records",
+    "choose_data_path",
     "find_binary",
 ]
 
 log = logging.getLogger(__name__)
 
-#: The default of ``kubeserve proxy --data-path``, which ``kubeserve start --data-path`` sets for
-#: the proxy it starts: ``native`` opts the proxy into this data path.
+#: Chooses the data path of ``kubeserve start`` and ``kubeserve proxy`` when their ``--data-path``
+#: is not given (``kubeserve start`` passes its choice to the proxy it starts as the flag): an
+#: explicit choice, as the flag is.
 DATA_PATH_ENV = "KUBESERVE_DATA_PATH"
 
 #: Names the ``kubeserve-fastpath`` binary to run (else ``native/target/release`` of a source
@@ -124,6 +132,31 @@ class Records:
     access: list[list[Any]]
     #: client connections refused over ``max_connections``
     refused: int
+
+
+#: Why the native data path cannot run here, and how to get it.
+MISSING_BINARY = (
+    f"no {_NAME} binary: build it with `make native` in a kubeserve checkout (Rust's cargo), "
+    f"or name it in ${BINARY_ENV} (the kubeserve image ships it)"
+)
+
+
+def choose_data_path(requested: str | None, default: str) -> str:
+    """The data path to serve with, ``python`` or ``native``: ``requested`` (``--data-path``,
+    else ``$KUBESERVE_DATA_PATH``) when given, else ``default``, except that a default of
+    ``native`` with no binary (:func:`find_binary`) falls back to ``python``, logging one warning
+    that says how to get the binary: a newcomer's ``pip install`` serves. An explicit ``native``
+    with no binary is returned as is: the caller refuses it (:data:`MISSING_BINARY`)."""
+    if requested is not None:
+        return requested
+    if default == "native" and find_binary() is None:
+        log.warning(
+            "serving on the Python data path, not the default native one: %s; "
+            "--data-path python chooses the Python path without this message",
+            MISSING_BINARY,
+        )
+        return "python"
+    return default
 
 
 class FastPathError(RuntimeError):
@@ -189,9 +222,9 @@ class FastPath:
 
     async def start(self) -> None:
         if self.binary is None:
-            raise FastPathError(
-                f"no {_NAME} binary: build it with `make native`, or name it in ${BINARY_ENV}"
-            )
+            raise FastPathError(MISSING_BINARY)
+        if not os.access(self.binary, os.X_OK):
+            raise FastPathError(f"{_NAME} {self.binary!r} (${BINARY_ENV}) is no executable file")
         self._dir = tempfile.TemporaryDirectory(prefix="kubeserve-fastpath-")
         os.chmod(self._dir.name, 0o700)
         control = os.path.join(self._dir.name, "control.sock")

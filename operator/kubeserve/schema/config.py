@@ -820,8 +820,10 @@ class DataPath(StrEnum):
 
 
 #: The data path of ``kubeserve start`` and of a ServeInstance that does not choose one (the
-#: operator's ``--proxy-data-path``, the chart's ``proxyDataPath``): the one constant to flip.
-DEFAULT_DATA_PATH = DataPath.PYTHON
+#: operator's ``--proxy-data-path``, the chart's ``proxyDataPath``); ``kubeserve proxy`` spells the
+#: same default itself (no pydantic there). Where the binary is missing, a defaulted native path
+#: serves on the Python one, saying so (:func:`kubeserve.runtime.fastpath.choose_data_path`).
+DEFAULT_DATA_PATH = DataPath.NATIVE
 
 
 class HTTPOptionsSchema(RestModel):

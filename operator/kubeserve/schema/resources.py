@@ -374,11 +374,11 @@ class InstanceProxy(CRModel):
 
     data_path: DataPath | None = Field(
         default=None,
-        description="python: the Python proxy serves every request; native: the native data "
-        "path (kubeserve-fastpath, in the kubeserve image) serves the requests it covers in "
-        "front of it (terminating spec.tls's HTTPS too) and hands the rest to it. Unset: the "
-        "operator's default (its --proxy-data-path, the chart's proxyDataPath; python unless "
-        "changed).",
+        description="native: the native data path (kubeserve-fastpath, in the kubeserve image) "
+        "serves the requests it covers in front of the Python proxy (terminating spec.tls's "
+        "HTTPS too) and hands the rest to it; python: the Python proxy serves every request. "
+        "Unset: the operator's default (its --proxy-data-path, the chart's proxyDataPath; native "
+        "unless changed, python in an image without kubeserve-fastpath).",
     )
 
 

@@ -33,16 +33,19 @@ def proxy_command(default: DataPath = DEFAULT_DATA_PATH, **spec: Any) -> list[st
 
 
 def data_path_of(command: list[str]) -> str:
-    """What ``kubeserve proxy`` runs with: its ``--data-path``, else its own default."""
+    """What ``kubeserve proxy`` runs with: its ``--data-path``, else its own default (native,
+    where the image ships the binary)."""
     if "--data-path" not in command:
-        return DataPath.PYTHON.value
+        return DataPath.NATIVE.value
     return command[command.index("--data-path") + 1]
 
 
-def test_the_default_is_python_for_now() -> None:
-    assert DEFAULT_DATA_PATH is DataPath.PYTHON
-    assert data_path_of(proxy_command()) == "python"
-    assert "--data-path" not in proxy_command()  # the same pods as before the setting existed
+def test_the_default_is_native() -> None:
+    assert DEFAULT_DATA_PATH is DataPath.NATIVE
+    assert data_path_of(proxy_command()) == "native"
+    # no flag: the proxy's own default, native, which falls back to python (said in its log) in
+    # an image without kubeserve-fastpath, where an explicit --data-path native would fail
+    assert "--data-path" not in proxy_command()
 
 
 def test_native_runs_the_proxy_with_the_native_data_path() -> None:
@@ -50,6 +53,13 @@ def test_native_runs_the_proxy_with_the_native_data_path() -> None:
     assert data_path_of(command) == "native"
     # the flag sits among the proxy's options, before its fixed drain settings
     assert command.index("--data-path") < command.index("--replacement-wait-s")
+
+
+def test_python_is_always_said() -> None:
+    """The Python path is the proxy's escape hatch, given as a flag whoever chose it."""
+    for default, spec in ((DataPath.PYTHON, {}), (DataPath.NATIVE, {"dataPath": "python"})):
+        command = proxy_command(default, proxy=spec)
+        assert command[command.index("--data-path") + 1] == "python"
 
 
 def test_the_spec_overrides_the_operators_default_both_ways() -> None:

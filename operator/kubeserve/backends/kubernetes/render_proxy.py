@@ -52,7 +52,7 @@ from kubeserve.runtime.kubernetes.contract import (
     INSTANCE_ENV,
     KUBERNETES_NAMESPACE_LABEL,
 )
-from kubeserve.schema.config import DataPath, ProxyLocation
+from kubeserve.schema.config import ProxyLocation
 
 __all__ = [
     "BUILD_RULES",
@@ -106,8 +106,8 @@ def _proxy_command(instance: InstanceView) -> list[str]:
         if instance.tls.require_client_certificates:
             command += ["--ssl-ca-certs", f"{TLS_DIR}/ca.crt"]
     command += grpc_proxy_arguments(instance.grpc_options)
-    if instance.data_path is DataPath.NATIVE:
-        command += ["--data-path", DataPath.NATIVE.value]
+    if instance.data_path_flag is not None:
+        command += ["--data-path", instance.data_path_flag]
     command += ["--replacement-wait-s", str(contract.PROXY_REPLACEMENT_WAIT_S)]
     command += ["--leave-delay-s", str(contract.PROXY_LEAVE_DELAY_S)]
     command += ["--drain-timeout-s", str(contract.PROXY_DRAIN_S)]

@@ -104,6 +104,18 @@ class InstanceView:
         return self.default_data_path if chosen is None else chosen
 
     @property
+    def data_path_flag(self) -> str | None:
+        """The proxies' ``--data-path``: ``python`` for the Python path; ``native`` when
+        ``spec.proxy.dataPath`` asks for it (an image without ``kubeserve-fastpath`` then fails,
+        saying so); none when native is the operator's default: the proxy's own default, native,
+        or python, said once in its log, in an image without the binary (a user's image with
+        kubeserve pip-installed)."""
+        if self.data_path is DataPath.PYTHON:
+            return DataPath.PYTHON.value
+        chosen = self.spec.proxy.data_path if self.spec.proxy else None
+        return None if chosen is None else DataPath.NATIVE.value
+
+    @property
     def tls(self) -> ProxyTLS | None:
         """``spec.tls``: the Secret the proxies serve HTTPS from, if any."""
         return self.spec.tls

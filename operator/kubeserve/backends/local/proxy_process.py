@@ -26,7 +26,6 @@ from kubeserve.backends.local.replica_context import ReplicaContext
 from kubeserve.control import backoff, effective_config
 from kubeserve.control.instance import grpc_proxy_arguments
 from kubeserve.runtime.tls import PASSWORD_ENV, TLSFiles
-from kubeserve.schema.config import DataPath
 
 ProxyStatusValue = Literal["STARTING", "HEALTHY", "UNHEALTHY", "DRAINING"]
 
@@ -85,9 +84,9 @@ class ProxyProcess:
             if self._tls.ca_certs:
                 args += ["--ssl-ca-certs", os.path.abspath(self._tls.ca_certs)]
         args += grpc_proxy_arguments(options.get("grpc_options"))  # type: ignore[arg-type]
-        # kubeserve start --data-path native (it terminates TLS too)
-        if self._ctx.data_path is DataPath.NATIVE:
-            args += ["--data-path", DataPath.NATIVE.value]
+        # kubeserve start's data path, chosen once there (native terminates TLS too): always
+        # given, so the proxy neither chooses again nor says again why it fell back to python
+        args += ["--data-path", self._ctx.data_path.value]
         return args + self._ctx.request_limits.cli_args()
 
     async def _run(self, args: list[str], adopted: AdoptedProxy | None) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kubeserve.runtime import channel, logs, tracing
 from kubeserve.runtime.discovery import EndpointSource
-from kubeserve.runtime.fastpath import DATA_PATH_ENV
+from kubeserve.runtime.fastpath import DATA_PATH_ENV, MISSING_BINARY, choose_data_path, find_binary
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
 from kubeserve.runtime.proxy.server import LeavePlan, serve_proxy
 from kubeserve.runtime.tls import PASSWORD_ENV, TLSFiles
@@ -110,12 +110,13 @@ def main(
     )
     parser.add_argument(
         "--data-path",
-        # python unless told: kubeserve start and the operator pass --data-path native when
-        # they mean it (not schema.config.DEFAULT_DATA_PATH: no pydantic in the proxy process)
+        # native unless told (not schema.config.DEFAULT_DATA_PATH: no pydantic in the proxy
+        # process); kubeserve start and the operator pass --data-path python when they mean it
         choices=("python", "native"),
-        default=os.environ.get(DATA_PATH_ENV) or "python",
-        help="native: the experimental kubeserve-fastpath process serves the requests it covers "
-        f"and hands the rest to this proxy (default from ${DATA_PATH_ENV})",
+        default=os.environ.get(DATA_PATH_ENV) or None,
+        help="native (the default): the kubeserve-fastpath process serves the requests it "
+        "covers and hands the rest to this proxy; python: this proxy serves every request. "
+        f"Default from ${DATA_PATH_ENV}, else native, or python when the binary is missing",
     )
     add_limit_arguments(parser)
     args = parser.parse_args(argv)
@@ -139,7 +140,10 @@ def main(
         tracing.setup(args.tracing_config, "proxy")
     except tracing.TracingSetupError as exc:  # one line, no usage: a pod's termination message
         parser.exit(1, f"kubeserve proxy: {exc.named()}\n")
-    native = args.data_path == "native"
+    explicit = args.data_path
+    native = choose_data_path(explicit, "native") == "native"
+    if native and explicit is not None and find_binary() is None:
+        parser.exit(1, f"kubeserve proxy: --data-path native: {MISSING_BINARY}\n")
     if native and tracing.ACTIVE is not None:  # the native data path makes no spans yet
         logging.getLogger(__name__).warning(
             "tracing_config enables tracing: serving without the native data path"

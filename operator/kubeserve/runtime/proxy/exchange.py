@@ -327,7 +327,8 @@ class Exchange:
 
         The first write carries the head: the request verbatim when it arrived whole and clean
         (``raw``, with the request id header spliced in after the request line when the proxy
-        made one up), else the head serialized from ``headers`` followed by the body pieces so far.
+        made one up), else the head serialized from ``headers`` followed by the body pieces so far
+        (kept as ``raw`` when that is the whole request).
         """
         up = self.upstream
         if up is None:
@@ -344,6 +345,15 @@ class Exchange:
                 return
             out = [self._head()]
             out += self.pending
+            if self.request_done and self.pending_bytes <= BUFFER_BEFORE_SLOT:
+                # Whole, serialized (a dropped header, HTTP/1.0): held as ``raw``, request id
+                # included, so that a replica answering it unserved (full, with a native data
+                # path or a handle that filled it first) gets it sent again, as a verbatim one.
+                self.raw, self.id_line = b"".join(out), b""
+                up.transport.write(self.raw)
+                self.pending.clear()
+                self.pending_bytes = 0
+                return
         elif self.pending:
             out = self.pending[:]
         else:

@@ -88,7 +88,7 @@ class ProxyServer:
         tls: TLSFiles | None = None,
         native: bool = False,
     ) -> None:
-        """``native``: serve through the native data path (experimental,
+        """``native``: serve through the native data path (``kubeserve proxy``'s default,
         :mod:`~kubeserve.runtime.fastpath`): the ``kubeserve-fastpath`` process takes
         ``host:port`` (or ``listen_fd``) and hands this proxy, listening on a private unix socket,
         what it does not cover (with ``tls``, it terminates TLS and hands off decrypted
@@ -575,14 +575,14 @@ async def serve_proxy(
         scheme,
         host,
         server.port,
-        " (native data path, experimental)" if server.native is not None else "",
+        " (native data path)" if server.native is not None else "",
     )
     if server.grpc is not None:
         native_grpc = server.native.grpc_port if server.native is not None else None
         log.info(
             "kubeserve proxy serving gRPC on port %d%s",
             native_grpc or server.grpc.port,
-            " (native gRPC front, experimental)" if native_grpc else "",
+            " (native gRPC front)" if native_grpc else "",
         )
     try:
         await (stop or asyncio.Event()).wait()

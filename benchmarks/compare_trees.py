@@ -22,7 +22,8 @@ see the same background load.
 
 Because req/s on a shared machine follow the background load, each run also reads from /proc the
 CPU time (user + system) the serving processes used, divided by the requests served: of the
-process in front (the proxy, nginx's worker, or the replica for direct rows), and of all the
+process in front (the proxy's ``kubeserve-fastpath`` child on the native data path, else the
+proxy; nginx's worker; or the replica for direct rows), and of all the
 serving processes of the row (proxy and every replica of the application). Those figures hardly
 depend on how busy the machine is; the table gives medians, and after/before ratios per setup.
 """
@@ -153,10 +154,13 @@ def tree_kubeserve(
                 deployments = details["applications"][app]["deployments"]
                 replicas = tuple(int(r["pid"]) for d in deployments.values() for r in d["replicas"])
                 url = f"http://127.0.0.1:{proxy}/{app}"
-                pids = (proxy_pid, *replicas)
-                setups[f"{app} via proxy"] = Setup(url, proxy_pid, pids)
+                # the process in front: on the native data path the proxy's kubeserve-fastpath
+                # child, else the proxy itself; the Python proxy counts among the row's processes
+                front = (*children(proxy_pid), proxy_pid)
+                pids = (*front, *replicas)
+                setups[f"{app} via proxy"] = Setup(url, front[0], pids)
                 if app == "noop":
-                    setups[f"{app} via proxy, client id"] = Setup(url, proxy_pid, pids, WITH_ID)
+                    setups[f"{app} via proxy, client id"] = Setup(url, front[0], pids, WITH_ID)
                 if app not in SYNC_APPS:
                     continue
                 plain = stack.enter_context(_plain_replica(tree, app, INGRESS[app]))

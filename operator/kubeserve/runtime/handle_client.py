@@ -42,7 +42,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httptools
@@ -276,7 +276,7 @@ class HandleClient:
         options: dict[str, Any] | None = None,
         inputs: AsyncIterator[Any] | None = None,
         decode: Callable[[bytes], Any] = decode_result,
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         """A streamed call of a generator method: its items as the replica yields them.
 
         The call holds its replica slot until the stream ends (or the caller stops iterating,

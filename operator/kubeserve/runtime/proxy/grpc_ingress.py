@@ -402,7 +402,7 @@ class GrpcIngress:
                 async with self._deadline():
                     if inputs:
                         reply, payload = await _only(
-                            self.client.stream(  # type: ignore[arg-type]
+                            self.client.stream(
                                 app,
                                 deployment,
                                 method,
@@ -453,26 +453,37 @@ class GrpcIngress:
             code = grpc.StatusCode.OK
             self.metrics.in_flight += 1
             ctx._set_on_grpc_context(grpc_context)  # the request id trailer, once
+            # The deadline is armed around each wait for the replica's next item, never across
+            # the yield: a timeout firing while the generator is suspended there would cancel
+            # grpc's own write, outside this block, and the stream would run on past it.
+            timeout_s = self.options.request_timeout_s
+            deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
+            items = self.client.stream(
+                app,
+                deployment,
+                method,
+                () if inputs else (_Unparsed.of(parse, request),),
+                {},
+                model_id=model_id,
+                options={"grpc": ctx},
+                inputs=_unparsed_stream(parse, request) if inputs else None,
+                decode=decode_grpc_answer,
+            )
             try:
-                async with self._deadline():
-                    async for reply, payload in self.client.stream(
-                        app,
-                        deployment,
-                        method,
-                        () if inputs else (_Unparsed.of(parse, request),),
-                        {},
-                        model_id=model_id,
-                        options={"grpc": ctx},
-                        inputs=_unparsed_stream(parse, request) if inputs else None,
-                        decode=decode_grpc_answer,
-                    ):
-                        if reply is not None:  # the method changed the context
-                            reply._set_on_grpc_context(grpc_context)
-                        yield payload
+                while True:
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            reply, payload = await anext(items)
+                    except StopAsyncIteration:
+                        break
+                    if reply is not None:  # the method changed the context
+                        reply._set_on_grpc_context(grpc_context)
+                    yield payload
                 code = grpc_context.code() or code
             except Exception as exc:
                 code = self._fail(grpc_context, exc, request_id)
             finally:
+                await items.aclose()
                 self.metrics.in_flight -= 1
                 self._done(full, app, deployment, code, started, request_id)
 

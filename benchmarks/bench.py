@@ -144,8 +144,12 @@ def _bench_started(system: ServeSystem, noop_path: str, composed_path: str) -> d
             )
             ingress = system.running_replicas("composed", "Frontend")[0]["pid"]
             pids = system.process_pids()
+            # the proxy's resident memory: of all its processes (its kubeserve-fastpath child
+            # on the native data path included), that child's also shown on its own
+            native = load.children(pids["proxy"])
             rss = {
-                "proxy": rss_mb(pids["proxy"]),
+                "proxy": sum(rss_mb(pid) for pid in (pids["proxy"], *native)),
+                **({"proxy's kubeserve-fastpath": sum(map(rss_mb, native))} if native else {}),
                 "replica (no-op)": rss_mb(noop_replica),
                 "replica (composed ingress)": rss_mb(ingress),
                 "controller": rss_mb(pids["controller"]),

@@ -202,6 +202,14 @@ impl Opener {
         }
     }
 
+    /// Before the connection idles in a pool: the buffer a large frame split across reads left
+    /// is let go (it is empty between answers).
+    pub fn trim(&mut self) {
+        if self.raw.capacity() > 64 * 1024 && self.raw.is_empty() {
+            self.raw = Vec::new();
+        }
+    }
+
     /// Append `data` and move every complete, verified payload into `plain`.
     pub fn feed(&mut self, data: &[u8], plain: &mut Vec<u8>) -> io::Result<()> {
         if self.raw.is_empty() {

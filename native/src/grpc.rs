@@ -137,7 +137,9 @@ pub async fn run(
         "kubeserve-fastpath grpc listening on {} (control {control})",
         listener.local_addr()?
     );
-    routing::serve_control(control_listener, front.clone(), handle_control);
+    routing::serve_control(control_listener, front.clone(), |f, m| {
+        routing::Reply::Json(handle_control(f, m))
+    });
     loop {
         let (client, peer) = listener.accept().await?;
         let _ = client.set_nodelay(true);
@@ -591,6 +593,7 @@ async fn length_body(
         return Err(Answer::Lost);
     }
     if !answer.close {
+        ch.opener.trim();
         replica.idle_calls.borrow_mut().push(ch);
     }
     Ok(Bytes::copy_from_slice(&plain[answer.head_len..]))
@@ -615,6 +618,7 @@ async fn call_replica(front: &Front, replica: &Replica, method: &str, body: &[u8
 }
 
 fn record(front: &Front, head: &Head, code: &'static str, started: Instant) {
+    crate::memory::note();
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
     let bounds = front.buckets.borrow();
     let mut c = front.counters.borrow_mut();
@@ -1082,6 +1086,7 @@ async fn stream(
             let finished =
                 tokio::time::timeout(Duration::from_secs(1), finish(&mut ch, &mut dechunker));
             if matches!(finished.await, Ok(true)) && !answer.close {
+                ch.opener.trim();
                 replica.idle_calls.borrow_mut().push(ch);
             }
         }

@@ -20,6 +20,7 @@ mod channel;
 mod frames;
 mod grpc;
 mod http;
+mod memory;
 mod routing;
 mod serve;
 mod tls;
@@ -48,6 +49,7 @@ fn main() -> ExitCode {
     // One thread, tasks that need not be Send (`spawn_local`) scheduled by the runtime itself:
     // a task woken by an I/O event is queued in place, without the eventfd write and extra
     // epoll_wait a LocalSet's wake-up of the runtime costs.
+    memory::setup();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build_local(tokio::runtime::LocalOptions::default())
@@ -109,6 +111,8 @@ fn main() -> ExitCode {
             });
             // the replicas, one registry for both fronts (`routing.rs`)
             let registry = std::rc::Rc::new(routing::Registry::default());
+            // freed memory back to the system once load ends (`memory.rs`)
+            rt.spawn_local(async { memory::spawn_trimmer() });
             // the gRPC front (`grpc.rs`): a listener and control socket of its own
             match (grpc_listen, grpc_control, grpc_fallback) {
                 (Some(l), Some(c), Some(f)) => {

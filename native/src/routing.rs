@@ -365,7 +365,7 @@ pub fn bind_control(path: &str) -> io::Result<UnixListener> {
 pub fn serve_control<S: 'static>(
     listener: UnixListener,
     state: Rc<S>,
-    handle: fn(&S, &Value) -> Value,
+    handle: fn(&S, &Value) -> Reply,
 ) {
     tokio::task::spawn_local(async move {
         while let Ok((conn, _)) = listener.accept().await {
@@ -374,15 +374,25 @@ pub fn serve_control<S: 'static>(
     });
 }
 
-async fn control_connection<S>(state: Rc<S>, conn: UnixStream, handle: fn(&S, &Value) -> Value) {
+/// A control op's answer: JSON to write, or JSON already written (a large answer, `take_records`
+/// with its access lines, is written straight into its text).
+pub enum Reply {
+    Json(Value),
+    Text(String),
+}
+
+async fn control_connection<S>(state: Rc<S>, conn: UnixStream, handle: fn(&S, &Value) -> Reply) {
     let (read, mut write) = conn.into_split();
     let mut lines = BufReader::new(read).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         let answer = match serde_json::from_str::<Value>(&line) {
             Ok(msg) => handle(&state, &msg),
-            Err(e) => json!({"ok": false, "error": format!("not JSON: {e}")}),
+            Err(e) => Reply::Json(json!({"ok": false, "error": format!("not JSON: {e}")})),
         };
-        let mut out = answer.to_string();
+        let mut out = match answer {
+            Reply::Json(value) => value.to_string(),
+            Reply::Text(text) => text,
+        };
         out.push('\n');
         if write.write_all(out.as_bytes()).await.is_err() {
             return;

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use crate::channel::{self, Channel};
 use crate::http::{self, ChunkScanner, Framing, Parsed, ParsedAnswer};
-use crate::routing::{self, pick, Deployment, Pending, Registry, MAX_ACCESS};
+use crate::routing::{self, pick, Deployment, Pending, Registry, Reply, MAX_ACCESS};
 use crate::tls::{ClientStream, Tls};
 
 #[derive(Default)]
@@ -39,6 +39,42 @@ impl Table {
     }
 }
 
+/// One access line, `[unix time, method, deployment key, status, latency ms, request id]` once
+/// written (`write_access`): kept compact (no JSON tree, the deployment shared) as a second of
+/// load holds as many as requests were served.
+struct Access {
+    at: f64,
+    latency_ms: f64,
+    status: u16,
+    /// the method when it is one of the labels, else its bytes as sent
+    method: std::borrow::Cow<'static, str>,
+    dep: Rc<Deployment>,
+    rid: Rid,
+}
+
+/// An access line's request id: one we generated (32 hex digits) or the client's.
+enum Rid {
+    Generated([u8; 32]),
+    Given(Box<str>),
+}
+
+/// `,"access":[...]` for the `take_records` answer, each line as `json!` would have written it.
+fn write_access(access: &[Access], out: &mut Vec<u8>) {
+    out.extend_from_slice(b",\"access\":[");
+    for (i, a) in access.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let rid = match &a.rid {
+            Rid::Generated(hex) => std::str::from_utf8(hex).unwrap_or(""),
+            Rid::Given(text) => text,
+        };
+        let line = (a.at, &*a.method, &a.dep.key, a.status, a.latency_ms, rid);
+        let _ = serde_json::to_writer(&mut *out, &line);
+    }
+    out.push(b']');
+}
+
 #[derive(Default)]
 struct Counters {
     /// (method label, deployment key, status) -> requests since the last take
@@ -48,8 +84,8 @@ struct Counters {
     /// deployment key -> sum of latencies (ms) on the fast path
     latency_ms: HashMap<String, f64>,
     handed_off: u64,
-    /// access lines to write, `[unix time, method, deployment key, status, latency ms, request id]`
-    access: Vec<Value>,
+    /// access lines to write (`Access`), taken with the records
+    access: Vec<Access>,
     access_dropped: u64,
     upstream_connects: u64,
     /// connections refused over `max_connections` since the last take
@@ -182,6 +218,7 @@ struct Open(Rc<Shared>);
 
 impl Drop for Open {
     fn drop(&mut self) {
+        crate::memory::note();
         self.0.open.set(self.0.open.get() - 1);
     }
 }
@@ -214,8 +251,8 @@ const LEAVING_IDLE: Duration = Duration::from_secs(1);
 
 // -- control ----------------------------------------------------------------------------------
 
-fn handle_control(sh: &Shared, msg: &Value) -> Value {
-    match msg.get("op").and_then(Value::as_str) {
+fn handle_control(sh: &Shared, msg: &Value) -> Reply {
+    Reply::Json(match msg.get("op").and_then(Value::as_str) {
         Some("state") => match apply_state(sh, msg) {
             Ok(()) => {
                 if !sh.has_state.replace(true) {
@@ -228,7 +265,9 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
         Some("tls") => {
             let field = |name: &str| msg.get(name).and_then(Value::as_str);
             let (Some(cert), Some(key)) = (field("cert_pem"), field("key_pem")) else {
-                return json!({"ok": false, "error": "cert_pem, key_pem: strings required"});
+                return Reply::Json(
+                    json!({"ok": false, "error": "cert_pem, key_pem: strings required"}),
+                );
             };
             match sh.tls.install(cert, key, field("ca_pem")) {
                 Ok(()) => json!({"ok": true}),
@@ -266,8 +305,17 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
             let access = std::mem::take(&mut c.access);
             let dropped = std::mem::take(&mut c.access_dropped);
             let refused = std::mem::take(&mut c.refused);
-            json!({"ok": true, "records": records, "access": access, "access_dropped": dropped,
-                   "refused": refused})
+            drop(c);
+            let rest = json!({"ok": true, "records": records, "access_dropped": dropped,
+                              "refused": refused});
+            // the access lines written straight into the answer, never a JSON tree
+            let mut out = Vec::with_capacity(256 + access.len() * 120);
+            let _ = serde_json::to_writer(&mut out, &rest);
+            out.pop(); // its closing brace
+            write_access(&access, &mut out);
+            drop(access);
+            out.push(b'}');
+            return Reply::Text(String::from_utf8(out).unwrap_or_default());
         }
         Some("load") => match sh.registry.apply_load(msg) {
             Ok(ours) => json!({"ok": true, "in_flight": ours}),
@@ -282,7 +330,7 @@ fn handle_control(sh: &Shared, msg: &Value) -> Value {
             "ok": false,
             "error": "op: must be state, tls, stats, take_records, load or drain"
         }),
-    }
+    })
 }
 
 /// Install a discovery snapshot (`kubeserve.runtime.wire.Snapshot`) and the settings with it.
@@ -345,11 +393,43 @@ async fn read_more(client: &mut ClientStream, buf: &mut Vec<u8>) -> io::Result<u
 
 /// Buffers one client connection reuses for every request it forwards.
 struct Scratch {
+    /// what one read from the replica takes: `RAW_SMALL`, `RAW_LARGE` once a read filled it
     raw: Vec<u8>,
     plain: Vec<u8>,
     out: Vec<u8>,
     /// the request as sealed for the replica
     sealed: Vec<u8>,
+}
+
+/// The replica read buffer of a connection, and what it grows to for large answers.
+const RAW_SMALL: usize = 16 * 1024;
+const RAW_LARGE: usize = 64 * 1024;
+/// Most capacity a buffer of a connection keeps from one request to the next (more, and it is
+/// cut back: memory of a past large request is not held by an idle keep-alive connection).
+const KEPT: usize = 64 * 1024;
+
+impl Scratch {
+    /// Read from the replica into `raw`; a read that fills it grows it (up to `RAW_LARGE`).
+    async fn read(raw: &mut Vec<u8>, ch: &mut Channel) -> io::Result<usize> {
+        let n = ch.stream.read(raw).await?;
+        if n == raw.len() && raw.len() < RAW_LARGE {
+            raw.resize(RAW_LARGE, 0);
+        }
+        Ok(n)
+    }
+
+    /// After a request: cut back what a large one left (`KEPT`).
+    fn trim(&mut self) {
+        if self.raw.len() > RAW_SMALL {
+            self.raw.truncate(RAW_SMALL);
+            self.raw.shrink_to_fit();
+        }
+        for v in [&mut self.plain, &mut self.out, &mut self.sealed] {
+            if v.capacity() > KEPT {
+                *v = Vec::new();
+            }
+        }
+    }
 }
 
 /// What a generated request id's header line starts with.
@@ -431,13 +511,14 @@ async fn client_connection(open: Open, tcp: TcpStream) {
     let mut drain = std::pin::pin!(drain);
     let mut drain_seen = false;
     let mut timer = IdleTimer::new();
-    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    // small to start with, grown on demand, cut back after a large request (`Scratch::trim`)
+    let mut buf: Vec<u8> = Vec::with_capacity(4 * 1024);
     let mut first = true;
     let mut scratch = Scratch {
-        raw: vec![0u8; 64 * 1024],
-        plain: Vec::with_capacity(16 * 1024),
-        out: Vec::with_capacity(16 * 1024),
-        sealed: Vec::with_capacity(16 * 1024),
+        raw: vec![0u8; RAW_SMALL],
+        plain: Vec::new(),
+        out: Vec::new(),
+        sealed: Vec::new(),
     };
     loop {
         // the head of the next request
@@ -496,6 +577,10 @@ async fn client_connection(open: Open, tcp: TcpStream) {
             Outcome::Done { keep_alive: true } => {
                 first = false;
                 buf.drain(..total);
+                if buf.capacity() > KEPT && buf.len() <= KEPT / 2 {
+                    buf.shrink_to(KEPT / 2);
+                }
+                scratch.trim();
             }
             Outcome::Done { keep_alive: false } => {
                 let _ = client.shutdown().await; // over TLS, its close_notify first
@@ -665,6 +750,7 @@ async fn forward(
             keep_alive,
         } => {
             if reusable {
+                ch.opener.trim();
                 replica.idle.borrow_mut().push(ch);
             }
             Outcome::Done { keep_alive }
@@ -688,10 +774,11 @@ fn record(
     plan: &http::Plan,
     request: &[u8],
     id_line: &[u8],
-    dep: &Deployment,
+    dep: &Rc<Deployment>,
     status: u16,
     started: Instant,
 ) {
+    crate::memory::note();
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
     let bounds = sh.buckets.borrow();
     let mut c = sh.counters.borrow_mut();
@@ -711,22 +798,28 @@ fn record(
             c.access_dropped += 1;
             return;
         }
-        let at = routing::unix_time();
-        let method = String::from_utf8_lossy(&request[..plan.path_start - 1]);
-        let rid = if plan.has_id {
-            &request[plan.id_start..plan.id_end]
+        let sent = &request[..plan.path_start - 1];
+        let method = if sent == plan.method.as_bytes() {
+            std::borrow::Cow::Borrowed(plan.method)
         } else {
-            &id_line[ID_LINE.len()..id_line.len() - 2]
+            std::borrow::Cow::Owned(String::from_utf8_lossy(sent).into_owned())
         };
-        let entry = json!([
-            at,
-            method,
-            dep.key,
-            status,
+        let rid = if plan.has_id {
+            let given = &request[plan.id_start..plan.id_end];
+            Rid::Given(String::from_utf8_lossy(given).into())
+        } else {
+            let mut hex = [0u8; 32];
+            hex.copy_from_slice(&id_line[ID_LINE.len()..id_line.len() - 2]);
+            Rid::Generated(hex)
+        };
+        c.access.push(Access {
+            at: routing::unix_time(),
             latency_ms,
-            String::from_utf8_lossy(rid)
-        ]);
-        c.access.push(entry);
+            status,
+            method,
+            dep: dep.clone(),
+            rid,
+        });
     }
 }
 
@@ -739,7 +832,7 @@ async fn local_answer(
     request: &[u8],
     client: &mut ClientStream,
     id_line: &[u8],
-    dep: &Deployment,
+    dep: &Rc<Deployment>,
     started: Instant,
     status: u16,
     message: &[u8],
@@ -785,7 +878,7 @@ async fn relay(
     ch: &mut Channel,
     client: &mut ClientStream,
     id_line: &[u8],
-    dep: &Deployment,
+    dep: &Rc<Deployment>,
     started: Instant,
     scratch: &mut Scratch,
     responded: &mut bool,
@@ -796,7 +889,7 @@ async fn relay(
     plain.clear();
     out.clear();
     let answer = loop {
-        let n = match ch.stream.read(raw).await {
+        let n = match Scratch::read(raw, ch).await {
             Ok(0) | Err(_) if plain.is_empty() => return Relay::NothingBack,
             Ok(0) | Err(_) => return Relay::Failed,
             Ok(n) => n,
@@ -856,7 +949,7 @@ async fn relay(
     }
     while !done {
         plain.clear();
-        let n = match ch.stream.read(raw).await {
+        let n = match Scratch::read(raw, ch).await {
             Ok(0) | Err(_) => {
                 if matches!(answer.framing, Framing::UntilClose) {
                     break;

@@ -97,6 +97,77 @@ def test_the_proxy_serves_through_the_native_data_path_and_survives_a_kill(tmp_p
         wait_for(lambda: http("GET", f"{ks.proxy}/slow?s=0")[0] == 200, 30, what="serving again")
 
 
+def rss_kb(pid: int) -> int:
+    """Resident set size of one process (kB), from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def many_connections_load(port: int, connections: int, rounds: int) -> int:
+    """``connections`` keep-alive connections open at once, each sending a GET per round (all sent,
+    then all answers read); how many 200 answers came back."""
+    request = b"GET /slow?s=0 HTTP/1.1\r\nHost: x\r\n\r\n"
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(connections)]
+    readers = [sock.makefile("rb") for sock in socks]
+    ok = 0
+    try:
+        for _ in range(rounds):
+            for sock in socks:
+                sock.sendall(request)
+            for reader in readers:
+                head = b""
+                while not head.endswith(b"\r\n\r\n"):
+                    line = reader.readline()
+                    assert line, "a connection closed mid-load"
+                    head += line
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                reader.read(length)
+                ok += head.startswith(b"HTTP/1.1 200")
+    finally:
+        for reader, sock in zip(readers, socks, strict=True):
+            reader.close()
+            sock.close()
+    return ok
+
+
+#: What the native process may hold once a load of many connections is over (it idles at ~4 MB;
+#: generous, so a loaded machine does not make it flaky).
+NATIVE_RSS_AFTER_LOAD_KB = 16 * 1024
+
+
+def test_the_native_process_gives_memory_back_after_a_load_of_many_connections(
+    tmp_path: Path,
+) -> None:
+    """256 keep-alive connections at once, 5,000 requests: every one lands in the proxy's access
+    lines (however many a second of records holds), and once the connections close the native
+    process's resident size comes back under a small bound (its buffers freed, and returned to
+    the system)."""
+    connections, rounds = 256, 20
+    with running_kubeserve(tmp_path, args=("--data-path", "native")) as ks:
+        status, body = ks.put([slow_app({"name": "Slow", "max_ongoing_requests": 512})])
+        assert status == 200, body
+        ks.wait_app("slow")
+        native = native_pid(proxy_pid(ks))
+        assert native is not None, "the proxy runs no kubeserve-fastpath"
+        (details,) = ks.details()["proxies"].values()
+        log = Path(details["log_file_path"])
+        answered = lambda: log.read_text().count(" -- GET /slow 200 ")  # noqa: E731
+        before = answered()
+        assert many_connections_load(ks.proxy_port, connections, rounds) == connections * rounds
+        wait_for(
+            lambda: answered() >= before + connections * rounds,
+            20,
+            what="an access line for each request of the load",
+        )
+        wait_for(
+            lambda: rss_kb(native) < NATIVE_RSS_AFTER_LOAD_KB,
+            20,
+            what=f"kubeserve-fastpath's RSS under {NATIVE_RSS_AFTER_LOAD_KB} kB after the load",
+        )
+
+
 def test_a_proxy_told_to_stop_drains_its_native_data_path_with_no_failed_request(
     tmp_path: Path,
 ) -> None:

@@ -114,6 +114,10 @@ DATA_PATH_ENV = "KUBESERVE_DATA_PATH"
 #: checkout, else ``$PATH``).
 BINARY_ENV = "KUBESERVE_FASTPATH_BINARY"
 _NAME = "kubeserve-fastpath"
+#: Longest answer line read from the control socket: a ``take_records`` answer holds up to the
+#: native process's 200,000 access lines (``MAX_ACCESS``, ~130 bytes each), far past asyncio's
+#: 64 KiB default (one second of load past ~500 requests would overflow it and end the records).
+_CONTROL_LINE_LIMIT = 64 * 1024 * 1024
 _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 #: How long the process may take to start listening.
 START_TIMEOUT_S = 10.0
@@ -267,10 +271,12 @@ class FastPath:
             await self.close()
             raise FastPathError(f"{_NAME} did not start: {line.strip() or 'no output'}")
         self.port = int(found.group(2))
-        self._control = await asyncio.open_unix_connection(control)
+        self._control = await asyncio.open_unix_connection(control, limit=_CONTROL_LINE_LIMIT)
         if grpc_found is not None:
             self.grpc_port = int(grpc_found.group(2))
-            self._grpc_control = await asyncio.open_unix_connection(self._grpc_socket())
+            self._grpc_control = await asyncio.open_unix_connection(
+                self._grpc_socket(), limit=_CONTROL_LINE_LIMIT
+            )
 
     def _grpc_socket(self) -> str:
         assert self._dir is not None

@@ -76,10 +76,12 @@ def test_scale_up_and_down(clean_kubeserve: Kubeserve) -> None:
 
         def scaled(n: int = replicas) -> bool:
             app = ks.app("composed")
+            # while the new config is taken, a reading may not list Greeter (or its replicas) yet
+            greeter = (app or {}).get("deployments", {}).get("Greeter", {})
             return (
                 app is not None
                 and app["status"] == "RUNNING"
-                and len(app["deployments"]["Greeter"]["replicas"]) == n
+                and len(greeter.get("replicas", ())) == n
                 and len(ks.replica_pids("composed", "Greeter")) == n
             )
 

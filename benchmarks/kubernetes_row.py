@@ -150,8 +150,12 @@ def _pod_pids(pod: dict[str, Any]) -> list[int]:
     pids = cpu_groups.processes_of_pod(pod["metadata"]["uid"])
     if not pids:
         raise RuntimeError(f"no process of pod {pod['metadata']['name']} found in /proc")
-    front = [pid for pid in pids if _comm(pid) == "kubeserve-fast"]  # comm: 15 characters
+    front = [pid for pid in pids if _comm(pid) == FASTPATH_COMM]
     return [*front, *(pid for pid in pids if pid not in front)]
+
+
+#: ``/proc/PID/comm`` of the native process: the kernel keeps the first 15 characters of its name.
+FASTPATH_COMM = "kubeserve-fastpath"[:15]
 
 
 def _comm(pid: int) -> str:
@@ -244,7 +248,8 @@ def run() -> dict[str, Any]:
             print(f"proxy pod {proxy_ip}, proxy Service {cluster_ip}", flush=True)
             # the pods' processes, then their runtime shims (which carry the logs they write)
             serving = [*_pod_pids(pods["proxy"]), *_pod_pids(pods["replica"])]
-            shims = sorted({_parent(pid) for pid in serving})
+            # (the native process's parent is the pod's Python proxy, not a shim)
+            shims = sorted({_parent(pid) for pid in serving} - set(serving))
             on_pods = [*serving, *shims]
             where = [cpu_groups.read(cpu_groups.group_of(pid)).path for pid in shims]
             print(f"pod processes {serving}, their shims {shims} (cgroups {where})", flush=True)
@@ -253,7 +258,13 @@ def run() -> dict[str, Any]:
             node_shares = cpu_groups.read(cpu_groups.CPU_ROOT / NODE_CGROUP).shares
             print(f"pod cpu.shares {weights}, /{NODE_CGROUP} {node_shares}", flush=True)
             before = _groups(main_pids)
+            on_pods_roles = _roles(serving, shims)
             with embedded(weights, node_shares) as (local_url, local_pids, load_group):
+                roles = {
+                    report.K8S_EMBEDDED: _roles(local_pids, []),
+                    report.K8S_PROXY: on_pods_roles,
+                    report.K8S_SERVICE: on_pods_roles,
+                }
                 loads = load.measure_together(
                     [
                         (report.K8S_EMBEDDED, report.KUBERNETES_SYSTEM, local_url, local_pids),
@@ -276,8 +287,16 @@ def run() -> dict[str, Any]:
         "kube_apiserver": server,
         "pods": _pod_conditions(pods, before, after),
         "interpreters": {"proxy pod": image, "host": _interpreter_here()},
-        "loads": [load.as_json(r) for r in loads],
+        "loads": [load.as_json(r) | {"processes": roles[r.setup]} for r in loads],
     }
+
+
+def _roles(serving: list[int], shims: list[int]) -> list[str]:
+    """What each measured process is, in the order measured: the native front, the Python
+    proxy, the replica, then the pods' runtime shims."""
+    names = ["front (kubeserve-fastpath)" if _comm(pid) == FASTPATH_COMM else "" for pid in serving]
+    rest = iter(["Python proxy", "replica"] if names[0] else ["proxy", "replica"])
+    return [name or next(rest, "replica") for name in names] + ["runtime shim"] * len(shims)
 
 
 def _pod_conditions(

@@ -46,6 +46,8 @@ class Run:
     cpu_all_us: float | None = None
     #: the kernel's part (system time) of ``cpu_us``: sockets, the network stack
     cpu_system_us: float | None = None
+    #: CPU microseconds per request of each serving process, in the order given
+    cpu_each_us: list[float] | None = None
 
 
 @dataclass
@@ -87,6 +89,12 @@ class LoadResult:
         values = [r.cpu_all_us for r in self.runs if r.cpu_all_us is not None]
         return statistics.median(values) if values else None
 
+    @property
+    def cpu_each_us(self) -> list[float] | None:
+        """Per serving process (in the order given), its median CPU microseconds per request."""
+        each = [r.cpu_each_us for r in self.runs if r.cpu_each_us is not None]
+        return [statistics.median(values) for values in zip(*each, strict=True)] if each else None
+
 
 def as_json(result: LoadResult) -> dict[str, Any]:
     """A result with its runs and medians, as the results files hold it."""
@@ -95,6 +103,7 @@ def as_json(result: LoadResult) -> dict[str, Any]:
         "cpu_us": result.cpu_us,
         "cpu_all_us": result.cpu_all_us,
         "cpu_system_us": result.cpu_system_us,
+        "cpu_each_us": result.cpu_each_us,
     }
 
 
@@ -178,6 +187,7 @@ def wrk(
         run.cpu_us = used[0] * 1e6 / served
         run.cpu_all_us = sum(used) * 1e6 / served
         run.cpu_system_us = (after[0][1] - before[0][1]) * 1e6 / served
+        run.cpu_each_us = [one * 1e6 / served for one in used]
     return run
 
 

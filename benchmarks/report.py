@@ -251,9 +251,23 @@ def kubernetes_note(results: dict[str, Any]) -> list[str]:
             f"of it system time), {_cpu(reference.get('cpu_us'))} us embedded "
             f"({_cpu(reference.get('cpu_system_us'))} system); proxy, replica and, on pods, "
             f"their runtime shims: {_cpu(entry.get('cpu_all_us'))} us against "
-            f"{_cpu(reference.get('cpu_all_us'))}.",
+            f"{_cpu(reference.get('cpu_all_us'))}.{_each_text(entry, reference)}",
         ]
     return lines
+
+
+def _each_text(entry: dict[str, Any], reference: dict[str, Any]) -> str:
+    """Per process, its CPU us per request on pods against embedded (where both were read)."""
+    parts = []
+    for where in (entry, reference):
+        each, names = where.get("cpu_each_us"), where.get("processes")
+        if not each or not names:
+            return ""
+        totals: dict[str, float] = {}
+        for name, used in zip(names, each, strict=True):
+            totals[name] = totals.get(name, 0.0) + used
+        parts.append(", ".join(f"{name} {_cpu(used)}" for name, used in totals.items()))
+    return f" Per process, on pods: {parts[0]}; embedded: {parts[1]}."
 
 
 def _resource_text(values: dict[str, str] | None) -> str:

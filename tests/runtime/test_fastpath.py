@@ -14,7 +14,7 @@ import json
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -198,7 +198,7 @@ class Front:
         prefix: str = "/api",
         deployment: str = "D",
         max_ongoing: int = 8,
-        proxy: str | None = "beside",
+        proxy: Literal["beside", "owns"] | None = "beside",
         push: Mapping[str, Any] | None = _LONG_KEEP_ALIVE,
     ) -> None:
         if apps is None and stand_ins is None:

@@ -4,114 +4,37 @@
 //! and takes pieces out, so that a message the method yields passes through in pieces (never
 //! held whole) and what is held per stream is bounded.
 
-/// Decodes chunked transfer coding incrementally.
-#[derive(Default)]
+use crate::http::ChunkScanner;
+
+/// The largest chunk a streamed answer may announce (2 GiB).
+const MAX_CHUNK: u64 = 1 << 31;
+
+/// Decodes chunked transfer coding incrementally: `http::ChunkScanner`'s framing (and refusals),
+/// keeping the chunk data.
 pub struct Dechunker {
-    state: ChunkState,
-    size: usize,
+    scanner: ChunkScanner,
 }
 
-#[derive(Default, PartialEq)]
-enum ChunkState {
-    #[default]
-    Size,
-    /// a chunk extension, up to the line's end
-    Extension,
-    SizeLf,
-    Data,
-    DataCr,
-    DataLf,
-    /// after the last chunk: trailer lines up to an empty one
-    Trailer {
-        empty: bool,
-    },
-    TrailerLf {
-        empty: bool,
-    },
-    Done,
+impl Default for Dechunker {
+    fn default() -> Self {
+        Dechunker {
+            scanner: ChunkScanner::with_max_chunk(MAX_CHUNK),
+        }
+    }
 }
 
 impl Dechunker {
-    /// Append the body bytes of `data` to `out`; Err on bad coding; Ok(true) once the body ended.
+    /// Append the body bytes of `data` to `out`; Err on bad coding or on bytes after the body's
+    /// end (the connection is out of step); Ok(true) once the body ended.
     pub fn feed(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<bool, ()> {
-        let mut i = 0;
-        while i < data.len() {
-            let b = data[i];
-            match self.state {
-                ChunkState::Size => match b {
-                    b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
-                        let digit = (b as char).to_digit(16).unwrap() as usize;
-                        self.size = self.size.checked_mul(16).ok_or(())? + digit;
-                        if self.size > (1 << 31) {
-                            return Err(());
-                        }
-                    }
-                    b';' | b' ' | b'\t' => self.state = ChunkState::Extension,
-                    b'\r' => self.state = ChunkState::SizeLf,
-                    _ => return Err(()),
-                },
-                ChunkState::Extension => {
-                    if b == b'\r' {
-                        self.state = ChunkState::SizeLf;
-                    }
-                }
-                ChunkState::SizeLf => {
-                    if b != b'\n' {
-                        return Err(());
-                    }
-                    self.state = if self.size == 0 {
-                        ChunkState::Trailer { empty: true }
-                    } else {
-                        ChunkState::Data
-                    };
-                }
-                ChunkState::Data => {
-                    let n = self.size.min(data.len() - i);
-                    out.extend_from_slice(&data[i..i + n]);
-                    self.size -= n;
-                    i += n;
-                    if self.size == 0 {
-                        self.state = ChunkState::DataCr;
-                    }
-                    continue;
-                }
-                ChunkState::DataCr => {
-                    if b != b'\r' {
-                        return Err(());
-                    }
-                    self.state = ChunkState::DataLf;
-                }
-                ChunkState::DataLf => {
-                    if b != b'\n' {
-                        return Err(());
-                    }
-                    self.state = ChunkState::Size;
-                }
-                ChunkState::Trailer { empty } => {
-                    self.state = if b == b'\r' {
-                        ChunkState::TrailerLf { empty }
-                    } else {
-                        ChunkState::Trailer { empty: false }
-                    };
-                }
-                ChunkState::TrailerLf { empty } => {
-                    if b != b'\n' {
-                        return Err(());
-                    }
-                    if empty {
-                        self.state = ChunkState::Done;
-                        if i + 1 != data.len() {
-                            return Err(()); // bytes after the answer: out of step
-                        }
-                        return Ok(true);
-                    }
-                    self.state = ChunkState::Trailer { empty: true };
-                }
-                ChunkState::Done => return Err(()),
-            }
-            i += 1;
+        match self
+            .scanner
+            .feed_with(data, |run| out.extend_from_slice(run))?
+        {
+            Some(end) if end == data.len() => Ok(true),
+            Some(_) => Err(()),
+            None => Ok(false),
         }
-        Ok(self.state == ChunkState::Done)
     }
 }
 
@@ -259,17 +182,47 @@ mod tests {
 
     #[test]
     fn dechunks_across_any_split() {
-        let body = b"5\r\nhello\r\n3;x=y\r\nabc\r\n0\r\n\r\n";
-        for cut in 0..body.len() {
+        let body = b"5\r\nhello\r\n3;x=y\r\nabc\r\n0\r\nX-T: 1\r\n\r\n";
+        for cut in 0..=body.len() {
             let mut d = Dechunker::default();
             let mut out = Vec::new();
             let first = d.feed(&body[..cut], &mut out).unwrap();
-            assert!(!first);
+            assert_eq!(first, cut == body.len());
             assert!(d.feed(&body[cut..], &mut out).unwrap());
             assert_eq!(out, b"helloabc");
+            // after the end: nothing more is fine, any byte is out of step
+            assert_eq!(d.feed(b"", &mut out), Ok(true));
+            assert!(d.feed(b"x", &mut out).is_err());
         }
         let mut d = Dechunker::default();
-        assert!(d.feed(b"zz\r\n", &mut Vec::new()).is_err());
+        let mut out = Vec::new();
+        for b in body {
+            d.feed(&[*b], &mut out).unwrap();
+        }
+        assert_eq!(out, b"helloabc");
+    }
+
+    #[test]
+    fn dechunker_refusals() {
+        let cases: [&[u8]; 6] = [
+            b"zz\r\n",
+            b"\r\n\r\n",                   // no size digits
+            b"3\r\nabcd\r\n",              // no CRLF after the data
+            b"3;a\nb\r\nabc\r\n0\r\n\r\n", // a bare LF in an extension
+            b"0\r\n\r\nX",                 // bytes after the end in the same read
+            b"80000001\r\n",               // a chunk over 2 GiB
+        ];
+        for case in cases {
+            for cut in 0..=case.len() {
+                let mut d = Dechunker::default();
+                let mut out = Vec::new();
+                let refused = d.feed(&case[..cut], &mut out).is_err()
+                    || d.feed(&case[cut..], &mut out).is_err();
+                assert!(refused, "{:?} cut at {}", case, cut);
+            }
+        }
+        let mut d = Dechunker::default();
+        assert_eq!(d.feed(b"80000000\r\n", &mut Vec::new()), Ok(false));
     }
 
     #[test]

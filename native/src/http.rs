@@ -266,11 +266,21 @@ pub fn parse_answer(buf: &[u8], request_is_head: bool) -> ParsedAnswer {
     })
 }
 
-/// Finds where a chunked body ends, fed the bytes as they pass (they are relayed verbatim).
+/// HTTP/1.1 chunked transfer coding (RFC 9112, section 7.1), scanned as the bytes arrive: where
+/// the body ends, and (`feed_with`) which bytes of it are chunk data. The one state machine of the
+/// native front for it: `serve.rs` relays an answer's bytes verbatim and asks only where it ends;
+/// `frames::Dechunker` takes the data out of a streamed handle call's answer.
+///
+/// Refused (`Err`): a size line without hex digits, or with more than 15 of them, or larger than
+/// the scanner's limit; anything but `;`, space or tab between the size and the line's end, a bare
+/// LF in a chunk extension; chunk data not followed by CRLF; a trailer line with a CR or LF
+/// other than its ending CRLF; a last line that is not CRLF. Nothing is held: the state is a few
+/// words, whatever the body's size.
 pub struct ChunkScanner {
     state: St,
     size: u64,
     digits: u32,
+    max_chunk: u64,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -281,31 +291,55 @@ enum St {
     Data(u64),
     DataCr,
     DataLf,
+    /// at the start of a trailer line, or of the empty line that ends the body
     TrailerStart,
     Trailer,
+    TrailerLf,
     FinalLf,
+    Done,
 }
+
+/// At most 15 hex digits in a chunk size line (leading zeros included): a size below 2^60.
+const MAX_SIZE_DIGITS: u32 = 15;
 
 impl Default for ChunkScanner {
     fn default() -> Self {
-        ChunkScanner {
-            state: St::Size,
-            size: 0,
-            digits: 0,
-        }
+        ChunkScanner::with_max_chunk(u64::MAX)
     }
 }
 
 impl ChunkScanner {
-    /// `Ok(Some(n))`: the body ends after `n` bytes of `data`; `Ok(None)`: it goes on;
-    /// `Err`: not valid chunked framing.
+    /// A scanner that also refuses a chunk larger than `max_chunk` bytes.
+    pub fn with_max_chunk(max_chunk: u64) -> Self {
+        ChunkScanner {
+            state: St::Size,
+            size: 0,
+            digits: 0,
+            max_chunk,
+        }
+    }
+
+    /// `Ok(Some(n))`: the body ends after `n` bytes of `data` (0 once it has ended);
+    /// `Ok(None)`: it goes on; `Err`: not valid chunked framing.
+    #[inline]
     pub fn feed(&mut self, data: &[u8]) -> Result<Option<usize>, ()> {
+        self.feed_with(data, |_| {})
+    }
+
+    /// `feed`, handing `on_data` each run of chunk data it crosses, in order (a chunk split
+    /// across feeds comes in as many runs).
+    pub fn feed_with(
+        &mut self,
+        data: &[u8],
+        mut on_data: impl FnMut(&[u8]),
+    ) -> Result<Option<usize>, ()> {
         let mut i = 0;
         while i < data.len() {
             let c = data[i];
             match self.state {
                 St::Data(left) => {
                     let take = (data.len() - i).min(left as usize);
+                    on_data(&data[i..i + take]);
                     i += take;
                     let left = left - take as u64;
                     self.state = if left == 0 {
@@ -318,10 +352,13 @@ impl ChunkScanner {
                 St::Size => match c {
                     b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
                         self.digits += 1;
-                        if self.digits > 15 {
+                        if self.digits > MAX_SIZE_DIGITS {
                             return Err(());
                         }
                         self.size = self.size * 16 + (c as char).to_digit(16).unwrap() as u64;
+                        if self.size > self.max_chunk {
+                            return Err(());
+                        }
                     }
                     b';' | b' ' | b'\t' if self.digits > 0 => self.state = St::Ext,
                     b'\r' if self.digits > 0 => self.state = St::SizeLf,
@@ -358,23 +395,32 @@ impl ChunkScanner {
                 }
                 St::TrailerStart => match c {
                     b'\r' => self.state = St::FinalLf,
+                    b'\n' => return Err(()),
                     _ => self.state = St::Trailer,
                 },
-                St::Trailer => {
-                    if c == b'\n' {
-                        self.state = St::TrailerStart;
+                St::Trailer => match c {
+                    b'\r' => self.state = St::TrailerLf,
+                    b'\n' => return Err(()),
+                    _ => {}
+                },
+                St::TrailerLf => {
+                    if c != b'\n' {
+                        return Err(());
                     }
+                    self.state = St::TrailerStart;
                 }
                 St::FinalLf => {
                     if c != b'\n' {
                         return Err(());
                     }
+                    self.state = St::Done;
                     return Ok(Some(i + 1));
                 }
+                St::Done => return Ok(Some(0)),
             }
             i += 1;
         }
-        Ok(None)
+        Ok((self.state == St::Done).then_some(0))
     }
 }
 
@@ -382,18 +428,107 @@ impl ChunkScanner {
 mod tests {
     use super::*;
 
+    /// Feed `body` cut at `cuts` (ascending): the end found (offset in `body`) and the data.
+    fn scan(scanner: &mut ChunkScanner, body: &[u8], cuts: &[usize]) -> (Option<usize>, Vec<u8>) {
+        let mut data = Vec::new();
+        let mut from = 0;
+        for &to in cuts.iter().chain(std::iter::once(&body.len())) {
+            let got = scanner
+                .feed_with(&body[from..to], |run| {
+                    assert!(!run.is_empty());
+                    data.extend_from_slice(run)
+                })
+                .unwrap_or_else(|()| panic!("{:?} cut at {:?}", body, cuts));
+            if let Some(n) = got {
+                return (Some(from + n), data);
+            }
+            from = to;
+        }
+        (None, data)
+    }
+
+    const GOOD: &[u8] = b"5\r\nhello\r\n3;x=y\r\nabc\r\n1A \t;ext\r\nabcdefghijklmnopqrstuvwxyz\r\n0;z\r\nX-T: 1\r\nX-U:\r\n\r\n";
+    const GOOD_DATA: &[u8] = b"helloabcabcdefghijklmnopqrstuvwxyz";
+
     #[test]
     fn chunked_end_is_found_across_splits() {
-        let body = b"5\r\nhello\r\n3;x=y\r\nabc\r\n0\r\nX-T: 1\r\n\r\nNEXT";
-        for split in 0..body.len() {
+        let mut body = GOOD.to_vec();
+        body.extend_from_slice(b"NEXT");
+        for split in 0..=body.len() {
             let mut s = ChunkScanner::default();
-            let first = s.feed(&body[..split]).unwrap();
-            let end = match first {
-                Some(n) => n,
-                None => split + s.feed(&body[split..]).unwrap().unwrap(),
-            };
-            assert_eq!(end, body.len() - 4);
+            assert_eq!(
+                scan(&mut s, &body, &[split]),
+                (Some(GOOD.len()), GOOD_DATA.to_vec())
+            );
+            // once ended, the scanner says so for whatever follows
+            assert_eq!(s.feed(b"more"), Ok(Some(0)));
+            assert_eq!(s.feed(b""), Ok(Some(0)));
         }
+    }
+
+    #[test]
+    fn chunked_data_at_every_pair_of_splits_and_byte_by_byte() {
+        for a in 0..=GOOD.len() {
+            for b in a..=GOOD.len() {
+                let mut s = ChunkScanner::default();
+                assert_eq!(
+                    scan(&mut s, GOOD, &[a, b]),
+                    (Some(GOOD.len()), GOOD_DATA.to_vec())
+                );
+            }
+        }
+        let mut s = ChunkScanner::default();
+        let cuts: Vec<usize> = (1..GOOD.len()).collect();
+        assert_eq!(
+            scan(&mut s, GOOD, &cuts),
+            (Some(GOOD.len()), GOOD_DATA.to_vec())
+        );
+        let mut s = ChunkScanner::default();
+        assert_eq!(scan(&mut s, b"0\r\n\r\n", &[]), (Some(5), Vec::new()));
+        let mut s = ChunkScanner::default();
+        assert_eq!(scan(&mut s, b"4\r\nab", &[1, 4]), (None, b"ab".to_vec()));
+    }
+
+    #[test]
+    fn bad_chunked_framing_is_refused_at_every_split() {
+        let digits16 = b"0000000000000001\r\nx\r\n0\r\n\r\n";
+        let cases: [&[u8]; 17] = [
+            b"zz\r\n",
+            b"\r\n\r\n",                   // a size line without digits
+            b";x\r\n0\r\n\r\n",            // an extension without a size
+            b"5\n",                        // a bare LF after the size
+            b"5x\r\n",                     // no separator before an extension
+            b"5\rX",                       // CR not followed by LF
+            b"3;a\nb\r\nabc\r\n0\r\n\r\n", // a bare LF in an extension
+            b"3\r\nabcX\r\n",              // chunk data longer than announced
+            b"3\r\nabc\rX",                // data followed by CR and not LF
+            b"3\r\nabc\n",                 // data followed by a bare LF
+            b"0\r\n\n",                    // a bare LF as the last line
+            b"0\r\n\rX",                   // CR then not LF at the end
+            b"0\r\nX-T: 1\n\r\n",          // a trailer line ending in a bare LF
+            b"0\r\nX-T:\r1\r\n\r\n",       // a bare CR in a trailer line
+            b"0\r\nX-T: 1\r\n\n",          // a bare LF after a trailer
+            b"1000000000000000\r\n",       // 16 digits: over 2^60
+            digits16,                      // 16 digits, leading zeros
+        ];
+        for case in cases {
+            for split in 0..=case.len() {
+                let mut s = ChunkScanner::default();
+                let first = s.feed(&case[..split]);
+                let refused = first.is_err() || s.feed(&case[split..]).is_err();
+                assert!(refused, "{:?} split at {}", case, split);
+            }
+        }
+        // 15 digits: the largest size taken
+        let mut s = ChunkScanner::default();
+        assert_eq!(s.feed(b"fffffffffffffff\r\nab"), Ok(None));
+        let mut s = ChunkScanner::default();
+        assert_eq!(s.feed(b"000000000000001\r\nx\r\n0\r\n\r\n"), Ok(Some(25)));
+        // the scanner's own limit, exact
+        let mut s = ChunkScanner::with_max_chunk(16);
+        assert_eq!(s.feed(b"10\r\n"), Ok(None));
+        let mut s = ChunkScanner::with_max_chunk(16);
+        assert_eq!(s.feed(b"11"), Err(()));
     }
 
     #[test]

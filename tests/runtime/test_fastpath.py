@@ -13,8 +13,8 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Literal
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -44,12 +44,15 @@ def _built() -> None:
         pytest.fail("no kubeserve-fastpath binary: `make native` builds it (`make test` does)")
 
 
-def _snapshot(prefix: str, deployment: str, replicas: list[dict[str, Any]]) -> Any:
-    """A discovery snapshot of one route to one deployment of app ``app`` (max 8 ongoing)."""
+def _snapshot(
+    prefix: str, deployment: str, replicas: list[dict[str, Any]], max_ongoing: int = 8
+) -> Any:
+    """A discovery snapshot of one route to one deployment of app ``app``."""
+    deployments = {f"app#{deployment}": {"max_ongoing_requests": max_ongoing, "replicas": replicas}}
     return {
         "version": 1,
         "routes": [{"route_prefix": prefix, "app": "app", "deployment": deployment}],
-        "deployments": {f"app#{deployment}": {"max_ongoing_requests": 8, "replicas": replicas}},
+        "deployments": deployments,
     }
 
 
@@ -156,32 +159,102 @@ def test_the_rust_channel_client_is_refused_for_another_replica_or_secret() -> N
 # -- phase 2: the fast path in front of the Python proxy -----------------------------------------
 
 
-class Front:
-    """Two replicas of deployment ``app#D`` on ``/api``, the Python proxy, the native process."""
+# A replica stand-in: its identity and the protocol factory its server runs.
+StandIn = tuple[str, Callable[[], asyncio.BaseProtocol]]
 
-    def __init__(self) -> None:
-        self.apps = [Echo("a"), Echo("b")]
+
+def echo_replica(app: Echo, identity: str, **options: Any) -> StandIn:
+    """The real replica server (behind the channel handshake) running ``app``."""
+    return identity, ReplicaHttpServer(
+        app, control=app, secret=SECRET, identity=identity, **options
+    )
+
+
+def raw_replica(protocol: Callable[[], asyncio.Protocol], identity: str) -> StandIn:
+    """A replica that behaves as ``protocol`` behind the real channel handshake."""
+    return identity, lambda: ServerChannel(
+        SECRET, identity, lambda role: protocol(), logging.getLogger()
+    )
+
+
+_LONG_KEEP_ALIVE: Mapping[str, Any] = {"keep_alive_timeout_s": 30.0}
+
+
+class Front:
+    """Replica stand-ins of deployment ``app#<deployment>`` on ``prefix``, the Python proxy and
+    the native process in front of them, started and closed together.
+
+    By default two echo replicas (``apps``) of ``app#D`` on ``/api``. ``proxy``: "beside" (the
+    Python proxy and a native process handing off to it, as ``FastPath`` runs them), "owns" (a
+    ``ProxyServer(native=True)``, which starts its own native process and pushes it the routes),
+    or None (the native process alone, nothing to hand off to). ``push``: the settings of the
+    first snapshot pushed to a "beside" or lone native process; None: none pushed."""
+
+    def __init__(
+        self,
+        *,
+        apps: list[Echo] | None = None,
+        stand_ins: list[StandIn] | None = None,
+        prefix: str = "/api",
+        deployment: str = "D",
+        max_ongoing: int = 8,
+        proxy: Literal["beside", "owns"] | None = "beside",
+        push: Mapping[str, Any] | None = _LONG_KEEP_ALIVE,
+    ) -> None:
+        if apps is None and stand_ins is None:
+            apps = [Echo("a"), Echo("b")]
+        self.apps = apps or []
+        self.stand_ins = stand_ins or [
+            echo_replica(app, f"replica-{app.name}") for app in self.apps
+        ]
+        self.prefix, self.deployment, self.max_ongoing = prefix, deployment, max_ongoing
+        self.proxy_mode = proxy
+        self.push = push
         self.servers: list[asyncio.Server] = []
         self.snapshot: Snapshot | None = None
         self.proxy: ProxyServer | None = None
         self.native: FastPath | None = None
+        self.closed = False
+
+    @property
+    def port(self) -> int:
+        """The port clients connect to: the native process's."""
+        assert self.native is not None
+        return self.native.port
 
     async def start(self) -> None:
+        loop = asyncio.get_running_loop()
         endpoints = []
-        for app, identity in zip(self.apps, ("replica-a", "replica-b"), strict=True):
-            server, port = await replica(app, identity)
+        for identity, factory in self.stand_ins:
+            server = await loop.create_server(factory, "127.0.0.1", 0)
             self.servers.append(server)
-            endpoints.append(_endpoint(identity, port))
-        snapshot = _snapshot("/api", "D", endpoints)
+            endpoints.append(_endpoint(identity, server.sockets[0].getsockname()[1]))
+        snapshot = _snapshot(self.prefix, self.deployment, endpoints, self.max_ongoing)
         self.snapshot = snapshot
-        self.proxy = ProxyServer("127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot))
-        await self.proxy.start()
-        self.native = FastPath(SECRET, "127.0.0.1", 0, self.proxy.port)
+        source = StaticSource(snapshot)
+        if self.proxy_mode == "owns":
+            self.proxy = ProxyServer("127.0.0.1", 0, secret=SECRET, source=source, native=True)
+            await self.proxy.start()
+            self.native = self.proxy.native
+            assert self.native is not None and self.proxy.port == self.native.port
+            proxy = self.proxy
+            await wait_until(lambda: proxy.native_version == 1, 5)  # the proxy's first push
+            return
+        handoff = 9  # the lone native process: nothing to hand off to
+        if self.proxy_mode == "beside":
+            self.proxy = ProxyServer("127.0.0.1", 0, secret=SECRET, source=source)
+            await self.proxy.start()
+            handoff = self.proxy.port
+        self.native = FastPath(SECRET, "127.0.0.1", 0, handoff)
         await self.native.start()
-        await self.native.push(snapshot, keep_alive_timeout_s=30.0)
+        if self.push is not None:
+            await self.native.push(snapshot, **self.push)
 
     async def close(self) -> None:
-        if self.native is not None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.native is not None and self.proxy_mode != "owns":
             await self.native.close()
         if self.proxy is not None:
             await self.proxy.close()
@@ -189,14 +262,16 @@ class Front:
             server.close()
 
 
-def scenario(body: Callable[[Front], Awaitable[None]]) -> None:
+def scenario(body: Callable[[Front], Awaitable[None]], front: Front | None = None) -> None:
+    """Run ``body`` against a started ``front`` (the default one when None), closed after."""
+
     async def go() -> None:
-        front = Front()
+        f = Front() if front is None else front
         try:
-            await front.start()
-            await body(front)
+            await f.start()
+            await body(f)
         finally:
-            await front.close()
+            await f.close()
 
     run(go())
 
@@ -369,32 +444,19 @@ def test_nothing_is_accepted_before_the_first_snapshot() -> None:
     waits in the backlog (is neither handed off to a proxy still starting nor refused), then is
     served natively once the first snapshot is in."""
 
-    async def go() -> None:
-        front = Front()
-        try:
-            endpoints = []
-            for app, identity in zip(front.apps, ("replica-a", "replica-b"), strict=True):
-                server, port = await replica(app, identity)
-                front.servers.append(server)
-                endpoints.append(_endpoint(identity, port))
-            snapshot = _snapshot("/api", "D", endpoints)
-            front.proxy = ProxyServer("127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot))
-            await front.proxy.start()
-            front.native = FastPath(SECRET, "127.0.0.1", 0, front.proxy.port)
-            await front.native.start()
-            conn = await Conn.open(front.native.port)  # the kernel's backlog takes it
-            waiting = asyncio.ensure_future(conn.request(get("/api/x")))
-            await asyncio.sleep(0.5)
-            assert not waiting.done()  # not accepted: no answer, no hand-off, no close
-            await front.native.push(snapshot)
-            status, _, answer = await asyncio.wait_for(waiting, 10)
-            assert status == 200 and answer == b"GET"
-            assert (await front.native.stats())["handed_off"] == 0
-            conn.close()
-        finally:
-            await front.close()
+    async def body(f: Front) -> None:
+        assert f.native is not None and f.snapshot is not None
+        conn = await Conn.open(f.port)  # the kernel's backlog takes it
+        waiting = asyncio.ensure_future(conn.request(get("/api/x")))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()  # not accepted: no answer, no hand-off, no close
+        await f.native.push(f.snapshot)
+        status, _, answer = await asyncio.wait_for(waiting, 10)
+        assert status == 200 and answer == b"GET"
+        assert (await f.native.stats())["handed_off"] == 0
+        conn.close()
 
-    run(go())
+    scenario(body, Front(push=None))
 
 
 # -- phase 3: the proxy's opt-in ------------------------------------------------------------------
@@ -412,38 +474,28 @@ def _requests_counted(route: str, status: str) -> float:
 
 
 def test_a_proxy_with_the_native_data_path_serves_through_it_and_counts_in_its_metrics() -> None:
-    async def go() -> None:
-        apps = [Echo("a")]
-        server, port = await replica(apps[0], "replica-a")
-        snapshot = _snapshot("/api", "D", [_endpoint("replica-a", port)])
-        proxy = ProxyServer(
-            "127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot), native=True
-        )
+    async def body(f: Front) -> None:
         before = _requests_counted("/api", "200")
-        await proxy.start()
-        native = proxy.native
-        try:
-            assert native is not None and proxy.port == native.port
-            await wait_until(lambda: proxy.native_version == 1, 5)  # the first push
-            conn = await Conn.open(proxy.port)
-            for _ in range(5):
-                status, _, answer = await conn.request(get("/api/x"))
-                assert status == 200 and answer == b"GET"
-            status, _, answer = await conn.request(get("/-/healthz"))  # the Python proxy's
-            assert status == 200
-            conn.close()
-            stats = await native.stats()
-            assert stats["answered"] == {"app#D": {"200": 5}} and stats["handed_off"] == 1
-            # Ray's request counter, on the proxy's /metrics, counts what the native path answered
-            await wait_until(lambda: _requests_counted("/api", "200") - before == 5, 5)
-            pid = native.pid
-        finally:
-            await proxy.close()
-            server.close()
+        native, proxy = f.native, f.proxy
+        assert native is not None and proxy is not None
+        conn = await Conn.open(proxy.port)
+        for _ in range(5):
+            status, _, answer = await conn.request(get("/api/x"))
+            assert status == 200 and answer == b"GET"
+        status, _, answer = await conn.request(get("/-/healthz"))  # the Python proxy's
+        assert status == 200
+        conn.close()
+        stats = await native.stats()
+        assert stats["answered"] == {"app#D": {"200": 5}} and stats["handed_off"] == 1
+        # Ray's request counter, on the proxy's /metrics, counts what the native path answered
+        await wait_until(lambda: _requests_counted("/api", "200") - before == 5, 5)
+        pid = native.pid
+        await f.close()
+        # the proxy's close ends its native process
         assert proxy.native is None
         await wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 5)
 
-    run(go())
+    scenario(body, Front(apps=[Echo("a")], proxy="owns"))
 
 
 class _HangUp(asyncio.Protocol):
@@ -461,67 +513,38 @@ HANG_UPS: list[bytes] = []
 
 
 def test_a_request_written_to_a_replica_that_hangs_up_is_a_502_never_run_twice() -> None:
-    async def go() -> None:
-        HANG_UPS.clear()
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(
-            lambda: ServerChannel(SECRET, "replica-x", lambda role: _HangUp(), logging.getLogger()),
-            "127.0.0.1",
-            0,
-        )
-        port = server.sockets[0].getsockname()[1]
-        snapshot = _snapshot("/", "X", [_endpoint("replica-x", port)])
-        proxy = ProxyServer("127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot))
-        await proxy.start()
-        native = FastPath(SECRET, "127.0.0.1", 0, proxy.port)
-        try:
-            await native.start()
-            await native.push(snapshot)
-            conn = await Conn.open(native.port)
-            status, headers, answer = await conn.request(get("/x", "x-request-id: mine\r\n"))
-            assert status == 502 and b"closed the connection before answering" in answer
-            assert headers["x-request-id"] == "mine" and headers["connection"] == "close"
-            assert await conn.reader.read() == b""
-            conn.close()
-            assert len(HANG_UPS) == 1  # the replica saw it once: not handed off, not retried
-            assert (await native.stats())["answered"] == {"app#X": {"502": 1}}
-        finally:
-            await native.close()
-            await proxy.close()
-            server.close()
+    async def body(f: Front) -> None:
+        assert f.native is not None
+        conn = await Conn.open(f.port)
+        status, headers, answer = await conn.request(get("/x", "x-request-id: mine\r\n"))
+        assert status == 502 and b"closed the connection before answering" in answer
+        assert headers["x-request-id"] == "mine" and headers["connection"] == "close"
+        assert await conn.reader.read() == b""
+        conn.close()
+        assert len(HANG_UPS) == 1  # the replica saw it once: not handed off, not retried
+        assert (await f.native.stats())["answered"] == {"app#X": {"502": 1}}
 
-    run(go())
+    HANG_UPS.clear()
+    stand_in = raw_replica(_HangUp, "replica-x")
+    scenario(body, Front(stand_ins=[stand_in], prefix="/", deployment="X", push={}))
 
 
 def test_a_pooled_connection_the_replica_closed_while_idle_is_not_reused() -> None:
-    async def go() -> None:
-        app = Echo("a")
-        server = await asyncio.get_running_loop().create_server(
-            ReplicaHttpServer(
-                app, control=app, secret=SECRET, identity="replica-a", keep_alive_timeout_s=0.1
-            ),
-            "127.0.0.1",
-            0,
-        )
-        port = server.sockets[0].getsockname()[1]
-        snapshot = _snapshot("/", "A", [_endpoint("replica-a", port)])
-        native = FastPath(SECRET, "127.0.0.1", 0, 9)  # nothing to hand off to here
-        try:
-            await native.start()
-            await native.push(snapshot)
-            conn = await Conn.open(native.port)
-            for _ in range(3):
-                status, _, _ = await conn.request(get("/x"))
-                assert status == 200
-                await asyncio.sleep(0.4)  # the replica closes the idle upstream connection
-            conn.close()
-            stats = await native.stats()
-            assert stats["answered"] == {"app#A": {"200": 3}} and stats["upstream_connects"] == 3
-        finally:
-            await native.close()
-            server.close()
+    async def body(f: Front) -> None:
+        assert f.native is not None
+        conn = await Conn.open(f.port)
+        for _ in range(3):
+            status, _, _ = await conn.request(get("/x"))
+            assert status == 200
+            await asyncio.sleep(0.4)  # the replica closes the idle upstream connection
+        conn.close()
+        stats = await f.native.stats()
+        assert stats["answered"] == {"app#A": {"200": 3}} and stats["upstream_connects"] == 3
 
-    run(go())
+    app = Echo("a")
+    stand_in = echo_replica(app, "replica-a", keep_alive_timeout_s=0.1)
+    front = Front(apps=[app], stand_ins=[stand_in], prefix="/", deployment="A", proxy=None, push={})
+    scenario(body, front)
 
 
 def test_the_request_timeout_is_a_504_from_the_native_path() -> None:
@@ -641,39 +664,27 @@ def _ongoing() -> float:
 
 
 def test_the_python_router_counts_the_native_requests_in_flight() -> None:
-    async def go() -> None:
-        app = Echo("a")
-        server, port = await replica(app, "replica-a")
-        snapshot = _snapshot("/api", "D", [_endpoint("replica-a", port)])
-        proxy = ProxyServer(
-            "127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot), native=True
-        )
-        await proxy.start()
-        try:
-            assert proxy.native is not None
-            await wait_until(lambda: proxy.native_version == 1, 5)
-            router = proxy.state.router
-            slow = await _in_flight_request(proxy.port, "/api/sleep")
-            # the native request counts in the Python proxy's router, as its own would
-            await wait_until(lambda: router.in_flight("app#D") == {"replica-a": 1}, 2)
-            assert router.own_in_flight() == {}
-            # and in Ray's ongoing-requests gauge of the proxy
-            await wait_until(lambda: _ongoing() == 1, 2)
-            status, _, _ = await slow
-            assert status == 200
-            await wait_until(lambda: router.in_flight("app#D") == {"replica-a": 0}, 2)
-            await wait_until(lambda: _ongoing() == 0, 2)
-            # and the Python proxy's own requests in flight reach the native process
-            conn = await Conn.open(proxy.port)
-            handed = asyncio.create_task(conn.request(get("/api/sleep", "TE: trailers\r\n")))
-            await wait_until(lambda: router.own_in_flight() == {"replica-a": 1}, 5)
-            assert await proxy.native.exchange_load({"replica-a": 1}) == {}
-            assert (await handed)[0] == 200
-        finally:
-            await proxy.close()
-            server.close()
+    async def body(f: Front) -> None:
+        assert f.proxy is not None and f.proxy.native is not None
+        router = f.proxy.state.router
+        slow = await _in_flight_request(f.port, "/api/sleep")
+        # the native request counts in the Python proxy's router, as its own would
+        await wait_until(lambda: router.in_flight("app#D") == {"replica-a": 1}, 2)
+        assert router.own_in_flight() == {}
+        # and in Ray's ongoing-requests gauge of the proxy
+        await wait_until(lambda: _ongoing() == 1, 2)
+        status, _, _ = await slow
+        assert status == 200
+        await wait_until(lambda: router.in_flight("app#D") == {"replica-a": 0}, 2)
+        await wait_until(lambda: _ongoing() == 0, 2)
+        # and the Python proxy's own requests in flight reach the native process
+        conn = await Conn.open(f.port)
+        handed = asyncio.create_task(conn.request(get("/api/sleep", "TE: trailers\r\n")))
+        await wait_until(lambda: router.own_in_flight() == {"replica-a": 1}, 5)
+        assert await f.proxy.native.exchange_load({"replica-a": 1}) == {}
+        assert (await handed)[0] == 200
 
-    run(go())
+    scenario(body, Front(apps=[Echo("a")], proxy="owns"))
 
 
 _REFUSAL = (
@@ -756,34 +767,23 @@ async def async_draining(f: Front) -> bool:
 
 
 def test_a_leaving_proxy_drains_its_native_data_path_with_no_failed_request() -> None:
-    async def go() -> None:
-        app = Echo("a")
-        server, port = await replica(app, "replica-a")
-        snapshot = _snapshot("/api", "D", [_endpoint("replica-a", port)])
-        proxy = ProxyServer(
-            "127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot), native=True
-        )
-        await proxy.start()
-        try:
-            await wait_until(lambda: proxy.native_version == 1, 5)
-            native_port = proxy.port
-            # in flight: native requests, and one the Python proxy serves (handed off)
-            busy = [await _in_flight_request(native_port, "/api/sleep") for _ in range(3)]
-            conn = await Conn.open(native_port)
-            busy.append(asyncio.create_task(conn.request(get("/api/sleep", "TE: trailers\r\n"))))
-            await wait_until(lambda: len(app.seen) == 4, 5)
-            started = asyncio.get_running_loop().time()
-            await proxy.leave(LeavePlan(drain_s=10))
-            assert asyncio.get_running_loop().time() - started < 5
-            answers = await asyncio.gather(*busy, return_exceptions=True)
-            assert [a[0] for a in answers if isinstance(a, tuple)] == [200] * 4, answers
-            with pytest.raises(OSError):
-                await asyncio.open_connection("127.0.0.1", native_port)
-        finally:
-            await proxy.close()
-            server.close()
+    async def body(f: Front) -> None:
+        assert f.proxy is not None
+        native_port = f.port
+        # in flight: native requests, and one the Python proxy serves (handed off)
+        busy = [await _in_flight_request(native_port, "/api/sleep") for _ in range(3)]
+        conn = await Conn.open(native_port)
+        busy.append(asyncio.create_task(conn.request(get("/api/sleep", "TE: trailers\r\n"))))
+        await wait_until(lambda: len(f.apps[0].seen) == 4, 5)
+        started = asyncio.get_running_loop().time()
+        await f.proxy.leave(LeavePlan(drain_s=10))
+        assert asyncio.get_running_loop().time() - started < 5
+        answers = await asyncio.gather(*busy, return_exceptions=True)
+        assert [a[0] for a in answers if isinstance(a, tuple)] == [200] * 4, answers
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", native_port)
 
-    run(go())
+    scenario(body, Front(apps=[Echo("a")], proxy="owns"))
 
 
 class _UntilClose(asyncio.Protocol):
@@ -798,67 +798,37 @@ class _UntilClose(asyncio.Protocol):
 
 
 def test_an_answer_that_ends_with_the_connection_ends_the_clients_as_the_python_proxy() -> None:
-    async def go() -> None:
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(
-            lambda: ServerChannel(
-                SECRET, "replica-x", lambda role: _UntilClose(), logging.getLogger()
-            ),
-            "127.0.0.1",
-            0,
-        )
-        port = server.sockets[0].getsockname()[1]
-        snapshot = _snapshot("/", "X", [_endpoint("replica-x", port)])
-        proxy = ProxyServer("127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot))
-        await proxy.start()
-        native = FastPath(SECRET, "127.0.0.1", 0, proxy.port)
-        try:
-            await native.start()
-            await native.push(snapshot)
-            conn = await Conn.open(native.port)
-            # the client learns where the body ends by the close, and the answer says so
-            status, headers, answer = await conn.request(get("/x"))
-            assert status == 200 and answer == b"to the end"
-            assert headers["connection"] == "close"
-            conn.close()
-            assert (await native.stats())["answered"] == {"app#X": {"200": 1}}
-        finally:
-            await native.close()
-            await proxy.close()
-            server.close()
+    async def body(f: Front) -> None:
+        assert f.native is not None
+        conn = await Conn.open(f.port)
+        # the client learns where the body ends by the close, and the answer says so
+        status, headers, answer = await conn.request(get("/x"))
+        assert status == 200 and answer == b"to the end"
+        assert headers["connection"] == "close"
+        conn.close()
+        assert (await f.native.stats())["answered"] == {"app#X": {"200": 1}}
 
-    run(go())
+    stand_in = raw_replica(_UntilClose, "replica-x")
+    scenario(body, Front(stand_ins=[stand_in], prefix="/", deployment="X", push={}))
 
 
 def test_a_request_that_finds_every_replica_full_waits_in_the_python_proxys_queue() -> None:
     """What the autoscaler counts: replicas report what they run (native requests included), the
     proxy reports what waits in its router's queue, where the native path's overflow goes."""
 
-    async def go() -> None:
-        app = Echo("a")
-        server, port = await replica(app, "replica-a")
-        snapshot = _snapshot("/api", "D", [_endpoint("replica-a", port)])
-        snapshot["deployments"]["app#D"]["max_ongoing_requests"] = 1
-        proxy = ProxyServer(
-            "127.0.0.1", 0, secret=SECRET, source=StaticSource(snapshot), native=True
-        )
-        await proxy.start()
-        try:
-            assert proxy.native is not None
-            await wait_until(lambda: proxy.native_version == 1, 5)
-            router = proxy.state.router
-            first = await _in_flight_request(proxy.port, "/api/sleep")
-            await wait_until(lambda: router.in_flight("app#D") == {"replica-a": 1}, 2)
-            # the replica is at its cap: the native path hands the next one over, it waits
-            second = await _in_flight_request(proxy.port, "/api/sleep")
-            await wait_until(lambda: router.queued("app#D") == 1, 2)
-            assert len(app.seen) == 1  # not sent to the full replica
-            for status, _, _ in await asyncio.gather(first, second):
-                assert status == 200
-            assert router.queued("app#D") == 0 and len(app.seen) == 2
-            assert (await proxy.native.stats())["handed_off"] == 1
-        finally:
-            await proxy.close()
-            server.close()
+    async def body(f: Front) -> None:
+        assert f.proxy is not None and f.proxy.native is not None
+        app = f.apps[0]
+        router = f.proxy.state.router
+        first = await _in_flight_request(f.port, "/api/sleep")
+        await wait_until(lambda: router.in_flight("app#D") == {"replica-a": 1}, 2)
+        # the replica is at its cap: the native path hands the next one over, it waits
+        second = await _in_flight_request(f.port, "/api/sleep")
+        await wait_until(lambda: router.queued("app#D") == 1, 2)
+        assert len(app.seen) == 1  # not sent to the full replica
+        for status, _, _ in await asyncio.gather(first, second):
+            assert status == 200
+        assert router.queued("app#D") == 0 and len(app.seen) == 2
+        assert (await f.proxy.native.stats())["handed_off"] == 1
 
-    run(go())
+    scenario(body, Front(apps=[Echo("a")], proxy="owns", max_ongoing=1))

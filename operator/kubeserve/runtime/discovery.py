@@ -24,6 +24,7 @@ from urllib.parse import urlencode, urlsplit
 
 from kubeserve.runtime import channel
 from kubeserve.runtime.http1 import read_response
+from kubeserve.runtime.tasks import cancel_and_wait
 from kubeserve.runtime.wire import SNAPSHOT_PATH, Snapshot
 
 __all__ = ["Discovery", "EndpointSource", "SnapshotCallback", "signed_get"]
@@ -102,10 +103,7 @@ class Discovery:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         backoff = self._min_backoff_s

@@ -29,6 +29,7 @@ from urllib.parse import urlencode, urlsplit
 
 from kubeserve.runtime.discovery import Discovery, EndpointSource, signed_get
 from kubeserve.runtime.router import Router
+from kubeserve.runtime.tasks import cancel_and_wait
 from kubeserve.runtime.wire import LOAD_PATH
 
 __all__ = ["DEFAULT_REPORT_INTERVAL_S", "LoadReporter", "controller_links"]
@@ -73,10 +74,7 @@ class LoadReporter:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         reported_waiting = False

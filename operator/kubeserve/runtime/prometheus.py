@@ -37,7 +37,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 __all__ = [
     "MULTIPROC_ENV",
@@ -172,10 +172,10 @@ class Registry:
     def __init__(self, directory: str | None = None) -> None:
         self.directory = directory
         self.lock = threading.Lock()
-        self._families: dict[str, _Family] = {}
+        self._families: dict[str, _Family[Any]] = {}
         self._files: dict[str, _MmapFile] = {}
 
-    def register(self, family: _Family) -> None:
+    def register(self, family: _Family[Any]) -> None:
         with self.lock:
             if family.name in self._families:
                 raise ValueError(f"a metric named {family.name} is registered already")
@@ -235,7 +235,7 @@ class _Series:
 
     __slots__ = ("_family", "_file", "_label_values", "_lock", "_positions", "values")
 
-    def __init__(self, family: _Family, label_values: tuple[str, ...]) -> None:
+    def __init__(self, family: _Family[Any], label_values: tuple[str, ...]) -> None:
         self._family = family
         self._label_values = label_values
         self._lock = family.registry.lock
@@ -319,11 +319,15 @@ class HistogramChild(_Series):
                     self._add(i, n)
 
 
-class _Family:
-    """A metric family: its name, help, label names and labelled series."""
+S = TypeVar("S", bound=_Series)
+
+
+class _Family(Generic[S]):
+    """A metric family: its name, help, label names and labelled series (of type ``S``)."""
 
     kind: ClassVar[str]
-    child: ClassVar[type[_Series]]
+    #: the class of its series (a class attribute of each kind)
+    child: type[S]
     #: the samples of a series, as (sample name, ``le`` label or None)
     cells: tuple[tuple[str, str | None], ...]
     file_prefix: str
@@ -346,12 +350,12 @@ class _Family:
             if label.startswith("__") or not label or (self.kind == "histogram" and label == "le"):
                 raise ValueError(f"reserved or empty label name {label!r}")
         self.registry = registry or process_registry()
-        self._children: dict[tuple[str, ...], _Series] = {}
+        self._children: dict[tuple[str, ...], S] = {}
         self.registry.register(self)
         if not self.labelnames:
             self.labels()
 
-    def labels(self, *values: str) -> _Series:
+    def labels(self, *values: str) -> S:
         """The series of these label values (created at zero the first time)."""
         child = self._children.get(values)
         if child is None:
@@ -379,7 +383,7 @@ class _Family:
             lines.append(f"{self.cells[0][0]}{labels} {go_float(child.values[0])}\n")
 
 
-class Counter(_Family):
+class Counter(_Family[CounterChild]):
     """A counter: its samples are ``name_total`` (a ``name`` ending ``_total`` loses it, as in
     prometheus_client)."""
 
@@ -398,13 +402,8 @@ class Counter(_Family):
         self.cells = ((f"{name}_total", None),)
         super().__init__(name, documentation, labelnames, registry)
 
-    def labels(self, *values: str) -> CounterChild:
-        child = super().labels(*values)
-        assert isinstance(child, CounterChild)
-        return child
 
-
-class Gauge(_Family):
+class Gauge(_Family[GaugeChild]):
     """A gauge; ``multiprocess_mode`` says how the merge combines the processes' values."""
 
     kind = "gauge"
@@ -426,13 +425,8 @@ class Gauge(_Family):
         self.cells = ((name, None),)
         super().__init__(name, documentation, labelnames, registry)
 
-    def labels(self, *values: str) -> GaugeChild:
-        child = super().labels(*values)
-        assert isinstance(child, GaugeChild)
-        return child
 
-
-class Histogram(_Family):
+class Histogram(_Family[HistogramChild]):
     """A histogram over ``buckets`` (sorted upper bounds; ``+Inf`` is added)."""
 
     kind = "histogram"
@@ -457,11 +451,6 @@ class Histogram(_Family):
         self.upper_bounds = tuple(bounds)
         self.cells = ((f"{name}_sum", None), *((f"{name}_bucket", go_float(b)) for b in bounds))
         super().__init__(name, documentation, labelnames, registry)
-
-    def labels(self, *values: str) -> HistogramChild:
-        child = super().labels(*values)
-        assert isinstance(child, HistogramChild)
-        return child
 
     def write_text(self, lines: list[str]) -> None:
         self._head(lines, self.name)

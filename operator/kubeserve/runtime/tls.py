@@ -27,7 +27,6 @@ once and checked (the key is the certificate's) each time the files load, for th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import logging
 import os
@@ -36,6 +35,8 @@ import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from kubeserve.runtime.tasks import cancel_and_wait
 
 __all__ = [
     "PASSWORD_ENV",
@@ -312,11 +313,8 @@ class ReloadingContext:
             self.reload_if_changed()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
 
 
 async def wait_for_files(

@@ -40,6 +40,7 @@ from kubeserve.runtime import channel, metrics_merge, python_env, wire
 from kubeserve.runtime import runtime_env as runtime_envs
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.logs import DEFAULT_LOG_BACKUPS, DEFAULT_LOG_BYTES, RotatingLog
+from kubeserve.runtime.tasks import cancel_and_wait
 from kubeserve.schema.config import DEFAULT_DATA_PATH, DataPath
 
 log = logging.getLogger(__name__)
@@ -226,10 +227,7 @@ class Controller:
 
     async def close(self) -> None:
         """Stop every process gracefully (desired state stays in the store for the next start)."""
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+        await cancel_and_wait(self._loop_task)
         for app in self.apps.values():
             app.begin_delete()
         await asyncio.gather(*(self._wait_app_stopped(a) for a in self.apps.values()))

@@ -23,6 +23,7 @@ from kubeserve.runtime.metrics import LATENCY_BUCKETS_MS
 from kubeserve.runtime.metrics_listener import start_metrics_listener
 from kubeserve.runtime.proxy.client import ClientConnection
 from kubeserve.runtime.proxy.state import ProxyState
+from kubeserve.runtime.tasks import cancel_and_wait
 from kubeserve.runtime.tls import ReloadingContext, TLSFiles, wait_for_files
 from kubeserve.runtime.tls_stream import TLSServerProtocol
 from kubeserve.runtime.wire import Snapshot
@@ -464,9 +465,7 @@ class ProxyServer:
 
     async def close(self) -> None:
         for task in self._native_tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         self._native_tasks = []
         if self.native is not None:
             with contextlib.suppress(FastPathError):  # its last second

@@ -1,8 +1,14 @@
 """Resident memory of a real replica and of the proxy after load, and what a replica's imports cost.
 
-    .venv/bin/python benchmarks/replica_memory.py [TREE] [--starts 3] [--seconds 3] [--no-imports]
+    .venv/bin/python benchmarks/replica_memory.py [TREE ...] [--starts 3] [--seconds 3]
+        [--no-imports] [--source]
 
-1. **After load.** ``--starts`` times: ``kubeserve start`` of ``TREE`` (default: this checkout)
+Each tree (default: this checkout; e.g. ``git worktree add /tmp/ks-before main``, then ``make
+venv`` in it) is first given its bytecode (``make bytecode``: ``compileall`` of ``operator/
+kubeserve`` and ``benchmarks``), as an installed wheel has it; ``--source`` skips that (with
+``PYTHONDONTWRITEBYTECODE`` set, every process then compiles kubeserve at its start).
+
+1. **After load.** ``--starts`` times, the trees in turns: ``kubeserve start`` of the tree
    with the applications ``noop`` (a plain method, Ray's default: a worker thread per call) and
    ``async_noop`` of ``benchmarks/compare_apps.py``, each loaded through the proxy with
    ``wrk -t1 -c16`` for ``--seconds``; then ``VmRSS``, ``RssAnon`` and ``RssFile`` are read from
@@ -22,6 +28,7 @@ Run it under ``flock /tmp/bench.lock`` so that two benchmarks do not measure eac
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -43,7 +50,10 @@ GROUPS: list[tuple[str, list[str]]] = [
     ("kubeserve.runtime.logs (+ kubeserve.sdk.context)", ["kubeserve.runtime.logs"]),
     ("kubeserve.runtime.wire", ["kubeserve.runtime.wire"]),
     ("kubeserve.runtime.build + kubeserve.sdk", ["kubeserve.runtime.build"]),
-    ("metrics (kubeserve.runtime.metrics, prometheus text)", ["kubeserve.runtime.metrics_listener"]),
+    (
+        "metrics (kubeserve.runtime.metrics, prometheus text)",
+        ["kubeserve.runtime.metrics_listener"],
+    ),
     ("replica HTTP server (replica.http)", ["kubeserve.runtime.replica.http"]),
     ("replica control, state, user code", ["kubeserve.runtime.replica.control"]),
     ("replica ingress (+ ASGI, streaming types)", ["kubeserve.runtime.replica.ingress"]),
@@ -98,11 +108,20 @@ def after_load(tree: Path, seconds: int) -> dict[str, dict[str, float]]:
         for pid in native:
             found["proxy's kubeserve-fastpath"] = proc_status(pid)
         found["proxy, all processes"] = {
-            key: sum(proc_status(pid)[key] for pid in (proxy, *native)) for key in found["proxy (Python)"]
+            key: sum(proc_status(pid)[key] for pid in (proxy, *native))
+            for key in found["proxy (Python)"]
         }
         for app in APPS:
             found[f"replica {app}"] = proc_status(setups[f"{app} via proxy"].pids[-1])
         return found
+
+
+def compile_tree(tree: Path) -> None:
+    python = str(tree / ".venv" / "bin" / "python")
+    subprocess.run(
+        [python, "-m", "compileall", "-q", "-j0", "operator/kubeserve", "benchmarks"],
+        cwd=tree, check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
 
 
 def imports(tree: Path) -> list[tuple[str, dict[str, float], int]]:
@@ -117,35 +136,48 @@ def imports(tree: Path) -> list[tuple[str, dict[str, float], int]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("tree", nargs="?", default=str(HERE.parent))
+    parser.add_argument("trees", nargs="*", default=[str(HERE.parent)])
     parser.add_argument("--starts", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=3)
     parser.add_argument("--no-imports", action="store_true")
+    parser.add_argument("--source", action="store_true", help="do not compile the trees first")
     args = parser.parse_args()
-    tree = Path(args.tree).resolve()
-    runs = [after_load(tree, args.seconds) for _ in range(args.starts)]
-    print(f"## {tree}: after load, medians of {args.starts} starts (MiB)\n")
+    trees = [Path(tree).resolve() for tree in args.trees]
+    if not args.source:
+        for tree in trees:
+            compile_tree(tree)
+    runs: dict[Path, list[dict[str, dict[str, float]]]] = {tree: [] for tree in trees}
+    for _ in range(args.starts):
+        for tree in trees:
+            runs[tree].append(after_load(tree, args.seconds))
+    for tree in trees:
+        report(tree, runs[tree], args.no_imports)
+    return 0
+
+
+def report(tree: Path, runs: list[dict[str, dict[str, float]]], no_imports: bool) -> None:
+    print(f"## {tree}: after load, medians of {len(runs)} starts (MiB)\n")
     print("| process | VmRSS | RssAnon | RssFile | each start (VmRSS) |\n|---|---|---|---|---|")
     for name in runs[0]:
         values = {key: statistics.median(run[name][key] for run in runs) for key in runs[0][name]}
         each = ", ".join(f"{run[name]['VmRSS']:.1f}" for run in runs)
         print(f"| {name} | {values['VmRSS']:.1f} | {values['RssAnon']:.1f} |"
               f" {values['RssFile']:.1f} | {each} |")  # fmt: skip
-    if args.no_imports:
-        return 0
+    if no_imports:
+        return
     rows = imports(tree)
-    print("\n## what a replica's imports cost (MiB of RSS each group adds)\n")
+    print(f"\n## {tree}: what a replica's imports cost (MiB of RSS each group adds)\n")
     print("| group | +VmRSS | +RssAnon | +RssFile | +modules |\n|---|---|---|---|---|")
     name, first, count = rows[0]
-    print(f"| {name} | {first['VmRSS']:.1f} | {first['RssAnon']:.1f} | {first['RssFile']:.1f} | {count} |")
-    for (_, before, n0), (name, after, n1) in zip(rows, rows[1:]):
+    print(f"| {name} | {first['VmRSS']:.1f} | {first['RssAnon']:.1f} |"
+          f" {first['RssFile']:.1f} | {count} |")  # fmt: skip
+    for (_, before, n0), (name, after, n1) in itertools.pairwise(rows):
         delta = {key: after[key] - before[key] for key in after}
         print(f"| {name} | {delta['VmRSS']:.2f} | {delta['RssAnon']:.2f} |"
               f" {delta['RssFile']:.2f} | {n1 - n0} |")  # fmt: skip
     last = rows[-1][1]
     print(f"| **all imports** | {last['VmRSS']:.1f} | {last['RssAnon']:.1f} |"
-          f" {last['RssFile']:.1f} | {rows[-1][2]} |")  # fmt: skip
-    return 0
+          f" {last['RssFile']:.1f} | {rows[-1][2]} |\n")  # fmt: skip
 
 
 if __name__ == "__main__":

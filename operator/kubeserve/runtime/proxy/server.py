@@ -37,12 +37,11 @@ log = logging.getLogger(__name__)
 #: While a proxy drains, how long a client connection may idle before it is closed: a client
 #: that sends its next request within it gets ``Connection: close`` on the answer instead.
 _LEAVING_IDLE_S = 1.0
-#: How often the requests the native data path answered are recorded into the metrics.
-_NATIVE_RECORDS_S = 1.0
-#: ... while it answers requests: a batch of records (and of access lines, one per request)
-#: holds a tenth of a second of load, not a second of it, so that decoding it does not grow
-#: the proxy's resident memory by megabytes (its heap keeps the high-water mark).
-_NATIVE_BUSY_RECORDS_S = 0.1
+#: How often the requests the native data path answered are recorded into the metrics (and
+#: access lines): a batch holds a tenth of a second of load, not a second of it, so decoding it
+#: does not grow the proxy's resident memory by megabytes (its heap keeps the high-water mark);
+#: the proxy already asks the native process every :data:`_NATIVE_LOAD_S` for its load.
+_NATIVE_RECORDS_S = 0.1
 #: How often this proxy and the native data path tell each other their requests in flight per
 #: replica (both choose by the sum, against one ``max_ongoing_requests``).
 _NATIVE_LOAD_S = 0.05
@@ -262,15 +261,14 @@ class ProxyServer:
         self.grpc.apply(snapshot)
 
     async def _native_sync(self, native: FastPath) -> None:
-        """Push each new snapshot to the native process; every second, record the requests it
-        answered into this proxy's metrics (Ray's names, served on ``/metrics``) and access
-        lines."""
+        """Push each new snapshot to the native process; every :data:`_NATIVE_RECORDS_S`,
+        record the requests it answered into this proxy's metrics (Ray's names, served on
+        ``/metrics``) and access lines."""
         state = self.state
         limits = state.limits
-        wait_s = _NATIVE_RECORDS_S
         while True:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait_s):
+                async with asyncio.timeout(_NATIVE_RECORDS_S):
                     await self._native_changed.wait()
             try:
                 if self._native_changed.is_set():
@@ -302,8 +300,7 @@ class ProxyServer:
                     self.native_version = snapshot["version"]
                 if self.grpc is not None and native.grpc_port is not None:
                     await self._native_grpc_records(native, self.grpc)
-                busy = await self._native_records(native)
-                wait_s = _NATIVE_BUSY_RECORDS_S if busy else _NATIVE_RECORDS_S
+                await self._native_records(native)
             except FastPathError as exc:
                 log.error("the native data path failed: %s", exc)
                 return
@@ -326,9 +323,8 @@ class ProxyServer:
             for at, full, app, code, latency_ms, request_id in access:
                 grpc.access_log.add(full, app, code, latency_ms, request_id, at=at)
 
-    async def _native_records(self, native: FastPath) -> bool:
-        """Record what the native process answered (and refused) since the last call; whether
-        it answered anything."""
+    async def _native_records(self, native: FastPath) -> None:
+        """Record what the native process answered (and refused) since the last call."""
         state = self.state
         taken = await native.take_records()
         if taken.refused:
@@ -346,7 +342,6 @@ class ProxyServer:
             for at, method, key, status, latency_ms, request_id in taken.access:
                 route = (state.labels.get(key) or ("",))[0]
                 state.access_log.add(method, route, status, latency_ms, request_id, at=at)
-        return bool(taken.metrics or taken.access)
 
     async def _native_load(self, native: FastPath) -> None:
         """Every :data:`_NATIVE_LOAD_S`, tell the native process this proxy's requests in

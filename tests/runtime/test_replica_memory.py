@@ -1,8 +1,8 @@
 """A real replica process of a plain no-op deployment, after serving traffic, its health check and
 its metrics, has imported nothing heavy it does not use: no schema models or pydantic, no
 Kubernetes client, no prometheus_client, no ASGI framework, grpcio, OpenTelemetry, websocket
-library or YAML parser, no Ray-compatibility shims and no handle client (its memory would grow by
-each; see the memory table in ``benchmarks/README.md``).
+library or YAML parser, no Ray-compatibility shims and no handle client, not even shutil or the
+idna codec (its memory would grow by each; see the memory table in ``benchmarks/README.md``).
 
 The process is the replica command itself (``python -m kubeserve.runtime.replica``, as ``kubeserve
 start`` runs it), with one addition: a thread that, when the test writes a line to its stdin,
@@ -63,6 +63,8 @@ HEAVY = (
     "http.server",
     "sqlite3",
     "xml",
+    "shutil",  # argparse's help formatter imports it (with zlib, bz2, lzma)
+    "encodings.idna",  # a str host given to create_server (with stringprep, unicodedata)
 )
 
 

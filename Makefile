@@ -34,7 +34,16 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,kubernetes]'
 	@# tests/support (the package `support`) for tests and benchmarks, as an editable install would
 	echo "$(CURDIR)/tests" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kubeserve-test-support.pth"
+	$(MAKE) --no-print-directory bytecode
 	touch $@
+
+## The package's bytecode (__pycache__), as an installed wheel has it: an editable install has
+## none, and with PYTHONDONTWRITEBYTECODE set every process (controller, proxy, each replica)
+## compiles kubeserve from source at its start, ~1.5 MB more resident memory and a slower start.
+## Stale files (a source edited since) are simply recompiled in memory.
+.PHONY: bytecode
+bytecode:
+	$(BIN)/python -m compileall -q -j0 operator/kubeserve benchmarks
 
 # The real Ray 2.60 `serve` client, in its own virtualenv (cached across clones), for compatibility tests.
 ray-client: $(RAY_VENV)/.installed
@@ -218,7 +227,7 @@ e2e-kind-clean:
 ## come from Debian; the plot is drawn in a bench-only virtualenv with matplotlib ($(CACHE)/bench),
 ## the Ray side runs from $(RAY_VENV).
 .PHONY: bench
-bench: venv ray-client
+bench: venv ray-client bytecode
 	@command -v wrk >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q wrk; }
 	@command -v nginx >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx-light; }
 	@test -f $(CACHE)/bench/.installed || { $(PYTHON) -m venv $(CACHE)/bench && \

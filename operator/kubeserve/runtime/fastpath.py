@@ -81,7 +81,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,6 +178,8 @@ def find_binary() -> str | None:
     built = Path(__file__).resolve().parents[3] / "native" / "target" / "release" / _NAME
     if built.is_file():
         return str(built)
+    import shutil  # here only: a proxy started with its binary named carries no shutil
+
     return shutil.which(_NAME)
 
 

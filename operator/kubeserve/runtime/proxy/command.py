@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import functools
@@ -15,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from kubeserve.runtime import channel, logs, tracing
+from kubeserve.runtime.command_line import argument_parser
 from kubeserve.runtime.discovery import EndpointSource
 from kubeserve.runtime.fastpath import DATA_PATH_ENV, MISSING_BINARY, choose_data_path, find_binary
 from kubeserve.runtime.limits import add_limit_arguments, limits_from_arguments
@@ -49,7 +49,7 @@ def main(
     """``kubeserve proxy``: the HTTP ingress process."""
     import uvloop
 
-    parser = argparse.ArgumentParser(prog="kubeserve proxy", description=main.__doc__)
+    parser = argument_parser(prog="kubeserve proxy", description=main.__doc__)
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(

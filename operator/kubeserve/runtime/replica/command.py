@@ -9,7 +9,6 @@ start-up failure is printed to stderr and the process exits 1.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -19,6 +18,7 @@ import traceback
 import uvloop
 
 from kubeserve.runtime import channel, logs, wire
+from kubeserve.runtime.command_line import argument_parser
 from kubeserve.runtime.replica.server import ReplicaCluster, configure_logging, serve_replica
 from kubeserve.runtime.replica.user_code import ReplicaStartupError, error_text
 
@@ -40,7 +40,7 @@ def main(
     ``cluster`` and ``metrics_port`` come from the command's composition root
     (:mod:`kubeserve.runtime.kubernetes.pod`) in a pod; see :func:`serve_replica`.
     """
-    parser = argparse.ArgumentParser(prog="python -m kubeserve.runtime.replica")
+    parser = argument_parser(prog="python -m kubeserve.runtime.replica")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     options = parser.parse_args(argv)

@@ -1,0 +1,184 @@
+"""Resident memory of a real replica and of the proxy after load, and what a replica's imports cost.
+
+    .venv/bin/python benchmarks/replica_memory.py [TREE ...] [--starts 3] [--seconds 3]
+        [--no-imports] [--source]
+
+Each tree (default: this checkout; e.g. ``git worktree add /tmp/ks-before main``, then ``make
+venv`` in it) is first given its bytecode (``make bytecode``: ``compileall`` of ``operator/
+kubeserve`` and ``benchmarks``), as an installed wheel has it; ``--source`` skips that (with
+``PYTHONDONTWRITEBYTECODE`` set, every process then compiles kubeserve at its start).
+
+1. **After load.** ``--starts`` times, the trees in turns: ``kubeserve start`` of the tree
+   with the applications ``noop`` (a plain method, Ray's default: a worker thread per call) and
+   ``async_noop`` of ``benchmarks/compare_apps.py``, each loaded through the proxy with
+   ``wrk -t1 -c16`` for ``--seconds``; then ``VmRSS``, ``RssAnon`` and ``RssFile`` are read from
+   ``/proc/PID/status`` of the Python proxy, its ``kubeserve-fastpath`` child (the native data
+   path) and each replica. Medians over the starts are printed.
+2. **Imports.** In a fresh interpreter of ``TREE``, the modules a replica of ``noop`` loads
+   (``kubeserve.runtime.replica.command``, the build module and the application), group by group
+   in the order a replica imports them, with the RSS each group adds. A group's figure depends
+   on what came before it (a module shared by two groups counts in the first), so the order is
+   fixed: the interpreter, asyncio (with ssl and concurrent.futures, which it imports), uvloop and
+   httptools, then kubeserve's modules. ``sys.modules`` of the replica is what
+   ``tests/runtime/test_replica_memory.py`` pins down.
+
+Run it under ``flock /tmp/bench.lock`` so that two benchmarks do not measure each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from compare_trees import tree_kubeserve
+
+HERE = Path(__file__).resolve().parent
+APPS = ("noop", "async_noop")
+
+#: The groups of the import breakdown, in the order a replica imports them; each a list of
+#: modules (a module of the tree that lacks one is skipped).
+GROUPS: list[tuple[str, list[str]]] = [
+    ("asyncio (with ssl, socket, concurrent.futures, inspect)", ["asyncio"]),
+    ("uvloop, httptools", ["uvloop", "httptools"]),
+    ("argparse, json, logging", ["argparse", "json", "logging"]),
+    ("kubeserve.runtime.channel (hmac, hashlib, sealing)", ["kubeserve.runtime.channel"]),
+    ("kubeserve.runtime.logs (+ kubeserve.sdk.context)", ["kubeserve.runtime.logs"]),
+    ("kubeserve.runtime.wire", ["kubeserve.runtime.wire"]),
+    ("kubeserve.runtime.build + kubeserve.sdk", ["kubeserve.runtime.build"]),
+    (
+        "metrics (kubeserve.runtime.metrics, prometheus text)",
+        ["kubeserve.runtime.metrics_listener"],
+    ),
+    ("replica HTTP server (replica.http)", ["kubeserve.runtime.replica.http"]),
+    ("replica control, state, user code", ["kubeserve.runtime.replica.control"]),
+    ("replica ingress (+ ASGI, streaming types)", ["kubeserve.runtime.replica.ingress"]),
+    ("the rest of the replica command", ["kubeserve.runtime.replica.command"]),
+    ("the application (benchmarks.apps)", ["benchmarks.apps"]),
+]
+
+_STEPS = r"""
+import importlib, json, sys
+def status():
+    out = {}
+    for line in open('/proc/self/status'):
+        key, _, value = line.partition(':')
+        if key in ('VmRSS', 'RssAnon', 'RssFile'):
+            out[key] = int(value.split()[0]) / 1024
+    return out
+groups = json.loads(sys.argv[1])
+rows = [('the interpreter', status(), len(sys.modules))]
+for name, modules in groups:
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if not (exc.name or '').startswith(('kubeserve', 'benchmarks')):
+                raise
+    rows.append((name, status(), len(sys.modules)))
+print(json.dumps(rows))
+"""
+
+
+def proc_status(pid: int) -> dict[str, float]:
+    """``VmRSS``, ``RssAnon`` and ``RssFile`` of ``pid`` in MiB."""
+    out: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile"):
+            out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def after_load(tree: Path, seconds: int) -> dict[str, dict[str, float]]:
+    """One ``kubeserve start`` of ``tree``: each process's memory after the load."""
+    with tree_kubeserve(tree, list(APPS), "memory", with_nginx=False) as setups:
+        for app in APPS:
+            subprocess.run(
+                ["wrk", "-t1", "-c16", f"-d{seconds}s", setups[f"{app} via proxy"].url],
+                check=True, stdout=subprocess.DEVNULL,
+            )  # fmt: skip
+        # a row's processes: the proxy's children (kubeserve-fastpath), the proxy, the replica
+        *native, proxy, _ = setups[f"{APPS[0]} via proxy"].pids
+        found = {"proxy (Python)": proc_status(proxy)}
+        for pid in native:
+            found["proxy's kubeserve-fastpath"] = proc_status(pid)
+        found["proxy, all processes"] = {
+            key: sum(proc_status(pid)[key] for pid in (proxy, *native))
+            for key in found["proxy (Python)"]
+        }
+        for app in APPS:
+            found[f"replica {app}"] = proc_status(setups[f"{app} via proxy"].pids[-1])
+        return found
+
+
+def compile_tree(tree: Path) -> None:
+    python = str(tree / ".venv" / "bin" / "python")
+    subprocess.run(
+        [python, "-m", "compileall", "-q", "-j0", "operator/kubeserve", "benchmarks"],
+        cwd=tree, check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def imports(tree: Path) -> list[tuple[str, dict[str, float], int]]:
+    python = str(tree / ".venv" / "bin" / "python")
+    env = {"PYTHONPATH": f"{tree}:{tree / 'operator'}", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [python, "-c", _STEPS, json.dumps(GROUPS)],
+        cwd=tree, env=env, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return [tuple(row) for row in json.loads(out.stdout)]  # type: ignore[misc]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trees", nargs="*", default=[str(HERE.parent)])
+    parser.add_argument("--starts", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=3)
+    parser.add_argument("--no-imports", action="store_true")
+    parser.add_argument("--source", action="store_true", help="do not compile the trees first")
+    args = parser.parse_args()
+    trees = [Path(tree).resolve() for tree in args.trees]
+    if not args.source:
+        for tree in trees:
+            compile_tree(tree)
+    runs: dict[Path, list[dict[str, dict[str, float]]]] = {tree: [] for tree in trees}
+    for _ in range(args.starts):
+        for tree in trees:
+            runs[tree].append(after_load(tree, args.seconds))
+    for tree in trees:
+        report(tree, runs[tree], args.no_imports)
+    return 0
+
+
+def report(tree: Path, runs: list[dict[str, dict[str, float]]], no_imports: bool) -> None:
+    print(f"## {tree}: after load, medians of {len(runs)} starts (MiB)\n")
+    print("| process | VmRSS | RssAnon | RssFile | each start (VmRSS) |\n|---|---|---|---|---|")
+    for name in runs[0]:
+        values = {key: statistics.median(run[name][key] for run in runs) for key in runs[0][name]}
+        each = ", ".join(f"{run[name]['VmRSS']:.1f}" for run in runs)
+        print(f"| {name} | {values['VmRSS']:.1f} | {values['RssAnon']:.1f} |"
+              f" {values['RssFile']:.1f} | {each} |")  # fmt: skip
+    if no_imports:
+        return
+    rows = imports(tree)
+    print(f"\n## {tree}: what a replica's imports cost (MiB of RSS each group adds)\n")
+    print("| group | +VmRSS | +RssAnon | +RssFile | +modules |\n|---|---|---|---|---|")
+    name, first, count = rows[0]
+    print(f"| {name} | {first['VmRSS']:.1f} | {first['RssAnon']:.1f} |"
+          f" {first['RssFile']:.1f} | {count} |")  # fmt: skip
+    for (_, before, n0), (name, after, n1) in itertools.pairwise(rows):
+        delta = {key: after[key] - before[key] for key in after}
+        print(f"| {name} | {delta['VmRSS']:.2f} | {delta['RssAnon']:.2f} |"
+              f" {delta['RssFile']:.2f} | {n1 - n0} |")  # fmt: skip
+    last = rows[-1][1]
+    print(f"| **all imports** | {last['VmRSS']:.1f} | {last['RssAnon']:.1f} |"
+          f" {last['RssFile']:.1f} | {rows[-1][2]} |\n")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Where a real replica's CPU per request goes, stage by stage, in-process (no sockets, no syscalls).
+"""Where a real replica's CPU per request goes, stage by stage, in-process (no sockets or syscalls).
 
     .venv/bin/python benchmarks/replica_stages.py [--requests 20000] [--rounds 7] [--out FILE.md]
 
@@ -47,9 +47,9 @@ def _call_request() -> bytes:
     from kubeserve.runtime import wire
 
     body = wire.encode_call((), {}, {"request_id": "0123456789abcdef0123456789abcdef"})
-    return (
-        b"POST /-/call/answer HTTP/1.1\r\nHost: replica\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    return b"POST /-/call/answer HTTP/1.1\r\nHost: replica\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
     )
 
 

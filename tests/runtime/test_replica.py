@@ -315,6 +315,11 @@ def test_metrics_count_requests(echo: ReplicaProcess) -> None:
     echo.call("add", 1, 2)
     assert echo.metric("kubeserve_replica_processed_requests_total") == before + 2
     assert echo.metric("kubeserve_replica_ongoing_requests") == 0
+    # each request counted from its start to its end: the integral the autoscaler reads grew
+    area = echo.metric("kubeserve_replica_ongoing_request_seconds_total")
+    assert area > 0
+    echo.get("/str")
+    assert echo.metric("kubeserve_replica_ongoing_request_seconds_total") > area
     assert echo.metric("kubeserve_replica_max_ongoing_requests") == 5
     _, headers, body = echo.get(wire.METRICS_PATH)
     assert headers["content-type"].startswith("text/plain")

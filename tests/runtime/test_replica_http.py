@@ -187,6 +187,25 @@ def test_keep_alive_chunked_and_large_bodies() -> None:
     with_server(check)
 
 
+def test_answers_carry_their_own_header_values_however_many_differ() -> None:
+    """Header lines are encoded once per (name, value) and kept for the next answers: an answer
+    never carries another's value, and values that change with every request do not grow the
+    kept lines without bound."""
+    from kubeserve.runtime.replica import http
+
+    async def check(app: App, port: int) -> None:
+        count = http._HEADER_LINES_KEPT + 100
+        async with aiohttp.ClientSession() as session:
+            for i in range(count):
+                async with session.get(f"http://127.0.0.1:{port}/echo?n={i}") as response:
+                    assert response.status == 200
+                    assert response.headers["x-query"] == f"n={i}"
+                    assert response.headers["content-type"] == "application/octet-stream"
+        assert len(http._HEADER_LINES) <= http._HEADER_LINES_KEPT
+
+    with_server(check)
+
+
 def test_expect_100_continue_and_repeated_headers() -> None:
     async def check(app: App, port: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)

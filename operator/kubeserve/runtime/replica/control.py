@@ -16,7 +16,6 @@ import asyncio
 import inspect
 import json
 import logging
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -103,8 +102,7 @@ class Control:
             refusal = self._state.refusal()
             if refusal is not None:
                 return refusal
-            self._state.ongoing += 1
-            started = time.perf_counter()
+            started = self._state.begin()
             method_name = path[len(wire.CALL_PREFIX) :]
             outcome = "ERROR"
             try:
@@ -210,8 +208,7 @@ class Control:
         if isinstance(call, HttpResponse):
             return call
         method, args, kwargs, model_id, grpc, trace = call
-        self._state.ongoing += 1
-        started = time.perf_counter()
+        started = self._state.begin()
         try:
             items = method(*args, **kwargs)
             if inspect.isawaitable(items):
@@ -248,8 +245,7 @@ class Control:
             return call
         method, args, kwargs, _, grpc, _ = call  # (duplex calls are not traced)
         unary = bool(wire.decode_call_with_options(first)[2].get("unary"))
-        self._state.ongoing += 1
-        started = time.perf_counter()
+        started = self._state.begin()
         try:
             result = method(input_stream(request.inflow), *args, **kwargs)
             if inspect.isawaitable(result):

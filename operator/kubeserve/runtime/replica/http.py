@@ -91,6 +91,10 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _CHUNKED_END = b"0\r\n\r\n"
 _DUPLEX = DUPLEX_PREFIX.encode()
 _REASONS = {s.value: s.phrase.encode("ascii") for s in HTTPStatus}
+#: Encoded header lines of responses, by (name, value): most responses repeat a few headers
+#: (the content type above all), formatted once each; at most this many are kept, short ones.
+_HEADER_LINES: dict[tuple[str, str], bytes] = {}
+_HEADER_LINES_KEPT = 512
 
 
 class HttpRequest:
@@ -565,8 +569,14 @@ class _Connection(ServerConnection):
         ]
         if request_id and "x-request-id" not in headers:
             out.append(b"x-request-id: %s\r\n" % request_id.encode("latin-1", "replace"))
-        for name, value in headers.items():
-            out.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
+        lines = _HEADER_LINES
+        for header in headers.items():
+            line = lines.get(header)
+            if line is None:
+                line = b"%s: %s\r\n" % (header[0].encode("latin-1"), header[1].encode("latin-1"))
+                if len(lines) < _HEADER_LINES_KEPT and len(line) <= 256:
+                    lines[header] = line
+            out.append(line)
         if body is not None:
             out.append(b"Content-Length: %d\r\n" % len(body))
         if not keep_alive:

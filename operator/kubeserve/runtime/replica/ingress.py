@@ -13,7 +13,6 @@ import asyncio
 import functools
 import inspect
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -110,8 +109,7 @@ class Ingress:
         refusal = state.refusal()
         if refusal is not None:
             return refusal
-        state.ongoing += 1
-        started = time.perf_counter()
+        started = state.begin()
         status = 500
         streaming = False
         try:
@@ -147,8 +145,7 @@ class Ingress:
                 "(@serve.ingress(app) with a websocket route) does".encode(),
                 close=True,
             )
-        self._state.ongoing += 1
-        started = time.perf_counter()
+        started = self._state.begin()
         status = 500
         try:
             _enter_request(request, self._route)

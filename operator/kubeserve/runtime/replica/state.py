@@ -67,10 +67,21 @@ class ReplicaState:
 
     @ongoing.setter
     def ongoing(self, value: int) -> None:
+        self._move(value - self._ongoing)
+
+    def _move(self, by: int) -> None:
+        """``ongoing`` changes by ``by``: its integral so far is taken first."""
         now = time.monotonic()
-        self._ongoing_area += self._ongoing * (now - self._changed_at)
-        self._changed_at, self._ongoing = now, value
+        ongoing = self._ongoing
+        self._ongoing_area += ongoing * (now - self._changed_at)
+        self._changed_at, self._ongoing = now, ongoing + by
         self.metrics_recorder.changed()
+
+    def begin(self) -> float:
+        """A request or handle call starts (admitted by :meth:`refusal`): counted as ongoing
+        until :meth:`finish`; returns its start (``perf_counter``), which ``finish`` takes."""
+        self._move(1)
+        return time.perf_counter()
 
     def refusal(self) -> HttpResponse | None:
         """The answer to a request that must not start now (draining, or at
@@ -87,7 +98,7 @@ class ReplicaState:
         """A request or handle call that began at ``started`` (``perf_counter``) is done;
         ``access``: its method, route and status for the access line (Ray's ``GET /route 200
         1.2ms``, or ``CALL method OK``), unless ``logging_config.enable_access_log`` is off."""
-        self.ongoing -= 1
+        self._move(-1)
         self.processed += 1
         latency_ms = (time.perf_counter() - started) * 1000.0
         self.metrics_recorder.done(route, latency_ms)

@@ -397,6 +397,9 @@ async def _graph(
     name = render.build_name(instance, app)
     owner = contract.owner_reference(app.owner(), controller=False, block_owner_deletion=False)
     configmap = cluster.cache.get("ConfigMap", app.namespace, name)
+    legacy = cluster.cache.get("ConfigMap", app.namespace, render.own_graph_name(app))
+    if configmap is None and legacy is not None:  # built before builds were shared: still good
+        return Graph(graph_document(legacy))
     if configmap is not None:
         await cluster.add_owner("ConfigMap", app.namespace, name, configmap, owner)
         await _leave_other_builds(cluster, app, name)

@@ -20,7 +20,12 @@ from pydantic import ValidationError
 
 from kubeserve.backends.kubernetes.pods import exit_failure, pod_ready
 from kubeserve.backends.kubernetes.render import ROLLOUT
-from kubeserve.backends.kubernetes.render_views import InstanceView, app_view, build_name
+from kubeserve.backends.kubernetes.render_views import (
+    InstanceView,
+    app_view,
+    build_name,
+    own_graph_name,
+)
 from kubeserve.backends.kubernetes.render_views import instance_view as render_instance_view
 from kubeserve.backends.process_health import controller_health
 from kubeserve.control import effective_config
@@ -249,7 +254,8 @@ def _graph(
     builds or when it failed)."""
     if config is None or instance is None:
         return None
-    configmap = view.configmap(build_name(instance, app_view(obj, config, tracing)))
+    app = app_view(obj, config, tracing)
+    configmap = view.configmap(build_name(instance, app)) or view.configmap(own_graph_name(app))
     if configmap is None:
         return None
     try:

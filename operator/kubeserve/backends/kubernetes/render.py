@@ -95,6 +95,7 @@ from kubeserve.backends.kubernetes.render_views import (
     build_name,
     deployment_view,
     instance_view,
+    own_graph_name,
 )
 from kubeserve.control import rollout
 from kubeserve.control.effective_config import HEALTH_CHECK_FAILURE_THRESHOLD, EffectiveDeployment
@@ -128,6 +129,7 @@ __all__ = [
     "build_name",
     "deployment_view",
     "instance_view",
+    "own_graph_name",
     "render_build_job",
     "render_data_plane_secret",
     "render_dataplane_rbac",

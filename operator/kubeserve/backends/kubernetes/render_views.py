@@ -33,6 +33,7 @@ __all__ = [
     "build_name",
     "deployment_view",
     "instance_view",
+    "own_graph_name",
 ]
 
 #: Length of :attr:`AppView.build_key` (hex digits).
@@ -312,3 +313,10 @@ def build_name(instance: InstanceView, app: AppView) -> str:
     ]
     key = effective_config.fingerprint(inputs)[:_SHARED_BUILD_KEY_LENGTH]
     return contract.shared_build_name(instance.name, key)
+
+
+def own_graph_name(app: AppView) -> str:
+    """The graph ConfigMap an application's own build wrote before builds were shared
+    (``<app>-graph-<build_key>``, owned by it alone): the operator keeps using it until the
+    application's build inputs change, so an upgrade of the operator rebuilds nothing."""
+    return contract.graph_configmap_name(app.cr_name, app.build_key)

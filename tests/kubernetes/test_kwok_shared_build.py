@@ -11,11 +11,15 @@ from typing import Any
 
 import pytest
 
+from kubeserve.backends.kubernetes import render
+from kubeserve.runtime.kubernetes import contract
+from kubeserve.schema.resources import ServeApplicationSpec
 from support.common import wait_for
 from support.k8s_operator import KUBESERVE_IMAGE, OperatorProcess, application, instance
 from support.kwok_cluster import KwokCluster
 
 BUILDS = "app.kubernetes.io/component=build"
+MANAGED = {contract.MANAGED_BY_LABEL: contract.PRODUCT}
 
 
 def _status(kwok: KwokCluster, namespace: str, name: str) -> dict[str, Any]:
@@ -70,6 +74,7 @@ def test_applications_of_one_build_input_share_one_build(
     )
     (shared,) = _builds(kwok, ns, "configmaps")
     assert list(_builds(kwok, ns, "jobs")) == [shared]
+    graph = kwok.get("configmap", shared, namespace=ns)["data"]
 
     # b's own inputs change: a build of its own; it leaves the shared one to a
     patch = {"spec": {"runtimeEnv": {"envVars": {"CHANGED": "1"}}}}
@@ -100,6 +105,26 @@ def test_applications_of_one_build_input_share_one_build(
     assert _ready(kwok, ns, "b") and _status(kwok, ns, "b")["appStatus"] == "RUNNING"
     replicas = kwok.get("deployments", namespace=ns, selector="kubeserve.io/application=b")
     assert len(replicas["items"]) == 3
+
+    # an application built by an operator of before shared builds keeps its own graph
+    legacy = application(ns, "e", "ks_composed_app:app", routePrefix="/e")
+    config = ServeApplicationSpec.model_validate(legacy["spec"]).app_config(name="e")
+    legacy_key = render.app_view({"metadata": {"name": "e", "namespace": ns, "uid": ""}}, config)
+    kwok.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": contract.graph_configmap_name("e", legacy_key.build_key),
+                "namespace": ns,
+                "labels": {**contract.selector_labels("build", application="e"), **MANAGED},
+            },
+            "data": graph,
+        }
+    )
+    kwok.apply(legacy)
+    _wait(kwok, kwok_operator, lambda: _ready(kwok, ns, "e"), "e Ready on its own graph")
+    assert shared not in _builds(kwok, ns, "jobs")  # nothing built again
 
     # a build that fails, shared by two applications: both fail, each with the build's error
     kwok.apply(

@@ -440,8 +440,9 @@ def _graph_lost(job_status: Mapping[str, Any]) -> bool:
 async def _leave_other_builds(cluster: Cluster, app: render.AppView, name: str) -> None:
     """Once per build an application settles on (in this process): no longer own the builds it
     used before (an old build of changed inputs, or a per-application build of an earlier
-    version of the operator), so each is collected with its last user. A graph ConfigMap that
-    nobody owns and whose Job is gone (its users all deleted before they owned it) goes too."""
+    version of the operator), so each is collected with its last user. A shared graph ConfigMap
+    that nobody owns and whose Job is gone (its users all deleted before they owned it) goes
+    too."""
     key = f"ServeApplication/{app.namespace}/{app.cr_name}"
     if cluster.builds.get(key) == name:
         return
@@ -451,7 +452,9 @@ async def _leave_other_builds(cluster: Cluster, app: render.AppView, name: str) 
             if other == name:
                 continue
             await cluster.drop_owner(kind, obj, app.uid)
-            orphan = not obj["metadata"].get("ownerReferences")
+            meta = obj["metadata"]
+            shared = not (meta.get("labels") or {}).get(contract.APPLICATION_LABEL)
+            orphan = shared and not meta.get("ownerReferences")
             if (
                 kind == "ConfigMap"
                 and orphan

@@ -47,6 +47,8 @@ class Cluster:
     #: the build (its name) each application (``ServeApplication/namespace/name``) last settled
     #: on, so it leaves its earlier builds once and the resync's digest covers the shared build
     builds: dict[str, str] = field(default_factory=dict)
+    #: shared objects this process created: their first owner's uid and when (monotonic)
+    _created: dict[str, tuple[str, float]] = field(default_factory=dict)
     #: when this process made ``uid`` an owner of kind/namespace/name (monotonic): the passes
     #: before the cache shows it do not patch again
     _owned: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -73,21 +75,22 @@ class Cluster:
         replaced, so two applications needing it at once both end up owning it."""
         meta = obj["metadata"]
         key = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"
-        digest = effective_config.fingerprint(obj)
-        applied = self.applied.get(key)
-        if (
-            applied is not None
-            and applied[0] == digest
-            and time.monotonic() < applied[1] + CACHE_LAG_S
-        ):
+        owner = meta["ownerReferences"][0]
+        created = self._created.get(key)
+        if created is not None and time.monotonic() < created[1] + CACHE_LAG_S:
+            # created by this process, not cached yet: its creator owns it; any other joins
+            if created[0] != owner["uid"]:
+                await self.add_owner(obj["kind"], meta["namespace"], meta["name"], None, owner)
             return
         try:
             await self.kube.create(obj["kind"], meta["namespace"], obj)
         except KubeConflict:
-            await self.add_owner(
-                obj["kind"], meta["namespace"], meta["name"], None, meta["ownerReferences"][0]
-            )
-        self.applied[key] = (digest, time.monotonic())
+            await self.add_owner(obj["kind"], meta["namespace"], meta["name"], None, owner)
+            return
+        now = time.monotonic()
+        if len(self._created) > 4096:  # only the recent ones are ever read
+            self._created = {k: v for k, v in self._created.items() if now < v[1] + CACHE_LAG_S}
+        self._created[key] = (str(owner["uid"]), now)
 
     async def add_owner(
         self,

@@ -9,6 +9,7 @@ A status moving into a failed state is announced once by a Warning Event.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -36,6 +37,12 @@ _FAILED_STATES = {"DEPLOY_FAILED": "DeployFailed", "UNHEALTHY": "Unhealthy"}
 
 
 @dataclass
+class _Join:
+    owners: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass
 class Cluster:
     kube: Kube
     cache: ClusterCache
@@ -47,6 +54,8 @@ class Cluster:
     #: the build (its name) each application (``ServeApplication/namespace/name``) last settled
     #: on, so it leaves its earlier builds once and the resync's digest covers the shared build
     builds: dict[str, str] = field(default_factory=dict)
+    #: the owners waiting to join each shared object, and its one patch in flight
+    _joins: dict[str, _Join] = field(default_factory=dict)
     #: shared objects this process created: their first owner's uid and when (monotonic)
     _created: dict[str, tuple[str, float]] = field(default_factory=dict)
     #: when this process made ``uid`` an owner of kind/namespace/name (monotonic): the passes
@@ -102,24 +111,38 @@ class Cluster:
     ) -> None:
         """Make ``owner`` (an ownerReference) one of the owners of an object shared by several
         custom resources, unless it is one already (in ``cached``, or patched by this process
-        less than :data:`CACHE_LAG_S` ago). One strategic merge patch: the other owners are
-        neither read nor rewritten. An object gone meanwhile is left to the next pass."""
+        less than :data:`CACHE_LAG_S` ago). A strategic merge patch: the other owners are
+        neither read nor rewritten. An object gone meanwhile is left to the next pass.
+
+        One patch of an object at a time, carrying every owner that asked meanwhile: a thousand
+        applications joining one build at once made a thousand concurrent patches of one
+        object, which the API server serializes by retrying each (20-30 s apiece, some 504),
+        while their passes held the operator's write slots."""
+        key = f"{kind}/{namespace}/{name}"
         uid = str(owner["uid"])
         if cached is not None and uid in _owner_uids(cached):
-            self._owned.pop((f"{kind}/{namespace}/{name}", uid), None)
+            self._owned.pop((key, uid), None)
             return
-        memo = (f"{kind}/{namespace}/{name}", uid)
         now = time.monotonic()
-        if now < self._owned.get(memo, -CACHE_LAG_S) + CACHE_LAG_S:
+        if now < self._owned.get((key, uid), -CACHE_LAG_S) + CACHE_LAG_S:
             return
         if len(self._owned) > 4096:  # stale entries (objects gone, cache never caught up)
             self._owned = {k: t for k, t in self._owned.items() if now < t + CACHE_LAG_S}
-        patch = {"metadata": {"ownerReferences": [dict(owner)]}}
-        try:
-            await self.kube.strategic_patch(kind, namespace, name, patch)
-        except KubeNotFound:
-            return
-        self._owned[memo] = now
+            self._joins = {k: j for k, j in self._joins.items() if j.lock.locked() or j.owners}
+        join = self._joins.setdefault(key, _Join())
+        join.owners[uid] = dict(owner)
+        async with join.lock:
+            owners, join.owners = join.owners, {}
+            if not owners:  # an earlier holder's patch carried this owner
+                return
+            patch = {"metadata": {"ownerReferences": list(owners.values())}}
+            try:
+                await self.kube.strategic_patch(kind, namespace, name, patch)
+            except KubeNotFound:
+                return
+            done = time.monotonic()
+            for joined in owners:
+                self._owned[(key, joined)] = done
 
     async def drop_owner(self, kind: str, obj: Mapping[str, Any], uid: str) -> None:
         """``uid`` no longer uses the shared ``obj``: remove it from the owners, or delete the

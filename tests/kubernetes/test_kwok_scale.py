@@ -32,12 +32,12 @@ IDLE_WINDOW_S = 40.0
 STATUS_WRITES_PER_CHANGE = 12
 PROGRESS_INTERVAL_S = 10.0
 #: The objects kubeserve makes per application of ``ks_composed_app`` (Model of 3 replicas,
-#: tokenizer and Ingress of 1): the build Job and the graph ConfigMap its build writes, a
-#: workload and a headless Service (whose EndpointSlices the proxies read) per deployment, and a
-#: PodDisruptionBudget for Model alone (a budget over one replica never refuses an eviction).
-OBJECTS_PER_APP = {
-    "ConfigMap": 1, "Deployment": 3, "Job": 1, "PodDisruptionBudget": 1, "Service": 3
-}  # fmt: skip
+#: tokenizer and Ingress of 1): a workload and a headless Service (whose EndpointSlices the
+#: proxies read) per deployment, and a PodDisruptionBudget for Model alone (a budget over one
+#: replica never refuses an eviction). The build Job and the graph ConfigMap it writes are one
+#: for all fifty (the same image, module and environment): :data:`BUILDS`.
+OBJECTS_PER_APP = {"Deployment": 3, "PodDisruptionBudget": 1, "Service": 3}
+BUILDS = "app.kubernetes.io/component=build"
 #: What a namespace of applications holds, counted per application
 KINDS = (
     "deployments,replicasets,pods,services,endpoints,endpointslices,poddisruptionbudgets,jobs,"
@@ -114,6 +114,10 @@ def test_fifty_applications_ready_then_no_writes(
     ours = objects_per_app(kwok, ns, selector=APPLICATION_LABEL)
     assert {k: v for k, v in ours.items() if k in OBJECTS_PER_APP} == OBJECTS_PER_APP, ours
     print(f"objects per application: {objects_per_app(kwok, ns)}")
+    builds = kwok.get("jobs,configmaps", namespace=ns, selector=BUILDS)["items"]
+    assert sorted(b["kind"] for b in builds) == ["ConfigMap", "Job"], builds  # one build for all
+    graph = next(b for b in builds if b["kind"] == "ConfigMap")
+    assert len(graph["metadata"]["ownerReferences"]) == APPS  # each application owns it
     events = Counter(
         f"{e.get('reportingComponent') or e['source'].get('component')} {e['reason']}"
         for e in kwok.get("events", namespace=ns)["items"]

@@ -236,8 +236,12 @@ class PodStandIns:
         import_path = command[2].replace("$$", "$")
         args = options.get("--args", "{}").replace("$$", "$")
         document = await self._graph(import_path, args)
-        body = graph_configmap(
-            namespace, name, document, options["--application"], options["--application-uid"]
+        body = graph_configmap(  # a shared build names no application: the operator owns it
+            namespace,
+            name,
+            document,
+            options.get("--application", ""),
+            options.get("--application-uid", ""),
         )
         with contextlib.suppress(KubeConflict):  # written already
             await kube.create("ConfigMap", namespace, body)

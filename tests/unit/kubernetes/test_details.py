@@ -37,7 +37,7 @@ def test_an_application_of_a_traced_instance_shows_the_graph_its_traced_build_wr
     assert config is not None
     operator_view = render.app_view(app, config, render.instance_view(inst).tracing_config)
     assert operator_view.build_key != operator_view.code_key
-    built = contract.graph_configmap_name("shop", operator_view.build_key)
+    built = render.build_name(render.instance_view(inst), operator_view)
     configmaps: dict[str, dict[str, Any]] = {
         built: {"data": {contract.GRAPH_KEY: json.dumps(GRAPH)}}
     }

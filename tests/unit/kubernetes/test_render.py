@@ -7,6 +7,7 @@ fields are errors) of the version the kubernetes test tier runs.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -182,7 +183,8 @@ def test_every_object_has_a_valid_name_labels_and_an_owner(obj: Json) -> None:
     )
     if obj["kind"] in {"ServiceAccount", "Role", "RoleBinding", "Secret", "NetworkPolicy"}:
         expected = "ServeInstance"
-    assert owner["kind"] == expected and owner["controller"] is True
+    shared = obj["kind"] == "Job"  # one build for many applications
+    assert owner["kind"] == expected and owner["controller"] is not shared
     assert owner["uid"] == ("uid-app" if expected == "ServeApplication" else "uid-inst")
 
 
@@ -767,8 +769,18 @@ def test_build_job() -> None:
     config = app_config(runtime_env={"env_vars": {"MODE": "prod"}, "image_uri": "registry/shop:3"})
     view = app(config)
     job = render.render_build_job(instance(), view)
-    assert job["metadata"]["name"] == contract.build_job_name("shop", view.build_key)
-    assert job["metadata"]["labels"][contract.APPLICATION_LABEL] == "shop"
+    name = render.build_name(instance(), view)
+    assert job["metadata"]["name"] == name
+    assert name.startswith("default-build-")
+    # shared by every application of the same build inputs: nothing in it names this one but
+    # its first owner, which neither controls it nor blocks on it
+    assert contract.APPLICATION_LABEL not in job["metadata"]["labels"]
+    (owner,) = job["metadata"]["ownerReferences"]
+    assert (owner["name"], owner["controller"], owner["blockOwnerDeletion"]) == (
+        "shop",
+        False,
+        False,
+    )
     spec = job["spec"]
     assert spec["backoffLimit"] == 0
     assert spec["ttlSecondsAfterFinished"] > 0 and spec["activeDeadlineSeconds"] > 0
@@ -781,14 +793,11 @@ def test_build_job() -> None:
         "build",
         "shop.main:app",
         "--configmap",
-        contract.graph_configmap_name("shop", view.build_key),
+        name,
         "--namespace",
         "$(KUBESERVE_NAMESPACE)",
-        "--application",
-        "shop",
-        "--application-uid",
-        "uid-app",
     ]
+    assert "KUBESERVE_APPLICATION" not in env(container)
     assert env(container)["MODE"] == "prod"
     assert "initContainers" not in pod(job)
     with_files = app(app_config(runtime_env={"working_dir": "https://example.com/src.zip"}))
@@ -807,6 +816,24 @@ def test_build_key_changes_with_code_and_environment_only() -> None:
     assert app(app_config(args={"size": 2})).build_key != base
 
 
+def test_applications_of_the_same_build_inputs_share_one_build() -> None:
+    """One build per distinct input: another application of the same code, environment and
+    instance builds nothing of its own; a change of what the build reads is another build."""
+    shared = render.build_name(instance(), app())
+    other = dataclasses.replace(app(), cr_name="shop-2", uid="uid-2", config=dict(app_config()))
+    assert render.build_name(instance(), other) == shared
+    tuned = app(app_config(deployments=[{"name": "Model", "user_config": {"a": 1}}]))
+    assert render.build_name(instance(), tuned) == shared
+    for changed in (
+        app(app_config(import_path="shop.v2:app")),
+        app(app_config(runtime_env={"env_vars": {"A": "1"}})),
+        app(app_config(args={"size": 2})),
+    ):
+        assert render.build_name(instance(), changed) != shared
+    assert render.build_name(instance(image="kubeserve:other"), app()) != shared
+    assert render.build_name(instance(imagePullPolicy="Always"), app()) != shared
+
+
 def test_a_changed_tracing_config_is_a_new_build_but_not_new_code() -> None:
     """The build checks the instance's exporter where the application runs: a tracing_config
     changed later builds again (a bad exporter fails the application, its fix recovers it), and
@@ -820,7 +847,7 @@ def test_a_changed_tracing_config_is_a_new_build_but_not_new_code() -> None:
         assert traced.code_key == app().code_key
         keys.add(traced.build_key)
         job = render.render_build_job(instance(), traced)
-        assert job["metadata"]["name"] == contract.build_job_name("shop", traced.build_key)
+        assert job["metadata"]["name"] == render.build_name(instance(), traced)
         policy = render.render_policy_workload(instance(), traced)
         version = policy["spec"]["template"]["metadata"]["annotations"]
         assert version == {"kubeserve.io/replica-version": app().code_key}

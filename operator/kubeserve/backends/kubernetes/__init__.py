@@ -15,19 +15,21 @@ Children, all with an ownerReference to the CR they come from (garbage collectio
   NetworkPolicies ``<inst>-replicas`` and (with proxies) ``<inst>-proxies``; unless
   ``proxyLocation: Disabled``, proxy Deployment ``<inst>-proxy`` (``HeadOnly``: 1 replica) or
   DaemonSet (``EveryNode``), and Service ``<inst>-proxy`` on ``httpOptions.port``;
-* per application CR ``<app>`` and build key ``<k>`` (a digest of import path, runtime_env and
-  args, so a change of overrides or user_config reuses the last build): build Job
-  ``<app>-build-<k>`` that imports the application in its image and runtime_env and writes the
-  graph (``kubeserve build`` JSON) to the ConfigMap ``<app>-graph-<k>`` (owned by the application);
+* per distinct build input ``<k>`` of an instance ``<inst>`` (a digest of what the build reads:
+  the instance, its image and pull policy, import path, runtime_env, args and tracing_config, so
+  a change of overrides or user_config reuses the last build, and applications of the same code
+  share one): build Job ``<inst>-build-<k>`` that imports the application in its image and
+  runtime_env and writes the graph (``kubeserve build`` JSON) to the ConfigMap of the same name;
+  both owned (not controlled) by every application using them, so collected with the last;
 * per serve deployment ``<dep>`` of application ``<app>``: Deployment (DaemonSet when
   ``is_driver_deployment``) and headless Service, both named :func:`workload_name` ``(app, dep)``.
 
 Labels (all children): ``app.kubernetes.io/name=kubeserve``,
 ``app.kubernetes.io/managed-by=kubeserve``, ``app.kubernetes.io/component`` in
-``proxy | replica | build``, ``kubeserve.io/instance=<inst>``; replicas and builds also
-``kubeserve.io/application=<app CR name>``; replicas ``kubeserve.io/deployment=<label-safe
-deployment name>``. The EndpointSlice controller copies a Service's labels onto its slices, so
-proxies find replica endpoints by these labels.
+``proxy | replica | build``, ``kubeserve.io/instance=<inst>``; replicas also
+``kubeserve.io/application=<app CR name>`` (a shared build names no application); replicas
+``kubeserve.io/deployment=<label-safe deployment name>``. The EndpointSlice controller copies a
+Service's labels onto its slices, so proxies find replica endpoints by these labels.
 
 Pods: every container gets ``KUBESERVE_POD_IP`` (fieldRef ``status.podIP``) and
 ``KUBESERVE_BIND_HOST=0.0.0.0``: ``kubeserve replica --host $(KUBESERVE_BIND_HOST) --port 8000``

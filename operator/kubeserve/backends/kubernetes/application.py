@@ -14,7 +14,9 @@ with the renderer's message and a Warning Event; raising would only retry it for
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import datetime
 import json
 import logging
 from collections.abc import Mapping
@@ -31,7 +33,7 @@ from kubeserve.backends.kubernetes.autoscaling import (
     scale_to_zero_paths,
     scaling_key,
 )
-from kubeserve.backends.kubernetes.cluster import Cluster
+from kubeserve.backends.kubernetes.cluster import CACHE_LAG_S, Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
 from kubeserve.backends.kubernetes.policy_host import (
     PolicyHost,
@@ -52,6 +54,7 @@ from kubeserve.control.instance import app_route_prefix
 from kubeserve.control.status_derivation import BuildView, application_status, deployment_status
 from kubeserve.runtime import wire
 from kubeserve.runtime.kubernetes import contract
+from kubeserve.runtime.kubernetes.client import KubeConflict
 from kubeserve.runtime.kubernetes.graph import graph_document
 from kubeserve.runtime.runtime_env import asks_for_packages
 from kubeserve.schema.config import is_default_policy
@@ -125,7 +128,7 @@ class ApplicationReconciler:
         app_view = render.app_view(obj, app_config, instance_view.tracing_config)
         graph = await _graph(self._cluster, instance_view, app_view)
         if graph is None:
-            note = _build_note(self._cluster, app_view)
+            note = _build_note(self._cluster, app_view, instance_view)
             return ApplicationReport(application_status(BuildView("running", note=note), {}))
         configs = {} if graph.error else graph.configs(app_config)
         error = (
@@ -385,32 +388,88 @@ async def _graph(
     instance: render.InstanceView,
     app: render.AppView,
 ) -> Graph | None:
-    """The build result for the app's current code and environment; starts the Job when needed."""
-    configmap = cluster.cache.get(
-        "ConfigMap", app.namespace, contract.graph_configmap_name(app.cr_name, app.build_key)
-    )
+    """The build result for the app's current code and environment; starts the Job when needed.
+
+    The build is shared (:func:`~.render.build_name`): the app becomes an owner of its graph
+    ConfigMap, or of its Job while it runs, and, once it has a graph, stops owning the builds
+    it used before (:func:`_leave_other_builds`).
+    """
+    name = render.build_name(instance, app)
+    owner = contract.owner_reference(app.owner(), controller=False, block_owner_deletion=False)
+    configmap = cluster.cache.get("ConfigMap", app.namespace, name)
+    legacy = cluster.cache.get("ConfigMap", app.namespace, render.own_graph_name(app))
+    if configmap is None and legacy is not None:  # built before builds were shared: still good
+        return Graph(graph_document(legacy))
     if configmap is not None:
+        await cluster.add_owner("ConfigMap", app.namespace, name, configmap, owner)
+        await _leave_other_builds(cluster, app, name)
         return Graph(graph_document(configmap))
-    job_name = contract.build_job_name(app.cr_name, app.build_key)
-    job = cluster.cache.get("Job", app.namespace, job_name)
+    job = cluster.cache.get("Job", app.namespace, name)
     if job is None:
-        build = render.render_build_job(instance, app)
-        await cluster.apply(build)
-        labels = _component_labels(app, contract.COMPONENT_BUILD)
-        await cluster.prune(app.namespace, labels, ("Job",), [build])
+        await cluster.create_owned(render.render_build_job(instance, app))
         return None
-    for condition in (job.get("status") or {}).get("conditions") or []:
+    await cluster.add_owner("Job", app.namespace, name, job, owner)
+    status = job.get("status") or {}
+    for condition in status.get("conditions") or []:
         if condition.get("type") == "Failed" and condition.get("status") == "True":
-            error = f"build Job {job_name} failed: {condition.get('message', '')}"
-            pods = cluster.cache.objects("Pod", app.namespace, {"job-name": job_name})
+            error = f"build Job {name} failed: {condition.get('message', '')}"
+            pods = cluster.cache.objects("Pod", app.namespace, {"job-name": name})
             causes = [c for p in pods for c in reports.init_failures(p)]
             return Graph({"error": f"{error}; {causes[-1]}" if causes else error})
+    if _graph_lost(status):  # its graph was deleted (its last owner gone): build again
+        version = str(job["metadata"].get("resourceVersion") or "") or None
+        with contextlib.suppress(KubeConflict):
+            await cluster.kube.delete("Job", app.namespace, name, resource_version=version)
     return None
 
 
-def _build_note(cluster: Cluster, app: render.AppView) -> str:
+def _graph_lost(job_status: Mapping[str, Any]) -> bool:
+    """Whether a build Job succeeded long enough ago (the cache's lag) that its ConfigMap should
+    be cached, and is not."""
+    completed = job_status.get("completionTime")
+    if not completed or not job_status.get("succeeded"):
+        return False
+    try:
+        done = datetime.datetime.fromisoformat(str(completed).replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    age = datetime.datetime.now(datetime.UTC) - done
+    return age.total_seconds() > CACHE_LAG_S
+
+
+async def _leave_other_builds(cluster: Cluster, app: render.AppView, name: str) -> None:
+    """Once per build an application settles on (in this process): no longer own the builds it
+    used before (an old build of changed inputs, or a per-application build of an earlier
+    version of the operator), so each is collected with its last user. A shared graph ConfigMap
+    that nobody owns and whose Job is gone (its users all deleted before they owned it) goes
+    too."""
+    key = f"ServeApplication/{app.namespace}/{app.cr_name}"
+    if cluster.builds.get(key) == name:
+        return
+    for kind in ("Job", "ConfigMap"):
+        for obj in cluster.cache.objects(kind, app.namespace, _BUILD_SELECTOR):
+            other = obj["metadata"]["name"]
+            if other == name:
+                continue
+            await cluster.drop_owner(kind, obj, app.uid)
+            meta = obj["metadata"]
+            shared = not (meta.get("labels") or {}).get(contract.APPLICATION_LABEL)
+            orphan = shared and not meta.get("ownerReferences")
+            if (
+                kind == "ConfigMap"
+                and orphan
+                and cluster.cache.get("Job", app.namespace, other) is None
+            ):
+                await cluster.kube.delete(kind, app.namespace, other)
+    cluster.builds[key] = name
+
+
+_BUILD_SELECTOR = {contract.COMPONENT_LABEL: contract.COMPONENT_BUILD}
+
+
+def _build_note(cluster: Cluster, app: render.AppView, instance: render.InstanceView) -> str:
     """What the build Job's pod is doing when it installs the runtime_env's packages."""
-    job_name = contract.build_job_name(app.cr_name, app.build_key)
+    job_name = render.build_name(instance, app)
     for pod in cluster.cache.objects("Pod", app.namespace, {"job-name": job_name}):
         for init in (pod.get("status") or {}).get("initContainerStatuses") or []:
             if "running" in (init.get("state") or {}) and asks_for_packages(app.runtime_env):

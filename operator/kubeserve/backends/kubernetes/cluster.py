@@ -9,6 +9,8 @@ A status moving into a failed state is announced once by a Warning Event.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -17,7 +19,13 @@ from typing import Any
 
 from kubeserve.backends.kubernetes.cache import ClusterCache
 from kubeserve.control import effective_config
-from kubeserve.runtime.kubernetes.client import Kube, KubeError, timestamp
+from kubeserve.runtime.kubernetes.client import (
+    Kube,
+    KubeConflict,
+    KubeError,
+    KubeNotFound,
+    timestamp,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +37,12 @@ _FAILED_STATES = {"DEPLOY_FAILED": "DeployFailed", "UNHEALTHY": "Unhealthy"}
 
 
 @dataclass
+class _Join:
+    owners: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass
 class Cluster:
     kube: Kube
     cache: ClusterCache
@@ -37,6 +51,16 @@ class Cluster:
     #: object uid -> the failed state last announced by an Event (a pass may still read the
     #: status it wrote before from a cache that lags; it must not announce the failure twice)
     _announced: dict[str, str] = field(default_factory=dict)
+    #: the build (its name) each application (``ServeApplication/namespace/name``) last settled
+    #: on, so it leaves its earlier builds once and the resync's digest covers the shared build
+    builds: dict[str, str] = field(default_factory=dict)
+    #: the owners waiting to join each shared object, and its one patch in flight
+    _joins: dict[str, _Join] = field(default_factory=dict)
+    #: shared objects this process created: their first owner's uid and when (monotonic)
+    _created: dict[str, tuple[str, float]] = field(default_factory=dict)
+    #: when this process made ``uid`` an owner of kind/namespace/name (monotonic): the passes
+    #: before the cache shows it do not patch again
+    _owned: dict[tuple[str, str], float] = field(default_factory=dict)
 
     async def apply(self, obj: dict[str, Any]) -> None:
         """Server-side apply of ``obj`` unless this process applied it in this form already and
@@ -53,6 +77,90 @@ class Cluster:
                 return
         await self.kube.apply(obj)
         self.applied[key] = (digest, time.monotonic())
+
+    async def create_owned(self, obj: dict[str, Any]) -> None:
+        """Create ``obj`` (whose one ownerReference is its first user), or, when another pass
+        created it first, make that owner one of its owners: a shared object (a build) is never
+        replaced, so two applications needing it at once both end up owning it."""
+        meta = obj["metadata"]
+        key = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"
+        owner = meta["ownerReferences"][0]
+        created = self._created.get(key)
+        if created is not None and time.monotonic() < created[1] + CACHE_LAG_S:
+            # created by this process, not cached yet: its creator owns it; any other joins
+            if created[0] != owner["uid"]:
+                await self.add_owner(obj["kind"], meta["namespace"], meta["name"], None, owner)
+            return
+        try:
+            await self.kube.create(obj["kind"], meta["namespace"], obj)
+        except KubeConflict:
+            await self.add_owner(obj["kind"], meta["namespace"], meta["name"], None, owner)
+            return
+        now = time.monotonic()
+        if len(self._created) > 4096:  # only the recent ones are ever read
+            self._created = {k: v for k, v in self._created.items() if now < v[1] + CACHE_LAG_S}
+        self._created[key] = (str(owner["uid"]), now)
+
+    async def add_owner(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        cached: Mapping[str, Any] | None,
+        owner: Mapping[str, Any],
+    ) -> None:
+        """Make ``owner`` (an ownerReference) one of the owners of an object shared by several
+        custom resources, unless it is one already (in ``cached``, or patched by this process
+        less than :data:`CACHE_LAG_S` ago). A strategic merge patch: the other owners are
+        neither read nor rewritten. An object gone meanwhile is left to the next pass.
+
+        One patch of an object at a time, carrying every owner that asked meanwhile: a thousand
+        applications joining one build at once made a thousand concurrent patches of one
+        object, which the API server serializes by retrying each (20-30 s apiece, some 504),
+        while their passes held the operator's write slots."""
+        key = f"{kind}/{namespace}/{name}"
+        uid = str(owner["uid"])
+        if cached is not None and uid in _owner_uids(cached):
+            self._owned.pop((key, uid), None)
+            return
+        now = time.monotonic()
+        if now < self._owned.get((key, uid), -CACHE_LAG_S) + CACHE_LAG_S:
+            return
+        if len(self._owned) > 4096:  # stale entries (objects gone, cache never caught up)
+            self._owned = {k: t for k, t in self._owned.items() if now < t + CACHE_LAG_S}
+            self._joins = {k: j for k, j in self._joins.items() if j.lock.locked() or j.owners}
+        join = self._joins.setdefault(key, _Join())
+        join.owners[uid] = dict(owner)
+        async with join.lock:
+            owners, join.owners = join.owners, {}
+            if not owners:  # an earlier holder's patch carried this owner
+                return
+            patch = {"metadata": {"ownerReferences": list(owners.values())}}
+            try:
+                await self.kube.strategic_patch(kind, namespace, name, patch)
+            except KubeNotFound:
+                return
+            done = time.monotonic()
+            for joined in owners:
+                self._owned[(key, joined)] = done
+
+    async def drop_owner(self, kind: str, obj: Mapping[str, Any], uid: str) -> None:
+        """``uid`` no longer uses the shared ``obj``: remove it from the owners, or delete the
+        object when it was the last one (an object left without owners is never collected)."""
+        meta = obj["metadata"]
+        owners = _owner_uids(obj)
+        if uid not in owners:
+            return
+        if owners == [uid]:  # only the version read: an owner added meanwhile keeps it
+            version = str(meta.get("resourceVersion") or "") or None
+            with contextlib.suppress(KubeConflict):
+                await self.kube.delete(
+                    kind, meta["namespace"], meta["name"], resource_version=version
+                )
+            return
+        patch = {"metadata": {"ownerReferences": [{"uid": uid, "$patch": "delete"}]}}
+        with contextlib.suppress(KubeNotFound):
+            await self.kube.strategic_patch(kind, meta["namespace"], meta["name"], patch)
 
     async def prune(
         self,
@@ -124,6 +232,10 @@ class Cluster:
             await self.kube.create("Event", meta["namespace"], body)
         except KubeError as exc:  # an Event is best effort; the status already says it
             log.warning("could not post event %s on %s: %s", reason, meta["name"], exc)
+
+
+def _owner_uids(obj: Mapping[str, Any]) -> list[str]:
+    return [str(o.get("uid")) for o in obj["metadata"].get("ownerReferences") or []]
 
 
 def with_removals(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

@@ -9,8 +9,13 @@ changed (its own pass wrote it) wakes its instance, not itself again.
 
 :func:`inputs_digest` lets the periodic resync skip an application none of whose inputs changed
 since its last pass (see :meth:`~.operator.Operator.resync`): its own object, its instance's, and
-every cached child of it (workloads, Services, the build Job and its ConfigMap, pods), each by
-``resourceVersion``, plus the ``user_config`` versions its replicas reported.
+every cached child of it (workloads, Services, pods) and the shared build it uses (its Job and
+ConfigMap), each by ``resourceVersion``, plus the ``user_config`` versions its replicas reported.
+
+A build is shared by the applications of the same build inputs (:func:`~.render.build_name`):
+its objects name no application by label but are owned by every application using them, so a
+change of one wakes its owners (and the graph a build writes, before anyone owns it, the owners
+of its Job).
 """
 
 from __future__ import annotations
@@ -52,6 +57,10 @@ def concerned(
             key_of("ServeApplication", app) for app in apps if contract.instance_of(app) == name
         }
     labels = obj["metadata"].get("labels") or {}
+    if labels.get(contract.COMPONENT_LABEL) == contract.COMPONENT_BUILD and kind in _BUILD_KINDS:
+        users = _build_users(cache, kind, obj, old)
+        if users is not None:
+            return users
     for label, owner_kind in (
         (contract.APPLICATION_LABEL, "ServeApplication"),
         (contract.INSTANCE_LABEL, "ServeInstance"),
@@ -61,6 +70,55 @@ def concerned(
                 key_of(owner_kind, o) for o in _named(cache, owner_kind, namespace, labels[label])
             }
     return {key_of(k, o) for k in CUSTOM_KINDS for o in cache.objects(k, namespace)}
+
+
+#: the kinds of a build: its Job, its pod, the graph ConfigMap it writes
+_BUILD_KINDS = ("Job", "Pod", "ConfigMap")
+
+
+def _build_users(
+    cache: ClusterCache, kind: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None
+) -> set[str] | None:
+    """The applications a change of a (shared) build concerns: the owners of its Job and of its
+    ConfigMap (one name for both), so that the graph a build writes, owned by none yet, wakes
+    the applications waiting on its Job. A change of nothing but the owners (an application
+    joining a build a thousand others use) wakes only the owners it added. ``None`` for an
+    object of no known build (a pod without its Job's name)."""
+    meta = obj["metadata"]
+    namespace = meta.get("namespace", "")
+    if old is not None and kind != "Pod" and _only_owners_changed(obj, old):
+        before = {o.get("uid") for o in old["metadata"].get("ownerReferences") or []}
+        return _owner_keys(namespace, [o for o in _owners(obj) if o.get("uid") not in before])
+    name = (meta.get("labels") or {}).get("job-name") if kind == "Pod" else meta["name"]
+    if not name:
+        return None
+    owners = [] if kind == "Pod" else _owners(obj)
+    for other in ("Job", "ConfigMap"):
+        if other != kind:
+            found = cache.get(other, namespace, str(name))
+            owners += [] if found is None else _owners(found)
+    return _owner_keys(namespace, owners)
+
+
+def _owners(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list(obj["metadata"].get("ownerReferences") or [])
+
+
+def _owner_keys(namespace: str, owners: list[Mapping[str, Any]]) -> set[str]:
+    return {
+        f"ServeApplication/{namespace}/{o['name']}"
+        for o in owners
+        if o.get("kind") == "ServeApplication"
+    }
+
+
+def _only_owners_changed(obj: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
+    ignored = ("ownerReferences", "resourceVersion", "managedFields")
+    meta = {k: v for k, v in obj["metadata"].items() if k not in ignored}
+    before = {k: v for k, v in old["metadata"].items() if k not in ignored}
+    rest = {k: v for k, v in obj.items() if k != "metadata"}
+    rest_before = {k: v for k, v in old.items() if k != "metadata"}
+    return meta == before and rest == rest_before
 
 
 #: what a pass over an application reads of its own object, besides its spec
@@ -91,9 +149,13 @@ def _named(cache: ClusterCache, kind: str, namespace: str, value: str) -> list[d
 
 
 def inputs_digest(
-    cache: ClusterCache, app: Mapping[str, Any], user_configs: Mapping[str, str]
+    cache: ClusterCache,
+    app: Mapping[str, Any],
+    user_configs: Mapping[str, str],
+    build: str | None = None,
 ) -> str:
-    """A digest of what a pass over the application ``app`` reads (see the module)."""
+    """A digest of what a pass over the application ``app`` reads (see the module); ``build``:
+    the name of the shared build its last pass used (its Job and ConfigMap)."""
     meta = app["metadata"]
     namespace = meta["namespace"]
     instance = cache.get("ServeInstance", namespace, contract.instance_of(app))
@@ -105,6 +167,9 @@ def inputs_digest(
             parts += [kind, child["metadata"]["name"], _version(child)]
             if kind == "Pod":
                 parts.append(user_configs.get(replica_key(child), ""))
+    for kind in ("Job", "ConfigMap"):
+        if build is not None:
+            parts += [kind, build, _version(cache.get(kind, namespace, build))]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 

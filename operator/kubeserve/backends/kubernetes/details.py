@@ -20,7 +20,13 @@ from pydantic import ValidationError
 
 from kubeserve.backends.kubernetes.pods import exit_failure, pod_ready
 from kubeserve.backends.kubernetes.render import ROLLOUT
-from kubeserve.backends.kubernetes.render_views import app_view
+from kubeserve.backends.kubernetes.render_views import (
+    InstanceView,
+    app_view,
+    build_name,
+    own_graph_name,
+)
+from kubeserve.backends.kubernetes.render_views import instance_view as render_instance_view
 from kubeserve.backends.process_health import controller_health
 from kubeserve.control import effective_config
 from kubeserve.control.details import (
@@ -132,12 +138,16 @@ def instance_view(view: ClusterView, controller: ControllerIdentity) -> Instance
     instance_name = view.instance["metadata"]["name"]
     options = instance_options(view.instance.get("spec") or {})
     tracing = tracing_config(options)  # part of the build key
+    try:  # what the build's name is made of
+        rendered: InstanceView | None = render_instance_view(view.instance)
+    except ValidationError:
+        rendered = None
     return InstanceDetailsView(
         controller=controller_process(controller.node_id, controller.node_ip, controller.pid, ""),
         options=options,
         proxies=_proxies(view, instance_name),
         applications=[
-            _application(view, obj, tracing)
+            _application(view, obj, tracing, rendered)
             for obj in view.applications
             if contract.instance_of(obj) == instance_name
         ],
@@ -161,11 +171,14 @@ def _proxies(view: ClusterView, instance_name: str) -> dict[str, ProxyView]:
 
 
 def _application(
-    view: ClusterView, obj: Obj, tracing: Mapping[str, Any] | None
+    view: ClusterView,
+    obj: Obj,
+    tracing: Mapping[str, Any] | None,
+    instance: InstanceView | None,
 ) -> ApplicationDetailsView:
     status = ServeApplicationStatus.of(obj)
     config = app_config(obj)
-    graph = _graph(view, obj, config, tracing)
+    graph = _graph(view, obj, config, tracing, instance)
     return ApplicationDetailsView(
         name=contract.application_name(obj),
         route_prefix=_route_prefix(status, config),
@@ -235,13 +248,14 @@ def _graph(
     obj: Obj,
     config: Mapping[str, Any] | None,
     tracing: Mapping[str, Any] | None,
+    instance: InstanceView | None,
 ) -> Obj | None:
     """The build's graph of the current code and instance ``tracing`` config (``None`` while it
     builds or when it failed)."""
-    if config is None:
+    if config is None or instance is None:
         return None
-    key = app_view(obj, config, tracing).build_key
-    configmap = view.configmap(contract.graph_configmap_name(obj["metadata"]["name"], key))
+    app = app_view(obj, config, tracing)
+    configmap = view.configmap(build_name(instance, app)) or view.configmap(own_graph_name(app))
     if configmap is None:
         return None
     try:

@@ -331,7 +331,8 @@ class Operator:
         if kind != "ServeApplication" or self.cluster is None:
             return None
         user_configs = {} if self._data_plane is None else self._data_plane.user_configs
-        return inputs_digest(self.cluster.cache, obj, user_configs)
+        build = self.cluster.builds.get(key_of(kind, obj))
+        return inputs_digest(self.cluster.cache, obj, user_configs, build)
 
     # -- load reports of the pods (a LoadReportSink of the admin server) -------------------------
 
@@ -400,6 +401,8 @@ class Operator:
     def _forget(self, key: str) -> None:
         """Drop what the operator remembers of a custom resource that is going."""
         self._settled.pop(key, None)
+        if self.cluster is not None:
+            self.cluster.builds.pop(key, None)
         self._resync_turns.forget(key)
         self._status_written.pop(key, None)
         due = self._status_due.pop(key, None)

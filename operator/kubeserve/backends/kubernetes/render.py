@@ -49,13 +49,15 @@ replica config carries ``app_graph_file``. A mounted Secret rather than a fetch 
 the kubelet delivers it with the node's credentials (the pods need no read access to Secrets and
 no new path to the operator), and a replica restarted while the operator is down still starts.
 
-Per application build (:func:`render_build_job`): the Job ``<app>-build-<build_key>`` runs
-``kubeserve build <import_path> --configmap <app>-graph-<build_key> --namespace
-$(KUBESERVE_NAMESPACE) --application <app> --application-uid <uid>`` in the application's image
-and runtime_env, with ``--tracing-config <json>`` when the instance traces (the build key covers
-it: a changed ``tracingConfig`` checks its exporter again). The build writes the ConfigMap with
-the key ``graph.json`` holding its JSON document (the graph, or ``{"error": ...}``), owned by the
-``ServeApplication`` (the given name and uid), then exits 0 on success and 1 on a build error.
+One build per distinct build input (:func:`render_build_job`): the Job
+:func:`~.render_views.build_name` (``<inst>-build-<digest of what the build reads>``) runs
+``kubeserve build <import_path> --configmap <that name> --namespace $(KUBESERVE_NAMESPACE)`` in
+the application's image and runtime_env, with ``--tracing-config <json>`` when the instance
+traces (the digest covers it: a changed ``tracingConfig`` checks its exporter again). The build
+writes the ConfigMap of the same name with the key ``graph.json`` holding its JSON document (the
+graph, or ``{"error": ...}``), then exits 0 on success and 1 on a build error. A thousand
+applications of one image and module build once: each of them is an owner of the Job (while it
+runs) and of the ConfigMap, so either is collected when no application uses it any more.
 """
 
 from __future__ import annotations
@@ -90,8 +92,10 @@ from kubeserve.backends.kubernetes.render_views import (
     InstanceView,
     RenderError,
     app_view,
+    build_name,
     deployment_view,
     instance_view,
+    own_graph_name,
 )
 from kubeserve.control import rollout
 from kubeserve.control.effective_config import HEALTH_CHECK_FAILURE_THRESHOLD, EffectiveDeployment
@@ -122,8 +126,10 @@ __all__ = [
     "Manifest",
     "RenderError",
     "app_view",
+    "build_name",
     "deployment_view",
     "instance_view",
+    "own_graph_name",
     "render_build_job",
     "render_data_plane_secret",
     "render_dataplane_rbac",
@@ -419,10 +425,11 @@ def _builder_args(app: AppView) -> list[str]:
     return ["--args", escape(json.dumps(args, sort_keys=True))] if args else []
 
 
-def _build_command(app: AppView) -> list[str]:
-    """``kubeserve build``'s command; with the instance's ``tracing_config`` (tracing on, part of
-    the build key) the build also checks that its exporter imports where the application runs
-    (a BuildError otherwise)."""
+def _build_command(app: AppView, name: str) -> list[str]:
+    """``kubeserve build``'s command, writing the ConfigMap ``name``; with the instance's
+    ``tracing_config`` (tracing on, part of the build key) the build also checks that its
+    exporter imports where the application runs (a BuildError otherwise). Nothing in it names
+    the application: every application with the same inputs shares it."""
     tracing_config = app.tracing_config
     tracing = ["--tracing-config", escape(json.dumps(tracing_config, sort_keys=True))]
     if app.graph_secret is not None:
@@ -434,25 +441,27 @@ def _build_command(app: AppView) -> list[str]:
         "build",
         *code,
         "--configmap",
-        contract.graph_configmap_name(app.cr_name, app.build_key),
+        name,
         "--namespace",
         f"$({NAMESPACE_ENV})",
-        "--application",
-        app.cr_name,
-        "--application-uid",
-        app.uid,
         *_builder_args(app),
         *(tracing if tracing_config else []),
     ]
 
 
 def render_build_job(instance: InstanceView, app: AppView) -> Manifest:
-    """The Job that imports the application and writes its graph (one per :attr:`build_key`)."""
+    """The Job that imports the application and writes its graph, named :func:`build_name`:
+    one per distinct build input, shared by every application with those inputs.
+
+    Owned (not controlled) by ``app``, the application that needs it first; the others that
+    use it add themselves as owners (:meth:`~.cluster.Cluster.add_owner`), so it is collected
+    when none is left. Neither it nor its pod carries the application's label or name."""
     image = image_for(app.runtime_env, instance.image, "runtime_env")
-    command = _build_command(app)
+    name = build_name(instance, app)
+    command = _build_command(app, name)
     main = container("build", image, instance.image_pull_policy, command, [])
     main["resources"] = _BUILD_RESOURCES
-    own_env = {APPLICATION_ENV: app.cr_name, INSTANCE_ENV: instance.name}
+    own_env = {INSTANCE_ENV: instance.name}
     account = contract.build_account_name(instance.name)
     pod = user_pod_spec(
         main,
@@ -463,13 +472,17 @@ def render_build_job(instance: InstanceView, app: AppView) -> Manifest:
         secret_mount=_graph_mount(app),
         restartPolicy="Never",
     )
-    labels = contract.common_labels(contract.COMPONENT_BUILD, instance.name, app.cr_name)
-    name = contract.build_job_name(app.cr_name, app.build_key)
-    annotations = {contract.APPLICATION_NAME_ANNOTATION: app.app_name}
+    labels = contract.common_labels(contract.COMPONENT_BUILD, instance.name)
+    owner = contract.owner_reference(app.owner(), controller=False, block_owner_deletion=False)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _metadata(name, app.namespace, labels, app.owner(), **annotations),
+        "metadata": {
+            "name": name,
+            "namespace": app.namespace,
+            "labels": labels,
+            "ownerReferences": [owner],
+        },
         "spec": {
             "backoffLimit": 0,
             "ttlSecondsAfterFinished": BUILD_TTL_S,

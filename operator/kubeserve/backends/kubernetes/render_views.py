@@ -30,12 +30,17 @@ __all__ = [
     "InstanceView",
     "RenderError",
     "app_view",
+    "build_name",
     "deployment_view",
     "instance_view",
+    "own_graph_name",
 ]
 
 #: Length of :attr:`AppView.build_key` (hex digits).
 _BUILD_KEY_LENGTH = 10
+#: Length of the digest in :func:`build_name` (hex digits): builds of different code must never
+#: share a name in one namespace, so longer than a per-application key
+_SHARED_BUILD_KEY_LENGTH = 16
 
 
 class RenderError(ValueError):
@@ -282,3 +287,36 @@ def deployment_view(
         version=effective_config.replica_version(app_config, effective),
         replicas=replicas,
     )
+
+
+def build_name(instance: InstanceView, app: AppView) -> str:
+    """The name of the build Job (and of the graph ConfigMap it writes) that ``app`` uses, one per
+    distinct build input in the namespace: every application of ``instance`` whose build reads
+    the same inputs shares it.
+
+    The inputs are everything the build Job's pod is made of: the instance (its build
+    ServiceAccount), its image and pull policy (the default image of ``runtime_env``), and
+    :attr:`AppView.build_key`'s (import path, ``runtime_env``, ``args``, the instance's
+    ``tracing_config``). Not the application's name nor its deployments' overrides: the build
+    never reads them. An application deployed with ``serve.run`` mounts its own graph Secret,
+    so its build is its own (the Secret's name is an input).
+    """
+    inputs = [
+        instance.name,
+        instance.image,
+        instance.image_pull_policy,
+        app.config.get("import_path"),
+        app.runtime_env,
+        app.config.get("args"),
+        app.graph_secret,
+        None if app.tracing_config is None else dict(app.tracing_config),
+    ]
+    key = effective_config.fingerprint(inputs)[:_SHARED_BUILD_KEY_LENGTH]
+    return contract.shared_build_name(instance.name, key)
+
+
+def own_graph_name(app: AppView) -> str:
+    """The graph ConfigMap an application's own build wrote before builds were shared
+    (``<app>-graph-<build_key>``, owned by it alone): the operator keeps using it until the
+    application's build inputs change, so an upgrade of the operator rebuilds nothing."""
+    return contract.graph_configmap_name(app.cr_name, app.build_key)

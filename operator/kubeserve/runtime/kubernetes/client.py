@@ -291,6 +291,21 @@ class Kube:
             )
         )
 
+    async def strategic_patch(
+        self, kind: str, namespace: str | None, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """A strategic merge patch (built-in kinds only): lists with a merge key merge by it, so
+        ``metadata.ownerReferences`` gains or loses one entry (by ``uid``; ``"$patch":
+        "delete"`` removes it) without reading the others, however many clients patch at once."""
+        return dict(
+            await self.request(
+                "PATCH",
+                path(kind, namespace, name),
+                dict(patch),
+                content_type="application/strategic-merge-patch+json",
+            )
+        )
+
     async def json_patch(
         self, kind: str, namespace: str | None, name: str, operations: Sequence[Mapping[str, Any]]
     ) -> dict[str, Any]:
@@ -306,9 +321,22 @@ class Kube:
         )
 
     async def delete(
-        self, kind: str, namespace: str | None, name: str, propagation: str = "Background"
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        propagation: str = "Background",
+        resource_version: str | None = None,
     ) -> None:
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        """Delete (gone already is fine); with ``resource_version`` only that version of it
+        (:class:`KubeConflict` when it changed since)."""
+        body: dict[str, Any] = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "propagationPolicy": propagation,
+        }
+        if resource_version is not None:
+            body["preconditions"] = {"resourceVersion": resource_version}
         with contextlib.suppress(KubeNotFound):
             await self.request("DELETE", path(kind, namespace, name), body)
 

@@ -101,6 +101,7 @@ __all__ = [
     "policy_workload_name",
     "proxy_name",
     "selector_labels",
+    "shared_build_name",
     "workload_name",
 ]
 
@@ -379,6 +380,13 @@ def build_job_name(app_cr: str, build: str | int) -> str:
 def graph_configmap_name(app_cr: str, build: str | int) -> str:
     """Name of the ConfigMap the build Job writes its graph to (``<app>-graph-<build>``)."""
     return _dns_label((app_cr, "graph", str(build)), exact="-" not in str(build))
+
+
+def shared_build_name(instance: str, build: str) -> str:
+    """Name of the build Job and of the graph ConfigMap it writes, shared by every application of
+    ``instance`` whose build inputs digest to ``build`` (``<inst>-build-<build>``; a 16-digit
+    digest, so never the name of a per-application :func:`build_job_name` of 10 digits)."""
+    return _dns_label((instance, "build", build), exact=True)
 
 
 def pickled_graph_secret_name(app_cr: str, uid: str, sha256: str) -> str:

@@ -1,4 +1,5 @@
-"""Where a build Job leaves the application graph: a ConfigMap owned by the ServeApplication.
+"""Where a build Job leaves the application graph: a ConfigMap owned by the ServeApplications
+that use it.
 
 The build Job writes it (:func:`write_graph_configmap`), the operator reads it from its cache
 (:func:`graph_document`); its name is :func:`~.contract.graph_configmap_name`, its one key
@@ -27,14 +28,16 @@ def graph_configmap(
     namespace: str, name: str, document: str, application: str, application_uid: str
 ) -> dict[str, Any]:
     """The ConfigMap a build leaves: the graph ``document`` under :data:`~.contract.GRAPH_KEY`,
-    labelled as the application's build and owned by it (when its uid is known)."""
-    labels = contract.selector_labels(contract.COMPONENT_BUILD, application=application)
+    labelled as a build and, when ``application`` is given, as that application's and owned by
+    it (when its uid is known). A shared build (the operator's) names none: the operator makes
+    each application that uses it an owner."""
+    labels = contract.selector_labels(contract.COMPONENT_BUILD, application=application or None)
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
         "labels": {**labels, contract.MANAGED_BY_LABEL: contract.PRODUCT},
     }
-    if application_uid:
+    if application and application_uid:
         owner = {
             "apiVersion": contract.API_VERSION,
             "kind": "ServeApplication",

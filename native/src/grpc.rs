@@ -34,6 +34,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -51,7 +52,9 @@ use tokio::net::{TcpListener, TcpStream, UnixStream};
 use crate::channel::{self, Channel, ROLE_CONTROL};
 use crate::frames::{self, Dechunker, FrameCutter, Piece};
 use crate::http::{parse_answer, Answer as Parsed, Framing, ParsedAnswer};
-use crate::routing::{self, pick, Deployment, Pending, Registry, Replica, Slot, MAX_ACCESS};
+use crate::routing::{
+    self, pick, Deployment, Pending, Registry, Replica, Reply, Rid, Slot, MAX_ACCESS,
+};
 
 /// The private service of the Python listener that answers a replica's pickled answer.
 pub const RELAY_PATH: &str = "/kubeserve.internal.NativeRelay/Answer";
@@ -73,6 +76,8 @@ enum Part {
 }
 
 struct Method {
+    /// `/pkg.Service/Method`
+    full: String,
     /// the deployment method called (`Method` of `/pkg.Service/Method`)
     name: String,
     template: Vec<Part>,
@@ -80,19 +85,65 @@ struct Method {
     streaming: bool,
 }
 
+/// An application with a route, and its ingress deployment.
+struct App {
+    name: String,
+    dep: Rc<Deployment>,
+}
+
 #[derive(Default)]
 struct State {
     /// application -> its ingress deployment
-    apps: HashMap<String, Rc<Deployment>>,
+    apps: HashMap<String, Rc<App>>,
     /// `/pkg.Service/Method` -> how to call it
     methods: HashMap<String, Rc<Method>>,
 }
 
+/// The calls of one (method, application, code) since the last take.
+struct Record {
+    method: Rc<Method>,
+    app: Rc<App>,
+    pending: Pending,
+}
+
+/// One access line, `[unix time, full method, application, code, latency ms, request id]`
+/// once written (`write_access`): kept compact (no JSON tree, method and application shared),
+/// as the HTTP front's, since a second of load holds as many as calls were answered.
+struct Access {
+    at: f64,
+    latency_ms: f64,
+    code: &'static str,
+    method: Rc<Method>,
+    app: Rc<App>,
+    rid: Rid,
+}
+
+/// `,"access":[...]` for the `take_records` answer, each line as `json!` would have written it.
+fn write_access(access: &[Access], out: &mut Vec<u8>) {
+    out.extend_from_slice(b",\"access\":[");
+    for (i, a) in access.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let line = (
+            a.at,
+            &a.method.full,
+            &a.app.name,
+            a.code,
+            a.latency_ms,
+            a.rid.as_str(),
+        );
+        let _ = serde_json::to_writer(&mut *out, &line);
+    }
+    out.push(b']');
+}
+
 #[derive(Default)]
 struct Counters {
-    /// (full method, application, deployment key, code name) -> calls since the last take
-    records: HashMap<(String, String, String, &'static str), Pending>,
-    access: Vec<Value>,
+    /// (method, application: their `Rc`s' addresses, held in the value; code name) -> calls
+    /// since the last take (no key allocated per call)
+    records: HashMap<(usize, usize, &'static str), Record>,
+    access: Vec<Access>,
     access_dropped: u64,
     served: u64,
     relayed: u64,
@@ -137,9 +188,7 @@ pub async fn run(
         "kubeserve-fastpath grpc listening on {} (control {control})",
         listener.local_addr()?
     );
-    routing::serve_control(control_listener, front.clone(), |f, m| {
-        routing::Reply::Json(handle_control(f, m))
-    });
+    routing::serve_control(control_listener, front.clone(), handle_control);
     loop {
         let (client, peer) = listener.accept().await?;
         let _ = client.set_nodelay(true);
@@ -149,8 +198,8 @@ pub async fn run(
 
 // -- control ----------------------------------------------------------------------------------
 
-fn handle_control(front: &Front, msg: &Value) -> Value {
-    match msg.get("op").and_then(Value::as_str) {
+fn handle_control(front: &Front, msg: &Value) -> Reply {
+    Reply::Json(match msg.get("op").and_then(Value::as_str) {
         Some("state") => match apply_state(front, msg) {
             Ok(()) => json!({"ok": true}),
             Err(e) => json!({"ok": false, "error": e}),
@@ -160,18 +209,30 @@ fn handle_control(front: &Front, msg: &Value) -> Value {
             let records: Vec<Value> = c
                 .records
                 .drain()
-                .map(|((method, app, key, code), p)| {
-                    json!({"method": method, "app": app, "key": key, "code": code,
-                           "count": p.count, "total_ms": p.total_ms, "buckets": p.buckets})
+                .map(|((_, _, code), r)| {
+                    let p = r.pending;
+                    json!({"method": r.method.full, "app": r.app.name, "key": r.app.dep.key,
+                           "code": code, "count": p.count, "total_ms": p.total_ms,
+                           "buckets": p.buckets})
                 })
                 .collect();
             let access = std::mem::take(&mut c.access);
             let dropped = std::mem::take(&mut c.access_dropped);
-            json!({"ok": true, "records": records, "access": access, "access_dropped": dropped,
-                   "served": c.served, "relayed": c.relayed, "handed_off": c.handed_off})
+            let rest = json!({"ok": true, "records": records, "access_dropped": dropped,
+                              "served": c.served, "relayed": c.relayed,
+                              "handed_off": c.handed_off});
+            drop(c);
+            // the access lines written straight into the answer, never a JSON tree
+            let mut out = Vec::with_capacity(256 + access.len() * 120);
+            let _ = serde_json::to_writer(&mut out, &rest);
+            out.pop(); // its closing brace
+            write_access(&access, &mut out);
+            drop(access);
+            out.push(b'}');
+            return Reply::Text(String::from_utf8(out).unwrap_or_default());
         }
         _ => json!({"ok": false, "error": "op: must be state or take_records"}),
-    }
+    })
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
@@ -219,6 +280,7 @@ fn apply_state(front: &Front, msg: &Value) -> Result<(), String> {
             state.methods.insert(
                 path.clone(),
                 Rc::new(Method {
+                    full: path.clone(),
                     name: name.to_owned(),
                     template,
                     streaming: m.get("stream").and_then(Value::as_bool).unwrap_or(false),
@@ -231,7 +293,11 @@ fn apply_state(front: &Front, msg: &Value) -> Result<(), String> {
         let dep = &routes.deployments[route.deployment];
         // a custom request router chooses in the Python proxy: its calls are handed off
         if !dep.custom_router {
-            state.apps.insert(route.app, dep.clone());
+            let app = Rc::new(App {
+                name: route.app.clone(),
+                dep: dep.clone(),
+            });
+            state.apps.insert(route.app, app);
         }
     }
     routing::Common {
@@ -269,11 +335,9 @@ async fn connection(front: Rc<Front>, tcp: TcpStream, peer: SocketAddr) {
 /// What a covered call needs from its head.
 struct Head {
     method: Rc<Method>,
-    dep: Rc<Deployment>,
-    full: String,
-    app: String,
+    app: Rc<App>,
     metadata: Vec<(String, String)>,
-    request_id: String,
+    request_id: Rid,
     /// the client's `grpc-timeout`
     client_timeout: Option<Duration>,
 }
@@ -323,21 +387,18 @@ fn covered(front: &Front, request: &Request<RecvStream>) -> Option<Head> {
         }
         metadata.push((key.to_owned(), value.to_owned()));
     }
-    let (app, dep) = if state.apps.len() == 1 {
-        let (a, d) = state.apps.iter().next()?;
-        (a.clone(), d.clone())
+    let app = if state.apps.len() == 1 {
+        state.apps.values().next()?.clone()
     } else {
-        (app_name.to_owned(), state.apps.get(app_name)?.clone())
+        state.apps.get(app_name)?.clone()
     };
     let request_id = if request_id.is_empty() {
-        String::from_utf8_lossy(&routing::request_id()).into_owned()
+        Rid::Generated(routing::request_id())
     } else {
-        request_id.to_owned()
+        Rid::Given(request_id.into())
     };
     Some(Head {
         method,
-        dep,
-        full: full.to_owned(),
         app,
         metadata,
         request_id,
@@ -348,7 +409,7 @@ fn covered(front: &Front, request: &Request<RecvStream>) -> Option<Head> {
 async fn call(
     front: Rc<Front>,
     request: Request<RecvStream>,
-    respond: SendResponse<Bytes>,
+    mut respond: SendResponse<Bytes>,
     peer: Rc<String>,
 ) {
     if request.uri().path() == RELAY_PATH {
@@ -384,7 +445,7 @@ async fn call(
         let request = Request::from_parts(parts, body);
         return hand_off(&front, request, chunks, respond).await;
     }
-    let Some(slot) = pick(&head.dep) else {
+    let Some(slot) = pick(&head.app.dep) else {
         let request = Request::from_parts(parts, body);
         return hand_off(&front, request, chunks, respond).await;
     };
@@ -397,15 +458,18 @@ async fn call(
         )
         .await;
     }
-    let answered = match &deadline {
-        None => Ok(call_replica(&front, &slot.0, &head.method.name, &payload).await),
-        Some((limit, _)) => {
-            tokio::time::timeout(
-                *limit,
-                call_replica(&front, &slot.0, &head.method.name, &payload),
-            )
-            .await
+    let calling = call_replica(&front, &slot.0, &head.method.name, &payload);
+    let answering = async {
+        match &deadline {
+            None => Ok(calling.await),
+            Some((limit, _)) => tokio::time::timeout(*limit, calling).await,
         }
+    };
+    let Some(answered) = unless_reset(&mut respond, answering).await else {
+        // the client cancelled: the replica's connection was dropped with the call, which
+        // cancels the method there; counted CANCELLED (as Ray counts a client's disconnect)
+        drop(slot);
+        return record(&front, &head, "CANCELLED", started);
     };
     drop(slot);
     match answered {
@@ -439,11 +503,27 @@ async fn call(
 
 const LOST: &str = "the replica closed the connection before answering";
 
+/// `work`'s output, unless the client resets the call's stream first (None): `work` is dropped
+/// then, and with it a replica call's connection, whose loss cancels the method in the replica.
+async fn unless_reset<F: Future>(respond: &mut SendResponse<Bytes>, work: F) -> Option<F::Output> {
+    let mut work = std::pin::pin!(work);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = work.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        if respond.poll_reset(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    })
+    .await
+}
+
 /// `grpc-status: 0` and the call's `request_id`.
 fn ok_trailers(head: &Head) -> HeaderMap {
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    if let Ok(v) = HeaderValue::from_str(&head.request_id) {
+    if let Ok(v) = HeaderValue::from_str(head.request_id.as_str()) {
         trailers.insert("request_id", v);
     }
     trailers
@@ -487,7 +567,7 @@ fn fill(head: &Head, data: &[u8], peer: &str) -> Vec<u8> {
                 out.extend_from_slice(data);
             }
             Part::Hole(Hole::Peer) => push_str(&mut out, peer),
-            Part::Hole(Hole::RequestId) => push_str(&mut out, &head.request_id),
+            Part::Hole(Hole::RequestId) => push_str(&mut out, head.request_id.as_str()),
             Part::Hole(Hole::Metadata) => {
                 out.extend_from_slice(b"](");
                 for (k, v) in &head.metadata {
@@ -622,29 +702,37 @@ fn record(front: &Front, head: &Head, code: &'static str, started: Instant) {
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
     let bounds = front.buckets.borrow();
     let mut c = front.counters.borrow_mut();
+    let key = (
+        Rc::as_ptr(&head.method) as usize,
+        Rc::as_ptr(&head.app) as usize,
+        code,
+    );
     c.records
-        .entry((
-            head.full.clone(),
-            head.app.clone(),
-            head.dep.key.clone(),
-            code,
-        ))
-        .or_insert_with(|| Pending::new(&bounds))
+        .entry(key)
+        .or_insert_with(|| Record {
+            method: head.method.clone(),
+            app: head.app.clone(),
+            pending: Pending::new(&bounds),
+        })
+        .pending
         .add(&bounds, latency_ms);
     if front.access.get() {
         if c.access.len() >= MAX_ACCESS {
             c.access_dropped += 1;
             return;
         }
-        let at = routing::unix_time();
-        c.access.push(json!([
-            at,
-            head.full,
-            head.app,
-            code,
+        let rid = match &head.request_id {
+            Rid::Generated(hex) => Rid::Generated(*hex),
+            Rid::Given(text) => Rid::Given(text.clone()),
+        };
+        c.access.push(Access {
+            at: routing::unix_time(),
             latency_ms,
-            head.request_id
-        ]));
+            code,
+            method: head.method.clone(),
+            app: head.app.clone(),
+            rid,
+        });
     }
 }
 
@@ -897,9 +985,9 @@ fn relay_request(
     item: bool,
 ) -> Option<(Request<()>, Bytes)> {
     let mut fields = [
-        head.full.as_str(),
-        head.app.as_str(),
-        head.dep.key.as_str(),
+        head.method.full.as_str(),
+        head.app.name.as_str(),
+        head.app.dep.key.as_str(),
         head.request_id.as_str(),
         &status.to_string(),
         &format!("{:.3}", started.elapsed().as_secs_f64() * 1000.0),
@@ -1006,15 +1094,20 @@ async fn stream(
     started: Instant,
     request: Request<()>,
     chunks: Vec<Bytes>,
-    respond: SendResponse<Bytes>,
+    mut respond: SendResponse<Bytes>,
 ) {
     let at = deadline
         .as_ref()
         .map(|(limit, _)| tokio::time::Instant::from_std(started) + *limit);
     let opening = open_call(front, &slot.0, "/-/stream/", &head.method.name, payload);
-    let opened = match at {
-        None => Ok(opening.await),
-        Some(at) => tokio::time::timeout_at(at, opening).await,
+    let opening = async {
+        match at {
+            None => Ok(opening.await),
+            Some(at) => tokio::time::timeout_at(at, opening).await,
+        }
+    };
+    let Some(opened) = unless_reset(&mut respond, opening).await else {
+        return record(front, head, "CANCELLED", started); // before the first item
     };
     let (ch, answer, plain) = match opened {
         Err(_) => {

@@ -224,6 +224,27 @@ def test_a_client_cancelling_a_unary_call_cancels_the_method(
     assert stub.Echo(ask("after"), metadata=metadata, timeout=10).text.startswith("after|")
 
 
+def test_access_lines_of_grpc_calls(instance: tuple[Kubeserve, int], channel: grpc.Channel) -> None:
+    """Each call answered (natively too: handed over compact, written by the proxy) has Ray's
+    access line in the proxy's log, with its request id, given or made."""
+    ks, _ = instance
+    stub = checks(channel)
+    rid = f"access-{time.time_ns()}"
+    metadata = (("application", "checks"), ("request_id", rid))
+    stub.Echo(ask("a"), metadata=metadata, timeout=10)
+    _, call = stub.Echo.with_call(ask("b"), metadata=(("application", "checks"),), timeout=10)
+    made = dict(call.trailing_metadata())["request_id"]
+    (proxy,) = ks.details()["proxies"].values()
+    log = Path(proxy["log_file_path"])
+    wait_for(
+        lambda: all(
+            f" {r} -- /ksgrpc.Checks/Echo checks OK " in log.read_text() for r in (rid, made)
+        ),
+        10,
+        what="the proxy's access lines of both calls",
+    )
+
+
 def test_streams_and_their_errors(channel: grpc.Channel) -> None:
     stub = checks(channel)
     metadata = (("application", "checks"),)

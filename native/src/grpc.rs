@@ -416,7 +416,7 @@ async fn call(
         return unimplemented(respond); // the private method is never reachable from outside
     }
     let Some(head) = covered(&front, &request) else {
-        return hand_off(&front, request, Vec::new(), respond).await;
+        return Box::pin(hand_off(&front, request, Vec::new(), respond)).await;
     };
     let started = Instant::now();
     let (parts, mut body) = request.into_parts();
@@ -430,41 +430,49 @@ async fn call(
         chunks.push(chunk);
         if size > MAX_NATIVE_MESSAGE + 5 {
             let request = Request::from_parts(parts, body);
-            return hand_off(&front, request, chunks, respond).await;
+            return Box::pin(hand_off(&front, request, chunks, respond)).await;
         }
     }
     let trailers_ok = matches!(body.trailers().await, Ok(None));
-    let mut message = BytesMut::with_capacity(size);
-    for c in &chunks {
-        message.extend_from_slice(c);
-    }
+    let message = match &chunks[..] {
+        [one] => one.clone(), // the usual case: no copy
+        _ => {
+            let mut whole = BytesMut::with_capacity(size);
+            for c in &chunks {
+                whole.extend_from_slice(c);
+            }
+            whole.freeze()
+        }
+    };
     let one = message.len() >= 5
         && message[0] == 0
         && u32::from_be_bytes(message[1..5].try_into().unwrap()) as usize == message.len() - 5;
     if !one || !trailers_ok {
         let request = Request::from_parts(parts, body);
-        return hand_off(&front, request, chunks, respond).await;
+        return Box::pin(hand_off(&front, request, chunks, respond)).await;
     }
     let Some(slot) = pick(&head.app.dep) else {
         let request = Request::from_parts(parts, body);
-        return hand_off(&front, request, chunks, respond).await;
+        return Box::pin(hand_off(&front, request, chunks, respond)).await;
     };
     let payload = fill(&head, &message[5..], &peer);
     let deadline = deadline(&front, &head);
     if head.method.streaming {
         let request = Request::from_parts(parts, ());
-        return stream(
+        return Box::pin(stream(
             &front, &head, slot, &payload, deadline, started, request, chunks, respond,
-        )
+        ))
         .await;
     }
-    let calling = call_replica(&front, &slot.0, &head.method.name, &payload);
-    let answering = async {
-        match &deadline {
-            None => Ok(calling.await),
-            Some((limit, _)) => tokio::time::timeout(*limit, calling).await,
-        }
-    };
+    // boxed: the call's future stays small (it is moved into its task whole)
+    let limit = deadline.as_ref().map(|(limit, _)| *limit);
+    let answering = Box::pin(call_replica_within(
+        &front,
+        &slot.0,
+        &head.method.name,
+        &payload,
+        limit,
+    ));
     let Some(answered) = unless_reset(&mut respond, answering).await else {
         // the client cancelled: the replica's connection was dropped with the call, which
         // cancels the method there; counted CANCELLED (as Ray counts a client's disconnect)
@@ -473,21 +481,23 @@ async fn call(
     };
     drop(slot);
     match answered {
-        Ok(Answer::Message(reply)) => {
+        Ok(Answer::Message(framed)) => {
             front.counters.borrow_mut().served += 1;
-            let mut out = BytesMut::with_capacity(reply.len() - 1 + 5);
-            out.extend_from_slice(&[0]);
-            out.extend_from_slice(&((reply.len() - 1) as u32).to_be_bytes());
-            out.extend_from_slice(&reply[1..]);
-            send(respond, out.freeze(), ok_trailers(&head));
+            send(respond, framed, ok_trailers(&head));
             record(&front, &head, "OK", started);
         }
         Ok(Answer::Python(status, body)) => {
             front.counters.borrow_mut().relayed += 1;
-            relay(&front, &head, status, body, started, respond).await;
+            Box::pin(relay(&front, &head, status, body, started, respond)).await;
         }
         Ok(Answer::NotStarted) => {
-            hand_off_buffered(&front, Request::from_parts(parts, ()), chunks, respond).await;
+            Box::pin(hand_off_buffered(
+                &front,
+                Request::from_parts(parts, ()),
+                chunks,
+                respond,
+            ))
+            .await;
         }
         Ok(Answer::Lost) => {
             status_only(respond, 14, LOST);
@@ -505,10 +515,12 @@ const LOST: &str = "the replica closed the connection before answering";
 
 /// `work`'s output, unless the client resets the call's stream first (None): `work` is dropped
 /// then, and with it a replica call's connection, whose loss cancels the method in the replica.
-async fn unless_reset<F: Future>(respond: &mut SendResponse<Bytes>, work: F) -> Option<F::Output> {
-    let mut work = std::pin::pin!(work);
+async fn unless_reset<F: Future + Unpin>(
+    respond: &mut SendResponse<Bytes>,
+    mut work: F,
+) -> Option<F::Output> {
     std::future::poll_fn(|cx| {
-        if let Poll::Ready(out) = work.as_mut().poll(cx) {
+        if let Poll::Ready(out) = std::pin::Pin::new(&mut work).poll(cx) {
             return Poll::Ready(Some(out));
         }
         if respond.poll_reset(cx).is_ready() {
@@ -583,7 +595,7 @@ fn fill(head: &Head, data: &[u8], peer: &str) -> Vec<u8> {
 }
 
 enum Answer {
-    /// `M` + the serialized reply
+    /// the reply as one gRPC message (its 5-byte prefix and the serialized reply)
     Message(Bytes),
     /// a pickle for Python: (HTTP status, body)
     Python(u16, Bytes),
@@ -601,6 +613,7 @@ async fn open_call(
     prefix: &str,
     method: &str,
     body: &[u8],
+    raw: &mut [u8],
 ) -> Result<(Channel, Parsed, Vec<u8>), Answer> {
     let mut ch = match routing::take_idle(&replica.idle_calls) {
         Some(ch) => ch,
@@ -623,18 +636,15 @@ async fn open_call(
         replica.port,
         body.len()
     );
-    let mut plain_request = Vec::with_capacity(head.len() + body.len());
-    plain_request.extend_from_slice(head.as_bytes());
-    plain_request.extend_from_slice(body);
-    let mut sealed = Vec::with_capacity(plain_request.len() + 64);
-    ch.sealer.seal_into(&plain_request, &mut sealed);
+    let mut sealed = Vec::with_capacity(head.len() + body.len() + 64);
+    ch.sealer
+        .seal_parts_into(&[head.as_bytes(), body], &mut sealed);
     if ch.stream.write_all(&sealed).await.is_err() {
         return Err(Answer::Lost);
     }
-    let mut raw = vec![0u8; 16 * 1024];
-    let mut plain = Vec::with_capacity(16 * 1024);
+    let mut plain = Vec::with_capacity(raw.len());
     loop {
-        let n = match ch.stream.read(&mut raw).await {
+        let n = match ch.stream.read(raw).await {
             Ok(0) | Err(_) => return Err(Answer::Lost),
             Ok(n) => n,
         };
@@ -649,19 +659,20 @@ async fn open_call(
     }
 }
 
-/// The rest of a `Content-Length` answer; the connection pooled again when the replica keeps it.
+/// The rest of a `Content-Length` answer, read through `raw` into `plain` (the answer whole,
+/// its body at `answer.head_len`); the connection pooled again when the replica keeps it.
 async fn length_body(
     replica: &Replica,
     mut ch: Channel,
     answer: &Parsed,
     mut plain: Vec<u8>,
-) -> Result<Bytes, Answer> {
+    raw: &mut [u8],
+) -> Result<Vec<u8>, Answer> {
     let Framing::Length(n) = answer.framing else {
         return Err(Answer::Lost);
     };
-    let mut raw = vec![0u8; 64 * 1024];
     while plain.len() < answer.head_len + n {
-        let got = match ch.stream.read(&mut raw).await {
+        let got = match ch.stream.read(raw).await {
             Ok(0) | Err(_) => return Err(Answer::Lost),
             Ok(got) => got,
         };
@@ -676,25 +687,52 @@ async fn length_body(
         ch.opener.trim();
         replica.idle_calls.borrow_mut().push(ch);
     }
-    Ok(Bytes::copy_from_slice(&plain[answer.head_len..]))
+    Ok(plain)
 }
 
+/// `call_replica`, ended at `limit` (Err) if any.
+async fn call_replica_within(
+    front: &Front,
+    replica: &Replica,
+    method: &str,
+    body: &[u8],
+    limit: Option<Duration>,
+) -> Result<Answer, tokio::time::error::Elapsed> {
+    match limit {
+        None => Ok(call_replica(front, replica, method, body).await),
+        Some(limit) => {
+            tokio::time::timeout(limit, call_replica(front, replica, method, body)).await
+        }
+    }
+}
+
+/// Bytes read from a replica per read of a handle call's answer (one buffer per call).
+const CALL_READ: usize = 16 * 1024;
+
 async fn call_replica(front: &Front, replica: &Replica, method: &str, body: &[u8]) -> Answer {
-    let (ch, answer, plain) = match open_call(front, replica, "/-/call/", method, body).await {
+    let mut raw = vec![0u8; CALL_READ];
+    let opened = open_call(front, replica, "/-/call/", method, body, &mut raw).await;
+    let (ch, answer, plain) = match opened {
         Ok(opened) => opened,
         Err(failed) => return failed,
     };
-    let body = match length_body(replica, ch, &answer, plain).await {
-        Ok(body) => body,
+    let mut plain = match length_body(replica, ch, &answer, plain, &mut raw).await {
+        Ok(plain) => plain,
         Err(failed) => return failed,
     };
     if answer.unserved {
         return Answer::NotStarted;
     }
-    if answer.status == 200 && body.first() == Some(&b'M') {
-        return Answer::Message(body);
+    let at = answer.head_len;
+    if answer.status == 200 && plain.get(at) == Some(&b'M') && at >= 4 {
+        // framed where it was read: the gRPC message prefix (uncompressed, its length) over
+        // the head's last bytes and the `M`
+        let len = (plain.len() - at - 1) as u32;
+        plain[at - 4] = 0;
+        plain[at - 3..at + 1].copy_from_slice(&len.to_be_bytes());
+        return Answer::Message(Bytes::from(plain).slice(at - 4..));
     }
-    Answer::Python(answer.status, body)
+    Answer::Python(answer.status, Bytes::from(plain).slice(at..))
 }
 
 fn record(front: &Front, head: &Head, code: &'static str, started: Instant) {
@@ -1099,13 +1137,21 @@ async fn stream(
     let at = deadline
         .as_ref()
         .map(|(limit, _)| tokio::time::Instant::from_std(started) + *limit);
-    let opening = open_call(front, &slot.0, "/-/stream/", &head.method.name, payload);
-    let opening = async {
+    let mut raw = vec![0u8; CALL_READ];
+    let opening = open_call(
+        front,
+        &slot.0,
+        "/-/stream/",
+        &head.method.name,
+        payload,
+        &mut raw,
+    );
+    let opening = Box::pin(async {
         match at {
             None => Ok(opening.await),
             Some(at) => tokio::time::timeout_at(at, opening).await,
         }
-    };
+    });
     let Some(opened) = unless_reset(&mut respond, opening).await else {
         return record(front, head, "CANCELLED", started); // before the first item
     };
@@ -1131,8 +1177,8 @@ async fn stream(
     }
     if answer.status != 200 || !matches!(answer.framing, Framing::Chunked) {
         // the method raised before its first item (500), or the replica refused the call
-        let body = match length_body(&slot.0, ch, &answer, plain).await {
-            Ok(body) => body,
+        let body = match length_body(&slot.0, ch, &answer, plain, &mut raw).await {
+            Ok(plain) => Bytes::from(plain).slice(answer.head_len..),
             Err(_) => {
                 status_only(respond, 14, LOST);
                 return record(front, head, "UNAVAILABLE", started);
@@ -1142,6 +1188,7 @@ async fn stream(
         front.counters.borrow_mut().relayed += 1;
         return relay(front, head, answer.status, body, started, respond).await;
     }
+    drop(raw); // the stream reads through a buffer of its own
     let Some(mut out) = open_answer(respond) else {
         return;
     };

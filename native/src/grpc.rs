@@ -27,10 +27,13 @@
 //! handler answers exactly what the Python ingress answers, and that answer is relayed (a
 //! stream's item: its message, its context kept for the stream's status). A replica that did not
 //! start the call (unserved) leaves it to the Python server whole. `grpc_options.request_timeout_s`
-//! and the client's `grpc-timeout` (the sooner) end a call served here DEADLINE_EXCEEDED.
+//! and the client's `grpc-timeout` (the sooner) end a call served here DEADLINE_EXCEEDED. A
+//! client's reset (RST_STREAM) while the replica runs the call drops it, and with it the
+//! replica's connection, whose loss cancels the method there: counted CANCELLED.
 //!
-//! Calls answered here are counted per (method, deployment key, code) and taken by the Python
-//! proxy with op `take_records` on this module's own control socket (`--grpc-control`).
+//! Calls answered here are counted per (method, application, code) and taken by the Python
+//! proxy with op `take_records` on this module's own control socket (`--grpc-control`), their
+//! access lines held compact (`Access`) and written straight into that answer.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;

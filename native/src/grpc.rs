@@ -27,13 +27,17 @@
 //! handler answers exactly what the Python ingress answers, and that answer is relayed (a
 //! stream's item: its message, its context kept for the stream's status). A replica that did not
 //! start the call (unserved) leaves it to the Python server whole. `grpc_options.request_timeout_s`
-//! and the client's `grpc-timeout` (the sooner) end a call served here DEADLINE_EXCEEDED.
+//! and the client's `grpc-timeout` (the sooner) end a call served here DEADLINE_EXCEEDED. A
+//! client's reset (RST_STREAM) while the replica runs the call drops it, and with it the
+//! replica's connection, whose loss cancels the method there: counted CANCELLED.
 //!
-//! Calls answered here are counted per (method, deployment key, code) and taken by the Python
-//! proxy with op `take_records` on this module's own control socket (`--grpc-control`).
+//! Calls answered here are counted per (method, application, code) and taken by the Python
+//! proxy with op `take_records` on this module's own control socket (`--grpc-control`), their
+//! access lines held compact (`Access`) and written straight into that answer.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -51,7 +55,9 @@ use tokio::net::{TcpListener, TcpStream, UnixStream};
 use crate::channel::{self, Channel, ROLE_CONTROL};
 use crate::frames::{self, Dechunker, FrameCutter, Piece};
 use crate::http::{parse_answer, Answer as Parsed, Framing, ParsedAnswer};
-use crate::routing::{self, pick, Deployment, Pending, Registry, Replica, Slot, MAX_ACCESS};
+use crate::routing::{
+    self, pick, Deployment, Pending, Registry, Replica, Reply, Rid, Slot, MAX_ACCESS,
+};
 
 /// The private service of the Python listener that answers a replica's pickled answer.
 pub const RELAY_PATH: &str = "/kubeserve.internal.NativeRelay/Answer";
@@ -73,6 +79,8 @@ enum Part {
 }
 
 struct Method {
+    /// `/pkg.Service/Method`
+    full: String,
     /// the deployment method called (`Method` of `/pkg.Service/Method`)
     name: String,
     template: Vec<Part>,
@@ -80,19 +88,65 @@ struct Method {
     streaming: bool,
 }
 
+/// An application with a route, and its ingress deployment.
+struct App {
+    name: String,
+    dep: Rc<Deployment>,
+}
+
 #[derive(Default)]
 struct State {
     /// application -> its ingress deployment
-    apps: HashMap<String, Rc<Deployment>>,
+    apps: HashMap<String, Rc<App>>,
     /// `/pkg.Service/Method` -> how to call it
     methods: HashMap<String, Rc<Method>>,
 }
 
+/// The calls of one (method, application, code) since the last take.
+struct Record {
+    method: Rc<Method>,
+    app: Rc<App>,
+    pending: Pending,
+}
+
+/// One access line, `[unix time, full method, application, code, latency ms, request id]`
+/// once written (`write_access`): kept compact (no JSON tree, method and application shared),
+/// as the HTTP front's, since a second of load holds as many as calls were answered.
+struct Access {
+    at: f64,
+    latency_ms: f64,
+    code: &'static str,
+    method: Rc<Method>,
+    app: Rc<App>,
+    rid: Rid,
+}
+
+/// `,"access":[...]` for the `take_records` answer, each line as `json!` would have written it.
+fn write_access(access: &[Access], out: &mut Vec<u8>) {
+    out.extend_from_slice(b",\"access\":[");
+    for (i, a) in access.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let line = (
+            a.at,
+            &a.method.full,
+            &a.app.name,
+            a.code,
+            a.latency_ms,
+            a.rid.as_str(),
+        );
+        let _ = serde_json::to_writer(&mut *out, &line);
+    }
+    out.push(b']');
+}
+
 #[derive(Default)]
 struct Counters {
-    /// (full method, application, deployment key, code name) -> calls since the last take
-    records: HashMap<(String, String, String, &'static str), Pending>,
-    access: Vec<Value>,
+    /// (method, application: their `Rc`s' addresses, held in the value; code name) -> calls
+    /// since the last take (no key allocated per call)
+    records: HashMap<(usize, usize, &'static str), Record>,
+    access: Vec<Access>,
     access_dropped: u64,
     served: u64,
     relayed: u64,
@@ -137,9 +191,7 @@ pub async fn run(
         "kubeserve-fastpath grpc listening on {} (control {control})",
         listener.local_addr()?
     );
-    routing::serve_control(control_listener, front.clone(), |f, m| {
-        routing::Reply::Json(handle_control(f, m))
-    });
+    routing::serve_control(control_listener, front.clone(), handle_control);
     loop {
         let (client, peer) = listener.accept().await?;
         let _ = client.set_nodelay(true);
@@ -149,8 +201,8 @@ pub async fn run(
 
 // -- control ----------------------------------------------------------------------------------
 
-fn handle_control(front: &Front, msg: &Value) -> Value {
-    match msg.get("op").and_then(Value::as_str) {
+fn handle_control(front: &Front, msg: &Value) -> Reply {
+    Reply::Json(match msg.get("op").and_then(Value::as_str) {
         Some("state") => match apply_state(front, msg) {
             Ok(()) => json!({"ok": true}),
             Err(e) => json!({"ok": false, "error": e}),
@@ -160,18 +212,30 @@ fn handle_control(front: &Front, msg: &Value) -> Value {
             let records: Vec<Value> = c
                 .records
                 .drain()
-                .map(|((method, app, key, code), p)| {
-                    json!({"method": method, "app": app, "key": key, "code": code,
-                           "count": p.count, "total_ms": p.total_ms, "buckets": p.buckets})
+                .map(|((_, _, code), r)| {
+                    let p = r.pending;
+                    json!({"method": r.method.full, "app": r.app.name, "key": r.app.dep.key,
+                           "code": code, "count": p.count, "total_ms": p.total_ms,
+                           "buckets": p.buckets})
                 })
                 .collect();
             let access = std::mem::take(&mut c.access);
             let dropped = std::mem::take(&mut c.access_dropped);
-            json!({"ok": true, "records": records, "access": access, "access_dropped": dropped,
-                   "served": c.served, "relayed": c.relayed, "handed_off": c.handed_off})
+            let rest = json!({"ok": true, "records": records, "access_dropped": dropped,
+                              "served": c.served, "relayed": c.relayed,
+                              "handed_off": c.handed_off});
+            drop(c);
+            // the access lines written straight into the answer, never a JSON tree
+            let mut out = Vec::with_capacity(256 + access.len() * 120);
+            let _ = serde_json::to_writer(&mut out, &rest);
+            out.pop(); // its closing brace
+            write_access(&access, &mut out);
+            drop(access);
+            out.push(b'}');
+            return Reply::Text(String::from_utf8(out).unwrap_or_default());
         }
         _ => json!({"ok": false, "error": "op: must be state or take_records"}),
-    }
+    })
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
@@ -219,6 +283,7 @@ fn apply_state(front: &Front, msg: &Value) -> Result<(), String> {
             state.methods.insert(
                 path.clone(),
                 Rc::new(Method {
+                    full: path.clone(),
                     name: name.to_owned(),
                     template,
                     streaming: m.get("stream").and_then(Value::as_bool).unwrap_or(false),
@@ -231,7 +296,11 @@ fn apply_state(front: &Front, msg: &Value) -> Result<(), String> {
         let dep = &routes.deployments[route.deployment];
         // a custom request router chooses in the Python proxy: its calls are handed off
         if !dep.custom_router {
-            state.apps.insert(route.app, dep.clone());
+            let app = Rc::new(App {
+                name: route.app.clone(),
+                dep: dep.clone(),
+            });
+            state.apps.insert(route.app, app);
         }
     }
     routing::Common {
@@ -269,11 +338,9 @@ async fn connection(front: Rc<Front>, tcp: TcpStream, peer: SocketAddr) {
 /// What a covered call needs from its head.
 struct Head {
     method: Rc<Method>,
-    dep: Rc<Deployment>,
-    full: String,
-    app: String,
+    app: Rc<App>,
     metadata: Vec<(String, String)>,
-    request_id: String,
+    request_id: Rid,
     /// the client's `grpc-timeout`
     client_timeout: Option<Duration>,
 }
@@ -323,21 +390,18 @@ fn covered(front: &Front, request: &Request<RecvStream>) -> Option<Head> {
         }
         metadata.push((key.to_owned(), value.to_owned()));
     }
-    let (app, dep) = if state.apps.len() == 1 {
-        let (a, d) = state.apps.iter().next()?;
-        (a.clone(), d.clone())
+    let app = if state.apps.len() == 1 {
+        state.apps.values().next()?.clone()
     } else {
-        (app_name.to_owned(), state.apps.get(app_name)?.clone())
+        state.apps.get(app_name)?.clone()
     };
     let request_id = if request_id.is_empty() {
-        String::from_utf8_lossy(&routing::request_id()).into_owned()
+        Rid::Generated(routing::request_id())
     } else {
-        request_id.to_owned()
+        Rid::Given(request_id.into())
     };
     Some(Head {
         method,
-        dep,
-        full: full.to_owned(),
         app,
         metadata,
         request_id,
@@ -348,14 +412,14 @@ fn covered(front: &Front, request: &Request<RecvStream>) -> Option<Head> {
 async fn call(
     front: Rc<Front>,
     request: Request<RecvStream>,
-    respond: SendResponse<Bytes>,
+    mut respond: SendResponse<Bytes>,
     peer: Rc<String>,
 ) {
     if request.uri().path() == RELAY_PATH {
         return unimplemented(respond); // the private method is never reachable from outside
     }
     let Some(head) = covered(&front, &request) else {
-        return hand_off(&front, request, Vec::new(), respond).await;
+        return Box::pin(hand_off(&front, request, Vec::new(), respond)).await;
     };
     let started = Instant::now();
     let (parts, mut body) = request.into_parts();
@@ -369,61 +433,74 @@ async fn call(
         chunks.push(chunk);
         if size > MAX_NATIVE_MESSAGE + 5 {
             let request = Request::from_parts(parts, body);
-            return hand_off(&front, request, chunks, respond).await;
+            return Box::pin(hand_off(&front, request, chunks, respond)).await;
         }
     }
     let trailers_ok = matches!(body.trailers().await, Ok(None));
-    let mut message = BytesMut::with_capacity(size);
-    for c in &chunks {
-        message.extend_from_slice(c);
-    }
+    let message = match &chunks[..] {
+        [one] => one.clone(), // the usual case: no copy
+        _ => {
+            let mut whole = BytesMut::with_capacity(size);
+            for c in &chunks {
+                whole.extend_from_slice(c);
+            }
+            whole.freeze()
+        }
+    };
     let one = message.len() >= 5
         && message[0] == 0
         && u32::from_be_bytes(message[1..5].try_into().unwrap()) as usize == message.len() - 5;
     if !one || !trailers_ok {
         let request = Request::from_parts(parts, body);
-        return hand_off(&front, request, chunks, respond).await;
+        return Box::pin(hand_off(&front, request, chunks, respond)).await;
     }
-    let Some(slot) = pick(&head.dep) else {
+    let Some(slot) = pick(&head.app.dep) else {
         let request = Request::from_parts(parts, body);
-        return hand_off(&front, request, chunks, respond).await;
+        return Box::pin(hand_off(&front, request, chunks, respond)).await;
     };
     let payload = fill(&head, &message[5..], &peer);
     let deadline = deadline(&front, &head);
     if head.method.streaming {
         let request = Request::from_parts(parts, ());
-        return stream(
+        return Box::pin(stream(
             &front, &head, slot, &payload, deadline, started, request, chunks, respond,
-        )
+        ))
         .await;
     }
-    let answered = match &deadline {
-        None => Ok(call_replica(&front, &slot.0, &head.method.name, &payload).await),
-        Some((limit, _)) => {
-            tokio::time::timeout(
-                *limit,
-                call_replica(&front, &slot.0, &head.method.name, &payload),
-            )
-            .await
-        }
+    // boxed: the call's future stays small (it is moved into its task whole)
+    let limit = deadline.as_ref().map(|(limit, _)| *limit);
+    let answering = Box::pin(call_replica_within(
+        &front,
+        &slot.0,
+        &head.method.name,
+        &payload,
+        limit,
+    ));
+    let Some(answered) = unless_reset(&mut respond, answering).await else {
+        // the client cancelled: the replica's connection was dropped with the call, which
+        // cancels the method there; counted CANCELLED (as Ray counts a client's disconnect)
+        drop(slot);
+        return record(&front, &head, "CANCELLED", started);
     };
     drop(slot);
     match answered {
-        Ok(Answer::Message(reply)) => {
+        Ok(Answer::Message(framed)) => {
             front.counters.borrow_mut().served += 1;
-            let mut out = BytesMut::with_capacity(reply.len() - 1 + 5);
-            out.extend_from_slice(&[0]);
-            out.extend_from_slice(&((reply.len() - 1) as u32).to_be_bytes());
-            out.extend_from_slice(&reply[1..]);
-            send(respond, out.freeze(), ok_trailers(&head));
+            send(respond, framed, ok_trailers(&head));
             record(&front, &head, "OK", started);
         }
         Ok(Answer::Python(status, body)) => {
             front.counters.borrow_mut().relayed += 1;
-            relay(&front, &head, status, body, started, respond).await;
+            Box::pin(relay(&front, &head, status, body, started, respond)).await;
         }
         Ok(Answer::NotStarted) => {
-            hand_off_buffered(&front, Request::from_parts(parts, ()), chunks, respond).await;
+            Box::pin(hand_off_buffered(
+                &front,
+                Request::from_parts(parts, ()),
+                chunks,
+                respond,
+            ))
+            .await;
         }
         Ok(Answer::Lost) => {
             status_only(respond, 14, LOST);
@@ -439,11 +516,29 @@ async fn call(
 
 const LOST: &str = "the replica closed the connection before answering";
 
+/// `work`'s output, unless the client resets the call's stream first (None): `work` is dropped
+/// then, and with it a replica call's connection, whose loss cancels the method in the replica.
+async fn unless_reset<F: Future + Unpin>(
+    respond: &mut SendResponse<Bytes>,
+    mut work: F,
+) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = std::pin::Pin::new(&mut work).poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        if respond.poll_reset(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    })
+    .await
+}
+
 /// `grpc-status: 0` and the call's `request_id`.
 fn ok_trailers(head: &Head) -> HeaderMap {
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    if let Ok(v) = HeaderValue::from_str(&head.request_id) {
+    if let Ok(v) = HeaderValue::from_str(head.request_id.as_str()) {
         trailers.insert("request_id", v);
     }
     trailers
@@ -487,7 +582,7 @@ fn fill(head: &Head, data: &[u8], peer: &str) -> Vec<u8> {
                 out.extend_from_slice(data);
             }
             Part::Hole(Hole::Peer) => push_str(&mut out, peer),
-            Part::Hole(Hole::RequestId) => push_str(&mut out, &head.request_id),
+            Part::Hole(Hole::RequestId) => push_str(&mut out, head.request_id.as_str()),
             Part::Hole(Hole::Metadata) => {
                 out.extend_from_slice(b"](");
                 for (k, v) in &head.metadata {
@@ -503,7 +598,7 @@ fn fill(head: &Head, data: &[u8], peer: &str) -> Vec<u8> {
 }
 
 enum Answer {
-    /// `M` + the serialized reply
+    /// the reply as one gRPC message (its 5-byte prefix and the serialized reply)
     Message(Bytes),
     /// a pickle for Python: (HTTP status, body)
     Python(u16, Bytes),
@@ -521,6 +616,7 @@ async fn open_call(
     prefix: &str,
     method: &str,
     body: &[u8],
+    raw: &mut [u8],
 ) -> Result<(Channel, Parsed, Vec<u8>), Answer> {
     let mut ch = match routing::take_idle(&replica.idle_calls) {
         Some(ch) => ch,
@@ -543,18 +639,15 @@ async fn open_call(
         replica.port,
         body.len()
     );
-    let mut plain_request = Vec::with_capacity(head.len() + body.len());
-    plain_request.extend_from_slice(head.as_bytes());
-    plain_request.extend_from_slice(body);
-    let mut sealed = Vec::with_capacity(plain_request.len() + 64);
-    ch.sealer.seal_into(&plain_request, &mut sealed);
+    let mut sealed = Vec::with_capacity(head.len() + body.len() + 64);
+    ch.sealer
+        .seal_parts_into(&[head.as_bytes(), body], &mut sealed);
     if ch.stream.write_all(&sealed).await.is_err() {
         return Err(Answer::Lost);
     }
-    let mut raw = vec![0u8; 16 * 1024];
-    let mut plain = Vec::with_capacity(16 * 1024);
+    let mut plain = Vec::with_capacity(raw.len());
     loop {
-        let n = match ch.stream.read(&mut raw).await {
+        let n = match ch.stream.read(raw).await {
             Ok(0) | Err(_) => return Err(Answer::Lost),
             Ok(n) => n,
         };
@@ -569,19 +662,20 @@ async fn open_call(
     }
 }
 
-/// The rest of a `Content-Length` answer; the connection pooled again when the replica keeps it.
+/// The rest of a `Content-Length` answer, read through `raw` into `plain` (the answer whole,
+/// its body at `answer.head_len`); the connection pooled again when the replica keeps it.
 async fn length_body(
     replica: &Replica,
     mut ch: Channel,
     answer: &Parsed,
     mut plain: Vec<u8>,
-) -> Result<Bytes, Answer> {
+    raw: &mut [u8],
+) -> Result<Vec<u8>, Answer> {
     let Framing::Length(n) = answer.framing else {
         return Err(Answer::Lost);
     };
-    let mut raw = vec![0u8; 64 * 1024];
     while plain.len() < answer.head_len + n {
-        let got = match ch.stream.read(&mut raw).await {
+        let got = match ch.stream.read(raw).await {
             Ok(0) | Err(_) => return Err(Answer::Lost),
             Ok(got) => got,
         };
@@ -596,25 +690,52 @@ async fn length_body(
         ch.opener.trim();
         replica.idle_calls.borrow_mut().push(ch);
     }
-    Ok(Bytes::copy_from_slice(&plain[answer.head_len..]))
+    Ok(plain)
 }
 
+/// `call_replica`, ended at `limit` (Err) if any.
+async fn call_replica_within(
+    front: &Front,
+    replica: &Replica,
+    method: &str,
+    body: &[u8],
+    limit: Option<Duration>,
+) -> Result<Answer, tokio::time::error::Elapsed> {
+    match limit {
+        None => Ok(call_replica(front, replica, method, body).await),
+        Some(limit) => {
+            tokio::time::timeout(limit, call_replica(front, replica, method, body)).await
+        }
+    }
+}
+
+/// Bytes read from a replica per read of a handle call's answer (one buffer per call).
+const CALL_READ: usize = 16 * 1024;
+
 async fn call_replica(front: &Front, replica: &Replica, method: &str, body: &[u8]) -> Answer {
-    let (ch, answer, plain) = match open_call(front, replica, "/-/call/", method, body).await {
+    let mut raw = vec![0u8; CALL_READ];
+    let opened = open_call(front, replica, "/-/call/", method, body, &mut raw).await;
+    let (ch, answer, plain) = match opened {
         Ok(opened) => opened,
         Err(failed) => return failed,
     };
-    let body = match length_body(replica, ch, &answer, plain).await {
-        Ok(body) => body,
+    let mut plain = match length_body(replica, ch, &answer, plain, &mut raw).await {
+        Ok(plain) => plain,
         Err(failed) => return failed,
     };
     if answer.unserved {
         return Answer::NotStarted;
     }
-    if answer.status == 200 && body.first() == Some(&b'M') {
-        return Answer::Message(body);
+    let at = answer.head_len;
+    if answer.status == 200 && plain.get(at) == Some(&b'M') && at >= 4 {
+        // framed where it was read: the gRPC message prefix (uncompressed, its length) over
+        // the head's last bytes and the `M`
+        let len = (plain.len() - at - 1) as u32;
+        plain[at - 4] = 0;
+        plain[at - 3..at + 1].copy_from_slice(&len.to_be_bytes());
+        return Answer::Message(Bytes::from(plain).slice(at - 4..));
     }
-    Answer::Python(answer.status, body)
+    Answer::Python(answer.status, Bytes::from(plain).slice(at..))
 }
 
 fn record(front: &Front, head: &Head, code: &'static str, started: Instant) {
@@ -622,29 +743,37 @@ fn record(front: &Front, head: &Head, code: &'static str, started: Instant) {
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
     let bounds = front.buckets.borrow();
     let mut c = front.counters.borrow_mut();
+    let key = (
+        Rc::as_ptr(&head.method) as usize,
+        Rc::as_ptr(&head.app) as usize,
+        code,
+    );
     c.records
-        .entry((
-            head.full.clone(),
-            head.app.clone(),
-            head.dep.key.clone(),
-            code,
-        ))
-        .or_insert_with(|| Pending::new(&bounds))
+        .entry(key)
+        .or_insert_with(|| Record {
+            method: head.method.clone(),
+            app: head.app.clone(),
+            pending: Pending::new(&bounds),
+        })
+        .pending
         .add(&bounds, latency_ms);
     if front.access.get() {
         if c.access.len() >= MAX_ACCESS {
             c.access_dropped += 1;
             return;
         }
-        let at = routing::unix_time();
-        c.access.push(json!([
-            at,
-            head.full,
-            head.app,
-            code,
+        let rid = match &head.request_id {
+            Rid::Generated(hex) => Rid::Generated(*hex),
+            Rid::Given(text) => Rid::Given(text.clone()),
+        };
+        c.access.push(Access {
+            at: routing::unix_time(),
             latency_ms,
-            head.request_id
-        ]));
+            code,
+            method: head.method.clone(),
+            app: head.app.clone(),
+            rid,
+        });
     }
 }
 
@@ -897,9 +1026,9 @@ fn relay_request(
     item: bool,
 ) -> Option<(Request<()>, Bytes)> {
     let mut fields = [
-        head.full.as_str(),
-        head.app.as_str(),
-        head.dep.key.as_str(),
+        head.method.full.as_str(),
+        head.app.name.as_str(),
+        head.app.dep.key.as_str(),
         head.request_id.as_str(),
         &status.to_string(),
         &format!("{:.3}", started.elapsed().as_secs_f64() * 1000.0),
@@ -1006,15 +1135,28 @@ async fn stream(
     started: Instant,
     request: Request<()>,
     chunks: Vec<Bytes>,
-    respond: SendResponse<Bytes>,
+    mut respond: SendResponse<Bytes>,
 ) {
     let at = deadline
         .as_ref()
         .map(|(limit, _)| tokio::time::Instant::from_std(started) + *limit);
-    let opening = open_call(front, &slot.0, "/-/stream/", &head.method.name, payload);
-    let opened = match at {
-        None => Ok(opening.await),
-        Some(at) => tokio::time::timeout_at(at, opening).await,
+    let mut raw = vec![0u8; CALL_READ];
+    let opening = open_call(
+        front,
+        &slot.0,
+        "/-/stream/",
+        &head.method.name,
+        payload,
+        &mut raw,
+    );
+    let opening = Box::pin(async {
+        match at {
+            None => Ok(opening.await),
+            Some(at) => tokio::time::timeout_at(at, opening).await,
+        }
+    });
+    let Some(opened) = unless_reset(&mut respond, opening).await else {
+        return record(front, head, "CANCELLED", started); // before the first item
     };
     let (ch, answer, plain) = match opened {
         Err(_) => {
@@ -1038,8 +1180,8 @@ async fn stream(
     }
     if answer.status != 200 || !matches!(answer.framing, Framing::Chunked) {
         // the method raised before its first item (500), or the replica refused the call
-        let body = match length_body(&slot.0, ch, &answer, plain).await {
-            Ok(body) => body,
+        let body = match length_body(&slot.0, ch, &answer, plain, &mut raw).await {
+            Ok(plain) => Bytes::from(plain).slice(answer.head_len..),
             Err(_) => {
                 status_only(respond, 14, LOST);
                 return record(front, head, "UNAVAILABLE", started);
@@ -1049,6 +1191,7 @@ async fn stream(
         front.counters.borrow_mut().relayed += 1;
         return relay(front, head, answer.status, body, started, respond).await;
     }
+    drop(raw); // the stream reads through a buffer of its own
     let Some(mut out) = open_answer(respond) else {
         return;
     };

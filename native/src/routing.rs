@@ -342,6 +342,22 @@ impl Pending {
     }
 }
 
+/// An access line's request id: one we generated (32 hex digits) or the client's, held as
+/// compactly as it came (no `String` for a generated one).
+pub enum Rid {
+    Generated([u8; 32]),
+    Given(Box<str>),
+}
+
+impl Rid {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Rid::Generated(hex) => std::str::from_utf8(hex).unwrap_or(""),
+            Rid::Given(text) => text,
+        }
+    }
+}
+
 /// Seconds since the epoch, for access lines.
 pub fn unix_time() -> f64 {
     std::time::SystemTime::now()

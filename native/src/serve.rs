@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use crate::channel::{self, Channel};
 use crate::http::{self, ChunkScanner, Framing, Parsed, ParsedAnswer};
-use crate::routing::{self, pick, Deployment, Pending, Registry, Reply, MAX_ACCESS};
+use crate::routing::{self, pick, Deployment, Pending, Registry, Reply, Rid, MAX_ACCESS};
 use crate::tls::{ClientStream, Tls};
 
 #[derive(Default)]
@@ -52,12 +52,6 @@ struct Access {
     rid: Rid,
 }
 
-/// An access line's request id: one we generated (32 hex digits) or the client's.
-enum Rid {
-    Generated([u8; 32]),
-    Given(Box<str>),
-}
-
 /// `,"access":[...]` for the `take_records` answer, each line as `json!` would have written it.
 fn write_access(access: &[Access], out: &mut Vec<u8>) {
     out.extend_from_slice(b",\"access\":[");
@@ -65,11 +59,14 @@ fn write_access(access: &[Access], out: &mut Vec<u8>) {
         if i > 0 {
             out.push(b',');
         }
-        let rid = match &a.rid {
-            Rid::Generated(hex) => std::str::from_utf8(hex).unwrap_or(""),
-            Rid::Given(text) => text,
-        };
-        let line = (a.at, &*a.method, &a.dep.key, a.status, a.latency_ms, rid);
+        let line = (
+            a.at,
+            &*a.method,
+            &a.dep.key,
+            a.status,
+            a.latency_ms,
+            a.rid.as_str(),
+        );
         let _ = serde_json::to_writer(&mut *out, &line);
     }
     out.push(b']');

@@ -3,11 +3,15 @@ exercises one corner of the gRPC proxy (errors, status set by the method, metada
 
 import asyncio
 import os
+import time
 
 import grpc
 from ks_grpc_checks_pb2 import Answer
 from ray import serve
 from ray.serve.grpc_util import gRPCInputStream
+
+#: Hold calls by tag: when each began, and how long after that it was cancelled (None: not yet)
+HOLDING: dict[str, list] = {}
 
 
 @serve.deployment
@@ -57,6 +61,22 @@ class Checks:
     async def Slow(self, ask):
         await asyncio.sleep(float(ask.text))
         return Answer(text="slept")
+
+    async def Hold(self, ask):  # sleeps ask.count s; notes its cancellation under ask.text
+        began = time.monotonic()
+        HOLDING[ask.text] = [began, None]
+        try:
+            await asyncio.sleep(ask.count)
+        except asyncio.CancelledError:
+            HOLDING[ask.text][1] = time.monotonic() - began
+            raise
+        return Answer(text="held")
+
+    def Held(self, ask):  # "unknown", "running", or "cancelled after <s>" of a Hold call
+        if ask.text not in HOLDING:
+            return Answer(text="unknown")
+        after = HOLDING[ask.text][1]
+        return Answer(text="running" if after is None else f"cancelled after {after:.3f}")
 
     async def Upload(self, asks: gRPCInputStream, grpc_context):
         texts, count = [], 0

@@ -188,6 +188,63 @@ def test_errors_are_status_codes(channel: grpc.Channel) -> None:
     assert "has no method 'Missing'" in absent.details()
 
 
+def test_a_client_cancelling_a_unary_call_cancels_the_method(
+    instance: tuple[Kubeserve, int], channel: grpc.Channel
+) -> None:
+    """A client's cancel (RST_STREAM) while the replica runs a unary method cancels the
+    method's task there, long before ``request_timeout_s`` (2 s here) would, on both paths; the
+    call is counted CANCELLED, and the replica serves the next calls."""
+    ks, _ = instance
+    stub = checks(channel)
+    metadata = (("application", "checks"),)
+    tag = f"cancel-{time.time_ns()}"
+    pending = stub.Hold.future(ask(tag, 60), metadata=metadata)
+    wait_for(
+        lambda: stub.Held(ask(tag), metadata=metadata).text == "running",
+        10,
+        what="the replica running the Hold call",
+    )
+    assert pending.cancel()
+    held = wait_for(
+        lambda: (text := stub.Held(ask(tag), metadata=metadata).text) != "running" and text,
+        10,
+        what="the replica cancelling the Hold call",
+    )
+    assert held.startswith("cancelled after ")
+    assert float(held.split()[-1]) < 1.5  # the client's cancel, not the request timeout
+    hold = {"method": "/ksgrpc.Checks/Hold", "application": "checks", "route": "checks"}
+    wait_for(
+        lambda: (
+            value(scrape(ks), "ray_serve_num_grpc_requests_total", status_code="CANCELLED", **hold)
+            >= 1
+        ),
+        10,
+        what="the cancelled call in /metrics",
+    )
+    assert stub.Echo(ask("after"), metadata=metadata, timeout=10).text.startswith("after|")
+
+
+def test_access_lines_of_grpc_calls(instance: tuple[Kubeserve, int], channel: grpc.Channel) -> None:
+    """Each call answered (natively too: handed over compact, written by the proxy) has Ray's
+    access line in the proxy's log, with its request id, given or made."""
+    ks, _ = instance
+    stub = checks(channel)
+    rid = f"access-{time.time_ns()}"
+    metadata = (("application", "checks"), ("request_id", rid))
+    stub.Echo(ask("a"), metadata=metadata, timeout=10)
+    _, call = stub.Echo.with_call(ask("b"), metadata=(("application", "checks"),), timeout=10)
+    made = dict(call.trailing_metadata())["request_id"]
+    (proxy,) = ks.details()["proxies"].values()
+    log = Path(proxy["log_file_path"])
+    wait_for(
+        lambda: all(
+            f" {r} -- /ksgrpc.Checks/Echo checks OK " in log.read_text() for r in (rid, made)
+        ),
+        10,
+        what="the proxy's access lines of both calls",
+    )
+
+
 def test_streams_and_their_errors(channel: grpc.Channel) -> None:
     stub = checks(channel)
     metadata = (("application", "checks"),)

@@ -428,6 +428,11 @@ class GrpcIngress:
                 (reply or ctx)._set_on_grpc_context(grpc_context)
                 code = grpc_context.code() or code
                 return payload  # type: ignore[no-any-return]
+            except asyncio.CancelledError:
+                # the client cancelled (grpc.aio cancels this task): the replica's connection was
+                # closed by the handle client, which cancels the method there; counted as Ray does
+                code = grpc.StatusCode.CANCELLED
+                raise
             except Exception as exc:
                 code = self._fail(grpc_context, exc, request_id)
                 return b""

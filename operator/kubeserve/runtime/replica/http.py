@@ -38,7 +38,8 @@ StreamedResponse`` per channel role (:class:`~kubeserve.runtime.replica.ingress.
 connection must pass the :mod:`~kubeserve.runtime.channel` handshake before a byte of it is parsed,
 and its role picks its handler for good: user traffic (``INGRESS``) or internal endpoints
 (``CONTROL``). Invariants: a connection runs at most one handler at a time; a response with
-``close=True`` ends its connection once written.
+``close=True`` ends its connection once written; a handle call (``/-/call/``) whose connection is
+lost while its handler waits in a task is cancelled (its caller left).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ from kubeserve.runtime.websocket import (
     SessionState,
     WebSocketSession,
 )
-from kubeserve.runtime.wire import DUPLEX_PREFIX
+from kubeserve.runtime.wire import CALL_PREFIX, DUPLEX_PREFIX
 
 __all__ = [
     "HttpRequest",
@@ -365,6 +366,18 @@ class _Connection(ServerConnection):
         self.queue.clear()
         if self.inflow is not None:
             self.inflow.lost(f"connection lost: {exc or 'closed'}")
+        serving, task = self.serving, self.task
+        if (
+            task is not None
+            and serving is not None
+            and not self.ingress
+            and serving.path.startswith(CALL_PREFIX)
+        ):
+            # A handle call's caller went away (a gRPC client's cancel or deadline, a cancelled
+            # DeploymentResponse: the proxy or handle closes the connection): nobody reads the
+            # answer, so the method's task is cancelled, as Ray cancels it. (A sync method's
+            # worker thread cannot be interrupted: it runs to its end.)
+            task.cancel()
         super().connection_lost(exc)
 
     # -- httptools callbacks -----------------------------------------------------------------------

@@ -2,16 +2,19 @@
 environment share one build Job and one graph ConfigMap, each of them an owner; a change of one
 application's inputs gives it a build of its own and leaves the shared one; deleting an
 application leaves the others serving (and collects a build nobody uses); a failed shared build
-fails every application that uses it, each saying why."""
+fails every application that uses it, each saying why, and an application that did not own it
+gets a new attempt once the failure is older than ``RETRY_FAILED_BUILD_S``."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
 
 from kubeserve.backends.kubernetes import render
+from kubeserve.backends.kubernetes.application import RETRY_FAILED_BUILD_S
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.schema.resources import ServeApplicationSpec
 from support.common import wait_for
@@ -142,3 +145,30 @@ def test_applications_of_one_build_input_share_one_build(
         assert "ks_no_such_module" in _status(kwok, ns, name)["message"]
     assert len(_builds(kwok, ns, "jobs")) == 2  # b's and the failed one, shared by c and d
     assert _ready(kwok, ns, "b")
+
+    # an application that did not own the failed build, asking for it once the failure is older
+    # than RETRY_FAILED_BUILD_S, gets a new attempt (a failure may be transient), shared again
+    (failed,) = [n for n, owners in _builds(kwok, ns, "configmaps").items() if owners == {"c", "d"}]
+    first = kwok.get("job", failed, namespace=ns)["metadata"]["uid"]
+    time.sleep(RETRY_FAILED_BUILD_S + 1)
+    kwok.apply(application(ns, "f", "ks_no_such_module:app", routePrefix="/f"))
+
+    def attempted_again() -> bool:
+        jobs = kwok.get("jobs", namespace=ns, selector=BUILDS)["items"]
+        return any(j["metadata"]["name"] == failed and j["metadata"]["uid"] != first for j in jobs)
+
+    _wait(kwok, kwok_operator, attempted_again, "a new attempt of the failed build")
+
+    def all_failed() -> bool:
+        return all(
+            _status(kwok, ns, n).get("appStatus") == "DEPLOY_FAILED" for n in ("c", "d", "f")
+        )
+
+    _wait(kwok, kwok_operator, all_failed, "c, d and f DEPLOY_FAILED by the new attempt")
+    assert kwok.get("job", failed, namespace=ns)["metadata"]["uid"] != first
+    _wait(
+        kwok,
+        kwok_operator,
+        lambda: _builds(kwok, ns, "configmaps").get(failed) == {"c", "d", "f"},
+        "the new attempt's graph owned by c, d and f",
+    )

@@ -83,7 +83,7 @@ class PodStandIns:
         self._replicas: dict[str, tuple[str, asyncio.Server]] = {}
         #: pod IP -> the namespace/pod listening on it
         self._by_ip: dict[str, str] = {}
-        #: build Jobs seen (namespace/name), their graph-writing tasks, and the bound on those
+        #: build Jobs seen (uid), their graph-writing tasks, and the bound on those
         self._builds: set[str] = set()
         self._build_tasks: set[asyncio.Task[None]] = set()
         self._writes = asyncio.Semaphore(CONCURRENT_WRITES)
@@ -214,10 +214,12 @@ class PodStandIns:
     async def _on_job(self, kube: Kube, event: str, job: dict[str, Any]) -> None:
         """A build Job: its graph written in a task of its own (a thousand Jobs at once, each
         write a second on a busy API server, one at a time would make the builds the slowest
-        part of every figure); each Job once, its later events (status) ignored."""
-        if event == "DELETED" or _key(job) in self._builds:
+        part of every figure); each Job once (by uid: a build deleted and created again under
+        its name is a new one), its later events (status) ignored."""
+        uid = str(job["metadata"].get("uid"))
+        if event == "DELETED" or uid in self._builds:
             return
-        self._builds.add(_key(job))
+        self._builds.add(uid)
         task = asyncio.ensure_future(self._build(kube, event, job))
         self._build_tasks.add(task)
         task.add_done_callback(self._build_tasks.discard)

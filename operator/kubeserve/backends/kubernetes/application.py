@@ -400,22 +400,30 @@ async def _graph(
     legacy = cluster.cache.get("ConfigMap", app.namespace, render.own_graph_name(app))
     if configmap is None and legacy is not None:  # built before builds were shared: still good
         return Graph(graph_document(legacy))
+    job = cluster.cache.get("Job", app.namespace, name)
     if configmap is not None:
+        graph = Graph(graph_document(configmap))
+        since = configmap["metadata"].get("creationTimestamp")
+        if graph.error is not None and _retries(configmap, owner, since):
+            await _delete_build(cluster, app.namespace, name, configmap, job)
+            return None
         await cluster.add_owner("ConfigMap", app.namespace, name, configmap, owner)
         await _leave_other_builds(cluster, app, name)
-        return Graph(graph_document(configmap))
-    job = cluster.cache.get("Job", app.namespace, name)
+        return graph
     if job is None:
         await cluster.create_owned(render.render_build_job(instance, app))
         return None
-    await cluster.add_owner("Job", app.namespace, name, job, owner)
     status = job.get("status") or {}
-    for condition in status.get("conditions") or []:
-        if condition.get("type") == "Failed" and condition.get("status") == "True":
-            error = f"build Job {name} failed: {condition.get('message', '')}"
-            pods = cluster.cache.objects("Pod", app.namespace, {"job-name": name})
-            causes = [c for p in pods for c in reports.init_failures(p)]
-            return Graph({"error": f"{error}; {causes[-1]}" if causes else error})
+    failed = _failed(status)
+    if failed is not None and _retries(job, owner, failed.get("lastTransitionTime")):
+        await _delete_build(cluster, app.namespace, name, None, job)
+        return None
+    await cluster.add_owner("Job", app.namespace, name, job, owner)
+    if failed is not None:
+        error = f"build Job {name} failed: {failed.get('message', '')}"
+        pods = cluster.cache.objects("Pod", app.namespace, {"job-name": name})
+        causes = [c for p in pods for c in reports.init_failures(p)]
+        return Graph({"error": f"{error}; {causes[-1]}" if causes else error})
     if _graph_lost(status):  # its graph was deleted (its last owner gone): build again
         version = str(job["metadata"].get("resourceVersion") or "") or None
         with contextlib.suppress(KubeConflict):
@@ -423,18 +431,65 @@ async def _graph(
     return None
 
 
+#: How old a shared build's failure must be before an application that did not own it gets a new
+#: attempt (younger, it is shown the failure: many applications asking at once build once).
+RETRY_FAILED_BUILD_S = 30.0
+
+
+def _retries(build: Mapping[str, Any], owner: Mapping[str, Any], failed_at: Any) -> bool:
+    """Whether an application gets a new attempt of a failed shared build: it did not own it
+    (new, or deployed again to retry, as an unshared build would be built again: a failure may
+    be transient, an image's tag may have moved) and the failure is older than
+    :data:`RETRY_FAILED_BUILD_S` (the applications asking at once share one attempt)."""
+    return str(owner["uid"]) not in _owners(build) and _age_s(failed_at) > RETRY_FAILED_BUILD_S
+
+
+async def _delete_build(
+    cluster: Cluster,
+    namespace: str,
+    name: str,
+    configmap: Mapping[str, Any] | None,
+    job: Mapping[str, Any] | None,
+) -> None:
+    """Delete a failed build's graph and Job (each at the version read: one that changed
+    meanwhile is left to the next pass) so that the next pass builds again."""
+    for kind, obj in (("ConfigMap", configmap), ("Job", job)):
+        if obj is None:
+            continue
+        version = str(obj["metadata"].get("resourceVersion") or "") or None
+        with contextlib.suppress(KubeConflict):
+            await cluster.kube.delete(kind, namespace, name, resource_version=version)
+
+
+def _failed(job_status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A build Job's ``Failed`` condition, if it failed."""
+    for condition in job_status.get("conditions") or []:
+        if condition.get("type") == "Failed" and condition.get("status") == "True":
+            return dict(condition)
+    return None
+
+
+def _owners(obj: Mapping[str, Any]) -> set[str]:
+    return {str(o.get("uid")) for o in obj["metadata"].get("ownerReferences") or []}
+
+
+def _age_s(stamp: Any) -> float:
+    """Seconds since a Kubernetes time stamp (0 when there is none or it does not parse)."""
+    if not stamp:
+        return 0.0
+    try:
+        then = datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    return (datetime.datetime.now(datetime.UTC) - then).total_seconds()
+
+
 def _graph_lost(job_status: Mapping[str, Any]) -> bool:
     """Whether a build Job succeeded long enough ago (the cache's lag) that its ConfigMap should
     be cached, and is not."""
-    completed = job_status.get("completionTime")
-    if not completed or not job_status.get("succeeded"):
+    if not job_status.get("succeeded"):
         return False
-    try:
-        done = datetime.datetime.fromisoformat(str(completed).replace("Z", "+00:00"))
-    except ValueError:
-        return False
-    age = datetime.datetime.now(datetime.UTC) - done
-    return age.total_seconds() > CACHE_LAG_S
+    return _age_s(job_status.get("completionTime")) > CACHE_LAG_S
 
 
 async def _leave_other_builds(cluster: Cluster, app: render.AppView, name: str) -> None:

@@ -27,7 +27,6 @@ What it cannot see is the kernel's share (the reads, writes and wake-ups), which
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import sys
 import time
@@ -38,9 +37,14 @@ from typing import Any
 ROOT = Path(os.environ.get("KUBESERVE_TREE") or Path(__file__).resolve().parents[1])
 sys.path[:0] = [str(ROOT), str(ROOT / "operator"), str(Path(__file__).resolve().parent)]
 
-from stages import CONNECTIONS, REQUEST, WITH_ID, CountingTransport, run_stages  # noqa: E402
-
-_APPS = {"AsyncNoop": "async_noop", "Noop": "noop", "Leaf": "chain"}
+from stages import (  # noqa: E402
+    CONNECTIONS,
+    REQUEST,
+    WITH_ID,
+    CountingTransport,
+    replica_state,
+    run_stages,
+)
 
 
 def _call_request() -> bytes:
@@ -64,39 +68,15 @@ async def _replica(
 ) -> Callable[[bytes, int], Any]:
     """A replica serving ``compare_apps.py``'s ``deployment``: a coroutine function serving ``n``
     requests (``n / CONNECTIONS`` rounds of one per connection), returning the CPU seconds."""
-    from kubeserve.runtime import wire
-    from kubeserve.runtime.build import load_application
     from kubeserve.runtime.channel import Role
     from kubeserve.runtime.replica import control as control_module
     from kubeserve.runtime.replica import ingress as ingress_module
     from kubeserve.runtime.replica.control import Control
     from kubeserve.runtime.replica.http import ReplicaHttpServer
     from kubeserve.runtime.replica.ingress import Ingress
-    from kubeserve.runtime.replica.server import configure_logging
-    from kubeserve.runtime.replica.state import ReplicaState
-    from kubeserve.runtime.replica.user_code import UserCode
     from kubeserve.runtime.sealing import SealedProtocol, Sealer
 
-    import_path = f"benchmarks.compare_apps:{_APPS[deployment]}"
-    node = next(n for n in load_application(import_path).deployments() if n.name == deployment)
-    config: wire.ReplicaConfig = {
-        "app": "bench",
-        "deployment": deployment,
-        "import_path": import_path,
-        "replica_id": "stages",
-        "user_config": None,
-        "max_ongoing_requests": 100,
-        "graceful_shutdown_wait_loop_s": 0.1,
-        "graceful_shutdown_timeout_s": 1.0,
-    }
-    devnull = open(os.devnull, "w")  # noqa: ASYNC230, SIM115 - for the process's life
-    configure_logging(config, {"enable_access_log": access_log}, logging.StreamHandler(devnull))
-    state = ReplicaState(config, await UserCode.construct(node, "bench"))
-    state.access_log = access_log
-    if not metrics:
-        recorder = state.metrics_recorder
-        recorder.changed = recorder.flush = lambda: None  # type: ignore[method-assign]
-        recorder.done = lambda route, latency_ms: None  # type: ignore[method-assign]
+    state = await replica_state(deployment, access_log=access_log, metrics=metrics)
     ingress, control = Ingress(state), Control(state, None)
     if not context:  # module-level functions, patched for this variant's process only
         ingress_module._enter_request = lambda request, route: ""  # type: ignore[assignment]

@@ -93,15 +93,12 @@ class CountingTransport(asyncio.Transport):
         return 0
 
 
-async def _replica(
-    deployment: str, *, access_log: bool = True, metrics: bool = True
-) -> Callable[[bytes, int], Any]:
-    """A replica path of ``compare_apps.py``'s ``deployment``: a coroutine function serving
-    ``n`` copies of a request, one after the other, returning the CPU seconds it took."""
+async def replica_state(deployment: str, *, access_log: bool = True, metrics: bool = True) -> Any:
+    """The :class:`~kubeserve.runtime.replica.state.ReplicaState` of ``compare_apps.py``'s
+    ``deployment`` as a replica builds it, logging into /dev/null; without ``metrics``, its
+    recorder records nothing."""
     from kubeserve.runtime import wire
     from kubeserve.runtime.build import load_application
-    from kubeserve.runtime.replica.http import ReplicaHttpServer
-    from kubeserve.runtime.replica.ingress import Ingress
     from kubeserve.runtime.replica.server import configure_logging
     from kubeserve.runtime.replica.state import ReplicaState
     from kubeserve.runtime.replica.user_code import UserCode
@@ -126,6 +123,18 @@ async def _replica(
         recorder = state.metrics_recorder
         recorder.changed = recorder.flush = lambda: None  # type: ignore[method-assign]
         recorder.done = lambda route, latency_ms: None  # type: ignore[method-assign]
+    return state
+
+
+async def _replica(
+    deployment: str, *, access_log: bool = True, metrics: bool = True
+) -> Callable[[bytes, int], Any]:
+    """A replica path of ``compare_apps.py``'s ``deployment``: a coroutine function serving
+    ``n`` copies of a request, one after the other, returning the CPU seconds it took."""
+    from kubeserve.runtime.replica.http import ReplicaHttpServer
+    from kubeserve.runtime.replica.ingress import Ingress
+
+    state = await replica_state(deployment, access_log=access_log, metrics=metrics)
     server = ReplicaHttpServer(Ingress(state).handle)
     transport = CountingTransport()
     connections = []

@@ -56,7 +56,8 @@ use crate::channel::{self, Channel, ROLE_CONTROL};
 use crate::frames::{self, Dechunker, FrameCutter, Piece};
 use crate::http::{parse_answer, Answer as Parsed, Framing, ParsedAnswer};
 use crate::routing::{
-    self, pick, Deployment, Pending, Registry, Replica, Reply, Rid, Slot, MAX_ACCESS,
+    self, pick, records_answer, Deployment, Pending, Registry, Replica, Reply, Rid, Slot,
+    MAX_ACCESS,
 };
 
 /// The private service of the Python listener that answers a replica's pickled answer.
@@ -110,7 +111,7 @@ struct Record {
 }
 
 /// One access line, `[unix time, full method, application, code, latency ms, request id]`
-/// once written (`write_access`): kept compact (no JSON tree, method and application shared),
+/// once written (`routing::records_answer`): kept compact (no JSON tree, method and application shared),
 /// as the HTTP front's, since a second of load holds as many as calls were answered.
 struct Access {
     at: f64,
@@ -119,26 +120,6 @@ struct Access {
     method: Rc<Method>,
     app: Rc<App>,
     rid: Rid,
-}
-
-/// `,"access":[...]` for the `take_records` answer, each line as `json!` would have written it.
-fn write_access(access: &[Access], out: &mut Vec<u8>) {
-    out.extend_from_slice(b",\"access\":[");
-    for (i, a) in access.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        let line = (
-            a.at,
-            &a.method.full,
-            &a.app.name,
-            a.code,
-            a.latency_ms,
-            a.rid.as_str(),
-        );
-        let _ = serde_json::to_writer(&mut *out, &line);
-    }
-    out.push(b']');
 }
 
 #[derive(Default)]
@@ -225,14 +206,17 @@ fn handle_control(front: &Front, msg: &Value) -> Reply {
                               "served": c.served, "relayed": c.relayed,
                               "handed_off": c.handed_off});
             drop(c);
-            // the access lines written straight into the answer, never a JSON tree
-            let mut out = Vec::with_capacity(256 + access.len() * 120);
-            let _ = serde_json::to_writer(&mut out, &rest);
-            out.pop(); // its closing brace
-            write_access(&access, &mut out);
-            drop(access);
-            out.push(b'}');
-            return Reply::Text(String::from_utf8(out).unwrap_or_default());
+            return records_answer(&rest, &access, |a, out| {
+                let line = (
+                    a.at,
+                    &a.method.full,
+                    &a.app.name,
+                    a.code,
+                    a.latency_ms,
+                    a.rid.as_str(),
+                );
+                let _ = serde_json::to_writer(out, &line);
+            });
         }
         _ => json!({"ok": false, "error": "op: must be state or take_records"}),
     })

@@ -358,6 +358,25 @@ impl Rid {
     }
 }
 
+/// A `take_records` answer: `rest` (the records and counters) with `"access":[...]` added,
+/// each access line written straight into the answer by `line` (a JSON array, as `json!`
+/// would have written it: no JSON tree per line, as a second of load holds as many lines as
+/// requests). Both fronts (HTTP and gRPC) answer with this.
+pub fn records_answer<T>(rest: &Value, access: &[T], line: impl Fn(&T, &mut Vec<u8>)) -> Reply {
+    let mut out = Vec::with_capacity(256 + access.len() * 120);
+    let _ = serde_json::to_writer(&mut out, rest);
+    out.pop(); // its closing brace
+    out.extend_from_slice(b",\"access\":[");
+    for (i, entry) in access.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        line(entry, &mut out);
+    }
+    out.extend_from_slice(b"]}");
+    Reply::Text(String::from_utf8(out).unwrap_or_default())
+}
+
 /// Seconds since the epoch, for access lines.
 pub fn unix_time() -> f64 {
     std::time::SystemTime::now()

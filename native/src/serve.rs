@@ -13,7 +13,9 @@ use tokio::sync::watch;
 
 use crate::channel::{self, Channel};
 use crate::http::{self, ChunkScanner, Framing, Parsed, ParsedAnswer};
-use crate::routing::{self, pick, Deployment, Pending, Registry, Reply, Rid, MAX_ACCESS};
+use crate::routing::{
+    self, pick, records_answer, Deployment, Pending, Registry, Reply, Rid, MAX_ACCESS,
+};
 use crate::tls::{ClientStream, Tls};
 
 #[derive(Default)]
@@ -40,7 +42,7 @@ impl Table {
 }
 
 /// One access line, `[unix time, method, deployment key, status, latency ms, request id]` once
-/// written (`write_access`): kept compact (no JSON tree, the deployment shared) as a second of
+/// written (`routing::records_answer`): kept compact (no JSON tree, the deployment shared) as a second of
 /// load holds as many as requests were served.
 struct Access {
     at: f64,
@@ -50,26 +52,6 @@ struct Access {
     method: std::borrow::Cow<'static, str>,
     dep: Rc<Deployment>,
     rid: Rid,
-}
-
-/// `,"access":[...]` for the `take_records` answer, each line as `json!` would have written it.
-fn write_access(access: &[Access], out: &mut Vec<u8>) {
-    out.extend_from_slice(b",\"access\":[");
-    for (i, a) in access.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        let line = (
-            a.at,
-            &*a.method,
-            &a.dep.key,
-            a.status,
-            a.latency_ms,
-            a.rid.as_str(),
-        );
-        let _ = serde_json::to_writer(&mut *out, &line);
-    }
-    out.push(b']');
 }
 
 #[derive(Default)]
@@ -305,14 +287,17 @@ fn handle_control(sh: &Shared, msg: &Value) -> Reply {
             drop(c);
             let rest = json!({"ok": true, "records": records, "access_dropped": dropped,
                               "refused": refused});
-            // the access lines written straight into the answer, never a JSON tree
-            let mut out = Vec::with_capacity(256 + access.len() * 120);
-            let _ = serde_json::to_writer(&mut out, &rest);
-            out.pop(); // its closing brace
-            write_access(&access, &mut out);
-            drop(access);
-            out.push(b'}');
-            return Reply::Text(String::from_utf8(out).unwrap_or_default());
+            return records_answer(&rest, &access, |a, out| {
+                let line = (
+                    a.at,
+                    &*a.method,
+                    &a.dep.key,
+                    a.status,
+                    a.latency_ms,
+                    a.rid.as_str(),
+                );
+                let _ = serde_json::to_writer(out, &line);
+            });
         }
         Some("load") => match sh.registry.apply_load(msg) {
             Ok(ours) => json!({"ok": true, "in_flight": ours}),

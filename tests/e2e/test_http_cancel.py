@@ -1,0 +1,122 @@
+"""An HTTP client that leaves before its answer's end cancels the request in the replica, as
+Ray Serve does: the handler's task gets ``asyncio.CancelledError`` (its ``finally`` runs), the
+handle calls it awaits are cancelled in their replicas, a streamed body stops, the proxy counts
+the request 499, and the next requests are served. On both proxy data paths."""
+
+from __future__ import annotations
+
+from http.client import HTTPConnection
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from support.common import http, wait_for
+from support.kubeserve_start import Kubeserve, running_kubeserve
+from support.metrics_scrape import scrape, value
+
+APPS = [
+    {"name": "cancel", "route_prefix": "/cancel", "import_path": "ks_cancel_app:app"},
+    {"name": "asgi", "route_prefix": "/asgi", "import_path": "ks_cancel_app:asgi"},
+]
+
+
+@pytest.fixture(scope="module", params=["native", "python"])
+def ks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubeserve]:
+    args = ("--data-path", request.param)
+    with running_kubeserve(tmp_path_factory.mktemp("kubeserve-cancel"), args=args) as server:
+        status, body = server.put(APPS)
+        assert status == 200, body
+        for app in APPS:
+            server.wait_app(str(app["name"]), timeout_s=120)
+        yield server
+
+
+def tag_of(what: str) -> str:
+    return f"{what}-{time.time_ns()}"
+
+
+def send_and_leave_later(ks: Kubeserve, target: str) -> socket.socket:
+    """A client that sends ``GET target`` and keeps its connection open (the caller closes it)."""
+    sock = socket.create_connection(("127.0.0.1", ks.proxy_port), timeout=10)
+    sock.sendall(b"GET %s HTTP/1.1\r\nHost: test\r\n\r\n" % target.encode())
+    return sock
+
+
+def state(ks: Kubeserve, path: str) -> dict[str, Any]:
+    status, body = http("GET", f"{ks.proxy}{path}", timeout=10)
+    assert status == 200, body
+    assert isinstance(body, dict), body
+    return body
+
+
+def served_after(ks: Kubeserve) -> None:
+    """The next requests are served, on one keep-alive connection and on new ones."""
+    conn = HTTPConnection("127.0.0.1", ks.proxy_port, timeout=10)
+    try:
+        for _ in range(5):
+            conn.request("GET", "/cancel")
+            answer = conn.getresponse()
+            assert (answer.status, answer.read()) == (200, b"ok")
+    finally:
+        conn.close()
+    assert http("GET", f"{ks.proxy}/cancel", timeout=10) == (200, "ok")
+
+
+def left_count(ks: Kubeserve, app: str) -> float:
+    return value(scrape(ks), "ray_serve_num_http_requests_total", status_code="499", application=app)
+
+
+def test_a_client_leaving_cancels_the_handler_and_its_handle_call(ks: Kubeserve) -> None:
+    tag = tag_of("hold")
+    before = left_count(ks, "cancel")
+    sock = send_and_leave_later(ks, f"/cancel?hold={tag}")
+    wait_for(
+        lambda: state(ks, f"/cancel?state={tag}") == {"front": ["running"], "back": ["running"]},
+        20,
+        what="the handler and its handle call running",
+    )
+    sock.close()
+    ended = {"front": ["running", "cancelled", "finally"], "back": ["running", "cancelled", "finally"]}
+    wait_for(
+        lambda: state(ks, f"/cancel?state={tag}") == ended,
+        10,
+        what="the handler and its handle call cancelled",
+    )
+    wait_for(lambda: left_count(ks, "cancel") >= before + 1, 10, what="the request counted 499")
+    served_after(ks)
+
+
+def test_a_client_leaving_a_stream_stops_it(ks: Kubeserve) -> None:
+    tag = tag_of("stream")
+    sock = send_and_leave_later(ks, f"/cancel?stream={tag}")
+    received = b""
+    while b"tick" not in received:  # the stream began
+        chunk = sock.recv(4096)
+        assert chunk, received
+        received += chunk
+    sock.close()
+    wait_for(
+        lambda: "finally" in state(ks, f"/cancel?state={tag}")["front"],
+        10,
+        what="the streaming generator stopped",
+    )
+    served_after(ks)
+
+
+def test_a_client_leaving_cancels_an_asgi_endpoint(ks: Kubeserve) -> None:
+    tag = tag_of("asgi")
+    sock = send_and_leave_later(ks, f"/asgi/hold/{tag}")
+    wait_for(
+        lambda: state(ks, f"/asgi/state/{tag}") == {"front": ["running"]},
+        20,
+        what="the endpoint running",
+    )
+    sock.close()
+    wait_for(
+        lambda: state(ks, f"/asgi/state/{tag}") == {"front": ["running", "cancelled", "finally"]},
+        10,
+        what="the endpoint cancelled",
+    )
+    served_after(ks)

@@ -409,7 +409,12 @@ impl Scratch {
             self.raw.truncate(RAW_SMALL);
             self.raw.shrink_to_fit();
         }
-        for v in [&mut self.plain, &mut self.out, &mut self.sealed, &mut self.early] {
+        for v in [
+            &mut self.plain,
+            &mut self.out,
+            &mut self.sealed,
+            &mut self.early,
+        ] {
             if v.capacity() > KEPT {
                 *v = Vec::new();
             }
@@ -801,7 +806,7 @@ async fn replica_or_client(
 
 /// The most bytes of a pipelined request read while watching the client (see
 /// `replica_or_client`).
-const EARLY_MAX: usize = 4 * 1024;
+const EARLY_MAX: usize = 1024;
 
 fn record(
     sh: &Shared,
@@ -898,7 +903,10 @@ async fn local_answer(
 }
 
 enum Relay {
-    Done { reusable: bool, keep_alive: bool },
+    Done {
+        reusable: bool,
+        keep_alive: bool,
+    },
     NothingBack,
     Unserved,
     Failed,

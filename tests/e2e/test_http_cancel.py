@@ -5,13 +5,14 @@ the request 499, and the next requests are served. On both proxy data paths."""
 
 from __future__ import annotations
 
-from http.client import HTTPConnection
 import socket
 import time
 from collections.abc import Iterator
+from http.client import HTTPConnection
 from typing import Any
 
 import pytest
+
 from support.common import http, wait_for
 from support.kubeserve_start import Kubeserve, running_kubeserve
 from support.metrics_scrape import scrape, value
@@ -23,7 +24,9 @@ APPS = [
 
 
 @pytest.fixture(scope="module", params=["native", "python"])
-def ks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubeserve]:
+def ks(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Kubeserve]:
     args = ("--data-path", request.param)
     with running_kubeserve(tmp_path_factory.mktemp("kubeserve-cancel"), args=args) as server:
         status, body = server.put(APPS)
@@ -65,7 +68,9 @@ def served_after(ks: Kubeserve) -> None:
 
 
 def left_count(ks: Kubeserve, app: str) -> float:
-    return value(scrape(ks), "ray_serve_num_http_requests_total", status_code="499", application=app)
+    return value(
+        scrape(ks), "ray_serve_num_http_requests_total", status_code="499", application=app
+    )
 
 
 def test_a_client_leaving_cancels_the_handler_and_its_handle_call(ks: Kubeserve) -> None:
@@ -78,7 +83,10 @@ def test_a_client_leaving_cancels_the_handler_and_its_handle_call(ks: Kubeserve)
         what="the handler and its handle call running",
     )
     sock.close()
-    ended = {"front": ["running", "cancelled", "finally"], "back": ["running", "cancelled", "finally"]}
+    ended = {
+        "front": ["running", "cancelled", "finally"],
+        "back": ["running", "cancelled", "finally"],
+    }
     wait_for(
         lambda: state(ks, f"/cancel?state={tag}") == ended,
         10,

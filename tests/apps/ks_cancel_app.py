@@ -3,8 +3,9 @@ handler notes under a tag when it started and how it ended, so a test that disco
 proxy can ask (``?state=TAG``) whether the replica cancelled it.
 
 ``?hold=TAG``: ``Front`` awaits ``Back.hold`` (which sleeps a minute); ``?stream=TAG``: a body
-streamed a chunk at a time, forever; ``/asgi/hold/TAG`` (the ``asgi`` app): a FastAPI endpoint
-that sleeps a minute; ``?state=TAG`` / ``/asgi/state/TAG``: what each noted, as JSON."""
+streamed a chunk at a time, forever; ``?sleep=S``: "slept" after S seconds; ``/asgi/hold/TAG``
+(the ``asgi`` app): a FastAPI endpoint that sleeps a minute; ``?state=TAG`` /
+``/asgi/state/TAG``: what each noted, as JSON."""
 
 import asyncio
 
@@ -65,6 +66,9 @@ class Front:
                 raise
             finally:
                 note(tag, "finally")
+        if "sleep" in query:
+            await asyncio.sleep(float(query["sleep"]))
+            return "slept"
         if "stream" in query:
             return StreamingResponse(ticks(query["stream"]), media_type="text/plain")
         return "ok"

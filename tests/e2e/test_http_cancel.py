@@ -128,3 +128,20 @@ def test_a_client_leaving_cancels_an_asgi_endpoint(ks: Kubeserve) -> None:
         what="the endpoint cancelled",
     )
     served_after(ks)
+
+
+def test_a_request_pipelined_while_the_answer_is_awaited_is_served_in_turn(ks: Kubeserve) -> None:
+    """The proxy watches the client while the replica works: a next request sent meanwhile on
+    the same connection (pipelining) is kept, not taken for a disconnect, and answered after."""
+    sock = send_and_leave_later(ks, "/cancel?sleep=0.5")
+    try:
+        time.sleep(0.2)
+        sock.sendall(b"GET /cancel HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    finally:
+        sock.close()
+    first, _, second = received.partition(b"HTTP/1.1 200 OK")[2].partition(b"HTTP/1.1 200 OK")
+    assert first.endswith(b"\r\n\r\nslept"), received
+    assert second.endswith(b"\r\n\r\nok"), received

@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Iterator
 from http.client import HTTPConnection
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,11 +41,19 @@ def tag_of(what: str) -> str:
     return f"{what}-{time.time_ns()}"
 
 
-def send_and_leave_later(ks: Kubeserve, target: str) -> socket.socket:
+def send_and_leave_later(ks: Kubeserve, target: str, request_id: str = "") -> socket.socket:
     """A client that sends ``GET target`` and keeps its connection open (the caller closes it)."""
     sock = socket.create_connection(("127.0.0.1", ks.proxy_port), timeout=10)
-    sock.sendall(b"GET %s HTTP/1.1\r\nHost: test\r\n\r\n" % target.encode())
+    id_line = f"X-Request-Id: {request_id}\r\n".encode() if request_id else b""
+    sock.sendall(b"GET %s HTTP/1.1\r\nHost: test\r\n%s\r\n" % (target.encode(), id_line))
     return sock
+
+
+def access_line(path: str, request_id: str, access: str) -> bool:
+    """Whether the log file at ``path`` has the access line ``access`` of ``request_id``."""
+    return any(
+        f" {request_id} -- {access} " in line for line in Path(path).read_text().splitlines()
+    )
 
 
 def state(ks: Kubeserve, path: str) -> dict[str, Any]:
@@ -76,7 +85,7 @@ def left_count(ks: Kubeserve, app: str) -> float:
 def test_a_client_leaving_cancels_the_handler_and_its_handle_call(ks: Kubeserve) -> None:
     tag = tag_of("hold")
     before = left_count(ks, "cancel")
-    sock = send_and_leave_later(ks, f"/cancel?hold={tag}")
+    sock = send_and_leave_later(ks, f"/cancel?hold={tag}", request_id=tag)
     wait_for(
         lambda: state(ks, f"/cancel?state={tag}") == {"front": ["running"], "back": ["running"]},
         20,
@@ -93,6 +102,19 @@ def test_a_client_leaving_cancels_the_handler_and_its_handle_call(ks: Kubeserve)
         what="the handler and its handle call cancelled",
     )
     wait_for(lambda: left_count(ks, "cancel") >= before + 1, 10, what="the request counted 499")
+    # the access lines, as Ray writes them: 499 at the proxy, CANCELLED at the replica
+    (proxy,) = ks.details()["proxies"].values()
+    wait_for(
+        lambda: access_line(proxy["log_file_path"], tag, "GET /cancel 499"),
+        10,
+        what="the proxy's access line",
+    )
+    (replica,) = ks.details()["applications"]["cancel"]["deployments"]["Front"]["replicas"]
+    wait_for(
+        lambda: access_line(replica["log_file_path"], tag, "GET /cancel CANCELLED"),
+        10,
+        what="the replica's access line",
+    )
     served_after(ks)
 
 

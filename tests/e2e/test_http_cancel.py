@@ -115,6 +115,12 @@ def test_a_client_leaving_cancels_the_handler_and_its_handle_call(ks: Kubeserve)
         10,
         what="the replica's access line",
     )
+    errors = {"deployment": "Front", "exception_type": "CancelledError"}
+    wait_for(
+        lambda: value(scrape(ks), "ray_serve_deployment_error_counter_total", **errors) >= 1,
+        10,
+        what="the replica counting the CancelledError",
+    )
     served_after(ks)
 
 

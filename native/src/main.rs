@@ -6,6 +6,8 @@
 //! `max_ongoing_requests`, chosen by power of two choices on both processes' requests in flight)
 //! are forwarded over pooled sealed INGRESS channel connections
 //! (`channel.rs`) and the answers (Content-Length, chunked or until close) relayed verbatim.
+//! While it waits for an answer it watches the client: a client that leaves before the answer's
+//! end has the replica connection closed (the replica cancels the request, as Ray does), 499.
 //! Everything else, from the first byte it does not cover on, is handed to the Python proxy: the
 //! connection is spliced to it, with the bytes already read, so behaviour never differs.
 //! State (the discovery snapshot, settings such as `max_connections`) is pushed over a private

@@ -381,6 +381,9 @@ struct Scratch {
     out: Vec<u8>,
     /// the request as sealed for the replica
     sealed: Vec<u8>,
+    /// bytes of the client's next request, read while watching it during an answer (see
+    /// `replica_or_client`), put behind the parsed ones once the answer is relayed
+    early: Vec<u8>,
 }
 
 /// The replica read buffer of a connection, and what it grows to for large answers.
@@ -406,7 +409,12 @@ impl Scratch {
             self.raw.truncate(RAW_SMALL);
             self.raw.shrink_to_fit();
         }
-        for v in [&mut self.plain, &mut self.out, &mut self.sealed] {
+        for v in [
+            &mut self.plain,
+            &mut self.out,
+            &mut self.sealed,
+            &mut self.early,
+        ] {
             if v.capacity() > KEPT {
                 *v = Vec::new();
             }
@@ -501,6 +509,7 @@ async fn client_connection(open: Open, tcp: TcpStream) {
         plain: Vec::new(),
         out: Vec::new(),
         sealed: Vec::new(),
+        early: Vec::new(),
     };
     loop {
         // the head of the next request
@@ -555,7 +564,13 @@ async fn client_connection(open: Open, tcp: TcpStream) {
                 Wait::TimedOut => return hand_off(&sh, open, client, buf).await,
             }
         }
-        match forward(&sh, &plan, &buf[..total], &mut client, &mut scratch).await {
+        let outcome = forward(&sh, &plan, &buf[..total], &mut client, &mut scratch).await;
+        if !scratch.early.is_empty() {
+            // the client's next request, read behind this one while its answer was awaited
+            buf.extend_from_slice(&scratch.early);
+            scratch.early.clear();
+        }
+        match outcome {
             Outcome::Done { keep_alive: true } => {
                 first = false;
                 buf.drain(..total);
@@ -748,8 +763,50 @@ async fn forward(
         }
         Relay::Unserved => Outcome::HandOff,
         Relay::Failed => Outcome::Failed,
+        // as the Python proxy (exchange.abort): dropping `ch` closes the replica connection,
+        // which cancels the request's task there; counted 499, as Ray counts it
+        Relay::ClientLeft => {
+            record(sh, plan, request, id_line, dep, CLIENT_LEFT, started);
+            Outcome::Failed
+        }
     }
 }
+
+/// The status recorded for a request whose client left before its answer's end (Ray's).
+const CLIENT_LEFT: u16 = 499;
+
+/// The replica's next bytes (`Some`), or `None` once the client left: while a request waits
+/// for (more of) its answer, the client's connection is watched, and its end (or an error)
+/// means nobody reads the answer, so the request is cancelled, as Ray's proxy cancels it. A
+/// client that sends its next request meanwhile (pipelining) is not watched any further: those
+/// bytes are kept in `early` (at most `EARLY_MAX` of them). Costs no system call while the
+/// client is quiet: tokio knows its socket has nothing to read since the request's short read.
+async fn replica_or_client(
+    raw: &mut Vec<u8>,
+    ch: &mut Channel,
+    client: &mut ClientStream,
+    early: &mut Vec<u8>,
+) -> Option<io::Result<usize>> {
+    if !early.is_empty() {
+        return Some(Scratch::read(raw, ch).await);
+    }
+    let left = async {
+        early.reserve(EARLY_MAX);
+        match client.read_buf(early).await {
+            Ok(0) | Err(_) => {}
+            Ok(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        biased;
+        read = Scratch::read(raw, ch) => Some(read),
+        _ = left => None,
+    }
+}
+
+/// The most bytes of a pipelined request read while watching the client (see
+/// `replica_or_client`).
+const EARLY_MAX: usize = 1024;
 
 fn record(
     sh: &Shared,
@@ -846,10 +903,15 @@ async fn local_answer(
 }
 
 enum Relay {
-    Done { reusable: bool, keep_alive: bool },
+    Done {
+        reusable: bool,
+        keep_alive: bool,
+    },
     NothingBack,
     Unserved,
     Failed,
+    /// the client closed its connection (or it failed) before the answer's end
+    ClientLeft,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -866,12 +928,19 @@ async fn relay(
     responded: &mut bool,
 ) -> Relay {
     let Scratch {
-        raw, plain, out, ..
+        raw,
+        plain,
+        out,
+        early,
+        ..
     } = scratch;
     plain.clear();
     out.clear();
     let answer = loop {
-        let n = match Scratch::read(raw, ch).await {
+        let Some(read) = replica_or_client(raw, ch, client, early).await else {
+            return Relay::ClientLeft;
+        };
+        let n = match read {
             Ok(0) | Err(_) if plain.is_empty() => return Relay::NothingBack,
             Ok(0) | Err(_) => return Relay::Failed,
             Ok(n) => n,
@@ -927,11 +996,14 @@ async fn relay(
     };
     *responded = true;
     if client.write_all(out).await.is_err() {
-        return Relay::Failed;
+        return Relay::ClientLeft;
     }
     while !done {
         plain.clear();
-        let n = match Scratch::read(raw, ch).await {
+        let Some(read) = replica_or_client(raw, ch, client, early).await else {
+            return Relay::ClientLeft;
+        };
+        let n = match read {
             Ok(0) | Err(_) => {
                 if matches!(answer.framing, Framing::UntilClose) {
                     break;
@@ -959,7 +1031,7 @@ async fn relay(
             _ => {}
         }
         if !plain.is_empty() && client.write_all(plain).await.is_err() {
-            return Relay::Failed;
+            return Relay::ClientLeft;
         }
     }
     record(sh, plan, request, id_line, dep, answer.status, started);

@@ -343,7 +343,12 @@ async def run_asgi(
     task = asyncio.get_running_loop().create_task(app(scope, exchange.receive, exchange.send))
     # One future to wait on (no asyncio.wait): the response's first message, or the app's end.
     task.add_done_callback(exchange.app_ended)
-    kind, data = await exchange.first
+    try:
+        kind, data = await exchange.first
+    except asyncio.CancelledError:  # the client left before the response began: so does the app
+        exchange.finished.set()
+        task.cancel()
+        raise
     if kind == "ended":
         exchange.finished.set()
         exc = task.exception()

@@ -38,8 +38,9 @@ StreamedResponse`` per channel role (:class:`~kubeserve.runtime.replica.ingress.
 connection must pass the :mod:`~kubeserve.runtime.channel` handshake before a byte of it is parsed,
 and its role picks its handler for good: user traffic (``INGRESS``) or internal endpoints
 (``CONTROL``). Invariants: a connection runs at most one handler at a time; a response with
-``close=True`` ends its connection once written; a handle call (``/-/call/``) whose connection is
-lost while its handler waits in a task is cancelled (its caller left).
+``close=True`` ends its connection once written; a request on user traffic or a handle call
+(``/-/call/``) whose connection is lost while its handler waits in a task is cancelled (its caller
+left: an HTTP client that disconnected, a gRPC client's cancel, a cancelled handle call).
 """
 
 from __future__ import annotations
@@ -370,13 +371,15 @@ class _Connection(ServerConnection):
         if (
             task is not None
             and serving is not None
-            and not self.ingress
-            and serving.path.startswith(CALL_PREFIX)
+            and self.session is None
+            and (self.ingress or serving.path.startswith(CALL_PREFIX))
         ):
-            # A handle call's caller went away (a gRPC client's cancel or deadline, a cancelled
-            # DeploymentResponse: the proxy or handle closes the connection): nobody reads the
-            # answer, so the method's task is cancelled, as Ray cancels it. (A sync method's
-            # worker thread cannot be interrupted: it runs to its end.)
+            # The caller went away before the answer's end (an HTTP client that disconnected or
+            # timed out, a gRPC client's cancel or deadline, a cancelled DeploymentResponse: the
+            # proxy or handle closes the connection): nobody reads the answer, so the handler's
+            # task is cancelled, as Ray cancels it; a streamed body stops. (A sync method's
+            # worker thread cannot be interrupted: it runs to its end. A WebSocket's app gets
+            # ``websocket.disconnect`` instead.)
             task.cancel()
         super().connection_lost(exc)
 

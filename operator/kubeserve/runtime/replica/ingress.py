@@ -110,7 +110,7 @@ class Ingress:
         if refusal is not None:
             return refusal
         started = state.begin()
-        status = 500
+        status: int | str = 500
         streaming = False
         try:
             model_id = _enter_request(request, self._route)
@@ -123,6 +123,10 @@ class Ingress:
             if model_id:
                 state.tell_models(response)
             return response
+        except asyncio.CancelledError as exc:  # the client left (see ReplicaHttpServer)
+            status = "CANCELLED"  # Ray's access line, and its error count by exception type
+            state.metrics_recorder.error(self._route, exc)
+            raise
         finally:
             if not streaming:  # a stream is counted until its last chunk (see _stream)
                 state.finish(started, self._route, (request.method, self._route, status))

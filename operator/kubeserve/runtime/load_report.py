@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import uuid
+import os
 from urllib.parse import urlencode, urlsplit
 
 from kubeserve.runtime.discovery import Discovery, EndpointSource, signed_get
@@ -57,7 +57,7 @@ class LoadReporter:
         self._port = url.port or 80
         self._router = router
         self._secret = secret
-        self.source_id = source_id or uuid.uuid4().hex
+        self.source_id = source_id or os.urandom(16).hex()  # (no uuid: it imports platform)
         self._scope = scope
         self._interval_s = interval_s
         self._kick = asyncio.Event()

@@ -19,8 +19,8 @@ import httptools
 __all__ = [
     "CHUNKED_END",
     "HOP_OR_CHUNKED_NAME_LENGTHS",
-    "REQUEST_ID",
     "REASONS",
+    "REQUEST_ID",
     "HeaderKind",
     "chunk_prefix",
     "classify_header",

@@ -4,7 +4,8 @@ nothing heavy it does not use, on either data path: no schema models or pydantic
 backend, no Kubernetes client, no prometheus_client, gRPC, OpenTelemetry, websocket library or
 YAML, no replica code, and none of the standard modules a proxy does without: ``pickle`` and
 ``logging.handlers``, ``tempfile`` and ``shutil`` (with zlib, bz2, lzma), ``pathlib``, ``uuid``,
-``datetime``, ``http`` (its enum), the idna codec (see the memory tables in
+``datetime``, ``http`` (its enum), ``urllib.parse`` and ``ipaddress`` (until a path holds a
+``%``), the idna codec (see the memory tables in
 ``benchmarks/README.md``). No timing or size is measured.
 
 The proxy is the real one ``kubeserve start`` runs (``python -m kubeserve.runtime.proxy``); a
@@ -75,6 +76,8 @@ HEAVY = (
     "pathlib",
     "uuid",  # (with platform)
     "datetime",
+    "urllib.parse",  # (with ipaddress) imported by the first request path holding a "%"
+    "ipaddress",
     "encodings.idna",
 )
 

@@ -39,7 +39,6 @@ import json
 import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
-from urllib.parse import quote, unquote
 
 if TYPE_CHECKING:  # a replica never loads the control layer for this
     from kubeserve.control.effective_config import EffectiveDeployment
@@ -344,6 +343,8 @@ def parse_metrics(text: str) -> dict[str, float]:
 def encode_models(model_ids: Sequence[str]) -> str:
     """The :data:`MODELS_HEADER` value naming ``model_ids`` (the first :data:`MODELS_SHOWN`): each
     id's UTF-8 percent-encoded (so commas, spaces and any character survive), ASCII throughout."""
+    from urllib.parse import quote  # (only multiplexed deployments name models)
+
     return ",".join(
         quote(model_id, safe="", errors="surrogateescape") for model_id in model_ids[:MODELS_SHOWN]
     )
@@ -354,6 +355,8 @@ def decode_models(value: bytes) -> frozenset[str]:
     as the replica's user code saw them."""
     if not value:
         return frozenset()
+    from urllib.parse import unquote
+
     parts = value.decode("latin-1").split(",", MODELS_SHOWN)[:MODELS_SHOWN]
     return frozenset(unquote(part, errors="surrogateescape") for part in parts if part)
 

@@ -5,7 +5,7 @@ backend, no Kubernetes client, no prometheus_client, gRPC, OpenTelemetry, websoc
 YAML, no replica code, and none of the standard modules a proxy does without: ``pickle`` and
 ``logging.handlers``, ``tempfile`` and ``shutil`` (with zlib, bz2, lzma), ``pathlib``, ``uuid``,
 ``datetime``, ``http`` (its enum), ``urllib.parse`` and ``ipaddress`` (until a path holds a
-``%``), the idna codec (see the memory tables in
+``%``), the idna codec; behind the native data path, not uvloop either (see the memory tables in
 ``benchmarks/README.md``). No timing or size is measured.
 
 The proxy is the real one ``kubeserve start`` runs (``python -m kubeserve.runtime.proxy``); a
@@ -133,3 +133,5 @@ def test_a_proxy_loads_nothing_heavy_after_serving(
     assert "kubeserve.runtime.proxy.server" in modules  # the list is of a real proxy
     heavy = [m for m in modules if any(m == p or m.startswith(p + ".") for p in HEAVY)]
     assert not heavy, heavy
+    # behind the native data path the proxy runs on asyncio's own loop, uvloop only without it
+    assert ("uvloop" in modules) == (data_path == "python")

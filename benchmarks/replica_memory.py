@@ -68,17 +68,18 @@ GROUPS: list[tuple[str, list[str]]] = [
     ("the application (benchmarks.apps)", ["benchmarks.apps"]),
 ]
 
-#: The groups of the proxy's import breakdown, in the order the proxy command imports them.
+#: The groups of the proxy's import breakdown, in the order the proxy command imports them
+#: (uvloop last: only a proxy on the Python data path runs on it).
 PROXY_GROUPS: list[tuple[str, list[str]]] = [
     ("asyncio (with ssl, socket, concurrent.futures, inspect)", ["asyncio"]),
-    ("uvloop, httptools", ["uvloop", "httptools"]),
+    ("httptools", ["httptools"]),
     ("argparse, json, logging", ["argparse", "json", "logging"]),
     ("kubeserve.runtime.channel (hmac, hashlib, sealing, http1)", ["kubeserve.runtime.channel"]),
     ("kubeserve.runtime.logs (+ kubeserve.sdk.context)", ["kubeserve.runtime.logs"]),
     ("command line, limits, tracing (off)", [
         "kubeserve.runtime.command_line", "kubeserve.runtime.limits", "kubeserve.runtime.tracing",
     ]),
-    ("discovery (urllib.parse, ipaddress, wire)", ["kubeserve.runtime.discovery"]),
+    ("discovery, wire (no urllib.parse: see the README)", ["kubeserve.runtime.discovery"]),
     ("the native data path's supervisor (fastpath, tls)", ["kubeserve.runtime.fastpath"]),
     ("router, load reports, metrics", [
         "kubeserve.runtime.load_report", "kubeserve.runtime.metrics_listener",
@@ -88,6 +89,7 @@ PROXY_GROUPS: list[tuple[str, list[str]]] = [
         "kubeserve.runtime.tls_stream",
     ]),
     ("the rest of the proxy command (server, command)", ["kubeserve.runtime.proxy.command"]),
+    ("uvloop (the Python data path only)", ["uvloop"]),
 ]  # fmt: skip
 
 _STEPS = r"""

@@ -56,7 +56,8 @@ Parity with the Python proxy, which owns the policy (the native process only app
 
 Behind it the Python proxy runs on asyncio's own event loop, not uvloop: it supervises, follows
 discovery, takes the records and serves what is handed off, and uvloop (~2 MB of its resident
-memory) pays for itself only where the Python proxy serves every request (``--data-path python``).
+memory) pays for itself where the Python proxy serves every request (``--data-path python``);
+requests handed off cost it more CPU here (``benchmarks/README.md``).
 
 The private listener the connections are spliced to is a unix socket in a directory only the
 proxy's user may enter (``--fallback unix:PATH``): no other local process reaches the Python proxy

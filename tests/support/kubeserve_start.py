@@ -27,7 +27,8 @@ class Kubeserve:
 
     With ``token`` the admin API requires it (passed as ``KUBESERVE_AUTH_TOKEN``) and the helpers
     below send it; ``args`` are more ``kubeserve start`` arguments; ``code``: the checkout whose
-    ``operator/`` it runs (this one by default; a bench compares another's in the same run).
+    ``operator/`` it runs (this one by default; a bench compares another's in the same run);
+    ``python_path``: more folders importable in it and in its children (before the others).
     """
 
     def __init__(
@@ -37,8 +38,10 @@ class Kubeserve:
         token: str | None = None,
         args: tuple[str, ...] = (),
         code: Path = ROOT,
+        python_path: tuple[Path, ...] = (),
     ) -> None:
         self.state_dir = state_dir
+        self.python_path = python_path
         self.dashboard_port = free_port()
         self.proxy_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -65,7 +68,7 @@ class Kubeserve:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(ROOT / "tests" / "apps"), str(self.code / "operator")]
+            [*map(str, self.python_path), str(ROOT / "tests" / "apps"), str(self.code / "operator")]
         )
         env.pop("KUBESERVE_AUTH_TOKEN", None)
         if self.token:
@@ -260,9 +263,14 @@ def replica_port(pid: int) -> int:
 
 @contextlib.contextmanager
 def running_kubeserve(
-    state_dir: Path, *, token: str | None = None, args: tuple[str, ...] = (), code: Path = ROOT
+    state_dir: Path,
+    *,
+    token: str | None = None,
+    args: tuple[str, ...] = (),
+    code: Path = ROOT,
+    python_path: tuple[Path, ...] = (),
 ) -> Iterator[Kubeserve]:
-    server = Kubeserve(state_dir, token=token, args=args, code=code)
+    server = Kubeserve(state_dir, token=token, args=args, code=code, python_path=python_path)
     server.start()
     try:
         yield server

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import TypedDict
-from urllib.parse import unquote
 
 __all__ = [
     "Route",
@@ -71,7 +70,11 @@ def normalize_path(raw_path: str) -> str:
     decoded as latin-1 (bytes as sent); a path not starting with ``/`` (``*``, an authority) is
     only decoded.
     """
-    path = unquote(raw_path.encode("latin-1").decode("utf-8", "surrogateescape"))
+    path = raw_path.encode("latin-1").decode("utf-8", "surrogateescape")
+    if "%" in path:  # (urllib.parse, with ipaddress, is imported by the first path with one)
+        from urllib.parse import unquote
+
+        path = unquote(path)
     if not path.startswith("/"):
         return path
     if "//" not in path and "/." not in path:

@@ -54,6 +54,11 @@ Parity with the Python proxy, which owns the policy (the native process only app
   ``Connection: close`` on every answer, connections idle for a second closed, requests in
   flight finished.
 
+Behind it the Python proxy runs on asyncio's own event loop, not uvloop: it supervises, follows
+discovery, takes the records and serves what is handed off, and uvloop (~2 MB of its resident
+memory) pays for itself where the Python proxy serves every request (``--data-path python``);
+requests handed off cost it more CPU here (``benchmarks/README.md``).
+
 The private listener the connections are spliced to is a unix socket in a directory only the
 proxy's user may enter (``--fallback unix:PATH``): no other local process reaches the Python proxy
 behind the native process's back, so none skips what the client port checks (a client certificate
@@ -81,12 +86,11 @@ import json
 import logging
 import os
 import re
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kubeserve.runtime.channel import SECRET_ENV
+from kubeserve.runtime.private_dir import PrivateDir
 from kubeserve.runtime.tls import NativeTLS
 from kubeserve.runtime.wire import Snapshot
 
@@ -175,9 +179,12 @@ def find_binary() -> str | None:
     named = os.environ.get(BINARY_ENV)
     if named:
         return named
-    built = Path(__file__).resolve().parents[3] / "native" / "target" / "release" / _NAME
-    if built.is_file():
-        return str(built)
+    checkout = os.path.realpath(__file__)
+    for _ in range(4):  # runtime, kubeserve, operator, the checkout (os.path: no pathlib here)
+        checkout = os.path.dirname(checkout)
+    built = os.path.join(checkout, "native", "target", "release", _NAME)
+    if os.path.isfile(built):
+        return built
     import shutil  # here only: a proxy started with its binary named carries no shutil
 
     return shutil.which(_NAME)
@@ -216,7 +223,7 @@ class FastPath:
         self.fallback = fallback if isinstance(fallback, str) else f"127.0.0.1:{fallback}"
         self.binary = binary or find_binary()
         self.process: asyncio.subprocess.Process | None = None
-        self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._dir: PrivateDir | None = None
         self._control: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._lock = asyncio.Lock()
 
@@ -230,8 +237,7 @@ class FastPath:
             raise FastPathError(MISSING_BINARY)
         if not os.access(self.binary, os.X_OK):
             raise FastPathError(f"{_NAME} {self.binary!r} (${BINARY_ENV}) is no executable file")
-        self._dir = tempfile.TemporaryDirectory(prefix="kubeserve-fastpath-")
-        os.chmod(self._dir.name, 0o700)
+        self._dir = PrivateDir("kubeserve-fastpath-")
         control = os.path.join(self._dir.name, "control.sock")
         env = dict(os.environ)
         env[SECRET_ENV] = self.secret.decode()

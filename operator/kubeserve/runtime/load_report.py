@@ -24,10 +24,9 @@ import asyncio
 import contextlib
 import json
 import logging
-import uuid
-from urllib.parse import urlencode, urlsplit
+import os
 
-from kubeserve.runtime.discovery import Discovery, EndpointSource, signed_get
+from kubeserve.runtime.discovery import Discovery, EndpointSource, controller_address, signed_get
 from kubeserve.runtime.router import Router
 from kubeserve.runtime.tasks import cancel_and_wait
 from kubeserve.runtime.wire import LOAD_PATH
@@ -52,12 +51,10 @@ class LoadReporter:
         interval_s: float = DEFAULT_REPORT_INTERVAL_S,
         scope: str | None = None,
     ) -> None:
-        url = urlsplit(controller_url)
-        self._host = url.hostname or "127.0.0.1"
-        self._port = url.port or 80
+        self._host, self._port = controller_address(controller_url)
         self._router = router
         self._secret = secret
-        self.source_id = source_id or uuid.uuid4().hex
+        self.source_id = source_id or os.urandom(16).hex()  # (no uuid: it imports platform)
         self._scope = scope
         self._interval_s = interval_s
         self._kick = asyncio.Event()
@@ -95,6 +92,8 @@ class LoadReporter:
             reported_waiting = bool(queued)
 
     async def _send(self, queued: dict[str, int]) -> None:
+        from urllib.parse import urlencode  # at the first report: a proxy nothing waits in skips it
+
         fields = {"source": self.source_id, "queued": json.dumps(queued)}
         if self._scope is not None:
             fields["instance"] = self._scope

@@ -32,7 +32,6 @@ import contextlib
 import io
 import json
 import logging
-import logging.handlers
 import os
 import sys
 import time
@@ -344,23 +343,79 @@ def _text(raw: DroppingFile) -> io.TextIOWrapper:
     )
 
 
-class RotatingLog(logging.handlers.RotatingFileHandler):
+class RotatingLog(logging.StreamHandler):  # type: ignore[type-arg]
     """A size-rotated log file that never raises: its stream is a :class:`DroppingFile`, and a
-    rollover the disk refuses (a rename, the new file) leaves it writing where it can."""
+    rollover the disk refuses (a rename, the new file) leaves it writing where it can.
+
+    It rotates as ``logging.handlers.RotatingFileHandler`` does (``path.1`` ... ``path.N``, the
+    oldest removed; a record that would take the file to ``max_bytes`` starts a new one; a
+    ``path`` that is no regular file, such as ``/dev/null``, never rotates; 0: never), without
+    importing ``logging.handlers``: it imports ``pickle``, ``queue`` and ``socket``'s handlers,
+    ~0.5 MB of every proxy and replica that writes a log file.
+    """
 
     def __init__(self, path: str, max_bytes: int, backups: int) -> None:
-        super().__init__(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
+        self.baseFilename = os.path.abspath(path)
+        # (the names of ``RotatingFileHandler``'s: :meth:`AccessLog.flush` reads either)
+        self.maxBytes, self.backupCount = max_bytes, backups
+        super().__init__(self._open())
 
     def _open(self) -> io.TextIOWrapper:
         return _text(DroppingFile(self.baseFilename))
 
-    def doRollover(self) -> None:
+    def emit(self, record: logging.LogRecord) -> None:
         try:
-            super().doRollover()
+            if self.stream is None:  # closed, then written to (a record at exit)
+                self.stream = self._open()
+            if self._full(record):
+                self.doRollover()
+        except Exception:
+            self.handleError(record)
+            return
+        super().emit(record)
+
+    def _full(self, record: logging.LogRecord) -> bool:
+        if self.maxBytes <= 0:
+            return False
+        if os.path.exists(self.baseFilename) and not os.path.isfile(self.baseFilename):
+            return False
+        line = f"{self.format(record)}\n"
+        self.stream.seek(0, os.SEEK_END)
+        return bool(self.stream.tell() + len(line) >= self.maxBytes)
+
+    def doRollover(self) -> None:
+        """``path.N-1`` becomes ``path.N`` ... ``path`` becomes ``path.1``; a new ``path``."""
+        if self.stream is not None:
+            stream, self.stream = self.stream, None
+            stream.close()
+        try:
+            if self.backupCount > 0:
+                for i in range(self.backupCount - 1, 0, -1):
+                    older, newer = f"{self.baseFilename}.{i}", f"{self.baseFilename}.{i + 1}"
+                    if os.path.exists(older):
+                        if os.path.exists(newer):
+                            os.remove(newer)
+                        os.rename(older, newer)
+                first = f"{self.baseFilename}.1"
+                if os.path.exists(first):
+                    os.remove(first)
+                if os.path.exists(self.baseFilename):
+                    os.rename(self.baseFilename, first)
         except OSError as exc:
             record_dropped(self.baseFilename, exc, 0)
-        if self.stream is None:
-            self.stream = self._open()
+        self.stream = self._open()
+
+    def close(self) -> None:
+        with self.lock or contextlib.nullcontext():
+            try:
+                if self.stream is not None:
+                    try:
+                        self.flush()
+                    finally:
+                        stream, self.stream = self.stream, None
+                        stream.close()
+            finally:
+                super().close()
 
     def handleError(self, record: logging.LogRecord) -> None:
         """A record that could not be formatted or written: counted, never a traceback."""
@@ -590,19 +645,19 @@ class AccessLog:
         handler.acquire()
         try:
             out: Any = stream
-            if (
-                not isinstance(handler, logging.handlers.RotatingFileHandler)
-                or not handler.maxBytes
-            ):
+            # a RotatingLog, or logging.handlers' RotatingFileHandler (not imported for this)
+            limit = getattr(handler, "maxBytes", 0)
+            if not limit or not hasattr(handler, "doRollover"):
                 out.write("".join(lines))
             else:  # no file grows past maxBytes: roll over between lines, as records would
-                size, limit = out.tell(), handler.maxBytes
+                rotating: Any = handler
+                size = out.tell()
                 batch: list[str] = []
                 for line in lines:
                     if size and size + len(line) >= limit:
                         out.write("".join(batch))
-                        handler.doRollover()
-                        out = handler.stream
+                        rotating.doRollover()
+                        out = rotating.stream
                         size, batch = 0, []
                     batch.append(line)
                     size += len(line)

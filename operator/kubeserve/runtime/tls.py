@@ -27,16 +27,18 @@ once and checked (the key is the certificate's) each time the files load, for th
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import os
 import re
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubeserve.runtime.tasks import cancel_and_wait
+
+if TYPE_CHECKING:
+    import datetime
 
 __all__ = [
     "PASSWORD_ENV",
@@ -165,6 +167,8 @@ def valid_context(files: TLSFiles, now: datetime.datetime | None = None) -> ssl.
     """:func:`server_context`, once the certificate is valid now: an expired one would load and
     then fail every client's handshake."""
     context = server_context(files)
+    import datetime  # (as cryptography: not in a proxy without TLS)
+
     from cryptography import x509  # when files change or a config is checked, not at start-up
 
     with open(files.certfile, "rb") as file:

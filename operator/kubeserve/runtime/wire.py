@@ -36,11 +36,9 @@ a peer that has not proved the instance's secret: the handshake comes before the
 from __future__ import annotations
 
 import json
-import pickle
 import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
-from urllib.parse import quote, unquote
 
 if TYPE_CHECKING:  # a replica never loads the control layer for this
     from kubeserve.control.effective_config import EffectiveDeployment
@@ -345,6 +343,8 @@ def parse_metrics(text: str) -> dict[str, float]:
 def encode_models(model_ids: Sequence[str]) -> str:
     """The :data:`MODELS_HEADER` value naming ``model_ids`` (the first :data:`MODELS_SHOWN`): each
     id's UTF-8 percent-encoded (so commas, spaces and any character survive), ASCII throughout."""
+    from urllib.parse import quote  # (only multiplexed deployments name models)
+
     return ",".join(
         quote(model_id, safe="", errors="surrogateescape") for model_id in model_ids[:MODELS_SHOWN]
     )
@@ -355,6 +355,8 @@ def decode_models(value: bytes) -> frozenset[str]:
     as the replica's user code saw them."""
     if not value:
         return frozenset()
+    from urllib.parse import unquote
+
     parts = value.decode("latin-1").split(",", MODELS_SHOWN)[:MODELS_SHOWN]
     return frozenset(unquote(part, errors="surrogateescape") for part in parts if part)
 
@@ -363,6 +365,8 @@ def encode_call(
     args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any] | None = None
 ) -> bytes:
     """A call's arguments, and its options (``model_id``: the multiplexed model) when any."""
+    import pickle  # at the first call: a proxy, which pickles nothing, never imports it
+
     call = (args, kwargs, options) if options else (args, kwargs)
     return pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -375,6 +379,8 @@ def decode_call(body: bytes) -> tuple[tuple[Any, ...], dict[str, Any]]:
 def decode_call_with_options(
     body: bytes,
 ) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
+    import pickle
+
     call = pickle.loads(body)
     options = call[2] if len(call) > 2 else {}
     return tuple(call[0]), dict(call[1]), dict(options)
@@ -417,10 +423,14 @@ class FrameReader:
 
 
 def encode_result(value: Any) -> bytes:
+    import pickle
+
     return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def decode_result(body: bytes) -> Any:
+    import pickle
+
     return pickle.loads(body)
 
 
@@ -435,6 +445,8 @@ def encode_grpc_answer(context: Any, message: bytes) -> bytes:
     """``message`` (serialized), with ``context`` when the method changed it (else None)."""
     if context is None:
         return GRPC_MESSAGE + message
+    import pickle
+
     return GRPC_WITH_CONTEXT + pickle.dumps((context, message), protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -442,12 +454,16 @@ def decode_grpc_answer(body: bytes) -> tuple[Any, bytes]:
     """The (context or None, message) of :func:`encode_grpc_answer`."""
     if body[:1] == GRPC_MESSAGE:
         return None, body[1:]
+    import pickle
+
     context, message = pickle.loads(memoryview(body)[1:])
     return context, message
 
 
 def encode_error(exc: BaseException) -> bytes:
     """An exception raised by user code, shipped back to the caller of a handle."""
+    import pickle
+
     try:
         return pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # unpicklable exception: keep its type name and text

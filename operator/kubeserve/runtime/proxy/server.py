@@ -8,7 +8,6 @@ import logging
 import os
 import resource
 import socket
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from kubeserve.runtime.load_report import controller_links
 from kubeserve.runtime.logs import AccessLog
 from kubeserve.runtime.metrics import LATENCY_BUCKETS_MS
 from kubeserve.runtime.metrics_listener import start_metrics_listener
+from kubeserve.runtime.private_dir import PrivateDir
 from kubeserve.runtime.proxy.client import ClientConnection
 from kubeserve.runtime.proxy.state import ProxyState
 from kubeserve.runtime.tasks import cancel_and_wait
@@ -121,7 +121,7 @@ class ProxyServer:
         )
         self._server: asyncio.Server | None = None
         #: the directory of the private unix socket behind the native data path
-        self._private_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._private_dir: PrivateDir | None = None
         self.max_connections = self.state.limits.max_connections
         self.refused_connections = 0
         self._refusal_logged = -60.0
@@ -246,8 +246,7 @@ class ProxyServer:
         reach this proxy's HTTP or gRPC server behind the native process's back (and skip what
         the client port checks, a client certificate for one)."""
         if self._private_dir is None:
-            self._private_dir = tempfile.TemporaryDirectory(prefix="kubeserve-proxy-")
-            os.chmod(self._private_dir.name, 0o700)
+            self._private_dir = PrivateDir("kubeserve-proxy-")
         return self._private_dir.name
 
     def _apply(self, snapshot: Snapshot) -> None:

@@ -52,12 +52,11 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from http import HTTPStatus
 from typing import Any
 
 from kubeserve.control.routes import needs_normalizing, normalize_path
 from kubeserve.runtime.channel import Role, ServerChannel, peer_description
-from kubeserve.runtime.http1 import REQUEST_ID, http_date, is_websocket, new_request_id
+from kubeserve.runtime.http1 import REASONS, REQUEST_ID, http_date, is_websocket, new_request_id
 from kubeserve.runtime.http_connection import (
     RequestRefused,
     ServerConnection,
@@ -92,7 +91,7 @@ _CRLF = b"\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _CHUNKED_END = b"0\r\n\r\n"
 _DUPLEX = DUPLEX_PREFIX.encode()
-_REASONS = {s.value: s.phrase.encode("ascii") for s in HTTPStatus}
+_REASONS = REASONS
 #: Encoded header lines of responses, by (name, value): most responses repeat a few headers
 #: (the content type above all), formatted once each; at most this many are kept, short ones.
 _HEADER_LINES: dict[tuple[str, str], bytes] = {}

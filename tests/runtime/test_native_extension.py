@@ -181,3 +181,53 @@ def test_the_compiled_parse_leaves_limits_errors_and_partial_requests_to_httptoo
     assert parse(b"GET / HTTP/1.1\r\nContent-Length: 1x\r\n\r\n", 0, 100, 1000, 10) is None
     two = b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nab"
     assert parse(two, 0, 100, 1000, 10) is None  # ambiguous framing
+
+
+# -- the answer ----------------------------------------------------------------------------------
+
+ANSWERS = {
+    "/plain": HttpResponse(200, b"ok"),
+    "/headers": HttpResponse(201, b"", {"X-A": "1", "x-b": "caf\xe9"}, content_type="a/b"),
+    "/own-id": HttpResponse(404, b"no", {"x-request-id": "mine"}),
+    "/odd-status": HttpResponse(599, b"?"),
+    "/bytearray": HttpResponse(200, bytearray(b"ba")),  # type: ignore[arg-type]
+    "/close": HttpResponse(503, b"busy", close=True),  # the last: the connection ends with it
+}
+
+
+async def _answers(*, compiled: bool) -> bytes:
+    """What a client reads for ``ANSWERS`` requested in turn, without the Date lines."""
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return ANSWERS[request.path]
+
+    saved = replica_http._answer
+    replica_http._answer = saved if compiled else None
+    server = await asyncio.get_running_loop().create_server(
+        ReplicaHttpServer(handler), "127.0.0.1", 0
+    )
+    try:
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"".join(
+                b"GET %s HTTP/1.1\r\nX-Request-Id: r%d\r\n\r\n" % (path.encode(), i)
+                for i, path in enumerate(ANSWERS)
+            )
+        )
+        data = await reader.read()  # "/close" closes after its answer
+        writer.close()
+    finally:
+        replica_http._answer = saved
+        server.close()
+    return b"".join(line for line in data.splitlines(True) if not line.startswith(b"Date: "))
+
+
+def test_the_compiled_answer_is_the_python_one_byte_for_byte() -> None:
+    async def go() -> None:
+        compiled, plain = await _answers(compiled=True), await _answers(compiled=False)
+        assert compiled == plain
+        assert compiled.count(b"HTTP/1.1 ") == len(ANSWERS)
+        assert b"x-b: caf\xe9\r\n" in compiled and b"x-request-id: mine\r\n" in compiled
+
+    run(go(), uvloop=True)

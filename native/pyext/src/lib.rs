@@ -1,5 +1,5 @@
-//! `kubeserve._native`: the replica's sealed channel (`kubeserve/runtime/sealing.py`) and its
-//! request parse (`request.rs`) in compiled code. The frames and their MACs are the proxy's own code (`native/src/sealing.rs`, included
+//! `kubeserve._native`: the replica's sealed channel (`kubeserve/runtime/sealing.py`) , its
+//! request parse (`request.rs`) and its answers' heads (`answer.rs`) in compiled code. The frames and their MACs are the proxy's own code (`native/src/sealing.rs`, included
 //! here as a module), so both ends of a channel run one implementation of the wire format.
 //!
 //! `Sealer.seal` and `Opener.feed` are the Python classes' methods, one call each: a write is one
@@ -12,6 +12,7 @@ use pyo3::exceptions::PyConnectionError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
+mod answer;
 mod request;
 
 #[allow(dead_code)] // `same` and `trim` serve the proxy only
@@ -146,6 +147,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Sealer>()?;
     m.add_class::<Opener>()?;
     m.add_function(wrap_pyfunction!(request::parse_request, m)?)?;
+    m.add_function(wrap_pyfunction!(answer::answer, m)?)?;
     m.add("FrameError", m.py().get_type::<FrameError>())?;
     m.add("MAX_FRAME", sealing::MAX_FRAME)?;
     m.add("TAG_SIZE", sealing::TAG_SIZE)?;

@@ -89,6 +89,8 @@ log = logging.getLogger(__name__)
 #: ``kubeserve._native.parse_request`` (see :meth:`_Connection._parse_whole`), or None: every
 #: request through httptools' callbacks
 _parse_request = NATIVE.parse_request if NATIVE is not None else None
+#: ``kubeserve._native.answer`` (see :meth:`_Connection._write_head`), or None
+_answer = NATIVE.answer if NATIVE is not None else None
 
 #: Requests parsed ahead of the one being served before the connection stops reading.
 _PIPELINE_LIMIT = 16
@@ -623,6 +625,19 @@ class _Connection(ServerConnection):
         """The status line and headers (and ``body``, when given) in one ``writelines``."""
         if self.closed:
             return
+        if _answer is not None:
+            whole = _answer(
+                status,
+                _REASONS.get(status, b"Unknown"),
+                self.server.date.line(),
+                request_id,
+                headers,
+                body,
+                keep_alive,
+            )
+            if whole is not None:
+                self.transport.write(whole)
+                return
         out = [
             b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown")),
             self.server.date.line(),

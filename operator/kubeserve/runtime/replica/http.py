@@ -13,6 +13,10 @@ The tricks, each marked where it is used:
   (:meth:`~kubeserve.runtime.thread_hop.ThreadHop.then`).
 * **Write coalescing**: status line, headers and body go out in one ``writelines`` (one syscall).
 * **Cached Date header**, re-formatted once per second instead of per response.
+* **Compiled parse and answer** where ``kubeserve._native`` is built
+  (:mod:`~kubeserve.runtime.native_module`): a whole common request is parsed in one call
+  (:meth:`_Connection._parse_whole`; anything else, limits and errors included, goes through
+  httptools' callbacks) and a complete answer is formatted in one.
 * **Lazy connection timer**: one timer per connection that re-arms itself, instead of a timer
   per request; it enforces the keep-alive timeout and the head and body timeouts of
   :class:`~kubeserve.runtime.limits.RequestLimits`, measured from the reads that left a request

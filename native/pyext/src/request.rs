@@ -93,11 +93,7 @@ pub fn parse_request<'py>(
             return Ok(None);
         };
         match name.len() {
-            12 if eq_lower(name, "x-request-id") => {
-                if request_id.is_empty() {
-                    request_id = value;
-                }
-            }
+            12 if request_id.is_empty() && eq_lower(name, "x-request-id") => request_id = value,
             14 if eq_lower(name, "content-length") => {
                 if content_length.is_some()
                     || value.is_empty()

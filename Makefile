@@ -33,7 +33,8 @@ $(NATIVE): native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 $(NATIVE_EXT): native/pyext/Cargo.toml native/pyext/Cargo.lock $(wildcard native/pyext/src/*.rs) \
 		native/src/sealing.rs
 	cargo build --release --locked --manifest-path native/pyext/Cargo.toml
-	cp native/pyext/target/release/lib_native.so $@
+	@# a new file, not rewritten in place: running replicas have the old one mapped
+	cp native/pyext/target/release/lib_native.so $@.new && mv $@.new $@
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

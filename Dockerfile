@@ -13,10 +13,14 @@ ARG BASE_IMAGE=python:3.11-slim
 # base's Debian release (bookworm: glibc 2.36). A build that cannot pull one (the test node's)
 # gives FASTPATH_PREBUILT instead: the context path of a binary built for that glibc or older
 # (`make native` on bookworm), and NATIVE_IMAGE=its base image; nothing is compiled then.
+# The replica's compiled extension `kubeserve._native` (native/pyext, CPython's stable ABI >= 3.11)
+# is built beside it (NATIVE_EXT_PREBUILT: the context path of one built by `make native`) and
+# installed into the kubeserve package, so every replica pod seals its channel with it.
 ARG NATIVE_IMAGE=rust:1-slim-bookworm
 
 FROM ${NATIVE_IMAGE} AS native
 ARG FASTPATH_PREBUILT=
+ARG NATIVE_EXT_PREBUILT=
 WORKDIR /src
 COPY native ./native
 RUN set -eux; \
@@ -26,6 +30,13 @@ RUN set -eux; \
         rm -rf native/target; \
         cargo build --release --locked --manifest-path native/Cargo.toml; \
         install -D -m 0755 native/target/release/kubeserve-fastpath /out/kubeserve-fastpath; \
+    fi; \
+    if [ -n "${NATIVE_EXT_PREBUILT}" ]; then \
+        install -D -m 0644 "${NATIVE_EXT_PREBUILT}" /out/_native.abi3.so; \
+    else \
+        rm -rf native/pyext/target; \
+        cargo build --release --locked --manifest-path native/pyext/Cargo.toml; \
+        install -D -m 0644 native/pyext/target/release/lib_native.so /out/_native.abi3.so; \
     fi
 
 FROM ${BASE_IMAGE} AS build
@@ -44,9 +55,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     KUBESERVE_FASTPATH_BINARY=/usr/local/bin/kubeserve-fastpath
 COPY --from=build /wheels /wheels
 COPY --from=native /out/kubeserve-fastpath /usr/local/bin/kubeserve-fastpath
+COPY --from=native /out/_native.abi3.so /wheels/_native.abi3.so
 RUN set -eux; \
     wheel="$(ls /wheels/kubeserve-*.whl)"; \
     pip install "${wheel}[kubernetes,tracing]"; \
+    install -m 0644 /wheels/_native.abi3.so \
+        "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kubeserve/"; \
+    python3 -c 'import kubeserve._native'; \
     rm -rf /wheels; \
     # links against this image's C library (a binary built for a newer glibc stops here)
     if ldd /usr/local/bin/kubeserve-fastpath 2>&1 | grep 'not found'; then exit 1; fi; \

@@ -17,8 +17,11 @@ venv: $(BIN)/.installed
 ## The native data path (native/, Rust), the proxies' default: `kubeserve-fastpath`, release
 ## build. Cargo fetches its crates from crates.io on the first build (cached in ~/.cargo).
 NATIVE     := native/target/release/kubeserve-fastpath
+## and `kubeserve._native` (native/pyext, a pyo3 extension module for CPython >= 3.11's stable
+## ABI): the replica's sealed frames in the proxy's Rust; without it replicas run the Python ones.
+NATIVE_EXT := operator/kubeserve/_native.abi3.so
 .PHONY: native native-if-cargo
-native: $(NATIVE)
+native: $(NATIVE) $(NATIVE_EXT)
 ## The same where cargo is installed; without it, `kubeserve start` serves on the Python data path
 ## (its log says so and how to get the native one).
 native-if-cargo:
@@ -27,6 +30,11 @@ native-if-cargo:
 $(NATIVE): native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	cargo build --release --locked --manifest-path native/Cargo.toml
 	cargo test --release --locked --manifest-path native/Cargo.toml
+$(NATIVE_EXT): native/pyext/Cargo.toml native/pyext/Cargo.lock $(wildcard native/pyext/src/*.rs) \
+		native/src/sealing.rs
+	cargo build --release --locked --manifest-path native/pyext/Cargo.toml
+	@# a new file, not rewritten in place: running replicas have the old one mapped
+	cp native/pyext/target/release/lib_native.so $@.new && mv $@.new $@
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -24,6 +24,7 @@ mod grpc;
 mod http;
 mod memory;
 mod routing;
+mod sealing;
 mod serve;
 mod tls;
 

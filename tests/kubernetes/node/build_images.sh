@@ -40,6 +40,8 @@ WRK=kubeserve.local/wrk:bookworm
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 # the native data path's binary, relative to REPO (`make native`)
 FASTPATH=native/target/release/kubeserve-fastpath
+# the replica's compiled extension, kubeserve._native (`make native` too)
+NATIVE_EXT=native/pyext/target/release/lib_native.so
 
 mkdir -p "$CACHE/buildah/run"
 buildah() {
@@ -87,23 +89,27 @@ image_key() {
 	{
 		echo "$base_id"
 		cat Dockerfile .dockerignore
-		find pyproject.toml README.md operator examples native -path native/target -prune -o -type f \
+		find pyproject.toml README.md operator examples native -path native/target -prune \
+			-o -path native/pyext/target -prune -o -name '_native.abi3.so' -o -type f \
 			! -path '*/__pycache__/*' ! -name '*.pyc' ! -path '*.egg-info/*' -print |
 			LC_ALL=C sort | xargs sha256sum
-		sha256sum "$FASTPATH"
+		sha256sum "$FASTPATH" "$NATIVE_EXT"
 	} | sha256sum | cut -c1-16
 }
 
 build_kubeserve() {
-	if [ ! -x "$REPO/$FASTPATH" ]; then
-		echo "build_images.sh: no $REPO/$FASTPATH: run \`make native\` first" >&2
-		exit 1
-	fi
+	for built in "$FASTPATH" "$NATIVE_EXT"; do
+		if [ ! -f "$REPO/$built" ]; then
+			echo "build_images.sh: no $REPO/$built: run \`make native\` first" >&2
+			exit 1
+		fi
+	done
 	key=$(image_key)
 	archive=$CACHE/kubeserve-$key.tar
 	if [ ! -f "$archive" ]; then
 		buildah bud --quiet --pull=never --layers=false --build-arg "BASE_IMAGE=$BASE" \
 			--build-arg "NATIVE_IMAGE=$BASE" --build-arg "FASTPATH_PREBUILT=$FASTPATH" \
+			--build-arg "NATIVE_EXT_PREBUILT=$NATIVE_EXT" \
 			--volume "$CA_BUNDLE:$CA_BUNDLE:ro" -t "$IMAGE" "$REPO"
 		rm -f "$archive.new"
 		buildah push --quiet "$IMAGE" "docker-archive:$archive.new:$IMAGE"

@@ -13,6 +13,10 @@ The tricks, each marked where it is used:
   (:meth:`~kubeserve.runtime.thread_hop.ThreadHop.then`).
 * **Write coalescing**: status line, headers and body go out in one ``writelines`` (one syscall).
 * **Cached Date header**, re-formatted once per second instead of per response.
+* **Compiled parse and answer** where ``kubeserve._native`` is built
+  (:mod:`~kubeserve.runtime.native_module`): a whole common request is parsed in one call
+  (:meth:`_Connection._parse_whole`; anything else, limits and errors included, goes through
+  httptools' callbacks) and a complete answer is formatted in one.
 * **Lazy connection timer**: one timer per connection that re-arms itself, instead of a timer
   per request; it enforces the keep-alive timeout and the head and body timeouts of
   :class:`~kubeserve.runtime.limits.RequestLimits`, measured from the reads that left a request
@@ -64,6 +68,7 @@ from kubeserve.runtime.http_connection import (
     head_too_large,
 )
 from kubeserve.runtime.limits import RequestLimits
+from kubeserve.runtime.native_module import NATIVE
 from kubeserve.runtime.replica.inflow import Inflow
 from kubeserve.runtime.thread_hop import current_hop
 from kubeserve.runtime.websocket import (
@@ -84,6 +89,12 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: ``kubeserve._native.parse_request`` (see :meth:`_Connection._parse_whole`), or None: every
+#: request through httptools' callbacks
+_parse_request = NATIVE.parse_request if NATIVE is not None else None
+#: ``kubeserve._native.answer`` (see :meth:`_Connection._write_head`), or None
+_answer = NATIVE.answer if NATIVE is not None else None
 
 #: Requests parsed ahead of the one being served before the connection stops reading.
 _PIPELINE_LIMIT = 16
@@ -358,9 +369,47 @@ class _Connection(ServerConnection):
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if _parse_request is not None and not self.in_message:
+            data = self._parse_whole(data)
+            if not data:
+                return
         # The read ended inside a request: note it for the timeouts, bound what its head buffers.
         if self.feed(data) and self.in_message and not self.closed:
             self.note_partial(self.head_done)
+
+    def _parse_whole(self, data: bytes) -> bytes:
+        """Compiled parse: the whole common requests at the start of ``data`` (between
+        requests only: httptools holds no partial request), each in one call to
+        ``kubeserve._native.parse_request``; returns what is left for httptools (whatever
+        that parse leaves to it, errors and limits included: see ``native/pyext``)."""
+        limits = self.limits
+        max_body = limits.max_body_bytes
+        size = self.read_size = len(data)
+        start = 0
+        while not self.closed:
+            parsed = _parse_request(  # type: ignore[misc]
+                data,
+                start,
+                limits.max_url_bytes,
+                limits.max_header_bytes,
+                -1 if max_body is None else max_body,
+            )
+            if parsed is None:
+                break
+            method, path, query, headers, body, request_id, keep_alive, end = parsed
+            if not self.ingress and path.startswith(DUPLEX_PREFIX):
+                break  # a duplex call is served as its body arrives: httptools' callbacks
+            if not request_id and self.ingress:
+                request_id = new_request_id().decode("ascii")
+            start = end
+            self._queue(
+                HttpRequest(method, path, query, headers, body, keep_alive, False, request_id)
+            )
+            if start == size:
+                return b""
+        if self.closed:
+            return b""
+        return data[start:] if start else data
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.queue.clear()
@@ -481,6 +530,10 @@ class _Connection(ServerConnection):
             if parser.should_upgrade():  # httptools stops after this request: see upgraded()
                 self.upgrading = (request, upgrade)
                 return
+        self._queue(request)
+
+    def _queue(self, request: HttpRequest) -> None:
+        """A whole request was parsed: serve it now, or after those before it."""
         self.queue.append(request)
         if self.serving is None:
             self._next()
@@ -578,6 +631,19 @@ class _Connection(ServerConnection):
         """The status line and headers (and ``body``, when given) in one ``writelines``."""
         if self.closed:
             return
+        if _answer is not None:
+            whole = _answer(
+                status,
+                _REASONS.get(status, b"Unknown"),
+                self.server.date.line(),
+                request_id,
+                headers,
+                body,
+                keep_alive,
+            )
+            if whole is not None:
+                self.transport.write(whole)
+                return
         out = [
             b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown")),
             self.server.date.line(),

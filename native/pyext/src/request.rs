@@ -1,0 +1,146 @@
+//! The replica's HTTP/1.1 request parse (`kubeserve/runtime/replica/http.py`), in one call per
+//! request: the common request (HTTP/1.1, whole in the bytes read, `Content-Length` or no body,
+//! a path that is its own normal form, UTF-8 text) comes back as the values `HttpRequest` is
+//! made of. Anything else (a partial request, a chunked body, `Expect`, `Upgrade`, CONNECT,
+//! HTTP/1.0, a target, head or body over the limits, a malformed request, bytes that are not
+//! UTF-8) is left to the Python parser (httptools), which answers it as it always did: this
+//! parse never refuses anything itself, so every error and limit stays where it was.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+
+/// Headers a request may have for this parse (more: httptools parses it).
+const MAX_HEADERS: usize = 64;
+
+/// `routes.needs_normalizing`: a path that holds `%`, `/.` or `//` is normalised by Python.
+fn needs_normalizing(path: &[u8]) -> bool {
+    path.contains(&b'%') || path.windows(2).any(|w| w == b"/." || w == b"//")
+}
+
+fn eq_lower(name: &str, lower: &str) -> bool {
+    name.len() == lower.len() && name.eq_ignore_ascii_case(lower)
+}
+
+/// Whether a `Connection` value names `token` (case-insensitively, comma-separated).
+fn names(value: &[u8], token: &str) -> bool {
+    value.split(|&c| c == b',').any(|part| {
+        std::str::from_utf8(part)
+            .map(|p| p.trim().eq_ignore_ascii_case(token))
+            .unwrap_or(false)
+    })
+}
+
+/// The request at `data[start..]`, or None when httptools must parse it (see the module):
+/// `(method, path, query, headers, body, request_id, keep_alive, end)`, `headers` a list of
+/// `(name, value)` as sent, `request_id` the first non-empty `X-Request-Id` ("" for none),
+/// `end` where the request ends in `data`. `max_body` < 0: no body limit.
+#[pyfunction]
+#[pyo3(signature = (data, start, max_url, max_head, max_body))]
+pub fn parse_request<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyBytes>,
+    start: usize,
+    max_url: usize,
+    max_head: usize,
+    max_body: i64,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let all = data.as_bytes();
+    if start >= all.len() {
+        return Ok(None);
+    }
+    let buf = &all[start..];
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut slots);
+    let head_len = match request.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        _ => return Ok(None), // partial, malformed, too many headers
+    };
+    if head_len > max_head || head_len < 4 || &buf[head_len - 4..head_len] != b"\r\n\r\n" {
+        return Ok(None);
+    }
+    let (Some(method), Some(target), Some(1)) = (request.method, request.path, request.version)
+    else {
+        return Ok(None);
+    };
+    // (a target that is not ASCII: httptools, which keeps undecodable bytes as surrogates)
+    if method == "CONNECT"
+        || target.len() > max_url
+        || !target.starts_with('/')
+        || !target.is_ascii()
+    {
+        return Ok(None);
+    }
+    let (path, query) = match target.find('?') {
+        Some(q) => (&target[..q], &target[q + 1..]),
+        None => (target, ""),
+    };
+    if needs_normalizing(path.as_bytes()) {
+        return Ok(None);
+    }
+    let mut content_length: Option<usize> = None;
+    let mut keep_alive = true;
+    let mut request_id = "";
+    let list = PyList::empty(py);
+    for header in request.headers.iter() {
+        let name = header.name;
+        // httparse drops a value's trailing spaces and tabs, httptools keeps them: such a
+        // (rare) header goes to httptools
+        let value_end = header.value.as_ptr() as usize - buf.as_ptr() as usize + header.value.len();
+        if buf.get(value_end) != Some(&b'\r') {
+            return Ok(None);
+        }
+        let Ok(value) = std::str::from_utf8(header.value) else {
+            return Ok(None);
+        };
+        match name.len() {
+            12 if request_id.is_empty() && eq_lower(name, "x-request-id") => request_id = value,
+            14 if eq_lower(name, "content-length") => {
+                if content_length.is_some()
+                    || value.is_empty()
+                    || !value.bytes().all(|c| c.is_ascii_digit())
+                    || value.len() > 18
+                {
+                    return Ok(None);
+                }
+                content_length = Some(value.parse().expect("digits"));
+            }
+            10 if eq_lower(name, "connection") => {
+                if names(value.as_bytes(), "upgrade") {
+                    return Ok(None);
+                }
+                if names(value.as_bytes(), "close") {
+                    keep_alive = false;
+                }
+            }
+            17 if eq_lower(name, "transfer-encoding") => return Ok(None),
+            6 if eq_lower(name, "expect") => return Ok(None),
+            7 if eq_lower(name, "upgrade") => return Ok(None),
+            _ => {}
+        }
+        list.append((PyString::new(py, name), PyString::new(py, value)))?;
+    }
+    let length = content_length.unwrap_or(0);
+    if max_body >= 0 && length as u64 > max_body as u64 {
+        return Ok(None);
+    }
+    if buf.len() - head_len < length {
+        return Ok(None); // the body is still arriving
+    }
+    let body = PyBytes::new(py, &buf[head_len..head_len + length]);
+    let end = start + head_len + length;
+    Ok(Some(PyTuple::new(
+        py,
+        [
+            PyString::new(py, method).into_any(),
+            PyString::new(py, path).into_any(),
+            PyString::new(py, query).into_any(),
+            list.into_any(),
+            body.into_any(),
+            PyString::new(py, request_id).into_any(),
+            pyo3::types::PyBool::new(py, keep_alive)
+                .to_owned()
+                .into_any(),
+            end.into_pyobject(py)?.into_any(),
+        ],
+    )?))
+}

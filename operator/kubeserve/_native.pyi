@@ -1,0 +1,19 @@
+# The compiled extension of native/pyext (see kubeserve.runtime.native_module): its typing.
+from collections.abc import Iterable
+
+from typing_extensions import Buffer
+
+MAX_FRAME: int
+TAG_SIZE: int
+SMALL_FRAME: int
+
+class FrameError(ConnectionError): ...
+
+class Sealer:
+    def __init__(self, key: bytes) -> None: ...
+    def seal(self, payload: Buffer) -> bytes: ...
+    def seal_parts(self, parts: Iterable[Buffer]) -> bytes: ...
+
+class Opener:
+    def __init__(self, key: bytes) -> None: ...
+    def feed(self, data: bytes) -> bytes: ...

@@ -1,0 +1,233 @@
+"""``kubeserve._native`` (native/pyext) against the Python code it replaces, in both directions.
+
+The extension is optional (``kubeserve.runtime.native_module``): these tests compare it with the
+pure Python path where it is built, and are skipped where it is not. The rest of the runtime's
+tests run on whichever path is active; ``KUBESERVE_PURE_PYTHON=1`` runs them on the Python one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from kubeserve.runtime import sealing
+from kubeserve.runtime.native_module import NATIVE
+from kubeserve.runtime.replica import http as replica_http
+from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, ReplicaHttpServer
+from support.common import run
+
+pytestmark = pytest.mark.skipif(NATIVE is None, reason="kubeserve._native is not built")
+
+KEY = b"k" * 32
+PAYLOADS = [b"GET / HTTP/1.1\r\n\r\n", b"x" * 1024, b"y" * 1025, os.urandom(70_000), b"end"]
+
+
+def test_frames_sealed_by_either_side_open_in_the_other_across_any_split() -> None:
+    assert NATIVE is not None
+    for seal_with, open_with in (
+        (NATIVE.Sealer, sealing.PyOpener),
+        (sealing.PySealer, NATIVE.Opener),
+    ):
+        sealer = seal_with(KEY)
+        stream = b"".join(sealer.seal(p) for p in PAYLOADS)
+        for step in (1, 5, 4096, len(stream)):
+            opener = open_with(KEY)
+            got = b"".join(opener.feed(stream[i : i + step]) for i in range(0, len(stream), step))
+            assert got == b"".join(PAYLOADS)
+
+
+def test_both_sealers_write_the_same_frames_whole_in_parts_and_past_the_frame_limit() -> None:
+    assert NATIVE is not None
+    ours, theirs = NATIVE.Sealer(KEY), sealing.PySealer(KEY)
+    big = os.urandom(sealing.MAX_FRAME * 2 + 10)
+    for payload in (*PAYLOADS, big, bytearray(b"ba"), memoryview(b"mv")):
+        assert ours.seal(payload) == theirs.seal(payload)
+    parts = [b"HTTP/1.1 200 OK\r\n", bytearray(b"a: b\r\n"), b"\r\n", memoryview(b"body")]
+    assert ours.seal_parts(parts) == theirs.seal_parts(parts)
+    assert ours.seal_parts(iter(parts)) == theirs.seal_parts(parts)
+    assert ours.seal(b"") == theirs.seal(b"") == b""
+
+
+@pytest.mark.parametrize("attack", ["flipped tag", "flipped payload", "reordered", "replayed"])
+def test_the_extension_refuses_a_tampered_or_reordered_frame_sealed_by_python(attack: str) -> None:
+    assert NATIVE is not None
+    sealer = sealing.PySealer(KEY)
+    one, two, three = (sealer.seal(p) for p in (b"first", b"second", b"third"))
+    opener = NATIVE.Opener(KEY)
+    assert opener.feed(one) == b"first"
+    bad = {
+        "flipped tag": two[:-1] + bytes([two[-1] ^ 1]),
+        "flipped payload": two[:5] + bytes([two[5] ^ 1]) + two[6:],
+        "reordered": three + two,
+        "replayed": one,
+    }[attack]
+    with pytest.raises(sealing.FrameError, match="MAC"):
+        opener.feed(bad)
+    assert sealing.FrameError is NATIVE.FrameError
+    assert issubclass(NATIVE.FrameError, ConnectionError)
+
+
+def test_the_extension_refuses_an_oversized_frame_before_buffering_it() -> None:
+    assert NATIVE is not None
+    with pytest.raises(NATIVE.FrameError, match="limit"):
+        NATIVE.Opener(KEY).feed((sealing.MAX_FRAME + 1).to_bytes(4, "big") + b"x" * 100)
+
+
+# -- the request parse ---------------------------------------------------------------------------
+
+REQUESTS = [
+    b"GET / HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"GET /a/b?x=1&y=%20 HTTP/1.1\r\nHost: a\r\nX-Request-Id: abc\r\nX-Request-Id: def\r\n\r\n",
+    b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Type: text/x\r\n\r\nhello",
+    b"GET /v HTTP/1.1\r\nHost: a\r\nX-Thing:  padded \t\r\nx-request-id: \r\n\r\n",
+    b"GET /u HTTP/1.1\r\nHost: a\r\nX-Name: caf\xc3\xa9\r\n\r\n",
+    b"GET /u HTTP/1.1\r\nHost: a\r\nX-Bad: caf\xe9\r\n\r\n",
+    b"GET /a%2Fb/../c HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"GET //x/./y HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\n\r\n",
+    b"GET /close HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    b"GET /old HTTP/1.0\r\nHost: a\r\n\r\n",
+    b"POST /chunked HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+]
+
+
+async def _served(raw: bytes, *, compiled: bool, expected: int) -> list[HttpRequest]:
+    """The requests a replica server's handler saw for ``raw`` (sent in one write)."""
+    seen: list[HttpRequest] = []
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        seen.append(request)
+        return HttpResponse(200, b"ok")
+
+    saved = replica_http._parse_request
+    replica_http._parse_request = saved if compiled else None
+    server = await asyncio.get_running_loop().create_server(
+        ReplicaHttpServer(handler), "127.0.0.1", 0
+    )
+    try:
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(raw)
+        while len(seen) < expected and await reader.read(65536):
+            pass
+        writer.close()
+    finally:
+        replica_http._parse_request = saved
+        server.close()
+    return seen
+
+
+def _fields(request: HttpRequest) -> tuple[object, ...]:
+    return (
+        request.method,
+        request.path,
+        request.query_string,
+        request.headers,
+        request.body,
+        request.keep_alive,
+        request.http10,
+        request.request_id if request.request_id in ("abc", "def") else bool(request.request_id),
+    )
+
+
+def test_the_compiled_parse_gives_user_code_what_httptools_gives() -> None:
+    """Pipelined in one read and each alone, the requests it covers and those it leaves to
+    httptools (chunked, HTTP/1.0, paths to normalise, bytes that are not UTF-8, trailing blanks,
+    Connection headers) alike."""
+    kept = [r for r in REQUESTS if b"close" not in r and b"HTTP/1.0" not in r]
+    pipelined = b"".join(kept)
+
+    async def go() -> None:
+        compiled = await _served(pipelined, compiled=True, expected=len(kept))
+        plain = await _served(pipelined, compiled=False, expected=len(kept))
+        assert len(compiled) == len(kept)
+        assert [_fields(r) for r in compiled] == [_fields(r) for r in plain]
+        for raw in REQUESTS:  # each alone, in its own read
+            alone = await _served(raw, compiled=True, expected=1)
+            assert len(alone) == 1
+            assert [_fields(r) for r in alone] == [
+                _fields(r) for r in await _served(raw, compiled=False, expected=1)
+            ]
+
+    run(go(), uvloop=True)
+
+
+def test_the_compiled_parse_leaves_limits_errors_and_partial_requests_to_httptools() -> None:
+    """It never refuses anything itself: a request over a limit, malformed or partial is
+    httptools' to answer (414, 431, 413, 400) or to wait for."""
+    assert NATIVE is not None and replica_http._parse_request is NATIVE.parse_request
+    parse = NATIVE.parse_request
+    post = b"POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello"
+    method, path, query, headers, body, rid, keep_alive, end = parse(post, 0, 100, 1000, 10)
+    assert (method, path, query, body, rid, keep_alive, end) == (
+        "POST",
+        "/p",
+        "",
+        b"hello",
+        "",
+        True,
+        len(post),
+    )
+    assert headers == [("Host", "a"), ("Content-Length", "5")]
+    assert parse(b"xx" + post, 2, 100, 1000, 10)[-1] == len(post) + 2  # from an offset
+    assert parse(post, 0, 100, 1000, -1) is not None  # no body limit
+    assert parse(post, 0, 1, 1000, 10) is None  # target over max_url_bytes: 414 by httptools
+    assert parse(post, 0, 100, 20, 10) is None  # head over max_header_bytes: 431
+    assert parse(post, 0, 100, 1000, 4) is None  # body over max_body_bytes: 413
+    assert parse(post[:-1], 0, 100, 1000, 10) is None  # body still arriving
+    assert parse(post[:20], 0, 100, 1000, 10) is None  # head still arriving
+    assert parse(b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n", 0, 100, 1000, 10) is None
+    assert parse(b"GET / HTTP/1.1\r\nContent-Length: 1x\r\n\r\n", 0, 100, 1000, 10) is None
+    two = b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nab"
+    assert parse(two, 0, 100, 1000, 10) is None  # ambiguous framing
+
+
+# -- the answer ----------------------------------------------------------------------------------
+
+ANSWERS = {
+    "/plain": HttpResponse(200, b"ok"),
+    "/headers": HttpResponse(201, b"", {"X-A": "1", "x-b": "caf\xe9"}, content_type="a/b"),
+    "/own-id": HttpResponse(404, b"no", {"x-request-id": "mine"}),
+    "/odd-status": HttpResponse(599, b"?"),
+    "/bytearray": HttpResponse(200, bytearray(b"ba")),  # type: ignore[arg-type]
+    "/close": HttpResponse(503, b"busy", close=True),  # the last: the connection ends with it
+}
+
+
+async def _answers(*, compiled: bool) -> bytes:
+    """What a client reads for ``ANSWERS`` requested in turn, without the Date lines."""
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return ANSWERS[request.path]
+
+    saved = replica_http._answer
+    replica_http._answer = saved if compiled else None
+    server = await asyncio.get_running_loop().create_server(
+        ReplicaHttpServer(handler), "127.0.0.1", 0
+    )
+    try:
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"".join(
+                b"GET %s HTTP/1.1\r\nX-Request-Id: r%d\r\n\r\n" % (path.encode(), i)
+                for i, path in enumerate(ANSWERS)
+            )
+        )
+        data = await reader.read()  # "/close" closes after its answer
+        writer.close()
+    finally:
+        replica_http._answer = saved
+        server.close()
+    return b"".join(line for line in data.splitlines(True) if not line.startswith(b"Date: "))
+
+
+def test_the_compiled_answer_is_the_python_one_byte_for_byte() -> None:
+    async def go() -> None:
+        compiled, plain = await _answers(compiled=True), await _answers(compiled=False)
+        assert compiled == plain
+        assert compiled.count(b"HTTP/1.1 ") == len(ANSWERS)
+        assert b"x-b: caf\xe9\r\n" in compiled and b"x-request-id: mine\r\n" in compiled
+
+    run(go(), uvloop=True)

@@ -511,7 +511,7 @@ async def _leave_other_builds(cluster: Cluster, app: render.AppView, name: str) 
             other = obj["metadata"]["name"]
             if other == name:
                 continue
-            await cluster.drop_owner(kind, obj, app.uid)
+            await cluster.drop_owner(kind, obj, app.uid, key)
             meta = obj["metadata"]
             shared = not (meta.get("labels") or {}).get(contract.APPLICATION_LABEL)
             orphan = shared and not meta.get("ownerReferences")

@@ -50,6 +50,15 @@ class _Join:
 
 
 @dataclass
+class _Leave:
+    """The owners leaving one shared object (each with the key of its custom resource, whose
+    next pass tries again if the patch fails), and the task patching them out."""
+
+    owners: dict[str, str] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass
 class Cluster:
     kube: Kube
     cache: ClusterCache
@@ -63,6 +72,8 @@ class Cluster:
     builds: dict[str, str] = field(default_factory=dict)
     #: the owners waiting to join each shared object, and its one patch in flight
     _joins: dict[str, _Join] = field(default_factory=dict)
+    #: the owners leaving each shared object, and its one patch in flight
+    _leaves: dict[str, _Leave] = field(default_factory=dict)
     #: shared objects this process created: their first owner's uid and when (monotonic)
     _created: dict[str, tuple[str, float]] = field(default_factory=dict)
     #: when this process made ``uid`` an owner of kind/namespace/name (monotonic): the passes
@@ -175,10 +186,21 @@ class Cluster:
         finally:
             join.sending = set()
             join.task = None
+            if self._joins.get(key) is join and not join.owners:
+                del self._joins[key]
 
-    async def drop_owner(self, kind: str, obj: Mapping[str, Any], uid: str) -> None:
+    async def drop_owner(
+        self, kind: str, obj: Mapping[str, Any], uid: str, retry_key: str = ""
+    ) -> None:
         """``uid`` no longer uses the shared ``obj``: remove it from the owners, or delete the
-        object when it was the last one (an object left without owners is never collected)."""
+        object when it was the last one (an object left without owners is never collected).
+
+        Returns at once when others own it too: a task of the object's own patches the leaving
+        owners out, one patch at a time carrying every owner that left meanwhile (a hundred
+        applications leaving a build a thousand use made a hundred concurrent patches of one
+        object, which the API server serialized at up to 34 s apiece, most of them 504). When
+        that patch fails, ``retry_key`` (the custom resource's ``Kind/namespace/name``) is
+        dropped from :attr:`builds`, so its next pass leaves again."""
         meta = obj["metadata"]
         owners = _owner_uids(obj)
         if uid not in owners:
@@ -190,9 +212,40 @@ class Cluster:
                     kind, meta["namespace"], meta["name"], resource_version=version
                 )
             return
-        patch = {"metadata": {"ownerReferences": [{"uid": uid, "$patch": "delete"}]}}
-        with contextlib.suppress(KubeNotFound):
-            await self.kube.strategic_patch(kind, meta["namespace"], meta["name"], patch)
+        key = f"{kind}/{meta['namespace']}/{meta['name']}"
+        leave = self._leaves.setdefault(key, _Leave())
+        leave.owners[uid] = retry_key
+        if leave.task is None:
+            leave.task = asyncio.ensure_future(
+                self._send_leaves(kind, meta["namespace"], meta["name"], leave)
+            )
+
+    async def _send_leaves(self, kind: str, namespace: str, name: str, leave: _Leave) -> None:
+        """Patch the leaving owners of one object out, a batch at a time, until none leave;
+        when the batch holds every owner the cache shows, delete the object at that version."""
+        key = f"{kind}/{namespace}/{name}"
+        try:
+            while leave.owners:
+                owners, leave.owners = leave.owners, {}
+                cached = self.cache.get(kind, namespace, name)
+                try:
+                    if cached is not None and set(_owner_uids(cached)) <= set(owners):
+                        version = str(cached["metadata"].get("resourceVersion") or "") or None
+                        await self.kube.delete(kind, namespace, name, resource_version=version)
+                    else:
+                        gone = [{"uid": uid, "$patch": "delete"} for uid in owners]
+                        patch = {"metadata": {"ownerReferences": gone}}
+                        await self.kube.strategic_patch(kind, namespace, name, patch)
+                except KubeNotFound:
+                    continue
+                except KubeError as exc:  # a conflict too: an owner joined meanwhile
+                    log.warning("could not remove %d owners of %s: %s", len(owners), key, exc)
+                    for retry_key in owners.values():
+                        self.builds.pop(retry_key, None)
+        finally:
+            leave.task = None
+            if self._leaves.get(key) is leave and not leave.owners:
+                del self._leaves[key]
 
     async def prune(
         self,

@@ -49,7 +49,7 @@ import report
 from support.common import http, wait_for
 from support.k8s_operator import KUBESERVE_IMAGE, OperatorProcess, application, install_crds
 from support.k8s_operator import instance as serve_instance
-from support.kwok_cluster import KwokCluster, start_kwok_cluster
+from support.kwok_cluster import OPERATOR_SERVICE_ACCOUNT, KwokCluster, start_kwok_cluster
 from support.kwok_pods import PodStandIns
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,27 +123,65 @@ def requests_per_app(plane: KwokCluster, since: int, apps: int) -> dict[str, flo
     }
 
 
-def apiserver_requests(plane: KwokCluster) -> Counter[str]:
-    """Every client's requests so far (``apiserver_request_total`` of the API server's
-    /metrics), by verb and resource (with subresource): the cluster's whole cost, the pods' own
-    lifecycle (controllers, scheduler, kwok) included, which the audit log leaves out."""
+def apiserver_metrics(plane: KwokCluster) -> str:
+    """The API server's /metrics (Prometheus text)."""
     request = urllib.request.Request(
         f"{plane.server}/metrics", headers={"Authorization": f"Bearer {plane.token}"}
     )
     context = ssl.create_default_context(cafile=str(plane.ca_file))
     with urllib.request.urlopen(request, timeout=60, context=context) as response:
-        text = response.read().decode()
-    counted: Counter[str] = Counter()
+        return str(response.read().decode())
+
+
+def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    found = []
     for line in text.splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+        if line.startswith(name + "{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+            found.append((labels, float(line.rsplit(" ", 1)[1])))
+    return found
+
+
+def priority_levels(plane: KwokCluster) -> dict[str, dict[str, float]]:
+    """API Priority and Fairness so far, by priority level: requests dispatched, their mean wait
+    in its queues (ms) and the requests it rejected (429): whether the operator's requests
+    (``workload-low`` as a ServiceAccount, its Lease in ``leader-election``) queued. (The
+    control plane's own clients here are ``system:masters``, exempt.)"""
+    text = apiserver_metrics(plane)
+    totals: dict[str, dict[str, float]] = {}
+    for name, key in (
+        ("apiserver_flowcontrol_dispatched_requests_total", "dispatched"),
+        ("apiserver_flowcontrol_request_wait_duration_seconds_count", "waited"),
+        ("apiserver_flowcontrol_request_wait_duration_seconds_sum", "wait_s"),
+        ("apiserver_flowcontrol_rejected_requests_total", "rejected"),
+    ):
+        for labels, value in _samples(text, name):
+            if labels.get("execute") == "false":
+                continue  # the rejected ones' wait
+            level = totals.setdefault(labels.get("priority_level", "?"), {})
+            level[key] = level.get(key, 0.0) + value
+    return {
+        name: {
+            "dispatched": int(level.get("dispatched", 0)),
+            "mean_wait_ms": round(
+                1000 * level.get("wait_s", 0) / max(level.get("waited", 0), 1), 1
+            ),
+            "rejected": int(level.get("rejected", 0)),
+        }
+        for name, level in sorted(totals.items())
+    }
+
+
+def apiserver_requests(plane: KwokCluster) -> Counter[str]:
+    """Every client's requests so far (``apiserver_request_total`` of the API server's
+    /metrics), by verb and resource (with subresource): the cluster's whole cost, the pods' own
+    lifecycle (controllers, scheduler, kwok) included, which the audit log leaves out."""
+    counted: Counter[str] = Counter()
+    for labels, value in _samples(apiserver_metrics(plane), "apiserver_request_total"):
         resource = labels.get("resource", "") + (
             f"/{labels['subresource']}" if labels.get("subresource") else ""
         )
-        counted[f"{labels.get('verb', '').lower()} {resource}"] += int(
-            float(line.rsplit(" ", 1)[1])
-        )
+        counted[f"{labels.get('verb', '').lower()} {resource}"] += int(value)
     return counted
 
 
@@ -251,6 +289,20 @@ def change(plane: KwokCluster, name: str, value: str) -> None:
     )
 
 
+#: What the chart installs for the operator's ServiceAccount, in ``manifests/`` (the same objects):
+#: its namespace, the ServiceAccount, its RBAC, the FlowSchema of its Lease.
+OPERATOR_MANIFESTS = ("00-namespace.yaml", "02-serviceaccount.yaml", "03-rbac.yaml",
+                      "06-flowschema.yaml")  # fmt: skip
+
+
+def install_operator_rights(plane: KwokCluster) -> str:
+    """Apply the operator's objects of ``manifests/`` (the chart's, rendered with its defaults);
+    the namespace the operator runs in (its Lease's, which the FlowSchema names)."""
+    for name in OPERATOR_MANIFESTS:
+        plane.kubectl("apply", "-f", str(ROOT / "manifests" / name))
+    return str(OPERATOR_SERVICE_ACCOUNT.split(":")[2])
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {
         "apps": args.apps,
@@ -258,16 +310,24 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "pods": args.apps * PODS_PER_APP,
         "leader_election": args.election,
     }
-    with start_kwok_cluster() as plane, PodStandIns(plane.kubeconfig) as stand_ins:
+    if args.as_service_account:
+        results["operator_identity"] = OPERATOR_SERVICE_ACCOUNT
+    with (
+        start_kwok_cluster(operator_as_service_account=args.as_service_account) as plane,
+        PodStandIns(plane.kubeconfig) as stand_ins,
+    ):
         install_crds(plane)
         plane.add_nodes(args.nodes)
         plane.add_namespace(NAMESPACE)
+        home = NAMESPACE
+        if args.as_service_account:  # the chart's RBAC and FlowSchema, its namespace
+            home = install_operator_rights(plane)
         LOG.parent.mkdir(exist_ok=True)
         LOG.write_text("")
         election = [] if args.election else ["--leader-election-lease", ""]
         operator = OperatorProcess(
-            plane, NAMESPACE, LOG, kubeconfig=plane.operator_kubeconfig, host="127.0.0.1",
-            extra_args=election,
+            plane, home, LOG, kubeconfig=plane.operator_kubeconfig, host="127.0.0.1",
+            extra_args=election, also_watch=[NAMESPACE] if home != NAMESPACE else [],
         )  # fmt: skip
         operator.start()
         assert operator.proc is not None
@@ -313,6 +373,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             results["rollout_cluster_requests_per_app"] = cluster_requests_per_app(
                 plane, all_requests0, args.apps
             )
+            results["priority_levels_rollout"] = priority_levels(plane)
             results["lease_during_rollout"] = {
                 m: operator_metric(operator, f"kubeserve_operator_{m}")
                 for m in ("leader_terms_total", "fence_shut_total")
@@ -363,6 +424,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "cpu_percent": round(100 * (sampler.cpu_s() - cpu0) / elapsed, 1),
             }
             results["rss_mib_peak"] = round(sampler.peak_rss_mib, 1)
+            results["priority_levels_at_end"] = priority_levels(plane)
             results["lease_at_end"] = {
                 m: operator_metric(operator, f"kubeserve_operator_{m}")
                 for m in ("leader_terms_total", "fence_shut_total")
@@ -386,6 +448,13 @@ def main() -> int:
         dest="election",
         action="store_false",
         help="run the operator without leader election (--leader-election-lease '')",
+    )
+    parser.add_argument(
+        "--as-service-account",
+        action="store_true",
+        help="run the operator as the chart's ServiceAccount (manifests/' RBAC and FlowSchema, in "
+        "kubeserve-system, watching the bench's namespace) instead of a system:masters user, "
+        "whose requests API Priority and Fairness exempts",
     )
     args = parser.parse_args()
     load_before = os.getloadavg()

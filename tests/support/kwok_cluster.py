@@ -12,9 +12,9 @@ is a ``local`` route on this machine while the cluster runs, so a process here c
 pod's IP (EndpointSlices refuse loopback addresses). That route, and the fixed range, make the
 cluster one per machine (a lock in /run) and need root.
 
-Every request of the operator (its own token, user :data:`OPERATOR_USER`) is in the API server's
-audit log, so tests and the bench count its reads and writes by verb and resource
-(:meth:`KwokCluster.operator_requests`) without a proxy in the way.
+Every request of the operator (its own token, user :data:`OPERATOR_USER`, or the chart's
+ServiceAccount) is in the API server's audit log, so tests and the bench count its reads and
+writes by verb and resource (:meth:`KwokCluster.operator_requests`) without a proxy in the way.
 """
 
 from __future__ import annotations
@@ -50,6 +50,11 @@ KWOK_VERSION = "v0.7.0"
 LOCK = Path("/run/kubeserve-kwok.lock")
 POD_RANGE = "10.252.0.0/16"
 OPERATOR_USER = "kubeserve-operator"
+#: The chart's (and ``manifests/``') ServiceAccount of the operator, as the API server names it:
+#: with ``start_kwok_cluster(operator_as_service_account=True)`` the operator's token is that
+#: user, in the groups of a ServiceAccount token, and its rights are the ones the chart grants
+#: (not ``system:masters``, which API Priority and Fairness exempts).
+OPERATOR_SERVICE_ACCOUNT = "system:serviceaccount:kubeserve-system:kubeserve-operator"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 #: The label every fake node carries (tests select them, or subsets by their own labels).
 FAKE_NODE_LABEL = "type"
@@ -100,9 +105,11 @@ class AuditedRequest:
 
 @dataclass
 class KwokCluster(ControlPlane):
-    """A running kwok cluster; ``operator_kubeconfig`` authenticates as :data:`OPERATOR_USER`."""
+    """A running kwok cluster; ``operator_kubeconfig`` authenticates as ``operator_user``
+    (:data:`OPERATOR_USER`, or the chart's ServiceAccount: :data:`OPERATOR_SERVICE_ACCOUNT`)."""
 
     operator_kubeconfig: Path = field(default=Path(), repr=False)
+    operator_user: str = OPERATOR_USER
     audit_log: Path = field(default=Path(), repr=False)
     nodes: list[str] = field(default_factory=list)
 
@@ -172,9 +179,13 @@ class KwokCluster(ControlPlane):
 
 # -- start-up -------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def start_kwok_cluster(timeout_s: float = 120.0) -> Iterator[KwokCluster]:
+def start_kwok_cluster(
+    timeout_s: float = 120.0, operator_as_service_account: bool = False
+) -> Iterator[KwokCluster]:
     """Start the cluster (no nodes yet: :meth:`KwokCluster.add_nodes`), yield it, stop it and
-    remove its route and files."""
+    remove its route and files. ``operator_as_service_account``: the operator's token is the
+    chart's ServiceAccount's (:data:`OPERATOR_SERVICE_ACCOUNT`; its RBAC is the caller's to
+    apply)."""
     reason = kwok_missing()
     if reason is not None:
         raise RuntimeError(reason)
@@ -187,7 +198,7 @@ def start_kwok_cluster(timeout_s: float = 120.0) -> Iterator[KwokCluster]:
         processes = ProcessGroup(work)
         _route(add=True)
         try:
-            cluster = _credentials(bin_dir, work, processes)
+            cluster = _credentials(bin_dir, work, processes, operator_as_service_account)
             _start(cluster, etcd, kwok, timeout_s)
             yield cluster
         finally:
@@ -214,13 +225,20 @@ def _route(add: bool) -> None:
         subprocess.run(["ip", "route", "add", "local", POD_RANGE, "dev", "lo"], check=True)
 
 
-def _credentials(bin_dir: Path, work: Path, processes: ProcessGroup) -> KwokCluster:
+def _credentials(
+    bin_dir: Path, work: Path, processes: ProcessGroup, operator_as_service_account: bool
+) -> KwokCluster:
     pki = work / "pki"
     make_pki(pki)
     tokens = {name: secrets.token_hex(24) for name in ("admin", "operator", "kwok")}
+    user, groups = OPERATOR_USER, "system:masters"
+    if operator_as_service_account:
+        namespace = OPERATOR_SERVICE_ACCOUNT.split(":")[2]
+        user = OPERATOR_SERVICE_ACCOUNT
+        groups = f"system:serviceaccounts,system:serviceaccounts:{namespace}"
     (pki / "tokens.csv").write_text(
         f'{tokens["admin"]},kubeserve-admin,kubeserve-admin,"system:masters"\n'
-        f'{tokens["operator"]},{OPERATOR_USER},{OPERATOR_USER},"system:masters"\n'
+        f'{tokens["operator"]},{user},{user},"{groups}"\n'
         f'{tokens["kwok"]},kwok-controller,kwok-controller,"system:masters"\n'
     )
     server, ca = f"https://127.0.0.1:{free_port()}", pki / "ca.crt"
@@ -228,7 +246,7 @@ def _credentials(bin_dir: Path, work: Path, processes: ProcessGroup) -> KwokClus
         (work / f"{name}.kubeconfig").write_text(kubeconfig_text(server, str(ca), token))
     return KwokCluster(bin_dir, work, server, work / "admin.kubeconfig", tokens["admin"], ca,
                        processes=processes, operator_kubeconfig=work / "operator.kubeconfig",
-                       audit_log=work / "audit.log")  # fmt: skip
+                       operator_user=user, audit_log=work / "audit.log")  # fmt: skip
 
 
 def _start(cluster: KwokCluster, etcd: str, kwok: Path, timeout_s: float) -> None:
@@ -264,9 +282,11 @@ def _start(cluster: KwokCluster, etcd: str, kwok: Path, timeout_s: float) -> Non
         "--service-cluster-ip-range=10.96.0.0/16", "--cluster-name=kubeserve-kwok",
         "--kube-api-qps=500", "--kube-api-burst=1000", "--concurrent-deployment-syncs=20",
         "--concurrent-replicaset-syncs=20", "--concurrent-service-endpoint-syncs=20",
-        # kwok renews its nodes' Leases from a busy 2-core machine: a late renewal must not make
-        # the node lifecycle controller mark nodes NotReady (and every pod on them unready).
-        "--node-monitor-grace-period=600s",
+        # kwok heartbeats its nodes through their status (no Leases), from a busy 2-core
+        # machine: ten minutes apart in a run of 1,000 applications, when a grace period of
+        # 600 s made the node lifecycle controller mark every pod unready (kwok never makes it
+        # Ready again). Nodes do not fail here; an hour covers the longest bench run.
+        "--node-monitor-grace-period=3600s",
     ], lambda: _answers_ok(f"https://127.0.0.1:{manager_port}/healthz"))  # fmt: skip
     scheduler_config = work / "scheduler.yaml"
     scheduler_config.write_text(json.dumps({
@@ -308,7 +328,7 @@ def _apiserver_argv(cluster: KwokCluster, etcd_port: int) -> list[str]:
         "apiVersion": "audit.k8s.io/v1",
         "kind": "Policy",
         "omitStages": ["RequestReceived", "ResponseStarted"],
-        "rules": [{"level": "Metadata", "users": [OPERATOR_USER]}, {"level": "None"}],
+        "rules": [{"level": "Metadata", "users": [cluster.operator_user]}, {"level": "None"}],
     }))  # fmt: skip
     port = cluster.server.rsplit(":", 1)[1]
     return [

@@ -112,11 +112,14 @@ class ApplicationReconciler:
         if instance is None:
             message = f"ServeInstance {spec.instance!r} not found in namespace {namespace!r}"
             return ApplicationRefused("InstanceNotFound", message, "DEPLOYING")
-        await _ensure_owned_by(self._cluster, obj, instance)
+        # the pass does not need its ownership by the instance: both are written at once
+        owned = asyncio.ensure_future(_ensure_owned_by(self._cluster, obj, instance))
         try:
             return await self._reconcile_workloads(obj, instance, app_config)
         except render.RenderError as err:  # a spec Kubernetes cannot express: retrying cannot help
             return ApplicationRefused("DeployFailed", str(err))
+        finally:
+            await owned
 
     async def _reconcile_workloads(
         self, obj: dict[str, Any], instance: dict[str, Any], app_config: dict[str, Any]
@@ -404,7 +407,8 @@ async def _graph(
     if configmap is not None:
         graph = Graph(graph_document(configmap))
         since = configmap["metadata"].get("creationTimestamp")
-        if graph.error is not None and _retries(configmap, owner, since):
+        joined = cluster.joining(f"ConfigMap/{app.namespace}/{name}", app.uid)
+        if graph.error is not None and not joined and _retries(configmap, owner, since):
             await _delete_build(cluster, app.namespace, name, configmap, job)
             return None
         await cluster.add_owner("ConfigMap", app.namespace, name, configmap, owner)
@@ -415,7 +419,8 @@ async def _graph(
         return None
     status = job.get("status") or {}
     failed = _failed(status)
-    if failed is not None and _retries(job, owner, failed.get("lastTransitionTime")):
+    joined = cluster.joining(f"Job/{app.namespace}/{name}", app.uid)
+    if failed is not None and not joined and _retries(job, owner, failed.get("lastTransitionTime")):
         await _delete_build(cluster, app.namespace, name, None, job)
         return None
     await cluster.add_owner("Job", app.namespace, name, job, owner)
@@ -506,7 +511,7 @@ async def _leave_other_builds(cluster: Cluster, app: render.AppView, name: str) 
             other = obj["metadata"]["name"]
             if other == name:
                 continue
-            await cluster.drop_owner(kind, obj, app.uid)
+            await cluster.drop_owner(kind, obj, app.uid, key)
             meta = obj["metadata"]
             shared = not (meta.get("labels") or {}).get(contract.APPLICATION_LABEL)
             orphan = shared and not meta.get("ownerReferences")

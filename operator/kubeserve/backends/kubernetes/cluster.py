@@ -38,8 +38,24 @@ _FAILED_STATES = {"DEPLOY_FAILED": "DeployFailed", "UNHEALTHY": "Unhealthy"}
 
 @dataclass
 class _Join:
+    """The owners waiting to join one shared object, and the task patching them in."""
+
     owners: dict[str, dict[str, Any]] = field(default_factory=dict)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: the uids carried by the patch in flight
+    sending: set[str] = field(default_factory=set)
+    task: asyncio.Task[None] | None = None
+
+    def waiting(self, uid: str) -> bool:
+        return uid in self.owners or uid in self.sending
+
+
+@dataclass
+class _Leave:
+    """The owners leaving one shared object (each with the key of its custom resource, whose
+    next pass tries again if the patch fails), and the task patching them out."""
+
+    owners: dict[str, str] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None
 
 
 @dataclass
@@ -56,6 +72,8 @@ class Cluster:
     builds: dict[str, str] = field(default_factory=dict)
     #: the owners waiting to join each shared object, and its one patch in flight
     _joins: dict[str, _Join] = field(default_factory=dict)
+    #: the owners leaving each shared object, and its one patch in flight
+    _leaves: dict[str, _Leave] = field(default_factory=dict)
     #: shared objects this process created: their first owner's uid and when (monotonic)
     _created: dict[str, tuple[str, float]] = field(default_factory=dict)
     #: when this process made ``uid`` an owner of kind/namespace/name (monotonic): the passes
@@ -110,43 +128,79 @@ class Cluster:
         owner: Mapping[str, Any],
     ) -> None:
         """Make ``owner`` (an ownerReference) one of the owners of an object shared by several
-        custom resources, unless it is one already (in ``cached``, or patched by this process
-        less than :data:`CACHE_LAG_S` ago). A strategic merge patch: the other owners are
-        neither read nor rewritten. An object gone meanwhile is left to the next pass.
+        custom resources, unless it is one already (in ``cached``, patched by this process less
+        than :data:`CACHE_LAG_S` ago, or waiting for its patch). A strategic merge patch: the
+        other owners are neither read nor rewritten. An object gone meanwhile is left to the
+        next pass.
 
-        One patch of an object at a time, carrying every owner that asked meanwhile: a thousand
-        applications joining one build at once made a thousand concurrent patches of one
-        object, which the API server serializes by retrying each (20-30 s apiece, some 504),
-        while their passes held the operator's write slots."""
+        Returns at once: the patch is sent by a task of the object's own, one patch at a time,
+        carrying every owner that asked meanwhile. A thousand applications joining one build at
+        once made a thousand concurrent patches of one object, which the API server serializes
+        by retrying each (20-30 s apiece, some 504); batched, each patch of an object with
+        hundreds of owners still took seconds, and the passes waiting on it held their turns
+        (a pass needs the graph, which it has read, not its ownership of it)."""
         key = f"{kind}/{namespace}/{name}"
         uid = str(owner["uid"])
         if cached is not None and uid in _owner_uids(cached):
             self._owned.pop((key, uid), None)
             return
-        now = time.monotonic()
-        if now < self._owned.get((key, uid), -CACHE_LAG_S) + CACHE_LAG_S:
+        if self.joining(key, uid):
             return
+        now = time.monotonic()
         if len(self._owned) > 4096:  # stale entries (objects gone, cache never caught up)
             self._owned = {k: t for k, t in self._owned.items() if now < t + CACHE_LAG_S}
-            self._joins = {k: j for k, j in self._joins.items() if j.lock.locked() or j.owners}
+            self._joins = {k: j for k, j in self._joins.items() if j.task is not None}
         join = self._joins.setdefault(key, _Join())
         join.owners[uid] = dict(owner)
-        async with join.lock:
-            owners, join.owners = join.owners, {}
-            if not owners:  # an earlier holder's patch carried this owner
-                return
-            patch = {"metadata": {"ownerReferences": list(owners.values())}}
-            try:
-                await self.kube.strategic_patch(kind, namespace, name, patch)
-            except KubeNotFound:
-                return
-            done = time.monotonic()
-            for joined in owners:
-                self._owned[(key, joined)] = done
+        if join.task is None:
+            join.task = asyncio.ensure_future(self._send_joins(kind, namespace, name, join))
 
-    async def drop_owner(self, kind: str, obj: Mapping[str, Any], uid: str) -> None:
+    def joining(self, key: str, uid: str) -> bool:
+        """Whether ``uid`` is an owner of the shared object ``key`` (kind/namespace/name) as far
+        as this process knows and its cache may not show yet: patched in less than
+        :data:`CACHE_LAG_S` ago, or waiting for its patch."""
+        if time.monotonic() < self._owned.get((key, uid), -CACHE_LAG_S) + CACHE_LAG_S:
+            return True
+        join = self._joins.get(key)
+        return join is not None and join.waiting(uid)
+
+    async def _send_joins(self, kind: str, namespace: str, name: str, join: _Join) -> None:
+        """Patch the waiting owners of one object in, a batch at a time, until none wait. A
+        failed patch is logged and its owners forgotten: their next passes ask again."""
+        key = f"{kind}/{namespace}/{name}"
+        try:
+            while join.owners:
+                owners, join.owners = join.owners, {}
+                join.sending = set(owners)
+                patch = {"metadata": {"ownerReferences": list(owners.values())}}
+                try:
+                    await self.kube.strategic_patch(kind, namespace, name, patch)
+                except KubeNotFound:
+                    continue
+                except KubeError as exc:
+                    log.warning("could not add %d owners to %s: %s", len(owners), key, exc)
+                    continue
+                done = time.monotonic()
+                for joined in owners:
+                    self._owned[(key, joined)] = done
+        finally:
+            join.sending = set()
+            join.task = None
+            if self._joins.get(key) is join and not join.owners:
+                del self._joins[key]
+
+    async def drop_owner(
+        self, kind: str, obj: Mapping[str, Any], uid: str, retry_key: str = ""
+    ) -> None:
         """``uid`` no longer uses the shared ``obj``: remove it from the owners, or delete the
-        object when it was the last one (an object left without owners is never collected)."""
+        object when it was the last one (an object left without owners is never collected).
+
+        Returns at once when others own it too: a task of the object's own patches the leaving
+        owners out, one patch at a time carrying every owner that left meanwhile (a hundred
+        applications leaving a build a thousand use made a hundred concurrent patches of one
+        object, which the API server serialized at up to 34 s apiece, most of them 504). When
+        that patch fails, ``retry_key`` (the custom resource's ``Kind/namespace/name``) is
+        dropped from :attr:`builds`, so its next pass leaves again."""
         meta = obj["metadata"]
         owners = _owner_uids(obj)
         if uid not in owners:
@@ -158,9 +212,40 @@ class Cluster:
                     kind, meta["namespace"], meta["name"], resource_version=version
                 )
             return
-        patch = {"metadata": {"ownerReferences": [{"uid": uid, "$patch": "delete"}]}}
-        with contextlib.suppress(KubeNotFound):
-            await self.kube.strategic_patch(kind, meta["namespace"], meta["name"], patch)
+        key = f"{kind}/{meta['namespace']}/{meta['name']}"
+        leave = self._leaves.setdefault(key, _Leave())
+        leave.owners[uid] = retry_key
+        if leave.task is None:
+            leave.task = asyncio.ensure_future(
+                self._send_leaves(kind, meta["namespace"], meta["name"], leave)
+            )
+
+    async def _send_leaves(self, kind: str, namespace: str, name: str, leave: _Leave) -> None:
+        """Patch the leaving owners of one object out, a batch at a time, until none leave;
+        when the batch holds every owner the cache shows, delete the object at that version."""
+        key = f"{kind}/{namespace}/{name}"
+        try:
+            while leave.owners:
+                owners, leave.owners = leave.owners, {}
+                cached = self.cache.get(kind, namespace, name)
+                try:
+                    if cached is not None and set(_owner_uids(cached)) <= set(owners):
+                        version = str(cached["metadata"].get("resourceVersion") or "") or None
+                        await self.kube.delete(kind, namespace, name, resource_version=version)
+                    else:
+                        gone = [{"uid": uid, "$patch": "delete"} for uid in owners]
+                        patch = {"metadata": {"ownerReferences": gone}}
+                        await self.kube.strategic_patch(kind, namespace, name, patch)
+                except KubeNotFound:
+                    continue
+                except KubeError as exc:  # a conflict too: an owner joined meanwhile
+                    log.warning("could not remove %d owners of %s: %s", len(owners), key, exc)
+                    for retry_key in owners.values():
+                        self.builds.pop(retry_key, None)
+        finally:
+            leave.task = None
+            if self._leaves.get(key) is leave and not leave.owners:
+                del self._leaves[key]
 
     async def prune(
         self,

@@ -25,6 +25,7 @@ import pytest
 from kubeserve.runtime.fastpath import find_binary
 from support.common import http, wait_for
 from support.kubeserve_start import Kubeserve, running_kubeserve
+from support.lean_imports import DATA_PLANE_NEVER, loaded
 
 #: Lists the process's modules into ``$MODULES_OUT/<pid>.json`` once ``$MODULES_OUT/go`` exists
 #: (imports nothing a proxy does not import anyway).
@@ -43,42 +44,20 @@ if os.environ.get('MODULES_OUT'):
 
 #: Module prefixes the proxy must not load.
 HEAVY = (
-    "pydantic",
-    "kubeserve.schema",
-    "kubeserve.backends",
-    "kubeserve.api",
-    "kubeserve.cli",
+    *DATA_PLANE_NEVER,
     "kubeserve.compat",
     "kubeserve.runtime.replica",
-    "kubeserve.runtime.handle_client",
-    "kubeserve.runtime.runtime_env",
-    "kubeserve.runtime.tracer",
     "kubeserve.runtime.proxy.grpc_ingress",
-    "kubernetes_asyncio",
-    "prometheus_client",
-    "starlette",
-    "fastapi",
-    "grpc",
-    "opentelemetry",
-    "wsproto",
-    "yaml",
-    "ray",
-    "aiohttp",
     "cryptography",  # loaded when TLS files are checked, not without TLS
-    "email",
     "http",  # its HTTPStatus enum: reason phrases are kubeserve.runtime.http1.REASONS
-    "sqlite3",
-    "xml",
     "pickle",  # with logging.handlers, which kubeserve.runtime.logs.RotatingLog does without
     "logging.handlers",
     "tempfile",  # kubeserve.runtime.private_dir instead
-    "shutil",  # (with zlib, bz2, lzma)
     "pathlib",
     "uuid",  # (with platform)
     "datetime",
     "urllib.parse",  # (with ipaddress) imported by the first request path holding a "%"
     "ipaddress",
-    "encodings.idna",
 )
 
 
@@ -131,7 +110,7 @@ def test_a_proxy_loads_nothing_heavy_after_serving(
     wait_for(dumped.exists, 10, what="the proxy's list of modules")
     modules = json.loads(dumped.read_text())
     assert "kubeserve.runtime.proxy.server" in modules  # the list is of a real proxy
-    heavy = [m for m in modules if any(m == p or m.startswith(p + ".") for p in HEAVY)]
+    heavy = loaded(modules, HEAVY)
     assert not heavy, heavy
     # behind the native data path the proxy runs on asyncio's own loop, uvloop only without it
     assert ("uvloop" in modules) == (data_path == "python")

@@ -21,6 +21,7 @@ from pathlib import Path
 from kubeserve.runtime import channel, wire
 from support.channel_front import SECRET
 from support.common import ROOT, free_port, wait_for
+from support.lean_imports import DATA_PLANE_NEVER, loaded
 from support.sealed_socket import sealed_socket
 
 #: Runs the replica command, plus the thread that lists the process's modules on request.
@@ -39,32 +40,10 @@ runpy.run_module('kubeserve.runtime.replica', run_name='__main__', alter_sys=Tru
 
 #: Module prefixes a replica of a plain deployment must not load.
 HEAVY = (
-    "pydantic",
-    "kubeserve.schema",
-    "kubeserve.backends",
-    "kubeserve.api",
-    "kubeserve.cli",
-    "kubernetes_asyncio",
-    "prometheus_client",
-    "starlette",
-    "fastapi",
-    "grpc",
-    "opentelemetry",
-    "wsproto",
-    "yaml",
-    "ray",
+    *DATA_PLANE_NEVER,
     "kubeserve.compat.ray.serve",
-    "kubeserve.runtime.handle_client",
     "kubeserve.runtime.router",
-    "kubeserve.runtime.runtime_env",
-    "kubeserve.runtime.tracer",
-    "aiohttp",
-    "email",
     "http.server",
-    "sqlite3",
-    "xml",
-    "shutil",  # argparse's help formatter imports it (with zlib, bz2, lzma)
-    "encodings.idna",  # a str host given to create_server (with stringprep, unicodedata)
 )
 
 
@@ -128,5 +107,5 @@ def test_a_replica_of_a_no_op_deployment_loads_nothing_heavy_after_serving(
         proc.kill()
         proc.communicate(timeout=10)
     assert "kubeserve.runtime.replica.server" in modules  # the list is of a real replica
-    heavy = [m for m in modules if any(m == p or m.startswith(p + ".") for p in HEAVY)]
+    heavy = loaded(modules, HEAVY)
     assert not heavy, heavy

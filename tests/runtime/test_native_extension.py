@@ -8,7 +8,9 @@ tests run on whichever path is active; ``KUBESERVE_PURE_PYTHON=1`` runs them on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -92,6 +94,24 @@ REQUESTS = [
 ]
 
 
+@contextlib.asynccontextmanager
+async def _replica_port(
+    handler: Callable[[HttpRequest], Awaitable[HttpResponse]], piece: str, *, compiled: bool
+) -> AsyncIterator[int]:
+    """A replica HTTP server of ``handler`` on a free port, with the compiled ``piece`` of
+    ``kubeserve.runtime.replica.http`` (``_parse_request``, ``_answer``) in use or left out."""
+    saved = getattr(replica_http, piece)
+    setattr(replica_http, piece, saved if compiled else None)
+    server = await asyncio.get_running_loop().create_server(
+        ReplicaHttpServer(handler), "127.0.0.1", 0
+    )
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        setattr(replica_http, piece, saved)
+        server.close()
+
+
 async def _served(raw: bytes, *, compiled: bool, expected: int) -> list[HttpRequest]:
     """The requests a replica server's handler saw for ``raw`` (sent in one write)."""
     seen: list[HttpRequest] = []
@@ -100,21 +120,12 @@ async def _served(raw: bytes, *, compiled: bool, expected: int) -> list[HttpRequ
         seen.append(request)
         return HttpResponse(200, b"ok")
 
-    saved = replica_http._parse_request
-    replica_http._parse_request = saved if compiled else None
-    server = await asyncio.get_running_loop().create_server(
-        ReplicaHttpServer(handler), "127.0.0.1", 0
-    )
-    try:
-        port = server.sockets[0].getsockname()[1]
+    async with _replica_port(handler, "_parse_request", compiled=compiled) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(raw)
         while len(seen) < expected and await reader.read(65536):
             pass
         writer.close()
-    finally:
-        replica_http._parse_request = saved
-        server.close()
     return seen
 
 
@@ -201,13 +212,7 @@ async def _answers(*, compiled: bool) -> bytes:
     async def handler(request: HttpRequest) -> HttpResponse:
         return ANSWERS[request.path]
 
-    saved = replica_http._answer
-    replica_http._answer = saved if compiled else None
-    server = await asyncio.get_running_loop().create_server(
-        ReplicaHttpServer(handler), "127.0.0.1", 0
-    )
-    try:
-        port = server.sockets[0].getsockname()[1]
+    async with _replica_port(handler, "_answer", compiled=compiled) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(
             b"".join(
@@ -217,9 +222,6 @@ async def _answers(*, compiled: bool) -> bytes:
         )
         data = await reader.read()  # "/close" closes after its answer
         writer.close()
-    finally:
-        replica_http._answer = saved
-        server.close()
     return b"".join(line for line in data.splitlines(True) if not line.startswith(b"Date: "))
 
 

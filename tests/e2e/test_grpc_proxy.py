@@ -488,7 +488,7 @@ def test_a_client_stream_read_slowly_slows_its_client(
         assert status == 200, body
         ks.wait_app("checks", timeout_s=120)
         (proxy,) = (int(p["worker_id"]) for p in ks.details()["proxies"].values())
-        (replica,) = ks.replica_pids("checks", "Checks")
+        (replica,) = ks.running_replicas("checks", "Checks")
         # the proxy's native front (kubeserve-fastpath, on the default data path) counts too
         children = Path(f"/proc/{proxy}/task/{proxy}/children").read_text().split()
         processes = (proxy, replica, *map(int, children))

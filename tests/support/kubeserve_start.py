@@ -207,6 +207,26 @@ class Kubeserve:
             channel.request("127.0.0.1", replica_port(pid), method, path, secret, replica_id, body)
         )
 
+    def running_replicas(
+        self, app: str, deployment: str, count: int = 1, timeout_s: float = 60
+    ) -> list[int]:
+        """The pids of ``deployment``'s RUNNING replicas once there are ``count`` of them (an
+        application reported RUNNING can be replacing a replica that failed a health check on a
+        loaded machine: the tests that need the process wait for it, and say what they saw)."""
+
+        def counted() -> list[int] | None:
+            pids = self.replica_pids(app, deployment)
+            return pids if len(pids) == count else None
+
+        try:
+            return wait_for(
+                counted,
+                timeout_s,
+                what=f"{count} RUNNING replica(s) of {app}/{deployment}",
+            )
+        except AssertionError as err:
+            raise AssertionError(f"{err}\napp={self.app(app)}\nlog={self.log()}") from None
+
     def replica_id(self, pid: int) -> str:
         """The replica id of the replica process ``pid`` (what the channel handshake names)."""
         for app in self.details()["applications"].values():

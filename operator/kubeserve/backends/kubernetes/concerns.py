@@ -5,12 +5,15 @@ With a thousand applications in one namespace, waking every custom resource of t
 each pod event (what the operator did first) makes each event a thousand passes. A child names
 its application (or, when it has none, its instance) by label, so :func:`concerned` wakes that one;
 only an object naming neither wakes its whole namespace, as before. An application whose status
-changed (its own pass wrote it) wakes its instance, not itself again.
+changed (its own pass wrote it) wakes its instance, not itself again; an instance whose status
+changed wakes nothing (its applications read its spec).
 
 :func:`inputs_digest` lets the periodic resync skip an application none of whose inputs changed
-since its last pass (see :meth:`~.operator.Operator.resync`): its own object, its instance's, and
-every cached child of it (workloads, Services, pods) and the shared build it uses (its Job and
-ConfigMap), each by ``resourceVersion``, plus the ``user_config`` versions its replicas reported.
+since its last pass (see :meth:`~.operator.Operator.resync`): its own object, its instance's spec,
+every cached child of it (workloads, Services, pods) by ``resourceVersion``, and the shared build
+it uses (its Job and ConfigMap) but for the other applications joining or leaving it, plus the
+``user_config`` versions its replicas reported. Nothing one application does (its status, its
+leaving a build a thousand others use) changes another's digest.
 
 A build is shared by the applications of the same build inputs (:func:`~.render.build_name`):
 its objects name no application by label but are owned by every application using them, so a
@@ -26,6 +29,7 @@ from typing import Any
 
 from kubeserve.backends.kubernetes.cache import ClusterCache
 from kubeserve.backends.kubernetes.pods import replica_key
+from kubeserve.control.fingerprint import fingerprint
 from kubeserve.runtime.kubernetes import contract
 
 #: the kinds of custom resources (their keys are ``Kind/namespace/name``)
@@ -50,7 +54,9 @@ def concerned(
         instance = cache.get("ServeInstance", namespace, contract.instance_of(obj))
         found = set() if _same_inputs(obj, old) else {key_of(kind, obj)}
         return found if instance is None else found | {key_of("ServeInstance", instance)}
-    if kind == "ServeInstance":  # its applications render with it
+    if kind == "ServeInstance":  # its applications render with its spec, not its status
+        if _same_inputs(obj, old):
+            return set()  # its own pass wrote its status: nothing reads that but the admin API
         name = obj["metadata"]["name"]
         apps = cache.objects("ServeApplication", namespace)
         return {key_of(kind, obj)} | {
@@ -126,13 +132,18 @@ _READ_METADATA = ("annotations", "ownerReferences", "deletionTimestamp", "genera
 
 
 def _same_inputs(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
-    """Whether an application changed only in what its own pass does not read: its status (the
-    pass writes it), kopf's finalizer and bookkeeping. Its own pass need not run again for that:
-    a status the operator wrote wakes only the instance."""
-    if old is None or obj.get("spec") != old.get("spec"):
-        return False
-    meta, before = obj["metadata"], old["metadata"]
-    return all(meta.get(field) == before.get(field) for field in _READ_METADATA)
+    """Whether a custom resource changed only in what no pass reads: its status (its own pass
+    writes it), kopf's finalizer and bookkeeping. An application's status the operator wrote
+    wakes only its instance; an instance's wakes nothing (its applications read its spec: with
+    a thousand of them, waking them all at each write of the instance's status, every few
+    seconds while any application changes, made each change wait behind a thousand passes)."""
+    return old is not None and _read_inputs(obj) == _read_inputs(old)
+
+
+def _read_inputs(obj: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a pass reads of a custom resource (its own, or its applications' of an instance)."""
+    meta = obj["metadata"]
+    return (obj.get("spec"), *(meta.get(field) for field in _READ_METADATA))
 
 
 def _named(cache: ClusterCache, kind: str, namespace: str, value: str) -> list[dict[str, Any]]:
@@ -159,7 +170,7 @@ def inputs_digest(
     meta = app["metadata"]
     namespace = meta["namespace"]
     instance = cache.get("ServeInstance", namespace, contract.instance_of(app))
-    parts = [meta.get("resourceVersion", ""), _version(instance)]
+    parts = [meta.get("resourceVersion", ""), _inputs_version(instance)]
     label = contract.label_value(meta["name"])
     for kind in ("Deployment", "DaemonSet", "Service", "Job", "ConfigMap", "Pod"):
         children = cache.objects(kind, namespace, {contract.APPLICATION_LABEL: label})
@@ -169,8 +180,25 @@ def inputs_digest(
                 parts.append(user_configs.get(replica_key(child), ""))
     for kind in ("Job", "ConfigMap"):
         if build is not None:
-            parts += [kind, build, _version(cache.get(kind, namespace, build))]
+            parts += [kind, build, _build_version(cache.get(kind, namespace, build), meta["uid"])]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _inputs_version(obj: Mapping[str, Any] | None) -> str:
+    """What of ``obj`` a pass reads, as a string (not its ``resourceVersion``: an instance's
+    status, rewritten as its applications change, would count as a change of every one)."""
+    return "" if obj is None else fingerprint(_read_inputs(obj))
+
+
+def _build_version(obj: Mapping[str, Any] | None, uid: str) -> str:
+    """What of a shared build object a pass over the application ``uid`` reads: all of it but
+    its other owners (and its ``resourceVersion``, which they change)."""
+    if obj is None:
+        return ""
+    ignored = ("ownerReferences", "resourceVersion", "managedFields")
+    meta = {k: v for k, v in obj["metadata"].items() if k not in ignored}
+    owned = uid in {str(o.get("uid")) for o in _owners(obj)}
+    return fingerprint([meta, {k: v for k, v in obj.items() if k != "metadata"}, owned])
 
 
 def _version(obj: Mapping[str, Any] | None) -> str:

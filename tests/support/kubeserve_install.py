@@ -180,5 +180,3 @@ OPERATOR_CLUSTER_RULES = (
 )
 #: The operator's replicas elect their leader on one Lease in the release namespace.
 LEADER_ELECTION_RULES = _triples("coordination.k8s.io", "leases", "create get update patch")
-#: ...and, when it watches a list of namespaces, to notice namespaces come and go.
-OPERATOR_NAMESPACE_LIST_RULES = _triples("", "namespaces", "list watch")

@@ -59,8 +59,8 @@ the release namespace: the admin API writes custom resources into the operator's
 
 {{/*
 Rules on cluster-scoped objects: kopf scans custom resource definitions; the admin API reviews its
-callers' tokens and rights (TokenReview, SubjectAccessReview); with a list of namespaces kopf
-also lists and watches namespaces (to notice them being created or deleted), not when cluster-wide.
+callers' tokens and rights (TokenReview, SubjectAccessReview). Never namespaces: with a list of
+namespaces (exact names) kopf neither lists nor watches them (its scanning is off then).
 */}}
 {{- define "kubeserve.clusterRules" -}}
 - apiGroups: [apiextensions.k8s.io]
@@ -72,11 +72,6 @@ also lists and watches namespaces (to notice them being created or deleted), not
 - apiGroups: [authorization.k8s.io]
   resources: [subjectaccessreviews]
   verbs: [create]
-{{- if include "kubeserve.watchNamespaces" . }}
-- apiGroups: [""]
-  resources: [namespaces]
-  verbs: [list, watch]
-{{- end }}
 {{- end -}}
 
 {{/*

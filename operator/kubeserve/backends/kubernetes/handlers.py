@@ -46,4 +46,9 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
         )
         settings.posting.level = 30  # warnings and errors become Kubernetes Events
         settings.watching.server_timeout = 300
+        # Watching a list of namespaces (exact names, never patterns), kopf would list and watch
+        # every namespace of the cluster to learn which of them exist, a right the operator
+        # need not hold; without scanning it takes the names as given (and scans the custom
+        # resource definitions once, at start). Cluster-wide it lists no namespaces anyway.
+        settings.scanning.disabled = bool(operator.settings.watch_namespaces)
         settings.watching.client_timeout = 330

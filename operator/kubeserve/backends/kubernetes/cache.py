@@ -2,8 +2,9 @@
 
 Reconciliation reads from these caches, never from the API server directly, so a pass over an
 application whose state did not change makes no API request at all. Every change of a cached
-object calls ``on_change(kind, obj, old)`` with the object and the version it replaced, which
-the operator uses to wake the reconcilers it concerns.
+object calls ``on_change(kind, obj, old)`` with the object and the version it replaced (None when
+it is new or gone: nothing to compare it with), which the operator uses to wake the reconcilers
+it concerns.
 
 The caches are indexed by namespace and by the labels that name an application, an instance or a
 build Job (:data:`INDEX_LABELS`), so a pass reads its own children without walking the thousands
@@ -93,7 +94,7 @@ class ClusterCache:
 
     def _changed(self, kind: str) -> Callable[[str, dict[str, Any], dict[str, Any] | None], None]:
         def changed(event: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
-            self._on_change(kind, obj, old)
+            self._on_change(kind, obj, None if event == "DELETED" else old)
             if event == "DELETED" and self._on_deleted is not None:
                 self._on_deleted(kind, obj)
 

@@ -10,7 +10,8 @@ changed wakes nothing (its applications read its spec).
 
 :func:`inputs_digest` lets the periodic resync skip an application none of whose inputs changed
 since its last pass (see :meth:`~.operator.Operator.resync`): its own object, its instance's spec,
-every cached child of it (workloads, Services, pods) by ``resourceVersion``, and the shared build
+every cached child of it (pods by ``resourceVersion``, workloads and Services by generation: no
+pass reads their status, :data:`_STATUS_UNREAD`, which a change of it wakes none), the shared build
 it uses (its Job and ConfigMap) but for the other applications joining or leaving it, plus the
 ``user_config`` versions its replicas reported. Nothing one application does (its status, its
 leaving a build a thousand others use) changes another's digest.
@@ -62,6 +63,8 @@ def concerned(
         return {key_of(kind, obj)} | {
             key_of("ServeApplication", app) for app in apps if contract.instance_of(app) == name
         }
+    if kind in _STATUS_UNREAD and _only_status_changed(obj, old):
+        return set()
     labels = obj["metadata"].get("labels") or {}
     if labels.get(contract.COMPONENT_LABEL) == contract.COMPONENT_BUILD and kind in _BUILD_KINDS:
         users = _build_users(cache, kind, obj, old)
@@ -76,6 +79,24 @@ def concerned(
                 key_of(owner_kind, o) for o in _named(cache, owner_kind, namespace, labels[label])
             }
     return {key_of(k, o) for k in CUSTOM_KINDS for o in cache.objects(k, namespace)}
+
+
+#: Children whose status no pass reads (what a pass observes is its pods and its build Job):
+#: their controllers rewrite it at every pod event (a Deployment's counts, a budget's allowed
+#: disruptions), and the controller-manager works through its queue of a thousand budgets
+#: minutes after a roll-out ends.
+_STATUS_UNREAD = ("Deployment", "DaemonSet", "PodDisruptionBudget", "Service")
+
+
+def _only_status_changed(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    if old is None:
+        return False
+    ignored = ("resourceVersion", "managedFields")
+    meta = {k: v for k, v in obj["metadata"].items() if k not in ignored}
+    before = {k: v for k, v in old["metadata"].items() if k not in ignored}
+    rest = {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+    rest_before = {k: v for k, v in old.items() if k not in ("metadata", "status")}
+    return meta == before and rest == rest_before
 
 
 #: the kinds of a build: its Job, its pod, the graph ConfigMap it writes
@@ -175,7 +196,12 @@ def inputs_digest(
     for kind in ("Deployment", "DaemonSet", "Service", "Job", "ConfigMap", "Pod"):
         children = cache.objects(kind, namespace, {contract.APPLICATION_LABEL: label})
         for child in sorted(children, key=lambda c: str(c["metadata"]["name"])):
-            parts += [kind, child["metadata"]["name"], _version(child)]
+            version = (
+                str(child["metadata"].get("generation", ""))
+                if kind in _STATUS_UNREAD  # (its spec's: its status moves with its pods)
+                else _version(child)
+            )
+            parts += [kind, child["metadata"]["name"], version]
             if kind == "Pod":
                 parts.append(user_configs.get(replica_key(child), ""))
     for kind in ("Job", "ConfigMap"):

@@ -420,11 +420,15 @@ class ReplicaMetrics(_Batcher):
         deployment: str,
         replica: str,
         processing: Callable[[], int] = lambda: 0,
+        batches: Callable[[], list[tuple[str, int, float, list[int]]]] | None = None,
     ) -> None:
-        """``processing``: the replica's queries in flight now (read at each flush)."""
+        """``processing``: the replica's queries in flight now (read at each flush);
+        ``batches``: requests counted elsewhere, taken at each flush (``(route, count,
+        total_ms, buckets)``, the replica's :class:`~kubeserve.runtime.replica.tally.Tally`)."""
         super().__init__()
         count_dropped_log_lines("replica")
         self._processing_now = processing
+        self._batches = batches
         self._pending: dict[str, _Pending] = {}
         who = ("application", "deployment", "replica")
         self._who = (application, deployment, replica)
@@ -478,6 +482,10 @@ class ReplicaMetrics(_Batcher):
         for route, pending in batches.items():
             self.requests.get(*self._who, route).inc(pending.count)
             pending.observe_into(self.latency.get(*self._who, route))
+        if self._batches is not None:
+            for route, count, total_ms, buckets in self._batches():
+                self.requests.get(*self._who, route).inc(count)
+                self.latency.get(*self._who, route).add(total_ms, buckets)
         self.processing.set(self._processing_now())
 
     def error(self, route: str, exception: BaseException) -> None:

@@ -110,7 +110,7 @@ class Control:
                 outcome = "OK" if answer.status == 200 else "ERROR"
                 return answer
             finally:
-                self._state.finish(started, "", ("CALL", method_name, outcome))
+                self._state.finish(started, "", "CALL", method_name, outcome)
         if path.startswith(wire.STREAM_PREFIX):
             if request.method != "POST":
                 return HttpResponse(405, b"handle calls use POST")

@@ -47,7 +47,6 @@ from kubeserve.runtime.websocket import WebSocketSession
 from kubeserve.sdk import context
 from kubeserve.sdk.http import StreamingResponse, to_response
 from kubeserve.sdk.ingress import asgi_app_of
-from kubeserve.sdk.multiplex import MODEL_ID_HEADER
 
 if TYPE_CHECKING:
     from kubeserve.runtime.tracer import Tracer
@@ -129,7 +128,8 @@ class Ingress:
             raise
         finally:
             if not streaming:  # a stream is counted until its last chunk (see _stream)
-                state.finish(started, self._route, (request.method, self._route, status))
+                route = self._route
+                state.finish(started, route, request.method, route, status, request.request_id)
 
     async def handle_websocket(
         self, request: HttpRequest, session: WebSocketSession
@@ -168,7 +168,8 @@ class Ingress:
             status = 101 if refusal is None else refusal.status
             return refusal
         finally:
-            self._state.finish(started, self._route, ("WEBSOCKET", self._route, status))
+            route = self._route
+            self._state.finish(started, route, "WEBSOCKET", route, status, request.request_id)
 
     async def _traced_http(
         self, tracer: Tracer, request: HttpRequest, started: float
@@ -281,8 +282,9 @@ class Ingress:
                 raise
             finally:
                 await chunks.aclose()
+                route = self._route
                 self._state.finish(
-                    started, self._route, (request.method, self._route, response.status_code)
+                    started, route, request.method, route, response.status_code, request.request_id
                 )
 
         return StreamedResponse(response.status_code, response.headers, body())
@@ -309,12 +311,6 @@ def _enter_request(request: HttpRequest, route: str) -> str:
     """Make the request's id, route and multiplexed model id visible to the user's code, its log
     records and the handle calls it makes (each request runs in its own context copy, so this
     never leaks into another request); returns the model id ("" for none)."""
-    model_id = ""
-    for name, value in request.headers:
-        if len(name) == len(MODEL_ID_HEADER) and name.lower() == MODEL_ID_HEADER:
-            model_id = value
-            break
-    context.request_context.set(
-        context.RequestContext(request.request_id, multiplexed_model_id=model_id, route=route)
-    )
+    model_id = request.model_id
+    context.request_context.set(context.new_request_context(request.request_id, model_id, route))
     return model_id

@@ -93,7 +93,8 @@ REQUESTS = [
     b"POST /chunked HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
     b"GET /m HTTP/1.1\r\nServe_Multiplexed_Model_Id: m1\r\nserve_multiplexed_model_id: m2\r\n\r\n",
     b"GET /m2 HTTP/1.1\r\nserve_multiplexed_model_id: \r\nserve_multiplexed_model_id: m3\r\n\r\n",
-    b"POST /m3 HTTP/1.1\r\nserve_multiplexed_model_id: m4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"POST /m3 HTTP/1.1\r\nserve_multiplexed_model_id: m4\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
 ]
 
 
@@ -257,8 +258,8 @@ def test_the_compiled_tally_counts_and_writes_what_the_python_one_does() -> None
         for i, ms in enumerate(latencies):
             route = "/a" if i % 3 else "/b"
             status: int | str = 200 if i % 2 else "CANCELLED"
-            assert tally.done(0.0, ms / 1000.0, route, "GET", route, status, "r%d" % i,
-                              route) is (i == 0)  # fmt: skip
+            first = tally.done(0.0, ms / 1000.0, route, "GET", route, status, f"r{i}", route)
+            assert first is (i == 0)
         tally.done(1.0, 1.0 + 0.001, "", "CALL", "greet", "OK", "", "/b")
         tally.done(1.0, 1.0 + 0.002, "")  # counted, no access line
     assert compiled.take_metrics() == python.take_metrics()

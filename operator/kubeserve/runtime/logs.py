@@ -523,6 +523,7 @@ def _stderr() -> TextIO:
 #: and the JSON line's route.
 _Entry = tuple[float, str, str, int | str, float, bytes | str | None, str]
 
+
 class TallyLines(Protocol):
     """Access lines held elsewhere (a replica's :class:`~kubeserve.runtime.replica.tally.
     TallyLike`), taken by :meth:`AccessLog.write_tally`."""

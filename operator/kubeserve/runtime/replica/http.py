@@ -94,7 +94,7 @@ log = logging.getLogger(__name__)
 #: ``kubeserve._native.parse_request`` (see :meth:`_Connection._parse_whole`), or None: every
 #: request through httptools' callbacks
 #: (an extension built before its ``Tally``, whose parse gave no model id: not used)
-_parse_request = NATIVE.parse_request if hasattr(NATIVE, "Tally") else None
+_parse_request = NATIVE.parse_request if NATIVE is not None and hasattr(NATIVE, "Tally") else None
 #: ``kubeserve._native.answer`` (see :meth:`_Connection._write_head`), or None
 _answer = NATIVE.answer if NATIVE is not None else None
 

@@ -174,6 +174,7 @@ class ReplicaState:
     def metrics(self) -> str:
         """The Prometheus exposition the autoscaler and ``kubeserve status`` read."""
         labels = self._labels
+        uptime = time.perf_counter() - self._started_at
         return (
             "# HELP kubeserve_replica_ongoing_requests Requests and handle calls in flight.\n"
             "# TYPE kubeserve_replica_ongoing_requests gauge\n"
@@ -184,7 +185,7 @@ class ReplicaState:
             f"kubeserve_replica_ongoing_request_seconds_total{{{labels}}} {self.ongoing_area()}\n"
             "# HELP kubeserve_replica_uptime_seconds Time since the replica started serving.\n"
             "# TYPE kubeserve_replica_uptime_seconds counter\n"
-            f"kubeserve_replica_uptime_seconds{{{labels}}} {time.perf_counter() - self._started_at}\n"
+            f"kubeserve_replica_uptime_seconds{{{labels}}} {uptime}\n"
             "# HELP kubeserve_replica_processed_requests_total Requests and handle calls done.\n"
             "# TYPE kubeserve_replica_processed_requests_total counter\n"
             f"kubeserve_replica_processed_requests_total{{{labels}}} {self.processed}\n"

@@ -87,6 +87,7 @@ __all__ = [
     "StreamedResponse",
     "WebSocketHandler",
     "internal_error",
+    "text_response",
 ]
 
 log = logging.getLogger(__name__)
@@ -176,6 +177,20 @@ class HttpResponse:
         if content_type is not None and "content-type" not in self.headers:
             self.headers["content-type"] = content_type
         self.close = close
+
+
+_new = object.__new__
+
+
+def text_response(body: bytes) -> HttpResponse:
+    """``HttpResponse(200, body)`` (text/plain), made without ``__init__``'s checks: the answer
+    to a handler's ``str``, the most common response."""
+    response: HttpResponse = _new(HttpResponse)
+    response.status = 200
+    response.body = body
+    response.headers = {"content-type": "text/plain; charset=utf-8"}
+    response.close = False
+    return response
 
 
 #: Chunks of a streamed body written less than this apart are a burst, written together.

@@ -525,8 +525,8 @@ _Entry = tuple[float, str, str, int | str, float, bytes | str | None, str]
 
 
 class TallyLines(Protocol):
-    """Access lines held elsewhere (a replica's :class:`~kubeserve.runtime.replica.tally.
-    TallyLike`), taken by :meth:`AccessLog.write_tally`."""
+    """Access lines held elsewhere (a replica's tally, :mod:`kubeserve.runtime.replica.tally`),
+    taken by :meth:`AccessLog.write_tally`."""
 
     def lines(self) -> int: ...
 

@@ -30,7 +30,9 @@ count, a latency sum and a bucket index found by bisection), and every :data:`FL
 the batches go into the metric objects, one write per label set and bucket instead of five per
 request (in multiprocess mode each write is a locked write to a memory-mapped file). Ray Serve's
 replicas batch the same way. A scrape sees requests at most that much late; nothing is formatted
-until a scrape.
+until a scrape. A kubeserve replica counts its requests in its tally instead
+(:mod:`kubeserve.runtime.replica.tally`, compiled where ``kubeserve._native`` is built), taken
+into :class:`ReplicaMetrics` every 0.1 s with its access lines.
 
 Bounded by construction (a scan of random paths once grew a proxy by hundreds of MiB and its
 scrape to tens of MB, then the merged scrape took ``kubeserve start`` down with it):

@@ -76,7 +76,11 @@ def test_no_batched_lines_when_access_lines_are_off_or_must_be_records(
     assert logs.batched_access() is not None
 
 
-def test_a_batch_rolls_the_file_over_between_lines(tmp_path: Path, restored_logging: None) -> None:
+@pytest.mark.parametrize("via_tally", [False, True])
+def test_a_batch_rolls_the_file_over_between_lines(
+    tmp_path: Path, restored_logging: None, via_tally: bool
+) -> None:
+    """Lines added one by one, or a replica's tally written in one block."""
     path = tmp_path / "r.log"
     handler = logging.handlers.RotatingFileHandler(
         path, maxBytes=1000, backupCount=3, encoding="utf-8"
@@ -84,8 +88,13 @@ def test_a_batch_rolls_the_file_over_between_lines(tmp_path: Path, restored_logg
     logs.configure(logs.LogSettings({}), replica_component(), handler)
     batched = logs.batched_access()
     assert batched is not None
+    tally = PyTally((1.0,))
     for i in range(30):  # about 80 bytes each: 2400 bytes in one batch
-        batched.add("GET", "/echo", 200, 1.0, f"r{i:03d}")
+        if via_tally:
+            tally.done(0.0, 0.001, "/echo", "GET", "/echo", 200, f"r{i:03d}", "/echo")
+        else:
+            batched.add("GET", "/echo", 200, 1.0, f"r{i:03d}")
+    batched.write_tally(tally)
     batched.flush()
     files = sorted(tmp_path.glob("r.log*"))
     assert [p.name for p in files] == ["r.log", "r.log.1", "r.log.2"]
@@ -168,27 +177,6 @@ def test_a_replicas_tallied_lines_are_those_its_access_log_writes_for_the_same_r
         written.append(path.read_text())
     assert written[0] == written[1]
     assert written[1].count("\n") == len(TALLIED)
-
-
-def test_a_tallied_block_rolls_the_file_over_between_lines(
-    tmp_path: Path, restored_logging: None
-) -> None:
-    path = tmp_path / "r.log"
-    handler = logging.handlers.RotatingFileHandler(
-        path, maxBytes=1000, backupCount=3, encoding="utf-8"
-    )
-    logs.configure(logs.LogSettings({}), replica_component(), handler)
-    batched = logs.batched_access()
-    assert batched is not None
-    tally = PyTally((1.0,))
-    for i in range(30):  # about 80 bytes each: 2400 bytes in one block
-        tally.done(0.0, 0.001, "/echo", "GET", "/echo", 200, f"r{i:03d}", "/echo")
-    batched.write_tally(tally)
-    files = sorted(tmp_path.glob("r.log*"))
-    assert [p.name for p in files] == ["r.log", "r.log.1", "r.log.2"]
-    assert all(p.stat().st_size <= 1000 for p in files)
-    text = "".join(p.read_text() for p in reversed(files))
-    assert [line.split()[5] for line in text.splitlines()] == [f"r{i:03d}" for i in range(30)]
 
 
 def test_the_tally_counts_each_route_in_rays_buckets() -> None:

@@ -15,41 +15,20 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from kubeserve.runtime.native_module import NATIVE
 
-__all__ = ["MetricsBatch", "PyTally", "TallyLike", "new_tally"]
+__all__ = ["MetricsBatch", "PyTally", "new_tally"]
 
 #: ``(route, count, total_ms, buckets)``: a route's requests since the last take, ``buckets``
 #: one count per latency bound and then +Inf.
 MetricsBatch = tuple[str, int, float, list[int]]
 
 
-class TallyLike(Protocol):
-    def done(
-        self,
-        started: float,
-        now: float,
-        route: str,
-        method: str | None = None,
-        access_route: str = "",
-        status: int | str | None = None,
-        request_id: str = "",
-        route_field: str = "",
-    ) -> bool: ...
-
-    def take_metrics(self) -> list[MetricsBatch]: ...
-
-    def lines(self) -> int: ...
-
-    def take_text(self, stamp: Callable[[int], str], who: str) -> str: ...
-
-    def take_entries(self) -> list[tuple[float, str, str, int | str, float, str, str]]: ...
-
-
 class PyTally:
-    """The pure Python :class:`TallyLike` (see the module)."""
+    """The pure Python tally; ``kubeserve._native.Tally`` has the same methods (see the
+    module)."""
 
     __slots__ = ("_bounds", "_dirty", "_entries", "_pending")
 
@@ -121,10 +100,11 @@ class PyTally:
         return entries
 
 
-def new_tally(bounds: Sequence[float]) -> TallyLike:
-    """The compiled tally where ``kubeserve._native`` has one, else :class:`PyTally`."""
+def new_tally(bounds: Sequence[float]) -> PyTally:
+    """The compiled tally where ``kubeserve._native`` has one, else :class:`PyTally` (typed as
+    the latter: the same methods)."""
     native = getattr(NATIVE, "Tally", None)
     if native is None:
         return PyTally(bounds)
-    tally: TallyLike = native(list(bounds))
+    tally: PyTally = native(list(bounds))
     return tally

@@ -91,6 +91,10 @@ REQUESTS = [
     b"GET /close HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
     b"GET /old HTTP/1.0\r\nHost: a\r\n\r\n",
     b"POST /chunked HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    b"GET /m HTTP/1.1\r\nServe_Multiplexed_Model_Id: m1\r\nserve_multiplexed_model_id: m2\r\n\r\n",
+    b"GET /m2 HTTP/1.1\r\nserve_multiplexed_model_id: \r\nserve_multiplexed_model_id: m3\r\n\r\n",
+    b"POST /m3 HTTP/1.1\r\nserve_multiplexed_model_id: m4\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
 ]
 
 
@@ -139,6 +143,7 @@ def _fields(request: HttpRequest) -> tuple[object, ...]:
         request.keep_alive,
         request.http10,
         request.request_id if request.request_id in ("abc", "def") else bool(request.request_id),
+        request.model_id,
     )
 
 
@@ -170,8 +175,8 @@ def test_the_compiled_parse_leaves_limits_errors_and_partial_requests_to_httptoo
     assert NATIVE is not None and replica_http._parse_request is NATIVE.parse_request
     parse = NATIVE.parse_request
     post = b"POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello"
-    method, path, query, headers, body, rid, keep_alive, end = parse(post, 0, 100, 1000, 10)
-    assert (method, path, query, body, rid, keep_alive, end) == (
+    method, path, query, headers, body, rid, keep_alive, end, model = parse(post, 0, 100, 1000, 10)
+    assert (method, path, query, body, rid, keep_alive, end, model) == (
         "POST",
         "/p",
         "",
@@ -179,9 +184,10 @@ def test_the_compiled_parse_leaves_limits_errors_and_partial_requests_to_httptoo
         "",
         True,
         len(post),
+        "",
     )
     assert headers == [("Host", "a"), ("Content-Length", "5")]
-    assert parse(b"xx" + post, 2, 100, 1000, 10)[-1] == len(post) + 2  # from an offset
+    assert parse(b"xx" + post, 2, 100, 1000, 10)[7] == len(post) + 2  # from an offset
     assert parse(post, 0, 100, 1000, -1) is not None  # no body limit
     assert parse(post, 0, 1, 1000, 10) is None  # target over max_url_bytes: 414 by httptools
     assert parse(post, 0, 100, 20, 10) is None  # head over max_header_bytes: 431
@@ -233,3 +239,45 @@ def test_the_compiled_answer_is_the_python_one_byte_for_byte() -> None:
         assert b"x-b: caf\xe9\r\n" in compiled and b"x-request-id: mine\r\n" in compiled
 
     run(go(), uvloop=True)
+
+
+# -- the tally -----------------------------------------------------------------------------------
+
+
+def test_the_compiled_tally_counts_and_writes_what_the_python_one_does() -> None:
+    """Same per-route counts, sums and buckets; same access lines (TEXT, latencies rounded
+    alike, half-way cases included, and JSON entries) apart from the time they were taken."""
+    assert NATIVE is not None
+    from kubeserve.runtime.metrics import LATENCY_BUCKETS_MS
+    from kubeserve.runtime.replica.tally import PyTally, new_tally
+
+    compiled, python = new_tally(LATENCY_BUCKETS_MS), PyTally(LATENCY_BUCKETS_MS)
+    assert type(compiled) is NATIVE.Tally
+    latencies = [0.05, 0.15, 0.25, 0.35, 1.0, 1.25, 2.5, 12.55, 999.95, 1234.5, 700_000.0]
+    for tally in (compiled, python):
+        for i, ms in enumerate(latencies):
+            route = "/a" if i % 3 else "/b"
+            status: int | str = 200 if i % 2 else "CANCELLED"
+            first = tally.done(0.0, ms / 1000.0, route, "GET", route, status, f"r{i}", route)
+            assert first is (i == 0)
+        tally.done(1.0, 1.0 + 0.001, "", "CALL", "greet", "OK", "", "/b")
+        tally.done(1.0, 1.0 + 0.002, "")  # counted, no access line
+    assert compiled.take_metrics() == python.take_metrics()
+    assert compiled.take_metrics() == python.take_metrics() == []
+    assert compiled.lines() == python.lines() == len(latencies) + 1
+
+    def strip(text: str) -> list[str]:  # the milliseconds of the time taken
+        return [line.split(",", 1)[1][3:] for line in text.splitlines()]
+
+    texts = [t.take_text(lambda second: "INFO S", " Echo%d Echo-1 ") for t in (compiled, python)]
+    assert strip(texts[0]) == strip(texts[1])
+    # exactly half-way latencies (0.25 ms, 1.25 ms) round to even, as Python's %.1f does
+    assert " Echo%d Echo-1 r2 -- GET /a CANCELLED 0.2ms\n" in texts[0]
+    assert " Echo%d Echo-1 r5 -- GET /a 200 1.2ms\n" in texts[0]
+    assert texts[0].endswith(" Echo%d Echo-1 -- CALL greet OK 1.0ms\n")
+    for tally in (compiled, python):
+        tally.done(1.0, 1.5, "/a", "POST", "/a", 503, "", "/a")
+    entries = [t.take_entries() for t in (compiled, python)]
+    assert [e[1:] for e in entries[0]] == [e[1:] for e in entries[1]]
+    assert abs(entries[0][0][0] - entries[1][0][0]) < 5
+    assert compiled.lines() == python.lines() == 0

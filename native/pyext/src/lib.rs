@@ -1,5 +1,6 @@
 //! `kubeserve._native`: the replica's sealed channel (`kubeserve/runtime/sealing.py`) , its
-//! request parse (`request.rs`) and its answers' heads (`answer.rs`) in compiled code. The frames and their MACs are the proxy's own code (`native/src/sealing.rs`, included
+//! request parse (`request.rs`), its answers' heads (`answer.rs`) and its requests' metrics and
+//! access lines (`tally.rs`) in compiled code. The frames and their MACs are the proxy's own code (`native/src/sealing.rs`, included
 //! here as a module), so both ends of a channel run one implementation of the wire format.
 //!
 //! `Sealer.seal` and `Opener.feed` are the Python classes' methods, one call each: a write is one
@@ -14,6 +15,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 
 mod answer;
 mod request;
+mod tally;
 
 #[allow(dead_code)] // `same` and `trim` serve the proxy only
 #[path = "../../src/sealing.rs"]
@@ -146,6 +148,7 @@ impl Opener {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Sealer>()?;
     m.add_class::<Opener>()?;
+    m.add_class::<tally::Tally>()?;
     m.add_function(wrap_pyfunction!(request::parse_request, m)?)?;
     m.add_function(wrap_pyfunction!(answer::answer, m)?)?;
     m.add("FrameError", m.py().get_type::<FrameError>())?;

@@ -31,9 +31,10 @@ fn names(value: &[u8], token: &str) -> bool {
 }
 
 /// The request at `data[start..]`, or None when httptools must parse it (see the module):
-/// `(method, path, query, headers, body, request_id, keep_alive, end)`, `headers` a list of
-/// `(name, value)` as sent, `request_id` the first non-empty `X-Request-Id` ("" for none),
-/// `end` where the request ends in `data`. `max_body` < 0: no body limit.
+/// `(method, path, query, headers, body, request_id, keep_alive, end, model_id)`, `headers` a
+/// list of `(name, value)` as sent, `request_id` the first non-empty `X-Request-Id` ("" for
+/// none), `end` where the request ends in `data`, `model_id` the first
+/// `serve_multiplexed_model_id` header's value ("" for none). `max_body` < 0: no body limit.
 #[pyfunction]
 #[pyo3(signature = (data, start, max_url, max_head, max_body))]
 pub fn parse_request<'py>(
@@ -80,6 +81,7 @@ pub fn parse_request<'py>(
     let mut content_length: Option<usize> = None;
     let mut keep_alive = true;
     let mut request_id = "";
+    let mut model_id: Option<&str> = None;
     let list = PyList::empty(py);
     for header in request.headers.iter() {
         let name = header.name;
@@ -113,6 +115,9 @@ pub fn parse_request<'py>(
                 }
             }
             17 if eq_lower(name, "transfer-encoding") => return Ok(None),
+            26 if model_id.is_none() && eq_lower(name, "serve_multiplexed_model_id") => {
+                model_id = Some(value)
+            }
             6 if eq_lower(name, "expect") => return Ok(None),
             7 if eq_lower(name, "upgrade") => return Ok(None),
             _ => {}
@@ -141,6 +146,7 @@ pub fn parse_request<'py>(
                 .to_owned()
                 .into_any(),
             end.into_pyobject(py)?.into_any(),
+            PyString::new(py, model_id.unwrap_or("")).into_any(),
         ],
     )?))
 }

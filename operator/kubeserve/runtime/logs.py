@@ -36,7 +36,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from kubeserve.sdk import context
 
@@ -523,6 +523,18 @@ def _stderr() -> TextIO:
 #: and the JSON line's route.
 _Entry = tuple[float, str, str, int | str, float, bytes | str | None, str]
 
+
+class TallyLines(Protocol):
+    """Access lines held elsewhere (a replica's tally, :mod:`kubeserve.runtime.replica.tally`),
+    taken by :meth:`AccessLog.write_tally`."""
+
+    def lines(self) -> int: ...
+
+    def take_text(self, stamp: Callable[[int], str], who: str) -> str: ...
+
+    def take_entries(self) -> list[tuple[float, str, str, int | str, float, str, str]]: ...
+
+
 #: How long access lines wait in memory before they are written together.
 ACCESS_FLUSH_S = 0.1
 
@@ -637,6 +649,34 @@ class AccessLog:
         lines = (
             [self._line(entry) for entry in pending] if self._json else self._text_lines(pending)
         )
+        self._write(lines)
+
+    def _second_stamp(self, second: int) -> str:
+        """``INFO <asctime without its milliseconds>`` of a TEXT line in ``second``."""
+        return "INFO " + self._asctime(second)[:-4]
+
+    def write_tally(self, tally: TallyLines) -> None:
+        """Write the lines a replica's tally holds (:mod:`kubeserve.runtime.replica.tally`:
+        the same lines :meth:`add` would have given its entries), after those waiting here."""
+        if not tally.lines():
+            return
+        self.flush()
+        if self._json:
+            self._write([self._line(entry) for entry in tally.take_entries()])
+            return
+        component = self._component
+        text = tally.take_text(
+            self._second_stamp, f" {component.component_name} {component.component_id} "
+        )
+        # one block, unless the file must roll over between two of its lines
+        limit = getattr(_output, "maxBytes", 0)
+        stream = getattr(_output, "stream", None)
+        crosses = limit and stream is not None and stream.tell() + len(text) >= limit
+        self._write(text.splitlines(keepends=True) if crosses else [text])
+
+    def _write(self, lines: list[str]) -> None:
+        """Write ``lines`` to the handler :func:`configure` installed, rolling over between
+        lines as records would."""
         handler = _output
         stream = getattr(handler, "stream", None)
         if handler is None or stream is None:

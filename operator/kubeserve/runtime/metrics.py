@@ -30,7 +30,9 @@ count, a latency sum and a bucket index found by bisection), and every :data:`FL
 the batches go into the metric objects, one write per label set and bucket instead of five per
 request (in multiprocess mode each write is a locked write to a memory-mapped file). Ray Serve's
 replicas batch the same way. A scrape sees requests at most that much late; nothing is formatted
-until a scrape.
+until a scrape. A kubeserve replica counts its requests in its tally instead
+(:mod:`kubeserve.runtime.replica.tally`, compiled where ``kubeserve._native`` is built), taken
+into :class:`ReplicaMetrics` every 0.1 s with its access lines.
 
 Bounded by construction (a scan of random paths once grew a proxy by hundreds of MiB and its
 scrape to tens of MB, then the merged scrape took ``kubeserve start`` down with it):
@@ -420,11 +422,15 @@ class ReplicaMetrics(_Batcher):
         deployment: str,
         replica: str,
         processing: Callable[[], int] = lambda: 0,
+        batches: Callable[[], list[tuple[str, int, float, list[int]]]] | None = None,
     ) -> None:
-        """``processing``: the replica's queries in flight now (read at each flush)."""
+        """``processing``: the replica's queries in flight now (read at each flush);
+        ``batches``: requests counted elsewhere, taken at each flush (``(route, count,
+        total_ms, buckets)``, the replica's :class:`~kubeserve.runtime.replica.tally.Tally`)."""
         super().__init__()
         count_dropped_log_lines("replica")
         self._processing_now = processing
+        self._batches = batches
         self._pending: dict[str, _Pending] = {}
         who = ("application", "deployment", "replica")
         self._who = (application, deployment, replica)
@@ -478,6 +484,10 @@ class ReplicaMetrics(_Batcher):
         for route, pending in batches.items():
             self.requests.get(*self._who, route).inc(pending.count)
             pending.observe_into(self.latency.get(*self._who, route))
+        if self._batches is not None:
+            for route, count, total_ms, buckets in self._batches():
+                self.requests.get(*self._who, route).inc(count)
+                self.latency.get(*self._who, route).add(total_ms, buckets)
         self.processing.set(self._processing_now())
 
     def error(self, route: str, exception: BaseException) -> None:

@@ -91,6 +91,20 @@ class RequestContext:
     route: str = ""
 
 
+_new = object.__new__
+
+
+def new_request_context(request_id: str, model_id: str, route: str) -> RequestContext:
+    """``RequestContext(request_id, model_id, route)``, made without the frozen dataclass's
+    ``__init__`` (three ``object.__setattr__`` calls: a replica makes one per request)."""
+    made = _new(RequestContext)
+    fields = made.__dict__
+    fields["request_id"] = request_id
+    fields["multiplexed_model_id"] = model_id
+    fields["route"] = route
+    return made
+
+
 #: The request being served (None outside a request, or when it has nothing to tell).
 request_context: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
     "kubeserve_request_context", default=None

@@ -8,10 +8,12 @@ import logging
 import logging.handlers
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kubeserve.runtime import logs
+from kubeserve.runtime.replica.tally import PyTally
 
 
 @pytest.fixture
@@ -74,7 +76,11 @@ def test_no_batched_lines_when_access_lines_are_off_or_must_be_records(
     assert logs.batched_access() is not None
 
 
-def test_a_batch_rolls_the_file_over_between_lines(tmp_path: Path, restored_logging: None) -> None:
+@pytest.mark.parametrize("via_tally", [False, True])
+def test_a_batch_rolls_the_file_over_between_lines(
+    tmp_path: Path, restored_logging: None, via_tally: bool
+) -> None:
+    """Lines added one by one, or a replica's tally written in one block."""
     path = tmp_path / "r.log"
     handler = logging.handlers.RotatingFileHandler(
         path, maxBytes=1000, backupCount=3, encoding="utf-8"
@@ -82,8 +88,13 @@ def test_a_batch_rolls_the_file_over_between_lines(tmp_path: Path, restored_logg
     logs.configure(logs.LogSettings({}), replica_component(), handler)
     batched = logs.batched_access()
     assert batched is not None
+    tally = PyTally((1.0,))
     for i in range(30):  # about 80 bytes each: 2400 bytes in one batch
-        batched.add("GET", "/echo", 200, 1.0, f"r{i:03d}")
+        if via_tally:
+            tally.done(0.0, 0.001, "/echo", "GET", "/echo", 200, f"r{i:03d}", "/echo")
+        else:
+            batched.add("GET", "/echo", 200, 1.0, f"r{i:03d}")
+    batched.write_tally(tally)
     batched.flush()
     files = sorted(tmp_path.glob("r.log*"))
     assert [p.name for p in files] == ["r.log", "r.log.1", "r.log.2"]
@@ -120,3 +131,63 @@ def test_text_access_lines_are_those_the_record_formatter_writes(
         expected.append(handler.formatter.format(record))  # type: ignore[union-attr]
     batched.flush()
     assert (tmp_path / "r.log").read_text().splitlines() == expected
+
+
+#: (ended at, method, route, status, latency ms, request id) of a replica's requests
+TALLIED = [
+    (1_795_000_000.0015, "GET", "/echo", 200, 0.25, "0123abcd"),
+    (1_795_000_000.9999, "CALL", "greet", "OK", 12.55, "req-9"),
+    (1_795_000_001.5, "POST", "/echo", "CANCELLED", 1234.5, ""),
+]
+
+
+def _tallied(tally: Any) -> None:
+    """``TALLIED`` recorded in ``tally``, each at its time."""
+    for at, method, route, status, latency_ms, request_id in TALLIED:
+        tally.done(0.0, latency_ms / 1000.0, route, method, route, status, request_id, route)
+        tally._entries[-1] = (at, *tally._entries[-1][1:])
+
+
+@pytest.mark.parametrize("encoding", ["TEXT", "JSON"])
+def test_a_replicas_tallied_lines_are_those_its_access_log_writes_for_the_same_requests(
+    tmp_path: Path, restored_logging: None, encoding: str
+) -> None:
+    """A replica's lines come out of its tally (``runtime.replica.tally``), formatted in one
+    block: byte for byte what :meth:`AccessLog.add` writes for the same requests."""
+    component = replica_component("Echo%d")
+    written = []
+    for via_tally in (False, True):
+        path = tmp_path / f"{via_tally}.log"
+        handler = logging.handlers.RotatingFileHandler(path, encoding="utf-8")
+        logs.configure(logs.LogSettings({"encoding": encoding}), component, handler)
+        batched = logs.batched_access()
+        assert batched is not None
+        if via_tally:
+            tally = PyTally((1.0, 5.0))
+            _tallied(tally)
+            assert tally.lines() == len(TALLIED)
+            batched.write_tally(tally)
+            assert tally.lines() == 0
+        else:
+            for at, method, route, status, latency_ms, request_id in TALLIED:
+                latency = (latency_ms / 1000.0 - 0.0) * 1000.0
+                batched._pending.append((at, method, route, status, latency, request_id, route))
+            batched.flush()
+        handler.close()
+        written.append(path.read_text())
+    assert written[0] == written[1]
+    assert written[1].count("\n") == len(TALLIED)
+
+
+def test_the_tally_counts_each_route_in_rays_buckets() -> None:
+    tally = PyTally((1.0, 5.0))
+    assert tally.done(0.0, 0.0005, "/a") is True  # the first record since the last take
+    assert tally.done(0.0, 0.001, "/a") is False
+    tally.done(0.0, 0.007, "/b", "GET", "/b", 200, "", "/b")
+    batches = tally.take_metrics()
+    assert [(route, count, buckets) for route, count, _, buckets in batches] == [
+        ("/a", 2, [2, 0, 0]),  # 0.5 ms and 1 ms: at most 1 (bisect_left, Ray's le)
+        ("/b", 1, [0, 0, 1]),
+    ]
+    assert batches[0][2] == pytest.approx(1.5)
+    assert tally.take_metrics() == [] and tally.done(0.0, 0.0, "/a") is True

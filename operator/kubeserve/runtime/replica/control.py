@@ -16,6 +16,7 @@ import asyncio
 import inspect
 import json
 import logging
+import types
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -34,12 +35,16 @@ from kubeserve.runtime.replica.user_code import (
     error_text,
     generator_not_streamed,
     invoke,
+    is_async_callable,
     is_plain_function,
     iterate,
     not_a_generator,
 )
 from kubeserve.sdk import context
 from kubeserve.sdk.ray_errors import task_error
+
+#: what a handle call's method must not return (a generator is answered through a stream)
+_GENERATORS = (types.GeneratorType, types.AsyncGeneratorType)
 
 if TYPE_CHECKING:
     from kubeserve.runtime.tracer import Tracer
@@ -75,6 +80,7 @@ class Control:
         self._on_route_prefix = on_route_prefix
         self._reconfigure_lock = asyncio.Lock()
         self._plain: dict[str, bool] = {}  # per method name: a plain def (see steps_by_hand)
+        self._async: dict[str, bool] = {}  # per method name: an async one (see _call)
 
     def steps_by_hand(self, request: HttpRequest) -> bool:
         """Whether ``request`` may run outside a task (see ``ReplicaHttpServer``): only a handle
@@ -110,7 +116,7 @@ class Control:
                 outcome = "OK" if answer.status == 200 else "ERROR"
                 return answer
             finally:
-                self._state.finish(started, "", ("CALL", method_name, outcome))
+                self._state.finish(started, "", "CALL", method_name, outcome)
         if path.startswith(wire.STREAM_PREFIX):
             if request.method != "POST":
                 return HttpResponse(405, b"handle calls use POST")
@@ -158,13 +164,21 @@ class Control:
         if isinstance(call, HttpResponse):
             return call
         method, args, kwargs, model_id, grpc, trace = call
+        is_async = self._async.get(method_name)
+        if is_async is None:
+            is_async = self._async[method_name] = is_async_callable(method)
         try:
-            if tracing.ACTIVE is None:
-                result = await self._state.run(method, *args, **kwargs)
-            else:
+            if tracing.ACTIVE is not None:
                 result = await self._traced_run(tracing.ACTIVE, trace, method_name, call)
-            if inspect.isgenerator(result) or inspect.isasyncgen(result):
-                result.close() if inspect.isgenerator(result) else await result.aclose()
+            elif is_async:  # what ReplicaState.run does with it, without its frame
+                result = await method(*args, **kwargs)
+            else:
+                result = await self._state.run(method, *args, **kwargs)
+            if isinstance(result, _GENERATORS):
+                if isinstance(result, types.GeneratorType):
+                    result.close()
+                else:
+                    await result.aclose()
                 raise generator_not_streamed(method_name)
             body = wire.encode_result(result) if grpc is None else grpc_answer(grpc, result)
         except Exception as exc:
@@ -348,7 +362,7 @@ def _enter_call(options: dict[str, Any]) -> str:
     if request_id or model_id:
         model_id = str(model_id or "")
         context.request_context.set(
-            context.RequestContext(str(request_id or ""), multiplexed_model_id=model_id)
+            context.new_request_context(str(request_id or ""), model_id, "")
         )
         return model_id
     return ""

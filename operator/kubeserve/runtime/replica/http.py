@@ -78,6 +78,7 @@ from kubeserve.runtime.websocket import (
     WebSocketSession,
 )
 from kubeserve.runtime.wire import CALL_PREFIX, DUPLEX_PREFIX
+from kubeserve.sdk.multiplex import MODEL_ID_HEADER
 
 __all__ = [
     "HttpRequest",
@@ -86,13 +87,15 @@ __all__ = [
     "StreamedResponse",
     "WebSocketHandler",
     "internal_error",
+    "text_response",
 ]
 
 log = logging.getLogger(__name__)
 
 #: ``kubeserve._native.parse_request`` (see :meth:`_Connection._parse_whole`), or None: every
 #: request through httptools' callbacks
-_parse_request = NATIVE.parse_request if NATIVE is not None else None
+#: (an extension built before its ``Tally``, whose parse gave no model id: not used)
+_parse_request = NATIVE.parse_request if NATIVE is not None and hasattr(NATIVE, "Tally") else None
 #: ``kubeserve._native.answer`` (see :meth:`_Connection._write_head`), or None
 _answer = NATIVE.answer if NATIVE is not None else None
 
@@ -102,6 +105,7 @@ _CRLF = b"\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _CHUNKED_END = b"0\r\n\r\n"
 _DUPLEX = DUPLEX_PREFIX.encode()
+_MODEL_ID = MODEL_ID_HEADER.encode()
 _REASONS = REASONS
 #: Encoded header lines of responses, by (name, value): most responses repeat a few headers
 #: (the content type above all), formatted once each; at most this many are kept, short ones.
@@ -112,7 +116,8 @@ _HEADER_LINES_KEPT = 512
 class HttpRequest:
     """One request with its whole body; ``path`` normalised (percent-decoded, dot segments
     resolved), ``headers`` as sent, in order; ``request_id`` the caller's ``X-Request-Id`` or, on
-    user traffic without one, a new one ("" on internal endpoints)."""
+    user traffic without one, a new one ("" on internal endpoints); ``model_id`` the first
+    ``serve_multiplexed_model_id`` header's value ("" for none)."""
 
     __slots__ = (
         "body",
@@ -121,6 +126,7 @@ class HttpRequest:
         "inflow",
         "keep_alive",
         "method",
+        "model_id",
         "path",
         "query_string",
         "request_id",
@@ -136,6 +142,7 @@ class HttpRequest:
         keep_alive: bool,
         http10: bool,
         request_id: str = "",
+        model_id: str = "",
     ) -> None:
         self.method = method
         self.path = path
@@ -145,6 +152,7 @@ class HttpRequest:
         self.keep_alive = keep_alive
         self.http10 = http10
         self.request_id = request_id
+        self.model_id = model_id
         #: a duplex call's body, arriving (``body`` is empty then): see :meth:`_Connection.duplex`
         self.inflow: Inflow | None = None
 
@@ -169,6 +177,20 @@ class HttpResponse:
         if content_type is not None and "content-type" not in self.headers:
             self.headers["content-type"] = content_type
         self.close = close
+
+
+_new = object.__new__
+
+
+def text_response(body: bytes) -> HttpResponse:
+    """``HttpResponse(200, body)`` (text/plain), made without ``__init__``'s checks: the answer
+    to a handler's ``str``, the most common response."""
+    response: HttpResponse = _new(HttpResponse)
+    response.status = 200
+    response.body = body
+    response.headers = {"content-type": "text/plain; charset=utf-8"}
+    response.close = False
+    return response
 
 
 #: Chunks of a streamed body written less than this apart are a burst, written together.
@@ -351,6 +373,7 @@ class _Connection(ServerConnection):
         self.url = b""
         self.headers: list[tuple[str, str]] = []
         self.request_id = ""
+        self.model_id: str | None = None  # the first serve_multiplexed_model_id header's value
         self.expect = False  # Expect: 100-continue
         self.declared = 0  # Content-Length
         self.body: list[bytes] = []
@@ -396,14 +419,16 @@ class _Connection(ServerConnection):
             )
             if parsed is None:
                 break
-            method, path, query, headers, body, request_id, keep_alive, end = parsed
+            method, path, query, headers, body, request_id, keep_alive, end, model_id = parsed
             if not self.ingress and path.startswith(DUPLEX_PREFIX):
                 break  # a duplex call is served as its body arrives: httptools' callbacks
             if not request_id and self.ingress:
                 request_id = new_request_id().decode("ascii")
             start = end
             self._queue(
-                HttpRequest(method, path, query, headers, body, keep_alive, False, request_id)
+                HttpRequest(
+                    method, path, query, headers, body, keep_alive, False, request_id, model_id
+                )
             )
             if start == size:
                 return b""
@@ -439,6 +464,7 @@ class _Connection(ServerConnection):
         self.url = b""
         self.headers = []
         self.request_id = ""
+        self.model_id = None
         self.body = []
         self.body_size = self.declared = 0
 
@@ -463,6 +489,8 @@ class _Connection(ServerConnection):
             self.expect = True
         elif size == 7 and name.lower() == b"upgrade":
             self.upgrade = value
+        elif size == 26 and self.model_id is None and name.lower() == _MODEL_ID:
+            self.model_id = header[1]
 
     def on_headers_complete(self) -> None:
         self.head_done = True
@@ -524,6 +552,7 @@ class _Connection(ServerConnection):
             parser.should_keep_alive(),
             parser.get_http_version() == "1.0",
             request_id,
+            self.model_id or "",
         )
         if self.upgrade:  # rare: only requests with an Upgrade header look at it
             upgrade, self.upgrade = self.upgrade, b""
@@ -555,13 +584,13 @@ class _Connection(ServerConnection):
             # this call, which saves creating and scheduling a task per request. Each request
             # runs in its own copy of the server's context, as a task would, so context variables
             # never leak from one request into the next.
-            coro = self._serve(request)
             context = self.server.context.copy()
             if self.by_hand is not None and not self.by_hand(request):
                 # User coroutines run in a task from their first step, as Ray runs requests:
                 # asyncio.timeout, a TaskGroup, aiohttp's and anyio's timeouts need one.
-                self.task = self.loop.create_task(_run(coro, self._next), context=context)
+                self.task = self.loop.create_task(self._serve(request, True), context=context)
                 return
+            coro = self._serve(request)
             try:
                 yielded = context.run(coro.send, None)
             except StopIteration:
@@ -597,28 +626,35 @@ class _Connection(ServerConnection):
             raise
         self._wait(coro, context, yielded)
 
-    async def _serve(self, request: HttpRequest) -> None:
+    async def _serve(self, request: HttpRequest, in_task: bool = False) -> None:
+        """Answer ``request``; ``in_task``: this is the task serving it, which serves the
+        requests queued behind it once done (:meth:`_next`), however it ends."""
         try:
-            response = await self.handler(request)
-        except Exception:  # the handler maps user errors itself; this is a kubeserve bug
-            log.exception(
-                "%s %s failed in kubeserve's handler (request id %s)",
-                request.method,
-                request.path,
-                request.request_id,
-            )
-            response = internal_error(request.request_id, close=True)
-        keep_alive = request.keep_alive and not self.closed
-        if isinstance(response, HttpResponse):
-            keep_alive = keep_alive and not response.close
-            self._write_head(
-                response.status, response.headers, response.body, keep_alive, request.request_id
-            )
-        else:
-            keep_alive = keep_alive and not request.http10  # 1.0: the body ends with the close
-            keep_alive = await self._stream(response, request, keep_alive)
-        if not keep_alive:
-            self.close()
+            try:
+                response = await self.handler(request)
+            except Exception:  # the handler maps user errors itself; this is a kubeserve bug
+                log.exception(
+                    "%s %s failed in kubeserve's handler (request id %s)",
+                    request.method,
+                    request.path,
+                    request.request_id,
+                )
+                response = internal_error(request.request_id, close=True)
+            keep_alive = request.keep_alive and not self.closed
+            if isinstance(response, HttpResponse):
+                keep_alive = keep_alive and not response.close
+                self._write_head(
+                    response.status, response.headers, response.body, keep_alive,
+                    request.request_id,
+                )  # fmt: skip
+            else:
+                keep_alive = keep_alive and not request.http10  # 1.0: the body ends with close
+                keep_alive = await self._stream(response, request, keep_alive)
+            if not keep_alive:
+                self.close()
+        finally:
+            if in_task:
+                self._next()
 
     def _write_head(
         self,
@@ -812,14 +848,6 @@ def internal_error(request_id: str, *, close: bool = False) -> HttpResponse:
     return HttpResponse(
         500, b"Internal Server Error (request id %s)" % request_id.encode(), close=close
     )
-
-
-async def _run(coro: Coroutine[Any, Any, None], then: Callable[[], None]) -> None:
-    """Run a request's coroutine in the task this is; ``then()`` once it is done."""
-    try:
-        await coro
-    finally:
-        then()
 
 
 async def _resume(coro: Coroutine[Any, Any, None], yielded: Any, then: Callable[[], None]) -> None:

@@ -33,6 +33,7 @@ from kubeserve.runtime.replica.http import (
     HttpResponse,
     StreamedResponse,
     internal_error,
+    text_response,
 )
 from kubeserve.runtime.replica.state import ReplicaState
 from kubeserve.runtime.replica.user_code import (
@@ -47,7 +48,6 @@ from kubeserve.runtime.websocket import WebSocketSession
 from kubeserve.sdk import context
 from kubeserve.sdk.http import StreamingResponse, to_response
 from kubeserve.sdk.ingress import asgi_app_of
-from kubeserve.sdk.multiplex import MODEL_ID_HEADER
 
 if TYPE_CHECKING:
     from kubeserve.runtime.tracer import Tracer
@@ -76,6 +76,8 @@ class Ingress:
             and state.run is invoke
         )
         self._asgi = None if user.is_function else asgi_app_of(user.target)
+        #: the ``async def __call__`` of a deployment that is no ASGI app, or None
+        self._plain_async = self._http_target if self._http_async and self._asgi is None else None
         #: a request may be stepped by hand, outside a task (see ``ReplicaHttpServer``), only
         #: when no user coroutine runs in its steps: a plain ``def`` runs on a worker thread and
         #: an ASGI app in a task of its own
@@ -115,7 +117,23 @@ class Ingress:
         try:
             model_id = _enter_request(request, self._route)
             if tracing.ACTIVE is None:
-                response = await self._user_http(request, started)
+                if self._plain_async is not None:  # _user_http's common case, one frame less
+                    plain: HttpResponse | None = None
+                    try:
+                        if self._http_takes_request:
+                            args = (user_request(request, self._root_path, self._mount),)
+                            result = await self._plain_async(*args)
+                        else:
+                            result = await self._plain_async()
+                        if type(result) is str:
+                            plain = text_response(result.encode())
+                    except Exception as exc:
+                        plain = self._failed(exc, request, "request")
+                    response = (
+                        plain if plain is not None else await self._answer(result, request, started)
+                    )
+                else:
+                    response = await self._user_http(request, started)
             else:
                 response = await self._traced_http(tracing.ACTIVE, request, started)
             streaming = isinstance(response, StreamedResponse)
@@ -129,7 +147,8 @@ class Ingress:
             raise
         finally:
             if not streaming:  # a stream is counted until its last chunk (see _stream)
-                state.finish(started, self._route, (request.method, self._route, status))
+                route = self._route
+                state.finish(started, route, request.method, route, status, request.request_id)
 
     async def handle_websocket(
         self, request: HttpRequest, session: WebSocketSession
@@ -168,7 +187,8 @@ class Ingress:
             status = 101 if refusal is None else refusal.status
             return refusal
         finally:
-            self._state.finish(started, self._route, ("WEBSOCKET", self._route, status))
+            route = self._route
+            self._state.finish(started, route, "WEBSOCKET", route, status, request.request_id)
 
     async def _traced_http(
         self, tracer: Tracer, request: HttpRequest, started: float
@@ -228,7 +248,16 @@ class Ingress:
             else:
                 result = await self._state.run(self._http_target, *args)
             if type(result) is str:  # the common case, without building a Response first
-                return HttpResponse(200, result.encode())
+                return text_response(result.encode())
+        except Exception as exc:
+            return self._failed(exc, request, "request")
+        return await self._answer(result, request, started)
+
+    async def _answer(
+        self, result: Any, request: HttpRequest, started: float
+    ) -> HttpResponse | StreamedResponse:
+        """The response to what the user's ``__call__`` returned (other than a ``str``)."""
+        try:
             if is_asgi_response(result):  # a Starlette/FastAPI response: sent as it is
                 return await self._asgi_http(result, request, started)
             response = to_response(result)
@@ -281,8 +310,9 @@ class Ingress:
                 raise
             finally:
                 await chunks.aclose()
+                route = self._route
                 self._state.finish(
-                    started, self._route, (request.method, self._route, response.status_code)
+                    started, route, request.method, route, response.status_code, request.request_id
                 )
 
         return StreamedResponse(response.status_code, response.headers, body())
@@ -309,12 +339,6 @@ def _enter_request(request: HttpRequest, route: str) -> str:
     """Make the request's id, route and multiplexed model id visible to the user's code, its log
     records and the handle calls it makes (each request runs in its own context copy, so this
     never leaks into another request); returns the model id ("" for none)."""
-    model_id = ""
-    for name, value in request.headers:
-        if len(name) == len(MODEL_ID_HEADER) and name.lower() == MODEL_ID_HEADER:
-            model_id = value
-            break
-    context.request_context.set(
-        context.RequestContext(request.request_id, multiplexed_model_id=model_id, route=route)
-    )
+    model_id = request.model_id
+    context.request_context.set(context.new_request_context(request.request_id, model_id, route))
     return model_id

@@ -202,6 +202,7 @@ async def serve_replica(
     probe = await _start_probe_listener(config, host)
     metrics_listener = await start_metrics_listener(host, metrics_port, secret)
     client = _handle_transport(controller_url, secret, cluster)
+    state: ReplicaState | None = None
     try:
         user, applied = await _start_user_code(config, cluster)
         state = ReplicaState(config, user, sync_in_threadpool=sync_in_threadpool)
@@ -269,6 +270,8 @@ async def serve_replica(
             await probe.close()
         if metrics_listener is not None:
             await metrics_listener.close()
+        if state is not None:
+            state.flush()  # the last requests' metrics and access lines
         batched = logs.batched_access()
         if batched is not None:
             batched.flush()

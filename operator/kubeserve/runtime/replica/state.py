@@ -15,8 +15,9 @@ import time
 
 from kubeserve.runtime import logs, wire
 from kubeserve.runtime.logs import ACCESS_LOGGER, access_message
-from kubeserve.runtime.metrics import ReplicaMetrics, label_value
+from kubeserve.runtime.metrics import LATENCY_BUCKETS_MS, ReplicaMetrics, label_value
 from kubeserve.runtime.replica.http import HttpResponse, StreamedResponse
+from kubeserve.runtime.replica.tally import new_tally
 from kubeserve.runtime.replica.user_code import UserCode, invoke, invoke_on_loop
 from kubeserve.sdk import context, multiplex
 
@@ -38,9 +39,10 @@ class ReplicaState:
         self.user = user
         self._ongoing = 0
         #: the integral of ``ongoing`` over time up to ``_changed_at`` (request-seconds): the
-        #: autoscaler reads its growth to get the mean load between two of its reads
+        #: autoscaler reads its growth to get the mean load between two of its reads. Times are
+        #: ``time.perf_counter()``'s (the clock of a request's ``started``: one read per change)
         self._ongoing_area = 0.0
-        self._changed_at = self._started_at = time.monotonic()
+        self._changed_at = self._started_at = time.perf_counter()
         self.processed = 0
         self._max_ongoing = int(config["max_ongoing_requests"])
         self.draining = False
@@ -52,9 +54,16 @@ class ReplicaState:
         self._labels = ",".join(f'{k}="{label_value(v)}"' for k, v in labels.items())
         #: Ray's ``logging_config.enable_access_log``: an access line per request and call
         self.access_log = True
+        #: finished requests' metrics and access lines until the next :meth:`flush`
+        self._tally = new_tally(LATENCY_BUCKETS_MS)
+        self._flush_scheduled = False
         #: Ray Serve's replica metrics (requests, errors, latency, queries in flight, starts)
         self.metrics_recorder = ReplicaMetrics(
-            config["app"], config["deployment"], config["replica_id"], lambda: self._ongoing
+            config["app"],
+            config["deployment"],
+            config["replica_id"],
+            lambda: self._ongoing,
+            self._tally.take_metrics,
         )
         #: the :data:`~kubeserve.runtime.wire.MODELS_HEADER` value, and the
         #: :func:`~kubeserve.sdk.multiplex.models_version` it was formatted at
@@ -69,19 +78,38 @@ class ReplicaState:
     def ongoing(self, value: int) -> None:
         self._move(value - self._ongoing)
 
-    def _move(self, by: int) -> None:
-        """``ongoing`` changes by ``by``: its integral so far is taken first."""
-        now = time.monotonic()
+    def _move(self, by: int) -> float:
+        """``ongoing`` changes by ``by``: its integral so far is taken first; returns now."""
+        now = time.perf_counter()
         ongoing = self._ongoing
         self._ongoing_area += ongoing * (now - self._changed_at)
         self._changed_at, self._ongoing = now, ongoing + by
-        self.metrics_recorder.changed()
+        if not self._flush_scheduled:
+            self._schedule_flush()
+        return now
 
     def begin(self) -> float:
         """A request or handle call starts (admitted by :meth:`refusal`): counted as ongoing
         until :meth:`finish`; returns its start (``perf_counter``), which ``finish`` takes."""
-        self._move(1)
-        return time.perf_counter()
+        return self._move(1)
+
+    def _schedule_flush(self) -> None:
+        """Flush what the tally holds and the queries in flight :data:`~kubeserve.runtime.
+        logs.ACCESS_FLUSH_S` from now (at once without a running loop)."""
+        self._flush_scheduled = True
+        try:
+            asyncio.get_running_loop().call_later(logs.ACCESS_FLUSH_S, self.flush)
+        except RuntimeError:
+            self.flush()
+
+    def flush(self) -> None:
+        """The finished requests' metrics into their series (and the queries in flight into
+        theirs), their access lines into the log; idempotent."""
+        self._flush_scheduled = False
+        self.metrics_recorder.flush()
+        batched = logs.batched_access()
+        if batched is not None:
+            batched.write_tally(self._tally)
 
     def refusal(self) -> HttpResponse | None:
         """The answer to a request that must not start now (draining, or at
@@ -93,29 +121,43 @@ class ReplicaState:
         return None
 
     def finish(
-        self, started: float, route: str, access: tuple[str, str, int | str] | None = None
+        self,
+        started: float,
+        route: str,
+        method: str | None = None,
+        access_route: str = "",
+        status: int | str = 0,
+        request_id: str | None = None,
     ) -> None:
-        """A request or handle call that began at ``started`` (``perf_counter``) is done;
-        ``access``: its method, route and status for the access line (Ray's ``GET /route 200
-        1.2ms``, or ``CALL method OK``), unless ``logging_config.enable_access_log`` is off."""
-        self._move(-1)
+        """A request or handle call that began at ``started`` (``perf_counter``) is done, its
+        metrics counted under ``route``. With ``method``: its access line (Ray's ``GET /route
+        200 1.2ms``, or ``CALL method OK``: ``method``, ``access_route``, ``status``), unless
+        ``logging_config.enable_access_log`` is off; ``request_id`` (and ``route`` as the
+        line's route field) when the caller knows them, else the request context's."""
+        now = self._move(-1)
         self.processed += 1
-        latency_ms = (time.perf_counter() - started) * 1000.0
-        self.metrics_recorder.done(route, latency_ms)
-        if access is not None and self.access_log:
-            batched = logs.batched_access()
-            if batched is None:
-                _access_log.info(access_message(*access, latency_ms))
+        if method is None or not self.access_log:
+            self._tally.done(started, now, route)
+            return
+        batched = logs.batched_access()
+        if batched is None:  # access lines as log records (additional_log_standard_attrs)
+            self._tally.done(started, now, route)
+            latency_ms = (now - started) * 1000.0
+            _access_log.info(access_message(method, access_route, status, latency_ms))
+            return
+        if request_id is not None:
+            field = route
+        else:
+            current = context.request_context.get()
+            if current is None:
+                request_id, field = "", route
             else:
-                current = context.request_context.get()
-                if current is None:
-                    batched.add(*access, latency_ms, None, route)
-                else:
-                    batched.add(*access, latency_ms, current.request_id, current.route or route)
+                request_id, field = current.request_id, current.route or route
+        self._tally.done(started, now, route, method, access_route, status, request_id, field)
 
     def ongoing_area(self) -> float:
         """Request-seconds served so far (the integral of ``ongoing``), up to now."""
-        return self._ongoing_area + self._ongoing * (time.monotonic() - self._changed_at)
+        return self._ongoing_area + self._ongoing * (time.perf_counter() - self._changed_at)
 
     def tell_models(self, response: HttpResponse | StreamedResponse) -> None:
         """Name the models this replica holds in the answer to a multiplexed request, so that its
@@ -132,6 +174,7 @@ class ReplicaState:
     def metrics(self) -> str:
         """The Prometheus exposition the autoscaler and ``kubeserve status`` read."""
         labels = self._labels
+        uptime = time.perf_counter() - self._started_at
         return (
             "# HELP kubeserve_replica_ongoing_requests Requests and handle calls in flight.\n"
             "# TYPE kubeserve_replica_ongoing_requests gauge\n"
@@ -142,7 +185,7 @@ class ReplicaState:
             f"kubeserve_replica_ongoing_request_seconds_total{{{labels}}} {self.ongoing_area()}\n"
             "# HELP kubeserve_replica_uptime_seconds Time since the replica started serving.\n"
             "# TYPE kubeserve_replica_uptime_seconds counter\n"
-            f"kubeserve_replica_uptime_seconds{{{labels}}} {time.monotonic() - self._started_at}\n"
+            f"kubeserve_replica_uptime_seconds{{{labels}}} {uptime}\n"
             "# HELP kubeserve_replica_processed_requests_total Requests and handle calls done.\n"
             "# TYPE kubeserve_replica_processed_requests_total counter\n"
             f"kubeserve_replica_processed_requests_total{{{labels}}} {self.processed}\n"

@@ -198,8 +198,8 @@ mod tests {
     fn text_lines_read_as_the_python_proxys() {
         std::env::set_var("TZ", "UTC");
         let mut a = lines(false, " proxy node-1 ");
-        a.add(1_795_000_000.0015, "GET", "/echo", 200, 0.25, "0123abcd");
-        a.add(1_795_000_000.9999, "POST", "/", 503, 1234.55, "");
+        a.add(1_795_000_000.001_5, "GET", "/echo", 200, 0.25, "0123abcd");
+        a.add(1_795_000_000.999_9, "POST", "/", 503, 1234.55, "");
         a.add(1_795_000_001.5, "GET", "/", "OK", 0.05, "r");
         let (text, dropped) = a.take();
         assert_eq!(dropped, 0);

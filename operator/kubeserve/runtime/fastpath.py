@@ -95,6 +95,7 @@ from kubeserve.runtime.tls import NativeTLS
 from kubeserve.runtime.wire import Snapshot
 
 __all__ = [
+    "ALLOCATOR_ENV",
     "BINARY_ENV",
     "DATA_PATH_ENV",
     "MISSING_BINARY",
@@ -112,6 +113,14 @@ log = logging.getLogger(__name__)
 #: is not given (``kubeserve start`` passes its choice to the proxy it starts as the flag): an
 #: explicit choice, as the flag is.
 DATA_PATH_ENV = "KUBESERVE_DATA_PATH"
+
+#: The environment a proxy process starts with (``kubeserve start``'s proxy and the proxy pods
+#: alike): glibc's malloc gives blocks of 64 KiB and more pages of their own and returns free
+#: heap past 128 KiB, instead of raising both thresholds to the largest block freed (its
+#: default), after which a burst's buffers (a take's access lines, a large request) stay in the
+#: heap: after a minute of load, 1.6 MB less of the Python proxy (``benchmarks/README.md``).
+#: The native child sets its own mmap threshold (``native/src/memory.rs``).
+ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
 #: Names the ``kubeserve-fastpath`` binary to run (else ``native/target/release`` of a source
 #: checkout, else ``$PATH``).

@@ -70,9 +70,12 @@ class Setup:
     front: int
     pids: tuple[int, ...]
     headers: tuple[str, ...] = ()
+    #: the Python proxy when it is not ``front`` (behind its kubeserve-fastpath child)
+    behind: int | None = None
     rps: list[float] = field(default_factory=list)
     front_us: list[float] = field(default_factory=list)
     total_us: list[float] = field(default_factory=list)
+    behind_us: list[float] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -158,9 +161,12 @@ def tree_kubeserve(
                 # child, else the proxy itself; the Python proxy counts among the row's processes
                 front = (*children(proxy_pid), proxy_pid)
                 pids = (*front, *replicas)
-                setups[f"{app} via proxy"] = Setup(url, front[0], pids)
+                behind = proxy_pid if front[0] != proxy_pid else None
+                setups[f"{app} via proxy"] = Setup(url, front[0], pids, behind=behind)
                 if app == "noop":
-                    setups[f"{app} via proxy, client id"] = Setup(url, front[0], pids, WITH_ID)
+                    setups[f"{app} via proxy, client id"] = Setup(
+                        url, front[0], pids, WITH_ID, behind
+                    )
                 if app not in SYNC_APPS:
                     continue
                 plain = stack.enter_context(_plain_replica(tree, app, INGRESS[app]))
@@ -209,6 +215,7 @@ def main() -> int:
             for key, setup in setups.items():
                 front = cpu_s(setup.front)
                 total = sum(cpu_s(pid) for pid in setup.pids)
+                behind = cpu_s(setup.behind) if setup.behind is not None else 0.0
                 result = load.wrk(setup.url, args.seconds, headers=setup.headers)
                 served = result.requests_per_s * args.seconds
                 if result.errors:
@@ -218,14 +225,16 @@ def main() -> int:
                 setup.total_us.append(
                     (sum(cpu_s(pid) for pid in setup.pids) - total) * 1e6 / served
                 )
+                if setup.behind is not None:
+                    setup.behind_us.append((cpu_s(setup.behind) - behind) * 1e6 / served)
             print(f"run {run + 1}/{args.runs} done", flush=True)
         print(f"load average after: {os.getloadavg()[0]:.2f}")
     median = statistics.median
     print(
         "\n| tree | setup | median req/s | CPU us/request, front process | CPU us/request, "
-        "all serving processes | req/s of each run |"
+        "Python proxy behind it | CPU us/request, all serving processes | req/s of each run |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     table = []
     for (tree, name), s in setups.items():
         row = {
@@ -234,11 +243,13 @@ def main() -> int:
             "requests_per_s": median(s.rps),
             "front_cpu_us": median(s.front_us),
             "total_cpu_us": median(s.total_us),
+            "behind_cpu_us": median(s.behind_us) if s.behind_us else None,
         }
         table.append(row)
         runs = " ".join(f"{v:.0f}" for v in s.rps)
         print(
             f"| {tree} | {name} | {row['requests_per_s']:.0f} | {row['front_cpu_us']:.1f} | "
+            f"{'-' if not s.behind_us else f'{median(s.behind_us):.1f}'} | "
             f"{row['total_cpu_us']:.1f} | {runs} |"
         )
     print()
@@ -248,6 +259,11 @@ def main() -> int:
             f"after / before, {name}: req/s {median(a.rps) / median(b.rps):.0%}, CPU per "
             f"request {median(a.front_us) / median(b.front_us):.0%} (front), "
             f"{median(a.total_us) / median(b.total_us):.0%} (all)"
+            + (
+                f", {median(a.behind_us) / median(b.behind_us):.0%} (Python proxy behind it)"
+                if a.behind_us and b.behind_us
+                else ""
+            )
         )
     if args.json:
         args.json.write_text(json.dumps(table, indent=1) + "\n")

@@ -1,7 +1,7 @@
 """Resident memory of a real replica and of the proxy after load, and what their imports cost.
 
     .venv/bin/python benchmarks/replica_memory.py [TREE ...] [--starts 3] [--seconds 3]
-        [--data-paths native,python] [--no-imports] [--source]
+        [--data-paths native,python] [--env NAME=VALUE ...] [--no-imports] [--source]
 
 Each tree (default: this checkout; e.g. ``git worktree add /tmp/ks-before main``, then ``make
 venv`` in it) is first given its bytecode (``make bytecode``: ``compileall`` of ``operator/
@@ -15,7 +15,9 @@ kubeserve`` and ``benchmarks``), as an installed wheel has it; ``--source`` skip
    ``async_noop`` of ``benchmarks/compare_apps.py``, each loaded through the proxy with
    ``wrk -t1 -c16`` for ``--seconds``; then ``VmRSS``, ``RssAnon`` and ``RssFile`` are read from
    ``/proc/PID/status`` of the Python proxy, its ``kubeserve-fastpath`` child (the native data
-   path) and each replica. Medians over the starts are printed.
+   path) and each replica. Medians over the starts are printed. With ``--env``, each tree is
+   also measured (in the same turns) with those variables in ``kubeserve start``'s environment,
+   which its proxy and replicas inherit (glibc's ``MALLOC_*_THRESHOLD_``, say).
 2. **Imports.** In a fresh interpreter of ``TREE``, the modules a replica of ``noop`` loads
    (``kubeserve.runtime.replica.command``, the build module and the application), group by group
    in the order a replica imports them, with the RSS each group adds. A group's figure depends
@@ -125,10 +127,26 @@ def proc_status(pid: int) -> dict[str, float]:
     return out
 
 
-def after_load(tree: Path, seconds: int, data_path: str) -> dict[str, dict[str, float]]:
-    """One ``kubeserve start`` of ``tree`` with its proxy on ``data_path``: each process's
-    memory after the load."""
+def after_load(
+    tree: Path, seconds: int, data_path: str, env: dict[str, str] | None = None
+) -> dict[str, dict[str, float]]:
+    """One ``kubeserve start`` of ``tree`` with its proxy on ``data_path`` (and ``env`` in its
+    environment): each process's memory after the load."""
     os.environ[DATA_PATH_ENV] = data_path  # kubeserve start passes it to its proxy
+    saved = {name: os.environ.get(name) for name in env or {}}
+    os.environ.update(env or {})
+    try:
+        return _after_load(tree, seconds)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _after_load(tree: Path, seconds: int) -> dict[str, dict[str, float]]:
+    data_path = os.environ[DATA_PATH_ENV]
     with tree_kubeserve(tree, list(APPS), "memory", with_nginx=False) as setups:
         for app in APPS:
             subprocess.run(
@@ -179,24 +197,31 @@ def main() -> int:
     parser.add_argument(
         "--data-paths", default="native,python", help="the proxy's data paths to measure, in turns"
     )
+    parser.add_argument(
+        "--env", action="append", default=[], help="NAME=VALUE: also measure with it, in turns"
+    )
     parser.add_argument("--no-imports", action="store_true")
     parser.add_argument("--source", action="store_true", help="do not compile the trees first")
     args = parser.parse_args()
+    extra = dict(item.partition("=")[::2] for item in args.env)
+    variants = [("", {})] + ([(f", with {' '.join(args.env)}", extra)] if extra else [])
     trees = [Path(tree).resolve() for tree in args.trees]
     if not args.source:
         for tree in trees:
             compile_tree(tree)
     paths = args.data_paths.split(",")
-    runs: dict[tuple[Path, str], list[dict[str, dict[str, float]]]] = {
-        (tree, path): [] for tree in trees for path in paths
+    runs: dict[tuple[Path, str, str], list[dict[str, dict[str, float]]]] = {
+        (tree, path, name): [] for tree in trees for path in paths for name, _ in variants
     }
     for _ in range(args.starts):
         for tree in trees:
             for path in paths:
-                runs[tree, path].append(after_load(tree, args.seconds, path))
+                for name, env in variants:
+                    runs[tree, path, name].append(after_load(tree, args.seconds, path, env))
     for tree in trees:
         for path in paths:
-            report(tree, path, runs[tree, path])
+            for name, _ in variants:
+                report(tree, path + name, runs[tree, path, name])
         if not args.no_imports:
             report_imports(tree, "a replica", GROUPS)
             report_imports(tree, "the proxy", PROXY_GROUPS)

@@ -33,7 +33,8 @@
 //!
 //! Calls answered here are counted per (method, application, code) and taken by the Python
 //! proxy with op `take_records` on this module's own control socket (`--grpc-control`), their
-//! access lines held compact (`Access`) and written straight into that answer.
+//! access lines formatted as the Python proxy writes them (`access.rs`) and handed over after
+//! that answer.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -52,12 +53,12 @@ use serde_json::{json, Value};
 use sha2::Sha256;
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 
+use crate::access::AccessLines;
 use crate::channel::{self, Channel, ROLE_CONTROL};
 use crate::frames::{self, Dechunker, FrameCutter, Piece};
 use crate::http::{parse_answer, Answer as Parsed, Framing, ParsedAnswer};
 use crate::routing::{
     self, pick, records_answer, Deployment, Pending, Registry, Replica, Reply, Rid, Slot,
-    MAX_ACCESS,
 };
 
 /// The private service of the Python listener that answers a replica's pickled answer.
@@ -110,25 +111,11 @@ struct Record {
     pending: Pending,
 }
 
-/// One access line, `[unix time, full method, application, code, latency ms, request id]`
-/// once written (`routing::records_answer`): kept compact (no JSON tree, method and application shared),
-/// as the HTTP front's, since a second of load holds as many as calls were answered.
-struct Access {
-    at: f64,
-    latency_ms: f64,
-    code: &'static str,
-    method: Rc<Method>,
-    app: Rc<App>,
-    rid: Rid,
-}
-
 #[derive(Default)]
 struct Counters {
     /// (method, application: their `Rc`s' addresses, held in the value; code name) -> calls
     /// since the last take (no key allocated per call)
     records: HashMap<(usize, usize, &'static str), Record>,
-    access: Vec<Access>,
-    access_dropped: u64,
     served: u64,
     relayed: u64,
     handed_off: u64,
@@ -141,7 +128,7 @@ struct Front {
     /// the replicas, shared with the HTTP front (`routing.rs`)
     registry: Rc<Registry>,
     request_timeout: Cell<Option<Duration>>,
-    access: Cell<bool>,
+    access: RefCell<AccessLines>,
     buckets: RefCell<Vec<f64>>,
     counters: RefCell<Counters>,
     /// the HTTP/2 client connection to the Python listener (made on first need, remade when lost)
@@ -162,7 +149,7 @@ pub async fn run(
         state: RefCell::new(Rc::new(State::default())),
         registry,
         request_timeout: Cell::new(None),
-        access: Cell::new(false),
+        access: RefCell::default(),
         buckets: RefCell::new(Vec::new()),
         counters: RefCell::new(Counters::default()),
         python: RefCell::new(None),
@@ -200,23 +187,10 @@ fn handle_control(front: &Front, msg: &Value) -> Reply {
                            "buckets": p.buckets})
                 })
                 .collect();
-            let access = std::mem::take(&mut c.access);
-            let dropped = std::mem::take(&mut c.access_dropped);
-            let rest = json!({"ok": true, "records": records, "access_dropped": dropped,
-                              "served": c.served, "relayed": c.relayed,
+            let rest = json!({"ok": true, "records": records, "served": c.served, "relayed": c.relayed,
                               "handed_off": c.handed_off});
             drop(c);
-            return records_answer(&rest, &access, |a, out| {
-                let line = (
-                    a.at,
-                    &a.method.full,
-                    &a.app.name,
-                    a.code,
-                    a.latency_ms,
-                    a.rid.as_str(),
-                );
-                let _ = serde_json::to_writer(out, &line);
-            });
+            return records_answer(rest, &front.access);
         }
         _ => json!({"ok": false, "error": "op: must be state or take_records"}),
     })
@@ -741,23 +715,12 @@ fn record(front: &Front, head: &Head, code: &'static str, started: Instant) {
         })
         .pending
         .add(&bounds, latency_ms);
-    if front.access.get() {
-        if c.access.len() >= MAX_ACCESS {
-            c.access_dropped += 1;
-            return;
-        }
-        let rid = match &head.request_id {
-            Rid::Generated(hex) => Rid::Generated(*hex),
-            Rid::Given(text) => Rid::Given(text.clone()),
-        };
-        c.access.push(Access {
-            at: routing::unix_time(),
-            latency_ms,
-            code,
-            method: head.method.clone(),
-            app: head.app.clone(),
-            rid,
-        });
+    drop(c);
+    let mut access = front.access.borrow_mut();
+    if access.on() {
+        let (method, app) = (&head.method.full, &head.app.name);
+        let at = routing::unix_time();
+        access.add(at, method, app, code, latency_ms, head.request_id.as_str());
     }
 }
 

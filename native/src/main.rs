@@ -18,6 +18,7 @@
 //!
 //! `probe`: one request over a fresh sealed connection, the answer on stdout (tests, debugging).
 
+mod access;
 mod channel;
 mod frames;
 mod grpc;

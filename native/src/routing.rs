@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
+use crate::access::AccessLines;
 use crate::channel::{self, Channel};
 
 pub struct Replica {
@@ -54,6 +55,9 @@ pub fn take_idle(pool: &RefCell<Vec<Channel>>) -> Option<Channel> {
 pub struct Deployment {
     /// `app#deployment`
     pub key: String,
+    /// the route its requests' access lines name: the last route of the snapshot to it, as the
+    /// Python proxy's `labels`
+    pub route: String,
     pub max_ongoing: u32,
     pub replicas: Vec<Rc<Replica>>,
     /// a custom request router (Ray's `request_router_class`) chooses in the Python proxy:
@@ -100,6 +104,16 @@ impl Registry {
             deployments: Vec::new(),
         };
         let mut index: HashMap<String, usize> = HashMap::new();
+        let mut labels: HashMap<String, &str> = HashMap::new();
+        for r in routes {
+            if let (Some(prefix), Some(app), Some(dep)) = (
+                r.get("route_prefix").and_then(Value::as_str),
+                r.get("app").and_then(Value::as_str),
+                r.get("deployment").and_then(Value::as_str),
+            ) {
+                labels.insert(format!("{app}#{dep}"), prefix);
+            }
+        }
         for (i, r) in routes.iter().enumerate() {
             let field = |name: &str| {
                 r.get(name)
@@ -114,7 +128,8 @@ impl Registry {
             let d = match index.get(&key) {
                 Some(&d) => d,
                 None => {
-                    let parsed = parse_deployment(&key, dep, &known, &mut live)?;
+                    let route = labels.get(&key).copied().unwrap_or_default();
+                    let parsed = parse_deployment(&key, route, dep, &known, &mut live)?;
                     out.deployments.push(Rc::new(parsed));
                     index.insert(key, out.deployments.len() - 1);
                     out.deployments.len() - 1
@@ -152,6 +167,7 @@ impl Registry {
 
 fn parse_deployment(
     key: &str,
+    route: &str,
     dep: &Value,
     known: &HashMap<String, Rc<Replica>>,
     live: &mut HashMap<String, Rc<Replica>>,
@@ -199,6 +215,7 @@ fn parse_deployment(
     }
     Ok(Deployment {
         key: key.to_owned(),
+        route: route.to_owned(),
         max_ongoing: max_ongoing.min(u32::MAX as u64) as u32,
         replicas,
         custom_router: dep.get("request_router").is_some(),
@@ -282,11 +299,12 @@ pub fn request_id() -> [u8; 32] {
 
 // -- settings both fronts take with a snapshot ------------------------------------------------
 
-/// `latency_buckets_ms`, `request_timeout_s` and `access_log` of a `state` op, when present.
+/// `latency_buckets_ms`, `request_timeout_s` and `access_log` (with `access_format`) of a
+/// `state` op, when present.
 pub struct Common<'a> {
     pub buckets: &'a RefCell<Vec<f64>>,
     pub request_timeout: &'a Cell<Option<Duration>>,
-    pub access: &'a Cell<bool>,
+    pub access: &'a RefCell<AccessLines>,
 }
 
 impl Common<'_> {
@@ -306,17 +324,11 @@ impl Common<'_> {
                 None => return Err("request_timeout_s: not a positive number or null".into()),
             },
         }
-        if let Some(on) = msg.get("access_log").and_then(Value::as_bool) {
-            self.access.set(on);
-        }
-        Ok(())
+        self.access.borrow_mut().apply(msg)
     }
 }
 
 // -- records ----------------------------------------------------------------------------------
-
-/// Most access lines held between two takes (one a second); past it they are counted, dropped.
-pub const MAX_ACCESS: usize = 200_000;
 
 /// Requests of one label set since the last `take_records`: Ray's metrics, recorded by the
 /// Python proxy (`ProxyMetrics.add_batch`, `GrpcProxyMetrics`).
@@ -358,23 +370,14 @@ impl Rid {
     }
 }
 
-/// A `take_records` answer: `rest` (the records and counters) with `"access":[...]` added,
-/// each access line written straight into the answer by `line` (a JSON array, as `json!`
-/// would have written it: no JSON tree per line, as a second of load holds as many lines as
-/// requests). Both fronts (HTTP and gRPC) answer with this.
-pub fn records_answer<T>(rest: &Value, access: &[T], line: impl Fn(&T, &mut Vec<u8>)) -> Reply {
-    let mut out = Vec::with_capacity(256 + access.len() * 120);
-    let _ = serde_json::to_writer(&mut out, rest);
-    out.pop(); // its closing brace
-    out.extend_from_slice(b",\"access\":[");
-    for (i, entry) in access.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        line(entry, &mut out);
-    }
-    out.extend_from_slice(b"]}");
-    Reply::Text(String::from_utf8(out).unwrap_or_default())
+/// A `take_records` answer: `rest` (the records and counters) with `access_bytes`, then the
+/// access lines themselves (`access.rs`), that many bytes of text after the answer's line: no
+/// JSON escaping of them here, no parsing there.
+pub fn records_answer(mut rest: Value, access: &RefCell<AccessLines>) -> Reply {
+    let (text, dropped) = access.borrow_mut().take();
+    rest["access_bytes"] = json!(text.len());
+    rest["access_dropped"] = json!(dropped);
+    Reply::Blob(rest, text)
 }
 
 /// Seconds since the epoch, for access lines.
@@ -409,11 +412,11 @@ pub fn serve_control<S: 'static>(
     });
 }
 
-/// A control op's answer: JSON to write, or JSON already written (a large answer, `take_records`
-/// with its access lines, is written straight into its text).
+/// A control op's answer: JSON, or JSON followed by the bytes its `access_bytes` counts
+/// (`take_records` with its access lines).
 pub enum Reply {
     Json(Value),
-    Text(String),
+    Blob(Value, Vec<u8>),
 }
 
 async fn control_connection<S>(state: Rc<S>, conn: UnixStream, handle: fn(&S, &Value) -> Reply) {
@@ -424,12 +427,16 @@ async fn control_connection<S>(state: Rc<S>, conn: UnixStream, handle: fn(&S, &V
             Ok(msg) => handle(&state, &msg),
             Err(e) => Reply::Json(json!({"ok": false, "error": format!("not JSON: {e}")})),
         };
-        let mut out = match answer {
-            Reply::Json(value) => value.to_string(),
-            Reply::Text(text) => text,
+        let (value, blob) = match answer {
+            Reply::Json(value) => (value, Vec::new()),
+            Reply::Blob(value, blob) => (value, blob),
         };
+        let mut out = value.to_string();
         out.push('\n');
         if write.write_all(out.as_bytes()).await.is_err() {
+            return;
+        }
+        if !blob.is_empty() && write.write_all(&blob).await.is_err() {
             return;
         }
     }

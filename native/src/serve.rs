@@ -11,11 +11,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::watch;
 
+use crate::access::AccessLines;
 use crate::channel::{self, Channel};
 use crate::http::{self, ChunkScanner, Framing, Parsed, ParsedAnswer};
-use crate::routing::{
-    self, pick, records_answer, Deployment, Pending, Registry, Reply, Rid, MAX_ACCESS,
-};
+use crate::routing::{self, pick, records_answer, Deployment, Pending, Registry, Reply};
 use crate::tls::{ClientStream, Tls};
 
 #[derive(Default)]
@@ -41,19 +40,6 @@ impl Table {
     }
 }
 
-/// One access line, `[unix time, method, deployment key, status, latency ms, request id]` once
-/// written (`routing::records_answer`): kept compact (no JSON tree, the deployment shared) as a second of
-/// load holds as many as requests were served.
-struct Access {
-    at: f64,
-    latency_ms: f64,
-    status: u16,
-    /// the method when it is one of the labels, else its bytes as sent
-    method: std::borrow::Cow<'static, str>,
-    dep: Rc<Deployment>,
-    rid: Rid,
-}
-
 #[derive(Default)]
 struct Counters {
     /// (method label, deployment key, status) -> requests since the last take
@@ -63,9 +49,6 @@ struct Counters {
     /// deployment key -> sum of latencies (ms) on the fast path
     latency_ms: HashMap<String, f64>,
     handed_off: u64,
-    /// access lines to write (`Access`), taken with the records
-    access: Vec<Access>,
-    access_dropped: u64,
     upstream_connects: u64,
     /// connections refused over `max_connections` since the last take
     refused: u64,
@@ -86,8 +69,8 @@ struct Shared {
     body_timeout: Cell<Duration>,
     /// `http_options.request_timeout_s`
     request_timeout: Cell<Option<Duration>>,
-    /// keep access lines for the Python proxy to write (`logging_config.enable_access_log`)
-    access: Cell<bool>,
+    /// access lines for the Python proxy to write (`logging_config.enable_access_log`)
+    access: RefCell<AccessLines>,
     /// the latency histogram's upper bounds (ms), `metrics.LATENCY_BUCKETS_MS`
     buckets: RefCell<Vec<f64>>,
     counters: RefCell<Counters>,
@@ -140,7 +123,7 @@ pub async fn run(
         header_timeout: Cell::new(Duration::from_secs(20)),
         body_timeout: Cell::new(Duration::from_secs(20)),
         request_timeout: Cell::new(None),
-        access: Cell::new(false),
+        access: RefCell::default(),
         buckets: RefCell::new(Vec::new()),
         counters: RefCell::new(Counters::default()),
         max_connections: Cell::new(usize::MAX),
@@ -281,23 +264,10 @@ fn handle_control(sh: &Shared, msg: &Value) -> Reply {
                            "total_ms": p.total_ms, "buckets": p.buckets})
                 })
                 .collect();
-            let access = std::mem::take(&mut c.access);
-            let dropped = std::mem::take(&mut c.access_dropped);
             let refused = std::mem::take(&mut c.refused);
             drop(c);
-            let rest = json!({"ok": true, "records": records, "access_dropped": dropped,
-                              "refused": refused});
-            return records_answer(&rest, &access, |a, out| {
-                let line = (
-                    a.at,
-                    &*a.method,
-                    &a.dep.key,
-                    a.status,
-                    a.latency_ms,
-                    a.rid.as_str(),
-                );
-                let _ = serde_json::to_writer(out, &line);
-            });
+            let rest = json!({"ok": true, "records": records, "refused": refused});
+            return records_answer(rest, &sh.access);
         }
         Some("load") => match sh.registry.apply_load(msg) {
             Ok(ours) => json!({"ok": true, "in_flight": ours}),
@@ -832,33 +802,22 @@ fn record(
         .entry((plan.method, dep.key.clone(), status))
         .or_insert_with(|| Pending::new(&bounds))
         .add(&bounds, latency_ms);
-    if sh.access.get() {
-        if c.access.len() >= MAX_ACCESS {
-            c.access_dropped += 1;
-            return;
-        }
+    drop(c);
+    let mut access = sh.access.borrow_mut();
+    if access.on() {
         let sent = &request[..plan.path_start - 1];
         let method = if sent == plan.method.as_bytes() {
             std::borrow::Cow::Borrowed(plan.method)
         } else {
-            std::borrow::Cow::Owned(String::from_utf8_lossy(sent).into_owned())
+            String::from_utf8_lossy(sent)
         };
         let rid = if plan.has_id {
-            let given = &request[plan.id_start..plan.id_end];
-            Rid::Given(String::from_utf8_lossy(given).into())
+            String::from_utf8_lossy(&request[plan.id_start..plan.id_end])
         } else {
-            let mut hex = [0u8; 32];
-            hex.copy_from_slice(&id_line[ID_LINE.len()..id_line.len() - 2]);
-            Rid::Generated(hex)
+            String::from_utf8_lossy(&id_line[ID_LINE.len()..id_line.len() - 2])
         };
-        c.access.push(Access {
-            at: routing::unix_time(),
-            latency_ms,
-            status,
-            method,
-            dep: dep.clone(),
-            rid,
-        });
+        let at = routing::unix_time();
+        access.add(at, &method, &dep.route, status, latency_ms, &rid);
     }
 }
 

@@ -225,7 +225,7 @@ def test_a_client_cancelling_a_unary_call_cancels_the_method(
 
 
 def test_access_lines_of_grpc_calls(instance: tuple[Kubeserve, int], channel: grpc.Channel) -> None:
-    """Each call answered (natively too: handed over compact, written by the proxy) has Ray's
+    """Each call answered (natively too: formatted there, written by the proxy) has Ray's
     access line in the proxy's log, with its request id, given or made."""
     ks, _ = instance
     stub = checks(channel)

@@ -68,6 +68,10 @@ def test_the_proxy_serves_through_the_native_data_path_and_survives_a_kill(tmp_p
         proxy = proxy_pid(ks)
         native = native_pid(proxy)
         assert native is not None, "the proxy runs no kubeserve-fastpath"
+        # started with glibc's malloc thresholds fixed (fastpath.ALLOCATOR_ENV), as proxy pods
+        environ = Path(f"/proc/{proxy}/environ").read_bytes().split(b"\0")
+        assert b"MALLOC_MMAP_THRESHOLD_=65536" in environ, environ
+        assert b"MALLOC_TRIM_THRESHOLD_=131072" in environ
         # the Python proxy behind it takes hand-offs on a unix socket only its user reaches: no
         # local process goes around the client port (its client-certificate check, say)
         argv = Path(f"/proc/{native}/cmdline").read_bytes().split(b"\0")

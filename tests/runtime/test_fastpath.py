@@ -13,12 +13,16 @@ import asyncio
 import json
 import logging
 import os
+import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kubeserve.runtime import logs
 from kubeserve.runtime.channel import ServerChannel
 from kubeserve.runtime.fastpath import FastPath, find_binary
 from kubeserve.runtime.metrics import exposition
@@ -832,3 +836,79 @@ def test_a_request_that_finds_every_replica_full_waits_in_the_python_proxys_queu
         assert (await f.proxy.native.stats())["handed_off"] == 1
 
     scenario(body, Front(apps=[Echo("a")], proxy="owns", max_ongoing=1))
+
+
+_STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}")
+_LATENCY = re.compile(r" \d+\.\dms")
+
+
+def _entry_of(line: str, json_line: bool) -> tuple[float, str, str, int, float, str]:
+    """The access entry a line says: (time, method, route, status, latency ms, request id); the
+    time half a millisecond into the millisecond the line names."""
+    if json_line:
+        record = json.loads(line)
+        stamp, message, rid = record["asctime"], record["message"], record.get("request_id", "")
+    else:
+        stamp = _STAMP.search(line)[0]  # type: ignore[index]
+        head, _, message = line.partition(" -- ")
+        rid = head.split(" ")[5] if len(head.split(" ")) == 6 else ""
+    second, _, millis = stamp.partition(",")
+    at = time.mktime(time.strptime(second, "%Y-%m-%d %H:%M:%S")) + (int(millis) + 0.5) / 1000
+    method, route, status, latency = message.split(" ")
+    return at, method, route, int(status), float(latency.removesuffix("ms")), rid
+
+
+@pytest.mark.parametrize("encoding", ["TEXT", "JSON"])
+def test_native_access_lines_are_the_python_proxys_for_the_same_requests(
+    encoding: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The native process formats its access lines itself (``native/src/access.rs``) and hands
+    them over as one text: the same requests through the Python proxy and through the native
+    process read alike but for their time and latency, and each native line is byte for byte
+    what the Python proxy's ``AccessLog`` writes for its entry."""
+    handler = logging.FileHandler(tmp_path / "proxy.log", encoding="utf-8")
+    monkeypatch.setattr(logs, "_output", handler)
+    access = logs.AccessLog(logs.ComponentLog("proxy", "proxy", "node-1"), encoding)
+    requests = [
+        get("/api/x", "x-request-id: req-1\r\n"),
+        b"POST /api/y/z HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nx-request-id: req-2\r\n\r\nhi",
+        get("/api", "x-request-id: a.b:c@d/e+f=g~h-_9\r\n"),
+    ]
+
+    async def send(port: int, extra: tuple[bytes, ...] = ()) -> None:
+        conn = await Conn.open(port)
+        for raw in [*requests, *extra]:
+            assert (await conn.request(raw))[0] == 200
+        conn.close()
+
+    async def body(f: Front) -> None:
+        native, proxy = f.native, f.proxy
+        assert native is not None and proxy is not None and f.snapshot is not None
+        proxy.state.access_log = access  # the Python proxy beside it writes its own lines
+        await native.push(f.snapshot, access_log=True, access_format=access.native_format())
+        await send(proxy.port)
+        access.flush()
+        python = (tmp_path / "proxy.log").read_text().splitlines()
+        await send(native.port, (get("/api/q"),))  # the last: an id generated natively
+        taken = (await native.take_records()).access
+        assert taken.endswith("\n") and (await native.take_records()).access == ""
+        ours = taken.splitlines()
+        assert len(python) == 3 and len(ours) == 4, (python, ours)
+
+        def masked(line: str) -> str:
+            return _LATENCY.sub(" Lms", _STAMP.sub("T", line))
+
+        assert [masked(line) for line in ours[:3]] == [masked(line) for line in python]
+        json_line = encoding == "JSON"
+        for line in ours:
+            at, method, route, status, latency_ms, rid = _entry_of(line, json_line)
+            assert route == "/api" and (status, len(rid) > 0) == (200, True)
+            entry = (at, method, route, status, latency_ms, rid, route)
+            expected = access._line(entry) if json_line else access._text_lines([entry])[0]
+            assert line + "\n" == expected
+        # off: none kept
+        await native.push(f.snapshot, access_log=False)
+        await send(native.port)
+        assert (await native.take_records()).access == ""
+
+    scenario(body)

@@ -95,6 +95,7 @@ from kubeserve.runtime.tls import NativeTLS
 from kubeserve.runtime.wire import Snapshot
 
 __all__ = [
+    "ALLOCATOR_ENV",
     "BINARY_ENV",
     "DATA_PATH_ENV",
     "MISSING_BINARY",
@@ -113,13 +114,21 @@ log = logging.getLogger(__name__)
 #: explicit choice, as the flag is.
 DATA_PATH_ENV = "KUBESERVE_DATA_PATH"
 
+#: The environment a proxy process starts with (``kubeserve start``'s proxy and the proxy pods
+#: alike): glibc's malloc gives blocks of 64 KiB and more pages of their own and returns free
+#: heap past 128 KiB, instead of raising both thresholds to the largest block freed (its
+#: default), after which a burst's buffers (a take's access lines, a large request) stay in the
+#: heap: after a minute of load, 1.6 MB less of the Python proxy (``benchmarks/README.md``).
+#: The native child sets its own mmap threshold (``native/src/memory.rs``).
+ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}
+
 #: Names the ``kubeserve-fastpath`` binary to run (else ``native/target/release`` of a source
 #: checkout, else ``$PATH``).
 BINARY_ENV = "KUBESERVE_FASTPATH_BINARY"
 _NAME = "kubeserve-fastpath"
-#: Longest answer line read from the control socket: a ``take_records`` answer holds up to the
-#: native process's 200,000 access lines (``MAX_ACCESS``, ~130 bytes each), far past asyncio's
-#: 64 KiB default (one second of load past ~500 requests would overflow it and end the records).
+#: Longest answer line read from the control socket: a ``take_records`` answer holds a metrics
+#: record per label set (its access lines come after the line, ``access_bytes`` of them), past
+#: asyncio's 64 KiB default with many routes.
 _CONTROL_LINE_LIMIT = 64 * 1024 * 1024
 _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 #: How long the process may take to start listening.
@@ -134,9 +143,9 @@ class Records:
     #: ``count``, ``total_ms`` and ``buckets`` (counts per bucket of the ``latency_buckets_ms``
     #: pushed, then +Inf)
     metrics: list[dict[str, Any]]
-    #: when ``access_log`` was pushed true, one entry per request: ``[unix time, method,
-    #: deployment key, status, latency ms, request id]``
-    access: list[list[Any]]
+    #: when ``access_log`` was pushed true, the access lines of the requests, formatted as the
+    #: :class:`~kubeserve.runtime.logs.AccessLog` pushed (``native_format``) writes them
+    access: str
     #: client connections refused over ``max_connections``
     refused: int
 
@@ -310,11 +319,19 @@ class FastPath:
         if control is None:
             raise FastPathError(f"{_NAME} is not running")
         reader, writer = control
+        access = ""
         async with lock:
             try:
                 writer.write(json.dumps(message).encode() + b"\n")
                 await writer.drain()
                 line = await reader.readline()
+                answer: dict[str, Any] = json.loads(line) if line else {}
+                # a take's access lines follow its line: text, no JSON to unescape
+                size = answer.get("access_bytes") or 0
+                if size:
+                    access = (await reader.readexactly(size)).decode(errors="replace")
+            except asyncio.IncompleteReadError:
+                line = b""  # it ended within an answer: as closing before one
             except BaseException:
                 # cancelled (or failed) between a question and its answer: a later call would
                 # read this answer as its own, so the control connection is not used again
@@ -328,7 +345,8 @@ class FastPath:
                 raise
         if not line:
             raise FastPathError(f"{_NAME} closed its control socket")
-        answer: dict[str, Any] = json.loads(line)
+        if "access_bytes" in answer:
+            answer["access"] = access
         if not answer.get("ok"):
             raise FastPathRefused(f"{_NAME} refused {message.get('op')}: {answer.get('error')}")
         return answer
@@ -346,10 +364,12 @@ class FastPath:
         max_url_bytes: int | None = None,
         latency_buckets_ms: list[float] | None = None,
         access_log: bool | None = None,
+        access_format: dict[str, Any] | None = None,
         max_connections: int | None = None,
     ) -> None:
         """Install a discovery snapshot (and settings) in the native process;
-        ``request_timeout_s`` None: no timeout."""
+        ``request_timeout_s`` None: no timeout; ``access_format`` (with ``access_log`` true):
+        :meth:`~kubeserve.runtime.logs.AccessLog.native_format` of the log the lines go to."""
         settings = {
             "keep_alive_timeout_s": keep_alive_timeout_s,
             "header_timeout_s": header_timeout_s,
@@ -359,6 +379,7 @@ class FastPath:
             "max_url_bytes": max_url_bytes,
             "latency_buckets_ms": latency_buckets_ms,
             "access_log": access_log,
+            "access_format": access_format,
             "max_connections": max_connections,
         }  # (one not given keeps the native process's default)
         message: dict[str, Any] = {
@@ -383,10 +404,11 @@ class FastPath:
         request_timeout_s: float | None,
         latency_buckets_ms: list[float],
         access_log: bool,
+        access_format: dict[str, Any] | None = None,
     ) -> None:
         """Install a snapshot and the unary and server-streaming methods it serves
         (``GrpcIngress.native_methods``) in the gRPC front; ``request_timeout_s``:
-        ``grpc_options.request_timeout_s``."""
+        ``grpc_options.request_timeout_s``; ``access_format``: as :meth:`push`'s."""
         message = {
             "op": "state",
             "snapshot": snapshot,
@@ -394,14 +416,15 @@ class FastPath:
             "request_timeout_s": request_timeout_s,
             "latency_buckets_ms": latency_buckets_ms,
             "access_log": access_log,
+            "access_format": access_format,
         }
         await self._call(message, grpc=True)
 
-    async def take_grpc_records(self) -> tuple[list[dict[str, Any]], list[list[Any]]]:
+    async def take_grpc_records(self) -> tuple[list[dict[str, Any]], str]:
         """The gRPC front's calls since the last take: records per label set (``method`` (the
         full method), ``app``, ``key`` (deployment key), ``code`` (the status code's name),
-        ``count``, ``total_ms``, ``buckets``) and access entries ``[unix time, full method,
-        application, code, latency ms, request id]``."""
+        ``count``, ``total_ms``, ``buckets``) and their access lines (``GET``-style lines of
+        ``full method, application, code``, formatted as :attr:`Records.access`)."""
         answer = await self._call({"op": "take_records"}, grpc=True)
         if answer["access_dropped"]:
             log.warning("the native gRPC front dropped %d access lines", answer["access_dropped"])

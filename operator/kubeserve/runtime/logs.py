@@ -550,12 +550,26 @@ class AccessLog:
     format; they go to the handler :func:`configure` installed (rotated with it). A replica whose
     ``additional_log_standard_attrs`` asks for record attributes logs records instead
     (:func:`batched_access`).
+
+    The native data path formats its lines itself, in this format (:meth:`native_format`), and
+    hands them over as one text (:meth:`write_lines`): one writer of the log file stays.
     """
 
     def __init__(self, component: ComponentLog, encoding: str) -> None:
         self._component = component
         self._json = encoding == "JSON"
+        fields: dict[str, Any] = {"filename": component.component_type, "lineno": 0}
+        if component.deployment:
+            fields["application"] = component.application
+            fields["deployment"] = component.deployment
+            fields["replica"] = component.component_id
+        fields["component_name"] = component.component_name
+        fields["component_id"] = component.component_id
+        fields["component_type"] = component.component_type
+        #: a JSON line's fields of the component, between its message and its request's
+        self._json_component = json.dumps(fields)[1:-1]
         self._pending: list[_Entry] = []
+        self._formatted: list[str] = []
         self._scheduled = False
         self._second = -1
         self._stamp = ""
@@ -590,30 +604,40 @@ class AccessLog:
             self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
         return f"{self._stamp},{int((at - second) * 1000):03d}"
 
+    def native_format(self) -> dict[str, Any]:
+        """What the native data path formats these lines with (``native/src/access.rs``):
+        the encoding and the component's part of each line, in its final form (TEXT:
+        `` <component name> <component id> ``; JSON: its fields as :meth:`_line` writes them)."""
+        component = self._component
+        if self._json:
+            return {"json": True, "component": self._json_component}
+        return {
+            "json": False,
+            "component": f" {component.component_name} {component.component_id} ",
+        }
+
+    def write_lines(self, text: str) -> None:
+        """Write access lines formatted elsewhere in this format (the native data path's, each
+        ending in a newline), with those waiting here, now."""
+        if text:
+            self._formatted.append(text)
+            self.flush()
+
     def _line(self, entry: _Entry) -> str:
-        """One JSON line (TEXT lines: :meth:`_text_lines`)."""
+        """One JSON line (TEXT lines: :meth:`_text_lines`): the fields of its record, in the
+        order and spelling ``json.dumps`` of the record writes them."""
         at, method, route, status, latency_ms, request_id, route_field = entry
         rid = request_id.decode("latin-1") if isinstance(request_id, bytes) else request_id or ""
-        component = self._component
-        record: dict[str, Any] = {
-            "asctime": self._asctime(at),
-            "levelname": "INFO",
-            "message": access_message(method, route, status, latency_ms),
-            "filename": component.component_type,
-            "lineno": 0,
-        }
-        if component.deployment:
-            record["application"] = component.application
-            record["deployment"] = component.deployment
-            record["replica"] = component.component_id
-        record["component_name"] = component.component_name
-        record["component_id"] = component.component_id
-        record["component_type"] = component.component_type
+        message = json.dumps(access_message(method, route, status, latency_ms))
+        line = (
+            f'{{"asctime": "{self._asctime(at)}", "levelname": "INFO", "message": {message}, '
+            + self._json_component
+        )
         if rid:
-            record["request_id"] = rid
+            line += ', "request_id": ' + json.dumps(rid)
         if route_field:
-            record["route"] = route_field
-        return json.dumps(record) + "\n"
+            line += ', "route": ' + json.dumps(route_field)
+        return line + "}\n"
 
     def _text_lines(self, pending: list[_Entry]) -> list[str]:
         """TEXT lines, ``INFO <asctime> <component name> <id> [<request id>] -- <message>``:
@@ -644,12 +668,25 @@ class AccessLog:
     def flush(self) -> None:
         self._scheduled = False
         pending, self._pending = self._pending, []
-        if not pending:
+        chunks, self._formatted = self._formatted, []
+        if pending:
+            chunks.extend(
+                [self._line(entry) for entry in pending]
+                if self._json
+                else self._text_lines(pending)
+            )
+        if not chunks:
             return
-        lines = (
-            [self._line(entry) for entry in pending] if self._json else self._text_lines(pending)
-        )
-        self._write(lines)
+        handler = _output
+        stream = getattr(handler, "stream", None)
+        if handler is None or stream is None:
+            sys.stderr.write("".join(chunks))
+            return
+        handler.acquire()
+        try:
+            _write_rotating(handler, stream, chunks)
+        finally:
+            handler.release()
 
     def _second_stamp(self, second: int) -> str:
         """``INFO <asctime without its milliseconds>`` of a TEXT line in ``second``."""
@@ -657,51 +694,49 @@ class AccessLog:
 
     def write_tally(self, tally: TallyLines) -> None:
         """Write the lines a replica's tally holds (:mod:`kubeserve.runtime.replica.tally`:
-        the same lines :meth:`add` would have given its entries), after those waiting here."""
+        the same lines :meth:`add` would have given its entries), with those waiting here: one
+        block, rolled over between lines only when the file must roll over."""
         if not tally.lines():
             return
-        self.flush()
         if self._json:
-            self._write([self._line(entry) for entry in tally.take_entries()])
-            return
-        component = self._component
-        text = tally.take_text(
-            self._second_stamp, f" {component.component_name} {component.component_id} "
-        )
-        # one block, unless the file must roll over between two of its lines
-        limit = getattr(_output, "maxBytes", 0)
-        stream = getattr(_output, "stream", None)
-        crosses = limit and stream is not None and stream.tell() + len(text) >= limit
-        self._write(text.splitlines(keepends=True) if crosses else [text])
+            self._formatted.append("".join(self._line(entry) for entry in tally.take_entries()))
+        else:
+            component = self._component
+            self._formatted.append(
+                tally.take_text(
+                    self._second_stamp, f" {component.component_name} {component.component_id} "
+                )
+            )
+        self.flush()
 
-    def _write(self, lines: list[str]) -> None:
-        """Write ``lines`` to the handler :func:`configure` installed, rolling over between
-        lines as records would."""
-        handler = _output
-        stream = getattr(handler, "stream", None)
-        if handler is None or stream is None:
-            sys.stderr.write("".join(lines))
-            return
-        handler.acquire()
-        try:
-            out: Any = stream
-            # a RotatingLog, or logging.handlers' RotatingFileHandler (not imported for this)
-            limit = getattr(handler, "maxBytes", 0)
-            if not limit or not hasattr(handler, "doRollover"):
-                out.write("".join(lines))
-            else:  # no file grows past maxBytes: roll over between lines, as records would
-                rotating: Any = handler
-                size = out.tell()
-                batch: list[str] = []
-                for line in lines:
-                    if size and size + len(line) >= limit:
-                        out.write("".join(batch))
-                        rotating.doRollover()
-                        out = rotating.stream
-                        size, batch = 0, []
-                    batch.append(line)
-                    size += len(line)
+
+def _write_rotating(handler: logging.Handler, stream: Any, chunks: list[str]) -> None:
+    """Write ``chunks`` (each one or more whole lines) to ``handler``'s ``stream`` in one write,
+    unless its file would grow past its ``maxBytes``: then it rolls over between lines, as
+    records would (a :class:`RotatingLog`, or logging.handlers' RotatingFileHandler, which is
+    not imported for this)."""
+    out: Any = stream
+    limit = getattr(handler, "maxBytes", 0)
+    if not limit or not hasattr(handler, "doRollover"):
+        out.write("".join(chunks))
+        out.flush()
+        return
+    rotating: Any = handler
+    size = out.tell()
+    batch: list[str] = []
+    for chunk in chunks:
+        if size + len(chunk) < limit:  # the common case: the whole chunk fits
+            batch.append(chunk)
+            size += len(chunk)
+            continue
+        pieces = chunk.split("\n")  # (not splitlines: a route may hold a U+2028)
+        for line in [piece + "\n" for piece in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else []):
+            if size and size + len(line) >= limit:
                 out.write("".join(batch))
-            out.flush()
-        finally:
-            handler.release()
+                rotating.doRollover()
+                out = rotating.stream
+                size, batch = 0, []
+            batch.append(line)
+            size += len(line)
+    out.write("".join(batch))
+    out.flush()

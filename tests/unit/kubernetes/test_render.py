@@ -1171,3 +1171,12 @@ def test_tracing_config_reaches_the_proxy_and_replica_pods_only_when_it_enables_
         else:
             given = build[build.index("--tracing-config") + 1]
             assert json.loads(expand(given, {})) == expected
+
+
+def test_a_proxy_pod_runs_with_the_proxys_allocator_settings() -> None:
+    """As ``kubeserve start``'s proxy: glibc's malloc thresholds fixed (``ALLOCATOR_ENV``), so a
+    burst's buffers go back to the system."""
+    proxy, _ = render.render_proxy(instance())
+    found = env(main_container(proxy))
+    assert found["MALLOC_MMAP_THRESHOLD_"] == "65536"
+    assert found["MALLOC_TRIM_THRESHOLD_"] == "131072"

@@ -191,3 +191,49 @@ def test_the_tally_counts_each_route_in_rays_buckets() -> None:
     ]
     assert batches[0][2] == pytest.approx(1.5)
     assert tally.take_metrics() == [] and tally.done(0.0, 0.0, "/a") is True
+
+
+def test_lines_formatted_elsewhere_are_written_with_the_rotation_of_the_log(
+    tmp_path: Path, restored_logging: None
+) -> None:
+    """The native data path's lines come as one text (``write_lines``): written in one write
+    when they fit, else rolled over between lines as the log's own lines are, after none."""
+    path = tmp_path / "r.log"
+    handler = logging.handlers.RotatingFileHandler(
+        path, maxBytes=1000, backupCount=3, encoding="utf-8"
+    )
+    logs.configure(logs.LogSettings({}), replica_component(), handler)
+    batched = logs.batched_access()
+    assert batched is not None
+    batched.add("GET", "/echo", 200, 1.0, "own")
+    native = "".join(
+        f"INFO 2026-11-27 12:00:00,000 proxy n{i:03d} -- GET / 200 1.0ms\n" for i in range(40)
+    )
+    batched.write_lines(native)
+    batched.write_lines("")
+    files = sorted(tmp_path.glob("r.log*"))
+    assert [p.name for p in files] == ["r.log", "r.log.1", "r.log.2"]
+    assert all(p.stat().st_size <= 1000 for p in files)
+    text = "".join(p.read_text() for p in reversed(files))
+    # the line waiting here first (written with them), then theirs, whole and in order
+    assert [line.split(" -- ")[0].split()[-1] for line in text.splitlines()] == [
+        "own",
+        *(f"n{i:03d}" for i in range(40)),
+    ]
+
+
+def test_the_native_format_is_the_lines_component_part(restored_logging: None) -> None:
+    """What the native data path is given to format lines with: the TEXT line's component
+    part, the JSON line's fields of the component as ``json.dumps`` writes them."""
+    component = logs.ComponentLog("proxy", "proxy", 'node"1')
+    text = logs.AccessLog(component, "TEXT").native_format()
+    assert text == {"json": False, "component": ' proxy node"1 '}
+    as_json = logs.AccessLog(component, "JSON").native_format()
+    assert as_json["json"] is True
+    assert json.loads("{" + as_json["component"] + "}") == {
+        "filename": "proxy",
+        "lineno": 0,
+        "component_name": "proxy",
+        "component_id": 'node"1',
+        "component_type": "proxy",
+    }

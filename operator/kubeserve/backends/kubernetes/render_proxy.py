@@ -44,6 +44,7 @@ from kubeserve.backends.kubernetes.render_pod import (
 from kubeserve.backends.kubernetes.render_views import InstanceView
 from kubeserve.control.instance import grpc_proxy_arguments
 from kubeserve.runtime import wire
+from kubeserve.runtime.fastpath import ALLOCATOR_ENV
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.contract import (
     BIND_HOST_ENV,
@@ -137,7 +138,11 @@ def _probes(instance: InstanceView, port: int) -> tuple[Manifest, Manifest]:
 
 def _proxy_container(instance: InstanceView) -> Manifest:
     port = int(instance.http_options.port)
-    own = {INSTANCE_ENV: instance.name, contract.METRICS_PORT_ENV: str(contract.METRICS_PORT)}
+    own = {
+        INSTANCE_ENV: instance.name,
+        contract.METRICS_PORT_ENV: str(contract.METRICS_PORT),
+        **ALLOCATOR_ENV,
+    }
     env = environment({}, own, [data_plane_secret_env(instance.name)])
     spec = container(
         "proxy", instance.image, instance.image_pull_policy, _proxy_command(instance), env

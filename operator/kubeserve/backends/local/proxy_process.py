@@ -25,6 +25,7 @@ from kubeserve.backends.local.process_records import ProxyRecord
 from kubeserve.backends.local.replica_context import ReplicaContext
 from kubeserve.control import backoff, effective_config
 from kubeserve.control.instance import grpc_proxy_arguments
+from kubeserve.runtime.fastpath import ALLOCATOR_ENV
 from kubeserve.runtime.tls import PASSWORD_ENV, TLSFiles
 
 ProxyStatusValue = Literal["STARTING", "HEALTHY", "UNHEALTHY", "DRAINING"]
@@ -141,7 +142,11 @@ class ProxyProcess:
         except OSError as exc:
             self._failed(f"cannot listen on {self.host}:{self.port}: {exc}", 0.0)
             return None
-        extra = {**self._ctx.data_plane_env(), **self._ctx.log_env(self.log_path)}
+        extra = {
+            **ALLOCATOR_ENV,
+            **self._ctx.data_plane_env(),
+            **self._ctx.log_env(self.log_path),
+        }
         if self._tls is not None and self._tls.password:
             extra[PASSWORD_ENV] = self._tls.password
         env = self._ctx.child_env(extra, [])

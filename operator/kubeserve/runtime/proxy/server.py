@@ -287,6 +287,7 @@ class ProxyServer:
                         max_url_bytes=limits.max_url_bytes,
                         latency_buckets_ms=list(LATENCY_BUCKETS_MS),
                         access_log=state.access_log is not None,
+                        access_format=_native_format(state.access_log),
                         max_connections=self.max_connections,
                     )
                     if self.grpc is not None and native.grpc_port is not None:
@@ -296,6 +297,7 @@ class ProxyServer:
                             request_timeout_s=self.grpc.options.request_timeout_s,
                             latency_buckets_ms=list(LATENCY_BUCKETS_MS),
                             access_log=self.grpc.access_log is not None,
+                            access_format=_native_format(self.grpc.access_log),
                         )
                     self.native_version = snapshot["version"]
                 if self.grpc is not None and native.grpc_port is not None:
@@ -308,7 +310,7 @@ class ProxyServer:
     @staticmethod
     async def _native_grpc_records(native: FastPath, grpc: GrpcIngress) -> None:
         """Record the calls the native gRPC front answered as the Python ingress records its
-        own (Ray's gRPC series, access lines)."""
+        own (Ray's gRPC series; access lines, which it formats as this proxy's)."""
         records, access = await native.take_grpc_records()
         for record in records:
             deployment = record["key"].rpartition("#")[2]
@@ -320,11 +322,12 @@ class ProxyServer:
                 record["buckets"],
             )
         if grpc.access_log is not None:
-            for at, full, app, code, latency_ms, request_id in access:
-                grpc.access_log.add(full, app, code, latency_ms, request_id, at=at)
+            grpc.access_log.write_lines(access)
 
     async def _native_records(self, native: FastPath) -> None:
-        """Record what the native process answered (and refused) since the last call."""
+        """Record what the native process answered (and refused) since the last call: metrics
+        per label set, and its access lines, formatted there as this proxy's and written in one
+        write (no Python object per request)."""
         state = self.state
         taken = await native.take_records()
         if taken.refused:
@@ -339,9 +342,7 @@ class ProxyServer:
                 record["buckets"],
             )
         if state.access_log is not None:
-            for at, method, key, status, latency_ms, request_id in taken.access:
-                route = (state.labels.get(key) or ("",))[0]
-                state.access_log.add(method, route, status, latency_ms, request_id, at=at)
+            state.access_log.write_lines(taken.access)
 
     async def _native_load(self, native: FastPath) -> None:
         """Every :data:`_NATIVE_LOAD_S`, tell the native process this proxy's requests in
@@ -506,6 +507,11 @@ class _Refusal(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.write(_REFUSAL)  # type: ignore[attr-defined]
         transport.close()
+
+
+def _native_format(access_log: AccessLog | None) -> dict[str, Any] | None:
+    """How the native data path formats the access lines it hands over (None: it keeps none)."""
+    return None if access_log is None else access_log.native_format()
 
 
 def _connection_cap(wanted: int) -> int:

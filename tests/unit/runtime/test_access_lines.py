@@ -76,18 +76,25 @@ def test_no_batched_lines_when_access_lines_are_off_or_must_be_records(
     assert logs.batched_access() is not None
 
 
-@pytest.mark.parametrize("via_tally", [False, True])
-def test_a_batch_rolls_the_file_over_between_lines(
-    tmp_path: Path, restored_logging: None, via_tally: bool
-) -> None:
-    """Lines added one by one, or a replica's tally written in one block."""
-    path = tmp_path / "r.log"
+def _rotating_access(path: Path) -> Any:
+    """The batched access log of a replica whose log file ``path`` rolls over at 1,000 bytes
+    (3 backups)."""
     handler = logging.handlers.RotatingFileHandler(
         path, maxBytes=1000, backupCount=3, encoding="utf-8"
     )
     logs.configure(logs.LogSettings({}), replica_component(), handler)
     batched = logs.batched_access()
     assert batched is not None
+    return batched
+
+
+@pytest.mark.parametrize("via_tally", [False, True])
+def test_a_batch_rolls_the_file_over_between_lines(
+    tmp_path: Path, restored_logging: None, via_tally: bool
+) -> None:
+    """Lines added one by one, or a replica's tally written in one block."""
+    path = tmp_path / "r.log"
+    batched = _rotating_access(path)
     tally = PyTally((1.0,))
     for i in range(30):  # about 80 bytes each: 2400 bytes in one batch
         if via_tally:
@@ -199,12 +206,7 @@ def test_lines_formatted_elsewhere_are_written_with_the_rotation_of_the_log(
     """The native data path's lines come as one text (``write_lines``): written in one write
     when they fit, else rolled over between lines as the log's own lines are, after none."""
     path = tmp_path / "r.log"
-    handler = logging.handlers.RotatingFileHandler(
-        path, maxBytes=1000, backupCount=3, encoding="utf-8"
-    )
-    logs.configure(logs.LogSettings({}), replica_component(), handler)
-    batched = logs.batched_access()
-    assert batched is not None
+    batched = _rotating_access(path)
     batched.add("GET", "/echo", 200, 1.0, "own")
     native = "".join(
         f"INFO 2026-11-27 12:00:00,000 proxy n{i:03d} -- GET / 200 1.0ms\n" for i in range(40)

@@ -640,30 +640,10 @@ class AccessLog:
         return line + "}\n"
 
     def _text_lines(self, pending: list[_Entry]) -> list[str]:
-        """TEXT lines, ``INFO <asctime> <component name> <id> [<request id>] -- <message>``:
-        one ``%`` each, the time stamp's second formatted once per second (what a flush of a
-        loaded process formats is mostly this: it once cost a third of the proxy's time spent
-        on access lines)."""
+        """TEXT lines of ``pending`` (:func:`text_lines`)."""
         component = self._component
-        who = f" {component.component_name} {component.component_id} ".replace("%", "%%")
-        with_id = "%s,%03d" + who + "%s -- %s %s %s %.1fms\n"
-        without_id = "%s,%03d" + who + "-- %s %s %s %.1fms\n"
-        lines: list[str] = []
-        append = lines.append
-        second, stamp = -1, ""
-        for at, method, route, status, latency_ms, request_id, _ in pending:
-            whole = int(at)
-            if whole != second:
-                second = whole
-                stamp = "INFO " + self._asctime(at)[:-4]  # without its milliseconds
-            millis = int((at - whole) * 1000)
-            if request_id:
-                if request_id.__class__ is bytes:
-                    request_id = request_id.decode("latin-1")
-                append(with_id % (stamp, millis, request_id, method, route, status, latency_ms))
-            else:
-                append(without_id % (stamp, millis, method, route, status, latency_ms))
-        return lines
+        who = f" {component.component_name} {component.component_id} "
+        return text_lines(pending, self._second_stamp, who)
 
     def flush(self) -> None:
         self._scheduled = False
@@ -708,6 +688,33 @@ class AccessLog:
                 )
             )
         self.flush()
+
+
+def text_lines(entries: list[_Entry], stamp: Callable[[int], str], who: str) -> list[str]:
+    """TEXT access lines, ``INFO <asctime> <component name> <id> [<request id>] -- <message>``
+    (``who`` is `` <component name> <id> ``; ``stamp(second)`` gives ``INFO <asctime without
+    its milliseconds>``): one ``%`` each, the time stamp's second formatted once per second (what
+    a flush of a loaded process formats is mostly this: it once cost a third of the proxy's time
+    spent on access lines). The proxy's lines and a replica's pure Python tally's
+    (:mod:`kubeserve.runtime.replica.tally`) both come from here."""
+    who = who.replace("%", "%%")
+    with_id = "%s,%03d" + who + "%s -- %s %s %s %.1fms\n"
+    without_id = "%s,%03d" + who + "-- %s %s %s %.1fms\n"
+    lines: list[str] = []
+    append = lines.append
+    second, stamped = -1, ""
+    for at, method, route, status, latency_ms, request_id, _ in entries:
+        whole = int(at)
+        if whole != second:
+            second, stamped = whole, stamp(whole)
+        millis = int((at - whole) * 1000)
+        if request_id:
+            if request_id.__class__ is bytes:
+                request_id = request_id.decode("latin-1")
+            append(with_id % (stamped, millis, request_id, method, route, status, latency_ms))
+        else:
+            append(without_id % (stamped, millis, method, route, status, latency_ms))
+    return lines
 
 
 def _write_rotating(handler: logging.Handler, stream: Any, chunks: list[str]) -> None:

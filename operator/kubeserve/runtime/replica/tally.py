@@ -17,6 +17,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kubeserve.runtime.logs import text_lines
 from kubeserve.runtime.native_module import NATIVE
 
 __all__ = ["MetricsBatch", "PyTally", "new_tally"]
@@ -76,24 +77,10 @@ class PyTally:
 
     def take_text(self, stamp: Callable[[int], str], who: str) -> str:
         """TEXT lines ``<stamp>,<ms><who><request id> -- <message>`` in one string (``who`` is
-        `` <component> <id> ``; ``stamp(second)`` gives ``INFO <asctime without ms>``)."""
+        `` <component> <id> ``; ``stamp(second)`` gives ``INFO <asctime without ms>``): the
+        access log's own formatter (:func:`kubeserve.runtime.logs.text_lines`)."""
         entries, self._entries = self._entries, []
-        who = who.replace("%", "%%")
-        with_id = "%s,%03d" + who + "%s -- %s %s %s %.1fms\n"
-        without_id = "%s,%03d" + who + "-- %s %s %s %.1fms\n"
-        lines: list[str] = []
-        second, stamped = -1, ""
-        for at, method, route, status, latency_ms, request_id, _ in entries:
-            whole = int(at)
-            if whole != second:
-                second, stamped = whole, stamp(whole)
-            millis = int((at - whole) * 1000)
-            if request_id:
-                lines.append(with_id % (stamped, millis, request_id, method, route, status,
-                                        latency_ms))  # fmt: skip
-            else:
-                lines.append(without_id % (stamped, millis, method, route, status, latency_ms))
-        return "".join(lines)
+        return "".join(text_lines(entries, stamp, who))  # type: ignore[arg-type]
 
     def take_entries(self) -> list[tuple[float, str, str, int | str, float, str, str]]:
         entries, self._entries = self._entries, []

@@ -421,17 +421,17 @@ class ReplicaMetrics(_Batcher):
         application: str,
         deployment: str,
         replica: str,
-        processing: Callable[[], int] = lambda: 0,
-        batches: Callable[[], list[tuple[str, int, float, list[int]]]] | None = None,
+        processing: Callable[[], int],
+        batches: Callable[[], list[tuple[str, int, float, list[int]]]],
     ) -> None:
         """``processing``: the replica's queries in flight now (read at each flush);
-        ``batches``: requests counted elsewhere, taken at each flush (``(route, count,
-        total_ms, buckets)``, the replica's :class:`~kubeserve.runtime.replica.tally.Tally`)."""
+        ``batches``: the requests and handle calls finished since the last flush, counted by
+        the replica's tally (``(route, count, total_ms, buckets)``,
+        :mod:`kubeserve.runtime.replica.tally`), taken at each flush."""
         super().__init__()
         count_dropped_log_lines("replica")
         self._processing_now = processing
         self._batches = batches
-        self._pending: dict[str, _Pending] = {}
         who = ("application", "deployment", "replica")
         self._who = (application, deployment, replica)
         self.requests = _family(
@@ -471,23 +471,10 @@ class ReplicaMetrics(_Batcher):
         """The queries in flight changed (a request began or ended): flush them soon."""
         self._schedule()
 
-    def done(self, route: str, latency_ms: float) -> None:
-        """One request or handle call finished."""
-        pending = self._pending.get(route)
-        if pending is None:
-            pending = self._pending[route] = _Pending()
-        pending.add(latency_ms)
-        self._schedule()
-
     def flush(self) -> None:
-        batches, self._pending = self._pending, {}
-        for route, pending in batches.items():
-            self.requests.get(*self._who, route).inc(pending.count)
-            pending.observe_into(self.latency.get(*self._who, route))
-        if self._batches is not None:
-            for route, count, total_ms, buckets in self._batches():
-                self.requests.get(*self._who, route).inc(count)
-                self.latency.get(*self._who, route).add(total_ms, buckets)
+        for route, count, total_ms, buckets in self._batches():
+            self.requests.get(*self._who, route).inc(count)
+            self.latency.get(*self._who, route).add(total_ms, buckets)
         self.processing.set(self._processing_now())
 
     def error(self, route: str, exception: BaseException) -> None:

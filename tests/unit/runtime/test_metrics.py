@@ -6,12 +6,14 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubeserve.runtime.metrics import (
+    LATENCY_BUCKETS_MS,
     MAX_SERIES_PER_METRIC,
     OVERFLOW,
     ReplicaMetrics,
     exposition,
     label_value,
 )
+from kubeserve.runtime.replica.tally import PyTally
 from kubeserve.runtime.wire import parse_metrics
 
 AWKWARD = 'a\\b"c\nd\re'
@@ -42,8 +44,9 @@ def test_label_values_escape_backslash_quote_line_feed_and_carriage_return() -> 
 
 
 def test_rays_metrics_write_awkward_names_on_one_line_each() -> None:
-    metrics = ReplicaMetrics(AWKWARD, "Awkward", "awkward-1")
-    metrics.done("/awkward", 3.0)
+    tally = PyTally(LATENCY_BUCKETS_MS)
+    metrics = ReplicaMetrics(AWKWARD, "Awkward", "awkward-1", lambda: 0, tally.take_metrics)
+    tally.done(0.0, 0.003, "/awkward")
     metrics.flush()
     text = exposition().decode()
     assert "\r" not in text
@@ -61,7 +64,7 @@ def test_rays_metrics_write_awkward_names_on_one_line_each() -> None:
 
 
 def test_a_metric_holds_a_bounded_number_of_series_and_counts_the_overflow() -> None:
-    metrics = ReplicaMetrics("bounded", "Bounded", "bounded-1")
+    metrics = ReplicaMetrics("bounded", "Bounded", "bounded-1", lambda: 0, list)
     extra = 25
     for i in range(MAX_SERIES_PER_METRIC + extra):  # a new exception class each time
         metrics.error("/bounded", type(f"Error{i}", (Exception,), {})())

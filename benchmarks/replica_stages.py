@@ -101,8 +101,11 @@ async def _replica(
         if sealed:
             key_in, key_out = os.urandom(32), os.urandom(32)
             protocol = SealedProtocol(conn, key_out, key_in)
-            protocol.connection_made(transport)
-            feeds.append((protocol.data_received, Sealer(key_in).seal))
+            own = CountingTransport(transport)  # its protocol: whichever takes the frames
+            own.set_protocol(protocol)
+            protocol.connection_made(own)
+            receiving: Any = own.protocol
+            feeds.append((receiving.data_received, Sealer(key_in).seal))
         else:
             conn.connection_made(transport)
             feeds.append((conn.data_received, lambda data: data))

@@ -93,6 +93,31 @@ impl Sealer {
         self.inner.seal_parts_into(&slices, &mut self.out);
         Ok(self.frames(py))
     }
+
+    /// The frame of a replica's complete answer (`answer`'s bytes, sealed) in one call, or
+    /// None when the Python path must format it (see `answer`).
+    #[pyo3(signature = (status, reason, date_line, request_id, headers, body, keep_alive))]
+    #[allow(clippy::too_many_arguments)]
+    fn seal_answer<'py>(
+        &mut self,
+        py: Python<'py>,
+        status: i64,
+        reason: &[u8],
+        date_line: &[u8],
+        request_id: &str,
+        headers: &Bound<'py, PyAny>,
+        body: Option<&Bound<'py, PyAny>>,
+        keep_alive: bool,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let Some(whole) =
+            answer::format(status, reason, date_line, request_id, headers, body, keep_alive)?
+        else {
+            return Ok(None);
+        };
+        self.out.clear();
+        self.inner.seal_into(&whole, &mut self.out);
+        Ok(Some(self.frames(py)))
+    }
 }
 
 /// The bytes of a bytes-like object that is not `bytes` (bytearray, memoryview...).
@@ -117,6 +142,8 @@ impl Sealer {
 struct Opener {
     inner: sealing::Opener,
     plain: Vec<u8>,
+    /// `serve_requests`' rules and request maker, once set
+    serving: Option<(request::Rules, Py<PyAny>)>,
 }
 
 #[pymethods]
@@ -126,6 +153,7 @@ impl Opener {
         Opener {
             inner: sealing::Opener::new(key),
             plain: Vec::new(),
+            serving: None,
         }
     }
 
@@ -141,6 +169,75 @@ impl Opener {
             self.plain = Vec::new();
         }
         Ok(plain)
+    }
+
+    /// Make `feed_requests` parse what it opens as the replica's server does
+    /// (`parse_request`'s rules: see `request.rs`), each request made by
+    /// `make(method, path, query, headers, body, keep_alive, False, request_id, model_id)`; a
+    /// path starting with `stop_prefix` (when not empty) is left to httptools; `make_ids`: a
+    /// request without an `X-Request-Id` gets a new one.
+    #[pyo3(signature = (make, max_url, max_head, max_body, stop_prefix, make_ids))]
+    fn serve_requests(
+        &mut self,
+        make: Py<PyAny>,
+        max_url: usize,
+        max_head: usize,
+        max_body: i64,
+        stop_prefix: &[u8],
+        make_ids: bool,
+    ) {
+        let rules = request::Rules {
+            max_url,
+            max_head,
+            max_body,
+            stop_prefix: stop_prefix.to_vec(),
+            make_ids,
+        };
+        self.serving = Some((rules, make));
+    }
+
+    /// `feed`, then the whole common requests at the start of what it opened, made (see
+    /// `serve_requests`): `(requests, rest)`, `rest` the opened bytes after them (``b""`` when
+    /// none), for httptools. Raises `FrameError` as `feed` does.
+    fn feed_requests<'py>(
+        &mut self,
+        py: Python<'py>,
+        data: &[u8],
+    ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyBytes>)> {
+        self.plain.clear();
+        self.inner
+            .feed(data, &mut self.plain)
+            .map_err(|e| FrameError::new_err(e.to_string()))?;
+        let Some((rules, make)) = &self.serving else {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "feed_requests before serve_requests",
+            ));
+        };
+        let requests = PyList::empty(py);
+        let mut start = 0;
+        while let Some(p) = request::parse_at(py, &self.plain, start, rules)? {
+            start = p.end;
+            let args = PyTuple::new(
+                py,
+                [
+                    p.method,
+                    p.path,
+                    p.query,
+                    p.headers,
+                    p.body,
+                    p.keep_alive,
+                    pyo3::types::PyBool::new(py, false).to_owned().into_any(),
+                    p.request_id,
+                    p.model_id,
+                ],
+            )?;
+            requests.append(make.bind(py).call1(args)?)?;
+        }
+        let rest = PyBytes::new(py, &self.plain[start..]);
+        if self.plain.capacity() > 64 * 1024 {
+            self.plain = Vec::new();
+        }
+        Ok((requests, rest))
     }
 }
 

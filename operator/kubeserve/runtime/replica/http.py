@@ -70,6 +70,7 @@ from kubeserve.runtime.http_connection import (
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.native_module import NATIVE
 from kubeserve.runtime.replica.inflow import Inflow
+from kubeserve.runtime.sealing import FrameError, frame_failed
 from kubeserve.runtime.thread_hop import current_hop
 from kubeserve.runtime.websocket import (
     GOING_AWAY,
@@ -388,11 +389,58 @@ class _Connection(ServerConnection):
         self.session: WebSocketSession | None = None
         self.ws_request: HttpRequest | None = None  # a handshake waiting for pipelined requests
         self.inflow: Inflow | None = None  # the body of the duplex call being served, arriving
+        # Frames opened here, answers sealed here (see opens_frames), or None.
+        self.opener: Any = None
+        self.raw: asyncio.Transport | None = None
+        self.seal_answer: Callable[..., bytes | None] | None = None
+
+    def opens_frames(self, opener: Any, raw: asyncio.Transport) -> bool:
+        """Take the sealed channel's frames straight from ``raw`` (see
+        :class:`~kubeserve.runtime.sealing.SealedProtocol`): ``opener`` (the compiled one) opens
+        them and parses the whole common requests in them in one call, and a complete answer is
+        formatted and sealed in one (:meth:`_write_head`); the rest is as over the sealed
+        transport. Only with the compiled parse (anything it leaves goes to httptools)."""
+        if _parse_request is None:
+            return False
+        limits = self.limits
+        max_body = limits.max_body_bytes
+        opener.serve_requests(
+            HttpRequest,
+            limits.max_url_bytes,
+            limits.max_header_bytes,
+            -1 if max_body is None else max_body,
+            b"" if self.ingress else _DUPLEX,  # a duplex call is served as its body arrives
+            self.ingress,  # user traffic without a request id gets a new one
+        )
+        self.opener = opener
+        self.raw = raw
+        self.seal_answer = self.transport.sealer.seal_answer
+        return True
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        if _parse_request is not None and not self.in_message:
+        opener = self.opener
+        if opener is not None:  # sealed frames, straight from the raw transport
+            try:
+                if self.in_message:
+                    data = opener.feed(data)
+                else:
+                    self.read_size = len(data)
+                    requests, data = opener.feed_requests(data)
+            except FrameError as exc:
+                frame_failed(self.transport, exc)
+                return
+            if not self.in_message:
+                for request in requests:
+                    if self.closed:
+                        return
+                    self._queue(request)
+                if self.closed:
+                    return
+            if not data:
+                return
+        elif _parse_request is not None and not self.in_message:
             data = self._parse_whole(data)
             if not data:
                 return
@@ -667,6 +715,20 @@ class _Connection(ServerConnection):
         """The status line and headers (and ``body``, when given) in one ``writelines``."""
         if self.closed:
             return
+        seal_answer = self.seal_answer
+        if seal_answer is not None:  # formatted and sealed in one call (see opens_frames)
+            whole = seal_answer(
+                status,
+                _REASONS.get(status, b"Unknown"),
+                self.server.date.line(),
+                request_id,
+                headers,
+                body,
+                keep_alive,
+            )
+            if whole is not None:
+                self.raw.write(whole)  # type: ignore[union-attr]
+                return
         if _answer is not None:
             whole = _answer(
                 status,

@@ -83,14 +83,14 @@ async def _replica(
         control_module._enter_call = lambda options: ""  # type: ignore[assignment]
     role = Role.CONTROL if deployment == "Leaf" else Role.INGRESS
 
-    def by_hand(rule: Callable[[Any], bool]) -> Callable[[Any], bool]:
-        return rule if tasks else (lambda request: True)
+    def by_hand(rule: Callable[[Any], bool] | bool) -> Callable[[Any], bool] | bool:
+        return rule if tasks else True
 
     server = ReplicaHttpServer(
         ingress.handle,
         control=control.handle,
         steps_by_hand={
-            Role.INGRESS: by_hand(ingress.steps_by_hand),
+            Role.INGRESS: by_hand(ingress.by_hand),
             Role.CONTROL: by_hand(control.steps_by_hand),
         },
     )

@@ -105,10 +105,11 @@ class Control:
         if path.startswith(wire.CALL_PREFIX):
             if request.method != "POST":
                 return HttpResponse(405, b"handle calls use POST")
-            refusal = self._state.refusal()
-            if refusal is not None:
+            started = self._state.admit()
+            if started is None:
+                refusal = self._state.refusal()
+                assert refusal is not None
                 return refusal
-            started = self._state.begin()
             method_name = path[len(wire.CALL_PREFIX) :]
             outcome = "ERROR"
             try:

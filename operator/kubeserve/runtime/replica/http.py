@@ -278,8 +278,9 @@ class StreamedResponse:
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse | StreamedResponse]]
-#: whether a request may be stepped by hand, outside a task (see ReplicaHttpServer)
-StepsByHand = Callable[[HttpRequest], bool]
+#: whether a request may be stepped by hand, outside a task (see ReplicaHttpServer): per
+#: request, or the same for all
+StepsByHand = Callable[[HttpRequest], bool] | bool
 #: Serves a WebSocket handshake ``request`` on its ``session``: None once the session was served
 #: (accepted, or refused by the app), or the HTTP answer to give instead of a socket.
 WebSocketHandler = Callable[[HttpRequest, WebSocketSession], Awaitable[HttpResponse | None]]
@@ -288,16 +289,19 @@ WebSocketHandler = Callable[[HttpRequest, WebSocketSession], Awaitable[HttpRespo
 class _DateHeader:
     """``Date: ...\\r\\n``, formatted at most once per second."""
 
+    __slots__ = ("current", "second")
+
     def __init__(self) -> None:
-        self._second = -1
-        self._line = b""
+        #: the line of ``second`` (a caller may read it while ``int(time.time())`` is that)
+        self.second = -1
+        self.current = b""
 
     def line(self) -> bytes:
         now = int(time.time())
-        if now != self._second:
-            self._second = now
-            self._line = b"Date: %s\r\n" % http_date(now).encode("ascii")
-        return self._line
+        if now != self.second:
+            self.second = now
+            self.current = b"Date: %s\r\n" % http_date(now).encode("ascii")
+        return self.current
 
 
 class ReplicaHttpServer:
@@ -309,6 +313,8 @@ class ReplicaHttpServer:
     two; without one (a server measured on its own, or tested), every connection is user traffic.
     ``websocket`` serves the WebSocket handshakes of user traffic (their sockets pinged every
     ``websocket_ping_interval_s``, None: never); without it they are answered 501.
+    ``steps_by_hand``: per role, whether a request may be stepped by hand (a rule per request,
+    or a bool for all; by hand when none).
     """
 
     def __init__(
@@ -366,7 +372,9 @@ class _Connection(ServerConnection):
         super().__init__(server.limits, server.keep_alive_timeout_s, server.connections)
         self.server = server
         self.handler = server.handlers[role]
-        self.by_hand = server.steps_by_hand.get(role)
+        rule = server.steps_by_hand.get(role)
+        self.by_hand = None if isinstance(rule, bool) else rule  # None: by hand (but see:)
+        self.always_task = rule is False  # every request in a task
         self.ingress = role is Role.INGRESS
         # The request being parsed, and requests parsed but not yet served (pipelining).
         self.in_message = False
@@ -633,7 +641,8 @@ class _Connection(ServerConnection):
             # runs in its own copy of the server's context, as a task would, so context variables
             # never leak from one request into the next.
             context = self.server.context.copy()
-            if self.by_hand is not None and not self.by_hand(request):
+            by_hand = self.by_hand
+            if self.always_task or (by_hand is not None and not by_hand(request)):
                 # User coroutines run in a task from their first step, as Ray runs requests:
                 # asyncio.timeout, a TaskGroup, aiohttp's and anyio's timeouts need one.
                 self.task = self.loop.create_task(self._serve(request, True), context=context)
@@ -717,10 +726,11 @@ class _Connection(ServerConnection):
             return
         seal_answer = self.seal_answer
         if seal_answer is not None:  # formatted and sealed in one call (see opens_frames)
+            date = self.server.date
             whole = seal_answer(
                 status,
                 _REASONS.get(status, b"Unknown"),
-                self.server.date.line(),
+                date.current if int(time.time()) == date.second else date.line(),
                 request_id,
                 headers,
                 body,

@@ -15,6 +15,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 
 mod answer;
 mod request;
+mod response;
 mod tally;
 
 #[allow(dead_code)] // `same` and `trim` serve the proxy only
@@ -144,6 +145,8 @@ struct Opener {
     plain: Vec<u8>,
     /// `serve_requests`' rules and request maker, once set
     serving: Option<(request::Rules, Py<PyAny>)>,
+    /// `serve_answers`' header names, once set
+    answers: Option<response::AnswerNames>,
 }
 
 #[pymethods]
@@ -154,6 +157,7 @@ impl Opener {
             inner: sealing::Opener::new(key),
             plain: Vec::new(),
             serving: None,
+            answers: None,
         }
     }
 
@@ -238,6 +242,48 @@ impl Opener {
             self.plain = Vec::new();
         }
         Ok((requests, rest))
+    }
+
+    /// Make `feed_answer` read the `unserved` and `models` headers (lowercase names) besides
+    /// the length (see `response.rs`).
+    fn serve_answers(&mut self, unserved: &[u8], models: &[u8]) {
+        self.answers = Some(response::AnswerNames {
+            unserved: unserved.to_vec(),
+            models: models.to_vec(),
+        });
+    }
+
+    /// `feed`, then the answer the opened bytes are, when they are exactly one common answer:
+    /// `(answer, b"")`, `answer` = `(status, body, keep_alive, unserved, models)`; else
+    /// `(None, opened)` for httptools. Raises `FrameError` as `feed` does.
+    fn feed_answer<'py>(
+        &mut self,
+        py: Python<'py>,
+        data: &[u8],
+    ) -> PyResult<(Option<Bound<'py, PyTuple>>, Bound<'py, PyBytes>)> {
+        self.plain.clear();
+        self.inner
+            .feed(data, &mut self.plain)
+            .map_err(|e| FrameError::new_err(e.to_string()))?;
+        let Some(names) = &self.answers else {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "feed_answer before serve_answers",
+            ));
+        };
+        let answer = if self.plain.is_empty() {
+            None
+        } else {
+            response::parse_answer(py, &self.plain, names)?
+        };
+        let rest = if answer.is_some() {
+            PyBytes::new(py, b"")
+        } else {
+            PyBytes::new(py, &self.plain)
+        };
+        if self.plain.capacity() > 64 * 1024 {
+            self.plain = Vec::new();
+        }
+        Ok((answer, rest))
     }
 }
 

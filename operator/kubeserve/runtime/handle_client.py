@@ -58,6 +58,7 @@ from kubeserve.runtime.keepalive import (
     pool_for,
 )
 from kubeserve.runtime.load_report import controller_links
+from kubeserve.runtime.sealing import FrameError, frame_failed
 from kubeserve.runtime.router import (
     BackPressure,
     CallInfo,
@@ -475,16 +476,53 @@ class _CallConnection(KeepAliveConnection):
         self.unserved = ""
         #: the :data:`MODELS_HEADER` value of the answer (a multiplexed call's), else None
         self.models: bytes | None = None
+        self.in_message = False  # httptools holds part of an answer
+        # Frames opened here, requests sealed here (see opens_frames), or None.
+        self.opener: Any = None
+        self.raw: asyncio.Transport | None = None
+        self.seal_parts: Callable[[tuple[bytes, ...]], bytes] | None = None
+
+    def opens_frames(self, opener: Any, raw: asyncio.Transport) -> bool:
+        """Take the sealed channel's frames straight from ``raw`` (see
+        :class:`~kubeserve.runtime.sealing.SealedProtocol`): the compiled ``opener`` opens them
+        and parses a whole common answer in one call (anything else goes to httptools), and a
+        request is sealed and written in one step."""
+        opener.serve_answers(_UNSERVED, _MODELS)
+        self.opener = opener
+        self.raw = raw
+        self.seal_parts = self.transport.sealer.seal_parts  # type: ignore[attr-defined]
+        return True
 
     def request(self, head: bytes, body: bytes) -> asyncio.Future[tuple[int, bytes, bool]]:
         waiter = self.waiter = asyncio.get_running_loop().create_future()
         # One writelines, one syscall: head, length, blank line and body together.
-        self.transport.writelines((head, b"%d\r\n\r\n" % len(body), body))
+        parts = (head, b"%d\r\n\r\n" % len(body), body)
+        seal_parts = self.seal_parts
+        if seal_parts is not None:
+            self.raw.write(seal_parts(parts))  # type: ignore[union-attr]
+        else:
+            self.transport.writelines(parts)
         return waiter
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        opener = self.opener
+        if opener is not None:  # sealed frames, straight from the raw transport
+            try:
+                if self.in_message:
+                    data = opener.feed(data)
+                else:
+                    answer, data = opener.feed_answer(data)
+                    if answer is not None:
+                        status, body, keep_alive, self.unserved, self.models = answer
+                        self._answered(status, body, keep_alive)
+                        return
+            except FrameError as exc:
+                frame_failed(self.transport, exc)
+                return
+            if not data:
+                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -503,6 +541,7 @@ class _CallConnection(KeepAliveConnection):
     # -- httptools callbacks -----------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self.in_message = True
         self.body = []
         self.unserved = ""
         self.models = None
@@ -518,13 +557,17 @@ class _CallConnection(KeepAliveConnection):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        self.in_message = False
+        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        self._answered(self.parser.get_status_code(), body, self.parser.should_keep_alive())
+
+    def _answered(self, status: int, body: bytes, keep_alive: bool) -> None:
         waiter, self.waiter = self.waiter, None
         if waiter is None or waiter.done():  # an answer nobody asked for: never reuse
             self.closed = True
             self.transport.close()
             return
-        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
-        waiter.set_result((self.parser.get_status_code(), body, self.parser.should_keep_alive()))
+        waiter.set_result((status, body, keep_alive))
 
 
 #: Items of a stream waiting for its caller before the connection stops reading the replica.

@@ -58,7 +58,6 @@ from kubeserve.runtime.keepalive import (
     pool_for,
 )
 from kubeserve.runtime.load_report import controller_links
-from kubeserve.runtime.sealing import FrameError, frame_failed
 from kubeserve.runtime.router import (
     BackPressure,
     CallInfo,
@@ -66,6 +65,7 @@ from kubeserve.runtime.router import (
     RoutedReplica,
     Router,
 )
+from kubeserve.runtime.sealing import FrameError, frame_failed
 from kubeserve.runtime.wire import (
     CALL_PREFIX,
     DUPLEX_PREFIX,
@@ -213,14 +213,9 @@ class HandleClient:
                     options=traced,
                     decode=decode,
                 )
-        # _begin's, written out (one coroutine less per call): the free slot's fast path
-        if not self._started:
-            raise RuntimeError("HandleClient call before start()")
-        key = deployment_key(app, deployment)
-        payload = encode_call(args, kwargs, _call_options(model_id, options))
-        replica = self.router.try_assign(key, None, model_id) or await self._assign(
-            key, model_id=model_id, call=(method, args, kwargs)
-        )
+        # (_begin without its coroutine: a free slot's call awaits nothing before it is sent)
+        key, payload, free = self._begin_now(app, deployment, args, kwargs, model_id, options)
+        replica = free or await self._assign(key, model_id=model_id, call=(method, args, kwargs))
         attempt = 1
         busy_wait = _BUSY_FIRST_WAIT_S
         deadline = (
@@ -384,16 +379,28 @@ class HandleClient:
         options: dict[str, Any] | None = None,
     ) -> tuple[str, RoutedReplica, bytes]:
         """A call's deployment key, the replica slot it holds (release it!) and its body."""
+        key, payload, free = self._begin_now(app, deployment, args, kwargs, model_id, options)
+        replica = free or await self._assign(key, model_id=model_id, call=(method, args, kwargs))
+        return key, replica, payload
+
+    def _begin_now(
+        self,
+        app: str,
+        deployment: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        model_id: str,
+        options: dict[str, Any] | None,
+    ) -> tuple[str, bytes, RoutedReplica | None]:
+        """:meth:`_begin` without waiting: the key, the body and a free slot (None: wait for
+        one with :meth:`_assign`)."""
         if not self._started:
             raise RuntimeError("HandleClient call before start()")
         key = deployment_key(app, deployment)
         # Encoded first: arguments that cannot be pickled must not leave a slot taken.
         payload = encode_call(args, kwargs, _call_options(model_id, options))
         # Fast path: a free slot needs no waiter future and no timer.
-        replica = self.router.try_assign(key, None, model_id) or await self._assign(
-            key, model_id=model_id, call=(method, args, kwargs)
-        )
-        return key, replica, payload
+        return key, payload, self.router.try_assign(key, None, model_id)
 
     async def _assign(
         self,

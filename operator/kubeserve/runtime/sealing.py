@@ -211,8 +211,12 @@ def frame_failed(transport: asyncio.BaseTransport, exc: Exception) -> None:
 
 #: Whether the sealing classes can serve a protocol that opens its frames itself (see
 #: :meth:`SealedProtocol.connection_made`): the compiled ones' ``Opener.feed_requests`` and
-#: ``Sealer.seal_answer``.
-OPENS_REQUESTS = hasattr(Opener, "feed_requests") and hasattr(Sealer, "seal_answer")
+#: ``feed_answer``, and ``Sealer.seal_answer``.
+OPENS_REQUESTS = (
+    hasattr(Opener, "feed_requests")
+    and hasattr(Opener, "feed_answer")
+    and hasattr(Sealer, "seal_answer")
+)
 
 
 class SealedTransport(LayeredTransport):

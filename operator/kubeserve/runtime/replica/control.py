@@ -28,7 +28,12 @@ from kubeserve.runtime.replica.grpc_call import (
     grpc_error,
     input_stream,
 )
-from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, StreamedResponse
+from kubeserve.runtime.replica.http import (
+    HttpRequest,
+    HttpResponse,
+    StreamedResponse,
+    typed_response,
+)
 from kubeserve.runtime.replica.router_class import router_class_answer, routing_stats
 from kubeserve.runtime.replica.state import ReplicaState, shutting_down
 from kubeserve.runtime.replica.user_code import (
@@ -188,7 +193,7 @@ class Control:
             log.info("handle call %s raised %s", method_name, error_text(exc))
             answer = HttpResponse(500, self._raised(exc, method_name), content_type=_PICKLE)
         else:
-            answer = HttpResponse(200, body, content_type=_PICKLE)
+            answer = typed_response(200, body, _PICKLE)
         if model_id:
             self._state.tell_models(answer)
         return answer

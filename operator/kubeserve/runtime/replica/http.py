@@ -89,6 +89,7 @@ __all__ = [
     "WebSocketHandler",
     "internal_error",
     "text_response",
+    "typed_response",
 ]
 
 log = logging.getLogger(__name__)
@@ -190,6 +191,17 @@ def text_response(body: bytes) -> HttpResponse:
     response.status = 200
     response.body = body
     response.headers = {"content-type": "text/plain; charset=utf-8"}
+    response.close = False
+    return response
+
+
+def typed_response(status: int, body: bytes, content_type: str) -> HttpResponse:
+    """``HttpResponse(status, body, content_type=content_type)``, made as
+    :func:`text_response` is: a handle call's answer."""
+    response: HttpResponse = _new(HttpResponse)
+    response.status = status
+    response.body = body
+    response.headers = {"content-type": content_type}
     response.close = False
     return response
 
@@ -422,7 +434,7 @@ class _Connection(ServerConnection):
         )
         self.opener = opener
         self.raw = raw
-        self.seal_answer = self.transport.sealer.seal_answer
+        self.seal_answer = self.transport.sealer.seal_answer  # type: ignore[attr-defined]
         return True
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
@@ -440,10 +452,15 @@ class _Connection(ServerConnection):
                 frame_failed(self.transport, exc)
                 return
             if not self.in_message:
-                for request in requests:
+                queue = self.queue
+                for request in requests:  # _queue's, written out
                     if self.closed:
                         return
-                    self._queue(request)
+                    queue.append(request)
+                    if self.serving is None:
+                        self._next()
+                    elif len(queue) >= _PIPELINE_LIMIT:
+                        self.hold_reading(True)
                 if self.closed:
                     return
             if not data:

@@ -6,6 +6,12 @@
 //! `Sealer.seal` and `Opener.feed` are the Python classes' methods, one call each: a write is one
 //! frame (split at `MAX_FRAME`), a read gives every payload its complete frames carry (the
 //! partial tail kept for the next read). Same wire bytes, same errors, same sequence numbers.
+//!
+//! Fused for the hot paths (no Python counterpart: the pure Python path opens, then parses):
+//! `Opener.feed_requests` opens a replica's read and makes the whole common requests in it
+//! (`request.rs`), `Sealer.seal_answer` formats a complete answer (`answer.rs`) and seals it,
+//! and `Opener.feed_answer` opens a handle client's read and parses the answer it is
+//! (`response.rs`); each leaves what it does not cover to httptools.
 
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;

@@ -16,7 +16,10 @@ The tricks, each marked where it is used:
 * **Compiled parse and answer** where ``kubeserve._native`` is built
   (:mod:`~kubeserve.runtime.native_module`): a whole common request is parsed in one call
   (:meth:`_Connection._parse_whole`; anything else, limits and errors included, goes through
-  httptools' callbacks) and a complete answer is formatted in one.
+  httptools' callbacks) and a complete answer is formatted in one. Behind the authenticated
+  channel the connection takes the sealed frames itself (:meth:`_Connection.opens_frames`):
+  one call opens a read's frames and makes the whole requests in them (request ids included),
+  and one formats a complete answer and seals it.
 * **Lazy connection timer**: one timer per connection that re-arms itself, instead of a timer
   per request; it enforces the keep-alive timeout and the head and body timeouts of
   :class:`~kubeserve.runtime.limits.RequestLimits`, measured from the reads that left a request

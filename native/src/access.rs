@@ -44,6 +44,7 @@ pub struct AccessLines {
 }
 
 /// Past this, the text's buffer is not kept between two takes (a burst's).
+#[allow(dead_code)] // with `lines`, `pending` and `clear`: the replica tally's (pyext)
 const KEPT_CAPACITY: usize = 256 * 1024;
 
 impl AccessLines {
@@ -128,17 +129,20 @@ impl AccessLines {
     }
 
     /// How many lines wait.
+    #[allow(dead_code)]
     pub fn lines(&self) -> usize {
         self.lines
     }
 
     /// The lines since the last take (`clear` takes them).
+    #[allow(dead_code)]
     pub fn pending(&self) -> &[u8] {
         &self.text
     }
 
     /// Take the lines `pending` gave, keeping their buffer for the next ones (up to
     /// `KEPT_CAPACITY`); returns how many were dropped over `MAX_ACCESS` since the last take.
+    #[allow(dead_code)]
     pub fn clear(&mut self) -> u64 {
         self.lines = 0;
         if self.text.capacity() > KEPT_CAPACITY {

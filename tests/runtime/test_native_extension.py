@@ -273,7 +273,7 @@ def test_the_compiled_tally_counts_and_writes_what_the_python_one_does() -> None
         tally.access_format(as_json["json"], as_json["component"])
         tally.done(1.0, 1.0 + 0.001, "", "CALL", "greet", "OK", "", "/b", at)
         tally.done(1.0, 1.0 + 0.002, "")  # counted, no access line
-        odd = "/\u00e9\"\\\U0001f600"
+        odd = '/\u00e9"\\\U0001f600'
         tally.done(1.0, 1.5, "/\u00e9", "POST", odd, 503, "id\t", "", at + 0.999)
     assert compiled.take_metrics() == python.take_metrics()
     assert compiled.take_metrics() == python.take_metrics() == []

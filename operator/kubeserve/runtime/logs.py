@@ -538,7 +538,7 @@ class LineFormat:
 
     __slots__ = ("_second", "_stamp", "component", "json")
 
-    def __init__(self, json: bool, component: str) -> None:  # noqa: A002 - the native name
+    def __init__(self, json: bool, component: str) -> None:
         self.json = json
         self.component = component
         self._second = -1
@@ -689,7 +689,7 @@ class AccessLog:
         handler = _output
         stream = getattr(handler, "stream", None)
         if handler is None or stream is None:
-            _writer(sys.stderr)(_joined(chunks, binary=False))
+            _writer(sys.stderr)(_encoded(chunks))
             return
         handler.acquire()
         try:
@@ -725,38 +725,32 @@ def text_lines(entries: list[_Entry], stamp: Callable[[int], str], who: str) -> 
     return lines
 
 
-def _writer(stream: Any) -> Callable[[bytes | str], None]:
-    """Writes to the text ``stream`` of a log, flushed: bytes (UTF-8) straight to the binary
-    file under it when it writes UTF-8 (a replica's tallied block then needs no Python text),
+def _writer(stream: Any) -> Callable[[bytes], None]:
+    """Writes UTF-8 lines to the text ``stream`` of a log, flushed: straight to the binary file
+    under it when it writes UTF-8 (a replica's tallied block then never becomes Python text),
     after what was written to it as text."""
     raw = getattr(stream, "buffer", None)
     encoding = str(getattr(stream, "encoding", "") or "").lower().replace("_", "-")
     if raw is not None and encoding in ("utf-8", "utf8"):
         stream.flush()
 
-        def write_bytes(data: bytes | str) -> None:
-            raw.write(data if data.__class__ is bytes else data.encode(errors="backslashreplace"))  # type: ignore[union-attr]
+        def write_bytes(data: bytes) -> None:
+            raw.write(data)
             raw.flush()
 
         return write_bytes
 
-    def write_text(data: bytes | str) -> None:
-        stream.write(data if data.__class__ is str else data.decode(errors="backslashreplace"))  # type: ignore[union-attr]
+    def write_text(data: bytes) -> None:
+        stream.write(data.decode(errors="backslashreplace"))
         stream.flush()
 
     return write_text
 
 
-def _joined(chunks: list[bytes | str], *, binary: bool) -> Any:
-    """``chunks`` as one bytes (UTF-8) or one text."""
-    if binary:
-        return b"".join(
-            c if c.__class__ is bytes else c.encode(errors="backslashreplace")  # type: ignore[union-attr]
-            for c in chunks
-        )
-    return "".join(
-        c if c.__class__ is str else c.decode(errors="backslashreplace")  # type: ignore[union-attr]
-        for c in chunks
+def _encoded(chunks: list[bytes | str]) -> bytes:
+    """``chunks`` as one UTF-8 block (a single ``bytes`` chunk: itself, not a copy)."""
+    return b"".join(
+        c if isinstance(c, bytes) else c.encode(errors="backslashreplace") for c in chunks
     )
 
 
@@ -765,8 +759,7 @@ def _write_rotating(handler: logging.Handler, stream: Any, chunks: list[bytes | 
     unless its file would grow past its ``maxBytes``: then it rolls over between lines, as
     records would (a :class:`RotatingLog`, or logging.handlers' RotatingFileHandler, which is
     not imported for this)."""
-    write = _writer(stream)
-    block: bytes = _joined(chunks, binary=True)  # (one bytes chunk: itself, not a copy)
+    write, block = _writer(stream), _encoded(chunks)
     limit = getattr(handler, "maxBytes", 0)
     if not limit or not hasattr(handler, "doRollover") or stream.tell() + len(block) < limit:
         write(block)  # the common case: the whole block fits

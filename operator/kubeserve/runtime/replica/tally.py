@@ -47,7 +47,7 @@ class PyTally:
         self._dropped = 0
         self._dirty = False
 
-    def access_format(self, json: bool, component: str) -> None:  # noqa: A002 - the native name
+    def access_format(self, json: bool, component: str) -> None:
         """The format of the access lines from now on (the access log's ``native_format()``);
         until it is given, :meth:`done` keeps no line."""
         if self._format is not None and self._entries:

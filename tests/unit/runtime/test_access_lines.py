@@ -258,3 +258,25 @@ def test_the_native_format_is_the_lines_component_part(restored_logging: None) -
         "component_id": 'node"1',
         "component_type": "proxy",
     }
+
+
+@pytest.mark.parametrize("kind", TALLIES)
+def test_a_tally_holds_at_most_its_limit_of_lines_and_the_log_counts_the_rest(
+    tmp_path: Path, restored_logging: None, kind: str
+) -> None:
+    """Between two flushes a tally keeps at most ``MAX_ACCESS_LINES`` lines: the rest are
+    dropped, and counted as the log's dropped lines when it writes the others."""
+    handler = logging.handlers.RotatingFileHandler(tmp_path / "r.log", encoding="utf-8")
+    logs.configure(logs.LogSettings({}), replica_component(), handler)
+    batched = logs.batched_access()
+    assert batched is not None
+    tally = new_tally(kind, (1.0,), batched)
+    for _ in range(logs.MAX_ACCESS_LINES + 2):
+        tally.done(0.0, 0.001, "/", "GET", "/", 200, "", "/", 1_795_000_000.0)
+    assert tally.lines() == logs.MAX_ACCESS_LINES
+    before = logs.dropped_lines()
+    batched.write_tally(tally)
+    handler.close()
+    assert logs.dropped_lines() - before == 2 and tally.lines() == 0
+    with (tmp_path / "r.log").open("rb") as written:
+        assert sum(1 for _ in written) == logs.MAX_ACCESS_LINES

@@ -35,7 +35,16 @@ class PyTally:
     """The pure Python tally; ``kubeserve._native.Tally`` has the same methods (see the
     module)."""
 
-    __slots__ = ("_bounds", "_dirty", "_dropped", "_entries", "_format", "_formatted", "_pending")
+    __slots__ = (
+        "_bounds",
+        "_dirty",
+        "_dropped",
+        "_entries",
+        "_format",
+        "_formatted",
+        "_pending",
+        "_room",
+    )
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self._bounds = tuple(bounds)
@@ -44,6 +53,8 @@ class PyTally:
         self._formatted: list[str] = []
         self._entries: list[tuple[float, str, str, int | str, float, str, str]] = []
         self._format: LineFormat | None = None
+        #: how many entries may wait: ``MAX_ACCESS_LINES`` less the lines formatted
+        self._room = MAX_ACCESS_LINES
         self._dropped = 0
         self._dirty = False
 
@@ -53,6 +64,7 @@ class PyTally:
         if self._format is not None and self._entries:
             entries, self._entries = self._entries, []
             self._formatted += self._format.lines(entries)  # type: ignore[arg-type]
+            self._room = MAX_ACCESS_LINES - len(self._formatted)
         self._format = LineFormat(json, component)
 
     def done(
@@ -79,12 +91,12 @@ class PyTally:
         pending[1] += latency_ms
         pending[2][bisect_left(self._bounds, latency_ms)] += 1
         if method is not None and self._format is not None:
-            if self.lines() >= MAX_ACCESS_LINES:
-                self._dropped += 1
-            else:
+            if len(self._entries) < self._room:
                 when = time.time() if at is None else at
                 entry = (when, method, access_route, status, latency_ms, request_id, route_field)
                 self._entries.append(entry)  # type: ignore[arg-type]
+            else:
+                self._dropped += 1
         first = not self._dirty
         self._dirty = True
         return first
@@ -105,7 +117,7 @@ class PyTally:
         if self._entries and self._format is not None:
             entries, self._entries = self._entries, []
             lines += self._format.lines(entries)  # type: ignore[arg-type]
-        dropped, self._dropped = self._dropped, 0
+        dropped, self._dropped, self._room = self._dropped, 0, MAX_ACCESS_LINES
         return "".join(lines), dropped
 
 

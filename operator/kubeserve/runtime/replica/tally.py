@@ -122,10 +122,11 @@ class PyTally:
 
 
 def new_tally(bounds: Sequence[float]) -> PyTally:
-    """The compiled tally where ``kubeserve._native`` has one, else :class:`PyTally` (typed as
+    """The compiled tally where ``kubeserve._native`` has one (built from this tree: one built
+    before its tally formatted lines has no ``access_format``), else :class:`PyTally` (typed as
     the latter: the same methods)."""
     native = getattr(NATIVE, "Tally", None)
-    if native is None:
+    if native is None or not hasattr(native, "access_format"):
         return PyTally(bounds)
     tally: PyTally = native(list(bounds))
     return tally

@@ -31,7 +31,7 @@ $(NATIVE): native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	cargo build --release --locked --manifest-path native/Cargo.toml
 	cargo test --release --locked --manifest-path native/Cargo.toml
 $(NATIVE_EXT): native/pyext/Cargo.toml native/pyext/Cargo.lock $(wildcard native/pyext/src/*.rs) \
-		native/src/sealing.rs
+		native/src/sealing.rs native/src/access.rs
 	cargo build --release --locked --manifest-path native/pyext/Cargo.toml
 	@# a new file, not rewritten in place: running replicas have the old one mapped
 	cp native/pyext/target/release/lib_native.so $@.new && mv $@.new $@

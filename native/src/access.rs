@@ -1,26 +1,26 @@
-//! Access lines, formatted here exactly as the Python proxy's `kubeserve.runtime.logs.AccessLog`
-//! writes its own (Ray's TEXT or JSON line, byte for byte), and held as one text until a
-//! `take_records` hands it over: the Python proxy writes that text in one write through its
-//! rotating log, with no Python object per request (a list per request cost it ~3.5 us of CPU
-//! and megabytes of transient memory under load). One writer of the log file stays: the Python
-//! proxy, with its rotation and size limit.
+//! Access lines, formatted here exactly as `kubeserve.runtime.logs.AccessLog` writes its own
+//! (Ray's TEXT or JSON line, byte for byte), and held as one text until it is taken: the Python
+//! proxy (after a `take_records`) or a replica (`native/pyext/src/tally.rs`, which includes this
+//! file) writes that text in one write through its rotating log, with no Python object per
+//! request (a list per request cost the proxy ~3.5 us of CPU and megabytes of transient memory
+//! under load). One writer of the log file stays: the Python process, with its rotation and size
+//! limit.
 //!
-//! What only Python knows is pushed with `access_log` (`AccessLog.native_format`): the encoding
-//! and the component's part of each line, already in its final form. What varies per request
+//! What only Python knows is given with `set_format` (`AccessLog.native_format`; the proxy's
+//! `state` op, `routing.rs`): the encoding and the component's part of each line, already in its
+//! final form. This file needs no crate but `libc`, so the extension can include it. What varies per request
 //! (time, method, route, status, latency, request id) is formatted here as Python's `%` and
 //! `json.dumps` format it: `%.1f` of the latency (Rust's `{:.1}` rounds the same, exactly),
 //! milliseconds truncated, the local time of the whole second, `ensure_ascii` escapes.
 
-use std::fmt::Display;
+use std::fmt::{Display, Write as _};
 use std::io::Write;
-
-use serde_json::Value;
 
 /// Most access lines held between two takes (one every 0.1 s); past it they are counted, dropped.
 /// A line is bounded (a method within the head limit, a request id of at most 128 characters).
 pub const MAX_ACCESS: usize = 200_000;
 
-/// The Python proxy's line format, as `AccessLog.native_format` pushes it.
+/// The Python process's line format, as `AccessLog.native_format` gives it.
 struct Format {
     json: bool,
     /// TEXT: ` <component name> <component id> `; JSON: the component's fields as
@@ -39,42 +39,30 @@ pub struct AccessLines {
     /// the whole second `stamp` is of (local time, `%Y-%m-%d %H:%M:%S`), formatted once a second
     second: i64,
     stamp: String,
+    /// a JSON line's message before its escaping (reused)
+    message: String,
 }
+
+/// Past this, the text's buffer is not kept between two takes (a burst's).
+#[allow(dead_code)] // with `lines`, `pending` and `clear`: the replica tally's (pyext)
+const KEPT_CAPACITY: usize = 256 * 1024;
 
 impl AccessLines {
     pub fn on(&self) -> bool {
         self.format.is_some()
     }
 
-    /// `access_log` (and with true, `access_format`: `{"json": bool, "component": str}`) of a
-    /// `state` op, when present.
-    pub fn apply(&mut self, msg: &Value) -> Result<(), String> {
-        match msg.get("access_log").and_then(Value::as_bool) {
-            None => {}
-            Some(false) => self.format = None,
-            Some(true) => {
-                let given = msg
-                    .get("access_format")
-                    .ok_or("access_format: missing with access_log true")?;
-                let json = given
-                    .get("json")
-                    .and_then(Value::as_bool)
-                    .ok_or("access_format.json: not a boolean")?;
-                let component = given
-                    .get("component")
-                    .and_then(Value::as_str)
-                    .ok_or("access_format.component: not a string")?;
-                self.format = Some(Format {
-                    json,
-                    component: component.to_owned(),
-                });
-            }
-        }
-        Ok(())
+    /// Access lines on in this format (`json`: JSON lines, else TEXT; `component`: the
+    /// component's part of each line, see `Format`), or off (None: nothing is kept).
+    pub fn set_format(&mut self, format: Option<(bool, &str)>) {
+        self.format = format.map(|(json, component)| Format {
+            json,
+            component: component.to_owned(),
+        });
     }
 
     /// One line: ``METHOD ROUTE STATUS LATENCYms`` answered at `at` (seconds since the epoch),
-    /// with its request id (none: empty) and route (the JSON line's `route`; none: empty).
+    /// with its request id (none: empty) and route (also the JSON line's `route`; none: empty).
     pub fn add(
         &mut self,
         at: f64,
@@ -83,6 +71,22 @@ impl AccessLines {
         status: impl Display,
         latency_ms: f64,
         rid: &str,
+    ) {
+        self.add_routed(at, method, route, status, latency_ms, rid, route);
+    }
+
+    /// `add` with the JSON line's `route` given apart from the message's (a replica's handle
+    /// call names its method in the message, the request's route in the field).
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_routed(
+        &mut self,
+        at: f64,
+        method: &str,
+        route: &str,
+        status: impl Display,
+        latency_ms: f64,
+        rid: &str,
+        route_field: &str,
     ) {
         let Some(format) = &self.format else { return };
         if self.lines >= MAX_ACCESS {
@@ -108,18 +112,45 @@ impl AccessLines {
         }
         let _ = write!(out, "{{\"asctime\": \"{},{millis:03}\", ", self.stamp);
         out.extend_from_slice(b"\"levelname\": \"INFO\", \"message\": ");
-        python_json_str(out, &format!("{method} {route} {status} {latency_ms:.1}ms"));
+        self.message.clear();
+        let _ = write!(self.message, "{method} {route} {status} {latency_ms:.1}ms");
+        python_json_str(out, &self.message);
         out.extend_from_slice(b", ");
         out.extend_from_slice(format.component.as_bytes());
         if !rid.is_empty() {
             out.extend_from_slice(b", \"request_id\": ");
             python_json_str(out, rid);
         }
-        if !route.is_empty() {
+        if !route_field.is_empty() {
             out.extend_from_slice(b", \"route\": ");
-            python_json_str(out, route);
+            python_json_str(out, route_field);
         }
         out.extend_from_slice(b"}\n");
+    }
+
+    /// How many lines wait.
+    #[allow(dead_code)]
+    pub fn lines(&self) -> usize {
+        self.lines
+    }
+
+    /// The lines since the last take (`clear` takes them).
+    #[allow(dead_code)]
+    pub fn pending(&self) -> &[u8] {
+        &self.text
+    }
+
+    /// Take the lines `pending` gave, keeping their buffer for the next ones (up to
+    /// `KEPT_CAPACITY`); returns how many were dropped over `MAX_ACCESS` since the last take.
+    #[allow(dead_code)]
+    pub fn clear(&mut self) -> u64 {
+        self.lines = 0;
+        if self.text.capacity() > KEPT_CAPACITY {
+            self.text = Vec::new();
+        } else {
+            self.text.clear();
+        }
+        std::mem::take(&mut self.dropped)
     }
 
     /// The lines since the last take, and how many were dropped over `MAX_ACCESS`.
@@ -181,13 +212,10 @@ fn python_json_str(out: &mut Vec<u8>, text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn lines(json: bool, component: &str) -> AccessLines {
         let mut a = AccessLines::default();
-        let format = json!({"json": json, "component": component});
-        a.apply(&json!({"access_log": true, "access_format": format}))
-            .unwrap();
+        a.set_format(Some((json, component)));
         a
     }
 
@@ -243,16 +271,25 @@ mod tests {
     }
 
     #[test]
-    fn off_keeps_nothing_and_a_bad_format_is_refused_with_its_field() {
-        let mut a = AccessLines::default();
+    fn off_keeps_nothing() {
+        let mut a = lines(false, " p n ");
+        a.set_format(None);
         a.add(1.0, "GET", "/", 200, 1.0, "");
         assert!(!a.on() && a.take().0.is_empty());
-        let err = a.apply(&json!({"access_log": true})).unwrap_err();
-        assert!(err.starts_with("access_format:"), "{err}");
-        let err = a
-            .apply(&json!({"access_log": true, "access_format": {"json": 1, "component": ""}}))
-            .unwrap_err();
-        assert!(err.starts_with("access_format.json:"), "{err}");
+    }
+
+    #[test]
+    fn a_route_field_apart_from_the_message_and_a_kept_buffer() {
+        std::env::set_var("TZ", "UTC");
+        let mut a = lines(true, "\"lineno\": 0");
+        a.add_routed(1_795_000_000.5, "CALL", "greet", "OK", 2.0, "", "/b");
+        assert_eq!(
+            std::str::from_utf8(a.pending()).unwrap(),
+            "{\"asctime\": \"2026-11-18 11:06:40,500\", \"levelname\": \"INFO\", \
+             \"message\": \"CALL greet OK 2.0ms\", \"lineno\": 0, \"route\": \"/b\"}\n"
+        );
+        assert_eq!((a.lines(), a.clear()), (1, 0));
+        assert!(a.pending().is_empty() && a.text.capacity() > 0 && a.lines() == 0);
     }
 
     #[test]

@@ -328,6 +328,32 @@ impl Common<'_> {
     }
 }
 
+impl AccessLines {
+    /// `access_log` (and with true, `access_format`: `{"json": bool, "component": str}`) of a
+    /// `state` op, when present.
+    pub fn apply(&mut self, msg: &Value) -> Result<(), String> {
+        match msg.get("access_log").and_then(Value::as_bool) {
+            None => {}
+            Some(false) => self.set_format(None),
+            Some(true) => {
+                let given = msg
+                    .get("access_format")
+                    .ok_or("access_format: missing with access_log true")?;
+                let json = given
+                    .get("json")
+                    .and_then(Value::as_bool)
+                    .ok_or("access_format.json: not a boolean")?;
+                let component = given
+                    .get("component")
+                    .and_then(Value::as_str)
+                    .ok_or("access_format.component: not a string")?;
+                self.set_format(Some((json, component)));
+            }
+        }
+        Ok(())
+    }
+}
+
 // -- records ----------------------------------------------------------------------------------
 
 /// Requests of one label set since the last `take_records`: Ray's metrics, recorded by the
@@ -445,6 +471,23 @@ async fn control_connection<S>(state: Rc<S>, conn: UnixStream, handle: fn(&S, &V
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_access_format_of_a_state_op_and_a_bad_one_refused_with_its_field() {
+        let mut a = AccessLines::default();
+        let format = json!({"json": false, "component": " p n "});
+        a.apply(&json!({"access_log": true, "access_format": format}))
+            .unwrap();
+        assert!(a.on());
+        a.apply(&json!({"access_log": false})).unwrap();
+        assert!(!a.on());
+        let err = a.apply(&json!({"access_log": true})).unwrap_err();
+        assert!(err.starts_with("access_format:"), "{err}");
+        let err = a
+            .apply(&json!({"access_log": true, "access_format": {"json": 1, "component": ""}}))
+            .unwrap_err();
+        assert!(err.starts_with("access_format.json:"), "{err}");
+    }
 
     fn snapshot(replicas: &[(&str, u16)]) -> Value {
         let eps: Vec<Value> = replicas

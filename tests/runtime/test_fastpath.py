@@ -904,7 +904,7 @@ def test_native_access_lines_are_the_python_proxys_for_the_same_requests(
             at, method, route, status, latency_ms, rid = _entry_of(line, json_line)
             assert route == "/api" and (status, len(rid) > 0) == (200, True)
             entry = (at, method, route, status, latency_ms, rid, route)
-            expected = access._line(entry) if json_line else access._text_lines([entry])[0]
+            expected = access._format.lines([entry])[0]
             assert line + "\n" == expected
         # off: none kept
         await native.push(f.snapshot, access_log=False)

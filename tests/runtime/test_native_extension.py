@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
+from http import HTTPStatus
 
 import pytest
 
@@ -247,42 +248,51 @@ def test_the_compiled_answer_is_the_python_one_byte_for_byte() -> None:
 
 
 def test_the_compiled_tally_counts_and_writes_what_the_python_one_does() -> None:
-    """Same per-route counts, sums and buckets; same access lines (TEXT, latencies rounded
-    alike, half-way cases included, and JSON entries) apart from the time they were taken."""
+    """Same per-route counts, sums and buckets; the same access lines byte for byte (TEXT and
+    JSON, latencies rounded alike, half-way cases included, odd statuses, characters JSON
+    escapes), formatted in the format given when each was done."""
     assert NATIVE is not None
+    from kubeserve.runtime.logs import MAX_ACCESS_LINES, AccessLog, ComponentLog
     from kubeserve.runtime.metrics import LATENCY_BUCKETS_MS
     from kubeserve.runtime.replica.tally import PyTally, new_tally
 
+    assert NATIVE.MAX_ACCESS_LINES == MAX_ACCESS_LINES
     compiled, python = new_tally(LATENCY_BUCKETS_MS), PyTally(LATENCY_BUCKETS_MS)
     assert type(compiled) is NATIVE.Tally
+    component = ComponentLog("replica", "Echo%d", 'Echo-1-"x"', "app", "Echo%d")
+    text, as_json = (AccessLog(component, e).native_format() for e in ("TEXT", "JSON"))
     latencies = [0.05, 0.15, 0.25, 0.35, 1.0, 1.25, 2.5, 12.55, 999.95, 1234.5, 700_000.0]
+    statuses: list[object] = [200, "CANCELLED", HTTPStatus.OK, True, None, "caf\u00e9\u2028"]
+    at = 1_795_000_000.0015
     for tally in (compiled, python):
+        assert tally.done(0.0, 0.001, "/a", "GET", "/a", 200, "", "/a")  # no format: no line
+        tally.access_format(text["json"], text["component"])
         for i, ms in enumerate(latencies):
             route = "/a" if i % 3 else "/b"
-            status: int | str = 200 if i % 2 else "CANCELLED"
-            first = tally.done(0.0, ms / 1000.0, route, "GET", route, status, f"r{i}", route)
-            assert first is (i == 0)
-        tally.done(1.0, 1.0 + 0.001, "", "CALL", "greet", "OK", "", "/b")
+            status = statuses[i % len(statuses)]
+            rid = f"r{i}"
+            assert not tally.done(0.0, ms / 1e3, route, "GET", route, status, rid, route, at + i)
+        tally.access_format(as_json["json"], as_json["component"])
+        tally.done(1.0, 1.0 + 0.001, "", "CALL", "greet", "OK", "", "/b", at)
         tally.done(1.0, 1.0 + 0.002, "")  # counted, no access line
+        odd = '/\u00e9"\\\U0001f600'
+        tally.done(1.0, 1.5, "/\u00e9", "POST", odd, 503, "id\t", "", at + 0.999)
     assert compiled.take_metrics() == python.take_metrics()
     assert compiled.take_metrics() == python.take_metrics() == []
-    assert compiled.lines() == python.lines() == len(latencies) + 1
-
-    def strip(text: str) -> list[str]:  # the milliseconds of the time taken
-        return [line.split(",", 1)[1][3:] for line in text.splitlines()]
-
-    texts = [t.take_text(lambda second: "INFO S", " Echo%d Echo-1 ") for t in (compiled, python)]
-    assert strip(texts[0]) == strip(texts[1])
+    assert compiled.lines() == python.lines() == len(latencies) + 2
+    (block, dropped), (text_block, py_dropped) = compiled.take_lines(), python.take_lines()
+    assert isinstance(block, bytes) and isinstance(text_block, str)
+    assert block == text_block.encode() and dropped == py_dropped == 0
+    lines = [line + "\n" for line in block.decode().split("\n")[:-1]]  # (a U+2028 in one)
+    assert len(lines) == len(latencies) + 2 and lines[0].startswith("INFO 2026-11-18 ")
     # exactly half-way latencies (0.25 ms, 1.25 ms) round to even, as Python's %.1f does
-    assert " Echo%d Echo-1 r2 -- GET /a CANCELLED 0.2ms\n" in texts[0]
-    assert " Echo%d Echo-1 r5 -- GET /a 200 1.2ms\n" in texts[0]
-    assert texts[0].endswith(" Echo%d Echo-1 -- CALL greet OK 1.0ms\n")
-    for tally in (compiled, python):
-        tally.done(1.0, 1.5, "/a", "POST", "/a", 503, "", "/a")
-    entries = [t.take_entries() for t in (compiled, python)]
-    assert [e[1:] for e in entries[0]] == [e[1:] for e in entries[1]]
-    assert abs(entries[0][0][0] - entries[1][0][0]) < 5
+    assert ' Echo%d Echo-1-"x" r2 -- GET /a 200 0.2ms\n' in lines[2]
+    assert ' Echo%d Echo-1-"x" r5 -- GET /a caf\u00e9\u2028 1.2ms\n' in lines[5]
+    assert lines[3].endswith(" -- GET /b True 0.3ms\n") and " None " in lines[4]
+    assert '"message": "CALL greet OK 1.0ms"' in lines[-2] and '"route": "/b"}' in lines[-2]
+    assert lines[-1].endswith('"request_id": "id\\t"}\n') and "\\ud83d\\ude00" in lines[-1]
     assert compiled.lines() == python.lines() == 0
+    assert compiled.take_lines() == (b"", 0) and python.take_lines() == ("", 0)
 
 
 # -- frames opened and parsed in one call ------------------------------------------------------

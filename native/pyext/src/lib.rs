@@ -1,7 +1,9 @@
 //! `kubeserve._native`: the replica's sealed channel (`kubeserve/runtime/sealing.py`) , its
 //! request parse (`request.rs`), its answers' heads (`answer.rs`) and its requests' metrics and
-//! access lines (`tally.rs`) in compiled code. The frames and their MACs are the proxy's own code (`native/src/sealing.rs`, included
-//! here as a module), so both ends of a channel run one implementation of the wire format.
+//! access lines (`tally.rs`) in compiled code. The frames and their MACs are the proxy's own
+//! code (`native/src/sealing.rs`, included here as a module), so both ends of a channel run one
+//! implementation of the wire format; so are the access lines' formatter (`native/src/access.rs`,
+//! included by `tally.rs`), so the proxy's lines and a replica's are one format.
 //!
 //! `Sealer.seal` and `Opener.feed` are the Python classes' methods, one call each: a write is one
 //! frame (split at `MAX_FRAME`), a read gives every payload its complete frames carry (the
@@ -304,5 +306,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_FRAME", sealing::MAX_FRAME)?;
     m.add("TAG_SIZE", sealing::TAG_SIZE)?;
     m.add("SMALL_FRAME", sealing::SMALL_FRAME)?;
+    m.add("MAX_ACCESS_LINES", tally::MAX_ACCESS_LINES)?;
     Ok(())
 }

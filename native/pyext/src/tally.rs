@@ -3,16 +3,21 @@
 //! Python, the fallback and the reference: both give the same values and the same lines).
 //!
 //! A request's end is one call (`done`) that allocates no Python object: its latency goes into
-//! the count, sum and histogram bucket of its route, and its access line's fields into a buffer.
-//! Every flush takes the per-route batches (`take_metrics`) and the lines: TEXT lines formatted
-//! here into one string (`take_text`), or the entries as tuples for the JSON formatter
-//! (`take_entries`).
+//! the count, sum and histogram bucket of its route, and its access line is formatted at once,
+//! by the proxy's own formatter (`native/src/access.rs`, included here), into one buffer that is
+//! reused from flush to flush: no per-request record is kept. Every flush takes the per-route
+//! batches (`take_metrics`) and the lines as one `bytes` block (`take_lines`), which the log
+//! writes as it is.
 
-use std::fmt::Write as _;
+use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyInt, PyList, PyString, PyTuple};
+
+#[allow(dead_code)] // `add` and `take` serve the proxy only
+#[path = "../../src/access.rs"]
+mod access;
 
 /// Requests of one route since the last `take_metrics`.
 struct Pending {
@@ -22,20 +27,21 @@ struct Pending {
     buckets: Vec<u64>,
 }
 
-/// One access line's fields.
-struct Entry {
-    at: f64,
-    method: String,
-    route: String,
-    status: Status,
-    latency_ms: f64,
-    request_id: String,
-    route_field: String,
+/// An access line's status as Python's `%s` writes it: an `int`'s digits, else its `str()`.
+enum Status<'py> {
+    Code(i64),
+    Word(Bound<'py, PyString>),
+    None,
 }
 
-enum Status {
-    Code(i64),
-    Word(String),
+impl fmt::Display for Status<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Status::Code(c) => write!(f, "{c}"),
+            Status::Word(w) => f.write_str(&w.to_string_lossy()),
+            Status::None => f.write_str("None"),
+        }
+    }
 }
 
 #[pyclass(module = "kubeserve._native")]
@@ -43,7 +49,8 @@ pub struct Tally {
     /// the upper bounds of the latency buckets (ms), ascending; one more bucket for +Inf
     bounds: Vec<f64>,
     pending: Vec<Pending>,
-    entries: Vec<Entry>,
+    /// the access lines since the last `take_lines`, formatted (off until `access_format`)
+    lines: access::AccessLines,
     /// something was recorded since the last take of both kinds
     dirty: bool,
 }
@@ -66,17 +73,25 @@ impl Tally {
         Tally {
             bounds,
             pending: Vec::new(),
-            entries: Vec::new(),
+            lines: access::AccessLines::default(),
             dirty: false,
         }
+    }
+
+    /// The format of the access lines from now on: `AccessLog.native_format()`'s (`json`:
+    /// JSON lines, else TEXT; `component`: the component's part of each line in its final
+    /// form). Until it is given, `done` keeps no line.
+    fn access_format(&mut self, json: bool, component: &str) {
+        self.lines.set_format(Some((json, component)));
     }
 
     /// A request or handle call that began at `started` ended at `now` (both
     /// `time.perf_counter()`): counted under `route`; with `method` (not None), its access line
     /// `METHOD ROUTE STATUS LATENCYms` (`access_route` its route, `request_id` and
-    /// `route_field` its record's fields). Returns whether this is the first record since the
-    /// last take (the caller schedules a flush then).
-    #[pyo3(signature = (started, now, route, method=None, access_route="", status=None, request_id="", route_field=""))]
+    /// `route_field` its line's fields; `at` when it ended, `time.time()`, if not now).
+    /// Returns whether this is the first record since the last take (the caller schedules a
+    /// flush then).
+    #[pyo3(signature = (started, now, route, method=None, access_route="", status=None, request_id="", route_field="", at=None))]
     #[allow(clippy::too_many_arguments)]
     fn done(
         &mut self,
@@ -88,6 +103,7 @@ impl Tally {
         status: Option<&Bound<'_, PyAny>>,
         request_id: &str,
         route_field: &str,
+        at: Option<f64>,
     ) -> PyResult<bool> {
         let latency_ms = (now - started) * 1000.0;
         let index = bucket(&self.bounds, latency_ms);
@@ -108,20 +124,23 @@ impl Tally {
         pending.total_ms += latency_ms;
         pending.buckets[index] += 1;
         if let Some(method) = method {
-            let status = match status {
-                Some(s) if s.is_instance_of::<PyInt>() => Status::Code(s.extract()?),
-                Some(s) => Status::Word(s.str()?.to_str()?.to_owned()),
-                None => Status::Word("None".to_owned()),
-            };
-            self.entries.push(Entry {
-                at: now_unix(),
-                method: method.to_owned(),
-                route: access_route.to_owned(),
-                status,
-                latency_ms,
-                request_id: request_id.to_owned(),
-                route_field: route_field.to_owned(),
-            });
+            if self.lines.on() {
+                let status = match status {
+                    Some(s) if s.is_exact_instance_of::<PyInt>() => Status::Code(s.extract()?),
+                    Some(s) => Status::Word(s.str()?),
+                    None => Status::None,
+                };
+                let at = at.unwrap_or_else(now_unix);
+                self.lines.add_routed(
+                    at,
+                    method,
+                    access_route,
+                    status,
+                    latency_ms,
+                    request_id,
+                    route_field,
+                );
+            }
         }
         let first = !self.dirty;
         self.dirty = true;
@@ -150,62 +169,16 @@ impl Tally {
 
     /// How many access lines wait.
     fn lines(&self) -> usize {
-        self.entries.len()
+        self.lines.lines()
     }
 
-    /// The waiting access lines as TEXT, in one string:
-    /// `<stamp>,<ms> <who><request id> -- <message>` (`<who>` is ` <component> <id> `), the
-    /// stamp of each second asked once of `stamp(second)` (`INFO <asctime without ms>`).
-    fn take_text(&mut self, stamp: &Bound<'_, PyAny>, who: &str) -> PyResult<String> {
-        let mut out = String::with_capacity(self.entries.len() * (100 + who.len()));
-        let mut second = i64::MIN;
-        let mut stamped = String::new();
-        for e in self.entries.drain(..) {
-            let whole = e.at.floor() as i64;
-            if whole != second {
-                second = whole;
-                stamped = stamp.call1((whole,))?.extract()?;
-            }
-            let millis = ((e.at - whole as f64) * 1000.0) as i64;
-            let _ = write!(out, "{stamped},{millis:03}{who}");
-            if !e.request_id.is_empty() {
-                out.push_str(&e.request_id);
-                out.push(' ');
-            }
-            let _ = write!(out, "-- {} {} ", e.method, e.route);
-            match &e.status {
-                Status::Code(c) => {
-                    let _ = write!(out, "{c}");
-                }
-                Status::Word(w) => out.push_str(w),
-            }
-            let _ = writeln!(out, " {:.1}ms", e.latency_ms);
-        }
-        Ok(out)
-    }
-
-    /// The waiting access lines as `(at, method, route, status, latency_ms, request_id,
-    /// route_field)` tuples (`kubeserve.runtime.logs`' entries, for its JSON lines).
-    fn take_entries<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let list = PyList::empty(py);
-        for e in self.entries.drain(..) {
-            let status = match e.status {
-                Status::Code(c) => c.into_pyobject(py)?.into_any(),
-                Status::Word(w) => PyString::new(py, &w).into_any(),
-            };
-            list.append(PyTuple::new(
-                py,
-                [
-                    e.at.into_pyobject(py)?.into_any(),
-                    PyString::new(py, &e.method).into_any(),
-                    PyString::new(py, &e.route).into_any(),
-                    status,
-                    e.latency_ms.into_pyobject(py)?.into_any(),
-                    PyString::new(py, &e.request_id).into_any(),
-                    PyString::new(py, &e.route_field).into_any(),
-                ],
-            )?)?;
-        }
-        Ok(list)
+    /// The waiting access lines, UTF-8, each ending in a newline, and how many were dropped
+    /// since the last take (over `MAX_ACCESS_LINES` waiting).
+    fn take_lines<'py>(&mut self, py: Python<'py>) -> (Bound<'py, PyBytes>, u64) {
+        let block = PyBytes::new(py, self.lines.pending());
+        (block, self.lines.clear())
     }
 }
+
+/// Most access lines held between two takes: past it they are counted and dropped.
+pub const MAX_ACCESS_LINES: usize = access::MAX_ACCESS;

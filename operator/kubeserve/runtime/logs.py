@@ -523,16 +523,68 @@ def _stderr() -> TextIO:
 #: and the JSON line's route.
 _Entry = tuple[float, str, str, int | str, float, bytes | str | None, str]
 
+#: Most access lines a replica's tally holds between two flushes (``kubeserve._native``'s
+#: ``MAX_ACCESS_LINES``, the native data path's limit too): past it they are counted and dropped.
+MAX_ACCESS_LINES = 200_000
+
+
+class LineFormat:
+    """How access lines are written: TEXT or JSON lines (``json``), ``component`` the
+    component's part of each line in its final form (TEXT: `` <component name> <component id>
+    ``; JSON: its fields as ``json.dumps`` of the record writes them, ``"filename": ...`` to
+    ``"component_type": ...``). The native formatter (``native/src/access.rs``, the proxy's data
+    path and a replica's compiled tally) is given the same two (:meth:`AccessLog.native_format`)
+    and writes the same bytes."""
+
+    __slots__ = ("_second", "_stamp", "component", "json")
+
+    def __init__(self, json: bool, component: str) -> None:
+        self.json = json
+        self.component = component
+        self._second = -1
+        self._stamp = ""
+
+    def lines(self, entries: list[_Entry]) -> list[str]:
+        """The lines of ``entries``, each ending in a newline."""
+        if self.json:
+            return [self._json_line(entry) for entry in entries]
+        return text_lines(entries, self._second_stamp, self.component)
+
+    def _asctime(self, at: float) -> str:
+        second = int(at)
+        if second != self._second:
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        return f"{self._stamp},{int((at - second) * 1000):03d}"
+
+    def _second_stamp(self, second: int) -> str:
+        """``INFO <asctime without its milliseconds>`` of a TEXT line in ``second``."""
+        return "INFO " + self._asctime(second)[:-4]
+
+    def _json_line(self, entry: _Entry) -> str:
+        """One JSON line: the fields of its record, in the order and spelling ``json.dumps``
+        of the record writes them."""
+        at, method, route, status, latency_ms, request_id, route_field = entry
+        rid = request_id.decode("latin-1") if isinstance(request_id, bytes) else request_id or ""
+        message = json.dumps(access_message(method, route, status, latency_ms))
+        line = (
+            f'{{"asctime": "{self._asctime(at)}", "levelname": "INFO", "message": {message}, '
+            + self.component
+        )
+        if rid:
+            line += ', "request_id": ' + json.dumps(rid)
+        if route_field:
+            line += ', "route": ' + json.dumps(route_field)
+        return line + "}\n"
+
 
 class TallyLines(Protocol):
     """Access lines held elsewhere (a replica's tally, :mod:`kubeserve.runtime.replica.tally`),
-    taken by :meth:`AccessLog.write_tally`."""
+    already formatted, taken by :meth:`AccessLog.write_tally`."""
 
     def lines(self) -> int: ...
 
-    def take_text(self, stamp: Callable[[int], str], who: str) -> str: ...
-
-    def take_entries(self) -> list[tuple[float, str, str, int | str, float, str, str]]: ...
+    def take_lines(self) -> tuple[bytes | str, int]: ...
 
 
 #: How long access lines wait in memory before they are written together.
@@ -551,13 +603,13 @@ class AccessLog:
     ``additional_log_standard_attrs`` asks for record attributes logs records instead
     (:func:`batched_access`).
 
-    The native data path formats its lines itself, in this format (:meth:`native_format`), and
-    hands them over as one text (:meth:`write_lines`): one writer of the log file stays.
+    The native formatter writes these lines in this format (:meth:`native_format`) and hands
+    them over as one block: the native data path's as text (:meth:`write_lines`), a replica's
+    compiled tally's as bytes (:meth:`write_tally`), written as they are. One writer of the log
+    file stays.
     """
 
     def __init__(self, component: ComponentLog, encoding: str) -> None:
-        self._component = component
-        self._json = encoding == "JSON"
         fields: dict[str, Any] = {"filename": component.component_type, "lineno": 0}
         if component.deployment:
             fields["application"] = component.application
@@ -566,13 +618,15 @@ class AccessLog:
         fields["component_name"] = component.component_name
         fields["component_id"] = component.component_id
         fields["component_type"] = component.component_type
-        #: a JSON line's fields of the component, between its message and its request's
-        self._json_component = json.dumps(fields)[1:-1]
+        if encoding == "JSON":
+            self._format = LineFormat(True, json.dumps(fields)[1:-1])
+        else:
+            self._format = LineFormat(
+                False, f" {component.component_name} {component.component_id} "
+            )
         self._pending: list[_Entry] = []
-        self._formatted: list[str] = []
+        self._formatted: list[bytes | str] = []
         self._scheduled = False
-        self._second = -1
-        self._stamp = ""
 
     def add(
         self,
@@ -597,24 +651,10 @@ class AccessLog:
             except RuntimeError:  # no event loop: at once
                 self.flush()
 
-    def _asctime(self, at: float) -> str:
-        second = int(at)
-        if second != self._second:
-            self._second = second
-            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        return f"{self._stamp},{int((at - second) * 1000):03d}"
-
     def native_format(self) -> dict[str, Any]:
-        """What the native data path formats these lines with (``native/src/access.rs``):
-        the encoding and the component's part of each line, in its final form (TEXT:
-        `` <component name> <component id> ``; JSON: its fields as :meth:`_line` writes them)."""
-        component = self._component
-        if self._json:
-            return {"json": True, "component": self._json_component}
-        return {
-            "json": False,
-            "component": f" {component.component_name} {component.component_id} ",
-        }
+        """What the native formatter (``native/src/access.rs``) formats these lines with: the
+        encoding and the component's part of each line, in its final form (:class:`LineFormat`)."""
+        return {"json": self._format.json, "component": self._format.component}
 
     def write_lines(self, text: str) -> None:
         """Write access lines formatted elsewhere in this format (the native data path's, each
@@ -623,44 +663,33 @@ class AccessLog:
             self._formatted.append(text)
             self.flush()
 
-    def _line(self, entry: _Entry) -> str:
-        """One JSON line (TEXT lines: :meth:`_text_lines`): the fields of its record, in the
-        order and spelling ``json.dumps`` of the record writes them."""
-        at, method, route, status, latency_ms, request_id, route_field = entry
-        rid = request_id.decode("latin-1") if isinstance(request_id, bytes) else request_id or ""
-        message = json.dumps(access_message(method, route, status, latency_ms))
-        line = (
-            f'{{"asctime": "{self._asctime(at)}", "levelname": "INFO", "message": {message}, '
-            + self._json_component
-        )
-        if rid:
-            line += ', "request_id": ' + json.dumps(rid)
-        if route_field:
-            line += ', "route": ' + json.dumps(route_field)
-        return line + "}\n"
-
-    def _text_lines(self, pending: list[_Entry]) -> list[str]:
-        """TEXT lines of ``pending`` (:func:`text_lines`)."""
-        component = self._component
-        who = f" {component.component_name} {component.component_id} "
-        return text_lines(pending, self._second_stamp, who)
+    def write_tally(self, tally: TallyLines) -> None:
+        """Write the lines a replica's tally holds (:mod:`kubeserve.runtime.replica.tally`,
+        formatted there in :meth:`native_format`'s format: the same lines :meth:`add` would
+        have given), with those waiting here: one block, rolled over between lines only when
+        the file must roll over."""
+        if not tally.lines():
+            return
+        block, dropped = tally.take_lines()
+        if dropped:
+            path = str(getattr(_output, "baseFilename", "") or "<stderr>")
+            error = OSError(f"over {MAX_ACCESS_LINES} access lines in {ACCESS_FLUSH_S} s")
+            record_dropped(path, error, dropped)
+        self._formatted.append(block)
+        self.flush()
 
     def flush(self) -> None:
         self._scheduled = False
         pending, self._pending = self._pending, []
         chunks, self._formatted = self._formatted, []
         if pending:
-            chunks.extend(
-                [self._line(entry) for entry in pending]
-                if self._json
-                else self._text_lines(pending)
-            )
+            chunks.extend(self._format.lines(pending))
         if not chunks:
             return
         handler = _output
         stream = getattr(handler, "stream", None)
         if handler is None or stream is None:
-            sys.stderr.write("".join(chunks))
+            _writer(sys.stderr)(_encoded(chunks))
             return
         handler.acquire()
         try:
@@ -668,34 +697,13 @@ class AccessLog:
         finally:
             handler.release()
 
-    def _second_stamp(self, second: int) -> str:
-        """``INFO <asctime without its milliseconds>`` of a TEXT line in ``second``."""
-        return "INFO " + self._asctime(second)[:-4]
-
-    def write_tally(self, tally: TallyLines) -> None:
-        """Write the lines a replica's tally holds (:mod:`kubeserve.runtime.replica.tally`:
-        the same lines :meth:`add` would have given its entries), with those waiting here: one
-        block, rolled over between lines only when the file must roll over."""
-        if not tally.lines():
-            return
-        if self._json:
-            self._formatted.append("".join(self._line(entry) for entry in tally.take_entries()))
-        else:
-            component = self._component
-            self._formatted.append(
-                tally.take_text(
-                    self._second_stamp, f" {component.component_name} {component.component_id} "
-                )
-            )
-        self.flush()
-
 
 def text_lines(entries: list[_Entry], stamp: Callable[[int], str], who: str) -> list[str]:
     """TEXT access lines, ``INFO <asctime> <component name> <id> [<request id>] -- <message>``
     (``who`` is `` <component name> <id> ``; ``stamp(second)`` gives ``INFO <asctime without
     its milliseconds>``): one ``%`` each, the time stamp's second formatted once per second (what
     a flush of a loaded process formats is mostly this: it once cost a third of the proxy's time
-    spent on access lines). The proxy's lines and a replica's pure Python tally's
+    spent on access lines). The Python proxy's lines and a replica's pure Python tally's
     (:mod:`kubeserve.runtime.replica.tally`) both come from here."""
     who = who.replace("%", "%%")
     with_id = "%s,%03d" + who + "%s -- %s %s %s %.1fms\n"
@@ -717,33 +725,58 @@ def text_lines(entries: list[_Entry], stamp: Callable[[int], str], who: str) -> 
     return lines
 
 
-def _write_rotating(handler: logging.Handler, stream: Any, chunks: list[str]) -> None:
+def _writer(stream: Any) -> Callable[[bytes], None]:
+    """Writes UTF-8 lines to the text ``stream`` of a log, flushed: straight to the binary file
+    under it when it writes UTF-8 (a replica's tallied block then never becomes Python text),
+    after what was written to it as text."""
+    raw = getattr(stream, "buffer", None)
+    encoding = str(getattr(stream, "encoding", "") or "").lower().replace("_", "-")
+    if raw is not None and encoding in ("utf-8", "utf8"):
+        stream.flush()
+
+        def write_bytes(data: bytes) -> None:
+            raw.write(data)
+            raw.flush()
+
+        return write_bytes
+
+    def write_text(data: bytes) -> None:
+        stream.write(data.decode(errors="backslashreplace"))
+        stream.flush()
+
+    return write_text
+
+
+def _encoded(chunks: list[bytes | str]) -> bytes:
+    """``chunks`` as one UTF-8 block (a single ``bytes`` chunk: itself, not a copy)."""
+    return b"".join(
+        c if isinstance(c, bytes) else c.encode(errors="backslashreplace") for c in chunks
+    )
+
+
+def _write_rotating(handler: logging.Handler, stream: Any, chunks: list[bytes | str]) -> None:
     """Write ``chunks`` (each one or more whole lines) to ``handler``'s ``stream`` in one write,
     unless its file would grow past its ``maxBytes``: then it rolls over between lines, as
     records would (a :class:`RotatingLog`, or logging.handlers' RotatingFileHandler, which is
     not imported for this)."""
-    out: Any = stream
+    write, block = _writer(stream), _encoded(chunks)
     limit = getattr(handler, "maxBytes", 0)
-    if not limit or not hasattr(handler, "doRollover"):
-        out.write("".join(chunks))
-        out.flush()
+    if not limit or not hasattr(handler, "doRollover") or stream.tell() + len(block) < limit:
+        write(block)  # the common case: the whole block fits
         return
     rotating: Any = handler
-    size = out.tell()
-    batch: list[str] = []
-    for chunk in chunks:
-        if size + len(chunk) < limit:  # the common case: the whole chunk fits
-            batch.append(chunk)
-            size += len(chunk)
-            continue
-        pieces = chunk.split("\n")  # (not splitlines: a route may hold a U+2028)
-        for line in [piece + "\n" for piece in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else []):
-            if size and size + len(line) >= limit:
-                out.write("".join(batch))
-                rotating.doRollover()
-                out = rotating.stream
-                size, batch = 0, []
-            batch.append(line)
-            size += len(line)
-    out.write("".join(batch))
-    out.flush()
+    size = stream.tell()
+    start = at = 0  # the first line not written yet; the next line
+    while at < len(block):
+        newline = block.find(b"\n", at)  # (not splitlines: a route may hold a U+2028)
+        end = len(block) if newline < 0 else newline + 1
+        if size and size + (end - at) >= limit:
+            if at > start:
+                write(block[start:at])
+            rotating.doRollover()
+            write = _writer(rotating.stream)
+            size, start = 0, at
+        size += end - at
+        at = end
+    if at > start:
+        write(block[start:at])

@@ -13,7 +13,25 @@ from typing import Any
 import pytest
 
 from kubeserve.runtime import logs
+from kubeserve.runtime.native_module import NATIVE
 from kubeserve.runtime.replica.tally import PyTally
+
+#: the tallies a replica may have: the pure Python one, and the compiled one when it is built
+TALLIES = [
+    "python",
+    pytest.param(
+        "compiled",
+        marks=pytest.mark.skipif(NATIVE is None, reason="kubeserve._native is not built"),
+    ),
+]
+
+
+def new_tally(kind: str, bounds: tuple[float, ...], batched: logs.AccessLog) -> Any:
+    """A tally of ``kind`` formatting its lines as ``batched`` does (``ReplicaState``'s)."""
+    tally = PyTally(bounds) if kind == "python" else NATIVE.Tally(list(bounds))  # type: ignore[union-attr]
+    line_format = batched.native_format()
+    tally.access_format(line_format["json"], line_format["component"])
+    return tally
 
 
 @pytest.fixture
@@ -88,14 +106,14 @@ def _rotating_access(path: Path) -> Any:
     return batched
 
 
-@pytest.mark.parametrize("via_tally", [False, True])
+@pytest.mark.parametrize("via_tally", [False, *TALLIES])
 def test_a_batch_rolls_the_file_over_between_lines(
-    tmp_path: Path, restored_logging: None, via_tally: bool
+    tmp_path: Path, restored_logging: None, via_tally: str | bool
 ) -> None:
-    """Lines added one by one, or a replica's tally written in one block."""
+    """Lines added one by one, or a replica's tally (either) written in one block."""
     path = tmp_path / "r.log"
     batched = _rotating_access(path)
-    tally = PyTally((1.0,))
+    tally = new_tally(via_tally or "python", (1.0,), batched)
     for i in range(30):  # about 80 bytes each: 2400 bytes in one batch
         if via_tally:
             tally.done(0.0, 0.001, "/echo", "GET", "/echo", 200, f"r{i:03d}", "/echo")
@@ -151,16 +169,17 @@ TALLIED = [
 def _tallied(tally: Any) -> None:
     """``TALLIED`` recorded in ``tally``, each at its time."""
     for at, method, route, status, latency_ms, request_id in TALLIED:
-        tally.done(0.0, latency_ms / 1000.0, route, method, route, status, request_id, route)
-        tally._entries[-1] = (at, *tally._entries[-1][1:])
+        tally.done(0.0, latency_ms / 1000.0, route, method, route, status, request_id, route, at)
 
 
+@pytest.mark.parametrize("kind", TALLIES)
 @pytest.mark.parametrize("encoding", ["TEXT", "JSON"])
 def test_a_replicas_tallied_lines_are_those_its_access_log_writes_for_the_same_requests(
-    tmp_path: Path, restored_logging: None, encoding: str
+    tmp_path: Path, restored_logging: None, encoding: str, kind: str
 ) -> None:
-    """A replica's lines come out of its tally (``runtime.replica.tally``), formatted in one
-    block: byte for byte what :meth:`AccessLog.add` writes for the same requests."""
+    """A replica's lines come out of its tally (``runtime.replica.tally``, the pure Python one
+    or the compiled one), formatted in one block: byte for byte what :meth:`AccessLog.add`
+    writes for the same requests."""
     component = replica_component("Echo%d")
     written = []
     for via_tally in (False, True):
@@ -170,7 +189,7 @@ def test_a_replicas_tallied_lines_are_those_its_access_log_writes_for_the_same_r
         batched = logs.batched_access()
         assert batched is not None
         if via_tally:
-            tally = PyTally((1.0, 5.0))
+            tally = new_tally(kind, (1.0, 5.0), batched)
             _tallied(tally)
             assert tally.lines() == len(TALLIED)
             batched.write_tally(tally)
@@ -239,3 +258,25 @@ def test_the_native_format_is_the_lines_component_part(restored_logging: None) -
         "component_id": 'node"1',
         "component_type": "proxy",
     }
+
+
+@pytest.mark.parametrize("kind", TALLIES)
+def test_a_tally_holds_at_most_its_limit_of_lines_and_the_log_counts_the_rest(
+    tmp_path: Path, restored_logging: None, kind: str
+) -> None:
+    """Between two flushes a tally keeps at most ``MAX_ACCESS_LINES`` lines: the rest are
+    dropped, and counted as the log's dropped lines when it writes the others."""
+    handler = logging.handlers.RotatingFileHandler(tmp_path / "r.log", encoding="utf-8")
+    logs.configure(logs.LogSettings({}), replica_component(), handler)
+    batched = logs.batched_access()
+    assert batched is not None
+    tally = new_tally(kind, (1.0,), batched)
+    for _ in range(logs.MAX_ACCESS_LINES + 2):
+        tally.done(0.0, 0.001, "/", "GET", "/", 200, "", "/", 1_795_000_000.0)
+    assert tally.lines() == logs.MAX_ACCESS_LINES
+    before = logs.dropped_lines()
+    batched.write_tally(tally)
+    handler.close()
+    assert logs.dropped_lines() - before == 2 and tally.lines() == 0
+    with (tmp_path / "r.log").open("rb") as written:
+        assert sum(1 for _ in written) == logs.MAX_ACCESS_LINES

@@ -56,6 +56,8 @@ class ReplicaState:
         self.access_log = True
         #: finished requests' metrics and access lines until the next :meth:`flush`
         self._tally = new_tally(LATENCY_BUCKETS_MS)
+        #: the access log whose format the tally's lines are formatted in
+        self._lines_for: logs.AccessLog | None = None
         self._flush_scheduled = False
         #: Ray Serve's replica metrics (requests, errors, latency, queries in flight, starts)
         self.metrics_recorder = ReplicaMetrics(
@@ -163,6 +165,10 @@ class ReplicaState:
             latency_ms = (now - started) * 1000.0
             _access_log.info(access_message(method, access_route, status, latency_ms))
             return
+        if batched is not self._lines_for:  # the first line, or the log was configured again
+            self._lines_for = batched
+            line_format = batched.native_format()
+            self._tally.access_format(line_format["json"], line_format["component"])
         if request_id is not None:
             field = route
         else:

@@ -83,14 +83,14 @@ async def _replica(
         control_module._enter_call = lambda options: ""  # type: ignore[assignment]
     role = Role.CONTROL if deployment == "Leaf" else Role.INGRESS
 
-    def by_hand(rule: Callable[[Any], bool]) -> Callable[[Any], bool]:
-        return rule if tasks else (lambda request: True)
+    def by_hand(rule: Callable[[Any], bool] | bool) -> Callable[[Any], bool] | bool:
+        return rule if tasks else True
 
     server = ReplicaHttpServer(
         ingress.handle,
         control=control.handle,
         steps_by_hand={
-            Role.INGRESS: by_hand(ingress.steps_by_hand),
+            Role.INGRESS: by_hand(ingress.by_hand),
             Role.CONTROL: by_hand(control.steps_by_hand),
         },
     )
@@ -101,8 +101,11 @@ async def _replica(
         if sealed:
             key_in, key_out = os.urandom(32), os.urandom(32)
             protocol = SealedProtocol(conn, key_out, key_in)
-            protocol.connection_made(transport)
-            feeds.append((protocol.data_received, Sealer(key_in).seal))
+            own = CountingTransport(transport)  # its protocol: whichever takes the frames
+            own.set_protocol(protocol)
+            protocol.connection_made(own)
+            receiving: Any = own.protocol
+            feeds.append((receiving.data_received, Sealer(key_in).seal))
         else:
             conn.connection_made(transport)
             feeds.append((conn.data_received, lambda data: data))

@@ -56,12 +56,15 @@ RESPONSE = (
 
 
 class CountingTransport(asyncio.Transport):
-    """Takes writes and counts them; wakes whoever waits for the next one."""
+    """Takes writes and counts them (into ``counter``'s count when given: one count for several
+    connections); wakes whoever waits for the next one."""
 
-    def __init__(self) -> None:
+    def __init__(self, counter: CountingTransport | None = None) -> None:
         super().__init__()
         self.writes = 0
         self.waiter: asyncio.Future[None] | None = None
+        self.counter = counter or self
+        self.protocol: asyncio.BaseProtocol | None = None
 
     def write(self, data: Any) -> None:
         self._wrote()
@@ -70,9 +73,16 @@ class CountingTransport(asyncio.Transport):
         self._wrote()
 
     def _wrote(self) -> None:
-        self.writes += 1
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
+        counter = self.counter
+        counter.writes += 1
+        if counter.waiter is not None and not counter.waiter.done():
+            counter.waiter.set_result(None)
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.protocol = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self.protocol  # type: ignore[return-value]
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return ("127.0.0.1", 1234) if name == "peername" else default

@@ -16,9 +16,11 @@ from http import HTTPStatus
 import pytest
 
 from kubeserve.runtime import sealing
+from kubeserve.runtime.channel import Role
 from kubeserve.runtime.native_module import NATIVE
 from kubeserve.runtime.replica import http as replica_http
 from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, ReplicaHttpServer
+from support.channel_front import SECRET
 from support.common import run
 
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="kubeserve._native is not built")
@@ -291,3 +293,213 @@ def test_the_compiled_tally_counts_and_writes_what_the_python_one_does() -> None
     assert lines[-1].endswith('"request_id": "id\\t"}\n') and "\\ud83d\\ude00" in lines[-1]
     assert compiled.lines() == python.lines() == 0
     assert compiled.take_lines() == (b"", 0) and python.take_lines() == ("", 0)
+
+
+# -- frames opened and parsed in one call ------------------------------------------------------
+
+_LIMITS = (8192, 65536, 1 << 20)  # max_url, max_head, max_body
+
+
+def _opened_and_parsed(stream: bytes, step: int, *, ingress: bool) -> tuple[list[tuple], bytes]:
+    """``stream`` (sealed frames) fed ``step`` bytes at a time to ``Opener.feed_requests``: the
+    requests' fields and what it left for httptools, joined."""
+    assert NATIVE is not None
+    opener = NATIVE.Opener(KEY)
+    opener.serve_requests(HttpRequest, *_LIMITS, b"" if ingress else b"/-/duplex/", ingress)
+    requests: list[HttpRequest] = []
+    rest = b""
+    for i in range(0, len(stream), step):
+        made, left = opener.feed_requests(stream[i : i + step])
+        requests.extend(made)
+        rest += left
+    return [_fields(r) for r in requests], rest
+
+
+def _parsed_in_python(plain: bytes, *, ingress: bool) -> tuple[list[tuple], bytes]:
+    """What ``PyOpener.feed`` + ``parse_request`` give, as ``_Connection`` used them."""
+    assert NATIVE is not None
+    out, start = [], 0
+    while (parsed := NATIVE.parse_request(plain, start, *_LIMITS)) is not None:
+        method, path, query, headers, body, request_id, keep_alive, end, model_id = parsed
+        if not ingress and path.startswith("/-/duplex/"):
+            break
+        if not request_id and ingress:
+            request_id = "made"
+        out.append(
+            _fields(
+                HttpRequest(
+                    method, path, query, headers, body, keep_alive, False, request_id, model_id
+                )
+            )
+        )
+        start = end
+    return out, plain[start:]
+
+
+def test_feed_requests_is_feed_then_the_compiled_parse_across_any_split() -> None:
+    """Frames opened and their whole requests made in one call: the same requests, and the
+    same bytes left for httptools, as opening then parsing; a request id made up for user
+    traffic only (32 hex digits, a new one each time); a duplex call left to httptools."""
+    plain = b"".join(REQUESTS[:3]) + b"POST /-/duplex/m HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
+    sealer = sealing.PySealer(KEY)
+    stream = b"".join(sealer.seal(plain[i : i + 50]) for i in range(0, len(plain), 50))
+    for ingress in (True, False):
+        want = _parsed_in_python(plain, ingress=ingress)
+        for step in (1, 7, 64, len(stream)):
+            got = _opened_and_parsed(stream, step, ingress=ingress)
+            if step == len(stream):
+                assert got == want, ingress
+            else:  # split reads: fewer whole requests at once, the same bytes in all
+                assert got[0] == want[0][: len(got[0])]
+    assert NATIVE is not None
+    opener = NATIVE.Opener(KEY)
+    opener.serve_requests(HttpRequest, *_LIMITS, b"", True)
+    made, rest = opener.feed_requests(NATIVE.Sealer(KEY).seal(REQUESTS[0] * 3))
+    ids = [r.request_id for r in made]
+    assert rest == b"" and len(set(ids)) == 3
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    with pytest.raises(NATIVE.FrameError):
+        opener.feed_requests(NATIVE.Sealer(KEY).seal(b"GET / HTTP/1.1\r\n\r\n"))  # replayed
+
+
+def test_seal_answer_is_answer_then_seal() -> None:
+    assert NATIVE is not None
+    ours, theirs = NATIVE.Sealer(KEY), sealing.PySealer(KEY)
+    for status, headers, body, keep_alive in (
+        (200, {"content-type": "text/plain"}, b"ok", True),
+        (404, {"x-request-id": "mine"}, b"", False),
+        (200, {"transfer-encoding": "chunked"}, None, True),
+    ):
+        args = (status, b"Reason", b"Date: x\r\n", "rid", headers, body, keep_alive)
+        assert ours.seal_answer(*args) == theirs.seal(NATIVE.answer(*args))
+    assert ours.seal_answer(200, b"OK", b"", "", {"x": "\u20ac"}, b"", True) is None
+    assert ours.seal(b"next") == theirs.seal(b"next")  # a refused answer took no number
+
+
+# -- a handle call's answer opened and parsed in one call ----------------------------------------
+
+CALL_ANSWERS = [
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/x\r\nContent-Length: 3\r\n\r\nabc",
+    b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    b"HTTP/1.1 503 Service Unavailable\r\nx-kubeserve-unserved: capacity\r\n"
+    b"X-Kubeserve-Models: a,b\r\nContent-Length: 1\r\n\r\nx",
+    b"HTTP/1.1 503 Service Unavailable\r\nX-Kubeserve-Unserved: \r\nContent-Length: 0\r\n\r\n",
+]
+#: answers left to httptools: chunked, no length, partial, two in one read, HTTP/1.0
+LEFT = [
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\n\r\nabc",
+    CALL_ANSWERS[0][:-1],
+    CALL_ANSWERS[0] * 2,
+    b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n",
+]
+
+
+def _httptools_answer(raw: bytes) -> tuple[object, ...]:
+    import httptools
+
+    seen: dict[str, object] = {"unserved": "", "models": None, "body": b""}
+
+    class Callbacks:
+        def on_header(self, name: bytes, value: bytes) -> None:
+            if name.lower() == b"x-kubeserve-unserved":
+                seen["unserved"] = value.decode("latin-1") or "unserved"
+            elif name.lower() == b"x-kubeserve-models":
+                seen["models"] = value
+
+        def on_body(self, body: bytes) -> None:
+            seen["body"] = seen["body"] + body  # type: ignore[operator]
+
+        def on_message_complete(self) -> None:  # as _CallConnection reads it
+            seen["keep_alive"] = parser.should_keep_alive()
+
+    parser = httptools.HttpResponseParser(Callbacks())
+    parser.feed_data(raw)
+    return (
+        parser.get_status_code(),
+        seen["body"],
+        seen["keep_alive"],
+        seen["unserved"],
+        seen["models"],
+    )
+
+
+def test_feed_answer_gives_what_httptools_gives_and_leaves_it_the_rest() -> None:
+    assert NATIVE is not None
+    for raw in CALL_ANSWERS + LEFT:
+        opener = NATIVE.Opener(KEY)
+        opener.serve_answers(b"x-kubeserve-unserved", b"x-kubeserve-models")
+        answer, rest = opener.feed_answer(NATIVE.Sealer(KEY).seal(raw))
+        if raw in CALL_ANSWERS:
+            assert answer == _httptools_answer(raw) and rest == b"", raw
+        else:
+            assert answer is None and rest == raw, raw
+
+
+class _Collect(asyncio.Protocol):
+    """What a sealed client connection receives (opened), and when it closed."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.done = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def _sealed_exchange(raw: bytes, *, fused: bool, role: Role) -> tuple[list[tuple], bytes]:
+    """``raw`` sent in one sealed write to a replica server behind the handshake, with the
+    fused open-and-parse (and answer-and-seal) in use or not: the requests its handler saw, and
+    the answers the client opened (Date lines and request ids made up left out)."""
+    from kubeserve.runtime.channel import connect
+
+    seen: list[HttpRequest] = []
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        seen.append(request)
+        return HttpResponse(200, request.body or b"ok", close=request.path == "/close")
+
+    saved = sealing.OPENS_REQUESTS
+    sealing.OPENS_REQUESTS = fused
+    server = await asyncio.get_running_loop().create_server(
+        ReplicaHttpServer(handler, control=handler, secret=SECRET, identity="r"), "127.0.0.1", 0
+    )
+    try:
+        port = server.sockets[0].getsockname()[1]
+        client = await connect(_Collect, "127.0.0.1", port, role, SECRET, "r")
+        client.transport.write(raw)  # type: ignore[attr-defined]
+        await asyncio.wait_for(client.done, 5)
+    finally:
+        sealing.OPENS_REQUESTS = saved
+        server.close()
+    answers = b"".join(
+        line
+        for line in client.data.splitlines(True)
+        if not line.startswith((b"Date: ", b"x-request-id: "))
+    )
+    return [_fields(r) for r in seen], answers
+
+
+def test_a_sealed_connection_serves_alike_with_and_without_the_fused_calls() -> None:
+    """Pipelined requests in one sealed write (the compiled parse's and httptools' alike, a
+    duplex call on a control connection): the same requests reach the handler, in order, and the
+    same answers come back."""
+    kept = [r for r in REQUESTS if b"close" not in r and b"HTTP/1.0" not in r]
+    raw = b"".join(kept) + b"GET /close HTTP/1.1\r\nHost: a\r\n\r\n"
+
+    async def go() -> None:
+        for role in (Role.INGRESS, Role.CONTROL):
+            fused = await _sealed_exchange(raw, fused=True, role=role)
+            plain = await _sealed_exchange(raw, fused=False, role=role)
+            assert fused == plain
+            assert len(fused[0]) == len(kept) + 1
+            assert fused[1].count(b"HTTP/1.1 200 OK") == len(kept) + 1
+
+    run(go(), uvloop=True)

@@ -37,6 +37,20 @@ pub fn answer<'py>(
     body: Option<&Bound<'py, PyAny>>,
     keep_alive: bool,
 ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    Ok(format(status, reason, date_line, request_id, headers, body, keep_alive)?
+        .map(|out| PyBytes::new(py, &out)))
+}
+
+/// [`answer`]'s bytes, or None when the Python path must format them.
+pub fn format(
+    status: i64,
+    reason: &[u8],
+    date_line: &[u8],
+    request_id: &str,
+    headers: &Bound<'_, PyAny>,
+    body: Option<&Bound<'_, PyAny>>,
+    keep_alive: bool,
+) -> PyResult<Option<Vec<u8>>> {
     let Ok(headers) = headers.downcast::<PyDict>() else {
         return Ok(None); // not a dict: the Python path
     };
@@ -88,5 +102,5 @@ pub fn answer<'py>(
     if let Some(body) = body {
         out.extend_from_slice(body);
     }
-    Ok(Some(PyBytes::new(py, &out)))
+    Ok(Some(out))
 }

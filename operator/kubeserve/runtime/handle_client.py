@@ -65,6 +65,7 @@ from kubeserve.runtime.router import (
     RoutedReplica,
     Router,
 )
+from kubeserve.runtime.sealing import FrameError, frame_failed
 from kubeserve.runtime.wire import (
     CALL_PREFIX,
     DUPLEX_PREFIX,
@@ -212,9 +213,9 @@ class HandleClient:
                     options=traced,
                     decode=decode,
                 )
-        key, replica, payload = await self._begin(
-            app, deployment, method, args, kwargs, model_id, options
-        )
+        # (_begin without its coroutine: a free slot's call awaits nothing before it is sent)
+        key, payload, free = self._begin_now(app, deployment, args, kwargs, model_id, options)
+        replica = free or await self._assign(key, model_id=model_id, call=(method, args, kwargs))
         attempt = 1
         busy_wait = _BUSY_FIRST_WAIT_S
         deadline = (
@@ -225,7 +226,10 @@ class HandleClient:
         while True:
             busy = False
             try:
-                status, body, models = await self._pool(replica).call(method, payload)
+                pool = self._pools.get(replica.replica_id)
+                if pool is None or pool.port != replica.port or pool.host != replica.host:
+                    pool = self._pool(replica)
+                status, body, models = await pool.call(method, payload)
                 if models is not None:
                     self.router.note_models(replica, models)
                 break
@@ -375,16 +379,28 @@ class HandleClient:
         options: dict[str, Any] | None = None,
     ) -> tuple[str, RoutedReplica, bytes]:
         """A call's deployment key, the replica slot it holds (release it!) and its body."""
+        key, payload, free = self._begin_now(app, deployment, args, kwargs, model_id, options)
+        replica = free or await self._assign(key, model_id=model_id, call=(method, args, kwargs))
+        return key, replica, payload
+
+    def _begin_now(
+        self,
+        app: str,
+        deployment: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        model_id: str,
+        options: dict[str, Any] | None,
+    ) -> tuple[str, bytes, RoutedReplica | None]:
+        """:meth:`_begin` without waiting: the key, the body and a free slot (None: wait for
+        one with :meth:`_assign`)."""
         if not self._started:
             raise RuntimeError("HandleClient call before start()")
         key = deployment_key(app, deployment)
         # Encoded first: arguments that cannot be pickled must not leave a slot taken.
         payload = encode_call(args, kwargs, _call_options(model_id, options))
         # Fast path: a free slot needs no waiter future and no timer.
-        replica = self.router.try_assign(key, None, model_id) or await self._assign(
-            key, model_id=model_id, call=(method, args, kwargs)
-        )
-        return key, replica, payload
+        return key, payload, self.router.try_assign(key, None, model_id)
 
     async def _assign(
         self,
@@ -475,16 +491,53 @@ class _CallConnection(KeepAliveConnection):
         self.unserved = ""
         #: the :data:`MODELS_HEADER` value of the answer (a multiplexed call's), else None
         self.models: bytes | None = None
+        self.in_message = False  # httptools holds part of an answer
+        # Frames opened here, requests sealed here (see opens_frames), or None.
+        self.opener: Any = None
+        self.raw: asyncio.Transport | None = None
+        self.seal_parts: Callable[[tuple[bytes, ...]], bytes] | None = None
+
+    def opens_frames(self, opener: Any, raw: asyncio.Transport) -> bool:
+        """Take the sealed channel's frames straight from ``raw`` (see
+        :class:`~kubeserve.runtime.sealing.SealedProtocol`): the compiled ``opener`` opens them
+        and parses a whole common answer in one call (anything else goes to httptools), and a
+        request is sealed and written in one step."""
+        opener.serve_answers(_UNSERVED, _MODELS)
+        self.opener = opener
+        self.raw = raw
+        self.seal_parts = self.transport.sealer.seal_parts  # type: ignore[attr-defined]
+        return True
 
     def request(self, head: bytes, body: bytes) -> asyncio.Future[tuple[int, bytes, bool]]:
         waiter = self.waiter = asyncio.get_running_loop().create_future()
         # One writelines, one syscall: head, length, blank line and body together.
-        self.transport.writelines((head, b"%d\r\n\r\n" % len(body), body))
+        parts = (head, b"%d\r\n\r\n" % len(body), body)
+        seal_parts = self.seal_parts
+        if seal_parts is not None:
+            self.raw.write(seal_parts(parts))  # type: ignore[union-attr]
+        else:
+            self.transport.writelines(parts)
         return waiter
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        opener = self.opener
+        if opener is not None:  # sealed frames, straight from the raw transport
+            try:
+                if self.in_message:
+                    data = opener.feed(data)
+                else:
+                    answer, data = opener.feed_answer(data)
+                    if answer is not None:
+                        status, body, keep_alive, self.unserved, self.models = answer
+                        self._answered(status, body, keep_alive)
+                        return
+            except FrameError as exc:
+                frame_failed(self.transport, exc)
+                return
+            if not data:
+                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -503,6 +556,7 @@ class _CallConnection(KeepAliveConnection):
     # -- httptools callbacks -----------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self.in_message = True
         self.body = []
         self.unserved = ""
         self.models = None
@@ -518,13 +572,17 @@ class _CallConnection(KeepAliveConnection):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        self.in_message = False
+        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        self._answered(self.parser.get_status_code(), body, self.parser.should_keep_alive())
+
+    def _answered(self, status: int, body: bytes, keep_alive: bool) -> None:
         waiter, self.waiter = self.waiter, None
         if waiter is None or waiter.done():  # an answer nobody asked for: never reuse
             self.closed = True
             self.transport.close()
             return
-        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
-        waiter.set_result((self.parser.get_status_code(), body, self.parser.should_keep_alive()))
+        waiter.set_result((status, body, keep_alive))
 
 
 #: Items of a stream waiting for its caller before the connection stops reading the replica.

@@ -48,6 +48,7 @@ from kubeserve.runtime.native_module import NATIVE
 
 __all__ = [
     "MAX_FRAME",
+    "OPENS_REQUESTS",
     "TAG_SIZE",
     "FrameError",
     "Opener",
@@ -57,6 +58,7 @@ __all__ = [
     "SealedProtocol",
     "SealedTransport",
     "Sealer",
+    "frame_failed",
 ]
 
 log = logging.getLogger("kubeserve.channel")
@@ -197,15 +199,36 @@ else:
     Opener = PyOpener
 
 
+def frame_failed(transport: asyncio.BaseTransport, exc: Exception) -> None:
+    """A frame did not verify (or was oversized): log it and drop the connection at once."""
+    log.warning(
+        "closed a data-plane connection with %s: %s",
+        transport.get_extra_info("peername") or "a unix socket peer",
+        exc,
+    )
+    transport.abort()  # type: ignore[attr-defined]
+
+
+#: Whether the sealing classes can serve a protocol that opens its frames itself (see
+#: :meth:`SealedProtocol.connection_made`): the compiled ones' ``Opener.feed_requests`` and
+#: ``feed_answer``, and ``Sealer.seal_answer``.
+OPENS_REQUESTS = (
+    hasattr(Opener, "feed_requests")
+    and hasattr(Opener, "feed_answer")
+    and hasattr(Sealer, "seal_answer")
+)
+
+
 class SealedTransport(LayeredTransport):
     """What the protocol above sees: writes are sealed into frames, the rest is the raw
-    transport's."""
+    transport's. ``sealer`` seals them (a protocol above may seal into it too, in order with
+    these writes: one sequence of frames)."""
 
-    __slots__ = ("_channel", "_seal", "_seal_parts")
+    __slots__ = ("_channel", "_seal", "_seal_parts", "sealer")
 
     def __init__(self, raw: asyncio.Transport, key: bytes, channel: SealedProtocol) -> None:
         super().__init__(raw)
-        sealer = Sealer(key)
+        sealer = self.sealer = Sealer(key)
         self._seal = sealer.seal
         self._seal_parts = sealer.seal_parts
         self._channel = channel
@@ -233,6 +256,8 @@ class SealedTransport(LayeredTransport):
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self._channel.inner = protocol  # type: ignore[assignment]
+        if self._raw.get_protocol() is not self._channel:  # the inner one opened frames itself
+            self._raw.set_protocol(self._channel)
 
     def get_protocol(self) -> asyncio.BaseProtocol:
         return self._channel.inner
@@ -242,7 +267,13 @@ class SealedProtocol(asyncio.Protocol):
     """The raw transport's protocol once a handshake passed: opens frames for ``inner`` and hands
     it a :class:`SealedTransport` for its writes.
 
-    ``pending`` are bytes that arrived with the end of the handshake (the first frames)."""
+    ``pending`` are bytes that arrived with the end of the handshake (the first frames).
+
+    An ``inner`` protocol with ``opens_frames`` (the replica's HTTP connection) may take the
+    frames straight from the raw transport instead, with this protocol's opener (one hop and a
+    copy less per read on the replica's hot path): ``opens_frames(opener, raw)`` returns whether
+    it does; the raw transport then calls it directly, until its transport's ``set_protocol``
+    hands the frames back to this protocol."""
 
     __slots__ = ("_opener", "_send_key", "inner", "pending", "transport")
 
@@ -258,22 +289,23 @@ class SealedProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         raw: asyncio.Transport = transport  # type: ignore[assignment]
         self.transport = SealedTransport(raw, self._send_key, self)
-        self.inner.connection_made(self.transport)
+        inner = self.inner
+        inner.connection_made(self.transport)
+        opens_frames = getattr(inner, "opens_frames", None) if OPENS_REQUESTS else None
+        receive = self.data_received
+        if opens_frames is not None and opens_frames(self._opener, raw):
+            raw.set_protocol(inner)
+            receive = inner.data_received
         pending, self.pending = self.pending, b""
         if pending:
-            self.data_received(pending)
+            receive(pending)
 
     def data_received(self, data: bytes) -> None:
         try:
             plain = self._opener.feed(data)
         except FrameError as exc:
             assert self.transport is not None
-            log.warning(
-                "closed a data-plane connection with %s: %s",
-                self.transport.get_extra_info("peername") or "a unix socket peer",
-                exc,
-            )
-            self.transport.abort()
+            frame_failed(self.transport, exc)
             return
         if plain:
             self.inner.data_received(plain)

@@ -21,7 +21,7 @@ from typing import Any
 
 from kubeserve.sdk import context
 from kubeserve.sdk.errors import RequestCancelledError
-from kubeserve.sdk.transport import get_transport, transport_loop
+from kubeserve.sdk.transport import get_transport, running_transport_loop, transport_loop
 
 _CALL = "__call__"
 
@@ -33,18 +33,9 @@ _SYNC_IN_LOOP = (
 )
 
 
-def _transport_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return transport_loop()
-    except RuntimeError:
-        return None
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
+_transport_loop = running_transport_loop
+#: the running loop, or None (``asyncio.get_running_loop`` without its RuntimeError)
+_running_loop = asyncio._get_running_loop
 
 
 def _in_callers_context(coro: Coroutine[Any, Any, Any]) -> Coroutine[Any, Any, Any]:
@@ -78,8 +69,9 @@ class DeploymentResponse:
             # loop (an async script): the call runs on the transport's loop, started at once.
             self._future = asyncio.run_coroutine_threadsafe(_in_callers_context(coro), home)
             self._coro = None
-        elif running is not None:
-            self._start()
+        elif running is not None:  # _start's, written out: once per call
+            self._task = running.create_task(coro)
+            self._coro = None
 
     def _start(self) -> asyncio.Future[Any]:
         if self._task is None and self._future is None and self._coro is None:
@@ -263,10 +255,13 @@ class DeploymentHandle:
         return {"model_id": self.multiplexed_model_id} if self.multiplexed_model_id else {}
 
     async def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        args, kwargs = await _resolve_all(args, kwargs)
-        return await get_transport().call(
-            self.app_name, self.deployment_name, method, args, kwargs, **self._call_options()
-        )
+        if args or kwargs:
+            args, kwargs = await _resolve_all(args, kwargs)
+        if self.multiplexed_model_id:
+            return await get_transport().call(
+                self.app_name, self.deployment_name, method, args, kwargs, **self._call_options()
+            )
+        return await get_transport().call(self.app_name, self.deployment_name, method, args, kwargs)
 
     async def _stream(
         self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -71,6 +71,15 @@ def get_transport() -> HandleTransport:
     return _transport
 
 
+def running_transport_loop() -> asyncio.AbstractEventLoop | None:
+    """:func:`transport_loop`, or None where it raises (no transport, or no running loop):
+    asked at every ``.remote()``, so without raising."""
+    loop = _loop
+    if _transport is None or loop is None or loop.is_closed():
+        return None
+    return loop
+
+
 def transport_loop() -> asyncio.AbstractEventLoop:
     """The loop the transport runs on, for calls made from other threads."""
     get_transport()

@@ -28,7 +28,12 @@ from kubeserve.runtime.replica.grpc_call import (
     grpc_error,
     input_stream,
 )
-from kubeserve.runtime.replica.http import HttpRequest, HttpResponse, StreamedResponse
+from kubeserve.runtime.replica.http import (
+    HttpRequest,
+    HttpResponse,
+    StreamedResponse,
+    typed_response,
+)
 from kubeserve.runtime.replica.router_class import router_class_answer, routing_stats
 from kubeserve.runtime.replica.state import ReplicaState, shutting_down
 from kubeserve.runtime.replica.user_code import (
@@ -105,10 +110,11 @@ class Control:
         if path.startswith(wire.CALL_PREFIX):
             if request.method != "POST":
                 return HttpResponse(405, b"handle calls use POST")
-            refusal = self._state.refusal()
-            if refusal is not None:
+            started = self._state.admit()
+            if started is None:
+                refusal = self._state.refusal()
+                assert refusal is not None
                 return refusal
-            started = self._state.begin()
             method_name = path[len(wire.CALL_PREFIX) :]
             outcome = "ERROR"
             try:
@@ -187,7 +193,7 @@ class Control:
             log.info("handle call %s raised %s", method_name, error_text(exc))
             answer = HttpResponse(500, self._raised(exc, method_name), content_type=_PICKLE)
         else:
-            answer = HttpResponse(200, body, content_type=_PICKLE)
+            answer = typed_response(200, body, _PICKLE)
         if model_id:
             self._state.tell_models(answer)
         return answer

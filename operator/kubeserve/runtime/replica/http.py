@@ -16,7 +16,10 @@ The tricks, each marked where it is used:
 * **Compiled parse and answer** where ``kubeserve._native`` is built
   (:mod:`~kubeserve.runtime.native_module`): a whole common request is parsed in one call
   (:meth:`_Connection._parse_whole`; anything else, limits and errors included, goes through
-  httptools' callbacks) and a complete answer is formatted in one.
+  httptools' callbacks) and a complete answer is formatted in one. Behind the authenticated
+  channel the connection takes the sealed frames itself (:meth:`_Connection.opens_frames`):
+  one call opens a read's frames and makes the whole requests in them (request ids included),
+  and one formats a complete answer and seals it.
 * **Lazy connection timer**: one timer per connection that re-arms itself, instead of a timer
   per request; it enforces the keep-alive timeout and the head and body timeouts of
   :class:`~kubeserve.runtime.limits.RequestLimits`, measured from the reads that left a request
@@ -70,6 +73,7 @@ from kubeserve.runtime.http_connection import (
 from kubeserve.runtime.limits import RequestLimits
 from kubeserve.runtime.native_module import NATIVE
 from kubeserve.runtime.replica.inflow import Inflow
+from kubeserve.runtime.sealing import FrameError, frame_failed
 from kubeserve.runtime.thread_hop import current_hop
 from kubeserve.runtime.websocket import (
     GOING_AWAY,
@@ -88,6 +92,7 @@ __all__ = [
     "WebSocketHandler",
     "internal_error",
     "text_response",
+    "typed_response",
 ]
 
 log = logging.getLogger(__name__)
@@ -193,6 +198,17 @@ def text_response(body: bytes) -> HttpResponse:
     return response
 
 
+def typed_response(status: int, body: bytes, content_type: str) -> HttpResponse:
+    """``HttpResponse(status, body, content_type=content_type)``, made as
+    :func:`text_response` is: a handle call's answer."""
+    response: HttpResponse = _new(HttpResponse)
+    response.status = status
+    response.body = body
+    response.headers = {"content-type": content_type}
+    response.close = False
+    return response
+
+
 #: Chunks of a streamed body written less than this apart are a burst, written together.
 BURST_S = 0.0005
 #: The most bytes of a burst held before they are written.
@@ -277,8 +293,9 @@ class StreamedResponse:
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse | StreamedResponse]]
-#: whether a request may be stepped by hand, outside a task (see ReplicaHttpServer)
-StepsByHand = Callable[[HttpRequest], bool]
+#: whether a request may be stepped by hand, outside a task (see ReplicaHttpServer): per
+#: request, or the same for all
+StepsByHand = Callable[[HttpRequest], bool] | bool
 #: Serves a WebSocket handshake ``request`` on its ``session``: None once the session was served
 #: (accepted, or refused by the app), or the HTTP answer to give instead of a socket.
 WebSocketHandler = Callable[[HttpRequest, WebSocketSession], Awaitable[HttpResponse | None]]
@@ -287,16 +304,19 @@ WebSocketHandler = Callable[[HttpRequest, WebSocketSession], Awaitable[HttpRespo
 class _DateHeader:
     """``Date: ...\\r\\n``, formatted at most once per second."""
 
+    __slots__ = ("current", "second")
+
     def __init__(self) -> None:
-        self._second = -1
-        self._line = b""
+        #: the line of ``second`` (a caller may read it while ``int(time.time())`` is that)
+        self.second = -1
+        self.current = b""
 
     def line(self) -> bytes:
         now = int(time.time())
-        if now != self._second:
-            self._second = now
-            self._line = b"Date: %s\r\n" % http_date(now).encode("ascii")
-        return self._line
+        if now != self.second:
+            self.second = now
+            self.current = b"Date: %s\r\n" % http_date(now).encode("ascii")
+        return self.current
 
 
 class ReplicaHttpServer:
@@ -308,6 +328,8 @@ class ReplicaHttpServer:
     two; without one (a server measured on its own, or tested), every connection is user traffic.
     ``websocket`` serves the WebSocket handshakes of user traffic (their sockets pinged every
     ``websocket_ping_interval_s``, None: never); without it they are answered 501.
+    ``steps_by_hand``: per role, whether a request may be stepped by hand (a rule per request,
+    or a bool for all; by hand when none).
     """
 
     def __init__(
@@ -365,7 +387,9 @@ class _Connection(ServerConnection):
         super().__init__(server.limits, server.keep_alive_timeout_s, server.connections)
         self.server = server
         self.handler = server.handlers[role]
-        self.by_hand = server.steps_by_hand.get(role)
+        rule = server.steps_by_hand.get(role)
+        self.by_hand = None if isinstance(rule, bool) else rule  # None: by hand (but see:)
+        self.always_task = rule is False  # every request in a task
         self.ingress = role is Role.INGRESS
         # The request being parsed, and requests parsed but not yet served (pipelining).
         self.in_message = False
@@ -388,11 +412,63 @@ class _Connection(ServerConnection):
         self.session: WebSocketSession | None = None
         self.ws_request: HttpRequest | None = None  # a handshake waiting for pipelined requests
         self.inflow: Inflow | None = None  # the body of the duplex call being served, arriving
+        # Frames opened here, answers sealed here (see opens_frames), or None.
+        self.opener: Any = None
+        self.raw: asyncio.Transport | None = None
+        self.seal_answer: Callable[..., bytes | None] | None = None
+
+    def opens_frames(self, opener: Any, raw: asyncio.Transport) -> bool:
+        """Take the sealed channel's frames straight from ``raw`` (see
+        :class:`~kubeserve.runtime.sealing.SealedProtocol`): ``opener`` (the compiled one) opens
+        them and parses the whole common requests in them in one call, and a complete answer is
+        formatted and sealed in one (:meth:`_write_head`); the rest is as over the sealed
+        transport. Only with the compiled parse (anything it leaves goes to httptools)."""
+        if _parse_request is None:
+            return False
+        limits = self.limits
+        max_body = limits.max_body_bytes
+        opener.serve_requests(
+            HttpRequest,
+            limits.max_url_bytes,
+            limits.max_header_bytes,
+            -1 if max_body is None else max_body,
+            b"" if self.ingress else _DUPLEX,  # a duplex call is served as its body arrives
+            self.ingress,  # user traffic without a request id gets a new one
+        )
+        self.opener = opener
+        self.raw = raw
+        self.seal_answer = self.transport.sealer.seal_answer  # type: ignore[attr-defined]
+        return True
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        if _parse_request is not None and not self.in_message:
+        opener = self.opener
+        if opener is not None:  # sealed frames, straight from the raw transport
+            try:
+                if self.in_message:
+                    data = opener.feed(data)
+                else:
+                    self.read_size = len(data)
+                    requests, data = opener.feed_requests(data)
+            except FrameError as exc:
+                frame_failed(self.transport, exc)
+                return
+            if not self.in_message:
+                queue = self.queue
+                for request in requests:  # _queue's, written out
+                    if self.closed:
+                        return
+                    queue.append(request)
+                    if self.serving is None:
+                        self._next()
+                    elif len(queue) >= _PIPELINE_LIMIT:
+                        self.hold_reading(True)
+                if self.closed:
+                    return
+            if not data:
+                return
+        elif _parse_request is not None and not self.in_message:
             data = self._parse_whole(data)
             if not data:
                 return
@@ -585,7 +661,8 @@ class _Connection(ServerConnection):
             # runs in its own copy of the server's context, as a task would, so context variables
             # never leak from one request into the next.
             context = self.server.context.copy()
-            if self.by_hand is not None and not self.by_hand(request):
+            by_hand = self.by_hand
+            if self.always_task or (by_hand is not None and not by_hand(request)):
                 # User coroutines run in a task from their first step, as Ray runs requests:
                 # asyncio.timeout, a TaskGroup, aiohttp's and anyio's timeouts need one.
                 self.task = self.loop.create_task(self._serve(request, True), context=context)
@@ -667,6 +744,21 @@ class _Connection(ServerConnection):
         """The status line and headers (and ``body``, when given) in one ``writelines``."""
         if self.closed:
             return
+        seal_answer = self.seal_answer
+        if seal_answer is not None:  # formatted and sealed in one call (see opens_frames)
+            date = self.server.date
+            whole = seal_answer(
+                status,
+                _REASONS.get(status, b"Unknown"),
+                date.current if int(time.time()) == date.second else date.line(),
+                request_id,
+                headers,
+                body,
+                keep_alive,
+            )
+            if whole is not None:
+                self.raw.write(whole)  # type: ignore[union-attr]
+                return
         if _answer is not None:
             whole = _answer(
                 status,

@@ -102,16 +102,23 @@ class Ingress:
     def steps_by_hand(self, request: HttpRequest) -> bool:
         """Whether ``request`` may run outside a task: False when the user's code is a coroutine
         (or an async generator), which gets the task Ray runs each request in, so
-        ``asyncio.timeout``, a ``TaskGroup`` and the timeouts of aiohttp and anyio work."""
+        ``asyncio.timeout``, a ``TaskGroup`` and the timeouts of aiohttp and anyio work. The
+        same for every request: :attr:`by_hand` says it without a call."""
+        return self._by_hand
+
+    @property
+    def by_hand(self) -> bool:
+        """:meth:`steps_by_hand` of every request (``ReplicaHttpServer`` takes the bool)."""
         return self._by_hand
 
     async def handle(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
         """User traffic (a proxy's ``INGRESS`` connection): every path goes to the user's code."""
         state = self._state
-        refusal = state.refusal()
-        if refusal is not None:
+        started = state.admit()
+        if started is None:
+            refusal = state.refusal()
+            assert refusal is not None
             return refusal
-        started = state.begin()
         status: int | str = 500
         streaming = False
         try:

@@ -227,7 +227,7 @@ async def serve_replica(
             limits=RequestLimits.from_mapping(config.get("request_limits")),
             websocket=ingress.handle_websocket,
             steps_by_hand={
-                Role.INGRESS: ingress.steps_by_hand,
+                Role.INGRESS: ingress.by_hand,
                 Role.CONTROL: control.steps_by_hand,
             },
         )

@@ -16,7 +16,8 @@ Measured, in this order:
    ``Ready`` condition True at its generation.
 2. **settle**: from all Ready until no client of the API server has written for 10 s (Leases,
    node heartbeats and auth reviews aside): the controller-manager catching up with the
-   rollout's pods (``settle_after_ready``: seconds to the last write, every process's cores).
+   rollout's pods (``settle_after_ready``: seconds to the last write, every process's cores
+   until the 10 s are over).
 3. **idle**: then, once 10 s pass without a write (the leader's Lease aside), 60 s counted:
    requests per minute by verb and resource, the operator's CPU and RSS, every process's cores.
 4. **one change**: an env var of one application changed (a new build, every deployment rolls)
@@ -294,11 +295,12 @@ def wait_settled(
     plane: KwokCluster, since: float, quiet_s: float = 10.0, timeout_s: float = 900.0
 ) -> float:
     """Wait until no client has written for ``quiet_s`` (:data:`HEARTBEATS` aside); the seconds
-    from ``since`` to the last write seen. Applications are Ready before the controller-manager
-    has caught up with their pods (Deployment, ReplicaSet, PodDisruptionBudget, Endpoints and
-    EndpointSlice status, Events): at 1,000 applications it kept writing for two minutes after,
-    at 1.2-1.6 cores, and an idle window started then measured that."""
-    last, changed, start = cluster_writes(plane), time.monotonic(), time.monotonic()
+    from ``since`` to the last write seen (0 if none, to within the 2 s between polls).
+    Applications are Ready before the controller-manager has caught up with their pods
+    (Deployment, ReplicaSet, PodDisruptionBudget, Endpoints and EndpointSlice status, Events):
+    at 1,000 applications it kept writing for two minutes after, at 1.2-1.6 cores, and an idle
+    window started then measured that."""
+    last, changed, start = cluster_writes(plane), since, time.monotonic()
     while time.monotonic() - changed < quiet_s:
         if time.monotonic() - start > timeout_s:
             raise AssertionError(f"the cluster still writing after {timeout_s:.0f} s")
@@ -418,12 +420,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 return results
 
             settle_cpu0, settle_t0 = cluster_cpu.cpu_s(), time.monotonic()
-            wait_quiet(plane)
             settled_s = wait_settled(plane, settle_t0)
             results["settle_after_ready"] = {
                 "s": settled_s,
                 "cores": cluster_cpu.cores(settle_cpu0, time.monotonic() - settle_t0),
             }
+            wait_quiet(plane)
             mark, cpu0, t0 = plane.audit_mark(), sampler.cpu_s(), time.monotonic()
             all_cpu0 = cluster_cpu.cpu_s()
             time.sleep(args.window)

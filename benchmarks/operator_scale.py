@@ -277,40 +277,6 @@ def writes_per_app(plane: KwokCluster, since: int, apps: int) -> dict[str, float
     return {k: round(v / apps, 2) for k, v in writes.most_common()}
 
 
-#: writes a cluster makes while nothing changes: the Leases (the operator's, nodes'), nodes'
-#: status heartbeats, the token and access reviews of a /metrics reader
-HEARTBEATS = ("leases", "nodes/status", "tokenreviews", "subjectaccessreviews")
-
-
-def cluster_writes(plane: KwokCluster) -> int:
-    """Every client's writes so far (``apiserver_request_total``), heartbeats aside."""
-    return sum(
-        v
-        for k, v in apiserver_requests(plane).items()
-        if k.split(" ")[0] in HTTP_WRITES and k.split(" ", 1)[1] not in HEARTBEATS
-    )
-
-
-def wait_settled(
-    plane: KwokCluster, since: float, quiet_s: float = 10.0, timeout_s: float = 900.0
-) -> float:
-    """Wait until no client has written for ``quiet_s`` (:data:`HEARTBEATS` aside); the seconds
-    from ``since`` to the last write seen (0 if none, to within the 2 s between polls).
-    Applications are Ready before the controller-manager has caught up with their pods
-    (Deployment, ReplicaSet, PodDisruptionBudget, Endpoints and EndpointSlice status, Events):
-    at 1,000 applications it kept writing for two minutes after, at 1.2-1.6 cores, and an idle
-    window started then measured that."""
-    last, changed, start = cluster_writes(plane), since, time.monotonic()
-    while time.monotonic() - changed < quiet_s:
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"the cluster still writing after {timeout_s:.0f} s")
-        time.sleep(2.0)
-        count = cluster_writes(plane)
-        if count != last:
-            last, changed = count, time.monotonic()
-    return round(changed - since, 1)
-
-
 def wait_quiet(plane: KwokCluster, quiet_s: float = 10.0, timeout_s: float = 300.0) -> None:
     def quiet() -> bool:
         mark = plane.audit_mark()
@@ -420,7 +386,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 return results
 
             settle_cpu0, settle_t0 = cluster_cpu.cpu_s(), time.monotonic()
-            settled_s = wait_settled(plane, settle_t0)
+            settled_s = plane.wait_settled(settle_t0)
             results["settle_after_ready"] = {
                 "s": settled_s,
                 "cores": cluster_cpu.cores(settle_cpu0, time.monotonic() - settle_t0),

@@ -14,12 +14,16 @@ Measured, in this order:
    ``ks_composed_app:app`` (3 deployments, 5 replica pods each: 5,000 pods), created through the
    API 16 at a time; the time from the first create to every application's
    ``Ready`` condition True at its generation.
-2. **idle**: once 10 s pass without a write (the leader's Lease aside), 60 s counted: requests
-   per minute by verb and resource, the operator's CPU and RSS.
-3. **one change**: an env var of one application changed (a new build, every deployment rolls)
+2. **settle**: from all Ready until no client of the API server has written for 10 s (Leases,
+   node heartbeats and auth reviews aside): the controller-manager catching up with the
+   rollout's pods (``settle_after_ready``: seconds to the last write, every process's cores
+   until the 10 s are over).
+3. **idle**: then, once 10 s pass without a write (the leader's Lease aside), 60 s counted:
+   requests per minute by verb and resource, the operator's CPU and RSS, every process's cores.
+4. **one change**: an env var of one application changed (a new build, every deployment rolls)
    while the other 999 sit there; time to Ready at the new generation, polled every 100 ms;
    three runs on three applications, median.
-4. **churn**: the same change on 10% of the applications at once; the time until all are Ready
+5. **churn**: the same change on 10% of the applications at once; the time until all are Ready
    again, and the requests per minute and CPU of the operator meanwhile.
 
 Run with ``make bench-operator-scale`` (as root, about 15 minutes); writes
@@ -381,6 +385,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             if "all_ready_timeout" in results:
                 return results
 
+            settle_cpu0, settle_t0 = cluster_cpu.cpu_s(), time.monotonic()
+            settled_s = plane.wait_settled(settle_t0)
+            results["settle_after_ready"] = {
+                "s": settled_s,
+                "cores": cluster_cpu.cores(settle_cpu0, time.monotonic() - settle_t0),
+            }
             wait_quiet(plane)
             mark, cpu0, t0 = plane.audit_mark(), sampler.cpu_s(), time.monotonic()
             all_cpu0 = cluster_cpu.cpu_s()

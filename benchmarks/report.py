@@ -392,6 +392,15 @@ def operator_scale_section(path: Path = OPERATOR_SCALE_RESULTS) -> list[str]:
         f"leader's Lease) | 0: {target(idle['writes_per_min_besides_election'] == 0)} |",
         f"| API requests / min, idle | {idle['requests_per_min']:g} | |",
         f"| operator CPU, idle | {idle['cpu_percent']:g}% of a core | |",
+    ]
+    settle = r.get("settle_after_ready")
+    if settle:
+        lines.append(
+            f"| cluster writes after all Ready (controllers catching up) | {settle['s']:g} s "
+            f"(controller-manager {settle['cores'].get('kube-controller-manager', 0):g} cores; "
+            f"idle then {idle.get('cores', {}).get('kube-controller-manager', 0):g}) | |"
+        )
+    lines += [
         f"| operator RSS | {r['rss_mib_ready']:.0f} MiB all Ready, {r['rss_mib_peak']:.0f} MiB "
         f"peak | 500 MB: {target(r['rss_mib_peak'] * 1.048576 < 500)} |",
         f"| churn of {churn['apps']} apps -> all Ready | {churn['all_ready_s']:.0f} s | |",

@@ -112,6 +112,7 @@ def test_fifty_applications_ready_then_no_writes(
         return not changes(mark)
 
     wait_for(quiet, 120, interval_s=0, what="5 s without a write of the operator")
+    kwok.wait_settled(quiet_s=5.0, timeout_s=120.0)  # nor of the controllers catching up
     ours = objects_per_app(kwok, ns, selector=APPLICATION_LABEL)
     assert {k: v for k, v in ours.items() if k in OBJECTS_PER_APP} == OBJECTS_PER_APP, ours
     print(f"objects per application: {objects_per_app(kwok, ns)}")

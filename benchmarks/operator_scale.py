@@ -53,7 +53,12 @@ import report
 from support.common import http, wait_for
 from support.k8s_operator import KUBESERVE_IMAGE, OperatorProcess, application, install_crds
 from support.k8s_operator import instance as serve_instance
-from support.kwok_cluster import OPERATOR_SERVICE_ACCOUNT, KwokCluster, start_kwok_cluster
+from support.kwok_cluster import (
+    OPERATOR_SERVICE_ACCOUNT,
+    KwokCluster,
+    start_kwok_cluster,
+    tuning,
+)
 from support.kwok_pods import PodStandIns
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -313,6 +318,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "nodes": args.nodes,
         "pods": args.apps * PODS_PER_APP,
         "leader_election": args.election,
+        "cluster_tuning": sorted(tuning()),
     }
     if args.as_service_account:
         results["operator_identity"] = OPERATOR_SERVICE_ACCOUNT

@@ -12,6 +12,9 @@ is a ``local`` route on this machine while the cluster runs, so a process here c
 pod's IP (EndpointSlices refuse loopback addresses). That route, and the fixed range, make the
 cluster one per machine (a lock in /run) and need root.
 
+The harness tunes its own control plane (never kubeserve's operator, which runs as users run it)
+for a simulated cluster of thousands of pods on a 2-core machine: :data:`TUNING_LEVERS`.
+
 Every request of the operator (its own token, user :data:`OPERATOR_USER`, or the chart's
 ServiceAccount) is in the API server's audit log, so tests and the bench count its reads and
 writes by verb and resource (:meth:`KwokCluster.operator_requests`) without a proxy in the way.
@@ -28,7 +31,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +69,33 @@ HTTP_WRITES = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLE
 #: writes a cluster makes while nothing changes: Leases (the operator's, nodes'), nodes' status
 #: heartbeats, the token and access reviews of a /metrics reader
 HEARTBEATS = frozenset({"leases", "nodes/status", "tokenreviews", "subjectaccessreviews"})
+#: The harness's levers on its control plane, all on unless ``KUBESERVE_KWOK_TUNING`` lists others
+#: (comma-separated; ``none`` for the cluster untuned, to measure what each one is worth):
+#:
+#: - ``gogc``: ``GOGC=400`` for etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
+#:   kwok. A roll-out of 1,000 applications keeps both cores busy from the first pod to the last,
+#:   and the Go collector's share of that is the first thing a test cluster need not pay: memory
+#:   is plentiful here (the API server holds about 3.3 GiB mid-run with it), CPU is not.
+#: - ``tmpfs``: the cluster's files in /dev/shm: etcd's data directory (Debian's etcd 3.4 has no
+#:   ``--unsafe-no-fsync``, and every commit waits for an fsync of its WAL) and the API server's
+#:   audit log (blocking mode, written in the path of each audited request). The data is thrown
+#:   away at the end anyway.
+TUNING_LEVERS = ("gogc", "tmpfs")
+GOGC = "400"
+SHM = Path("/dev/shm")
+
+
+def tuning() -> frozenset[str]:
+    """The levers of :data:`TUNING_LEVERS` in use (``KUBESERVE_KWOK_TUNING``; all by default)."""
+    chosen = os.environ.get("KUBESERVE_KWOK_TUNING")
+    if chosen is None:
+        return frozenset(TUNING_LEVERS)
+    levers = frozenset(x.strip() for x in chosen.split(",") if x.strip() not in ("", "none"))
+    if unknown := levers - set(TUNING_LEVERS):
+        raise ValueError(
+            f"KUBESERVE_KWOK_TUNING: unknown {sorted(unknown)}, not in {TUNING_LEVERS}"
+        )
+    return levers
 
 
 def find_kwok() -> Path | None:
@@ -246,9 +276,11 @@ def start_kwok_cluster(
     assert bin_dir is not None and kwok is not None
     etcd = find_etcd(bin_dir)
     assert etcd is not None
-    with _lock(), tempfile.TemporaryDirectory(prefix="kubeserve-kwok-") as tmp:
+    levers = tuning()
+    base = str(SHM) if "tmpfs" in levers and SHM.is_dir() else None
+    with _lock(), tempfile.TemporaryDirectory(prefix="kubeserve-kwok-", dir=base) as tmp:
         work = Path(tmp)
-        processes = ProcessGroup(work)
+        processes = _TunedProcesses(work, levers)
         _route(add=True)
         try:
             cluster = _credentials(bin_dir, work, processes, operator_as_service_account)
@@ -259,6 +291,19 @@ def start_kwok_cluster(
             _route(add=False)
             if os.environ.get("KUBESERVE_K8S_KEEP") == "1":
                 shutil.copytree(work, Path(tempfile.gettempdir()) / f"kwok-logs-{int(time.time())}")
+
+
+class _TunedProcesses(ProcessGroup):
+    """The cluster's processes, started with the environment of :data:`TUNING_LEVERS`."""
+
+    def __init__(self, log_dir: Path, levers: frozenset[str]) -> None:
+        super().__init__(log_dir)
+        self.levers = levers
+
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        if "gogc" in self.levers:
+            env = {**(os.environ if env is None else env), "GOGC": GOGC}
+        super().start(name, argv, env)
 
 
 @contextlib.contextmanager

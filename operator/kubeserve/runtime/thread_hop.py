@@ -147,6 +147,8 @@ class ThreadHop:
         """Work still queued: if no call was taken since the last check, the awake workers are
         blocked in their calls, so wake one more; look again while work waits."""
         self._check = None
+        if self._done and not self._drain_scheduled:
+            self._drain()  # results held behind a call that is still running: deliver them now
         if not self._work:
             return
         awake = self._threads - len(self._idle)
@@ -161,6 +163,9 @@ class ThreadHop:
         sleeper.acquire()
         while True:
             if not work:
+                # Going idle: list ourselves before waking the loop for the results we hold, so
+                # that the loop, woken, finds the GIL released (we sleep right after) instead of
+                # waiting for it.
                 idle.append(sleeper)
                 if work:  # queued before a caller could see us idle
                     try:
@@ -168,6 +173,10 @@ class ThreadHop:
                         continue
                     except ValueError:  # a caller took us and releases (or released) our lock
                         pass
+                if done and not self._drain_scheduled:
+                    self._drain_scheduled = True
+                    if not self._wake_loop():
+                        return
                 sleeper.acquire()
                 continue
             try:
@@ -186,27 +195,14 @@ class ThreadHop:
             del future, context, fn, args, kwargs
             done.append(outcome)
             del outcome
-            if self._drain_scheduled:
-                continue
-            self._drain_scheduled = True
-            if not work:
-                # Going idle: list ourselves before waking the loop, so that the loop, woken,
-                # finds the GIL released (we sleep right after) instead of waiting for it.
-                idle.append(sleeper)
-                if work:
-                    try:
-                        idle.remove(sleeper)
-                    except ValueError:
-                        pass
-                    else:
-                        if not self._wake_loop():
-                            return
-                        continue
+            # More calls waiting: this result goes with the batch's last one (woken mid-batch,
+            # the loop would only wait for the GIL we hold) when a blocked-call check is
+            # pending, which delivers it within BLOCKED_AFTER_S if the next call blocks; with
+            # none pending, the loop is woken now.
+            if work and self._check is None and not self._drain_scheduled:
+                self._drain_scheduled = True
                 if not self._wake_loop():
                     return
-                sleeper.acquire()
-            elif not self._wake_loop():
-                return
 
     def _wake_loop(self) -> bool:
         """Have the loop drain the results; False when the loop is closed (nobody awaits them)."""

@@ -27,14 +27,8 @@ the caller's context, exceptions raised in the caller) and pays less:
   (not merely waiting for the GIL or a CPU), wakes (or starts) one more worker. Calls that block
   thus spread over up to ``max_workers`` threads within a few milliseconds, and calls that do not
   block never wake a second thread to fight the first for the GIL;
-* results go into a deque and the loop is woken once per *batch*: a worker that finds more calls
-  queued after its call keeps its result for the batch's last one (woken mid-batch, the loop
-  would only wake up to wait for the GIL the worker holds, two more context switches), and
-  schedules a drain when it runs out of calls, only when none is pending; the drain completes
-  every result that arrived meanwhile. A result is held only while a blocked-call check is
-  pending (the worker reads ``_check`` after appending it), and that check drains held results
-  first: a result held behind a call that blocks reaches the loop within
-  :data:`BLOCKED_AFTER_S`, not when the blocking call returns;
+* results go into a deque and the loop is woken once per *batch*: a worker schedules a drain only
+  when none is pending, and the drain completes every result that arrived meanwhile;
 * a worker with no call left lists itself idle *before* it wakes the loop and sleeps right after,
   so the loop, woken, finds the GIL free rather than waiting for it (and, for a lone call, no
   blocked-call timer is armed at all: a request at a time costs no timer per request);
@@ -52,10 +46,7 @@ released; so no wake-up is lost and none is doubled. A worker is awake from its 
 lists itself idle; while one is awake, queued work is taken by it or, if it lists itself idle after
 the work was queued, it sees the work and takes itself back. ``_drain_scheduled`` is True from the
 moment a drain is scheduled until it starts, and a result appended after the drain started is seen
-by that drain or is delivered by the next one: a worker that finds no call queued after its
-call schedules a drain (when none is pending) before it sleeps; one that finds calls queued
-either sees a blocked-call check pending, which drains ``_done`` when it runs (so held results
-wait at most :data:`BLOCKED_AFTER_S`), or schedules the drain at once.
+by that drain or schedules the next one.
 """
 
 from __future__ import annotations
@@ -154,19 +145,15 @@ class ThreadHop:
 
     def _blocked_check(self) -> None:
         """Work still queued: if no call was taken since the last check, the awake workers are
-        blocked in their calls, so wake one more; look again while work waits. First, deliver
-        the results workers hold for their batch (a call behind them may be blocking)."""
+        blocked in their calls, so wake one more; look again while work waits."""
         self._check = None
-        try:
-            if self._done and not self._drain_scheduled:
-                self._drain()
-        finally:  # (a continuation's error propagates, the checking goes on)
-            if self._work:
-                awake = self._threads - len(self._idle)
-                if self._taken == self._taken_seen and len(self._calling) >= awake:
-                    self._wake()
-                self._taken_seen = self._taken
-                self._check = self.loop.call_later(BLOCKED_AFTER_S, self._blocked_check)
+        if not self._work:
+            return
+        awake = self._threads - len(self._idle)
+        if self._taken == self._taken_seen and len(self._calling) >= awake:
+            self._wake()
+        self._taken_seen = self._taken
+        self._check = self.loop.call_later(BLOCKED_AFTER_S, self._blocked_check)
 
     def _worker(self) -> None:
         work, done, idle, calling = self._work, self._done, self._idle, self._calling
@@ -174,9 +161,6 @@ class ThreadHop:
         sleeper.acquire()
         while True:
             if not work:
-                # Going idle: list ourselves before waking the loop for the results we hold, so
-                # that the loop, woken, finds the GIL released (we sleep right after) instead of
-                # waiting for it.
                 idle.append(sleeper)
                 if work:  # queued before a caller could see us idle
                     try:
@@ -184,10 +168,6 @@ class ThreadHop:
                         continue
                     except ValueError:  # a caller took us and releases (or released) our lock
                         pass
-                if done and not self._drain_scheduled:
-                    self._drain_scheduled = True
-                    if not self._wake_loop():
-                        return
                 sleeper.acquire()
                 continue
             try:
@@ -206,14 +186,27 @@ class ThreadHop:
             del future, context, fn, args, kwargs
             done.append(outcome)
             del outcome
-            # More calls waiting: this result goes with the batch's last one (woken mid-batch,
-            # the loop would only wait for the GIL we hold) when a blocked-call check is
-            # pending, which delivers it within BLOCKED_AFTER_S if the next call blocks; with
-            # none pending, the loop is woken now.
-            if work and self._check is None and not self._drain_scheduled:
-                self._drain_scheduled = True
+            if self._drain_scheduled:
+                continue
+            self._drain_scheduled = True
+            if not work:
+                # Going idle: list ourselves before waking the loop, so that the loop, woken,
+                # finds the GIL released (we sleep right after) instead of waiting for it.
+                idle.append(sleeper)
+                if work:
+                    try:
+                        idle.remove(sleeper)
+                    except ValueError:
+                        pass
+                    else:
+                        if not self._wake_loop():
+                            return
+                        continue
                 if not self._wake_loop():
                     return
+                sleeper.acquire()
+            elif not self._wake_loop():
+                return
 
     def _wake_loop(self) -> bool:
         """Have the loop drain the results; False when the loop is closed (nobody awaits them)."""

@@ -115,3 +115,64 @@ def test_a_continuation_runs_as_its_call_completes_and_only_for_the_last_call() 
         assert not hop.then(failed, lambda: None)  # once
 
     run(go(), uvloop=True)
+
+
+def test_a_result_held_for_its_batch_is_not_held_behind_a_blocking_call() -> None:
+    """Results of a batch go back to the loop together when the worker runs out of calls; when
+    the next call of the batch blocks instead, the blocked-call check delivers the results
+    already in, within a few BLOCKED_AFTER_S, not when the blocking call returns."""
+
+    async def go() -> None:
+        hop = ThreadHop(asyncio.get_running_loop(), max_workers=1)
+        release = threading.Event()
+        quick = hop.run(lambda: "quick")
+        blocked = hop.run(release.wait, 10)
+        started = time.monotonic()
+        try:
+            assert await asyncio.wait_for(quick, 5) == "quick"
+            assert time.monotonic() - started < 0.5
+            assert not blocked.done()
+        finally:
+            release.set()
+        assert await asyncio.wait_for(blocked, 5) is True
+
+    run(go(), uvloop=True)
+
+
+def test_a_blocking_call_does_not_stall_the_calls_queued_behind_it() -> None:
+    async def go() -> None:
+        hop = ThreadHop(asyncio.get_running_loop(), max_workers=2)
+        release = threading.Event()
+        blocked = hop.run(release.wait, 10)
+        await asyncio.sleep(0.01)  # the worker is inside the blocking call
+        started = time.monotonic()
+        try:
+            quick = await asyncio.wait_for(
+                asyncio.gather(*(hop.run(lambda i=i: i) for i in range(50))), 5
+            )
+            assert quick == list(range(50))
+            assert time.monotonic() - started < 0.5
+            assert not blocked.done()
+        finally:
+            release.set()
+        assert await asyncio.wait_for(blocked, 5) is True
+
+    run(go(), uvloop=True)
+
+
+def test_no_wake_up_is_lost_under_a_stress_of_short_calls() -> None:
+    """Waves of short calls queued from the loop while workers go idle and are woken: every
+    call completes (a lost wake-up of a worker or of the loop would hang a wave)."""
+
+    async def go() -> None:
+        hop = ThreadHop(asyncio.get_running_loop(), max_workers=3)
+        for wave in range(300):
+            size = 1 + wave % 17
+            futures = [hop.run(lambda i=i: i * 2) for i in range(size)]
+            if wave % 3 == 0:
+                await asyncio.sleep(0)  # a loop iteration between the queuing and the awaiting
+            assert await asyncio.wait_for(asyncio.gather(*futures), 5) == [
+                i * 2 for i in range(size)
+            ]
+
+    run(go(), uvloop=True)

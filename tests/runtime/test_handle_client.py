@@ -20,11 +20,16 @@ from kubeserve.runtime.wire import (
     UNSERVED_HEADER,
     Snapshot,
     decode_call,
+    decode_call_with_options,
     encode_error,
     encode_frame,
     encode_result,
 )
-from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError
+from kubeserve.sdk.errors import (
+    BackPressureError,
+    DeploymentUnavailableError,
+    RequestCancelledError,
+)
 from kubeserve.sdk.ray_errors import ActorDiedError
 from support.channel_front import SECRET, ChannelFront, signed_ok
 from support.common import free_port, run
@@ -439,5 +444,215 @@ def test_max_queued_requests_refuses_at_once_with_backpressure_error() -> None:
                 await waiting
         finally:
             await client.close()
+
+    run(go(), 30)
+
+
+# -- calls started at once (HandleClient.start_call, what DeploymentHandle.remote uses) ---------
+
+
+def _options_app(seen: list[dict[str, Any]]) -> web.Application:
+    """A replica answering ``echo`` with its first argument, recording each call's options."""
+
+    async def call(request: web.Request) -> web.Response:
+        args, _, options = decode_call_with_options(await request.read())
+        seen.append(options)
+        return web.Response(body=encode_result(args[0] if args else None))
+
+    app = web.Application()
+    app.router.add_post("/-/call/{method}", call)
+    return app
+
+
+def test_a_call_started_at_once_is_answered_without_a_task_over_the_pooled_connection() -> None:
+    async def go() -> None:
+        peers: list[Any] = []
+        async with server(replica_app(peers)) as port, started_client(port) as client:
+            # no connection yet: a task makes one
+            first = client.start_call("app", "D", "add", (1,), {"b": 1})
+            assert isinstance(first, asyncio.Task)
+            assert await first == 2
+            started = client.start_call("app", "D", "add", (2,), {"b": 3})
+            # written already, on the pooled connection, its slot taken: a future, no task
+            assert started is not None and not isinstance(started, asyncio.Task)
+            assert client.router.in_flight("app#D") == {"r0": 1}
+            assert await started == 5
+            assert client.router.in_flight("app#D") == {"r0": 0}
+            failing = client.start_call("app", "D", "fail", (), {})
+            assert failing is not None and not isinstance(failing, asyncio.Task)
+            with pytest.raises(Boom, match="user code raised"):
+                await failing
+            together = [client.start_call("app", "D", "add", (i,), {"b": 0}) for i in range(6)]
+            assert await asyncio.gather(*together) == list(range(6))  # type: ignore[arg-type]
+            assert client.router.in_flight("app#D") == {"r0": 0}
+            assert len(peers) == 9 and len(client._pools["r0"].idle) >= 1
+            # nothing pickles: None, and call() raises the error
+            assert client.start_call("app", "D", "add", (lambda: 1,), {}) is None
+            assert client.router.in_flight("app#D") == {"r0": 0}
+
+    run(go(), 30)
+
+
+def test_a_call_started_at_once_that_a_dying_replica_took_is_an_error_and_its_slot_comes_back() -> (
+    None
+):
+    async def go() -> None:
+        calls = 0
+
+        async def die_on_second(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal calls
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+                    await reader.readexactly(length)
+                    calls += 1
+                    if calls == 2:
+                        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+                        await writer.drain()
+                        writer.transport.abort()  # died mid-answer
+                        return
+                    body = encode_result("ok")
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+                    writer.write(body)
+
+        relay, port = await _raw_replica(die_on_second)
+        try:
+            async with started_client(port) as client:
+                assert await client.call("app", "D", "x", (), {}) == "ok"
+                started = client.start_call("app", "D", "x", (), {})
+                assert started is not None and not isinstance(started, asyncio.Task)
+                with pytest.raises(ActorDiedError, match="r0"):
+                    await asyncio.wait_for(started, 5)
+                assert client.router.in_flight("app#D") == {"r0": 0}
+                assert calls == 2  # never sent again
+        finally:
+            await relay.stop()
+
+    run(go(), 30)
+
+
+def test_a_call_started_at_once_that_the_replica_did_not_serve_goes_on_elsewhere() -> None:
+    async def go() -> None:
+        refusals = 3
+        ran: list[int] = []
+
+        async def full_then_free(request: web.Request) -> web.Response:
+            nonlocal refusals
+            args, _ = decode_call(await request.read())
+            if args[0] >= 0 and refusals:  # other callers hold every slot
+                refusals -= 1
+                headers = {UNSERVED_HEADER: UNSERVED_AT_CAPACITY}
+                return web.Response(status=503, text="at max_ongoing_requests", headers=headers)
+            ran.append(args[0])
+            return web.Response(body=encode_result(args[0]))
+
+        app = web.Application()
+        app.router.add_post("/-/call/{method}", full_then_free)
+        async with server(app) as port, started_client(port) as client:
+            assert await client.call("app", "D", "echo", (-1,), {}) == -1  # a pooled connection
+            started = client.start_call("app", "D", "echo", (7,), {})
+            assert started is not None and not isinstance(started, asyncio.Task)
+            assert await started == 7
+            assert client.router.in_flight("app#D") == {"r0": 0}
+        assert ran == [-1, 7]  # refused three times, then run once
+
+        async def unserved(request: web.Request) -> web.Response:
+            await request.read()
+            headers = {UNSERVED_HEADER: "shutting-down"}
+            return web.Response(status=503, text="replica is shutting down", headers=headers)
+
+        draining = web.Application()
+        draining.router.add_post("/-/call/{method}", unserved)
+        peers: list[Any] = []
+        async with (
+            server(replica_app(peers)) as healthy,
+            server(draining) as leaving,
+            started_client(healthy, leaving=leaving) as client,
+        ):
+            for i in range(12):  # connections to both, then calls started at once on them
+                if i < 4:
+                    assert await client.call("app", "D", "add", (i,), {"b": 1}) == i + 1
+                else:
+                    started = client.start_call("app", "D", "add", (i,), {"b": 1})
+                    assert started is not None
+                    assert await started == i + 1
+            assert client.router.in_flight("app#D") == {"r0": 0}
+        assert len(peers) == 12  # each call ran once, on the replica that took it
+
+    run(go(), 30)
+
+
+def test_cancelling_a_call_started_at_once_closes_its_connection_and_frees_its_slot() -> None:
+    async def go() -> None:
+        lost = asyncio.Event()
+
+        async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+                args, _ = decode_call(await reader.readexactly(length))
+                if args[0] == "now":
+                    body = encode_result("done")
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+                    writer.write(body)
+                    await writer.drain()
+                    head = await reader.readuntil(b"\r\n\r\n")  # the next call: never answered
+                    await reader.read()  # until the caller closes the connection
+            lost.set()
+
+        relay, port = await _raw_replica(slow)
+        try:
+            async with started_client(port) as client:
+                assert await client.call("app", "D", "x", ("now",), {}) == "done"
+                started = client.start_call("app", "D", "x", ("later",), {})
+                assert started is not None and not isinstance(started, asyncio.Task)
+                await asyncio.sleep(0.05)
+                assert client.router.in_flight("app#D") == {"r0": 1}
+                assert started.cancel()
+                assert client.router.in_flight("app#D") == {"r0": 0}
+                await asyncio.wait_for(lost.wait(), 5)  # the replica saw its caller leave
+                assert not client._pools["r0"].idle  # that connection is not reused
+                with pytest.raises(asyncio.CancelledError):
+                    await started
+        finally:
+            await relay.stop()
+
+    run(go(), 30)
+
+
+def test_a_handle_call_is_started_at_once_and_carries_the_request_id() -> None:
+    async def go() -> None:
+        from kubeserve.sdk import context, transport
+        from kubeserve.sdk.handle import DeploymentHandle, DeploymentResponse
+
+        seen: list[dict[str, Any]] = []
+        async with server(_options_app(seen)) as port, started_client(port) as client:
+            transport.set_transport(client)
+            try:
+                handle = DeploymentHandle("app", "D")
+                assert handle.echo is handle.echo  # the method's caller is kept
+                assert await handle.echo.remote(1) == 1  # its connection
+                context.request_context.set(context.RequestContext("rid-42", "", "/"))
+                response = handle.echo.remote(2)
+                assert isinstance(response, DeploymentResponse)
+                assert response._task is not None and not isinstance(response._task, asyncio.Task)
+                assert await response == 2
+                assert seen[-1] == {"request_id": "rid-42"}
+                models = handle.options(multiplexed_model_id="m1")
+                assert await models.echo.remote(3) == 3
+                assert seen[-1] == {"request_id": "rid-42", "model_id": "m1"}
+                # a response among the arguments is awaited first (a task, as before)
+                chained = handle.echo.remote(handle.echo.remote(4))
+                assert isinstance(chained._task, asyncio.Task)
+                assert await chained == 4
+                # cancelled: Ray's error
+                cancelled = handle.echo.remote(5)
+                cancelled.cancel()
+                with pytest.raises(RequestCancelledError):
+                    await cancelled
+                assert client.router.in_flight("app#D") == {"r0": 0}
+            finally:
+                transport.set_transport(None)
 
     run(go(), 30)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import pickle
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -89,6 +90,10 @@ from kubeserve.sdk.errors import BackPressureError, DeploymentUnavailableError, 
 from kubeserve.sdk.ray_errors import RayTaskError
 
 _UNSERVED = UNSERVED_HEADER.encode()
+#: the running loop, or None (``asyncio.get_running_loop`` without its RuntimeError)
+_running_loop = asyncio._get_running_loop
+_request_context = context.request_context
+_dumps, _loads, _PICKLE_PROTOCOL = pickle.dumps, pickle.loads, pickle.HIGHEST_PROTOCOL
 _MODELS = MODELS_HEADER.encode()
 
 __all__ = ["HandleClient"]
@@ -216,6 +221,88 @@ class HandleClient:
         # (_begin without its coroutine: a free slot's call awaits nothing before it is sent)
         key, payload, free = self._begin_now(app, deployment, args, kwargs, model_id, options)
         replica = free or await self._assign(key, model_id=model_id, call=(method, args, kwargs))
+        return await self._send(key, method, payload, model_id, replica, decode)
+
+    def start_call(
+        self,
+        app: str,
+        deployment: str,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        model_id: str = "",
+    ) -> asyncio.Future[Any] | None:
+        """:meth:`call`, started now on the running loop (this client's): a future of its
+        result, or None when :meth:`call` itself must make it (the process traces, the client
+        is not started, or the arguments do not pickle: :meth:`call` raises that on await).
+
+        With a free slot and an idle pooled connection (the common case) the call is written
+        here and now, and its future is resolved by the connection as the answer arrives
+        (:class:`_PendingCall`): no task, no coroutine, no loop iteration before the request
+        goes out or between the answer and its caller. Otherwise a task finishes the call
+        (waiting for a slot, connecting), as :meth:`call` would."""
+        if tracing.ACTIVE is not None or not self._started:
+            return None
+        key = f"{app}#{deployment}"  # deployment_key, written out
+        # _call_options and encode_call, written out
+        current = _request_context.get()
+        request_id = current.request_id if current is not None else ""
+        if model_id:
+            options: dict[str, Any] | None = {"model_id": model_id}
+            if request_id:
+                options["request_id"] = request_id  # type: ignore[index]
+        else:
+            options = {"request_id": request_id} if request_id else None
+        try:  # encoded first: arguments that cannot be pickled must not leave a slot taken
+            payload = _dumps(
+                (args, kwargs, options) if options else (args, kwargs), _PICKLE_PROTOCOL
+            )
+        except Exception:
+            return None
+        loop = _running_loop()
+        replica = self.router.try_assign(key, None, model_id)
+        if replica is not None:
+            pool = self._pools.get(replica.replica_id)
+            if pool is not None and pool.port == replica.port and pool.host == replica.host:
+                conn = pool.take()
+                if conn is not None:
+                    pending = _PendingCall(loop=loop)
+                    pending.call = (self, key, method, payload, model_id, replica, pool)
+                    pending.conn = conn
+                    pending.retry = None
+                    conn.request(pool.head(method), payload, pending)
+                    return pending
+            # A task assigns again: one cancelled before its first step would hold this slot.
+            self.router.release(replica)
+        return loop.create_task(self._assign_and_send(key, method, args, kwargs, payload, model_id))
+
+    async def _assign_and_send(
+        self,
+        key: str,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        payload: bytes,
+        model_id: str,
+    ) -> Any:
+        """The rest of a call :meth:`start_call` could not write at once."""
+        replica = await self._assign(key, model_id=model_id, call=(method, args, kwargs))
+        return await self._send(key, method, payload, model_id, replica, decode_result)
+
+    async def _send(
+        self,
+        key: str,
+        method: str,
+        payload: bytes,
+        model_id: str,
+        replica: RoutedReplica,
+        decode: Callable[[bytes], Any],
+        first: Exception | None = None,
+    ) -> Any:
+        """Send the call ``payload`` to ``replica`` (a slot it holds), elsewhere when it was not
+        served there, and make its answer. ``first``: how the first attempt on ``replica``
+        ended when it was made already (:class:`_AtCapacity` or :class:`_Unreachable`: a call
+        :meth:`start_call` wrote that the replica did not serve)."""
         attempt = 1
         busy_wait = _BUSY_FIRST_WAIT_S
         deadline = (
@@ -226,6 +313,9 @@ class HandleClient:
         while True:
             busy = False
             try:
+                if first is not None:  # that attempt was made: what it came to, handled below
+                    error, first = first, None
+                    raise error
                 pool = self._pools.get(replica.replica_id)
                 if pool is None or pool.port != replica.port or pool.host != replica.host:
                     pool = self._pool(replica)
@@ -508,8 +598,14 @@ class _CallConnection(KeepAliveConnection):
         self.seal_parts = self.transport.sealer.seal_parts  # type: ignore[attr-defined]
         return True
 
-    def request(self, head: bytes, body: bytes) -> asyncio.Future[tuple[int, bytes, bool]]:
-        waiter = self.waiter = asyncio.get_running_loop().create_future()
+    def request(
+        self, head: bytes, body: bytes, waiter: Any = None
+    ) -> asyncio.Future[tuple[int, bytes, bool]]:
+        """Write a call; the future of its ``(status, body, keep_alive)``, or ``waiter`` (a
+        :class:`_PendingCall`, which the answer resolves with the call's result)."""
+        if waiter is None:
+            waiter = asyncio.get_running_loop().create_future()
+        self.waiter = waiter
         # One writelines, one syscall: head, length, blank line and body together.
         parts = (head, b"%d\r\n\r\n" % len(body), body)
         seal_parts = self.seal_parts
@@ -551,7 +647,10 @@ class _CallConnection(KeepAliveConnection):
     def _fail(self, exc: Exception) -> None:
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
+            if waiter.__class__ is _PendingCall:
+                waiter.failed(exc)
+            else:
+                waiter.set_exception(exc)
 
     # -- httptools callbacks -----------------------------------------------------------------------
 
@@ -582,7 +681,104 @@ class _CallConnection(KeepAliveConnection):
             self.closed = True
             self.transport.close()
             return
-        waiter.set_result((status, body, keep_alive))
+        if waiter.__class__ is _PendingCall:
+            waiter.answered(self, status, body, keep_alive)
+        else:
+            waiter.set_result((status, body, keep_alive))
+
+
+class _PendingCall(asyncio.Future):  # type: ignore[type-arg]
+    """The result of a call :meth:`HandleClient.start_call` wrote on a pooled connection, made
+    by that connection as the answer arrives (:meth:`answered`, :meth:`failed`): what
+    :meth:`_CallPool.call` and :meth:`HandleClient.call` do after the answer, done in the
+    callback that parsed it. An answer saying the replica did not serve the call (it is full
+    or leaving) hands the call to a task trying elsewhere (:meth:`HandleClient._send`), whose
+    outcome becomes this one's.
+
+    Cancelled (its caller's task was, or ``DeploymentResponse.cancel``), it closes the
+    connection, as cancelling :meth:`HandleClient.call` does (the answer may still come, and
+    the replica cancels the call when its connection goes), and gives the slot back."""
+
+    #: (client, deployment key, method, payload, model id, replica, pool)
+    call: tuple[HandleClient, str, str, bytes, str, RoutedReplica, _CallPool]
+    #: the connection the call is written on, until its answer or loss
+    conn: _CallConnection | None
+    #: the task trying the call elsewhere, once the replica did not serve it
+    retry: asyncio.Task[Any] | None
+
+    def answered(self, conn: _CallConnection, status: int, body: bytes, keep_alive: bool) -> None:
+        client, key, method, payload, model_id, replica, pool = self.call
+        self.conn = None
+        models, unserved = conn.models, conn.unserved
+        if keep_alive and conn.usable():
+            pool.put(conn)
+        else:
+            conn.close()
+        router = client.router
+        if status == 503 and unserved:  # not served there: elsewhere, or later
+            first = (
+                _AtCapacity()
+                if unserved == UNSERVED_AT_CAPACITY
+                else _Unreachable("the replica is shutting down and did not start the call")
+            )
+            retry = self.retry = self.get_loop().create_task(
+                client._send(key, method, payload, model_id, replica, decode_result, first)
+            )
+            retry.add_done_callback(self._retried)
+            return
+        if models is not None:
+            router.note_models(replica, models)
+        router.release(replica)
+        try:
+            if status == 200:
+                self.set_result(_loads(body))  # decode_result, written out
+                return
+            if status == 500:
+                error = remote_error(decode_result(body), f"{key}.{method}")
+            else:
+                error = DeploymentUnavailableError(
+                    f"replica {replica.replica_id} of {key} answered {status}: {body[:200]!r}"
+                )
+        except Exception as exc:  # an answer that does not unpickle here
+            error = exc
+        self.set_exception(error)
+
+    def failed(self, exc: Exception) -> None:
+        """The connection was lost (or sent nonsense) before the whole answer: the replica may
+        have run the call, which is not sent again."""
+        client, key, _, _, _, replica, _ = self.call
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
+        client.router.release(replica)
+        error = ReplicaDiedError(
+            f"replica {replica.replica_id} of {key} failed: {exc or type(exc).__name__}"
+        )
+        error.__cause__ = exc
+        self.set_exception(error)
+
+    def _retried(self, retry: asyncio.Task[Any]) -> None:
+        if self.done():
+            return
+        if retry.cancelled():
+            super().cancel()
+        elif retry.exception() is not None:
+            self.set_exception(retry.exception())  # type: ignore[arg-type]
+        else:
+            self.set_result(retry.result())
+
+    def cancel(self, msg: Any = None) -> bool:
+        if self.done():
+            return False
+        retry, self.retry = self.retry, None
+        if retry is not None:
+            retry.cancel()  # it gives the slot back
+        else:
+            conn, self.conn = self.conn, None
+            if conn is not None:
+                conn.close()
+                self.call[0].router.release(self.call[5])
+        return super().cancel(msg)
 
 
 #: Items of a stream waiting for its caller before the connection stops reading the replica.

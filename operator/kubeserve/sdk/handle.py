@@ -21,7 +21,12 @@ from typing import Any
 
 from kubeserve.sdk import context
 from kubeserve.sdk.errors import RequestCancelledError
-from kubeserve.sdk.transport import get_transport, running_transport_loop, transport_loop
+from kubeserve.sdk.transport import (
+    call_starter,
+    get_transport,
+    running_transport_loop,
+    transport_loop,
+)
 
 _CALL = "__call__"
 
@@ -36,6 +41,7 @@ _SYNC_IN_LOOP = (
 _transport_loop = running_transport_loop
 #: the running loop, or None (``asyncio.get_running_loop`` without its RuntimeError)
 _running_loop = asyncio._get_running_loop
+_new = object.__new__
 
 
 def _in_callers_context(coro: Coroutine[Any, Any, Any]) -> Coroutine[Any, Any, Any]:
@@ -189,7 +195,15 @@ class DeploymentHandle:
     """Calls methods of the replicas of one deployment: ``await handle.remote(...)`` runs
     ``__call__``, ``await handle.method.remote(...)`` runs ``method``."""
 
-    __slots__ = ("app_name", "deployment_name", "method_name", "multiplexed_model_id", "stream")
+    #: ``__dict__`` keeps the ``handle.method`` callers made (see ``__getattr__``)
+    __slots__ = (
+        "__dict__",
+        "app_name",
+        "deployment_name",
+        "method_name",
+        "multiplexed_model_id",
+        "stream",
+    )
 
     def __init__(
         self,
@@ -244,12 +258,31 @@ class DeploymentHandle:
     def _remote(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.stream:
             return DeploymentResponseGenerator(lambda: self._stream(method, args, kwargs))
+        running = _running_loop()
+        if running is not None and not ((args or kwargs) and _has_responses(args, kwargs)):
+            # On the transport's loop, with no response among the arguments to wait for: the
+            # transport starts the call now (the common case writes it before returning).
+            start = call_starter(running)
+            if start is not None:
+                started = start(
+                    self.app_name, self.deployment_name, method, args, kwargs,
+                    self.multiplexed_model_id,
+                )  # fmt: skip
+                if started is not None:
+                    response: DeploymentResponse = _new(DeploymentResponse)
+                    response._cancelled = False
+                    response._coro = response._future = None
+                    response._task = started
+                    return response
         return DeploymentResponse(self._call(method, args, kwargs))
 
     def __getattr__(self, name: str) -> _MethodCaller:
         if name.startswith("_"):
             raise AttributeError(name)
-        return _MethodCaller(self, name)
+        # Kept: the next ``handle.method`` (every call of a method, in a request handler) is
+        # found by plain attribute lookup, without this call.
+        caller = self.__dict__[name] = _MethodCaller(self, name)
+        return caller
 
     def _call_options(self) -> dict[str, Any]:
         return {"model_id": self.multiplexed_model_id} if self.multiplexed_model_id else {}
@@ -319,6 +352,11 @@ class _MethodCaller:
 
     def options(self, **options: Any) -> DeploymentHandle:
         return self._handle.options(method_name=self._method, **options)
+
+
+def _has_responses(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a :class:`DeploymentResponse` is among ``args`` and ``kwargs`` (awaited first)."""
+    return any(isinstance(a, DeploymentResponse) for a in (*args, *kwargs.values()))
 
 
 async def _resolve_all(

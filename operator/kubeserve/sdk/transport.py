@@ -80,6 +80,15 @@ def running_transport_loop() -> asyncio.AbstractEventLoop | None:
     return loop
 
 
+def call_starter(loop: asyncio.AbstractEventLoop) -> Any:
+    """The transport's ``start_call`` (a call started at once, see
+    :meth:`~kubeserve.runtime.handle_client.HandleClient.start_call`) when ``loop`` (the running
+    one) is the transport's and the transport has one, else None."""
+    if loop is not _loop or _transport is None:
+        return None
+    return getattr(_transport, "start_call", None)
+
+
 def transport_loop() -> asyncio.AbstractEventLoop:
     """The loop the transport runs on, for calls made from other threads."""
     get_transport()

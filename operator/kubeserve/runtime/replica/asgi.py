@@ -507,6 +507,7 @@ def _starlette_request_type() -> type | None:
 
 
 _REQUEST_TYPE: Any = False
+_new = object.__new__
 
 
 class _LightRequest(Request):
@@ -568,7 +569,16 @@ def user_request(request: HttpRequest, root_path: str, mount: str = "") -> Any:
     request_type = _REQUEST_TYPE
     if request_type is False:
         if "starlette.requests" not in sys.modules:
-            return _LightRequest(request, root_path, mount)
+            # _LightRequest(request, root_path, mount), without its two __init__ calls
+            light: _LightRequest = _new(_LightRequest)
+            light.method = request.method.upper()
+            light.path = mount + request.path if mount else request.path
+            light.query_string = request.query_string
+            light._raw_headers = request.headers
+            light._body = request.body
+            light._headers = light._query = light._starlette = None
+            light._source, light._root_path, light._mount = request, root_path, mount
+            return light
         request_type = _starlette_request_type()
     if request_type is None:
         return Request(

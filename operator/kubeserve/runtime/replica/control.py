@@ -16,6 +16,7 @@ import asyncio
 import inspect
 import json
 import logging
+import pickle
 import types
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
@@ -157,7 +158,13 @@ class Control:
                 404, f"deployment {self._state.user.name!r} has no method {method_name!r}".encode()
             )
         try:
-            args, kwargs, options = wire.decode_call_with_options(request.body)
+            # wire.decode_call_with_options, written out (the unpickled tuple and dicts are
+            # this call's own: not copied)
+            call = _loads(request.body)
+            args, kwargs = call[0], call[1]
+            options = call[2] if len(call) > 2 else _NO_OPTIONS
+            if type(args) is not tuple or type(kwargs) is not dict or type(options) is not dict:
+                args, kwargs, options = tuple(args), dict(kwargs), dict(options)
         except Exception as exc:
             return HttpResponse(400, f"undecodable handle call: {error_text(exc)}".encode())
         grpc = options.get("grpc")
@@ -186,7 +193,8 @@ class Control:
                 else:
                     await result.aclose()
                 raise generator_not_streamed(method_name)
-            body = wire.encode_result(result) if grpc is None else grpc_answer(grpc, result)
+            # wire.encode_result, written out
+            body = _dumps(result, _PROTOCOL) if grpc is None else grpc_answer(grpc, result)
         except Exception as exc:
             exc = exc if grpc is None else grpc_error(grpc, exc)
             self._state.metrics_recorder.error("", exc)
@@ -367,11 +375,22 @@ def _enter_call(options: dict[str, Any]) -> str:
     request_id, model_id = options.get("request_id"), options.get("model_id")
     if request_id or model_id:
         model_id = str(model_id or "")
-        context.request_context.set(
-            context.new_request_context(str(request_id or ""), model_id, "")
-        )
+        made = _new(RequestContext)  # context.new_request_context, written out
+        fields = made.__dict__
+        fields["request_id"] = str(request_id or "")
+        fields["multiplexed_model_id"] = model_id
+        fields["route"] = ""
+        _request_context.set(made)
         return model_id
     return ""
+
+
+_new = object.__new__
+RequestContext = context.RequestContext
+_request_context = context.request_context
+_loads, _dumps, _PROTOCOL = pickle.loads, pickle.dumps, pickle.HIGHEST_PROTOCOL
+#: the options of a call that has none (read only)
+_NO_OPTIONS: dict[str, Any] = {}
 
 
 def _request_id() -> str:

@@ -347,5 +347,15 @@ def _enter_request(request: HttpRequest, route: str) -> str:
     records and the handle calls it makes (each request runs in its own context copy, so this
     never leaks into another request); returns the model id ("" for none)."""
     model_id = request.model_id
-    context.request_context.set(context.new_request_context(request.request_id, model_id, route))
+    made = _new(RequestContext)  # context.new_request_context, written out: once per request
+    fields = made.__dict__
+    fields["request_id"] = request.request_id
+    fields["multiplexed_model_id"] = model_id
+    fields["route"] = route
+    _request_context.set(made)
     return model_id
+
+
+_new = object.__new__
+RequestContext = context.RequestContext
+_request_context = context.request_context

@@ -95,6 +95,12 @@ class LazyHandleTransport:
         client = self._client or await self._ready()
         return await client.call(*args, **kwargs)
 
+    def start_call(self, *args: Any) -> Any:
+        """The client's :meth:`~HandleClient.start_call` once it started; None before (the
+        first call goes through :meth:`call`, which waits for the start)."""
+        client = self._client
+        return None if client is None else client.start_call(*args)
+
     async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         client = self._client or await self._ready()
         async for item in client.stream(*args, **kwargs):

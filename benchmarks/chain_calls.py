@@ -5,7 +5,10 @@ HandleClient. Prints CPU us per request (best of rounds) and Python calls per re
 
     TREE/.venv/bin/python benchmarks/chain_calls.py TREE [requests] [rounds]
 """
-import asyncio, os, sys, time
+
+import asyncio
+import os
+import sys
 from collections import Counter
 
 TREE = os.path.abspath(sys.argv[1])
@@ -16,6 +19,7 @@ sys.path[:0] = [TREE, TREE + "/operator", TREE + "/benchmarks", TREE + "/tests"]
 os.chdir(TREE)
 
 import stages  # noqa: E402
+
 stages._APPS["Chain"] = "chain"
 import replica_stages  # noqa: E402
 
@@ -35,14 +39,24 @@ async def main() -> None:
     leaf = await stages.replica_state("Leaf")
     ing, ctl = Ingress(leaf), Control(leaf, None)
     server = ReplicaHttpServer(
-        ing.handle, control=ctl.handle, secret=SECRET, identity="leaf-0",
+        ing.handle,
+        control=ctl.handle,
+        secret=SECRET,
+        identity="leaf-0",
         steps_by_hand={Role.INGRESS: ing.by_hand, Role.CONTROL: ctl.steps_by_hand},
     )
     listener = await loop.create_server(server, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
-    snapshot = {"version": 1, "routes": [], "deployments": {"bench#Leaf": {
-        "max_ongoing_requests": 100,
-        "replicas": [{"replica_id": "leaf-0", "host": "127.0.0.1", "port": port}]}}}
+    snapshot = {
+        "version": 1,
+        "routes": [],
+        "deployments": {
+            "bench#Leaf": {
+                "max_ongoing_requests": 100,
+                "replicas": [{"replica_id": "leaf-0", "host": "127.0.0.1", "port": port}],
+            }
+        },
+    }
     client = HandleClient(source=StaticSource(snapshot), secret=SECRET)
     await client.start()
     transport.set_transport(client)
@@ -63,8 +77,10 @@ async def main() -> None:
     await serve(stages.REQUEST, n)
     sys.setprofile(None)
     total = sum(calls.values())
-    print(f"tree {TREE}: chain CPU us/request (in-process, both sides + sockets, best of "
-          f"{ROUNDS}x{N}): {best:.1f}")
+    print(
+        f"tree {TREE}: chain CPU us/request (in-process, both sides + sockets, best of "
+        f"{ROUNDS}x{N}): {best:.1f}"
+    )
     print(f"python calls/request: {total / n:.1f}; C calls/request: {sum(ccalls.values()) / n:.1f}")
     if "-v" in sys.argv:
         for (f, name), c in calls.most_common(70):
@@ -74,4 +90,5 @@ async def main() -> None:
 
 
 import uvloop  # noqa: E402
+
 uvloop.run(main())

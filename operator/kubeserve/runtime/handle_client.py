@@ -260,6 +260,8 @@ class HandleClient:
         except Exception:
             return None
         loop = _running_loop()
+        if loop is None:  # not called on a loop: the caller's ordinary path
+            return None
         replica = self.router.try_assign(key, None, model_id)
         if replica is not None:
             pool = self._pools.get(replica.replica_id)
@@ -613,7 +615,7 @@ class _CallConnection(KeepAliveConnection):
             self.raw.write(seal_parts(parts))  # type: ignore[union-attr]
         else:
             self.transport.writelines(parts)
-        return waiter
+        return waiter  # type: ignore[no-any-return]
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 

@@ -54,8 +54,9 @@ class Checks:
             yield Answer(text=ask.text, index=i)
 
     async def Ticks(self, ask):  # as Count, letting the replica's loop run between items
+        pause = 0.001 if ask.text == "paced" else 0  # "paced": about a thousand items a second
         for i in range(ask.count):
-            await asyncio.sleep(0)
+            await asyncio.sleep(pause)
             yield Answer(text=ask.text, index=i)
 
     async def Slow(self, ask):

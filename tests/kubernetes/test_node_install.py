@@ -2,7 +2,8 @@
 
 One release for the module (``helm install --wait``, uninstalled at the end), watching one
 namespace. The operator pod runs with the chart's security context; an application it deploys is
-served through the proxy Service's ClusterIP; the admin API answers through its own Service;
+served through the proxy Service's ClusterIP; the admin API answers through its own Service,
+for the operator's namespace and, under ``/namespaces/<watched>``, to Ray's own client;
 ``helm upgrade`` to a new image tag replaces the operator without restarting any replica or proxy;
 deleting the leading operator pod (of the chart's two) under load fails no request while the
 other takes the Lease over; and the replicas' Lease requests are classed by the chart's FlowSchema
@@ -21,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import yaml
 
+from support import ray_cli
 from support.common import http, wait_for
 from support.k8s_operator import TESTS_IMAGE, hello, proxy_service_url, ready_pods, text_answer
 from support.kubeserve_install import CHART, find_helm
@@ -34,6 +37,7 @@ from support.node_recorder import (
     settled,
     under_load,
 )
+from support.ray_cli import needs_ray_serve
 
 pytestmark = pytest.mark.skipif(find_helm() is None, reason="helm comes from `make helm`")
 
@@ -117,6 +121,30 @@ def test_operator_pod_serves_an_application_and_its_admin_api_through_services(
     )  # fmt: skip
     assert status == 200, body
     assert "applications" in (body if isinstance(body, dict) else json.loads(body))
+
+
+@needs_ray_serve
+def test_the_ray_client_reads_a_watched_namespace_through_the_admin_service(
+    release: Release,
+) -> None:
+    """Ray 2.60's ``serve`` client, unchanged, with ``-a http://<admin Service>:<port>/namespaces/
+    <watched>``: it sees the watched namespace's application; the bare paths stay the operator's
+    own namespace, which has none."""
+    node = release.node
+    deploy_hello(node, release.watched)
+    admin = node.get("service", f"{RELEASE}-admin", release.namespace)["spec"]
+    base = f"http://{admin['clusterIP']}:{admin['ports'][0]['port']}"
+    token = node.kubectl("create", "token", f"{RELEASE}-operator", "-n", release.namespace).stdout
+    status = yaml.safe_load(
+        ray_cli.serve(f"{base}/namespaces/{release.watched}", "status", token=token.strip())
+    )
+    assert status["applications"]["hello"]["status"] == "RUNNING", status
+    code, body = http(
+        "GET", f"{base}/api/serve/applications/",
+        headers={"Authorization": f"Bearer {token.strip()}"},
+    )  # fmt: skip
+    assert code == 200, body
+    assert "hello" not in (body if isinstance(body, dict) else json.loads(body))["applications"]
 
 
 def dispatched(node: NodeCluster, flow_schema: str) -> float:

@@ -213,7 +213,7 @@ def embedded(weights: dict[str, int], parent_shares: int) -> Iterator[tuple[str,
         # native data path), all in the proxy's cgroup as they share the proxy pod's
         proxy = bench.proxy_front(system.process_pids()["proxy"])
         replicas = bench.replica_pids(system, "noop")
-        with cpu_groups.benchgroups(parent_shares, weights) as parent:
+        with cpu_groups.bench_groups(parent_shares, weights) as parent:
             cpu_groups.join(parent / "proxy", list(proxy))
             cpu_groups.join(parent / "replica", replicas)
             url = f"http://127.0.0.1:{system.proxy_port}/noop"

@@ -27,7 +27,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,51 +69,55 @@ WRK_IMAGE = "kubeserve.local/wrk:bookworm"
 LOAD_POD = "wrk"
 
 
-def deploy(plane: NodeCluster, operator: OperatorProcess) -> dict[str, dict[str, Any]]:
-    """Apply the ServeInstance and the application, wait for Ready and for the proxy Service to
-    answer; the proxy and replica pods by component, and the proxy Service."""
-    plane.apply(instance(NAMESPACE, PORT))
+def deploy(
+    plane: NodeCluster, operator: OperatorProcess, namespace: str = NAMESPACE
+) -> dict[str, dict[str, Any]]:
+    """Apply the ServeInstance and the application in ``namespace`` (which ``operator``
+    watches), wait for Ready and for the proxy Service to answer; the proxy and replica pods by
+    component, and the proxy Service."""
+    plane.apply(instance(namespace, PORT))
     plane.apply(
         application(
-            NAMESPACE, APP, "apps:noop", routePrefix=ROUTE,
+            namespace, APP, "apps:noop", routePrefix=ROUTE,
             deployments=[{"name": "Noop", "numReplicas": 1, "maxOngoingRequests": 100}],
         )
     )  # fmt: skip
     for kind, name in (("serveinstance", "default"), ("serveapplication", APP)):
         result = plane.kubectl(
-            "wait", "--for=condition=Ready", f"{kind}/{name}", "-n", NAMESPACE,
+            "wait", "--for=condition=Ready", f"{kind}/{name}", "-n", namespace,
             "--timeout=180s", check=False, timeout=200,
         )  # fmt: skip
         if result.returncode != 0:
-            listing = plane.kubectl("get", "pods,jobs,deploy", "-n", NAMESPACE, "-o", "wide").stdout
-            status = plane.get(kind, name, NAMESPACE).get("status")
+            listing = plane.kubectl("get", "pods,jobs,deploy", "-n", namespace, "-o", "wide").stdout
+            status = plane.get(kind, name, namespace).get("status")
             raise RuntimeError(
                 f"{kind}/{name} not Ready: {result.stderr}\n{status}\n{listing}\n{operator.log()}"
             )
     found: dict[str, dict[str, Any]] = {}
     for component in ("proxy", "replica"):
         pods = wait_for(
-            lambda c=component: ready_pods(plane, NAMESPACE, f"app.kubernetes.io/component={c}"),
+            lambda c=component: ready_pods(plane, namespace, f"app.kubernetes.io/component={c}"),
             60,
             what=f"a ready {component} pod",
         )
         if len(pods) != 1:
             raise RuntimeError(f"expected one {component} pod, found {len(pods)}")
         found[component] = pods[0]
-    found["service"] = plane.get("service", "default-proxy", NAMESPACE)
+    found["service"] = plane.get("service", "default-proxy", namespace)
     return found
 
 
 def start_load_pod(plane: NodeCluster, proxy_pod: dict[str, Any]) -> list[str]:
-    """The wrk pod, with the proxy container's CPU and memory requests (so the same cgroup
-    weight); the argv prefix that runs wrk in it."""
+    """The wrk pod beside the proxy pod, with the proxy container's CPU and memory requests (so
+    the same cgroup weight); the argv prefix that runs wrk in it."""
+    namespace = proxy_pod["metadata"]["namespace"]
     plane.ctr("images", "import", "--no-unpack", str(WRK_ARCHIVE))
     requests = proxy_pod["spec"]["containers"][0].get("resources", {}).get("requests", {})
     plane.apply(
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": LOAD_POD, "namespace": NAMESPACE},
+            "metadata": {"name": LOAD_POD, "namespace": namespace},
             "spec": {
                 "containers": [
                     {
@@ -129,11 +133,11 @@ def start_load_pod(plane: NodeCluster, proxy_pod: dict[str, Any]) -> list[str]:
         }
     )
     plane.kubectl(
-        "wait", "--for=condition=Ready", f"pod/{LOAD_POD}", "-n", NAMESPACE, "--timeout=120s",
+        "wait", "--for=condition=Ready", f"pod/{LOAD_POD}", "-n", namespace, "--timeout=120s",
         timeout=130,
     )  # fmt: skip
     kubectl = [str(plane.bin_dir / "kubectl"), "--kubeconfig", str(plane.kubeconfig)]
-    return [*kubectl, "exec", "-n", NAMESPACE, LOAD_POD, "-c", "wrk", "--", "wrk"]
+    return [*kubectl, "exec", "-n", namespace, LOAD_POD, "-c", "wrk", "--", "wrk"]
 
 
 def _answers_ok(url: str) -> bool:
@@ -144,13 +148,13 @@ def _answers_ok(url: str) -> bool:
     return bool(status == 200 and body == "ok")
 
 
-def _pod_pids(pod: dict[str, Any]) -> list[int]:
+def pod_pids(pod: dict[str, Any]) -> list[int]:
     """The pod's kubeserve processes, the main one first; a proxy pod's ``kubeserve-fastpath``
     (the process in front on the native data path) before it."""
     pids = cpu_groups.processes_of_pod(pod["metadata"]["uid"])
     if not pids:
         raise RuntimeError(f"no process of pod {pod['metadata']['name']} found in /proc")
-    front = [pid for pid in pids if _comm(pid) == FASTPATH_COMM]
+    front = [pid for pid in pids if comm(pid) == FASTPATH_COMM]
     return [*front, *(pid for pid in pids if pid not in front)]
 
 
@@ -158,7 +162,7 @@ def _pod_pids(pod: dict[str, Any]) -> list[int]:
 FASTPATH_COMM = "kubeserve-fastpath"[:15]
 
 
-def _comm(pid: int) -> str:
+def comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
@@ -173,9 +177,10 @@ _INTERPRETER = (
 )
 
 
-def _interpreter(plane: NodeCluster, pod: str) -> str:
+def _interpreter(plane: NodeCluster, pod: dict[str, Any]) -> str:
     """The proxy image's Python, its compiler flags, and uvloop's and httptools' versions."""
-    argv = ["exec", "-n", NAMESPACE, pod, "--", "python3", "-c", _INTERPRETER]
+    name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+    argv = ["exec", "-n", namespace, name, "--", "python3", "-c", _INTERPRETER]
     return plane.kubectl(*argv, check=False).stdout.strip() or "?"
 
 
@@ -189,7 +194,7 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def _pod_group(pid: int) -> Path:
+def pod_group(pid: int) -> Path:
     """The pod's cgroup (the container's parent), whose shares weigh it against other pods."""
     return cpu_groups.group_of(pid).parent
 
@@ -218,8 +223,58 @@ def embedded(weights: dict[str, int], parent_shares: int) -> Iterator[tuple[str,
         system.stop()
 
 
-def _groups(pids: dict[str, int]) -> dict[str, dict[str, Any]]:
-    return {role: asdict(cpu_groups.read(_pod_group(pid))) for role, pid in pids.items()}
+def groups(pids: dict[str, int]) -> dict[str, dict[str, Any]]:
+    return {role: asdict(cpu_groups.read(pod_group(pid))) for role, pid in pids.items()}
+
+
+@dataclass
+class PodsToLoad:
+    """The no-op app's ``proxy`` and ``replica`` pods, the ``load`` pod and the proxy
+    ``service``; the pods' processes and how to run wrk in the load pod."""
+
+    pods: dict[str, dict[str, Any]]
+    #: the argv prefix that runs wrk in the load pod (its arguments appended)
+    in_pod: list[str]
+    #: the proxy pod's and the replica pod's processes, the proxy's front first
+    serving: list[int]
+    #: their runtime shims (which carry the logs the pods write)
+    shims: list[int]
+
+    def main_pids(self) -> dict[str, int]:
+        """The first process of each pod, by role: its pod's cgroup is the pod's."""
+        return {role: pod_pids(self.pods[role])[0] for role in ("proxy", "replica", "load")}
+
+    def setups(self) -> list[tuple[str, str, str, list[int]]]:
+        """The rows on pods for ``load.measure_together`` (run each with :attr:`in_pod`): the
+        proxy pod's address and the proxy Service's ClusterIP, with the processes measured."""
+        proxy_ip = self.pods["proxy"]["status"]["podIP"]
+        cluster_ip = self.pods["service"]["spec"]["clusterIP"]
+        measured = [*self.serving, *self.shims]
+        return [
+            (report.K8S_PROXY, report.KUBERNETES_SYSTEM, f"http://{proxy_ip}:{PORT}{ROUTE}",
+             measured),
+            (report.K8S_SERVICE, report.KUBERNETES_SYSTEM, f"http://{cluster_ip}:{PORT}{ROUTE}",
+             measured),
+        ]  # fmt: skip
+
+
+def prepare_pods(
+    plane: NodeCluster, operator: OperatorProcess, namespace: str = NAMESPACE
+) -> PodsToLoad:
+    """:func:`deploy` in ``namespace``, then the load pod beside the proxy pod; the pods'
+    processes found in /proc."""
+    pods = deploy(plane, operator, namespace)
+    in_pod = start_load_pod(plane, pods["proxy"])
+    pods["load"] = plane.get("pod", LOAD_POD, namespace)
+    proxy_ip = pods["proxy"]["status"]["podIP"]
+    cluster_ip = pods["service"]["spec"]["clusterIP"]
+    print(f"proxy pod {proxy_ip}, proxy Service {cluster_ip}", flush=True)
+    serving = [*pod_pids(pods["proxy"]), *pod_pids(pods["replica"])]
+    # (the native process's parent is the pod's Python proxy, not a shim)
+    shims = sorted({_parent(pid) for pid in serving} - set(serving))
+    where = [cpu_groups.read(cpu_groups.group_of(pid)).path for pid in shims]
+    print(f"pod processes {serving}, their shims {shims} (cgroups {where})", flush=True)
+    return PodsToLoad(pods, in_pod, serving, shims)
 
 
 def run() -> dict[str, Any]:
@@ -240,25 +295,13 @@ def run() -> dict[str, Any]:
         operator = OperatorProcess(plane, NAMESPACE, LOG)
         try:
             operator.start()
-            pods = deploy(plane, operator)
-            in_pod = start_load_pod(plane, pods["proxy"])
-            pods["load"] = plane.get("pod", LOAD_POD, NAMESPACE)
-            proxy_ip = pods["proxy"]["status"]["podIP"]
-            cluster_ip = pods["service"]["spec"]["clusterIP"]
-            print(f"proxy pod {proxy_ip}, proxy Service {cluster_ip}", flush=True)
-            # the pods' processes, then their runtime shims (which carry the logs they write)
-            serving = [*_pod_pids(pods["proxy"]), *_pod_pids(pods["replica"])]
-            # (the native process's parent is the pod's Python proxy, not a shim)
-            shims = sorted({_parent(pid) for pid in serving} - set(serving))
-            on_pods = [*serving, *shims]
-            where = [cpu_groups.read(cpu_groups.group_of(pid)).path for pid in shims]
-            print(f"pod processes {serving}, their shims {shims} (cgroups {where})", flush=True)
-            main_pids = {role: _pod_pids(pods[role])[0] for role in ("proxy", "replica", "load")}
-            weights = {role: g["shares"] for role, g in _groups(main_pids).items()}
+            on_pods = prepare_pods(plane, operator)
+            pods, main_pids = on_pods.pods, on_pods.main_pids()
+            weights = {role: g["shares"] for role, g in groups(main_pids).items()}
             node_shares = cpu_groups.read(cpu_groups.CPU_ROOT / NODE_CGROUP).shares
             print(f"pod cpu.shares {weights}, /{NODE_CGROUP} {node_shares}", flush=True)
-            before = _groups(main_pids)
-            on_pods_roles = _roles(serving, shims)
+            before = groups(main_pids)
+            on_pods_roles = _roles(on_pods.serving, on_pods.shims)
             with embedded(weights, node_shares) as (local_url, local_pids, load_group):
                 roles = {
                     report.K8S_EMBEDDED: _roles(local_pids, []),
@@ -268,15 +311,13 @@ def run() -> dict[str, Any]:
                 loads = load.measure_together(
                     [
                         (report.K8S_EMBEDDED, report.KUBERNETES_SYSTEM, local_url, local_pids),
-                        (report.K8S_PROXY, report.KUBERNETES_SYSTEM,
-                         f"http://{proxy_ip}:{PORT}{ROUTE}", on_pods),
-                        (report.K8S_SERVICE, report.KUBERNETES_SYSTEM,
-                         f"http://{cluster_ip}:{PORT}{ROUTE}", on_pods),
+                        *on_pods.setups(),
                     ],
-                    commands=[cpu_groups.command_in(load_group, load.host_wrk()), in_pod, in_pod],
+                    commands=[cpu_groups.command_in(load_group, load.host_wrk()),
+                              on_pods.in_pod, on_pods.in_pod],
                 )  # fmt: skip
-            after = _groups(main_pids)
-            image = _interpreter(plane, pods["proxy"]["metadata"]["name"])
+            after = groups(main_pids)
+            image = _interpreter(plane, pods["proxy"])
             version = plane.kubectl("version", "-o", "json", check=False).stdout
         finally:
             operator.stop()
@@ -285,7 +326,7 @@ def run() -> dict[str, Any]:
     return {
         "machine": machine,
         "kube_apiserver": server,
-        "pods": _pod_conditions(pods, before, after),
+        "pods": pod_conditions(pods, before, after),
         "interpreters": {"proxy pod": image, "host": _interpreter_here()},
         "loads": [load.as_json(r) | {"processes": roles[r.setup]} for r in loads],
     }
@@ -294,12 +335,12 @@ def run() -> dict[str, Any]:
 def _roles(serving: list[int], shims: list[int]) -> list[str]:
     """What each measured process is, in the order measured: the native front, the Python
     proxy, the replica, then the pods' runtime shims."""
-    names = ["front (kubeserve-fastpath)" if _comm(pid) == FASTPATH_COMM else "" for pid in serving]
+    names = ["front (kubeserve-fastpath)" if comm(pid) == FASTPATH_COMM else "" for pid in serving]
     rest = iter(["Python proxy", "replica"] if names[0] else ["proxy", "replica"])
     return [name or next(rest, "replica") for name in names] + ["runtime shim"] * len(shims)
 
 
-def _pod_conditions(
+def pod_conditions(
     pods: dict[str, dict[str, Any]],
     before: dict[str, dict[str, Any]],
     after: dict[str, dict[str, Any]],

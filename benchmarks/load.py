@@ -230,9 +230,12 @@ def measure_together(
     setups: Sequence[tuple[str, str, str] | tuple[str, str, str, Sequence[int]]],
     runs: int = RUNS,
     commands: Sequence[Sequence[str]] = (),
+    seconds: int = DURATION_S,
+    warmup_s: int = WARMUP_S,
 ) -> list[LoadResult]:
-    """Setups ``(setup, system, url[, pids])`` measured in turns: run 1 of each, then run 2 of
-    each...; ``commands``, when given, run each setup's wrk (see :func:`wrk`).
+    """Setups ``(setup, system, url[, pids])`` measured in turns, after a warm-up of
+    ``warmup_s`` each: run 1 of each, then run 2 of each..., of ``seconds`` each; ``commands``,
+    when given, run each setup's wrk (see :func:`wrk`).
 
     For figures compared as ratios (proxy vs direct): on a shared machine the background changes
     over minutes, and taking the runs in turns exposes every setup to the same background.
@@ -241,11 +244,11 @@ def measure_together(
     pids = [tuple(s[3]) if len(s) > 3 else () for s in setups]  # type: ignore[misc]
     launchers = list(commands) or [()] * len(setups)
     for result, command in zip(results, launchers, strict=True):
-        wrk(result.url, WARMUP_S, command=command)
+        wrk(result.url, warmup_s, command=command)
     before = os.getloadavg()[0]
     for _ in range(runs):
         for result, its_pids, command in zip(results, pids, launchers, strict=True):
-            result.runs.append(wrk(result.url, DURATION_S, pids=its_pids, command=command))
+            result.runs.append(wrk(result.url, seconds, pids=its_pids, command=command))
     after = os.getloadavg()[0]
     for result in results:
         result.load_average = (before, after)

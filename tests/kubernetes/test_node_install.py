@@ -2,11 +2,13 @@
 
 One release for the module (``helm install --wait``, uninstalled at the end), watching one
 namespace. The operator pod runs with the chart's security context; an application it deploys is
-served through the proxy Service's ClusterIP; the admin API answers through its own Service;
+served through the proxy Service's ClusterIP; the admin API answers through its own Service,
+for the operator's namespace and, under ``/namespaces/<watched>``, to Ray's own client;
 ``helm upgrade`` to a new image tag replaces the operator without restarting any replica or proxy;
 deleting the leading operator pod (of the chart's two) under load fails no request while the
-other takes the Lease over; and the replicas' Lease requests are classed by the chart's FlowSchema
-in the API server's leader-election priority level.
+other takes the Lease over, and so does killing its container with SIGKILL from the host
+(another holder within 15 s, a later change reconciled); and the replicas' Lease requests are
+classed by the chart's FlowSchema in the API server's leader-election priority level.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import yaml
 
+from support import ray_cli
 from support.common import http, wait_for
 from support.k8s_operator import TESTS_IMAGE, hello, proxy_service_url, ready_pods, text_answer
 from support.kubeserve_install import CHART, find_helm
@@ -34,6 +38,7 @@ from support.node_recorder import (
     settled,
     under_load,
 )
+from support.ray_cli import needs_ray_serve
 
 pytestmark = pytest.mark.skipif(find_helm() is None, reason="helm comes from `make helm`")
 
@@ -67,11 +72,15 @@ class Release:
     def operator_pods(self) -> list[dict[str, Any]]:
         return ready_pods(self.node, self.namespace, "app.kubernetes.io/name=kubeserve")
 
-    def leader(self) -> str | None:
-        """The operator pod holding the Lease (a holder is ``<pod name>_<suffix>``)."""
+    def holder(self) -> str | None:
+        """The Lease's ``holderIdentity``: ``<pod name>_<suffix>``, a new suffix per process (a
+        restarted container keeps its pod's name, not its holder)."""
         lease = self.node.get("lease", f"{RELEASE}-operator", self.namespace)
-        holder = lease["spec"].get("holderIdentity") or ""
-        return holder.rpartition("_")[0] or None
+        return lease["spec"].get("holderIdentity") or None
+
+    def leader(self) -> str | None:
+        """The operator pod holding the Lease."""
+        return (self.holder() or "").rpartition("_")[0] or None
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +126,30 @@ def test_operator_pod_serves_an_application_and_its_admin_api_through_services(
     )  # fmt: skip
     assert status == 200, body
     assert "applications" in (body if isinstance(body, dict) else json.loads(body))
+
+
+@needs_ray_serve
+def test_the_ray_client_reads_a_watched_namespace_through_the_admin_service(
+    release: Release,
+) -> None:
+    """Ray 2.60's ``serve`` client, unchanged, with ``-a http://<admin Service>:<port>/namespaces/
+    <watched>``: it sees the watched namespace's application; the bare paths stay the operator's
+    own namespace, which has none."""
+    node = release.node
+    deploy_hello(node, release.watched)
+    admin = node.get("service", f"{RELEASE}-admin", release.namespace)["spec"]
+    base = f"http://{admin['clusterIP']}:{admin['ports'][0]['port']}"
+    token = node.kubectl("create", "token", f"{RELEASE}-operator", "-n", release.namespace).stdout
+    status = yaml.safe_load(
+        ray_cli.serve(f"{base}/namespaces/{release.watched}", "status", token=token.strip())
+    )
+    assert status["applications"]["hello"]["status"] == "RUNNING", status
+    code, body = http(
+        "GET", f"{base}/api/serve/applications/",
+        headers={"Authorization": f"Bearer {token.strip()}"},
+    )  # fmt: skip
+    assert code == 200, body
+    assert "hello" not in (body if isinstance(body, dict) else json.loads(body))["applications"]
 
 
 def dispatched(node: NodeCluster, flow_schema: str) -> float:
@@ -249,6 +282,86 @@ def test_deleting_the_leading_operator_pod_under_load_fails_no_request(release: 
     print(f"leader pod deleted: successor after {took_over_s:.1f} s, {len(outcomes)} requests ok")
 
 
+def deploy_recorder(release: Release, replicas: int = 2) -> str:
+    """``fault_recorder`` with ``replicas`` replicas in the watched namespace, in place of
+    examples.hello (which the module's earlier tests leave there: its pods would be counted),
+    and its proxy Ready; the proxy Service's address."""
+    node, ns = release.node, release.watched
+    node.kubectl("delete", "serveapplication", "hello", "-n", ns, "--ignore-not-found",
+                 "--wait=false")  # fmt: skip
+    node.apply(recorder(ns, replicas))
+    node.kubectl("wait", "--for=condition=Ready", "serveapplication/faults", "-n", ns,
+                 "--timeout=120s", timeout=130)  # fmt: skip
+    wait_for(
+        lambda: settled(node, ns, replicas, set()) and proxy_replaced(node, ns, set(), TESTS_IMAGE),
+        120,
+        what=f"{replicas} replicas and the proxy Ready",
+    )
+    return proxy_service_url(node, ns, "/").split("//")[1].split(":")[0]
+
+
+def reconciled(node: NodeCluster, ns: str, app: str) -> bool:
+    """The operator has acted on ``app``'s latest spec: its status is of that generation and
+    RUNNING."""
+    obj = node.get("serveapplication", app, ns)
+    status = obj.get("status") or {}
+    return (
+        status.get("observedGeneration") == obj["metadata"]["generation"]
+        and status.get("appStatus") == "RUNNING"
+    )
+
+
+def test_killing_the_leading_operators_container_under_load_fails_no_request(
+    release: Release,
+) -> None:
+    """SIGKILL of the leader's container from the host (``ctr tasks kill``: no SIGTERM, so the
+    Lease is not released and the kubelet restarts the container in the same pod): under load
+    through the proxy Service another holder takes the Lease within 15 s, no request fails,
+    and a change made afterwards is reconciled by the new leader."""
+    node, ns = release.node, release.watched
+    host = deploy_recorder(release)
+    holder = wait_for(release.holder, 30, what="a leading operator")
+    pod_name = holder.rpartition("_")[0]
+    (pod,) = [p for p in release.operator_pods() if p["metadata"]["name"] == pod_name]
+    status = pod["status"]["containerStatuses"][0]
+    container, restarts = (
+        status["containerID"].removeprefix("containerd://"),
+        status["restartCount"],
+    )
+    took: dict[str, float] = {}
+
+    def kill_the_leader() -> None:
+        killed = time.monotonic()
+        node.ctr("tasks", "kill", "--signal", "SIGKILL", container)
+        successor = wait_for(
+            lambda: new if (new := release.holder()) not in (None, holder) else None,
+            30,
+            interval_s=0.2,
+            what="another holder of the Lease",
+        )
+        took["takeover_s"] = time.monotonic() - killed
+        print(f"Lease holder {holder} -> {successor} after {took['takeover_s']:.1f} s")
+
+    def killed_container_back() -> bool:
+        pods = release.operator_pods()  # Ready ones
+        return len(pods) == 2 and any(
+            p["metadata"]["name"] == pod_name
+            and p["status"]["containerStatuses"][0]["restartCount"] > restarts
+            for p in pods
+        )
+
+    failed = under_load(
+        host, kill_the_leader, killed_container_back, "SIGKILL of the leading operator container"
+    )
+    assert failed == {}
+    assert took["takeover_s"] < 15, f"another holder only after {took['takeover_s']:.1f} s"
+    assert release.holder() not in (None, holder)
+    # The new leader reconciles a change made now: a third replica.
+    node.apply(recorder(ns, 3))
+    wait_for(lambda: settled(node, ns, 3, set()), 120, what="the third replica Ready")
+    wait_for(lambda: reconciled(node, ns, "faults"), 60, what="faults reconciled at 3 replicas")
+
+
 def test_helm_upgrades_rolling_the_operator_then_the_data_plane_fail_no_request(
     release: Release,
 ) -> None:
@@ -256,15 +369,7 @@ def test_helm_upgrades_rolling_the_operator_then_the_data_plane_fail_no_request(
     admin Service's port (where proxies and replicas report load) rolls the operator, the
     proxy and every replica. No request fails. (Last in the module: it changes the release.)"""
     node, ns = release.node, release.watched
-    # the module's earlier tests leave examples.hello in the namespace: its pods would be counted
-    node.kubectl("delete", "serveapplication", "hello", "-n", ns, "--ignore-not-found",
-                 "--wait=false")  # fmt: skip
-    node.apply(recorder(ns, 2))
-    node.kubectl("wait", "--for=condition=Ready", "serveapplication/faults", "-n", ns,
-                 "--timeout=120s", timeout=130)  # fmt: skip
-    wait_for(lambda: settled(node, ns, 2, set()) and proxy_replaced(node, ns, set(), TESTS_IMAGE),
-             120, what="2 replicas and the proxy Ready")  # fmt: skip
-    host = proxy_service_url(node, ns, "/").split("//")[1].split(":")[0]
+    host = deploy_recorder(release)
     figures = {}
     operators = {p["metadata"]["uid"] for p in release.operator_pods()}
     replicas = {p["metadata"]["name"] for p in replica_pods(node, ns)}

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
 import os
 import threading
@@ -60,14 +61,44 @@ from _thread import LockType, allocate_lock, get_ident
 from collections.abc import Callable
 from typing import Any
 
+from kubeserve.runtime.native_module import NATIVE
+
 __all__ = ["BLOCKED_AFTER_S", "ThreadHop", "current_hop", "run_sync"]
 
 #: How long queued work waits, with no call taken meanwhile, before one more worker is woken.
 BLOCKED_AFTER_S = 0.002
 
+#: The compiled sleeper (``native/pyext/src/hop.rs``), where the extension is built and the
+#: loop can be woken through an eventfd; else :class:`_LockSleeper`.
+_native: Any = NATIVE
+_NativeSleeper: Any = getattr(_native, "Sleeper", None) if hasattr(os, "eventfd") else None
+
 _Work = tuple[
     "asyncio.Future[Any]", contextvars.Context, Callable[..., Any], tuple[Any, ...], dict[str, Any]
 ]
+
+
+class _LockSleeper:
+    """The pure Python sleeper (no compiled extension): a worker sleeps on a lock of its own,
+    held while it runs, released to wake it; the loop is woken with ``call_soon_threadsafe``.
+    The compiled ``Sleeper`` has the same two methods."""
+
+    __slots__ = ("_hop", "_lock")
+
+    def __init__(self, hop: ThreadHop) -> None:
+        self._hop = hop
+        self._lock = allocate_lock()
+        self._lock.acquire()
+
+    def sleep(self, announce: int = -1) -> None:
+        """Wake the loop to drain the results (``announce`` >= 0: the compiled sleeper's
+        eventfd, unused here), then sleep until woken. RuntimeError: the loop is closed."""
+        if announce >= 0:
+            self._hop.loop.call_soon_threadsafe(self._hop._drain)
+        self._lock.acquire()
+
+    def wake(self) -> None:
+        self._lock.release()
 
 
 class ThreadHop:
@@ -79,17 +110,26 @@ class ThreadHop:
         self.max_workers = max_workers or min(32, (os.cpu_count() or 1) + 4)
         self._work: collections.deque[_Work] = collections.deque()
         self._done: collections.deque[tuple[asyncio.Future[Any], bool, Any]] = collections.deque()
-        self._idle: list[LockType] = []  # the sleep locks of idle workers
+        self._idle: list[Any] = []  # the sleepers of idle workers
         self._threads = 0  # only the loop's thread changes it
         self._taken = 0  # calls taken by workers (a lost increment still changes it)
         self._taken_seen = -1  # ``_taken`` at the last blocked-work check
-        self._calling: set[LockType] = set()  # the sleep locks of workers inside a call
+        self._calling: set[Any] = set()  # the sleepers of workers inside a call
         self._check: asyncio.TimerHandle | None = None
         self._wake_scheduled = False
         self._drain_scheduled = False
         self._last: asyncio.Future[Any] | None = None  # the future run() returned last
         #: continuations run by the drain right after their future's result is set
         self._then: dict[asyncio.Future[Any], Callable[[], object]] = {}
+        self._closed = False
+        self._exits = allocate_lock()  # guards ``_live`` (workers leaving after close())
+        self._live = 0  # workers started and not yet left
+        #: the loop's wake-up: an eventfd its reader drains on (compiled sleepers), else -1
+        #: (``call_soon_threadsafe``)
+        self._fd = -1
+        if _NativeSleeper is not None:
+            self._fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)  # type: ignore[attr-defined]
+            loop.add_reader(self._fd, self._drain_woken)
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
         """A future of ``fn(*args, **kwargs)`` run in a worker thread, in a copy of the current
@@ -119,6 +159,28 @@ class ThreadHop:
         self._then[future] = continuation
         return True
 
+    def close(self) -> None:
+        """The loop is closed (or going): idle workers leave, busy ones after their call; the
+        last to leave closes the eventfd (never while a worker could still write to it)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._fd >= 0 and not self.loop.is_closed():
+            self.loop.remove_reader(self._fd)
+        with self._exits:
+            if self._live == 0:
+                self._close_fd()
+        while self._idle:
+            try:
+                self._idle.pop().wake()
+            except IndexError:
+                break
+
+    def _close_fd(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
     def _scheduled_wake(self) -> None:
         self._wake_scheduled = False
         work = self._work
@@ -136,9 +198,11 @@ class ThreadHop:
                 sleeper = idle.pop()
             except IndexError:  # the worker took itself back: it saw the work
                 return
-            sleeper.release()
-        elif self._threads < self.max_workers:
+            sleeper.wake()
+        elif self._threads < self.max_workers and not self._closed:
             self._threads += 1
+            with self._exits:
+                self._live += 1
             threading.Thread(
                 target=self._worker, name=f"kubeserve-sync-{self._threads}", daemon=True
             ).start()
@@ -156,19 +220,34 @@ class ThreadHop:
         self._check = self.loop.call_later(BLOCKED_AFTER_S, self._blocked_check)
 
     def _worker(self) -> None:
+        try:
+            self._work_until_closed()
+        finally:
+            with self._exits:
+                self._live -= 1
+                if self._live == 0 and self._closed:
+                    self._close_fd()
+
+    def _work_until_closed(self) -> None:
         work, done, idle, calling = self._work, self._done, self._idle, self._calling
-        sleeper = allocate_lock()
-        sleeper.acquire()
+        sleeper = _NativeSleeper() if _NativeSleeper is not None else _LockSleeper(self)
+        sleep = sleeper.sleep
+        # what the sleeper is given to wake the loop with: the eventfd, or any fd >= 0 (unused)
+        announce = self._fd if self._fd >= 0 else 0
         while True:
             if not work:
                 idle.append(sleeper)
+                if self._closed:
+                    return
                 if work:  # queued before a caller could see us idle
                     try:
                         idle.remove(sleeper)
                         continue
-                    except ValueError:  # a caller took us and releases (or released) our lock
+                    except ValueError:  # a caller took us and woke (or wakes) us
                         pass
-                sleeper.acquire()
+                sleep()
+                if self._closed:
+                    return
                 continue
             try:
                 future, context, fn, args, kwargs = work.popleft()
@@ -189,32 +268,48 @@ class ThreadHop:
             if self._drain_scheduled:
                 continue
             self._drain_scheduled = True
+            if self._closed:
+                return
             if not work:
-                # Going idle: list ourselves before waking the loop, so that the loop, woken,
-                # finds the GIL released (we sleep right after) instead of waiting for it.
+                # Going idle: list ourselves before waking the loop, and wake it and sleep in
+                # one call that releases the GIL once (compiled sleeper): the loop, woken,
+                # finds the GIL free instead of waiting for it.
                 idle.append(sleeper)
+                if self._closed:
+                    return
                 if work:
                     try:
                         idle.remove(sleeper)
-                    except ValueError:
+                    except ValueError:  # a caller took us: the sleep below returns at once
                         pass
                     else:
                         if not self._wake_loop():
                             return
                         continue
-                if not self._wake_loop():
+                try:
+                    sleep(announce)
+                except (RuntimeError, OSError):  # the loop is closed: nobody awaits results
                     return
-                sleeper.acquire()
+                if self._closed:
+                    return
             elif not self._wake_loop():
                 return
 
     def _wake_loop(self) -> bool:
         """Have the loop drain the results; False when the loop is closed (nobody awaits them)."""
         try:
-            self.loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:
+            if self._fd >= 0:
+                _native.notify_fd(self._fd)
+            else:
+                self.loop.call_soon_threadsafe(self._drain)
+        except (RuntimeError, OSError):
             return False
         return True
+
+    def _drain_woken(self) -> None:
+        """The eventfd's reader: a worker wrote it (results are in)."""
+        _native.clear_fd(self._fd)
+        self._drain()
 
     def _drain(self) -> None:
         self._drain_scheduled = False
@@ -241,6 +336,20 @@ class ThreadHop:
 _hop: ThreadHop | None = None
 
 
+def _forked() -> None:
+    """In a forked child: the parent's hop has no workers here; the child's first sync call
+    makes its own hop (and eventfd), and the child holds no fd of the parent's hop."""
+    global _hop
+    hop, _hop = _hop, None
+    if hop is not None and hop._fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(hop._fd)
+        hop._fd = -1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def current_hop() -> ThreadHop | None:
     """This process's :class:`ThreadHop`, if a call was run on one yet."""
     return _hop
@@ -256,5 +365,7 @@ def run_sync(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Futur
     if hop is None or hop.thread != get_ident() or not hop.loop.is_running():
         loop = asyncio.get_running_loop()
         if hop is None or hop.loop is not loop:
+            if hop is not None and hop.loop.is_closed():
+                hop.close()  # its workers leave, the last one closes its eventfd
             hop = _hop = ThreadHop(loop)
     return hop.run(fn, *args, **kwargs)

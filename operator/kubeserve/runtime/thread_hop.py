@@ -229,7 +229,7 @@ class ThreadHop:
             with self._exits:
                 self._live += 1
             threading.Thread(
-                target=self._worker, name=f"kubeserve-sync-{self._threads}", daemon=True
+                target=self._thread, name=f"kubeserve-sync-{self._threads}", daemon=True
             ).start()
 
     def _blocked_check(self) -> None:
@@ -244,16 +244,16 @@ class ThreadHop:
         self._taken_seen = self._taken
         self._check = self.loop.call_later(BLOCKED_AFTER_S, self._blocked_check)
 
-    def _worker(self) -> None:
+    def _thread(self) -> None:
         try:
-            self._work_until_closed()
+            self._worker()
         finally:
             with self._exits:
                 self._live -= 1
                 if self._live == 0 and self._closed:
                     self._close_fd()
 
-    def _work_until_closed(self) -> None:
+    def _worker(self) -> None:
         work, done, idle, calling = self._work, self._done, self._idle, self._calling
         sleeper = _NativeSleeper() if _NativeSleeper is not None else _LockSleeper(self)
         sleep = sleeper.sleep

@@ -11,9 +11,8 @@
 //! `wake()` (with the GIL held: an atomic store, and one futex wake only when the worker is
 //! parked). A wake before the sleep is kept (the next sleep returns at once): none is lost.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::Thread;
-use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
@@ -22,8 +21,6 @@ use pyo3::prelude::*;
 pub struct Sleeper {
     woken: AtomicBool,
     thread: Thread,
-    /// how long the last sleep lasted, microseconds (only the sleeping thread uses it)
-    slept_us: AtomicU64,
 }
 
 #[pymethods]
@@ -34,38 +31,23 @@ impl Sleeper {
         Sleeper {
             woken: AtomicBool::new(false),
             thread: std::thread::current(),
-            slept_us: AtomicU64::new(u64::MAX),
         }
     }
 
     /// Write the 8-byte eventfd increment 1 to `fd` (none when `fd` is negative), then sleep
     /// until woken (at once when a `wake()` came since the last sleep); the GIL is released
-    /// from before the write until woken. Under load only (the last sleep lasted less than
-    /// `busy_us` microseconds: work comes back faster than a thread falls asleep and wakes),
-    /// spin for up to `spin_us` microseconds before parking, to be found awake.
-    #[pyo3(signature = (fd = -1, spin_us = 0, busy_us = 0))]
-    fn sleep(&self, py: Python<'_>, fd: i32, spin_us: u32, busy_us: u32) -> PyResult<()> {
+    /// from before the write until woken.
+    #[pyo3(signature = (fd = -1))]
+    fn sleep(&self, py: Python<'_>, fd: i32) -> PyResult<()> {
         let woken = &self.woken;
-        let slept_us = &self.slept_us;
         let written = py.allow_threads(|| {
             let written = if fd >= 0 { write_one(fd) } else { Ok(()) };
-            let start = Instant::now();
-            if spin_us > 0 && slept_us.load(Ordering::Relaxed) < u64::from(busy_us) {
-                let until = start + Duration::from_micros(u64::from(spin_us));
-                while !woken.load(Ordering::Acquire) && Instant::now() < until {
-                    for _ in 0..64 {
-                        std::hint::spin_loop();
-                    }
-                }
-            }
             // The sleeping thread is `self.thread` (checked in debug builds): a park token
             // left by a wake() that came before the park makes the park return at once.
             debug_assert_eq!(std::thread::current().id(), self.thread.id());
             while !woken.swap(false, Ordering::AcqRel) {
                 std::thread::park();
             }
-            let slept = start.elapsed().as_micros();
-            slept_us.store(u64::try_from(slept).unwrap_or(u64::MAX), Ordering::Relaxed);
             written
         });
         written.map_err(PyErr::from)

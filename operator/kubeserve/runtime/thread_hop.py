@@ -37,10 +37,6 @@ the caller's context, exceptions raised in the caller) and pays less:
   between, and the loop, woken, waits for it). A worker lists itself idle *before* that call;
   and (for a lone call) no blocked-call timer is armed at all: a request at a time costs no
   timer per request;
-* a worker going idle under load (its last sleep lasted less than :data:`BUSY_US`) spins up to
-  :data:`SPIN_US` without the GIL before it parks: woken meanwhile, it costs no futex call and
-  no context switch, and its CPU does not go idle between batches (measured: 4-8% less CPU per
-  sync request through the proxy); at a request at a time it parks at once;
 * without the compiled extension (or without ``os.eventfd``), a worker sleeps on a lock of its
   own and wakes the loop with ``call_soon_threadsafe`` (:class:`_LockSleeper`, same methods);
 * a caller that steps its coroutine by hand (the replica's HTTP server, see :meth:`ThreadHop.then`)
@@ -88,13 +84,6 @@ BLOCKED_AFTER_S = 0.002
 
 #: The compiled sleeper (``native/pyext/src/hop.rs``), where the extension is built and the
 #: loop can be woken through an eventfd; else :class:`_LockSleeper`.
-#: A worker going idle under load (its last sleep was shorter than :data:`BUSY_US`) spins this
-#: long, without the GIL, before it sleeps (compiled sleeper only): a worker found spinning is
-#: woken without a futex call or a context switch, and its CPU stays awake.
-SPIN_US = 20
-#: Under load: work came back within this long after the worker went to sleep the last time.
-BUSY_US = 1000
-
 _native: Any = NATIVE
 _NativeSleeper: Any = getattr(_native, "Sleeper", None) if hasattr(os, "eventfd") else None
 
@@ -115,7 +104,7 @@ class _LockSleeper:
         self._lock = allocate_lock()
         self._lock.acquire()
 
-    def sleep(self, announce: int = -1, spin_us: int = 0, busy_us: int = 0) -> None:
+    def sleep(self, announce: int = -1) -> None:
         """Wake the loop to drain the results (``announce`` >= 0: the compiled sleeper's
         eventfd, unused here), then sleep until woken. RuntimeError: the loop is closed."""
         if announce >= 0:
@@ -312,7 +301,7 @@ class ThreadHop:
                             return
                         continue
                 try:
-                    sleep(announce, SPIN_US, BUSY_US)
+                    sleep(announce)
                 except (RuntimeError, OSError):  # the loop is closed: nobody awaits results
                     return
                 if self._closed:

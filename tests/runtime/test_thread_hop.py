@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import os
 import threading
@@ -11,7 +10,6 @@ import time
 
 import pytest
 
-from kubeserve.runtime.native_module import NATIVE
 from kubeserve.runtime.thread_hop import ThreadHop, current_hop, run_sync
 from support.common import run
 
@@ -181,91 +179,10 @@ def test_no_wake_up_is_lost_under_a_stress_of_short_calls() -> None:
     run(go(), uvloop=True)
 
 
-def test_the_loop_closing_while_workers_sleep_lets_them_leave_and_closes_the_eventfd() -> None:
-    """Workers of a hop whose loop closed (asleep, or inside a call when it closed) leave once
-    the next loop's first sync call retires that hop; the last one closes its eventfd."""
-    release = threading.Event()
-    seen: dict[str, ThreadHop] = {}
-
-    async def first() -> None:
-        await asyncio.gather(*(run_sync(time.sleep, 0.01) for _ in range(3)))
-        hop = current_hop()
-        assert hop is not None
-        seen["hop"] = hop
-        run_sync(release.wait, 10)  # still in its call when the loop closes
-        await asyncio.sleep(0.01)
-
-    run(first(), uvloop=True)
-    old = seen["hop"]
-    threads = {t for t in threading.enumerate() if t.name.startswith("kubeserve-sync-")}
-    assert len(threads) >= 2
-    fd = old._fd
-    inode = os.fstat(fd).st_ino if fd >= 0 else None
-
-    async def second() -> str:
-        return await run_sync(lambda: "new loop")
-
-    assert run(second(), uvloop=True) == "new loop"
-    assert current_hop() is not old
-    release.set()
-    deadline = time.monotonic() + 5
-    while old._live and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert old._live == 0
-    if fd >= 0:  # (compiled sleeper) closed by the last worker to leave
-        assert old._fd == -1
-        with contextlib.suppress(OSError):  # (the number reused since: not our eventfd)
-            assert os.fstat(fd).st_ino != inode
-
-
-def test_a_sleeper_wake_is_never_lost_between_two_threads() -> None:
-    """The compiled sleeper, woken and put to sleep 20,000 times by two threads racing (a wake
-    before the sleep, during it, after it): every sleep returns, none hangs."""
-    sleeper_type = getattr(NATIVE, "Sleeper", None)
-    if sleeper_type is None:
-        pytest.skip("kubeserve._native is not built")
-    rounds = 20_000
-    ready = threading.Semaphore(0)
-    box: list[object] = []
-
-    def sleeper_thread() -> None:
-        box.append(sleeper_type())
-        ready.release()
-        for _ in range(rounds):
-            box[0].sleep()  # type: ignore[attr-defined]
-            ready.release()
-
-    thread = threading.Thread(target=sleeper_thread, daemon=True)
-    thread.start()
-    assert ready.acquire(timeout=5)
-    for i in range(rounds):
-        box[0].wake()  # type: ignore[attr-defined]
-        assert ready.acquire(timeout=5), f"sleep {i} never returned"
-    thread.join(5)
-    assert not thread.is_alive()
-
-
-def test_a_sleeper_writes_its_eventfd_before_it_sleeps() -> None:
-    sleeper_type = getattr(NATIVE, "Sleeper", None)
-    if sleeper_type is None or not hasattr(os, "eventfd"):
-        pytest.skip("kubeserve._native is not built")
-    fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-    try:
-        woke: list[bool] = []
-        sleeper = sleeper_type()
-        sleeper.wake()  # a wake before the sleep is kept: the sleep returns at once
-        sleeper.sleep(fd)
-        woke.append(NATIVE.clear_fd(fd))  # type: ignore[union-attr]
-        woke.append(NATIVE.clear_fd(fd))  # type: ignore[union-attr]
-        assert woke == [True, False]
-    finally:
-        os.close(fd)
-
-
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
 def test_a_forked_child_makes_its_own_hop() -> None:
-    """A child forked after the parent ran sync calls runs its own (new workers, new eventfd);
-    the parent's hop goes on working."""
+    """A child forked after the parent ran sync calls runs them on a hop of its own (the
+    parent's workers are not in the child); the parent's hop goes on working."""
 
     async def calls(tag: str) -> list[str]:
         return list(await asyncio.gather(*(run_sync(lambda i=i: f"{tag}{i}") for i in range(5))))
@@ -278,7 +195,6 @@ def test_a_forked_child_makes_its_own_hop() -> None:
         if pid == 0:  # the child: a loop of its own
             code = 1
             try:
-                assert current_hop() is None
                 loop = asyncio.new_event_loop()
                 try:
                     assert loop.run_until_complete(asyncio.wait_for(calls("c"), 5)) == [

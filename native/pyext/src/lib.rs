@@ -22,7 +22,6 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 mod answer;
-mod hop;
 mod request;
 mod response;
 mod tally;
@@ -301,9 +300,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Sealer>()?;
     m.add_class::<Opener>()?;
     m.add_class::<tally::Tally>()?;
-    m.add_class::<hop::Sleeper>()?;
-    m.add_function(wrap_pyfunction!(hop::notify_fd, m)?)?;
-    m.add_function(wrap_pyfunction!(hop::clear_fd, m)?)?;
     m.add_function(wrap_pyfunction!(request::parse_request, m)?)?;
     m.add_function(wrap_pyfunction!(answer::answer, m)?)?;
     m.add("FrameError", m.py().get_type::<FrameError>())?;

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 import threading
 import time
 
 import pytest
 
-from kubeserve.runtime.thread_hop import ThreadHop, run_sync
+from kubeserve.runtime.thread_hop import ThreadHop, current_hop, run_sync
 from support.common import run
 
 REQUEST = contextvars.ContextVar("request", default="")
@@ -176,3 +177,38 @@ def test_no_wake_up_is_lost_under_a_stress_of_short_calls() -> None:
             ]
 
     run(go(), uvloop=True)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_forked_child_makes_its_own_hop() -> None:
+    """A child forked after the parent ran sync calls runs them on a hop of its own (the
+    parent's workers are not in the child); the parent's hop goes on working."""
+
+    async def calls(tag: str) -> list[str]:
+        return list(await asyncio.gather(*(run_sync(lambda i=i: f"{tag}{i}") for i in range(5))))
+
+    async def parent() -> None:
+        assert await calls("p") == [f"p{i}" for i in range(5)]
+        hop = current_hop()
+        assert hop is not None
+        pid = os.fork()
+        if pid == 0:  # the child: a loop of its own
+            code = 1
+            try:
+                loop = asyncio.new_event_loop()
+                try:
+                    assert loop.run_until_complete(asyncio.wait_for(calls("c"), 5)) == [
+                        f"c{i}" for i in range(5)
+                    ]
+                    child_hop = current_hop()
+                    code = 0 if child_hop is not None and child_hop is not hop else 2
+                finally:
+                    loop.close()
+            finally:
+                os._exit(code)
+        _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert await calls("q") == [f"q{i}" for i in range(5)]
+        assert current_hop() is hop
+
+    run(parent(), uvloop=True)

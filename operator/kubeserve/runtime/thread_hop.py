@@ -36,7 +36,8 @@ the caller's context, exceptions raised in the caller) and pays less:
   has the drain step it on right after setting the result: no task per request and no loop
   iteration between the result and the response;
 * :func:`run_sync` finds the hop of the running loop without ``asyncio.get_running_loop()``, which
-  makes a ``getpid()`` system call on Python 3.11.
+  makes a ``getpid()`` system call on Python 3.11 (a forked child forgets its parent's hop, see
+  :func:`_forked`).
 
 Invariants: a call is run exactly once, by one worker. Each worker's sleep lock is held whenever
 the worker is running or listed in ``_idle``, and only the one who takes it off the list (under
@@ -239,6 +240,17 @@ class ThreadHop:
 
 
 _hop: ThreadHop | None = None
+
+
+def _forked() -> None:
+    """In a forked child the parent's hop has none of its workers, and its loop (forked while
+    running) still looks running from the child's main thread: the child's first sync call
+    makes a hop of its own."""
+    global _hop
+    _hop = None
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def current_hop() -> ThreadHop | None:

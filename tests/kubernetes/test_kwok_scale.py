@@ -10,13 +10,18 @@ import json
 import re
 import time
 from collections import Counter
-from typing import Any
 
 import pytest
 
 from kubeserve.runtime.kubernetes.contract import APPLICATION_LABEL
 from support.common import http, wait_for
-from support.k8s_operator import KUBESERVE_IMAGE, OperatorProcess, application, instance
+from support.k8s_operator import (
+    KUBESERVE_IMAGE,
+    OperatorProcess,
+    application,
+    instance,
+    ready_at_generation,
+)
 from support.kwok_cluster import KwokCluster
 
 APPS = 50
@@ -55,7 +60,7 @@ def metric(operator: OperatorProcess, name: str) -> float:
 
 def ready_count(plane: KwokCluster, namespace: str) -> int:
     items = plane.get("serveapplications", namespace=namespace)["items"]
-    return sum(_ready(app) for app in items)
+    return sum(ready_at_generation(app) for app in items)
 
 
 def objects_per_app(plane: KwokCluster, namespace: str, selector: str = "") -> dict[str, float]:
@@ -63,15 +68,6 @@ def objects_per_app(plane: KwokCluster, namespace: str, selector: str = "") -> d
     items = plane.get(KINDS, namespace=namespace, selector=selector or None)["items"]
     counts = Counter(str(item["kind"]) for item in items)
     return {kind: round(count / APPS, 2) for kind, count in sorted(counts.items())}
-
-
-def _ready(app: dict[str, Any]) -> bool:
-    return any(
-        c["type"] == "Ready"
-        and c["status"] == "True"
-        and c.get("observedGeneration") == app["metadata"]["generation"]
-        for c in (app.get("status") or {}).get("conditions", [])
-    )
 
 
 @pytest.mark.timeout(600)
@@ -155,7 +151,7 @@ def test_fifty_applications_ready_then_no_writes(
     kwok.kubectl("patch", "serveapplication", "app-7", "-n", ns, "--type=merge",
                  "-p", json.dumps(patch))  # fmt: skip
     changed_at = time.monotonic()
-    wait_for(lambda: _ready(kwok.get("serveapplication", "app-7", namespace=ns)), 120,
+    wait_for(lambda: ready_at_generation(kwok.get("serveapplication", "app-7", namespace=ns)), 120,
              interval_s=0.5, what="app-7 Ready after its change")  # fmt: skip
     took_s = time.monotonic() - changed_at
     wait_for(quiet, 120, interval_s=0, what="5 s without a write of the operator")

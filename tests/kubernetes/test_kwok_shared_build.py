@@ -18,7 +18,13 @@ from kubeserve.backends.kubernetes.application import RETRY_FAILED_BUILD_S
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.schema.resources import ServeApplicationSpec
 from support.common import wait_for
-from support.k8s_operator import KUBESERVE_IMAGE, OperatorProcess, application, instance
+from support.k8s_operator import (
+    KUBESERVE_IMAGE,
+    OperatorProcess,
+    application,
+    instance,
+    ready_at_generation,
+)
 from support.kwok_cluster import KwokCluster
 
 BUILDS = "app.kubernetes.io/component=build"
@@ -30,13 +36,7 @@ def _status(kwok: KwokCluster, namespace: str, name: str) -> dict[str, Any]:
 
 
 def _ready(kwok: KwokCluster, namespace: str, name: str) -> bool:
-    app = kwok.get("serveapplication", name, namespace=namespace)
-    return any(
-        c["type"] == "Ready"
-        and c["status"] == "True"
-        and c.get("observedGeneration") == app["metadata"]["generation"]
-        for c in (app.get("status") or {}).get("conditions", [])
-    )
+    return ready_at_generation(kwok.get("serveapplication", name, namespace=namespace))
 
 
 def _builds(kwok: KwokCluster, namespace: str, kind: str) -> dict[str, set[str]]:

@@ -166,6 +166,17 @@ def ready_pods(plane: ControlPlane, namespace: str, selector: str) -> list[dict[
     ]
 
 
+def ready_at_generation(app: dict[str, Any]) -> bool:
+    """The ServeApplication ``app`` is Ready for its latest spec: its Ready condition is True
+    and of the object's current generation."""
+    return any(
+        c["type"] == "Ready"
+        and c["status"] == "True"
+        and c.get("observedGeneration") == app["metadata"]["generation"]
+        for c in (app.get("status") or {}).get("conditions", [])
+    )
+
+
 def wait_ready(plane: ControlPlane, operator: OperatorProcess, namespace: str, app: str) -> None:
     """``kubectl wait --for=condition=Ready`` on the application, with diagnostics on failure.
     Real pods (a build Job's, then the replicas') take a while, the more so on a busy

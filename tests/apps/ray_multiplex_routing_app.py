@@ -19,8 +19,13 @@ class Models:
         return f"model {model_id}"
 
     async def __call__(self, request: Request) -> dict:
+        if "who" in request.query_params:  # which replica answers, no model involved
+            return await self.who()
         model = await self.get_model(serve.get_multiplexed_model_id())
         return {"model": model, "replica": self.replica, "loads": self.loads}
+
+    async def who(self) -> dict:
+        return {"replica": self.replica, "loads": self.loads}
 
     async def predict(self, x: int) -> dict:
         model = await self.get_model(serve.get_multiplexed_model_id())
@@ -34,12 +39,15 @@ class Models:
 @serve.deployment
 class Caller:
     """``GET ?models=a,b,c&n=60``: n calls through a handle, cycling over the models (streamed
-    calls with ``&stream=1``)."""
+    calls with ``&stream=1``); ``GET ?who=n``: which replicas answer n calls without a model."""
 
     def __init__(self, models: DeploymentHandle):
         self.models = models
 
     async def __call__(self, request: Request) -> list:
+        if "who" in request.query_params:
+            n = int(request.query_params["who"])
+            return [await self.models.who.remote() for _ in range(n)]
         model_ids = request.query_params["models"].split(",")
         stream = request.query_params.get("stream") == "1"
         answers = []

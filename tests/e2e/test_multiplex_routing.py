@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from support.common import wait_for
 from support.kubeserve_start import Kubeserve, running_kubeserve
 
 MODEL_HEADER = "serve_multiplexed_model_id"
@@ -41,7 +42,30 @@ def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubeserve]:
         assert status == 200, body
         for app in applications:
             ks.wait_app(str(app["name"]), timeout_s=120)
+        wait_for(lambda: routes_to_three(ks, "/models?who=1", 1), 60, what="the proxy to know 3")
+        wait_for(lambda: routes_to_three(ks, "/caller?who=20", 20), 60, what="the handle to know 3")
         yield ks
+
+
+def routes_to_three(ks: Kubeserve, path: str, calls: int) -> bool:
+    """Whether requests without a model reach all three replicas of ``Models`` within 60 calls:
+    the caller (the proxy, the handle in ``Caller``) knows them all. Discovery reaches callers a
+    moment after the controller reports the application RUNNING; a caller that knows two of the
+    three replicas thrashes their one model slot each, which the tests below would count."""
+    seen: set[str] = set()
+    conn = http.client.HTTPConnection("127.0.0.1", ks.proxy_port, timeout=30)
+    try:
+        for _ in range(60 // calls):
+            conn.request("GET", path)
+            response = conn.getresponse()
+            body = json.loads(response.read())
+            assert response.status == 200, body
+            seen.update(a["replica"] for a in (body if isinstance(body, list) else [body]))
+            if len(seen) == 3:
+                return True
+    finally:
+        conn.close()
+    return False
 
 
 def total_loads(answers: list[dict[str, Any]]) -> int:

@@ -58,6 +58,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 
 NAMESPACE = "bench-k8s"
+#: the same app on an instance with ``spec.proxy.nodeLocalSockets``
+SOCKETS_NAMESPACE = "bench-k8s-sockets"
 APP = "noop"
 ROUTE = "/noop"
 PORT = 8000  # the ServeInstance's httpOptions.port, and every replica pod's port
@@ -70,12 +72,18 @@ LOAD_POD = "wrk"
 
 
 def deploy(
-    plane: NodeCluster, operator: OperatorProcess, namespace: str = NAMESPACE
+    plane: NodeCluster,
+    operator: OperatorProcess,
+    namespace: str = NAMESPACE,
+    node_sockets: bool = False,
 ) -> dict[str, dict[str, Any]]:
-    """Apply the ServeInstance and the application in ``namespace`` (which ``operator``
-    watches), wait for Ready and for the proxy Service to answer; the proxy and replica pods by
-    component, and the proxy Service."""
-    plane.apply(instance(namespace, PORT))
+    """Apply the ServeInstance (``node_sockets``: with ``spec.proxy.nodeLocalSockets``) and the
+    application in ``namespace`` (which ``operator`` watches), wait for Ready and for the proxy
+    Service to answer; the proxy and replica pods by component, and the proxy Service."""
+    serving = instance(namespace, PORT)
+    if node_sockets:
+        serving["spec"]["proxy"] = {"nodeLocalSockets": True}
+    plane.apply(serving)
     plane.apply(
         application(
             namespace, APP, "apps:noop", routePrefix=ROUTE,
@@ -259,11 +267,14 @@ class PodsToLoad:
 
 
 def prepare_pods(
-    plane: NodeCluster, operator: OperatorProcess, namespace: str = NAMESPACE
+    plane: NodeCluster,
+    operator: OperatorProcess,
+    namespace: str = NAMESPACE,
+    node_sockets: bool = False,
 ) -> PodsToLoad:
     """:func:`deploy` in ``namespace``, then the load pod beside the proxy pod; the pods'
     processes found in /proc."""
-    pods = deploy(plane, operator, namespace)
+    pods = deploy(plane, operator, namespace, node_sockets)
     in_pod = start_load_pod(plane, pods["proxy"])
     pods["load"] = plane.get("pod", LOAD_POD, namespace)
     proxy_ip = pods["proxy"]["status"]["podIP"]
@@ -292,10 +303,15 @@ def run() -> dict[str, Any]:
         LOG.unlink(missing_ok=True)
         install_crds(plane)
         plane.add_namespace(NAMESPACE)
-        operator = OperatorProcess(plane, NAMESPACE, LOG)
+        plane.add_namespace(SOCKETS_NAMESPACE)
+        operator = OperatorProcess(plane, NAMESPACE, LOG, also_watch=[SOCKETS_NAMESPACE])
         try:
             operator.start()
             on_pods = prepare_pods(plane, operator)
+            # the same, with spec.proxy.nodeLocalSockets: the proxy reaches its replica through
+            # the node's directory of replica sockets instead of TCP across the bridge
+            with_sockets = prepare_pods(plane, operator, SOCKETS_NAMESPACE, node_sockets=True)
+            sockets_url = with_sockets.setups()[0][2]
             pods, main_pids = on_pods.pods, on_pods.main_pids()
             weights = {role: g["shares"] for role, g in groups(main_pids).items()}
             node_shares = cpu_groups.read(cpu_groups.CPU_ROOT / NODE_CGROUP).shares
@@ -307,14 +323,17 @@ def run() -> dict[str, Any]:
                     report.K8S_EMBEDDED: _roles(local_pids, []),
                     report.K8S_PROXY: on_pods_roles,
                     report.K8S_SERVICE: on_pods_roles,
+                    report.K8S_SOCKETS: _roles(with_sockets.serving, with_sockets.shims),
                 }
+                measured = [*with_sockets.serving, *with_sockets.shims]
                 loads = load.measure_together(
                     [
                         (report.K8S_EMBEDDED, report.KUBERNETES_SYSTEM, local_url, local_pids),
                         *on_pods.setups(),
+                        (report.K8S_SOCKETS, report.KUBERNETES_SYSTEM, sockets_url, measured),
                     ],
                     commands=[cpu_groups.command_in(load_group, load.host_wrk()),
-                              on_pods.in_pod, on_pods.in_pod],
+                              on_pods.in_pod, on_pods.in_pod, with_sockets.in_pod],
                 )  # fmt: skip
             after = groups(main_pids)
             image = _interpreter(plane, pods["proxy"])

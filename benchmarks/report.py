@@ -30,10 +30,13 @@ KUBERNETES_RESULTS = Path(__file__).resolve().parent / "results-kubernetes.json"
 K8S_EMBEDDED = "no-op via embedded proxy on the host, 1 replica"
 K8S_PROXY = "no-op via proxy pod, 1 replica"
 K8S_SERVICE = "no-op via proxy Service ClusterIP"
+# The proxy pod of an instance with spec.proxy.nodeLocalSockets (its own namespace, same app).
+K8S_SOCKETS = "no-op via proxy pod, node-local sockets, 1 replica"
 _K8S_RAY_TWIN = {
     K8S_EMBEDDED: "no-op via proxy, 1 replica",
     K8S_PROXY: "no-op via proxy, 1 replica",
     K8S_SERVICE: "no-op via proxy, 1 replica",
+    K8S_SOCKETS: "no-op via proxy, 1 replica",
 }
 #: The proxy pod's share of the embedded proxy's req/s that the issue asks for.
 K8S_TARGET = 0.9
@@ -206,9 +209,12 @@ def kubernetes_note(results: dict[str, Any]) -> list[str]:
         "pods of the kubeserve image. wrk runs in a pod of the node (Debian's wrk, CPU requests "
         "of the proxy pod, so the same cgroup weight) and loads the proxy pod's address (port "
         "8000, `/noop`) and the proxy Service's ClusterIP (kube-proxy's rules in front of the "
-        "same pod). The reference row is `kubeserve start` on the host with the same app, its "
-        "proxy, its replica and wrk each moved into a cgroup weighted like the proxy, replica "
-        "and wrk pods, under a parent weighted like the node's cgroup root: both setups "
+        "same pod); the node-local sockets row is the same app on a second ServeInstance, with "
+        "`spec.proxy.nodeLocalSockets` (its own namespace, proxy, replica and wrk pods), whose "
+        "proxy reaches the replica through a unix socket in the node's directory instead of TCP "
+        "across the bridge. The reference row is `kubeserve start` on the host with the same "
+        "app, its proxy, its replica and wrk each moved into a cgroup weighted like the proxy, "
+        "replica and wrk pods, under a parent weighted like the node's cgroup root: both setups "
         "compete with the rest of the machine on the same terms, so the ratio is about the "
         "path, not cgroup weights. `vs direct` on these rows is against that reference; "
         "`CPU us/req, front` is the proxy process (found in /proc by its pod's cgroup), `all` "
@@ -237,7 +243,7 @@ def kubernetes_note(results: dict[str, Any]) -> list[str]:
             + ".",
         ]
     reference = loads.get(K8S_EMBEDDED)
-    for setup in (K8S_PROXY, K8S_SERVICE):
+    for setup in (K8S_PROXY, K8S_SERVICE, K8S_SOCKETS):
         entry = loads.get(setup)
         if not entry or not reference:
             continue

@@ -146,16 +146,27 @@ fn my_uid() -> Option<u32> {
     std::fs::metadata("/proc/self").ok().map(|m| m.uid())
 }
 
-/// The replica's abstract unix socket (`local_socket.connect_socket`), when it listens there
-/// under our own uid.
+/// The directory of the node's replica sockets in a pod (`KUBESERVE_NODE_SOCKETS`, set with
+/// `ServeInstance.spec.proxy.nodeLocalSockets`), read once.
+fn node_sockets() -> Option<&'static str> {
+    static DIR: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| std::env::var("KUBESERVE_NODE_SOCKETS").ok().filter(|d| !d.is_empty()))
+        .as_deref()
+}
+
+/// The replica's unix socket (`local_socket.connect_socket`), when it listens there under our
+/// own uid: its abstract name for a loopback host, else its file in the node's directory of
+/// replica sockets (a replica on this node; none, or a stale file: TCP).
 fn connect_local(host: &str, port: u16) -> Option<LocalStream> {
     use std::os::linux::net::SocketAddrExt;
-    if !is_loopback(host) {
-        return None;
-    }
-    let name = format!("kubeserve-replica-{port}");
-    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).ok()?;
-    let sock = std::os::unix::net::UnixStream::connect_addr(&addr).ok()?;
+    let sock = if is_loopback(host) {
+        let name = format!("kubeserve-replica-{port}");
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).ok()?;
+        std::os::unix::net::UnixStream::connect_addr(&addr).ok()?
+    } else {
+        let dir = node_sockets()?;
+        std::os::unix::net::UnixStream::connect(format!("{dir}/{host}-{port}.sock")).ok()?
+    };
     sock.set_nonblocking(true).ok()?;
     let sock = UnixStream::from_std(sock).ok()?;
     let cred = sock.peer_cred().ok()?;

@@ -380,6 +380,15 @@ class InstanceProxy(CRModel):
         "Unset: the operator's default (its --proxy-data-path, the chart's proxyDataPath; native "
         "unless changed, python in an image without kubeserve-fastpath).",
     )
+    node_local_sockets: bool = Field(
+        default=False,
+        description="Proxies and handles reach the replicas on their own node through unix "
+        "sockets in a directory of the node (a hostPath, /run/kubeserve/<namespace>/<instance>) "
+        "instead of TCP across the pod network, which costs them and the replicas more CPU per "
+        "request than the request's own work on a bridge CNI. Replica pods then run a root init "
+        "container (CHOWN only) that hands the directory to the pods' user: the namespace's Pod "
+        "Security must admit hostPath volumes (privileged).",
+    )
 
 
 class ServeInstanceSpecBase(CRModel):

@@ -78,6 +78,7 @@ from kubeserve.backends.kubernetes.render_pod import (
     resources,
     seconds,
     user_pod_spec,
+    with_node_sockets,
 )
 from kubeserve.backends.kubernetes.render_proxy import (
     render_data_plane_secret,
@@ -284,7 +285,7 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
     fields |= per_node_cap(deployment.config.max_replicas_per_node, selector)
     account = contract.dataplane_account_name(instance.name)
     refs = [data_plane_secret_env(instance.name)]
-    return user_pod_spec(
+    spec = user_pod_spec(
         main,
         runtime_env,
         own_env,
@@ -294,6 +295,9 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
         secret_mount=_graph_mount(app),
         **fields,
     )
+    if instance.node_local_sockets:
+        spec = with_node_sockets(spec, instance.namespace, instance.name, owner=True)
+    return spec
 
 
 def _replica_identity(

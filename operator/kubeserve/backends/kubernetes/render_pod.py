@@ -33,6 +33,13 @@ Conventions every kubeserve pod follows:
   container's log tail is its termination message (``FallbackToLogsOnError``), which the
   deployment's status repeats when it fails.
 
+* with ``spec.proxy.nodeLocalSockets`` (:func:`with_node_sockets`), proxies and replicas mount
+  the node's directory of the instance's replica sockets (a ``hostPath``) at
+  :data:`~kubeserve.runtime.kubernetes.contract.NODE_SOCKETS_DIR` and name it, and the pod's IP,
+  in the variables of :mod:`kubeserve.runtime.local_socket`; a replica pod first runs the init
+  container ``node-sockets``, as root with only ``CHOWN``, which hands the directory (created by
+  the kubelet, root's) to :data:`POD_UID`, mode 0700.
+
 ``image_uri`` picks the image; ``excludes`` and ``config`` need no action; any other runtime_env key
 (``conda``, ``container``...) is refused with a :class:`RenderError` that says to build it into an
 image instead.
@@ -48,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubeserve.backends.kubernetes.render_views import RenderError
-from kubeserve.runtime import channel
+from kubeserve.runtime import channel, local_socket
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.contract import (
     BIND_HOST,
@@ -83,6 +90,7 @@ __all__ = [
     "resources",
     "seconds",
     "user_pod_spec",
+    "with_node_sockets",
 ]
 
 Manifest = dict[str, Any]
@@ -95,6 +103,15 @@ TMP_DIR = "/tmp"
 _TMP_VOLUME = "tmp"
 _RUNTIME_ENV_VOLUME = "runtime-env"
 _SECRET_VOLUME = "pickled-graph"
+_NODE_SOCKETS_VOLUME = "node-sockets"
+#: The ``node-sockets`` init container's program: the directory to :data:`POD_UID`, 0700 (as
+#: root without CAP_FOWNER, the mode is changed while root still owns it), once.
+_CLAIM_NODE_SOCKETS = (
+    "import os,sys\n"
+    "d,u=sys.argv[1],int(sys.argv[2])\n"
+    "if os.stat(d).st_uid!=u:\n"
+    " os.chmod(d,0o700);os.chown(d,u,u)"
+)
 #: readable by the pod's user and group (``fsGroup``) only
 _SECRET_FILE_MODE = 0o440
 FETCH_RUNTIME_ENV_COMMAND = ["kubeserve", "fetch-runtime-env", "--dest", RUNTIME_ENV_DIR]
@@ -406,6 +423,48 @@ def pod_spec(
     spec["containers"] = [_with_tmp(c) for c in containers]
     spec["volumes"] = [{"name": _TMP_VOLUME, "emptyDir": {}}, *volumes]
     return spec | fields
+
+
+def with_node_sockets(
+    spec: Manifest, namespace: str, instance: str, *, owner: bool = False
+) -> Manifest:
+    """``spec`` (a pod spec from :func:`pod_spec`) with the node's directory of ``instance``'s
+    replica sockets mounted into its first container and named in its environment; ``owner``
+    (replica pods, which create sockets there): with the init container that hands it to the
+    pods' user, first of the init containers."""
+    main, *others = spec["containers"]
+    mount = {"name": _NODE_SOCKETS_VOLUME, "mountPath": contract.NODE_SOCKETS_DIR}
+    env = [
+        *main["env"],
+        {"name": local_socket.NODE_SOCKETS_ENV, "value": contract.NODE_SOCKETS_DIR},
+        {"name": local_socket.NODE_ADDRESS_ENV, "value": f"$({POD_IP_ENV})"},
+    ]
+    main = {**main, "env": env, "volumeMounts": [*main.get("volumeMounts", []), mount]}
+    path = contract.node_sockets_host_path(namespace, instance)
+    volume = {
+        "name": _NODE_SOCKETS_VOLUME,
+        "hostPath": {"path": path, "type": "DirectoryOrCreate"},
+    }
+    out = {**spec, "containers": [main, *others], "volumes": [*spec["volumes"], volume]}
+    if owner:
+        claim = {
+            "name": "node-sockets",
+            "image": main["image"],
+            "command": ["python3", "-c", _CLAIM_NODE_SOCKETS, contract.NODE_SOCKETS_DIR,
+                        str(POD_UID)],
+            "securityContext": {
+                **_container_security(),
+                "runAsNonRoot": False,
+                "runAsUser": 0,
+                "runAsGroup": 0,
+                "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
+            },
+            "volumeMounts": [mount],
+        }  # fmt: skip
+        if "imagePullPolicy" in main:
+            claim["imagePullPolicy"] = main["imagePullPolicy"]
+        out["initContainers"] = [claim, *spec.get("initContainers", [])]
+    return out
 
 
 def user_pod_spec(

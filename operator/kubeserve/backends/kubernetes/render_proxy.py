@@ -40,6 +40,7 @@ from kubeserve.backends.kubernetes.render_pod import (
     environment,
     escape,
     pod_spec,
+    with_node_sockets,
 )
 from kubeserve.backends.kubernetes.render_views import InstanceView
 from kubeserve.control.instance import grpc_proxy_arguments
@@ -186,14 +187,17 @@ def render_proxy(instance: InstanceView) -> list[Manifest]:
     labels = contract.common_labels(contract.COMPONENT_PROXY, instance.name)
     selector = contract.selector_labels(contract.COMPONENT_PROXY, instance=instance.name)
     account = contract.dataplane_account_name(instance.name)
+    pod = pod_spec(
+        [_proxy_container(instance)],
+        account,
+        volumes=_tls_volumes(instance),
+        terminationGracePeriodSeconds=contract.PROXY_GRACE_S,
+    )
+    if instance.node_local_sockets:
+        pod = with_node_sockets(pod, instance.namespace, instance.name)
     template = {
         "metadata": {"labels": labels, "annotations": dict(contract.SCRAPE_ANNOTATIONS)},
-        "spec": pod_spec(
-            [_proxy_container(instance)],
-            account,
-            volumes=_tls_volumes(instance),
-            terminationGracePeriodSeconds=contract.PROXY_GRACE_S,
-        ),
+        "spec": pod,
     }
     spec: Manifest = {"selector": {"matchLabels": selector}, "template": template}
     # Surge first: a new proxy starts beside the one it replaces, which goes only once the new

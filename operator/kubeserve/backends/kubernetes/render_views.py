@@ -121,6 +121,12 @@ class InstanceView:
         return None if chosen is None else DataPath.NATIVE.value
 
     @property
+    def node_local_sockets(self) -> bool:
+        """``spec.proxy.nodeLocalSockets``: replicas also listen, and callers connect, through
+        the node's directory of replica sockets."""
+        return bool(self.spec.proxy and self.spec.proxy.node_local_sockets)
+
+    @property
     def tls(self) -> ProxyTLS | None:
         """``spec.tls``: the Secret the proxies serve HTTPS from, if any."""
         return self.spec.tls

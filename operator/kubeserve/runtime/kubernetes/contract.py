@@ -63,6 +63,8 @@ __all__ = [
     "METRICS_TOKEN_KEY",
     "NAMESPACE_ENV",
     "NAME_LABEL",
+    "NODE_SOCKETS_DIR",
+    "NODE_SOCKETS_HOST_ROOT",
     "OPERATOR_POD_LABELS",
     "PICKLED_GRAPH_DIR",
     "PICKLED_GRAPH_KEY",
@@ -96,6 +98,7 @@ __all__ = [
     "label_value",
     "metrics_token_secret_name",
     "network_policy_name",
+    "node_sockets_host_path",
     "owner_reference",
     "pickled_graph_secret_name",
     "policy_workload_name",
@@ -212,6 +215,12 @@ POD_IP_ENV = "KUBESERVE_POD_IP"
 BIND_HOST_ENV = "KUBESERVE_BIND_HOST"
 BIND_HOST = "0.0.0.0"
 POD_NAME_ENV = "KUBESERVE_POD_NAME"
+#: ``ServeInstance.spec.proxy.nodeLocalSockets``: where proxy and replica pods mount the node's
+#: directory of replica sockets (:mod:`kubeserve.runtime.local_socket`; short: a socket path
+#: has at most 107 bytes).
+NODE_SOCKETS_DIR = "/var/run/kubeserve/node"
+#: The node's directories of replica sockets, one per instance under it (a ``hostPath``).
+NODE_SOCKETS_HOST_ROOT = "/run/kubeserve"
 #: Where a pod's process finds its custom resources (``metadata.namespace``).
 NAMESPACE_ENV = "KUBESERVE_NAMESPACE"
 #: The ``ServeInstance`` a process belongs to (proxies serve only its applications' routes).
@@ -419,6 +428,12 @@ def dataplane_secret_name(instance: str) -> str:
     :mod:`kubeserve.runtime.channel`) under :data:`DATA_PLANE_SECRET_KEY`; created by the operator,
     owned by the ``ServeInstance``, read by its proxy and replica pods."""
     return _dns_label((instance, "dataplane", "secret"), exact=True)
+
+
+def node_sockets_host_path(namespace: str, instance: str) -> str:
+    """The node's directory of the replica sockets of ``instance`` in ``namespace`` (both DNS
+    labels, so the path is unambiguous)."""
+    return f"{NODE_SOCKETS_HOST_ROOT}/{namespace}/{instance}"
 
 
 def metrics_token_secret_name(instance: str) -> str:

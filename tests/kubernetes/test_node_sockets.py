@@ -1,0 +1,103 @@
+"""``ServeInstance.spec.proxy.nodeLocalSockets`` on the real node: the replica pod listens on a
+unix socket in the node's directory of the instance, the proxy pod (native data path) reaches it
+there instead of TCP across the bridge, every request is answered, and a replica pod that leaves
+removes its socket while its replacement serves on its own."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import ipaddress
+import os
+import stat
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from kubeserve.runtime.kubernetes import contract
+from support.common import ROOT, http, wait_for
+from support.k8s_operator import OperatorProcess, ready_pods
+from support.node_cluster import NodeCluster
+
+
+@pytest.fixture
+def row(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """``benchmarks/kubernetes_row.py``, whose ``deploy`` the bench's node-local sockets row
+    uses (its directory on the path, for the modules it imports)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return importlib.import_module("kubernetes_row")
+
+
+def connections(pid: int, socket_path: str, peer: str) -> tuple[int, int]:
+    """In the network namespace of process ``pid``: (unix connections accepted on
+    ``socket_path``, established TCP connections from ``peer`` to the replica port)."""
+    unix = 0
+    for line in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        # Num RefCount Protocol Flags Type St Inode Path: St 03 is a connected socket
+        if len(fields) == 8 and fields[7] == socket_path and fields[5] == "03":
+            unix += 1
+    tcp = 0
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        local, remote, state = line.split()[1:4]
+        port = int(local.split(":")[1], 16)
+        remote_ip = str(ipaddress.IPv4Address(int(remote.split(":")[0], 16).to_bytes(4, "little")))
+        if state == "01" and port == contract.REPLICA_PORT and remote_ip == peer:
+            tcp += 1
+    return unix, tcp
+
+
+def get_all(url: str, count: int) -> list[Any]:
+    """``count`` GETs, 8 at a time: the failures (status and body, or the error)."""
+
+    def one(_: int) -> Any:
+        try:
+            status, body = http("GET", url, timeout=10)
+        except OSError as exc:
+            return repr(exc)
+        return None if (status, body) == (200, "ok") else (status, body)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        return [f for f in pool.map(one, range(count)) if f is not None]
+
+
+def test_the_proxy_reaches_a_replica_on_its_node_through_the_nodes_socket(
+    node: NodeCluster, node_namespace: str, node_operator: OperatorProcess, row: ModuleType
+) -> None:
+    pods = row.deploy(node, node_operator, node_namespace, node_sockets=True)
+    proxy, replica = pods["proxy"], pods["replica"]
+    directory = Path(contract.node_sockets_host_path(node_namespace, contract.DEFAULT_INSTANCE))
+    # the node's directory belongs to the pods' user alone (the replica pod's init container)
+    info = directory.stat()
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (10001, 10001, 0o700)
+    replica_ip, proxy_ip = replica["status"]["podIP"], proxy["status"]["podIP"]
+    name = f"{replica_ip}-{contract.REPLICA_PORT}.sock"
+    assert stat.S_ISSOCK((directory / name).lstat().st_mode)
+    url = f"http://{proxy_ip}:{row.PORT}{row.ROUTE}"
+    assert get_all(url, 400) == []
+    replica_pid = row.pod_pids(replica)[0]
+    unix, tcp = connections(replica_pid, f"{contract.NODE_SOCKETS_DIR}/{name}", proxy_ip)
+    assert unix >= 1 and tcp == 0, (unix, tcp)
+
+    # The replica pod leaves (deleted: SIGTERM) and is replaced: its socket goes with it, and
+    # the replacement serves on its own.
+    node.kubectl("delete", "pod", replica["metadata"]["name"], "-n", node_namespace, timeout=120)
+
+    def replaced() -> dict[str, Any] | None:
+        found = ready_pods(node, node_namespace, "app.kubernetes.io/component=replica")
+        others = [p for p in found if p["metadata"]["uid"] != replica["metadata"]["uid"]]
+        return others[0] if others else None
+
+    new = wait_for(replaced, 180, what="a replacement replica pod")
+    assert not (directory / name).exists()
+    new_name = f"{new['status']['podIP']}-{contract.REPLICA_PORT}.sock"
+    wait_for(lambda: (directory / new_name).exists(), 60, what=f"{new_name}")
+    wait_for(lambda: not get_all(url, 8), 60, what="the replacement to serve")
+    assert get_all(url, 200) == []
+    unix, tcp = connections(
+        row.pod_pids(new)[0], f"{contract.NODE_SOCKETS_DIR}/{new_name}", proxy_ip
+    )
+    assert unix >= 1 and tcp == 0, (unix, tcp)
+    assert sorted(os.listdir(directory)) == [new_name]

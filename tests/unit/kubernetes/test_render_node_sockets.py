@@ -1,0 +1,123 @@
+"""``ServeInstance.spec.proxy.nodeLocalSockets``: what the proxy and replica pods get (pure).
+
+Replica pods mount the node's directory of the instance's replica sockets and run, first, the one
+init container that is not restricted (root with ``CHOWN`` only) to hand it to the pods' user;
+proxy pods mount it only. Without the option nothing of it is rendered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+
+from kubeserve.backends.kubernetes import render
+from kubeserve.control import effective_config
+from kubeserve.runtime import local_socket
+from kubeserve.runtime.kubernetes import contract
+
+K8S_VERSION = "1.36.0"  # as tests/unit/kubernetes/test_render.py
+HOST_PATH = "/run/kubeserve/serving/default"
+Json = dict[str, Any]
+
+
+def instance(**proxy: Any) -> render.InstanceView:
+    meta = {"name": "default", "namespace": "serving", "uid": "uid-inst"}
+    spec: Json = {"proxyLocation": "HeadOnly"}
+    if proxy:
+        spec["proxy"] = proxy
+    return render.instance_view({"metadata": meta, "spec": spec})
+
+
+def replica_pod(inst: render.InstanceView, **app_fields: Any) -> Json:
+    config = {"name": "shop", "import_path": "shop.main:app", **app_fields}
+    meta = {"name": "shop", "namespace": "serving", "uid": "uid-app", "generation": 1}
+    app = render.app_view({"metadata": meta}, config, None)
+    effective = effective_config.effective_deployment("Model", {}, None)
+    workload = render.render_replica_workload(inst, app, render.deployment_view(config, effective))
+    kubernetes_validate.validate(workload, K8S_VERSION, strict=True)
+    spec: Json = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def proxy_pod(inst: render.InstanceView) -> Json:
+    workload = render.render_proxy(inst)[0]
+    kubernetes_validate.validate(workload, K8S_VERSION, strict=True)
+    spec: Json = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def env(container: Json) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def node_volume(spec: Json) -> list[Json]:
+    return [v for v in spec["volumes"] if "hostPath" in v]
+
+
+def test_replica_pods_listen_in_the_nodes_directory() -> None:
+    spec = replica_pod(instance(nodeLocalSockets=True))
+    volume = {"name": "node-sockets", "hostPath": {"path": HOST_PATH, "type": "DirectoryOrCreate"}}
+    assert node_volume(spec) == [volume]
+    main = spec["containers"][0]
+    mount = {"name": "node-sockets", "mountPath": contract.NODE_SOCKETS_DIR}
+    assert mount in main["volumeMounts"]
+    variables = env(main)
+    assert variables[local_socket.NODE_SOCKETS_ENV] == contract.NODE_SOCKETS_DIR
+    # the address callers know the replica by: its pod IP, defined earlier in the same list
+    assert variables[local_socket.NODE_ADDRESS_ENV] == f"$({contract.POD_IP_ENV})"
+    names = [e["name"] for e in main["env"]]
+    assert names.index(contract.POD_IP_ENV) < names.index(local_socket.NODE_ADDRESS_ENV)
+    # the directory goes to the pods' user before anything runs, by the least privilege that can
+    claim = spec["initContainers"][0]
+    assert claim["name"] == "node-sockets" and claim["volumeMounts"] == [mount]
+    security = claim["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert security["runAsUser"] == 0 and security["runAsNonRoot"] is False
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert claim["command"][-2:] == [contract.NODE_SOCKETS_DIR, "10001"]
+
+
+def test_the_claim_comes_before_the_runtime_env_fetch() -> None:
+    spec = replica_pod(
+        instance(nodeLocalSockets=True), runtime_env={"working_dir": "https://example.com/a.zip"}
+    )
+    assert [c["name"] for c in spec["initContainers"]] == ["node-sockets", "runtime-env"]
+
+
+def test_proxy_pods_mount_it_without_a_claim() -> None:
+    spec = proxy_pod(instance(nodeLocalSockets=True))
+    assert len(node_volume(spec)) == 1
+    assert "initContainers" not in spec
+    variables = env(spec["containers"][0])
+    assert variables[local_socket.NODE_SOCKETS_ENV] == contract.NODE_SOCKETS_DIR
+
+
+def test_without_the_option_pods_stay_restricted() -> None:
+    for inst in (instance(), instance(nodeLocalSockets=False), instance(dataPath="native")):
+        for spec in (replica_pod(inst), proxy_pod(inst)):
+            assert node_volume(spec) == []
+            assert "initContainers" not in spec
+            assert local_socket.NODE_SOCKETS_ENV not in env(spec["containers"][0])
+
+
+def test_the_claim_is_idempotent_and_mode_first() -> None:
+    """Run as root without CAP_FOWNER, the program changes the mode while root owns the
+    directory, then the owner; a directory already the pods' user's is left alone."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    command = replica_pod(instance(nodeLocalSockets=True))["initContainers"][0]["command"]
+    program = command[2]
+    with tempfile.TemporaryDirectory() as tmp:
+        uid = os.getuid()
+        os.chmod(tmp, 0o755)
+        # the directory already belongs to the given user: nothing is changed
+        subprocess.run([sys.executable, "-c", program, tmp, str(uid)], check=True)
+        assert os.stat(tmp).st_mode & 0o777 == 0o755
+        if uid == 0:  # as root: handed over to another user, 0700
+            subprocess.run([sys.executable, "-c", program, tmp, "10001"], check=True)
+            st = os.stat(tmp)
+            assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (10001, 10001, 0o700)

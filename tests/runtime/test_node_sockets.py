@@ -10,8 +10,6 @@ backend's, so the abstract-name shortcut of ``127.0.0.1`` does not apply)."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
 import stat
 import subprocess
@@ -24,29 +22,17 @@ import pytest
 from kubeserve.runtime import channel, local_socket, wire
 from support.channel_front import SECRET
 from support.common import free_port, wait_for
+from support.replica_process import replica_config, replica_env
 
 ROOT = Path(__file__).resolve().parents[2]
 ADDRESS = "127.0.0.2"
 
 
 def spawn(directory: Path, port: int) -> subprocess.Popen[bytes]:
-    config = {
-        "app": "default",
-        "deployment": "Echo",
-        "import_path": "ks_echo_app:app",
-        "replica_id": "r-1",
-        "user_config": {"greeting": "hello"},
-        "max_ongoing_requests": 5,
-        "graceful_shutdown_wait_loop_s": 0.1,
-        "graceful_shutdown_timeout_s": 5.0,
-    }
-    env = dict(os.environ)
-    env.pop(wire.CONTROLLER_URL_ENV, None)
-    env[wire.REPLICA_CONFIG_ENV] = json.dumps(config)
-    env[channel.SECRET_ENV] = SECRET.decode()
+    config = replica_config("ks_echo_app:app", "Echo", user_config={"greeting": "hello"})
+    env = replica_env(config)
     env[local_socket.NODE_SOCKETS_ENV] = str(directory)
     env[local_socket.NODE_ADDRESS_ENV] = ADDRESS
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "operator"), str(ROOT / "tests" / "apps")])
     # bound to every address, as in a pod: the socket is named by the address callers know
     cmd = [sys.executable, "-m", "kubeserve.runtime.replica", "--host", "0.0.0.0"]
     return subprocess.Popen(

@@ -29,6 +29,7 @@ from kubeserve.sdk.ray_errors import RayError, RayTaskError
 from support.channel_front import SECRET
 from support.common import free_port, wait_for
 from support.kubeserve_start import PickleMarker
+from support.replica_process import replica_config, replica_env
 from support.sealed_socket import SealedSocket, sealed_socket
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,31 +90,11 @@ def authenticated(port: int, role: channel.Role, timeout: float = 10) -> SealedS
     return sealed_socket(port, role, SECRET, "r-1", timeout)
 
 
-def replica_config(import_path: str, deployment: str, **overrides: Any) -> wire.ReplicaConfig:
-    config: dict[str, Any] = {
-        "app": "default",
-        "deployment": deployment,
-        "import_path": import_path,
-        "replica_id": "r-1",
-        "user_config": None,
-        "max_ongoing_requests": 5,
-        "graceful_shutdown_wait_loop_s": 0.1,
-        "graceful_shutdown_timeout_s": 5.0,
-        **overrides,
-    }
-    return config  # type: ignore[return-value]
-
-
 def spawn(
     config: wire.ReplicaConfig, port: int, environ: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
     """A replica process; without ``environ`` (the test's environment) it has no controller."""
-    env = dict(os.environ) if environ is None else dict(environ)
-    env[wire.REPLICA_CONFIG_ENV] = json.dumps(config)
-    env[channel.SECRET_ENV] = SECRET.decode()
-    if environ is None:
-        env.pop(wire.CONTROLLER_URL_ENV, None)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "operator"), str(ROOT / "tests" / "apps")])
+    env = replica_env(config, environ)
     cmd = [sys.executable, "-m", "kubeserve.runtime.replica", "--host", "127.0.0.1"]
     return subprocess.Popen(
         [*cmd, "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE

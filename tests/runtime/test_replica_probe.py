@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import json
-import os
 import socket
 import subprocess
 import sys
@@ -21,12 +19,13 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from kubeserve.runtime import channel, wire
+from kubeserve.runtime import channel
 from kubeserve.runtime.kubernetes.contract import METRICS_PORT_ENV
 from kubeserve.runtime.metrics_listener import metrics_token
 from kubeserve.runtime.replica.probe import ProbeListener
 from support.channel_front import SECRET
 from support.common import free_port
+from support.replica_process import replica_config, replica_env
 from support.sealed_socket import sealed_socket
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,25 +137,16 @@ class PodReplica(NamedTuple):
 def replica() -> Iterator[PodReplica]:
     """A replica started by the pod's command, ``kubeserve replica`` (outside a cluster)."""
     port, probe_port, metrics_port = free_port(), free_port(), free_port()
-    config = {
-        "app": "default",
-        "deployment": "Echo",
-        "import_path": "ks_echo_app:app",
-        "replica_id": "r-1",
-        "user_config": {"greeting": "hi"},
-        "max_ongoing_requests": 5,
-        "graceful_shutdown_wait_loop_s": 0.1,
-        "graceful_shutdown_timeout_s": 5.0,
-        "probe_port": probe_port,
-        "health_check_period_s": 0.1,
-        "health_check_timeout_s": 2.0,
-    }
-    env = dict(os.environ)
-    env[wire.REPLICA_CONFIG_ENV] = json.dumps(config)
-    env[channel.SECRET_ENV] = SECRET.decode()
+    config = replica_config(
+        "ks_echo_app:app",
+        "Echo",
+        user_config={"greeting": "hi"},
+        probe_port=probe_port,
+        health_check_period_s=0.1,
+        health_check_timeout_s=2.0,
+    )
+    env = replica_env(config)
     env[METRICS_PORT_ENV] = str(metrics_port)
-    env.pop(wire.CONTROLLER_URL_ENV, None)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "operator"), str(ROOT / "tests" / "apps")])
     proc = subprocess.Popen(
         [sys.executable, "-m", "kubeserve.cli", "replica", "--host", "127.0.0.1",
          "--port", str(port)],

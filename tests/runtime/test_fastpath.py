@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
@@ -36,7 +37,7 @@ from kubeserve.runtime.replica.http import (
 )
 from kubeserve.runtime.wire import UNSERVED_HEADER, Snapshot
 from support.channel_front import SECRET
-from support.common import run, wait_until
+from support.common import free_port, run, wait_until
 from support.static_source import StaticSource
 
 BINARY = find_binary()
@@ -156,6 +157,62 @@ def test_the_rust_channel_client_is_refused_for_another_replica_or_secret() -> N
             assert app.seen == []
         finally:
             server.close()
+
+    run(go())
+
+
+def test_the_rust_channel_client_takes_the_nodes_socket_of_a_replica_on_its_node(
+    tmp_path: Path,
+) -> None:
+    """``KUBESERVE_NODE_SOCKETS`` (``spec.proxy.nodeLocalSockets``): a replica on the node is
+    reached through ``<dir>/<host>-<port>.sock`` (here it listens there only), a stale file
+    (nobody listening) falls back to TCP, and without the directory it is TCP."""
+
+    async def probe_with(directory: Path | None, port: int) -> tuple[int, bytes, bytes]:
+        assert BINARY is not None
+        env = {"KUBESERVE_DATA_PLANE_SECRET": SECRET.decode()}
+        if directory is not None:
+            env["KUBESERVE_NODE_SOCKETS"] = str(directory)
+        proc = await asyncio.create_subprocess_exec(
+            BINARY, "probe", "127.0.0.2", str(port), "replica-a", "GET", "/node",
+            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await proc.communicate()
+        assert proc.returncode is not None
+        return proc.returncode, out, err
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        app = Echo("a")
+        port = free_port()  # no TCP listener on 127.0.0.2 there for the first two probes
+        path = tmp_path / f"127.0.0.2-{port}.sock"
+        serve = ReplicaHttpServer(app, control=app, secret=SECRET, identity="replica-a")
+        server = await loop.create_unix_server(serve, str(path))
+        try:
+            rc, out, err = await probe_with(tmp_path, port)
+            assert rc == 0, err
+            assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"\r\n\r\nGET"), out
+            assert [r.path for r in app.seen] == ["/node"]
+            rc, _, err = await probe_with(None, port)  # another node's caller: TCP, refused
+            assert rc == 1, err
+        finally:
+            server.close()
+            await server.wait_closed()
+        # the replica was killed: its file stays (nobody listens on it), refuses, and the
+        # caller goes on with TCP
+        if not path.exists():  # (a Python that removes it on close)
+            leftover = socket.socket(socket.AF_UNIX)
+            leftover.bind(str(path))
+            leftover.close()
+        tcp = await loop.create_server(serve, "127.0.0.2", 0)
+        tcp_port = tcp.sockets[0].getsockname()[1]
+        os.rename(path, tmp_path / f"127.0.0.2-{tcp_port}.sock")
+        try:
+            rc, out, err = await probe_with(tmp_path, tcp_port)
+            assert rc == 0, err
+            assert [r.path for r in app.seen] == ["/node", "/node"]
+        finally:
+            tcp.close()
 
     run(go())
 

@@ -18,7 +18,7 @@ import pytest
 
 from kubeserve.runtime.kubernetes import contract
 from support.common import ROOT, http, wait_for
-from support.k8s_operator import OperatorProcess, ready_pods
+from support.k8s_operator import OperatorProcess, application, instance, ready_pods
 from support.node_cluster import NodeCluster
 
 
@@ -101,3 +101,32 @@ def test_the_proxy_reaches_a_replica_on_its_node_through_the_nodes_socket(
     )
     assert unix >= 1 and tcp == 0, (unix, tcp)
     assert sorted(os.listdir(directory)) == [new_name]
+
+
+def test_a_namespace_whose_pod_security_refuses_the_sockets_says_so(
+    node: NodeCluster, node_namespace: str, node_operator: OperatorProcess
+) -> None:
+    """Under the ``baseline`` Pod Security level (no hostPath), the replica pods are refused by
+    the API server: the application's status says why, in the words of the refusal."""
+    node.kubectl(
+        "label", "namespace", node_namespace, "pod-security.kubernetes.io/enforce=baseline"
+    )
+    serving = instance(node_namespace)
+    serving["spec"]["proxy"] = {"nodeLocalSockets": True}
+    node.apply(serving)
+    node.apply(
+        application(
+            node_namespace, "refused", "apps:noop", routePrefix="/noop",
+            deployments=[{"name": "Noop", "numReplicas": 1}],
+        )
+    )  # fmt: skip
+
+    def said() -> str | None:
+        status = node.get("serveapplication", "refused", node_namespace).get("status") or {}
+        deployments = (status.get("deployments") or {}).values()
+        messages = [str(d.get("message", "")) for d in deployments]
+        return next((m for m in messages if "pods cannot be created" in m), None)
+
+    message = wait_for(said, 120, what="the refusal in the application's status")
+    assert "PodSecurity" in message and "hostPath" in message, message
+    assert "node-sockets" in message, message  # the volume the refusal names

@@ -35,6 +35,7 @@ from kubeserve.backends.kubernetes.autoscaling import (
 )
 from kubeserve.backends.kubernetes.cluster import CACHE_LAG_S, Cluster
 from kubeserve.backends.kubernetes.data_plane import DataPlane
+from kubeserve.backends.kubernetes.pods import creation_failure
 from kubeserve.backends.kubernetes.policy_host import (
     PolicyHost,
     find_policy_host,
@@ -267,7 +268,15 @@ class ApplicationReconciler:
             healthy_key in self._healthy_versions,
             deployment.target_replicas,
         )
-        view = dataclasses.replace(view, autoscaling_error=self._autoscalers.policy_error(key))
+        workload = self._cluster.cache.get(
+            "Deployment", app.namespace, contract.workload_name(app.cr_name, deployment.name)
+        )
+        refused = creation_failure(workload)  # pods the cluster refuses: said with the progress
+        view = dataclasses.replace(
+            view,
+            autoscaling_error=self._autoscalers.policy_error(key),
+            unschedulable="; ".join(m for m in (view.unschedulable, refused) if m),
+        )
         if deployment_status(view).status == "HEALTHY":
             self._healthy_versions.add(healthy_key)
         return ObservedDeployment(

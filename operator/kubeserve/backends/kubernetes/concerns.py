@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubeserve.backends.kubernetes.cache import ClusterCache
-from kubeserve.backends.kubernetes.pods import replica_key
+from kubeserve.backends.kubernetes.pods import creation_failure, replica_key
 from kubeserve.control.fingerprint import fingerprint
 from kubeserve.runtime.kubernetes import contract
 
@@ -64,7 +64,9 @@ def concerned(
             key_of("ServeApplication", app) for app in apps if contract.instance_of(app) == name
         }
     if kind in _STATUS_UNREAD and _only_status_changed(obj, old):
-        return set()
+        failing = kind == "Deployment" and creation_failure(obj) != creation_failure(old)
+        if not failing:  # a Deployment that starts or stops failing to create pods is reported
+            return set()
     labels = obj["metadata"].get("labels") or {}
     if labels.get(contract.COMPONENT_LABEL) == contract.COMPONENT_BUILD and kind in _BUILD_KINDS:
         users = _build_users(cache, kind, obj, old)
@@ -81,8 +83,9 @@ def concerned(
     return {key_of(k, o) for k in CUSTOM_KINDS for o in cache.objects(k, namespace)}
 
 
-#: Children whose status no pass reads (what a pass observes is its pods and its build Job):
-#: their controllers rewrite it at every pod event (a Deployment's counts, a budget's allowed
+#: Children whose status no pass reads (what a pass observes is its pods and its build Job), but
+#: for a Deployment's ``ReplicaFailure`` condition (:func:`~.pods.creation_failure`): their
+#: controllers rewrite it at every pod event (a Deployment's counts, a budget's allowed
 #: disruptions), and the controller-manager works through its queue of a thousand budgets
 #: minutes after a roll-out ends.
 _STATUS_UNREAD = ("Deployment", "DaemonSet", "PodDisruptionBudget", "Service")

@@ -1,5 +1,5 @@
 """What the operator reads off a pod: readiness, why it stopped, and which replica process it
-is."""
+is; and off a workload, why it cannot create its pods."""
 
 from __future__ import annotations
 
@@ -13,6 +13,16 @@ def pod_ready(pod: dict[str, Any]) -> bool:
         if condition.get("type") == "Ready":
             return bool(condition.get("status") == "True")
     return False
+
+
+def creation_failure(workload: Mapping[str, Any] | None) -> str:
+    """Why ``workload`` (a Deployment) cannot create its pods, from its ``ReplicaFailure``
+    condition (Pod Security refusing the pod, a ResourceQuota exhausted...), "" when it can."""
+    for condition in ((workload or {}).get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "ReplicaFailure" and condition.get("status") == "True":
+            why = condition.get("message") or condition.get("reason") or "no reason given"
+            return f"pods cannot be created: {why}"
+    return ""
 
 
 def last_exit(container: Mapping[str, Any]) -> Mapping[str, Any] | None:

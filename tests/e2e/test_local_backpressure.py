@@ -31,6 +31,7 @@ def test_max_queued_requests_refuses_at_once(clean_kubeserve: Kubeserve) -> None
     limited = {"name": "Slow", "max_ongoing_requests": 1, "max_queued_requests": 1}
     assert ks.put([slow_app(limited)])[0] == 200
     ks.wait_app("slow")
+    served_once(ks, "/slow")
     with ThreadPoolExecutor(6) as pool:
         answers = list(pool.map(lambda _: http("GET", f"{ks.proxy}/slow?s=2")[0], range(6)))
     # one runs, one waits; the other four are refused without waiting for a slot
@@ -48,6 +49,7 @@ def test_backpressure_config_sets_the_status_and_retry_after(clean_kubeserve: Ku
     }
     assert ks.put([slow_app(limited)])[0] == 200
     ks.wait_app("slow")
+    served_once(ks, "/slow")
 
     answers = _four_at_once(f"{ks.proxy}/slow?s=2")
     assert answers == [(200, None), (200, None), (429, "3"), (429, "3")], answers
@@ -60,9 +62,17 @@ def test_backpressure_set_in_code_answers_429_with_retry_after(clean_kubeserve: 
     app = {"name": "coded", "route_prefix": "/coded", "import_path": "ray_backpressure_app:app"}
     assert ks.put([app])[0] == 200
     ks.wait_app("coded")
+    served_once(ks, "/coded")
 
     answers = _four_at_once(f"{ks.proxy}/coded?s=2")
     assert answers == [(200, None), (200, None), (429, "3"), (429, "3")], answers
+
+
+def served_once(ks: Kubeserve, route: str) -> None:
+    """One quick request through the proxy, answered: from then on the proxy knows the replica.
+    (It learns replicas by long-poll, a moment after the application is reported RUNNING; a
+    request meanwhile waits in its queue, which these tests fill on purpose.)"""
+    assert http("GET", f"{ks.proxy}{route}?s=0")[0] == 200
 
 
 def _four_at_once(url: str) -> list[tuple[int, str | None]]:

@@ -1,7 +1,9 @@
-"""``ServeInstance.spec.proxy.nodeLocalSockets`` on the real node: the replica pod listens on a
-unix socket in the node's directory of the instance, the proxy pod (native data path) reaches it
-there instead of TCP across the bridge, every request is answered, and a replica pod that leaves
-removes its socket while its replacement serves on its own."""
+"""``ServeInstance.spec.proxy.nodeLocalSockets`` on the real node: turned on for a running
+instance (whose proxy pod reached its replica over TCP), the pods roll; the replica pod listens
+on a unix socket in the node's directory of the instance, the proxy pod (native data path)
+reaches it there and no longer over TCP across the bridge, every request is answered, and a
+replica pod that leaves removes its socket while its replacement serves on its own. In a
+namespace whose Pod Security refuses hostPath, the application's status says so."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import importlib
 import ipaddress
 import os
 import stat
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -30,17 +33,19 @@ def row(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return importlib.import_module("kubernetes_row")
 
 
-def connections(pid: int, socket_path: str, peer: str) -> tuple[int, int]:
-    """In the network namespace of process ``pid``: (unix connections accepted on
-    ``socket_path``, established TCP connections from ``peer`` to the replica port)."""
+def connections(replica_pid: int, proxy_pid: int, socket_path: str, peer: str) -> tuple[int, int]:
+    """(Unix connections accepted on the replica's ``socket_path``, established TCP connections
+    from ``peer`` to the replica port). An accepted unix socket belongs to the network namespace
+    of the caller that connected (the proxy pod's), where it shows the listener's path; TCP is
+    read in the replica pod's."""
     unix = 0
-    for line in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]:
+    for line in Path(f"/proc/{proxy_pid}/net/unix").read_text().splitlines()[1:]:
         fields = line.split()
         # Num RefCount Protocol Flags Type St Inode Path: St 03 is a connected socket
         if len(fields) == 8 and fields[7] == socket_path and fields[5] == "03":
             unix += 1
     tcp = 0
-    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+    for line in Path(f"/proc/{replica_pid}/net/tcp").read_text().splitlines()[1:]:
         local, remote, state = line.split()[1:4]
         port = int(local.split(":")[1], 16)
         remote_ip = str(ipaddress.IPv4Address(int(remote.split(":")[0], 16).to_bytes(4, "little")))
@@ -63,10 +68,49 @@ def get_all(url: str, count: int) -> list[Any]:
         return [f for f in pool.map(one, range(count)) if f is not None]
 
 
+def under_load(url: str, pids: tuple[int, int], name: str, proxy_ip: str) -> tuple[int, int]:
+    """400 requests through the proxy, every one answered; meanwhile, the most connections the
+    replica (``pids``: its process and the proxy's) held at once from the proxy: (over its
+    socket, over TCP)."""
+    most = [0, 0]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        failures = pool.submit(get_all, url, 400)
+        while not failures.done():
+            seen = connections(*pids, f"{contract.NODE_SOCKETS_DIR}/{name}", proxy_ip)
+            most = [max(m, n) for m, n in zip(most, seen, strict=True)]
+            time.sleep(0.01)
+        assert failures.result() == []
+    return most[0], most[1]
+
+
 def test_the_proxy_reaches_a_replica_on_its_node_through_the_nodes_socket(
     node: NodeCluster, node_namespace: str, node_operator: OperatorProcess, row: ModuleType
 ) -> None:
-    pods = row.deploy(node, node_operator, node_namespace, node_sockets=True)
+    # Without the option: TCP from the proxy pod to the replica pod, no socket (what the
+    # measure below tells apart)
+    before = row.deploy(node, node_operator, node_namespace)
+    url = f"http://{before['proxy']['status']['podIP']}:{row.PORT}{row.ROUTE}"
+    pids = (row.pod_pids(before["replica"])[0], row.pod_pids(before["proxy"])[0])
+    tcp_name = f"{before['replica']['status']['podIP']}-{contract.REPLICA_PORT}.sock"
+    unix, tcp = under_load(url, pids, tcp_name, before["proxy"]["status"]["podIP"])
+    assert unix == 0 and tcp >= 1, (unix, tcp)
+    # Turned on for the running instance: its proxy and replica pods roll
+    node.kubectl(
+        "patch", "serveinstance", contract.DEFAULT_INSTANCE, "-n", node_namespace,
+        "--type=merge", "-p", '{"spec": {"proxy": {"nodeLocalSockets": true}}}',
+    )  # fmt: skip
+    old = {before[c]["metadata"]["uid"] for c in ("proxy", "replica")}
+
+    def rolled() -> dict[str, dict[str, Any]] | None:
+        found = {}
+        for component in ("proxy", "replica"):
+            pods = ready_pods(node, node_namespace, f"app.kubernetes.io/component={component}")
+            if len(pods) != 1 or pods[0]["metadata"]["uid"] in old:
+                return None
+            found[component] = pods[0]
+        return found
+
+    pods = wait_for(rolled, 180, what="the proxy and replica pods rolled")
     proxy, replica = pods["proxy"], pods["replica"]
     directory = Path(contract.node_sockets_host_path(node_namespace, contract.DEFAULT_INSTANCE))
     # the node's directory belongs to the pods' user alone (the replica pod's init container)
@@ -76,9 +120,8 @@ def test_the_proxy_reaches_a_replica_on_its_node_through_the_nodes_socket(
     name = f"{replica_ip}-{contract.REPLICA_PORT}.sock"
     assert stat.S_ISSOCK((directory / name).lstat().st_mode)
     url = f"http://{proxy_ip}:{row.PORT}{row.ROUTE}"
-    assert get_all(url, 400) == []
-    replica_pid = row.pod_pids(replica)[0]
-    unix, tcp = connections(replica_pid, f"{contract.NODE_SOCKETS_DIR}/{name}", proxy_ip)
+    proxy_pid = row.pod_pids(proxy)[0]
+    unix, tcp = under_load(url, (row.pod_pids(replica)[0], proxy_pid), name, proxy_ip)
     assert unix >= 1 and tcp == 0, (unix, tcp)
 
     # The replica pod leaves (deleted: SIGTERM) and is replaced: its socket goes with it, and
@@ -95,10 +138,7 @@ def test_the_proxy_reaches_a_replica_on_its_node_through_the_nodes_socket(
     new_name = f"{new['status']['podIP']}-{contract.REPLICA_PORT}.sock"
     wait_for(lambda: (directory / new_name).exists(), 60, what=f"{new_name}")
     wait_for(lambda: not get_all(url, 8), 60, what="the replacement to serve")
-    assert get_all(url, 200) == []
-    unix, tcp = connections(
-        row.pod_pids(new)[0], f"{contract.NODE_SOCKETS_DIR}/{new_name}", proxy_ip
-    )
+    unix, tcp = under_load(url, (row.pod_pids(new)[0], proxy_pid), new_name, proxy_ip)
     assert unix >= 1 and tcp == 0, (unix, tcp)
     assert sorted(os.listdir(directory)) == [new_name]
 

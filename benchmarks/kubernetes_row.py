@@ -6,14 +6,18 @@ Starts the real single-node cluster of ``tests/support/node_cluster.py`` (contai
 kube-proxy, CoreDNS; pods on the ``10.244.0.0/24`` bridge), applies ``crds/``, starts ``kubeserve
 operator``, applies a ServeInstance (HeadOnly proxy, port 8000) and a ServeApplication of
 ``apps:noop`` (``benchmarks/apps.py``, the app ``make bench`` loads, shipped in the tests' image)
-with 1 replica and ``maxOngoingRequests: 100``, waits for Ready, then loads, in turns so all share
-the same background (``load.measure_together``), with the settings of ``make bench``:
+with 1 replica, ``maxOngoingRequests: 100`` and ``numCpus: 0.5``, waits for Ready, then loads,
+in turns so all share the same background (``load.measure_together``), with the settings of
+``make bench``:
 
 * the proxy pod (``http://<proxy pod IP>:8000/noop``);
 * the proxy Service's ClusterIP (the same pod behind kube-proxy's rules);
-* the reference: the same replica code without the data-plane handshake on the host
-  (``plain_replica.py``; a replica pod only takes authenticated connections, which wrk cannot
-  make).
+* the proxy pod of the same app on a second instance, in namespace ``bench-k8s-sockets``, with
+  ``spec.proxy.nodeLocalSockets`` (the proxy reaches its replica through the node's socket);
+* the reference: ``kubeserve start`` on the host with the same app, its processes in cgroups
+  weighted like the pods (:func:`embedded`).
+
+wrk runs in a pod of each namespace, with the proxy pod's CPU requests, for the rows on pods.
 
 Everything is torn down at the end. The figures go to ``results-kubernetes.json``, and
 ``results.md`` is rewritten from ``results.json`` plus them (``report.py`` adds the rows).
@@ -60,6 +64,9 @@ ROOT = BENCH_DIR.parent
 NAMESPACE = "bench-k8s"
 #: the same app on an instance with ``spec.proxy.nodeLocalSockets``
 SOCKETS_NAMESPACE = "bench-k8s-sockets"
+#: the replica pods' CPU request: two of them (one per instance) fit the node's 2 CPUs beside
+#: the proxy and wrk pods
+REPLICA_CPUS = 0.5
 APP = "noop"
 ROUTE = "/noop"
 PORT = 8000  # the ServeInstance's httpOptions.port, and every replica pod's port
@@ -87,7 +94,8 @@ def deploy(
     plane.apply(
         application(
             namespace, APP, "apps:noop", routePrefix=ROUTE,
-            deployments=[{"name": "Noop", "numReplicas": 1, "maxOngoingRequests": 100}],
+            deployments=[{"name": "Noop", "numReplicas": 1, "maxOngoingRequests": 100,
+                          "rayActorOptions": {"numCpus": REPLICA_CPUS}}],
         )
     )  # fmt: skip
     for kind, name in (("serveinstance", "default"), ("serveapplication", APP)):

@@ -99,3 +99,24 @@ var_args = VarArgs.bind()
 async_generator = AsyncGenerator.bind()
 blocking_generator = BlockingGenerator.bind()
 blocking_handler = BlockingHandler.bind()
+
+
+@serve.deployment
+class SyncAnswers:
+    """A plain ``__call__`` whose answers take every way back from its worker thread: a ``str``
+    (written by the worker itself), one larger than a socket takes at once (the rest written by
+    the event loop), a dict (answered on the loop), an exception (a 500)."""
+
+    def __call__(self, request: Request):
+        kind = request.query_params.get("kind", "text")
+        n = request.query_params.get("n", "")
+        if kind == "big":
+            return "x" * int(n)
+        if kind == "dict":
+            return {"n": n}
+        if kind == "raise":
+            raise ValueError("asked to fail")
+        return f"text {n}"
+
+
+sync_answers = SyncAnswers.bind()

@@ -645,3 +645,79 @@ def test_a_streamed_multiplexed_call_names_the_model_its_generator_loaded(start:
     frames = list(wire.FrameReader().feed(body))
     assert [kind for kind, _ in frames] == [wire.FRAME_ITEM, wire.FRAME_END]
     assert wire.decode_result(frames[0][1])["x"] == 7
+
+
+def _read_answers(file: Any, count: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """``count`` HTTP/1.1 answers (with a Content-Length each) read in turn from ``file``."""
+    answers = []
+    for _ in range(count):
+        status = int(file.readline().split()[1])
+        headers = {}
+        while (line := file.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        answers.append((status, headers, file.read(int(headers["content-length"]))))
+    return answers
+
+
+def test_a_plain_handlers_answers_come_back_whole_and_in_order_however_they_are_written(
+    start: Any,
+) -> None:
+    """A plain ``__call__``'s ``str`` answer is written by its worker thread; a dict, an
+    exception, or what the socket does not take at once (a 3 MB answer) by the event loop.
+    Requests pipelined on one connection, every kind mixed, get their answers in order, each
+    whole, with its own request id; the replica counts every one done."""
+    replica: ReplicaProcess = start(CONVENTIONS + "sync_answers", "SyncAnswers")
+    kinds = [
+        ("text", "1"), ("raise", ""), ("dict", "3"), ("big", "3000000"), ("text", "5"),
+        ("big", "70000"), ("text", "7"),
+    ] * 3  # fmt: skip
+    sock = authenticated(replica.port, channel.Role.INGRESS, timeout=30)
+    try:
+        sock.sendall(
+            b"".join(
+                b"GET /?kind=%s&n=%s HTTP/1.1\r\nHost: r\r\nX-Request-Id: rid-%d\r\n\r\n"
+                % (kind.encode(), n.encode(), i)
+                for i, (kind, n) in enumerate(kinds)
+            )
+        )
+        answers = _read_answers(sock.makefile("rb"), len(kinds))
+    finally:
+        sock.close()
+    for i, ((kind, n), (status, headers, body)) in enumerate(zip(kinds, answers, strict=True)):
+        assert headers["x-request-id"] == f"rid-{i}"
+        if kind == "text":
+            assert (status, headers["content-type"], body) == (
+                200, "text/plain; charset=utf-8", f"text {n}".encode(),
+            )  # fmt: skip
+        elif kind == "big":
+            assert (status, body) == (200, b"x" * int(n))
+        elif kind == "dict":
+            assert (status, json.loads(body)) == (200, {"n": n})
+        else:
+            assert status == 500 and b"rid-" in body
+    assert replica.metric("kubeserve_replica_processed_requests_total") >= len(kinds)
+    assert replica.metric("kubeserve_replica_ongoing_requests") == 0
+
+
+def test_a_plain_handler_at_max_ongoing_requests_one_takes_each_next_request(
+    start: Any,
+) -> None:
+    """With ``max_ongoing_requests: 1``, a caller that sends its next request as soon as the
+    last answer (written by the worker thread) arrives is never refused: the replica takes in
+    the answers its workers wrote before it refuses anything at capacity."""
+    replica: ReplicaProcess = start(
+        CONVENTIONS + "sync_answers", "SyncAnswers", max_ongoing_requests=1
+    )
+    sock = authenticated(replica.port, channel.Role.INGRESS, timeout=30)
+    file = sock.makefile("rb")
+    statuses = []
+    try:
+        for i in range(500):
+            sock.sendall(b"GET /?n=%d HTTP/1.1\r\nHost: r\r\n\r\n" % i)
+            status, _, body = _read_answers(file, 1)[0]
+            statuses.append(status)
+            assert body == b"text %d" % i
+    finally:
+        sock.close()
+    assert statuses == [200] * 500

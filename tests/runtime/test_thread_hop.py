@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from kubeserve.runtime.thread_hop import ThreadHop, current_hop, run_sync
+from kubeserve.runtime.thread_hop import Finisher, ThreadHop, current_hop, run_sync
 from support.common import run
 
 REQUEST = contextvars.ContextVar("request", default="")
@@ -212,3 +212,91 @@ def test_a_forked_child_makes_its_own_hop() -> None:
         assert current_hop() is hop
 
     run(parent(), uvloop=True)
+
+
+def test_a_finisher_runs_on_the_worker_right_after_the_call_then_on_the_loop() -> None:
+    """``run_finishing``: the call in a copy of the caller's context, ``on_worker`` on the
+    worker thread that made it, with its outcome (an exception as ``(False, exc)``), then
+    ``on_loop`` on the loop's thread; ``drain_ready`` takes the results in at once."""
+
+    class Recorder(Finisher):
+        __slots__ = ("done", "events")
+
+        def __init__(self, done: asyncio.Future[None]) -> None:
+            self.events: list[tuple[str, bool, object, int]] = []
+            self.done = done
+
+        def on_worker(self, ok: bool, value: object) -> None:
+            self.events.append(("worker", ok, value, threading.get_ident()))
+
+        def on_loop(self, ok: bool, value: object) -> None:
+            self.events.append(("loop", ok, value, threading.get_ident()))
+            self.done.set_result(None)
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
+        hop = ThreadHop(loop)
+        REQUEST.set("req-2")
+        made = Recorder(loop.create_future())
+        call_thread: list[int] = []
+
+        def call(x: int) -> str:
+            call_thread.append(threading.get_ident())
+            return f"{REQUEST.get()}:{x}"
+
+        hop.run_finishing(made, call, 7)
+        await asyncio.wait_for(made.done, 5)
+        (w, w_ok, w_value, w_thread), (lo, lo_ok, lo_value, lo_thread) = made.events
+        assert (w, w_ok, w_value, lo, lo_ok, lo_value) == (
+            "worker", True, "req-2:7", "loop", True, "req-2:7",
+        )  # fmt: skip
+        assert w_thread == call_thread[0] != loop_thread == lo_thread
+
+        failed = Recorder(loop.create_future())
+        hop.run_finishing(failed, {}.__getitem__, "missing")
+        await asyncio.wait_for(failed.done, 5)
+        assert [(e[0], e[1], type(e[2])) for e in failed.events] == [
+            ("worker", False, KeyError), ("loop", False, KeyError),
+        ]  # fmt: skip
+
+        # drain_ready: the loop takes results in when it asks, not only when woken
+        assert not hop.drain_ready()
+        early = Recorder(loop.create_future())
+        hop.run_finishing(early, lambda: "x")
+        await asyncio.sleep(0)  # the worker is woken once this poll's callbacks have run
+        deadline = time.monotonic() + 5
+        while not early.events and time.monotonic() < deadline:
+            time.sleep(0.001)  # noqa: ASYNC251 (on purpose: only drain_ready can deliver it)
+        assert [e[0] for e in early.events] == ["worker"]
+        assert hop.drain_ready()
+        assert [e[0] for e in early.events] == ["worker", "loop"]
+
+    run(go(), uvloop=True)
+
+
+def test_a_finisher_that_raises_on_the_worker_does_not_stop_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken(Finisher):
+        __slots__ = ("done",)
+
+        def __init__(self, done: asyncio.Future[object]) -> None:
+            self.done = done
+
+        def on_worker(self, ok: bool, value: object) -> None:
+            raise RuntimeError("broken finisher")
+
+        def on_loop(self, ok: bool, value: object) -> None:
+            self.done.set_result(value)
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        hop = ThreadHop(loop, max_workers=1)
+        broken = Broken(loop.create_future())
+        hop.run_finishing(broken, lambda: 1)
+        assert await asyncio.wait_for(broken.done, 5) == 1
+        assert await asyncio.wait_for(hop.run(lambda: 2), 5) == 2  # the one worker still runs
+
+    run(go(), uvloop=True)
+    assert "finisher failed on its worker" in caplog.text

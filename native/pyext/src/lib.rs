@@ -24,6 +24,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 mod answer;
 mod request;
 mod response;
+mod send;
 mod tally;
 
 #[allow(dead_code)] // `same` and `trim` serve the proxy only
@@ -302,6 +303,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tally::Tally>()?;
     m.add_function(wrap_pyfunction!(request::parse_request, m)?)?;
     m.add_function(wrap_pyfunction!(answer::answer, m)?)?;
+    m.add_function(wrap_pyfunction!(send::send_now, m)?)?;
     m.add("FrameError", m.py().get_type::<FrameError>())?;
     m.add("MAX_FRAME", sealing::MAX_FRAME)?;
     m.add("TAG_SIZE", sealing::TAG_SIZE)?;

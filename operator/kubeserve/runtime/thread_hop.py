@@ -35,6 +35,12 @@ the caller's context, exceptions raised in the caller) and pays less:
 * a caller that steps its coroutine by hand (the replica's HTTP server, see :meth:`ThreadHop.then`)
   has the drain step it on right after setting the result: no task per request and no loop
   iteration between the result and the response;
+* a caller may also hand a call's aftermath to the worker that ran it
+  (:meth:`ThreadHop.run_finishing`, a :class:`Finisher`: ``on_worker`` right after the call,
+  on that thread, ``on_loop`` by the drain): the replica's HTTP server has a sync handler's
+  answer written by its worker at once, instead of after the loop was woken for the batch
+  (see :mod:`kubeserve.runtime.replica.http`); :meth:`ThreadHop.drain_ready` lets the loop take
+  the results in before deciding anything on them (a request refused at capacity);
 * :func:`run_sync` finds the hop of the running loop without ``asyncio.get_running_loop()``, which
   makes a ``getpid()`` system call on Python 3.11 (a forked child forgets its parent's hop, see
   :func:`_forked`).
@@ -55,19 +61,27 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import logging
 import os
 import threading
 from _thread import LockType, allocate_lock, get_ident
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["BLOCKED_AFTER_S", "ThreadHop", "current_hop", "run_sync"]
+__all__ = ["BLOCKED_AFTER_S", "Finisher", "ThreadHop", "current_hop", "loop_hop", "run_sync"]
+
+log = logging.getLogger("kubeserve.replica")
+_NO_KWARGS: dict[str, Any] = {}
 
 #: How long queued work waits, with no call taken meanwhile, before one more worker is woken.
 BLOCKED_AFTER_S = 0.002
 
 _Work = tuple[
-    "asyncio.Future[Any]", contextvars.Context, Callable[..., Any], tuple[Any, ...], dict[str, Any]
+    "asyncio.Future[Any] | Finisher",
+    contextvars.Context,
+    Callable[..., Any],
+    tuple[Any, ...],
+    dict[str, Any],
 ]
 
 
@@ -79,7 +93,9 @@ class ThreadHop:
         self.thread = get_ident()  # the loop's thread (a hop is made by a call on its loop)
         self.max_workers = max_workers or min(32, (os.cpu_count() or 1) + 4)
         self._work: collections.deque[_Work] = collections.deque()
-        self._done: collections.deque[tuple[asyncio.Future[Any], bool, Any]] = collections.deque()
+        self._done: collections.deque[tuple[asyncio.Future[Any] | Finisher, bool, Any]] = (
+            collections.deque()
+        )
         self._idle: list[LockType] = []  # the sleep locks of idle workers
         self._threads = 0  # only the loop's thread changes it
         self._taken = 0  # calls taken by workers (a lost increment still changes it)
@@ -97,6 +113,17 @@ class ThreadHop:
         context. Call from the loop's thread."""
         future = self._last = self.loop.create_future()
         self._work.append((future, contextvars.copy_context(), fn, args, kwargs))
+        self._queued()
+        return future
+
+    def run_finishing(self, finisher: Finisher, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)`` run in a worker thread, in a copy of the current context, then
+        ``finisher.on_worker`` on that thread and ``finisher.on_loop`` by the drain (see
+        :class:`Finisher`). Call from the loop's thread."""
+        self._work.append((finisher, contextvars.copy_context(), fn, args, _NO_KWARGS))
+        self._queued()
+
+    def _queued(self) -> None:
         if len(self._idle) == self._threads and not self._wake_scheduled:
             # No worker awake: wake one once this poll's callbacks have queued their calls.
             self._wake_scheduled = True
@@ -106,7 +133,6 @@ class ThreadHop:
             # every worker asleep the one woken takes it: nothing to check yet, and no timer.)
             self._taken_seen = self._taken
             self._check = self.loop.call_later(BLOCKED_AFTER_S, self._blocked_check)
-        return future
 
     def then(self, future: asyncio.Future[Any], continuation: Callable[[], object]) -> bool:
         """Have ``continuation()`` called by the drain right after ``future`` gets its outcome,
@@ -184,9 +210,14 @@ class ThreadHop:
                     exc = RuntimeError(f"{fn!r} raised StopIteration")
                 outcome = (future, False, exc)
             calling.discard(sleeper)
-            del future, context, fn, args, kwargs
+            del context, fn, args, kwargs
             done.append(outcome)
-            del outcome
+            if isinstance(future, Finisher):
+                try:
+                    future.on_worker(outcome[1], outcome[2])
+                except BaseException:
+                    log.exception("kubeserve: a sync call's finisher failed on its worker")
+            del future, outcome
             if self._drain_scheduled:
                 continue
             self._drain_scheduled = True
@@ -217,26 +248,62 @@ class ThreadHop:
             return False
         return True
 
+    def drain_ready(self) -> bool:
+        """Take in the results already in, now (from the loop's thread); whether there were
+        any."""
+        if not self._done:
+            return False
+        self._drain()
+        return True
+
     def _drain(self) -> None:
         self._drain_scheduled = False
         done, then = self._done, self._then
         while done:
             future, ok, value = done.popleft()
-            continuation = then.pop(future, None) if then else None
-            if future.cancelled():
-                pass
-            elif ok:
-                future.set_result(value)
+            finisher: Finisher | None = None
+            continuation: Callable[[], object] | None = None
+            if isinstance(future, Finisher):
+                finisher = future
             else:
-                future.set_exception(value)
-            if continuation is not None:
+                continuation = then.pop(future, None) if then else None
+                if future.cancelled():
+                    pass
+                elif ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+            if finisher is not None or continuation is not None:
                 try:
-                    continuation()
+                    if finisher is not None:
+                        finisher.on_loop(ok, value)
+                    elif continuation is not None:
+                        continuation()
                 except BaseException:  # (a continuation handles its Exceptions) the rest: later
                     if done and not self._drain_scheduled:
                         self._drain_scheduled = True
                         self.loop.call_soon(self._drain)
                     raise
+
+
+class Finisher:
+    """What follows a call :meth:`ThreadHop.run_finishing` ran, in two parts: ``on_worker``, on
+    the worker thread right after the call (it holds the GIL; it must not block, nor touch what
+    only the loop's thread may: an asyncio transport, a future), and ``on_loop``, on the loop's
+    thread, by the drain that follows. The outcome is in the results when ``on_worker`` runs,
+    so ``on_loop`` may run before ``on_worker`` has returned (the worker may lose the GIL in
+    between): a finisher that needs both parts done before a step uses a turnstile (see
+    ``replica.ingress``). Both get ``(ok, value)``: the call's result, or the exception it
+    raised. ``on_worker`` should not raise (what it raises is logged and dropped);
+    ``on_loop`` raises as a loop callback does."""
+
+    __slots__ = ()
+
+    def on_worker(self, ok: bool, value: Any) -> None:
+        """Right after the call, on its worker thread."""
+
+    def on_loop(self, ok: bool, value: Any) -> None:
+        """On the loop's thread, by the drain."""
 
 
 _hop: ThreadHop | None = None
@@ -261,6 +328,12 @@ def current_hop() -> ThreadHop | None:
 def run_sync(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
     """``asyncio.to_thread(fn, *args, **kwargs)`` on this process's :class:`ThreadHop` for the
     running loop (one per loop: a new loop, in tests, gets a new one)."""
+    return loop_hop().run(fn, *args, **kwargs)
+
+
+def loop_hop() -> ThreadHop:
+    """This process's :class:`ThreadHop` for the running loop, made on the first call (one per
+    loop: a new loop, in tests, gets a new one)."""
     global _hop
     hop = _hop
     # The hop's loop is the running one when it runs in this thread (one loop runs per thread):
@@ -269,4 +342,4 @@ def run_sync(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Futur
         loop = asyncio.get_running_loop()
         if hop is None or hop.loop is not loop:
             hop = _hop = ThreadHop(loop)
-    return hop.run(fn, *args, **kwargs)
+    return hop

@@ -10,9 +10,11 @@ start to the last chunk of its answer (a WebSocket: for as long as it is open).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import logging
+from _thread import allocate_lock
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -43,13 +45,14 @@ from kubeserve.runtime.replica.user_code import (
     iterate,
     takes_arguments,
 )
-from kubeserve.runtime.thread_hop import run_sync
+from kubeserve.runtime.thread_hop import Finisher, current_hop, loop_hop, run_sync
 from kubeserve.runtime.websocket import WebSocketSession
 from kubeserve.sdk import context
 from kubeserve.sdk.http import StreamingResponse, to_response
 from kubeserve.sdk.ingress import asgi_app_of
 
 if TYPE_CHECKING:
+    from kubeserve.runtime.replica.http import _Connection
     from kubeserve.runtime.tracer import Tracer
 
 __all__ = ["Ingress"]
@@ -114,7 +117,7 @@ class Ingress:
     async def handle(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
         """User traffic (a proxy's ``INGRESS`` connection): every path goes to the user's code."""
         state = self._state
-        started = state.admit()
+        started = self._admit()
         if started is None:
             refusal = state.refusal()
             assert refusal is not None
@@ -154,6 +157,97 @@ class Ingress:
             raise
         finally:
             if not streaming:  # a stream is counted until its last chunk (see _stream)
+                route = self._route
+                state.finish(started, route, request.method, route, status, request.request_id)
+
+    @property
+    def plain(self) -> bool:
+        """Whether :meth:`start_plain` may answer requests: ``__call__`` is a plain method run on
+        a worker thread (Ray's default), of a deployment that is no ASGI app."""
+        return self._http_plain and self._asgi is None
+
+    def start_plain(
+        self, request: HttpRequest, conn: _Connection, context: contextvars.Context
+    ) -> bool:
+        """:meth:`handle` for a plain ``__call__``, its common answer (a ``str``) written from the
+        worker thread right after the call (:class:`_PlainAnswer`); False (nothing done) for a
+        request it leaves to :meth:`handle`: traced, multiplexed, refused at capacity, or with a
+        request id the compiled answer does not take. Runs ``_enter_request`` in ``context``,
+        the request's own."""
+        request_id = request.request_id
+        if tracing.ACTIVE is not None or request.model_id or not request_id.isascii():
+            return False
+        started = self._admit()
+        if started is None:
+            return False
+        conn.answering = True  # (until answered or resumed: see _Connection.answer_from_worker)
+        answer = _PlainAnswer(self, request, conn, context, started)
+        try:
+            context.run(self._start_plain, request, answer)
+        except Exception as exc:  # (making the user's request object failed) as handle(): a 500
+            conn.resume(request, self.plain_rest(request, started, False, exc), context)
+        return True
+
+    def _admit(self) -> float | None:
+        """:meth:`ReplicaState.admit`; at capacity, once more after the loop took in the
+        answers worker threads have written meanwhile (see :class:`_PlainAnswer`): a caller
+        that got its answer may send the next request before the loop counted the last one
+        done."""
+        state = self._state
+        started = state.admit()
+        if started is None:
+            hop = current_hop()
+            if hop is not None and hop.drain_ready():
+                started = state.admit()
+        return started
+
+    def _start_plain(self, request: HttpRequest, answer: _PlainAnswer) -> None:
+        _enter_request(request, self._route)
+        hop = loop_hop()
+        target = self._http_target
+        assert target is not None
+        if self._http_takes_request:
+            hop.run_finishing(answer, target, user_request(request, self._root_path, self._mount))
+        else:
+            hop.run_finishing(answer, target)
+
+    def finish_plain(self, started: float, request: HttpRequest, status: int) -> None:
+        """A request :meth:`start_plain` answered with a ``str`` is done."""
+        route = self._route
+        self._state.finish(started, route, request.method, route, status, request.request_id)
+
+    async def plain_rest(
+        self, request: HttpRequest, started: float, ok: bool, value: Any
+    ) -> HttpResponse | StreamedResponse:
+        """The rest of :meth:`handle` after a plain ``__call__`` :meth:`start_plain` ran
+        returned ``value`` (``ok``) or raised it, when its answer is not written from the
+        worker: anything but a ``str``, or an exception."""
+        state = self._state
+        status: int | str = 500
+        streaming = False
+        try:
+            if not ok:
+                response: HttpResponse | StreamedResponse = self._failed(value, request, "request")
+            else:
+                try:
+                    if inspect.isawaitable(value):  # (see invoke)
+                        value = await asyncio.ensure_future(value)
+                except Exception as exc:
+                    response = self._failed(exc, request, "request")
+                else:
+                    if type(value) is str:
+                        response = text_response(value.encode())
+                    else:
+                        response = await self._answer(value, request, started)
+            streaming = isinstance(response, StreamedResponse)
+            status = response.status
+            return response
+        except asyncio.CancelledError as exc:
+            status = "CANCELLED"
+            state.metrics_recorder.error(self._route, exc)
+            raise
+        finally:
+            if not streaming:
                 route = self._route
                 state.finish(started, route, request.method, route, status, request.request_id)
 
@@ -356,6 +450,79 @@ def _enter_request(request: HttpRequest, route: str) -> str:
     return model_id
 
 
+class _PlainAnswer(Finisher):
+    """A request :meth:`Ingress.start_plain` started. Its ``str`` answer is formatted, sealed and
+    written by the worker thread right after the call (:meth:`_Connection.answer_from_worker`);
+    then, on the loop, the request is counted done (:meth:`ReplicaState.finish`), what the
+    socket did not take is written, and the connection serves its next request
+    (:meth:`_Connection.answered`). A ``str`` answer is the only one made on the worker, so
+    both sides know from ``(ok, value)`` alone who answers; anything else is answered on the
+    loop (:meth:`Ingress.plain_rest`). The loop's part may come before the worker's has
+    returned (see :class:`~kubeserve.runtime.thread_hop.Finisher`): a turnstile (a lock taken
+    without blocking; whoever finds it taken comes second) has the second of the two go on,
+    and only it."""
+
+    __slots__ = (
+        "body", "conn", "context", "error", "ingress", "request", "rest", "started", "turnstile",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        ingress: Ingress,
+        request: HttpRequest,
+        conn: _Connection,
+        context: contextvars.Context,
+        started: float,
+    ) -> None:
+        self.ingress = ingress
+        self.request = request
+        self.conn = conn
+        self.context = context
+        self.started = started
+        self.body = b""
+        #: what the worker could not write (None: nothing written, the loop writes it all)
+        self.rest: bytes | None = None
+        self.error: Exception | None = None  # the answer's encoding failed: a 500
+        self.turnstile = allocate_lock()
+
+    def on_worker(self, ok: bool, value: Any) -> None:
+        if not ok or type(value) is not str:
+            return
+        try:
+            self.body = body = value.encode()
+            self.rest = self.conn.answer_from_worker(200, _TEXT, body, self.request)
+        except UnicodeEncodeError as exc:  # (lone surrogates) as the loop's path: a 500
+            self.error = exc
+        except Exception:  # (an answer the compiled formatting leaves to the loop's path)
+            pass
+        finally:
+            if not self.turnstile.acquire(False):  # the loop's part is done: go on there
+                self.conn.loop.call_soon_threadsafe(self._answered)
+
+    def on_loop(self, ok: bool, value: Any) -> None:
+        if not ok or type(value) is not str:
+            request = self.request
+            self.conn.resume(
+                request,
+                self.ingress.plain_rest(request, self.started, ok, value),
+                self.context,
+            )
+            return
+        if not self.turnstile.acquire(False):  # the worker's part is done
+            self._answered()
+
+    def _answered(self) -> None:
+        request, error = self.request, self.error
+        response = None
+        if error is not None:
+            response = self.ingress._failed(error, request, "request")
+        elif self.rest is None:
+            response = text_response(self.body)
+        self.ingress.finish_plain(self.started, request, 200 if error is None else 500)
+        self.conn.answered(request, self.rest or b"", response)
+
+
+_TEXT = {"content-type": "text/plain; charset=utf-8"}
 _new = object.__new__
 RequestContext = context.RequestContext
 _request_context = context.request_context

@@ -236,6 +236,7 @@ async def serve_replica(
                 Role.INGRESS: ingress.by_hand,
                 Role.CONTROL: control.steps_by_hand,
             },
+            plain={Role.INGRESS: ingress.start_plain} if ingress.plain else None,
         )
         # An ASCII host as bytes: a ``str`` host is encoded with the "idna" codec, which
         # imports stringprep and unicodedata (~0.4 MB) into every replica for nothing.

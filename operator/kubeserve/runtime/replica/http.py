@@ -467,7 +467,9 @@ class _Connection(ServerConnection):
         self.seal_answer = self.transport.sealer.seal_answer  # type: ignore[attr-defined]
         plain = self.server.plain.get(self.role)
         sock = raw.get_extra_info("socket")
-        if plain is not None and sock is not None:
+        # (the socket's own bytes are the channel's frames: never under TLS, which the replica's
+        # listener does not have; checked all the same)
+        if plain is not None and sock is not None and raw.get_extra_info("ssl_object") is None:
             self.fd = os.dup(sock.fileno())
             self.plain = plain
         return True

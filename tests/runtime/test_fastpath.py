@@ -23,7 +23,7 @@ from typing import Any, Literal
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubeserve.runtime import logs
+from kubeserve.runtime import channel, local_socket, logs
 from kubeserve.runtime.channel import ServerChannel
 from kubeserve.runtime.fastpath import FastPath, find_binary
 from kubeserve.runtime.metrics import exposition
@@ -170,9 +170,10 @@ def test_the_rust_channel_client_takes_the_nodes_socket_of_a_replica_on_its_node
 
     async def probe_with(directory: Path | None, port: int) -> tuple[int, bytes, bytes]:
         assert BINARY is not None
-        env = {"KUBESERVE_DATA_PLANE_SECRET": SECRET.decode()}
+        env = {channel.SECRET_ENV: SECRET.decode()}
         if directory is not None:
-            env["KUBESERVE_NODE_SOCKETS"] = str(directory)
+            # the Python name of the variable: the Rust client spells it too (channel.rs)
+            env[local_socket.NODE_SOCKETS_ENV] = str(directory)
         proc = await asyncio.create_subprocess_exec(
             BINARY, "probe", "127.0.0.2", str(port), "replica-a", "GET", "/node",
             env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

@@ -3,6 +3,7 @@ request, function deployments with and without one, and handlers that are genera
 
 import asyncio
 import threading
+import time
 
 from ray import serve
 from starlette.requests import Request
@@ -105,7 +106,8 @@ blocking_handler = BlockingHandler.bind()
 class SyncAnswers:
     """A plain ``__call__`` whose answers take every way back from its worker thread: a ``str``
     (written by the worker itself), one larger than a socket takes at once (the rest written by
-    the event loop), a dict (answered on the loop), an exception (a 500)."""
+    the event loop), a dict (answered on the loop), an exception (a 500); ``kind=sleep`` first
+    sleeps ``n`` seconds."""
 
     def __call__(self, request: Request):
         kind = request.query_params.get("kind", "text")
@@ -116,6 +118,8 @@ class SyncAnswers:
             return {"n": n}
         if kind == "raise":
             raise ValueError("asked to fail")
+        if kind == "sleep":
+            time.sleep(float(n))
         return f"text {n}"
 
 

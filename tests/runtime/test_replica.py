@@ -721,3 +721,26 @@ def test_a_plain_handler_at_max_ongoing_requests_one_takes_each_next_request(
     finally:
         sock.close()
     assert statuses == [200] * 500
+
+
+def test_a_plain_handlers_caller_leaving_mid_call_leaves_no_descriptor_behind(
+    start: Any,
+) -> None:
+    """A worker thread writes a plain handler's answer to a descriptor of the connection's own,
+    held while the call runs: callers that leave mid-call (connection closed) get no answer
+    written anywhere else, the replica closes every such descriptor once the calls return, and
+    serves on."""
+    replica: ReplicaProcess = start(CONVENTIONS + "sync_answers", "SyncAnswers")
+    assert replica.get("/?n=0")[2] == b"text 0"
+    fds = Path(f"/proc/{replica.proc.pid}/fd")
+    before = len(list(fds.iterdir()))
+    leaving = [authenticated(replica.port, channel.Role.INGRESS) for _ in range(5)]
+    for sock in leaving:
+        sock.sendall(b"GET /?kind=sleep&n=0.5 HTTP/1.1\r\nHost: r\r\n\r\n")
+    time.sleep(0.2)  # the calls have started
+    for sock in leaving:
+        sock.close()
+    wait_for(lambda: replica.metric("kubeserve_replica_ongoing_requests") == 0, 10, 0.05)
+    wait_for(lambda: len(list(fds.iterdir())) <= before, 10, 0.05)
+    status, _, body = replica.get("/?n=9")
+    assert (status, body) == (200, b"text 9")

@@ -18,8 +18,8 @@ The tricks, each marked where it is used:
   then counts the request done and serves the connection's next one. Under load a worker runs
   a batch of calls while the loop waits for the GIL: their answers now leave one by one as the
   calls return, and the proxy and its clients work on them meanwhile, instead of all after the
-  batch once the loop was woken (measured: sync no-op through the proxy from 72-75% of the
-  async one's req/s to the figures in ``benchmarks/results.md``).
+  batch once the loop was woken (measured: sync no-op through the proxy from 73-74% of the
+  async one's req/s to 85-95%, ``benchmarks/README.md``).
 * **Write coalescing**: status line, headers and body go out in one ``writelines`` (one syscall).
 * **Cached Date header**, re-formatted once per second instead of per response.
 * **Compiled parse and answer** where ``kubeserve._native`` is built
@@ -778,9 +778,7 @@ class _Connection(ServerConnection):
     ) -> None:
         """On the loop, after :meth:`answer_from_worker`: write what it left (or ``response``,
         when the worker wrote nothing), then serve the next request (or close)."""
-        self.answering = False
-        if self.lost:
-            self._close_fd()
+        self._worker_through()
         keep_alive = request.keep_alive
         if response is not None:
             keep_alive = keep_alive and not response.close and not self.closed
@@ -802,16 +800,14 @@ class _Connection(ServerConnection):
         """On the loop: a request :attr:`plain` started is answered the common way after all
         (the handler raised, or returned anything else than a ``str``): ``answer`` makes the
         response."""
+        self._worker_through()
+        self._after_hop(self._serve(request, answer=answer), context)
+
+    def _worker_through(self) -> None:
+        """No worker holds an answer for this connection any more: its descriptor may close."""
         self.answering = False
         if self.lost:
             self._close_fd()
-        coro = self._serve(request, answer=answer)
-        try:
-            yielded = context.run(coro.send, None)
-        except StopIteration:
-            self._next()
-            return
-        self._wait(coro, context, yielded)
 
     def _close_fd(self) -> None:
         fd, self.fd = self.fd, -1
@@ -819,7 +815,8 @@ class _Connection(ServerConnection):
             os.close(fd)
 
     def _after_hop(self, coro: Coroutine[Any, Any, None], context: contextvars.Context) -> None:
-        """The worker thread's call the handler waited for is complete: step it on."""
+        """The worker thread's call the handler waited for is complete (or, from :meth:`resume`,
+        the handler has not started yet): step it on."""
         try:
             yielded = context.run(coro.send, None)
         except StopIteration:

@@ -1,8 +1,12 @@
-"""Log files that a full disk refuses: lines are dropped and counted, nothing raises."""
+"""Log files: a full disk drops and counts lines and nothing raises; rotation; access lines in a
+file of their own."""
 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,3 +72,49 @@ def test_a_log_that_is_no_regular_file_never_rotates() -> None:
         logger.removeHandler(handler)
         handler.close()
     assert not Path("/dev/null.1").exists()
+
+
+_ACCESS_FILE_PROGRAM = """
+import logging, sys
+from kubeserve.runtime import logs
+settings = logs.LogSettings({"additional_log_standard_attrs": sys.argv[1:]})
+logs.configure(settings, logs.ComponentLog("replica", "Echo", "Echo-1", "app", "Echo"),
+               logs.output_from_environment())
+logging.getLogger("user").warning("a record of the user's")
+batched = logs.batched_access()
+if batched is not None:
+    batched.add("GET", "/echo", 200, 1.25, "rid-1")
+    batched.write_lines("INFO 2026-11-28 10:00:00,000 proxy p -- GET /n 200 0.5ms\\n")
+    batched.flush()
+else:  # additional_log_standard_attrs: access lines are records, as the replica writes them
+    access_record = {logs.ACCESS_RECORD: True}
+    logging.getLogger(logs.ACCESS_LOGGER).info("GET /echo 200 1.2ms", extra=access_record)
+logging.getLogger(logs.ACCESS_LOGGER).info("a ray.serve record that is no access line")
+"""
+
+
+@pytest.mark.parametrize("attrs", [[], ["process"]], ids=["batched", "as records"])
+def test_access_lines_go_to_their_own_file_when_one_is_named(
+    tmp_path: Path, attrs: list[str]
+) -> None:
+    """``KUBESERVE_ACCESS_LOG_FILE`` (pods on Kubernetes, ``spec.logs.accessLines: File``):
+    access lines there, every other record where records go (here the process's log file)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "operator"),
+        logs.LOG_FILE_ENV: str(tmp_path / "replica.log"),
+        logs.ACCESS_LOG_FILE_ENV: str(tmp_path / "access.log"),
+    }
+    program = [sys.executable, "-c", _ACCESS_FILE_PROGRAM, *attrs]
+    subprocess.run(program, env=env, check=True, timeout=60)
+    access = (tmp_path / "access.log").read_text().splitlines()
+    records = (tmp_path / "replica.log").read_text().splitlines()
+    assert sorted(line.split(" -- ")[1] for line in access) == (
+        ["GET /echo 200 1.2ms"] if attrs else ["GET /echo 200 1.2ms", "GET /n 200 0.5ms"]
+    ), access
+    assert all(" Echo Echo-1 " in line or " proxy p " in line for line in access)
+    assert [line.split(" -- ")[1] for line in records] == [
+        "a record of the user's",
+        "a ray.serve record that is no access line",
+    ], records
+    assert (tmp_path / "access.log").stat().st_mode & 0o777 == 0o600

@@ -18,6 +18,12 @@ proxy and by replicas unless ``logging_config.enable_access_log`` is false.
 Log files are rotated by size (:class:`RotatingOutput`): the process's stdout and stderr follow
 the current file, so ``print`` and tracebacks rotate with the records.
 
+Access lines may have a file of their own (:data:`ACCESS_LOG_FILE_ENV`, rotated with the same
+limits): pods on Kubernetes write them there by default (``ServeInstance.spec.logs.accessLines``),
+so the container's output, which the runtime copies line by line into the kubelet's log, keeps the
+records (a traceback is not rotated away by a few seconds of traffic) and the node does not spend
+the runtime's CPU on every request's line.
+
 A log never stops a process from serving (:class:`DroppingFile`): a write the disk refuses
 (``ENOSPC``, ``EDQUOT``, ``EIO``...) is dropped and counted, never raised into a request, a
 ``print`` or a rollover; a log file that cannot be opened drops every line until it can. The count
@@ -43,6 +49,7 @@ from kubeserve.sdk import context
 __all__ = [
     "ACCESS_FLUSH_S",
     "ACCESS_LOGGER",
+    "ACCESS_LOG_FILE_ENV",
     "DEFAULT_LOG_BACKUPS",
     "DEFAULT_LOG_BYTES",
     "LOG_BACKUPS_ENV",
@@ -67,6 +74,8 @@ ACCESS_LOGGER = "ray.serve"
 #: Where a process of ``kubeserve start`` writes its log (rotated), and the rotation's limits:
 #: bytes per file and rotated files kept. Unset (Kubernetes): records go to stderr.
 LOG_FILE_ENV = "KUBESERVE_LOG_FILE"
+#: Where access lines go instead, when set (rotated like :data:`LOG_FILE_ENV`'s file).
+ACCESS_LOG_FILE_ENV = "KUBESERVE_ACCESS_LOG_FILE"
 LOG_BYTES_ENV = "KUBESERVE_LOG_MAX_BYTES"
 LOG_BACKUPS_ENV = "KUBESERVE_LOG_BACKUPS"
 DEFAULT_LOG_BYTES = 16 * 1024 * 1024
@@ -458,6 +467,10 @@ class RotatingOutput(RotatingLog):
 _active: LogSettings = LogSettings()
 _output: logging.Handler | None = None
 _batched: AccessLog | None = None
+#: :data:`ACCESS_LOG_FILE_ENV`'s file, opened by the first :func:`configure` (None: unset)
+_access_output: logging.Handler | None = None
+#: what ``logging``'s records marked :data:`ACCESS_RECORD` carry
+ACCESS_RECORD = "serve_access_log"
 
 
 def active() -> LogSettings:
@@ -470,33 +483,65 @@ def output_from_environment() -> logging.Handler | None:
     path = os.environ.get(LOG_FILE_ENV)
     if not path:
         return None
+    return RotatingOutput(path, *_rotation())  # never raises: see DroppingFile
+
+
+def _rotation() -> tuple[int, int]:
+    """Bytes per log file and rotated files kept, from the environment."""
     max_bytes = int(os.environ.get(LOG_BYTES_ENV) or DEFAULT_LOG_BYTES)
     backups = int(os.environ.get(LOG_BACKUPS_ENV) or DEFAULT_LOG_BACKUPS)
-    return RotatingOutput(path, max_bytes, backups)  # never raises: see DroppingFile
+    return max_bytes, backups
+
+
+def _access_file() -> logging.Handler | None:
+    """The rotated file of access lines :data:`ACCESS_LOG_FILE_ENV` names (opened once), or None."""
+    global _access_output
+    path = os.environ.get(ACCESS_LOG_FILE_ENV)
+    if _access_output is None and path:
+        _access_output = RotatingLog(path, *_rotation())  # never raises: see DroppingFile
+    return _access_output
+
+
+class _AccessRecords(logging.Filter):
+    """Passes the access records (:data:`ACCESS_RECORD`) only (``wanted``) or all but them."""
+
+    def __init__(self, wanted: bool) -> None:
+        super().__init__()
+        self.wanted = wanted
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return bool(getattr(record, ACCESS_RECORD, False)) is self.wanted
 
 
 def configure(
     settings: LogSettings, component: ComponentLog, output: logging.Handler | None = None
 ) -> None:
     """Install ``settings`` on this process's root logger: one handler (``output``; else the
-    one installed before; else stderr), the component's fields, the encoding and the level."""
+    one installed before; else stderr), the component's fields, the encoding and the level;
+    access records go to :data:`ACCESS_LOG_FILE_ENV`'s file instead when it is set."""
     global _active, _output, _batched
     handler = output or _output or logging.StreamHandler(_stderr())
     if _batched is not None:
         _batched.flush()  # lines of the settings before go out in their format
     _active, _output = settings, handler
-    for old in list(handler.filters):
-        handler.removeFilter(old)
-    handler.addFilter(component)
-    handler.setFormatter(
-        _JsonFormatter(settings.additional_attrs)
-        if settings.encoding == "JSON"
-        else _TextFormatter(settings.additional_attrs)
-    )
+    access_file = _access_file()
+    handlers = [handler] if access_file is None else [handler, access_file]
+    for one in handlers:
+        for old in list(one.filters):
+            one.removeFilter(old)
+        one.addFilter(component)
+        if access_file is not None:
+            one.addFilter(_AccessRecords(one is access_file))
+        one.setFormatter(
+            _JsonFormatter(settings.additional_attrs)
+            if settings.encoding == "JSON"
+            else _TextFormatter(settings.additional_attrs)
+        )
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
-    root.addHandler(handler)
+    for one in handlers:
+        root.addHandler(one)
     root.setLevel(settings.level)
     access = logging.getLogger(ACCESS_LOGGER)
     access.setLevel(settings.level)
@@ -599,7 +644,8 @@ class AccessLog:
 
     The lines are those :func:`configure`'s formatters would write for a record of the
     ``ray.serve`` logger with the component's and the request's fields, so one log holds one
-    format; they go to the handler :func:`configure` installed (rotated with it). A replica whose
+    format; they go to the handler :func:`configure` installed (rotated with it), or to
+    :data:`ACCESS_LOG_FILE_ENV`'s file when it is set. A replica whose
     ``additional_log_standard_attrs`` asks for record attributes logs records instead
     (:func:`batched_access`).
 
@@ -672,7 +718,7 @@ class AccessLog:
             return
         block, dropped = tally.take_lines()
         if dropped:
-            path = str(getattr(_output, "baseFilename", "") or "<stderr>")
+            path = str(getattr(_access_output or _output, "baseFilename", "") or "<stderr>")
             error = OSError(f"over {MAX_ACCESS_LINES} access lines in {ACCESS_FLUSH_S} s")
             record_dropped(path, error, dropped)
         self._formatted.append(block)
@@ -686,7 +732,7 @@ class AccessLog:
             chunks.extend(self._format.lines(pending))
         if not chunks:
             return
-        handler = _output
+        handler = _access_output or _output
         stream = getattr(handler, "stream", None)
         if handler is None or stream is None:
             _writer(sys.stderr)(_encoded(chunks))

@@ -79,10 +79,12 @@ __all__ = [
     "DEFAULT_INSTANCE",
     "GROUP",
     "VERSION",
+    "AccessLines",
     "ApplicationSummary",
     "CRModel",
     "Condition",
     "DeploymentStatusEntry",
+    "InstanceLogs",
     "InstanceProxy",
     "PickledGraphReference",
     "ServeApplicationSpec",
@@ -391,6 +393,31 @@ class InstanceProxy(CRModel):
     )
 
 
+class AccessLines(StrEnum):
+    """Where the proxy and replica pods write their access lines (``GET /echo 200 1.2ms``)."""
+
+    #: a rotated file in the pod (``/var/log/kubeserve/access.log``), as Ray's log directory
+    FILE = "File"
+    #: the container's output with the other records (``kubectl logs``)
+    CONTAINER_OUTPUT = "ContainerOutput"
+
+
+class InstanceLogs(CRModel):
+    """``ServeInstance.spec.logs``: where the instance's pods write their logs."""
+
+    access_lines: AccessLines = Field(
+        default=AccessLines.FILE,
+        description="File: proxies and replicas write access lines (one per request) to a file "
+        "in the pod, /var/log/kubeserve/access.log, rotated at 16 MiB keeping 4 (an emptyDir of "
+        "96Mi), as Ray writes them to its log directory; the container's output keeps the other "
+        "records. ContainerOutput: with the records, in kubectl logs; the container runtime then "
+        "writes every request's line into the kubelet's log itself (CPU on the node per "
+        "request), and at a few thousand requests a second the kubelet's rotation (10 MiB by "
+        "default) keeps only seconds of the records.",
+        json_schema_extra=CRD_DEFAULT,
+    )
+
+
 class ServeInstanceSpecBase(CRModel):
     """``ServeInstance.spec``: the serving layer (REST ``ServeDeploySchema`` minus applications).
 
@@ -400,6 +427,14 @@ class ServeInstanceSpecBase(CRModel):
 
     rest_model: ClassVar[type[BaseModel]] = ServeDeploySchema
     ray_name: ClassVar[str] = "ServeDeploySchema"
+    #: the fields below that are not REST options (a REST PUT keeps what they hold)
+    cr_only_fields: ClassVar[tuple[str, ...]] = (
+        "image",
+        "image_pull_policy",
+        "tls",
+        "proxy",
+        "logs",
+    )
 
     image: str = Field(
         default=DEFAULT_IMAGE,
@@ -419,6 +454,9 @@ class ServeInstanceSpecBase(CRModel):
     proxy: InstanceProxy | None = Field(
         default=None, description="How the proxy pods serve (the data path)."
     )
+    logs: InstanceLogs | None = Field(
+        default=None, description="Where the proxy and replica pods write their logs."
+    )
 
     def rest_options(self) -> dict[str, Any]:
         """The instance-level REST fields, as given (a ``ServeDeploySchema`` minus applications)."""
@@ -426,7 +464,7 @@ class ServeInstanceSpecBase(CRModel):
             mode="json",
             by_alias=False,
             exclude_unset=True,
-            exclude={"image", "image_pull_policy", "tls", "proxy"},
+            exclude=set(self.cr_only_fields),
         )
 
     def to_rest(self, applications: list[ServeApplicationEntry]) -> ServeDeploySchema:

@@ -34,6 +34,11 @@ Json = dict[str, Any]
 GRPC_OPTIONS = {"port": 9001, "grpcServicerFunctions": ["protos_pb2_grpc.add_S_to_server"]}
 
 
+#: every proxy and replica pod's access log (``spec.logs.accessLines: File``, the default)
+ACCESS_LOG_VOLUME: Json = {"name": "access-log", "emptyDir": {"sizeLimit": "96Mi"}}
+ACCESS_LOG_MOUNT: Json = {"name": "access-log", "mountPath": "/var/log/kubeserve"}
+
+
 def instance(**spec: Any) -> render.InstanceView:
     return render.instance_view(
         {"metadata": {"name": "default", "namespace": "serving", "uid": "uid-inst"}, "spec": spec}
@@ -499,11 +504,13 @@ def test_working_dir_and_py_modules_are_fetched_by_an_init_container() -> None:
     assert spec["volumes"] == [
         {"name": "tmp", "emptyDir": {}},
         {"name": "runtime-env", "emptyDir": {}},
+        ACCESS_LOG_VOLUME,
     ]
     mount = {"name": "runtime-env", "mountPath": "/var/run/kubeserve/runtime-env"}
     tmp = {"name": "tmp", "mountPath": "/tmp"}
     container = main_container(obj)
-    assert init["volumeMounts"] == container["volumeMounts"] == [mount, tmp]
+    assert init["volumeMounts"] == [mount, tmp]
+    assert container["volumeMounts"] == [mount, tmp, ACCESS_LOG_MOUNT]
     assert container["workingDir"] == "/var/run/kubeserve/runtime-env/working_dir"
     assert env(container)["PYTHONPATH"] == ":".join(
         [
@@ -524,7 +531,7 @@ def test_py_modules_alone_keep_the_image_working_directory() -> None:
 def test_no_init_container_without_remote_files() -> None:
     spec = pod(workload(app_config(runtime_env={"env_vars": {"A": "1"}})))
     assert "initContainers" not in spec
-    assert spec["volumes"] == [{"name": "tmp", "emptyDir": {}}]
+    assert spec["volumes"] == [{"name": "tmp", "emptyDir": {}}, ACCESS_LOG_VOLUME]
     assert "PYTHONPATH" not in env(spec["containers"][0])
 
 

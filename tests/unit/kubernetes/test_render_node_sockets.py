@@ -8,46 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import kubernetes_validate  # type: ignore[import-untyped]
-
 from kubeserve.backends.kubernetes import render
-from kubeserve.control import effective_config
 from kubeserve.runtime import local_socket
 from kubeserve.runtime.kubernetes import contract
+from support.rendered_pods import env, proxy_pod, replica_pod
+from support.rendered_pods import instance as instance_with
 
-K8S_VERSION = "1.36.0"  # as tests/unit/kubernetes/test_render.py
 HOST_PATH = "/run/kubeserve/serving/default"
 Json = dict[str, Any]
 
 
 def instance(**proxy: Any) -> render.InstanceView:
-    meta = {"name": "default", "namespace": "serving", "uid": "uid-inst"}
-    spec: Json = {"proxyLocation": "HeadOnly"}
-    if proxy:
-        spec["proxy"] = proxy
-    return render.instance_view({"metadata": meta, "spec": spec})
-
-
-def replica_pod(inst: render.InstanceView, **app_fields: Any) -> Json:
-    config = {"name": "shop", "import_path": "shop.main:app", **app_fields}
-    meta = {"name": "shop", "namespace": "serving", "uid": "uid-app", "generation": 1}
-    app = render.app_view({"metadata": meta}, config, None)
-    effective = effective_config.effective_deployment("Model", {}, None)
-    workload = render.render_replica_workload(inst, app, render.deployment_view(config, effective))
-    kubernetes_validate.validate(workload, K8S_VERSION, strict=True)
-    spec: Json = workload["spec"]["template"]["spec"]
-    return spec
-
-
-def proxy_pod(inst: render.InstanceView) -> Json:
-    workload = render.render_proxy(inst)[0]
-    kubernetes_validate.validate(workload, K8S_VERSION, strict=True)
-    spec: Json = workload["spec"]["template"]["spec"]
-    return spec
-
-
-def env(container: Json) -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    return instance_with(proxy=proxy) if proxy else instance_with()
 
 
 def node_volume(spec: Json) -> list[Json]:

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
+from pydantic.alias_generators import to_camel
 
 from kubeserve.backends.kubernetes.autoscaling import (
     SCALE_TO_ZERO_REFUSED,
@@ -76,6 +77,7 @@ from kubeserve.schema.resources import (
     ServeApplicationSpec,
     ServeApplicationStatus,
     ServeInstanceSpec,
+    ServeInstanceSpecBase,
 )
 from kubeserve.schema.status import ServeInstanceDetails
 
@@ -91,7 +93,7 @@ FIELD_MANAGER = "kubeserve-admin-api"
 #: On the ``ServeInstance``: the body of the last single-application PUT (JSON), for its GET.
 SINGLE_APP_ANNOTATION = "kubeserve.io/single-app-config"
 #: Spec fields of a ``ServeInstance`` that are not REST options; a PUT keeps what they hold.
-_CR_ONLY_INSTANCE_FIELDS = ("image", "imagePullPolicy", "tls", "proxy")
+_CR_ONLY_INSTANCE_FIELDS = tuple(to_camel(f) for f in ServeInstanceSpecBase.cr_only_fields)
 
 #: The largest pickled graph (``serve.run``'s) this backend stores: a Secret's data holds at
 #: most 1 MiB (etcd's default request limit is 1.5 MiB), of which 1 KiB is left for its key.

@@ -78,6 +78,7 @@ from kubeserve.backends.kubernetes.render_pod import (
     resources,
     seconds,
     user_pod_spec,
+    with_access_log_file,
     with_node_sockets,
 )
 from kubeserve.backends.kubernetes.render_proxy import (
@@ -297,6 +298,8 @@ def _replica_pod(instance: InstanceView, app: AppView, deployment: DesiredDeploy
     )
     if instance.node_local_sockets:
         spec = with_node_sockets(spec, instance.namespace, instance.name, owner=True)
+    if instance.access_lines_to_file:
+        spec = with_access_log_file(spec)
     return spec
 
 

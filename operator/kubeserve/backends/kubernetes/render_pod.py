@@ -40,6 +40,12 @@ Conventions every kubeserve pod follows:
   container ``node-sockets``, as root with only ``CHOWN``, which hands the directory (created by
   the kubelet, root's) to :data:`POD_UID`, mode 0700.
 
+* with ``spec.logs.accessLines: File`` (the default; :func:`with_access_log_file`), proxies and
+  replicas write their access lines to
+  :data:`~kubeserve.runtime.kubernetes.contract.ACCESS_LOG_FILE`, rotated at the log limits of
+  :mod:`kubeserve.runtime.logs` (16 MiB, 4 kept), in an ``emptyDir`` whose ``sizeLimit``
+  (:data:`ACCESS_LOG_SIZE_LIMIT`) holds them all; the container's output keeps the records.
+
 ``image_uri`` picks the image; ``excludes`` and ``config`` need no action; any other runtime_env key
 (``conda``, ``container``...) is refused with a :class:`RenderError` that says to build it into an
 image instead.
@@ -55,7 +61,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubeserve.backends.kubernetes.render_views import RenderError
-from kubeserve.runtime import channel, local_socket
+from kubeserve.runtime import channel, local_socket, logs
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.contract import (
     BIND_HOST,
@@ -90,6 +96,7 @@ __all__ = [
     "resources",
     "seconds",
     "user_pod_spec",
+    "with_access_log_file",
     "with_node_sockets",
 ]
 
@@ -104,6 +111,10 @@ _TMP_VOLUME = "tmp"
 _RUNTIME_ENV_VOLUME = "runtime-env"
 _SECRET_VOLUME = "pickled-graph"
 _NODE_SOCKETS_VOLUME = "node-sockets"
+_ACCESS_LOG_VOLUME = "access-log"
+#: the access log's ``emptyDir`` holds its files at their limits (the current one and the rotated
+#: ones kept: 5 x 16 MiB) and a rollover's slack; past it the kubelet would evict the pod
+ACCESS_LOG_SIZE_LIMIT = f"{(logs.DEFAULT_LOG_BACKUPS + 1) * logs.DEFAULT_LOG_BYTES // 2**20 + 16}Mi"
 #: The ``node-sockets`` init container's program: the directory to :data:`POD_UID`, 0700 (as
 #: root without CAP_FOWNER, the mode is changed while root still owns it), once.
 _CLAIM_NODE_SOCKETS = (
@@ -465,6 +476,18 @@ def with_node_sockets(
             claim["imagePullPolicy"] = main["imagePullPolicy"]
         out["initContainers"] = [claim, *spec.get("initContainers", [])]
     return out
+
+
+def with_access_log_file(spec: Manifest) -> Manifest:
+    """``spec`` (a pod spec from :func:`pod_spec`) whose first container writes its access lines
+    to :data:`~kubeserve.runtime.kubernetes.contract.ACCESS_LOG_FILE` (an ``emptyDir``) instead
+    of its output."""
+    main, *others = spec["containers"]
+    mount = {"name": _ACCESS_LOG_VOLUME, "mountPath": contract.ACCESS_LOG_DIR}
+    env = [*main["env"], {"name": logs.ACCESS_LOG_FILE_ENV, "value": contract.ACCESS_LOG_FILE}]
+    main = {**main, "env": env, "volumeMounts": [*main.get("volumeMounts", []), mount]}
+    volume = {"name": _ACCESS_LOG_VOLUME, "emptyDir": {"sizeLimit": ACCESS_LOG_SIZE_LIMIT}}
+    return {**spec, "containers": [main, *others], "volumes": [*spec["volumes"], volume]}
 
 
 def user_pod_spec(

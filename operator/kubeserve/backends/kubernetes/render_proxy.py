@@ -40,6 +40,7 @@ from kubeserve.backends.kubernetes.render_pod import (
     environment,
     escape,
     pod_spec,
+    with_access_log_file,
     with_node_sockets,
 )
 from kubeserve.backends.kubernetes.render_views import InstanceView
@@ -195,6 +196,8 @@ def render_proxy(instance: InstanceView) -> list[Manifest]:
     )
     if instance.node_local_sockets:
         pod = with_node_sockets(pod, instance.namespace, instance.name)
+    if instance.access_lines_to_file:
+        pod = with_access_log_file(pod)
     template = {
         "metadata": {"labels": labels, "annotations": dict(contract.SCRAPE_ANNOTATIONS)},
         "spec": pod,

@@ -19,6 +19,7 @@ from kubeserve.schema.config import DEFAULT_DATA_PATH, DataPath, ProxyLocation
 from kubeserve.schema.imperative import GRAPH_DIGEST_KEY
 from kubeserve.schema.resources import (
     API_VERSION,
+    AccessLines,
     ProxyTLS,
     ServeInstanceSpec,
     ServeInstanceSpecBase,
@@ -125,6 +126,13 @@ class InstanceView:
         """``spec.proxy.nodeLocalSockets``: replicas also listen, and callers connect, through
         the node's directory of replica sockets."""
         return bool(self.spec.proxy and self.spec.proxy.node_local_sockets)
+
+    @property
+    def access_lines_to_file(self) -> bool:
+        """``spec.logs.accessLines`` is ``File`` (the default): proxies and replicas write their
+        access lines to a rotated file in the pod, not to the container's output."""
+        chosen = self.spec.logs.access_lines if self.spec.logs else AccessLines.FILE
+        return chosen is AccessLines.FILE
 
     @property
     def tls(self) -> ProxyTLS | None:

@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
 __all__ = [
+    "ACCESS_LOG_DIR",
+    "ACCESS_LOG_FILE",
     "API_VERSION",
     "APPLICATION_ENV",
     "APPLICATION_LABEL",
@@ -219,6 +221,10 @@ POD_NAME_ENV = "KUBESERVE_POD_NAME"
 #: directory of replica sockets (:mod:`kubeserve.runtime.local_socket`; short: a socket path
 #: has at most 107 bytes).
 NODE_SOCKETS_DIR = "/var/run/kubeserve/node"
+#: Where proxy and replica pods write their access lines (``spec.logs.accessLines: File``): a
+#: rotated file (``access.log``, ``access.log.1``...) in an ``emptyDir`` mounted here.
+ACCESS_LOG_DIR = "/var/log/kubeserve"
+ACCESS_LOG_FILE = f"{ACCESS_LOG_DIR}/access.log"
 #: The node's directories of replica sockets, one per instance under it (a ``hostPath``).
 NODE_SOCKETS_HOST_ROOT = "/run/kubeserve"
 #: Where a pod's process finds its custom resources (``metadata.namespace``).

@@ -25,6 +25,8 @@ __all__ = ["ReplicaState", "shutting_down"]
 
 log = logging.getLogger("kubeserve.replica")
 _access_log = logging.getLogger(ACCESS_LOGGER)
+#: marks an access line written as a record (it goes where access lines go)
+_ACCESS_RECORD = {logs.ACCESS_RECORD: True}
 
 
 class ReplicaState:
@@ -163,7 +165,8 @@ class ReplicaState:
         if batched is None:  # access lines as log records (additional_log_standard_attrs)
             self._tally.done(started, now, route)
             latency_ms = (now - started) * 1000.0
-            _access_log.info(access_message(method, access_route, status, latency_ms))
+            message = access_message(method, access_route, status, latency_ms)
+            _access_log.info(message, extra=_ACCESS_RECORD)
             return
         if batched is not self._lines_for:  # the first line, or the log was configured again
             self._lines_for = batched

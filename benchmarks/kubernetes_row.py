@@ -18,6 +18,8 @@ in turns so all share the same background (``load.measure_together``), with the 
   weighted like the pods (:func:`embedded`).
 
 wrk runs in a pod of each namespace, with the proxy pod's CPU requests, for the rows on pods.
+Access lines are on everywhere (Ray's default) and each process writes them to a file: the pods
+to theirs (``spec.logs.accessLines``' default), ``kubeserve start``'s processes to their logs.
 
 Everything is torn down at the end. The figures go to ``results-kubernetes.json``, and
 ``results.md`` is rewritten from ``results.json`` plus them (``report.py`` adds the rows).

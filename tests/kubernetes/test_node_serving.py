@@ -8,6 +8,7 @@ read-only root file system), and each pod's metrics port.
 from __future__ import annotations
 
 import base64
+import json
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -112,3 +113,62 @@ def test_every_node_proxies_run_as_a_daemonset_that_serves(
     ]
     url = proxy_service_url(node, ns, "/hello")
     assert text_answer(url) == "hello, world\n"
+
+
+def test_access_lines_go_to_a_file_in_each_pod_or_with_the_records_to_kubectl_logs(
+    node: NodeCluster, node_operator: OperatorProcess, node_namespace: str
+) -> None:
+    """``spec.logs.accessLines``: ``File`` (the default) writes the proxy's and the replica's
+    access lines to ``/var/log/kubeserve/access.log`` in their pods, and ``kubectl logs`` keeps
+    the records only; ``ContainerOutput`` (patched in: the pods roll) puts them in ``kubectl
+    logs``."""
+    ns = node_namespace
+    url = serve_hello(node, node_operator, ns)
+
+    def served(tag: str) -> list[str]:
+        ids = [f"{tag}-{i}" for i in range(3)]
+        for rid in ids:
+            assert http("GET", url, headers={"X-Request-ID": rid})[0] == 200
+        return ids
+
+    def pods(component: str) -> list[str]:
+        found = ready_pods(node, ns, f"app.kubernetes.io/component={component}")
+        return [p["metadata"]["name"] for p in found if not p["metadata"].get("deletionTimestamp")]
+
+    def access_file(pod: str) -> str:
+        cat = ["exec", pod, "-n", ns, "--", "cat", "/var/log/kubeserve/access.log"]
+        return node.kubectl(*cat, check=False).stdout
+
+    ids = served("to-file")
+    for component in ("proxy", "replica"):
+        (pod,) = pods(component)
+        lines = wait_for(
+            lambda p=pod: (t := access_file(p)) and all(i in t for i in ids) and t,
+            30,
+            what=f"the {component}'s access lines in its file",
+        )
+        assert all(f"{i} -- GET /hello 200 " in lines for i in ids), lines
+        logs = node.pod_log(ns, pod)
+        assert not any(i in logs for i in ids), logs
+    assert "listening on" in node.pod_log(ns, pods("replica")[0])  # the records stay there
+
+    patch = {"spec": {"logs": {"accessLines": "ContainerOutput"}}}
+    node.kubectl("patch", "serveinstance", "default", "-n", ns, "--type", "merge",
+                 "-p", json.dumps(patch))  # fmt: skip
+
+    def rolled() -> bool:
+        found = [p for c in ("proxy", "replica") for p in
+                 ready_pods(node, ns, f"app.kubernetes.io/component={c}")]  # fmt: skip
+        return len(found) == 2 and all(
+            "access-log" not in [v["name"] for v in p["spec"]["volumes"]] for p in found
+        )
+
+    wait_for(rolled, 180, interval_s=1, what="proxy and replica pods without the access file")
+    ids = served("to-output")
+    for component in ("proxy", "replica"):
+        (pod,) = pods(component)
+        wait_for(
+            lambda p=pod: all(f"{i} -- GET /hello 200 " in node.pod_log(ns, p) for i in ids),
+            30,
+            what=f"the {component}'s access lines in kubectl logs",
+        )

@@ -48,6 +48,9 @@ class Run:
     cpu_system_us: float | None = None
     #: CPU microseconds per request of each serving process, in the order given
     cpu_each_us: list[float] | None = None
+    #: CPU microseconds per request of the whole machine (every process, the load generator's
+    #: and the container runtime's too, and the kernel's interrupts): what the run cost
+    machine_us: float | None = None
 
 
 @dataclass
@@ -78,6 +81,12 @@ class LoadResult:
         return statistics.median(values) if values else None
 
     @property
+    def machine_us(self) -> float | None:
+        """Median CPU microseconds per request of the whole machine (None: not measured)."""
+        values = [r.machine_us for r in self.runs if r.machine_us is not None]
+        return statistics.median(values) if values else None
+
+    @property
     def cpu_system_us(self) -> float | None:
         """Median system-time microseconds per request of the front process."""
         values = [r.cpu_system_us for r in self.runs if r.cpu_system_us is not None]
@@ -104,7 +113,15 @@ def as_json(result: LoadResult) -> dict[str, Any]:
         "cpu_all_us": result.cpu_all_us,
         "cpu_system_us": result.cpu_system_us,
         "cpu_each_us": result.cpu_each_us,
+        "machine_us": result.machine_us,
     }
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the machine has spent busy so far, all CPUs (``/proc/stat``: everything but
+    idle and I/O wait)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_s(pid: int) -> float:
@@ -174,13 +191,17 @@ def wrk(
         raise ValueError(f"the bench only loads this machine and its test node's pods, not {url}")
     extra = [arg for header in headers for arg in ("-H", header)]
     before = [cpu_times(pid) for pid in pids]
+    busy = machine_busy_s()
     out = subprocess.run(
         [*(command or [host_wrk()]), f"-t{THREADS}", f"-c{connections}", f"-d{seconds}s",
          "--timeout", "5s", "--latency", *extra, url],
         capture_output=True, text=True, check=True, timeout=seconds + 30,
     )  # fmt: skip
+    busy = machine_busy_s() - busy
     run = parse_wrk(out.stdout)
     served = run.requests_per_s * seconds
+    if served:
+        run.machine_us = busy * 1e6 / served
     if pids and served:
         after = [cpu_times(pid) for pid in pids]
         used = [sum(now) - sum(start) for now, start in zip(after, before, strict=True)]

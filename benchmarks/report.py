@@ -188,6 +188,16 @@ def nginx_note(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def turn_shares(entry: dict[str, Any], reference: dict[str, Any]) -> list[float]:
+    """``entry``'s req/s over ``reference``'s, run by run (the two ran in turns: run i of one
+    right after run i of the other, so each pair shared the machine's background)."""
+    return [
+        mine["requests_per_s"] / theirs["requests_per_s"]
+        for mine, theirs in zip(entry.get("runs", []), reference.get("runs", []), strict=False)
+        if theirs.get("requests_per_s")
+    ]
+
+
 def kubernetes_note(results: dict[str, Any]) -> list[str]:
     """What the cluster rows are and how they were loaded; the proxy pod against the embedded
     proxy of the same run."""
@@ -250,15 +260,19 @@ def kubernetes_note(results: dict[str, Any]) -> list[str]:
             continue
         share = entry["requests_per_s"] / reference["requests_per_s"]
         verdict = "meets" if share >= K8S_TARGET else "misses"
+        turns = ", ".join(f"{t:.0%}" for t in turn_shares(entry, reference))
         lines += [
             "",
             f"`{setup}` reaches {share:.1%} of the embedded proxy's req/s in the same run "
-            f"({verdict} the target of {K8S_TARGET:.0%}). CPU per request of the proxy process: "
+            f"({verdict} the target of {K8S_TARGET:.0%}; turn by turn {turns}). "
+            "CPU per request of the proxy process: "
             f"{_cpu(entry.get('cpu_us'))} us in the pod ({_cpu(entry.get('cpu_system_us'))} "
             f"of it system time), {_cpu(reference.get('cpu_us'))} us embedded "
             f"({_cpu(reference.get('cpu_system_us'))} system); proxy, replica and, on pods, "
             f"their runtime shims: {_cpu(entry.get('cpu_all_us'))} us against "
-            f"{_cpu(reference.get('cpu_all_us'))}.{_each_text(entry, reference)}",
+            f"{_cpu(reference.get('cpu_all_us'))}; the whole machine (wrk, the container "
+            f"runtime, the kernel's interrupts too): {_cpu(entry.get('machine_us'))} us against "
+            f"{_cpu(reference.get('machine_us'))}.{_each_text(entry, reference)}",
         ]
     return lines
 

@@ -443,20 +443,15 @@ def with_node_sockets(
     replica sockets mounted into its first container and named in its environment; ``owner``
     (replica pods, which create sockets there): with the init container that hands it to the
     pods' user, first of the init containers."""
-    main, *others = spec["containers"]
     mount = {"name": _NODE_SOCKETS_VOLUME, "mountPath": contract.NODE_SOCKETS_DIR}
     env = [
-        *main["env"],
         {"name": local_socket.NODE_SOCKETS_ENV, "value": contract.NODE_SOCKETS_DIR},
         {"name": local_socket.NODE_ADDRESS_ENV, "value": f"$({POD_IP_ENV})"},
     ]
-    main = {**main, "env": env, "volumeMounts": [*main.get("volumeMounts", []), mount]}
     path = contract.node_sockets_host_path(namespace, instance)
-    volume = {
-        "name": _NODE_SOCKETS_VOLUME,
-        "hostPath": {"path": path, "type": "DirectoryOrCreate"},
-    }
-    out = {**spec, "containers": [main, *others], "volumes": [*spec["volumes"], volume]}
+    source = {"hostPath": {"path": path, "type": "DirectoryOrCreate"}}
+    out = _with_volume(spec, mount, source, env)
+    main = out["containers"][0]
     if owner:
         claim = {
             "name": "node-sockets",
@@ -482,11 +477,20 @@ def with_access_log_file(spec: Manifest) -> Manifest:
     """``spec`` (a pod spec from :func:`pod_spec`) whose first container writes its access lines
     to :data:`~kubeserve.runtime.kubernetes.contract.ACCESS_LOG_FILE` (an ``emptyDir``) instead
     of its output."""
-    main, *others = spec["containers"]
     mount = {"name": _ACCESS_LOG_VOLUME, "mountPath": contract.ACCESS_LOG_DIR}
-    env = [*main["env"], {"name": logs.ACCESS_LOG_FILE_ENV, "value": contract.ACCESS_LOG_FILE}]
-    main = {**main, "env": env, "volumeMounts": [*main.get("volumeMounts", []), mount]}
-    volume = {"name": _ACCESS_LOG_VOLUME, "emptyDir": {"sizeLimit": ACCESS_LOG_SIZE_LIMIT}}
+    env = [{"name": logs.ACCESS_LOG_FILE_ENV, "value": contract.ACCESS_LOG_FILE}]
+    return _with_volume(spec, mount, {"emptyDir": {"sizeLimit": ACCESS_LOG_SIZE_LIMIT}}, env)
+
+
+def _with_volume(
+    spec: Manifest, mount: Manifest, source: Manifest, env: list[Manifest]
+) -> Manifest:
+    """``spec`` with a volume (``mount``'s name, ``source`` its kind) mounted into its first
+    container at ``mount``, and ``env`` after that container's variables."""
+    main, *others = spec["containers"]
+    mounts = [*main.get("volumeMounts", []), mount]
+    main = {**main, "env": [*main["env"], *env], "volumeMounts": mounts}
+    volume = {"name": mount["name"], **source}
     return {**spec, "containers": [main, *others], "volumes": [*spec["volumes"], volume]}
 
 

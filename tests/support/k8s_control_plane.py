@@ -231,21 +231,27 @@ class ControlPlane:
             c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])
         )
 
-    def create_namespace(self, prefix: str = "test") -> str:
+    def create_namespace(self, prefix: str = "test", timeout_s: float = 60) -> str:
         name = (
             f"{re.sub(r'[^a-z0-9-]', '-', prefix.lower())[:40].strip('-')}-{secrets.token_hex(3)}"
         )
-        self.add_namespace(name)
+        self.add_namespace(name, timeout_s)
         return name
 
-    def add_namespace(self, name: str) -> None:
-        """Create namespace ``name`` and wait for its default service account (pods need it)."""
+    def add_namespace(self, name: str, timeout_s: float = 60) -> None:
+        """Create namespace ``name`` and wait for its default service account (pods need it; the
+        controller-manager creates it). Past ``timeout_s`` the failure carries the end of the
+        controller-manager's log, where a lagging or failing controller shows."""
         self.kubectl("create", "namespace", name)
-        wait_for(
-            lambda: self.exists("serviceaccount", "default", name),
-            30,
-            what=f"the default service account in {name}",
-        )
+        try:
+            wait_for(
+                lambda: self.exists("serviceaccount", "default", name),
+                timeout_s,
+                what=f"the default service account in {name}",
+            )
+        except AssertionError as exc:
+            log = self.component_log("kube-controller-manager", 40) if self.processes else ""
+            raise AssertionError(f"{exc}\nkube-controller-manager's log ends:\n{log}") from None
 
     def delete_namespace(self, name: str) -> None:
         self.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")

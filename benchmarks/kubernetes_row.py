@@ -12,8 +12,10 @@ in turns so all share the same background (``load.measure_together``), with the 
 
 * the proxy pod (``http://<proxy pod IP>:8000/noop``);
 * the proxy Service's ClusterIP (the same pod behind kube-proxy's rules);
-* the proxy pod of the same app on a second instance, in namespace ``bench-k8s-sockets``, with
-  ``spec.proxy.nodeLocalSockets`` (the proxy reaches its replica through the node's socket);
+* the proxy pod of the same app on a second instance, in namespace ``bench-k8s-tcp``, with
+  ``spec.proxy.nodeLocalSockets: false`` (the proxy reaches its replica over TCP across the
+  bridge; the first instance leaves it unset, and the operator's choice, ``Auto``, gives it the
+  node's socket as the namespace admits the pods that use it);
 * the reference: ``kubeserve start`` on the host with the same app, its processes in cgroups
   weighted like the pods (:func:`embedded`).
 
@@ -64,8 +66,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 
 NAMESPACE = "bench-k8s"
-#: the same app on an instance with ``spec.proxy.nodeLocalSockets``
-SOCKETS_NAMESPACE = "bench-k8s-sockets"
+#: the same app on an instance with ``spec.proxy.nodeLocalSockets: false`` (TCP to the replica)
+TCP_NAMESPACE = "bench-k8s-tcp"
 #: the replica pods' CPU request: two of them (one per instance) fit the node's 2 CPUs beside
 #: the proxy and wrk pods
 REPLICA_CPUS = 0.5
@@ -87,14 +89,15 @@ def deploy(
     plane: NodeCluster,
     operator: OperatorProcess,
     namespace: str = NAMESPACE,
-    node_sockets: bool = False,
+    node_sockets: bool | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Apply the ServeInstance (``node_sockets``: with ``spec.proxy.nodeLocalSockets``) and the
+    """Apply the ServeInstance (``node_sockets``: its ``spec.proxy.nodeLocalSockets``, unset when
+    ``None``: the operator's choice) and the
     application in ``namespace`` (which ``operator`` watches), wait for Ready and for the proxy
     Service to answer; the proxy and replica pods by component, and the proxy Service."""
     serving = instance(namespace, PORT)
-    if node_sockets:
-        serving["spec"]["proxy"] = {"nodeLocalSockets": True}
+    if node_sockets is not None:
+        serving["spec"]["proxy"] = {"nodeLocalSockets": node_sockets}
     plane.apply(serving)
     plane.apply(
         application(
@@ -283,7 +286,7 @@ def prepare_pods(
     plane: NodeCluster,
     operator: OperatorProcess,
     namespace: str = NAMESPACE,
-    node_sockets: bool = False,
+    node_sockets: bool | None = None,
 ) -> PodsToLoad:
     """:func:`deploy` in ``namespace``, then the load pod beside the proxy pod; the pods'
     processes found in /proc."""
@@ -316,15 +319,15 @@ def run() -> dict[str, Any]:
         LOG.unlink(missing_ok=True)
         install_crds(plane)
         plane.add_namespace(NAMESPACE)
-        plane.add_namespace(SOCKETS_NAMESPACE)
-        operator = OperatorProcess(plane, NAMESPACE, LOG, also_watch=[SOCKETS_NAMESPACE])
+        plane.add_namespace(TCP_NAMESPACE)
+        operator = OperatorProcess(plane, NAMESPACE, LOG, also_watch=[TCP_NAMESPACE])
         try:
             operator.start()
             on_pods = prepare_pods(plane, operator)
-            # the same, with spec.proxy.nodeLocalSockets: the proxy reaches its replica through
-            # the node's directory of replica sockets instead of TCP across the bridge
-            with_sockets = prepare_pods(plane, operator, SOCKETS_NAMESPACE, node_sockets=True)
-            sockets_url = with_sockets.setups()[0][2]
+            # the same with spec.proxy.nodeLocalSockets: false: the proxy reaches its replica
+            # over TCP across the bridge instead of through the node's directory of sockets
+            over_tcp = prepare_pods(plane, operator, TCP_NAMESPACE, node_sockets=False)
+            tcp_url = over_tcp.setups()[0][2]
             pods, main_pids = on_pods.pods, on_pods.main_pids()
             weights = {role: g["shares"] for role, g in groups(main_pids).items()}
             node_shares = cpu_groups.read(cpu_groups.CPU_ROOT / NODE_CGROUP).shares
@@ -336,17 +339,17 @@ def run() -> dict[str, Any]:
                     report.K8S_EMBEDDED: _roles(local_pids, []),
                     report.K8S_PROXY: on_pods_roles,
                     report.K8S_SERVICE: on_pods_roles,
-                    report.K8S_SOCKETS: _roles(with_sockets.serving, with_sockets.shims),
+                    report.K8S_TCP: _roles(over_tcp.serving, over_tcp.shims),
                 }
-                measured = [*with_sockets.serving, *with_sockets.shims]
+                measured = [*over_tcp.serving, *over_tcp.shims]
                 loads = load.measure_together(
                     [
                         (report.K8S_EMBEDDED, report.KUBERNETES_SYSTEM, local_url, local_pids),
                         *on_pods.setups(),
-                        (report.K8S_SOCKETS, report.KUBERNETES_SYSTEM, sockets_url, measured),
+                        (report.K8S_TCP, report.KUBERNETES_SYSTEM, tcp_url, measured),
                     ],
                     commands=[cpu_groups.command_in(load_group, load.host_wrk()),
-                              on_pods.in_pod, on_pods.in_pod, with_sockets.in_pod],
+                              on_pods.in_pod, on_pods.in_pod, over_tcp.in_pod],
                     runs=RUNS,
                 )  # fmt: skip
             after = groups(main_pids)

@@ -30,13 +30,15 @@ KUBERNETES_RESULTS = Path(__file__).resolve().parent / "results-kubernetes.json"
 K8S_EMBEDDED = "no-op via embedded proxy on the host, 1 replica"
 K8S_PROXY = "no-op via proxy pod, 1 replica"
 K8S_SERVICE = "no-op via proxy Service ClusterIP"
-# The proxy pod of an instance with spec.proxy.nodeLocalSockets (its own namespace, same app).
-K8S_SOCKETS = "no-op via proxy pod, node-local sockets, 1 replica"
+# The first two leave spec.proxy.nodeLocalSockets unset (the operator's Auto: the node's socket
+# to the replica, as the namespace admits it); this one, in its own namespace with the same app,
+# sets it false (TCP to the replica across the bridge).
+K8S_TCP = "no-op via proxy pod, TCP to the replica (nodeLocalSockets: false), 1 replica"
 _K8S_RAY_TWIN = {
     K8S_EMBEDDED: "no-op via proxy, 1 replica",
     K8S_PROXY: "no-op via proxy, 1 replica",
     K8S_SERVICE: "no-op via proxy, 1 replica",
-    K8S_SOCKETS: "no-op via proxy, 1 replica",
+    K8S_TCP: "no-op via proxy, 1 replica",
 }
 #: The proxy pod's share of the embedded proxy's req/s that the issue asks for.
 K8S_TARGET = 0.9
@@ -254,7 +256,7 @@ def kubernetes_note(results: dict[str, Any]) -> list[str]:
             + ".",
         ]
     reference = loads.get(K8S_EMBEDDED)
-    for setup in (K8S_PROXY, K8S_SERVICE, K8S_SOCKETS):
+    for setup in (K8S_PROXY, K8S_SERVICE, K8S_TCP):
         entry = loads.get(setup)
         if not entry or not reference:
             continue

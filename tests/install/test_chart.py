@@ -346,6 +346,19 @@ def test_proxy_data_path_reaches_the_operator_flag(helm: str) -> None:
     assert DEFAULT_DATA_PATH.value == "native"
 
 
+def test_node_local_sockets_reaches_the_operator_flag(helm: str) -> None:
+    """``nodeLocalSockets``: Auto (the default) or Off, the operator's choice for instances that
+    leave ``spec.proxy.nodeLocalSockets`` unset; the schema refuses anything else, naming it."""
+    parser = argparse.ArgumentParser()
+    operator_cli.add_arguments(parser)
+    container = operator_container(rendered_chart({}, helm=helm))
+    assert parser.parse_args(container["args"][1:]).node_local_sockets == "auto"
+    container = operator_container(rendered_chart({"nodeLocalSockets": "Off"}, helm=helm))
+    assert parser.parse_args(container["args"][1:]).node_local_sockets == "off"
+    with pytest.raises(RuntimeError, match="nodeLocalSockets"):
+        rendered_chart({"nodeLocalSockets": "Always"}, helm=helm)
+
+
 def test_replicas_elect_a_leader_and_roll_one_at_a_time(helm: str) -> None:
     """Two replicas by default: each serves the admin API (readiness is the API answering), the
     one holding the Lease reconciles; neither a roll nor a drain takes both at once."""

@@ -73,6 +73,13 @@ def test_the_bench_loads_the_proxy_pod_from_a_pod_of_the_same_cpu_weight_without
     row: ModuleType,
 ) -> None:
     pods = row.prepare_pods(node, node_operator, node_namespace)
+    # the instance leaves spec.proxy.nodeLocalSockets unset: the operator's Auto gave its pods
+    # the node's socket directory, the namespace (the default level) admitting them
+    status = node.get("serveinstance", "default", node_namespace)["status"]
+    assert status["nodeLocalSockets"]["enabled"] is True, status["nodeLocalSockets"]
+    for component in ("proxy", "replica"):
+        volumes = pods.pods[component]["spec"]["volumes"]
+        assert [v["name"] for v in volumes if "hostPath" in v] == ["node-sockets"], component
     main_pids = pods.main_pids()
     load_pod, proxy_pod = pods.pods["load"], pods.pods["proxy"]
     # the load pod asks for what the proxy container asks for

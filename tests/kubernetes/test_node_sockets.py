@@ -1,9 +1,10 @@
 """``ServeInstance.spec.proxy.nodeLocalSockets`` on the real node: turned on for a running
-instance (whose proxy pod reached its replica over TCP), the pods roll; the replica pod listens
-on a unix socket in the node's directory of the instance, the proxy pod (native data path)
-reaches it there and no longer over TCP across the bridge, every request is answered, and a
-replica pod that leaves removes its socket while its replacement serves on its own. In a
-namespace whose Pod Security refuses hostPath, the application's status says so."""
+instance that had it off (whose proxy pod reached its replica over TCP), the pods roll; the
+replica pod listens on a unix socket in the node's directory of the instance, the proxy pod
+(native data path) reaches it there and no longer over TCP across the bridge, every request is
+answered, and a replica pod that leaves removes its socket while its replacement serves on its
+own. In a namespace whose Pod Security refuses hostPath, the application's status says so; left
+unset there, the operator's choice is TCP and the application serves (the status says why)."""
 
 from __future__ import annotations
 
@@ -86,9 +87,9 @@ def under_load(url: str, pids: tuple[int, int], name: str, proxy_ip: str) -> tup
 def test_the_proxy_reaches_a_replica_on_its_node_through_the_nodes_socket(
     node: NodeCluster, node_namespace: str, node_operator: OperatorProcess, row: ModuleType
 ) -> None:
-    # Without the option: TCP from the proxy pod to the replica pod, no socket (what the
-    # measure below tells apart)
-    before = row.deploy(node, node_operator, node_namespace)
+    # Turned off: TCP from the proxy pod to the replica pod, no socket (what the measure below
+    # tells apart)
+    before = row.deploy(node, node_operator, node_namespace, node_sockets=False)
     url = f"http://{before['proxy']['status']['podIP']}:{row.PORT}{row.ROUTE}"
     pids = (row.pod_pids(before["replica"])[0], row.pod_pids(before["proxy"])[0])
     tcp_name = f"{before['replica']['status']['podIP']}-{contract.REPLICA_PORT}.sock"
@@ -170,3 +171,26 @@ def test_a_namespace_whose_pod_security_refuses_the_sockets_says_so(
     message = wait_for(said, 120, what="the refusal in the application's status")
     assert "PodSecurity" in message and "hostPath" in message, message
     assert "node-sockets" in message, message  # the volume the refusal names
+
+
+def test_left_unset_in_such_a_namespace_the_operator_chooses_tcp_and_serves(
+    node: NodeCluster, node_namespace: str, node_operator: OperatorProcess, row: ModuleType
+) -> None:
+    """``nodeLocalSockets`` unset (the operator's ``Auto``) under ``baseline``: the dry run is
+    refused, so the pods are rendered without the node's directory, are admitted and serve; the
+    instance's status says TCP and quotes the refusal. In a namespace of the default level the
+    same instance gets the sockets (every other node test runs so)."""
+    node.kubectl(
+        "label", "namespace", node_namespace, "pod-security.kubernetes.io/enforce=baseline"
+    )
+    pods = row.deploy(node, node_operator, node_namespace)
+    for component in ("proxy", "replica"):
+        spec = pods[component]["spec"]
+        assert not [v for v in spec["volumes"] if "hostPath" in v], component
+        assert [c["name"] for c in spec.get("initContainers", [])] == [], component
+    url = f"http://{pods['proxy']['status']['podIP']}:{row.PORT}{row.ROUTE}"
+    assert get_all(url, 16) == []
+    status = node.get("serveinstance", contract.DEFAULT_INSTANCE, node_namespace)["status"]
+    chosen = status["nodeLocalSockets"]
+    assert chosen["enabled"] is False, chosen
+    assert chosen["reason"].startswith("Auto: TCP") and "PodSecurity" in chosen["reason"], chosen

@@ -165,7 +165,7 @@ OPERATOR_NAMESPACED_RULES = (
     | _triples("networking.k8s.io", "networkpolicies", "get list watch create patch delete")
     | _triples("policy", "poddisruptionbudgets", "get list watch create patch delete")
     | _triples("", "secrets", "get create")
-    | _triples("", "pods", "get list watch")
+    | _triples("", "pods", "get list watch create")
     | _triples("", "serviceaccounts", "get list watch create patch")
     | _triples("rbac.authorization.k8s.io", "roles rolebindings", "get list watch create patch")
     | _triples("discovery.k8s.io", "endpointslices", "get list watch")

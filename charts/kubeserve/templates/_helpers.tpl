@@ -108,7 +108,7 @@ Role the operator creates grants only reads the operator holds itself, so no esc
   verbs: [get, create]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch]
+  verbs: [get, list, watch, create]
 - apiGroups: [""]
   resources: [serviceaccounts]
   verbs: [get, list, watch, create, patch]

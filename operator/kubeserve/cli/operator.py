@@ -87,6 +87,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(native: kubeserve-fastpath in front of the Python proxy, python in an image without "
         f"it; python: the Python proxy alone; default {DEFAULT_DATA_PATH.value})",
     )
+    parser.add_argument(
+        "--node-local-sockets",
+        choices=["auto", "off"],
+        default="auto",
+        help="for a ServeInstance whose spec.proxy.nodeLocalSockets is unset: auto uses unix "
+        "sockets in a directory of the node (a hostPath) between the pods of one node when a "
+        "server-side dry run of such a pod is admitted in its namespace, TCP otherwise; off: "
+        "TCP (default auto)",
+    )
     parser.add_argument("--log-level", default=os.environ.get("KUBESERVE_LOG_LEVEL", "INFO"))
 
 
@@ -129,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
         report_url=args.report_url,
         proxy_data_path=DataPath(args.proxy_data_path),
+        node_sockets_auto=args.node_local_sockets == "auto",
         admin_hosts=hosts,
         admin_port=args.dashboard_port,
         metrics_port=args.metrics_port,

@@ -86,6 +86,7 @@ __all__ = [
     "DeploymentStatusEntry",
     "InstanceLogs",
     "InstanceProxy",
+    "NodeSocketsStatus",
     "PickledGraphReference",
     "ServeApplicationSpec",
     "ServeApplicationSpecBase",
@@ -382,15 +383,28 @@ class InstanceProxy(CRModel):
         "Unset: the operator's default (its --proxy-data-path, the chart's proxyDataPath; native "
         "unless changed, python in an image without kubeserve-fastpath).",
     )
-    node_local_sockets: bool = Field(
-        default=False,
+    node_local_sockets: bool | None = Field(
+        default=None,
         description="Proxies and handles reach the replicas on their own node through unix "
         "sockets in a directory of the node (a hostPath, /run/kubeserve/<namespace>/<instance>) "
         "instead of TCP across the pod network, which costs them and the replicas more CPU per "
         "request than the request's own work on a bridge CNI. Replica pods then run a root init "
-        "container (CHOWN only) that hands the directory to the pods' user: the namespace's Pod "
-        "Security must admit hostPath volumes (privileged).",
+        "container (CHOWN only) that hands the directory to the pods' user, so the namespace's "
+        "admission (Pod Security privileged, any policy webhook) must admit them. Unset: the "
+        "operator's choice (its --node-local-sockets, the chart's nodeLocalSockets): Auto, the "
+        "default, asks the API server once per instance with a server-side dry run of such a "
+        "pod and uses the sockets if it is admitted, TCP if not; status.nodeLocalSockets says "
+        "which and why. true: always (pods a namespace refuses are not created, and the "
+        "application's status says so); false: never.",
     )
+
+
+class NodeSocketsStatus(CRModel):
+    """``ServeInstance.status.nodeLocalSockets``: whether the instance's pods use node-local
+    sockets, and why."""
+
+    enabled: bool
+    reason: str = Field(description="Who chose, and on what (the admission's refusal if any).")
 
 
 class AccessLines(StrEnum):
@@ -605,4 +619,5 @@ class ServeInstanceStatus(CRModel):
     proxies: dict[str, cr_variant(ProxyDetails)] = Field(default_factory=dict)  # type: ignore[valid-type]
     applications: dict[str, ApplicationSummary] = Field(default_factory=dict)
     conditions: list[Condition] = Field(default_factory=list)
+    node_local_sockets: NodeSocketsStatus | None = None
     kopf: dict[str, Any] | None = None

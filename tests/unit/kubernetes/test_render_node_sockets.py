@@ -2,16 +2,19 @@
 
 Replica pods mount the node's directory of the instance's replica sockets and run, first, the one
 init container that is not restricted (root with ``CHOWN`` only) to hand it to the pods' user;
-proxy pods mount it only. Without the option nothing of it is rendered."""
+proxy pods mount it only. Without the option nothing of it is rendered; unset, the operator's
+choice decides (the namespace admitted a dry run of :func:`~.render_pod.node_sockets_probe`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kubeserve.backends.kubernetes import render
+import kubernetes_validate  # type: ignore[import-untyped]
+
+from kubeserve.backends.kubernetes import render, render_pod
 from kubeserve.runtime import local_socket
 from kubeserve.runtime.kubernetes import contract
-from support.rendered_pods import env, proxy_pod, replica_pod
+from support.rendered_pods import K8S_VERSION, env, proxy_pod, replica_pod
 from support.rendered_pods import instance as instance_with
 
 HOST_PATH = "/run/kubeserve/serving/default"
@@ -93,3 +96,41 @@ def test_the_claim_is_idempotent_and_mode_first() -> None:
             subprocess.run([sys.executable, "-c", program, tmp, "10001"], check=True)
             st = os.stat(tmp)
             assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (10001, 10001, 0o700)
+
+
+def test_unset_the_operators_choice_decides_and_the_spec_overrides_it() -> None:
+    """``spec.proxy.nodeLocalSockets`` unset: the operator's choice (the namespace admitted the
+    probe); set either way, the spec wins over it."""
+    meta = {"name": "default", "namespace": "serving", "uid": "uid-inst"}
+
+    def view(admitted: bool, **proxy: Any) -> render.InstanceView:
+        spec = {"proxyLocation": "HeadOnly", **({"proxy": proxy} if proxy else {})}
+        return render.instance_view({"metadata": meta, "spec": spec}, sockets_admitted=admitted)
+
+    assert view(True).node_local_sockets is True
+    assert node_volume(replica_pod(view(True))) and node_volume(proxy_pod(view(True)))
+    assert view(False).node_local_sockets is False
+    assert view(True, dataPath="native").node_local_sockets is True
+    assert view(True, nodeLocalSockets=False).node_local_sockets is False
+    assert view(False, nodeLocalSockets=True).node_local_sockets is True
+
+
+def test_the_admission_probe_is_a_replica_pod_s_socket_part_under_its_account() -> None:
+    """The dry-run Pod: the hostPath and the root init container exactly as a replica pod has
+    them, the pods' security context, the data-plane account, no token; a valid Pod."""
+    probe = render_pod.node_sockets_probe(
+        "serving", "default", "kubeserve:dev", "Never", "kubeserve-dataplane-default"
+    )
+    kubernetes_validate.validate(probe, K8S_VERSION, strict=True)
+    assert probe["metadata"] == {"name": render_pod.NODE_SOCKETS_PROBE, "namespace": "serving"}
+    spec = probe["spec"]
+    replica = replica_pod(instance(nodeLocalSockets=True))
+    assert node_volume(spec) == node_volume(replica)
+    assert spec["initContainers"][0] == replica["initContainers"][0] | {
+        "image": "kubeserve:dev",
+        "imagePullPolicy": "Never",
+    }
+    assert spec["securityContext"] == replica["securityContext"]
+    assert spec["serviceAccountName"] == "kubeserve-dataplane-default"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["containers"][0]["command"] == ["true"]

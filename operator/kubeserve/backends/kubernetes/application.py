@@ -126,9 +126,8 @@ class ApplicationReconciler:
         self, obj: dict[str, Any], instance: dict[str, Any], app_config: dict[str, Any]
     ) -> ApplicationReport:
         secret = await self._data_plane.secret(instance)  # replicas read it; pushes prove it
-        instance_view = render.instance_view(
-            instance, self._data_plane.report_url, self._data_plane.default_data_path
-        )
+        await self._data_plane.node_sockets(instance)  # the replica pods' transport, first
+        instance_view = self._data_plane.instance_view(instance)
         app_view = render.app_view(obj, app_config, instance_view.tracing_config)
         graph = await _graph(self._cluster, instance_view, app_view)
         if graph is None:

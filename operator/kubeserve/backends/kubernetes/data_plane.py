@@ -27,6 +27,7 @@ from typing import Any
 
 from kubeserve.backends.kubernetes import render
 from kubeserve.backends.kubernetes.pods import pod_ready, replica_key
+from kubeserve.backends.kubernetes.render_pod import node_sockets_probe
 from kubeserve.control.effective_config import EffectiveDeployment
 from kubeserve.control.user_config import needs_push
 from kubeserve.runtime import channel, wire
@@ -34,6 +35,7 @@ from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import Kube, KubeConflict, KubeError
 from kubeserve.runtime.metrics_listener import metrics_token
 from kubeserve.schema.config import DEFAULT_DATA_PATH, DataPath
+from kubeserve.schema.resources import NodeSocketsStatus
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,14 @@ _RETRY_S = 1.0
 #: how long the status of an application waits for the first answer of a ready replica this
 #: process has not heard from (see :meth:`DataPlane.awaiting_first_answer`)
 FIRST_ANSWER_S = 10.0
+#: :meth:`DataPlane.node_sockets` of a namespace that admits the pods of node-local sockets
+_ADMITTED = NodeSocketsStatus(
+    enabled=True,
+    reason="Auto: the namespace admits pods with the node's socket directory (a server-side "
+    "dry run of one)",
+)
+#: the API server's refusal of a pod whose service account does not exist (yet): no answer
+_SERVICE_ACCOUNT_LOOKUP = "error looking up service account"
 
 
 @dataclass
@@ -56,6 +66,9 @@ class DataPlane:
     report_url: str | None = None
     #: the data path of the proxies of an instance that does not choose one (``--proxy-data-path``)
     default_data_path: DataPath = DEFAULT_DATA_PATH
+    #: whether an instance whose ``spec.proxy.nodeLocalSockets`` is unset uses node-local sockets
+    #: where its namespace admits them (``--node-local-sockets auto``), or never (``off``)
+    node_sockets_auto: bool = True
     #: replica process (:func:`replica_key`) -> the user_config version it last reported
     user_configs: dict[str, str] = field(default_factory=dict)
     _pushing: set[str] = field(default_factory=set)
@@ -63,6 +76,8 @@ class DataPlane:
     _asked: dict[str, float] = field(default_factory=dict)
     #: ServeInstance uid -> its data-plane secret (never logged, never in a status)
     _secrets: dict[str, bytes] = field(default_factory=dict, repr=False)
+    #: ServeInstance uid -> whether its namespace admitted the pods of node-local sockets
+    _node_sockets: dict[str, NodeSocketsStatus] = field(default_factory=dict)
 
     def known_secret(self, instance_uid: str) -> bytes | None:
         """The secret of the instance with ``instance_uid`` once a pass has read it, else None."""
@@ -101,6 +116,69 @@ class DataPlane:
         await self._publish_metrics_token(instance, secret)
         self._secrets[meta["uid"]] = secret
         return secret
+
+    def instance_view(self, instance: dict[str, Any]) -> render.InstanceView:
+        """The render view of ``instance`` with this operator's defaults and, when its
+        ``spec.proxy.nodeLocalSockets`` is unset, the choice :meth:`node_sockets` made (an
+        instance not asked yet is rendered with TCP)."""
+        decided = self._node_sockets.get(instance["metadata"]["uid"])
+        return render.instance_view(
+            instance,
+            self.report_url,
+            self.default_data_path,
+            sockets_admitted=bool(decided and decided.enabled),
+        )
+
+    async def node_sockets(self, instance: dict[str, Any]) -> NodeSocketsStatus:
+        """Whether ``instance``'s pods use node-local sockets, and why.
+
+        ``spec.proxy.nodeLocalSockets`` decides when set. Unset, with ``node_sockets_auto``: the
+        API server is asked once per instance (by uid, for this process's life) with a
+        server-side dry run of :func:`~.render_pod.node_sockets_probe` in the instance's
+        namespace; admitted, the sockets are used; refused (Pod Security below ``privileged``, a
+        policy webhook, no RBAC to create pods), TCP, and the refusal is the reason. An answer
+        that says nothing about admission (the API server failing, the data-plane service
+        account not there yet) raises :class:`KubeError`, and the pass is retried. A new leader
+        asks again: a namespace whose admission changed meanwhile gets the other choice, which
+        rolls the pods once."""
+        meta = instance["metadata"]
+        view = render.instance_view(instance)
+        chosen = view.spec.proxy.node_local_sockets if view.spec.proxy else None
+        if chosen is not None:
+            return NodeSocketsStatus(
+                enabled=chosen, reason=f"spec.proxy.nodeLocalSockets is {str(chosen).lower()}"
+            )
+        if not self.node_sockets_auto:
+            return NodeSocketsStatus(
+                enabled=False, reason="the operator's --node-local-sockets is off"
+            )
+        cached = self._node_sockets.get(meta["uid"])
+        if cached is not None:
+            return cached
+        probe = node_sockets_probe(
+            view.namespace,
+            view.name,
+            view.image,
+            view.image_pull_policy,
+            contract.dataplane_account_name(view.name),
+        )
+        try:
+            await self.kube.create("Pod", view.namespace, probe, dry_run=True)
+        except KubeConflict:  # a pod of the probe's name exists: admission came before that
+            decided = _ADMITTED
+        except KubeError as err:
+            if err.status >= 500 or err.status == 429 or _SERVICE_ACCOUNT_LOOKUP in err.message:
+                raise
+            reason = f"Auto: TCP, as the namespace refuses such pods: {err.message}"
+            decided = NodeSocketsStatus(enabled=False, reason=reason)
+        else:
+            decided = _ADMITTED
+        self._node_sockets[meta["uid"]] = decided
+        log.info(
+            "ServeInstance %s/%s: node-local sockets %s (%s)",
+            view.namespace, view.name, "on" if decided.enabled else "off", decided.reason,
+        )  # fmt: skip
+        return decided
 
     async def _publish_metrics_token(self, instance: dict[str, Any], secret: bytes) -> None:
         """Create the Secret holding the bearer token of the instance's metrics ports (what

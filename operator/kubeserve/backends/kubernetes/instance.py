@@ -13,7 +13,7 @@ from kubeserve.backends.kubernetes.pods import exit_failure, pod_ready
 from kubeserve.backends.kubernetes.reports import AppSummary, InstanceReport, ProxyReport
 from kubeserve.backends.kubernetes.tls_secret import tls_problem
 from kubeserve.runtime.kubernetes import contract
-from kubeserve.schema.resources import ServeApplicationStatus
+from kubeserve.schema.resources import NodeSocketsStatus, ServeApplicationStatus
 
 #: The kinds of the proxies' objects (a DaemonSet for ``EveryNode``).
 _PROXY_KINDS = ("Deployment", "DaemonSet", "Service", "NetworkPolicy")
@@ -31,9 +31,7 @@ class InstanceReconciler:
     async def reconcile(self, obj: dict[str, Any]) -> InstanceReport:
         """Converge ``obj``'s children to its spec; what its status should say."""
         cluster, namespace = self._cluster, obj["metadata"]["namespace"]
-        view = render.instance_view(
-            obj, self._data_plane.report_url, self._data_plane.default_data_path
-        )
+        view = self._data_plane.instance_view(obj)
         await self._data_plane.secret(obj)  # before the pods that read it
         problem = await tls_problem(
             self._data_plane.kube, namespace, view.tls, view.spec.rest_options()
@@ -42,21 +40,30 @@ class InstanceReconciler:
             *render.render_dataplane_rbac(view),
             *render.render_instance_network_policies(view, self._operator_namespace),
         ]
-        if problem is None:  # else the proxies running keep serving, and none starts
-            wanted += render.render_proxy(view)
         for child in wanted:
             await cluster.apply(child)
+        # asked once its service account exists (the probe pod runs as it)
+        sockets = await self._data_plane.node_sockets(obj)
+        if problem is None:  # else the proxies running keep serving, and none starts
+            proxies = render.render_proxy(self._data_plane.instance_view(obj))
+            for child in proxies:
+                await cluster.apply(child)
+            wanted += proxies
         labels = {
             contract.INSTANCE_LABEL: contract.label_value(obj["metadata"]["name"]),
             contract.COMPONENT_LABEL: "proxy",
         }
         if problem is None:
             await cluster.prune(namespace, labels, _PROXY_KINDS, wanted)
-        return _instance_report(cluster, obj, labels, problem)
+        return _instance_report(cluster, obj, labels, problem, sockets)
 
 
 def _instance_report(
-    cluster: Cluster, obj: dict[str, Any], labels: dict[str, str], problem: str | None
+    cluster: Cluster,
+    obj: dict[str, Any],
+    labels: dict[str, str],
+    problem: str | None,
+    sockets: NodeSocketsStatus,
 ) -> InstanceReport:
     namespace = obj["metadata"]["namespace"]
     proxies, failures = {}, []
@@ -85,4 +92,5 @@ def _instance_report(
         proxies_disabled=location == "Disabled",
         problem=problem,
         proxy_failures=tuple(sorted(failures)),
+        node_sockets=sockets,
     )

@@ -78,6 +78,8 @@ class OperatorSettings:
     report_url: str | None = None
     #: the proxies' data path for a ServeInstance whose ``spec.proxy.dataPath`` is unset
     proxy_data_path: DataPath = DEFAULT_DATA_PATH
+    #: ``--node-local-sockets auto`` (:attr:`DataPlane.node_sockets_auto`)
+    node_sockets_auto: bool = True
     #: the addresses the admin server (and the metrics listener) listen on
     admin_hosts: tuple[str, ...] = ("0.0.0.0",)
     admin_port: int = 8265
@@ -185,6 +187,7 @@ class Operator:
             on_pushed=self._pushed,
             report_url=self.settings.report_url,
             default_data_path=self.settings.proxy_data_path,
+            node_sockets_auto=self.settings.node_sockets_auto,
         )
         self._data_plane = data_plane
         self._reconcilers = {

@@ -473,6 +473,28 @@ def with_node_sockets(
     return out
 
 
+#: The name of :func:`node_sockets_probe` (a dry run creates nothing, so it never clashes).
+NODE_SOCKETS_PROBE = "kubeserve-node-sockets-probe"
+
+
+def node_sockets_probe(
+    namespace: str, instance: str, image: str, pull_policy: str | None, service_account: str
+) -> Manifest:
+    """A Pod with what node-local sockets add to ``instance``'s replica pods (the node's directory
+    as a ``hostPath``, the root init container with ``CHOWN``) under their security context and
+    ``service_account``: the operator sends it as a server-side dry run (``dryRun=All``, never
+    created) to learn whether the namespace's admission (Pod Security, policy webhooks) admits
+    such pods."""
+    main = container("probe", image, pull_policy, ["true"], [])
+    spec = pod_spec([main], service_account, automountServiceAccountToken=False)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": NODE_SOCKETS_PROBE, "namespace": namespace},
+        "spec": with_node_sockets(spec, namespace, instance, owner=True),
+    }
+
+
 def with_access_log_file(spec: Manifest) -> Manifest:
     """``spec`` (a pod spec from :func:`pod_spec`) whose first container writes its access lines
     to :data:`~kubeserve.runtime.kubernetes.contract.ACCESS_LOG_FILE` (an ``emptyDir``) instead

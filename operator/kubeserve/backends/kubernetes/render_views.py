@@ -63,6 +63,9 @@ class InstanceView:
     report_url: str | None = None
     #: the operator's data path for an instance whose ``spec.proxy.dataPath`` is unset
     default_data_path: DataPath = DEFAULT_DATA_PATH
+    #: the operator's choice for an instance whose ``spec.proxy.nodeLocalSockets`` is unset
+    #: (``DataPlane.node_sockets``: whether the namespace admits such pods)
+    sockets_admitted: bool = False
 
     @property
     def image(self) -> str:
@@ -123,9 +126,10 @@ class InstanceView:
 
     @property
     def node_local_sockets(self) -> bool:
-        """``spec.proxy.nodeLocalSockets``: replicas also listen, and callers connect, through
-        the node's directory of replica sockets."""
-        return bool(self.spec.proxy and self.spec.proxy.node_local_sockets)
+        """``spec.proxy.nodeLocalSockets``, else the operator's choice: replicas also listen,
+        and callers connect, through the node's directory of replica sockets."""
+        chosen = self.spec.proxy.node_local_sockets if self.spec.proxy else None
+        return self.sockets_admitted if chosen is None else chosen
 
     @property
     def access_lines_to_file(self) -> bool:
@@ -255,10 +259,12 @@ def instance_view(
     obj: Mapping[str, Any],
     report_url: str | None = None,
     default_data_path: DataPath = DEFAULT_DATA_PATH,
+    sockets_admitted: bool = False,
 ) -> InstanceView:
     """The view of a ``ServeInstance`` object; pydantic's ``ValidationError`` on a bad spec.
     ``report_url``: the operator's, for the pods' load reports (:attr:`InstanceView.report_url`);
-    ``default_data_path``: the operator's (:attr:`InstanceView.data_path`).
+    ``default_data_path``: the operator's (:attr:`InstanceView.data_path`);
+    ``sockets_admitted``: the operator's choice (:attr:`InstanceView.node_local_sockets`).
     """
     meta = obj["metadata"]
     spec = ServeInstanceSpec.model_validate(obj.get("spec") or {})
@@ -269,6 +275,7 @@ def instance_view(
         spec=spec,
         report_url=report_url,
         default_data_path=default_data_path,
+        sockets_admitted=sockets_admitted,
     )
 
 

@@ -44,7 +44,12 @@ from kubeserve.control.status_derivation import (
 )
 from kubeserve.runtime.kubernetes import contract
 from kubeserve.runtime.kubernetes.client import timestamp
-from kubeserve.schema.resources import Condition, ServeApplicationStatus, ServeInstanceStatus
+from kubeserve.schema.resources import (
+    Condition,
+    NodeSocketsStatus,
+    ServeApplicationStatus,
+    ServeInstanceStatus,
+)
 
 __all__ = [
     "AppSummary",
@@ -210,6 +215,8 @@ class InstanceReport:
     #: why each proxy pod that exited with an error did (one of a node may not be in ``proxies``:
     #: a ready one wins its node there, as a new pod failing beside the one it would replace)
     proxy_failures: tuple[str, ...] = ()
+    #: whether the pods use node-local sockets, and why (``None``: not decided in this pass)
+    node_sockets: NodeSocketsStatus | None = None
 
     def patch(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """``ServeInstance.status`` as a merge patch: its model's fields, every one set."""
@@ -238,6 +245,7 @@ class InstanceReport:
                     for name, a in self.applications.items()
                 },
                 "conditions": [ready_condition(obj, ready, reason, message or "RUNNING")],
+                **({"node_local_sockets": self.node_sockets} if self.node_sockets else {}),
             },
             by_name=True,
             by_alias=False,

@@ -258,8 +258,12 @@ class Kube:
             if not token:
                 return items, version
 
-    async def create(self, kind: str, namespace: str | None, body: Mapping[str, Any]) -> Any:
-        return await self.request("POST", path(kind, namespace), dict(body))
+    async def create(
+        self, kind: str, namespace: str | None, body: Mapping[str, Any], *, dry_run: bool = False
+    ) -> Any:
+        """POST ``body``; ``dry_run``: admission and validation only, nothing stored."""
+        query = {"dryRun": "All"} if dry_run else None
+        return await self.request("POST", path(kind, namespace), dict(body), query=query)
 
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply of a whole object kubeserve owns (force: kubeserve is the owner)."""

@@ -167,7 +167,14 @@ class DataPlane:
         except KubeConflict:  # a pod of the probe's name exists: admission came before that
             decided = _ADMITTED
         except KubeError as err:
-            if err.status >= 500 or err.status == 429 or _SERVICE_ACCOUNT_LOOKUP in err.message:
+            if _SERVICE_ACCOUNT_LOOKUP in err.message:  # the instance's pass creates it
+                raise KubeError(
+                    err.status,
+                    "NotYet",
+                    f"node-local sockets: service account {probe['spec']['serviceAccountName']} "
+                    "not there yet (the ServeInstance's pass creates it)",
+                ) from None
+            if err.status >= 500 or err.status == 429:
                 raise
             reason = f"Auto: TCP, as the namespace refuses such pods: {err.message}"
             decided = NodeSocketsStatus(enabled=False, reason=reason)

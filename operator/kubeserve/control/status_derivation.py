@@ -156,6 +156,8 @@ def application_status(
         return AppStatusInfo("DEPLOYING", build.note or "building the application graph")
     if build.state == "failed":
         return AppStatusInfo("DEPLOY_FAILED", build.error)
+    if not deployments:  # built, its deployments not created yet: an application has one
+        return AppStatusInfo("DEPLOYING", "starting the deployments")
     infos = {name: deployment_status(view) for name, view in deployments.items()}
     failed = sorted(n for n, i in infos.items() if i.status == "DEPLOY_FAILED")
     if failed:

@@ -72,6 +72,9 @@ def test_application_status_from_build_and_deployments() -> None:
     failed = application_status(BuildView("failed", "ImportError: no module x"), {})
     assert (failed.status, failed.message) == ("DEPLOY_FAILED", "ImportError: no module x")
     assert application_status(BuildView("done"), healthy).status == "RUNNING"
+    # built, its deployments not there yet (the controller's next pass creates them): never a
+    # RUNNING of nothing
+    assert application_status(BuildView("done"), {}).status == "DEPLOYING"
     updating = {**healthy, "B": DeploymentView(2, [RUNNING])}
     assert application_status(BuildView("done"), updating).status == "DEPLOYING"
     sick = {**healthy, "B": DeploymentView(1, [ReplicaView("RUNNING", healthy=False)])}
